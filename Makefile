@@ -1,0 +1,34 @@
+# Two entry points for a new user:  `make demo`  and  `make test`.
+# Each sets up everything it needs (Java/Maven if missing, the virtualenv, the Kafka jars) first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench prereqs setup clean
+
+demo: setup
+	$(BIN)/kbroker demo
+
+test: setup
+	$(BIN)/pytest
+
+bench: setup
+	$(BIN)/kbroker bench
+
+setup: prereqs $(STAMP)
+	$(BIN)/kbroker broker fetch
+
+# Java 17+ and Maven run the embedded Kafka broker; install them from Debian's packages if absent.
+prereqs:
+	@scripts/prereqs.sh
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "kbroker needs Python 3.11+"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,190 @@
+"""`kbroker apply`: validate definitions, make Kafka's topics match them, publish the catalog.
+
+Order matters: everything is validated first (the definitions, then the plan against the topics
+that exist, e.g. no queue shrinks), so an invalid apply changes nothing. Then topics are created,
+reconfigured and grown, and only then are the objects published: a process that sees a queue in
+the catalog can rely on its topic existing.
+
+Apply is additive: objects missing from the files are left in the catalog (there is no DROP yet).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+    ResourceType,
+)
+
+from .. import names
+from ..errors import DefinitionError
+from .loader import load_definitions, load_system_topics
+from .models import Catalog, SystemTopic
+from .store import KAFKA_LOG, kafka_error, publish, read_catalog
+
+# Room for kbroker's headers and Kafka's record overhead on top of the largest body.
+HEADER_HEADROOM = 64 * 1024
+
+Progress = Callable[[str], None] | None
+
+
+@dataclass
+class ApplyReport:
+    topics_created: list[str] = field(default_factory=list)
+    topics_updated: list[str] = field(default_factory=list)
+    objects_published: int = 0
+    namespace: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TopicSpec:
+    name: str
+    partitions: int
+    config: dict[str, str]
+    owner: str  # "queue X" / "system topic catalog": the object named in errors
+    may_grow: bool  # compacted topics keep their partitions: moving keys breaks compaction
+
+
+def topic_specs(catalog: Catalog) -> list[TopicSpec]:
+    """The topics a catalog needs: the system topics first, then one per queue."""
+    ns = catalog.namespace
+    system: dict[str, SystemTopic] = {**load_system_topics(), **catalog.system_topics}
+    specs = [
+        TopicSpec(names.system_topic(ns, t.name), t.partitions, dict(t.config), f"system topic {t.name}",
+                  t.config["cleanup.policy"] == "delete")
+        for t in system.values()
+    ]
+    for q in catalog.queues.values():
+        config = {
+            "cleanup.policy": "delete",
+            "retention.ms": str(q.retention_ms),
+            "max.message.bytes": str(q.max_message_bytes + HEADER_HEADROOM),
+        }
+        specs.append(TopicSpec(names.queue_topic(ns, q.name), q.partitions, config, f"queue {q.name}", True))
+    return specs
+
+
+def _admin(bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap, "logger": KAFKA_LOG})
+
+
+def _wait(futures: dict, what: str, tolerate: tuple = ()) -> set[str]:
+    """Wait for admin futures; returns the names whose error was tolerated."""
+    tolerated = set()
+    for key, future in futures.items():
+        name = getattr(key, "name", key)
+        try:
+            future.result()
+        except KafkaException as exc:
+            if exc.args[0].code() not in tolerate:
+                raise kafka_error(f"{what} {name}", exc.args[0]) from None
+            tolerated.add(name)
+    return tolerated
+
+
+def sync_topics(bootstrap: str, specs: list[TopicSpec], origins: dict[str, str] | None = None,
+                progress: Progress = None, timeout: float = 30.0) -> tuple[list[str], list[str]]:
+    """Create missing topics, set changed configs, grow partitions. Returns (created, updated).
+    Raises DefinitionError before changing anything if a topic would have to shrink."""
+    say = progress or (lambda _msg: None)
+    admin = _admin(bootstrap)
+    try:
+        existing = admin.list_topics(timeout=timeout).topics
+    except KafkaException as exc:
+        raise kafka_error(f"no Kafka broker answers at {bootstrap}", exc.args[0]) from None
+
+    # 1. plan (read-only)
+    missing = [s for s in specs if s.name not in existing]
+    present = [s for s in specs if s.name in existing]
+    grow: list[TopicSpec] = []
+    for s in present:
+        have = len(existing[s.name].partitions)
+        if s.may_grow and s.partitions < have:
+            raise DefinitionError((origins or {}).get(s.owner), s.owner,
+                                  f"partitions cannot shrink from {have} to {s.partitions} (topic {s.name})")
+        if s.may_grow and s.partitions > have:
+            grow.append(s)
+    resources = [ConfigResource(ResourceType.TOPIC, s.name) for s in present]
+    current: dict[str, dict[str, str]] = {}
+    if resources:
+        for res, future in admin.describe_configs(resources, request_timeout=timeout).items():
+            try:
+                current[res.name] = {k: e.value for k, e in future.result().items()}
+            except KafkaException as exc:
+                raise kafka_error(f"cannot describe topic {res.name}", exc.args[0]) from None
+    alter = [s for s in present if any(current[s.name].get(k) != v for k, v in s.config.items())]
+
+    # 2. change
+    raced: set[str] = set()
+    if missing:
+        say(f"creating {len(missing)} topics")
+        new = [NewTopic(s.name, num_partitions=s.partitions, replication_factor=-1, config=s.config) for s in missing]
+        # Another apply may create the same topic at the same time: not a failure, not ours.
+        raced = _wait(admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout),
+                      "cannot create topic", tolerate=(KafkaError.TOPIC_ALREADY_EXISTS,))
+    if alter:
+        say(f"updating the config of {len(alter)} topics")
+        changes = [ConfigResource(ResourceType.TOPIC, s.name, incremental_configs=[
+            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in s.config.items()
+        ]) for s in alter]
+        _wait(admin.incremental_alter_configs(changes, request_timeout=timeout), "cannot configure topic")
+    if grow:
+        say(f"adding partitions to {len(grow)} topics")
+        _wait(admin.create_partitions([NewPartitions(s.name, s.partitions) for s in grow],
+                                      operation_timeout=timeout, request_timeout=timeout), "cannot grow topic")
+    _await_metadata(admin, [s.name for s in missing], timeout)
+    updated = sorted({s.name for s in alter} | {s.name for s in grow})
+    return [s.name for s in missing if s.name not in raced], updated
+
+
+def _await_metadata(admin: AdminClient, topics: list[str], timeout: float) -> None:
+    # A new topic may take a moment to appear in every broker's metadata; publish checks for it.
+    deadline = time.monotonic() + timeout
+    while topics and time.monotonic() < deadline:
+        try:
+            known = admin.list_topics(timeout=timeout).topics
+        except KafkaException:
+            known = {}
+        if all(t in known and not known[t].error and known[t].partitions
+               and all(p.leader >= 0 for p in known[t].partitions.values()) for t in topics):
+            return
+        time.sleep(0.1)
+
+
+def ensure_system_topics(bootstrap: str, namespace: str, timeout: float = 30.0) -> ApplyReport:
+    """Create (or reconfigure) the namespace's system topics as kbroker/catalog/system.yaml says."""
+    specs = topic_specs(Catalog(namespace=namespace))  # names.* validate the namespace
+    created, updated = sync_topics(bootstrap, specs, timeout=timeout)
+    return ApplyReport(created, updated, 0, namespace)
+
+
+def apply_paths(bootstrap: str, namespace: str, paths: Iterable[str | Path], progress: Progress = None,
+                timeout: float = 30.0) -> ApplyReport:
+    """Validate the definitions under `paths`, create/update their topics, publish the catalog."""
+    catalog = load_definitions(paths, namespace)
+    if progress:
+        progress(f"validated {len(catalog.queues)} queues and {len(catalog.services)} services")
+    return apply_catalog(bootstrap, catalog, progress, timeout)
+
+
+def apply_catalog(bootstrap: str, catalog: Catalog, progress: Progress = None, timeout: float = 30.0) -> ApplyReport:
+    """Apply an already validated catalog (from load_definitions)."""
+    created, updated = sync_topics(bootstrap, topic_specs(catalog), catalog.origins, progress, timeout)
+    previous = read_catalog(bootstrap, catalog.namespace, timeout=timeout)
+    published = publish(bootstrap, catalog, previous=previous, timeout=timeout)
+    if progress:
+        progress(f"published {published} catalog records")
+    return ApplyReport(created, updated, published, catalog.namespace)

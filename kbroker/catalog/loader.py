@@ -1,0 +1,200 @@
+"""Reads catalog definitions from YAML and validates all of them before anything is applied.
+
+A definition file is a mapping of lists:
+
+    message_types: [{name, validation}]
+    contracts:     [{name, messages: [{type, sent_by}]}]
+    queues:        [{name, partitions, topic_retention, retention, status, ..., activation}]
+    services:      [{name, queue, contracts}]
+    routes:        [{name, service_name, address, broker_instance, lifetime}]
+    system_topics: [{name, partitions, config}]     (kbroker/catalog/system.yaml)
+
+Every problem raises DefinitionError(file, "<kind> <name>", one-line reason). References may
+cross files of the same load and may name the built-in objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from ..config import NAMESPACE_RE
+from ..errors import DefinitionError
+from .models import (
+    BUILTIN_CONTRACTS,
+    BUILTIN_MESSAGE_TYPES,
+    Catalog,
+    Contract,
+    MessageType,
+    Queue,
+    Route,
+    Service,
+    SystemTopic,
+)
+
+SYSTEM_YAML = Path(__file__).with_name("system.yaml")
+
+# top-level key -> (label used in errors, model)
+SECTIONS: dict[str, tuple[str, type[BaseModel]]] = {
+    "message_types": ("message type", MessageType),
+    "contracts": ("contract", Contract),
+    "queues": ("queue", Queue),
+    "services": ("service", Service),
+    "routes": ("route", Route),
+    "system_topics": ("system topic", SystemTopic),
+}
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key repeated in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def definition_files(paths: Iterable[str | Path]) -> list[Path]:
+    """The files named, and every *.yaml/*.yml under the directories named (sorted), once each."""
+    if isinstance(paths, (str, Path)):  # one path, not an iterable of characters
+        paths = [paths]
+    files: list[Path] = []
+    seen: set[Path] = set()
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+            if not found:
+                raise DefinitionError(str(path), None, "directory holds no *.yaml or *.yml files")
+        elif path.is_file():
+            found = [path]
+        else:
+            raise DefinitionError(str(path), None, "no such file or directory")
+        for f in found:
+            if f.resolve() not in seen:  # a file named twice (or via a directory) loads once
+                seen.add(f.resolve())
+                files.append(f)
+    if not files:
+        raise DefinitionError(None, None, "no definition files given")
+    return files
+
+
+def pydantic_reason(exc: ValidationError) -> str:
+    """pydantic's first error as one short line naming the field."""
+    err = exc.errors()[0]
+    loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        return f"unknown field {loc!r}"
+    if err["type"] == "missing":
+        return f"missing required field {loc!r}"
+    if err["type"] != "value_error" and not isinstance(err.get("input"), (dict, list)):
+        msg += f" (got {err.get('input')!r})"
+    return f"{loc}: {msg}" if loc else msg
+
+
+def _read(file: Path) -> dict[str, list]:
+    try:
+        data = yaml.load(file.read_text(encoding="utf-8"), Loader=_StrictLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise DefinitionError(str(file), None, f"invalid YAML{where}: {exc.problem or exc.context}") from None
+    except (yaml.YAMLError, UnicodeDecodeError, OSError) as exc:
+        raise DefinitionError(str(file), None, f"cannot read: {' '.join(str(exc).split())}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise DefinitionError(str(file), None, "the file must be a mapping of lists (message_types:, queues:, ...)")
+    for key, items in data.items():
+        if key not in SECTIONS:
+            raise DefinitionError(str(file), None, f"unknown top-level key {key!r} (expected one of {', '.join(SECTIONS)})")
+        if items is not None and not isinstance(items, list):
+            raise DefinitionError(str(file), None, f"{key} must be a list")
+    return {k: v or [] for k, v in data.items()}
+
+
+def _parse(file: Path, key: str, index: int, item: Any) -> tuple[str, BaseModel]:
+    label, model = SECTIONS[key]
+    name = item.get("name") if isinstance(item, dict) else None
+    obj = f"{label} {name}" if isinstance(name, str) else f"{label} #{index + 1}"
+    if not isinstance(item, dict):
+        raise DefinitionError(str(file), obj, f"must be a mapping of fields, not {type(item).__name__}")
+    try:
+        return obj, model.model_validate(item)
+    except ValidationError as exc:
+        raise DefinitionError(str(file), obj, pydantic_reason(exc)) from None
+
+
+def load_definitions(paths: Iterable[str | Path], namespace: str) -> Catalog:
+    """Load and validate every definition under `paths`; raises DefinitionError on the first problem."""
+    if not NAMESPACE_RE.match(namespace or ""):
+        raise DefinitionError(None, None, f"namespace {namespace!r} must be 1-40 characters of letters, digits, '_' or '-'")
+    objects: dict[str, dict[str, Any]] = {key: {} for key in SECTIONS}
+    origins: dict[str, str] = {}  # "queue X" -> file that defines it
+    builtins = {"message_types": BUILTIN_MESSAGE_TYPES, "contracts": BUILTIN_CONTRACTS}
+    for file in definition_files(paths):
+        for key, items in _read(file).items():
+            for index, item in enumerate(items):
+                obj, parsed = _parse(file, key, index, item)
+                if parsed.name in builtins.get(key, {}):
+                    raise DefinitionError(str(file), obj, "is a built-in object and cannot be redefined")
+                if parsed.name in objects[key]:
+                    raise DefinitionError(str(file), obj, f"duplicate name: already defined in {origins[obj]}")
+                objects[key][parsed.name] = parsed
+                origins[obj] = str(file)
+    _check_references(objects, origins)
+    return Catalog(
+        namespace=namespace,
+        message_types=objects["message_types"],
+        contracts=objects["contracts"],
+        queues=objects["queues"],
+        services=objects["services"],
+        routes=objects["routes"],
+        system_topics=objects["system_topics"],
+        origins=origins,
+    )
+
+
+def _check_references(objects: dict[str, dict[str, Any]], origins: dict[str, str]) -> None:
+    message_types = {**BUILTIN_MESSAGE_TYPES, **objects["message_types"]}
+    contracts = {**BUILTIN_CONTRACTS, **objects["contracts"]}
+
+    def missing(obj: str, what: str, name: str) -> DefinitionError:
+        return DefinitionError(origins[obj], obj, f"{what} {name!r} is not defined")
+
+    for c in objects["contracts"].values():
+        for m in c.messages:
+            if m.type not in message_types:
+                raise missing(f"contract {c.name}", "message type", m.type)
+    for s in objects["services"].values():
+        if s.queue not in objects["queues"]:
+            raise missing(f"service {s.name}", "queue", s.queue)
+        for name in s.contracts:
+            if name not in contracts:
+                raise missing(f"service {s.name}", "contract", name)
+    for r in objects["routes"].values():
+        if r.service_name is not None and r.service_name not in objects["services"]:
+            raise missing(f"route {r.name}", "service", r.service_name)
+
+
+def load_system_topics(path: str | Path = SYSTEM_YAML) -> dict[str, SystemTopic]:
+    """The system topics of a namespace, by name (catalog, endpoints, events, ...)."""
+    file = Path(path)
+    topics: dict[str, SystemTopic] = {}
+    for index, item in enumerate(_read(file).get("system_topics", [])):
+        obj, parsed = _parse(file, "system_topics", index, item)
+        if parsed.name in topics:
+            raise DefinitionError(str(file), obj, "duplicate name")
+        topics[parsed.name] = parsed
+    return topics

@@ -1,0 +1,331 @@
+"""The catalog objects of Service Broker (message types, contracts, queues, services, routes) as
+pydantic models. Unknown fields are errors, so a typo in a definition never passes silently.
+Cross-object references are checked by the loader, not here: a Catalog read back from Kafka is
+trusted as published."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from ..errors import (
+    UnknownContractError,
+    UnknownMessageTypeError,
+    UnknownQueueError,
+    UnknownServiceError,
+)
+from ..names import QUEUE_NAME_RE, SYSTEM_TOPICS
+
+# --- value types ----------------------------------------------------------------------------
+
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+_DURATION_RE = re.compile(r"([0-9]{1,19})(ms|s|m|h|d|w)", re.ASCII)
+_MAX_MS = 2**63 - 1  # Kafka's retention.ms is a Java long
+
+
+def parse_duration(value: Any) -> int:
+    """'7d', '12h', '30m', '45s', '500ms', '2w' -> milliseconds; '-1', -1 or 'forever' -> -1
+    (Kafka's "keep for ever"). Anything else raises ValueError."""
+    if isinstance(value, bool):  # bool is an int: `topic_retention: on` must not mean 1
+        raise ValueError(f"duration must be like '7d', '12h', '30m' or 'forever', not {value!r}")
+    if value == -1 or (isinstance(value, str) and value.strip().lower() in ("-1", "forever")):
+        return -1
+    match = _DURATION_RE.fullmatch(value.strip()) if isinstance(value, str) else None
+    if not match:
+        raise ValueError(f"duration must be like '7d', '12h', '30m' or 'forever', not {value!r}")
+    ms = int(match.group(1)) * _UNITS_MS[match.group(2)]
+    if not 0 < ms <= _MAX_MS:
+        raise ValueError(f"duration {value!r} must be positive and at most {_MAX_MS} ms")
+    return ms
+
+
+def format_duration(ms: int) -> str:
+    """The shortest exact spelling of a duration; inverse of parse_duration."""
+    if ms == -1:
+        return "forever"
+    for unit in ("w", "d", "h", "m", "s"):
+        if ms % _UNITS_MS[unit] == 0:
+            return f"{ms // _UNITS_MS[unit]}{unit}"
+    return f"{ms}ms"
+
+
+def _on_off(value: Any) -> Any:
+    # YAML 1.1 reads ON/OFF (and yes/no) as booleans; Service Broker says ON/OFF.
+    if value is True:
+        return "ON"
+    if value is False:
+        return "OFF"
+    return value.upper() if isinstance(value, str) else value
+
+
+def _upper(value: Any) -> Any:
+    return value.upper() if isinstance(value, str) else value
+
+
+def _lower(value: Any) -> Any:
+    return value.lower() if isinstance(value, str) else value
+
+
+OnOff = Annotated[Literal["ON", "OFF"], BeforeValidator(_on_off)]
+Side = Annotated[Literal["INITIATOR", "TARGET", "ANY"], BeforeValidator(_upper)]
+Validation = Annotated[Literal["NONE", "EMPTY", "JSON", "WELL_FORMED_XML"], BeforeValidator(_upper)]
+
+_PROCEDURE_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", re.ASCII)
+_KAFKA_ADDRESS_RE = re.compile(r"kafka://[^\s,/:]+:[0-9]{1,5}(,[^\s,/:]+:[0-9]{1,5})*", re.ASCII)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- objects --------------------------------------------------------------------------------
+
+
+class MessageType(_Model):
+    name: str = Field(min_length=1, max_length=256)
+    validation: Validation = "NONE"
+
+
+class ContractMessage(_Model):
+    type: str = Field(min_length=1)
+    sent_by: Side
+
+
+class Contract(_Model):
+    name: str = Field(min_length=1, max_length=256)
+    messages: list[ContractMessage] = Field(min_length=1)
+
+    @field_validator("messages")
+    @classmethod
+    def _initiator_speaks_first(cls, messages: list[ContractMessage]) -> list[ContractMessage]:
+        seen: set[str] = set()
+        for m in messages:
+            if m.type in seen:
+                raise ValueError(f"message type {m.type!r} is listed twice")
+            seen.add(m.type)
+        # Service Broker refuses a contract the initiator cannot open (CREATE CONTRACT rule).
+        if not any(m.sent_by in ("INITIATOR", "ANY") for m in messages):
+            raise ValueError("at least one message type must be sent by INITIATOR or ANY")
+        return messages
+
+
+class Activation(_Model):
+    status: OnOff = "ON"
+    kind: Annotated[Literal["internal", "external"], BeforeValidator(_lower)] = "internal"
+    procedure: str | None = None  # "package.module:function", called per activated reader
+    max_queue_readers: int = Field(default=1, ge=0, le=32767)
+    notify_timeout: float = Field(default=60.0, gt=0)  # seconds; external activation only
+
+    @field_validator("procedure")
+    @classmethod
+    def _procedure_syntax(cls, value: str | None) -> str | None:
+        if value is not None and not _PROCEDURE_RE.fullmatch(value):
+            raise ValueError(f"procedure must be 'module:function', not {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _procedure_required(self) -> "Activation":
+        if self.kind == "internal" and self.status == "ON" and self.procedure is None:
+            raise ValueError("procedure is required for internal activation with status ON")
+        return self
+
+
+class Queue(_Model):
+    name: str
+    partitions: int = Field(default=4, ge=1, le=1000)
+    topic_retention: str = "7d"  # how long Kafka keeps the queue topic's records
+    retention: OnOff = "OFF"  # Service Broker RETENTION: keep received messages until the end
+    status: OnOff = "ON"
+    poison_message_handling: OnOff = "ON"
+    max_message_bytes: int = Field(default=1_048_576, ge=1, le=10_485_760)
+    activation: Activation | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not QUEUE_NAME_RE.match(value):
+            raise ValueError("must be 1-100 characters of A-Z a-z 0-9 _ . -")
+        return value
+
+    @field_validator("topic_retention", mode="before")
+    @classmethod
+    def _retention(cls, value: Any) -> str:
+        parse_duration(value)  # kept as written; retention_ms gives the number
+        return str(value).strip()
+
+    @property
+    def retention_ms(self) -> int:
+        return parse_duration(self.topic_retention)
+
+
+class Service(_Model):
+    name: str = Field(min_length=1, max_length=256)
+    queue: str
+    contracts: list[str] = []  # contracts it accepts as a target; none = initiator only
+
+    @field_validator("contracts")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("a contract is listed twice")
+        return value
+
+
+class Route(_Model):
+    name: str = Field(min_length=1, max_length=256)
+    service_name: str | None = None  # None: the route matches every service
+    address: str  # LOCAL | TRANSPORT | kafka://host:port[,host:port]
+    broker_instance: str | None = None
+    lifetime: int | None = Field(default=None, gt=0)  # seconds; None = never expires
+
+    @field_validator("address", mode="before")
+    @classmethod
+    def _address(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.upper() in ("LOCAL", "TRANSPORT"):
+            return value.upper()
+        if isinstance(value, str) and _KAFKA_ADDRESS_RE.fullmatch(value):
+            ports = [int(hp.rsplit(":", 1)[1]) for hp in value[len("kafka://"):].split(",")]
+            if all(0 < p < 65536 for p in ports):
+                return value
+        raise ValueError(f"address must be LOCAL, TRANSPORT or kafka://host:port[,host:port], not {value!r}")
+
+    @model_validator(mode="after")
+    def _transport(self) -> "Route":
+        # A TRANSPORT route takes its address from the service name, so it cannot name one.
+        if self.address == "TRANSPORT" and (self.service_name or self.broker_instance):
+            raise ValueError("a TRANSPORT route cannot name a service_name or broker_instance")
+        return self
+
+
+class SystemTopic(_Model):
+    """A per-namespace system topic; declared in kbroker/catalog/system.yaml."""
+
+    name: Literal[SYSTEM_TOPICS]  # type: ignore[valid-type]
+    partitions: int = Field(ge=1, le=1000)
+    config: dict[str, str]
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _strings(cls, value: Any) -> Any:
+        # Kafka topic configs are strings; YAML gives numbers for retention.ms etc.
+        if isinstance(value, dict):
+            return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
+        return value
+
+    @field_validator("config")
+    @classmethod
+    def _policy(cls, value: dict[str, str]) -> dict[str, str]:
+        if value.get("cleanup.policy") not in ("compact", "delete"):
+            raise ValueError("cleanup.policy must be compact or delete")
+        return value
+
+
+# --- built-ins ------------------------------------------------------------------------------
+
+SB = "http://schemas.microsoft.com/SQL/ServiceBroker/"
+END_DIALOG = SB + "EndDialog"
+ERROR = SB + "Error"
+DIALOG_TIMER = SB + "DialogTimer"
+DEFAULT = "DEFAULT"
+
+BUILTIN_MESSAGE_TYPES = {
+    DEFAULT: MessageType(name=DEFAULT, validation="NONE"),
+    END_DIALOG: MessageType(name=END_DIALOG, validation="EMPTY"),
+    ERROR: MessageType(name=ERROR, validation="WELL_FORMED_XML"),
+    DIALOG_TIMER: MessageType(name=DIALOG_TIMER, validation="EMPTY"),
+}
+BUILTIN_CONTRACTS = {
+    DEFAULT: Contract(name=DEFAULT, messages=[ContractMessage(type=DEFAULT, sent_by="ANY")]),
+}
+
+
+# --- the catalog ----------------------------------------------------------------------------
+
+
+class Catalog(_Model):
+    """Every object of one namespace, keyed by name. The built-ins are always present."""
+
+    namespace: str
+    message_types: dict[str, MessageType] = {}
+    contracts: dict[str, Contract] = {}
+    queues: dict[str, Queue] = {}
+    services: dict[str, Service] = {}
+    routes: dict[str, Route] = {}
+    # Filled by the loader only, never published: system topic overrides of the applied files,
+    # and where each object was defined ("queue X" -> file) for error messages.
+    system_topics: dict[str, SystemTopic] = Field(default={}, exclude=True)
+    origins: dict[str, str] = Field(default={}, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _builtins(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            data["message_types"] = {**BUILTIN_MESSAGE_TYPES, **(data.get("message_types") or {})}
+            data["contracts"] = {**BUILTIN_CONTRACTS, **(data.get("contracts") or {})}
+        return data
+
+    @model_validator(mode="after")
+    def _keys_are_names(self) -> "Catalog":
+        for kind in ("message_types", "contracts", "queues", "services", "routes"):
+            for key, obj in getattr(self, kind).items():
+                if key != obj.name:
+                    raise ValueError(f"{kind} key {key!r} differs from the object's name {obj.name!r}")
+        return self
+
+    # lookups ------------------------------------------------------------------------------
+
+    def service(self, name: str) -> Service:
+        try:
+            return self.services[name]
+        except KeyError:
+            raise UnknownServiceError(name) from None
+
+    def contract(self, name: str) -> Contract:
+        try:
+            return self.contracts[name]
+        except KeyError:
+            raise UnknownContractError(name) from None
+
+    def message_type(self, name: str) -> MessageType:
+        try:
+            return self.message_types[name]
+        except KeyError:
+            raise UnknownMessageTypeError(name) from None
+
+    def queue(self, name: str) -> Queue:
+        try:
+            return self.queues[name]
+        except KeyError:
+            raise UnknownQueueError(name) from None
+
+    def may_send(self, contract_name: str, message_type_name: str, side: str) -> bool:
+        """Whether `side` may SEND this message type on a conversation of this contract.
+        Raises UnknownContractError for an unknown contract; an unknown message type is simply
+        not in the contract (False). The system types are sent by END CONVERSATION and timers,
+        never by SEND, so they are not allowed here unless a contract lists them."""
+        if side not in ("INITIATOR", "TARGET"):
+            raise ValueError(f"side must be INITIATOR or TARGET, not {side!r}")
+        return any(
+            m.type == message_type_name and m.sent_by in (side, "ANY")
+            for m in self.contract(contract_name).messages
+        )
+
+    def service_accepts(self, service_name: str, contract_name: str) -> bool:
+        """Whether a service accepts conversations on this contract as their target."""
+        return contract_name in self.service(service_name).contracts
+
+    def services_on_queue(self, queue_name: str) -> list[Service]:
+        return [s for s in self.services.values() if s.queue == queue_name]
+
+    # serialisation -------------------------------------------------------------------------
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.model_dump(mode="json"))
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> "Catalog":
+        return cls.model_validate(orjson.loads(data))

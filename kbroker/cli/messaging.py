@@ -1,0 +1,114 @@
+"""`kbroker send`, `receive`, `end`: BEGIN DIALOG + SEND, RECEIVE, END CONVERSATION."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .. import client, config
+from . import bootstrap_option, emit_json, handle_errors, json_option, main, namespace_option
+
+
+def _connect(bootstrap: str | None, namespace: str | None) -> client.Broker:
+    return client.connect(bootstrap, namespace)
+
+
+def read_body(body: str) -> bytes:
+    """TEXT, or @FILE for a file's bytes (@@ escapes a literal leading @)."""
+    if body.startswith("@@"):
+        return body[1:].encode()
+    if body.startswith("@"):
+        path = Path(body[1:])
+        if not path.is_file():
+            raise FileNotFoundError(f"body file {path} does not exist")
+        return path.read_bytes()
+    return body.encode()
+
+
+@main.command()
+@click.option("--from", "from_service", help="Initiating service (for a new dialog).")
+@click.option("--to", "to_service", help="Target service (for a new dialog).")
+@click.option("--contract", default="DEFAULT", show_default=True, help="Contract of a new dialog.")
+@click.option("--type", "message_type", default="DEFAULT", show_default=True, help="Message type.")
+@click.option("--body", default="", help="Body text, or @FILE.")
+@click.option("--conversation", "handle", help="Send on this existing conversation handle.")
+@click.option("--lifetime", type=int, help="Dialog lifetime in seconds (new dialog).")
+@bootstrap_option
+@namespace_option
+@json_option
+@handle_errors
+def send(from_service, to_service, contract, message_type, body, handle, lifetime, bootstrap,
+         namespace, as_json):
+    """SEND a message, beginning a dialog unless --conversation is given."""
+    data = read_body(body)
+    if handle is None and not (from_service and to_service):
+        raise ValueError("give --conversation HANDLE, or --from and --to to begin a dialog")
+    with _connect(bootstrap, namespace) as broker:
+        if handle is None:
+            handle = broker.begin_dialog(from_service, to_service, contract, lifetime=lifetime)
+        message_id = broker.send(handle, message_type, data)
+    if as_json:
+        emit_json({"conversation_handle": handle, "message_id": message_id})
+    else:
+        click.echo(f"conversation_handle {handle}\nmessage_id {message_id}")
+
+
+@main.command()
+@click.argument("queue")
+@click.option("--top", default=1, show_default=True, type=click.IntRange(min=1), help="TOP(n).")
+@click.option("--wait", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="WAITFOR time-out in seconds.")
+@click.option("--conversation", "handle", help="Only this conversation (WHERE conversation_handle).")
+@click.option("--group", help="Only this conversation group (WHERE conversation_group_id).")
+@bootstrap_option
+@namespace_option
+@json_option
+@handle_errors
+def receive(queue, top, wait, handle, group, bootstrap, namespace, as_json):
+    """RECEIVE from QUEUE: prints one JSON object per message (one conversation group)."""
+    with _connect(bootstrap, namespace) as broker:
+        msgs = broker.receive(queue, top=top, wait=wait, conversation_handle=handle,
+                              conversation_group=group)
+    for m in msgs:
+        emit_json(m.as_dict())
+
+
+@main.command()
+@click.argument("handle")
+@click.option("--error", type=int, help="END CONVERSATION WITH ERROR = code (a positive integer).")
+@click.option("--description", help="Error description (with --error).")
+@click.option("--cleanup", is_flag=True, help="WITH CLEANUP: remove the local endpoint silently.")
+@bootstrap_option
+@namespace_option
+@json_option
+@handle_errors
+def end(handle, error, description, cleanup, bootstrap, namespace, as_json):
+    """END CONVERSATION on HANDLE."""
+    if description is not None and error is None:
+        raise ValueError("--description goes with --error")
+    with _connect(bootstrap, namespace) as broker:
+        broker.end_conversation(handle, error=error, description=description, cleanup=cleanup)
+        state = broker.endpoints.find(handle)
+    result = {"conversation_handle": handle, "state": state.state if state else "removed"}
+    if as_json:
+        emit_json(result)
+    else:
+        click.echo(f"conversation {handle} ended ({result['state']})")
+
+
+@main.command()
+@click.option("--keep-broker", is_flag=True, help="Leave the embedded broker running afterwards.")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
+              help="Embedded broker data dir (default: the per-user one).")
+@click.option("--port", default=9092, show_default=True, help="Embedded broker port.")
+@bootstrap_option
+@namespace_option
+@json_option
+@handle_errors
+def demo(keep_broker, data_dir, port, bootstrap, namespace, as_json):
+    """Run the sample expense conversation end to end (starts the embedded broker if needed)."""
+    from ..demo import run_demo
+
+    run_demo(bootstrap=bootstrap, namespace=config.namespace(namespace), data_dir=data_dir,
+             port=port, keep_broker=keep_broker, as_json=as_json)

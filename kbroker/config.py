@@ -1,0 +1,63 @@
+"""Where things are: the one rule for choosing a broker, the namespace, per-user directories.
+
+The rule, the same for the CLI, the SDK and the tests: an explicit bootstrap address
+(`--bootstrap`, `connect(bootstrap=...)`) wins, then KBROKER_BOOTSTRAP, otherwise the embedded
+broker recorded in the default data directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+# librdkafka's own log lines (retries while a broker starts, disconnects at shutdown) go to this
+# logger, not to stderr, where they would break the CLI's one-line errors and JSON output.
+KAFKA_LOG = logging.getLogger("kbroker.kafka")
+KAFKA_LOG.addHandler(logging.NullHandler())
+
+DEFAULT_NAMESPACE = "default"
+NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
+
+
+def cache_dir() -> Path:
+    """Per-user cache: downloaded Kafka jars live here, shared by every data dir."""
+    base = os.environ.get("KBROKER_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kbroker"
+    )
+    return Path(base)
+
+
+def default_data_dir() -> Path:
+    """Where `kbroker broker start` keeps the embedded broker's log dirs and state file."""
+    base = os.environ.get("KBROKER_DATA_DIR") or os.path.join(
+        os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share"), "kbroker", "broker"
+    )
+    return Path(base)
+
+
+def namespace(explicit: str | None = None) -> str:
+    ns = explicit or os.environ.get("KBROKER_NAMESPACE") or DEFAULT_NAMESPACE
+    if not NAMESPACE_RE.match(ns):
+        raise ValueError(f"namespace {ns!r} must be 1-40 characters of letters, digits, '_' or '-'")
+    return ns
+
+
+def resolve_bootstrap(explicit: str | None = None, data_dir: Path | None = None) -> str:
+    """The broker rule. Raises BrokerUnavailableError when nothing is configured or running."""
+    if explicit:
+        return explicit
+    env = os.environ.get("KBROKER_BOOTSTRAP")
+    if env:
+        return env
+    from .embedded.broker import EmbeddedBroker  # local import: nothing heavy at import time
+    from .errors import BrokerUnavailableError
+
+    embedded = EmbeddedBroker(data_dir or default_data_dir())
+    status = embedded.status()
+    if status.running:
+        return status.bootstrap
+    raise BrokerUnavailableError(
+        "no broker: pass --bootstrap or set KBROKER_BOOTSTRAP, or run 'kbroker broker start'"
+    )

@@ -1,0 +1,110 @@
+"""The sample conversation: an employee submits an expense claim, the expenses service approves
+it, both sides end the dialog. Runs on the embedded broker unless a bootstrap address is given."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from . import config
+from .catalog.apply import apply_paths
+from .client import END_DIALOG, Broker
+from .embedded.broker import EmbeddedBroker
+
+EMPLOYEES = "//Adventure-Works.com/Employees"
+EXPENSES = "//Adventure-Works.com/Expenses"
+CONTRACT = "//Adventure-Works.com/Expenses/ExpenseSubmission"
+CLAIM = "//Adventure-Works.com/Expenses/ExpenseClaim"
+APPROVAL = "//Adventure-Works.com/Expenses/ExpenseApproval"
+
+
+def topics_dir() -> Path:
+    """The repository's topics/ (system topics and samples)."""
+    here = Path(__file__).resolve().parent.parent / "topics"
+    return here if here.is_dir() else Path.cwd() / "topics"
+
+
+def run_demo(*, bootstrap: str | None, namespace: str, data_dir: Path | None, port: int,
+             keep_broker: bool, as_json: bool) -> dict:
+    console = Console(stderr=as_json)
+    say = console.print
+    started: EmbeddedBroker | None = None
+    bootstrap = bootstrap or os.environ.get("KBROKER_BOOTSTRAP")
+    if not bootstrap:
+        embedded = EmbeddedBroker(data_dir or config.default_data_dir(),
+                                  progress=lambda m: say(f"[dim]broker:[/] {m}"))
+        status = embedded.status()
+        if not status.running:
+            status = embedded.start(port=port)
+            started = embedded
+        bootstrap = status.bootstrap
+    say(f"[bold]Kafka[/] at {bootstrap}, namespace [bold]{namespace}[/]")
+    try:
+        report = apply_paths(bootstrap, namespace, [topics_dir() / "samples"])
+        say(f"applied topics/samples: {len(report.topics_created)} topic(s) created, "
+            f"{report.objects_published} catalog object(s) published")
+        steps = _conversation(Broker(bootstrap, namespace), say)
+    finally:
+        if started is not None and not keep_broker:
+            started.stop()
+            say("[dim]embedded broker stopped (use --keep-broker to leave it running)[/]")
+    result = {"bootstrap": bootstrap, "namespace": namespace, "steps": steps}
+    if as_json:
+        from .cli import emit_json
+
+        emit_json(result)
+    return result
+
+
+def _conversation(broker: Broker, say) -> list[dict]:
+    steps: list[dict] = []
+
+    def step(who: str, what: str, msg=None) -> None:
+        steps.append({"who": who, "what": what, **({"message": msg.as_dict()} if msg else {})})
+        say(f"[cyan]{who:>9}[/] {what}")
+
+    with broker:
+        handle = broker.begin_dialog(EMPLOYEES, EXPENSES, CONTRACT)
+        step("employee", f"BEGIN DIALOG {handle}")
+        broker.send(handle, CLAIM, {"employee": "jdoe", "amount": 42.50, "item": "train ticket"})
+        step("employee", "SEND ExpenseClaim")
+
+        # Both sides' conversation groups default to the dialog id, so it names this dialog.
+        group = broker.endpoints.get(handle).conversation_id
+        claim = _receive_one(broker, "ExpenseQueue", group)
+        step("expenses", f"RECEIVE {claim.message_type_name.rsplit('/', 1)[-1]} {claim.text}", claim)
+        broker.send(claim.conversation_handle, APPROVAL, {"approved": True, "by": "expenses"})
+        step("expenses", "SEND ExpenseApproval")
+
+        approval = _receive_one(broker, "EmployeeQueue", group)
+        step("employee", f"RECEIVE {approval.message_type_name.rsplit('/', 1)[-1]} {approval.text}", approval)
+        broker.end_conversation(handle)
+        step("employee", "END CONVERSATION")
+
+        end = _receive_one(broker, "ExpenseQueue", group)
+        assert end.message_type_name == END_DIALOG, end.message_type_name
+        step("expenses", "RECEIVE EndDialog")
+        broker.end_conversation(claim.conversation_handle)
+        step("expenses", "END CONVERSATION")
+
+        table = Table(title="conversation endpoints")
+        for col in ("side", "service", "state", "conversation_handle"):
+            table.add_column(col)
+        for h in (handle, claim.conversation_handle):
+            ep = broker.endpoints.get(h)
+            table.add_row(ep.side, ep.service_name, f"{ep.state} {ep.state_desc}", h)
+            steps.append({"endpoint": h, "side": ep.side, "state": ep.state})
+        say(table)
+    return steps
+
+
+def _receive_one(broker: Broker, queue: str, group: str):
+    """RECEIVE TOP(1) WHERE conversation_group_id = group, waiting up to 30 s: earlier demo runs
+    may have left other conversations on the sample queues."""
+    msgs = broker.receive(queue, top=1, wait=30, conversation_group=group)
+    if not msgs:
+        raise RuntimeError(f"nothing arrived on {queue} within 30 s")
+    return msgs[0]

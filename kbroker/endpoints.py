@@ -1,0 +1,185 @@
+"""Conversation endpoints (sys.conversation_endpoints), one per side of a dialog.
+
+Handles are derived from (conversation id, side), so a receiver knows its own handle from a
+message's headers without a lookup. Endpoint state lives in a compacted topic keyed by handle;
+every process keeps the entries it has read or written in memory and reads the topic forward
+only when it meets a handle it does not know.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict, dataclass, replace
+
+import orjson
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from . import names
+from .config import KAFKA_LOG
+from .errors import ConversationNotFoundError
+
+# Service Broker's endpoint states.
+STARTED_OUTBOUND, CONVERSING, DISCONNECTED_INBOUND = "SO", "CO", "DI"
+DISCONNECTED_OUTBOUND, ERROR, CLOSED = "DO", "ER", "CD"
+STATE_DESC = {
+    "SO": "STARTED_OUTBOUND", "SI": "STARTED_INBOUND", "CO": "CONVERSING",
+    "DI": "DISCONNECTED_INBOUND", "DO": "DISCONNECTED_OUTBOUND", "ER": "ERROR", "CD": "CLOSED",
+}
+SENDABLE = {STARTED_OUTBOUND, CONVERSING}
+MAX_LIFETIME = 2**31 - 1  # seconds, Service Broker's default dialog lifetime
+
+_HANDLE_NS = uuid.UUID("6f1d6a52-3c51-4c1b-9a55-6b62726f6b65")
+
+
+def handle_for(conversation_id: str, side: str) -> str:
+    """The endpoint handle of one side: stable, so both processes and restarts agree on it."""
+    return str(uuid.uuid5(_HANDLE_NS, f"{conversation_id}/{side}"))
+
+
+def other(side: str) -> str:
+    return "TARGET" if side == "INITIATOR" else "INITIATOR"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    conversation_handle: str
+    conversation_id: str
+    side: str  # INITIATOR or TARGET
+    conversation_group_id: str  # this side's group: the key of records this side receives
+    far_conversation_group_id: str  # the key this side's sends carry
+    service_name: str
+    far_service_name: str
+    service_contract_name: str
+    state: str
+    send_sequence: int = 0  # next sequence number to send
+    lifetime: int = MAX_LIFETIME  # epoch seconds after which the dialog has expired
+    updated: float = 0.0
+
+    @property
+    def is_initiator(self) -> bool:
+        return self.side == "INITIATOR"
+
+    @property
+    def state_desc(self) -> str:
+        return STATE_DESC[self.state]
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> "Endpoint":
+        return cls(**orjson.loads(raw))
+
+    # --- pure transitions ---------------------------------------------------------------
+
+    def after_send(self) -> "Endpoint":
+        return replace(self, send_sequence=self.send_sequence + 1,
+                       state=CONVERSING if self.state == STARTED_OUTBOUND else self.state)
+
+    def after_local_end(self) -> "Endpoint":
+        # Ending after the peer did completes the dialog; otherwise wait for the peer.
+        return replace(self, state=CLOSED if self.state in (DISCONNECTED_INBOUND, ERROR) else DISCONNECTED_OUTBOUND)
+
+    def after_peer_end(self) -> "Endpoint":
+        return replace(self, state=CLOSED if self.state == DISCONNECTED_OUTBOUND else DISCONNECTED_INBOUND)
+
+    def after_peer_error(self) -> "Endpoint":
+        return replace(self, state=CLOSED if self.state == DISCONNECTED_OUTBOUND else ERROR)
+
+
+def new_target_endpoint(conversation_id: str, group_id: str, far_group_id: str, service: str,
+                        far_service: str, contract: str) -> Endpoint:
+    """The target endpoint, created when the dialog's first message arrives (as SSB does)."""
+    return Endpoint(handle_for(conversation_id, "TARGET"), conversation_id, "TARGET", group_id,
+                    far_group_id, service, far_service, contract, CONVERSING, updated=time.time())
+
+
+class EndpointStore:
+    """Read-through cache over the compacted endpoints topic."""
+
+    def __init__(self, bootstrap: str, namespace: str, producer: Producer):
+        self.topic = names.endpoints_topic(namespace)
+        self._bootstrap = bootstrap
+        self._producer = producer
+        self._cache: dict[str, Endpoint] = {}
+        self._consumer: Consumer | None = None
+        self._positions: dict[int, int] = {}
+
+    def put(self, ep: Endpoint) -> None:
+        """Queue the new state; it is durable when the shared producer is flushed."""
+        ep = replace(ep, updated=time.time())
+        self._cache[ep.conversation_handle] = ep
+        self._producer.produce(self.topic, key=ep.conversation_handle, value=ep.to_json())
+
+    def remember(self, ep: Endpoint) -> None:
+        """Cache without writing (state that is already durable, or derivable again)."""
+        self._cache.setdefault(ep.conversation_handle, ep)
+
+    def forget(self, handle: str) -> None:
+        self._cache.pop(handle, None)
+
+    def cached(self, handle: str) -> Endpoint | None:
+        return self._cache.get(handle)
+
+    def find(self, handle: str) -> Endpoint | None:
+        ep = self._cache.get(handle)
+        if ep is None:
+            self._read_forward()
+            ep = self._cache.get(handle)
+        return ep
+
+    def get(self, handle: str) -> Endpoint:
+        ep = self.find(handle)
+        if ep is None:
+            raise ConversationNotFoundError(handle)
+        return ep
+
+    def all(self) -> list[Endpoint]:
+        self._read_forward()
+        return list(self._cache.values())
+
+    def _read_forward(self, timeout: float = 10.0) -> None:
+        """Read the topic from where this process left off up to its current end."""
+        if self._consumer is None:
+            self._consumer = Consumer({
+                "bootstrap.servers": self._bootstrap, "group.id": "kbroker-endpoints-reader", "logger": KAFKA_LOG,
+                "enable.auto.commit": False, "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                "fetch.wait.max.ms": 10,  # a catch-up read: do not long-poll at the end
+            })
+            meta = self._consumer.list_topics(self.topic, timeout=timeout).topics.get(self.topic)
+            if meta is None or meta.error is not None:
+                return
+            self._positions = {p: 0 for p in meta.partitions}
+        ends = {}
+        for p in self._positions:
+            _, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout)
+            if high > self._positions[p]:
+                ends[p] = high
+        if not ends:
+            return
+        self._consumer.assign([TopicPartition(self.topic, p, self._positions[p]) for p in ends])
+        deadline = time.monotonic() + timeout
+        # Partition EOF, not "offset == high watermark": transaction markers take offsets too.
+        while ends and time.monotonic() < deadline:
+            for msg in self._consumer.consume(500, 0.2):
+                p = msg.partition()
+                if msg.error():
+                    if msg.error().code() != KafkaError._PARTITION_EOF:
+                        raise msg.error()
+                    self._positions[p] = max(self._positions[p], msg.offset())
+                    ends.pop(p, None)
+                    continue
+                self._positions[p] = msg.offset() + 1
+                if msg.value() is not None:
+                    ep = Endpoint.from_json(msg.value())
+                    self._cache[ep.conversation_handle] = ep
+                else:
+                    self._cache.pop(msg.key().decode(), None)
+        self._consumer.unassign()
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None

@@ -1,0 +1,153 @@
+"""A Service Broker message as a Kafka record.
+
+The record key is the receiving side's conversation group id (so one partition owns a group),
+the value is the body, and the rest of the message row travels in headers with plain UTF-8
+values, so any Kafka client (kcat, kafka-python, the console consumer) can read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ENVELOPE_VERSION = "1"
+
+# Header names. Short, stable, and prefixed so they never clash with an application's headers.
+H_VERSION = "kb.v"
+H_MESSAGE_ID = "kb.message_id"
+H_CONVERSATION_ID = "kb.conversation_id"
+H_GROUP_ID = "kb.conversation_group_id"
+H_SEQUENCE = "kb.message_sequence_number"
+H_MESSAGE_TYPE = "kb.message_type_name"
+H_CONTRACT = "kb.service_contract_name"
+H_FROM_SERVICE = "kb.from_service_name"
+H_TO_SERVICE = "kb.to_service_name"
+H_TO_SIDE = "kb.to_side"  # INITIATOR or TARGET: the side that receives this message
+H_CORRELATION_ID = "kb.correlation_id"
+H_REPLY_TO = "kb.reply_to"
+H_EXPIRES = "kb.expires"  # epoch milliseconds; absent means never
+H_PRIORITY = "kb.priority"
+
+_REQUIRED = (H_MESSAGE_ID, H_CONVERSATION_ID, H_GROUP_ID, H_SEQUENCE, H_MESSAGE_TYPE,
+             H_CONTRACT, H_FROM_SERVICE, H_TO_SERVICE, H_TO_SIDE)
+
+SIDES = ("INITIATOR", "TARGET")
+
+
+class MalformedRecord(ValueError):
+    """A record on a queue topic that is not a kbroker message; it goes to the dead-letter topic."""
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What the sender writes: the message row minus what only the receiver knows."""
+
+    message_id: str
+    conversation_id: str
+    conversation_group_id: str
+    message_sequence_number: int
+    message_type_name: str
+    service_contract_name: str
+    from_service_name: str
+    to_service_name: str
+    to_side: str
+    correlation_id: str | None = None
+    reply_to: str | None = None
+    expires: int | None = None
+    priority: int = 5
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        hs = [
+            (H_VERSION, ENVELOPE_VERSION),
+            (H_MESSAGE_ID, self.message_id),
+            (H_CONVERSATION_ID, self.conversation_id),
+            (H_GROUP_ID, self.conversation_group_id),
+            (H_SEQUENCE, str(self.message_sequence_number)),
+            (H_MESSAGE_TYPE, self.message_type_name),
+            (H_CONTRACT, self.service_contract_name),
+            (H_FROM_SERVICE, self.from_service_name),
+            (H_TO_SERVICE, self.to_service_name),
+            (H_TO_SIDE, self.to_side),
+            (H_PRIORITY, str(self.priority)),
+        ]
+        if self.correlation_id is not None:
+            hs.append((H_CORRELATION_ID, self.correlation_id))
+        if self.reply_to is not None:
+            hs.append((H_REPLY_TO, self.reply_to))
+        if self.expires is not None:
+            hs.append((H_EXPIRES, str(self.expires)))
+        return [(k, v.encode()) for k, v in hs]
+
+    @classmethod
+    def from_headers(cls, headers: list[tuple[str, bytes | None]] | None) -> "Envelope":
+        """Decode, or raise MalformedRecord naming what is missing or wrong."""
+        hs: dict[str, str] = {}
+        for key, value in headers or ():
+            try:
+                hs[key] = value.decode() if value is not None else ""
+            except UnicodeDecodeError:
+                raise MalformedRecord(f"header {key!r} is not UTF-8") from None
+        missing = [h for h in _REQUIRED if h not in hs]
+        if missing:
+            raise MalformedRecord(f"missing header(s) {', '.join(missing)}")
+        if hs[H_TO_SIDE] not in SIDES:
+            raise MalformedRecord(f"header {H_TO_SIDE} is {hs[H_TO_SIDE]!r}")
+        try:
+            seq = int(hs[H_SEQUENCE])
+            expires = int(hs[H_EXPIRES]) if H_EXPIRES in hs else None
+            priority = int(hs.get(H_PRIORITY, "5"))
+        except ValueError as exc:
+            raise MalformedRecord(f"bad number in headers: {exc}") from None
+        return cls(
+            message_id=hs[H_MESSAGE_ID],
+            conversation_id=hs[H_CONVERSATION_ID],
+            conversation_group_id=hs[H_GROUP_ID],
+            message_sequence_number=seq,
+            message_type_name=hs[H_MESSAGE_TYPE],
+            service_contract_name=hs[H_CONTRACT],
+            from_service_name=hs[H_FROM_SERVICE],
+            to_service_name=hs[H_TO_SERVICE],
+            to_side=hs[H_TO_SIDE],
+            correlation_id=hs.get(H_CORRELATION_ID),
+            reply_to=hs.get(H_REPLY_TO),
+            expires=expires,
+            priority=priority,
+        )
+
+
+@dataclass(frozen=True)
+class Message:
+    """One received message: the columns of a Service Broker RECEIVE."""
+
+    queue: str
+    conversation_handle: str
+    conversation_id: str
+    conversation_group_id: str
+    message_sequence_number: int
+    message_type_name: str
+    service_name: str
+    service_contract_name: str
+    message_id: str
+    body: bytes
+    priority: int = 5
+    correlation_id: str | None = None
+    reply_to: str | None = None
+    expires: int | None = None
+    enqueued_time: int | None = None  # the record's timestamp, epoch ms
+    partition: int = -1
+    offset: int = -1  # Kafka's counterpart of the message row's RowVersion
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("extra")
+        try:
+            d["body"] = self.body.decode("utf-8")
+        except UnicodeDecodeError:
+            d["body"] = None
+            d["body_hex"] = self.body.hex()
+        return d

@@ -1,0 +1,75 @@
+"""Kafka topic and consumer-group names. Pure functions: the one place that knows the layout.
+
+Everything of namespace `ns` lives under the prefix `kbroker.<ns>.`, so namespaces never see each
+other's topics and one ACL prefix covers a namespace:
+
+    kbroker.<ns>.queue.<queue>     one topic per queue (and the consumer group that reads it)
+    kbroker.<ns>.catalog           compacted: the catalog objects
+    kbroker.<ns>.endpoints         compacted: conversation endpoints
+    kbroker.<ns>.events            broker events (activation, queue monitors, ...)
+    kbroker.<ns>.deadletter        poison messages taken off their queue
+    kbroker.<ns>.transmission      the transmission queue (messages not yet delivered)
+"""
+
+from __future__ import annotations
+
+import re
+
+from .config import NAMESPACE_RE
+
+QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+SYSTEM_TOPICS = ("catalog", "endpoints", "events", "deadletter", "transmission")
+
+
+def _ns(ns: str) -> str:
+    if not isinstance(ns, str) or not NAMESPACE_RE.match(ns):
+        raise ValueError(f"namespace {ns!r} must be 1-40 characters of letters, digits, '_' or '-'")
+    return ns
+
+
+def prefix(ns: str) -> str:
+    """The prefix of every topic (and group) of the namespace, e.g. `kbroker.sales.`."""
+    return f"kbroker.{_ns(ns)}."
+
+
+def queue_topic(ns: str, queue: str) -> str:
+    if not isinstance(queue, str) or not QUEUE_NAME_RE.match(queue):
+        raise ValueError(f"queue name {queue!r} must be 1-100 characters of A-Z a-z 0-9 _ . -")
+    return f"{prefix(ns)}queue.{queue}"
+
+
+def queue_group(ns: str, queue: str) -> str:
+    """Consumer group of the readers of a queue: the same string as the queue's topic."""
+    return queue_topic(ns, queue)
+
+
+def queue_of_topic(ns: str, topic: str) -> str | None:
+    """The queue name of a queue topic of this namespace, else None."""
+    head = f"{prefix(ns)}queue."
+    return topic[len(head):] if topic.startswith(head) and len(topic) > len(head) else None
+
+
+def system_topic(ns: str, name: str) -> str:
+    if name not in SYSTEM_TOPICS:
+        raise ValueError(f"unknown system topic {name!r} (one of {', '.join(SYSTEM_TOPICS)})")
+    return f"{prefix(ns)}{name}"
+
+
+def catalog_topic(ns: str) -> str:
+    return system_topic(ns, "catalog")
+
+
+def endpoints_topic(ns: str) -> str:
+    return system_topic(ns, "endpoints")
+
+
+def events_topic(ns: str) -> str:
+    return system_topic(ns, "events")
+
+
+def deadletter_topic(ns: str) -> str:
+    return system_topic(ns, "deadletter")
+
+
+def transmission_topic(ns: str) -> str:
+    return system_topic(ns, "transmission")

@@ -1,0 +1,115 @@
+"""Out-of-order offset completion for one partition (pure logic, no I/O).
+
+Readers finish conversation groups in any order, so a partition's offsets complete out of order.
+The offset committed to Kafka is the lowest offset fetched and not yet completed; the completed
+offsets above it travel in the commit's metadata, so whoever owns the partition next skips them.
+Offsets are not contiguous (transaction markers, aborted records and compaction leave gaps), so
+the tracker reasons only about offsets it was actually handed.
+"""
+
+from __future__ import annotations
+
+import base64
+import heapq
+import zlib
+
+METADATA_LIMIT = 4096  # Kafka's default offset.metadata.max.bytes
+_PREFIX = "kb1:"
+
+
+def _varint(n: int, out: bytearray) -> None:
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return
+
+
+def encode_completed(base: int, completed: list[int]) -> str:
+    """Offsets above `base` as sorted deltas, varint-packed, deflated, base64: a few bytes each."""
+    raw = bytearray()
+    prev = base
+    for off in sorted(completed):
+        if off <= prev:
+            continue  # duplicates and anything at or below the base carry no information
+        _varint(off - prev, raw)
+        prev = off
+    if not raw:
+        return ""
+    return _PREFIX + base64.b64encode(zlib.compress(bytes(raw), 9)).decode()
+
+
+def decode_completed(base: int, metadata: str | None) -> set[int]:
+    """Inverse of encode_completed. Foreign or damaged metadata means "nothing completed above"."""
+    if not metadata or not metadata.startswith(_PREFIX):
+        return set()
+    try:
+        raw = zlib.decompress(base64.b64decode(metadata[len(_PREFIX):]))
+    except (ValueError, zlib.error):
+        return set()
+    out, prev, n, shift = set(), base, 0, 0
+    for b in raw:
+        n |= (b & 0x7F) << shift
+        if b & 0x80:
+            shift += 7
+            continue
+        prev += n
+        out.add(prev)
+        n, shift = 0, 0
+    return out
+
+
+class PartitionOffsets:
+    """Tracks one partition from the committed position the owner started at."""
+
+    def __init__(self, committed: int, metadata: str | None = None):
+        self.start = committed
+        self._high = committed  # one past the highest offset fetched
+        self._incomplete: set[int] = set()
+        self._heap: list[int] = []  # lazy min-heap over _incomplete
+        self._completed_above = decode_completed(committed, metadata)
+        self._skip = set(self._completed_above)
+
+    def already_done(self, offset: int) -> bool:
+        """True for a record completed by an earlier owner (listed in the commit metadata)."""
+        return offset in self._skip
+
+    def fetched(self, offset: int) -> None:
+        self._high = max(self._high, offset + 1)
+        if offset in self._skip:
+            return
+        if offset not in self._incomplete:
+            self._incomplete.add(offset)
+            heapq.heappush(self._heap, offset)
+
+    def complete(self, offset: int) -> None:
+        if offset in self._incomplete:
+            self._incomplete.discard(offset)
+            self._completed_above.add(offset)
+
+    def low_water(self) -> int:
+        while self._heap and self._heap[0] not in self._incomplete:
+            heapq.heappop(self._heap)
+        return self._heap[0] if self._heap else self._high
+
+    def commit_position(self) -> tuple[int, str]:
+        """(offset to commit, metadata listing completed offsets above it)."""
+        pos = self.low_water()
+        above = [o for o in self._completed_above if o > pos]
+        # Completed offsets at or below the position need no memory any more.
+        self._completed_above = set(above)
+        self._skip = {o for o in self._skip if o >= pos}
+        return pos, encode_completed(pos, above)
+
+    def metadata_room(self) -> bool:
+        """False when the metadata nears Kafka's limit: stop handing out records above the
+        low-water mark until it moves (back-pressure instead of a failed commit)."""
+        pos = self.low_water()
+        return len(encode_completed(pos, [o for o in self._completed_above if o > pos])) < METADATA_LIMIT - 256
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._incomplete)

@@ -1,0 +1,48 @@
+"""Message-type validation of bodies (VALIDATION = NONE | EMPTY | WELL_FORMED_XML, plus JSON).
+
+Runs on SEND, before anything is produced, so a body that fails never reaches a queue."""
+
+from __future__ import annotations
+
+import orjson
+from defusedxml import ElementTree as SafeET
+from defusedxml.common import DefusedXmlException
+
+from .errors import MessageValidationError
+
+
+def validate_body(message_type: str, validation: str, body: bytes) -> None:
+    if validation == "NONE":
+        return
+    if validation == "EMPTY":
+        if body:
+            raise MessageValidationError(message_type, validation, f"body has {len(body)} bytes, must be empty")
+        return
+    if validation == "JSON":
+        try:
+            orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise MessageValidationError(message_type, validation, str(exc).splitlines()[0]) from None
+        return
+    if validation == "WELL_FORMED_XML":
+        if not body:
+            return  # Service Broker accepts an empty body for XML-validated types
+        try:
+            SafeET.fromstring(body)
+        except (SafeET.ParseError, DefusedXmlException) as exc:
+            raise MessageValidationError(message_type, validation, str(exc) or type(exc).__name__) from None
+        return
+    raise MessageValidationError(message_type, validation, "unknown validation kind")
+
+
+def to_bytes(body: bytes | str | dict | list | None) -> bytes:
+    """Bodies are bytes on the wire; str is UTF-8, dict/list become JSON."""
+    if body is None:
+        return b""
+    if isinstance(body, bytes):
+        return body
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    if isinstance(body, (dict, list)):
+        return orjson.dumps(body)
+    raise TypeError(f"body must be bytes, str, dict or list, not {type(body).__name__}")

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Java 17+ and Maven for the embedded Kafka broker. Installs Debian's packages when missing and
+# this user may (root); otherwise says what to install.
+set -euo pipefail
+need=()
+if ! command -v java >/dev/null 2>&1 || \
+   ! java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])'; then
+  need+=(openjdk-17-jre-headless)
+fi
+command -v mvn >/dev/null 2>&1 || need+=(maven)
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing ${need[*]} with apt-get" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+else
+  echo "kbroker needs ${need[*]}: install Java 17+ and Maven, then run make again" >&2
+  exit 1
+fi

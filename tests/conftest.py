@@ -1,0 +1,72 @@
+"""One Kafka broker for the whole test session, chosen by the project's broker rule:
+KBROKER_BOOTSTRAP if set, else a testcontainers Kafka when a Docker engine answers, else the
+embedded Apache Kafka on free ports with a temporary data dir. When none can be had the fixture
+fails with the reason: no test skips for want of a broker."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+
+from kbroker.embedded.broker import KAFKA_VERSION, EmbeddedBroker
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "topics" / "samples"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def docker_engine_answers() -> bool:
+    try:
+        import docker  # installed with testcontainers
+
+        client = docker.from_env(timeout=3)
+        client.ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory):
+    env = os.environ.get("KBROKER_BOOTSTRAP")
+    if env:
+        yield env
+        return
+    if docker_engine_answers():
+        from testcontainers.kafka import KafkaContainer
+
+        try:
+            container = KafkaContainer(f"apache/kafka:{KAFKA_VERSION}").with_kraft()
+            container.start()
+        except Exception as exc:  # pragma: no cover - only where Docker runs
+            pytest.fail(f"Docker answers but the Kafka container did not start: {exc}")
+        try:
+            yield container.get_bootstrap_server()
+        finally:
+            container.stop()
+        return
+    data_dir = tmp_path_factory.mktemp("kafka")
+    broker = EmbeddedBroker(data_dir)
+    try:
+        status = broker.start(port=free_port(), controller_port=free_port())
+    except Exception as exc:
+        pytest.fail(f"no Kafka broker for the tests: {exc}")
+    try:
+        yield status.bootstrap
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A fresh namespace per test, so tests never see each other's topics."""
+    return "t" + uuid.uuid4().hex[:12]

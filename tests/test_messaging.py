@@ -1,0 +1,269 @@
+"""SEND / RECEIVE / END CONVERSATION against the real broker, with the sample namespace applied."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+import orjson
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from kbroker import errors
+from kbroker.catalog.apply import apply_paths
+from kbroker.client import END_DIALOG, ERROR_TYPE, Broker
+from kbroker import names
+
+from .conftest import SAMPLES
+
+EMP, EXP = "//Adventure-Works.com/Employees", "//Adventure-Works.com/Expenses"
+CONTRACT = "//Adventure-Works.com/Expenses/ExpenseSubmission"
+CLAIM = "//Adventure-Works.com/Expenses/ExpenseClaim"
+APPROVAL = "//Adventure-Works.com/Expenses/ExpenseApproval"
+KBROKER = os.path.join(os.path.dirname(sys.executable), "kbroker")
+
+
+@pytest.fixture
+def broker(kafka_bootstrap, namespace):
+    apply_paths(kafka_bootstrap, namespace, [SAMPLES])
+    b = Broker(kafka_bootstrap, namespace)
+    yield b
+    b.close()
+
+
+def end_offsets(bootstrap: str, topic: str) -> list[int]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        return [c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in sorted(parts)]
+    finally:
+        c.close()
+
+
+def test_three_messages_come_back_in_order_from_one_receive(broker):
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    for i in range(3):
+        broker.send(h, CLAIM, {"claim": i})
+    msgs = broker.receive("ExpenseQueue", top=10, wait=15)
+    assert [orjson.loads(m.body)["claim"] for m in msgs] == [0, 1, 2]
+    assert [m.message_sequence_number for m in msgs] == [0, 1, 2]
+    assert {m.conversation_group_id for m in msgs} == {msgs[0].conversation_id}
+    assert all(m.message_type_name == CLAIM and m.service_name == EXP for m in msgs)
+    assert all(m.service_contract_name == CONTRACT for m in msgs)
+    # Committed: nothing is left for the next RECEIVE.
+    assert broker.receive("ExpenseQueue", top=10, wait=0) == []
+
+
+def test_one_receive_returns_one_conversation_group(broker):
+    handles = [broker.begin_dialog(EMP, EXP, CONTRACT) for _ in range(3)]
+    for round_ in range(2):
+        for h in handles:
+            broker.send(h, CLAIM, {"r": round_})
+    seen = []
+    while len(seen) < 3:
+        msgs = broker.receive("ExpenseQueue", top=10, wait=15)
+        assert msgs, "a conversation went missing"
+        assert len({m.conversation_group_id for m in msgs}) == 1
+        assert [orjson.loads(m.body)["r"] for m in msgs] == [0, 1]
+        seen.append(msgs[0].conversation_id)
+    assert len(set(seen)) == 3
+
+
+def test_out_of_order_completion_survives_a_new_reader(kafka_bootstrap, namespace, broker):
+    """Receive half of many groups (offsets complete out of order), then a new process
+    receives the rest: nothing lost, nothing received twice."""
+    handles = [broker.begin_dialog(EMP, EXP, CONTRACT) for _ in range(40)]
+    for h in handles:
+        broker.send(h, CLAIM, {"h": h})
+    first = []
+    for _ in range(20):
+        first += [m.message_id for m in broker.receive("ExpenseQueue", top=5, wait=15)]
+    broker.close()
+    with Broker(kafka_bootstrap, namespace) as second:
+        rest = []
+        while True:
+            msgs = second.receive("ExpenseQueue", top=5, wait=0)
+            if not msgs:
+                break
+            rest += [m.message_id for m in msgs]
+    assert len(first) == 20
+    assert len(set(first) | set(rest)) == 40, "lost messages"
+    assert len(first) + len(rest) == 40, "messages received twice"
+
+
+def test_reply_end_dialog_and_states(broker):
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    assert broker.endpoints.get(h).state == "SO"
+    broker.send(h, CLAIM, {"amount": 1})
+    claim = broker.receive("ExpenseQueue", wait=15)[0]
+    target = claim.conversation_handle
+    assert target != h and broker.endpoints.get(target).state == "CO"
+    broker.send(target, APPROVAL, {"ok": True})
+    reply = broker.receive("EmployeeQueue", wait=15)[0]
+    assert reply.conversation_handle == h and reply.message_type_name == APPROVAL
+    broker.end_conversation(h)
+    assert broker.endpoints.get(h).state == "DO"
+    with pytest.raises(errors.ConversationClosedError):
+        broker.send(h, CLAIM, {})
+    end = broker.receive("ExpenseQueue", wait=15)[0]
+    assert end.message_type_name == END_DIALOG and end.body == b""
+    assert broker.endpoints.get(target).state == "DI"
+    with pytest.raises(errors.ConversationClosedError):
+        broker.send(target, APPROVAL, {})
+    broker.end_conversation(target)
+    assert broker.endpoints.get(target).state == "CD"
+
+
+def test_end_with_error_sends_service_broker_error_body(broker):
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    broker.send(h, CLAIM, {})
+    target = broker.receive("ExpenseQueue", wait=15)[0].conversation_handle
+    broker.end_conversation(target, error=50001, description="claim <rejected>")
+    err = broker.receive("EmployeeQueue", wait=15)[0]
+    assert err.message_type_name == ERROR_TYPE
+    assert b"<Code>50001</Code>" in err.body and b"claim &lt;rejected&gt;" in err.body
+    assert broker.endpoints.get(h).state == "ER"
+    with pytest.raises(ValueError, match="positive"):
+        broker.end_conversation(h, error=-5)
+
+
+def test_expired_message_is_not_delivered(broker):
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    broker.send(h, CLAIM, {"late": True}, time_to_be_received=0.2)
+    broker.send(h, CLAIM, {"late": False})
+    time.sleep(0.5)
+    msgs = broker.receive("ExpenseQueue", top=10, wait=15)
+    assert [orjson.loads(m.body) for m in msgs] == [{"late": False}]
+
+
+@pytest.mark.parametrize("case", [
+    "unknown_from", "unknown_to", "unknown_contract", "wrong_side", "type_not_in_contract",
+    "invalid_json", "oversized", "closed", "unknown_handle", "system_type",
+])
+def test_bad_input_is_typed_and_produces_nothing(kafka_bootstrap, namespace, broker, case):
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    topic = names.queue_topic(namespace, "ExpenseQueue")
+    before = end_offsets(kafka_bootstrap, topic)
+    expected, call = {
+        "unknown_from": (errors.UnknownServiceError, lambda: broker.begin_dialog("//nope", EXP, CONTRACT)),
+        "unknown_to": (errors.UnknownServiceError, lambda: broker.begin_dialog(EMP, "//nope", CONTRACT)),
+        "unknown_contract": (errors.UnknownContractError, lambda: broker.begin_dialog(EMP, EXP, "//nope")),
+        "wrong_side": (errors.ContractViolationError, lambda: broker.send(h, APPROVAL, {})),
+        "type_not_in_contract": (errors.ContractViolationError, lambda: broker.send(h, "DEFAULT", b"x")),
+        "invalid_json": (errors.MessageValidationError, lambda: broker.send(h, CLAIM, b"{not json")),
+        "oversized": (errors.MessageTooLargeError,
+                      lambda: broker.send(h, CLAIM, b'"' + b"x" * (1024 * 1024) + b'"')),
+        "closed": (errors.ConversationClosedError,
+                   lambda: (broker.end_conversation(h), broker.send(h, CLAIM, {}))),
+        "unknown_handle": (errors.ConversationNotFoundError,
+                           lambda: broker.send("00000000-0000-0000-0000-000000000000", CLAIM, {})),
+        "system_type": (errors.ContractViolationError, lambda: broker.send(h, END_DIALOG, b"")),
+    }[case]
+    with pytest.raises(expected) as info:
+        call()
+    assert str(info.value)  # names the problem
+    assert end_offsets(kafka_bootstrap, topic) == before, "a refused SEND produced something"
+
+
+def test_receive_on_unknown_queue_is_typed(broker):
+    with pytest.raises(errors.UnknownQueueError, match="NoSuchQueue"):
+        broker.receive("NoSuchQueue")
+
+
+def test_malformed_record_goes_to_dead_letter_and_reader_goes_on(kafka_bootstrap, namespace, broker):
+    topic = names.queue_topic(namespace, "ExpenseQueue")
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for part in range(4):  # one on every partition, whichever the good message lands on
+        p.produce(topic, key=b"junk", value=b"not a kbroker message", partition=part)
+    p.flush(10)
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    broker.send(h, CLAIM, {"good": True})
+    msgs = broker.receive("ExpenseQueue", wait=15)
+    assert [orjson.loads(m.body) for m in msgs] == [{"good": True}]
+    assert broker.receive("ExpenseQueue", wait=0) == []
+
+    dlq = names.deadletter_topic(namespace)
+    c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": "dlq-check", "auto.offset.reset": "earliest"})
+    c.subscribe([dlq])
+    got, deadline = [], time.monotonic() + 20
+    while len(got) < 4 and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and not m.error():
+            got.append(m)
+    c.close()
+    assert len(got) == 4
+    reasons = {dict(m.headers())["kb.dlq.reason"].decode() for m in got}
+    assert all("missing header" in r for r in reasons)
+    assert all(m.value() == b"not a kbroker message" for m in got)
+
+
+def test_record_is_readable_by_a_standard_client(kafka_bootstrap, namespace, broker):
+    """aiokafka (the client under Faust) reads body and headers as plain bytes."""
+    from aiokafka import AIOKafkaConsumer
+
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    broker.send(h, CLAIM, {"amount": 12.5}, correlation_id="corr-1")
+
+    async def read_one():
+        c = AIOKafkaConsumer(names.queue_topic(namespace, "ExpenseQueue"), bootstrap_servers=kafka_bootstrap,
+                             auto_offset_reset="earliest", group_id=None, isolation_level="read_committed")
+        await c.start()
+        try:
+            return await asyncio.wait_for(c.getone(), 30)
+        finally:
+            await c.stop()
+
+    rec = asyncio.run(read_one())
+    headers = {k: v.decode() for k, v in rec.headers}
+    assert json.loads(rec.value) == {"amount": 12.5}
+    assert headers["kb.message_type_name"] == CLAIM
+    assert headers["kb.correlation_id"] == "corr-1"
+    assert headers["kb.from_service_name"] == EMP and headers["kb.to_service_name"] == EXP
+    assert rec.key.decode() == headers["kb.conversation_group_id"]
+
+
+def run_cli(*args, bootstrap, namespace):
+    env = {**os.environ, "KBROKER_BOOTSTRAP": bootstrap, "KBROKER_NAMESPACE": namespace}
+    return subprocess.run([KBROKER, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_send_receive_end(kafka_bootstrap, namespace, broker):
+    kw = dict(bootstrap=kafka_bootstrap, namespace=namespace)
+    out = run_cli("send", "--from", EMP, "--to", EXP, "--contract", CONTRACT, "--type", CLAIM,
+                  "--body", '{"n": 1}', "--json", **kw)
+    assert out.returncode == 0, out.stderr
+    sent = json.loads(out.stdout)
+    out = run_cli("send", "--conversation", sent["conversation_handle"], "--type", CLAIM,
+                  "--body", '{"n": 2}', "--json", **kw)
+    assert out.returncode == 0, out.stderr
+    out = run_cli("receive", "ExpenseQueue", "--top", "5", "--wait", "15", "--json", **kw)
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [json.loads(r["body"])["n"] for r in rows] == [1, 2]
+    assert rows[0]["message_id"] == sent["message_id"]
+    for field in ("queue", "conversation_handle", "conversation_group_id", "message_sequence_number",
+                  "message_type_name", "service_name", "service_contract_name", "message_id", "body"):
+        assert field in rows[0]
+    out = run_cli("end", sent["conversation_handle"], "--json", **kw)
+    assert out.returncode == 0 and json.loads(out.stdout)["state"] == "DO", out.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["send", "--from", "//nope", "--to", EXP, "--contract", CONTRACT, "--type", CLAIM, "--body", "{}"],
+     "unknown service '//nope'"),
+    (["send", "--from", EMP, "--to", EXP, "--contract", CONTRACT, "--type", CLAIM, "--body", "{bad"],
+     "fails JSON validation"),
+    (["send", "--from", EMP, "--to", EXP, "--contract", CONTRACT, "--type", CLAIM, "--body", "@/no/such/file"],
+     "/no/such/file"),
+    (["receive", "NoSuchQueue"], "unknown queue 'NoSuchQueue'"),
+    (["end", "00000000-0000-0000-0000-000000000000"], "does not exist"),
+])
+def test_cli_errors_are_one_line(kafka_bootstrap, namespace, broker, args, needle):
+    out = run_cli(*args, bootstrap=kafka_bootstrap, namespace=namespace)
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], out.stderr
