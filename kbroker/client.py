@@ -3,19 +3,21 @@
     broker = kbroker.connect()
     handle = broker.begin_dialog(from_service, to_service, contract)
     broker.send(handle, message_type, body)
-    for msg in broker.receive(queue, top=10, wait=5): ...
-    broker.end_conversation(handle)
+    with broker.transaction() as tx:
+        for msg in tx.receive(queue, top=10, wait=5): ...
 
 Outside a transaction each statement commits on its own, as in Service Broker: SEND returns once
-Kafka acknowledged the message, RECEIVE commits the consumed offsets before it returns.
+Kafka acknowledged the message (idempotent producer), and RECEIVE is a transaction of its own.
+The methods building records are shared by both paths, so a statement validates the same way
+inside and outside a transaction.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 import time
 import uuid
+from dataclasses import replace
 from typing import Any, Callable, TypeVar
 from xml.sax.saxutils import escape
 
@@ -23,17 +25,19 @@ from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 
 from . import config, names
-from .config import KAFKA_LOG
 from .catalog.models import Catalog
 from .catalog.store import read_catalog
+from .committer import CommitRequest, GroupCommitter, Record
+from .config import KAFKA_LOG
 from .endpoints import (CLOSED, DISCONNECTED_INBOUND, DISCONNECTED_OUTBOUND, ERROR, MAX_LIFETIME,
                         SENDABLE, STARTED_OUTBOUND, Endpoint, EndpointStore, handle_for,
                         new_target_endpoint, other)
 from .envelope import Envelope, Message
 from .errors import (BrokerUnavailableError, CatalogError, ContractViolationError,
-                     ConversationClosedError, MessageTooLargeError, QueueDisabledError,
-                     SendFailedError, UnknownContractError)
-from .receiver import QueueReader
+                     ConversationClosedError, MessageTooLargeError, SendFailedError,
+                     UnknownContractError)
+from .receiver import QueueReceiver
+from .transaction import Transaction
 from .validation import to_bytes, validate_body
 
 SSB = "http://schemas.microsoft.com/SQL/ServiceBroker/"
@@ -41,6 +45,7 @@ END_DIALOG = SSB + "EndDialog"
 ERROR_TYPE = SSB + "Error"
 DIALOG_TIMER = SSB + "DialogTimer"
 SYSTEM_TYPES = {END_DIALOG, ERROR_TYPE, DIALOG_TIMER}
+POISON_THRESHOLD = 5  # consecutive rolled-back receives that disable a queue, as in Service Broker
 
 T = TypeVar("T")
 
@@ -57,23 +62,25 @@ def connect(bootstrap: str | None = None, namespace: str | None = None, **kwargs
 
 
 class Broker:
-    def __init__(self, bootstrap: str, namespace: str, *, ack_timeout: float = 30.0):
+    def __init__(self, bootstrap: str, namespace: str, *, ack_timeout: float = 30.0,
+                 commit_interval: float = 0.005, max_buffered: int = 10_000, revoke_grace: float = 5.0):
         self.bootstrap, self.namespace = bootstrap, namespace
         self._ack_timeout = ack_timeout
+        self._commit_interval = commit_interval
+        self._max_buffered, self._revoke_grace = max_buffered, revoke_grace
         self._check_reachable()
         self._producer = Producer({
-            "bootstrap.servers": bootstrap,
-            "logger": KAFKA_LOG,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 1,
+            "bootstrap.servers": bootstrap, "logger": KAFKA_LOG,
+            "enable.idempotence": True, "acks": "all", "linger.ms": 1,
             "message.max.bytes": 11 * 1024 * 1024,
         })
         self._lock = threading.RLock()
         self._errors: list[KafkaError] = []
         self._catalog: Catalog | None = None
+        self._committer: GroupCommitter | None = None
         self.endpoints = EndpointStore(bootstrap, namespace, self._producer)
-        self._readers: dict[str, QueueReader] = {}
+        self._receivers: dict[str, QueueReceiver] = {}
+        self._disabled: set[str] = set()
 
     def _check_reachable(self) -> None:
         try:
@@ -81,7 +88,7 @@ class Broker:
         except Exception as exc:
             raise BrokerUnavailableError(f"no Kafka broker answers at {self.bootstrap}: {exc}") from None
 
-    # --- catalog ----------------------------------------------------------------------------
+    # --- catalog ------------------------------------------------------------------------------
 
     @property
     def catalog(self) -> Catalog:
@@ -89,58 +96,93 @@ class Broker:
             self._catalog = read_catalog(self.bootstrap, self.namespace)
         return self._catalog
 
+    def refresh_catalog(self) -> Catalog:
+        self._catalog = read_catalog(self.bootstrap, self.namespace)
+        return self._catalog
+
     def _lookup(self, fn: Callable[[Catalog], T]) -> T:
         """Catalog lookups re-read the catalog once before saying an object is unknown."""
         try:
             return fn(self.catalog)
         except CatalogError:
-            self._catalog = read_catalog(self.bootstrap, self.namespace)
-            return fn(self._catalog)
+            return fn(self.refresh_catalog())
 
-    # --- dialogs ----------------------------------------------------------------------------
+    def queue_enabled(self, queue: str) -> bool:
+        """STATUS of a queue. A disabled one is re-checked against the catalog, so an
+        ALTER QUEUE ... STATUS = ON from any process is seen on the next RECEIVE."""
+        q = self._lookup(lambda c: c.queue(queue))
+        if q.status == "ON" and queue not in self._disabled:
+            return True
+        q = self.refresh_catalog().queue(queue)
+        if q.status == "ON":
+            self._disabled.discard(queue)
+            receiver = self._receivers.get(queue)
+            if receiver is not None:
+                receiver.consecutive_rollbacks = 0
+            return True
+        return False
 
-    def begin_dialog(self, from_service: str, to_service: str, contract: str = "DEFAULT", *,
-                     lifetime: int | None = None, related_conversation_group: str | None = None,
-                     encryption: bool = False) -> str:
+    # --- the runtime --------------------------------------------------------------------------
+
+    @property
+    def committer(self) -> GroupCommitter:
+        with self._lock:
+            if self._committer is None:
+                self._committer = GroupCommitter(self.bootstrap, self.namespace, interval=self._commit_interval)
+            return self._committer
+
+    def receiver(self, queue: str) -> QueueReceiver:
+        with self._lock:
+            r = self._receivers.get(queue)
+            if r is None:
+                self._lookup(lambda c: c.queue(queue))
+                committer = self.committer
+                r = self._receivers[queue] = QueueReceiver(
+                    self.bootstrap, self.namespace, queue, dead_letter=self._dead_letter,
+                    max_buffered=self._max_buffered, revoke_grace=self._revoke_grace,
+                    commit_barrier=committer.barrier)
+            return r
+
+    def transaction(self) -> Transaction:
+        """BEGIN TRANSACTION: use as a context manager, or call commit()/rollback()."""
+        return Transaction(self)
+
+    def note_commit(self, queue: str) -> None:
+        r = self._receivers.get(queue)
+        if r is not None:
+            r.consecutive_rollbacks = 0
+
+    def note_rollback(self, queue: str) -> None:
+        """Poison-message handling: five rolled-back receives in a row disable the queue."""
+        r = self._receivers.get(queue)
+        if r is None:
+            return
+        r.consecutive_rollbacks += 1
+        q = self._lookup(lambda c: c.queue(queue))
+        if r.consecutive_rollbacks >= POISON_THRESHOLD and q.poison_message_handling == "ON":
+            from .queues import set_queue_status
+
+            self._disabled.add(queue)
+            set_queue_status(self.bootstrap, self.namespace, queue, "OFF",
+                             f"{r.consecutive_rollbacks} consecutive rolled-back receives", poison=True)
+            self.refresh_catalog()
+
+    # --- statements outside a transaction -----------------------------------------------------
+
+    def begin_dialog(self, from_service: str, to_service: str, contract: str = "DEFAULT", **kw: Any) -> str:
         """BEGIN DIALOG: creates the initiator endpoint and returns its conversation handle."""
-        self._lookup(lambda c: c.service(from_service))
-        self._lookup(lambda c: c.service(to_service))
-        self._lookup(lambda c: c.contract(contract))
-        if not self._lookup(lambda c: c.service_accepts(to_service, contract)):
-            raise UnknownContractError(contract, to_service)
-        if lifetime is not None and lifetime <= 0:
-            raise ValueError("lifetime must be a positive number of seconds")
-        conversation_id = str(uuid.uuid4())
-        group = str(uuid.UUID(related_conversation_group)) if related_conversation_group else conversation_id
-        expires = MAX_LIFETIME if lifetime is None else int(time.time()) + int(lifetime)
-        ep = Endpoint(handle_for(conversation_id, "INITIATOR"), conversation_id, "INITIATOR", group,
-                      conversation_id, from_service, to_service, contract, STARTED_OUTBOUND,
-                      lifetime=expires)
+        ep = self.new_dialog(from_service, to_service, contract, **kw)
         with self._lock:
             self.endpoints.put(ep)
             self._flush()
         return ep.conversation_handle
 
-    def send(self, handle: str, message_type: str = "DEFAULT", body: bytes | str | dict | list | None = None,
-             *, correlation_id: str | None = None, reply_to: str | None = None,
-             time_to_be_received: float | None = None, priority: int = 5) -> str:
+    def send(self, handle: str, message_type: str = "DEFAULT", body: Any = None, **kw: Any) -> str:
         """SEND ON CONVERSATION: returns the message id once Kafka acknowledged the message."""
-        data = to_bytes(body)
         with self._lock:
-            ep = self.endpoints.get(str(handle))
-            if ep.state not in SENDABLE:
-                raise ConversationClosedError(ep.conversation_handle, ep.state_desc)
-            if ep.lifetime < time.time():
-                raise ConversationClosedError(ep.conversation_handle, "lifetime expired")
-            mt = self._lookup(lambda c: c.message_type(message_type))
-            if message_type in SYSTEM_TYPES or not self._lookup(
-                    lambda c: c.may_send(ep.service_contract_name, message_type, ep.side)):
-                raise ContractViolationError(message_type, ep.service_contract_name, ep.side)
-            validate_body(message_type, mt.validation, data)
-            expires = None if time_to_be_received is None else int((time.time() + time_to_be_received) * 1000)
-            message_id = self._produce(ep, message_type, data, correlation_id=correlation_id,
-                                       reply_to=reply_to, expires=expires, priority=priority)
-            self.endpoints.put(ep.after_send())
+            record, message_id, ep = self.message_record(self.endpoints.get(str(handle)), message_type, body, **kw)
+            self._produce(record)
+            self.endpoints.put(ep)
             self._flush()
             return message_id
 
@@ -149,79 +191,103 @@ class Broker:
         """END CONVERSATION [WITH ERROR = code DESCRIPTION = text | WITH CLEANUP]."""
         with self._lock:
             ep = self.endpoints.get(str(handle))
-            if cleanup:  # remove the local endpoint silently, as WITH CLEANUP does
-                self._producer.produce(self.endpoints.topic, key=ep.conversation_handle, value=None)
-                self.endpoints.forget(ep.conversation_handle)
-                self._flush()
-                return
-            if ep.state in (DISCONNECTED_OUTBOUND, CLOSED):
-                raise ConversationClosedError(ep.conversation_handle, ep.state_desc)
-            if error is not None and (not isinstance(error, int) or error <= 0):
-                raise ValueError("error code must be a positive integer (negative codes are Service Broker's)")
-            peer_listens = ep.state not in (DISCONNECTED_INBOUND, ERROR, STARTED_OUTBOUND)
-            if peer_listens:
-                if error is not None:
-                    self._produce(ep, ERROR_TYPE, error_body(error, description or ""))
-                else:
-                    self._produce(ep, END_DIALOG, b"")
-                ep = ep.after_send()
-            # A dialog that never sent anything has no peer endpoint to wait for.
-            ended = replace(ep, state=CLOSED) if ep.state == STARTED_OUTBOUND else ep.after_local_end()
-            self.endpoints.put(ended)
+            records, ended = self.end_records(ep, error=error, description=description, cleanup=cleanup)
+            for record in records:
+                self._produce(record)
+            self._produce(self.endpoint_record(ep.conversation_handle, ended))
+            self.endpoints.note(ep.conversation_handle, ended)
             self._flush()
 
-    # --- RECEIVE ----------------------------------------------------------------------------
+    def receive(self, queue: str, top: int = 1, wait: float | None = 0.0, **kw: Any) -> list[Message]:
+        """RECEIVE outside a transaction: a transaction of its own, committed before it returns."""
+        with self.transaction() as tx:
+            return tx.receive(queue, top, wait, **kw)
 
-    def receive(self, queue: str, top: int = 1, wait: float | None = 0.0, *,
-                conversation_group: str | None = None, conversation_handle: str | None = None) -> list[Message]:
-        """RECEIVE TOP(n) FROM queue [WHERE conversation_group_id | conversation_handle = ...],
-        optionally inside WAITFOR(wait seconds; None waits without a time-out)."""
-        if top < 1:
-            raise ValueError("top must be at least 1")
-        q = self._lookup(lambda c: c.queue(queue))
-        if q.status != "ON":
-            raise QueueDisabledError(queue)
-        conversation_id = None
-        if conversation_handle is not None:
-            conversation_id = self.endpoints.get(str(conversation_handle)).conversation_id
-        with self._lock:
-            reader = self._readers.get(queue)
-            if reader is None:
-                reader = self._readers[queue] = QueueReader(
-                    self.bootstrap, self.namespace, queue, dead_letter=self._dead_letter)
-            msgs = reader.receive(top, wait, conversation_group=conversation_group,
-                                  conversation_id=conversation_id)
-            delivered = [m for m in msgs if self._track_received(m)]
-            self._flush()  # endpoint changes and dead letters are durable before the offsets move
-            reader.commit()
-            return delivered
+    # --- building records (shared by both paths) ----------------------------------------------
 
-    def _track_received(self, msg: Message) -> bool:
-        """Update this side's endpoint for a received message; False drops the message
-        (it arrived after this side ended the conversation)."""
+    def new_dialog(self, from_service: str, to_service: str, contract: str = "DEFAULT", *,
+                   lifetime: int | None = None, related_conversation_group: str | None = None,
+                   encryption: bool = False) -> Endpoint:
+        self._lookup(lambda c: c.service(from_service))
+        self._lookup(lambda c: c.service(to_service))
+        self._lookup(lambda c: c.contract(contract))
+        if not self._lookup(lambda c: c.service_accepts(to_service, contract)):
+            raise UnknownContractError(contract, to_service)
+        if lifetime is not None and lifetime <= 0:
+            raise ValueError("lifetime must be a positive number of seconds")
+        conversation_id = str(uuid.uuid4())
+        group = str(uuid.UUID(str(related_conversation_group))) if related_conversation_group else conversation_id
+        expires = MAX_LIFETIME if lifetime is None else int(time.time()) + int(lifetime)
+        return Endpoint(handle_for(conversation_id, "INITIATOR"), conversation_id, "INITIATOR", group,
+                        conversation_id, from_service, to_service, contract, STARTED_OUTBOUND,
+                        lifetime=expires, updated=time.time())
+
+    def message_record(self, ep: Endpoint, message_type: str, body: Any = None, *,
+                       correlation_id: str | None = None, reply_to: str | None = None,
+                       time_to_be_received: float | None = None, priority: int = 5) -> tuple[Record, str, Endpoint]:
+        """Validate a SEND and build its record: (record, message id, endpoint after the send)."""
+        data = to_bytes(body)
+        if ep.state not in SENDABLE:
+            raise ConversationClosedError(ep.conversation_handle, ep.state_desc)
+        if ep.lifetime < time.time():
+            raise ConversationClosedError(ep.conversation_handle, "lifetime expired")
+        mt = self._lookup(lambda c: c.message_type(message_type))
+        if message_type in SYSTEM_TYPES or not self._lookup(
+                lambda c: c.may_send(ep.service_contract_name, message_type, ep.side)):
+            raise ContractViolationError(message_type, ep.service_contract_name, ep.side)
+        validate_body(message_type, mt.validation, data)
+        if not 1 <= priority <= 10:
+            raise ValueError("priority must be 1-10")
+        expires = None if time_to_be_received is None else int((time.time() + time_to_be_received) * 1000)
+        record, message_id = self._record(ep, message_type, data, correlation_id=correlation_id,
+                                          reply_to=reply_to, expires=expires, priority=priority)
+        return record, message_id, ep.after_send()
+
+    def end_records(self, ep: Endpoint, *, error: int | None, description: str | None,
+                    cleanup: bool) -> tuple[list[Record], Endpoint | None]:
+        """END CONVERSATION's records and the endpoint after it (None: removed by CLEANUP)."""
+        if cleanup:  # remove the local endpoint silently, as WITH CLEANUP does
+            return [], None
+        if ep.state in (DISCONNECTED_OUTBOUND, CLOSED):
+            raise ConversationClosedError(ep.conversation_handle, ep.state_desc)
+        if error is not None and (not isinstance(error, int) or error <= 0):
+            raise ValueError("error code must be a positive integer (negative codes are Service Broker's)")
+        if ep.state == STARTED_OUTBOUND:  # never sent anything: no peer endpoint to tell
+            return [], replace(ep, state=CLOSED)
+        records = []
+        if ep.state not in (DISCONNECTED_INBOUND, ERROR):
+            body = error_body(error, description or "") if error is not None else b""
+            rec, _ = self._record(ep, ERROR_TYPE if error is not None else END_DIALOG, body)
+            records.append(rec)
+            ep = ep.after_send()
+        return records, ep.after_local_end()
+
+    def endpoint_record(self, handle: str, ep: Endpoint | None) -> Record:
+        return (self.endpoints.topic, handle, None if ep is None else ep.to_json(), None)
+
+    def after_receive(self, msg: Message, staged: Endpoint | None) -> tuple[bool, Endpoint | None]:
+        """This side's endpoint after receiving `msg`: (deliver it?, endpoint to stage)."""
         env = msg.extra["envelope"]
         first_of_dialog = env.to_side == "TARGET" and env.message_sequence_number == 0
-        # A dialog's first message creates the target endpoint: no lookup needed for it.
-        ep = self.endpoints.cached(msg.conversation_handle) if first_of_dialog else \
-            self.endpoints.find(msg.conversation_handle)
+        ep = staged or (self.endpoints.cached(msg.conversation_handle) if first_of_dialog
+                        else self.endpoints.find(msg.conversation_handle))
+        created = None
         if ep is None:
             if env.to_side != "TARGET":
-                return True  # the initiator's endpoint was cleaned up or never stored here
-            ep = new_target_endpoint(env.conversation_id, env.conversation_group_id, env.conversation_id,
-                                     env.to_service_name, env.from_service_name, env.service_contract_name)
-            self.endpoints.put(ep)
-        if ep.state in (DISCONNECTED_OUTBOUND, CLOSED) and msg.message_type_name not in (END_DIALOG, ERROR_TYPE):
-            return False
+                return True, None  # the initiator's endpoint was cleaned up or never stored here
+            # A dialog's first message creates the target endpoint, as in Service Broker.
+            ep = created = new_target_endpoint(env.conversation_id, env.conversation_group_id, env.conversation_id,
+                                               env.to_service_name, env.from_service_name, env.service_contract_name)
         if msg.message_type_name == END_DIALOG:
-            self.endpoints.put(ep.after_peer_end())
-        elif msg.message_type_name == ERROR_TYPE:
-            self.endpoints.put(ep.after_peer_error())
-        return True
+            return True, ep.after_peer_end()
+        if msg.message_type_name == ERROR_TYPE:
+            return True, ep.after_peer_error()
+        if ep.state in (DISCONNECTED_OUTBOUND, CLOSED):
+            return False, None  # arrived after this side ended the conversation: discarded
+        return True, created
 
-    # --- plumbing ---------------------------------------------------------------------------
-
-    def _produce(self, ep: Endpoint, message_type: str, data: bytes, *, correlation_id: str | None = None,
-                 reply_to: str | None = None, expires: int | None = None, priority: int = 5) -> str:
+    def _record(self, ep: Endpoint, message_type: str, data: bytes, *, correlation_id: str | None = None,
+                reply_to: str | None = None, expires: int | None = None, priority: int = 5) -> tuple[Record, str]:
         far_service = self._lookup(lambda c: c.service(ep.far_service_name))
         far_queue = self._lookup(lambda c: c.queue(far_service.queue))
         if len(data) > far_queue.max_message_bytes:
@@ -233,10 +299,14 @@ class Broker:
             service_contract_name=ep.service_contract_name, from_service_name=ep.service_name,
             to_service_name=ep.far_service_name, to_side=other(ep.side),
             correlation_id=correlation_id, reply_to=reply_to, expires=expires, priority=priority)
-        self._producer.produce(names.queue_topic(self.namespace, far_queue.name),
-                               key=env.conversation_group_id, value=data, headers=env.headers(),
-                               on_delivery=self._on_delivery)
-        return env.message_id
+        topic = names.queue_topic(self.namespace, far_queue.name)
+        return (topic, env.conversation_group_id, data, env.headers()), env.message_id
+
+    # --- plumbing -----------------------------------------------------------------------------
+
+    def _produce(self, record: Record) -> None:
+        topic, key, value, headers = record
+        self._producer.produce(topic, key=key, value=value, headers=headers, on_delivery=self._on_delivery)
 
     def _on_delivery(self, err: KafkaError | None, _msg: Any) -> None:
         if err is not None:
@@ -250,21 +320,28 @@ class Broker:
             reason = errors[0].str() if errors else f"{remaining} message(s) not acknowledged in time"
             raise SendFailedError(f"Kafka did not acknowledge: {reason}")
 
-    def _dead_letter(self, record: Any, reason: str) -> None:
+    def _dead_letter(self, receiver: QueueReceiver, record: Any, reason: str) -> None:
+        """Called on the poll thread: the malformed record's dead letter and its offset commit
+        together, without waiting (the poll thread never waits on a commit)."""
         headers = list(record.headers() or []) + [
-            ("kb.dlq.reason", reason.encode()),
-            ("kb.dlq.topic", record.topic().encode()),
+            ("kb.dlq.reason", reason.encode()), ("kb.dlq.topic", record.topic().encode()),
             ("kb.dlq.partition", str(record.partition()).encode()),
             ("kb.dlq.offset", str(record.offset()).encode()),
         ]
-        self._producer.produce(names.deadletter_topic(self.namespace), key=record.key(),
-                               value=record.value(), headers=headers, on_delivery=self._on_delivery)
+        rec = (names.deadletter_topic(self.namespace), record.key(), record.value(), headers)
+        self.committer.submit(CommitRequest([rec], [receiver.dead_letter_lease(record)]))
+
+    def stats(self) -> list[dict]:
+        return [r.stats() for r in list(self._receivers.values())]
 
     def close(self) -> None:
         with self._lock:
-            for reader in self._readers.values():
-                reader.close()
-            self._readers.clear()
+            for r in self._receivers.values():
+                r.close()
+            self._receivers.clear()
+            if self._committer is not None:
+                self._committer.close()
+                self._committer = None
             self.endpoints.close()
             self._producer.flush(self._ack_timeout)
 

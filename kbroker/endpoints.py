@@ -112,12 +112,12 @@ class EndpointStore:
         self._cache[ep.conversation_handle] = ep
         self._producer.produce(self.topic, key=ep.conversation_handle, value=ep.to_json())
 
-    def remember(self, ep: Endpoint) -> None:
-        """Cache without writing (state that is already durable, or derivable again)."""
-        self._cache.setdefault(ep.conversation_handle, ep)
-
-    def forget(self, handle: str) -> None:
-        self._cache.pop(handle, None)
+    def note(self, handle: str, ep: Endpoint | None) -> None:
+        """Cache state a committed Kafka transaction already wrote (None: the endpoint is gone)."""
+        if ep is None:
+            self._cache.pop(handle, None)
+        else:
+            self._cache[handle] = ep
 
     def cached(self, handle: str) -> Endpoint | None:
         return self._cache.get(handle)

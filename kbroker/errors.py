@@ -126,6 +126,17 @@ class QueueDisabledError(KBrokerError):
         super().__init__(f"queue {queue!r} is disabled (STATUS = OFF)")
 
 
+class TransactionAbortedError(KBrokerError):
+    """The transaction did not commit: nothing it sent is visible and its messages will be
+    received again. Retry the unit of work."""
+
+    retriable = True
+
+
+class TransactionStateError(KBrokerError):
+    """The transaction was already committed or rolled back."""
+
+
 class SendFailedError(KBrokerError):
     """Kafka did not acknowledge a SEND. Nothing was acknowledged to the caller."""
 

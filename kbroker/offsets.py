@@ -90,6 +90,13 @@ class PartitionOffsets:
             self._incomplete.discard(offset)
             self._completed_above.add(offset)
 
+    def reopen(self, offset: int) -> None:
+        """Undo complete(): the Kafka transaction that carried it aborted."""
+        self._completed_above.discard(offset)
+        if offset not in self._incomplete:
+            self._incomplete.add(offset)
+            heapq.heappush(self._heap, offset)
+
     def low_water(self) -> int:
         while self._heap and self._heap[0] not in self._incomplete:
             heapq.heappop(self._heap)

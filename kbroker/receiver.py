@@ -1,25 +1,32 @@
-"""RECEIVE on one queue: a consumer in the queue's group, records buffered per conversation group.
+"""RECEIVE on one queue, for every reader of a process: key-level concurrency over one consumer.
 
-A RECEIVE takes the ready group with the highest priority (oldest first among equals) and returns
-up to TOP(n) of its messages in order. Offsets complete out of order (PartitionOffsets), and the
-completed offsets above the committed one travel in the commit metadata. Memory is bounded:
-past `max_buffered` records the consumer pauses its partitions until RECEIVEs drain the buffer.
+A poll thread owns the queue's consumer and only ever buffers records per conversation group, so
+a reader that holds a group for minutes never stalls polling. A RECEIVE leases one ready,
+unlocked group (highest priority first, then oldest) and takes up to TOP(n) of its messages;
+other readers lease other groups of the same partition at the same time. A lease ends when its
+transaction commits (offsets complete) or rolls back (its records go back, in order, to the head
+of the group). Memory is bounded: past `max_buffered` records the consumer pauses.
+
+On a rebalance, leases on revoked partitions get `revoke_grace` seconds to finish; the rest are
+doomed (their commit fails and nothing they did becomes visible), and the revocation waits for
+any Kafka transaction already carrying their offsets, so the next owner never overlaps them.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message as KafkaRecord, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message as KafkaRecord, TopicPartition
 
 from . import names
 from .config import KAFKA_LOG
-from .envelope import Envelope, MalformedRecord, Message
 from .endpoints import handle_for
+from .envelope import Envelope, MalformedRecord, Message
 from .offsets import PartitionOffsets
 
 log = logging.getLogger("kbroker.receiver")
@@ -31,100 +38,109 @@ class Buffered:
     record: KafkaRecord
 
 
-class QueueReader:
+@dataclass(eq=False)
+class Lease:
+    """The records one transaction took from one conversation group (or dead-lettered)."""
+
+    receiver: "QueueReceiver"
+    group: str | None
+    owner: Any
+    taken: list[Buffered] = field(default_factory=list)
+    offsets: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset) to complete
+    doomed: bool = False
+    included: bool = False  # carried by a Kafka transaction under way
+    leased_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def partitions(self) -> set[int]:
+        return {p for p, _ in self.offsets}
+
+
+class QueueReceiver:
     def __init__(self, bootstrap: str, namespace: str, queue: str, *,
-                 dead_letter: Callable[[KafkaRecord, str], None], max_buffered: int = 10_000,
-                 consumer_config: dict | None = None):
+                 dead_letter: Callable[["QueueReceiver", KafkaRecord, str], None],
+                 max_buffered: int = 10_000, revoke_grace: float = 5.0,
+                 commit_barrier: Callable[[], None] = lambda: None, consumer_config: dict | None = None):
         self.queue = queue
         self.topic = names.queue_topic(namespace, queue)
         self._dead_letter = dead_letter
         self._max_buffered = max_buffered
+        self._revoke_grace = revoke_grace
+        self._commit_barrier = commit_barrier
+        self._cv = threading.Condition()
         self._groups: OrderedDict[str, deque[Buffered]] = OrderedDict()
+        self._locked: dict[str, Lease] = {}
         self._buffered = 0
         self._paused = False
         self._offsets: dict[int, PartitionOffsets] = {}
         self._eof: set[int] = set()
-        self._dirty: set[int] = set()
+        self._closed = False
+        self.consecutive_rollbacks = 0
         conf = {
-            "bootstrap.servers": bootstrap,
-            "logger": KAFKA_LOG,
+            "bootstrap.servers": bootstrap, "logger": KAFKA_LOG,
             "group.id": names.queue_group(namespace, queue),
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
+            "enable.auto.commit": False, "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest", "isolation.level": "read_committed",
             "enable.partition.eof": True,
             "partition.assignment.strategy": "cooperative-sticky",
+            # A dead process's groups move to a live one after this long, not Kafka's 45 s.
+            "session.timeout.ms": 10_000, "heartbeat.interval.ms": 1_000,
         }
         conf.update(consumer_config or {})
         self._consumer = Consumer(conf)
+        self._group_meta = self._consumer.consumer_group_metadata()
         self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                  on_lost=self._on_revoke)
+        self._thread = threading.Thread(target=self._poll_loop, name=f"kbroker-poll-{queue}", daemon=True)
+        self._thread.start()
 
-    # --- rebalance --------------------------------------------------------------------------
+    def group_metadata(self) -> Any:
+        """The consumer's group metadata (generation, member) as of the last poll. Taken on the
+        poll thread: the consumer handle is busy there. A stale copy only makes Kafka refuse the
+        commit (fencing), never accept a wrong one."""
+        return self._group_meta
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        committed = consumer.committed(partitions, timeout=30)
-        for tp in committed:
-            start = tp.offset if tp.offset >= 0 else 0
-            self._offsets[tp.partition] = PartitionOffsets(start, tp.metadata)
-            self._eof.discard(tp.partition)
-        consumer.incremental_assign(partitions)
+    # --- the poll thread ----------------------------------------------------------------------
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        revoked = {tp.partition for tp in partitions}
-        # Nothing handed out is in flight (RECEIVE here commits before it returns), so the
-        # buffered records of a revoked partition are simply dropped; the new owner reads them.
-        for group in list(self._groups):
-            queue = self._groups[group]
-            kept = deque(b for b in queue if b.record.partition() not in revoked)
-            self._buffered -= len(queue) - len(kept)
-            if kept:
-                self._groups[group] = kept
-            else:
-                del self._groups[group]
-        for p in revoked:
-            self._offsets.pop(p, None)
-            self._eof.discard(p)
-            self._dirty.discard(p)
-        consumer.incremental_unassign(partitions)
-
-    # --- fetching ---------------------------------------------------------------------------
-
-    def _caught_up(self) -> bool:
-        return bool(self._offsets) and self._eof >= set(self._offsets)
-
-    def _poll(self, timeout: float) -> None:
-        for rec in self._consumer.consume(500, timeout):
-            err = rec.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    self._eof.add(rec.partition())
-                    continue
-                if err.retriable() or err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN):
-                    log.warning("consumer error on %s: %s", self.topic, err)
-                    continue
-                raise KafkaException(err)
-            self._accept(rec)
-        self._apply_backpressure()
+    def _poll_loop(self) -> None:
+        while not self._closed:
+            try:
+                records = self._consumer.consume(500, 0.1)
+                self._group_meta = self._consumer.consumer_group_metadata()
+            except Exception as exc:  # closed under us, or a fatal consumer error
+                if not self._closed:
+                    log.error("poll of %s failed: %s", self.topic, exc)
+                    time.sleep(0.5)
+                continue
+            with self._cv:
+                for rec in records:
+                    self._accept(rec)
+                self._apply_backpressure()
+                self._cv.notify_all()
 
     def _accept(self, rec: KafkaRecord) -> None:
+        err = rec.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                self._eof.add(rec.partition())
+            else:
+                log.warning("consumer error on %s: %s", self.topic, err)
+            return
         p, off = rec.partition(), rec.offset()
         tracker = self._offsets.get(p)
         if tracker is None:
             return  # a late record of a partition already revoked
         self._eof.discard(p)
-        if tracker.already_done(off):
-            tracker.fetched(off)
-            return
+        done = tracker.already_done(off)
         tracker.fetched(off)
+        if done:
+            return
         try:
             env = Envelope.from_headers(rec.headers())
             if rec.key() is None or rec.key().decode() != env.conversation_group_id:
                 raise MalformedRecord("record key does not match the conversation group header")
         except (MalformedRecord, UnicodeDecodeError) as exc:
-            self._dead_letter(rec, str(exc))
-            self._complete(p, off)
+            self._dead_letter(self, rec, str(exc))
             return
         self._groups.setdefault(env.conversation_group_id, deque()).append(Buffered(env, rec))
         self._buffered += 1
@@ -137,114 +153,189 @@ class QueueReader:
             self._consumer.resume(self._consumer.assignment())
             self._paused = False
 
-    # --- RECEIVE ----------------------------------------------------------------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        committed = consumer.committed(partitions, timeout=30)
+        with self._cv:
+            for tp in committed:
+                self._offsets[tp.partition] = PartitionOffsets(max(tp.offset, 0), tp.metadata)
+                self._eof.discard(tp.partition)
+        consumer.incremental_assign(partitions)
+        if self._paused:
+            consumer.pause(partitions)
 
-    def _pick(self, group_filter: str | None, conversation_filter: str | None) -> str | None:
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        revoked = {tp.partition for tp in partitions}
+        deadline = time.monotonic() + self._revoke_grace
+        with self._cv:
+            self._drop_buffered(revoked)
+            while True:
+                at_risk = [l for l in self._locked.values() if l.partitions & revoked and not l.included]
+                if not at_risk or time.monotonic() >= deadline:
+                    break
+                self._cv.wait(deadline - time.monotonic())
+            for lease in at_risk:
+                lease.doomed = True
+        # A Kafka transaction already carrying offsets of these partitions finishes first.
+        self._commit_barrier()
+        with self._cv:
+            for p in revoked:
+                self._offsets.pop(p, None)
+                self._eof.discard(p)
+            self._cv.notify_all()
+        consumer.incremental_unassign(partitions)
+
+    def _drop_buffered(self, revoked: set[int]) -> None:
+        for group in list(self._groups):
+            q = self._groups[group]
+            kept = deque(b for b in q if b.record.partition() not in revoked)
+            self._buffered -= len(q) - len(kept)
+            if kept:
+                self._groups[group] = kept
+            else:
+                del self._groups[group]
+
+    # --- RECEIVE ------------------------------------------------------------------------------
+
+    def _caught_up(self) -> bool:
+        return bool(self._offsets) and self._eof >= set(self._offsets)
+
+    def _pick(self, owner: Any, group_filter: str | None, conversation_filter: str | None) -> str | None:
         best, best_key = None, None
-        for group, queue in self._groups.items():
+        for group, q in self._groups.items():
+            lease = self._locked.get(group)
+            if lease is not None and lease.owner is not owner:
+                continue  # the group lock: held by another transaction
             if group_filter is not None and group != group_filter:
                 continue
             if conversation_filter is not None and not any(
-                    b.envelope.conversation_id == conversation_filter for b in queue):
+                    b.envelope.conversation_id == conversation_filter for b in q):
                 continue
-            head = queue[0]
+            head = q[0]
             key = (-head.envelope.priority, head.record.timestamp()[1], head.record.offset())
             if best_key is None or key < best_key:
                 best, best_key = group, key
         return best
 
-    def receive(self, top: int, wait: float | None, *, conversation_group: str | None = None,
-                conversation_id: str | None = None, now_ms: Callable[[], int] | None = None) -> list[Message]:
-        """Messages of one conversation group, in order. wait=0: what is there now;
-        wait=None: block until something arrives (WAITFOR without TIMEOUT)."""
-        now_ms = now_ms or (lambda: int(time.time() * 1000))
+    def receive(self, owner: Any, top: int, wait: float | None, *, conversation_group: str | None = None,
+                conversation_id: str | None = None) -> tuple[Lease | None, list[Message]]:
+        """Lease a group for `owner` and take up to `top` of its messages (expired ones are
+        consumed but not returned). wait=0: what is there now; None: wait without time-out."""
         start = time.monotonic()
         deadline = None if wait is None else start + wait
-        # "Nothing there" is only said once the consumer has read to the end of its partitions;
-        # a reader that has just joined its group needs a moment before it can say so.
         catch_up_deadline = start + max(wait or 0.0, 30.0)
-        while True:
-            group = self._pick(conversation_group, conversation_id)
-            if group is not None:
-                out = self._take(group, top, conversation_id, now_ms())
-                if out:
-                    return out
-                continue  # everything taken had expired; look again
-            now = time.monotonic()
-            if deadline is not None and now >= deadline and (self._caught_up() or now >= catch_up_deadline):
-                return []
-            left = 0.5 if deadline is None else deadline - now
-            self._poll(min(max(left, 0.05), 0.5))
+        with self._cv:
+            while True:
+                if self._closed:
+                    return None, []
+                group = self._pick(owner, conversation_group, conversation_id)
+                if group is not None:
+                    lease, msgs = self._take(owner, group, top, conversation_id)
+                    if msgs or lease is not None:
+                        return lease, msgs
+                    continue
+                now = time.monotonic()
+                if deadline is not None and now >= deadline and (self._caught_up() or now >= catch_up_deadline):
+                    return None, []
+                self._cv.wait(0.5 if deadline is None else max(min(deadline - now, 0.5), 0.01))
 
-    def _take(self, group: str, top: int, conversation_id: str | None, now: int) -> list[Message]:
-        queue = self._groups[group]
-        out: list[Message] = []
+    def _take(self, owner: Any, group: str, top: int, conversation_id: str | None) -> tuple[Lease, list[Message]]:
+        lease = self._locked.get(group) or Lease(self, group, owner)
+        self._locked[group] = lease
+        q = self._groups.pop(group)
+        now_ms = int(time.time() * 1000)
         kept: deque[Buffered] = deque()
-        while queue and len(out) < top:
-            b = queue.popleft()
+        msgs: list[Message] = []
+        while q and len(msgs) < top:
+            b = q.popleft()
             if conversation_id is not None and b.envelope.conversation_id != conversation_id:
                 kept.append(b)
                 continue
             self._buffered -= 1
-            self._complete(b.record.partition(), b.record.offset())
-            if b.envelope.expires is not None and b.envelope.expires <= now:
-                continue  # time-to-be-received passed: never delivered
-            out.append(self._to_message(b))
-        kept.extend(queue)
+            lease.taken.append(b)
+            lease.offsets.append((b.record.partition(), b.record.offset()))
+            if b.envelope.expires is None or b.envelope.expires > now_ms:
+                msgs.append(self._to_message(b))
+        kept.extend(q)
         if kept:
             self._groups[group] = kept
-        else:
-            del self._groups[group]
-        return out
+            self._groups.move_to_end(group, last=False)
+        return lease, msgs
 
     def _to_message(self, b: Buffered) -> Message:
         env, rec = b.envelope, b.record
         return Message(
-            queue=self.queue,
-            conversation_handle=handle_for(env.conversation_id, env.to_side),
-            conversation_id=env.conversation_id,
-            conversation_group_id=env.conversation_group_id,
-            message_sequence_number=env.message_sequence_number,
-            message_type_name=env.message_type_name,
-            service_name=env.to_service_name,
-            service_contract_name=env.service_contract_name,
-            message_id=env.message_id,
-            body=rec.value() or b"",
-            priority=env.priority,
-            correlation_id=env.correlation_id,
-            reply_to=env.reply_to,
-            expires=env.expires,
-            enqueued_time=rec.timestamp()[1],
-            partition=rec.partition(),
-            offset=rec.offset(),
+            queue=self.queue, conversation_handle=handle_for(env.conversation_id, env.to_side),
+            conversation_id=env.conversation_id, conversation_group_id=env.conversation_group_id,
+            message_sequence_number=env.message_sequence_number, message_type_name=env.message_type_name,
+            service_name=env.to_service_name, service_contract_name=env.service_contract_name,
+            message_id=env.message_id, body=rec.value() or b"", priority=env.priority,
+            correlation_id=env.correlation_id, reply_to=env.reply_to, expires=env.expires,
+            enqueued_time=rec.timestamp()[1], partition=rec.partition(), offset=rec.offset(),
             extra={"envelope": env},
         )
 
-    # --- commit -----------------------------------------------------------------------------
+    def dead_letter_lease(self, rec: KafkaRecord) -> Lease:
+        """A lease over one malformed record, completed when its dead letter commits."""
+        return Lease(self, None, None, offsets=[(rec.partition(), rec.offset())])
 
-    def _complete(self, partition: int, offset: int) -> None:
-        tracker = self._offsets.get(partition)
-        if tracker is not None:
-            tracker.complete(offset)
-            self._dirty.add(partition)
+    # --- commit and rollback (called by the committer and by transactions) ------------------
 
-    def commit(self) -> None:
-        """Commit every partition whose completion changed, synchronously."""
-        if not self._dirty:
-            return
-        tps = []
-        for p in sorted(self._dirty):
-            tracker = self._offsets.get(p)
-            if tracker is None:
-                continue
-            pos, meta = tracker.commit_position()
-            tps.append(TopicPartition(self.topic, p, pos, metadata=meta))
-        if tps:
-            self._consumer.commit(offsets=tps, asynchronous=False)
-        self._dirty.clear()
+    def include(self, leases: list[Lease]) -> list[TopicPartition] | None:
+        """Mark leases as carried by a Kafka transaction and complete their offsets; returns the
+        positions to commit, or None when a lease was doomed by a rebalance."""
+        with self._cv:
+            for lease in leases:
+                if any(p not in self._offsets for p in lease.partitions):
+                    lease.doomed = True  # its partition is gone: the next owner has it
+            if any(lease.doomed for lease in leases):
+                return None
+            touched: set[int] = set()
+            for lease in leases:
+                lease.included = True
+                for p, off in lease.offsets:
+                    self._offsets[p].complete(off)
+                    touched.add(p)
+            out = []
+            for p in sorted(touched):
+                pos, meta = self._offsets[p].commit_position()
+                out.append(TopicPartition(self.topic, p, pos, metadata=meta))
+            return out
+
+    def exclude(self, leases: list[Lease]) -> None:
+        """The Kafka transaction aborted: the offsets are incomplete again."""
+        with self._cv:
+            for lease in leases:
+                lease.included = False
+                for p, off in lease.offsets:
+                    if p in self._offsets:
+                        self._offsets[p].reopen(off)
+
+    def release(self, lease: Lease, committed: bool) -> None:
+        """End a lease. Not committed: its records go back to the head of their group, in order
+        (unless its partition was revoked: then the next owner reads them)."""
+        with self._cv:
+            if lease.group is not None and self._locked.get(lease.group) is lease:
+                del self._locked[lease.group]
+            if not committed and lease.group is not None and lease.taken:
+                back = [b for b in lease.taken if b.record.partition() in self._offsets and not lease.doomed]
+                if back:
+                    q = self._groups.pop(lease.group, deque())
+                    q.extendleft(reversed(back))
+                    self._groups[lease.group] = q
+                    self._groups.move_to_end(lease.group, last=False)
+                    self._buffered += len(back)
+            self._cv.notify_all()
+
+    def stats(self) -> dict:
+        with self._cv:
+            return {"queue": self.queue, "buffered": self._buffered, "ready_groups": len(self._groups),
+                    "locked_groups": len(self._locked), "paused": self._paused,
+                    "partitions": sorted(self._offsets),
+                    "in_flight": sum(t.in_flight for t in self._offsets.values())}
 
     def close(self) -> None:
-        try:
-            self.commit()
-        finally:
-            self._consumer.close()
+        self._closed = True
+        with self._cv:
+            self._cv.notify_all()
+        self._thread.join(timeout=10)
+        self._consumer.close()

@@ -9,7 +9,7 @@ import time
 
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from .. import names
 from ..errors import BrokerUnavailableError, CatalogError, KBrokerError
@@ -55,9 +55,23 @@ def _topic_exists(client: Producer | Consumer, topic: str, timeout: float) -> bo
 def publish(bootstrap: str, catalog: Catalog, previous: Catalog | None = None, timeout: float = 30.0) -> int:
     """Write the catalog's objects to its topic; with `previous`, only those that changed.
     Returns how many records were written. The topic must exist (see apply.ensure_system_topics)."""
-    topic = names.catalog_topic(catalog.namespace)
     old = records(previous) if previous is not None else {}
     todo = {k: v for k, v in records(catalog).items() if old.get(k) != v}
+    write_records(bootstrap, names.catalog_topic(catalog.namespace), todo, timeout)
+    return len(todo)
+
+
+def publish_object(bootstrap: str, namespace: str, kind: str, obj: BaseModel, timeout: float = 30.0) -> None:
+    """Write one catalog object (e.g. ALTER QUEUE's changed queue); every reader sees it on its
+    next read of the catalog."""
+    if kind not in FIELDS:
+        raise ValueError(f"unknown catalog kind {kind!r} (one of {', '.join(FIELDS)})")
+    value = orjson.dumps(obj.model_dump(mode="json"))
+    write_records(bootstrap, names.catalog_topic(namespace), {f"{kind}/{obj.name}": value}, timeout)
+
+
+def write_records(bootstrap: str, topic: str, todo: dict[str, bytes], timeout: float) -> None:
+    """Produce key -> value records to an existing kbroker topic; returns once all are acknowledged."""
     producer = Producer({
         "bootstrap.servers": bootstrap,
         "logger": KAFKA_LOG,
@@ -66,7 +80,7 @@ def publish(bootstrap: str, catalog: Catalog, previous: Catalog | None = None, t
         "message.timeout.ms": int(timeout * 1000),
     })
     if not _topic_exists(producer, topic, timeout):
-        raise CatalogError(f"catalog topic {topic} does not exist: run 'kbroker apply' first")
+        raise CatalogError(f"topic {topic} does not exist: run 'kbroker apply' first")
     errors: list[KafkaError] = []
     for key, value in todo.items():
         producer.produce(topic, key=key.encode(), value=value,
@@ -77,7 +91,6 @@ def publish(bootstrap: str, catalog: Catalog, previous: Catalog | None = None, t
         raise kafka_error(f"publishing to {topic} failed", errors[0])
     if remaining:
         raise BrokerUnavailableError(f"publishing to {topic}: {remaining} records not acknowledged in {timeout}s")
-    return len(todo)
 
 
 def read_catalog(bootstrap: str, namespace: str, timeout: float = 10.0) -> Catalog:

@@ -1,0 +1,176 @@
+"""Group commit: many readers' transactions share one Kafka transactional producer per process.
+
+A reader's commit hands its held SENDs and its leases (consumed offsets) to the committer and
+waits. The committer takes whatever is waiting, waits up to `interval` for more, and commits
+them all in one Kafka transaction: the records, then the consumed offsets of every queue
+(send_offsets_to_transaction, which also fences a zombie that lost its partitions), then
+commit. Every reader in the batch learns the same outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaException, Producer
+
+from .config import KAFKA_LOG
+from .errors import TransactionAbortedError
+from .receiver import Lease
+
+log = logging.getLogger("kbroker.committer")
+
+Record = tuple[str, Any, bytes | None, list | None]  # topic, key, value, headers
+
+
+@dataclass(eq=False)
+class CommitRequest:
+    records: list[Record]
+    leases: list[Lease]
+    done: threading.Event = field(default_factory=threading.Event)
+    error: Exception | None = None
+    committed_at: float = 0.0
+
+    def finish(self, error: Exception | None) -> None:
+        self.error, self.committed_at = error, time.time()
+        self.done.set()
+
+
+class GroupCommitter:
+    def __init__(self, bootstrap: str, namespace: str, *, interval: float = 0.005,
+                 max_batch: int = 1000, timeout: float = 30.0):
+        self._conf = {
+            "bootstrap.servers": bootstrap, "logger": KAFKA_LOG,
+            "transactional.id": f"kbroker.{namespace}.{uuid.uuid4()}",
+            "enable.idempotence": True, "acks": "all", "linger.ms": 1,
+            "message.max.bytes": 11 * 1024 * 1024,
+            # A process killed mid-commit leaves its Kafka transaction open; readers of those
+            # partitions wait at the last stable offset until Kafka aborts it after this long.
+            "transaction.timeout.ms": 10_000,
+        }
+        self._interval, self._max_batch, self._timeout = interval, max_batch, timeout
+        self._producer = self._new_producer()
+        self._queue: queue.Queue[CommitRequest | None] = queue.Queue()
+        self._busy = threading.Lock()  # held while a Kafka transaction is under way
+        self._closed = False
+        self.batches = 0
+        self._thread = threading.Thread(target=self._run, name="kbroker-committer", daemon=True)
+        self._thread.start()
+
+    def _new_producer(self) -> Producer:
+        p = Producer(self._conf)
+        p.init_transactions(self._timeout)
+        return p
+
+    def submit(self, request: CommitRequest) -> CommitRequest:
+        if self._closed:
+            request.finish(TransactionAbortedError("the broker connection is closed"))
+        else:
+            self._queue.put(request)
+        return request
+
+    def commit(self, request: CommitRequest) -> None:
+        """Submit and wait for the outcome; raises TransactionAbortedError when it did not commit."""
+        self.submit(request).done.wait()
+        if request.error is not None:
+            raise request.error
+
+    def barrier(self) -> None:
+        """Return once no Kafka transaction is under way (used when partitions are revoked)."""
+        with self._busy:
+            pass
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            deadline = time.monotonic() + self._interval
+            while len(batch) < self._max_batch:
+                try:
+                    nxt = self._queue.get(timeout=max(deadline - time.monotonic(), 0))
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._queue.put(None)
+                    break
+                batch.append(nxt)
+            with self._busy:
+                self._commit(batch)
+
+    def _commit(self, batch: list[CommitRequest]) -> None:
+        # Offsets are grouped per queue consumer: each has its own group metadata.
+        by_receiver: dict[Any, list[Lease]] = {}
+        for req in batch:
+            for lease in req.leases:
+                by_receiver.setdefault(lease.receiver, []).append(lease)
+        positions = {}
+        for receiver, leases in by_receiver.items():
+            tps = receiver.include(leases)
+            if tps is None:  # a rebalance doomed one of them: fail the whole batch, retry the rest
+                for r, ls in by_receiver.items():
+                    if r in positions:
+                        r.exclude(ls)
+                return self._split_doomed(batch)
+            positions[receiver] = tps
+        try:
+            self._producer.begin_transaction()
+            for req in batch:
+                for topic, key, value, headers in req.records:
+                    self._produce(topic, key, value, headers)
+            for receiver, tps in positions.items():
+                self._producer.send_offsets_to_transaction(tps, receiver.group_metadata(), self._timeout)
+            self._producer.commit_transaction(self._timeout)
+        except KafkaException as exc:
+            for receiver, leases in by_receiver.items():
+                receiver.exclude(leases)
+            self._recover(exc)
+            for req in batch:
+                req.finish(TransactionAbortedError(f"the Kafka transaction failed: {exc.args[0].str()}"))
+            return
+        self.batches += 1
+        for req in batch:
+            req.finish(None)
+
+    def _produce(self, topic: str, key: Any, value: bytes | None, headers: list | None) -> None:
+        while True:
+            try:
+                self._producer.produce(topic, key=key, value=value, headers=headers)
+                return
+            except BufferError:  # the local queue is full: let deliveries drain it
+                self._producer.poll(0.05)
+
+    def _split_doomed(self, batch: list[CommitRequest]) -> None:
+        doomed = [r for r in batch if any(l.doomed for l in r.leases)]
+        for req in doomed:
+            req.finish(TransactionAbortedError("the queue's partition moved to another process (rebalance)"))
+        rest = [r for r in batch if r not in doomed]
+        if rest:
+            self._commit(rest)
+
+    def _recover(self, exc: KafkaException) -> None:
+        err = exc.args[0]
+        try:
+            if err.fatal():
+                log.error("transactional producer fenced or failed fatally (%s); starting a new one", err)
+                self._producer = self._new_producer()
+            else:
+                self._producer.abort_transaction(self._timeout)
+        except KafkaException as again:
+            log.error("abort failed (%s); starting a new transactional producer", again)
+            self._producer = self._new_producer()
+
+    def close(self) -> None:
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join(timeout=self._timeout)
+        while not self._queue.empty():  # anything that raced in after the sentinel
+            req = self._queue.get_nowait()
+            if req is not None:
+                req.finish(TransactionAbortedError("the broker connection is closed"))

@@ -1,0 +1,124 @@
+"""Queue status (ALTER QUEUE ... STATUS) and the views of Service Broker's DMVs that kbroker can
+answer: a queue's depth and readers, and sys.conversation_endpoints.
+
+Everything here is read from Kafka when asked (catalog, offsets, consumer group, endpoints topic),
+so any process sees the same answer; nothing is cached between calls.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+import orjson
+from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from . import names
+from .catalog.store import kafka_error, publish_object, read_catalog, write_records
+from .config import KAFKA_LOG
+from .endpoints import EndpointStore
+from .errors import CatalogError
+from .offsets import decode_completed
+
+# Named after Service Broker's BROKER_QUEUE_DISABLED event, which poison handling raises.
+QUEUE_DISABLED, QUEUE_ENABLED = "QUEUE_DISABLED", "QUEUE_ENABLED"
+
+
+def set_queue_status(bootstrap: str, namespace: str, queue: str, status: str, reason: str, *,
+                     poison: bool = False, timeout: float = 30.0) -> None:
+    """ALTER QUEUE queue WITH STATUS = ON | OFF. Publishes the changed queue to the catalog, then
+    puts a QUEUE_DISABLED / QUEUE_ENABLED event (key: the queue) on the namespace's events topic.
+    Readers see the new status on their next catalog read (a new Broker reads it at once).
+    `poison` marks a queue disabled by poison message handling rather than by an operator."""
+    status = status.upper() if isinstance(status, str) else status
+    if status not in ("ON", "OFF"):
+        raise ValueError(f"status must be ON or OFF, not {status!r}")
+    q = read_catalog(bootstrap, namespace, timeout).queue(queue)  # UnknownQueueError
+    # Validate rather than model_copy: a frozen model's copy skips validation.
+    publish_object(bootstrap, namespace, "queue", type(q).model_validate({**q.model_dump(), "status": status}),
+                   timeout)
+    event = {"event": QUEUE_DISABLED if status == "OFF" else QUEUE_ENABLED, "queue": queue,
+             "reason": reason, "poison": bool(poison), "time": int(time.time() * 1000)}
+    write_records(bootstrap, names.events_topic(namespace), {queue: orjson.dumps(event)}, timeout)
+
+
+def _result(future, what: str):
+    try:
+        return future.result()
+    except KafkaException as exc:
+        raise kafka_error(what, exc.args[0]) from None
+
+
+def queue_view(bootstrap: str, namespace: str, queue: str, timeout: float = 10.0) -> dict:
+    """A queue's status and depth per partition, and its readers (the consumer group).
+
+    Per partition: `end` is the last stable offset (records of open transactions are not ready
+    yet), `committed` the queue group's committed offset (None before the first commit: readers
+    then start at the log start), `completed_above` the offsets above it that readers already
+    completed (from the commit metadata), and `ready = end - max(committed, start) -
+    completed_above`. `ready` is an upper bound, not an exact count: transaction markers, aborted
+    records and compaction gaps take offsets without being messages, and counting them exactly
+    would mean reading the partition."""
+    q = read_catalog(bootstrap, namespace, timeout).queue(queue)  # UnknownQueueError
+    topic, group = names.queue_topic(namespace, queue), names.queue_group(namespace, queue)
+    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": KAFKA_LOG})
+    try:
+        meta = admin.list_topics(timeout=timeout).topics.get(topic)
+    except KafkaException as exc:
+        raise kafka_error(f"no Kafka broker answers at {bootstrap}", exc.args[0]) from None
+    if meta is None or meta.error is not None:
+        raise CatalogError(f"queue {queue!r} has no topic {topic}: run 'kbroker apply'")
+    tps = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
+
+    def offsets(spec: OffsetSpec) -> dict[int, int]:
+        futures = admin.list_offsets({tp: spec for tp in tps}, isolation_level=IsolationLevel.READ_COMMITTED,
+                                     request_timeout=timeout)
+        return {tp.partition: _result(f, f"cannot list the offsets of {topic}").offset for tp, f in futures.items()}
+
+    starts, ends = offsets(OffsetSpec.earliest()), offsets(OffsetSpec.latest())
+    request = [ConsumerGroupTopicPartitions(group, tps)]
+    committed = {tp.partition: tp for tp in _result(
+        admin.list_consumer_group_offsets(request, request_timeout=timeout)[group],
+        f"cannot list the committed offsets of {group}").topic_partitions}
+    desc = _result(admin.describe_consumer_groups([group], request_timeout=timeout)[group],
+                   f"cannot describe consumer group {group}")
+
+    partitions = []
+    for tp in tps:
+        p, start, end = tp.partition, starts[tp.partition], ends[tp.partition]
+        c = committed.get(p)
+        pos = c.offset if c is not None and c.offset >= 0 else None
+        base = max(pos if pos is not None else start, start)  # retention may have passed the commit
+        above = sum(1 for o in decode_completed(base, c.metadata if c else None) if o < end)
+        partitions.append({"partition": p, "start": start, "end": end, "committed": pos,
+                           "completed_above": above, "ready": max(0, end - base - above)})
+    return {
+        "queue": q.name, "topic": topic, "status": q.status,
+        "poison_message_handling": q.poison_message_handling, "partitions": len(tps),
+        "partition_offsets": partitions,
+        "totals": {k: sum(row[k] for row in partitions) for k in ("end", "completed_above", "ready")},
+        "group": {"name": group, "state": desc.state.name, "members": len(desc.members)},
+    }
+
+
+def conversation_view(bootstrap: str, namespace: str) -> list[dict]:
+    """sys.conversation_endpoints: every endpoint in the namespace's endpoints topic, with the
+    columns kbroker keeps (the rest of SSB's columns have no meaning here)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "logger": KAFKA_LOG})  # the store never writes here
+    store = EndpointStore(bootstrap, namespace, producer)
+    try:
+        endpoints = store.all()
+    finally:
+        store.close()
+    rows = []
+    for ep in sorted(endpoints, key=lambda e: (e.conversation_id, not e.is_initiator)):
+        rows.append({
+            "conversation_handle": ep.conversation_handle, "conversation_id": ep.conversation_id,
+            "is_initiator": ep.is_initiator, "conversation_group_id": ep.conversation_group_id,
+            "service_name": ep.service_name, "far_service": ep.far_service_name,
+            "service_contract_name": ep.service_contract_name, "state": ep.state,
+            "state_desc": ep.state_desc, "send_sequence": ep.send_sequence,
+            "lifetime": datetime.fromtimestamp(ep.lifetime, timezone.utc).isoformat(),
+        })
+    return rows

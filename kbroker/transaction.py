@@ -1,0 +1,168 @@
+"""A Service Broker transaction: RECEIVE, SEND, BEGIN DIALOG and END CONVERSATION that commit or
+roll back together.
+
+    with broker.transaction() as tx:
+        for msg in tx.receive("ExpenseQueue", top=10, wait=5):
+            tx.send(msg.conversation_handle, reply_type, body)
+
+SENDs and endpoint changes are held until commit; the commit goes through the process's group
+committer, so it is one Kafka transaction with the consumed offsets. commit() returns when that
+transaction committed. rollback() drops what was held and gives the received messages back, in
+order, to the next RECEIVE. Leaving the block by an exception rolls back.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .committer import CommitRequest, Record
+from .endpoints import Endpoint
+from .envelope import Message
+from .errors import QueueDisabledError, TransactionAbortedError, TransactionStateError
+from .receiver import Lease
+
+if TYPE_CHECKING:
+    from .client import Broker
+
+
+class Transaction:
+    def __init__(self, broker: "Broker"):
+        self._broker = broker
+        self._records: list[Record] = []
+        self._leases: list[Lease] = []
+        self._endpoints: dict[str, Endpoint | None] = {}  # this transaction's view; None = removed
+        self._queues: set[str] = set()
+        self.state = "open"
+        self.committed_at: float | None = None
+
+    def _check_open(self) -> None:
+        if self.state != "open":
+            raise TransactionStateError(f"the transaction is already {self.state}")
+
+    def endpoint(self, handle: str) -> Endpoint:
+        handle = str(handle)
+        if handle in self._endpoints:
+            ep = self._endpoints[handle]
+            if ep is None:
+                from .errors import ConversationNotFoundError
+
+                raise ConversationNotFoundError(handle)
+            return ep
+        return self._broker.endpoints.get(handle)
+
+    def _stage(self, ep: Endpoint) -> None:
+        self._endpoints[ep.conversation_handle] = ep
+
+    # --- statements --------------------------------------------------------------------------
+
+    def receive(self, queue: str, top: int = 1, wait: float | None = 0.0, *,
+                conversation_group: str | None = None, conversation_handle: str | None = None) -> list[Message]:
+        """RECEIVE TOP(top) FROM queue, WAITFOR(wait seconds; None = no time-out). Returns the
+        messages of one conversation group, in order, and keeps that group locked until the
+        transaction ends."""
+        self._check_open()
+        if top < 1:
+            raise ValueError("top must be at least 1")
+        b = self._broker
+        if not b.queue_enabled(queue):
+            raise QueueDisabledError(queue)
+        conversation_id = None
+        if conversation_handle is not None:
+            conversation_id = self.endpoint(conversation_handle).conversation_id
+        receiver = b.receiver(queue)
+        lease, msgs = receiver.receive(self, top, wait, conversation_group=conversation_group,
+                                       conversation_id=conversation_id)
+        if lease is not None and lease not in self._leases:
+            self._leases.append(lease)
+        if msgs:
+            self._queues.add(queue)  # poison counting looks at transactions that received
+        delivered = []
+        for m in msgs:
+            keep, ep = b.after_receive(m, self._endpoints.get(m.conversation_handle))
+            if ep is not None:
+                self._stage(ep)
+            if keep:
+                delivered.append(m)
+        return delivered
+
+    def get_conversation_group(self, queue: str, wait: float | None = 0.0) -> str | None:
+        """GET CONVERSATION GROUP: lock the next ready group without receiving from it."""
+        self._check_open()
+        lease, _ = self._broker.receiver(queue).receive(self, 0, wait)
+        if lease is None:
+            return None
+        self._leases.append(lease)
+        return lease.group
+
+    def begin_dialog(self, from_service: str, to_service: str, contract: str = "DEFAULT", **kw: Any) -> str:
+        self._check_open()
+        ep = self._broker.new_dialog(from_service, to_service, contract, **kw)
+        self._stage(ep)
+        return ep.conversation_handle
+
+    def send(self, handle: str, message_type: str = "DEFAULT", body: Any = None, **kw: Any) -> str:
+        self._check_open()
+        record, message_id, ep = self._broker.message_record(self.endpoint(handle), message_type, body, **kw)
+        self._records.append(record)
+        self._stage(ep)
+        return message_id
+
+    def end_conversation(self, handle: str, *, error: int | None = None, description: str | None = None,
+                         cleanup: bool = False) -> None:
+        self._check_open()
+        ep = self.endpoint(handle)
+        records, ended = self._broker.end_records(ep, error=error, description=description, cleanup=cleanup)
+        self._records.extend(records)
+        if ended is None:
+            self._endpoints[ep.conversation_handle] = None
+        else:
+            self._stage(ended)
+
+    # --- outcome -----------------------------------------------------------------------------
+
+    def commit(self) -> None:
+        self._check_open()
+        b = self._broker
+        records = list(self._records)
+        for handle, ep in self._endpoints.items():
+            records.append(b.endpoint_record(handle, ep))
+        try:
+            if records or self._leases:
+                req = CommitRequest(records, self._leases)
+                b.committer.commit(req)
+                self.committed_at = req.committed_at
+        except TransactionAbortedError:
+            self._end(committed=False)
+            self.state = "aborted"
+            raise
+        for handle, ep in self._endpoints.items():
+            b.endpoints.note(handle, ep)
+        self._end(committed=True)
+        self.state = "committed"
+
+    def rollback(self) -> None:
+        if self.state != "open":
+            return
+        self._end(committed=False)
+        self.state = "rolled back"
+        for q in self._queues:
+            self._broker.note_rollback(q)
+
+    def _end(self, committed: bool) -> None:
+        for lease in self._leases:
+            lease.receiver.release(lease, committed)
+        if committed:
+            for q in self._queues:
+                self._broker.note_commit(q)
+        self._leases, self._records, self._endpoints = [], [], {}
+
+    def __enter__(self) -> "Transaction":
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if self.state != "open":
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.rollback()

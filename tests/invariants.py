@@ -1,0 +1,172 @@
+"""Invariant checking over real multi-process runs (G1, G2).
+
+Reader processes (`python -m tests.invariants reader ...`) run several reader threads that each
+loop: RECEIVE TOP(2) from RequestQueue in a transaction, sleep a little, SEND one reply that
+records what was received, then commit, or roll back at random. The replies that Kafka shows a
+read_committed consumer are exactly the committed transactions, so the checker needs no trust in
+the readers' own logs, except for commit times (written after commit returns), which it uses to
+check that no two committed transactions held one group at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+REQUEST, REPLY = "//kbroker/test/Request", "//kbroker/test/Reply"
+CLIENT, SERVER = "//kbroker/test/Client", "//kbroker/test/Server"
+CONTRACT = "//kbroker/test/RequestReply"
+YAML = Path(__file__).parent / "data" / "invariants.yaml"
+
+
+class Rollback(Exception):
+    pass
+
+
+def reader_process(bootstrap: str, namespace: str, readers: int, stop_file: str, log_file: str,
+                   rollback_rate: float, seed: int) -> None:
+    from kbroker.client import Broker
+    from kbroker.errors import TransactionAbortedError
+
+    broker = Broker(bootstrap, namespace)
+    log = open(log_file, "a", buffering=1)
+    lock = threading.Lock()
+
+    def reader(idx: int) -> None:
+        rng = random.Random(seed * 100 + idx)
+        while not os.path.exists(stop_file):
+            tx = broker.transaction()
+            try:
+                msgs = tx.receive("RequestQueue", top=2, wait=0.5)
+                if not msgs:
+                    tx.rollback()
+                    continue
+                leased = time.time()
+                time.sleep(rng.uniform(0, 0.02))
+                body = {"pid": os.getpid(), "reader": idx, "leased": leased,
+                        "conversation_id": msgs[0].conversation_id, "group": msgs[0].conversation_group_id,
+                        "seqs": [m.message_sequence_number for m in msgs],
+                        "ids": [m.message_id for m in msgs]}
+                tx.send(msgs[0].conversation_handle, REPLY, body)
+                if rng.random() < rollback_rate:
+                    raise Rollback()
+                tx.commit()
+                with lock:
+                    log.write(json.dumps({**body, "committed": tx.committed_at}) + "\n")
+            except Rollback:
+                tx.rollback()
+            except TransactionAbortedError:
+                pass  # a rebalance moved the partition: the new owner receives these again
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(readers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    broker.close()
+
+
+def send_requests(broker, conversations: int, per_conversation: int) -> set[str]:
+    """Begin `conversations` dialogs and send `per_conversation` requests on each, in
+    transactions of 50 dialogs (group commit keeps this quick)."""
+    ids: set[str] = set()
+    for start in range(0, conversations, 50):
+        with broker.transaction() as tx:
+            for _ in range(min(50, conversations - start)):
+                h = tx.begin_dialog(CLIENT, SERVER, CONTRACT)
+                for i in range(per_conversation):
+                    ids.add(tx.send(h, REQUEST, {"i": i}))
+    return ids
+
+
+def read_replies(bootstrap: str, topic: str, timeout: float = 30.0) -> list[dict]:
+    """Every committed reply, read to the end with a read_committed consumer."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "invariant-checker",
+                  "isolation.level": "read_committed", "enable.partition.eof": True,
+                  "enable.auto.commit": False})
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        c.assign([TopicPartition(topic, p, 0) for p in parts])
+        open_parts, out = set(parts), []
+        deadline = time.monotonic() + timeout
+        while open_parts and time.monotonic() < deadline:
+            for m in c.consume(500, 0.5):
+                if m.error():
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        open_parts.discard(m.partition())
+                    continue
+                out.append(orjson.loads(m.value()))
+        assert not open_parts, f"could not read {topic} to its end"
+        return out
+    finally:
+        c.close()
+
+
+@dataclass
+class Report:
+    sent: int = 0
+    committed: int = 0
+    lost: list[str] = field(default_factory=list)
+    duplicated: list[str] = field(default_factory=list)
+    order_violations: list[str] = field(default_factory=list)
+    lock_violations: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+
+    def ok(self) -> bool:
+        return not (self.lost or self.duplicated or self.order_violations or self.lock_violations or self.unknown)
+
+
+def check(sent_ids: set[str], replies: list[dict], commit_logs: list[dict], per_conversation: int) -> Report:
+    r = Report(sent=len(sent_ids), committed=len(replies))
+    seen: dict[str, int] = defaultdict(int)
+    for rep in replies:
+        for mid in rep["ids"]:
+            seen[mid] += 1
+    r.lost = sorted(sent_ids - set(seen))
+    r.duplicated = sorted(m for m, n in seen.items() if n > 1)
+    r.unknown = sorted(set(seen) - sent_ids)
+    # Order: a conversation's committed batches, in the order they were leased, are 0..n-1.
+    by_conv: dict[str, list[dict]] = defaultdict(list)
+    for rep in replies:
+        by_conv[rep["conversation_id"]].append(rep)
+    for conv, reps in by_conv.items():
+        seqs = [s for rep in sorted(reps, key=lambda x: x["leased"]) for s in rep["seqs"]]
+        if seqs != list(range(per_conversation)):
+            r.order_violations.append(f"{conv}: {seqs}")
+    # Group lock: committed holds of one group never overlap (lease .. commit returned).
+    by_group: dict[str, list[dict]] = defaultdict(list)
+    for entry in commit_logs:
+        by_group[entry["group"]].append(entry)
+    for group, entries in by_group.items():
+        entries.sort(key=lambda e: e["leased"])
+        for a, b in zip(entries, entries[1:]):
+            if b["leased"] < a["committed"]:
+                r.lock_violations.append(f"{group}: {a['pid']}/{a['reader']} and {b['pid']}/{b['reader']}")
+    return r
+
+
+def read_logs(paths: list[Path]) -> list[dict]:
+    out = []
+    for p in paths:
+        if p.exists():
+            for line in p.read_text().splitlines():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass  # a line cut short by kill -9
+    return out
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "reader":
+        _, _, bootstrap, namespace, readers, stop_file, log_file, rate, seed = sys.argv
+        reader_process(bootstrap, namespace, int(readers), stop_file, log_file, float(rate), int(seed))

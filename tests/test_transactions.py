@@ -1,0 +1,183 @@
+"""Transactions, group locks, poison messages, and the G1/G2 invariants over multi-process runs
+with rebalances and kill -9, all against the real broker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from kbroker import errors, names
+from kbroker.catalog.apply import apply_paths
+from kbroker.client import Broker
+
+from . import invariants as inv
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def ns_broker(kafka_bootstrap, namespace):
+    apply_paths(kafka_bootstrap, namespace, [inv.YAML])
+    b = Broker(kafka_bootstrap, namespace)
+    yield b
+    b.close()
+
+
+def visible_replies(bootstrap, namespace):
+    return inv.read_replies(bootstrap, names.queue_topic(namespace, "ReplyQueue"))
+
+
+def test_commit_publishes_sends_and_rollback_hides_them(kafka_bootstrap, namespace, ns_broker):
+    b = ns_broker
+    h = b.begin_dialog(inv.CLIENT, inv.SERVER, inv.CONTRACT)
+    for i in range(3):
+        b.send(h, inv.REQUEST, {"i": i})
+    # Roll back: the reply is never visible, the messages come back in order.
+    with pytest.raises(RuntimeError):
+        with b.transaction() as tx:
+            got = tx.receive("RequestQueue", top=2, wait=15)
+            assert [m.message_sequence_number for m in got] == [0, 1]
+            tx.send(got[0].conversation_handle, inv.REPLY, {"aborted": True})
+            raise RuntimeError("handler failed")
+    with b.transaction() as tx:
+        got = tx.receive("RequestQueue", top=10, wait=15)
+        assert [m.message_sequence_number for m in got] == [0, 1, 2]
+        tx.send(got[0].conversation_handle, inv.REPLY, {"aborted": False})
+    assert b.receive("RequestQueue", top=10, wait=0) == []
+    assert visible_replies(kafka_bootstrap, namespace) == [{"aborted": False}]
+    with pytest.raises(errors.TransactionStateError):
+        tx.send(got[0].conversation_handle, inv.REPLY, {})
+
+
+def test_group_lock_within_a_process(ns_broker):
+    b = ns_broker
+    handles = [b.begin_dialog(inv.CLIENT, inv.SERVER, inv.CONTRACT) for _ in range(2)]
+    for h in handles:
+        b.send(h, inv.REQUEST, {})
+    tx1, tx2 = b.transaction(), b.transaction()
+    first = tx1.receive("RequestQueue", wait=15)
+    second = tx2.receive("RequestQueue", wait=15)
+    assert first and second
+    assert first[0].conversation_group_id != second[0].conversation_group_id
+    # A third reader finds nothing: both groups are locked, nothing else is ready.
+    with b.transaction() as tx3:
+        assert tx3.receive("RequestQueue", wait=0.5) == []
+    tx1.rollback()
+    with b.transaction() as tx4:
+        again = tx4.receive("RequestQueue", wait=15)
+        assert [m.message_id for m in again] == [m.message_id for m in first]
+    tx2.commit()
+
+
+def test_poison_messages_disable_the_queue_and_enable_resumes(kafka_bootstrap, namespace, ns_broker):
+    from kbroker.queues import set_queue_status
+
+    b = ns_broker
+    h = b.begin_dialog(inv.CLIENT, "//kbroker/test/PoisonServer", inv.CONTRACT)
+    b.send(h, inv.REQUEST, {"poison": True})
+    for attempt in range(5):
+        tx = b.transaction()
+        assert tx.receive("PoisonQueue", wait=15), f"attempt {attempt}: message missing"
+        tx.rollback()
+    with pytest.raises(errors.QueueDisabledError, match="PoisonQueue"):
+        b.receive("PoisonQueue", wait=0)
+    events = inv.read_replies(kafka_bootstrap, names.events_topic(namespace))
+    assert any(e["event"] == "QUEUE_DISABLED" and e["queue"] == "PoisonQueue" and e["poison"] for e in events)
+    set_queue_status(kafka_bootstrap, namespace, "PoisonQueue", "ON", "fixed the handler")
+    msgs = b.receive("PoisonQueue", wait=15)
+    assert [orjson.loads(m.body) for m in msgs] == [{"poison": True}]  # the message was kept
+
+
+def test_poison_handling_off_never_disables(ns_broker):
+    b = ns_broker
+    h = b.begin_dialog(inv.CLIENT, inv.SERVER, inv.CONTRACT)
+    b.send(h, inv.REQUEST, {})
+    for _ in range(7):
+        tx = b.transaction()
+        assert tx.receive("RequestQueue", wait=15)
+        tx.rollback()
+    assert len(b.receive("RequestQueue", wait=15)) == 1
+
+
+def start_reader(bootstrap, namespace, tmp: Path, name: str, readers: int, rate: float, seed: int):
+    stop = tmp / f"stop-{name}"
+    log = tmp / f"log-{name}.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.invariants", "reader", bootstrap, namespace, str(readers),
+         str(stop), str(log), str(rate), str(seed)], cwd=ROOT)
+    return proc, stop, log
+
+
+def wait_for_all_replies(bootstrap, namespace, sent, deadline_s, procs):
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        replies = visible_replies(bootstrap, namespace)
+        if sum(len(r["ids"]) for r in replies) >= len(sent):
+            return replies
+        for p in procs:
+            assert p.poll() in (None, -signal.SIGKILL), f"a reader process exited with {p.returncode}"
+        time.sleep(1)
+    return visible_replies(bootstrap, namespace)
+
+
+def stop_all(procs_stops):
+    for proc, stop, _ in procs_stops:
+        stop.touch()
+    for proc, _, _ in procs_stops:
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def assert_invariants(report: inv.Report):
+    summary = (f"sent={report.sent} committed_tx={report.committed} lost={len(report.lost)} "
+               f"duplicated={len(report.duplicated)} order={len(report.order_violations)} "
+               f"lock={len(report.lock_violations)} unknown={len(report.unknown)}")
+    print(summary)
+    assert report.ok(), summary + f"\n{report.lost[:3]} {report.duplicated[:3]} " \
+                                  f"{report.order_violations[:3]} {report.lock_violations[:3]}"
+
+
+def test_invariants_with_rebalances(kafka_bootstrap, namespace, ns_broker, tmp_path):
+    """1,000 conversations, 8 readers in 2 processes, random rollbacks, a third process joining
+    and leaving mid-run: zero lock, order, loss and duplicate violations."""
+    per_conv = 4
+    sent = inv.send_requests(ns_broker, 1000, per_conv)
+    a = start_reader(kafka_bootstrap, namespace, tmp_path, "a", 4, 0.1, 1)
+    b = start_reader(kafka_bootstrap, namespace, tmp_path, "b", 4, 0.1, 2)
+    time.sleep(3)
+    c = start_reader(kafka_bootstrap, namespace, tmp_path, "c", 4, 0.1, 3)
+    time.sleep(4)
+    stop_all([c])  # leaves cleanly: its partitions move back
+    replies = wait_for_all_replies(kafka_bootstrap, namespace, sent, 180, [a[0], b[0]])
+    stop_all([a, b])
+    logs = inv.read_logs([a[2], b[2], c[2]])
+    assert len({e["pid"] for e in logs}) == 3, "every process committed some work"
+    assert_invariants(inv.check(sent, replies, logs, per_conv))
+
+
+def test_kill_9_mid_transaction_loses_and_duplicates_nothing(kafka_bootstrap, namespace, ns_broker, tmp_path):
+    """kill -9 a receiving process mid-run: every committed message was received once, every
+    uncommitted one is received again (by the survivor), and nothing an aborted transaction
+    sent is visible."""
+    per_conv = 3
+    sent = inv.send_requests(ns_broker, 600, per_conv)
+    a = start_reader(kafka_bootstrap, namespace, tmp_path, "a", 4, 0.05, 11)
+    b = start_reader(kafka_bootstrap, namespace, tmp_path, "b", 4, 0.05, 12)
+    time.sleep(2.5)
+    os.kill(b[0].pid, signal.SIGKILL)
+    b[0].wait()
+    replies = wait_for_all_replies(kafka_bootstrap, namespace, sent, 180, [a[0]])
+    stop_all([a])
+    logs = inv.read_logs([a[2], b[2]])
+    assert {e["pid"] for e in logs} == {a[0].pid, b[0].pid}, "both processes committed work"
+    assert_invariants(inv.check(sent, replies, logs, per_conv))
