@@ -181,3 +181,37 @@ def test_kill_9_mid_transaction_loses_and_duplicates_nothing(kafka_bootstrap, na
     logs = inv.read_logs([a[2], b[2]])
     assert {e["pid"] for e in logs} == {a[0].pid, b[0].pid}, "both processes committed work"
     assert_invariants(inv.check(sent, replies, logs, per_conv))
+
+
+def test_asyncio_api_many_readers_on_one_event_loop(kafka_bootstrap, namespace, ns_broker):
+    """async with transactions: 20 coroutines receive different groups concurrently; each
+    reply commits with its receive."""
+    import asyncio
+
+    from kbroker import aio
+
+    handles = [ns_broker.begin_dialog(inv.CLIENT, inv.SERVER, inv.CONTRACT) for _ in range(20)]
+    for h in handles:
+        ns_broker.send(h, inv.REQUEST, {"h": h})
+
+    async def main():
+        broker = aio.AsyncBroker(Broker(kafka_bootstrap, namespace))
+        handled = []
+
+        async def reader():
+            while True:
+                async with broker.transaction() as tx:
+                    msgs = await tx.receive("RequestQueue", top=5, wait=2)
+                    if not msgs:
+                        return
+                    await asyncio.sleep(0.05)  # I/O-bound work: other readers proceed meanwhile
+                    await tx.send(msgs[0].conversation_handle, inv.REPLY, {"ids": [m.message_id for m in msgs]})
+                    handled.extend(m.message_id for m in msgs)
+
+        async with broker:
+            await asyncio.gather(*(reader() for _ in range(8)))
+        return handled
+
+    handled = asyncio.run(main())
+    assert len(handled) == 20 and len(set(handled)) == 20
+    assert sum(len(r["ids"]) for r in visible_replies(kafka_bootstrap, namespace)) == 20
