@@ -85,7 +85,8 @@ def _conversation(broker: Broker, say) -> list[dict]:
         step("employee", "END CONVERSATION")
 
         end = _receive_one(broker, "ExpenseQueue", group)
-        assert end.message_type_name == END_DIALOG, end.message_type_name
+        if end.message_type_name != END_DIALOG:
+            raise RuntimeError(f"expected EndDialog, received {end.message_type_name}")
         step("expenses", "RECEIVE EndDialog")
         broker.end_conversation(claim.conversation_handle)
         step("expenses", "END CONVERSATION")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -65,7 +65,7 @@ class Endpoint:
         return STATE_DESC[self.state]
 
     def to_json(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return orjson.dumps(self)  # orjson writes dataclasses natively, without asdict's copy
 
     @classmethod
     def from_json(cls, raw: bytes) -> "Endpoint":

@@ -6,7 +6,9 @@ fails with the reason: no test skips for want of a broker."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import sys
 import uuid
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from kbroker.embedded.broker import KAFKA_VERSION, EmbeddedBroker
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "topics" / "samples"
+KBROKER = os.path.join(os.path.dirname(sys.executable), "kbroker")  # the CLI of this venv
 
 
 def free_port() -> int:
@@ -33,6 +36,12 @@ def docker_engine_answers() -> bool:
         return True
     except Exception:
         return False
+
+
+def pytest_configure(config):
+    # A run ended by SIGTERM (a CI time-out, `timeout`) still tears its fixtures down, so the
+    # embedded broker it started does not outlive it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
 @pytest.fixture(scope="session")
@@ -70,3 +79,15 @@ def kafka_bootstrap(tmp_path_factory):
 def namespace() -> str:
     """A fresh namespace per test, so tests never see each other's topics."""
     return "t" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def broker(kafka_bootstrap, namespace):
+    """A Broker on a fresh namespace with the sample catalog (topics/samples) applied."""
+    from kbroker.catalog.apply import apply_paths
+    from kbroker.client import Broker
+
+    apply_paths(kafka_bootstrap, namespace, [SAMPLES])
+    b = Broker(kafka_bootstrap, namespace)
+    yield b
+    b.close()

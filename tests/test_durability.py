@@ -9,11 +9,9 @@ from kbroker.catalog.apply import apply_paths
 from kbroker.client import Broker
 from kbroker.embedded.broker import EmbeddedBroker
 
-from .conftest import SAMPLES, free_port
+from kbroker.demo import CLAIM, CONTRACT, EMPLOYEES as EMP, EXPENSES as EXP
 
-EMP, EXP = "//Adventure-Works.com/Employees", "//Adventure-Works.com/Expenses"
-CONTRACT = "//Adventure-Works.com/Expenses/ExpenseSubmission"
-CLAIM = "//Adventure-Works.com/Expenses/ExpenseClaim"
+from .conftest import SAMPLES, free_port
 
 
 def test_sent_before_stop_is_received_after_start(tmp_path, namespace):

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import time
 
 import orjson
@@ -14,25 +13,13 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from kbroker import errors
-from kbroker.catalog.apply import apply_paths
 from kbroker.client import END_DIALOG, ERROR_TYPE, Broker
 from kbroker import names
 
-from .conftest import SAMPLES
+from kbroker.demo import APPROVAL, CLAIM, CONTRACT, EMPLOYEES as EMP, EXPENSES as EXP
 
-EMP, EXP = "//Adventure-Works.com/Employees", "//Adventure-Works.com/Expenses"
-CONTRACT = "//Adventure-Works.com/Expenses/ExpenseSubmission"
-CLAIM = "//Adventure-Works.com/Expenses/ExpenseClaim"
-APPROVAL = "//Adventure-Works.com/Expenses/ExpenseApproval"
-KBROKER = os.path.join(os.path.dirname(sys.executable), "kbroker")
+from .conftest import KBROKER
 
-
-@pytest.fixture
-def broker(kafka_bootstrap, namespace):
-    apply_paths(kafka_bootstrap, namespace, [SAMPLES])
-    b = Broker(kafka_bootstrap, namespace)
-    yield b
-    b.close()
 
 
 def end_offsets(bootstrap: str, topic: str) -> list[int]:

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -107,12 +106,26 @@ def test_poison_handling_off_never_disables(ns_broker):
     assert len(b.receive("RequestQueue", wait=15)) == 1
 
 
+_STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_reader_outlives_its_test():
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def start_reader(bootstrap, namespace, tmp: Path, name: str, readers: int, rate: float, seed: int):
     stop = tmp / f"stop-{name}"
     log = tmp / f"log-{name}.jsonl"
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.invariants", "reader", bootstrap, namespace, str(readers),
          str(stop), str(log), str(rate), str(seed)], cwd=ROOT)
+    _STARTED.append(proc)
     return proc, stop, log
 
 
@@ -156,7 +169,10 @@ def test_invariants_with_rebalances(kafka_bootstrap, namespace, ns_broker, tmp_p
     b = start_reader(kafka_bootstrap, namespace, tmp_path, "b", 4, 0.1, 2)
     time.sleep(3)
     c = start_reader(kafka_bootstrap, namespace, tmp_path, "c", 4, 0.1, 3)
-    time.sleep(4)
+    deadline = time.monotonic() + 90
+    while len(inv.read_logs([c[2]])) < 10:  # C joined and took part before it leaves
+        assert time.monotonic() < deadline, "reader C never got going"
+        time.sleep(0.05)
     stop_all([c])  # leaves cleanly: its partitions move back
     replies = wait_for_all_replies(kafka_bootstrap, namespace, sent, 180, [a[0], b[0]])
     stop_all([a, b])
@@ -173,7 +189,12 @@ def test_kill_9_mid_transaction_loses_and_duplicates_nothing(kafka_bootstrap, na
     sent = inv.send_requests(ns_broker, 600, per_conv)
     a = start_reader(kafka_bootstrap, namespace, tmp_path, "a", 4, 0.05, 11)
     b = start_reader(kafka_bootstrap, namespace, tmp_path, "b", 4, 0.05, 12)
-    time.sleep(2.5)
+    # Kill B once it is demonstrably mid-run: it has committed some work and has more to do.
+    deadline = time.monotonic() + 90
+    while len(inv.read_logs([b[2]])) < 20:
+        assert time.monotonic() < deadline, "reader B never got going"
+        assert b[0].poll() is None, f"reader B exited with {b[0].returncode}"
+        time.sleep(0.05)
     os.kill(b[0].pid, signal.SIGKILL)
     b[0].wait()
     replies = wait_for_all_replies(kafka_bootstrap, namespace, sent, 180, [a[0]])

@@ -4,7 +4,6 @@ from the beginning to the end offsets it saw when it started reading."""
 
 from __future__ import annotations
 
-import logging
 import time
 
 import orjson

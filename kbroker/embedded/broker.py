@@ -107,15 +107,25 @@ def _reap() -> None:
             del _CHILDREN[pid]
 
 
+def _exited(proc: psutil.Process) -> bool:
+    child = _CHILDREN.get(proc.pid)
+    if child is not None:  # our own child: wait() is exact, and reaps it
+        return child.poll() is not None
+    # Started by another process: a zombie has exited and waits for that parent to reap it. The
+    # JVM's main thread can end while shutdown-hook threads still run, which also shows the
+    # leader as a zombie, so a zombie only counts once no thread of it is left.
+    try:
+        if proc.status() != psutil.STATUS_ZOMBIE:
+            return False
+        return len(os.listdir(f"/proc/{proc.pid}/task")) <= 1
+    except (psutil.NoSuchProcess, FileNotFoundError):
+        return True
+
+
 def _wait_exit(proc: psutil.Process, timeout: float) -> bool:
-    # A zombie has exited. Its parent, maybe whichever process started the broker, reaps it:
-    # waiting for the pid to vanish would wait for that parent.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
+        if _exited(proc):
             return True
         time.sleep(0.1)
     return False

@@ -1,0 +1,106 @@
+"""`kbroker queue show|enable|disable` and `kbroker conversations`: ALTER QUEUE ... STATUS and the
+DMV-like views of kbroker/queues.py."""
+
+from __future__ import annotations
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from .. import config
+from ..queues import conversation_view, queue_view, set_queue_status
+from . import bootstrap_option, emit_json, handle_errors, json_option, main, namespace_option
+
+
+def _table(title: str, *columns: str) -> Table:
+    t = Table(title=title, title_justify="left")
+    for col in columns:
+        t.add_column(col, overflow="fold")  # handles and service names wrap, never truncate
+    return t
+
+
+@main.group("queue")
+def queue_group():
+    """Show a queue's depth and readers, or enable / disable it (ALTER QUEUE ... STATUS)."""
+
+
+@queue_group.command("show")
+@click.argument("queue")
+@bootstrap_option
+@namespace_option
+@json_option
+@handle_errors
+def show_cmd(queue, bootstrap, namespace, as_json):
+    """Status, messages ready per partition (an upper bound) and the reading consumer group."""
+    view = queue_view(config.resolve_bootstrap(bootstrap), config.namespace(namespace), queue)
+    if as_json:
+        emit_json(view)
+        return
+    g = view["group"]
+    console = Console()
+    console.print(f"queue {view['queue']}: status {view['status']}, poison message handling "
+                  f"{view['poison_message_handling']}, {g['members']} readers (group {g['state'].lower()})",
+                  highlight=False)
+    t = _table(view["topic"], "partition", "start", "end", "committed", "completed above", "ready")
+    for p in view["partition_offsets"]:
+        committed = "-" if p["committed"] is None else str(p["committed"])
+        t.add_row(str(p["partition"]), str(p["start"]), str(p["end"]), committed,
+                  str(p["completed_above"]), str(p["ready"]))
+    totals = view["totals"]
+    t.add_row("total", "", str(totals["end"]), "", str(totals["completed_above"]), str(totals["ready"]))
+    console.print(t)
+
+
+def _set_status(queue: str, status: str, reason: str, bootstrap, namespace, as_json: bool) -> None:
+    set_queue_status(config.resolve_bootstrap(bootstrap), config.namespace(namespace), queue, status, reason)
+    if as_json:
+        emit_json({"queue": queue, "status": status, "reason": reason})
+    else:
+        click.echo(f"queue {queue} {'enabled' if status == 'ON' else 'disabled'} (STATUS = {status})")
+
+
+@queue_group.command("enable")
+@click.argument("queue")
+@click.option("--reason", default="enabled by an operator", show_default=True, help="Recorded in the event.")
+@bootstrap_option
+@namespace_option
+@json_option
+@handle_errors
+def enable_cmd(queue, reason, bootstrap, namespace, as_json):
+    """ALTER QUEUE QUEUE WITH STATUS = ON."""
+    _set_status(queue, "ON", reason, bootstrap, namespace, as_json)
+
+
+@queue_group.command("disable")
+@click.argument("queue")
+@click.option("--reason", default="disabled by an operator", show_default=True, help="Recorded in the event.")
+@bootstrap_option
+@namespace_option
+@json_option
+@handle_errors
+def disable_cmd(queue, reason, bootstrap, namespace, as_json):
+    """ALTER QUEUE QUEUE WITH STATUS = OFF: no RECEIVE from it until it is enabled again."""
+    _set_status(queue, "OFF", reason, bootstrap, namespace, as_json)
+
+
+@main.command("conversations")
+@click.option("--state", help="Only endpoints in this state (SO, CO, DI, DO, ER, CD).")
+@bootstrap_option
+@namespace_option
+@json_option
+@handle_errors
+def conversations_cmd(state, bootstrap, namespace, as_json):
+    """The conversation endpoints of the namespace (sys.conversation_endpoints)."""
+    rows = conversation_view(config.resolve_bootstrap(bootstrap), config.namespace(namespace))
+    if state:
+        rows = [r for r in rows if r["state"] == state.upper()]
+    if as_json:
+        emit_json(rows)
+        return
+    # The columns that fit a terminal; --json has them all (contract, group, lifetime, ...).
+    t = _table("conversation endpoints", "conversation_handle", "side", "service", "far service", "state", "seq")
+    t.columns[0].no_wrap = True  # a handle is copied and pasted: keep it on one line
+    for r in rows:
+        t.add_row(r["conversation_handle"], "I" if r["is_initiator"] else "T", r["service_name"],
+                  r["far_service"], r["state"], str(r["send_sequence"]))
+    Console().print(t)

@@ -1,0 +1,155 @@
+"""Queue status (ALTER QUEUE ... STATUS) and the views, against the real broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import orjson
+import pytest
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from kbroker import errors, names
+from kbroker.client import Broker
+from kbroker.queues import conversation_view, queue_view, set_queue_status
+
+from kbroker.demo import CLAIM, CONTRACT, EMPLOYEES as EMP, EXPENSES as EXP
+
+from .conftest import KBROKER
+
+
+
+def send_three(broker: Broker) -> str:
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    for i in range(3):
+        broker.send(h, CLAIM, {"claim": i})
+    return h
+
+
+def events(bootstrap: str, namespace: str) -> list[tuple[str, dict]]:
+    """Every record of the events topic, read to partition EOF."""
+    topic = names.events_topic(namespace)
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "events-check", "enable.partition.eof": True})
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        c.assign([TopicPartition(topic, p, 0) for p in parts])
+        pending, got, deadline = set(parts), [], time.monotonic() + 20
+        while pending and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                pending.discard(m.partition())
+                continue
+            got.append((m.key().decode(), orjson.loads(m.value())))
+        assert not pending, "the events topic was not read to its end"
+        return got
+    finally:
+        c.close()
+
+
+def test_queue_view_counts_ready_messages(kafka_bootstrap, namespace, broker):
+    send_three(broker)
+    view = queue_view(kafka_bootstrap, namespace, "ExpenseQueue")
+    assert view["queue"] == "ExpenseQueue" and view["topic"] == names.queue_topic(namespace, "ExpenseQueue")
+    assert view["status"] == "ON" and view["poison_message_handling"] == "ON"
+    assert view["partitions"] == len(view["partition_offsets"]) == 4
+    assert view["totals"]["ready"] == 3 and view["totals"]["end"] == 3
+    assert all(p["committed"] is None for p in view["partition_offsets"])
+    assert view["group"]["members"] == 0
+
+    assert len(broker.receive("ExpenseQueue", top=10, wait=15)) == 3
+    view = queue_view(kafka_bootstrap, namespace, "ExpenseQueue")
+    assert view["totals"]["ready"] == 0
+    busy = [p for p in view["partition_offsets"] if p["end"]]
+    assert len(busy) == 1 and busy[0]["committed"] == 3  # one conversation group, one partition
+    assert view["group"]["members"] == 1  # the Broker's reader stays in the group until close
+
+
+def test_views_on_unknown_queue_are_typed(kafka_bootstrap, namespace, broker):
+    with pytest.raises(errors.UnknownQueueError):
+        queue_view(kafka_bootstrap, namespace, "NoSuchQueue")
+    with pytest.raises(errors.UnknownQueueError):
+        set_queue_status(kafka_bootstrap, namespace, "NoSuchQueue", "OFF", "test")
+    with pytest.raises(ValueError, match="ON or OFF"):
+        set_queue_status(kafka_bootstrap, namespace, "ExpenseQueue", "MAYBE", "test")
+
+
+def test_disable_and_enable_queue(kafka_bootstrap, namespace, broker):
+    send_three(broker)  # this Broker only sends: a reader that stops polling would stall a rebalance
+    set_queue_status(kafka_bootstrap, namespace, "ExpenseQueue", "OFF", "maintenance")
+    assert queue_view(kafka_bootstrap, namespace, "ExpenseQueue")["status"] == "OFF"
+    with Broker(kafka_bootstrap, namespace) as other:
+        with pytest.raises(errors.QueueDisabledError, match="ExpenseQueue"):
+            other.receive("ExpenseQueue", top=10, wait=0)
+    set_queue_status(kafka_bootstrap, namespace, "ExpenseQueue", "ON", "done", poison=False)
+
+    got = events(kafka_bootstrap, namespace)
+    assert [(k, e["event"], e["reason"], e["poison"]) for k, e in got] == [
+        ("ExpenseQueue", "QUEUE_DISABLED", "maintenance", False),
+        ("ExpenseQueue", "QUEUE_ENABLED", "done", False),
+    ]  # same key, same partition: in order
+    assert all(e["queue"] == "ExpenseQueue" and abs(e["time"] / 1000 - time.time()) < 120 for _, e in got)
+
+    with Broker(kafka_bootstrap, namespace) as other:
+        assert len(other.receive("ExpenseQueue", top=10, wait=15)) == 3
+
+
+def test_conversation_view_lists_both_endpoints(kafka_bootstrap, namespace, broker):
+    h = send_three(broker)
+    rows = conversation_view(kafka_bootstrap, namespace)
+    assert [(r["conversation_handle"], r["state"], r["send_sequence"]) for r in rows] == [(h, "CO", 3)]
+    target = broker.receive("ExpenseQueue", top=10, wait=15)[0].conversation_handle
+    rows = conversation_view(kafka_bootstrap, namespace)
+    assert [r["conversation_handle"] for r in rows] == [h, target]  # initiator first
+    ini, tgt = rows
+    assert ini["is_initiator"] and not tgt["is_initiator"]
+    assert ini["conversation_id"] == tgt["conversation_id"]
+    assert (ini["service_name"], ini["far_service"]) == (EMP, EXP)
+    assert (tgt["service_name"], tgt["far_service"]) == (EXP, EMP)
+    assert tgt["state"] == "CO" and tgt["state_desc"] == "CONVERSING" and tgt["send_sequence"] == 0
+    assert all(r["service_contract_name"] == CONTRACT and r["lifetime"].endswith("+00:00") for r in rows)
+
+
+def run_cli(*args, bootstrap, namespace):
+    env = {**os.environ, "KBROKER_BOOTSTRAP": bootstrap, "KBROKER_NAMESPACE": namespace}
+    return subprocess.run([KBROKER, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_views(kafka_bootstrap, namespace, broker):
+    kw = dict(bootstrap=kafka_bootstrap, namespace=namespace)
+    h = send_three(broker)
+
+    out = run_cli("queue", "show", "ExpenseQueue", "--json", **kw)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["totals"]["ready"] == 3
+    out = run_cli("queue", "show", "ExpenseQueue", **kw)
+    assert out.returncode == 0 and "ExpenseQueue" in out.stdout, out.stderr
+
+    out = run_cli("queue", "disable", "ExpenseQueue", "--reason", "cli test", "--json", **kw)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"queue": "ExpenseQueue", "status": "OFF", "reason": "cli test"}
+    out = run_cli("receive", "ExpenseQueue", **kw)
+    assert out.returncode == 1 and "disabled" in out.stderr
+    out = run_cli("queue", "enable", "ExpenseQueue", **kw)
+    assert out.returncode == 0 and "enabled" in out.stdout, out.stderr
+    assert [e["event"] for _, e in events(kafka_bootstrap, namespace)] == ["QUEUE_DISABLED", "QUEUE_ENABLED"]
+
+    out = run_cli("conversations", "--json", **kw)
+    assert out.returncode == 0, out.stderr
+    assert [r["conversation_handle"] for r in json.loads(out.stdout)] == [h]
+    out = run_cli("conversations", "--json", "--state", "DO", **kw)
+    assert out.returncode == 0 and json.loads(out.stdout) == [], out.stderr
+    out = run_cli("conversations", **kw)
+    assert out.returncode == 0 and "CO" in out.stdout, out.stderr
+
+
+@pytest.mark.parametrize("args", [["queue", "show", "NoSuchQueue"], ["queue", "disable", "NoSuchQueue"]])
+def test_cli_unknown_queue_is_one_line(kafka_bootstrap, namespace, broker, args):
+    out = run_cli(*args, bootstrap=kafka_bootstrap, namespace=namespace)
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unknown queue 'NoSuchQueue'" in lines[0], out.stderr
