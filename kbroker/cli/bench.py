@@ -1,0 +1,105 @@
+"""`kbroker bench [SCENARIO...]`: the benchmark harness (kbroker/bench), side by side with a
+plain-Kafka baseline in the same run, reported as ratios of medians."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from . import bootstrap_option, emit_json, handle_errors, json_option, main
+
+SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "backlog-rss")
+
+
+@main.command("bench")
+@click.argument("scenarios", nargs=-1, type=click.Choice(SCENARIO_NAMES))
+@click.option("--repeat", default=3, show_default=True, type=click.IntRange(min=1),
+              help="Repetitions per scenario; medians are reported.")
+@click.option("--messages", default=20_000, show_default=True, type=click.IntRange(min=1),
+              help="Messages per repetition of send and request-reply.")
+@click.option("--conversations", default=1_000, show_default=True, type=click.IntRange(min=1),
+              help="Dialogs the messages are spread over (io-bound: 2 messages each).")
+@click.option("--backlog", default=1_000_000, show_default=True, type=click.IntRange(min=1),
+              help="Messages queued before backlog-rss receives.")
+@click.option("--readers", default=8, show_default=True, type=click.IntRange(min=1),
+              help="request-reply: kbroker responder threads.")
+@click.option("--in-flight", default=1, show_default=True, type=click.IntRange(min=1),
+              help="request-reply: requests in flight per dialog.")
+@click.option("--out", "out_dir", default="bench-results", show_default=True,
+              type=click.Path(file_okay=False, path_type=Path),
+              help="Directory of latest.json.")
+@click.option("--docs", "docs_path", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Markdown file whose results section is rewritten "
+                   "(default: docs/benchmarks.md when it exists).")
+@click.option("--no-docs", is_flag=True, help="Do not rewrite any results table.")
+@click.option("--quiet", is_flag=True, help="No progress on stderr.")
+@bootstrap_option
+@json_option
+@handle_errors
+def bench(scenarios, repeat, messages, conversations, backlog, readers, in_flight, out_dir, docs_path,
+          no_docs, quiet, bootstrap, as_json):
+    """Benchmark kbroker against a plain confluent-kafka baseline on the same broker.
+
+    SCENARIOS: send (with send-pipelined), request-reply, io-bound, backlog-rss; all by default.
+    Uses --bootstrap / KBROKER_BOOTSTRAP when given, else starts an embedded broker on free ports
+    in a temporary data dir for the run. Progress goes to stderr; results to OUT/latest.json and
+    the results table of the docs; --json prints them on stdout."""
+    from ..bench.harness import Params, Reporter, command_line, run_bench, update_docs, write_results
+
+    # A terminated run still stops its embedded broker and child processes (finally blocks).
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    params = Params(repeat=repeat, messages=messages, conversations=conversations, backlog=backlog,
+                    readers=readers, in_flight=in_flight)
+    reporter = Reporter(quiet=quiet)
+    if docs_path is None and not no_docs and Path("docs/benchmarks.md").is_file():
+        docs_path = Path("docs/benchmarks.md")
+    doc = run_bench(list(scenarios), params, bootstrap=bootstrap or os.environ.get("KBROKER_BOOTSTRAP"),
+                    reporter=reporter, command=command_line())
+    path = write_results(doc, out_dir)
+    reporter.say(f"results written to {path}")
+    if docs_path is not None and not no_docs:
+        update_docs(doc, docs_path)
+        reporter.say(f"results table updated in {docs_path}")
+    if as_json:
+        emit_json(doc)
+    else:
+        _print_table(doc)
+    if any(r.get("error") for r in doc["results"]):
+        raise SystemExit(1)
+
+
+def _print_table(doc: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def fmt(v) -> str:
+        return "-" if v is None else (f"{v:,.2f}" if abs(v) < 10 else f"{v:,.0f}")
+
+    table = Table(title=f"kbroker bench, {doc['date']} (medians of {doc['params']['repeat']})",
+                  title_justify="left")
+    for col, justify in (("scenario", "left"), ("unit", "left"), ("kbroker", "right"),
+                         ("baseline", "right"), ("ratio", "right"), ("target", "left"), ("met", "left")):
+        table.add_column(col, justify=justify, overflow="fold")
+    notes = []
+    for r in doc["results"]:
+        ratio = "-" if r.get("ratio") is None else f"{r['ratio']:.2f}"
+        if r.get("ratio") is not None and r["ratio_definition"] != "kbroker/baseline":
+            ratio += f" ({r['ratio_definition']})"
+        met = {True: "[green]yes[/green]", False: "[red]no[/red]", None: "-"}[r.get("met")]
+        table.add_row(r["scenario"], r["unit"], fmt(r.get("kbroker")), fmt(r.get("baseline")), ratio,
+                      r.get("target") or "-", met)
+        if r.get("error"):
+            notes.append(f"{r['scenario']}: [red]error: {r['error']}[/red]")
+        elif r.get("skipped_reason"):
+            notes.append(f"{r['scenario']}: {r['skipped_reason']}")
+        if r.get("summary"):
+            notes.append(f"{r['scenario']}: {r['summary']}")
+    console = Console()
+    console.print(table)
+    console.print("ratio = kbroker/baseline unless stated", style="dim")
+    for line in notes:
+        console.print(line, highlight=False)
