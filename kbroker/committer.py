@@ -49,6 +49,10 @@ class GroupCommitter:
             "transactional.id": f"kbroker.{namespace}.{uuid.uuid4()}",
             "enable.idempotence": True, "acks": "all", "linger.ms": 1,
             "message.max.bytes": 11 * 1024 * 1024,
+            # Right after a commit the coordinator is still writing markers and answers the next
+            # transaction's first request with CONCURRENT_TRANSACTIONS; the default 100 ms retry
+            # back-off then dominates every commit.
+            "retry.backoff.ms": 5, "retry.backoff.max.ms": 50,
             # A process killed mid-commit leaves its Kafka transaction open; readers of those
             # partitions wait at the last stable offset until Kafka aborts it after this long.
             "transaction.timeout.ms": 10_000,
