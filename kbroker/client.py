@@ -331,9 +331,6 @@ class Broker:
         rec = (names.deadletter_topic(self.namespace), record.key(), record.value(), headers)
         self.committer.submit(CommitRequest([rec], [receiver.dead_letter_lease(record)]))
 
-    def stats(self) -> list[dict]:
-        return [r.stats() for r in list(self._receivers.values())]
-
     def close(self) -> None:
         with self._lock:
             for r in self._receivers.values():

@@ -28,6 +28,17 @@ log = logging.getLogger("kbroker.committer")
 Record = tuple[str, Any, bytes | None, list | None]  # topic, key, value, headers
 
 
+def produce(producer: Producer, topic: str, **kwargs: Any) -> None:
+    """Producer.produce that waits, instead of failing, while librdkafka's local queue is full:
+    back-pressure from the broker reaches the caller."""
+    while True:
+        try:
+            producer.produce(topic, **kwargs)
+            return
+        except BufferError:
+            producer.poll(0.01)
+
+
 @dataclass(eq=False)
 class CommitRequest:
     records: list[Record]
@@ -127,7 +138,7 @@ class GroupCommitter:
             self._producer.begin_transaction()
             for req in batch:
                 for topic, key, value, headers in req.records:
-                    self._produce(topic, key, value, headers)
+                    produce(self._producer, topic, key=key, value=value, headers=headers)
             for receiver, tps in positions.items():
                 self._producer.send_offsets_to_transaction(tps, receiver.group_metadata(), self._timeout)
             self._producer.commit_transaction(self._timeout)
@@ -141,14 +152,6 @@ class GroupCommitter:
         self.batches += 1
         for req in batch:
             req.finish(None)
-
-    def _produce(self, topic: str, key: Any, value: bytes | None, headers: list | None) -> None:
-        while True:
-            try:
-                self._producer.produce(topic, key=key, value=value, headers=headers)
-                return
-            except BufferError:  # the local queue is full: let deliveries drain it
-                self._producer.poll(0.05)
 
     def _split_doomed(self, batch: list[CommitRequest]) -> None:
         doomed = [r for r in batch if any(l.doomed for l in r.leases)]

@@ -116,7 +116,3 @@ class PartitionOffsets:
         low-water mark until it moves (back-pressure instead of a failed commit)."""
         pos = self.low_water()
         return len(encode_completed(pos, [o for o in self._completed_above if o > pos])) < METADATA_LIMIT - 256
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._incomplete)

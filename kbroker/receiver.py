@@ -49,7 +49,6 @@ class Lease:
     offsets: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset) to complete
     doomed: bool = False
     included: bool = False  # carried by a Kafka transaction under way
-    leased_at: float = field(default_factory=time.monotonic)
 
     @property
     def partitions(self) -> set[int]:
@@ -60,7 +59,7 @@ class QueueReceiver:
     def __init__(self, bootstrap: str, namespace: str, queue: str, *,
                  dead_letter: Callable[["QueueReceiver", KafkaRecord, str], None],
                  max_buffered: int = 10_000, revoke_grace: float = 5.0,
-                 commit_barrier: Callable[[], None] = lambda: None, consumer_config: dict | None = None):
+                 commit_barrier: Callable[[], None] = lambda: None):
         self.queue = queue
         self.topic = names.queue_topic(namespace, queue)
         self._dead_letter = dead_letter
@@ -86,7 +85,6 @@ class QueueReceiver:
             # A dead process's groups move to a live one after this long, not Kafka's 45 s.
             "session.timeout.ms": 10_000, "heartbeat.interval.ms": 1_000,
         }
-        conf.update(consumer_config or {})
         self._consumer = Consumer(conf)
         self._group_meta = self._consumer.consumer_group_metadata()
         self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
@@ -316,8 +314,8 @@ class QueueReceiver:
         with self._cv:
             if lease.group is not None and self._locked.get(lease.group) is lease:
                 del self._locked[lease.group]
-            if not committed and lease.group is not None and lease.taken:
-                back = [b for b in lease.taken if b.record.partition() in self._offsets and not lease.doomed]
+            if not committed and lease.group is not None and lease.taken and not lease.doomed:
+                back = [b for b in lease.taken if b.record.partition() in self._offsets]
                 if back:
                     q = self._groups.pop(lease.group, deque())
                     q.extendleft(reversed(back))
@@ -325,13 +323,6 @@ class QueueReceiver:
                     self._groups.move_to_end(lease.group, last=False)
                     self._buffered += len(back)
             self._cv.notify_all()
-
-    def stats(self) -> dict:
-        with self._cv:
-            return {"queue": self.queue, "buffered": self._buffered, "ready_groups": len(self._groups),
-                    "locked_groups": len(self._locked), "paused": self._paused,
-                    "partitions": sorted(self._offsets),
-                    "in_flight": sum(t.in_flight for t in self._offsets.values())}
 
     def close(self) -> None:
         self._closed = True

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from .committer import CommitRequest, Record
 from .endpoints import Endpoint
 from .envelope import Message
-from .errors import QueueDisabledError, TransactionAbortedError, TransactionStateError
+from .errors import (ConversationNotFoundError, QueueDisabledError, TransactionAbortedError,
+                     TransactionStateError)
 from .receiver import Lease
 
 if TYPE_CHECKING:
@@ -44,8 +45,6 @@ class Transaction:
         if handle in self._endpoints:
             ep = self._endpoints[handle]
             if ep is None:
-                from .errors import ConversationNotFoundError
-
                 raise ConversationNotFoundError(handle)
             return ep
         return self._broker.endpoints.get(handle)
