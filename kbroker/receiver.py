@@ -198,6 +198,9 @@ class QueueReceiver:
         return bool(self._offsets) and self._eof >= set(self._offsets)
 
     def _pick(self, owner: Any, group_filter: str | None, conversation_filter: str | None) -> str | None:
+        # Partitions whose commit metadata is near Kafka's limit hand out only their oldest
+        # incomplete record, until it completes and the committed offset moves past the rest.
+        full = {p: t.low_water() for p, t in self._offsets.items() if not t.metadata_room()}
         best, best_key = None, None
         for group, q in self._groups.items():
             lease = self._locked.get(group)
@@ -209,6 +212,8 @@ class QueueReceiver:
                     b.envelope.conversation_id == conversation_filter for b in q):
                 continue
             head = q[0]
+            if head.record.partition() in full and head.record.offset() != full[head.record.partition()]:
+                continue
             key = (-head.envelope.priority, head.record.timestamp()[1], head.record.offset())
             if best_key is None or key < best_key:
                 best, best_key = group, key
@@ -243,6 +248,9 @@ class QueueReceiver:
         now_ms = int(time.time() * 1000)
         kept: deque[Buffered] = deque()
         msgs: list[Message] = []
+        tracker = self._offsets.get(q[0].record.partition())
+        if tracker is not None and not tracker.metadata_room():
+            top = min(top, 1)  # only the low-water record (see _pick)
         while q and len(msgs) < top:
             b = q.popleft()
             if conversation_id is not None and b.envelope.conversation_id != conversation_id:
