@@ -19,41 +19,32 @@ import time
 import uuid
 from dataclasses import replace
 from typing import Any, Callable, TypeVar
-from xml.sax.saxutils import escape
 
 from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 
 from . import config, names
-from .catalog.models import Catalog
+from .catalog.models import DIALOG_TIMER, END_DIALOG, Catalog
+from .catalog.models import ERROR as ERROR_TYPE
 from .catalog.store import read_catalog
 from .committer import CommitRequest, GroupCommitter, Record
 from .config import KAFKA_LOG
 from .endpoints import (CLOSED, DISCONNECTED_INBOUND, DISCONNECTED_OUTBOUND, ERROR, MAX_LIFETIME,
                         SENDABLE, STARTED_OUTBOUND, Endpoint, EndpointStore, handle_for,
                         new_target_endpoint, other)
-from .envelope import Envelope, Message
+from .envelope import Envelope, Message, error_body
 from .errors import (BrokerUnavailableError, CatalogError, ContractViolationError,
                      ConversationClosedError, MessageTooLargeError, SendFailedError,
                      UnknownContractError)
+from . import timers
 from .receiver import QueueReceiver
 from .transaction import Transaction
 from .validation import to_bytes, validate_body
 
-SSB = "http://schemas.microsoft.com/SQL/ServiceBroker/"
-END_DIALOG = SSB + "EndDialog"
-ERROR_TYPE = SSB + "Error"
-DIALOG_TIMER = SSB + "DialogTimer"
 SYSTEM_TYPES = {END_DIALOG, ERROR_TYPE, DIALOG_TIMER}
 POISON_THRESHOLD = 5  # consecutive rolled-back receives that disable a queue, as in Service Broker
 
 T = TypeVar("T")
-
-
-def error_body(code: int, description: str) -> bytes:
-    """The body of Service Broker's Error message, so ported code parsing it keeps working."""
-    return (f'<Error xmlns="{SSB}Error"><Code>{code}</Code>'
-            f"<Description>{escape(description)}</Description></Error>").encode()
 
 
 def connect(bootstrap: str | None = None, namespace: str | None = None, **kwargs: Any) -> "Broker":
@@ -173,6 +164,8 @@ class Broker:
         """BEGIN DIALOG: creates the initiator endpoint and returns its conversation handle."""
         ep = self.new_dialog(from_service, to_service, contract, **kw)
         with self._lock:
+            for record in self.lifetime_records(ep):
+                self._produce(record)
             self.endpoints.put(ep)
             self._flush()
         return ep.conversation_handle
@@ -196,6 +189,16 @@ class Broker:
                 self._produce(record)
             self._produce(self.endpoint_record(ep.conversation_handle, ended))
             self.endpoints.note(ep.conversation_handle, ended)
+            self._flush()
+
+    def begin_conversation_timer(self, handle: str, timeout: float) -> None:
+        """BEGIN CONVERSATION TIMER (handle) TIMEOUT = seconds: a DialogTimer message reaches this
+        side's queue then (fired by the timer service, which `kbroker worker` runs)."""
+        with self._lock:
+            records, ep = self.timer_records(self.endpoints.get(str(handle)), timeout)
+            for record in records:
+                self._produce(record)
+            self.endpoints.put(ep)
             self._flush()
 
     def receive(self, queue: str, top: int = 1, wait: float | None = 0.0, **kw: Any) -> list[Message]:
@@ -254,13 +257,34 @@ class Broker:
             raise ValueError("error code must be a positive integer (negative codes are Service Broker's)")
         if ep.state == STARTED_OUTBOUND:  # never sent anything: no peer endpoint to tell
             return [], replace(ep, state=CLOSED)
-        records = []
-        if ep.state not in (DISCONNECTED_INBOUND, ERROR):
-            body = error_body(error, description or "") if error is not None else b""
-            rec, _ = self._record(ep, ERROR_TYPE if error is not None else END_DIALOG, body)
-            records.append(rec)
-            ep = ep.after_send()
-        return records, ep.after_local_end()
+        # After the peer ended (DI) or failed (ER), the EndDialog sent here is the acknowledgement
+        # that moves the peer's DISCONNECTED_OUTBOUND endpoint to CLOSED; its app never sees it.
+        peer_done = ep.state in (DISCONNECTED_INBOUND, ERROR)
+        body = error_body(error, description or "") if error is not None and not peer_done else b""
+        rec, _ = self._record(ep, ERROR_TYPE if body else END_DIALOG, body)
+        return [rec], ep.after_send().after_local_end()
+
+    def timer_records(self, ep: Endpoint, timeout: float) -> tuple[list[Record], Endpoint]:
+        """BEGIN CONVERSATION TIMER's records: the new arm, and the old one's tombstone (one timer
+        per side; arming again replaces it)."""
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_LIFETIME:
+            raise ValueError(f"timer timeout must be 0 < seconds <= {MAX_LIFETIME}, not {timeout!r}")
+        if ep.state in (DISCONNECTED_OUTBOUND, CLOSED):
+            raise ConversationClosedError(ep.conversation_handle, ep.state_desc)
+        own_queue = self._lookup(lambda c: c.queue(c.service(ep.service_name).queue))
+        arm_id, due = uuid.uuid4().hex[:16], time.time() + float(timeout)
+        records = [r for r in [timers.disarm_record(self.namespace, ep)] if r is not None]
+        records.append(timers.arm_record(self.namespace, ep, arm_id, due,
+                                         names.queue_topic(self.namespace, own_queue.name)))
+        return records, replace(ep, dialog_timer=due, dialog_timer_id=arm_id)
+
+    def lifetime_records(self, ep: Endpoint) -> list[Record]:
+        """BEGIN DIALOG ... LIFETIME: the timer that delivers Error -8489 to both sides."""
+        if ep.lifetime >= MAX_LIFETIME:
+            return []
+        queue_of = lambda service: names.queue_topic(  # noqa: E731
+            self.namespace, self._lookup(lambda c: c.service(service)).queue)
+        return [timers.lifetime_record(self.namespace, ep, queue_of(ep.service_name), queue_of(ep.far_service_name))]
 
     def endpoint_record(self, handle: str, ep: Endpoint | None) -> Record:
         return (self.endpoints.topic, handle, None if ep is None else ep.to_json(), None)
@@ -277,13 +301,18 @@ class Broker:
                 return True, None  # the initiator's endpoint was cleaned up or never stored here
             # A dialog's first message creates the target endpoint, as in Service Broker.
             ep = created = new_target_endpoint(env.conversation_id, env.conversation_group_id, env.conversation_id,
-                                               env.to_service_name, env.from_service_name, env.service_contract_name)
+                                               env.to_service_name, env.from_service_name, env.service_contract_name,
+                                               env.lifetime)
+        if ep.state in (DISCONNECTED_OUTBOUND, CLOSED):
+            # This side already ended: the peer's EndDialog or Error only closes the endpoint
+            # (Service Broker's end-of-dialog acknowledgement); anything else is discarded.
+            if ep.state == DISCONNECTED_OUTBOUND and msg.message_type_name in (END_DIALOG, ERROR_TYPE):
+                return False, replace(ep, state=CLOSED)
+            return False, None
         if msg.message_type_name == END_DIALOG:
             return True, ep.after_peer_end()
         if msg.message_type_name == ERROR_TYPE:
             return True, ep.after_peer_error()
-        if ep.state in (DISCONNECTED_OUTBOUND, CLOSED):
-            return False, None  # arrived after this side ended the conversation: discarded
         return True, created
 
     def _record(self, ep: Endpoint, message_type: str, data: bytes, *, correlation_id: str | None = None,
@@ -298,7 +327,8 @@ class Broker:
             message_sequence_number=ep.send_sequence, message_type_name=message_type,
             service_contract_name=ep.service_contract_name, from_service_name=ep.service_name,
             to_service_name=ep.far_service_name, to_side=other(ep.side),
-            correlation_id=correlation_id, reply_to=reply_to, expires=expires, priority=priority)
+            correlation_id=correlation_id, reply_to=reply_to, expires=expires, priority=priority,
+            lifetime=ep.lifetime if ep.is_initiator and ep.lifetime < MAX_LIFETIME else None)
         topic = names.queue_topic(self.namespace, far_queue.name)
         return (topic, env.conversation_group_id, data, env.headers()), env.message_id
 

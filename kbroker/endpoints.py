@@ -54,6 +54,8 @@ class Endpoint:
     state: str
     send_sequence: int = 0  # next sequence number to send
     lifetime: int = MAX_LIFETIME  # epoch seconds after which the dialog has expired
+    dialog_timer: float = 0.0  # epoch seconds the armed DialogTimer fires at; 0 = none
+    dialog_timer_id: str | None = None  # the armed timer's key suffix in the timers topic
     updated: float = 0.0
 
     @property
@@ -89,10 +91,11 @@ class Endpoint:
 
 
 def new_target_endpoint(conversation_id: str, group_id: str, far_group_id: str, service: str,
-                        far_service: str, contract: str) -> Endpoint:
+                        far_service: str, contract: str, lifetime: int | None = None) -> Endpoint:
     """The target endpoint, created when the dialog's first message arrives (as SSB does)."""
     return Endpoint(handle_for(conversation_id, "TARGET"), conversation_id, "TARGET", group_id,
-                    far_group_id, service, far_service, contract, CONVERSING, updated=time.time())
+                    far_group_id, service, far_service, contract, CONVERSING,
+                    lifetime=MAX_LIFETIME if lifetime is None else lifetime, updated=time.time())
 
 
 class EndpointStore:
@@ -134,6 +137,10 @@ class EndpointStore:
         if ep is None:
             raise ConversationNotFoundError(handle)
         return ep
+
+    def refresh(self) -> None:
+        """Read what other processes wrote since, so cached states are current."""
+        self._read_forward()
 
     def all(self) -> list[Endpoint]:
         self._read_forward()

@@ -7,6 +7,8 @@ values, so any Kafka client (kcat, kafka-python, the console consumer) can read 
 
 from __future__ import annotations
 
+from xml.sax.saxutils import escape
+
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -27,6 +29,7 @@ H_CORRELATION_ID = "kb.correlation_id"
 H_REPLY_TO = "kb.reply_to"
 H_EXPIRES = "kb.expires"  # epoch milliseconds; absent means never
 H_PRIORITY = "kb.priority"
+H_LIFETIME = "kb.lifetime"  # epoch seconds the dialog expires at; absent means never
 
 _REQUIRED = (H_MESSAGE_ID, H_CONVERSATION_ID, H_GROUP_ID, H_SEQUENCE, H_MESSAGE_TYPE,
              H_CONTRACT, H_FROM_SERVICE, H_TO_SERVICE, H_TO_SIDE)
@@ -55,6 +58,7 @@ class Envelope:
     reply_to: str | None = None
     expires: int | None = None
     priority: int = 5
+    lifetime: int | None = None
 
     def headers(self) -> list[tuple[str, bytes]]:
         hs = [
@@ -76,6 +80,8 @@ class Envelope:
             hs.append((H_REPLY_TO, self.reply_to))
         if self.expires is not None:
             hs.append((H_EXPIRES, str(self.expires)))
+        if self.lifetime is not None:
+            hs.append((H_LIFETIME, str(self.lifetime)))
         return [(k, v.encode()) for k, v in hs]
 
     @classmethod
@@ -96,6 +102,7 @@ class Envelope:
             seq = int(hs[H_SEQUENCE])
             expires = int(hs[H_EXPIRES]) if H_EXPIRES in hs else None
             priority = int(hs.get(H_PRIORITY, "5"))
+            lifetime = int(hs[H_LIFETIME]) if H_LIFETIME in hs else None
         except ValueError as exc:
             raise MalformedRecord(f"bad number in headers: {exc}") from None
         return cls(
@@ -112,6 +119,7 @@ class Envelope:
             reply_to=hs.get(H_REPLY_TO),
             expires=expires,
             priority=priority,
+            lifetime=lifetime,
         )
 
 
@@ -151,3 +159,9 @@ class Message:
             d["body"] = None
             d["body_hex"] = self.body.hex()
         return d
+
+
+def error_body(code: int, description: str) -> bytes:
+    """The body of Service Broker's Error message, so ported code parsing it keeps working."""
+    return (f'<Error xmlns="http://schemas.microsoft.com/SQL/ServiceBroker/Error"><Code>{code}</Code>'
+            f"<Description>{escape(description)}</Description></Error>").encode()

@@ -9,6 +9,7 @@ other's topics and one ACL prefix covers a namespace:
     kbroker.<ns>.events            broker events (activation, queue monitors, ...)
     kbroker.<ns>.deadletter        poison messages taken off their queue
     kbroker.<ns>.transmission      the transmission queue (messages not yet delivered)
+    kbroker.<ns>.timers            compacted: armed dialog timers and dialog lifetimes
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import re
 from .config import NAMESPACE_RE
 
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
-SYSTEM_TOPICS = ("catalog", "endpoints", "events", "deadletter", "transmission")
+SYSTEM_TOPICS = ("catalog", "endpoints", "events", "deadletter", "transmission", "timers")
 
 
 def _ns(ns: str) -> str:
@@ -73,3 +74,7 @@ def deadletter_topic(ns: str) -> str:
 
 def transmission_topic(ns: str) -> str:
     return system_topic(ns, "transmission")
+
+
+def timers_topic(ns: str) -> str:
+    return system_topic(ns, "timers")

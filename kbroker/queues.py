@@ -120,5 +120,8 @@ def conversation_view(bootstrap: str, namespace: str) -> list[dict]:
             "service_contract_name": ep.service_contract_name, "state": ep.state,
             "state_desc": ep.state_desc, "send_sequence": ep.send_sequence,
             "lifetime": datetime.fromtimestamp(ep.lifetime, timezone.utc).isoformat(),
+            # SSB shows 1900-01-01 for "no timer"; kbroker shows null (also once it has fired).
+            "dialog_timer": (datetime.fromtimestamp(ep.dialog_timer, timezone.utc).isoformat()
+                             if ep.dialog_timer > time.time() else None),
         })
     return rows

@@ -24,12 +24,29 @@ from typing import Any, Callable
 from confluent_kafka import Consumer, KafkaError, Message as KafkaRecord, TopicPartition
 
 from . import names
+from .catalog.models import DIALOG_TIMER, ERROR
 from .config import KAFKA_LOG
 from .endpoints import handle_for
 from .envelope import Envelope, MalformedRecord, Message
 from .offsets import PartitionOffsets
 
 log = logging.getLogger("kbroker.receiver")
+
+
+# Service Broker hands a dialog's DialogTimer out before its other messages, then Error, whenever
+# they arrived; EndDialog and the rest keep arrival order.
+_FIRST = {DIALOG_TIMER: 0, ERROR: 1}
+
+
+def _enqueue(q: deque, b: "Buffered") -> None:
+    rank = _FIRST.get(b.envelope.message_type_name)
+    if rank is None:
+        q.append(b)
+        return
+    i = 0
+    while i < len(q) and _FIRST.get(q[i].envelope.message_type_name, 2) <= rank:
+        i += 1
+    q.insert(i, b)
 
 
 @dataclass
@@ -140,7 +157,7 @@ class QueueReceiver:
         except (MalformedRecord, UnicodeDecodeError) as exc:
             self._dead_letter(self, rec, str(exc))
             return
-        self._groups.setdefault(env.conversation_group_id, deque()).append(Buffered(env, rec))
+        _enqueue(self._groups.setdefault(env.conversation_group_id, deque()), Buffered(env, rec))
         self._buffered += 1
 
     def _apply_backpressure(self) -> None:
@@ -212,7 +229,8 @@ class QueueReceiver:
                     b.envelope.conversation_id == conversation_filter for b in q):
                 continue
             head = q[0]
-            if head.record.partition() in full and head.record.offset() != full[head.record.partition()]:
+            low = full.get(head.record.partition())
+            if low is not None and head.record.offset() != low and all(b.record.offset() != low for b in q):
                 continue
             key = (-head.envelope.priority, head.record.timestamp()[1], head.record.offset())
             if best_key is None or key < best_key:

@@ -96,6 +96,7 @@ class Transaction:
     def begin_dialog(self, from_service: str, to_service: str, contract: str = "DEFAULT", **kw: Any) -> str:
         self._check_open()
         ep = self._broker.new_dialog(from_service, to_service, contract, **kw)
+        self._records.extend(self._broker.lifetime_records(ep))
         self._stage(ep)
         return ep.conversation_handle
 
@@ -105,6 +106,13 @@ class Transaction:
         self._records.append(record)
         self._stage(ep)
         return message_id
+
+    def begin_conversation_timer(self, handle: str, timeout: float) -> None:
+        """BEGIN CONVERSATION TIMER: armed when the transaction commits; arming again replaces it."""
+        self._check_open()
+        records, ep = self._broker.timer_records(self.endpoint(handle), timeout)
+        self._records.extend(records)
+        self._stage(ep)
 
     def end_conversation(self, handle: str, *, error: int | None = None, description: str | None = None,
                          cleanup: bool = False) -> None:

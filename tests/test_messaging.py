@@ -105,6 +105,20 @@ def test_reply_end_dialog_and_states(broker):
     assert broker.endpoints.get(target).state == "CD"
 
 
+def test_the_side_that_ended_first_closes_on_the_peers_acknowledgement(broker):
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    broker.send(h, CLAIM, {"amount": 1})
+    target = broker.receive("ExpenseQueue", wait=15)[0].conversation_handle
+    broker.end_conversation(target)
+    assert broker.endpoints.get(target).state == "DO"
+    [end] = broker.receive("EmployeeQueue", wait=15)
+    assert end.message_type_name == END_DIALOG and broker.endpoints.get(h).state == "DI"
+    broker.end_conversation(h)
+    # The acknowledgement closes the target's endpoint; its application is not shown it.
+    assert broker.receive("ExpenseQueue", top=10, wait=3) == []
+    assert broker.endpoints.get(target).state == "CD"
+
+
 def test_end_with_error_sends_service_broker_error_body(broker):
     h = broker.begin_dialog(EMP, EXP, CONTRACT)
     broker.send(h, CLAIM, {})
