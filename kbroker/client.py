@@ -14,6 +14,7 @@ inside and outside a transaction.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -42,6 +43,7 @@ from .transaction import Transaction
 from .validation import to_bytes, validate_body
 
 SYSTEM_TYPES = {END_DIALOG, ERROR_TYPE, DIALOG_TIMER}
+log = logging.getLogger("kbroker.client")
 POISON_THRESHOLD = 5  # consecutive rolled-back receives that disable a queue, as in Service Broker
 
 T = TypeVar("T")
@@ -72,6 +74,18 @@ class Broker:
         self.endpoints = EndpointStore(bootstrap, namespace, self._producer)
         self._receivers: dict[str, QueueReceiver] = {}
         self._disabled: set[str] = set()
+        self.hooks: list[Any] = []  # objects with before_receive / after_receive / after_rollback
+
+    def emit(self, hook: str, *args: Any) -> None:
+        """Call `hook` on every registered hook object that has it (the worker's queue monitors
+        learn of RECEIVEs this way). A failing hook is logged, never raised into the statement."""
+        for h in self.hooks:
+            fn = getattr(h, hook, None)
+            if fn is not None:
+                try:
+                    fn(*args)
+                except Exception:
+                    log.exception("hook %s of %r failed", hook, h)
 
     def _check_reachable(self) -> None:
         try:

@@ -78,3 +78,22 @@ def transmission_topic(ns: str) -> str:
 
 def timers_topic(ns: str) -> str:
     return system_topic(ns, "timers")
+
+
+def monitor_events_topic(ns: str) -> str:
+    """The worker's queue monitor events (key: queue name)."""
+    return f"{prefix(ns)}monitor-events"
+
+
+def ticks_topic(ns: str) -> str:
+    """Tick requests of the workers; one partition, so each tick is decided once per cluster."""
+    return f"{prefix(ns)}ticks"
+
+
+def worker_app_id(ns: str) -> str:
+    """The worker's Faust app id: its consumer group and the prefix of its changelog topics."""
+    return f"{prefix(ns)}worker"
+
+
+def monitors_changelog_topic(ns: str) -> str:
+    return f"{worker_app_id(ns)}-monitors-changelog"

@@ -43,6 +43,33 @@ def set_queue_status(bootstrap: str, namespace: str, queue: str, status: str, re
     write_records(bootstrap, names.events_topic(namespace), {queue: orjson.dumps(event)}, timeout)
 
 
+def alter_queue_activation(bootstrap: str, namespace: str, queue: str, *, status: str | None = None,
+                           max_queue_readers: int | None = None, procedure: str | None = None,
+                           timeout: float = 30.0) -> dict:
+    """ALTER QUEUE queue WITH ACTIVATION (STATUS = ON | OFF, MAX_QUEUE_READERS = n, PROCEDURE_NAME = p).
+    The worker's monitors see the change on their next tick; turning activation off and on
+    recycles the queue's monitor."""
+    q = read_catalog(bootstrap, namespace, timeout).queue(queue)  # UnknownQueueError
+    if q.activation is None and procedure is None and status != "OFF":
+        raise ValueError(f"queue {queue!r} has no activation; give a procedure to add one")
+    activation = dict(q.activation.model_dump()) if q.activation is not None else {}
+    for key, value in (("status", status), ("max_queue_readers", max_queue_readers), ("procedure", procedure)):
+        if value is not None:
+            activation[key] = value
+    new = type(q).model_validate({**q.model_dump(), "activation": activation})  # validates the values
+    publish_object(bootstrap, namespace, "queue", new, timeout)
+    # Tell the monitor at once too: OFF then ON in quick succession must still recycle it.
+    from .worker.codec import encode
+    from .worker.monitor import MonitorConfig, QueueAltered
+
+    try:
+        write_records(bootstrap, names.monitor_events_topic(namespace),
+                      {queue: encode(QueueAltered(MonitorConfig.from_queue(new)))}, timeout)
+    except CatalogError:
+        pass  # no worker has run in this namespace: the first one reads the catalog
+    return new.activation.model_dump()
+
+
 def _result(future, what: str):
     try:
         return future.result()

@@ -69,8 +69,10 @@ class Transaction:
         if conversation_handle is not None:
             conversation_id = self.endpoint(conversation_handle).conversation_id
         receiver = b.receiver(queue)
+        b.emit("before_receive", queue)
         lease, msgs = receiver.receive(self, top, wait, conversation_group=conversation_group,
                                        conversation_id=conversation_id)
+        b.emit("after_receive", queue, len(msgs))
         if lease is not None and lease not in self._leases:
             self._leases.append(lease)
         if msgs:
@@ -154,6 +156,7 @@ class Transaction:
         self.state = "rolled back"
         for q in self._queues:
             self._broker.note_rollback(q)
+            self._broker.emit("after_rollback", q)
 
     def _end(self, committed: bool) -> None:
         for lease in self._leases:

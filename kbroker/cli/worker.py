@@ -1,0 +1,110 @@
+"""`kbroker worker` (queue monitors, activation, the tick, timers), its views `kbroker monitors`
+and `kbroker tasks`, and `kbroker queue alter` (ALTER QUEUE ... WITH ACTIVATION)."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+import httpx
+from rich.console import Console
+
+from .. import config
+from ..queues import alter_queue_activation
+from . import bootstrap_option, emit_json, fail, handle_errors, json_option, main, namespace_option
+from .views import _table, queue_group
+
+
+@main.command("worker")
+@bootstrap_option
+@namespace_option
+@click.option("--web-port", type=click.IntRange(1, 65535), default=6066, show_default=True,
+              help="Port of the worker's HTTP API (/monitors/, /tasks/).")
+@click.option("--tick", "tick", type=click.FloatRange(min=0.5), default=5.0, show_default=True,
+              help="Seconds between ticks.")
+@click.option("--ramp-up", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              help="Seconds of RECEIVEs with none empty before the monitor adds a reader.")
+@click.option("--handlers", type=click.IntRange(1, 1024), default=None,
+              help="Task handler threads (default 2 x CPUs).")
+@click.option("--no-timers", is_flag=True, help="Do not run the timer service in this worker.")
+@click.option("--loglevel", default="info", show_default=True)
+@handle_errors
+def worker_cmd(bootstrap, namespace, web_port, tick, ramp_up, handlers, no_timers, loglevel):
+    """Run the worker: queue monitors with internal and external activation, task handlers, the
+    cluster tick and the timer service. Start several; they share the work through Kafka."""
+    from ..worker.app import WorkerSettings, run_worker
+
+    logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    run_worker(WorkerSettings(config.resolve_bootstrap(bootstrap), config.namespace(namespace),
+                              web_port=web_port, tick_interval=tick, ramp_up=ramp_up, handlers=handlers,
+                              timers=not no_timers), loglevel=loglevel)
+
+
+@main.command("monitors")
+@bootstrap_option
+@namespace_option
+@json_option
+@handle_errors
+def monitors_cmd(bootstrap, namespace, as_json):
+    """Queue monitors, like sys.dm_broker_queue_monitors (read from Kafka; no worker needed)."""
+    from ..worker.views import monitor_rows
+
+    rows = monitor_rows(config.resolve_bootstrap(bootstrap), config.namespace(namespace))
+    if as_json:
+        emit_json(rows)
+        return
+    cols = ("queue", "state", "readers", "max_queue_readers", "tasks_waiting", "backlog", "ready_groups",
+            "last_activated_time", "last_empty_rowset_time", "worker")
+    t = _table("queue monitors", *cols)
+    for r in rows:
+        t.add_row(*("" if r[c] is None else str(r[c]) for c in cols))
+    Console().print(t)
+
+
+@main.command("tasks")
+@click.option("--url", "urls", multiple=True, default=["http://127.0.0.1:6066"], show_default=True,
+              help="A worker's HTTP API; repeat for several workers.")
+@json_option
+@handle_errors
+def tasks_cmd(urls, as_json):
+    """Activated readers running now, like sys.dm_broker_activated_tasks (asks the workers)."""
+    rows = []
+    for url in urls:
+        try:
+            resp = httpx.get(url.rstrip("/") + "/tasks/", timeout=5)
+            resp.raise_for_status()
+        except httpx.HTTPError as exc:
+            fail(f"worker at {url} does not answer: {exc}")
+        rows.extend(resp.json()["tasks"])
+    if as_json:
+        emit_json(rows)
+        return
+    cols = ("task_id", "worker", "queue", "procedure", "generation", "handler", "started_at")
+    t = _table("activated tasks", *cols)
+    for r in rows:
+        t.add_row(*(str(r[c]) for c in cols))
+    Console().print(t)
+
+
+@queue_group.command("alter")
+@click.argument("queue")
+@click.option("--activation", type=click.Choice(["on", "off"], case_sensitive=False), default=None,
+              help="ACTIVATION STATUS; off then on recycles the queue's monitor.")
+@click.option("--max-readers", type=click.IntRange(0, 32767), default=None, help="MAX_QUEUE_READERS.")
+@click.option("--procedure", default=None, help="PROCEDURE_NAME, as module:function.")
+@bootstrap_option
+@namespace_option
+@json_option
+@handle_errors
+def alter_cmd(queue, activation, max_readers, procedure, bootstrap, namespace, as_json):
+    """ALTER QUEUE ... WITH ACTIVATION (STATUS, MAX_QUEUE_READERS, PROCEDURE_NAME)."""
+    if activation is None and max_readers is None and procedure is None:
+        fail("nothing to alter: give --activation, --max-readers or --procedure")
+    result = alter_queue_activation(config.resolve_bootstrap(bootstrap), config.namespace(namespace), queue,
+                                    status=activation.upper() if activation else None,
+                                    max_queue_readers=max_readers, procedure=procedure)
+    if as_json:
+        emit_json({"queue": queue, "activation": result})
+    else:
+        click.echo(f"queue {queue}: activation {result['status']}, max_queue_readers "
+                   f"{result['max_queue_readers']}, procedure {result['procedure']}")

@@ -1,0 +1,284 @@
+"""The worker: a Faust app that runs queue monitors, activated readers, the cluster tick and the
+timer service of one namespace. Thin: the decisions are in monitor.py and tick.py.
+
+    monitor-events topic (4 partitions, key = queue) --> `monitors` agent --> monitor table
+        step(state, event, now) -> LaunchReader (task handlers) | NotifyExternal (events topic)
+    leader timer (0.5 s): QueueWatcher counts -> MessagesReady, and a RECEIVE seen by its commit
+    every worker's tick timer -> ticks topic (1 partition) --> `ticks` agent: claim() runs each
+        tick number once per cluster -> Tick to every monitor, TICK event on the events topic
+    activated readers' RECEIVEs (Broker hooks) -> ReceiveIssued / ReceiveReturned / Rollback
+
+A monitor lives in whichever worker owns its partition; its state is in a Faust table, so when
+that worker dies another restores it from the changelog. The readers it counted died with the
+old worker (or finish on their own after a clean hand-over), so the new owner recycles the
+monitor: a fresh generation, whose backlog launches readers at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import faust
+import orjson
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from .. import names
+from ..catalog.models import Catalog
+from ..catalog.store import read_catalog
+from ..client import Broker
+from ..config import KAFKA_LOG
+from ..timers import TimerService
+from . import codec
+from .handlers import Task, TaskHandlers
+from .monitor import (LaunchReader, MessagesReady, MonitorConfig, MonitorState, NotifyExternal, QueueAltered,
+                      ReaderExited, ReceiveIssued, ReceiveReturned, Rollback, Tick, new_monitor, step)
+from .tick import TickOwner, TickSchedule, claim
+from .watch import QueueWatcher
+
+log = logging.getLogger("kbroker.worker")
+
+MONITOR_PARTITIONS = 4
+
+
+@dataclass
+class WorkerSettings:
+    bootstrap: str
+    namespace: str
+    web_port: int = 6066
+    web_host: str = "127.0.0.1"
+    tick_interval: float = 5.0  # seed 000: the broker's periodic tick
+    watch_interval: float = 0.5  # a first message launches a reader within about this long
+    ramp_up: float = 5.0  # seed 003: seconds of non-empty RECEIVEs before one more reader
+    handlers: int | None = None  # task handler threads; default 2 x CPUs
+    timers: bool = True  # run the timer service (dialog timers, lifetimes)
+    worker_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+
+
+def ensure_topics(s: WorkerSettings) -> None:
+    """The worker's own topics. Faust declares its internal ones (changelogs, leader)."""
+    admin = AdminClient({"bootstrap.servers": s.bootstrap, "logger": KAFKA_LOG})
+    want = {names.monitor_events_topic(s.namespace): MONITOR_PARTITIONS, names.ticks_topic(s.namespace): 1}
+    existing = admin.list_topics(timeout=10).topics
+    new = [NewTopic(t, n, 1, config={"retention.ms": str(24 * 3600 * 1000)})
+           for t, n in want.items() if t not in existing]
+    for topic, fut in admin.create_topics(new).items() if new else ():
+        try:
+            fut.result()
+        except Exception as exc:  # created meanwhile by another worker
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+
+
+class MonitorHooks:
+    """Broker hooks of the worker's activated readers: their RECEIVEs reach the monitors."""
+
+    def __init__(self, post):
+        self._post = post
+
+    def before_receive(self, queue: str) -> None:
+        self._post(queue, ReceiveIssued())
+
+    def after_receive(self, queue: str, count: int) -> None:
+        self._post(queue, ReceiveReturned(empty=count == 0))
+
+    def after_rollback(self, queue: str) -> None:
+        self._post(queue, Rollback())
+
+
+def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
+    """The Faust app, and the runtime objects tests and the CLI look at."""
+    ensure_topics(s)
+    app = faust.App(
+        names.worker_app_id(s.namespace), broker=f"kafka://{s.bootstrap}", store="memory://",
+        web_port=s.web_port, web_bind=s.web_host, web_host=s.web_host,
+        datadir=tempfile.mkdtemp(prefix="kbroker-worker-"), topic_partitions=MONITOR_PARTITIONS,
+        topic_replication_factor=1, table_standby_replicas=0, broker_session_timeout=10,
+        broker_heartbeat_interval=2, consumer_auto_offset_reset="earliest",
+    )
+    monitor_topic = app.topic(names.monitor_events_topic(s.namespace), key_serializer="raw",
+                              value_serializer="raw", partitions=MONITOR_PARTITIONS)
+    ticks_topic = app.topic(names.ticks_topic(s.namespace), key_serializer="raw", value_serializer="raw",
+                            partitions=1)
+    events_topic = app.topic(names.events_topic(s.namespace), key_serializer="raw", value_serializer="raw")
+    monitors = app.Table("monitors", default=None, partitions=MONITOR_PARTITIONS)
+    tick_owner = app.Table("tick-owner", default=None, partitions=1)
+    schedule = TickSchedule(interval=s.tick_interval)
+    rt: dict[str, Any] = {"settings": s, "catalog": None, "watchers": {}, "configs": {}, "ticks_run": 0}
+
+    def post(queue: str, event: Any) -> None:
+        """From a reader's thread: put a monitor event on the topic (fire and forget)."""
+        loop = rt.get("loop")
+        if loop is not None and not loop.is_closed():
+            asyncio.run_coroutine_threadsafe(
+                monitor_topic.send(key=queue.encode(), value=codec.encode(event, s.worker_id)), loop)
+
+    def on_exit(task: Task, ok: bool) -> None:
+        post(task.queue, ReaderExited(generation=task.generation))
+
+    broker = Broker(s.bootstrap, s.namespace)
+    broker.hooks.append(MonitorHooks(post))
+    handlers = TaskHandlers(broker, on_exit, size=s.handlers, worker_id=s.worker_id)
+    rt.update(app=app, broker=broker, handlers=handlers)
+
+    def catalog() -> Catalog:
+        if rt["catalog"] is None:
+            rt["catalog"] = read_catalog(s.bootstrap, s.namespace)
+        return rt["catalog"]
+
+    def config_of(queue: str) -> MonitorConfig:
+        try:
+            return MonitorConfig.from_queue(catalog().queue(queue), ramp_up=s.ramp_up)
+        except Exception:
+            return MonitorConfig(enabled=False, ramp_up=s.ramp_up)
+
+    async def perform(actions: list[Any]) -> None:
+        for a in actions:
+            if isinstance(a, LaunchReader):
+                handlers.launch(a.queue, a.procedure or "", a.generation)
+                log.info("launch reader queue=%s generation=%s procedure=%s", a.queue, a.generation, a.procedure)
+            elif isinstance(a, NotifyExternal):
+                event = {"event": "QUEUE_ACTIVATION", "queue": a.queue, "namespace": s.namespace,
+                         "backlog": a.backlog, "ready_groups": a.ready_groups, "time": int(time.time() * 1000)}
+                await events_topic.send(key=a.queue.encode(), value=orjson.dumps(event))
+
+    @app.agent(monitor_topic)
+    async def monitor_agent(stream):
+        async for key, raw in stream.items():
+            queue = key.decode()
+            try:
+                event, source = codec.decode(raw)
+            except codec.BadEvent as exc:
+                log.warning("%s", exc)
+                continue
+            if isinstance(event, QueueAltered):  # the ramp-up pace is this worker's setting
+                event = QueueAltered(replace(event.config, ramp_up=s.ramp_up))
+            now = time.time()
+            stored = monitors.get(queue)
+            actions: list[Any] = []
+            if stored is None:
+                state = new_monitor(queue, config_of(queue))
+            else:
+                state = MonitorState.from_dict(stored)
+                if stored.get("owner") != s.worker_id:  # taken over: its readers are not ours
+                    state, _ = step(state, QueueAltered(MonitorConfig(enabled=False)), now)
+                    state, actions = step(state, QueueAltered(config_of(queue)), now)
+            if source is not None and source != s.worker_id:
+                # A reader of the monitor's previous owner (replayed after a take-over): it died
+                # with that worker or finishes on its own, so it must not count as waiting here.
+                await perform(actions)
+                monitors[queue] = {**state.to_dict(), "owner": s.worker_id, "updated": now}
+                continue
+            state, more = step(state, event, now)
+            actions += more
+            log.debug("monitor queue=%s event=%s state=%s readers=%s", queue, event, state.state.value, state.readers)
+            monitors[queue] = {**state.to_dict(), "owner": s.worker_id, "updated": now}
+            await perform(actions)
+
+    @app.agent(ticks_topic)
+    async def tick_agent(stream):
+        async for raw in stream:
+            req = orjson.loads(raw)
+            run, owner = claim(TickOwner.from_dict(tick_owner.get("owner")), req["worker"], req["now"], schedule)
+            tick_owner["owner"] = owner.to_dict()
+            if run is None:
+                continue
+            rt["ticks_run"] += 1
+            queues = await asyncio.to_thread(
+                lambda: [q.name for q in catalog().queues.values() if q.activation is not None])
+            for queue in queues:
+                await monitor_topic.send(key=queue.encode(), value=codec.encode(Tick()))
+            event = {"event": "TICK", "number": run.number, "due": sorted(run.due), "missed": run.missed,
+                     "worker": req["worker"], "time": int(time.time() * 1000)}
+            await events_topic.send(key=b"tick", value=orjson.dumps(event))
+
+    @app.timer(s.tick_interval)
+    async def tick_timer():
+        # Every worker asks; the tick agent runs each tick number once per cluster.
+        await ticks_topic.send(key=b"tick", value=orjson.dumps({"worker": s.worker_id, "now": time.time()}))
+        handlers.restart_dead()  # a per-worker every-tick task
+        rt["catalog"] = None  # re-read: ALTER QUEUE from any process reaches the monitors
+
+    @app.timer(s.watch_interval, on_leader=True)
+    async def watch_timer():
+        try:
+            await asyncio.to_thread(watch_queues)
+        except Exception as exc:  # a slow coordinator must not crash the app: retry next time
+            log.warning("watching queues failed: %s", exc)
+        for queue, event in rt.pop("pending", []):
+            await monitor_topic.send(key=queue.encode(), value=codec.encode(event))
+
+    def watch_queues() -> None:
+        pending = []
+        for q in catalog().queues.values():
+            cfg = MonitorConfig.from_queue(q, ramp_up=s.ramp_up)
+            old = rt["configs"].get(q.name)
+            if old is None and not cfg.enabled:
+                continue  # never activated here: not watched
+            if old is not None and old != cfg:
+                pending.append((q.name, QueueAltered(cfg)))
+            rt["configs"][q.name] = cfg
+            watcher = rt["watchers"].get(q.name)
+            if watcher is None:
+                watcher = rt["watchers"][q.name] = QueueWatcher(s.bootstrap, s.namespace, q.name)
+                rt[("counts", q.name)] = None
+            try:
+                counts = watcher.counts(timeout=5.0)
+            except Exception as exc:
+                log.warning("counting queue=%s failed: %s", q.name, exc)
+                continue
+            last = rt.get(("counts", q.name))
+            if last is None or (counts.backlog, counts.ready_groups) != (last.backlog, last.ready_groups):
+                pending.append((q.name, MessagesReady(counts.backlog, counts.ready_groups)))
+            if last is not None and counts.received > last.received:
+                # Some RECEIVE committed (from any process): what moves NOTIFIED on.
+                pending += [(q.name, ReceiveIssued()), (q.name, ReceiveReturned(empty=False))]
+            rt[("counts", q.name)] = counts
+        rt["pending"] = pending
+
+    @app.page("/monitors/")
+    async def monitors_page(web, request):
+        from .views import monitor_rows
+
+        return web.json(await asyncio.to_thread(monitor_rows, s.bootstrap, s.namespace))
+
+    @app.page("/tasks/")
+    async def tasks_page(web, request):
+        return web.json({"worker": s.worker_id, "handlers": handlers.size, "waiting": handlers.waiting(),
+                         "tasks": handlers.rows()})
+
+    @app.task
+    async def on_start():
+        rt["loop"] = asyncio.get_running_loop()
+        if s.timers:
+            rt["timer_service"] = await asyncio.to_thread(lambda: TimerService(s.bootstrap, s.namespace).start())
+        log.info("worker started worker=%s namespace=%s", s.worker_id, s.namespace)
+
+    return app, rt
+
+
+def shutdown(rt: dict[str, Any]) -> None:
+    svc = rt.get("timer_service")
+    if svc is not None:
+        svc.close()
+    rt["handlers"].close(timeout=5)
+    for w in rt["watchers"].values():
+        w.close()
+    rt["broker"].close()
+
+
+def run_worker(s: WorkerSettings, loglevel: str = "info") -> None:
+    """Run until SIGINT/SIGTERM."""
+    app, rt = build_app(s)
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=True)
+    try:
+        worker.execute_from_commandline()
+    finally:
+        shutdown(rt)
+        os._exit(0)  # task handler threads may still sit in user code

@@ -1,0 +1,121 @@
+"""Task handlers: the threads that run activated readers (sys.dm_broker_activated_tasks).
+
+A pool of 2 x CPUs threads takes launch requests from a queue. Each runs the queue's activation
+procedure, a "module:function" called as `procedure(broker, queue)`, until it returns, then
+reports the exit so the monitor counts the reader out. A handler thread that died is replaced on
+the next tick (`restart_dead`). A procedure that raises is logged and counted out like one that
+returned: the exception does not take its handler down.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import queue as queue_mod
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+log = logging.getLogger("kbroker.worker.tasks")
+
+
+def resolve(procedure: str) -> Callable[..., Any]:
+    """'package.module:function' -> the function, or ValueError naming what is wrong."""
+    module, sep, name = (procedure or "").partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"activation procedure {procedure!r} must be 'module:function'")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"activation procedure {procedure!r} cannot be loaded: {exc}") from None
+    if not callable(fn):
+        raise ValueError(f"activation procedure {procedure!r} is not callable")
+    return fn
+
+
+@dataclass
+class Task:
+    queue: str
+    procedure: str
+    generation: int
+    task_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    started_at: float | None = None
+    handler: str | None = None
+
+    def row(self, worker: str) -> dict[str, Any]:
+        return {"task_id": self.task_id, "worker": worker, "queue": self.queue, "procedure": self.procedure,
+                "generation": self.generation, "handler": self.handler, "started_at": self.started_at}
+
+
+class TaskHandlers:
+    def __init__(self, broker: Any, on_exit: Callable[[Task, bool], None], size: int | None = None,
+                 worker_id: str = ""):
+        self.size = size or 2 * (os.cpu_count() or 1)
+        self.worker_id = worker_id
+        self._broker, self._on_exit = broker, on_exit
+        self._requests: queue_mod.Queue[Task | None] = queue_mod.Queue()
+        self._lock = threading.Lock()
+        self._running: dict[str, Task] = {}
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        self.restarted = 0
+        for i in range(self.size):
+            self._threads.append(self._spawn(i))
+
+    def _spawn(self, i: int) -> threading.Thread:
+        t = threading.Thread(target=self._loop, name=f"kbroker-task-{i}", daemon=True)
+        t.start()
+        return t
+
+    def launch(self, queue: str, procedure: str, generation: int) -> Task:
+        task = Task(queue, procedure, generation)
+        self._requests.put(task)
+        return task
+
+    def _loop(self) -> None:
+        while True:
+            task = self._requests.get()
+            if task is None:
+                return
+            task.started_at, task.handler = time.time(), threading.current_thread().name
+            with self._lock:
+                self._running[task.task_id] = task
+            ok = True
+            log.info("activated reader started queue=%s task=%s", task.queue, task.task_id)
+            try:
+                resolve(task.procedure)(self._broker, task.queue)
+            except Exception:
+                ok = False
+                log.exception("activation procedure %s on queue %s failed", task.procedure, task.queue)
+            finally:
+                with self._lock:
+                    self._running.pop(task.task_id, None)
+                self._on_exit(task, ok)
+
+    def restart_dead(self) -> int:
+        """Every tick: replace handler threads that died."""
+        n = 0
+        for i, t in enumerate(self._threads):
+            if not t.is_alive() and not self._closed:
+                self._threads[i] = self._spawn(i)
+                n += 1
+        self.restarted += n
+        return n
+
+    def rows(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [t.row(self.worker_id) for t in self._running.values()]
+
+    def waiting(self) -> int:
+        return self._requests.qsize()
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._closed = True
+        for _ in self._threads:
+            self._requests.put(None)
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,88 @@
+"""How many messages wait on a queue, and in how many conversation groups: the counts behind
+MessagesReady. Read from Kafka, not guessed from offsets.
+
+Offsets alone overcount: transaction markers and aborted records take offsets. So the watcher
+reads the queue from the group's committed offsets (skipping offsets completed above them, from
+the commit metadata) to the end, counting records and distinct keys. It reads at most `scan_cap`
+records per pass and estimates the rest from offsets; and it reads nothing when neither committed
+nor end offsets moved since the last pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from .. import names
+from ..config import KAFKA_LOG
+from ..offsets import decode_completed
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    backlog: int  # ready messages
+    ready_groups: int  # distinct conversation groups holding them (a lower bound when capped)
+    received: int  # sum of committed offsets: grows whenever some RECEIVE commits
+    exact: bool
+
+
+class QueueWatcher:
+    def __init__(self, bootstrap: str, namespace: str, queue: str, *, scan_cap: int = 2000):
+        self.queue = queue
+        self.topic = names.queue_topic(namespace, queue)
+        self._scan_cap = scan_cap
+        # The queue's own group id, so committed() returns the readers' offsets. It never
+        # subscribes, so it never joins (or disturbs) the readers' group.
+        self._consumer = Consumer({
+            "bootstrap.servers": bootstrap, "group.id": names.queue_group(namespace, queue), "logger": KAFKA_LOG,
+            "enable.auto.commit": False, "isolation.level": "read_committed", "enable.partition.eof": True,
+            "fetch.wait.max.ms": 10,
+        })
+        meta = self._consumer.list_topics(self.topic, timeout=10).topics[self.topic]
+        self._tps = [TopicPartition(self.topic, p) for p in sorted(meta.partitions)]
+        self._last_key: tuple | None = None
+        self._last: QueueCounts | None = None
+
+    def counts(self, timeout: float = 10.0) -> QueueCounts:
+        committed = self._consumer.committed(self._tps, timeout=timeout)
+        bases, done = {}, {}
+        for tp in committed:
+            low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, tp.partition),
+                                                             timeout=timeout, cached=False)
+            base = max(tp.offset if tp.offset >= 0 else low, low)
+            bases[tp.partition] = (base, high)
+            done[tp.partition] = decode_completed(base, tp.metadata)
+        key = tuple((p, b, h, len(done[p])) for p, (b, h) in sorted(bases.items()))
+        if key == self._last_key and self._last is not None:
+            return self._last
+        received = sum(b for b, _ in bases.values())
+        todo = {p for p, (b, h) in bases.items() if h > b}
+        backlog, keys, exact = 0, set(), True
+        if todo:
+            self._consumer.assign([TopicPartition(self.topic, p, bases[p][0]) for p in todo])
+            positions = {p: bases[p][0] for p in todo}
+            while todo and backlog < self._scan_cap:
+                msgs = self._consumer.consume(500, 1.0)
+                if not msgs:
+                    break
+                for m in msgs:
+                    p = m.partition()
+                    if m.error():
+                        if m.error().code() == KafkaError._PARTITION_EOF:
+                            todo.discard(p)
+                        continue
+                    positions[p] = m.offset() + 1
+                    if m.offset() not in done[p]:
+                        backlog += 1
+                        keys.add(m.key())
+            self._consumer.unassign()
+            if todo:  # capped: what was not read counts by offsets (an upper bound)
+                exact = False
+                backlog += sum(max(0, bases[p][1] - positions[p]) for p in todo)
+        result = QueueCounts(backlog, len(keys), received, exact)
+        self._last_key, self._last = key, result
+        return result
+
+    def close(self) -> None:
+        self._consumer.close()

@@ -1,0 +1,271 @@
+"""The worker end to end: real Faust workers (subprocesses) on the real broker, activating the
+procedures of tests/procedures.py on the queues of tests/data/worker.yaml."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from kbroker import names
+from kbroker.catalog.apply import apply_paths
+from kbroker.client import Broker
+from kbroker.errors import BrokerUnavailableError
+from kbroker.worker.views import monitor_rows
+
+from .conftest import KBROKER, ROOT, free_port
+
+DATA = Path(__file__).parent / "data" / "worker.yaml"
+CLIENT, JOBS, JOB, DONE = "//kbroker/test/JobClient", "//kbroker/test/Jobs", "//kbroker/test/Job", "//kbroker/test/Done"
+
+
+class Worker:
+    def __init__(self, bootstrap: str, namespace: str, tmp: Path, **env: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / f"worker-{self.port}.log"
+        full_env = {**os.environ, "PYTHONPATH": str(ROOT), "KB_TEST_STUB_FILE": str(tmp / "stub.txt"), **env}
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [KBROKER, "worker", "--bootstrap", bootstrap, "--namespace", namespace, "--web-port", str(self.port),
+                 "--tick", "1", "--ramp-up", "1", "--handlers", "8"],
+                cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+        self.id: str | None = None
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            assert self.proc.poll() is None, f"worker exited: {self.log.read_text()[-3000:]}"
+            try:
+                self.id = httpx.get(self.url + "/tasks/", timeout=2).json()["worker"]
+                return
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        raise AssertionError(f"worker not ready in {timeout} s: {self.log.read_text()[-3000:]}")
+
+    def tasks(self) -> list[dict]:
+        try:
+            return httpx.get(self.url + "/tasks/", timeout=2).json()["tasks"]
+        except httpx.HTTPError:
+            return []
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def wait_for(pred, timeout: float, what: str, interval: float = 0.3):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def monitor(bootstrap: str, ns: str, queue: str) -> dict | None:
+    try:
+        return next((r for r in monitor_rows(bootstrap, ns) if r["queue"] == queue), None)
+    except BrokerUnavailableError:  # retriable: a changelog partition without a leader yet
+        return None
+
+
+class TaskSampler:
+    """Samples the workers' running activated tasks: the real reader concurrency per queue."""
+
+    def __init__(self, workers: list[Worker]):
+        self.workers, self.max = workers, Counter()
+        self.samples: list[tuple[float, Counter]] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = Counter(t["queue"] for w in self.workers for t in w.tasks())
+            self.samples.append((time.time(), now))
+            for q, n in now.items():
+                self.max[q] = max(self.max[q], n)
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join()
+
+
+def send_jobs(broker: Broker, service: str, conversations: int, per_conversation: int) -> dict[str, int]:
+    """Jobs in one transaction; returns message id -> sequence number."""
+    sent = {}
+    with broker.transaction() as tx:
+        for _ in range(conversations):
+            h = tx.begin_dialog(CLIENT, service, JOBS)
+            for i in range(per_conversation):
+                sent[tx.send(h, JOB, {"i": i})] = i
+    return sent
+
+
+def collect_done(broker: Broker, expected: int, timeout: float) -> list:
+    got, deadline = [], time.time() + timeout
+    while len(got) < expected and time.time() < deadline:
+        got.extend(broker.receive("ClientQueue", top=100, wait=1.0))
+    return got
+
+
+def events(bootstrap: str, ns: str, kind: str) -> list[dict]:
+    topic = names.events_topic(ns)
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe-" + uuid.uuid4().hex, "enable.partition.eof": True,
+                  "auto.offset.reset": "earliest"})
+    parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+    c.assign([TopicPartition(topic, p, 0) for p in parts])
+    out, todo, deadline = [], set(parts), time.time() + 15
+    while todo and time.time() < deadline:
+        for m in c.consume(500, 0.5):
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    todo.discard(m.partition())
+                continue
+            e = orjson.loads(m.value())
+            if e.get("event") == kind:
+                out.append(e)
+    c.close()
+    return sorted(out, key=lambda e: e["time"])
+
+
+# --- one worker for the activation scenarios -------------------------------------------------
+
+@pytest.fixture(scope="module")
+def worker_ns(kafka_bootstrap, tmp_path_factory):
+    ns = "w" + uuid.uuid4().hex[:10]
+    apply_paths(kafka_bootstrap, ns, [DATA])
+    tmp = tmp_path_factory.mktemp("worker")
+    w = Worker(kafka_bootstrap, ns, tmp)
+    try:
+        w.wait_ready()
+        wait_for(lambda: {r["queue"] for r in monitor_rows(kafka_bootstrap, ns)} >= {"SlowQueue", "StubQueue"},
+                 60, "the worker's first monitor rows")
+        yield kafka_bootstrap, ns, w, tmp
+    finally:
+        w.stop()
+
+
+@pytest.fixture
+def client(worker_ns):
+    b = Broker(worker_ns[0], worker_ns[1])
+    yield b
+    b.close()
+
+
+def test_a_backlog_ramps_readers_to_max_and_back_to_zero(worker_ns, client):
+    bootstrap, ns, w, _ = worker_ns
+    sampler = TaskSampler([w])
+    sent = send_jobs(client, "//kbroker/test/Slow", conversations=30, per_conversation=2)
+    done = collect_done(client, len(sent), timeout=90)
+    sampler.stop()
+    jobs = Counter(orjson.loads(m.body)["job"] for m in done)
+    assert set(jobs) == set(sent) and max(jobs.values()) == 1, "lost or duplicated jobs"
+    assert sampler.max["SlowQueue"] == 3, f"readers peaked at {sampler.max['SlowQueue']}, max_queue_readers is 3"
+    # The pace: one more reader per ramp-up period (1 s here), not all at once.
+    firsts = {n: next(t for t, c in sampler.samples if c["SlowQueue"] >= n) for n in (1, 3)}
+    assert firsts[3] - firsts[1] >= 1.5, f"ramped from 1 to 3 readers in {firsts[3] - firsts[1]:.2f} s"
+    row = wait_for(lambda: (r := monitor(bootstrap, ns, "SlowQueue")) and r["readers"] == 0
+                   and r["state"] == "INACTIVE" and r, 30, "readers back to 0, monitor INACTIVE")
+    assert row["backlog"] == 0 and row["last_empty_rowset_time"], row
+    assert not [t for t in w.tasks() if t["queue"] == "SlowQueue"]
+
+
+def test_a_stub_that_never_receives_leaves_the_monitor_notified_until_altered(worker_ns, client):
+    bootstrap, ns, w, tmp = worker_ns
+    stub_file = tmp / "stub.txt"
+    launches = lambda: stub_file.read_text().count("StubQueue") if stub_file.exists() else 0  # noqa: E731
+    send_jobs(client, "//kbroker/test/Stub", conversations=3, per_conversation=1)
+    wait_for(lambda: launches() == 1, 30, "the stub's first launch")
+    row = wait_for(lambda: (r := monitor(bootstrap, ns, "StubQueue")) and r["state"] == "NOTIFIED" and r, 10,
+                   "NOTIFIED")
+    time.sleep(4)  # several ticks: still NOTIFIED, and never launched again
+    assert launches() == 1
+    assert monitor(bootstrap, ns, "StubQueue")["state"] == "NOTIFIED" and row["backlog"] == 3
+    for status in ("off", "on"):
+        out = subprocess.run([KBROKER, "queue", "alter", "StubQueue", "--activation", status, "--bootstrap",
+                              bootstrap, "--namespace", ns, "--json"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+    wait_for(lambda: launches() == 2, 30, "a launch after ACTIVATION OFF then ON recycled the monitor")
+    assert monitor(bootstrap, ns, "StubQueue")["generation"] >= 2
+
+
+def test_a_single_conversation_backlog_gets_a_second_reader_and_no_third(worker_ns, client):
+    sampler = TaskSampler([worker_ns[2]])
+    sent = send_jobs(client, "//kbroker/test/Single", conversations=1, per_conversation=40)
+    done = collect_done(client, len(sent), timeout=90)
+    time.sleep(2)
+    sampler.stop()
+    assert [orjson.loads(m.body)["seq"] for m in done] == list(range(40)), "lost, duplicated or out of order"
+    assert sampler.max["SingleQueue"] == 2, f"readers peaked at {sampler.max['SingleQueue']} (max_queue_readers 5)"
+
+
+def test_external_activation_notifies_and_repeats_until_received(worker_ns, client):
+    bootstrap, ns, _, _ = worker_ns
+    send_jobs(client, "//kbroker/test/External", conversations=2, per_conversation=1)
+    ext = lambda: [e for e in events(bootstrap, ns, "QUEUE_ACTIVATION") if e["queue"] == "ExternalQueue"]  # noqa: E731
+    got = wait_for(lambda: len(ext()) >= 2 and ext(), 30, "a repeated QUEUE_ACTIVATION")
+    assert got[1]["time"] - got[0]["time"] >= 1900, "repeated before notify_timeout (2 s)"
+    assert got[0]["backlog"] == 2 and got[0]["namespace"] == ns
+    received = []
+    while len(received) < 2:
+        received += client.receive("ExternalQueue", top=10, wait=10)
+    time.sleep(2)
+    before = len(ext())
+    time.sleep(4)
+    assert len(ext()) == before, "notified again after the messages were received"
+
+
+# --- two workers: the tick and a kill -9 ---------------------------------------------------------
+
+def test_kill_9_of_a_worker_moves_its_monitors_and_the_tick_runs_once_per_cluster(kafka_bootstrap, tmp_path):
+    ns = "w" + uuid.uuid4().hex[:10]
+    apply_paths(kafka_bootstrap, ns, [DATA])
+    workers = [Worker(kafka_bootstrap, ns, tmp_path, KB_TEST_DELAY="0.1") for _ in range(2)]
+    client = Broker(kafka_bootstrap, ns)
+    try:
+        for w in workers:
+            w.wait_ready()
+        wait_for(lambda: monitor(kafka_bootstrap, ns, "SlowQueue"), 60, "the first monitor row")
+        sent = send_jobs(client, "//kbroker/test/Slow", conversations=60, per_conversation=2)
+        done = collect_done(client, 20, timeout=60)
+        owner_id = monitor(kafka_bootstrap, ns, "SlowQueue")["worker"]
+        [victim] = [w for w in workers if w.id == owner_id]
+        [survivor] = [w for w in workers if w is not victim]
+        assert victim.tasks(), "the monitor's owner runs the readers"
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.proc.wait()
+        done += collect_done(client, len(sent) - len(done), timeout=150)
+        jobs = Counter(orjson.loads(m.body)["job"] for m in done)
+        assert set(jobs) == set(sent), f"{len(set(sent) - set(jobs))} jobs lost"
+        assert max(jobs.values()) == 1, "a job was committed twice"
+        row = wait_for(lambda: (r := monitor(kafka_bootstrap, ns, "SlowQueue")) and r["readers"] == 0 and r,
+                       30, "readers back to 0 on the survivor")
+        assert row["worker"] == survivor.id
+        ticks = events(kafka_bootstrap, ns, "TICK")
+        numbers = [t["number"] for t in ticks]
+        assert len(numbers) == len(set(numbers)), "a tick ran twice"
+        assert len(numbers) >= 10 and {t["worker"] for t in ticks} <= {victim.id, survivor.id}
+        assert any(t["worker"] == survivor.id and t["time"] > ticks[0]["time"] for t in ticks)
+    finally:
+        client.close()
+        for w in workers:
+            w.stop()
