@@ -290,6 +290,8 @@ def test_notification_starts_a_reader_that_drains_the_queue(kafka_bootstrap, nam
     assert {x["message_id"] for x in lines} == sent and len(lines) == 12
     assert {x["pid"] for x in lines} == {starts[0]["pid"]}
     assert broker.receive("ExpenseQueue", top=10, wait=1) == []  # the reader committed what it read
+    # The sample's ExpenseQueue has internal activation (OFF): the worker would never notify it.
+    assert any("no external activation" in w["message"] for w in of(records, "warning"))
 
 
 SLEEPER = """
@@ -403,3 +405,21 @@ def test_sigterm_stops_every_child_even_one_that_ignores_sigterm(kafka_bootstrap
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_first_start_begins_at_latest_and_a_restart_resumes_where_it_stopped(kafka_bootstrap, namespace, broker,
+                                                                             tmp_path):
+    log = tmp_path / "ran.log"
+    cfg = config_file(tmp_path, f"""  - queue: ExpenseQueue
+    command: [{sys.executable}, -c, "import os; open({str(log)!r}, 'a').write(str(os.getpid()) + chr(10))"]
+""")
+    publish(kafka_bootstrap, namespace, [("ExpenseQueue", activation("ExpenseQueue", namespace))])
+    with activator(tmp_path, kafka_bootstrap, namespace, cfg) as (act, records):
+        time.sleep(2)  # an event from before the first start is history, not work
+        assert of(records, "notification") == []
+    # Written while no activator runs: the next one starts at the committed offset and sees it.
+    publish(kafka_bootstrap, namespace, [("ExpenseQueue", activation("ExpenseQueue", namespace))])
+    with activator(tmp_path, kafka_bootstrap, namespace, cfg) as (act, records):
+        wait_for(lambda: of(records, "exit"), 30, "the program to run")
+    assert [n["decision"] for n in of(records, "notification")] == ["notification"]
+    assert len(log.read_text().splitlines()) == 1

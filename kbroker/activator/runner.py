@@ -109,6 +109,12 @@ class Activator:
                 self._shutdown_children()
             finally:
                 try:
+                    # The async commits may still be in flight: make the last position stick, so
+                    # a restart does not replay (and act on) notifications handled already.
+                    consumer.commit(asynchronous=False)
+                except KafkaException:
+                    pass  # nothing consumed since the last commit (_NO_OFFSET), or no broker
+                try:
                     consumer.close()
                 except Exception:  # the children matter more than a clean leave of the group
                     pass
@@ -147,7 +153,7 @@ class Activator:
                     fresh.append(TopicPartition(tp.topic, tp.partition, tp.offset))
             consumer.assign(positioned)
             if fresh:
-                consumer.commit(offsets=fresh, asynchronous=True)
+                consumer.commit(offsets=fresh, asynchronous=False)
         except KafkaException as exc:
             self._emit("kafka_error", error=f"positioning on assignment: {exc}")
             consumer.assign(partitions)  # auto.offset.reset=latest still applies
