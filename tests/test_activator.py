@@ -423,3 +423,20 @@ def test_first_start_begins_at_latest_and_a_restart_resumes_where_it_stopped(kaf
         wait_for(lambda: of(records, "exit"), 30, "the program to run")
     assert [n["decision"] for n in of(records, "notification")] == ["notification"]
     assert len(log.read_text().splitlines()) == 1
+
+
+def test_run_without_the_namespace_topics_is_a_one_line_error(kafka_bootstrap, namespace, tmp_path):
+    cfg = config_file(tmp_path, "  - queue: ExpenseQueue\n    command: [x]\n")
+    res = cli("activator", "run", "--config", str(cfg), "--bootstrap", kafka_bootstrap, "--namespace", namespace)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        f"kbroker: error: topic kbroker.{namespace}.events does not exist: run 'kbroker apply' for "
+        f"namespace {namespace!r} first"]
+
+
+def test_text_log_lines_carry_the_same_fields():
+    from kbroker.cli.activator import _text_line
+
+    line = _text_line({"time": "2026-01-01T00:00:00.000+00:00", "event": "exit", "namespace": "ns",
+                       "queue": "Q", "pid": 7, "returncode": -9, "signal": "SIGKILL"})
+    assert line == "2026-01-01T00:00:00.000+00:00 exit queue=Q pid=7 returncode=-9 signal=SIGKILL"
