@@ -62,7 +62,7 @@ def main() -> None:
 
 def _register() -> None:
     # Sub-modules attach their commands to `main`; imported here so `kbroker --help` lists them.
-    from . import bench, broker, catalog, messaging, views, worker  # noqa: F401
+    from . import activator, bench, broker, catalog, messaging, views, worker  # noqa: F401
 
 
 _register()

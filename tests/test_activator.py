@@ -1,0 +1,442 @@
+"""The external activator: its pure rules (fake clock), its config file, and end to end against the
+real broker: QUEUE_ACTIVATION events start programs that RECEIVE from the queue, no more than
+max_concurrency at once, min_concurrency always, and nothing left running after shutdown."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import orjson
+import pytest
+from confluent_kafka import Producer
+
+from kbroker import names
+from kbroker.activator.config import load_config
+from kbroker.activator.notification import Notification, parse
+from kbroker.activator.rules import (AT_MAX, BACKOFF, MIN_CONCURRENCY, NO_WORK, NOTIFIED, OTHER_NAMESPACE,
+                                     SATISFIED, STALE, UNKNOWN_QUEUE, Decision, Limits, Rules)
+from kbroker.activator.runner import Activator
+from kbroker.demo import CLAIM, CONTRACT, EMPLOYEES, EXPENSES
+from kbroker.errors import DefinitionError
+
+ROOT = Path(__file__).resolve().parent.parent
+READER = ROOT / "examples" / "activator" / "expense_reader.py"
+EXAMPLE_CONFIG = ROOT / "examples" / "activator" / "activator.yaml"
+CHILD_ENV = {"PYTHONPATH": str(ROOT)}  # children import this checkout's kbroker
+
+
+def note(queue="Q", *, backlog=5, ready_groups=2, t=1000.0, ns=None) -> Notification:
+    return Notification(queue=queue, namespace=ns, backlog=backlog, ready_groups=ready_groups, time=t)
+
+
+# --- rules (pure, fake clock) -----------------------------------------------------------------
+
+
+def test_each_notification_starts_one_until_max():
+    rules = Rules({"Q": Limits(0, 3)})
+    running, now = 0, 1000.0
+    decisions = []
+    for _ in range(5):  # a burst: the running count grows as the runner starts copies
+        d = rules.on_notification(note(t=now), running, now)
+        decisions.append(d.reason)
+        running += d.start
+    assert running == 3
+    assert decisions == [NOTIFIED, NOTIFIED, NOTIFIED, AT_MAX, AT_MAX]
+    # A slot frees up: the next notification fills it, and only it.
+    assert rules.on_notification(note(t=now), 2, now) == Decision(1, NOTIFIED)
+
+
+def test_notifications_that_start_nothing():
+    rules = Rules({"Q": Limits(0, 2)}, namespace="ns", stale_after=300)
+    now = 10_000.0
+    assert rules.on_notification(note("Other", t=now), 0, now) == Decision(0, UNKNOWN_QUEUE)
+    assert rules.on_notification(note(t=now, backlog=0), 0, now) == Decision(0, NO_WORK)
+    assert rules.on_notification(note(t=now, ns="elsewhere"), 0, now) == Decision(0, OTHER_NAMESPACE)
+    assert rules.on_notification(note(t=now - 301), 0, now) == Decision(0, STALE)
+    assert rules.on_notification(note(t=now - 299), 0, now) == Decision(1, NOTIFIED)
+    # Counts the worker did not send (-1) and a missing time do not block a start.
+    assert rules.on_notification(note(t=None, backlog=-1, ready_groups=-1), 0, now) == Decision(1, NOTIFIED)
+    # ready_groups = 0 is only logged (see rules.py, rule 2).
+    assert rules.on_notification(note(t=now, ready_groups=0), 0, now) == Decision(1, NOTIFIED)
+
+
+def test_min_concurrency_is_kept_and_never_exceeds_max():
+    rules = Rules({"Q": Limits(2, 3)}, restart_delay=1.0)
+    assert rules.on_tick("Q", 0, 0.0) == Decision(2, MIN_CONCURRENCY)
+    assert rules.on_tick("Q", 2, 0.0) == Decision(0, SATISFIED)
+    assert rules.on_tick("Q", 3, 0.0) == Decision(0, SATISFIED)
+    assert rules.on_tick("Unknown", 0, 0.0) == Decision(0, UNKNOWN_QUEUE)
+
+
+def test_restart_waits_and_backs_off_on_consecutive_failures():
+    rules = Rules({"Q": Limits(1, 1)}, restart_delay=1.0, backoff_max=5.0)
+    clock = 100.0
+    waits = []
+    for _ in range(5):  # the program fails every time it starts
+        rules.on_exit("Q", 1, clock)
+        start = clock
+        while rules.on_tick("Q", 0, clock) == Decision(0, BACKOFF):
+            clock += 0.25
+        assert rules.on_tick("Q", 0, clock) == Decision(1, MIN_CONCURRENCY)
+        waits.append(clock - start)
+    assert waits == [1.0, 2.0, 4.0, 5.0, 5.0]  # doubling, capped by backoff_max
+    # A clean exit resets the doubling: the next replacement waits restart_delay only.
+    rules.on_exit("Q", 0, clock)
+    assert rules.on_tick("Q", 0, clock + 0.5).reason == BACKOFF
+    assert rules.on_tick("Q", 0, clock + 1.0).start == 1
+    rules.on_exit("Q", -9, clock + 2)  # killed by a signal counts as a failure
+    assert rules.next_restart("Q") == clock + 3.0
+
+
+def test_backoff_does_not_delay_notifications():
+    rules = Rules({"Q": Limits(0, 1)}, restart_delay=10.0)
+    rules.on_exit("Q", 1, 50.0)
+    assert rules.on_notification(note(t=50.0), 0, 51.0) == Decision(1, NOTIFIED)
+
+
+def test_limits_refuse_min_above_max():
+    with pytest.raises(ValueError):
+        Limits(3, 2)
+    with pytest.raises(ValueError):
+        Limits(0, 0)
+
+
+def test_parse_notifications_and_ignore_everything_else():
+    ok = {"event": "QUEUE_ACTIVATION", "queue": "ExpenseQueue", "namespace": "ns", "backlog": 7,
+          "ready_groups": 3, "time": 1_700_000_000_500}
+    assert parse(b"ExpenseQueue", orjson.dumps(ok)) == Notification("ExpenseQueue", "ns", 7, 3, 1_700_000_000.5)
+    assert parse(b"ExpenseQueue", orjson.dumps({"event": "QUEUE_DISABLED", "queue": "ExpenseQueue"})) is None
+    assert parse(b"x", b"not json") is None
+    assert parse(b"x", None) is None
+    assert parse(b"x", b"[1, 2]") is None
+    # The queue falls back to the key; missing counts read as unknown (-1).
+    assert parse(b"K", orjson.dumps({"event": "QUEUE_ACTIVATION"})) == Notification("K", None, -1, -1, None)
+
+
+# --- config -----------------------------------------------------------------------------------
+
+
+def write(tmp_path: Path, text: str, name: str = "activator.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_config_defaults_and_command_forms(tmp_path):
+    p = write(tmp_path, """
+namespace: sales
+applications:
+  - queue: ExpenseQueue
+    command: "python 'my reader.py' --top 10"
+    env: {PORT: 8080, MODE: fast}
+    cwd: work
+  - queue: EmployeeQueue
+    name: employees
+    command: [python, -c, "print(1)"]
+    min_concurrency: 1
+    max_concurrency: 4
+    enabled: false
+""")
+    cfg = load_config(p)
+    a, b = cfg.applications
+    assert a.command == ["python", "my reader.py", "--top", "10"]
+    assert (a.min_concurrency, a.max_concurrency, a.label) == (0, 1, "ExpenseQueue")
+    assert a.env == {"PORT": "8080", "MODE": "fast"}
+    assert a.cwd == str((tmp_path / "work").resolve())
+    assert (b.label, b.min_concurrency, b.max_concurrency, b.cwd) == ("employees", 1, 4, None)
+    assert cfg.namespace == "sales" and cfg.shutdown_grace == 5.0
+    assert list(cfg.enabled()) == ["ExpenseQueue"]
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("applications:\n  - queue: Q\n    command: [x]\n    max_concurrency: 0\n",
+     "application Q: max_concurrency: Input should be greater than or equal to 1"),
+    ("applications:\n  - queue: Q\n    name: reader\n    command: [x]\n    min_concurrency: 2\n",
+     "application reader: min_concurrency (2) exceeds max_concurrency (1)"),
+    ("applications:\n  - queue: Q\n    command: [x]\n    max_concurency: 3\n",
+     "application Q: unknown field 'max_concurency'"),
+    ("applications:\n  - queue: Q\n", "application Q: missing required field 'command'"),
+    ("applications:\n  - queue: Q\n    command: []\n", "application Q: command: command must name a program"),
+    ("applications:\n  - queue: 'bad queue'\n    command: [x]\n", "application bad queue: queue: queue name"),
+    ("applications:\n  - queue: Q\n    command: [x]\n    env: {DEBUG: yes}\n", "application Q: env.DEBUG: must be a string"),
+    ("applications:\n  - queue: Q\n    command: [x]\n  - queue: Q\n    name: two\n    command: [y]\n",
+     "application two: queue 'Q' already has application Q"),
+    ("applications:\n  - command: [x]\n", "application #1: missing required field 'queue'"),
+    ("applications: []\n", "'applications' must be a non-empty list"),
+    ("applications:\n  - queue: Q\n    command: [x]\nshutdown_grace: -1\n", "shutdown_grace"),
+    ("namespace: 'no spaces'\napplications:\n  - queue: Q\n    command: [x]\n", "namespace"),
+    ("applications:\n  - queue: Q\n    command: [x]\n    command: [y]\n", "invalid YAML at line 4"),
+])
+def test_config_errors_name_file_application_and_field(tmp_path, body, expected):
+    p = write(tmp_path, body)
+    with pytest.raises(DefinitionError) as err:
+        load_config(p)
+    assert str(err.value).startswith(f"{p}: ")
+    assert expected in str(err.value)
+
+
+def test_the_example_config_is_valid():
+    cfg = load_config(EXAMPLE_CONFIG)
+    (app,) = cfg.applications
+    assert app.queue == "ExpenseQueue" and app.max_concurrency == 2
+    assert Path(app.cwd, app.command[1]).resolve() == READER
+
+
+def cli(*args: str, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "kbroker", *args], capture_output=True, text=True,
+                          env=env, timeout=60, **kw)
+
+
+def test_cli_check_prints_applications_and_one_line_errors(tmp_path):
+    ok = cli("activator", "check", "--config", str(EXAMPLE_CONFIG), "--json")
+    assert ok.returncode == 0, ok.stderr
+    doc = json.loads(ok.stdout)
+    assert [a["name"] for a in doc["applications"]] == ["expense-reader"]
+    assert doc["applications"][0]["command"] == ["python", "expense_reader.py"]
+    text = cli("activator", "check", "--config", str(EXAMPLE_CONFIG))
+    assert "expense-reader: queue ExpenseQueue, 0..2 copies of python expense_reader.py" in text.stdout
+    bad = write(tmp_path, "applications:\n  - queue: Q\n    command: [x]\n    max_concurrency: many\n")
+    res = cli("activator", "check", "--config", str(bad))
+    assert res.returncode == 1 and res.stdout == ""
+    assert res.stderr.strip().splitlines() == [
+        f"kbroker: error: {bad}: application Q: max_concurrency: Input should be a valid integer, "
+        "unable to parse string as an integer (got 'many')"]
+
+
+# --- end to end against the broker --------------------------------------------------------------
+
+
+def activation(queue: str, ns: str, backlog: int = 1) -> bytes:
+    return orjson.dumps({"event": "QUEUE_ACTIVATION", "queue": queue, "namespace": ns, "backlog": backlog,
+                         "ready_groups": 1, "time": int(time.time() * 1000)})
+
+
+def publish(bootstrap: str, ns: str, events: list[tuple[str, bytes]]) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "allow.auto.create.topics": False})
+    for key, value in events:
+        p.produce(names.events_topic(ns), key=key.encode(), value=value)
+    assert p.flush(15) == 0
+
+
+def config_file(tmp_path: Path, apps: str, extra: str = "") -> Path:
+    return write(tmp_path, f"{extra}applications:\n{apps}")
+
+
+@contextmanager
+def activator(tmp_path, bootstrap, ns, cfg_path):
+    records: list[dict] = []
+    out = open(tmp_path / "children.out", "a")
+    act = Activator(load_config(cfg_path), bootstrap, ns, log=records.append, poll_interval=0.1,
+                    child_stdout=out.fileno())
+    thread = threading.Thread(target=act.run, daemon=True)
+    thread.start()
+    try:
+        assert act.ready.wait(30), f"activator never got its partitions: {records}"
+        yield act, records
+    finally:
+        act.stop()
+        thread.join(30)
+        out.close()
+        assert not thread.is_alive()
+
+
+def wait_for(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def of(records, event):
+    return [r for r in records if r["event"] == event]
+
+
+def test_notification_starts_a_reader_that_drains_the_queue(kafka_bootstrap, namespace, broker, tmp_path):
+    sent = set()
+    for d in range(3):
+        h = broker.begin_dialog(EMPLOYEES, EXPENSES, CONTRACT)
+        for i in range(4):
+            sent.add(broker.send(h, CLAIM, {"dialog": d, "claim": i, "amount": 10 * i}))
+    cfg = config_file(tmp_path, f"""  - queue: ExpenseQueue
+    name: reader
+    command: [{sys.executable}, {READER}]
+    max_concurrency: 2
+    env: {{PYTHONPATH: "{ROOT}", READER_WAIT: "2"}}
+""")
+    with activator(tmp_path, kafka_bootstrap, namespace, cfg) as (act, records):
+        # Other events and other queues share the topic: they start nothing.
+        publish(kafka_bootstrap, namespace, [
+            ("ExpenseQueue", orjson.dumps({"event": "QUEUE_DISABLED", "queue": "ExpenseQueue", "time": 0})),
+            ("EmployeeQueue", activation("EmployeeQueue", namespace)),
+            ("ExpenseQueue", activation("ExpenseQueue", namespace, backlog=12)),
+        ])
+        wait_for(lambda: of(records, "exit"), 90, f"the reader to exit: {records}")
+    starts, exits = of(records, "start"), of(records, "exit")
+    assert len(starts) == 1 and starts[0]["reason"] == "notification" and starts[0]["application"] == "reader"
+    assert [n["queue"] for n in of(records, "notification")] == ["ExpenseQueue"]
+    assert exits[0]["pid"] == starts[0]["pid"] and exits[0]["returncode"] == 0
+    lines = [json.loads(x) for x in (tmp_path / "children.out").read_text().splitlines()]
+    assert {x["message_id"] for x in lines} == sent and len(lines) == 12
+    assert {x["pid"] for x in lines} == {starts[0]["pid"]}
+    assert broker.receive("ExpenseQueue", top=10, wait=1) == []  # the reader committed what it read
+    # The sample's ExpenseQueue has internal activation (OFF): the worker would never notify it.
+    assert any("no external activation" in w["message"] for w in of(records, "warning"))
+
+
+SLEEPER = """
+import os, sys, time
+log, seconds = sys.argv[1], float(sys.argv[2])
+with open(log, "a") as f:
+    f.write(f"{os.getpid()} start {time.time()} {os.environ['KBROKER_QUEUE']} {os.environ['KBROKER_NAMESPACE']}\\n")
+time.sleep(seconds)
+with open(log, "a") as f:
+    f.write(f"{os.getpid()} end {time.time()}\\n")
+"""
+
+
+def max_overlap(log: Path) -> tuple[int, int]:
+    """(most copies running at once, copies started) from the sleepers' log."""
+    events = []
+    for line in log.read_text().splitlines():
+        pid, what, t = line.split()[:3]
+        events.append((float(t), 1 if what == "start" else -1))
+    running = peak = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):  # an end before a start at a tie
+        running += step
+        peak = max(peak, running)
+    return peak, sum(1 for _, s in events if s == 1)
+
+
+def test_a_burst_of_notifications_never_exceeds_max_concurrency(kafka_bootstrap, namespace, broker, tmp_path):
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    log = tmp_path / "sleepers.log"
+    cfg = config_file(tmp_path, f"""  - queue: ExpenseQueue
+    command: [{sys.executable}, sleeper.py, {log}, "2"]
+    cwd: .
+    max_concurrency: 2
+""")
+    with activator(tmp_path, kafka_bootstrap, namespace, cfg) as (act, records):
+        publish(kafka_bootstrap, namespace, [("ExpenseQueue", activation("ExpenseQueue", namespace))] * 6)
+        wait_for(lambda: len(of(records, "notification")) == 6, 30, "six notifications")
+        wait_for(lambda: len(of(records, "exit")) == 2, 30, "both copies to exit")
+        # Once they exited, a new burst starts copies again, still at most two.
+        publish(kafka_bootstrap, namespace, [("ExpenseQueue", activation("ExpenseQueue", namespace))] * 3)
+        wait_for(lambda: len(of(records, "exit")) == 4, 30, "the second pair to exit")
+    assert [n["decision"] for n in of(records, "notification")] == \
+        ["notification"] * 2 + ["at_max"] * 4 + ["notification"] * 2 + ["at_max"]
+    assert max_overlap(log) == (2, 4)
+    assert all(r["running"] <= 2 for r in of(records, "start"))
+    assert all(line.split()[3:] == ["ExpenseQueue", namespace]
+               for line in log.read_text().splitlines() if " start " in line)
+
+
+def test_min_concurrency_keeps_copies_running(kafka_bootstrap, namespace, broker, tmp_path):
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    log = tmp_path / "sleepers.log"
+    cfg = config_file(tmp_path, f"""  - queue: ExpenseQueue
+    command: [{sys.executable}, sleeper.py, {log}, "0.3"]
+    cwd: .
+    min_concurrency: 1
+    max_concurrency: 3
+""", extra="restart_delay: 0.2\nshutdown_grace: 3\n")
+    with activator(tmp_path, kafka_bootstrap, namespace, cfg) as (act, records):
+        # No notification at all: the one copy is started, and replaced each time it exits.
+        wait_for(lambda: len(of(records, "exit")) >= 3, 30, "three copies to come and go")
+        # A copy that runs for good is stopped at shutdown.
+        log2 = tmp_path / "long.log"
+        act.apps["ExpenseQueue"].command[2:] = [str(log2), "60"]  # the next replacement sleeps long
+        wait_for(lambda: log2.exists(), 30, "a long-running copy")
+    starts, exits = of(records, "start"), of(records, "exit")
+    assert {s["reason"] for s in starts} == {"min_concurrency"}
+    assert max_overlap(log)[0] == 1  # min 1 with no notification: never a second copy
+    assert [e["returncode"] for e in exits[:3]] == [0, 0, 0]
+    assert exits[-1]["returncode"] == -signal.SIGTERM and exits[-1]["signal"] == "SIGTERM"
+    assert len(starts) == len(exits)
+    assert of(records, "activator_stopped")
+
+
+def test_sigterm_stops_every_child_even_one_that_ignores_sigterm(kafka_bootstrap, namespace, broker, tmp_path):
+    script = tmp_path / "stubborn.py"
+    script.write_text("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(120)\n")
+    cfg = config_file(tmp_path, f"""  - queue: ExpenseQueue
+    command: [{sys.executable}, {script}]
+    min_concurrency: 2
+    max_concurrency: 2
+""", extra="shutdown_grace: 1\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "kbroker", "activator", "run", "--config", str(cfg),
+                             "--bootstrap", kafka_bootstrap, "--namespace", namespace, "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lines: list[dict] = []
+    try:
+        deadline = time.monotonic() + 60
+        while sum(1 for r in lines if r["event"] == "start") < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, (lines, proc.poll())
+            line = proc.stdout.readline()
+            if line:
+                lines.append(json.loads(line))
+        pids = [r["pid"] for r in lines if r["event"] == "start"]
+        for pid in pids:
+            os.kill(pid, 0)  # alive
+        time.sleep(0.5)  # let the children install their SIGTERM handler
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines += [json.loads(x) for x in out.splitlines()]
+    assert proc.returncode == 0, err
+    exits = {r["pid"]: r for r in lines if r["event"] == "exit"}
+    assert set(exits) == set(pids)
+    assert {r["returncode"] for r in exits.values()} == {-signal.SIGKILL}  # SIGTERM ignored: killed
+    assert lines[-1]["event"] == "activator_stopped"
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_first_start_begins_at_latest_and_a_restart_resumes_where_it_stopped(kafka_bootstrap, namespace, broker,
+                                                                             tmp_path):
+    log = tmp_path / "ran.log"
+    cfg = config_file(tmp_path, f"""  - queue: ExpenseQueue
+    command: [{sys.executable}, -c, "import os; open({str(log)!r}, 'a').write(str(os.getpid()) + chr(10))"]
+""")
+    publish(kafka_bootstrap, namespace, [("ExpenseQueue", activation("ExpenseQueue", namespace))])
+    with activator(tmp_path, kafka_bootstrap, namespace, cfg) as (act, records):
+        time.sleep(2)  # an event from before the first start is history, not work
+        assert of(records, "notification") == []
+    # Written while no activator runs: the next one starts at the committed offset and sees it.
+    publish(kafka_bootstrap, namespace, [("ExpenseQueue", activation("ExpenseQueue", namespace))])
+    with activator(tmp_path, kafka_bootstrap, namespace, cfg) as (act, records):
+        wait_for(lambda: of(records, "exit"), 30, "the program to run")
+    assert [n["decision"] for n in of(records, "notification")] == ["notification"]
+    assert len(log.read_text().splitlines()) == 1
+
+
+def test_run_without_the_namespace_topics_is_a_one_line_error(kafka_bootstrap, namespace, tmp_path):
+    cfg = config_file(tmp_path, "  - queue: ExpenseQueue\n    command: [x]\n")
+    res = cli("activator", "run", "--config", str(cfg), "--bootstrap", kafka_bootstrap, "--namespace", namespace)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        f"kbroker: error: topic kbroker.{namespace}.events does not exist: run 'kbroker apply' for "
+        f"namespace {namespace!r} first"]
+
+
+def test_text_log_lines_carry_the_same_fields():
+    from kbroker.cli.activator import _text_line
+
+    line = _text_line({"time": "2026-01-01T00:00:00.000+00:00", "event": "exit", "namespace": "ns",
+                       "queue": "Q", "pid": 7, "returncode": -9, "signal": "SIGKILL"})
+    assert line == "2026-01-01T00:00:00.000+00:00 exit queue=Q pid=7 returncode=-9 signal=SIGKILL"
