@@ -8,6 +8,7 @@ only when it meets a handle it does not know.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -55,10 +56,19 @@ class Endpoint:
     send_sequence: int = 0  # next sequence number to send
     lifetime: int = MAX_LIFETIME  # epoch seconds after which the dialog has expired
     updated: float = 0.0
+    # After MOVE CONVERSATION: the groups this side's records pass through, starting with the key
+    # the far side sends with (see groups.py). Empty: never moved, the key is conversation_group_id.
+    group_chain: tuple[str, ...] = ()
+    instance: str | None = None  # this side's secondary queue: replies come back to it
+    far_instance: str | None = None  # the far side's secondary queue: this side's sends go to it
 
     @property
     def is_initiator(self) -> bool:
         return self.side == "INITIATOR"
+
+    @property
+    def chain(self) -> tuple[str, ...]:
+        return tuple(self.group_chain) or (self.conversation_group_id,)
 
     @property
     def state_desc(self) -> str:
@@ -69,7 +79,9 @@ class Endpoint:
 
     @classmethod
     def from_json(cls, raw: bytes) -> "Endpoint":
-        return cls(**orjson.loads(raw))
+        d = orjson.loads(raw)
+        d["group_chain"] = tuple(d.get("group_chain") or ())
+        return cls(**d)
 
     # --- pure transitions ---------------------------------------------------------------
 
@@ -89,10 +101,11 @@ class Endpoint:
 
 
 def new_target_endpoint(conversation_id: str, group_id: str, far_group_id: str, service: str,
-                        far_service: str, contract: str) -> Endpoint:
+                        far_service: str, contract: str, far_instance: str | None = None) -> Endpoint:
     """The target endpoint, created when the dialog's first message arrives (as SSB does)."""
     return Endpoint(handle_for(conversation_id, "TARGET"), conversation_id, "TARGET", group_id,
-                    far_group_id, service, far_service, contract, CONVERSING, updated=time.time())
+                    far_group_id, service, far_service, contract, CONVERSING, updated=time.time(),
+                    far_instance=far_instance)
 
 
 class EndpointStore:
@@ -105,6 +118,7 @@ class EndpointStore:
         self._cache: dict[str, Endpoint] = {}
         self._consumer: Consumer | None = None
         self._positions: dict[int, int] = {}
+        self._reading = threading.Lock()  # readers' threads and the poll threads share the consumer
 
     def put(self, ep: Endpoint) -> None:
         """Queue the new state; it is durable when the shared producer is flushed."""
@@ -139,7 +153,16 @@ class EndpointStore:
         self._read_forward()
         return list(self._cache.values())
 
+    def refresh(self) -> None:
+        """Catch up with the topic: endpoints changed by other processes (a MOVE) replace stale
+        cached ones. Called when a queue partition is assigned to this process."""
+        self._read_forward()
+
     def _read_forward(self, timeout: float = 10.0) -> None:
+        with self._reading:
+            self._read_forward_locked(timeout)
+
+    def _read_forward_locked(self, timeout: float) -> None:
         """Read the topic from where this process left off up to its current end."""
         if self._consumer is None:
             self._consumer = Consumer({
