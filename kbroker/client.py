@@ -222,6 +222,13 @@ class Broker:
         with self.transaction() as tx:
             return tx.receive(queue, top, wait, **kw)
 
+    def queue_messages(self, queue: str, conversation_handle: str | None = None) -> list[dict]:
+        """The queue's messages like Service Broker's queue view: status 1 = ready, 0 = received
+        (listed only with RETENTION = ON, until this side ends the conversation). See retention.py."""
+        from .retention import queue_messages
+
+        return queue_messages(self.bootstrap, self.namespace, queue, conversation_handle)
+
     def move_conversation(self, handle: str, group: str) -> None:
         """MOVE CONVERSATION handle TO group, committed before it returns."""
         with self.transaction() as tx:
