@@ -375,10 +375,10 @@ class Broker:
         headers = rekeyed_headers(msg.extra["headers"], group, env.hop + 1, f"{msg.partition}:{msg.offset}")
         return (topic, group, msg.body, headers)
 
-    def after_receive(self, msg: Message, staged: Endpoint | None) -> tuple[bool, Endpoint | None]:
-        """This side's endpoint after receiving `msg`: (deliver it?, endpoint to stage)."""
+    def after_receive(self, msg: Message, ep: Endpoint | None) -> tuple[bool, Endpoint | None]:
+        """This side's endpoint after receiving `msg`: (deliver it?, endpoint to stage). `ep` is
+        what receiving_endpoint found (None: it does not exist here)."""
         env = msg.extra["envelope"]
-        ep = self.receiving_endpoint(msg, staged)
         created = None
         if ep is None:
             if env.to_side != "TARGET":

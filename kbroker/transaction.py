@@ -103,11 +103,12 @@ class Transaction:
                     self._endpoints[m.conversation_handle] = merge_chain(staged, ep.chain)
                 moving.append((m, None))
                 continue
-            hop = next_hop(b.receiving_endpoint(m, staged), env.hop)
+            ep = b.receiving_endpoint(m, staged)
+            hop = next_hop(ep, env.hop)
             if hop is not None:
                 moving.append((m, hop))
                 continue
-            keep, ep = b.after_receive(m, staged)
+            keep, ep = b.after_receive(m, ep)
             if ep is not None:
                 self._stage(ep)
             if keep:
