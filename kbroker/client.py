@@ -372,7 +372,8 @@ class Broker:
     def rekey_record(self, topic: str, msg: Message, group: str) -> Record:
         """The record that carries a moved conversation's message one hop along its group chain."""
         env = msg.extra["envelope"]
-        headers = rekeyed_headers(msg.extra["headers"], group, env.hop + 1, f"{msg.partition}:{msg.offset}")
+        origin = f"{msg.partition}:{msg.offset}"
+        headers = rekeyed_headers(msg.extra["record"].headers() or [], group, env.hop + 1, origin)
         return (topic, group, msg.body, headers)
 
     def after_receive(self, msg: Message, ep: Endpoint | None) -> tuple[bool, Endpoint | None]:

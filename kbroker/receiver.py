@@ -280,7 +280,7 @@ class QueueReceiver:
             message_id=env.message_id, body=rec.value() or b"", priority=env.priority,
             correlation_id=env.correlation_id, reply_to=env.reply_to, expires=env.expires,
             enqueued_time=rec.timestamp()[1], partition=rec.partition(), offset=rec.offset(),
-            extra={"envelope": env, "headers": rec.headers()},
+            extra={"envelope": env, "record": rec},  # the record: re-keying copies its headers
         )
 
     def split(self, lease: Lease, offsets: list[tuple[int, int]]) -> Lease:
