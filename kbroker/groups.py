@@ -66,7 +66,10 @@ def merge_chain(cached: Endpoint, chain: tuple[str, ...]) -> Endpoint:
     return replace(cached, conversation_group_id=chain[-1], group_chain=tuple(chain))
 
 
-def rekeyed_headers(headers: list[tuple[str, bytes]], group: str, hop: int, origin: str) -> list[tuple[str, bytes]]:
+Headers = list[tuple[str, bytes]]
+
+
+def rekeyed_headers(headers: Headers, group: str, hop: int, origin: str) -> Headers:
     """The record's headers with its new group and hop, and where it came from."""
     kept = [(k, v) for k, v in headers if k not in (H_GROUP_ID, H_HOP, H_REKEYED_FROM)]
     return kept + [(H_GROUP_ID, group.encode()), (H_HOP, str(hop).encode()), (H_REKEYED_FROM, origin.encode())]

@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from confluent_kafka import ConsumerGroupTopicPartitions, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer,
+                             TopicPartition)
 from confluent_kafka.admin import AdminClient
 
 from . import names
@@ -124,7 +125,8 @@ def _read_topic(bootstrap: str, topic: str, timeout: float) -> tuple[list[Queued
                     env = Envelope.from_headers(msg.headers())
                 except MalformedRecord:
                     continue  # not a message: the receivers dead-letter it
-                out.append(QueuedRecord(msg.partition(), msg.offset(), msg.timestamp()[1], env, msg.value() or b""))
+                out.append(QueuedRecord(msg.partition(), msg.offset(), msg.timestamp()[1], env,
+                                        msg.value() or b""))
         if pending:
             raise kafka_error(f"cannot read {topic} to its end", KafkaError(KafkaError._TIMED_OUT))
         return out, partitions
