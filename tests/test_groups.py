@@ -182,3 +182,40 @@ def test_bad_move_is_typed_and_produces_nothing(kafka_bootstrap, namespace, brok
     with pytest.raises(error):
         broker.move_conversation(handle, group)
     assert [end_offsets(kafka_bootstrap, t) for t in topics] == before
+
+
+def test_move_inside_the_receiving_transaction_and_a_rolled_back_move(broker):
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    for i in range(4):
+        broker.send(h, CLAIM, {"i": i})
+    g1, g2 = str(uuid.uuid4()), str(uuid.uuid4())
+    with broker.transaction() as tx:  # RECEIVE, then MOVE what it received from: Service Broker's way
+        got = tx.receive("ExpenseQueue", top=2, wait=15)
+        target = got[0].conversation_handle
+        tx.move_conversation(target, g1)
+    with pytest.raises(RuntimeError):
+        with broker.transaction() as tx:
+            tx.move_conversation(target, g2)
+            raise RuntimeError("changed my mind")
+    assert broker.endpoints.get(target).conversation_group_id == g1
+    got = [m for batch in drain(broker, "ExpenseQueue") for m in batch]
+    assert [(m.message_sequence_number, m.conversation_group_id) for m in got] == [(2, g1), (3, g1)]
+
+
+def test_group_chain_rules():
+    """The pure rules of groups.py: hop by hop along the chain, a move back included."""
+    from kbroker.endpoints import CONVERSING, STARTED_OUTBOUND, Endpoint
+    from kbroker.groups import merge_chain, moved, next_hop
+
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    ep = Endpoint("h", "c", "TARGET", "c", "c", "S", "F", "K", CONVERSING)
+    assert next_hop(ep, 0) is None
+    ep1, marker = moved(ep, a)
+    assert marker and ep1.chain == ("c", a) and next_hop(ep1, 0) == a and next_hop(ep1, 1) is None
+    ep2, _ = moved(ep1, "c")  # back to where it started: one more hop, never a shortcut
+    assert ep2.chain == ("c", a, "c") and next_hop(ep2, 0) == a and next_hop(ep2, 1) == "c"
+    assert moved(ep2, "c") == (ep2, False)
+    fresh = Endpoint("h", "c", "INITIATOR", "c", "c", "S", "F", "K", STARTED_OUTBOUND)
+    assert moved(fresh, b) == (Endpoint("h", "c", "INITIATOR", b, "c", "S", "F", "K", STARTED_OUTBOUND), False)
+    assert merge_chain(ep, ep2.chain).conversation_group_id == "c" and merge_chain(ep2, ep1.chain) == ep2
+    assert Endpoint.from_json(ep2.to_json()).chain == ep2.chain
