@@ -31,13 +31,13 @@ from .catalog.store import read_catalog
 from .committer import CommitRequest, GroupCommitter, Record
 from .config import KAFKA_LOG
 from .endpoints import (CLOSED, DISCONNECTED_INBOUND, DISCONNECTED_OUTBOUND, ERROR, MAX_LIFETIME,
-                        SENDABLE, STARTED_OUTBOUND, Endpoint, EndpointStore, handle_for,
+                        SENDABLE, STARTED_OUTBOUND, Endpoint, EndpointStore, chain_key, handle_for,
                         new_target_endpoint, other)
 from .envelope import Envelope, Message
 from .errors import (BrokerUnavailableError, CatalogError, ContractViolationError,
                      ConversationClosedError, ConversationGroupError, MessageTooLargeError,
                      SendFailedError, UnknownContractError)
-from .groups import MOVE_MARKER, merge_chain, moved, parse_group, rekeyed_headers
+from .groups import MOVE_MARKER, moved, parse_group, rekeyed_headers
 from .receiver import QueueReceiver
 from .secondary import ensure_secondary_queue
 from .transaction import Transaction
@@ -300,7 +300,9 @@ class Broker:
                        message_type_name=MOVE_MARKER, service_contract_name=ep.service_contract_name,
                        from_service_name=ep.service_name, to_service_name=ep.service_name, to_side=ep.side,
                        hop=len(ep.chain) - 1)
-        return new, [(self.own_topic(ep), old, orjson.dumps(list(new.chain)), env.headers())]
+        chain = orjson.dumps(list(new.chain))
+        return new, [(self.own_topic(ep), old, chain, env.headers()),
+                     (self.endpoints.topic, chain_key(ep.conversation_handle), chain, None)]
 
     def own_topic(self, ep: Endpoint) -> str:
         """The topic this side of a conversation receives from."""
@@ -365,7 +367,7 @@ class Broker:
         ep = self.endpoints.find(marker.conversation_handle)
         if ep is None:
             return None
-        ep = merge_chain(ep, tuple(orjson.loads(marker.body)))
+        ep = ep.with_chain(tuple(orjson.loads(marker.body)))
         self.endpoints.note(marker.conversation_handle, ep)
         return ep
 

@@ -14,7 +14,8 @@ one stream, in order, so message_sequence_number order survives the move without
 having to wait for or reorder sequence numbers; and the records are only ever deliverable in one
 group, so two readers never hold them at once. The marker sits in the old group's stream right
 where the move committed: a process that receives it learns of the move even if it cached the
-endpoint before. Telling the far side instead would let its later records (new key, another
+endpoint before. The chain is also written under its own key in the endpoints topic (see
+EndpointStore), so an endpoint written later from a cache that predates the move cannot undo it. Telling the far side instead would let its later records (new key, another
 partition) overtake older ones still being re-keyed, and ordering them would need a receive
 sequence written to the endpoint topic by every RECEIVE. The price of this choice: each of the
 far side's later messages makes one extra hop per move.
@@ -57,13 +58,6 @@ def next_hop(ep: Endpoint | None, hop: int) -> str | None:
         return None
     chain = ep.chain
     return chain[hop + 1] if hop + 1 < len(chain) else None
-
-
-def merge_chain(cached: Endpoint, chain: tuple[str, ...]) -> Endpoint:
-    """Apply a move marker's chain to a cached endpoint that has not seen that move yet."""
-    if len(chain) <= len(cached.chain):
-        return cached
-    return replace(cached, conversation_group_id=chain[-1], group_chain=tuple(chain))
 
 
 Headers = list[tuple[str, bytes]]

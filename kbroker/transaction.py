@@ -21,7 +21,7 @@ from .endpoints import Endpoint
 from .envelope import Message
 from .errors import (ConversationNotFoundError, QueueDisabledError, TransactionAbortedError,
                      TransactionStateError)
-from .groups import MOVE_MARKER, merge_chain, next_hop
+from .groups import MOVE_MARKER, next_hop
 from .receiver import Lease, QueueReceiver
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ class Transaction:
             if env.message_type_name == MOVE_MARKER:
                 ep = b.note_move(m)
                 if staged is not None and ep is not None:
-                    self._endpoints[m.conversation_handle] = merge_chain(staged, ep.chain)
+                    self._endpoints[m.conversation_handle] = staged.with_chain(ep.chain)
                 moving.append((m, None))
                 continue
             ep = b.receiving_endpoint(m, staged)

@@ -125,6 +125,12 @@ def test_move_by_another_process_reaches_the_reader_through_the_marker(kafka_boo
     with Broker(kafka_bootstrap, namespace) as mover:
         mover.move_conversation(target, g)
     assert broker.endpoints.cached(target).conversation_group_id != g  # stale in the reader
+    # The reader replies from its stale cache, writing the endpoint without the move: the
+    # move survives (the chain has its own key in the endpoints topic).
+    broker.send(target, APPROVAL, {"stale": True})
+    with Broker(kafka_bootstrap, namespace) as fresh:
+        assert fresh.endpoints.get(target).conversation_group_id == g
+        assert fresh.endpoints.get(target).send_sequence == 1
     for i in range(3, 6):
         broker.send(h, CLAIM, {"i": i})
     got = [m for batch in drain(broker, "ExpenseQueue") for m in batch]
@@ -205,7 +211,7 @@ def test_move_inside_the_receiving_transaction_and_a_rolled_back_move(broker):
 def test_group_chain_rules():
     """The pure rules of groups.py: hop by hop along the chain, a move back included."""
     from kbroker.endpoints import CONVERSING, STARTED_OUTBOUND, Endpoint
-    from kbroker.groups import merge_chain, moved, next_hop
+    from kbroker.groups import moved, next_hop
 
     a, b = str(uuid.uuid4()), str(uuid.uuid4())
     ep = Endpoint("h", "c", "TARGET", "c", "c", "S", "F", "K", CONVERSING)
@@ -217,5 +223,5 @@ def test_group_chain_rules():
     assert moved(ep2, "c") == (ep2, False)
     fresh = Endpoint("h", "c", "INITIATOR", "c", "c", "S", "F", "K", STARTED_OUTBOUND)
     assert moved(fresh, b) == (Endpoint("h", "c", "INITIATOR", b, "c", "S", "F", "K", STARTED_OUTBOUND), False)
-    assert merge_chain(ep, ep2.chain).conversation_group_id == "c" and merge_chain(ep2, ep1.chain) == ep2
+    assert ep.with_chain(ep2.chain).conversation_group_id == "c" and ep2.with_chain(ep1.chain) == ep2
     assert Endpoint.from_json(ep2.to_json()).chain == ep2.chain
