@@ -40,6 +40,9 @@ class AsyncTransaction:
     async def end_conversation(self, handle: str, **kw: Any) -> None:
         await asyncio.to_thread(self.sync.end_conversation, handle, **kw)
 
+    async def move_conversation(self, handle: str, group: str) -> None:
+        await asyncio.to_thread(self.sync.move_conversation, handle, group)
+
     async def commit(self) -> None:
         await asyncio.to_thread(self.sync.commit)
 
@@ -73,6 +76,12 @@ class AsyncBroker:
 
     async def end_conversation(self, handle: str, **kw: Any) -> None:
         await asyncio.to_thread(self.sync.end_conversation, handle, **kw)
+
+    async def move_conversation(self, handle: str, group: str) -> None:
+        await asyncio.to_thread(self.sync.move_conversation, handle, group)
+
+    async def queue_messages(self, queue: str, conversation_handle: str | None = None) -> list[dict]:
+        return await asyncio.to_thread(self.sync.queue_messages, queue, conversation_handle)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.sync.close)

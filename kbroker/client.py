@@ -21,6 +21,7 @@ import uuid
 from dataclasses import replace
 from typing import Any, Callable, TypeVar
 
+import orjson
 from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 
@@ -31,14 +32,16 @@ from .catalog.store import read_catalog
 from .committer import CommitRequest, GroupCommitter, Record
 from .config import KAFKA_LOG
 from .endpoints import (CLOSED, DISCONNECTED_INBOUND, DISCONNECTED_OUTBOUND, ERROR, MAX_LIFETIME,
-                        SENDABLE, STARTED_OUTBOUND, Endpoint, EndpointStore, handle_for,
+                        SENDABLE, STARTED_OUTBOUND, Endpoint, EndpointStore, chain_key, handle_for,
                         new_target_endpoint, other)
 from .envelope import Envelope, Message, error_body
 from .errors import (BrokerUnavailableError, CatalogError, ContractViolationError,
-                     ConversationClosedError, MessageTooLargeError, SendFailedError,
-                     UnknownContractError)
+                     ConversationClosedError, ConversationGroupError, MessageTooLargeError,
+                     SendFailedError, UnknownContractError)
+from .groups import MOVE_MARKER, moved, parse_group, rekeyed_headers
 from . import timers
 from .receiver import QueueReceiver
+from .secondary import ensure_secondary_queue
 from .transaction import Transaction
 from .validation import to_bytes, validate_body
 
@@ -72,7 +75,8 @@ class Broker:
         self._catalog: Catalog | None = None
         self._committer: GroupCommitter | None = None
         self.endpoints = EndpointStore(bootstrap, namespace, self._producer)
-        self._receivers: dict[str, QueueReceiver] = {}
+        self._receivers: dict[tuple[str, str | None], QueueReceiver] = {}  # (queue, instance)
+        self._secondary: set[str] = set()  # secondary queue topics known to exist
         self._disabled: set[str] = set()
         self.hooks: list[Any] = []  # objects with before_receive / after_receive / after_rollback
 
@@ -121,7 +125,7 @@ class Broker:
         q = self.refresh_catalog().queue(queue)
         if q.status == "ON":
             self._disabled.discard(queue)
-            receiver = self._receivers.get(queue)
+            receiver = self._receivers.get((queue, None))
             if receiver is not None:
                 receiver.consecutive_rollbacks = 0
             return True
@@ -136,30 +140,45 @@ class Broker:
                 self._committer = GroupCommitter(self.bootstrap, self.namespace, interval=self._commit_interval)
             return self._committer
 
-    def receiver(self, queue: str) -> QueueReceiver:
+    def receiver(self, queue: str, instance: str | None = None) -> QueueReceiver:
+        """The receiver of a queue, or of its secondary queue for `instance`."""
         with self._lock:
-            r = self._receivers.get(queue)
+            r = self._receivers.get((queue, instance))
             if r is None:
-                self._lookup(lambda c: c.queue(queue))
+                q = self._lookup(lambda c: c.queue(queue))
+                topic = None if instance is None else self.secondary_queue(q.name, instance)
                 committer = self.committer
-                r = self._receivers[queue] = QueueReceiver(
+                r = self._receivers[(queue, instance)] = QueueReceiver(
                     self.bootstrap, self.namespace, queue, dead_letter=self._dead_letter,
                     max_buffered=self._max_buffered, revoke_grace=self._revoke_grace,
-                    commit_barrier=committer.barrier)
+                    commit_barrier=committer.barrier, topic=topic,
+                    # A partition that arrives may hold records of conversations moved by another
+                    # process since this one cached their endpoints: catch up first.
+                    on_assign=self.endpoints.refresh)
             return r
+
+    def secondary_queue(self, queue: str, instance: str) -> str:
+        """The secondary queue topic of `queue` for `instance`, created on first use."""
+        topic = names.secondary_queue_topic(self.namespace, queue, instance)
+        with self._lock:
+            if topic not in self._secondary:
+                q = self._lookup(lambda c: c.queue(queue))
+                ensure_secondary_queue(self.bootstrap, self.namespace, q, instance)
+                self._secondary.add(topic)
+        return topic
 
     def transaction(self) -> Transaction:
         """BEGIN TRANSACTION: use as a context manager, or call commit()/rollback()."""
         return Transaction(self)
 
     def note_commit(self, queue: str) -> None:
-        r = self._receivers.get(queue)
+        r = self._receivers.get((queue, None))
         if r is not None:
             r.consecutive_rollbacks = 0
 
     def note_rollback(self, queue: str) -> None:
         """Poison-message handling: five rolled-back receives in a row disable the queue."""
-        r = self._receivers.get(queue)
+        r = self._receivers.get((queue, None))
         if r is None:
             return
         r.consecutive_rollbacks += 1
@@ -220,24 +239,94 @@ class Broker:
         with self.transaction() as tx:
             return tx.receive(queue, top, wait, **kw)
 
+    def queue_messages(self, queue: str, conversation_handle: str | None = None) -> list[dict]:
+        """The queue's messages like Service Broker's queue view: status 1 = ready, 0 = received
+        (listed only with RETENTION = ON, until this side ends the conversation). See retention.py."""
+        from .retention import queue_messages
+
+        return queue_messages(self.bootstrap, self.namespace, queue, conversation_handle)
+
+    def move_conversation(self, handle: str, group: str) -> None:
+        """MOVE CONVERSATION handle TO group, committed before it returns."""
+        with self.transaction() as tx:
+            tx.move_conversation(handle, group)
+
     # --- building records (shared by both paths) ----------------------------------------------
 
     def new_dialog(self, from_service: str, to_service: str, contract: str = "DEFAULT", *,
                    lifetime: int | None = None, related_conversation_group: str | None = None,
-                   encryption: bool = False) -> Endpoint:
-        self._lookup(lambda c: c.service(from_service))
+                   related_conversation: str | None = None, encryption: bool = False,
+                   instance: str | None = None,
+                   endpoint_of: Callable[[str], Endpoint] | None = None) -> Endpoint:
+        """The initiator endpoint of a new dialog. RELATED_CONVERSATION (a handle, looked up with
+        `endpoint_of`) or RELATED_CONVERSATION_GROUP (a GUID, new or existing) choose its group;
+        `instance` sends the replies to that instance's secondary queue."""
+        fs = self._lookup(lambda c: c.service(from_service))
         self._lookup(lambda c: c.service(to_service))
         self._lookup(lambda c: c.contract(contract))
         if not self._lookup(lambda c: c.service_accepts(to_service, contract)):
             raise UnknownContractError(contract, to_service)
         if lifetime is not None and lifetime <= 0:
             raise ValueError("lifetime must be a positive number of seconds")
+        if related_conversation is not None and related_conversation_group is not None:
+            raise ValueError("give RELATED_CONVERSATION or RELATED_CONVERSATION_GROUP, not both")
         conversation_id = str(uuid.uuid4())
-        group = str(uuid.UUID(str(related_conversation_group))) if related_conversation_group else conversation_id
+        group = conversation_id
+        if related_conversation is not None:
+            related = (endpoint_of or self.endpoints.get)(str(related_conversation))
+            group = related.conversation_group_id
+            other_queue = self._lookup(lambda c: c.service(related.service_name)).queue
+            if other_queue != fs.queue:
+                raise ConversationGroupError(group, fs.queue, other_queue)
+        elif related_conversation_group is not None:
+            group = parse_group(related_conversation_group)
+            self.check_group_queue(group, fs.queue)
+        if instance is not None:
+            self.secondary_queue(fs.queue, instance)  # the target's replies need it to exist
         expires = MAX_LIFETIME if lifetime is None else int(time.time()) + int(lifetime)
         return Endpoint(handle_for(conversation_id, "INITIATOR"), conversation_id, "INITIATOR", group,
                         conversation_id, from_service, to_service, contract, STARTED_OUTBOUND,
-                        lifetime=expires, updated=time.time())
+                        lifetime=expires, updated=time.time(), instance=instance)
+
+    def check_group_queue(self, group: str, queue: str, *, ignore: str | None = None) -> None:
+        """Groups are local to a queue: refuse a group that only conversations of another queue
+        use. (A dialog id is the default group of both its sides, so one id may be a group on
+        two queues; it is then this queue's group too.)"""
+        others = set()
+        for ep in self.endpoints.all():
+            if ep.conversation_group_id == group and ep.conversation_handle != ignore and ep.state != CLOSED:
+                other_queue = self._lookup(lambda c: c.service(ep.service_name)).queue
+                if other_queue == queue:
+                    return
+                others.add(other_queue)
+        if others:
+            raise ConversationGroupError(group, queue, sorted(others)[0])
+
+    def move_records(self, ep: Endpoint, group: str) -> tuple[Endpoint, list[Record]]:
+        """MOVE CONVERSATION: this side's endpoint after the move, and the marker record that
+        tells the old group's reader where the move happened (see groups.py)."""
+        group = parse_group(group)
+        queue = self._lookup(lambda c: c.service(ep.service_name)).queue
+        self.check_group_queue(group, queue, ignore=ep.conversation_handle)
+        new, needs_marker = moved(ep, group)
+        if not needs_marker:
+            return new, []
+        old = ep.conversation_group_id
+        env = Envelope(message_id=str(uuid.uuid4()), conversation_id=ep.conversation_id,
+                       conversation_group_id=old, message_sequence_number=-1,
+                       message_type_name=MOVE_MARKER, service_contract_name=ep.service_contract_name,
+                       from_service_name=ep.service_name, to_service_name=ep.service_name, to_side=ep.side,
+                       hop=len(ep.chain) - 1)
+        chain = orjson.dumps(list(new.chain))
+        return new, [(self.own_topic(ep), old, chain, env.headers()),
+                     (self.endpoints.topic, chain_key(ep.conversation_handle), chain, None)]
+
+    def own_topic(self, ep: Endpoint) -> str:
+        """The topic this side of a conversation receives from."""
+        queue = self._lookup(lambda c: c.service(ep.service_name)).queue
+        if ep.instance is not None:
+            return names.secondary_queue_topic(self.namespace, queue, ep.instance)
+        return names.queue_topic(self.namespace, queue)
 
     def message_record(self, ep: Endpoint, message_type: str, body: Any = None, *,
                        correlation_id: str | None = None, reply_to: str | None = None,
@@ -285,38 +374,67 @@ class Broker:
             raise ValueError(f"timer timeout must be 0 < seconds <= {MAX_LIFETIME}, not {timeout!r}")
         if ep.state in (DISCONNECTED_OUTBOUND, CLOSED):
             raise ConversationClosedError(ep.conversation_handle, ep.state_desc)
-        own_queue = self._lookup(lambda c: c.queue(c.service(ep.service_name).queue))
         arm_id, due = uuid.uuid4().hex[:16], time.time() + float(timeout)
         records = [r for r in [timers.disarm_record(self.namespace, ep)] if r is not None]
         records.append(timers.arm_record(self.namespace, ep, arm_id, due,
-                                         names.queue_topic(self.namespace, own_queue.name)))
+                                         self._queue_topic_of(ep.service_name, ep.instance)))
         return records, replace(ep, dialog_timer=due, dialog_timer_id=arm_id)
 
     def lifetime_records(self, ep: Endpoint) -> list[Record]:
         """BEGIN DIALOG ... LIFETIME: the timer that delivers Error -8489 to both sides."""
         if ep.lifetime >= MAX_LIFETIME:
             return []
-        queue_of = lambda service: names.queue_topic(  # noqa: E731
-            self.namespace, self._lookup(lambda c: c.service(service)).queue)
-        return [timers.lifetime_record(self.namespace, ep, queue_of(ep.service_name), queue_of(ep.far_service_name))]
+        return [timers.lifetime_record(self.namespace, ep, self._queue_topic_of(ep.service_name, ep.instance),
+                                       self._queue_topic_of(ep.far_service_name, None))]
+
+    def _queue_topic_of(self, service: str, instance: str | None) -> str:
+        """Where messages for `service` land: its queue, or that queue's secondary queue."""
+        queue = self._lookup(lambda c: c.service(service)).queue
+        if instance is not None:
+            return names.secondary_queue_topic(self.namespace, queue, instance)
+        return names.queue_topic(self.namespace, queue)
 
     def endpoint_record(self, handle: str, ep: Endpoint | None) -> Record:
         return (self.endpoints.topic, handle, None if ep is None else ep.to_json(), None)
 
-    def after_receive(self, msg: Message, staged: Endpoint | None) -> tuple[bool, Endpoint | None]:
-        """This side's endpoint after receiving `msg`: (deliver it?, endpoint to stage)."""
+    def receiving_endpoint(self, msg: Message, staged: Endpoint | None) -> Endpoint | None:
+        """This side's endpoint for a received message, if it exists yet."""
         env = msg.extra["envelope"]
-        first_of_dialog = env.to_side == "TARGET" and env.message_sequence_number == 0
-        ep = staged or (self.endpoints.cached(msg.conversation_handle) if first_of_dialog
-                        else self.endpoints.find(msg.conversation_handle))
+        # A dialog's first message finds no target endpoint: no need to read the topic for it.
+        first_of_dialog = env.to_side == "TARGET" and env.message_sequence_number == 0 and env.hop == 0
+        return staged or (self.endpoints.cached(msg.conversation_handle) if first_of_dialog
+                          else self.endpoints.find(msg.conversation_handle))
+
+    def note_move(self, marker: Message) -> Endpoint | None:
+        """A move marker came by: update the cached endpoint if this process missed the move."""
+        ep = self.endpoints.find(marker.conversation_handle)
+        if ep is None:
+            return None
+        ep = ep.with_chain(tuple(orjson.loads(marker.body)))
+        self.endpoints.note(marker.conversation_handle, ep)
+        return ep
+
+    def rekey_record(self, topic: str, msg: Message, group: str) -> Record:
+        """The record that carries a moved conversation's message one hop along its group chain."""
+        env = msg.extra["envelope"]
+        origin = f"{msg.partition}:{msg.offset}"
+        headers = rekeyed_headers(msg.extra["record"].headers() or [], group, env.hop + 1, origin)
+        return (topic, group, msg.body, headers)
+
+    def after_receive(self, msg: Message, ep: Endpoint | None) -> tuple[bool, Endpoint | None]:
+        """This side's endpoint after receiving `msg`: (deliver it?, endpoint to stage). `ep` is
+        what receiving_endpoint found (None: it does not exist here)."""
+        env = msg.extra["envelope"]
         created = None
         if ep is None:
             if env.to_side != "TARGET":
                 return True, None  # the initiator's endpoint was cleaned up or never stored here
-            # A dialog's first message creates the target endpoint, as in Service Broker.
-            ep = created = new_target_endpoint(env.conversation_id, env.conversation_group_id, env.conversation_id,
-                                               env.to_service_name, env.from_service_name, env.service_contract_name,
-                                               env.lifetime)
+            # A dialog's first message creates the target endpoint, as in Service Broker; its
+            # replies carry the key the initiator asked for (its related group, if any).
+            ep = created = new_target_endpoint(env.conversation_id, env.conversation_group_id,
+                                               env.reply_group or env.conversation_id, env.to_service_name,
+                                               env.from_service_name, env.service_contract_name,
+                                               far_instance=env.reply_instance, lifetime=env.lifetime)
         if ep.state in (DISCONNECTED_OUTBOUND, CLOSED):
             # This side already ended: the peer's EndDialog or Error only closes the endpoint
             # (Service Broker's end-of-dialog acknowledgement); anything else is discarded.
@@ -335,6 +453,7 @@ class Broker:
         far_queue = self._lookup(lambda c: c.queue(far_service.queue))
         if len(data) > far_queue.max_message_bytes:
             raise MessageTooLargeError(len(data), far_queue.max_message_bytes, far_queue.name)
+        reply_group = ep.chain[0]  # the key the far side's records must carry (see groups.py)
         env = Envelope(
             message_id=str(uuid.uuid4()), conversation_id=ep.conversation_id,
             conversation_group_id=ep.far_conversation_group_id,
@@ -342,8 +461,13 @@ class Broker:
             service_contract_name=ep.service_contract_name, from_service_name=ep.service_name,
             to_service_name=ep.far_service_name, to_side=other(ep.side),
             correlation_id=correlation_id, reply_to=reply_to, expires=expires, priority=priority,
-            lifetime=ep.lifetime if ep.is_initiator and ep.lifetime < MAX_LIFETIME else None)
-        topic = names.queue_topic(self.namespace, far_queue.name)
+            lifetime=ep.lifetime if ep.is_initiator and ep.lifetime < MAX_LIFETIME else None,
+            reply_group=None if reply_group == ep.conversation_id else reply_group,
+            reply_instance=ep.instance)
+        if ep.far_instance is not None:  # replies to an instance go to its secondary queue
+            topic = names.secondary_queue_topic(self.namespace, far_queue.name, ep.far_instance)
+        else:
+            topic = names.queue_topic(self.namespace, far_queue.name)
         return (topic, env.conversation_group_id, data, env.headers()), env.message_id
 
     # --- plumbing -----------------------------------------------------------------------------

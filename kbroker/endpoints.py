@@ -8,6 +8,7 @@ only when it meets a handle it does not know.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -57,10 +58,26 @@ class Endpoint:
     dialog_timer: float = 0.0  # epoch seconds the armed DialogTimer fires at; 0 = none
     dialog_timer_id: str | None = None  # the armed timer's key suffix in the timers topic
     updated: float = 0.0
+    # After MOVE CONVERSATION: the groups this side's records pass through, starting with the key
+    # the far side sends with (see groups.py). Empty: never moved, the key is conversation_group_id.
+    group_chain: tuple[str, ...] = ()
+    instance: str | None = None  # this side's secondary queue: replies come back to it
+    far_instance: str | None = None  # the far side's secondary queue: this side's sends go to it
 
     @property
     def is_initiator(self) -> bool:
         return self.side == "INITIATOR"
+
+    @property
+    def chain(self) -> tuple[str, ...]:
+        return tuple(self.group_chain) or (self.conversation_group_id,)
+
+    def with_chain(self, chain: tuple[str, ...]) -> "Endpoint":
+        """This endpoint with a longer group chain learned elsewhere (a MOVE). Chains only grow,
+        so the longer one is the newer: a stale write elsewhere never undoes a move."""
+        if len(chain) <= len(self.chain):
+            return self
+        return replace(self, conversation_group_id=chain[-1], group_chain=tuple(chain))
 
     @property
     def state_desc(self) -> str:
@@ -71,7 +88,9 @@ class Endpoint:
 
     @classmethod
     def from_json(cls, raw: bytes) -> "Endpoint":
-        return cls(**orjson.loads(raw))
+        d = orjson.loads(raw)
+        d["group_chain"] = tuple(d.get("group_chain") or ())
+        return cls(**d)
 
     # --- pure transitions ---------------------------------------------------------------
 
@@ -91,36 +110,59 @@ class Endpoint:
 
 
 def new_target_endpoint(conversation_id: str, group_id: str, far_group_id: str, service: str,
-                        far_service: str, contract: str, lifetime: int | None = None) -> Endpoint:
+                        far_service: str, contract: str, far_instance: str | None = None,
+                        lifetime: int | None = None) -> Endpoint:
     """The target endpoint, created when the dialog's first message arrives (as SSB does)."""
     return Endpoint(handle_for(conversation_id, "TARGET"), conversation_id, "TARGET", group_id,
-                    far_group_id, service, far_service, contract, CONVERSING,
-                    lifetime=MAX_LIFETIME if lifetime is None else lifetime, updated=time.time())
+                    far_group_id, service, far_service, contract, CONVERSING, updated=time.time(),
+                    far_instance=far_instance, lifetime=MAX_LIFETIME if lifetime is None else lifetime)
+
+
+CHAIN_SUFFIX = "/groups"  # key of a moved endpoint's group chain, beside the endpoint's own key
+
+
+def chain_key(handle: str) -> str:
+    return handle + CHAIN_SUFFIX
 
 
 class EndpointStore:
-    """Read-through cache over the compacted endpoints topic."""
+    """Read-through cache over the compacted endpoints topic.
+
+    A moved endpoint's group chain is also kept under its own key (`<handle>/groups`), written
+    only by MOVE CONVERSATION. Any process may write an endpoint from a cache that predates a
+    move made elsewhere (last writer wins); the chain key, merged in on every read, keeps the
+    move from being undone, even after compaction has dropped the endpoint record that had it.
+    """
 
     def __init__(self, bootstrap: str, namespace: str, producer: Producer):
         self.topic = names.endpoints_topic(namespace)
         self._bootstrap = bootstrap
         self._producer = producer
         self._cache: dict[str, Endpoint] = {}
+        self._chains: dict[str, tuple[str, ...]] = {}
         self._consumer: Consumer | None = None
         self._positions: dict[int, int] = {}
+        self._reading = threading.Lock()  # readers' threads and the poll threads share the consumer
 
     def put(self, ep: Endpoint) -> None:
         """Queue the new state; it is durable when the shared producer is flushed."""
         ep = replace(ep, updated=time.time())
-        self._cache[ep.conversation_handle] = ep
+        self._cache[ep.conversation_handle] = self._merged(ep)
         self._producer.produce(self.topic, key=ep.conversation_handle, value=ep.to_json())
 
     def note(self, handle: str, ep: Endpoint | None) -> None:
         """Cache state a committed Kafka transaction already wrote (None: the endpoint is gone)."""
         if ep is None:
             self._cache.pop(handle, None)
+            self._chains.pop(handle, None)
         else:
-            self._cache[handle] = ep
+            if ep.group_chain:
+                self._chains[handle] = ep.with_chain(self._chains.get(handle, ())).chain
+            self._cache[handle] = self._merged(ep)
+
+    def _merged(self, ep: Endpoint) -> Endpoint:
+        chain = self._chains.get(ep.conversation_handle)
+        return ep if chain is None else ep.with_chain(chain)
 
     def cached(self, handle: str) -> Endpoint | None:
         return self._cache.get(handle)
@@ -146,7 +188,16 @@ class EndpointStore:
         self._read_forward()
         return list(self._cache.values())
 
+    def refresh(self) -> None:
+        """Catch up with the topic: endpoints changed by other processes (a MOVE) replace stale
+        cached ones. Called when a queue partition is assigned to this process."""
+        self._read_forward()
+
     def _read_forward(self, timeout: float = 10.0) -> None:
+        with self._reading:
+            self._read_forward_locked(timeout)
+
+    def _read_forward_locked(self, timeout: float) -> None:
         """Read the topic from where this process left off up to its current end."""
         if self._consumer is None:
             self._consumer = Consumer({
@@ -179,12 +230,25 @@ class EndpointStore:
                     ends.pop(p, None)
                     continue
                 self._positions[p] = msg.offset() + 1
-                if msg.value() is not None:
+                key = msg.key().decode()
+                if key.endswith(CHAIN_SUFFIX):
+                    self._read_chain(key[:-len(CHAIN_SUFFIX)], msg.value())
+                elif msg.value() is not None:
                     ep = Endpoint.from_json(msg.value())
-                    self._cache[ep.conversation_handle] = ep
+                    self._cache[ep.conversation_handle] = self._merged(ep)
                 else:
-                    self._cache.pop(msg.key().decode(), None)
+                    self._cache.pop(key, None)
         self._consumer.unassign()
+
+    def _read_chain(self, handle: str, value: bytes | None) -> None:
+        if value is None:
+            self._chains.pop(handle, None)
+            return
+        chain = tuple(orjson.loads(value))
+        if len(chain) > len(self._chains.get(handle, ())):
+            self._chains[handle] = chain
+        if handle in self._cache:
+            self._cache[handle] = self._merged(self._cache[handle])
 
     def close(self) -> None:
         if self._consumer is not None:

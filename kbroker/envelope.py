@@ -30,6 +30,12 @@ H_REPLY_TO = "kb.reply_to"
 H_EXPIRES = "kb.expires"  # epoch milliseconds; absent means never
 H_PRIORITY = "kb.priority"
 H_LIFETIME = "kb.lifetime"  # epoch seconds the dialog expires at; absent means never
+# The key the receiver's replies must carry: the sender's original conversation group. The target
+# endpoint, created by a dialog's first message, takes its far group from it (RELATED_CONVERSATION).
+H_REPLY_GROUP = "kb.reply_conversation_group_id"
+H_REPLY_INSTANCE = "kb.reply_instance"  # the sender's secondary queue (NServiceBus callbacks)
+H_HOP = "kb.hop"  # how many times a moved conversation's record was re-keyed (see groups.py)
+H_REKEYED_FROM = "kb.rekeyed_from"  # "<partition>:<offset>" of the record this one re-keys
 
 _REQUIRED = (H_MESSAGE_ID, H_CONVERSATION_ID, H_GROUP_ID, H_SEQUENCE, H_MESSAGE_TYPE,
              H_CONTRACT, H_FROM_SERVICE, H_TO_SERVICE, H_TO_SIDE)
@@ -59,6 +65,9 @@ class Envelope:
     expires: int | None = None
     priority: int = 5
     lifetime: int | None = None
+    reply_group: str | None = None
+    reply_instance: str | None = None
+    hop: int = 0
 
     def headers(self) -> list[tuple[str, bytes]]:
         hs = [
@@ -82,6 +91,12 @@ class Envelope:
             hs.append((H_EXPIRES, str(self.expires)))
         if self.lifetime is not None:
             hs.append((H_LIFETIME, str(self.lifetime)))
+        if self.reply_group is not None:
+            hs.append((H_REPLY_GROUP, self.reply_group))
+        if self.reply_instance is not None:
+            hs.append((H_REPLY_INSTANCE, self.reply_instance))
+        if self.hop:
+            hs.append((H_HOP, str(self.hop)))
         return [(k, v.encode()) for k, v in hs]
 
     @classmethod
@@ -103,6 +118,7 @@ class Envelope:
             expires = int(hs[H_EXPIRES]) if H_EXPIRES in hs else None
             priority = int(hs.get(H_PRIORITY, "5"))
             lifetime = int(hs[H_LIFETIME]) if H_LIFETIME in hs else None
+            hop = int(hs.get(H_HOP, "0"))
         except ValueError as exc:
             raise MalformedRecord(f"bad number in headers: {exc}") from None
         return cls(
@@ -120,6 +136,9 @@ class Envelope:
             expires=expires,
             priority=priority,
             lifetime=lifetime,
+            reply_group=hs.get(H_REPLY_GROUP),
+            reply_instance=hs.get(H_REPLY_INSTANCE),
+            hop=hop,
         )
 
 

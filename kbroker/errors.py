@@ -114,6 +114,15 @@ class ConversationNotFoundError(KBrokerError):
         super().__init__(f"conversation handle {handle} does not exist")
 
 
+class ConversationGroupError(KBrokerError):
+    """A conversation may only join a group of its own queue (RELATED_CONVERSATION, MOVE)."""
+
+    def __init__(self, group: str, queue: str, other_queue: str):
+        self.group, self.queue, self.other_queue = group, queue, other_queue
+        super().__init__(f"conversation group {group} belongs to queue {other_queue!r}, "
+                         f"not {queue!r}: groups are local to one queue")
+
+
 class ConversationClosedError(KBrokerError):
     def __init__(self, handle: str, state: str):
         self.handle, self.state = handle, state

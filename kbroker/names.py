@@ -4,6 +4,7 @@ Everything of namespace `ns` lives under the prefix `kbroker.<ns>.`, so namespac
 other's topics and one ACL prefix covers a namespace:
 
     kbroker.<ns>.queue.<queue>     one topic per queue (and the consumer group that reads it)
+    kbroker.<ns>.queue.<queue>.<instance>   a queue's secondary queue for one instance (callbacks)
     kbroker.<ns>.catalog           compacted: the catalog objects
     kbroker.<ns>.endpoints         compacted: conversation endpoints
     kbroker.<ns>.events            broker events (activation, queue monitors, ...)
@@ -37,6 +38,17 @@ def queue_topic(ns: str, queue: str) -> str:
     if not isinstance(queue, str) or not QUEUE_NAME_RE.match(queue):
         raise ValueError(f"queue name {queue!r} must be 1-100 characters of A-Z a-z 0-9 _ . -")
     return f"{prefix(ns)}queue.{queue}"
+
+
+INSTANCE_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # no '.': the topic name must stay unambiguous
+
+
+def secondary_queue_topic(ns: str, queue: str, instance: str) -> str:
+    """The per-instance secondary queue of `queue` (NServiceBus callbacks): `<queue topic>.<instance>`,
+    read by the consumer group of the same name."""
+    if not isinstance(instance, str) or not INSTANCE_RE.match(instance):
+        raise ValueError(f"instance name {instance!r} must be 1-64 characters of A-Z a-z 0-9 _ -")
+    return f"{queue_topic(ns, queue)}.{instance}"
 
 
 def queue_group(ns: str, queue: str) -> str:

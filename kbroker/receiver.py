@@ -76,9 +76,11 @@ class QueueReceiver:
     def __init__(self, bootstrap: str, namespace: str, queue: str, *,
                  dead_letter: Callable[["QueueReceiver", KafkaRecord, str], None],
                  max_buffered: int = 10_000, revoke_grace: float = 5.0,
-                 commit_barrier: Callable[[], None] = lambda: None):
+                 commit_barrier: Callable[[], None] = lambda: None, topic: str | None = None,
+                 on_assign: Callable[[], None] = lambda: None):
         self.queue = queue
-        self.topic = names.queue_topic(namespace, queue)
+        self.topic = topic or names.queue_topic(namespace, queue)  # or a secondary queue's topic
+        self._on_assign_hook = on_assign
         self._dead_letter = dead_letter
         self._max_buffered = max_buffered
         self._revoke_grace = revoke_grace
@@ -94,7 +96,7 @@ class QueueReceiver:
         self.consecutive_rollbacks = 0
         conf = {
             "bootstrap.servers": bootstrap, "logger": KAFKA_LOG,
-            "group.id": names.queue_group(namespace, queue),
+            "group.id": self.topic,  # names.queue_group: a queue's group is named as its topic
             "enable.auto.commit": False, "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest", "isolation.level": "read_committed",
             "enable.partition.eof": True,
@@ -169,6 +171,7 @@ class QueueReceiver:
             self._paused = False
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._on_assign_hook()
         committed = consumer.committed(partitions, timeout=30)
         with self._cv:
             for tp in committed:
@@ -295,8 +298,20 @@ class QueueReceiver:
             message_id=env.message_id, body=rec.value() or b"", priority=env.priority,
             correlation_id=env.correlation_id, reply_to=env.reply_to, expires=env.expires,
             enqueued_time=rec.timestamp()[1], partition=rec.partition(), offset=rec.offset(),
-            extra={"envelope": env},
+            extra={"envelope": env, "record": rec},  # the record: re-keying copies its headers
         )
+
+    def split(self, lease: Lease, offsets: list[tuple[int, int]]) -> Lease:
+        """Move the records at `offsets` out of `lease` into a lease of their own (same group,
+        no lock), so they can commit on their own: the re-keying of a moved conversation."""
+        keys = set(offsets)
+        with self._cv:
+            side = Lease(self, lease.group, None)
+            side.taken = [b for b in lease.taken if (b.record.partition(), b.record.offset()) in keys]
+            lease.taken = [b for b in lease.taken if (b.record.partition(), b.record.offset()) not in keys]
+            side.offsets = [o for o in lease.offsets if o in keys]
+            lease.offsets = [o for o in lease.offsets if o not in keys]
+            return side
 
     def dead_letter_lease(self, rec: KafkaRecord) -> Lease:
         """A lease over one malformed record, completed when its dead letter commits."""

@@ -13,6 +13,7 @@ order, to the next RECEIVE. Leaving the block by an exception rolls back.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from .committer import CommitRequest, Record
@@ -20,7 +21,8 @@ from .endpoints import Endpoint
 from .envelope import Message
 from .errors import (ConversationNotFoundError, QueueDisabledError, TransactionAbortedError,
                      TransactionStateError)
-from .receiver import Lease
+from .groups import MOVE_MARKER, next_hop
+from .receiver import Lease, QueueReceiver
 
 if TYPE_CHECKING:
     from .client import Broker
@@ -55,10 +57,11 @@ class Transaction:
     # --- statements --------------------------------------------------------------------------
 
     def receive(self, queue: str, top: int = 1, wait: float | None = 0.0, *,
-                conversation_group: str | None = None, conversation_handle: str | None = None) -> list[Message]:
+                conversation_group: str | None = None, conversation_handle: str | None = None,
+                instance: str | None = None) -> list[Message]:
         """RECEIVE TOP(top) FROM queue, WAITFOR(wait seconds; None = no time-out). Returns the
         messages of one conversation group, in order, and keeps that group locked until the
-        transaction ends."""
+        transaction ends. `instance` receives from that instance's secondary queue instead."""
         self._check_open()
         if top < 1:
             raise ValueError("top must be at least 1")
@@ -68,23 +71,78 @@ class Transaction:
         conversation_id = None
         if conversation_handle is not None:
             conversation_id = self.endpoint(conversation_handle).conversation_id
-        receiver = b.receiver(queue)
-        b.emit("before_receive", queue)
-        lease, msgs = receiver.receive(self, top, wait, conversation_group=conversation_group,
-                                       conversation_id=conversation_id)
-        b.emit("after_receive", queue, len(msgs))
-        if lease is not None and lease not in self._leases:
-            self._leases.append(lease)
-        if msgs:
-            self._queues.add(queue)  # poison counting looks at transactions that received
-        delivered = []
+        receiver = b.receiver(queue, instance)
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            b.emit("before_receive", queue)
+            lease, msgs = receiver.receive(self, top, remaining, conversation_group=conversation_group,
+                                           conversation_id=conversation_id)
+            b.emit("after_receive", queue, len(msgs))
+            if lease is not None and lease not in self._leases:
+                self._leases.append(lease)
+            delivered, moving = self._sort(msgs)
+            if moving:
+                self._rekey(receiver, lease, moving)
+            if delivered or not moving:
+                if delivered:
+                    self._queues.add(queue)  # poison counting looks at transactions that received
+                return delivered
+            # Everything taken belonged to moved conversations and went on its way: receive again.
+
+    def _sort(self, msgs: list[Message]) -> tuple[list[Message], list[tuple[Message, str | None]]]:
+        """Split what a RECEIVE took into messages to deliver and records of moved conversations
+        (with the group to re-key them to; None for a move marker, which is only consumed)."""
+        b = self._broker
+        delivered: list[Message] = []
+        moving: list[tuple[Message, str | None]] = []
         for m in msgs:
-            keep, ep = b.after_receive(m, self._endpoints.get(m.conversation_handle))
+            env = m.extra["envelope"]
+            staged = self._endpoints.get(m.conversation_handle)
+            if env.message_type_name == MOVE_MARKER:
+                ep = b.note_move(m)
+                if staged is not None and ep is not None:
+                    self._endpoints[m.conversation_handle] = staged.with_chain(ep.chain)
+                moving.append((m, None))
+                continue
+            ep = b.receiving_endpoint(m, staged)
+            hop = next_hop(ep, env.hop)
+            if hop is not None:
+                moving.append((m, hop))
+                continue
+            keep, ep = b.after_receive(m, ep)
             if ep is not None:
                 self._stage(ep)
             if keep:
                 delivered.append(m)
-        return delivered
+        return delivered, moving
+
+    def _rekey(self, receiver: QueueReceiver, lease: Lease, moving: list[tuple[Message, str | None]]) -> None:
+        """Re-key a moved conversation's records one hop (and consume move markers) in a Kafka
+        transaction of their own, committed before anything else is delivered: the records are
+        never this transaction's to deliver, and a rollback of it must not undo their journey.
+        The group lock stays with this transaction's lease until it ends, or is dropped now if
+        the lease holds nothing else."""
+        b = self._broker
+        records = [b.rekey_record(receiver.topic, m, group) for m, group in moving if group is not None]
+        side = receiver.split(lease, [(m.partition, m.offset) for m, _ in moving])
+        try:
+            b.committer.commit(CommitRequest(records, [side]))
+        except TransactionAbortedError:
+            receiver.release(side, committed=False)  # back to the head of the group, in order
+            raise
+        finally:
+            if not lease.taken and not lease.offsets:
+                receiver.release(lease, committed=True)  # nothing of this group was delivered
+                self._leases.remove(lease)
+        receiver.release(side, committed=True)
+
+    def move_conversation(self, handle: str, group: str) -> None:
+        """MOVE CONVERSATION handle TO group (a GUID, existing or new, of the same queue)."""
+        self._check_open()
+        ep, records = self._broker.move_records(self.endpoint(handle), group)
+        self._records.extend(records)
+        self._stage(ep)
 
     def get_conversation_group(self, queue: str, wait: float | None = 0.0) -> str | None:
         """GET CONVERSATION GROUP: lock the next ready group without receiving from it."""
@@ -97,7 +155,7 @@ class Transaction:
 
     def begin_dialog(self, from_service: str, to_service: str, contract: str = "DEFAULT", **kw: Any) -> str:
         self._check_open()
-        ep = self._broker.new_dialog(from_service, to_service, contract, **kw)
+        ep = self._broker.new_dialog(from_service, to_service, contract, endpoint_of=self.endpoint, **kw)
         self._records.extend(self._broker.lifetime_records(ep))
         self._stage(ep)
         return ep.conversation_handle

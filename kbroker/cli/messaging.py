@@ -34,19 +34,22 @@ def read_body(body: str) -> bytes:
 @click.option("--body", default="", help="Body text, or @FILE.")
 @click.option("--conversation", "handle", help="Send on this existing conversation handle.")
 @click.option("--lifetime", type=int, help="Dialog lifetime in seconds (new dialog).")
+@click.option("--related-group", help="RELATED_CONVERSATION_GROUP of a new dialog (a GUID).")
+@click.option("--instance", help="Replies to a new dialog go to this instance's secondary queue.")
 @bootstrap_option
 @namespace_option
 @json_option
 @handle_errors
-def send(from_service, to_service, contract, message_type, body, handle, lifetime, bootstrap,
-         namespace, as_json):
+def send(from_service, to_service, contract, message_type, body, handle, lifetime, related_group, instance,
+         bootstrap, namespace, as_json):
     """SEND a message, beginning a dialog unless --conversation is given."""
     data = read_body(body)
     if handle is None and not (from_service and to_service):
         raise ValueError("give --conversation HANDLE, or --from and --to to begin a dialog")
     with _connect(bootstrap, namespace) as broker:
         if handle is None:
-            handle = broker.begin_dialog(from_service, to_service, contract, lifetime=lifetime)
+            handle = broker.begin_dialog(from_service, to_service, contract, lifetime=lifetime,
+                                         related_conversation_group=related_group, instance=instance)
         message_id = broker.send(handle, message_type, data)
     if as_json:
         emit_json({"conversation_handle": handle, "message_id": message_id})
@@ -61,15 +64,16 @@ def send(from_service, to_service, contract, message_type, body, handle, lifetim
               help="WAITFOR time-out in seconds.")
 @click.option("--conversation", "handle", help="Only this conversation (WHERE conversation_handle).")
 @click.option("--group", help="Only this conversation group (WHERE conversation_group_id).")
+@click.option("--instance", help="Receive from this instance's secondary queue of QUEUE.")
 @bootstrap_option
 @namespace_option
 @json_option
 @handle_errors
-def receive(queue, top, wait, handle, group, bootstrap, namespace, as_json):
+def receive(queue, top, wait, handle, group, instance, bootstrap, namespace, as_json):
     """RECEIVE from QUEUE: prints one JSON object per message (one conversation group)."""
     with _connect(bootstrap, namespace) as broker:
         msgs = broker.receive(queue, top=top, wait=wait, conversation_handle=handle,
-                              conversation_group=group)
+                              conversation_group=group, instance=instance)
     for m in msgs:
         emit_json(m.as_dict())
 
@@ -95,6 +99,24 @@ def end(handle, error, description, cleanup, bootstrap, namespace, as_json):
         emit_json(result)
     else:
         click.echo(f"conversation {handle} ended ({result['state']})")
+
+
+@main.command()
+@click.argument("handle")
+@click.argument("group")
+@bootstrap_option
+@namespace_option
+@json_option
+@handle_errors
+def move(handle, group, bootstrap, namespace, as_json):
+    """MOVE CONVERSATION HANDLE TO GROUP (a GUID; groups of the same queue only)."""
+    with _connect(bootstrap, namespace) as broker:
+        broker.move_conversation(handle, group)
+        ep = broker.endpoints.get(handle)
+    if as_json:
+        emit_json({"conversation_handle": handle, "conversation_group_id": ep.conversation_group_id})
+    else:
+        click.echo(f"conversation {handle} moved to group {ep.conversation_group_id}")
 
 
 @main.command()

@@ -1,4 +1,4 @@
-"""`kbroker queue show|enable|disable` and `kbroker conversations`: ALTER QUEUE ... STATUS and the
+"""`kbroker queue show|messages|enable|disable` and `kbroker conversations`: ALTER QUEUE ... STATUS and the
 DMV-like views of kbroker/queues.py."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from rich.table import Table
 
 from .. import config
 from ..queues import conversation_view, queue_view, set_queue_status
+from ..retention import queue_messages
 from . import bootstrap_option, emit_json, handle_errors, json_option, main, namespace_option
 
 
@@ -49,6 +50,29 @@ def show_cmd(queue, bootstrap, namespace, as_json):
     totals = view["totals"]
     t.add_row("total", "", str(totals["end"]), "", str(totals["completed_above"]), str(totals["ready"]))
     console.print(t)
+
+
+@queue_group.command("messages")
+@click.argument("queue")
+@click.option("--conversation", "handle", help="Only this conversation handle's messages.")
+@bootstrap_option
+@namespace_option
+@json_option
+@handle_errors
+def messages_cmd(queue, handle, bootstrap, namespace, as_json):
+    """The queue's messages, like SELECT * FROM queue: status 1 = ready, 0 = received (kept only
+    with RETENTION = ON, until the conversation ends)."""
+    rows = queue_messages(config.resolve_bootstrap(bootstrap), config.namespace(namespace), queue, handle)
+    if as_json:
+        emit_json(rows)
+        return
+    t = _table(f"queue {queue}", "status", "order", "conversation_handle", "seq", "message_type_name", "body")
+    t.columns[2].no_wrap = True
+    for r in rows:
+        body = r["message_body"] if r["message_body"] is not None else f"0x{r['message_body_hex'][:40]}"
+        t.add_row(str(r["status"]), str(r["queuing_order"]), r["conversation_handle"],
+                  str(r["message_sequence_number"]), r["message_type_name"], body[:60])
+    Console().print(t)
 
 
 def _set_status(queue: str, status: str, reason: str, bootstrap, namespace, as_json: bool) -> None:

@@ -1,0 +1,154 @@
+"""A queue's messages, as Service Broker's queue view shows them, and RETENTION = ON.
+
+RECEIVE never deletes a record in Kafka: it commits the offset. So the queue view is computed
+when asked, from what Kafka already keeps: the queue topic's records (read committed), the queue
+consumer group's committed offsets with the completed offsets above them (commit metadata), and
+the endpoints topic. A message is `received` (status 0) when its offset is completed, else
+`ready` (status 1). RETENTION = OFF lists only ready messages (received ones are gone, as in
+Service Broker); RETENTION = ON also lists received ones. A conversation this side ended (END
+CONVERSATION: endpoint DISCONNECTED_OUTBOUND or CLOSED, or removed WITH CLEANUP) has no messages
+in the view any more, ready or received, as Service Broker deletes them.
+
+Bounded by the topic: the view reads the queue topic from its log start, so it costs one pass
+over what Kafka retains (`topic_retention`). A RETENTION = ON queue must therefore keep its topic
+at least as long as its conversations live (`topic_retention: forever` for the strict meaning).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from confluent_kafka import (Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer,
+                             TopicPartition)
+from confluent_kafka.admin import AdminClient
+
+from . import names
+from .catalog.store import kafka_error, read_catalog
+from .config import KAFKA_LOG
+from .endpoints import CLOSED, DISCONNECTED_OUTBOUND, Endpoint, EndpointStore, handle_for
+from .envelope import Envelope, MalformedRecord
+from .errors import CatalogError
+from .groups import MOVE_MARKER
+from .offsets import decode_completed
+
+RECEIVED, READY = 0, 1  # Service Broker's status column
+
+
+@dataclass(frozen=True)
+class QueuedRecord:
+    partition: int
+    offset: int
+    timestamp: int
+    envelope: Envelope
+    body: bytes
+
+
+def message_rows(records: list[QueuedRecord], done: Callable[[int, int], bool],
+                 endpoints: dict[str, Endpoint], retention: bool,
+                 conversation_handle: str | None = None) -> list[dict]:
+    """The queue view's rows (pure): see the module's docstring for the rules."""
+    # A moved conversation's record exists once per hop (see groups.py); the last copy is the
+    # message, the earlier ones were consumed by the re-keying.
+    latest: dict[str, QueuedRecord] = {}
+    for r in records:
+        if r.envelope.message_type_name == MOVE_MARKER:
+            continue
+        seen = latest.get(r.envelope.message_id)
+        if seen is None or r.envelope.hop > seen.envelope.hop:
+            latest[r.envelope.message_id] = r
+    rows = []
+    for r in sorted(latest.values(), key=lambda r: (r.timestamp, r.partition, r.offset)):
+        env = r.envelope
+        handle = handle_for(env.conversation_id, env.to_side)
+        if conversation_handle is not None and handle != conversation_handle:
+            continue
+        received = done(r.partition, r.offset)
+        ep = endpoints.get(handle)
+        if (ep is None and received) or (ep is not None and ep.state in (DISCONNECTED_OUTBOUND, CLOSED)):
+            continue  # this side ended the conversation (a target endpoint appears on first receive)
+        if received and not retention:
+            continue
+        try:
+            body, body_hex = r.body.decode("utf-8"), None
+        except UnicodeDecodeError:
+            body, body_hex = None, r.body.hex()
+        rows.append({
+            "status": RECEIVED if received else READY, "priority": env.priority,
+            "queuing_order": len(rows), "conversation_group_id": env.conversation_group_id,
+            "conversation_handle": handle, "message_sequence_number": env.message_sequence_number,
+            "service_name": env.to_service_name, "service_contract_name": env.service_contract_name,
+            "message_type_name": env.message_type_name, "message_id": env.message_id,
+            "message_body": body, **({"message_body_hex": body_hex} if body_hex is not None else {}),
+            "enqueued_time": r.timestamp, "partition": r.partition, "offset": r.offset,
+        })
+    return rows
+
+
+def queue_messages(bootstrap: str, namespace: str, queue: str, conversation_handle: str | None = None,
+                   timeout: float = 10.0) -> list[dict]:
+    """The messages of `queue` (optionally of one conversation handle) with their status."""
+    q = read_catalog(bootstrap, namespace, timeout).queue(queue)  # UnknownQueueError
+    topic, group = names.queue_topic(namespace, queue), names.queue_group(namespace, queue)
+    records, partitions = _read_topic(bootstrap, topic, timeout)
+    done = _completed(bootstrap, topic, group, partitions, timeout)
+    store = EndpointStore(bootstrap, namespace, Producer({"bootstrap.servers": bootstrap, "logger": KAFKA_LOG}))
+    try:
+        endpoints = {ep.conversation_handle: ep for ep in store.all()}
+    finally:
+        store.close()
+    return message_rows(records, done, endpoints, q.retention == "ON", conversation_handle)
+
+
+def _read_topic(bootstrap: str, topic: str, timeout: float) -> tuple[list[QueuedRecord], list[int]]:
+    """Every committed record of the topic, read from the log start to the end of each partition."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}.view", "logger": KAFKA_LOG,
+                  "enable.auto.commit": False, "isolation.level": "read_committed",
+                  "enable.partition.eof": True, "fetch.wait.max.ms": 10})
+    try:
+        meta = c.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is None or meta.error is not None:
+            raise CatalogError(f"queue topic {topic} does not exist: run 'kbroker apply'")
+        partitions = sorted(meta.partitions)
+        c.assign([TopicPartition(topic, p, 0) for p in partitions])  # 0: from the log start
+        pending, out = set(partitions), []
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            for msg in c.consume(500, 0.2):
+                if msg.error():
+                    if msg.error().code() != KafkaError._PARTITION_EOF:
+                        raise KafkaException(msg.error())
+                    pending.discard(msg.partition())
+                    continue
+                try:
+                    env = Envelope.from_headers(msg.headers())
+                except MalformedRecord:
+                    continue  # not a message: the receivers dead-letter it
+                out.append(QueuedRecord(msg.partition(), msg.offset(), msg.timestamp()[1], env,
+                                        msg.value() or b""))
+        if pending:
+            raise kafka_error(f"cannot read {topic} to its end", KafkaError(KafkaError._TIMED_OUT))
+        return out, partitions
+    finally:
+        c.close()
+
+
+def _completed(bootstrap: str, topic: str, group: str, partitions: list[int],
+               timeout: float) -> Callable[[int, int], bool]:
+    """Whether the queue's readers completed an offset: below the committed offset, or among the
+    completed offsets above it that the commit metadata lists."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": KAFKA_LOG})
+    request = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])]
+    try:
+        tps = admin.list_consumer_group_offsets(request, request_timeout=timeout)[group].result().topic_partitions
+    except KafkaException as exc:
+        raise kafka_error(f"cannot list the committed offsets of {group}", exc.args[0]) from None
+    committed = {tp.partition: (max(tp.offset, 0), set(decode_completed(max(tp.offset, 0), tp.metadata)))
+                 for tp in tps}
+
+    def done(partition: int, offset: int) -> bool:
+        base, above = committed.get(partition, (0, set()))
+        return offset < base or offset in above
+
+    return done

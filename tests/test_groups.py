@@ -1,0 +1,227 @@
+"""Conversation groups against the real broker: RELATED_CONVERSATION(_GROUP) and MOVE CONVERSATION,
+including the re-keying of records queued under a moved conversation's old group."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import orjson
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from kbroker import errors, names
+from kbroker.client import Broker
+from kbroker.demo import APPROVAL, CLAIM, CONTRACT, EMPLOYEES as EMP, EXPENSES as EXP
+from kbroker.endpoints import handle_for
+
+
+def end_offsets(bootstrap: str, topic: str) -> list[int]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        return [c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in sorted(parts)]
+    finally:
+        c.close()
+
+
+def drain(broker: Broker, queue: str, wait: float = 5.0) -> list:
+    """Receive until the queue has nothing more, one RECEIVE (= one group) at a time."""
+    got = []
+    while True:
+        msgs = broker.receive(queue, top=50, wait=wait)
+        if not msgs:
+            return got
+        got.append(msgs)
+
+
+def test_related_dialogs_reply_into_one_group(broker):
+    g = str(uuid.uuid4())
+    h1 = broker.begin_dialog(EMP, EXP, CONTRACT, related_conversation_group=g)
+    h2 = broker.begin_dialog(EMP, EXP, CONTRACT, related_conversation=h1)
+    h3 = broker.begin_dialog(EMP, EXP, CONTRACT)  # its own group
+    for h in (h1, h2, h3):
+        broker.send(h, CLAIM, {"h": h})
+    # The target replies once on each conversation; it keys them by the group the initiator told it.
+    for _ in range(3):
+        with broker.transaction() as tx:
+            for m in tx.receive("ExpenseQueue", top=10, wait=15):
+                tx.send(m.conversation_handle, APPROVAL, {"h": orjson.loads(m.body)["h"]})
+    with broker.transaction() as tx:
+        got = tx.receive("EmployeeQueue", top=10, wait=15, conversation_group=g)
+        # One RECEIVE returns the group's messages across both related conversations ...
+        assert sorted(m.conversation_handle for m in got) == sorted([h1, h2])
+        assert {m.conversation_group_id for m in got} == {g}
+        # ... and the group lock covers them all: no other reader gets either conversation.
+        other = []
+        t = threading.Thread(target=lambda: other.extend(
+            broker.receive("EmployeeQueue", top=10, wait=2, conversation_group=g)))
+        t.start()
+        t.join()
+        assert other == []
+    rest = broker.receive("EmployeeQueue", top=10, wait=15)
+    assert [m.conversation_handle for m in rest] == [h3]
+    assert rest[0].conversation_group_id != g
+
+
+def test_related_conversation_inside_a_transaction(broker):
+    with broker.transaction() as tx:
+        h1 = tx.begin_dialog(EMP, EXP, CONTRACT)  # staged, not yet in the endpoints topic
+        h2 = tx.begin_dialog(EMP, EXP, CONTRACT, related_conversation=h1)
+    assert broker.endpoints.get(h2).conversation_group_id == broker.endpoints.get(h1).conversation_group_id
+
+
+@pytest.mark.parametrize("case", ["unknown handle", "both clauses", "not a guid", "other queue"])
+def test_bad_related_conversation_is_typed_and_produces_nothing(kafka_bootstrap, namespace, broker, case):
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    broker.send(h, CLAIM, {})
+    broker.receive("ExpenseQueue", top=1, wait=15)  # creates the target endpoint (ExpenseQueue)
+    target = handle_for(broker.endpoints.get(h).conversation_id, "TARGET")
+    topic = names.endpoints_topic(namespace)
+    before = end_offsets(kafka_bootstrap, topic)
+    kw, error = {
+        "unknown handle": ({"related_conversation": str(uuid.uuid4())}, errors.ConversationNotFoundError),
+        "both clauses": ({"related_conversation": h, "related_conversation_group": str(uuid.uuid4())}, ValueError),
+        "not a guid": ({"related_conversation_group": "group-1"}, ValueError),
+        "other queue": ({"related_conversation": target}, errors.ConversationGroupError),
+    }[case]
+    with pytest.raises(error):
+        broker.begin_dialog(EMP, EXP, CONTRACT, **kw)
+    assert end_offsets(kafka_bootstrap, topic) == before
+
+
+def test_move_rekeys_queued_messages_in_order_exactly_once(broker):
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    for i in range(3):
+        broker.send(h, CLAIM, {"i": i})
+    first = broker.receive("ExpenseQueue", top=1, wait=15)  # creates the target endpoint
+    assert [m.message_sequence_number for m in first] == [0]
+    target, old = first[0].conversation_handle, first[0].conversation_group_id
+    g = str(uuid.uuid4())
+    broker.move_conversation(target, g)
+    assert broker.endpoints.get(target).conversation_group_id == g
+    for i in range(3, 6):  # the initiator keeps sending with the key it knows
+        broker.send(h, CLAIM, {"i": i})
+    batches = drain(broker, "ExpenseQueue")
+    got = [m for batch in batches for m in batch]
+    assert [m.message_sequence_number for m in got] == [1, 2, 3, 4, 5]
+    assert [orjson.loads(m.body)["i"] for m in got] == [1, 2, 3, 4, 5]
+    assert {m.conversation_group_id for m in got} == {g}
+    assert old != g
+    # Replies after the move still reach the initiator; the target's own group is the moved one.
+    broker.send(target, APPROVAL, {"ok": True})
+    assert [m.message_type_name for m in broker.receive("EmployeeQueue", top=5, wait=15)] == [APPROVAL]
+
+
+def test_move_by_another_process_reaches_the_reader_through_the_marker(kafka_bootstrap, namespace, broker):
+    """The reader cached the endpoint before another process moved the conversation: it learns
+    of the move from the marker in the old group's stream."""
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    for i in range(3):
+        broker.send(h, CLAIM, {"i": i})
+    first = broker.receive("ExpenseQueue", top=1, wait=15)
+    target = first[0].conversation_handle
+    g = str(uuid.uuid4())
+    with Broker(kafka_bootstrap, namespace) as mover:
+        mover.move_conversation(target, g)
+    assert broker.endpoints.cached(target).conversation_group_id != g  # stale in the reader
+    # The reader replies from its stale cache, writing the endpoint without the move: the
+    # move survives (the chain has its own key in the endpoints topic).
+    broker.send(target, APPROVAL, {"stale": True})
+    with Broker(kafka_bootstrap, namespace) as fresh:
+        assert fresh.endpoints.get(target).conversation_group_id == g
+        assert fresh.endpoints.get(target).send_sequence == 1
+    for i in range(3, 6):
+        broker.send(h, CLAIM, {"i": i})
+    got = [m for batch in drain(broker, "ExpenseQueue") for m in batch]
+    assert [m.message_sequence_number for m in got] == [1, 2, 3, 4, 5]
+    # Records behind the marker are delivered in the new group only.
+    assert {m.conversation_group_id for m in got if m.message_sequence_number >= 3} == {g}
+    assert broker.endpoints.cached(target).conversation_group_id == g
+
+
+def test_two_readers_never_hold_a_moved_conversation_at_once(broker):
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    for i in range(4):
+        broker.send(h, CLAIM, {"i": i})
+    target = broker.receive("ExpenseQueue", top=1, wait=15)[0].conversation_handle
+    g = str(uuid.uuid4())
+    tx_a = broker.transaction()
+    held = tx_a.receive("ExpenseQueue", top=1, wait=15)  # reader A holds the old group
+    assert [m.message_sequence_number for m in held] == [1]
+    broker.move_conversation(target, g)
+    for i in range(4, 6):
+        broker.send(h, CLAIM, {"i": i})
+    # Reader B, meanwhile: the old group is locked by A, and nothing of the conversation can be
+    # in the new group before it passed through the old one.
+    seen_by_b: list = []
+    t = threading.Thread(target=lambda: seen_by_b.extend(broker.receive("ExpenseQueue", top=10, wait=3)))
+    t.start()
+    t.join()
+    assert seen_by_b == []
+    tx_a.commit()
+    # A rollback after the re-keying leaks no lock: the messages come back to the next reader.
+    with pytest.raises(RuntimeError):
+        with broker.transaction() as tx:
+            got = tx.receive("ExpenseQueue", top=10, wait=15)
+            assert got and {m.conversation_group_id for m in got} == {g}
+            raise RuntimeError("handler failed")
+    got = [m for batch in drain(broker, "ExpenseQueue") for m in batch]
+    assert [m.message_sequence_number for m in got] == [2, 3, 4, 5]
+    assert {m.conversation_group_id for m in got} == {g}
+    assert broker.receiver("ExpenseQueue")._locked == {}  # every group lock was released
+
+
+@pytest.mark.parametrize("case", ["unknown handle", "not a guid", "other queue"])
+def test_bad_move_is_typed_and_produces_nothing(kafka_bootstrap, namespace, broker, case):
+    g = str(uuid.uuid4())
+    h = broker.begin_dialog(EMP, EXP, CONTRACT, related_conversation_group=g)  # g: EmployeeQueue's
+    broker.send(h, CLAIM, {})
+    target = broker.receive("ExpenseQueue", top=1, wait=15)[0].conversation_handle
+    topics = [names.endpoints_topic(namespace), names.queue_topic(namespace, "ExpenseQueue")]
+    before = [end_offsets(kafka_bootstrap, t) for t in topics]
+    handle, group, error = {
+        "unknown handle": (str(uuid.uuid4()), str(uuid.uuid4()), errors.ConversationNotFoundError),
+        "not a guid": (target, "group-1", ValueError),
+        "other queue": (target, g, errors.ConversationGroupError),
+    }[case]
+    with pytest.raises(error):
+        broker.move_conversation(handle, group)
+    assert [end_offsets(kafka_bootstrap, t) for t in topics] == before
+
+
+def test_move_inside_the_receiving_transaction_and_a_rolled_back_move(broker):
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    for i in range(4):
+        broker.send(h, CLAIM, {"i": i})
+    g1, g2 = str(uuid.uuid4()), str(uuid.uuid4())
+    with broker.transaction() as tx:  # RECEIVE, then MOVE what it received from: Service Broker's way
+        got = tx.receive("ExpenseQueue", top=2, wait=15)
+        target = got[0].conversation_handle
+        tx.move_conversation(target, g1)
+    with pytest.raises(RuntimeError):
+        with broker.transaction() as tx:
+            tx.move_conversation(target, g2)
+            raise RuntimeError("changed my mind")
+    assert broker.endpoints.get(target).conversation_group_id == g1
+    got = [m for batch in drain(broker, "ExpenseQueue") for m in batch]
+    assert [(m.message_sequence_number, m.conversation_group_id) for m in got] == [(2, g1), (3, g1)]
+
+
+def test_group_chain_rules():
+    """The pure rules of groups.py: hop by hop along the chain, a move back included."""
+    from kbroker.endpoints import CONVERSING, STARTED_OUTBOUND, Endpoint
+    from kbroker.groups import moved, next_hop
+
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    ep = Endpoint("h", "c", "TARGET", "c", "c", "S", "F", "K", CONVERSING)
+    assert next_hop(ep, 0) is None
+    ep1, marker = moved(ep, a)
+    assert marker and ep1.chain == ("c", a) and next_hop(ep1, 0) == a and next_hop(ep1, 1) is None
+    ep2, _ = moved(ep1, "c")  # back to where it started: one more hop, never a shortcut
+    assert ep2.chain == ("c", a, "c") and next_hop(ep2, 0) == a and next_hop(ep2, 1) == "c"
+    assert moved(ep2, "c") == (ep2, False)
+    fresh = Endpoint("h", "c", "INITIATOR", "c", "c", "S", "F", "K", STARTED_OUTBOUND)
+    assert moved(fresh, b) == (Endpoint("h", "c", "INITIATOR", b, "c", "S", "F", "K", STARTED_OUTBOUND), False)
+    assert ep.with_chain(ep2.chain).conversation_group_id == "c" and ep2.with_chain(ep1.chain) == ep2
+    assert Endpoint.from_json(ep2.to_json()).chain == ep2.chain

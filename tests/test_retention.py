@@ -1,0 +1,123 @@
+"""RETENTION = ON and the queue view (`broker.queue_messages`, `kbroker queue messages`) against the
+real broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from kbroker import errors
+from kbroker.catalog.apply import apply_paths
+from kbroker.client import Broker
+
+from .conftest import KBROKER
+
+CATALOG = """
+message_types:
+  - name: //t/Request
+    validation: JSON
+  - name: //t/Reply
+    validation: JSON
+contracts:
+  - name: //t/RequestReply
+    messages:
+      - type: //t/Request
+        sent_by: INITIATOR
+      - type: //t/Reply
+        sent_by: TARGET
+queues:
+  - name: Retained
+    partitions: 2
+    retention: ON
+    topic_retention: forever
+  - name: Plain
+    partitions: 2
+services:
+  - name: //t/Server
+    queue: Retained
+    contracts: [//t/RequestReply]
+  - name: //t/Client
+    queue: Plain
+    contracts: [//t/RequestReply]
+"""
+
+
+@pytest.fixture
+def rb(kafka_bootstrap, namespace, tmp_path):
+    path = tmp_path / "retention.yaml"
+    path.write_text(CATALOG)
+    apply_paths(kafka_bootstrap, namespace, [path])
+    b = Broker(kafka_bootstrap, namespace)
+    yield b
+    b.close()
+
+
+def statuses(rows: list[dict]) -> list[tuple[int, int]]:
+    return [(r["message_sequence_number"], r["status"]) for r in rows]
+
+
+def test_received_messages_stay_until_the_conversation_ends(rb):
+    h = rb.begin_dialog("//t/Client", "//t/Server", "//t/RequestReply")
+    other = rb.begin_dialog("//t/Client", "//t/Server", "//t/RequestReply")
+    for i in range(3):
+        rb.send(h, "//t/Request", {"i": i})
+    rb.send(other, "//t/Request", {"other": True})
+    assert sorted(statuses(rb.queue_messages("Retained"))) == [(0, 1), (0, 1), (1, 1), (2, 1)]
+
+    got = rb.receive("Retained", top=2, wait=15, conversation_handle=None)
+    while got[0].conversation_id != rb.endpoints.get(h).conversation_id:
+        got = rb.receive("Retained", top=2, wait=15)  # the other conversation came first
+    target = got[0].conversation_handle
+    assert statuses(rb.queue_messages("Retained", conversation_handle=target)) == [(0, 0), (1, 0), (2, 1)]
+    rows = rb.queue_messages("Retained", conversation_handle=target)
+    assert [r["message_body"] for r in rows] == ['{"i":0}', '{"i":1}', '{"i":2}']
+    assert {r["conversation_handle"] for r in rows} == {target}
+
+    # Received messages stay; the rest of the conversation is received; still all listed.
+    assert [m.message_sequence_number for m in rb.receive("Retained", top=5, wait=15,
+                                                          conversation_handle=target)] == [2]
+    assert statuses(rb.queue_messages("Retained", conversation_handle=target)) == [(0, 0), (1, 0), (2, 0)]
+
+    # END CONVERSATION on this side: its messages leave the view; the other conversation's stay.
+    rb.end_conversation(target)
+    assert rb.queue_messages("Retained", conversation_handle=target) == []
+    rest = rb.queue_messages("Retained")
+    assert len(rest) == 1 and rest[0]["conversation_handle"] != target
+
+
+def test_without_retention_received_messages_leave_the_view(rb):
+    h = rb.begin_dialog("//t/Client", "//t/Server", "//t/RequestReply")
+    rb.send(h, "//t/Request", {"i": 0})
+    with rb.transaction() as tx:
+        m = tx.receive("Retained", top=1, wait=15)[0]
+        tx.send(m.conversation_handle, "//t/Reply", {"ok": True})
+    assert statuses(rb.queue_messages("Plain")) == [(0, 1)]
+    assert [m.conversation_handle for m in rb.receive("Plain", top=5, wait=15)] == [h]
+    assert rb.queue_messages("Plain") == []
+
+
+def test_cli_queue_messages(kafka_bootstrap, namespace, rb):
+    h = rb.begin_dialog("//t/Client", "//t/Server", "//t/RequestReply")
+    rb.send(h, "//t/Request", {"i": 0})
+    rb.send(h, "//t/Request", {"i": 1})
+    rb.receive("Retained", top=1, wait=15)
+    env = {**os.environ, "KBROKER_BOOTSTRAP": kafka_bootstrap, "KBROKER_NAMESPACE": namespace}
+    out = subprocess.run([KBROKER, "queue", "messages", "Retained", "--json"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert statuses(rows) == [(0, 0), (1, 1)]
+    text = subprocess.run([KBROKER, "queue", "messages", "Retained"], env={**env, "COLUMNS": "250"},
+                          capture_output=True, text=True, timeout=60)
+    assert text.returncode == 0 and "//t/Request" in text.stdout
+    bad = subprocess.run([KBROKER, "queue", "messages", "Nope"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1 and "Nope" in bad.stderr
+
+
+def test_unknown_queue_is_typed(rb):
+    with pytest.raises(errors.UnknownQueueError):
+        rb.queue_messages("Nope")
