@@ -180,17 +180,14 @@ class EndpointStore:
             raise ConversationNotFoundError(handle)
         return ep
 
-    def refresh(self) -> None:
-        """Read what other processes wrote since, so cached states are current."""
-        self._read_forward()
-
     def all(self) -> list[Endpoint]:
         self._read_forward()
         return list(self._cache.values())
 
     def refresh(self) -> None:
         """Catch up with the topic: endpoints changed by other processes (a MOVE) replace stale
-        cached ones. Called when a queue partition is assigned to this process."""
+        cached ones. Called when a queue partition is assigned to this process, and by the timer
+        service before it decides which sides a due timer reaches."""
         self._read_forward()
 
     def _read_forward(self, timeout: float = 10.0) -> None:
