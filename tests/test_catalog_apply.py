@@ -26,7 +26,7 @@ SUBMISSION = "//Adventure-Works.com/Expenses/ExpenseSubmission"
 EXPENSES = "//Adventure-Works.com/Expenses"
 EMPLOYEES = "//Adventure-Works.com/Employees"
 SYSTEM = {"catalog": (1, "compact"), "endpoints": (4, "compact"), "events": (4, "delete"),
-          "deadletter": (4, "delete"), "transmission": (4, "delete")}
+          "deadletter": (4, "delete"), "transmission": (4, "delete"), "timers": (4, "compact")}
 
 
 def topics_of(bootstrap: str, namespace: str) -> dict[str, int]:
@@ -138,7 +138,7 @@ def test_cli_apply_json_and_catalog_show(kafka_bootstrap, namespace):
     proc = run_cli(kafka_bootstrap, "apply", str(SAMPLES), "--namespace", namespace, "--json")
     assert proc.returncode == 0, proc.stderr
     report = orjson.loads(proc.stdout)
-    assert len(report["topics_created"]) == 7 and report["objects_published"] == 7
+    assert len(report["topics_created"]) == len(SYSTEM) + 2 and report["objects_published"] == 7
 
     again = orjson.loads(run_cli(kafka_bootstrap, "apply", str(SAMPLES), "--namespace", namespace, "--json").stdout)
     assert (again["topics_created"], again["objects_published"]) == ([], 0)

@@ -1,0 +1,100 @@
+"""Adaptive polling readers for a queue without activation (NServiceBus 2.1's ramp-up).
+
+    pool = ReaderPool(broker, "ExpenseQueue", handle, max_readers=8).start()
+    ...
+    pool.stop()
+
+Each reader loops: a transaction, RECEIVE TOP(top) WAITFOR(wait), `handle(tx, messages)`, commit.
+The decisions come from `worker.ramp.RampUp`: consecutive RECEIVEs that found messages add a
+reader (up to `max_readers`), consecutive empty ones retire the reader that came back empty (down
+to one). A handler that raises rolls its transaction back (the messages come back; five in a row
+disable the queue, as poison messages do) and counts as a successful poll, since work was there.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+
+from .envelope import Message
+from .errors import KBrokerError, QueueDisabledError
+from .worker.ramp import RampUp
+
+log = logging.getLogger("kbroker.pool")
+
+Handler = Callable[[Any, list[Message]], None]  # (transaction, messages of one conversation group)
+
+
+class ReaderPool:
+    def __init__(self, broker: Any, queue: str, handle: Handler, *, max_readers: int = 4, top: int = 10,
+                 wait: float = 1.0):
+        self.broker, self.queue, self._handle = broker, queue, handle
+        self._top, self._wait = top, wait
+        self._ramp = RampUp(max_readers=max_readers)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: set[threading.Thread] = set()
+        self.peak = 0
+        self.handled = 0
+        self.failures = 0
+
+    @property
+    def readers(self) -> int:
+        with self._lock:
+            return len(self._threads)
+
+    def start(self) -> "ReaderPool":
+        self._spawn()
+        return self
+
+    def _spawn(self) -> None:
+        t = threading.Thread(target=self._loop, name=f"kbroker-pool-{self.queue}", daemon=True)
+        with self._lock:
+            self._threads.add(t)
+            self.peak = max(self.peak, len(self._threads))
+        t.start()
+
+    def _loop(self) -> None:
+        me = threading.current_thread()
+        try:
+            while not self._stop.is_set():
+                got = self._poll()
+                with self._lock:
+                    self._ramp, delta = self._ramp.observe(got)
+                if delta > 0:
+                    self._spawn()
+                elif delta < 0:
+                    return  # the reader that came back empty retires
+        finally:
+            with self._lock:
+                self._threads.discard(me)
+
+    def _poll(self) -> bool:
+        try:
+            with self.broker.transaction() as tx:
+                msgs = tx.receive(self.queue, top=self._top, wait=self._wait)
+                if msgs:
+                    self._handle(tx, msgs)
+            if msgs:
+                with self._lock:
+                    self.handled += len(msgs)
+            return bool(msgs)
+        except QueueDisabledError:
+            self._stop.wait(self._wait)  # disabled (poison messages): idle until enabled again
+            return False
+        except KBrokerError as exc:
+            log.warning("reader on %s: %s", self.queue, exc)
+            return False
+        except Exception:
+            log.exception("handler on %s failed; its transaction rolled back", self.queue)
+            with self._lock:
+                self.failures += 1
+            return True
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        with self._lock:
+            threads = list(self._threads)
+        for t in threads:
+            t.join(timeout)
