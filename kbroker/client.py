@@ -35,6 +35,7 @@ from .endpoints import (CLOSED, DISCONNECTED_INBOUND, DISCONNECTED_OUTBOUND, ERR
                         SENDABLE, STARTED_OUTBOUND, Endpoint, EndpointStore, chain_key, handle_for,
                         new_target_endpoint, other)
 from .envelope import Envelope, Message, error_body
+from .ids import new_id
 from .errors import (BrokerUnavailableError, CatalogError, ContractViolationError,
                      ConversationClosedError, ConversationGroupError, MessageTooLargeError,
                      SendFailedError, UnknownContractError)
@@ -270,7 +271,7 @@ class Broker:
             raise ValueError("lifetime must be a positive number of seconds")
         if related_conversation is not None and related_conversation_group is not None:
             raise ValueError("give RELATED_CONVERSATION or RELATED_CONVERSATION_GROUP, not both")
-        conversation_id = str(uuid.uuid4())
+        conversation_id = new_id()
         group = conversation_id
         if related_conversation is not None:
             related = (endpoint_of or self.endpoints.get)(str(related_conversation))
@@ -312,7 +313,7 @@ class Broker:
         if not needs_marker:
             return new, []
         old = ep.conversation_group_id
-        env = Envelope(message_id=str(uuid.uuid4()), conversation_id=ep.conversation_id,
+        env = Envelope(message_id=new_id(), conversation_id=ep.conversation_id,
                        conversation_group_id=old, message_sequence_number=-1,
                        message_type_name=MOVE_MARKER, service_contract_name=ep.service_contract_name,
                        from_service_name=ep.service_name, to_service_name=ep.service_name, to_side=ep.side,
@@ -455,7 +456,7 @@ class Broker:
             raise MessageTooLargeError(len(data), far_queue.max_message_bytes, far_queue.name)
         reply_group = ep.chain[0]  # the key the far side's records must carry (see groups.py)
         env = Envelope(
-            message_id=str(uuid.uuid4()), conversation_id=ep.conversation_id,
+            message_id=new_id(), conversation_id=ep.conversation_id,
             conversation_group_id=ep.far_conversation_group_id,
             message_sequence_number=ep.send_sequence, message_type_name=message_type,
             service_contract_name=ep.service_contract_name, from_service_name=ep.service_name,

@@ -90,6 +90,10 @@ def _conversation(broker: Broker, say) -> list[dict]:
         step("expenses", "RECEIVE EndDialog")
         broker.end_conversation(claim.conversation_handle)
         step("expenses", "END CONVERSATION")
+        # That END acknowledges the employee's: its next RECEIVE consumes the acknowledgement
+        # without returning it, and the employee's endpoint goes from DO to CD.
+        broker.receive("EmployeeQueue", top=1, wait=5, conversation_group=group)
+        step("employee", "RECEIVE (end acknowledged, nothing returned)")
 
         table = Table(title="conversation endpoints")
         for col in ("side", "service", "state", "conversation_handle"):

@@ -34,6 +34,7 @@ from .config import KAFKA_LOG
 from .catalog.models import DIALOG_TIMER, ERROR as ERROR_TYPE
 from .endpoints import CLOSED, STARTED_OUTBOUND, Endpoint, handle_for, other
 from .envelope import Envelope, error_body
+from .ids import new_id
 from .timer_schedule import Entry, TimerSchedule
 
 log = logging.getLogger("kbroker.timers")
@@ -75,7 +76,7 @@ def lifetime_record(namespace: str, ep: Endpoint, initiator_topic: str, target_t
 
 def _system_message(conversation_id: str, side: str, contract: str, to_service: str, from_service: str,
                     topic: str, key: str, message_type: str, body: bytes) -> Record:
-    env = Envelope(message_id=str(uuid.uuid4()), conversation_id=conversation_id, conversation_group_id=key,
+    env = Envelope(message_id=new_id(), conversation_id=conversation_id, conversation_group_id=key,
                    message_sequence_number=SYSTEM_SEQUENCE, message_type_name=message_type,
                    service_contract_name=contract, from_service_name=from_service,
                    to_service_name=to_service, to_side=side)
