@@ -8,21 +8,13 @@ import uuid
 
 import orjson
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from kbroker import errors, names
 from kbroker.client import Broker
 from kbroker.demo import APPROVAL, CLAIM, CONTRACT, EMPLOYEES as EMP, EXPENSES as EXP
 from kbroker.endpoints import handle_for
 
-
-def end_offsets(bootstrap: str, topic: str) -> list[int]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
-    try:
-        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-        return [c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in sorted(parts)]
-    finally:
-        c.close()
+from .test_messaging import end_offsets
 
 
 def drain(broker: Broker, queue: str, wait: float = 5.0) -> list:

@@ -25,10 +25,9 @@ import shlex
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..catalog.loader import _StrictLoader, pydantic_reason
+from ..catalog.loader import pydantic_reason, read_yaml
 from ..config import NAMESPACE_RE
 from ..errors import DefinitionError
 from ..names import QUEUE_NAME_RE
@@ -118,16 +117,7 @@ class ActivatorConfig(_Model):
 def load_config(path: str | Path) -> ActivatorConfig:
     """Read and validate the file. cwd values come back absolute (relative to the file)."""
     file = Path(path)
-    try:
-        data = yaml.load(file.read_text(encoding="utf-8"), Loader=_StrictLoader)
-    except FileNotFoundError:
-        raise DefinitionError(str(file), None, "no such file") from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise DefinitionError(str(file), None, f"invalid YAML{where}: {exc.problem or exc.context}") from None
-    except (yaml.YAMLError, UnicodeDecodeError, OSError) as exc:
-        raise DefinitionError(str(file), None, f"cannot read: {' '.join(str(exc).split())}") from None
+    data = read_yaml(file)
     if not isinstance(data, dict):
         raise DefinitionError(str(file), None, "the file must be a mapping with an 'applications' list")
     apps = data.get("applications")

@@ -104,16 +104,27 @@ def pydantic_reason(exc: ValidationError) -> str:
 
 
 def _read(file: Path) -> dict[str, list]:
+    data = read_yaml(file)
+    if data is None:
+        return {}
+    return _check_top_level(file, data)
+
+
+def read_yaml(file: Path) -> Any:
+    """Parse one YAML file strictly (a key given twice is an error), or raise DefinitionError."""
     try:
-        data = yaml.load(file.read_text(encoding="utf-8"), Loader=_StrictLoader)
+        return yaml.load(file.read_text(encoding="utf-8"), Loader=_StrictLoader)
+    except FileNotFoundError:
+        raise DefinitionError(str(file), None, "no such file") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise DefinitionError(str(file), None, f"invalid YAML{where}: {exc.problem or exc.context}") from None
     except (yaml.YAMLError, UnicodeDecodeError, OSError) as exc:
         raise DefinitionError(str(file), None, f"cannot read: {' '.join(str(exc).split())}") from None
-    if data is None:
-        return {}
+
+
+def _check_top_level(file: Path, data: Any) -> dict[str, list]:
     if not isinstance(data, dict):
         raise DefinitionError(str(file), None, "the file must be a mapping of lists (message_types:, queues:, ...)")
     for key, items in data.items():
