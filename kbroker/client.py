@@ -15,6 +15,8 @@ inside and outside a transaction.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
@@ -22,7 +24,7 @@ from dataclasses import replace
 from typing import Any, Callable, TypeVar
 
 import orjson
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from . import config, names
@@ -79,7 +81,8 @@ class Broker:
         self._receivers: dict[tuple[str, str | None], QueueReceiver] = {}  # (queue, instance)
         self._secondary: set[str] = set()  # secondary queue topics known to exist
         self._disabled: set[str] = set()
-        self.hooks: list[Any] = []  # objects with before_receive / after_receive / after_rollback
+        self.hooks: list[Any] = []
+        self._process = f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:04x}"  # objects with before_receive / after_receive / after_rollback
 
     def emit(self, hook: str, *args: Any) -> None:
         """Call `hook` on every registered hook object that has it (the worker's queue monitors
@@ -155,8 +158,19 @@ class Broker:
                     commit_barrier=committer.barrier, topic=topic,
                     # A partition that arrives may hold records of conversations moved by another
                     # process since this one cached their endpoints: catch up first.
-                    on_assign=self.endpoints.refresh)
+                    on_assign=self.endpoints.refresh,
+                    report=lambda stats, q=queue: self._report_reader(q, stats))
             return r
+
+    def _report_reader(self, queue: str, stats: dict) -> None:
+        """Every few seconds, from a receiver's poll thread: its locks and in-flight counts, for
+        `kbroker queue show` (a compacted topic keyed by process and topic; fire and forget)."""
+        value = {**stats, "queue": queue, "process": self._process, "at": time.time()}
+        try:
+            self._producer.produce(names.readers_topic(self.namespace), key=f"{self._process}/{stats['topic']}",
+                                   value=orjson.dumps(value))
+        except (BufferError, KafkaException):
+            pass  # a view, not data: skip this report
 
     def secondary_queue(self, queue: str, instance: str) -> str:
         """The secondary queue topic of `queue` for `instance`, created on first use."""
@@ -504,6 +518,11 @@ class Broker:
         with self._lock:
             for r in self._receivers.values():
                 r.close()
+                try:  # this process no longer reads the queue: drop it from the view
+                    self._producer.produce(names.readers_topic(self.namespace), key=f"{self._process}/{r.topic}",
+                                           value=None)
+                except (BufferError, KafkaException):
+                    pass
             self._receivers.clear()
             if self._committer is not None:
                 self._committer.close()

@@ -11,6 +11,7 @@ other's topics and one ACL prefix covers a namespace:
     kbroker.<ns>.deadletter        poison messages taken off their queue
     kbroker.<ns>.transmission      the transmission queue (messages not yet delivered)
     kbroker.<ns>.timers            compacted: armed dialog timers and dialog lifetimes
+    kbroker.<ns>.readers           compacted: each reading process's locks and in-flight counts
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import re
 from .config import NAMESPACE_RE
 
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
-SYSTEM_TOPICS = ("catalog", "endpoints", "events", "deadletter", "transmission", "timers")
+SYSTEM_TOPICS = ("catalog", "endpoints", "events", "deadletter", "transmission", "timers", "readers")
 
 
 def _ns(ns: str) -> str:
@@ -90,6 +91,10 @@ def transmission_topic(ns: str) -> str:
 
 def timers_topic(ns: str) -> str:
     return system_topic(ns, "timers")
+
+
+def readers_topic(ns: str) -> str:
+    return system_topic(ns, "readers")
 
 
 def monitor_events_topic(ns: str) -> str:

@@ -15,6 +15,7 @@ from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaE
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from . import names
+from .compacted import latest_values
 from .catalog.store import kafka_error, publish_object, read_catalog, write_records
 from .config import KAFKA_LOG
 from .endpoints import EndpointStore
@@ -120,13 +121,33 @@ def queue_view(bootstrap: str, namespace: str, queue: str, timeout: float = 10.0
         above = sum(1 for o in decode_completed(base, c.metadata if c else None) if o < end)
         partitions.append({"partition": p, "start": start, "end": end, "committed": pos,
                            "completed_above": above, "ready": max(0, end - base - above)})
+    readers = reader_rows(bootstrap, namespace, topic, timeout)
     return {
         "queue": q.name, "topic": topic, "status": q.status,
         "poison_message_handling": q.poison_message_handling, "partitions": len(tps),
         "partition_offsets": partitions,
         "totals": {k: sum(row[k] for row in partitions) for k in ("end", "completed_above", "ready")},
         "group": {"name": group, "state": desc.state.name, "members": len(desc.members)},
+        "readers": readers,
+        "locked_groups": sum(r["locked_groups"] for r in readers),
+        "in_flight": sum(r["in_flight"] for r in readers),
     }
+
+
+READER_STALE_SECONDS = 10.0  # a process that has not reported for this long is gone
+
+
+def reader_rows(bootstrap: str, namespace: str, topic: str, timeout: float = 10.0) -> list[dict]:
+    """The processes reading `topic` now, as they last reported: locked groups, messages in
+    flight (taken by open transactions), buffered records, partitions."""
+    now, rows = time.time(), []
+    for value in (latest_values(bootstrap, names.readers_topic(namespace), timeout) or {}).values():
+        r = orjson.loads(value)
+        if r.get("topic") == topic and now - r.get("at", 0) <= READER_STALE_SECONDS:
+            rows.append({k: r[k] for k in ("process", "partitions", "buffered", "ready_groups",
+                                           "locked_groups", "in_flight", "paused")}
+                        | {"age_s": round(now - r["at"], 1)})
+    return sorted(rows, key=lambda r: r["process"])
 
 
 def conversation_view(bootstrap: str, namespace: str) -> list[dict]:

@@ -77,10 +77,12 @@ class QueueReceiver:
                  dead_letter: Callable[["QueueReceiver", KafkaRecord, str], None],
                  max_buffered: int = 10_000, revoke_grace: float = 5.0,
                  commit_barrier: Callable[[], None] = lambda: None, topic: str | None = None,
-                 on_assign: Callable[[], None] = lambda: None):
+                 on_assign: Callable[[], None] = lambda: None,
+                 report: Callable[[dict], None] | None = None, report_interval: float = 2.0):
         self.queue = queue
         self.topic = topic or names.queue_topic(namespace, queue)  # or a secondary queue's topic
         self._on_assign_hook = on_assign
+        self._report, self._report_interval, self._reported_at = report, report_interval, 0.0
         self._dead_letter = dead_letter
         self._max_buffered = max_buffered
         self._revoke_grace = revoke_grace
@@ -134,6 +136,18 @@ class QueueReceiver:
                     self._accept(rec)
                 self._apply_backpressure()
                 self._cv.notify_all()
+            if self._report is not None and time.monotonic() - self._reported_at >= self._report_interval:
+                self._reported_at = time.monotonic()
+                self._report(self.stats())
+
+    def stats(self) -> dict:
+        """What this process holds of the queue right now: the in-process half of the queue view."""
+        with self._cv:
+            return {"topic": self.topic, "partitions": sorted(self._offsets), "buffered": self._buffered,
+                    "ready_groups": sum(1 for g in self._groups if g not in self._locked),
+                    "locked_groups": len(self._locked),
+                    "in_flight": sum(len(lease.taken) for lease in self._locked.values()),
+                    "paused": self._paused}
 
     def _accept(self, rec: KafkaRecord) -> None:
         err = rec.error()

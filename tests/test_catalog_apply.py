@@ -26,7 +26,8 @@ SUBMISSION = "//Adventure-Works.com/Expenses/ExpenseSubmission"
 EXPENSES = "//Adventure-Works.com/Expenses"
 EMPLOYEES = "//Adventure-Works.com/Employees"
 SYSTEM = {"catalog": (1, "compact"), "endpoints": (4, "compact"), "events": (4, "delete"),
-          "deadletter": (4, "delete"), "transmission": (4, "delete"), "timers": (4, "compact")}
+          "deadletter": (4, "delete"), "transmission": (4, "delete"), "timers": (4, "compact"),
+          "readers": (1, "compact,delete")}
 
 
 def topics_of(bootstrap: str, namespace: str) -> dict[str, int]:

@@ -69,6 +69,30 @@ def test_queue_view_counts_ready_messages(kafka_bootstrap, namespace, broker):
     assert view["group"]["members"] == 1  # the Broker's reader stays in the group until close
 
 
+def test_queue_view_shows_locked_groups_and_messages_in_flight_across_processes(kafka_bootstrap, namespace, broker):
+    send_three(broker)
+    tx = broker.transaction()
+    assert len(tx.receive("ExpenseQueue", top=10, wait=15)) == 3  # held: the transaction stays open
+    try:
+        deadline, view = time.time() + 15, None
+        while time.time() < deadline:
+            view = queue_view(kafka_bootstrap, namespace, "ExpenseQueue")  # as another process sees it
+            if view["locked_groups"]:
+                break
+            time.sleep(0.5)
+        assert view["locked_groups"] == 1 and view["in_flight"] == 3, view["readers"]
+        [reader] = view["readers"]
+        assert reader["locked_groups"] == 1 and reader["in_flight"] == 3 and len(reader["partitions"]) == 4
+    finally:
+        tx.rollback()
+    deadline = time.time() + 15
+    while time.time() < deadline and queue_view(kafka_bootstrap, namespace, "ExpenseQueue")["locked_groups"]:
+        time.sleep(0.5)
+    assert queue_view(kafka_bootstrap, namespace, "ExpenseQueue")["locked_groups"] == 0
+    broker.close()  # a process that stops reading leaves the view at once
+    assert queue_view(kafka_bootstrap, namespace, "ExpenseQueue")["readers"] == []
+
+
 def test_views_on_unknown_queue_are_typed(kafka_bootstrap, namespace, broker):
     with pytest.raises(errors.UnknownQueueError):
         queue_view(kafka_bootstrap, namespace, "NoSuchQueue")

@@ -218,8 +218,8 @@ class SystemTopic(_Model):
     @field_validator("config")
     @classmethod
     def _policy(cls, value: dict[str, str]) -> dict[str, str]:
-        if value.get("cleanup.policy") not in ("compact", "delete"):
-            raise ValueError("cleanup.policy must be compact or delete")
+        if value.get("cleanup.policy") not in ("compact", "delete", "compact,delete"):
+            raise ValueError("cleanup.policy must be compact, delete or compact,delete")
         return value
 
 

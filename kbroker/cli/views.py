@@ -50,6 +50,14 @@ def show_cmd(queue, bootstrap, namespace, as_json):
     totals = view["totals"]
     t.add_row("total", "", str(totals["end"]), "", str(totals["completed_above"]), str(totals["ready"]))
     console.print(t)
+    console.print(f"{view['locked_groups']} conversation groups locked, {view['in_flight']} messages in flight "
+                  f"(open transactions), {len(view['readers'])} reading processes", highlight=False)
+    if view["readers"]:
+        r = _table("readers", "process", "partitions", "buffered", "ready groups", "locked groups", "in flight")
+        for row in view["readers"]:
+            r.add_row(row["process"], ",".join(map(str, row["partitions"])), str(row["buffered"]),
+                      str(row["ready_groups"]), str(row["locked_groups"]), str(row["in_flight"]))
+        console.print(r)
 
 
 @queue_group.command("messages")

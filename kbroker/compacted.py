@@ -1,0 +1,46 @@
+"""Read a small compacted topic whole: the latest value of every key (a view's snapshot)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from .config import KAFKA_LOG
+from .errors import BrokerUnavailableError
+
+
+def latest_values(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[bytes, bytes] | None:
+    """key -> last value, tombstoned keys left out; None when the topic does not exist."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"kbroker-view-{uuid.uuid4().hex[:8]}",
+                  "logger": KAFKA_LOG, "enable.auto.commit": False, "enable.partition.eof": True,
+                  "isolation.level": "read_committed", "fetch.wait.max.ms": 10})
+    latest: dict[bytes, bytes] = {}
+    try:
+        meta = c.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return None
+        todo = set()
+        for p in meta.partitions:
+            try:
+                low, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+            except KafkaException as exc:
+                raise BrokerUnavailableError(f"cannot read {topic}: {exc.args[0].str()}") from None
+            if high > low:
+                todo.add(p)
+        c.assign([TopicPartition(topic, p, 0) for p in todo])
+        deadline = time.monotonic() + timeout
+        while todo and time.monotonic() < deadline:
+            for m in c.consume(500, 0.5):
+                if m.error():
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        todo.discard(m.partition())
+                    continue
+                if m.value() is None:
+                    latest.pop(m.key(), None)
+                else:
+                    latest[m.key()] = m.value()
+    finally:
+        c.close()
+    return latest
