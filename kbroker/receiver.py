@@ -14,6 +14,8 @@ any Kafka transaction already carrying their offsets, so the next owner never ov
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 import time
@@ -36,6 +38,17 @@ log = logging.getLogger("kbroker.receiver")
 # Service Broker hands a dialog's DialogTimer out before its other messages, then Error, whenever
 # they arrived; EndDialog and the rest keep arrival order.
 _FIRST = {DIALOG_TIMER: 0, ERROR: 1}
+
+
+def _head_key(b: "Buffered") -> tuple:
+    """RECEIVE order between groups: priority (higher first), then the head record's age."""
+    return (-b.envelope.priority, b.record.timestamp()[1], b.record.offset())
+
+
+def _blocked(q: deque, full: dict[int, int]) -> bool:
+    """A group whose partition hands out only its low-water record, which this group lacks."""
+    low = full.get(q[0].record.partition())
+    return low is not None and q[0].record.offset() != low and all(b.record.offset() != low for b in q)
 
 
 def _enqueue(q: deque, b: "Buffered") -> None:
@@ -89,6 +102,11 @@ class QueueReceiver:
         self._commit_barrier = commit_barrier
         self._cv = threading.Condition()
         self._groups: OrderedDict[str, deque[Buffered]] = OrderedDict()
+        # Ready groups by (priority, age) of their head record: RECEIVE's pick without scanning
+        # every buffered group. Entries go stale when a group's head changes or it is locked;
+        # stale ones are dropped when they surface (see _pick) and a new head is always pushed.
+        self._ready: list[tuple[tuple, int, str, tuple[int, int]]] = []
+        self._ready_seq = itertools.count()
         self._locked: dict[str, Lease] = {}
         self._buffered = 0
         self._paused = False
@@ -173,8 +191,22 @@ class QueueReceiver:
         except (MalformedRecord, UnicodeDecodeError) as exc:
             self._dead_letter(self, rec, str(exc))
             return
-        _enqueue(self._groups.setdefault(env.conversation_group_id, deque()), Buffered(env, rec))
+        b = Buffered(env, rec)
+        q = self._groups.setdefault(env.conversation_group_id, deque())
+        _enqueue(q, b)
         self._buffered += 1
+        if q[0] is b:
+            self._mark(env.conversation_group_id, q)
+
+    def _mark(self, group: str, q: deque[Buffered]) -> None:
+        """The group's head changed (or it was unlocked): index it under its new head."""
+        head = q[0]
+        heapq.heappush(self._ready, (_head_key(head), next(self._ready_seq), group,
+                                     (head.record.partition(), head.record.offset())))
+        if len(self._ready) > 4 * len(self._groups) + 1024:  # mostly stale: rebuild
+            self._ready = [(_head_key(g[0]), next(self._ready_seq), name, (g[0].record.partition(), g[0].record.offset()))
+                           for name, g in self._groups.items() if name not in self._locked]
+            heapq.heapify(self._ready)
 
     def _apply_backpressure(self) -> None:
         if not self._paused and self._buffered >= self._max_buffered:
@@ -223,6 +255,8 @@ class QueueReceiver:
             self._buffered -= len(q) - len(kept)
             if kept:
                 self._groups[group] = kept
+                if kept[0] is not q[0]:
+                    self._mark(group, kept)
             else:
                 del self._groups[group]
 
@@ -232,11 +266,43 @@ class QueueReceiver:
         return bool(self._offsets) and self._eof >= set(self._offsets)
 
     def _pick(self, owner: Any, group_filter: str | None, conversation_filter: str | None) -> str | None:
+        """The ready group a RECEIVE takes: highest priority, then oldest head record."""
         # Partitions whose commit metadata is near Kafka's limit hand out only their oldest
         # incomplete record, until it completes and the committed offset moves past the rest.
         full = {p: t.low_water() for p, t in self._offsets.items() if not t.metadata_room()}
+        if group_filter is not None or conversation_filter is not None:
+            return self._scan(owner, group_filter, conversation_filter, full)
         best, best_key = None, None
-        for group, q in self._groups.items():
+        for group, lease in self._locked.items():  # this transaction's own groups may give more
+            q = self._groups.get(group)
+            if lease.owner is owner and q and not _blocked(q, full):
+                key = _head_key(q[0])
+                if best_key is None or key < best_key:
+                    best, best_key = group, key
+        aside = []
+        while self._ready:
+            key, _, group, head = self._ready[0]
+            q = self._groups.get(group)
+            if not q or (q[0].record.partition(), q[0].record.offset()) != head or group in self._locked:
+                heapq.heappop(self._ready)  # stale, or locked (its release indexes it again)
+                continue
+            if _blocked(q, full):
+                aside.append(heapq.heappop(self._ready))
+                continue
+            if best_key is None or key < best_key:
+                best = group  # its entry goes stale when _take changes the head
+            break
+        for entry in aside:
+            heapq.heappush(self._ready, entry)
+        return best
+
+    def _scan(self, owner: Any, group_filter: str | None, conversation_filter: str | None,
+              full: dict[int, int]) -> str | None:
+        """RECEIVE ... WHERE conversation_group_id / conversation_handle = ...: a linear look."""
+        best, best_key = None, None
+        candidates = self._groups.items() if group_filter is None else (
+            [(group_filter, self._groups[group_filter])] if group_filter in self._groups else [])
+        for group, q in candidates:
             lease = self._locked.get(group)
             if lease is not None and lease.owner is not owner:
                 continue  # the group lock: held by another transaction
@@ -245,11 +311,9 @@ class QueueReceiver:
             if conversation_filter is not None and not any(
                     b.envelope.conversation_id == conversation_filter for b in q):
                 continue
-            head = q[0]
-            low = full.get(head.record.partition())
-            if low is not None and head.record.offset() != low and all(b.record.offset() != low for b in q):
+            if _blocked(q, full):
                 continue
-            key = (-head.envelope.priority, head.record.timestamp()[1], head.record.offset())
+            key = _head_key(q[0])
             if best_key is None or key < best_key:
                 best, best_key = group, key
         return best
@@ -300,6 +364,7 @@ class QueueReceiver:
         if kept:
             self._groups[group] = kept
             self._groups.move_to_end(group, last=False)
+            self._mark(group, kept)
         return lease, msgs
 
     def _to_message(self, b: Buffered) -> Message:
@@ -377,6 +442,9 @@ class QueueReceiver:
                     self._groups[lease.group] = q
                     self._groups.move_to_end(lease.group, last=False)
                     self._buffered += len(back)
+            q = self._groups.get(lease.group) if lease.group is not None else None
+            if q and lease.group not in self._locked:
+                self._mark(lease.group, q)  # unlocked: ready again
             self._cv.notify_all()
 
     def close(self) -> None:

@@ -1,6 +1,7 @@
 """The RECEIVE rule that keeps commit metadata under Kafka's 4 KiB limit: once a partition's
 completed-above-the-low-water list nears it, only the low-water record is handed out."""
 
+import itertools
 import random
 import threading
 from collections import OrderedDict, deque
@@ -32,10 +33,14 @@ def receiver_with(tracker, records):
     r = object.__new__(QueueReceiver)
     r.queue, r._cv, r._locked, r._buffered = "Q", threading.Condition(), {}, 0
     r._offsets, r._groups = {0: tracker}, OrderedDict()
+    r._ready, r._ready_seq = [], itertools.count()
     for group, off, priority in records:
         env = Envelope("m%d" % off, group, group, 0, "T", "C", "F", "S", "TARGET", priority=priority)
-        r._groups.setdefault(group, deque()).append(Buffered(env, FakeRecord(0, off)))
+        q = r._groups.setdefault(group, deque())
+        q.append(Buffered(env, FakeRecord(0, off)))
         r._buffered += 1
+        if len(q) == 1:
+            r._mark(group, q)
     return r
 
 
