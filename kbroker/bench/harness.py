@@ -81,7 +81,7 @@ def scenario(s: Scenario) -> Scenario:
 
 
 def load_scenarios() -> dict[str, Scenario]:
-    from . import scenarios  # noqa: F401  (registers them)
+    from . import activation, scenarios  # noqa: F401  (registers them: scenarios first, then activation)
 
     return SCENARIOS
 
@@ -167,6 +167,10 @@ class Params:
     readers: int = 8  # request-reply: kbroker responder threads
     in_flight: int = 1  # request-reply: requests in flight per dialog
     body_bytes: int = 100
+    samples: int = 20  # activation-latency: first-message latencies per repetition
+    drain_messages: int = 100_000  # activation-drain: the backlog drained per side and repetition
+    max_readers: int = 4  # activation-drain: max_queue_readers, and the fixed pool's size
+    ramp_up: float = 5.0  # activation-*: the worker's --ramp-up (SSB's 5 s)
 
 
 @dataclass
