@@ -58,7 +58,8 @@ def bench(scenarios, repeat, messages, conversations, backlog, readers, in_fligh
     Uses --bootstrap / KBROKER_BOOTSTRAP when given, else starts an embedded broker on free ports
     in a temporary data dir for the run. Progress goes to stderr; results to OUT/latest.json and
     the results table of the docs; --json prints them on stdout."""
-    from ..bench.harness import Params, Reporter, command_line, run_bench, update_docs, write_results
+    from ..bench.harness import (Params, Reporter, command_line, merge_previous, run_bench, update_docs,
+                                 write_results)
 
     # A terminated run still stops its embedded broker and child processes (finally blocks).
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
@@ -70,6 +71,7 @@ def bench(scenarios, repeat, messages, conversations, backlog, readers, in_fligh
         docs_path = Path("docs/benchmarks.md")
     doc = run_bench(list(scenarios), params, bootstrap=bootstrap or os.environ.get("KBROKER_BOOTSTRAP"),
                     reporter=reporter, command=command_line())
+    doc = merge_previous(doc, out_dir / "latest.json")
     path = write_results(doc, out_dir)
     reporter.say(f"results written to {path}")
     if docs_path is not None and not no_docs:
