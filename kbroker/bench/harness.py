@@ -531,5 +531,8 @@ def update_docs(doc: dict, path: Path) -> None:
 
 
 def command_line() -> str:
-    args = [Path(sys.argv[0]).name, *sys.argv[1:]] if sys.argv else ["kbroker", "bench"]
+    if not sys.argv:
+        return "kbroker bench"
+    prog = Path(sys.argv[0]).name
+    args = ["python -m kbroker" if prog == "__main__.py" else prog, *sys.argv[1:]]
     return " ".join(args)
