@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -111,6 +112,7 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def monitor_row(bootstrap: str, namespace: str, queue: str) -> dict | None:
@@ -298,6 +300,7 @@ def teardown_latency(_ctx: BenchContext, state: LatencyState) -> None:
     state.consumer.close()
     state.producer.flush(10)
     state.worker.stop()
+    shutil.rmtree(state.log.parent, ignore_errors=True)
 
 
 def _latency_summary(out: dict) -> None:
