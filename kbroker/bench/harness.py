@@ -81,7 +81,7 @@ def scenario(s: Scenario) -> Scenario:
 
 
 def load_scenarios() -> dict[str, Scenario]:
-    from . import scenarios  # noqa: F401  (registers them)
+    from . import activation, scenarios  # noqa: F401  (registers them: scenarios first, then activation)
 
     return SCENARIOS
 
@@ -167,6 +167,10 @@ class Params:
     readers: int = 8  # request-reply: kbroker responder threads
     in_flight: int = 1  # request-reply: requests in flight per dialog
     body_bytes: int = 100
+    samples: int = 20  # activation-latency: first-message latencies per repetition
+    drain_messages: int = 100_000  # activation-drain: the backlog drained per side and repetition
+    max_readers: int = 4  # activation-drain: max_queue_readers, and the fixed pool's size
+    ramp_up: float = 5.0  # activation-*: the worker's --ramp-up (SSB's 5 s)
 
 
 @dataclass
@@ -437,6 +441,26 @@ def run_bench(names: list[str], params: Params, *, bootstrap: str | None, report
     }
 
 
+def merge_previous(doc: dict, previous: Path) -> dict:
+    """Rows of scenarios this run did not measure are carried over from the previous results file
+    (marked `carried_from` with that run's date and command), in registry order, so running some
+    scenarios does not drop the others' latest figures."""
+    try:
+        old = orjson.loads(previous.read_bytes())
+    except (OSError, ValueError):
+        return doc
+    measured = {r["scenario"] for r in doc["results"]}
+    by_name = {r["scenario"]: r for r in doc["results"]}
+    for r in old.get("results") or []:
+        if r.get("scenario") in measured or not isinstance(r, dict):
+            continue
+        by_name[r["scenario"]] = {**r, "carried_from": r.get("carried_from") or
+                                  {"date": old.get("date"), "command": old.get("command")}}
+    order = [row.name for s in load_scenarios().values() for row in s.rows]
+    rank = {name: i for i, name in enumerate(order)}
+    return {**doc, "results": sorted(by_name.values(), key=lambda r: rank.get(r["scenario"], len(order)))}
+
+
 def write_results(doc: dict, out_dir: Path) -> Path:
     """bench-results/latest.json, written whole or not at all."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -470,6 +494,9 @@ def results_markdown(doc: dict) -> str:
         f"{m['python']}; {m['kafka']}; "
         f"confluent-kafka {m['confluent_kafka']}; kbroker {m['kbroker']}.",
         "",
+        *(["Rows noted \"from the run of ...\" were not measured by this run: they are carried over "
+            "from the previous results file (machine and parameters of that run).", ""]
+          if any(r.get("carried_from") for r in doc["results"]) else []),
         "| scenario | unit | kbroker | baseline | ratio | target | met | notes |",
         "| --- | --- | ---: | ---: | ---: | --- | --- | --- |",
     ]
@@ -482,7 +509,9 @@ def results_markdown(doc: dict) -> str:
         if r.get("range") and r["range"].get("kbroker") and r["range"].get("baseline"):
             (k0, k1), (b0, b1) = r["range"]["kbroker"], r["range"]["baseline"]
             spread = f"runs: kbroker {_fmt(k0)}-{_fmt(k1)}, baseline {_fmt(b0)}-{_fmt(b1)}"
-        notes = "; ".join(x for x in (notes, extra, spread) if x)
+        carried = r.get("carried_from")
+        carried = f"from the run of {carried.get('date')}" if carried else ""
+        notes = "; ".join(x for x in (carried, notes, extra, spread) if x)
         lines.append(f"| {r['scenario']} | {r['unit']} | {_fmt(r.get('kbroker'))} | "
                      f"{_fmt(r.get('baseline'))} | {ratio} | {r.get('target') or '-'} | {met} | "
                      f"{notes.replace('|', '/')} |")
@@ -502,5 +531,8 @@ def update_docs(doc: dict, path: Path) -> None:
 
 
 def command_line() -> str:
-    args = [Path(sys.argv[0]).name, *sys.argv[1:]] if sys.argv else ["kbroker", "bench"]
+    if not sys.argv:
+        return "kbroker bench"
+    prog = Path(sys.argv[0]).name
+    args = ["python -m kbroker" if prog == "__main__.py" else prog, *sys.argv[1:]]
     return " ".join(args)

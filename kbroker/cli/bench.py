@@ -12,7 +12,8 @@ import click
 
 from . import bootstrap_option, emit_json, handle_errors, json_option, main
 
-SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "backlog-rss")
+SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "backlog-rss", "activation-latency",
+                  "activation-drain")
 
 
 @main.command("bench")
@@ -29,6 +30,14 @@ SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "backlo
               help="request-reply: kbroker responder threads.")
 @click.option("--in-flight", default=1, show_default=True, type=click.IntRange(min=1),
               help="request-reply: requests in flight per dialog.")
+@click.option("--samples", default=20, show_default=True, type=click.IntRange(min=1),
+              help="activation-latency: first-message latencies per repetition.")
+@click.option("--drain-messages", default=100_000, show_default=True, type=click.IntRange(min=1),
+              help="activation-drain: the backlog each side drains per repetition.")
+@click.option("--max-readers", default=4, show_default=True, type=click.IntRange(min=1),
+              help="activation-drain: max_queue_readers, and the size of the fixed pool.")
+@click.option("--ramp-up", default=5.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="activation-*: the worker's --ramp-up seconds.")
 @click.option("--out", "out_dir", default="bench-results", show_default=True,
               type=click.Path(file_okay=False, path_type=Path),
               help="Directory of latest.json.")
@@ -40,25 +49,29 @@ SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "backlo
 @bootstrap_option
 @json_option
 @handle_errors
-def bench(scenarios, repeat, messages, conversations, backlog, readers, in_flight, out_dir, docs_path,
-          no_docs, quiet, bootstrap, as_json):
+def bench(scenarios, repeat, messages, conversations, backlog, readers, in_flight, samples, drain_messages,
+          max_readers, ramp_up, out_dir, docs_path, no_docs, quiet, bootstrap, as_json):
     """Benchmark kbroker against a plain confluent-kafka baseline on the same broker.
 
-    SCENARIOS: send (with send-pipelined), request-reply, io-bound, backlog-rss; all by default.
+    SCENARIOS: send (with send-pipelined), request-reply, io-bound, backlog-rss, activation-latency,
+    activation-drain; all by default.
     Uses --bootstrap / KBROKER_BOOTSTRAP when given, else starts an embedded broker on free ports
     in a temporary data dir for the run. Progress goes to stderr; results to OUT/latest.json and
     the results table of the docs; --json prints them on stdout."""
-    from ..bench.harness import Params, Reporter, command_line, run_bench, update_docs, write_results
+    from ..bench.harness import (Params, Reporter, command_line, merge_previous, run_bench, update_docs,
+                                 write_results)
 
     # A terminated run still stops its embedded broker and child processes (finally blocks).
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     params = Params(repeat=repeat, messages=messages, conversations=conversations, backlog=backlog,
-                    readers=readers, in_flight=in_flight)
+                    readers=readers, in_flight=in_flight, samples=samples, drain_messages=drain_messages,
+                    max_readers=max_readers, ramp_up=ramp_up)
     reporter = Reporter(quiet=quiet)
     if docs_path is None and not no_docs and Path("docs/benchmarks.md").is_file():
         docs_path = Path("docs/benchmarks.md")
     doc = run_bench(list(scenarios), params, bootstrap=bootstrap or os.environ.get("KBROKER_BOOTSTRAP"),
                     reporter=reporter, command=command_line())
+    doc = merge_previous(doc, out_dir / "latest.json")
     path = write_results(doc, out_dir)
     reporter.say(f"results written to {path}")
     if docs_path is not None and not no_docs:
