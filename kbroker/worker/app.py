@@ -54,7 +54,7 @@ class WorkerSettings:
     web_port: int = 6066
     web_host: str = "127.0.0.1"
     tick_interval: float = 5.0  # seed 000: the broker's periodic tick
-    watch_interval: float = 0.5  # a first message launches a reader within about this long
+    watch_interval: float = 0.25  # a first message launches a reader within about this long
     ramp_up: float = 5.0  # seed 003: seconds of non-empty RECEIVEs before one more reader
     handlers: int | None = None  # task handler threads; default 2 x CPUs
     timers: bool = True  # run the timer service (dialog timers, lifetimes)
@@ -95,10 +95,11 @@ class MonitorHooks:
 def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
     """The Faust app, and the runtime objects tests and the CLI look at."""
     ensure_topics(s)
+    rt_dir = tempfile.TemporaryDirectory(prefix="kbroker-worker-")  # Faust's datadir; memory store
     app = faust.App(
         names.worker_app_id(s.namespace), broker=f"kafka://{s.bootstrap}", store="memory://",
         web_port=s.web_port, web_bind=s.web_host, web_host=s.web_host,
-        datadir=tempfile.mkdtemp(prefix="kbroker-worker-"), topic_partitions=MONITOR_PARTITIONS,
+        datadir=rt_dir.name, topic_partitions=MONITOR_PARTITIONS,
         topic_replication_factor=1, table_standby_replicas=0, broker_session_timeout=10,
         broker_heartbeat_interval=2, consumer_auto_offset_reset="earliest",
     )
@@ -110,7 +111,7 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
     monitors = app.Table("monitors", default=None, partitions=MONITOR_PARTITIONS)
     tick_owner = app.Table("tick-owner", default=None, partitions=1)
     schedule = TickSchedule(interval=s.tick_interval)
-    rt: dict[str, Any] = {"settings": s, "catalog": None, "watchers": {}, "configs": {}, "ticks_run": 0}
+    rt: dict[str, Any] = {"datadir": rt_dir, "settings": s, "catalog": None, "watchers": {}, "configs": {}, "ticks_run": 0}
 
     def post(queue: str, event: Any) -> None:
         """From a reader's thread: put a monitor event on the topic (fire and forget)."""
@@ -271,6 +272,7 @@ def shutdown(rt: dict[str, Any]) -> None:
     for w in rt["watchers"].values():
         w.close()
     rt["broker"].close()
+    rt["datadir"].cleanup()
 
 
 def run_worker(s: WorkerSettings, loglevel: str = "info") -> None:

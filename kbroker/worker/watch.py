@@ -4,12 +4,14 @@ MessagesReady. Read from Kafka, not guessed from offsets.
 Offsets alone overcount: transaction markers and aborted records take offsets. So the watcher
 reads the queue from the group's committed offsets (skipping offsets completed above them, from
 the commit metadata) to the end, counting records and distinct keys. It reads at most `scan_cap`
-records per pass and estimates the rest from offsets; and it reads nothing when neither committed
-nor end offsets moved since the last pass.
+records per pass and estimates the rest from offsets; it reads nothing when neither committed
+nor end offsets moved since the last pass; and while a deep backlog drains it counts groups only
+every `deep_rescan` seconds.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -28,8 +30,10 @@ class QueueCounts:
 
 
 class QueueWatcher:
-    def __init__(self, bootstrap: str, namespace: str, queue: str, *, scan_cap: int = 2000):
+    def __init__(self, bootstrap: str, namespace: str, queue: str, *, scan_cap: int = 2000,
+                 deep_rescan: float = 5.0):
         self.queue = queue
+        self._deep_rescan, self._scanned_at = deep_rescan, 0.0
         self.topic = names.queue_topic(namespace, queue)
         self._scan_cap = scan_cap
         # The queue's own group id, so committed() returns the readers' offsets. It never
@@ -59,13 +63,23 @@ class QueueWatcher:
         received = sum(b for b, _ in bases.values())
         todo = {p for p, (b, h) in bases.items() if h > b}
         backlog, keys, exact = 0, set(), True
+        upper = sum(h - b for b, h in bases.values())
+        if upper > 2 * self._scan_cap and self._last is not None and \
+                time.monotonic() - self._scanned_at < self._deep_rescan:
+            # A deep backlog moving: its groups were counted less than `deep_rescan` ago; between
+            # counts, report the offsets' bound and spare a reader's share of the CPU.
+            result = QueueCounts(upper, self._last.ready_groups, received, False)
+            self._last_key, self._last = key, result
+            return result
+        self._scanned_at = time.monotonic()
         if todo:
             self._consumer.assign([TopicPartition(self.topic, p, bases[p][0]) for p in todo])
             positions = {p: bases[p][0] for p in todo}
-            while todo and backlog < self._scan_cap:
-                msgs = self._consumer.consume(500, 1.0)
-                if not msgs:
-                    break
+            deadline = time.monotonic() + timeout
+            while todo and backlog < self._scan_cap and time.monotonic() < deadline:
+                # A short poll: consume() waits its whole timeout unless the batch fills, and
+                # partition EOF arrives as a message anyway.
+                msgs = self._consumer.consume(500, 0.05)
                 for m in msgs:
                     p = m.partition()
                     if m.error():
