@@ -74,6 +74,8 @@ class PartitionOffsets:
         self._heap: list[int] = []  # lazy min-heap over _incomplete
         self._completed_above = decode_completed(committed, metadata)
         self._skip = set(self._completed_above)
+        self._version = 0  # bumped by every change to the completed set
+        self._room: tuple[int, int, bool] | None = None  # (version, low water, metadata_room())
 
     def already_done(self, offset: int) -> bool:
         """True for a record completed by an earlier owner (listed in the commit metadata)."""
@@ -91,10 +93,12 @@ class PartitionOffsets:
         if offset in self._incomplete:
             self._incomplete.discard(offset)
             self._completed_above.add(offset)
+            self._version += 1
 
     def reopen(self, offset: int) -> None:
         """Undo complete(): the Kafka transaction that carried it aborted."""
         self._completed_above.discard(offset)
+        self._version += 1
         if offset not in self._incomplete:
             self._incomplete.add(offset)
             heapq.heappush(self._heap, offset)
@@ -111,6 +115,7 @@ class PartitionOffsets:
         # Completed offsets at or below the position need no memory any more.
         self._completed_above = set(above)
         self._skip = {o for o in self._skip if o >= pos}
+        self._version += 1
         return pos, encode_completed(pos, above)
 
     def metadata_room(self) -> bool:
@@ -119,4 +124,9 @@ class PartitionOffsets:
         if len(self._completed_above) < _SURELY_FITS:
             return True  # cheap answer on the RECEIVE path: no encoding needed
         pos = self.low_water()
-        return len(encode_completed(pos, [o for o in self._completed_above if o > pos])) < METADATA_LIMIT - 256
+        # Every RECEIVE asks; the answer changes only with the completed set or the low water.
+        if self._room is not None and self._room[:2] == (self._version, pos):
+            return self._room[2]
+        room = len(encode_completed(pos, [o for o in self._completed_above if o > pos])) < METADATA_LIMIT - 256
+        self._room = (self._version, pos, room)
+        return room

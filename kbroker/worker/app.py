@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -77,16 +78,33 @@ def ensure_topics(s: WorkerSettings) -> None:
 
 
 class MonitorHooks:
-    """Broker hooks of the worker's activated readers: their RECEIVEs reach the monitors."""
+    """Broker hooks of the worker's activated readers: their RECEIVEs reach the monitors.
 
-    def __init__(self, post):
-        self._post = post
+    Sampled, not every one: a busy reader RECEIVEs dozens of times a second and each event is a
+    Kafka record and a table update. A RECEIVE is reported (Issued, then Returned) when none of
+    the queue was in the last `interval`; one that comes back empty is always reported, since
+    that is what stops the ramp-up. Rollbacks are always reported."""
+
+    def __init__(self, post, interval: float = 0.5):
+        self._post, self._interval = post, interval
+        self._last: dict[str, float] = {}
+        self._local = threading.local()
 
     def before_receive(self, queue: str) -> None:
-        self._post(queue, ReceiveIssued())
+        now = time.monotonic()
+        self._local.sampled = now - self._last.get(queue, 0.0) >= self._interval
+        if self._local.sampled:
+            self._last[queue] = now
+            self._post(queue, ReceiveIssued())
 
     def after_receive(self, queue: str, count: int) -> None:
-        self._post(queue, ReceiveReturned(empty=count == 0))
+        sampled = getattr(self._local, "sampled", False)
+        if count == 0 and not sampled:
+            self._post(queue, ReceiveIssued())
+            sampled = True
+        if sampled:
+            self._post(queue, ReceiveReturned(empty=count == 0))
+        self._local.sampled = False
 
     def after_rollback(self, queue: str) -> None:
         self._post(queue, Rollback())
