@@ -164,7 +164,7 @@ class Params:
     messages: int = 20_000  # send and request-reply
     conversations: int = 1_000
     backlog: int = 1_000_000
-    readers: int = 8  # request-reply: kbroker responder threads
+    readers: int = 64  # request-reply: kbroker responder threads
     in_flight: int = 1  # request-reply: requests in flight per dialog
     body_bytes: int = 100
     samples: int = 20  # activation-latency: first-message latencies per repetition

@@ -40,7 +40,7 @@ APPROVAL = "//Adventure-Works.com/Expenses/ExpenseApproval"
 QUEUE, REPLY_QUEUE = "ExpenseQueue", "EmployeeQueue"
 
 NOT_IMPLEMENTED = "transactions not implemented"
-RR_READERS = 8  # request-reply: kbroker responder threads sharing one Broker (default of --readers)
+RR_READERS = 64  # request-reply: kbroker responder threads sharing one Broker (default of --readers)
 IO_READERS = 32  # io-bound: kbroker reader threads sharing one Broker
 IO_DELAY = 0.005  # io-bound: what the handler awaits per message
 BATCH_RECORDS, BATCH_SECONDS = 100, 0.1  # request-reply baseline: commit every 100 records or 100 ms

@@ -26,7 +26,7 @@ SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "backlo
               help="Dialogs the messages are spread over (io-bound: 2 messages each).")
 @click.option("--backlog", default=1_000_000, show_default=True, type=click.IntRange(min=1),
               help="Messages queued before backlog-rss receives.")
-@click.option("--readers", default=8, show_default=True, type=click.IntRange(min=1),
+@click.option("--readers", default=64, show_default=True, type=click.IntRange(min=1),
               help="request-reply: kbroker responder threads.")
 @click.option("--in-flight", default=1, show_default=True, type=click.IntRange(min=1),
               help="request-reply: requests in flight per dialog.")

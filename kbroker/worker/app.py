@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -295,6 +296,9 @@ def shutdown(rt: dict[str, Any]) -> None:
 
 def run_worker(s: WorkerSettings, loglevel: str = "info") -> None:
     """Run until SIGINT/SIGTERM."""
+    # Activated readers wait on Kafka round trips, then for the GIL, which the event loop and the
+    # other readers hold for up to the switch interval (5 ms by default) at a time.
+    sys.setswitchinterval(0.001)
     app, rt = build_app(s)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=True)
     try:
