@@ -83,12 +83,12 @@ class TaskHandlers:
             task.started_at, task.handler = time.time(), threading.current_thread().name
             with self._lock:
                 self._running[task.task_id] = task
-            ok = True
+            ok = False
             log.info("activated reader started queue=%s task=%s", task.queue, task.task_id)
             try:
                 resolve(task.procedure)(self._broker, task.queue)
+                ok = True
             except Exception:
-                ok = False
                 log.exception("activation procedure %s on queue %s failed", task.procedure, task.queue)
             finally:
                 with self._lock:
