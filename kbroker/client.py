@@ -34,8 +34,8 @@ from .catalog.store import read_catalog
 from .committer import CommitRequest, GroupCommitter, Record
 from .config import KAFKA_LOG
 from .endpoints import (CLOSED, DISCONNECTED_INBOUND, DISCONNECTED_OUTBOUND, ERROR, MAX_LIFETIME,
-                        SENDABLE, STARTED_OUTBOUND, Endpoint, EndpointStore, chain_key, handle_for,
-                        new_target_endpoint, other)
+                        SENDABLE, STARTED_OUTBOUND, Endpoint, EndpointStore, after_send, chain_key, handle_for,
+                        must_persist, new_target_endpoint, other)
 from .envelope import Envelope, Message, error_body
 from .ids import new_id
 from .errors import (BrokerUnavailableError, CatalogError, ContractViolationError,
@@ -221,9 +221,13 @@ class Broker:
     def send(self, handle: str, message_type: str = "DEFAULT", body: Any = None, **kw: Any) -> str:
         """SEND ON CONVERSATION: returns the message id once Kafka acknowledged the message."""
         with self._lock:
-            record, message_id, ep = self.message_record(self.endpoints.get(str(handle)), message_type, body, **kw)
+            before = self.endpoints.get(str(handle))
+            record, message_id, ep = self.message_record(before, message_type, body, **kw)
             self._produce(record)
-            self.endpoints.put(ep)
+            if must_persist(before, ep):
+                self.endpoints.put(ep)
+            else:
+                self.endpoints.note(ep.conversation_handle, ep, written=False)
             self._flush()
             return message_id
 
@@ -362,7 +366,7 @@ class Broker:
         expires = None if time_to_be_received is None else int((time.time() + time_to_be_received) * 1000)
         record, message_id = self._record(ep, message_type, data, correlation_id=correlation_id,
                                           reply_to=reply_to, expires=expires, priority=priority)
-        return record, message_id, ep.after_send()
+        return record, message_id, after_send(ep)
 
     def end_records(self, ep: Endpoint, *, error: int | None, description: str | None,
                     cleanup: bool) -> tuple[list[Record], Endpoint | None]:
@@ -527,6 +531,7 @@ class Broker:
             if self._committer is not None:
                 self._committer.close()
                 self._committer = None
+            self.endpoints.write_unwritten()  # exact sequences, so a restart leaves no gap
             self.endpoints.close()
             self._producer.flush(self._ack_timeout)
 

@@ -55,6 +55,9 @@ class Endpoint:
     state: str
     send_sequence: int = 0  # next sequence number to send
     lifetime: int = MAX_LIFETIME  # epoch seconds after which the dialog has expired
+    # Sequence numbers below this may have been used without a newer record of this endpoint:
+    # SENDs persist the endpoint once per block of sequence numbers, not once per message.
+    sequence_reserved: int = 0
     dialog_timer: float = 0.0  # epoch seconds the armed DialogTimer fires at; 0 = none
     dialog_timer_id: str | None = None  # the armed timer's key suffix in the timers topic
     updated: float = 0.0
@@ -109,6 +112,23 @@ class Endpoint:
         return replace(self, state=CLOSED if self.state == DISCONNECTED_OUTBOUND else ERROR)
 
 
+SEQUENCE_BLOCK = 64  # sequence numbers one endpoint record reserves for SENDs that follow
+
+
+def after_send(ep: Endpoint) -> Endpoint:
+    """The endpoint after a SEND, reserving the next block of sequence numbers when the one just
+    used was the last reserved (or the state changes): only then must the endpoint be written."""
+    after = ep.after_send()
+    if after.state != ep.state or ep.send_sequence >= ep.sequence_reserved:
+        after = replace(after, sequence_reserved=after.send_sequence + SEQUENCE_BLOCK)
+    return after
+
+
+def must_persist(before: Endpoint, after: Endpoint) -> bool:
+    """False for a SEND within the reserved block: the endpoint record need not be written."""
+    return after.state != before.state or after.sequence_reserved != before.sequence_reserved
+
+
 def new_target_endpoint(conversation_id: str, group_id: str, far_group_id: str, service: str,
                         far_service: str, contract: str, far_instance: str | None = None,
                         lifetime: int | None = None) -> Endpoint:
@@ -134,11 +154,15 @@ class EndpointStore:
     move from being undone, even after compaction has dropped the endpoint record that had it.
     """
 
-    def __init__(self, bootstrap: str, namespace: str, producer: Producer):
+    def __init__(self, bootstrap: str, namespace: str, producer: Producer, *, continue_sequences: bool = True):
+        # continue_sequences=False: show records as written (views), not where SENDs would go on.
+        self._continue_sequences = continue_sequences
         self.topic = names.endpoints_topic(namespace)
         self._bootstrap = bootstrap
         self._producer = producer
         self._cache: dict[str, Endpoint] = {}
+        self._unwritten: dict[str, Endpoint] = {}  # sequences used within a reserved block
+        self._mine: dict[str, int] = {}  # the highest sequence reservation this process made
         self._chains: dict[str, tuple[str, ...]] = {}
         self._consumer: Consumer | None = None
         self._positions: dict[int, int] = {}
@@ -147,11 +171,20 @@ class EndpointStore:
     def put(self, ep: Endpoint) -> None:
         """Queue the new state; it is durable when the shared producer is flushed."""
         ep = replace(ep, updated=time.time())
+        self._unwritten.pop(ep.conversation_handle, None)
+        self._claim(ep)
         self._cache[ep.conversation_handle] = self._merged(ep)
         self._producer.produce(self.topic, key=ep.conversation_handle, value=ep.to_json())
 
-    def note(self, handle: str, ep: Endpoint | None) -> None:
-        """Cache state a committed Kafka transaction already wrote (None: the endpoint is gone)."""
+    def note(self, handle: str, ep: Endpoint | None, written: bool = True) -> None:
+        """Cache state a committed Kafka transaction already wrote (None: the endpoint is gone).
+        written=False: a SEND within the reserved sequence block, kept here until close()."""
+        if written or ep is None:
+            self._unwritten.pop(handle, None)
+        else:
+            self._unwritten[handle] = ep
+        if ep is not None:
+            self._claim(ep)
         if ep is None:
             self._cache.pop(handle, None)
             self._chains.pop(handle, None)
@@ -159,6 +192,33 @@ class EndpointStore:
             if ep.group_chain:
                 self._chains[handle] = ep.with_chain(self._chains.get(handle, ())).chain
             self._cache[handle] = self._merged(ep)
+
+    def _continued(self, ep: Endpoint) -> Endpoint:
+        """An endpoint read from the topic: where its SENDs continue. A record this process wrote
+        (its reservation is not above the latest this process made) continues at the exact count
+        this process keeps; anyone else's record continues past the block it reserved, since
+        SENDs within that block were not written."""
+        handle = ep.conversation_handle
+        mine = self._mine.get(handle)
+        if mine is not None and ep.sequence_reserved <= mine:
+            exact = self._unwritten.get(handle)
+            seq = max(ep.send_sequence, exact.send_sequence if exact is not None else 0)
+        else:
+            seq = max(ep.send_sequence, ep.sequence_reserved)
+        return ep if seq == ep.send_sequence else replace(ep, send_sequence=seq)
+
+    def _claim(self, ep: Endpoint) -> None:
+        if ep.sequence_reserved > self._mine.get(ep.conversation_handle, -1):
+            self._mine[ep.conversation_handle] = ep.sequence_reserved
+
+    def write_unwritten(self) -> int:
+        """On a clean close: write the exact next sequence of every endpoint that SENT within its
+        reserved block, releasing the rest of the block, so a restart continues without a gap."""
+        n = 0
+        for handle, ep in list(self._unwritten.items()):
+            self.put(replace(ep, sequence_reserved=ep.send_sequence))
+            n += 1
+        return n
 
     def _merged(self, ep: Endpoint) -> Endpoint:
         chain = self._chains.get(ep.conversation_handle)
@@ -232,6 +292,8 @@ class EndpointStore:
                     self._read_chain(key[:-len(CHAIN_SUFFIX)], msg.value())
                 elif msg.value() is not None:
                     ep = Endpoint.from_json(msg.value())
+                    if self._continue_sequences:
+                        ep = self._continued(ep)
                     self._cache[ep.conversation_handle] = self._merged(ep)
                 else:
                     self._cache.pop(key, None)

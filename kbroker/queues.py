@@ -154,7 +154,7 @@ def conversation_view(bootstrap: str, namespace: str) -> list[dict]:
     """sys.conversation_endpoints: every endpoint in the namespace's endpoints topic, with the
     columns kbroker keeps (the rest of SSB's columns have no meaning here)."""
     producer = Producer({"bootstrap.servers": bootstrap, "logger": KAFKA_LOG})  # the store never writes here
-    store = EndpointStore(bootstrap, namespace, producer)
+    store = EndpointStore(bootstrap, namespace, producer, continue_sequences=False)
     try:
         endpoints = store.all()
     finally:
@@ -166,7 +166,10 @@ def conversation_view(bootstrap: str, namespace: str) -> list[dict]:
             "is_initiator": ep.is_initiator, "conversation_group_id": ep.conversation_group_id,
             "service_name": ep.service_name, "far_service": ep.far_service_name,
             "service_contract_name": ep.service_contract_name, "state": ep.state,
-            "state_desc": ep.state_desc, "send_sequence": ep.send_sequence,
+            "state_desc": ep.state_desc,
+            # As last written: SENDs write the endpoint once per reserved block of sequence
+            # numbers (and exactly on a clean close), so a live sender may be up to the bound.
+            "send_sequence": ep.send_sequence, "sequence_reserved": ep.sequence_reserved,
             "lifetime": datetime.fromtimestamp(ep.lifetime, timezone.utc).isoformat(),
             # SSB shows 1900-01-01 for "no timer"; kbroker shows null (also once it has fired).
             "dialog_timer": (datetime.fromtimestamp(ep.dialog_timer, timezone.utc).isoformat()

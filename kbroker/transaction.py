@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .committer import CommitRequest, Record
-from .endpoints import Endpoint
+from .endpoints import Endpoint, must_persist
 from .envelope import Message
 from .errors import (ConversationNotFoundError, QueueDisabledError, TransactionAbortedError,
                      TransactionStateError)
@@ -34,6 +34,7 @@ class Transaction:
         self._records: list[Record] = []
         self._leases: list[Lease] = []
         self._endpoints: dict[str, Endpoint | None] = {}  # this transaction's view; None = removed
+        self._unwritten: set[str] = set()  # staged only by SENDs within their reserved sequence block
         self._queues: set[str] = set()
         self.state = "open"
         self.committed_at: float | None = None
@@ -53,6 +54,7 @@ class Transaction:
 
     def _stage(self, ep: Endpoint) -> None:
         self._endpoints[ep.conversation_handle] = ep
+        self._unwritten.discard(ep.conversation_handle)
 
     # --- statements --------------------------------------------------------------------------
 
@@ -102,7 +104,7 @@ class Transaction:
             if env.message_type_name == MOVE_MARKER:
                 ep = b.note_move(m)
                 if staged is not None and ep is not None:
-                    self._endpoints[m.conversation_handle] = staged.with_chain(ep.chain)
+                    self._stage(staged.with_chain(ep.chain))
                 moving.append((m, None))
                 continue
             ep = b.receiving_endpoint(m, staged)
@@ -162,9 +164,13 @@ class Transaction:
 
     def send(self, handle: str, message_type: str = "DEFAULT", body: Any = None, **kw: Any) -> str:
         self._check_open()
-        record, message_id, ep = self._broker.message_record(self.endpoint(handle), message_type, body, **kw)
+        before = self.endpoint(handle)
+        record, message_id, ep = self._broker.message_record(before, message_type, body, **kw)
         self._records.append(record)
+        staged_to_write = ep.conversation_handle in self._endpoints and ep.conversation_handle not in self._unwritten
         self._stage(ep)
+        if not staged_to_write and not must_persist(before, ep):
+            self._unwritten.add(ep.conversation_handle)  # no endpoint record for this SEND
         return message_id
 
     def begin_conversation_timer(self, handle: str, timeout: float) -> None:
@@ -182,6 +188,7 @@ class Transaction:
         self._records.extend(records)
         if ended is None:
             self._endpoints[ep.conversation_handle] = None
+            self._unwritten.discard(ep.conversation_handle)
         else:
             self._stage(ended)
 
@@ -192,7 +199,8 @@ class Transaction:
         b = self._broker
         records = list(self._records)
         for handle, ep in self._endpoints.items():
-            records.append(b.endpoint_record(handle, ep))
+            if handle not in self._unwritten:
+                records.append(b.endpoint_record(handle, ep))
         try:
             if records or self._leases:
                 req = CommitRequest(records, self._leases)
@@ -203,7 +211,7 @@ class Transaction:
             self.state = "aborted"
             raise
         for handle, ep in self._endpoints.items():
-            b.endpoints.note(handle, ep)
+            b.endpoints.note(handle, ep, written=handle not in self._unwritten)
         self._end(committed=True)
         self.state = "committed"
 
@@ -223,6 +231,7 @@ class Transaction:
             for q in self._queues:
                 self._broker.note_commit(q)
         self._leases, self._records, self._endpoints = [], [], {}
+        self._unwritten = set()
 
     def __enter__(self) -> "Transaction":
         return self

@@ -12,7 +12,7 @@ import pytest
 from kbroker import errors, names
 from kbroker.client import Broker
 from kbroker.demo import APPROVAL, CLAIM, CONTRACT, EMPLOYEES as EMP, EXPENSES as EXP
-from kbroker.endpoints import handle_for
+from kbroker.endpoints import SEQUENCE_BLOCK, handle_for
 
 from .test_messaging import end_offsets
 
@@ -122,7 +122,9 @@ def test_move_by_another_process_reaches_the_reader_through_the_marker(kafka_boo
     broker.send(target, APPROVAL, {"stale": True})
     with Broker(kafka_bootstrap, namespace) as fresh:
         assert fresh.endpoints.get(target).conversation_group_id == g
-        assert fresh.endpoints.get(target).send_sequence == 1
+        # The reply was written (first SEND of the block); another process continues past the
+        # block the reader reserved.
+        assert fresh.endpoints.get(target).send_sequence == 1 + SEQUENCE_BLOCK
     for i in range(3, 6):
         broker.send(h, CLAIM, {"i": i})
     got = [m for batch in drain(broker, "ExpenseQueue") for m in batch]

@@ -13,6 +13,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kbroker import errors, names
 from kbroker.client import Broker
+from kbroker.endpoints import SEQUENCE_BLOCK
 from kbroker.queues import conversation_view, queue_view, set_queue_status
 
 from kbroker.demo import CLAIM, CONTRACT, EMPLOYEES as EMP, EXPENSES as EXP
@@ -125,7 +126,9 @@ def test_disable_and_enable_queue(kafka_bootstrap, namespace, broker):
 def test_conversation_view_lists_both_endpoints(kafka_bootstrap, namespace, broker):
     h = send_three(broker)
     rows = conversation_view(kafka_bootstrap, namespace)
-    assert [(r["conversation_handle"], r["state"], r["send_sequence"]) for r in rows] == [(h, "CO", 3)]
+    # Written at the first SEND, with the block of sequence numbers it reserved.
+    assert [(r["conversation_handle"], r["state"], r["send_sequence"], r["sequence_reserved"]) for r in rows] == \
+        [(h, "CO", 1, 1 + SEQUENCE_BLOCK)]
     target = broker.receive("ExpenseQueue", top=10, wait=15)[0].conversation_handle
     rows = conversation_view(kafka_bootstrap, namespace)
     assert [r["conversation_handle"] for r in rows] == [h, target]  # initiator first

@@ -1,0 +1,84 @@
+"""SEND sequence numbers persisted in reserved blocks: one endpoint record per block of SENDs,
+exact continuation after a clean close, no reuse after a crash."""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from kbroker import names
+from kbroker.client import Broker
+from kbroker.demo import CLAIM, CONTRACT, EMPLOYEES as EMP, EXPENSES as EXP
+from kbroker.endpoints import (CONVERSING, SEQUENCE_BLOCK, STARTED_OUTBOUND, Endpoint, after_send, handle_for,
+                               must_persist)
+
+
+def endpoint_records(bootstrap: str, namespace: str, handle: str) -> list[bytes | None]:
+    topic = names.endpoints_topic(namespace)
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe", "enable.partition.eof": True,
+                  "isolation.level": "read_committed"})
+    parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+    c.assign([TopicPartition(topic, p, 0) for p in parts])
+    out, todo, deadline = [], set(parts), time.time() + 15
+    while todo and time.time() < deadline:
+        for m in c.consume(500, 0.5):
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    todo.discard(m.partition())
+                continue
+            if m.key() == handle.encode():
+                out.append(m.value())
+    c.close()
+    return out
+
+
+def test_a_send_persists_the_endpoint_only_when_its_reserved_block_runs_out():
+    ep = Endpoint(handle_for("c", "INITIATOR"), "c", "INITIATOR", "c", "c", "S", "T", "K", STARTED_OUTBOUND)
+    written = []
+    for _ in range(2 * SEQUENCE_BLOCK + 3):
+        nxt = after_send(ep)
+        if must_persist(ep, nxt):
+            written.append(ep.send_sequence)
+        assert nxt.send_sequence == ep.send_sequence + 1 and nxt.sequence_reserved > ep.send_sequence
+        ep = nxt
+    assert ep.state == CONVERSING
+    assert written == [0, SEQUENCE_BLOCK + 1, 2 * SEQUENCE_BLOCK + 2]
+
+
+def test_sends_write_one_endpoint_record_per_block_and_continue_exactly_after_close(kafka_bootstrap, namespace,
+                                                                                      broker):
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    for i in range(20):
+        broker.send(h, CLAIM, {"i": i})
+    with broker.transaction() as tx:
+        for i in range(20, 25):
+            tx.send(h, CLAIM, {"i": i})
+    assert len(endpoint_records(kafka_bootstrap, namespace, h)) == 2  # BEGIN DIALOG, first SEND
+    broker.close()  # a clean close writes the exact next sequence
+    with Broker(kafka_bootstrap, namespace) as again:
+        again.send(h, CLAIM, {"i": 25})
+        seqs = []
+        while len(seqs) < 26:
+            msgs = again.receive("ExpenseQueue", top=100, wait=15)
+            assert msgs, f"only {len(seqs)} messages arrived"
+            seqs += [m.message_sequence_number for m in msgs]
+    assert seqs == list(range(26)), "a gap or a repeat after a clean close"
+
+
+def test_a_process_that_died_within_a_block_never_has_its_sequences_reused(kafka_bootstrap, namespace, broker):
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    for i in range(10):
+        broker.send(h, CLAIM, {"i": i})
+    # No close(): as after kill -9, the 9 SENDs after the first left no endpoint record.
+    other = Broker(kafka_bootstrap, namespace)
+    try:
+        other.send(h, CLAIM, {"i": 10})
+        seqs = []
+        while len(seqs) < 11:
+            msgs = other.receive("ExpenseQueue", top=100, wait=15)
+            assert msgs, f"only {len(seqs)} messages arrived"
+            seqs += [m.message_sequence_number for m in msgs]
+    finally:
+        other.close()
+    assert seqs[:10] == list(range(10)) and seqs[10] == 1 + SEQUENCE_BLOCK, seqs
