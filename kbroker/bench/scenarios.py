@@ -270,8 +270,9 @@ scenario(Scenario(
     rows=(
         Row("send", "msg/s", "ratio >= 0.8", check=lambda r: r["ratio"] >= 0.8,
             notes="Broker.send, N messages over C dialogs, each acknowledged on return (the SDK also "
-                  "writes the endpoint's new state per SEND) vs a confluent-kafka Producer writing the "
-                  "same records with the same settings and flushing after each"),
+                  "writes the endpoint on a dialog's first SEND and once per 64 after) vs a "
+                  "confluent-kafka Producer writing the same records with the same settings and "
+                  "flushing after each"),
         Row("send-pipelined", "msg/s", None,
             notes="N SENDs in one kbroker transaction (committed at the end) vs a producer loop "
                   "flushing once at the end; no target"),
