@@ -36,7 +36,7 @@ from .config import KAFKA_LOG
 from .endpoints import (CLOSED, DISCONNECTED_INBOUND, DISCONNECTED_OUTBOUND, ERROR, MAX_LIFETIME,
                         SENDABLE, STARTED_OUTBOUND, Endpoint, EndpointStore, after_send, chain_key, handle_for,
                         must_persist, new_target_endpoint, other)
-from .envelope import Envelope, Message, error_body
+from .envelope import SYSTEM_SEQUENCE, Envelope, Message, error_body
 from .ids import new_id
 from .errors import (BrokerUnavailableError, CatalogError, ContractViolationError,
                      ConversationClosedError, ConversationGroupError, MessageTooLargeError,
@@ -81,8 +81,8 @@ class Broker:
         self._receivers: dict[tuple[str, str | None], QueueReceiver] = {}  # (queue, instance)
         self._secondary: set[str] = set()  # secondary queue topics known to exist
         self._disabled: set[str] = set()
-        self.hooks: list[Any] = []
-        self._process = f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:04x}"  # objects with before_receive / after_receive / after_rollback
+        self.hooks: list[Any] = []  # objects with before_receive / after_receive / after_rollback
+        self._process = f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:04x}"  # in reader reports
 
     def emit(self, hook: str, *args: Any) -> None:
         """Call `hook` on every registered hook object that has it (the worker's queue monitors
@@ -332,7 +332,7 @@ class Broker:
             return new, []
         old = ep.conversation_group_id
         env = Envelope(message_id=new_id(), conversation_id=ep.conversation_id,
-                       conversation_group_id=old, message_sequence_number=-1,
+                       conversation_group_id=old, message_sequence_number=SYSTEM_SEQUENCE,
                        message_type_name=MOVE_MARKER, service_contract_name=ep.service_contract_name,
                        from_service_name=ep.service_name, to_service_name=ep.service_name, to_side=ep.side,
                        hop=len(ep.chain) - 1)
@@ -342,10 +342,7 @@ class Broker:
 
     def own_topic(self, ep: Endpoint) -> str:
         """The topic this side of a conversation receives from."""
-        queue = self._lookup(lambda c: c.service(ep.service_name)).queue
-        if ep.instance is not None:
-            return names.secondary_queue_topic(self.namespace, queue, ep.instance)
-        return names.queue_topic(self.namespace, queue)
+        return self._queue_topic_of(ep.service_name, ep.instance)
 
     def message_record(self, ep: Endpoint, message_type: str, body: Any = None, *,
                        correlation_id: str | None = None, reply_to: str | None = None,
@@ -396,14 +393,14 @@ class Broker:
         arm_id, due = uuid.uuid4().hex[:16], time.time() + float(timeout)
         records = [r for r in [timers.disarm_record(self.namespace, ep)] if r is not None]
         records.append(timers.arm_record(self.namespace, ep, arm_id, due,
-                                         self._queue_topic_of(ep.service_name, ep.instance)))
+                                         self.own_topic(ep)))
         return records, replace(ep, dialog_timer=due, dialog_timer_id=arm_id)
 
     def lifetime_records(self, ep: Endpoint) -> list[Record]:
         """BEGIN DIALOG ... LIFETIME: the timer that delivers Error -8489 to both sides."""
         if ep.lifetime >= MAX_LIFETIME:
             return []
-        return [timers.lifetime_record(self.namespace, ep, self._queue_topic_of(ep.service_name, ep.instance),
+        return [timers.lifetime_record(self.namespace, ep, self.own_topic(ep),
                                        self._queue_topic_of(ep.far_service_name, None))]
 
     def _queue_topic_of(self, service: str, instance: str | None) -> str:

@@ -29,6 +29,7 @@ H_CORRELATION_ID = "kb.correlation_id"
 H_REPLY_TO = "kb.reply_to"
 H_EXPIRES = "kb.expires"  # epoch milliseconds; absent means never
 H_PRIORITY = "kb.priority"
+SYSTEM_SEQUENCE = -1  # messages made by kbroker itself (DialogTimer, lifetime Error, move markers)
 H_LIFETIME = "kb.lifetime"  # epoch seconds the dialog expires at; absent means never
 # The key the receiver's replies must carry: the sender's original conversation group. The target
 # endpoint, created by a dialog's first message, takes its far group from it (RELATED_CONVERSATION).

@@ -15,7 +15,7 @@ from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaE
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from . import names
-from .compacted import latest_values
+from .topic_reader import latest_values
 from .catalog.store import kafka_error, publish_object, read_catalog, write_records
 from .config import KAFKA_LOG
 from .endpoints import EndpointStore

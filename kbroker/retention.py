@@ -16,18 +16,17 @@ at least as long as its conversations live (`topic_retention: forever` for the s
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable
 
-from confluent_kafka import (Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer,
-                             TopicPartition)
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from . import names
 from .catalog.store import kafka_error, read_catalog
 from .config import KAFKA_LOG
 from .endpoints import CLOSED, DISCONNECTED_OUTBOUND, Endpoint, EndpointStore, handle_for
+from .topic_reader import read_to_end
 from .envelope import Envelope, MalformedRecord
 from .errors import CatalogError
 from .groups import MOVE_MARKER
@@ -92,6 +91,8 @@ def queue_messages(bootstrap: str, namespace: str, queue: str, conversation_hand
     q = read_catalog(bootstrap, namespace, timeout).queue(queue)  # UnknownQueueError
     topic, group = names.queue_topic(namespace, queue), names.queue_group(namespace, queue)
     records, partitions = _read_topic(bootstrap, topic, timeout)
+    if not records:
+        return []
     done = _completed(bootstrap, topic, group, partitions, timeout)
     store = EndpointStore(bootstrap, namespace, Producer({"bootstrap.servers": bootstrap, "logger": KAFKA_LOG}))
     try:
@@ -103,35 +104,17 @@ def queue_messages(bootstrap: str, namespace: str, queue: str, conversation_hand
 
 def _read_topic(bootstrap: str, topic: str, timeout: float) -> tuple[list[QueuedRecord], list[int]]:
     """Every committed record of the topic, read from the log start to the end of each partition."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}.view", "logger": KAFKA_LOG,
-                  "enable.auto.commit": False, "isolation.level": "read_committed",
-                  "enable.partition.eof": True, "fetch.wait.max.ms": 10})
-    try:
-        meta = c.list_topics(topic, timeout=timeout).topics.get(topic)
-        if meta is None or meta.error is not None:
-            raise CatalogError(f"queue topic {topic} does not exist: run 'kbroker apply'")
-        partitions = sorted(meta.partitions)
-        c.assign([TopicPartition(topic, p, 0) for p in partitions])  # 0: from the log start
-        pending, out = set(partitions), []
-        deadline = time.monotonic() + timeout
-        while pending and time.monotonic() < deadline:
-            for msg in c.consume(500, 0.2):
-                if msg.error():
-                    if msg.error().code() != KafkaError._PARTITION_EOF:
-                        raise KafkaException(msg.error())
-                    pending.discard(msg.partition())
-                    continue
-                try:
-                    env = Envelope.from_headers(msg.headers())
-                except MalformedRecord:
-                    continue  # not a message: the receivers dead-letter it
-                out.append(QueuedRecord(msg.partition(), msg.offset(), msg.timestamp()[1], env,
-                                        msg.value() or b""))
-        if pending:
-            raise kafka_error(f"cannot read {topic} to its end", KafkaError(KafkaError._TIMED_OUT))
-        return out, partitions
-    finally:
-        c.close()
+    records = read_to_end(bootstrap, topic, timeout, must_finish=True)
+    if records is None:
+        raise CatalogError(f"queue topic {topic} does not exist: run 'kbroker apply'")
+    out = []
+    for msg in records:
+        try:
+            env = Envelope.from_headers(msg.headers())
+        except MalformedRecord:
+            continue  # not a message: the receivers dead-letter it
+        out.append(QueuedRecord(msg.partition(), msg.offset(), msg.timestamp()[1], env, msg.value() or b""))
+    return out, sorted({m.partition() for m in records})
 
 
 def _completed(bootstrap: str, topic: str, group: str, partitions: list[int],

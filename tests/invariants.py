@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from kbroker.topic_reader import read_to_end
 
 REQUEST, REPLY = "//kbroker/test/Request", "//kbroker/test/Reply"
 CLIENT, SERVER = "//kbroker/test/Client", "//kbroker/test/Server"
@@ -90,25 +90,7 @@ def send_requests(broker, conversations: int, per_conversation: int) -> set[str]
 
 def read_replies(bootstrap: str, topic: str, timeout: float = 30.0) -> list[dict]:
     """Every committed reply, read to the end with a read_committed consumer."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "invariant-checker",
-                  "isolation.level": "read_committed", "enable.partition.eof": True,
-                  "enable.auto.commit": False})
-    try:
-        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-        c.assign([TopicPartition(topic, p, 0) for p in parts])
-        open_parts, out = set(parts), []
-        deadline = time.monotonic() + timeout
-        while open_parts and time.monotonic() < deadline:
-            for m in c.consume(500, 0.5):
-                if m.error():
-                    if m.error().code() == KafkaError._PARTITION_EOF:
-                        open_parts.discard(m.partition())
-                    continue
-                out.append(orjson.loads(m.value()))
-        assert not open_parts, f"could not read {topic} to its end"
-        return out
-    finally:
-        c.close()
+    return [orjson.loads(m.value()) for m in read_to_end(bootstrap, topic, timeout, must_finish=True) or []]
 
 
 @dataclass

@@ -3,34 +3,17 @@ exact continuation after a clean close, no reuse after a crash."""
 
 from __future__ import annotations
 
-import time
-
-from confluent_kafka import Consumer, KafkaError, TopicPartition
-
 from kbroker import names
 from kbroker.client import Broker
+from kbroker.topic_reader import read_to_end
 from kbroker.demo import CLAIM, CONTRACT, EMPLOYEES as EMP, EXPENSES as EXP
 from kbroker.endpoints import (CONVERSING, SEQUENCE_BLOCK, STARTED_OUTBOUND, Endpoint, after_send, handle_for,
                                must_persist)
 
 
 def endpoint_records(bootstrap: str, namespace: str, handle: str) -> list[bytes | None]:
-    topic = names.endpoints_topic(namespace)
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe", "enable.partition.eof": True,
-                  "isolation.level": "read_committed"})
-    parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-    c.assign([TopicPartition(topic, p, 0) for p in parts])
-    out, todo, deadline = [], set(parts), time.time() + 15
-    while todo and time.time() < deadline:
-        for m in c.consume(500, 0.5):
-            if m.error():
-                if m.error().code() == KafkaError._PARTITION_EOF:
-                    todo.discard(m.partition())
-                continue
-            if m.key() == handle.encode():
-                out.append(m.value())
-    c.close()
-    return out
+    records = read_to_end(bootstrap, names.endpoints_topic(namespace), 15) or []
+    return [m.value() for m in records if m.key() == handle.encode()]
 
 
 def test_a_send_persists_the_endpoint_only_when_its_reserved_block_runs_out():

@@ -165,7 +165,7 @@ def test_dialog_timer_is_received_before_the_dialogs_other_messages(broker, time
 
 
 def test_lifetime_expiry_errors_both_sides_and_refuses_sends(broker, timer_service):
-    h, th = open_dialog(broker, lifetime=2)
+    h, th = open_dialog(broker, lifetime=5)  # open_dialog must finish first: int seconds, so 4-5 s
     [ti] = broker.receive("EmployeeQueue", top=10, wait=15)
     [tt] = broker.receive("ExpenseQueue", top=10, wait=15)
     for m, handle in ((ti, h), (tt, th)):

@@ -9,11 +9,11 @@ import time
 
 import orjson
 import pytest
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kbroker import errors, names
 from kbroker.client import Broker
 from kbroker.endpoints import SEQUENCE_BLOCK
+from kbroker.topic_reader import read_to_end
 from kbroker.queues import conversation_view, queue_view, set_queue_status
 
 from kbroker.demo import CLAIM, CONTRACT, EMPLOYEES as EMP, EXPENSES as EXP
@@ -31,25 +31,8 @@ def send_three(broker: Broker) -> str:
 
 def events(bootstrap: str, namespace: str) -> list[tuple[str, dict]]:
     """Every record of the events topic, read to partition EOF."""
-    topic = names.events_topic(namespace)
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "events-check", "enable.partition.eof": True})
-    try:
-        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-        c.assign([TopicPartition(topic, p, 0) for p in parts])
-        pending, got, deadline = set(parts), [], time.monotonic() + 20
-        while pending and time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is None:
-                continue
-            if m.error():
-                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
-                pending.discard(m.partition())
-                continue
-            got.append((m.key().decode(), orjson.loads(m.value())))
-        assert not pending, "the events topic was not read to its end"
-        return got
-    finally:
-        c.close()
+    records = read_to_end(bootstrap, names.events_topic(namespace), 20, must_finish=True)
+    return [(m.key().decode(), orjson.loads(m.value())) for m in records]
 
 
 def test_queue_view_counts_ready_messages(kafka_bootstrap, namespace, broker):

@@ -15,12 +15,12 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kbroker import names
 from kbroker.catalog.apply import apply_paths
 from kbroker.client import Broker
 from kbroker.errors import BrokerUnavailableError
+from kbroker.topic_reader import read_to_end
 from kbroker.worker.views import monitor_rows
 
 from .conftest import KBROKER, ROOT, free_port
@@ -128,23 +128,9 @@ def collect_done(broker: Broker, expected: int, timeout: float) -> list:
 
 
 def events(bootstrap: str, ns: str, kind: str) -> list[dict]:
-    topic = names.events_topic(ns)
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe-" + uuid.uuid4().hex, "enable.partition.eof": True,
-                  "auto.offset.reset": "earliest"})
-    parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-    c.assign([TopicPartition(topic, p, 0) for p in parts])
-    out, todo, deadline = [], set(parts), time.time() + 15
-    while todo and time.time() < deadline:
-        for m in c.consume(500, 0.5):
-            if m.error():
-                if m.error().code() == KafkaError._PARTITION_EOF:
-                    todo.discard(m.partition())
-                continue
-            e = orjson.loads(m.value())
-            if e.get("event") == kind:
-                out.append(e)
-    c.close()
-    return sorted(out, key=lambda e: e["time"])
+    records = read_to_end(bootstrap, names.events_topic(ns), 15) or []
+    return sorted((e for e in map(orjson.loads, (m.value() for m in records)) if e.get("event") == kind),
+                  key=lambda e: e["time"])
 
 
 # --- one worker for the activation scenarios -------------------------------------------------

@@ -3,7 +3,6 @@ plain-Kafka baseline in the same run, reported as ratios of medians."""
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 from pathlib import Path
@@ -69,7 +68,7 @@ def bench(scenarios, repeat, messages, conversations, backlog, readers, in_fligh
     reporter = Reporter(quiet=quiet)
     if docs_path is None and not no_docs and Path("docs/benchmarks.md").is_file():
         docs_path = Path("docs/benchmarks.md")
-    doc = run_bench(list(scenarios), params, bootstrap=bootstrap or os.environ.get("KBROKER_BOOTSTRAP"),
+    doc = run_bench(list(scenarios), params, bootstrap=bootstrap,
                     reporter=reporter, command=command_line())
     doc = merge_previous(doc, out_dir / "latest.json")
     path = write_results(doc, out_dir)

@@ -1,22 +1,25 @@
-"""Read a small compacted topic whole: the latest value of every key (a view's snapshot)."""
+"""Read a topic whole, to its end as of now: the snapshot views and checks work from."""
 
 from __future__ import annotations
 
 import time
 import uuid
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from .config import KAFKA_LOG
 from .errors import BrokerUnavailableError
 
 
-def latest_values(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[bytes, bytes] | None:
-    """key -> last value, tombstoned keys left out; None when the topic does not exist."""
+def read_to_end(bootstrap: str, topic: str, timeout: float = 10.0, *,
+                must_finish: bool = False) -> list[Message] | None:
+    """Every committed record of `topic`, partition by partition in offset order; None when the
+    topic does not exist. What was read by `timeout` is returned, unless `must_finish`: then
+    not reaching the end raises BrokerUnavailableError."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"kbroker-view-{uuid.uuid4().hex[:8]}",
                   "logger": KAFKA_LOG, "enable.auto.commit": False, "enable.partition.eof": True,
                   "isolation.level": "read_committed", "fetch.wait.max.ms": 10})
-    latest: dict[bytes, bytes] = {}
+    out: list[Message] = []
     try:
         meta = c.list_topics(topic, timeout=timeout).topics.get(topic)
         if meta is None or meta.error is not None:
@@ -37,10 +40,23 @@ def latest_values(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[byt
                     if m.error().code() == KafkaError._PARTITION_EOF:
                         todo.discard(m.partition())
                     continue
-                if m.value() is None:
-                    latest.pop(m.key(), None)
-                else:
-                    latest[m.key()] = m.value()
+                out.append(m)
+        if todo and must_finish:
+            raise BrokerUnavailableError(f"could not read {topic} to its end in {timeout} s")
     finally:
         c.close()
+    return out
+
+
+def latest_values(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[bytes, bytes] | None:
+    """A compacted topic as key -> last value, tombstoned keys left out; None when it does not exist."""
+    records = read_to_end(bootstrap, topic, timeout)
+    if records is None:
+        return None
+    latest: dict[bytes, bytes] = {}
+    for m in records:
+        if m.value() is None:
+            latest.pop(m.key(), None)
+        else:
+            latest[m.key()] = m.value()
     return latest
