@@ -93,6 +93,11 @@ def timers_topic(ns: str) -> str:
     return system_topic(ns, "timers")
 
 
+def timers_group(ns: str) -> str:
+    """The consumer group of the timer service instances."""
+    return f"{prefix(ns)}timers"
+
+
 def readers_topic(ns: str) -> str:
     return system_topic(ns, "readers")
 

@@ -29,18 +29,17 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from . import names
-from .committer import Record
+from .committer import Record, produce
 from .config import KAFKA_LOG
 from .catalog.models import DIALOG_TIMER, ERROR as ERROR_TYPE
-from .endpoints import CLOSED, STARTED_OUTBOUND, Endpoint, handle_for, other
-from .envelope import Envelope, error_body
+from .endpoints import CLOSED, STARTED_OUTBOUND, Endpoint, EndpointStore, handle_for, other
+from .envelope import SYSTEM_SEQUENCE, Envelope, error_body
 from .ids import new_id
 from .timer_schedule import Entry, TimerSchedule
 
 log = logging.getLogger("kbroker.timers")
 
 LIFETIME_EXPIRED = -8489  # Service Broker's system error code for an expired dialog lifetime
-SYSTEM_SEQUENCE = -1  # system messages made by the broker are outside the peer's sequence
 
 
 def timer_key(handle: str, arm_id: str) -> str:
@@ -114,18 +113,21 @@ class TimerService:
     """Fires due timers of the namespace. Run one or more per cluster (the worker runs one);
     they share the timers topic's partitions."""
 
-    def __init__(self, bootstrap: str, namespace: str, *, poll_interval: float = 0.25):
-        from .client import Broker  # endpoints and catalog of the namespace
-
+    def __init__(self, bootstrap: str, namespace: str, *, poll_interval: float = 0.25,
+                 endpoints: EndpointStore | None = None):
+        """`endpoints`: a store to share (the worker's Broker has one); else the service reads
+        the endpoints topic with a store of its own."""
         self.namespace = namespace
         self.topic = names.timers_topic(namespace)
-        self._broker = Broker(bootstrap, namespace)
+        self._own_endpoints = endpoints is None
+        self._endpoints = endpoints or EndpointStore(
+            bootstrap, namespace, Producer({"bootstrap.servers": bootstrap, "logger": KAFKA_LOG}))
         self._poll_interval = poll_interval
         self.schedule = TimerSchedule()
         self.fired = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        group = f"{names.prefix(namespace)}timers"
+        group = names.timers_group(namespace)
         self._consumer = Consumer({
             "bootstrap.servers": bootstrap, "group.id": group, "logger": KAFKA_LOG,
             "enable.auto.commit": False, "isolation.level": "read_committed",
@@ -189,7 +191,7 @@ class TimerService:
             self._fire(due)
 
     def _fire(self, entries: list[Entry]) -> None:
-        store = self._broker.endpoints
+        store = self._endpoints
         store.refresh()  # the sides' current states decide who gets the message
         records: list[Record] = []
         for e in entries:
@@ -199,7 +201,7 @@ class TimerService:
         try:
             self._producer.begin_transaction()
             for topic, key, value, headers in records:
-                self._producer.produce(topic, key=key, value=value, headers=headers)
+                produce(self._producer, topic, key=key, value=value, headers=headers)
             if positions:
                 self._producer.send_offsets_to_transaction(positions, self._consumer.consumer_group_metadata(), 30)
             self._producer.commit_transaction(30)
@@ -227,7 +229,8 @@ class TimerService:
         if self._thread is not None:
             self._thread.join(10)
         self._consumer.close()
-        self._broker.close()
+        if self._own_endpoints:
+            self._endpoints.close()
 
     def __enter__(self) -> "TimerService":
         return self.start()

@@ -32,17 +32,15 @@ import orjson
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from .. import names
-from ..catalog.models import Catalog
-from ..catalog.store import read_catalog
 from ..client import Broker
 from ..config import KAFKA_LOG
 from ..timers import TimerService
 from . import codec
 from .handlers import Task, TaskHandlers
 from .monitor import (LaunchReader, MessagesReady, MonitorConfig, MonitorState, NotifyExternal, QueueAltered,
-                      ReaderExited, ReceiveIssued, ReceiveReturned, Rollback, Tick, new_monitor, step)
+                      ReaderExited, ReceiveIssued, ReceiveReturned, Rollback, Tick, new_monitor, recycle, step)
 from .tick import TickOwner, TickSchedule, claim
-from .watch import QueueWatcher
+from .watch import QueueCounts, QueueWatcher
 
 log = logging.getLogger("kbroker.worker")
 
@@ -130,7 +128,7 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
     monitors = app.Table("monitors", default=None, partitions=MONITOR_PARTITIONS)
     tick_owner = app.Table("tick-owner", default=None, partitions=1)
     schedule = TickSchedule(interval=s.tick_interval)
-    rt: dict[str, Any] = {"datadir": rt_dir, "settings": s, "catalog": None, "watchers": {}, "configs": {}, "ticks_run": 0}
+    rt: dict[str, Any] = {"datadir": rt_dir, "watchers": {}, "configs": {}}
 
     def post(queue: str, event: Any) -> None:
         """From a reader's thread: put a monitor event on the topic (fire and forget)."""
@@ -147,14 +145,9 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
     handlers = TaskHandlers(broker, on_exit, size=s.handlers, worker_id=s.worker_id)
     rt.update(app=app, broker=broker, handlers=handlers)
 
-    def catalog() -> Catalog:
-        if rt["catalog"] is None:
-            rt["catalog"] = read_catalog(s.bootstrap, s.namespace)
-        return rt["catalog"]
-
     def config_of(queue: str) -> MonitorConfig:
         try:
-            return MonitorConfig.from_queue(catalog().queue(queue), ramp_up=s.ramp_up)
+            return MonitorConfig.from_queue(broker.catalog.queue(queue), ramp_up=s.ramp_up)
         except Exception:
             return MonitorConfig(enabled=False, ramp_up=s.ramp_up)
 
@@ -187,16 +180,12 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
             else:
                 state = MonitorState.from_dict(stored)
                 if stored.get("owner") != s.worker_id:  # taken over: its readers are not ours
-                    state, _ = step(state, QueueAltered(MonitorConfig(enabled=False)), now)
-                    state, actions = step(state, QueueAltered(config_of(queue)), now)
-            if source is not None and source != s.worker_id:
-                # A reader of the monitor's previous owner (replayed after a take-over): it died
-                # with that worker or finishes on its own, so it must not count as waiting here.
-                await perform(actions)
-                monitors[queue] = {**state.to_dict(), "owner": s.worker_id, "updated": now}
-                continue
-            state, more = step(state, event, now)
-            actions += more
+                    state, actions = recycle(state, config_of(queue), now)
+            # An event of the previous owner's readers (replayed after a take-over) is skipped:
+            # they died with that worker or finish on their own, and must not count as waiting here.
+            if source in (None, s.worker_id):
+                state, more = step(state, event, now)
+                actions += more
             log.debug("monitor queue=%s event=%s state=%s readers=%s", queue, event, state.state.value, state.readers)
             monitors[queue] = {**state.to_dict(), "owner": s.worker_id, "updated": now}
             await perform(actions)
@@ -209,9 +198,8 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
             tick_owner["owner"] = owner.to_dict()
             if run is None:
                 continue
-            rt["ticks_run"] += 1
             queues = await asyncio.to_thread(
-                lambda: [q.name for q in catalog().queues.values() if q.activation is not None])
+                lambda: [q.name for q in broker.catalog.queues.values() if q.activation is not None])
             for queue in queues:
                 await monitor_topic.send(key=queue.encode(), value=codec.encode(Tick()))
             event = {"event": "TICK", "number": run.number, "due": sorted(run.due), "missed": run.missed,
@@ -223,20 +211,24 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
         # Every worker asks; the tick agent runs each tick number once per cluster.
         await ticks_topic.send(key=b"tick", value=orjson.dumps({"worker": s.worker_id, "now": time.time()}))
         handlers.restart_dead()  # a per-worker every-tick task
-        rt["catalog"] = None  # re-read: ALTER QUEUE from any process reaches the monitors
+        await asyncio.to_thread(broker.refresh_catalog)  # ALTER QUEUE from any process reaches the monitors
 
     @app.timer(s.watch_interval, on_leader=True)
     async def watch_timer():
         try:
-            await asyncio.to_thread(watch_queues)
+            pending = await asyncio.to_thread(watch_queues)
         except Exception as exc:  # a slow coordinator must not crash the app: retry next time
             log.warning("watching queues failed: %s", exc)
-        for queue, event in rt.pop("pending", []):
+            return
+        for queue, event in pending:
             await monitor_topic.send(key=queue.encode(), value=codec.encode(event))
 
-    def watch_queues() -> None:
-        pending = []
-        for q in catalog().queues.values():
+    seen: dict[str, QueueCounts] = {}  # each watched queue's counts at the last pass
+
+    def watch_queues() -> list[tuple[str, Any]]:
+        """On the leader: the monitor events that the queues' configs and counts call for."""
+        pending: list[tuple[str, Any]] = []
+        for q in broker.catalog.queues.values():
             cfg = MonitorConfig.from_queue(q, ramp_up=s.ramp_up)
             old = rt["configs"].get(q.name)
             if old is None and not cfg.enabled:
@@ -247,20 +239,19 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
             watcher = rt["watchers"].get(q.name)
             if watcher is None:
                 watcher = rt["watchers"][q.name] = QueueWatcher(s.bootstrap, s.namespace, q.name)
-                rt[("counts", q.name)] = None
             try:
                 counts = watcher.counts(timeout=5.0)
             except Exception as exc:
                 log.warning("counting queue=%s failed: %s", q.name, exc)
                 continue
-            last = rt.get(("counts", q.name))
+            last = seen.get(q.name)
             if last is None or (counts.backlog, counts.ready_groups) != (last.backlog, last.ready_groups):
                 pending.append((q.name, MessagesReady(counts.backlog, counts.ready_groups)))
             if last is not None and counts.received > last.received:
                 # Some RECEIVE committed (from any process): what moves NOTIFIED on.
                 pending += [(q.name, ReceiveIssued()), (q.name, ReceiveReturned(empty=False))]
-            rt[("counts", q.name)] = counts
-        rt["pending"] = pending
+            seen[q.name] = counts
+        return pending
 
     @app.page("/monitors/")
     async def monitors_page(web, request):
@@ -277,7 +268,8 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
     async def on_start():
         rt["loop"] = asyncio.get_running_loop()
         if s.timers:
-            rt["timer_service"] = await asyncio.to_thread(lambda: TimerService(s.bootstrap, s.namespace).start())
+            rt["timer_service"] = await asyncio.to_thread(
+                lambda: TimerService(s.bootstrap, s.namespace, endpoints=broker.endpoints).start())
         log.info("worker started worker=%s namespace=%s", s.worker_id, s.namespace)
 
     return app, rt

@@ -388,7 +388,13 @@ def _alter(s: MonitorState, config: MonitorConfig, now: float) -> tuple[MonitorS
     old = s.config
     if old.enabled == config.enabled and old.kind == config.kind:
         return _decide(replace(s, config=config), now)  # ALTER QUEUE is a re-check (rule 1)
-    # Rule 9: a fresh monitor. The queue's counts are facts about the queue, so they stay.
+    return recycle(s, config, now)
+
+
+def recycle(s: MonitorState, config: MonitorConfig, now: float) -> tuple[MonitorState, list[Action]]:
+    """Rule 9: a fresh monitor of a new generation (also what a worker taking the monitor over
+    from a dead one starts from: the readers it counted are gone). The queue's counts are facts
+    about the queue, so they stay."""
     fresh = MonitorState(
         queue=s.queue,
         config=config,

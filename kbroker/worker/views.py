@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 from .. import names
-from ..compacted import latest_values
+from ..topic_reader import latest_values
 from .monitor import MonitorState
 
 
@@ -25,9 +25,10 @@ def monitor_rows(bootstrap: str, namespace: str, timeout: float = 10.0) -> list[
     for queue in sorted(latest):
         d = latest[queue]
         st = MonitorState.from_dict(d)
+        dmv = st.dmv_row()
         rows.append({
-            "queue": queue, "state": st.state_desc, "last_empty_rowset_time": _iso(st.last_empty_rowset_time),
-            "last_activated_time": _iso(st.last_activated_time), "tasks_waiting": st.tasks_waiting,
+            **dmv, "last_empty_rowset_time": _iso(dmv["last_empty_rowset_time"]),
+            "last_activated_time": _iso(dmv["last_activated_time"]),
             "readers": st.readers, "max_queue_readers": st.config.max_queue_readers,
             "activation": "ON" if st.config.enabled else "OFF", "kind": st.config.kind,
             "backlog": st.backlog, "ready_groups": st.ready_groups, "generation": st.generation,

@@ -50,14 +50,13 @@ class QueueWatcher:
 
     def counts(self, timeout: float = 10.0) -> QueueCounts:
         committed = self._consumer.committed(self._tps, timeout=timeout)
-        bases, done = {}, {}
+        bases, metadata = {}, {}
         for tp in committed:
             low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, tp.partition),
                                                              timeout=timeout, cached=False)
-            base = max(tp.offset if tp.offset >= 0 else low, low)
-            bases[tp.partition] = (base, high)
-            done[tp.partition] = decode_completed(base, tp.metadata)
-        key = tuple((p, b, h, len(done[p])) for p, (b, h) in sorted(bases.items()))
+            bases[tp.partition] = (max(tp.offset if tp.offset >= 0 else low, low), high)
+            metadata[tp.partition] = tp.metadata
+        key = tuple((p, b, h, metadata[p]) for p, (b, h) in sorted(bases.items()))
         if key == self._last_key and self._last is not None:
             return self._last
         received = sum(b for b, _ in bases.values())
@@ -72,6 +71,7 @@ class QueueWatcher:
             self._last_key, self._last = key, result
             return result
         self._scanned_at = time.monotonic()
+        done = {p: decode_completed(b, metadata[p]) for p, (b, _) in bases.items()}
         if todo:
             self._consumer.assign([TopicPartition(self.topic, p, bases[p][0]) for p in todo])
             positions = {p: bases[p][0] for p in todo}
