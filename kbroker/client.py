@@ -31,7 +31,7 @@ from . import config, names
 from .catalog.models import DIALOG_TIMER, END_DIALOG, Catalog
 from .catalog.models import ERROR as ERROR_TYPE
 from .catalog.store import read_catalog
-from .committer import CommitRequest, GroupCommitter, Record
+from .committer import CommitRequest, GroupCommitter, OpenTransactions, Record
 from .config import KAFKA_LOG
 from .endpoints import (CLOSED, DISCONNECTED_INBOUND, DISCONNECTED_OUTBOUND, ERROR, MAX_LIFETIME,
                         SENDABLE, STARTED_OUTBOUND, Endpoint, EndpointStore, after_send, chain_key, handle_for,
@@ -62,7 +62,7 @@ def connect(bootstrap: str | None = None, namespace: str | None = None, **kwargs
 
 class Broker:
     def __init__(self, bootstrap: str, namespace: str, *, ack_timeout: float = 30.0,
-                 commit_interval: float = 0.005, max_buffered: int = 10_000, revoke_grace: float = 5.0):
+                 commit_interval: float = 0.005, max_buffered: int = 20_000, revoke_grace: float = 5.0):
         self.bootstrap, self.namespace = bootstrap, namespace
         self._ack_timeout = ack_timeout
         self._commit_interval = commit_interval
@@ -77,6 +77,7 @@ class Broker:
         self._errors: list[KafkaError] = []
         self._catalog: Catalog | None = None
         self._committer: GroupCommitter | None = None
+        self.open_transactions = OpenTransactions()
         self.endpoints = EndpointStore(bootstrap, namespace, self._producer)
         self._receivers: dict[tuple[str, str | None], QueueReceiver] = {}  # (queue, instance)
         self._secondary: set[str] = set()  # secondary queue topics known to exist
@@ -141,7 +142,8 @@ class Broker:
     def committer(self) -> GroupCommitter:
         with self._lock:
             if self._committer is None:
-                self._committer = GroupCommitter(self.bootstrap, self.namespace, interval=self._commit_interval)
+                self._committer = GroupCommitter(self.bootstrap, self.namespace, interval=self._commit_interval,
+                                                 open_transactions=self.open_transactions)
             return self._committer
 
     def receiver(self, queue: str, instance: str | None = None) -> QueueReceiver:

@@ -1,10 +1,17 @@
 """Group commit: many readers' transactions share one Kafka transactional producer per process.
 
 A reader's commit hands its held SENDs and its leases (consumed offsets) to the committer and
-waits. The committer takes whatever is waiting, waits up to `interval` for more, and commits
-them all in one Kafka transaction: the records, then the consumed offsets of every queue
+waits. The committer takes whatever is waiting and, while other transactions of the process are
+still open (they may commit soon), waits up to `interval` for more; then it commits them all in
+one Kafka transaction: the records, then the consumed offsets of every queue
 (send_offsets_to_transaction, which also fences a zombie that lost its partitions), then
 commit. Every reader in the batch learns the same outcome.
+
+Kafka transactions run one at a time, in submission order, but on a small ring of transactional
+producers: right after a commit the coordinator is still writing that transaction's markers and
+answers the same producer's next transaction with CONCURRENT_TRANSACTIONS until it is done,
+while another producer can start at once. Order is unchanged: each transaction has committed
+before the next one begins, so their records reach the log in commit order.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from confluent_kafka import KafkaException, Producer
 
@@ -52,24 +59,47 @@ class CommitRequest:
         self.done.set()
 
 
+class OpenTransactions:
+    """How many transactions of the process are open and have not asked to commit yet: the
+    committer waits for more only while one of them might still join its batch."""
+
+    def __init__(self) -> None:
+        self._n, self._lock = 0, threading.Lock()
+
+    def opened(self) -> None:
+        with self._lock:
+            self._n += 1
+
+    def closed(self) -> None:
+        with self._lock:
+            self._n -= 1
+
+    def __call__(self) -> int:
+        return self._n
+
+
 class GroupCommitter:
     def __init__(self, bootstrap: str, namespace: str, *, interval: float = 0.005,
-                 max_batch: int = 1000, timeout: float = 30.0):
+                 max_batch: int = 1000, timeout: float = 30.0, producers: int = 2,
+                 open_transactions: Callable[[], int] = lambda: 1):
+        self._namespace = namespace
         self._conf = {
             "bootstrap.servers": bootstrap, "logger": KAFKA_LOG,
-            "transactional.id": f"kbroker.{namespace}.{uuid.uuid4()}",
             "enable.idempotence": True, "acks": "all", "linger.ms": 1,
             "message.max.bytes": 11 * 1024 * 1024,
             # Right after a commit the coordinator is still writing markers and answers the next
-            # transaction's first request with CONCURRENT_TRANSACTIONS; the default 100 ms retry
-            # back-off then dominates every commit.
-            "retry.backoff.ms": 5, "retry.backoff.max.ms": 50,
+            # transaction's first request with CONCURRENT_TRANSACTIONS; the retry back-off then
+            # dominates every commit. Measured on the embedded broker, a transaction of one
+            # offset commit takes 114 ms at the default 100 ms, 9.4 ms at 5/50 ms and 4.6 ms at 1/5 ms.
+            "retry.backoff.ms": 1, "retry.backoff.max.ms": 5,
             # A process killed mid-commit leaves its Kafka transaction open; readers of those
             # partitions wait at the last stable offset until Kafka aborts it after this long.
             "transaction.timeout.ms": 10_000,
         }
         self._interval, self._max_batch, self._timeout = interval, max_batch, timeout
-        self._producer = self._new_producer()
+        self._open_transactions = open_transactions
+        self._ring = [self._new_producer() for _ in range(max(1, producers))]
+        self._turn = 0  # the ring's producer for the next Kafka transaction
         self._queue: queue.Queue[CommitRequest | None] = queue.Queue()
         self._busy = threading.Lock()  # held while a Kafka transaction is under way
         self._closed = False
@@ -78,7 +108,7 @@ class GroupCommitter:
         self._thread.start()
 
     def _new_producer(self) -> Producer:
-        p = Producer(self._conf)
+        p = Producer({**self._conf, "transactional.id": f"kbroker.{self._namespace}.{uuid.uuid4()}"})
         p.init_transactions(self._timeout)
         return p
 
@@ -109,9 +139,17 @@ class GroupCommitter:
             deadline = time.monotonic() + self._interval
             while len(batch) < self._max_batch:
                 try:
-                    nxt = self._queue.get(timeout=max(deadline - time.monotonic(), 0))
+                    nxt = self._queue.get_nowait()
                 except queue.Empty:
-                    break
+                    # Waiting for more pays only if some open transaction may still commit; a
+                    # lone reader would otherwise add `interval` to every commit.
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._open_transactions() <= 0:
+                        break
+                    try:
+                        nxt = self._queue.get(timeout=min(left, 0.001))
+                    except queue.Empty:
+                        continue
                 if nxt is None:
                     self._queue.put(None)
                     break
@@ -134,18 +172,20 @@ class GroupCommitter:
                         r.exclude(ls)
                 return self._split_doomed(batch)
             positions[receiver] = tps
+        producer = self._ring[self._turn]
+        self._turn = (self._turn + 1) % len(self._ring)
         try:
-            self._producer.begin_transaction()
+            producer.begin_transaction()
             for req in batch:
                 for topic, key, value, headers in req.records:
-                    produce(self._producer, topic, key=key, value=value, headers=headers)
+                    produce(producer, topic, key=key, value=value, headers=headers)
             for receiver, tps in positions.items():
-                self._producer.send_offsets_to_transaction(tps, receiver.group_metadata(), self._timeout)
-            self._producer.commit_transaction(self._timeout)
+                producer.send_offsets_to_transaction(tps, receiver.group_metadata(), self._timeout)
+            producer.commit_transaction(self._timeout)
         except KafkaException as exc:
             for receiver, leases in by_receiver.items():
                 receiver.exclude(leases)
-            self._recover(exc)
+            self._recover(producer, exc)
             for req in batch:
                 req.finish(TransactionAbortedError(f"the Kafka transaction failed: {exc.args[0].str()}"))
             return
@@ -161,17 +201,20 @@ class GroupCommitter:
         if rest:
             self._commit(rest)
 
-    def _recover(self, exc: KafkaException) -> None:
+    def _recover(self, producer: Producer, exc: KafkaException) -> None:
         err = exc.args[0]
         try:
             if err.fatal():
                 log.error("transactional producer fenced or failed fatally (%s); starting a new one", err)
-                self._producer = self._new_producer()
+                self._replace(producer)
             else:
-                self._producer.abort_transaction(self._timeout)
+                producer.abort_transaction(self._timeout)
         except KafkaException as again:
             log.error("abort failed (%s); starting a new transactional producer", again)
-            self._producer = self._new_producer()
+            self._replace(producer)
+
+    def _replace(self, producer: Producer) -> None:
+        self._ring[self._ring.index(producer)] = self._new_producer()
 
     def close(self) -> None:
         self._closed = True

@@ -37,6 +37,7 @@ log = logging.getLogger("kbroker.receiver")
 
 # Service Broker hands a dialog's DialogTimer out before its other messages, then Error, whenever
 # they arrived; EndDialog and the rest keep arrival order.
+QUEUED_MAX_KBYTES = 16 * 1024  # librdkafka read-ahead per consumer (see QueueReceiver)
 _FIRST = {DIALOG_TIMER: 0, ERROR: 1}
 
 
@@ -88,7 +89,7 @@ class Lease:
 class QueueReceiver:
     def __init__(self, bootstrap: str, namespace: str, queue: str, *,
                  dead_letter: Callable[["QueueReceiver", KafkaRecord, str], None],
-                 max_buffered: int = 10_000, revoke_grace: float = 5.0,
+                 max_buffered: int = 20_000, revoke_grace: float = 5.0,
                  commit_barrier: Callable[[], None] = lambda: None, topic: str | None = None,
                  on_assign: Callable[[], None] = lambda: None,
                  report: Callable[[dict], None] | None = None, report_interval: float = 2.0):
@@ -123,6 +124,10 @@ class QueueReceiver:
             "partition.assignment.strategy": "cooperative-sticky",
             # A dead process's groups move to a live one after this long, not Kafka's 45 s.
             "session.timeout.ms": 10_000, "heartbeat.interval.ms": 1_000,
+            # librdkafka's read-ahead beyond what this process buffered (default 64 MiB): 16 MiB
+            # keeps fetches ahead of any reader here and leaves the memory to the buffer, where
+            # it makes RECEIVEs return more of each group.
+            "queued.max.messages.kbytes": QUEUED_MAX_KBYTES,
         }
         self._consumer = Consumer(conf)
         self._group_meta = self._consumer.consumer_group_metadata()

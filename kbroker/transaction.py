@@ -38,6 +38,13 @@ class Transaction:
         self._queues: set[str] = set()
         self.state = "open"
         self.committed_at: float | None = None
+        broker.open_transactions.opened()
+        self._counted = True  # still among the broker's open transactions (see committer)
+
+    def _uncount(self) -> None:
+        if self._counted:
+            self._counted = False
+            self._broker.open_transactions.closed()
 
     def _check_open(self) -> None:
         if self.state != "open":
@@ -201,6 +208,7 @@ class Transaction:
         for handle, ep in self._endpoints.items():
             if handle not in self._unwritten:
                 records.append(b.endpoint_record(handle, ep))
+        self._uncount()
         try:
             if records or self._leases:
                 req = CommitRequest(records, self._leases)
@@ -225,6 +233,7 @@ class Transaction:
             self._broker.emit("after_rollback", q)
 
     def _end(self, committed: bool) -> None:
+        self._uncount()
         for lease in self._leases:
             lease.receiver.release(lease, committed)
         if committed:

@@ -77,3 +77,33 @@ def test_metadata_room_is_back_pressure_before_the_limit():
     assert n < 100_000, "metadata never filled up"
     assert len(meta) < METADATA_LIMIT
     assert n > 500  # it holds a useful number of completions before pushing back
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["complete", "reopen", "commit", "room"]),
+                          st.integers(0, 10**9), st.integers(1, 4000)), min_size=50, max_size=400),
+       st.integers(1, 60))
+def test_metadata_room_never_says_yes_past_the_limit(ops, batch):
+    # metadata_room() measures the encoding only now and then; whenever it answers yes, the
+    # commit metadata of that moment must still fit Kafka's limit.
+    import random
+
+    t = PartitionOffsets(committed=0)
+    t.fetched(0)  # pins the low water, so completions pile up above it
+    high, done = 0, []
+    for op, seed, gap in ops:
+        rng = random.Random(seed)
+        if op == "complete":  # a batch of completions with random gaps (compress badly)
+            for _ in range(batch * 10):
+                high += rng.randint(1, gap)
+                t.fetched(high)
+                t.complete(high)
+                done.append(high)
+        elif op == "reopen" and done:
+            t.reopen(done.pop(rng.randrange(len(done))))
+        elif op == "commit":
+            t.commit_position()
+        if t.metadata_room():
+            pos = t.low_water()
+            above = [o for o in done if o > pos]
+            assert len(encode_completed(pos, above)) < METADATA_LIMIT

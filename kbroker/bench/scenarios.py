@@ -46,9 +46,9 @@ IO_DELAY = 0.005  # io-bound: what the handler awaits per message
 BATCH_RECORDS, BATCH_SECONDS = 100, 0.1  # request-reply baseline: commit every 100 records or 100 ms
 RSS_RECEIVE = 1_000  # backlog-rss: messages the child receives
 # backlog-rss: how far above the connect-only child the receiving child may go and still count as
-# bounded. The receiver buffers at most 10,000 records before pausing its partitions, and
-# librdkafka pre-fetches at most queued.max.messages.kbytes (64 MiB) into its queue; with 100-byte
-# bodies and ~450 bytes of headers both are far below this, whatever the backlog.
+# bounded. The receiver buffers at most 20,000 records before pausing its partitions, and
+# librdkafka pre-fetches at most queued.max.messages.kbytes (16 MiB) into its queue; with 100-byte
+# bodies and ~450 bytes of headers both stay below this, whatever the backlog.
 RSS_BOUND_MB = 256
 
 
