@@ -129,6 +129,18 @@ class ConversationClosedError(KBrokerError):
         super().__init__(f"conversation {handle} is closed for sending (state {state})")
 
 
+class ConversationLockTimeoutError(KBrokerError):
+    """Another transaction has sent on the conversation and has not ended within the lock
+    time-out (SEND locks each conversation until its transaction ends)."""
+
+    retriable = True
+
+    def __init__(self, handle: str, timeout: float):
+        self.handle, self.timeout = handle, timeout
+        super().__init__(f"conversation {handle} is locked by another open transaction "
+                         f"(waited {timeout:g} s)")
+
+
 class QueueDisabledError(KBrokerError):
     def __init__(self, queue: str):
         self.queue = queue

@@ -36,6 +36,7 @@ class Transaction:
         self._endpoints: dict[str, Endpoint | None] = {}  # this transaction's view; None = removed
         self._unwritten: set[str] = set()  # staged only by SENDs within their reserved sequence block
         self._queues: set[str] = set()
+        self._locked_conversations: set[str] = set()  # SEND's conversation locks held
         self.state = "open"
         self.committed_at: float | None = None
         broker.open_transactions.opened()
@@ -58,6 +59,14 @@ class Transaction:
                 raise ConversationNotFoundError(handle)
             return ep
         return self._broker.endpoints.get(handle)
+
+    def _lock(self, handle: str) -> None:
+        """SEND, END CONVERSATION, BEGIN CONVERSATION TIMER and MOVE lock the conversation until
+        this transaction ends (Broker.lock_conversation), before reading its endpoint."""
+        handle = str(handle)
+        if handle not in self._locked_conversations:
+            self._broker.lock_conversation(handle, self)
+            self._locked_conversations.add(handle)
 
     def _stage(self, ep: Endpoint) -> None:
         self._endpoints[ep.conversation_handle] = ep
@@ -149,6 +158,7 @@ class Transaction:
     def move_conversation(self, handle: str, group: str) -> None:
         """MOVE CONVERSATION handle TO group (a GUID, existing or new, of the same queue)."""
         self._check_open()
+        self._lock(handle)
         ep, records = self._broker.move_records(self.endpoint(handle), group)
         self._records.extend(records)
         self._stage(ep)
@@ -171,6 +181,7 @@ class Transaction:
 
     def send(self, handle: str, message_type: str = "DEFAULT", body: Any = None, **kw: Any) -> str:
         self._check_open()
+        self._lock(handle)
         before = self.endpoint(handle)
         record, message_id, ep = self._broker.message_record(before, message_type, body, **kw)
         self._records.append(record)
@@ -183,6 +194,7 @@ class Transaction:
     def begin_conversation_timer(self, handle: str, timeout: float) -> None:
         """BEGIN CONVERSATION TIMER: armed when the transaction commits; arming again replaces it."""
         self._check_open()
+        self._lock(handle)
         records, ep = self._broker.timer_records(self.endpoint(handle), timeout)
         self._records.extend(records)
         self._stage(ep)
@@ -190,6 +202,7 @@ class Transaction:
     def end_conversation(self, handle: str, *, error: int | None = None, description: str | None = None,
                          cleanup: bool = False) -> None:
         self._check_open()
+        self._lock(handle)
         ep = self.endpoint(handle)
         records, ended = self._broker.end_records(ep, error=error, description=description, cleanup=cleanup)
         self._records.extend(records)
@@ -234,6 +247,9 @@ class Transaction:
 
     def _end(self, committed: bool) -> None:
         self._uncount()
+        if self._locked_conversations:  # after commit() noted the endpoints: the next holder reads them
+            self._broker.unlock_conversations(self._locked_conversations, self)
+            self._locked_conversations = set()
         for lease in self._leases:
             lease.receiver.release(lease, committed)
         if committed:

@@ -236,3 +236,50 @@ def test_asyncio_api_many_readers_on_one_event_loop(kafka_bootstrap, namespace, 
     handled = asyncio.run(main())
     assert len(handled) == 20 and len(set(handled)) == 20
     assert sum(len(r["ids"]) for r in visible_replies(kafka_bootstrap, namespace)) == 20
+
+
+def test_send_locks_the_conversation_until_the_transaction_ends(ns_broker):
+    # Two transactions sending on one dialog must not both number from the same send sequence:
+    # the second waits for the first to end, then continues its sequence.
+    import threading
+
+    b = ns_broker
+    h = b.begin_dialog(inv.CLIENT, inv.SERVER, inv.CONTRACT)
+    first = b.transaction()
+    first.send(h, inv.REQUEST, {"i": 0})
+    second_done = threading.Event()
+
+    def second() -> None:
+        with b.transaction() as tx:
+            tx.send(h, inv.REQUEST, {"i": 1})
+        second_done.set()
+
+    t = threading.Thread(target=second)
+    t.start()
+    assert not second_done.wait(1.0), "the second SEND did not wait for the conversation lock"
+    first.commit()
+    assert second_done.wait(30)
+    t.join()
+    got = []
+    while len(got) < 2:
+        got += b.receive("RequestQueue", top=10, wait=15)
+    assert [m.message_sequence_number for m in got] == [0, 1]
+    assert [orjson.loads(m.body)["i"] for m in got] == [0, 1]
+
+
+def test_a_conversation_locked_too_long_raises_a_retriable_error(kafka_bootstrap, namespace):
+    apply_paths(kafka_bootstrap, namespace, [inv.YAML])
+    b = Broker(kafka_bootstrap, namespace, lock_timeout=0.5)
+    try:
+        h = b.begin_dialog(inv.CLIENT, inv.SERVER, inv.CONTRACT)
+        holder = b.transaction()
+        holder.send(h, inv.REQUEST, {"i": 0})
+        with pytest.raises(errors.ConversationLockTimeoutError) as err:
+            b.send(h, inv.REQUEST, {"i": 1})
+        assert err.value.retriable and err.value.handle == h
+        holder.rollback()
+        b.send(h, inv.REQUEST, {"i": 2})  # free again once the holder ended
+        got = b.receive("RequestQueue", top=10, wait=15)
+        assert [orjson.loads(m.body)["i"] for m in got] == [2]
+    finally:
+        b.close()
