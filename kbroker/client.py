@@ -20,8 +20,6 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Callable, TypeVar
 
@@ -40,9 +38,9 @@ from .endpoints import (CLOSED, DISCONNECTED_INBOUND, DISCONNECTED_OUTBOUND, ERR
                         must_persist, new_target_endpoint, other)
 from .envelope import SYSTEM_SEQUENCE, Envelope, Message, error_body
 from .ids import new_id
+from .locks import ConversationLocks
 from .errors import (BrokerUnavailableError, CatalogError, ContractViolationError,
-                     ConversationClosedError, ConversationGroupError, ConversationLockTimeoutError,
-                     MessageTooLargeError,
+                     ConversationClosedError, ConversationGroupError, MessageTooLargeError,
                      SendFailedError, UnknownContractError)
 from .groups import MOVE_MARKER, moved, parse_group, rekeyed_headers
 from . import timers
@@ -82,10 +80,7 @@ class Broker:
         self._catalog: Catalog | None = None
         self._committer: GroupCommitter | None = None
         self.open_transactions = OpenTransactions()
-        # SEND's conversation locks: handle -> the transaction (or lone SEND) holding it.
-        self._conversation_locks: dict[str, object] = {}
-        self._conversation_cv = threading.Condition(threading.Lock())
-        self.lock_timeout = lock_timeout
+        self.conversation_locks = ConversationLocks(lock_timeout)  # SEND's (see locks.py)
         self.endpoints = EndpointStore(bootstrap, namespace, self._producer)
         self._receivers: dict[tuple[str, str | None], QueueReceiver] = {}  # (queue, instance)
         self._secondary: set[str] = set()  # secondary queue topics known to exist
@@ -228,45 +223,9 @@ class Broker:
             self._flush()
         return ep.conversation_handle
 
-    # --- conversation locks -------------------------------------------------------------------
-
-    def lock_conversation(self, handle: str, owner: object) -> None:
-        """Take SEND's lock on a conversation for `owner` (a transaction), waiting up to
-        `lock_timeout` for another owner to end. Service Broker locks each conversation a SEND
-        uses until the transaction ends, so two transactions never number their messages from
-        the same send sequence, and a conversation's messages commit in sequence order."""
-        deadline = time.monotonic() + self.lock_timeout
-        with self._conversation_cv:
-            while True:
-                holder = self._conversation_locks.get(handle)
-                if holder is None or holder is owner:
-                    self._conversation_locks[handle] = owner
-                    return
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ConversationLockTimeoutError(handle, self.lock_timeout)
-                self._conversation_cv.wait(left)
-
-    def unlock_conversations(self, handles: Iterable[str], owner: object) -> None:
-        with self._conversation_cv:
-            for handle in handles:
-                if self._conversation_locks.get(handle) is owner:
-                    del self._conversation_locks[handle]
-            self._conversation_cv.notify_all()
-
-    @contextmanager
-    def _conversation_locked(self, handle: str) -> Iterator[None]:
-        """A statement outside a transaction holds the conversation's lock while it runs."""
-        owner = object()
-        self.lock_conversation(str(handle), owner)
-        try:
-            yield
-        finally:
-            self.unlock_conversations([str(handle)], owner)
-
     def send(self, handle: str, message_type: str = "DEFAULT", body: Any = None, **kw: Any) -> str:
         """SEND ON CONVERSATION: returns the message id once Kafka acknowledged the message."""
-        with self._conversation_locked(handle), self._lock:
+        with self.conversation_locks.held(str(handle)), self._lock:
             before = self.endpoints.get(str(handle))
             record, message_id, ep = self.message_record(before, message_type, body, **kw)
             self._produce(record)
@@ -280,7 +239,7 @@ class Broker:
     def end_conversation(self, handle: str, *, error: int | None = None, description: str | None = None,
                          cleanup: bool = False) -> None:
         """END CONVERSATION [WITH ERROR = code DESCRIPTION = text | WITH CLEANUP]."""
-        with self._conversation_locked(handle), self._lock:
+        with self.conversation_locks.held(str(handle)), self._lock:
             ep = self.endpoints.get(str(handle))
             records, ended = self.end_records(ep, error=error, description=description, cleanup=cleanup)
             for record in records:
@@ -292,7 +251,7 @@ class Broker:
     def begin_conversation_timer(self, handle: str, timeout: float) -> None:
         """BEGIN CONVERSATION TIMER (handle) TIMEOUT = seconds: a DialogTimer message reaches this
         side's queue then (fired by the timer service, which `kbroker worker` runs)."""
-        with self._conversation_locked(handle), self._lock:
+        with self.conversation_locks.held(str(handle)), self._lock:
             records, ep = self.timer_records(self.endpoints.get(str(handle)), timeout)
             for record in records:
                 self._produce(record)

@@ -62,10 +62,10 @@ class Transaction:
 
     def _lock(self, handle: str) -> None:
         """SEND, END CONVERSATION, BEGIN CONVERSATION TIMER and MOVE lock the conversation until
-        this transaction ends (Broker.lock_conversation), before reading its endpoint."""
+        this transaction ends (see locks.py), before reading its endpoint."""
         handle = str(handle)
         if handle not in self._locked_conversations:
-            self._broker.lock_conversation(handle, self)
+            self._broker.conversation_locks.lock(handle, self)
             self._locked_conversations.add(handle)
 
     def _stage(self, ep: Endpoint) -> None:
@@ -248,7 +248,7 @@ class Transaction:
     def _end(self, committed: bool) -> None:
         self._uncount()
         if self._locked_conversations:  # after commit() noted the endpoints: the next holder reads them
-            self._broker.unlock_conversations(self._locked_conversations, self)
+            self._broker.conversation_locks.release(self._locked_conversations, self)
             self._locked_conversations = set()
         for lease in self._leases:
             lease.receiver.release(lease, committed)

@@ -1,0 +1,56 @@
+"""SEND's conversation locks (Service Broker locks each conversation a SEND uses until the
+transaction ends).
+
+Without them, two transactions of a process sending on one dialog would both number their
+message from the endpoint's committed send sequence, and could commit out of sequence order.
+Owners are transactions (or a token for a statement outside one). Where Service Broker detects
+deadlocks, a waiter here gives up after `timeout` with ConversationLockTimeoutError.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+from .errors import ConversationLockTimeoutError
+
+
+class ConversationLocks:
+    def __init__(self, timeout: float = 30.0):
+        self.timeout = timeout
+        self._holders: dict[str, object] = {}  # conversation handle -> owner
+        self._cv = threading.Condition(threading.Lock())
+
+    def lock(self, handle: str, owner: object) -> None:
+        """Take the lock for `owner` (again is a no-op), waiting up to `timeout` for another
+        owner to release it."""
+        deadline = time.monotonic() + self.timeout
+        with self._cv:
+            while True:
+                holder = self._holders.get(handle)
+                if holder is None or holder is owner:
+                    self._holders[handle] = owner
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ConversationLockTimeoutError(handle, self.timeout)
+                self._cv.wait(left)
+
+    def release(self, handles: Iterable[str], owner: object) -> None:
+        with self._cv:
+            for handle in handles:
+                if self._holders.get(handle) is owner:
+                    del self._holders[handle]
+            self._cv.notify_all()
+
+    @contextmanager
+    def held(self, handle: str) -> Iterator[None]:
+        """For one statement outside a transaction: the lock while it runs."""
+        owner = object()
+        self.lock(handle, owner)
+        try:
+            yield
+        finally:
+            self.release([handle], owner)
