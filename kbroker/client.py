@@ -170,10 +170,13 @@ class Broker:
     def _report_reader(self, queue: str, stats: dict) -> None:
         """Every few seconds, from a receiver's poll thread: its locks and in-flight counts, for
         `kbroker queue show` (a compacted topic keyed by process and topic; fire and forget)."""
-        value = {**stats, "queue": queue, "process": self._process, "at": time.time()}
+        self._publish_reader(stats["topic"], orjson.dumps(
+            {**stats, "queue": queue, "process": self._process, "at": time.time()}))
+
+    def _publish_reader(self, topic: str, value: bytes | None) -> None:
+        """This process's entry for `topic` in the readers topic (None: it no longer reads it)."""
         try:
-            self._producer.produce(names.readers_topic(self.namespace), key=f"{self._process}/{stats['topic']}",
-                                   value=orjson.dumps(value))
+            self._producer.produce(names.readers_topic(self.namespace), key=f"{self._process}/{topic}", value=value)
         except (BufferError, KafkaException):
             pass  # a view, not data: skip this report
 
@@ -524,11 +527,7 @@ class Broker:
         with self._lock:
             for r in self._receivers.values():
                 r.close()
-                try:  # this process no longer reads the queue: drop it from the view
-                    self._producer.produce(names.readers_topic(self.namespace), key=f"{self._process}/{r.topic}",
-                                           value=None)
-                except (BufferError, KafkaException):
-                    pass
+                self._publish_reader(r.topic, None)  # no longer read here: drop it from the view
             self._receivers.clear()
             if self._committer is not None:
                 self._committer.close()

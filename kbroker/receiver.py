@@ -35,15 +35,25 @@ from .offsets import PartitionOffsets
 log = logging.getLogger("kbroker.receiver")
 
 
+QUEUED_MAX_KBYTES = 16 * 1024  # librdkafka read-ahead per consumer (see QueueReceiver)
 # Service Broker hands a dialog's DialogTimer out before its other messages, then Error, whenever
 # they arrived; EndDialog and the rest keep arrival order.
-QUEUED_MAX_KBYTES = 16 * 1024  # librdkafka read-ahead per consumer (see QueueReceiver)
 _FIRST = {DIALOG_TIMER: 0, ERROR: 1}
 
 
 def _head_key(b: "Buffered") -> tuple:
     """RECEIVE order between groups: priority (higher first), then the head record's age."""
     return (-b.envelope.priority, b.record.timestamp()[1], b.record.offset())
+
+
+def _position(b: "Buffered") -> tuple[int, int]:
+    return b.record.partition(), b.record.offset()
+
+
+def _ready_entry(group: str, q: deque, seq: int) -> tuple:
+    """The ready heap's entry of a group: its head's RECEIVE order, then the head's position,
+    which tells a stale entry (the head has changed since) from a current one."""
+    return (_head_key(q[0]), seq, group, _position(q[0]))
 
 
 def _blocked(q: deque, full: dict[int, int]) -> bool:
@@ -205,11 +215,9 @@ class QueueReceiver:
 
     def _mark(self, group: str, q: deque[Buffered]) -> None:
         """The group's head changed (or it was unlocked): index it under its new head."""
-        head = q[0]
-        heapq.heappush(self._ready, (_head_key(head), next(self._ready_seq), group,
-                                     (head.record.partition(), head.record.offset())))
+        heapq.heappush(self._ready, _ready_entry(group, q, next(self._ready_seq)))
         if len(self._ready) > 4 * len(self._groups) + 1024:  # mostly stale: rebuild
-            self._ready = [(_head_key(g[0]), next(self._ready_seq), name, (g[0].record.partition(), g[0].record.offset()))
+            self._ready = [_ready_entry(name, g, next(self._ready_seq))
                            for name, g in self._groups.items() if name not in self._locked]
             heapq.heapify(self._ready)
 
@@ -288,7 +296,7 @@ class QueueReceiver:
         while self._ready:
             key, _, group, head = self._ready[0]
             q = self._groups.get(group)
-            if not q or (q[0].record.partition(), q[0].record.offset()) != head or group in self._locked:
+            if not q or _position(q[0]) != head or group in self._locked:
                 heapq.heappop(self._ready)  # stale, or locked (its release indexes it again)
                 continue
             if _blocked(q, full):
@@ -362,7 +370,7 @@ class QueueReceiver:
                 continue
             self._buffered -= 1
             lease.taken.append(b)
-            lease.offsets.append((b.record.partition(), b.record.offset()))
+            lease.offsets.append(_position(b))
             if b.envelope.expires is None or b.envelope.expires > now_ms:
                 msgs.append(self._to_message(b))
         kept.extend(q)
@@ -391,8 +399,8 @@ class QueueReceiver:
         keys = set(offsets)
         with self._cv:
             side = Lease(self, lease.group, None)
-            side.taken = [b for b in lease.taken if (b.record.partition(), b.record.offset()) in keys]
-            lease.taken = [b for b in lease.taken if (b.record.partition(), b.record.offset()) not in keys]
+            side.taken = [b for b in lease.taken if _position(b) in keys]
+            lease.taken = [b for b in lease.taken if _position(b) not in keys]
             side.offsets = [o for o in lease.offsets if o in keys]
             lease.offsets = [o for o in lease.offsets if o not in keys]
             return side

@@ -91,3 +91,31 @@ def broker(kafka_bootstrap, namespace):
     b = Broker(kafka_bootstrap, namespace)
     yield b
     b.close()
+
+
+def receive_at_least(broker, queue: str, n: int, wait: float = 15.0) -> list:
+    """RECEIVE (top=100, a transaction each) until `n` messages came back; fails if a RECEIVE
+    waits `wait` seconds for nothing first."""
+    got: list = []
+    while len(got) < n:
+        msgs = broker.receive(queue, top=100, wait=wait)
+        assert msgs, f"only {len(got)} of {n} messages arrived"
+        got += msgs
+    return got
+
+
+def run_bench_cli(argv: list[str], env: dict, timeout: float) -> tuple[str, str]:
+    """Run a `kbroker bench` command line in its own session (so a run that hangs is stopped with
+    the child processes it started); fails the test unless it exits 0 within `timeout`."""
+    import subprocess
+
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"kbroker bench did not finish in {timeout:g} s: {stderr[-2000:]}")
+    assert proc.returncode == 0, stderr[-3000:]
+    return stdout, stderr

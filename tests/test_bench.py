@@ -5,9 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -15,9 +12,7 @@ import pytest
 from kbroker.bench.harness import RESULTS_END, RESULTS_START, Row, load_scenarios, resolve_names, summarise
 from kbroker.cli.bench import SCENARIO_NAMES
 
-from .conftest import ROOT
-
-KBROKER = os.path.join(os.path.dirname(sys.executable), "kbroker")
+from .conftest import KBROKER, ROOT, run_bench_cli
 
 
 def test_a_small_run_reports_both_sides_and_their_ratio(kafka_bootstrap, tmp_path):
@@ -25,18 +20,10 @@ def test_a_small_run_reports_both_sides_and_their_ratio(kafka_bootstrap, tmp_pat
     shutil.copyfile(ROOT / "docs" / "benchmarks.md", docs)  # the shipped file has the markers
     env = {**os.environ, "KBROKER_BOOTSTRAP": kafka_bootstrap}
     started = time.monotonic()
-    # Its own session, so a run that hangs is stopped with the child processes it started.
-    proc = subprocess.Popen(
+    stdout, _ = run_bench_cli(
         [KBROKER, "bench", "send", "backlog-rss", "--repeat", "1", "--messages", "500",
          "--conversations", "100", "--backlog", "2000", "--json", "--out", str(out), "--docs", str(docs)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"kbroker bench did not finish in 120 s: {stderr[-2000:]}")
-    assert proc.returncode == 0, stderr[-2000:]
+        env, timeout=120)
     assert time.monotonic() - started < 60, "the small benchmark run should stay under a minute"
 
     doc = json.loads(stdout)

@@ -5,31 +5,22 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 
 import psutil
 import pytest
 
-from .conftest import ROOT
+from .conftest import ROOT, run_bench_cli
 
 
 def test_the_activation_scenarios_report_latency_and_drain_time(kafka_bootstrap, tmp_path):
     env = {**os.environ, "KBROKER_BOOTSTRAP": kafka_bootstrap,
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.Popen(
+    stdout, _ = run_bench_cli(
         [sys.executable, "-m", "kbroker", "bench", "activation-latency", "activation-drain", "--repeat", "1",
          "--samples", "2", "--drain-messages", "300", "--conversations", "30", "--max-readers", "2",
          "--ramp-up", "1", "--json", "--out", str(tmp_path / "results"), "--no-docs", "--quiet"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=150)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"kbroker bench did not finish in 150 s: {stderr[-2000:]}")
-    assert proc.returncode == 0, stderr[-3000:]
+        env, timeout=150)
 
     doc = json.loads(stdout)
     assert doc["params"]["samples"] == 2 and doc["params"]["drain_messages"] == 300

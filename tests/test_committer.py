@@ -13,6 +13,7 @@ from kbroker.catalog.apply import apply_paths
 from kbroker.client import Broker
 
 from . import invariants as inv
+from .conftest import receive_at_least
 
 WINDOW = 3.0  # a commit window far longer than any commit, so waiting on it is unmistakable
 
@@ -76,12 +77,7 @@ def test_transactions_in_turn_on_the_producer_ring_stay_in_order(kafka_bootstrap
             with b.transaction() as tx:
                 tx.send(h, inv.REQUEST, {"i": i})
         assert b.committer.batches >= 12
-        got = []
-        while len(got) < 12:
-            with b.transaction() as tx:
-                msgs = tx.receive("RequestQueue", top=100, wait=15)
-                assert msgs, "messages committed through the ring are missing"
-                got += [m.body for m in msgs]
-        assert [orjson.loads(body)["i"] for body in got] == list(range(12))
+        got = receive_at_least(b, "RequestQueue", 12)
+        assert [orjson.loads(m.body)["i"] for m in got] == list(range(12))
     finally:
         b.close()

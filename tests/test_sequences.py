@@ -10,6 +10,8 @@ from kbroker.demo import CLAIM, CONTRACT, EMPLOYEES as EMP, EXPENSES as EXP
 from kbroker.endpoints import (CONVERSING, SEQUENCE_BLOCK, STARTED_OUTBOUND, Endpoint, after_send, handle_for,
                                must_persist)
 
+from .conftest import receive_at_least
+
 
 def endpoint_records(bootstrap: str, namespace: str, handle: str) -> list[bytes | None]:
     records = read_to_end(bootstrap, names.endpoints_topic(namespace), 15) or []
@@ -41,11 +43,7 @@ def test_sends_write_one_endpoint_record_per_block_and_continue_exactly_after_cl
     broker.close()  # a clean close writes the exact next sequence
     with Broker(kafka_bootstrap, namespace) as again:
         again.send(h, CLAIM, {"i": 25})
-        seqs = []
-        while len(seqs) < 26:
-            msgs = again.receive("ExpenseQueue", top=100, wait=15)
-            assert msgs, f"only {len(seqs)} messages arrived"
-            seqs += [m.message_sequence_number for m in msgs]
+        seqs = [m.message_sequence_number for m in receive_at_least(again, "ExpenseQueue", 26)]
     assert seqs == list(range(26)), "a gap or a repeat after a clean close"
 
 
@@ -57,11 +55,7 @@ def test_a_process_that_died_within_a_block_never_has_its_sequences_reused(kafka
     other = Broker(kafka_bootstrap, namespace)
     try:
         other.send(h, CLAIM, {"i": 10})
-        seqs = []
-        while len(seqs) < 11:
-            msgs = other.receive("ExpenseQueue", top=100, wait=15)
-            assert msgs, f"only {len(seqs)} messages arrived"
-            seqs += [m.message_sequence_number for m in msgs]
+        seqs = [m.message_sequence_number for m in receive_at_least(other, "ExpenseQueue", 11)]
     finally:
         other.close()
     assert seqs[:10] == list(range(10)) and seqs[10] == 1 + SEQUENCE_BLOCK, seqs

@@ -18,6 +18,7 @@ from kbroker.catalog.apply import apply_paths
 from kbroker.client import Broker
 
 from . import invariants as inv
+from .conftest import receive_at_least
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -260,9 +261,7 @@ def test_send_locks_the_conversation_until_the_transaction_ends(ns_broker):
     first.commit()
     assert second_done.wait(30)
     t.join()
-    got = []
-    while len(got) < 2:
-        got += b.receive("RequestQueue", top=10, wait=15)
+    got = receive_at_least(b, "RequestQueue", 2)
     assert [m.message_sequence_number for m in got] == [0, 1]
     assert [orjson.loads(m.body)["i"] for m in got] == [0, 1]
 

@@ -33,6 +33,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..config import KAFKA_LOG
+from .params import Params
 
 RESULTS_START = "<!-- results:start -->"
 RESULTS_END = "<!-- results:end -->"
@@ -156,21 +157,6 @@ class Reporter:
 
 
 # --- the run context --------------------------------------------------------------------------
-
-
-@dataclass
-class Params:
-    repeat: int = 3
-    messages: int = 20_000  # send and request-reply
-    conversations: int = 1_000
-    backlog: int = 1_000_000
-    readers: int = 64  # request-reply: kbroker responder threads
-    in_flight: int = 1  # request-reply: requests in flight per dialog
-    body_bytes: int = 100
-    samples: int = 20  # activation-latency: first-message latencies per repetition
-    drain_messages: int = 100_000  # activation-drain: the backlog drained per side and repetition
-    max_readers: int = 4  # activation-drain: max_queue_readers, and the fixed pool's size
-    ramp_up: float = 5.0  # activation-*: the worker's --ramp-up (SSB's 5 s)
 
 
 @dataclass

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from ..bench.params import Params
 from . import bootstrap_option, emit_json, handle_errors, json_option, main
 
 SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "backlog-rss", "activation-latency",
@@ -17,25 +18,25 @@ SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "backlo
 
 @main.command("bench")
 @click.argument("scenarios", nargs=-1, type=click.Choice(SCENARIO_NAMES))
-@click.option("--repeat", default=3, show_default=True, type=click.IntRange(min=1),
+@click.option("--repeat", default=Params.repeat, show_default=True, type=click.IntRange(min=1),
               help="Repetitions per scenario; medians are reported.")
-@click.option("--messages", default=20_000, show_default=True, type=click.IntRange(min=1),
+@click.option("--messages", default=Params.messages, show_default=True, type=click.IntRange(min=1),
               help="Messages per repetition of send and request-reply.")
-@click.option("--conversations", default=1_000, show_default=True, type=click.IntRange(min=1),
+@click.option("--conversations", default=Params.conversations, show_default=True, type=click.IntRange(min=1),
               help="Dialogs the messages are spread over (io-bound: 2 messages each).")
-@click.option("--backlog", default=1_000_000, show_default=True, type=click.IntRange(min=1),
+@click.option("--backlog", default=Params.backlog, show_default=True, type=click.IntRange(min=1),
               help="Messages queued before backlog-rss receives.")
-@click.option("--readers", default=64, show_default=True, type=click.IntRange(min=1),
+@click.option("--readers", default=Params.readers, show_default=True, type=click.IntRange(min=1),
               help="request-reply: kbroker responder threads.")
-@click.option("--in-flight", default=1, show_default=True, type=click.IntRange(min=1),
+@click.option("--in-flight", default=Params.in_flight, show_default=True, type=click.IntRange(min=1),
               help="request-reply: requests in flight per dialog.")
-@click.option("--samples", default=20, show_default=True, type=click.IntRange(min=1),
+@click.option("--samples", default=Params.samples, show_default=True, type=click.IntRange(min=1),
               help="activation-latency: first-message latencies per repetition.")
-@click.option("--drain-messages", default=100_000, show_default=True, type=click.IntRange(min=1),
+@click.option("--drain-messages", default=Params.drain_messages, show_default=True, type=click.IntRange(min=1),
               help="activation-drain: the backlog each side drains per repetition.")
-@click.option("--max-readers", default=4, show_default=True, type=click.IntRange(min=1),
+@click.option("--max-readers", default=Params.max_readers, show_default=True, type=click.IntRange(min=1),
               help="activation-drain: max_queue_readers, and the size of the fixed pool.")
-@click.option("--ramp-up", default=5.0, show_default=True, type=click.FloatRange(min=0.1),
+@click.option("--ramp-up", default=Params.ramp_up, show_default=True, type=click.FloatRange(min=0.1),
               help="activation-*: the worker's --ramp-up seconds.")
 @click.option("--out", "out_dir", default="bench-results", show_default=True,
               type=click.Path(file_okay=False, path_type=Path),
@@ -57,8 +58,7 @@ def bench(scenarios, repeat, messages, conversations, backlog, readers, in_fligh
     Uses --bootstrap / KBROKER_BOOTSTRAP when given, else starts an embedded broker on free ports
     in a temporary data dir for the run. Progress goes to stderr; results to OUT/latest.json and
     the results table of the docs; --json prints them on stdout."""
-    from ..bench.harness import (Params, Reporter, command_line, merge_previous, run_bench, update_docs,
-                                 write_results)
+    from ..bench.harness import Reporter, command_line, merge_previous, run_bench, update_docs, write_results
 
     # A terminated run still stops its embedded broker and child processes (finally blocks).
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))

@@ -1,0 +1,22 @@
+"""The benchmark's sizes and settings, with their defaults: one place for the harness and the
+`kbroker bench` options (a module of its own, so the CLI reads the defaults without loading the
+harness)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Params:
+    repeat: int = 3
+    messages: int = 20_000  # send and request-reply
+    conversations: int = 1_000
+    backlog: int = 1_000_000
+    readers: int = 64  # request-reply: kbroker responder threads
+    in_flight: int = 1  # request-reply: requests in flight per dialog
+    body_bytes: int = 100
+    samples: int = 20  # activation-latency: first-message latencies per repetition
+    drain_messages: int = 100_000  # activation-drain: the backlog drained per side and repetition
+    max_readers: int = 4  # activation-drain: max_queue_readers, and the fixed pool's size
+    ramp_up: float = 5.0  # activation-*: the worker's --ramp-up (SSB's 5 s)
