@@ -1,5 +1,5 @@
 """`python -m kbroker`: the CLI, for when the `kbroker` script is not on PATH (or is another checkout's)."""
 
-from .cli import main
+from kbroker.cli import main
 
 main()

@@ -1,8 +1,7 @@
 """Where things are: the one rule for choosing a broker, the namespace, per-user directories.
 
-The rule, the same for the CLI, the SDK and the tests: an explicit bootstrap address
-(`--bootstrap`, `connect(bootstrap=...)`) wins, then KBROKER_BOOTSTRAP, otherwise the embedded
-broker recorded in the default data directory.
+The broker rule itself (explicit address, KBROKER_BOOTSTRAP, the embedded broker) is
+kbroker.embedded.resolve_bootstrap: it needs to know where the embedded broker runs.
 """
 
 from __future__ import annotations
@@ -42,22 +41,3 @@ def namespace(explicit: str | None = None) -> str:
     if not NAMESPACE_RE.match(ns):
         raise ValueError(f"namespace {ns!r} must be 1-40 characters of letters, digits, '_' or '-'")
     return ns
-
-
-def resolve_bootstrap(explicit: str | None = None, data_dir: Path | None = None) -> str:
-    """The broker rule. Raises BrokerUnavailableError when nothing is configured or running."""
-    if explicit:
-        return explicit
-    env = os.environ.get("KBROKER_BOOTSTRAP")
-    if env:
-        return env
-    from .embedded.broker import EmbeddedBroker  # local import: nothing heavy at import time
-    from .errors import BrokerUnavailableError
-
-    embedded = EmbeddedBroker(data_dir or default_data_dir())
-    status = embedded.status()
-    if status.running:
-        return status.bootstrap
-    raise BrokerUnavailableError(
-        "no broker: pass --bootstrap or set KBROKER_BOOTSTRAP, or run 'kbroker broker start'"
-    )

@@ -84,8 +84,8 @@ def namespace() -> str:
 @pytest.fixture
 def broker(kafka_bootstrap, namespace):
     """A Broker on a fresh namespace with the sample catalog (topics/samples) applied."""
-    from kbroker.catalog.apply import apply_paths
-    from kbroker.client import Broker
+    from kbroker.kafka.apply import apply_paths
+    from kbroker.sdk.broker import Broker
 
     apply_paths(kafka_bootstrap, namespace, [SAMPLES])
     b = Broker(kafka_bootstrap, namespace)

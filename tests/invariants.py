@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
-from kbroker.topic_reader import read_to_end
+
+from kbroker.kafka.reader import read_to_end
 
 REQUEST, REPLY = "//kbroker/test/Request", "//kbroker/test/Reply"
 CLIENT, SERVER = "//kbroker/test/Client", "//kbroker/test/Server"
@@ -35,8 +36,8 @@ class Rollback(Exception):
 
 def reader_process(bootstrap: str, namespace: str, readers: int, stop_file: str, log_file: str,
                    rollback_rate: float, seed: int) -> None:
-    from kbroker.client import Broker
     from kbroker.errors import TransactionAbortedError
+    from kbroker.sdk.broker import Broker
 
     broker = Broker(bootstrap, namespace)
     log = open(log_file, "a", buffering=1)

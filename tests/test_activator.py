@@ -18,13 +18,25 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from kbroker import names
 from kbroker.activator.config import load_config
 from kbroker.activator.notification import Notification, parse
-from kbroker.activator.rules import (AT_MAX, BACKOFF, MIN_CONCURRENCY, NO_WORK, NOTIFIED, OTHER_NAMESPACE,
-                                     SATISFIED, STALE, UNKNOWN_QUEUE, Decision, Limits, Rules)
+from kbroker.activator.rules import (
+    AT_MAX,
+    BACKOFF,
+    MIN_CONCURRENCY,
+    NO_WORK,
+    NOTIFIED,
+    OTHER_NAMESPACE,
+    SATISFIED,
+    STALE,
+    UNKNOWN_QUEUE,
+    Decision,
+    Limits,
+    Rules,
+)
 from kbroker.activator.runner import Activator
-from kbroker.demo import CLAIM, CONTRACT, EMPLOYEES, EXPENSES
+from kbroker.cli.demo import CLAIM, CONTRACT, EMPLOYEES, EXPENSES
+from kbroker.core import names
 from kbroker.errors import DefinitionError
 
 ROOT = Path(__file__).resolve().parent.parent

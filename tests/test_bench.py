@@ -9,7 +9,14 @@ import time
 
 import pytest
 
-from kbroker.bench.harness import RESULTS_END, RESULTS_START, Row, load_scenarios, resolve_names, summarise
+from kbroker.bench.harness import (
+    RESULTS_END,
+    RESULTS_START,
+    Row,
+    load_scenarios,
+    resolve_names,
+    summarise,
+)
 from kbroker.cli.bench import SCENARIO_NAMES
 
 from .conftest import KBROKER, ROOT, run_bench_cli

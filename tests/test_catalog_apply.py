@@ -12,10 +12,10 @@ import orjson
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
-from kbroker import names
-from kbroker.catalog.apply import HEADER_HEADROOM, apply_paths, ensure_system_topics
-from kbroker.catalog.store import read_catalog
+from kbroker.core import names
 from kbroker.errors import DefinitionError
+from kbroker.kafka.apply import HEADER_HEADROOM, apply_paths, ensure_system_topics
+from kbroker.kafka.catalog_store import read_catalog
 
 pytestmark = pytest.mark.kafka
 

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kbroker import names
-from kbroker.catalog.loader import load_definitions, load_system_topics
-from kbroker.catalog.models import (
+from kbroker.core import names
+from kbroker.core.catalog.loader import load_definitions, load_system_topics
+from kbroker.core.catalog.models import (
     DEFAULT,
     DIALOG_TIMER,
     END_DIALOG,
@@ -106,7 +106,7 @@ def test_system_yaml():
     for name in ("events", "deadletter", "transmission"):
         assert topics[name].partitions == 4
         assert topics[name].config == {"cleanup.policy": "delete", "retention.ms": str(7 * 86_400_000)}
-    assert (ROOT / "topics" / "system.yaml").resolve() == (ROOT / "kbroker" / "catalog" / "system.yaml").resolve()
+    assert (ROOT / "topics" / "system.yaml").resolve() == (ROOT / "kbroker" / "core" / "catalog" / "system.yaml").resolve()
 
 
 def test_builtins_always_present():

@@ -9,8 +9,8 @@ import time
 import orjson
 import pytest
 
-from kbroker.catalog.apply import apply_paths
-from kbroker.client import Broker
+from kbroker.kafka.apply import apply_paths
+from kbroker.sdk.broker import Broker
 
 from . import invariants as inv
 from .conftest import receive_at_least

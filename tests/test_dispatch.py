@@ -1,8 +1,9 @@
 """The dispatcher's every-tick sweep: out-of-order, duplicate and stale buffered messages."""
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from kbroker.worker.dispatch import STALE_AFTER_SECONDS, Buffered, DropReason, sweep
+from kbroker.core.dispatch import STALE_AFTER_SECONDS, Buffered, DropReason, sweep
 
 OOO, DUP, STALE = DropReason.OUT_OF_ORDER, DropReason.DUPLICATE, DropReason.STALE
 

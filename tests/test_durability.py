@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import orjson
 
-from kbroker.catalog.apply import apply_paths
-from kbroker.client import Broker
+from kbroker.cli.demo import CLAIM, CONTRACT
+from kbroker.cli.demo import EMPLOYEES as EMP
+from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.embedded.broker import EmbeddedBroker
-
-from kbroker.demo import CLAIM, CONTRACT, EMPLOYEES as EMP, EXPENSES as EXP
+from kbroker.kafka.apply import apply_paths
+from kbroker.sdk.broker import Broker
 
 from .conftest import SAMPLES, free_port
 

@@ -1,10 +1,11 @@
 """Header codec: every envelope round-trips; any other header set is a typed MalformedRecord."""
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from kbroker.envelope import Envelope, MalformedRecord
-from kbroker.validation import validate_body
+from kbroker.core.envelope import Envelope, MalformedRecord
+from kbroker.core.validation import validate_body
 from kbroker.errors import MessageValidationError
 
 text = st.text(min_size=1, max_size=40)

@@ -9,10 +9,13 @@ import uuid
 import orjson
 import pytest
 
-from kbroker import errors, names
-from kbroker.client import Broker
-from kbroker.demo import APPROVAL, CLAIM, CONTRACT, EMPLOYEES as EMP, EXPENSES as EXP
-from kbroker.endpoints import SEQUENCE_BLOCK, handle_for
+from kbroker import errors
+from kbroker.cli.demo import APPROVAL, CLAIM, CONTRACT
+from kbroker.cli.demo import EMPLOYEES as EMP
+from kbroker.cli.demo import EXPENSES as EXP
+from kbroker.core import names
+from kbroker.core.endpoint import SEQUENCE_BLOCK, handle_for
+from kbroker.sdk.broker import Broker
 
 from .test_messaging import end_offsets
 
@@ -204,8 +207,8 @@ def test_move_inside_the_receiving_transaction_and_a_rolled_back_move(broker):
 
 def test_group_chain_rules():
     """The pure rules of groups.py: hop by hop along the chain, a move back included."""
-    from kbroker.endpoints import CONVERSING, STARTED_OUTBOUND, Endpoint
-    from kbroker.groups import moved, next_hop
+    from kbroker.core.endpoint import CONVERSING, STARTED_OUTBOUND, Endpoint
+    from kbroker.core.groups import moved, next_hop
 
     a, b = str(uuid.uuid4()), str(uuid.uuid4())
     ep = Endpoint("h", "c", "TARGET", "c", "c", "S", "F", "K", CONVERSING)

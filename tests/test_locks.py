@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
+from kbroker.core.locks import ConversationLocks
 from kbroker.errors import ConversationLockTimeoutError
-from kbroker.locks import ConversationLocks
 
 
 def test_one_owner_at_a_time_and_waiters_get_it_on_release():

@@ -13,13 +13,13 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from kbroker import errors
-from kbroker.client import END_DIALOG, ERROR_TYPE, Broker
-from kbroker import names
-
-from kbroker.demo import APPROVAL, CLAIM, CONTRACT, EMPLOYEES as EMP, EXPENSES as EXP
+from kbroker.cli.demo import APPROVAL, CLAIM, CONTRACT
+from kbroker.cli.demo import EMPLOYEES as EMP
+from kbroker.cli.demo import EXPENSES as EXP
+from kbroker.core import names
+from kbroker.sdk.broker import END_DIALOG, ERROR_TYPE, Broker
 
 from .conftest import KBROKER
-
 
 
 def end_offsets(bootstrap: str, topic: str) -> list[int]:

@@ -2,9 +2,10 @@
 
 from dataclasses import replace
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kbroker.worker.monitor import (
+from kbroker.core.monitor import (
     LaunchReader,
     MessagesReady,
     MonitorConfig,
@@ -375,7 +376,7 @@ def test_changing_the_procedure_does_not_unstick_notified():
 
 
 def test_queue_disabled_config_from_catalog():
-    from kbroker.catalog.models import Activation, Queue
+    from kbroker.core.catalog.models import Activation, Queue
 
     act = Activation(procedure=PROC, max_queue_readers=3)
     cfg = MonitorConfig.from_queue(Queue(name="q", activation=act))

@@ -1,9 +1,15 @@
 """Out-of-order offset tracking: nothing completed is redelivered after a hand-over, nothing
 incomplete is skipped, and the metadata stays within Kafka's limit."""
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kbroker.offsets import METADATA_LIMIT, PartitionOffsets, decode_completed, encode_completed
+from kbroker.core.offsets import (
+    METADATA_LIMIT,
+    PartitionOffsets,
+    decode_completed,
+    encode_completed,
+)
 
 
 @given(st.integers(0, 10**12), st.sets(st.integers(1, 10**6), max_size=300))

@@ -7,8 +7,10 @@ import time
 
 import orjson
 
-from kbroker.demo import CLAIM, CONTRACT, EMPLOYEES as EMP, EXPENSES as EXP
-from kbroker.pool import ReaderPool
+from kbroker.cli.demo import CLAIM, CONTRACT
+from kbroker.cli.demo import EMPLOYEES as EMP
+from kbroker.cli.demo import EXPENSES as EXP
+from kbroker.sdk.pool import ReaderPool
 
 
 def test_a_backlog_grows_the_pool_to_its_maximum_and_idle_shrinks_it_to_one(broker):

@@ -1,9 +1,10 @@
 """NServiceBus 2.1-style ramp-up controller for polling consumers."""
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from kbroker.worker.ramp import GROW_AFTER, SHRINK_AFTER, RampUp
+from kbroker.core.ramp import GROW_AFTER, SHRINK_AFTER, RampUp
 
 
 def feed(r, polls):

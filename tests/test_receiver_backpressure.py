@@ -6,9 +6,9 @@ import random
 import threading
 from collections import OrderedDict, deque
 
-from kbroker.envelope import Envelope
-from kbroker.offsets import PartitionOffsets
-from kbroker.receiver import Buffered, QueueReceiver
+from kbroker.core.envelope import Envelope
+from kbroker.core.offsets import PartitionOffsets
+from kbroker.kafka.receiver import Buffered, QueueReceiver
 
 
 class FakeRecord:

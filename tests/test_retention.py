@@ -10,8 +10,8 @@ import subprocess
 import pytest
 
 from kbroker import errors
-from kbroker.catalog.apply import apply_paths
-from kbroker.client import Broker
+from kbroker.kafka.apply import apply_paths
+from kbroker.sdk.broker import Broker
 
 from .conftest import KBROKER
 

@@ -6,9 +6,11 @@ import orjson
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from kbroker import names
-from kbroker.client import Broker
-from kbroker.demo import APPROVAL, CLAIM, CONTRACT, EMPLOYEES as EMP, EXPENSES as EXP
+from kbroker.cli.demo import APPROVAL, CLAIM, CONTRACT
+from kbroker.cli.demo import EMPLOYEES as EMP
+from kbroker.cli.demo import EXPENSES as EXP
+from kbroker.core import names
+from kbroker.sdk.broker import Broker
 
 
 def topics(bootstrap: str) -> set[str]:
@@ -51,7 +53,7 @@ def test_reply_returns_to_the_instance_that_sent_the_request(kafka_bootstrap, na
 
 
 def _target(broker: Broker, initiator_handle: str) -> str:
-    from kbroker.endpoints import handle_for
+    from kbroker.core.endpoint import handle_for
 
     return handle_for(broker.endpoints.get(initiator_handle).conversation_id, "TARGET")
 

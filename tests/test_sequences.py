@@ -3,12 +3,21 @@ exact continuation after a clean close, no reuse after a crash."""
 
 from __future__ import annotations
 
-from kbroker import names
-from kbroker.client import Broker
-from kbroker.topic_reader import read_to_end
-from kbroker.demo import CLAIM, CONTRACT, EMPLOYEES as EMP, EXPENSES as EXP
-from kbroker.endpoints import (CONVERSING, SEQUENCE_BLOCK, STARTED_OUTBOUND, Endpoint, after_send, handle_for,
-                               must_persist)
+from kbroker.cli.demo import CLAIM, CONTRACT
+from kbroker.cli.demo import EMPLOYEES as EMP
+from kbroker.cli.demo import EXPENSES as EXP
+from kbroker.core import names
+from kbroker.core.endpoint import (
+    CONVERSING,
+    SEQUENCE_BLOCK,
+    STARTED_OUTBOUND,
+    Endpoint,
+    after_send,
+    handle_for,
+    must_persist,
+)
+from kbroker.kafka.reader import read_to_end
+from kbroker.sdk.broker import Broker
 
 from .conftest import receive_at_least
 

@@ -3,9 +3,10 @@
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kbroker.worker.tick import (
+from kbroker.core.tick import (
     EVERY_2ND,
     EVERY_5TH,
     EVERY_TICK,

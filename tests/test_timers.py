@@ -4,18 +4,26 @@ against the real broker."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kbroker import errors
-from kbroker.catalog.models import DIALOG_TIMER, END_DIALOG, ERROR
-from kbroker.endpoints import CLOSED, CONVERSING, STARTED_OUTBOUND, Endpoint, handle_for
-from kbroker.demo import CLAIM, CONTRACT, EMPLOYEES as EMP, EXPENSES as EXP
-from kbroker.timer_schedule import Entry, TimerSchedule
-from kbroker.timers import TimerService, firing_records
-
+from kbroker.cli.demo import CLAIM, CONTRACT
+from kbroker.cli.demo import EMPLOYEES as EMP
+from kbroker.cli.demo import EXPENSES as EXP
+from kbroker.core.catalog.models import DIALOG_TIMER, END_DIALOG, ERROR
+from kbroker.core.endpoint import (
+    CLOSED,
+    CONVERSING,
+    STARTED_OUTBOUND,
+    Endpoint,
+    handle_for,
+)
+from kbroker.core.timer_schedule import Entry, TimerSchedule
+from kbroker.core.timers import firing_records
+from kbroker.kafka.timer_service import TimerService
 
 # --- the schedule (pure) -----------------------------------------------------------------------
 

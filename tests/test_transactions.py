@@ -13,9 +13,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from kbroker import errors, names
-from kbroker.catalog.apply import apply_paths
-from kbroker.client import Broker
+from kbroker import errors
+from kbroker.core import names
+from kbroker.kafka.apply import apply_paths
+from kbroker.sdk.broker import Broker
 
 from . import invariants as inv
 from .conftest import receive_at_least
@@ -78,7 +79,7 @@ def test_group_lock_within_a_process(ns_broker):
 
 
 def test_poison_messages_disable_the_queue_and_enable_resumes(kafka_bootstrap, namespace, ns_broker):
-    from kbroker.queues import set_queue_status
+    from kbroker.kafka.queues import set_queue_status
 
     b = ns_broker
     h = b.begin_dialog(inv.CLIENT, "//kbroker/test/PoisonServer", inv.CONTRACT)
@@ -210,7 +211,7 @@ def test_asyncio_api_many_readers_on_one_event_loop(kafka_bootstrap, namespace, 
     reply commits with its receive."""
     import asyncio
 
-    from kbroker import aio
+    from kbroker.sdk import aio
 
     handles = [ns_broker.begin_dialog(inv.CLIENT, inv.SERVER, inv.CONTRACT) for _ in range(20)]
     for h in handles:

@@ -10,16 +10,17 @@ import time
 import orjson
 import pytest
 
-from kbroker import errors, names
-from kbroker.client import Broker
-from kbroker.endpoints import SEQUENCE_BLOCK
-from kbroker.topic_reader import read_to_end
-from kbroker.queues import conversation_view, queue_view, set_queue_status
-
-from kbroker.demo import CLAIM, CONTRACT, EMPLOYEES as EMP, EXPENSES as EXP
+from kbroker import errors
+from kbroker.cli.demo import CLAIM, CONTRACT
+from kbroker.cli.demo import EMPLOYEES as EMP
+from kbroker.cli.demo import EXPENSES as EXP
+from kbroker.core import names
+from kbroker.core.endpoint import SEQUENCE_BLOCK
+from kbroker.kafka.queues import conversation_view, queue_view, set_queue_status
+from kbroker.kafka.reader import read_to_end
+from kbroker.sdk.broker import Broker
 
 from .conftest import KBROKER
-
 
 
 def send_three(broker: Broker) -> str:

@@ -16,11 +16,11 @@ import httpx
 import orjson
 import pytest
 
-from kbroker import names
-from kbroker.catalog.apply import apply_paths
-from kbroker.client import Broker
+from kbroker.core import names
 from kbroker.errors import BrokerUnavailableError
-from kbroker.topic_reader import read_to_end
+from kbroker.kafka.apply import apply_paths
+from kbroker.kafka.reader import read_to_end
+from kbroker.sdk.broker import Broker
 from kbroker.worker.views import monitor_rows
 
 from .conftest import KBROKER, ROOT, free_port

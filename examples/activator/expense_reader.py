@@ -13,7 +13,7 @@ import os
 import sys
 
 import kbroker
-from kbroker.client import END_DIALOG, ERROR_TYPE
+from kbroker import END_DIALOG, ERROR_TYPE
 
 
 def main() -> int:

@@ -25,12 +25,20 @@ import shlex
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from ..catalog.loader import pydantic_reason, read_yaml
-from ..config import NAMESPACE_RE
-from ..errors import DefinitionError
-from ..names import QUEUE_NAME_RE
+from kbroker.config import NAMESPACE_RE
+from kbroker.core.catalog.loader import pydantic_reason, read_yaml
+from kbroker.core.names import QUEUE_NAME_RE
+from kbroker.errors import DefinitionError
 
 
 def _command(value: Any) -> Any:

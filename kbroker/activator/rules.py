@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .notification import Notification
+from kbroker.activator.notification import Notification
 
 # Reasons a decision gives; the runner logs them.
 NOTIFIED, MIN_CONCURRENCY = "notification", "min_concurrency"

@@ -24,12 +24,12 @@ from typing import Any, Callable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from .. import names
-from ..config import KAFKA_LOG
-from ..errors import BrokerUnavailableError, CatalogError
-from .config import ActivatorConfig, Application
-from .notification import parse
-from .rules import NOTIFIED, Limits, Rules
+from kbroker.activator.config import ActivatorConfig, Application
+from kbroker.activator.notification import parse
+from kbroker.activator.rules import NOTIFIED, Limits, Rules
+from kbroker.config import KAFKA_LOG
+from kbroker.core import names
+from kbroker.errors import BrokerUnavailableError, CatalogError
 
 LOG = logging.getLogger("kbroker.activator")
 EXIT_CANNOT_START = 127  # what a shell reports for a command it cannot run
@@ -161,7 +161,7 @@ class Activator:
 
     def _check_catalog(self) -> None:
         """Warn (not fail: the catalog may be applied later) when the worker will not notify."""
-        from ..catalog.store import read_catalog
+        from kbroker.kafka.catalog_store import read_catalog
 
         try:
             queues = read_catalog(self.bootstrap, self.namespace).queues

@@ -16,7 +16,7 @@ def __getattr__(name: str):
     # Loaded on first use: `kbroker bench` reads its option defaults from params.py without
     # paying for the harness (rich, psutil) on every kbroker command.
     if name in __all__:
-        from . import harness
+        from kbroker.bench import harness
 
         return getattr(harness, name)
     raise AttributeError(name)

@@ -32,15 +32,25 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from .. import names
-from ..client import Broker
-from ..config import KAFKA_LOG
-from ..errors import BrokerUnavailableError
-from ..queues import alter_queue_activation
-from . import procedures
-from .harness import BenchContext, Row, Scenario, _free_port, scenario
-from .scenarios import (QUEUE, Delivery, _percentile, claim_body, claim_headers, join_all, new_conversations,
-                        produce_dialogs, sdk_like_producer, sides)
+from kbroker.bench import procedures
+from kbroker.bench.harness import BenchContext, Row, Scenario, _free_port, scenario
+from kbroker.bench.scenarios import (
+    QUEUE,
+    Delivery,
+    _percentile,
+    claim_body,
+    claim_headers,
+    join_all,
+    new_conversations,
+    produce_dialogs,
+    sdk_like_producer,
+    sides,
+)
+from kbroker.config import KAFKA_LOG
+from kbroker.core import names
+from kbroker.errors import BrokerUnavailableError
+from kbroker.kafka.queues import alter_queue_activation
+from kbroker.sdk.broker import Broker
 
 LATENCY_PROCEDURE = "kbroker.bench.procedures:first_receive"
 DRAIN_PROCEDURE = "kbroker.bench.procedures:drain"
@@ -116,7 +126,7 @@ class WorkerProcess:
 
 
 def monitor_row(bootstrap: str, namespace: str, queue: str) -> dict | None:
-    from ..worker.views import monitor_rows
+    from kbroker.worker.views import monitor_rows
 
     try:
         return next((r for r in monitor_rows(bootstrap, namespace, timeout=5) if r["queue"] == queue), None)

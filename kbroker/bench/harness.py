@@ -30,10 +30,16 @@ from typing import Any, Callable, Iterator
 import orjson
 import psutil
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
-from ..config import KAFKA_LOG
-from .params import Params
+from kbroker.bench.params import Params
+from kbroker.config import KAFKA_LOG
 
 RESULTS_START = "<!-- results:start -->"
 RESULTS_END = "<!-- results:end -->"
@@ -82,7 +88,7 @@ def scenario(s: Scenario) -> Scenario:
 
 
 def load_scenarios() -> dict[str, Scenario]:
-    from . import activation, scenarios  # noqa: F401  (registers them: scenarios first, then activation)
+    from kbroker.bench import activation, scenarios  # noqa: F401  (registers them: scenarios first, then activation)
 
     return SCENARIOS
 
@@ -174,7 +180,7 @@ class BenchContext:
 
     def fresh_namespace(self, tag: str) -> str:
         """A new namespace with topics/samples applied (ExpenseQueue has 4 partitions)."""
-        from ..catalog.apply import apply_paths
+        from kbroker.kafka.apply import apply_paths
 
         ns = f"bench-{tag}-{uuid.uuid4().hex[:8]}"[:40]
         apply_paths(self.bootstrap, ns, [self.samples])
@@ -318,7 +324,7 @@ def _kbroker_version() -> str:
     try:
         version = importlib.metadata.version("kbroker")
     except importlib.metadata.PackageNotFoundError:
-        from .. import __version__ as version
+        from kbroker import __version__ as version
     # The commit, and whether the package differs from it. Read-only: --no-optional-locks keeps
     # `git status` from refreshing the index. Nothing is added outside a checkout.
     package = Path(__file__).resolve().parents[1]
@@ -373,7 +379,7 @@ def bench_broker(bootstrap: str | None, reporter: Reporter) -> Iterator[tuple[st
     if bootstrap:
         yield bootstrap, "unknown (external broker)", False
         return
-    from ..embedded.broker import KAFKA_VERSION, EmbeddedBroker
+    from kbroker.embedded.broker import KAFKA_VERSION, EmbeddedBroker
 
     data_dir = Path(tempfile.mkdtemp(prefix="kbroker-bench-"))
     broker = EmbeddedBroker(data_dir, progress=lambda m: reporter.say(f"embedded broker: {m}"))

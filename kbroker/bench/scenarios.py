@@ -25,12 +25,19 @@ import orjson
 import psutil
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
-from .. import names
-from ..client import Broker
-from ..committer import produce
-from ..config import KAFKA_LOG
-from ..envelope import Envelope
-from .harness import BASELINE_OVER_KBROKER, BenchContext, Row, Scenario, Skip, scenario
+from kbroker.bench.harness import (
+    BASELINE_OVER_KBROKER,
+    BenchContext,
+    Row,
+    Scenario,
+    Skip,
+    scenario,
+)
+from kbroker.config import KAFKA_LOG
+from kbroker.core import names
+from kbroker.core.envelope import Envelope
+from kbroker.kafka.clients import produce
+from kbroker.sdk.broker import Broker
 
 EMP = "//Adventure-Works.com/Employees"
 EXP = "//Adventure-Works.com/Expenses"

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import click
 import orjson
 
-from ..errors import KBrokerError
+from kbroker.errors import KBrokerError
 
 bootstrap_option = click.option(
     "--bootstrap",
@@ -62,7 +62,7 @@ def main() -> None:
 
 def _register() -> None:
     # Sub-modules attach their commands to `main`; imported here so `kbroker --help` lists them.
-    from . import activator, bench, broker, catalog, messaging, views, worker  # noqa: F401
+    from kbroker.cli import activator, bench, broker, catalog, messaging, views, worker  # noqa: F401
 
 
 _register()

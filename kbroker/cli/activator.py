@@ -8,8 +8,16 @@ from pathlib import Path
 
 import click
 
-from .. import config
-from . import bootstrap_option, emit_json, handle_errors, json_option, main, namespace_option
+from kbroker import config
+from kbroker.cli import (
+    bootstrap_option,
+    emit_json,
+    handle_errors,
+    json_option,
+    main,
+    namespace_option,
+)
+from kbroker.embedded import resolve_bootstrap
 
 config_option = click.option("--config", "config_file", required=True,
                              type=click.Path(dir_okay=False, path_type=Path),
@@ -40,7 +48,7 @@ def activator_group():
 @handle_errors
 def check_cmd(config_file, as_json):
     """Validate the config file and list its applications."""
-    from ..activator.config import load_config
+    from kbroker.activator.config import load_config
 
     cfg = load_config(config_file)
     rows = [_app_row(a) for a in cfg.applications]
@@ -68,12 +76,12 @@ def run_cmd(config_file, bootstrap, namespace, as_json):
     Logs one line per start, exit and notification on stdout (--json: one JSON object per line);
     the programs' own stdout goes to stderr. On SIGTERM/SIGINT the programs get SIGTERM, then
     SIGKILL after the config's shutdown_grace."""
-    from ..activator.config import load_config
-    from ..activator.runner import Activator
+    from kbroker.activator.config import load_config
+    from kbroker.activator.runner import Activator
 
     cfg = load_config(config_file)
     # --bootstrap / KBROKER_BOOTSTRAP, then the file, then the embedded broker (same for namespace).
-    address = config.resolve_bootstrap(bootstrap or cfg.bootstrap)
+    address = resolve_bootstrap(bootstrap or cfg.bootstrap)
     ns = config.namespace(namespace or cfg.namespace)
 
     def log(record: dict) -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from ..bench.params import Params
-from . import bootstrap_option, emit_json, handle_errors, json_option, main
+from kbroker.bench.params import Params
+from kbroker.cli import bootstrap_option, emit_json, handle_errors, json_option, main
 
 SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "backlog-rss", "activation-latency",
                   "activation-drain")
@@ -58,7 +58,14 @@ def bench(scenarios, repeat, messages, conversations, backlog, readers, in_fligh
     Uses --bootstrap / KBROKER_BOOTSTRAP when given, else starts an embedded broker on free ports
     in a temporary data dir for the run. Progress goes to stderr; results to OUT/latest.json and
     the results table of the docs; --json prints them on stdout."""
-    from ..bench.harness import Reporter, command_line, merge_previous, run_bench, update_docs, write_results
+    from kbroker.bench.harness import (
+        Reporter,
+        command_line,
+        merge_previous,
+        run_bench,
+        update_docs,
+        write_results,
+    )
 
     # A terminated run still stops its embedded broker and child processes (finally blocks).
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))

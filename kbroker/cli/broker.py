@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from .. import config
-from . import emit_json, handle_errors, json_option, main
+from kbroker import config
+from kbroker.cli import emit_json, handle_errors, json_option, main
 
 data_dir_option = click.option(
     "--data-dir",
@@ -20,7 +20,7 @@ data_dir_option = click.option(
 
 def _embedded(data_dir: Path | None, quiet: bool = False):
     # Imported here so `kbroker --help` stays fast.
-    from ..embedded.broker import EmbeddedBroker
+    from kbroker.embedded.broker import EmbeddedBroker
 
     progress = None if quiet else (lambda msg: click.echo(msg, err=True))
     return EmbeddedBroker(data_dir or config.default_data_dir(), progress=progress)

@@ -6,12 +6,20 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from .. import config
-from ..catalog.apply import apply_catalog
-from ..catalog.loader import load_definitions
-from ..catalog.models import Catalog
-from ..catalog.store import read_catalog
-from . import bootstrap_option, emit_json, handle_errors, json_option, main, namespace_option
+from kbroker import config
+from kbroker.cli import (
+    bootstrap_option,
+    emit_json,
+    handle_errors,
+    json_option,
+    main,
+    namespace_option,
+)
+from kbroker.core.catalog.loader import load_definitions
+from kbroker.core.catalog.models import Catalog
+from kbroker.embedded import resolve_bootstrap
+from kbroker.kafka.apply import apply_catalog
+from kbroker.kafka.catalog_store import read_catalog
 
 
 @main.command("apply")
@@ -28,7 +36,7 @@ def apply_cmd(paths, bootstrap, namespace, as_json):
     catalog = load_definitions(paths, ns)
     err = Console(stderr=True)
     progress = None if as_json else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
-    report = apply_catalog(config.resolve_bootstrap(bootstrap), catalog, progress)
+    report = apply_catalog(resolve_bootstrap(bootstrap), catalog, progress)
     if as_json:
         emit_json(report.as_dict())
         return
@@ -60,7 +68,7 @@ def catalog_group():
 @handle_errors
 def show_cmd(bootstrap, namespace, as_json):
     """List the objects of the namespace's catalog (built-ins included)."""
-    catalog = read_catalog(config.resolve_bootstrap(bootstrap), config.namespace(namespace))
+    catalog = read_catalog(resolve_bootstrap(bootstrap), config.namespace(namespace))
     if as_json:
         emit_json(catalog.model_dump(mode="json"))
         return

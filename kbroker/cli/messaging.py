@@ -6,8 +6,16 @@ from pathlib import Path
 
 import click
 
-from .. import client, config
-from . import bootstrap_option, emit_json, handle_errors, json_option, main, namespace_option
+from kbroker import config
+from kbroker.cli import (
+    bootstrap_option,
+    emit_json,
+    handle_errors,
+    json_option,
+    main,
+    namespace_option,
+)
+from kbroker.sdk import broker as client
 
 
 def _connect(bootstrap: str | None, namespace: str | None) -> client.Broker:
@@ -130,7 +138,7 @@ def move(handle, group, bootstrap, namespace, as_json):
 @handle_errors
 def demo(keep_broker, data_dir, port, bootstrap, namespace, as_json):
     """Run the sample expense conversation end to end (starts the embedded broker if needed)."""
-    from ..demo import run_demo
+    from kbroker.cli.demo import run_demo
 
     run_demo(bootstrap=bootstrap, namespace=config.namespace(namespace), data_dir=data_dir,
              port=port, keep_broker=keep_broker, as_json=as_json)

@@ -7,10 +7,18 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from .. import config
-from ..queues import conversation_view, queue_view, set_queue_status
-from ..retention import queue_messages
-from . import bootstrap_option, emit_json, handle_errors, json_option, main, namespace_option
+from kbroker import config
+from kbroker.cli import (
+    bootstrap_option,
+    emit_json,
+    handle_errors,
+    json_option,
+    main,
+    namespace_option,
+)
+from kbroker.embedded import resolve_bootstrap
+from kbroker.kafka.queues import conversation_view, queue_view, set_queue_status
+from kbroker.kafka.retention import queue_messages
 
 
 def _table(title: str, *columns: str) -> Table:
@@ -33,7 +41,7 @@ def queue_group():
 @handle_errors
 def show_cmd(queue, bootstrap, namespace, as_json):
     """Status, messages ready per partition (an upper bound) and the reading consumer group."""
-    view = queue_view(config.resolve_bootstrap(bootstrap), config.namespace(namespace), queue)
+    view = queue_view(resolve_bootstrap(bootstrap), config.namespace(namespace), queue)
     if as_json:
         emit_json(view)
         return
@@ -70,7 +78,7 @@ def show_cmd(queue, bootstrap, namespace, as_json):
 def messages_cmd(queue, handle, bootstrap, namespace, as_json):
     """The queue's messages, like SELECT * FROM queue: status 1 = ready, 0 = received (kept only
     with RETENTION = ON, until the conversation ends)."""
-    rows = queue_messages(config.resolve_bootstrap(bootstrap), config.namespace(namespace), queue, handle)
+    rows = queue_messages(resolve_bootstrap(bootstrap), config.namespace(namespace), queue, handle)
     if as_json:
         emit_json(rows)
         return
@@ -84,7 +92,7 @@ def messages_cmd(queue, handle, bootstrap, namespace, as_json):
 
 
 def _set_status(queue: str, status: str, reason: str, bootstrap, namespace, as_json: bool) -> None:
-    set_queue_status(config.resolve_bootstrap(bootstrap), config.namespace(namespace), queue, status, reason)
+    set_queue_status(resolve_bootstrap(bootstrap), config.namespace(namespace), queue, status, reason)
     if as_json:
         emit_json({"queue": queue, "status": status, "reason": reason})
     else:
@@ -123,7 +131,7 @@ def disable_cmd(queue, reason, bootstrap, namespace, as_json):
 @handle_errors
 def conversations_cmd(state, bootstrap, namespace, as_json):
     """The conversation endpoints of the namespace (sys.conversation_endpoints)."""
-    rows = conversation_view(config.resolve_bootstrap(bootstrap), config.namespace(namespace))
+    rows = conversation_view(resolve_bootstrap(bootstrap), config.namespace(namespace))
     if state:
         rows = [r for r in rows if r["state"] == state.upper()]
     if as_json:

@@ -9,10 +9,19 @@ import click
 import httpx
 from rich.console import Console
 
-from .. import config
-from ..queues import alter_queue_activation
-from . import bootstrap_option, emit_json, fail, handle_errors, json_option, main, namespace_option
-from .views import _table, queue_group
+from kbroker import config
+from kbroker.cli import (
+    bootstrap_option,
+    emit_json,
+    fail,
+    handle_errors,
+    json_option,
+    main,
+    namespace_option,
+)
+from kbroker.cli.views import _table, queue_group
+from kbroker.embedded import resolve_bootstrap
+from kbroker.kafka.queues import alter_queue_activation
 
 
 @main.command("worker")
@@ -32,10 +41,10 @@ from .views import _table, queue_group
 def worker_cmd(bootstrap, namespace, web_port, tick, ramp_up, handlers, no_timers, loglevel):
     """Run the worker: queue monitors with internal and external activation, task handlers, the
     cluster tick and the timer service. Start several; they share the work through Kafka."""
-    from ..worker.app import WorkerSettings, run_worker
+    from kbroker.worker.app import WorkerSettings, run_worker
 
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    run_worker(WorkerSettings(config.resolve_bootstrap(bootstrap), config.namespace(namespace),
+    run_worker(WorkerSettings(resolve_bootstrap(bootstrap), config.namespace(namespace),
                               web_port=web_port, tick_interval=tick, ramp_up=ramp_up, handlers=handlers,
                               timers=not no_timers), loglevel=loglevel)
 
@@ -47,9 +56,9 @@ def worker_cmd(bootstrap, namespace, web_port, tick, ramp_up, handlers, no_timer
 @handle_errors
 def monitors_cmd(bootstrap, namespace, as_json):
     """Queue monitors, like sys.dm_broker_queue_monitors (read from Kafka; no worker needed)."""
-    from ..worker.views import monitor_rows
+    from kbroker.worker.views import monitor_rows
 
-    rows = monitor_rows(config.resolve_bootstrap(bootstrap), config.namespace(namespace))
+    rows = monitor_rows(resolve_bootstrap(bootstrap), config.namespace(namespace))
     if as_json:
         emit_json(rows)
         return
@@ -100,7 +109,7 @@ def alter_cmd(queue, activation, max_readers, procedure, bootstrap, namespace, a
     """ALTER QUEUE ... WITH ACTIVATION (STATUS, MAX_QUEUE_READERS, PROCEDURE_NAME)."""
     if activation is None and max_readers is None and procedure is None:
         fail("nothing to alter: give --activation, --max-readers or --procedure")
-    result = alter_queue_activation(config.resolve_bootstrap(bootstrap), config.namespace(namespace), queue,
+    result = alter_queue_activation(resolve_bootstrap(bootstrap), config.namespace(namespace), queue,
                                     status=activation.upper() if activation else None,
                                     max_queue_readers=max_readers, procedure=procedure)
     if as_json:

@@ -1,0 +1,28 @@
+"""The embedded Apache Kafka broker, and the broker rule every entry point follows: an explicit
+bootstrap address (`--bootstrap`, `connect(bootstrap=...)`) wins, then KBROKER_BOOTSTRAP,
+otherwise the embedded broker recorded in the default data directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kbroker import config
+from kbroker.embedded.broker import EmbeddedBroker
+from kbroker.errors import BrokerUnavailableError
+
+
+def resolve_bootstrap(explicit: str | None = None, data_dir: Path | None = None) -> str:
+    """The broker rule. Raises BrokerUnavailableError when nothing is configured or running."""
+    if explicit:
+        return explicit
+    env = os.environ.get("KBROKER_BOOTSTRAP")
+    if env:
+        return env
+    embedded = EmbeddedBroker(data_dir or config.default_data_dir())
+    status = embedded.status()
+    if status.running:
+        return status.bootstrap
+    raise BrokerUnavailableError(
+        "no broker: pass --bootstrap or set KBROKER_BOOTSTRAP, or run 'kbroker broker start'"
+    )

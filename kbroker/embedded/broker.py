@@ -23,9 +23,15 @@ from typing import Callable
 
 import psutil
 
-from .. import config
-from ..errors import (EmbeddedBrokerError, JavaMissingError, MavenMissingError, PortInUseError,
-                      RepositoryUnreachableError)
+from kbroker import config
+from kbroker.errors import (
+    BrokerUnavailableError,
+    EmbeddedBrokerError,
+    JavaMissingError,
+    MavenMissingError,
+    PortInUseError,
+    RepositoryUnreachableError,
+)
 
 KAFKA_VERSION = "4.4.0"
 MIN_JAVA = 17
@@ -296,8 +302,7 @@ class EmbeddedBroker:
 
     def _wait_ready(self, proc: subprocess.Popen, port: int, wait: float) -> None:
         """Until the broker answers a metadata request listing itself, or the JVM dies."""
-        from confluent_kafka import KafkaException
-        from confluent_kafka.admin import AdminClient
+        from kbroker.kafka import clients
 
         deadline, admin = time.monotonic() + wait, None
         while time.monotonic() < deadline:
@@ -308,13 +313,13 @@ class EmbeddedBroker:
             # Wait for the listener before creating a client: librdkafka would print every
             # refused connection to stderr.
             if admin is None and _accepts(port):
-                admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
+                admin = clients.admin(f"127.0.0.1:{port}")
             if admin is not None:
                 try:
                     timeout = max(1.0, min(5.0, deadline - time.monotonic()))
-                    if admin.list_topics(timeout=timeout).brokers:
+                    if clients.brokers_answering(f"127.0.0.1:{port}", timeout, admin):
                         return
-                except KafkaException:
+                except BrokerUnavailableError:
                     pass
             time.sleep(0.2)
         raise EmbeddedBrokerError(

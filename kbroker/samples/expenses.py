@@ -6,7 +6,7 @@ transaction, and returns when a RECEIVE waits `wait` seconds and finds nothing.
 
 from __future__ import annotations
 
-from ..catalog.models import DIALOG_TIMER, END_DIALOG, ERROR
+from kbroker.core.catalog.models import DIALOG_TIMER, END_DIALOG, ERROR
 
 APPROVAL = "//Adventure-Works.com/Expenses/ExpenseApproval"
 

@@ -31,16 +31,30 @@ import faust
 import orjson
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from .. import names
-from ..client import Broker
-from ..config import KAFKA_LOG
-from ..timers import TimerService
-from . import codec
-from .handlers import Task, TaskHandlers
-from .monitor import (LaunchReader, MessagesReady, MonitorConfig, MonitorState, NotifyExternal, QueueAltered,
-                      ReaderExited, ReceiveIssued, ReceiveReturned, Rollback, Tick, new_monitor, recycle, step)
-from .tick import TickOwner, TickSchedule, claim
-from .watch import QueueCounts, QueueWatcher
+from kbroker.config import KAFKA_LOG
+from kbroker.core import names
+from kbroker.core.monitor import (
+    LaunchReader,
+    MessagesReady,
+    MonitorConfig,
+    MonitorState,
+    NotifyExternal,
+    QueueAltered,
+    ReaderExited,
+    ReceiveIssued,
+    ReceiveReturned,
+    Rollback,
+    Tick,
+    new_monitor,
+    recycle,
+    step,
+)
+from kbroker.core.tick import TickOwner, TickSchedule, claim
+from kbroker.kafka.timer_service import TimerService
+from kbroker.kafka.watch import QueueCounts, QueueWatcher
+from kbroker.sdk.broker import Broker
+from kbroker.core import monitor_codec as codec
+from kbroker.worker.handlers import Task, TaskHandlers
 
 log = logging.getLogger("kbroker.worker")
 
@@ -255,7 +269,7 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
 
     @app.page("/monitors/")
     async def monitors_page(web, request):
-        from .views import monitor_rows
+        from kbroker.worker.views import monitor_rows
 
         return web.json(await asyncio.to_thread(monitor_rows, s.bootstrap, s.namespace))
 

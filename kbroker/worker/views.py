@@ -7,9 +7,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 import orjson
-from .. import names
-from ..topic_reader import latest_values
-from .monitor import MonitorState
+
+from kbroker.core import names
+from kbroker.core.monitor import MonitorState
+from kbroker.kafka.reader import latest_values
 
 
 def _iso(t: float | None) -> str | None:

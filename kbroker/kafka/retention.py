@@ -19,18 +19,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    ConsumerGroupTopicPartitions,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 
-from . import names
-from .catalog.store import kafka_error, read_catalog
-from .config import KAFKA_LOG
-from .endpoints import CLOSED, DISCONNECTED_OUTBOUND, Endpoint, EndpointStore, handle_for
-from .topic_reader import read_to_end
-from .envelope import Envelope, MalformedRecord
-from .errors import CatalogError
-from .groups import MOVE_MARKER
-from .offsets import decode_completed
+from kbroker.config import KAFKA_LOG
+from kbroker.core import names
+from kbroker.core.endpoint import CLOSED, DISCONNECTED_OUTBOUND, Endpoint, handle_for
+from kbroker.core.envelope import Envelope, MalformedRecord
+from kbroker.core.groups import MOVE_MARKER
+from kbroker.core.offsets import decode_completed
+from kbroker.errors import CatalogError
+from kbroker.kafka.catalog_store import kafka_error, read_catalog
+from kbroker.kafka.endpoint_store import EndpointStore
+from kbroker.kafka.reader import read_to_end
 
 RECEIVED, READY = 0, 1  # Service Broker's status column
 

@@ -5,10 +5,16 @@ from __future__ import annotations
 import time
 import uuid
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
-from .config import KAFKA_LOG
-from .errors import BrokerUnavailableError
+from kbroker.config import KAFKA_LOG
+from kbroker.errors import BrokerUnavailableError
 
 
 def read_to_end(bootstrap: str, topic: str, timeout: float = 10.0, *,

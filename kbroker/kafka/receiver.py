@@ -23,14 +23,15 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from confluent_kafka import Consumer, KafkaError, Message as KafkaRecord, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Message as KafkaRecord
 
-from . import names
-from .catalog.models import DIALOG_TIMER, ERROR
-from .config import KAFKA_LOG
-from .endpoints import handle_for
-from .envelope import Envelope, MalformedRecord, Message
-from .offsets import PartitionOffsets
+from kbroker.config import KAFKA_LOG
+from kbroker.core import names
+from kbroker.core.catalog.models import DIALOG_TIMER, ERROR
+from kbroker.core.endpoint import handle_for
+from kbroker.core.envelope import Envelope, MalformedRecord, Message
+from kbroker.core.offsets import PartitionOffsets
 
 log = logging.getLogger("kbroker.receiver")
 

@@ -8,9 +8,9 @@ needs it first (BEGIN DIALOG or RECEIVE on the instance); creating it again chan
 
 from __future__ import annotations
 
-from . import names
-from .catalog.apply import HEADER_HEADROOM, TopicSpec, sync_topics
-from .catalog.models import Queue
+from kbroker.core import names
+from kbroker.core.catalog.models import Queue
+from kbroker.kafka.apply import HEADER_HEADROOM, TopicSpec, sync_topics
 
 PARTITIONS = 1  # replies to one instance: key-level concurrency inside one partition is enough
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
-from .errors import ConversationLockTimeoutError
+from kbroker.errors import ConversationLockTimeoutError
 
 
 class ConversationLocks:

@@ -9,10 +9,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from . import config
-from .catalog.apply import apply_paths
-from .client import END_DIALOG, Broker
-from .embedded.broker import EmbeddedBroker
+from kbroker import config
+from kbroker.embedded.broker import EmbeddedBroker
+from kbroker.kafka.apply import apply_paths
+from kbroker.sdk.broker import END_DIALOG, Broker
 
 EMPLOYEES = "//Adventure-Works.com/Employees"
 EXPENSES = "//Adventure-Works.com/Expenses"
@@ -23,7 +23,7 @@ APPROVAL = "//Adventure-Works.com/Expenses/ExpenseApproval"
 
 def topics_dir() -> Path:
     """The repository's topics/ (system topics and samples)."""
-    here = Path(__file__).resolve().parent.parent / "topics"
+    here = Path(__file__).resolve().parents[2] / "topics"
     return here if here.is_dir() else Path.cwd() / "topics"
 
 
@@ -53,7 +53,7 @@ def run_demo(*, bootstrap: str | None, namespace: str, data_dir: Path | None, po
             say("[dim]embedded broker stopped (use --keep-broker to leave it running)[/]")
     result = {"bootstrap": bootstrap, "namespace": namespace, "steps": steps}
     if as_json:
-        from .cli import emit_json
+        from kbroker.cli import emit_json
 
         emit_json(result)
     return result

@@ -27,27 +27,50 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from . import config, names
-from .catalog.models import DIALOG_TIMER, END_DIALOG, Catalog
-from .catalog.models import ERROR as ERROR_TYPE
-from .catalog.store import read_catalog
-from .committer import CommitRequest, GroupCommitter, OpenTransactions, Record
-from .config import KAFKA_LOG
-from .endpoints import (CLOSED, DISCONNECTED_INBOUND, DISCONNECTED_OUTBOUND, ERROR, MAX_LIFETIME,
-                        SENDABLE, STARTED_OUTBOUND, Endpoint, EndpointStore, after_send, chain_key, handle_for,
-                        must_persist, new_target_endpoint, other)
-from .envelope import SYSTEM_SEQUENCE, Envelope, Message, error_body
-from .ids import new_id
-from .locks import ConversationLocks
-from .errors import (BrokerUnavailableError, CatalogError, ContractViolationError,
-                     ConversationClosedError, ConversationGroupError, MessageTooLargeError,
-                     SendFailedError, UnknownContractError)
-from .groups import MOVE_MARKER, moved, parse_group, rekeyed_headers
-from . import timers
-from .receiver import QueueReceiver
-from .secondary import ensure_secondary_queue
-from .transaction import Transaction
-from .validation import to_bytes, validate_body
+from kbroker import config
+from kbroker.config import KAFKA_LOG
+from kbroker.core import names, timers
+from kbroker.core.catalog.models import DIALOG_TIMER, END_DIALOG, Catalog
+from kbroker.core.catalog.models import ERROR as ERROR_TYPE
+from kbroker.core.endpoint import (
+    CLOSED,
+    DISCONNECTED_INBOUND,
+    DISCONNECTED_OUTBOUND,
+    ERROR,
+    MAX_LIFETIME,
+    SENDABLE,
+    STARTED_OUTBOUND,
+    Endpoint,
+    after_send,
+    chain_key,
+    handle_for,
+    must_persist,
+    new_target_endpoint,
+    other,
+)
+from kbroker.core.envelope import SYSTEM_SEQUENCE, Envelope, Message, error_body
+from kbroker.core.groups import MOVE_MARKER, moved, parse_group, rekeyed_headers
+from kbroker.core.ids import new_id
+from kbroker.core.locks import ConversationLocks
+from kbroker.core.records import Record
+from kbroker.core.validation import to_bytes, validate_body
+from kbroker.embedded import resolve_bootstrap
+from kbroker.errors import (
+    BrokerUnavailableError,
+    CatalogError,
+    ContractViolationError,
+    ConversationClosedError,
+    ConversationGroupError,
+    MessageTooLargeError,
+    SendFailedError,
+    UnknownContractError,
+)
+from kbroker.kafka.catalog_store import read_catalog
+from kbroker.kafka.committer import CommitRequest, GroupCommitter, OpenTransactions
+from kbroker.kafka.endpoint_store import EndpointStore
+from kbroker.kafka.receiver import QueueReceiver
+from kbroker.kafka.secondary import ensure_secondary_queue
+from kbroker.sdk.transaction import Transaction
 
 SYSTEM_TYPES = {END_DIALOG, ERROR_TYPE, DIALOG_TIMER}
 log = logging.getLogger("kbroker.client")
@@ -58,7 +81,7 @@ T = TypeVar("T")
 
 def connect(bootstrap: str | None = None, namespace: str | None = None, **kwargs: Any) -> "Broker":
     """Connect by the broker rule: explicit address, else KBROKER_BOOTSTRAP, else the embedded broker."""
-    return Broker(config.resolve_bootstrap(bootstrap), config.namespace(namespace), **kwargs)
+    return Broker(resolve_bootstrap(bootstrap), config.namespace(namespace), **kwargs)
 
 
 class Broker:
@@ -207,7 +230,7 @@ class Broker:
         r.consecutive_rollbacks += 1
         q = self._lookup(lambda c: c.queue(queue))
         if r.consecutive_rollbacks >= POISON_THRESHOLD and q.poison_message_handling == "ON":
-            from .queues import set_queue_status
+            from kbroker.kafka.queues import set_queue_status
 
             self._disabled.add(queue)
             set_queue_status(self.bootstrap, self.namespace, queue, "OFF",
@@ -269,7 +292,7 @@ class Broker:
     def queue_messages(self, queue: str, conversation_handle: str | None = None) -> list[dict]:
         """The queue's messages like Service Broker's queue view: status 1 = ready, 0 = received
         (listed only with RETENTION = ON, until this side ends the conversation). See retention.py."""
-        from .retention import queue_messages
+        from kbroker.kafka.retention import queue_messages
 
         return queue_messages(self.bootstrap, self.namespace, queue, conversation_handle)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from .config import NAMESPACE_RE
+from kbroker.config import NAMESPACE_RE
 
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 SYSTEM_TOPICS = ("catalog", "endpoints", "events", "deadletter", "transmission", "timers", "readers")

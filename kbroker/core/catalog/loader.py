@@ -7,7 +7,7 @@ A definition file is a mapping of lists:
     queues:        [{name, partitions, topic_retention, retention, status, ..., activation}]
     services:      [{name, queue, contracts}]
     routes:        [{name, service_name, address, broker_instance, lifetime}]
-    system_topics: [{name, partitions, config}]     (kbroker/catalog/system.yaml)
+    system_topics: [{name, partitions, config}]     (kbroker/core/catalog/system.yaml)
 
 Every problem raises DefinitionError(file, "<kind> <name>", one-line reason). References may
 cross files of the same load and may name the built-in objects.
@@ -22,9 +22,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from ..config import NAMESPACE_RE
-from ..errors import DefinitionError
-from .models import (
+from kbroker.config import NAMESPACE_RE
+from kbroker.core.catalog.models import (
     BUILTIN_CONTRACTS,
     BUILTIN_MESSAGE_TYPES,
     Catalog,
@@ -35,6 +34,7 @@ from .models import (
     Service,
     SystemTopic,
 )
+from kbroker.errors import DefinitionError
 
 SYSTEM_YAML = Path(__file__).with_name("system.yaml")
 

@@ -26,11 +26,11 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from .. import names
-from ..errors import DefinitionError
-from .loader import load_definitions, load_system_topics
-from .models import Catalog, SystemTopic
-from .store import KAFKA_LOG, kafka_error, publish, read_catalog
+from kbroker.core import names
+from kbroker.core.catalog.loader import load_definitions, load_system_topics
+from kbroker.core.catalog.models import Catalog, SystemTopic
+from kbroker.errors import DefinitionError
+from kbroker.kafka.catalog_store import KAFKA_LOG, kafka_error, publish, read_catalog
 
 # Room for kbroker's headers and Kafka's record overhead on top of the largest body.
 HEADER_HEADROOM = 64 * 1024
@@ -165,7 +165,7 @@ def _await_metadata(admin: AdminClient, topics: list[str], timeout: float) -> No
 
 
 def ensure_system_topics(bootstrap: str, namespace: str, timeout: float = 30.0) -> ApplyReport:
-    """Create (or reconfigure) the namespace's system topics as kbroker/catalog/system.yaml says."""
+    """Create (or reconfigure) the namespace's system topics as kbroker/core/catalog/system.yaml says."""
     specs = topic_specs(Catalog(namespace=namespace))  # names.* validate the namespace
     created, updated = sync_topics(bootstrap, specs, timeout=timeout)
     return ApplyReport(created, updated, 0, namespace)

@@ -8,8 +8,17 @@ from typing import Any
 
 import orjson
 
-from .monitor import (Event, MessagesReady, MonitorConfig, QueueAltered, ReaderExited, ReceiveIssued,
-                      ReceiveReturned, Rollback, Tick)
+from kbroker.core.monitor import (
+    Event,
+    MessagesReady,
+    MonitorConfig,
+    QueueAltered,
+    ReaderExited,
+    ReceiveIssued,
+    ReceiveReturned,
+    Rollback,
+    Tick,
+)
 
 _KINDS = {cls.__name__: cls for cls in (MessagesReady, ReceiveIssued, ReceiveReturned, Rollback, ReaderExited,
                                         QueueAltered, Tick)}

@@ -7,15 +7,25 @@ from __future__ import annotations
 import time
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from pydantic import BaseModel, ValidationError
 
-from .. import names
-from ..errors import BrokerUnavailableError, CatalogError, KBrokerError
-from .loader import pydantic_reason
-from .models import BUILTIN_CONTRACTS, BUILTIN_MESSAGE_TYPES, Catalog
-
-from ..config import KAFKA_LOG
+from kbroker.config import KAFKA_LOG
+from kbroker.core import names
+from kbroker.core.catalog.loader import pydantic_reason
+from kbroker.core.catalog.models import (
+    BUILTIN_CONTRACTS,
+    BUILTIN_MESSAGE_TYPES,
+    Catalog,
+)
+from kbroker.errors import BrokerUnavailableError, CatalogError, KBrokerError
 
 # record kind -> Catalog field
 FIELDS = {"message_type": "message_types", "contract": "contracts", "queue": "queues",

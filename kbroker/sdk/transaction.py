@@ -16,16 +16,21 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from .committer import CommitRequest, Record
-from .endpoints import Endpoint, must_persist
-from .envelope import Message
-from .errors import (ConversationNotFoundError, QueueDisabledError, TransactionAbortedError,
-                     TransactionStateError)
-from .groups import MOVE_MARKER, next_hop
-from .receiver import Lease, QueueReceiver
+from kbroker.core.endpoint import Endpoint, must_persist
+from kbroker.core.envelope import Message
+from kbroker.core.groups import MOVE_MARKER, next_hop
+from kbroker.core.records import Record
+from kbroker.errors import (
+    ConversationNotFoundError,
+    QueueDisabledError,
+    TransactionAbortedError,
+    TransactionStateError,
+)
+from kbroker.kafka.committer import CommitRequest
+from kbroker.kafka.receiver import Lease, QueueReceiver
 
 if TYPE_CHECKING:
-    from .client import Broker
+    from kbroker.sdk.broker import Broker
 
 
 class Transaction:

@@ -17,9 +17,9 @@ import logging
 import threading
 from typing import Any, Callable
 
-from .envelope import Message
-from .errors import KBrokerError, QueueDisabledError
-from .worker.ramp import RampUp
+from kbroker.core.envelope import Message
+from kbroker.core.ramp import RampUp
+from kbroker.errors import KBrokerError, QueueDisabledError
 
 log = logging.getLogger("kbroker.pool")
 

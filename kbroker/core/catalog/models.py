@@ -9,15 +9,22 @@ import re
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
-from ..errors import (
+from kbroker.core.names import QUEUE_NAME_RE, SYSTEM_TOPICS
+from kbroker.errors import (
     UnknownContractError,
     UnknownMessageTypeError,
     UnknownQueueError,
     UnknownServiceError,
 )
-from ..names import QUEUE_NAME_RE, SYSTEM_TOPICS
 
 # --- value types ----------------------------------------------------------------------------
 
@@ -201,7 +208,7 @@ class Route(_Model):
 
 
 class SystemTopic(_Model):
-    """A per-namespace system topic; declared in kbroker/catalog/system.yaml."""
+    """A per-namespace system topic; declared in kbroker/core/catalog/system.yaml."""
 
     name: Literal[SYSTEM_TOPICS]  # type: ignore[valid-type]
     partitions: int = Field(ge=1, le=1000)

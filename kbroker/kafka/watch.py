@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from .. import names
-from ..config import KAFKA_LOG
-from ..offsets import decode_completed
+from kbroker.config import KAFKA_LOG
+from kbroker.core import names
+from kbroker.core.offsets import decode_completed
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import orjson
 from defusedxml import ElementTree as SafeET
 from defusedxml.common import DefusedXmlException
 
-from .errors import MessageValidationError
+from kbroker.errors import MessageValidationError
 
 
 def validate_body(message_type: str, validation: str, body: bytes) -> None:

@@ -11,16 +11,27 @@ import time
 from datetime import datetime, timezone
 
 import orjson
-from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from . import names
-from .topic_reader import latest_values
-from .catalog.store import kafka_error, publish_object, read_catalog, write_records
-from .config import KAFKA_LOG
-from .endpoints import EndpointStore
-from .errors import CatalogError
-from .offsets import decode_completed
+from kbroker.config import KAFKA_LOG
+from kbroker.core import names
+from kbroker.core.offsets import decode_completed
+from kbroker.errors import CatalogError
+from kbroker.kafka.catalog_store import (
+    kafka_error,
+    publish_object,
+    read_catalog,
+    write_records,
+)
+from kbroker.kafka.endpoint_store import EndpointStore
+from kbroker.kafka.reader import latest_values
 
 # Named after Service Broker's BROKER_QUEUE_DISABLED event, which poison handling raises.
 QUEUE_DISABLED, QUEUE_ENABLED = "QUEUE_DISABLED", "QUEUE_ENABLED"
@@ -60,8 +71,8 @@ def alter_queue_activation(bootstrap: str, namespace: str, queue: str, *, status
     new = type(q).model_validate({**q.model_dump(), "activation": activation})  # validates the values
     publish_object(bootstrap, namespace, "queue", new, timeout)
     # Tell the monitor at once too: OFF then ON in quick succession must still recycle it.
-    from .worker.codec import encode
-    from .worker.monitor import MonitorConfig, QueueAltered
+    from kbroker.core.monitor import MonitorConfig, QueueAltered
+    from kbroker.core.monitor_codec import encode
 
     try:
         write_records(bootstrap, names.monitor_events_topic(namespace),

@@ -26,25 +26,13 @@ from typing import Any, Callable
 
 from confluent_kafka import KafkaException, Producer
 
-from .config import KAFKA_LOG
-from .errors import TransactionAbortedError
-from .receiver import Lease
+from kbroker.config import KAFKA_LOG
+from kbroker.core.records import Record
+from kbroker.errors import TransactionAbortedError
+from kbroker.kafka.clients import produce
+from kbroker.kafka.receiver import Lease
 
 log = logging.getLogger("kbroker.committer")
-
-Record = tuple[str, Any, bytes | None, list | None]  # topic, key, value, headers
-
-
-def produce(producer: Producer, topic: str, **kwargs: Any) -> None:
-    """Producer.produce that waits, instead of failing, while librdkafka's local queue is full:
-    back-pressure from the broker reaches the caller."""
-    while True:
-        try:
-            producer.produce(topic, **kwargs)
-            return
-        except BufferError:
-            producer.poll(0.01)
-
 
 @dataclass(eq=False)
 class CommitRequest:

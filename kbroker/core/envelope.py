@@ -7,10 +7,9 @@ values, so any Kafka client (kcat, kafka-python, the console consumer) can read 
 
 from __future__ import annotations
 
-from xml.sax.saxutils import escape
-
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from xml.sax.saxutils import escape
 
 ENVELOPE_VERSION = "1"
 

@@ -1,0 +1,139 @@
+"""Conversation endpoints (sys.conversation_endpoints), one per side of a dialog.
+
+Handles are derived from (conversation id, side), so a receiver knows its own handle from a
+message's headers without a lookup. Endpoint state lives in a compacted topic keyed by handle;
+every process keeps the entries it has read or written in memory and reads the topic forward
+only when it meets a handle it does not know.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, replace
+
+import orjson
+
+# Service Broker's endpoint states.
+STARTED_OUTBOUND, CONVERSING, DISCONNECTED_INBOUND = "SO", "CO", "DI"
+DISCONNECTED_OUTBOUND, ERROR, CLOSED = "DO", "ER", "CD"
+STATE_DESC = {
+    "SO": "STARTED_OUTBOUND", "SI": "STARTED_INBOUND", "CO": "CONVERSING",
+    "DI": "DISCONNECTED_INBOUND", "DO": "DISCONNECTED_OUTBOUND", "ER": "ERROR", "CD": "CLOSED",
+}
+SENDABLE = {STARTED_OUTBOUND, CONVERSING}
+MAX_LIFETIME = 2**31 - 1  # seconds, Service Broker's default dialog lifetime
+
+_HANDLE_NS = uuid.UUID("6f1d6a52-3c51-4c1b-9a55-6b62726f6b65")
+
+
+def handle_for(conversation_id: str, side: str) -> str:
+    """The endpoint handle of one side: stable, so both processes and restarts agree on it."""
+    return str(uuid.uuid5(_HANDLE_NS, f"{conversation_id}/{side}"))
+
+
+def other(side: str) -> str:
+    return "TARGET" if side == "INITIATOR" else "INITIATOR"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    conversation_handle: str
+    conversation_id: str
+    side: str  # INITIATOR or TARGET
+    conversation_group_id: str  # this side's group: the key of records this side receives
+    far_conversation_group_id: str  # the key this side's sends carry
+    service_name: str
+    far_service_name: str
+    service_contract_name: str
+    state: str
+    send_sequence: int = 0  # next sequence number to send
+    lifetime: int = MAX_LIFETIME  # epoch seconds after which the dialog has expired
+    # Sequence numbers below this may have been used without a newer record of this endpoint:
+    # SENDs persist the endpoint once per block of sequence numbers, not once per message.
+    sequence_reserved: int = 0
+    dialog_timer: float = 0.0  # epoch seconds the armed DialogTimer fires at; 0 = none
+    dialog_timer_id: str | None = None  # the armed timer's key suffix in the timers topic
+    updated: float = 0.0
+    # After MOVE CONVERSATION: the groups this side's records pass through, starting with the key
+    # the far side sends with (see groups.py). Empty: never moved, the key is conversation_group_id.
+    group_chain: tuple[str, ...] = ()
+    instance: str | None = None  # this side's secondary queue: replies come back to it
+    far_instance: str | None = None  # the far side's secondary queue: this side's sends go to it
+
+    @property
+    def is_initiator(self) -> bool:
+        return self.side == "INITIATOR"
+
+    @property
+    def chain(self) -> tuple[str, ...]:
+        return tuple(self.group_chain) or (self.conversation_group_id,)
+
+    def with_chain(self, chain: tuple[str, ...]) -> "Endpoint":
+        """This endpoint with a longer group chain learned elsewhere (a MOVE). Chains only grow,
+        so the longer one is the newer: a stale write elsewhere never undoes a move."""
+        if len(chain) <= len(self.chain):
+            return self
+        return replace(self, conversation_group_id=chain[-1], group_chain=tuple(chain))
+
+    @property
+    def state_desc(self) -> str:
+        return STATE_DESC[self.state]
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self)  # orjson writes dataclasses natively, without asdict's copy
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> "Endpoint":
+        d = orjson.loads(raw)
+        d["group_chain"] = tuple(d.get("group_chain") or ())
+        return cls(**d)
+
+    # --- pure transitions ---------------------------------------------------------------
+
+    def after_send(self) -> "Endpoint":
+        return replace(self, send_sequence=self.send_sequence + 1,
+                       state=CONVERSING if self.state == STARTED_OUTBOUND else self.state)
+
+    def after_local_end(self) -> "Endpoint":
+        # Ending after the peer did completes the dialog; otherwise wait for the peer.
+        return replace(self, state=CLOSED if self.state in (DISCONNECTED_INBOUND, ERROR) else DISCONNECTED_OUTBOUND)
+
+    def after_peer_end(self) -> "Endpoint":
+        return replace(self, state=CLOSED if self.state == DISCONNECTED_OUTBOUND else DISCONNECTED_INBOUND)
+
+    def after_peer_error(self) -> "Endpoint":
+        return replace(self, state=CLOSED if self.state == DISCONNECTED_OUTBOUND else ERROR)
+
+
+SEQUENCE_BLOCK = 64  # sequence numbers one endpoint record reserves for SENDs that follow
+
+
+def after_send(ep: Endpoint) -> Endpoint:
+    """The endpoint after a SEND, reserving the next block of sequence numbers when the one just
+    used was the last reserved (or the state changes): only then must the endpoint be written."""
+    after = ep.after_send()
+    if after.state != ep.state or ep.send_sequence >= ep.sequence_reserved:
+        after = replace(after, sequence_reserved=after.send_sequence + SEQUENCE_BLOCK)
+    return after
+
+
+def must_persist(before: Endpoint, after: Endpoint) -> bool:
+    """False for a SEND within the reserved block: the endpoint record need not be written."""
+    return after.state != before.state or after.sequence_reserved != before.sequence_reserved
+
+
+def new_target_endpoint(conversation_id: str, group_id: str, far_group_id: str, service: str,
+                        far_service: str, contract: str, far_instance: str | None = None,
+                        lifetime: int | None = None) -> Endpoint:
+    """The target endpoint, created when the dialog's first message arrives (as SSB does)."""
+    return Endpoint(handle_for(conversation_id, "TARGET"), conversation_id, "TARGET", group_id,
+                    far_group_id, service, far_service, contract, CONVERSING, updated=time.time(),
+                    far_instance=far_instance, lifetime=MAX_LIFETIME if lifetime is None else lifetime)
+
+
+CHAIN_SUFFIX = "/groups"  # key of a moved endpoint's group chain, beside the endpoint's own key
+
+
+def chain_key(handle: str) -> str:
+    return handle + CHAIN_SUFFIX

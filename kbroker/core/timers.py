@@ -1,0 +1,101 @@
+"""Dialog timers and dialog lifetimes: BEGIN CONVERSATION TIMER and LIFETIME.
+
+Kafka has no delayed delivery, so a timer is a record in the compacted timers topic, written in
+the transaction that armed it, and a timer service fires it:
+
+    timer:<handle>:<arm id>     a DialogTimer for one side (its own queue only; the peer is never told)
+    lifetime:<conversation id>  an Error -8489 for each side still open when the lifetime ends
+
+Each arm of a dialog timer has its own key, and re-arming tombstones the previous key in the same
+transaction. A firing therefore never races a re-arm for the same key: compaction keeps exactly
+the live arms. The service fires a timer by one Kafka transaction holding the system message,
+the timer's tombstone, and the timers consumer group's offsets; sending those offsets fences a
+service instance that lost the partition (KIP-447), so a timer fires once.
+
+The service instances share the topic's partitions through a consumer group. On assignment an
+instance reads its partitions from the beginning (a compacted topic holds one record per armed
+timer) into a TimerSchedule; it keeps all armed timers of its partitions in memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from kbroker.core import names
+from kbroker.core.catalog.models import DIALOG_TIMER
+from kbroker.core.catalog.models import ERROR as ERROR_TYPE
+from kbroker.core.endpoint import CLOSED, STARTED_OUTBOUND, Endpoint, handle_for, other
+from kbroker.core.envelope import SYSTEM_SEQUENCE, Envelope, error_body
+from kbroker.core.ids import new_id
+from kbroker.core.records import Record
+
+LIFETIME_EXPIRED = -8489  # Service Broker's system error code for an expired dialog lifetime
+
+
+def timer_key(handle: str, arm_id: str) -> str:
+    return f"timer:{handle}:{arm_id}"
+
+
+def lifetime_key(conversation_id: str) -> str:
+    return f"lifetime:{conversation_id}"
+
+
+def arm_record(namespace: str, ep: Endpoint, arm_id: str, due: float, queue_topic: str) -> Record:
+    """The record arming a DialogTimer for endpoint `ep`, delivered to its own queue."""
+    value = {"kind": "timer", "due": due, "conversation_id": ep.conversation_id, "side": ep.side,
+             "contract": ep.service_contract_name, "service": ep.service_name,
+             "far_service": ep.far_service_name, "topic": queue_topic, "key": ep.conversation_group_id}
+    return (names.timers_topic(namespace), timer_key(ep.conversation_handle, arm_id), orjson.dumps(value), None)
+
+
+def disarm_record(namespace: str, ep: Endpoint) -> Record | None:
+    if not ep.dialog_timer_id:
+        return None
+    return (names.timers_topic(namespace), timer_key(ep.conversation_handle, ep.dialog_timer_id), None, None)
+
+
+def lifetime_record(namespace: str, ep: Endpoint, initiator_topic: str, target_topic: str) -> Record:
+    """Written with BEGIN DIALOG ... LIFETIME: the Error -8489 for both sides when it runs out."""
+    value = {"kind": "lifetime", "due": ep.lifetime, "conversation_id": ep.conversation_id,
+             "contract": ep.service_contract_name,
+             "INITIATOR": {"service": ep.service_name, "topic": initiator_topic, "key": ep.conversation_group_id},
+             "TARGET": {"service": ep.far_service_name, "topic": target_topic, "key": ep.far_conversation_group_id}}
+    return (names.timers_topic(namespace), lifetime_key(ep.conversation_id), orjson.dumps(value), None)
+
+
+def _system_message(conversation_id: str, side: str, contract: str, to_service: str, from_service: str,
+                    topic: str, key: str, message_type: str, body: bytes) -> Record:
+    env = Envelope(message_id=new_id(), conversation_id=conversation_id, conversation_group_id=key,
+                   message_sequence_number=SYSTEM_SEQUENCE, message_type_name=message_type,
+                   service_contract_name=contract, from_service_name=from_service,
+                   to_service_name=to_service, to_side=side)
+    return (topic, key, body, env.headers())
+
+
+def firing_records(value: dict[str, Any], endpoint: Any) -> list[Record]:
+    """The system messages a due timer delivers. `endpoint(handle)` gives an endpoint or None;
+    sides whose endpoint is closed or gone get nothing."""
+    conv = value["conversation_id"]
+    if value["kind"] == "timer":
+        ep = endpoint(handle_for(conv, value["side"]))
+        if ep is None or ep.state == CLOSED:
+            return []
+        return [_system_message(conv, value["side"], value["contract"], value["service"], value["far_service"],
+                                value["topic"], value["key"], DIALOG_TIMER, b"")]
+    initiator = endpoint(handle_for(conv, "INITIATOR"))
+    target = endpoint(handle_for(conv, "TARGET"))
+    body = error_body(LIFETIME_EXPIRED, "The conversation lifetime has expired.")
+    out = []
+    for side, ep in (("INITIATOR", initiator), ("TARGET", target)):
+        open_here = ep is not None and ep.state != CLOSED
+        # A target without an endpoint yet still gets the Error if the initiator sent it anything:
+        # it arrives after those messages and closes the dialog there too.
+        unseen_target = side == "TARGET" and ep is None and initiator is not None and \
+            initiator.state not in (STARTED_OUTBOUND, CLOSED)
+        if open_here or unseen_target:
+            me, peer = value[side], value[other(side)]
+            out.append(_system_message(conv, side, value["contract"], me["service"], peer["service"],
+                                       me["topic"], me["key"], ERROR_TYPE, body))
+    return out

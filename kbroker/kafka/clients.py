@@ -1,0 +1,71 @@
+"""The one place kbroker builds Kafka clients: every producer, consumer and admin client starts
+from the same base settings (bootstrap address, librdkafka's log routed to kbroker's logger), so a
+setting that must hold everywhere is set once."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+
+from kbroker.config import KAFKA_LOG
+from kbroker.errors import BrokerUnavailableError
+
+MAX_MESSAGE_BYTES = 11 * 1024 * 1024  # the largest queue message (10 MiB) plus headers
+
+
+def base(bootstrap: str, **overrides: Any) -> dict[str, Any]:
+    """The settings every client shares, plus `overrides`."""
+    return {"bootstrap.servers": bootstrap, "logger": KAFKA_LOG, **overrides}
+
+
+def producer(bootstrap: str, **overrides: Any) -> Producer:
+    """A producer with librdkafka's defaults (views, reader reports, benchmarks' baselines)."""
+    return Producer(base(bootstrap, **overrides))
+
+
+def idempotent_producer(bootstrap: str, **overrides: Any) -> Producer:
+    """A producer whose acknowledged messages are durable and never duplicated by its retries:
+    what SEND outside a transaction uses."""
+    return Producer(base(bootstrap, **{"enable.idempotence": True, "acks": "all", "linger.ms": 1,
+                                       "message.max.bytes": MAX_MESSAGE_BYTES, **overrides}))
+
+
+def transactional_producer(bootstrap: str, prefix: str, **overrides: Any) -> Producer:
+    """An idempotent producer with a fresh transactional id under `prefix` (init_transactions is
+    the caller's, with its own deadline)."""
+    return idempotent_producer(bootstrap, **{"transactional.id": f"{prefix}.{uuid.uuid4()}", **overrides})
+
+
+def consumer(bootstrap: str, group_id: str | None = None, **overrides: Any) -> Consumer:
+    """A consumer that commits nothing by itself and reads committed records only. Without a
+    `group_id` it gets a throw-away one (for assign()-only reading)."""
+    return Consumer(base(bootstrap, **{
+        "group.id": group_id or f"kbroker-reader-{uuid.uuid4().hex[:8]}",
+        "enable.auto.commit": False, "isolation.level": "read_committed", **overrides}))
+
+
+def admin(bootstrap: str, **overrides: Any) -> AdminClient:
+    return AdminClient(base(bootstrap, **overrides))
+
+
+def produce(producer: Producer, topic: str, **kwargs: Any) -> None:
+    """Producer.produce that waits, instead of failing, while librdkafka's local queue is full:
+    back-pressure from the broker reaches the caller."""
+    while True:
+        try:
+            producer.produce(topic, **kwargs)
+            return
+        except BufferError:
+            producer.poll(0.01)
+
+
+def brokers_answering(bootstrap: str, timeout: float = 10.0, client: AdminClient | None = None) -> int:
+    """How many brokers the cluster at `bootstrap` lists in a metadata answer within `timeout`;
+    BrokerUnavailableError when none answers."""
+    try:
+        return len((client or admin(bootstrap)).list_topics(timeout=timeout).brokers)
+    except KafkaException as exc:
+        raise BrokerUnavailableError(f"no Kafka broker answers at {bootstrap}: {exc.args[0].str()}") from None
