@@ -4,4 +4,5 @@ from __future__ import annotations
 
 from typing import Any
 
-Record = tuple[str, Any, bytes | None, list | None]  # topic, key, value, headers
+Header = tuple[str, bytes]
+Record = tuple[str, Any, bytes | None, list[Header] | None]  # topic, key, value, headers

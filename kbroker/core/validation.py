@@ -4,6 +4,8 @@ Runs on SEND, before anything is produced, so a body that fails never reaches a 
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 from defusedxml import ElementTree as SafeET
 from defusedxml.common import DefusedXmlException
@@ -35,7 +37,7 @@ def validate_body(message_type: str, validation: str, body: bytes) -> None:
     raise MessageValidationError(message_type, validation, "unknown validation kind")
 
 
-def to_bytes(body: bytes | str | dict | list | None) -> bytes:
+def to_bytes(body: bytes | str | dict[str, Any] | list[Any] | None) -> bytes:
     """Bodies are bytes on the wire; str is UTF-8, dict/list become JSON."""
     if body is None:
         return b""

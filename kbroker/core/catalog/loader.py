@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from kbroker.config import NAMESPACE_RE
 from kbroker.core.catalog.models import (
@@ -38,8 +38,10 @@ from kbroker.errors import DefinitionError
 
 SYSTEM_YAML = Path(__file__).with_name("system.yaml")
 
+Definition = MessageType | Contract | Queue | Service | Route | SystemTopic
+
 # top-level key -> (label used in errors, model)
-SECTIONS: dict[str, tuple[str, type[BaseModel]]] = {
+SECTIONS: dict[str, tuple[str, type[Definition]]] = {
     "message_types": ("message type", MessageType),
     "contracts": ("contract", Contract),
     "queues": ("queue", Queue),
@@ -52,7 +54,7 @@ SECTIONS: dict[str, tuple[str, type[BaseModel]]] = {
 class _StrictLoader(yaml.SafeLoader):
     """SafeLoader that refuses a key repeated in one mapping (PyYAML keeps the last silently)."""
 
-    def construct_mapping(self, node, deep=False):
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
@@ -61,7 +63,7 @@ class _StrictLoader(yaml.SafeLoader):
                     None, None, f"key {key!r} appears twice in one mapping", key_node.start_mark
                 )
             seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+        return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
 
 
 def definition_files(paths: Iterable[str | Path]) -> list[Path]:
@@ -103,7 +105,7 @@ def pydantic_reason(exc: ValidationError) -> str:
     return f"{loc}: {msg}" if loc else msg
 
 
-def _read(file: Path) -> dict[str, list]:
+def _read(file: Path) -> dict[str, list[Any]]:
     data = read_yaml(file)
     if data is None:
         return {}
@@ -124,7 +126,7 @@ def read_yaml(file: Path) -> Any:
         raise DefinitionError(str(file), None, f"cannot read: {' '.join(str(exc).split())}") from None
 
 
-def _check_top_level(file: Path, data: Any) -> dict[str, list]:
+def _check_top_level(file: Path, data: Any) -> dict[str, list[Any]]:
     if not isinstance(data, dict):
         raise DefinitionError(str(file), None, "the file must be a mapping of lists (message_types:, queues:, ...)")
     for key, items in data.items():
@@ -135,7 +137,7 @@ def _check_top_level(file: Path, data: Any) -> dict[str, list]:
     return {k: v or [] for k, v in data.items()}
 
 
-def _parse(file: Path, key: str, index: int, item: Any) -> tuple[str, BaseModel]:
+def _parse(file: Path, key: str, index: int, item: Any) -> tuple[str, Definition]:
     label, model = SECTIONS[key]
     name = item.get("name") if isinstance(item, dict) else None
     obj = f"{label} {name}" if isinstance(name, str) else f"{label} #{index + 1}"
@@ -153,7 +155,7 @@ def load_definitions(paths: Iterable[str | Path], namespace: str) -> Catalog:
         raise DefinitionError(None, None, f"namespace {namespace!r} must be 1-40 characters of letters, digits, '_' or '-'")
     objects: dict[str, dict[str, Any]] = {key: {} for key in SECTIONS}
     origins: dict[str, str] = {}  # "queue X" -> file that defines it
-    builtins = {"message_types": BUILTIN_MESSAGE_TYPES, "contracts": BUILTIN_CONTRACTS}
+    builtins: dict[str, dict[str, Any]] = {"message_types": BUILTIN_MESSAGE_TYPES, "contracts": BUILTIN_CONTRACTS}
     for file in definition_files(paths):
         for key, items in _read(file).items():
             for index, item in enumerate(items):
@@ -205,6 +207,7 @@ def load_system_topics(path: str | Path = SYSTEM_YAML) -> dict[str, SystemTopic]
     topics: dict[str, SystemTopic] = {}
     for index, item in enumerate(_read(file).get("system_topics", [])):
         obj, parsed = _parse(file, "system_topics", index, item)
+        assert isinstance(parsed, SystemTopic)
         if parsed.name in topics:
             raise DefinitionError(str(file), obj, "duplicate name")
         topics[parsed.name] = parsed
