@@ -94,7 +94,7 @@ class Activator:
                     # After acting: a crash in between replays the notification, which at worst
                     # starts one copy too many, still capped by max_concurrency.
                     try:
-                        events.commit(asynchronous=True)
+                        events.commit()
                     except KBrokerError as exc:
                         self._emit("kafka_error", error=str(exc))
         finally:

@@ -67,10 +67,11 @@ class EventsReader:
             out.append(EventRecord(msg.key(), msg.value()))
         return out
 
-    def commit(self, *, asynchronous: bool = True) -> None:
-        """Commit the positions of what `read` returned; raises a typed kbroker error."""
+    def commit(self) -> None:
+        """Commit the positions of what `read` returned, without waiting for the answer (`close`
+        makes the last one stick); raises a typed kbroker error."""
         try:
-            self._consumer.commit(asynchronous=asynchronous)
+            self._consumer.commit(asynchronous=True)
         except KafkaException as exc:
             raise kafka_error(f"committing the position on {self.topic}", exc.args[0]) from None
 

@@ -95,15 +95,16 @@ def read_partitions(consumer: Consumer, topic: str, starts: Mapping[int, int], t
     try:
         while todo and time.monotonic() < deadline:
             for msg in consumer.consume(500, CONSUME_WAIT):
-                err = msg.error()
-                if err is None:
-                    read.positions[msg.partition()] = msg.offset() + 1
+                err, partition, offset = msg.error(), msg.partition(), msg.offset()
+                if err is None and partition is not None and offset is not None:
+                    read.positions[partition] = offset + 1
                     read.records.append(msg)
+                elif err is None:
+                    continue
                 elif err.code() == KafkaError._PARTITION_EOF:
-                    p = msg.partition()
-                    if p in todo:  # an EOF event's offset is the partition's end: the next to read
-                        read.positions[p] = max(read.positions[p], msg.offset())
-                        todo.discard(p)
+                    if partition in todo and offset is not None:  # EOF's offset is the end: the next to read
+                        read.positions[partition] = max(read.positions[partition], offset)
+                        todo.discard(partition)
                 elif not is_transient(err):
                     raise kafka_error(f"reading {topic} failed", err)
     finally:

@@ -6,9 +6,15 @@ import pytest
 from confluent_kafka import KafkaError
 
 from kbroker.errors import KBrokerError
-from kbroker.kafka.reader import read_partitions
+from kbroker.kafka.reader import PartitionsRead
+from kbroker.kafka.reader import read_partitions as read_real
 
 from .fake_consumer import FakeConsumer, FakeMessage, eof
+
+
+def read_partitions(consumer: FakeConsumer, topic: str, starts: dict[int, int], timeout: float) -> PartitionsRead:
+    """The real primitive, handed the scripted stand-in where it expects a Consumer."""
+    return read_real(consumer, topic, starts, timeout)  # type: ignore[arg-type]  # a stand-in Consumer
 
 
 def record(partition: int, offset: int) -> FakeMessage:
