@@ -22,14 +22,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-
 from kbroker.activator.config import ActivatorConfig, Application
 from kbroker.activator.notification import parse
 from kbroker.activator.rules import NOTIFIED, Limits, Rules
-from kbroker.config import KAFKA_LOG
 from kbroker.core import names
-from kbroker.errors import BrokerUnavailableError, CatalogError
+from kbroker.errors import KBrokerError
+from kbroker.kafka.events import EventsReader
 
 LOG = logging.getLogger("kbroker.activator")
 EXIT_CANNOT_START = 127  # what a shell reports for a command it cannot run
@@ -79,85 +77,34 @@ class Activator:
 
     def run(self) -> None:
         """Blocks until stop(). Whatever happens, children are terminated before it returns."""
-        consumer = self._consumer()
+        events = EventsReader(self.bootstrap, self.namespace, self.group, on_ready=self.ready.set,
+                              on_error=lambda text: self._emit("kafka_error", error=text))
         try:
             self._emit("activator_started", group=self.group, topic=self.topic,
                        applications=[a.label for a in self.apps.values()])
             self._check_catalog()
-            consumer.subscribe([self.topic], on_assign=self._on_assign)
+            events.subscribe()
             while not self._stop.is_set():
-                msgs = consumer.consume(100, self._poll)
+                records = events.read(100, self._poll)
                 self._reap()  # first, so a copy that just exited frees its slot
-                handled = False
-                for msg in msgs:
-                    if msg.error():
-                        if msg.error().code() != KafkaError._PARTITION_EOF:
-                            self._emit("kafka_error", error=str(msg.error()))
-                        continue
-                    self._on_record(msg.key(), msg.value())
-                    handled = True
+                for record in records:
+                    self._on_record(record.key, record.value)
                 self._tick()
-                if handled:
+                if records:
                     # After acting: a crash in between replays the notification, which at worst
                     # starts one copy too many, still capped by max_concurrency.
                     try:
-                        consumer.commit(asynchronous=True)
-                    except KafkaException as exc:
+                        events.commit()
+                    except KBrokerError as exc:
                         self._emit("kafka_error", error=str(exc))
         finally:
             try:
                 self._shutdown_children()
             finally:
-                try:
-                    # The async commits may still be in flight: make the last position stick, so
-                    # a restart does not replay (and act on) notifications handled already.
-                    consumer.commit(asynchronous=False)
-                except KafkaException:
-                    pass  # nothing consumed since the last commit (_NO_OFFSET), or no broker
-                try:
-                    consumer.close()
-                except Exception:  # the children matter more than a clean leave of the group
-                    pass
+                events.close()  # commits the last position first: a restart does not replay it
                 self._emit("activator_stopped")
 
     # --- Kafka -------------------------------------------------------------------------------
-
-    def _consumer(self) -> Consumer:
-        consumer = Consumer({
-            "bootstrap.servers": self.bootstrap, "group.id": self.group, "logger": KAFKA_LOG,
-            "enable.auto.commit": False, "auto.offset.reset": "latest",
-            "session.timeout.ms": 10_000, "partition.assignment.strategy": "range",
-        })
-        try:
-            meta = consumer.list_topics(self.topic, timeout=10)
-        except KafkaException as exc:
-            consumer.close()
-            raise BrokerUnavailableError(f"no Kafka broker answers at {self.bootstrap}: {exc}") from None
-        t = meta.topics.get(self.topic)
-        if t is None or t.error is not None:
-            consumer.close()
-            raise CatalogError(f"topic {self.topic} does not exist: run 'kbroker apply' for namespace "
-                               f"{self.namespace!r} first")
-        return consumer
-
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # "Latest on first start" resolved here, not lazily by auto.offset.reset: the position is
-        # fixed (and committed) before `ready` is set, so an event written after `ready` is never
-        # skipped, and a restart resumes where this run began rather than at a new "latest".
-        try:
-            positioned = consumer.committed(partitions, timeout=10)
-            fresh = []
-            for tp in positioned:
-                if tp.offset < 0:
-                    tp.offset = consumer.get_watermark_offsets(tp, timeout=10)[1]
-                    fresh.append(TopicPartition(tp.topic, tp.partition, tp.offset))
-            consumer.assign(positioned)
-            if fresh:
-                consumer.commit(offsets=fresh, asynchronous=False)
-        except KafkaException as exc:
-            self._emit("kafka_error", error=f"positioning on assignment: {exc}")
-            consumer.assign(partitions)  # auto.offset.reset=latest still applies
-        self.ready.set()
 
     def _check_catalog(self) -> None:
         """Warn (not fail: the catalog may be applied later) when the worker will not notify."""

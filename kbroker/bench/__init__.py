@@ -1,11 +1,20 @@
 """`kbroker bench`: kbroker measured side by side with a plain-Kafka baseline in the same run,
 on the same broker, reported as ratios (medians of R repetitions).
 
-    harness.py    scenario registry, repetition and medians, machine description, results files
-    scenarios.py  the scenarios: send (+ send-pipelined), request-reply, io-bound, backlog-rss
-    activation.py activation-latency and activation-drain, with a real `kbroker worker`
-    procedures.py the activation procedures those run
-    params.py     the sizes and settings (Params) and their defaults
+    harness.py          runs the scenarios' repetitions on one broker (the entry point)
+    registry.py         what a scenario is, the registry, scenario names
+    results.py          medians and ratios, the results file, the docs table
+    progress.py         progress on stderr;  machine.py  the machine description
+    common.py           the sample service's records and helpers the scenarios share
+    scenarios_send.py   send (+ send-pipelined);  scenarios_reply.py  request-reply
+    scenarios_io.py     io-bound;  scenarios_rss.py  backlog-rss
+    activation.py       the `kbroker worker` the activation scenarios run, and its monitor rows
+    activation_latency.py, activation_drain.py  the activation scenarios
+    procedures.py       the activation procedures those run
+    params.py           the sizes and settings (Params) and their defaults
+
+The baselines' Kafka clients come from kbroker.kafka (clients.py, baseline.py), with their own
+settings.
 
 docs/benchmarks.md says what each scenario measures and holds the latest results table."""
 

@@ -30,7 +30,9 @@ from kbroker.core import names
 from kbroker.core.catalog.loader import load_definitions, load_system_topics
 from kbroker.core.catalog.models import Catalog, SystemTopic
 from kbroker.errors import DefinitionError
-from kbroker.kafka.catalog_store import KAFKA_LOG, kafka_error, publish, read_catalog
+from kbroker.kafka import clients
+from kbroker.kafka.catalog_store import publish, read_catalog
+from kbroker.kafka.clients import kafka_error
 
 # Room for kbroker's headers and Kafka's record overhead on top of the largest body.
 HEADER_HEADROOM = 64 * 1024
@@ -77,10 +79,6 @@ def topic_specs(catalog: Catalog) -> list[TopicSpec]:
     return specs
 
 
-def _admin(bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap, "logger": KAFKA_LOG})
-
-
 def _wait(futures: dict, what: str, tolerate: tuple = ()) -> set[str]:
     """Wait for admin futures; returns the names whose error was tolerated."""
     tolerated = set()
@@ -100,7 +98,7 @@ def sync_topics(bootstrap: str, specs: list[TopicSpec], origins: dict[str, str] 
     """Create missing topics, set changed configs, grow partitions. Returns (created, updated).
     Raises DefinitionError before changing anything if a topic would have to shrink."""
     say = progress or (lambda _msg: None)
-    admin = _admin(bootstrap)
+    admin = clients.admin(bootstrap)
     try:
         existing = admin.list_topics(timeout=timeout).topics
     except KafkaException as exc:

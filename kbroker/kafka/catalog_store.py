@@ -4,20 +4,12 @@ from the beginning to the end offsets it saw when it started reading."""
 
 from __future__ import annotations
 
-import time
+from typing import Any
 
 import orjson
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import KafkaError
 from pydantic import BaseModel, ValidationError
 
-from kbroker.config import KAFKA_LOG
 from kbroker.core import names
 from kbroker.core.catalog.loader import pydantic_reason
 from kbroker.core.catalog.models import (
@@ -25,7 +17,12 @@ from kbroker.core.catalog.models import (
     BUILTIN_MESSAGE_TYPES,
     Catalog,
 )
-from kbroker.errors import BrokerUnavailableError, CatalogError, KBrokerError
+from kbroker.errors import BrokerUnavailableError, CatalogError
+from kbroker.kafka import clients
+from kbroker.kafka.clients import kafka_error
+from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partitions
+
+__all__ = ["FIELDS", "kafka_error", "publish", "publish_object", "read_catalog", "records", "write_records"]
 
 # record kind -> Catalog field
 FIELDS = {"message_type": "message_types", "contract": "contracts", "queue": "queues",
@@ -41,24 +38,6 @@ def records(catalog: Catalog) -> dict[str, bytes]:
             if builtin.get(field, {}).get(name) != obj:
                 out[f"{kind}/{name}"] = orjson.dumps(obj.model_dump(mode="json"))
     return out
-
-
-_UNREACHABLE = (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN)
-
-
-def kafka_error(what: str, err: KafkaError | Exception) -> KBrokerError:
-    """A Kafka failure as a typed error: BrokerUnavailableError when trying later may help."""
-    if not isinstance(err, KafkaError) or err.retriable() or err.code() in _UNREACHABLE:
-        return BrokerUnavailableError(f"{what}: {err}")
-    return KBrokerError(f"{what}: {err.str()}")
-
-
-def _topic_exists(client: Producer | Consumer, topic: str, timeout: float) -> bool:
-    # Ask for all topics: a metadata request naming the topic could auto-create it.
-    try:
-        return topic in client.list_topics(timeout=timeout).topics
-    except KafkaException as exc:
-        raise kafka_error("cannot read topic metadata", exc.args[0]) from None
 
 
 def publish(bootstrap: str, catalog: Catalog, previous: Catalog | None = None, timeout: float = 30.0) -> int:
@@ -81,14 +60,12 @@ def publish_object(bootstrap: str, namespace: str, kind: str, obj: BaseModel, ti
 
 def write_records(bootstrap: str, topic: str, todo: dict[str, bytes], timeout: float) -> None:
     """Produce key -> value records to an existing kbroker topic; returns once all are acknowledged."""
-    producer = Producer({
-        "bootstrap.servers": bootstrap,
-        "logger": KAFKA_LOG,
+    producer = clients.producer(bootstrap, **{
         "enable.idempotence": True,  # retries never duplicate or reorder catalog records
         "allow.auto.create.topics": False,  # an auto-created topic would not be compacted
         "message.timeout.ms": int(timeout * 1000),
     })
-    if not _topic_exists(producer, topic, timeout):
+    if topic_partitions(producer, topic, timeout) is None:
         raise CatalogError(f"topic {topic} does not exist: run 'kbroker apply' first")
     errors: list[KafkaError] = []
     for key, value in todo.items():
@@ -105,64 +82,27 @@ def write_records(bootstrap: str, topic: str, todo: dict[str, bytes], timeout: f
 def read_catalog(bootstrap: str, namespace: str, timeout: float = 10.0) -> Catalog:
     """The namespace's catalog as published; only the built-ins when the topic does not exist."""
     topic = names.catalog_topic(namespace)
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
-        "logger": KAFKA_LOG,
-        "group.id": f"{names.prefix(namespace)}catalog-reader",  # never joined: partitions are assigned
-        "enable.auto.commit": False,
-        "isolation.level": "read_committed",
-        "allow.auto.create.topics": False,
-    })
+    consumer = reading_consumer(bootstrap, f"{names.prefix(namespace)}catalog-reader",  # never joined
+                                **{"allow.auto.create.topics": False})
     try:
-        if not _topic_exists(consumer, topic, timeout):
+        partitions = topic_partitions(consumer, topic, timeout)
+        if partitions is None:
             return Catalog(namespace=namespace)
-        return _rebuild(namespace, _read_to_end(consumer, topic, timeout))
+        read = read_partitions(consumer, topic, dict.fromkeys(partitions, 0), timeout)
     finally:
         consumer.close()
-
-
-def _read_to_end(consumer: Consumer, topic: str, timeout: float) -> dict[str, bytes | None]:
-    deadline = time.monotonic() + timeout
-    partitions = consumer.list_topics(topic, timeout=timeout).topics[topic].partitions
-    ends: dict[int, int] = {}
-    for p in partitions:
-        low, high = _watermarks(consumer, TopicPartition(topic, p), deadline)
-        if high > low:
-            ends[p] = high
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+    if read.unfinished:
+        raise BrokerUnavailableError(f"reading {topic} did not reach its end within {timeout}s")
     latest: dict[str, bytes | None] = {}
-    while ends:
-        if time.monotonic() > deadline:
-            raise BrokerUnavailableError(f"reading {topic} did not reach its end within {timeout}s")
-        msg = consumer.poll(0.2)
-        if msg is not None:
-            if msg.error():
-                if msg.error().fatal():
-                    raise kafka_error(f"reading {topic} failed", msg.error())
-                continue
-            latest[msg.key().decode()] = msg.value()  # later records replace earlier ones
-        # Positions, not message offsets: transaction markers advance the position silently.
-        for tp in consumer.position([TopicPartition(topic, p) for p in list(ends)]):
-            if tp.offset >= ends[tp.partition]:
-                del ends[tp.partition]
-    return latest
-
-
-def _watermarks(consumer: Consumer, tp: TopicPartition, deadline: float) -> tuple[int, int]:
-    # A topic created a moment ago may have no leader yet ("not leader for partition", which
-    # librdkafka does not flag retriable here): retry until the deadline, then report the error.
-    while True:
-        try:
-            return consumer.get_watermark_offsets(tp, timeout=max(0.1, deadline - time.monotonic()))
-        except KafkaException as exc:
-            err = exc.args[0]
-            if err.fatal() or time.monotonic() > deadline:
-                raise kafka_error(f"cannot read the end offsets of {tp.topic}", err) from None
-            time.sleep(0.1)
+    for msg in read.records:  # a key's records are in one partition, in offset order
+        key = msg.key()
+        if key is not None:
+            latest[key.decode()] = msg.value()  # later records replace earlier ones
+    return _rebuild(namespace, latest)
 
 
 def _rebuild(namespace: str, latest: dict[str, bytes | None]) -> Catalog:
-    fields: dict[str, dict] = {field: {} for field in FIELDS.values()}
+    fields: dict[str, dict[str, Any]] = {field: {} for field in FIELDS.values()}
     for key, value in latest.items():
         kind, _, name = key.partition("/")
         if kind not in FIELDS or value is None:

@@ -1,19 +1,40 @@
 """The one place kbroker builds Kafka clients: every producer, consumer and admin client starts
 from the same base settings (bootstrap address, librdkafka's log routed to kbroker's logger), so a
-setting that must hold everywhere is set once."""
+setting that must hold everywhere is set once. Also where a Kafka failure becomes a typed kbroker
+error (`kafka_error`)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import uuid
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer
+import confluent_kafka
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from kbroker.config import KAFKA_LOG
-from kbroker.errors import BrokerUnavailableError
+from kbroker.errors import BrokerUnavailableError, KBrokerError
 
 MAX_MESSAGE_BYTES = 11 * 1024 * 1024  # the largest queue message (10 MiB) plus headers
+
+# Errors that say the cluster cannot be reached now; librdkafka reconnects by itself.
+_RECONNECTING = (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN)
+# ... and those where trying later may help.
+_UNREACHABLE = (*_RECONNECTING, KafkaError._MSG_TIMED_OUT)
+
+
+def kafka_error(what: str, err: KafkaError | Exception) -> KBrokerError:
+    """A Kafka failure as a typed error: BrokerUnavailableError when trying later may help."""
+    if not isinstance(err, KafkaError) or err.retriable() or err.code() in _UNREACHABLE:
+        return BrokerUnavailableError(f"{what}: {err}")
+    return KBrokerError(f"{what}: {err.str()}")
+
+
+def is_transient(err: KafkaError) -> bool:
+    """Whether a consumer's error event is one librdkafka recovers from by itself (a lost
+    connection, brokers down for a moment): a reader keeps polling rather than failing."""
+    return not err.fatal() and (err.retriable() or err.code() in _RECONNECTING)
 
 
 def base(bootstrap: str, **overrides: Any) -> dict[str, Any]:
@@ -48,6 +69,7 @@ def consumer(bootstrap: str, group_id: str | None = None, **overrides: Any) -> C
 
 
 def admin(bootstrap: str, **overrides: Any) -> AdminClient:
+    """An admin client (topics, configs, consumer groups' offsets)."""
     return AdminClient(base(bootstrap, **overrides))
 
 
@@ -69,3 +91,12 @@ def brokers_answering(bootstrap: str, timeout: float = 10.0, client: AdminClient
         return len((client or admin(bootstrap)).list_topics(timeout=timeout).brokers)
     except KafkaException as exc:
         raise BrokerUnavailableError(f"no Kafka broker answers at {bootstrap}: {exc.args[0].str()}") from None
+
+
+def library_versions() -> tuple[str, str]:
+    """(confluent-kafka's version, librdkafka's version): what a benchmark reports it ran with."""
+    try:
+        package = importlib.metadata.version("confluent-kafka")
+    except importlib.metadata.PackageNotFoundError:
+        package = "?"
+    return package, confluent_kafka.libversion()[0]

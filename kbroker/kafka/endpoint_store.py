@@ -8,12 +8,12 @@ import time
 from dataclasses import replace
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, Message, Producer
 
-from kbroker.config import KAFKA_LOG
 from kbroker.core import names
 from kbroker.core.endpoint import CHAIN_SUFFIX, Endpoint
 from kbroker.errors import ConversationNotFoundError
+from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partitions
 
 
 class EndpointStore:
@@ -126,49 +126,35 @@ class EndpointStore:
             self._read_forward_locked(timeout)
 
     def _read_forward_locked(self, timeout: float) -> None:
-        """Read the topic from where this process left off up to its current end."""
+        """Read the topic from where this process left off up to its current end. A Kafka error
+        raises a typed kbroker error (BrokerUnavailableError when trying later may help); what
+        was not reached by the deadline is read by the next call."""
         if self._consumer is None:
-            self._consumer = Consumer({
-                "bootstrap.servers": self._bootstrap, "group.id": "kbroker-endpoints-reader", "logger": KAFKA_LOG,
-                "enable.auto.commit": False, "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-                "fetch.wait.max.ms": 10,  # a catch-up read: do not long-poll at the end
-            })
-            meta = self._consumer.list_topics(self.topic, timeout=timeout).topics.get(self.topic)
-            if meta is None or meta.error is not None:
-                return
-            self._positions = {p: 0 for p in meta.partitions}
-        ends = {}
-        for p in self._positions:
-            _, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout)
-            if high > self._positions[p]:
-                ends[p] = high
-        if not ends:
-            return
-        self._consumer.assign([TopicPartition(self.topic, p, self._positions[p]) for p in ends])
-        deadline = time.monotonic() + timeout
-        # Partition EOF, not "offset == high watermark": transaction markers take offsets too.
-        while ends and time.monotonic() < deadline:
-            for msg in self._consumer.consume(500, 0.2):
-                p = msg.partition()
-                if msg.error():
-                    if msg.error().code() != KafkaError._PARTITION_EOF:
-                        raise msg.error()
-                    self._positions[p] = max(self._positions[p], msg.offset())
-                    ends.pop(p, None)
-                    continue
-                self._positions[p] = msg.offset() + 1
-                key = msg.key().decode()
-                if key.endswith(CHAIN_SUFFIX):
-                    self._read_chain(key[:-len(CHAIN_SUFFIX)], msg.value())
-                elif msg.value() is not None:
-                    ep = Endpoint.from_json(msg.value())
-                    if self._continue_sequences:
-                        ep = self._continued(ep)
-                    self._cache[ep.conversation_handle] = self._merged(ep)
-                else:
-                    self._cache.pop(key, None)
-        self._consumer.unassign()
+            self._consumer = reading_consumer(self._bootstrap, "kbroker-endpoints-reader")
+        if not self._positions:
+            partitions = topic_partitions(self._consumer, self.topic, timeout)
+            if partitions is None:
+                return  # no endpoint yet: asked again on the next read
+            self._positions = dict.fromkeys(partitions, 0)
+        read = read_partitions(self._consumer, self.topic, self._positions, timeout)
+        for msg in read.records:
+            self._apply(msg)
+        self._positions.update(read.positions)
+
+    def _apply(self, msg: Message) -> None:
+        raw_key, value = msg.key(), msg.value()
+        if raw_key is None:
+            return  # not an endpoint record
+        key = raw_key.decode()
+        if key.endswith(CHAIN_SUFFIX):
+            self._read_chain(key[:-len(CHAIN_SUFFIX)], value)
+        elif value is not None:
+            ep = Endpoint.from_json(value)
+            if self._continue_sequences:
+                ep = self._continued(ep)
+            self._cache[ep.conversation_handle] = self._merged(ep)
+        else:
+            self._cache.pop(key, None)
 
     def _read_chain(self, handle: str, value: bytes | None) -> None:
         if value is None:
@@ -181,6 +167,7 @@ class EndpointStore:
             self._cache[handle] = self._merged(self._cache[handle])
 
     def close(self) -> None:
+        """Close the reading consumer (the shared producer is its owner's)."""
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None

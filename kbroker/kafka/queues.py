@@ -15,21 +15,16 @@ from confluent_kafka import (
     ConsumerGroupTopicPartitions,
     IsolationLevel,
     KafkaException,
-    Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import OffsetSpec
 
-from kbroker.config import KAFKA_LOG
 from kbroker.core import names
 from kbroker.core.offsets import decode_completed
 from kbroker.errors import CatalogError
-from kbroker.kafka.catalog_store import (
-    kafka_error,
-    publish_object,
-    read_catalog,
-    write_records,
-)
+from kbroker.kafka import clients
+from kbroker.kafka.catalog_store import publish_object, read_catalog, write_records
+from kbroker.kafka.clients import kafka_error
 from kbroker.kafka.endpoint_store import EndpointStore
 from kbroker.kafka.reader import latest_values
 
@@ -101,7 +96,7 @@ def queue_view(bootstrap: str, namespace: str, queue: str, timeout: float = 10.0
     would mean reading the partition."""
     q = read_catalog(bootstrap, namespace, timeout).queue(queue)  # UnknownQueueError
     topic, group = names.queue_topic(namespace, queue), names.queue_group(namespace, queue)
-    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": KAFKA_LOG})
+    admin = clients.admin(bootstrap)
     try:
         meta = admin.list_topics(timeout=timeout).topics.get(topic)
     except KafkaException as exc:
@@ -164,7 +159,7 @@ def reader_rows(bootstrap: str, namespace: str, topic: str, timeout: float = 10.
 def conversation_view(bootstrap: str, namespace: str) -> list[dict]:
     """sys.conversation_endpoints: every endpoint in the namespace's endpoints topic, with the
     columns kbroker keeps (the rest of SSB's columns have no meaning here)."""
-    producer = Producer({"bootstrap.servers": bootstrap, "logger": KAFKA_LOG})  # the store never writes here
+    producer = clients.producer(bootstrap)  # the store never writes here
     store = EndpointStore(bootstrap, namespace, producer, continue_sequences=False)
     try:
         endpoints = store.all()

@@ -19,22 +19,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from confluent_kafka import (
-    ConsumerGroupTopicPartitions,
-    KafkaException,
-    Producer,
-    TopicPartition,
-)
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 
-from kbroker.config import KAFKA_LOG
 from kbroker.core import names
 from kbroker.core.endpoint import CLOSED, DISCONNECTED_OUTBOUND, Endpoint, handle_for
 from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.groups import MOVE_MARKER
 from kbroker.core.offsets import decode_completed
 from kbroker.errors import CatalogError
-from kbroker.kafka.catalog_store import kafka_error, read_catalog
+from kbroker.kafka import clients
+from kbroker.kafka.catalog_store import read_catalog
+from kbroker.kafka.clients import kafka_error
 from kbroker.kafka.endpoint_store import EndpointStore
 from kbroker.kafka.reader import read_to_end
 
@@ -100,7 +95,7 @@ def queue_messages(bootstrap: str, namespace: str, queue: str, conversation_hand
     if not records:
         return []
     done = _completed(bootstrap, topic, group, partitions, timeout)
-    store = EndpointStore(bootstrap, namespace, Producer({"bootstrap.servers": bootstrap, "logger": KAFKA_LOG}))
+    store = EndpointStore(bootstrap, namespace, clients.producer(bootstrap))  # it never writes here
     try:
         endpoints = {ep.conversation_handle: ep for ep in store.all()}
     finally:
@@ -127,7 +122,7 @@ def _completed(bootstrap: str, topic: str, group: str, partitions: list[int],
                timeout: float) -> Callable[[int, int], bool]:
     """Whether the queue's readers completed an offset: below the committed offset, or among the
     completed offsets above it that the commit metadata lists."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": KAFKA_LOG})
+    admin = clients.admin(bootstrap)
     request = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])]
     try:
         tps = admin.list_consumer_group_offsets(request, request_timeout=timeout)[group].result().topic_partitions

@@ -19,11 +19,11 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from kbroker.config import KAFKA_LOG
 from kbroker.core import names
 from kbroker.core.records import Record
 from kbroker.core.timer_schedule import Entry, TimerSchedule
 from kbroker.core.timers import firing_records
+from kbroker.kafka import clients
 from kbroker.kafka.clients import produce
 from kbroker.kafka.endpoint_store import EndpointStore
 
@@ -41,28 +41,25 @@ class TimerService:
         self.namespace = namespace
         self.topic = names.timers_topic(namespace)
         self._own_endpoints = endpoints is None
-        self._endpoints = endpoints or EndpointStore(
-            bootstrap, namespace, Producer({"bootstrap.servers": bootstrap, "logger": KAFKA_LOG}))
+        self._endpoints = endpoints or EndpointStore(bootstrap, namespace, clients.producer(bootstrap))
         self._poll_interval = poll_interval
         self.schedule = TimerSchedule()
         self.fired = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         group = names.timers_group(namespace)
-        self._consumer = Consumer({
-            "bootstrap.servers": bootstrap, "group.id": group, "logger": KAFKA_LOG,
-            "enable.auto.commit": False, "isolation.level": "read_committed",
-            "session.timeout.ms": 10_000, "partition.assignment.strategy": "range",
-        })
-        self._producer_conf = {
-            "bootstrap.servers": bootstrap, "logger": KAFKA_LOG,
-            "transactional.id": f"{group}.{uuid.uuid4()}", "enable.idempotence": True, "acks": "all",
-            "linger.ms": 1, "transaction.timeout.ms": 10_000, "retry.backoff.ms": 5,
-        }
+        self._consumer = clients.consumer(bootstrap, group, **{
+            "session.timeout.ms": 10_000, "partition.assignment.strategy": "range"})
+        self._bootstrap = bootstrap
+        # One transactional id for the service's life: a producer made after a fatal error
+        # fences the old one (and aborts its open transaction) instead of waiting it out.
+        self._transactional_id = f"{group}.{uuid.uuid4()}"
         self._producer = self._new_producer()
 
     def _new_producer(self) -> Producer:
-        p = Producer(self._producer_conf)
+        p = clients.idempotent_producer(self._bootstrap, **{
+            "transactional.id": self._transactional_id, "transaction.timeout.ms": 10_000,
+            "retry.backoff.ms": 5})
         p.init_transactions(30)
         return p
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 
-from kbroker.config import KAFKA_LOG
 from kbroker.core import names
 from kbroker.core.offsets import decode_completed
+from kbroker.kafka import clients
 
 
 @dataclass(frozen=True)
@@ -38,11 +38,8 @@ class QueueWatcher:
         self._scan_cap = scan_cap
         # The queue's own group id, so committed() returns the readers' offsets. It never
         # subscribes, so it never joins (or disturbs) the readers' group.
-        self._consumer = Consumer({
-            "bootstrap.servers": bootstrap, "group.id": names.queue_group(namespace, queue), "logger": KAFKA_LOG,
-            "enable.auto.commit": False, "isolation.level": "read_committed", "enable.partition.eof": True,
-            "fetch.wait.max.ms": 10,
-        })
+        self._consumer = clients.consumer(bootstrap, names.queue_group(namespace, queue), **{
+            "enable.partition.eof": True, "fetch.wait.max.ms": 10})
         meta = self._consumer.list_topics(self.topic, timeout=10).topics[self.topic]
         self._tps = [TopicPartition(self.topic, p) for p in sorted(meta.partitions)]
         self._last_key: tuple | None = None

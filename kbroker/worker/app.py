@@ -29,9 +29,6 @@ from typing import Any
 
 import faust
 import orjson
-from confluent_kafka.admin import AdminClient, NewTopic
-
-from kbroker.config import KAFKA_LOG
 from kbroker.core import names
 from kbroker.core.monitor import (
     LaunchReader,
@@ -51,6 +48,7 @@ from kbroker.core.monitor import (
 )
 from kbroker.core.tick import TickOwner, TickSchedule, claim
 from kbroker.kafka.timer_service import TimerService
+from kbroker.kafka.topics import create_missing_topics
 from kbroker.kafka.watch import QueueCounts, QueueWatcher
 from kbroker.sdk.broker import Broker
 from kbroker.core import monitor_codec as codec
@@ -77,17 +75,8 @@ class WorkerSettings:
 
 def ensure_topics(s: WorkerSettings) -> None:
     """The worker's own topics. Faust declares its internal ones (changelogs, leader)."""
-    admin = AdminClient({"bootstrap.servers": s.bootstrap, "logger": KAFKA_LOG})
     want = {names.monitor_events_topic(s.namespace): MONITOR_PARTITIONS, names.ticks_topic(s.namespace): 1}
-    existing = admin.list_topics(timeout=10).topics
-    new = [NewTopic(t, n, 1, config={"retention.ms": str(24 * 3600 * 1000)})
-           for t, n in want.items() if t not in existing]
-    for topic, fut in admin.create_topics(new).items() if new else ():
-        try:
-            fut.result()
-        except Exception as exc:  # created meanwhile by another worker
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                raise
+    create_missing_topics(s.bootstrap, want, {"retention.ms": str(24 * 3600 * 1000)}, replication_factor=1)
 
 
 class MonitorHooks:

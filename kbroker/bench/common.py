@@ -1,0 +1,141 @@
+"""What the scenarios share: the sample service's names, bodies and headers in kbroker's wire
+format, the backlog writer, and small helpers.
+
+Each scenario measures kbroker and a plain confluent-kafka baseline doing the same job, in the
+same repetition, on the same broker, in fresh namespaces with topics/samples applied
+(ExpenseQueue has 4 partitions). Bodies are 100-byte JSON expense claims.
+
+Records written by the harness itself (requests, backlogs) are kbroker's wire format: key = the
+receiving side's conversation group, headers from kbroker.core.envelope.Envelope. A request is the
+first (or next) message of a dialog from //Adventure-Works.com/Employees to
+//Adventure-Works.com/Expenses on the ExpenseSubmission contract, as Broker.send would write it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from kbroker.bench.registry import Skip
+from kbroker.core.envelope import Envelope
+from kbroker.kafka.baseline import Delivery, fast_producer
+from kbroker.kafka.clients import produce
+from kbroker.sdk.broker import Broker
+
+if TYPE_CHECKING:
+    from kbroker.bench.harness import BenchContext
+
+EMP = "//Adventure-Works.com/Employees"
+EXP = "//Adventure-Works.com/Expenses"
+CONTRACT = "//Adventure-Works.com/Expenses/ExpenseSubmission"
+CLAIM = "//Adventure-Works.com/Expenses/ExpenseClaim"
+APPROVAL = "//Adventure-Works.com/Expenses/ExpenseApproval"
+QUEUE, REPLY_QUEUE = "ExpenseQueue", "EmployeeQueue"
+
+NOT_IMPLEMENTED = "transactions not implemented"
+
+
+def json_body(size: int = 100, **fields: Any) -> bytes:
+    """A JSON object of exactly `size` bytes (ExpenseClaim and ExpenseApproval validate JSON)."""
+    head = orjson.dumps({**fields, "pad": ""})[:-2]  # ... "pad":"
+    pad = size - len(head) - 2
+    if pad < 0:
+        raise ValueError(f"a {size}-byte body cannot hold {fields}")
+    body = head + b"x" * pad + b'"}'
+    assert len(body) == size
+    return body
+
+
+def claim_body(size: int) -> bytes:
+    """An ExpenseClaim body of `size` bytes."""
+    return json_body(size, amount=12.5, currency="EUR", employee="E-1042")
+
+
+def approval_body(size: int) -> bytes:
+    """An ExpenseApproval body of `size` bytes."""
+    return json_body(size, approved=True, by="expenses")
+
+
+def has_transactions() -> bool:
+    """Whether this kbroker's Broker has transactions (the scenarios that need them skip otherwise)."""
+    return hasattr(Broker, "transaction")
+
+
+# --- records in kbroker's wire format --------------------------------------------------------
+
+
+def claim_headers(conversation_id: str, seq: int) -> list[tuple[str, bytes]]:
+    """Headers of the seq-th ExpenseClaim of a dialog, as the initiator's SEND writes them."""
+    return Envelope(message_id=str(uuid.uuid4()), conversation_id=conversation_id,
+                    conversation_group_id=conversation_id, message_sequence_number=seq,
+                    message_type_name=CLAIM, service_contract_name=CONTRACT, from_service_name=EMP,
+                    to_service_name=EXP, to_side="TARGET").headers()
+
+
+def approval_headers(conversation_id: str, seq: int) -> list[tuple[str, bytes]]:
+    """Headers of the seq-th ExpenseApproval, sent back by the target."""
+    return Envelope(message_id=str(uuid.uuid4()), conversation_id=conversation_id,
+                    conversation_group_id=conversation_id, message_sequence_number=seq,
+                    message_type_name=APPROVAL, service_contract_name=CONTRACT, from_service_name=EXP,
+                    to_service_name=EMP, to_side="INITIATOR").headers()
+
+
+def produce_dialogs(ctx: BenchContext, topic: str, conversations: list[str], per_conversation: int,
+                    body: bytes, label: str, total: int | None = None) -> int:
+    """Write a backlog of ExpenseClaims: round-robin over the dialogs, each dialog's messages in
+    sequence order. Returns the bytes written (key + value + headers)."""
+    total = total if total is not None else len(conversations) * per_conversation
+    producer, delivery = fast_producer(ctx.bootstrap), Delivery()
+    written = 0
+    with ctx.reporter.bar(label, total) as advance:
+        for i in range(total):
+            conv = conversations[i % len(conversations)]
+            hs = claim_headers(conv, i // len(conversations))
+            if i == 0:
+                written = len(conv) + len(body) + sum(len(k) + len(v) for k, v in hs)
+            produce(producer, topic, key=conv, value=body, headers=hs, on_delivery=delivery)
+            if i % 10_000 == 9_999:
+                producer.poll(0)
+                advance(10_000)
+        advance(total % 10_000)
+        delivery.check(producer.flush(300))
+    return written * total
+
+
+def new_conversations(n: int) -> list[str]:
+    """`n` new conversation ids."""
+    return [str(uuid.uuid4()) for _ in range(n)]
+
+
+def sides(rep: int) -> tuple[str, str]:
+    """Which side goes first alternates between repetitions."""
+    return ("kbroker", "baseline") if rep % 2 == 0 else ("baseline", "kbroker")
+
+
+def join_all(threads: list[threading.Thread], timeout: float) -> bool:
+    """Join with one deadline for all; True when every thread ended."""
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        if t.ident is not None:
+            t.join(max(0.0, deadline - time.monotonic()))
+    return not any(t.is_alive() for t in threads)
+
+
+def percentile(values: list[float], pct: float) -> float | None:
+    """The `pct` percentile of `values` (inclusive method); None when there are none."""
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(pct) - 1]
+
+
+def need_transactions(_ctx: BenchContext) -> None:
+    """A scenario's setup: skip it when the Broker has no transactions."""
+    if not has_transactions():
+        raise Skip(NOT_IMPLEMENTED)

@@ -1,0 +1,82 @@
+"""The scenario registry: what a scenario is (its rows, how to run it), and the names `kbroker
+bench` accepts. The scenario modules register themselves on import (`scenario(...)`), in the
+order `load_scenarios` imports them, which is the order they run and are reported in."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from kbroker.bench.harness import BenchContext
+
+KBROKER_OVER_BASELINE = "kbroker/baseline"
+BASELINE_OVER_KBROKER = "baseline/kbroker"
+# The scenario modules, in the order their scenarios run and are reported.
+SCENARIO_MODULES = ("scenarios_send", "scenarios_reply", "scenarios_io", "scenarios_rss",
+                    "activation_latency", "activation_drain")
+
+
+class Skip(Exception):
+    """Raised by a scenario (or returned in a measurement) when kbroker cannot run it yet."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One reported figure of a scenario: what is measured and what counts as good."""
+
+    name: str
+    unit: str
+    target: str | None
+    check: Callable[[dict], bool] | None = None  # the summarised row -> target met
+    ratio: str = KBROKER_OVER_BASELINE
+    notes: str = ""
+    finish: Callable[[dict], None] | None = None  # adds derived fields (e.g. "summary") to the row
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """`run(ctx, state, rep)` measures one repetition and returns {row name: measurement}, a
+    measurement being {"kbroker": value, "baseline": value, ...details} (a side that cannot run
+    is None, with "skipped_reason"). `setup` runs once before the repetitions (its result is
+    `state`), `teardown(ctx, state)` once after."""
+
+    name: str
+    description: str
+    rows: tuple[Row, ...]
+    run: Callable[["BenchContext", Any, int], dict[str, dict]]
+    setup: Callable[["BenchContext"], Any] | None = None
+    teardown: Callable[["BenchContext", Any], None] | None = None
+
+
+SCENARIOS: dict[str, Scenario] = {}
+
+
+def scenario(s: Scenario) -> Scenario:
+    SCENARIOS[s.name] = s
+    return s
+
+
+def load_scenarios() -> dict[str, Scenario]:
+    """Every scenario, registered by importing its module."""
+    for module in SCENARIO_MODULES:
+        importlib.import_module(f"kbroker.bench.{module}")
+    return SCENARIOS
+
+
+def resolve_names(names: list[str] | tuple[str, ...]) -> list[str]:
+    """Scenario names in registry order; a row name (send-pipelined) selects its scenario."""
+    known = load_scenarios()
+    if not names:
+        return list(known)
+    by_row = {r.name: s.name for s in known.values() for r in s.rows}
+    wanted = set()
+    for n in names:
+        if n in known:
+            wanted.add(n)
+        elif n in by_row:
+            wanted.add(by_row[n])
+        else:
+            raise ValueError(f"unknown scenario {n!r}; known: {', '.join(known)}")
+    return [n for n in known if n in wanted]

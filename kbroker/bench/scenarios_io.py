@@ -1,0 +1,132 @@
+"""The io-bound scenario: a handler awaiting I/O per message, kbroker's reader threads against
+one consumer handling records in partition order."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from typing import Any
+
+from kbroker.bench.common import (
+    QUEUE,
+    claim_body,
+    join_all,
+    need_transactions,
+    new_conversations,
+    produce_dialogs,
+    sides,
+)
+from kbroker.bench.harness import (
+    BenchContext,
+    Row,
+    Scenario,
+    scenario,
+)
+from kbroker.core import names
+from kbroker.kafka import clients
+from kbroker.sdk.broker import Broker
+
+IO_READERS = 32  # io-bound: kbroker reader threads sharing one Broker
+IO_DELAY = 0.005  # io-bound: what the handler awaits per message
+
+
+# --- io-bound -------------------------------------------------------------------------------------
+
+
+def measure_io_bound(ctx: BenchContext, side: str) -> dict:
+    c = ctx.params.conversations
+    total = 2 * c
+    ns = ctx.fresh_namespace(f"io-{side[0]}")
+    produce_dialogs(ctx, names.queue_topic(ns, QUEUE), new_conversations(c), 2,
+                    claim_body(ctx.params.body_bytes), f"{side}: {total:,} messages on {c:,} dialogs")
+    lock = threading.Lock()
+    state = {"done": 0, "first": None, "last": None}
+    deadline = time.monotonic() + 60 + total * IO_DELAY * 1.5
+    gc.collect()
+    t_start = time.perf_counter()
+
+    def handled(n: int, first_at: float) -> None:
+        with lock:
+            state["done"] += n
+            state["first"] = first_at if state["first"] is None else min(state["first"], first_at)
+            state["last"] = time.perf_counter()
+
+    if side == "kbroker":
+        broker = Broker(ctx.bootstrap, ns)
+        errors: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                while state["done"] < total and time.monotonic() < deadline:
+                    with broker.transaction() as tx:
+                        msgs = tx.receive(QUEUE, top=10, wait=1)
+                        got = time.perf_counter()
+                        for _ in msgs:
+                            time.sleep(IO_DELAY)
+                    if msgs:
+                        handled(len(msgs), got)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, name=f"io-reader-{i}", daemon=True) for i in range(IO_READERS)]
+        try:
+            with ctx.reporter.bar(f"kbroker, {IO_READERS} readers", total) as advance:
+                for t in threads:
+                    t.start()
+                last = 0
+                # Readers check the deadline between RECEIVEs; one that never returns is given up.
+                while any(t.is_alive() for t in threads) and time.monotonic() < deadline + 30:
+                    time.sleep(0.25)
+                    advance(state["done"] - last)
+                    last = state["done"]
+            if errors:
+                raise errors[0]
+        finally:
+            if join_all(threads, 5):
+                broker.close()
+            else:
+                ctx.say("[yellow]kbroker: reader threads did not stop; the connection is left open[/yellow]")
+    else:
+        consumer = clients.consumer(ctx.bootstrap, f"baseline.{names.queue_topic(ns, QUEUE)}",
+                                    **{"auto.offset.reset": "earliest"})
+        try:
+            consumer.subscribe([names.queue_topic(ns, QUEUE)])
+            with ctx.reporter.bar("baseline, one consumer in partition order", total) as advance:
+                while state["done"] < total and time.monotonic() < deadline:
+                    recs = [r for r in consumer.consume(100, 1.0) if not r.error()]
+                    got = time.perf_counter()
+                    for _ in recs:
+                        time.sleep(IO_DELAY)
+                    if recs:
+                        consumer.commit(asynchronous=False)
+                        handled(len(recs), got)
+                        advance(len(recs))
+        finally:
+            consumer.close()
+    if state["done"] < total:
+        raise RuntimeError(f"{side}: only {state['done']:,} of {total:,} messages handled in time")
+    elapsed = state["last"] - state["first"]
+    return {"value": total / elapsed, "detail": {
+        "seconds": elapsed, "wall_seconds": state["last"] - t_start}}
+
+
+def run_io_bound(ctx: BenchContext, _state: Any, rep: int) -> dict[str, dict]:
+    row: dict[str, Any] = {}
+    for side in sides(rep):
+        m = measure_io_bound(ctx, side)
+        row[side], row[f"{side}_detail"] = m["value"], m["detail"]
+    return {"io-bound": row}
+
+
+scenario(Scenario(
+    name="io-bound",
+    description=f"handler awaiting {IO_DELAY * 1000:.0f} ms per message, C dialogs x 2 messages",
+    rows=(Row("io-bound", "msg/s", "ratio >= 10", check=lambda r: r["ratio"] >= 10,
+              notes=f"kbroker: {IO_READERS} threads, each `with broker.transaction() as tx: "
+                    "tx.receive(top=10, wait=1)`, 5 ms per message; baseline: one consumer handling "
+                    "records in partition order, 5 ms each. Timed from the first message handed out to "
+                    "the last one handled (consumer start-up excluded on both sides)"),),
+    run=run_io_bound,
+    setup=need_transactions,
+))
