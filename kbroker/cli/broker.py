@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from kbroker import config
 from kbroker.cli import emit_json, handle_errors, json_option, main
+
+if TYPE_CHECKING:
+    from kbroker.embedded.broker import BrokerStatus, EmbeddedBroker
+    from kbroker.embedded.cluster import ClusterStatus, EmbeddedCluster
 
 data_dir_option = click.option(
     "--data-dir",
@@ -18,33 +23,50 @@ data_dir_option = click.option(
 )
 
 
-def _embedded(data_dir: Path | None, quiet: bool = False):
+def _embedded(data_dir: Path | None, quiet: bool = False,
+              nodes: int | None = None) -> "EmbeddedBroker | EmbeddedCluster":
+    """The single broker or the cluster of the data dir (see embedded_at)."""
     # Imported here so `kbroker --help` stays fast.
-    from kbroker.embedded.broker import EmbeddedBroker
+    from kbroker.embedded.cluster import embedded_at
 
     progress = None if quiet else (lambda msg: click.echo(msg, err=True))
-    return EmbeddedBroker(data_dir or config.default_data_dir(), progress=progress)
+    return embedded_at(data_dir or config.default_data_dir(), nodes, progress=progress)
 
 
 @main.group()
 def broker() -> None:
-    """The embedded Apache Kafka broker (one KRaft node on 127.0.0.1)."""
+    """The embedded Apache Kafka broker (one KRaft node on 127.0.0.1, or a replicated cluster
+    of several with --nodes)."""
 
 
 @broker.command()
 @data_dir_option
 @click.option("--port", type=click.IntRange(1, 65535), default=9092, show_default=True,
-              help="Port of the PLAINTEXT listener clients connect to.")
+              help="Port of the PLAINTEXT listener clients connect to (a cluster's nodes take "
+              "PORT, PORT+1, ...).")
 @click.option("--controller-port", type=click.IntRange(1, 65535), default=None,
-              help="Port of the KRaft controller listener (default: port+1 if free, else any).")
+              help="Port of the KRaft controller listener (default: port+1 if free, else any). "
+              "One node only: a cluster's controllers take the ports after its brokers' when free.")
+@click.option("--nodes", type=click.IntRange(1, 9), default=None,
+              help="Nodes (each a broker and a controller) of a replicated cluster: topics get "
+              "3 replicas (2 in sync) once there are 3 nodes. Default: what the data dir holds, "
+              "else 1.")
 @click.option("--wait", type=float, default=90.0, show_default=True,
               help="Seconds to wait for the broker to answer.")
 @json_option
 @handle_errors
-def start(data_dir: Path | None, port: int, controller_port: int | None, wait: float,
-          as_json: bool) -> None:
+def start(data_dir: Path | None, port: int, controller_port: int | None, nodes: int | None,
+          wait: float, as_json: bool) -> None:
     """Start the broker (no-op if it already runs) and print its bootstrap address."""
-    status = _embedded(data_dir).start(port=port, controller_port=controller_port, wait=wait)
+    from kbroker.embedded.cluster import EmbeddedCluster
+
+    embedded = _embedded(data_dir, nodes=nodes)
+    if isinstance(embedded, EmbeddedCluster):
+        if controller_port is not None:
+            raise ValueError("--controller-port is for one node; a cluster picks its controller ports")
+        status: BrokerStatus | ClusterStatus = embedded.start(port=port, wait=wait)
+    else:
+        status = embedded.start(port=port, controller_port=controller_port, wait=wait)
     if as_json:
         emit_json(status.as_dict())
     else:
@@ -53,14 +75,23 @@ def start(data_dir: Path | None, port: int, controller_port: int | None, wait: f
 
 @broker.command()
 @data_dir_option
+@click.option("--node", type=int, default=None,
+              help="Stop only this node of a cluster (its node id, 1..N); `start` brings it back.")
 @click.option("--timeout", type=float, default=60.0, show_default=True,
               help="Seconds to wait for a clean shutdown before killing the JVM.")
 @json_option
 @handle_errors
-def stop(data_dir: Path | None, timeout: float, as_json: bool) -> None:
-    """Stop the broker cleanly."""
+def stop(data_dir: Path | None, node: int | None, timeout: float, as_json: bool) -> None:
+    """Stop the broker (every node of a cluster) cleanly."""
+    from kbroker.embedded.cluster import EmbeddedCluster
+
     embedded = _embedded(data_dir)
-    was_running = embedded.stop(timeout=timeout)
+    if node is None:
+        was_running = embedded.stop(timeout=timeout)
+    elif isinstance(embedded, EmbeddedCluster):
+        was_running = embedded.stop_node(node, timeout=timeout)
+    else:
+        raise ValueError("--node is for a cluster; this data dir holds a single broker")
     if as_json:
         emit_json({"stopped": was_running, **embedded.status().as_dict()})
     else:
@@ -73,9 +104,20 @@ def stop(data_dir: Path | None, timeout: float, as_json: bool) -> None:
 @handle_errors
 def status(data_dir: Path | None, as_json: bool) -> None:
     """Show whether the broker runs (exit status 0 either way)."""
+    from kbroker.embedded.cluster import ClusterStatus
+
     st = _embedded(data_dir, quiet=True).status()
     if as_json:
         emit_json(st.as_dict())
+    elif isinstance(st, ClusterStatus):
+        if not st.running:
+            click.echo(f"not running ({len(st.nodes)}-node cluster, data dir {st.data_dir})")
+            return
+        click.echo(f"running at {st.bootstrap} ({st.nodes_running} of {len(st.nodes)} nodes, "
+                   f"Apache Kafka {st.version}, data dir {st.data_dir})")
+        for n in st.nodes:
+            state = f"running (pid {n.pid})" if n.running else "not running"
+            click.echo(f"  node {n.node_id}: 127.0.0.1:{n.port} (controller {n.controller_port}) {state}")
     elif st.running:
         click.echo(f"running at {st.bootstrap} (pid {st.pid}, Apache Kafka {st.version}, "
                    f"data dir {st.data_dir})")
@@ -87,4 +129,6 @@ def status(data_dir: Path | None, as_json: bool) -> None:
 @handle_errors
 def fetch() -> None:
     """Download the Apache Kafka jars into the cache (done by `start` when needed)."""
-    click.echo(str(_embedded(None).fetch()))
+    from kbroker.embedded.jvm import fetch_jars
+
+    click.echo(str(fetch_jars(lambda msg: click.echo(msg, err=True))))

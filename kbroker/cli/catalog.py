@@ -26,17 +26,23 @@ from kbroker.kafka.catalog_store import read_catalog
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @bootstrap_option
 @namespace_option
+@click.option("--replication-factor", type=int, default=None,
+              help="Replicas of the topics this apply creates (default: as many as the cluster "
+              "has brokers, up to 3; 2 must be in sync when there are 3). Existing topics keep theirs.")
 @json_option
 @handle_errors
-def apply_cmd(paths, bootstrap, namespace, as_json):
+def apply_cmd(paths, bootstrap, namespace, replication_factor, as_json):
     """Validate the definitions in PATHS (files or directories of *.yaml) and apply them:
     create or update the topics, then publish the catalog. An invalid definition applies nothing."""
+    if replication_factor is not None and replication_factor < 1:
+        raise ValueError(f"--replication-factor must be at least 1, not {replication_factor}")
     ns = config.namespace(namespace)
     # Validate before looking for a broker: a bad file is reported even when none runs.
     catalog = load_definitions(paths, ns)
     err = Console(stderr=True)
     progress = None if as_json else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
-    report = apply_catalog(resolve_bootstrap(bootstrap), catalog, progress)
+    report = apply_catalog(resolve_bootstrap(bootstrap), catalog, progress,
+                           replication_factor=replication_factor)
     if as_json:
         emit_json(report.as_dict())
         return

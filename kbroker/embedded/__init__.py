@@ -1,6 +1,6 @@
 """The embedded Apache Kafka broker, and the broker rule every entry point follows: an explicit
 bootstrap address (`--bootstrap`, `connect(bootstrap=...)`) wins, then KBROKER_BOOTSTRAP,
-otherwise the embedded broker recorded in the default data directory."""
+otherwise the embedded broker (or cluster) recorded in the default data directory."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from kbroker import config
-from kbroker.embedded.broker import EmbeddedBroker
+from kbroker.embedded.cluster import embedded_at
 from kbroker.errors import BrokerUnavailableError
 
 
@@ -19,9 +19,9 @@ def resolve_bootstrap(explicit: str | None = None, data_dir: Path | None = None)
     env = os.environ.get("KBROKER_BOOTSTRAP")
     if env:
         return env
-    embedded = EmbeddedBroker(data_dir or config.default_data_dir())
+    embedded = embedded_at(data_dir or config.default_data_dir())
     status = embedded.status()
-    if status.running:
+    if status.running and status.bootstrap:
         return status.bootstrap
     raise BrokerUnavailableError(
         "no broker: pass --bootstrap or set KBROKER_BOOTSTRAP, or run 'kbroker broker start'"

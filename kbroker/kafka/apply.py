@@ -79,6 +79,18 @@ def topic_specs(catalog: Catalog) -> list[TopicSpec]:
     return specs
 
 
+def choose_replication(brokers: int, requested: int | None = None) -> tuple[int, int]:
+    """(replication factor, min.insync.replicas) of the topics apply creates on a cluster of
+    `brokers`: `requested` replicas when given, else as many as there are brokers up to three.
+    Two replicas must be in sync once there are three, so a node may be lost without losing an
+    acknowledged write or stopping writes; with fewer, one. ValueError for an impossible request."""
+    if requested is not None and not 1 <= requested <= brokers:
+        raise ValueError(f"replication factor {requested} is impossible: the cluster has {brokers} "
+                         f"broker{'s' if brokers != 1 else ''} (choose 1 to {brokers})")
+    replicas = requested if requested is not None else max(1, min(3, brokers))
+    return replicas, 2 if replicas >= 3 else 1
+
+
 def _wait(futures: dict, what: str, tolerate: tuple = ()) -> set[str]:
     """Wait for admin futures; returns the names whose error was tolerated."""
     tolerated = set()
@@ -94,15 +106,20 @@ def _wait(futures: dict, what: str, tolerate: tuple = ()) -> set[str]:
 
 
 def sync_topics(bootstrap: str, specs: list[TopicSpec], origins: dict[str, str] | None = None,
-                progress: Progress = None, timeout: float = 30.0) -> tuple[list[str], list[str]]:
+                progress: Progress = None, timeout: float = 30.0,
+                replication_factor: int | None = None) -> tuple[list[str], list[str]]:
     """Create missing topics, set changed configs, grow partitions. Returns (created, updated).
-    Raises DefinitionError before changing anything if a topic would have to shrink."""
+    Raises DefinitionError before changing anything if a topic would have to shrink. Topics are
+    created with `replication_factor` replicas, by default as choose_replication picks for the
+    cluster; existing topics keep theirs."""
     say = progress or (lambda _msg: None)
     admin = clients.admin(bootstrap)
     try:
-        existing = admin.list_topics(timeout=timeout).topics
+        metadata = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
         raise kafka_error(f"no Kafka broker answers at {bootstrap}", exc.args[0]) from None
+    existing = metadata.topics
+    replicas, min_insync = choose_replication(len(metadata.brokers), replication_factor)
 
     # 1. plan (read-only)
     missing = [s for s in specs if s.name not in existing]
@@ -129,7 +146,10 @@ def sync_topics(bootstrap: str, specs: list[TopicSpec], origins: dict[str, str] 
     raced: set[str] = set()
     if missing:
         say(f"creating {len(missing)} topics")
-        new = [NewTopic(s.name, num_partitions=s.partitions, replication_factor=-1, config=s.config) for s in missing]
+        # min.insync.replicas only at creation: it must stay consistent with the topic's own
+        # replication factor, which a later apply with another choice does not change.
+        new = [NewTopic(s.name, num_partitions=s.partitions, replication_factor=replicas,
+                        config={**s.config, "min.insync.replicas": str(min_insync)}) for s in missing]
         # Another apply may create the same topic at the same time: not a failure, not ours.
         raced = _wait(admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout),
                       "cannot create topic", tolerate=(KafkaError.TOPIC_ALREADY_EXISTS,))
@@ -162,25 +182,29 @@ def _await_metadata(admin: AdminClient, topics: list[str], timeout: float) -> No
         time.sleep(0.1)
 
 
-def ensure_system_topics(bootstrap: str, namespace: str, timeout: float = 30.0) -> ApplyReport:
+def ensure_system_topics(bootstrap: str, namespace: str, timeout: float = 30.0,
+                         replication_factor: int | None = None) -> ApplyReport:
     """Create (or reconfigure) the namespace's system topics as kbroker/core/catalog/system.yaml says."""
     specs = topic_specs(Catalog(namespace=namespace))  # names.* validate the namespace
-    created, updated = sync_topics(bootstrap, specs, timeout=timeout)
+    created, updated = sync_topics(bootstrap, specs, timeout=timeout, replication_factor=replication_factor)
     return ApplyReport(created, updated, 0, namespace)
 
 
 def apply_paths(bootstrap: str, namespace: str, paths: Iterable[str | Path], progress: Progress = None,
-                timeout: float = 30.0) -> ApplyReport:
+                timeout: float = 30.0, replication_factor: int | None = None) -> ApplyReport:
     """Validate the definitions under `paths`, create/update their topics, publish the catalog."""
     catalog = load_definitions(paths, namespace)
     if progress:
         progress(f"validated {len(catalog.queues)} queues and {len(catalog.services)} services")
-    return apply_catalog(bootstrap, catalog, progress, timeout)
+    return apply_catalog(bootstrap, catalog, progress, timeout, replication_factor)
 
 
-def apply_catalog(bootstrap: str, catalog: Catalog, progress: Progress = None, timeout: float = 30.0) -> ApplyReport:
-    """Apply an already validated catalog (from load_definitions)."""
-    created, updated = sync_topics(bootstrap, topic_specs(catalog), catalog.origins, progress, timeout)
+def apply_catalog(bootstrap: str, catalog: Catalog, progress: Progress = None, timeout: float = 30.0,
+                  replication_factor: int | None = None) -> ApplyReport:
+    """Apply an already validated catalog (from load_definitions); new topics get
+    `replication_factor` replicas (default: see choose_replication)."""
+    created, updated = sync_topics(bootstrap, topic_specs(catalog), catalog.origins, progress, timeout,
+                                   replication_factor)
     previous = read_catalog(bootstrap, catalog.namespace, timeout=timeout)
     published = publish(bootstrap, catalog, previous=previous, timeout=timeout)
     if progress:

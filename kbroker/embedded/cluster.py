@@ -1,0 +1,331 @@
+"""An embedded replicated Apache Kafka cluster: N real KRaft nodes on 127.0.0.1, each a combined
+broker+controller JVM, the N controllers one static quorum (controller.quorum.voters).
+
+For testing what must survive the loss of a node (restarts, leader and coordinator moves). The
+data dir holds cluster.json (the nodes' pids and ports) and one dir per node, node-<id>, with its
+server.properties, KRaft log dir and broker.log. Node ids are Kafka's node.id, 1..N, so the
+leader id an admin client reports names the node to kill. Broker ports are port..port+N-1; the
+controllers take the next N ports when free, else any free ones. Like the single broker, the JVMs
+are detached and outlive the process that started them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+
+from kbroker.embedded import jvm
+from kbroker.embedded.broker import EmbeddedBroker, wait_ready
+from kbroker.embedded.jvm import KAFKA_VERSION, find_java
+from kbroker.errors import EmbeddedBrokerError, PortInUseError
+
+MAX_NODES = 9
+# Each JVM smaller than the single broker's (256m-1g): N of them share a small machine.
+NODE_HEAP = ("-Xms128m", "-Xmx512m")
+# Rewritten at every start, from the ports in cluster.json (or new ones when no node runs): the
+# quorum is static, so a voter's address is configuration, not stored state.
+_NODE_PROPERTIES = """\
+# Written by kbroker at every start; edits are overwritten.
+process.roles=broker,controller
+node.id={node_id}
+controller.quorum.voters={voters}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs={log_dirs}
+# Replicated by default, and an acknowledged write is on {min_isr} nodes: one node may be lost.
+default.replication.factor={replicas}
+min.insync.replicas={min_isr}
+offsets.topic.replication.factor={replicas}
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor={replicas}
+transaction.state.log.min.isr={min_isr}
+transaction.state.log.num.partitions=4
+share.coordinator.state.topic.replication.factor={replicas}
+share.coordinator.state.topic.min.isr={min_isr}
+group.initial.rebalance.delay.ms=0
+# A killed node is fenced (its leaderships and ISR places handed over) after the session time-out
+# (default 9 s); shorter on loopback, where a heartbeat is never delayed by the network.
+broker.heartbeat.interval.ms=1000
+broker.session.timeout.ms=6000
+# kbroker creates its topics explicitly.
+auto.create.topics.enable=false
+num.partitions=1
+"""
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """One node of the cluster: whether its JVM runs, its pid and ports."""
+
+    node_id: int
+    running: bool
+    pid: int | None
+    port: int | None
+    controller_port: int | None
+    data_dir: Path
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "data_dir": str(self.data_dir)}
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """The cluster: running while any node runs; `bootstrap` lists every node's address."""
+
+    running: bool
+    nodes: tuple[NodeStatus, ...]
+    bootstrap: str | None
+    data_dir: Path
+    version: str
+
+    @property
+    def nodes_running(self) -> int:
+        return sum(n.running for n in self.nodes)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"running": self.running, "bootstrap": self.bootstrap, "data_dir": str(self.data_dir),
+                "version": self.version, "node_count": len(self.nodes),
+                "nodes_running": self.nodes_running, "nodes": [n.as_dict() for n in self.nodes]}
+
+
+class EmbeddedCluster:
+    """`nodes` KRaft nodes in `data_dir` (see the module docstring)."""
+
+    def __init__(self, data_dir: Path | str, nodes: int = 3, *,
+                 progress: Callable[[str], None] | None = None):
+        if not 1 <= nodes <= MAX_NODES:
+            raise ValueError(f"a cluster has 1 to {MAX_NODES} nodes, not {nodes}")
+        # Absolute and resolved: the path is matched against the JVMs' command lines.
+        self.data_dir = Path(data_dir).expanduser().resolve()
+        self.node_ids = list(range(1, nodes + 1))
+        self._say = progress or (lambda _msg: None)
+        self.state_file = self.data_dir / "cluster.json"
+
+    @staticmethod
+    def node_count(data_dir: Path | str) -> int:
+        """How many nodes the cluster in `data_dir` has (0 when it holds none)."""
+        root = Path(data_dir).expanduser()
+        return sum(1 for i in range(1, MAX_NODES + 1) if (root / f"node-{i}").is_dir())
+
+    def node_dir(self, node_id: int) -> Path:
+        self._check_node(node_id)
+        return self.data_dir / f"node-{node_id}"
+
+    def _properties(self, node_id: int) -> Path:
+        return self.node_dir(node_id) / "server.properties"
+
+    def _log_file(self, node_id: int) -> Path:
+        return self.node_dir(node_id) / "broker.log"
+
+    def _check_node(self, node_id: int) -> None:
+        if node_id not in self.node_ids:
+            raise ValueError(f"no node {node_id}: the cluster's nodes are 1 to {len(self.node_ids)}")
+
+    # --- starting ------------------------------------------------------------------------------
+
+    def start(self, port: int = 9092, wait: float = 90.0) -> ClusterStatus:
+        """Start every node not running (a no-op when all run) and wait until each answers with
+        all N brokers registered. With no node running, brokers take ports port..port+N-1."""
+        if EmbeddedBroker(self.data_dir).status().running or (self.data_dir / "logs").is_dir():
+            raise EmbeddedBrokerError(
+                f"{self.data_dir} holds a single-node broker; use another --data-dir for a cluster")
+        held = self.node_count(self.data_dir)
+        if held and held != len(self.node_ids):
+            raise EmbeddedBrokerError(
+                f"{self.data_dir} holds a {held}-node cluster, not {len(self.node_ids)}; "
+                f"start it with --nodes {held} or use another --data-dir")
+        current = self.status()
+        down = [n.node_id for n in current.nodes if not n.running]
+        if down:
+            ports = self._ports_of_running() if current.running else self._new_ports(port)
+            self._launch(down, ports, current.nodes_running, wait)
+        status = self.status()
+        self._say(f"ready at {status.bootstrap}")
+        return status
+
+    def start_node(self, node_id: int, wait: float = 90.0) -> NodeStatus:
+        """Start one node again (after kill_node or stop_node) on its recorded ports, and wait
+        until it answers with every running node's broker registered."""
+        self._check_node(node_id)
+        current = self.status()
+        if not current.running:
+            raise EmbeddedBrokerError(f"the cluster in {self.data_dir} is not running; start it first")
+        if not current.nodes[node_id - 1].running:
+            self._launch([node_id], self._ports_of_running(), current.nodes_running, wait)
+        return self.status().nodes[node_id - 1]
+
+    def _launch(self, down: list[int], ports: dict[int, tuple[int, int]], running: int,
+                wait: float) -> None:
+        """Start the nodes `down` (`running` others run already) and wait until they answer."""
+        java = find_java()
+        libs = jvm.fetch_jars(self._say)
+        self._write_config(ports)
+        self._format(java, libs)
+        self._say(f"starting {len(down)} nodes" if len(down) > 1 else f"starting node {down[0]}")
+        started = {i: jvm.launch(java, libs, self._properties(i), self._log_file(i), NODE_HEAP)
+                   for i in down}
+        state: dict[str, Any] = self._state() if running else {
+            "version": KAFKA_VERSION, "started_at": datetime.now(timezone.utc).isoformat(), "nodes": {}}
+        for i in self.node_ids:
+            pid = started[i].pid if i in started else state["nodes"][str(i)]["pid"]
+            state["nodes"][str(i)] = {"pid": pid, "port": ports[i][0], "controller_port": ports[i][1]}
+        self._write_state(state)
+        try:
+            wait_ready([(started[i], ports[i][0], self._log_file(i)) for i in down],
+                       running + len(down), wait)
+        except BaseException:
+            for i in down:
+                self.stop_node(i, timeout=10)
+            if not running:
+                self.state_file.unlink(missing_ok=True)
+            raise
+
+    def _ports_of_running(self) -> dict[int, tuple[int, int]]:
+        nodes = self._state()["nodes"]
+        return {i: (nodes[str(i)]["port"], nodes[str(i)]["controller_port"]) for i in self.node_ids}
+
+    def _new_ports(self, port: int) -> dict[int, tuple[int, int]]:
+        """Broker ports port..port+N-1 (each must be free); controllers on the next N ports when
+        free, else on any free ones."""
+        n = len(self.node_ids)
+        if port + n - 1 > 65535:
+            raise PortInUseError(f"ports {port} to {port + n - 1} do not all exist; choose a lower --port")
+        brokers = [port + k for k in range(n)]
+        for p in brokers:
+            if jvm.bind(p) is None:
+                raise PortInUseError(
+                    f"port {p} on 127.0.0.1 is already in use (a {n}-node cluster needs ports "
+                    f"{port} to {port + n - 1}); choose another with --port")
+        controllers: list[int] = []
+        for p in range(port + n, port + 2 * n):
+            free = jvm.bind(p) if p <= 65535 else None
+            while free is None or free in brokers or free in controllers:
+                free = jvm.bind(0)
+            controllers.append(free)
+        return {i: (brokers[k], controllers[k]) for k, i in enumerate(self.node_ids)}
+
+    def _write_config(self, ports: dict[int, tuple[int, int]]) -> None:
+        voters = ",".join(f"{i}@127.0.0.1:{ports[i][1]}" for i in self.node_ids)
+        # The cluster's defaults (and its internal topics) follow the rule `kbroker apply` uses.
+        from kbroker.kafka.apply import choose_replication
+
+        replicas, min_isr = choose_replication(len(self.node_ids))
+        for i in self.node_ids:
+            self.node_dir(i).mkdir(parents=True, exist_ok=True)
+            self._properties(i).write_text(_NODE_PROPERTIES.format(
+                node_id=i, voters=voters, port=ports[i][0], cport=ports[i][1],
+                log_dirs=self.node_dir(i) / "logs", replicas=replicas, min_isr=min_isr))
+
+    def _format(self, java: str, libs: Path) -> None:
+        """Format the log dirs not formatted yet, all with the cluster's one id."""
+        unformatted = [i for i in self.node_ids if not self._meta(i).exists()]
+        if not unformatted:
+            return
+        self._say("formatting storage")
+        cluster_id = self._cluster_id() or jvm.kafka_uuid()
+        jvm.format_storage(java, libs, [(self._properties(i), self.node_dir(i) / "logs")
+                                        for i in unformatted], cluster_id)
+
+    def _meta(self, node_id: int) -> Path:
+        return self.node_dir(node_id) / "logs" / "meta.properties"
+
+    def _cluster_id(self) -> str | None:
+        for i in self.node_ids:
+            try:
+                for line in self._meta(i).read_text().splitlines():
+                    if line.startswith("cluster.id="):
+                        return line.split("=", 1)[1].strip()
+            except OSError:
+                continue
+        return None
+
+    # --- stopping ------------------------------------------------------------------------------
+
+    def stop(self, timeout: float = 60.0) -> bool:
+        """Stop every node cleanly (SIGKILL after `timeout`); whether any was running."""
+        procs = [p for p in (self._process(i) for i in self.node_ids) if p is not None]
+        # All at once: a node stopped alone hands its leaderships over, which the last nodes
+        # cannot do once the controller quorum has lost its majority.
+        for proc in procs:
+            try:
+                proc.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        for proc in procs:
+            if not jvm.wait_exit(proc, timeout):
+                jvm.kill(proc)
+        jvm.reap()
+        self.state_file.unlink(missing_ok=True)
+        return bool(procs)
+
+    def stop_node(self, node_id: int, timeout: float = 60.0) -> bool:
+        """Stop one node cleanly (a controlled shutdown); whether it was running."""
+        proc = self._process(node_id)
+        if proc is None:
+            return False
+        jvm.terminate(proc, timeout)
+        jvm.reap()
+        return True
+
+    def kill_node(self, node_id: int) -> bool:
+        """SIGKILL one node's JVM, as a crash would end it; whether it was running."""
+        proc = self._process(node_id)
+        if proc is None:
+            return False
+        jvm.kill(proc)
+        jvm.reap()
+        return True
+
+    # --- state ---------------------------------------------------------------------------------
+
+    def status(self) -> ClusterStatus:
+        """Each node's state; the cluster runs while any node does."""
+        nodes_state = self._state().get("nodes", {})
+        nodes = []
+        for i in self.node_ids:
+            recorded = nodes_state.get(str(i), {})
+            proc = self._process(i)
+            nodes.append(NodeStatus(i, proc is not None, proc.pid if proc else None,
+                                    recorded.get("port"), recorded.get("controller_port"),
+                                    self.node_dir(i)))
+        running = any(n.running for n in nodes)
+        bootstrap = ",".join(f"127.0.0.1:{n.port}" for n in nodes) if running else None
+        return ClusterStatus(running, tuple(nodes), bootstrap, self.data_dir,
+                             self._state().get("version", KAFKA_VERSION))
+
+    def _state(self) -> dict[str, Any]:
+        try:
+            state: dict[str, Any] = json.loads(self.state_file.read_text())
+            return state
+        except (OSError, ValueError):
+            return {}
+
+    def _write_state(self, state: dict[str, Any]) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.state_file.write_text(json.dumps(state, indent=2) + "\n")
+
+    def _process(self, node_id: int) -> psutil.Process | None:
+        pid = self._state().get("nodes", {}).get(str(node_id), {}).get("pid")
+        return jvm.kafka_process(pid, self._properties(node_id))
+
+
+def embedded_at(data_dir: Path | str, nodes: int | None = None, *,
+                progress: Callable[[str], None] | None = None) -> EmbeddedBroker | EmbeddedCluster:
+    """The embedded broker or cluster of `data_dir`: a cluster when `nodes` > 1, or when `nodes`
+    is None and the data dir holds one; else the single broker."""
+    held = EmbeddedCluster.node_count(data_dir)
+    if nodes is None:
+        nodes = held or 1
+    elif nodes == 1 and held:
+        raise EmbeddedBrokerError(
+            f"{Path(data_dir)} holds a {held}-node cluster; use --nodes {held} or another --data-dir")
+    if nodes > 1:
+        return EmbeddedCluster(data_dir, nodes, progress=progress)
+    return EmbeddedBroker(data_dir, progress=progress)

@@ -1,0 +1,210 @@
+"""kbroker on a real replicated cluster: three embedded KRaft nodes (real JVMs) on free ports.
+
+The sample catalog applied to the cluster gets three replicas per topic (two in sync). Messages
+sent before a node is killed with SIGKILL (the leader of the queue partition that holds them) are
+all received afterwards, in transactions, exactly once and in order; the node then comes back and
+rejoins every replica set. The test prints how long the cluster took to start and how long the
+first RECEIVE took to commit after the kill."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, ResourceType
+
+from kbroker.cli.demo import CLAIM, CONTRACT
+from kbroker.cli.demo import EMPLOYEES as EMP
+from kbroker.cli.demo import EXPENSES as EXP
+from kbroker.core import names
+from kbroker.embedded import jvm
+from kbroker.embedded.cluster import EmbeddedCluster
+from kbroker.errors import TransactionAbortedError
+from kbroker.kafka.apply import apply_paths, choose_replication
+from kbroker.sdk.broker import Broker
+
+from ..conftest import SAMPLES
+
+NODES = 3
+MESSAGES = 40
+BEFORE_KILL = 10  # received (and committed) before the node is killed
+QUEUE = "ExpenseQueue"
+
+
+def free_port_run(count: int) -> int:
+    """The first of `count` consecutive free ports (a cluster's brokers take port..port+count-1)."""
+    for _ in range(100):
+        base = jvm.bind(0)
+        if base is not None and base + count <= 65535 and all(
+                jvm.bind(base + k) is not None for k in range(count)):
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedCluster]:
+    """A three-node cluster of its own (not the session broker), stopped at the end."""
+    data_dir: Path = tmp_path_factory.mktemp("cluster")
+    cluster = EmbeddedCluster(data_dir, NODES)
+    started = time.monotonic()
+    try:
+        cluster.start(port=free_port_run(NODES), wait=150)
+    except Exception as exc:
+        cluster.stop(timeout=10)
+        pytest.fail(f"the {NODES}-node cluster did not start: {exc}")
+    print(f"\n{NODES}-node cluster started in {time.monotonic() - started:.1f} s")
+    try:
+        yield cluster
+    finally:
+        cluster.stop(timeout=30)
+        assert not cluster.status().running
+
+
+def metadata(admin: AdminClient) -> ClusterMetadata:
+    return admin.list_topics(timeout=10)
+
+
+def partition_holding_messages(bootstrap: str, admin: AdminClient, topic: str) -> int:
+    """The one partition of `topic` with records (a conversation's messages share a partition)."""
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "kb-probe"})
+    try:
+        partitions = metadata(admin).topics[topic].partitions
+        filled = [p for p in sorted(partitions)
+                  if probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] > 0]
+    finally:
+        probe.close()
+    assert len(filled) == 1, f"messages of one conversation in partitions {filled}"
+    return filled[0]
+
+
+def receive_in_transactions(broker: Broker, until: int, got: list[int], deadline: float) -> float | None:
+    """RECEIVE (top 5, one transaction each) until `got` holds `until` claims; a transaction the
+    cluster aborts is simply tried again, as an application would. Returns when the first
+    transaction that received something committed (monotonic), or None if none did."""
+    first_commit = None
+    while len(got) < until:
+        assert time.monotonic() < deadline, f"only {len(got)} of {until} messages received in time"
+        try:
+            with broker.transaction() as tx:
+                msgs = tx.receive(QUEUE, top=5, wait=5)
+                claims = [orjson.loads(m.body)["claim"] for m in msgs]
+        except TransactionAbortedError:
+            continue  # rolled back: the same messages come back to the next RECEIVE
+        if claims:
+            got += claims
+            first_commit = first_commit or time.monotonic()
+    return first_commit
+
+
+def delivery_faults(sent: list[int], received: list[int]) -> dict[str, int]:
+    """How far `received` is from `sent` exactly once and in order: messages never received
+    (lost), received more than once (duplicated), and received after a later one (out of order)."""
+    seen: set[int] = set()
+    duplicated = out_of_order = 0
+    highest = -1
+    for claim in received:
+        if claim in seen:
+            duplicated += 1
+            continue
+        seen.add(claim)
+        if claim < highest:
+            out_of_order += 1
+        highest = max(highest, claim)
+    return {"lost": len(set(sent) - seen), "duplicated": duplicated, "out_of_order": out_of_order}
+
+
+NO_FAULTS = {"lost": 0, "duplicated": 0, "out_of_order": 0}
+
+
+def test_delivery_faults_counts_each_kind() -> None:
+    # The check the cluster test relies on must be able to fail (no cluster needed for this).
+    assert delivery_faults([0, 1, 2, 3], [0, 1, 2, 3]) == NO_FAULTS
+    assert delivery_faults([0, 1, 2, 3], [0, 1, 3]) == {**NO_FAULTS, "lost": 1}
+    assert delivery_faults([0, 1, 2, 3], [0, 1, 1, 2, 3, 0]) == {**NO_FAULTS, "duplicated": 2}
+    assert delivery_faults([0, 1, 2, 3], [0, 2, 1, 3]) == {**NO_FAULTS, "out_of_order": 1}
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {timeout:g} s"
+        time.sleep(0.5)
+
+
+def test_a_node_killed_under_load_loses_and_repeats_nothing(cluster: EmbeddedCluster) -> None:
+    test_started = time.monotonic()
+    status = cluster.status()
+    assert status.nodes_running == NODES and status.bootstrap is not None
+    bootstrap = status.bootstrap
+    assert bootstrap.count(",") == NODES - 1
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    assert len(metadata(admin).brokers) == NODES
+
+    # apply: every topic of the namespace gets three replicas, two of which must be in sync.
+    namespace = "t" + uuid.uuid4().hex[:12]
+    assert choose_replication(NODES) == (3, 2)
+    apply_paths(bootstrap, namespace, [SAMPLES])
+    topic = names.queue_topic(namespace, QUEUE)
+    md = metadata(admin)
+    ours = [t for t in md.topics if t.startswith(f"kbroker.{namespace}.")]
+    assert topic in ours and len(ours) > 2
+    for name in ours:
+        for p in md.topics[name].partitions.values():
+            assert len(p.replicas) == 3 and sorted(p.isrs) == [1, 2, 3], (name, p.id)
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    assert admin.describe_configs([resource])[resource].result()["min.insync.replicas"].value == "2"
+
+    broker = Broker(bootstrap, namespace)
+    try:
+        handle = broker.begin_dialog(EMP, EXP, CONTRACT)
+        for i in range(MESSAGES):
+            broker.send(handle, CLAIM, {"claim": i})
+        got: list[int] = []
+        receive_in_transactions(broker, BEFORE_KILL, got, time.monotonic() + 60)
+
+        # Kill the leader of the partition holding the conversation, mid-stream.
+        partition = partition_holding_messages(bootstrap, admin, topic)
+        victim = metadata(admin).topics[topic].partitions[partition].leader
+        group = admin.describe_consumer_groups([topic])[topic].result()
+        roles = ["queue partition leader"] + (["group coordinator"] if group.coordinator.id == victim else [])
+        assert cluster.kill_node(victim)
+        killed_at = time.monotonic()
+        assert cluster.status().nodes_running == NODES - 1
+
+        first_commit = receive_in_transactions(broker, MESSAGES, got, killed_at + 90)
+        assert first_commit is not None
+        print(f"killed node {victim} ({', '.join(roles)}) with SIGKILL; first RECEIVE committed "
+              f"{first_commit - killed_at:.1f} s later, all {MESSAGES} in "
+              f"{time.monotonic() - killed_at:.1f} s")
+        # Anything still queued is a duplicate (or a stray): it counts against exactly once.
+        got += [orjson.loads(m.body)["claim"] for m in broker.receive(QUEUE, top=100, wait=2)]
+        faults = delivery_faults(list(range(MESSAGES)), got)
+        print(f"sent {MESSAGES}, received {len(got)}: {faults}")
+        assert faults == NO_FAULTS, got
+
+        # The node comes back and rejoins every replica set of the namespace.
+        restarted = time.monotonic()
+        cluster.start_node(victim, wait=120)
+        assert cluster.status().nodes_running == NODES
+        answered = time.monotonic()
+        wait_for(lambda: all(sorted(p.isrs) == [1, 2, 3]
+                             for name in ours for p in metadata(admin).topics[name].partitions.values()),
+                 f"node {victim} back in every in-sync replica set", 60)
+        print(f"node {victim} answered {answered - restarted:.1f} s after its restart, back in "
+              f"every in-sync replica set {time.monotonic() - answered:.1f} s later")
+        internal = metadata(admin).topics
+        for name in ("__consumer_offsets", "__transaction_state"):
+            assert all(len(p.replicas) == 3 for p in internal[name].partitions.values()), name
+    finally:
+        broker.close()
+
+    # A new process sees nothing left over: every receive was committed exactly once.
+    with Broker(bootstrap, namespace) as again:
+        leftover = [orjson.loads(m.body)["claim"] for m in again.receive(QUEUE, top=100, wait=3)]
+    assert delivery_faults(list(range(MESSAGES)), got + leftover) == NO_FAULTS, leftover
+    print(f"test body took {time.monotonic() - test_started:.1f} s")
