@@ -209,8 +209,8 @@ def test_cli_check_prints_applications_and_one_line_errors(tmp_path):
     res = runner.invoke(main, ["activator", "check", "--config", str(bad)])
     assert res.exit_code == 1 and res.stdout == ""
     assert res.stderr.strip().splitlines() == [
-        f"kbroker: error: {bad}: application Q: max_concurrency: Input should be a valid integer, "
-        "unable to parse string as an integer (got 'many')"]
+        (f"kbroker: error: {bad}: application Q: max_concurrency: Input should be a valid integer, "
+         "unable to parse string as an integer (got 'many')")]
 
 
 def test_text_log_lines_carry_the_same_fields():

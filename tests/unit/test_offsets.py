@@ -104,7 +104,8 @@ def test_metadata_room_never_says_yes_past_the_limit(ops, batch):
     t = PartitionOffsets(committed=0)
     t.fetched(0)  # pins the low water, so completions pile up above it
     high, done = 0, []
-    changes, fits_at = 0, None  # completions and reopens so far; `changes` when it last fitted
+    changes = 0  # "complete" and "reopen" steps so far
+    fits_at: int | None = None  # `changes` when the metadata last fitted
     for op, seed, gap in ops:
         rng = random.Random(seed)
         if op == "complete":  # a batch of completions with random gaps (compress badly)
