@@ -5,89 +5,188 @@
         for msg in await tx.receive("ExpenseQueue", top=10, wait=5): ...
         await tx.send(handle, reply_type, body)
 
-The runtime underneath is the thread-based one (poll thread, group committer); each blocking
-statement runs in a worker thread, so an event loop keeps serving other coroutines while a
-RECEIVE waits or a commit is under way.
+The runtime underneath is the thread-based one (poll thread, group committer). Every statement
+that may block runs in a worker thread (asyncio.to_thread, so the loop's default executor), never
+on the event loop: a RECEIVE waits, a commit waits for Kafka, a catalog or endpoint lookup reads a
+topic, and SEND, END CONVERSATION, BEGIN CONVERSATION TIMER and MOVE CONVERSATION wait up to the
+broker's lock_timeout for a conversation lock another transaction holds (core/locks.py). Other
+coroutines keep running meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import threading
+from collections.abc import Callable
+from typing import Any, Self, TypeVar
 
+from kbroker.core.catalog.models import Catalog
+from kbroker.core.endpoint import Endpoint
 from kbroker.core.envelope import Message
 from kbroker.sdk import broker as client
 from kbroker.sdk.transaction import Transaction
 
+T = TypeVar("T")
 
-async def connect(bootstrap: str | None = None, namespace: str | None = None, **kwargs: Any) -> "AsyncBroker":
+
+async def connect(bootstrap: str | None = None, namespace: str | None = None, **kwargs: Any) -> AsyncBroker:
+    """Connect by the broker rule (see kbroker.sdk.broker.connect), off the event loop."""
     return AsyncBroker(await asyncio.to_thread(client.connect, bootstrap, namespace, **kwargs))
 
 
 class AsyncTransaction:
+    """A Transaction whose statements are awaited; `sync` is the Transaction underneath.
+
+    Statements of one transaction run one at a time, in its worker threads. A statement whose
+    awaiting task is cancelled still runs to its end in its thread (a thread cannot be stopped);
+    the next statement of the transaction (the rollback of `async with`, typically) waits for it,
+    so a rollback never races a SEND that is still taking its conversation lock."""
+
     def __init__(self, tx: Transaction):
         self.sync = tx
+        self._statement = threading.Lock()  # one statement of this transaction at a time
 
-    async def receive(self, queue: str, top: int = 1, wait: float | None = 0.0, **kw: Any) -> list[Message]:
-        return await asyncio.to_thread(self.sync.receive, queue, top, wait, **kw)
+    async def _run(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        def statement() -> T:
+            with self._statement:
+                return fn(*args, **kw)
+
+        return await asyncio.to_thread(statement)
+
+    @property
+    def state(self) -> str:
+        """Where the transaction is: open, committed, rolled back or aborted."""
+        return self.sync.state
+
+    @property
+    def committed_at(self) -> float | None:
+        """When the commit's Kafka transaction committed (None until then)."""
+        return self.sync.committed_at
+
+    async def endpoint(self, handle: str) -> Endpoint:
+        """The conversation endpoint as this transaction sees it."""
+        return await self._run(self.sync.endpoint, handle)
+
+    async def receive(self, queue: str, top: int = 1, wait: float | None = 0.0, *,
+                      conversation_group: str | None = None, conversation_handle: str | None = None,
+                      instance: str | None = None) -> list[Message]:
+        """RECEIVE TOP(top) FROM queue, WAITFOR(wait seconds; None = no time-out)."""
+        return await self._run(self.sync.receive, queue, top, wait, conversation_group=conversation_group,
+                               conversation_handle=conversation_handle, instance=instance)
+
+    async def get_conversation_group(self, queue: str, wait: float | None = 0.0) -> str | None:
+        """GET CONVERSATION GROUP: lock the next ready group without receiving from it."""
+        return await self._run(self.sync.get_conversation_group, queue, wait)
+
+    async def begin_dialog(self, from_service: str, to_service: str, contract: str = "DEFAULT",
+                           **kw: Any) -> str:
+        """BEGIN DIALOG within the transaction: returns the initiator's conversation handle."""
+        return await self._run(self.sync.begin_dialog, from_service, to_service, contract, **kw)
 
     async def send(self, handle: str, message_type: str = "DEFAULT", body: Any = None, **kw: Any) -> str:
-        return self.sync.send(handle, message_type, body, **kw)  # held until commit: no I/O
+        """SEND ON CONVERSATION: held until commit; waits for the conversation lock first."""
+        return await self._run(self.sync.send, handle, message_type, body, **kw)
 
-    async def begin_dialog(self, *args: Any, **kw: Any) -> str:
-        return await asyncio.to_thread(self.sync.begin_dialog, *args, **kw)
+    async def begin_conversation_timer(self, handle: str, timeout: float) -> None:
+        """BEGIN CONVERSATION TIMER: armed when the transaction commits; arming again replaces it."""
+        await self._run(self.sync.begin_conversation_timer, handle, timeout)
 
-    async def end_conversation(self, handle: str, **kw: Any) -> None:
-        await asyncio.to_thread(self.sync.end_conversation, handle, **kw)
+    async def end_conversation(self, handle: str, *, error: int | None = None, description: str | None = None,
+                               cleanup: bool = False) -> None:
+        """END CONVERSATION [WITH ERROR = code DESCRIPTION = text | WITH CLEANUP]."""
+        await self._run(self.sync.end_conversation, handle, error=error, description=description, cleanup=cleanup)
 
     async def move_conversation(self, handle: str, group: str) -> None:
-        await asyncio.to_thread(self.sync.move_conversation, handle, group)
+        """MOVE CONVERSATION handle TO group."""
+        await self._run(self.sync.move_conversation, handle, group)
 
     async def commit(self) -> None:
-        await asyncio.to_thread(self.sync.commit)
+        """COMMIT: returns when the Kafka transaction committed."""
+        await self._run(self.sync.commit)
 
     async def rollback(self) -> None:
-        await asyncio.to_thread(self.sync.rollback)
+        """ROLLBACK: drops what was held and gives the received messages back."""
+        await self._run(self.sync.rollback)
 
-    async def __aenter__(self) -> "AsyncTransaction":
+    async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, exc_type: Any, *_: Any) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         if self.sync.state != "open":
             return
         await (self.commit() if exc_type is None else self.rollback())
 
 
 class AsyncBroker:
+    """A Broker whose statements are awaited; `sync` is the Broker underneath (it may be shared
+    with threads that use it directly: conversation and group locks hold across both)."""
+
     def __init__(self, broker: client.Broker):
         self.sync = broker
 
-    def transaction(self) -> AsyncTransaction:
-        return AsyncTransaction(self.sync.transaction())
+    @property
+    def bootstrap(self) -> str:
+        """The Kafka bootstrap servers the broker talks to."""
+        return self.sync.bootstrap
 
-    async def begin_dialog(self, *args: Any, **kw: Any) -> str:
-        return await asyncio.to_thread(self.sync.begin_dialog, *args, **kw)
+    @property
+    def namespace(self) -> str:
+        """The namespace (topic prefix and catalog) the broker works in."""
+        return self.sync.namespace
+
+    def transaction(self) -> AsyncTransaction:
+        """BEGIN TRANSACTION: use with `async with`, or await commit()/rollback()."""
+        return AsyncTransaction(self.sync.transaction())  # no I/O: the statements do it
+
+    async def catalog(self) -> Catalog:
+        """The namespace's catalog (read from Kafka on first use)."""
+        return await asyncio.to_thread(lambda: self.sync.catalog)
+
+    async def refresh_catalog(self) -> Catalog:
+        """Read the catalog again."""
+        return await asyncio.to_thread(self.sync.refresh_catalog)
+
+    async def queue_enabled(self, queue: str) -> bool:
+        """STATUS of a queue (a disabled one is re-checked against the catalog)."""
+        return await asyncio.to_thread(self.sync.queue_enabled, queue)
+
+    async def begin_dialog(self, from_service: str, to_service: str, contract: str = "DEFAULT",
+                           **kw: Any) -> str:
+        """BEGIN DIALOG: creates the initiator endpoint and returns its conversation handle."""
+        return await asyncio.to_thread(self.sync.begin_dialog, from_service, to_service, contract, **kw)
 
     async def send(self, handle: str, message_type: str = "DEFAULT", body: Any = None, **kw: Any) -> str:
+        """SEND ON CONVERSATION: returns the message id once Kafka acknowledged the message."""
         return await asyncio.to_thread(self.sync.send, handle, message_type, body, **kw)
 
     async def receive(self, queue: str, top: int = 1, wait: float | None = 0.0, **kw: Any) -> list[Message]:
+        """RECEIVE outside a transaction: a transaction of its own, committed before it returns."""
         return await asyncio.to_thread(self.sync.receive, queue, top, wait, **kw)
 
-    async def end_conversation(self, handle: str, **kw: Any) -> None:
-        await asyncio.to_thread(self.sync.end_conversation, handle, **kw)
+    async def end_conversation(self, handle: str, *, error: int | None = None, description: str | None = None,
+                               cleanup: bool = False) -> None:
+        """END CONVERSATION [WITH ERROR = code DESCRIPTION = text | WITH CLEANUP]."""
+        await asyncio.to_thread(self.sync.end_conversation, handle, error=error, description=description,
+                                cleanup=cleanup)
+
+    async def begin_conversation_timer(self, handle: str, timeout: float) -> None:
+        """BEGIN CONVERSATION TIMER (handle) TIMEOUT = seconds."""
+        await asyncio.to_thread(self.sync.begin_conversation_timer, handle, timeout)
 
     async def move_conversation(self, handle: str, group: str) -> None:
+        """MOVE CONVERSATION handle TO group, committed before it returns."""
         await asyncio.to_thread(self.sync.move_conversation, handle, group)
 
     async def queue_messages(self, queue: str, conversation_handle: str | None = None) -> list[dict]:
+        """The queue's messages like Service Broker's queue view."""
         return await asyncio.to_thread(self.sync.queue_messages, queue, conversation_handle)
 
     async def close(self) -> None:
+        """Close the receivers and the committer, and write the endpoints' exact sequences."""
         await asyncio.to_thread(self.sync.close)
 
-    async def __aenter__(self) -> "AsyncBroker":
+    async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()

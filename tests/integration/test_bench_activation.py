@@ -10,7 +10,7 @@ import sys
 import psutil
 import pytest
 
-from .conftest import ROOT, run_bench_cli
+from tests.helpers import ROOT, run_bench_cli
 
 
 def test_the_activation_scenarios_report_latency_and_drain_time(kafka_bootstrap, tmp_path):

@@ -11,9 +11,8 @@ import pytest
 
 from kbroker.kafka.apply import apply_paths
 from kbroker.sdk.broker import Broker
-
-from . import invariants as inv
-from .conftest import receive_at_least
+from tests.helpers import invariants as inv
+from tests.helpers import receive_at_least
 
 WINDOW = 3.0  # a commit window far longer than any commit, so waiting on it is unmistakable
 

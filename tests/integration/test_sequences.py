@@ -8,36 +8,16 @@ from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
 from kbroker.core.endpoint import (
-    CONVERSING,
     SEQUENCE_BLOCK,
-    STARTED_OUTBOUND,
-    Endpoint,
-    after_send,
-    handle_for,
-    must_persist,
 )
 from kbroker.kafka.reader import read_to_end
 from kbroker.sdk.broker import Broker
-
-from .conftest import receive_at_least
+from tests.helpers import receive_at_least
 
 
 def endpoint_records(bootstrap: str, namespace: str, handle: str) -> list[bytes | None]:
     records = read_to_end(bootstrap, names.endpoints_topic(namespace), 15) or []
     return [m.value() for m in records if m.key() == handle.encode()]
-
-
-def test_a_send_persists_the_endpoint_only_when_its_reserved_block_runs_out():
-    ep = Endpoint(handle_for("c", "INITIATOR"), "c", "INITIATOR", "c", "c", "S", "T", "K", STARTED_OUTBOUND)
-    written = []
-    for _ in range(2 * SEQUENCE_BLOCK + 3):
-        nxt = after_send(ep)
-        if must_persist(ep, nxt):
-            written.append(ep.send_sequence)
-        assert nxt.send_sequence == ep.send_sequence + 1 and nxt.sequence_reserved > ep.send_sequence
-        ep = nxt
-    assert ep.state == CONVERSING
-    assert written == [0, SEQUENCE_BLOCK + 1, 2 * SEQUENCE_BLOCK + 2]
 
 
 def test_sends_write_one_endpoint_record_per_block_and_continue_exactly_after_close(kafka_bootstrap, namespace,

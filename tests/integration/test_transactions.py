@@ -17,11 +17,8 @@ from kbroker import errors
 from kbroker.core import names
 from kbroker.kafka.apply import apply_paths
 from kbroker.sdk.broker import Broker
-
-from . import invariants as inv
-from .conftest import receive_at_least
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT, receive_at_least
+from tests.helpers import invariants as inv
 
 
 @pytest.fixture
@@ -125,7 +122,7 @@ def start_reader(bootstrap, namespace, tmp: Path, name: str, readers: int, rate:
     stop = tmp / f"stop-{name}"
     log = tmp / f"log-{name}.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.invariants", "reader", bootstrap, namespace, str(readers),
+        [sys.executable, "-m", "tests.helpers.invariants", "reader", bootstrap, namespace, str(readers),
          str(stop), str(log), str(rate), str(seed)], cwd=ROOT)
     _STARTED.append(proc)
     return proc, stop, log

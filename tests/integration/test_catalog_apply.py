@@ -16,11 +16,8 @@ from kbroker.core import names
 from kbroker.errors import DefinitionError
 from kbroker.kafka.apply import HEADER_HEADROOM, apply_paths, ensure_system_topics
 from kbroker.kafka.catalog_store import read_catalog
+from tests.helpers import SAMPLES
 
-pytestmark = pytest.mark.kafka
-
-ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = ROOT / "topics" / "samples"
 KBROKER = Path(sys.executable).with_name("kbroker")
 SUBMISSION = "//Adventure-Works.com/Expenses/ExpenseSubmission"
 EXPENSES = "//Adventure-Works.com/Expenses"

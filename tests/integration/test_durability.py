@@ -11,8 +11,7 @@ from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.embedded.broker import EmbeddedBroker
 from kbroker.kafka.apply import apply_paths
 from kbroker.sdk.broker import Broker
-
-from .conftest import SAMPLES, free_port
+from tests.helpers import SAMPLES, free_port
 
 
 def test_sent_before_stop_is_received_after_start(tmp_path, namespace):

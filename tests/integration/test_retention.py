@@ -12,8 +12,7 @@ import pytest
 from kbroker import errors
 from kbroker.kafka.apply import apply_paths
 from kbroker.sdk.broker import Broker
-
-from .conftest import KBROKER
+from tests.helpers import KBROKER
 
 CATALOG = """
 message_types:

@@ -19,8 +19,7 @@ from kbroker.core.endpoint import SEQUENCE_BLOCK
 from kbroker.kafka.queues import conversation_view, queue_view, set_queue_status
 from kbroker.kafka.reader import read_to_end
 from kbroker.sdk.broker import Broker
-
-from .conftest import KBROKER
+from tests.helpers import KBROKER
 
 
 def send_three(broker: Broker) -> str:

@@ -20,14 +20,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from kbroker.embedded.broker import KAFKA_VERSION, EmbeddedBroker
 from kbroker.errors import PortInUseError
-
-KBROKER = Path(sys.executable).with_name("kbroker")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.helpers import KBROKER, free_port
 
 
 def kbroker(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

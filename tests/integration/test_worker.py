@@ -1,5 +1,5 @@
 """The worker end to end: real Faust workers (subprocesses) on the real broker, activating the
-procedures of tests/procedures.py on the queues of tests/data/worker.yaml."""
+procedures of tests/helpers/procedures.py on the queues of tests/data/worker.yaml."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ from kbroker.kafka.apply import apply_paths
 from kbroker.kafka.reader import read_to_end
 from kbroker.sdk.broker import Broker
 from kbroker.worker.views import monitor_rows
+from tests.helpers import DATA as DATA_DIR
+from tests.helpers import KBROKER, ROOT, free_port
 
-from .conftest import KBROKER, ROOT, free_port
-
-DATA = Path(__file__).parent / "data" / "worker.yaml"
+DATA = DATA_DIR / "worker.yaml"
 CLIENT, JOBS, JOB, DONE = "//kbroker/test/JobClient", "//kbroker/test/Jobs", "//kbroker/test/Job", "//kbroker/test/Done"
 
 

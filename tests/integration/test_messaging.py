@@ -18,8 +18,7 @@ from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
 from kbroker.sdk.broker import END_DIALOG, ERROR_TYPE, Broker
-
-from .conftest import KBROKER
+from tests.helpers import KBROKER
 
 
 def end_offsets(bootstrap: str, topic: str) -> list[int]:

@@ -1,67 +1,13 @@
-"""`kbroker bench`: a small run against the session's broker, and the harness's bookkeeping."""
+"""The bench harness's bookkeeping: scenario names, the ratio of medians, and results carried over
+from an earlier run. The small `kbroker bench` run against the broker is in
+tests/integration/test_bench.py."""
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import time
-
 import pytest
 
-from kbroker.bench.harness import (
-    RESULTS_END,
-    RESULTS_START,
-    Row,
-    load_scenarios,
-    resolve_names,
-    summarise,
-)
+from kbroker.bench.harness import Row, load_scenarios, resolve_names, summarise
 from kbroker.cli.bench import SCENARIO_NAMES
-
-from .conftest import KBROKER, ROOT, run_bench_cli
-
-
-def test_a_small_run_reports_both_sides_and_their_ratio(kafka_bootstrap, tmp_path):
-    out, docs = tmp_path / "results", tmp_path / "benchmarks.md"
-    shutil.copyfile(ROOT / "docs" / "benchmarks.md", docs)  # the shipped file has the markers
-    env = {**os.environ, "KBROKER_BOOTSTRAP": kafka_bootstrap}
-    started = time.monotonic()
-    stdout, _ = run_bench_cli(
-        [KBROKER, "bench", "send", "backlog-rss", "--repeat", "1", "--messages", "500",
-         "--conversations", "100", "--backlog", "2000", "--json", "--out", str(out), "--docs", str(docs)],
-        env, timeout=120)
-    assert time.monotonic() - started < 60, "the small benchmark run should stay under a minute"
-
-    doc = json.loads(stdout)
-    rows = {r["scenario"]: r for r in doc["results"]}
-    assert set(rows) == {"send", "send-pipelined", "backlog-rss"}
-    for name in ("send", "backlog-rss"):
-        r = rows[name]
-        assert "error" not in r and "skipped_reason" not in r, r
-        assert r["kbroker"] > 0 and r["baseline"] > 0, r
-        assert r["ratio_definition"] == "kbroker/baseline"
-        assert r["ratio"] == pytest.approx(r["kbroker"] / r["baseline"], rel=1e-3)
-        assert isinstance(r["met"], bool)
-        assert len(r["runs"]) == 1 and {"kbroker", "baseline"} <= set(r["runs"][0])
-    assert rows["send"]["unit"] == "msg/s" and rows["backlog-rss"]["unit"] == "MB"
-    # Pipelined SEND needs Broker.transaction(): either measured or said to be missing.
-    pipelined = rows["send-pipelined"]
-    assert pipelined["baseline"] > 0
-    if pipelined.get("skipped_reason"):
-        assert pipelined["kbroker"] is None
-    else:
-        assert pipelined["ratio"] == pytest.approx(pipelined["kbroker"] / pipelined["baseline"], rel=1e-3)
-    for key in ("cpu", "cores", "memory_gb", "python", "kafka", "kbroker"):
-        assert doc["machine"][key], key
-
-    # The results file holds what was printed; the docs table was rewritten between the markers.
-    assert json.loads((out / "latest.json").read_text()) == doc
-    text = docs.read_text()
-    section = text[text.index(RESULTS_START):text.index(RESULTS_END)]
-    assert "| send | msg/s |" in section and "| backlog-rss | MB |" in section
-    assert doc["date"] in section
-    assert text.startswith("# Benchmarks")  # the rest of the file is kept
 
 
 def test_the_cli_knows_every_scenario_and_row():

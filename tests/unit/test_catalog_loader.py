@@ -28,8 +28,8 @@ from kbroker.errors import (
     UnknownQueueError,
     UnknownServiceError,
 )
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "topics" / "samples" / "expenses.yaml"
 CLAIM = "//Adventure-Works.com/Expenses/ExpenseClaim"
 APPROVAL = "//Adventure-Works.com/Expenses/ExpenseApproval"

@@ -1,0 +1,86 @@
+"""One Kafka broker for the whole test session, chosen by the project's broker rule:
+KBROKER_BOOTSTRAP if set, else a testcontainers Kafka when a Docker engine answers, else the
+embedded Apache Kafka on free ports with a temporary data dir. When none can be had the fixture
+fails with the reason: no test skips for want of a broker. Every test collected under this folder
+is marked `integration` (`pytest -m integration`)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kbroker.embedded.broker import KAFKA_VERSION, EmbeddedBroker
+from kbroker.kafka.timer_service import TimerService
+from kbroker.sdk.broker import Broker
+from tests.helpers import SAMPLES, docker_engine_answers, free_port
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # This hook sees every item of the session: mark only those collected under this folder.
+    for item in items:
+        if HERE in item.path.parents:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The bootstrap address of the session's Kafka broker (started on first use)."""
+    env = os.environ.get("KBROKER_BOOTSTRAP")
+    if env:
+        yield env
+        return
+    if docker_engine_answers():
+        from testcontainers.kafka import KafkaContainer
+
+        try:
+            container = KafkaContainer(f"apache/kafka:{KAFKA_VERSION}").with_kraft()
+            container.start()
+        except Exception as exc:  # noqa: BLE001 - any failure is reported  # pragma: no cover - only where Docker runs
+            pytest.fail(f"Docker answers but the Kafka container did not start: {exc}")
+        try:
+            yield container.get_bootstrap_server()
+        finally:
+            container.stop()
+        return
+    data_dir = tmp_path_factory.mktemp("kafka")
+    broker = EmbeddedBroker(data_dir)
+    try:
+        status = broker.start(port=free_port(), controller_port=free_port())
+    except Exception as exc:  # noqa: BLE001 - fail with whatever went wrong
+        pytest.fail(f"no Kafka broker for the tests: {exc}")
+    assert status.bootstrap is not None  # a broker that started has an address
+    try:
+        yield status.bootstrap
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A fresh namespace per test, so tests never see each other's topics."""
+    return "t" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def broker(kafka_bootstrap: str, namespace: str) -> Iterator[Broker]:
+    """A Broker on a fresh namespace with the sample catalog (topics/samples) applied."""
+    from kbroker.kafka.apply import apply_paths
+
+    apply_paths(kafka_bootstrap, namespace, [SAMPLES])
+    b = Broker(kafka_bootstrap, namespace)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def timer_service(kafka_bootstrap: str, namespace: str, broker: Broker) -> Iterator[TimerService]:
+    """The timer service of the test's namespace, running (it fires dialog timers and lifetimes)."""
+    svc = TimerService(kafka_bootstrap, namespace).start()
+    yield svc
+    svc.close()
