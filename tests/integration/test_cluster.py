@@ -28,7 +28,7 @@ from kbroker.errors import TransactionAbortedError
 from kbroker.kafka.apply import apply_paths, choose_replication
 from kbroker.sdk.broker import Broker
 
-from ..conftest import SAMPLES
+from tests.helpers import SAMPLES
 
 NODES = 3
 MESSAGES = 40
