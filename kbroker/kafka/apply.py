@@ -29,8 +29,8 @@ from confluent_kafka.admin import (
 from kbroker.core import names
 from kbroker.core.catalog.loader import load_definitions, load_system_topics
 from kbroker.core.catalog.models import Catalog, SystemTopic
-from kbroker.errors import DefinitionError
-from kbroker.kafka.catalog_store import KAFKA_LOG, kafka_error, publish, read_catalog
+from kbroker.errors import DefinitionError, kafka_error
+from kbroker.kafka.catalog_store import KAFKA_LOG, publish, read_catalog
 
 # Room for kbroker's headers and Kafka's record overhead on top of the largest body.
 HEADER_HEADROOM = 64 * 1024

@@ -25,7 +25,7 @@ from kbroker.core.catalog.models import (
     BUILTIN_MESSAGE_TYPES,
     Catalog,
 )
-from kbroker.errors import BrokerUnavailableError, CatalogError, KBrokerError
+from kbroker.errors import BrokerUnavailableError, CatalogError, kafka_error
 
 # record kind -> Catalog field
 FIELDS = {"message_type": "message_types", "contract": "contracts", "queue": "queues",
@@ -41,16 +41,6 @@ def records(catalog: Catalog) -> dict[str, bytes]:
             if builtin.get(field, {}).get(name) != obj:
                 out[f"{kind}/{name}"] = orjson.dumps(obj.model_dump(mode="json"))
     return out
-
-
-_UNREACHABLE = (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN)
-
-
-def kafka_error(what: str, err: KafkaError | Exception) -> KBrokerError:
-    """A Kafka failure as a typed error: BrokerUnavailableError when trying later may help."""
-    if not isinstance(err, KafkaError) or err.retriable() or err.code() in _UNREACHABLE:
-        return BrokerUnavailableError(f"{what}: {err}")
-    return KBrokerError(f"{what}: {err.str()}")
 
 
 def _topic_exists(client: Producer | Consumer, topic: str, timeout: float) -> bool:

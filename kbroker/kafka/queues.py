@@ -23,9 +23,8 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from kbroker.config import KAFKA_LOG
 from kbroker.core import names
 from kbroker.core.offsets import decode_completed
-from kbroker.errors import CatalogError
+from kbroker.errors import CatalogError, kafka_error
 from kbroker.kafka.catalog_store import (
-    kafka_error,
     publish_object,
     read_catalog,
     write_records,

@@ -33,8 +33,8 @@ from kbroker.core.endpoint import CLOSED, DISCONNECTED_OUTBOUND, Endpoint, handl
 from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.groups import MOVE_MARKER
 from kbroker.core.offsets import decode_completed
-from kbroker.errors import CatalogError
-from kbroker.kafka.catalog_store import kafka_error, read_catalog
+from kbroker.errors import CatalogError, kafka_error
+from kbroker.kafka.catalog_store import read_catalog
 from kbroker.kafka.endpoint_store import EndpointStore
 from kbroker.kafka.reader import read_to_end
 
