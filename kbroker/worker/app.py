@@ -53,6 +53,7 @@ from kbroker.core.tick import TickOwner, TickSchedule, claim
 from kbroker.kafka.timer_service import TimerService
 from kbroker.kafka.watch import QueueCounts, QueueWatcher
 from kbroker.sdk.broker import Broker
+from kbroker.sdk.hooks import ReceiveHooks
 from kbroker.core import monitor_codec as codec
 from kbroker.worker.handlers import Task, TaskHandlers
 
@@ -90,7 +91,7 @@ def ensure_topics(s: WorkerSettings) -> None:
                 raise
 
 
-class MonitorHooks:
+class MonitorHooks(ReceiveHooks):
     """Broker hooks of the worker's activated readers: their RECEIVEs reach the monitors.
 
     Sampled, not every one: a busy reader RECEIVEs dozens of times a second and each event is a
