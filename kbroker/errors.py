@@ -4,6 +4,8 @@ connection), as opposed to input that will be refused every time."""
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class KBrokerError(Exception):
     """Base of every kbroker error."""
@@ -20,24 +22,52 @@ class BrokerUnavailableError(KBrokerError):
     retriable = True
 
 
+# librdkafka's local error codes that mean no broker could be reached (confluent_kafka.KafkaError
+# names them; this module must not import the Kafka client, so the numbers are spelled out):
+# _TRANSPORT (-195, the connection failed), _TIMED_OUT (-185), _ALL_BROKERS_DOWN (-187),
+# _MSG_TIMED_OUT (-192, a message expired waiting for a broker).
+UNREACHABLE_CODES = frozenset({-195, -185, -187, -192})
+
+
+def kafka_error(what: str, err: Any) -> KBrokerError:
+    """A Kafka failure as a typed error: BrokerUnavailableError when trying later may help.
+
+    `err` is a confluent_kafka KafkaError (anything with retriable(), code() and str()); any other
+    exception counts as unreachable, since it did not come with a verdict from the broker."""
+    retriable, code, text = (getattr(err, name, None) for name in ("retriable", "code", "str"))
+    if not (callable(retriable) and callable(code) and callable(text)) or retriable() or code() in UNREACHABLE_CODES:
+        return BrokerUnavailableError(f"{what}: {err}")
+    return KBrokerError(f"{what}: {text()}")
+
+
 class EmbeddedBrokerError(KBrokerError):
     """The embedded Apache Kafka broker could not be fetched, started or stopped."""
 
 
 class JavaMissingError(EmbeddedBrokerError):
-    pass
+    """No Java runtime to start the embedded broker with."""
 
 
 class MavenMissingError(EmbeddedBrokerError):
-    pass
+    """No Maven to fetch the embedded broker's jars with."""
 
 
 class RepositoryUnreachableError(EmbeddedBrokerError):
+    """The repository holding the embedded broker's jars did not answer."""
+
     retriable = True
 
 
 class PortInUseError(EmbeddedBrokerError):
-    pass
+    """A port the embedded broker needs is taken by another process."""
+
+
+# --- arguments ----------------------------------------------------------------------------
+
+
+class InvalidArgumentError(KBrokerError, ValueError):
+    """A statement's argument is out of its range or contradicts another (a negative lifetime, a
+    priority outside 1-10, ...). Also a ValueError, as such arguments are in Python."""
 
 
 # --- catalog ------------------------------------------------------------------------------
@@ -57,12 +87,16 @@ class CatalogError(KBrokerError):
 
 
 class UnknownServiceError(CatalogError):
+    """No service of that name in the catalog."""
+
     def __init__(self, name: str):
         self.name = name
         super().__init__(f"unknown service {name!r}")
 
 
 class UnknownContractError(CatalogError):
+    """No contract of that name, or the target service does not accept it."""
+
     def __init__(self, name: str, service: str | None = None):
         self.name, self.service = name, service
         extra = f" on service {service!r}" if service else ""
@@ -70,12 +104,16 @@ class UnknownContractError(CatalogError):
 
 
 class UnknownMessageTypeError(CatalogError):
+    """No message type of that name in the catalog."""
+
     def __init__(self, name: str):
         self.name = name
         super().__init__(f"unknown message type {name!r}")
 
 
 class UnknownQueueError(CatalogError):
+    """No queue of that name in the catalog."""
+
     def __init__(self, name: str):
         self.name = name
         super().__init__(f"unknown queue {name!r}")
@@ -103,12 +141,16 @@ class MessageValidationError(KBrokerError):
 
 
 class MessageTooLargeError(KBrokerError):
+    """The body is larger than the receiving queue's message size limit."""
+
     def __init__(self, size: int, limit: int, queue: str):
         self.size, self.limit, self.queue = size, limit, queue
         super().__init__(f"message of {size} bytes exceeds the {limit}-byte limit of queue {queue!r}")
 
 
 class ConversationNotFoundError(KBrokerError):
+    """No endpoint with that conversation handle (never existed, or removed WITH CLEANUP)."""
+
     def __init__(self, handle: str):
         self.handle = handle
         super().__init__(f"conversation handle {handle} does not exist")
@@ -124,6 +166,8 @@ class ConversationGroupError(KBrokerError):
 
 
 class ConversationClosedError(KBrokerError):
+    """This side of the conversation ended, or its lifetime expired: nothing more may be sent."""
+
     def __init__(self, handle: str, state: str):
         self.handle, self.state = handle, state
         super().__init__(f"conversation {handle} is closed for sending (state {state})")
@@ -142,6 +186,8 @@ class ConversationLockTimeoutError(KBrokerError):
 
 
 class QueueDisabledError(KBrokerError):
+    """RECEIVE on a queue whose STATUS is OFF (by ALTER QUEUE or poison-message handling)."""
+
     def __init__(self, queue: str):
         self.queue = queue
         super().__init__(f"queue {queue!r} is disabled (STATUS = OFF)")

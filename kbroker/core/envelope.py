@@ -167,9 +167,11 @@ class Message:
 
     @property
     def text(self) -> str:
+        """The body as UTF-8 text (undecodable bytes replaced)."""
         return self.body.decode("utf-8", errors="replace")
 
     def as_dict(self) -> dict[str, Any]:
+        """The columns as a JSON-ready dict: the body as text, or as body_hex when not UTF-8."""
         d = asdict(self)
         d.pop("extra")
         try:

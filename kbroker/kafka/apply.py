@@ -29,10 +29,9 @@ from confluent_kafka.admin import (
 from kbroker.core import names
 from kbroker.core.catalog.loader import load_definitions, load_system_topics
 from kbroker.core.catalog.models import Catalog, SystemTopic
-from kbroker.errors import DefinitionError
+from kbroker.errors import DefinitionError, InvalidArgumentError, kafka_error
 from kbroker.kafka import clients
 from kbroker.kafka.catalog_store import publish, read_catalog
-from kbroker.kafka.clients import kafka_error
 
 # Room for kbroker's headers and Kafka's record overhead on top of the largest body.
 HEADER_HEADROOM = 64 * 1024
@@ -83,10 +82,11 @@ def choose_replication(brokers: int, requested: int | None = None) -> tuple[int,
     """(replication factor, min.insync.replicas) of the topics apply creates on a cluster of
     `brokers`: `requested` replicas when given, else as many as there are brokers up to three.
     Two replicas must be in sync once there are three, so a node may be lost without losing an
-    acknowledged write or stopping writes; with fewer, one. ValueError for an impossible request."""
+    acknowledged write or stopping writes; with fewer, one.
+    InvalidArgumentError for an impossible request."""
     if requested is not None and not 1 <= requested <= brokers:
-        raise ValueError(f"replication factor {requested} is impossible: the cluster has {brokers} "
-                         f"broker{'s' if brokers != 1 else ''} (choose 1 to {brokers})")
+        raise InvalidArgumentError(f"replication factor {requested} is impossible: the cluster has "
+                                   f"{brokers} broker{'s' if brokers != 1 else ''} (choose 1 to {brokers})")
     replicas = requested if requested is not None else max(1, min(3, brokers))
     return replicas, 2 if replicas >= 3 else 1
 

@@ -17,9 +17,8 @@ from kbroker.core.catalog.models import (
     BUILTIN_MESSAGE_TYPES,
     Catalog,
 )
-from kbroker.errors import BrokerUnavailableError, CatalogError
+from kbroker.errors import BrokerUnavailableError, CatalogError, kafka_error
 from kbroker.kafka import clients
-from kbroker.kafka.clients import kafka_error
 from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partitions
 
 __all__ = ["FIELDS", "kafka_error", "publish", "publish_object", "read_catalog", "records", "write_records"]

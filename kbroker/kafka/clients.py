@@ -1,7 +1,7 @@
 """The one place kbroker builds Kafka clients: every producer, consumer and admin client starts
 from the same base settings (bootstrap address, librdkafka's log routed to kbroker's logger), so a
-setting that must hold everywhere is set once. Also where a Kafka failure becomes a typed kbroker
-error (`kafka_error`)."""
+setting that must hold everywhere is set once. `kafka_error` (a Kafka failure as a typed kbroker
+error) lives with the errors and is re-exported here for the layer's modules."""
 
 from __future__ import annotations
 
@@ -14,21 +14,13 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from kbroker.config import KAFKA_LOG
-from kbroker.errors import BrokerUnavailableError, KBrokerError
+from kbroker.errors import BrokerUnavailableError
+from kbroker.errors import kafka_error as kafka_error  # re-exported for the layer's modules
 
 MAX_MESSAGE_BYTES = 11 * 1024 * 1024  # the largest queue message (10 MiB) plus headers
 
 # Errors that say the cluster cannot be reached now; librdkafka reconnects by itself.
 _RECONNECTING = (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN)
-# ... and those where trying later may help.
-_UNREACHABLE = (*_RECONNECTING, KafkaError._MSG_TIMED_OUT)
-
-
-def kafka_error(what: str, err: KafkaError | Exception) -> KBrokerError:
-    """A Kafka failure as a typed error: BrokerUnavailableError when trying later may help."""
-    if not isinstance(err, KafkaError) or err.retriable() or err.code() in _UNREACHABLE:
-        return BrokerUnavailableError(f"{what}: {err}")
-    return KBrokerError(f"{what}: {err.str()}")
 
 
 def is_transient(err: KafkaError) -> bool:

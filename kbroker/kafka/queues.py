@@ -21,10 +21,9 @@ from confluent_kafka.admin import OffsetSpec
 
 from kbroker.core import names
 from kbroker.core.offsets import decode_completed
-from kbroker.errors import CatalogError
+from kbroker.errors import CatalogError, kafka_error
 from kbroker.kafka import clients
 from kbroker.kafka.catalog_store import publish_object, read_catalog, write_records
-from kbroker.kafka.clients import kafka_error
 from kbroker.kafka.endpoint_store import EndpointStore
 from kbroker.kafka.reader import latest_values
 

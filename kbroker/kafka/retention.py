@@ -26,10 +26,9 @@ from kbroker.core.endpoint import CLOSED, DISCONNECTED_OUTBOUND, Endpoint, handl
 from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.groups import MOVE_MARKER
 from kbroker.core.offsets import decode_completed
-from kbroker.errors import CatalogError
+from kbroker.errors import CatalogError, kafka_error
 from kbroker.kafka import clients
 from kbroker.kafka.catalog_store import read_catalog
-from kbroker.kafka.clients import kafka_error
 from kbroker.kafka.endpoint_store import EndpointStore
 from kbroker.kafka.reader import read_to_end
 

@@ -8,83 +8,63 @@
 
 Outside a transaction each statement commits on its own, as in Service Broker: SEND returns once
 Kafka acknowledged the message (idempotent producer), and RECEIVE is a transaction of its own.
-The methods building records are shared by both paths, so a statement validates the same way
-inside and outside a transaction.
+Both paths build their records with the same Statements (kbroker.core.statements), so a
+statement validates the same way inside and outside a transaction; the Broker only produces
+them and holds the process's runtime (receivers, group committer, endpoint cache).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
 import threading
 import time
-import uuid
-from dataclasses import replace
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, Self, TypeVar
 
 import orjson
-from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient
 
 from kbroker import config
-from kbroker.config import KAFKA_LOG
-from kbroker.core import names, timers
-from kbroker.core.catalog.models import DIALOG_TIMER, END_DIALOG, Catalog
+from kbroker.core import names
+from kbroker.core.catalog.models import END_DIALOG, Catalog
 from kbroker.core.catalog.models import ERROR as ERROR_TYPE
-from kbroker.core.endpoint import (
-    CLOSED,
-    DISCONNECTED_INBOUND,
-    DISCONNECTED_OUTBOUND,
-    ERROR,
-    MAX_LIFETIME,
-    SENDABLE,
-    STARTED_OUTBOUND,
-    Endpoint,
-    after_send,
-    chain_key,
-    handle_for,
-    must_persist,
-    new_target_endpoint,
-    other,
-)
-from kbroker.core.envelope import SYSTEM_SEQUENCE, Envelope, Message, error_body
-from kbroker.core.groups import MOVE_MARKER, moved, parse_group, rekeyed_headers
-from kbroker.core.ids import new_id
+from kbroker.core.endpoint import must_persist
+from kbroker.core.envelope import Message
 from kbroker.core.locks import ConversationLocks
+from kbroker.core.poison import PoisonCounter
 from kbroker.core.records import Record
-from kbroker.core.validation import to_bytes, validate_body
+from kbroker.core.statements import Statements, dead_letter_record
 from kbroker.embedded import resolve_bootstrap
-from kbroker.errors import (
-    BrokerUnavailableError,
-    CatalogError,
-    ContractViolationError,
-    ConversationClosedError,
-    ConversationGroupError,
-    MessageTooLargeError,
-    SendFailedError,
-    UnknownContractError,
-)
+from kbroker.errors import CatalogError, SendFailedError
 from kbroker.kafka.catalog_store import read_catalog
+from kbroker.kafka.clients import brokers_answering, idempotent_producer
 from kbroker.kafka.committer import CommitRequest, GroupCommitter, OpenTransactions
 from kbroker.kafka.endpoint_store import EndpointStore
 from kbroker.kafka.receiver import QueueReceiver
 from kbroker.kafka.secondary import ensure_secondary_queue
+from kbroker.sdk.hooks import HookFanOut, ReceiveHooks
 from kbroker.sdk.transaction import Transaction
 
-SYSTEM_TYPES = {END_DIALOG, ERROR_TYPE, DIALOG_TIMER}
+__all__ = ["END_DIALOG", "ERROR_TYPE", "Broker", "connect"]  # the message types, for callers' checks
+
 log = logging.getLogger("kbroker.client")
-POISON_THRESHOLD = 5  # consecutive rolled-back receives that disable a queue, as in Service Broker
 
 T = TypeVar("T")
 
 
-def connect(bootstrap: str | None = None, namespace: str | None = None, **kwargs: Any) -> "Broker":
+def connect(bootstrap: str | None = None, namespace: str | None = None, **kwargs: Any) -> Broker:
     """Connect by the broker rule: explicit address, else KBROKER_BOOTSTRAP, else the embedded broker."""
     return Broker(resolve_bootstrap(bootstrap), config.namespace(namespace), **kwargs)
 
 
 class Broker:
+    """A connection to one namespace: the statements outside a transaction, transaction(), and
+    the process's runtime that transactions share (see runtime.Runtime).
+
+    `hooks` is a list of ReceiveHooks the Broker calls around RECEIVE and on rollback."""
+
     def __init__(self, bootstrap: str, namespace: str, *, ack_timeout: float = 30.0,
                  commit_interval: float = 0.005, max_buffered: int = 20_000, revoke_grace: float = 5.0,
                  lock_timeout: float = 30.0):
@@ -92,51 +72,35 @@ class Broker:
         self._ack_timeout = ack_timeout
         self._commit_interval = commit_interval
         self._max_buffered, self._revoke_grace = max_buffered, revoke_grace
-        self._check_reachable()
-        self._producer = Producer({
-            "bootstrap.servers": bootstrap, "logger": KAFKA_LOG,
-            "enable.idempotence": True, "acks": "all", "linger.ms": 1,
-            "message.max.bytes": 11 * 1024 * 1024,
-        })
+        brokers_answering(bootstrap, timeout=10)  # BrokerUnavailableError when none answers
+        self._producer = idempotent_producer(bootstrap)
         self._lock = threading.RLock()
-        self._errors: list[KafkaError] = []
+        self._errors: list[Any] = []  # KafkaErrors of failed deliveries, until the next flush
         self._catalog: Catalog | None = None
         self._committer: GroupCommitter | None = None
         self.open_transactions = OpenTransactions()
         self.conversation_locks = ConversationLocks(lock_timeout)  # SEND's (see locks.py)
         self.endpoints = EndpointStore(bootstrap, namespace, self._producer)
+        self.statements = Statements(namespace, self._lookup, self.endpoints.all)
         self._receivers: dict[tuple[str, str | None], QueueReceiver] = {}  # (queue, instance)
         self._secondary: set[str] = set()  # secondary queue topics known to exist
         self._disabled: set[str] = set()
-        self.hooks: list[Any] = []  # objects with before_receive / after_receive / after_rollback
+        self._poison = PoisonCounter()  # counts the queues this process reads itself
+        self.hooks: list[ReceiveHooks] = []
+        self.receive_hooks: ReceiveHooks = HookFanOut(self.hooks)
         self._process = f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:04x}"  # in reader reports
-
-    def emit(self, hook: str, *args: Any) -> None:
-        """Call `hook` on every registered hook object that has it (the worker's queue monitors
-        learn of RECEIVEs this way). A failing hook is logged, never raised into the statement."""
-        for h in self.hooks:
-            fn = getattr(h, hook, None)
-            if fn is not None:
-                try:
-                    fn(*args)
-                except Exception:
-                    log.exception("hook %s of %r failed", hook, h)
-
-    def _check_reachable(self) -> None:
-        try:
-            AdminClient({"bootstrap.servers": self.bootstrap, "logger": KAFKA_LOG}).list_topics(timeout=10)
-        except Exception as exc:
-            raise BrokerUnavailableError(f"no Kafka broker answers at {self.bootstrap}: {exc}") from None
 
     # --- catalog ------------------------------------------------------------------------------
 
     @property
     def catalog(self) -> Catalog:
+        """The namespace's catalog as last read."""
         if self._catalog is None:
             self._catalog = read_catalog(self.bootstrap, self.namespace)
         return self._catalog
 
     def refresh_catalog(self) -> Catalog:
+        """Read the catalog again (another process may have applied definitions)."""
         self._catalog = read_catalog(self.bootstrap, self.namespace)
         return self._catalog
 
@@ -156,9 +120,7 @@ class Broker:
         q = self.refresh_catalog().queue(queue)
         if q.status == "ON":
             self._disabled.discard(queue)
-            receiver = self._receivers.get((queue, None))
-            if receiver is not None:
-                receiver.consecutive_rollbacks = 0
+            self._poison.reset(queue)
             return True
         return False
 
@@ -166,6 +128,7 @@ class Broker:
 
     @property
     def committer(self) -> GroupCommitter:
+        """The process's group committer, started on first use."""
         with self._lock:
             if self._committer is None:
                 self._committer = GroupCommitter(self.bootstrap, self.namespace, interval=self._commit_interval,
@@ -187,10 +150,12 @@ class Broker:
                     # A partition that arrives may hold records of conversations moved by another
                     # process since this one cached their endpoints: catch up first.
                     on_assign=self.endpoints.refresh,
-                    report=lambda stats, q=queue: self._report_reader(q, stats))
+                    report=functools.partial(self._report_reader, queue))
+                if instance is None:
+                    self._poison.watch(queue)  # poison counting covers the queues read here
             return r
 
-    def _report_reader(self, queue: str, stats: dict) -> None:
+    def _report_reader(self, queue: str, stats: dict[str, Any]) -> None:
         """Every few seconds, from a receiver's poll thread: its locks and in-flight counts, for
         `kbroker queue show` (a compacted topic keyed by process and topic; fire and forget)."""
         self._publish_reader(stats["topic"], orjson.dumps(
@@ -200,8 +165,8 @@ class Broker:
         """This process's entry for `topic` in the readers topic (None: it no longer reads it)."""
         try:
             self._producer.produce(names.readers_topic(self.namespace), key=f"{self._process}/{topic}", value=value)
-        except (BufferError, KafkaException):
-            pass  # a view, not data: skip this report
+        except Exception:  # BufferError (local queue full) or KafkaException: a view, not data, so skip it
+            log.debug("reader report for %s skipped", topic, exc_info=True)
 
     def secondary_queue(self, queue: str, instance: str) -> str:
         """The secondary queue topic of `queue` for `instance`, created on first use."""
@@ -218,32 +183,31 @@ class Broker:
         return Transaction(self)
 
     def note_commit(self, queue: str) -> None:
-        r = self._receivers.get((queue, None))
-        if r is not None:
-            r.consecutive_rollbacks = 0
+        """A transaction that received from `queue` committed: its poison count starts over."""
+        self._poison.reset(queue)
 
     def note_rollback(self, queue: str) -> None:
         """Poison-message handling: five rolled-back receives in a row disable the queue."""
-        r = self._receivers.get((queue, None))
-        if r is None:
+        if not self._poison.watches(queue):
             return
-        r.consecutive_rollbacks += 1
-        q = self._lookup(lambda c: c.queue(queue))
-        if r.consecutive_rollbacks >= POISON_THRESHOLD and q.poison_message_handling == "ON":
+        handling = self._lookup(lambda c: c.queue(queue)).poison_message_handling == "ON"
+        verdict = self._poison.rolled_back(queue, handling)
+        if verdict is not None:
             from kbroker.kafka.queues import set_queue_status
 
-            self._disabled.add(queue)
-            set_queue_status(self.bootstrap, self.namespace, queue, "OFF",
-                             f"{r.consecutive_rollbacks} consecutive rolled-back receives", poison=True)
+            self._disabled.add(verdict.queue)
+            set_queue_status(self.bootstrap, self.namespace, verdict.queue, "OFF", verdict.reason, poison=True)
             self.refresh_catalog()
 
     # --- statements outside a transaction -----------------------------------------------------
 
     def begin_dialog(self, from_service: str, to_service: str, contract: str = "DEFAULT", **kw: Any) -> str:
         """BEGIN DIALOG: creates the initiator endpoint and returns its conversation handle."""
-        ep = self.new_dialog(from_service, to_service, contract, **kw)
+        ep = self.statements.new_dialog(from_service, to_service, contract, endpoint_of=self.endpoints.get, **kw)
+        if ep.instance is not None:
+            self.secondary_queue(self.statements.queue_of(ep.service_name), ep.instance)  # replies land there
         with self._lock:
-            for record in self.lifetime_records(ep):
+            for record in self.statements.lifetime_records(ep):
                 self._produce(record)
             self.endpoints.put(ep)
             self._flush()
@@ -253,7 +217,7 @@ class Broker:
         """SEND ON CONVERSATION: returns the message id once Kafka acknowledged the message."""
         with self.conversation_locks.held(str(handle)), self._lock:
             before = self.endpoints.get(str(handle))
-            record, message_id, ep = self.message_record(before, message_type, body, **kw)
+            record, message_id, ep = self.statements.message_record(before, message_type, body, **kw)
             self._produce(record)
             if must_persist(before, ep):
                 self.endpoints.put(ep)
@@ -267,10 +231,10 @@ class Broker:
         """END CONVERSATION [WITH ERROR = code DESCRIPTION = text | WITH CLEANUP]."""
         with self.conversation_locks.held(str(handle)), self._lock:
             ep = self.endpoints.get(str(handle))
-            records, ended = self.end_records(ep, error=error, description=description, cleanup=cleanup)
+            records, ended = self.statements.end_records(ep, error=error, description=description, cleanup=cleanup)
             for record in records:
                 self._produce(record)
-            self._produce(self.endpoint_record(ep.conversation_handle, ended))
+            self._produce(self.statements.endpoint_record(ep.conversation_handle, ended))
             self.endpoints.note(ep.conversation_handle, ended)
             self._flush()
 
@@ -278,7 +242,7 @@ class Broker:
         """BEGIN CONVERSATION TIMER (handle) TIMEOUT = seconds: a DialogTimer message reaches this
         side's queue then (fired by the timer service, which `kbroker worker` runs)."""
         with self.conversation_locks.held(str(handle)), self._lock:
-            records, ep = self.timer_records(self.endpoints.get(str(handle)), timeout)
+            records, ep = self.statements.timer_records(self.endpoints.get(str(handle)), timeout)
             for record in records:
                 self._produce(record)
             self.endpoints.put(ep)
@@ -289,7 +253,7 @@ class Broker:
         with self.transaction() as tx:
             return tx.receive(queue, top, wait, **kw)
 
-    def queue_messages(self, queue: str, conversation_handle: str | None = None) -> list[dict]:
+    def queue_messages(self, queue: str, conversation_handle: str | None = None) -> list[dict[str, Any]]:
         """The queue's messages like Service Broker's queue view: status 1 = ready, 0 = received
         (listed only with RETENTION = ON, until this side ends the conversation). See retention.py."""
         from kbroker.kafka.retention import queue_messages
@@ -301,229 +265,14 @@ class Broker:
         with self.transaction() as tx:
             tx.move_conversation(handle, group)
 
-    # --- building records (shared by both paths) ----------------------------------------------
-
-    def new_dialog(self, from_service: str, to_service: str, contract: str = "DEFAULT", *,
-                   lifetime: int | None = None, related_conversation_group: str | None = None,
-                   related_conversation: str | None = None, encryption: bool = False,
-                   instance: str | None = None,
-                   endpoint_of: Callable[[str], Endpoint] | None = None) -> Endpoint:
-        """The initiator endpoint of a new dialog. RELATED_CONVERSATION (a handle, looked up with
-        `endpoint_of`) or RELATED_CONVERSATION_GROUP (a GUID, new or existing) choose its group;
-        `instance` sends the replies to that instance's secondary queue."""
-        fs = self._lookup(lambda c: c.service(from_service))
-        self._lookup(lambda c: c.service(to_service))
-        self._lookup(lambda c: c.contract(contract))
-        if not self._lookup(lambda c: c.service_accepts(to_service, contract)):
-            raise UnknownContractError(contract, to_service)
-        if lifetime is not None and lifetime <= 0:
-            raise ValueError("lifetime must be a positive number of seconds")
-        if related_conversation is not None and related_conversation_group is not None:
-            raise ValueError("give RELATED_CONVERSATION or RELATED_CONVERSATION_GROUP, not both")
-        conversation_id = new_id()
-        group = conversation_id
-        if related_conversation is not None:
-            related = (endpoint_of or self.endpoints.get)(str(related_conversation))
-            group = related.conversation_group_id
-            other_queue = self._lookup(lambda c: c.service(related.service_name)).queue
-            if other_queue != fs.queue:
-                raise ConversationGroupError(group, fs.queue, other_queue)
-        elif related_conversation_group is not None:
-            group = parse_group(related_conversation_group)
-            self.check_group_queue(group, fs.queue)
-        if instance is not None:
-            self.secondary_queue(fs.queue, instance)  # the target's replies need it to exist
-        expires = MAX_LIFETIME if lifetime is None else int(time.time()) + int(lifetime)
-        return Endpoint(handle_for(conversation_id, "INITIATOR"), conversation_id, "INITIATOR", group,
-                        conversation_id, from_service, to_service, contract, STARTED_OUTBOUND,
-                        lifetime=expires, updated=time.time(), instance=instance)
-
-    def check_group_queue(self, group: str, queue: str, *, ignore: str | None = None) -> None:
-        """Groups are local to a queue: refuse a group that only conversations of another queue
-        use. (A dialog id is the default group of both its sides, so one id may be a group on
-        two queues; it is then this queue's group too.)"""
-        others = set()
-        for ep in self.endpoints.all():
-            if ep.conversation_group_id == group and ep.conversation_handle != ignore and ep.state != CLOSED:
-                other_queue = self._lookup(lambda c: c.service(ep.service_name)).queue
-                if other_queue == queue:
-                    return
-                others.add(other_queue)
-        if others:
-            raise ConversationGroupError(group, queue, sorted(others)[0])
-
-    def move_records(self, ep: Endpoint, group: str) -> tuple[Endpoint, list[Record]]:
-        """MOVE CONVERSATION: this side's endpoint after the move, and the marker record that
-        tells the old group's reader where the move happened (see groups.py)."""
-        group = parse_group(group)
-        queue = self._lookup(lambda c: c.service(ep.service_name)).queue
-        self.check_group_queue(group, queue, ignore=ep.conversation_handle)
-        new, needs_marker = moved(ep, group)
-        if not needs_marker:
-            return new, []
-        old = ep.conversation_group_id
-        env = Envelope(message_id=new_id(), conversation_id=ep.conversation_id,
-                       conversation_group_id=old, message_sequence_number=SYSTEM_SEQUENCE,
-                       message_type_name=MOVE_MARKER, service_contract_name=ep.service_contract_name,
-                       from_service_name=ep.service_name, to_service_name=ep.service_name, to_side=ep.side,
-                       hop=len(ep.chain) - 1)
-        chain = orjson.dumps(list(new.chain))
-        return new, [(self.own_topic(ep), old, chain, env.headers()),
-                     (self.endpoints.topic, chain_key(ep.conversation_handle), chain, None)]
-
-    def own_topic(self, ep: Endpoint) -> str:
-        """The topic this side of a conversation receives from."""
-        return self._queue_topic_of(ep.service_name, ep.instance)
-
-    def message_record(self, ep: Endpoint, message_type: str, body: Any = None, *,
-                       correlation_id: str | None = None, reply_to: str | None = None,
-                       time_to_be_received: float | None = None, priority: int = 5) -> tuple[Record, str, Endpoint]:
-        """Validate a SEND and build its record: (record, message id, endpoint after the send)."""
-        data = to_bytes(body)
-        if ep.state not in SENDABLE:
-            raise ConversationClosedError(ep.conversation_handle, ep.state_desc)
-        if ep.lifetime < time.time():
-            raise ConversationClosedError(ep.conversation_handle, "lifetime expired")
-        mt = self._lookup(lambda c: c.message_type(message_type))
-        if message_type in SYSTEM_TYPES or not self._lookup(
-                lambda c: c.may_send(ep.service_contract_name, message_type, ep.side)):
-            raise ContractViolationError(message_type, ep.service_contract_name, ep.side)
-        validate_body(message_type, mt.validation, data)
-        if not 1 <= priority <= 10:
-            raise ValueError("priority must be 1-10")
-        expires = None if time_to_be_received is None else int((time.time() + time_to_be_received) * 1000)
-        record, message_id = self._record(ep, message_type, data, correlation_id=correlation_id,
-                                          reply_to=reply_to, expires=expires, priority=priority)
-        return record, message_id, after_send(ep)
-
-    def end_records(self, ep: Endpoint, *, error: int | None, description: str | None,
-                    cleanup: bool) -> tuple[list[Record], Endpoint | None]:
-        """END CONVERSATION's records and the endpoint after it (None: removed by CLEANUP)."""
-        if cleanup:  # remove the local endpoint silently, as WITH CLEANUP does
-            return [], None
-        if ep.state in (DISCONNECTED_OUTBOUND, CLOSED):
-            raise ConversationClosedError(ep.conversation_handle, ep.state_desc)
-        if error is not None and (not isinstance(error, int) or error <= 0):
-            raise ValueError("error code must be a positive integer (negative codes are Service Broker's)")
-        if ep.state == STARTED_OUTBOUND:  # never sent anything: no peer endpoint to tell
-            return [], replace(ep, state=CLOSED)
-        # After the peer ended (DI) or failed (ER), the EndDialog sent here is the acknowledgement
-        # that moves the peer's DISCONNECTED_OUTBOUND endpoint to CLOSED; its app never sees it.
-        peer_done = ep.state in (DISCONNECTED_INBOUND, ERROR)
-        body = error_body(error, description or "") if error is not None and not peer_done else b""
-        rec, _ = self._record(ep, ERROR_TYPE if body else END_DIALOG, body)
-        return [rec], ep.after_send().after_local_end()
-
-    def timer_records(self, ep: Endpoint, timeout: float) -> tuple[list[Record], Endpoint]:
-        """BEGIN CONVERSATION TIMER's records: the new arm, and the old one's tombstone (one timer
-        per side; arming again replaces it)."""
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_LIFETIME:
-            raise ValueError(f"timer timeout must be 0 < seconds <= {MAX_LIFETIME}, not {timeout!r}")
-        if ep.state in (DISCONNECTED_OUTBOUND, CLOSED):
-            raise ConversationClosedError(ep.conversation_handle, ep.state_desc)
-        arm_id, due = uuid.uuid4().hex[:16], time.time() + float(timeout)
-        records = [r for r in [timers.disarm_record(self.namespace, ep)] if r is not None]
-        records.append(timers.arm_record(self.namespace, ep, arm_id, due,
-                                         self.own_topic(ep)))
-        return records, replace(ep, dialog_timer=due, dialog_timer_id=arm_id)
-
-    def lifetime_records(self, ep: Endpoint) -> list[Record]:
-        """BEGIN DIALOG ... LIFETIME: the timer that delivers Error -8489 to both sides."""
-        if ep.lifetime >= MAX_LIFETIME:
-            return []
-        return [timers.lifetime_record(self.namespace, ep, self.own_topic(ep),
-                                       self._queue_topic_of(ep.far_service_name, None))]
-
-    def _queue_topic_of(self, service: str, instance: str | None) -> str:
-        """Where messages for `service` land: its queue, or that queue's secondary queue."""
-        queue = self._lookup(lambda c: c.service(service)).queue
-        if instance is not None:
-            return names.secondary_queue_topic(self.namespace, queue, instance)
-        return names.queue_topic(self.namespace, queue)
-
-    def endpoint_record(self, handle: str, ep: Endpoint | None) -> Record:
-        return (self.endpoints.topic, handle, None if ep is None else ep.to_json(), None)
-
-    def receiving_endpoint(self, msg: Message, staged: Endpoint | None) -> Endpoint | None:
-        """This side's endpoint for a received message, if it exists yet."""
-        env = msg.extra["envelope"]
-        # A dialog's first message finds no target endpoint: no need to read the topic for it.
-        first_of_dialog = env.to_side == "TARGET" and env.message_sequence_number == 0 and env.hop == 0
-        return staged or (self.endpoints.cached(msg.conversation_handle) if first_of_dialog
-                          else self.endpoints.find(msg.conversation_handle))
-
-    def note_move(self, marker: Message) -> Endpoint | None:
-        """A move marker came by: update the cached endpoint if this process missed the move."""
-        ep = self.endpoints.find(marker.conversation_handle)
-        if ep is None:
-            return None
-        ep = ep.with_chain(tuple(orjson.loads(marker.body)))
-        self.endpoints.note(marker.conversation_handle, ep)
-        return ep
-
-    def rekey_record(self, topic: str, msg: Message, group: str) -> Record:
-        """The record that carries a moved conversation's message one hop along its group chain."""
-        env = msg.extra["envelope"]
-        origin = f"{msg.partition}:{msg.offset}"
-        headers = rekeyed_headers(msg.extra["record"].headers() or [], group, env.hop + 1, origin)
-        return (topic, group, msg.body, headers)
-
-    def after_receive(self, msg: Message, ep: Endpoint | None) -> tuple[bool, Endpoint | None]:
-        """This side's endpoint after receiving `msg`: (deliver it?, endpoint to stage). `ep` is
-        what receiving_endpoint found (None: it does not exist here)."""
-        env = msg.extra["envelope"]
-        created = None
-        if ep is None:
-            if env.to_side != "TARGET":
-                return True, None  # the initiator's endpoint was cleaned up or never stored here
-            # A dialog's first message creates the target endpoint, as in Service Broker; its
-            # replies carry the key the initiator asked for (its related group, if any).
-            ep = created = new_target_endpoint(env.conversation_id, env.conversation_group_id,
-                                               env.reply_group or env.conversation_id, env.to_service_name,
-                                               env.from_service_name, env.service_contract_name,
-                                               far_instance=env.reply_instance, lifetime=env.lifetime)
-        if ep.state in (DISCONNECTED_OUTBOUND, CLOSED):
-            # This side already ended: the peer's EndDialog or Error only closes the endpoint
-            # (Service Broker's end-of-dialog acknowledgement); anything else is discarded.
-            if ep.state == DISCONNECTED_OUTBOUND and msg.message_type_name in (END_DIALOG, ERROR_TYPE):
-                return False, replace(ep, state=CLOSED)
-            return False, None
-        if msg.message_type_name == END_DIALOG:
-            return True, ep.after_peer_end()
-        if msg.message_type_name == ERROR_TYPE:
-            return True, ep.after_peer_error()
-        return True, created
-
-    def _record(self, ep: Endpoint, message_type: str, data: bytes, *, correlation_id: str | None = None,
-                reply_to: str | None = None, expires: int | None = None, priority: int = 5) -> tuple[Record, str]:
-        far_service = self._lookup(lambda c: c.service(ep.far_service_name))
-        far_queue = self._lookup(lambda c: c.queue(far_service.queue))
-        if len(data) > far_queue.max_message_bytes:
-            raise MessageTooLargeError(len(data), far_queue.max_message_bytes, far_queue.name)
-        reply_group = ep.chain[0]  # the key the far side's records must carry (see groups.py)
-        env = Envelope(
-            message_id=new_id(), conversation_id=ep.conversation_id,
-            conversation_group_id=ep.far_conversation_group_id,
-            message_sequence_number=ep.send_sequence, message_type_name=message_type,
-            service_contract_name=ep.service_contract_name, from_service_name=ep.service_name,
-            to_service_name=ep.far_service_name, to_side=other(ep.side),
-            correlation_id=correlation_id, reply_to=reply_to, expires=expires, priority=priority,
-            lifetime=ep.lifetime if ep.is_initiator and ep.lifetime < MAX_LIFETIME else None,
-            reply_group=None if reply_group == ep.conversation_id else reply_group,
-            reply_instance=ep.instance)
-        if ep.far_instance is not None:  # replies to an instance go to its secondary queue
-            topic = names.secondary_queue_topic(self.namespace, far_queue.name, ep.far_instance)
-        else:
-            topic = names.queue_topic(self.namespace, far_queue.name)
-        return (topic, env.conversation_group_id, data, env.headers()), env.message_id
-
     # --- plumbing -----------------------------------------------------------------------------
 
     def _produce(self, record: Record) -> None:
         topic, key, value, headers = record
         self._producer.produce(topic, key=key, value=value, headers=headers, on_delivery=self._on_delivery)
 
-    def _on_delivery(self, err: KafkaError | None, _msg: Any) -> None:
+    def _on_delivery(self, err: Any, _msg: Any) -> None:
+        """Delivery report from librdkafka: `err` is a KafkaError, or None when delivered."""
         if err is not None:
             self._errors.append(err)
 
@@ -538,20 +287,17 @@ class Broker:
     def _dead_letter(self, receiver: QueueReceiver, record: Any, reason: str) -> None:
         """Called on the poll thread: the malformed record's dead letter and its offset commit
         together, without waiting (the poll thread never waits on a commit)."""
-        headers = list(record.headers() or []) + [
-            ("kb.dlq.reason", reason.encode()), ("kb.dlq.topic", record.topic().encode()),
-            ("kb.dlq.partition", str(record.partition()).encode()),
-            ("kb.dlq.offset", str(record.offset()).encode()),
-        ]
-        rec = (names.deadletter_topic(self.namespace), record.key(), record.value(), headers)
-        self.committer.submit(CommitRequest([rec], [receiver.dead_letter_lease(record)]))
+        dead_letter = dead_letter_record(self.namespace, record, reason)
+        self.committer.submit(CommitRequest([dead_letter], [receiver.dead_letter_lease(record)]))
 
     def close(self) -> None:
+        """Stop reading, commit what is pending, write the exact send sequences, and flush."""
         with self._lock:
             for r in self._receivers.values():
                 r.close()
                 self._publish_reader(r.topic, None)  # no longer read here: drop it from the view
             self._receivers.clear()
+            self._poison.forget_all()
             if self._committer is not None:
                 self._committer.close()
                 self._committer = None
@@ -559,8 +305,8 @@ class Broker:
             self.endpoints.close()
             self._producer.flush(self._ack_timeout)
 
-    def __enter__(self) -> "Broker":
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from kbroker.core.envelope import Message
 from kbroker.core.ramp import RampUp
@@ -27,6 +28,10 @@ Handler = Callable[[Any, list[Message]], None]  # (transaction, messages of one 
 
 
 class ReaderPool:
+    """Readers of `queue` that each RECEIVE in a transaction and pass the messages to `handle`;
+    their number follows the load, between one and `max_readers`. `peak`, `handled` and
+    `failures` count the most readers at once, the messages handled, and the handler failures."""
+
     def __init__(self, broker: Any, queue: str, handle: Handler, *, max_readers: int = 4, top: int = 10,
                  wait: float = 1.0):
         self.broker, self.queue, self._handle = broker, queue, handle
@@ -41,10 +46,12 @@ class ReaderPool:
 
     @property
     def readers(self) -> int:
+        """How many readers run now."""
         with self._lock:
             return len(self._threads)
 
-    def start(self) -> "ReaderPool":
+    def start(self) -> ReaderPool:
+        """Start the first reader; returns the pool."""
         self._spawn()
         return self
 
@@ -93,6 +100,7 @@ class ReaderPool:
             return True
 
     def stop(self, timeout: float = 30.0) -> None:
+        """Ask every reader to stop after its current transaction and wait up to `timeout` s for each."""
         self._stop.set()
         with self._lock:
             threads = list(self._threads)

@@ -14,7 +14,9 @@ order, to the next RECEIVE. Leaving the block by an exception rolls back.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Self
+
+import orjson
 
 from kbroker.core.endpoint import Endpoint, must_persist
 from kbroker.core.envelope import Message
@@ -22,20 +24,23 @@ from kbroker.core.groups import MOVE_MARKER, next_hop
 from kbroker.core.records import Record
 from kbroker.errors import (
     ConversationNotFoundError,
+    InvalidArgumentError,
     QueueDisabledError,
     TransactionAbortedError,
     TransactionStateError,
 )
 from kbroker.kafka.committer import CommitRequest
 from kbroker.kafka.receiver import Lease, QueueReceiver
-
-if TYPE_CHECKING:
-    from kbroker.sdk.broker import Broker
+from kbroker.sdk.runtime import Runtime
 
 
 class Transaction:
-    def __init__(self, broker: "Broker"):
-        self._broker = broker
+    """BEGIN TRANSACTION ... COMMIT | ROLLBACK: statements whose records and endpoint changes are
+    held until commit() sends them as one Kafka transaction with the received offsets. Get one
+    from Broker.transaction()."""
+
+    def __init__(self, runtime: Runtime):
+        self._runtime = runtime
         self._records: list[Record] = []
         self._leases: list[Lease] = []
         self._endpoints: dict[str, Endpoint | None] = {}  # this transaction's view; None = removed
@@ -44,33 +49,35 @@ class Transaction:
         self._locked_conversations: set[str] = set()  # SEND's conversation locks held
         self.state = "open"
         self.committed_at: float | None = None
-        broker.open_transactions.opened()
+        runtime.open_transactions.opened()
         self._counted = True  # still among the broker's open transactions (see committer)
 
     def _uncount(self) -> None:
         if self._counted:
             self._counted = False
-            self._broker.open_transactions.closed()
+            self._runtime.open_transactions.closed()
 
     def _check_open(self) -> None:
         if self.state != "open":
             raise TransactionStateError(f"the transaction is already {self.state}")
 
     def endpoint(self, handle: str) -> Endpoint:
+        """The endpoint of `handle` as this transaction sees it (its own changes included);
+        ConversationNotFoundError if there is none."""
         handle = str(handle)
         if handle in self._endpoints:
             ep = self._endpoints[handle]
             if ep is None:
                 raise ConversationNotFoundError(handle)
             return ep
-        return self._broker.endpoints.get(handle)
+        return self._runtime.endpoints.get(handle)
 
     def _lock(self, handle: str) -> None:
         """SEND, END CONVERSATION, BEGIN CONVERSATION TIMER and MOVE lock the conversation until
         this transaction ends (see locks.py), before reading its endpoint."""
         handle = str(handle)
         if handle not in self._locked_conversations:
-            self._broker.conversation_locks.lock(handle, self)
+            self._runtime.conversation_locks.lock(handle, self)
             self._locked_conversations.add(handle)
 
     def _stage(self, ep: Endpoint) -> None:
@@ -87,25 +94,25 @@ class Transaction:
         transaction ends. `instance` receives from that instance's secondary queue instead."""
         self._check_open()
         if top < 1:
-            raise ValueError("top must be at least 1")
-        b = self._broker
-        if not b.queue_enabled(queue):
+            raise InvalidArgumentError("top must be at least 1")
+        rt = self._runtime
+        if not rt.queue_enabled(queue):
             raise QueueDisabledError(queue)
         conversation_id = None
         if conversation_handle is not None:
             conversation_id = self.endpoint(conversation_handle).conversation_id
-        receiver = b.receiver(queue, instance)
+        receiver = rt.receiver(queue, instance)
         deadline = None if wait is None else time.monotonic() + wait
         while True:
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            b.emit("before_receive", queue)
+            rt.receive_hooks.before_receive(queue)
             lease, msgs = receiver.receive(self, top, remaining, conversation_group=conversation_group,
                                            conversation_id=conversation_id)
-            b.emit("after_receive", queue, len(msgs))
+            rt.receive_hooks.after_receive(queue, len(msgs))
             if lease is not None and lease not in self._leases:
                 self._leases.append(lease)
             delivered, moving = self._sort(msgs)
-            if moving:
+            if moving and lease is not None:  # messages come with the lease of their group
                 self._rekey(receiver, lease, moving)
             if delivered or not moving:
                 if delivered:
@@ -116,29 +123,48 @@ class Transaction:
     def _sort(self, msgs: list[Message]) -> tuple[list[Message], list[tuple[Message, str | None]]]:
         """Split what a RECEIVE took into messages to deliver and records of moved conversations
         (with the group to re-key them to; None for a move marker, which is only consumed)."""
-        b = self._broker
+        rt = self._runtime
         delivered: list[Message] = []
         moving: list[tuple[Message, str | None]] = []
         for m in msgs:
             env = m.extra["envelope"]
             staged = self._endpoints.get(m.conversation_handle)
             if env.message_type_name == MOVE_MARKER:
-                ep = b.note_move(m)
+                ep = self._note_move(m)
                 if staged is not None and ep is not None:
                     self._stage(staged.with_chain(ep.chain))
                 moving.append((m, None))
                 continue
-            ep = b.receiving_endpoint(m, staged)
+            ep = self._receiving_endpoint(m, staged)
             hop = next_hop(ep, env.hop)
             if hop is not None:
                 moving.append((m, hop))
                 continue
-            keep, ep = b.after_receive(m, ep)
+            keep, ep = rt.statements.after_receive(m, ep)
             if ep is not None:
                 self._stage(ep)
             if keep:
                 delivered.append(m)
         return delivered, moving
+
+    def _receiving_endpoint(self, msg: Message, staged: Endpoint | None) -> Endpoint | None:
+        """This side's endpoint for a received message, if it exists yet."""
+        env = msg.extra["envelope"]
+        endpoints = self._runtime.endpoints
+        # A dialog's first message finds no target endpoint: no need to read the topic for it.
+        first_of_dialog = env.to_side == "TARGET" and env.message_sequence_number == 0 and env.hop == 0
+        return staged or (endpoints.cached(msg.conversation_handle) if first_of_dialog
+                          else endpoints.find(msg.conversation_handle))
+
+    def _note_move(self, marker: Message) -> Endpoint | None:
+        """A move marker came by: update the cached endpoint if this process missed the move."""
+        endpoints = self._runtime.endpoints
+        ep = endpoints.find(marker.conversation_handle)
+        if ep is None:
+            return None
+        ep = ep.with_chain(tuple(orjson.loads(marker.body)))
+        endpoints.note(marker.conversation_handle, ep)
+        return ep
 
     def _rekey(self, receiver: QueueReceiver, lease: Lease, moving: list[tuple[Message, str | None]]) -> None:
         """Re-key a moved conversation's records one hop (and consume move markers) in a Kafka
@@ -146,11 +172,11 @@ class Transaction:
         never this transaction's to deliver, and a rollback of it must not undo their journey.
         The group lock stays with this transaction's lease until it ends, or is dropped now if
         the lease holds nothing else."""
-        b = self._broker
-        records = [b.rekey_record(receiver.topic, m, group) for m, group in moving if group is not None]
+        rt = self._runtime
+        records = [rt.statements.rekey_record(receiver.topic, m, group) for m, group in moving if group is not None]
         side = receiver.split(lease, [(m.partition, m.offset) for m, _ in moving])
         try:
-            b.committer.commit(CommitRequest(records, [side]))
+            rt.committer.commit(CommitRequest(records, [side]))
         except TransactionAbortedError:
             receiver.release(side, committed=False)  # back to the head of the group, in order
             raise
@@ -164,31 +190,38 @@ class Transaction:
         """MOVE CONVERSATION handle TO group (a GUID, existing or new, of the same queue)."""
         self._check_open()
         self._lock(handle)
-        ep, records = self._broker.move_records(self.endpoint(handle), group)
+        ep, records = self._runtime.statements.move_records(self.endpoint(handle), group)
         self._records.extend(records)
         self._stage(ep)
 
     def get_conversation_group(self, queue: str, wait: float | None = 0.0) -> str | None:
         """GET CONVERSATION GROUP: lock the next ready group without receiving from it."""
         self._check_open()
-        lease, _ = self._broker.receiver(queue).receive(self, 0, wait)
+        lease, _ = self._runtime.receiver(queue).receive(self, 0, wait)
         if lease is None:
             return None
         self._leases.append(lease)
         return lease.group
 
     def begin_dialog(self, from_service: str, to_service: str, contract: str = "DEFAULT", **kw: Any) -> str:
+        """BEGIN DIALOG: the initiator endpoint is written when the transaction commits. Keywords
+        as Broker.begin_dialog's (lifetime, related_conversation[_group], instance)."""
         self._check_open()
-        ep = self._broker.new_dialog(from_service, to_service, contract, endpoint_of=self.endpoint, **kw)
-        self._records.extend(self._broker.lifetime_records(ep))
+        rt = self._runtime
+        ep = rt.statements.new_dialog(from_service, to_service, contract, endpoint_of=self.endpoint, **kw)
+        if ep.instance is not None:
+            rt.secondary_queue(rt.statements.queue_of(ep.service_name), ep.instance)  # replies land there
+        self._records.extend(rt.statements.lifetime_records(ep))
         self._stage(ep)
         return ep.conversation_handle
 
     def send(self, handle: str, message_type: str = "DEFAULT", body: Any = None, **kw: Any) -> str:
+        """SEND ON CONVERSATION, held until commit: returns the message id. Keywords as
+        Broker.send's (correlation_id, reply_to, time_to_be_received, priority)."""
         self._check_open()
         self._lock(handle)
         before = self.endpoint(handle)
-        record, message_id, ep = self._broker.message_record(before, message_type, body, **kw)
+        record, message_id, ep = self._runtime.statements.message_record(before, message_type, body, **kw)
         self._records.append(record)
         staged_to_write = ep.conversation_handle in self._endpoints and ep.conversation_handle not in self._unwritten
         self._stage(ep)
@@ -200,16 +233,18 @@ class Transaction:
         """BEGIN CONVERSATION TIMER: armed when the transaction commits; arming again replaces it."""
         self._check_open()
         self._lock(handle)
-        records, ep = self._broker.timer_records(self.endpoint(handle), timeout)
+        records, ep = self._runtime.statements.timer_records(self.endpoint(handle), timeout)
         self._records.extend(records)
         self._stage(ep)
 
     def end_conversation(self, handle: str, *, error: int | None = None, description: str | None = None,
                          cleanup: bool = False) -> None:
+        """END CONVERSATION [WITH ERROR = code DESCRIPTION = text | WITH CLEANUP], held until commit."""
         self._check_open()
         self._lock(handle)
         ep = self.endpoint(handle)
-        records, ended = self._broker.end_records(ep, error=error, description=description, cleanup=cleanup)
+        records, ended = self._runtime.statements.end_records(ep, error=error, description=description,
+                                                              cleanup=cleanup)
         self._records.extend(records)
         if ended is None:
             self._endpoints[ep.conversation_handle] = None
@@ -220,53 +255,56 @@ class Transaction:
     # --- outcome -----------------------------------------------------------------------------
 
     def commit(self) -> None:
+        """COMMIT: returns once the Kafka transaction holding this one committed;
+        TransactionAbortedError if it did not (nothing of it is visible then)."""
         self._check_open()
-        b = self._broker
+        rt = self._runtime
         records = list(self._records)
         for handle, ep in self._endpoints.items():
             if handle not in self._unwritten:
-                records.append(b.endpoint_record(handle, ep))
+                records.append(rt.statements.endpoint_record(handle, ep))
         self._uncount()
         try:
             if records or self._leases:
                 req = CommitRequest(records, self._leases)
-                b.committer.commit(req)
+                rt.committer.commit(req)
                 self.committed_at = req.committed_at
         except TransactionAbortedError:
             self._end(committed=False)
             self.state = "aborted"
             raise
         for handle, ep in self._endpoints.items():
-            b.endpoints.note(handle, ep, written=handle not in self._unwritten)
+            rt.endpoints.note(handle, ep, written=handle not in self._unwritten)
         self._end(committed=True)
         self.state = "committed"
 
     def rollback(self) -> None:
+        """ROLLBACK: drop what was held and give the received messages back, in order."""
         if self.state != "open":
             return
         self._end(committed=False)
         self.state = "rolled back"
         for q in self._queues:
-            self._broker.note_rollback(q)
-            self._broker.emit("after_rollback", q)
+            self._runtime.note_rollback(q)
+            self._runtime.receive_hooks.after_rollback(q)
 
     def _end(self, committed: bool) -> None:
         self._uncount()
         if self._locked_conversations:  # after commit() noted the endpoints: the next holder reads them
-            self._broker.conversation_locks.release(self._locked_conversations, self)
+            self._runtime.conversation_locks.release(self._locked_conversations, self)
             self._locked_conversations = set()
         for lease in self._leases:
             lease.receiver.release(lease, committed)
         if committed:
             for q in self._queues:
-                self._broker.note_commit(q)
+                self._runtime.note_commit(q)
         self._leases, self._records, self._endpoints = [], [], {}
         self._unwritten = set()
 
-    def __enter__(self) -> "Transaction":
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: Any, *_: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         if self.state != "open":
             return
         if exc_type is None:

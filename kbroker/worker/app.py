@@ -51,6 +51,7 @@ from kbroker.kafka.timer_service import TimerService
 from kbroker.kafka.topics import create_missing_topics
 from kbroker.kafka.watch import QueueCounts, QueueWatcher
 from kbroker.sdk.broker import Broker
+from kbroker.sdk.hooks import ReceiveHooks
 from kbroker.core import monitor_codec as codec
 from kbroker.worker.handlers import Task, TaskHandlers
 
@@ -79,7 +80,7 @@ def ensure_topics(s: WorkerSettings) -> None:
     create_missing_topics(s.bootstrap, want, {"retention.ms": str(24 * 3600 * 1000)}, replication_factor=1)
 
 
-class MonitorHooks:
+class MonitorHooks(ReceiveHooks):
     """Broker hooks of the worker's activated readers: their RECEIVEs reach the monitors.
 
     Sampled, not every one: a busy reader RECEIVEs dozens of times a second and each event is a

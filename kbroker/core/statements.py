@@ -1,0 +1,322 @@
+"""Service Broker's statements as records: BEGIN DIALOG, SEND, END CONVERSATION, BEGIN
+CONVERSATION TIMER, MOVE CONVERSATION and what a RECEIVE does to this side's endpoint.
+
+Each builder validates its statement against the catalog and the endpoint, and returns the
+records to produce and the endpoint after the statement, before any Kafka client sees them. The
+SDK produces them at once (a statement outside a transaction) or holds them until commit (inside
+one), so a statement validates the same way on both paths. Endpoint transitions themselves are
+endpoint.py's.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any, Protocol, TypeVar
+
+import orjson
+
+from kbroker.core import names, timers
+from kbroker.core.catalog.models import DIALOG_TIMER, END_DIALOG, Catalog
+from kbroker.core.catalog.models import ERROR as ERROR_TYPE
+from kbroker.core.endpoint import (
+    CLOSED,
+    DISCONNECTED_INBOUND,
+    DISCONNECTED_OUTBOUND,
+    ERROR,
+    MAX_LIFETIME,
+    SENDABLE,
+    STARTED_OUTBOUND,
+    Endpoint,
+    after_send,
+    chain_key,
+    handle_for,
+    new_target_endpoint,
+    other,
+)
+from kbroker.core.envelope import SYSTEM_SEQUENCE, Envelope, Message, error_body
+from kbroker.core.groups import MOVE_MARKER, moved, parse_group, rekeyed_headers
+from kbroker.core.ids import new_id
+from kbroker.core.records import Record
+from kbroker.core.validation import to_bytes, validate_body
+from kbroker.errors import (
+    ContractViolationError,
+    ConversationClosedError,
+    ConversationGroupError,
+    InvalidArgumentError,
+    MessageTooLargeError,
+    UnknownContractError,
+)
+
+SYSTEM_TYPES = {END_DIALOG, ERROR_TYPE, DIALOG_TIMER}  # sent by the broker only, never by SEND
+
+T = TypeVar("T")
+
+
+class ConsumedRecord(Protocol):
+    """A record as a Kafka consumer returns it (confluent_kafka.Message has these methods)."""
+
+    def topic(self) -> str | None: ...
+    def partition(self) -> int | None: ...
+    def offset(self) -> int | None: ...
+    def key(self) -> bytes | None: ...
+    def value(self) -> bytes | None: ...
+    def headers(self) -> list[tuple[str, bytes]] | None: ...
+
+
+def dead_letter_record(namespace: str, record: ConsumedRecord, reason: str) -> Record:
+    """A malformed record's copy in the namespace's dead-letter topic, with why it was refused
+    and where it came from in headers (kb.dlq.*), so it can be inspected and replayed."""
+    headers = list(record.headers() or []) + [
+        ("kb.dlq.reason", reason.encode()), ("kb.dlq.topic", str(record.topic()).encode()),
+        ("kb.dlq.partition", str(record.partition()).encode()),
+        ("kb.dlq.offset", str(record.offset()).encode()),
+    ]
+    return (names.deadletter_topic(namespace), record.key(), record.value(), headers)
+
+
+class Lookup(Protocol):
+    """A catalog look-up: calls `fn` with the catalog and, when it raises CatalogError, once more
+    with a freshly read catalog before letting the error through."""
+
+    def __call__(self, fn: Callable[[Catalog], T]) -> T: ...
+
+
+def group_id(value: object) -> str:
+    """A conversation group argument in its canonical form; InvalidArgumentError if no GUID."""
+    try:
+        return parse_group(value)
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from None
+
+
+class Statements:
+    """Builds the records of the statements of one namespace.
+
+    `lookup` reads the catalog (see Lookup); `endpoints` lists the endpoints this process knows,
+    for the rule that a conversation group belongs to one queue; `clock` gives seconds since the
+    epoch (lifetimes, timers, expiries)."""
+
+    def __init__(self, namespace: str, lookup: Lookup, endpoints: Callable[[], Iterable[Endpoint]], *,
+                 clock: Callable[[], float] = time.time):
+        self.namespace = namespace
+        self._lookup = lookup
+        self._endpoints = endpoints
+        self._clock = clock
+        self.endpoints_topic = names.endpoints_topic(namespace)
+
+    # --- BEGIN DIALOG and conversation groups -------------------------------------------------
+
+    def new_dialog(self, from_service: str, to_service: str, contract: str = "DEFAULT", *,
+                   endpoint_of: Callable[[str], Endpoint], lifetime: int | None = None,
+                   related_conversation_group: str | None = None, related_conversation: str | None = None,
+                   encryption: bool = False, instance: str | None = None) -> Endpoint:
+        """The initiator endpoint of a new dialog. RELATED_CONVERSATION (a handle, looked up with
+        `endpoint_of`) or RELATED_CONVERSATION_GROUP (a GUID, new or existing) choose its group;
+        `instance` sends the replies to that instance's secondary queue (which the caller makes
+        sure exists). ENCRYPTION is accepted and has no effect."""
+        fs = self._lookup(lambda c: c.service(from_service))
+        self._lookup(lambda c: c.service(to_service))
+        self._lookup(lambda c: c.contract(contract))
+        if not self._lookup(lambda c: c.service_accepts(to_service, contract)):
+            raise UnknownContractError(contract, to_service)
+        if lifetime is not None and lifetime <= 0:
+            raise InvalidArgumentError("lifetime must be a positive number of seconds")
+        if related_conversation is not None and related_conversation_group is not None:
+            raise InvalidArgumentError("give RELATED_CONVERSATION or RELATED_CONVERSATION_GROUP, not both")
+        conversation_id = new_id()
+        group = conversation_id
+        if related_conversation is not None:
+            related = endpoint_of(str(related_conversation))
+            group = related.conversation_group_id
+            other_queue = self.queue_of(related.service_name)
+            if other_queue != fs.queue:
+                raise ConversationGroupError(group, fs.queue, other_queue)
+        elif related_conversation_group is not None:
+            group = group_id(related_conversation_group)
+            self.check_group_queue(group, fs.queue)
+        now = self._clock()
+        expires = MAX_LIFETIME if lifetime is None else int(now) + int(lifetime)
+        return Endpoint(handle_for(conversation_id, "INITIATOR"), conversation_id, "INITIATOR", group,
+                        conversation_id, from_service, to_service, contract, STARTED_OUTBOUND,
+                        lifetime=expires, updated=now, instance=instance)
+
+    def check_group_queue(self, group: str, queue: str, *, ignore: str | None = None) -> None:
+        """Groups are local to a queue: refuse a group that only conversations of another queue
+        use. (A dialog id is the default group of both its sides, so one id may be a group on
+        two queues; it is then this queue's group too.)"""
+        others = set()
+        for ep in self._endpoints():
+            if ep.conversation_group_id == group and ep.conversation_handle != ignore and ep.state != CLOSED:
+                other_queue = self.queue_of(ep.service_name)
+                if other_queue == queue:
+                    return
+                others.add(other_queue)
+        if others:
+            raise ConversationGroupError(group, queue, min(others))
+
+    def lifetime_records(self, ep: Endpoint) -> list[Record]:
+        """BEGIN DIALOG ... LIFETIME: the timer that delivers Error -8489 to both sides."""
+        if ep.lifetime >= MAX_LIFETIME:
+            return []
+        return [timers.lifetime_record(self.namespace, ep, self.own_topic(ep),
+                                       self.queue_topic_of(ep.far_service_name, None))]
+
+    def move_records(self, ep: Endpoint, group: str) -> tuple[Endpoint, list[Record]]:
+        """MOVE CONVERSATION: this side's endpoint after the move, and the marker record that
+        tells the old group's reader where the move happened (see groups.py)."""
+        group = group_id(group)
+        queue = self._lookup(lambda c: c.service(ep.service_name)).queue
+        self.check_group_queue(group, queue, ignore=ep.conversation_handle)
+        new, needs_marker = moved(ep, group)
+        if not needs_marker:
+            return new, []
+        old = ep.conversation_group_id
+        env = Envelope(message_id=new_id(), conversation_id=ep.conversation_id,
+                       conversation_group_id=old, message_sequence_number=SYSTEM_SEQUENCE,
+                       message_type_name=MOVE_MARKER, service_contract_name=ep.service_contract_name,
+                       from_service_name=ep.service_name, to_service_name=ep.service_name, to_side=ep.side,
+                       hop=len(ep.chain) - 1)
+        chain = orjson.dumps(list(new.chain))
+        return new, [(self.own_topic(ep), old, chain, env.headers()),
+                     (self.endpoints_topic, chain_key(ep.conversation_handle), chain, None)]
+
+    # --- topics ---------------------------------------------------------------------------------
+
+    def own_topic(self, ep: Endpoint) -> str:
+        """The topic this side of a conversation receives from."""
+        return self.queue_topic_of(ep.service_name, ep.instance)
+
+    def queue_of(self, service: str) -> str:
+        """The queue of `service`."""
+        return self._lookup(lambda c: c.service(service)).queue
+
+    def queue_topic_of(self, service: str, instance: str | None) -> str:
+        """Where messages for `service` land: its queue, or that queue's secondary queue."""
+        queue = self.queue_of(service)
+        if instance is not None:
+            return names.secondary_queue_topic(self.namespace, queue, instance)
+        return names.queue_topic(self.namespace, queue)
+
+    # --- SEND, END CONVERSATION, BEGIN CONVERSATION TIMER ---------------------------------------
+
+    def message_record(self, ep: Endpoint, message_type: str, body: Any = None, *,
+                       correlation_id: str | None = None, reply_to: str | None = None,
+                       time_to_be_received: float | None = None, priority: int = 5) -> tuple[Record, str, Endpoint]:
+        """Validate a SEND and build its record: (record, message id, endpoint after the send)."""
+        data = to_bytes(body)
+        if ep.state not in SENDABLE:
+            raise ConversationClosedError(ep.conversation_handle, ep.state_desc)
+        if ep.lifetime < self._clock():
+            raise ConversationClosedError(ep.conversation_handle, "lifetime expired")
+        mt = self._lookup(lambda c: c.message_type(message_type))
+        if message_type in SYSTEM_TYPES or not self._lookup(
+                lambda c: c.may_send(ep.service_contract_name, message_type, ep.side)):
+            raise ContractViolationError(message_type, ep.service_contract_name, ep.side)
+        validate_body(message_type, mt.validation, data)
+        if not 1 <= priority <= 10:
+            raise InvalidArgumentError("priority must be 1-10")
+        expires = None if time_to_be_received is None else int((self._clock() + time_to_be_received) * 1000)
+        record, message_id = self._record(ep, message_type, data, correlation_id=correlation_id,
+                                          reply_to=reply_to, expires=expires, priority=priority)
+        return record, message_id, after_send(ep)
+
+    def end_records(self, ep: Endpoint, *, error: int | None, description: str | None,
+                    cleanup: bool) -> tuple[list[Record], Endpoint | None]:
+        """END CONVERSATION's records and the endpoint after it (None: removed by CLEANUP)."""
+        if cleanup:  # remove the local endpoint silently, as WITH CLEANUP does
+            return [], None
+        if ep.state in (DISCONNECTED_OUTBOUND, CLOSED):
+            raise ConversationClosedError(ep.conversation_handle, ep.state_desc)
+        if error is not None and (not isinstance(error, int) or error <= 0):
+            raise InvalidArgumentError(
+                "error code must be a positive integer (negative codes are Service Broker's)")
+        if ep.state == STARTED_OUTBOUND:  # never sent anything: no peer endpoint to tell
+            return [], replace(ep, state=CLOSED)
+        # After the peer ended (DI) or failed (ER), the EndDialog sent here is the acknowledgement
+        # that moves the peer's DISCONNECTED_OUTBOUND endpoint to CLOSED; its app never sees it.
+        peer_done = ep.state in (DISCONNECTED_INBOUND, ERROR)
+        body = error_body(error, description or "") if error is not None and not peer_done else b""
+        rec, _ = self._record(ep, ERROR_TYPE if body else END_DIALOG, body)
+        return [rec], ep.after_send().after_local_end()
+
+    def timer_records(self, ep: Endpoint, timeout: float) -> tuple[list[Record], Endpoint]:
+        """BEGIN CONVERSATION TIMER's records: the new arm, and the old one's tombstone (one timer
+        per side; arming again replaces it)."""
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_LIFETIME:
+            raise InvalidArgumentError(f"timer timeout must be 0 < seconds <= {MAX_LIFETIME}, not {timeout!r}")
+        if ep.state in (DISCONNECTED_OUTBOUND, CLOSED):
+            raise ConversationClosedError(ep.conversation_handle, ep.state_desc)
+        arm_id, due = uuid.uuid4().hex[:16], self._clock() + float(timeout)
+        records = [r for r in [timers.disarm_record(self.namespace, ep)] if r is not None]
+        records.append(timers.arm_record(self.namespace, ep, arm_id, due, self.own_topic(ep)))
+        return records, replace(ep, dialog_timer=due, dialog_timer_id=arm_id)
+
+    def endpoint_record(self, handle: str, ep: Endpoint | None) -> Record:
+        """The endpoints-topic record of `handle` (None: its tombstone)."""
+        return (self.endpoints_topic, handle, None if ep is None else ep.to_json(), None)
+
+    # --- RECEIVE --------------------------------------------------------------------------------
+
+    def after_receive(self, msg: Message, ep: Endpoint | None) -> tuple[bool, Endpoint | None]:
+        """This side's endpoint after receiving `msg`: (deliver it?, endpoint to stage). `ep` is
+        this side's endpoint as found (None: it does not exist here)."""
+        env = msg.extra["envelope"]
+        created = None
+        if ep is None:
+            if env.to_side != "TARGET":
+                return True, None  # the initiator's endpoint was cleaned up or never stored here
+            # A dialog's first message creates the target endpoint, as in Service Broker; its
+            # replies carry the key the initiator asked for (its related group, if any).
+            ep = created = new_target_endpoint(env.conversation_id, env.conversation_group_id,
+                                               env.reply_group or env.conversation_id, env.to_service_name,
+                                               env.from_service_name, env.service_contract_name,
+                                               far_instance=env.reply_instance, lifetime=env.lifetime)
+        if ep.state in (DISCONNECTED_OUTBOUND, CLOSED):
+            # This side already ended: the peer's EndDialog or Error only closes the endpoint
+            # (Service Broker's end-of-dialog acknowledgement); anything else is discarded.
+            if ep.state == DISCONNECTED_OUTBOUND and msg.message_type_name in (END_DIALOG, ERROR_TYPE):
+                return False, replace(ep, state=CLOSED)
+            return False, None
+        if msg.message_type_name == END_DIALOG:
+            return True, ep.after_peer_end()
+        if msg.message_type_name == ERROR_TYPE:
+            return True, ep.after_peer_error()
+        return True, created
+
+    @staticmethod
+    def rekey_record(topic: str, msg: Message, group: str) -> Record:
+        """The record that carries a moved conversation's message one hop along its group chain."""
+        env = msg.extra["envelope"]
+        origin = f"{msg.partition}:{msg.offset}"
+        headers = rekeyed_headers(msg.extra["record"].headers() or [], group, env.hop + 1, origin)
+        return (topic, group, msg.body, headers)
+
+    # --- the message record ---------------------------------------------------------------------
+
+    def _record(self, ep: Endpoint, message_type: str, data: bytes, *, correlation_id: str | None = None,
+                reply_to: str | None = None, expires: int | None = None, priority: int = 5) -> tuple[Record, str]:
+        """A message from this side to the far side's queue, keyed by the far side's group, with
+        this side's next sequence number: (record, message id)."""
+        far_service = self._lookup(lambda c: c.service(ep.far_service_name))
+        far_queue = self._lookup(lambda c: c.queue(far_service.queue))
+        if len(data) > far_queue.max_message_bytes:
+            raise MessageTooLargeError(len(data), far_queue.max_message_bytes, far_queue.name)
+        reply_group = ep.chain[0]  # the key the far side's records must carry (see groups.py)
+        env = Envelope(
+            message_id=new_id(), conversation_id=ep.conversation_id,
+            conversation_group_id=ep.far_conversation_group_id,
+            message_sequence_number=ep.send_sequence, message_type_name=message_type,
+            service_contract_name=ep.service_contract_name, from_service_name=ep.service_name,
+            to_service_name=ep.far_service_name, to_side=other(ep.side),
+            correlation_id=correlation_id, reply_to=reply_to, expires=expires, priority=priority,
+            lifetime=ep.lifetime if ep.is_initiator and ep.lifetime < MAX_LIFETIME else None,
+            reply_group=None if reply_group == ep.conversation_id else reply_group,
+            reply_instance=ep.instance)
+        if ep.far_instance is not None:  # replies to an instance go to its secondary queue
+            topic = names.secondary_queue_topic(self.namespace, far_queue.name, ep.far_instance)
+        else:
+            topic = names.queue_topic(self.namespace, far_queue.name)
+        return (topic, env.conversation_group_id, data, env.headers()), env.message_id
