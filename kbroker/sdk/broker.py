@@ -169,7 +169,7 @@ class Broker:
         with self._lock:
             if self._committer is None:
                 self._committer = GroupCommitter(self.bootstrap, self.namespace, interval=self._commit_interval,
-                                                 open_transactions=self.open_transactions)
+                                                 open_transactions=self.open_transactions).start()
             return self._committer
 
     def receiver(self, queue: str, instance: str | None = None) -> QueueReceiver:
@@ -187,7 +187,7 @@ class Broker:
                     # A partition that arrives may hold records of conversations moved by another
                     # process since this one cached their endpoints: catch up first.
                     on_assign=self.endpoints.refresh,
-                    report=lambda stats, q=queue: self._report_reader(q, stats))
+                    report=lambda stats, q=queue: self._report_reader(q, stats)).start()
             return r
 
     def _report_reader(self, queue: str, stats: dict) -> None:
