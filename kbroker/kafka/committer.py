@@ -74,13 +74,15 @@ class OpenTransactions:
 
 class GroupCommitter:
     """Commits the process's transactions in batches, one Kafka transaction per batch. Built
-    without I/O; start() creates the transactional producers and the committing thread."""
+    without I/O; start() creates the transactional producers (with `new_producer`, given their
+    settings) and the committing thread."""
 
     def __init__(self, bootstrap: str, namespace: str, *, interval: float = 0.005,
                  max_batch: int = 1000, timeout: float = 30.0, producers: int = 2,
-                 open_transactions: Callable[[], int] = lambda: 1):
-        self._namespace = namespace
-        self._conf = {
+                 open_transactions: Callable[[], int] = lambda: 1,
+                 new_producer: Callable[[dict[str, Any]], Producer] = Producer):
+        self._namespace, self._make_producer = namespace, new_producer
+        self._conf: dict[str, Any] = {
             "bootstrap.servers": bootstrap, "logger": KAFKA_LOG,
             "enable.idempotence": True, "acks": "all", "linger.ms": 1,
             "message.max.bytes": 11 * 1024 * 1024,
@@ -113,7 +115,8 @@ class GroupCommitter:
         return self
 
     def _new_producer(self) -> Producer:
-        p = Producer({**self._conf, "transactional.id": f"kbroker.{self._namespace}.{uuid.uuid4()}"})
+        p = self._make_producer({**self._conf,
+                                 "transactional.id": f"kbroker.{self._namespace}.{uuid.uuid4()}"})
         p.init_transactions(self._timeout)
         return p
 

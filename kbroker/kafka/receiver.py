@@ -59,17 +59,19 @@ class Lease:
 
 class QueueReceiver:
     """RECEIVE on one queue topic for every transaction of the process. Built without I/O;
-    start() creates the consumer and its poll thread."""
+    start() creates the consumer (with `new_consumer`, given the consumer settings) and its poll
+    thread."""
 
     def __init__(self, bootstrap: str, namespace: str, queue: str, *,
                  dead_letter: Callable[["QueueReceiver", KafkaRecord, str], None],
                  max_buffered: int = 20_000, revoke_grace: float = 5.0,
                  commit_barrier: Callable[[], None] = lambda: None, topic: str | None = None,
                  on_assign: Callable[[], None] = lambda: None,
-                 report: Callable[[dict[str, Any]], None] | None = None, report_interval: float = 2.0):
+                 report: Callable[[dict[str, Any]], None] | None = None, report_interval: float = 2.0,
+                 new_consumer: Callable[[dict[str, Any]], Consumer] = Consumer):
         self.queue = queue
         self.topic = topic or names.queue_topic(namespace, queue)  # or a secondary queue's topic
-        self._bootstrap = bootstrap
+        self._bootstrap, self._new_consumer = bootstrap, new_consumer
         self._on_assign_hook = on_assign
         self._report, self._report_interval, self._reported_at = report, report_interval, 0.0
         self._dead_letter = dead_letter
@@ -89,7 +91,7 @@ class QueueReceiver:
 
     def start(self) -> "QueueReceiver":
         """Create the consumer, subscribe to the topic and start the poll thread; returns self."""
-        conf = {
+        conf: dict[str, Any] = {
             "bootstrap.servers": self._bootstrap, "logger": KAFKA_LOG,
             "group.id": self.topic,  # names.queue_group: a queue's group is named as its topic
             "enable.auto.commit": False, "enable.auto.offset.store": False,
@@ -103,7 +105,7 @@ class QueueReceiver:
             # it makes RECEIVEs return more of each group.
             "queued.max.messages.kbytes": QUEUED_MAX_KBYTES,
         }
-        consumer = self._consumer = Consumer(conf)
+        consumer = self._consumer = self._new_consumer(conf)
         self._group_meta = consumer.consumer_group_metadata()
         consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                            on_lost=self._on_revoke)

@@ -7,6 +7,9 @@ import itertools
 import random
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from kbroker.core.catalog.models import DIALOG_TIMER, END_DIALOG, ERROR
 from kbroker.core.envelope import Envelope
 from kbroker.core.group_buffer import Buffered, GroupBuffer
@@ -207,6 +210,75 @@ def _reference_pick(buf: GroupBuffer[FakeLease], groups: list[str], owner: objec
         if best is None or key < best:
             best, name = key, g
     return name
+
+
+GROUPS = [f"g{i}" for i in range(6)]
+OWNERS = [object(), object(), object()]
+
+_accept = st.tuples(st.just("accept"), st.sampled_from(GROUPS), st.integers(1, 3),
+                    st.sampled_from(["T", "T", "T", DIALOG_TIMER, ERROR]))
+_receive = st.tuples(st.just("receive"), st.integers(0, 2), st.sampled_from([0, 1, 2, 5, 10]),
+                     st.dictionaries(st.integers(0, 2), st.integers(0, 20), max_size=2))
+_release = st.tuples(st.just("release"), st.integers(0, 5), st.booleans())  # which lease
+_toggle = st.tuples(st.just("toggle"), st.integers(0, 2))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(_accept, _accept, _accept, _receive, _release, _toggle),
+                min_size=20, max_size=100))
+def test_pick_matches_a_brute_force_look_and_no_record_is_lost(ops: list[tuple[Any, ...]]) -> None:
+    """Any sequence of arrivals, RECEIVEs (some on full partitions), commits, rollbacks and
+    revocations: pick() agrees with a look at every group, and every accepted record is
+    buffered, held by a lease, committed or dropped with its partition, exactly once."""
+    buf: GroupBuffer[FakeLease] = GroupBuffer()
+    leases: dict[str, FakeLease] = {}
+    live_partitions = {0, 1, 2}
+    accepted: list[Buffered] = []
+    gone: list[Buffered] = []  # committed, or dropped on a revocation
+    for step, op in enumerate(ops):
+        if op[0] == "accept":
+            _, group, priority, kind = op
+            partition = int(group[1:]) % 3
+            if partition in live_partitions:
+                b = rec(group, priority=priority, partition=partition, message_type=kind, at=step // 3)
+                buf.accept(b)
+                accepted.append(b)
+        elif op[0] == "receive":
+            _, who, top, lows = op
+            owner = OWNERS[who]
+            # A full partition's low water is one of its buffered records' offsets, or none.
+            full = {}
+            for p, i in lows.items():
+                offsets = sorted(b.offset for g in GROUPS for b in buf.records(g) if b.partition == p)
+                full[p] = offsets[i % len(offsets)] if offsets else i
+            want = _reference_pick(buf, GROUPS, owner, full)
+            got = buf.pick(owner, full)
+            assert got == want
+            if got is not None:
+                lease = buf.holder(got) or FakeLease(owner)
+                taken = buf.take(lease, got, top, full, NOW_MS)
+                if taken and taken[0].partition in full:
+                    assert len(taken) <= 1, "a full partition hands out one record at a time"
+                lease.taken.extend(taken)
+                leases[got] = lease
+        elif op[0] == "release":
+            _, which, commit = op
+            if leases:
+                group = sorted(leases)[which % len(leases)]
+                lease = leases.pop(group)
+                back = [] if commit else [b for b in lease.taken if b.partition in live_partitions]
+                gone.extend(b for b in lease.taken if b not in back)
+                buf.release(lease, group, back)
+        else:
+            p = op[1]
+            live_partitions ^= {p}
+            if p not in live_partitions:
+                gone.extend(b for g in GROUPS for b in buf.records(g) if b.partition == p)
+                buf.drop_partitions({p})
+        buffered = [b for g in GROUPS for b in buf.records(g)]
+        held = [b for lease in leases.values() for b in lease.taken]
+        assert buf.buffered == len(buffered)
+        assert sorted(map(id, buffered + held + gone)) == sorted(map(id, accepted))
 
 
 def test_pick_matches_a_brute_force_look_over_random_operations():
