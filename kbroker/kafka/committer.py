@@ -26,16 +26,19 @@ from typing import Any, Callable
 
 from confluent_kafka import KafkaException, Producer
 
-from kbroker.config import KAFKA_LOG
 from kbroker.core.records import Record
 from kbroker.errors import TransactionAbortedError
+from kbroker.kafka import clients
 from kbroker.kafka.clients import produce
 from kbroker.kafka.receiver import Lease
 
 log = logging.getLogger("kbroker.committer")
 
+
 @dataclass(eq=False)
 class CommitRequest:
+    """One transaction's commit: its records to produce and its leases' offsets to commit."""
+
     records: list[Record]
     leases: list[Lease]
     done: threading.Event = field(default_factory=threading.Event)
@@ -43,6 +46,7 @@ class CommitRequest:
     committed_at: float = 0.0
 
     def finish(self, error: Exception | None) -> None:
+        """Tell the waiting transaction the outcome (None: committed)."""
         self.error, self.committed_at = error, time.time()
         self.done.set()
 
@@ -55,10 +59,12 @@ class OpenTransactions:
         self._n, self._lock = 0, threading.Lock()
 
     def opened(self) -> None:
+        """A transaction began."""
         with self._lock:
             self._n += 1
 
     def closed(self) -> None:
+        """A transaction asked to commit, or ended without committing."""
         with self._lock:
             self._n -= 1
 
@@ -67,12 +73,16 @@ class OpenTransactions:
 
 
 class GroupCommitter:
+    """Commits the process's transactions in batches, one Kafka transaction per batch. Built
+    without I/O; start() creates the transactional producers (with `new_producer`, given their
+    settings) and the committing thread."""
+
     def __init__(self, bootstrap: str, namespace: str, *, interval: float = 0.005,
                  max_batch: int = 1000, timeout: float = 30.0, producers: int = 2,
-                 open_transactions: Callable[[], int] = lambda: 1):
-        self._namespace = namespace
-        self._conf = {
-            "bootstrap.servers": bootstrap, "logger": KAFKA_LOG,
+                 open_transactions: Callable[[], int] = lambda: 1,
+                 new_producer: Callable[[dict[str, Any]], Producer] = Producer):
+        self._namespace, self._make_producer = namespace, new_producer
+        self._conf: dict[str, Any] = clients.base(bootstrap, **{
             "enable.idempotence": True, "acks": "all", "linger.ms": 1,
             "message.max.bytes": 11 * 1024 * 1024,
             # Right after a commit the coordinator is still writing markers and answers the next
@@ -83,24 +93,36 @@ class GroupCommitter:
             # A process killed mid-commit leaves its Kafka transaction open; readers of those
             # partitions wait at the last stable offset until Kafka aborts it after this long.
             "transaction.timeout.ms": 10_000,
-        }
+        })
         self._interval, self._max_batch, self._timeout = interval, max_batch, timeout
         self._open_transactions = open_transactions
-        self._ring = [self._new_producer() for _ in range(max(1, producers))]
+        self._producers = max(1, producers)
+        self._ring: list[Producer] = []
         self._turn = 0  # the ring's producer for the next Kafka transaction
         self._queue: queue.Queue[CommitRequest | None] = queue.Queue()
         self._busy = threading.Lock()  # held while a Kafka transaction is under way
         self._closed = False
         self.batches = 0
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "GroupCommitter":
+        """Create the producer ring (init_transactions, a broker round trip each) and start the
+        committing thread; returns self."""
+        self._ring = [self._new_producer() for _ in range(self._producers)]
         self._thread = threading.Thread(target=self._run, name="kbroker-committer", daemon=True)
         self._thread.start()
+        return self
 
     def _new_producer(self) -> Producer:
-        p = Producer({**self._conf, "transactional.id": f"kbroker.{self._namespace}.{uuid.uuid4()}"})
+        p = self._make_producer({**self._conf,
+                                 "transactional.id": f"kbroker.{self._namespace}.{uuid.uuid4()}"})
         p.init_transactions(self._timeout)
         return p
 
     def submit(self, request: CommitRequest) -> CommitRequest:
+        """Queue a commit without waiting; its `done` event is set once it has an outcome."""
+        if self._thread is None and not self._closed:
+            raise RuntimeError("GroupCommitter.start() was not called")
         if self._closed:
             request.finish(TransactionAbortedError("the broker connection is closed"))
         else:
@@ -205,9 +227,11 @@ class GroupCommitter:
         self._ring[self._ring.index(producer)] = self._new_producer()
 
     def close(self) -> None:
+        """Commit what is queued, stop the thread, and fail whatever arrives after."""
         self._closed = True
         self._queue.put(None)
-        self._thread.join(timeout=self._timeout)
+        if self._thread is not None:
+            self._thread.join(timeout=self._timeout)
         while not self._queue.empty():  # anything that raced in after the sentinel
             req = self._queue.get_nowait()
             if req is not None:

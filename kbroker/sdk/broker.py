@@ -132,7 +132,7 @@ class Broker:
         with self._lock:
             if self._committer is None:
                 self._committer = GroupCommitter(self.bootstrap, self.namespace, interval=self._commit_interval,
-                                                 open_transactions=self.open_transactions)
+                                                 open_transactions=self.open_transactions).start()
             return self._committer
 
     def receiver(self, queue: str, instance: str | None = None) -> QueueReceiver:
@@ -150,7 +150,7 @@ class Broker:
                     # A partition that arrives may hold records of conversations moved by another
                     # process since this one cached their endpoints: catch up first.
                     on_assign=self.endpoints.refresh,
-                    report=functools.partial(self._report_reader, queue))
+                    report=functools.partial(self._report_reader, queue)).start()
                 if instance is None:
                     self._poison.watch(queue)  # poison counting covers the queues read here
             return r
