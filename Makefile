@@ -1,6 +1,11 @@
 # Two entry points for a new user:  `make demo`  and  `make test`.
 # Each sets up everything it needs (Java/Maven if missing, the virtualenv, the Kafka jars) first.
 PYTHON ?= python3
+# `make demo PORT=19092 DATA_DIR=/tmp/kbroker-demo`: the embedded broker the demo starts, when 9092
+# or the per-user data dir is taken (KBROKER_BOOTSTRAP=host:port uses a running broker instead).
+# Set on make's command line only (`=`, not `?=`): a PORT in the environment is often another tool's.
+PORT     = 9092
+DATA_DIR =
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -8,9 +13,13 @@ STAMP  := $(VENV)/.installed
 .PHONY: demo test bench prereqs setup clean
 
 demo: setup
-	$(BIN)/kbroker demo
+	$(BIN)/kbroker demo --port $(PORT)$(if $(DATA_DIR), --data-dir $(DATA_DIR))
 
+# The static checks first (seconds: the layer contracts, the types), then the tests against a real
+# broker (minutes).
 test: setup
+	$(BIN)/lint-imports
+	$(BIN)/mypy kbroker
 	$(BIN)/pytest
 
 bench: setup

@@ -10,6 +10,7 @@ import click
 
 from kbroker import config
 from kbroker.cli import (
+    bootstrap_address,
     bootstrap_option,
     emit_json,
     handle_errors,
@@ -17,7 +18,6 @@ from kbroker.cli import (
     main,
     namespace_option,
 )
-from kbroker.embedded import resolve_bootstrap
 
 config_option = click.option("--config", "config_file", required=True,
                              type=click.Path(dir_okay=False, path_type=Path),
@@ -81,7 +81,7 @@ def run_cmd(config_file, bootstrap, namespace, as_json):
 
     cfg = load_config(config_file)
     # --bootstrap / KBROKER_BOOTSTRAP, then the file, then the embedded broker (same for namespace).
-    address = resolve_bootstrap(bootstrap or cfg.bootstrap)
+    address = bootstrap_address(bootstrap or cfg.bootstrap)
     ns = config.namespace(namespace or cfg.namespace)
 
     def log(record: dict) -> None:

@@ -3,6 +3,7 @@ plain-Kafka baseline in the same run, reported as ratios of medians."""
 
 from __future__ import annotations
 
+import importlib.util
 import signal
 import sys
 from pathlib import Path
@@ -10,7 +11,8 @@ from pathlib import Path
 import click
 
 from kbroker.bench.params import Params
-from kbroker.cli import bootstrap_option, emit_json, handle_errors, json_option, main
+from kbroker.cli import bootstrap_option, emit_json, fail, handle_errors, json_option, main, missing_extra
+from kbroker.cli.output import make_console, new_table, print_table
 
 SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "backlog-rss", "activation-latency",
                   "activation-drain")
@@ -58,6 +60,7 @@ def bench(scenarios, repeat, messages, conversations, backlog, readers, in_fligh
     Uses --bootstrap / KBROKER_BOOTSTRAP when given, else starts an embedded broker on free ports
     in a temporary data dir for the run. Progress goes to stderr; results to OUT/latest.json and
     the results table of the docs; --json prints them on stdout."""
+    _require_worker_for_activation(scenarios)
     from kbroker.bench.harness import (
         Reporter,
         command_line,
@@ -91,18 +94,24 @@ def bench(scenarios, repeat, messages, conversations, backlog, readers, in_fligh
         raise SystemExit(1)
 
 
-def _print_table(doc: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def _require_worker_for_activation(scenarios: tuple[str, ...]) -> None:
+    # The activation scenarios run a real `kbroker worker`: without Faust they could only fail,
+    # after the other scenarios have taken minutes. Say so at once, in one line.
+    activation = [s for s in scenarios or SCENARIO_NAMES if s.startswith("activation")]
+    missing = [p for p in ("faust", "aiokafka") if importlib.util.find_spec(p) is None]
+    if activation and missing:
+        fail(f"{missing_extra(missing[0], 'bench')}, or name only scenarios other than {', '.join(activation)}")
 
+
+def _print_table(doc: dict) -> None:
     def fmt(v) -> str:
         return "-" if v is None else (f"{v:,.2f}" if abs(v) < 10 else f"{v:,.0f}")
 
-    table = Table(title=f"kbroker bench, {doc['date']} (medians of {doc['params']['repeat']})",
-                  title_justify="left")
-    for col, justify in (("scenario", "left"), ("unit", "left"), ("kbroker", "right"),
-                         ("baseline", "right"), ("ratio", "right"), ("target", "left"), ("met", "left")):
-        table.add_column(col, justify=justify, overflow="fold")
+    columns = ("scenario", "unit", "kbroker", "baseline", "ratio", "target", "met")
+    table = new_table(f"kbroker bench, {doc['date']} (medians of {doc['params']['repeat']})", *columns)
+    for column in table.columns:
+        if column.header in ("kbroker", "baseline", "ratio"):
+            column.justify = "right"
     notes = []
     for r in doc["results"]:
         ratio = "-" if r.get("ratio") is None else f"{r['ratio']:.2f}"
@@ -117,8 +126,8 @@ def _print_table(doc: dict) -> None:
             notes.append(f"{r['scenario']}: {r['skipped_reason']}")
         if r.get("summary"):
             notes.append(f"{r['scenario']}: {r['summary']}")
-    console = Console()
-    console.print(table)
+    console = make_console()
+    print_table(table, console)
     console.print("ratio = kbroker/baseline unless stated", style="dim")
     for line in notes:
         console.print(line, highlight=False)

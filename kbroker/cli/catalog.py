@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
-from rich.console import Console
-from rich.table import Table
 
 from kbroker import config
 from kbroker.cli import (
+    bootstrap_address,
     bootstrap_option,
     emit_json,
     handle_errors,
@@ -15,18 +16,19 @@ from kbroker.cli import (
     main,
     namespace_option,
 )
-from kbroker.core.catalog.loader import load_definitions
-from kbroker.core.catalog.models import Catalog
-from kbroker.embedded import resolve_bootstrap
-from kbroker.kafka.apply import apply_catalog
-from kbroker.kafka.catalog_store import read_catalog
+from kbroker.cli.output import make_console, new_table, print_table
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from kbroker.core.catalog.models import Catalog
 
 
 @main.command("apply")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @bootstrap_option
 @namespace_option
-@click.option("--replication-factor", type=int, default=None,
+@click.option("--replication-factor", type=click.IntRange(min=1), default=None,
               help="Replicas of the topics this apply creates (default: as many as the cluster "
               "has brokers, up to 3; 2 must be in sync when there are 3). Existing topics keep theirs.")
 @json_option
@@ -34,14 +36,15 @@ from kbroker.kafka.catalog_store import read_catalog
 def apply_cmd(paths, bootstrap, namespace, replication_factor, as_json):
     """Validate the definitions in PATHS (files or directories of *.yaml) and apply them:
     create or update the topics, then publish the catalog. An invalid definition applies nothing."""
-    if replication_factor is not None and replication_factor < 1:
-        raise ValueError(f"--replication-factor must be at least 1, not {replication_factor}")
+    from kbroker.core.catalog.loader import load_definitions
+    from kbroker.kafka.apply import apply_catalog
+
     ns = config.namespace(namespace)
     # Validate before looking for a broker: a bad file is reported even when none runs.
     catalog = load_definitions(paths, ns)
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     progress = None if as_json else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
-    report = apply_catalog(resolve_bootstrap(bootstrap), catalog, progress,
+    report = apply_catalog(bootstrap_address(bootstrap), catalog, progress,
                            replication_factor=replication_factor)
     if as_json:
         emit_json(report.as_dict())
@@ -49,16 +52,14 @@ def apply_cmd(paths, bootstrap, namespace, replication_factor, as_json):
     if not (report.topics_created or report.topics_updated or report.objects_published):
         click.echo(f"namespace {ns}: nothing to change")
         return
-    table = Table(title=f"namespace {ns}", title_justify="left")
-    table.add_column("topic", overflow="fold")
-    table.add_column("change")
+    table = new_table(f"namespace {ns}", "topic", "change")
     for topic in report.topics_created:
         table.add_row(topic, "created")
     for topic in report.topics_updated:
         table.add_row(topic, "updated")
-    console = Console()
+    console = make_console()
     if table.row_count:
-        console.print(table)
+        print_table(table, console)
     console.print(f"published {report.objects_published} catalog records")
 
 
@@ -74,38 +75,35 @@ def catalog_group():
 @handle_errors
 def show_cmd(bootstrap, namespace, as_json):
     """List the objects of the namespace's catalog (built-ins included)."""
-    catalog = read_catalog(resolve_bootstrap(bootstrap), config.namespace(namespace))
+    from kbroker.kafka.catalog_store import read_catalog
+
+    catalog = read_catalog(bootstrap_address(bootstrap), config.namespace(namespace))
     if as_json:
         emit_json(catalog.model_dump(mode="json"))
         return
-    console = Console()
+    console = make_console()
     for table in _tables(catalog):
         if table.row_count:
-            console.print(table)
+            print_table(table, console)
 
 
 def _tables(c: Catalog) -> list[Table]:
-    def table(title: str, *columns: str) -> Table:
-        t = Table(title=title, title_justify="left")
-        for col in columns:
-            t.add_column(col, overflow="fold")  # long names wrap, never truncate
-        return t
-
-    mt = table("message types", "name", "validation")
+    """One table per kind of catalog object (long names wrap on a terminal, never truncate)."""
+    mt = new_table("message types", "name", "validation")
     for m in c.message_types.values():
         mt.add_row(m.name, m.validation)
-    ct = table("contracts", "name", "messages")
+    ct = new_table("contracts", "name", "messages")
     for k in c.contracts.values():
         ct.add_row(k.name, "\n".join(f"{m.type} ({m.sent_by})" for m in k.messages))
-    qt = table("queues", "name", "partitions", "status", "retention", "topic retention", "activation")
+    qt = new_table("queues", "name", "partitions", "status", "retention", "topic retention", "activation")
     for q in c.queues.values():
         a = q.activation
         act = f"{a.status} {a.kind} {a.procedure or ''} x{a.max_queue_readers}".replace("  ", " ") if a else "-"
         qt.add_row(q.name, str(q.partitions), q.status, q.retention, q.topic_retention, act)
-    st = table("services", "name", "queue", "contracts")
+    st = new_table("services", "name", "queue", "contracts")
     for s in c.services.values():
         st.add_row(s.name, s.queue, "\n".join(s.contracts) or "-")
-    rt = table("routes", "name", "service", "address", "lifetime")
+    rt = new_table("routes", "name", "service", "address", "lifetime")
     for r in c.routes.values():
         rt.add_row(r.name, r.service_name or "*", r.address, str(r.lifetime or "-"))
     return [mt, ct, qt, st, rt]

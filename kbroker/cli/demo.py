@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Callable
 
 from kbroker import config
+from kbroker.cli.output import make_console, new_table, print_table
 from kbroker.embedded.broker import EmbeddedBroker
+from kbroker.errors import EmbeddedBrokerError
 from kbroker.kafka.apply import apply_paths
 from kbroker.sdk.broker import END_DIALOG, Broker
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 EMPLOYEES = "//Adventure-Works.com/Employees"
 EXPENSES = "//Adventure-Works.com/Expenses"
@@ -29,7 +32,7 @@ def topics_dir() -> Path:
 
 def run_demo(*, bootstrap: str | None, namespace: str, data_dir: Path | None, port: int,
              keep_broker: bool, as_json: bool) -> dict:
-    console = Console(stderr=as_json)
+    console = make_console(stderr=as_json)
     say = console.print
     started: EmbeddedBroker | None = None
     bootstrap = bootstrap or os.environ.get("KBROKER_BOOTSTRAP")
@@ -40,13 +43,15 @@ def run_demo(*, bootstrap: str | None, namespace: str, data_dir: Path | None, po
         if not status.running:
             status = embedded.start(port=port)
             started = embedded
+        if status.bootstrap is None:  # a running broker has an address; never None in practice
+            raise EmbeddedBrokerError(f"the embedded broker in {status.data_dir} reports no address")
         bootstrap = status.bootstrap
     say(f"[bold]Kafka[/] at {bootstrap}, namespace [bold]{namespace}[/]")
     try:
         report = apply_paths(bootstrap, namespace, [topics_dir() / "samples"])
         say(f"applied topics/samples: {len(report.topics_created)} topic(s) created, "
             f"{report.objects_published} catalog object(s) published")
-        steps = _conversation(Broker(bootstrap, namespace), say)
+        steps = _conversation(Broker(bootstrap, namespace), say, lambda table: print_table(table, console))
     finally:
         if started is not None and not keep_broker:
             started.stop()
@@ -59,7 +64,7 @@ def run_demo(*, bootstrap: str | None, namespace: str, data_dir: Path | None, po
     return result
 
 
-def _conversation(broker: Broker, say) -> list[dict]:
+def _conversation(broker: Broker, say: Callable[[str], None], show: Callable[[Table], None]) -> list[dict]:
     steps: list[dict] = []
 
     def step(who: str, what: str, msg=None) -> None:
@@ -95,14 +100,12 @@ def _conversation(broker: Broker, say) -> list[dict]:
         broker.receive("EmployeeQueue", top=1, wait=5, conversation_group=group)
         step("employee", "RECEIVE (end acknowledged, nothing returned)")
 
-        table = Table(title="conversation endpoints")
-        for col in ("side", "service", "state", "conversation_handle"):
-            table.add_column(col)
+        table = new_table("conversation endpoints", "side", "service", "state", "conversation_handle")
         for h in (handle, claim.conversation_handle):
             ep = broker.endpoints.get(h)
             table.add_row(ep.side, ep.service_name, f"{ep.state} {ep.state_desc}", h)
             steps.append({"endpoint": h, "side": ep.side, "state": ep.state})
-        say(table)
+        show(table)
     return steps
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,11 +16,16 @@ from kbroker.cli import (
     main,
     namespace_option,
 )
-from kbroker.sdk import broker as client
+
+if TYPE_CHECKING:
+    from kbroker.sdk.broker import Broker
 
 
-def _connect(bootstrap: str | None, namespace: str | None) -> client.Broker:
-    return client.connect(bootstrap, namespace)
+def _connect(bootstrap: str | None, namespace: str | None) -> Broker:
+    # The SDK (and its Kafka client) loads when a command runs, not for `kbroker --help`.
+    from kbroker.sdk.broker import connect
+
+    return connect(bootstrap, namespace)
 
 
 def read_body(body: str) -> bytes:
@@ -129,9 +135,10 @@ def move(handle, group, bootstrap, namespace, as_json):
 
 @main.command()
 @click.option("--keep-broker", is_flag=True, help="Leave the embedded broker running afterwards.")
-@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
-              help="Embedded broker data dir (default: the per-user one).")
-@click.option("--port", default=9092, show_default=True, help="Embedded broker port.")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Embedded broker data dir (default: KBROKER_DATA_DIR, else the per-user one).")
+@click.option("--port", type=click.IntRange(1, 65535), default=9092, show_default=True,
+              help="Port of the embedded broker the demo starts (when none runs in its data dir).")
 @bootstrap_option
 @namespace_option
 @json_option

@@ -4,11 +4,10 @@ DMV-like views of kbroker/queues.py."""
 from __future__ import annotations
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from kbroker import config
 from kbroker.cli import (
+    bootstrap_address,
     bootstrap_option,
     emit_json,
     handle_errors,
@@ -16,16 +15,7 @@ from kbroker.cli import (
     main,
     namespace_option,
 )
-from kbroker.embedded import resolve_bootstrap
-from kbroker.kafka.queues import conversation_view, queue_view, set_queue_status
-from kbroker.kafka.retention import queue_messages
-
-
-def _table(title: str, *columns: str) -> Table:
-    t = Table(title=title, title_justify="left")
-    for col in columns:
-        t.add_column(col, overflow="fold")  # handles and service names wrap, never truncate
-    return t
+from kbroker.cli.output import make_console, new_table, print_table
 
 
 @main.group("queue")
@@ -41,31 +31,33 @@ def queue_group():
 @handle_errors
 def show_cmd(queue, bootstrap, namespace, as_json):
     """Status, messages ready per partition (an upper bound) and the reading consumer group."""
-    view = queue_view(resolve_bootstrap(bootstrap), config.namespace(namespace), queue)
+    from kbroker.kafka.queues import queue_view
+
+    view = queue_view(bootstrap_address(bootstrap), config.namespace(namespace), queue)
     if as_json:
         emit_json(view)
         return
     g = view["group"]
-    console = Console()
+    console = make_console()
     console.print(f"queue {view['queue']}: status {view['status']}, poison message handling "
                   f"{view['poison_message_handling']}, {g['members']} readers (group {g['state'].lower()})",
                   highlight=False)
-    t = _table(view["topic"], "partition", "start", "end", "committed", "completed above", "ready")
+    t = new_table(view["topic"], "partition", "start", "end", "committed", "completed above", "ready")
     for p in view["partition_offsets"]:
         committed = "-" if p["committed"] is None else str(p["committed"])
         t.add_row(str(p["partition"]), str(p["start"]), str(p["end"]), committed,
                   str(p["completed_above"]), str(p["ready"]))
     totals = view["totals"]
     t.add_row("total", "", str(totals["end"]), "", str(totals["completed_above"]), str(totals["ready"]))
-    console.print(t)
+    print_table(t, console)
     console.print(f"{view['locked_groups']} conversation groups locked, {view['in_flight']} messages in flight "
                   f"(open transactions), {len(view['readers'])} reading processes", highlight=False)
     if view["readers"]:
-        r = _table("readers", "process", "partitions", "buffered", "ready groups", "locked groups", "in flight")
+        r = new_table("readers", "process", "partitions", "buffered", "ready groups", "locked groups", "in flight")
         for row in view["readers"]:
             r.add_row(row["process"], ",".join(map(str, row["partitions"])), str(row["buffered"]),
                       str(row["ready_groups"]), str(row["locked_groups"]), str(row["in_flight"]))
-        console.print(r)
+        print_table(r, console)
 
 
 @queue_group.command("messages")
@@ -78,21 +70,25 @@ def show_cmd(queue, bootstrap, namespace, as_json):
 def messages_cmd(queue, handle, bootstrap, namespace, as_json):
     """The queue's messages, like SELECT * FROM queue: status 1 = ready, 0 = received (kept only
     with RETENTION = ON, until the conversation ends)."""
-    rows = queue_messages(resolve_bootstrap(bootstrap), config.namespace(namespace), queue, handle)
+    from kbroker.kafka.retention import queue_messages
+
+    rows = queue_messages(bootstrap_address(bootstrap), config.namespace(namespace), queue, handle)
     if as_json:
         emit_json(rows)
         return
-    t = _table(f"queue {queue}", "status", "order", "conversation_handle", "seq", "message_type_name", "body")
+    t = new_table(f"queue {queue}", "status", "order", "conversation_handle", "seq", "message_type_name", "body")
     t.columns[2].no_wrap = True
     for r in rows:
         body = r["message_body"] if r["message_body"] is not None else f"0x{r['message_body_hex'][:40]}"
         t.add_row(str(r["status"]), str(r["queuing_order"]), r["conversation_handle"],
                   str(r["message_sequence_number"]), r["message_type_name"], body[:60])
-    Console().print(t)
+    print_table(t)
 
 
 def _set_status(queue: str, status: str, reason: str, bootstrap, namespace, as_json: bool) -> None:
-    set_queue_status(resolve_bootstrap(bootstrap), config.namespace(namespace), queue, status, reason)
+    from kbroker.kafka.queues import set_queue_status
+
+    set_queue_status(bootstrap_address(bootstrap), config.namespace(namespace), queue, status, reason)
     if as_json:
         emit_json({"queue": queue, "status": status, "reason": reason})
     else:
@@ -131,16 +127,18 @@ def disable_cmd(queue, reason, bootstrap, namespace, as_json):
 @handle_errors
 def conversations_cmd(state, bootstrap, namespace, as_json):
     """The conversation endpoints of the namespace (sys.conversation_endpoints)."""
-    rows = conversation_view(resolve_bootstrap(bootstrap), config.namespace(namespace))
+    from kbroker.kafka.queues import conversation_view
+
+    rows = conversation_view(bootstrap_address(bootstrap), config.namespace(namespace))
     if state:
         rows = [r for r in rows if r["state"] == state.upper()]
     if as_json:
         emit_json(rows)
         return
     # The columns that fit a terminal; --json has them all (contract, group, lifetime, ...).
-    t = _table("conversation endpoints", "conversation_handle", "side", "service", "far service", "state", "seq")
+    t = new_table("conversation endpoints", "conversation_handle", "side", "service", "far service", "state", "seq")
     t.columns[0].no_wrap = True  # a handle is copied and pasted: keep it on one line
     for r in rows:
         t.add_row(r["conversation_handle"], "I" if r["is_initiator"] else "T", r["service_name"],
                   r["far_service"], r["state"], str(r["send_sequence"]))
-    Console().print(t)
+    print_table(t)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 
 import click
-import httpx
-from rich.console import Console
+import orjson
 
 from kbroker import config
 from kbroker.cli import (
+    bootstrap_address,
     bootstrap_option,
     emit_json,
     fail,
@@ -18,10 +18,10 @@ from kbroker.cli import (
     json_option,
     main,
     namespace_option,
+    require_extra,
 )
-from kbroker.cli.views import _table, queue_group
-from kbroker.embedded import resolve_bootstrap
-from kbroker.kafka.queues import alter_queue_activation
+from kbroker.cli.output import new_table, print_table
+from kbroker.cli.views import queue_group
 
 
 @main.command("worker")
@@ -41,10 +41,11 @@ from kbroker.kafka.queues import alter_queue_activation
 def worker_cmd(bootstrap, namespace, web_port, tick, ramp_up, handlers, no_timers, loglevel):
     """Run the worker: queue monitors with internal and external activation, task handlers, the
     cluster tick and the timer service. Start several; they share the work through Kafka."""
+    require_extra("worker", "faust", "aiokafka")
     from kbroker.worker.app import WorkerSettings, run_worker
 
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    run_worker(WorkerSettings(resolve_bootstrap(bootstrap), config.namespace(namespace),
+    run_worker(WorkerSettings(bootstrap_address(bootstrap), config.namespace(namespace),
                               web_port=web_port, tick_interval=tick, ramp_up=ramp_up, handlers=handlers,
                               timers=not no_timers), loglevel=loglevel)
 
@@ -58,16 +59,16 @@ def monitors_cmd(bootstrap, namespace, as_json):
     """Queue monitors, like sys.dm_broker_queue_monitors (read from Kafka; no worker needed)."""
     from kbroker.worker.views import monitor_rows
 
-    rows = monitor_rows(resolve_bootstrap(bootstrap), config.namespace(namespace))
+    rows = monitor_rows(bootstrap_address(bootstrap), config.namespace(namespace))
     if as_json:
         emit_json(rows)
         return
     cols = ("queue", "state", "readers", "max_queue_readers", "tasks_waiting", "backlog", "ready_groups",
             "last_activated_time", "last_empty_rowset_time", "worker")
-    t = _table("queue monitors", *cols)
+    t = new_table("queue monitors", *cols)
     for r in rows:
         t.add_row(*("" if r[c] is None else str(r[c]) for c in cols))
-    Console().print(t)
+    print_table(t)
 
 
 @main.command("tasks")
@@ -77,22 +78,26 @@ def monitors_cmd(bootstrap, namespace, as_json):
 @handle_errors
 def tasks_cmd(urls, as_json):
     """Activated readers running now, like sys.dm_broker_activated_tasks (asks the workers)."""
+    # The standard library's client: a GET per worker needs no HTTP package in the base install.
+    # Imported here, not at the top: it would be a large share of `kbroker --help`'s start-up.
+    import urllib.request
+
     rows = []
     for url in urls:
         try:
-            resp = httpx.get(url.rstrip("/") + "/tasks/", timeout=5)
-            resp.raise_for_status()
-        except httpx.HTTPError as exc:
+            with urllib.request.urlopen(url.rstrip("/") + "/tasks/", timeout=5) as resp:
+                body = resp.read()
+        except OSError as exc:  # refused, timed out, or an HTTP error status (URLError is an OSError)
             fail(f"worker at {url} does not answer: {exc}")
-        rows.extend(resp.json()["tasks"])
+        rows.extend(orjson.loads(body)["tasks"])
     if as_json:
         emit_json(rows)
         return
     cols = ("task_id", "worker", "queue", "procedure", "generation", "handler", "started_at")
-    t = _table("activated tasks", *cols)
+    t = new_table("activated tasks", *cols)
     for r in rows:
         t.add_row(*(str(r[c]) for c in cols))
-    Console().print(t)
+    print_table(t)
 
 
 @queue_group.command("alter")
@@ -109,7 +114,9 @@ def alter_cmd(queue, activation, max_readers, procedure, bootstrap, namespace, a
     """ALTER QUEUE ... WITH ACTIVATION (STATUS, MAX_QUEUE_READERS, PROCEDURE_NAME)."""
     if activation is None and max_readers is None and procedure is None:
         fail("nothing to alter: give --activation, --max-readers or --procedure")
-    result = alter_queue_activation(resolve_bootstrap(bootstrap), config.namespace(namespace), queue,
+    from kbroker.kafka.queues import alter_queue_activation
+
+    result = alter_queue_activation(bootstrap_address(bootstrap), config.namespace(namespace), queue,
                                     status=activation.upper() if activation else None,
                                     max_queue_readers=max_readers, procedure=procedure)
     if as_json:

@@ -1,0 +1,74 @@
+"""The CLI as a new user or a CI log meets it, against the real broker: a bad value is one line,
+and with stdout piped (no terminal) the tables print every handle and name whole on one line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+
+import orjson
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from kbroker.cli.demo import CLAIM, CONTRACT
+from kbroker.cli.demo import EMPLOYEES as EMP
+from kbroker.cli.demo import EXPENSES as EXP
+from kbroker.core import names
+from kbroker.core.monitor import MonitorConfig, MonitorState
+
+from ..conftest import KBROKER
+
+
+def run_cli(*args: str, bootstrap: str, namespace: str) -> subprocess.CompletedProcess:
+    """The venv's `kbroker`, stdout and stderr captured through pipes: no terminal, as in CI."""
+    env = {**os.environ, "KBROKER_BOOTSTRAP": bootstrap, "KBROKER_NAMESPACE": namespace}
+    env.pop("COLUMNS", None)
+    return subprocess.run([KBROKER, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def lines_with(text: str, *values: str) -> list[str]:
+    return [line for line in text.splitlines() if all(v in line for v in values)]
+
+
+def test_queue_alter_with_a_bad_procedure_is_one_line(kafka_bootstrap, namespace, broker):
+    out = run_cli("queue", "alter", "ExpenseQueue", "--procedure", "notaprocedure",
+                  bootstrap=kafka_bootstrap, namespace=namespace)
+    assert out.returncode == 1
+    assert out.stderr.splitlines() == [
+        "kbroker: error: activation.procedure: procedure must be 'module:function', not 'notaprocedure'"]
+
+
+def test_conversations_piped_prints_whole_handles_and_names(kafka_bootstrap, namespace, broker):
+    handle = broker.begin_dialog(EMP, EXP, CONTRACT)
+    broker.send(handle, CLAIM, {"claim": 1})
+    out = run_cli("conversations", bootstrap=kafka_bootstrap, namespace=namespace)
+    assert out.returncode == 0, out.stderr
+    assert len(lines_with(out.stdout, handle, EMP, EXP, "CO")) == 1, out.stdout
+
+
+def test_monitors_piped_prints_whole_names(kafka_bootstrap, namespace):
+    # A monitor row as a worker leaves it in the monitor table's changelog (no worker needed).
+    topic = names.monitors_changelog_topic(namespace)
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1, config={"cleanup.policy": "compact"})])[topic].result(30)
+    queue, worker = "AQueueNameLongerThanTheColumnsOfAnEightyColumnTable", f"worker-{uuid.uuid4()}"
+    state = MonitorState(queue=queue, config=MonitorConfig(procedure="kbroker.samples.expenses:approve"))
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer.produce(topic, key=orjson.dumps(queue), value=orjson.dumps({**state.to_dict(), "owner": worker}))
+    assert producer.flush(30) == 0
+
+    out = run_cli("monitors", bootstrap=kafka_bootstrap, namespace=namespace)
+    assert out.returncode == 0, out.stderr
+    assert len(lines_with(out.stdout, queue, worker)) == 1, out.stdout
+
+
+def test_demo_piped_prints_whole_handles(kafka_bootstrap, namespace):
+    out = run_cli("demo", bootstrap=kafka_bootstrap, namespace=namespace)
+    assert out.returncode == 0, out.stderr
+    begun = lines_with(out.stdout, "BEGIN DIALOG")
+    assert len(begun) == 1, out.stdout
+    handle = begun[0].rsplit(" ", 1)[1]
+    uuid.UUID(handle)  # whole, not cut
+    assert len(lines_with(out.stdout, handle, EMP, "CD")) == 1, out.stdout
+    assert "…" not in out.stdout

@@ -1,0 +1,83 @@
+"""Every CLI error is one line on stderr and a non-zero exit: pydantic's validation errors and a
+missing optional extra included."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import click
+from click.testing import CliRunner
+
+from kbroker.cli import handle_errors
+from kbroker.core.catalog.models import Queue
+
+
+@click.command()
+@click.option("--procedure")
+@handle_errors
+def validate_queue(procedure: str) -> None:
+    # What `kbroker queue alter` does with its options: validate them with the catalog's model.
+    Queue.model_validate({"name": "ExpenseQueue",
+                          "activation": {"status": "ON", "procedure": procedure, "max_queue_readers": 1}})
+
+
+@click.command()
+@handle_errors
+def needs_faust() -> None:
+    raise ModuleNotFoundError("No module named 'faust'", name="faust")
+
+
+@click.command()
+@handle_errors
+def needs_an_unknown_package() -> None:
+    raise ModuleNotFoundError("No module named 'nosuchpackage'", name="nosuchpackage")
+
+
+def test_a_pydantic_validation_error_is_one_line_naming_the_field():
+    result = CliRunner().invoke(validate_queue, ["--procedure", "notaprocedure"])
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [
+        "kbroker: error: activation.procedure: procedure must be 'module:function', not 'notaprocedure'"]
+
+
+def test_a_missing_extra_is_one_line_naming_it():
+    result = CliRunner().invoke(needs_faust)
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [
+        "kbroker: error: faust is not installed: this command needs kbroker's worker extra "
+        "(pip install 'kbroker[worker]')"]
+
+
+def test_a_missing_package_of_no_extra_is_not_hidden():
+    result = CliRunner().invoke(needs_an_unknown_package)
+    assert isinstance(result.exception, ModuleNotFoundError)
+
+
+def run_without(packages: list[str], argv: list[str]) -> subprocess.CompletedProcess:
+    """The CLI in a fresh interpreter where `packages` cannot be imported (as if not installed)."""
+    program = (
+        "import sys\n"
+        f"for name in {packages!r}:\n"
+        "    sys.modules[name] = None  # import fails with ModuleNotFoundError, find_spec says None\n"
+        "from kbroker.cli import main\n"
+        f"main({argv!r}, prog_name='kbroker')\n"
+    )
+    env = {**os.environ, "KBROKER_BOOTSTRAP": "127.0.0.1:1"}  # nothing may get as far as connecting
+    return subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_kbroker_worker_without_faust_names_the_worker_extra():
+    proc = run_without(["faust", "aiokafka"], ["worker"])
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        "kbroker: error: faust is not installed: this command needs kbroker's worker extra "
+        "(pip install 'kbroker[worker]')"]
+
+
+def test_kbroker_bench_activation_without_faust_names_the_bench_extra():
+    proc = run_without(["faust", "aiokafka"], ["bench", "activation-latency", "--no-docs"])
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and "pip install 'kbroker[bench]'" in lines[0], proc.stderr

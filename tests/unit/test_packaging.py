@@ -1,0 +1,78 @@
+"""What pyproject.toml installs, and the Makefile's two entry points: the base install covers
+every package kbroker imports outside the worker, the extras the rest, and `make demo` / `make
+test` pass their variables and checks on."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+# The distribution that provides each import name kbroker uses.
+DISTRIBUTION_OF = {"confluent_kafka": "confluent-kafka", "yaml": "PyYAML", "faust": "faust-streaming"}
+
+
+def names(requirements: list[str]) -> set[str]:
+    """The distribution names of requirement strings ("rich>=13" -> "rich")."""
+    return {re.split(r"[<>=!~\[ ;]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+def third_party_imports(path: Path) -> set[str]:
+    """Top-level names of the absolute, non-standard-library imports anywhere in a module."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.partition(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.partition(".")[0])
+    return {n for n in found if n not in sys.stdlib_module_names and n not in ("kbroker", "__future__")}
+
+
+def test_every_import_is_installed_by_the_base_or_by_its_extra():
+    base = names(PROJECT["project"]["dependencies"])
+    extras = {k: names(v) for k, v in PROJECT["project"]["optional-dependencies"].items()}
+    for module in (ROOT / "kbroker").rglob("*.py"):
+        allowed = base | (extras["worker"] if "worker" in module.relative_to(ROOT).parts else set())
+        for name in third_party_imports(module):
+            assert DISTRIBUTION_OF.get(name, name).lower() in allowed, f"{module}: {name} is not installed by it"
+
+
+def test_the_base_install_has_no_worker_spark_or_unused_package():
+    base = names(PROJECT["project"]["dependencies"])
+    assert base == {"confluent-kafka", "orjson", "pydantic", "pyyaml", "defusedxml", "psutil", "click", "rich"}
+
+
+def test_the_extras():
+    extras = PROJECT["project"]["optional-dependencies"]
+    assert names(extras["worker"]) == {"faust-streaming", "aiokafka"}
+    assert extras["analytics"] == ["pyspark>=4.2,<4.3"]
+    assert "kbroker[worker,analytics,bench]" in extras["test"]
+    assert {"pytest", "pytest-timeout", "hypothesis", "testcontainers", "import-linter", "mypy"} <= names(extras["test"])
+
+
+def test_the_license_is_an_spdx_expression_for_a_setuptools_that_reads_it():
+    assert PROJECT["project"]["license"] == "Apache-2.0"
+    assert all((ROOT / name).is_file() for name in PROJECT["project"]["license-files"])
+    assert "setuptools>=77" in PROJECT["build-system"]["requires"]
+
+
+def make_dry_run(*args: str) -> list[str]:
+    out = subprocess.run(["make", "--dry-run", "--always-make", *args], cwd=ROOT, check=True,
+                         capture_output=True, text=True, timeout=60).stdout
+    return out.splitlines()
+
+
+def test_make_demo_passes_port_and_data_dir_on():
+    assert make_dry_run("demo")[-1] == ".venv/bin/kbroker demo --port 9092"
+    assert make_dry_run("demo", "PORT=19092", "DATA_DIR=/tmp/kbroker-demo")[-1] == \
+        ".venv/bin/kbroker demo --port 19092 --data-dir /tmp/kbroker-demo"
+
+
+def test_make_test_checks_the_import_contracts_and_the_types_before_the_tests():
+    lines = make_dry_run("test")
+    assert lines[-3:] == [".venv/bin/lint-imports", ".venv/bin/mypy kbroker", ".venv/bin/pytest"]
