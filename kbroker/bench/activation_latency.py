@@ -79,7 +79,7 @@ class StandingConsumer:
                         raise RuntimeError(str(msg.error()))
                     continue
                 with self.cond:
-                    self.got[msg.key().decode()] = (now_ms, msg.timestamp()[1])
+                    self.got[(msg.key() or b"").decode()] = (now_ms, msg.timestamp()[1])
                     self.cond.notify_all()
         except BaseException as exc:
             self.error = exc

@@ -69,20 +69,26 @@ def has_transactions() -> bool:
 # --- records in kbroker's wire format --------------------------------------------------------
 
 
-def claim_headers(conversation_id: str, seq: int) -> list[tuple[str, bytes]]:
+# Headers as Producer.produce types them (a wider list than kbroker's (name, bytes) pairs).
+WireHeaders = list[tuple[str, str | bytes | None]]
+
+
+def claim_headers(conversation_id: str, seq: int) -> WireHeaders:
     """Headers of the seq-th ExpenseClaim of a dialog, as the initiator's SEND writes them."""
-    return Envelope(message_id=str(uuid.uuid4()), conversation_id=conversation_id,
+    headers = Envelope(message_id=str(uuid.uuid4()), conversation_id=conversation_id,
                     conversation_group_id=conversation_id, message_sequence_number=seq,
                     message_type_name=CLAIM, service_contract_name=CONTRACT, from_service_name=EMP,
                     to_service_name=EXP, to_side="TARGET").headers()
+    return list(headers)
 
 
-def approval_headers(conversation_id: str, seq: int) -> list[tuple[str, bytes]]:
+def approval_headers(conversation_id: str, seq: int) -> WireHeaders:
     """Headers of the seq-th ExpenseApproval, sent back by the target."""
-    return Envelope(message_id=str(uuid.uuid4()), conversation_id=conversation_id,
+    headers = Envelope(message_id=str(uuid.uuid4()), conversation_id=conversation_id,
                     conversation_group_id=conversation_id, message_sequence_number=seq,
                     message_type_name=APPROVAL, service_contract_name=CONTRACT, from_service_name=EXP,
                     to_service_name=EMP, to_side="INITIATOR").headers()
+    return list(headers)
 
 
 def produce_dialogs(ctx: BenchContext, topic: str, conversations: list[str], per_conversation: int,
@@ -97,7 +103,7 @@ def produce_dialogs(ctx: BenchContext, topic: str, conversations: list[str], per
             conv = conversations[i % len(conversations)]
             hs = claim_headers(conv, i // len(conversations))
             if i == 0:
-                written = len(conv) + len(body) + sum(len(k) + len(v) for k, v in hs)
+                written = len(conv) + len(body) + sum(len(k) + len(v or b"") for k, v in hs)
             produce(producer, topic, key=conv, value=body, headers=hs, on_delivery=delivery)
             if i % 10_000 == 9_999:
                 producer.poll(0)

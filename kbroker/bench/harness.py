@@ -169,6 +169,7 @@ def bench_broker(bootstrap: str | None, reporter: Reporter) -> Iterator[tuple[st
     broker = EmbeddedBroker(data_dir, progress=lambda m: reporter.say(f"embedded broker: {m}"))
     try:
         status = broker.start(port=free_port(), controller_port=free_port())
+        assert status.bootstrap is not None  # a started broker has an address
         yield status.bootstrap, f"Apache Kafka {KAFKA_VERSION} (embedded, one KRaft node)", True
     finally:
         reporter.say("stopping the embedded broker")

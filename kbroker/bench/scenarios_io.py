@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from kbroker.bench.common import (
@@ -34,6 +35,14 @@ IO_DELAY = 0.005  # io-bound: what the handler awaits per message
 # --- io-bound -------------------------------------------------------------------------------------
 
 
+@dataclass
+class _Handled:
+    """Messages handled so far, and when the first was received and the last handled."""
+    done: int = 0
+    first: float | None = None
+    last: float | None = None
+
+
 def measure_io_bound(ctx: BenchContext, side: str) -> dict:
     c = ctx.params.conversations
     total = 2 * c
@@ -41,16 +50,16 @@ def measure_io_bound(ctx: BenchContext, side: str) -> dict:
     produce_dialogs(ctx, names.queue_topic(ns, QUEUE), new_conversations(c), 2,
                     claim_body(ctx.params.body_bytes), f"{side}: {total:,} messages on {c:,} dialogs")
     lock = threading.Lock()
-    state = {"done": 0, "first": None, "last": None}
+    state = _Handled()
     deadline = time.monotonic() + 60 + total * IO_DELAY * 1.5
     gc.collect()
     t_start = time.perf_counter()
 
     def handled(n: int, first_at: float) -> None:
         with lock:
-            state["done"] += n
-            state["first"] = first_at if state["first"] is None else min(state["first"], first_at)
-            state["last"] = time.perf_counter()
+            state.done += n
+            state.first = first_at if state.first is None else min(state.first, first_at)
+            state.last = time.perf_counter()
 
     if side == "kbroker":
         broker = Broker(ctx.bootstrap, ns)
@@ -58,7 +67,7 @@ def measure_io_bound(ctx: BenchContext, side: str) -> dict:
 
         def work() -> None:
             try:
-                while state["done"] < total and time.monotonic() < deadline:
+                while state.done < total and time.monotonic() < deadline:
                     with broker.transaction() as tx:
                         msgs = tx.receive(QUEUE, top=10, wait=1)
                         got = time.perf_counter()
@@ -78,8 +87,8 @@ def measure_io_bound(ctx: BenchContext, side: str) -> dict:
                 # Readers check the deadline between RECEIVEs; one that never returns is given up.
                 while any(t.is_alive() for t in threads) and time.monotonic() < deadline + 30:
                     time.sleep(0.25)
-                    advance(state["done"] - last)
-                    last = state["done"]
+                    advance(state.done - last)
+                    last = state.done
             if errors:
                 raise errors[0]
         finally:
@@ -93,7 +102,7 @@ def measure_io_bound(ctx: BenchContext, side: str) -> dict:
         try:
             consumer.subscribe([names.queue_topic(ns, QUEUE)])
             with ctx.reporter.bar("baseline, one consumer in partition order", total) as advance:
-                while state["done"] < total and time.monotonic() < deadline:
+                while state.done < total and time.monotonic() < deadline:
                     recs = [r for r in consumer.consume(100, 1.0) if not r.error()]
                     got = time.perf_counter()
                     for _ in recs:
@@ -104,11 +113,12 @@ def measure_io_bound(ctx: BenchContext, side: str) -> dict:
                         advance(len(recs))
         finally:
             consumer.close()
-    if state["done"] < total:
-        raise RuntimeError(f"{side}: only {state['done']:,} of {total:,} messages handled in time")
-    elapsed = state["last"] - state["first"]
+    if state.done < total:
+        raise RuntimeError(f"{side}: only {state.done:,} of {total:,} messages handled in time")
+    assert state.first is not None and state.last is not None  # something was handled
+    elapsed = state.last - state.first
     return {"value": total / elapsed, "detail": {
-        "seconds": elapsed, "wall_seconds": state["last"] - t_start}}
+        "seconds": elapsed, "wall_seconds": state.last - t_start}}
 
 
 def run_io_bound(ctx: BenchContext, _state: Any, rep: int) -> dict[str, dict]:

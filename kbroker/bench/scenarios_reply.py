@@ -177,7 +177,7 @@ def baseline_responder(ctx: BenchContext, namespace: str, tally: Tally, reply: b
                         if is_partition_eof(rec):
                             continue
                         raise failure(rec)
-                    conv = rec.key().decode()
+                    conv = (rec.key() or b"").decode()
                     seq = reply_seq.get(conv, 0)
                     reply_seq[conv] = seq + 1
                     producer.produce(reply_topic, key=rec.key(), value=reply,
@@ -217,7 +217,7 @@ def measure_request_reply(ctx: BenchContext, side: str) -> dict:
             requester.request(conv)
 
     tally = Tally(set(warm), n, next_request)
-    stop, errors = threading.Event(), []
+    stop, errors = threading.Event(), list[BaseException]()
     make = kbroker_responders if side == "kbroker" else baseline_responder
     threads, close = make(ctx, ns, tally, approval_body(p.body_bytes), stop, errors)
     requester.start()

@@ -8,6 +8,7 @@ values, so any Kafka client (kcat, kafka-python, the console consumer) can read 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
 from typing import Any
 from xml.sax.saxutils import escape
 
@@ -100,7 +101,7 @@ class Envelope:
         return [(k, v.encode()) for k, v in hs]
 
     @classmethod
-    def from_headers(cls, headers: list[tuple[str, bytes | None]] | None) -> "Envelope":
+    def from_headers(cls, headers: Sequence[tuple[str, bytes | None]] | None) -> "Envelope":
         """Decode, or raise MalformedRecord naming what is missing or wrong."""
         hs: dict[str, str] = {}
         for key, value in headers or ():

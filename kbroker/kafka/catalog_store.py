@@ -4,6 +4,7 @@ from the beginning to the end offsets it saw when it started reading."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -17,7 +18,7 @@ from kbroker.core.catalog.models import (
     BUILTIN_MESSAGE_TYPES,
     Catalog,
 )
-from kbroker.errors import BrokerUnavailableError, CatalogError, kafka_error
+from kbroker.errors import BrokerUnavailableError, CatalogError, InvalidArgumentError, kafka_error
 from kbroker.kafka import clients
 from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partitions
 
@@ -30,7 +31,7 @@ FIELDS = {"message_type": "message_types", "contract": "contracts", "queue": "qu
 
 def records(catalog: Catalog) -> dict[str, bytes]:
     """key -> JSON value of every object the catalog topic holds (built-ins are implicit)."""
-    builtin = {"message_types": BUILTIN_MESSAGE_TYPES, "contracts": BUILTIN_CONTRACTS}
+    builtin: dict[str, dict[str, Any]] = {"message_types": BUILTIN_MESSAGE_TYPES, "contracts": BUILTIN_CONTRACTS}
     out: dict[str, bytes] = {}
     for kind, field in FIELDS.items():
         for name, obj in getattr(catalog, field).items():
@@ -52,9 +53,17 @@ def publish_object(bootstrap: str, namespace: str, kind: str, obj: BaseModel, ti
     """Write one catalog object (e.g. ALTER QUEUE's changed queue); every reader sees it on its
     next read of the catalog."""
     if kind not in FIELDS:
-        raise ValueError(f"unknown catalog kind {kind!r} (one of {', '.join(FIELDS)})")
+        raise InvalidArgumentError(f"unknown catalog kind {kind!r} (one of {', '.join(FIELDS)})")
     value = orjson.dumps(obj.model_dump(mode="json"))
-    write_records(bootstrap, names.catalog_topic(namespace), {f"{kind}/{obj.name}": value}, timeout)
+    name = getattr(obj, "name")  # every catalog object is named
+    write_records(bootstrap, names.catalog_topic(namespace), {f"{kind}/{name}": value}, timeout)
+
+
+def _collect_errors(errors: list[KafkaError]) -> Callable[[KafkaError | None, object], None]:
+    def on_delivery(err: KafkaError | None, _msg: object) -> None:
+        if err is not None:
+            errors.append(err)
+    return on_delivery
 
 
 def write_records(bootstrap: str, topic: str, todo: dict[str, bytes], timeout: float) -> None:
@@ -68,8 +77,7 @@ def write_records(bootstrap: str, topic: str, todo: dict[str, bytes], timeout: f
         raise CatalogError(f"topic {topic} does not exist: run 'kbroker apply' first")
     errors: list[KafkaError] = []
     for key, value in todo.items():
-        producer.produce(topic, key=key.encode(), value=value,
-                         on_delivery=lambda err, _msg: err and errors.append(err))
+        producer.produce(topic, key=key.encode(), value=value, on_delivery=_collect_errors(errors))
         producer.poll(0)
     remaining = producer.flush(timeout)
     if errors:

@@ -21,7 +21,7 @@ from confluent_kafka.admin import OffsetSpec
 
 from kbroker.core import names
 from kbroker.core.offsets import decode_completed
-from kbroker.errors import CatalogError, kafka_error
+from kbroker.errors import CatalogError, InvalidArgumentError, kafka_error
 from kbroker.kafka import clients
 from kbroker.kafka.catalog_store import publish_object, read_catalog, write_records
 from kbroker.kafka.endpoint_store import EndpointStore
@@ -39,7 +39,7 @@ def set_queue_status(bootstrap: str, namespace: str, queue: str, status: str, re
     `poison` marks a queue disabled by poison message handling rather than by an operator."""
     status = status.upper() if isinstance(status, str) else status
     if status not in ("ON", "OFF"):
-        raise ValueError(f"status must be ON or OFF, not {status!r}")
+        raise InvalidArgumentError(f"status must be ON or OFF, not {status!r}")
     q = read_catalog(bootstrap, namespace, timeout).queue(queue)  # UnknownQueueError
     # Validate rather than model_copy: a frozen model's copy skips validation.
     publish_object(bootstrap, namespace, "queue", type(q).model_validate({**q.model_dump(), "status": status}),
@@ -57,7 +57,7 @@ def alter_queue_activation(bootstrap: str, namespace: str, queue: str, *, status
     recycles the queue's monitor."""
     q = read_catalog(bootstrap, namespace, timeout).queue(queue)  # UnknownQueueError
     if q.activation is None and procedure is None and status != "OFF":
-        raise ValueError(f"queue {queue!r} has no activation; give a procedure to add one")
+        raise InvalidArgumentError(f"queue {queue!r} has no activation; give a procedure to add one")
     activation = dict(q.activation.model_dump()) if q.activation is not None else {}
     for key, value in (("status", status), ("max_queue_readers", max_queue_readers), ("procedure", procedure)):
         if value is not None:
@@ -73,6 +73,7 @@ def alter_queue_activation(bootstrap: str, namespace: str, queue: str, *, status
                       {queue: encode(QueueAltered(MonitorConfig.from_queue(new)))}, timeout)
     except CatalogError:
         pass  # no worker has run in this namespace: the first one reads the catalog
+    assert new.activation is not None  # validated from a dict that holds one
     return new.activation.model_dump()
 
 

@@ -31,7 +31,7 @@ from kbroker.core.endpoint import handle_for
 from kbroker.core.envelope import Envelope, MalformedRecord, Message
 from kbroker.core.group_buffer import Buffered, GroupBuffer, full_partitions
 from kbroker.core.offsets import PartitionOffsets
-from kbroker.kafka import clients
+from kbroker.kafka import clients, messages
 
 log = logging.getLogger("kbroker.receiver")
 
@@ -164,7 +164,7 @@ class QueueReceiver:
         if done:
             return
         try:
-            env = Envelope.from_headers(rec.headers())
+            env = Envelope.from_headers(messages.headers(rec))
             key = rec.key()
             if key is None or key.decode() != env.conversation_group_id:
                 raise MalformedRecord("record key does not match the conversation group header")
@@ -275,7 +275,7 @@ class QueueReceiver:
 
     def dead_letter_lease(self, rec: KafkaRecord) -> Lease:
         """A lease over one malformed record, completed when its dead letter commits."""
-        return Lease(self, None, None, offsets=[(rec.partition(), rec.offset())])
+        return Lease(self, None, None, offsets=[messages.position(rec)])
 
     # --- commit and rollback (called by the committer and by transactions) ------------------
 

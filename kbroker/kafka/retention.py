@@ -17,7 +17,7 @@ at least as long as its conversations live (`topic_retention: forever` for the s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 
@@ -27,7 +27,7 @@ from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.groups import MOVE_MARKER
 from kbroker.core.offsets import decode_completed
 from kbroker.errors import CatalogError, kafka_error
-from kbroker.kafka import clients
+from kbroker.kafka import clients, messages
 from kbroker.kafka.catalog_store import read_catalog
 from kbroker.kafka.endpoint_store import EndpointStore
 from kbroker.kafka.reader import read_to_end
@@ -57,7 +57,7 @@ def message_rows(records: list[QueuedRecord], done: Callable[[int, int], bool],
         seen = latest.get(r.envelope.message_id)
         if seen is None or r.envelope.hop > seen.envelope.hop:
             latest[r.envelope.message_id] = r
-    rows = []
+    rows: list[dict[str, Any]] = []
     for r in sorted(latest.values(), key=lambda r: (r.timestamp, r.partition, r.offset)):
         env = r.envelope
         handle = handle_for(env.conversation_id, env.to_side)
@@ -110,11 +110,11 @@ def _read_topic(bootstrap: str, topic: str, timeout: float) -> tuple[list[Queued
     out = []
     for msg in records:
         try:
-            env = Envelope.from_headers(msg.headers())
+            env = Envelope.from_headers(messages.headers(msg))
         except MalformedRecord:
             continue  # not a message: the receivers dead-letter it
-        out.append(QueuedRecord(msg.partition(), msg.offset(), msg.timestamp()[1], env, msg.value() or b""))
-    return out, sorted({m.partition() for m in records})
+        out.append(QueuedRecord(*messages.position(msg), msg.timestamp()[1], env, messages.value(msg)))
+    return out, sorted({messages.partition(m) for m in records})
 
 
 def _completed(bootstrap: str, topic: str, group: str, partitions: list[int],

@@ -23,7 +23,7 @@ from kbroker.core import names
 from kbroker.core.records import Record
 from kbroker.core.timer_schedule import Entry, TimerSchedule
 from kbroker.core.timers import firing_records
-from kbroker.kafka import clients
+from kbroker.kafka import clients, messages
 from kbroker.kafka.clients import produce
 from kbroker.kafka.endpoint_store import EndpointStore
 
@@ -92,16 +92,16 @@ class TimerService:
         wait = self._poll_interval if nxt is None else min(self._poll_interval, max(nxt - time.time(), 0.0))
         for msg in self._consumer.consume(500, wait):
             if msg.error():
-                if msg.error().code() != KafkaError._PARTITION_EOF:
+                if messages.error_code(msg) != KafkaError._PARTITION_EOF:
                     log.warning("timers topic: %s", msg.error())
                 continue
-            key = msg.key().decode()
+            key = messages.key(msg).decode()
             if msg.value() is None:
                 self.schedule.remove(key)
                 continue
             try:
-                value = orjson.loads(msg.value())
-                self.schedule.put(Entry(key, float(value["due"]), msg.partition(), msg.offset(), value))
+                value = orjson.loads(messages.value(msg))
+                self.schedule.put(Entry(key, float(value["due"]), *messages.position(msg), value))
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                 log.warning("timers topic: unreadable record %s at %s/%s", key, msg.partition(), msg.offset())
         due = self.schedule.pop_due(time.time())

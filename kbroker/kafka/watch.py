@@ -18,7 +18,7 @@ from confluent_kafka import KafkaError, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.offsets import decode_completed
-from kbroker.kafka import clients
+from kbroker.kafka import clients, messages
 
 
 @dataclass(frozen=True)
@@ -78,13 +78,13 @@ class QueueWatcher:
                 # partition EOF arrives as a message anyway.
                 msgs = self._consumer.consume(500, 0.05)
                 for m in msgs:
-                    p = m.partition()
                     if m.error():
-                        if m.error().code() == KafkaError._PARTITION_EOF:
-                            todo.discard(p)
+                        if messages.error_code(m) == KafkaError._PARTITION_EOF:
+                            todo.discard(messages.partition(m))
                         continue
-                    positions[p] = m.offset() + 1
-                    if m.offset() not in done[p]:
+                    p, offset = messages.position(m)
+                    positions[p] = offset + 1
+                    if offset not in done[p]:
                         backlog += 1
                         keys.add(m.key())
             self._consumer.unassign()

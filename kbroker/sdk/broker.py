@@ -38,6 +38,7 @@ from kbroker.core.records import Record
 from kbroker.core.statements import Statements, dead_letter_record
 from kbroker.embedded import resolve_bootstrap
 from kbroker.errors import CatalogError, SendFailedError
+from kbroker.kafka import messages
 from kbroker.kafka.catalog_store import read_catalog
 from kbroker.kafka.clients import brokers_answering, idempotent_producer
 from kbroker.kafka.committer import CommitRequest, GroupCommitter, OpenTransactions
@@ -269,7 +270,8 @@ class Broker:
 
     def _produce(self, record: Record) -> None:
         topic, key, value, headers = record
-        self._producer.produce(topic, key=key, value=value, headers=headers, on_delivery=self._on_delivery)
+        self._producer.produce(topic, key=key, value=value, headers=messages.wire_headers(headers),
+                               on_delivery=self._on_delivery)
 
     def _on_delivery(self, err: Any, _msg: Any) -> None:
         """Delivery report from librdkafka: `err` is a KafkaError, or None when delivered."""
