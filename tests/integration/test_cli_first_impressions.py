@@ -17,7 +17,7 @@ from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
 from kbroker.core.monitor import MonitorConfig, MonitorState
 
-from ..conftest import KBROKER
+from tests.helpers import KBROKER
 
 
 def run_cli(*args: str, bootstrap: str, namespace: str) -> subprocess.CompletedProcess:
