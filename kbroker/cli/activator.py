@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from kbroker import config
-from kbroker.cli import (
+from kbroker.cli.common import (
     bootstrap_address,
     bootstrap_option,
     emit_json,

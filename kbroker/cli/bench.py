@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from kbroker.bench.params import Params
-from kbroker.cli import bootstrap_option, emit_json, fail, handle_errors, json_option, main, missing_extra
+from kbroker.cli.common import bootstrap_option, emit_json, fail, handle_errors, json_option, main, missing_extra
 from kbroker.cli.output import make_console, new_table, print_table
 
 SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "backlog-rss", "activation-latency",

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from kbroker import config
-from kbroker.cli import emit_json, handle_errors, json_option, main
+from kbroker.cli.common import emit_json, handle_errors, json_option, main
 
 if TYPE_CHECKING:
     from kbroker.embedded.broker import BrokerStatus, EmbeddedBroker

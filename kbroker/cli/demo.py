@@ -58,7 +58,7 @@ def run_demo(*, bootstrap: str | None, namespace: str, data_dir: Path | None, po
             say("[dim]embedded broker stopped (use --keep-broker to leave it running)[/]")
     result = {"bootstrap": bootstrap, "namespace": namespace, "steps": steps}
     if as_json:
-        from kbroker.cli import emit_json
+        from kbroker.cli.common import emit_json
 
         emit_json(result)
     return result

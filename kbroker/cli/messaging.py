@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from kbroker import config
-from kbroker.cli import (
+from kbroker.cli.common import (
     bootstrap_option,
     emit_json,
     handle_errors,

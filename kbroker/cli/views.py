@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from kbroker import config
-from kbroker.cli import (
+from kbroker.cli.common import (
     bootstrap_address,
     bootstrap_option,
     emit_json,

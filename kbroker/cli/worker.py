@@ -9,7 +9,7 @@ import click
 import orjson
 
 from kbroker import config
-from kbroker.cli import (
+from kbroker.cli.common import (
     bootstrap_address,
     bootstrap_option,
     emit_json,

@@ -1,0 +1,110 @@
+"""What every `kbroker` command shares: the command group, the `--bootstrap`/`--namespace`/`--json`
+options, JSON output, one-line errors, and the check for an optional extra. The command modules
+import it; `kbroker.cli` imports them, so no command module imports `kbroker.cli` itself."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import sys
+from typing import Any, Callable, NoReturn, TypeVar, cast
+
+import click
+import orjson
+
+from kbroker.errors import KBrokerError
+
+bootstrap_option = click.option(
+    "--bootstrap",
+    envvar="KBROKER_BOOTSTRAP",
+    default=None,
+    help="Kafka bootstrap servers (default: KBROKER_BOOTSTRAP, else the embedded broker).",
+)
+namespace_option = click.option(
+    "--namespace",
+    envvar="KBROKER_NAMESPACE",
+    default=None,
+    help="Namespace (topic prefix and catalog); default KBROKER_NAMESPACE or 'default'.",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+
+
+def emit_json(obj: Any) -> None:
+    """One JSON document per line on stdout."""
+    sys.stdout.write(orjson.dumps(obj, default=str).decode() + "\n")
+    sys.stdout.flush()
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """A one-line error on stderr and a non-zero exit."""
+    click.echo(f"kbroker: error: {message}", err=True)
+    sys.exit(code)
+
+
+# The packages of the optional extras (pyproject.toml), by the extra that installs them.
+EXTRA_OF_PACKAGE = {"faust": "worker", "aiokafka": "worker", "pyspark": "analytics"}
+
+
+def missing_extra(package: str, extra: str | None = None) -> str:
+    """The one line telling which extra installs a missing package."""
+    extra = extra or EXTRA_OF_PACKAGE[package]
+    return f"{package} is not installed: this command needs kbroker's {extra} extra (pip install 'kbroker[{extra}]')"
+
+
+def require_extra(extra: str, *packages: str) -> None:
+    """Fail with one line naming the extra unless all packages are installed (nothing is imported)."""
+    for package in packages:
+        if importlib.util.find_spec(package) is None:
+            fail(missing_extra(package, extra))
+
+
+def error_line(exc: ValueError) -> str:
+    """A bad value as one line: pydantic's ValidationError (several lines and a link) becomes
+    "field: reason"."""
+    if type(exc).__module__.startswith("pydantic"):  # checked by name: pydantic is not loaded at start
+        from pydantic import ValidationError
+
+        from kbroker.core.catalog.loader import pydantic_reason
+
+        if isinstance(exc, ValidationError):
+            return pydantic_reason(exc)
+    return str(exc)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def handle_errors(fn: F) -> F:
+    """Turn kbroker's typed errors, bad values and a missing optional extra into a one-line message
+    and exit code 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except KBrokerError as exc:
+            fail(str(exc))
+        except ValueError as exc:  # pydantic's ValidationError included
+            fail(error_line(exc))
+        except FileNotFoundError as exc:
+            fail(str(exc))
+        except ModuleNotFoundError as exc:
+            package = (exc.name or "").partition(".")[0]
+            if package not in EXTRA_OF_PACKAGE:
+                raise
+            fail(missing_extra(package))
+
+    return cast(F, wrapper)
+
+
+def bootstrap_address(explicit: str | None) -> str:
+    """The broker rule (kbroker.embedded.resolve_bootstrap), loaded when a command runs."""
+    from kbroker.embedded import resolve_bootstrap
+
+    return resolve_bootstrap(explicit)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kbroker")
+def main() -> None:
+    """Service Broker semantics on Apache Kafka."""
