@@ -138,9 +138,10 @@ class RateLimitFilter(logging.Filter):
         held = self.limiter.admit(line_key(record), text)
         if held is None:
             return False
-        if held:
-            record.msg = f"{text} [{held} more like this in the last {self.limiter.window:.0f} s]"
-            record.args = None
+        if held:  # the count goes on a line of its own: some handlers re-format the record
+            logging.getLogger(record.name).log(
+                record.levelno, "%d more like this in the last %.0f s, before:", held, self.limiter.window,
+                extra={"kbroker_summary": True})
         return True
 
     def write_summaries(self, logger: logging.Logger) -> int:

@@ -70,6 +70,9 @@ def test_filter_holds_back_repeats_that_differ_only_in_numbers():
         assert records[1].startswith("499 more like this in the last 31 s (noisy.client): Connect to")
         logger.info("Connect to 127.0.0.1:1 failed (after 1ms)")  # a new window: held back
         assert len(records) == 2
+        clock.now += 31
+        logger.info("Connect to 127.0.0.1:2 failed (after 2ms)")  # written, after its count
+        assert records[2:] == ["1 more like this in the last 30 s, before:", "Connect to 127.0.0.1:2 failed (after 2ms)"]
     finally:
         logger.removeHandler(handler)
 
