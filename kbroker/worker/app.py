@@ -300,7 +300,9 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
             if watcher is None:
                 watcher = rt["watchers"][q.name] = QueueWatcher(s.bootstrap, s.namespace, q.name)
             try:
-                counts = watcher.counts(timeout=5.0)
+                # Bounded by half a tick: a coordinator slow to answer (busy with the readers'
+                # commits) held the counts, and the view, for the whole 5 s it used to wait.
+                counts = watcher.counts(timeout=min(5.0, max(0.5, s.tick_interval / 2)))
             except Exception as exc:
                 guard.failed(f"counting queue {q.name}", exc)
                 continue
