@@ -32,7 +32,7 @@ class Reason:
 
 def backoff(failures: int, base: float = BASE_DELAY, cap: float = MAX_DELAY) -> float:
     """Seconds to wait after `failures` failures in a row: base, 2 x base, 4 x base, ... up to cap."""
-    return min(cap, base * 2 ** max(0, failures - 1))
+    return float(min(cap, base * 2.0 ** max(0, failures - 1)))
 
 
 class Health:

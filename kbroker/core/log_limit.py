@@ -15,8 +15,8 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Callable, Hashable
 
 DEFAULT_WINDOW = 30.0  # seconds between two lines about the same repeating thing
 _NUMBERS = re.compile(r"\d+")

@@ -25,11 +25,14 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import faust
 import orjson
+
+from kbroker.core import monitor_codec as codec
 from kbroker.core import names
+from kbroker.core.log_limit import RateLimitFilter
 from kbroker.core.monitor import (
     LaunchReader,
     MessagesReady,
@@ -46,15 +49,12 @@ from kbroker.core.monitor import (
     recycle,
     step,
 )
-from kbroker.core.health import Health
-from kbroker.core.log_limit import LogLimiter, RateLimitFilter
 from kbroker.core.tick import TickOwner, TickSchedule, claim
 from kbroker.kafka.clients import KAFKA_LOG_LIMIT
 from kbroker.kafka.timer_service import TimerService
 from kbroker.kafka.topics import create_missing_topics
 from kbroker.kafka.watch import QueueCounts, QueueWatcher
 from kbroker.sdk.broker import Broker
-from kbroker.core import monitor_codec as codec
 from kbroker.worker.guard import Guard
 from kbroker.worker.handlers import Task, TaskHandlers
 
@@ -198,7 +198,7 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
                 continue
             try:
                 await on_monitor_event(queue, event, source)
-            except Exception as exc:  # an exception out of an agent stops the worker: log, go on
+            except Exception as exc:  # noqa: BLE001 - an exception out of an agent stops the worker
                 guard.failed("monitor", exc)
             else:
                 guard.succeeded("monitor")
@@ -233,7 +233,7 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
         async for raw in stream:
             try:
                 await on_tick_request(orjson.loads(raw))
-            except Exception as exc:  # as in monitor_agent: the next tick tries again
+            except Exception as exc:  # noqa: BLE001 - as in monitor_agent: the next tick tries again
                 guard.failed("tick", exc)
             else:
                 guard.succeeded("tick")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from kbroker.core.health import Health
 from kbroker.core.log_limit import LogLimiter
@@ -21,7 +21,7 @@ def is_retriable(exc: BaseException) -> bool:
     if callable(retriable):  # confluent_kafka.KafkaError.retriable()
         try:
             return bool(retriable())
-        except Exception:
+        except Exception:  # noqa: BLE001 - an error that cannot say counts as permanent
             return False
     module = type(exc).__module__ or ""
     return module.startswith(("aiokafka", "kafka", "confluent_kafka")) or isinstance(
@@ -74,7 +74,7 @@ class Guard:
             return False
         try:
             await work()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - nothing may reach Faust: it would stop the worker
             self.failed(component, exc)
             return False
         self.succeeded(component)
