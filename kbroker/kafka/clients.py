@@ -14,8 +14,15 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from kbroker.config import KAFKA_LOG
+from kbroker.core.log_limit import RateLimitFilter
 from kbroker.errors import BrokerUnavailableError
 from kbroker.errors import kafka_error as kafka_error  # re-exported for the layer's modules
+
+# librdkafka logs every failed connection attempt of every client (thousands of lines a second
+# while a broker is down): each repeating line is written once per window, with a count.
+KAFKA_LOG_LIMIT = RateLimitFilter(always=(KAFKA_LOG.name,))
+if not any(isinstance(f, RateLimitFilter) for f in KAFKA_LOG.filters):
+    KAFKA_LOG.addFilter(KAFKA_LOG_LIMIT)
 
 MAX_MESSAGE_BYTES = 11 * 1024 * 1024  # the largest queue message (10 MiB) plus headers
 

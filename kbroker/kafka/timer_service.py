@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from confluent_kafka import (
@@ -28,6 +28,16 @@ from kbroker.kafka.clients import produce
 from kbroker.kafka.endpoint_store import EndpointStore
 
 log = logging.getLogger("kbroker.timers")
+COMPONENT = "timer service"
+
+
+class FailureSink(Protocol):
+    """Where the service reports its failures and recoveries (the worker's guard): logged once
+    per window, kept as a degraded reason."""
+
+    def failed(self, component: str, exc: BaseException) -> None: ...
+
+    def succeeded(self, component: str) -> None: ...
 
 
 class TimerService:
@@ -35,10 +45,11 @@ class TimerService:
     they share the timers topic's partitions."""
 
     def __init__(self, bootstrap: str, namespace: str, *, poll_interval: float = 0.25,
-                 endpoints: EndpointStore | None = None):
+                 endpoints: EndpointStore | None = None, guard: FailureSink | None = None):
         """`endpoints`: a store to share (the worker's Broker has one); else the service reads
         the endpoints topic with a store of its own."""
         self.namespace = namespace
+        self._guard = guard
         self.topic = names.timers_topic(namespace)
         self._own_endpoints = endpoints is None
         self._endpoints = endpoints or EndpointStore(bootstrap, namespace, clients.producer(bootstrap))
@@ -83,9 +94,15 @@ class TimerService:
         while not self._stop.is_set():
             try:
                 self.step()
-            except Exception:  # keep firing: one bad batch must not stop every timer
-                log.exception("timer service step failed")
-                time.sleep(1.0)
+            except Exception as exc:  # keep firing: one bad batch must not stop every timer
+                if self._guard is None:
+                    log.exception("timer service step failed")
+                else:
+                    self._guard.failed(COMPONENT, exc)
+                self._stop.wait(1.0)
+            else:
+                if self._guard is not None:
+                    self._guard.succeeded(COMPONENT)
 
     def step(self) -> None:
         nxt = self.schedule.next_due()
@@ -124,7 +141,10 @@ class TimerService:
                 self._producer.send_offsets_to_transaction(positions, self._consumer.consumer_group_metadata(), 30)
             self._producer.commit_transaction(30)
         except KafkaException as exc:
-            log.warning("firing %d timer(s) failed, will retry: %s", len(entries), exc)
+            if self._guard is None:
+                log.warning("firing %d timer(s) failed, will retry: %s", len(entries), exc)
+            else:
+                self._guard.failed(COMPONENT, exc)
             self._recover(exc)
             for e in entries:
                 self.schedule.put(e)

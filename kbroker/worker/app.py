@@ -29,7 +29,10 @@ from typing import Any
 
 import faust
 import orjson
+
+from kbroker.core import monitor_codec as codec
 from kbroker.core import names
+from kbroker.core.log_limit import RateLimitFilter
 from kbroker.core.monitor import (
     LaunchReader,
     MessagesReady,
@@ -47,17 +50,36 @@ from kbroker.core.monitor import (
     step,
 )
 from kbroker.core.tick import TickOwner, TickSchedule, claim
+from kbroker.kafka.clients import KAFKA_LOG_LIMIT
 from kbroker.kafka.timer_service import TimerService
 from kbroker.kafka.topics import create_missing_topics
 from kbroker.kafka.watch import QueueCounts, QueueWatcher
 from kbroker.sdk.broker import Broker
 from kbroker.sdk.hooks import ReceiveHooks
-from kbroker.core import monitor_codec as codec
+from kbroker.worker.guard import Guard
 from kbroker.worker.handlers import Task, TaskHandlers
 
 log = logging.getLogger("kbroker.worker")
 
 MONITOR_PARTITIONS = 4
+
+# Every line the worker process writes passes this filter (installed on the root logger's handlers
+# once Faust has set them up): aiokafka and Faust report each failed connection attempt while a
+# broker is down, so repeats are held back and summarised once per window.
+LOG_LIMIT = RateLimitFilter(always=("aiokafka", "kbroker.kafka"))
+
+
+def install_log_limit() -> None:
+    """Put LOG_LIMIT on every handler of the root logger that lacks it (Faust replaces them)."""
+    for handler in logging.getLogger().handlers:
+        if LOG_LIMIT not in handler.filters:
+            handler.addFilter(LOG_LIMIT)
+
+
+def write_log_summaries() -> None:
+    """Once a tick: the counts of repeated lines held back in windows that have ended."""
+    LOG_LIMIT.write_summaries(log)
+    KAFKA_LOG_LIMIT.write_summaries(log)
 
 
 @dataclass
@@ -132,7 +154,8 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
     monitors = app.Table("monitors", default=None, partitions=MONITOR_PARTITIONS)
     tick_owner = app.Table("tick-owner", default=None, partitions=1)
     schedule = TickSchedule(interval=s.tick_interval)
-    rt: dict[str, Any] = {"datadir": rt_dir, "watchers": {}, "configs": {}}
+    guard = Guard(log)
+    rt: dict[str, Any] = {"datadir": rt_dir, "watchers": {}, "configs": {}, "guard": guard}
 
     def post(queue: str, event: Any) -> None:
         """From a reader's thread: put a monitor event on the topic (fire and forget)."""
@@ -146,7 +169,7 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
 
     broker = Broker(s.bootstrap, s.namespace)
     broker.hooks.append(MonitorHooks(post))
-    handlers = TaskHandlers(broker, on_exit, size=s.handlers, worker_id=s.worker_id)
+    handlers = TaskHandlers(broker, on_exit, size=s.handlers, worker_id=s.worker_id, guard=guard)
     rt.update(app=app, broker=broker, handlers=handlers)
 
     def config_of(queue: str) -> MonitorConfig:
@@ -174,60 +197,94 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
             except codec.BadEvent as exc:
                 log.warning("%s", exc)
                 continue
-            if isinstance(event, QueueAltered):  # the ramp-up pace is this worker's setting
-                event = QueueAltered(replace(event.config, ramp_up=s.ramp_up))
-            now = time.time()
-            stored = monitors.get(queue)
-            actions: list[Any] = []
-            if stored is None:
-                state = new_monitor(queue, config_of(queue))
+            try:
+                await on_monitor_event(queue, event, source)
+            except Exception as exc:  # noqa: BLE001 - an exception out of an agent stops the worker
+                guard.failed("monitor", exc)
             else:
-                state = MonitorState.from_dict(stored)
-                if stored.get("owner") != s.worker_id:  # taken over: its readers are not ours
-                    state, actions = recycle(state, config_of(queue), now)
-            # An event of the previous owner's readers (replayed after a take-over) is skipped:
-            # they died with that worker or finish on their own, and must not count as waiting here.
-            if source in (None, s.worker_id):
-                state, more = step(state, event, now)
-                actions += more
-            log.debug("monitor queue=%s event=%s state=%s readers=%s", queue, event, state.state.value, state.readers)
-            monitors[queue] = {**state.to_dict(), "owner": s.worker_id, "updated": now}
-            await perform(actions)
+                guard.succeeded("monitor")
+
+    async def on_monitor_event(queue: str, event: Any, source: str | None) -> None:
+        """One monitor event: step the queue's monitor, store it, carry out its actions."""
+        if isinstance(event, QueueAltered):  # the ramp-up pace is this worker's setting
+            event = QueueAltered(replace(event.config, ramp_up=s.ramp_up))
+        now = time.time()
+        stored = monitors.get(queue)
+        actions: list[Any] = []
+        if stored is None:
+            state = new_monitor(queue, config_of(queue))
+        else:
+            state = MonitorState.from_dict(stored)
+            if stored.get("owner") != s.worker_id:  # taken over: its readers are not ours
+                state, actions = recycle(state, config_of(queue), now)
+        # An event of the previous owner's readers (replayed after a take-over) is skipped:
+        # they died with that worker or finish on their own, and must not count as waiting here.
+        if source in (None, s.worker_id):
+            state, more = step(state, event, now)
+            actions += more
+        log.debug("monitor queue=%s event=%s state=%s readers=%s", queue, event, state.state.value, state.readers)
+        # `counted`: when the counts (backlog, ready groups) were last measured; the view's as_of.
+        counted = now if isinstance(event, MessagesReady) else (stored or {}).get("counted", now)
+        monitors[queue] = {**state.to_dict(), "owner": s.worker_id, "updated": now, "counted": counted,
+                           "health": guard.health.snapshot()}
+        await perform(actions)
 
     @app.agent(ticks_topic)
     async def tick_agent(stream):
         async for raw in stream:
-            req = orjson.loads(raw)
-            run, owner = claim(TickOwner.from_dict(tick_owner.get("owner")), req["worker"], req["now"], schedule)
-            tick_owner["owner"] = owner.to_dict()
-            if run is None:
-                continue
-            queues = await asyncio.to_thread(
-                lambda: [q.name for q in broker.catalog.queues.values() if q.activation is not None])
-            for queue in queues:
-                await monitor_topic.send(key=queue.encode(), value=codec.encode(Tick()))
-            event = {"event": "TICK", "number": run.number, "due": sorted(run.due), "missed": run.missed,
-                     "worker": req["worker"], "time": int(time.time() * 1000)}
-            await events_topic.send(key=b"tick", value=orjson.dumps(event))
+            try:
+                await on_tick_request(orjson.loads(raw))
+            except Exception as exc:  # noqa: BLE001 - as in monitor_agent: the next tick tries again
+                guard.failed("tick", exc)
+            else:
+                guard.succeeded("tick")
+
+    async def on_tick_request(req: dict[str, Any]) -> None:
+        """A worker asked for a tick: run it if this tick number is due and unclaimed."""
+        run, owner = claim(TickOwner.from_dict(tick_owner.get("owner")), req["worker"], req["now"], schedule)
+        tick_owner["owner"] = owner.to_dict()
+        if run is None:
+            return
+        queues = await asyncio.to_thread(
+            lambda: [q.name for q in broker.catalog.queues.values() if q.activation is not None])
+        for queue in queues:
+            await monitor_topic.send(key=queue.encode(), value=codec.encode(Tick()))
+        event = {"event": "TICK", "number": run.number, "due": sorted(run.due), "missed": run.missed,
+                 "worker": req["worker"], "time": int(time.time() * 1000)}
+        await events_topic.send(key=b"tick", value=orjson.dumps(event))
+
+    async def request_tick() -> None:
+        # Every worker asks; the tick agent runs each tick number once per cluster.
+        await ticks_topic.send(key=b"tick", value=orjson.dumps({"worker": s.worker_id, "now": time.time()}))
+
+    async def restart_handlers() -> None:
+        handlers.restart_dead()  # a per-worker every-tick task
+
+    async def refresh_catalog() -> None:
+        await asyncio.to_thread(broker.refresh_catalog)  # ALTER QUEUE from any process reaches the monitors
 
     @app.timer(s.tick_interval)
     async def tick_timer():
-        # Every worker asks; the tick agent runs each tick number once per cluster.
-        await ticks_topic.send(key=b"tick", value=orjson.dumps({"worker": s.worker_id, "now": time.time()}))
-        handlers.restart_dead()  # a per-worker every-tick task
-        await asyncio.to_thread(broker.refresh_catalog)  # ALTER QUEUE from any process reaches the monitors
+        # Each part on its own: a broker that is down fails the catalog refresh, which must
+        # neither stop the worker nor keep the handler threads from being replaced.
+        install_log_limit()
+        await guard.run("tick request", request_tick)
+        await guard.run("task handlers", restart_handlers)
+        await guard.run("catalog refresh", refresh_catalog)
+        await guard.run("timer service", ensure_timer_service)
+        write_log_summaries()
 
-    @app.timer(s.watch_interval, on_leader=True)
-    async def watch_timer():
-        try:
-            pending = await asyncio.to_thread(watch_queues)
-        except Exception as exc:  # a slow coordinator must not crash the app: retry next time
-            log.warning("watching queues failed: %s", exc)
-            return
+    async def watch_once() -> None:
+        pending = await asyncio.to_thread(watch_queues)
         for queue, event in pending:
             await monitor_topic.send(key=queue.encode(), value=codec.encode(event))
 
+    @app.timer(s.watch_interval, on_leader=True)
+    async def watch_timer():
+        await guard.run("queue watcher", watch_once)  # a slow coordinator must not stop the worker
+
     seen: dict[str, QueueCounts] = {}  # each watched queue's counts at the last pass
+    counted_at: dict[str, float] = {}  # when each queue's counts were last sent to its monitor
 
     def watch_queues() -> list[tuple[str, Any]]:
         """On the leader: the monitor events that the queues' configs and counts call for."""
@@ -244,13 +301,22 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
             if watcher is None:
                 watcher = rt["watchers"][q.name] = QueueWatcher(s.bootstrap, s.namespace, q.name)
             try:
-                counts = watcher.counts(timeout=5.0)
+                # Bounded by half a tick: a coordinator slow to answer (busy with the readers'
+                # commits) held the counts, and the view, for the whole 5 s it used to wait.
+                counts = watcher.counts(timeout=min(5.0, max(0.5, s.tick_interval / 2)))
             except Exception as exc:
-                log.warning("counting queue=%s failed: %s", q.name, exc)
+                guard.failed(f"counting queue {q.name}", exc)
                 continue
+            guard.succeeded(f"counting queue {q.name}")
             last = seen.get(q.name)
-            if last is None or (counts.backlog, counts.ready_groups) != (last.backlog, last.ready_groups):
+            now = time.monotonic()
+            # Sent when the counts change, and at least once a tick when they do not: a count
+            # that did not reach the monitor (a send lost in a rebalance or an outage) is put
+            # right within a tick instead of standing until the queue changes again.
+            if last is None or (counts.backlog, counts.ready_groups) != (last.backlog, last.ready_groups) \
+                    or now - counted_at.get(q.name, 0.0) >= s.tick_interval:
                 pending.append((q.name, MessagesReady(counts.backlog, counts.ready_groups)))
+                counted_at[q.name] = now
             if last is not None and counts.received > last.received:
                 # Some RECEIVE committed (from any process): what moves NOTIFIED on.
                 pending += [(q.name, ReceiveIssued()), (q.name, ReceiveReturned(empty=False))]
@@ -266,14 +332,20 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
     @app.page("/tasks/")
     async def tasks_page(web, request):
         return web.json({"worker": s.worker_id, "handlers": handlers.size, "waiting": handlers.waiting(),
-                         "tasks": handlers.rows()})
+                         "tasks": handlers.rows(), **guard.health.snapshot(), "as_of": time.time()})
+
+    async def ensure_timer_service() -> None:
+        """Start the timer service if it is not running (it cannot start while the broker is down)."""
+        if s.timers and rt.get("timer_service") is None:
+            rt["timer_service"] = await asyncio.to_thread(
+                lambda: TimerService(s.bootstrap, s.namespace, endpoints=broker.endpoints,
+                                     guard=guard).start())
 
     @app.task
     async def on_start():
         rt["loop"] = asyncio.get_running_loop()
-        if s.timers:
-            rt["timer_service"] = await asyncio.to_thread(
-                lambda: TimerService(s.bootstrap, s.namespace, endpoints=broker.endpoints).start())
+        install_log_limit()
+        await guard.run("timer service", ensure_timer_service)
         log.info("worker started worker=%s namespace=%s", s.worker_id, s.namespace)
 
     return app, rt

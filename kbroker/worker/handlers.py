@@ -3,8 +3,11 @@
 A pool of 2 x CPUs threads takes launch requests from a queue. Each runs the queue's activation
 procedure, a "module:function" called as `procedure(broker, queue)`, until it returns, then
 reports the exit so the monitor counts the reader out. A handler thread that died is replaced on
-the next tick (`restart_dead`). A procedure that raises is logged and counted out like one that
-returned: the exception does not take its handler down.
+the next tick (`restart_dead`). A procedure that raises is counted out like one that returned: the
+exception does not take its handler down. It is recorded as a degraded reason of the queue (logged
+once, then counted once per window), and its exit is reported only after a back-off that doubles
+with each failure in a row, so a procedure that fails at once (the broker is down) is not
+relaunched in a tight loop.
 """
 
 from __future__ import annotations
@@ -17,7 +20,12 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+from kbroker.core.health import backoff
+
+if TYPE_CHECKING:
+    from kbroker.worker.guard import Guard
 
 log = logging.getLogger("kbroker.worker.tasks")
 
@@ -52,7 +60,7 @@ class Task:
 
 class TaskHandlers:
     def __init__(self, broker: Any, on_exit: Callable[[Task, bool], None], size: int | None = None,
-                 worker_id: str = ""):
+                 worker_id: str = "", guard: Guard | None = None):
         self.size = size or 2 * (os.cpu_count() or 1)
         self.worker_id = worker_id
         self._broker, self._on_exit = broker, on_exit
@@ -61,6 +69,8 @@ class TaskHandlers:
         self._running: dict[str, Task] = {}
         self._threads: list[threading.Thread] = []
         self._closed = False
+        self._closing = threading.Event()
+        self._guard = guard
         self.restarted = 0
         for i in range(self.size):
             self._threads.append(self._spawn(i))
@@ -85,15 +95,28 @@ class TaskHandlers:
                 self._running[task.task_id] = task
             ok = False
             log.info("activated reader started queue=%s task=%s", task.queue, task.task_id)
+            component = f"procedure {task.procedure} on queue {task.queue}"
             try:
                 resolve(task.procedure)(self._broker, task.queue)
                 ok = True
-            except Exception:
-                log.exception("activation procedure %s on queue %s failed", task.procedure, task.queue)
+            except Exception as exc:
+                self._failed(component, exc)
             finally:
                 with self._lock:
                     self._running.pop(task.task_id, None)
+                if ok and self._guard is not None:
+                    self._guard.succeeded(component)
                 self._on_exit(task, ok)
+
+    def _failed(self, component: str, exc: Exception) -> None:
+        """A procedure raised: record it, then hold the handler for the back-off before its exit
+        is reported (the monitor relaunches at once on an exit while messages wait)."""
+        if self._guard is None:
+            log.error("%s failed", component, exc_info=exc)
+            return
+        self._guard.failed(component, exc)
+        failures = next((r.failures for r in self._guard.health.reasons() if r.component == component), 1)
+        self._closing.wait(backoff(failures))
 
     def restart_dead(self) -> int:
         """Every tick: replace handler threads that died."""
@@ -114,6 +137,7 @@ class TaskHandlers:
 
     def close(self, timeout: float = 10.0) -> None:
         self._closed = True
+        self._closing.set()
         for _ in self._threads:
             self._requests.put(None)
         deadline = time.monotonic() + timeout
