@@ -65,10 +65,20 @@ def monitors_cmd(bootstrap, namespace, as_json):
         return
     cols = ("queue", "state", "readers", "max_queue_readers", "tasks_waiting", "backlog", "ready_groups",
             "last_activated_time", "last_empty_rowset_time", "worker")
-    t = new_table("queue monitors", *cols)
+    t = new_table("queue monitors", *cols, "degraded")
     for r in rows:
-        t.add_row(*("" if r[c] is None else str(r[c]) for c in cols))
+        t.add_row(*("" if r[c] is None else str(r[c]) for c in cols), degraded_cell(r))
     print_table(t)
+
+
+def degraded_cell(row: dict) -> str:
+    """The `degraded` column of a monitor row: empty when its owner was healthy, else DEGRADED
+    and the failing components (`component: error`, the error cut short; --json has it whole)."""
+    if not row.get("degraded"):
+        return ""
+    reasons = [f"{r.get('component', '?')}: {str(r.get('error', ''))[:60]}"
+               for r in row.get("degraded_reasons") or []]
+    return "DEGRADED" + (" (" + "; ".join(reasons) + ")" if reasons else "")
 
 
 @main.command("tasks")
