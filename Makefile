@@ -16,10 +16,11 @@ demo: setup
 	$(BIN)/kbroker demo --port $(PORT)$(if $(DATA_DIR), --data-dir $(DATA_DIR))
 
 # The static checks first (seconds: the layer contracts, the types), then the tests against a real
-# broker (minutes).
+# broker (minutes); Toxiproxy is built once (about a minute) for the network-stall test.
 test: setup
 	$(BIN)/lint-imports
 	$(BIN)/mypy kbroker
+	scripts/toxiproxy.sh >/dev/null  # the fault-injecting proxy of the network-stall test
 	$(BIN)/pytest
 
 bench: setup
