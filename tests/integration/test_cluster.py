@@ -4,12 +4,15 @@ The sample catalog applied to the cluster gets three replicas per topic (two in 
 sent before a node is killed with SIGKILL (the leader of the queue partition that holds them) are
 all received afterwards, in transactions, exactly once and in order; the node then comes back and
 rejoins every replica set. The test prints how long the cluster took to start and how long the
-first RECEIVE took to commit after the kill."""
+first RECEIVE took to commit after the kill. A second test kills the transaction coordinator of
+reader processes' transactional ids while they commit, and checks the invariants of
+tests/helpers/invariants.py."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -29,6 +32,16 @@ from kbroker.kafka.apply import apply_paths, choose_replication
 from kbroker.sdk.broker import Broker
 
 from tests.helpers import SAMPLES
+from tests.helpers import invariants as inv
+from tests.helpers.kafka_wire import list_transactions
+from tests.helpers.reader_runs import (
+    ReaderProcess,
+    assert_no_violations,
+    commits,
+    first_commit_after,
+    wait_for_all_replies,
+    wait_for_commits,
+)
 
 NODES = 3
 MESSAGES = 40
@@ -208,3 +221,52 @@ def test_a_node_killed_under_load_loses_and_repeats_nothing(cluster: EmbeddedClu
         leftover = [orjson.loads(m.body)["claim"] for m in again.receive(QUEUE, top=100, wait=3)]
     assert delivery_faults(list(range(MESSAGES)), got + leftover) == NO_FAULTS, leftover
     print(f"test body took {time.monotonic() - test_started:.1f} s")
+
+
+def coordinators(cluster: EmbeddedCluster, prefix: str) -> Counter[int]:
+    """Node id -> how many transactional ids starting with `prefix` it coordinates (each running
+    node answers ListTransactions with the transactions it coordinates)."""
+    found: Counter[int] = Counter()
+    for node in cluster.status().nodes:
+        if node.running and node.port is not None:
+            found[node.node_id] += sum(tid.startswith(prefix) for tid in list_transactions("127.0.0.1", node.port))
+    return found
+
+
+def test_the_transaction_coordinator_killed_during_commits(cluster: EmbeddedCluster, tmp_path: Path) -> None:
+    """Reader processes commit in transactions; the node coordinating most of their transactional
+    ids is killed with SIGKILL mid-run, then brought back. Every invariant count ends 0 and the
+    readers run throughout; the test prints when the first commit after the kill came."""
+    status = cluster.status()
+    assert status.nodes_running == NODES and status.bootstrap is not None
+    bootstrap = status.bootstrap
+    namespace = "c" + uuid.uuid4().hex[:12]
+    apply_paths(bootstrap, namespace, [inv.YAML])
+    per_conversation = 3
+    with Broker(bootstrap, namespace) as client:
+        sent = inv.send_requests(client, 300, per_conversation)
+    readers = [ReaderProcess.start(bootstrap, namespace, tmp_path, name, 3, 0.05, seed)
+               for name, seed in (("a", 31), ("b", 32))]
+    victim = None
+    try:
+        wait_for_commits(readers, 30, 120)
+        by_node = coordinators(cluster, f"kbroker.{namespace}.")
+        assert by_node, "no node coordinates the readers' transactions"
+        victim, served = by_node.most_common(1)[0]
+        assert cluster.kill_node(victim)
+        killed_at = time.time()
+        recovered_at = first_commit_after(readers, killed_at + 0.5, 120)
+        replies = wait_for_all_replies(bootstrap, namespace, sent, readers, 150)
+        all_done_at = time.time()
+        assert all(r.running() for r in readers), "a reader process exited"
+        print(f"\nkilled node {victim}, transaction coordinator of {served} of the readers' "
+              f"{sum(by_node.values())} transactional ids: first commit {recovered_at - killed_at:.1f} s later, "
+              f"every request answered {all_done_at - killed_at:.1f} s after the kill")
+        cluster.start_node(victim, wait=120)
+        assert cluster.status().nodes_running == NODES
+    finally:
+        for r in readers:
+            r.stop()
+        if victim is not None and cluster.status().nodes_running < NODES:
+            cluster.start_node(victim, wait=120)  # the next test of the module gets three nodes
+    assert_no_violations(inv.check(sent, replies, commits(readers), per_conversation))
