@@ -11,7 +11,8 @@ DONE = "//kbroker/test/Done"
 
 def slow_reader(broker, queue: str) -> None:
     """RECEIVE one message at a time, take KB_TEST_DELAY seconds over it, reply Done with its id
-    in the same transaction; return when a RECEIVE finds nothing for a second."""
+    (and the worker's pid) in the same transaction; return when a RECEIVE finds nothing for a
+    second."""
     delay = float(os.environ.get("KB_TEST_DELAY", "0.2"))
     while True:
         with broker.transaction() as tx:
@@ -20,7 +21,8 @@ def slow_reader(broker, queue: str) -> None:
                 return
             time.sleep(delay)
             for m in msgs:
-                tx.send(m.conversation_handle, DONE, {"job": m.message_id, "seq": m.message_sequence_number})
+                tx.send(m.conversation_handle, DONE, {"job": m.message_id, "seq": m.message_sequence_number,
+                                                      "pid": os.getpid()})
 
 
 def stub(broker, queue: str) -> None:
