@@ -35,7 +35,7 @@ class Toxiproxy:
     def __init__(self, log_file: Path):
         self.api_port = free_port()
         self.url = f"http://127.0.0.1:{self.api_port}"
-        self._log = open(log_file, "ab")
+        self._log = open(log_file, "ab")  # noqa: SIM115 - the server writes to it until stop()
         self.proc = subprocess.Popen([str(server_binary()), "-host", "127.0.0.1", "-port", str(self.api_port)],
                                      stdout=self._log, stderr=subprocess.STDOUT)
         self.http = httpx.Client(base_url=self.url, timeout=5)

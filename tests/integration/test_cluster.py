@@ -19,7 +19,12 @@ from pathlib import Path
 import orjson
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, ResourceType
+from confluent_kafka.admin import (
+    AdminClient,
+    ClusterMetadata,
+    ConfigResource,
+    ResourceType,
+)
 
 from kbroker.cli.demo import CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
@@ -30,7 +35,6 @@ from kbroker.embedded.cluster import EmbeddedCluster
 from kbroker.errors import TransactionAbortedError
 from kbroker.kafka.apply import apply_paths, choose_replication
 from kbroker.sdk.broker import Broker
-
 from tests.helpers import SAMPLES
 from tests.helpers import invariants as inv
 from tests.helpers.kafka_wire import list_transactions

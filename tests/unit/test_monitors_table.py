@@ -31,7 +31,7 @@ def test_degraded_cell_names_each_failing_component() -> None:
 
 
 def test_the_plain_monitors_table_has_a_degraded_column(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kbroker.worker.views as views
+    from kbroker.worker import views
 
     rows = [row("HealthyQueue"), row("SickQueue", degraded=True, degraded_reasons=[REASON])]
     monkeypatch.setattr(views, "monitor_rows", lambda bootstrap, namespace: rows)
