@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Toxiproxy's server, the fault-injecting TCP proxy of the network-stall test
-# (tests/integration/test_faults.py): built once from its Go module into the per-user cache and
+# (tests/integration/test_network_stall.py): built once from its Go module into the per-user cache and
 # printed as a path. Debian has no package of it and PyPI only clients, hence the Go build
 # (about a minute, once). Exits non-zero, saying why, when it cannot be had: the test then fails.
 set -euo pipefail
