@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka import Message as KafkaRecord
 
 from kbroker.core import names
@@ -125,7 +125,10 @@ class QueueReceiver:
             try:
                 records = consumer.consume(500, 0.1)
                 self._group_meta = consumer.consumer_group_metadata()
-            except Exception as exc:  # closed under us, or a fatal consumer error
+            except BaseException as exc:  # closed under us, a fatal consumer error, or a callback's
+                # error re-raised by librdkafka's binding (not always an Exception subclass)
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
                 if not self._closed:
                     log.error("poll of %s failed: %s", self.topic, exc)
                     time.sleep(0.5)
@@ -184,7 +187,9 @@ class QueueReceiver:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._on_assign_hook()
-        committed = consumer.committed(partitions, timeout=30)
+        committed = self._committed_offsets(consumer, partitions)
+        if committed is None:
+            return  # closing
         with self._cv:
             for tp in committed:
                 self._offsets[tp.partition] = PartitionOffsets(max(tp.offset, 0), tp.metadata)
@@ -192,6 +197,19 @@ class QueueReceiver:
         consumer.incremental_assign(partitions)
         if self._paused:
             consumer.pause(partitions)
+
+    def _committed_offsets(self, consumer: Consumer,
+                           partitions: list[TopicPartition]) -> list[TopicPartition] | None:
+        """The committed offsets of newly assigned partitions, asked again (10 s a try) while the
+        broker does not answer, e.g. just after it restarted: reading without them would
+        deliver completed records again. None once the receiver is closing."""
+        while not self._closed:
+            try:
+                return list(consumer.committed(partitions, timeout=10))
+            except KafkaException as exc:
+                log.warning("committed offsets of %s not read yet (%s); asking again", self.topic, exc)
+                time.sleep(0.5)
+        return None
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = {tp.partition for tp in partitions}
