@@ -22,6 +22,7 @@ that is safe and how an in-doubt commit is settled first).
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -30,13 +31,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from kbroker.core.records import Record
 from kbroker.core.txn_faults import Action, Deadline, Failure, Position, Stage, committed_by_offsets, decide
 from kbroker.errors import TransactionAbortedError, TransactionInDoubtError
 from kbroker.kafka import clients
-from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer
+from kbroker.kafka.guarded import GRACE, CallDeadlineExceeded, GuardedProducer
 from kbroker.kafka.receiver import Lease
 
 log = logging.getLogger("kbroker.committer")
@@ -153,6 +155,7 @@ class GroupCommitter:
         # transaction that has not committed by then is given up (and its producer if stuck).
         self._transaction_deadline = transaction_deadline
         self._resolve_timeout = resolve_timeout  # how long an in-doubt commit may take to settle
+        self._admin: AdminClient | None = None  # reads committed offsets to settle an in-doubt commit
         self._open_transactions = open_transactions
         self._ring = [_Slot(f"kbroker.{namespace}.{uuid.uuid4()}") for _ in range(max(1, producers))]
         self._turn = 0  # the ring's producer for the next Kafka transaction
@@ -197,7 +200,11 @@ class GroupCommitter:
 
     def _run(self) -> None:
         while True:
-            first = self._queue.get()
+            try:
+                first = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                self._restock()
+                continue
             if first is None:
                 return
             batch = [first]
@@ -311,7 +318,7 @@ class GroupCommitter:
             # init aborts the old transaction, which frees the partitions it touched (a
             # read_committed reader waits at its records until then). If not, the next use tries.
             try:
-                self._ready(slot, self._timeout)
+                self._ready(slot, self._transaction_deadline)
             except (KafkaException, CallDeadlineExceeded) as exc:
                 log.warning("no new transactional producer yet (%s); the next transaction retries", _reason(exc))
             return False
@@ -332,14 +339,26 @@ class GroupCommitter:
                 for receiver, tps in positions.items():
                     sent += [(tp.topic, tp.partition, tp.offset, tp.metadata) for tp in tps]
                     found += [(tp.topic, tp.partition, tp.offset, tp.metadata)
-                              for tp in receiver.committed(tps, until.call_timeout(self._timeout, floor=1.0))]
+                              for tp in self._group_offsets(receiver.topic, tps,
+                                                            until.call_timeout(self._timeout, floor=1.0))]
                 committed = committed_by_offsets(sent, found)
                 log.warning("in-doubt Kafka transaction settled: %s", "committed" if committed else "aborted")
                 return committed
-            except (KafkaException, CallDeadlineExceeded) as exc:
+            except (KafkaException, CallDeadlineExceeded, concurrent.futures.TimeoutError) as exc:
                 log.warning("cannot settle an in-doubt Kafka transaction yet (%s); retrying", _reason(exc))
                 time.sleep(min(1.0, until.left()))
         return None
+
+    def _group_offsets(self, group: str, positions: list[TopicPartition], seconds: float) -> list[TopicPartition]:
+        """A consumer group's stable committed offsets of these partitions, asked with an admin
+        client: the queue's own consumer may be inside a rebalance that waits for this very
+        commit (the revocation's barrier), and would not answer."""
+        if self._admin is None:
+            self._admin = clients.admin(self._conf["bootstrap.servers"])
+        request = [ConsumerGroupTopicPartitions(group, [TopicPartition(tp.topic, tp.partition) for tp in positions])]
+        future = self._admin.list_consumer_group_offsets(request, require_stable=True,
+                                                         request_timeout=seconds)[group]
+        return list(future.result(timeout=seconds + GRACE).topic_partitions or [])
 
     def _ready(self, slot: "_Slot", seconds: float) -> GuardedProducer:
         """`slot`'s producer, created and initialised (bounded by `seconds`) if it has none."""
@@ -354,6 +373,19 @@ class GroupCommitter:
             raise
         slot.producer = producer
         return producer
+
+    def _restock(self) -> None:
+        """While idle, give every slot whose producer was abandoned a new one. Its init fences
+        the abandoned producer at once, which aborts the transaction it left open: until then
+        that transaction's pending offsets keep the queue's committed offsets unstable (an
+        assignment cannot read them) and its records hold back read_committed readers."""
+        for slot in self._ring:
+            if slot.producer is None and not self._closed:
+                try:
+                    self._ready(slot, self._transaction_deadline)
+                    log.warning("transactional producer %s replaced", slot.transactional_id)
+                except (KafkaException, CallDeadlineExceeded) as exc:
+                    log.warning("no new transactional producer yet (%s); trying again", _reason(exc))
 
     def _abandon(self, slot: "_Slot") -> None:
         if slot.producer is not None:

@@ -318,12 +318,6 @@ class QueueReceiver:
                 out.append(TopicPartition(self.topic, p, pos, metadata=meta))
             return out
 
-    def committed(self, positions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
-        """The group's committed offsets of these partitions (stable ones only: the consumer
-        reads committed records, so librdkafka waits out pending transactional offsets)."""
-        assert self._consumer is not None  # start() was called: there are leases
-        return list(self._consumer.committed(positions, timeout=timeout))
-
     def exclude(self, leases: list[Lease]) -> None:
         """The Kafka transaction aborted: the offsets are incomplete again."""
         with self._cv:
