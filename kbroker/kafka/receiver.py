@@ -17,13 +17,15 @@ kbroker.core.group_buffer; this module adds the consumer, its thread, offsets an
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 from confluent_kafka import Message as KafkaRecord
 
 from kbroker.core import names
@@ -85,6 +87,7 @@ class QueueReceiver:
         self._eof: set[int] = set()
         self._closed = False
         self._consumer: Consumer | None = None
+        self._admin: AdminClient | None = None  # reads committed offsets when the consumer does not
         self._group_meta: Any = None
         self._thread: threading.Thread | None = None
 
@@ -203,13 +206,27 @@ class QueueReceiver:
         """The committed offsets of newly assigned partitions, asked again (10 s a try) while the
         broker does not answer, e.g. just after it restarted: reading without them would
         deliver completed records again. None once the receiver is closing."""
+        attempt = 0
         while not self._closed:
             try:
-                return list(consumer.committed(partitions, timeout=10))
-            except KafkaException as exc:
+                if attempt == 0:
+                    return list(consumer.committed(partitions, timeout=10))
+                # After a broker restart the consumer itself was seen never to answer this
+                # inside its assign callback: ask the group coordinator with an admin client.
+                return self._committed_by_admin(partitions, timeout=10)
+            except (KafkaException, concurrent.futures.TimeoutError) as exc:
                 log.warning("committed offsets of %s not read yet (%s); asking again", self.topic, exc)
+                attempt += 1
                 time.sleep(0.5)
         return None
+
+    def _committed_by_admin(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        if self._admin is None:
+            self._admin = clients.admin(self._bootstrap)
+        group = self.topic  # a queue's group is named as its topic
+        request = [ConsumerGroupTopicPartitions(group, [TopicPartition(tp.topic, tp.partition) for tp in partitions])]
+        future = self._admin.list_consumer_group_offsets(request, require_stable=True, request_timeout=timeout)[group]
+        return list(future.result(timeout=timeout + 1).topic_partitions or [])
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = {tp.partition for tp in partitions}
