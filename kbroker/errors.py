@@ -200,6 +200,12 @@ class TransactionAbortedError(KBrokerError):
     retriable = True
 
 
+class TransactionInDoubtError(KBrokerError):
+    """The Kafka transaction's commit was requested but its outcome could not be learnt (the
+    broker stayed unreachable, or it carried no received messages whose offsets would tell).
+    It may have committed: check before doing the work again."""
+
+
 class TransactionStateError(KBrokerError):
     """The transaction was already committed or rolled back."""
 

@@ -12,10 +12,17 @@ producers: right after a commit the coordinator is still writing that transactio
 answers the same producer's next transaction with CONCURRENT_TRANSACTIONS until it is done,
 while another producer can start at once. Order is unchanged: each transaction has committed
 before the next one begins, so their records reach the log in commit order.
+
+No call waits for ever: every librdkafka call of a transaction runs on its producer's own thread
+(kafka/guarded.py) and the committer stops waiting at the transaction's deadline. A stuck or
+fenced producer is abandoned and replaced by a new one with the same transactional.id, and the
+batch fails with the retriable TransactionAbortedError (kbroker/core/txn_faults.py says when
+that is safe and how an in-doubt commit is settled first).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -24,15 +31,63 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from kbroker.core.records import Record
-from kbroker.errors import TransactionAbortedError
+from kbroker.core.txn_faults import Action, Deadline, Failure, Position, Stage, committed_by_offsets, decide
+from kbroker.errors import TransactionAbortedError, TransactionInDoubtError
 from kbroker.kafka import clients
-from kbroker.kafka.clients import produce
+from kbroker.kafka.guarded import GRACE, CallDeadlineExceeded, GuardedProducer
 from kbroker.kafka.receiver import Lease
 
 log = logging.getLogger("kbroker.committer")
+
+
+@dataclass(eq=False)
+class _Slot:
+    """A place in the producer ring: a transactional.id kept for good, and the producer that
+    currently has it (None until created, and after it was abandoned)."""
+
+    transactional_id: str
+    producer: GuardedProducer | None = None
+
+
+class _Failed(Exception):
+    """A Kafka transaction stopped: at which stage, and why."""
+
+    def __init__(self, failure: Failure, reason: str):
+        super().__init__(reason)
+        self.failure, self.reason = failure, reason
+
+
+def _failure(stage: Stage, exc: BaseException) -> Failure:
+    """librdkafka's error (or kbroker's deadline) as the pure module's Failure."""
+    if isinstance(exc, KafkaException) and isinstance(exc.args[0], KafkaError):
+        err = exc.args[0]
+        return Failure(stage, fatal=err.fatal(), retriable=err.retriable(),
+                       requires_abort=err.txn_requires_abort())
+    return Failure(stage, timed_out=isinstance(exc, CallDeadlineExceeded))
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, KafkaException) and isinstance(exc.args[0], KafkaError):
+        return str(exc.args[0].str())
+    return str(exc)
+
+
+def _produce_all(producer: Producer, records: list[Record], deadline: Deadline) -> None:
+    """Produce the records, waiting while librdkafka's local queue is full, until `deadline`."""
+    for topic, key, value, record_headers in records:
+        headers: Any = record_headers  # librdkafka's stub wants a list of a wider element type
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value, headers=headers)
+                break
+            except BufferError:
+                if deadline.expired():
+                    raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "local produce queue full")) from None
+                producer.poll(0.01)
 
 
 @dataclass(eq=False)
@@ -79,6 +134,7 @@ class GroupCommitter:
 
     def __init__(self, bootstrap: str, namespace: str, *, interval: float = 0.005,
                  max_batch: int = 1000, timeout: float = 30.0, producers: int = 2,
+                 transaction_deadline: float = 10.0, resolve_timeout: float = 120.0,
                  open_transactions: Callable[[], int] = lambda: 1,
                  new_producer: Callable[[dict[str, Any]], Producer] = Producer):
         self._namespace, self._make_producer = namespace, new_producer
@@ -95,9 +151,13 @@ class GroupCommitter:
             "transaction.timeout.ms": 10_000,
         })
         self._interval, self._max_batch, self._timeout = interval, max_batch, timeout
+        # Kafka aborts a transaction open longer than transaction.timeout.ms anyway, so a
+        # transaction that has not committed by then is given up (and its producer if stuck).
+        self._transaction_deadline = transaction_deadline
+        self._resolve_timeout = resolve_timeout  # how long an in-doubt commit may take to settle
+        self._admin: AdminClient | None = None  # reads committed offsets to settle an in-doubt commit
         self._open_transactions = open_transactions
-        self._producers = max(1, producers)
-        self._ring: list[Producer] = []
+        self._ring = [_Slot(f"kbroker.{namespace}.{uuid.uuid4()}") for _ in range(max(1, producers))]
         self._turn = 0  # the ring's producer for the next Kafka transaction
         self._queue: queue.Queue[CommitRequest | None] = queue.Queue()
         self._busy = threading.Lock()  # held while a Kafka transaction is under way
@@ -108,16 +168,14 @@ class GroupCommitter:
     def start(self) -> "GroupCommitter":
         """Create the producer ring (init_transactions, a broker round trip each) and start the
         committing thread; returns self."""
-        self._ring = [self._new_producer() for _ in range(self._producers)]
+        for slot in self._ring:
+            try:
+                self._ready(slot, self._timeout)
+            except CallDeadlineExceeded as exc:
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, str(exc))) from None
         self._thread = threading.Thread(target=self._run, name="kbroker-committer", daemon=True)
         self._thread.start()
         return self
-
-    def _new_producer(self) -> Producer:
-        p = self._make_producer({**self._conf,
-                                 "transactional.id": f"kbroker.{self._namespace}.{uuid.uuid4()}"})
-        p.init_transactions(self._timeout)
-        return p
 
     def submit(self, request: CommitRequest) -> CommitRequest:
         """Queue a commit without waiting; its `done` event is set once it has an outcome."""
@@ -142,7 +200,11 @@ class GroupCommitter:
 
     def _run(self) -> None:
         while True:
-            first = self._queue.get()
+            try:
+                first = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                self._restock()
+                continue
             if first is None:
                 return
             batch = [first]
@@ -182,26 +244,153 @@ class GroupCommitter:
                         r.exclude(ls)
                 return self._split_doomed(batch)
             positions[receiver] = tps
-        producer = self._ring[self._turn]
+        slot = self._ring[self._turn]
         self._turn = (self._turn + 1) % len(self._ring)
+        deadline = Deadline(self._transaction_deadline)
         try:
-            producer.begin_transaction()
-            for req in batch:
-                for topic, key, value, headers in req.records:
-                    produce(producer, topic, key=key, value=value, headers=headers)
-            for receiver, tps in positions.items():
-                producer.send_offsets_to_transaction(tps, receiver.group_metadata(), self._timeout)
-            producer.commit_transaction(self._timeout)
-        except KafkaException as exc:
-            for receiver, leases in by_receiver.items():
-                receiver.exclude(leases)
-            self._recover(producer, exc)
-            for req in batch:
-                req.finish(TransactionAbortedError(f"the Kafka transaction failed: {exc.args[0].str()}"))
-            return
+            self._transact(slot, batch, positions, deadline)
+        except _Failed as failed:
+            committed = self._settle(slot, failed, deadline, positions)
+            if committed is not True:
+                for receiver, leases in by_receiver.items():
+                    receiver.exclude(leases)
+                error: Exception = (TransactionAbortedError(f"the Kafka transaction failed: {failed.reason}")
+                                    if committed is False else TransactionInDoubtError(failed.reason))
+                for req in batch:
+                    req.finish(error)
+                return
         self.batches += 1
         for req in batch:
             req.finish(None)
+
+    def _transact(self, slot: "_Slot", batch: list[CommitRequest], positions: dict[Any, list[TopicPartition]],
+                  deadline: Deadline) -> None:
+        """One Kafka transaction on `slot`'s producer, every call bounded by `deadline`;
+        _Failed says at which stage it stopped."""
+        stage = Stage.INIT
+        try:
+            producer = self._ready(slot, deadline.call_timeout(self._timeout))
+            stage = Stage.BEGIN
+            producer.call("begin_transaction", lambda p: p.begin_transaction(), deadline.call_timeout(self._timeout))
+            stage = Stage.PRODUCE
+            records = [rec for req in batch for rec in req.records]
+            producer.call("produce", lambda p: _produce_all(p, records, deadline), deadline.call_timeout(self._timeout))
+            stage = Stage.OFFSETS
+            for receiver, tps in positions.items():
+                meta, t = receiver.group_metadata(), deadline.call_timeout(self._timeout)
+                producer.call("send_offsets_to_transaction",
+                              lambda p: p.send_offsets_to_transaction(tps, meta, t), t)  # noqa: B023 - called now
+            stage = Stage.COMMIT
+            while True:
+                t = deadline.call_timeout(self._timeout)
+                try:
+                    producer.call("commit_transaction", lambda p: p.commit_transaction(t), t)  # noqa: B023
+                    return
+                except KafkaException as exc:
+                    failure = _failure(stage, exc)
+                    if decide(failure, deadline.left()) is not Action.RETRY_COMMIT:
+                        raise
+                    log.warning("commit_transaction failed retriably (%s); asking again", exc.args[0].str())
+        except (KafkaException, CallDeadlineExceeded) as exc:
+            raise _Failed(_failure(stage, exc), _reason(exc)) from exc
+
+    def _settle(self, slot: "_Slot", failed: "_Failed", deadline: Deadline,
+                positions: dict[Any, list[TopicPartition]]) -> bool | None:
+        """Leave the failed transaction's producer ready or abandoned; whether the transaction
+        committed (None: in doubt and not settled). See kbroker.core.txn_faults for why this is
+        safe."""
+        action = decide(failed.failure, deadline.left())
+        log.warning("Kafka transaction failed at %s (%s): %s", failed.failure.stage.value, failed.reason,
+                    action.value)
+        if action is Action.ABORT:
+            producer = slot.producer
+            try:
+                assert producer is not None  # a transaction began on it
+                t = deadline.call_timeout(self._timeout, floor=1.0)
+                producer.call("abort_transaction", lambda p: p.abort_transaction(t), t)
+                return False
+            except (KafkaException, CallDeadlineExceeded) as exc:
+                log.error("abort_transaction failed (%s); replacing the transactional producer", _reason(exc))
+                action = Action.REPLACE
+        self._abandon(slot)
+        if action is Action.REPLACE:
+            # Nothing was committed. Initialise the replacement now, if the broker answers: its
+            # init aborts the old transaction, which frees the partitions it touched (a
+            # read_committed reader waits at its records until then). If not, the next use tries.
+            try:
+                self._ready(slot, self._transaction_deadline)
+            except (KafkaException, CallDeadlineExceeded) as exc:
+                log.warning("no new transactional producer yet (%s); the next transaction retries", _reason(exc))
+            return False
+        return self._resolve(slot, positions)
+
+    def _resolve(self, slot: "_Slot", positions: dict[Any, list[TopicPartition]]) -> bool | None:
+        """Settle an in-doubt transaction: a new producer with the same transactional.id fences
+        the old one (its init returns once the coordinator finished the old transaction), then
+        the group's committed offsets say whether it committed."""
+        until = Deadline(self._resolve_timeout)
+        while not until.expired() and not self._closed:
+            try:
+                self._ready(slot, until.call_timeout(self._timeout, floor=1.0))
+                if not positions:
+                    return None  # no offsets to tell: the caller must check
+                sent: list[Position] = []
+                found: list[Position] = []
+                for receiver, tps in positions.items():
+                    sent += [(tp.topic, tp.partition, tp.offset, tp.metadata) for tp in tps]
+                    found += [(tp.topic, tp.partition, tp.offset, tp.metadata)
+                              for tp in self._group_offsets(receiver.topic, tps,
+                                                            until.call_timeout(self._timeout, floor=1.0))]
+                committed = committed_by_offsets(sent, found)
+                log.warning("in-doubt Kafka transaction settled: %s", "committed" if committed else "aborted")
+                return committed
+            except (KafkaException, CallDeadlineExceeded, concurrent.futures.TimeoutError) as exc:
+                log.warning("cannot settle an in-doubt Kafka transaction yet (%s); retrying", _reason(exc))
+                time.sleep(min(1.0, until.left()))
+        return None
+
+    def _group_offsets(self, group: str, positions: list[TopicPartition], seconds: float) -> list[TopicPartition]:
+        """A consumer group's stable committed offsets of these partitions, asked with an admin
+        client: the queue's own consumer may be inside a rebalance that waits for this very
+        commit (the revocation's barrier), and would not answer."""
+        if self._admin is None:
+            self._admin = clients.admin(self._conf["bootstrap.servers"])
+        request = [ConsumerGroupTopicPartitions(group, [TopicPartition(tp.topic, tp.partition) for tp in positions])]
+        future = self._admin.list_consumer_group_offsets(request, require_stable=True,
+                                                         request_timeout=seconds)[group]
+        return list(future.result(timeout=seconds + GRACE).topic_partitions or [])
+
+    def _ready(self, slot: "_Slot", seconds: float) -> GuardedProducer:
+        """`slot`'s producer, created and initialised (bounded by `seconds`) if it has none."""
+        if slot.producer is not None and not slot.producer.abandoned:
+            return slot.producer
+        producer = GuardedProducer(self._make_producer({**self._conf, "transactional.id": slot.transactional_id}),
+                                   slot.transactional_id)
+        try:
+            producer.call("init_transactions", lambda p: p.init_transactions(seconds), seconds)
+        except BaseException:
+            producer.abandon()
+            raise
+        slot.producer = producer
+        return producer
+
+    def _restock(self) -> None:
+        """While idle, give every slot whose producer was abandoned a new one. Its init fences
+        the abandoned producer at once, which aborts the transaction it left open: until then
+        that transaction's pending offsets keep the queue's committed offsets unstable (an
+        assignment cannot read them) and its records hold back read_committed readers."""
+        for slot in self._ring:
+            if slot.producer is None and not self._closed:
+                try:
+                    self._ready(slot, self._transaction_deadline)
+                    log.warning("transactional producer %s replaced", slot.transactional_id)
+                except (KafkaException, CallDeadlineExceeded) as exc:
+                    log.warning("no new transactional producer yet (%s); trying again", _reason(exc))
+
+    def _abandon(self, slot: "_Slot") -> None:
+        if slot.producer is not None:
+            slot.producer.abandon()
+            slot.producer = None
 
     def _split_doomed(self, batch: list[CommitRequest]) -> None:
         doomed = [r for r in batch if any(l.doomed for l in r.leases)]
@@ -210,21 +399,6 @@ class GroupCommitter:
         rest = [r for r in batch if r not in doomed]
         if rest:
             self._commit(rest)
-
-    def _recover(self, producer: Producer, exc: KafkaException) -> None:
-        err = exc.args[0]
-        try:
-            if err.fatal():
-                log.error("transactional producer fenced or failed fatally (%s); starting a new one", err)
-                self._replace(producer)
-            else:
-                producer.abort_transaction(self._timeout)
-        except KafkaException as again:
-            log.error("abort failed (%s); starting a new transactional producer", again)
-            self._replace(producer)
-
-    def _replace(self, producer: Producer) -> None:
-        self._ring[self._ring.index(producer)] = self._new_producer()
 
     def close(self) -> None:
         """Commit what is queued, stop the thread, and fail whatever arrives after."""

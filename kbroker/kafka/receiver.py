@@ -17,13 +17,15 @@ kbroker.core.group_buffer; this module adds the consumer, its thread, offsets an
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 from confluent_kafka import Message as KafkaRecord
 
 from kbroker.core import names
@@ -85,6 +87,7 @@ class QueueReceiver:
         self._eof: set[int] = set()
         self._closed = False
         self._consumer: Consumer | None = None
+        self._admin: AdminClient | None = None  # reads committed offsets when the consumer does not
         self._group_meta: Any = None
         self._thread: threading.Thread | None = None
 
@@ -125,7 +128,10 @@ class QueueReceiver:
             try:
                 records = consumer.consume(500, 0.1)
                 self._group_meta = consumer.consumer_group_metadata()
-            except Exception as exc:  # closed under us, or a fatal consumer error
+            except BaseException as exc:  # closed under us, a fatal consumer error, or a callback's
+                # error re-raised by librdkafka's binding (not always an Exception subclass)
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
                 if not self._closed:
                     log.error("poll of %s failed: %s", self.topic, exc)
                     time.sleep(0.5)
@@ -184,7 +190,9 @@ class QueueReceiver:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._on_assign_hook()
-        committed = consumer.committed(partitions, timeout=30)
+        committed = self._committed_offsets(consumer, partitions)
+        if committed is None:
+            return  # closing
         with self._cv:
             for tp in committed:
                 self._offsets[tp.partition] = PartitionOffsets(max(tp.offset, 0), tp.metadata)
@@ -192,6 +200,33 @@ class QueueReceiver:
         consumer.incremental_assign(partitions)
         if self._paused:
             consumer.pause(partitions)
+
+    def _committed_offsets(self, consumer: Consumer,
+                           partitions: list[TopicPartition]) -> list[TopicPartition] | None:
+        """The committed offsets of newly assigned partitions, asked again (10 s a try) while the
+        broker does not answer, e.g. just after it restarted: reading without them would
+        deliver completed records again. None once the receiver is closing."""
+        attempt = 0
+        while not self._closed:
+            try:
+                if attempt == 0:
+                    return list(consumer.committed(partitions, timeout=10))
+                # After a broker restart the consumer itself was seen never to answer this
+                # inside its assign callback: ask the group coordinator with an admin client.
+                return self._committed_by_admin(partitions, timeout=10)
+            except (KafkaException, concurrent.futures.TimeoutError) as exc:
+                log.warning("committed offsets of %s not read yet (%s); asking again", self.topic, exc)
+                attempt += 1
+                time.sleep(0.5)
+        return None
+
+    def _committed_by_admin(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        if self._admin is None:
+            self._admin = clients.admin(self._bootstrap)
+        group = self.topic  # a queue's group is named as its topic
+        request = [ConsumerGroupTopicPartitions(group, [TopicPartition(tp.topic, tp.partition) for tp in partitions])]
+        future = self._admin.list_consumer_group_offsets(request, require_stable=True, request_timeout=timeout)[group]
+        return list(future.result(timeout=timeout + 1).topic_partitions or [])
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = {tp.partition for tp in partitions}

@@ -1,0 +1,119 @@
+"""The group committer with producers that hang: it stops waiting at its own deadline, never
+calls a stuck producer again, replaces it under the same transactional.id, and fails the batch
+(retriable) or settles an in-doubt commit from the group's offsets. Fake producers: no broker."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from kbroker.errors import TransactionAbortedError
+from kbroker.kafka.committer import CommitRequest, GroupCommitter
+from kbroker.kafka.receiver import Lease
+
+
+class FakeProducer:
+    """Records its calls; the call named `hang_in` blocks until `release` is set."""
+
+    def __init__(self, conf: dict[str, Any], hang_in: str | None, release: threading.Event):
+        self.txn_id = conf["transactional.id"]
+        self.calls: list[str] = []
+        self._hang_in, self._release = hang_in, release
+
+    def _call(self, name: str) -> None:
+        self.calls.append(name)
+        if name == self._hang_in:
+            self._release.wait()
+
+    def init_transactions(self, _t: float) -> None:
+        self._call("init")
+
+    def begin_transaction(self) -> None:
+        self._call("begin")
+
+    def produce(self, *_a: Any, **_kw: Any) -> None:
+        self._call("produce")
+
+    def send_offsets_to_transaction(self, *_a: Any) -> None:
+        self._call("offsets")
+
+    def commit_transaction(self, _t: float) -> None:
+        self._call("commit")
+
+    def abort_transaction(self, _t: float) -> None:
+        self._call("abort")
+
+
+class FakeReceiver:
+    topic = "q"
+
+    def __init__(self) -> None:
+        self.excluded = 0
+
+    def include(self, leases: list[Lease]) -> list[TopicPartition]:
+        return [TopicPartition("q", 0, 7, metadata="m")]
+
+    def exclude(self, leases: list[Lease]) -> None:
+        self.excluded += 1
+
+    def group_metadata(self) -> object:
+        return object()
+
+
+@pytest.fixture
+def release() -> Any:
+    event = threading.Event()
+    yield event
+    event.set()  # let the abandoned producers' threads end
+
+
+def committer_with(hang_in: str, release: threading.Event) -> tuple[GroupCommitter, list[FakeProducer]]:
+    made: list[FakeProducer] = []
+
+    def new_producer(conf: dict[str, Any]) -> Any:
+        # Only the first producer hangs; its replacements work.
+        p = FakeProducer(conf, hang_in if not made else None, release)
+        made.append(p)
+        return p
+
+    c = GroupCommitter("127.0.0.1:1", "ns", producers=1, timeout=0.3, transaction_deadline=0.3,
+                       new_producer=new_producer)
+    return c.start(), made
+
+
+def test_a_hung_send_offsets_fails_the_batch_retriably_and_replaces_the_producer(release):
+    c, made = committer_with("offsets", release)
+    receiver = FakeReceiver()
+    started = time.monotonic()
+    with pytest.raises(TransactionAbortedError):
+        c.commit(CommitRequest([], [Lease(receiver, "g", None, offsets=[(0, 6)])]))  # type: ignore[arg-type]
+    assert time.monotonic() - started < 5, "the committer waited past its deadline"
+    assert receiver.excluded == 1  # the offsets are incomplete again: the messages come back
+    assert len(made) >= 2 and made[1].txn_id == made[0].txn_id  # same id: fences the stuck one
+    assert made[0].calls == ["init", "begin", "offsets"]  # never called again
+    c.commit(CommitRequest([], [Lease(receiver, "g", None, offsets=[(0, 6)])]))  # type: ignore[arg-type]
+    assert made[1].calls[-1] == "commit"
+    c.close()
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_a_hung_commit_is_settled_from_the_groups_offsets(release, committed):
+    c, made = committer_with("commit", release)
+    found = [TopicPartition("q", 0, 7, metadata="m") if committed else TopicPartition("q", 0, 3, metadata="")]
+    c._group_offsets = lambda group, tps, t: found  # type: ignore[method-assign]
+    receiver = FakeReceiver()
+    req = CommitRequest([], [Lease(receiver, "g", None, offsets=[(0, 6)])])  # type: ignore[arg-type]
+    if committed:
+        c.commit(req)  # it did commit: the reader must not get its messages again
+        assert receiver.excluded == 0
+    else:
+        with pytest.raises(TransactionAbortedError):
+            c.commit(req)
+        assert receiver.excluded == 1
+    assert made[1].txn_id == made[0].txn_id and made[1].calls[0] == "init"
+    assert made[0].calls[-1] == "commit"  # no abort on a producer whose commit may be running
+    c.close()
