@@ -26,9 +26,13 @@ from kbroker.core.timers import firing_records
 from kbroker.kafka import clients, messages
 from kbroker.kafka.clients import produce
 from kbroker.kafka.endpoint_store import EndpointStore
+from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer
 
 log = logging.getLogger("kbroker.timers")
 COMPONENT = "timer service"
+# kbroker's own deadline on one firing transaction (librdkafka may not honour its timeouts after a
+# broker restart): as long as Kafka keeps a transaction open before aborting it.
+FIRE_SECONDS = 10.0
 
 
 class FailureSink(Protocol):
@@ -67,11 +71,13 @@ class TimerService:
         self._transactional_id = f"{group}.{uuid.uuid4()}"
         self._producer = self._new_producer()
 
-    def _new_producer(self) -> Producer:
-        p = clients.idempotent_producer(self._bootstrap, **{
+    def _new_producer(self) -> GuardedProducer:
+        """A producer under the service's transactional id (fencing any earlier one, whose open
+        transaction the coordinator then aborts), initialised within kbroker's deadline."""
+        p = GuardedProducer(clients.idempotent_producer(self._bootstrap, **{
             "transactional.id": self._transactional_id, "transaction.timeout.ms": 10_000,
-            "retry.backoff.ms": 5})
-        p.init_transactions(30)
+            "retry.backoff.ms": 5}), self._transactional_id)
+        p.call("init_transactions", lambda raw: raw.init_transactions(30), 30)
         return p
 
     # --- the loop ------------------------------------------------------------------------------
@@ -133,40 +139,85 @@ class TimerService:
             records.extend(firing_records(e.value, store.cached))
             records.append((self.topic, e.key, None, None))
         positions = [tp for tp in self._consumer.position(self._consumer.assignment()) if tp.offset >= 0]
-        try:
-            self._producer.begin_transaction()
+        group = self._consumer.consumer_group_metadata()
+
+        def fire(raw: Producer) -> None:
+            raw.begin_transaction()
             for topic, key, value, headers in records:
-                produce(self._producer, topic, key=key, value=value, headers=headers)
+                produce(raw, topic, key=key, value=value, headers=messages.wire_headers(headers))
             if positions:
-                self._producer.send_offsets_to_transaction(positions, self._consumer.consumer_group_metadata(), 30)
-            self._producer.commit_transaction(30)
-        except KafkaException as exc:
-            if self._guard is None:
-                log.warning("firing %d timer(s) failed, will retry: %s", len(entries), exc)
+                raw.send_offsets_to_transaction(positions, group, FIRE_SECONDS)
+            raw.commit_transaction(FIRE_SECONDS)
+
+        try:
+            self._producer.call("firing timers", fire, FIRE_SECONDS)
+        except CallDeadlineExceeded as exc:
+            self._report(exc)
+            if self._settle_in_doubt(positions):
+                self.fired += len(entries)  # it committed after all: firing again would repeat it
             else:
-                self._guard.failed(COMPONENT, exc)
+                for e in entries:
+                    self.schedule.put(e)
+            return
+        except KafkaException as exc:
+            self._report(exc)
             self._recover(exc)
             for e in entries:
                 self.schedule.put(e)
             return
         self.fired += len(entries)
 
+    def _report(self, exc: BaseException) -> None:
+        if self._guard is None:
+            log.warning("firing timers failed, will retry: %s", exc)
+        else:
+            self._guard.failed(COMPONENT, exc)
+
     def _recover(self, exc: KafkaException) -> None:
         err = exc.args[0] if exc.args else None
         try:
             if err is not None and getattr(err, "fatal", lambda: False)():
-                self._producer = self._new_producer()
+                self._replace_producer()
             else:
-                self._producer.abort_transaction(30)
-        except KafkaException:
-            self._producer = self._new_producer()
+                self._producer.call("abort_transaction", lambda raw: raw.abort_transaction(30), 30)
+        except (KafkaException, CallDeadlineExceeded):
+            self._replace_producer()
         time.sleep(0.5)
+
+    def _replace_producer(self) -> None:
+        self._producer.abandon()
+        while not self._stop.is_set():
+            try:
+                self._producer = self._new_producer()
+                return
+            except (KafkaException, CallDeadlineExceeded) as exc:
+                self._report(exc)
+                self._stop.wait(1.0)
+
+    def _settle_in_doubt(self, positions: list[TopicPartition]) -> bool:
+        """After a firing transaction overran kbroker's deadline: whether it committed. The
+        replacement producer's init_transactions returns only once the coordinator finished the
+        old transaction (committed or aborted), and that transaction carried the consumer's
+        positions, so the group's committed offsets then say which. False when unsure (no
+        offsets to compare): the timers fire again, which a DialogTimer tolerates better than
+        never firing."""
+        self._replace_producer()
+        if not positions or self._stop.is_set():
+            return False
+        try:
+            committed = self._consumer.committed([TopicPartition(tp.topic, tp.partition) for tp in positions],
+                                                 timeout=FIRE_SECONDS)
+        except KafkaException:
+            return False
+        sent = {(tp.topic, tp.partition): tp.offset for tp in positions}
+        return all(sent.get((tp.topic, tp.partition)) == tp.offset for tp in committed)
 
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
         self._consumer.close()
+        self._producer.abandon()  # its thread ends and drops the producer
         if self._own_endpoints:
             self._endpoints.close()
 
