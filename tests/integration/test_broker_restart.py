@@ -101,6 +101,7 @@ class ReaderLoop:
         return sum(len(c["ids"]) for c in self.commits)
 
 
+@pytest.mark.timeout(480)  # the start, the restart and the recovery budget
 def test_reader_loop_rides_through_a_broker_restart(own_broker: RestartableBroker, namespace: str) -> None:
     bootstrap = own_broker.bootstrap
     apply_paths(bootstrap, namespace, [inv.YAML])
