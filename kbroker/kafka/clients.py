@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import confluent_kafka
@@ -72,14 +73,18 @@ def admin(bootstrap: str, **overrides: Any) -> AdminClient:
     return AdminClient(base(bootstrap, **overrides))
 
 
-def produce(producer: Producer, topic: str, **kwargs: Any) -> None:
+def produce(producer: Producer, topic: str, *, until: Callable[[], bool] = lambda: False,
+            **kwargs: Any) -> None:
     """Producer.produce that waits, instead of failing, while librdkafka's local queue is full:
-    back-pressure from the broker reaches the caller."""
+    back-pressure from the broker reaches the caller. `until`: when to stop waiting (a deadline
+    passed); the wait then ends with a _TIMED_OUT KafkaException."""
     while True:
         try:
             producer.produce(topic, **kwargs)
             return
         except BufferError:
+            if until():
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "local produce queue full")) from None
             producer.poll(0.01)
 
 

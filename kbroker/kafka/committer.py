@@ -31,14 +31,15 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from kbroker.core.records import Record
-from kbroker.core.txn_faults import Action, Deadline, Failure, Position, Stage, committed_by_offsets, decide
+from kbroker.core.txn_faults import Action, Deadline, Position, Stage, committed_by_offsets, decide
 from kbroker.errors import TransactionAbortedError, TransactionInDoubtError
 from kbroker.kafka import clients
-from kbroker.kafka.guarded import GRACE, CallDeadlineExceeded, GuardedProducer
+from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, reason, transact
+from kbroker.kafka.reader import group_offsets
 from kbroker.kafka.receiver import Lease
 
 log = logging.getLogger("kbroker.committer")
@@ -51,43 +52,6 @@ class _Slot:
 
     transactional_id: str
     producer: GuardedProducer | None = None
-
-
-class _Failed(Exception):
-    """A Kafka transaction stopped: at which stage, and why."""
-
-    def __init__(self, failure: Failure, reason: str):
-        super().__init__(reason)
-        self.failure, self.reason = failure, reason
-
-
-def _failure(stage: Stage, exc: BaseException) -> Failure:
-    """librdkafka's error (or kbroker's deadline) as the pure module's Failure."""
-    if isinstance(exc, KafkaException) and isinstance(exc.args[0], KafkaError):
-        err = exc.args[0]
-        return Failure(stage, fatal=err.fatal(), retriable=err.retriable(),
-                       requires_abort=err.txn_requires_abort())
-    return Failure(stage, timed_out=isinstance(exc, CallDeadlineExceeded))
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, KafkaException) and isinstance(exc.args[0], KafkaError):
-        return str(exc.args[0].str())
-    return str(exc)
-
-
-def _produce_all(producer: Producer, records: list[Record], deadline: Deadline) -> None:
-    """Produce the records, waiting while librdkafka's local queue is full, until `deadline`."""
-    for topic, key, value, record_headers in records:
-        headers: Any = record_headers  # librdkafka's stub wants a list of a wider element type
-        while True:
-            try:
-                producer.produce(topic, key=key, value=value, headers=headers)
-                break
-            except BufferError:
-                if deadline.expired():
-                    raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "local produce queue full")) from None
-                producer.poll(0.01)
 
 
 @dataclass(eq=False)
@@ -249,7 +213,7 @@ class GroupCommitter:
         deadline = Deadline(self._transaction_deadline)
         try:
             self._transact(slot, batch, positions, deadline)
-        except _Failed as failed:
+        except TransactionFailed as failed:
             committed = self._settle(slot, failed, deadline, positions)
             if committed is not True:
                 for receiver, leases in by_receiver.items():
@@ -265,36 +229,16 @@ class GroupCommitter:
 
     def _transact(self, slot: "_Slot", batch: list[CommitRequest], positions: dict[Any, list[TopicPartition]],
                   deadline: Deadline) -> None:
-        """One Kafka transaction on `slot`'s producer, every call bounded by `deadline`;
-        _Failed says at which stage it stopped."""
-        stage = Stage.INIT
+        """One Kafka transaction for `batch` on `slot`'s producer, within `deadline`."""
         try:
             producer = self._ready(slot, deadline.call_timeout(self._timeout))
-            stage = Stage.BEGIN
-            producer.call("begin_transaction", lambda p: p.begin_transaction(), deadline.call_timeout(self._timeout))
-            stage = Stage.PRODUCE
-            records = [rec for req in batch for rec in req.records]
-            producer.call("produce", lambda p: _produce_all(p, records, deadline), deadline.call_timeout(self._timeout))
-            stage = Stage.OFFSETS
-            for receiver, tps in positions.items():
-                meta, t = receiver.group_metadata(), deadline.call_timeout(self._timeout)
-                producer.call("send_offsets_to_transaction",
-                              lambda p: p.send_offsets_to_transaction(tps, meta, t), t)  # noqa: B023 - called now
-            stage = Stage.COMMIT
-            while True:
-                t = deadline.call_timeout(self._timeout)
-                try:
-                    producer.call("commit_transaction", lambda p: p.commit_transaction(t), t)  # noqa: B023
-                    return
-                except KafkaException as exc:
-                    failure = _failure(stage, exc)
-                    if decide(failure, deadline.left()) is not Action.RETRY_COMMIT:
-                        raise
-                    log.warning("commit_transaction failed retriably (%s); asking again", exc.args[0].str())
         except (KafkaException, CallDeadlineExceeded) as exc:
-            raise _Failed(_failure(stage, exc), _reason(exc)) from exc
+            raise TransactionFailed.at(Stage.INIT, exc) from exc
+        transact(producer, [rec for req in batch for rec in req.records],
+                 [(tps, receiver.group_metadata()) for receiver, tps in positions.items()],
+                 deadline, self._timeout)
 
-    def _settle(self, slot: "_Slot", failed: "_Failed", deadline: Deadline,
+    def _settle(self, slot: "_Slot", failed: TransactionFailed, deadline: Deadline,
                 positions: dict[Any, list[TopicPartition]]) -> bool | None:
         """Leave the failed transaction's producer ready or abandoned; whether the transaction
         committed (None: in doubt and not settled). See kbroker.core.txn_faults for why this is
@@ -310,7 +254,7 @@ class GroupCommitter:
                 producer.call("abort_transaction", lambda p: p.abort_transaction(t), t)
                 return False
             except (KafkaException, CallDeadlineExceeded) as exc:
-                log.error("abort_transaction failed (%s); replacing the transactional producer", _reason(exc))
+                log.error("abort_transaction failed (%s); replacing the transactional producer", reason(exc))
                 action = Action.REPLACE
         self._abandon(slot)
         if action is Action.REPLACE:
@@ -320,7 +264,7 @@ class GroupCommitter:
             try:
                 self._ready(slot, self._transaction_deadline)
             except (KafkaException, CallDeadlineExceeded) as exc:
-                log.warning("no new transactional producer yet (%s); the next transaction retries", _reason(exc))
+                log.warning("no new transactional producer yet (%s); the next transaction retries", reason(exc))
             return False
         return self._resolve(slot, positions)
 
@@ -345,20 +289,17 @@ class GroupCommitter:
                 log.warning("in-doubt Kafka transaction settled: %s", "committed" if committed else "aborted")
                 return committed
             except (KafkaException, CallDeadlineExceeded, concurrent.futures.TimeoutError) as exc:
-                log.warning("cannot settle an in-doubt Kafka transaction yet (%s); retrying", _reason(exc))
+                log.warning("cannot settle an in-doubt Kafka transaction yet (%s); retrying", reason(exc))
                 time.sleep(min(1.0, until.left()))
         return None
 
     def _group_offsets(self, group: str, positions: list[TopicPartition], seconds: float) -> list[TopicPartition]:
-        """A consumer group's stable committed offsets of these partitions, asked with an admin
-        client: the queue's own consumer may be inside a rebalance that waits for this very
-        commit (the revocation's barrier), and would not answer."""
+        """The group's stable committed offsets, asked with an admin client: the queue's own
+        consumer may be inside a rebalance that waits for this very commit (the revocation's
+        barrier), and would not answer."""
         if self._admin is None:
             self._admin = clients.admin(self._conf["bootstrap.servers"])
-        request = [ConsumerGroupTopicPartitions(group, [TopicPartition(tp.topic, tp.partition) for tp in positions])]
-        future = self._admin.list_consumer_group_offsets(request, require_stable=True,
-                                                         request_timeout=seconds)[group]
-        return list(future.result(timeout=seconds + GRACE).topic_partitions or [])
+        return group_offsets(self._admin, group, positions, seconds)
 
     def _ready(self, slot: "_Slot", seconds: float) -> GuardedProducer:
         """`slot`'s producer, created and initialised (bounded by `seconds`) if it has none."""
@@ -385,7 +326,7 @@ class GroupCommitter:
                     self._ready(slot, self._transaction_deadline)
                     log.warning("transactional producer %s replaced", slot.transactional_id)
                 except (KafkaException, CallDeadlineExceeded) as exc:
-                    log.warning("no new transactional producer yet (%s); trying again", _reason(exc))
+                    log.warning("no new transactional producer yet (%s); trying again", reason(exc))
 
     def _abandon(self, slot: "_Slot") -> None:
         if slot.producer is not None:

@@ -5,6 +5,10 @@ restart, send_offsets_to_transaction has been seen to block for ever (librdkafka
 #5511). A GuardedProducer runs every call on a thread of its own and stops waiting at the
 deadline; the producer is then abandoned for good (a call may still be running inside it, so it
 is never used again) and its thread drops it once that call returns.
+
+`transact` runs one whole Kafka transaction on such a producer (begin, produce, send offsets,
+commit), every call within one deadline; the group committer and the timer service both use it,
+and both decide what to do after a failure with kbroker.core.txn_faults.
 """
 
 from __future__ import annotations
@@ -15,7 +19,11 @@ import queue
 import threading
 from typing import Any, Callable, TypeVar
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+
+from kbroker.core.records import Record
+from kbroker.core.txn_faults import Action, Deadline, Failure, Stage, decide
+from kbroker.kafka import clients, messages
 
 log = logging.getLogger("kbroker.committer")
 
@@ -83,3 +91,62 @@ class GuardedProducer:
         if not self.abandoned:
             self.abandoned = True
             self._calls.put(None)
+
+
+class TransactionFailed(Exception):
+    """A Kafka transaction stopped: at which stage and how (the pure module's Failure), and why."""
+
+    def __init__(self, failure: Failure, reason: str):
+        super().__init__(reason)
+        self.failure, self.reason = failure, reason
+
+    @classmethod
+    def at(cls, stage: Stage, exc: BaseException) -> "TransactionFailed":
+        """librdkafka's error (or kbroker's deadline) at `stage`."""
+        if isinstance(exc, KafkaException) and isinstance(exc.args[0], KafkaError):
+            err = exc.args[0]
+            return cls(Failure(stage, fatal=err.fatal(), retriable=err.retriable(),
+                               requires_abort=err.txn_requires_abort()), reason(exc))
+        return cls(Failure(stage, timed_out=isinstance(exc, CallDeadlineExceeded)), reason(exc))
+
+
+def reason(exc: BaseException) -> str:
+    """A failed call's error in one line: librdkafka's text, or the exception's."""
+    if isinstance(exc, KafkaException) and isinstance(exc.args[0], KafkaError):
+        return str(exc.args[0].str())
+    return str(exc)
+
+
+def transact(producer: GuardedProducer, records: list[Record], offsets: list[tuple[list[TopicPartition], Any]],
+             deadline: Deadline, cap: float) -> None:
+    """One Kafka transaction: begin, produce `records`, send each (positions, consumer group
+    metadata) of `offsets`, commit (asked again while txn_faults.decide says so). Every call gets
+    what is left of `deadline`, at most `cap` seconds; TransactionFailed says where it stopped."""
+    stage = Stage.BEGIN
+    try:
+        producer.call("begin_transaction", lambda p: p.begin_transaction(), deadline.call_timeout(cap))
+        stage = Stage.PRODUCE
+        producer.call("produce", lambda p: _produce_all(p, records, deadline), deadline.call_timeout(cap))
+        stage = Stage.OFFSETS
+        for positions, group in offsets:
+            t = deadline.call_timeout(cap)
+            producer.call("send_offsets_to_transaction",
+                          lambda p: p.send_offsets_to_transaction(positions, group, t), t)  # noqa: B023 - called now
+        stage = Stage.COMMIT
+        while True:
+            t = deadline.call_timeout(cap)
+            try:
+                producer.call("commit_transaction", lambda p: p.commit_transaction(t), t)  # noqa: B023
+                return
+            except KafkaException as exc:
+                if decide(TransactionFailed.at(stage, exc).failure, deadline.left()) is not Action.RETRY_COMMIT:
+                    raise
+                log.warning("commit_transaction failed retriably (%s); asking again", exc.args[0].str())
+    except (KafkaException, CallDeadlineExceeded) as exc:
+        raise TransactionFailed.at(stage, exc) from exc
+
+
+def _produce_all(producer: Producer, records: list[Record], deadline: Deadline) -> None:
+    for topic, key, value, headers in records:
+        clients.produce(producer, topic, until=deadline.expired, key=key, value=value,
+                        headers=messages.wire_headers(headers))

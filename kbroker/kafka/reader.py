@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import (
     Consumer,
+    ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
     Message,
@@ -19,11 +20,24 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from confluent_kafka.admin import AdminClient
+
 from kbroker.errors import BrokerUnavailableError
 from kbroker.kafka.clients import consumer as new_consumer
 from kbroker.kafka.clients import is_transient, kafka_error
 
 CONSUME_WAIT = 0.05  # seconds per consume(): it waits its whole timeout unless the batch fills
+
+
+def group_offsets(admin: AdminClient, group: str, partitions: list[TopicPartition],
+                  seconds: float) -> list[TopicPartition]:
+    """A consumer group's stable committed offsets of `partitions` (none pending in an open
+    transaction), asked with an admin client: the group's own consumer may be inside a rebalance,
+    or just reconnected after a broker restart, and not answer."""
+    request = [ConsumerGroupTopicPartitions(group, [TopicPartition(tp.topic, tp.partition) for tp in partitions])]
+    future = admin.list_consumer_group_offsets(request, require_stable=True, request_timeout=seconds)[group]
+    # Waited a second past the request's own timeout, so librdkafka's error (more telling) wins.
+    return list(future.result(timeout=seconds + 1.0).topic_partitions or [])
 
 
 def reading_consumer(bootstrap: str, group_id: str | None = None, **overrides: object) -> Consumer:

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka import Message as KafkaRecord
 
@@ -34,6 +34,7 @@ from kbroker.core.envelope import Envelope, MalformedRecord, Message
 from kbroker.core.group_buffer import Buffered, GroupBuffer, full_partitions
 from kbroker.core.offsets import PartitionOffsets
 from kbroker.kafka import clients, messages
+from kbroker.kafka.reader import group_offsets
 
 log = logging.getLogger("kbroker.receiver")
 
@@ -223,10 +224,7 @@ class QueueReceiver:
     def _committed_by_admin(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
         if self._admin is None:
             self._admin = clients.admin(self._bootstrap)
-        group = self.topic  # a queue's group is named as its topic
-        request = [ConsumerGroupTopicPartitions(group, [TopicPartition(tp.topic, tp.partition) for tp in partitions])]
-        future = self._admin.list_consumer_group_offsets(request, require_stable=True, request_timeout=timeout)[group]
-        return list(future.result(timeout=timeout + 1).topic_partitions or [])
+        return group_offsets(self._admin, self.topic, partitions, timeout)  # a queue's group is named as its topic
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = {tp.partition for tp in partitions}

@@ -15,7 +15,6 @@ from confluent_kafka import (
     Consumer,
     KafkaError,
     KafkaException,
-    Producer,
     TopicPartition,
 )
 
@@ -23,10 +22,10 @@ from kbroker.core import names
 from kbroker.core.records import Record
 from kbroker.core.timer_schedule import Entry, TimerSchedule
 from kbroker.core.timers import firing_records
+from kbroker.core.txn_faults import Action, Deadline, committed_by_offsets, decide
 from kbroker.kafka import clients, messages
-from kbroker.kafka.clients import produce
 from kbroker.kafka.endpoint_store import EndpointStore
-from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer
+from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, transact
 
 log = logging.getLogger("kbroker.timers")
 COMPONENT = "timer service"
@@ -139,32 +138,17 @@ class TimerService:
             records.extend(firing_records(e.value, store.cached))
             records.append((self.topic, e.key, None, None))
         positions = [tp for tp in self._consumer.position(self._consumer.assignment()) if tp.offset >= 0]
-        group = self._consumer.consumer_group_metadata()
-
-        def fire(raw: Producer) -> None:
-            raw.begin_transaction()
-            for topic, key, value, headers in records:
-                produce(raw, topic, key=key, value=value, headers=messages.wire_headers(headers))
-            if positions:
-                raw.send_offsets_to_transaction(positions, group, FIRE_SECONDS)
-            raw.commit_transaction(FIRE_SECONDS)
-
+        offsets = [(positions, self._consumer.consumer_group_metadata())] if positions else []
+        deadline = Deadline(FIRE_SECONDS)
         try:
-            self._producer.call("firing timers", fire, FIRE_SECONDS)
-        except CallDeadlineExceeded as exc:
-            self._report(exc)
-            if self._settle_in_doubt(positions):
-                self.fired += len(entries)  # it committed after all: firing again would repeat it
-            else:
+            transact(self._producer, records, offsets, deadline, FIRE_SECONDS)
+        except TransactionFailed as failed:
+            self._report(failed)
+            if not self._recover(failed, deadline, positions):
                 for e in entries:
                     self.schedule.put(e)
-            return
-        except KafkaException as exc:
-            self._report(exc)
-            self._recover(exc)
-            for e in entries:
-                self.schedule.put(e)
-            return
+                self._stop.wait(0.5)
+                return
         self.fired += len(entries)
 
     def _report(self, exc: BaseException) -> None:
@@ -173,16 +157,31 @@ class TimerService:
         else:
             self._guard.failed(COMPONENT, exc)
 
-    def _recover(self, exc: KafkaException) -> None:
-        err = exc.args[0] if exc.args else None
+    def _recover(self, failed: TransactionFailed, deadline: Deadline, positions: list[TopicPartition]) -> bool:
+        """Leave the producer ready after a failed firing (txn_faults decides how, as for the
+        group committer); whether the firing committed after all (then firing again would repeat
+        it). An in-doubt commit is settled as the committer does: the replacement's init returns
+        once the coordinator finished the old transaction, which carried the consumer's
+        positions, so the group's committed offsets say which. Unsure (no offsets to compare):
+        the timers fire again, which a DialogTimer tolerates better than never firing."""
+        action = decide(failed.failure, deadline.left())
+        if action is Action.ABORT:
+            try:
+                self._producer.call("abort_transaction", lambda raw: raw.abort_transaction(FIRE_SECONDS),
+                                    FIRE_SECONDS)
+                return False
+            except (KafkaException, CallDeadlineExceeded):
+                action = Action.REPLACE
+        self._replace_producer()
+        if action is Action.REPLACE or not positions or self._stop.is_set():
+            return False
         try:
-            if err is not None and getattr(err, "fatal", lambda: False)():
-                self._replace_producer()
-            else:
-                self._producer.call("abort_transaction", lambda raw: raw.abort_transaction(30), 30)
-        except (KafkaException, CallDeadlineExceeded):
-            self._replace_producer()
-        time.sleep(0.5)
+            found = self._consumer.committed([TopicPartition(tp.topic, tp.partition) for tp in positions],
+                                             timeout=FIRE_SECONDS)
+        except KafkaException:
+            return False
+        return committed_by_offsets([(tp.topic, tp.partition, tp.offset, tp.metadata) for tp in positions],
+                                    [(tp.topic, tp.partition, tp.offset, tp.metadata) for tp in found])
 
     def _replace_producer(self) -> None:
         self._producer.abandon()
@@ -193,24 +192,6 @@ class TimerService:
             except (KafkaException, CallDeadlineExceeded) as exc:
                 self._report(exc)
                 self._stop.wait(1.0)
-
-    def _settle_in_doubt(self, positions: list[TopicPartition]) -> bool:
-        """After a firing transaction overran kbroker's deadline: whether it committed. The
-        replacement producer's init_transactions returns only once the coordinator finished the
-        old transaction (committed or aborted), and that transaction carried the consumer's
-        positions, so the group's committed offsets then say which. False when unsure (no
-        offsets to compare): the timers fire again, which a DialogTimer tolerates better than
-        never firing."""
-        self._replace_producer()
-        if not positions or self._stop.is_set():
-            return False
-        try:
-            committed = self._consumer.committed([TopicPartition(tp.topic, tp.partition) for tp in positions],
-                                                 timeout=FIRE_SECONDS)
-        except KafkaException:
-            return False
-        sent = {(tp.topic, tp.partition): tp.offset for tp in positions}
-        return all(sent.get((tp.topic, tp.partition)) == tp.offset for tp in committed)
 
     def close(self) -> None:
         self._stop.set()
