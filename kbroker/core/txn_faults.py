@@ -78,11 +78,6 @@ def decide(failure: Failure, time_left: float) -> Action:
     return Action.RESOLVE
 
 
-def may_have_committed(action: Action) -> bool:
-    """Whether the transaction's outcome is unknown after `action` was decided."""
-    return action is Action.RESOLVE
-
-
 Position = tuple[str, int, int, str | None]  # (topic, partition, offset, metadata)
 
 
