@@ -117,7 +117,8 @@ def line_key(record: logging.LogRecord) -> tuple[str, int, str]:
 class RateLimitFilter(logging.Filter):
     """A logging filter that writes the first of a run of equal lines, holds back the repeats and
     appends their count to the next line written for them. Applies to records at `min_level` or
-    above, and to every record of the loggers named in `always` (and their children)."""
+    above, and to every record of the loggers named in `always` (and their children), once: a
+    record that passed one such filter passes the next unchanged."""
 
     def __init__(self, limiter: LogLimiter | None = None, *, min_level: int = logging.WARNING,
                  always: tuple[str, ...] = ()):
@@ -132,12 +133,16 @@ class RateLimitFilter(logging.Filter):
         return any(record.name == n or record.name.startswith(n + ".") for n in self.always)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if getattr(record, "kbroker_summary", False) or not self._applies(record):
+        # A record another RateLimitFilter already let through (one on its logger, then one on a
+        # handler) is not counted twice.
+        if getattr(record, "kbroker_summary", False) or not self._applies(record) \
+                or getattr(record, "kbroker_limited_by", self) is not self:
             return True
         text = record.getMessage()
         held = self.limiter.admit(line_key(record), text)
         if held is None:
             return False
+        record.kbroker_limited_by = self
         if held:  # the count goes on a line of its own: some handlers re-format the record
             logging.getLogger(record.name).log(
                 record.levelno, "%d more like this in the last %.0f s, before:", held, self.limiter.window,

@@ -65,8 +65,9 @@ MONITOR_PARTITIONS = 4
 
 # Every line the worker process writes passes this filter (installed on the root logger's handlers
 # once Faust has set them up): aiokafka and Faust report each failed connection attempt while a
-# broker is down, so repeats are held back and summarised once per window.
-LOG_LIMIT = RateLimitFilter(always=("aiokafka", "kbroker.kafka"))
+# broker is down, so repeats are held back and summarised once per window. librdkafka's lines are
+# limited on their own logger already (kafka/clients.py).
+LOG_LIMIT = RateLimitFilter(always=("aiokafka",))
 
 
 def install_log_limit() -> None:
