@@ -17,6 +17,7 @@ monitor: a fresh generation, whose backlog launches readers at once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import sys
@@ -198,12 +199,8 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
             except codec.BadEvent as exc:
                 log.warning("%s", exc)
                 continue
-            try:
-                await on_monitor_event(queue, event, source)
-            except Exception as exc:  # noqa: BLE001 - an exception out of an agent stops the worker
-                guard.failed("monitor", exc)
-            else:
-                guard.succeeded("monitor")
+            # Every event is stepped (no back-off): skipping one would lose it.
+            await guard.run("monitor", functools.partial(on_monitor_event, queue, event, source), backoff=False)
 
     async def on_monitor_event(queue: str, event: Any, source: str | None) -> None:
         """One monitor event: step the queue's monitor, store it, carry out its actions."""
@@ -233,15 +230,11 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
     @app.agent(ticks_topic)
     async def tick_agent(stream):
         async for raw in stream:
-            try:
-                await on_tick_request(orjson.loads(raw))
-            except Exception as exc:  # noqa: BLE001 - as in monitor_agent: the next tick tries again
-                guard.failed("tick", exc)
-            else:
-                guard.succeeded("tick")
+            await guard.run("tick", functools.partial(on_tick_request, raw), backoff=False)
 
-    async def on_tick_request(req: dict[str, Any]) -> None:
+    async def on_tick_request(raw: bytes) -> None:
         """A worker asked for a tick: run it if this tick number is due and unclaimed."""
+        req = orjson.loads(raw)
         run, owner = claim(TickOwner.from_dict(tick_owner.get("owner")), req["worker"], req["now"], schedule)
         tick_owner["owner"] = owner.to_dict()
         if run is None:

@@ -68,9 +68,10 @@ class Guard:
             self.log.info("%s recovered after %d failure(s) in %.1f s", component, reason.failures,
                              self._clock() - reason.since)
 
-    async def run(self, component: str, work: Callable[[], Awaitable[None]]) -> bool:
-        """Run `work` unless `component` is backing off; True if it ran and succeeded."""
-        if not self.due(component):
+    async def run(self, component: str, work: Callable[[], Awaitable[None]], backoff: bool = True) -> bool:
+        """Run `work` unless `component` is backing off (with backoff=False, always: an agent's
+        event must not be skipped); True if it ran and succeeded."""
+        if backoff and not self.due(component):
             return False
         try:
             await work()
