@@ -27,6 +27,7 @@ from kbroker.errors import (
     InvalidArgumentError,
     QueueDisabledError,
     TransactionAbortedError,
+    TransactionInDoubtError,
     TransactionStateError,
 )
 from kbroker.kafka.committer import CommitRequest
@@ -256,7 +257,8 @@ class Transaction:
 
     def commit(self) -> None:
         """COMMIT: returns once the Kafka transaction holding this one committed;
-        TransactionAbortedError if it did not (nothing of it is visible then)."""
+        TransactionAbortedError if it did not (nothing of it is visible then);
+        TransactionInDoubtError if whether it did cannot be learnt."""
         self._check_open()
         rt = self._runtime
         records = list(self._records)
@@ -269,9 +271,11 @@ class Transaction:
                 req = CommitRequest(records, self._leases)
                 rt.committer.commit(req)
                 self.committed_at = req.committed_at
-        except TransactionAbortedError:
+        except (TransactionAbortedError, TransactionInDoubtError) as exc:
+            # Either way this transaction is over: its locks and leases go, or the next
+            # statement on its conversations would wait on them for ever.
             self._end(committed=False)
-            self.state = "aborted"
+            self.state = "aborted" if isinstance(exc, TransactionAbortedError) else "in doubt"
             raise
         for handle, ep in self._endpoints.items():
             rt.endpoints.note(handle, ep, written=handle not in self._unwritten)
