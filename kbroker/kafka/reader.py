@@ -31,13 +31,24 @@ CONSUME_WAIT = 0.05  # seconds per consume(): it waits its whole timeout unless 
 
 def group_offsets(admin: AdminClient, group: str, partitions: list[TopicPartition],
                   seconds: float) -> list[TopicPartition]:
-    """A consumer group's stable committed offsets of `partitions` (none pending in an open
-    transaction), asked with an admin client: the group's own consumer may be inside a rebalance,
-    or just reconnected after a broker restart, and not answer."""
+    """A consumer group's stable committed offsets of `partitions`, asked with an admin client:
+    the group's own consumer may be inside a rebalance, or just reconnected after a broker
+    restart, and not answer. A partition whose offsets are not stable (a transaction holding
+    some is still open) comes back with its own error and offset -1001: see without_errors."""
     request = [ConsumerGroupTopicPartitions(group, [TopicPartition(tp.topic, tp.partition) for tp in partitions])]
     future = admin.list_consumer_group_offsets(request, require_stable=True, request_timeout=seconds)[group]
     # Waited a second past the request's own timeout, so librdkafka's error (more telling) wins.
     return list(future.result(timeout=seconds + 1.0).topic_partitions or [])
+
+
+def without_errors(positions: list[TopicPartition]) -> list[TopicPartition]:
+    """Committed offsets as read, or KafkaException for the first partition that came with an
+    error of its own (UNSTABLE_OFFSET_COMMIT): its offset, -1001, read as an offset would settle
+    an in-doubt commit wrongly."""
+    for tp in positions:
+        if tp.error is not None:
+            raise KafkaException(tp.error)
+    return list(positions)
 
 
 def reading_consumer(bootstrap: str, group_id: str | None = None, **overrides: object) -> Consumer:

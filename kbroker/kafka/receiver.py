@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka import Message as KafkaRecord
 
@@ -40,6 +40,9 @@ log = logging.getLogger("kbroker.receiver")
 
 
 QUEUED_MAX_KBYTES = 16 * 1024  # librdkafka read-ahead per consumer (see QueueReceiver)
+# A partition whose committed offsets stay unreadable this long is held by a hanging transaction
+# (Kafka aborts an open one after transaction.timeout.ms, 10 s for kbroker's producers).
+HANGING_AFTER = 60.0
 
 
 @dataclass(eq=False)
@@ -89,6 +92,11 @@ class QueueReceiver:
         self._closed = False
         self._consumer: Consumer | None = None
         self._admin: AdminClient | None = None  # reads committed offsets when the consumer does not
+        # Partitions the group gave this process that wait for readable committed offsets
+        # (partition -> since when, monotonic), and whether that was logged.
+        self._waiting: dict[int, float] = {}
+        self._waiting_noted = self._hanging_noted = False
+        self._waiting_asked = 0.0
         self._group_meta: Any = None
         self._thread: threading.Thread | None = None
 
@@ -142,6 +150,9 @@ class QueueReceiver:
                     self._accept(rec)
                 self._apply_backpressure(consumer)
                 self._cv.notify_all()
+            if self._waiting and time.monotonic() - self._waiting_asked >= 1.0:
+                self._waiting_asked = time.monotonic()
+                self._assign_waiting(consumer, self._committed_by_admin)
             if self._report is not None and time.monotonic() - self._reported_at >= self._report_interval:
                 self._reported_at = time.monotonic()
                 self._report(self.stats())
@@ -149,7 +160,8 @@ class QueueReceiver:
     def stats(self) -> dict[str, Any]:
         """What this process holds of the queue right now: the in-process half of the queue view."""
         with self._cv:
-            return {"topic": self.topic, "partitions": sorted(self._offsets), **self._buffer.stats(),
+            return {"topic": self.topic, "partitions": sorted(self._offsets), "waiting": sorted(self._waiting),
+                    **self._buffer.stats(),
                     "paused": self._paused}
 
     def _accept(self, rec: KafkaRecord) -> None:
@@ -191,45 +203,81 @@ class QueueReceiver:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._on_assign_hook()
-        committed = self._committed_offsets(consumer, partitions)
-        if committed is None:
-            return  # closing
         with self._cv:
-            for tp in committed:
+            for tp in partitions:
+                self._waiting.setdefault(tp.partition, time.monotonic())
+        self._assign_waiting(consumer, lambda tps: consumer.committed(tps, timeout=10))
+
+    def _assign_waiting(self, consumer: Consumer,
+                        read: Callable[[list[TopicPartition]], list[TopicPartition]]) -> None:
+        """Assign the partitions the group gave this process whose committed offsets `read` can
+        tell now, at those offsets; the rest wait for the poll loop to ask again (admin, every
+        second). One partition whose offsets stay unstable (a Kafka transaction holding them
+        still open) must not keep the others from being read: after a broker restart such a
+        transaction can only be closed by its producer's next commit, which may be this very
+        process's, of offsets of the other partitions."""
+        with self._cv:
+            waiting = sorted(self._waiting)
+        found: list[TopicPartition] = []
+        if waiting:
+            try:
+                found = read([TopicPartition(self.topic, p) for p in waiting])
+            except (KafkaException, concurrent.futures.TimeoutError) as exc:
+                self._note_waiting(f"{exc}")
+        ready = [tp for tp in found if tp.error is None]
+        if len(ready) < len(found):
+            self._note_waiting("; ".join(f"[{tp.partition}] {tp.error}" for tp in found if tp.error is not None))
+        with self._cv:
+            for tp in ready:
                 self._offsets[tp.partition] = PartitionOffsets(max(tp.offset, 0), tp.metadata)
                 self._eof.discard(tp.partition)
-        consumer.incremental_assign(partitions)
+                self._waiting.pop(tp.partition, None)
+        # At the offsets just read, so the consumer does not fetch them again itself: after a
+        # broker restart its own fetch was seen to meet a stale coordinator and leave the
+        # partitions unfetched for good (librdkafka issue #5586), a reader idle for ever. Called
+        # even with none: in the rebalance callback, assigning nothing keeps the binding from
+        # assigning every partition itself at the offsets the consumer would fetch.
+        start = [TopicPartition(self.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
+                 for tp in ready]
+        consumer.incremental_assign(start)
+        if not start:
+            return
         if self._paused:
-            consumer.pause(partitions)
+            consumer.pause(start)
+        if self._waiting_noted:
+            log.warning("partitions %s of %s assigned after waiting for their committed offsets",
+                        [tp.partition for tp in ready], self.topic)
+        if not self._waiting:
+            self._waiting_noted = self._hanging_noted = False
 
-    def _committed_offsets(self, consumer: Consumer,
-                           partitions: list[TopicPartition]) -> list[TopicPartition] | None:
-        """The committed offsets of newly assigned partitions, asked again (10 s a try) while the
-        broker does not answer, e.g. just after it restarted: reading without them would
-        deliver completed records again. None once the receiver is closing."""
-        attempt = 0
-        while not self._closed:
-            try:
-                if attempt == 0:
-                    return list(consumer.committed(partitions, timeout=10))
-                # After a broker restart the consumer itself was seen never to answer this
-                # inside its assign callback: ask the group coordinator with an admin client.
-                return self._committed_by_admin(partitions, timeout=10)
-            except (KafkaException, concurrent.futures.TimeoutError) as exc:
-                log.warning("committed offsets of %s not read yet (%s); asking again", self.topic, exc)
-                attempt += 1
-                time.sleep(0.5)
-        return None
+    def _note_waiting(self, why: str) -> None:
+        """Say once that partitions wait for their committed offsets, and once more (an error)
+        when one has waited long enough to be a hanging transaction rather than a slow one."""
+        if not self._waiting_noted:
+            self._waiting_noted = True
+            log.warning("committed offsets of %s not read yet (%s); asking again", self.topic, why)
+        longest = time.monotonic() - min(self._waiting.values(), default=time.monotonic())
+        if longest >= HANGING_AFTER and not self._hanging_noted:
+            self._hanging_noted = True
+            log.error("committed offsets of %s partitions %s unreadable for %.0f s (%s): a Kafka transaction "
+                      "holding them is still open. The next commit of its producer closes it; if that "
+                      "process is gone, find it with `kafka-transactions.sh find-hanging` and abort it",
+                      self.topic, sorted(self._waiting), longest, why)
 
-    def _committed_by_admin(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+    def _committed_by_admin(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """Committed offsets asked of the group coordinator with an admin client: after a broker
+        restart the consumer itself was seen never to answer."""
         if self._admin is None:
             self._admin = clients.admin(self._bootstrap)
-        return group_offsets(self._admin, self.topic, partitions, timeout)  # a queue's group is named as its topic
+        return group_offsets(self._admin, self.topic, partitions, 10)  # a queue's group is named as its topic
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = {tp.partition for tp in partitions}
         deadline = time.monotonic() + self._revoke_grace
         with self._cv:
+            for p in revoked:
+                self._waiting.pop(p, None)  # never handed to the consumer
+            assigned = [tp for tp in partitions if tp.partition in self._offsets]
             self._buffer.drop_partitions(revoked)
             while True:
                 at_risk = [l for l in self._buffer.holders() if l.partitions & revoked and not l.included]
@@ -245,7 +293,8 @@ class QueueReceiver:
                 self._offsets.pop(p, None)
                 self._eof.discard(p)
             self._cv.notify_all()
-        consumer.incremental_unassign(partitions)
+        if assigned:
+            consumer.incremental_unassign(assigned)
 
     # --- RECEIVE ------------------------------------------------------------------------------
 

@@ -1,0 +1,151 @@
+"""QueueReceiver's assignment over a fake consumer (no broker): partitions are handed to the
+consumer at the committed offsets the receiver read, never left for the consumer to fetch; one
+partition whose committed offsets are unstable (a Kafka transaction holding them is still open)
+waits on its own while the others are read, and is assigned once they are stable."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+
+from kbroker.core.envelope import Envelope
+from kbroker.kafka.receiver import QueueReceiver
+
+TOPIC = "kbroker.test.queue.Q"
+UNSTABLE = KafkaError(KafkaError.UNSTABLE_OFFSET_COMMIT)
+
+
+@dataclass
+class Position:
+    """A committed offset as librdkafka reports it, with the per-partition error a real
+    TopicPartition carries (it cannot be built with one)."""
+
+    topic: str
+    partition: int
+    offset: int = -1001
+    metadata: str | None = None
+    error: KafkaError | None = None
+
+
+class Record:
+    def __init__(self, partition: int, offset: int) -> None:
+        group = f"g{partition}"
+        self._p, self._off = partition, offset
+        self._env = Envelope(f"m{partition}-{offset}", group, group, offset, "T", "C", "F", "S", "TARGET")
+
+    def error(self) -> None:
+        return None
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._off
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return self._env.headers()
+
+    def key(self) -> bytes:
+        return self._env.conversation_group_id.encode()
+
+    def value(self) -> bytes:
+        return b"x"
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 10**12)
+
+
+class Consumer:
+    """Two partitions given by the group; records flow only from what was assigned, from the
+    offset it was assigned at. committed() says partition 1's offsets are unstable."""
+
+    def __init__(self, records: dict[int, int]) -> None:
+        self._records = records  # partition -> how many records it holds
+        self._lock = threading.Lock()
+        self.assigned: dict[int, int] = {}  # partition -> next offset to deliver
+        self.assign_calls: list[list[tuple[int, int]]] = []
+        self._on_assign: Callable[..., None] | None = None
+        self._joined = False
+
+    def subscribe(self, topics: list[str], on_assign: Callable[..., None], **_: Any) -> None:
+        self._on_assign = on_assign
+
+    def consumer_group_metadata(self) -> str:
+        return "meta"
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[Position]:
+        return [Position(TOPIC, tp.partition, error=UNSTABLE) if tp.partition == 1
+                else Position(TOPIC, tp.partition, 2, "") for tp in partitions]
+
+    def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        with self._lock:
+            self.assign_calls.append([(tp.partition, tp.offset) for tp in partitions])
+            for tp in partitions:
+                assert tp.partition not in self.assigned, "assigned twice"
+                self.assigned[tp.partition] = 0 if tp.offset == OFFSET_BEGINNING else tp.offset
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition(TOPIC, p) for p in self.assigned]
+
+    def consume(self, num_messages: int, timeout: float) -> list[Record]:
+        if not self._joined and self._on_assign is not None:
+            self._joined = True
+            self._on_assign(self, [TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)])
+        with self._lock:
+            out = []
+            for p, nxt in self.assigned.items():
+                if nxt < self._records[p]:
+                    out.append(Record(p, nxt))
+                    self.assigned[p] = nxt + 1
+        if not out:
+            time.sleep(0.005)
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def receive_all(receiver: QueueReceiver, count: int, timeout: float) -> list[tuple[int, int]]:
+    got: list[tuple[int, int]] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        lease, msgs = receiver.receive(object(), 10, 0.05)
+        if lease is not None:
+            got += [(m.partition, m.offset) for m in msgs]
+            receiver.release(lease, committed=True)
+    return got
+
+
+def test_an_unstable_partition_waits_alone_and_is_assigned_once_stable() -> None:
+    consumer = Consumer({0: 5, 1: 4})
+    receiver = QueueReceiver("nowhere:1", "test", "Q", topic=TOPIC, dead_letter=lambda *a: None,
+                             new_consumer=lambda conf: consumer)  # type: ignore[arg-type,return-value]
+    stable = threading.Event()
+    asked: list[list[int]] = []
+
+    def admin_read(partitions: list[TopicPartition]) -> list[Position]:
+        asked.append([tp.partition for tp in partitions])
+        return [Position(TOPIC, tp.partition, 1, "") if stable.is_set() else
+                Position(TOPIC, tp.partition, error=UNSTABLE) for tp in partitions]
+
+    receiver._committed_by_admin = admin_read  # type: ignore[method-assign]  # no admin client here
+    receiver.start()
+    try:
+        # Partition 0 is read from its committed offset (2) while partition 1 waits.
+        assert receive_all(receiver, 3, 5.0) == [(0, 2), (0, 3), (0, 4)]
+        assert consumer.assign_calls[0] == [(0, 2)], "assigned at the offset read, not left to the consumer"
+        assert receiver.stats()["partitions"] == [0] and receiver.stats()["waiting"] == [1]
+        time.sleep(1.2)
+        assert asked and all(a == [1] for a in asked), "only the waiting partition is asked about again"
+        assert 1 not in consumer.assigned
+
+        stable.set()  # the transaction holding partition 1's offsets ended
+        assert receive_all(receiver, 3, 5.0) == [(1, 1), (1, 2), (1, 3)]
+        assert consumer.assign_calls[-1] == [(1, 1)]
+        assert receiver.stats()["partitions"] == [0, 1] and receiver.stats()["waiting"] == []
+    finally:
+        receiver.close()
