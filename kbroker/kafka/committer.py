@@ -39,7 +39,7 @@ from kbroker.core.txn_faults import Action, Deadline, Position, Stage, committed
 from kbroker.errors import TransactionAbortedError, TransactionInDoubtError
 from kbroker.kafka import clients
 from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, reason, transact
-from kbroker.kafka.reader import group_offsets
+from kbroker.kafka.reader import group_offsets, without_errors
 from kbroker.kafka.receiver import Lease
 
 log = logging.getLogger("kbroker.committer")
@@ -246,6 +246,7 @@ class GroupCommitter:
         action = decide(failed.failure, deadline.left())
         log.warning("Kafka transaction failed at %s (%s): %s", failed.failure.stage.value, failed.reason,
                     action.value)
+        self._recycle_idle(slot)
         if action is Action.ABORT:
             producer = slot.producer
             try:
@@ -299,7 +300,7 @@ class GroupCommitter:
         barrier), and would not answer."""
         if self._admin is None:
             self._admin = clients.admin(self._conf["bootstrap.servers"])
-        return group_offsets(self._admin, group, positions, seconds)
+        return without_errors(group_offsets(self._admin, group, positions, seconds))
 
     def _ready(self, slot: "_Slot", seconds: float) -> GuardedProducer:
         """`slot`'s producer, created and initialised (bounded by `seconds`) if it has none."""
@@ -327,6 +328,20 @@ class GroupCommitter:
                     log.warning("transactional producer %s replaced", slot.transactional_id)
                 except (KafkaException, CallDeadlineExceeded) as exc:
                     log.warning("no new transactional producer yet (%s); trying again", reason(exc))
+
+    def _recycle_idle(self, failed: "_Slot") -> None:
+        """After a failed transaction, give the ring's other (idle) producers up too; the next
+        use creates them anew. A producer that lived through a broker restart was seen to hang in
+        its next send_offsets_to_transaction (a stale coordinator, librdkafka #5511), and its
+        replacement then aborted that transaction. Worse, a transaction of it that committed
+        just as the broker stopped can be left without its markers (the broker's coordinator
+        says committed, the partitions hold it open: its offsets stay unstable); the next marker
+        of the same producer id settles it, so that must be a commit, not the abort of a hung
+        call. A fresh producer's init finds no open transaction (nothing is aborted) and its
+        first commit closes the left-over one as committed."""
+        for other in self._ring:
+            if other is not failed and other.producer is not None:
+                self._abandon(other)
 
     def _abandon(self, slot: "_Slot") -> None:
         if slot.producer is not None:
