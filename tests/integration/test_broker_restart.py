@@ -6,8 +6,10 @@ librdkafka's send_offsets_to_transaction after the restart."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +103,16 @@ class ReaderLoop:
         return sum(len(c["ids"]) for c in self.commits)
 
 
+def state_of(broker: Broker) -> str:
+    """What a hung reader's process is doing: its receivers' state and every thread's stack."""
+    lines = [f"receiver {r.topic}: {r.stats()}" for r in list(broker._receivers.values())]
+    names_by_id = {t.ident: t.name for t in threading.enumerate()}
+    for ident, frame in sys._current_frames().items():
+        lines.append(f"--- thread {names_by_id.get(ident, ident)}")
+        lines += [line.rstrip() for line in traceback.format_stack(frame)[-8:]]
+    return "\n".join(lines)
+
+
 @pytest.mark.timeout(480)  # the start, the restart and the recovery budget
 def test_reader_loop_rides_through_a_broker_restart(own_broker: RestartableBroker, namespace: str) -> None:
     bootstrap = own_broker.bootstrap
@@ -130,6 +142,8 @@ def test_reader_loop_rides_through_a_broker_restart(own_broker: RestartableBroke
         print(f"\nrecovery {recovery and round(recovery, 2)} s after the broker answered again; "
               f"{reader.received()} of {total} received; aborted transactions {len(reader.aborts)}: "
               f"{sorted(set(a[:70] for a in reader.aborts))[:4]}")
+        if reader.received() < total:
+            print(state_of(reader.broker))
         assert reader.received() >= total, (
             f"the reader hung: {reader.received()} of {total} received {RECOVERY_BUDGET:g} s after the "
             f"broker came back (aborts: {reader.aborts[:3]})")
