@@ -6,6 +6,7 @@ error) lives with the errors and is re-exported here for the layer's modules."""
 from __future__ import annotations
 
 import importlib.metadata
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +17,7 @@ from confluent_kafka.admin import AdminClient
 
 from kbroker.config import KAFKA_LOG
 from kbroker.core.log_limit import RateLimitFilter
-from kbroker.errors import BrokerUnavailableError
+from kbroker.errors import BrokerUnavailableError, SendFailedError
 from kbroker.errors import kafka_error as kafka_error  # re-exported for the layer's modules
 
 # librdkafka logs every failed connection attempt of every client (thousands of lines a second
@@ -86,6 +87,17 @@ def produce(producer: Producer, topic: str, *, until: Callable[[], bool] = lambd
             if until():
                 raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "local produce queue full")) from None
             producer.poll(0.01)
+
+
+def produce_within(producer: Producer, topic: str, seconds: float, **kwargs: Any) -> None:
+    """produce() for a statement outside a transaction: waits at most `seconds` while the local
+    queue is full (the broker is away and earlier messages are still queued), then raises
+    SendFailedError instead of librdkafka's BufferError."""
+    until = time.monotonic() + seconds
+    try:
+        produce(producer, topic, until=lambda: time.monotonic() >= until, **kwargs)
+    except KafkaException as exc:
+        raise SendFailedError(f"Kafka did not take the message within {seconds:g} s: {exc.args[0].str()}") from None
 
 
 def brokers_answering(bootstrap: str, timeout: float = 10.0, client: AdminClient | None = None) -> int:

@@ -40,7 +40,7 @@ from kbroker.embedded import resolve_bootstrap
 from kbroker.errors import CatalogError, SendFailedError
 from kbroker.kafka import messages
 from kbroker.kafka.catalog_store import read_catalog
-from kbroker.kafka.clients import brokers_answering, idempotent_producer
+from kbroker.kafka.clients import brokers_answering, idempotent_producer, produce_within
 from kbroker.kafka.committer import CommitRequest, GroupCommitter, OpenTransactions
 from kbroker.kafka.endpoint_store import EndpointStore
 from kbroker.kafka.receiver import QueueReceiver
@@ -270,8 +270,8 @@ class Broker:
 
     def _produce(self, record: Record) -> None:
         topic, key, value, headers = record
-        self._producer.produce(topic, key=key, value=value, headers=messages.wire_headers(headers),
-                               on_delivery=self._on_delivery)
+        produce_within(self._producer, topic, self._ack_timeout, key=key, value=value,
+                       headers=messages.wire_headers(headers), on_delivery=self._on_delivery)
 
     def _on_delivery(self, err: Any, _msg: Any) -> None:
         """Delivery report from librdkafka: `err` is a KafkaError, or None when delivered."""
