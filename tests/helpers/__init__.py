@@ -10,6 +10,8 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,19 @@ ROOT = Path(__file__).resolve().parent.parent.parent  # the checkout under test
 SAMPLES = ROOT / "topics" / "samples"
 DATA = ROOT / "tests" / "data"
 KBROKER = os.path.join(os.path.dirname(sys.executable), "kbroker")  # the CLI of this venv
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.3) -> Any:
+    """pred()'s first truthy answer, asked every `interval` seconds; AssertionError naming `what`
+    after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = pred()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
 
 
 def free_port() -> int:

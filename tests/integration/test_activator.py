@@ -23,7 +23,7 @@ from kbroker.activator.config import load_config
 from kbroker.activator.runner import Activator
 from kbroker.cli.demo import CLAIM, CONTRACT, EMPLOYEES, EXPENSES
 from kbroker.core import names
-from tests.helpers import ROOT, run_kbroker_module
+from tests.helpers import ROOT, run_kbroker_module, wait_for
 
 READER = ROOT / "examples" / "activator" / "expense_reader.py"
 
@@ -65,15 +65,6 @@ def activator(tmp_path, bootstrap, ns, cfg_path):
         thread.join(30)
         out.close()
         assert not thread.is_alive()
-
-
-def wait_for(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def of(records, event):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -35,7 +35,7 @@ from kbroker.embedded.cluster import EmbeddedCluster
 from kbroker.errors import TransactionAbortedError
 from kbroker.kafka.apply import apply_paths, choose_replication
 from kbroker.sdk.broker import Broker
-from tests.helpers import SAMPLES
+from tests.helpers import SAMPLES, wait_for
 from tests.helpers import invariants as inv
 from tests.helpers.kafka_wire import list_transactions
 from tests.helpers.reader_runs import (
@@ -146,13 +146,6 @@ def test_delivery_faults_counts_each_kind() -> None:
     assert delivery_faults([0, 1, 2, 3], [0, 2, 1, 3]) == {**NO_FAULTS, "out_of_order": 1}
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} within {timeout:g} s"
-        time.sleep(0.5)
-
-
 def test_a_node_killed_under_load_loses_and_repeats_nothing(cluster: EmbeddedCluster) -> None:
     test_started = time.monotonic()
     status = cluster.status()
@@ -211,7 +204,7 @@ def test_a_node_killed_under_load_loses_and_repeats_nothing(cluster: EmbeddedClu
         answered = time.monotonic()
         wait_for(lambda: all(sorted(p.isrs) == [1, 2, 3]
                              for name in ours for p in metadata(admin).topics[name].partitions.values()),
-                 f"node {victim} back in every in-sync replica set", 60)
+                 60, f"node {victim} back in every in-sync replica set", interval=0.5)
         print(f"node {victim} answered {answered - restarted:.1f} s after its restart, back in "
               f"every in-sync replica set {time.monotonic() - answered:.1f} s later")
         internal = metadata(admin).topics

@@ -23,7 +23,7 @@ from kbroker.kafka.reader import read_to_end
 from kbroker.sdk.broker import Broker
 from kbroker.worker.views import monitor_rows
 from tests.helpers import DATA as DATA_DIR
-from tests.helpers import KBROKER, ROOT, free_port
+from tests.helpers import KBROKER, ROOT, free_port, wait_for
 
 DATA = DATA_DIR / "worker.yaml"
 CLIENT, JOBS, JOB, DONE = "//kbroker/test/JobClient", "//kbroker/test/Jobs", "//kbroker/test/Job", "//kbroker/test/Done"
@@ -67,16 +67,6 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-
-
-def wait_for(pred, timeout: float, what: str, interval: float = 0.3):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def monitor(bootstrap: str, ns: str, queue: str) -> dict | None:

@@ -9,9 +9,8 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import orjson
@@ -24,22 +23,12 @@ from kbroker.kafka.watch import QueueWatcher
 from kbroker.sdk.broker import Broker
 from kbroker.worker.views import monitor_rows
 from tests.helpers import DATA as HELPER_DATA
-from tests.helpers import KBROKER, ROOT, free_port
+from tests.helpers import KBROKER, ROOT, free_port, wait_for
 
 DATA = HELPER_DATA / "worker.yaml"
 CLIENT, JOBS, JOB = "//kbroker/test/JobClient", "//kbroker/test/Jobs", "//kbroker/test/Job"
 TICK = 1.0  # the worker's --tick
 OUTAGE_LINES = 200  # log lines a 10 s outage may cost, all told
-
-
-def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.3) -> Any:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 class Setup:
