@@ -32,7 +32,9 @@ class EndpointStore:
         self._bootstrap = bootstrap
         self._producer = producer
         self._cache: dict[str, Endpoint] = {}
-        self._unwritten: dict[str, Endpoint] = {}  # sequences used within a reserved block
+        # The exact state of endpoints whose next sequence the topic does not say (a block
+        # reserved and not used up): written at a clean close, so the next process goes on exactly.
+        self._unwritten: dict[str, Endpoint] = {}
         self._mine: dict[str, int] = {}  # the highest sequence reservation this process made
         self._chains: dict[str, tuple[str, ...]] = {}
         self._consumer: Consumer | None = None
@@ -42,7 +44,7 @@ class EndpointStore:
     def put(self, ep: Endpoint) -> None:
         """Queue the new state; it is durable when the shared producer is flushed."""
         ep = replace(ep, updated=time.time())
-        self._unwritten.pop(ep.conversation_handle, None)
+        self._keep_exact(ep.conversation_handle, ep, written=True)
         self._claim(ep)
         self._cache[ep.conversation_handle] = self._merged(ep)
         self._producer.produce(self.topic, key=ep.conversation_handle, value=ep.to_json())
@@ -50,10 +52,7 @@ class EndpointStore:
     def note(self, handle: str, ep: Endpoint | None, written: bool = True) -> None:
         """Cache state a committed Kafka transaction already wrote (None: the endpoint is gone).
         written=False: a SEND within the reserved sequence block, kept here until close()."""
-        if written or ep is None:
-            self._unwritten.pop(handle, None)
-        else:
-            self._unwritten[handle] = ep
+        self._keep_exact(handle, ep, written)
         if ep is not None:
             self._claim(ep)
         if ep is None:
@@ -63,6 +62,17 @@ class EndpointStore:
             if ep.group_chain:
                 self._chains[handle] = ep.with_chain(self._chains.get(handle, ())).chain
             self._cache[handle] = self._merged(ep)
+
+    def _keep_exact(self, handle: str, ep: Endpoint | None, written: bool) -> None:
+        """Keep the exact state for close() wherever the topic does not say the exact next
+        sequence: a SEND within the reserved block (not written), and a written record that
+        reserved a block this process has not used up (the first SEND of a dialog writes its
+        state change with the block; without this a second process continued past the whole
+        block, sequence 65 after 0)."""
+        if ep is not None and (not written or ep.sequence_reserved > ep.send_sequence):
+            self._unwritten[handle] = ep
+        else:
+            self._unwritten.pop(handle, None)
 
     def _continued(self, ep: Endpoint) -> Endpoint:
         """An endpoint read from the topic: where its SENDs continue. A record this process wrote

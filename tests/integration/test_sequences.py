@@ -48,3 +48,16 @@ def test_a_process_that_died_within_a_block_never_has_its_sequences_reused(kafka
     finally:
         other.close()
     assert seqs[:10] == list(range(10)) and seqs[10] == 1 + SEQUENCE_BLOCK, seqs
+
+
+def test_one_send_per_process_continues_exactly(kafka_bootstrap, namespace, broker):
+    """Two processes in turn, each one SEND and a clean close (two `kbroker send` commands): the
+    first SEND writes its state change with the block it reserved, and close() still releases the
+    unused rest of that block. Before, the second SEND got sequence 65 (a gap of the whole block)."""
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    broker.send(h, CLAIM, {"i": 0})
+    broker.close()
+    with Broker(kafka_bootstrap, namespace) as second:
+        second.send(h, CLAIM, {"i": 1})
+        seqs = [m.message_sequence_number for m in receive_at_least(second, "ExpenseQueue", 2)]
+    assert seqs == [0, 1], f"a gap or a repeat between two processes' SENDs: {seqs}"
