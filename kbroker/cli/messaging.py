@@ -62,9 +62,14 @@ def send(from_service, to_service, contract, message_type, body, handle, lifetim
         raise ValueError("give --conversation HANDLE, or --from and --to to begin a dialog")
     with _connect(bootstrap, namespace) as broker:
         if handle is None:
-            handle = broker.begin_dialog(from_service, to_service, contract, lifetime=lifetime,
+            # BEGIN DIALOG and its first SEND as one transaction: a SEND refused (an unknown
+            # message type, say) leaves no endpoint behind.
+            with broker.transaction() as tx:
+                handle = tx.begin_dialog(from_service, to_service, contract, lifetime=lifetime,
                                          related_conversation_group=related_group, instance=instance)
-        message_id = broker.send(handle, message_type, data)
+                message_id = tx.send(handle, message_type, data)
+        else:
+            message_id = broker.send(handle, message_type, data)
     if as_json:
         emit_json({"conversation_handle": handle, "message_id": message_id})
     else:

@@ -16,6 +16,7 @@ from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
 from kbroker.core.monitor import MonitorConfig, MonitorState
+from kbroker.kafka.reader import read_to_end
 
 from tests.helpers import KBROKER
 
@@ -72,3 +73,19 @@ def test_demo_piped_prints_whole_handles(kafka_bootstrap, namespace):
     uuid.UUID(handle)  # whole, not cut
     assert len(lines_with(out.stdout, handle, EMP, "CD")) == 1, out.stdout
     assert "…" not in out.stdout
+
+
+def test_a_refused_send_that_begins_a_dialog_writes_nothing(kafka_bootstrap, namespace, broker):
+    """`kbroker send --from --to` with a message type the contract does not have exits 1 with one
+    line and leaves no endpoint on the endpoints topic (before, each refused send left one in
+    state SO). The same send with the contract's type then works, on a new dialog."""
+    refused = run_cli("send", "--from", EMP, "--to", EXP, "--contract", CONTRACT, "--type", "NoSuchType",
+                      "--body", "{}", bootstrap=kafka_bootstrap, namespace=namespace)
+    assert refused.returncode == 1 and len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert read_to_end(kafka_bootstrap, names.endpoints_topic(namespace), 15) in (None, [])
+    sent = run_cli("send", "--from", EMP, "--to", EXP, "--contract", CONTRACT, "--type", CLAIM,
+                   "--body", "{}", "--json", bootstrap=kafka_bootstrap, namespace=namespace)
+    assert sent.returncode == 0, sent.stderr
+    handle = orjson.loads(sent.stdout)["conversation_handle"]
+    written = read_to_end(kafka_bootstrap, names.endpoints_topic(namespace), 15) or []
+    assert {m.key().decode() for m in written} == {handle}
