@@ -114,6 +114,8 @@ class Envelope:
             raise MalformedRecord(f"missing header(s) {', '.join(missing)}")
         if hs[H_TO_SIDE] not in SIDES:
             raise MalformedRecord(f"header {H_TO_SIDE} is {hs[H_TO_SIDE]!r}")
+        if hs.get(H_VERSION, ENVELOPE_VERSION) != ENVELOPE_VERSION:
+            raise MalformedRecord(f"header {H_VERSION} is {hs[H_VERSION]!r}; this kbroker reads {ENVELOPE_VERSION}")
         try:
             seq = int(hs[H_SEQUENCE])
             expires = int(hs[H_EXPIRES]) if H_EXPIRES in hs else None
@@ -122,6 +124,9 @@ class Envelope:
             hop = int(hs.get(H_HOP, "0"))
         except ValueError as exc:
             raise MalformedRecord(f"bad number in headers: {exc}") from None
+        if seq < SYSTEM_SEQUENCE or hop < 0 or not 1 <= priority <= 10:
+            raise MalformedRecord(f"out of range in headers: {H_SEQUENCE}={seq}, {H_HOP}={hop}, "
+                                  f"{H_PRIORITY}={priority} (1-10)")
         return cls(
             message_id=hs[H_MESSAGE_ID],
             conversation_id=hs[H_CONVERSATION_ID],

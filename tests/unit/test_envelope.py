@@ -40,6 +40,23 @@ def test_missing_header_is_named():
         Envelope.from_headers(hs)
 
 
+@pytest.mark.parametrize("header,value,named", [
+    ("kb.message_sequence_number", b"-2", "kb.message_sequence_number=-2"),  # -1: kbroker's own
+    ("kb.priority", b"0", "kb.priority=0"),
+    ("kb.priority", b"11", "kb.priority=11"),
+    ("kb.hop", b"-2", "kb.hop=-2"),
+    ("kb.v", b"2", "kb.v is '2'"),
+])
+def test_well_formed_headers_out_of_range_are_malformed(header, value, named):
+    """Headers another Kafka client wrote, well-formed but impossible for a SEND: refused (the
+    receiver dead-letters the record) with the value named, never delivered."""
+    env = Envelope("m", "c", "g", 0, "T", "C", "F", "S", "TARGET")
+    hs = [h for h in env.headers() if h[0] != header] + [(header, value)]
+    with pytest.raises(MalformedRecord) as raised:
+        Envelope.from_headers(hs)
+    assert named in str(raised.value)
+
+
 @pytest.mark.parametrize("validation,body,ok", [
     ("NONE", b"\xff\x00anything", True),
     ("EMPTY", b"", True),
