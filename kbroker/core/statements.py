@@ -42,11 +42,13 @@ from kbroker.core.ids import new_id
 from kbroker.core.records import Record
 from kbroker.core.validation import to_bytes, validate_body
 from kbroker.errors import (
+    CatalogError,
     ContractViolationError,
     ConversationClosedError,
     ConversationGroupError,
     InvalidArgumentError,
     MessageTooLargeError,
+    MessageValidationError,
     UnknownContractError,
 )
 
@@ -285,6 +287,31 @@ class Statements:
         if msg.message_type_name == ERROR_TYPE:
             return True, ep.after_peer_error()
         return True, created
+
+    def refused_record(self, msg: Message) -> tuple[Record, str] | None:
+        """(dead letter, reason) for a received message this side must not deliver, or None. SEND
+        checks a message where it is sent, but a record written by another Kafka client with
+        well-formed headers never passed SEND; Service Broker checks a message where it arrives:
+        a type the catalog knows, that the contract lets the sending side send, and a body its
+        validation accepts. The system types (EndDialog, Error, DialogTimer) are the broker's."""
+        env = msg.extra["envelope"]
+        kind = env.message_type_name
+        if kind in SYSTEM_TYPES:
+            return None
+        sender = "INITIATOR" if env.to_side == "TARGET" else "TARGET"
+        try:
+            mt = self._lookup(lambda c: c.message_type(kind))
+            if not self._lookup(lambda c: c.may_send(env.service_contract_name, kind, sender)):
+                raise ContractViolationError(kind, env.service_contract_name, sender)
+            validate_body(kind, mt.validation, msg.body)
+            why = None if env.message_sequence_number != SYSTEM_SEQUENCE else \
+                f"sequence number {SYSTEM_SEQUENCE} is for kbroker's own messages, not {kind!r}"
+        except (CatalogError, ContractViolationError, MessageValidationError) as exc:
+            why = str(exc)
+        if why is None:
+            return None
+        reason = f"refused on arrival: {why}"
+        return dead_letter_record(self.namespace, msg.extra["record"], reason), reason
 
     @staticmethod
     def rekey_record(topic: str, msg: Message, group: str) -> Record:

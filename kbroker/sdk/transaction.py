@@ -13,6 +13,7 @@ order, to the next RECEIVE. Leaving the block by an exception rolls back.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Self
 
@@ -33,6 +34,8 @@ from kbroker.errors import (
 from kbroker.kafka.committer import CommitRequest
 from kbroker.kafka.receiver import Lease, QueueReceiver
 from kbroker.sdk.runtime import Runtime
+
+log = logging.getLogger("kbroker.transaction")
 
 
 class Transaction:
@@ -138,6 +141,13 @@ class Transaction:
                 continue
             ep = self._receiving_endpoint(m, staged)
             hop = next_hop(ep, env.hop)
+            if hop is None:  # checked where it is delivered (a moved one is re-keyed unread)
+                refused = rt.statements.refused_record(m)
+                if refused is not None:  # consumed with this transaction, its dead letter written
+                    record, reason = refused
+                    log.warning("message %s on %s: %s", m.message_id, m.queue, reason)
+                    self._records.append(record)
+                    continue
             if hop is not None:
                 moving.append((m, hop))
                 continue

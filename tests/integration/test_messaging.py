@@ -267,3 +267,39 @@ def test_cli_errors_are_one_line(kafka_bootstrap, namespace, broker, args, needl
     assert out.returncode != 0
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], out.stderr
+
+
+def test_records_another_client_wrote_are_checked_on_arrival(kafka_bootstrap, namespace, broker):
+    """Records written straight onto the queue topic with complete, well-formed kb.* headers
+    never passed SEND's checks. The receiving side checks them as Service Broker does where a
+    message arrives: an unknown type, a type the contract does not let that side send, and a
+    body its type's validation refuses are dead-lettered with the reason, and the queue goes on
+    to the next message. Before, all three were delivered."""
+    from uuid import uuid4
+
+    from kbroker.core.envelope import Envelope
+    from kbroker.kafka.reader import read_to_end
+
+    forged = [("//Adventure-Works.com/Expenses/NoSuchType", b"{}"),
+              (APPROVAL, b"{}"),  # sent by the TARGET only, here sent to it
+              (CLAIM, b"not json")]
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for kind, body in forged:
+        conversation = str(uuid4())
+        env = Envelope(str(uuid4()), conversation, conversation, 0, kind, CONTRACT, EMP, EXP, "TARGET")
+        producer.produce(names.queue_topic(namespace, "ExpenseQueue"), key=conversation.encode(), value=body,
+                         headers=env.headers())
+    assert producer.flush(30) == 0
+    handle = broker.begin_dialog(EMP, EXP, CONTRACT)
+    good = broker.send(handle, CLAIM, {"amount": 1})
+
+    delivered = []
+    deadline = time.monotonic() + 30
+    while not delivered and time.monotonic() < deadline:
+        delivered = broker.receive("ExpenseQueue", top=10, wait=1)
+    assert [m.message_id for m in delivered] == [good]
+    assert broker.receive("ExpenseQueue", top=10, wait=2) == []
+    letters = read_to_end(kafka_bootstrap, names.deadletter_topic(namespace), 15) or []
+    reasons = sorted(dict(m.headers())["kb.dlq.reason"].decode() for m in letters)
+    assert len(reasons) == 3 and all(r.startswith("refused on arrival") for r in reasons), reasons
+    assert any("NoSuchType" in r for r in reasons) and any("JSON" in r for r in reasons), reasons
