@@ -22,7 +22,7 @@ STATE_DESC = {
     "DI": "DISCONNECTED_INBOUND", "DO": "DISCONNECTED_OUTBOUND", "ER": "ERROR", "CD": "CLOSED",
 }
 SENDABLE = {STARTED_OUTBOUND, CONVERSING}
-MAX_LIFETIME = 2**31 - 1  # seconds, Service Broker's default dialog lifetime
+MAX_LIFETIME = 2**31 - 1  # seconds: the longest LIFETIME or timer timeout Service Broker takes
 
 _HANDLE_NS = uuid.UUID("6f1d6a52-3c51-4c1b-9a55-6b62726f6b65")
 
@@ -48,7 +48,7 @@ class Endpoint:
     service_contract_name: str
     state: str
     send_sequence: int = 0  # next sequence number to send
-    lifetime: int = MAX_LIFETIME  # epoch seconds after which the dialog has expired
+    lifetime: int | None = None  # epoch seconds after which the dialog has expired; None: never
     # Sequence numbers below this may have been used without a newer record of this endpoint:
     # SENDs persist the endpoint once per block of sequence numbers, not once per message.
     sequence_reserved: int = 0
@@ -87,6 +87,8 @@ class Endpoint:
     def from_json(cls, raw: bytes) -> "Endpoint":
         d = orjson.loads(raw)
         d["group_chain"] = tuple(d.get("group_chain") or ())
+        if (d.get("lifetime") or 0) >= MAX_LIFETIME:
+            d["lifetime"] = None  # written before "never" was None: Service Broker's 2038 default
         return cls(**d)
 
     # --- pure transitions ---------------------------------------------------------------
@@ -129,7 +131,7 @@ def new_target_endpoint(conversation_id: str, group_id: str, far_group_id: str, 
     """The target endpoint, created when the dialog's first message arrives (as SSB does)."""
     return Endpoint(handle_for(conversation_id, "TARGET"), conversation_id, "TARGET", group_id,
                     far_group_id, service, far_service, contract, CONVERSING, updated=time.time(),
-                    far_instance=far_instance, lifetime=MAX_LIFETIME if lifetime is None else lifetime)
+                    far_instance=far_instance, lifetime=lifetime)
 
 
 CHAIN_SUFFIX = "/groups"  # key of a moved endpoint's group chain, beside the endpoint's own key

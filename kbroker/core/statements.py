@@ -140,7 +140,7 @@ class Statements:
             group = group_id(related_conversation_group)
             self.check_group_queue(group, fs.queue)
         now = self._clock()
-        expires = MAX_LIFETIME if lifetime is None else int(now) + int(lifetime)
+        expires = None if lifetime is None else int(now) + int(lifetime)  # None: never expires
         return Endpoint(handle_for(conversation_id, "INITIATOR"), conversation_id, "INITIATOR", group,
                         conversation_id, from_service, to_service, contract, STARTED_OUTBOUND,
                         lifetime=expires, updated=now, instance=instance)
@@ -161,7 +161,7 @@ class Statements:
 
     def lifetime_records(self, ep: Endpoint) -> list[Record]:
         """BEGIN DIALOG ... LIFETIME: the timer that delivers Error -8489 to both sides."""
-        if ep.lifetime >= MAX_LIFETIME:
+        if ep.lifetime is None:
             return []
         return [timers.lifetime_record(self.namespace, ep, self.own_topic(ep),
                                        self.queue_topic_of(ep.far_service_name, None))]
@@ -211,7 +211,7 @@ class Statements:
         data = to_bytes(body)
         if ep.state not in SENDABLE:
             raise ConversationClosedError(ep.conversation_handle, ep.state_desc)
-        if ep.lifetime < self._clock():
+        if ep.lifetime is not None and ep.lifetime < self._clock():
             raise ConversationClosedError(ep.conversation_handle, "lifetime expired")
         mt = self._lookup(lambda c: c.message_type(message_type))
         if message_type in SYSTEM_TYPES or not self._lookup(
@@ -339,7 +339,7 @@ class Statements:
             service_contract_name=ep.service_contract_name, from_service_name=ep.service_name,
             to_service_name=ep.far_service_name, to_side=other(ep.side),
             correlation_id=correlation_id, reply_to=reply_to, expires=expires, priority=priority,
-            lifetime=ep.lifetime if ep.is_initiator and ep.lifetime < MAX_LIFETIME else None,
+            lifetime=ep.lifetime if ep.is_initiator else None,
             reply_group=None if reply_group == ep.conversation_id else reply_group,
             reply_instance=ep.instance)
         if ep.far_instance is not None:  # replies to an instance go to its secondary queue

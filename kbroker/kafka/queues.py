@@ -176,7 +176,9 @@ def conversation_view(bootstrap: str, namespace: str) -> list[dict]:
             # As last written: SENDs write the endpoint once per reserved block of sequence
             # numbers (and exactly on a clean close), so a live sender may be up to the bound.
             "send_sequence": ep.send_sequence, "sequence_reserved": ep.sequence_reserved,
-            "lifetime": datetime.fromtimestamp(ep.lifetime, timezone.utc).isoformat(),
+            # None: the dialog never expires (SSB shows its 2038 default there).
+            "lifetime": (datetime.fromtimestamp(ep.lifetime, timezone.utc).isoformat()
+                         if ep.lifetime is not None else None),
             # SSB shows 1900-01-01 for "no timer"; kbroker shows null (also once it has fired).
             "dialog_timer": (datetime.fromtimestamp(ep.dialog_timer, timezone.utc).isoformat()
                              if ep.dialog_timer > time.time() else None),

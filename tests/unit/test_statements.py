@@ -278,3 +278,15 @@ def test_dead_letter_keeps_the_record_and_says_why_and_where_from() -> None:
     assert hdrs == [("kb.message_id", b"m1"), ("kb.dlq.reason", b"record key does not match"),
                     ("kb.dlq.topic", b"kb.unit.q.ExpenseQueue"), ("kb.dlq.partition", b"2"),
                     ("kb.dlq.offset", b"41")]
+
+
+def test_a_dialog_without_lifetime_never_expires(world: World) -> None:
+    """No LIFETIME: the endpoint has none (None), so no clock date, 2038's included, ever
+    refuses a SEND; an endpoint written with the old 2**31-1 sentinel reads as none."""
+    ep = world.dialog()
+    assert ep.lifetime is None and world.statements.lifetime_records(ep) == []
+    far_future = Statements(NS, world.lookup, list, clock=lambda: 2.0**31 + 10**9)  # past 2038
+    far_future.message_record(ep, CLAIM, {})
+    legacy = orjson.loads(ep.to_json())
+    legacy["lifetime"] = 2**31 - 1
+    assert Endpoint.from_json(orjson.dumps(legacy)).lifetime is None
