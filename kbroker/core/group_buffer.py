@@ -1,9 +1,9 @@
 """The records a queue's receiver holds, per conversation group, and RECEIVE's choice among them
 (pure: no Kafka client, no threads, no clock; the receiver calls it under its own lock).
 
-Each conversation group keeps its buffered records in a deque, in RECEIVE order: arrival order,
-except that a DialogTimer comes before the group's other messages and an Error next, as Service
-Broker hands them out. A RECEIVE picks one ready group (highest priority of its head record
+Each conversation group keeps its buffered records in a deque, in arrival order, except that a
+DialogTimer comes before the group's other messages and an Error next, as Service Broker hands
+them out; receive_order() then returns what one RECEIVE took conversation by conversation. A RECEIVE picks one ready group (highest priority of its head record
 first, then the oldest head) that no other transaction has locked, locks it and takes up to
 TOP(n) of its records; a rollback puts them back at the head, in order.
 
@@ -101,6 +101,25 @@ def _enqueue(q: deque[Buffered], b: Buffered) -> None:
     while i < len(q) and q[i].rank <= b.rank:
         i += 1
     q.insert(i, b)
+
+
+def receive_order(taken: Sequence[Buffered]) -> list[Buffered]:
+    """What one RECEIVE took, in the order Service Broker returns it: each conversation's
+    messages together, in ascending sequence (its DialogTimer, then an Error, first);
+    conversations by descending priority (a conversation's highest), then by which came first.
+    A conversation here is one side's: the group may hold both sides of a dialog whose services
+    share a queue, and each side numbers its own SENDs."""
+    rank: dict[tuple[str, str], tuple[int, int]] = {}
+    for i, b in enumerate(taken):
+        side = (b.envelope.conversation_id, b.envelope.to_side)
+        prio, first = rank.get(side, (0, i))
+        rank[side] = (min(prio, -b.envelope.priority), first)
+
+    def key(b: Buffered) -> tuple[int, int, int, int]:
+        prio, first = rank[(b.envelope.conversation_id, b.envelope.to_side)]
+        return prio, first, b.rank, b.envelope.message_sequence_number
+
+    return sorted(taken, key=key)
 
 
 class GroupBuffer(Generic[H]):

@@ -31,7 +31,7 @@ from confluent_kafka import Message as KafkaRecord
 from kbroker.core import names
 from kbroker.core.endpoint import handle_for
 from kbroker.core.envelope import Envelope, MalformedRecord, Message
-from kbroker.core.group_buffer import Buffered, GroupBuffer, full_partitions
+from kbroker.core.group_buffer import Buffered, GroupBuffer, full_partitions, receive_order
 from kbroker.core.offsets import PartitionOffsets
 from kbroker.kafka import clients, messages
 from kbroker.kafka.reader import group_offsets
@@ -328,7 +328,7 @@ class QueueReceiver:
         taken = self._buffer.take(lease, group, top, full, now_ms, conversation_id)
         lease.taken.extend(taken)
         lease.offsets.extend(b.position for b in taken)
-        return lease, [self._to_message(b) for b in taken if b.live(now_ms)]
+        return lease, [self._to_message(b) for b in receive_order(taken) if b.live(now_ms)]
 
     def _to_message(self, b: Buffered) -> Message:
         env, rec = b.envelope, b.record

@@ -303,3 +303,30 @@ def test_records_another_client_wrote_are_checked_on_arrival(kafka_bootstrap, na
     reasons = sorted(dict(m.headers())["kb.dlq.reason"].decode() for m in letters)
     assert len(reasons) == 3 and all(r.startswith("refused on arrival") for r in reasons), reasons
     assert any("NoSuchType" in r for r in reasons) and any("JSON" in r for r in reasons), reasons
+
+
+def test_receive_returns_a_groups_conversations_one_after_the_other(kafka_bootstrap, namespace, broker):
+    """Two dialogs in one conversation group (RELATED_CONVERSATION), their replies arriving
+    interleaved: one RECEIVE returns one conversation's messages together, in sequence, then the
+    other's (reference item 97). Before, they came in arrival order, interleaved."""
+    h1 = broker.begin_dialog(EMP, EXP, CONTRACT)
+    h2 = broker.begin_dialog(EMP, EXP, CONTRACT, related_conversation=h1)
+    broker.send(h1, CLAIM, {"n": 1})
+    broker.send(h2, CLAIM, {"n": 2})
+    targets = {}
+    deadline = time.monotonic() + 30
+    while len(targets) < 2 and time.monotonic() < deadline:
+        for m in broker.receive("ExpenseQueue", top=10, wait=1):
+            targets[m.conversation_id] = m.conversation_handle
+    t1, t2 = (targets[broker.endpoints.get(h).conversation_id] for h in (h1, h2))
+    for t in (t1, t2, t1, t2):
+        broker.send(t, APPROVAL, {"ok": True})
+    got: list = []
+    deadline = time.monotonic() + 30
+    while len(got) < 4 and time.monotonic() < deadline:
+        with broker.transaction() as tx:
+            got = tx.receive("EmployeeQueue", top=10, wait=1)
+            if len(got) < 4:  # not all four arrived yet: give them back and look again
+                tx.rollback()
+                time.sleep(0.3)
+    assert [(m.conversation_handle, m.message_sequence_number) for m in got] == [(h1, 0), (h1, 1), (h2, 0), (h2, 1)]

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from kbroker.core.catalog.models import DIALOG_TIMER, END_DIALOG, ERROR
 from kbroker.core.envelope import Envelope
-from kbroker.core.group_buffer import Buffered, GroupBuffer
+from kbroker.core.group_buffer import Buffered, GroupBuffer, receive_order
 
 NOW_MS = 1_000_000
 NO_FULL: dict[int, int] = {}
@@ -318,3 +318,38 @@ def test_pick_matches_a_brute_force_look_over_random_operations():
             if p not in live_partitions:
                 buf.drop_partitions({p})
         assert buf.buffered == sum(len(buf.records(g)) for g in groups)
+
+
+def msg(conversation: str, seq: int, *, priority: int = 5, to_side: str = "TARGET", kind: str = "T") -> Buffered:
+    off = next(_offsets)
+    env = Envelope(f"m{off}", conversation, "g", seq, kind, "C", "F", "S", to_side, priority=priority)
+    return Buffered(env, FakeRecord(), 0, off, off)
+
+
+def test_receive_order_returns_each_conversation_together_in_sequence():
+    """Service Broker's RECEIVE order (reference item 97): a group's conversations one after the
+    other, each in ascending sequence; the higher-priority conversation first, then the one whose
+    message came first; each side of a dialog is a conversation of its own."""
+    taken = [msg("a", 0), msg("b", 0), msg("a", 1), msg("c", 0, priority=9), msg("b", 1),
+             msg("a", 0, to_side="INITIATOR"), msg("c", 1, priority=2), msg("a", 2), msg("a", -1, kind=DIALOG_TIMER)]
+    got = [(b.envelope.conversation_id, b.envelope.to_side[0], b.envelope.message_sequence_number)
+           for b in receive_order(taken)]
+    assert got == [("c", "T", 0), ("c", "T", 1),
+                   ("a", "T", -1), ("a", "T", 0), ("a", "T", 1), ("a", "T", 2),
+                   ("b", "T", 0), ("b", "T", 1), ("a", "I", 0)]
+
+
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(1, 10)), max_size=30))
+def test_receive_order_keeps_every_message_and_each_conversation_s_sequence(sends):
+    counters: dict[str, int] = {}
+    taken = []
+    for conversation, priority in sends:
+        counters[conversation] = counters.get(conversation, -1) + 1
+        taken.append(msg(conversation, counters[conversation], priority=priority))
+    got = receive_order(taken)
+    assert sorted(id(b) for b in got) == sorted(id(b) for b in taken)
+    runs = [b.envelope.conversation_id for b in got]
+    assert all(runs.index(c) + runs.count(c) - 1 == len(runs) - 1 - runs[::-1].index(c) for c in set(runs)), runs
+    for c in set(runs):
+        seqs = [b.envelope.message_sequence_number for b in got if b.envelope.conversation_id == c]
+        assert seqs == sorted(seqs)
