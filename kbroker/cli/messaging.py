@@ -78,7 +78,8 @@ def send(from_service, to_service, contract, message_type, body, handle, lifetim
 
 @main.command()
 @click.argument("queue")
-@click.option("--top", default=1, show_default=True, type=click.IntRange(min=1), help="TOP(n).")
+@click.option("--top", default=None, type=click.IntRange(min=1),
+              help="TOP(n). Without it, every ready message of one conversation group (RECEIVE without TOP).")
 @click.option("--wait", default=0.0, show_default=True, type=click.FloatRange(min=0),
               help="WAITFOR time-out in seconds.")
 @click.option("--conversation", "handle", help="Only this conversation (WHERE conversation_handle).")

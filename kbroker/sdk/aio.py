@@ -67,7 +67,7 @@ class AsyncTransaction:
         """The conversation endpoint as this transaction sees it."""
         return await self._run(self.sync.endpoint, handle)
 
-    async def receive(self, queue: str, top: int = 1, wait: float | None = 0.0, *,
+    async def receive(self, queue: str, top: int | None = None, wait: float | None = 0.0, *,
                       conversation_group: str | None = None, conversation_handle: str | None = None,
                       instance: str | None = None) -> list[Message]:
         """RECEIVE TOP(top) FROM queue, WAITFOR(wait seconds; None = no time-out)."""
@@ -159,7 +159,7 @@ class AsyncBroker:
         """SEND ON CONVERSATION: returns the message id once Kafka acknowledged the message."""
         return await asyncio.to_thread(self.sync.send, handle, message_type, body, **kw)
 
-    async def receive(self, queue: str, top: int = 1, wait: float | None = 0.0, **kw: Any) -> list[Message]:
+    async def receive(self, queue: str, top: int | None = None, wait: float | None = 0.0, **kw: Any) -> list[Message]:
         """RECEIVE outside a transaction: a transaction of its own, committed before it returns."""
         return await asyncio.to_thread(self.sync.receive, queue, top, wait, **kw)
 

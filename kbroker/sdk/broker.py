@@ -249,8 +249,9 @@ class Broker:
             self.endpoints.put(ep)
             self._flush()
 
-    def receive(self, queue: str, top: int = 1, wait: float | None = 0.0, **kw: Any) -> list[Message]:
-        """RECEIVE outside a transaction: a transaction of its own, committed before it returns."""
+    def receive(self, queue: str, top: int | None = None, wait: float | None = 0.0, **kw: Any) -> list[Message]:
+        """RECEIVE outside a transaction: a transaction of its own, committed before it returns.
+        top=None: every ready message of one group, as RECEIVE without TOP."""
         with self.transaction() as tx:
             return tx.receive(queue, top, wait, **kw)
 

@@ -14,6 +14,7 @@ order, to the next RECEIVE. Leaving the block by an exception rolls back.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from typing import Any, Self
 
@@ -36,6 +37,8 @@ from kbroker.kafka.receiver import Lease, QueueReceiver
 from kbroker.sdk.runtime import Runtime
 
 log = logging.getLogger("kbroker.transaction")
+
+ALL = sys.maxsize  # RECEIVE without TOP: the whole group
 
 
 class Transaction:
@@ -90,15 +93,16 @@ class Transaction:
 
     # --- statements --------------------------------------------------------------------------
 
-    def receive(self, queue: str, top: int = 1, wait: float | None = 0.0, *,
+    def receive(self, queue: str, top: int | None = None, wait: float | None = 0.0, *,
                 conversation_group: str | None = None, conversation_handle: str | None = None,
                 instance: str | None = None) -> list[Message]:
         """RECEIVE TOP(top) FROM queue, WAITFOR(wait seconds; None = no time-out). Returns the
         messages of one conversation group, in order, and keeps that group locked until the
-        transaction ends. `instance` receives from that instance's secondary queue instead."""
+        transaction ends. top=None: every ready message of that group, as RECEIVE without TOP
+        (what this process holds of it: at most the receiver's buffer). `instance` receives from that instance's secondary queue instead."""
         self._check_open()
-        if top < 1:
-            raise InvalidArgumentError("top must be at least 1")
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
+            raise InvalidArgumentError(f"top must be a whole number of at least 1, or None for all, not {top!r}")
         rt = self._runtime
         if not rt.queue_enabled(queue):
             raise QueueDisabledError(queue)
@@ -110,7 +114,8 @@ class Transaction:
         while True:
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             rt.receive_hooks.before_receive(queue)
-            lease, msgs = receiver.receive(self, top, remaining, conversation_group=conversation_group,
+            lease, msgs = receiver.receive(self, ALL if top is None else top, remaining,
+                                           conversation_group=conversation_group,
                                            conversation_id=conversation_id)
             rt.receive_hooks.after_receive(queue, len(msgs))
             if lease is not None and lease not in self._leases:

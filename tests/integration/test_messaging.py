@@ -330,3 +330,20 @@ def test_receive_returns_a_groups_conversations_one_after_the_other(kafka_bootst
                 tx.rollback()
                 time.sleep(0.3)
     assert [(m.conversation_handle, m.message_sequence_number) for m in got] == [(h1, 0), (h1, 1), (h2, 0), (h2, 1)]
+
+
+def test_receive_without_top_returns_the_whole_group(kafka_bootstrap, namespace, broker):
+    """RECEIVE without TOP returns every ready message of the group it locks, as Service Broker's
+    does (reference item 94); TOP(n) caps it. Before, the SDK's default was TOP(1)."""
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    for n in range(5):
+        broker.send(h, CLAIM, {"n": n})
+    got: list = []
+    deadline = time.monotonic() + 30
+    while len(got) < 5 and time.monotonic() < deadline:
+        with broker.transaction() as tx:
+            got = tx.receive("ExpenseQueue", wait=1)
+            if len(got) < 5:  # not all five arrived yet: give them back and look again
+                tx.rollback()
+                time.sleep(0.3)
+    assert [m.message_sequence_number for m in got] == [0, 1, 2, 3, 4]
