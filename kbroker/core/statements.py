@@ -227,9 +227,13 @@ class Statements:
 
     def end_records(self, ep: Endpoint, *, error: int | None, description: str | None,
                     cleanup: bool) -> tuple[list[Record], Endpoint | None]:
-        """END CONVERSATION's records and the endpoint after it (None: removed by CLEANUP)."""
-        if cleanup:  # remove the local endpoint silently, as WITH CLEANUP does
-            return [], None
+        """END CONVERSATION's records and the endpoint after it."""
+        if cleanup:
+            # WITH CLEANUP ends this side silently and removes its queued messages. Kafka cannot
+            # delete single records, so the endpoint stays, CLOSED: a RECEIVE discards messages
+            # for a closed endpoint where Service Broker deletes them, and a late one can never
+            # create it again (removed, the next message made a new target endpoint).
+            return [], replace(ep, state=CLOSED)
         if ep.state in (DISCONNECTED_OUTBOUND, CLOSED):
             raise ConversationClosedError(ep.conversation_handle, ep.state_desc)
         if error is not None and (not isinstance(error, int) or error <= 0):

@@ -347,3 +347,19 @@ def test_receive_without_top_returns_the_whole_group(kafka_bootstrap, namespace,
                 tx.rollback()
                 time.sleep(0.3)
     assert [m.message_sequence_number for m in got] == [0, 1, 2, 3, 4]
+
+
+def test_end_with_cleanup_discards_the_conversations_queued_messages(kafka_bootstrap, namespace, broker):
+    """END CONVERSATION WITH CLEANUP on the target also removes the messages queued for it: they
+    are never delivered, and they do not bring the endpoint back. Before, the endpoint was
+    deleted and the next queued message created it anew and was delivered."""
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    broker.send(h, CLAIM, {"n": 0})
+    [first] = broker.receive("ExpenseQueue", top=1, wait=15)
+    target = first.conversation_handle
+    broker.send(h, CLAIM, {"n": 1})
+    broker.send(h, CLAIM, {"n": 2})
+    broker.end_conversation(target, cleanup=True)
+    assert broker.receive("ExpenseQueue", wait=3) == []
+    with Broker(kafka_bootstrap, namespace) as other:  # what the topic says, not this process's cache
+        assert other.endpoints.get(target).state == "CD"
