@@ -36,9 +36,13 @@ from kbroker.cli.views import queue_group
 @click.option("--handlers", type=click.IntRange(1, 1024), default=None,
               help="Task handler threads (default 2 x CPUs).")
 @click.option("--no-timers", is_flag=True, help="Do not run the timer service in this worker.")
+@click.option("--allow-procedures", "allow_procedures", multiple=True, envvar="KBROKER_ALLOW_PROCEDURES",
+              metavar="MODULE[,MODULE...]",
+              help="Modules (or packages) whose activation procedures this worker runs, besides kbroker's "
+                   "own; a queue naming another is not activated. Repeatable; env KBROKER_ALLOW_PROCEDURES.")
 @click.option("--loglevel", default="info", show_default=True)
 @handle_errors
-def worker_cmd(bootstrap, namespace, web_port, tick, ramp_up, handlers, no_timers, loglevel):
+def worker_cmd(bootstrap, namespace, web_port, tick, ramp_up, handlers, no_timers, allow_procedures, loglevel):
     """Run the worker: queue monitors with internal and external activation, task handlers, the
     cluster tick and the timer service. Start several; they share the work through Kafka."""
     require_extra("worker", "faust", "aiokafka")
@@ -47,7 +51,10 @@ def worker_cmd(bootstrap, namespace, web_port, tick, ramp_up, handlers, no_timer
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     run_worker(WorkerSettings(bootstrap_address(bootstrap), config.namespace(namespace),
                               web_port=web_port, tick_interval=tick, ramp_up=ramp_up, handlers=handlers,
-                              timers=not no_timers), loglevel=loglevel)
+                              timers=not no_timers,
+                              allow_procedures=tuple(m.strip() for value in allow_procedures
+                                                     for m in value.replace(" ", ",").split(",") if m.strip())),
+               loglevel=loglevel)
 
 
 @main.command("monitors")

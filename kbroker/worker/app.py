@@ -58,7 +58,7 @@ from kbroker.kafka.watch import QueueCounts, QueueWatcher
 from kbroker.sdk.broker import Broker
 from kbroker.sdk.hooks import ReceiveHooks
 from kbroker.worker.guard import Guard
-from kbroker.worker.handlers import Task, TaskHandlers
+from kbroker.worker.handlers import OWN_PROCEDURE_MODULES, Task, TaskHandlers, allowed
 
 log = logging.getLogger("kbroker.worker")
 
@@ -95,6 +95,8 @@ class WorkerSettings:
     ramp_up: float = 5.0  # seed 003: seconds of non-empty RECEIVEs before one more reader
     handlers: int | None = None  # task handler threads; default 2 x CPUs
     timers: bool = True  # run the timer service (dialog timers, lifetimes)
+    # Modules whose activation procedures this worker runs, besides kbroker's own.
+    allow_procedures: tuple[str, ...] = ()
     worker_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
 
@@ -174,11 +176,30 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
     handlers = TaskHandlers(broker, on_exit, size=s.handlers, worker_id=s.worker_id, guard=guard)
     rt.update(app=app, broker=broker, handlers=handlers)
 
+    allowed_modules = OWN_PROCEDURE_MODULES + tuple(s.allow_procedures)
+    refused: set[tuple[str, str]] = set()  # (queue, procedure) already reported
+
     def config_of(queue: str) -> MonitorConfig:
         try:
-            return MonitorConfig.from_queue(broker.catalog.queue(queue), ramp_up=s.ramp_up)
+            config = MonitorConfig.from_queue(broker.catalog.queue(queue), ramp_up=s.ramp_up)
         except Exception:
             return MonitorConfig(enabled=False, ramp_up=s.ramp_up)
+        if config.enabled and config.internal and config.procedure and \
+                not allowed(config.procedure, allowed_modules):
+            refuse(queue, config.procedure)
+            return MonitorConfig(enabled=False, ramp_up=s.ramp_up)  # not activated
+        return config
+
+    def refuse(queue: str, procedure: str) -> None:
+        """Once per queue and procedure: a log line and an ACTIVATION_REFUSED event naming it."""
+        if (queue, procedure) in refused:
+            return
+        refused.add((queue, procedure))
+        log.error("activation of queue %s refused: procedure %s is not in a module this worker allows %s "
+                  "(kbroker worker --allow-procedures MODULE)", queue, procedure, list(allowed_modules))
+        event = {"event": "ACTIVATION_REFUSED", "queue": queue, "namespace": s.namespace, "procedure": procedure,
+                 "allowed": list(allowed_modules), "time": int(time.time() * 1000)}
+        asyncio.get_running_loop().create_task(events_topic.send(key=queue.encode(), value=orjson.dumps(event)))
 
     async def perform(actions: list[Any]) -> None:
         for a in actions:

@@ -30,6 +30,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("kbroker.worker.tasks")
 
 
+# kbroker's own procedures: the samples and the benchmarks'. A worker runs others only from the
+# modules its configuration adds (`kbroker worker --allow-procedures`).
+OWN_PROCEDURE_MODULES = ("kbroker.samples", "kbroker.bench.procedures")
+
+
+def allowed(procedure: str, modules: tuple[str, ...]) -> bool:
+    """Whether the worker may run `procedure` ('module:function'): its module is one of
+    `modules` or inside one of them (a package). The catalog names the procedure, but anyone
+    who can write the catalog topic must not choose which code the worker imports."""
+    module = procedure.partition(":")[0]
+    return any(module == m or module.startswith(m + ".") for m in modules)
+
+
 def resolve(procedure: str) -> Callable[..., Any]:
     """'package.module:function' -> the function, or ValueError naming what is wrong."""
     module, sep, name = (procedure or "").partition(":")

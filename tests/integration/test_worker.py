@@ -38,7 +38,7 @@ class Worker:
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
                 [KBROKER, "worker", "--bootstrap", bootstrap, "--namespace", namespace, "--web-port", str(self.port),
-                 "--tick", "1", "--ramp-up", "1", "--handlers", "8"],
+                 "--tick", "1", "--ramp-up", "1", "--handlers", "8", "--allow-procedures", "tests.helpers"],
                 cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT)
         self.id: str | None = None
 
@@ -208,6 +208,24 @@ def test_external_activation_notifies_and_repeats_until_received(worker_ns, clie
     before = len(ext())
     time.sleep(4)
     assert len(ext()) == before, "notified again after the messages were received"
+
+
+def test_a_procedure_outside_the_allowed_modules_is_never_run(worker_ns, client):
+    """The catalog names ForeignQueue's procedure as builtins:print, a module the worker's
+    configuration does not allow: the queue is not activated, the worker says so once (a log
+    line and an ACTIVATION_REFUSED event naming the procedure), and its message stays queued.
+    Before, the worker imported and called whatever the catalog named."""
+    bootstrap, ns, w, _ = worker_ns
+    send_jobs(client, "//kbroker/test/Foreign", conversations=1, per_conversation=1)
+    refused = wait_for(lambda: [e for e in events(bootstrap, ns, "ACTIVATION_REFUSED") if e["queue"] == "ForeignQueue"],
+                       30, "an ACTIVATION_REFUSED event")
+    assert refused[0]["procedure"] == "builtins:print" and "tests.helpers" in refused[0]["allowed"]
+    time.sleep(3)  # several ticks
+    assert not [t for t in w.tasks() if t["queue"] == "ForeignQueue"], "a refused procedure was launched"
+    assert len([e for e in events(bootstrap, ns, "ACTIVATION_REFUSED") if e["queue"] == "ForeignQueue"]) == 1
+    assert w.log.read_text().count("activation of queue ForeignQueue refused: procedure builtins:print") == 1
+    row = monitor(bootstrap, ns, "ForeignQueue")
+    assert row is None or row["readers"] == 0
 
 
 # --- two workers: the tick and a kill -9 ---------------------------------------------------------

@@ -70,7 +70,7 @@ def setup(tmp_path_factory) -> Iterator[Setup]:
         with open(log, "wb") as out:
             proc = subprocess.Popen([KBROKER, "worker", "--bootstrap", bootstrap, "--namespace", ns,
                                      "--web-port", str(web), "--tick", str(TICK), "--ramp-up", "1",
-                                     "--handlers", "4"],
+                                     "--handlers", "4", "--allow-procedures", "tests.helpers"],
                                     cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
         st = Setup(embedded, port, cport, bootstrap, ns, proc, log, f"http://127.0.0.1:{web}")
         st.stub_file = str(tmp / "stub.txt")

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from kbroker.worker.handlers import TaskHandlers, resolve
+from kbroker.worker.handlers import OWN_PROCEDURE_MODULES, TaskHandlers, allowed, resolve
 
 RAN = []
 GATE = threading.Event()
@@ -65,3 +65,17 @@ def test_running_tasks_are_listed_and_capped_by_the_pool_size():
 def test_bad_procedure_names_are_one_clear_error(bad):
     with pytest.raises(ValueError, match="procedure"):
         resolve(bad)
+
+
+@pytest.mark.parametrize("procedure,ok", [
+    ("kbroker.samples.expenses:approve", True),  # kbroker's own
+    ("kbroker.bench.procedures:drain", True),
+    ("tests.helpers.procedures:stub", True),  # added by configuration: a package allows its modules
+    ("tests.helpers:stub", True),
+    ("tests.helpersX.procedures:stub", False),  # a prefix of the name is not the package
+    ("builtins:print", False),
+    ("os:system", False),
+    ("kbroker.cli.main:main", False),  # kbroker, but not a procedure module
+])
+def test_only_allowed_modules_procedures_run(procedure, ok):
+    assert allowed(procedure, OWN_PROCEDURE_MODULES + ("tests.helpers",)) is ok
