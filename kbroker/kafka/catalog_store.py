@@ -4,11 +4,13 @@ from the beginning to the end offsets it saw when it started reading."""
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import orjson
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from pydantic import BaseModel, ValidationError
 
 from kbroker.core import names
@@ -18,11 +20,14 @@ from kbroker.core.catalog.models import (
     BUILTIN_MESSAGE_TYPES,
     Catalog,
 )
-from kbroker.errors import BrokerUnavailableError, CatalogError, InvalidArgumentError, kafka_error
+from kbroker.errors import BrokerUnavailableError, CatalogError, InvalidArgumentError, KBrokerError, kafka_error
 from kbroker.kafka import clients
 from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partitions
 
-__all__ = ["FIELDS", "kafka_error", "publish", "publish_object", "read_catalog", "records", "write_records"]
+__all__ = ["FIELDS", "CatalogWatcher", "kafka_error", "publish", "publish_object", "read_catalog", "records",
+           "write_records"]
+
+log = logging.getLogger("kbroker.catalog")
 
 # record kind -> Catalog field
 FIELDS = {"message_type": "message_types", "contract": "contracts", "queue": "queues",
@@ -120,3 +125,51 @@ def _rebuild(namespace: str, latest: dict[str, bytes | None]) -> Catalog:
     except ValidationError as exc:
         reason = pydantic_reason(exc)
         raise CatalogError(f"the catalog topic of {namespace!r} holds an invalid object: {reason}") from None
+
+
+class CatalogWatcher:
+    """Keeps a process's catalog current: every `interval` seconds it asks where the catalog
+    topic ends, and reads the catalog again when that moved, handing it to `on_change`. An ALTER
+    QUEUE from any process (STATUS = OFF, by a user or the poison rule) thus reaches every
+    process within about `interval`, not on its next catalog error. A broker outage is logged
+    once (the Kafka logger's limiter) and the watch goes on."""
+
+    def __init__(self, bootstrap: str, namespace: str, on_change: Callable[[Catalog], None],
+                 interval: float = 0.5):
+        self._bootstrap, self._namespace, self._on_change = bootstrap, namespace, on_change
+        self._interval = interval
+        self._stop = threading.Event()
+        self._end: tuple[int, ...] | None = None
+        self._thread = threading.Thread(target=self._run, name="kbroker-catalog-watch", daemon=True)
+
+    def start(self) -> "CatalogWatcher":
+        """Start watching (the first look only notes where the topic ends)."""
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        topic = names.catalog_topic(self._namespace)
+        consumer = reading_consumer(self._bootstrap, f"{names.prefix(self._namespace)}catalog-watch",
+                                    **{"allow.auto.create.topics": False})
+        failing = False
+        try:
+            while not self._stop.wait(self._interval):
+                try:
+                    partitions = topic_partitions(consumer, topic, 5.0) or []
+                    end = tuple(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5.0,
+                                                               cached=False)[1] for p in partitions)
+                    if self._end is not None and end != self._end:
+                        self._on_change(read_catalog(self._bootstrap, self._namespace))
+                    self._end, failing = end, False
+                except (KafkaException, KBrokerError) as exc:
+                    if not failing:
+                        log.warning("catalog watch of %s paused: %s", topic, exc)
+                    failing = True
+        finally:
+            consumer.close()
+
+    def close(self) -> None:
+        """Stop watching; returns once the thread ended (at most one interval and a request)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=15)

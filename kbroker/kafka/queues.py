@@ -35,7 +35,8 @@ def set_queue_status(bootstrap: str, namespace: str, queue: str, status: str, re
                      poison: bool = False, timeout: float = 30.0) -> None:
     """ALTER QUEUE queue WITH STATUS = ON | OFF. Publishes the changed queue to the catalog, then
     puts a QUEUE_DISABLED / QUEUE_ENABLED event (key: the queue) on the namespace's events topic.
-    Readers see the new status on their next catalog read (a new Broker reads it at once).
+    Every process that reads a queue sees the new status within about 0.5 s (its catalog
+    watcher); a new Broker reads it at once.
     `poison` marks a queue disabled by poison message handling rather than by an operator."""
     status = status.upper() if isinstance(status, str) else status
     if status not in ("ON", "OFF"):

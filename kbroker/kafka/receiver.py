@@ -302,9 +302,11 @@ class QueueReceiver:
         return bool(self._offsets) and self._eof >= set(self._offsets)
 
     def receive(self, owner: Any, top: int, wait: float | None, *, conversation_group: str | None = None,
-                conversation_id: str | None = None) -> tuple[Lease | None, list[Message]]:
+                conversation_id: str | None = None,
+                give_up: Callable[[], bool] = lambda: False) -> tuple[Lease | None, list[Message]]:
         """Lease a group for `owner` and take up to `top` of its messages (expired ones are
-        consumed but not returned). wait=0: what is there now; None: wait without time-out."""
+        consumed but not returned). wait=0: what is there now; None: wait without time-out.
+        `give_up` is asked while waiting (every 0.5 s at most): True ends the wait empty."""
         start = time.monotonic()
         deadline = None if wait is None else start + wait
         catch_up_deadline = start + max(wait or 0.0, 30.0)
@@ -318,6 +320,8 @@ class QueueReceiver:
                     return self._take(owner, group, top, full, conversation_id)
                 now = time.monotonic()
                 if deadline is not None and now >= deadline and (self._caught_up() or now >= catch_up_deadline):
+                    return None, []
+                if give_up():
                     return None, []
                 self._cv.wait(0.5 if deadline is None else max(min(deadline - now, 0.5), 0.01))
 

@@ -39,7 +39,7 @@ from kbroker.core.statements import Statements, dead_letter_record
 from kbroker.embedded import resolve_bootstrap
 from kbroker.errors import CatalogError, SendFailedError
 from kbroker.kafka import messages
-from kbroker.kafka.catalog_store import read_catalog
+from kbroker.kafka.catalog_store import CatalogWatcher, read_catalog
 from kbroker.kafka.clients import brokers_answering, idempotent_producer, produce_within
 from kbroker.kafka.committer import CommitRequest, GroupCommitter, OpenTransactions
 from kbroker.kafka.endpoint_store import EndpointStore
@@ -86,6 +86,7 @@ class Broker:
         self._receivers: dict[tuple[str, str | None], QueueReceiver] = {}  # (queue, instance)
         self._secondary: set[str] = set()  # secondary queue topics known to exist
         self._disabled: set[str] = set()
+        self._watcher: CatalogWatcher | None = None  # started with the first receiver
         self._poison = PoisonCounter()  # counts the queues this process reads itself
         self.hooks: list[ReceiveHooks] = []
         self.receive_hooks: ReceiveHooks = HookFanOut(self.hooks)
@@ -111,6 +112,18 @@ class Broker:
             return fn(self.catalog)
         except CatalogError:
             return fn(self.refresh_catalog())
+
+    def _catalog_changed(self, catalog: Catalog) -> None:
+        """From the catalog watcher: another process altered the catalog."""
+        self._catalog = catalog
+
+    def queue_open(self, queue: str) -> bool:
+        """STATUS of a queue as this process knows it now, without asking Kafka: what a waiting
+        RECEIVE checks to return at once when the queue is disabled anywhere."""
+        try:
+            return self.catalog.queue(queue).status == "ON" and queue not in self._disabled
+        except CatalogError:
+            return False
 
     def queue_enabled(self, queue: str) -> bool:
         """STATUS of a queue. A disabled one is re-checked against the catalog, so an
@@ -154,6 +167,8 @@ class Broker:
                     report=functools.partial(self._report_reader, queue)).start()
                 if instance is None:
                     self._poison.watch(queue)  # poison counting covers the queues read here
+                if self._watcher is None:  # a reading process learns of ALTER QUEUE within 0.5 s
+                    self._watcher = CatalogWatcher(self.bootstrap, self.namespace, self._catalog_changed).start()
             return r
 
     def _report_reader(self, queue: str, stats: dict[str, Any]) -> None:
@@ -300,6 +315,9 @@ class Broker:
                 r.close()
                 self._publish_reader(r.topic, None)  # no longer read here: drop it from the view
             self._receivers.clear()
+            if self._watcher is not None:
+                self._watcher.close()
+                self._watcher = None
             self._poison.forget_all()
             if self._committer is not None:
                 self._committer.close()

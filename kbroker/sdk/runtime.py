@@ -46,6 +46,9 @@ class Runtime(Protocol):
     def secondary_queue(self, queue: str, instance: str) -> str:
         """The secondary queue topic of `queue` for `instance`, created on first use."""
 
+    def queue_open(self, queue: str) -> bool:
+        """STATUS of `queue` as known now, without asking Kafka (checked while a RECEIVE waits)."""
+
     def queue_enabled(self, queue: str) -> bool:
         """Whether `queue` has STATUS = ON (a disabled queue is re-checked against the catalog)."""
 

@@ -115,9 +115,12 @@ class Transaction:
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             rt.receive_hooks.before_receive(queue)
             lease, msgs = receiver.receive(self, ALL if top is None else top, remaining,
+                                           give_up=lambda: not rt.queue_open(queue),
                                            conversation_group=conversation_group,
                                            conversation_id=conversation_id)
             rt.receive_hooks.after_receive(queue, len(msgs))
+            if lease is None and not rt.queue_open(queue):
+                raise QueueDisabledError(queue)  # disabled while it waited, here or elsewhere
             if lease is not None and lease not in self._leases:
                 self._leases.append(lease)
             delivered, moving = self._sort(msgs)

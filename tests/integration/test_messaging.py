@@ -363,3 +363,34 @@ def test_end_with_cleanup_discards_the_conversations_queued_messages(kafka_boots
     assert broker.receive("ExpenseQueue", wait=3) == []
     with Broker(kafka_bootstrap, namespace) as other:  # what the topic says, not this process's cache
         assert other.endpoints.get(target).state == "CD"
+
+
+def test_a_queue_disabled_elsewhere_stops_a_waiting_receive_within_a_second(kafka_bootstrap, namespace, broker):
+    """ALTER QUEUE ... STATUS = OFF by another process reaches a process that reads the queue
+    within about a second: its RECEIVE waiting on the empty queue returns with
+    QueueDisabledError, and so does the next one. Before, the process learnt of it only when its
+    catalog was read again (a running reader committed 125 more messages over 13 s)."""
+    import threading
+
+    from kbroker.kafka.queues import set_queue_status
+
+    assert broker.receive("ExpenseQueue", wait=0) == []  # this process reads the queue
+    outcome: list = []
+
+    def waiting_receive() -> None:
+        try:
+            outcome.append(broker.receive("ExpenseQueue", wait=30))
+        except errors.QueueDisabledError as exc:
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=waiting_receive)
+    waiter.start()
+    time.sleep(1.0)  # the RECEIVE is waiting
+    disabled_at = time.monotonic()
+    set_queue_status(kafka_bootstrap, namespace, "ExpenseQueue", "OFF", "test")  # as another process would
+    waiter.join(timeout=30)
+    took = time.monotonic() - disabled_at
+    assert outcome and isinstance(outcome[0], errors.QueueDisabledError), outcome
+    assert took < 2.0, f"the waiting RECEIVE returned {took:.1f} s after the queue was disabled"
+    with pytest.raises(errors.QueueDisabledError):
+        broker.receive("ExpenseQueue", wait=0)
