@@ -18,7 +18,7 @@ from kbroker.bench.common import (
     join_all,
     new_conversations,
     produce_dialogs,
-    sides,
+    side_by_side,
 )
 from kbroker.bench.harness import BenchContext, Row, Scenario, scenario
 from kbroker.core import names
@@ -163,10 +163,7 @@ def measure_drain(ctx: BenchContext, state: DrainState, side: str) -> dict:
 
 
 def run_drain(ctx: BenchContext, state: DrainState, rep: int) -> dict[str, dict]:
-    row: dict[str, Any] = {}
-    for side in sides(rep):
-        r = measure_drain(ctx, state, side)
-        row[side], row[f"{side}_detail"] = r["value"], r["detail"]
+    row = side_by_side(rep, lambda side: measure_drain(ctx, state, side))
     row["messages"], row["max_queue_readers"], row["ramp_up_s"] = (
         ctx.params.drain_messages, ctx.params.max_readers, ctx.params.ramp_up)
     return {"activation-drain": row}

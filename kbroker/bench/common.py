@@ -17,7 +17,7 @@ import statistics
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import orjson
 
@@ -73,22 +73,22 @@ def has_transactions() -> bool:
 WireHeaders = list[tuple[str, str | bytes | None]]
 
 
+def _headers(conversation_id: str, seq: int, message_type: str, sender: str, receiver: str,
+             to_side: str) -> WireHeaders:
+    return list(Envelope(message_id=str(uuid.uuid4()), conversation_id=conversation_id,
+                         conversation_group_id=conversation_id, message_sequence_number=seq,
+                         message_type_name=message_type, service_contract_name=CONTRACT,
+                         from_service_name=sender, to_service_name=receiver, to_side=to_side).headers())
+
+
 def claim_headers(conversation_id: str, seq: int) -> WireHeaders:
     """Headers of the seq-th ExpenseClaim of a dialog, as the initiator's SEND writes them."""
-    headers = Envelope(message_id=str(uuid.uuid4()), conversation_id=conversation_id,
-                    conversation_group_id=conversation_id, message_sequence_number=seq,
-                    message_type_name=CLAIM, service_contract_name=CONTRACT, from_service_name=EMP,
-                    to_service_name=EXP, to_side="TARGET").headers()
-    return list(headers)
+    return _headers(conversation_id, seq, CLAIM, EMP, EXP, "TARGET")
 
 
 def approval_headers(conversation_id: str, seq: int) -> WireHeaders:
     """Headers of the seq-th ExpenseApproval, sent back by the target."""
-    headers = Envelope(message_id=str(uuid.uuid4()), conversation_id=conversation_id,
-                    conversation_group_id=conversation_id, message_sequence_number=seq,
-                    message_type_name=APPROVAL, service_contract_name=CONTRACT, from_service_name=EXP,
-                    to_service_name=EMP, to_side="INITIATOR").headers()
-    return list(headers)
+    return _headers(conversation_id, seq, APPROVAL, EXP, EMP, "INITIATOR")
 
 
 def produce_dialogs(ctx: BenchContext, topic: str, conversations: list[str], per_conversation: int,
@@ -121,6 +121,15 @@ def new_conversations(n: int) -> list[str]:
 def sides(rep: int) -> tuple[str, str]:
     """Which side goes first alternates between repetitions."""
     return ("kbroker", "baseline") if rep % 2 == 0 else ("baseline", "kbroker")
+
+
+def side_by_side(rep: int, measure: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+    """A row of both sides, measured in this repetition's order: {side: value, side_detail: ...}."""
+    row: dict[str, Any] = {}
+    for side in sides(rep):
+        m = measure(side)
+        row[side], row[f"{side}_detail"] = m["value"], m["detail"]
+    return row
 
 
 def join_all(threads: list[threading.Thread], timeout: float) -> bool:

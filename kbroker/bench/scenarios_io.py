@@ -16,7 +16,7 @@ from kbroker.bench.common import (
     need_transactions,
     new_conversations,
     produce_dialogs,
-    sides,
+    side_by_side,
 )
 from kbroker.bench.harness import (
     BenchContext,
@@ -122,11 +122,7 @@ def measure_io_bound(ctx: BenchContext, side: str) -> dict:
 
 
 def run_io_bound(ctx: BenchContext, _state: Any, rep: int) -> dict[str, dict]:
-    row: dict[str, Any] = {}
-    for side in sides(rep):
-        m = measure_io_bound(ctx, side)
-        row[side], row[f"{side}_detail"] = m["value"], m["detail"]
-    return {"io-bound": row}
+    return {"io-bound": side_by_side(rep, lambda side: measure_io_bound(ctx, side))}
 
 
 scenario(Scenario(

@@ -22,7 +22,7 @@ from kbroker.bench.common import (
     need_transactions,
     new_conversations,
     percentile,
-    sides,
+    side_by_side,
 )
 from kbroker.bench.harness import (
     BASELINE_OVER_KBROKER,
@@ -272,11 +272,7 @@ def _wait(event: threading.Event, errors: list[BaseException], requester: Reques
 
 
 def run_request_reply(ctx: BenchContext, _state: Any, rep: int) -> dict[str, dict]:
-    row: dict[str, Any] = {}
-    for side in sides(rep):
-        m = measure_request_reply(ctx, side)
-        row[side], row[f"{side}_detail"] = m["value"], m["detail"]
-    return {"request-reply": row}
+    return {"request-reply": side_by_side(rep, lambda side: measure_request_reply(ctx, side))}
 
 
 def _latency_summary(out: dict) -> None:
