@@ -23,7 +23,8 @@ _GROWTH_PER_OFFSET = 8
 _ROOM_MARGIN = 256
 
 
-def _varint(n: int, out: bytearray) -> None:
+def put_uvarint(n: int, out: bytearray) -> None:
+    """Append `n` as an unsigned LEB128 varint (Kafka's unsigned varint too)."""
     while True:
         b = n & 0x7F
         n >>= 7
@@ -41,7 +42,7 @@ def encode_completed(base: int, completed: list[int]) -> str:
     for off in sorted(completed):
         if off <= prev:
             continue  # duplicates and anything at or below the base carry no information
-        _varint(off - prev, raw)
+        put_uvarint(off - prev, raw)
         prev = off
     if not raw:
         return ""

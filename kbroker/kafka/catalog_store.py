@@ -152,12 +152,14 @@ class CatalogWatcher:
         consumer = reading_consumer(self._bootstrap, f"{names.prefix(self._namespace)}catalog-watch",
                                     **{"allow.auto.create.topics": False})
         failing = False
+        partitions: list[int] | None = None  # the catalog topic's, asked until it exists
         try:
             while not self._stop.wait(self._interval):
                 try:
-                    partitions = topic_partitions(consumer, topic, 5.0) or []
+                    if partitions is None:
+                        partitions = topic_partitions(consumer, topic, 5.0)
                     end = tuple(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5.0,
-                                                               cached=False)[1] for p in partitions)
+                                                               cached=False)[1] for p in partitions or ())
                     if self._end is not None and end != self._end:
                         self._on_change(read_catalog(self._bootstrap, self._namespace))
                     self._end, failing = end, False

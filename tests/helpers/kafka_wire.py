@@ -8,19 +8,15 @@ from __future__ import annotations
 import socket
 import struct
 
+from kbroker.core.offsets import put_uvarint
+
 LIST_TRANSACTIONS, VERSION = 66, 0
 
 
 def _uvarint(value: int) -> bytes:
     out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    put_uvarint(value, out)
+    return bytes(out)
 
 
 class _Reader:
