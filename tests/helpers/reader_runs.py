@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,31 @@ class ReaderProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+@dataclass
+class FaultRun:
+    """A fault run's namespace, the requests sent and the reader processes receiving them."""
+
+    namespace: str
+    sent: set[str]
+    readers: list[ReaderProcess]
+    per_conversation: int = 3
+
+
+def start_fault_run(bootstrap: str, tmp: Path, prefix: str, seeds: tuple[int, int]) -> FaultRun:
+    """The invariant catalog applied on a new namespace, 300 conversations of 3 requests sent,
+    and two reader processes of 3 readers each (5 % rollbacks) started on them."""
+    from kbroker.kafka.apply import apply_paths
+    from kbroker.sdk.broker import Broker
+
+    namespace = prefix + uuid.uuid4().hex[:12]
+    apply_paths(bootstrap, namespace, [inv.YAML])
+    with Broker(bootstrap, namespace) as client:
+        sent = inv.send_requests(client, 300, 3)
+    readers = [ReaderProcess.start(bootstrap, namespace, tmp, name, 3, 0.05, seed)
+               for name, seed in zip(("a", "b"), seeds)]
+    return FaultRun(namespace, sent, readers)
 
 
 def commits(readers: list[ReaderProcess]) -> list[dict]:

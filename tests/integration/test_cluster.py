@@ -39,10 +39,10 @@ from tests.helpers import SAMPLES, wait_for
 from tests.helpers import invariants as inv
 from tests.helpers.kafka_wire import list_transactions
 from tests.helpers.reader_runs import (
-    ReaderProcess,
     assert_no_violations,
     commits,
     first_commit_after,
+    start_fault_run,
     wait_for_all_replies,
     wait_for_commits,
 )
@@ -237,13 +237,8 @@ def test_the_transaction_coordinator_killed_during_commits(cluster: EmbeddedClus
     status = cluster.status()
     assert status.nodes_running == NODES and status.bootstrap is not None
     bootstrap = status.bootstrap
-    namespace = "c" + uuid.uuid4().hex[:12]
-    apply_paths(bootstrap, namespace, [inv.YAML])
-    per_conversation = 3
-    with Broker(bootstrap, namespace) as client:
-        sent = inv.send_requests(client, 300, per_conversation)
-    readers = [ReaderProcess.start(bootstrap, namespace, tmp_path, name, 3, 0.05, seed)
-               for name, seed in (("a", 31), ("b", 32))]
+    run = start_fault_run(bootstrap, tmp_path, "c", (31, 32))
+    namespace, sent, readers, per_conversation = run.namespace, run.sent, run.readers, run.per_conversation
     victim = None
     try:
         wait_for_commits(readers, 30, 120)

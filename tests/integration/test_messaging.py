@@ -305,6 +305,20 @@ def test_records_another_client_wrote_are_checked_on_arrival(kafka_bootstrap, na
     assert any("NoSuchType" in r for r in reasons) and any("JSON" in r for r in reasons), reasons
 
 
+def receive_once_all_arrived(broker, queue: str, count: int, top: int | None = None) -> list:
+    """One RECEIVE that returns `count` messages: while fewer have arrived, what a RECEIVE took
+    is rolled back (given back, in order) and it is asked again (30 s at most)."""
+    got: list = []
+    deadline = time.monotonic() + 30
+    while len(got) < count and time.monotonic() < deadline:
+        with broker.transaction() as tx:
+            got = tx.receive(queue, top=top, wait=1)
+            if len(got) < count:
+                tx.rollback()
+                time.sleep(0.3)
+    return got
+
+
 def test_receive_returns_a_groups_conversations_one_after_the_other(kafka_bootstrap, namespace, broker):
     """Two dialogs in one conversation group (RELATED_CONVERSATION), their replies arriving
     interleaved: one RECEIVE returns one conversation's messages together, in sequence, then the
@@ -321,14 +335,7 @@ def test_receive_returns_a_groups_conversations_one_after_the_other(kafka_bootst
     t1, t2 = (targets[broker.endpoints.get(h).conversation_id] for h in (h1, h2))
     for t in (t1, t2, t1, t2):
         broker.send(t, APPROVAL, {"ok": True})
-    got: list = []
-    deadline = time.monotonic() + 30
-    while len(got) < 4 and time.monotonic() < deadline:
-        with broker.transaction() as tx:
-            got = tx.receive("EmployeeQueue", top=10, wait=1)
-            if len(got) < 4:  # not all four arrived yet: give them back and look again
-                tx.rollback()
-                time.sleep(0.3)
+    got = receive_once_all_arrived(broker, "EmployeeQueue", 4, top=10)
     assert [(m.conversation_handle, m.message_sequence_number) for m in got] == [(h1, 0), (h1, 1), (h2, 0), (h2, 1)]
 
 
@@ -338,14 +345,7 @@ def test_receive_without_top_returns_the_whole_group(kafka_bootstrap, namespace,
     h = broker.begin_dialog(EMP, EXP, CONTRACT)
     for n in range(5):
         broker.send(h, CLAIM, {"n": n})
-    got: list = []
-    deadline = time.monotonic() + 30
-    while len(got) < 5 and time.monotonic() < deadline:
-        with broker.transaction() as tx:
-            got = tx.receive("ExpenseQueue", wait=1)
-            if len(got) < 5:  # not all five arrived yet: give them back and look again
-                tx.rollback()
-                time.sleep(0.3)
+    got = receive_once_all_arrived(broker, "ExpenseQueue", 5)
     assert [m.message_sequence_number for m in got] == [0, 1, 2, 3, 4]
 
 

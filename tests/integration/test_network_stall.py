@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,15 +18,13 @@ import pytest
 
 from kbroker.embedded import jvm
 from kbroker.embedded.broker import _SERVER_PROPERTIES, wait_ready
-from kbroker.kafka.apply import apply_paths
-from kbroker.sdk.broker import Broker
 from tests.helpers import free_port
 from tests.helpers import invariants as inv
 from tests.helpers.reader_runs import (
-    ReaderProcess,
     assert_no_violations,
     commits,
     first_commit_after,
+    start_fault_run,
     wait_for_all_replies,
     wait_for_commits,
 )
@@ -88,13 +85,8 @@ def proxied_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxiedK
 
 def test_readers_ride_through_a_network_stall(proxied_kafka: ProxiedKafka, tmp_path: Path) -> None:
     bootstrap, toxiproxy = proxied_kafka.bootstrap, proxied_kafka.toxiproxy
-    namespace = "s" + uuid.uuid4().hex[:12]
-    apply_paths(bootstrap, namespace, [inv.YAML])
-    per_conversation = 3
-    with Broker(bootstrap, namespace) as client:
-        sent = inv.send_requests(client, 300, per_conversation)
-    readers = [ReaderProcess.start(bootstrap, namespace, tmp_path, name, 3, 0.05, seed)
-               for name, seed in (("a", 21), ("b", 22))]
+    run = start_fault_run(bootstrap, tmp_path, "s", (21, 22))
+    namespace, sent, readers, per_conversation = run.namespace, run.sent, run.readers, run.per_conversation
     try:
         wait_for_commits(readers, 30, 90)
         toxiproxy.stall(PROXY)
