@@ -55,8 +55,12 @@ def apply_cmd(paths, bootstrap, namespace, replication_factor, as_json):
     table = new_table(f"namespace {ns}", "topic", "change")
     for topic in report.topics_created:
         table.add_row(topic, "created")
+    retention: dict[str, list[str]] = {}
+    for line in report.retention_changed:  # "topic: retention.ms 604800000 -> -1"
+        topic, change = line.split(": ", 1)
+        retention.setdefault(topic, []).append(change)
     for topic in report.topics_updated:
-        table.add_row(topic, "updated")
+        table.add_row(topic, "; ".join(["updated", *retention.get(topic, [])]))
     console = make_console()
     if table.row_count:
         print_table(table, console)
@@ -95,11 +99,11 @@ def _tables(c: Catalog) -> list[Table]:
     ct = new_table("contracts", "name", "messages")
     for k in c.contracts.values():
         ct.add_row(k.name, "\n".join(f"{m.type} ({m.sent_by})" for m in k.messages))
-    qt = new_table("queues", "name", "partitions", "status", "retention", "topic retention", "activation")
+    qt = new_table("queues", "name", "partitions", "status", "retention", "activation")
     for q in c.queues.values():
         a = q.activation
         act = f"{a.status} {a.kind} {a.procedure or ''} x{a.max_queue_readers}".replace("  ", " ") if a else "-"
-        qt.add_row(q.name, str(q.partitions), q.status, q.retention, q.topic_retention, act)
+        qt.add_row(q.name, str(q.partitions), q.status, q.retention, act)
     st = new_table("services", "name", "queue", "contracts")
     for s in c.services.values():
         st.add_row(s.name, s.queue, "\n".join(s.contracts) or "-")

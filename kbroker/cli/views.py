@@ -42,13 +42,15 @@ def show_cmd(queue, bootstrap, namespace, as_json):
     console.print(f"queue {view['queue']}: status {view['status']}, poison message handling "
                   f"{view['poison_message_handling']}, {g['members']} readers (group {g['state'].lower()})",
                   highlight=False)
-    t = new_table(view["topic"], "partition", "start", "end", "committed", "completed above", "ready")
+    t = new_table(view["topic"], "partition", "log start", "end", "committed", "completed above", "ready",
+                  "bytes")
     for p in view["partition_offsets"]:
         committed = "-" if p["committed"] is None else str(p["committed"])
         t.add_row(str(p["partition"]), str(p["start"]), str(p["end"]), committed,
-                  str(p["completed_above"]), str(p["ready"]))
+                  str(p["completed_above"]), str(p["ready"]), _maybe(p["bytes"]))
     totals = view["totals"]
-    t.add_row("total", "", str(totals["end"]), "", str(totals["completed_above"]), str(totals["ready"]))
+    t.add_row("total", "", str(totals["end"]), "", str(totals["completed_above"]), str(totals["ready"]),
+              _maybe(totals["bytes"]))
     print_table(t, console)
     console.print(f"{view['locked_groups']} conversation groups locked, {view['in_flight']} messages in flight "
                   f"(open transactions), {len(view['readers'])} reading processes", highlight=False)
@@ -58,6 +60,10 @@ def show_cmd(queue, bootstrap, namespace, as_json):
             r.add_row(row["process"], ",".join(map(str, row["partitions"])), str(row["buffered"]),
                       str(row["ready_groups"]), str(row["locked_groups"]), str(row["in_flight"]))
         print_table(r, console)
+
+
+def _maybe(value: int | None) -> str:
+    return "?" if value is None else str(value)
 
 
 @queue_group.command("messages")

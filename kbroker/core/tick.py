@@ -32,11 +32,11 @@ from typing import Any
 
 TICK_SECONDS = 5.0  # seed 000
 # What each period runs in Service Broker (seed 000). Wired today: the monitors and restarting dead
-# task handlers every tick. The routing tasks (dispatcher sweep, transport, transmitter, forwarder
+# task handlers every tick; reclaiming queue records no reader needs every 5th (reclaim.py). The routing tasks (dispatcher sweep, transport, transmitter, forwarder
 # cleanup) are the periods' planned work: routing wires them (docs/architecture.md).
 EVERY_TICK = "every_tick"  # monitors adjust readers; restart dead task handlers; (dispatcher sweep)
 EVERY_2ND = "every_2nd_tick"  # (transport connects to destinations; transmitter trims/reclassifies)
-EVERY_5TH = "every_5th_tick"  # (idle connections, stale forwarded messages, broker restarts, cleanup)
+EVERY_5TH = "every_5th_tick"  # cleanup: reclaim records; (idle connections, stale forwarded messages)
 PERIODS: tuple[tuple[str, int], ...] = ((EVERY_TICK, 1), (EVERY_2ND, 2), (EVERY_5TH, 5))
 LEASE_TICKS = 3
 

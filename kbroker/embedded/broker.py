@@ -82,8 +82,9 @@ class EmbeddedBroker:
         return jvm.fetch_jars(self._say)
 
     def start(self, port: int = 9092, controller_port: int | None = None,
-              wait: float = 90.0) -> BrokerStatus:
-        """Start the node (a no-op when it runs) and wait until it answers."""
+              wait: float = 90.0, settings: dict[str, str] | None = None) -> BrokerStatus:
+        """Start the node (a no-op when it runs) and wait until it answers. `settings` are
+        broker properties added to kbroker's (a test's short log retention, say)."""
         current = self.status()
         if current.running:
             return current
@@ -99,7 +100,8 @@ class EmbeddedBroker:
         libs = self.fetch()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.properties.write_text(
-            _SERVER_PROPERTIES.format(port=port, cport=controller_port, log_dirs=self.log_dirs))
+            _SERVER_PROPERTIES.format(port=port, cport=controller_port, log_dirs=self.log_dirs)
+            + "".join(f"{key}={value}\n" for key, value in (settings or {}).items()))
         # Format once: meta.properties marks a formatted log dir.
         if not (self.log_dirs / "meta.properties").exists():
             self._say("formatting storage")

@@ -28,10 +28,18 @@ from confluent_kafka.admin import (
 
 from kbroker.core import names
 from kbroker.core.catalog.loader import load_definitions, load_system_topics
-from kbroker.core.catalog.models import Catalog, SystemTopic
+from kbroker.core.catalog.models import Catalog, Queue, SystemTopic
 from kbroker.errors import DefinitionError, InvalidArgumentError, kafka_error
 from kbroker.kafka import clients
 from kbroker.kafka.catalog_store import publish, read_catalog
+
+# Kafka deletes nothing by age or size: what holds messages is reclaimed by kbroker (reclaim.py).
+KEEP_EVERY_RECORD = {"retention.ms": "-1", "retention.bytes": "-1"}
+RETENTION_KEYS = tuple(KEEP_EVERY_RECORD)
+# Deleting records moves the log start; the disk comes back when a whole segment lies below it.
+# Segments roll at 50 MiB or after 10 minutes, as Kafka Streams' repartition topics do, so a
+# queue holds at most about one segment per partition beyond its unreceived messages.
+QUEUE_SEGMENTS = {"segment.bytes": str(50 * 1024 * 1024), "segment.ms": str(10 * 60 * 1000)}
 
 # Room for kbroker's headers and Kafka's record overhead on top of the largest body.
 HEADER_HEADROOM = 64 * 1024
@@ -43,6 +51,7 @@ Progress = Callable[[str], None] | None
 class ApplyReport:
     topics_created: list[str] = field(default_factory=list)
     topics_updated: list[str] = field(default_factory=list)
+    retention_changed: list[str] = field(default_factory=list)  # "topic: retention.ms 604800000 -> -1"
     objects_published: int = 0
     namespace: str = ""
 
@@ -69,13 +78,17 @@ def topic_specs(catalog: Catalog) -> list[TopicSpec]:
         for t in system.values()
     ]
     for q in catalog.queues.values():
-        config = {
-            "cleanup.policy": "delete",
-            "retention.ms": str(q.retention_ms),
-            "max.message.bytes": str(q.max_message_bytes + HEADER_HEADROOM),
-        }
-        specs.append(TopicSpec(names.queue_topic(ns, q.name), q.partitions, config, f"queue {q.name}", True))
+        specs.append(TopicSpec(names.queue_topic(ns, q.name), q.partitions, queue_topic_config(q),
+                               f"queue {q.name}", True))
     return specs
+
+
+def queue_topic_config(queue: Queue) -> dict[str, str]:
+    """A queue topic's Kafka config. Neither time nor size deletes a record (G3: a message waits
+    for its reader however long that takes); the worker's reclaimer deletes records below what
+    the queue's readers still need (reclaim.py)."""
+    return {"cleanup.policy": "delete", **KEEP_EVERY_RECORD, **QUEUE_SEGMENTS,
+            "max.message.bytes": str(queue.max_message_bytes + HEADER_HEADROOM)}
 
 
 def choose_replication(brokers: int, requested: int | None = None) -> tuple[int, int]:
@@ -107,8 +120,9 @@ def _wait(futures: dict, what: str, tolerate: tuple = ()) -> set[str]:
 
 def sync_topics(bootstrap: str, specs: list[TopicSpec], origins: dict[str, str] | None = None,
                 progress: Progress = None, timeout: float = 30.0,
-                replication_factor: int | None = None) -> tuple[list[str], list[str]]:
-    """Create missing topics, set changed configs, grow partitions. Returns (created, updated).
+                replication_factor: int | None = None) -> tuple[list[str], list[str], list[str]]:
+    """Create missing topics, set changed configs, grow partitions. Returns (created, updated,
+    retention changes: one line per retention setting changed on an existing topic).
     Raises DefinitionError before changing anything if a topic would have to shrink. Topics are
     created with `replication_factor` replicas, by default as choose_replication picks for the
     cluster; existing topics keep theirs."""
@@ -141,6 +155,8 @@ def sync_topics(bootstrap: str, specs: list[TopicSpec], origins: dict[str, str] 
             except KafkaException as exc:
                 raise kafka_error(f"cannot describe topic {res.name}", exc.args[0]) from None
     alter = [s for s in present if any(current[s.name].get(k) != v for k, v in s.config.items())]
+    retention = [f"{s.name}: {key} {current[s.name].get(key)} -> {s.config[key]}" for s in alter
+                 for key in RETENTION_KEYS if key in s.config and current[s.name].get(key) != s.config[key]]
 
     # 2. change
     raced: set[str] = set()
@@ -155,6 +171,8 @@ def sync_topics(bootstrap: str, specs: list[TopicSpec], origins: dict[str, str] 
                       "cannot create topic", tolerate=(KafkaError.TOPIC_ALREADY_EXISTS,))
     if alter:
         say(f"updating the config of {len(alter)} topics")
+        for line in retention:
+            say(f"retention changed, {line}")
         changes = [ConfigResource(ResourceType.TOPIC, s.name, incremental_configs=[
             ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in s.config.items()
         ]) for s in alter]
@@ -165,7 +183,7 @@ def sync_topics(bootstrap: str, specs: list[TopicSpec], origins: dict[str, str] 
                                       operation_timeout=timeout, request_timeout=timeout), "cannot grow topic")
     _await_metadata(admin, [s.name for s in missing], timeout)
     updated = sorted({s.name for s in alter} | {s.name for s in grow})
-    return [s.name for s in missing if s.name not in raced], updated
+    return [s.name for s in missing if s.name not in raced], updated, retention
 
 
 def _await_metadata(admin: AdminClient, topics: list[str], timeout: float) -> None:
@@ -186,8 +204,9 @@ def ensure_system_topics(bootstrap: str, namespace: str, timeout: float = 30.0,
                          replication_factor: int | None = None) -> ApplyReport:
     """Create (or reconfigure) the namespace's system topics as kbroker/core/catalog/system.yaml says."""
     specs = topic_specs(Catalog(namespace=namespace))  # names.* validate the namespace
-    created, updated = sync_topics(bootstrap, specs, timeout=timeout, replication_factor=replication_factor)
-    return ApplyReport(created, updated, 0, namespace)
+    created, updated, retention = sync_topics(bootstrap, specs, timeout=timeout,
+                                              replication_factor=replication_factor)
+    return ApplyReport(created, updated, retention, 0, namespace)
 
 
 def apply_paths(bootstrap: str, namespace: str, paths: Iterable[str | Path], progress: Progress = None,
@@ -203,10 +222,10 @@ def apply_catalog(bootstrap: str, catalog: Catalog, progress: Progress = None, t
                   replication_factor: int | None = None) -> ApplyReport:
     """Apply an already validated catalog (from load_definitions); new topics get
     `replication_factor` replicas (default: see choose_replication)."""
-    created, updated = sync_topics(bootstrap, topic_specs(catalog), catalog.origins, progress, timeout,
-                                   replication_factor)
+    created, updated, retention = sync_topics(bootstrap, topic_specs(catalog), catalog.origins, progress,
+                                              timeout, replication_factor)
     previous = read_catalog(bootstrap, catalog.namespace, timeout=timeout)
     published = publish(bootstrap, catalog, previous=previous, timeout=timeout)
     if progress:
         progress(f"published {published} catalog records")
-    return ApplyReport(created, updated, published, catalog.namespace)
+    return ApplyReport(created, updated, retention, published, catalog.namespace)

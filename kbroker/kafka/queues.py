@@ -7,6 +7,7 @@ so any process sees the same answer; nothing is cached between calls.
 
 from __future__ import annotations
 
+import struct
 import time
 from datetime import datetime, timezone
 
@@ -22,7 +23,7 @@ from confluent_kafka.admin import OffsetSpec
 from kbroker.core import names
 from kbroker.core.offsets import decode_completed
 from kbroker.errors import CatalogError, InvalidArgumentError, kafka_error
-from kbroker.kafka import clients
+from kbroker.kafka import clients, wire
 from kbroker.kafka.catalog_store import publish_object, read_catalog, write_records
 from kbroker.kafka.endpoint_store import EndpointStore
 from kbroker.kafka.reader import latest_values
@@ -94,14 +95,17 @@ def queue_view(bootstrap: str, namespace: str, queue: str, timeout: float = 10.0
     completed (from the commit metadata), and `ready = end - max(committed, start) -
     completed_above`. `ready` is an upper bound, not an exact count: transaction markers, aborted
     records and compaction gaps take offsets without being messages, and counting them exactly
-    would mean reading the partition."""
+    would mean reading the partition. `start` is the log start: records below it were reclaimed
+    by the worker once every reader had received them (reclaim.py); `bytes` is what the
+    partition's log holds on its leader (None when a broker does not answer DescribeLogDirs)."""
     q = read_catalog(bootstrap, namespace, timeout).queue(queue)  # UnknownQueueError
     topic, group = names.queue_topic(namespace, queue), names.queue_group(namespace, queue)
     admin = clients.admin(bootstrap)
     try:
-        meta = admin.list_topics(timeout=timeout).topics.get(topic)
+        cluster = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
         raise kafka_error(f"no Kafka broker answers at {bootstrap}", exc.args[0]) from None
+    meta = cluster.topics.get(topic)
     if meta is None or meta.error is not None:
         raise CatalogError(f"queue {queue!r} has no topic {topic}: run 'kbroker apply'")
     tps = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
@@ -119,6 +123,7 @@ def queue_view(bootstrap: str, namespace: str, queue: str, timeout: float = 10.0
     desc = _result(admin.describe_consumer_groups([group], request_timeout=timeout)[group],
                    f"cannot describe consumer group {group}")
 
+    sizes = _bytes_held(cluster, topic, timeout)
     partitions = []
     for tp in tps:
         p, start, end = tp.partition, starts[tp.partition], ends[tp.partition]
@@ -127,18 +132,37 @@ def queue_view(bootstrap: str, namespace: str, queue: str, timeout: float = 10.0
         base = max(pos if pos is not None else start, start)  # retention may have passed the commit
         above = sum(1 for o in decode_completed(base, c.metadata if c else None) if o < end)
         partitions.append({"partition": p, "start": start, "end": end, "committed": pos,
-                           "completed_above": above, "ready": max(0, end - base - above)})
+                           "completed_above": above, "ready": max(0, end - base - above),
+                           "bytes": sizes.get(p) if sizes is not None else None})
     readers = reader_rows(bootstrap, namespace, topic, timeout)
     return {
         "queue": q.name, "topic": topic, "status": q.status,
         "poison_message_handling": q.poison_message_handling, "partitions": len(tps),
         "partition_offsets": partitions,
-        "totals": {k: sum(row[k] for row in partitions) for k in ("end", "completed_above", "ready")},
+        "totals": {**{k: sum(row[k] for row in partitions) for k in ("end", "completed_above", "ready")},
+                   "bytes": sum(sizes.values()) if sizes is not None else None},
         "group": {"name": group, "state": desc.state.name, "members": len(desc.members)},
         "readers": readers,
         "locked_groups": sum(r["locked_groups"] for r in readers),
         "in_flight": sum(r["in_flight"] for r in readers),
     }
+
+
+def _bytes_held(cluster, topic: str, timeout: float) -> dict[int, int] | None:
+    """partition -> bytes its leader holds (DescribeLogDirs, kafka/wire.py); None when a broker
+    does not answer it (the view then shows the offsets without the bytes)."""
+    by_leader: dict[int, list[int]] = {}
+    for p, pm in cluster.topics[topic].partitions.items():
+        by_leader.setdefault(pm.leader, []).append(p)
+    sizes: dict[int, int] = {}
+    try:
+        for leader, partitions in by_leader.items():
+            node = cluster.brokers[leader]
+            held = wire.partition_sizes(node.host, node.port, topic, partitions, timeout)
+            sizes.update({p: n for p, n in held.items() if p in partitions})
+    except (OSError, KeyError, ValueError, IndexError, struct.error):
+        return None
+    return sizes
 
 
 READER_STALE_SECONDS = 10.0  # a process that has not reported for this long is gone

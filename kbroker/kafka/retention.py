@@ -10,8 +10,9 @@ CONVERSATION: endpoint DISCONNECTED_OUTBOUND or CLOSED, or removed WITH CLEANUP)
 in the view any more, ready or received, as Service Broker deletes them.
 
 Bounded by the topic: the view reads the queue topic from its log start, so it costs one pass
-over what Kafka retains (`topic_retention`). A RETENTION = ON queue must therefore keep its topic
-at least as long as its conversations live (`topic_retention: forever` for the strict meaning).
+over what the topic holds. Kafka never deletes a queue record by age or size; the worker reclaims
+the received ones (reclaim.py), and on a RETENTION = ON queue only up to the first record of a
+conversation this side has not ended, so the view still lists every received message it must.
 """
 
 from __future__ import annotations

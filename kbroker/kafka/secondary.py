@@ -2,7 +2,7 @@
 receives the replies on dialogs an instance began with `instance=`, so a reply comes back to the
 process that sent the request and to no other instance of the same queue.
 
-The topic is created on demand, with the primary queue's retention and size limit, by whoever
+The topic is created on demand, with the primary queue's topic config (every record kept until reclaimed), by whoever
 needs it first (BEGIN DIALOG or RECEIVE on the instance); creating it again changes nothing.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kbroker.core import names
 from kbroker.core.catalog.models import Queue
-from kbroker.kafka.apply import HEADER_HEADROOM, TopicSpec, sync_topics
+from kbroker.kafka.apply import TopicSpec, queue_topic_config, sync_topics
 
 PARTITIONS = 1  # replies to one instance: key-level concurrency inside one partition is enough
 
@@ -19,8 +19,6 @@ def ensure_secondary_queue(bootstrap: str, namespace: str, queue: Queue, instanc
                            timeout: float = 30.0) -> str:
     """Create the secondary queue topic if it does not exist; returns its name."""
     topic = names.secondary_queue_topic(namespace, queue.name, instance)
-    config = {"cleanup.policy": "delete", "retention.ms": str(queue.retention_ms),
-              "max.message.bytes": str(queue.max_message_bytes + HEADER_HEADROOM)}
-    sync_topics(bootstrap, [TopicSpec(topic, PARTITIONS, config, f"secondary queue {topic}", True)],
+    sync_topics(bootstrap, [TopicSpec(topic, PARTITIONS, queue_topic_config(queue), f"secondary queue {topic}", True)],
                 timeout=timeout)
     return topic

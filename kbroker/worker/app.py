@@ -5,7 +5,8 @@ timer service of one namespace. Thin: the decisions are in monitor.py and tick.p
         step(state, event, now) -> LaunchReader (task handlers) | NotifyExternal (events topic)
     leader timer (0.5 s): QueueWatcher counts -> MessagesReady, and a RECEIVE seen by its commit
     every worker's tick timer -> ticks topic (1 partition) --> `ticks` agent: claim() runs each
-        tick number once per cluster -> Tick to every monitor, TICK event on the events topic
+        tick number once per cluster -> Tick to every monitor, TICK event on the events topic;
+        every 5th tick: reclaim_namespace deletes queue records no reader needs
     activated readers' RECEIVEs (Broker hooks) -> ReceiveIssued / ReceiveReturned / Rollback
 
 A monitor lives in whichever worker owns its partition; its state is in a Faust table, so when
@@ -50,8 +51,9 @@ from kbroker.core.monitor import (
     recycle,
     step,
 )
-from kbroker.core.tick import TickOwner, TickSchedule, claim
+from kbroker.core.tick import EVERY_5TH, TickOwner, TickSchedule, claim
 from kbroker.kafka.clients import KAFKA_LOG_LIMIT
+from kbroker.kafka.reclaim import reclaim_namespace
 from kbroker.kafka.timer_service import TimerService
 from kbroker.kafka.topics import create_missing_topics
 from kbroker.kafka.watch import QueueCounts, QueueWatcher
@@ -267,6 +269,21 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
         event = {"event": "TICK", "number": run.number, "due": sorted(run.due), "missed": run.missed,
                  "worker": req["worker"], "time": int(time.time() * 1000)}
         await events_topic.send(key=b"tick", value=orjson.dumps(event))
+        if EVERY_5TH in run.due and not rt.get("reclaiming"):
+            # Off the tick agent: reading a retained queue's prefix may take a while.
+            rt["reclaiming"] = asyncio.ensure_future(guard.run("reclaim", reclaim_records))
+
+    async def reclaim_records() -> None:
+        """Seed 000's 5th-tick cleanup, once per cluster: records no queue reader needs are deleted."""
+        try:
+            done = await asyncio.to_thread(lambda: reclaim_namespace(s.bootstrap, broker.catalog))
+        finally:
+            rt["reclaiming"] = None
+        for r in done:
+            log.info("reclaimed topic=%s deleted_below=%s", r.topic, r.deleted_below)
+            event = {"event": "RECORDS_RECLAIMED", "topic": r.topic, "time": int(time.time() * 1000),
+                     "deleted_below": {str(p): o for p, o in r.deleted_below.items()}}  # JSON keys
+            await events_topic.send(key=r.topic.encode(), value=orjson.dumps(event))
 
     async def request_tick() -> None:
         # Every worker asks; the tick agent runs each tick number once per cluster.

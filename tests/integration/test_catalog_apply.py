@@ -56,7 +56,7 @@ def test_apply_samples_creates_queue_and_system_topics(kafka_bootstrap, namespac
         assert topic_config(kafka_bootstrap, names.system_topic(namespace, name))["cleanup.policy"] == policy
     queue_cfg = topic_config(kafka_bootstrap, names.queue_topic(namespace, "ExpenseQueue"))
     assert queue_cfg["cleanup.policy"] == "delete"
-    assert queue_cfg["retention.ms"] == str(7 * 86_400_000)
+    assert (queue_cfg["retention.ms"], queue_cfg["retention.bytes"]) == ("-1", "-1")  # reclaimed, not expired
     assert queue_cfg["max.message.bytes"] == str(1_048_576 + HEADER_HEADROOM)
 
 
@@ -98,22 +98,22 @@ def test_invalid_file_set_applies_nothing(kafka_bootstrap, namespace, tmp_path):
 
 
 def test_partitions_grow_configs_update_and_never_shrink(kafka_bootstrap, namespace, tmp_path):
-    f = write(tmp_path / "q.yaml", "queues: [{name: Q, partitions: 2, topic_retention: 1d}]\n")
+    f = write(tmp_path / "q.yaml", "queues: [{name: Q, partitions: 2}]\n")
     topic = names.queue_topic(namespace, "Q")
     apply_paths(kafka_bootstrap, namespace, [f])
-    write(f, "queues: [{name: Q, partitions: 3, topic_retention: 2d, max_message_bytes: 2000000}]\n")
+    write(f, "queues: [{name: Q, partitions: 3, max_message_bytes: 2000000}]\n")
     report = apply_paths(kafka_bootstrap, namespace, [f])
     assert (report.topics_created, report.topics_updated, report.objects_published) == ([], [topic], 1)
     assert topics_of(kafka_bootstrap, namespace)[topic] == 3
     cfg = topic_config(kafka_bootstrap, topic)
-    assert (cfg["retention.ms"], cfg["max.message.bytes"]) == (str(2 * 86_400_000), str(2_000_000 + HEADER_HEADROOM))
+    assert cfg["max.message.bytes"] == str(2_000_000 + HEADER_HEADROOM)
 
-    write(f, "queues: [{name: Q, partitions: 1, topic_retention: 5d}]\n")
+    write(f, "queues: [{name: Q, partitions: 1}]\n")
     with pytest.raises(DefinitionError) as info:
         apply_paths(kafka_bootstrap, namespace, [f])
     assert (info.value.file, info.value.obj) == (str(f), "queue Q") and "shrink" in info.value.reason
-    # refused before anything changed: the retention stays, the catalog keeps 3 partitions
-    assert topic_config(kafka_bootstrap, topic)["retention.ms"] == str(2 * 86_400_000)
+    # refused before anything changed: the size limit stays, the catalog keeps 3 partitions
+    assert topic_config(kafka_bootstrap, topic)["max.message.bytes"] == str(2_000_000 + HEADER_HEADROOM)
     assert read_catalog(kafka_bootstrap, namespace).queue("Q").partitions == 3
 
 

@@ -10,7 +10,10 @@ import subprocess
 import pytest
 
 from kbroker import errors
+from kbroker.core import names
 from kbroker.kafka.apply import apply_paths
+from kbroker.kafka.queues import queue_view
+from kbroker.kafka.reclaim import reclaim_namespace
 from kbroker.sdk.broker import Broker
 from tests.helpers import KBROKER
 
@@ -31,7 +34,6 @@ queues:
   - name: Retained
     partitions: 2
     retention: ON
-    topic_retention: forever
   - name: Plain
     partitions: 2
 services:
@@ -85,6 +87,30 @@ def test_received_messages_stay_until_the_conversation_ends(rb):
     assert rb.queue_messages("Retained", conversation_handle=target) == []
     rest = rb.queue_messages("Retained")
     assert len(rest) == 1 and rest[0]["conversation_handle"] != target
+
+
+def test_reclaim_keeps_a_retained_conversation_until_this_side_ends_it(kafka_bootstrap, namespace, rb):
+    """RETENTION = ON: the worker's reclaim deletes received records only up to the first record
+    of a conversation the receiving side has not ended; once it ends, they go."""
+    h = rb.begin_dialog("//t/Client", "//t/Server", "//t/RequestReply")
+    for i in range(3):
+        rb.send(h, "//t/Request", {"i": i})
+    got = rb.receive("Retained", wait=15)
+    assert [m.message_sequence_number for m in got] == [0, 1, 2]
+    target, partition = got[0].conversation_handle, got[0].partition
+
+    def log_start() -> int:
+        view = queue_view(kafka_bootstrap, namespace, "Retained")
+        return next(p["start"] for p in view["partition_offsets"] if p["partition"] == partition)
+
+    assert reclaim_namespace(kafka_bootstrap, rb.catalog) == []  # received, but retained
+    assert log_start() == 0
+    assert statuses(rb.queue_messages("Retained", conversation_handle=target)) == [(0, 0), (1, 0), (2, 0)]
+
+    rb.end_conversation(target)
+    done = reclaim_namespace(kafka_bootstrap, rb.catalog)
+    assert [r.topic for r in done] == [names.queue_topic(namespace, "Retained")]
+    assert log_start() > got[-1].offset  # past the conversation's last record
 
 
 def test_without_retention_received_messages_leave_the_view(rb):

@@ -19,6 +19,7 @@ import pytest
 from kbroker.core import names
 from kbroker.errors import BrokerUnavailableError
 from kbroker.kafka.apply import apply_paths
+from kbroker.kafka.queues import queue_view
 from kbroker.kafka.reader import read_to_end
 from kbroker.sdk.broker import Broker
 from kbroker.worker.views import monitor_rows
@@ -192,6 +193,24 @@ def test_a_single_conversation_backlog_gets_a_second_reader_and_no_third(worker_
     sampler.stop()
     assert [orjson.loads(m.body)["seq"] for m in done] == list(range(40)), "lost, duplicated or out of order"
     assert sampler.max["SingleQueue"] == 2, f"readers peaked at {sampler.max['SingleQueue']} (max_queue_readers 5)"
+
+
+def test_every_5th_tick_reclaims_what_the_readers_received(worker_ns, client):
+    """The worker that owns the tick deletes the records the queue's readers have received
+    (seed 000's 5th-tick cleanup), and says so with a RECORDS_RECLAIMED event."""
+    bootstrap, ns, _, _ = worker_ns
+    sent = send_jobs(client, "//kbroker/test/Single", conversations=1, per_conversation=5)
+    assert len(collect_done(client, len(sent), timeout=60)) == 5
+    topic = names.queue_topic(ns, "SingleQueue")
+
+    def reclaimed_to_commit() -> bool:
+        view = queue_view(bootstrap, ns, "SingleQueue")
+        used = [p for p in view["partition_offsets"] if p["committed"] is not None]
+        return bool(used) and all(p["start"] == p["committed"] for p in used)
+
+    wait_for(reclaimed_to_commit, 30, "the log start to reach the committed offset")
+    got = [e for e in events(bootstrap, ns, "RECORDS_RECLAIMED") if e["topic"] == topic]
+    assert got and all(int(o) > 0 for e in got for o in e["deleted_below"].values()), got
 
 
 def test_external_activation_notifies_and_repeats_until_received(worker_ns, client):

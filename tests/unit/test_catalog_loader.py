@@ -7,8 +7,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from kbroker.core import names
 from kbroker.core.catalog.loader import load_definitions, load_system_topics
@@ -18,8 +16,7 @@ from kbroker.core.catalog.models import (
     END_DIALOG,
     ERROR,
     Catalog,
-    format_duration,
-    parse_duration,
+    Queue,
 )
 from kbroker.errors import (
     DefinitionError,
@@ -103,9 +100,12 @@ def test_system_yaml():
     assert set(topics) == set(names.SYSTEM_TOPICS)
     assert (topics["catalog"].partitions, topics["catalog"].config["cleanup.policy"]) == (1, "compact")
     assert (topics["endpoints"].partitions, topics["endpoints"].config["cleanup.policy"]) == (4, "compact")
-    for name in ("events", "deadletter", "transmission"):
+    for name in ("events", "deadletter"):
         assert topics[name].partitions == 4
         assert topics[name].config == {"cleanup.policy": "delete", "retention.ms": str(7 * 86_400_000)}
+    # Messages waiting for transmission are kept however old (G3), as queue topics keep theirs.
+    assert topics["transmission"].config == {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1",
+                                             "segment.bytes": "52428800", "segment.ms": "600000"}
     assert (ROOT / "topics" / "system.yaml").resolve() == (ROOT / "kbroker" / "core" / "catalog" / "system.yaml").resolve()
 
 
@@ -203,7 +203,7 @@ def test_empty_file_is_allowed(tmp_path):
     ("queues: [{name: Q, partitions: 0}]\n", "queue Q", "partitions"),
     ("queues: [{name: Q, partitions: 1001}]\n", "queue Q", "partitions"),
     ("queues: [{name: Q, partitions: four}]\n", "queue Q", "partitions"),
-    ("queues: [{name: Q, topic_retention: 7 days}]\n", "queue Q", "topic_retention"),
+    ("queues: [{name: Q, topic_retention: 7d}]\n", "queue Q", "topic_retention is no longer a setting"),
     ("queues: [{name: Q, max_message_bytes: 10485761}]\n", "queue Q", "max_message_bytes"),
     ("queues: [{name: Q, status: maybe}]\n", "queue Q", "status"),
     ("queues: [{name: Q, retention: 1}]\n", "queue Q", "retention"),
@@ -298,51 +298,11 @@ def test_names():
         names.queue_topic("ns", "bad queue")
 
 
-# --- durations --------------------------------------------------------------------------------
-
-UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+# --- catalog records of older versions --------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, ms", [
-    ("7d", 604_800_000), ("12h", 43_200_000), ("30m", 1_800_000), ("45s", 45_000), ("250ms", 250),
-    ("2w", 1_209_600_000), ("-1", -1), (-1, -1), ("forever", -1), (" Forever ", -1),
-])
-def test_durations(text, ms):
-    assert parse_duration(text) == ms
-
-
-@given(amount=st.integers(min_value=1, max_value=10**19), unit=st.sampled_from(sorted(UNIT_MS)))
-def test_valid_durations_parse_to_milliseconds(amount, unit):
-    expected = amount * UNIT_MS[unit]
-    if expected > 2**63 - 1:  # beyond Kafka's long: refused, not wrapped
-        with pytest.raises(ValueError):
-            parse_duration(f"{amount}{unit}")
-        return
-    ms = parse_duration(f"{amount}{unit}")
-    assert ms == expected
-    assert parse_duration(format_duration(ms)) == ms  # the canonical spelling round-trips
-
-
-@given(ms=st.one_of(st.just(-1), st.integers(min_value=1, max_value=2**63 - 1)))
-def test_format_then_parse_round_trips(ms):
-    assert parse_duration(format_duration(ms)) == ms
-
-
-@given(junk=st.one_of(
-    st.text(),
-    st.text(alphabet="0123456789-+. msdhwMSDHW٣", max_size=25),
-    st.integers(), st.floats(), st.booleans(), st.none(), st.lists(st.integers()), st.binary(),
-))
-def test_junk_raises_value_error_only(junk):
-    try:
-        ms = parse_duration(junk)
-    except (ValueError, DefinitionError):
-        return
-    # whatever was accepted is a real duration
-    assert ms == -1 or 0 < ms <= 2**63 - 1
-
-
-def test_junk_durations_refused_by_loader(tmp_path):
-    for junk in ("0d", "1y", "7", "1.5h", "h", "-2d", "99999999999999999999w"):
-        f = write(tmp_path, "q.yaml", f"queues: [{{name: Q, topic_retention: '{junk}'}}]\n")
-        refused([f], f, "queue Q", "topic_retention")
+def test_a_published_queue_with_the_old_topic_retention_still_reads_back():
+    """A queue record an older kbroker published carries `topic_retention`: read back from the
+    catalog topic it validates, without the setting (queue topics keep every record now)."""
+    q = Queue.model_validate({"name": "Q", "partitions": 2, "topic_retention": "7d"})
+    assert q.partitions == 2 and "topic_retention" not in q.model_dump()

@@ -4,7 +4,7 @@ A definition file is a mapping of lists:
 
     message_types: [{name, validation}]
     contracts:     [{name, messages: [{type, sent_by}]}]
-    queues:        [{name, partitions, topic_retention, retention, status, ..., activation}]
+    queues:        [{name, partitions, retention, status, ..., activation}]
     services:      [{name, queue, contracts}]
     routes:        [{name, service_name, address, broker_instance, lifetime}]
     system_topics: [{name, partitions, config}]     (kbroker/core/catalog/system.yaml)
@@ -26,6 +26,7 @@ from kbroker.config import NAMESPACE_RE
 from kbroker.core.catalog.models import (
     BUILTIN_CONTRACTS,
     BUILTIN_MESSAGE_TYPES,
+    TOPIC_RETENTION,
     Catalog,
     Contract,
     MessageType,
@@ -143,6 +144,10 @@ def _parse(file: Path, key: str, index: int, item: Any) -> tuple[str, Definition
     obj = f"{label} {name}" if isinstance(name, str) else f"{label} #{index + 1}"
     if not isinstance(item, dict):
         raise DefinitionError(str(file), obj, f"must be a mapping of fields, not {type(item).__name__}")
+    if key == "queues" and TOPIC_RETENTION in item:
+        raise DefinitionError(str(file), obj, f"{TOPIC_RETENTION} is no longer a setting: a queue topic keeps "
+                              "every record until its readers have received it, and the worker reclaims "
+                              "the rest (remove the line)")
     try:
         return obj, model.model_validate(item)
     except ValidationError as exc:

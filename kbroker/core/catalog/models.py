@@ -28,36 +28,6 @@ from kbroker.errors import (
 
 # --- value types ----------------------------------------------------------------------------
 
-_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
-_DURATION_RE = re.compile(r"([0-9]{1,19})(ms|s|m|h|d|w)", re.ASCII)
-_MAX_MS = 2**63 - 1  # Kafka's retention.ms is a Java long
-
-
-def parse_duration(value: Any) -> int:
-    """'7d', '12h', '30m', '45s', '500ms', '2w' -> milliseconds; '-1', -1 or 'forever' -> -1
-    (Kafka's "keep for ever"). Anything else raises ValueError."""
-    if isinstance(value, bool):  # bool is an int: `topic_retention: on` must not mean 1
-        raise ValueError(f"duration must be like '7d', '12h', '30m' or 'forever', not {value!r}")
-    if value == -1 or (isinstance(value, str) and value.strip().lower() in ("-1", "forever")):
-        return -1
-    match = _DURATION_RE.fullmatch(value.strip()) if isinstance(value, str) else None
-    if not match:
-        raise ValueError(f"duration must be like '7d', '12h', '30m' or 'forever', not {value!r}")
-    ms = int(match.group(1)) * _UNITS_MS[match.group(2)]
-    if not 0 < ms <= _MAX_MS:
-        raise ValueError(f"duration {value!r} must be positive and at most {_MAX_MS} ms")
-    return ms
-
-
-def format_duration(ms: int) -> str:
-    """The shortest exact spelling of a duration; inverse of parse_duration."""
-    if ms == -1:
-        return "forever"
-    for unit in ("w", "d", "h", "m", "s"):
-        if ms % _UNITS_MS[unit] == 0:
-            return f"{ms // _UNITS_MS[unit]}{unit}"
-    return f"{ms}ms"
-
 
 def _on_off(value: Any) -> Any:
     # YAML 1.1 reads ON/OFF (and yes/no) as booleans; Service Broker says ON/OFF.
@@ -140,10 +110,12 @@ class Activation(_Model):
         return self
 
 
+TOPIC_RETENTION = "topic_retention"  # a queue setting no longer: see Queue._forget_topic_retention
+
+
 class Queue(_Model):
     name: str
     partitions: int = Field(default=4, ge=1, le=1000)
-    topic_retention: str = "7d"  # how long Kafka keeps the queue topic's records
     retention: OnOff = "OFF"  # Service Broker RETENTION: keep received messages until the end
     status: OnOff = "ON"
     poison_message_handling: OnOff = "ON"
@@ -157,15 +129,15 @@ class Queue(_Model):
             raise ValueError("must be 1-100 characters of A-Z a-z 0-9 _ . -")
         return value
 
-    @field_validator("topic_retention", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _retention(cls, value: Any) -> str:
-        parse_duration(value)  # kept as written; retention_ms gives the number
-        return str(value).strip()
-
-    @property
-    def retention_ms(self) -> int:
-        return parse_duration(self.topic_retention)
+    def _forget_topic_retention(cls, value: Any) -> Any:
+        # Catalog records published before queue topics kept every record carry the old
+        # `topic_retention` setting: read back, it means nothing now (definition files naming it
+        # are refused by the loader, with the reason).
+        if isinstance(value, dict) and TOPIC_RETENTION in value:
+            return {k: v for k, v in value.items() if k != TOPIC_RETENTION}
+        return value
 
 
 class Service(_Model):

@@ -1,0 +1,123 @@
+"""Kafka requests that confluent-kafka's admin client does not offer, spoken on the wire: one
+request, one response, on a connection of its own (kbroker talks to plaintext listeners, as its
+clients do). Today: DescribeLogDirs, for the bytes a queue topic holds (`kbroker queue show`).
+The framing (request header, response reader) is shared with the tests' own requests."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+from kbroker.core.offsets import put_uvarint
+
+DESCRIBE_LOG_DIRS = 35
+CLIENT_ID = b"kbroker"
+
+
+class Reader:
+    """Reads a response's fields in order (Kafka's big-endian and varint encodings)."""
+
+    def __init__(self, data: bytes):
+        self.data, self.pos = data, 0
+
+    def take(self, fmt: str) -> int:
+        (value,) = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return int(value)
+
+    def uvarint(self) -> int:
+        shift = value = 0
+        while True:
+            byte = self.data[self.pos]
+            self.pos += 1
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return value
+            shift += 7
+
+    def string(self) -> str | None:
+        length = self.take(">h")
+        return self._text(length)
+
+    def compact_string(self) -> str | None:
+        return self._text(self.uvarint() - 1)
+
+    def _text(self, length: int) -> str | None:
+        if length < 0:
+            return None
+        text = self.data[self.pos:self.pos + length].decode()
+        self.pos += length
+        return text
+
+    def skip_tags(self) -> None:
+        for _ in range(self.uvarint()):
+            self.uvarint()  # tag
+            self.pos += self.uvarint()  # its size, then its bytes
+
+
+def uvarint(value: int) -> bytes:
+    out = bytearray()
+    put_uvarint(value, out)
+    return bytes(out)
+
+
+def frame(api_key: int, version: int, correlation_id: int, body: bytes, *, flexible: bool) -> bytes:
+    """A sized request: header v1 (v2, with an empty tag section, for flexible versions), then `body`."""
+    header = struct.pack(">hhih", api_key, version, correlation_id, len(CLIENT_ID)) + CLIENT_ID
+    if flexible:
+        header += b"\x00"
+    return struct.pack(">i", len(header) + len(body)) + header + body
+
+
+def exchange(host: str, port: int, request: bytes, timeout: float) -> bytes:
+    """Send one framed request; the response without its size prefix."""
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.settimeout(timeout)
+        sock.sendall(request)
+        size = struct.unpack(">i", _read_exactly(sock, 4))[0]
+        return _read_exactly(sock, size)
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("the broker closed the connection mid-response")
+        buf += chunk
+    return bytes(buf)
+
+
+def describe_log_dirs_request(topic: str, partitions: list[int], correlation_id: int = 1) -> bytes:
+    """DescribeLogDirs v1 (not flexible) for one topic's partitions."""
+    name = topic.encode()
+    body = struct.pack(">i", 1) + struct.pack(">h", len(name)) + name
+    body += struct.pack(">i", len(partitions)) + b"".join(struct.pack(">i", p) for p in partitions)
+    return frame(DESCRIBE_LOG_DIRS, 1, correlation_id, body, flexible=False)
+
+
+def parse_describe_log_dirs(payload: bytes, topic: str, correlation_id: int = 1) -> dict[int, int]:
+    """partition -> bytes on this broker (current replicas, not a move's future ones)."""
+    r = Reader(payload)
+    if r.take(">i") != correlation_id:
+        raise ConnectionError("a response to another request")
+    r.take(">i")  # throttle time
+    sizes: dict[int, int] = {}
+    for _ in range(r.take(">i")):
+        error = r.take(">h")
+        r.string()  # the log dir
+        for _ in range(r.take(">i")):
+            name = r.string()
+            for _ in range(r.take(">i")):
+                partition, size = r.take(">i"), r.take(">q")
+                r.take(">q")  # offset lag
+                future = r.take(">b")
+                if not error and name == topic and not future:
+                    sizes[partition] = sizes.get(partition, 0) + size
+    return sizes
+
+
+def partition_sizes(host: str, port: int, topic: str, partitions: list[int], timeout: float) -> dict[int, int]:
+    """The bytes each of `partitions` of `topic` takes on the broker at host:port."""
+    return parse_describe_log_dirs(exchange(host, port, describe_log_dirs_request(topic, partitions), timeout),
+                                   topic)

@@ -1,0 +1,84 @@
+"""Which records reclaiming may delete (core/reclaim.py), and the DescribeLogDirs answer that
+gives a queue's bytes (kafka/wire.py), without a broker."""
+
+from __future__ import annotations
+
+import struct
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kbroker.core.reclaim import reclaim_points
+from kbroker.kafka.wire import describe_log_dirs_request, parse_describe_log_dirs
+
+
+def test_received_records_below_the_commit_go():
+    assert reclaim_points({0: 0, 1: 10}, {0: 7, 1: 12}) == {0: 7, 1: 12}
+
+
+def test_a_partition_nobody_committed_on_keeps_everything():
+    assert reclaim_points({0: 0, 1: 0}, {0: None}) == {}
+    assert reclaim_points({0: 0}, {0: -1001}) == {}  # an offset that is no offset
+
+
+def test_nothing_to_do_at_or_below_the_log_start():
+    assert reclaim_points({0: 9}, {0: 9}) == {}
+    assert reclaim_points({0: 9}, {0: 4}) == {}  # the log start already passed the commit
+
+
+def test_a_retained_conversation_holds_the_prefix():
+    assert reclaim_points({0: 0, 1: 0}, {0: 50, 1: 50}, keep_from={0: 20, 1: 60}) == {0: 20, 1: 50}
+    assert reclaim_points({0: 20}, {0: 50}, keep_from={0: 20}) == {}
+
+
+offsets = st.integers(min_value=0, max_value=10**6)
+
+
+@given(st.dictionaries(st.integers(0, 8), st.tuples(offsets, st.one_of(st.none(), offsets), st.one_of(st.none(), offsets))))
+def test_never_past_the_commit_or_a_retained_record(parts):
+    starts = {p: s for p, (s, _, _) in parts.items()}
+    committed = {p: c for p, (_, c, _) in parts.items()}
+    keep = {p: k for p, (_, _, k) in parts.items() if k is not None}
+    for p, upto in reclaim_points(starts, committed, keep).items():
+        c = committed[p]
+        assert c is not None and starts[p] < upto <= c
+        assert p not in keep or upto <= keep[p]
+
+
+def _string(text: str) -> bytes:
+    raw = text.encode()
+    return struct.pack(">h", len(raw)) + raw
+
+
+def response(correlation_id: int, dirs: list[tuple[int, str, dict[str, list[tuple[int, int, bool]]]]]) -> bytes:
+    """A DescribeLogDirs v1 response body as a broker writes it."""
+    out = struct.pack(">ii", correlation_id, 0) + struct.pack(">i", len(dirs))
+    for error, path, topics in dirs:
+        out += struct.pack(">h", error) + _string(path) + struct.pack(">i", len(topics))
+        for name, partitions in topics.items():
+            out += _string(name) + struct.pack(">i", len(partitions))
+            for partition, size, future in partitions:
+                out += struct.pack(">iqqb", partition, size, 0, future)
+    return out
+
+
+sizes = st.lists(st.tuples(st.integers(0, 50), st.integers(0, 2**40), st.booleans()), max_size=6)
+
+
+@given(st.lists(st.tuples(st.sampled_from([0, 57]), st.dictionaries(st.sampled_from(["q", "other"]), sizes)),
+                max_size=3))
+def test_log_dir_sizes_add_up_per_partition(dirs):
+    payload = response(7, [(error, f"/d{i}", topics) for i, (error, topics) in enumerate(dirs)])
+    expected: dict[int, int] = {}
+    for error, topics in dirs:
+        for partition, size, future in topics.get("q", []):
+            if not error and not future:
+                expected[partition] = expected.get(partition, 0) + size
+    assert parse_describe_log_dirs(payload, "q", correlation_id=7) == expected
+
+
+def test_the_request_names_the_topic_and_its_partitions():
+    request = describe_log_dirs_request("kbroker.ns.queue.Q", [0, 3])
+    size, api_key, version = struct.unpack_from(">ihh", request)
+    assert (size, api_key, version) == (len(request) - 4, 35, 1)
+    assert request.endswith(_string("kbroker.ns.queue.Q") + struct.pack(">iii", 2, 0, 3))
