@@ -1,7 +1,8 @@
 """`kbroker apply`: validate definitions, make Kafka's topics match them, publish the catalog.
 
 Order matters: everything is validated first (the definitions, then the plan against the topics
-that exist, e.g. no queue shrinks), so an invalid apply changes nothing. Then topics are created,
+that exist, e.g. no queue shrinks, and a used queue keeps its partition count: queue_in_use), so
+an invalid apply changes nothing. Then topics are created,
 reconfigured and grown, and only then are the objects published: a process that sees a queue in
 the catalog can rely on its topic existing.
 
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -23,6 +24,7 @@ from confluent_kafka.admin import (
     ConfigResource,
     NewPartitions,
     NewTopic,
+    OffsetSpec,
     ResourceType,
 )
 
@@ -66,6 +68,8 @@ class TopicSpec:
     config: dict[str, str]
     owner: str  # "queue X" / "system topic catalog": the object named in errors
     may_grow: bool  # compacted topics keep their partitions: moving keys breaks compaction
+    # A queue topic grows only while unused: see queue_in_use.
+    grows_while_unused: bool = False
 
 
 def topic_specs(catalog: Catalog) -> list[TopicSpec]:
@@ -79,7 +83,7 @@ def topic_specs(catalog: Catalog) -> list[TopicSpec]:
     ]
     for q in catalog.queues.values():
         specs.append(TopicSpec(names.queue_topic(ns, q.name), q.partitions, queue_topic_config(q),
-                               f"queue {q.name}", True))
+                               f"queue {q.name}", True, grows_while_unused=True))
     return specs
 
 
@@ -145,6 +149,12 @@ def sync_topics(bootstrap: str, specs: list[TopicSpec], origins: dict[str, str] 
             raise DefinitionError((origins or {}).get(s.owner), s.owner,
                                   f"partitions cannot shrink from {have} to {s.partitions} (topic {s.name})")
         if s.may_grow and s.partitions > have:
+            used = queue_in_use(admin, s.name, sorted(existing[s.name].partitions), timeout) \
+                if s.grows_while_unused else None
+            if used:
+                raise DefinitionError((origins or {}).get(s.owner), s.owner,
+                                      f"partitions cannot grow from {have} to {s.partitions}: {used}, and a "
+                                      "conversation group keeps its partition for life (define a new queue)")
             grow.append(s)
     resources = [ConfigResource(ResourceType.TOPIC, s.name) for s in present]
     current: dict[str, dict[str, str]] = {}
@@ -184,6 +194,33 @@ def sync_topics(bootstrap: str, specs: list[TopicSpec], origins: dict[str, str] 
     _await_metadata(admin, [s.name for s in missing], timeout)
     updated = sorted({s.name for s in alter} | {s.name for s in grow})
     return [s.name for s in missing if s.name not in raced], updated, retention
+
+
+def queue_in_use(admin: AdminClient, topic: str, partitions: list[int], timeout: float) -> str | None:
+    """Why a queue topic may no longer change its partition count (None: never used).
+
+    A record's partition is its conversation group's hash modulo the partition count, so a
+    new count moves groups. Once the queue has held a message or had a reader, a producer that
+    still has the old count (librdkafka refreshes it every 5 minutes) and one that has the new
+    count would put one group's messages on two partitions, where two readers could hold that
+    group at once, and out of order (G1). So the count is fixed at first use, as a partitioned
+    Azure Service Bus entity's is at creation; a queue that needs more is a new queue."""
+    tps = [TopicPartition(topic, p) for p in partitions]
+    ends = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=timeout)
+    for tp, future in ends.items():
+        try:
+            end = future.result().offset
+        except KafkaException as exc:
+            raise kafka_error(f"cannot list the offsets of {topic}", exc.args[0]) from None
+        if end > 0:
+            return f"the queue has held messages (partition {tp.partition} ends at offset {end})"
+    try:
+        group = admin.describe_consumer_groups([topic], request_timeout=timeout)[topic].result()
+    except KafkaException as exc:
+        raise kafka_error(f"cannot describe the readers of {topic}", exc.args[0]) from None
+    if group.members:
+        return f"the queue has {len(group.members)} readers"
+    return None
 
 
 def _await_metadata(admin: AdminClient, topics: list[str], timeout: float) -> None:
