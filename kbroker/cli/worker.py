@@ -131,6 +131,9 @@ def alter_cmd(queue, activation, max_readers, procedure, bootstrap, namespace, a
     """ALTER QUEUE ... WITH ACTIVATION (STATUS, MAX_QUEUE_READERS, PROCEDURE_NAME)."""
     if activation is None and max_readers is None and procedure is None:
         fail("nothing to alter: give --activation, --max-readers or --procedure")
+    if procedure is not None and ":" in procedure and not _importable(procedure):  # the syntax: the model's
+        fail(f"procedure {procedure!r}: module {procedure.partition(':')[0]!r} cannot be imported here "
+             "(the worker imports it from the same installation)")
     from kbroker.kafka.queues import alter_queue_activation
 
     result = alter_queue_activation(bootstrap_address(bootstrap), config.namespace(namespace), queue,
@@ -141,3 +144,15 @@ def alter_cmd(queue, activation, max_readers, procedure, bootstrap, namespace, a
     else:
         click.echo(f"queue {queue}: activation {result['status']}, max_queue_readers "
                    f"{result['max_queue_readers']}, procedure {result['procedure']}")
+
+
+def _importable(procedure: str) -> bool:
+    """Whether the module of 'module:function' can be found, without running it (its parent
+    packages are imported to look inside them)."""
+    import importlib.util
+
+    module = procedure.partition(":")[0]
+    try:
+        return bool(module) and importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False

@@ -40,6 +40,20 @@ def test_queue_alter_with_a_bad_procedure_is_one_line(kafka_bootstrap, namespace
         "kbroker: error: activation.procedure: procedure must be 'module:function', not 'notaprocedure'"]
 
 
+def test_queue_alter_with_a_procedure_from_no_module_fails_at_once(kafka_bootstrap, namespace, broker):
+    """Before, this exited 0 and the catalog named a procedure no worker could import."""
+    before = broker.refresh_catalog().queue("ExpenseQueue").activation
+    out = run_cli("queue", "alter", "ExpenseQueue", "--procedure", "no.such.module:fn",
+                  bootstrap=kafka_bootstrap, namespace=namespace)
+    assert out.returncode == 1
+    assert out.stderr.splitlines() == ["kbroker: error: procedure 'no.such.module:fn': module 'no.such.module' "
+                                       "cannot be imported here (the worker imports it from the same installation)"]
+    assert broker.refresh_catalog().queue("ExpenseQueue").activation == before
+    ok = run_cli("queue", "alter", "ExpenseQueue", "--procedure", "kbroker.samples.expenses:process_claims",
+                 bootstrap=kafka_bootstrap, namespace=namespace)
+    assert ok.returncode == 0, ok.stderr
+
+
 def test_conversations_piped_prints_whole_handles_and_names(kafka_bootstrap, namespace, broker):
     handle = broker.begin_dialog(EMP, EXP, CONTRACT)
     broker.send(handle, CLAIM, {"claim": 1})
@@ -54,7 +68,7 @@ def test_monitors_piped_prints_whole_names(kafka_bootstrap, namespace):
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1, config={"cleanup.policy": "compact"})])[topic].result(30)
     queue, worker = "AQueueNameLongerThanTheColumnsOfAnEightyColumnTable", f"worker-{uuid.uuid4()}"
-    state = MonitorState(queue=queue, config=MonitorConfig(procedure="kbroker.samples.expenses:approve"))
+    state = MonitorState(queue=queue, config=MonitorConfig(procedure="kbroker.samples.expenses:process_claims"))
     producer = Producer({"bootstrap.servers": kafka_bootstrap})
     producer.produce(topic, key=orjson.dumps(queue), value=orjson.dumps({**state.to_dict(), "owner": worker}))
     assert producer.flush(30) == 0
