@@ -75,6 +75,8 @@ WireHeaders = list[tuple[str, str | bytes | None]]
 
 def _headers(conversation_id: str, seq: int, message_type: str, sender: str, receiver: str,
              to_side: str) -> WireHeaders:
+    # Keyed and grouped by the conversation id, as the baseline's records are: the form of a
+    # dialog begun when a dialog's id was its default group, which receivers still take.
     return list(Envelope(message_id=str(uuid.uuid4()), conversation_id=conversation_id,
                          conversation_group_id=conversation_id, message_sequence_number=seq,
                          message_type_name=message_type, service_contract_name=CONTRACT,

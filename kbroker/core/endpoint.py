@@ -32,6 +32,18 @@ def handle_for(conversation_id: str, side: str) -> str:
     return str(uuid.uuid5(_HANDLE_NS, f"{conversation_id}/{side}"))
 
 
+_GROUP_NS = uuid.UUID("0b5e6c1e-7a43-4f59-8d0e-6b726f757073")
+
+
+def default_group(conversation_id: str, side: str) -> str:
+    """A side's conversation group when BEGIN DIALOG names no related one: its own, as in
+    Service Broker (a dialog whose two services share a queue must not lock itself), and derived
+    from the dialog id and the side, so the initiator keys its first SEND to the target's group
+    without asking anyone. (Dialogs begun before this used the dialog id for both sides; their
+    endpoints keep it.)"""
+    return str(uuid.uuid5(_GROUP_NS, f"{conversation_id}/{side}"))
+
+
 def other(side: str) -> str:
     return "TARGET" if side == "INITIATOR" else "INITIATOR"
 

@@ -32,6 +32,7 @@ from kbroker.core.endpoint import (
     Endpoint,
     after_send,
     chain_key,
+    default_group,
     handle_for,
     new_target_endpoint,
     other,
@@ -129,7 +130,7 @@ class Statements:
         if related_conversation is not None and related_conversation_group is not None:
             raise InvalidArgumentError("give RELATED_CONVERSATION or RELATED_CONVERSATION_GROUP, not both")
         conversation_id = new_id()
-        group = conversation_id
+        group = default_group(conversation_id, "INITIATOR")
         if related_conversation is not None:
             related = endpoint_of(str(related_conversation))
             group = related.conversation_group_id
@@ -142,13 +143,14 @@ class Statements:
         now = self._clock()
         expires = None if lifetime is None else int(now) + int(lifetime)  # None: never expires
         return Endpoint(handle_for(conversation_id, "INITIATOR"), conversation_id, "INITIATOR", group,
-                        conversation_id, from_service, to_service, contract, STARTED_OUTBOUND,
+                        default_group(conversation_id, "TARGET"), from_service, to_service, contract,
+                        STARTED_OUTBOUND,
                         lifetime=expires, updated=now, instance=instance)
 
     def check_group_queue(self, group: str, queue: str, *, ignore: str | None = None) -> None:
         """Groups are local to a queue: refuse a group that only conversations of another queue
-        use. (A dialog id is the default group of both its sides, so one id may be a group on
-        two queues; it is then this queue's group too.)"""
+        use. (A dialog begun before each side had its own default group used the dialog id for
+        both sides, so one id may be a group on two queues; it is then this queue's group too.)"""
         others = set()
         for ep in self._endpoints():
             if ep.conversation_group_id == group and ep.conversation_handle != ignore and ep.state != CLOSED:
@@ -276,6 +278,8 @@ class Statements:
                 return True, None  # the initiator's endpoint was cleaned up or never stored here
             # A dialog's first message creates the target endpoint, as in Service Broker; its
             # replies carry the key the initiator asked for (its related group, if any).
+            # (No kb.reply_conversation_group_id: a dialog begun when the dialog id was the
+            # initiator's default group, which every dialog since names in the header.)
             ep = created = new_target_endpoint(env.conversation_id, env.conversation_group_id,
                                                env.reply_group or env.conversation_id, env.to_service_name,
                                                env.from_service_name, env.service_contract_name,

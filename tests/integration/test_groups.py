@@ -204,3 +204,43 @@ def test_move_inside_the_receiving_transaction_and_a_rolled_back_move(broker):
     assert broker.endpoints.get(target).conversation_group_id == g1
     got = [m for batch in drain(broker, "ExpenseQueue") for m in batch]
     assert [(m.message_sequence_number, m.conversation_group_id) for m in got] == [(2, g1), (3, g1)]
+
+
+SHARED_QUEUE = """
+message_types: [{name: //t/Ask}, {name: //t/Answer}]
+contracts:
+  - name: //t/AskAnswer
+    messages: [{type: //t/Ask, sent_by: INITIATOR}, {type: //t/Answer, sent_by: TARGET}]
+queues: [{name: Shared, partitions: 1}]
+services:
+  - {name: //t/Asker, queue: Shared}
+  - {name: //t/Answerer, queue: Shared, contracts: [//t/AskAnswer]}
+"""
+
+
+def test_a_dialog_between_two_services_of_one_queue_does_not_lock_itself(kafka_bootstrap, namespace, tmp_path):
+    """Each side has its own default group (reference item 104): while one transaction holds
+    the target's group (it received an Ask), another RECEIVE on the same queue takes the
+    initiator's Answer. Before, both sides' group was the dialog id: the second RECEIVE waited
+    for the first transaction and came back empty."""
+    from kbroker.kafka.apply import apply_paths
+
+    (tmp_path / "shared.yaml").write_text(SHARED_QUEUE)
+    apply_paths(kafka_bootstrap, namespace, [tmp_path / "shared.yaml"])
+    with Broker(kafka_bootstrap, namespace) as b:
+        h = b.begin_dialog("//t/Asker", "//t/Answerer", "//t/AskAnswer")
+        b.send(h, "//t/Ask", b"1")
+        with b.transaction() as tx:
+            ask = tx.receive("Shared", wait=15)
+            assert [m.message_type_name for m in ask] == ["//t/Ask"]
+            tx.send(ask[0].conversation_handle, "//t/Answer", b"a")
+        b.send(h, "//t/Ask", b"2")  # the queue now holds an Answer (initiator) and an Ask (target)
+        holder, other = b.transaction(), b.transaction()
+        try:
+            first = holder.receive("Shared", wait=15)
+            second = other.receive("Shared", wait=5)
+            assert sorted(m.message_type_name for m in first + second) == ["//t/Answer", "//t/Ask"]
+            assert first[0].conversation_group_id != second[0].conversation_group_id
+        finally:
+            other.rollback()
+            holder.rollback()

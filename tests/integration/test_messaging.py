@@ -17,6 +17,7 @@ from kbroker.cli.demo import APPROVAL, CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
+from kbroker.core.endpoint import default_group
 from kbroker.sdk.broker import END_DIALOG, ERROR_TYPE, Broker
 from tests.helpers import KBROKER
 
@@ -37,7 +38,8 @@ def test_three_messages_come_back_in_order_from_one_receive(broker):
     msgs = broker.receive("ExpenseQueue", top=10, wait=15)
     assert [orjson.loads(m.body)["claim"] for m in msgs] == [0, 1, 2]
     assert [m.message_sequence_number for m in msgs] == [0, 1, 2]
-    assert {m.conversation_group_id for m in msgs} == {msgs[0].conversation_id}
+    # The target's own group: derived from the dialog id and the side, not the dialog id itself.
+    assert {m.conversation_group_id for m in msgs} == {default_group(msgs[0].conversation_id, "TARGET")}
     assert all(m.message_type_name == CLAIM and m.service_name == EXP for m in msgs)
     assert all(m.service_contract_name == CONTRACT for m in msgs)
     # Committed: nothing is left for the next RECEIVE.

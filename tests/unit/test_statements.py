@@ -22,6 +22,8 @@ from kbroker.core.endpoint import (
     DISCONNECTED_OUTBOUND,
     Endpoint,
     chain_key,
+    default_group,
+    handle_for,
     new_target_endpoint,
 )
 from kbroker.core.envelope import Envelope, Message
@@ -93,6 +95,28 @@ def test_send_is_keyed_by_the_far_group_with_the_next_sequence(world: World) -> 
     assert (after.send_sequence, after.state) == (1, CONVERSING)
     record2, _, _ = world.statements.message_record(after, CLAIM, {"amount": 13})
     assert headers(record2)["kb.message_sequence_number"] == "1"
+
+
+def test_each_side_has_its_own_default_group(world: World) -> None:
+    """Derived from the dialog id and the side: the first SEND is keyed to the target's group
+    without a lookup, and tells the target the initiator's group. Before, both sides' group was
+    the dialog id, so a dialog between two services of one queue held one group."""
+    ep = world.dialog()
+    cid = ep.conversation_id
+    assert ep.conversation_group_id == default_group(cid, "INITIATOR")
+    assert ep.far_conversation_group_id == default_group(cid, "TARGET")
+    assert len({cid, ep.conversation_group_id, ep.far_conversation_group_id}) == 3
+    record, message_id, _ = world.statements.message_record(ep, CLAIM, {"amount": 1})
+    env = Envelope.from_headers(record[3])
+    assert record[1] == env.conversation_group_id == default_group(cid, "TARGET")
+    msg = Message(queue="ExpenseQueue", conversation_handle=handle_for(cid, "TARGET"), conversation_id=cid,
+                  conversation_group_id=env.conversation_group_id, message_sequence_number=0,
+                  message_type_name=CLAIM, service_name=EXPENSES, service_contract_name=CONTRACT,
+                  message_id=message_id, body=record[2], extra={"envelope": env})
+    keep, target = world.statements.after_receive(msg, None)
+    assert keep and target is not None
+    assert (target.conversation_group_id, target.far_conversation_group_id) == \
+        (default_group(cid, "TARGET"), default_group(cid, "INITIATOR"))
 
 
 def test_send_outside_the_contract_is_a_contract_violation(world: World) -> None:
