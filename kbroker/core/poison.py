@@ -1,12 +1,21 @@
 """Poison-message handling: a queue whose RECEIVEs are rolled back five times in a row is
 disabled (STATUS = OFF), as in Service Broker, unless its POISON_MESSAGE_HANDLING is OFF.
 
+Two counts, either of which disables the queue:
+- PoisonCounter: the rolled-back receives in a row of one process (Service Broker's rule as
+  one process sees it; any commit of that process starts it over).
+- RollbackLedger: the rollbacks of each message, by whichever process took it. Every process
+  publishes its rollbacks and follows the others' (kafka/rollbacks.py), so a poison message
+  that moves to another reader, or that busy readers' commits of other messages would keep
+  resetting in a per-queue count, still disables its queue at its fifth rollback.
+
 This is the policy only: the counting and the verdict (which queue to disable, and the reason
-to report with the event). Disabling the queue (an event and a catalog record) is the caller's
-I/O."""
+to report with the event). Publishing rollbacks and disabling the queue are the caller's I/O."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 POISON_THRESHOLD = 5  # consecutive rolled-back receives that disable a queue, as in Service Broker
@@ -19,10 +28,13 @@ class DisableQueue:
 
     queue: str
     rollbacks: int
+    message: str | None = None  # "partition:offset" of a message rolled back that many times
 
     @property
     def reason(self) -> str:
         """Why the queue was disabled, as the event reports it."""
+        if self.message is not None:
+            return f"the message at {self.message} was rolled back {self.rollbacks} times"
         return f"{self.rollbacks} consecutive rolled-back receives"
 
 
@@ -68,3 +80,48 @@ class PoisonCounter:
     def forget_all(self) -> None:
         """Stop counting every queue (the process no longer reads them)."""
         self._counts.clear()
+
+
+Position = tuple[str, int, int]  # (topic, partition, offset) of a message
+
+
+class RollbackLedger:
+    """Rollbacks per message, from every process: this one's and those it read of others.
+    Bounded: past `limit` messages the least recently counted are forgotten (a poison message
+    is retried within seconds, so it is never the one forgotten)."""
+
+    def __init__(self, limit: int = 100_000):
+        self._limit = limit
+        self._counts: OrderedDict[Position, int] = OrderedDict()
+
+    def count(self, position: Position) -> int:
+        return self._counts.get(position, 0)
+
+    def rolled_back(self, positions: Iterable[Position]) -> dict[Position, int]:
+        """One more rollback of each message; their counts now."""
+        return {p: self._set(p, self.count(p) + 1) for p in positions}
+
+    def seen(self, position: Position, count: int) -> None:
+        """Another process (or this one, read back) counted `count` rollbacks of a message."""
+        if count > self.count(position):
+            self._set(position, count)
+
+    def forget(self, positions: Iterable[Position]) -> None:
+        """The messages were received by a committed transaction: they are gone."""
+        for p in positions:
+            self._counts.pop(p, None)
+
+    def verdict(self, queue: str, counts: dict[Position, int], poison_message_handling: bool,
+                threshold: int = POISON_THRESHOLD) -> DisableQueue | None:
+        """Disable `queue` when one of the messages just rolled back reached the threshold."""
+        if not poison_message_handling or not counts:
+            return None
+        (_, partition, offset), worst = max(counts.items(), key=lambda kv: kv[1])
+        return DisableQueue(queue, worst, f"{partition}:{offset}") if worst >= threshold else None
+
+    def _set(self, position: Position, count: int) -> int:
+        self._counts[position] = count
+        self._counts.move_to_end(position)
+        while len(self._counts) > self._limit:
+            self._counts.popitem(last=False)
+        return count

@@ -44,6 +44,7 @@ from kbroker.kafka.clients import brokers_answering, idempotent_producer, produc
 from kbroker.kafka.committer import CommitRequest, GroupCommitter, OpenTransactions
 from kbroker.kafka.endpoint_store import EndpointStore
 from kbroker.kafka.receiver import QueueReceiver
+from kbroker.kafka.rollbacks import RollbackLog
 from kbroker.kafka.secondary import ensure_secondary_queue
 from kbroker.sdk.hooks import HookFanOut, ReceiveHooks
 from kbroker.sdk.transaction import Transaction
@@ -87,6 +88,7 @@ class Broker:
         self._secondary: set[str] = set()  # secondary queue topics known to exist
         self._disabled: set[str] = set()
         self._watcher: CatalogWatcher | None = None  # started with the first receiver
+        self._rollbacks: RollbackLog | None = None  # every process's rollbacks; with the first receiver
         self._poison = PoisonCounter()  # counts the queues this process reads itself
         self.hooks: list[ReceiveHooks] = []
         self.receive_hooks: ReceiveHooks = HookFanOut(self.hooks)
@@ -169,6 +171,8 @@ class Broker:
                     self._poison.watch(queue)  # poison counting covers the queues read here
                 if self._watcher is None:  # a reading process learns of ALTER QUEUE within 0.5 s
                     self._watcher = CatalogWatcher(self.bootstrap, self.namespace, self._catalog_changed).start()
+                    self._rollbacks = RollbackLog(self.bootstrap, self.namespace, self._producer,
+                                                  self._process).start()
             return r
 
     def _report_reader(self, queue: str, stats: dict[str, Any]) -> None:
@@ -198,16 +202,25 @@ class Broker:
         """BEGIN TRANSACTION: use as a context manager, or call commit()/rollback()."""
         return Transaction(self)
 
-    def note_commit(self, queue: str) -> None:
-        """A transaction that received from `queue` committed: its poison count starts over."""
+    def note_commit(self, queue: str, taken: dict[str, list[tuple[int, int]]] | None = None) -> None:
+        """A transaction that received from `queue` committed: its poison count starts over, and
+        the messages it received need no rollback count any more."""
         self._poison.reset(queue)
+        if self._rollbacks is not None:
+            for topic, offsets in (taken or {}).items():
+                self._rollbacks.committed(topic, offsets)
 
-    def note_rollback(self, queue: str) -> None:
-        """Poison-message handling: five rolled-back receives in a row disable the queue."""
+    def note_rollback(self, queue: str, taken: dict[str, list[tuple[int, int]]] | None = None) -> None:
+        """Poison-message handling: five rolled-back receives in a row (this process), or five
+        rollbacks of one message (any process), disable the queue (core/poison.py)."""
         if not self._poison.watches(queue):
             return
         handling = self._lookup(lambda c: c.queue(queue)).poison_message_handling == "ON"
         verdict = self._poison.rolled_back(queue, handling)
+        if self._rollbacks is not None:
+            for topic, offsets in (taken or {}).items():
+                counts = self._rollbacks.rolled_back(queue, topic, offsets)
+                verdict = verdict or self._rollbacks.ledger.verdict(queue, counts, handling)
         if verdict is not None:
             from kbroker.kafka.queues import set_queue_status
 
@@ -318,6 +331,9 @@ class Broker:
             if self._watcher is not None:
                 self._watcher.close()
                 self._watcher = None
+            if self._rollbacks is not None:
+                self._rollbacks.close()
+                self._rollbacks = None
             self._poison.forget_all()
             if self._committer is not None:
                 self._committer.close()

@@ -52,8 +52,9 @@ class Runtime(Protocol):
     def queue_enabled(self, queue: str) -> bool:
         """Whether `queue` has STATUS = ON (a disabled queue is re-checked against the catalog)."""
 
-    def note_commit(self, queue: str) -> None:
-        """A transaction that received from `queue` committed (poison-message handling)."""
+    def note_commit(self, queue: str, taken: dict[str, list[tuple[int, int]]]) -> None:
+        """A transaction that received from `queue` committed (poison-message handling); `taken`:
+        topic -> (partition, offset) of the messages it received."""
 
-    def note_rollback(self, queue: str) -> None:
+    def note_rollback(self, queue: str, taken: dict[str, list[tuple[int, int]]]) -> None:
         """A transaction that received from `queue` rolled back (poison-message handling)."""

@@ -304,14 +304,24 @@ class Transaction:
         """ROLLBACK: drop what was held and give the received messages back, in order."""
         if self.state != "open":
             return
+        taken = self._taken()
         self._end(committed=False)
         self.state = "rolled back"
         for q in self._queues:
-            self._runtime.note_rollback(q)
+            self._runtime.note_rollback(q, taken.get(q, {}))
             self._runtime.receive_hooks.after_rollback(q)
+
+    def _taken(self) -> dict[str, dict[str, list[tuple[int, int]]]]:
+        """queue -> topic -> (partition, offset) of each message this transaction received."""
+        taken: dict[str, dict[str, list[tuple[int, int]]]] = {}
+        for lease in self._leases:
+            r = lease.receiver
+            taken.setdefault(r.queue, {}).setdefault(r.topic, []).extend((b.partition, b.offset) for b in lease.taken)
+        return taken
 
     def _end(self, committed: bool) -> None:
         self._uncount()
+        taken = self._taken() if committed else {}
         if self._locked_conversations:  # after commit() noted the endpoints: the next holder reads them
             self._runtime.conversation_locks.release(self._locked_conversations, self)
             self._locked_conversations = set()
@@ -319,7 +329,7 @@ class Transaction:
             lease.receiver.release(lease, committed)
         if committed:
             for q in self._queues:
-                self._runtime.note_commit(q)
+                self._runtime.note_commit(q, taken.get(q, {}))
         self._leases, self._records, self._endpoints = [], [], {}
         self._unwritten = set()
 

@@ -94,6 +94,55 @@ def test_poison_messages_disable_the_queue_and_enable_resumes(kafka_bootstrap, n
     assert [orjson.loads(m.body) for m in msgs] == [{"poison": True}]  # the message was kept
 
 
+def poison_events(bootstrap: str, namespace: str) -> list[dict]:
+    return [e for e in inv.read_replies(bootstrap, names.events_topic(namespace))
+            if e["event"] == "QUEUE_DISABLED" and e["queue"] == "PoisonQueue" and e["poison"]]
+
+
+def test_a_poison_message_counts_its_rollbacks_across_processes(kafka_bootstrap, namespace, ns_broker):
+    """Three rollbacks in one process, then the message moves to another (the first one
+    stopped): its fifth rollback, the other's second, disables the queue. Before, each process
+    counted its own, and the second one's count began at 0."""
+    h = ns_broker.begin_dialog(inv.CLIENT, "//kbroker/test/PoisonServer", inv.CONTRACT)
+    ns_broker.send(h, inv.REQUEST, {"poison": True})
+    for attempt in range(3):
+        tx = ns_broker.transaction()
+        assert tx.receive("PoisonQueue", wait=15), f"attempt {attempt}: message missing"
+        tx.rollback()
+    ns_broker.close()  # its partition goes to the next reader
+    with Broker(kafka_bootstrap, namespace) as other:
+        for attempt in range(2):
+            tx = other.transaction()
+            assert tx.receive("PoisonQueue", wait=30), f"attempt {attempt}: message missing"
+            tx.rollback()
+        with pytest.raises(errors.QueueDisabledError, match="PoisonQueue"):
+            other.receive("PoisonQueue", wait=0)
+    reasons = [e["reason"] for e in poison_events(kafka_bootstrap, namespace)]
+    assert len(reasons) == 1 and "rolled back 5 times" in reasons[0], reasons
+
+
+def test_a_poison_message_disables_the_queue_while_other_messages_commit(kafka_bootstrap, namespace, ns_broker):
+    """Readers that commit other messages between the poison message's rollbacks reset the
+    per-process count of rollbacks in a row; the message's own count still reaches five.
+    Before, the queue stayed enabled and the message was retried for ever."""
+    b = ns_broker
+    poison = b.begin_dialog(inv.CLIENT, "//kbroker/test/PoisonServer", inv.CONTRACT)
+    b.send(poison, inv.REQUEST, {"poison": True})
+    for i in range(10):
+        b.send(b.begin_dialog(inv.CLIENT, "//kbroker/test/PoisonServer", inv.CONTRACT), inv.REQUEST, {"good": i})
+    for attempt in range(5):
+        # Two readers: one takes the poison message, the other a good one and commits first.
+        holder, worker = b.transaction(), b.transaction()
+        taken = holder.receive("PoisonQueue", wait=15)
+        assert taken and orjson.loads(taken[0].body) == {"poison": True}, f"attempt {attempt}: {taken}"
+        assert worker.receive("PoisonQueue", wait=15), f"attempt {attempt}: no good message"
+        worker.commit()
+        holder.rollback()
+    with pytest.raises(errors.QueueDisabledError, match="PoisonQueue"):
+        b.receive("PoisonQueue", wait=0)
+    assert len(poison_events(kafka_bootstrap, namespace)) == 1
+
+
 def test_poison_handling_off_never_disables(ns_broker):
     b = ns_broker
     h = b.begin_dialog(inv.CLIENT, inv.SERVER, inv.CONTRACT)

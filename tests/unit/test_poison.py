@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kbroker.core.poison import POISON_THRESHOLD, DisableQueue, PoisonCounter
+from kbroker.core.poison import POISON_THRESHOLD, DisableQueue, PoisonCounter, RollbackLedger
 
 
 def rollbacks(counter: PoisonCounter, queue: str, times: int, handling: bool = True) -> list[DisableQueue | None]:
@@ -48,3 +48,29 @@ def test_only_watched_queues_count_per_queue_and_forget_all_unwatches() -> None:
     assert counter.count("Q") == 1
     counter.forget_all()
     assert not counter.watches("Q") and counter.rolled_back("Q", True) is None
+
+
+# --- per message, across processes -------------------------------------------------------------
+
+def test_a_messages_rollbacks_add_up_whoever_counted_them() -> None:
+    ledger = RollbackLedger()
+    m = ("topic", 0, 7)
+    ledger.seen(m, 3)  # another process rolled it back three times
+    ledger.seen(m, 2)  # an older event read late changes nothing
+    assert ledger.rolled_back([m]) == {m: 4}
+    counts = ledger.rolled_back([m, ("topic", 0, 8)])
+    assert counts == {m: 5, ("topic", 0, 8): 1}
+    verdict = ledger.verdict("Q", counts, poison_message_handling=True)
+    assert verdict == DisableQueue("Q", 5, "0:7")
+    assert verdict.reason == "the message at 0:7 was rolled back 5 times"
+    assert ledger.verdict("Q", counts, poison_message_handling=False) is None
+    assert ledger.verdict("Q", {m: 4}, poison_message_handling=True) is None
+
+
+def test_a_committed_message_is_forgotten_and_the_ledger_stays_bounded() -> None:
+    ledger = RollbackLedger(limit=3)
+    for offset in range(5):
+        ledger.rolled_back([("t", 0, offset)])
+    assert [ledger.count(("t", 0, o)) for o in range(5)] == [0, 0, 1, 1, 1]  # the oldest went first
+    ledger.forget([("t", 0, 4)])
+    assert ledger.count(("t", 0, 4)) == 0

@@ -1,0 +1,136 @@
+"""Rolled-back receives, counted per message across processes (core/poison.RollbackLedger).
+
+A process that rolls back a RECEIVE puts a RECEIVE_ROLLED_BACK event on the namespace's events
+topic (key: the queue) naming each message it had taken and that message's rollback count. Every
+reading process follows the events topic from a few minutes back, so when a message moves to
+another reader (a rebalance, a dead process) its count goes on from where it was. An operator
+sees the same events (`kbroker events`, the dashboards).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+
+import orjson
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+
+from kbroker.core import names
+from kbroker.core.poison import Position, RollbackLedger
+from kbroker.kafka.reader import CONSUME_WAIT, reading_consumer, topic_partitions
+
+log = logging.getLogger("kbroker.poison")
+
+ROLLED_BACK = "RECEIVE_ROLLED_BACK"
+LOOKBACK_SECONDS = 600.0  # a poison message is retried within seconds; ten minutes is plenty
+
+
+class RollbackLog:
+    """This process's view of every process's rollbacks, and where it publishes its own."""
+
+    def __init__(self, bootstrap: str, namespace: str, producer: Producer, process: str,
+                 ledger: RollbackLedger | None = None):
+        self._bootstrap, self._namespace, self._producer = bootstrap, namespace, producer
+        self._process = process
+        self.ledger = ledger or RollbackLedger()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._caught_up = threading.Event()
+        self._pending: set[int] = set()  # partitions not yet read to where they ended at start
+        self._thread = threading.Thread(target=self._run, name="kbroker-rollbacks", daemon=True)
+
+    def start(self) -> "RollbackLog":
+        self._thread.start()
+        return self
+
+    def wait_caught_up(self, timeout: float) -> bool:
+        """Whether the others' recent rollbacks have been read (tests, and the first count)."""
+        return self._caught_up.wait(timeout)
+
+    def rolled_back(self, queue: str, topic: str, offsets: Iterable[tuple[int, int]]) -> dict[Position, int]:
+        """Count one rollback of each message (partition, offset) of `topic` and publish the
+        counts (fire and forget: a count that does not reach Kafka is only a count). The
+        first rollback waits up to a second for the others' recent rollbacks to be read."""
+        positions = [(topic, p, o) for p, o in offsets]
+        if not positions:
+            return {}
+        self._caught_up.wait(1.0)
+        with self._lock:
+            counts = self.ledger.rolled_back(positions)
+        event = {"event": ROLLED_BACK, "queue": queue, "topic": topic, "process": self._process,
+                 "messages": [[p, o, counts[(topic, p, o)]] for _, p, o in positions],
+                 "time": int(time.time() * 1000)}
+        try:
+            self._producer.produce(names.events_topic(self._namespace), key=queue.encode(), value=orjson.dumps(event))
+            self._producer.poll(0)
+        except (BufferError, KafkaException) as exc:
+            log.warning("rollback of %s not published: %s", queue, exc)
+        return counts
+
+    def committed(self, topic: str, offsets: Iterable[tuple[int, int]]) -> None:
+        """The messages were received by a committed transaction: forget their counts."""
+        with self._lock:
+            self.ledger.forget((topic, p, o) for p, o in offsets)
+
+    def _run(self) -> None:
+        topic = names.events_topic(self._namespace)
+        consumer = reading_consumer(self._bootstrap, f"{names.prefix(self._namespace)}rollbacks",
+                                    **{"allow.auto.create.topics": False})
+        failing = False
+        try:
+            while not self._stop.is_set():
+                try:
+                    if not consumer.assignment():
+                        self._assign_recent(consumer, topic)
+                        if not consumer.assignment():
+                            self._caught_up.set()  # no events topic: nothing to catch up on
+                            self._stop.wait(1.0)
+                            continue
+                    self._read(consumer.consume(500, CONSUME_WAIT))
+                    failing = False
+                except KafkaException as exc:
+                    if not failing:
+                        log.warning("following rollbacks on %s paused: %s", topic, exc)
+                    failing = True
+                    self._stop.wait(1.0)
+        finally:
+            consumer.close()
+
+    def _assign_recent(self, consumer, topic: str) -> None:
+        partitions = topic_partitions(consumer, topic, 5.0)
+        if not partitions:
+            return
+        since = int((time.time() - LOOKBACK_SECONDS) * 1000)
+        starts = consumer.offsets_for_times([TopicPartition(topic, p, since) for p in partitions], timeout=5.0)
+        # No event since then: a partition starts at its end (offset -1 is OFFSET_END).
+        consumer.assign([TopicPartition(topic, tp.partition, tp.offset) for tp in starts])
+        self._pending = {tp.partition for tp in starts if tp.offset >= 0}
+        if not self._pending:
+            self._caught_up.set()
+
+    def _read(self, records: list) -> None:
+        for msg in records:
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    self._pending.discard(msg.partition())
+                    if not self._pending:
+                        self._caught_up.set()
+                continue
+            value = msg.value()
+            if not value or b'"' + ROLLED_BACK.encode() + b'"' not in value:
+                continue  # other events: read past without parsing
+            try:
+                event = orjson.loads(value)
+                with self._lock:
+                    for p, o, count in event["messages"]:
+                        self.ledger.seen((event["topic"], int(p), int(o)), int(count))
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=15)
