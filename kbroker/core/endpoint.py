@@ -120,6 +120,11 @@ class Endpoint:
         return replace(self, state=CLOSED if self.state == DISCONNECTED_OUTBOUND else ERROR)
 
 
+# How long a CLOSED endpoint is kept before it is reclaimed (its tombstone written): as long as
+# Service Broker keeps a target's closed endpoint, so a late duplicate of the dialog's messages
+# finds it closed rather than beginning the dialog again.
+CLOSED_GRACE_SECONDS = 30 * 60.0
+
 SEQUENCE_BLOCK = 64  # sequence numbers one endpoint record reserves for SENDs that follow
 
 

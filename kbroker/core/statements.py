@@ -98,15 +98,15 @@ def group_id(value: object) -> str:
 class Statements:
     """Builds the records of the statements of one namespace.
 
-    `lookup` reads the catalog (see Lookup); `endpoints` lists the endpoints this process knows,
-    for the rule that a conversation group belongs to one queue; `clock` gives seconds since the
-    epoch (lifetimes, timers, expiries)."""
+    `lookup` reads the catalog (see Lookup); `in_group` gives the endpoints of one conversation
+    group, for the rule that a group belongs to one queue; `clock` gives seconds since the epoch
+    (lifetimes, timers, expiries)."""
 
-    def __init__(self, namespace: str, lookup: Lookup, endpoints: Callable[[], Iterable[Endpoint]], *,
+    def __init__(self, namespace: str, lookup: Lookup, in_group: Callable[[str], Iterable[Endpoint]], *,
                  clock: Callable[[], float] = time.time):
         self.namespace = namespace
         self._lookup = lookup
-        self._endpoints = endpoints
+        self._in_group = in_group
         self._clock = clock
         self.endpoints_topic = names.endpoints_topic(namespace)
 
@@ -152,8 +152,8 @@ class Statements:
         use. (A dialog begun before each side had its own default group used the dialog id for
         both sides, so one id may be a group on two queues; it is then this queue's group too.)"""
         others = set()
-        for ep in self._endpoints():
-            if ep.conversation_group_id == group and ep.conversation_handle != ignore and ep.state != CLOSED:
+        for ep in self._in_group(group):
+            if ep.conversation_handle != ignore and ep.state != CLOSED:
                 other_queue = self.queue_of(ep.service_name)
                 if other_queue == queue:
                     return

@@ -1,5 +1,11 @@
 """The endpoints topic as a read-through cache: each process keeps the endpoints it has read or
-written and reads the compacted topic forward only for a handle it does not know."""
+written and reads the compacted topic forward only for a handle it does not know.
+
+Bounded by the live conversations: an endpoint CLOSED for longer than the grace period (30
+minutes, as long as Service Broker keeps a target's closed endpoint) is not kept, whether it is
+read that old or grows that old in the cache, and the worker writes its tombstone
+(kafka/reclaim.reclaim_endpoints). Endpoints are indexed by conversation group, so the related-
+group checks of BEGIN DIALOG and MOVE look at that group's endpoints only."""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ import orjson
 from confluent_kafka import Consumer, Message, Producer
 
 from kbroker.core import names
-from kbroker.core.endpoint import CHAIN_SUFFIX, Endpoint
+from kbroker.core.endpoint import CHAIN_SUFFIX, CLOSED, CLOSED_GRACE_SECONDS, Endpoint
 from kbroker.errors import ConversationNotFoundError
 from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partitions
 
@@ -32,6 +38,10 @@ class EndpointStore:
         self._bootstrap = bootstrap
         self._producer = producer
         self._cache: dict[str, Endpoint] = {}
+        self._by_group: dict[str, set[str]] = {}  # conversation group -> handles in the cache
+        self._closed_at: dict[str, float] = {}  # CLOSED endpoints in the cache: when they closed
+        self.grace = CLOSED_GRACE_SECONDS
+        self._pruned = time.monotonic()
         # The exact state of endpoints whose next sequence the topic does not say (a block
         # reserved and not used up): written at a clean close, so the next process goes on exactly.
         self._unwritten: dict[str, Endpoint] = {}
@@ -46,7 +56,7 @@ class EndpointStore:
         ep = replace(ep, updated=time.time())
         self._keep_exact(ep.conversation_handle, ep, written=True)
         self._claim(ep)
-        self._cache[ep.conversation_handle] = self._merged(ep)
+        self._remember(self._merged(ep), time.time())
         self._producer.produce(self.topic, key=ep.conversation_handle, value=ep.to_json())
 
     def note(self, handle: str, ep: Endpoint | None, written: bool = True) -> None:
@@ -56,12 +66,12 @@ class EndpointStore:
         if ep is not None:
             self._claim(ep)
         if ep is None:
-            self._cache.pop(handle, None)
+            self._forget(handle)
             self._chains.pop(handle, None)
         else:
             if ep.group_chain:
                 self._chains[handle] = ep.with_chain(self._chains.get(handle, ())).chain
-            self._cache[handle] = self._merged(ep)
+            self._remember(self._merged(ep), time.time())
 
     def _keep_exact(self, handle: str, ep: Endpoint | None, written: bool) -> None:
         """Keep the exact state for close() wherever the topic does not say the exact next
@@ -100,6 +110,45 @@ class EndpointStore:
             self.put(replace(ep, sequence_reserved=ep.send_sequence))
             n += 1
         return n
+
+    def _remember(self, ep: Endpoint, written_at: float) -> None:
+        """Cache `ep` (written at `written_at`, epoch seconds) and index it by its group."""
+        handle = ep.conversation_handle
+        old = self._cache.get(handle)
+        if old is not None and old.conversation_group_id != ep.conversation_group_id:
+            self._unindex(handle, old.conversation_group_id)
+        self._cache[handle] = ep
+        self._by_group.setdefault(ep.conversation_group_id, set()).add(handle)
+        if ep.state == CLOSED:
+            self._closed_at.setdefault(handle, written_at)
+        else:
+            self._closed_at.pop(handle, None)
+
+    def _forget(self, handle: str) -> None:
+        ep = self._cache.pop(handle, None)
+        if ep is not None:
+            self._unindex(handle, ep.conversation_group_id)
+        self._closed_at.pop(handle, None)
+
+    def _unindex(self, handle: str, group: str) -> None:
+        handles = self._by_group.get(group)
+        if handles is not None:
+            handles.discard(handle)
+            if not handles:
+                del self._by_group[group]
+
+    def _prune(self, now: float) -> None:
+        """Drop endpoints CLOSED for longer than the grace period (at most once a minute)."""
+        if time.monotonic() - self._pruned < 60.0:
+            return
+        self._pruned = time.monotonic()
+        for handle in [h for h, at in self._closed_at.items() if now - at >= self.grace]:
+            self._forget(handle)
+
+    def in_group(self, group: str) -> list[Endpoint]:
+        """The endpoints of conversation group `group` (read forward first)."""
+        self._read_forward()
+        return [self._cache[h] for h in self._by_group.get(group, ())]
 
     def _merged(self, ep: Endpoint) -> Endpoint:
         chain = self._chains.get(ep.conversation_handle)
@@ -147,11 +196,13 @@ class EndpointStore:
                 return  # no endpoint yet: asked again on the next read
             self._positions = dict.fromkeys(partitions, 0)
         read = read_partitions(self._consumer, self.topic, self._positions, timeout)
+        now = time.time()
         for msg in read.records:
-            self._apply(msg)
+            self._apply(msg, now)
         self._positions.update(read.positions)
+        self._prune(now)
 
-    def _apply(self, msg: Message) -> None:
+    def _apply(self, msg: Message, now: float) -> None:
         raw_key, value = msg.key(), msg.value()
         if raw_key is None:
             return  # not an endpoint record
@@ -160,11 +211,15 @@ class EndpointStore:
             self._read_chain(key[:-len(CHAIN_SUFFIX)], value)
         elif value is not None:
             ep = Endpoint.from_json(value)
+            written_at = msg.timestamp()[1] / 1000.0
+            if ep.state == CLOSED and now - written_at >= self.grace:
+                self._forget(key)  # reclaimed: as good as its tombstone
+                return
             if self._continue_sequences:
                 ep = self._continued(ep)
-            self._cache[ep.conversation_handle] = self._merged(ep)
+            self._remember(self._merged(ep), written_at)
         else:
-            self._cache.pop(key, None)
+            self._forget(key)
 
     def _read_chain(self, handle: str, value: bytes | None) -> None:
         if value is None:
@@ -174,7 +229,7 @@ class EndpointStore:
         if len(chain) > len(self._chains.get(handle, ())):
             self._chains[handle] = chain
         if handle in self._cache:
-            self._cache[handle] = self._merged(self._cache[handle])
+            self._remember(self._merged(self._cache[handle]), time.time())
 
     def close(self) -> None:
         """Close the reading consumer (the shared producer is its owner's)."""

@@ -1,6 +1,9 @@
-"""Reclaiming a namespace's queue topics: delete the records no reader needs (the rule is
-core/reclaim.py). Run by the worker that owns the tick, on every 5th tick; `reclaim_namespace`
-is also what a test or an operator calls to run it at once.
+"""Reclaiming a namespace's storage, run by the worker that owns the tick on every 5th tick
+(also what a test or an operator calls to run it at once):
+
+- `reclaim_namespace`: delete the queue records no reader needs (the rule is core/reclaim.py);
+- `reclaim_endpoints`: write the tombstones of endpoints CLOSED for longer than the grace
+  period (30 minutes), so compaction removes them and no process reads them again.
 
 Each queue topic and each of its secondary (per-instance) topics is read by the consumer group
 of the topic's own name. A partition whose committed offsets are not stable (a transaction that
@@ -12,18 +15,18 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from kbroker.core import names
 from kbroker.core.catalog.models import Catalog, Queue
-from kbroker.core.endpoint import CLOSED, DISCONNECTED_OUTBOUND, handle_for
+from kbroker.core.endpoint import CHAIN_SUFFIX, CLOSED, CLOSED_GRACE_SECONDS, DISCONNECTED_OUTBOUND, handle_for
 from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.reclaim import reclaim_points
-from kbroker.errors import kafka_error
+from kbroker.errors import BrokerUnavailableError, kafka_error
 from kbroker.kafka import clients, messages
 from kbroker.kafka.endpoint_store import EndpointStore
-from kbroker.kafka.reader import CONSUME_WAIT, group_offsets, reading_consumer
+from kbroker.kafka.reader import CONSUME_WAIT, group_offsets, reading_consumer, topic_partitions
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,67 @@ def _retained_floor(bootstrap: str, namespace: str, topic: str, starts: dict[int
     for p in todo:  # not scanned to the end in time: keep all of it this time
         floor[p] = starts[p]
     return floor
+
+
+def reclaim_endpoints(bootstrap: str, namespace: str, grace: float = CLOSED_GRACE_SECONDS,
+                      now: float | None = None, timeout: float = 120.0) -> int:
+    """Tombstone every endpoint whose last record is CLOSED and older than `grace` seconds (and
+    its group chain). One partition at a time, keeping only the closed ones seen: memory is a
+    partition's closed endpoints, not the topic. Returns how many endpoints were reclaimed."""
+    now = time.time() if now is None else now
+    topic = names.endpoints_topic(namespace)
+    consumer = reading_consumer(bootstrap)
+    producer = clients.idempotent_producer(bootstrap)
+    reclaimed = 0
+    try:
+        for partition in topic_partitions(consumer, topic, timeout) or []:
+            closed, chains = _closed_endpoints(consumer, topic, partition, now - grace, timeout)
+            for handle in closed:
+                for key in (handle, handle + CHAIN_SUFFIX) if handle in chains else (handle,):
+                    producer.produce(topic, key=key.encode(), value=None)
+                producer.poll(0)
+            reclaimed += len(closed)
+        if producer.flush(timeout):
+            raise BrokerUnavailableError(f"endpoint tombstones of {namespace} not acknowledged in {timeout} s")
+    finally:
+        consumer.close()
+    return reclaimed
+
+
+def _closed_endpoints(consumer, topic: str, partition: int, before: float,
+                      timeout: float) -> tuple[list[str], set[str]]:
+    """(handles whose last record in the partition is CLOSED and written before `before`,
+    handles with a group chain)."""
+    closed: dict[str, float] = {}
+    chains: set[str] = set()
+    deadline = time.monotonic() + timeout
+    consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+    try:
+        while True:
+            if time.monotonic() > deadline:
+                raise BrokerUnavailableError(f"could not read {topic} [{partition}] to its end in {timeout} s")
+            batch = consumer.consume(1000, CONSUME_WAIT)
+            if any(m.error() is not None and m.error().code() == KafkaError._PARTITION_EOF for m in batch):
+                done = True
+            else:
+                done = False
+            for msg in batch:
+                if msg.error() is not None or msg.key() is None:
+                    continue
+                key = msg.key().decode()
+                if key.endswith(CHAIN_SUFFIX):
+                    chains.add(key[:-len(CHAIN_SUFFIX)])
+                    continue
+                value = msg.value()
+                # A CLOSED endpoint's JSON says so; parsing every record would cost the scan.
+                if value is not None and b'"state":"CD"' in value and msg.timestamp()[1] / 1000.0 < before:
+                    closed[key] = msg.timestamp()[1]
+                else:
+                    closed.pop(key, None)
+            if done:
+                return list(closed), chains
+    finally:
+        consumer.unassign()
 
 
 def _result(future, what: str):

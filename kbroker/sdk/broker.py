@@ -83,7 +83,7 @@ class Broker:
         self.open_transactions = OpenTransactions()
         self.conversation_locks = ConversationLocks(lock_timeout)  # SEND's (see locks.py)
         self.endpoints = EndpointStore(bootstrap, namespace, self._producer)
-        self.statements = Statements(namespace, self._lookup, self.endpoints.all)
+        self.statements = Statements(namespace, self._lookup, self.endpoints.in_group)
         self._receivers: dict[tuple[str, str | None], QueueReceiver] = {}  # (queue, instance)
         self._secondary: set[str] = set()  # secondary queue topics known to exist
         self._disabled: set[str] = set()

@@ -51,9 +51,10 @@ from kbroker.core.monitor import (
     recycle,
     step,
 )
+from kbroker.core.endpoint import CLOSED_GRACE_SECONDS
 from kbroker.core.tick import EVERY_5TH, TickOwner, TickSchedule, claim
 from kbroker.kafka.clients import KAFKA_LOG_LIMIT
-from kbroker.kafka.reclaim import reclaim_namespace
+from kbroker.kafka.reclaim import reclaim_endpoints, reclaim_namespace
 from kbroker.kafka.timer_service import TimerService
 from kbroker.kafka.topics import create_missing_topics
 from kbroker.kafka.watch import QueueCounts, QueueWatcher
@@ -65,6 +66,7 @@ from kbroker.worker.handlers import OWN_PROCEDURE_MODULES, Task, TaskHandlers, a
 log = logging.getLogger("kbroker.worker")
 
 MONITOR_PARTITIONS = 4
+ENDPOINT_RECLAIM_SECONDS = 300.0  # the endpoint scan of the 5th-tick cleanup runs at most this often
 
 # Every line the worker process writes passes this filter (installed on the root logger's handlers
 # once Faust has set them up): aiokafka and Faust report each failed connection attempt while a
@@ -99,6 +101,7 @@ class WorkerSettings:
     timers: bool = True  # run the timer service (dialog timers, lifetimes)
     # Modules whose activation procedures this worker runs, besides kbroker's own.
     allow_procedures: tuple[str, ...] = ()
+    closed_grace: float = CLOSED_GRACE_SECONDS  # how long a CLOSED endpoint stays before its tombstone
     worker_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
 
@@ -274,9 +277,16 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
             rt["reclaiming"] = asyncio.ensure_future(guard.run("reclaim", reclaim_records))
 
     async def reclaim_records() -> None:
-        """Seed 000's 5th-tick cleanup, once per cluster: records no queue reader needs are deleted."""
+        """Seed 000's 5th-tick cleanup, once per cluster: records no queue reader needs are
+        deleted; endpoints closed for longer than the grace period are tombstoned (a scan of the
+        endpoints topic, so at most every ENDPOINT_RECLAIM_SECONDS)."""
         try:
             done = await asyncio.to_thread(lambda: reclaim_namespace(s.bootstrap, broker.catalog))
+            if time.monotonic() - rt.get("endpoints_reclaimed", -ENDPOINT_RECLAIM_SECONDS) >= ENDPOINT_RECLAIM_SECONDS:
+                rt["endpoints_reclaimed"] = time.monotonic()
+                n = await asyncio.to_thread(reclaim_endpoints, s.bootstrap, s.namespace, s.closed_grace)
+                if n:
+                    log.info("reclaimed endpoints=%d closed_for_more_than=%ss", n, s.closed_grace)
         finally:
             rt["reclaiming"] = None
         for r in done:

@@ -118,3 +118,45 @@ def test_apply_moves_an_older_namespace_to_keep_every_record(kafka_bootstrap, na
     config = admin.describe_configs([res])[res].result(timeout=30)
     assert (config["retention.ms"].value, config["retention.bytes"].value) == ("-1", "-1")
     assert apply_paths(kafka_bootstrap, namespace, [SAMPLES]).retention_changed == []
+
+
+def test_closed_endpoints_are_reclaimed_after_the_grace_period(kafka_bootstrap, namespace, broker):
+    """Both sides of an ended dialog are CLOSED: kept for the grace period (30 minutes by
+    default), then tombstoned by the reclaim; a process reading them past the grace does not
+    keep them. A live dialog is never touched."""
+    from kbroker.core.endpoint import CLOSED
+    from kbroker.kafka.endpoint_store import EndpointStore
+    from kbroker.kafka.reclaim import reclaim_endpoints
+
+    ended = broker.begin_dialog(EMP, EXP, CONTRACT)
+    broker.send(ended, CLAIM, {"amount": 1})
+    target = wait_for(lambda: broker.receive("ExpenseQueue", wait=1) or None, 30, "the claim")[0].conversation_handle
+    broker.end_conversation(target)
+    wait_for(lambda: broker.receive("EmployeeQueue", wait=1) or None, 30, "the EndDialog")
+    broker.end_conversation(ended)
+    # The target's acknowledgement: the initiator's EndDialog closes it (nothing is delivered).
+    wait_for(lambda: broker.receive("ExpenseQueue", wait=1) == [] and broker.endpoints.get(target).state == CLOSED,
+             30, "the target endpoint to close")
+    live = broker.begin_dialog(EMP, EXP, CONTRACT)
+    broker.send(live, CLAIM, {"amount": 2})
+
+    def fresh(grace: float | None = None) -> EndpointStore:
+        store = EndpointStore(kafka_bootstrap, namespace, Producer({"bootstrap.servers": kafka_bootstrap}))
+        if grace is not None:
+            store.grace = grace
+        return store
+
+    store = fresh()
+    assert {store.get(h).state for h in (ended, target)} == {CLOSED}  # within the grace period
+    store.close()
+    store = fresh(grace=0.0)  # read as if the grace period had passed: not kept
+    assert store.find(ended) is None and store.find(target) is None and store.find(live) is not None
+    assert {ep.conversation_handle for ep in store.all()} == {live}
+    store.close()
+
+    assert reclaim_endpoints(kafka_bootstrap, namespace, grace=3600) == 0  # too recent
+    assert reclaim_endpoints(kafka_bootstrap, namespace, grace=0.0, now=time.time() + 1) == 2
+    store = fresh()  # the default grace: gone all the same, by their tombstones
+    assert store.find(ended) is None and store.find(target) is None and store.find(live) is not None
+    store.close()
+    assert reclaim_endpoints(kafka_bootstrap, namespace, grace=0.0, now=time.time() + 1) == 0

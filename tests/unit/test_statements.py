@@ -56,10 +56,13 @@ class World:
     def __init__(self) -> None:
         self.catalog = load_definitions([SAMPLES], NS)
         self.endpoints: dict[str, Endpoint] = {}
-        self.statements = Statements(NS, self.lookup, lambda: list(self.endpoints.values()), clock=lambda: NOW)
+        self.statements = Statements(NS, self.lookup, self.in_group, clock=lambda: NOW)
 
     def lookup(self, fn: Callable[[Catalog], T]) -> T:
         return fn(self.catalog)
+
+    def in_group(self, group: str) -> list[Endpoint]:
+        return [ep for ep in self.endpoints.values() if ep.conversation_group_id == group]
 
     def endpoint_of(self, handle: str) -> Endpoint:
         return self.endpoints[handle]
@@ -130,7 +133,7 @@ def test_send_outside_the_contract_is_a_contract_violation(world: World) -> None
 def test_send_on_an_expired_dialog_is_refused(world: World) -> None:
     ep = world.dialog(lifetime=60)
     assert ep.lifetime == int(NOW) + 60
-    expired = Statements(NS, world.lookup, list, clock=lambda: NOW + 61)
+    expired = Statements(NS, world.lookup, world.in_group, clock=lambda: NOW + 61)
     with pytest.raises(ConversationClosedError, match="lifetime expired"):
         expired.message_record(ep, CLAIM, {})
 
@@ -217,7 +220,7 @@ def test_lookup_is_the_callers_so_a_refreshed_catalog_is_seen() -> None:
             reads.pop(0)
             return fn(reads[0])
 
-    ep = Statements(NS, lookup, list).new_dialog(EMPLOYEES, EXPENSES, CONTRACT, endpoint_of=lambda h: None)
+    ep = Statements(NS, lookup, lambda group: []).new_dialog(EMPLOYEES, EXPENSES, CONTRACT, endpoint_of=lambda h: None)
     assert ep.service_name == EMPLOYEES and len(reads) == 1
 
 
@@ -310,7 +313,7 @@ def test_a_dialog_without_lifetime_never_expires(world: World) -> None:
     refuses a SEND; an endpoint written with the old 2**31-1 sentinel reads as none."""
     ep = world.dialog()
     assert ep.lifetime is None and world.statements.lifetime_records(ep) == []
-    far_future = Statements(NS, world.lookup, list, clock=lambda: 2.0**31 + 10**9)  # past 2038
+    far_future = Statements(NS, world.lookup, world.in_group, clock=lambda: 2.0**31 + 10**9)  # past 2038
     far_future.message_record(ep, CLAIM, {})
     legacy = orjson.loads(ep.to_json())
     legacy["lifetime"] = 2**31 - 1
