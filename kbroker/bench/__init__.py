@@ -8,6 +8,7 @@ on the same broker, reported as ratios (medians of R repetitions).
     common.py           the sample service's records and helpers the scenarios share
     scenarios_send.py   send (+ send-pipelined);  scenarios_reply.py  request-reply
     scenarios_io.py     io-bound;  scenarios_rss.py  backlog-rss
+    scenarios_endpoints.py  ended-dialogs (RSS and `kbroker conversations` with many ended dialogs)
     activation.py       the `kbroker worker` the activation scenarios run, and its monitor rows
     activation_latency.py, activation_drain.py  the activation scenarios
     procedures.py       the activation procedures those run

@@ -20,3 +20,4 @@ class Params:
     drain_messages: int = 100_000  # activation-drain: the backlog drained per side and repetition
     max_readers: int = 4  # activation-drain: max_queue_readers, and the fixed pool's size
     ramp_up: float = 5.0  # activation-*: the worker's --ramp-up (SSB's 5 s)
+    ended_dialogs: int = 1_000_000  # ended-dialogs: dialogs whose endpoints the namespace holds

@@ -39,7 +39,7 @@ RSS_BOUND_MB = 256
 
 # The child process: only kbroker is imported. "kbroker" receives COUNT messages; "baseline" only
 # connects. Prints one JSON line with its peak RSS (the kernel's high-water mark, VmHWM).
-CHILD = r"""
+CHILD_START = r"""
 import json, resource, sys, time
 mode, bootstrap, namespace, queue, count = sys.argv[1:6]
 count = int(count)
@@ -56,6 +56,10 @@ if mode == "kbroker":
         if first is None:
             first = time.monotonic() - t0
         received += got
+"""
+
+# The child's own high-water mark, pasted into every child script.
+PEAK_RSS = r"""
 def peak_rss_kb():
     # VmHWM: the high-water mark of this process's own memory. Not getrusage's ru_maxrss, which
     # Linux carries over from the parent that forked this process (the harness's own size).
@@ -67,11 +71,15 @@ def peak_rss_kb():
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+"""
+
+CHILD_END = r"""
 rss_kb = peak_rss_kb()
 broker.close()
 print(json.dumps({"peak_rss_kb": rss_kb, "received": received, "seconds": time.monotonic() - t0,
                   "first_message_s": first}))
 """
+CHILD = CHILD_START + PEAK_RSS + CHILD_END
 
 
 def run_child(ctx: BenchContext, mode: str, namespace: str, count: int) -> dict:

@@ -14,8 +14,8 @@ from kbroker.bench.params import Params
 from kbroker.cli.common import bootstrap_option, emit_json, fail, handle_errors, json_option, main, missing_extra
 from kbroker.cli.output import make_console, new_table, print_table
 
-SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "backlog-rss", "activation-latency",
-                  "activation-drain")
+SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "backlog-rss", "ended-dialogs",
+                  "ended-dialogs-rss", "conversations-view", "activation-latency", "activation-drain")
 
 
 @main.command("bench")
@@ -40,6 +40,8 @@ SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "backlo
               help="activation-drain: max_queue_readers, and the size of the fixed pool.")
 @click.option("--ramp-up", default=Params.ramp_up, show_default=True, type=click.FloatRange(min=0.1),
               help="activation-*: the worker's --ramp-up seconds.")
+@click.option("--ended-dialogs", default=Params.ended_dialogs, show_default=True, type=click.IntRange(min=1),
+              help="ended-dialogs: dialogs whose ended endpoints the namespace holds.")
 @click.option("--out", "out_dir", default="bench-results", show_default=True,
               type=click.Path(file_okay=False, path_type=Path),
               help="Directory of latest.json.")
@@ -52,11 +54,11 @@ SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "backlo
 @json_option
 @handle_errors
 def bench(scenarios, repeat, messages, conversations, backlog, readers, in_flight, samples, drain_messages,
-          max_readers, ramp_up, out_dir, docs_path, no_docs, quiet, bootstrap, as_json):
+          max_readers, ramp_up, ended_dialogs, out_dir, docs_path, no_docs, quiet, bootstrap, as_json):
     """Benchmark kbroker against a plain confluent-kafka baseline on the same broker.
 
-    SCENARIOS: send (with send-pipelined), request-reply, io-bound, backlog-rss, activation-latency,
-    activation-drain; all by default.
+    SCENARIOS: send (with send-pipelined), request-reply, io-bound, backlog-rss, ended-dialogs,
+    activation-latency, activation-drain; all by default.
     Uses --bootstrap / KBROKER_BOOTSTRAP when given, else starts an embedded broker on free ports
     in a temporary data dir for the run. Progress goes to stderr; results to OUT/latest.json and
     the results table of the docs; --json prints them on stdout."""
@@ -74,7 +76,7 @@ def bench(scenarios, repeat, messages, conversations, backlog, readers, in_fligh
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     params = Params(repeat=repeat, messages=messages, conversations=conversations, backlog=backlog,
                     readers=readers, in_flight=in_flight, samples=samples, drain_messages=drain_messages,
-                    max_readers=max_readers, ramp_up=ramp_up)
+                    max_readers=max_readers, ramp_up=ramp_up, ended_dialogs=ended_dialogs)
     reporter = Reporter(quiet=quiet)
     if docs_path is None and not no_docs and Path("docs/benchmarks.md").is_file():
         docs_path = Path("docs/benchmarks.md")

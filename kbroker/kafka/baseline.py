@@ -4,9 +4,10 @@ errors, positions and offsets. Kept here so the benchmark code holds no confluen
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
 
 from kbroker.errors import KBrokerError
 from kbroker.kafka import clients
@@ -73,3 +74,25 @@ def committed_offsets(consumer: Consumer, topic: str, partitions: list[int], tim
     """partition -> the consumer's group's committed offset (0 when none yet)."""
     committed = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout)
     return {tp.partition: max(tp.offset, 0) for tp in committed}
+
+
+def read_topic_to_end(bootstrap: str, topic: str, timeout: float = 600.0) -> int:
+    """A plain consumer loop reading every partition of `topic` from its start to its end;
+    returns the records read (the least any reader of the whole topic does)."""
+    consumer = clients.consumer(bootstrap, None, **{"enable.partition.eof": True, "fetch.wait.max.ms": 10})
+    try:
+        meta = consumer.list_topics(topic, timeout=30).topics[topic]
+        todo = set(meta.partitions)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in todo])
+        records, deadline = 0, time.monotonic() + timeout
+        while todo and time.monotonic() < deadline:
+            for msg in consumer.consume(10_000, 0.05):
+                if is_partition_eof(msg):
+                    todo.discard(msg.partition())
+                elif msg.error() is None:
+                    records += 1
+        if todo:
+            raise RuntimeError(f"{topic} not read to its end in {timeout:g} s")
+        return records
+    finally:
+        consumer.close()

@@ -18,8 +18,15 @@ from confluent_kafka import Consumer, Message, Producer
 
 from kbroker.core import names
 from kbroker.core.endpoint import CHAIN_SUFFIX, CLOSED, CLOSED_GRACE_SECONDS, Endpoint
-from kbroker.errors import ConversationNotFoundError
+from kbroker.errors import BrokerUnavailableError, ConversationNotFoundError
 from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partitions
+
+
+READ_TIMEOUT = 60.0  # seconds a read of the topic may take (the first one reads all of it)
+
+# How a CLOSED endpoint's record says so (compact JSON; a quote inside a name is escaped, so the
+# bytes cannot occur anywhere else): what lets a reader skip reclaimed endpoints unparsed.
+CLOSED_JSON = f'"state":"{CLOSED}"'.encode()
 
 
 class EndpointStore:
@@ -49,6 +56,7 @@ class EndpointStore:
         self._chains: dict[str, tuple[str, ...]] = {}
         self._consumer: Consumer | None = None
         self._positions: dict[int, int] = {}
+        self._behind = False  # the last read stopped at its deadline, short of the end
         self._reading = threading.Lock()  # readers' threads and the poll threads share the consumer
 
     def put(self, ep: Endpoint) -> None:
@@ -148,6 +156,7 @@ class EndpointStore:
     def in_group(self, group: str) -> list[Endpoint]:
         """The endpoints of conversation group `group` (read forward first)."""
         self._read_forward()
+        self._caught_up()
         return [self._cache[h] for h in self._by_group.get(group, ())]
 
     def _merged(self, ep: Endpoint) -> Endpoint:
@@ -162,6 +171,8 @@ class EndpointStore:
         if ep is None:
             self._read_forward()
             ep = self._cache.get(handle)
+            if ep is None:
+                self._caught_up()
         return ep
 
     def get(self, handle: str) -> Endpoint:
@@ -172,6 +183,7 @@ class EndpointStore:
 
     def all(self) -> list[Endpoint]:
         self._read_forward()
+        self._caught_up()
         return list(self._cache.values())
 
     def refresh(self) -> None:
@@ -180,7 +192,7 @@ class EndpointStore:
         service before it decides which sides a due timer reaches."""
         self._read_forward()
 
-    def _read_forward(self, timeout: float = 10.0) -> None:
+    def _read_forward(self, timeout: float = READ_TIMEOUT) -> None:
         with self._reading:
             self._read_forward_locked(timeout)
 
@@ -195,12 +207,18 @@ class EndpointStore:
             if partitions is None:
                 return  # no endpoint yet: asked again on the next read
             self._positions = dict.fromkeys(partitions, 0)
-        read = read_partitions(self._consumer, self.topic, self._positions, timeout)
         now = time.time()
-        for msg in read.records:
-            self._apply(msg, now)
+        read = read_partitions(self._consumer, self.topic, self._positions, timeout,
+                               on_record=lambda msg: self._apply(msg, now))
         self._positions.update(read.positions)
+        self._behind = bool(read.unfinished)
         self._prune(now)
+
+    def _caught_up(self) -> None:
+        """After a read: a handle not found, or a list of all, is only an answer if the read
+        reached the end (a huge topic or a slow broker may stop it at the deadline)."""
+        if self._behind:
+            raise BrokerUnavailableError(f"{self.topic} was not read to its end in {READ_TIMEOUT:g} s; try again")
 
     def _apply(self, msg: Message, now: float) -> None:
         raw_key, value = msg.key(), msg.value()
@@ -210,11 +228,11 @@ class EndpointStore:
         if key.endswith(CHAIN_SUFFIX):
             self._read_chain(key[:-len(CHAIN_SUFFIX)], value)
         elif value is not None:
-            ep = Endpoint.from_json(value)
             written_at = msg.timestamp()[1] / 1000.0
-            if ep.state == CLOSED and now - written_at >= self.grace:
-                self._forget(key)  # reclaimed: as good as its tombstone
+            if now - written_at >= self.grace and CLOSED_JSON in value:
+                self._forget(key)  # reclaimed: as good as its tombstone (and not even parsed)
                 return
+            ep = Endpoint.from_json(value)
             if self._continue_sequences:
                 ep = self._continued(ep)
             self._remember(self._merged(ep), written_at)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka import (
@@ -97,9 +97,12 @@ def watermarks(consumer: Consumer, topic: str, partition: int, deadline: float) 
             time.sleep(0.1)
 
 
-def read_partitions(consumer: Consumer, topic: str, starts: Mapping[int, int], timeout: float) -> PartitionsRead:
+def read_partitions(consumer: Consumer, topic: str, starts: Mapping[int, int], timeout: float,
+                    on_record: Callable[[Message], None] | None = None) -> PartitionsRead:
     """Read `topic`'s partitions from `starts` (partition -> first offset to read; an offset
     below the log start reads from the log start) up to their end as of now, within `timeout`.
+    With `on_record`, each record is handed to it as it arrives and not kept: memory stays one
+    batch whatever the topic holds.
 
     The end is partition EOF, not "offset == high watermark": transaction markers take offsets
     too, and a read-committed reader's end is the last stable offset. So `consumer` must report
@@ -123,7 +126,10 @@ def read_partitions(consumer: Consumer, topic: str, starts: Mapping[int, int], t
                 err, partition, offset = msg.error(), msg.partition(), msg.offset()
                 if err is None and partition is not None and offset is not None:
                     read.positions[partition] = offset + 1
-                    read.records.append(msg)
+                    if on_record is None:
+                        read.records.append(msg)
+                    else:
+                        on_record(msg)
                 elif err is None:
                     continue
                 elif err.code() == KafkaError._PARTITION_EOF:

@@ -25,7 +25,7 @@ from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.reclaim import reclaim_points
 from kbroker.errors import BrokerUnavailableError, kafka_error
 from kbroker.kafka import clients, messages
-from kbroker.kafka.endpoint_store import EndpointStore
+from kbroker.kafka.endpoint_store import CLOSED_JSON, EndpointStore
 from kbroker.kafka.reader import CONSUME_WAIT, group_offsets, reading_consumer, topic_partitions
 
 
@@ -178,8 +178,7 @@ def _closed_endpoints(consumer, topic: str, partition: int, before: float,
                     chains.add(key[:-len(CHAIN_SUFFIX)])
                     continue
                 value = msg.value()
-                # A CLOSED endpoint's JSON says so; parsing every record would cost the scan.
-                if value is not None and b'"state":"CD"' in value and msg.timestamp()[1] / 1000.0 < before:
+                if value is not None and CLOSED_JSON in value and msg.timestamp()[1] / 1000.0 < before:
                     closed[key] = msg.timestamp()[1]
                 else:
                     closed.pop(key, None)

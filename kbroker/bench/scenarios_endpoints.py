@@ -1,0 +1,144 @@
+"""The ended-dialogs scenario: what a namespace with many ended dialogs costs a process that
+reads its endpoints, and `kbroker conversations`.
+
+Setup writes the endpoint records of `--ended-dialogs` dialogs whose two sides are CLOSED and
+past the grace period (both sides' last records, written an hour ago), and one live dialog, as
+a namespace looks after a long run before the worker's reclaim and the broker's compaction have
+removed them. Rows:
+
+- ended-dialogs-rss: the peak RSS of a child process that connects, reads every endpoint (what
+  the first RECEIVE's partition assignment and the timer service do) and SENDs on the live
+  dialog, against a child that only connects. Bounded: the reader keeps no ended endpoint.
+- conversations-view: the seconds `kbroker conversations` takes, against a plain confluent-kafka
+  loop reading the same topic to its end (what any reader of it must at least do).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+
+from kbroker.bench.common import sides
+from kbroker.bench.harness import BenchContext, Row, Scenario, scenario
+from kbroker.bench.scenarios_rss import PEAK_RSS, RSS_BOUND_MB
+from kbroker.cli.demo import CLAIM, CONTRACT, EMPLOYEES, EXPENSES
+from kbroker.core import names
+from kbroker.core.endpoint import CLOSED, CONVERSING, Endpoint, default_group, handle_for
+from kbroker.kafka.baseline import Delivery, fast_producer, read_topic_to_end
+
+VIEW_TARGET_S = 2.0
+AGO_S = 3600  # the ended dialogs' records were written an hour ago: past the 30-minute grace
+
+CHILD = r"""
+import json, resource, sys, time
+mode, bootstrap, namespace, live, CLAIM = sys.argv[1:6]
+import kbroker
+t0 = time.monotonic()
+broker = kbroker.connect(bootstrap, namespace)
+kept = 0
+if mode == "kbroker":
+    kept = len(broker.endpoints.all())
+    broker.send(live, CLAIM, {"amount": 1})
+""" + PEAK_RSS + r"""
+rss_kb = peak_rss_kb()
+broker.close()
+print(json.dumps({"peak_rss_kb": rss_kb, "endpoints_kept": kept, "seconds": time.monotonic() - t0}))
+"""
+
+
+@dataclass
+class Ended:
+    namespace: str
+    dialogs: int
+    live: str
+    records: int
+
+
+def _ended_pair(conversation_id: str, at: float) -> list[Endpoint]:
+    ini = Endpoint(handle_for(conversation_id, "INITIATOR"), conversation_id, "INITIATOR",
+                   default_group(conversation_id, "INITIATOR"), default_group(conversation_id, "TARGET"),
+                   EMPLOYEES, EXPENSES, CONTRACT, CLOSED, send_sequence=3, sequence_reserved=3, updated=at)
+    tgt = replace(ini, conversation_handle=handle_for(conversation_id, "TARGET"), side="TARGET",
+                  conversation_group_id=ini.far_conversation_group_id,
+                  far_conversation_group_id=ini.conversation_group_id,
+                  service_name=EXPENSES, far_service_name=EMPLOYEES, send_sequence=2, sequence_reserved=2)
+    return [ini, tgt]
+
+
+def setup_ended(ctx: BenchContext) -> Ended:
+    n = ctx.params.ended_dialogs
+    ns = ctx.fresh_namespace("ended")
+    topic = names.endpoints_topic(ns)
+    producer, delivery = fast_producer(ctx.bootstrap), Delivery()
+    at = time.time() - AGO_S
+    stamp = int(at * 1000)
+    with ctx.reporter.bar(f"endpoints of {n:,} ended dialogs", n) as advance:
+        for i in range(n):
+            for ep in _ended_pair(str(uuid.uuid4()), at):
+                producer.produce(topic, key=ep.conversation_handle.encode(), value=ep.to_json(),
+                                 timestamp=stamp, on_delivery=delivery)
+            if i % 10_000 == 9_999:
+                producer.poll(0)
+                advance(10_000)
+        advance(n % 10_000)
+        delivery.check(producer.flush(600))
+    import kbroker
+
+    with kbroker.connect(ctx.bootstrap, ns) as b:
+        live = b.begin_dialog(EMPLOYEES, EXPENSES, CONTRACT)
+        b.send(live, CLAIM, {"amount": 0})
+        assert b.endpoints.get(live).state == CONVERSING
+    return Ended(ns, n, live, 2 * n)
+
+
+def _child(ctx: BenchContext, mode: str, ended: Ended) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, mode, ctx.bootstrap, ended.namespace, ended.live, CLAIM],
+                         capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        tail = " | ".join(out.stderr.strip().splitlines()[-3:])
+        raise RuntimeError(f"the {mode} child exited with {out.returncode}: {tail}")
+    return orjson.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_ended(ctx: BenchContext, ended: Ended, rep: int) -> dict[str, dict]:
+    from kbroker.kafka.queues import conversation_view
+
+    rss: dict[str, Any] = {}
+    for side in sides(rep):
+        r = _child(ctx, side, ended)
+        rss[side] = r["peak_rss_kb"] / 1024
+        rss[f"{side}_detail"] = {k: v for k, v in r.items() if k != "peak_rss_kb"}
+    rss["ended_dialogs"] = ended.dialogs
+    view: dict[str, Any] = {}
+    for side in sides(rep):
+        t0 = time.perf_counter()
+        if side == "kbroker":
+            rows = conversation_view(ctx.bootstrap, ended.namespace)
+            view["kbroker_detail"] = {"rows": len(rows)}
+        else:
+            view["baseline_detail"] = {"records": read_topic_to_end(ctx.bootstrap, names.endpoints_topic(ended.namespace))}
+        view[side] = time.perf_counter() - t0
+    view["ended_dialogs"] = ended.dialogs
+    return {"ended-dialogs-rss": rss, "conversations-view": view}
+
+
+scenario(Scenario(
+    name="ended-dialogs",
+    description="a process reading the endpoints of many ended dialogs, and `kbroker conversations`",
+    rows=(Row("ended-dialogs-rss", "MB", f"bounded: <= baseline + {RSS_BOUND_MB} MB",
+              check=lambda r: r["kbroker"] - r["baseline"] <= RSS_BOUND_MB,
+              notes="child process: connect, read every endpoint, SEND on the live dialog; peak RSS (VmHWM) "
+                    "vs a child that only connects; the ended dialogs' records are past the grace period"),
+          Row("conversations-view", "s", f"<= {VIEW_TARGET_S:g} s",
+              check=lambda r: r["kbroker"] <= VIEW_TARGET_S,
+              notes="conversation_view (kbroker conversations) vs a plain consumer reading the endpoints "
+                    "topic to its end; both read every record until compaction removes the tombstoned ones")),
+    run=run_ended,
+    setup=setup_ended,
+))
