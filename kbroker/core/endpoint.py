@@ -120,6 +120,29 @@ class Endpoint:
         return replace(self, state=CLOSED if self.state == DISCONNECTED_OUTBOUND else ERROR)
 
 
+# An endpoint's state only moves forward: SO, then CO, then one of DI / DO / ER, then CD.
+_STAGE = {STARTED_OUTBOUND: 0, CONVERSING: 1, DISCONNECTED_INBOUND: 2, DISCONNECTED_OUTBOUND: 2, ERROR: 2,
+          CLOSED: 3}
+
+
+def merged_state(current: Endpoint | None, new: Endpoint) -> Endpoint | None:
+    """The endpoint after record `new`, given what is known (`current`), or None when `new` is
+    refused. Several processes write one endpoint, each from its own copy: a record that would
+    move the state back (CO after DI, anything after CD) was written from a stale copy and is
+    refused, so a stale writer never silently wins. Two ends written from one copy (DO by a
+    process that ended, DI or ER by one that received the peer's end or error) are both true:
+    the endpoint is CLOSED. Every reader applies this to the same records in the same order,
+    so all agree."""
+    if current is None or new.state == current.state:
+        return new
+    now, then = _STAGE[new.state], _STAGE[current.state]
+    if now < then:
+        return None
+    if now == then == 2 and DISCONNECTED_OUTBOUND in (new.state, current.state):
+        return replace(new, state=CLOSED)
+    return new
+
+
 # How long a CLOSED endpoint is kept before it is reclaimed (its tombstone written): as long as
 # Service Broker keeps a target's closed endpoint, so a late duplicate of the dialog's messages
 # finds it closed rather than beginning the dialog again.

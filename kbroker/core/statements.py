@@ -54,6 +54,9 @@ from kbroker.errors import (
 )
 
 SYSTEM_TYPES = {END_DIALOG, ERROR_TYPE, DIALOG_TIMER}  # sent by the broker only, never by SEND
+# The Error code kbroker sends back for a message that arrived after its sender's side had ended
+# the dialog (kbroker's own: negative like Service Broker's broker errors, outside their range).
+MESSAGE_AFTER_END = -9601
 
 T = TypeVar("T")
 
@@ -320,6 +323,19 @@ class Statements:
             return None
         reason = f"refused on arrival: {why}"
         return dead_letter_record(self.namespace, msg.extra["record"], reason), reason
+
+    def late_records(self, msg: Message, ep: Endpoint | None) -> tuple[list[Record], Endpoint, str] | None:
+        """A message the peer sent after the peer's side had ended the dialog (its EndDialog or
+        Error is already here: one of the peer's processes SENT from an endpoint another had
+        ended). Never delivered: (its dead letter and an Error back to the peer's side, this
+        side's endpoint after sending that Error, the reason), else None."""
+        env = msg.extra["envelope"]
+        if ep is None or ep.state not in (DISCONNECTED_INBOUND, ERROR) or env.message_type_name in SYSTEM_TYPES:
+            return None
+        reason = (f"{env.message_type_name!r} arrived after the {other(ep.side).lower()} side ended the "
+                  f"conversation (sequence {env.message_sequence_number})")
+        error, _ = self._record(ep, ERROR_TYPE, error_body(MESSAGE_AFTER_END, reason))
+        return [dead_letter_record(self.namespace, msg.extra["record"], reason), error], ep.after_send(), reason
 
     @staticmethod
     def rekey_record(topic: str, msg: Message, group: str) -> Record:

@@ -9,6 +9,7 @@ group checks of BEGIN DIALOG and MOVE look at that group's endpoints only."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import replace
@@ -17,10 +18,12 @@ import orjson
 from confluent_kafka import Consumer, Message, Producer
 
 from kbroker.core import names
-from kbroker.core.endpoint import CHAIN_SUFFIX, CLOSED, CLOSED_GRACE_SECONDS, Endpoint
+from kbroker.core.endpoint import CHAIN_SUFFIX, CLOSED, CLOSED_GRACE_SECONDS, Endpoint, merged_state
 from kbroker.errors import BrokerUnavailableError, ConversationNotFoundError
 from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partitions
 
+
+log = logging.getLogger("kbroker.endpoints")
 
 READ_TIMEOUT = 60.0  # seconds a read of the topic may take (the first one reads all of it)
 
@@ -120,9 +123,17 @@ class EndpointStore:
         return n
 
     def _remember(self, ep: Endpoint, written_at: float) -> None:
-        """Cache `ep` (written at `written_at`, epoch seconds) and index it by its group."""
+        """Cache `ep` (written at `written_at`, epoch seconds) and index it by its group, unless
+        it would move the endpoint's state back (core/endpoint.merged_state): then it is a
+        stale writer's, and refused."""
         handle = ep.conversation_handle
         old = self._cache.get(handle)
+        merged = merged_state(old, ep)
+        if merged is None:
+            log.info("endpoint %s: a record in state %s written from a stale copy is refused (the "
+                     "endpoint is %s)", handle, ep.state, old.state if old else None)
+            return
+        ep = merged
         if old is not None and old.conversation_group_id != ep.conversation_group_id:
             self._unindex(handle, old.conversation_group_id)
         self._cache[handle] = ep

@@ -159,6 +159,13 @@ class Transaction:
             if hop is not None:
                 moving.append((m, hop))
                 continue
+            late = rt.statements.late_records(m, ep)
+            if late is not None:  # never delivered after the peer's EndDialog: said, not silent
+                records, ep, reason = late
+                log.warning("message %s on %s: %s", m.message_id, m.queue, reason)
+                self._records.extend(records)
+                self._stage(ep)
+                continue
             keep, ep = rt.statements.after_receive(m, ep)
             if ep is not None:
                 self._stage(ep)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import orjson
@@ -24,6 +25,7 @@ from kbroker.core.endpoint import (
     chain_key,
     default_group,
     handle_for,
+    merged_state,
     new_target_endpoint,
 )
 from kbroker.core.envelope import Envelope, Message
@@ -318,3 +320,36 @@ def test_a_dialog_without_lifetime_never_expires(world: World) -> None:
     legacy = orjson.loads(ep.to_json())
     legacy["lifetime"] = 2**31 - 1
     assert Endpoint.from_json(orjson.dumps(legacy)).lifetime is None
+
+
+# --- several processes on one side -------------------------------------------------------------
+
+def test_a_stale_endpoint_record_never_moves_the_state_back(world: World) -> None:
+    """A process that still holds a CO copy writes it after another process's DI: refused. Two
+    ends written from one copy (DO here, DI there) close the endpoint. Before, the last record
+    won: the endpoint went back to CO and could SEND after the peer's EndDialog."""
+    ep = replace(world.dialog(), state=CONVERSING)
+    di, do = ep.after_peer_end(), ep.after_local_end()
+    assert merged_state(di, ep) is None and merged_state(replace(ep, state=CLOSED), di) is None
+    assert merged_state(ep, di) == di and merged_state(None, ep) == ep
+    assert merged_state(di, do).state == CLOSED and merged_state(do, di).state == CLOSED
+    assert merged_state(do, replace(do, state=CLOSED)).state == CLOSED
+
+
+def test_a_message_sent_after_its_side_ended_is_refused_with_an_error_back(world: World) -> None:
+    """The peer's EndDialog is here (DI) and then a message of the peer's arrives (one of its
+    processes sent from a stale copy): dead-lettered with the reason, and an Error goes back to
+    the peer's side. Before, it was delivered after the EndDialog."""
+    initiator = world.dialog()
+    msg = received(initiator, CLAIM)
+    msg.extra["record"] = Consumed()
+    target = new_target_endpoint(initiator.conversation_id, "g", initiator.conversation_group_id, EXPENSES,
+                                 EMPLOYEES, CONTRACT)
+    assert world.statements.late_records(msg, target) is None  # still conversing: delivered
+    assert world.statements.late_records(received(initiator, END_DIALOG), target.after_peer_end()) is None
+    records, after, reason = world.statements.late_records(msg, target.after_peer_end())
+    dead, error = records
+    assert dead[0] == names.deadletter_topic(NS) and "after the initiator side ended" in reason
+    assert error[0] == names.queue_topic(NS, "EmployeeQueue")
+    assert headers(error)["kb.message_type_name"] == ERROR_TYPE and b"-9601" in error[2]
+    assert after.state == DISCONNECTED_INBOUND and after.send_sequence == target.send_sequence + 1
