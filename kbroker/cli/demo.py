@@ -77,9 +77,10 @@ def _conversation(broker: Broker, say: Callable[[str], None], show: Callable[[Ta
         broker.send(handle, CLAIM, {"employee": "jdoe", "amount": 42.50, "item": "train ticket"})
         step("employee", "SEND ExpenseClaim")
 
-        # Both sides' conversation groups default to the dialog id, so it names this dialog.
-        group = broker.endpoints.get(handle).conversation_id
-        claim = _receive_one(broker, "ExpenseQueue", group)
+        # Each side's own conversation group names this dialog on that side's queue.
+        employee = broker.endpoints.get(handle)
+        group, target_group = employee.conversation_group_id, employee.far_conversation_group_id
+        claim = _receive_one(broker, "ExpenseQueue", target_group)
         step("expenses", f"RECEIVE {claim.message_type_name.rsplit('/', 1)[-1]} {claim.text}", claim)
         broker.send(claim.conversation_handle, APPROVAL, {"approved": True, "by": "expenses"})
         step("expenses", "SEND ExpenseApproval")
@@ -89,7 +90,7 @@ def _conversation(broker: Broker, say: Callable[[str], None], show: Callable[[Ta
         broker.end_conversation(handle)
         step("employee", "END CONVERSATION")
 
-        end = _receive_one(broker, "ExpenseQueue", group)
+        end = _receive_one(broker, "ExpenseQueue", target_group)
         if end.message_type_name != END_DIALOG:
             raise RuntimeError(f"expected EndDialog, received {end.message_type_name}")
         step("expenses", "RECEIVE EndDialog")
