@@ -75,23 +75,16 @@ def test_group_lock_within_a_process(ns_broker):
     tx2.commit()
 
 
-def test_poison_messages_disable_the_queue_and_enable_resumes(kafka_bootstrap, namespace, ns_broker):
-    from kbroker.kafka.queues import set_queue_status
+def send_poison(b: Broker) -> None:
+    b.send(b.begin_dialog(inv.CLIENT, "//kbroker/test/PoisonServer", inv.CONTRACT), inv.REQUEST, {"poison": True})
 
-    b = ns_broker
-    h = b.begin_dialog(inv.CLIENT, "//kbroker/test/PoisonServer", inv.CONTRACT)
-    b.send(h, inv.REQUEST, {"poison": True})
-    for attempt in range(5):
+
+def roll_back_receives(b: Broker, times: int, wait: float = 15) -> None:
+    """`times` transactions that each RECEIVE from PoisonQueue and roll back."""
+    for attempt in range(times):
         tx = b.transaction()
-        assert tx.receive("PoisonQueue", wait=15), f"attempt {attempt}: message missing"
+        assert tx.receive("PoisonQueue", wait=wait), f"attempt {attempt}: message missing"
         tx.rollback()
-    with pytest.raises(errors.QueueDisabledError, match="PoisonQueue"):
-        b.receive("PoisonQueue", wait=0)
-    events = inv.read_replies(kafka_bootstrap, names.events_topic(namespace))
-    assert any(e["event"] == "QUEUE_DISABLED" and e["queue"] == "PoisonQueue" and e["poison"] for e in events)
-    set_queue_status(kafka_bootstrap, namespace, "PoisonQueue", "ON", "fixed the handler")
-    msgs = b.receive("PoisonQueue", wait=15)
-    assert [orjson.loads(m.body) for m in msgs] == [{"poison": True}]  # the message was kept
 
 
 def poison_events(bootstrap: str, namespace: str) -> list[dict]:
@@ -99,22 +92,31 @@ def poison_events(bootstrap: str, namespace: str) -> list[dict]:
             if e["event"] == "QUEUE_DISABLED" and e["queue"] == "PoisonQueue" and e["poison"]]
 
 
+def test_poison_messages_disable_the_queue_and_enable_resumes(kafka_bootstrap, namespace, ns_broker):
+    from kbroker.kafka.queues import set_queue_status
+
+    b = ns_broker
+    send_poison(b)
+    roll_back_receives(b, 5)
+    with pytest.raises(errors.QueueDisabledError, match="PoisonQueue"):
+        b.receive("PoisonQueue", wait=0)
+    assert poison_events(kafka_bootstrap, namespace)
+    set_queue_status(kafka_bootstrap, namespace, "PoisonQueue", "ON", "fixed the handler")
+    msgs = b.receive("PoisonQueue", wait=15)
+    assert [orjson.loads(m.body) for m in msgs] == [{"poison": True}]  # the message was kept
+
+
+
+
 def test_a_poison_message_counts_its_rollbacks_across_processes(kafka_bootstrap, namespace, ns_broker):
     """Three rollbacks in one process, then the message moves to another (the first one
     stopped): its fifth rollback, the other's second, disables the queue. Before, each process
     counted its own, and the second one's count began at 0."""
-    h = ns_broker.begin_dialog(inv.CLIENT, "//kbroker/test/PoisonServer", inv.CONTRACT)
-    ns_broker.send(h, inv.REQUEST, {"poison": True})
-    for attempt in range(3):
-        tx = ns_broker.transaction()
-        assert tx.receive("PoisonQueue", wait=15), f"attempt {attempt}: message missing"
-        tx.rollback()
+    send_poison(ns_broker)
+    roll_back_receives(ns_broker, 3)
     ns_broker.close()  # its partition goes to the next reader
     with Broker(kafka_bootstrap, namespace) as other:
-        for attempt in range(2):
-            tx = other.transaction()
-            assert tx.receive("PoisonQueue", wait=30), f"attempt {attempt}: message missing"
-            tx.rollback()
+        roll_back_receives(other, 2, wait=30)
         with pytest.raises(errors.QueueDisabledError, match="PoisonQueue"):
             other.receive("PoisonQueue", wait=0)
     reasons = [e["reason"] for e in poison_events(kafka_bootstrap, namespace)]
@@ -126,8 +128,7 @@ def test_a_poison_message_disables_the_queue_while_other_messages_commit(kafka_b
     per-process count of rollbacks in a row; the message's own count still reaches five.
     Before, the queue stayed enabled and the message was retried for ever."""
     b = ns_broker
-    poison = b.begin_dialog(inv.CLIENT, "//kbroker/test/PoisonServer", inv.CONTRACT)
-    b.send(poison, inv.REQUEST, {"poison": True})
+    send_poison(b)
     for i in range(10):
         b.send(b.begin_dialog(inv.CLIENT, "//kbroker/test/PoisonServer", inv.CONTRACT), inv.REQUEST, {"good": i})
     for attempt in range(5):
