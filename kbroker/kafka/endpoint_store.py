@@ -84,6 +84,24 @@ class EndpointStore:
                 self._chains[handle] = ep.with_chain(self._chains.get(handle, ())).chain
             self._remember(self._merged(ep), time.time())
 
+    def in_doubt(self, ep: Endpoint) -> None:
+        """A transaction that wrote `ep` (or SENT within its block) may or may not have
+        committed. Its SENDs' sequence numbers may be taken either way, so the next SEND here
+        goes on past everything `ep` reserved and writes a new block, as after a crash: a gap
+        at worst, never a number used twice. The state stays as known: if the transaction did
+        commit a state change, that record moves the state forward when it is read."""
+        handle = ep.conversation_handle
+        known = self._cache.get(handle)
+        if known is None:
+            return
+        past = max(ep.send_sequence, ep.sequence_reserved, known.send_sequence, known.sequence_reserved)
+        moved_on = replace(known, send_sequence=past, sequence_reserved=past)
+        self._cache[handle] = moved_on
+        # Kept as this process's exact count: a record of the doubtful transaction read later
+        # (this process's reservation) continues from here, not from what that record says.
+        self._unwritten[handle] = moved_on
+        self._mine[handle] = max(self._mine.get(handle, -1), past)
+
     def _keep_exact(self, handle: str, ep: Endpoint | None, written: bool) -> None:
         """Keep the exact state for close() wherever the topic does not say the exact next
         sequence: a SEND within the reserved block (not written), and a written record that

@@ -299,6 +299,10 @@ class Transaction:
         except (TransactionAbortedError, TransactionInDoubtError) as exc:
             # Either way this transaction is over: its locks and leases go, or the next
             # statement on its conversations would wait on them for ever.
+            if isinstance(exc, TransactionInDoubtError):
+                for handle, ep in self._endpoints.items():
+                    if ep is not None:
+                        rt.endpoints.in_doubt(ep)
             self._end(committed=False)
             self.state = "aborted" if isinstance(exc, TransactionAbortedError) else "in doubt"
             raise

@@ -19,6 +19,7 @@ class FakeMessage:
     value_: bytes | None = None
     error_: KafkaError | None = None
     topic_: str = "t"
+    timestamp_ms: int = 0
 
     def error(self) -> KafkaError | None:
         return self.error_
@@ -37,6 +38,9 @@ class FakeMessage:
 
     def topic(self) -> str:
         return self.topic_
+
+    def timestamp(self) -> tuple[int, int]:
+        return 1, self.timestamp_ms  # (TIMESTAMP_CREATE_TIME, ms)
 
 
 def eof(partition: int, offset: int) -> FakeMessage:

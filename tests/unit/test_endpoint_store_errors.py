@@ -1,7 +1,8 @@
 """The endpoints cache meets a Kafka error while reading forward: it raises a typed kbroker error.
 A confluent KafkaError is not an exception class; raised as one (as the cache once did), it
 escaped even `except BaseException`, so nothing could stop it taking down the thread that read:
-a receiver's poll thread, on its partition-assignment path."""
+a receiver's poll thread, on its partition-assignment path. And a commit that ended in doubt
+leaves the cache where no sequence number can be used twice."""
 
 from __future__ import annotations
 
@@ -54,3 +55,23 @@ def test_a_lost_connection_is_waited_out_and_the_read_goes_on() -> None:
     store.refresh()  # no error: librdkafka reconnects by itself
     assert store._positions == {0: 1}
     assert consumer.unassigned == 1
+
+
+def test_after_a_commit_in_doubt_the_next_send_goes_past_the_reserved_block() -> None:
+    """A transaction that SENT on a dialog ended in doubt: whether its numbers were used is not
+    known, so the next SEND continues past the block, even once the doubtful transaction's own
+    endpoint record is read back. Before, the cache kept the count from before the transaction,
+    and the next SEND reused its sequence numbers when it had committed."""
+    from dataclasses import replace
+
+    from kbroker.core.endpoint import CONVERSING, Endpoint
+
+    store = EndpointStore("127.0.0.1:1", "ns", NoProducer())  # type: ignore[arg-type]
+    before = Endpoint("h", "c", "INITIATOR", "g", "f", "s", "fs", "k", CONVERSING, send_sequence=3,
+                      sequence_reserved=64)
+    store.note("h", before, written=True)
+    doubtful = replace(before, send_sequence=70, sequence_reserved=128)  # it wrote a new block
+    store.in_doubt(doubtful)
+    assert store.cached("h").send_sequence == 128
+    store._apply(FakeMessage(0, 0, key_=b"h", value_=doubtful.to_json()), now=0.0)  # read back: committed
+    assert store.cached("h").send_sequence == 128
