@@ -40,9 +40,12 @@ from kbroker.cli.views import queue_group
               metavar="MODULE[,MODULE...]",
               help="Modules (or packages) whose activation procedures this worker runs, besides kbroker's "
                    "own; a queue naming another is not activated. Repeatable; env KBROKER_ALLOW_PROCEDURES.")
+@click.option("--closed-grace", type=click.FloatRange(min=0), default=1800.0, show_default=True,
+              help="Seconds a CLOSED conversation endpoint is kept before the worker tombstones it.")
 @click.option("--loglevel", default="info", show_default=True)
 @handle_errors
-def worker_cmd(bootstrap, namespace, web_port, tick, ramp_up, handlers, no_timers, allow_procedures, loglevel):
+def worker_cmd(bootstrap, namespace, web_port, tick, ramp_up, handlers, no_timers, allow_procedures, closed_grace,
+               loglevel):
     """Run the worker: queue monitors with internal and external activation, task handlers, the
     cluster tick and the timer service. Start several; they share the work through Kafka."""
     require_extra("worker", "faust", "aiokafka")
@@ -51,7 +54,7 @@ def worker_cmd(bootstrap, namespace, web_port, tick, ramp_up, handlers, no_timer
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     run_worker(WorkerSettings(bootstrap_address(bootstrap), config.namespace(namespace),
                               web_port=web_port, tick_interval=tick, ramp_up=ramp_up, handlers=handlers,
-                              timers=not no_timers,
+                              timers=not no_timers, closed_grace=closed_grace,
                               allow_procedures=tuple(m.strip() for value in allow_procedures
                                                      for m in value.replace(" ", ",").split(",") if m.strip())),
                loglevel=loglevel)

@@ -279,10 +279,11 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
     async def reclaim_records() -> None:
         """Seed 000's 5th-tick cleanup, once per cluster: records no queue reader needs are
         deleted; endpoints closed for longer than the grace period are tombstoned (a scan of the
-        endpoints topic, so at most every ENDPOINT_RECLAIM_SECONDS)."""
+        endpoints topic, so at most every ENDPOINT_RECLAIM_SECONDS, or every closed_grace when shorter)."""
         try:
             done = await asyncio.to_thread(lambda: reclaim_namespace(s.bootstrap, broker.catalog))
-            if time.monotonic() - rt.get("endpoints_reclaimed", -ENDPOINT_RECLAIM_SECONDS) >= ENDPOINT_RECLAIM_SECONDS:
+            every = min(ENDPOINT_RECLAIM_SECONDS, s.closed_grace)  # a short grace is reclaimed as often
+            if time.monotonic() - rt.get("endpoints_reclaimed", -every) >= every:
                 rt["endpoints_reclaimed"] = time.monotonic()
                 n = await asyncio.to_thread(reclaim_endpoints, s.bootstrap, s.namespace, s.closed_grace)
                 if n:

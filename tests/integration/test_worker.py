@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+from confluent_kafka import Producer
 
 from kbroker.core import names
 from kbroker.errors import BrokerUnavailableError
@@ -39,7 +40,8 @@ class Worker:
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
                 [KBROKER, "worker", "--bootstrap", bootstrap, "--namespace", namespace, "--web-port", str(self.port),
-                 "--tick", "1", "--ramp-up", "1", "--handlers", "8", "--allow-procedures", "tests.helpers"],
+                 "--tick", "1", "--ramp-up", "1", "--handlers", "8", "--allow-procedures", "tests.helpers",
+                 "--closed-grace", "3"],
                 cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT)
         self.id: str | None = None
 
@@ -211,6 +213,39 @@ def test_every_5th_tick_reclaims_what_the_readers_received(worker_ns, client):
     wait_for(reclaimed_to_commit, 30, "the log start to reach the committed offset")
     got = [e for e in events(bootstrap, ns, "RECORDS_RECLAIMED") if e["topic"] == topic]
     assert got and all(int(o) > 0 for e in got for o in e["deleted_below"].values()), got
+
+
+def test_the_5th_tick_tombstones_endpoints_closed_longer_than_the_grace(worker_ns, client):
+    """The worker runs with --closed-grace 3: a dialog both sides ended is gone from the
+    endpoints topic (its tombstones written) a few seconds later; a live one stays. (ForeignQueue
+    is never activated: this test's RECEIVEs are the only ones.)"""
+    from kbroker.core.endpoint import CLOSED
+    from kbroker.kafka.endpoint_store import EndpointStore
+
+    bootstrap, ns, _, _ = worker_ns
+    ended = client.begin_dialog(CLIENT, "//kbroker/test/Foreign", JOBS)
+    client.send(ended, JOB, {"i": 0})
+    live = client.begin_dialog(CLIENT, "//kbroker/test/Foreign", JOBS)
+    client.send(live, JOB, {"i": 1})
+    got = wait_for(lambda: [m for m in client.receive("ForeignQueue", wait=1)
+                            if m.conversation_id == client.endpoints.get(ended).conversation_id] or None,
+                   30, "the ended dialog's job")
+    client.end_conversation(got[0].conversation_handle)
+    wait_for(lambda: client.receive("ClientQueue", wait=1) or None, 30, "the EndDialog")
+    client.end_conversation(ended)
+    target = got[0].conversation_handle
+    wait_for(lambda: client.receive("ForeignQueue", wait=1) == [] and client.endpoints.get(target).state == CLOSED,
+             30, "the target endpoint to close")
+
+    def gone() -> bool:
+        store = EndpointStore(bootstrap, ns, Producer({"bootstrap.servers": bootstrap}))
+        store.grace = 10**9  # what the topic holds, not what a reader would skip
+        try:
+            return store.find(ended) is None and store.find(target) is None and store.find(live) is not None
+        finally:
+            store.close()
+
+    wait_for(gone, 30, "the closed endpoints' tombstones")
 
 
 def test_external_activation_notifies_and_repeats_until_received(worker_ns, client):
