@@ -36,7 +36,7 @@ class Rollback(Exception):
 
 def reader_process(bootstrap: str, namespace: str, readers: int, stop_file: str, log_file: str,
                    rollback_rate: float, seed: int) -> None:
-    from kbroker.errors import TransactionAbortedError
+    from kbroker.errors import QueueDisabledError, TransactionAbortedError
     from kbroker.sdk.broker import Broker
 
     broker = Broker(bootstrap, namespace)
@@ -68,6 +68,9 @@ def reader_process(bootstrap: str, namespace: str, readers: int, stop_file: str,
                 tx.rollback()
             except TransactionAbortedError:
                 pass  # a rebalance moved the partition: the new owner receives these again
+            except QueueDisabledError:
+                tx.rollback()
+                time.sleep(0.2)  # ALTER QUEUE ... STATUS = OFF: wait for it to be enabled again
     threads = [threading.Thread(target=reader, args=(i,)) for i in range(readers)]
     for t in threads:
         t.start()
