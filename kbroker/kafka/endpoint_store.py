@@ -25,7 +25,8 @@ from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partit
 
 log = logging.getLogger("kbroker.endpoints")
 
-READ_TIMEOUT = 60.0  # seconds a read of the topic may take (the first one reads all of it)
+READ_TIMEOUT = 60.0
+FRESH_FOR = 1.0  # seconds a statement that changes an endpoint trusts the last read of the topic  # seconds a read of the topic may take (the first one reads all of it)
 
 # How a CLOSED endpoint's record says so (compact JSON; a quote inside a name is escaped, so the
 # bytes cannot occur anywhere else): what lets a reader skip reclaimed endpoints unparsed.
@@ -60,6 +61,8 @@ class EndpointStore:
         self._consumer: Consumer | None = None
         self._positions: dict[int, int] = {}
         self._behind = False  # the last read stopped at its deadline, short of the end
+        self.fresh_for = FRESH_FOR
+        self._read_at = float("-inf")  # time.monotonic() of the last read forward
         self._reading = threading.Lock()  # readers' threads and the poll threads share the consumer
 
     def put(self, ep: Endpoint) -> None:
@@ -210,6 +213,16 @@ class EndpointStore:
             raise ConversationNotFoundError(handle)
         return ep
 
+    def current(self, handle: str) -> Endpoint:
+        """The endpoint as the statements that change it need it (SEND, END CONVERSATION, ...):
+        read forward first when the last read is more than `fresh_for` seconds old, so a
+        process sees within about that long that another process of its side ended the dialog
+        (the statement then raises ConversationClosedError). Inside that window the receiving
+        side refuses what a stale copy sends (docs/endpoints.md)."""
+        if time.monotonic() - self._read_at > self.fresh_for:
+            self._read_forward()
+        return self.get(handle)
+
     def all(self) -> list[Endpoint]:
         self._read_forward()
         self._caught_up()
@@ -241,6 +254,7 @@ class EndpointStore:
                                on_record=lambda msg: self._apply(msg, now))
         self._positions.update(read.positions)
         self._behind = bool(read.unfinished)
+        self._read_at = time.monotonic()
         self._prune(now)
 
     def _caught_up(self) -> None:

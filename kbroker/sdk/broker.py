@@ -245,7 +245,7 @@ class Broker:
     def send(self, handle: str, message_type: str = "DEFAULT", body: Any = None, **kw: Any) -> str:
         """SEND ON CONVERSATION: returns the message id once Kafka acknowledged the message."""
         with self.conversation_locks.held(str(handle)), self._lock:
-            before = self.endpoints.get(str(handle))
+            before = self.endpoints.current(str(handle))
             record, message_id, ep = self.statements.message_record(before, message_type, body, **kw)
             self._produce(record)
             if must_persist(before, ep):
@@ -259,7 +259,7 @@ class Broker:
                          cleanup: bool = False) -> None:
         """END CONVERSATION [WITH ERROR = code DESCRIPTION = text | WITH CLEANUP]."""
         with self.conversation_locks.held(str(handle)), self._lock:
-            ep = self.endpoints.get(str(handle))
+            ep = self.endpoints.current(str(handle))
             records, ended = self.statements.end_records(ep, error=error, description=description, cleanup=cleanup)
             for record in records:
                 self._produce(record)

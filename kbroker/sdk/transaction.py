@@ -77,7 +77,7 @@ class Transaction:
             if ep is None:
                 raise ConversationNotFoundError(handle)
             return ep
-        return self._runtime.endpoints.get(handle)
+        return self._runtime.endpoints.current(handle)
 
     def _lock(self, handle: str) -> None:
         """SEND, END CONVERSATION, BEGIN CONVERSATION TIMER and MOVE lock the conversation until

@@ -410,6 +410,7 @@ def test_a_send_from_a_stale_copy_after_the_side_ended_is_never_delivered(kafka_
     first = receive_once_all_arrived(broker, "ExpenseQueue", 1)
     with Broker(kafka_bootstrap, namespace) as stale:
         assert stale.endpoints.get(h).state == "CO"  # its copy, read before the end
+        stale.endpoints.fresh_for = 3600  # the race: it SENDs before it reads the end
         broker.end_conversation(h)
         stale.send(h, CLAIM, {"claim": "late"})
     got = []
@@ -429,3 +430,21 @@ def test_a_send_from_a_stale_copy_after_the_side_ended_is_never_delivered(kafka_
     # every reader (it would move the state back), where the last record used to win.
     with Broker(kafka_bootstrap, namespace) as fresh:
         assert fresh.endpoints.get(h).state in ("DO", "CD")
+
+
+def test_a_send_on_a_dialog_another_process_of_its_side_ended_raises(kafka_bootstrap, namespace, broker):
+    """Outside the race, the other process learns of the end before its SEND: it reads the
+    endpoints topic again when its last read is more than a second old, and the SEND raises
+    ConversationClosedError. Before, it SENT from its copy."""
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    broker.send(h, CLAIM, {"claim": 0})
+    with Broker(kafka_bootstrap, namespace) as other:
+        assert other.endpoints.get(h).state == "CO"
+        broker.end_conversation(h)
+        time.sleep(1.2)
+        with pytest.raises(errors.ConversationClosedError):
+            other.send(h, CLAIM, {"claim": "after the end"})
+        with pytest.raises(errors.ConversationClosedError):
+            with other.transaction() as tx:
+                tx.send(h, CLAIM, {"claim": "after the end, in a transaction"})
+
