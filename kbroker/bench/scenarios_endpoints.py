@@ -24,10 +24,9 @@ from typing import Any
 
 import orjson
 
-from kbroker.bench.common import sides
+from kbroker.bench.common import CLAIM, CONTRACT, EMP, EXP, sides
 from kbroker.bench.harness import BenchContext, Row, Scenario, scenario
 from kbroker.bench.scenarios_rss import PEAK_RSS, RSS_BOUND_MB
-from kbroker.cli.demo import CLAIM, CONTRACT, EMPLOYEES, EXPENSES
 from kbroker.core import names
 from kbroker.core.endpoint import CLOSED, CONVERSING, Endpoint, default_group, handle_for
 from kbroker.kafka.baseline import Delivery, fast_producer, read_topic_to_end
@@ -63,11 +62,11 @@ class Ended:
 def _ended_pair(conversation_id: str, at: float) -> list[Endpoint]:
     ini = Endpoint(handle_for(conversation_id, "INITIATOR"), conversation_id, "INITIATOR",
                    default_group(conversation_id, "INITIATOR"), default_group(conversation_id, "TARGET"),
-                   EMPLOYEES, EXPENSES, CONTRACT, CLOSED, send_sequence=3, sequence_reserved=3, updated=at)
+                   EMP, EXP, CONTRACT, CLOSED, send_sequence=3, sequence_reserved=3, updated=at)
     tgt = replace(ini, conversation_handle=handle_for(conversation_id, "TARGET"), side="TARGET",
                   conversation_group_id=ini.far_conversation_group_id,
                   far_conversation_group_id=ini.conversation_group_id,
-                  service_name=EXPENSES, far_service_name=EMPLOYEES, send_sequence=2, sequence_reserved=2)
+                  service_name=EXP, far_service_name=EMP, send_sequence=2, sequence_reserved=2)
     return [ini, tgt]
 
 
@@ -91,7 +90,7 @@ def setup_ended(ctx: BenchContext) -> Ended:
     import kbroker
 
     with kbroker.connect(ctx.bootstrap, ns) as b:
-        live = b.begin_dialog(EMPLOYEES, EXPENSES, CONTRACT)
+        live = b.begin_dialog(EMP, EXP, CONTRACT)
         b.send(live, CLAIM, {"amount": 0})
         assert b.endpoints.get(live).state == CONVERSING
     return Ended(ns, n, live, 2 * n)

@@ -23,15 +23,16 @@ def test_a_small_run_reports_both_sides_and_their_ratio(kafka_bootstrap, tmp_pat
     env = {**os.environ, "KBROKER_BOOTSTRAP": kafka_bootstrap}
     started = time.monotonic()
     stdout, _ = run_bench_cli(
-        [KBROKER, "bench", "send", "backlog-rss", "--repeat", "1", "--messages", "500",
-         "--conversations", "100", "--backlog", "2000", "--json", "--out", str(out), "--docs", str(docs)],
+        [KBROKER, "bench", "send", "backlog-rss", "ended-dialogs", "--repeat", "1", "--messages", "500",
+         "--conversations", "100", "--backlog", "2000", "--ended-dialogs", "500", "--json", "--out", str(out),
+         "--docs", str(docs)],
         env, timeout=120)
     assert time.monotonic() - started < 60, "the small benchmark run should stay under a minute"
 
     doc = json.loads(stdout)
     rows = {r["scenario"]: r for r in doc["results"]}
-    assert set(rows) == {"send", "send-pipelined", "backlog-rss"}
-    for name in ("send", "backlog-rss"):
+    assert set(rows) == {"send", "send-pipelined", "backlog-rss", "ended-dialogs-rss", "conversations-view"}
+    for name in ("send", "backlog-rss", "ended-dialogs-rss", "conversations-view"):
         r = rows[name]
         assert "error" not in r and "skipped_reason" not in r, r
         assert r["kbroker"] > 0 and r["baseline"] > 0, r
@@ -40,6 +41,7 @@ def test_a_small_run_reports_both_sides_and_their_ratio(kafka_bootstrap, tmp_pat
         assert isinstance(r["met"], bool)
         assert len(r["runs"]) == 1 and {"kbroker", "baseline"} <= set(r["runs"][0])
     assert rows["send"]["unit"] == "msg/s" and rows["backlog-rss"]["unit"] == "MB"
+    assert rows["ended-dialogs-rss"]["runs"][0]["kbroker_detail"]["endpoints_kept"] == 1  # the live one
     # Pipelined SEND needs Broker.transaction(): either measured or said to be missing.
     pipelined = rows["send-pipelined"]
     assert pipelined["baseline"] > 0
