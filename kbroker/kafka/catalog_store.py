@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from pydantic import BaseModel, ValidationError
 
 from kbroker.core import names
@@ -100,9 +100,16 @@ def read_catalog(bootstrap: str, namespace: str, timeout: float = 10.0) -> Catal
         partitions = topic_partitions(consumer, topic, timeout)
         if partitions is None:
             return Catalog(namespace=namespace)
-        read = read_partitions(consumer, topic, dict.fromkeys(partitions, 0), timeout)
+        return read_catalog_with(consumer, namespace, partitions, timeout)
     finally:
         consumer.close()
+
+
+def read_catalog_with(consumer: Consumer, namespace: str, partitions: list[int], timeout: float) -> Catalog:
+    """The catalog read with a consumer the caller keeps (the watcher's: creating a consumer for
+    every change is what a loaded machine is slowest at)."""
+    topic = names.catalog_topic(namespace)
+    read = read_partitions(consumer, topic, dict.fromkeys(partitions, 0), timeout)
     if read.unfinished:
         raise BrokerUnavailableError(f"reading {topic} did not reach its end within {timeout}s")
     latest: dict[str, bytes | None] = {}
@@ -143,7 +150,7 @@ class CatalogWatcher:
         self._thread = threading.Thread(target=self._run, name="kbroker-catalog-watch", daemon=True)
 
     def start(self) -> "CatalogWatcher":
-        """Start watching (the first look only notes where the topic ends)."""
+        """Start watching (the first look reads the catalog, then only changes do)."""
         self._thread.start()
         return self
 
@@ -160,8 +167,11 @@ class CatalogWatcher:
                         partitions = topic_partitions(consumer, topic, 5.0)
                     end = tuple(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5.0,
                                                                cached=False)[1] for p in partitions or ())
-                    if self._end is not None and end != self._end:
-                        self._on_change(read_catalog(self._bootstrap, self._namespace))
+                    # The first look reads the catalog too: it may have changed between the
+                    # process's own read and this watcher's start (a queue disabled then was
+                    # missed until the next change).
+                    if self._end is None or end != self._end:
+                        self._on_change(read_catalog_with(consumer, self._namespace, partitions or [], 10.0))
                     self._end, failing = end, False
                 except (KafkaException, KBrokerError) as exc:
                     if not failing:
