@@ -9,6 +9,7 @@ import click
 import orjson
 
 from kbroker import config
+from kbroker.core.endpoint import CLOSED_GRACE_SECONDS
 from kbroker.cli.common import (
     bootstrap_address,
     bootstrap_option,
@@ -40,7 +41,7 @@ from kbroker.cli.views import queue_group
               metavar="MODULE[,MODULE...]",
               help="Modules (or packages) whose activation procedures this worker runs, besides kbroker's "
                    "own; a queue naming another is not activated. Repeatable; env KBROKER_ALLOW_PROCEDURES.")
-@click.option("--closed-grace", type=click.FloatRange(min=0), default=1800.0, show_default=True,
+@click.option("--closed-grace", type=click.FloatRange(min=0), default=CLOSED_GRACE_SECONDS, show_default=True,
               help="Seconds a CLOSED conversation endpoint is kept before the worker tombstones it.")
 @click.option("--loglevel", default="info", show_default=True)
 @handle_errors

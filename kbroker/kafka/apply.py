@@ -208,16 +208,11 @@ def queue_in_use(admin: AdminClient, topic: str, partitions: list[int], timeout:
     tps = [TopicPartition(topic, p) for p in partitions]
     ends = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=timeout)
     for tp, future in ends.items():
-        try:
-            end = future.result().offset
-        except KafkaException as exc:
-            raise kafka_error(f"cannot list the offsets of {topic}", exc.args[0]) from None
+        end = clients.result_of(future, f"cannot list the offsets of {topic}").offset
         if end > 0:
             return f"the queue has held messages (partition {tp.partition} ends at offset {end})"
-    try:
-        group = admin.describe_consumer_groups([topic], request_timeout=timeout)[topic].result()
-    except KafkaException as exc:
-        raise kafka_error(f"cannot describe the readers of {topic}", exc.args[0]) from None
+    group = clients.result_of(admin.describe_consumer_groups([topic], request_timeout=timeout)[topic],
+                              f"cannot describe the readers of {topic}")
     if group.members:
         return f"the queue has {len(group.members)} readers"
     return None

@@ -5,7 +5,6 @@ from the beginning to the end offsets it saw when it started reading."""
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +21,7 @@ from kbroker.core.catalog.models import (
 )
 from kbroker.errors import BrokerUnavailableError, CatalogError, InvalidArgumentError, KBrokerError, kafka_error
 from kbroker.kafka import clients
+from kbroker.kafka.background import Background
 from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partitions
 
 __all__ = ["FIELDS", "CatalogWatcher", "kafka_error", "publish", "publish_object", "read_catalog", "records",
@@ -134,25 +134,22 @@ def _rebuild(namespace: str, latest: dict[str, bytes | None]) -> Catalog:
         raise CatalogError(f"the catalog topic of {namespace!r} holds an invalid object: {reason}") from None
 
 
-class CatalogWatcher:
+class CatalogWatcher(Background):
     """Keeps a process's catalog current: every `interval` seconds it asks where the catalog
     topic ends, and reads the catalog again when that moved, handing it to `on_change`. An ALTER
     QUEUE from any process (STATUS = OFF, by a user or the poison rule) thus reaches every
-    process within about `interval`, not on its next catalog error. A broker outage is logged
-    once (the Kafka logger's limiter) and the watch goes on."""
+    process within about `interval`, not on its next catalog error. The first look reads the
+    catalog too. A broker outage is logged once (the Kafka logger's limiter) and the watch goes
+    on."""
+
+    thread_name = "kbroker-catalog-watch"
 
     def __init__(self, bootstrap: str, namespace: str, on_change: Callable[[Catalog], None],
                  interval: float = 0.5):
+        super().__init__()
         self._bootstrap, self._namespace, self._on_change = bootstrap, namespace, on_change
         self._interval = interval
-        self._stop = threading.Event()
-        self._end: tuple[int, ...] | None = None
-        self._thread = threading.Thread(target=self._run, name="kbroker-catalog-watch", daemon=True)
-
-    def start(self) -> "CatalogWatcher":
-        """Start watching (the first look reads the catalog, then only changes do)."""
-        self._thread.start()
-        return self
+        self._end: tuple[int, ...] | None = None  # where the topic ended at the last look
 
     def _run(self) -> None:
         topic = names.catalog_topic(self._namespace)
@@ -179,9 +176,3 @@ class CatalogWatcher:
                     failing = True
         finally:
             consumer.close()
-
-    def close(self) -> None:
-        """Stop watching; returns once the thread ended (at most one interval and a request)."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=15)

@@ -100,6 +100,15 @@ def produce_within(producer: Producer, topic: str, seconds: float, **kwargs: Any
         raise SendFailedError(f"Kafka did not take the message within {seconds:g} s: {exc.args[0].str()}") from None
 
 
+def result_of(future: Any, what: str) -> Any:
+    """An admin call's future's result, or its Kafka failure as a typed kbroker error saying
+    `what` could not be done."""
+    try:
+        return future.result()
+    except KafkaException as exc:
+        raise kafka_error(what, exc.args[0]) from None
+
+
 def brokers_answering(bootstrap: str, timeout: float = 10.0, client: AdminClient | None = None) -> int:
     """How many brokers the cluster at `bootstrap` lists in a metadata answer within `timeout`;
     BrokerUnavailableError when none answers."""

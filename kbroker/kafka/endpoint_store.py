@@ -22,11 +22,10 @@ from kbroker.core.endpoint import CHAIN_SUFFIX, CLOSED, CLOSED_GRACE_SECONDS, En
 from kbroker.errors import BrokerUnavailableError, ConversationNotFoundError
 from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partitions
 
-
 log = logging.getLogger("kbroker.endpoints")
 
-READ_TIMEOUT = 60.0
-FRESH_FOR = 1.0  # seconds a statement that changes an endpoint trusts the last read of the topic  # seconds a read of the topic may take (the first one reads all of it)
+READ_TIMEOUT = 60.0  # seconds a read of the topic may take (the first one reads all of it)
+FRESH_FOR = 1.0  # seconds a statement that changes an endpoint trusts the last read of the topic
 
 # How a CLOSED endpoint's record says so (compact JSON; a quote inside a name is escaped, so the
 # bytes cannot occur anywhere else): what lets a reader skip reclaimed endpoints unparsed.
@@ -42,7 +41,9 @@ class EndpointStore:
     move from being undone, even after compaction has dropped the endpoint record that had it.
     """
 
-    def __init__(self, bootstrap: str, namespace: str, producer: Producer, *, continue_sequences: bool = True):
+    def __init__(self, bootstrap: str, namespace: str, producer: Producer | None, *,
+                 continue_sequences: bool = True):
+        # producer None: a store that only reads (views, the reclaim): see read_endpoints.
         # continue_sequences=False: show records as written (views), not where SENDs would go on.
         self._continue_sequences = continue_sequences
         self.topic = names.endpoints_topic(namespace)
@@ -67,6 +68,7 @@ class EndpointStore:
 
     def put(self, ep: Endpoint) -> None:
         """Queue the new state; it is durable when the shared producer is flushed."""
+        assert self._producer is not None, "a read-only endpoint store does not write"
         ep = replace(ep, updated=time.time())
         self._keep_exact(ep.conversation_handle, ep, written=True)
         self._claim(ep)
@@ -297,3 +299,13 @@ class EndpointStore:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+
+
+def read_endpoints(bootstrap: str, namespace: str, *, as_written: bool = False) -> list[Endpoint]:
+    """Every endpoint of the namespace, read once by a store of its own that writes nothing.
+    as_written: sequences as the records say them (the views), not where SENDs would go on."""
+    store = EndpointStore(bootstrap, namespace, None, continue_sequences=not as_written)
+    try:
+        return store.all()
+    finally:
+        store.close()

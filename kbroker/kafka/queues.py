@@ -25,7 +25,7 @@ from kbroker.core.offsets import decode_completed
 from kbroker.errors import CatalogError, InvalidArgumentError, kafka_error
 from kbroker.kafka import clients, wire
 from kbroker.kafka.catalog_store import publish_object, read_catalog, write_records
-from kbroker.kafka.endpoint_store import EndpointStore
+from kbroker.kafka.endpoint_store import read_endpoints
 from kbroker.kafka.reader import latest_values
 
 # Named after Service Broker's BROKER_QUEUE_DISABLED event, which poison handling raises.
@@ -79,13 +79,6 @@ def alter_queue_activation(bootstrap: str, namespace: str, queue: str, *, status
     return new.activation.model_dump()
 
 
-def _result(future, what: str):
-    try:
-        return future.result()
-    except KafkaException as exc:
-        raise kafka_error(what, exc.args[0]) from None
-
-
 def queue_view(bootstrap: str, namespace: str, queue: str, timeout: float = 10.0) -> dict:
     """A queue's status and depth per partition, and its readers (the consumer group).
 
@@ -113,14 +106,14 @@ def queue_view(bootstrap: str, namespace: str, queue: str, timeout: float = 10.0
     def offsets(spec: OffsetSpec) -> dict[int, int]:
         futures = admin.list_offsets({tp: spec for tp in tps}, isolation_level=IsolationLevel.READ_COMMITTED,
                                      request_timeout=timeout)
-        return {tp.partition: _result(f, f"cannot list the offsets of {topic}").offset for tp, f in futures.items()}
+        return {tp.partition: clients.result_of(f, f"cannot list the offsets of {topic}").offset for tp, f in futures.items()}
 
     starts, ends = offsets(OffsetSpec.earliest()), offsets(OffsetSpec.latest())
     request = [ConsumerGroupTopicPartitions(group, tps)]
-    committed = {tp.partition: tp for tp in _result(
+    committed = {tp.partition: tp for tp in clients.result_of(
         admin.list_consumer_group_offsets(request, request_timeout=timeout)[group],
         f"cannot list the committed offsets of {group}").topic_partitions}
-    desc = _result(admin.describe_consumer_groups([group], request_timeout=timeout)[group],
+    desc = clients.result_of(admin.describe_consumer_groups([group], request_timeout=timeout)[group],
                    f"cannot describe consumer group {group}")
 
     sizes = _bytes_held(cluster, topic, timeout)
@@ -184,12 +177,7 @@ def reader_rows(bootstrap: str, namespace: str, topic: str, timeout: float = 10.
 def conversation_view(bootstrap: str, namespace: str) -> list[dict]:
     """sys.conversation_endpoints: every endpoint in the namespace's endpoints topic, with the
     columns kbroker keeps (the rest of SSB's columns have no meaning here)."""
-    producer = clients.producer(bootstrap)  # the store never writes here
-    store = EndpointStore(bootstrap, namespace, producer, continue_sequences=False)
-    try:
-        endpoints = store.all()
-    finally:
-        store.close()
+    endpoints = read_endpoints(bootstrap, namespace, as_written=True)
     rows = []
     for ep in sorted(endpoints, key=lambda e: (e.conversation_id, not e.is_initiator)):
         rows.append({

@@ -13,9 +13,10 @@ committed offsets is still open) is left for the next run: its offset is not kno
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from kbroker.core import names
@@ -25,8 +26,8 @@ from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.reclaim import reclaim_points
 from kbroker.errors import BrokerUnavailableError, kafka_error
 from kbroker.kafka import clients, messages
-from kbroker.kafka.endpoint_store import CLOSED_JSON, EndpointStore
-from kbroker.kafka.reader import CONSUME_WAIT, group_offsets, reading_consumer, topic_partitions
+from kbroker.kafka.endpoint_store import CLOSED_JSON, read_endpoints
+from kbroker.kafka.reader import CONSUME_WAIT, group_offsets, read_partitions, reading_consumer, topic_partitions
 
 
 @dataclass(frozen=True)
@@ -44,21 +45,30 @@ def reclaim_namespace(bootstrap: str, catalog: Catalog, timeout: float = 30.0) -
     except KafkaException as exc:
         raise kafka_error(f"no Kafka broker answers at {bootstrap}", exc.args[0]) from None
     done = []
+    states: dict[str, str] | None = None  # endpoint states, read once for the RETENTION = ON queues
+
+    def endpoint_states() -> dict[str, str]:
+        nonlocal states
+        if states is None:
+            states = {ep.conversation_handle: ep.state for ep in read_endpoints(bootstrap, catalog.namespace)}
+        return states
+
     for queue in catalog.queues.values():
         topic = names.queue_topic(catalog.namespace, queue.name)
         for name in sorted(t for t in existing if t == topic or t.startswith(topic + ".")):
             partitions = sorted(existing[name].partitions)
-            deleted = reclaim_topic(bootstrap, admin, catalog.namespace, queue, name, partitions, timeout)
+            deleted = reclaim_topic(bootstrap, admin, queue, name, partitions, endpoint_states, timeout)
             if deleted:
                 done.append(Reclaimed(name, deleted))
     return done
 
 
-def reclaim_topic(bootstrap: str, admin: AdminClient, namespace: str, queue: Queue, topic: str,
-                  partitions: list[int], timeout: float) -> dict[int, int]:
-    """Delete one queue topic's records below what its readers need; returns partition -> new start."""
+def reclaim_topic(bootstrap: str, admin: AdminClient, queue: Queue, topic: str, partitions: list[int],
+                  endpoint_states: Callable[[], dict[str, str]], timeout: float) -> dict[int, int]:
+    """Delete one queue topic's records below what its readers need; returns partition -> new start.
+    `endpoint_states` (handle -> state) is asked only for a RETENTION = ON queue."""
     tps = [TopicPartition(topic, p) for p in partitions]
-    starts = {tp.partition: _result(f, f"cannot list the offsets of {topic}").offset
+    starts = {tp.partition: clients.result_of(f, f"cannot list the offsets of {topic}").offset
               for tp, f in admin.list_offsets({tp: OffsetSpec.earliest() for tp in tps},
                                               request_timeout=timeout).items()}
     try:
@@ -69,7 +79,7 @@ def reclaim_topic(bootstrap: str, admin: AdminClient, namespace: str, queue: Que
     committed = {tp.partition: tp.offset for tp in offsets if tp.error is None and tp.offset >= 0}
     keep_from = None
     if queue.retention == "ON":
-        keep_from = _retained_floor(bootstrap, namespace, topic, starts, committed, timeout)
+        keep_from = _retained_floor(bootstrap, topic, starts, committed, endpoint_states(), timeout)
     points = reclaim_points(starts, committed, keep_from)
     if not points:
         return {}
@@ -77,19 +87,14 @@ def reclaim_topic(bootstrap: str, admin: AdminClient, namespace: str, queue: Que
                                    request_timeout=timeout, operation_timeout=timeout)
     deleted = {}
     for tp, future in futures.items():
-        deleted[tp.partition] = _result(future, f"cannot delete records of {topic}").low_watermark
+        deleted[tp.partition] = clients.result_of(future, f"cannot delete records of {topic}").low_watermark
     return deleted
 
 
-def _retained_floor(bootstrap: str, namespace: str, topic: str, starts: dict[int, int],
-                    committed: dict[int, int], timeout: float) -> dict[int, int]:
+def _retained_floor(bootstrap: str, topic: str, starts: dict[int, int], committed: dict[int, int],
+                    endpoints: dict[str, str], timeout: float) -> dict[int, int]:
     """RETENTION = ON: per partition, the offset of the first received record whose
     conversation this side has not ended (the scan stops there: memory stays one batch)."""
-    store = EndpointStore(bootstrap, namespace, clients.producer(bootstrap), continue_sequences=False)
-    try:
-        endpoints = {ep.conversation_handle: ep.state for ep in store.all()}
-    finally:
-        store.close()
 
     def live(msg) -> bool:
         try:
@@ -133,14 +138,29 @@ def reclaim_endpoints(bootstrap: str, namespace: str, grace: float = CLOSED_GRAC
     """Tombstone every endpoint whose last record is CLOSED and older than `grace` seconds (and
     its group chain). One partition at a time, keeping only the closed ones seen: memory is a
     partition's closed endpoints, not the topic. Returns how many endpoints were reclaimed."""
-    now = time.time() if now is None else now
+    before = (time.time() if now is None else now) - grace
     topic = names.endpoints_topic(namespace)
     consumer = reading_consumer(bootstrap)
     producer = clients.idempotent_producer(bootstrap)
     reclaimed = 0
     try:
         for partition in topic_partitions(consumer, topic, timeout) or []:
-            closed, chains = _closed_endpoints(consumer, topic, partition, now - grace, timeout)
+            closed: set[str] = set()  # handles whose last record so far is CLOSED and old enough
+            chains: set[str] = set()
+
+            def note(msg) -> None:
+                key = msg.key().decode() if msg.key() is not None else None
+                if key is None:
+                    return
+                if key.endswith(CHAIN_SUFFIX):
+                    chains.add(key[:-len(CHAIN_SUFFIX)])
+                elif msg.value() is not None and CLOSED_JSON in msg.value() and msg.timestamp()[1] / 1000.0 < before:
+                    closed.add(key)
+                else:
+                    closed.discard(key)
+
+            if read_partitions(consumer, topic, {partition: 0}, timeout, on_record=note).unfinished:
+                raise BrokerUnavailableError(f"could not read {topic} [{partition}] to its end in {timeout} s")
             for handle in closed:
                 for key in (handle, handle + CHAIN_SUFFIX) if handle in chains else (handle,):
                     producer.produce(topic, key=key.encode(), value=None)
@@ -151,45 +171,3 @@ def reclaim_endpoints(bootstrap: str, namespace: str, grace: float = CLOSED_GRAC
     finally:
         consumer.close()
     return reclaimed
-
-
-def _closed_endpoints(consumer, topic: str, partition: int, before: float,
-                      timeout: float) -> tuple[list[str], set[str]]:
-    """(handles whose last record in the partition is CLOSED and written before `before`,
-    handles with a group chain)."""
-    closed: dict[str, float] = {}
-    chains: set[str] = set()
-    deadline = time.monotonic() + timeout
-    consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
-    try:
-        while True:
-            if time.monotonic() > deadline:
-                raise BrokerUnavailableError(f"could not read {topic} [{partition}] to its end in {timeout} s")
-            batch = consumer.consume(1000, CONSUME_WAIT)
-            if any(m.error() is not None and m.error().code() == KafkaError._PARTITION_EOF for m in batch):
-                done = True
-            else:
-                done = False
-            for msg in batch:
-                if msg.error() is not None or msg.key() is None:
-                    continue
-                key = msg.key().decode()
-                if key.endswith(CHAIN_SUFFIX):
-                    chains.add(key[:-len(CHAIN_SUFFIX)])
-                    continue
-                value = msg.value()
-                if value is not None and CLOSED_JSON in value and msg.timestamp()[1] / 1000.0 < before:
-                    closed[key] = msg.timestamp()[1]
-                else:
-                    closed.pop(key, None)
-            if done:
-                return list(closed), chains
-    finally:
-        consumer.unassign()
-
-
-def _result(future, what: str):
-    try:
-        return future.result()
-    except KafkaException as exc:
-        raise kafka_error(what, exc.args[0]) from None

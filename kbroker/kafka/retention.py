@@ -30,7 +30,7 @@ from kbroker.core.offsets import decode_completed
 from kbroker.errors import CatalogError, kafka_error
 from kbroker.kafka import clients, messages
 from kbroker.kafka.catalog_store import read_catalog
-from kbroker.kafka.endpoint_store import EndpointStore
+from kbroker.kafka.endpoint_store import read_endpoints
 from kbroker.kafka.reader import read_to_end
 
 RECEIVED, READY = 0, 1  # Service Broker's status column
@@ -95,11 +95,7 @@ def queue_messages(bootstrap: str, namespace: str, queue: str, conversation_hand
     if not records:
         return []
     done = _completed(bootstrap, topic, group, partitions, timeout)
-    store = EndpointStore(bootstrap, namespace, clients.producer(bootstrap))  # it never writes here
-    try:
-        endpoints = {ep.conversation_handle: ep for ep in store.all()}
-    finally:
-        store.close()
+    endpoints = {ep.conversation_handle: ep for ep in read_endpoints(bootstrap, namespace)}
     return message_rows(records, done, endpoints, q.retention == "ON", conversation_handle)
 
 

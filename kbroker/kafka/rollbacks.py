@@ -19,35 +19,29 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.poison import Position, RollbackLedger
+from kbroker.kafka.background import Background
 from kbroker.kafka.reader import CONSUME_WAIT, reading_consumer, topic_partitions
 
 log = logging.getLogger("kbroker.poison")
 
 ROLLED_BACK = "RECEIVE_ROLLED_BACK"
+_ROLLED_BACK_JSON = f'"{ROLLED_BACK}"'.encode()  # how a rollback event's bytes say so
 LOOKBACK_SECONDS = 600.0  # a poison message is retried within seconds; ten minutes is plenty
 
 
-class RollbackLog:
+class RollbackLog(Background):
     """This process's view of every process's rollbacks, and where it publishes its own."""
 
-    def __init__(self, bootstrap: str, namespace: str, producer: Producer, process: str,
-                 ledger: RollbackLedger | None = None):
+    thread_name = "kbroker-rollbacks"
+
+    def __init__(self, bootstrap: str, namespace: str, producer: Producer, process: str):
+        super().__init__()
         self._bootstrap, self._namespace, self._producer = bootstrap, namespace, producer
         self._process = process
-        self.ledger = ledger or RollbackLedger()
+        self.ledger = RollbackLedger()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._caught_up = threading.Event()
+        self._caught_up = threading.Event()  # the others' recent rollbacks have been read
         self._pending: set[int] = set()  # partitions not yet read to where they ended at start
-        self._thread = threading.Thread(target=self._run, name="kbroker-rollbacks", daemon=True)
-
-    def start(self) -> "RollbackLog":
-        self._thread.start()
-        return self
-
-    def wait_caught_up(self, timeout: float) -> bool:
-        """Whether the others' recent rollbacks have been read (tests, and the first count)."""
-        return self._caught_up.wait(timeout)
 
     def rolled_back(self, queue: str, topic: str, offsets: Iterable[tuple[int, int]]) -> dict[Position, int]:
         """Count one rollback of each message (partition, offset) of `topic` and publish the
@@ -120,7 +114,7 @@ class RollbackLog:
                         self._caught_up.set()
                 continue
             value = msg.value()
-            if not value or b'"' + ROLLED_BACK.encode() + b'"' not in value:
+            if not value or _ROLLED_BACK_JSON not in value:
                 continue  # other events: read past without parsing
             try:
                 event = orjson.loads(value)
@@ -129,8 +123,3 @@ class RollbackLog:
                         self.ledger.seen((event["topic"], int(p), int(o)), int(count))
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                 continue
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=15)

@@ -300,7 +300,7 @@ class Transaction:
             # Either way this transaction is over: its locks and leases go, or the next
             # statement on its conversations would wait on them for ever.
             if isinstance(exc, TransactionInDoubtError):
-                for handle, ep in self._endpoints.items():
+                for ep in self._endpoints.values():
                     if ep is not None:
                         rt.endpoints.in_doubt(ep)
             self._end(committed=False)
