@@ -15,18 +15,15 @@ removed them. Rows:
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
-import orjson
 
-from kbroker.bench.common import CLAIM, CONTRACT, EMP, EXP, sides
+from kbroker.bench.common import CLAIM, CONTRACT, EMP, EXP, side_by_side
 from kbroker.bench.harness import BenchContext, Row, Scenario, scenario
-from kbroker.bench.scenarios_rss import PEAK_RSS, RSS_BOUND_MB
+from kbroker.bench.scenarios_rss import PEAK_RSS, RSS_BOUND_MB, run_rss_child
 from kbroker.core import names
 from kbroker.core.endpoint import CLOSED, CONVERSING, Endpoint, default_group, handle_for
 from kbroker.kafka.baseline import Delivery, fast_producer, read_topic_to_end
@@ -56,7 +53,6 @@ class Ended:
     namespace: str
     dialogs: int
     live: str
-    records: int
 
 
 def _ended_pair(conversation_id: str, at: float) -> list[Endpoint]:
@@ -93,36 +89,24 @@ def setup_ended(ctx: BenchContext) -> Ended:
         live = b.begin_dialog(EMP, EXP, CONTRACT)
         b.send(live, CLAIM, {"amount": 0})
         assert b.endpoints.get(live).state == CONVERSING
-    return Ended(ns, n, live, 2 * n)
-
-
-def _child(ctx: BenchContext, mode: str, ended: Ended) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, mode, ctx.bootstrap, ended.namespace, ended.live, CLAIM],
-                         capture_output=True, text=True, timeout=900)
-    if out.returncode != 0:
-        tail = " | ".join(out.stderr.strip().splitlines()[-3:])
-        raise RuntimeError(f"the {mode} child exited with {out.returncode}: {tail}")
-    return orjson.loads(out.stdout.strip().splitlines()[-1])
+    return Ended(ns, n, live)
 
 
 def run_ended(ctx: BenchContext, ended: Ended, rep: int) -> dict[str, dict]:
     from kbroker.kafka.queues import conversation_view
 
-    rss: dict[str, Any] = {}
-    for side in sides(rep):
-        r = _child(ctx, side, ended)
-        rss[side] = r["peak_rss_kb"] / 1024
-        rss[f"{side}_detail"] = {k: v for k, v in r.items() if k != "peak_rss_kb"}
+    rss = side_by_side(rep, lambda side: run_rss_child(
+        CHILD, [ctx.bootstrap, ended.namespace, ended.live, CLAIM], side, timeout=900))
     rss["ended_dialogs"] = ended.dialogs
-    view: dict[str, Any] = {}
-    for side in sides(rep):
+    def read_view(side: str) -> dict[str, Any]:
         t0 = time.perf_counter()
         if side == "kbroker":
-            rows = conversation_view(ctx.bootstrap, ended.namespace)
-            view["kbroker_detail"] = {"rows": len(rows)}
+            detail = {"rows": len(conversation_view(ctx.bootstrap, ended.namespace))}
         else:
-            view["baseline_detail"] = {"records": read_topic_to_end(ctx.bootstrap, names.endpoints_topic(ended.namespace))}
-        view[side] = time.perf_counter() - t0
+            detail = {"records": read_topic_to_end(ctx.bootstrap, names.endpoints_topic(ended.namespace))}
+        return {"value": time.perf_counter() - t0, "detail": detail}
+
+    view = side_by_side(rep, read_view)
     view["ended_dialogs"] = ended.dialogs
     return {"ended-dialogs-rss": rss, "conversations-view": view}
 

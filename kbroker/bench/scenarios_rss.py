@@ -17,7 +17,7 @@ from kbroker.bench.common import (
     claim_body,
     new_conversations,
     produce_dialogs,
-    sides,
+    side_by_side,
 )
 from kbroker.bench.harness import (
     BenchContext,
@@ -82,14 +82,16 @@ print(json.dumps({"peak_rss_kb": rss_kb, "received": received, "seconds": time.m
 CHILD = CHILD_START + PEAK_RSS + CHILD_END
 
 
-def run_child(ctx: BenchContext, mode: str, namespace: str, count: int) -> dict:
-    """Run the child, sampling its RSS with psutil as a cross-check of its own high-water mark."""
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, mode, ctx.bootstrap, namespace, QUEUE, str(count)],
+def run_rss_child(script: str, args: list[str], mode: str, timeout: float = 300) -> dict[str, Any]:
+    """Run a child script that prints one JSON line with its `peak_rss_kb` (PEAK_RSS), sampling
+    its RSS with psutil as a cross-check of that high-water mark. Returns {"value": peak MB,
+    "detail": the rest of the line and the sampled peak}, the shape side_by_side takes."""
+    proc = subprocess.Popen([sys.executable, "-c", script, mode, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sampled = 0
     try:
         ps = psutil.Process(proc.pid)
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + timeout
         while proc.poll() is None and time.monotonic() < deadline:
             try:
                 sampled = max(sampled, ps.memory_info().rss)
@@ -97,7 +99,7 @@ def run_child(ctx: BenchContext, mode: str, namespace: str, count: int) -> dict:
                 pass
             time.sleep(0.02)
         if proc.poll() is None:
-            raise RuntimeError(f"the {mode} child did not finish within 300 s")
+            raise RuntimeError(f"the {mode} child did not finish within {timeout:g} s")
         out, err = proc.communicate(timeout=30)
     except BaseException:
         proc.kill()
@@ -107,10 +109,16 @@ def run_child(ctx: BenchContext, mode: str, namespace: str, count: int) -> dict:
         tail = " | ".join(line for line in err.strip().splitlines()[-3:])
         raise RuntimeError(f"the {mode} child exited with {proc.returncode}: {tail}")
     result = orjson.loads(out.strip().splitlines()[-1])
-    if mode == "kbroker" and result["received"] < count:
-        raise RuntimeError(f"the kbroker child received {result['received']} of {count} messages")
-    result["sampled_peak_mb"] = sampled / 2**20
-    return result
+    peak_kb = result.pop("peak_rss_kb")
+    return {"value": peak_kb / 1024, "detail": {**result, "sampled_peak_mb": sampled / 2**20}}
+
+
+def run_child(ctx: BenchContext, mode: str, namespace: str, count: int) -> dict[str, Any]:
+    """The backlog child ("kbroker" receives `count` messages, "baseline" only connects)."""
+    m = run_rss_child(CHILD, [ctx.bootstrap, namespace, QUEUE, str(count)], mode)
+    if mode == "kbroker" and m["detail"]["received"] < count:
+        raise RuntimeError(f"the kbroker child received {m['detail']['received']} of {count} messages")
+    return m
 
 
 @dataclass
@@ -131,15 +139,15 @@ def setup_backlog(ctx: BenchContext) -> Backlog:
 
 
 def run_backlog_rss(ctx: BenchContext, backlog: Backlog, rep: int) -> dict[str, dict]:
-    row: dict[str, Any] = {}
     # Every kbroker child takes its messages off the same backlog (a RECEIVE may return up to 99
     # more than asked): leave enough for each repetition.
     count = max(1, min(RSS_RECEIVE, backlog.messages // (2 * ctx.params.repeat)))
-    for side in sides(rep):
+
+    def measure(side: str) -> dict[str, Any]:
         ctx.say(f"{side} child: " + (f"receiving {count:,} messages" if side == "kbroker" else "connecting"))
-        r = run_child(ctx, side, backlog.namespace, count)
-        row[side] = r["peak_rss_kb"] / 1024
-        row[f"{side}_detail"] = {k: v for k, v in r.items() if k != "peak_rss_kb"}
+        return run_child(ctx, side, backlog.namespace, count)
+
+    row = side_by_side(rep, measure)
     row["backlog_messages"], row["backlog_mb"] = backlog.messages, round(backlog.bytes / 2**20, 1)
     return {"backlog-rss": row}
 
