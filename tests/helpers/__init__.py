@@ -11,7 +11,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,25 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+@contextmanager
+def embedded_kafka(data_dir: Path, settings: dict[str, str] | None = None) -> Iterator[str]:
+    """An embedded Kafka broker in `data_dir` on free ports, with `settings` added to its
+    properties, for the duration of the block (its bootstrap address). The test fails, with
+    the reason, when it does not start: no test skips for want of a broker."""
+    from kbroker.embedded.broker import EmbeddedBroker
+
+    broker = EmbeddedBroker(data_dir)
+    try:
+        status = broker.start(port=free_port(), controller_port=free_port(), settings=settings)
+    except Exception as exc:  # noqa: BLE001 - fail with whatever went wrong
+        pytest.fail(f"no Kafka broker for the tests: {exc}")
+    assert status.bootstrap is not None  # a broker that started has an address
+    try:
+        yield status.bootstrap
+    finally:
+        broker.stop()
 
 
 def docker_engine_answers() -> bool:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from kbroker.embedded.broker import KAFKA_VERSION, EmbeddedBroker
+from kbroker.embedded.broker import KAFKA_VERSION
 from kbroker.kafka.timer_service import TimerService
 from kbroker.sdk.broker import Broker
-from tests.helpers import SAMPLES, docker_engine_answers, free_port
+from tests.helpers import SAMPLES, docker_engine_answers, embedded_kafka
 
 HERE = Path(__file__).resolve().parent
 
@@ -48,17 +48,8 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         finally:
             container.stop()
         return
-    data_dir = tmp_path_factory.mktemp("kafka")
-    broker = EmbeddedBroker(data_dir)
-    try:
-        status = broker.start(port=free_port(), controller_port=free_port())
-    except Exception as exc:  # noqa: BLE001 - fail with whatever went wrong
-        pytest.fail(f"no Kafka broker for the tests: {exc}")
-    assert status.bootstrap is not None  # a broker that started has an address
-    try:
-        yield status.bootstrap
-    finally:
-        broker.stop()
+    with embedded_kafka(tmp_path_factory.mktemp("kafka")) as bootstrap:
+        yield bootstrap
 
 
 @pytest.fixture

@@ -17,13 +17,12 @@ from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
 from kbroker.core.envelope import Envelope
-from kbroker.embedded.broker import EmbeddedBroker
 from kbroker.kafka.apply import apply_paths
 from kbroker.kafka.catalog_store import read_catalog
 from kbroker.kafka.queues import queue_view
 from kbroker.kafka.reclaim import reclaim_namespace
 from kbroker.sdk.broker import Broker
-from tests.helpers import SAMPLES, free_port, wait_for
+from tests.helpers import SAMPLES, embedded_kafka, wait_for
 
 SHORT_RETENTION = {"log.retention.ms": "60000", "log.retention.check.interval.ms": "1000",
                    "log.segment.delete.delay.ms": "1000"}
@@ -32,16 +31,8 @@ EIGHT_DAYS_MS = 8 * 86_400_000  # older than Kafka's default retention (7 days) 
 
 @pytest.fixture(scope="module")
 def short_retention_bootstrap(tmp_path_factory) -> Iterator[str]:
-    broker = EmbeddedBroker(tmp_path_factory.mktemp("short-retention"))
-    try:
-        status = broker.start(port=free_port(), controller_port=free_port(), settings=SHORT_RETENTION)
-    except Exception as exc:  # noqa: BLE001 - fail with whatever went wrong
-        pytest.fail(f"no Kafka broker with a short retention: {exc}")
-    assert status.bootstrap is not None
-    try:
-        yield status.bootstrap
-    finally:
-        broker.stop()
+    with embedded_kafka(tmp_path_factory.mktemp("short-retention"), SHORT_RETENTION) as bootstrap:
+        yield bootstrap
 
 
 def log_start(admin: AdminClient, topic: str, partition: int) -> int:
