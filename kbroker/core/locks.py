@@ -38,6 +38,14 @@ class ConversationLocks:
                     raise ConversationLockTimeoutError(handle, self.timeout)
                 self._cv.wait(left)
 
+    def try_lock(self, handle: str, owner: object) -> bool:
+        """Take the lock for `owner` if nobody holds it, without waiting."""
+        with self._cv:
+            if handle in self._holders:
+                return False
+            self._holders[handle] = owner
+            return True
+
     def release(self, handles: Iterable[str], owner: object) -> None:
         with self._cv:
             for handle in handles:

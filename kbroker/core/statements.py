@@ -41,6 +41,7 @@ from kbroker.core.envelope import SYSTEM_SEQUENCE, Envelope, Message, error_body
 from kbroker.core.groups import MOVE_MARKER, moved, parse_group, rekeyed_headers
 from kbroker.core.ids import new_id
 from kbroker.core.records import Record
+from kbroker.core.send_lease import SendLease, lease_key
 from kbroker.core.validation import to_bytes, validate_body
 from kbroker.errors import (
     CatalogError,
@@ -264,6 +265,10 @@ class Statements:
         records = [r for r in [timers.disarm_record(self.namespace, ep)] if r is not None]
         records.append(timers.arm_record(self.namespace, ep, arm_id, due, self.own_topic(ep)))
         return records, replace(ep, dialog_timer=due, dialog_timer_id=arm_id)
+
+    def lease_record(self, lease: SendLease) -> Record:
+        """The endpoints-topic record of a side's conversation lease (send_lease.py)."""
+        return (self.endpoints_topic, lease_key(lease.handle), lease.to_json(), None)
 
     def endpoint_record(self, handle: str, ep: Endpoint | None) -> Record:
         """The endpoints-topic record of `handle` (None: its tombstone)."""

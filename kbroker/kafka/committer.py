@@ -60,6 +60,9 @@ class CommitRequest:
 
     records: list[Record]
     leases: list[Lease]
+    # The committer's generation when the transaction first took a conversation lease (None:
+    # it took none). A producer created since may postdate a fence meant for this process.
+    generation: int | None = None
     done: threading.Event = field(default_factory=threading.Event)
     error: Exception | None = None
     committed_at: float = 0.0
@@ -100,7 +103,8 @@ class GroupCommitter:
                  max_batch: int = 1000, timeout: float = 30.0, producers: int = 2,
                  transaction_deadline: float = 10.0, resolve_timeout: float = 120.0,
                  open_transactions: Callable[[], int] = lambda: 1,
-                 new_producer: Callable[[dict[str, Any]], Producer] = Producer):
+                 new_producer: Callable[[dict[str, Any]], Producer] = Producer,
+                 transactional_ids: tuple[str, ...] = ()):
         self._namespace, self._make_producer = namespace, new_producer
         self._conf: dict[str, Any] = clients.base(bootstrap, **{
             "enable.idempotence": True, "acks": "all", "linger.ms": 1,
@@ -121,13 +125,25 @@ class GroupCommitter:
         self._resolve_timeout = resolve_timeout  # how long an in-doubt commit may take to settle
         self._admin: AdminClient | None = None  # reads committed offsets to settle an in-doubt commit
         self._open_transactions = open_transactions
-        self._ring = [_Slot(f"kbroker.{namespace}.{uuid.uuid4()}") for _ in range(max(1, producers))]
+        # transactional_ids: the ring's ids chosen by the caller (who names them before the start).
+        self._ring = [_Slot(tid) for tid in transactional_ids] or \
+            [_Slot(f"kbroker.{namespace}.{uuid.uuid4()}") for _ in range(max(1, producers))]
         self._turn = 0  # the ring's producer for the next Kafka transaction
         self._queue: queue.Queue[CommitRequest | None] = queue.Queue()
         self._busy = threading.Lock()  # held while a Kafka transaction is under way
         self._closed = False
         self.batches = 0
+        # Producers created so far. A transaction that took a conversation lease commits only on
+        # producers at least as old as its lease check: if the lease ran out and another process
+        # fenced this one's transactional ids, those producers are fenced too, whereas a
+        # replacement created after the fence would commit (core/send_lease.py).
+        self.generation = 0
         self._thread: threading.Thread | None = None
+
+    @property
+    def transactional_ids(self) -> tuple[str, ...]:
+        """The ring's transactional ids: fencing them stops this committer's open transactions."""
+        return tuple(slot.transactional_id for slot in self._ring)
 
     def start(self) -> "GroupCommitter":
         """Create the producer ring (init_transactions, a broker round trip each) and start the
@@ -194,6 +210,9 @@ class GroupCommitter:
                 self._commit(batch)
 
     def _commit(self, batch: list[CommitRequest]) -> None:
+        batch = self._without_outdated(batch)
+        if not batch:
+            return
         # Offsets are grouped per queue consumer: each has its own group metadata.
         by_receiver: dict[Any, list[Lease]] = {}
         for req in batch:
@@ -314,6 +333,7 @@ class GroupCommitter:
             producer.abandon()
             raise
         slot.producer = producer
+        self.generation += 1
         return producer
 
     def _restock(self) -> None:
@@ -347,6 +367,23 @@ class GroupCommitter:
         if slot.producer is not None:
             slot.producer.abandon()
             slot.producer = None
+
+    def _without_outdated(self, batch: list[CommitRequest]) -> list[CommitRequest]:
+        """Fail the requests whose conversation leases were checked before the producer that
+        would commit them was created (the slot's producer is made ready first, so the
+        generation is the one the Kafka transaction will run on)."""
+        slot = self._ring[self._turn]
+        if slot.producer is None or slot.producer.abandoned:
+            try:
+                self._ready(slot, self._timeout)
+            except (KafkaException, CallDeadlineExceeded):
+                pass  # the transaction meets it again and fails as any other
+        outdated = [r for r in batch if r.generation is not None and r.generation < self.generation]
+        for req in outdated:
+            req.finish(TransactionAbortedError(
+                "a transactional producer was replaced while this transaction held conversation leases; "
+                "another process may have taken one over"))
+        return [r for r in batch if r not in outdated] if outdated else batch
 
     def _split_doomed(self, batch: list[CommitRequest]) -> None:
         doomed = [r for r in batch if any(l.doomed for l in r.leases)]

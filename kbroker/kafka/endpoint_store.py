@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, Message, Producer
 
 from kbroker.core import names
 from kbroker.core.endpoint import CHAIN_SUFFIX, CLOSED, CLOSED_GRACE_SECONDS, Endpoint, merged_state
+from kbroker.core.send_lease import LEASE_SUFFIX, WANT_SUFFIX, SendLease, Want, folded
 from kbroker.errors import BrokerUnavailableError, ConversationNotFoundError
 from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partitions
 
@@ -59,6 +60,9 @@ class EndpointStore:
         self._unwritten: dict[str, Endpoint] = {}
         self._mine: dict[str, int] = {}  # the highest sequence reservation this process made
         self._chains: dict[str, tuple[str, ...]] = {}
+        self._leases: dict[str, SendLease] = {}  # each side's conversation lock, as the topic decides it
+        self._wants: dict[str, Want] = {}  # the last process that said it waits for each lease
+        self._floor: dict[str, int] = {}  # where a lease this process took says its SENDs start
         self._consumer: Consumer | None = None
         self._positions: dict[int, int] = {}
         self._behind = False  # the last read stopped at its deadline, short of the end
@@ -130,6 +134,7 @@ class EndpointStore:
             seq = max(ep.send_sequence, exact.send_sequence if exact is not None else 0)
         else:
             seq = max(ep.send_sequence, ep.sequence_reserved)
+        seq = max(seq, self._floor.get(handle, 0))
         return ep if seq == ep.send_sequence else replace(ep, send_sequence=seq)
 
     def _claim(self, ep: Endpoint) -> None:
@@ -167,6 +172,9 @@ class EndpointStore:
             self._closed_at.pop(handle, None)
 
     def _forget(self, handle: str) -> None:
+        self._leases.pop(handle, None)
+        self._wants.pop(handle, None)
+        self._floor.pop(handle, None)
         ep = self._cache.pop(handle, None)
         if ep is not None:
             self._unindex(handle, ep.conversation_group_id)
@@ -232,8 +240,8 @@ class EndpointStore:
 
     def refresh(self) -> None:
         """Catch up with the topic: endpoints changed by other processes (a MOVE) replace stale
-        cached ones. Called when a queue partition is assigned to this process, and by the timer
-        service before it decides which sides a due timer reaches."""
+        cached ones. Called when a queue partition is assigned to this process, by the timer
+        service before it decides which sides a due timer reaches, and for a lease claim's answer."""
         self._read_forward()
 
     def _read_forward(self, timeout: float = READ_TIMEOUT) -> None:
@@ -272,6 +280,14 @@ class EndpointStore:
         key = raw_key.decode()
         if key.endswith(CHAIN_SUFFIX):
             self._read_chain(key[:-len(CHAIN_SUFFIX)], value)
+        elif key.endswith(LEASE_SUFFIX):
+            self._read_lease(key[:-len(LEASE_SUFFIX)], value)
+        elif key.endswith(WANT_SUFFIX):
+            handle = key[:-len(WANT_SUFFIX)]
+            if value is None:
+                self._wants.pop(handle, None)
+            else:
+                self._wants[handle] = Want.from_json(value)
         elif value is not None:
             written_at = msg.timestamp()[1] / 1000.0
             if now - written_at >= self.grace and CLOSED_JSON in value:
@@ -293,6 +309,52 @@ class EndpointStore:
             self._chains[handle] = chain
         if handle in self._cache:
             self._remember(self._merged(self._cache[handle]), time.time())
+
+    def _read_lease(self, handle: str, value: bytes | None) -> None:
+        if value is None:
+            self._leases.pop(handle, None)
+            return
+        new = SendLease.from_json(value)
+        accepted = folded(self._leases.get(handle), new)
+        if accepted is None:
+            log.debug("lease of %s: %s's record of epoch %d is refused", handle, new.by, new.epoch)
+        else:
+            self._leases[handle] = accepted
+
+    def wanted(self, handle: str) -> Want | None:
+        """The last process that said it waits for `handle`'s lease (as of the last read)."""
+        return self._wants.get(handle)
+
+    def lease(self, handle: str) -> SendLease | None:
+        """The conversation lock of `handle` as of the last read (read_forward() first)."""
+        return self._leases.get(handle)
+
+    def advance(self, handle: str, start: int, state: str | None = None) -> None:
+        """This process took `handle`'s lease, whose record says SENDs go on at `start` (and,
+        if released, the state its last holder knew): no record read later (an older one, or
+        one behind another process's open transaction) moves the endpoint back below that."""
+        self._floor[handle] = max(self._floor.get(handle, 0), start)
+        ep = self._cache.get(handle)
+        if ep is not None and state is not None and state != ep.state:
+            ep = merged_state(ep, replace(ep, state=state)) or ep
+            self._cache[handle] = ep
+        if ep is not None and ep.send_sequence < start:
+            ep = replace(ep, send_sequence=start, sequence_reserved=max(ep.sequence_reserved, start))
+            self._cache[handle] = ep
+            self._unwritten[handle] = ep
+        self._mine[handle] = max(self._mine.get(handle, -1), start)
+
+    def flush(self, timeout: float) -> None:
+        assert self._producer is not None, "a read-only endpoint store does not write"
+        if self._producer.flush(timeout):
+            raise BrokerUnavailableError(f"endpoint records were not acknowledged in {timeout:g} s")
+
+    def write_exact(self, handle: str) -> None:
+        """Before this process lets another have the dialog's lease: write the exact next
+        sequence if SENDs within the reserved block left the topic short of it."""
+        ep = self._unwritten.get(handle)
+        if ep is not None:
+            self.put(replace(ep, sequence_reserved=ep.send_sequence))
 
     def close(self) -> None:
         """Close the reading consumer (the shared producer is its owner's)."""

@@ -24,6 +24,7 @@ from kbroker.core.catalog.models import Catalog, Queue
 from kbroker.core.endpoint import CHAIN_SUFFIX, CLOSED, CLOSED_GRACE_SECONDS, DISCONNECTED_OUTBOUND, handle_for
 from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.reclaim import reclaim_points
+from kbroker.core.send_lease import LEASE_SUFFIX, WANT_SUFFIX
 from kbroker.errors import BrokerUnavailableError, kafka_error
 from kbroker.kafka import clients, messages
 from kbroker.kafka.endpoint_store import CLOSED_JSON, read_endpoints
@@ -136,7 +137,8 @@ def _retained_floor(bootstrap: str, topic: str, starts: dict[int, int], committe
 def reclaim_endpoints(bootstrap: str, namespace: str, grace: float = CLOSED_GRACE_SECONDS,
                       now: float | None = None, timeout: float = 120.0) -> int:
     """Tombstone every endpoint whose last record is CLOSED and older than `grace` seconds (and
-    its group chain). One partition at a time, keeping only the closed ones seen: memory is a
+    its group chain, lease and want, whose keys may live on other partitions, so they are tombstoned
+    whether they exist or not). One partition at a time, keeping only the closed ones seen: memory is a
     partition's closed endpoints, not the topic. Returns how many endpoints were reclaimed."""
     before = (time.time() if now is None else now) - grace
     topic = names.endpoints_topic(namespace)
@@ -146,15 +148,12 @@ def reclaim_endpoints(bootstrap: str, namespace: str, grace: float = CLOSED_GRAC
     try:
         for partition in topic_partitions(consumer, topic, timeout) or []:
             closed: set[str] = set()  # handles whose last record so far is CLOSED and old enough
-            chains: set[str] = set()
 
             def note(msg) -> None:
                 key = msg.key().decode() if msg.key() is not None else None
-                if key is None:
+                if key is None or key.endswith((CHAIN_SUFFIX, LEASE_SUFFIX, WANT_SUFFIX)):
                     return
-                if key.endswith(CHAIN_SUFFIX):
-                    chains.add(key[:-len(CHAIN_SUFFIX)])
-                elif msg.value() is not None and CLOSED_JSON in msg.value() and msg.timestamp()[1] / 1000.0 < before:
+                if msg.value() is not None and CLOSED_JSON in msg.value() and msg.timestamp()[1] / 1000.0 < before:
                     closed.add(key)
                 else:
                     closed.discard(key)
@@ -162,7 +161,7 @@ def reclaim_endpoints(bootstrap: str, namespace: str, grace: float = CLOSED_GRAC
             if read_partitions(consumer, topic, {partition: 0}, timeout, on_record=note).unfinished:
                 raise BrokerUnavailableError(f"could not read {topic} [{partition}] to its end in {timeout} s")
             for handle in closed:
-                for key in (handle, handle + CHAIN_SUFFIX) if handle in chains else (handle,):
+                for key in (handle, handle + CHAIN_SUFFIX, handle + LEASE_SUFFIX, handle + WANT_SUFFIX):
                     producer.produce(topic, key=key.encode(), value=None)
                 producer.poll(0)
             reclaimed += len(closed)

@@ -21,7 +21,9 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Self, TypeVar
 
 import orjson
@@ -46,6 +48,7 @@ from kbroker.kafka.endpoint_store import EndpointStore
 from kbroker.kafka.receiver import QueueReceiver
 from kbroker.kafka.rollbacks import RollbackLog
 from kbroker.kafka.secondary import ensure_secondary_queue
+from kbroker.kafka.send_leases import SendLeases
 from kbroker.sdk.hooks import HookFanOut, ReceiveHooks
 from kbroker.sdk.transaction import Transaction
 
@@ -79,7 +82,9 @@ class Broker:
         self._lock = threading.RLock()
         self._errors: list[Any] = []  # KafkaErrors of failed deliveries, until the next flush
         self._catalog: Catalog | None = None
-        self._committer: GroupCommitter | None = None
+        self._committer: GroupCommitter | None = None  # started on first use
+        # Its transactional ids, known before it starts: conversation leases name them (fencing).
+        self._transactional_ids = tuple(f"kbroker.{namespace}.{uuid.uuid4()}" for _ in range(2))
         self.open_transactions = OpenTransactions()
         self.conversation_locks = ConversationLocks(lock_timeout)  # SEND's (see locks.py)
         self.endpoints = EndpointStore(bootstrap, namespace, self._producer)
@@ -92,7 +97,10 @@ class Broker:
         self._poison = PoisonCounter()  # counts the queues this process reads itself
         self.hooks: list[ReceiveHooks] = []
         self.receive_hooks: ReceiveHooks = HookFanOut(self.hooks)
-        self._process = f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:04x}"  # in reader reports
+        # In reader reports and conversation leases: unique even where pids repeat (containers).
+        self._process = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.send_leases = SendLeases(bootstrap, self.endpoints, self.conversation_locks, self._process,
+                                      self._fence_ids, ack_timeout=ack_timeout).start()
 
     # --- catalog ------------------------------------------------------------------------------
 
@@ -148,6 +156,7 @@ class Broker:
         with self._lock:
             if self._committer is None:
                 self._committer = GroupCommitter(self.bootstrap, self.namespace, interval=self._commit_interval,
+                                                 transactional_ids=self._transactional_ids,
                                                  open_transactions=self.open_transactions).start()
             return self._committer
 
@@ -230,21 +239,36 @@ class Broker:
 
     # --- statements outside a transaction -----------------------------------------------------
 
+    def _fence_ids(self) -> tuple[str, ...]:
+        return self._transactional_ids
+
+    @contextmanager
+    def _conversation(self, handle: str) -> Iterator[None]:
+        """A statement outside a transaction holds the conversation: among this process's
+        threads, then across processes (its lease), then the statement lock."""
+        with self.conversation_locks.held(handle):
+            self.send_leases.hold(handle, self.conversation_locks.timeout)
+            with self._lock:
+                yield
+
     def begin_dialog(self, from_service: str, to_service: str, contract: str = "DEFAULT", **kw: Any) -> str:
         """BEGIN DIALOG: creates the initiator endpoint and returns its conversation handle."""
         ep = self.statements.new_dialog(from_service, to_service, contract, endpoint_of=self.endpoints.get, **kw)
         if ep.instance is not None:
             self.secondary_queue(self.statements.queue_of(ep.service_name), ep.instance)  # replies land there
+        lease = self.send_leases.created(ep)
         with self._lock:
             for record in self.statements.lifetime_records(ep):
                 self._produce(record)
             self.endpoints.put(ep)
+            self._produce(self.statements.lease_record(lease))
             self._flush()
+        self.send_leases.holding(lease)
         return ep.conversation_handle
 
     def send(self, handle: str, message_type: str = "DEFAULT", body: Any = None, **kw: Any) -> str:
         """SEND ON CONVERSATION: returns the message id once Kafka acknowledged the message."""
-        with self.conversation_locks.held(str(handle)), self._lock:
+        with self._conversation(str(handle)):
             before = self.endpoints.current(str(handle))
             record, message_id, ep = self.statements.message_record(before, message_type, body, **kw)
             self._produce(record)
@@ -258,7 +282,7 @@ class Broker:
     def end_conversation(self, handle: str, *, error: int | None = None, description: str | None = None,
                          cleanup: bool = False) -> None:
         """END CONVERSATION [WITH ERROR = code DESCRIPTION = text | WITH CLEANUP]."""
-        with self.conversation_locks.held(str(handle)), self._lock:
+        with self._conversation(str(handle)):
             ep = self.endpoints.current(str(handle))
             records, ended = self.statements.end_records(ep, error=error, description=description, cleanup=cleanup)
             for record in records:
@@ -270,7 +294,7 @@ class Broker:
     def begin_conversation_timer(self, handle: str, timeout: float) -> None:
         """BEGIN CONVERSATION TIMER (handle) TIMEOUT = seconds: a DialogTimer message reaches this
         side's queue then (fired by the timer service, which `kbroker worker` runs)."""
-        with self.conversation_locks.held(str(handle)), self._lock:
+        with self._conversation(str(handle)):
             records, ep = self.statements.timer_records(self.endpoints.get(str(handle)), timeout)
             for record in records:
                 self._produce(record)
@@ -339,6 +363,7 @@ class Broker:
                 self._committer.close()
                 self._committer = None
             self.endpoints.write_unwritten()  # exact sequences, so a restart leaves no gap
+            self.send_leases.close()  # other processes need not wait for the leases to run out
             self.endpoints.close()
             self._producer.flush(self._ack_timeout)
 

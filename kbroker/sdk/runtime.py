@@ -10,6 +10,7 @@ from kbroker.core.statements import Statements
 from kbroker.kafka.committer import GroupCommitter, OpenTransactions
 from kbroker.kafka.endpoint_store import EndpointStore
 from kbroker.kafka.receiver import QueueReceiver
+from kbroker.kafka.send_leases import SendLeases
 from kbroker.sdk.hooks import ReceiveHooks
 
 
@@ -27,6 +28,10 @@ class Runtime(Protocol):
     @property
     def conversation_locks(self) -> ConversationLocks:
         """SEND's conversation locks, held until the transaction ends."""
+
+    @property
+    def send_leases(self) -> SendLeases:
+        """The conversation leases this process holds: the conversation lock across processes."""
 
     @property
     def open_transactions(self) -> OpenTransactions:

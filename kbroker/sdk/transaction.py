@@ -54,6 +54,8 @@ class Transaction:
         self._unwritten: set[str] = set()  # staged only by SENDs within their reserved sequence block
         self._queues: set[str] = set()
         self._locked_conversations: set[str] = set()  # SEND's conversation locks held
+        self._created: set[str] = set()  # endpoints this transaction creates: their first lease goes with them
+        self._generation: int | None = None  # the committer's, when this transaction first took a lease
         self.state = "open"
         self.committed_at: float | None = None
         runtime.open_transactions.opened()
@@ -84,8 +86,13 @@ class Transaction:
         this transaction ends (see locks.py), before reading its endpoint."""
         handle = str(handle)
         if handle not in self._locked_conversations:
-            self._runtime.conversation_locks.lock(handle, self)
+            rt = self._runtime
+            rt.conversation_locks.lock(handle, self)
             self._locked_conversations.add(handle)
+            if handle not in self._created:  # across processes too (send_lease.py)
+                if self._generation is None:  # producers as old as the lease check: see committer
+                    self._generation = rt.committer.generation
+                rt.send_leases.hold(handle, rt.conversation_locks.timeout)
 
     def _stage(self, ep: Endpoint) -> None:
         self._endpoints[ep.conversation_handle] = ep
@@ -166,9 +173,12 @@ class Transaction:
                 self._records.extend(records)
                 self._stage(ep)
                 continue
+            existed = ep is not None
             keep, ep = rt.statements.after_receive(m, ep)
             if ep is not None:
                 self._stage(ep)
+                if not existed:  # a target's first message: nobody else has this side yet
+                    self._created.add(ep.conversation_handle)
             if keep:
                 delivered.append(m)
         return delivered, moving
@@ -239,6 +249,7 @@ class Transaction:
             rt.secondary_queue(rt.statements.queue_of(ep.service_name), ep.instance)  # replies land there
         self._records.extend(rt.statements.lifetime_records(ep))
         self._stage(ep)
+        self._created.add(ep.conversation_handle)
         return ep.conversation_handle
 
     def send(self, handle: str, message_type: str = "DEFAULT", body: Any = None, **kw: Any) -> str:
@@ -290,10 +301,13 @@ class Transaction:
         for handle, ep in self._endpoints.items():
             if handle not in self._unwritten:
                 records.append(rt.statements.endpoint_record(handle, ep))
+        leases = [rt.send_leases.created(ep) for h in self._created & self._locked_conversations
+                  if (ep := self._endpoints.get(h)) is not None]
+        records.extend(rt.statements.lease_record(lease) for lease in leases)
         self._uncount()
         try:
             if records or self._leases:
-                req = CommitRequest(records, self._leases)
+                req = CommitRequest(records, self._leases, self._generation)
                 rt.committer.commit(req)
                 self.committed_at = req.committed_at
         except (TransactionAbortedError, TransactionInDoubtError) as exc:
@@ -308,6 +322,8 @@ class Transaction:
             raise
         for handle, ep in self._endpoints.items():
             rt.endpoints.note(handle, ep, written=handle not in self._unwritten)
+        for lease in leases:
+            rt.send_leases.holding(lease)
         self._end(committed=True)
         self.state = "committed"
 
@@ -342,7 +358,7 @@ class Transaction:
             for q in self._queues:
                 self._runtime.note_commit(q, taken.get(q, {}))
         self._leases, self._records, self._endpoints = [], [], {}
-        self._unwritten = set()
+        self._unwritten, self._created = set(), set()
 
     def __enter__(self) -> Self:
         return self

@@ -3,13 +3,16 @@ exact continuation after a clean close, no reuse after a crash."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 from kbroker.cli.demo import CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
-from kbroker.core.endpoint import (
-    SEQUENCE_BLOCK,
-)
+from kbroker.core.send_lease import SEQUENCE_SPAN
 from kbroker.kafka.reader import read_to_end
 from kbroker.sdk.broker import Broker
 from tests.helpers import receive_at_least
@@ -36,18 +39,34 @@ def test_sends_write_one_endpoint_record_per_block_and_continue_exactly_after_cl
     assert seqs == list(range(26)), "a gap or a repeat after a clean close"
 
 
-def test_a_process_that_died_within_a_block_never_has_its_sequences_reused(kafka_bootstrap, namespace, broker):
-    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+CHILD = textwrap.dedent("""
+    import sys, time
+    from kbroker.sdk.broker import Broker
+    bootstrap, namespace, emp, exp, contract, claim = sys.argv[1:]
+    broker = Broker(bootstrap, namespace)
+    h = broker.begin_dialog(emp, exp, contract)
     for i in range(10):
-        broker.send(h, CLAIM, {"i": i})
-    # No close(): as after kill -9, the 9 SENDs after the first left no endpoint record.
-    other = Broker(kafka_bootstrap, namespace)
+        broker.send(h, claim, {"i": i})
+    print(h, flush=True)
+    time.sleep(600)
+""")
+
+
+def test_a_process_killed_within_a_block_never_has_its_sequences_reused(kafka_bootstrap, namespace, broker):
+    """kill -9 after 10 SENDs, 9 of which left no endpoint record: another process waits for the
+    dead one's lease to run out and goes on past everything that lease let it use (a gap, as
+    after a crash, never a number used twice)."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD, kafka_bootstrap, namespace, EMP, EXP, CONTRACT, CLAIM],
+                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:
-        other.send(h, CLAIM, {"i": 10})
-        seqs = [m.message_sequence_number for m in receive_at_least(other, "ExpenseQueue", 11)]
+        assert child.stdout is not None
+        h = child.stdout.readline().strip()
     finally:
-        other.close()
-    assert seqs[:10] == list(range(10)) and seqs[10] == 1 + SEQUENCE_BLOCK, seqs
+        child.kill()  # SIGKILL: no close(), no lease released
+        child.wait(10)
+    broker.send(h, CLAIM, {"i": 10})
+    seqs = [m.message_sequence_number for m in receive_at_least(broker, "ExpenseQueue", 11)]
+    assert seqs[:10] == list(range(10)) and seqs[10] == SEQUENCE_SPAN, seqs
 
 
 def test_one_send_per_process_continues_exactly(kafka_bootstrap, namespace, broker):

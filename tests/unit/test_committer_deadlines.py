@@ -117,3 +117,23 @@ def test_a_hung_commit_is_settled_from_the_groups_offsets(release, committed):
     assert made[1].txn_id == made[0].txn_id and made[1].calls[0] == "init"
     assert made[0].calls[-1] == "commit"  # no abort on a producer whose commit may be running
     c.close()
+
+
+def test_a_transaction_that_took_leases_never_commits_on_a_producer_made_after_its_check(release):
+    """A conversation lease taken over is fenced through the old holder's producers; a producer
+    created after the lease check would not be fenced, so a transaction never commits on one:
+    retriable TransactionAbortedError, nothing produced. Later transactions commit."""
+    c, made = committer_with("offsets", release)
+    receiver = FakeReceiver()
+    checked_at = c.generation  # what Transaction records when it first takes a lease
+    with pytest.raises(TransactionAbortedError):  # the first producer hangs and is replaced
+        c.commit(CommitRequest([], [Lease(receiver, "g", None, offsets=[(0, 6)])]))  # type: ignore[arg-type]
+    assert c.generation > checked_at
+    record = ("t", b"k", b"v", None)
+    with pytest.raises(TransactionAbortedError, match="conversation leases"):
+        c.commit(CommitRequest([record], [], generation=checked_at))
+    assert "produce" not in made[-1].calls
+    c.commit(CommitRequest([record], [], generation=c.generation))
+    assert made[-1].calls[-2:] == ["produce", "commit"]
+    c.commit(CommitRequest([record], []))  # no lease taken: no generation to respect
+    c.close()

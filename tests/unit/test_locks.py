@@ -39,3 +39,13 @@ def test_held_releases_even_when_the_statement_fails():
         with locks.held("h"):
             raise RuntimeError("statement failed")
     locks.lock("h", object())  # free again
+
+
+def test_try_lock_takes_only_a_free_lock_and_never_waits():
+    locks = ConversationLocks(timeout=30.0)
+    holder, keeper = object(), object()
+    locks.lock("h", holder)
+    assert not locks.try_lock("h", keeper)  # the lease keeper leaves a held conversation alone
+    locks.release(["h"], holder)
+    assert locks.try_lock("h", keeper)
+    assert not locks.try_lock("h", holder)
