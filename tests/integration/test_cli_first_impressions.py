@@ -16,6 +16,7 @@ from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
 from kbroker.core.monitor import MonitorConfig, MonitorState
+from kbroker.core.send_lease import lease_key
 from kbroker.kafka.reader import read_to_end
 
 from tests.helpers import KBROKER
@@ -101,5 +102,6 @@ def test_a_refused_send_that_begins_a_dialog_writes_nothing(kafka_bootstrap, nam
                    "--body", "{}", "--json", bootstrap=kafka_bootstrap, namespace=namespace)
     assert sent.returncode == 0, sent.stderr
     handle = orjson.loads(sent.stdout)["conversation_handle"]
-    written = read_to_end(kafka_bootstrap, names.endpoints_topic(namespace), 15) or []
-    assert {m.key().decode() for m in written} == {handle}
+    written = {m.key().decode() for m in read_to_end(kafka_bootstrap, names.endpoints_topic(namespace), 15) or []}
+    # The endpoint and, beside it, its side's conversation lease (written with the endpoint).
+    assert written == {handle, lease_key(handle)}
