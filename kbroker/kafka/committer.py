@@ -31,15 +31,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from kbroker.core.records import Record
 from kbroker.core.txn_faults import Action, Deadline, Position, Stage, committed_by_offsets, decide
 from kbroker.errors import TransactionAbortedError, TransactionInDoubtError
 from kbroker.kafka import clients
 from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, reason, transact
-from kbroker.kafka.reader import group_offsets, without_errors
+from kbroker.kafka.reader import group_offsets, offsets_reader, without_errors
 from kbroker.kafka.receiver import Lease
 
 log = logging.getLogger("kbroker.committer")
@@ -123,7 +122,8 @@ class GroupCommitter:
         # transaction that has not committed by then is given up (and its producer if stuck).
         self._transaction_deadline = transaction_deadline
         self._resolve_timeout = resolve_timeout  # how long an in-doubt commit may take to settle
-        self._admin: AdminClient | None = None  # reads committed offsets to settle an in-doubt commit
+        # Per queue group: a consumer that reads its committed offsets, to settle an in-doubt commit.
+        self._offsets_readers: dict[str, Consumer] = {}
         self._open_transactions = open_transactions
         # transactional_ids: the ring's ids chosen by the caller (who names them before the start).
         self._ring = [_Slot(tid) for tid in transactional_ids] or \
@@ -314,12 +314,13 @@ class GroupCommitter:
         return None
 
     def _group_offsets(self, group: str, positions: list[TopicPartition], seconds: float) -> list[TopicPartition]:
-        """The group's stable committed offsets, asked with an admin client: the queue's own
-        consumer may be inside a rebalance that waits for this very commit (the revocation's
-        barrier), and would not answer."""
-        if self._admin is None:
-            self._admin = clients.admin(self._conf["bootstrap.servers"])
-        return without_errors(group_offsets(self._admin, group, positions, seconds))
+        """The group's stable committed offsets, asked by a consumer that never joins the group
+        (reader.group_offsets): the queue's own consumer may be inside a rebalance that waits for
+        this very commit (the revocation's barrier), and would not answer."""
+        reader = self._offsets_readers.get(group)
+        if reader is None:
+            reader = self._offsets_readers[group] = offsets_reader(self._conf["bootstrap.servers"], group)
+        return without_errors(group_offsets(reader, positions, seconds))
 
     def _ready(self, slot: "_Slot", seconds: float) -> GuardedProducer:
         """`slot`'s producer, created and initialised (bounded by `seconds`) if it has none."""
@@ -403,3 +404,6 @@ class GroupCommitter:
             req = self._queue.get_nowait()
             if req is not None:
                 req.finish(TransactionAbortedError("the broker connection is closed"))
+        for reader in self._offsets_readers.values():
+            reader.close()
+        self._offsets_readers.clear()

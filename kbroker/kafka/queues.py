@@ -13,7 +13,6 @@ from datetime import datetime, timezone
 
 import orjson
 from confluent_kafka import (
-    ConsumerGroupTopicPartitions,
     IsolationLevel,
     KafkaException,
     TopicPartition,
@@ -21,12 +20,13 @@ from confluent_kafka import (
 from confluent_kafka.admin import OffsetSpec
 
 from kbroker.core import names
+from kbroker.core.endpoint import Endpoint
 from kbroker.core.offsets import decode_completed
 from kbroker.errors import CatalogError, InvalidArgumentError, kafka_error
 from kbroker.kafka import clients, wire
 from kbroker.kafka.catalog_store import publish_object, read_catalog, write_records
 from kbroker.kafka.endpoint_store import read_endpoints
-from kbroker.kafka.reader import latest_values
+from kbroker.kafka.reader import group_offsets, latest_values, offsets_reader
 
 # Named after Service Broker's BROKER_QUEUE_DISABLED event, which poison handling raises.
 QUEUE_DISABLED, QUEUE_ENABLED = "QUEUE_DISABLED", "QUEUE_ENABLED"
@@ -109,10 +109,13 @@ def queue_view(bootstrap: str, namespace: str, queue: str, timeout: float = 10.0
         return {tp.partition: clients.result_of(f, f"cannot list the offsets of {topic}").offset for tp, f in futures.items()}
 
     starts, ends = offsets(OffsetSpec.earliest()), offsets(OffsetSpec.latest())
-    request = [ConsumerGroupTopicPartitions(group, tps)]
-    committed = {tp.partition: tp for tp in clients.result_of(
-        admin.list_consumer_group_offsets(request, request_timeout=timeout)[group],
-        f"cannot list the committed offsets of {group}").topic_partitions}
+    reader = offsets_reader(bootstrap, group, stable=False)
+    try:
+        committed = {tp.partition: tp for tp in group_offsets(reader, tps, timeout)}
+    except KafkaException as exc:
+        raise kafka_error(f"cannot list the committed offsets of {group}", exc.args[0]) from None
+    finally:
+        reader.close()
     desc = clients.result_of(admin.describe_consumer_groups([group], request_timeout=timeout)[group],
                    f"cannot describe consumer group {group}")
 
@@ -176,8 +179,13 @@ def reader_rows(bootstrap: str, namespace: str, topic: str, timeout: float = 10.
 
 def conversation_view(bootstrap: str, namespace: str) -> list[dict]:
     """sys.conversation_endpoints: every endpoint in the namespace's endpoints topic, with the
-    columns kbroker keeps (the rest of SSB's columns have no meaning here)."""
-    endpoints = read_endpoints(bootstrap, namespace, as_written=True)
+    columns kbroker keeps (the rest of SSB's columns have no meaning here), read from the topic.
+    A running worker keeps the same view current in memory (its /conversations/ page)."""
+    return conversation_rows(read_endpoints(bootstrap, namespace, as_written=True))
+
+
+def conversation_rows(endpoints: list[Endpoint]) -> list[dict]:
+    """The rows of sys.conversation_endpoints for `endpoints`."""
     rows = []
     for ep in sorted(endpoints, key=lambda e: (e.conversation_id, not e.is_initiator)):
         rows.append({

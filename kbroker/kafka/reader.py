@@ -12,15 +12,13 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import (
     Consumer,
-    ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
+    OFFSET_INVALID,
     Message,
     Producer,
     TopicPartition,
 )
-
-from confluent_kafka.admin import AdminClient
 
 from kbroker.errors import BrokerUnavailableError
 from kbroker.kafka.clients import consumer as new_consumer
@@ -29,16 +27,66 @@ from kbroker.kafka.clients import is_transient, kafka_error
 CONSUME_WAIT = 0.05  # seconds per consume(): it waits its whole timeout unless the batch fills
 
 
-def group_offsets(admin: AdminClient, group: str, partitions: list[TopicPartition],
-                  seconds: float) -> list[TopicPartition]:
-    """A consumer group's stable committed offsets of `partitions`, asked with an admin client:
-    the group's own consumer may be inside a rebalance, or just reconnected after a broker
-    restart, and not answer. A partition whose offsets are not stable (a transaction holding
-    some is still open) comes back with its own error and offset -1001: see without_errors."""
-    request = [ConsumerGroupTopicPartitions(group, [TopicPartition(tp.topic, tp.partition) for tp in partitions])]
-    future = admin.list_consumer_group_offsets(request, require_stable=True, request_timeout=seconds)[group]
-    # Waited a second past the request's own timeout, so librdkafka's error (more telling) wins.
-    return list(future.result(timeout=seconds + 1.0).topic_partitions or [])
+ASK_ONE = 2.0  # seconds for one committed-offsets request (the unstable case is asked per partition)
+
+
+class Unread(TopicPartition):
+    """A partition whose committed offset could not be read (offset -1001), with `error` saying
+    why: a Kafka transaction holding its offsets is still open, or the coordinator did not
+    answer in time."""
+
+    def __init__(self, topic: str, partition: int, error: KafkaError):
+        super().__init__(topic, partition, OFFSET_INVALID)
+        self._why = error
+
+    @property
+    def error(self) -> KafkaError:  # type: ignore[override]
+        return self._why
+
+
+def offsets_reader(bootstrap: str, group: str, *, stable: bool = True) -> Consumer:
+    """A consumer of `group`'s id that never subscribes: it only reads the group's committed
+    offsets (`group_offsets`), so it never joins, or disturbs, the group. stable: offsets a
+    still-open Kafka transaction holds are not answered (what settling and assigning need);
+    the views take them as they stand."""
+    return new_consumer(bootstrap, group, **({} if stable else {"isolation.level": "read_uncommitted"}))
+
+
+def group_offsets(reader: Consumer, partitions: list[TopicPartition], seconds: float) -> list[TopicPartition]:
+    """The committed offsets of `partitions` in the group `reader` was made for (offsets_reader).
+
+    Not through an admin client: librdkafka's ListConsumerGroupOffsets dereferences the missing
+    consumer-group handle of an admin client when the coordinator answers NOT_COORDINATOR, as it
+    does while a broker restarts, and the whole process dies of a segmentation fault (librdkafka
+    issue 5040; seen here as workers dying after a broker restart). Not through the group's own
+    consumer either: it may be inside a rebalance, or waiting on a stale coordinator.
+
+    Asked for all partitions at once, then, if that does not answer within ASK_ONE seconds (one
+    partition's offsets held by an open transaction hold the whole answer), one partition at a
+    time, so one such partition does not keep the others from being told: it comes back as
+    `Unread` (offset -1001 and its error; see without_errors). Bounded by `seconds` in all.
+    KafkaException when the coordinator refuses, or when no partition answers at all."""
+    tps = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
+    deadline = time.monotonic() + seconds
+    try:
+        return list(reader.committed(tps, timeout=max(0.1, min(ASK_ONE, seconds))))
+    except KafkaException as exc:
+        first = exc.args[0]
+        if first.code() != KafkaError._TIMED_OUT or len(tps) == 1:
+            raise  # the coordinator said no, or there is nothing to tell apart: the caller retries
+    out: list[TopicPartition] = []
+    for tp in tps:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            out.append(Unread(tp.topic, tp.partition, first))
+            continue
+        try:
+            out += reader.committed([tp], timeout=max(0.1, min(ASK_ONE, left)))
+        except KafkaException as exc:
+            out.append(Unread(tp.topic, tp.partition, exc.args[0]))
+    if all(isinstance(tp, Unread) for tp in out):
+        raise KafkaException(first)  # not one partition's transaction: nothing answers
+    return out
 
 
 def without_errors(positions: list[TopicPartition]) -> list[TopicPartition]:

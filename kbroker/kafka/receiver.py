@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
 from confluent_kafka import Message as KafkaRecord
 
 from kbroker.core import names
@@ -34,7 +33,7 @@ from kbroker.core.envelope import Envelope, MalformedRecord, Message
 from kbroker.core.group_buffer import Buffered, GroupBuffer, full_partitions, receive_order
 from kbroker.core.offsets import PartitionOffsets
 from kbroker.kafka import clients, messages
-from kbroker.kafka.reader import group_offsets
+from kbroker.kafka.reader import group_offsets, offsets_reader
 
 log = logging.getLogger("kbroker.receiver")
 
@@ -91,7 +90,7 @@ class QueueReceiver:
         self._eof: set[int] = set()
         self._closed = False
         self._consumer: Consumer | None = None
-        self._admin: AdminClient | None = None  # reads committed offsets when the consumer does not
+        self._offsets_reader: Consumer | None = None  # reads committed offsets when the consumer does not
         # Partitions the group gave this process that wait for readable committed offsets
         # (partition -> since when, monotonic), and whether that was logged.
         self._waiting: dict[int, float] = {}
@@ -152,7 +151,7 @@ class QueueReceiver:
                 self._cv.notify_all()
             if self._waiting and time.monotonic() - self._waiting_asked >= 1.0:
                 self._waiting_asked = time.monotonic()
-                self._assign_waiting(consumer, self._committed_by_admin)
+                self._assign_waiting(consumer, self._committed_by_reader)
             if self._report is not None and time.monotonic() - self._reported_at >= self._report_interval:
                 self._reported_at = time.monotonic()
                 self._report(self.stats())
@@ -264,12 +263,13 @@ class QueueReceiver:
                       "process is gone, find it with `kafka-transactions.sh find-hanging` and abort it",
                       self.topic, sorted(self._waiting), longest, why)
 
-    def _committed_by_admin(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
-        """Committed offsets asked of the group coordinator with an admin client: after a broker
-        restart the consumer itself was seen never to answer."""
-        if self._admin is None:
-            self._admin = clients.admin(self._bootstrap)
-        return group_offsets(self._admin, self.topic, partitions, 10)  # a queue's group is named as its topic
+    def _committed_by_reader(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """Committed offsets asked of the group coordinator by a consumer that never joins the
+        group (reader.group_offsets): after a broker restart the group's own consumer was seen
+        never to answer."""
+        if self._offsets_reader is None:
+            self._offsets_reader = offsets_reader(self._bootstrap, self.topic)  # a queue's group is named as its topic
+        return group_offsets(self._offsets_reader, partitions, 10)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = {tp.partition for tp in partitions}
@@ -414,3 +414,5 @@ class QueueReceiver:
             self._thread.join(timeout=10)
         if self._consumer is not None:
             self._consumer.close()
+        if self._offsets_reader is not None:
+            self._offsets_reader.close()

@@ -28,7 +28,14 @@ from kbroker.core.send_lease import LEASE_SUFFIX, WANT_SUFFIX
 from kbroker.errors import BrokerUnavailableError, kafka_error
 from kbroker.kafka import clients, messages
 from kbroker.kafka.endpoint_store import CLOSED_JSON, read_endpoints
-from kbroker.kafka.reader import CONSUME_WAIT, group_offsets, read_partitions, reading_consumer, topic_partitions
+from kbroker.kafka.reader import (
+    CONSUME_WAIT,
+    group_offsets,
+    offsets_reader,
+    read_partitions,
+    reading_consumer,
+    topic_partitions,
+)
 
 
 @dataclass(frozen=True)
@@ -72,10 +79,13 @@ def reclaim_topic(bootstrap: str, admin: AdminClient, queue: Queue, topic: str, 
     starts = {tp.partition: clients.result_of(f, f"cannot list the offsets of {topic}").offset
               for tp, f in admin.list_offsets({tp: OffsetSpec.earliest() for tp in tps},
                                               request_timeout=timeout).items()}
+    reader = offsets_reader(bootstrap, topic)  # the group is named as the topic
     try:
-        offsets = group_offsets(admin, topic, tps, timeout)  # the group is named as the topic
+        offsets = group_offsets(reader, tps, timeout)
     except KafkaException as exc:
         raise kafka_error(f"cannot list the committed offsets of {topic}", exc.args[0]) from None
+    finally:
+        reader.close()
     # A partition with an error of its own (offsets not stable yet) is not reclaimed this time.
     committed = {tp.partition: tp.offset for tp in offsets if tp.error is None and tp.offset >= 0}
     keep_from = None

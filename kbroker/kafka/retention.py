@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.endpoint import CLOSED, DISCONNECTED_OUTBOUND, Endpoint, handle_for
@@ -28,10 +28,10 @@ from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.groups import MOVE_MARKER
 from kbroker.core.offsets import decode_completed
 from kbroker.errors import CatalogError, kafka_error
-from kbroker.kafka import clients, messages
+from kbroker.kafka import messages
 from kbroker.kafka.catalog_store import read_catalog
 from kbroker.kafka.endpoint_store import read_endpoints
-from kbroker.kafka.reader import read_to_end
+from kbroker.kafka.reader import group_offsets, offsets_reader, read_to_end
 
 RECEIVED, READY = 0, 1  # Service Broker's status column
 
@@ -118,12 +118,13 @@ def _completed(bootstrap: str, topic: str, group: str, partitions: list[int],
                timeout: float) -> Callable[[int, int], bool]:
     """Whether the queue's readers completed an offset: below the committed offset, or among the
     completed offsets above it that the commit metadata lists."""
-    admin = clients.admin(bootstrap)
-    request = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])]
+    reader = offsets_reader(bootstrap, group, stable=False)
     try:
-        tps = admin.list_consumer_group_offsets(request, request_timeout=timeout)[group].result().topic_partitions
+        tps = group_offsets(reader, [TopicPartition(topic, p) for p in partitions], timeout)
     except KafkaException as exc:
         raise kafka_error(f"cannot list the committed offsets of {group}", exc.args[0]) from None
+    finally:
+        reader.close()
     committed = {tp.partition: (max(tp.offset, 0), set(decode_completed(max(tp.offset, 0), tp.metadata)))
                  for tp in tps}
 

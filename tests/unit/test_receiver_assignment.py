@@ -127,12 +127,12 @@ def test_an_unstable_partition_waits_alone_and_is_assigned_once_stable() -> None
     stable = threading.Event()
     asked: list[list[int]] = []
 
-    def admin_read(partitions: list[TopicPartition]) -> list[Position]:
+    def reader_read(partitions: list[TopicPartition]) -> list[Position]:
         asked.append([tp.partition for tp in partitions])
         return [Position(TOPIC, tp.partition, 1, "") if stable.is_set() else
                 Position(TOPIC, tp.partition, error=UNSTABLE) for tp in partitions]
 
-    receiver._committed_by_admin = admin_read  # type: ignore[method-assign]  # no admin client here
+    receiver._committed_by_reader = reader_read  # type: ignore[method-assign]  # no offsets reader here
     receiver.start()
     try:
         # Partition 0 is read from its committed offset (2) while partition 1 waits.
