@@ -65,6 +65,11 @@ class Health:
             reason = self._reasons.get(component)
         return reason is None or now >= reason.retry_at
 
+    def failing(self, component: str) -> bool:
+        """Whether `component`'s last run failed (it has a standing reason)."""
+        with self._lock:
+            return component in self._reasons
+
     def reasons(self) -> list[Reason]:
         with self._lock:
             return sorted(self._reasons.values(), key=lambda r: r.component)

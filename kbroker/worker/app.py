@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -54,6 +55,8 @@ from kbroker.core.monitor import (
 from kbroker.core.endpoint import CLOSED_GRACE_SECONDS
 from kbroker.core.tick import EVERY_5TH, TickOwner, TickSchedule, claim
 from kbroker.kafka.clients import KAFKA_LOG_LIMIT
+from kbroker.kafka.endpoint_store import EndpointStore
+from kbroker.kafka.queues import conversation_rows
 from kbroker.kafka.reclaim import reclaim_endpoints, reclaim_namespace
 from kbroker.kafka.timer_service import TimerService
 from kbroker.kafka.topics import create_missing_topics
@@ -62,6 +65,7 @@ from kbroker.sdk.broker import Broker
 from kbroker.sdk.hooks import ReceiveHooks
 from kbroker.worker.guard import Guard
 from kbroker.worker.handlers import OWN_PROCEDURE_MODULES, Task, TaskHandlers, allowed
+from kbroker.worker.tables import WorkerTable
 
 log = logging.getLogger("kbroker.worker")
 
@@ -153,7 +157,7 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
         web_port=s.web_port, web_bind=s.web_host, web_host=s.web_host,
         datadir=rt_dir.name, topic_partitions=MONITOR_PARTITIONS,
         topic_replication_factor=1, table_standby_replicas=0, broker_session_timeout=10,
-        broker_heartbeat_interval=2, consumer_auto_offset_reset="earliest",
+        broker_heartbeat_interval=2, consumer_auto_offset_reset="earliest", Table=WorkerTable,
     )
     monitor_topic = app.topic(names.monitor_events_topic(s.namespace), key_serializer="raw",
                               value_serializer="raw", partitions=MONITOR_PARTITIONS)
@@ -179,7 +183,10 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
     broker = Broker(s.bootstrap, s.namespace)
     broker.hooks.append(MonitorHooks(post))
     handlers = TaskHandlers(broker, on_exit, size=s.handlers, worker_id=s.worker_id, guard=guard)
-    rt.update(app=app, broker=broker, handlers=handlers)
+    # sys.conversation_endpoints kept in memory (read-only, sequences as written): after the
+    # first read, /conversations/ reads only what changed since, whatever the topic holds.
+    conversations = EndpointStore(s.bootstrap, s.namespace, None, continue_sequences=False)
+    rt.update(app=app, broker=broker, handlers=handlers, conversations=conversations)
 
     allowed_modules = OWN_PROCEDURE_MODULES + tuple(s.allow_procedures)
     refused: set[tuple[str, str]] = set()  # (queue, procedure) already reported
@@ -272,8 +279,12 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
         event = {"event": "TICK", "number": run.number, "due": sorted(run.due), "missed": run.missed,
                  "worker": req["worker"], "time": int(time.time() * 1000)}
         await events_topic.send(key=b"tick", value=orjson.dumps(event))
-        if EVERY_5TH in run.due and not rt.get("reclaiming"):
-            # Off the tick agent: reading a retained queue's prefix may take a while.
+        if EVERY_5TH in run.due:
+            start_reclaim()
+
+    def start_reclaim() -> None:
+        # Off the tick agent: reading a retained queue's prefix may take a while.
+        if not rt.get("reclaiming"):
             rt["reclaiming"] = asyncio.ensure_future(guard.run("reclaim", reclaim_records))
 
     async def reclaim_records() -> None:
@@ -315,6 +326,12 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
         await guard.run("task handlers", restart_handlers)
         await guard.run("catalog refresh", refresh_catalog)
         await guard.run("timer service", ensure_timer_service)
+        if guard.health.failing("reclaim") and guard.due("reclaim"):
+            # This worker's 5th-tick cleanup failed (a coordinator still loading after a broker
+            # restart): tried again with back-off from here, not at the next 5th tick, which
+            # waits for the tick agent's consumer group to settle and so kept the worker
+            # degraded long after Kafka answered again.
+            start_reclaim()
         write_log_summaries()
 
     async def watch_once() -> None:
@@ -327,11 +344,24 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
         await guard.run("queue watcher", watch_once)  # a slow coordinator must not stop the worker
 
     seen: dict[str, QueueCounts] = {}  # each watched queue's counts at the last pass
+    counting_pool = rt["counting_pool"] = ThreadPoolExecutor(8, thread_name_prefix="kbroker-count")
     counted_at: dict[str, float] = {}  # when each queue's counts were last sent to its monitor
+
+    def count(name: str) -> QueueCounts | Exception:
+        try:
+            watcher = rt["watchers"].get(name)
+            if watcher is None:
+                watcher = rt["watchers"][name] = QueueWatcher(s.bootstrap, s.namespace, name)
+            # Bounded by half a tick: a coordinator slow to answer (busy with the readers'
+            # commits) held the counts, and the view, for the whole 5 s it used to wait.
+            return watcher.counts(timeout=min(5.0, max(0.5, s.tick_interval / 2)))
+        except Exception as exc:  # noqa: BLE001 - reported per queue below
+            return exc
 
     def watch_queues() -> list[tuple[str, Any]]:
         """On the leader: the monitor events that the queues' configs and counts call for."""
         pending: list[tuple[str, Any]] = []
+        watched = []
         for q in broker.catalog.queues.values():
             cfg = MonitorConfig.from_queue(q, ramp_up=s.ramp_up)
             old = rt["configs"].get(q.name)
@@ -340,30 +370,30 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
             if old is not None and old != cfg:
                 pending.append((q.name, QueueAltered(cfg)))
             rt["configs"][q.name] = cfg
-            watcher = rt["watchers"].get(q.name)
-            if watcher is None:
-                watcher = rt["watchers"][q.name] = QueueWatcher(s.bootstrap, s.namespace, q.name)
-            try:
-                # Bounded by half a tick: a coordinator slow to answer (busy with the readers'
-                # commits) held the counts, and the view, for the whole 5 s it used to wait.
-                counts = watcher.counts(timeout=min(5.0, max(0.5, s.tick_interval / 2)))
-            except Exception as exc:
-                guard.failed(f"counting queue {q.name}", exc)
+            watched.append(q.name)
+        # Each queue is counted by its own watcher (its own consumer), all at once: a pass takes
+        # as long as the slowest count, not their sum (one after the other, a pass over five
+        # queues whose counts each ran into their 0.5 s bound took 2.5 s, and every row aged by
+        # as much).
+        for name, counts in zip(watched, counting_pool.map(count, watched)):
+            if isinstance(counts, Exception):
+                guard.failed(f"counting queue {name}", counts)
                 continue
-            guard.succeeded(f"counting queue {q.name}")
-            last = seen.get(q.name)
+            guard.succeeded(f"counting queue {name}")
+            last = seen.get(name)
             now = time.monotonic()
-            # Sent when the counts change, and at least once a tick when they do not: a count
+            # Sent when the counts change, and at least twice a tick when they do not: a count
             # that did not reach the monitor (a send lost in a rebalance or an outage) is put
-            # right within a tick instead of standing until the queue changes again.
+            # right within half a tick instead of standing until the queue changes again, and
+            # the view's rows stay well inside two ticks old on a loaded machine.
             if last is None or (counts.backlog, counts.ready_groups) != (last.backlog, last.ready_groups) \
-                    or now - counted_at.get(q.name, 0.0) >= s.tick_interval:
-                pending.append((q.name, MessagesReady(counts.backlog, counts.ready_groups)))
-                counted_at[q.name] = now
+                    or now - counted_at.get(name, 0.0) >= s.tick_interval / 2:
+                pending.append((name, MessagesReady(counts.backlog, counts.ready_groups)))
+                counted_at[name] = now
             if last is not None and counts.received > last.received:
                 # Some RECEIVE committed (from any process): what moves NOTIFIED on.
-                pending += [(q.name, ReceiveIssued()), (q.name, ReceiveReturned(empty=False))]
-            seen[q.name] = counts
+                pending += [(name, ReceiveIssued()), (name, ReceiveReturned(empty=False))]
+            seen[name] = counts
         return pending
 
     @app.page("/monitors/")
@@ -371,6 +401,11 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
         from kbroker.worker.views import monitor_rows
 
         return web.json(await asyncio.to_thread(monitor_rows, s.bootstrap, s.namespace))
+
+    @app.page("/conversations/")
+    async def conversations_page(web, request):
+        rows = await asyncio.to_thread(lambda: conversation_rows(conversations.all()))
+        return web.json({"namespace": s.namespace, "worker": s.worker_id, "rows": rows, "as_of": time.time()})
 
     @app.page("/tasks/")
     async def tasks_page(web, request):
@@ -389,7 +424,15 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
         rt["loop"] = asyncio.get_running_loop()
         install_log_limit()
         await guard.run("timer service", ensure_timer_service)
+        asyncio.get_running_loop().run_in_executor(None, warm_conversations)
         log.info("worker started worker=%s namespace=%s", s.worker_id, s.namespace)
+
+    def warm_conversations() -> None:
+        """The first read of the endpoints topic, before anyone asks for the view."""
+        try:
+            conversations.all()
+        except Exception as exc:  # the page reads again when asked
+            log.warning("reading the conversation endpoints failed (%s); /conversations/ reads when asked", exc)
 
     return app, rt
 
@@ -399,9 +442,11 @@ def shutdown(rt: dict[str, Any]) -> None:
     if svc is not None:
         svc.close()
     rt["handlers"].close(timeout=5)
+    rt["counting_pool"].shutdown(wait=True)
     for w in rt["watchers"].values():
         w.close()
     rt["broker"].close()
+    rt["conversations"].close()
     rt["datadir"].cleanup()
 
 

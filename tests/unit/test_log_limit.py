@@ -88,13 +88,14 @@ def test_filter_passes_lines_below_its_level_from_other_loggers():
 def test_health_backs_off_exponentially_and_clears_on_success():
     assert [backoff(n, 0.5, 10) for n in (1, 2, 3, 4, 5, 6, 20)] == [0.5, 1, 2, 4, 8, 10, 10]
     h = Health(base_delay=0.5, max_delay=10)
-    assert h.due("catalog refresh", 0) and not h.degraded
+    assert h.due("catalog refresh", 0) and not h.degraded and not h.failing("catalog refresh")
     h.failed("catalog refresh", "BrokerUnavailableError: down", True, 100.0)
     assert not h.due("catalog refresh", 100.4) and h.due("catalog refresh", 100.5)
+    assert h.failing("catalog refresh") and not h.failing("tick")
     r = h.failed("catalog refresh", "BrokerUnavailableError: down", True, 101.0)
     assert (r.failures, r.since, r.retry_at) == (2, 100.0, 102.0)
     snap = h.snapshot()
     assert snap["degraded"] and snap["reasons"][0]["component"] == "catalog refresh"
     assert snap["reasons"][0]["failures"] == 2
-    assert h.succeeded("catalog refresh") is not None and not h.degraded
+    assert h.succeeded("catalog refresh") is not None and not h.degraded and not h.failing("catalog refresh")
     assert h.succeeded("catalog refresh") is None and h.snapshot() == {"degraded": False, "reasons": []}
