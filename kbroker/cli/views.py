@@ -127,15 +127,22 @@ def disable_cmd(queue, reason, bootstrap, namespace, as_json):
 
 @main.command("conversations")
 @click.option("--state", help="Only endpoints in this state (SO, CO, DI, DO, ER, CD).")
+@click.option("--url", default="http://127.0.0.1:6066", show_default=True,
+              help="A worker's HTTP API, whose view is kept in memory; without a worker of this namespace "
+                   "answering there, the endpoints topic is read.")
 @bootstrap_option
 @namespace_option
 @json_option
 @handle_errors
-def conversations_cmd(state, bootstrap, namespace, as_json):
+def conversations_cmd(state, url, bootstrap, namespace, as_json):
     """The conversation endpoints of the namespace (sys.conversation_endpoints)."""
     from kbroker.kafka.queues import conversation_view
+    from kbroker.worker.views import worker_conversations
 
-    rows = conversation_view(bootstrap_address(bootstrap), config.namespace(namespace))
+    ns = config.namespace(namespace)
+    rows = worker_conversations(url, ns)
+    if rows is None:
+        rows = conversation_view(bootstrap_address(bootstrap), ns)
     if state:
         rows = [r for r in rows if r["state"] == state.upper()]
     if as_json:

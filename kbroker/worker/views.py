@@ -1,5 +1,6 @@
 """The worker's DMVs: sys.dm_broker_queue_monitors from the monitor table's changelog (so the view
-needs no running worker), and sys.dm_broker_activated_tasks from the workers' HTTP API."""
+needs no running worker), and sys.dm_broker_activated_tasks and sys.conversation_endpoints (kept in
+memory) from the workers' HTTP API."""
 
 from __future__ import annotations
 
@@ -22,12 +23,13 @@ def monitor_rows(bootstrap: str, namespace: str, timeout: float = 10.0) -> list[
     """One row per queue monitor: queue, state, last_empty_rowset_time, last_activated_time,
     tasks_waiting, readers (activated readers running), backlog, ready_groups, owner worker, and
     how fresh the row is: `as_of`, when its counts were measured (the owner re-measures at least
-    once a tick, and writes the row at least once a tick), `age` in seconds at reading time; and the
+    twice a tick, and writes the row each time), `age` in seconds when the view was asked for
+    (the read's own time is the reader's, not the row's); and the
     owner's health when it wrote the row: `degraded` and `degraded_reasons`."""
+    read_at = time.time()
     raw = latest_values(bootstrap, names.monitors_changelog_topic(namespace), timeout)
     latest = {orjson.loads(k): orjson.loads(v) for k, v in (raw or {}).items()}  # None: no worker ran yet
     rows = []
-    read_at = time.time()
     for queue in sorted(latest):
         d = latest[queue]
         st = MonitorState.from_dict(d)
@@ -45,3 +47,19 @@ def monitor_rows(bootstrap: str, namespace: str, timeout: float = 10.0) -> list[
             "degraded": bool(health.get("degraded")), "degraded_reasons": health.get("reasons", []),
         })
     return rows
+
+
+def worker_conversations(url: str, namespace: str, timeout: float = 3.0) -> list[dict[str, Any]] | None:
+    """sys.conversation_endpoints from a running worker of `namespace` at `url` (its
+    /conversations/ page), or None: none answers, it serves another namespace, or it is still
+    reading the endpoints topic for the first time."""
+    import urllib.request  # here, not at the top: `kbroker --help` starts faster without it
+
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/conversations/", timeout=timeout) as resp:
+            body = orjson.loads(resp.read())
+    except (OSError, ValueError):  # refused, timed out, an HTTP error status, not JSON
+        return None
+    if not isinstance(body, dict) or body.get("namespace") != namespace or not isinstance(body.get("rows"), list):
+        return None
+    return body["rows"]

@@ -248,6 +248,34 @@ def test_the_5th_tick_tombstones_endpoints_closed_longer_than_the_grace(worker_n
     wait_for(gone, 30, "the closed endpoints' tombstones")
 
 
+def test_kbroker_conversations_is_served_by_the_worker_and_matches_the_topic(worker_ns, client):
+    """The worker keeps sys.conversation_endpoints in memory: `kbroker conversations --url` gets
+    it from the worker (a new dialog shows at once; the CLI does not even reach Kafka), with the
+    rows reading the topic gives; a worker of another namespace does not answer for this one's
+    view (the topic is read instead)."""
+    from kbroker.kafka.queues import conversation_view
+
+    bootstrap, ns, w, _ = worker_ns
+    h = client.begin_dialog(CLIENT, "//kbroker/test/Foreign", JOBS)
+    client.send(h, JOB, {"i": 0})
+    served = httpx.get(w.url + "/conversations/", timeout=30).json()
+    assert served["namespace"] == ns and h in {r["conversation_handle"] for r in served["rows"]}
+
+    def cli(namespace: str, via: str) -> list[dict]:
+        out = subprocess.run([KBROKER, "conversations", "--url", w.url, "--bootstrap", via,
+                              "--namespace", namespace, "--json"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return orjson.loads(out.stdout)
+
+    mine = [r for r in cli(ns, "127.0.0.1:1") if r["conversation_id"] == client.endpoints.get(h).conversation_id]
+    assert mine == [r for r in conversation_view(bootstrap, ns)
+                    if r["conversation_id"] == client.endpoints.get(h).conversation_id]
+    assert [r["conversation_handle"] for r in mine] == [h]  # the target side exists once received
+    other = "w" + uuid.uuid4().hex[:10]
+    apply_paths(bootstrap, other, [DATA])
+    assert cli(other, bootstrap) == []  # not the worker's rows: another namespace's topic, read directly
+
+
 def test_external_activation_notifies_and_repeats_until_received(worker_ns, client):
     bootstrap, ns, _, _ = worker_ns
     send_jobs(client, "//kbroker/test/External", conversations=2, per_conversation=1)
