@@ -39,7 +39,7 @@ class WorkerProcess:
     """`python -m kbroker worker` on one namespace, with its log in a temporary file."""
 
     def __init__(self, ctx: BenchContext, namespace: str, *, ramp_up: float, handlers: int,
-                 activation_log: Path | None = None):
+                 activation_log: Path | None = None, extra: tuple[str, ...] = ()):
         self.ctx, self.namespace, self.ramp_up = ctx, namespace, ramp_up
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="kbroker-bench-worker-"))
@@ -50,7 +50,7 @@ class WorkerProcess:
             env[procedures.LOG_ENV] = str(activation_log)
         self.cmd = [sys.executable, "-m", "kbroker", "worker", "--bootstrap", ctx.bootstrap, "--namespace",
                     namespace, "--web-port", str(self.port), "--ramp-up", str(ramp_up), "--handlers",
-                    str(handlers), "--loglevel", "warning"]
+                    str(handlers), "--loglevel", "warning", *extra]
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(self.cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
 
