@@ -96,6 +96,9 @@ class QueueReceiver:
         self._waiting: dict[int, float] = {}
         self._waiting_noted = self._hanging_noted = False
         self._waiting_asked = 0.0
+        # The question about the waiting partitions' offsets under way (on `_asker`'s thread).
+        self._waiting_read: concurrent.futures.Future[list[TopicPartition]] | None = None
+        self._asker: concurrent.futures.ThreadPoolExecutor | None = None
         self._group_meta: Any = None
         self._thread: threading.Thread | None = None
 
@@ -149,9 +152,8 @@ class QueueReceiver:
                     self._accept(rec)
                 self._apply_backpressure(consumer)
                 self._cv.notify_all()
-            if self._waiting and time.monotonic() - self._waiting_asked >= 1.0:
-                self._waiting_asked = time.monotonic()
-                self._assign_waiting(consumer, self._committed_by_reader)
+            if self._waiting or self._waiting_read is not None:
+                self._ask_waiting(consumer)
             if self._report is not None and time.monotonic() - self._reported_at >= self._report_interval:
                 self._reported_at = time.monotonic()
                 self._report(self.stats())
@@ -210,8 +212,8 @@ class QueueReceiver:
     def _assign_waiting(self, consumer: Consumer,
                         read: Callable[[list[TopicPartition]], list[TopicPartition]]) -> None:
         """Assign the partitions the group gave this process whose committed offsets `read` can
-        tell now, at those offsets; the rest wait for the poll loop to ask again (admin, every
-        second). One partition whose offsets stay unstable (a Kafka transaction holding them
+        tell now, at those offsets; the rest wait for the poll loop to ask again (_ask_waiting,
+        every second). One partition whose offsets stay unstable (a Kafka transaction holding them
         still open) must not keep the others from being read: after a broker restart such a
         transaction can only be closed by its producer's next commit, which may be this very
         process's, of offsets of the other partitions."""
@@ -262,6 +264,32 @@ class QueueReceiver:
                       "holding them is still open. The next commit of its producer closes it; if that "
                       "process is gone, find it with `kafka-transactions.sh find-hanging` and abort it",
                       self.topic, sorted(self._waiting), longest, why)
+
+    def _ask_waiting(self, consumer: Consumer) -> None:
+        """Once a second, ask for the committed offsets of the partitions still waiting, on a
+        thread of its own: while a Kafka transaction holds a partition's offsets the answer
+        takes seconds (reader.group_offsets), and the poll thread must go on fetching the
+        partitions it has. The answer is assigned here, on the poll thread, once it is in."""
+        asked = self._waiting_read
+        if asked is not None:
+            if not asked.done():
+                return
+            self._waiting_read = None
+
+            def answered(tps: list[TopicPartition]) -> list[TopicPartition]:
+                still = {tp.partition for tp in tps}  # one may have been revoked meanwhile
+                return [tp for tp in asked.result() if tp.partition in still]
+
+            self._assign_waiting(consumer, answered)
+            return
+        if self._waiting and time.monotonic() - self._waiting_asked >= 1.0:
+            self._waiting_asked = time.monotonic()
+            if self._asker is None:
+                self._asker = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix=f"kbroker-offsets-{self.queue}")
+            with self._cv:
+                waiting = [TopicPartition(self.topic, p) for p in sorted(self._waiting)]
+            self._waiting_read = self._asker.submit(self._committed_by_reader, waiting)
 
     def _committed_by_reader(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         """Committed offsets asked of the group coordinator by a consumer that never joins the
@@ -414,5 +442,7 @@ class QueueReceiver:
             self._thread.join(timeout=10)
         if self._consumer is not None:
             self._consumer.close()
+        if self._asker is not None:
+            self._asker.shutdown(wait=True)
         if self._offsets_reader is not None:
             self._offsets_reader.close()

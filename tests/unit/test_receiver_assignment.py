@@ -149,3 +149,32 @@ def test_an_unstable_partition_waits_alone_and_is_assigned_once_stable() -> None
         assert receiver.stats()["partitions"] == [0, 1] and receiver.stats()["waiting"] == []
     finally:
         receiver.close()
+
+
+def test_a_slow_answer_for_a_waiting_partition_does_not_stop_the_others() -> None:
+    """While an open transaction holds a partition's offsets, asking about it takes seconds (a
+    consumer's committed() waits out its timeout). The poll thread asks on a thread of its own,
+    so records of the partitions it has still arrive meanwhile."""
+    consumer = Consumer({0: 3, 1: 4})
+    receiver = QueueReceiver("nowhere:1", "test", "Q", topic=TOPIC, dead_letter=lambda *a: None,
+                             new_consumer=lambda conf: consumer)  # type: ignore[arg-type,return-value]
+    asking = threading.Event()
+
+    def slow_read(partitions: list[TopicPartition]) -> list[Position]:
+        asking.set()
+        time.sleep(3.0)
+        return [Position(TOPIC, tp.partition, error=UNSTABLE) for tp in partitions]
+
+    receiver._committed_by_reader = slow_read  # type: ignore[method-assign]  # no offsets reader here
+    receiver.start()
+    try:
+        assert receive_all(receiver, 1, 5.0) == [(0, 2)]
+        assert asking.wait(3.0), "the waiting partition is asked about"
+        with consumer._lock:
+            consumer._records[0] = 5  # two more records while the question is under way
+        t0 = time.monotonic()
+        assert receive_all(receiver, 2, 5.0) == [(0, 3), (0, 4)]
+        assert time.monotonic() - t0 < 1.5, "the records waited for the slow answer"
+        assert 1 not in consumer.assigned
+    finally:
+        receiver.close()
