@@ -26,7 +26,7 @@ from kbroker.errors import CatalogError, InvalidArgumentError, kafka_error
 from kbroker.kafka import clients, wire
 from kbroker.kafka.catalog_store import publish_object, read_catalog, write_records
 from kbroker.kafka.endpoint_store import read_endpoints
-from kbroker.kafka.reader import group_offsets, latest_values, offsets_reader
+from kbroker.kafka.reader import committed_offsets, latest_values
 
 # Named after Service Broker's BROKER_QUEUE_DISABLED event, which poison handling raises.
 QUEUE_DISABLED, QUEUE_ENABLED = "QUEUE_DISABLED", "QUEUE_ENABLED"
@@ -109,13 +109,7 @@ def queue_view(bootstrap: str, namespace: str, queue: str, timeout: float = 10.0
         return {tp.partition: clients.result_of(f, f"cannot list the offsets of {topic}").offset for tp, f in futures.items()}
 
     starts, ends = offsets(OffsetSpec.earliest()), offsets(OffsetSpec.latest())
-    reader = offsets_reader(bootstrap, group, stable=False)
-    try:
-        committed = {tp.partition: tp for tp in group_offsets(reader, tps, timeout)}
-    except KafkaException as exc:
-        raise kafka_error(f"cannot list the committed offsets of {group}", exc.args[0]) from None
-    finally:
-        reader.close()
+    committed = {tp.partition: tp for tp in committed_offsets(bootstrap, group, tps, timeout, stable=False)}
     desc = clients.result_of(admin.describe_consumer_groups([group], request_timeout=timeout)[group],
                    f"cannot describe consumer group {group}")
 

@@ -89,6 +89,19 @@ def group_offsets(reader: Consumer, partitions: list[TopicPartition], seconds: f
     return out
 
 
+def committed_offsets(bootstrap: str, group: str, partitions: list[TopicPartition], seconds: float, *,
+                      stable: bool = True) -> list[TopicPartition]:
+    """group_offsets, once, with a reader of its own (closed after): for callers that ask now
+    and then (the views, the 5th-tick reclaim). A Kafka failure raises a typed kbroker error."""
+    reader = offsets_reader(bootstrap, group, stable=stable)
+    try:
+        return group_offsets(reader, partitions, seconds)
+    except KafkaException as exc:
+        raise kafka_error(f"cannot list the committed offsets of {group}", exc.args[0]) from None
+    finally:
+        reader.close()
+
+
 def without_errors(positions: list[TopicPartition]) -> list[TopicPartition]:
     """Committed offsets as read, or KafkaException for the first partition that came with an
     error of its own (UNSTABLE_OFFSET_COMMIT): its offset, -1001, read as an offset would settle

@@ -30,8 +30,7 @@ from kbroker.kafka import clients, messages
 from kbroker.kafka.endpoint_store import CLOSED_JSON, read_endpoints
 from kbroker.kafka.reader import (
     CONSUME_WAIT,
-    group_offsets,
-    offsets_reader,
+    committed_offsets,
     read_partitions,
     reading_consumer,
     topic_partitions,
@@ -79,13 +78,7 @@ def reclaim_topic(bootstrap: str, admin: AdminClient, queue: Queue, topic: str, 
     starts = {tp.partition: clients.result_of(f, f"cannot list the offsets of {topic}").offset
               for tp, f in admin.list_offsets({tp: OffsetSpec.earliest() for tp in tps},
                                               request_timeout=timeout).items()}
-    reader = offsets_reader(bootstrap, topic)  # the group is named as the topic
-    try:
-        offsets = group_offsets(reader, tps, timeout)
-    except KafkaException as exc:
-        raise kafka_error(f"cannot list the committed offsets of {topic}", exc.args[0]) from None
-    finally:
-        reader.close()
+    offsets = committed_offsets(bootstrap, topic, tps, timeout)  # the group is named as the topic
     # A partition with an error of its own (offsets not stable yet) is not reclaimed this time.
     committed = {tp.partition: tp.offset for tp in offsets if tp.error is None and tp.offset >= 0}
     keep_from = None

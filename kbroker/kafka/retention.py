@@ -20,18 +20,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import TopicPartition
 
 from kbroker.core import names
 from kbroker.core.endpoint import CLOSED, DISCONNECTED_OUTBOUND, Endpoint, handle_for
 from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.groups import MOVE_MARKER
 from kbroker.core.offsets import decode_completed
-from kbroker.errors import CatalogError, kafka_error
+from kbroker.errors import CatalogError
 from kbroker.kafka import messages
 from kbroker.kafka.catalog_store import read_catalog
 from kbroker.kafka.endpoint_store import read_endpoints
-from kbroker.kafka.reader import group_offsets, offsets_reader, read_to_end
+from kbroker.kafka.reader import committed_offsets, read_to_end
 
 RECEIVED, READY = 0, 1  # Service Broker's status column
 
@@ -118,13 +118,8 @@ def _completed(bootstrap: str, topic: str, group: str, partitions: list[int],
                timeout: float) -> Callable[[int, int], bool]:
     """Whether the queue's readers completed an offset: below the committed offset, or among the
     completed offsets above it that the commit metadata lists."""
-    reader = offsets_reader(bootstrap, group, stable=False)
-    try:
-        tps = group_offsets(reader, [TopicPartition(topic, p) for p in partitions], timeout)
-    except KafkaException as exc:
-        raise kafka_error(f"cannot list the committed offsets of {group}", exc.args[0]) from None
-    finally:
-        reader.close()
+    tps = committed_offsets(bootstrap, group, [TopicPartition(topic, p) for p in partitions], timeout,
+                            stable=False)
     committed = {tp.partition: (max(tp.offset, 0), set(decode_completed(max(tp.offset, 0), tp.metadata)))
                  for tp in tps}
 
