@@ -15,7 +15,8 @@ from kbroker.cli.common import bootstrap_option, emit_json, fail, handle_errors,
 from kbroker.cli.output import make_console, new_table, print_table
 
 SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "backlog-rss", "ended-dialogs",
-                  "ended-dialogs-rss", "conversations-view", "activation-latency", "activation-drain")
+                  "ended-dialogs-rss", "conversations-view", "activation-latency", "activation-drain", "analytics",
+                  "analytics-throughput", "analytics-throughput-pipelined", "analytics-stale-delay")
 
 
 @main.command("bench")
@@ -58,7 +59,7 @@ def bench(scenarios, repeat, messages, conversations, backlog, readers, in_fligh
     """Benchmark kbroker against a plain confluent-kafka baseline on the same broker.
 
     SCENARIOS: send (with send-pipelined), request-reply, io-bound, backlog-rss, ended-dialogs,
-    activation-latency, activation-drain; all by default.
+    activation-latency, activation-drain, analytics; all by default.
     Uses --bootstrap / KBROKER_BOOTSTRAP when given, else starts an embedded broker on free ports
     in a temporary data dir for the run. Progress goes to stderr; results to OUT/latest.json and
     the results table of the docs; --json prints them on stdout."""
@@ -99,7 +100,7 @@ def bench(scenarios, repeat, messages, conversations, backlog, readers, in_fligh
 def _require_worker_for_activation(scenarios: tuple[str, ...]) -> None:
     # The activation scenarios run a real `kbroker worker`: without Faust they could only fail,
     # after the other scenarios have taken minutes. Say so at once, in one line.
-    activation = [s for s in scenarios or SCENARIO_NAMES if s.startswith("activation")]
+    activation = [s for s in scenarios or SCENARIO_NAMES if s.startswith(("activation", "analytics"))]
     missing = [p for p in ("faust", "aiokafka") if importlib.util.find_spec(p) is None]
     if activation and missing:
         fail(f"{missing_extra(missing[0], 'bench')}, or name only scenarios other than {', '.join(activation)}")

@@ -31,7 +31,7 @@ def topics_dir() -> Path:
 
 
 def run_demo(*, bootstrap: str | None, namespace: str, data_dir: Path | None, port: int,
-             keep_broker: bool, as_json: bool) -> dict:
+             keep_broker: bool, as_json: bool, analytics: bool = False) -> dict:
     console = make_console(stderr=as_json)
     say = console.print
     started: EmbeddedBroker | None = None
@@ -52,6 +52,11 @@ def run_demo(*, bootstrap: str | None, namespace: str, data_dir: Path | None, po
         say(f"applied topics/samples: {len(report.topics_created)} topic(s) created, "
             f"{report.objects_published} catalog object(s) published")
         steps = _conversation(Broker(bootstrap, namespace), say, lambda table: print_table(table, console))
+        if analytics:
+            from kbroker.cli.demo_analytics import run_analytics_demo
+
+            steps.append({"analytics": run_analytics_demo(bootstrap, namespace, say,
+                                                          lambda table: print_table(table, console))})
     finally:
         if started is not None and not keep_broker:
             started.stop()

@@ -15,6 +15,7 @@ from kbroker.cli.common import (
     json_option,
     main,
     namespace_option,
+    require_extra,
 )
 
 if TYPE_CHECKING:
@@ -145,13 +146,18 @@ def move(handle, group, bootstrap, namespace, as_json):
               help="Embedded broker data dir (default: KBROKER_DATA_DIR, else the per-user one).")
 @click.option("--port", type=click.IntRange(1, 65535), default=9092, show_default=True,
               help="Port of the embedded broker the demo starts (when none runs in its data dir).")
+@click.option("--analytics", is_flag=True,
+              help="Then run a sample workload under the Spark analytics job (and a worker) and show its results.")
 @bootstrap_option
 @namespace_option
 @json_option
 @handle_errors
-def demo(keep_broker, data_dir, port, bootstrap, namespace, as_json):
+def demo(keep_broker, data_dir, port, analytics, bootstrap, namespace, as_json):
     """Run the sample expense conversation end to end (starts the embedded broker if needed)."""
     from kbroker.cli.demo import run_demo
 
+    if analytics:
+        require_extra("analytics", "pyspark")
+        require_extra("worker", "faust", "aiokafka")
     run_demo(bootstrap=bootstrap, namespace=config.namespace(namespace), data_dir=data_dir,
-             port=port, keep_broker=keep_broker, as_json=as_json)
+             port=port, keep_broker=keep_broker, as_json=as_json, analytics=analytics)

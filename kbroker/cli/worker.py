@@ -28,6 +28,9 @@ from kbroker.cli.views import queue_group
 @main.command("worker")
 @bootstrap_option
 @namespace_option
+@click.option("--web-host", default="127.0.0.1", show_default=True, envvar="KBROKER_WEB_HOST",
+              help="Address the worker's HTTP API binds to (0.0.0.0: every interface, as in a container); "
+                   "env KBROKER_WEB_HOST.")
 @click.option("--web-port", type=click.IntRange(1, 65535), default=6066, show_default=True,
               help="Port of the worker's HTTP API (/monitors/, /tasks/).")
 @click.option("--tick", "tick", type=click.FloatRange(min=0.5), default=5.0, show_default=True,
@@ -45,8 +48,8 @@ from kbroker.cli.views import queue_group
               help="Seconds a CLOSED conversation endpoint is kept before the worker tombstones it.")
 @click.option("--loglevel", default="info", show_default=True)
 @handle_errors
-def worker_cmd(bootstrap, namespace, web_port, tick, ramp_up, handlers, no_timers, allow_procedures, closed_grace,
-               loglevel):
+def worker_cmd(bootstrap, namespace, web_host, web_port, tick, ramp_up, handlers, no_timers, allow_procedures,
+               closed_grace, loglevel):
     """Run the worker: queue monitors with internal and external activation, task handlers, the
     cluster tick and the timer service. Start several; they share the work through Kafka."""
     require_extra("worker", "faust", "aiokafka")
@@ -54,8 +57,8 @@ def worker_cmd(bootstrap, namespace, web_port, tick, ramp_up, handlers, no_timer
 
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     run_worker(WorkerSettings(bootstrap_address(bootstrap), config.namespace(namespace),
-                              web_port=web_port, tick_interval=tick, ramp_up=ramp_up, handlers=handlers,
-                              timers=not no_timers, closed_grace=closed_grace,
+                              web_host=web_host, web_port=web_port, tick_interval=tick, ramp_up=ramp_up,
+                              handlers=handlers, timers=not no_timers, closed_grace=closed_grace,
                               allow_procedures=tuple(m.strip() for value in allow_procedures
                                                      for m in value.replace(" ", ",").split(",") if m.strip())),
                loglevel=loglevel)

@@ -12,6 +12,9 @@ other's topics and one ACL prefix covers a namespace:
     kbroker.<ns>.transmission      the transmission queue (messages not yet delivered)
     kbroker.<ns>.timers            compacted: armed dialog timers and dialog lifetimes
     kbroker.<ns>.readers           compacted: each reading process's locks and in-flight counts
+    kbroker.<ns>.progress          the worker's snapshots of each queue group's committed offsets
+    kbroker.<ns>.analytics         the Spark job's results: queue windows and dialog classes
+    kbroker.<ns>.control           commands to the worker (reclassify a dialog)
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import re
 from kbroker.config import NAMESPACE_RE
 
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
-SYSTEM_TOPICS = ("catalog", "endpoints", "events", "deadletter", "transmission", "timers", "readers")
+SYSTEM_TOPICS = ("catalog", "endpoints", "events", "deadletter", "transmission", "timers", "readers",
+                 "progress", "analytics", "control")
 
 
 def _ns(ns: str) -> str:
@@ -100,6 +104,32 @@ def timers_group(ns: str) -> str:
 
 def readers_topic(ns: str) -> str:
     return system_topic(ns, "readers")
+
+
+def progress_topic(ns: str) -> str:
+    """Receive progress: the worker's periodic snapshot of each queue group's committed offsets."""
+    return system_topic(ns, "progress")
+
+
+def analytics_topic(ns: str) -> str:
+    """The analytics job's results (docs/analytics.md): queue windows and dialog classes."""
+    return system_topic(ns, "analytics")
+
+
+def control_topic(ns: str) -> str:
+    """Commands to the namespace's workers: RECLASSIFY from the analytics job."""
+    return system_topic(ns, "control")
+
+
+def analytics_group(ns: str) -> str:
+    """The consumer group whose committed offsets say how far the analytics job has read each
+    queue topic: the 5th-tick reclaim keeps what it has not read (core/reclaim.py)."""
+    return f"{prefix(ns)}analytics"
+
+
+def analytics_transactional_id(ns: str) -> str:
+    """The analytics job's producer: one id per namespace, so a second job fences the first."""
+    return f"{prefix(ns)}analytics-job"
 
 
 def monitor_events_topic(ns: str) -> str:

@@ -164,32 +164,39 @@ def find_java() -> str:
 
 def fetch_jars(say: Callable[[str], None]) -> Path:
     """The libs dir of the cached Apache Kafka jars, resolved with Maven on first use."""
-    home = config.cache_dir() / f"kafka-{KAFKA_VERSION}"
+    return fetch_maven_jars(HERE / "pom.xml", config.cache_dir() / f"kafka-{KAFKA_VERSION}",
+                            f"Apache Kafka {KAFKA_VERSION}", "kafka_2.13-*.jar", say)
+
+
+def fetch_maven_jars(pom: Path, home: Path, what: str, expect: str, say: Callable[[str], None],
+                     maven_args: tuple[str, ...] = ()) -> Path:
+    """`home`/libs: the runtime jars of `pom`'s dependencies, resolved with Maven into the per-user
+    cache on first use (Maven's own repository, ~/.m2, keeps the downloads). `expect` is a glob
+    that must match a jar of the result; `what` names it in messages."""
     if (home / _MARKER).exists():
         return home / "libs"
     mvn = shutil.which("mvn")
     if not mvn:
         raise MavenMissingError(
-            f"Maven ('mvn') is needed once to download Apache Kafka {KAFKA_VERSION} but is "
-            "not on PATH; install Maven 3.6+ (e.g. apt-get install maven), or use another "
-            "Kafka with --bootstrap / KBROKER_BOOTSTRAP")
+            f"Maven ('mvn') is needed once to download {what} but is not on PATH; install "
+            "Maven 3.6+ (e.g. apt-get install maven)")
     find_java()  # Maven runs on Java; its own message for a missing JDK is less clear
-    say(f"resolving Apache Kafka {KAFKA_VERSION} with Maven (first run only)...")
+    say(f"resolving {what} with Maven (first run only)...")
     home.parent.mkdir(parents=True, exist_ok=True)
     # Download next to the final place and rename it in one step, so an interrupted or
     # concurrent fetch never leaves a half-filled libs dir that looks complete.
-    tmp = Path(tempfile.mkdtemp(prefix=f".kafka-{KAFKA_VERSION}-", dir=home.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{home.name}-", dir=home.parent))
     try:
         # A copy: Maven may write next to its pom, and the package dir may be read-only.
-        shutil.copyfile(HERE / "pom.xml", tmp / "pom.xml")
+        shutil.copyfile(pom, tmp / "pom.xml")
         # The goal by its full plugin name (version pinned in the pom): with just the
         # "dependency:" prefix an unreachable repository fails as "No plugin found".
         cmd = [mvn, "-B", "-q", "-Dstyle.color=never", "-f", str(tmp / "pom.xml"),
                "org.apache.maven.plugins:maven-dependency-plugin:copy-dependencies",
-               "-DincludeScope=runtime", f"-DoutputDirectory={tmp / 'libs'}"]
+               "-DincludeScope=runtime", f"-DoutputDirectory={tmp / 'libs'}", *maven_args]
         out = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
-        if out.returncode != 0 or not list((tmp / "libs").glob("kafka_2.13-*.jar")):
-            raise maven_error(out.stdout + out.stderr)
+        if out.returncode != 0 or not list((tmp / "libs").glob(expect)):
+            raise maven_error(out.stdout + out.stderr, what)
         (tmp / _MARKER).write_text(f"{datetime.now(timezone.utc).isoformat()}\n")
         if home.exists() and not (home / _MARKER).exists():
             shutil.rmtree(home)  # left by an older, interrupted layout
@@ -203,7 +210,7 @@ def fetch_jars(say: Callable[[str], None]) -> Path:
     return home / "libs"
 
 
-def maven_error(output: str) -> EmbeddedBrokerError:
+def maven_error(output: str, what: str = f"Apache Kafka {KAFKA_VERSION}") -> EmbeddedBrokerError:
     """The one-line error for Maven's failed output."""
     noise = ("To see", "Re-run", "For more", "[Help")
     output = re.sub(r"\x1b\[[0-9;]*m", "", output)  # Maven colours some lines even with -B
@@ -213,11 +220,10 @@ def maven_error(output: str) -> EmbeddedBrokerError:
     reason = next((e for e in errors if _UNREACHABLE.search(e)), None)
     if reason:
         return RepositoryUnreachableError(
-            f"Maven could not download Apache Kafka {KAFKA_VERSION} (...{reason[-200:]}); "
+            f"Maven could not download {what} (...{reason[-200:]}); "
             "check the network or the proxy/mirror in ~/.m2/settings.xml and retry")
     detail = (errors[0] if errors else output.strip()[-300:] or "no output")[:300]
-    return EmbeddedBrokerError(
-        f"Maven could not resolve Apache Kafka {KAFKA_VERSION}: {detail}")
+    return EmbeddedBrokerError(f"Maven could not resolve {what}: {detail}")
 
 
 def format_storage(java: str, libs: Path, targets: list[tuple[Path, Path]], cluster_id: str) -> None:

@@ -23,7 +23,7 @@ from kbroker.core import names
 from kbroker.core.catalog.models import Catalog, Queue
 from kbroker.core.endpoint import CHAIN_SUFFIX, CLOSED, CLOSED_GRACE_SECONDS, DISCONNECTED_OUTBOUND, handle_for
 from kbroker.core.envelope import Envelope, MalformedRecord
-from kbroker.core.reclaim import reclaim_points
+from kbroker.core.reclaim import analytics_floor, lowest, reclaim_points
 from kbroker.core.send_lease import LEASE_SUFFIX, WANT_SUFFIX
 from kbroker.errors import BrokerUnavailableError, kafka_error
 from kbroker.kafka import clients, messages
@@ -84,6 +84,10 @@ def reclaim_topic(bootstrap: str, admin: AdminClient, queue: Queue, topic: str, 
     keep_from = None
     if queue.retention == "ON":
         keep_from = _retained_floor(bootstrap, topic, starts, committed, endpoint_states(), timeout)
+    if committed:
+        read = committed_offsets(bootstrap, names.analytics_group(queue_namespace(topic)), tps, timeout, stable=False)
+        keep_from = lowest(keep_from, analytics_floor(
+            {tp.partition: (tp.offset, tp.metadata) for tp in read if tp.error is None}, int(time.time() * 1000)))
     points = reclaim_points(starts, committed, keep_from)
     if not points:
         return {}
@@ -93,6 +97,11 @@ def reclaim_topic(bootstrap: str, admin: AdminClient, queue: Queue, topic: str, 
     for tp, future in futures.items():
         deleted[tp.partition] = clients.result_of(future, f"cannot delete records of {topic}").low_watermark
     return deleted
+
+
+def queue_namespace(topic: str) -> str:
+    """The namespace of a queue topic (`kbroker.<ns>.queue....`)."""
+    return topic.split(".", 2)[1]
 
 
 def _retained_floor(bootstrap: str, topic: str, starts: dict[int, int], committed: dict[int, int],

@@ -54,6 +54,7 @@ from kbroker.core.monitor import (
 )
 from kbroker.core.endpoint import CLOSED_GRACE_SECONDS
 from kbroker.core.tick import EVERY_5TH, TickOwner, TickSchedule, claim
+from kbroker.kafka.analytics_io import ControlReader, ProgressPublisher
 from kbroker.kafka.clients import KAFKA_LOG_LIMIT
 from kbroker.kafka.endpoint_store import EndpointStore
 from kbroker.kafka.queues import conversation_rows
@@ -63,6 +64,7 @@ from kbroker.kafka.topics import create_missing_topics
 from kbroker.kafka.watch import QueueCounts, QueueWatcher
 from kbroker.sdk.broker import Broker
 from kbroker.sdk.hooks import ReceiveHooks
+from kbroker.worker.dashboard import add_dashboard
 from kbroker.worker.guard import Guard
 from kbroker.worker.handlers import OWN_PROCEDURE_MODULES, Task, TaskHandlers, allowed
 from kbroker.worker.tables import WorkerTable
@@ -70,6 +72,10 @@ from kbroker.worker.tables import WorkerTable
 log = logging.getLogger("kbroker.worker")
 
 MONITOR_PARTITIONS = 4
+# Seconds between receive progress snapshots (docs/analytics.md): also the analytics job's clock,
+# so a message crossing its stale threshold is seen within this plus a trigger or two.
+PROGRESS_INTERVAL = 0.5
+RECLASSIFIED_KEPT = 10000  # dialogs /dialogs/ remembers, the most recently told first
 ENDPOINT_RECLAIM_SECONDS = 300.0  # the endpoint scan of the 5th-tick cleanup runs at most this often
 
 # Every line the worker process writes passes this filter (installed on the root logger's handlers
@@ -326,6 +332,7 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
         await guard.run("task handlers", restart_handlers)
         await guard.run("catalog refresh", refresh_catalog)
         await guard.run("timer service", ensure_timer_service)
+        await guard.run("reclassification", every_2nd_tick)
         if guard.health.failing("reclaim") and guard.due("reclaim"):
             # This worker's 5th-tick cleanup failed (a coordinator still loading after a broker
             # restart): tried again with back-off from here, not at the next 5th tick, which
@@ -333,6 +340,48 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
             # degraded long after Kafka answered again.
             start_reclaim()
         write_log_summaries()
+
+    reclassified: dict[str, dict[str, Any]] = {}  # dialog -> its last RECLASSIFY
+    rt["reclassified"] = reclassified
+    ticks_seen = {"n": 0}
+
+    def read_control() -> None:
+        """The transmitter's 2nd-tick reclassification, the part that exists before routing: the
+        RECLASSIFY commands of the analytics job, recorded (a command repeated by a batch the job
+        ran again has the same key and batch) and logged once each."""
+        reader = rt.get("control")
+        if reader is None:
+            reader = rt["control"] = ControlReader(s.bootstrap, s.namespace)
+        for key, cmd in reader.read(timeout=min(2.0, s.tick_interval / 2)):
+            if cmd.get("command") != "RECLASSIFY":
+                continue
+            old = reclassified.get(key)
+            if old is not None and old.get("batch") == cmd.get("batch") and old.get("to") == cmd.get("to"):
+                continue
+            reclassified.pop(key, None)
+            reclassified[key] = {**cmd, "received": time.time()}
+            while len(reclassified) > RECLASSIFIED_KEPT:
+                del reclassified[next(iter(reclassified))]
+            log.info("dialog reclassified dialog=%s queue=%s from=%s to=%s", key, cmd.get("queue"),
+                     cmd.get("from"), cmd.get("to"))
+
+    async def every_2nd_tick() -> None:
+        ticks_seen["n"] += 1
+        if ticks_seen["n"] % 2 == 0:
+            await asyncio.to_thread(read_control)
+
+    def publish_progress() -> None:
+        """Every queue group's committed offsets, for the analytics job (docs/analytics.md)."""
+        publisher = rt.get("progress")
+        if publisher is None:
+            publisher = rt["progress"] = ProgressPublisher(s.bootstrap, s.namespace)
+        queues = list(broker.catalog.queues)
+        snaps = [snap for snap in counting_pool.map(lambda q: publisher.snapshot(q, timeout=2.0), queues) if snap]
+        publisher.publish(snaps, timeout=2.0)
+
+    @app.timer(PROGRESS_INTERVAL, on_leader=True)
+    async def progress_timer():
+        await guard.run("receive progress", lambda: asyncio.to_thread(publish_progress))
 
     async def watch_once() -> None:
         pending = await asyncio.to_thread(watch_queues)
@@ -407,6 +456,11 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
         rows = await asyncio.to_thread(lambda: conversation_rows(conversations.all()))
         return web.json({"namespace": s.namespace, "worker": s.worker_id, "rows": rows, "as_of": time.time()})
 
+    @app.page("/dialogs/")
+    async def dialogs_page(web, request):
+        rows = sorted(reclassified.values(), key=lambda r: (r.get("queue") or "", r["conversation_id"], r["side"]))
+        return web.json({"namespace": s.namespace, "worker": s.worker_id, "rows": rows, "as_of": time.time()})
+
     @app.page("/tasks/")
     async def tasks_page(web, request):
         return web.json({"worker": s.worker_id, "handlers": handlers.size, "waiting": handlers.waiting(),
@@ -434,15 +488,21 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
         except Exception as exc:  # the page reads again when asked
             log.warning("reading the conversation endpoints failed (%s); /conversations/ reads when asked", exc)
 
+    add_dashboard(app, s, rt)  # /dashboard: live charts of the queues (worker/dashboard.py)
     return app, rt
 
 
 def shutdown(rt: dict[str, Any]) -> None:
+    if rt.get("dashboard") is not None:
+        rt["dashboard"].close()
     svc = rt.get("timer_service")
     if svc is not None:
         svc.close()
     rt["handlers"].close(timeout=5)
     rt["counting_pool"].shutdown(wait=True)
+    for name in ("progress", "control"):
+        if rt.get(name) is not None:
+            rt[name].close()
     for w in rt["watchers"].values():
         w.close()
     rt["broker"].close()

@@ -75,3 +75,34 @@ def timer_service(kafka_bootstrap: str, namespace: str, broker: Broker) -> Itera
     svc = TimerService(kafka_bootstrap, namespace).start()
     yield svc
     svc.close()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local SparkSession for the whole test session (a start costs seconds), with Spark's
+    Kafka source on its classpath."""
+    from kbroker.analytics.session import spark_session
+
+    session = spark_session("local[2]", {"spark.driver.memory": "1g"})
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def start_analytics(spark, kafka_bootstrap: str, tmp_path: Path):
+    """start_analytics(namespace, **settings): the analytics job of `namespace` running in the
+    session's Spark (a 1 s trigger unless given), stopped after the test."""
+    from kbroker.analytics.job import AnalyticsJob, JobSettings
+
+    jobs = []
+
+    def start(namespace: str, **settings):
+        s = JobSettings(bootstrap=kafka_bootstrap, namespace=namespace, checkpoint=tmp_path / f"ckpt-{namespace}",
+                        history=tmp_path / f"history-{namespace}", **{"trigger": 1.0, **settings})
+        job = AnalyticsJob(s, spark).start()
+        jobs.append(job)
+        return job
+
+    yield start
+    for job in jobs:
+        job.stop()

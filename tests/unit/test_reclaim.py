@@ -8,7 +8,7 @@ import struct
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kbroker.core.reclaim import reclaim_points
+from kbroker.core.reclaim import ANALYTICS_HOLD_SECONDS, analytics_floor, lowest, reclaim_points
 from kbroker.kafka.wire import describe_log_dirs_request, parse_describe_log_dirs
 
 
@@ -43,6 +43,41 @@ def test_never_past_the_commit_or_a_retained_record(parts):
         c = committed[p]
         assert c is not None and starts[p] < upto <= c
         assert p not in keep or upto <= keep[p]
+
+
+# --- the analytics job's read position (docs/analytics.md) -------------------------------------
+
+NOW_MS = 1_764_000_000_000
+
+
+def test_a_recent_analytics_position_lowers_the_reclaim_point():
+    floor = analytics_floor({0: (30, str(NOW_MS - 5_000)), 1: (80, str(NOW_MS))}, NOW_MS)
+    assert floor == {0: 30, 1: 80}
+    keep = lowest({0: 20}, floor)  # a retained conversation needs 20 on partition 0
+    assert keep == {0: 20, 1: 80}
+    assert reclaim_points({0: 0, 1: 0}, {0: 50, 1: 50}, keep_from=keep) == {0: 20, 1: 50}
+
+
+def test_an_analytics_position_older_than_the_hold_holds_nothing_back():
+    assert ANALYTICS_HOLD_SECONDS == 3600.0
+    hold_ms = 3_600_000
+    positions = {0: (30, str(NOW_MS - hold_ms)), 1: (30, str(NOW_MS - hold_ms - 1))}
+    assert analytics_floor(positions, NOW_MS) == {0: 30}  # exactly at the hold: still held
+    assert analytics_floor({0: (30, str(NOW_MS - 11_000))}, NOW_MS, hold_s=10.0) == {}
+    assert reclaim_points({0: 0, 1: 0}, {0: 50, 1: 50}, keep_from=analytics_floor(positions, NOW_MS)) == {0: 30, 1: 50}
+
+
+def test_an_analytics_position_without_a_timestamp_holds_nothing_back():
+    positions = {0: (30, None), 1: (30, ""), 2: (30, "not a time"), 3: (-1001, str(NOW_MS))}
+    assert analytics_floor(positions, NOW_MS) == {}
+    assert reclaim_points({p: 0 for p in range(4)}, {p: 50 for p in range(4)},
+                          keep_from=analytics_floor(positions, NOW_MS)) == {0: 50, 1: 50, 2: 50, 3: 50}
+
+
+def test_lowest_takes_the_lowest_floor_naming_each_partition():
+    assert lowest() == {}
+    assert lowest(None, {}) == {}
+    assert lowest({0: 5, 1: 9}, None, {1: 3, 2: 7}, {0: 6}) == {0: 5, 1: 3, 2: 7}
 
 
 def _string(text: str) -> bytes:

@@ -121,6 +121,9 @@ class Queue(_Model):
     poison_message_handling: OnOff = "ON"
     max_message_bytes: int = Field(default=1_048_576, ge=1, le=10_485_760)
     activation: Activation | None = None
+    # Seconds after which an unreceived message counts as stale for this queue (the analytics
+    # job's per-queue threshold, beside the seeds' 10 s and 60 s); None: the job's default.
+    stale_after: float | None = Field(default=None, gt=0, le=7 * 86400)
 
     @field_validator("name")
     @classmethod

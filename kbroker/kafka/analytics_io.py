@@ -1,0 +1,149 @@
+"""What the analytics path writes to Kafka and reads back besides Spark's own source: the job's
+results (analytics and control records, one Kafka transaction per batch), the worker's receive
+progress snapshots, and the worker's reading of the control topic."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from kbroker.core import names
+from kbroker.core.offsets import decode_completed
+from kbroker.errors import kafka_error
+from kbroker.kafka import clients
+from kbroker.kafka.reader import group_offsets, offsets_reader, reading_consumer, topic_partitions
+
+
+class ResultsWriter:
+    """The analytics job's producer. One transactional id per namespace: a second job of the same
+    namespace fences this one, and a batch's records land all or none."""
+
+    def __init__(self, bootstrap: str, namespace: str, timeout: float = 30.0):
+        self.namespace, self.timeout = namespace, timeout
+        self._producer = clients.idempotent_producer(
+            bootstrap, **{"transactional.id": names.analytics_transactional_id(namespace),
+                          "transaction.timeout.ms": 60000})
+        # Never subscribes: it only lends the group's id to the offsets each batch commits, which
+        # tell the 5th-tick reclaim what the job has read (core/reclaim.py).
+        self._group = clients.consumer(bootstrap, names.analytics_group(namespace))
+        try:
+            self._producer.init_transactions(timeout)
+        except KafkaException as exc:
+            raise kafka_error("the analytics job's producer could not start", exc.args[0]) from None
+
+    def write(self, analytics: list[tuple[str, dict[str, Any]]], commands: list[tuple[str, dict[str, Any]]],
+              positions: dict[tuple[str, int], int] | None = None) -> None:
+        """One batch's records, and `positions` ((topic, partition) -> the next offset the job
+        reads) as the analytics group's committed offsets, in one transaction."""
+        if not analytics and not commands and not positions:
+            return
+        until = time.monotonic() + self.timeout
+        p = self._producer
+        try:
+            p.begin_transaction()
+            for topic, records in ((names.analytics_topic(self.namespace), analytics),
+                                   (names.control_topic(self.namespace), commands)):
+                for key, value in records:
+                    clients.produce(p, topic, key=key.encode(), value=orjson.dumps(value),
+                                    until=lambda: time.monotonic() >= until)
+            if positions:
+                at = str(int(time.time() * 1000))
+                offsets = [TopicPartition(t, part, o, metadata=at) for (t, part), o in sorted(positions.items())]
+                p.send_offsets_to_transaction(offsets, self._group.consumer_group_metadata(),
+                                              max(1.0, until - time.monotonic()))
+            p.commit_transaction(max(1.0, until - time.monotonic()))
+        except KafkaException as exc:
+            try:
+                p.abort_transaction(10)
+            except KafkaException:
+                pass  # fenced or the broker is away: the next write (or a new writer) sorts it out
+            raise kafka_error("writing the analytics results failed", exc.args[0]) from None
+
+    def close(self) -> None:
+        self._producer.flush(5)
+        self._group.close()
+
+
+class ProgressPublisher:
+    """The worker's receive progress snapshots (docs/analytics.md): per queue, each partition's
+    committed offset, the completed offsets above it and the last stable offset."""
+
+    def __init__(self, bootstrap: str, namespace: str):
+        self.bootstrap, self.namespace = bootstrap, namespace
+        self._producer = clients.idempotent_producer(bootstrap)
+        self._consumer = reading_consumer(bootstrap, None)
+        self._readers: dict[str, Any] = {}  # queue group -> its offsets reader
+
+    def snapshot(self, queue: str, timeout: float) -> dict[str, Any] | None:
+        """The queue group's committed offsets as they stand (a still-open transaction's are not
+        there yet); None when the queue has no topic."""
+        topic, group = names.queue_topic(self.namespace, queue), names.queue_group(self.namespace, queue)
+        partitions = topic_partitions(self._consumer, topic, timeout)
+        if partitions is None:
+            return None
+        reader = self._readers.get(group)
+        if reader is None:
+            reader = self._readers[group] = offsets_reader(self.bootstrap, group, stable=False)
+        try:
+            committed = group_offsets(reader, [TopicPartition(topic, p) for p in partitions], timeout)
+        except KafkaException as exc:
+            raise kafka_error(f"cannot list the committed offsets of {group}", exc.args[0]) from None
+        rows = []
+        for c in sorted(committed, key=lambda tp: tp.partition):
+            pos = c.offset if c.error is None and c.offset >= 0 else None
+            rows.append({"partition": c.partition, "committed": pos,
+                         "completed": sorted(decode_completed(pos, c.metadata)) if pos is not None else []})
+        return {"queue": queue, "at": int(time.time() * 1000), "partitions": rows}
+
+    def publish(self, snapshots: list[dict[str, Any]], timeout: float) -> None:
+        topic = names.progress_topic(self.namespace)
+        until = time.monotonic() + timeout
+        for snap in snapshots:
+            clients.produce(self._producer, topic, key=snap["queue"].encode(), value=orjson.dumps(snap),
+                            until=lambda: time.monotonic() >= until)
+        left = self._producer.flush(max(0.1, until - time.monotonic()))
+        if left:
+            raise kafka_error("publishing receive progress", KafkaError(KafkaError._TIMED_OUT))
+
+    def close(self) -> None:
+        self._producer.flush(2)
+        self._consumer.close()
+        for reader in self._readers.values():
+            reader.close()
+
+
+class ControlReader:
+    """The worker's reading of the control topic from where it left off (every 2nd tick)."""
+
+    def __init__(self, bootstrap: str, namespace: str):
+        self.topic = names.control_topic(namespace)
+        self._consumer = reading_consumer(bootstrap, None, **{"enable.partition.eof": False})
+        self._assigned = False
+
+    def read(self, timeout: float) -> list[tuple[str, dict[str, Any]]]:
+        """The commands given since the last read, (key, command) in order."""
+        if not self._assigned:
+            partitions = topic_partitions(self._consumer, self.topic, timeout)
+            if partitions is None:
+                return []
+            self._consumer.assign([TopicPartition(self.topic, p, 0) for p in partitions])
+            self._assigned = True
+        out: list[tuple[str, dict[str, Any]]] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            msgs = self._consumer.consume(500, max(0.0, min(0.2, deadline - time.monotonic())))
+            for msg in msgs:
+                key, value = msg.key(), msg.value()
+                if msg.error() is None and key is not None and value is not None:
+                    try:
+                        out.append((key.decode(), orjson.loads(value)))
+                    except (UnicodeDecodeError, orjson.JSONDecodeError):
+                        continue  # not a command: skipped, never stops the reading
+            if not msgs or time.monotonic() >= deadline:
+                return out
+
+    def close(self) -> None:
+        self._consumer.close()

@@ -1,0 +1,99 @@
+"""The analytics topic (docs/analytics.md) read back: `kbroker dialogs`, and the follower the
+worker's dashboard keeps current."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import orjson
+from confluent_kafka import KafkaError, TopicPartition
+
+from kbroker.core import names
+from kbroker.kafka.clients import is_transient
+from kbroker.kafka.reader import latest_values, reading_consumer, topic_partitions
+
+WINDOWS_KEPT = 60  # per queue, the newest windows the follower keeps (an hour at the default 60 s)
+
+
+def dialog_rows(bootstrap: str, namespace: str, klass: str | None = None,
+                timeout: float = 10.0) -> list[dict[str, Any]]:
+    """Every dialog's latest classification (of class `klass` when given), sorted by queue and
+    dialog; empty when no analytics job has written any."""
+    rows = []
+    for key, value in (latest_values(bootstrap, names.analytics_topic(namespace), timeout) or {}).items():
+        if not key.startswith(b"dialog/"):
+            continue
+        row = orjson.loads(value)
+        if klass is None or row.get("class") == klass:
+            rows.append(row)
+    return sorted(rows, key=lambda r: (r.get("queue") or "", r["conversation_id"], r["side"]))
+
+
+class AnalyticsFollower:
+    """Follows the analytics topic from its start, keeping each key's latest value: queue windows
+    (the newest WINDOWS_KEPT per queue) and dialog classes. `poll()` reads what is new; call it
+    from one thread; the readers (`queues`, `latest`, `dialogs`) may be called from any."""
+
+    def __init__(self, bootstrap: str, namespace: str):
+        self.topic = names.analytics_topic(namespace)
+        self._consumer = reading_consumer(bootstrap, None, **{"enable.partition.eof": False})
+        self._assigned = False
+        self._lock = threading.Lock()
+        self._windows: dict[str, dict[int, dict[str, Any]]] = {}
+        self._dialogs: dict[bytes, dict[str, Any]] = {}
+
+    def poll(self, timeout: float = 0.5) -> int:
+        """Read what arrived (waiting up to `timeout`); returns how many records were read."""
+        if not self._assigned:
+            partitions = topic_partitions(self._consumer, self.topic, timeout)
+            if partitions is None:
+                return 0  # no analytics yet: `kbroker apply` creates the topic
+            self._consumer.assign([TopicPartition(self.topic, p, 0) for p in partitions])
+            self._assigned = True
+        n = 0
+        for msg in self._consumer.consume(1000, timeout):
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF and not is_transient(err):
+                    raise RuntimeError(f"reading {self.topic} failed: {err}")
+                continue
+            self._take(msg.key(), msg.value())
+            n += 1
+        return n
+
+    def _take(self, key: bytes | None, value: bytes | None) -> None:
+        if key is None:
+            return
+        with self._lock:
+            if key.startswith(b"dialog/"):
+                if value is None:
+                    self._dialogs.pop(key, None)
+                else:
+                    self._dialogs[key] = orjson.loads(value)
+            elif key.startswith(b"queue/") and value is not None:
+                row = orjson.loads(value)
+                windows = self._windows.setdefault(row["queue"], {})
+                windows[row["window_start"]] = row
+                while len(windows) > WINDOWS_KEPT:
+                    del windows[min(windows)]
+
+    def queues(self) -> dict[str, list[dict[str, Any]]]:
+        """queue -> its kept windows, oldest first."""
+        with self._lock:
+            return {q: [w[k] for k in sorted(w)] for q, w in self._windows.items()}
+
+    def latest(self) -> dict[str, dict[str, Any]]:
+        """queue -> its newest window."""
+        with self._lock:
+            return {q: w[max(w)] for q, w in self._windows.items() if w}
+
+    def dialogs(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._dialogs.values())
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+

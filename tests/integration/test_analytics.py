@@ -1,0 +1,193 @@
+"""The analytics job end to end: the real Spark job (Spark's Kafka source, local master) on the
+real broker, with a real worker publishing receive progress and reading the control topic."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+from confluent_kafka import TopicPartition
+
+from kbroker.core import names
+from kbroker.kafka.analytics_store import dialog_rows
+from kbroker.kafka.apply import apply_paths
+from kbroker.kafka.reader import committed_offsets, latest_values
+from kbroker.sdk.broker import Broker
+from tests.helpers import DATA, KBROKER, ROOT, wait_for
+from tests.integration.test_worker import Worker
+
+CLIENT, STALE, FRESH, CONTRACT, WORK = ("//kbroker/test/Client", "//kbroker/test/Stale", "//kbroker/test/Fresh",
+                                        "//kbroker/test/WorkContract", "//kbroker/test/Work")
+
+
+@pytest.fixture
+def analytics_ns(kafka_bootstrap, tmp_path):
+    ns = "a" + uuid.uuid4().hex[:10]
+    apply_paths(kafka_bootstrap, ns, [DATA / "analytics.yaml"])
+    w = Worker(kafka_bootstrap, ns, tmp_path)
+    b = Broker(kafka_bootstrap, ns)
+    try:
+        w.wait_ready()
+        yield kafka_bootstrap, ns, w, b
+    finally:
+        b.close()
+        w.stop()
+
+
+def windows(bootstrap: str, ns: str, queue: str) -> list[dict]:
+    latest = latest_values(bootstrap, names.analytics_topic(ns), 10) or {}
+    rows = [orjson.loads(v) for k, v in latest.items() if k.startswith(f"queue/{queue}/".encode())]
+    return sorted(rows, key=lambda r: r["window_start"])
+
+
+def totals(bootstrap: str, ns: str, queue: str) -> dict:
+    """Arrivals and receives over every window; the gauges of the newest."""
+    rows = windows(bootstrap, ns, queue)
+    if not rows:
+        return {}
+    return {"arrivals": sum(r["arrivals"] for r in rows), "receives": sum(r["receives"] for r in rows),
+            **{k: rows[-1][k] for k in ("backlog", "stale", "oldest_unreceived_age_s", "top_groups", "as_of")}}
+
+
+def send(b: Broker, to: str, dialogs: int, each: int) -> list[str]:
+    handles = []
+    for _ in range(dialogs):
+        h = b.begin_dialog(CLIENT, to, CONTRACT)
+        for i in range(each):
+            b.send(h, WORK, f"m{i}")
+        handles.append(h)
+    return handles
+
+
+def test_known_stale_and_fresh_messages_give_exactly_those_aggregates(analytics_ns, start_analytics):
+    bootstrap, ns, w, b = analytics_ns
+    job = start_analytics(ns)
+    wait_for(lambda: job.batches >= 1, 60, "the job's first batch")
+    send(b, STALE, dialogs=5, each=6)  # 30 messages nobody receives: stale after 3 s (the queue's)
+    send(b, FRESH, dialogs=4, each=5)  # 20 messages, all received
+    with pytest.raises(RuntimeError):  # a rolled-back SEND is never counted (read_committed)
+        with b.transaction() as tx:
+            h = tx.begin_dialog(CLIENT, STALE, CONTRACT)
+            for i in range(5):
+                tx.send(h, WORK, f"aborted{i}")
+            raise RuntimeError("roll back")
+    got = 0
+    deadline = time.time() + 30
+    while got < 20 and time.time() < deadline:
+        with b.transaction() as tx:
+            got += len(tx.receive("FreshQueue", top=50, wait=1.0))
+    assert got == 20
+
+    fresh = wait_for(lambda: (t := totals(bootstrap, ns, "FreshQueue")) and t["receives"] == 20 and t, 90,
+                     "the 20 fresh messages received in the analytics topic")
+    assert fresh["arrivals"] == 20 and fresh["backlog"] == 0
+    assert fresh["stale"] == {"dispatcher_10s": 0, "forwarder_60s": 0, "queue": 0}
+    stale = wait_for(lambda: (t := totals(bootstrap, ns, "StaleQueue")) and t["stale"]["dispatcher_10s"] == 30 and t,
+                     60, "the 30 unreceived messages past 10 s")
+    assert (stale["arrivals"], stale["receives"], stale["backlog"]) == (30, 0, 30), stale
+    assert stale["stale"]["queue"] == 30 and stale["stale"]["forwarder_60s"] == 0, stale
+    assert stale["oldest_unreceived_age_s"] >= 10
+    assert sum(g["backlog"] for g in stale["top_groups"]) == 30 and len(stale["top_groups"]) == 5
+    # Every dialog of the stale queue is classified stale, and none of the fresh one.
+    rows = dialog_rows(bootstrap, ns)
+    assert sorted(r["class"] for r in rows if r["queue"] == "StaleQueue") == ["stale"] * 5
+    assert all(r["class"] != "stale" for r in rows if r["queue"] == "FreshQueue")
+    # `kbroker dialogs --class stale` lists exactly those five, from the analytics topic.
+    out = subprocess.run([KBROKER, "dialogs", "--bootstrap", bootstrap, "--namespace", ns, "--class", "stale",
+                          "--json"], capture_output=True, text=True, timeout=60, check=True).stdout
+    listed = orjson.loads(out)
+    assert sorted((r["queue"], r["backlog"]) for r in listed) == [("StaleQueue", 6)] * 5
+    # The reclaim keeps what the job has not read: its group's offsets reach the queues' ends.
+    read = committed_offsets(bootstrap, names.analytics_group(ns),
+                             [TopicPartition(names.queue_topic(ns, "FreshQueue"), p) for p in (0, 1)], 10, stable=False)
+    assert sum(tp.offset for tp in read) >= 20, read
+
+
+def test_a_dialog_that_stops_being_received_is_reclassified_stale_and_the_worker_hears_of_it(
+        analytics_ns, start_analytics):
+    bootstrap, ns, w, b = analytics_ns
+    start_analytics(ns)
+    h = b.begin_dialog(CLIENT, STALE, CONTRACT)
+    b.send(h, WORK, "first")
+    with b.transaction() as tx:
+        assert len(tx.receive("StaleQueue", top=1, wait=10.0)) == 1
+    key = None
+
+    def dialog(klass: str):
+        rows = [r for r in dialog_rows(bootstrap, ns) if r["queue"] == "StaleQueue" and r["class"] == klass]
+        return rows[0] if rows else None
+
+    active = wait_for(lambda: dialog("active"), 60, "the dialog classified active")
+    key = f"{active['conversation_id']}/{active['side']}"
+    b.send(h, WORK, "never received")  # from now on nobody receives
+    stale = wait_for(lambda: dialog("stale"), 60, "the dialog classified stale")
+    assert f"{stale['conversation_id']}/{stale['side']}" == key and stale["previous"] == "active"
+    told = wait_for(lambda: next((r for r in httpx.get(w.url + "/dialogs/", timeout=5).json()["rows"]
+                                  if f"{r['conversation_id']}/{r['side']}" == key and r["to"] == "stale"), None),
+                    30, "the worker's /dialogs/ showing the RECLASSIFY to stale")
+    assert told["from"] == "active" and told["queue"] == "StaleQueue"
+
+
+class JobProcess:
+    """`kbroker analytics run` as a process of its own (with its Spark JVM), killed with -9."""
+
+    def __init__(self, bootstrap: str, ns: str, tmp: Path, n: int):
+        self.log = tmp / f"analytics-{n}.log"
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [KBROKER, "analytics", "run", "--bootstrap", bootstrap, "--namespace", ns, "--master", "local[2]",
+                 "--checkpoint", str(tmp / "checkpoint"), "--history", str(tmp / "history"), "--trigger", "1"],
+                cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True)
+
+    def batches(self) -> int:
+        return self.log.read_text(errors="replace").count("analytics batch=")
+
+    def kill9(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)  # the job and its JVM, at once
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+
+
+def test_a_job_killed_and_restarted_counts_nothing_twice(analytics_ns, tmp_path):
+    bootstrap, ns, w, b = analytics_ns
+    first = JobProcess(bootstrap, ns, tmp_path, 1)
+    try:
+        wait_for(lambda: first.batches() >= 2, 120, f"the job's first batches: {first.log}")
+        sent = len(send(b, STALE, dialogs=20, each=5))  # 100 messages
+        wait_for(lambda: totals(bootstrap, ns, "StaleQueue").get("arrivals", 0) > 0, 60, "a first count")
+        sending = threading.Thread(target=lambda: [send(b, STALE, 1, 5) or time.sleep(0.05) for _ in range(40)])
+        sending.start()  # 200 more, while it dies
+        time.sleep(1.0)
+        first.kill9()
+        sending.join()
+    finally:
+        first.stop()
+    killed_at = totals(bootstrap, ns, "StaleQueue").get("arrivals", 0)
+    assert 0 < killed_at < 300, f"the kill did not come mid-stream: {killed_at} counted"
+    second = JobProcess(bootstrap, ns, tmp_path, 2)
+    try:
+        wait_for(lambda: totals(bootstrap, ns, "StaleQueue").get("arrivals") == sent * 5 + 200, 120,
+                 f"all 300 arrivals counted after the restart ({second.log})")
+        n = second.batches()
+        wait_for(lambda: second.batches() >= n + 3, 60, "three more batches")
+        after = totals(bootstrap, ns, "StaleQueue")
+        assert (after["arrivals"], after["backlog"]) == (300, 300), (killed_at, after)
+        assert "starting it again" not in second.log.read_text()
+    finally:
+        second.stop()
