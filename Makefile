@@ -10,10 +10,14 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench prereqs setup clean
+.PHONY: demo demo-analytics test bench prereqs setup clean
 
 demo: setup
 	$(BIN)/kbroker demo --port $(PORT)$(if $(DATA_DIR), --data-dir $(DATA_DIR))
+
+# The demo, then a sample workload under the Spark analytics job and a worker (docs/analytics.md).
+demo-analytics: setup
+	$(BIN)/kbroker demo --analytics --port $(PORT)$(if $(DATA_DIR), --data-dir $(DATA_DIR))
 
 # The static checks first (seconds: the layer contracts, the types), then the tests against a real
 # broker (minutes); Toxiproxy is built once (about a minute) for the network-stall test.

@@ -29,6 +29,10 @@ log = logging.getLogger("kbroker.analytics")
 CATALOG_EVERY = 10.0  # seconds between reads of the queues' stale_after
 
 
+class JobStopping(RuntimeError):
+    """A batch started while the job stops: left for the next start."""
+
+
 @dataclass
 class JobSettings:
     bootstrap: str
@@ -78,6 +82,7 @@ class AnalyticsJob:
         self._stale_read = 0.0
         self._stale_after: dict[str, float] = {}
         self._lock = threading.Lock()
+        self._stopping = threading.Event()
 
     def start(self) -> "AnalyticsJob":
         if self.spark is None:
@@ -105,6 +110,11 @@ class AnalyticsJob:
         return self
 
     def stop(self) -> None:
+        """Stop between batches: a batch under way finishes (its results, history and state
+        written) and the next one is refused, so nothing is interrupted half-way."""
+        self._stopping.set()
+        with self._lock:
+            pass
         if self.query is not None:
             self.query.stop()
         if self.writer is not None:
@@ -115,6 +125,8 @@ class AnalyticsJob:
 
     def _batch(self, frame: Any, batch_id: int) -> None:
         started, wall = time.monotonic(), time.time()
+        if self._stopping.is_set():  # not committed by Spark: the next start runs it again
+            raise JobStopping(f"batch {batch_id} refused: the job is stopping")
         rows = collect(frame)
         with self._lock:
             state = self._state_for(batch_id)

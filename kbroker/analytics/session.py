@@ -33,9 +33,9 @@ def spark_session(master: str = "local[*]", conf: dict[str, str] | None = None, 
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # else a warning about the hostname
     builder = SparkSession.builder.master(master).appName(app_name)
     settings = {**DEFAULTS, **(LOCAL if master.startswith("local") else {}), "spark.jars": jars,
-                "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG_CONFIG}", **(conf or {})}
+                "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{LOG_CONFIG}", **(conf or {})}
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    spark.sparkContext.setLogLevel("ERROR")  # kbroker logs each batch; Spark's warnings are noise here
     return spark

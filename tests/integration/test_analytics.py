@@ -67,9 +67,9 @@ def send(b: Broker, to: str, dialogs: int, each: int) -> list[str]:
     return handles
 
 
-def test_known_stale_and_fresh_messages_give_exactly_those_aggregates(analytics_ns, start_analytics):
+def test_known_stale_and_fresh_messages_give_exactly_those_aggregates(analytics_ns, start_analytics, spark):
     bootstrap, ns, w, b = analytics_ns
-    job = start_analytics(ns)
+    job = start_analytics(ns, window=5.0)  # short windows: they close, and reach the history, within the test
     wait_for(lambda: job.batches >= 1, 60, "the job's first batch")
     send(b, STALE, dialogs=5, each=6)  # 30 messages nobody receives: stale after 3 s (the queue's)
     send(b, FRESH, dialogs=4, each=5)  # 20 messages, all received
@@ -109,6 +109,19 @@ def test_known_stale_and_fresh_messages_give_exactly_those_aggregates(analytics_
     read = committed_offsets(bootstrap, names.analytics_group(ns),
                              [TopicPartition(names.queue_topic(ns, "FreshQueue"), p) for p in (0, 1)], 10, stable=False)
     assert sum(tp.offset for tp in read) >= 20, read
+    # Closed windows reach the Parquet history, one row per queue and window, the same counts.
+    history = str(job.s.history / "queue_windows")
+
+    def fresh_history():
+        try:
+            rows = spark.read.parquet(history).where("queue = 'FreshQueue'").collect()
+        except Exception:  # noqa: BLE001 - no window has closed yet
+            return None
+        return rows if sum(r.receives for r in rows) == 20 else None
+
+    rows = wait_for(fresh_history, 60, "the fresh queue's closed windows in the Parquet history")
+    assert sum(r.arrivals for r in rows) == 20
+    assert len({r.window_start for r in rows}) == len(rows)  # a window once
 
 
 def test_a_dialog_that_stops_being_received_is_reclassified_stale_and_the_worker_hears_of_it(

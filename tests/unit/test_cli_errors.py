@@ -81,3 +81,20 @@ def test_kbroker_bench_activation_without_faust_names_the_bench_extra():
     assert proc.returncode == 1
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and "pip install 'kbroker[bench]'" in lines[0], proc.stderr
+
+
+def test_analytics_run_refuses_a_spark_setting_without_a_value_in_one_line():
+    from kbroker.cli import main
+
+    result = CliRunner().invoke(main, ["analytics", "run", "--bootstrap", "127.0.0.1:1", "--conf", "spark.x"])
+    assert result.exit_code == 1
+    assert result.output.strip() == "kbroker: error: --conf 'spark.x' must be KEY=VALUE"
+
+
+def test_dialogs_refuses_an_unknown_class_in_one_line_naming_the_classes():
+    from kbroker.cli import main
+
+    result = CliRunner().invoke(main, ["dialogs", "--bootstrap", "127.0.0.1:1", "--class", "busy"])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kbroker: error: --class 'busy' is not a class; one of erroring, stale")
