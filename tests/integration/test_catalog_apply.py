@@ -24,7 +24,8 @@ EXPENSES = "//Adventure-Works.com/Expenses"
 EMPLOYEES = "//Adventure-Works.com/Employees"
 SYSTEM = {"catalog": (1, "compact"), "endpoints": (4, "compact"), "events": (4, "delete"),
           "deadletter": (4, "delete"), "transmission": (4, "delete"), "timers": (4, "compact"),
-          "readers": (1, "compact,delete")}
+          "readers": (1, "compact,delete"), "progress": (1, "delete"), "analytics": (1, "compact,delete"),
+          "control": (1, "delete")}
 
 
 def topics_of(bootstrap: str, namespace: str) -> dict[str, int]:
