@@ -10,6 +10,8 @@ endpoint.py's.
 
 from __future__ import annotations
 
+import math
+
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -145,7 +147,9 @@ class Statements:
             group = group_id(related_conversation_group)
             self.check_group_queue(group, fs.queue)
         now = self._clock()
-        expires = None if lifetime is None else int(now) + int(lifetime)  # None: never expires
+        # Rounded up to whole seconds (the topic's record keeps seconds): never shorter than asked.
+        # Truncating `now` took up to a second off, and a 1 s lifetime could end before the first SEND.
+        expires = None if lifetime is None else math.ceil(now + int(lifetime))  # None: never expires
         return Endpoint(handle_for(conversation_id, "INITIATOR"), conversation_id, "INITIATOR", group,
                         default_group(conversation_id, "TARGET"), from_service, to_service, contract,
                         STARTED_OUTBOUND,
