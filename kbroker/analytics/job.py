@@ -251,6 +251,12 @@ def read_positions(rows: list[Any], namespace: str,
     return out
 
 
+def first_line(error: object) -> str:
+    """An error in one line: Spark's carry the query plan and the JVM's stack after it."""
+    lines = str(error).strip().splitlines()
+    return (lines[0] if lines else repr(error))[:300]
+
+
 def run_forever(settings: JobSettings) -> None:
     """`kbroker analytics run`: the job until SIGINT/SIGTERM. A query that fails (the broker away
     longer than Spark's Kafka client waits) is started again from its checkpoint, with back-off;
@@ -259,6 +265,7 @@ def run_forever(settings: JobSettings) -> None:
 
     limit = RateLimitFilter(LogLimiter(window=60.0))
     log.addFilter(limit)
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # a line per call between Python and the JVM
     stopping = threading.Event()
 
     def stop(*_: Any) -> None:
@@ -278,10 +285,10 @@ def run_forever(settings: JobSettings) -> None:
                 job.query.awaitTermination(1.0)
                 backoff = 1.0 if job.batches else backoff
             if not stopping.is_set():
-                error = job.query.exception()
-                log.error("analytics query stopped (%s); starting it again from its checkpoint", error)
+                log.error("analytics query stopped (%s); starting it again from its checkpoint",
+                          first_line(job.query.exception()))
         except Exception as exc:  # noqa: BLE001 - the broker may be away: try again
-            log.error("analytics job failed (%s); starting it again from its checkpoint", exc)
+            log.error("analytics job failed (%s); starting it again from its checkpoint", first_line(exc))
         finally:
             job.stop()
         stopping.wait(backoff)

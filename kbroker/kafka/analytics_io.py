@@ -12,27 +12,40 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.offsets import decode_completed
-from kbroker.errors import kafka_error
+from kbroker.core.records import Record
+from kbroker.core.txn_faults import Deadline
+from kbroker.errors import BrokerUnavailableError, kafka_error
 from kbroker.kafka import clients
+from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, reason, transact
 from kbroker.kafka.reader import group_offsets, offsets_reader, reading_consumer, topic_partitions
 
 
 class ResultsWriter:
     """The analytics job's producer. One transactional id per namespace: a second job of the same
-    namespace fences this one, and a batch's records land all or none."""
+    namespace fences this one, and a batch's records land all or none. Every call is bounded by
+    kbroker (kafka/guarded.py: librdkafka's send_offsets_to_transaction was seen here to block for
+    good after a broker restart); after any failure the producer is replaced, and the batch fails,
+    so Spark runs it again from the state before it."""
 
     def __init__(self, bootstrap: str, namespace: str, timeout: float = 30.0):
-        self.namespace, self.timeout = namespace, timeout
-        self._producer = clients.idempotent_producer(
-            bootstrap, **{"transactional.id": names.analytics_transactional_id(namespace),
-                          "transaction.timeout.ms": 60000})
+        self.bootstrap, self.namespace, self.timeout = bootstrap, namespace, timeout
         # Never subscribes: it only lends the group's id to the offsets each batch commits, which
         # tell the 5th-tick reclaim what the job has read (core/reclaim.py).
         self._group = clients.consumer(bootstrap, names.analytics_group(namespace))
-        try:
-            self._producer.init_transactions(timeout)
-        except KafkaException as exc:
-            raise kafka_error("the analytics job's producer could not start", exc.args[0]) from None
+        self._producer: GuardedProducer | None = None
+
+    def _ready(self) -> GuardedProducer:
+        if self._producer is None or self._producer.abandoned:
+            tid = names.analytics_transactional_id(self.namespace)
+            p = GuardedProducer(clients.idempotent_producer(
+                self.bootstrap, **{"transactional.id": tid, "transaction.timeout.ms": 60000}), tid)
+            try:
+                p.call("init_transactions", lambda raw: raw.init_transactions(self.timeout), self.timeout)
+            except (KafkaException, CallDeadlineExceeded) as exc:
+                p.abandon()
+                raise BrokerUnavailableError(f"the analytics job's producer could not start: {reason(exc)}") from None
+            self._producer = p
+        return self._producer
 
     def write(self, analytics: list[tuple[str, dict[str, Any]]], commands: list[tuple[str, dict[str, Any]]],
               positions: dict[tuple[str, int], int] | None = None) -> None:
@@ -40,30 +53,27 @@ class ResultsWriter:
         reads) as the analytics group's committed offsets, in one transaction."""
         if not analytics and not commands and not positions:
             return
-        until = time.monotonic() + self.timeout
-        p = self._producer
+        records: list[Record] = [(topic, key.encode(), orjson.dumps(value), None)
+                                 for topic, batch in ((names.analytics_topic(self.namespace), analytics),
+                                                      (names.control_topic(self.namespace), commands))
+                                 for key, value in batch]
+        offsets = []
+        if positions:
+            at = str(int(time.time() * 1000))
+            offsets = [([TopicPartition(t, part, o, metadata=at) for (t, part), o in sorted(positions.items())],
+                        self._group.consumer_group_metadata())]
+        producer = self._ready()
         try:
-            p.begin_transaction()
-            for topic, records in ((names.analytics_topic(self.namespace), analytics),
-                                   (names.control_topic(self.namespace), commands)):
-                for key, value in records:
-                    clients.produce(p, topic, key=key.encode(), value=orjson.dumps(value),
-                                    until=lambda: time.monotonic() >= until)
-            if positions:
-                at = str(int(time.time() * 1000))
-                offsets = [TopicPartition(t, part, o, metadata=at) for (t, part), o in sorted(positions.items())]
-                p.send_offsets_to_transaction(offsets, self._group.consumer_group_metadata(),
-                                              max(1.0, until - time.monotonic()))
-            p.commit_transaction(max(1.0, until - time.monotonic()))
-        except KafkaException as exc:
-            try:
-                p.abort_transaction(10)
-            except KafkaException:
-                pass  # fenced or the broker is away: the next write (or a new writer) sorts it out
-            raise kafka_error("writing the analytics results failed", exc.args[0]) from None
+            transact(producer, records, offsets, Deadline(self.timeout), self.timeout)
+        except TransactionFailed as failed:
+            # Whatever decide() would say, the batch fails and runs again: a new producer (the
+            # same id) fences this one and ends its transaction, committed or not.
+            producer.abandon()
+            raise BrokerUnavailableError(f"writing the analytics results failed: {failed.reason}") from None
 
     def close(self) -> None:
-        self._producer.flush(5)
+        if self._producer is not None:
+            self._producer.abandon()
         self._group.close()
 
 
