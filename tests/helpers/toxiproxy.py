@@ -18,6 +18,7 @@ from tests.helpers import ROOT, free_port
 
 SCRIPT = ROOT / "scripts" / "toxiproxy.sh"
 HOLD_MS = 600_000  # the stall's latency: longer than any stall a test makes, so nothing leaks through
+RELEASE_S = 60.0  # how long removing a stall may take on a loaded machine
 
 
 def server_binary() -> Path:
@@ -62,9 +63,25 @@ class Toxiproxy:
                 "attributes": {"latency": HOLD_MS}}).raise_for_status()
 
     def release(self, name: str) -> None:
-        """End a stall: what was held is delivered, in order."""
+        """End a stall: what was held is delivered, in order.
+
+        Removing a latency toxic waits for Toxiproxy to hand on what the toxic holds, which took
+        longer than 5 s on a loaded machine (a CI run's ReadTimeout): each removal gets a minute,
+        and a removal retried after a timeout accepts 404 (the first one went through)."""
         for stream in ("upstream", "downstream"):
-            self.http.delete(f"/proxies/{name}/toxics/stall-{stream}").raise_for_status()
+            path = f"/proxies/{name}/toxics/stall-{stream}"
+            deadline = time.monotonic() + RELEASE_S
+            retried = False
+            while True:
+                try:
+                    reply = self.http.delete(path, timeout=RELEASE_S)
+                except httpx.TimeoutException:
+                    assert time.monotonic() < deadline, f"Toxiproxy did not remove {path} in {RELEASE_S} s"
+                    retried = True
+                    continue
+                if not (retried and reply.status_code == 404):
+                    reply.raise_for_status()
+                break
 
     def stop(self) -> None:
         self.http.close()
