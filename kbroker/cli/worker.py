@@ -40,6 +40,8 @@ from kbroker.cli.views import queue_group
 @click.option("--handlers", type=click.IntRange(1, 1024), default=None,
               help="Task handler threads (default 2 x CPUs).")
 @click.option("--no-timers", is_flag=True, help="Do not run the timer service in this worker.")
+@click.option("--no-routing", is_flag=True,
+              help="Do not run the dispatcher and transmitter (messages between namespaces) in this worker.")
 @click.option("--allow-procedures", "allow_procedures", multiple=True, envvar="KBROKER_ALLOW_PROCEDURES",
               metavar="MODULE[,MODULE...]",
               help="Modules (or packages) whose activation procedures this worker runs, besides kbroker's "
@@ -48,17 +50,19 @@ from kbroker.cli.views import queue_group
               help="Seconds a CLOSED conversation endpoint is kept before the worker tombstones it.")
 @click.option("--loglevel", default="info", show_default=True)
 @handle_errors
-def worker_cmd(bootstrap, namespace, web_host, web_port, tick, ramp_up, handlers, no_timers, allow_procedures,
-               closed_grace, loglevel):
+def worker_cmd(bootstrap, namespace, web_host, web_port, tick, ramp_up, handlers, no_timers, no_routing,
+               allow_procedures, closed_grace, loglevel):
     """Run the worker: queue monitors with internal and external activation, task handlers, the
-    cluster tick and the timer service. Start several; they share the work through Kafka."""
+    cluster tick, the timer service, and the dispatcher and transmitter that carry messages between
+    namespaces. Start several; they share the work through Kafka."""
     require_extra("worker", "faust", "aiokafka")
     from kbroker.worker.app import WorkerSettings, run_worker
 
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     run_worker(WorkerSettings(bootstrap_address(bootstrap), config.namespace(namespace),
                               web_host=web_host, web_port=web_port, tick_interval=tick, ramp_up=ramp_up,
-                              handlers=handlers, timers=not no_timers, closed_grace=closed_grace,
+                              handlers=handlers, timers=not no_timers, routing=not no_routing,
+                              closed_grace=closed_grace,
                               allow_procedures=tuple(m.strip() for value in allow_procedures
                                                      for m in value.replace(" ", ",").split(",") if m.strip())),
                loglevel=loglevel)

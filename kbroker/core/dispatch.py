@@ -79,3 +79,51 @@ def sweep(
             drop.extend((b, DropReason.DUPLICATE) for b in fresh[1:])
             nxt += 1
     return Sweep(tuple(keep), tuple(drop))
+
+
+class Inbox:
+    """The dispatcher's per-direction state: the next sequence number each dialog direction
+    expects (what the acks topic says) and the messages that arrived ahead of it.
+
+    `offer` returns what can be saved now, in order: the message if it is the expected one, and
+    then any buffered successors it unblocks. `checkpoint`/`restore` undo the offers of a batch
+    whose transaction failed (its records are read again)."""
+
+    def __init__(self, max_buffered: int = 10_000) -> None:
+        self.expected: dict[str, int] = {}
+        self.buffered: list[Buffered] = []
+        self.max_buffered = max_buffered
+
+    def offer(self, key: str, sequence: int, now: float, ref: Any) -> tuple[list[Any], DropReason | None]:
+        """(refs to save now in order, why `ref` was dropped or None)."""
+        nxt = self.expected.get(key, 0)
+        if sequence < nxt:
+            return [], DropReason.DUPLICATE
+        if sequence > nxt:
+            if len(self.buffered) >= self.max_buffered:
+                return [], DropReason.OUT_OF_ORDER  # the sender sends it again
+            self.buffered.append(Buffered(key, sequence, now, ref))
+            return [], None
+        out = [ref]
+        nxt += 1
+        while True:
+            ahead = [b for b in self.buffered if b.conversation == key and b.sequence == nxt]
+            if not ahead:
+                break
+            self.buffered = [b for b in self.buffered if not (b.conversation == key and b.sequence <= nxt)]
+            out.append(ahead[0].ref)
+            nxt += 1
+        self.expected[key] = nxt
+        return out, None
+
+    def sweep(self, now: float, stale_after: float = STALE_AFTER_SECONDS) -> tuple[tuple[Buffered, DropReason], ...]:
+        """The every-tick sweep over what is buffered (see `sweep`)."""
+        result = sweep(self.buffered, self.expected, now, stale_after)
+        self.buffered = list(result.keep)
+        return result.drop
+
+    def checkpoint(self) -> tuple[dict[str, int], list[Buffered]]:
+        return dict(self.expected), list(self.buffered)
+
+    def restore(self, saved: tuple[dict[str, int], list[Buffered]]) -> None:
+        self.expected, self.buffered = dict(saved[0]), list(saved[1])

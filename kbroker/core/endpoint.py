@@ -72,6 +72,12 @@ class Endpoint:
     group_chain: tuple[str, ...] = ()
     instance: str | None = None  # this side's secondary queue: replies come back to it
     far_instance: str | None = None  # the far side's secondary queue: this side's sends go to it
+    # A dialog with a service of another namespace (another broker): its sends go through the
+    # transmission topic, and `far_broker` is the far side's broker instance (its namespace) once
+    # known (named by BEGIN DIALOG, or learnt from the far side's first message); None: the route
+    # decides. Fixed when the dialog begins, so one dialog's messages never take two paths.
+    remote: bool = False
+    far_broker: str | None = None
 
     @property
     def is_initiator(self) -> bool:
@@ -167,11 +173,13 @@ def must_persist(before: Endpoint, after: Endpoint) -> bool:
 
 def new_target_endpoint(conversation_id: str, group_id: str, far_group_id: str, service: str,
                         far_service: str, contract: str, far_instance: str | None = None,
-                        lifetime: int | None = None) -> Endpoint:
-    """The target endpoint, created when the dialog's first message arrives (as SSB does)."""
+                        lifetime: int | None = None, far_broker: str | None = None) -> Endpoint:
+    """The target endpoint, created when the dialog's first message arrives (as SSB does).
+    `far_broker`: the initiator's namespace when the message came from another one."""
     return Endpoint(handle_for(conversation_id, "TARGET"), conversation_id, "TARGET", group_id,
                     far_group_id, service, far_service, contract, CONVERSING, updated=time.time(),
-                    far_instance=far_instance, lifetime=lifetime)
+                    far_instance=far_instance, lifetime=lifetime, remote=far_broker is not None,
+                    far_broker=far_broker)
 
 
 CHAIN_SUFFIX = "/groups"  # key of a moved endpoint's group chain, beside the endpoint's own key

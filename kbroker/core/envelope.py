@@ -37,6 +37,10 @@ H_REPLY_GROUP = "kb.reply_conversation_group_id"
 H_REPLY_INSTANCE = "kb.reply_instance"  # the sender's secondary queue (NServiceBus callbacks)
 H_HOP = "kb.hop"  # how many times a moved conversation's record was re-keyed (see groups.py)
 H_REKEYED_FROM = "kb.rekeyed_from"  # "<partition>:<offset>" of the record this one re-keys
+# Between namespaces (routing.md): the sending namespace (its broker instance), and the one the
+# BEGIN DIALOG named, if any. Present only on messages that went through a transmission topic.
+H_FROM_BROKER = "kb.from_broker_instance"
+H_TO_BROKER = "kb.to_broker_instance"
 
 _REQUIRED = (H_MESSAGE_ID, H_CONVERSATION_ID, H_GROUP_ID, H_SEQUENCE, H_MESSAGE_TYPE,
              H_CONTRACT, H_FROM_SERVICE, H_TO_SERVICE, H_TO_SIDE)
@@ -69,6 +73,8 @@ class Envelope:
     reply_group: str | None = None
     reply_instance: str | None = None
     hop: int = 0
+    from_broker: str | None = None
+    to_broker: str | None = None
 
     def headers(self) -> list[tuple[str, bytes]]:
         hs = [
@@ -98,6 +104,10 @@ class Envelope:
             hs.append((H_REPLY_INSTANCE, self.reply_instance))
         if self.hop:
             hs.append((H_HOP, str(self.hop)))
+        if self.from_broker is not None:
+            hs.append((H_FROM_BROKER, self.from_broker))
+        if self.to_broker is not None:
+            hs.append((H_TO_BROKER, self.to_broker))
         return [(k, v.encode()) for k, v in hs]
 
     @classmethod
@@ -145,6 +155,8 @@ class Envelope:
             reply_group=hs.get(H_REPLY_GROUP),
             reply_instance=hs.get(H_REPLY_INSTANCE),
             hop=hop,
+            from_broker=hs.get(H_FROM_BROKER),
+            to_broker=hs.get(H_TO_BROKER),
         )
 
 

@@ -15,6 +15,9 @@ other's topics and one ACL prefix covers a namespace:
     kbroker.<ns>.progress          the worker's snapshots of each queue group's committed offsets
     kbroker.<ns>.analytics         the Spark job's results: queue windows and dialog classes
     kbroker.<ns>.control           commands to the worker (reclassify a dialog)
+    kbroker.<ns>.inbound           messages other namespaces' transmitters sent here, not yet saved
+    kbroker.<ns>.acks              compacted: per dialog direction, the next sequence number expected
+    kbroker.<ns>.transport         compacted: each transmitter's connections and waiting messages
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from kbroker.config import NAMESPACE_RE
 
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 SYSTEM_TOPICS = ("catalog", "endpoints", "events", "deadletter", "transmission", "timers", "readers",
-                 "progress", "analytics", "control")
+                 "progress", "analytics", "control", "inbound", "acks", "transport")
 
 
 def _ns(ns: str) -> str:
@@ -149,3 +152,28 @@ def worker_app_id(ns: str) -> str:
 
 def monitors_changelog_topic(ns: str) -> str:
     return f"{worker_app_id(ns)}-monitors-changelog"
+
+
+def inbound_topic(ns: str) -> str:
+    """Messages sent to this namespace from other namespaces, before the dispatcher saves them."""
+    return system_topic(ns, "inbound")
+
+
+def acks_topic(ns: str) -> str:
+    """The dispatcher's acknowledgements: the next sequence number it expects per dialog direction."""
+    return system_topic(ns, "acks")
+
+
+def transport_topic(ns: str) -> str:
+    """The transmitters' reports (sys.transmission_queue statuses, sys.dm_broker_connections)."""
+    return system_topic(ns, "transport")
+
+
+def transmitter_group(ns: str) -> str:
+    """The consumer group of the transmitters: its offsets are the transmission queue's head."""
+    return f"{prefix(ns)}transmitter"
+
+
+def dispatcher_group(ns: str) -> str:
+    """The consumer group of the dispatchers reading the inbound topic."""
+    return f"{prefix(ns)}dispatcher"

@@ -60,6 +60,8 @@ SYSTEM_TYPES = {END_DIALOG, ERROR_TYPE, DIALOG_TIMER}  # sent by the broker only
 # The Error code kbroker sends back for a message that arrived after its sender's side had ended
 # the dialog (kbroker's own: negative like Service Broker's broker errors, outside their range).
 MESSAGE_AFTER_END = -9601
+CURRENT_DATABASE = "CURRENT DATABASE"  # BEGIN DIALOG ... TO SERVICE 's', 'CURRENT DATABASE'
+MAX_REMOTE_BYTES = 10_485_760  # the largest any queue takes (Queue.max_message_bytes)
 
 T = TypeVar("T")
 
@@ -121,16 +123,29 @@ class Statements:
     def new_dialog(self, from_service: str, to_service: str, contract: str = "DEFAULT", *,
                    endpoint_of: Callable[[str], Endpoint], lifetime: int | None = None,
                    related_conversation_group: str | None = None, related_conversation: str | None = None,
-                   encryption: bool = False, instance: str | None = None) -> Endpoint:
+                   encryption: bool = False, instance: str | None = None,
+                   broker_instance: str | None = None) -> Endpoint:
         """The initiator endpoint of a new dialog. RELATED_CONVERSATION (a handle, looked up with
         `endpoint_of`) or RELATED_CONVERSATION_GROUP (a GUID, new or existing) choose its group;
         `instance` sends the replies to that instance's secondary queue (which the caller makes
-        sure exists). ENCRYPTION is accepted and has no effect."""
+        sure exists). ENCRYPTION is accepted and has no effect.
+
+        TO SERVICE 'to_service', 'broker_instance': a service this namespace does not host, or
+        one named with another namespace's broker instance, is remote: the dialog's messages go
+        through the transmission topic and the routes decide where (see routing.md), as Service
+        Broker's go to sys.transmission_queue. 'CURRENT DATABASE' (or this namespace) is local."""
         fs = self._lookup(lambda c: c.service(from_service))
-        self._lookup(lambda c: c.service(to_service))
         self._lookup(lambda c: c.contract(contract))
-        if not self._lookup(lambda c: c.service_accepts(to_service, contract)):
-            raise UnknownContractError(contract, to_service)
+        if broker_instance is not None and (not isinstance(broker_instance, str) or not broker_instance):
+            raise InvalidArgumentError("broker_instance must be a namespace name or 'CURRENT DATABASE'")
+        local = broker_instance in (None, CURRENT_DATABASE, self.namespace)
+        remote = not local or not self._lookup(lambda c: to_service in c.services)
+        if not remote:
+            self._lookup(lambda c: c.service(to_service))
+            if not self._lookup(lambda c: c.service_accepts(to_service, contract)):
+                raise UnknownContractError(contract, to_service)
+        elif not to_service or len(to_service) > 256:
+            raise InvalidArgumentError("a target service name is 1-256 characters")
         if lifetime is not None and lifetime <= 0:
             raise InvalidArgumentError("lifetime must be a positive number of seconds")
         if related_conversation is not None and related_conversation_group is not None:
@@ -153,7 +168,8 @@ class Statements:
         return Endpoint(handle_for(conversation_id, "INITIATOR"), conversation_id, "INITIATOR", group,
                         default_group(conversation_id, "TARGET"), from_service, to_service, contract,
                         STARTED_OUTBOUND,
-                        lifetime=expires, updated=now, instance=instance)
+                        lifetime=expires, updated=now, instance=instance, remote=remote,
+                        far_broker=None if local else broker_instance)
 
     def check_group_queue(self, group: str, queue: str, *, ignore: str | None = None) -> None:
         """Groups are local to a queue: refuse a group that only conversations of another queue
@@ -173,8 +189,10 @@ class Statements:
         """BEGIN DIALOG ... LIFETIME: the timer that delivers Error -8489 to both sides."""
         if ep.lifetime is None:
             return []
-        return [timers.lifetime_record(self.namespace, ep, self.own_topic(ep),
-                                       self.queue_topic_of(ep.far_service_name, None))]
+        # The far side of a remote dialog arms its own lifetime when the first message arrives
+        # there (its dispatcher), so each namespace's timer service tells its own side.
+        far_topic = None if ep.remote else self.queue_topic_of(ep.far_service_name, None)
+        return [timers.lifetime_record(self.namespace, ep, self.own_topic(ep), far_topic)]
 
     def move_records(self, ep: Endpoint, group: str) -> tuple[Endpoint, list[Record]]:
         """MOVE CONVERSATION: this side's endpoint after the move, and the marker record that
@@ -295,7 +313,8 @@ class Statements:
             ep = created = new_target_endpoint(env.conversation_id, env.conversation_group_id,
                                                env.reply_group or env.conversation_id, env.to_service_name,
                                                env.from_service_name, env.service_contract_name,
-                                               far_instance=env.reply_instance, lifetime=env.lifetime)
+                                               far_instance=env.reply_instance, lifetime=env.lifetime,
+                                               far_broker=env.from_broker)
         if ep.state in (DISCONNECTED_OUTBOUND, CLOSED):
             # This side already ended: the peer's EndDialog or Error only closes the endpoint
             # (Service Broker's end-of-dialog acknowledgement); anything else is discarded.
@@ -360,10 +379,13 @@ class Statements:
                 reply_to: str | None = None, expires: int | None = None, priority: int = 5) -> tuple[Record, str]:
         """A message from this side to the far side's queue, keyed by the far side's group, with
         this side's next sequence number: (record, message id)."""
-        far_service = self._lookup(lambda c: c.service(ep.far_service_name))
-        far_queue = self._lookup(lambda c: c.queue(far_service.queue))
-        if len(data) > far_queue.max_message_bytes:
-            raise MessageTooLargeError(len(data), far_queue.max_message_bytes, far_queue.name)
+        if not ep.remote:
+            far_service = self._lookup(lambda c: c.service(ep.far_service_name))
+            far_queue = self._lookup(lambda c: c.queue(far_service.queue))
+            if len(data) > far_queue.max_message_bytes:
+                raise MessageTooLargeError(len(data), far_queue.max_message_bytes, far_queue.name)
+        elif len(data) > MAX_REMOTE_BYTES:  # the far queue's own limit is checked where it arrives
+            raise MessageTooLargeError(len(data), MAX_REMOTE_BYTES, "the transmission topic")
         reply_group = ep.chain[0]  # the key the far side's records must carry (see groups.py)
         env = Envelope(
             message_id=new_id(), conversation_id=ep.conversation_id,
@@ -374,7 +396,11 @@ class Statements:
             correlation_id=correlation_id, reply_to=reply_to, expires=expires, priority=priority,
             lifetime=ep.lifetime if ep.is_initiator else None,
             reply_group=None if reply_group == ep.conversation_id else reply_group,
-            reply_instance=ep.instance)
+            reply_instance=ep.instance,
+            from_broker=self.namespace if ep.remote else None, to_broker=ep.far_broker)
+        if ep.remote:  # one dialog side's messages keep their order in one partition
+            return (names.transmission_topic(self.namespace), ep.conversation_handle, data,
+                    env.headers()), env.message_id
         if ep.far_instance is not None:  # replies to an instance go to its secondary queue
             topic = names.secondary_queue_topic(self.namespace, far_queue.name, ep.far_instance)
         else:

@@ -56,8 +56,9 @@ def disarm_record(namespace: str, ep: Endpoint) -> Record | None:
     return (names.timers_topic(namespace), timer_key(ep.conversation_handle, ep.dialog_timer_id), None, None)
 
 
-def lifetime_record(namespace: str, ep: Endpoint, initiator_topic: str, target_topic: str) -> Record:
-    """Written with BEGIN DIALOG ... LIFETIME: the Error -8489 for both sides when it runs out."""
+def lifetime_record(namespace: str, ep: Endpoint, initiator_topic: str | None, target_topic: str | None) -> Record:
+    """Written with BEGIN DIALOG ... LIFETIME: the Error -8489 for both sides when it runs out.
+    A side whose topic is None lives in another namespace, whose own timer tells it."""
     value = {"kind": "lifetime", "due": ep.lifetime, "conversation_id": ep.conversation_id,
              "contract": ep.service_contract_name,
              "INITIATOR": {"service": ep.service_name, "topic": initiator_topic, "key": ep.conversation_group_id},
@@ -94,8 +95,18 @@ def firing_records(value: dict[str, Any], endpoint: Any) -> list[Record]:
         # it arrives after those messages and closes the dialog there too.
         unseen_target = side == "TARGET" and ep is None and initiator is not None and \
             initiator.state not in (STARTED_OUTBOUND, CLOSED)
-        if open_here or unseen_target:
+        if (open_here or unseen_target) and value[side]["topic"] is not None:
             me, peer = value[side], value[other(side)]
             out.append(_system_message(conv, side, value["contract"], me["service"], peer["service"],
                                        me["topic"], me["key"], ERROR_TYPE, body))
     return out
+
+
+def target_lifetime_record(namespace: str, env: Envelope, target_topic: str) -> Record:
+    """The lifetime of a dialog begun in another namespace, armed where its first message is saved:
+    the Error -8489 for the target side here (the initiator's namespace tells its own side)."""
+    value = {"kind": "lifetime", "due": env.lifetime, "conversation_id": env.conversation_id,
+             "contract": env.service_contract_name,
+             "INITIATOR": {"service": env.from_service_name, "topic": None, "key": env.reply_group or env.conversation_id},
+             "TARGET": {"service": env.to_service_name, "topic": target_topic, "key": env.conversation_group_id}}
+    return (names.timers_topic(namespace), lifetime_key(env.conversation_id), orjson.dumps(value), None)

@@ -31,6 +31,7 @@ from confluent_kafka.admin import (
 from kbroker.core import names
 from kbroker.core.catalog.loader import load_definitions, load_system_topics
 from kbroker.core.catalog.models import Catalog, Queue, SystemTopic
+from kbroker.core.routing import stamp_routes
 from kbroker.errors import DefinitionError, InvalidArgumentError, kafka_error
 from kbroker.kafka import clients
 from kbroker.kafka.catalog_store import publish, read_catalog
@@ -257,6 +258,8 @@ def apply_catalog(bootstrap: str, catalog: Catalog, progress: Progress = None, t
     created, updated, retention = sync_topics(bootstrap, topic_specs(catalog), catalog.origins, progress,
                                               timeout, replication_factor)
     previous = read_catalog(bootstrap, catalog.namespace, timeout=timeout)
+    # A route's LIFETIME counts from when it was first published as it is now (routing.py).
+    catalog = stamp_routes(catalog, previous.routes, time.time())
     published = publish(bootstrap, catalog, previous=previous, timeout=timeout)
     if progress:
         progress(f"published {published} catalog records")

@@ -59,7 +59,9 @@ from kbroker.kafka.clients import KAFKA_LOG_LIMIT
 from kbroker.kafka.endpoint_store import EndpointStore
 from kbroker.kafka.queues import conversation_rows
 from kbroker.kafka.reclaim import reclaim_endpoints, reclaim_namespace
+from kbroker.kafka.dispatcher import Dispatcher
 from kbroker.kafka.timer_service import TimerService
+from kbroker.kafka.transmitter import Transmitter
 from kbroker.kafka.topics import create_missing_topics
 from kbroker.kafka.watch import QueueCounts, QueueWatcher
 from kbroker.sdk.broker import Broker
@@ -109,6 +111,7 @@ class WorkerSettings:
     ramp_up: float = 5.0  # seed 003: seconds of non-empty RECEIVEs before one more reader
     handlers: int | None = None  # task handler threads; default 2 x CPUs
     timers: bool = True  # run the timer service (dialog timers, lifetimes)
+    routing: bool = True  # run the dispatcher and the transmitter (messages between namespaces)
     # Modules whose activation procedures this worker runs, besides kbroker's own.
     allow_procedures: tuple[str, ...] = ()
     closed_grace: float = CLOSED_GRACE_SECONDS  # how long a CLOSED endpoint stays before its tombstone
@@ -364,6 +367,8 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
                 del reclassified[next(iter(reclassified))]
             log.info("dialog reclassified dialog=%s queue=%s from=%s to=%s", key, cmd.get("queue"),
                      cmd.get("from"), cmd.get("to"))
+            if rt.get("transmitter") is not None:  # waiting messages are looked at again
+                rt["transmitter"].request_reclassify(f"RECLASSIFY of dialog {key}")
 
     async def every_2nd_tick() -> None:
         ticks_seen["n"] += 1
@@ -472,6 +477,21 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
             rt["timer_service"] = await asyncio.to_thread(
                 lambda: TimerService(s.bootstrap, s.namespace, endpoints=broker.endpoints,
                                      guard=guard).start())
+        await ensure_routing()
+
+    async def ensure_routing() -> None:
+        """Start the dispatcher and the transmitter (routing between namespaces) if they are not
+        running; like the timer service they cannot start while the broker is down."""
+        if not s.routing:
+            return
+        if rt.get("dispatcher") is None:
+            rt["dispatcher"] = await asyncio.to_thread(
+                lambda: Dispatcher(s.bootstrap, s.namespace, lambda: broker.catalog, guard=guard,
+                                   tick=s.tick_interval).start())
+        if rt.get("transmitter") is None:
+            rt["transmitter"] = await asyncio.to_thread(
+                lambda: Transmitter(s.bootstrap, s.namespace, lambda: broker.catalog, guard=guard,
+                                    tick=s.tick_interval).start())
 
     @app.task
     async def on_start():
@@ -495,9 +515,9 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
 def shutdown(rt: dict[str, Any]) -> None:
     if rt.get("dashboard") is not None:
         rt["dashboard"].close()
-    svc = rt.get("timer_service")
-    if svc is not None:
-        svc.close()
+    for name in ("timer_service", "transmitter", "dispatcher"):
+        if rt.get(name) is not None:
+            rt[name].close()
     rt["handlers"].close(timeout=5)
     rt["counting_pool"].shutdown(wait=True)
     for name in ("progress", "control"):

@@ -25,7 +25,8 @@ EMPLOYEES = "//Adventure-Works.com/Employees"
 SYSTEM = {"catalog": (1, "compact"), "endpoints": (4, "compact"), "events": (4, "delete"),
           "deadletter": (4, "delete"), "transmission": (4, "delete"), "timers": (4, "compact"),
           "readers": (1, "compact,delete"), "progress": (1, "delete"), "analytics": (1, "compact,delete"),
-          "control": (1, "delete")}
+          "control": (1, "delete"), "inbound": (4, "delete"), "acks": (4, "compact"),
+          "transport": (1, "compact,delete")}
 
 
 def topics_of(bootstrap: str, namespace: str) -> dict[str, int]:

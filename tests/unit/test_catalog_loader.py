@@ -172,7 +172,7 @@ def test_references_across_files_and_to_builtins(tmp_path):
         services:
           - {name: S, queue: Q, contracts: [C, DEFAULT]}
         routes:
-          - {name: R, service_name: S, address: "kafka://h1:9092,h2:9093", lifetime: 60}
+          - {name: R, service_name: S, address: "kafka://h1:9092,h2:9093/sales", lifetime: 60}
           - {name: Everything, address: local}
     """)
     write(tmp_path, "c/notes.txt", "not yaml: [")

@@ -6,7 +6,7 @@ A definition file is a mapping of lists:
     contracts:     [{name, messages: [{type, sent_by}]}]
     queues:        [{name, partitions, retention, status, ..., activation}]
     services:      [{name, queue, contracts}]
-    routes:        [{name, service_name, address, broker_instance, lifetime}]
+    routes:        [{name, service_name, address, broker_instance, lifetime, mirror_address}]
     system_topics: [{name, partitions, config}]     (kbroker/core/catalog/system.yaml)
 
 Every problem raises DefinitionError(file, "<kind> <name>", one-line reason). References may
@@ -148,6 +148,9 @@ def _parse(file: Path, key: str, index: int, item: Any) -> tuple[str, Definition
         raise DefinitionError(str(file), obj, f"{TOPIC_RETENTION} is no longer a setting: a queue topic keeps "
                               "every record until its readers have received it, and the worker reclaims "
                               "the rest (remove the line)")
+    if key == "routes" and "created_at" in item:
+        # Expiry counts from when apply published the route: a file cannot backdate it.
+        raise DefinitionError(str(file), obj, "created_at is set by 'kbroker apply', not in a definition file")
     try:
         return obj, model.model_validate(item)
     except ValidationError as exc:
@@ -202,7 +205,9 @@ def _check_references(objects: dict[str, dict[str, Any]], origins: dict[str, str
             if name not in contracts:
                 raise missing(f"service {s.name}", "contract", name)
     for r in objects["routes"].values():
-        if r.service_name is not None and r.service_name not in objects["services"]:
+        # Only a LOCAL route's service must be defined here: a remote route names a service of
+        # another namespace (Service Broker checks neither).
+        if r.address == "LOCAL" and r.service_name is not None and r.service_name not in objects["services"]:
             raise missing(f"route {r.name}", "service", r.service_name)
 
 

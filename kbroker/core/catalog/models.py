@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from kbroker.config import NAMESPACE_RE
 from kbroker.core.names import QUEUE_NAME_RE, SYSTEM_TOPICS
 from kbroker.errors import (
     UnknownContractError,
@@ -51,7 +52,21 @@ Side = Annotated[Literal["INITIATOR", "TARGET", "ANY"], BeforeValidator(_upper)]
 Validation = Annotated[Literal["NONE", "EMPTY", "JSON", "WELL_FORMED_XML"], BeforeValidator(_upper)]
 
 _PROCEDURE_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", re.ASCII)
-_KAFKA_ADDRESS_RE = re.compile(r"kafka://[^\s,/:]+:[0-9]{1,5}(,[^\s,/:]+:[0-9]{1,5})*", re.ASCII)
+# kafka://host:port[,host:port][/namespace]: the hosts, then the namespace of kbroker.config.
+_NAMESPACE = NAMESPACE_RE.pattern.strip("^$")
+_KAFKA_ADDRESS_RE = re.compile(rf"kafka://([^\s,/:]+:[0-9]{{1,5}}(?:,[^\s,/:]+:[0-9]{{1,5}})*)(?:/({_NAMESPACE}))?",
+                               re.ASCII)
+# SSB item 44: the Broker Configuration Notice service's route names no broker instance.
+BROKER_CONFIGURATION = "SQL/ServiceBroker/BrokerConfiguration"
+
+
+def parse_kafka_address(value: str) -> tuple[str, str | None] | None:
+    """(bootstrap, namespace or None) of `kafka://host:port[,host:port][/namespace]`; None when
+    `value` is not such an address (or a port is out of range)."""
+    m = _KAFKA_ADDRESS_RE.fullmatch(value)
+    if m is None or not all(0 < int(hp.rsplit(":", 1)[1]) < 65536 for hp in m[1].split(",")):
+        return None
+    return m[1], m[2]
 
 
 class _Model(BaseModel):
@@ -157,29 +172,78 @@ class Service(_Model):
 
 
 class Route(_Model):
+    """CREATE ROUTE: where messages to a service go (see kbroker/core/routing.py for matching).
+
+    `address` is LOCAL (this namespace), TRANSPORT (the service name is the address) or
+    `kafka://host:port[,host:port]/<namespace>`, the Kafka cluster and namespace of the next hop.
+    A namespace's broker instance id is its name, so `kafka://host:port` without a namespace is
+    accepted when `broker_instance` names it. `created_at` is stamped by `kbroker apply`."""
+
     name: str = Field(min_length=1, max_length=256)
-    service_name: str | None = None  # None: the route matches every service
-    address: str  # LOCAL | TRANSPORT | kafka://host:port[,host:port]
-    broker_instance: str | None = None
+    service_name: str | None = Field(default=None, min_length=1, max_length=256)  # None: every service
+    address: str  # LOCAL | TRANSPORT | kafka://host:port[,host:port][/namespace]
+    broker_instance: str | None = None  # None: any instance (a namespace name)
     lifetime: int | None = Field(default=None, gt=0)  # seconds; None = never expires
+    mirror_address: str | None = None  # kafka://... of the mirrored (standby) namespace
+    created_at: float | None = Field(default=None, ge=0)  # epoch seconds, set by `kbroker apply`
 
     @field_validator("address", mode="before")
     @classmethod
     def _address(cls, value: Any) -> Any:
         if isinstance(value, str) and value.upper() in ("LOCAL", "TRANSPORT"):
             return value.upper()
-        if isinstance(value, str) and _KAFKA_ADDRESS_RE.fullmatch(value):
-            ports = [int(hp.rsplit(":", 1)[1]) for hp in value[len("kafka://"):].split(",")]
-            if all(0 < p < 65536 for p in ports):
-                return value
-        raise ValueError(f"address must be LOCAL, TRANSPORT or kafka://host:port[,host:port], not {value!r}")
+        if isinstance(value, str) and parse_kafka_address(value) is not None:
+            return value
+        raise ValueError("address must be LOCAL, TRANSPORT or kafka://host:port[,host:port]/namespace, "
+                         f"not {value!r}")
+
+    @field_validator("mirror_address")
+    @classmethod
+    def _mirror(cls, value: str | None) -> str | None:
+        if value is not None and parse_kafka_address(value) is None:
+            raise ValueError(f"mirror_address must be kafka://host:port[,host:port]/namespace, not {value!r}")
+        return value
+
+    @field_validator("broker_instance")
+    @classmethod
+    def _instance(cls, value: str | None) -> str | None:
+        # A broker instance is a namespace name: any other string could never match a dialog.
+        if value is not None and not NAMESPACE_RE.fullmatch(value):
+            raise ValueError("broker_instance must be a namespace name: 1-40 characters of letters, "
+                             f"digits, '_' or '-', not {value!r}")
+        return value
 
     @model_validator(mode="after")
-    def _transport(self) -> "Route":
+    def _consistent(self) -> "Route":
+        local_or_transport = self.address in ("LOCAL", "TRANSPORT")
         # A TRANSPORT route takes its address from the service name, so it cannot name one.
-        if self.address == "TRANSPORT" and (self.service_name or self.broker_instance):
+        if self.address == "TRANSPORT" and (self.service_name is not None or self.broker_instance is not None):
             raise ValueError("a TRANSPORT route cannot name a service_name or broker_instance")
+        if not local_or_transport and self.namespace is None:
+            raise ValueError(f"address {self.address!r} names no namespace: add /<namespace> or a broker_instance")
+        if self.mirror_address is not None:
+            if local_or_transport:
+                raise ValueError(f"mirror_address cannot be combined with address {self.address}")
+            if self.service_name is None or self.broker_instance is None:
+                raise ValueError("mirror_address requires both service_name and broker_instance")
+        if self.service_name == BROKER_CONFIGURATION and self.broker_instance is not None:
+            raise ValueError(f"a route to {BROKER_CONFIGURATION} cannot name a broker_instance")
         return self
+
+    @property
+    def bootstrap(self) -> str | None:
+        """The `host:port[,host:port]` of a Kafka address; None for LOCAL and TRANSPORT."""
+        parsed = parse_kafka_address(self.address)
+        return parsed[0] if parsed else None
+
+    @property
+    def namespace(self) -> str | None:
+        """The namespace a Kafka address leads to (the broker instance when the address names
+        none); None for LOCAL and TRANSPORT."""
+        parsed = parse_kafka_address(self.address)
+        if parsed is None:
+            return None
+        return parsed[1] or self.broker_instance
 
 
 class SystemTopic(_Model):

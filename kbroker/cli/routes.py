@@ -1,0 +1,61 @@
+"""`kbroker routes`: the namespace's routes as published (sys.routes), AutoCreatedLocal included."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from kbroker import config
+from kbroker.cli.common import (
+    bootstrap_address,
+    bootstrap_option,
+    emit_json,
+    handle_errors,
+    json_option,
+    main,
+    namespace_option,
+)
+from kbroker.cli.output import make_console, new_table, print_table
+
+if TYPE_CHECKING:
+    from kbroker.core.catalog.models import Catalog
+
+
+@main.command("routes")
+@bootstrap_option
+@namespace_option
+@json_option
+@handle_errors
+def routes_cmd(bootstrap, namespace, as_json):
+    """The routes of the namespace (sys.routes), with when each expires; AutoCreatedLocal is
+    listed unless the catalog defines a route of that name."""
+    from kbroker.kafka.catalog_store import read_catalog
+
+    ns = config.namespace(namespace)
+    rows = route_rows(read_catalog(bootstrap_address(bootstrap), ns), time.time())
+    if as_json:
+        emit_json(rows)
+        return
+    t = new_table(f"routes of {ns}", "name", "service", "broker_instance", "address", "mirror_address",
+                  "lifetime", "expires_at", "expired")
+    for r in rows:
+        t.add_row(r["name"], r["service"] or "*", r["broker_instance"] or "*", r["address"],
+                  r["mirror_address"] or "-", "-" if r["lifetime"] is None else str(r["lifetime"]),
+                  r["expires_at"] or "never", "yes" if r["expired"] else "no")
+    print_table(t, make_console())
+
+
+def route_rows(catalog: Catalog, now: float) -> list[dict[str, Any]]:
+    """One row per route, by name: its definition, created_at and expires_at (ISO 8601, UTC, or
+    None) and whether it has expired at `now`."""
+    from kbroker.core.routing import expires_at, is_expired, routes_of
+
+    return [{"name": r.name, "service": r.service_name, "broker_instance": r.broker_instance,
+             "address": r.address, "mirror_address": r.mirror_address, "lifetime": r.lifetime,
+             "created_at": _iso(r.created_at), "expires_at": _iso(expires_at(r)), "expired": is_expired(r, now)}
+            for r in sorted(routes_of(catalog), key=lambda r: r.name)]
+
+
+def _iso(epoch: float | None) -> str | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch, timezone.utc).isoformat()

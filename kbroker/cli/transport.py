@@ -1,0 +1,74 @@
+"""`kbroker transmission` (sys.transmission_queue) and `kbroker connections`
+(sys.dm_broker_connections): what the namespace's transmitters hold and how their connections
+stand, from their reports on the transport topic (kafka/transport_views.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import click
+
+from kbroker import config
+from kbroker.cli.common import (
+    bootstrap_address,
+    bootstrap_option,
+    emit_json,
+    handle_errors,
+    json_option,
+    main,
+    namespace_option,
+)
+from kbroker.cli.output import make_console, new_table, print_table
+
+
+def _time(epoch: float | None) -> str:
+    return "-" if not epoch else datetime.fromtimestamp(epoch, timezone.utc).strftime("%H:%M:%S")
+
+
+@main.command("transmission")
+@bootstrap_option
+@namespace_option
+@click.option("--limit", type=click.IntRange(1, 100_000), default=1000, show_default=True,
+              help="Messages to list at most.")
+@json_option
+@handle_errors
+def transmission_cmd(bootstrap, namespace, limit, as_json):
+    """Messages sent to other namespaces and not yet acknowledged (sys.transmission_queue), with
+    why each waits; a blank status means no send was tried yet."""
+    from kbroker.kafka.transport_views import transmission_rows
+
+    ns = config.namespace(namespace)
+    rows = transmission_rows(bootstrap_address(bootstrap), ns, limit)
+    if as_json:
+        emit_json(rows)
+        return
+    t = new_table(f"transmission queue of {ns} ({len(rows)} messages)", "enqueued", "conversation",
+                  "seq", "type", "to service", "destination", "tries", "transmission_status")
+    for r in rows:
+        t.add_row(_time(r["enqueue_time"]), r["conversation_id"][:8], str(r["message_sequence_number"]),
+                  r["message_type_name"].rsplit("/", 1)[-1], r["to_service_name"], r["destination"] or "-",
+                  str(r["attempts"]), r["transmission_status"] or "")
+    print_table(t, make_console())
+
+
+@main.command("connections")
+@bootstrap_option
+@namespace_option
+@json_option
+@handle_errors
+def connections_cmd(bootstrap, namespace, as_json):
+    """The transmitters' connections to other namespaces (sys.dm_broker_connections)."""
+    from kbroker.kafka.transport_views import connection_rows
+
+    ns = config.namespace(namespace)
+    rows = connection_rows(bootstrap_address(bootstrap), ns)
+    if as_json:
+        emit_json(rows)
+        return
+    t = new_table(f"connections of {ns}", "destination", "state", "connected", "last activity", "sends",
+                  "acks", "bytes", "suppressed", "last error")
+    for r in rows:
+        t.add_row(r["destination"], r["state"], _time(r["connect_time"]), _time(r["last_activity_time"]),
+                  str(r["total_sends"]), str(r["total_acks"]), str(r["total_bytes"]),
+                  f"{r['suppressed_for']:.0f} s" if r["suppressed_for"] else "-", r["last_error"] or "")
+    print_table(t, make_console())

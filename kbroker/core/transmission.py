@@ -1,0 +1,208 @@
+"""The transmission queue as the transmitter holds it (pure logic): messages read from the
+namespace's transmission topic and not yet acknowledged by the far side, when each is due to be
+sent (again), why each waits, and how far the transmission topic may be committed.
+
+Service Broker keeps an outgoing message in sys.transmission_queue until the far broker
+acknowledges it, and sends it again after 4, 8, 16 and 32 s, then every 64 s (reference item 54).
+Here the message stays a record of the transmission topic; the transmitter's consumer group commits
+each partition only up to its oldest unacknowledged record, so a transmitter that dies leaves the
+rest to whoever reads the partition next, which sends them again (the far dispatcher drops what it
+already saved).
+
+An acknowledgement is the far dispatcher's "next sequence number I expect" for one dialog
+direction, keyed `<from namespace>|<conversation id>|<receiving side>`: every waiting message of
+that direction below it is done. One that carries an error ends the direction: the far side refused
+the dialog (an invalid message type or contract), and the sender's side gets an Error message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+RETRY_DELAYS = (4.0, 8.0, 16.0, 32.0)  # reference item 54: after 4, 8, 16 and 32 s ...
+RETRY_EVERY = 64.0  # ... then once every 64 s
+
+
+def retry_delay(attempts: int) -> float:
+    """How long after its `attempts`-th send (1 = the first) a message is sent again."""
+    if attempts < 1:
+        return 0.0
+    return RETRY_DELAYS[attempts - 1] if attempts <= len(RETRY_DELAYS) else RETRY_EVERY
+
+
+def ack_key(from_broker: str, conversation_id: str, to_side: str) -> str:
+    """The acks topic's key of one dialog direction."""
+    return f"{from_broker}|{conversation_id}|{to_side}"
+
+
+def parse_ack_key(key: str) -> tuple[str, str, str] | None:
+    parts = key.split("|")
+    return (parts[0], parts[1], parts[2]) if len(parts) == 3 and all(parts) else None
+
+
+@dataclass
+class Outgoing:
+    """One message of the transmission topic that the far side has not acknowledged."""
+
+    partition: int
+    offset: int
+    conversation_id: str
+    to_side: str
+    sequence: int
+    to_service: str
+    to_broker: str | None
+    from_service: str
+    message_type: str
+    contract: str
+    handle: str  # the sending side's conversation handle (the record's key)
+    enqueued: float  # the record's timestamp, seconds
+    size: int
+    record: Any = field(default=None, repr=False, compare=False)  # what the adapter sends
+    attempts: int = 0
+    next_try: float = 0.0
+    status: str = ""  # sys.transmission_queue.transmission_status: blank until a send was tried
+    destination: str | None = None
+
+    def row(self) -> dict[str, Any]:
+        """The sys.transmission_queue row of this message."""
+        return {"conversation_handle": self.handle, "conversation_id": self.conversation_id,
+                "to_service_name": self.to_service, "to_broker_instance": self.to_broker,
+                "from_service_name": self.from_service, "service_contract_name": self.contract,
+                "enqueue_time": self.enqueued, "message_sequence_number": self.sequence,
+                "message_type_name": self.message_type, "is_end_of_dialog": self.message_type.endswith("/EndDialog"),
+                "is_conversation_error": self.message_type.endswith("/Error"),
+                "transmission_status": self.status, "destination": self.destination,
+                "attempts": self.attempts, "partition": self.partition, "offset": self.offset}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An acknowledgement that ended a dialog direction with an error: the messages it dropped
+    (the first one tells the sender's side whom to give the Error), the code and the text."""
+
+    dropped: tuple[Outgoing, ...]
+    code: int
+    description: str
+
+
+class TransmissionQueue:
+    """What one transmitter holds: per partition, the unacknowledged messages in offset order."""
+
+    def __init__(self, from_broker: str):
+        self.from_broker = from_broker
+        self._by_partition: dict[int, dict[int, Outgoing]] = {}  # partition -> offset -> message
+        self._read_to: dict[int, int] = {}  # partition -> next offset to read
+        self._by_direction: dict[str, dict[int, Outgoing]] = {}  # ack key -> sequence -> message
+        self._acked: dict[str, int] = {}  # ack key -> next sequence the far side expects
+        self._refused: dict[str, tuple[int, str]] = {}  # ack key -> (code, text): drop what comes
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self._by_partition.values())
+
+    def key_of(self, m: Outgoing) -> str:
+        return ack_key(self.from_broker, m.conversation_id, m.to_side)
+
+    # --- reading and acknowledging ------------------------------------------------------------
+
+    def add(self, m: Outgoing) -> Refusal | None:
+        """A message read from the transmission topic. Already acknowledged (read again after a
+        rebalance): only moves the read position. For a refused direction: dropped at once."""
+        self._read_to[m.partition] = max(self._read_to.get(m.partition, 0), m.offset + 1)
+        key = self.key_of(m)
+        if key in self._refused:
+            code, text = self._refused[key]
+            return Refusal((m,), code, text)
+        if m.sequence < self._acked.get(key, 0):
+            return None
+        self._by_partition.setdefault(m.partition, {})[m.offset] = m
+        self._by_direction.setdefault(key, {})[m.sequence] = m
+        self.bytes += m.size
+        return None
+
+    def acknowledge(self, key: str, next_sequence: int, error: tuple[int, str] | None = None) -> Refusal | None:
+        """The far side expects `next_sequence` next on direction `key`: drop what is below it.
+        With `error`: the direction ended with that (code, text); everything of it is dropped."""
+        if next_sequence > self._acked.get(key, 0):
+            self._acked[key] = next_sequence
+        waiting = self._by_direction.get(key, {})
+        if error is not None:
+            self._refused[key] = error
+            dropped = tuple(waiting[s] for s in sorted(waiting))
+            for m in dropped:
+                self._remove(key, m)
+            return Refusal(dropped, *error)
+        for seq in [s for s in waiting if s < next_sequence]:
+            self._remove(key, waiting[seq])
+        return None
+
+    def _remove(self, key: str, m: Outgoing) -> None:
+        self._by_partition.get(m.partition, {}).pop(m.offset, None)
+        direction = self._by_direction.get(key)
+        if direction is not None:
+            direction.pop(m.sequence, None)
+            if not direction:
+                del self._by_direction[key]
+        self.bytes -= m.size
+
+    def directions(self) -> set[str]:
+        return set(self._by_direction)
+
+    def forget(self, keys: Iterable[str]) -> None:
+        """Acknowledgements no message here waits for any more (bounded memory)."""
+        for key in keys:
+            if key not in self._by_direction:
+                self._acked.pop(key, None)
+
+    # --- sending ---------------------------------------------------------------------------
+
+    def due(self, now: float) -> list[Outgoing]:
+        """Messages to send now, in offset order (so each dialog's in sequence order)."""
+        out = [m for p in sorted(self._by_partition) for m in self._by_partition[p].values() if m.next_try <= now]
+        out.sort(key=lambda m: (m.partition, m.offset))
+        return out
+
+    def sent(self, m: Outgoing, now: float, destination: str) -> None:
+        m.attempts += 1
+        m.next_try = now + retry_delay(m.attempts)
+        m.destination = destination
+        m.status = ""
+
+    def waiting(self, m: Outgoing, now: float, status: str, retry_in: float) -> None:
+        """`m` could not be sent now (no route, no connection, ...): why, and when to try again."""
+        m.status = status
+        m.next_try = now + retry_in
+
+    def note_status(self, key: str, status: str) -> None:
+        """A status the far side gave for a direction (the target service does not exist yet)."""
+        for m in self._by_direction.get(key, {}).values():
+            m.status = status
+
+    # --- the topic's head ------------------------------------------------------------------
+
+    def commit_offsets(self) -> dict[int, int]:
+        """Per partition read, the offset to commit: the oldest unacknowledged message's, or all
+        that was read."""
+        out = {}
+        for p, read_to in self._read_to.items():
+            waiting = self._by_partition.get(p)
+            out[p] = min(waiting) if waiting else read_to
+        return out
+
+    def read_positions(self) -> dict[int, int]:
+        """Per partition, the next offset this transmitter reads."""
+        return dict(self._read_to)
+
+    def drop_partitions(self, partitions: Iterable[int]) -> None:
+        """Partitions another transmitter reads now: it sends what they hold."""
+        for p in partitions:
+            for m in list(self._by_partition.get(p, {}).values()):
+                self._remove(self.key_of(m), m)
+            self._by_partition.pop(p, None)
+            self._read_to.pop(p, None)
+
+    def rows(self, limit: int = 1000) -> list[dict[str, Any]]:
+        out = [m.row() for p in sorted(self._by_partition) for _, m in sorted(self._by_partition[p].items())]
+        return out[:limit]

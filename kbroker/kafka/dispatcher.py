@@ -1,0 +1,279 @@
+"""The dispatcher: saves the messages other namespaces sent to this one (the inbound topic) to
+their queues, in per-dialog order and exactly once, and acknowledges them.
+
+One Kafka transaction per batch holds the saved queue records, the acknowledgements (the acks
+topic: the next sequence number each dialog direction expects) and the inbound offsets, so a
+message is saved and acknowledged together or not at all. A retransmitted copy of a saved message
+is below its direction's expected number and is dropped; one that arrives ahead of a gap waits in
+memory (core/dispatch.Inbox) until its predecessor comes or the tick's sweep drops it (the sender
+sends it again). No transaction spans two clusters: the sender learns of the save by reading the
+acks topic here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from kbroker.core import names
+from kbroker.core.arrival import REFUSE, SAVE, WAIT, check_arrival
+from kbroker.core.catalog.models import Catalog
+from kbroker.core.dispatch import Inbox
+from kbroker.core.envelope import Envelope, MalformedRecord
+from kbroker.core.records import Record
+from kbroker.core.statements import dead_letter_record
+from kbroker.core.timers import target_lifetime_record
+from kbroker.core.transmission import ack_key
+from kbroker.core.txn_faults import Deadline
+from kbroker.kafka import clients, messages
+from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, transact
+from kbroker.kafka.timer_service import FailureSink
+
+log = logging.getLogger("kbroker.dispatcher")
+COMPONENT = "dispatcher"
+BATCH_SECONDS = 10.0  # kbroker's deadline on one batch's transaction
+
+
+def read_acks(bootstrap: str, namespace: str, timeout: float = 30.0) -> dict[str, dict[str, Any]]:
+    """Every acknowledgement of the namespace's acks topic (compacted: the latest per direction)."""
+    topic = names.acks_topic(namespace)
+    c = clients.consumer(bootstrap, None, **{"enable.partition.eof": True})
+    try:
+        md = c.list_topics(topic, timeout=timeout).topics.get(topic)
+        if md is None or md.error is not None:
+            raise KafkaException(md.error if md is not None else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
+        parts = list(md.partitions)
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        out: dict[str, dict[str, Any]] = {}
+        done: set[int] = set()
+        deadline = time.monotonic() + timeout
+        while len(done) < len(parts):
+            if time.monotonic() > deadline:
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"reading {topic}"))
+            for msg in c.consume(500, 0.5):
+                if msg.error():
+                    if messages.error_code(msg) == KafkaError._PARTITION_EOF:
+                        done.add(messages.partition(msg))
+                    continue
+                key = messages.key(msg).decode()
+                if msg.value() is None:
+                    out.pop(key, None)
+                else:
+                    out[key] = orjson.loads(messages.value(msg))
+        return out
+    finally:
+        c.close()
+
+
+class Dispatcher:
+    """Reads the namespace's inbound topic. Run one or more per cluster (each worker runs one);
+    they share its partitions. `catalog()` gives the namespace's current catalog."""
+
+    def __init__(self, bootstrap: str, namespace: str, catalog: Callable[[], Catalog], *,
+                 guard: FailureSink | None = None, poll_interval: float = 0.05, tick: float = 5.0):
+        self.bootstrap, self.namespace = bootstrap, namespace
+        self._catalog = catalog
+        self._guard = guard
+        self._poll_interval, self._tick = poll_interval, tick
+        self.topic = names.inbound_topic(namespace)
+        self.inbox = Inbox()
+        self.saved = self.duplicates = self.refused = self.waiting = self.dropped = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._next_sweep = 0.0
+        self._refused: set[str] = set()
+        group = names.dispatcher_group(namespace)
+        self._consumer = clients.consumer(bootstrap, group, **{
+            "session.timeout.ms": 10_000, "partition.assignment.strategy": "range", "auto.offset.reset": "earliest"})
+        self._transactional_id = f"{group}.{uuid.uuid4()}"
+        self._producer = self._new_producer()
+        self._assigned = False
+
+    def _new_producer(self) -> GuardedProducer:
+        p = GuardedProducer(clients.idempotent_producer(self.bootstrap, **{
+            "transactional.id": self._transactional_id, "transaction.timeout.ms": 10_000}), self._transactional_id)
+        p.call("init_transactions", lambda raw: raw.init_transactions(30), 30)
+        return p
+
+    def start(self) -> "Dispatcher":
+        self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                 on_lost=self._on_revoke)
+        self._thread = threading.Thread(target=self._run, name="kbroker-dispatcher", daemon=True)
+        self._thread.start()
+        return self
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._assigned = False  # the acks are read again before the next batch (others wrote some)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._assigned = False
+
+    def _load_acks(self) -> None:
+        """The expected sequence numbers, from the acks topic: the dispatcher's duplicate check
+        survives restarts and rebalances because it is the acknowledgements themselves."""
+        acks = read_acks(self.bootstrap, self.namespace)
+        self.inbox.expected = {k: int(v.get("next", 0)) for k, v in acks.items()}
+        self.inbox.buffered = []
+        self._refused = {k for k, v in acks.items() if v.get("error")}
+        self._assigned = True
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except Exception as exc:  # keep dispatching: one bad batch must not stop the namespace
+                if self._guard is None:
+                    log.warning("dispatcher step failed: %s", exc)
+                else:
+                    self._guard.failed(COMPONENT, exc)
+                self._stop.wait(1.0)
+            else:
+                if self._guard is not None:
+                    self._guard.succeeded(COMPONENT)
+
+    def step(self) -> None:
+        batch = [m for m in self._consumer.consume(500, self._poll_interval) if self._is_record(m)]
+        now = time.time()
+        if now >= self._next_sweep:
+            self._next_sweep = now + self._tick
+            self.sweep(now)
+        if not batch:
+            return
+        if not self._assigned:
+            self._load_acks()
+        self._dispatch(batch, now)
+
+    def sweep(self, now: float) -> None:
+        """The every-tick sweep (seed 000): out-of-order and stale buffered messages go."""
+        dropped = self.inbox.sweep(now)
+        if dropped:
+            self.dropped += len(dropped)
+            log.info("dispatcher dropped %d buffered message(s) (%s); their senders send them again",
+                     len(dropped), ", ".join(sorted({r.value for _, r in dropped})))
+
+    def _is_record(self, msg: Message) -> bool:
+        if msg.error() is None:
+            return True
+        if messages.error_code(msg) != KafkaError._PARTITION_EOF:
+            log.warning("inbound topic: %s", msg.error())
+        return False
+
+    def _dispatch(self, batch: list[Message], now: float) -> None:
+        catalog = self._catalog()
+        saved_state, refused_before = self.inbox.checkpoint(), set(self._refused)
+        records: list[Record] = []
+        acks: dict[str, dict[str, Any]] = {}
+        counts = {"saved": 0, "duplicates": 0, "refused": 0, "waiting": 0}
+        for msg in batch:
+            records.extend(self._one(msg, catalog, now, acks, counts))
+        records.extend((names.acks_topic(self.namespace), k, orjson.dumps({**v, "at": now}), None)
+                       for k, v in acks.items())
+        first: dict[int, int] = {}
+        for msg in batch:
+            p, o = messages.position(msg)
+            first.setdefault(p, o)
+        positions = [TopicPartition(self.topic, p, messages.offset(m) + 1) for p, m in
+                     {messages.partition(m): m for m in batch}.items()]
+        try:
+            transact(self._producer, records, [(positions, self._consumer.consumer_group_metadata())],
+                     Deadline(BATCH_SECONDS), BATCH_SECONDS)
+        except TransactionFailed as failed:
+            self.inbox.restore(saved_state)
+            self._refused = refused_before
+            self._recover(failed)
+            for p, o in first.items():  # read the batch again
+                self._consumer.seek(TopicPartition(self.topic, p, o))
+            return
+        self.saved += counts["saved"]
+        self.duplicates += counts["duplicates"]
+        self.refused += counts["refused"]
+        self.waiting += counts["waiting"]
+
+    def _one(self, msg: Message, catalog: Catalog, now: float, acks: dict[str, dict[str, Any]],
+             counts: dict[str, int]) -> list[Record]:
+        """The records one inbound message adds to the batch's transaction."""
+        try:
+            env = Envelope.from_headers(messages.headers(msg))
+            if env.from_broker is None:
+                raise MalformedRecord("no sending namespace (kb.from_broker_instance)")
+        except MalformedRecord as exc:
+            log.warning("inbound record %s/%s refused: %s", msg.partition(), msg.offset(), exc)
+            record: Any = msg  # a consumed record: what dead_letter_record reads of it
+            return [dead_letter_record(self.namespace, record, f"malformed inbound record: {exc}")]
+        key = ack_key(env.from_broker, env.conversation_id, env.to_side)
+        body = messages.value(msg)
+        if key in self._refused:
+            counts["refused"] += 1
+            return []
+        verdict = check_arrival(catalog, env, body)
+        if verdict.action == WAIT:
+            counts["waiting"] += 1
+            acks[key] = {"next": self.inbox.expected.get(key, 0), "status": verdict.reason}
+            return []
+        if verdict.action == REFUSE and env.message_sequence_number != self.inbox.expected.get(key, 0):
+            counts["duplicates"] += 1  # refused when its turn comes (its sender sends it again)
+            return []
+        if verdict.action == REFUSE:
+            counts["refused"] += 1
+            self._refused.add(key)
+            acks[key] = {"next": env.message_sequence_number + 1,
+                         "error": {"code": verdict.code, "description": verdict.reason}}
+            log.warning("message %s from %s refused (%d): %s", env.message_id, env.from_broker,
+                        verdict.code, verdict.reason)
+            return []
+        assert verdict.action == SAVE
+        ready, dropped = self.inbox.offer(key, env.message_sequence_number, now, (env, msg))
+        if dropped is not None:
+            counts["duplicates"] += 1
+        out: list[Record] = []
+        for e, m in ready:
+            out.extend(self._save(e, m, catalog))
+            counts["saved"] += 1
+        if ready or dropped is not None:  # a duplicate's ack again: its sender may have missed it
+            acks[key] = {"next": self.inbox.expected.get(key, 0)}
+        return out
+
+    def _save(self, env: Envelope, msg: Message, catalog: Catalog) -> list[Record]:
+        queue = catalog.services[env.to_service_name].queue
+        topic = names.queue_topic(self.namespace, queue)
+        out: list[Record] = [(topic, env.conversation_group_id, messages.value(msg), messages.headers(msg))]
+        if env.to_side == "TARGET" and env.message_sequence_number == 0 and env.lifetime is not None:
+            out.append(target_lifetime_record(self.namespace, env, topic))
+        return out
+
+    def _recover(self, failed: TransactionFailed) -> None:
+        if self._guard is None:
+            log.warning("dispatching failed, will retry: %s", failed)
+        else:
+            self._guard.failed(COMPONENT, failed)
+        try:
+            self._producer.call("abort_transaction", lambda raw: raw.abort_transaction(BATCH_SECONDS), BATCH_SECONDS)
+        except (KafkaException, CallDeadlineExceeded):
+            self._producer.abandon()
+            while not self._stop.is_set():
+                try:
+                    self._producer = self._new_producer()
+                    return
+                except (KafkaException, CallDeadlineExceeded) as exc:
+                    log.warning("dispatcher producer: %s", exc)
+                    self._stop.wait(1.0)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(15)
+        self._consumer.close()
+        self._producer.abandon()
+
+    def __enter__(self) -> "Dispatcher":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

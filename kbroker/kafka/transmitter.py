@@ -1,0 +1,361 @@
+"""The transmitter: sends the namespace's transmission topic to other namespaces, each message
+over its destination's connection, until the far dispatcher acknowledged it.
+
+What to send when (retries at 4, 8, 16, 32 s, then every 64 s) and how far the topic may be
+committed is core/transmission.py's; when to connect, suppress and close connections is
+core/transport.py's; which route a message takes is core/routing.py's. This module reads, sends,
+polls acknowledgements and publishes what it holds (kbroker transmission, kbroker connections).
+Run one or more per cluster (each worker runs one): they share the topic's partitions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from kbroker.core import names
+from kbroker.core.catalog.models import ERROR as ERROR_TYPE
+from kbroker.core.catalog.models import Catalog
+from kbroker.core.envelope import SYSTEM_SEQUENCE, Envelope, MalformedRecord, error_body
+from kbroker.core.ids import new_id
+from kbroker.core.routing import destination, is_expired, match_route, routes_of
+from kbroker.core.tick import TickSchedule
+from kbroker.core.transmission import Outgoing, Refusal, TransmissionQueue
+from kbroker.core.transport import Links
+from kbroker.kafka import clients, messages
+from kbroker.kafka.timer_service import FailureSink
+from kbroker.kafka.transport_link import LinkBroken, TransportLink
+
+log = logging.getLogger("kbroker.transmitter")
+COMPONENT = "transmitter"
+CONNECT_SECONDS = 5.0  # kbroker's deadline on one connection attempt
+WAIT_RETRY = 4.0  # a message with no route or connection is looked at again this often
+MAX_WAITING = 20_000  # messages held before the transmission topic is paused (back-pressure)
+MAX_WAITING_BYTES = 64 * 1024 * 1024
+REPORT_EVERY = 2.0
+HEARTBEAT = 10.0
+REPORT_ROWS = 200  # messages a report lists (the view says how many more wait)
+
+
+class Transmitter:
+    """`catalog()` gives the namespace's current catalog (routes, services)."""
+
+    def __init__(self, bootstrap: str, namespace: str, catalog: Callable[[], Catalog], *,
+                 guard: FailureSink | None = None, tick: float = 5.0, poll_interval: float = 0.05):
+        self.bootstrap, self.namespace = bootstrap, namespace
+        self._catalog = catalog
+        self._guard = guard
+        self._poll = poll_interval
+        self.schedule = TickSchedule(interval=tick)
+        self.topic = names.transmission_topic(namespace)
+        self.queue = TransmissionQueue(namespace)
+        self.links = Links()
+        self._open: dict[str, TransportLink] = {}
+        self.me = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        self._consumer = clients.consumer(bootstrap, names.transmitter_group(namespace), **{
+            "session.timeout.ms": 10_000, "auto.offset.reset": "earliest"})
+        self._local = clients.idempotent_producer(bootstrap)  # Errors for refused dialogs, reports
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._paused = False
+        self._last_tick: int | None = None
+        self._committed: dict[int, int] = {}
+        self._routes_seen: Any = None
+        self.sent = self.acked = self.refused = 0
+        self._next_report = 0.0
+        self._reclassify_asked: str | None = None
+        self._last_report: dict[str, Any] | None = None
+        self._last_report_at = 0.0
+
+    def request_reclassify(self, why: str) -> None:
+        """From another thread (the worker's control reader): reclassify at the next pass."""
+        self._reclassify_asked = why
+
+    def start(self) -> "Transmitter":
+        self._consumer.subscribe([self.topic], on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        self._thread = threading.Thread(target=self._run, name="kbroker-transmitter", daemon=True)
+        self._thread.start()
+        return self
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._commit()
+        self.queue.drop_partitions(p.partition for p in partitions)
+        for p in partitions:
+            self._committed.pop(p.partition, None)
+        self._paused = False
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except Exception as exc:  # keep transmitting: one failure must not stop the namespace
+                if self._guard is None:
+                    log.warning("transmitter step failed: %s", exc)
+                else:
+                    self._guard.failed(COMPONENT, exc)
+                self._stop.wait(1.0)
+            else:
+                if self._guard is not None:
+                    self._guard.succeeded(COMPONENT)
+
+    # --- one pass ----------------------------------------------------------------------------
+
+    def step(self) -> None:
+        self._read()
+        now = time.time()
+        n = self.schedule.number(now)
+        second = fifth = False
+        if n != self._last_tick:
+            due = self.schedule.due(n) if self._last_tick is None else self.schedule.due_between(self._last_tick, n)
+            second, fifth = "every_2nd_tick" in due, "every_5th_tick" in due
+            self._last_tick = n
+        if second:
+            self._maintain(now)
+        why, self._reclassify_asked = self._reclassify_asked, None
+        if why is not None:
+            self.reclassify(now, why)
+        self._send(now, second)
+        self._poll_links(now)
+        if fifth:
+            self._close_idle(now)
+        self._commit()
+        if now >= self._next_report:
+            self._next_report = now + REPORT_EVERY
+            self._report(now)
+
+    def _read(self) -> None:
+        full = len(self.queue) >= MAX_WAITING or self.queue.bytes >= MAX_WAITING_BYTES
+        assignment = self._consumer.assignment()
+        if full != self._paused and assignment:
+            (self._consumer.pause if full else self._consumer.resume)(assignment)
+            self._paused = full
+        for msg in self._consumer.consume(500, 0 if full else self._poll):
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF and not clients.is_transient(err):
+                    log.warning("transmission topic: %s", err)
+                continue
+            m = self._outgoing(msg)
+            if m is not None:
+                refusal = self.queue.add(m)
+                if refusal is not None:
+                    self._refuse(refusal)
+
+    def _outgoing(self, msg: Message) -> Outgoing | None:
+        p, o = messages.position(msg)
+        try:
+            env = Envelope.from_headers(messages.headers(msg))
+        except MalformedRecord as exc:
+            log.warning("transmission record %s/%s skipped: %s", p, o, exc)
+            return None
+        value = messages.value(msg)
+        _, ts = msg.timestamp()
+        return Outgoing(p, o, env.conversation_id, env.to_side, env.message_sequence_number, env.to_service_name,
+                        env.to_broker, env.from_service_name, env.message_type_name, env.service_contract_name,
+                        messages.key(msg).decode(), ts / 1000.0, len(value),
+                        record=(self.topic, messages.key(msg), value, messages.headers(msg)))
+
+    def _route(self, m: Outgoing, catalog: Catalog, now: float) -> tuple[str, str] | str:
+        """(bootstrap, namespace) of `m`'s destination, or why it has none."""
+        route = match_route(routes_of(catalog), m.to_service, m.to_broker, now)
+        if route is None:
+            return f"The route to target service '{m.to_service}' was not found."
+        dest = destination(route, m.to_service)
+        if dest is None:
+            return f"Route '{route.name}' gives no address for service '{m.to_service}'."
+        if dest.kind == "LOCAL":
+            return (self.bootstrap, self.namespace)
+        assert dest.bootstrap is not None and dest.namespace is not None
+        return (dest.bootstrap, dest.namespace)
+
+    def _send(self, now: float, second_tick: bool) -> None:
+        due = self.queue.due(now)
+        if not due:
+            return
+        catalog = self._catalog()
+        for m in due:
+            where = self._route(m, catalog, now)
+            if isinstance(where, str):
+                self.queue.waiting(m, now, where, WAIT_RETRY)
+                continue
+            link = self._link(where, now, second_tick)
+            if isinstance(link, str):
+                self.queue.waiting(m, now, link, WAIT_RETRY)
+                continue
+            try:
+                link.send(m)
+            except LinkBroken as exc:
+                self._broken(link, now, str(exc))
+                self.queue.waiting(m, now, f"Connection to {link.destination} broke: {exc}", WAIT_RETRY)
+                continue
+            self.queue.sent(m, now, link.destination)
+            self.links.active(link.destination, now, sends=1, size=m.size)
+            self.sent += 1
+
+    def _link(self, where: tuple[str, str], now: float, second_tick: bool) -> TransportLink | str:
+        """The open connection to `where`, opened now if the transport allows; else why not."""
+        dest = f"{where[0]}/{where[1]}"
+        link = self._open.get(dest)
+        if link is not None:
+            return link
+        if not self.links.may_connect(dest, now, second_tick):
+            l = self.links.link(dest)
+            return (f"Connection to {dest} is suppressed for {max(0.0, l.suppressed_until - now):.0f} s "
+                    f"after: {l.last_error or 'a failure'}")
+        self.links.connecting(dest, now)
+        link = TransportLink(where[0], where[1], self.namespace)
+        try:
+            link.open(CONNECT_SECONDS)
+        except LinkBroken as exc:
+            link.close()
+            self.links.failed(dest, time.time(), str(exc))
+            log.warning("transport: connection to %s failed: %s", dest, exc)
+            return f"Connection attempt to {dest} failed: {exc}"
+        self.links.connected(dest, time.time())
+        self._open[dest] = link
+        log.info("transport: connected to %s", dest)
+        return link
+
+    def _broken(self, link: TransportLink, now: float, why: str) -> None:
+        self._open.pop(link.destination, None)
+        link.close()
+        self.links.disconnected(link.destination, now, why)
+        log.warning("transport: connection to %s broke: %s", link.destination, why)
+
+    def _poll_links(self, now: float) -> None:
+        for link in list(self._open.values()):
+            try:
+                acks = link.poll()
+            except LinkBroken as exc:
+                self._broken(link, now, str(exc))
+                continue
+            before = len(self.queue)
+            for key, ack in acks:
+                error = ack.get("error")
+                refusal = self.queue.acknowledge(
+                    key, int(ack.get("next", 0)),
+                    None if not error else (int(error.get("code", 0)), str(error.get("description", ""))))
+                if ack.get("status"):
+                    self.queue.note_status(key, str(ack["status"]))
+                if refusal is not None:
+                    self._refuse(refusal)
+            if acks:
+                self.acked += max(0, before - len(self.queue))
+                self.links.active(link.destination, now, acks=len(acks))
+
+    def _refuse(self, refusal: Refusal) -> None:
+        """The far side refused a dialog: the Error goes to this side's queue (as Service Broker
+        delivers the far broker's Error), and the dialog's waiting messages are dropped."""
+        if not refusal.dropped:
+            return
+        self.refused += len(refusal.dropped)
+        m = refusal.dropped[0]
+        service = self._catalog().services.get(m.from_service)
+        if service is None:
+            return
+        side = "INITIATOR" if m.to_side == "TARGET" else "TARGET"
+        sent = Envelope.from_headers(m.record[3])
+        group = sent.reply_group or m.conversation_id  # the key this side's records carry (_record)
+        env = Envelope(message_id=new_id(), conversation_id=m.conversation_id, conversation_group_id=group,
+                       message_sequence_number=SYSTEM_SEQUENCE, message_type_name=ERROR_TYPE,
+                       service_contract_name=m.contract, from_service_name=m.to_service,
+                       to_service_name=m.from_service, to_side=side)
+        topic = names.queue_topic(self.namespace, service.queue) if sent.reply_instance is None else \
+            names.secondary_queue_topic(self.namespace, service.queue, sent.reply_instance)
+        clients.produce(self._local, topic, key=group, value=error_body(refusal.code, refusal.description),
+                        headers=messages.wire_headers(env.headers()))
+        self._local.poll(0)
+        log.warning("dialog %s refused by %s (%d): %s", m.conversation_id, m.destination or "its destination",
+                    refusal.code, refusal.description)
+
+    # --- 2nd and 5th tick --------------------------------------------------------------------
+
+    def _maintain(self, now: float) -> None:
+        """Every 2nd tick: reclassify when the routes changed or one expired (every waiting
+        message is looked at again now), and forget acknowledgements nothing waits for."""
+        routes = list(routes_of(self._catalog()))
+        seen = (tuple(sorted(r.model_dump_json() for r in routes)),
+                tuple(sorted(r.name for r in routes if is_expired(r, now))))
+        if seen != self._routes_seen:
+            if self._routes_seen is not None:
+                self.reclassify(now, "routes changed")
+            self._routes_seen = seen
+        self.queue.forget(k for k in list(self.queue._acked) if k not in self.queue.directions())
+
+    def reclassify(self, now: float, why: str) -> None:
+        """Look at every waiting message again now (a route or the catalog changed, a command)."""
+        count = 0
+        for m in self.queue.due(float("inf")):
+            if m.status:
+                m.next_try = now
+                count += 1
+        if count:
+            log.info("transmitter reclassified %d waiting message(s): %s", count, why)
+
+    def _close_idle(self, now: float) -> None:
+        for dest in self.links.idle(now, {m.destination for m in self.queue.due(float("inf")) if m.destination}):
+            link = self._open.pop(dest, None)
+            if link is not None:
+                link.close()
+            self.links.closed(dest)
+            log.info("transport: closed idle connection to %s", dest)
+
+    # --- the topic's head and the report -----------------------------------------------------
+
+    def _commit(self) -> None:
+        offsets = {p: o for p, o in self.queue.commit_offsets().items() if self._committed.get(p) != o}
+        if not offsets:
+            return
+        try:
+            self._consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
+                                  asynchronous=True)
+            self._committed.update(offsets)
+        except Exception as exc:  # noqa: BLE001 - the next pass commits again
+            log.debug("transmitter commit: %s", exc)
+
+    def report(self, now: float | None = None) -> dict[str, Any]:
+        now = time.time() if now is None else now
+        return {"transmitter": self.me, "at": now, "messages": self.queue.rows(REPORT_ROWS),
+                "connections": self.links.rows(now), "waiting": len(self.queue),
+                "read_to": {str(p): o for p, o in self.queue.read_positions().items()},
+                "sent": self.sent, "acked": self.acked, "refused": self.refused}
+
+    def _report(self, now: float) -> None:
+        """Published when it changed, and every 10 s regardless (the view drops reports older
+        than 30 s): the topic keeps ten minutes of them, so the view's read stays small."""
+        report = self.report(now)
+        same = {k: v for k, v in report.items() if k not in ("at", "connections")}
+        if same == self._last_report and now - self._last_report_at < HEARTBEAT:
+            return
+        self._last_report, self._last_report_at = same, now
+        clients.produce(self._local, names.transport_topic(self.namespace), key=f"transmitter/{self.me}",
+                        value=orjson.dumps(report))
+        self._local.poll(0)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(15)
+        self._commit()
+        for link in self._open.values():
+            link.close()
+        try:
+            self._local.produce(names.transport_topic(self.namespace), key=f"transmitter/{self.me}", value=None)
+        except Exception:  # noqa: BLE001 - best effort: the report ages out of the view
+            pass
+        self._local.flush(2)
+        self._consumer.close()
+
+    def __enter__(self) -> "Transmitter":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

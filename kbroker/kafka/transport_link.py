@@ -1,0 +1,98 @@
+"""One transport connection: this namespace's link to one destination namespace, on this Kafka
+cluster or another. It sends over an idempotent producer to the destination's inbound topic and
+reads the destination's acks topic for the acknowledgements of this namespace's messages.
+
+Thin: when to connect, suppress and close is core/transport.py's; what to send and when is
+core/transmission.py's. Every call here has a deadline or does not block."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+
+from kbroker.core import names
+from kbroker.core.transmission import Outgoing
+from kbroker.kafka import clients, messages
+
+SEND_TIMEOUT_MS = 20_000  # a message the destination did not take within this breaks the link
+
+
+class LinkBroken(Exception):
+    """The connection failed: why, in one line."""
+
+
+class TransportLink:
+    def __init__(self, bootstrap: str, namespace: str, from_broker: str):
+        self.bootstrap, self.namespace, self.from_broker = bootstrap, namespace, from_broker
+        self.destination = f"{bootstrap}/{namespace}"
+        self.inbound = names.inbound_topic(namespace)
+        self.acks_topic = names.acks_topic(namespace)
+        self._prefix = f"{from_broker}|"
+        self.errors: list[str] = []
+        self._producer = clients.idempotent_producer(bootstrap, **{
+            "message.timeout.ms": SEND_TIMEOUT_MS, "linger.ms": 2, "error_cb": self._on_error})
+        self._acks = clients.consumer(bootstrap, None, **{"error_cb": self._on_error})
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal() or err.code() == KafkaError._ALL_BROKERS_DOWN:
+            self.errors.append(err.str())
+
+    def open(self, timeout: float) -> None:
+        """Connect: the destination's cluster answers and has the namespace's topics (LinkBroken
+        otherwise); the acks are read from the start (compacted: the latest per direction)."""
+        try:
+            md = self._producer.list_topics(timeout=timeout)
+        except KafkaException as exc:
+            raise LinkBroken(f"no Kafka broker answers at {self.bootstrap}: {exc.args[0].str()}") from None
+        for topic in (self.inbound, self.acks_topic):
+            if topic not in md.topics or md.topics[topic].error is not None:
+                raise LinkBroken(f"namespace {self.namespace!r} at {self.bootstrap} has no topic {topic} "
+                                 f"(is its catalog applied?)")
+        parts = md.topics[self.acks_topic].partitions
+        self._acks.assign([TopicPartition(self.acks_topic, p, OFFSET_BEGINNING) for p in parts])
+
+    def send(self, m: Outgoing) -> None:
+        """Queue `m` for the destination (never blocks: a full local queue is a broken link)."""
+        topic, _, value, headers = m.record
+        try:
+            self._producer.produce(self.inbound, key=f"{self.from_broker}|{m.conversation_id}|{m.to_side}",
+                                   value=value, headers=messages.wire_headers(headers),
+                                   on_delivery=self._delivered)
+        except BufferError:
+            raise LinkBroken("the link's send queue is full") from None
+        except KafkaException as exc:
+            raise LinkBroken(exc.args[0].str()) from None
+
+    def _delivered(self, err: KafkaError | None, _msg: Any) -> None:
+        if err is not None:
+            self.errors.append(err.str())
+
+    def poll(self) -> list[tuple[str, dict[str, Any]]]:
+        """Serve delivery reports, and return the new acknowledgements of this namespace's
+        messages; LinkBroken when a send failed or the cluster went away."""
+        self._producer.poll(0)
+        out = []
+        for msg in self._acks.consume(1000, 0):
+            err = msg.error()
+            if err is not None:
+                if not clients.is_transient(err) and err.code() != KafkaError._PARTITION_EOF:
+                    self.errors.append(str(err))
+                continue
+            key = messages.key(msg).decode(errors="replace")
+            if key.startswith(self._prefix) and msg.value() is not None:
+                try:
+                    out.append((key, orjson.loads(messages.value(msg))))
+                except orjson.JSONDecodeError:
+                    continue
+        if self.errors:
+            raise LinkBroken(self.errors[-1])
+        return out
+
+    def close(self) -> None:
+        self._producer.flush(0)
+        try:
+            self._acks.close()
+        except KafkaException:
+            pass

@@ -1,0 +1,86 @@
+"""sys.transmission_queue and sys.dm_broker_connections: what the namespace's transmitters
+report (the transport topic), and the transmission topic's messages no transmitter holds yet.
+
+A message shows a blank transmission_status until a transmitter tried to send it, as in Service
+Broker (reference item 48); after that, why it still waits. The transmission topic past the
+transmitter group's committed offsets is read for the messages no live transmitter reports (no
+worker runs, or it has not read them yet)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import orjson
+from confluent_kafka import TopicPartition
+
+from kbroker.core import names
+from kbroker.core.envelope import Envelope, MalformedRecord
+from kbroker.kafka import messages
+from kbroker.kafka.reader import committed_offsets, latest_values, read_partitions, reading_consumer, topic_partitions
+
+REPORT_FRESH = 30.0  # a transmitter silent this long has stopped: its report is not shown
+
+
+def transmitter_reports(bootstrap: str, namespace: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The live transmitters' latest reports."""
+    now = time.time()
+    out = []
+    for value in (latest_values(bootstrap, names.transport_topic(namespace), timeout) or {}).values():
+        try:
+            report = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            continue
+        if now - float(report.get("at", 0)) <= REPORT_FRESH:
+            out.append(report)
+    return out
+
+
+def connection_rows(bootstrap: str, namespace: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """sys.dm_broker_connections: one row per connection of each live transmitter."""
+    return [{**row, "transmitter": r["transmitter"]} for r in transmitter_reports(bootstrap, namespace, timeout)
+            for row in r.get("connections", [])]
+
+
+def transmission_rows(bootstrap: str, namespace: str, limit: int = 1000, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """sys.transmission_queue: every message not yet acknowledged (at most `limit`), with its
+    transmission_status."""
+    held: dict[tuple[int, int], dict[str, Any]] = {}
+    read_to: dict[int, int] = {}
+    for report in transmitter_reports(bootstrap, namespace, timeout):
+        for row in report.get("messages", []):
+            held[(row["partition"], row["offset"])] = row
+        for part, position in report.get("read_to", {}).items():
+            read_to[int(part)] = max(read_to.get(int(part), 0), int(position))
+    topic = names.transmission_topic(namespace)
+    consumer = reading_consumer(bootstrap, f"kbroker-view-{uuid.uuid4().hex[:8]}")
+    try:
+        partitions = topic_partitions(consumer, topic, timeout) or []
+        heads = committed_offsets(bootstrap, names.transmitter_group(namespace),
+                                  [TopicPartition(topic, p) for p in partitions], timeout)
+        starts = {tp.partition: max(tp.offset, 0) for tp in heads}
+        read = read_partitions(consumer, topic, starts, timeout)
+    finally:
+        consumer.close()
+    rows = list(held.values())
+    for msg in read.records:
+        p, o = messages.position(msg)
+        if (p, o) in held or len(rows) >= limit:
+            continue
+        try:
+            env = Envelope.from_headers(messages.headers(msg))
+        except MalformedRecord:
+            continue
+        if o < read_to.get(p, 0):
+            continue  # a live transmitter read it and does not hold it: acknowledged already
+        rows.append({"conversation_handle": messages.key(msg).decode(), "conversation_id": env.conversation_id,
+                     "to_service_name": env.to_service_name, "to_broker_instance": env.to_broker,
+                     "from_service_name": env.from_service_name, "service_contract_name": env.service_contract_name,
+                     "enqueue_time": msg.timestamp()[1] / 1000.0, "message_sequence_number": env.message_sequence_number,
+                     "message_type_name": env.message_type_name,
+                     "is_end_of_dialog": env.message_type_name.endswith("/EndDialog"),
+                     "is_conversation_error": env.message_type_name.endswith("/Error"),
+                     "transmission_status": "", "destination": None, "attempts": 0, "partition": p, "offset": o})
+    rows.sort(key=lambda r: (r["partition"], r["offset"]))
+    return rows[:limit]

@@ -1,0 +1,191 @@
+"""Dialogs between namespaces on the real broker: SEND to another namespace's service goes to the
+transmission topic with the SEND's transaction, the transmitter sends it over its destination's
+connection, the far dispatcher saves it in order exactly once and acknowledges it; replies, END
+CONVERSATION and refusals come back the same way. Two namespaces on one broker here;
+test_routing_clusters.py runs two brokers."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import orjson
+import pytest
+
+from kbroker.core.catalog.models import END_DIALOG, ERROR
+from kbroker.core.endpoint import CLOSED, handle_for
+from kbroker.kafka.apply import apply_paths
+from kbroker.kafka.dispatcher import Dispatcher
+from kbroker.kafka.transmitter import Transmitter
+from kbroker.sdk.broker import Broker
+from tests.helpers import KBROKER, wait_for
+
+REQUEST, REPLY, ODD = "//Demo/Request", "//Demo/Reply", "//Demo/Odd"
+CONTRACT = "//Demo/RequestReply"
+CLIENT, SERVER = "//A/Client", "//B/Server"
+
+
+def catalog_yaml(*, services: str, routes: str, with_odd: bool) -> str:
+    odd = f"\n      - {{type: {ODD}, sent_by: INITIATOR}}" if with_odd else ""
+    return f"""
+message_types:
+  - {{name: {REQUEST}, validation: JSON}}
+  - {{name: {REPLY}, validation: JSON}}
+  - {{name: {ODD}}}
+contracts:
+  - name: {CONTRACT}
+    messages:
+      - {{type: {REQUEST}, sent_by: INITIATOR}}
+      - {{type: {REPLY}, sent_by: TARGET}}{odd}
+queues:
+  - {{name: Q, partitions: 4}}
+services:
+{services}
+{routes}
+"""
+
+
+@contextmanager
+def two_namespaces(bootstrap: str, tmp_path: Path, a: str, b: str, *, b_bootstrap: str | None = None,
+                   route_to_b: bool = True) -> Iterator[tuple[Broker, Broker, list]]:
+    """Namespace `a` hosts CLIENT, `b` hosts SERVER; each has a route to the other's service and a
+    running dispatcher and transmitter. Yields (broker of a, broker of b, [services])."""
+    b_bootstrap = b_bootstrap or bootstrap
+    fa, fb = tmp_path / f"{a}.yaml", tmp_path / f"{b}.yaml"
+    to_b = f"routes:\n  - {{name: ToB, service_name: '{SERVER}', address: 'kafka://{b_bootstrap}/{b}'}}" \
+        if route_to_b else ""
+    fa.write_text(catalog_yaml(services=f"  - {{name: '{CLIENT}', queue: Q}}", routes=to_b, with_odd=True))
+    fb.write_text(catalog_yaml(services=f"  - {{name: '{SERVER}', queue: Q, contracts: ['{CONTRACT}']}}",
+                               routes=f"routes:\n  - {{name: ToA, service_name: '{CLIENT}', "
+                                      f"address: 'kafka://{bootstrap}/{a}'}}", with_odd=False))
+    apply_paths(bootstrap, a, [fa])
+    apply_paths(b_bootstrap, b, [fb])
+    with ExitStack() as stack:
+        ba = stack.enter_context(Broker(bootstrap, a))
+        bb = stack.enter_context(Broker(b_bootstrap, b))
+        services = []
+        for boot, ns, br in ((bootstrap, a, ba), (b_bootstrap, b, bb)):
+            services.append(stack.enter_context(Dispatcher(boot, ns, lambda br=br: br.refresh_catalog(), tick=1.0)))
+            services.append(stack.enter_context(Transmitter(boot, ns, lambda br=br: br.catalog, tick=1.0)))
+        yield ba, bb, services
+
+
+def kbroker_json(verb: str, bootstrap: str, namespace: str) -> list[dict]:
+    done = subprocess.run([str(KBROKER), verb, "--bootstrap", bootstrap, "--namespace", namespace, "--json"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return orjson.loads(done.stdout)
+
+
+def receive_all(broker: Broker, n: int, timeout: float = 60.0) -> list:
+    got: list = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
+        got.extend(broker.receive("Q", top=100, wait=1))
+    return got
+
+
+def test_dialogs_cross_namespaces_exactly_once_in_order_and_end_cleanly(kafka_bootstrap, namespace, tmp_path):
+    a, b = namespace + "a", namespace + "b"
+    dialogs, per = 12, 5
+    with two_namespaces(kafka_bootstrap, tmp_path, a, b) as (ba, bb, services):
+        handles = []
+        for d in range(dialogs):
+            with ba.transaction() as tx:
+                h = tx.begin_dialog(CLIENT, SERVER, CONTRACT)
+                for i in range(per):
+                    tx.send(h, REQUEST, {"d": d, "i": i})
+            handles.append(h)
+        with pytest.raises(RuntimeError):  # a rolled-back SEND is never transmitted
+            with ba.transaction() as tx:
+                h = tx.begin_dialog(CLIENT, SERVER, CONTRACT)
+                tx.send(h, REQUEST, {"d": -1, "i": 0})
+                raise RuntimeError("roll back")
+
+        got = receive_all(bb, dialogs * per)
+        assert len(got) == dialogs * per, f"received {len(got)} of {dialogs * per}"
+        seen = defaultdict(list)
+        for m in got:
+            body = m.body.decode()
+            seen[m.conversation_id].append((m.message_sequence_number, body))
+            assert m.service_name == SERVER and m.message_type_name == REQUEST
+        assert len(seen) == dialogs
+        for conv, msgs in seen.items():
+            assert [s for s, _ in msgs] == list(range(per)), f"dialog {conv} out of order or duplicated: {msgs}"
+        assert '"d":-1' not in str([m.body for m in got])
+        assert bb.receive("Q", top=100, wait=3) == []  # nothing more: no duplicates later
+
+        # Replies and the end of each dialog come back through B's transmitter.
+        for conv in seen:
+            th = handle_for(conv, "TARGET")
+            with bb.transaction() as tx:
+                tx.send(th, REPLY, {"ok": conv})
+                tx.end_conversation(th)
+        replies = receive_all(ba, dialogs * 2)
+        kinds = defaultdict(list)
+        for m in replies:
+            kinds[m.conversation_handle].append(m.message_type_name)
+        assert sorted(kinds) == sorted(handles)
+        assert all(k == [REPLY, END_DIALOG] for k in kinds.values()), kinds
+        for h in handles:
+            ba.end_conversation(h)  # the end-dialog acknowledgement moves B's side to CLOSED
+
+        def b_closed() -> bool:
+            assert bb.receive("Q", top=100, wait=0.5) == []  # takes the acknowledgements, delivers none
+            bb.endpoints.refresh()
+            return all(bb.endpoints.cached(handle_for(c, "TARGET")).state == CLOSED for c in seen)
+        wait_for(b_closed, 60, "B's endpoints to close after A's END CONVERSATION")
+        assert all(ba.endpoints.current(h).state == CLOSED for h in handles)
+        conns = wait_for(lambda: [r for r in kbroker_json("connections", kafka_bootstrap, a)
+                                  if r["destination"].endswith("/" + b) and r["total_sends"] >= dialogs * (per + 1)]
+                         or None, 30, "kbroker connections to show A's link to B")
+        assert conns[0]["state"] == "CONNECTED" and conns[0]["total_acks"] > 0, conns
+        wait_for(lambda: all(len(s.queue) == 0 for s in services if isinstance(s, Transmitter)), 30,
+                 "the transmission queues to empty")
+        dispatched = [s for s in services if isinstance(s, Dispatcher)]
+        assert sum(s.saved for s in dispatched) == dialogs * per + dialogs * 2 + dialogs
+
+
+def test_no_route_waits_with_a_status_and_goes_out_once_a_route_is_added(kafka_bootstrap, namespace, tmp_path):
+    a, b = namespace + "a", namespace + "b"
+    with two_namespaces(kafka_bootstrap, tmp_path, a, b, route_to_b=False) as (ba, bb, services):
+        transmitter = next(s for s in services if isinstance(s, Transmitter) and s.namespace == a)
+        h = ba.begin_dialog(CLIENT, SERVER, CONTRACT)
+        for i in range(3):
+            ba.send(h, REQUEST, {"i": i})
+
+        def waiting_status() -> str:
+            rows = transmitter.report()["messages"]
+            return rows[0]["transmission_status"] if len(rows) == 3 else ""
+        # With no route of its own, AutoCreatedLocal sends it to this namespace, which lacks the service.
+        status = wait_for(waiting_status, 30, "a transmission status")
+        assert SERVER in status and "could not be found" in status, status
+        # `kbroker transmission` shows them, from the transmitter's report, with the status.
+        rows = wait_for(lambda: [r for r in kbroker_json("transmission", kafka_bootstrap, a)
+                                 if r["transmission_status"]] or None, 30, "kbroker transmission rows")
+        assert [r["message_sequence_number"] for r in rows] == [0, 1, 2], rows
+        assert all(r["to_service_name"] == SERVER and r["transmission_status"] == status for r in rows)
+        assert bb.receive("Q", top=10, wait=1) == []
+
+        route = tmp_path / "route.yaml"
+        route.write_text(f"routes:\n  - {{name: ToB, service_name: '{SERVER}', "
+                         f"address: 'kafka://{kafka_bootstrap}/{b}'}}\n")
+        apply_paths(kafka_bootstrap, a, [route])
+        ba.refresh_catalog()
+        got = receive_all(bb, 3, timeout=60)
+        assert [m.message_sequence_number for m in got] == [0, 1, 2]
+
+
+def test_a_message_the_far_side_refuses_comes_back_as_an_error(kafka_bootstrap, namespace, tmp_path):
+    a, b = namespace + "a", namespace + "b"
+    with two_namespaces(kafka_bootstrap, tmp_path, a, b) as (ba, bb, services):
+        h = ba.begin_dialog(CLIENT, SERVER, CONTRACT)
+        ba.send(h, ODD, b"not in B's contract")
+        [m] = receive_all(ba, 1)
+        assert m.message_type_name == ERROR and m.conversation_handle == h
+        assert b"<Code>-8498</Code>" in m.body, m.body
+        assert bb.receive("Q", top=10, wait=2) == []
