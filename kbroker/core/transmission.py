@@ -117,6 +117,8 @@ class TransmissionQueue:
             return Refusal((m,), code, text)
         if m.sequence < self._acked.get(key, 0):
             return None
+        if m.offset in self._by_partition.get(m.partition, {}) or m.sequence in self._by_direction.get(key, {}):
+            return None  # read again while held (a consumer's redelivery): counted once
         self._by_partition.setdefault(m.partition, {})[m.offset] = m
         self._by_direction.setdefault(key, {})[m.sequence] = m
         self.bytes += m.size
@@ -170,10 +172,13 @@ class TransmissionQueue:
         m.destination = destination
         m.status = ""
 
-    def waiting(self, m: Outgoing, now: float, status: str, retry_in: float) -> None:
-        """`m` could not be sent now (no route, no connection, ...): why, and when to try again."""
+    def waiting(self, m: Outgoing, now: float, status: str, retry_in: float, destination: str | None = None) -> None:
+        """`m` could not be sent now (no route, no connection, ...): why, when to try again, and
+        the destination it waits for, if it has one."""
         m.status = status
         m.next_try = now + retry_in
+        if destination is not None:
+            m.destination = destination
 
     def note_status(self, key: str, status: str) -> None:
         """A status the far side gave for a direction (the target service does not exist yet)."""

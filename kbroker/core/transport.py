@@ -13,13 +13,14 @@ The states and columns follow sys.dm_broker_connections (reference item 142).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 SUPPRESS_AFTER_DISCONNECT = 15.0
 SUPPRESS_AFTER_FAILURE = 60.0
 IDLE_CLOSE = 90.0
 NEW, CONNECTING, CONNECTED, CLOSED = "NEW", "CONNECTING", "CONNECTED", "CLOSED"
+HISTORY = 12
 
 
 @dataclass
@@ -36,12 +37,20 @@ class Link:
     bytes_sent: int = 0
     last_error: str = ""
     tried: bool = False
+    # The latest state changes, (epoch seconds, CONNECTING | CONNECTED | FAILED | DISCONNECTED |
+    # IDLE_CLOSED): what `kbroker connections` shows of a link's recent history.
+    history: list[tuple[float, str]] = field(default_factory=list)
+
+    def note(self, now: float, event: str) -> None:
+        self.history.append((now, event))
+        del self.history[:-HISTORY]
 
     def row(self, now: float) -> dict[str, Any]:
         return {"destination": self.destination, "state": self.state, "connect_time": self.connect_time,
                 "last_activity_time": self.last_activity or None, "suppressed_for": max(0.0, self.suppressed_until - now),
                 "failures": self.failures, "attempts": self.attempts, "total_sends": self.sends,
-                "total_acks": self.acks, "total_bytes": self.bytes_sent, "last_error": self.last_error or None}
+                "total_acks": self.acks, "total_bytes": self.bytes_sent, "last_error": self.last_error or None,
+                "history": [[t, e] for t, e in self.history]}
 
 
 class Links:
@@ -67,11 +76,13 @@ class Links:
         link = self.link(destination)
         link.state, link.tried = CONNECTING, True
         link.attempts += 1
+        link.note(now, "CONNECTING")
 
     def connected(self, destination: str, now: float) -> None:
         link = self.link(destination)
         link.state, link.connect_time, link.last_activity = CONNECTED, now, now
         link.failures, link.last_error = 0, ""
+        link.note(now, "CONNECTED")
 
     def failed(self, destination: str, now: float, error: str) -> None:
         """A connection attempt failed: no new attempt for 60 s."""
@@ -79,12 +90,14 @@ class Links:
         link.state, link.last_error = CLOSED, error
         link.failures += 1
         link.suppressed_until = now + SUPPRESS_AFTER_FAILURE
+        link.note(now, "FAILED")
 
     def disconnected(self, destination: str, now: float, error: str) -> None:
         """An open connection broke: no new attempt for 15 s."""
         link = self.link(destination)
         link.state, link.last_error = CLOSED, error
         link.suppressed_until = now + SUPPRESS_AFTER_DISCONNECT
+        link.note(now, "DISCONNECTED")
 
     def active(self, destination: str, now: float, *, sends: int = 0, acks: int = 0, size: int = 0) -> None:
         link = self.link(destination)
@@ -98,10 +111,11 @@ class Links:
         return [d for d, link in self.links.items()
                 if link.state == CONNECTED and d not in busy and now - link.last_activity >= IDLE_CLOSE]
 
-    def closed(self, destination: str) -> None:
+    def closed(self, destination: str, now: float | None = None) -> None:
         """Closed for being idle: the next message opens it again, with no suppression."""
         link = self.link(destination)
         link.state, link.tried = CLOSED, False
+        link.note(link.last_activity + IDLE_CLOSE if now is None else now, "IDLE_CLOSED")
 
     def is_connected(self, destination: str) -> bool:
         return self.link(destination).state == CONNECTED

@@ -72,6 +72,7 @@ class Transmitter:
         self.sent = self.acked = self.refused = 0
         self._next_report = 0.0
         self._reclassify_asked: str | None = None
+        self._wanted: dict[str, tuple[str, str]] = {}  # destinations messages wait to connect to
         self._last_report: dict[str, Any] | None = None
         self._last_report_at = 0.0
 
@@ -119,10 +120,11 @@ class Transmitter:
             self._last_tick = n
         if second:
             self._maintain(now)
+            self._connect_pass(now)
         why, self._reclassify_asked = self._reclassify_asked, None
         if why is not None:
             self.reclassify(now, why)
-        self._send(now, second)
+        self._send(now)
         self._poll_links(now)
         if fifth:
             self._close_idle(now)
@@ -176,7 +178,7 @@ class Transmitter:
         assert dest.bootstrap is not None and dest.namespace is not None
         return (dest.bootstrap, dest.namespace)
 
-    def _send(self, now: float, second_tick: bool) -> None:
+    def _send(self, now: float) -> None:
         due = self.queue.due(now)
         if not due:
             return
@@ -186,19 +188,36 @@ class Transmitter:
             if isinstance(where, str):
                 self.queue.waiting(m, now, where, WAIT_RETRY)
                 continue
-            link = self._link(where, now, second_tick)
+            link = self._link(where, now, second_tick=False)
             if isinstance(link, str):
-                self.queue.waiting(m, now, link, WAIT_RETRY)
+                self._wanted[f"{where[0]}/{where[1]}"] = where
+                self.queue.waiting(m, now, link, WAIT_RETRY, destination=f"{where[0]}/{where[1]}")
                 continue
             try:
                 link.send(m)
             except LinkBroken as exc:
                 self._broken(link, now, str(exc))
-                self.queue.waiting(m, now, f"Connection to {link.destination} broke: {exc}", WAIT_RETRY)
+                self._wanted[link.destination] = where
+                self.queue.waiting(m, now, f"Connection to {link.destination} broke: {exc}", WAIT_RETRY,
+                                   destination=link.destination)
                 continue
             self.queue.sent(m, now, link.destination)
             self.links.active(link.destination, now, sends=1, size=m.size)
             self.sent += 1
+
+    def _connect_pass(self, now: float) -> None:
+        """Every 2nd tick: connect to the destinations messages wait for, unless suppressed; the
+        messages of one that connects go out in this pass."""
+        for dest, where in list(self._wanted.items()):
+            if dest in self._open:
+                del self._wanted[dest]
+                continue
+            link = self._link(where, now, second_tick=True)
+            if isinstance(link, TransportLink):
+                del self._wanted[dest]
+                for m in self.queue.due(float("inf")):
+                    if m.destination == dest:
+                        m.next_try = now
 
     def _link(self, where: tuple[str, str], now: float, second_tick: bool) -> TransportLink | str:
         """The open connection to `where`, opened now if the transport allows; else why not."""
@@ -305,7 +324,7 @@ class Transmitter:
             link = self._open.pop(dest, None)
             if link is not None:
                 link.close()
-            self.links.closed(dest)
+            self.links.closed(dest, now)
             log.info("transport: closed idle connection to %s", dest)
 
     # --- the topic's head and the report -----------------------------------------------------

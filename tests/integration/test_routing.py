@@ -49,11 +49,10 @@ services:
 """
 
 
-@contextmanager
-def two_namespaces(bootstrap: str, tmp_path: Path, a: str, b: str, *, b_bootstrap: str | None = None,
-                   route_to_b: bool = True) -> Iterator[tuple[Broker, Broker, list]]:
-    """Namespace `a` hosts CLIENT, `b` hosts SERVER; each has a route to the other's service and a
-    running dispatcher and transmitter. Yields (broker of a, broker of b, [services])."""
+def setup_catalogs(bootstrap: str, tmp_path: Path, a: str, b: str, *, b_bootstrap: str | None = None,
+                   route_to_b: bool = True) -> None:
+    """Namespace `a` hosts CLIENT, `b` (on `b_bootstrap`) hosts SERVER; each has a route to the
+    other's service (A's may be left out)."""
     b_bootstrap = b_bootstrap or bootstrap
     fa, fb = tmp_path / f"{a}.yaml", tmp_path / f"{b}.yaml"
     to_b = f"routes:\n  - {{name: ToB, service_name: '{SERVER}', address: 'kafka://{b_bootstrap}/{b}'}}" \
@@ -64,6 +63,15 @@ def two_namespaces(bootstrap: str, tmp_path: Path, a: str, b: str, *, b_bootstra
                                       f"address: 'kafka://{bootstrap}/{a}'}}", with_odd=False))
     apply_paths(bootstrap, a, [fa])
     apply_paths(b_bootstrap, b, [fb])
+
+
+@contextmanager
+def two_namespaces(bootstrap: str, tmp_path: Path, a: str, b: str, *, b_bootstrap: str | None = None,
+                   route_to_b: bool = True) -> Iterator[tuple[Broker, Broker, list]]:
+    """The catalogs of `setup_catalogs`, and a running dispatcher and transmitter per namespace.
+    Yields (broker of a, broker of b, [services])."""
+    b_bootstrap = b_bootstrap or bootstrap
+    setup_catalogs(bootstrap, tmp_path, a, b, b_bootstrap=b_bootstrap, route_to_b=route_to_b)
     with ExitStack() as stack:
         ba = stack.enter_context(Broker(bootstrap, a))
         bb = stack.enter_context(Broker(b_bootstrap, b))
