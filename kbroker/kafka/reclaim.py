@@ -1,7 +1,8 @@
 """Reclaiming a namespace's storage, run by the worker that owns the tick on every 5th tick
 (also what a test or an operator calls to run it at once):
 
-- `reclaim_namespace`: delete the queue records no reader needs (the rule is core/reclaim.py);
+- `reclaim_namespace`: delete the queue records no reader needs (the rule is core/reclaim.py),
+  and the transmission topic's records the far side acknowledged (below the transmitters' commits);
 - `reclaim_endpoints`: write the tombstones of endpoints CLOSED for longer than the grace
   period (30 minutes), so compaction removes them and no process reads them again.
 
@@ -67,7 +68,31 @@ def reclaim_namespace(bootstrap: str, catalog: Catalog, timeout: float = 30.0) -
             deleted = reclaim_topic(bootstrap, admin, queue, name, partitions, endpoint_states, timeout)
             if deleted:
                 done.append(Reclaimed(name, deleted))
+    transmission = names.transmission_topic(catalog.namespace)
+    if transmission in existing:  # seed 000's 5th tick: clean acknowledged messages up
+        deleted = _reclaim_by_group(bootstrap, admin, transmission, sorted(existing[transmission].partitions),
+                                    names.transmitter_group(catalog.namespace), timeout)
+        if deleted:
+            done.append(Reclaimed(transmission, deleted))
     return done
+
+
+def _reclaim_by_group(bootstrap: str, admin: AdminClient, topic: str, partitions: list[int], group: str,
+                      timeout: float) -> dict[int, int]:
+    """Delete a topic's records below the committed offsets of the one group that reads it (the
+    transmitters commit each partition up to its oldest unacknowledged message)."""
+    tps = [TopicPartition(topic, p) for p in partitions]
+    starts = {tp.partition: clients.result_of(f, f"cannot list the offsets of {topic}").offset
+              for tp, f in admin.list_offsets({tp: OffsetSpec.earliest() for tp in tps},
+                                              request_timeout=timeout).items()}
+    offsets = committed_offsets(bootstrap, group, tps, timeout)
+    points = reclaim_points(starts, {tp.partition: tp.offset for tp in offsets if tp.error is None})
+    if not points:
+        return {}
+    futures = admin.delete_records([TopicPartition(topic, p, o) for p, o in points.items()],
+                                   request_timeout=timeout, operation_timeout=timeout)
+    return {tp.partition: clients.result_of(f, f"cannot delete records of {topic}").low_watermark
+            for tp, f in futures.items()}
 
 
 def reclaim_topic(bootstrap: str, admin: AdminClient, queue: Queue, topic: str, partitions: list[int],

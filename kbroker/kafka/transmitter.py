@@ -41,6 +41,7 @@ WAIT_RETRY = 4.0  # a message with no route or connection is looked at again thi
 MAX_WAITING = 20_000  # messages held before the transmission topic is paused (back-pressure)
 MAX_WAITING_BYTES = 64 * 1024 * 1024
 REPORT_EVERY = 2.0
+NOTICE_EVERY = 60.0  # a missing route's broker configuration notice, per service
 HEARTBEAT = 10.0
 REPORT_ROWS = 200  # messages a report lists (the view says how many more wait)
 
@@ -73,6 +74,7 @@ class Transmitter:
         self._next_report = 0.0
         self._reclassify_asked: str | None = None
         self._wanted: dict[str, tuple[str, str]] = {}  # destinations messages wait to connect to
+        self._noticed: dict[str, float] = {}  # service -> when its missing route was last noticed
         self._last_report: dict[str, Any] | None = None
         self._last_report_at = 0.0
 
@@ -82,6 +84,7 @@ class Transmitter:
 
     def start(self) -> "Transmitter":
         self._consumer.subscribe([self.topic], on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        self._notice(time.time(), "namespace started")
         self._thread = threading.Thread(target=self._run, name="kbroker-transmitter", daemon=True)
         self._thread.start()
         return self
@@ -169,6 +172,7 @@ class Transmitter:
         """(bootstrap, namespace) of `m`'s destination, or why it has none."""
         route = match_route(routes_of(catalog), m.to_service, m.to_broker, now)
         if route is None:
+            self._notice(now, "route missing", m.to_service, m.to_broker)
             return f"The route to target service '{m.to_service}' was not found."
         dest = destination(route, m.to_service)
         if dest is None:
@@ -294,6 +298,20 @@ class Transmitter:
         self._local.poll(0)
         log.warning("dialog %s refused by %s (%d): %s", m.conversation_id, m.destination or "its destination",
                     refusal.code, refusal.description)
+
+    def _notice(self, now: float, reason: str, service: str | None = None, broker: str | None = None) -> None:
+        """A broker configuration notice (BCN) on the events topic, for whoever provides routes
+        (Service Broker sends it to the BrokerConfiguration service): when the transmitter starts
+        and when a service has no route, at most once a minute per service."""
+        if service is not None:
+            if now - self._noticed.get(service, -1e9) < NOTICE_EVERY:
+                return
+            self._noticed[service] = now
+        event = {"event": "BROKER_CONFIGURATION_NOTICE", "namespace": self.namespace, "reason": reason,
+                 "service": service, "broker_instance": broker, "time": int(now * 1000)}
+        clients.produce(self._local, names.events_topic(self.namespace), key=b"bcn", value=orjson.dumps(event))
+        self._local.poll(0)
+        log.info("broker configuration notice: %s%s", reason, f" for service {service}" if service else "")
 
     # --- 2nd and 5th tick --------------------------------------------------------------------
 

@@ -18,7 +18,13 @@ import pytest
 
 from kbroker.core.catalog.models import END_DIALOG, ERROR
 from kbroker.core.endpoint import CLOSED, handle_for
+from confluent_kafka import TopicPartition
+
+from kbroker.core import names
+from kbroker.kafka import clients
 from kbroker.kafka.apply import apply_paths
+from kbroker.kafka.reader import read_to_end
+from kbroker.kafka.reclaim import reclaim_namespace
 from kbroker.kafka.dispatcher import Dispatcher
 from kbroker.kafka.transmitter import Transmitter
 from kbroker.sdk.broker import Broker
@@ -156,6 +162,23 @@ def test_dialogs_cross_namespaces_exactly_once_in_order_and_end_cleanly(kafka_bo
                  "the transmission queues to empty")
         dispatched = [s for s in services if isinstance(s, Dispatcher)]
         assert sum(s.saved for s in dispatched) == dialogs * per + dialogs * 2 + dialogs
+
+        # The 5th tick's cleanup deletes what B acknowledged from A's transmission topic.
+        topic = names.transmission_topic(a)
+
+        def cleaned() -> bool:
+            reclaim_namespace(kafka_bootstrap, ba.refresh_catalog())
+            c = clients.consumer(kafka_bootstrap)
+            try:
+                return all(lo == hi for lo, hi in (c.get_watermark_offsets(TopicPartition(topic, p), 10)
+                                                   for p in range(4)))
+            finally:
+                c.close()
+        wait_for(cleaned, 30, "acknowledged messages deleted from the transmission topic")
+        # Each transmitter said it started (a broker configuration notice on the events topic).
+        events = [orjson.loads(m.value()) for m in read_to_end(kafka_bootstrap, names.events_topic(a)) or []]
+        assert any(e.get("event") == "BROKER_CONFIGURATION_NOTICE" and e["reason"] == "namespace started"
+                   for e in events), events
 
 
 def test_no_route_waits_with_a_status_and_goes_out_once_a_route_is_added(kafka_bootstrap, namespace, tmp_path):
