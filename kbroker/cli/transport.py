@@ -1,6 +1,7 @@
-"""`kbroker transmission` (sys.transmission_queue) and `kbroker connections`
-(sys.dm_broker_connections): what the namespace's transmitters hold and how their connections
-stand, from their reports on the transport topic (kafka/transport_views.py)."""
+"""`kbroker transmission` (sys.transmission_queue), `kbroker connections`
+(sys.dm_broker_connections) and `kbroker forwarded` (sys.dm_broker_forwarded_messages): what the
+namespace's transmitters and forwarders hold and how their connections stand, from their reports
+on the transport topic (kafka/transport_views.py)."""
 
 from __future__ import annotations
 
@@ -71,4 +72,28 @@ def connections_cmd(bootstrap, namespace, as_json):
         t.add_row(r["destination"], r["state"], _time(r["connect_time"]), _time(r["last_activity_time"]),
                   str(r["total_sends"]), str(r["total_acks"]), str(r["total_bytes"]),
                   f"{r['suppressed_for']:.0f} s" if r["suppressed_for"] else "-", r["last_error"] or "")
+    print_table(t, make_console())
+
+
+@main.command("forwarded")
+@bootstrap_option
+@namespace_option
+@json_option
+@handle_errors
+def forwarded_cmd(bootstrap, namespace, as_json):
+    """Messages this namespace is forwarding to other namespaces (sys.dm_broker_forwarded_messages);
+    only with a broker endpoint of MESSAGE_FORWARDING = ENABLED."""
+    from kbroker.kafka.transport_views import forwarded_rows
+
+    ns = config.namespace(namespace)
+    rows = forwarded_rows(bootstrap_address(bootstrap), ns)
+    if as_json:
+        emit_json(rows)
+        return
+    t = new_table(f"forwarded messages of {ns}", "conversation", "seq", "to service", "from", "next hop",
+                  "bytes", "time consumed", "time to live")
+    for r in rows:
+        t.add_row(r["conversation_id"][:8], str(r["message_sequence_number"]), r["to_service_name"],
+                  r["from_broker_instance"], r["adjacent_broker_address"], str(r["size"]),
+                  f"{r['time_consumed']:.1f} s", f"{r['time_to_live']:.1f} s")
     print_table(t, make_console())

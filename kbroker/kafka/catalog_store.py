@@ -31,7 +31,7 @@ log = logging.getLogger("kbroker.catalog")
 
 # record kind -> Catalog field
 FIELDS = {"message_type": "message_types", "contract": "contracts", "queue": "queues",
-          "service": "services", "route": "routes"}
+          "service": "services", "route": "routes", "broker_endpoint": "broker_endpoints"}
 
 
 def records(catalog: Catalog) -> dict[str, bytes]:

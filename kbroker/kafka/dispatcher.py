@@ -13,6 +13,8 @@ acks topic here.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
@@ -26,6 +28,9 @@ from kbroker.core import names
 from kbroker.core.arrival import REFUSE, SAVE, WAIT, check_arrival
 from kbroker.core.catalog.models import Catalog
 from kbroker.core.dispatch import Inbox
+from kbroker.core.forwarding import MB, Forwarded
+from kbroker.core.routing import destination, match_route, routes_of
+from kbroker.core.tick import TickSchedule
 from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.records import Record
 from kbroker.core.statements import dead_letter_record
@@ -33,6 +38,7 @@ from kbroker.core.timers import target_lifetime_record
 from kbroker.core.transmission import ack_key
 from kbroker.core.txn_faults import Deadline
 from kbroker.kafka import clients, messages
+from kbroker.kafka.forwarder import Forwarder
 from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, transact
 from kbroker.kafka.timer_service import FailureSink
 
@@ -95,6 +101,17 @@ class Dispatcher:
         self._transactional_id = f"{group}.{uuid.uuid4()}"
         self._producer = self._new_producer()
         self._assigned = False
+        self.forwarder: Forwarder | None = None
+        self.schedule = TickSchedule(interval=tick)
+        self._last_tick: int | None = None
+        self._next_report = 0.0
+        self._me = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+
+    def _report_forwarding(self, now: float) -> None:
+        """sys.dm_broker_forwarded_messages, for `kbroker forwarded` (the transport topic)."""
+        assert self.forwarder is not None
+        clients.produce(self.forwarder._producer, names.transport_topic(self.namespace),
+                        key=f"forwarder/{self._me}", value=orjson.dumps(self.forwarder.report(now)))
 
     def _new_producer(self) -> GuardedProducer:
         p = GuardedProducer(clients.idempotent_producer(self.bootstrap, **{
@@ -144,6 +161,19 @@ class Dispatcher:
         if now >= self._next_sweep:
             self._next_sweep = now + self._tick
             self.sweep(now)
+        n = self.schedule.number(now)
+        due = self.schedule.due_between(self._last_tick, n) if self._last_tick is not None else self.schedule.due(n)
+        if n != self._last_tick:
+            self._last_tick = n
+        else:
+            due = frozenset()
+        if self.forwarder is not None:
+            self.forwarder.pump(now, "every_2nd_tick" in due)
+            if "every_5th_tick" in due:
+                self.forwarder.sweep(now)
+            if now >= self._next_report:
+                self._next_report = now + 2.0
+                self._report_forwarding(now)
         if not batch:
             return
         if not self._assigned:
@@ -170,7 +200,7 @@ class Dispatcher:
         saved_state, refused_before = self.inbox.checkpoint(), set(self._refused)
         records: list[Record] = []
         acks: dict[str, dict[str, Any]] = {}
-        counts = {"saved": 0, "duplicates": 0, "refused": 0, "waiting": 0}
+        counts = {"saved": 0, "duplicates": 0, "refused": 0, "waiting": 0, "forwarded": 0}
         for msg in batch:
             records.extend(self._one(msg, catalog, now, acks, counts))
         records.extend((names.acks_topic(self.namespace), k, orjson.dumps({**v, "at": now}), None)
@@ -213,6 +243,12 @@ class Dispatcher:
             counts["refused"] += 1
             return []
         verdict = check_arrival(catalog, env, body)
+        if verdict.action == WAIT and env.to_service_name not in catalog.services and catalog.forwarding:
+            hop = self._next_hop(catalog, env, now)
+            if hop is not None:
+                counts["forwarded"] += 1
+                self._forward(catalog, env, msg, hop, now)
+                return []
         if verdict.action == WAIT:
             counts["waiting"] += 1
             acks[key] = {"next": self.inbox.expected.get(key, 0), "status": verdict.reason}
@@ -239,6 +275,30 @@ class Dispatcher:
         if ready or dropped is not None:  # a duplicate's ack again: its sender may have missed it
             acks[key] = {"next": self.inbox.expected.get(key, 0)}
         return out
+
+    # --- forwarding -----------------------------------------------------------------------------
+
+    def _next_hop(self, catalog: Catalog, env: Envelope, now: float) -> str | None:
+        """Where a message for a service this namespace does not host goes next, by this
+        namespace's routes (`<bootstrap>/<namespace>`), or None: it waits at its sender."""
+        route = match_route(routes_of(catalog), env.to_service_name, env.to_broker, now)
+        dest = None if route is None else destination(route, env.to_service_name)
+        if dest is None or dest.kind != "REMOTE" or (dest.bootstrap, dest.namespace) == (self.bootstrap, self.namespace):
+            return None
+        return f"{dest.bootstrap}/{dest.namespace}"
+
+    def _forward(self, catalog: Catalog, env: Envelope, msg: Message, hop: str, now: float) -> None:
+        endpoint = catalog.forwarding
+        assert endpoint is not None
+        limit = endpoint.message_forward_size * MB
+        if self.forwarder is None:
+            self.forwarder = Forwarder(self.bootstrap, self.namespace, limit)
+        self.forwarder.queue.limit = limit  # ALTER ENDPOINT ... MESSAGE_FORWARD_SIZE
+        value, headers = messages.value(msg), messages.headers(msg)
+        self.forwarder.offer(Forwarded(
+            env.message_id, env.conversation_id, env.to_side == "TARGET", env.to_service_name,
+            env.from_service_name, env.from_broker or "", hop, env.message_sequence_number,
+            len(value), now, record=(messages.key(msg).decode(errors="replace"), value, headers)))
 
     def _save(self, env: Envelope, msg: Message, catalog: Catalog) -> list[Record]:
         queue = catalog.services[env.to_service_name].queue
@@ -269,6 +329,8 @@ class Dispatcher:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(15)
+        if self.forwarder is not None:
+            self.forwarder.close()
         self._consumer.close()
         self._producer.abandon()
 

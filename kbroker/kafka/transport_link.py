@@ -13,6 +13,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from kbroker.core import names
+from kbroker.core.records import Header
 from kbroker.core.transmission import Outgoing
 from kbroker.kafka import clients, messages
 
@@ -24,12 +25,14 @@ class LinkBroken(Exception):
 
 
 class TransportLink:
-    def __init__(self, bootstrap: str, namespace: str, from_broker: str):
+    def __init__(self, bootstrap: str, namespace: str, from_broker: str, *, every_ack: bool = False):
+        """`from_broker`: the namespace whose messages this link carries; `every_ack`: hand on
+        the acknowledgements of every namespace's messages (a forwarder relays them)."""
         self.bootstrap, self.namespace, self.from_broker = bootstrap, namespace, from_broker
         self.destination = f"{bootstrap}/{namespace}"
         self.inbound = names.inbound_topic(namespace)
         self.acks_topic = names.acks_topic(namespace)
-        self._prefix = f"{from_broker}|"
+        self._prefix = "" if every_ack else f"{from_broker}|"
         self.errors: list[str] = []
         self._producer = clients.idempotent_producer(bootstrap, **{
             "message.timeout.ms": SEND_TIMEOUT_MS, "linger.ms": 2, "error_cb": self._on_error})
@@ -55,10 +58,13 @@ class TransportLink:
 
     def send(self, m: Outgoing) -> None:
         """Queue `m` for the destination (never blocks: a full local queue is a broken link)."""
-        topic, _, value, headers = m.record
+        _, _, value, headers = m.record
+        self.send_record(f"{self.from_broker}|{m.conversation_id}|{m.to_side}", value, headers)
+
+    def send_record(self, key: str, value: bytes | None, headers: list[Header] | None) -> None:
+        """Queue one record for the destination's inbound topic, keyed by its dialog direction."""
         try:
-            self._producer.produce(self.inbound, key=f"{self.from_broker}|{m.conversation_id}|{m.to_side}",
-                                   value=value, headers=messages.wire_headers(headers),
+            self._producer.produce(self.inbound, key=key, value=value, headers=messages.wire_headers(headers),
                                    on_delivery=self._delivered)
         except BufferError:
             raise LinkBroken("the link's send queue is full") from None

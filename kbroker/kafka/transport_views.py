@@ -23,18 +23,31 @@ from kbroker.kafka.reader import committed_offsets, latest_values, read_partitio
 REPORT_FRESH = 30.0  # a transmitter silent this long has stopped: its report is not shown
 
 
-def transmitter_reports(bootstrap: str, namespace: str, timeout: float = 10.0) -> list[dict[str, Any]]:
-    """The live transmitters' latest reports."""
+def reports(bootstrap: str, namespace: str, kind: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The latest reports of the live `kind` ("transmitter" or "forwarder") processes."""
     now = time.time()
     out = []
-    for value in (latest_values(bootstrap, names.transport_topic(namespace), timeout) or {}).values():
+    for key, value in (latest_values(bootstrap, names.transport_topic(namespace), timeout) or {}).items():
+        if not key.startswith(kind.encode() + b"/"):
+            continue
         try:
             report = orjson.loads(value)
         except orjson.JSONDecodeError:
             continue
         if now - float(report.get("at", 0)) <= REPORT_FRESH:
-            out.append(report)
+            out.append({**report, kind: key.decode(errors="replace").partition("/")[2]})
     return out
+
+
+def transmitter_reports(bootstrap: str, namespace: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The live transmitters' latest reports."""
+    return reports(bootstrap, namespace, "transmitter", timeout)
+
+
+def forwarded_rows(bootstrap: str, namespace: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """sys.dm_broker_forwarded_messages: what the live forwarders hold (at most 200 each)."""
+    return [{**row, "forwarder": r["forwarder"]} for r in reports(bootstrap, namespace, "forwarder", timeout)
+            for row in r.get("forwarded", [])]
 
 
 def connection_rows(bootstrap: str, namespace: str, timeout: float = 10.0) -> list[dict[str, Any]]:

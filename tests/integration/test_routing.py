@@ -28,7 +28,7 @@ from kbroker.kafka.reclaim import reclaim_namespace
 from kbroker.kafka.dispatcher import Dispatcher
 from kbroker.kafka.transmitter import Transmitter
 from kbroker.sdk.broker import Broker
-from tests.helpers import KBROKER, wait_for
+from tests.helpers import KBROKER, free_port, wait_for
 
 REQUEST, REPLY, ODD = "//Demo/Request", "//Demo/Reply", "//Demo/Odd"
 CONTRACT = "//Demo/RequestReply"
@@ -220,3 +220,58 @@ def test_a_message_the_far_side_refuses_comes_back_as_an_error(kafka_bootstrap, 
         assert m.message_type_name == ERROR and m.conversation_handle == h
         assert b"<Code>-8498</Code>" in m.body, m.body
         assert bb.receive("Q", top=10, wait=2) == []
+
+
+def test_a_forwarding_namespace_passes_messages_on_and_relays_their_acknowledgements(kafka_bootstrap, namespace,
+                                                                                     tmp_path):
+    """S sends to SERVER by way of F, which does not host it: F's broker endpoint forwards, by F's
+    route, to D. D's replies go straight back to S. A message F cannot pass on waits in F's memory
+    and shows in `kbroker forwarded`."""
+    s, f, d = namespace + "s", namespace + "f", namespace + "d"
+    nowhere = "//X/Nowhere"
+    setup_catalogs(kafka_bootstrap, tmp_path, s, d)  # S -> D and D -> S routes; S's is replaced below
+    via_f = tmp_path / "via_f.yaml"
+    via_f.write_text(f"routes:\n  - {{name: ToB, service_name: '{SERVER}', address: 'kafka://{kafka_bootstrap}/{f}'}}\n"
+                     f"  - {{name: ToNowhere, service_name: '{nowhere}', address: 'kafka://{kafka_bootstrap}/{f}'}}\n")
+    apply_paths(kafka_bootstrap, s, [via_f])
+    forwarding = tmp_path / "forwarder.yaml"
+    forwarding.write_text(f"broker_endpoints:\n  - {{name: Endpoint, message_forwarding: ENABLED, message_forward_size: 1}}\n"
+                          f"routes:\n  - {{name: ToD, service_name: '{SERVER}', address: 'kafka://{kafka_bootstrap}/{d}'}}\n"
+                          f"  - {{name: Dead, service_name: '{nowhere}', address: 'kafka://127.0.0.1:{free_port()}/gone'}}\n")
+    apply_paths(kafka_bootstrap, f, [forwarding])
+    with ExitStack() as stack:
+        bs, bf, bd = (stack.enter_context(Broker(kafka_bootstrap, ns)) for ns in (s, f, d))
+        services = []
+        for ns, br in ((s, bs), (f, bf), (d, bd)):
+            services.append(stack.enter_context(Dispatcher(kafka_bootstrap, ns, lambda br=br: br.refresh_catalog(),
+                                                           tick=1.0)))
+            services.append(stack.enter_context(Transmitter(kafka_bootstrap, ns, lambda br=br: br.catalog, tick=1.0)))
+        handles = []
+        for d_ in range(4):
+            with bs.transaction() as tx:
+                h = tx.begin_dialog(CLIENT, SERVER, CONTRACT)
+                for i in range(3):
+                    tx.send(h, REQUEST, {"d": d_, "i": i})
+            handles.append(h)
+        got = receive_all(bd, 12)
+        by_conv = defaultdict(list)
+        for m in got:
+            by_conv[m.conversation_id].append(m.message_sequence_number)
+        assert len(got) == 12 and all(seqs == [0, 1, 2] for seqs in by_conv.values()), by_conv
+        assert bd.receive("Q", top=100, wait=2) == []
+        # D's replies come straight back; S's messages were acknowledged through F's relay.
+        for conv in by_conv:
+            bd.send(handle_for(conv, "TARGET"), REPLY, {"ok": 1})
+        assert len(receive_all(bs, 4)) == 4
+        sender = next(x for x in services if isinstance(x, Transmitter) and x.namespace == s)
+        wait_for(lambda: len(sender.queue) == 0, 60, "S's transmission queue to empty through F's relayed acks")
+        forwarder_dispatcher = next(x for x in services if isinstance(x, Dispatcher) and x.namespace == f)
+        assert forwarder_dispatcher.saved == 0 and forwarder_dispatcher.forwarder is not None
+        assert forwarder_dispatcher.forwarder.queue.sent == 12
+
+        # A next hop that does not answer: the message waits in F's memory, shown by the view.
+        h = bs.begin_dialog(CLIENT, nowhere, CONTRACT)
+        bs.send(h, REQUEST, {"x": 1})
+        rows = wait_for(lambda: [r for r in kbroker_json("forwarded", kafka_bootstrap, f)
+                                 if r["to_service_name"] == nowhere] or None, 60, "kbroker forwarded to show it")
+        assert rows[0]["adjacent_broker_address"].endswith("/gone") and rows[0]["from_broker_instance"] == s

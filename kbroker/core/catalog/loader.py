@@ -7,6 +7,7 @@ A definition file is a mapping of lists:
     queues:        [{name, partitions, retention, status, ..., activation}]
     services:      [{name, queue, contracts}]
     routes:        [{name, service_name, address, broker_instance, lifetime, mirror_address}]
+    broker_endpoints: [{name, message_forwarding, message_forward_size}]   (at most one)
     system_topics: [{name, partitions, config}]     (kbroker/core/catalog/system.yaml)
 
 Every problem raises DefinitionError(file, "<kind> <name>", one-line reason). References may
@@ -31,6 +32,7 @@ from kbroker.core.catalog.models import (
     Contract,
     MessageType,
     Queue,
+    BrokerEndpoint,
     Route,
     Service,
     SystemTopic,
@@ -39,7 +41,7 @@ from kbroker.errors import DefinitionError
 
 SYSTEM_YAML = Path(__file__).with_name("system.yaml")
 
-Definition = MessageType | Contract | Queue | Service | Route | SystemTopic
+Definition = MessageType | Contract | Queue | Service | Route | BrokerEndpoint | SystemTopic
 
 # top-level key -> (label used in errors, model)
 SECTIONS: dict[str, tuple[str, type[Definition]]] = {
@@ -48,6 +50,7 @@ SECTIONS: dict[str, tuple[str, type[Definition]]] = {
     "queues": ("queue", Queue),
     "services": ("service", Service),
     "routes": ("route", Route),
+    "broker_endpoints": ("broker endpoint", BrokerEndpoint),
     "system_topics": ("system topic", SystemTopic),
 }
 
@@ -182,6 +185,7 @@ def load_definitions(paths: Iterable[str | Path], namespace: str) -> Catalog:
         queues=objects["queues"],
         services=objects["services"],
         routes=objects["routes"],
+        broker_endpoints=objects["broker_endpoints"],
         system_topics=objects["system_topics"],
         origins=origins,
     )
@@ -204,6 +208,10 @@ def _check_references(objects: dict[str, dict[str, Any]], origins: dict[str, str
         for name in s.contracts:
             if name not in contracts:
                 raise missing(f"service {s.name}", "contract", name)
+    if len(objects["broker_endpoints"]) > 1:
+        names = sorted(objects["broker_endpoints"])
+        raise DefinitionError(origins[f"broker endpoint {names[1]}"], f"broker endpoint {names[1]}",
+                              f"a namespace has one broker endpoint; {names[0]!r} is already defined")
     for r in objects["routes"].values():
         # Only a LOCAL route's service must be defined here: a remote route names a service of
         # another namespace (Service Broker checks neither).

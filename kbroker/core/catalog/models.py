@@ -47,6 +47,15 @@ def _lower(value: Any) -> Any:
     return value.lower() if isinstance(value, str) else value
 
 
+def _enabled(value: Any) -> Any:
+    # ENABLED/DISABLED as Service Broker writes them; ON/OFF and YAML booleans mean the same.
+    if value is True or (isinstance(value, str) and value.upper() == "ON"):
+        return "ENABLED"
+    if value is False or (isinstance(value, str) and value.upper() == "OFF"):
+        return "DISABLED"
+    return value.upper() if isinstance(value, str) else value
+
+
 OnOff = Annotated[Literal["ON", "OFF"], BeforeValidator(_on_off)]
 Side = Annotated[Literal["INITIATOR", "TARGET", "ANY"], BeforeValidator(_upper)]
 Validation = Annotated[Literal["NONE", "EMPTY", "JSON", "WELL_FORMED_XML"], BeforeValidator(_upper)]
@@ -246,6 +255,15 @@ class Route(_Model):
         return parsed[1] or self.broker_instance
 
 
+class BrokerEndpoint(_Model):
+    """CREATE ENDPOINT ... FOR SERVICE_BROKER: the namespace's broker endpoint settings, of which
+    kbroker has the forwarding ones (a namespace has at most one endpoint)."""
+
+    name: str = Field(min_length=1, max_length=128)
+    message_forwarding: Annotated[Literal["ENABLED", "DISABLED"], BeforeValidator(_enabled)] = "DISABLED"
+    message_forward_size: int = Field(default=10, ge=1, le=2048)  # MB; Microsoft's example uses 10
+
+
 class SystemTopic(_Model):
     """A per-namespace system topic; declared in kbroker/core/catalog/system.yaml."""
 
@@ -300,6 +318,7 @@ class Catalog(_Model):
     queues: dict[str, Queue] = {}
     services: dict[str, Service] = {}
     routes: dict[str, Route] = {}
+    broker_endpoints: dict[str, BrokerEndpoint] = {}
     # Filled by the loader only, never published: system topic overrides of the applied files,
     # and where each object was defined ("queue X" -> file) for error messages.
     system_topics: dict[str, SystemTopic] = Field(default={}, exclude=True)
@@ -316,13 +335,18 @@ class Catalog(_Model):
 
     @model_validator(mode="after")
     def _keys_are_names(self) -> "Catalog":
-        for kind in ("message_types", "contracts", "queues", "services", "routes"):
+        for kind in ("message_types", "contracts", "queues", "services", "routes", "broker_endpoints"):
             for key, obj in getattr(self, kind).items():
                 if key != obj.name:
                     raise ValueError(f"{kind} key {key!r} differs from the object's name {obj.name!r}")
         return self
 
     # lookups ------------------------------------------------------------------------------
+
+    @property
+    def forwarding(self) -> BrokerEndpoint | None:
+        """The broker endpoint when it has MESSAGE_FORWARDING = ENABLED, else None."""
+        return next((e for e in self.broker_endpoints.values() if e.message_forwarding == "ENABLED"), None)
 
     def service(self, name: str) -> Service:
         try:

@@ -1,0 +1,132 @@
+"""The forwarder: passes on messages that reached this namespace for services it does not host,
+toward their route, when the namespace's broker endpoint has MESSAGE_FORWARDING = ENABLED.
+
+Run by the dispatcher, which hands it such messages and commits their inbound offsets: from then
+on they live in memory only (core/forwarding.py bounds them by MESSAGE_FORWARD_SIZE and drops
+those not passed on within 60 s), as Service Broker's forwarded messages do. The sender keeps each
+until it is acknowledged, and it reads acknowledgements on this namespace's acks topic, so the
+forwarder relays the next hop's acknowledgements of the directions it forwarded into this
+namespace's acks topic (only ever raising a direction's number)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import orjson
+
+from kbroker.core import names
+from kbroker.core.forwarding import Forwarded, ForwardQueue
+from kbroker.core.transport import Links
+from kbroker.kafka import clients
+from kbroker.kafka.transport_link import LinkBroken, TransportLink
+
+log = logging.getLogger("kbroker.forwarder")
+CONNECT_SECONDS = 5.0
+RELAYED_KEPT = 100_000  # directions whose relayed acknowledgement is remembered
+
+
+class Forwarder:
+    def __init__(self, bootstrap: str, namespace: str, limit_bytes: int):
+        self.bootstrap, self.namespace = bootstrap, namespace
+        self.queue = ForwardQueue(limit_bytes)
+        self.links = Links()
+        self._open: dict[str, TransportLink] = {}
+        self._directions: dict[str, str] = {}  # ack key -> next hop, for relaying acks
+        self._relayed: dict[str, int] = {}
+        self._producer = clients.idempotent_producer(bootstrap)
+        self.relayed = 0
+
+    def offer(self, m: Forwarded) -> bool:
+        """Hold `m` to pass on; False when the size cap dropped it."""
+        held = self.queue.add(m)
+        if held:
+            key = f"{m.from_broker}|{m.conversation_id}|{'TARGET' if m.is_initiator else 'INITIATOR'}"
+            self._directions.pop(key, None)
+            self._directions[key] = m.destination
+            while len(self._directions) > RELAYED_KEPT:
+                self._relayed.pop(next(iter(self._directions)), None)
+                del self._directions[next(iter(self._directions))]
+        else:
+            log.warning("forwarder full (%d of %d bytes): message %s dropped; its sender sends it again",
+                        self.queue.bytes, self.queue.limit, m.message_id)
+        return held
+
+    def pump(self, now: float, second_tick: bool) -> None:
+        """Pass on what is held over each next hop's connection, and relay acknowledgements."""
+        for dest in self.queue.destinations():
+            link = self._link(dest, now, second_tick)
+            if link is None:
+                continue
+            for m in self.queue.for_destination(dest):
+                try:
+                    link.send_record(m.record[0], m.record[1], m.record[2])
+                except LinkBroken as exc:
+                    self._broken(link, now, str(exc))
+                    break
+                self.queue.passed_on(m)
+                self.links.active(dest, now, sends=1, size=m.size)
+        for link in list(self._open.values()):
+            try:
+                acks = link.poll()
+            except LinkBroken as exc:
+                self._broken(link, now, str(exc))
+                continue
+            for key, ack in acks:
+                self._relay(key, ack)
+
+    def _relay(self, key: str, ack: dict[str, Any]) -> None:
+        if key not in self._directions:
+            return
+        nxt = int(ack.get("next", 0))
+        if nxt <= self._relayed.get(key, -1) and not ack.get("error") and not ack.get("status"):
+            return
+        self._relayed[key] = max(nxt, self._relayed.get(key, -1))
+        clients.produce(self._producer, names.acks_topic(self.namespace), key=key,
+                        value=orjson.dumps({**ack, "relayed_by": self.namespace}))
+        self._producer.poll(0)
+        self.relayed += 1
+
+    def _link(self, dest: str, now: float, second_tick: bool) -> TransportLink | None:
+        link = self._open.get(dest)
+        if link is not None:
+            return link
+        if not self.links.may_connect(dest, now, second_tick):
+            return None
+        bootstrap, _, namespace = dest.rpartition("/")
+        self.links.connecting(dest, now)
+        link = TransportLink(bootstrap, namespace, self.namespace, every_ack=True)
+        try:
+            link.open(CONNECT_SECONDS)
+        except LinkBroken as exc:
+            link.close()
+            self.links.failed(dest, time.time(), str(exc))
+            log.warning("forwarder: connection to %s failed: %s", dest, exc)
+            return None
+        self.links.connected(dest, time.time())
+        self._open[dest] = link
+        return link
+
+    def _broken(self, link: TransportLink, now: float, why: str) -> None:
+        self._open.pop(link.destination, None)
+        link.close()
+        self.links.disconnected(link.destination, now, why)
+        log.warning("forwarder: connection to %s broke: %s", link.destination, why)
+
+    def sweep(self, now: float) -> None:
+        """The 5th tick: messages not passed on within 60 s of arriving are deleted."""
+        stale = self.queue.sweep(now)
+        if stale:
+            log.info("forwarder deleted %d message(s) not sent on within 60 s", len(stale))
+
+    def report(self, now: float) -> dict[str, Any]:
+        return {"forwarder": True, "at": now, "forwarded": self.queue.rows(now), "held_bytes": self.queue.bytes,
+                "limit_bytes": self.queue.limit, "sent": self.queue.sent, "dropped_full": self.queue.dropped_full,
+                "dropped_stale": self.queue.dropped_stale, "relayed_acks": self.relayed,
+                "connections": self.links.rows(now)}
+
+    def close(self) -> None:
+        for link in self._open.values():
+            link.close()
+        self._producer.flush(2)
