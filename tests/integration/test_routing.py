@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -17,7 +18,8 @@ import orjson
 import pytest
 
 from kbroker.core.catalog.models import END_DIALOG, ERROR
-from kbroker.core.endpoint import CLOSED, handle_for
+from kbroker.core.endpoint import CLOSED, default_group, handle_for
+from kbroker.core.envelope import Envelope
 from confluent_kafka import TopicPartition
 
 from kbroker.core import names
@@ -26,6 +28,7 @@ from kbroker.kafka.apply import apply_paths
 from kbroker.kafka.reader import read_to_end
 from kbroker.kafka.reclaim import reclaim_namespace
 from kbroker.kafka.dispatcher import Dispatcher
+from kbroker.kafka.timer_service import TimerService
 from kbroker.kafka.transmitter import Transmitter
 from kbroker.sdk.broker import Broker
 from tests.helpers import KBROKER, free_port, wait_for
@@ -275,3 +278,86 @@ def test_a_forwarding_namespace_passes_messages_on_and_relays_their_acknowledgem
         rows = wait_for(lambda: [r for r in kbroker_json("forwarded", kafka_bootstrap, f)
                                  if r["to_service_name"] == nowhere] or None, 60, "kbroker forwarded to show it")
         assert rows[0]["adjacent_broker_address"].endswith("/gone") and rows[0]["from_broker_instance"] == s
+
+
+def test_end_with_error_and_lifetime_expiry_across_namespaces(kafka_bootstrap, namespace, tmp_path):
+    a, b = namespace + "a", namespace + "b"
+    with two_namespaces(kafka_bootstrap, tmp_path, a, b) as (ba, bb, _), \
+            TimerService(kafka_bootstrap, a, endpoints=ba.endpoints), TimerService(kafka_bootstrap, b, endpoints=bb.endpoints):
+        # END CONVERSATION WITH ERROR on B's side: A gets the Error, and A's end closes B's side.
+        h = ba.begin_dialog(CLIENT, SERVER, CONTRACT)
+        ba.send(h, REQUEST, {"n": 1})
+        [m] = receive_all(bb, 1)
+        bb.end_conversation(m.conversation_handle, error=50001, description="no stock")
+        [e] = receive_all(ba, 1)
+        assert e.message_type_name == ERROR and b"<Code>50001</Code>" in e.body and b"no stock" in e.body
+        assert ba.endpoints.current(h).state == "ER"
+        ba.end_conversation(h)
+        assert ba.endpoints.current(h).state == CLOSED
+
+        def b_side_closed() -> bool:
+            assert bb.receive("Q", top=10, wait=0.5) == []  # the acknowledgement, never delivered
+            return bb.endpoints.current(m.conversation_handle).state == CLOSED
+        wait_for(b_side_closed, 60, "B's side to close on A's end-dialog acknowledgement")
+
+        # LIFETIME: each namespace's timer service tells its own side, both with -8489.
+        h2 = ba.begin_dialog(CLIENT, SERVER, CONTRACT, lifetime=4)
+        ba.send(h2, REQUEST, {"n": 2})
+        [m2] = receive_all(bb, 1)
+        [b_err] = receive_all(bb, 1, timeout=30)
+        [a_err] = receive_all(ba, 1, timeout=30)
+        for err, handle in ((b_err, m2.conversation_handle), (a_err, h2)):
+            assert err.message_type_name == ERROR and err.conversation_handle == handle
+            assert b"<Code>-8489</Code>" in err.body
+
+
+def test_the_dispatcher_saves_in_order_drops_duplicates_and_sweeps_a_gap(kafka_bootstrap, namespace, tmp_path):
+    """Records written straight into B's inbound topic, out of order and twice: sequence 1 waits
+    for 0, a copy of 0 is dropped, and 3 (past the missing 2) is dropped by the tick's sweep."""
+    a, b = namespace + "a", namespace + "b"
+    with two_namespaces(kafka_bootstrap, tmp_path, a, b) as (ba, bb, services):
+        dispatcher = next(s for s in services if isinstance(s, Dispatcher) and s.namespace == b)
+        conv = str(uuid.uuid4())
+        p = clients.idempotent_producer(kafka_bootstrap)
+
+        def put(*seqs: int) -> None:
+            for seq in seqs:
+                env = Envelope(message_id=str(uuid.uuid4()), conversation_id=conv,
+                               conversation_group_id=default_group(conv, "TARGET"), message_sequence_number=seq,
+                               message_type_name=REQUEST, service_contract_name=CONTRACT, from_service_name=CLIENT,
+                               to_service_name=SERVER, to_side="TARGET", from_broker=a)
+                p.produce(names.inbound_topic(b), key=f"{a}|{conv}|TARGET", value=b'{"s": %d}' % seq,
+                          headers=env.headers())
+            p.flush(10)
+
+        put(1, 0)  # 1 waits for 0 (unless a sweep came between them: then only 0 is saved now)
+        got = receive_all(bb, 1)
+        if len(got) == 1:
+            put(1)  # as the sender's retransmission would
+            got += receive_all(bb, 1)
+        assert [m.message_sequence_number for m in got] == [0, 1]
+        put(0, 3)  # a copy of 0: dropped; 3, past the missing 2: buffered, then swept (a 1 s tick)
+        wait_for(lambda: dispatcher.duplicates >= 1 and dispatcher.dropped >= 1 and not dispatcher.inbox.buffered,
+                 30, "the copy dropped and the sweep to drop 3")
+        assert bb.receive("Q", top=10, wait=1) == []
+        put(2, 3)  # the gap filled: both saved, in order
+        assert [m.message_sequence_number for m in receive_all(bb, 2)] == [2, 3]
+
+
+def test_an_expired_route_is_no_longer_used(kafka_bootstrap, namespace, tmp_path):
+    a, b = namespace + "a", namespace + "b"
+    with two_namespaces(kafka_bootstrap, tmp_path, a, b, route_to_b=False) as (ba, bb, services):
+        route = tmp_path / "route.yaml"
+        route.write_text(f"routes:\n  - {{name: ToB, service_name: '{SERVER}', lifetime: 6, "
+                         f"address: 'kafka://{kafka_bootstrap}/{b}'}}\n")
+        apply_paths(kafka_bootstrap, a, [route])
+        ba.refresh_catalog()
+        h = ba.begin_dialog(CLIENT, SERVER, CONTRACT)
+        ba.send(h, REQUEST, {"n": 0})
+        assert len(receive_all(bb, 1)) == 1
+        time.sleep(max(0.0, ba.catalog.routes["ToB"].created_at + 6.5 - time.time()))
+        ba.send(h, REQUEST, {"n": 1})  # the route expired: AutoCreatedLocal, where SERVER is not
+        transmitter = next(s for s in services if isinstance(s, Transmitter) and s.namespace == a)
+        status = wait_for(lambda: (r := transmitter.report()["messages"]) and r[0]["transmission_status"], 30,
+                          "the message to wait")
+        assert "could not be found" in status and bb.receive("Q", top=10, wait=1) == []
