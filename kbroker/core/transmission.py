@@ -152,9 +152,11 @@ class TransmissionQueue:
     def directions(self) -> set[str]:
         return set(self._by_direction)
 
-    def forget(self, keys: Iterable[str]) -> None:
-        """Acknowledgements no message here waits for any more (bounded memory)."""
-        for key in keys:
+    def forget(self, keys: Iterable[str] | None = None) -> None:
+        """Forget acknowledgements no message here waits for any more (bounded memory); all such
+        when `keys` is None. A message of a forgotten direction read later is sent again, and the
+        far dispatcher acknowledges its copy again."""
+        for key in list(self._acked) if keys is None else keys:
             if key not in self._by_direction:
                 self._acked.pop(key, None)
 

@@ -110,8 +110,8 @@ class Dispatcher:
     def _report_forwarding(self, now: float) -> None:
         """sys.dm_broker_forwarded_messages, for `kbroker forwarded` (the transport topic)."""
         assert self.forwarder is not None
-        clients.produce(self.forwarder._producer, names.transport_topic(self.namespace),
-                        key=f"forwarder/{self._me}", value=orjson.dumps(self.forwarder.report(now)))
+        self.forwarder.publish(names.transport_topic(self.namespace), f"forwarder/{self._me}",
+                               orjson.dumps(self.forwarder.report(now)))
 
     def _new_producer(self) -> GuardedProducer:
         p = GuardedProducer(clients.idempotent_producer(self.bootstrap, **{

@@ -325,7 +325,7 @@ class Transmitter:
             if self._routes_seen is not None:
                 self.reclassify(now, "routes changed")
             self._routes_seen = seen
-        self.queue.forget(k for k in list(self.queue._acked) if k not in self.queue.directions())
+        self.queue.forget()
 
     def reclassify(self, now: float, why: str) -> None:
         """Look at every waiting message again now (a route or the catalog changed, a command)."""
