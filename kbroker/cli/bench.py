@@ -16,7 +16,9 @@ from kbroker.cli.output import make_console, new_table, print_table
 
 SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "backlog-rss", "ended-dialogs",
                   "ended-dialogs-rss", "conversations-view", "activation-latency", "activation-drain", "analytics",
-                  "analytics-throughput", "analytics-throughput-pipelined", "analytics-stale-delay")
+                  "analytics-throughput", "analytics-throughput-pipelined", "analytics-stale-delay",
+                  "routing", "routing-request-reply-namespaces", "routing-request-reply-clusters",
+                  "routing-transmission-latency")
 
 
 @main.command("bench")
@@ -59,7 +61,7 @@ def bench(scenarios, repeat, messages, conversations, backlog, readers, in_fligh
     """Benchmark kbroker against a plain confluent-kafka baseline on the same broker.
 
     SCENARIOS: send (with send-pipelined), request-reply, io-bound, backlog-rss, ended-dialogs,
-    activation-latency, activation-drain, analytics; all by default.
+    activation-latency, activation-drain, analytics, routing; all by default.
     Uses --bootstrap / KBROKER_BOOTSTRAP when given, else starts an embedded broker on free ports
     in a temporary data dir for the run. Progress goes to stderr; results to OUT/latest.json and
     the results table of the docs; --json prints them on stdout."""

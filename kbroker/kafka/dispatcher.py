@@ -40,7 +40,7 @@ from kbroker.core.txn_faults import Deadline
 from kbroker.kafka import clients, messages
 from kbroker.kafka.forwarder import Forwarder
 from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, transact
-from kbroker.kafka.timer_service import FailureSink
+from kbroker.kafka.steps import FailureSink, run_steps
 
 log = logging.getLogger("kbroker.dispatcher")
 COMPONENT = "dispatcher"
@@ -142,18 +142,7 @@ class Dispatcher:
         self._assigned = True
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.step()
-            except Exception as exc:  # keep dispatching: one bad batch must not stop the namespace
-                if self._guard is None:
-                    log.warning("dispatcher step failed: %s", exc)
-                else:
-                    self._guard.failed(COMPONENT, exc)
-                self._stop.wait(1.0)
-            else:
-                if self._guard is not None:
-                    self._guard.succeeded(COMPONENT)
+        run_steps(self.step, self._stop, COMPONENT, self._guard, log)
 
     def step(self) -> None:
         batch = [m for m in self._consumer.consume(500, self._poll_interval) if self._is_record(m)]

@@ -11,19 +11,17 @@ namespace's acks topic (only ever raising a direction's number)."""
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import orjson
 
 from kbroker.core import names
 from kbroker.core.forwarding import Forwarded, ForwardQueue
-from kbroker.core.transport import Links
 from kbroker.kafka import clients
-from kbroker.kafka.transport_link import LinkBroken, TransportLink
+from kbroker.kafka.link_pool import LinkPool
+from kbroker.kafka.transport_link import LinkBroken
 
 log = logging.getLogger("kbroker.forwarder")
-CONNECT_SECONDS = 5.0
 RELAYED_KEPT = 100_000  # directions whose relayed acknowledgement is remembered
 
 
@@ -31,8 +29,7 @@ class Forwarder:
     def __init__(self, bootstrap: str, namespace: str, limit_bytes: int):
         self.bootstrap, self.namespace = bootstrap, namespace
         self.queue = ForwardQueue(limit_bytes)
-        self.links = Links()
-        self._open: dict[str, TransportLink] = {}
+        self.pool = LinkPool(namespace, every_ack=True)
         self._directions: dict[str, str] = {}  # ack key -> next hop, for relaying acks
         self._relayed: dict[str, int] = {}
         self._producer = clients.idempotent_producer(bootstrap)
@@ -56,23 +53,18 @@ class Forwarder:
     def pump(self, now: float, second_tick: bool) -> None:
         """Pass on what is held over each next hop's connection, and relay acknowledgements."""
         for dest in self.queue.destinations():
-            link = self._link(dest, now, second_tick)
-            if link is None:
+            link = self.pool.get(dest, now, second_tick)
+            if isinstance(link, str):
                 continue
             for m in self.queue.for_destination(dest):
                 try:
                     link.send_record(m.record[0], m.record[1], m.record[2])
                 except LinkBroken as exc:
-                    self._broken(link, now, str(exc))
+                    self.pool.broken(link, now, str(exc))
                     break
                 self.queue.passed_on(m)
-                self.links.active(dest, now, sends=1, size=m.size)
-        for link in list(self._open.values()):
-            try:
-                acks = link.poll()
-            except LinkBroken as exc:
-                self._broken(link, now, str(exc))
-                continue
+                self.pool.links.active(dest, now, sends=1, size=m.size)
+        for _, acks in self.pool.poll(now):
             for key, ack in acks:
                 self._relay(key, ack)
 
@@ -88,32 +80,6 @@ class Forwarder:
         self._producer.poll(0)
         self.relayed += 1
 
-    def _link(self, dest: str, now: float, second_tick: bool) -> TransportLink | None:
-        link = self._open.get(dest)
-        if link is not None:
-            return link
-        if not self.links.may_connect(dest, now, second_tick):
-            return None
-        bootstrap, _, namespace = dest.rpartition("/")
-        self.links.connecting(dest, now)
-        link = TransportLink(bootstrap, namespace, self.namespace, every_ack=True)
-        try:
-            link.open(CONNECT_SECONDS)
-        except LinkBroken as exc:
-            link.close()
-            self.links.failed(dest, time.time(), str(exc))
-            log.warning("forwarder: connection to %s failed: %s", dest, exc)
-            return None
-        self.links.connected(dest, time.time())
-        self._open[dest] = link
-        return link
-
-    def _broken(self, link: TransportLink, now: float, why: str) -> None:
-        self._open.pop(link.destination, None)
-        link.close()
-        self.links.disconnected(link.destination, now, why)
-        log.warning("forwarder: connection to %s broke: %s", link.destination, why)
-
     def sweep(self, now: float) -> None:
         """The 5th tick: messages not passed on within 60 s of arriving are deleted."""
         stale = self.queue.sweep(now)
@@ -124,7 +90,7 @@ class Forwarder:
         return {"forwarder": True, "at": now, "forwarded": self.queue.rows(now), "held_bytes": self.queue.bytes,
                 "limit_bytes": self.queue.limit, "sent": self.queue.sent, "dropped_full": self.queue.dropped_full,
                 "dropped_stale": self.queue.dropped_stale, "relayed_acks": self.relayed,
-                "connections": self.links.rows(now)}
+                "connections": self.pool.links.rows(now)}
 
     def publish(self, topic: str, key: str, value: bytes) -> None:
         """A record on this namespace's cluster (the dispatcher's forwarding report)."""
@@ -132,6 +98,5 @@ class Forwarder:
         self._producer.poll(0)
 
     def close(self) -> None:
-        for link in self._open.values():
-            link.close()
+        self.pool.close()
         self._producer.flush(2)

@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 from confluent_kafka import (
@@ -25,6 +25,7 @@ from kbroker.core.timers import firing_records
 from kbroker.core.txn_faults import Action, Deadline, committed_by_offsets, decide
 from kbroker.kafka import clients, messages
 from kbroker.kafka.endpoint_store import EndpointStore
+from kbroker.kafka.steps import FailureSink, run_steps
 from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, transact
 
 log = logging.getLogger("kbroker.timers")
@@ -32,15 +33,6 @@ COMPONENT = "timer service"
 # kbroker's own deadline on one firing transaction (librdkafka may not honour its timeouts after a
 # broker restart): as long as Kafka keeps a transaction open before aborting it.
 FIRE_SECONDS = 10.0
-
-
-class FailureSink(Protocol):
-    """Where the service reports its failures and recoveries (the worker's guard): logged once
-    per window, kept as a degraded reason."""
-
-    def failed(self, component: str, exc: BaseException) -> None: ...
-
-    def succeeded(self, component: str) -> None: ...
 
 
 class TimerService:
@@ -96,18 +88,7 @@ class TimerService:
         self.schedule.drop_partitions({p.partition for p in partitions})
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.step()
-            except Exception as exc:  # keep firing: one bad batch must not stop every timer
-                if self._guard is None:
-                    log.exception("timer service step failed")
-                else:
-                    self._guard.failed(COMPONENT, exc)
-                self._stop.wait(1.0)
-            else:
-                if self._guard is not None:
-                    self._guard.succeeded(COMPONENT)
+        run_steps(self.step, self._stop, COMPONENT, self._guard, log)
 
     def step(self) -> None:
         nxt = self.schedule.next_due()

@@ -29,14 +29,13 @@ from kbroker.core.ids import new_id
 from kbroker.core.routing import destination, is_expired, match_route, routes_of
 from kbroker.core.tick import TickSchedule
 from kbroker.core.transmission import Outgoing, Refusal, TransmissionQueue
-from kbroker.core.transport import Links
 from kbroker.kafka import clients, messages
-from kbroker.kafka.timer_service import FailureSink
+from kbroker.kafka.steps import FailureSink, run_steps
+from kbroker.kafka.link_pool import LinkPool
 from kbroker.kafka.transport_link import LinkBroken, TransportLink
 
 log = logging.getLogger("kbroker.transmitter")
 COMPONENT = "transmitter"
-CONNECT_SECONDS = 5.0  # kbroker's deadline on one connection attempt
 WAIT_RETRY = 4.0  # a message with no route or connection is looked at again this often
 MAX_WAITING = 20_000  # messages held before the transmission topic is paused (back-pressure)
 MAX_WAITING_BYTES = 64 * 1024 * 1024
@@ -58,8 +57,8 @@ class Transmitter:
         self.schedule = TickSchedule(interval=tick)
         self.topic = names.transmission_topic(namespace)
         self.queue = TransmissionQueue(namespace)
-        self.links = Links()
-        self._open: dict[str, TransportLink] = {}
+        self.pool = LinkPool(namespace)
+        self.links = self.pool.links
         self.me = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self._consumer = clients.consumer(bootstrap, names.transmitter_group(namespace), **{
             "session.timeout.ms": 10_000, "auto.offset.reset": "earliest"})
@@ -97,18 +96,7 @@ class Transmitter:
         self._paused = False
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.step()
-            except Exception as exc:  # keep transmitting: one failure must not stop the namespace
-                if self._guard is None:
-                    log.warning("transmitter step failed: %s", exc)
-                else:
-                    self._guard.failed(COMPONENT, exc)
-                self._stop.wait(1.0)
-            else:
-                if self._guard is not None:
-                    self._guard.succeeded(COMPONENT)
+        run_steps(self.step, self._stop, COMPONENT, self._guard, log)
 
     # --- one pass ----------------------------------------------------------------------------
 
@@ -200,7 +188,7 @@ class Transmitter:
             try:
                 link.send(m)
             except LinkBroken as exc:
-                self._broken(link, now, str(exc))
+                self.pool.broken(link, now, str(exc))
                 self._wanted[link.destination] = where
                 self.queue.waiting(m, now, f"Connection to {link.destination} broke: {exc}", WAIT_RETRY,
                                    destination=link.destination)
@@ -213,7 +201,7 @@ class Transmitter:
         """Every 2nd tick: connect to the destinations messages wait for, unless suppressed; the
         messages of one that connects go out in this pass."""
         for dest, where in list(self._wanted.items()):
-            if dest in self._open:
+            if dest in self.pool.open:
                 del self._wanted[dest]
                 continue
             link = self._link(where, now, second_tick=True)
@@ -225,41 +213,10 @@ class Transmitter:
 
     def _link(self, where: tuple[str, str], now: float, second_tick: bool) -> TransportLink | str:
         """The open connection to `where`, opened now if the transport allows; else why not."""
-        dest = f"{where[0]}/{where[1]}"
-        link = self._open.get(dest)
-        if link is not None:
-            return link
-        if not self.links.may_connect(dest, now, second_tick):
-            l = self.links.link(dest)
-            return (f"Connection to {dest} is suppressed for {max(0.0, l.suppressed_until - now):.0f} s "
-                    f"after: {l.last_error or 'a failure'}")
-        self.links.connecting(dest, now)
-        link = TransportLink(where[0], where[1], self.namespace)
-        try:
-            link.open(CONNECT_SECONDS)
-        except LinkBroken as exc:
-            link.close()
-            self.links.failed(dest, time.time(), str(exc))
-            log.warning("transport: connection to %s failed: %s", dest, exc)
-            return f"Connection attempt to {dest} failed: {exc}"
-        self.links.connected(dest, time.time())
-        self._open[dest] = link
-        log.info("transport: connected to %s", dest)
-        return link
-
-    def _broken(self, link: TransportLink, now: float, why: str) -> None:
-        self._open.pop(link.destination, None)
-        link.close()
-        self.links.disconnected(link.destination, now, why)
-        log.warning("transport: connection to %s broke: %s", link.destination, why)
+        return self.pool.get(f"{where[0]}/{where[1]}", now, second_tick)
 
     def _poll_links(self, now: float) -> None:
-        for link in list(self._open.values()):
-            try:
-                acks = link.poll()
-            except LinkBroken as exc:
-                self._broken(link, now, str(exc))
-                continue
+        for link, acks in self.pool.poll(now):
             before = len(self.queue)
             for key, ack in acks:
                 error = ack.get("error")
@@ -338,12 +295,7 @@ class Transmitter:
             log.info("transmitter reclassified %d waiting message(s): %s", count, why)
 
     def _close_idle(self, now: float) -> None:
-        for dest in self.links.idle(now, {m.destination for m in self.queue.due(float("inf")) if m.destination}):
-            link = self._open.pop(dest, None)
-            if link is not None:
-                link.close()
-            self.links.closed(dest, now)
-            log.info("transport: closed idle connection to %s", dest)
+        self.pool.close_idle(now, {m.destination for m in self.queue.due(float("inf")) if m.destination})
 
     # --- the topic's head and the report -----------------------------------------------------
 
@@ -382,8 +334,7 @@ class Transmitter:
         if self._thread is not None:
             self._thread.join(15)
         self._commit()
-        for link in self._open.values():
-            link.close()
+        self.pool.close()
         try:
             self._local.produce(names.transport_topic(self.namespace), key=f"transmitter/{self.me}", value=None)
         except Exception:  # noqa: BLE001 - best effort: the report ages out of the view

@@ -1,0 +1,78 @@
+"""The transport connections of one transmitter or forwarder: which are open, opening one when
+core/transport.py's rules allow, and noting breaks. Shared so both keep the same suppression."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from kbroker.core.transport import Links
+from kbroker.kafka.transport_link import LinkBroken, TransportLink
+
+log = logging.getLogger("kbroker.transport")
+CONNECT_SECONDS = 5.0  # kbroker's deadline on one connection attempt
+
+
+class LinkPool:
+    def __init__(self, from_broker: str, *, every_ack: bool = False):
+        self.from_broker, self._every_ack = from_broker, every_ack
+        self.links = Links()
+        self.open: dict[str, TransportLink] = {}
+
+    def get(self, dest: str, now: float, second_tick: bool) -> TransportLink | str:
+        """The open connection to `dest` (`<bootstrap>/<namespace>`), opened now if the transport
+        allows; else why not (a transmission status)."""
+        link = self.open.get(dest)
+        if link is not None:
+            return link
+        if not self.links.may_connect(dest, now, second_tick):
+            state = self.links.link(dest)
+            return (f"Connection to {dest} is suppressed for {max(0.0, state.suppressed_until - now):.0f} s "
+                    f"after: {state.last_error or 'a failure'}")
+        bootstrap, _, namespace = dest.rpartition("/")
+        self.links.connecting(dest, now)
+        link = TransportLink(bootstrap, namespace, self.from_broker, every_ack=self._every_ack)
+        try:
+            link.open(CONNECT_SECONDS)
+        except LinkBroken as exc:
+            link.close()
+            self.links.failed(dest, time.time(), str(exc))
+            log.warning("transport: connection to %s failed: %s", dest, exc)
+            return f"Connection attempt to {dest} failed: {exc}"
+        self.links.connected(dest, time.time())
+        self.open[dest] = link
+        log.info("transport: connected to %s", dest)
+        return link
+
+    def broken(self, link: TransportLink, now: float, why: str) -> None:
+        self.open.pop(link.destination, None)
+        link.close()
+        self.links.disconnected(link.destination, now, why)
+        log.warning("transport: connection to %s broke: %s", link.destination, why)
+
+    def poll(self, now: float) -> list[tuple[TransportLink, list[tuple[str, dict[str, Any]]]]]:
+        """Each open connection's new acknowledgements; a connection that broke is noted."""
+        out = []
+        for link in list(self.open.values()):
+            try:
+                out.append((link, link.poll()))
+            except LinkBroken as exc:
+                self.broken(link, now, str(exc))
+        return out
+
+    def close_idle(self, now: float, busy: set[str]) -> list[str]:
+        """The 5th tick: close connections idle for 90 s that nothing waits for."""
+        closed = self.links.idle(now, busy)
+        for dest in closed:
+            link = self.open.pop(dest, None)
+            if link is not None:
+                link.close()
+            self.links.closed(dest, now)
+            log.info("transport: closed idle connection to %s", dest)
+        return closed
+
+    def close(self) -> None:
+        for link in self.open.values():
+            link.close()
+        self.open.clear()

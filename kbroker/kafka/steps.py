@@ -1,0 +1,34 @@
+"""The loop of kbroker's background services (timer service, dispatcher, transmitter): one step
+after another until stopped, a failed step reported and retried after a second, never fatal."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+
+class FailureSink(Protocol):
+    """Where a service reports its failures and recoveries (the worker's guard): logged once
+    per window, kept as a degraded reason."""
+
+    def failed(self, component: str, exc: BaseException) -> None: ...
+
+    def succeeded(self, component: str) -> None: ...
+
+
+def run_steps(step: Callable[[], None], stop: threading.Event, component: str, guard: FailureSink | None,
+              log: logging.Logger) -> None:
+    while not stop.is_set():
+        try:
+            step()
+        except Exception as exc:  # keep going: one failed step must not stop the service
+            if guard is None:
+                log.warning("%s step failed: %s", component, exc)
+            else:
+                guard.failed(component, exc)
+            stop.wait(1.0)
+        else:
+            if guard is not None:
+                guard.succeeded(component)
