@@ -56,8 +56,9 @@ class Link:
 class Links:
     """The connection table of one transmitter."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle_close: float = IDLE_CLOSE) -> None:
         self.links: dict[str, Link] = {}
+        self.idle_close = idle_close
 
     def link(self, destination: str) -> Link:
         return self.links.setdefault(destination, Link(destination))
@@ -109,13 +110,13 @@ class Links:
     def idle(self, now: float, busy: set[str]) -> list[str]:
         """Connected destinations with nothing waiting and no activity for 90 s: to close."""
         return [d for d, link in self.links.items()
-                if link.state == CONNECTED and d not in busy and now - link.last_activity >= IDLE_CLOSE]
+                if link.state == CONNECTED and d not in busy and now - link.last_activity >= self.idle_close]
 
     def closed(self, destination: str, now: float | None = None) -> None:
         """Closed for being idle: the next message opens it again, with no suppression."""
         link = self.link(destination)
         link.state, link.tried = CLOSED, False
-        link.note(link.last_activity + IDLE_CLOSE if now is None else now, "IDLE_CLOSED")
+        link.note(link.last_activity + self.idle_close if now is None else now, "IDLE_CLOSED")
 
     def is_connected(self, destination: str) -> bool:
         return self.link(destination).state == CONNECTED

@@ -7,7 +7,7 @@ import logging
 import time
 from typing import Any
 
-from kbroker.core.transport import Links
+from kbroker.core.transport import IDLE_CLOSE, Links
 from kbroker.kafka.transport_link import LinkBroken, TransportLink
 
 log = logging.getLogger("kbroker.transport")
@@ -15,9 +15,9 @@ CONNECT_SECONDS = 5.0  # kbroker's deadline on one connection attempt
 
 
 class LinkPool:
-    def __init__(self, from_broker: str, *, every_ack: bool = False):
+    def __init__(self, from_broker: str, *, every_ack: bool = False, idle_close: float = IDLE_CLOSE):
         self.from_broker, self._every_ack = from_broker, every_ack
-        self.links = Links()
+        self.links = Links(idle_close)
         self.open: dict[str, TransportLink] = {}
 
     def get(self, dest: str, now: float, second_tick: bool) -> TransportLink | str:

@@ -28,6 +28,7 @@ from kbroker.core.envelope import SYSTEM_SEQUENCE, Envelope, MalformedRecord, er
 from kbroker.core.ids import new_id
 from kbroker.core.routing import destination, is_expired, match_route, routes_of
 from kbroker.core.tick import TickSchedule
+from kbroker.core.transport import IDLE_CLOSE
 from kbroker.core.transmission import Outgoing, Refusal, TransmissionQueue
 from kbroker.kafka import clients, messages
 from kbroker.kafka.steps import FailureSink, run_steps
@@ -49,7 +50,8 @@ class Transmitter:
     """`catalog()` gives the namespace's current catalog (routes, services)."""
 
     def __init__(self, bootstrap: str, namespace: str, catalog: Callable[[], Catalog], *,
-                 guard: FailureSink | None = None, tick: float = 5.0, poll_interval: float = 0.05):
+                 guard: FailureSink | None = None, tick: float = 5.0, poll_interval: float = 0.05,
+                 idle_close: float = IDLE_CLOSE):
         self.bootstrap, self.namespace = bootstrap, namespace
         self._catalog = catalog
         self._guard = guard
@@ -57,7 +59,7 @@ class Transmitter:
         self.schedule = TickSchedule(interval=tick)
         self.topic = names.transmission_topic(namespace)
         self.queue = TransmissionQueue(namespace)
-        self.pool = LinkPool(namespace)
+        self.pool = LinkPool(namespace, idle_close=idle_close)
         self.links = self.pool.links
         self.me = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self._consumer = clients.consumer(bootstrap, names.transmitter_group(namespace), **{

@@ -361,3 +361,23 @@ def test_an_expired_route_is_no_longer_used(kafka_bootstrap, namespace, tmp_path
         status = wait_for(lambda: (r := transmitter.report()["messages"]) and r[0]["transmission_status"], 30,
                           "the message to wait")
         assert "could not be found" in status and bb.receive("Q", top=10, wait=1) == []
+
+
+def test_an_idle_connection_is_closed_on_a_5th_tick_and_opened_again_by_the_next_message(kafka_bootstrap, namespace,
+                                                                                          tmp_path):
+    """The 90 s idle period shortened to 2 s (the option the worker leaves at 90): the link is
+    closed on a 5th tick once nothing waits for it, and the next SEND opens it again at once."""
+    a, b = namespace + "a", namespace + "b"
+    setup_catalogs(kafka_bootstrap, tmp_path, a, b)
+    with Broker(kafka_bootstrap, a) as ba, Broker(kafka_bootstrap, b) as bb, \
+            Dispatcher(kafka_bootstrap, b, bb.refresh_catalog, tick=1.0), \
+            Transmitter(kafka_bootstrap, a, lambda: ba.catalog, tick=1.0, idle_close=2.0) as transmitter:
+        h = ba.begin_dialog(CLIENT, SERVER, CONTRACT)
+        ba.send(h, REQUEST, {"n": 0})
+        assert len(receive_all(bb, 1)) == 1
+        dest = f"{kafka_bootstrap}/{b}"
+        wait_for(lambda: transmitter.links.link(dest).state == "CLOSED", 30, "the idle connection to close")
+        assert [e for _, e in transmitter.links.link(dest).history][-1] == "IDLE_CLOSED"
+        ba.send(h, REQUEST, {"n": 1})
+        assert [m.message_sequence_number for m in receive_all(bb, 1)] == [1]
+        assert transmitter.links.link(dest).state == "CONNECTED"
