@@ -74,6 +74,18 @@ def admin(bootstrap: str, **overrides: Any) -> AdminClient:
     return AdminClient(base(bootstrap, **overrides))
 
 
+def consume_soon(consumer: Consumer, most: int, wait: float) -> list[Any]:
+    """Up to `most` records, returning as soon as one is there (at most `wait` seconds).
+    Consumer.consume(most, wait) waits out `wait` unless `most` records come: a service that
+    forwards what it reads (transmitter, dispatcher) added half its poll interval to every hop."""
+    got = consumer.consume(most, 0)
+    if not got and wait > 0:
+        got = consumer.consume(1, wait)
+        if got and most > 1:
+            got += consumer.consume(most - 1, 0)
+    return got
+
+
 def produce(producer: Producer, topic: str, *, until: Callable[[], bool] = lambda: False,
             **kwargs: Any) -> None:
     """Producer.produce that waits, instead of failing, while librdkafka's local queue is full:

@@ -145,7 +145,7 @@ class Dispatcher:
         run_steps(self.step, self._stop, COMPONENT, self._guard, log)
 
     def step(self) -> None:
-        batch = [m for m in self._consumer.consume(500, self._poll_interval) if self._is_record(m)]
+        batch = [m for m in clients.consume_soon(self._consumer, 500, self._poll_interval) if self._is_record(m)]
         now = time.time()
         if now >= self._next_sweep:
             self._next_sweep = now + self._tick

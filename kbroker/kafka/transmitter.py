@@ -132,7 +132,7 @@ class Transmitter:
         if full != self._paused and assignment:
             (self._consumer.pause if full else self._consumer.resume)(assignment)
             self._paused = full
-        for msg in self._consumer.consume(500, 0 if full else self._poll):
+        for msg in clients.consume_soon(self._consumer, 500, 0 if full else self._poll):
             err = msg.error()
             if err is not None:
                 if err.code() != KafkaError._PARTITION_EOF and not clients.is_transient(err):
