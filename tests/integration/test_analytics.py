@@ -14,10 +14,11 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from kbroker.core import names
 from kbroker.embedded.broker import EmbeddedBroker
+from kbroker.kafka import clients
 from kbroker.kafka.analytics_store import dialog_rows
 from kbroker.kafka.apply import apply_paths
 from kbroker.kafka.reader import committed_offsets, latest_values
@@ -56,6 +57,17 @@ def totals(bootstrap: str, ns: str, queue: str) -> dict:
         return {}
     return {"arrivals": sum(r["arrivals"] for r in rows), "receives": sum(r["receives"] for r in rows),
             **{k: rows[-1][k] for k in ("backlog", "stale", "oldest_unreceived_age_s", "top_groups", "as_of")}}
+
+
+def partitions_led(bootstrap: str, ns: str) -> bool:
+    """Whether every partition of the namespace's topics has a leader."""
+    try:
+        topics = clients.admin(bootstrap).list_topics(timeout=5).topics
+    except KafkaException:
+        return False
+    mine = [t for name, t in topics.items() if name.startswith(names.prefix(ns))]
+    return bool(mine) and all(t.error is None and all(p.leader >= 0 and p.error is None for p in t.partitions.values())
+                              for t in mine)
 
 
 def send(b: Broker, to: str, dialogs: int, each: int) -> list[str]:
@@ -231,6 +243,9 @@ def test_a_job_killed_and_restarted_counts_nothing_twice_and_rides_through_a_bro
         time.sleep(15)
         embedded.start(port=port, controller_port=cport)
         assert second.proc.poll() is None, second.log.read_text()[-3000:]
+        # A broker just started may not have led every partition yet (a SEND then fails with a
+        # typed, retriable error: a fresh run hit "Unknown partition" on the endpoints topic).
+        wait_for(lambda: partitions_led(bootstrap, ns), 60, "every partition of the namespace led again")
         send(b, STALE, dialogs=10, each=5)
         after = wait_for(lambda: (t := totals(bootstrap, ns, "StaleQueue")).get("arrivals") == 350 and t, 240,
                          f"the 50 sent after the restart counted ({second.log})")
