@@ -16,7 +16,7 @@ from kbroker.core.records import Record
 from kbroker.core.txn_faults import Deadline
 from kbroker.errors import BrokerUnavailableError, kafka_error
 from kbroker.kafka import clients
-from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, reason, transact
+from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, started, reason, transact
 from kbroker.kafka.reader import group_offsets, offsets_reader, reading_consumer, topic_partitions
 
 
@@ -37,14 +37,11 @@ class ResultsWriter:
     def _ready(self) -> GuardedProducer:
         if self._producer is None or self._producer.abandoned:
             tid = names.analytics_transactional_id(self.namespace)
-            p = GuardedProducer(clients.idempotent_producer(
-                self.bootstrap, **{"transactional.id": tid, "transaction.timeout.ms": 60000}), tid)
             try:
-                p.call("init_transactions", lambda raw: raw.init_transactions(self.timeout), self.timeout)
+                self._producer = started(clients.idempotent_producer(
+                    self.bootstrap, **{"transactional.id": tid, "transaction.timeout.ms": 60000}), tid, self.timeout)
             except (KafkaException, CallDeadlineExceeded) as exc:
-                p.abandon()
                 raise BrokerUnavailableError(f"the analytics job's producer could not start: {reason(exc)}") from None
-            self._producer = p
         return self._producer
 
     def write(self, analytics: list[tuple[str, dict[str, Any]]], commands: list[tuple[str, dict[str, Any]]],

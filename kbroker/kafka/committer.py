@@ -37,7 +37,7 @@ from kbroker.core.records import Record
 from kbroker.core.txn_faults import Action, Deadline, Position, Stage, committed_by_offsets, decide
 from kbroker.errors import TransactionAbortedError, TransactionInDoubtError
 from kbroker.kafka import clients
-from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, reason, transact
+from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, started, reason, transact
 from kbroker.kafka.reader import group_offsets, offsets_reader, without_errors
 from kbroker.kafka.receiver import Lease
 
@@ -326,13 +326,8 @@ class GroupCommitter:
         """`slot`'s producer, created and initialised (bounded by `seconds`) if it has none."""
         if slot.producer is not None and not slot.producer.abandoned:
             return slot.producer
-        producer = GuardedProducer(self._make_producer({**self._conf, "transactional.id": slot.transactional_id}),
-                                   slot.transactional_id)
-        try:
-            producer.call("init_transactions", lambda p: p.init_transactions(seconds), seconds)
-        except BaseException:
-            producer.abandon()
-            raise
+        producer = started(self._make_producer({**self._conf, "transactional.id": slot.transactional_id}),
+                           slot.transactional_id, seconds)
         slot.producer = producer
         self.generation += 1
         return producer

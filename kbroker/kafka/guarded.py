@@ -93,6 +93,19 @@ class GuardedProducer:
             self._calls.put(None)
 
 
+def started(producer: Producer, transactional_id: str, seconds: float) -> GuardedProducer:
+    """`producer` (configured with `transactional_id`) guarded and initialised within `seconds`:
+    its init fences any earlier producer of that id and ends the transaction it left open. A
+    failed init abandons it and raises."""
+    guarded = GuardedProducer(producer, transactional_id)
+    try:
+        guarded.call("init_transactions", lambda raw: raw.init_transactions(seconds), seconds)
+    except BaseException:
+        guarded.abandon()
+        raise
+    return guarded
+
+
 class TransactionFailed(Exception):
     """A Kafka transaction stopped: at which stage and how (the pure module's Failure), and why."""
 

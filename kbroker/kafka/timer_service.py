@@ -26,7 +26,7 @@ from kbroker.core.txn_faults import Action, Deadline, committed_by_offsets, deci
 from kbroker.kafka import clients, messages
 from kbroker.kafka.endpoint_store import EndpointStore
 from kbroker.kafka.steps import FailureSink, run_steps
-from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, transact
+from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, started, transact
 
 log = logging.getLogger("kbroker.timers")
 COMPONENT = "timer service"
@@ -65,11 +65,9 @@ class TimerService:
     def _new_producer(self) -> GuardedProducer:
         """A producer under the service's transactional id (fencing any earlier one, whose open
         transaction the coordinator then aborts), initialised within kbroker's deadline."""
-        p = GuardedProducer(clients.idempotent_producer(self._bootstrap, **{
+        return started(clients.idempotent_producer(self._bootstrap, **{
             "transactional.id": self._transactional_id, "transaction.timeout.ms": 10_000,
-            "retry.backoff.ms": 5}), self._transactional_id)
-        p.call("init_transactions", lambda raw: raw.init_transactions(30), 30)
-        return p
+            "retry.backoff.ms": 5}), self._transactional_id, 30)
 
     # --- the loop ------------------------------------------------------------------------------
 
