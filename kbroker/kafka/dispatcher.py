@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.arrival import REFUSE, SAVE, WAIT, check_arrival
@@ -37,45 +37,17 @@ from kbroker.core.statements import dead_letter_record
 from kbroker.core.timers import target_lifetime_record
 from kbroker.core.transmission import ack_key
 from kbroker.core.txn_faults import Deadline
+from kbroker.errors import BrokerUnavailableError
 from kbroker.kafka import clients, messages
 from kbroker.kafka.forwarder import Forwarder
-from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, transact
+from kbroker.kafka.reader import latest_values
+from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, started, transact
 from kbroker.kafka.steps import FailureSink, run_steps
 
 log = logging.getLogger("kbroker.dispatcher")
 COMPONENT = "dispatcher"
 BATCH_SECONDS = 10.0  # kbroker's deadline on one batch's transaction
-
-
-def read_acks(bootstrap: str, namespace: str, timeout: float = 30.0) -> dict[str, dict[str, Any]]:
-    """Every acknowledgement of the namespace's acks topic (compacted: the latest per direction)."""
-    topic = names.acks_topic(namespace)
-    c = clients.consumer(bootstrap, None, **{"enable.partition.eof": True})
-    try:
-        md = c.list_topics(topic, timeout=timeout).topics.get(topic)
-        if md is None or md.error is not None:
-            raise KafkaException(md.error if md is not None else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
-        parts = list(md.partitions)
-        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-        out: dict[str, dict[str, Any]] = {}
-        done: set[int] = set()
-        deadline = time.monotonic() + timeout
-        while len(done) < len(parts):
-            if time.monotonic() > deadline:
-                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"reading {topic}"))
-            for msg in c.consume(500, 0.5):
-                if msg.error():
-                    if messages.error_code(msg) == KafkaError._PARTITION_EOF:
-                        done.add(messages.partition(msg))
-                    continue
-                key = messages.key(msg).decode()
-                if msg.value() is None:
-                    out.pop(key, None)
-                else:
-                    out[key] = orjson.loads(messages.value(msg))
-        return out
-    finally:
-        c.close()
+ACKS_READ_SECONDS = 30.0
 
 
 class Dispatcher:
@@ -114,10 +86,9 @@ class Dispatcher:
                                orjson.dumps(self.forwarder.report(now)))
 
     def _new_producer(self) -> GuardedProducer:
-        p = GuardedProducer(clients.idempotent_producer(self.bootstrap, **{
-            "transactional.id": self._transactional_id, "transaction.timeout.ms": 10_000}), self._transactional_id)
-        p.call("init_transactions", lambda raw: raw.init_transactions(30), 30)
-        return p
+        return started(clients.idempotent_producer(self.bootstrap, **{
+            "transactional.id": self._transactional_id, "transaction.timeout.ms": 10_000}),
+            self._transactional_id, 30)
 
     def start(self) -> "Dispatcher":
         self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
@@ -134,8 +105,13 @@ class Dispatcher:
 
     def _load_acks(self) -> None:
         """The expected sequence numbers, from the acks topic: the dispatcher's duplicate check
-        survives restarts and rebalances because it is the acknowledgements themselves."""
-        acks = read_acks(self.bootstrap, self.namespace)
+        survives restarts, rebalances and in-doubt commits because it is the acknowledgements
+        themselves (read to the end, or not at all)."""
+        topic = names.acks_topic(self.namespace)
+        raw = latest_values(self.bootstrap, topic, ACKS_READ_SECONDS, must_finish=True)
+        if raw is None:
+            raise BrokerUnavailableError(f"{topic} does not exist (is the namespace's catalog applied?)")
+        acks = {k.decode(): orjson.loads(v) for k, v in raw.items()}
         self.inbox.expected = {k: int(v.get("next", 0)) for k, v in acks.items()}
         self.inbox.buffered = []
         self._refused = {k for k, v in acks.items() if v.get("error")}
@@ -204,9 +180,11 @@ class Dispatcher:
             transact(self._producer, records, [(positions, self._consumer.consumer_group_metadata())],
                      Deadline(BATCH_SECONDS), BATCH_SECONDS)
         except TransactionFailed as failed:
-            self.inbox.restore(saved_state)
-            self._refused = refused_before
-            self._recover(failed)
+            if self._recover(failed):
+                self.inbox.restore(saved_state)
+                self._refused = refused_before
+            else:  # committed or not, nobody can say: the acks topic can, once the new producer is up
+                self._assigned = False
             for p, o in first.items():  # read the batch again
                 self._consumer.seek(TopicPartition(self.topic, p, o))
             return
@@ -297,22 +275,26 @@ class Dispatcher:
             out.append(target_lifetime_record(self.namespace, env, topic))
         return out
 
-    def _recover(self, failed: TransactionFailed) -> None:
+    def _recover(self, failed: TransactionFailed) -> bool:
+        """Leave a producer ready after a failed batch; whether its transaction was surely aborted
+        (False: the producer was replaced, whose start ends the old transaction either way)."""
         if self._guard is None:
             log.warning("dispatching failed, will retry: %s", failed)
         else:
             self._guard.failed(COMPONENT, failed)
         try:
             self._producer.call("abort_transaction", lambda raw: raw.abort_transaction(BATCH_SECONDS), BATCH_SECONDS)
+            return True
         except (KafkaException, CallDeadlineExceeded):
             self._producer.abandon()
             while not self._stop.is_set():
                 try:
                     self._producer = self._new_producer()
-                    return
+                    break
                 except (KafkaException, CallDeadlineExceeded) as exc:
                     log.warning("dispatcher producer: %s", exc)
                     self._stop.wait(1.0)
+            return False
 
     def close(self) -> None:
         self._stop.set()

@@ -223,9 +223,11 @@ def read_to_end(bootstrap: str, topic: str, timeout: float = 10.0, *,
     return read.records
 
 
-def latest_values(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[bytes, bytes] | None:
-    """A compacted topic as key -> last value, tombstoned keys left out; None when it does not exist."""
-    records = read_to_end(bootstrap, topic, timeout)
+def latest_values(bootstrap: str, topic: str, timeout: float = 10.0, *,
+                  must_finish: bool = False) -> dict[bytes, bytes] | None:
+    """A compacted topic as key -> last value, tombstoned keys left out; None when it does not
+    exist. `must_finish`: as read_to_end's (a partial read raises instead)."""
+    records = read_to_end(bootstrap, topic, timeout, must_finish=must_finish)
     if records is None:
         return None
     latest: dict[bytes, bytes] = {}
