@@ -30,7 +30,7 @@ from kbroker.core.catalog.models import Catalog
 from kbroker.core.dispatch import Inbox
 from kbroker.core.forwarding import MB, Forwarded
 from kbroker.core.routing import destination, match_route, routes_of
-from kbroker.core.tick import TickSchedule
+from kbroker.core.tick import EVERY_2ND, EVERY_5TH, EVERY_TICK, TickCounter, TickSchedule, advance
 from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.records import Record
 from kbroker.core.statements import dead_letter_record
@@ -59,13 +59,12 @@ class Dispatcher:
         self.bootstrap, self.namespace = bootstrap, namespace
         self._catalog = catalog
         self._guard = guard
-        self._poll_interval, self._tick = poll_interval, tick
+        self._poll_interval = poll_interval
         self.topic = names.inbound_topic(namespace)
         self.inbox = Inbox()
         self.saved = self.duplicates = self.refused = self.waiting = self.dropped = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._next_sweep = 0.0
         self._refused: set[str] = set()
         group = names.dispatcher_group(namespace)
         self._consumer = clients.consumer(bootstrap, group, **{
@@ -75,7 +74,7 @@ class Dispatcher:
         self._assigned = False
         self.forwarder: Forwarder | None = None
         self.schedule = TickSchedule(interval=tick)
-        self._last_tick: int | None = None
+        self._ticks = TickCounter()
         self._next_report = 0.0
         self._me = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
 
@@ -123,18 +122,13 @@ class Dispatcher:
     def step(self) -> None:
         batch = [m for m in clients.consume_soon(self._consumer, 500, self._poll_interval) if self._is_record(m)]
         now = time.time()
-        if now >= self._next_sweep:
-            self._next_sweep = now + self._tick
+        self._ticks, run = advance(self._ticks, now, self.schedule)
+        due = run.due if run is not None else frozenset()
+        if EVERY_TICK in due:
             self.sweep(now)
-        n = self.schedule.number(now)
-        due = self.schedule.due_between(self._last_tick, n) if self._last_tick is not None else self.schedule.due(n)
-        if n != self._last_tick:
-            self._last_tick = n
-        else:
-            due = frozenset()
         if self.forwarder is not None:
-            self.forwarder.pump(now, "every_2nd_tick" in due)
-            if "every_5th_tick" in due:
+            self.forwarder.pump(now, EVERY_2ND in due)
+            if EVERY_5TH in due:
                 self.forwarder.sweep(now)
             if now >= self._next_report:
                 self._next_report = now + 2.0

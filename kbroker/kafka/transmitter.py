@@ -27,7 +27,7 @@ from kbroker.core.catalog.models import Catalog
 from kbroker.core.envelope import SYSTEM_SEQUENCE, Envelope, MalformedRecord, error_body
 from kbroker.core.ids import new_id
 from kbroker.core.routing import destination, is_expired, match_route, routes_of
-from kbroker.core.tick import TickSchedule
+from kbroker.core.tick import EVERY_2ND, EVERY_5TH, TickCounter, TickSchedule, advance
 from kbroker.core.transport import IDLE_CLOSE
 from kbroker.core.transmission import Outgoing, Refusal, TransmissionQueue
 from kbroker.kafka import clients, messages
@@ -68,7 +68,7 @@ class Transmitter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._paused = False
-        self._last_tick: int | None = None
+        self._ticks = TickCounter()
         self._committed: dict[int, int] = {}
         self._routes_seen: Any = None
         self.sent = self.acked = self.refused = 0
@@ -105,13 +105,9 @@ class Transmitter:
     def step(self) -> None:
         self._read()
         now = time.time()
-        n = self.schedule.number(now)
-        second = fifth = False
-        if n != self._last_tick:
-            due = self.schedule.due(n) if self._last_tick is None else self.schedule.due_between(self._last_tick, n)
-            second, fifth = "every_2nd_tick" in due, "every_5th_tick" in due
-            self._last_tick = n
-        if second:
+        self._ticks, run = advance(self._ticks, now, self.schedule)
+        due = run.due if run is not None else frozenset()
+        if EVERY_2ND in due:
             self._maintain(now)
             self._connect_pass(now)
         why, self._reclassify_asked = self._reclassify_asked, None
@@ -119,7 +115,7 @@ class Transmitter:
             self.reclassify(now, why)
         self._send(now)
         self._poll_links(now)
-        if fifth:
+        if EVERY_5TH in due:
             self._close_idle(now)
         self._commit()
         if now >= self._next_report:
