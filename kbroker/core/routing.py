@@ -110,6 +110,15 @@ def destination(route: Route, service: str) -> Destination | None:
     return Destination("REMOTE", route.bootstrap, route.namespace, route.name)
 
 
+def hop(route: Route, service: str, here: str) -> str | None:
+    """The next hop, `<bootstrap>/<namespace>`, that `route` gives messages to `service`: `here`
+    (this namespace's own) for LOCAL; None when it gives none."""
+    dest = destination(route, service)
+    if dest is None:
+        return None
+    return here if dest.kind == "LOCAL" else f"{dest.bootstrap}/{dest.namespace}"
+
+
 def stamp_routes(catalog: Catalog, published: Mapping[str, Route], now: float) -> Catalog:
     """The catalog `kbroker apply` publishes: each route keeps the created_at of the `published`
     route of its name when its definition is the same, and gets `now` (epoch seconds) when it is

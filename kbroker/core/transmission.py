@@ -162,11 +162,13 @@ class TransmissionQueue:
 
     # --- sending ---------------------------------------------------------------------------
 
+    def held(self) -> list[Outgoing]:
+        """Every message held, in (partition, offset) order."""
+        return [m for p in sorted(self._by_partition) for _, m in sorted(self._by_partition[p].items())]
+
     def due(self, now: float) -> list[Outgoing]:
         """Messages to send now, in offset order (so each dialog's in sequence order)."""
-        out = [m for p in sorted(self._by_partition) for m in self._by_partition[p].values() if m.next_try <= now]
-        out.sort(key=lambda m: (m.partition, m.offset))
-        return out
+        return [m for m in self.held() if m.next_try <= now]
 
     def sent(self, m: Outgoing, now: float, destination: str) -> None:
         m.attempts += 1
@@ -211,5 +213,4 @@ class TransmissionQueue:
             self._read_to.pop(p, None)
 
     def rows(self, limit: int = 1000) -> list[dict[str, Any]]:
-        out = [m.row() for p in sorted(self._by_partition) for _, m in sorted(self._by_partition[p].items())]
-        return out[:limit]
+        return [m.row() for m in self.held()[:limit]]

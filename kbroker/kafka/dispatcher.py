@@ -29,7 +29,7 @@ from kbroker.core.arrival import REFUSE, SAVE, WAIT, check_arrival
 from kbroker.core.catalog.models import Catalog
 from kbroker.core.dispatch import Inbox
 from kbroker.core.forwarding import MB, Forwarded
-from kbroker.core.routing import destination, match_route, routes_of
+from kbroker.core.routing import hop, match_route, routes_of
 from kbroker.core.tick import EVERY_2ND, EVERY_5TH, EVERY_TICK, TickCounter, TickSchedule, advance
 from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.records import Record
@@ -243,10 +243,9 @@ class Dispatcher:
         """Where a message for a service this namespace does not host goes next, by this
         namespace's routes (`<bootstrap>/<namespace>`), or None: it waits at its sender."""
         route = match_route(routes_of(catalog), env.to_service_name, env.to_broker, now)
-        dest = None if route is None else destination(route, env.to_service_name)
-        if dest is None or dest.kind != "REMOTE" or (dest.bootstrap, dest.namespace) == (self.bootstrap, self.namespace):
-            return None
-        return f"{dest.bootstrap}/{dest.namespace}"
+        here = f"{self.bootstrap}/{self.namespace}"
+        nxt = None if route is None else hop(route, env.to_service_name, here)
+        return None if nxt == here else nxt
 
     def _forward(self, catalog: Catalog, env: Envelope, msg: Message, hop: str, now: float) -> None:
         endpoint = catalog.forwarding

@@ -23,17 +23,17 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.catalog.models import ERROR as ERROR_TYPE
-from kbroker.core.catalog.models import Catalog
+from kbroker.core.catalog.models import Catalog, Route
 from kbroker.core.envelope import SYSTEM_SEQUENCE, Envelope, MalformedRecord, error_body
 from kbroker.core.ids import new_id
-from kbroker.core.routing import destination, is_expired, match_route, routes_of
+from kbroker.core.routing import hop, is_expired, match_route, routes_of
 from kbroker.core.tick import EVERY_2ND, EVERY_5TH, TickCounter, TickSchedule, advance
 from kbroker.core.transport import IDLE_CLOSE
 from kbroker.core.transmission import Outgoing, Refusal, TransmissionQueue
 from kbroker.kafka import clients, messages
 from kbroker.kafka.steps import FailureSink, run_steps
 from kbroker.kafka.link_pool import LinkPool
-from kbroker.kafka.transport_link import LinkBroken, TransportLink
+from kbroker.kafka.transport_link import LinkBroken
 
 log = logging.getLogger("kbroker.transmitter")
 COMPONENT = "transmitter"
@@ -61,6 +61,7 @@ class Transmitter:
         self.queue = TransmissionQueue(namespace)
         self.pool = LinkPool(namespace, idle_close=idle_close)
         self.links = self.pool.links
+        self.here = f"{bootstrap}/{namespace}"  # where LOCAL routes lead
         self.me = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self._consumer = clients.consumer(bootstrap, names.transmitter_group(namespace), **{
             "session.timeout.ms": 10_000, "auto.offset.reset": "earliest"})
@@ -74,7 +75,7 @@ class Transmitter:
         self.sent = self.acked = self.refused = 0
         self._next_report = 0.0
         self._reclassify_asked: str | None = None
-        self._wanted: dict[str, tuple[str, str]] = {}  # destinations messages wait to connect to
+        self._wanted: set[str] = set()  # destinations messages wait to connect to
         self._noticed: dict[str, float] = {}  # service -> when its missing route was last noticed
         self._last_report: dict[str, Any] | None = None
         self._last_report_at = 0.0
@@ -154,64 +155,57 @@ class Transmitter:
                         messages.key(msg).decode(), ts / 1000.0, len(value),
                         record=(self.topic, messages.key(msg), value, messages.headers(msg)))
 
-    def _route(self, m: Outgoing, catalog: Catalog, now: float) -> tuple[str, str] | str:
-        """(bootstrap, namespace) of `m`'s destination, or why it has none."""
-        route = match_route(routes_of(catalog), m.to_service, m.to_broker, now)
+    def _route(self, m: Outgoing, routes: list[Route], now: float) -> tuple[str, bool]:
+        """(`<bootstrap>/<namespace>` of `m`'s next hop, True) or (why it has none, False)."""
+        route = match_route(routes, m.to_service, m.to_broker, now)
         if route is None:
             self._notice(now, "route missing", m.to_service, m.to_broker)
-            return f"The route to target service '{m.to_service}' was not found."
-        dest = destination(route, m.to_service)
-        if dest is None:
-            return f"Route '{route.name}' gives no address for service '{m.to_service}'."
-        if dest.kind == "LOCAL":
-            return (self.bootstrap, self.namespace)
-        assert dest.bootstrap is not None and dest.namespace is not None
-        return (dest.bootstrap, dest.namespace)
+            return f"The route to target service '{m.to_service}' was not found.", False
+        nxt = hop(route, m.to_service, self.here)
+        if nxt is None:
+            return f"Route '{route.name}' gives no address for service '{m.to_service}'.", False
+        return nxt, True
 
     def _send(self, now: float) -> None:
         due = self.queue.due(now)
         if not due:
             return
-        catalog = self._catalog()
+        routes = routes_of(self._catalog())
+        hops: dict[tuple[str, str | None], tuple[str, bool]] = {}  # one route look-up per service a pass
         for m in due:
-            where = self._route(m, catalog, now)
-            if isinstance(where, str):
-                self.queue.waiting(m, now, where, WAIT_RETRY)
+            where = hops.get((m.to_service, m.to_broker))
+            if where is None:
+                where = hops[(m.to_service, m.to_broker)] = self._route(m, routes, now)
+            dest, routed = where
+            if not routed:
+                self.queue.waiting(m, now, dest, WAIT_RETRY)
                 continue
-            link = self._link(where, now, second_tick=False)
+            link = self.pool.get(dest, now, second_tick=False)
             if isinstance(link, str):
-                self._wanted[f"{where[0]}/{where[1]}"] = where
-                self.queue.waiting(m, now, link, WAIT_RETRY, destination=f"{where[0]}/{where[1]}")
+                self._wanted.add(dest)
+                self.queue.waiting(m, now, link, WAIT_RETRY, destination=dest)
                 continue
             try:
                 link.send(m)
             except LinkBroken as exc:
                 self.pool.broken(link, now, str(exc))
-                self._wanted[link.destination] = where
-                self.queue.waiting(m, now, f"Connection to {link.destination} broke: {exc}", WAIT_RETRY,
-                                   destination=link.destination)
+                self._wanted.add(dest)
+                self.queue.waiting(m, now, f"Connection to {dest} broke: {exc}", WAIT_RETRY, destination=dest)
                 continue
-            self.queue.sent(m, now, link.destination)
-            self.links.active(link.destination, now, sends=1, size=m.size)
+            self.queue.sent(m, now, dest)
+            self.links.active(dest, now, sends=1, size=m.size)
             self.sent += 1
 
     def _connect_pass(self, now: float) -> None:
         """Every 2nd tick: connect to the destinations messages wait for, unless suppressed; the
         messages of one that connects go out in this pass."""
-        for dest, where in list(self._wanted.items()):
-            if dest in self.pool.open:
-                del self._wanted[dest]
+        for dest in sorted(self._wanted):
+            if dest not in self.pool.open and isinstance(self.pool.get(dest, now, second_tick=True), str):
                 continue
-            link = self._link(where, now, second_tick=True)
-            if isinstance(link, TransportLink):
-                del self._wanted[dest]
-                for m in self.queue.due(float("inf")):
-                    if m.destination == dest:
-                        m.next_try = now
-
-    def _link(self, where: tuple[str, str], now: float, second_tick: bool) -> TransportLink | str:
-        """The open connection to `where`, opened now if the transport allows; else why not."""
-        return self.pool.get(f"{where[0]}/{where[1]}", now, second_tick)
+            self._wanted.discard(dest)
+            for m in self.queue.held():
+                if m.destination == dest:
+                    m.next_try = now
 
     def _poll_links(self, now: float) -> None:
         for link, acks in self.pool.poll(now):
@@ -285,7 +279,7 @@ class Transmitter:
     def reclassify(self, now: float, why: str) -> None:
         """Look at every waiting message again now (a route or the catalog changed, a command)."""
         count = 0
-        for m in self.queue.due(float("inf")):
+        for m in self.queue.held():
             if m.status:
                 m.next_try = now
                 count += 1
@@ -293,7 +287,7 @@ class Transmitter:
             log.info("transmitter reclassified %d waiting message(s): %s", count, why)
 
     def _close_idle(self, now: float) -> None:
-        self.pool.close_idle(now, {m.destination for m in self.queue.due(float("inf")) if m.destination})
+        self.pool.close_idle(now, {m.destination for m in self.queue.held() if m.destination})
 
     # --- the topic's head and the report -----------------------------------------------------
 

@@ -376,3 +376,13 @@ def test_kbroker_routes_table_and_errors(monkeypatch):
     monkeypatch.setattr(store, "read_catalog", down)
     result = CliRunner().invoke(main, ["routes", "--bootstrap", "b:1"])
     assert (result.exit_code, result.output) == (1, "kbroker: error: no Kafka broker answers at b:1\n")
+
+
+def test_hop_is_where_a_route_leads_a_service_next():
+    from kbroker.core.routing import hop
+
+    here = "h:1/me"
+    assert hop(Route(name="L", address="LOCAL"), "//S", here) == here
+    assert hop(Route(name="R", address="kafka://k:9092,k2:9092/far"), "//S", here) == "k:9092,k2:9092/far"
+    assert hop(Route(name="T", address="TRANSPORT"), "kafka://t:1/ns/svc", here) == "t:1/ns"
+    assert hop(Route(name="T", address="TRANSPORT"), "//not-an-address", here) is None
