@@ -13,8 +13,6 @@ acks topic here.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
 import uuid
@@ -75,14 +73,6 @@ class Dispatcher:
         self.forwarder: Forwarder | None = None
         self.schedule = TickSchedule(interval=tick)
         self._ticks = TickCounter()
-        self._next_report = 0.0
-        self._me = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
-
-    def _report_forwarding(self, now: float) -> None:
-        """sys.dm_broker_forwarded_messages, for `kbroker forwarded` (the transport topic)."""
-        assert self.forwarder is not None
-        self.forwarder.publish(names.transport_topic(self.namespace), f"forwarder/{self._me}",
-                               orjson.dumps(self.forwarder.report(now)))
 
     def _new_producer(self) -> GuardedProducer:
         return started(clients.idempotent_producer(self.bootstrap, **{
@@ -130,9 +120,6 @@ class Dispatcher:
             self.forwarder.pump(now, EVERY_2ND in due)
             if EVERY_5TH in due:
                 self.forwarder.sweep(now)
-            if now >= self._next_report:
-                self._next_report = now + 2.0
-                self._report_forwarding(now)
         if not batch:
             return
         if not self._assigned:

@@ -20,6 +20,7 @@ from kbroker.core.forwarding import Forwarded, ForwardQueue
 from kbroker.kafka import clients
 from kbroker.kafka.link_pool import LinkPool
 from kbroker.kafka.transport_link import LinkBroken
+from kbroker.kafka.transport_views import ReportWriter
 
 log = logging.getLogger("kbroker.forwarder")
 RELAYED_KEPT = 100_000  # directions whose relayed acknowledgement is remembered
@@ -33,6 +34,8 @@ class Forwarder:
         self._directions: dict[str, str] = {}  # ack key -> next hop, for relaying acks
         self._relayed: dict[str, int] = {}
         self._producer = clients.idempotent_producer(bootstrap)
+        # sys.dm_broker_forwarded_messages, for `kbroker forwarded`
+        self._reports = ReportWriter(self._producer, namespace, "forwarder")
         self.relayed = 0
 
     def offer(self, m: Forwarded) -> bool:
@@ -67,6 +70,7 @@ class Forwarder:
         for _, acks in self.pool.poll(now):
             for key, ack in acks:
                 self._relay(key, ack)
+        self._reports.publish(now, lambda: self.report(now))
 
     def _relay(self, key: str, ack: dict[str, Any]) -> None:
         if key not in self._directions:
@@ -92,11 +96,7 @@ class Forwarder:
                 "dropped_stale": self.queue.dropped_stale, "relayed_acks": self.relayed,
                 "connections": self.pool.links.rows(now)}
 
-    def publish(self, topic: str, key: str, value: bytes) -> None:
-        """A record on this namespace's cluster (the dispatcher's forwarding report)."""
-        clients.produce(self._producer, topic, key=key, value=value)
-        self._producer.poll(0)
-
     def close(self) -> None:
         self.pool.close()
+        self._reports.close()
         self._producer.flush(2)

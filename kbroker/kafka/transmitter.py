@@ -11,8 +11,6 @@ Run one or more per cluster (each worker runs one): they share the topic's parti
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -34,15 +32,14 @@ from kbroker.kafka import clients, messages
 from kbroker.kafka.steps import FailureSink, run_steps
 from kbroker.kafka.link_pool import LinkPool
 from kbroker.kafka.transport_link import LinkBroken
+from kbroker.kafka.transport_views import ReportWriter
 
 log = logging.getLogger("kbroker.transmitter")
 COMPONENT = "transmitter"
 WAIT_RETRY = 4.0  # a message with no route or connection is looked at again this often
 MAX_WAITING = 20_000  # messages held before the transmission topic is paused (back-pressure)
 MAX_WAITING_BYTES = 64 * 1024 * 1024
-REPORT_EVERY = 2.0
 NOTICE_EVERY = 60.0  # a missing route's broker configuration notice, per service
-HEARTBEAT = 10.0
 REPORT_ROWS = 200  # messages a report lists (the view says how many more wait)
 
 
@@ -62,10 +59,11 @@ class Transmitter:
         self.pool = LinkPool(namespace, idle_close=idle_close)
         self.links = self.pool.links
         self.here = f"{bootstrap}/{namespace}"  # where LOCAL routes lead
-        self.me = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self._consumer = clients.consumer(bootstrap, names.transmitter_group(namespace), **{
             "session.timeout.ms": 10_000, "auto.offset.reset": "earliest"})
         self._local = clients.idempotent_producer(bootstrap)  # Errors for refused dialogs, reports
+        # The connections' times move on every look: a report is new when the rest changed.
+        self._reports = ReportWriter(self._local, namespace, "transmitter", volatile=("at", "connections"))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._paused = False
@@ -73,12 +71,9 @@ class Transmitter:
         self._committed: dict[int, int] = {}
         self._routes_seen: Any = None
         self.sent = self.acked = self.refused = 0
-        self._next_report = 0.0
         self._reclassify_asked: str | None = None
         self._wanted: set[str] = set()  # destinations messages wait to connect to
         self._noticed: dict[str, float] = {}  # service -> when its missing route was last noticed
-        self._last_report: dict[str, Any] | None = None
-        self._last_report_at = 0.0
 
     def request_reclassify(self, why: str) -> None:
         """From another thread (the worker's control reader): reclassify at the next pass."""
@@ -119,9 +114,7 @@ class Transmitter:
         if EVERY_5TH in due:
             self._close_idle(now)
         self._commit()
-        if now >= self._next_report:
-            self._next_report = now + REPORT_EVERY
-            self._report(now)
+        self._reports.publish(now, lambda: self.report(now))
 
     def _read(self) -> None:
         full = len(self.queue) >= MAX_WAITING or self.queue.bytes >= MAX_WAITING_BYTES
@@ -304,22 +297,10 @@ class Transmitter:
 
     def report(self, now: float | None = None) -> dict[str, Any]:
         now = time.time() if now is None else now
-        return {"transmitter": self.me, "at": now, "messages": self.queue.rows(REPORT_ROWS),
+        return {"transmitter": self._reports.key.partition("/")[2], "at": now, "messages": self.queue.rows(REPORT_ROWS),
                 "connections": self.links.rows(now), "waiting": len(self.queue),
                 "read_to": {str(p): o for p, o in self.queue.read_positions().items()},
                 "sent": self.sent, "acked": self.acked, "refused": self.refused}
-
-    def _report(self, now: float) -> None:
-        """Published when it changed, and every 10 s regardless (the view drops reports older
-        than 30 s): the topic keeps ten minutes of them, so the view's read stays small."""
-        report = self.report(now)
-        same = {k: v for k, v in report.items() if k not in ("at", "connections")}
-        if same == self._last_report and now - self._last_report_at < HEARTBEAT:
-            return
-        self._last_report, self._last_report_at = same, now
-        clients.produce(self._local, names.transport_topic(self.namespace), key=f"transmitter/{self.me}",
-                        value=orjson.dumps(report))
-        self._local.poll(0)
 
     def close(self) -> None:
         self._stop.set()
@@ -327,10 +308,7 @@ class Transmitter:
             self._thread.join(15)
         self._commit()
         self.pool.close()
-        try:
-            self._local.produce(names.transport_topic(self.namespace), key=f"transmitter/{self.me}", value=None)
-        except Exception:  # noqa: BLE001 - best effort: the report ages out of the view
-            pass
+        self._reports.close()
         self._local.flush(2)
         self._consumer.close()
 

@@ -1,5 +1,6 @@
-"""sys.transmission_queue and sys.dm_broker_connections: what the namespace's transmitters
-report (the transport topic), and the transmission topic's messages no transmitter holds yet.
+"""sys.transmission_queue, sys.dm_broker_connections and sys.dm_broker_forwarded_messages: what
+the namespace's transmitters and forwarders report on the transport topic (ReportWriter writes
+it), and the transmission topic's messages no transmitter holds yet.
 
 A message shows a blank transmission_status until a transmitter tried to send it, as in Service
 Broker (reference item 48); after that, why it still waits. The transmission topic past the
@@ -8,19 +9,56 @@ worker runs, or it has not read them yet)."""
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import orjson
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, Producer, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.envelope import Envelope, MalformedRecord
-from kbroker.kafka import messages
+from kbroker.kafka import clients, messages
 from kbroker.kafka.reader import committed_offsets, latest_values, read_partitions, reading_consumer, topic_partitions
 
 REPORT_FRESH = 30.0  # a transmitter silent this long has stopped: its report is not shown
+REPORT_EVERY = 2.0  # a report is looked at this often, and published when it changed
+HEARTBEAT = 10.0  # ... and this often regardless, well inside REPORT_FRESH
+
+
+class ReportWriter:
+    """One process's report on the transport topic, under `<kind>/<process>`: published when it
+    changed (leaving out the fields that change on every look), and every HEARTBEAT regardless,
+    so the topic keeps few of them and the views' read stays small; a tombstone on close."""
+
+    def __init__(self, producer: Producer, namespace: str, kind: str, volatile: tuple[str, ...] = ("at",)):
+        self._producer, self._volatile = producer, volatile
+        self.topic = names.transport_topic(namespace)
+        self.key = f"{kind}/{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        self._next, self._last_at = 0.0, 0.0
+        self._last: dict[str, Any] | None = None
+
+    def publish(self, now: float, report: Callable[[], dict[str, Any]]) -> None:
+        if now < self._next:
+            return
+        self._next = now + REPORT_EVERY
+        current = report()
+        same = {k: v for k, v in current.items() if k not in self._volatile}
+        if same == self._last and now - self._last_at < HEARTBEAT:
+            return
+        self._last, self._last_at = same, now
+        clients.produce(self._producer, self.topic, key=self.key, value=orjson.dumps(current))
+        self._producer.poll(0)
+
+    def close(self) -> None:
+        """The report's tombstone (best effort: a report left behind ages out of the views)."""
+        try:
+            self._producer.produce(self.topic, key=self.key, value=None)
+        except (BufferError, KafkaException):
+            pass
 
 
 def reports(bootstrap: str, namespace: str, kind: str, timeout: float = 10.0) -> list[dict[str, Any]]:
