@@ -17,6 +17,7 @@ import orjson
 
 from kbroker.core import names
 from kbroker.core.forwarding import Forwarded, ForwardQueue
+from kbroker.core.transmission import ack_key
 from kbroker.kafka import clients
 from kbroker.kafka.link_pool import LinkPool
 from kbroker.kafka.transport_link import LinkBroken
@@ -31,7 +32,8 @@ class Forwarder:
         self.bootstrap, self.namespace = bootstrap, namespace
         self.queue = ForwardQueue(limit_bytes)
         self.pool = LinkPool(namespace, every_ack=True)
-        self._directions: dict[str, str] = {}  # ack key -> next hop, for relaying acks
+        # Ack key of each direction forwarded -> the highest `next` relayed for it (-1: none yet),
+        # oldest first: the acknowledgements to relay, and which to forget first.
         self._relayed: dict[str, int] = {}
         self._producer = clients.idempotent_producer(bootstrap)
         # sys.dm_broker_forwarded_messages, for `kbroker forwarded`
@@ -42,12 +44,10 @@ class Forwarder:
         """Hold `m` to pass on; False when the size cap dropped it."""
         held = self.queue.add(m)
         if held:
-            key = f"{m.from_broker}|{m.conversation_id}|{'TARGET' if m.is_initiator else 'INITIATOR'}"
-            self._directions.pop(key, None)
-            self._directions[key] = m.destination
-            while len(self._directions) > RELAYED_KEPT:
-                self._relayed.pop(next(iter(self._directions)), None)
-                del self._directions[next(iter(self._directions))]
+            key = ack_key(m.from_broker, m.conversation_id, "TARGET" if m.is_initiator else "INITIATOR")
+            self._relayed[key] = self._relayed.pop(key, -1)  # to the newest end
+            while len(self._relayed) > RELAYED_KEPT:
+                del self._relayed[next(iter(self._relayed))]
         else:
             log.warning("forwarder full (%d of %d bytes): message %s dropped; its sender sends it again",
                         self.queue.bytes, self.queue.limit, m.message_id)
@@ -73,12 +73,13 @@ class Forwarder:
         self._reports.publish(now, lambda: self.report(now))
 
     def _relay(self, key: str, ack: dict[str, Any]) -> None:
-        if key not in self._directions:
+        relayed = self._relayed.get(key)
+        if relayed is None:
             return
         nxt = int(ack.get("next", 0))
-        if nxt <= self._relayed.get(key, -1) and not ack.get("error") and not ack.get("status"):
+        if nxt <= relayed and not ack.get("error") and not ack.get("status"):
             return
-        self._relayed[key] = max(nxt, self._relayed.get(key, -1))
+        self._relayed[key] = max(nxt, relayed)
         clients.produce(self._producer, names.acks_topic(self.namespace), key=key,
                         value=orjson.dumps({**ack, "relayed_by": self.namespace}))
         self._producer.poll(0)

@@ -14,7 +14,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicP
 
 from kbroker.core import names
 from kbroker.core.records import Header
-from kbroker.core.transmission import Outgoing
+from kbroker.core.transmission import Outgoing, ack_key
 from kbroker.kafka import clients, messages
 
 SEND_TIMEOUT_MS = 20_000  # a message the destination did not take within this breaks the link
@@ -59,7 +59,7 @@ class TransportLink:
     def send(self, m: Outgoing) -> None:
         """Queue `m` for the destination (never blocks: a full local queue is a broken link)."""
         _, _, value, headers = m.record
-        self.send_record(f"{self.from_broker}|{m.conversation_id}|{m.to_side}", value, headers)
+        self.send_record(ack_key(self.from_broker, m.conversation_id, m.to_side), value, headers)
 
     def send_record(self, key: str, value: bytes | None, headers: list[Header] | None) -> None:
         """Queue one record for the destination's inbound topic, keyed by its dialog direction."""
