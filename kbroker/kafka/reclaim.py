@@ -82,11 +82,21 @@ def _reclaim_by_group(bootstrap: str, admin: AdminClient, topic: str, partitions
     """Delete a topic's records below the committed offsets of the one group that reads it (the
     transmitters commit each partition up to its oldest unacknowledged message)."""
     tps = [TopicPartition(topic, p) for p in partitions]
-    starts = {tp.partition: clients.result_of(f, f"cannot list the offsets of {topic}").offset
-              for tp, f in admin.list_offsets({tp: OffsetSpec.earliest() for tp in tps},
-                                              request_timeout=timeout).items()}
     offsets = committed_offsets(bootstrap, group, tps, timeout)
-    points = reclaim_points(starts, {tp.partition: tp.offset for tp in offsets if tp.error is None})
+    points = reclaim_points(_log_starts(admin, topic, tps, timeout),
+                            {tp.partition: tp.offset for tp in offsets if tp.error is None})
+    return _delete_below(admin, topic, points, timeout)
+
+
+def _log_starts(admin: AdminClient, topic: str, tps: list[TopicPartition], timeout: float) -> dict[int, int]:
+    """Partition -> its log start offset."""
+    return {tp.partition: clients.result_of(f, f"cannot list the offsets of {topic}").offset
+            for tp, f in admin.list_offsets({tp: OffsetSpec.earliest() for tp in tps},
+                                            request_timeout=timeout).items()}
+
+
+def _delete_below(admin: AdminClient, topic: str, points: dict[int, int], timeout: float) -> dict[int, int]:
+    """Delete each partition's records below its point; partition -> its new log start."""
     if not points:
         return {}
     futures = admin.delete_records([TopicPartition(topic, p, o) for p, o in points.items()],
@@ -100,9 +110,7 @@ def reclaim_topic(bootstrap: str, admin: AdminClient, queue: Queue, topic: str, 
     """Delete one queue topic's records below what its readers need; returns partition -> new start.
     `endpoint_states` (handle -> state) is asked only for a RETENTION = ON queue."""
     tps = [TopicPartition(topic, p) for p in partitions]
-    starts = {tp.partition: clients.result_of(f, f"cannot list the offsets of {topic}").offset
-              for tp, f in admin.list_offsets({tp: OffsetSpec.earliest() for tp in tps},
-                                              request_timeout=timeout).items()}
+    starts = _log_starts(admin, topic, tps, timeout)
     offsets = committed_offsets(bootstrap, topic, tps, timeout)  # the group is named as the topic
     # A partition with an error of its own (offsets not stable yet) is not reclaimed this time.
     committed = {tp.partition: tp.offset for tp in offsets if tp.error is None and tp.offset >= 0}
@@ -113,15 +121,7 @@ def reclaim_topic(bootstrap: str, admin: AdminClient, queue: Queue, topic: str, 
         read = committed_offsets(bootstrap, names.analytics_group(queue_namespace(topic)), tps, timeout, stable=False)
         keep_from = lowest(keep_from, analytics_floor(
             {tp.partition: (tp.offset, tp.metadata) for tp in read if tp.error is None}, int(time.time() * 1000)))
-    points = reclaim_points(starts, committed, keep_from)
-    if not points:
-        return {}
-    futures = admin.delete_records([TopicPartition(topic, p, o) for p, o in points.items()],
-                                   request_timeout=timeout, operation_timeout=timeout)
-    deleted = {}
-    for tp, future in futures.items():
-        deleted[tp.partition] = clients.result_of(future, f"cannot delete records of {topic}").low_watermark
-    return deleted
+    return _delete_below(admin, topic, reclaim_points(starts, committed, keep_from), timeout)
 
 
 def queue_namespace(topic: str) -> str:
