@@ -11,7 +11,6 @@ endpoint.py's.
 from __future__ import annotations
 
 import math
-
 import time
 import uuid
 from collections.abc import Callable, Iterable

@@ -59,11 +59,18 @@ def disarm_record(namespace: str, ep: Endpoint) -> Record | None:
 def lifetime_record(namespace: str, ep: Endpoint, initiator_topic: str | None, target_topic: str | None) -> Record:
     """Written with BEGIN DIALOG ... LIFETIME: the Error -8489 for both sides when it runs out.
     A side whose topic is None lives in another namespace, whose own timer tells it."""
-    value = {"kind": "lifetime", "due": ep.lifetime, "conversation_id": ep.conversation_id,
-             "contract": ep.service_contract_name,
-             "INITIATOR": {"service": ep.service_name, "topic": initiator_topic, "key": ep.conversation_group_id},
-             "TARGET": {"service": ep.far_service_name, "topic": target_topic, "key": ep.far_conversation_group_id}}
-    return (names.timers_topic(namespace), lifetime_key(ep.conversation_id), orjson.dumps(value), None)
+    return _lifetime(namespace, ep.conversation_id, ep.lifetime, ep.service_contract_name,
+                     (ep.service_name, initiator_topic, ep.conversation_group_id),
+                     (ep.far_service_name, target_topic, ep.far_conversation_group_id))
+
+
+def _lifetime(namespace: str, conversation_id: str, due: int | None, contract: str,
+              initiator: tuple[str, str | None, str], target: tuple[str, str | None, str]) -> Record:
+    """The lifetime's timer record; each side is (service, topic or None, key)."""
+    value = {"kind": "lifetime", "due": due, "conversation_id": conversation_id, "contract": contract,
+             **{side: {"service": service, "topic": topic, "key": key}
+                for side, (service, topic, key) in (("INITIATOR", initiator), ("TARGET", target))}}
+    return (names.timers_topic(namespace), lifetime_key(conversation_id), orjson.dumps(value), None)
 
 
 def _system_message(conversation_id: str, side: str, contract: str, to_service: str, from_service: str,
@@ -105,8 +112,6 @@ def firing_records(value: dict[str, Any], endpoint: Any) -> list[Record]:
 def target_lifetime_record(namespace: str, env: Envelope, target_topic: str) -> Record:
     """The lifetime of a dialog begun in another namespace, armed where its first message is saved:
     the Error -8489 for the target side here (the initiator's namespace tells its own side)."""
-    value = {"kind": "lifetime", "due": env.lifetime, "conversation_id": env.conversation_id,
-             "contract": env.service_contract_name,
-             "INITIATOR": {"service": env.from_service_name, "topic": None, "key": env.reply_group or env.conversation_id},
-             "TARGET": {"service": env.to_service_name, "topic": target_topic, "key": env.conversation_group_id}}
-    return (names.timers_topic(namespace), lifetime_key(env.conversation_id), orjson.dumps(value), None)
+    return _lifetime(namespace, env.conversation_id, env.lifetime, env.service_contract_name,
+                     (env.from_service_name, None, env.reply_group or env.conversation_id),
+                     (env.to_service_name, target_topic, env.conversation_group_id))
