@@ -335,6 +335,7 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
         await guard.run("task handlers", restart_handlers)
         await guard.run("catalog refresh", refresh_catalog)
         await guard.run("timer service", ensure_timer_service)
+        await guard.run("routing", ensure_routing)
         await guard.run("reclassification", every_2nd_tick)
         if guard.health.failing("reclaim") and guard.due("reclaim"):
             # This worker's 5th-tick cleanup failed (a coordinator still loading after a broker
@@ -477,7 +478,6 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
             rt["timer_service"] = await asyncio.to_thread(
                 lambda: TimerService(s.bootstrap, s.namespace, endpoints=broker.endpoints,
                                      guard=guard).start())
-        await ensure_routing()
 
     async def ensure_routing() -> None:
         """Start the dispatcher and the transmitter (routing between namespaces) if they are not
@@ -498,6 +498,7 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
         rt["loop"] = asyncio.get_running_loop()
         install_log_limit()
         await guard.run("timer service", ensure_timer_service)
+        await guard.run("routing", ensure_routing)
         asyncio.get_running_loop().run_in_executor(None, warm_conversations)
         log.info("worker started worker=%s namespace=%s", s.worker_id, s.namespace)
 
