@@ -70,6 +70,15 @@ class InvalidArgumentError(KBrokerError, ValueError):
     priority outside 1-10, ...). Also a ValueError, as such arguments are in Python."""
 
 
+class TransportQueueNotFoundError(InvalidArgumentError):
+    """A send to a transport queue that no installer created (`kbroker endpoint install`)."""
+
+    def __init__(self, queue: str, topic: str):
+        super().__init__(f"transport queue {queue!r} does not exist (topic {topic}); "
+                         f"install its endpoint first (kbroker endpoint install)")
+        self.queue, self.topic = queue, topic
+
+
 # --- catalog ------------------------------------------------------------------------------
 
 

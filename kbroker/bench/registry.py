@@ -16,7 +16,7 @@ BASELINE_OVER_KBROKER = "baseline/kbroker"
 # The scenario modules, in the order their scenarios run and are reported.
 SCENARIO_MODULES = ("scenarios_send", "scenarios_reply", "scenarios_io", "scenarios_rss",
                     "scenarios_endpoints", "activation_latency", "activation_drain", "scenarios_analytics",
-                    "scenarios_routing")
+                    "scenarios_routing", "scenarios_transport")
 
 
 class Skip(Exception):

@@ -18,7 +18,8 @@ SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "backlo
                   "ended-dialogs-rss", "conversations-view", "activation-latency", "activation-drain", "analytics",
                   "analytics-throughput", "analytics-throughput-pipelined", "analytics-stale-delay",
                   "routing", "routing-request-reply-namespaces", "routing-request-reply-clusters",
-                  "routing-transmission-latency")
+                  "routing-transmission-latency", "transport", "transport-send", "transport-receive",
+                  "transport-io-bound", "transport-share-group")
 
 
 @main.command("bench")
@@ -61,7 +62,7 @@ def bench(scenarios, repeat, messages, conversations, backlog, readers, in_fligh
     """Benchmark kbroker against a plain confluent-kafka baseline on the same broker.
 
     SCENARIOS: send (with send-pipelined), request-reply, io-bound, backlog-rss, ended-dialogs,
-    activation-latency, activation-drain, analytics, routing; all by default.
+    activation-latency, activation-drain, analytics, routing, transport; all by default.
     Uses --bootstrap / KBROKER_BOOTSTRAP when given, else starts an embedded broker on free ports
     in a temporary data dir for the run. Progress goes to stderr; results to OUT/latest.json and
     the results table of the docs; --json prints them on stdout."""

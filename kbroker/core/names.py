@@ -5,6 +5,7 @@ other's topics and one ACL prefix covers a namespace:
 
     kbroker.<ns>.queue.<queue>     one topic per queue (and the consumer group that reads it)
     kbroker.<ns>.queue.<queue>.<instance>   a queue's secondary queue for one instance (callbacks)
+    kbroker.<ns>.tqueue.<queue>    a transport queue (core/transport_endpoint.py), read by the group of its name
     kbroker.<ns>.catalog           compacted: the catalog objects
     kbroker.<ns>.endpoints         compacted: conversation endpoints
     kbroker.<ns>.events            broker events (activation, queue monitors, ...)

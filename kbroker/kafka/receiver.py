@@ -44,6 +44,15 @@ QUEUED_MAX_KBYTES = 16 * 1024  # librdkafka read-ahead per consumer (see QueueRe
 HANGING_AFTER = 60.0
 
 
+def decode_envelope(rec: KafkaRecord) -> Envelope:
+    """A Service Broker message: its envelope, keyed by its receiving conversation group."""
+    env = Envelope.from_headers(messages.headers(rec))
+    key = rec.key()
+    if key is None or key.decode() != env.conversation_group_id:
+        raise MalformedRecord("record key does not match the conversation group header")
+    return env
+
+
 @dataclass(eq=False)
 class Lease:
     """The records one transaction took from one conversation group (or dead-lettered)."""
@@ -73,8 +82,12 @@ class QueueReceiver:
                  commit_barrier: Callable[[], None] = lambda: None, topic: str | None = None,
                  on_assign: Callable[[], None] = lambda: None,
                  report: Callable[[dict[str, Any]], None] | None = None, report_interval: float = 2.0,
-                 new_consumer: Callable[[dict[str, Any]], Consumer] = Consumer):
+                 new_consumer: Callable[[dict[str, Any]], Consumer] = Consumer,
+                 decode: Callable[[KafkaRecord], Envelope] | None = None):
         self.queue = queue
+        # How a record becomes what the buffer orders and groups (MalformedRecord: dead-letter
+        # it): a Service Broker message by default, a transport message for transport queues.
+        self._decode = decode or decode_envelope
         self.topic = topic or names.queue_topic(namespace, queue)  # or a secondary queue's topic
         self._bootstrap, self._new_consumer = bootstrap, new_consumer
         self._on_assign_hook = on_assign
@@ -184,10 +197,7 @@ class QueueReceiver:
         if done:
             return
         try:
-            env = Envelope.from_headers(messages.headers(rec))
-            key = rec.key()
-            if key is None or key.decode() != env.conversation_group_id:
-                raise MalformedRecord("record key does not match the conversation group header")
+            env = self._decode(rec)
         except (MalformedRecord, UnicodeDecodeError) as exc:
             self._dead_letter(self, rec, str(exc))
             return
@@ -325,6 +335,22 @@ class QueueReceiver:
             consumer.incremental_unassign(assigned)
 
     # --- RECEIVE ------------------------------------------------------------------------------
+
+    def waiting(self) -> int:
+        """Records buffered here and not taken: what a monitoring loop counts as waiting."""
+        with self._cv:
+            return self._buffer.buffered
+
+    def wait_for_waiting(self, timeout: float) -> int:
+        """Wait up to `timeout` s for a buffered record not taken yet; returns how many there are."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while not self._buffer.buffered and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cv.wait(min(left, 0.5))
+            return self._buffer.buffered
 
     def _caught_up(self) -> bool:
         return bool(self._offsets) and self._eof >= set(self._offsets)

@@ -2,7 +2,7 @@
 (also what a test or an operator calls to run it at once):
 
 - `reclaim_namespace`: delete the queue records no reader needs (the rule is core/reclaim.py),
-  and the transmission topic's records the far side acknowledged (below the transmitters' commits);
+  the transport queues' records their group committed past, and the transmission topic's records the far side acknowledged (below the transmitters' commits);
 - `reclaim_endpoints`: write the tombstones of endpoints CLOSED for longer than the grace
   period (30 minutes), so compaction removes them and no process reads them again.
 
@@ -68,6 +68,11 @@ def reclaim_namespace(bootstrap: str, catalog: Catalog, timeout: float = 30.0) -
             deleted = reclaim_topic(bootstrap, admin, queue, name, partitions, endpoint_states, timeout)
             if deleted:
                 done.append(Reclaimed(name, deleted))
+    tqueues = f"{names.prefix(catalog.namespace)}tqueue."  # transport queues: read by the group of their name
+    for name in sorted(t for t in existing if t.startswith(tqueues)):
+        deleted = _reclaim_by_group(bootstrap, admin, name, sorted(existing[name].partitions), name, timeout)
+        if deleted:
+            done.append(Reclaimed(name, deleted))
     transmission = names.transmission_topic(catalog.namespace)
     if transmission in existing:  # seed 000's 5th tick: clean acknowledged messages up
         deleted = _reclaim_by_group(bootstrap, admin, transmission, sorted(existing[transmission].partitions),

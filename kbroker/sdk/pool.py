@@ -5,10 +5,13 @@
     pool.stop()
 
 Each reader loops: a transaction, RECEIVE TOP(top) WAITFOR(wait), `handle(tx, messages)`, commit.
-The decisions come from `worker.ramp.RampUp`: consecutive RECEIVEs that found messages add a
+The decisions come from `core.ramp.RampUp`: consecutive RECEIVEs that found messages add a
 reader (up to `max_readers`), consecutive empty ones retire the reader that came back empty (down
 to one). A handler that raises rolls its transaction back (the messages come back; five in a row
 disable the queue, as poison messages do) and counts as a successful poll, since work was there.
+
+RampedReaders is the controller alone, over any "poll once" function: transport queues and their
+secondaries (sdk/transport_readers.py) ramp up the same way.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 from kbroker.core.envelope import Message
 from kbroker.core.ramp import RampUp
@@ -27,22 +30,17 @@ log = logging.getLogger("kbroker.pool")
 Handler = Callable[[Any, list[Message]], None]  # (transaction, messages of one conversation group)
 
 
-class ReaderPool:
-    """Readers of `queue` that each RECEIVE in a transaction and pass the messages to `handle`;
-    their number follows the load, between one and `max_readers`. `peak`, `handled` and
-    `failures` count the most readers at once, the messages handled, and the handler failures."""
+class RampedReaders:
+    """Threads that each call `poll()` (True: it found work) in a loop; their number follows
+    the load by RampUp, between one and `max_readers`. `peak` is the most at once."""
 
-    def __init__(self, broker: Any, queue: str, handle: Handler, *, max_readers: int = 4, top: int = 10,
-                 wait: float = 1.0):
-        self.broker, self.queue, self._handle = broker, queue, handle
-        self._top, self._wait = top, wait
+    def __init__(self, poll: Callable[[], bool], *, name: str, max_readers: int = 4):
+        self._poll_once, self.name = poll, name
         self._ramp = RampUp(max_readers=max_readers)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: set[threading.Thread] = set()
         self.peak = 0
-        self.handled = 0
-        self.failures = 0
 
     @property
     def readers(self) -> int:
@@ -50,13 +48,13 @@ class ReaderPool:
         with self._lock:
             return len(self._threads)
 
-    def start(self) -> ReaderPool:
-        """Start the first reader; returns the pool."""
+    def start(self) -> Self:
+        """Start the first reader; returns self."""
         self._spawn()
         return self
 
     def _spawn(self) -> None:
-        t = threading.Thread(target=self._loop, name=f"kbroker-pool-{self.queue}", daemon=True)
+        t = threading.Thread(target=self._loop, name=f"kbroker-pool-{self.name}", daemon=True)
         with self._lock:
             self._threads.add(t)
             self.peak = max(self.peak, len(self._threads))
@@ -66,7 +64,7 @@ class ReaderPool:
         me = threading.current_thread()
         try:
             while not self._stop.is_set():
-                got = self._poll()
+                got = self._poll_once()
                 with self._lock:
                     self._ramp, delta = self._ramp.observe(got)
                 if delta > 0:
@@ -76,6 +74,32 @@ class ReaderPool:
         finally:
             with self._lock:
                 self._threads.discard(me)
+
+    def stats(self) -> dict[str, int | str]:
+        """The model, the queue, the readers now and the most at once."""
+        return {"model": "ramp", "queue": self.name, "readers": self.readers, "peak": self.peak}
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Ask every reader to stop after its current poll and wait up to `timeout` s for each."""
+        self._stop.set()
+        with self._lock:
+            threads = list(self._threads)
+        for t in threads:
+            t.join(timeout)
+
+
+class ReaderPool(RampedReaders):
+    """Readers of `queue` that each RECEIVE in a transaction and pass the messages to `handle`;
+    their number follows the load, between one and `max_readers`. `peak`, `handled` and
+    `failures` count the most readers at once, the messages handled, and the handler failures."""
+
+    def __init__(self, broker: Any, queue: str, handle: Handler, *, max_readers: int = 4, top: int = 10,
+                 wait: float = 1.0):
+        super().__init__(self._poll, name=queue, max_readers=max_readers)
+        self.broker, self.queue, self._handle = broker, queue, handle
+        self._top, self._wait = top, wait
+        self.handled = 0
+        self.failures = 0
 
     def _poll(self) -> bool:
         try:
@@ -98,11 +122,3 @@ class ReaderPool:
             with self._lock:
                 self.failures += 1
             return True
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Ask every reader to stop after its current transaction and wait up to `timeout` s for each."""
-        self._stop.set()
-        with self._lock:
-            threads = list(self._threads)
-        for t in threads:
-            t.join(timeout)

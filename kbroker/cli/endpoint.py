@@ -1,0 +1,150 @@
+"""`kbroker endpoint`: the transport face's endpoints (NServiceBus's SQL Server transport).
+
+    kbroker endpoint install Sales --machine web-01       # queues Sales and Sales.web-01
+    kbroker endpoint send Sales --body '{"order": 1}' --header NServiceBus.EnclosedMessageTypes=OrderPlaced
+    kbroker endpoint receive Sales --wait 5 --json        # one message, removed when printed
+    kbroker endpoint acls Sales --installer User:deploy --runner User:sales
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from kbroker import config
+from kbroker.cli.common import (
+    bootstrap_address,
+    bootstrap_option,
+    emit_json,
+    fail,
+    handle_errors,
+    json_option,
+    main,
+    namespace_option,
+)
+
+
+@main.group("endpoint")
+def endpoint_group() -> None:
+    """Transport endpoints: queues of transport messages, installers, send and receive."""
+
+
+@endpoint_group.command("install")
+@click.argument("endpoint")
+@click.option("--machine", help="Also create this instance's secondary queue ENDPOINT.MACHINE.")
+@click.option("--no-secondary", is_flag=True, help="Only the primary queue (secondaries disabled).")
+@click.option("--partitions", type=click.IntRange(1, 1000), default=None,
+              help="Partitions of the primary queue (default 4): at most this many instances compete.")
+@bootstrap_option
+@namespace_option
+@json_option
+@handle_errors
+def install_cmd(endpoint, machine, no_secondary, partitions, bootstrap, namespace, as_json):
+    """Create ENDPOINT's queues (and the dead-letter topic), as an installer creates the tables.
+    Needs topic-create rights; the running endpoint needs only read and write (see `acls`)."""
+    from kbroker.core.transport_endpoint import PRIMARY_PARTITIONS, install_plan, transport_queue_topic
+    from kbroker.kafka.transport_queues import install
+
+    ns = config.namespace(namespace)
+    plan = install_plan(endpoint, machine, secondary=not no_secondary, partitions=partitions or PRIMARY_PARTITIONS)
+    created = install(bootstrap_address(bootstrap), ns, plan)
+    rows = [{"queue": q, "topic": transport_queue_topic(ns, q), "partitions": p,
+             "created": transport_queue_topic(ns, q) in created} for q, p in plan.queues]
+    if as_json:
+        emit_json({"endpoint": endpoint, "namespace": ns, "queues": rows, "created": created})
+        return
+    for r in rows:
+        click.echo(f"{r['queue']}: {r['topic']} ({r['partitions']} partitions, "
+                   f"{'created' if r['created'] else 'already there'})")
+
+
+def _headers(pairs: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{pair!r} is not NAME=VALUE", param_hint="--header")
+        out[name] = value
+    return out
+
+
+@endpoint_group.command("send")
+@click.argument("queue")
+@click.option("--body", help="The body (text); '-' reads it from standard input.")
+@click.option("--header", "header", multiple=True, help="A header NAME=VALUE (repeatable).")
+@click.option("--id", "message_id", help="The message Id (a GUID; default a new one).")
+@click.option("--correlation-id")
+@click.option("--reply-to", "reply_to", help="ReplyToAddress (default: none).")
+@click.option("--not-recoverable", is_flag=True, help="Recoverable = false: the express, not durable path.")
+@click.option("--ttbr", type=click.FloatRange(min=0, min_open=True), help="Time to be received, seconds (Expires).")
+@bootstrap_option
+@namespace_option
+@json_option
+@handle_errors
+def send_cmd(queue, body, header, message_id, correlation_id, reply_to, not_recoverable, ttbr, bootstrap,
+             namespace, as_json):
+    """Send a transport message to QUEUE; prints its Id."""
+    from kbroker.sdk.transport import send_message
+
+    data = sys.stdin.buffer.read() if body == "-" else (None if body is None else body.encode())
+    mid = send_message(bootstrap_address(bootstrap), config.namespace(namespace), queue, data, _headers(header),
+                    message_id=message_id, correlation_id=correlation_id, reply_to_address=reply_to,
+                    recoverable=not not_recoverable, time_to_be_received=ttbr)
+    if as_json:
+        emit_json({"queue": queue, "Id": mid})
+    else:
+        click.echo(mid)
+
+
+@endpoint_group.command("receive")
+@click.argument("queue")
+@click.option("--wait", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Seconds to wait for a message.")
+@bootstrap_option
+@namespace_option
+@json_option
+@handle_errors
+def receive_cmd(queue, wait, bootstrap, namespace, as_json):
+    """Receive one message from QUEUE (removing it), in a transaction of its own."""
+    from kbroker.sdk.transport import TransportEndpoint
+
+    with TransportEndpoint(queue.split(".")[0], bootstrap=bootstrap_address(bootstrap), namespace=namespace,
+                           secondary=False) as ep:
+        msg = ep.receive(wait, queue=queue)
+    if msg is None:
+        if as_json:
+            emit_json(None)
+            return
+        fail(f"no message on {queue} within {wait:g} s", code=3)
+    row = msg.as_dict()
+    if as_json:
+        emit_json(row)
+        return
+    for name in ("Id", "CorrelationId", "ReplyToAddress", "Recoverable", "Expires", "RowVersion"):
+        click.echo(f"{name}: {row[name]}")
+    for name, value in row["Headers"].items():
+        click.echo(f"header {name}: {value}")
+    click.echo(f"Body: {row['Body'] if row['Body'] is not None else row.get('body_hex', 'NULL')}")
+
+
+@endpoint_group.command("acls")
+@click.argument("endpoint")
+@click.option("--installer", default="User:installer", show_default=True, help="The installing principal.")
+@click.option("--runner", default="User:endpoint", show_default=True, help="The running endpoint's principal.")
+@bootstrap_option
+@namespace_option
+@json_option
+@handle_errors
+def acls_cmd(endpoint, installer, runner, bootstrap, namespace, as_json):
+    """The Kafka ACLs that split ENDPOINT's permissions: the installer creates its topics, the
+    running endpoint only reads and writes. Printed as kafka-acls.sh lines, not applied."""
+    from kbroker.core.transport_endpoint import acl_split
+
+    bindings = acl_split(config.namespace(namespace), endpoint, installer, runner)
+    if as_json:
+        emit_json([b.__dict__ for b in bindings])
+        return
+    address = bootstrap or "BOOTSTRAP"
+    for b in bindings:
+        click.echo(b.command(address))

@@ -1,0 +1,184 @@
+"""A transport endpoint (NServiceBus's SQL Server transport, seed 002): its queues, its
+concurrency model, its installer plan and the permissions that plan splits. Pure: no I/O.
+
+An endpoint `Sales` has one primary queue, `Sales`, shared by all its instances, and (unless
+disabled) a secondary queue per instance, `Sales.<machine>`, where replies to what that instance
+sent come back (callbacks). Each queue is a topic `kbroker.<ns>.tqueue.<queue>` read by the
+consumer group of the same name.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from kbroker.core import names
+
+QUEUE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,150}$")
+MACHINE_RE = names.INSTANCE_RE  # no '.': `Endpoint.Machine` must stay one queue name
+
+# The three concurrency models of seed 002, by the transport version that introduced them.
+FIXED, RAMP, MONITOR = "fixed", "ramp", "monitor"
+_MODEL_NAMES = {"fixed": FIXED, "pre-2.0": FIXED, "ramp": RAMP, "2.1": RAMP, "monitor": MONITOR, "3.0": MONITOR}
+
+PRIMARY_PARTITIONS = 4  # competing instances share a primary queue by its partitions
+SECONDARY_PARTITIONS = 1  # one instance reads its secondary queue
+MAX_DELIVERIES = 5  # a message whose handler failed this often goes to the dead-letter topic
+
+
+def transport_queue_topic(ns: str, queue: str) -> str:
+    """The topic of a transport queue (primary or secondary): `kbroker.<ns>.tqueue.<queue>`."""
+    if not isinstance(queue, str) or not QUEUE_RE.match(queue):
+        raise ValueError(f"transport queue name {queue!r} must be 1-150 characters of A-Z a-z 0-9 _ . -")
+    return f"{names.prefix(ns)}tqueue.{queue}"
+
+
+def model_name(value: str) -> str:
+    """`fixed` (pre-2.0), `ramp` (2.1) or `monitor` (3.0), from any of those spellings."""
+    try:
+        return _MODEL_NAMES[str(value).strip().lower()]
+    except KeyError:
+        raise ValueError(f"concurrency model {value!r} is not one of fixed (pre-2.0), ramp (2.1), monitor (3.0)") from None
+
+
+def default_machine() -> str:
+    """This host's name as a queue suffix: characters other than A-Z a-z 0-9 _ - become '-'."""
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:64]
+    return name or "localhost"
+
+
+@dataclass(frozen=True)
+class EndpointSettings:
+    """How an endpoint instance receives. `max_concurrency` is MaximumConcurrencyLevel (the
+    primary queue's readers or receive tasks at most); `secondary_readers` the secondary
+    queue's (1 by default, as in 2.0); a satellite receiver has no secondary queue."""
+
+    name: str
+    machine: str
+    secondary: bool = True
+    model: str = MONITOR
+    max_concurrency: int = 8
+    secondary_readers: int = 1
+    max_deliveries: int = MAX_DELIVERIES
+    satellite: bool = False
+
+    def __post_init__(self) -> None:
+        if not QUEUE_RE.match(self.name or ""):
+            raise ValueError(f"endpoint name {self.name!r} must be 1-150 characters of A-Z a-z 0-9 _ . -")
+        if not MACHINE_RE.match(self.machine or ""):
+            raise ValueError(f"machine name {self.machine!r} must be 1-64 characters of A-Z a-z 0-9 _ -")
+        object.__setattr__(self, "model", model_name(self.model))
+        for field_name in ("max_concurrency", "secondary_readers", "max_deliveries"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{field_name} must be a whole number of at least 1, not {value!r}")
+
+    @property
+    def primary_queue(self) -> str:
+        return self.name
+
+    @property
+    def secondary_queue(self) -> str | None:
+        """`Endpoint.Machine`, or None when secondaries are disabled or this is a satellite."""
+        return None if not self.secondary or self.satellite else f"{self.name}.{self.machine}"
+
+    @property
+    def reply_address(self) -> str:
+        """Where replies to this instance's sends go (ReplyToAddress)."""
+        return self.secondary_queue or self.primary_queue
+
+
+@dataclass(frozen=True)
+class InstallPlan:
+    """The topics an installer creates for one endpoint instance: (queue, partitions)."""
+
+    queues: tuple[tuple[str, int], ...]
+
+
+def install_plan(name: str, machine: str | None, *, secondary: bool = True,
+                 partitions: int = PRIMARY_PARTITIONS) -> InstallPlan:
+    """The primary queue and, for a machine, its secondary queue (as NServiceBus installers
+    create the tables when an instance first starts)."""
+    settings = EndpointSettings(name, machine or "installer", secondary=secondary and machine is not None)
+    queues = [(settings.primary_queue, partitions)]
+    if settings.secondary_queue is not None:
+        queues.append((settings.secondary_queue, SECONDARY_PARTITIONS))
+    return InstallPlan(tuple(queues))
+
+
+@dataclass(frozen=True)
+class AclBinding:
+    """One Kafka ACL: principal, operation, resource type, pattern type, resource name."""
+
+    principal: str
+    operation: str
+    resource_type: str
+    pattern: str
+    name: str
+
+    def command(self, bootstrap: str) -> str:
+        """The `kafka-acls.sh` line that grants it."""
+        flag = {"TOPIC": "--topic", "GROUP": "--group", "TRANSACTIONAL_ID": "--transactional-id",
+                "CLUSTER": "--cluster"}[self.resource_type]
+        target = flag if self.resource_type == "CLUSTER" else f"{flag} '{self.name}'"
+        pattern = f" --resource-pattern-type {self.pattern.lower()}" if self.resource_type != "CLUSTER" else ""
+        return (f"kafka-acls.sh --bootstrap-server {bootstrap} --add --allow-principal '{self.principal}' "
+                f"--operation {self.operation}{pattern} {target}")
+
+
+def acl_split(ns: str, endpoint: str, installer: str, runner: str) -> list[AclBinding]:
+    """The permissions of the two principals, as the transport splits them: the installer may
+    create the endpoint's queue topics (CREATE TABLE, VIEW DEFINITION); the running endpoint
+    only reads and writes (db_datareader, db_datawriter): it reads its own queues, writes to any
+    transport queue of the namespace and to the dead-letter topic, and commits in Kafka
+    transactions under kbroker's transactional-id prefix."""
+    primary = transport_queue_topic(ns, endpoint)
+    secondaries = primary + "."  # every `Endpoint.Machine`; a bare prefix would match `EndpointX` too
+    own = [("LITERAL", primary), ("PREFIXED", secondaries)]
+    every = f"{names.prefix(ns)}tqueue."
+    dead = names.deadletter_topic(ns)
+    out = [AclBinding(installer, op, "TOPIC", pattern, name)
+           for pattern, name in own for op in ("CREATE", "DESCRIBE", "DESCRIBE_CONFIGS")]
+    out += [AclBinding(installer, op, "TOPIC", "LITERAL", dead) for op in ("CREATE", "DESCRIBE")]
+    out += [AclBinding(runner, "READ", kind, pattern, name) for pattern, name in own for kind in ("TOPIC", "GROUP")]
+    out += [AclBinding(runner, "WRITE", "TOPIC", "PREFIXED", every),
+            AclBinding(runner, "DESCRIBE", "TOPIC", "PREFIXED", every),
+            AclBinding(runner, "WRITE", "TOPIC", "LITERAL", dead),
+            AclBinding(runner, "WRITE", "TRANSACTIONAL_ID", "PREFIXED", names.prefix(ns)),
+            AclBinding(runner, "DESCRIBE", "TRANSACTIONAL_ID", "PREFIXED", names.prefix(ns)),
+            AclBinding(runner, "IDEMPOTENT_WRITE", "CLUSTER", "LITERAL", "kafka-cluster")]
+    return out
+
+
+def receive_tasks_to_start(waiting: int, running: int, max_concurrency: int) -> int:
+    """3.0's monitoring loop: one receive task per waiting message, never more than
+    MaximumConcurrencyLevel running at once."""
+    return max(0, min(waiting, max_concurrency - running))
+
+
+class FailedDeliveries:
+    """How often each message's handler failed in this process, and why last (NServiceBus
+    counts immediate retries in memory too). Bounded: the oldest entries go past `cap`."""
+
+    def __init__(self, cap: int = 10_000):
+        self._cap = cap
+        self._counts: OrderedDict[tuple[str, int, int], tuple[int, str]] = OrderedDict()
+
+    def failed(self, position: tuple[str, int, int], reason: str = "") -> int:
+        """One more failure of the message at (topic, partition, offset); returns its count."""
+        n = self._counts.pop(position, (0, ""))[0] + 1
+        self._counts[position] = (n, reason)
+        while len(self._counts) > self._cap:
+            self._counts.popitem(last=False)
+        return n
+
+    def count(self, position: tuple[str, int, int]) -> int:
+        return self._counts.get(position, (0, ""))[0]
+
+    def reason(self, position: tuple[str, int, int]) -> str:
+        return self._counts.get(position, (0, ""))[1]
+
+    def forget(self, position: tuple[str, int, int]) -> None:
+        self._counts.pop(position, None)

@@ -1,0 +1,109 @@
+"""Transport queues on Kafka: the installer's topics, the check that a destination exists, the
+receiver that reads transport messages, and the producers of sends outside a transaction.
+
+A transport queue's topic keeps every record, as a Service Broker queue's does (a message waits
+for its reader however long that takes); the endpoint reclaims what its group has committed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Message as KafkaRecord
+
+from kbroker.core import names
+from kbroker.core.catalog.loader import load_system_topics
+from kbroker.core.envelope import Envelope
+from kbroker.core.transport_endpoint import InstallPlan, transport_queue_topic
+from kbroker.core.transport_message import as_envelope, from_record
+from kbroker.errors import InvalidArgumentError, TransportQueueNotFoundError, kafka_error
+from kbroker.kafka import clients, messages
+from kbroker.kafka.apply import HEADER_HEADROOM, KEEP_EVERY_RECORD, QUEUE_SEGMENTS, TopicSpec, sync_topics
+from kbroker.kafka.receiver import QueueReceiver
+
+MAX_BODY_BYTES = 10 * 1024 * 1024  # the largest body a transport queue takes
+
+
+def queue_config() -> dict[str, str]:
+    return {"cleanup.policy": "delete", **KEEP_EVERY_RECORD, **QUEUE_SEGMENTS,
+            "max.message.bytes": str(MAX_BODY_BYTES + HEADER_HEADROOM)}
+
+
+def install(bootstrap: str, namespace: str, plan: InstallPlan, *, timeout: float = 30.0,
+            replication_factor: int | None = None) -> list[str]:
+    """Create the plan's queue topics and the namespace's dead-letter topic where missing (the
+    installer's CREATE TABLE); returns the topics created. Installing again changes nothing."""
+    dead = load_system_topics()["deadletter"]
+    specs = [TopicSpec(names.deadletter_topic(namespace), dead.partitions, dict(dead.config),
+                       "system topic deadletter", False)]
+    specs += [TopicSpec(transport_queue_topic(namespace, q), partitions, queue_config(), f"transport queue {q}", True)
+              for q, partitions in plan.queues]
+    created, _updated, _retention = sync_topics(bootstrap, specs, timeout=timeout,
+                                                replication_factor=replication_factor)
+    return created
+
+
+class QueueDirectory:
+    """Which transport queue topics exist, asked of the cluster once per queue (a send to a
+    queue nobody installed fails at once, not at commit)."""
+
+    def __init__(self, bootstrap: str, namespace: str, timeout: float = 10.0):
+        self._bootstrap, self._namespace, self._timeout = bootstrap, namespace, timeout
+        self._known: set[str] = set()
+        self._lock = threading.Lock()
+        self._admin: Any = None
+
+    def topic(self, queue: str) -> str:
+        """The queue's topic; TransportQueueNotFoundError when it does not exist."""
+        try:
+            topic = transport_queue_topic(self._namespace, queue)
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+        with self._lock:
+            if topic in self._known:
+                return topic
+            if self._admin is None:
+                self._admin = clients.admin(self._bootstrap)
+            try:
+                meta = self._admin.list_topics(topic, timeout=self._timeout)
+            except KafkaException as exc:
+                raise kafka_error(f"could not look up transport queue {queue!r}", exc.args[0]) from None
+            found = meta.topics.get(topic)
+            if found is None or found.error is not None:
+                raise TransportQueueNotFoundError(queue, topic)
+            self._known.add(topic)
+            return topic
+
+
+def decoder(queue: str) -> Callable[[KafkaRecord], Envelope]:
+    """The receiver's decode for a transport queue: each message a group of its own."""
+
+    def decode(rec: KafkaRecord) -> Envelope:
+        return as_envelope(from_record(messages.headers(rec), rec.value()), queue)
+
+    return decode
+
+
+def transport_receiver(bootstrap: str, namespace: str, queue: str, *,
+                       dead_letter: Callable[[QueueReceiver, KafkaRecord, str], None],
+                       commit_barrier: Callable[[], None], max_buffered: int = 20_000,
+                       revoke_grace: float = 5.0) -> QueueReceiver:
+    """A started receiver of a transport queue (one consumer, in the queue's consumer group)."""
+    return QueueReceiver(bootstrap, namespace, queue, dead_letter=dead_letter, max_buffered=max_buffered,
+                         revoke_grace=revoke_grace, commit_barrier=commit_barrier,
+                         topic=transport_queue_topic(namespace, queue), decode=decoder(queue)).start()
+
+
+def durable_producer(bootstrap: str) -> Producer:
+    """Recoverable sends outside a transaction: idempotent, acknowledged by every in-sync replica."""
+    return clients.idempotent_producer(bootstrap)
+
+
+def express_producer(bootstrap: str) -> Producer:
+    """Recoverable = false outside a transaction: the leader's acknowledgement only, not waited
+    for by the sender (NServiceBus's express messages); a broker failure may lose them."""
+    return clients.producer(bootstrap, **{"acks": 1, "enable.idempotence": False, "linger.ms": 5,
+                                          "message.max.bytes": clients.MAX_MESSAGE_BYTES})

@@ -1,0 +1,264 @@
+"""The transport face in asyncio: the same endpoint, its handlers coroutines.
+
+    ep = await kbroker.transport.async_endpoint("Sales", install=True)
+    async def handle(msg, tx):
+        await tx.reply(msg, b"ok")
+    await ep.start(handle)          # 3.0: a monitoring loop and up to MaximumConcurrencyLevel tasks
+    ...
+    await ep.close()
+
+The runtime underneath is the thread-based one (kafka/receiver.py's poll thread, the group
+committer). What may block (a receive that waits, a commit, a queue look-up) runs on the
+endpoint's own thread pool, sized for its concurrency, never on the event loop; a receive task
+of the 3.0 model takes its counted message there too, since a poison one is dead-lettered on the way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Mapping, Self, TypeVar
+
+from kbroker.core.ramp import RampUp
+from kbroker.core.transport_endpoint import FIXED, MONITOR, receive_tasks_to_start
+from kbroker.core.transport_message import TransportMessage
+from kbroker.sdk.transport import TransportEndpoint
+from kbroker.sdk.transport_transaction import TransportTransaction
+
+log = logging.getLogger("kbroker.transport")
+T = TypeVar("T")
+AsyncHandler = Callable[[TransportMessage, "AsyncTransportTransaction"], Awaitable[None]]
+WAIT = 1.0
+
+
+async def endpoint(name: str, **kwargs: Any) -> AsyncTransportEndpoint:
+    """An endpoint instance (see TransportEndpoint), connected off the event loop."""
+    return AsyncTransportEndpoint(await asyncio.to_thread(TransportEndpoint, name, **kwargs))
+
+
+class AsyncTransportTransaction:
+    """A TransportTransaction whose blocking statements are awaited; `sync` is underneath."""
+
+    def __init__(self, tx: TransportTransaction, run: Callable[..., Awaitable[Any]]):
+        self.sync, self._run = tx, run
+
+    @property
+    def state(self) -> str:
+        """open, committed, rolled back, aborted or in doubt."""
+        return self.sync.state
+
+    async def receive(self, wait: float | None = 0.0, *, queue: str | None = None) -> TransportMessage | None:
+        """See TransportTransaction.receive."""
+        return await self._run(self.sync.receive, wait, queue=queue)
+
+    async def send(self, destination: str, body: bytes | None, headers: Mapping[str, str] | None = None,
+                   **kw: Any) -> str:
+        """See TransportTransaction.send."""
+        return await self._run(self.sync.send, destination, body, headers, **kw)
+
+    async def reply(self, message: TransportMessage, body: bytes | None, headers: Mapping[str, str] | None = None,
+                    **kw: Any) -> str:
+        """See TransportTransaction.reply."""
+        return await self._run(self.sync.reply, message, body, headers, **kw)
+
+    async def commit(self) -> None:
+        """See TransportTransaction.commit."""
+        await self._run(self.sync.commit)
+
+    async def rollback(self, reason: str = "rolled back") -> None:
+        """See TransportTransaction.rollback."""
+        self.sync.rollback(reason)  # releases in-process leases only: never blocks
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, _tb: object) -> None:
+        if self.state != "open":
+            return
+        if exc_type is None:
+            await self.commit()
+        else:
+            await self.rollback(f"{exc_type.__name__}: {exc}")
+
+
+class AsyncTransportEndpoint:
+    """An endpoint instance for asyncio code; `sync` is the TransportEndpoint underneath.
+    After start(), `running` and `peak` give the primary queue's receive tasks now and at most."""
+
+    def __init__(self, ep: TransportEndpoint):
+        self.sync = ep
+        s = ep.settings
+        self._pool = concurrent.futures.ThreadPoolExecutor(s.max_concurrency + s.secondary_readers + 4,
+                                                           thread_name_prefix=f"kbroker-aio-{s.name}")
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._stopping = asyncio.Event()
+        self.running: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
+        self._unclaimed: dict[str, int] = {}
+        self._slot_freed = asyncio.Event()
+
+    @property
+    def settings(self) -> Any:
+        """The endpoint's EndpointSettings."""
+        return self.sync.settings
+
+    async def _run(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args, **kw))
+
+    def transaction(self) -> AsyncTransportTransaction:
+        """Begin a transaction whose statements are awaited."""
+        return AsyncTransportTransaction(self.sync.transaction(), self._run)
+
+    async def send(self, destination: str, body: bytes | None, headers: Mapping[str, str] | None = None,
+                   **kw: Any) -> str:
+        """See TransportEndpoint.send."""
+        return await self._run(self.sync.send, destination, body, headers, **kw)
+
+    async def request(self, destination: str, body: bytes | None, headers: Mapping[str, str] | None = None,
+                      **kw: Any) -> TransportMessage:
+        """Send and await the reply that reaches this instance (a callback)."""
+        future = await self._run(self.sync.request, destination, body, headers, **kw)
+        return await asyncio.wrap_future(future)
+
+    async def receive(self, wait: float | None = 0.0, *, queue: str | None = None) -> TransportMessage | None:
+        """See TransportEndpoint.receive."""
+        return await self._run(self.sync.receive, wait, queue=queue)
+
+    # --- handling ---------------------------------------------------------------------------
+
+    async def _handle_one(self, queue: str, handler: AsyncHandler, wait: float | None,
+                          task: bool = False) -> bool:
+        tx = self.sync.transaction()
+        atx = AsyncTransportTransaction(tx, self._run)
+        try:
+            if task:  # a counted message, taken from the buffer (off the loop: a poison one is dead-lettered)
+                msg = await self._run(tx.receive, 0.0, queue=queue, buffered_only=True)
+                self._unclaimed[queue] -= 1
+                task = False
+            else:
+                msg = await self._run(tx.receive, wait, queue=queue)
+            if msg is None:
+                await atx.commit()
+                return False
+            callback = self.sync.take_callback(msg)
+            if callback is None:
+                await handler(msg, atx)
+            await atx.commit()
+            if callback is not None:
+                callback.set_result(msg)
+            return True
+        except Exception as exc:
+            if tx.state == "open":
+                tx.rollback(f"{type(exc).__name__}: {exc}")
+                self.sync.count("failed")
+                log.warning("handler on %s failed; its transaction rolled back: %s", queue, exc)
+            else:
+                log.warning("commit on %s failed: %s", queue, exc)
+            return True
+        finally:
+            if task:
+                self._unclaimed[queue] -= 1
+
+    async def start(self, handler: AsyncHandler) -> Self:
+        """Start the readers of the primary queue (its model, MaximumConcurrencyLevel) and of the
+        secondary queue (same model, `secondary_readers`)."""
+        s = self.sync.settings
+        queues = [(s.primary_queue, s.max_concurrency)]
+        if s.secondary_queue is not None:
+            queues.append((s.secondary_queue, s.secondary_readers))
+        for queue, n in queues:
+            await self._run(self.sync.receiver, queue)  # joins the group now
+            self.running[queue] = self.peak[queue] = self._unclaimed[queue] = 0
+            if s.model == MONITOR:
+                self._spawn(self._monitor(queue, handler, n))
+            elif s.model == FIXED:
+                for _ in range(n):
+                    self._spawn(self._reader(queue, handler, None))
+            else:
+                ramp = {"state": RampUp(max_readers=n)}
+                self._spawn(self._reader(queue, handler, ramp))
+        return self
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        t = asyncio.ensure_future(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        return t
+
+    def _enter(self, queue: str) -> None:
+        self.running[queue] += 1
+        self.peak[queue] = max(self.peak[queue], self.running[queue])
+
+    def _leave(self, queue: str) -> None:
+        self.running[queue] -= 1
+        self._slot_freed.set()
+
+    async def _reader(self, queue: str, handler: AsyncHandler, ramp: dict[str, RampUp] | None) -> None:
+        """fixed (ramp None) or 2.1 (ramp: the queue's shared controller state) reader."""
+        self._enter(queue)
+        try:
+            while not self._stopping.is_set():
+                got = await self._handle_one(queue, handler, WAIT)
+                if ramp is None:
+                    continue
+                ramp["state"], delta = ramp["state"].observe(got)
+                if delta > 0:
+                    self._spawn(self._reader(queue, handler, ramp))
+                elif delta < 0:
+                    return
+        finally:
+            self._leave(queue)
+
+    async def _monitor(self, queue: str, handler: AsyncHandler, max_concurrency: int) -> None:
+        """3.0: count the waiting messages and start a receive task for each, never more than
+        `max_concurrency` at once."""
+        receiver = self.sync.receiver(queue)
+        while not self._stopping.is_set():
+            waiting = receiver.waiting()
+            if not waiting:
+                waiting = await self._run(receiver.wait_for_waiting, WAIT)
+            start = receive_tasks_to_start(waiting - self._unclaimed[queue], self.running[queue], max_concurrency)
+            if start <= 0:
+                self._slot_freed.clear()
+                if waiting:
+                    try:
+                        await asyncio.wait_for(self._slot_freed.wait(), WAIT)
+                    except TimeoutError:
+                        pass
+                continue
+            for _ in range(start):
+                self._enter(queue)
+                self._unclaimed[queue] += 1
+                self._spawn(self._task(queue, handler))
+            await asyncio.sleep(0)  # let the tasks take their messages before counting again
+
+    async def _task(self, queue: str, handler: AsyncHandler) -> None:
+        try:
+            await self._handle_one(queue, handler, 0.0, task=True)
+        finally:
+            self._leave(queue)
+
+    def stats(self) -> dict[str, Any]:
+        """TransportEndpoint.stats with the receive tasks running now and at most, per queue."""
+        return {**self.sync.stats(), "running": dict(self.running), "peak": dict(self.peak)}
+
+    async def stop(self) -> None:
+        """Stop the readers after their current messages."""
+        self._stopping.set()
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Stop the readers, then close the endpoint underneath."""
+        await self.stop()
+        await asyncio.to_thread(self.sync.close)
+        self._pool.shutdown(wait=False)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

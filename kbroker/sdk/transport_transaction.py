@@ -1,0 +1,161 @@
+"""A transport transaction: receive one message (the table's `DELETE TOP(1)`), send while
+handling it, and commit both, or roll both back.
+
+    with endpoint.transaction() as tx:
+        msg = tx.receive(wait=5)
+        if msg is not None:
+            tx.reply(msg, b"done")
+
+The sends are held until commit and written in one Kafka transaction with the received
+message's offset (the process's group committer), so a committed handler's sends and the removal
+of its message happen exactly once together; a rollback drops the sends and puts the message
+back for the next receive, here or in any instance. A message whose handler failed
+`max_deliveries` times in this process goes to the dead-letter topic instead of being handed out
+again; an expired one (Expires passed) is removed and counted, never handed out.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Mapping, Self
+
+from kbroker.core.records import Record
+from kbroker.core.transport_message import TransportMessage, from_record, with_position
+from kbroker.errors import InvalidArgumentError, TransactionAbortedError, TransactionInDoubtError, TransactionStateError
+from kbroker.kafka import messages
+from kbroker.kafka.committer import CommitRequest
+from kbroker.kafka.receiver import Lease
+
+if TYPE_CHECKING:
+    from kbroker.sdk.transport import TransportEndpoint
+
+
+class TransportTransaction:
+    """One unit of work of a transport endpoint. Get one from TransportEndpoint.transaction()."""
+
+    def __init__(self, endpoint: TransportEndpoint):
+        self._ep = endpoint
+        self._records: list[Record] = []
+        self._leases: list[Lease] = []
+        self.received: list[TransportMessage] = []
+        self.state = "open"
+        endpoint.open_transactions.opened()
+        self._counted = True
+
+    def _check_open(self) -> None:
+        if self.state != "open":
+            raise TransactionStateError(f"the transaction is already {self.state}")
+
+    def _uncount(self) -> None:
+        if self._counted:
+            self._counted = False
+            self._ep.open_transactions.closed()
+
+    # --- statements ---------------------------------------------------------------------------
+
+    def receive(self, wait: float | None = 0.0, *, queue: str | None = None,
+                buffered_only: bool = False) -> TransportMessage | None:
+        """The oldest message of `queue` (default: the endpoint's primary queue) that no other
+        transaction holds, waiting up to `wait` s (None: without time-out); None if none came.
+        wait=0 waits once for the queue's first fetch, as RECEIVE does; buffered_only returns at
+        once with what this process holds (a 3.0 receive task, started for a counted message)."""
+        self._check_open()
+        ep = self._ep
+        q = queue or ep.settings.primary_queue
+        receiver = ep.receiver(q)
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            lease, msgs = receiver.receive(self, 1, remaining,
+                                           give_up=(lambda: True) if buffered_only else ep.closing)
+            if lease is None:
+                return None
+            if not msgs:  # only expired messages: removed with this transaction, never handed out
+                ep.count("expired", len(lease.taken))
+                if lease not in self._leases:
+                    self._leases.append(lease)
+                continue
+            live = msgs[0]
+            expired = len(lease.taken) - 1
+            if expired:
+                ep.count("expired", expired)
+            record = live.extra["record"]
+            position = (receiver.topic, live.partition, live.offset)
+            failures = ep.failures.count(position)
+            if failures >= ep.settings.max_deliveries:
+                ep.dead_letter(lease, record, f"handler failed {failures} times: {ep.failures.reason(position)}")
+                continue
+            if lease not in self._leases:
+                self._leases.append(lease)
+            msg = with_position(from_record(messages.headers(record), record.value()), q, live.partition,
+                                live.offset, live.enqueued_time)
+            self.received.append(msg)
+            ep.count("received")
+            return msg
+
+    def send(self, destination: str, body: bytes | None, headers: Mapping[str, str] | None = None, *,
+             correlation_id: str | None = None, reply_to_address: str | None = None, recoverable: bool = True,
+             time_to_be_received: float | None = None, message_id: str | None = None) -> str:
+        """INSERT a message into `destination`'s queue when this transaction commits; returns its
+        Id. ReplyToAddress defaults to this instance's reply address."""
+        self._check_open()
+        self._records.append(self._ep.record(destination, body, headers, correlation_id=correlation_id,
+                                             reply_to_address=reply_to_address, recoverable=recoverable,
+                                             time_to_be_received=time_to_be_received, message_id=message_id))
+        return self._records[-1][1].decode()
+
+    def reply(self, message: TransportMessage, body: bytes | None, headers: Mapping[str, str] | None = None,
+              **kw: Any) -> str:
+        """Send to the message's ReplyToAddress, with its Id as the CorrelationId (what a
+        callback waiting on the request matches)."""
+        if not message.reply_to_address:
+            raise InvalidArgumentError(f"message {message.id} has no ReplyToAddress to reply to")
+        return self.send(message.reply_to_address, body, headers, correlation_id=message.id, **kw)
+
+    # --- outcome -------------------------------------------------------------------------------
+
+    def commit(self) -> None:
+        """Commit: returns once the Kafka transaction holding this one committed.
+        TransactionAbortedError if it did not (the messages come back, nothing sent is visible)."""
+        self._check_open()
+        self._uncount()
+        try:
+            if self._records or self._leases:
+                self._ep.committer.commit(CommitRequest(self._records, self._leases))
+        except (TransactionAbortedError, TransactionInDoubtError) as exc:
+            self._end(committed=False)
+            self.state = "aborted" if isinstance(exc, TransactionAbortedError) else "in doubt"
+            raise
+        self._end(committed=True)
+        self.state = "committed"
+
+    def rollback(self, reason: str = "rolled back") -> None:
+        """Drop the sends and give the received message back; counts a failed delivery of it."""
+        if self.state != "open":
+            return
+        for lease in self._leases:
+            for b in lease.taken:
+                self._ep.failures.failed((lease.receiver.topic, b.partition, b.offset), reason)
+        self._end(committed=False)
+        self.state = "rolled back"
+
+    def _end(self, committed: bool) -> None:
+        self._uncount()
+        for lease in self._leases:
+            lease.receiver.release(lease, committed)
+            if committed:
+                for b in lease.taken:
+                    self._ep.failures.forget((lease.receiver.topic, b.partition, b.offset))
+        self._ep.count("committed" if committed else "rolled_back", len(self.received))
+        self._leases, self._records = [], []
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, _tb: object) -> None:
+        if self.state != "open":
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.rollback(f"{exc_type.__name__}: {exc}")

@@ -1,0 +1,268 @@
+"""A transport endpoint's pure rules (core/transport_endpoint.py): settings and queue names, the
+concurrency model's spellings, the installer's plan, the installer/runner permission split,
+3.0's receive-task arithmetic and the in-memory count of failed deliveries."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kbroker.core import names
+from kbroker.core.transport_endpoint import (
+    FIXED,
+    MAX_DELIVERIES,
+    MONITOR,
+    PRIMARY_PARTITIONS,
+    RAMP,
+    SECONDARY_PARTITIONS,
+    AclBinding,
+    EndpointSettings,
+    FailedDeliveries,
+    InstallPlan,
+    acl_split,
+    default_machine,
+    install_plan,
+    model_name,
+    receive_tasks_to_start,
+    transport_queue_topic,
+)
+
+NS = "sales"
+
+
+# --- settings and queue names ------------------------------------------------------------------
+
+
+def test_defaults():
+    s = EndpointSettings("Sales", "m1")
+    assert (s.model, s.max_concurrency, s.secondary_readers, s.max_deliveries, s.secondary, s.satellite) == (
+        MONITOR, 8, 1, MAX_DELIVERIES, True, False)
+
+
+def test_queue_names_with_a_secondary():
+    s = EndpointSettings("Sales", "m1")
+    assert (s.primary_queue, s.secondary_queue, s.reply_address) == ("Sales", "Sales.m1", "Sales.m1")
+
+
+def test_a_disabled_secondary_replies_to_the_primary():
+    s = EndpointSettings("Sales", "m1", secondary=False)
+    assert (s.primary_queue, s.secondary_queue, s.reply_address) == ("Sales", None, "Sales")
+
+
+def test_a_satellite_has_no_secondary_queue():
+    s = EndpointSettings("Sales.Retries", "m1", satellite=True)
+    assert (s.secondary_queue, s.reply_address) == (None, "Sales.Retries")
+
+
+def test_dotted_endpoint_names_are_fine():
+    assert EndpointSettings("Company.Sales", "m-1_x").secondary_queue == "Company.Sales.m-1_x"
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "a b", "x" * 151, "Säles", None])
+def test_a_bad_endpoint_name_is_refused(name):
+    with pytest.raises(ValueError, match="endpoint name"):
+        EndpointSettings(name, "m1")
+
+
+def test_the_longest_endpoint_name():
+    assert EndpointSettings("x" * 150, "m").primary_queue == "x" * 150
+
+
+@pytest.mark.parametrize("machine", ["", "m.1", "m 1", "x" * 65, "m/1", None])
+def test_a_bad_machine_name_is_refused(machine):
+    # no '.': `Endpoint.Machine` must stay one queue name
+    with pytest.raises(ValueError, match="machine name"):
+        EndpointSettings("Sales", machine)
+
+
+@pytest.mark.parametrize("field", ["max_concurrency", "secondary_readers", "max_deliveries"])
+@pytest.mark.parametrize("value", [0, -1, True, 1.5, "2", None])
+def test_counts_must_be_whole_numbers_of_at_least_one(field, value):
+    with pytest.raises(ValueError, match=field):
+        EndpointSettings("Sales", "m1", **{field: value})
+
+
+def test_the_default_machine_is_a_valid_queue_suffix():
+    machine = default_machine()
+    assert EndpointSettings("Sales", machine).secondary_queue == f"Sales.{machine}"
+
+
+def test_transport_queue_topic():
+    assert transport_queue_topic(NS, "Sales") == "kbroker.sales.tqueue.Sales"
+    assert transport_queue_topic(NS, "Sales.m1") == "kbroker.sales.tqueue.Sales.m1"
+    assert transport_queue_topic(NS, "Sales").startswith(names.prefix(NS))
+    for bad in ("", "a/b", "x" * 151, None):
+        with pytest.raises(ValueError, match="transport queue name"):
+            transport_queue_topic(NS, bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="namespace"):
+        transport_queue_topic("bad ns", "Sales")
+
+
+# --- concurrency models -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spelling,model", [
+    ("fixed", FIXED), ("pre-2.0", FIXED), ("PRE-2.0", FIXED), (" Fixed ", FIXED),
+    ("ramp", RAMP), ("2.1", RAMP), ("Ramp", RAMP),
+    ("monitor", MONITOR), ("3.0", MONITOR), ("MONITOR", MONITOR),
+])
+def test_model_name_aliases(spelling, model):
+    assert model_name(spelling) == model
+    assert EndpointSettings("Sales", "m1", model=spelling).model == model
+
+
+@pytest.mark.parametrize("spelling", ["", "2.0", "3", "adaptive", None])
+def test_an_unknown_model_is_refused(spelling):
+    with pytest.raises(ValueError, match="concurrency model"):
+        model_name(spelling)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="concurrency model"):
+        EndpointSettings("Sales", "m1", model=spelling)  # type: ignore[arg-type]
+
+
+# --- installer plan -------------------------------------------------------------------------------
+
+
+def test_install_plan_of_an_instance():
+    assert install_plan("Sales", "m1") == InstallPlan((("Sales", PRIMARY_PARTITIONS),
+                                                       ("Sales.m1", SECONDARY_PARTITIONS)))
+    assert SECONDARY_PARTITIONS == 1
+
+
+def test_install_plan_without_a_machine_or_secondary_is_the_primary_only():
+    assert install_plan("Sales", None) == InstallPlan((("Sales", PRIMARY_PARTITIONS),))
+    assert install_plan("Sales", "m1", secondary=False) == InstallPlan((("Sales", PRIMARY_PARTITIONS),))
+
+
+def test_install_plan_partitions():
+    assert install_plan("Sales", "m1", partitions=12).queues == (("Sales", 12), ("Sales.m1", 1))
+
+
+def test_install_plan_validates_names():
+    with pytest.raises(ValueError):
+        install_plan("a/b", "m1")
+    with pytest.raises(ValueError):
+        install_plan("Sales", "m.1")
+
+
+# --- permissions ------------------------------------------------------------------------------------
+
+
+def covers(binding: AclBinding, resource_type: str, name: str) -> bool:
+    """Whether Kafka would apply `binding` to the resource (LITERAL: the name, PREFIXED: any
+    name starting with it)."""
+    if binding.resource_type != resource_type:
+        return False
+    return name == binding.name if binding.pattern == "LITERAL" else name.startswith(binding.name)
+
+
+def allowed(acls: list[AclBinding], principal: str, op: str, resource_type: str, name: str) -> bool:
+    return any(a.principal == principal and a.operation == op and covers(a, resource_type, name) for a in acls)
+
+
+def test_the_installer_creates_only_the_endpoints_queues():
+    acls = acl_split(NS, "Sales", "User:installer", "User:sales")
+    q = lambda queue: transport_queue_topic(NS, queue)  # noqa: E731
+    creates = [a for a in acls if a.operation == "CREATE"]
+    assert creates and all(a.principal == "User:installer" and a.resource_type == "TOPIC" for a in creates)
+    for topic in (q("Sales"), q("Sales.m1"), q("Sales.other-machine"), names.deadletter_topic(NS)):
+        assert allowed(acls, "User:installer", "CREATE", "TOPIC", topic), topic
+    # not another endpoint's queue, not one whose name merely starts with `Sales`, nothing else of the namespace
+    for topic in (q("Billing"), q("Billing.m1"), q("SalesReport"), q("Sales2.m1"), names.queue_topic(NS, "Sales"),
+                  f"{names.prefix(NS)}catalog", "kbroker.other.tqueue.Sales"):
+        assert not allowed(acls, "User:installer", "CREATE", "TOPIC", topic), topic
+
+
+def test_the_runner_never_gets_create():
+    acls = acl_split(NS, "Sales", "User:installer", "User:sales")
+    q = lambda queue: transport_queue_topic(NS, queue)  # noqa: E731
+    runner = [a for a in acls if a.principal == "User:sales"]
+    assert runner and not any(a.operation in ("CREATE", "ALTER", "DELETE", "ALTER_CONFIGS", "ALL") for a in runner)
+    for kind in ("TOPIC", "GROUP"):  # it reads its own queues (a queue's group is named as its topic)
+        assert allowed(acls, "User:sales", "READ", kind, q("Sales"))
+        assert allowed(acls, "User:sales", "READ", kind, q("Sales.m1"))
+        for other in (q("Billing"), q("SalesReport")):
+            assert not allowed(acls, "User:sales", "READ", kind, other), other
+    for topic in (q("Billing"), q("Billing.m2"), q("Sales"), names.deadletter_topic(NS)):
+        assert allowed(acls, "User:sales", "WRITE", "TOPIC", topic), topic
+    assert not allowed(acls, "User:sales", "WRITE", "TOPIC", "kbroker.other.tqueue.Billing")
+    assert allowed(acls, "User:sales", "WRITE", "TRANSACTIONAL_ID", names.prefix(NS) + "committer-1")
+    assert allowed(acls, "User:sales", "IDEMPOTENT_WRITE", "CLUSTER", "kafka-cluster")
+
+
+def test_the_installer_does_not_read_or_write():
+    acls = acl_split(NS, "Sales", "User:installer", "User:sales")
+    assert {a.operation for a in acls if a.principal == "User:installer"} <= {"CREATE", "DESCRIBE", "DESCRIBE_CONFIGS"}
+
+
+def test_acl_command_text():
+    b = AclBinding("User:installer", "CREATE", "TOPIC", "PREFIXED", "kbroker.sales.tqueue.Sales")
+    assert b.command("k:9092") == ("kafka-acls.sh --bootstrap-server k:9092 --add --allow-principal "
+                                   "'User:installer' --operation CREATE --resource-pattern-type prefixed "
+                                   "--topic 'kbroker.sales.tqueue.Sales'")
+    g = AclBinding("User:sales", "READ", "GROUP", "LITERAL", "grp")
+    assert g.command("k:9092").endswith("--operation READ --resource-pattern-type literal --group 'grp'")
+    t = AclBinding("User:sales", "WRITE", "TRANSACTIONAL_ID", "PREFIXED", "kbroker.sales.")
+    assert t.command("k:9092").endswith("--resource-pattern-type prefixed --transactional-id 'kbroker.sales.'")
+    c = AclBinding("User:sales", "IDEMPOTENT_WRITE", "CLUSTER", "LITERAL", "kafka-cluster")
+    assert c.command("k:9092") == ("kafka-acls.sh --bootstrap-server k:9092 --add --allow-principal "
+                                   "'User:sales' --operation IDEMPOTENT_WRITE --cluster")
+
+
+def test_every_binding_has_a_command():
+    for a in acl_split(NS, "Sales", "User:i", "User:r"):
+        assert a.command("b:1").startswith("kafka-acls.sh --bootstrap-server b:1 --add")
+
+
+# --- 3.0 receive tasks -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("waiting,running,mx,start", [
+    (0, 0, 4, 0), (3, 0, 4, 3), (10, 0, 4, 4), (10, 3, 4, 1), (10, 4, 4, 0), (1, 4, 4, 0), (5, 6, 4, 0),
+])
+def test_receive_tasks_to_start(waiting, running, mx, start):
+    assert receive_tasks_to_start(waiting, running, mx) == start
+
+
+@given(st.integers(-5, 1000), st.integers(0, 100), st.integers(1, 64))
+def test_receive_tasks_never_exceed_the_maximum(waiting, running, mx):
+    n = receive_tasks_to_start(waiting, running, mx)
+    assert n >= 0
+    assert n <= max(waiting, 0)
+    assert running + n <= max(mx, running)
+    if running < mx and waiting > 0:
+        assert n >= 1  # work and a free slot: a task starts
+
+
+# --- failed deliveries -------------------------------------------------------------------------------
+
+
+def test_failed_deliveries_count_and_reason():
+    f = FailedDeliveries()
+    pos = ("t", 0, 5)
+    assert (f.count(pos), f.reason(pos)) == (0, "")
+    assert f.failed(pos, "boom") == 1
+    assert f.failed(pos, "bang") == 2
+    assert (f.count(pos), f.reason(pos)) == (2, "bang")
+    assert f.count(("t", 1, 5)) == 0 and f.count(("u", 0, 5)) == 0
+
+
+def test_failed_deliveries_forget():
+    f = FailedDeliveries()
+    f.failed(("t", 0, 1))
+    f.forget(("t", 0, 1))
+    f.forget(("t", 0, 2))  # unknown: nothing happens
+    assert f.count(("t", 0, 1)) == 0
+    assert f.failed(("t", 0, 1)) == 1
+
+
+def test_failed_deliveries_cap_drops_the_oldest():
+    f = FailedDeliveries(cap=3)
+    for off in range(3):
+        f.failed(("t", 0, off))
+    f.failed(("t", 0, 0))  # failed again: now the newest
+    f.failed(("t", 0, 3))  # over the cap: ("t", 0, 1) was the oldest
+    assert [f.count(("t", 0, off)) for off in range(4)] == [2, 0, 1, 1]
+    for off in range(10, 20):
+        f.failed(("t", 0, off))
+    assert sum(f.count(("t", 0, off)) > 0 for off in range(20)) == 3
