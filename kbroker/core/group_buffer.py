@@ -132,6 +132,9 @@ class GroupBuffer(Generic[H]):
         self._ready: list[tuple[Order, int, str, Position]] = []
         self._ready_seq = itertools.count()
         self._locked: dict[str, H] = {}
+        # The groups each owner locks, by id(owner) (an owner with a lock is alive: its lease
+        # holds it): pick() looks at the picking owner's own groups without walking every lock.
+        self._owned: dict[int, dict[str, None]] = {}  # insertion-ordered, as the locks are
         self._buffered = 0
 
     @property
@@ -187,9 +190,9 @@ class GroupBuffer(Generic[H]):
             return self._scan(owner, full, group, conversation)
         best: str | None = None
         best_key: Order | None = None
-        for name, lease in self._locked.items():  # this transaction's own groups may give more
+        for name in self._owned.get(id(owner), ()):  # this transaction's own groups may give more
             q = self._groups.get(name)
-            if lease.owner is owner and q and not _blocked(q, full):
+            if q and not _blocked(q, full):
                 key = q[0].order
                 if best_key is None or key < best_key:
                     best, best_key = name, key
@@ -237,7 +240,9 @@ class GroupBuffer(Generic[H]):
         `conversation` if given; on a full partition (see pick) at most one. `group` is what
         pick() just returned for `holder`'s owner, and `holder` the lease already locking it if
         any. Returns the records taken, in order."""
-        self._locked[group] = holder
+        if self._locked.get(group) is not holder:
+            self._locked[group] = holder
+            self._owned.setdefault(id(holder.owner), {})[group] = None
         q = self._groups.pop(group)
         if q[0].partition in full:
             top = min(top, 1)  # only the low-water record (see pick)
@@ -265,6 +270,11 @@ class GroupBuffer(Generic[H]):
         it took, in the order taken) at the head of the group: a rollback."""
         if self._locked.get(group) is holder:
             del self._locked[group]
+            owned = self._owned.get(id(holder.owner))
+            if owned is not None:
+                owned.pop(group, None)
+                if not owned:
+                    del self._owned[id(holder.owner)]
         if back:
             q = self._groups.pop(group, deque())
             q.extendleft(reversed(back))

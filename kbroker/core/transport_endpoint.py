@@ -28,11 +28,16 @@ SECONDARY_PARTITIONS = 1  # one instance reads its secondary queue
 MAX_DELIVERIES = 5  # a message whose handler failed this often goes to the dead-letter topic
 
 
+def transport_queue_prefix(ns: str) -> str:
+    """What every transport queue topic of the namespace starts with: `kbroker.<ns>.tqueue.`."""
+    return f"{names.prefix(ns)}tqueue."
+
+
 def transport_queue_topic(ns: str, queue: str) -> str:
     """The topic of a transport queue (primary or secondary): `kbroker.<ns>.tqueue.<queue>`."""
     if not isinstance(queue, str) or not QUEUE_RE.match(queue):
         raise ValueError(f"transport queue name {queue!r} must be 1-150 characters of A-Z a-z 0-9 _ . -")
-    return f"{names.prefix(ns)}tqueue.{queue}"
+    return f"{transport_queue_prefix(ns)}{queue}"
 
 
 def model_name(value: str) -> str:
@@ -137,7 +142,7 @@ def acl_split(ns: str, endpoint: str, installer: str, runner: str) -> list[AclBi
     primary = transport_queue_topic(ns, endpoint)
     secondaries = primary + "."  # every `Endpoint.Machine`; a bare prefix would match `EndpointX` too
     own = [("LITERAL", primary), ("PREFIXED", secondaries)]
-    every = f"{names.prefix(ns)}tqueue."
+    every = transport_queue_prefix(ns)
     dead = names.deadletter_topic(ns)
     out = [AclBinding(installer, op, "TOPIC", pattern, name)
            for pattern, name in own for op in ("CREATE", "DESCRIBE", "DESCRIBE_CONFIGS")]

@@ -198,11 +198,19 @@ def from_record(headers: Sequence[tuple[str, bytes | None]] | None, value: bytes
                             expires, queue, partition, offset, timestamp_ms)
 
 
-def as_envelope(msg: TransportMessage, queue: str) -> Envelope:
+@dataclass(frozen=True)
+class TransportEnvelope(Envelope):
+    """The envelope a transport queue's receiver buffers: what the buffer orders and groups
+    by, and the message decoded once, on the poll thread."""
+
+    message: TransportMessage = field(kw_only=True)
+
+
+def as_envelope(msg: TransportMessage, queue: str) -> TransportEnvelope:
     """What the receiver's per-group buffer needs of a transport message: each message is a
     group of its own (keyed by Id), so any reader may take any message, oldest first, and
     Expires is honoured by the buffer as it is for Service Broker messages."""
-    return Envelope(message_id=msg.id, conversation_id=msg.id, conversation_group_id=msg.id,
+    return TransportEnvelope(message=msg, message_id=msg.id, conversation_id=msg.id, conversation_group_id=msg.id,
                     message_sequence_number=0, message_type_name=TRANSPORT_MESSAGE_TYPE,
                     service_contract_name="", from_service_name="", to_service_name=queue, to_side="TARGET",
                     correlation_id=msg.correlation_id, reply_to=msg.reply_to_address, expires=msg.expires)

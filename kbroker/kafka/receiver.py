@@ -361,32 +361,43 @@ class QueueReceiver:
         """Lease a group for `owner` and take up to `top` of its messages (expired ones are
         consumed but not returned). wait=0: what is there now; None: wait without time-out.
         `give_up` is asked while waiting (every 0.5 s at most): True ends the wait empty."""
+        lease, live, _expired = self.take(owner, top, wait, conversation_group=conversation_group,
+                                          conversation_id=conversation_id, give_up=give_up)
+        return lease, [self._to_message(b) for b in live]
+
+    def take(self, owner: Any, top: int, wait: float | None, *, conversation_group: str | None = None,
+             conversation_id: str | None = None,
+             give_up: Callable[[], bool] = lambda: False) -> tuple[Lease | None, list[Buffered], int]:
+        """receive() as the buffered records: the lease, the live records taken in RECEIVE order
+        (each with the envelope the receiver's decode made), and how many expired ones were taken
+        with them."""
         start = time.monotonic()
         deadline = None if wait is None else start + wait
         catch_up_deadline = start + max(wait or 0.0, 30.0)
         with self._cv:
             while True:
                 if self._closed:
-                    return None, []
+                    return None, [], 0
                 full = full_partitions(self._offsets)
                 group = self._buffer.pick(owner, full, conversation_group, conversation_id)
                 if group is not None:
                     return self._take(owner, group, top, full, conversation_id)
                 now = time.monotonic()
                 if deadline is not None and now >= deadline and (self._caught_up() or now >= catch_up_deadline):
-                    return None, []
+                    return None, [], 0
                 if give_up():
-                    return None, []
+                    return None, [], 0
                 self._cv.wait(0.5 if deadline is None else max(min(deadline - now, 0.5), 0.01))
 
     def _take(self, owner: Any, group: str, top: int, full: dict[int, int],
-              conversation_id: str | None) -> tuple[Lease, list[Message]]:
+              conversation_id: str | None) -> tuple[Lease, list[Buffered], int]:
         lease = self._buffer.holder(group) or Lease(self, group, owner)
         now_ms = int(time.time() * 1000)
         taken = self._buffer.take(lease, group, top, full, now_ms, conversation_id)
         lease.taken.extend(taken)
         lease.offsets.extend(b.position for b in taken)
-        return lease, [self._to_message(b) for b in receive_order(taken) if b.live(now_ms)]
+        live = [b for b in receive_order(taken) if b.live(now_ms)]
+        return lease, live, len(taken) - len(live)
 
     def _to_message(self, b: Buffered) -> Message:
         env, rec = b.envelope, b.record

@@ -26,6 +26,7 @@ from kbroker.core.endpoint import CHAIN_SUFFIX, CLOSED, CLOSED_GRACE_SECONDS, DI
 from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.reclaim import analytics_floor, lowest, reclaim_points
 from kbroker.core.send_lease import LEASE_SUFFIX, WANT_SUFFIX
+from kbroker.core.transport_endpoint import transport_queue_prefix
 from kbroker.errors import BrokerUnavailableError, kafka_error
 from kbroker.kafka import clients, messages
 from kbroker.kafka.endpoint_store import CLOSED_JSON, read_endpoints
@@ -68,7 +69,7 @@ def reclaim_namespace(bootstrap: str, catalog: Catalog, timeout: float = 30.0) -
             deleted = reclaim_topic(bootstrap, admin, queue, name, partitions, endpoint_states, timeout)
             if deleted:
                 done.append(Reclaimed(name, deleted))
-    tqueues = f"{names.prefix(catalog.namespace)}tqueue."  # transport queues: read by the group of their name
+    tqueues = transport_queue_prefix(catalog.namespace)  # transport queues: read by the group of their name
     for name in sorted(t for t in existing if t.startswith(tqueues)):
         deleted = _reclaim_by_group(bootstrap, admin, name, sorted(existing[name].partitions), name, timeout)
         if deleted:

@@ -11,17 +11,17 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Producer
 from confluent_kafka import Message as KafkaRecord
 
 from kbroker.core import names
 from kbroker.core.catalog.loader import load_system_topics
-from kbroker.core.envelope import Envelope
 from kbroker.core.transport_endpoint import InstallPlan, transport_queue_topic
-from kbroker.core.transport_message import as_envelope, from_record
-from kbroker.errors import InvalidArgumentError, TransportQueueNotFoundError, kafka_error
+from kbroker.core.transport_message import TransportEnvelope, as_envelope, from_record
+from kbroker.errors import InvalidArgumentError, TransportQueueNotFoundError
 from kbroker.kafka import clients, messages
 from kbroker.kafka.apply import HEADER_HEADROOM, KEEP_EVERY_RECORD, QUEUE_SEGMENTS, TopicSpec, sync_topics
+from kbroker.kafka.reader import topic_partitions
 from kbroker.kafka.receiver import QueueReceiver
 
 MAX_BODY_BYTES = 10 * 1024 * 1024  # the largest body a transport queue takes
@@ -48,13 +48,13 @@ def install(bootstrap: str, namespace: str, plan: InstallPlan, *, timeout: float
 
 class QueueDirectory:
     """Which transport queue topics exist, asked of the cluster once per queue (a send to a
-    queue nobody installed fails at once, not at commit)."""
+    queue nobody installed fails at once, not at commit), through `client` (the endpoint's
+    producer): a look-up that never creates the topic, whatever the broker's auto-create."""
 
-    def __init__(self, bootstrap: str, namespace: str, timeout: float = 10.0):
-        self._bootstrap, self._namespace, self._timeout = bootstrap, namespace, timeout
+    def __init__(self, namespace: str, client: Producer, timeout: float = 10.0):
+        self._namespace, self._client, self._timeout = namespace, client, timeout
         self._known: set[str] = set()
         self._lock = threading.Lock()
-        self._admin: Any = None
 
     def topic(self, queue: str) -> str:
         """The queue's topic; TransportQueueNotFoundError when it does not exist."""
@@ -63,38 +63,30 @@ class QueueDirectory:
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
         with self._lock:
-            if topic in self._known:
-                return topic
-            if self._admin is None:
-                self._admin = clients.admin(self._bootstrap)
-            try:
-                meta = self._admin.list_topics(topic, timeout=self._timeout)
-            except KafkaException as exc:
-                raise kafka_error(f"could not look up transport queue {queue!r}", exc.args[0]) from None
-            found = meta.topics.get(topic)
-            if found is None or found.error is not None:
-                raise TransportQueueNotFoundError(queue, topic)
-            self._known.add(topic)
-            return topic
+            if topic not in self._known:
+                if topic_partitions(self._client, topic, self._timeout) is None:
+                    raise TransportQueueNotFoundError(queue, topic)
+                self._known.add(topic)
+        return topic
 
 
-def decoder(queue: str) -> Callable[[KafkaRecord], Envelope]:
+def decoder(queue: str) -> Callable[[KafkaRecord], TransportEnvelope]:
     """The receiver's decode for a transport queue: each message a group of its own."""
 
-    def decode(rec: KafkaRecord) -> Envelope:
+    def decode(rec: KafkaRecord) -> TransportEnvelope:
         return as_envelope(from_record(messages.headers(rec), rec.value()), queue)
 
     return decode
 
 
-def transport_receiver(bootstrap: str, namespace: str, queue: str, *,
+def transport_receiver(bootstrap: str, namespace: str, queue: str, topic: str, *,
                        dead_letter: Callable[[QueueReceiver, KafkaRecord, str], None],
                        commit_barrier: Callable[[], None], max_buffered: int = 20_000,
                        revoke_grace: float = 5.0) -> QueueReceiver:
     """A started receiver of a transport queue (one consumer, in the queue's consumer group)."""
     return QueueReceiver(bootstrap, namespace, queue, dead_letter=dead_letter, max_buffered=max_buffered,
                          revoke_grace=revoke_grace, commit_barrier=commit_barrier,
-                         topic=transport_queue_topic(namespace, queue), decode=decoder(queue)).start()
+                         topic=topic, decode=decoder(queue)).start()
 
 
 def durable_producer(bootstrap: str) -> Producer:

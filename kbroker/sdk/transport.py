@@ -28,7 +28,7 @@ from typing import Any, Mapping, Self
 from kbroker import config
 from kbroker.core.records import Record
 from kbroker.core.statements import dead_letter_record
-from kbroker.core.transport_endpoint import (MONITOR, EndpointSettings, FailedDeliveries, default_machine,
+from kbroker.core.transport_endpoint import (MONITOR, PRIMARY_PARTITIONS, EndpointSettings, FailedDeliveries, default_machine,
                                               install_plan)
 from kbroker.core.transport_message import TransportMessage, canonical_id, new_message, to_headers
 from kbroker.embedded import resolve_bootstrap
@@ -83,8 +83,8 @@ class TransportEndpoint:
         if install:
             self.install(partitions)
         self._ack_timeout, self._commit_interval, self._max_buffered = ack_timeout, commit_interval, max_buffered
-        self._queues = QueueDirectory(self.bootstrap, self.namespace)
         self._producer = durable_producer(self.bootstrap)
+        self._queues = QueueDirectory(self.namespace, self._producer)
         self._express: Any = None
         self._errors: list[Any] = []
         self._lock = threading.RLock()
@@ -103,7 +103,7 @@ class TransportEndpoint:
         """Create this instance's queues (and the dead-letter topic) where missing."""
         s = self.settings
         plan = install_plan(s.name, s.machine, secondary=s.secondary_queue is not None,
-                            **({} if partitions is None else {"partitions": partitions}))
+                            partitions=partitions or PRIMARY_PARTITIONS)
         return install(self.bootstrap, self.namespace, plan)
 
     # --- the runtime transactions share ------------------------------------------------------
@@ -122,9 +122,9 @@ class TransportEndpoint:
         with self._lock:
             r = self._receivers.get(queue)
             if r is None:
-                self._queues.topic(queue)  # TransportQueueNotFoundError before any consumer joins
+                topic = self._queues.topic(queue)  # TransportQueueNotFoundError before any consumer joins
                 r = self._receivers[queue] = transport_receiver(
-                    self.bootstrap, self.namespace, queue, dead_letter=self._dead_letter_malformed,
+                    self.bootstrap, self.namespace, queue, topic, dead_letter=self._dead_letter_malformed,
                     commit_barrier=self.committer.barrier, max_buffered=self._max_buffered)
             return r
 
@@ -218,7 +218,10 @@ class TransportEndpoint:
         """Send and register a callback: the future completes with the reply (a message whose
         CorrelationId is this one's Id) when it reaches this instance's reply queue."""
         future: concurrent.futures.Future[TransportMessage] = concurrent.futures.Future()
-        mid = canonical_id(kw.pop("message_id", None) or str(uuid.uuid4()))
+        try:
+            mid = canonical_id(kw.pop("message_id", None) or str(uuid.uuid4()))  # the key replies come back with
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
         with self._lock:
             self._callbacks[mid] = future
         try:
@@ -246,7 +249,8 @@ class TransportEndpoint:
     def handle_one(self, queue: str, handler: Handler, wait: float | None, give_up_fast: bool = False,
                    on_received: Callable[[], None] = lambda: None) -> bool:
         """One transaction: receive from `queue`, hand the message to its callback or `handler`,
-        commit (a failure rolls back). Returns whether a message was there."""
+        commit (a failure rolls back). Returns whether a message was there. `on_received` is
+        called once the receive returned (or failed), message or not."""
         tx = self.transaction()
         try:
             try:
@@ -262,15 +266,19 @@ class TransportEndpoint:
             tx.commit()
             if callback is not None:
                 callback.set_result(msg)
-            return True
         except Exception as exc:
-            if tx.state == "open":
-                tx.rollback(f"{type(exc).__name__}: {exc}")
-                self.count("failed")
-                log.warning("handler on %s failed; its transaction rolled back: %s", queue, exc)
-                return True
+            self.handling_failed(tx, queue, exc)
+        return True
+
+    def handling_failed(self, tx: TransportTransaction, queue: str, exc: Exception) -> None:
+        """A handler raised (its transaction rolls back and counts a failed delivery), or its
+        commit failed (the transaction is over: the message comes back by itself)."""
+        if tx.state == "open":
+            tx.rollback(f"{type(exc).__name__}: {exc}")
+            self.count("failed")
+            log.warning("handler on %s failed; its transaction rolled back: %s", queue, exc)
+        else:
             log.warning("commit on %s failed: %s", queue, exc)
-            return True
 
     def start(self, handler: Handler) -> Self:
         """Start the readers: the primary queue's under the endpoint's concurrency model, the

@@ -98,7 +98,7 @@ class AsyncTransportEndpoint:
         self.running: dict[str, int] = {}
         self.peak: dict[str, int] = {}
         self._unclaimed: dict[str, int] = {}
-        self._slot_freed = asyncio.Event()
+        self._slot_freed: dict[str, asyncio.Event] = {}  # per queue: one of its readers or tasks ended
 
     @property
     def settings(self) -> Any:
@@ -131,15 +131,17 @@ class AsyncTransportEndpoint:
 
     async def _handle_one(self, queue: str, handler: AsyncHandler, wait: float | None,
                           task: bool = False) -> bool:
+        """TransportEndpoint.handle_one with an awaited handler. A 3.0 task (`task`) takes the
+        message it was started for, from the buffer, still off the loop: a poison one is
+        dead-lettered on the way, a Kafka transaction."""
         tx = self.sync.transaction()
         atx = AsyncTransportTransaction(tx, self._run)
         try:
-            if task:  # a counted message, taken from the buffer (off the loop: a poison one is dead-lettered)
-                msg = await self._run(tx.receive, 0.0, queue=queue, buffered_only=True)
-                self._unclaimed[queue] -= 1
-                task = False
-            else:
-                msg = await self._run(tx.receive, wait, queue=queue)
+            try:
+                msg = await self._run(tx.receive, 0.0 if task else wait, queue=queue, buffered_only=task)
+            finally:
+                if task:
+                    self._unclaimed[queue] -= 1
             if msg is None:
                 await atx.commit()
                 return False
@@ -149,18 +151,9 @@ class AsyncTransportEndpoint:
             await atx.commit()
             if callback is not None:
                 callback.set_result(msg)
-            return True
         except Exception as exc:
-            if tx.state == "open":
-                tx.rollback(f"{type(exc).__name__}: {exc}")
-                self.sync.count("failed")
-                log.warning("handler on %s failed; its transaction rolled back: %s", queue, exc)
-            else:
-                log.warning("commit on %s failed: %s", queue, exc)
-            return True
-        finally:
-            if task:
-                self._unclaimed[queue] -= 1
+            self.sync.handling_failed(tx, queue, exc)
+        return True
 
     async def start(self, handler: AsyncHandler) -> Self:
         """Start the readers of the primary queue (its model, MaximumConcurrencyLevel) and of the
@@ -172,6 +165,7 @@ class AsyncTransportEndpoint:
         for queue, n in queues:
             await self._run(self.sync.receiver, queue)  # joins the group now
             self.running[queue] = self.peak[queue] = self._unclaimed[queue] = 0
+            self._slot_freed[queue] = asyncio.Event()
             if s.model == MONITOR:
                 self._spawn(self._monitor(queue, handler, n))
             elif s.model == FIXED:
@@ -194,7 +188,7 @@ class AsyncTransportEndpoint:
 
     def _leave(self, queue: str) -> None:
         self.running[queue] -= 1
-        self._slot_freed.set()
+        self._slot_freed[queue].set()
 
     async def _reader(self, queue: str, handler: AsyncHandler, ramp: dict[str, RampUp] | None) -> None:
         """fixed (ramp None) or 2.1 (ramp: the queue's shared controller state) reader."""
@@ -222,10 +216,10 @@ class AsyncTransportEndpoint:
                 waiting = await self._run(receiver.wait_for_waiting, WAIT)
             start = receive_tasks_to_start(waiting - self._unclaimed[queue], self.running[queue], max_concurrency)
             if start <= 0:
-                self._slot_freed.clear()
+                self._slot_freed[queue].clear()
                 if waiting:
                     try:
-                        await asyncio.wait_for(self._slot_freed.wait(), WAIT)
+                        await asyncio.wait_for(self._slot_freed[queue].wait(), WAIT)
                     except TimeoutError:
                         pass
                 continue

@@ -100,11 +100,7 @@ class MonitorLoop:
                 self._pool.submit(self._task)
 
     def _task(self) -> None:
-        claimed = False
-
         def received() -> None:
-            nonlocal claimed
-            claimed = True
             with self._cv:
                 self._unclaimed -= 1
 
@@ -112,8 +108,6 @@ class MonitorLoop:
             self._ep.handle_one(self.queue, self._handler, 0.0, give_up_fast=True, on_received=received)
         finally:
             with self._cv:
-                if not claimed:
-                    self._unclaimed -= 1
                 self.running -= 1
                 self._cv.notify_all()
 

@@ -20,9 +20,8 @@ import time
 from typing import TYPE_CHECKING, Any, Mapping, Self
 
 from kbroker.core.records import Record
-from kbroker.core.transport_message import TransportMessage, from_record, with_position
+from kbroker.core.transport_message import TransportEnvelope, TransportMessage, with_position
 from kbroker.errors import InvalidArgumentError, TransactionAbortedError, TransactionInDoubtError, TransactionStateError
-from kbroker.kafka import messages
 from kbroker.kafka.committer import CommitRequest
 from kbroker.kafka.receiver import Lease
 
@@ -66,29 +65,27 @@ class TransportTransaction:
         deadline = None if wait is None else time.monotonic() + wait
         while True:
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            lease, msgs = receiver.receive(self, 1, remaining,
-                                           give_up=(lambda: True) if buffered_only else ep.closing)
+            lease, live, expired = receiver.take(self, 1, remaining,
+                                                 give_up=(lambda: True) if buffered_only else ep.closing)
             if lease is None:
                 return None
-            if not msgs:  # only expired messages: removed with this transaction, never handed out
-                ep.count("expired", len(lease.taken))
+            if expired:  # removed with this transaction, never handed out
+                ep.count("expired", expired)
+            if not live:
                 if lease not in self._leases:
                     self._leases.append(lease)
                 continue
-            live = msgs[0]
-            expired = len(lease.taken) - 1
-            if expired:
-                ep.count("expired", expired)
-            record = live.extra["record"]
-            position = (receiver.topic, live.partition, live.offset)
+            b = live[0]
+            position = (receiver.topic, b.partition, b.offset)
             failures = ep.failures.count(position)
             if failures >= ep.settings.max_deliveries:
-                ep.dead_letter(lease, record, f"handler failed {failures} times: {ep.failures.reason(position)}")
+                ep.dead_letter(lease, b.record, f"handler failed {failures} times: {ep.failures.reason(position)}")
                 continue
             if lease not in self._leases:
                 self._leases.append(lease)
-            msg = with_position(from_record(messages.headers(record), record.value()), q, live.partition,
-                                live.offset, live.enqueued_time)
+            envelope = b.envelope
+            assert isinstance(envelope, TransportEnvelope)  # a transport queue's receiver decodes these
+            msg = with_position(envelope.message, q, b.partition, b.offset, b.enqueued_ms)
             self.received.append(msg)
             ep.count("received")
             return msg

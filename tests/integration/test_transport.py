@@ -313,16 +313,23 @@ def primary_stats(ep: TransportEndpoint) -> dict[str, Any]:
     return ep.stats()["readers"][0]
 
 
-def test_monitor_model_never_exceeds_max_concurrency(endpoints):
+def run_model(endpoints: Any, concurrency: str, max_concurrency: int, n: int,
+              delay: float) -> tuple[TransportEndpoint, InFlight, dict[str, Any]]:
+    """`n` messages through an endpoint of `concurrency`, a handler taking `delay` s; asserts
+    each was handled once and returns the endpoint, the handler and the primary readers' stats."""
     sender = endpoints("Sales")
-    worker = endpoints("Worker", machine="w1", concurrency="3.0", max_concurrency=4)
-    sent = push(sender, "Worker", 200)
-    h = InFlight(0.02)
+    worker = endpoints("Worker", machine="w1", concurrency=concurrency, max_concurrency=max_concurrency)
+    sent = push(sender, "Worker", n)
+    h = InFlight(delay)
     worker.start(h)
-    wait_for(lambda: len(h.ids) >= 200, 30, "200 messages handled")
-    time.sleep(0.5)
+    wait_for(lambda: len(h.ids) >= n, 30, f"{n} messages handled")
+    time.sleep(0.5)  # time for a duplicate to show
     assert set(h.ids) == sent and set(h.ids.values()) == {1}
-    st = primary_stats(worker)
+    return worker, h, primary_stats(worker)
+
+
+def test_monitor_model_never_exceeds_max_concurrency(endpoints):
+    worker, h, st = run_model(endpoints, "3.0", 4, 200, 0.02)
     assert st["model"] == "monitor" and st["queue"] == "Worker"
     assert 2 <= h.most <= 4
     assert st["peak"] <= 4
@@ -436,15 +443,7 @@ def test_async_dead_lettering_does_not_block_the_event_loop(endpoints, kafka_boo
 
 
 def test_ramp_model_grows_under_load_and_shrinks_to_one_when_idle(endpoints):
-    sender = endpoints("Sales")
-    worker = endpoints("Worker", machine="w1", concurrency="2.1", max_concurrency=4)
-    sent = push(sender, "Worker", 200)
-    h = InFlight(0.01)
-    worker.start(h)
-    wait_for(lambda: len(h.ids) >= 200, 30, "200 messages handled")
-    time.sleep(0.3)
-    assert set(h.ids) == sent and set(h.ids.values()) == {1}
-    st = primary_stats(worker)
+    worker, h, st = run_model(endpoints, "2.1", 4, 200, 0.01)
     assert st["model"] == "ramp"
     assert 1 < st["peak"] <= 4 and h.most <= 4
     assert h.most > 1
@@ -454,15 +453,7 @@ def test_ramp_model_grows_under_load_and_shrinks_to_one_when_idle(endpoints):
 
 
 def test_fixed_model_runs_n_readers(endpoints):
-    sender = endpoints("Sales")
-    worker = endpoints("Worker", machine="w1", concurrency="pre-2.0", max_concurrency=3)
-    sent = push(sender, "Worker", 60)
-    h = InFlight(0.02)
-    worker.start(h)
-    wait_for(lambda: len(h.ids) >= 60, 30, "60 messages handled")
-    time.sleep(0.3)
-    assert set(h.ids) == sent and set(h.ids.values()) == {1}
-    st = primary_stats(worker)
+    worker, h, st = run_model(endpoints, "pre-2.0", 3, 60, 0.02)
     assert st["model"] == "fixed" and st["readers"] == 3
     assert h.most <= 3
     assert len(h.threads) == 3  # every reader took part
