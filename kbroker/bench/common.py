@@ -38,6 +38,7 @@ APPROVAL = "//Adventure-Works.com/Expenses/ExpenseApproval"
 QUEUE, REPLY_QUEUE = "ExpenseQueue", "EmployeeQueue"
 
 NOT_IMPLEMENTED = "transactions not implemented"
+IO_DELAY = 0.005  # io-bound and transport-io-bound: what the handler awaits per message
 
 
 def json_body(size: int = 100, **fields: Any) -> bytes:
@@ -93,26 +94,42 @@ def approval_headers(conversation_id: str, seq: int) -> WireHeaders:
     return _headers(conversation_id, seq, APPROVAL, EXP, EMP, "INITIATOR")
 
 
-def produce_dialogs(ctx: BenchContext, topic: str, conversations: list[str], per_conversation: int,
-                    body: bytes, label: str, total: int | None = None) -> int:
-    """Write a backlog of ExpenseClaims: round-robin over the dialogs, each dialog's messages in
-    sequence order. Returns the bytes written (key + value + headers)."""
-    total = total if total is not None else len(conversations) * per_conversation
+# What a backlog's i-th record is: (key, value, headers).
+BacklogRecord = tuple[str | bytes, bytes | None, WireHeaders]
+
+
+def write_backlog(ctx: BenchContext, topic: str, total: int, label: str,
+                  record: Callable[[int], BacklogRecord]) -> int:
+    """Write `total` records, record(0) to record(total - 1), to `topic` with a fast producer (not
+    timed). Returns the bytes written, taking every record to be the size of the first (key +
+    value + headers)."""
     producer, delivery = fast_producer(ctx.bootstrap), Delivery()
     written = 0
     with ctx.reporter.bar(label, total) as advance:
         for i in range(total):
-            conv = conversations[i % len(conversations)]
-            hs = claim_headers(conv, i // len(conversations))
+            key, value, hs = record(i)
             if i == 0:
-                written = len(conv) + len(body) + sum(len(k) + len(v or b"") for k, v in hs)
-            produce(producer, topic, key=conv, value=body, headers=hs, on_delivery=delivery)
+                written = len(key) + len(value or b"") + sum(len(k) + len(v or b"") for k, v in hs)
+            produce(producer, topic, key=key, value=value, headers=hs, on_delivery=delivery)
             if i % 10_000 == 9_999:
                 producer.poll(0)
                 advance(10_000)
         advance(total % 10_000)
         delivery.check(producer.flush(300))
     return written * total
+
+
+def produce_dialogs(ctx: BenchContext, topic: str, conversations: list[str], per_conversation: int,
+                    body: bytes, label: str, total: int | None = None) -> int:
+    """Write a backlog of ExpenseClaims: round-robin over the dialogs, each dialog's messages in
+    sequence order. Returns the bytes written (key + value + headers)."""
+    total = total if total is not None else len(conversations) * per_conversation
+
+    def claim(i: int) -> BacklogRecord:
+        conv = conversations[i % len(conversations)]
+        return conv, body, claim_headers(conv, i // len(conversations))
+
+    return write_backlog(ctx, topic, total, label, claim)
 
 
 def new_conversations(n: int) -> list[str]:

@@ -157,22 +157,24 @@ def free_port() -> int:
 
 
 @contextmanager
-def bench_broker(bootstrap: str | None, reporter: Reporter) -> Iterator[tuple[str, str, bool]]:
+def bench_broker(bootstrap: str | None, reporter: Reporter,
+                 label: str = "embedded broker") -> Iterator[tuple[str, str, bool]]:
     """(bootstrap, Kafka version, embedded?): the given broker, else an embedded one on free
-    ports in a temporary data dir, stopped and removed when the run ends."""
+    ports in a temporary data dir, stopped and removed when the context ends. `label` names it
+    in progress (the routing scenario's second cluster is one too)."""
     if bootstrap:
         yield bootstrap, "unknown (external broker)", False
         return
     from kbroker.embedded.broker import KAFKA_VERSION, EmbeddedBroker
 
     data_dir = Path(tempfile.mkdtemp(prefix="kbroker-bench-"))
-    broker = EmbeddedBroker(data_dir, progress=lambda m: reporter.say(f"embedded broker: {m}"))
+    broker = EmbeddedBroker(data_dir, progress=lambda m: reporter.say(f"{label}: {m}"))
     try:
         status = broker.start(port=free_port(), controller_port=free_port())
         assert status.bootstrap is not None  # a started broker has an address
         yield status.bootstrap, f"Apache Kafka {KAFKA_VERSION} (embedded, one KRaft node)", True
     finally:
-        reporter.say("stopping the embedded broker")
+        reporter.say(f"stopping the {label}")
         try:
             broker.stop()
         finally:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kbroker.bench.common import (
+    IO_DELAY,
     QUEUE,
     claim_body,
     join_all,
@@ -29,7 +30,6 @@ from kbroker.kafka import clients
 from kbroker.sdk.broker import Broker
 
 IO_READERS = 32  # io-bound: kbroker reader threads sharing one Broker
-IO_DELAY = 0.005  # io-bound: what the handler awaits per message
 
 
 # --- io-bound -------------------------------------------------------------------------------------

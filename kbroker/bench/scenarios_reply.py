@@ -33,19 +33,12 @@ from kbroker.bench.harness import (
 )
 from kbroker.core import names
 from kbroker.kafka import clients
-from kbroker.kafka.baseline import (
-    Delivery,
-    consumed_positions,
-    failure,
-    is_partition_eof,
-    sdk_like_producer,
-)
+from kbroker.kafka.baseline import Delivery, sdk_like_producer, transform_batches
 from kbroker.sdk.broker import Broker
 
 # What a responders' factory returns: the threads to start, and how to close what they share.
 Responders = tuple[list[threading.Thread], Callable[[], None]]
 RR_READERS = 64  # request-reply: kbroker responder threads sharing one Broker (default of --readers)
-BATCH_RECORDS, BATCH_SECONDS = 100, 0.1  # request-reply baseline: commit every 100 records or 100 ms
 
 
 # --- request-reply ------------------------------------------------------------------------------
@@ -163,36 +156,19 @@ def baseline_responder(ctx: BenchContext, namespace: str, tally: Tally, reply: b
     def work() -> None:
         consumer = clients.consumer(ctx.bootstrap, f"baseline.{topic}", **{"auto.offset.reset": "earliest"})
         producer = clients.producer(ctx.bootstrap, **{"transactional.id": f"baseline.{topic}", "linger.ms": 1})
+        reply_seq: dict[str, int] = {}
+
+        def transform(rec: Any) -> tuple[str, int]:  # a consumed record
+            conv = (rec.key() or b"").decode()
+            seq = reply_seq.get(conv, 0)
+            reply_seq[conv] = seq + 1
+            producer.produce(reply_topic, key=rec.key(), value=reply, headers=approval_headers(conv, seq))
+            return conv, rec.timestamp()[1]
+
         try:
             producer.init_transactions(30)
             consumer.subscribe([topic])
-            reply_seq: dict[str, int] = {}
-            pending: list[tuple[str, int]] = []
-            started = 0.0
-            producer.begin_transaction()
-            while not stop.is_set():
-                left = BATCH_SECONDS - (time.monotonic() - started) if pending else BATCH_SECONDS
-                for rec in consumer.consume(BATCH_RECORDS - len(pending), max(left, 0.0)):
-                    if rec.error():
-                        if is_partition_eof(rec):
-                            continue
-                        raise failure(rec)
-                    conv = (rec.key() or b"").decode()
-                    seq = reply_seq.get(conv, 0)
-                    reply_seq[conv] = seq + 1
-                    producer.produce(reply_topic, key=rec.key(), value=reply,
-                                     headers=approval_headers(conv, seq))
-                    if not pending:
-                        started = time.monotonic()
-                    pending.append((conv, rec.timestamp()[1]))
-                if pending and (len(pending) >= BATCH_RECORDS or time.monotonic() - started >= BATCH_SECONDS):
-                    producer.send_offsets_to_transaction(consumed_positions(consumer),
-                                                         consumer.consumer_group_metadata(), 30)
-                    producer.commit_transaction(30)
-                    tally.committed(pending)
-                    pending = []
-                    producer.begin_transaction()
-            producer.abort_transaction(30)
+            transform_batches(consumer, producer, transform, tally.committed, lambda: not stop.is_set())
         except BaseException as exc:
             errors.append(exc)
             stop.set()

@@ -18,7 +18,6 @@ and the responder are the same code in every topology: threads RECEIVE with wait
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 import threading
 import time
@@ -27,14 +26,18 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from kbroker.bench.common import join_all, json_body, need_transactions, percentile
-from kbroker.bench.harness import BenchContext, Row, Scenario, free_port, scenario
+from kbroker.bench.harness import BenchContext, Row, Scenario, bench_broker, scenario
 from kbroker.core.catalog.models import Catalog
 from kbroker.sdk.broker import Broker
+
+if TYPE_CHECKING:
+    from kbroker.kafka.dispatcher import Dispatcher
+    from kbroker.kafka.transmitter import Transmitter
 
 REQUEST, REPLY = "//Bench/Routing/Request", "//Bench/Routing/Reply"
 CONTRACT = "//Bench/Routing/RequestReply"
@@ -83,40 +86,26 @@ services:
 
 @dataclass
 class RoutingState:
-    """The second cluster (for CLUSTERS) and where the catalogs are written."""
+    """The second cluster (for CLUSTERS) and where the catalogs are written; `resources` stops
+    and removes both."""
 
-    remote: Any
+    resources: ExitStack
     remote_bootstrap: str
-    remote_dir: Path
     yaml_dir: Path
 
 
 def setup_routing(ctx: BenchContext) -> RoutingState:
     need_transactions(ctx)
-    from kbroker.embedded.broker import EmbeddedBroker
-
-    remote_dir = Path(tempfile.mkdtemp(prefix="kbroker-bench-remote-"))
-    yaml_dir = Path(tempfile.mkdtemp(prefix="kbroker-bench-routing-"))
-    remote = EmbeddedBroker(remote_dir, progress=lambda m: ctx.say(f"second cluster: {m}"))
-    try:
-        status = remote.start(port=free_port(), controller_port=free_port())
-    except BaseException:
-        shutil.rmtree(remote_dir, ignore_errors=True)
-        shutil.rmtree(yaml_dir, ignore_errors=True)
-        raise
-    assert status.bootstrap is not None  # a started broker has an address
-    return RoutingState(remote, status.bootstrap, remote_dir, yaml_dir)
+    with ExitStack() as stack:
+        yaml_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kbroker-bench-routing-",
+                                                                        ignore_cleanup_errors=True)))
+        remote_bootstrap, _, _ = stack.enter_context(bench_broker(None, ctx.reporter, "second cluster"))
+        return RoutingState(stack.pop_all(), remote_bootstrap, yaml_dir)
 
 
-def teardown_routing(ctx: BenchContext, state: RoutingState | None) -> None:
-    if state is None:
-        return
-    ctx.say("stopping the second cluster")
-    try:
-        state.remote.stop()
-    finally:
-        shutil.rmtree(state.remote_dir, ignore_errors=True)
-        shutil.rmtree(state.yaml_dir, ignore_errors=True)
+def teardown_routing(_ctx: BenchContext, state: RoutingState | None) -> None:
+    if state is not None:
+        state.resources.close()
 
 
 def _apply(ctx: BenchContext, state: RoutingState, bootstrap: str, ns: str, text: str) -> None:
@@ -137,47 +126,37 @@ class Topology:
     kind: str
     requester: Broker
     responder: Broker
-    services: list[Any] = field(default_factory=list)
+    # side ("a": the requester's namespace, "b": the responder's) -> its service; empty for LOCAL
+    dispatchers: dict[str, Dispatcher] = field(default_factory=dict)
+    transmitters: dict[str, Transmitter] = field(default_factory=dict)
 
     def counters(self) -> dict[str, int]:
         """What the transmitters and dispatchers did (empty for LOCAL)."""
-        from kbroker.kafka.dispatcher import Dispatcher
-        from kbroker.kafka.transmitter import Transmitter
-
         out: dict[str, int] = {}
-        fields: tuple[str, ...]
-        for s in self.services:
-            side = "a" if s.namespace == self.requester.namespace else "b"
-            if isinstance(s, Transmitter):
-                out[f"{side}_transmitter_waiting"] = len(s.queue)
-                fields, what = ("sent", "acked", "refused"), "transmitter"
-            else:
-                assert isinstance(s, Dispatcher)
-                fields, what = ("saved", "duplicates", "refused", "dropped"), "dispatcher"
-            for f in fields:
-                out[f"{side}_{what}_{f}"] = getattr(s, f)
+        for side, d in self.dispatchers.items():
+            for f in ("saved", "duplicates", "refused", "dropped"):
+                out[f"{side}_dispatcher_{f}"] = getattr(d, f)
+            t = self.transmitters[side]
+            out[f"{side}_transmitter_waiting"] = len(t.queue)
+            for f in ("sent", "acked", "refused"):
+                out[f"{side}_transmitter_{f}"] = getattr(t, f)
         return out
 
     def check(self) -> None:
         """A refused message means the topology is wrong, not slow: fail the measurement."""
-        from kbroker.kafka.dispatcher import Dispatcher
-
-        for s in self.services:
-            if s.refused:
-                what = "dispatcher" if isinstance(s, Dispatcher) else "transmitter"
-                raise RuntimeError(f"{what} of {s.namespace} refused {s.refused} message(s)")
+        for side, d in self.dispatchers.items():
+            for what, s in (("dispatcher", d), ("transmitter", self.transmitters[side])):
+                if s.refused:
+                    raise RuntimeError(f"{what} of {s.namespace} refused {s.refused} message(s)")
 
     def waiting(self) -> str:
         """What the transmitters hold, for an error message."""
-        from kbroker.kafka.transmitter import Transmitter
-
         rows = []
-        for s in self.services:
-            if isinstance(s, Transmitter):
-                r = s.report()
-                statuses = sorted({m.get("transmission_status") or "" for m in r["messages"]} - {""})
-                rows.append(f"{s.namespace}: {r['waiting']} waiting, sent {r['sent']}, acked {r['acked']}"
-                            + (f", statuses {statuses}" if statuses else ""))
+        for t in self.transmitters.values():
+            r = t.report()
+            statuses = sorted({m.get("transmission_status") or "" for m in r["messages"]} - {""})
+            rows.append(f"{t.namespace}: {r['waiting']} waiting, sent {r['sent']}, acked {r['acked']}"
+                        + (f", statuses {statuses}" if statuses else ""))
         return "; ".join(rows) or "no transmitter (local)"
 
 
@@ -210,11 +189,11 @@ def topology(ctx: BenchContext, state: RoutingState, kind: str, tag: str) -> Ite
         _apply(ctx, state, b_boot, b, catalog_yaml([SERVER], [("ToClient", CLIENT, f"kafka://{a_boot}/{a}")]))
         req = stack.enter_context(Broker(a_boot, a))
         resp = stack.enter_context(Broker(b_boot, b))
-        services: list[Any] = []
-        for boot, ns, br in ((a_boot, a, req), (b_boot, b, resp)):
-            services.append(stack.enter_context(Dispatcher(boot, ns, _catalog_of(br), tick=TICK)))
-            services.append(stack.enter_context(Transmitter(boot, ns, _catalog_of(br), tick=TICK)))
-        yield Topology(kind, req, resp, services)
+        topo = Topology(kind, req, resp)
+        for side, boot, ns, br in (("a", a_boot, a, req), ("b", b_boot, b, resp)):
+            topo.dispatchers[side] = stack.enter_context(Dispatcher(boot, ns, _catalog_of(br), tick=TICK))
+            topo.transmitters[side] = stack.enter_context(Transmitter(boot, ns, _catalog_of(br), tick=TICK))
+        yield topo
 
 
 # --- request-reply ------------------------------------------------------------------------------
@@ -235,6 +214,23 @@ class RoundTrips:
 def _raise_first(errors: list[BaseException]) -> None:
     if errors:
         raise errors[0]
+
+
+def _wait_until(topo: Topology, errors: list[BaseException], timeout: float, interval: float,
+                shortfall: Callable[[], str | None]) -> None:
+    """Poll every `interval` s until shortfall() is None; raises the threads' first error, a
+    refusal (topo.check()), or, after `timeout` s, "<kind>: <shortfall> after <timeout> s (what the
+    transmitters hold)"."""
+    deadline = time.monotonic() + timeout
+    while True:
+        _raise_first(errors)
+        topo.check()
+        missing = shortfall()
+        if missing is None:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{topo.kind}: {missing} after {timeout:.0f} s ({topo.waiting()})")
+        time.sleep(interval)
 
 
 def round_trips(ctx: BenchContext, topo: Topology) -> dict[str, Any]:
@@ -285,6 +281,11 @@ def round_trips(ctx: BenchContext, topo: Topology) -> dict[str, Any]:
             errors.append(exc)
             stop.set()
 
+    def unreplied() -> str | None:
+        with stats.lock:
+            warmed = len(stats.replied)
+        return None if warmed >= DIALOGS else f"{warmed} of {DIALOGS} dialogs had a reply"
+
     threads = [threading.Thread(target=respond, name=f"routing-responder-{i}", daemon=True) for i in range(THREADS)]
     threads += [threading.Thread(target=request, name=f"routing-requester-{i}", daemon=True) for i in range(THREADS)]
     for t in threads:
@@ -298,18 +299,7 @@ def round_trips(ctx: BenchContext, topo: Topology) -> dict[str, Any]:
                 with stats.lock:
                     stats.sent_at[h] = time.perf_counter()
                 tx.send(h, REQUEST, request_body)
-        deadline = time.monotonic() + WARM_TIMEOUT
-        while True:
-            _raise_first(errors)
-            topo.check()
-            with stats.lock:
-                warmed = len(stats.replied)
-            if warmed >= DIALOGS:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{topo.kind}: {warmed} of {DIALOGS} dialogs had a reply after "
-                                   f"{WARM_TIMEOUT:.0f} s ({topo.waiting()})")
-            time.sleep(0.1)
+        _wait_until(topo, errors, WARM_TIMEOUT, 0.1, unreplied)
         first_replies = time.perf_counter() - t_begin
         time.sleep(SETTLE_SECONDS)
         _raise_first(errors)
@@ -371,18 +361,12 @@ def transmission_latency(ctx: BenchContext, topo: Topology) -> dict[str, Any]:
         return json_body(ctx.params.body_bytes, n=n)
 
     def wait_received(ns: range, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            _raise_first(errors)
-            topo.check()
+        def unreceived() -> str | None:
             with lock:
                 missing = [n for n in ns if n not in received]
-            if not missing:
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{topo.kind}: {len(missing)} of {len(ns)} {what} not received after "
-                                   f"{timeout:.0f} s ({topo.waiting()})")
-            time.sleep(0.05)
+            return f"{len(missing)} of {len(ns)} {what} not received" if missing else None
+
+        _wait_until(topo, errors, timeout, 0.05, unreceived)
 
     receiver = threading.Thread(target=receive, name="routing-latency-receiver", daemon=True)
     receiver.start()

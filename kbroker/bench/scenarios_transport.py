@@ -10,7 +10,6 @@ Each measurement installs its queues in a namespace of its own."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import queue
 import threading
@@ -19,7 +18,15 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from kbroker.bench.common import WireHeaders, json_body, join_all, sides
+from kbroker.bench.common import (
+    IO_DELAY,
+    BacklogRecord,
+    WireHeaders,
+    join_all,
+    json_body,
+    side_by_side,
+    write_backlog,
+)
 from kbroker.bench.harness import BenchContext, Row, Scenario, scenario
 from kbroker.core.transport_endpoint import (
     FIXED,
@@ -37,17 +44,16 @@ from kbroker.core.transport_message import (
 from kbroker.kafka import clients, messages
 from kbroker.kafka.baseline import (
     Delivery,
-    consumed_positions,
+    commit_offsets,
     failure,
-    fast_producer,
     is_partition_eof,
     read_topic_to_end,
+    share_consumer,
+    transform_batches,
 )
 from kbroker.kafka.clients import produce
-from kbroker.kafka.transport_baseline import commit_offsets, share_consumer
 from kbroker.kafka.transport_queues import install
 from kbroker.sdk.transport import TransportEndpoint
-from kbroker.sdk.transport_aio import AsyncTransportEndpoint, AsyncTransportTransaction
 from kbroker.sdk.transport_transaction import TransportTransaction
 
 SENDER, ORDERS, PROCESSED, BILLING = "Sales", "Orders", "Processed", "Billing"
@@ -61,11 +67,8 @@ RECEIVE_MODEL, RECEIVE_CONCURRENCY = FIXED, 128
 # transport-io-bound: the handler takes IO_DELAY per message. The thread-based endpoint
 # (time.sleep) was ahead of the asyncio one (asyncio.sleep, AsyncTransportEndpoint: its commits
 # go through an executor) by 20-40% at the same model and concurrency.
-IO_DELAY = 0.005
-IO_MODEL, IO_CONCURRENCY, IO_ASYNC = FIXED, 128, False
-IO_FACE = "AsyncTransportEndpoint, asyncio.sleep" if IO_ASYNC else "TransportEndpoint, time.sleep"
+IO_MODEL, IO_CONCURRENCY = FIXED, 128
 IO_SHARE = 4  # transport-io-bound handles --messages / IO_SHARE messages (the baseline's 5 ms each)
-BATCH_RECORDS, BATCH_SECONDS = 100, 0.1  # the consume-transform-produce baseline's commits
 SHARE_FIRST_WITHIN = 30.0  # transport-share-group: a share consumer's first delivery takes ~5 s
 
 
@@ -82,32 +85,17 @@ def transport_namespace(ctx: BenchContext, tag: str, *queues: str) -> str:
     return ns
 
 
-def transport_record(topic: str, body: bytes | None, headers: dict[str, str] | None,
-                     reply_to: str) -> tuple[str, bytes, bytes | None, WireHeaders]:
-    """(topic, key, value, headers) of a new recoverable transport message, as
-    TransportEndpoint.send and TransportTransaction.send write it."""
+def transport_record(body: bytes | None, headers: dict[str, str] | None, reply_to: str) -> BacklogRecord:
+    """(key, value, headers) of a new recoverable transport message, as TransportEndpoint.send
+    and TransportTransaction.send write it."""
     m = new_message(body, headers, now_ms=int(time.time() * 1000), reply_to_address=reply_to)
     hs: WireHeaders = list(to_headers(m))
-    return topic, m.id.encode(), body, hs
+    return m.id.encode(), body, hs
 
 
 def preload(ctx: BenchContext, topic: str, n: int, body: bytes, label: str) -> None:
     """Write `n` transport messages to `topic` with a fast producer (not timed)."""
-    producer, delivery = fast_producer(ctx.bootstrap), Delivery()
-    with ctx.reporter.bar(label, n) as advance:
-        for i in range(n):
-            _, key, value, hs = transport_record(topic, body, HEADERS, SENDER)
-            produce(producer, topic, key=key, value=value, headers=hs, on_delivery=delivery)
-            if i % 10_000 == 9_999:
-                producer.poll(0)
-                advance(10_000)
-        delivery.check(producer.flush(300))
-        advance(n % 10_000)
-
-
-def committed_records(ctx: BenchContext, topic: str) -> int:
-    """The committed records of `topic` (read_committed, from its start): what a side wrote."""
-    return read_topic_to_end(ctx.bootstrap, topic, timeout=120)
+    write_backlog(ctx, topic, n, label, lambda _i: transport_record(body, HEADERS, SENDER))
 
 
 @dataclass
@@ -183,32 +171,49 @@ def run_send(ctx: BenchContext, rep: int) -> dict[str, Any]:
     def baseline_sends(count: int, advance: Callable[[int], None]) -> None:
         delivery = Delivery()
         for i in range(count):
-            _, key, value, hs = transport_record(topic, body, HEADERS, reply_to)
+            key, value, hs = transport_record(body, HEADERS, reply_to)
             producer.produce(topic, key=key, value=value, headers=hs, on_delivery=delivery)
             delivery.check(producer.flush(30))
             if i % 1000 == 999:
                 advance(1000)
 
-    out: dict[str, Any] = {}
+    def measure(side: str) -> dict[str, Any]:
+        send = kbroker_sends if side == "kbroker" else baseline_sends
+        gc.collect()
+        with ctx.reporter.bar(f"{side}: {n:,} sends, each acknowledged", n) as advance:
+            t0 = time.perf_counter()
+            send(n, advance)
+            elapsed = time.perf_counter() - t0
+            advance(n % 1000)
+        return {"value": n / elapsed, "detail": {"seconds": elapsed}}
+
     try:
         kbroker_sends(20, lambda _n: None)  # warm-up: connections, metadata, the queue look-up
         baseline_sends(20, lambda _n: None)
-        for side in sides(rep):
-            send = kbroker_sends if side == "kbroker" else baseline_sends
-            gc.collect()
-            with ctx.reporter.bar(f"{side}: {n:,} sends, each acknowledged", n) as advance:
-                t0 = time.perf_counter()
-                send(n, advance)
-                elapsed = time.perf_counter() - t0
-                advance(n % 1000)
-            out[side], out[f"{side}_detail"] = n / elapsed, {"seconds": elapsed}
+        return side_by_side(rep, measure)
     finally:
         ep.close()
         producer.flush(30)
-    return out
 
 
 # --- transport-receive ---------------------------------------------------------------------------
+
+
+def _run_endpoint(ctx: BenchContext, ns: str, handler: Callable[[TransportMessage, TransportTransaction], None],
+                  model: str, concurrency: int, n: int, clock: Clock, label: str,
+                  deadline: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """kbroker's side: an endpoint of Orders in `ns` started with `handler`, until it committed
+    `n` messages. Returns its stats and the detail both rows give (peak tasks, Kafka
+    transactions)."""
+    ep = TransportEndpoint(ORDERS, bootstrap=ctx.bootstrap, namespace=ns, secondary=False,
+                           concurrency=model, max_concurrency=concurrency)
+    try:
+        ep.start(handler)
+        wait_committed(ctx, ep, n, clock, label, deadline)
+        stats = ep.stats()
+        return stats, {"peak_tasks": stats["readers"][0].get("peak"), "kafka_transactions": ep.committer.batches}
+    finally:
+        ep.close()
 
 
 def measure_receive(ctx: BenchContext, side: str, n: int) -> dict:
@@ -221,33 +226,24 @@ def measure_receive(ctx: BenchContext, side: str, n: int) -> dict:
     gc.collect()
     t_start = time.perf_counter()
     if side == "kbroker":
-        ep = TransportEndpoint(ORDERS, bootstrap=ctx.bootstrap, namespace=ns, secondary=False,
-                               concurrency=RECEIVE_MODEL, max_concurrency=RECEIVE_CONCURRENCY)
-
         def handler(msg: TransportMessage, tx: TransportTransaction) -> None:
             clock.started()
             tx.send(PROCESSED, msg.body)
 
-        try:
-            ep.start(handler)
-            wait_committed(ctx, ep, n, clock, f"kbroker: {RECEIVE_MODEL}, max_concurrency {RECEIVE_CONCURRENCY}",
-                           deadline)
-            stats, transactions = ep.stats(), ep.committer.batches
-        finally:
-            ep.close()
-        detail = {"peak_tasks": stats["readers"][0].get("peak"), "kafka_transactions": transactions,
-                  "failed": stats["counters"].get("failed", 0), "rolled_back": stats["counters"].get("rolled_back", 0)}
+        stats, detail = _run_endpoint(ctx, ns, handler, RECEIVE_MODEL, RECEIVE_CONCURRENCY, n, clock,
+                                      f"kbroker: {RECEIVE_MODEL}, max_concurrency {RECEIVE_CONCURRENCY}", deadline)
+        detail.update(failed=stats["counters"].get("failed", 0), rolled_back=stats["counters"].get("rolled_back", 0))
     else:
-        baseline_transform(ctx, in_topic, out_topic, n, clock, deadline, reply_to=ORDERS)
+        baseline_transform(ctx, in_topic, out_topic, n, clock, deadline)
         detail = {}
-    written = committed_records(ctx, out_topic)
+    written = read_topic_to_end(ctx.bootstrap, out_topic, timeout=120)
     if written != n:
         raise RuntimeError(f"{side}: {written:,} messages committed to {PROCESSED}, not {n:,}")
     return {"value": clock.rate(n), "detail": {**clock.detail(n, t_start), **detail}}
 
 
 def baseline_transform(ctx: BenchContext, in_topic: str, out_topic: str, n: int, clock: Clock,
-                       deadline: float, reply_to: str) -> None:
+                       deadline: float) -> None:
     """A hand-written consume-transform-produce loop: a read_committed consumer, a transactional
     producer with the settings of kbroker's group committer, send_offsets_to_transaction, one
     commit every 100 records or 100 ms. Each record is decoded as a transport message and its
@@ -255,38 +251,31 @@ def baseline_transform(ctx: BenchContext, in_topic: str, out_topic: str, n: int,
     consumer = clients.consumer(ctx.bootstrap, f"baseline.{in_topic}", **{"auto.offset.reset": "earliest"})
     producer = clients.transactional_producer(ctx.bootstrap, f"baseline.{in_topic}",
                                               **{"retry.backoff.ms": 1, "retry.backoff.max.ms": 5})
+    done = 0
+
+    def transform(rec: Any) -> None:  # a consumed record
+        clock.started()
+        msg = from_record(messages.headers(rec), rec.value())
+        key, value, hs = transport_record(msg.body, None, ORDERS)
+        producer.produce(out_topic, key=key, value=value, headers=hs)
+
+    def running() -> bool:
+        if done >= n:
+            return False
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"baseline: only {done:,} of {n:,} messages committed in time")
+        return True
+
     try:
         producer.init_transactions(30)
         consumer.subscribe([in_topic])
-        done = pending = 0
-        started = 0.0
         with ctx.reporter.bar("baseline: consume-transform-produce", n) as advance:
-            producer.begin_transaction()
-            while done < n:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"baseline: only {done:,} of {n:,} messages committed in time")
-                left = BATCH_SECONDS - (time.monotonic() - started) if pending else BATCH_SECONDS
-                for rec in consumer.consume(BATCH_RECORDS - pending, max(left, 0.0)):
-                    if rec.error():
-                        if is_partition_eof(rec):
-                            continue
-                        raise failure(rec)
-                    clock.started()
-                    msg = from_record(messages.headers(rec), rec.value())
-                    _, key, value, hs = transport_record(out_topic, msg.body, None, reply_to)
-                    producer.produce(out_topic, key=key, value=value, headers=hs)
-                    if not pending:
-                        started = time.monotonic()
-                    pending += 1
-                if pending and (pending >= BATCH_RECORDS or time.monotonic() - started >= BATCH_SECONDS):
-                    producer.send_offsets_to_transaction(consumed_positions(consumer),
-                                                         consumer.consumer_group_metadata(), 30)
-                    producer.commit_transaction(30)
-                    done += pending
-                    advance(pending)
-                    pending = 0
-                    if done < n:
-                        producer.begin_transaction()
+            def committed(batch: list[None]) -> None:
+                nonlocal done
+                done += len(batch)
+                advance(len(batch))
+
+            transform_batches(consumer, producer, transform, committed, running)
             clock.finished()
     finally:
         consumer.close()
@@ -305,43 +294,15 @@ def measure_io_bound(ctx: BenchContext, side: str, n: int) -> dict:
     t_start = time.perf_counter()
     detail: dict[str, Any] = {}
     if side == "kbroker":
-        ep = TransportEndpoint(ORDERS, bootstrap=ctx.bootstrap, namespace=ns, secondary=False,
-                               concurrency=IO_MODEL, max_concurrency=IO_CONCURRENCY)
-        label = f"kbroker: {'asyncio' if IO_ASYNC else 'threads'}, {IO_MODEL}, max_concurrency {IO_CONCURRENCY}"
-        if IO_ASYNC:
-            detail = asyncio.run(_io_bound_async(ctx, ep, n, clock, label, deadline))
-        else:
-            def handler(_msg: TransportMessage, _tx: TransportTransaction) -> None:
-                clock.started()
-                time.sleep(IO_DELAY)
+        def handler(_msg: TransportMessage, _tx: TransportTransaction) -> None:
+            clock.started()
+            time.sleep(IO_DELAY)
 
-            try:
-                ep.start(handler)
-                wait_committed(ctx, ep, n, clock, label, deadline)
-                detail = {"peak_tasks": ep.stats()["readers"][0].get("peak"),
-                          "kafka_transactions": ep.committer.batches}
-            finally:
-                ep.close()
+        _, detail = _run_endpoint(ctx, ns, handler, IO_MODEL, IO_CONCURRENCY, n, clock,
+                                  f"kbroker: threads, {IO_MODEL}, max_concurrency {IO_CONCURRENCY}", deadline)
     else:
         baseline_partition_workers(ctx, topic, n, clock, deadline)
     return {"value": clock.rate(n), "detail": {**clock.detail(n, t_start), **detail}}
-
-
-async def _io_bound_async(ctx: BenchContext, sync: TransportEndpoint, n: int, clock: Clock, label: str,
-                          deadline: float) -> dict[str, Any]:
-    ep = AsyncTransportEndpoint(sync)
-
-    async def handler(_msg: TransportMessage, _tx: AsyncTransportTransaction) -> None:
-        clock.started()
-        await asyncio.sleep(IO_DELAY)
-
-    try:
-        await ep.start(handler)
-        # Polled on a thread: the event loop stays free for the handlers.
-        await asyncio.to_thread(wait_committed, ctx, sync, n, clock, label, deadline)
-        return {"peak_tasks": ep.peak.get(ORDERS), "kafka_transactions": sync.committer.batches}
-    finally:
-        await ep.close()
 
 
 def baseline_partition_workers(ctx: BenchContext, topic: str, n: int, clock: Clock, deadline: float) -> None:
@@ -435,7 +396,7 @@ def measure_share_group(ctx: BenchContext, n: int) -> dict:
                         raise failure(rec)
                     clock.started()
                     msg = from_record(messages.headers(rec), rec.value())
-                    _, key, value, hs = transport_record(out_topic, msg.body, None, ORDERS)
+                    key, value, hs = transport_record(msg.body, None, ORDERS)
                     produce(producer, out_topic, key=key, value=value, headers=hs, on_delivery=delivery)
                     consumer.acknowledge(rec)
                     got += 1
@@ -448,7 +409,7 @@ def measure_share_group(ctx: BenchContext, n: int) -> dict:
     finally:
         consumer.close()
         producer.flush(30)
-    written = committed_records(ctx, out_topic)
+    written = read_topic_to_end(ctx.bootstrap, out_topic, timeout=120)
     if written < n:
         raise RuntimeError(f"{written:,} messages written to {PROCESSED}, fewer than {n:,}")
     return {"value": clock.rate(n), "detail": {**clock.detail(n, t_start), "duplicates": written - n}}
@@ -461,15 +422,8 @@ def run_transport(ctx: BenchContext, _state: Any, rep: int) -> dict[str, dict]:
     n = ctx.params.messages
     io_n = max(1, n // IO_SHARE)
     out: dict[str, dict] = {"transport-send": run_send(ctx, rep)}
-    receive: dict[str, Any] = {}
-    io: dict[str, Any] = {}
-    for side in sides(rep):
-        m = measure_receive(ctx, side, n)
-        receive[side], receive[f"{side}_detail"] = m["value"], m["detail"]
-    for side in sides(rep):
-        m = measure_io_bound(ctx, side, io_n)
-        io[side], io[f"{side}_detail"] = m["value"], m["detail"]
-    out["transport-receive"], out["transport-io-bound"] = receive, io
+    receive = out["transport-receive"] = side_by_side(rep, lambda side: measure_receive(ctx, side, n))
+    out["transport-io-bound"] = side_by_side(rep, lambda side: measure_io_bound(ctx, side, io_n))
     share_row: dict[str, Any] = {"kbroker": receive["kbroker"], "kbroker_detail": receive["kbroker_detail"]}
     try:  # informational: a broker without share groups costs this row only
         share = measure_share_group(ctx, n)
@@ -506,7 +460,7 @@ scenario(Scenario(
                   "message handed out to the last committed; Processed is checked to hold exactly N"),
         Row("transport-io-bound", "msg/s", "ratio >= 10", check=lambda r: r["ratio"] >= 10,
             notes=f"N/{IO_SHARE} messages on a 4-partition queue, a handler taking {IO_DELAY * 1000:.0f} ms; "
-                  f"kbroker: {IO_FACE}, "
+                  "kbroker: TransportEndpoint, time.sleep, "
                   f"concurrency={IO_MODEL}, max_concurrency={IO_CONCURRENCY}, one transaction per message; "
                   "baseline: one consumer, a worker thread per partition handling its records in order, "
                   "offsets committed every 100 ms. Timed from the first message handed out to the last "

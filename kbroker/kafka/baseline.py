@@ -1,17 +1,25 @@
 """What the benchmarks' plain-Kafka baselines need besides the clients themselves (those come
 from `kafka.clients`, with the baselines' own settings as overrides): delivery reports, record
-errors, positions and offsets. Kept here so the benchmark code holds no confluent-kafka types."""
+errors, positions and offsets, the consume-transform-produce loop, and a share consumer (KIP-932).
+Kept here so the benchmark code holds no confluent-kafka types."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from kbroker.errors import KBrokerError
 from kbroker.kafka import clients
 from kbroker.kafka.clients import kafka_error
+
+if TYPE_CHECKING:
+    from confluent_kafka import ShareConsumer
+
+T = TypeVar("T")
+BATCH_RECORDS, BATCH_SECONDS = 100, 0.1  # the consume-transform-produce baselines' commits
 
 
 def sdk_like_producer(bootstrap: str) -> Producer:
@@ -65,6 +73,39 @@ def consumed_positions(consumer: Consumer) -> list[TopicPartition]:
     return [tp for tp in consumer.position(consumer.assignment()) if tp.offset >= 0]
 
 
+def transform_batches(consumer: Consumer, producer: Producer, transform: Callable[[Message], T],
+                      on_commit: Callable[[list[T]], None], running: Callable[[], bool]) -> None:
+    """A hand-written consume-transform-produce loop on a subscribed consumer and a transactional
+    producer (transactions initialised): `transform(record)` produces the record's output and
+    returns what `on_commit` is given, in a list, once the transaction holding it committed: one
+    transaction, with send_offsets_to_transaction, every BATCH_RECORDS records or BATCH_SECONDS.
+    Runs while `running()`; a transaction still open when it stops is aborted."""
+    pending: list[T] = []
+    started = 0.0
+    producer.begin_transaction()
+    while running():
+        left = BATCH_SECONDS - (time.monotonic() - started) if pending else BATCH_SECONDS
+        for rec in consumer.consume(BATCH_RECORDS - len(pending), max(left, 0.0)):
+            if rec.error():
+                if is_partition_eof(rec):
+                    continue
+                raise failure(rec)
+            item = transform(rec)
+            if not pending:
+                started = time.monotonic()
+            pending.append(item)
+        if pending and (len(pending) >= BATCH_RECORDS or time.monotonic() - started >= BATCH_SECONDS):
+            producer.send_offsets_to_transaction(consumed_positions(consumer),
+                                                 consumer.consumer_group_metadata(), 30)
+            producer.commit_transaction(30)
+            on_commit(pending)
+            pending = []
+            if not running():
+                return
+            producer.begin_transaction()
+    producer.abort_transaction(30)
+
+
 def end_offsets(consumer: Consumer, topic: str, partitions: list[int], timeout: float) -> dict[int, int]:
     """partition -> high watermark."""
     return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1] for p in partitions}
@@ -96,3 +137,38 @@ def read_topic_to_end(bootstrap: str, topic: str, timeout: float = 600.0) -> int
         return records
     finally:
         consumer.close()
+
+
+def commit_offsets(consumer: Consumer, topic: str, offsets: dict[int, int]) -> None:
+    """Commit `offsets` (partition -> next offset to read) of `topic` for the consumer's group,
+    synchronously."""
+    if offsets:
+        consumer.commit(offsets=[TopicPartition(topic, p, off) for p, off in sorted(offsets.items())],
+                        asynchronous=False)
+
+
+def share_group_reads_from_start(bootstrap: str, group: str, timeout: float = 30.0) -> None:
+    """Set the share group's `share.auto.offset.reset` to `earliest` (a group config, set before
+    its first member joins): a share group starts at the end of the log by default, so records
+    written before it existed, a preloaded queue, would never be delivered."""
+    admin = clients.admin(bootstrap)
+    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
+        ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
+    try:
+        admin.incremental_alter_configs([resource])[resource].result(timeout)
+    except KafkaException as exc:
+        raise kafka_error(f"could not configure share group {group!r}", exc.args[0]) from None
+
+
+def share_consumer(bootstrap: str, group: str, topic: str, **overrides: Any) -> ShareConsumer:
+    """A share consumer (KIP-932) of `topic` in share group `group`, acknowledging explicitly
+    (acknowledge() each record, then commit_sync()); the group reads from the log's start.
+    ShareConsumer came with confluent-kafka 2.15: imported here, so that an older one costs only
+    its caller (an ImportError)."""
+    from confluent_kafka import ShareConsumer
+
+    share_group_reads_from_start(bootstrap, group)
+    consumer = ShareConsumer(clients.base(bootstrap, **{"group.id": group, "share.acknowledgement.mode": "explicit",
+                                                        **overrides}))
+    consumer.subscribe([topic])
+    return consumer
