@@ -109,8 +109,8 @@ def receive_cmd(queue, wait, bootstrap, namespace, as_json):
     """Receive one message from QUEUE (removing it), in a transaction of its own."""
     from kbroker.sdk.transport import TransportEndpoint
 
-    with TransportEndpoint(queue.split(".")[0], bootstrap=bootstrap_address(bootstrap), namespace=namespace,
-                           secondary=False) as ep:
+    with TransportEndpoint("kbroker-cli", bootstrap=bootstrap_address(bootstrap), namespace=namespace,
+                           secondary=False) as ep:  # a receive reads QUEUE's group: the name plays no part
         msg = ep.receive(wait, queue=queue)
     if msg is None:
         if as_json:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from kbroker import config
@@ -16,7 +15,7 @@ from kbroker.cli.common import (
     main,
     namespace_option,
 )
-from kbroker.cli.output import make_console, new_table, print_table
+from kbroker.cli.output import new_table, print_table
 
 if TYPE_CHECKING:
     from kbroker.core.catalog.models import Catalog
@@ -43,19 +42,17 @@ def routes_cmd(bootstrap, namespace, as_json):
         t.add_row(r["name"], r["service"] or "*", r["broker_instance"] or "*", r["address"],
                   r["mirror_address"] or "-", "-" if r["lifetime"] is None else str(r["lifetime"]),
                   r["expires_at"] or "never", "yes" if r["expired"] else "no")
-    print_table(t, make_console())
+    print_table(t)
 
 
 def route_rows(catalog: Catalog, now: float) -> list[dict[str, Any]]:
     """One row per route, by name: its definition, created_at and expires_at (ISO 8601, UTC, or
     None) and whether it has expired at `now`."""
     from kbroker.core.routing import expires_at, is_expired, routes_of
+    from kbroker.worker.views import iso_utc
 
     return [{"name": r.name, "service": r.service_name, "broker_instance": r.broker_instance,
              "address": r.address, "mirror_address": r.mirror_address, "lifetime": r.lifetime,
-             "created_at": _iso(r.created_at), "expires_at": _iso(expires_at(r)), "expired": is_expired(r, now)}
+             "created_at": iso_utc(r.created_at), "expires_at": iso_utc(expires_at(r)), "expired": is_expired(r, now)}
             for r in sorted(routes_of(catalog), key=lambda r: r.name)]
 
-
-def _iso(epoch: float | None) -> str | None:
-    return None if epoch is None else datetime.fromtimestamp(epoch, timezone.utc).isoformat()

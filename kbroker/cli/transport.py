@@ -19,7 +19,7 @@ from kbroker.cli.common import (
     main,
     namespace_option,
 )
-from kbroker.cli.output import make_console, new_table, print_table
+from kbroker.cli.output import new_table, print_table
 
 
 def _time(epoch: float | None) -> str:
@@ -49,7 +49,7 @@ def transmission_cmd(bootstrap, namespace, limit, as_json):
         t.add_row(_time(r["enqueue_time"]), r["conversation_id"][:8], str(r["message_sequence_number"]),
                   r["message_type_name"].rsplit("/", 1)[-1], r["to_service_name"], r["destination"] or "-",
                   str(r["attempts"]), r["transmission_status"] or "")
-    print_table(t, make_console())
+    print_table(t)
 
 
 @main.command("connections")
@@ -72,7 +72,7 @@ def connections_cmd(bootstrap, namespace, as_json):
         t.add_row(r["destination"], r["state"], _time(r["connect_time"]), _time(r["last_activity_time"]),
                   str(r["total_sends"]), str(r["total_acks"]), str(r["total_bytes"]),
                   f"{r['suppressed_for']:.0f} s" if r["suppressed_for"] else "-", r["last_error"] or "")
-    print_table(t, make_console())
+    print_table(t)
 
 
 @main.command("forwarded")
@@ -96,4 +96,4 @@ def forwarded_cmd(bootstrap, namespace, as_json):
         t.add_row(r["conversation_id"][:8], str(r["message_sequence_number"]), r["to_service_name"],
                   r["from_broker_instance"], r["adjacent_broker_address"], str(r["size"]),
                   f"{r['time_consumed']:.1f} s", f"{r['time_to_live']:.1f} s")
-    print_table(t, make_console())
+    print_table(t)

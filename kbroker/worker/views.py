@@ -15,7 +15,8 @@ from kbroker.core.monitor import MonitorState
 from kbroker.kafka.reader import latest_values
 
 
-def _iso(t: float | None) -> str | None:
+def iso_utc(t: float | None) -> str | None:
+    """Epoch seconds as ISO 8601 UTC, None as None: how the views write times."""
     return None if t is None else datetime.fromtimestamp(t, timezone.utc).isoformat()
 
 
@@ -37,13 +38,13 @@ def monitor_rows(bootstrap: str, namespace: str, timeout: float = 10.0) -> list[
         as_of = d.get("counted", d.get("updated"))
         health = d.get("health") or {}
         rows.append({
-            **dmv, "last_empty_rowset_time": _iso(dmv["last_empty_rowset_time"]),
-            "last_activated_time": _iso(dmv["last_activated_time"]),
+            **dmv, "last_empty_rowset_time": iso_utc(dmv["last_empty_rowset_time"]),
+            "last_activated_time": iso_utc(dmv["last_activated_time"]),
             "readers": st.readers, "max_queue_readers": st.config.max_queue_readers,
             "activation": "ON" if st.config.enabled else "OFF", "kind": st.config.kind,
             "backlog": st.backlog, "ready_groups": st.ready_groups, "generation": st.generation,
-            "worker": d.get("owner"), "updated": _iso(d.get("updated")),
-            "as_of": _iso(as_of), "age": None if as_of is None else round(max(0.0, read_at - as_of), 3),
+            "worker": d.get("owner"), "updated": iso_utc(d.get("updated")),
+            "as_of": iso_utc(as_of), "age": None if as_of is None else round(max(0.0, read_at - as_of), 3),
             "degraded": bool(health.get("degraded")), "degraded_reasons": health.get("reasons", []),
         })
     return rows

@@ -182,7 +182,8 @@ def test_bad_move_is_typed_and_produces_nothing(kafka_bootstrap, namespace, brok
 
     def written() -> tuple[list[bytes], list[int]]:
         """Endpoint records (not leases: a lock taken and let go is not a change) and the queue."""
-        records = read_to_end(kafka_bootstrap, names.endpoints_topic(namespace), 15) or []
+        # must_finish: on a loaded machine a 15 s read came back short of one partition's end.
+        records = read_to_end(kafka_bootstrap, names.endpoints_topic(namespace), 60, must_finish=True) or []
         # Sorted: a read interleaves the topic's partitions in no fixed order.
         return sorted(m.key() for m in records if not m.key().endswith(LEASE_SUFFIX.encode())), \
             end_offsets(kafka_bootstrap, queue_topic)
