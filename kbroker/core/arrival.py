@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kbroker.core.catalog.models import DIALOG_TIMER, END_DIALOG, ERROR, Catalog
+from kbroker.core.catalog.models import SYSTEM_TYPES, Catalog
 from kbroker.core.envelope import Envelope
 from kbroker.core.validation import validate_body
 from kbroker.errors import MessageValidationError
@@ -47,7 +47,7 @@ def check_arrival(catalog: Catalog, env: Envelope, body: bytes) -> Verdict:
     if queue.status == "OFF":
         return Verdict(WAIT, reason=f"The target queue '{queue.name}' is disabled.")
     kind, contract_name = env.message_type_name, env.service_contract_name
-    if kind in (END_DIALOG, ERROR, DIALOG_TIMER):
+    if kind in SYSTEM_TYPES:
         return Verdict(SAVE)
     contract = catalog.contracts.get(contract_name)
     if contract is None:

@@ -110,13 +110,28 @@ def destination(route: Route, service: str) -> Destination | None:
     return Destination("REMOTE", route.bootstrap, route.namespace, route.name)
 
 
+def address(bootstrap: str, namespace: str) -> str:
+    """A namespace's transport address, `<bootstrap>/<namespace>`: what a hop is, and what
+    connections are keyed by."""
+    return f"{bootstrap}/{namespace}"
+
+
+def parse_address(dest: str) -> tuple[str, str]:
+    """(bootstrap, namespace) of a transport address."""
+    bootstrap, _, namespace = dest.rpartition("/")
+    return bootstrap, namespace
+
+
 def hop(route: Route, service: str, here: str) -> str | None:
     """The next hop, `<bootstrap>/<namespace>`, that `route` gives messages to `service`: `here`
     (this namespace's own) for LOCAL; None when it gives none."""
     dest = destination(route, service)
     if dest is None:
         return None
-    return here if dest.kind == "LOCAL" else f"{dest.bootstrap}/{dest.namespace}"
+    if dest.kind == "LOCAL":
+        return here
+    assert dest.bootstrap is not None and dest.namespace is not None  # a REMOTE destination has both
+    return address(dest.bootstrap, dest.namespace)
 
 
 def stamp_routes(catalog: Catalog, published: Mapping[str, Route], now: float) -> Catalog:

@@ -20,7 +20,7 @@ from typing import Any, Protocol, TypeVar
 import orjson
 
 from kbroker.core import names, timers
-from kbroker.core.catalog.models import DIALOG_TIMER, END_DIALOG, Catalog
+from kbroker.core.catalog.models import END_DIALOG, MAX_QUEUE_MESSAGE_BYTES, MAX_SERVICE_NAME, SYSTEM_TYPES, Catalog
 from kbroker.core.catalog.models import ERROR as ERROR_TYPE
 from kbroker.core.endpoint import (
     CLOSED,
@@ -55,12 +55,10 @@ from kbroker.errors import (
     UnknownContractError,
 )
 
-SYSTEM_TYPES = {END_DIALOG, ERROR_TYPE, DIALOG_TIMER}  # sent by the broker only, never by SEND
 # The Error code kbroker sends back for a message that arrived after its sender's side had ended
 # the dialog (kbroker's own: negative like Service Broker's broker errors, outside their range).
 MESSAGE_AFTER_END = -9601
 CURRENT_DATABASE = "CURRENT DATABASE"  # BEGIN DIALOG ... TO SERVICE 's', 'CURRENT DATABASE'
-MAX_REMOTE_BYTES = 10_485_760  # the largest any queue takes (Queue.max_message_bytes)
 
 T = TypeVar("T")
 
@@ -140,11 +138,10 @@ class Statements:
         local = broker_instance in (None, CURRENT_DATABASE, self.namespace)
         remote = not local or not self._lookup(lambda c: to_service in c.services)
         if not remote:
-            self._lookup(lambda c: c.service(to_service))
             if not self._lookup(lambda c: c.service_accepts(to_service, contract)):
                 raise UnknownContractError(contract, to_service)
-        elif not to_service or len(to_service) > 256:
-            raise InvalidArgumentError("a target service name is 1-256 characters")
+        elif not to_service or len(to_service) > MAX_SERVICE_NAME:
+            raise InvalidArgumentError(f"a target service name is 1-{MAX_SERVICE_NAME} characters")
         if lifetime is not None and lifetime <= 0:
             raise InvalidArgumentError("lifetime must be a positive number of seconds")
         if related_conversation is not None and related_conversation_group is not None:
@@ -383,8 +380,8 @@ class Statements:
             far_queue = self._lookup(lambda c: c.queue(far_service.queue))
             if len(data) > far_queue.max_message_bytes:
                 raise MessageTooLargeError(len(data), far_queue.max_message_bytes, far_queue.name)
-        elif len(data) > MAX_REMOTE_BYTES:  # the far queue's own limit is checked where it arrives
-            raise MessageTooLargeError(len(data), MAX_REMOTE_BYTES, "the transmission topic")
+        elif len(data) > MAX_QUEUE_MESSAGE_BYTES:  # the far queue's own limit is checked where it arrives
+            raise MessageTooLargeError(len(data), MAX_QUEUE_MESSAGE_BYTES, "the transmission topic")
         reply_group = ep.chain[0]  # the key the far side's records must carry (see groups.py)
         env = Envelope(
             message_id=new_id(), conversation_id=ep.conversation_id,

@@ -31,12 +31,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 TICK_SECONDS = 5.0  # seed 000
-# What each period runs in Service Broker (seed 000). Wired today: the monitors and restarting dead
-# task handlers every tick; reclaiming queue records no reader needs every 5th (reclaim.py). The routing tasks (dispatcher sweep, transport, transmitter, forwarder
-# cleanup) are the periods' planned work: routing wires them (docs/architecture.md).
-EVERY_TICK = "every_tick"  # monitors adjust readers; restart dead task handlers; (dispatcher sweep)
-EVERY_2ND = "every_2nd_tick"  # (transport connects to destinations; transmitter trims/reclassifies)
-EVERY_5TH = "every_5th_tick"  # cleanup: reclaim records; (idle connections, stale forwarded messages)
+# What each period runs, as in Service Broker (seed 000). The cluster's tick (claim) runs the
+# monitors every tick and reclaims queue records no reader needs every 5th (reclaim.py); each
+# worker restarts its dead task handlers every tick. The routing services count the same tick
+# numbers on their own (advance), each process for its own work: the dispatcher's sweep every tick;
+# the transmitter's route check and connection attempts every 2nd, closing idle connections every
+# 5th; the forwarder's connection attempts every 2nd, dropping stale forwarded messages every 5th.
+EVERY_TICK = "every_tick"  # monitors adjust readers; restart dead task handlers; dispatcher sweep
+EVERY_2ND = "every_2nd_tick"  # transport connects to destinations; transmitter reclassifies, forgets acks
+EVERY_5TH = "every_5th_tick"  # cleanup: reclaim records; close idle connections; drop stale forwarded messages
 PERIODS: tuple[tuple[str, int], ...] = ((EVERY_TICK, 1), (EVERY_2ND, 2), (EVERY_5TH, 5))
 LEASE_TICKS = 3
 

@@ -73,8 +73,10 @@ def _lifetime(namespace: str, conversation_id: str, due: int | None, contract: s
     return (names.timers_topic(namespace), lifetime_key(conversation_id), orjson.dumps(value), None)
 
 
-def _system_message(conversation_id: str, side: str, contract: str, to_service: str, from_service: str,
-                    topic: str, key: str, message_type: str, body: bytes) -> Record:
+def system_message(conversation_id: str, side: str, contract: str, to_service: str, from_service: str,
+                   topic: str, key: str, message_type: str, body: bytes) -> Record:
+    """A message kbroker itself delivers to one side (`side`, of `to_service`) of a dialog: a
+    DialogTimer or an Error, keyed `key` (that side's group) on its queue's `topic`."""
     env = Envelope(message_id=new_id(), conversation_id=conversation_id, conversation_group_id=key,
                    message_sequence_number=SYSTEM_SEQUENCE, message_type_name=message_type,
                    service_contract_name=contract, from_service_name=from_service,
@@ -90,8 +92,8 @@ def firing_records(value: dict[str, Any], endpoint: Any) -> list[Record]:
         ep = endpoint(handle_for(conv, value["side"]))
         if ep is None or ep.state == CLOSED:
             return []
-        return [_system_message(conv, value["side"], value["contract"], value["service"], value["far_service"],
-                                value["topic"], value["key"], DIALOG_TIMER, b"")]
+        return [system_message(conv, value["side"], value["contract"], value["service"], value["far_service"],
+                               value["topic"], value["key"], DIALOG_TIMER, b"")]
     initiator = endpoint(handle_for(conv, "INITIATOR"))
     target = endpoint(handle_for(conv, "TARGET"))
     body = error_body(LIFETIME_EXPIRED, "The conversation lifetime has expired.")
@@ -104,8 +106,8 @@ def firing_records(value: dict[str, Any], endpoint: Any) -> list[Record]:
             initiator.state not in (STARTED_OUTBOUND, CLOSED)
         if (open_here or unseen_target) and value[side]["topic"] is not None:
             me, peer = value[side], value[other(side)]
-            out.append(_system_message(conv, side, value["contract"], me["service"], peer["service"],
-                                       me["topic"], me["key"], ERROR_TYPE, body))
+            out.append(system_message(conv, side, value["contract"], me["service"], peer["service"],
+                                      me["topic"], me["key"], ERROR_TYPE, body))
     return out
 
 

@@ -17,7 +17,7 @@ the dialog (an invalid message type or contract), and the sender's side gets an 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +59,7 @@ class Outgoing:
     handle: str  # the sending side's conversation handle (the record's key)
     enqueued: float  # the record's timestamp, seconds
     size: int
-    record: Any = field(default=None, repr=False, compare=False)  # what the adapter sends
+    record: Any = field(default=None, repr=False, compare=False)  # (value, headers): what the adapter sends
     attempts: int = 0
     next_try: float = 0.0
     status: str = ""  # sys.transmission_queue.transmission_status: blank until a send was tried
@@ -169,6 +169,14 @@ class TransmissionQueue:
     def due(self, now: float) -> list[Outgoing]:
         """Messages to send now, in offset order (so each dialog's in sequence order)."""
         return [m for m in self.held() if m.next_try <= now]
+
+    def wake(self, now: float, which: Callable[[Outgoing], bool]) -> int:
+        """Make the held messages `which` accepts due now (a route changed, a connection opened);
+        how many."""
+        woken = [m for p in self._by_partition.values() for m in p.values() if which(m)]
+        for m in woken:
+            m.next_try = now
+        return len(woken)
 
     def sent(self, m: Outgoing, now: float, destination: str) -> None:
         m.attempts += 1

@@ -20,14 +20,14 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.arrival import REFUSE, SAVE, WAIT, check_arrival
 from kbroker.core.catalog.models import Catalog
 from kbroker.core.dispatch import Inbox
 from kbroker.core.forwarding import MB, Forwarded
-from kbroker.core.routing import hop, match_route, routes_of
+from kbroker.core.routing import address, hop, match_route, routes_of
 from kbroker.core.tick import EVERY_2ND, EVERY_5TH, EVERY_TICK, TickCounter, TickSchedule, advance
 from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.records import Record
@@ -39,8 +39,8 @@ from kbroker.errors import BrokerUnavailableError
 from kbroker.kafka import clients, messages
 from kbroker.kafka.forwarder import Forwarder
 from kbroker.kafka.reader import latest_values
-from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, started, transact
-from kbroker.kafka.steps import FailureSink, run_steps
+from kbroker.kafka.guarded import GuardedProducer, TransactionFailed, aborted, replace_producer, started, transact
+from kbroker.kafka.steps import FailureSink, report, run_steps
 
 log = logging.getLogger("kbroker.dispatcher")
 COMPONENT = "dispatcher"
@@ -55,12 +55,13 @@ class Dispatcher:
     def __init__(self, bootstrap: str, namespace: str, catalog: Callable[[], Catalog], *,
                  guard: FailureSink | None = None, poll_interval: float = 0.05, tick: float = 5.0):
         self.bootstrap, self.namespace = bootstrap, namespace
+        self.here = address(bootstrap, namespace)  # where LOCAL routes lead
         self._catalog = catalog
         self._guard = guard
         self._poll_interval = poll_interval
         self.topic = names.inbound_topic(namespace)
         self.inbox = Inbox()
-        self.saved = self.duplicates = self.refused = self.waiting = self.dropped = 0
+        self.saved = self.duplicates = self.refused = self.dropped = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._refused: set[str] = set()
@@ -80,17 +81,14 @@ class Dispatcher:
             self._transactional_id, 30)
 
     def start(self) -> "Dispatcher":
-        self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                 on_lost=self._on_revoke)
+        self._consumer.subscribe([self.topic], on_assign=self._on_rebalance, on_revoke=self._on_rebalance,
+                                 on_lost=self._on_rebalance)
         self._thread = threading.Thread(target=self._run, name="kbroker-dispatcher", daemon=True)
         self._thread.start()
         return self
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_rebalance(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._assigned = False  # the acks are read again before the next batch (others wrote some)
-
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._assigned = False
 
     def _load_acks(self) -> None:
         """The expected sequence numbers, from the acks topic: the dispatcher's duplicate check
@@ -110,7 +108,8 @@ class Dispatcher:
         run_steps(self.step, self._stop, COMPONENT, self._guard, log)
 
     def step(self) -> None:
-        batch = [m for m in clients.consume_soon(self._consumer, 500, self._poll_interval) if self._is_record(m)]
+        batch = messages.records(clients.consume_soon(self._consumer, 500, self._poll_interval),
+                                 lambda err: log.warning("inbound topic: %s", err))
         now = time.time()
         self._ticks, run = advance(self._ticks, now, self.schedule)
         due = run.due if run is not None else frozenset()
@@ -134,45 +133,42 @@ class Dispatcher:
             log.info("dispatcher dropped %d buffered message(s) (%s); their senders send them again",
                      len(dropped), ", ".join(sorted({r.value for _, r in dropped})))
 
-    def _is_record(self, msg: Message) -> bool:
-        if msg.error() is None:
-            return True
-        if messages.error_code(msg) != KafkaError._PARTITION_EOF:
-            log.warning("inbound topic: %s", msg.error())
-        return False
-
     def _dispatch(self, batch: list[Message], now: float) -> None:
         catalog = self._catalog()
         saved_state, refused_before = self.inbox.checkpoint(), set(self._refused)
         records: list[Record] = []
         acks: dict[str, dict[str, Any]] = {}
-        counts = {"saved": 0, "duplicates": 0, "refused": 0, "waiting": 0, "forwarded": 0}
+        counts = {"saved": 0, "duplicates": 0, "refused": 0}
+        first: dict[int, int] = {}  # partition -> the batch's first offset, and its last
+        last: dict[int, int] = {}
         for msg in batch:
             records.extend(self._one(msg, catalog, now, acks, counts))
-        records.extend((names.acks_topic(self.namespace), k, orjson.dumps({**v, "at": now}), None)
-                       for k, v in acks.items())
-        first: dict[int, int] = {}
-        for msg in batch:
             p, o = messages.position(msg)
             first.setdefault(p, o)
-        positions = [TopicPartition(self.topic, p, messages.offset(m) + 1) for p, m in
-                     {messages.partition(m): m for m in batch}.items()]
+            last[p] = o
+        records.extend((names.acks_topic(self.namespace), k, orjson.dumps({**v, "at": now}), None)
+                       for k, v in acks.items())
+        positions = [TopicPartition(self.topic, p, o + 1) for p, o in last.items()]
         try:
             transact(self._producer, records, [(positions, self._consumer.consumer_group_metadata())],
                      Deadline(BATCH_SECONDS), BATCH_SECONDS)
-        except TransactionFailed as failed:
-            if self._recover(failed):
+        except TransactionFailed:
+            # Leave a producer ready. Aborted: the batch's state goes back. Not: the producer is
+            # replaced, whose start ends the old transaction; committed or not, nobody can say,
+            # but the acks topic can, once the new producer is up.
+            if aborted(self._producer, BATCH_SECONDS):
                 self.inbox.restore(saved_state)
                 self._refused = refused_before
-            else:  # committed or not, nobody can say: the acks topic can, once the new producer is up
+            else:
+                self._producer = replace_producer(self._producer, self._new_producer, self._stop,
+                                                  lambda exc: report(self._guard, COMPONENT, exc, log))
                 self._assigned = False
             for p, o in first.items():  # read the batch again
                 self._consumer.seek(TopicPartition(self.topic, p, o))
-            return
+            raise  # run_steps reports the failure
         self.saved += counts["saved"]
         self.duplicates += counts["duplicates"]
         self.refused += counts["refused"]
-        self.waiting += counts["waiting"]
 
     def _one(self, msg: Message, catalog: Catalog, now: float, acks: dict[str, dict[str, Any]],
              counts: dict[str, int]) -> list[Record]:
@@ -194,11 +190,9 @@ class Dispatcher:
         if verdict.action == WAIT and env.to_service_name not in catalog.services and catalog.forwarding:
             hop = self._next_hop(catalog, env, now)
             if hop is not None:
-                counts["forwarded"] += 1
                 self._forward(catalog, env, msg, hop, now)
                 return []
         if verdict.action == WAIT:
-            counts["waiting"] += 1
             acks[key] = {"next": self.inbox.expected.get(key, 0), "status": verdict.reason}
             return []
         if verdict.action == REFUSE and env.message_sequence_number != self.inbox.expected.get(key, 0):
@@ -230,9 +224,8 @@ class Dispatcher:
         """Where a message for a service this namespace does not host goes next, by this
         namespace's routes (`<bootstrap>/<namespace>`), or None: it waits at its sender."""
         route = match_route(routes_of(catalog), env.to_service_name, env.to_broker, now)
-        here = f"{self.bootstrap}/{self.namespace}"
-        nxt = None if route is None else hop(route, env.to_service_name, here)
-        return None if nxt == here else nxt
+        nxt = None if route is None else hop(route, env.to_service_name, self.here)
+        return None if nxt == self.here else nxt
 
     def _forward(self, catalog: Catalog, env: Envelope, msg: Message, hop: str, now: float) -> None:
         endpoint = catalog.forwarding
@@ -242,9 +235,10 @@ class Dispatcher:
             self.forwarder = Forwarder(self.bootstrap, self.namespace, limit)
         self.forwarder.queue.limit = limit  # ALTER ENDPOINT ... MESSAGE_FORWARD_SIZE
         value, headers = messages.value(msg), messages.headers(msg)
+        assert env.from_broker is not None  # _one refused a message without one
         self.forwarder.offer(Forwarded(
             env.message_id, env.conversation_id, env.to_side == "TARGET", env.to_service_name,
-            env.from_service_name, env.from_broker or "", hop, env.message_sequence_number,
+            env.from_service_name, env.from_broker, hop, env.message_sequence_number,
             len(value), now, record=(messages.key(msg).decode(errors="replace"), value, headers)))
 
     def _save(self, env: Envelope, msg: Message, catalog: Catalog) -> list[Record]:
@@ -254,27 +248,6 @@ class Dispatcher:
         if env.to_side == "TARGET" and env.message_sequence_number == 0 and env.lifetime is not None:
             out.append(target_lifetime_record(self.namespace, env, topic))
         return out
-
-    def _recover(self, failed: TransactionFailed) -> bool:
-        """Leave a producer ready after a failed batch; whether its transaction was surely aborted
-        (False: the producer was replaced, whose start ends the old transaction either way)."""
-        if self._guard is None:
-            log.warning("dispatching failed, will retry: %s", failed)
-        else:
-            self._guard.failed(COMPONENT, failed)
-        try:
-            self._producer.call("abort_transaction", lambda raw: raw.abort_transaction(BATCH_SECONDS), BATCH_SECONDS)
-            return True
-        except (KafkaException, CallDeadlineExceeded):
-            self._producer.abandon()
-            while not self._stop.is_set():
-                try:
-                    self._producer = self._new_producer()
-                    break
-                except (KafkaException, CallDeadlineExceeded) as exc:
-                    log.warning("dispatcher producer: %s", exc)
-                    self._stop.wait(1.0)
-            return False
 
     def close(self) -> None:
         self._stop.set()

@@ -40,10 +40,9 @@ class Forwarder:
         self._reports = ReportWriter(self._producer, namespace, "forwarder")
         self.relayed = 0
 
-    def offer(self, m: Forwarded) -> bool:
-        """Hold `m` to pass on; False when the size cap dropped it."""
-        held = self.queue.add(m)
-        if held:
+    def offer(self, m: Forwarded) -> None:
+        """Hold `m` to pass on, unless the size cap drops it."""
+        if self.queue.add(m):
             key = ack_key(m.from_broker, m.conversation_id, "TARGET" if m.is_initiator else "INITIATOR")
             self._relayed[key] = self._relayed.pop(key, -1)  # to the newest end
             while len(self._relayed) > RELAYED_KEPT:
@@ -51,7 +50,6 @@ class Forwarder:
         else:
             log.warning("forwarder full (%d of %d bytes): message %s dropped; its sender sends it again",
                         self.queue.bytes, self.queue.limit, m.message_id)
-        return held
 
     def pump(self, now: float, second_tick: bool) -> None:
         """Pass on what is held over each next hop's connection, and relay acknowledgements."""
@@ -92,7 +90,7 @@ class Forwarder:
             log.info("forwarder deleted %d message(s) not sent on within 60 s", len(stale))
 
     def report(self, now: float) -> dict[str, Any]:
-        return {"forwarder": True, "at": now, "forwarded": self.queue.rows(now), "held_bytes": self.queue.bytes,
+        return {"at": now, "forwarded": self.queue.rows(now), "held_bytes": self.queue.bytes,
                 "limit_bytes": self.queue.limit, "sent": self.queue.sent, "dropped_full": self.queue.dropped_full,
                 "dropped_stale": self.queue.dropped_stale, "relayed_acks": self.relayed,
                 "connections": self.pool.links.rows(now)}

@@ -7,8 +7,10 @@ deadline; the producer is then abandoned for good (a call may still be running i
 is never used again) and its thread drops it once that call returns.
 
 `transact` runs one whole Kafka transaction on such a producer (begin, produce, send offsets,
-commit), every call within one deadline; the group committer and the timer service both use it,
-and both decide what to do after a failure with kbroker.core.txn_faults.
+commit), every call within one deadline; the group committer, the timer service and the
+dispatcher use it. After a failure the committer and the timer service decide what to do with
+kbroker.core.txn_faults; `aborted` and `replace_producer` are the timer service's and the
+dispatcher's two ways to leave a producer ready.
 """
 
 from __future__ import annotations
@@ -104,6 +106,31 @@ def started(producer: Producer, transactional_id: str, seconds: float) -> Guarde
         guarded.abandon()
         raise
     return guarded
+
+
+def aborted(producer: GuardedProducer, seconds: float) -> bool:
+    """Abort `producer`'s open transaction within `seconds`; False when that failed (the producer
+    must be replaced)."""
+    try:
+        producer.call("abort_transaction", lambda raw: raw.abort_transaction(seconds), seconds)
+        return True
+    except (KafkaException, CallDeadlineExceeded):
+        return False
+
+
+def replace_producer(old: GuardedProducer, new: Callable[[], GuardedProducer], stop: threading.Event,
+                     failed: Callable[[BaseException], None]) -> GuardedProducer:
+    """Abandon `old` and start its replacement, `new()` (whose init fences `old` and ends the
+    transaction it left open), trying again every second (each failure to `failed`) until one
+    starts or `stop` is set; then `old`, abandoned (its every call fails)."""
+    old.abandon()
+    while not stop.is_set():
+        try:
+            return new()
+        except (KafkaException, CallDeadlineExceeded) as exc:
+            failed(exc)
+            stop.wait(1.0)
+    return old
 
 
 class TransactionFailed(Exception):

@@ -7,6 +7,7 @@ import logging
 import time
 from typing import Any
 
+from kbroker.core.routing import parse_address
 from kbroker.core.transport import IDLE_CLOSE, Links
 from kbroker.kafka.transport_link import LinkBroken, TransportLink
 
@@ -30,7 +31,7 @@ class LinkPool:
             state = self.links.link(dest)
             return (f"Connection to {dest} is suppressed for {max(0.0, state.suppressed_until - now):.0f} s "
                     f"after: {state.last_error or 'a failure'}")
-        bootstrap, _, namespace = dest.rpartition("/")
+        bootstrap, namespace = parse_address(dest)
         self.links.connecting(dest, now)
         link = TransportLink(bootstrap, namespace, self.from_broker, every_ack=self._every_ack)
         try:

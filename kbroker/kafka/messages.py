@@ -5,11 +5,26 @@ modules that read records stay free of None checks that can never fire."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-from confluent_kafka import Message
+from confluent_kafka import KafkaError, Message
 
 from kbroker.core.records import Header
+from kbroker.kafka import clients
+
+
+def records(batch: Iterable[Message], error: Callable[[KafkaError], object], *,
+            transient: bool = True) -> list[Message]:
+    """The records of what a consumer returned; each error event in it but an end of partition
+    goes to `error` (with transient=False, nor one librdkafka recovers from by itself)."""
+    out = []
+    for msg in batch:
+        err = msg.error()
+        if err is None:
+            out.append(msg)
+        elif err.code() != KafkaError._PARTITION_EOF and (transient or not clients.is_transient(err)):
+            error(err)
+    return out
 
 
 def position(msg: Message) -> tuple[int, int]:

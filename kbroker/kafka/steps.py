@@ -1,5 +1,7 @@
 """The loop of kbroker's background services (timer service, dispatcher, transmitter): one step
-after another until stopped, a failed step reported and retried after a second, never fatal."""
+after another until stopped, a failed step reported and retried after a second, never fatal. A
+step that failed raises (after leaving its service ready to go on), so it is reported once and
+the next step that succeeds clears the failure."""
 
 from __future__ import annotations
 
@@ -18,16 +20,21 @@ class FailureSink(Protocol):
     def succeeded(self, component: str) -> None: ...
 
 
+def report(guard: FailureSink | None, component: str, exc: BaseException, log: logging.Logger) -> None:
+    """A failure of `component`: to the guard, or logged when it runs without one."""
+    if guard is None:
+        log.warning("%s step failed: %s", component, exc)
+    else:
+        guard.failed(component, exc)
+
+
 def run_steps(step: Callable[[], None], stop: threading.Event, component: str, guard: FailureSink | None,
               log: logging.Logger) -> None:
     while not stop.is_set():
         try:
             step()
         except Exception as exc:  # keep going: one failed step must not stop the service
-            if guard is None:
-                log.warning("%s step failed: %s", component, exc)
-            else:
-                guard.failed(component, exc)
+            report(guard, component, exc, log)
             stop.wait(1.0)
         else:
             if guard is not None:

@@ -10,13 +10,7 @@ import uuid
 from typing import Any
 
 import orjson
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    TopicPartition,
-)
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.records import Record
@@ -25,8 +19,8 @@ from kbroker.core.timers import firing_records
 from kbroker.core.txn_faults import Action, Deadline, committed_by_offsets, decide
 from kbroker.kafka import clients, messages
 from kbroker.kafka.endpoint_store import EndpointStore
-from kbroker.kafka.steps import FailureSink, run_steps
-from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, started, transact
+from kbroker.kafka.steps import FailureSink, report, run_steps
+from kbroker.kafka.guarded import GuardedProducer, TransactionFailed, aborted, replace_producer, started, transact
 
 log = logging.getLogger("kbroker.timers")
 COMPONENT = "timer service"
@@ -91,11 +85,8 @@ class TimerService:
     def step(self) -> None:
         nxt = self.schedule.next_due()
         wait = self._poll_interval if nxt is None else min(self._poll_interval, max(nxt - time.time(), 0.0))
-        for msg in self._consumer.consume(500, wait):
-            if msg.error():
-                if messages.error_code(msg) != KafkaError._PARTITION_EOF:
-                    log.warning("timers topic: %s", msg.error())
-                continue
+        batch = self._consumer.consume(500, wait)
+        for msg in messages.records(batch, lambda err: log.warning("timers topic: %s", err)):
             key = messages.key(msg).decode()
             if msg.value() is None:
                 self.schedule.remove(key)
@@ -122,19 +113,13 @@ class TimerService:
         try:
             transact(self._producer, records, offsets, deadline, FIRE_SECONDS)
         except TransactionFailed as failed:
-            self._report(failed)
-            if not self._recover(failed, deadline, positions):
+            if self._recover(failed, deadline, positions):
+                self.fired += len(entries)  # it committed after all
+            else:
                 for e in entries:
                     self.schedule.put(e)
-                self._stop.wait(0.5)
-                return
+            raise  # run_steps reports the failure
         self.fired += len(entries)
-
-    def _report(self, exc: BaseException) -> None:
-        if self._guard is None:
-            log.warning("firing timers failed, will retry: %s", exc)
-        else:
-            self._guard.failed(COMPONENT, exc)
 
     def _recover(self, failed: TransactionFailed, deadline: Deadline, positions: list[TopicPartition]) -> bool:
         """Leave the producer ready after a failed firing (txn_faults decides how, as for the
@@ -145,13 +130,11 @@ class TimerService:
         the timers fire again, which a DialogTimer tolerates better than never firing."""
         action = decide(failed.failure, deadline.left())
         if action is Action.ABORT:
-            try:
-                self._producer.call("abort_transaction", lambda raw: raw.abort_transaction(FIRE_SECONDS),
-                                    FIRE_SECONDS)
+            if aborted(self._producer, FIRE_SECONDS):
                 return False
-            except (KafkaException, CallDeadlineExceeded):
-                action = Action.REPLACE
-        self._replace_producer()
+            action = Action.REPLACE
+        self._producer = replace_producer(self._producer, self._new_producer, self._stop,
+                                          lambda exc: report(self._guard, COMPONENT, exc, log))
         if action is Action.REPLACE or not positions or self._stop.is_set():
             return False
         try:
@@ -161,16 +144,6 @@ class TimerService:
             return False
         return committed_by_offsets([(tp.topic, tp.partition, tp.offset, tp.metadata) for tp in positions],
                                     [(tp.topic, tp.partition, tp.offset, tp.metadata) for tp in found])
-
-    def _replace_producer(self) -> None:
-        self._producer.abandon()
-        while not self._stop.is_set():
-            try:
-                self._producer = self._new_producer()
-                return
-            except (KafkaException, CallDeadlineExceeded) as exc:
-                self._report(exc)
-                self._stop.wait(1.0)
 
     def close(self) -> None:
         self._stop.set()

@@ -17,22 +17,22 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.catalog.models import ERROR as ERROR_TYPE
 from kbroker.core.catalog.models import Catalog, Route
-from kbroker.core.envelope import SYSTEM_SEQUENCE, Envelope, MalformedRecord, error_body
-from kbroker.core.ids import new_id
-from kbroker.core.routing import hop, is_expired, match_route, routes_of
+from kbroker.core.envelope import Envelope, error_body
+from kbroker.core.routing import address, hop, is_expired, match_route, routes_of
 from kbroker.core.tick import EVERY_2ND, EVERY_5TH, TickCounter, TickSchedule, advance
+from kbroker.core.timers import system_message
 from kbroker.core.transport import IDLE_CLOSE
 from kbroker.core.transmission import Outgoing, Refusal, TransmissionQueue
 from kbroker.kafka import clients, messages
 from kbroker.kafka.steps import FailureSink, run_steps
 from kbroker.kafka.link_pool import LinkPool
 from kbroker.kafka.transport_link import LinkBroken
-from kbroker.kafka.transport_views import ReportWriter
+from kbroker.kafka.transport_views import ReportWriter, outgoing
 
 log = logging.getLogger("kbroker.transmitter")
 COMPONENT = "transmitter"
@@ -58,7 +58,7 @@ class Transmitter:
         self.queue = TransmissionQueue(namespace)
         self.pool = LinkPool(namespace, idle_close=idle_close)
         self.links = self.pool.links
-        self.here = f"{bootstrap}/{namespace}"  # where LOCAL routes lead
+        self.here = address(bootstrap, namespace)  # where LOCAL routes lead
         self._consumer = clients.consumer(bootstrap, names.transmitter_group(namespace), **{
             "session.timeout.ms": 10_000, "auto.offset.reset": "earliest"})
         self._local = clients.idempotent_producer(bootstrap)  # Errors for refused dialogs, reports
@@ -122,31 +122,13 @@ class Transmitter:
         if full != self._paused and assignment:
             (self._consumer.pause if full else self._consumer.resume)(assignment)
             self._paused = full
-        for msg in clients.consume_soon(self._consumer, 500, 0 if full else self._poll):
-            err = msg.error()
-            if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF and not clients.is_transient(err):
-                    log.warning("transmission topic: %s", err)
-                continue
-            m = self._outgoing(msg)
+        batch = clients.consume_soon(self._consumer, 500, 0 if full else self._poll)
+        for msg in messages.records(batch, lambda err: log.warning("transmission topic: %s", err), transient=False):
+            m = outgoing(msg, log.warning)
             if m is not None:
                 refusal = self.queue.add(m)
                 if refusal is not None:
                     self._refuse(refusal)
-
-    def _outgoing(self, msg: Message) -> Outgoing | None:
-        p, o = messages.position(msg)
-        try:
-            env = Envelope.from_headers(messages.headers(msg))
-        except MalformedRecord as exc:
-            log.warning("transmission record %s/%s skipped: %s", p, o, exc)
-            return None
-        value = messages.value(msg)
-        _, ts = msg.timestamp()
-        return Outgoing(p, o, env.conversation_id, env.to_side, env.message_sequence_number, env.to_service_name,
-                        env.to_broker, env.from_service_name, env.message_type_name, env.service_contract_name,
-                        messages.key(msg).decode(), ts / 1000.0, len(value),
-                        record=(self.topic, messages.key(msg), value, messages.headers(msg)))
 
     def _route(self, m: Outgoing, routes: list[Route], now: float) -> tuple[str, bool]:
         """(`<bootstrap>/<namespace>` of `m`'s next hop, True) or (why it has none, False)."""
@@ -193,12 +175,10 @@ class Transmitter:
         """Every 2nd tick: connect to the destinations messages wait for, unless suppressed; the
         messages of one that connects go out in this pass."""
         for dest in sorted(self._wanted):
-            if dest not in self.pool.open and isinstance(self.pool.get(dest, now, second_tick=True), str):
+            if isinstance(self.pool.get(dest, now, second_tick=True), str):
                 continue
             self._wanted.discard(dest)
-            for m in self.queue.held():
-                if m.destination == dest:
-                    m.next_try = now
+            self.queue.wake(now, lambda m: m.destination == dest)  # noqa: B023 - called now
 
     def _poll_links(self, now: float) -> None:
         for link, acks in self.pool.poll(now):
@@ -227,16 +207,13 @@ class Transmitter:
         if service is None:
             return
         side = "INITIATOR" if m.to_side == "TARGET" else "TARGET"
-        sent = Envelope.from_headers(m.record[3])
+        sent = Envelope.from_headers(m.record[1])
         group = sent.reply_group or m.conversation_id  # the key this side's records carry (_record)
-        env = Envelope(message_id=new_id(), conversation_id=m.conversation_id, conversation_group_id=group,
-                       message_sequence_number=SYSTEM_SEQUENCE, message_type_name=ERROR_TYPE,
-                       service_contract_name=m.contract, from_service_name=m.to_service,
-                       to_service_name=m.from_service, to_side=side)
         topic = names.queue_topic(self.namespace, service.queue) if sent.reply_instance is None else \
             names.secondary_queue_topic(self.namespace, service.queue, sent.reply_instance)
-        clients.produce(self._local, topic, key=group, value=error_body(refusal.code, refusal.description),
-                        headers=messages.wire_headers(env.headers()))
+        _, key, value, headers = system_message(m.conversation_id, side, m.contract, m.from_service, m.to_service,
+                                                topic, group, ERROR_TYPE, error_body(refusal.code, refusal.description))
+        clients.produce(self._local, topic, key=key, value=value, headers=messages.wire_headers(headers))
         self._local.poll(0)
         log.warning("dialog %s refused by %s (%d): %s", m.conversation_id, m.destination or "its destination",
                     refusal.code, refusal.description)
@@ -259,8 +236,9 @@ class Transmitter:
 
     def _maintain(self, now: float) -> None:
         """Every 2nd tick: reclassify when the routes changed or one expired (every waiting
-        message is looked at again now), and forget acknowledgements nothing waits for."""
-        routes = list(routes_of(self._catalog()))
+        message is looked at again now), and forget acknowledgements nothing waits for and
+        notices older than a minute."""
+        routes = routes_of(self._catalog())
         seen = (tuple(sorted(r.model_dump_json() for r in routes)),
                 tuple(sorted(r.name for r in routes if is_expired(r, now))))
         if seen != self._routes_seen:
@@ -268,14 +246,11 @@ class Transmitter:
                 self.reclassify(now, "routes changed")
             self._routes_seen = seen
         self.queue.forget()
+        self._noticed = {s: at for s, at in self._noticed.items() if now - at < NOTICE_EVERY}
 
     def reclassify(self, now: float, why: str) -> None:
         """Look at every waiting message again now (a route or the catalog changed, a command)."""
-        count = 0
-        for m in self.queue.held():
-            if m.status:
-                m.next_try = now
-                count += 1
+        count = self.queue.wake(now, lambda m: bool(m.status))
         if count:
             log.info("transmitter reclassified %d waiting message(s): %s", count, why)
 
@@ -297,7 +272,7 @@ class Transmitter:
 
     def report(self, now: float | None = None) -> dict[str, Any]:
         now = time.time() if now is None else now
-        return {"transmitter": self._reports.key.partition("/")[2], "at": now, "messages": self.queue.rows(REPORT_ROWS),
+        return {"at": now, "messages": self.queue.rows(REPORT_ROWS),
                 "connections": self.links.rows(now), "waiting": len(self.queue),
                 "read_to": {str(p): o for p, o in self.queue.read_positions().items()},
                 "sent": self.sent, "acked": self.acked, "refused": self.refused}

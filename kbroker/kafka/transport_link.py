@@ -14,6 +14,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicP
 
 from kbroker.core import names
 from kbroker.core.records import Header
+from kbroker.core.routing import address
 from kbroker.core.transmission import Outgoing, ack_key
 from kbroker.kafka import clients, messages
 
@@ -29,7 +30,7 @@ class TransportLink:
         """`from_broker`: the namespace whose messages this link carries; `every_ack`: hand on
         the acknowledgements of every namespace's messages (a forwarder relays them)."""
         self.bootstrap, self.namespace, self.from_broker = bootstrap, namespace, from_broker
-        self.destination = f"{bootstrap}/{namespace}"
+        self.destination = address(bootstrap, namespace)
         self.inbound = names.inbound_topic(namespace)
         self.acks_topic = names.acks_topic(namespace)
         self._prefix = "" if every_ack else f"{from_broker}|"
@@ -58,7 +59,7 @@ class TransportLink:
 
     def send(self, m: Outgoing) -> None:
         """Queue `m` for the destination (never blocks: a full local queue is a broken link)."""
-        _, _, value, headers = m.record
+        value, headers = m.record
         self.send_record(ack_key(self.from_broker, m.conversation_id, m.to_side), value, headers)
 
     def send_record(self, key: str, value: bytes | None, headers: list[Header] | None) -> None:
@@ -80,12 +81,8 @@ class TransportLink:
         messages; LinkBroken when a send failed or the cluster went away."""
         self._producer.poll(0)
         out = []
-        for msg in self._acks.consume(1000, 0):
-            err = msg.error()
-            if err is not None:
-                if not clients.is_transient(err) and err.code() != KafkaError._PARTITION_EOF:
-                    self.errors.append(str(err))
-                continue
+        for msg in messages.records(self._acks.consume(1000, 0), lambda err: self.errors.append(str(err)),
+                                    transient=False):
             key = messages.key(msg).decode(errors="replace")
             if key.startswith(self._prefix) and msg.value() is not None:
                 try:

@@ -1,6 +1,7 @@
 """sys.transmission_queue, sys.dm_broker_connections and sys.dm_broker_forwarded_messages: what
 the namespace's transmitters and forwarders report on the transport topic (ReportWriter writes
-it), and the transmission topic's messages no transmitter holds yet.
+it), and the transmission topic's messages no transmitter holds yet, each read as a transmitter
+reads it (`outgoing`).
 
 A message shows a blank transmission_status until a transmitter tried to send it, as in Service
 Broker (reference item 48); after that, why it still waits. The transmission topic past the
@@ -17,10 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, Message, Producer, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.envelope import Envelope, MalformedRecord
+from kbroker.core.transmission import Outgoing
 from kbroker.kafka import clients, messages
 from kbroker.kafka.reader import committed_offsets, latest_values, read_partitions, reading_consumer, topic_partitions
 
@@ -59,6 +61,23 @@ class ReportWriter:
             self._producer.produce(self.topic, key=self.key, value=None)
         except (BufferError, KafkaException):
             pass
+
+
+def outgoing(msg: Message, skipped: Callable[[str], object] | None = None) -> Outgoing | None:
+    """A record of the transmission topic as a message to transmit; None (and why, to `skipped`)
+    for one without a well-formed envelope."""
+    p, o = messages.position(msg)
+    try:
+        env = Envelope.from_headers(messages.headers(msg))
+    except MalformedRecord as exc:
+        if skipped is not None:
+            skipped(f"transmission record {p}/{o} skipped: {exc}")
+        return None
+    value = messages.value(msg)
+    return Outgoing(p, o, env.conversation_id, env.to_side, env.message_sequence_number, env.to_service_name,
+                    env.to_broker, env.from_service_name, env.message_type_name, env.service_contract_name,
+                    messages.key(msg).decode(), msg.timestamp()[1] / 1000.0, len(value),
+                    record=(value, messages.headers(msg)))
 
 
 def reports(bootstrap: str, namespace: str, kind: str, timeout: float = 10.0) -> list[dict[str, Any]]:
@@ -117,21 +136,11 @@ def transmission_rows(bootstrap: str, namespace: str, limit: int = 1000, timeout
     rows = list(held.values())
     for msg in read.records:
         p, o = messages.position(msg)
-        if (p, o) in held or len(rows) >= limit:
+        # Below read_to: a live transmitter read it and does not hold it (acknowledged already).
+        if (p, o) in held or o < read_to.get(p, 0) or len(rows) >= limit:
             continue
-        try:
-            env = Envelope.from_headers(messages.headers(msg))
-        except MalformedRecord:
-            continue
-        if o < read_to.get(p, 0):
-            continue  # a live transmitter read it and does not hold it: acknowledged already
-        rows.append({"conversation_handle": messages.key(msg).decode(), "conversation_id": env.conversation_id,
-                     "to_service_name": env.to_service_name, "to_broker_instance": env.to_broker,
-                     "from_service_name": env.from_service_name, "service_contract_name": env.service_contract_name,
-                     "enqueue_time": msg.timestamp()[1] / 1000.0, "message_sequence_number": env.message_sequence_number,
-                     "message_type_name": env.message_type_name,
-                     "is_end_of_dialog": env.message_type_name.endswith("/EndDialog"),
-                     "is_conversation_error": env.message_type_name.endswith("/Error"),
-                     "transmission_status": "", "destination": None, "attempts": 0, "partition": p, "offset": o})
+        m = outgoing(msg)
+        if m is not None:
+            rows.append(m.row())
     rows.sort(key=lambda r: (r["partition"], r["offset"]))
     return rows[:limit]

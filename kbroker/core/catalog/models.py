@@ -49,11 +49,8 @@ def _lower(value: Any) -> Any:
 
 def _enabled(value: Any) -> Any:
     # ENABLED/DISABLED as Service Broker writes them; ON/OFF and YAML booleans mean the same.
-    if value is True or (isinstance(value, str) and value.upper() == "ON"):
-        return "ENABLED"
-    if value is False or (isinstance(value, str) and value.upper() == "OFF"):
-        return "DISABLED"
-    return value.upper() if isinstance(value, str) else value
+    v = _on_off(value)
+    return {"ON": "ENABLED", "OFF": "DISABLED"}.get(v, v) if isinstance(v, str) else v
 
 
 OnOff = Annotated[Literal["ON", "OFF"], BeforeValidator(_on_off)]
@@ -67,6 +64,8 @@ _KAFKA_ADDRESS_RE = re.compile(rf"kafka://([^\s,/:]+:[0-9]{{1,5}}(?:,[^\s,/:]+:[
                                re.ASCII)
 # SSB item 44: the Broker Configuration Notice service's route names no broker instance.
 BROKER_CONFIGURATION = "SQL/ServiceBroker/BrokerConfiguration"
+MAX_SERVICE_NAME = 256  # characters in a service name (Service Broker's nvarchar(256))
+MAX_QUEUE_MESSAGE_BYTES = 10_485_760  # the largest message body any queue may take (10 MiB)
 
 
 def parse_kafka_address(value: str) -> tuple[str, str | None] | None:
@@ -143,7 +142,7 @@ class Queue(_Model):
     retention: OnOff = "OFF"  # Service Broker RETENTION: keep received messages until the end
     status: OnOff = "ON"
     poison_message_handling: OnOff = "ON"
-    max_message_bytes: int = Field(default=1_048_576, ge=1, le=10_485_760)
+    max_message_bytes: int = Field(default=1_048_576, ge=1, le=MAX_QUEUE_MESSAGE_BYTES)
     activation: Activation | None = None
     # Seconds after which an unreceived message counts as stale for this queue (the analytics
     # job's per-queue threshold, beside the seeds' 10 s and 60 s); None: the job's default.
@@ -168,7 +167,7 @@ class Queue(_Model):
 
 
 class Service(_Model):
-    name: str = Field(min_length=1, max_length=256)
+    name: str = Field(min_length=1, max_length=MAX_SERVICE_NAME)
     queue: str
     contracts: list[str] = []  # contracts it accepts as a target; none = initiator only
 
@@ -189,7 +188,7 @@ class Route(_Model):
     accepted when `broker_instance` names it. `created_at` is stamped by `kbroker apply`."""
 
     name: str = Field(min_length=1, max_length=256)
-    service_name: str | None = Field(default=None, min_length=1, max_length=256)  # None: every service
+    service_name: str | None = Field(default=None, min_length=1, max_length=MAX_SERVICE_NAME)  # None: every service
     address: str  # LOCAL | TRANSPORT | kafka://host:port[,host:port][/namespace]
     broker_instance: str | None = None  # None: any instance (a namespace name)
     lifetime: int | None = Field(default=None, gt=0)  # seconds; None = never expires
@@ -293,6 +292,7 @@ SB = "http://schemas.microsoft.com/SQL/ServiceBroker/"
 END_DIALOG = SB + "EndDialog"
 ERROR = SB + "Error"
 DIALOG_TIMER = SB + "DialogTimer"
+SYSTEM_TYPES = frozenset({END_DIALOG, ERROR, DIALOG_TIMER})  # sent by the broker only, never by SEND
 DEFAULT = "DEFAULT"
 
 BUILTIN_MESSAGE_TYPES = {
