@@ -41,6 +41,9 @@ H_REKEYED_FROM = "kb.rekeyed_from"  # "<partition>:<offset>" of the record this 
 # BEGIN DIALOG named, if any. Present only on messages that went through a transmission topic.
 H_FROM_BROKER = "kb.from_broker_instance"
 H_TO_BROKER = "kb.to_broker_instance"
+# Added by the sending transmitter on the way out (core/dispatch.next_in_line): the sequence number
+# of the message before this one on its direction, or -1 when every earlier one was acknowledged.
+H_FOLLOWS = "kb.follows"
 
 _REQUIRED = (H_MESSAGE_ID, H_CONVERSATION_ID, H_GROUP_ID, H_SEQUENCE, H_MESSAGE_TYPE,
              H_CONTRACT, H_FROM_SERVICE, H_TO_SERVICE, H_TO_SIDE)

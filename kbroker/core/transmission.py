@@ -23,6 +23,10 @@ from typing import Any
 
 RETRY_DELAYS = (4.0, 8.0, 16.0, 32.0)  # reference item 54: after 4, 8, 16 and 32 s ...
 RETRY_EVERY = 64.0  # ... then once every 64 s
+# A message sent this long ago and still not acknowledged holds its dialog up: the transmitter says
+# so once (an event, a warning naming the conversation) and the view keeps a status. The 5th send
+# is due 60 s after the first.
+STALL_AFTER = 60.0
 
 
 def retry_delay(attempts: int) -> float:
@@ -64,6 +68,9 @@ class Outgoing:
     next_try: float = 0.0
     status: str = ""  # sys.transmission_queue.transmission_status: blank until a send was tried
     destination: str | None = None
+    first_sent: float | None = None
+    lasting_status: str = ""  # why it waits that a resend does not change (the far side said, or it stalled)
+    stall_noted: bool = False
 
     def row(self) -> dict[str, Any]:
         """The sys.transmission_queue row of this message."""
@@ -149,6 +156,18 @@ class TransmissionQueue:
                 del self._by_direction[key]
         self.bytes -= m.size
 
+    def follows(self, m: Outgoing) -> int:
+        """The sequence number of the message before `m` on its direction that the far side may
+        not have saved yet: the highest one held below it, or -1 when none is held. -1 is true
+        because this queue reads a partition in order from a position at or below its oldest
+        unacknowledged message (commit_offsets), and a direction's messages all sit in one
+        partition in sequence order (the send lease fences a dead holder's open transactions):
+        every earlier message not held here was acknowledged. So the far dispatcher may save `m`
+        after a gap in the numbers (a lease claimed after its holder died starts at the dead
+        holder's ceiling) once it has saved what `m` follows."""
+        below = [s for s in self._by_direction.get(self.key_of(m), {}) if s < m.sequence]
+        return max(below, default=-1)
+
     def directions(self) -> set[str]:
         return set(self._by_direction)
 
@@ -182,7 +201,9 @@ class TransmissionQueue:
         m.attempts += 1
         m.next_try = now + retry_delay(m.attempts)
         m.destination = destination
-        m.status = ""
+        m.status = m.lasting_status
+        if m.first_sent is None:
+            m.first_sent = now
 
     def waiting(self, m: Outgoing, now: float, status: str, retry_in: float, destination: str | None = None) -> None:
         """`m` could not be sent now (no route, no connection, ...): why, when to try again, and
@@ -193,9 +214,26 @@ class TransmissionQueue:
             m.destination = destination
 
     def note_status(self, key: str, status: str) -> None:
-        """A status the far side gave for a direction (the target service does not exist yet)."""
+        """A status the far side gave for a direction (the target service does not exist yet, a
+        message it waits for): shown until the direction moves on, whatever resends happen."""
         for m in self._by_direction.get(key, {}).values():
-            m.status = status
+            m.status = m.lasting_status = status
+
+    def stalled(self, now: float, after: float = STALL_AFTER) -> list[Outgoing]:
+        """Per direction, its first held message when it was first sent `after` seconds ago or
+        more and is still not acknowledged, each once: the dialog makes no progress. One with no
+        status yet gets one that says so."""
+        out = []
+        for direction in self._by_direction.values():
+            m = direction[min(direction)]
+            if m.stall_noted or m.first_sent is None or now - m.first_sent < after:
+                continue
+            m.stall_noted = True
+            if not m.lasting_status:
+                m.status = m.lasting_status = (
+                    f"No acknowledgement from {m.destination} after {m.attempts} send(s) in {now - m.first_sent:.0f} s.")
+            out.append(m)
+        return out
 
     # --- the topic's head ------------------------------------------------------------------
 

@@ -25,11 +25,11 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from kbroker.core import names
 from kbroker.core.arrival import REFUSE, SAVE, WAIT, check_arrival
 from kbroker.core.catalog.models import Catalog
-from kbroker.core.dispatch import Inbox
+from kbroker.core.dispatch import Inbox, declared_follows, describe_drops, gap_status
 from kbroker.core.forwarding import MB, Forwarded
 from kbroker.core.routing import address, hop, match_route, routes_of
 from kbroker.core.tick import EVERY_2ND, EVERY_5TH, EVERY_TICK, TickCounter, TickSchedule, advance
-from kbroker.core.envelope import Envelope, MalformedRecord
+from kbroker.core.envelope import H_FOLLOWS, Envelope, MalformedRecord
 from kbroker.core.records import Record
 from kbroker.core.statements import dead_letter_record
 from kbroker.core.timers import target_lifetime_record
@@ -130,8 +130,8 @@ class Dispatcher:
         dropped = self.inbox.sweep(now)
         if dropped:
             self.dropped += len(dropped)
-            log.info("dispatcher dropped %d buffered message(s) (%s); their senders send them again",
-                     len(dropped), ", ".join(sorted({r.value for _, r in dropped})))
+            for key, what in sorted(describe_drops(dropped, self.inbox.expected).items()):
+                log.info("dispatcher dropped from direction %s: %s; its sender sends them again", key, what)
 
     def _dispatch(self, batch: list[Message], now: float) -> None:
         catalog = self._catalog()
@@ -207,9 +207,13 @@ class Dispatcher:
                         verdict.code, verdict.reason)
             return []
         assert verdict.action == SAVE
-        ready, dropped = self.inbox.offer(key, env.message_sequence_number, now, (env, msg))
+        hs = messages.headers(msg)
+        ready, dropped = self.inbox.offer(key, env.message_sequence_number, now, (env, msg), declared_follows(hs))
         if dropped is not None:
             counts["duplicates"] += 1
+        elif not ready:  # it waits for an earlier message: the sender's view says why
+            acks[key] = {"next": self.inbox.waiting_for(key),
+                         "status": gap_status(self.inbox.waiting_for(key), env.message_sequence_number)}
         out: list[Record] = []
         for e, m in ready:
             out.extend(self._save(e, m, catalog))
@@ -244,7 +248,8 @@ class Dispatcher:
     def _save(self, env: Envelope, msg: Message, catalog: Catalog) -> list[Record]:
         queue = catalog.services[env.to_service_name].queue
         topic = names.queue_topic(self.namespace, queue)
-        out: list[Record] = [(topic, env.conversation_group_id, messages.value(msg), messages.headers(msg))]
+        hs = [(n, v) for n, v in messages.headers(msg) if n != H_FOLLOWS]  # the hop's own declaration
+        out: list[Record] = [(topic, env.conversation_group_id, messages.value(msg), hs)]
         if env.to_side == "TARGET" and env.message_sequence_number == 0 and env.lifetime is not None:
             out.append(target_lifetime_record(self.namespace, env, topic))
         return out

@@ -27,7 +27,7 @@ from kbroker.core.routing import address, hop, is_expired, match_route, routes_o
 from kbroker.core.tick import EVERY_2ND, EVERY_5TH, TickCounter, TickSchedule, advance
 from kbroker.core.timers import system_message
 from kbroker.core.transport import IDLE_CLOSE
-from kbroker.core.transmission import Outgoing, Refusal, TransmissionQueue
+from kbroker.core.transmission import STALL_AFTER, Outgoing, Refusal, TransmissionQueue
 from kbroker.kafka import clients, messages
 from kbroker.kafka.steps import FailureSink, run_steps
 from kbroker.kafka.link_pool import LinkPool
@@ -48,11 +48,12 @@ class Transmitter:
 
     def __init__(self, bootstrap: str, namespace: str, catalog: Callable[[], Catalog], *,
                  guard: FailureSink | None = None, tick: float = 5.0, poll_interval: float = 0.05,
-                 idle_close: float = IDLE_CLOSE):
+                 idle_close: float = IDLE_CLOSE, stall_after: float = STALL_AFTER):
         self.bootstrap, self.namespace = bootstrap, namespace
         self._catalog = catalog
         self._guard = guard
         self._poll = poll_interval
+        self._stall_after = stall_after
         self.schedule = TickSchedule(interval=tick)
         self.topic = names.transmission_topic(namespace)
         self.queue = TransmissionQueue(namespace)
@@ -111,6 +112,7 @@ class Transmitter:
             self.reclassify(now, why)
         self._send(now)
         self._poll_links(now)
+        self._note_stalls(now)
         if EVERY_5TH in due:
             self._close_idle(now)
         self._commit()
@@ -161,7 +163,7 @@ class Transmitter:
                 self.queue.waiting(m, now, link, WAIT_RETRY, destination=dest)
                 continue
             try:
-                link.send(m)
+                link.send(m, self.queue.follows(m))
             except LinkBroken as exc:
                 self.pool.broken(link, now, str(exc))
                 self._wanted.add(dest)
@@ -217,6 +219,22 @@ class Transmitter:
         self._local.poll(0)
         log.warning("dialog %s refused by %s (%d): %s", m.conversation_id, m.destination or "its destination",
                     refusal.code, refusal.description)
+
+    def _note_stalls(self, now: float) -> None:
+        """A dialog direction whose oldest message went unacknowledged for `stall_after` seconds:
+        a TRANSMISSION_STALLED event on the events topic and a warning naming the conversation,
+        once per message; its status stays in `kbroker transmission`."""
+        for m in self.queue.stalled(now, self._stall_after):
+            event = {"event": "TRANSMISSION_STALLED", "namespace": self.namespace,
+                     "conversation_id": m.conversation_id, "conversation_handle": m.handle,
+                     "to_service_name": m.to_service, "destination": m.destination,
+                     "message_sequence_number": m.sequence, "attempts": m.attempts,
+                     "first_sent": m.first_sent, "transmission_status": m.status, "time": int(now * 1000)}
+            clients.produce(self._local, names.events_topic(self.namespace), key=m.conversation_id.encode(),
+                            value=orjson.dumps(event))
+            self._local.poll(0)
+            log.warning("dialog %s to %s makes no progress: message %d sent %d time(s) since %.0f s ago: %s",
+                        m.conversation_id, m.to_service, m.sequence, m.attempts, now - (m.first_sent or now), m.status)
 
     def _notice(self, now: float, reason: str, service: str | None = None, broker: str | None = None) -> None:
         """A broker configuration notice (BCN) on the events topic, for whoever provides routes

@@ -14,6 +14,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicP
 
 from kbroker.core import names
 from kbroker.core.records import Header
+from kbroker.core.envelope import H_FOLLOWS
 from kbroker.core.routing import address
 from kbroker.core.transmission import Outgoing, ack_key
 from kbroker.kafka import clients, messages
@@ -57,10 +58,12 @@ class TransportLink:
         parts = md.topics[self.acks_topic].partitions
         self._acks.assign([TopicPartition(self.acks_topic, p, OFFSET_BEGINNING) for p in parts])
 
-    def send(self, m: Outgoing) -> None:
-        """Queue `m` for the destination (never blocks: a full local queue is a broken link)."""
+    def send(self, m: Outgoing, follows: int) -> None:
+        """Queue `m` for the destination (never blocks: a full local queue is a broken link),
+        declaring the message it follows (TransmissionQueue.follows)."""
         value, headers = m.record
-        self.send_record(ack_key(self.from_broker, m.conversation_id, m.to_side), value, headers)
+        declared = [(n, v) for n, v in headers or [] if n != H_FOLLOWS] + [(H_FOLLOWS, str(follows).encode())]
+        self.send_record(ack_key(self.from_broker, m.conversation_id, m.to_side), value, declared)
 
     def send_record(self, key: str, value: bytes | None, headers: list[Header] | None) -> None:
         """Queue one record for the destination's inbound topic, keyed by its dialog direction."""

@@ -6,7 +6,10 @@ test_routing_clusters.py runs two brokers."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
+import textwrap
 import time
 import uuid
 from collections import defaultdict
@@ -25,6 +28,7 @@ from confluent_kafka import TopicPartition
 from kbroker.core import names
 from kbroker.kafka import clients
 from kbroker.kafka.apply import apply_paths
+from kbroker.kafka.queues import set_queue_status
 from kbroker.kafka.reader import read_to_end
 from kbroker.kafka.reclaim import reclaim_namespace
 from kbroker.kafka.dispatcher import Dispatcher
@@ -76,7 +80,7 @@ def setup_catalogs(bootstrap: str, tmp_path: Path, a: str, b: str, *, b_bootstra
 
 @contextmanager
 def two_namespaces(bootstrap: str, tmp_path: Path, a: str, b: str, *, b_bootstrap: str | None = None,
-                   route_to_b: bool = True) -> Iterator[tuple[Broker, Broker, list]]:
+                   route_to_b: bool = True, stall_after: float = 60.0) -> Iterator[tuple[Broker, Broker, list]]:
     """The catalogs of `setup_catalogs`, and a running dispatcher and transmitter per namespace.
     Yields (broker of a, broker of b, [services])."""
     b_bootstrap = b_bootstrap or bootstrap
@@ -87,7 +91,8 @@ def two_namespaces(bootstrap: str, tmp_path: Path, a: str, b: str, *, b_bootstra
         services = []
         for boot, ns, br in ((bootstrap, a, ba), (b_bootstrap, b, bb)):
             services.append(stack.enter_context(Dispatcher(boot, ns, lambda br=br: br.refresh_catalog(), tick=1.0)))
-            services.append(stack.enter_context(Transmitter(boot, ns, lambda br=br: br.catalog, tick=1.0)))
+            services.append(stack.enter_context(Transmitter(boot, ns, lambda br=br: br.catalog, tick=1.0,
+                                                            stall_after=stall_after)))
         yield ba, bb, services
 
 
@@ -337,6 +342,13 @@ def test_the_dispatcher_saves_in_order_drops_duplicates_and_sweeps_a_gap(kafka_b
             got += receive_all(bb, 1)
         assert [m.message_sequence_number for m in got] == [0, 1]
         put(0, 3)  # a copy of 0: dropped; 3, past the missing 2: buffered, then swept (a 1 s tick)
+
+        def gap_told() -> str | None:  # the acknowledgement tells the sender why 3 waits
+            acks = read_to_end(kafka_bootstrap, names.acks_topic(b)) or []
+            found = [orjson.loads(m.value()) for m in acks if m.key() == f"{a}|{conv}|TARGET".encode()]
+            return found[-1].get("status") if found else None
+        assert wait_for(gap_told, 30, "a status on the direction's acknowledgement").startswith(
+            "The far side expects message 2 of this dialog next; message 3 waits for it")
         wait_for(lambda: dispatcher.duplicates >= 1 and dispatcher.dropped >= 1 and not dispatcher.inbox.buffered,
                  30, "the copy dropped and the sweep to drop 3")
         assert bb.receive("Q", top=10, wait=1) == []
@@ -381,3 +393,70 @@ def test_an_idle_connection_is_closed_on_a_5th_tick_and_opened_again_by_the_next
         ba.send(h, REQUEST, {"n": 1})
         assert [m.message_sequence_number for m in receive_all(bb, 1)] == [1]
         assert transmitter.links.link(dest).state == "CONNECTED"
+
+
+SENDER = textwrap.dedent("""
+    import sys
+    from kbroker.sdk.broker import Broker
+    bootstrap, namespace, client, server, contract, request = sys.argv[1:]
+    broker = Broker(bootstrap, namespace)
+    h = broker.begin_dialog(client, server, contract)
+    for i in range(3):
+        broker.send(h, request, {"i": i})
+    print(h, flush=True)
+    sys.stdin.readline()  # killed here, holding the dialog's send lease
+""")
+
+
+def test_a_dialog_goes_on_after_its_sender_is_killed_holding_the_lease(kafka_bootstrap, namespace, tmp_path):
+    """A process SENDs 3 messages on a dialog to another namespace and is killed with kill -9
+    while it holds the dialog's send lease. Another process takes the lease over when it runs out
+    and SENDs 3 more: they are numbered from the dead holder's ceiling (a gap of up to 1,024), and
+    the far dispatcher still saves them, in order, after the first 3 (the transmitter tells it
+    that nothing unacknowledged comes between)."""
+    a, b = namespace + "a", namespace + "b"
+    with two_namespaces(kafka_bootstrap, tmp_path, a, b) as (ba, bb, services):
+        child = subprocess.Popen([sys.executable, "-c", SENDER, kafka_bootstrap, a, CLIENT, SERVER, CONTRACT, REQUEST],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                 env={**os.environ, "PYTHONPATH": os.getcwd()})
+        try:
+            assert child.stdout is not None
+            h = child.stdout.readline().strip()
+            assert h, "the sending process did not start"
+            first = receive_all(bb, 3)
+            assert [m.message_sequence_number for m in first] == [0, 1, 2]
+        finally:
+            child.kill()  # SIGKILL: no release of the lease
+            child.wait(10)
+        for i in range(3, 6):
+            ba.send(h, REQUEST, {"i": i})  # waits for the dead holder's lease to run out
+        rest = receive_all(bb, 3, timeout=60)
+        bodies = [orjson.loads(m.body)["i"] for m in rest]
+        seqs = [m.message_sequence_number for m in rest]
+        assert bodies == [3, 4, 5], f"after the kill B received {bodies} (sequence numbers {seqs})"
+        assert seqs == sorted(seqs) and seqs[0] > 2, seqs
+        assert bb.receive("Q", top=10, wait=2) == []
+
+
+def test_a_dialog_that_makes_no_progress_says_why_and_raises_an_event(kafka_bootstrap, namespace, tmp_path):
+    """B's queue is disabled: A's message waits. Once it went unacknowledged for `stall_after`
+    seconds, A's transmitter puts a TRANSMISSION_STALLED event naming the conversation and the
+    reason on A's events topic, and `kbroker transmission` shows the reason."""
+    a, b = namespace + "a", namespace + "b"
+    with two_namespaces(kafka_bootstrap, tmp_path, a, b, stall_after=3.0) as (ba, bb, services):
+        set_queue_status(kafka_bootstrap, b, "Q", "OFF", "maintenance")
+        h = ba.begin_dialog(CLIENT, SERVER, CONTRACT)
+        ba.send(h, REQUEST, {"i": 0})
+        conv = ba.endpoints.current(h).conversation_id
+
+        def stalled() -> list[dict]:
+            events = [orjson.loads(m.value()) for m in read_to_end(kafka_bootstrap, names.events_topic(a)) or []]
+            return [e for e in events if e.get("event") == "TRANSMISSION_STALLED" and e["conversation_id"] == conv]
+        [event] = wait_for(stalled, 60, "a TRANSMISSION_STALLED event")
+        assert "disabled" in event["transmission_status"] and event["message_sequence_number"] == 0, event
+        rows = [r for r in kbroker_json("transmission", kafka_bootstrap, a) if r["conversation_id"] == conv]
+        assert rows and "disabled" in rows[0]["transmission_status"], rows
+        set_queue_status(kafka_bootstrap, b, "Q", "ON", "done")
+        assert [m.message_sequence_number for m in receive_all(bb, 1)] == [0]
+        time.sleep(2)
+        assert len(stalled()) == 1  # once

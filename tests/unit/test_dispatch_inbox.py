@@ -20,6 +20,7 @@ from kbroker.core.dispatch import (
     Buffered,
     DropReason,
     Inbox,
+    declared_follows,
     sweep,
 )
 
@@ -265,3 +266,79 @@ def test_saved_is_always_a_gap_free_prefix_and_retransmission_completes_it(histo
             check_output(k, returned, nxt, log)
             pending[k].extend(r[1] for r in returned)
         assert committed[k] + pending[k] == list(range(8))
+
+
+# --- declared jumps (a send lease claimed after its holder died starts past a gap) ---------------
+
+def test_a_jump_declared_after_acknowledged_messages_is_saved_at_once():
+    """The dead holder's 0..2 were saved; the next holder's first message is 1024 and its
+    transmitter held nothing before it (-1): nothing unsaved comes between."""
+    inbox = Inbox()
+    inbox.expected["k"] = 3
+    assert inbox.offer("k", 1024, 0.0, "m1024", follows=-1) == (["m1024"], None)
+    assert inbox.offer("k", 1025, 0.0, "m1025", follows=1024) == (["m1025"], None)
+    assert inbox.expected == {"k": 1026}
+
+
+def test_a_jump_that_follows_an_unsaved_message_waits_for_it():
+    inbox = Inbox()
+    inbox.expected["k"] = 3
+    assert inbox.offer("k", 1024, 0.0, "m1024", follows=3) == ([], None)
+    assert inbox.offer("k", 3, 0.0, "m3", follows=2) == (["m3", "m1024"], None)
+    assert inbox.expected == {"k": 1025} and inbox.buffered == []
+
+
+def test_an_undeclared_or_unreadable_jump_waits_and_the_sweep_drops_it():
+    inbox = Inbox()
+    inbox.expected["k"] = 3
+    assert inbox.offer("k", 1024, 0.0, "m1024") == ([], None)
+    assert inbox.offer("k", 1025, 0.0, "m1025", follows=1025) == ([], None)  # follows itself: no declaration
+    assert sorted(r.value for _, r in inbox.sweep(1.0)) == ["out_of_order", "out_of_order"]
+    assert inbox.expected == {"k": 3}
+
+
+def test_the_sweep_keeps_what_a_declared_jump_puts_in_line():
+    kept = sweep([Buffered("k", 1024, 0.0, "a", follows=-1), Buffered("k", 1025, 0.0, "b", follows=1024),
+                  Buffered("k", 2000, 0.0, "c", follows=1500)], {"k": 3}, now=1.0)
+    assert [b.ref for b in kept.keep] == ["a", "b"]
+    assert [(b.ref, r) for b, r in kept.drop] == [("c", OOO)]
+
+
+def test_declared_follows_reads_the_header_and_ignores_what_is_not_a_number():
+    assert declared_follows([("kb.follows", b"-1")]) == -1
+    assert declared_follows([("x", b"1"), ("kb.follows", b"17")]) == 17
+    assert declared_follows([]) is None
+    assert declared_follows([("kb.follows", b"-2")]) is None
+    assert declared_follows([("kb.follows", b"\xff")]) is None
+    assert declared_follows([("kb.follows", b"one")]) is None
+
+
+@settings(max_examples=400)
+@given(st.lists(st.integers(1, 1024), min_size=1, max_size=8), st.data())
+def test_a_chain_with_gaps_is_saved_once_in_order_whatever_the_offers(gaps, data):
+    """A direction's messages numbered 0 < s1 < s2 ... with gaps (one lease claim after another's
+    holder died), offered in any order with copies, each copy declaring what a transmitter would:
+    its predecessor, or -1 when that predecessor was saved already (it was acknowledged). What is
+    saved is always a prefix of the chain, in order, once each; sending everything again in order
+    completes it."""
+    chain = [0]
+    for g in gaps:
+        chain.append(chain[-1] + g)
+    picks = data.draw(st.lists(st.integers(0, len(chain) - 1), max_size=25))
+    inbox = Inbox()
+    saved: list[int] = []
+
+    def offer_index(i: int) -> None:
+        nxt = inbox.expected.get("k", 0)
+        acked = i > 0 and chain[i - 1] < nxt
+        follows = -1 if i == 0 or (acked and data.draw(st.booleans())) else chain[i - 1]
+        returned, _ = inbox.offer("k", chain[i], 0.0, chain[i], follows=follows)
+        saved.extend(returned)
+        assert saved == chain[:len(saved)]
+        assert inbox.expected.get("k", 0) == (saved[-1] + 1 if saved else 0)
+
+    for i in picks:
+        offer_index(i)
+    for i in range(len(chain)):  # the sender's retransmission, in order
+        offer_index(i)
+    assert saved == chain

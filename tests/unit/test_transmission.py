@@ -502,3 +502,46 @@ def test_due_is_sorted_and_respects_next_try(specs, now):
     due = q.due(now)
     assert positions(due) == sorted(positions(due))
     assert sorted(positions(due)) == sorted((p, 100 - i) for i, (p, t, _) in enumerate(specs) if t <= now)
+
+
+# --- what a message follows, and a dialog that makes no progress --------------------------------
+
+def test_follows_is_the_highest_held_predecessor_or_minus_one_when_all_were_acknowledged():
+    q = TransmissionQueue(NS)
+    ms = [out(0, 0, 0), out(0, 1, 1), out(0, 2, 2), out(0, 3, 1024), out(0, 4, 1025)]
+    for m in ms:
+        q.add(m)
+    other = out(0, 5, 7, conv="other")
+    q.add(other)
+    assert [q.follows(m) for m in ms] == [-1, 0, 1, 2, 1024]
+    assert q.follows(other) == -1  # another direction's messages are not its predecessors
+    q.acknowledge(key(), 3)  # the dead holder's 0..2 were saved
+    assert q.follows(ms[3]) == -1 and q.follows(ms[4]) == 1024
+
+
+def test_a_direction_unacknowledged_for_a_minute_is_reported_once_with_a_status():
+    q = TransmissionQueue(NS)
+    a0, a1, b0 = out(0, 0, 0), out(0, 1, 1), out(0, 2, 0, conv="b")
+    for m in (a0, a1, b0):
+        q.add(m)
+    q.sent(a0, 100.0, "kafka:9092/far")
+    q.sent(a1, 100.0, "kafka:9092/far")
+    assert q.stalled(159.9) == []  # b0 was never sent (no route, say): its own status says why
+    assert q.stalled(160.0) == [a0]  # the direction's first message only
+    assert a0.status.startswith("No acknowledgement from kafka:9092/far after 1 send(s)")
+    q.sent(a0, 164.0, "kafka:9092/far")
+    assert a0.status.startswith("No acknowledgement")  # a resend keeps it
+    assert q.stalled(500.0) == []  # once
+    q.acknowledge(key(), 1)
+    assert q.stalled(500.0) == [a1]  # the next one holds the dialog up now
+
+
+def test_a_status_from_the_far_side_lasts_through_resends_and_is_not_replaced_by_a_stall():
+    q = TransmissionQueue(NS)
+    m = out(0, 0, 5)
+    q.add(m)
+    q.sent(m, 0.0, "d")
+    q.note_status(key(), "The far side expects message 3 of this dialog next; message 5 waits for it.")
+    q.sent(m, 4.0, "d")
+    assert m.status.startswith("The far side expects message 3")
+    assert q.stalled(61.0) == [m] and m.status.startswith("The far side expects message 3")
