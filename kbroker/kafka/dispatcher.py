@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from kbroker.core import names
 from kbroker.core.arrival import REFUSE, SAVE, WAIT, check_arrival
 from kbroker.core.catalog.models import Catalog
-from kbroker.core.dispatch import Inbox, declared_follows, describe_drops, gap_status
+from kbroker.core.dispatch import Inbox, declared_follows, describe_drops, gap_status, next_in_line
 from kbroker.core.forwarding import MB, Forwarded
 from kbroker.core.routing import address, hop, match_route, routes_of
 from kbroker.core.tick import EVERY_2ND, EVERY_5TH, EVERY_TICK, TickCounter, TickSchedule, advance
@@ -195,7 +195,9 @@ class Dispatcher:
         if verdict.action == WAIT:
             acks[key] = {"next": self.inbox.expected.get(key, 0), "status": verdict.reason}
             return []
-        if verdict.action == REFUSE and env.message_sequence_number != self.inbox.expected.get(key, 0):
+        follows = declared_follows(messages.headers(msg))
+        if verdict.action == REFUSE and not next_in_line(env.message_sequence_number, follows,
+                                                         self.inbox.waiting_for(key)):
             counts["duplicates"] += 1  # refused when its turn comes (its sender sends it again)
             return []
         if verdict.action == REFUSE:
@@ -207,8 +209,7 @@ class Dispatcher:
                         verdict.code, verdict.reason)
             return []
         assert verdict.action == SAVE
-        hs = messages.headers(msg)
-        ready, dropped = self.inbox.offer(key, env.message_sequence_number, now, (env, msg), declared_follows(hs))
+        ready, dropped = self.inbox.offer(key, env.message_sequence_number, now, (env, msg), follows)
         if dropped is not None:
             counts["duplicates"] += 1
         elif not ready:  # it waits for an earlier message: the sender's view says why
