@@ -5,7 +5,8 @@ its dialogs' send leases, kill -9 of both workers, and the far broker stopped fo
 lease (so the replying process's leases run out and are claimed again past a gap), every message
 is counted by a plain read_committed consumer: 0 lost, 0 duplicated, 0 out of order. The
 transport's suppression after the outage (15 s after a disconnect, 60 s after a failed attempt) is
-measured on the way."""
+measured on the way (60 s after a failed attempt; 15 s after a disconnect when the link was open
+as the broker went)."""
 
 from __future__ import annotations
 
@@ -179,16 +180,17 @@ def test_request_reply_across_clusters_loses_nothing_through_kills_and_an_outage
         [link] = [r for r in kbroker_json("connections", kafka_bootstrap, a) if r["destination"].endswith("/" + b)]
         events = [(t, e) for t, e in link["history"] if t >= stopped - 1]
         kinds = [e for _, e in events]
-        assert "DISCONNECTED" in kinds and "FAILED" in kinds and kinds[-1] == "CONNECTED", events
-        disconnect = next(t for t, e in events if e == "DISCONNECTED")
-        attempts = [t for t, e in events if e == "CONNECTING"]
+        assert "FAILED" in kinds and kinds[-1] == "CONNECTED", events
         failed = [t for t, e in events if e == "FAILED"]
-        first_after = min(t for t in attempts if t > disconnect)
+        attempts = [t for t, e in events if e == "CONNECTING"]
         next_after_fail = min(t for t in attempts if t > failed[0])
-        print(f"suppression measured: {first_after - disconnect:.1f} s after the disconnect, "
-              f"{next_after_fail - failed[0]:.1f} s after the failed attempt")
-        assert first_after - disconnect >= 15.0, events
+        print(f"suppression measured: {next_after_fail - failed[0]:.1f} s after the failed attempt")
         assert next_after_fail - failed[0] >= 60.0, events
+        if "DISCONNECTED" in kinds:  # the link was open when the broker went (not when it had closed idle)
+            disconnect = next(t for t, e in events if e == "DISCONNECTED")
+            first_after = min(t for t in attempts if t > disconnect)
+            print(f"suppression measured: {first_after - disconnect:.1f} s after the disconnect")
+            assert first_after - disconnect >= 15.0, events
         for w in workers[-2:]:
             assert w.proc.poll() is None, w.log.read_text()[-3000:]
             httpx.get(w.url + "/tasks/", timeout=5).raise_for_status()
