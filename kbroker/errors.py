@@ -79,6 +79,15 @@ class TransportQueueNotFoundError(InvalidArgumentError):
         self.queue, self.topic = queue, topic
 
 
+class QueueNameCollisionError(InvalidArgumentError):
+    """A queue name (a transport queue at install, a secondary queue named by its instance)
+    would be the topic of another queue, or a topic Kafka refuses beside it (core/names.py)."""
+
+    def __init__(self, name: str, other: str, reason: str):
+        super().__init__(f"{name} collides with {other}: {reason}")
+        self.name, self.other, self.reason = name, other, reason
+
+
 # --- catalog ------------------------------------------------------------------------------
 
 
@@ -207,6 +216,18 @@ class TransactionAbortedError(KBrokerError):
     received again. Retry the unit of work."""
 
     retriable = True
+
+
+class RecordRefusedError(TransactionAbortedError):
+    """Kafka refused a record of the transaction for itself (too large for its topic): nothing
+    the transaction did is visible, and the same records would be refused again. The other
+    transactions committed with it in one Kafka transaction are not affected."""
+
+    retriable = False
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        super().__init__(f"Kafka refused a record of the transaction: {reason}")
 
 
 class TransactionInDoubtError(KBrokerError):

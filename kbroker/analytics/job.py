@@ -200,7 +200,9 @@ def collect(frame: Any) -> list[Any]:
 
 
 def apply_rows(state: Analytics, namespace: str, rows: list[Any]) -> None:
-    """Feed one batch's projected rows to the state, in (timestamp, topic, partition, offset) order."""
+    """Feed one batch's projected rows to the state, in (timestamp, topic, partition, offset) order
+    (a snapshot meets the records of its time). Within a partition that order may not be the offsets'
+    (several producers SEND to it): the state knows a record by its offset, so it counts each once."""
     progress_topic, timers_topic = names.progress_topic(namespace), names.timers_topic(namespace)
     deadletter_topic = names.deadletter_topic(namespace)
     for r in sorted(rows, key=lambda r: (r.ts, r.topic, r.partition, r.offset)):

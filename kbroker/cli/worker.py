@@ -81,7 +81,7 @@ def monitors_cmd(bootstrap, namespace, as_json):
     if as_json:
         emit_json(rows)
         return
-    cols = ("queue", "state", "readers", "max_queue_readers", "tasks_waiting", "backlog", "ready_groups",
+    cols = ("queue", "state", "activation", "readers", "max_queue_readers", "tasks_waiting", "backlog", "ready_groups",
             "last_activated_time", "last_empty_rowset_time", "worker")
     t = new_table("queue monitors", *cols, "degraded")
     for r in rows:

@@ -28,6 +28,17 @@ XML_VALIDATION_FAILED = -9616
 TOO_LARGE = -9602  # kbroker's own (Service Broker queues have no size limit)
 
 
+def too_large_description(size: int, queue: str, limit: int) -> str:
+    """The Error description of TOO_LARGE: a body over its queue's max_message_bytes."""
+    return f"The message has {size} bytes; queue '{queue}' takes at most {limit}."
+
+
+def too_large_reason(size: int, queue: str, limit: int) -> str:
+    """Why a body over its queue's limit is refused, with the code a routed one is answered with
+    (a RECEIVE's check of a record another client wrote: statements.refused_record)."""
+    return f"error {TOO_LARGE}: {too_large_description(size, queue, limit)}"
+
+
 @dataclass(frozen=True)
 class Verdict:
     action: str  # SAVE, WAIT or REFUSE
@@ -68,8 +79,7 @@ def check_arrival(catalog: Catalog, env: Envelope, body: bytes) -> Verdict:
         return Verdict(REFUSE, code, f"The message type '{kind}' was sent by the {sender.lower()}, but the "
                                      f"contract '{contract_name}' says SENT BY {listed[0].sent_by}.")
     if len(body) > queue.max_message_bytes:
-        return Verdict(REFUSE, TOO_LARGE, f"The message has {len(body)} bytes; queue '{queue.name}' takes "
-                                          f"at most {queue.max_message_bytes}.")
+        return Verdict(REFUSE, TOO_LARGE, too_large_description(len(body), queue.name, queue.max_message_bytes))
     try:
         validate_body(kind, mt.validation, body)
     except MessageValidationError as exc:

@@ -78,6 +78,9 @@ class Endpoint:
     # decides. Fixed when the dialog begins, so one dialog's messages never take two paths.
     remote: bool = False
     far_broker: str | None = None
+    # Ended here WITH CLEANUP: the messages still queued for it are discarded on RECEIVE, as
+    # Service Broker deletes them, instead of set aside as messages for a closed dialog are.
+    cleaned_up: bool = False
 
     @property
     def is_initiator(self) -> bool:

@@ -1,7 +1,9 @@
 """A process's degraded reasons and the back-off of its failing periodic work (pure: the caller
 gives the time). A component (the tick, the catalog refresh, a queue's procedure, the timer
 service) that fails is recorded with its error and retried after a delay that doubles with each
-failure in a row; its first success clears it. The process is degraded while any reason stands."""
+failure in a row; its first success clears it. The process is degraded while any reason stands.
+A reason may belong to one queue (its procedure, its count): a queue's view shows the process-wide
+reasons and its own, not every other queue's."""
 
 from __future__ import annotations
 
@@ -24,10 +26,11 @@ class Reason:
     last: float
     failures: int
     retry_at: float
+    queue: str | None = None  # the queue it concerns; None: the whole process
 
     def to_dict(self) -> dict[str, Any]:
         return {"component": self.component, "error": self.error, "retriable": self.retriable,
-                "since": self.since, "last": self.last, "failures": self.failures}
+                "since": self.since, "last": self.last, "failures": self.failures, "queue": self.queue}
 
 
 def backoff(failures: int, base: float = BASE_DELAY, cap: float = MAX_DELAY) -> float:
@@ -43,14 +46,15 @@ class Health:
         self._reasons: dict[str, Reason] = {}
         self._lock = threading.Lock()
 
-    def failed(self, component: str, error: str, retriable: bool, now: float) -> Reason:
-        """`component` failed at `now`: record it; the Reason says when to try again."""
+    def failed(self, component: str, error: str, retriable: bool, now: float, queue: str | None = None) -> Reason:
+        """`component` (of `queue`, or of the whole process) failed at `now`: record it; the
+        Reason says when to try again."""
         with self._lock:
             old = self._reasons.get(component)
             failures = 1 if old is None else old.failures + 1
             since = now if old is None else old.since
             reason = Reason(component, error, retriable, since, now, failures,
-                            now + backoff(failures, self.base_delay, self.max_delay))
+                            now + backoff(failures, self.base_delay, self.max_delay), queue)
             self._reasons[component] = reason
             return reason
 
@@ -79,7 +83,8 @@ class Health:
         with self._lock:
             return bool(self._reasons)
 
-    def snapshot(self) -> dict[str, Any]:
-        """{"degraded": bool, "reasons": [...]} for views."""
-        reasons = self.reasons()
+    def snapshot(self, queue: str | None = None) -> dict[str, Any]:
+        """{"degraded": bool, "reasons": [...]} for views: every reason, or with `queue` the ones
+        of the whole process and of that queue (a queue monitor's row)."""
+        reasons = [r for r in self.reasons() if queue is None or r.queue in (None, queue)]
         return {"degraded": bool(reasons), "reasons": [r.to_dict() for r in reasons]}

@@ -19,11 +19,22 @@ other's topics and one ACL prefix covers a namespace:
     kbroker.<ns>.inbound           messages other namespaces' transmitters sent here, not yet saved
     kbroker.<ns>.acks              compacted: per dialog direction, the next sequence number expected
     kbroker.<ns>.transport         compacted: each transmitter's connections and waiting messages
+
+Two names must never be one topic, nor two topics Kafka refuses side by side: Kafka treats '.'
+and '_' as one character when it compares topic names (kafka_form). Instance names hold no '.',
+so a secondary queue `<queue>.<instance>` can only meet another queue's name in the space that
+name claims (queue_names_collide): a queue owns its name and every name made of it, '.' or '_',
+and anything, in Kafka's form, so no two queues of a namespace may own overlapping spaces.
+Checked at apply (catalog/loader.py, against the queues applied earlier too), when a secondary
+queue is named (secondary_queue_collision) and, for the transport face, at install
+(core/transport_endpoint.py). Topic names keep their layout: replies waiting in secondary topics
+survive an upgrade.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from kbroker.config import NAMESPACE_RE
 
@@ -58,6 +69,47 @@ def secondary_queue_topic(ns: str, queue: str, instance: str) -> str:
     if not isinstance(instance, str) or not INSTANCE_RE.match(instance):
         raise ValueError(f"instance name {instance!r} must be 1-64 characters of A-Z a-z 0-9 _ -")
     return f"{queue_topic(ns, queue)}.{instance}"
+
+
+def kafka_form(name: str) -> str:
+    """The form in which Kafka compares topic names: two topics whose forms are equal collide
+    (CreateTopics refuses the second one, their metric names clash)."""
+    return name.replace(".", "_")
+
+
+def queue_names_collide(a: str, b: str) -> str | None:
+    """Why queues (or transport queues) `a` and `b` may not live in one namespace, or None.
+
+    A queue owns its name and, for its secondary queues, every name that is its own followed by
+    '.' and more (as Kafka compares names, '_' too). Two queues collide when one's Kafka form
+    equals the other's or lies in the other's secondary space. Between queues that do not
+    collide, no topic of the one (queue or secondary) can equal or Kafka-collide with a topic of
+    the other: a secondary `q.i` has the form kafka_form(q) + '_' + i, so an equal form of
+    another queue's topic would put one queue's form inside the other's space."""
+    if a == b:
+        return None
+    if kafka_form(a) == kafka_form(b):
+        return "Kafka treats '.' and '_' in topic names as one character, so their topics collide"
+    short, long = sorted((a, b), key=len)
+    if kafka_form(long).startswith(kafka_form(short) + "_"):
+        return f"names {short}.<instance> (or {short}_...) belong to {short}'s secondary queues"
+    return None
+
+
+def secondary_queue_collision(queues: Iterable[str], queue: str, instance: str) -> tuple[str, str] | None:
+    """(other queue, reason) when `queue`'s secondary queue for `instance` would be, or collide in
+    Kafka with, another queue's topic or secondary queue; None when it is free. The instance
+    must match INSTANCE_RE (secondary_queue_topic checks)."""
+    secondary = kafka_form(f"{queue}.{instance}")
+    for other in queues:
+        if other == queue:
+            continue
+        form = kafka_form(other)
+        if secondary == form:
+            return other, "it would be that queue's topic, or one Kafka refuses beside it ('.' and '_' are one)"
+        if secondary.startswith(form + "_"):
+            return other, f"names {other}.<instance> belong to {other}'s secondary queues"
+    return None
 
 
 def queue_group(ns: str, queue: str) -> str:

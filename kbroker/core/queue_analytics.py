@@ -6,6 +6,12 @@ group's committed offsets (`committed` plus the `completed` offsets above it: kb
 complete out of order). A message is unreceived from its arrival until a snapshot covers it. The
 job's clock (`now`) is the newest snapshot or record time seen, so a batch applied twice to the
 same state gives the same numbers.
+
+A record is known by its (partition, offset), never by where its timestamp puts it: several
+producers SENDing to one partition append records whose timestamps do not rise with their offsets,
+and the job feeds a batch in timestamp order. A batch holds, per partition, offsets above every
+earlier batch's, so a record is one seen already when its offset is at or below the highest of an
+earlier batch (`top`, moved up by `report`) or taken in this batch (`fresh`).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
-from kbroker.core.dialog_class import DialogFacts, classify
+from kbroker.core.dialog_class import STALE, DialogFacts, classify
 from kbroker.core.groups import MOVE_MARKER
 
 STALE_THRESHOLDS = (("dispatcher_10s", 10.0), ("forwarder_60s", 60.0))  # seeds 000/001
@@ -49,7 +55,8 @@ class _Partition:
     pending: dict[int, list[Any]] = field(default_factory=dict)  # offset -> [ts, group, dialog]; offset order
     committed: int = -1
     completed: set[int] = field(default_factory=set)
-    top: int = -1  # the highest offset taken: a record at or below it is one seen already
+    top: int = -1  # the highest offset of earlier batches: a record at or below it is one seen already
+    fresh: set[int] = field(default_factory=set)  # the offsets taken in this batch, in any order
 
     def received(self, offset: int) -> bool:
         return offset < self.committed or offset in self.completed
@@ -74,6 +81,8 @@ class _Dialog:
     timers: int = 0
     klass: str | None = None
     seen: int = 0  # when last touched
+    previous: str | None = None  # the class before `klass`
+    shown: list[int | None] | None = None  # [oldest unreceived ts, backlog] as its last record said
 
 
 @dataclass
@@ -102,9 +111,9 @@ class Analytics:
     def arrival(self, a: Arrival) -> None:
         self.now = max(self.now, a.ts)
         part = self._parts.setdefault((a.queue, a.partition), _Partition())
-        if a.offset <= part.top:
+        if a.offset <= part.top or a.offset in part.fresh:
             return  # seen already
-        part.top = a.offset
+        part.fresh.add(a.offset)
         if a.message_type == MOVE_MARKER:
             return
         dialog_key = f"{a.conversation_id}/{a.side}"
@@ -179,8 +188,13 @@ class Analytics:
 
     def report(self, batch: int) -> Output:
         """The records this batch calls for: every queue's current window (its gauges measured
-        now), windows whose counts changed, dialogs whose class changed, windows that closed."""
+        now), windows whose counts changed, dialogs whose class changed (and stale ones whose oldest
+        unreceived message or backlog did), windows that closed."""
         out = Output()
+        for part in self._parts.values():  # the batch ends: what it took is below `top` from now on
+            if part.fresh:
+                part.top = max(part.top, *part.fresh)
+                part.fresh.clear()
         now = self.now
         if now == 0:
             return out
@@ -266,19 +280,28 @@ class Analytics:
             if klass == d.klass == "idle" and d.pending <= 0 and d.timers <= 0 and self.now - d.seen >= FORGET_IDLE_MS:
                 del self._dialogs[key]
                 continue
-            if klass == d.klass:
+            # A record per change of class, with its command; a stale dialog's record is also
+            # rewritten when its oldest unreceived message or its backlog changes, so the timestamp
+            # a view ages it from is its oldest unreceived message's now (docs/analytics.md).
+            shown = [facts.oldest_ms, d.pending]
+            changed = klass != d.klass
+            if not changed and (klass != STALE or shown == d.shown):
                 continue
             conv, _, side = key.rpartition("/")
-            previous, d.klass = d.klass, klass
+            if changed:
+                d.previous, d.klass = d.klass, klass
+            d.shown = shown
             age = None if facts.oldest_ms is None else round((self.now - facts.oldest_ms) / 1000, 3)
             out.analytics.append((f"dialog/{key}", {
                 "kind": "dialog", "conversation_id": conv, "side": side, "queue": d.queue, "group": d.group,
-                "class": klass, "previous": previous, "reason": reason, "backlog": d.pending, "oldest_age_s": age,
+                "class": klass, "previous": d.previous, "reason": reason, "backlog": d.pending,
+                "oldest_unreceived": facts.oldest_ms, "oldest_age_s": age,
                 "last_arrival": d.last_arrival, "last_receive": d.last_receive, "errors": d.last_error is not None,
                 "timer_pending": d.timers > 0, "as_of": self.now, "batch": batch}))
-            out.commands.append((key, {"command": "RECLASSIFY", "conversation_id": conv, "side": side,
-                                       "queue": d.queue, "from": previous, "to": klass, "reason": reason,
-                                       "at": self.now, "batch": batch}))
+            if changed:
+                out.commands.append((key, {"command": "RECLASSIFY", "conversation_id": conv, "side": side,
+                                           "queue": d.queue, "from": d.previous, "to": klass, "reason": reason,
+                                           "at": self.now, "batch": batch}))
 
     # --- state ---------------------------------------------------------------------------------
 
@@ -289,10 +312,11 @@ class Analytics:
         return {
             "now": self.now,
             "parts": [[q, p, part.committed, sorted(part.completed), part.top,
-                       [[o, *v] for o, v in part.pending.items()]] for (q, p), part in self._parts.items()],
+                       [[o, *v] for o, v in part.pending.items()], sorted(part.fresh)]
+                      for (q, p), part in self._parts.items()],
             "windows": [[q, s, w.arrivals, w.receives, w.gauges, w.closed] for (q, s), w in self._windows.items()],
             "dialogs": [[k, d.queue, d.group, d.pending, d.last_arrival, d.last_receive, d.last_error, d.timers,
-                         d.klass, d.seen] for k, d in self._dialogs.items()],
+                         d.klass, d.seen, d.previous, d.shown] for k, d in self._dialogs.items()],
             "timers": self._timers,
             "touched": [list(k) for k in self._touched],
         }
@@ -301,13 +325,26 @@ class Analytics:
     def from_dict(cls, data: dict[str, Any], namespace: str, **settings: Any) -> "Analytics":
         a = cls(namespace, **settings)
         a.now = data["now"]
-        for q, p, committed, completed, top, pending in data["parts"]:
+        # no `fresh` in a state saved by an earlier version
+        for q, p, committed, completed, top, pending, *fresh in data["parts"]:
             a._parts[(q, p)] = _Partition(pending={o: [ts, g, dk] for o, ts, g, dk in pending},
-                                          committed=committed, completed=set(completed), top=top)
+                                          committed=committed, completed=set(completed), top=top,
+                                          fresh=set(fresh[0]) if fresh else set())
         for q, s, arrivals, receives, gauges, closed in data["windows"]:
             a._windows[(q, s)] = _Window(arrivals, receives, gauges, closed)
-        for k, queue, group, pending, la, lr, le, timers, klass, seen in data["dialogs"]:
-            a._dialogs[k] = _Dialog(queue, group, pending, la, lr, le, timers, klass, seen)
+        for k, queue, group, pending, la, lr, le, timers, klass, seen, *later in data["dialogs"]:
+            # `later`: previous and shown, not in a state saved by an earlier version
+            a._dialogs[k] = _Dialog(queue, group, pending, la, lr, le, timers, klass, seen, *later)
         a._timers = dict(data["timers"])
         a._touched = {(q, s) for q, s in data["touched"]}
         return a
+
+
+def dialog_row_at(row: dict[str, Any], now_ms: int) -> dict[str, Any]:
+    """A dialog record as a view shows it at `now_ms`: `oldest_age_s` is its oldest unreceived
+    message's age now, from the stored timestamp (`oldest_unreceived`; in a record written before
+    that field, `as_of` less the age then), not the age when the job wrote the record."""
+    oldest = row.get("oldest_unreceived")
+    if oldest is None and row.get("oldest_age_s") is not None and row.get("as_of") is not None:
+        oldest = round(row["as_of"] - row["oldest_age_s"] * 1000)
+    return {**row, "oldest_age_s": None if oldest is None else round(max(0, now_ms - oldest) / 1000, 3)}

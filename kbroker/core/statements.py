@@ -20,8 +20,10 @@ from typing import Any, Protocol, TypeVar
 import orjson
 
 from kbroker.core import names, timers
+from kbroker.core.arrival import too_large_reason
 from kbroker.core.catalog.models import END_DIALOG, MAX_QUEUE_MESSAGE_BYTES, MAX_SERVICE_NAME, SYSTEM_TYPES, Catalog
 from kbroker.core.catalog.models import ERROR as ERROR_TYPE
+from kbroker.core.dead_letter import ConsumedRecord, dead_letter_record  # noqa: F401 - statements' dead letters
 from kbroker.core.endpoint import (
     CLOSED,
     DISCONNECTED_INBOUND,
@@ -43,6 +45,7 @@ from kbroker.core.groups import MOVE_MARKER, moved, parse_group, rekeyed_headers
 from kbroker.core.ids import new_id
 from kbroker.core.records import Record
 from kbroker.core.send_lease import SendLease, lease_key
+from kbroker.core.sequence_reach import MAX_SEQUENCE, needs_look_up, sequence_refusal
 from kbroker.core.validation import to_bytes, validate_body
 from kbroker.errors import (
     CatalogError,
@@ -62,27 +65,16 @@ CURRENT_DATABASE = "CURRENT DATABASE"  # BEGIN DIALOG ... TO SERVICE 's', 'CURRE
 
 T = TypeVar("T")
 
-
-class ConsumedRecord(Protocol):
-    """A record as a Kafka consumer returns it (confluent_kafka.Message has these methods)."""
-
-    def topic(self) -> str | None: ...
-    def partition(self) -> int | None: ...
-    def offset(self) -> int | None: ...
-    def key(self) -> bytes | None: ...
-    def value(self) -> bytes | None: ...
-    def headers(self) -> list[tuple[str, bytes]] | None: ...
+DEAD_LETTERED = "MESSAGE_DEAD_LETTERED"  # the event beside each dead letter a RECEIVE writes (G8)
 
 
-def dead_letter_record(namespace: str, record: ConsumedRecord, reason: str) -> Record:
-    """A malformed record's copy in the namespace's dead-letter topic, with why it was refused
-    and where it came from in headers (kb.dlq.*), so it can be inspected and replayed."""
-    headers = list(record.headers() or []) + [
-        ("kb.dlq.reason", reason.encode()), ("kb.dlq.topic", str(record.topic()).encode()),
-        ("kb.dlq.partition", str(record.partition()).encode()),
-        ("kb.dlq.offset", str(record.offset()).encode()),
-    ]
-    return (names.deadletter_topic(namespace), record.key(), record.value(), headers)
+def dead_letter_event(namespace: str, queue: str, record: ConsumedRecord, reason: str, now: float) -> Record:
+    """The event that says a message of `queue` was dead-lettered on RECEIVE, and why, on the
+    namespace's events topic (keyed by the queue, as its other events are): written in the
+    transaction of the dead letter, so each such dead letter has exactly one."""
+    event = {"event": DEAD_LETTERED, "queue": queue, "topic": record.topic(), "partition": record.partition(),
+             "offset": record.offset(), "reason": reason, "time": int(now * 1000)}
+    return (names.events_topic(namespace), queue, orjson.dumps(event), None)
 
 
 class Lookup(Protocol):
@@ -105,14 +97,18 @@ class Statements:
 
     `lookup` reads the catalog (see Lookup); `in_group` gives the endpoints of one conversation
     group, for the rule that a group belongs to one queue; `clock` gives seconds since the epoch
-    (lifetimes, timers, expiries)."""
+    (lifetimes, timers, expiries); `sender_reach(handle, sequence)` gives sequence_reach.reach() of
+    side `handle` as the endpoints topic says, read further when `sequence` is at or past what is
+    known (None: no record of that side here)."""
 
     def __init__(self, namespace: str, lookup: Lookup, in_group: Callable[[str], Iterable[Endpoint]], *,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time,
+                 sender_reach: Callable[[str, int], int | None] = lambda handle, sequence: None):
         self.namespace = namespace
         self._lookup = lookup
         self._in_group = in_group
         self._clock = clock
+        self._sender_reach = sender_reach
         self.endpoints_topic = names.endpoints_topic(namespace)
 
     # --- BEGIN DIALOG and conversation groups -------------------------------------------------
@@ -254,17 +250,18 @@ class Statements:
         """END CONVERSATION's records and the endpoint after it."""
         if cleanup:
             # WITH CLEANUP ends this side silently and removes its queued messages. Kafka cannot
-            # delete single records, so the endpoint stays, CLOSED: a RECEIVE discards messages
-            # for a closed endpoint where Service Broker deletes them, and a late one can never
-            # create it again (removed, the next message made a new target endpoint).
-            return [], replace(ep, state=CLOSED)
+            # delete single records, so the endpoint stays, CLOSED and marked cleaned up: a RECEIVE
+            # discards its messages where Service Broker deletes them (a closed endpoint's others
+            # are set aside, closed_records), and a late one can never create it again (removed,
+            # the next message made a new target endpoint).
+            return [], replace(ep, state=CLOSED, cleaned_up=True)
         if ep.state in (DISCONNECTED_OUTBOUND, CLOSED):
             raise ConversationClosedError(ep.conversation_handle, ep.state_desc)
         if error is not None and (not isinstance(error, int) or error <= 0):
             raise InvalidArgumentError(
                 "error code must be a positive integer (negative codes are Service Broker's)")
         if ep.state == STARTED_OUTBOUND:  # never sent anything: no peer endpoint to tell
-            return [], replace(ep, state=CLOSED)
+            return [], replace(ep, state=CLOSED, cleaned_up=True)
         # After the peer ended (DI) or failed (ER), the EndDialog sent here is the acknowledgement
         # that moves the peer's DISCONNECTED_OUTBOUND endpoint to CLOSED; its app never sees it.
         peer_done = ep.state in (DISCONNECTED_INBOUND, ERROR)
@@ -323,30 +320,64 @@ class Statements:
             return True, ep.after_peer_error()
         return True, created
 
-    def refused_record(self, msg: Message) -> tuple[Record, str] | None:
-        """(dead letter, reason) for a received message this side must not deliver, or None. SEND
-        checks a message where it is sent, but a record written by another Kafka client with
-        well-formed headers never passed SEND; Service Broker checks a message where it arrives:
-        a type the catalog knows, that the contract lets the sending side send, and a body its
-        validation accepts. The system types (EndDialog, Error, DialogTimer) are the broker's."""
+    def refused_record(self, msg: Message, ep: Endpoint | None = None) -> tuple[list[Record], str] | None:
+        """(dead letter and its event, reason) for a received message this side must not deliver,
+        or None. `ep`: this side's endpoint as found. SEND checks a message where it is sent, but
+        a record written by another Kafka client with well-formed headers never passed SEND;
+        Service Broker checks a message where it arrives, and so does this, as SEND would have:
+        a sequence number its sender can have reached (sequence_reach.py), a body within the
+        queue's max_message_bytes (the -9602 the dispatcher answers a routed one with), a type
+        the catalog knows, that the contract lets the sending side send, and a body its
+        validation accepts. The system types (EndDialog, Error, DialogTimer) are the broker's:
+        only their number and size are checked."""
         env = msg.extra["envelope"]
         kind = env.message_type_name
-        if kind in SYSTEM_TYPES:
-            return None
         sender = "INITIATOR" if env.to_side == "TARGET" else "TARGET"
         try:
-            mt = self._lookup(lambda c: c.message_type(kind))
-            if not self._lookup(lambda c: c.may_send(env.service_contract_name, kind, sender)):
-                raise ContractViolationError(kind, env.service_contract_name, sender)
-            validate_body(kind, mt.validation, msg.body)
-            why = None if env.message_sequence_number != SYSTEM_SEQUENCE else \
-                f"sequence number {SYSTEM_SEQUENCE} is for kbroker's own messages, not {kind!r}"
+            why = sequence_refusal(env.message_sequence_number, kind, kind in SYSTEM_TYPES, self._far_reach(env, ep))
+            queue = self._lookup(lambda c: c.queue(msg.queue))
+            if why is None and len(msg.body) > queue.max_message_bytes:
+                why = too_large_reason(len(msg.body), queue.name, queue.max_message_bytes)
+            if why is None and kind not in SYSTEM_TYPES:
+                mt = self._lookup(lambda c: c.message_type(kind))
+                if not self._lookup(lambda c: c.may_send(env.service_contract_name, kind, sender)):
+                    raise ContractViolationError(kind, env.service_contract_name, sender)
+                validate_body(kind, mt.validation, msg.body)
         except (CatalogError, ContractViolationError, MessageValidationError) as exc:
             why = str(exc)
         if why is None:
             return None
         reason = f"refused on arrival: {why}"
-        return dead_letter_record(self.namespace, msg.extra["record"], reason), reason
+        return self._set_aside(msg, reason), reason
+
+    def _far_reach(self, env: Envelope, ep: Endpoint | None) -> int | None:
+        """sequence_reach.reach() of the side that sent `env`, looked up only when its number
+        needs it and that side may be in this namespace."""
+        seq = env.message_sequence_number
+        if not needs_look_up(seq) or seq > MAX_SEQUENCE:
+            return None
+        if (ep.remote if ep is not None else env.from_broker is not None):
+            return None  # another namespace's side: its dispatcher saves its numbers in order
+        return self._sender_reach(handle_for(env.conversation_id, other(env.to_side)), seq)
+
+    def _set_aside(self, msg: Message, reason: str) -> list[Record]:
+        """A received message's dead letter and the event that says so (G8)."""
+        record = msg.extra["record"]
+        return [dead_letter_record(self.namespace, record, reason),
+                dead_letter_event(self.namespace, msg.queue, record, reason, self._clock())]
+
+    def closed_records(self, msg: Message, ep: Endpoint | None) -> tuple[list[Record], str] | None:
+        """A message of the peer's for an endpoint CLOSED here (both sides ended): never delivered,
+        and not dropped in silence either: (its dead letter and event, the reason), else None. An
+        endpoint ended here WITH CLEANUP discards its messages, as its user asked. The peer's EndDialog or Error, and kbroker's own timer
+        messages, are only consumed (after_receive): they can cross an end legitimately.
+        Nothing goes back to the peer: a CLOSED endpoint sends nothing."""
+        env = msg.extra["envelope"]
+        if ep is None or ep.state != CLOSED or ep.cleaned_up or env.message_type_name in SYSTEM_TYPES:
+            return None
+        reason = (f"{env.message_type_name!r} arrived for conversation {ep.conversation_handle}, which is "
+                  f"{ep.state_desc} on the {ep.side.lower()} side (sequence {env.message_sequence_number})")
+        return self._set_aside(msg, reason), reason
 
     def late_records(self, msg: Message, ep: Endpoint | None) -> tuple[list[Record], Endpoint, str] | None:
         """A message the peer sent after the peer's side had ended the dialog (its EndDialog or
@@ -359,7 +390,7 @@ class Statements:
         reason = (f"{env.message_type_name!r} arrived after the {other(ep.side).lower()} side ended the "
                   f"conversation (sequence {env.message_sequence_number})")
         error, _ = self._record(ep, ERROR_TYPE, error_body(MESSAGE_AFTER_END, reason))
-        return [dead_letter_record(self.namespace, msg.extra["record"], reason), error], ep.after_send(), reason
+        return [*self._set_aside(msg, reason), error], ep.after_send(), reason
 
     @staticmethod
     def rekey_record(topic: str, msg: Message, group: str) -> Record:

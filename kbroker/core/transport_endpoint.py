@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import socket
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kbroker.core import names
@@ -97,20 +98,49 @@ class EndpointSettings:
 
 @dataclass(frozen=True)
 class InstallPlan:
-    """The topics an installer creates for one endpoint instance: (queue, partitions)."""
+    """The topics an installer creates for one endpoint instance: (queue, partitions). A
+    satellite's queue (`Sales.Retries`) lies, by its name, among its endpoint's queue names."""
 
     queues: tuple[tuple[str, int], ...]
+    satellite: bool = False
 
 
 def install_plan(name: str, machine: str | None, *, secondary: bool = True,
-                 partitions: int = PRIMARY_PARTITIONS) -> InstallPlan:
+                 partitions: int = PRIMARY_PARTITIONS, satellite: bool = False) -> InstallPlan:
     """The primary queue and, for a machine, its secondary queue (as NServiceBus installers
     create the tables when an instance first starts)."""
-    settings = EndpointSettings(name, machine or "installer", secondary=secondary and machine is not None)
+    settings = EndpointSettings(name, machine or "installer", secondary=secondary and machine is not None,
+                                satellite=satellite)
     queues = [(settings.primary_queue, partitions)]
     if settings.secondary_queue is not None:
         queues.append((settings.secondary_queue, SECONDARY_PARTITIONS))
-    return InstallPlan(tuple(queues))
+    return InstallPlan(tuple(queues), satellite)
+
+
+def install_collision(plan: InstallPlan, installed: Iterable[str]) -> tuple[str, str, str] | None:
+    """(queue of the plan, installed queue, reason) when installing `plan` beside the transport
+    queues already `installed` in the namespace would put two queues on one topic, or on topics
+    Kafka refuses side by side; None when it is free.
+
+    The primary queue claims its secondary queues' names, `Endpoint.<machine>`, as a catalog queue
+    does (names.queue_names_collide). An installed queue inside that space is the endpoint's own
+    secondary queue when the primary is installed too (a second install), and another endpoint's
+    queue otherwise: whichever endpoint is installed second is refused. A secondary queue can then
+    only meet another queue's topic by Kafka's '.'/'_' equality, checked last, as is a satellite's
+    queue: it belongs among its endpoint's names, and a machine named like its suffix would share
+    it (as in NServiceBus: the names alone cannot tell that secondary queue from the satellite's)."""
+    primary = plan.queues[0][0]
+    installed = sorted(set(installed))
+    for other in [] if plan.satellite else installed:
+        reason = names.queue_names_collide(primary, other)
+        own_secondary = primary in installed and len(other) > len(primary)
+        if reason is not None and not own_secondary:
+            return primary, other, reason
+    for queue, _partitions in plan.queues[1:] if not plan.satellite else plan.queues:
+        for other in installed:
+            if other != queue and names.kafka_form(other) == names.kafka_form(queue):
+                return queue, other, "Kafka treats '.' and '_' in topic names as one character, so their topics collide"
+    return None
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,14 @@ worker's dashboard keeps current."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import orjson
 from confluent_kafka import KafkaError, TopicPartition
 
 from kbroker.core import names
+from kbroker.core.queue_analytics import dialog_row_at
 from kbroker.kafka.clients import is_transient
 from kbroker.kafka.reader import latest_values, reading_consumer, topic_partitions
 
@@ -19,14 +21,15 @@ WINDOWS_KEPT = 60  # per queue, the newest windows the follower keeps (an hour a
 def dialog_rows(bootstrap: str, namespace: str, klass: str | None = None,
                 timeout: float = 10.0) -> list[dict[str, Any]]:
     """Every dialog's latest classification (of class `klass` when given), sorted by queue and
-    dialog; empty when no analytics job has written any."""
+    dialog; empty when no analytics job has written any. `oldest_age_s` is the age now."""
     rows = []
+    now_ms = int(time.time() * 1000)
     for key, value in (latest_values(bootstrap, names.analytics_topic(namespace), timeout) or {}).items():
         if not key.startswith(b"dialog/"):
             continue
         row = orjson.loads(value)
         if klass is None or row.get("class") == klass:
-            rows.append(row)
+            rows.append(dialog_row_at(row, now_ms))
     return sorted(rows, key=lambda r: (r.get("queue") or "", r["conversation_id"], r["side"]))
 
 
@@ -89,8 +92,10 @@ class AnalyticsFollower:
             return {q: w[max(w)] for q, w in self._windows.items() if w}
 
     def dialogs(self) -> list[dict[str, Any]]:
+        """Every dialog's latest record, `oldest_age_s` the age now."""
+        now_ms = int(time.time() * 1000)
         with self._lock:
-            return list(self._dialogs.values())
+            return [dialog_row_at(row, now_ms) for row in self._dialogs.values()]
 
     def close(self) -> None:
         self._consumer.close()

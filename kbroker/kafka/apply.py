@@ -29,9 +29,11 @@ from confluent_kafka.admin import (
 )
 
 from kbroker.core import names
-from kbroker.core.catalog.loader import load_definitions, load_system_topics
+from kbroker.core.catalog.loader import check_queue_names, load_definitions, load_system_topics
 from kbroker.core.catalog.models import Catalog, Queue, SystemTopic
 from kbroker.core.routing import stamp_routes
+from kbroker.core.topic_limits import HEADER_HEADROOM as HEADER_HEADROOM  # noqa: F401 - tests read it here
+from kbroker.core.topic_limits import queue_limit, system_topic_limit
 from kbroker.errors import DefinitionError, InvalidArgumentError, kafka_error
 from kbroker.kafka import clients
 from kbroker.kafka.catalog_store import publish, read_catalog
@@ -44,8 +46,6 @@ RETENTION_KEYS = tuple(KEEP_EVERY_RECORD)
 # queue holds at most about one segment per partition beyond its unreceived messages.
 QUEUE_SEGMENTS = {"segment.bytes": str(50 * 1024 * 1024), "segment.ms": str(10 * 60 * 1000)}
 
-# Room for kbroker's headers and Kafka's record overhead on top of the largest body.
-HEADER_HEADROOM = 64 * 1024
 
 Progress = Callable[[str], None] | None
 
@@ -78,7 +78,7 @@ def topic_specs(catalog: Catalog) -> list[TopicSpec]:
     ns = catalog.namespace
     system: dict[str, SystemTopic] = {**load_system_topics(), **catalog.system_topics}
     specs = [
-        TopicSpec(names.system_topic(ns, t.name), t.partitions, dict(t.config), f"system topic {t.name}",
+        TopicSpec(names.system_topic(ns, t.name), t.partitions, system_topic_config(t), f"system topic {t.name}",
                   t.config["cleanup.policy"] == "delete")
         for t in system.values()
     ]
@@ -93,7 +93,18 @@ def queue_topic_config(queue: Queue) -> dict[str, str]:
     for its reader however long that takes); the worker's reclaimer deletes records below what
     the queue's readers still need (reclaim.py)."""
     return {"cleanup.policy": "delete", **KEEP_EVERY_RECORD, **QUEUE_SEGMENTS,
-            "max.message.bytes": str(queue.max_message_bytes + HEADER_HEADROOM)}
+            "max.message.bytes": str(queue_limit(queue.max_message_bytes))}
+
+
+def system_topic_config(topic: SystemTopic) -> dict[str, str]:
+    """A system topic's Kafka config as defined, with at least the max.message.bytes of
+    core/topic_limits.py where records move to it: a dead letter or a routed message that its
+    destination refuses would hold the partition it comes from."""
+    config = dict(topic.config)
+    need = system_topic_limit(topic.name)
+    if need is not None and int(config.get("max.message.bytes", 0)) < need:
+        config["max.message.bytes"] = str(need)
+    return config
 
 
 def choose_replication(brokers: int, requested: int | None = None) -> tuple[int, int]:
@@ -142,6 +153,7 @@ def sync_topics(bootstrap: str, specs: list[TopicSpec], origins: dict[str, str] 
 
     # 1. plan (read-only)
     missing = [s for s in specs if s.name not in existing]
+    _refuse_kafka_collisions(missing, list(existing), origins or {})
     present = [s for s in specs if s.name in existing]
     grow: list[TopicSpec] = []
     for s in present:
@@ -195,6 +207,18 @@ def sync_topics(bootstrap: str, specs: list[TopicSpec], origins: dict[str, str] 
     _await_metadata(admin, [s.name for s in missing], timeout)
     updated = sorted({s.name for s in alter} | {s.name for s in grow})
     return [s.name for s in missing if s.name not in raced], updated, retention
+
+
+def _refuse_kafka_collisions(missing: list[TopicSpec], existing: list[str], origins: dict[str, str]) -> None:
+    """DefinitionError naming both topics when a topic to create would collide in Kafka with one
+    that exists or is also to be created (names.kafka_form), whatever the namespace: said here,
+    before anything changes, rather than by CreateTopics halfway through."""
+    taken = {names.kafka_form(t): t for t in existing}
+    for s in missing:
+        other = taken.setdefault(names.kafka_form(s.name), s.name)
+        if other != s.name:
+            raise DefinitionError(origins.get(s.owner), s.owner, f"topic {s.name} collides with topic {other}: "
+                                  "Kafka treats '.' and '_' in topic names as one character")
 
 
 def queue_in_use(admin: AdminClient, topic: str, partitions: list[int], timeout: float) -> str | None:
@@ -255,9 +279,12 @@ def apply_catalog(bootstrap: str, catalog: Catalog, progress: Progress = None, t
                   replication_factor: int | None = None) -> ApplyReport:
     """Apply an already validated catalog (from load_definitions); new topics get
     `replication_factor` replicas (default: see choose_replication)."""
+    clients.brokers_answering(bootstrap, timeout)  # "no Kafka broker answers at ...", not a metadata error
+    previous = read_catalog(bootstrap, catalog.namespace, timeout=timeout)
+    # Before any topic changes: the queues applied earlier are part of the namespace's names.
+    check_queue_names(catalog.queues, catalog.origins, applied=previous.queues)
     created, updated, retention = sync_topics(bootstrap, topic_specs(catalog), catalog.origins, progress,
                                               timeout, replication_factor)
-    previous = read_catalog(bootstrap, catalog.namespace, timeout=timeout)
     # A route's LIFETIME counts from when it was first published as it is now (routing.py).
     catalog = stamp_routes(catalog, previous.routes, time.time())
     published = publish(bootstrap, catalog, previous=previous, timeout=timeout)

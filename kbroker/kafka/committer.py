@@ -5,7 +5,10 @@ waits. The committer takes whatever is waiting and, while other transactions of 
 still open (they may commit soon), waits up to `interval` for more; then it commits them all in
 one Kafka transaction: the records, then the consumed offsets of every queue
 (send_offsets_to_transaction, which also fences a zombie that lost its partitions), then
-commit. Every reader in the batch learns the same outcome.
+commit. Every reader in the batch learns the same outcome, but one: a record Kafka refuses for
+itself (too large for its topic) fails only the request that holds it (RecordRefusedError), and
+the others are committed at once without it; a batch is one transaction to save round trips,
+not because its requests belong together.
 
 Kafka transactions run one at a time, in submission order, but on a small ring of transactional
 producers: right after a commit the coordinator is still writing that transaction's markers and
@@ -35,7 +38,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from kbroker.core.records import Record
 from kbroker.core.txn_faults import Action, Deadline, Position, Stage, committed_by_offsets, decide
-from kbroker.errors import TransactionAbortedError, TransactionInDoubtError
+from kbroker.errors import RecordRefusedError, TransactionAbortedError, TransactionInDoubtError
 from kbroker.kafka import clients
 from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, started, reason, transact
 from kbroker.kafka.reader import group_offsets, offsets_reader, without_errors
@@ -65,11 +68,33 @@ class CommitRequest:
     done: threading.Event = field(default_factory=threading.Event)
     error: Exception | None = None
     committed_at: float = 0.0
+    # Called with the request once it has its outcome, on the committer's thread: it must not
+    # wait (it may submit another request).
+    then: Callable[["CommitRequest"], None] | None = None
 
     def finish(self, error: Exception | None) -> None:
         """Tell the waiting transaction the outcome (None: committed)."""
         self.error, self.committed_at = error, time.time()
         self.done.set()
+        if self.then is not None:
+            try:
+                self.then(self)
+            except Exception:  # noqa: BLE001 - the committer's thread must go on committing
+                log.exception("a commit request's follow-up failed")
+
+
+def refused_requests(batch: list[CommitRequest], refused: dict[int, str]) -> dict[CommitRequest, str]:
+    """The requests of `batch` that hold a record Kafka refused (`refused`: index of the record
+    in the batch's records, as the transaction produced them, -> why), with the first why."""
+    out: dict[CommitRequest, str] = {}
+    start = 0
+    for req in batch:
+        end = start + len(req.records)
+        why = next((refused[i] for i in range(start, end) if i in refused), None)
+        if why is not None:
+            out[req] = why
+        start = end
+    return out
 
 
 class OpenTransactions:
@@ -139,6 +164,11 @@ class GroupCommitter:
         # replacement created after the fence would commit (core/send_lease.py).
         self.generation = 0
         self._thread: threading.Thread | None = None
+
+    @property
+    def closed(self) -> bool:
+        """Whether close() has begun: a request submitted now fails at once."""
+        return self._closed
 
     @property
     def transactional_ids(self) -> tuple[str, ...]:
@@ -237,6 +267,16 @@ class GroupCommitter:
             if committed is not True:
                 for receiver, leases in by_receiver.items():
                     receiver.exclude(leases)
+                refused = refused_requests(batch, failed.refused) if committed is False else {}
+                if refused:
+                    # The batch is one Kafka transaction only to save round trips: a record Kafka
+                    # refuses for itself fails its own request, and the others commit without it.
+                    for req, why in refused.items():
+                        req.finish(RecordRefusedError(why))
+                    rest = [r for r in batch if r not in refused]
+                    if rest:
+                        self._commit(rest)
+                    return
                 error: Exception = (TransactionAbortedError(f"the Kafka transaction failed: {failed.reason}")
                                     if committed is False else TransactionInDoubtError(failed.reason))
                 for req in batch:
@@ -265,13 +305,20 @@ class GroupCommitter:
         action = decide(failed.failure, deadline.left())
         log.warning("Kafka transaction failed at %s (%s): %s", failed.failure.stage.value, failed.reason,
                     action.value)
-        self._recycle_idle(slot)
+        if not failed.refused:  # a refused record says nothing of the producers' health
+            self._recycle_idle(slot)
         if action is Action.ABORT:
             producer = slot.producer
             try:
                 assert producer is not None  # a transaction began on it
                 t = deadline.call_timeout(self._timeout, floor=1.0)
                 producer.call("abort_transaction", lambda p: p.abort_transaction(t), t)
+                if failed.refused:
+                    # The refused record took an idempotence sequence number the broker never
+                    # wrote: this producer's next record on that partition would fail its
+                    # transaction (OUT_OF_ORDER_SEQUENCE_NUMBER). The slot gets a new producer at
+                    # its next use; the requests to retry now go on the ring's next producer.
+                    self._abandon(slot)
                 return False
             except (KafkaException, CallDeadlineExceeded) as exc:
                 log.error("abort_transaction failed (%s); replacing the transactional producer", reason(exc))

@@ -31,7 +31,7 @@ from kbroker.core.routing import address, hop, match_route, routes_of
 from kbroker.core.tick import EVERY_2ND, EVERY_5TH, EVERY_TICK, TickCounter, TickSchedule, advance
 from kbroker.core.envelope import H_FOLLOWS, Envelope, MalformedRecord
 from kbroker.core.records import Record
-from kbroker.core.statements import dead_letter_record
+from kbroker.core.dead_letter import dead_letter_record
 from kbroker.core.timers import target_lifetime_record
 from kbroker.core.transmission import ack_key
 from kbroker.core.txn_faults import Deadline

@@ -16,9 +16,11 @@ dispatcher's two ways to leave a producer ready.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import queue
 import threading
+import time
 from typing import Any, Callable, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
@@ -139,6 +141,9 @@ class TransactionFailed(Exception):
     def __init__(self, failure: Failure, reason: str):
         super().__init__(reason)
         self.failure, self.reason = failure, reason
+        # Records Kafka refused for themselves (index in the transaction's records -> why): the
+        # transaction failed because of them, and without them it would not have.
+        self.refused: dict[int, str] = {}
 
     @classmethod
     def at(cls, stage: Stage, exc: BaseException) -> "TransactionFailed":
@@ -163,10 +168,11 @@ def transact(producer: GuardedProducer, records: list[Record], offsets: list[tup
     metadata) of `offsets`, commit (asked again while txn_faults.decide says so). Every call gets
     what is left of `deadline`, at most `cap` seconds; TransactionFailed says where it stopped."""
     stage = Stage.BEGIN
+    refused: dict[int, str] = {}
     try:
         producer.call("begin_transaction", lambda p: p.begin_transaction(), deadline.call_timeout(cap))
         stage = Stage.PRODUCE
-        producer.call("produce", lambda p: _produce_all(p, records, deadline), deadline.call_timeout(cap))
+        producer.call("produce", lambda p: _produce_all(p, records, deadline, refused), deadline.call_timeout(cap))
         stage = Stage.OFFSETS
         for positions, group in offsets:
             t = deadline.call_timeout(cap)
@@ -183,10 +189,55 @@ def transact(producer: GuardedProducer, records: list[Record], offsets: list[tup
                     raise
                 log.warning("commit_transaction failed retriably (%s); asking again", exc.args[0].str())
     except (KafkaException, CallDeadlineExceeded) as exc:
-        raise TransactionFailed.at(stage, exc) from exc
+        failed = TransactionFailed.at(stage, exc)
+        if isinstance(exc, KafkaException):
+            _serve_reports(producer, refused, exc)
+        failed.refused = refused
+        raise failed from exc
 
 
-def _produce_all(producer: Producer, records: list[Record], deadline: Deadline) -> None:
-    for topic, key, value, headers in records:
-        clients.produce(producer, topic, until=deadline.expired, key=key, value=value,
-                        headers=messages.wire_headers(headers))
+def _serve_reports(producer: GuardedProducer, refused: dict[int, str], exc: KafkaException) -> None:
+    """Serve the delivery reports that are in, so `refused` names the records Kafka refused.
+    A refusal fails the transaction before its report is served, and may even before it is
+    queued (both happen on librdkafka's broker thread): when the failure is a refusal, wait for
+    its report up to a second."""
+    err = exc.args[0]
+    expect = isinstance(err, KafkaError) and err.code() in RECORD_REFUSALS
+    until = time.monotonic() + (1.0 if expect else 0.0)
+    while True:
+        try:
+            producer.call("poll", lambda p: p.poll(0.05 if expect else 0), 1.0)
+        except (KafkaException, CallDeadlineExceeded):
+            return
+        if refused or time.monotonic() >= until:
+            return
+
+
+# Kafka's answers that refuse one record for what it is, not for the state of the transaction,
+# the producer or the cluster: the same record is refused every time.
+RECORD_REFUSALS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE,
+                             KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_RECORD})
+
+
+class _Refusals:
+    """Delivery reports of one transaction's records: which ones Kafka refused, by index."""
+
+    def __init__(self, refused: dict[int, str]):
+        self.refused = refused
+
+    def delivered(self, index: int, err: KafkaError | None, _msg: Any) -> None:
+        if err is not None and err.code() in RECORD_REFUSALS:
+            self.refused[index] = str(err.str())
+
+
+def _produce_all(producer: Producer, records: list[Record], deadline: Deadline, refused: dict[int, str]) -> None:
+    reports = _Refusals(refused)
+    for index, (topic, key, value, headers) in enumerate(records):
+        try:
+            clients.produce(producer, topic, until=deadline.expired, key=key, value=value,
+                            headers=messages.wire_headers(headers),
+                            on_delivery=functools.partial(reports.delivered, index))
+        except KafkaException as exc:  # refused before it was sent: over the producer's own limit
+            if isinstance(exc.args[0], KafkaError):
+                reports.delivered(index, exc.args[0], None)
+            raise

@@ -424,6 +424,11 @@ class QueueReceiver:
             lease.offsets = [o for o in lease.offsets if o not in keys]
             return side
 
+    @property
+    def closed(self) -> bool:
+        """Whether close() has begun."""
+        return self._closed
+
     def dead_letter_lease(self, rec: KafkaRecord) -> Lease:
         """A lease over one malformed record, completed when its dead letter commits."""
         return Lease(self, None, None, offsets=[messages.position(rec)])

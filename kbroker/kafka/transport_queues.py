@@ -11,39 +11,55 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka import Message as KafkaRecord
 
 from kbroker.core import names
 from kbroker.core.catalog.loader import load_system_topics
-from kbroker.core.transport_endpoint import InstallPlan, transport_queue_topic
+from kbroker.core.transport_endpoint import InstallPlan, install_collision, transport_queue_prefix, transport_queue_topic
 from kbroker.core.transport_message import TransportEnvelope, as_envelope, from_record
-from kbroker.errors import InvalidArgumentError, TransportQueueNotFoundError
+from kbroker.errors import InvalidArgumentError, QueueNameCollisionError, TransportQueueNotFoundError, kafka_error
 from kbroker.kafka import clients, messages
-from kbroker.kafka.apply import HEADER_HEADROOM, KEEP_EVERY_RECORD, QUEUE_SEGMENTS, TopicSpec, sync_topics
+from kbroker.core.topic_limits import LARGEST_BODY, MESSAGE_TOPIC_LIMIT
+from kbroker.kafka.apply import KEEP_EVERY_RECORD, QUEUE_SEGMENTS, TopicSpec, sync_topics, system_topic_config
 from kbroker.kafka.reader import topic_partitions
 from kbroker.kafka.receiver import QueueReceiver
 
-MAX_BODY_BYTES = 10 * 1024 * 1024  # the largest body a transport queue takes
+MAX_BODY_BYTES = LARGEST_BODY  # the largest body a transport queue takes (10 MiB)
 
 
 def queue_config() -> dict[str, str]:
     return {"cleanup.policy": "delete", **KEEP_EVERY_RECORD, **QUEUE_SEGMENTS,
-            "max.message.bytes": str(MAX_BODY_BYTES + HEADER_HEADROOM)}
+            "max.message.bytes": str(MESSAGE_TOPIC_LIMIT)}
 
 
 def install(bootstrap: str, namespace: str, plan: InstallPlan, *, timeout: float = 30.0,
             replication_factor: int | None = None) -> list[str]:
     """Create the plan's queue topics and the namespace's dead-letter topic where missing (the
     installer's CREATE TABLE); returns the topics created. Installing again changes nothing."""
+    refuse_collisions(bootstrap, namespace, plan, timeout)
     dead = load_system_topics()["deadletter"]
-    specs = [TopicSpec(names.deadletter_topic(namespace), dead.partitions, dict(dead.config),
+    specs = [TopicSpec(names.deadletter_topic(namespace), dead.partitions, system_topic_config(dead),
                        "system topic deadletter", False)]
     specs += [TopicSpec(transport_queue_topic(namespace, q), partitions, queue_config(), f"transport queue {q}", True)
               for q, partitions in plan.queues]
     created, _updated, _retention = sync_topics(bootstrap, specs, timeout=timeout,
                                                 replication_factor=replication_factor)
     return created
+
+
+def refuse_collisions(bootstrap: str, namespace: str, plan: InstallPlan, timeout: float = 30.0) -> None:
+    """QueueNameCollisionError when the plan's queues would share a topic with (or be refused by
+    Kafka beside) a transport queue installed earlier in the namespace (install_collision)."""
+    prefix = transport_queue_prefix(namespace)
+    try:
+        topics = clients.admin(bootstrap).list_topics(timeout=timeout).topics
+    except KafkaException as exc:
+        raise kafka_error(f"no Kafka broker answers at {bootstrap}", exc.args[0]) from None
+    collision = install_collision(plan, [t[len(prefix):] for t in topics if t.startswith(prefix)])
+    if collision is not None:
+        queue, other, reason = collision
+        raise QueueNameCollisionError(f"transport queue {queue!r}", f"installed transport queue {other!r}", reason)
 
 
 class QueueDirectory:

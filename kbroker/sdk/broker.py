@@ -37,13 +37,15 @@ from kbroker.core.envelope import Message
 from kbroker.core.locks import ConversationLocks
 from kbroker.core.poison import PoisonCounter
 from kbroker.core.records import Record
-from kbroker.core.statements import Statements, dead_letter_record
+from kbroker.core.sequence_reach import reach
+from kbroker.core.statements import Statements
 from kbroker.embedded import resolve_bootstrap
-from kbroker.errors import CatalogError, SendFailedError
+from kbroker.errors import CatalogError, QueueNameCollisionError, SendFailedError
 from kbroker.kafka import messages
 from kbroker.kafka.catalog_store import CatalogWatcher, read_catalog
 from kbroker.kafka.clients import brokers_answering, idempotent_producer, produce_within
-from kbroker.kafka.committer import CommitRequest, GroupCommitter, OpenTransactions
+from kbroker.kafka.committer import GroupCommitter, OpenTransactions
+from kbroker.kafka.dead_letters import DeadLetters
 from kbroker.kafka.endpoint_store import EndpointStore
 from kbroker.kafka.receiver import QueueReceiver
 from kbroker.kafka.rollbacks import RollbackLog
@@ -88,12 +90,15 @@ class Broker:
         self.open_transactions = OpenTransactions()
         self.conversation_locks = ConversationLocks(lock_timeout)  # SEND's (see locks.py)
         self.endpoints = EndpointStore(bootstrap, namespace, self._producer)
-        self.statements = Statements(namespace, self._lookup, self.endpoints.in_group)
+        self.statements = Statements(namespace, self._lookup, self.endpoints.in_group,
+                                     sender_reach=self._sender_reach)
+        self._unknown_reach_read = float("-inf")  # when _sender_reach last read for a side unknown here
         self._receivers: dict[tuple[str, str | None], QueueReceiver] = {}  # (queue, instance)
         self._secondary: set[str] = set()  # secondary queue topics known to exist
         self._disabled: set[str] = set()
         self._watcher: CatalogWatcher | None = None  # started with the first receiver
         self._rollbacks: RollbackLog | None = None  # every process's rollbacks; with the first receiver
+        self._dead_letters = DeadLetters(namespace, lambda: self.committer)
         self._poison = PoisonCounter()  # counts the queues this process reads itself
         self.hooks: list[ReceiveHooks] = []
         self.receive_hooks: ReceiveHooks = HookFanOut(self.hooks)
@@ -203,6 +208,11 @@ class Broker:
         with self._lock:
             if topic not in self._secondary:
                 q = self._lookup(lambda c: c.queue(queue))
+                # A catalog applied before apply refused colliding names may still hold them.
+                clash = names.secondary_queue_collision(self.catalog.queues, q.name, instance)
+                if clash is not None:
+                    raise QueueNameCollisionError(f"the secondary queue of {queue} for instance {instance!r}",
+                                                  f"queue {clash[0]!r}", clash[1])
                 ensure_secondary_queue(self.bootstrap, self.namespace, q, instance)
                 self._secondary.add(topic)
         return topic
@@ -341,9 +351,25 @@ class Broker:
 
     def _dead_letter(self, receiver: QueueReceiver, record: Any, reason: str) -> None:
         """Called on the poll thread: the malformed record's dead letter and its offset commit
-        together, without waiting (the poll thread never waits on a commit)."""
-        dead_letter = dead_letter_record(self.namespace, record, reason)
-        self.committer.submit(CommitRequest([dead_letter], [receiver.dead_letter_lease(record)]))
+        together, without waiting (the poll thread never waits on a commit); set aside if Kafka
+        refuses the copy (kafka/dead_letters.py)."""
+        self._dead_letters.submit(receiver, record, reason)
+
+    def _sender_reach(self, handle: str, sequence: int) -> int | None:
+        """sequence_reach.reach() of side `handle` from the endpoints topic: the records this
+        process has read, and, when `sequence` is at or past what they say, the topic read
+        forward once (the sender wrote its lease and endpoint before or with the message). For
+        a side with no record here the topic is read at most once per `fresh_for` seconds: a
+        client that keeps no endpoints must not cost a read per message."""
+        known = reach(self.endpoints.lease(handle), self.endpoints.cached(handle))
+        if known is None and time.monotonic() - self._unknown_reach_read < self.endpoints.fresh_for:
+            return None  # a side with no records here (a client that keeps none): not read per message
+        if known is None or sequence >= known:
+            self.endpoints.refresh()
+            if known is None:
+                self._unknown_reach_read = time.monotonic()
+            known = reach(self.endpoints.lease(handle), self.endpoints.cached(handle))
+        return known
 
     def close(self) -> None:
         """Stop reading, commit what is pending, write the exact send sequences, and flush."""

@@ -156,15 +156,16 @@ class Transaction:
                 continue
             ep = self._receiving_endpoint(m, staged)
             hop = next_hop(ep, env.hop)
-            if hop is None:  # checked where it is delivered (a moved one is re-keyed unread)
-                refused = rt.statements.refused_record(m)
-                if refused is not None:  # consumed with this transaction, its dead letter written
-                    record, reason = refused
-                    log.warning("message %s on %s: %s", m.message_id, m.queue, reason)
-                    self._records.append(record)
-                    continue
-            if hop is not None:
+            if hop is not None:  # checked where it is delivered (a moved one is re-keyed unread)
                 moving.append((m, hop))
+                continue
+            # Consumed with this transaction, its dead letter and event written, never delivered:
+            # refused on arrival (what SEND would have refused), or for an endpoint CLOSED here.
+            aside = rt.statements.refused_record(m, ep) or rt.statements.closed_records(m, ep)
+            if aside is not None:
+                records, reason = aside
+                log.warning("message %s on %s: %s", m.message_id, m.queue, reason)
+                self._records.extend(records)
                 continue
             late = rt.statements.late_records(m, ep)
             if late is not None:  # never delivered after the peer's EndDialog: said, not silent

@@ -27,14 +27,14 @@ from typing import Any, Mapping, Self
 
 from kbroker import config
 from kbroker.core.records import Record
-from kbroker.core.statements import dead_letter_record
 from kbroker.core.transport_endpoint import (MONITOR, PRIMARY_PARTITIONS, EndpointSettings, FailedDeliveries, default_machine,
                                               install_plan)
 from kbroker.core.transport_message import TransportMessage, canonical_id, new_message, to_headers
 from kbroker.embedded import resolve_bootstrap
 from kbroker.errors import InvalidArgumentError, SendFailedError
 from kbroker.kafka.clients import brokers_answering, produce_within
-from kbroker.kafka.committer import CommitRequest, GroupCommitter, OpenTransactions
+from kbroker.kafka.committer import GroupCommitter, OpenTransactions
+from kbroker.kafka.dead_letters import DeadLetters
 from kbroker.kafka.receiver import Lease, QueueReceiver
 from kbroker.kafka.transport_queues import (MAX_BODY_BYTES, QueueDirectory, durable_producer, express_producer, install,
                                             transport_receiver)
@@ -95,6 +95,7 @@ class TransportEndpoint:
         self._closing = False
         self.open_transactions = OpenTransactions()
         self.failures = FailedDeliveries()
+        self._dead_letters = DeadLetters(self.namespace, lambda: self.committer)
         self.counters: Counter[str] = Counter()
 
     # --- installer -------------------------------------------------------------------------
@@ -103,7 +104,7 @@ class TransportEndpoint:
         """Create this instance's queues (and the dead-letter topic) where missing."""
         s = self.settings
         plan = install_plan(s.name, s.machine, secondary=s.secondary_queue is not None,
-                            partitions=partitions or PRIMARY_PARTITIONS)
+                            partitions=partitions or PRIMARY_PARTITIONS, satellite=s.satellite)
         return install(self.bootstrap, self.namespace, plan)
 
     # --- the runtime transactions share ------------------------------------------------------
@@ -164,15 +165,15 @@ class TransportEndpoint:
         """On the poll thread: a record that is not a transport message goes to the dead-letter
         topic with its reason, its offset committed with it; the queue goes on."""
         self.count("dead_lettered")
-        self.committer.submit(CommitRequest([dead_letter_record(self.namespace, record, reason)],
-                                            [receiver.dead_letter_lease(record)]))
+        self._dead_letters.submit(receiver, record, reason)
 
     def dead_letter(self, lease: Lease, record: Any, reason: str) -> None:
-        """A poison message: moved to the dead-letter topic, committed before returning."""
+        """A poison message: moved to the dead-letter topic (set aside if Kafka refuses the
+        copy, kafka/dead_letters.py), committed before returning."""
         log.warning("message at %s[%s]@%s moved to the dead-letter topic: %s", lease.receiver.topic,
                     record.partition(), record.offset(), reason)
         try:
-            self.committer.commit(CommitRequest([dead_letter_record(self.namespace, record, reason)], [lease]))
+            self._dead_letters.commit(lease, record, reason)
         finally:
             lease.receiver.release(lease, True)
         self.count("dead_lettered")

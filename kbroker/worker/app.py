@@ -266,7 +266,7 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
         # `counted`: when the counts (backlog, ready groups) were last measured; the view's as_of.
         counted = now if isinstance(event, MessagesReady) else (stored or {}).get("counted", now)
         monitors[queue] = {**state.to_dict(), "owner": s.worker_id, "updated": now, "counted": counted,
-                           "health": guard.health.snapshot()}
+                           "health": guard.health.snapshot(queue)}  # the worker's reasons and this queue's
         await perform(actions)
 
     @app.agent(ticks_topic)
@@ -420,8 +420,10 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
         for q in broker.catalog.queues.values():
             cfg = MonitorConfig.from_queue(q, ramp_up=s.ramp_up)
             old = rt["configs"].get(q.name)
-            if old is None and not cfg.enabled:
-                continue  # never activated here: not watched
+            if old is None and q.activation is None:
+                continue  # no activation clause: no monitor, so no row to count for
+            # A queue whose activation is OFF is counted too: its monitor row (ticked like every
+            # queue with an activation clause) shows what waits in it (README, "The worker stays up").
             if old is not None and old != cfg:
                 pending.append((q.name, QueueAltered(cfg)))
             rt["configs"][q.name] = cfg
@@ -432,7 +434,7 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
         # as much).
         for name, counts in zip(watched, counting_pool.map(count, watched)):
             if isinstance(counts, Exception):
-                guard.failed(f"counting queue {name}", counts)
+                guard.failed(f"counting queue {name}", counts, queue=name)
                 continue
             guard.succeeded(f"counting queue {name}")
             last = seen.get(name)

@@ -43,12 +43,13 @@ class Guard:
         """Whether `component`'s back-off is over (or it is not failing)."""
         return self.health.due(component, self._clock())
 
-    def failed(self, component: str, exc: BaseException) -> None:
-        """Record a failure: a degraded reason, and a log line for the first failure (with the
-        traceback unless the error is a transient one) and a count once per window after."""
+    def failed(self, component: str, exc: BaseException, queue: str | None = None) -> None:
+        """Record a failure (of `queue`'s work, or the whole worker's): a degraded reason, and a
+        log line for the first failure (with the traceback unless the error is a transient one)
+        and a count once per window after."""
         retriable = is_retriable(exc)
         error = f"{type(exc).__name__}: {exc}"
-        reason = self.health.failed(component, error, retriable, self._clock())
+        reason = self.health.failed(component, error, retriable, self._clock(), queue)
         held = self.limiter.admit(component, error)
         if held is None:
             return

@@ -113,7 +113,7 @@ class TaskHandlers:
                 resolve(task.procedure)(self._broker, task.queue)
                 ok = True
             except Exception as exc:
-                self._failed(component, exc)
+                self._failed(component, exc, task.queue)
             finally:
                 with self._lock:
                     self._running.pop(task.task_id, None)
@@ -121,13 +121,13 @@ class TaskHandlers:
                     self._guard.succeeded(component)
                 self._on_exit(task, ok)
 
-    def _failed(self, component: str, exc: Exception) -> None:
+    def _failed(self, component: str, exc: Exception, queue: str) -> None:
         """A procedure raised: record it, then hold the handler for the back-off before its exit
         is reported (the monitor relaunches at once on an exit while messages wait)."""
         if self._guard is None:
             log.error("%s failed", component, exc_info=exc)
             return
-        self._guard.failed(component, exc)
+        self._guard.failed(component, exc, queue)
         failures = next((r.failures for r in self._guard.health.reasons() if r.component == component), 1)
         self._closing.wait(backoff(failures))
 

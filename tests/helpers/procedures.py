@@ -29,3 +29,8 @@ def stub(broker, queue: str) -> None:
     """Never RECEIVEs: seed 003's stub procedure. Notes each launch in KB_TEST_STUB_FILE."""
     with open(os.environ["KB_TEST_STUB_FILE"], "a") as f:
         f.write(f"{queue} {time.time()}\n")
+
+
+def failing(broker, queue: str) -> None:
+    """Raises at once, every launch: a procedure failure the worker records for its queue."""
+    raise RuntimeError(f"a procedure of the tests failing on purpose on {queue}")

@@ -14,9 +14,10 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaException, Producer, TopicPartition
 
 from kbroker.core import names
+from kbroker.core.envelope import H_CONVERSATION_ID, H_GROUP_ID, H_MESSAGE_ID, H_MESSAGE_TYPE, H_TO_SIDE
 from kbroker.embedded.broker import EmbeddedBroker
 from kbroker.kafka import clients
 from kbroker.kafka.analytics_store import dialog_rows
@@ -84,6 +85,7 @@ def test_known_stale_and_fresh_messages_give_exactly_those_aggregates(analytics_
     bootstrap, ns, w, b = analytics_ns
     job = start_analytics(ns, window=5.0)  # short windows: they close, and reach the history, within the test
     wait_for(lambda: job.batches >= 1, 60, "the job's first batch")
+    stale_sent = time.time()
     send(b, STALE, dialogs=5, each=6)  # 30 messages nobody receives: stale after 3 s (the queue's)
     send(b, FRESH, dialogs=4, each=5)  # 20 messages, all received
     with pytest.raises(RuntimeError):  # a rolled-back SEND is never counted (read_committed)
@@ -118,6 +120,9 @@ def test_known_stale_and_fresh_messages_give_exactly_those_aggregates(analytics_
                           "--json"], capture_output=True, text=True, timeout=60, check=True).stdout
     listed = orjson.loads(out)
     assert sorted((r["queue"], r["backlog"]) for r in listed) == [("StaleQueue", 6)] * 5
+    # Their ages are the ages now (over 10 s: the wait above), not at classification (about 3 s).
+    now_age = time.time() - stale_sent
+    assert all(10 <= r["oldest_age_s"] <= now_age + 1 for r in listed), (now_age, listed)
     # The reclaim keeps what the job has not read: its group's offsets reach the queues' ends.
     read = committed_offsets(bootstrap, names.analytics_group(ns),
                              [TopicPartition(names.queue_topic(ns, "FreshQueue"), p) for p in (0, 1)], 10, stable=False)
@@ -135,6 +140,20 @@ def test_known_stale_and_fresh_messages_give_exactly_those_aggregates(analytics_
     rows = wait_for(fresh_history, 60, "the fresh queue's closed windows in the Parquet history")
     assert sum(r.arrivals for r in rows) == 20
     assert len({r.window_start for r in rows}) == len(rows)  # a window once
+    # Several producers SENDing to one partition append records whose timestamps go backwards: six
+    # records on ClientQueue's partition 0 (nothing else writes there), each stamped 100 ms before
+    # the one before it, are six arrivals and six unreceived, not the one the timestamp order leaves.
+    topic, conv, stamp = names.queue_topic(ns, "ClientQueue"), str(uuid.uuid4()), int(time.time() * 1000)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(6):
+        producer.produce(topic, b"", partition=0, timestamp=stamp - 100 * i, headers=[
+            (H_MESSAGE_ID, str(uuid.uuid4())), (H_CONVERSATION_ID, conv), (H_GROUP_ID, conv),
+            (H_TO_SIDE, "INITIATOR"), (H_MESSAGE_TYPE, WORK)])
+    assert producer.flush(10) == 0
+    wait_for(lambda: committed_offsets(bootstrap, names.analytics_group(ns), [TopicPartition(topic, 0)], 10,
+                                       stable=False)[0].offset >= 6, 30, "the job's read of the six records")
+    client = totals(bootstrap, ns, "ClientQueue")  # written in the transaction that moved the read position
+    assert (client["arrivals"], client["backlog"]) == (6, 6), client
 
 
 def test_a_dialog_that_stops_being_received_is_reclassified_stale_and_the_worker_hears_of_it(

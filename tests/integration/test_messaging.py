@@ -366,6 +366,9 @@ def test_end_with_cleanup_discards_the_conversations_queued_messages(kafka_boots
     assert broker.receive("ExpenseQueue", wait=3) == []
     with Broker(kafka_bootstrap, namespace) as other:  # what the topic says, not this process's cache
         assert other.endpoints.get(target).state == "CD"
+    # Discarded as asked, not set aside as a closed dialog's messages are (nothing dead-lettered).
+    from kbroker.kafka.reader import read_to_end
+    assert (read_to_end(kafka_bootstrap, names.deadletter_topic(namespace), 15) or []) == []
 
 
 def test_a_queue_disabled_elsewhere_stops_a_waiting_receive_within_a_second(kafka_bootstrap, namespace, broker):

@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -308,6 +309,38 @@ def test_a_procedure_outside_the_allowed_modules_is_never_run(worker_ns, client)
     assert w.log.read_text().count("activation of queue ForeignQueue refused: procedure builtins:print") == 1
     row = monitor(bootstrap, ns, "ForeignQueue")
     assert row is None or row["readers"] == 0
+
+
+def test_monitor_rows_count_a_paused_queue_and_list_only_their_own_queues_procedure_failures(worker_ns, client):
+    """PausedQueue's activation is OFF: its row (the queue has an activation clause) shows the
+    messages waiting in it, measured as often as an activated queue's, in `kbroker monitors` and
+    the dashboard. FailingQueue's procedure raises: a degraded reason on FailingQueue's row, and
+    on no other (the worker-wide reasons, a failing tick say, stay on every row)."""
+    bootstrap, ns, w, _ = worker_ns
+    send_jobs(client, "//kbroker/test/Paused", conversations=4, per_conversation=5)
+    send_jobs(client, "//kbroker/test/Failing", conversations=1, per_conversation=1)
+    try:
+        row = wait_for(lambda: (r := monitor(bootstrap, ns, "PausedQueue")) and r["backlog"] == 20 and r, 20,
+                       "the paused queue's 20 waiting messages in its monitor row")
+        assert (row["activation"], row["state"], row["ready_groups"], row["readers"]) == ("OFF", "INACTIVE", 4, 0)
+        assert row["age"] < 5, row
+        dashboard = httpx.get(w.url + "/dashboard/snapshot", timeout=30).json()["queues"]["PausedQueue"]
+        assert (dashboard["backlog"], dashboard["ready_groups"], dashboard["activation"]) == (20, 4, "OFF")
+        failing = wait_for(lambda: (r := monitor(bootstrap, ns, "FailingQueue")) and r["degraded"] and r, 30,
+                           "the failing procedure on its queue's row")
+        assert [r["component"] for r in failing["degraded_reasons"]] == \
+            ["procedure tests.helpers.procedures:failing on queue FailingQueue"], failing
+        since = failing["degraded_reasons"][0]["since"]
+        written_after = lambda r: datetime.fromisoformat(r["updated"]).timestamp() > since + 1  # noqa: E731
+        others = wait_for(lambda: (rs := [r for r in monitor_rows(bootstrap, ns) if r["queue"] != "FailingQueue"])
+                          and all(map(written_after, rs)) and rs, 30, "every other row written after the failure")
+        assert {r["queue"] for r in others} >= {"PausedQueue", "SlowQueue", "StubQueue"}
+        assert [(r["queue"], x["component"]) for r in others for x in r["degraded_reasons"]
+                if "FailingQueue" in x["component"]] == []
+    finally:
+        out = subprocess.run([KBROKER, "queue", "alter", "FailingQueue", "--activation", "off", "--bootstrap",
+                              bootstrap, "--namespace", ns, "--json"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
 
 
 # --- two workers: the tick and a kill -9 ---------------------------------------------------------

@@ -99,3 +99,16 @@ def test_health_backs_off_exponentially_and_clears_on_success():
     assert snap["reasons"][0]["failures"] == 2
     assert h.succeeded("catalog refresh") is not None and not h.degraded and not h.failing("catalog refresh")
     assert h.succeeded("catalog refresh") is None and h.snapshot() == {"degraded": False, "reasons": []}
+
+
+def test_a_queues_health_holds_the_process_wide_reasons_and_its_own_not_another_queues():
+    h = Health()
+    h.failed("procedure m:f on queue A", "RuntimeError: boom", False, 1.0, queue="A")
+    h.failed("counting queue B", "KafkaException: timed out", True, 1.0, queue="B")
+    assert [r["component"] for r in h.snapshot("A")["reasons"]] == ["procedure m:f on queue A"]
+    assert h.snapshot("A")["reasons"][0]["queue"] == "A"
+    assert h.snapshot("C") == {"degraded": False, "reasons": []}  # no reason of C's, none process-wide
+    h.failed("catalog refresh", "BrokerUnavailableError: down", True, 2.0)  # the whole process's
+    assert [r["component"] for r in h.snapshot("C")["reasons"]] == ["catalog refresh"]
+    assert [r["component"] for r in h.snapshot("B")["reasons"]] == ["catalog refresh", "counting queue B"]
+    assert len(h.snapshot()["reasons"]) == 3  # the process's view: every reason

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kbroker.core.groups import MOVE_MARKER
-from kbroker.core.queue_analytics import Analytics, Arrival, Output, Progress
+from kbroker.core.queue_analytics import Analytics, Arrival, Output, Progress, dialog_row_at
 
 ERROR = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
 MSG = "//app/Request"
@@ -143,6 +143,68 @@ def test_a_record_seen_twice_is_counted_once():
     assert (row["arrivals"], row["receives"], row["backlog"]) == (3, 1, 2)
 
 
+
+def test_records_whose_timestamps_go_backwards_are_all_counted():
+    # Several producers SEND to one partition: the broker appends in an order their timestamps do
+    # not follow, and the job feeds a batch in timestamp order (issue 22, case 3).
+    a = Analytics("ns")
+    for offset, ts in sorted(enumerate([T + 5_000, T + 4_000, T + 3_000, T + 6_000]), key=lambda r: r[1]):
+        a.arrival(arr(offset, ts))
+    a.progress(snap(T + 7_000, committed=1))  # offset 0 received
+    row = windows(a.report(0))[f"queue/Q/{T}"]
+    assert (row["arrivals"], row["receives"], row["backlog"]) == (4, 1, 3)
+    a.arrival(arr(2, T + 3_000))  # a later batch read an offset of the first again: seen already
+    a.arrival(arr(4, T + 1_000))  # the next batch's record, older than all of them: new
+    row = windows(a.report(1))[f"queue/Q/{T}"]
+    assert (row["arrivals"], row["backlog"]) == (5, 4)
+
+
+@st.composite
+def partition_logs(draw: st.DrawFn) -> tuple[list[list[Arrival]], int]:
+    """What Spark reads of a queue's partitions, batch by batch: each batch takes the next offsets of
+    every partition (offsets with gaps, as transaction markers leave), in any order and with any
+    timestamps, plus records of earlier batches read again; and the committed offset of partition 0
+    a snapshot shows at the end."""
+    logs = []
+    for partition in range(draw(st.integers(1, 3))):
+        gaps = draw(st.lists(st.integers(1, 3), max_size=30))
+        offsets = [sum(gaps[:i]) for i in range(len(gaps))]
+        logs.append([arr(o, T + draw(st.integers(0, 50_000)), partition=partition, conv=f"c{o % 3}") for o in offsets])
+    batches: list[list[Arrival]] = []
+    taken: list[Arrival] = []
+    while any(logs):
+        batch = []
+        for log in logs:
+            n = draw(st.integers(0, len(log)))
+            batch += log[:n]
+            del log[:n]
+        again = draw(st.lists(st.sampled_from(taken), max_size=3)) if taken else []
+        taken += batch
+        batches.append(draw(st.permutations(batch + again)))
+    committed = draw(st.integers(-1, 60))
+    return batches, committed
+
+
+@settings(max_examples=200, deadline=None)
+@given(partition_logs())
+def test_every_offset_is_counted_once_whatever_the_timestamps(run):
+    batches, committed = run
+    a = Analytics("ns")
+    rows: dict[str, dict[str, Any]] = {}
+    for i, batch in enumerate(batches):
+        for record in batch:
+            a.arrival(record)
+        if i == len(batches) - 1:
+            a.progress(snap(T + 60_000, committed=committed))
+        rows.update(windows(a.report(i)))
+        a = roundtrip(a)  # saved and restored between batches, as the job does
+    offsets = {(r.partition, r.offset) for batch in batches for r in batch}
+    unreceived = {(p, o) for p, o in offsets if p != 0 or o >= committed}
+    assert sum(r["arrivals"] for r in rows.values()) == len(offsets)
+    assert a.backlog("Q") == len(unreceived)
+    assert sum(r["receives"] for r in rows.values()) == len(offsets) - len(unreceived)
+
+
 # --- MOVE CONVERSATION -------------------------------------------------------------------------
 
 def test_a_move_marker_is_not_an_arrival():
@@ -266,6 +328,37 @@ def test_a_dialog_goes_through_its_classes_with_one_record_and_one_command_per_c
     record, command = only_change(a.report(6), "c1/TARGET")
     assert (record["class"], record["previous"], record["timer_pending"]) == ("idle", "timer_pending", False)
     assert (command["from"], command["to"], command["batch"]) == ("timer_pending", "idle", 6)
+
+
+
+def test_a_stale_dialogs_record_holds_its_oldest_unreceived_timestamp_and_follows_it():
+    a = Analytics("ns", stale_after_s=5.0)
+    for offset, ts in enumerate([T + 1_000, T + 2_000, T + 4_000]):
+        a.arrival(arr(offset, ts))
+    a.progress(snap(T + 6_000))
+    record, _ = only_change(a.report(0), "c1/TARGET")
+    assert (record["class"], record["oldest_unreceived"], record["oldest_age_s"]) == ("stale", T + 1_000, 5.0)
+    a.progress(snap(T + 7_000))  # older, nothing else: nothing written (a view ages it from the timestamp)
+    out = a.report(1)
+    assert dialogs(out) == {} and out.commands == []
+    a.progress(snap(T + 8_000, committed=1))  # the oldest received; the next one, 6 s old, is stale too
+    out = a.report(2)
+    record = dialogs(out)["dialog/c1/TARGET"]  # rewritten, with no command: the class is the same
+    assert out.commands == []
+    assert (record["class"], record["previous"], record["backlog"], record["oldest_unreceived"]) == \
+        ("stale", None, 2, T + 2_000)
+    b = roundtrip(a, stale_after_s=5.0)  # what the record last said survives a restart: nothing written again
+    b.progress(snap(T + 9_000, committed=1))
+    assert dialogs(b.report(3)) == {}
+
+
+def test_a_dialog_view_gives_the_age_now_from_the_stored_timestamp():
+    row = {"class": "stale", "oldest_unreceived": T + 1_000, "oldest_age_s": 5.0, "as_of": T + 6_000}
+    assert dialog_row_at(row, T + 204_000)["oldest_age_s"] == 203.0  # not the 5.0 of classification time
+    assert row["oldest_age_s"] == 5.0  # the record itself is left as read
+    earlier = {"class": "stale", "oldest_age_s": 9.4, "as_of": T + 10_000}  # written before the field was
+    assert dialog_row_at(earlier, T + 203_600)["oldest_age_s"] == 203.0
+    assert dialog_row_at({"oldest_unreceived": None, "oldest_age_s": None, "as_of": T}, T + 5)["oldest_age_s"] is None
 
 
 def test_a_dead_lettered_message_makes_its_dialog_erroring():

@@ -348,7 +348,8 @@ def test_a_message_sent_after_its_side_ended_is_refused_with_an_error_back(world
     assert world.statements.late_records(msg, target) is None  # still conversing: delivered
     assert world.statements.late_records(received(initiator, END_DIALOG), target.after_peer_end()) is None
     records, after, reason = world.statements.late_records(msg, target.after_peer_end())
-    dead, error = records
+    dead, event, error = records
+    assert event[0] == names.events_topic(NS) and orjson.loads(event[2])["reason"] == reason
     assert dead[0] == names.deadletter_topic(NS) and "after the initiator side ended" in reason
     assert error[0] == names.queue_topic(NS, "EmployeeQueue")
     assert headers(error)["kb.message_type_name"] == ERROR_TYPE and b"-9601" in error[2]

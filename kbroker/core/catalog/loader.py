@@ -24,6 +24,7 @@ import yaml
 from pydantic import ValidationError
 
 from kbroker.config import NAMESPACE_RE
+from kbroker.core import names
 from kbroker.core.catalog.models import (
     BUILTIN_CONTRACTS,
     BUILTIN_MESSAGE_TYPES,
@@ -178,6 +179,7 @@ def load_definitions(paths: Iterable[str | Path], namespace: str) -> Catalog:
                 objects[key][parsed.name] = parsed
                 origins[obj] = str(file)
     _check_references(objects, origins)
+    check_queue_names(objects["queues"], origins)
     return Catalog(
         namespace=namespace,
         message_types=objects["message_types"],
@@ -217,6 +219,22 @@ def _check_references(objects: dict[str, dict[str, Any]], origins: dict[str, str
         # another namespace (Service Broker checks neither).
         if r.address == "LOCAL" and r.service_name is not None and r.service_name not in objects["services"]:
             raise missing(f"route {r.name}", "service", r.service_name)
+
+
+def check_queue_names(queues: Iterable[str], origins: dict[str, str], applied: Iterable[str] = ()) -> None:
+    """DefinitionError when a queue of `queues` collides (names.queue_names_collide) with another
+    of them or with a queue `applied` earlier: their topics would be one, or refused by Kafka.
+    Collisions among applied queues alone (from before this check) are not this apply's to report."""
+    new = list(queues)
+    earlier = [q for q in applied if q not in new]
+    for q in new:
+        for other in earlier:
+            reason = names.queue_names_collide(q, other)
+            if reason is not None:
+                when = " (applied earlier)" if other not in new else ""
+                raise DefinitionError(origins.get(f"queue {q}"), f"queue {q}",
+                                      f"collides with queue {other!r}{when}: {reason}")
+        earlier.append(q)
 
 
 def load_system_topics(path: str | Path = SYSTEM_YAML) -> dict[str, SystemTopic]:
