@@ -164,7 +164,7 @@ def test_request_reply_across_clusters_loses_nothing_through_kills_and_an_outage
         rows = wait_for(lambda: [r for r in kbroker_json("transmission", kafka_bootstrap, a) if r["transmission_status"]]
                         or None, 60, "statuses while B's broker is down")
         assert any(b in r["transmission_status"] for r in rows), rows
-        time.sleep(max(0.0, stopped + LEASE_SECONDS + 15 - time.time()))
+        time.sleep(max(0.0, stopped + LEASE_SECONDS + 5 - time.time()))  # longer than a lease
         remote.start(port=port, controller_port=cport)
         replies_at_least(ROUNDS * DIALOGS, 300, "after B's broker came back")
         time.sleep(3)  # anything more (a duplicate) would land now
