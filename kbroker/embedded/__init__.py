@@ -8,12 +8,21 @@ import os
 from pathlib import Path
 
 from kbroker import config
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.embedded.cluster import embedded_at
 from kbroker.errors import BrokerUnavailableError
 
 
+def resolve_cluster(explicit: ClusterLike | None = None, data_dir: Path | None = None) -> Cluster:
+    """The broker rule, as a Cluster. Raises BrokerUnavailableError when nothing is configured
+    or running."""
+    if explicit:
+        return Cluster.of(explicit)
+    return Cluster(resolve_bootstrap(None, data_dir))
+
+
 def resolve_bootstrap(explicit: str | None = None, data_dir: Path | None = None) -> str:
-    """The broker rule. Raises BrokerUnavailableError when nothing is configured or running."""
+    """The broker rule's address. Raises BrokerUnavailableError when nothing is configured or running."""
     if explicit:
         return explicit
     env = os.environ.get("KBROKER_BOOTSTRAP")
