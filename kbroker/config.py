@@ -1,7 +1,7 @@
 """Where things are: the one rule for choosing a broker, the namespace, per-user directories.
 
 The broker rule itself (explicit address, KBROKER_BOOTSTRAP, the embedded broker) is
-kbroker.embedded.resolve_bootstrap: it needs to know where the embedded broker runs.
+kbroker.embedded.resolve_cluster: it needs to know where the embedded broker runs.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from kbroker.activator.config import ActivatorConfig, Application
 from kbroker.activator.notification import parse
 from kbroker.activator.rules import NOTIFIED, Limits, Rules
 from kbroker.core import names
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.errors import KBrokerError
 from kbroker.kafka.events import EventsReader
 
@@ -50,10 +51,10 @@ class Child:
 
 
 class Activator:
-    def __init__(self, cfg: ActivatorConfig, bootstrap: str, namespace: str, *,
+    def __init__(self, cfg: ActivatorConfig, cluster: ClusterLike, namespace: str, *,
                  log: Callable[[dict], None] = _default_log, poll_interval: float = 0.2,
                  clock: Callable[[], float] = time.time, child_stdout: int | None = 2):
-        self.cfg, self.bootstrap, self.namespace = cfg, bootstrap, namespace
+        self.cfg, self.cluster, self.namespace = cfg, Cluster.of(cluster), namespace
         self.apps = cfg.enabled()
         self.rules = Rules({q: Limits(a.min_concurrency, a.max_concurrency) for q, a in self.apps.items()},
                            namespace=namespace, stale_after=cfg.stale_after, restart_delay=cfg.restart_delay)
@@ -77,7 +78,7 @@ class Activator:
 
     def run(self) -> None:
         """Blocks until stop(). Whatever happens, children are terminated before it returns."""
-        events = EventsReader(self.bootstrap, self.namespace, self.group, on_ready=self.ready.set,
+        events = EventsReader(self.cluster, self.namespace, self.group, on_ready=self.ready.set,
                               on_error=lambda text: self._emit("kafka_error", error=text))
         try:
             self._emit("activator_started", group=self.group, topic=self.topic,
@@ -111,7 +112,7 @@ class Activator:
         from kbroker.kafka.catalog_store import read_catalog
 
         try:
-            queues = read_catalog(self.bootstrap, self.namespace).queues
+            queues = read_catalog(self.cluster, self.namespace).queues
         except Exception as exc:
             self._emit("warning", message=f"cannot read the catalog: {exc}")
             return
@@ -147,8 +148,10 @@ class Activator:
     # --- children ----------------------------------------------------------------------------
 
     def _start(self, app: Application, reason: str) -> None:
+        # A child reaches the cluster by its address only (KBROKER_BOOTSTRAP): the cluster's
+        # client settings do not pass to it yet (next issue: secured clusters).
         env = {**os.environ, **app.env,
-               "KBROKER_BOOTSTRAP": self.bootstrap, "KBROKER_NAMESPACE": self.namespace,
+               "KBROKER_BOOTSTRAP": self.cluster.bootstrap, "KBROKER_NAMESPACE": self.namespace,
                "KBROKER_QUEUE": app.queue}
         try:
             # A session of its own: Ctrl-C on the terminal reaches only the activator, which then

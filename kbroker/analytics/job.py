@@ -19,11 +19,13 @@ import orjson
 from kbroker.analytics.session import spark_session
 from kbroker.analytics.state_files import StateFiles
 from kbroker.core import names
+from kbroker.core.cluster import Cluster
 from kbroker.core.envelope import H_CONVERSATION_ID, H_GROUP_ID, H_MESSAGE_ID, H_MESSAGE_TYPE, H_REKEYED_FROM, H_TO_SIDE
 from kbroker.core.queue_analytics import Analytics, Arrival, Progress
 from kbroker.core.log_limit import LogLimiter, RateLimitFilter
 from kbroker.kafka.analytics_io import ResultsWriter
 from kbroker.kafka.catalog_store import read_catalog
+from kbroker.kafka.clients import spark_options
 
 log = logging.getLogger("kbroker.analytics")
 CATALOG_EVERY = 10.0  # seconds between reads of the queues' stale_after
@@ -35,7 +37,7 @@ class JobStopping(RuntimeError):
 
 @dataclass
 class JobSettings:
-    bootstrap: str
+    cluster: Cluster  # a bootstrap string is taken as a cluster with no further settings
     namespace: str
     master: str = "local[*]"
     checkpoint: Path = Path("analytics-checkpoint")
@@ -46,6 +48,9 @@ class JobSettings:
     top: int = 5
     max_per_batch: int = 20000
     spark_conf: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.cluster = Cluster.of(self.cluster)
 
 
 def _header(name: str) -> str:
@@ -90,7 +95,7 @@ class AnalyticsJob:
         ns = re.escape(names.prefix(self.s.namespace))
         pattern = f"{ns}(queue\\..+|progress|timers|deadletter)"
         reader = (self.spark.readStream.format("kafka")
-                  .option("kafka.bootstrap.servers", self.s.bootstrap)
+                  .options(**spark_options(self.s.cluster))
                   .option("subscribePattern", pattern)
                   .option("startingOffsets", "earliest")
                   .option("includeHeaders", "true")
@@ -134,7 +139,7 @@ class AnalyticsJob:
             apply_rows(state, self.s.namespace, rows)
             out = state.report(batch_id)
             if self.writer is None:
-                self.writer = ResultsWriter(self.s.bootstrap, self.s.namespace)
+                self.writer = ResultsWriter(self.s.cluster, self.s.namespace)
             self.writer.write(out.analytics, out.commands, read_positions(rows, self.s.namespace, self._read_before()))
             if out.closed:
                 self._history(out.closed)
@@ -172,7 +177,7 @@ class AnalyticsJob:
     def _queue_thresholds(self) -> dict[str, float]:
         if time.monotonic() - self._stale_read >= CATALOG_EVERY:
             try:
-                catalog = read_catalog(self.s.bootstrap, self.s.namespace, 10.0)
+                catalog = read_catalog(self.s.cluster, self.s.namespace, 10.0)
                 self._stale_after = {q.name: q.stale_after for q in catalog.queues.values()
                                      if q.stale_after is not None}
                 self._stale_read = time.monotonic()

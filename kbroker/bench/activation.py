@@ -30,6 +30,7 @@ import orjson
 
 from kbroker.bench import procedures
 from kbroker.bench.harness import BenchContext, free_port
+from kbroker.core.cluster import ClusterLike
 from kbroker.errors import BrokerUnavailableError
 
 # --- the worker -------------------------------------------------------------------------------
@@ -48,8 +49,8 @@ class WorkerProcess:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         if activation_log is not None:
             env[procedures.LOG_ENV] = str(activation_log)
-        self.cmd = [sys.executable, "-m", "kbroker", "worker", "--bootstrap", ctx.bootstrap, "--namespace",
-                    namespace, "--web-port", str(self.port), "--ramp-up", str(ramp_up), "--handlers",
+        self.cmd = [sys.executable, "-m", "kbroker", "worker", "--bootstrap", ctx.cluster.bootstrap,
+                    "--namespace", namespace, "--web-port", str(self.port), "--ramp-up", str(ramp_up), "--handlers",
                     str(handlers), "--loglevel", "warning", *extra]
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(self.cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -98,12 +99,12 @@ class WorkerProcess:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def monitor_row(bootstrap: str, namespace: str, queue: str) -> dict | None:
+def monitor_row(cluster: ClusterLike, namespace: str, queue: str) -> dict | None:
     """The worker's monitor row of `queue` (its view), None when there is none yet."""
     from kbroker.worker.views import monitor_rows
 
     try:
-        return next((r for r in monitor_rows(bootstrap, namespace, timeout=5) if r["queue"] == queue), None)
+        return next((r for r in monitor_rows(cluster, namespace, timeout=5) if r["queue"] == queue), None)
     except BrokerUnavailableError:  # a changelog partition without a leader yet: ask again
         return None
 
@@ -115,7 +116,7 @@ def wait_monitor(worker: WorkerProcess, queue: str, pred: Callable[[dict], bool]
     row = None
     while time.monotonic() < deadline:
         worker.check()
-        row = monitor_row(worker.ctx.bootstrap, worker.namespace, queue)
+        row = monitor_row(worker.ctx.cluster, worker.namespace, queue)
         if row is not None and pred(row):
             return row
         time.sleep(0.1)

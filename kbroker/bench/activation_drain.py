@@ -52,19 +52,19 @@ def setup_drain(ctx: BenchContext) -> DrainState:
     p = ctx.params
     kb_ns, bl_ns = ctx.fresh_namespace("actdrain-k"), ctx.fresh_namespace("actdrain-b")
     # ON on the empty queue so the worker watches it from the start, then OFF until each measurement.
-    alter_queue_activation(ctx.bootstrap, kb_ns, QUEUE, status="ON", procedure=DRAIN_PROCEDURE,
+    alter_queue_activation(ctx.cluster, kb_ns, QUEUE, status="ON", procedure=DRAIN_PROCEDURE,
                            max_queue_readers=p.max_readers)
     ctx.say(f"starting a worker on {kb_ns} (ramp-up {p.ramp_up:g} s)")
     worker = WorkerProcess(ctx, kb_ns, ramp_up=p.ramp_up, handlers=handlers_for(p.max_readers))
     try:
         worker.wait_ready(QUEUE)
-        alter_queue_activation(ctx.bootstrap, kb_ns, QUEUE, status="OFF")
+        alter_queue_activation(ctx.cluster, kb_ns, QUEUE, status="OFF")
         wait_monitor(worker, QUEUE, lambda r: r["activation"] == "OFF", 60, "ACTIVATION OFF")
     except BaseException:
         worker.stop()
         raise
     c = max(1, min(p.conversations, p.drain_messages))
-    return DrainState(kb_ns, bl_ns, worker, Broker(ctx.bootstrap, bl_ns), new_conversations(c))
+    return DrainState(kb_ns, bl_ns, worker, Broker(ctx.cluster, bl_ns), new_conversations(c))
 
 
 class CommitWatch:
@@ -72,7 +72,7 @@ class CommitWatch:
 
     def __init__(self, ctx: BenchContext, namespace: str):
         self.topic = names.queue_topic(namespace, QUEUE)
-        self.consumer = clients.consumer(ctx.bootstrap, names.queue_group(namespace, QUEUE))
+        self.consumer = clients.consumer(ctx.cluster, names.queue_group(namespace, QUEUE))
         partitions = topic_partitions(self.consumer, self.topic, 30)
         if partitions is None:
             raise RuntimeError(f"topic {self.topic} does not exist")
@@ -113,7 +113,7 @@ def measure_drain(ctx: BenchContext, state: DrainState, side: str) -> dict:
                                                          else f"{k} readers"), m) as advance:
             t0 = time.perf_counter()
             if side == "kbroker":
-                alter_queue_activation(ctx.bootstrap, ns, QUEUE, status="ON")
+                alter_queue_activation(ctx.cluster, ns, QUEUE, status="ON")
                 alter_s = time.perf_counter() - t0
             else:
                 def work() -> None:
@@ -150,7 +150,7 @@ def measure_drain(ctx: BenchContext, state: DrainState, side: str) -> dict:
             detail["alter_s"] = alter_s
             detail["readers_at_s"] = {str(n): round(t, 2) for n, t in sorted(reached.items())}
             wait_monitor(state.worker, QUEUE, idle, 60, "idle monitor after the drain")
-            alter_queue_activation(ctx.bootstrap, ns, QUEUE, status="OFF")
+            alter_queue_activation(ctx.cluster, ns, QUEUE, status="OFF")
             wait_monitor(state.worker, QUEUE, lambda r: r["activation"] == "OFF", 60, "ACTIVATION OFF")
         else:
             if not join_all(threads, 30):

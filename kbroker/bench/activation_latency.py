@@ -25,6 +25,7 @@ from kbroker.bench.common import (
 )
 from kbroker.bench.harness import BenchContext, Row, Scenario, scenario
 from kbroker.core import names
+from kbroker.core.cluster import ClusterLike
 from kbroker.kafka import clients
 from kbroker.kafka.baseline import (
     Delivery,
@@ -55,8 +56,8 @@ class StandingConsumer:
     """The baseline: a plain consumer, subscribed and polling before any message is sent. Notes
     when each record came back (epoch ms) with its timestamp."""
 
-    def __init__(self, bootstrap: str, topic: str):
-        self.consumer = clients.consumer(bootstrap, f"baseline.{topic}", **{
+    def __init__(self, cluster: ClusterLike, topic: str):
+        self.consumer = clients.consumer(cluster, f"baseline.{topic}", **{
             "auto.offset.reset": "latest", "enable.auto.commit": True})
         self.consumer.subscribe([topic], on_assign=lambda c, ps: self.assigned.set())
         self.assigned = threading.Event()
@@ -114,7 +115,7 @@ def send_one(producer: Any, topic: str) -> str:
 
 def setup_latency(ctx: BenchContext) -> LatencyState:
     kb_ns, bl_ns = ctx.fresh_namespace("actlat-k"), ctx.fresh_namespace("actlat-b")
-    alter_queue_activation(ctx.bootstrap, kb_ns, QUEUE, status="ON", procedure=LATENCY_PROCEDURE,
+    alter_queue_activation(ctx.cluster, kb_ns, QUEUE, status="ON", procedure=LATENCY_PROCEDURE,
                            max_queue_readers=1)
     log = Path(tempfile.mkdtemp(prefix="kbroker-bench-activation-")) / "receives.jsonl"
     log.touch()
@@ -123,10 +124,10 @@ def setup_latency(ctx: BenchContext) -> LatencyState:
     consumer = None
     try:
         worker.wait_ready(QUEUE)
-        consumer = StandingConsumer(ctx.bootstrap, names.queue_topic(bl_ns, QUEUE))
+        consumer = StandingConsumer(ctx.cluster, names.queue_topic(bl_ns, QUEUE))
         if not consumer.assigned.wait(60):
             raise RuntimeError("the baseline consumer got no partitions within 60 s")
-        state = LatencyState(kb_ns, bl_ns, worker, log, sdk_like_producer(ctx.bootstrap), consumer)
+        state = LatencyState(kb_ns, bl_ns, worker, log, sdk_like_producer(ctx.cluster), consumer)
         # Warm-up, not measured: one activation, one record through the standing consumer.
         ctx.say("warming up: one activation, one baseline record")
         kbroker_latency(ctx, state)

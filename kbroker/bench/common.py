@@ -103,7 +103,7 @@ def write_backlog(ctx: BenchContext, topic: str, total: int, label: str,
     """Write `total` records, record(0) to record(total - 1), to `topic` with a fast producer (not
     timed). Returns the bytes written, taking every record to be the size of the first (key +
     value + headers)."""
-    producer, delivery = fast_producer(ctx.bootstrap), Delivery()
+    producer, delivery = fast_producer(ctx.cluster), Delivery()
     written = 0
     with ctx.reporter.bar(label, total) as advance:
         for i in range(total):

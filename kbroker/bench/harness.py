@@ -48,6 +48,7 @@ from kbroker.bench.results import (
     update_docs,
     write_results,
 )
+from kbroker.core.cluster import Cluster, ClusterLike
 
 # What the CLI, the tests and the scenario modules use from here.
 __all__ = [
@@ -67,7 +68,7 @@ class BenchContext:
     """What a scenario runs with: the broker, the parameters, progress, and the namespaces it
     made (deleted after each scenario on an external broker)."""
 
-    bootstrap: str
+    cluster: Cluster
     params: Params
     reporter: Reporter
     samples: Path
@@ -83,7 +84,7 @@ class BenchContext:
         from kbroker.kafka.apply import apply_paths
 
         ns = f"bench-{tag}-{uuid.uuid4().hex[:8]}"[:40]
-        apply_paths(self.bootstrap, ns, [self.samples])
+        apply_paths(self.cluster, ns, [self.samples])
         self.namespaces.append(ns)
         return ns
 
@@ -95,7 +96,7 @@ class BenchContext:
         from kbroker.kafka.topics import delete_topics_with_prefixes
 
         try:  # best effort: leftovers are named bench-*
-            delete_topics_with_prefixes(self.bootstrap, [f"kbroker.{ns}." for ns in self.namespaces], 30)
+            delete_topics_with_prefixes(self.cluster, [f"kbroker.{ns}." for ns in self.namespaces], 30)
         except Exception as exc:
             self.say(f"[yellow]could not delete the benchmark's topics: {exc}[/yellow]")
         self.namespaces.clear()
@@ -157,13 +158,13 @@ def free_port() -> int:
 
 
 @contextmanager
-def bench_broker(bootstrap: str | None, reporter: Reporter,
-                 label: str = "embedded broker") -> Iterator[tuple[str, str, bool]]:
-    """(bootstrap, Kafka version, embedded?): the given broker, else an embedded one on free
+def bench_broker(cluster: ClusterLike | None, reporter: Reporter,
+                 label: str = "embedded broker") -> Iterator[tuple[Cluster, str, bool]]:
+    """(cluster, Kafka version, embedded?): the given cluster, else an embedded broker on free
     ports in a temporary data dir, stopped and removed when the context ends. `label` names it
     in progress (the routing scenario's second cluster is one too)."""
-    if bootstrap:
-        yield bootstrap, "unknown (external broker)", False
+    if cluster:
+        yield Cluster.of(cluster), "unknown (external broker)", False
         return
     from kbroker.embedded.broker import KAFKA_VERSION, EmbeddedBroker
 
@@ -172,7 +173,7 @@ def bench_broker(bootstrap: str | None, reporter: Reporter,
     try:
         status = broker.start(port=free_port(), controller_port=free_port())
         assert status.bootstrap is not None  # a started broker has an address
-        yield status.bootstrap, f"Apache Kafka {KAFKA_VERSION} (embedded, one KRaft node)", True
+        yield Cluster(status.bootstrap), f"Apache Kafka {KAFKA_VERSION} (embedded, one KRaft node)", True
     finally:
         reporter.say(f"stopping the {label}")
         try:
@@ -184,13 +185,13 @@ def bench_broker(bootstrap: str | None, reporter: Reporter,
 # --- the run ------------------------------------------------------------------------------------
 
 
-def run_bench(names: list[str], params: Params, *, bootstrap: str | None, reporter: Reporter,
+def run_bench(names: list[str], params: Params, *, cluster: ClusterLike | None, reporter: Reporter,
               command: str = "kbroker bench") -> dict:
     """Run the named scenarios; returns the results document (what latest.json holds)."""
     selected = resolve_names(names)
     started = datetime.now(timezone.utc)
-    with bench_broker(bootstrap, reporter) as (address, kafka_version, embedded):
-        ctx = BenchContext(address, params, reporter, samples_dir(), kafka_version, embedded)
+    with bench_broker(cluster, reporter) as (run_cluster, kafka_version, embedded):
+        ctx = BenchContext(run_cluster, params, reporter, samples_dir(), kafka_version, embedded)
         machine = describe_machine(kafka_version)
         results: list[dict] = []
         try:

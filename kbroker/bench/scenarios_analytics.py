@@ -38,7 +38,7 @@ def start_job(ctx: BenchContext, spark: Any, ns: str, **settings: Any) -> Any:
     from kbroker.analytics.job import AnalyticsJob, JobSettings
 
     home = Path(tempfile.mkdtemp(prefix="kbroker-bench-analytics-"))
-    s = JobSettings(bootstrap=ctx.bootstrap, namespace=ns, checkpoint=home / "checkpoint", history=home / "history",
+    s = JobSettings(cluster=ctx.cluster, namespace=ns, checkpoint=home / "checkpoint", history=home / "history",
                     **{"trigger": TRIGGER, "stale_after": STALE_AFTER, **settings})
     return AnalyticsJob(s, spark).start()
 
@@ -91,8 +91,8 @@ def stale_delay(ctx: BenchContext, spark: Any) -> dict[str, Any]:
 
     ns = ctx.fresh_namespace("stale")
     worker = WorkerProcess(ctx, ns, ramp_up=5.0, handlers=1)
-    follower = AnalyticsFollower(ctx.bootstrap, ns)
-    broker = Broker(ctx.bootstrap, ns)
+    follower = AnalyticsFollower(ctx.cluster, ns)
+    broker = Broker(ctx.cluster, ns)
     job = None
     try:
         wait_http(worker, 120)

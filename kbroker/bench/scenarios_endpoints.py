@@ -36,10 +36,10 @@ AGO_S = 3600  # the ended dialogs' records were written an hour ago: past the 30
 
 CHILD = r"""
 import json, resource, sys, time
-mode, bootstrap, namespace, live, CLAIM = sys.argv[1:6]
+mode, cluster, namespace, live, CLAIM = sys.argv[1:6]
 import kbroker
 t0 = time.monotonic()
-broker = kbroker.connect(bootstrap, namespace)
+broker = kbroker.connect(cluster, namespace)
 kept = 0
 if mode == "kbroker":
     kept = len(broker.endpoints.all())
@@ -77,7 +77,7 @@ def setup_ended(ctx: BenchContext) -> Ended:
     n = ctx.params.ended_dialogs
     ns = ctx.fresh_namespace("ended")
     topic = names.endpoints_topic(ns)
-    producer, delivery = fast_producer(ctx.bootstrap), Delivery()
+    producer, delivery = fast_producer(ctx.cluster), Delivery()
     at = time.time() - AGO_S
     stamp = int(at * 1000)
     with ctx.reporter.bar(f"endpoints of {n:,} ended dialogs", n) as advance:
@@ -92,7 +92,7 @@ def setup_ended(ctx: BenchContext) -> Ended:
         delivery.check(producer.flush(600))
     import kbroker
 
-    with kbroker.connect(ctx.bootstrap, ns) as b:
+    with kbroker.connect(ctx.cluster, ns) as b:
         live = b.begin_dialog(EMP, EXP, CONTRACT)
         b.send(live, CLAIM, {"amount": 0})
         assert b.endpoints.get(live).state == CONVERSING
@@ -104,7 +104,7 @@ def run_ended(ctx: BenchContext, ended: Ended, rep: int) -> dict[str, dict]:
     from kbroker.worker.views import worker_conversations
 
     rss = side_by_side(rep, lambda side: run_rss_child(
-        CHILD, [ctx.bootstrap, ended.namespace, ended.live, CLAIM], side, timeout=900))
+        CHILD, [ctx.cluster.bootstrap, ended.namespace, ended.live, CLAIM], side, timeout=900))
     rss["ended_dialogs"] = ended.dialogs
 
     def read_view(side: str) -> dict[str, Any]:
@@ -115,7 +115,7 @@ def run_ended(ctx: BenchContext, ended: Ended, rep: int) -> dict[str, dict]:
                 raise RuntimeError(f"the worker did not answer for its view: {worker.tail()}")
             detail: dict[str, Any] = {"rows": len(rows), "served_by": "worker"}
         else:
-            detail = {"records": read_topic_to_end(ctx.bootstrap, names.endpoints_topic(ended.namespace))}
+            detail = {"records": read_topic_to_end(ctx.cluster, names.endpoints_topic(ended.namespace))}
         return {"value": time.perf_counter() - t0, "detail": detail}
 
     worker = ended.worker
@@ -135,7 +135,7 @@ def run_ended(ctx: BenchContext, ended: Ended, rep: int) -> dict[str, dict]:
         time.sleep(1.0)
     view = side_by_side(rep, read_view)
     t0 = time.perf_counter()
-    without = len(conversation_view(ctx.bootstrap, ended.namespace))
+    without = len(conversation_view(ctx.cluster, ended.namespace))
     view["kbroker_detail"]["without_worker_s"] = round(time.perf_counter() - t0, 2)
     view["kbroker_detail"]["without_worker_rows"] = without
     view["ended_dialogs"] = ended.dialogs

@@ -62,7 +62,7 @@ def measure_io_bound(ctx: BenchContext, side: str) -> dict:
             state.last = time.perf_counter()
 
     if side == "kbroker":
-        broker = Broker(ctx.bootstrap, ns)
+        broker = Broker(ctx.cluster, ns)
         errors: list[BaseException] = []
 
         def work() -> None:
@@ -97,7 +97,7 @@ def measure_io_bound(ctx: BenchContext, side: str) -> dict:
             else:
                 ctx.say("[yellow]kbroker: reader threads did not stop; the connection is left open[/yellow]")
     else:
-        consumer = clients.consumer(ctx.bootstrap, f"baseline.{names.queue_topic(ns, QUEUE)}",
+        consumer = clients.consumer(ctx.cluster, f"baseline.{names.queue_topic(ns, QUEUE)}",
                                     **{"auto.offset.reset": "earliest"})
         try:
             consumer.subscribe([names.queue_topic(ns, QUEUE)])

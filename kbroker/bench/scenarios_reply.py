@@ -32,6 +32,7 @@ from kbroker.bench.harness import (
     scenario,
 )
 from kbroker.core import names
+from kbroker.core.cluster import ClusterLike
 from kbroker.kafka import clients
 from kbroker.kafka.baseline import Delivery, sdk_like_producer, transform_batches
 from kbroker.sdk.broker import Broker
@@ -84,11 +85,11 @@ class Requester:
     sent as soon as the previous one's reply committed (closed loop). Requests are written in
     kbroker's wire format by a plain producer, identically for both sides."""
 
-    def __init__(self, bootstrap: str, topic: str, conversations: list[str], total: int, body: bytes):
+    def __init__(self, cluster: ClusterLike, topic: str, conversations: list[str], total: int, body: bytes):
         self.topic, self.conversations, self.total, self.body = topic, conversations, total, body
         self.seq = {c: 0 for c in conversations}
         self.ready: queue.SimpleQueue[str | None] = queue.SimpleQueue()
-        self.producer = sdk_like_producer(bootstrap)
+        self.producer = sdk_like_producer(cluster)
         self.delivery = Delivery()
         self.thread = threading.Thread(target=self._run, name="requester", daemon=True)
         self.error: BaseException | None = None
@@ -126,7 +127,7 @@ class Requester:
 
 def kbroker_responders(ctx: BenchContext, namespace: str, tally: Tally, reply: bytes,
                        stop: threading.Event, errors: list[BaseException]) -> Responders:
-    broker = Broker(ctx.bootstrap, namespace)
+    broker = Broker(ctx.cluster, namespace)
 
     def work() -> None:
         try:
@@ -154,8 +155,8 @@ def baseline_responder(ctx: BenchContext, namespace: str, tally: Tally, reply: b
     reply_topic = names.queue_topic(namespace, REPLY_QUEUE)
 
     def work() -> None:
-        consumer = clients.consumer(ctx.bootstrap, f"baseline.{topic}", **{"auto.offset.reset": "earliest"})
-        producer = clients.producer(ctx.bootstrap, **{"transactional.id": f"baseline.{topic}", "linger.ms": 1})
+        consumer = clients.consumer(ctx.cluster, f"baseline.{topic}", **{"auto.offset.reset": "earliest"})
+        producer = clients.producer(ctx.cluster, **{"transactional.id": f"baseline.{topic}", "linger.ms": 1})
         reply_seq: dict[str, int] = {}
 
         def transform(rec: Any) -> tuple[str, int]:  # a consumed record
@@ -183,7 +184,7 @@ def measure_request_reply(ctx: BenchContext, side: str) -> dict:
     n, c = p.messages, max(1, min(p.conversations, p.messages))
     ns = ctx.fresh_namespace(f"rr-{side[0]}")
     warm, measured = new_conversations(min(100, c)), new_conversations(c)
-    requester = Requester(ctx.bootstrap, names.queue_topic(ns, QUEUE), warm + measured, n,
+    requester = Requester(ctx.cluster, names.queue_topic(ns, QUEUE), warm + measured, n,
                           claim_body(p.body_bytes))
     sent = [0]
 

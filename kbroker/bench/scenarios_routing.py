@@ -33,6 +33,7 @@ import orjson
 from kbroker.bench.common import join_all, json_body, need_transactions, percentile
 from kbroker.bench.harness import BenchContext, Row, Scenario, bench_broker, scenario
 from kbroker.core.catalog.models import Catalog
+from kbroker.core.cluster import Cluster
 from kbroker.sdk.broker import Broker
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ class RoutingState:
     and removes both."""
 
     resources: ExitStack
-    remote_bootstrap: str
+    remote_cluster: Cluster
     yaml_dir: Path
 
 
@@ -99,8 +100,8 @@ def setup_routing(ctx: BenchContext) -> RoutingState:
     with ExitStack() as stack:
         yaml_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kbroker-bench-routing-",
                                                                         ignore_cleanup_errors=True)))
-        remote_bootstrap, _, _ = stack.enter_context(bench_broker(None, ctx.reporter, "second cluster"))
-        return RoutingState(stack.pop_all(), remote_bootstrap, yaml_dir)
+        remote_cluster, _, _ = stack.enter_context(bench_broker(None, ctx.reporter, "second cluster"))
+        return RoutingState(stack.pop_all(), remote_cluster, yaml_dir)
 
 
 def teardown_routing(_ctx: BenchContext, state: RoutingState | None) -> None:
@@ -108,13 +109,13 @@ def teardown_routing(_ctx: BenchContext, state: RoutingState | None) -> None:
         state.resources.close()
 
 
-def _apply(ctx: BenchContext, state: RoutingState, bootstrap: str, ns: str, text: str) -> None:
+def _apply(ctx: BenchContext, state: RoutingState, cluster: Cluster, ns: str, text: str) -> None:
     from kbroker.kafka.apply import apply_paths
 
     path = state.yaml_dir / f"{ns}.yaml"
     path.write_text(text)
-    apply_paths(bootstrap, ns, [path])
-    if bootstrap == ctx.bootstrap:  # the second cluster is thrown away whole
+    apply_paths(cluster, ns, [path])
+    if cluster == ctx.cluster:  # the second cluster is thrown away whole
         ctx.namespaces.append(ns)
 
 
@@ -177,22 +178,24 @@ def topology(ctx: BenchContext, state: RoutingState, kind: str, tag: str) -> Ite
     with ExitStack() as stack:
         if kind == LOCAL:
             ns = f"bench-{tag}-l-{suffix}"
-            _apply(ctx, state, ctx.bootstrap, ns, catalog_yaml([CLIENT, SERVER], []))
-            req = stack.enter_context(Broker(ctx.bootstrap, ns))
-            resp = stack.enter_context(Broker(ctx.bootstrap, ns))
+            _apply(ctx, state, ctx.cluster, ns, catalog_yaml([CLIENT, SERVER], []))
+            req = stack.enter_context(Broker(ctx.cluster, ns))
+            resp = stack.enter_context(Broker(ctx.cluster, ns))
             yield Topology(kind, req, resp)
             return
         a, b = f"bench-{tag}-a-{suffix}", f"bench-{tag}-b-{suffix}"
-        a_boot = ctx.bootstrap
-        b_boot = ctx.bootstrap if kind == NAMESPACES else state.remote_bootstrap
-        _apply(ctx, state, a_boot, a, catalog_yaml([CLIENT], [("ToServer", SERVER, f"kafka://{b_boot}/{b}")]))
-        _apply(ctx, state, b_boot, b, catalog_yaml([SERVER], [("ToClient", CLIENT, f"kafka://{a_boot}/{a}")]))
-        req = stack.enter_context(Broker(a_boot, a))
-        resp = stack.enter_context(Broker(b_boot, b))
+        a_cluster = ctx.cluster
+        b_cluster = ctx.cluster if kind == NAMESPACES else state.remote_cluster
+        _apply(ctx, state, a_cluster, a,
+               catalog_yaml([CLIENT], [("ToServer", SERVER, f"kafka://{b_cluster.bootstrap}/{b}")]))
+        _apply(ctx, state, b_cluster, b,
+               catalog_yaml([SERVER], [("ToClient", CLIENT, f"kafka://{a_cluster.bootstrap}/{a}")]))
+        req = stack.enter_context(Broker(a_cluster, a))
+        resp = stack.enter_context(Broker(b_cluster, b))
         topo = Topology(kind, req, resp)
-        for side, boot, ns, br in (("a", a_boot, a, req), ("b", b_boot, b, resp)):
-            topo.dispatchers[side] = stack.enter_context(Dispatcher(boot, ns, _catalog_of(br), tick=TICK))
-            topo.transmitters[side] = stack.enter_context(Transmitter(boot, ns, _catalog_of(br), tick=TICK))
+        for side, cluster, ns, br in (("a", a_cluster, a, req), ("b", b_cluster, b, resp)):
+            topo.dispatchers[side] = stack.enter_context(Dispatcher(cluster, ns, _catalog_of(br), tick=TICK))
+            topo.transmitters[side] = stack.enter_context(Transmitter(cluster, ns, _catalog_of(br), tick=TICK))
         yield topo
 
 

@@ -41,11 +41,11 @@ RSS_BOUND_MB = 256
 # connects. Prints one JSON line with its peak RSS (the kernel's high-water mark, VmHWM).
 CHILD_START = r"""
 import json, resource, sys, time
-mode, bootstrap, namespace, queue, count = sys.argv[1:6]
+mode, cluster, namespace, queue, count = sys.argv[1:6]
 count = int(count)
 import kbroker
 t0 = time.monotonic()
-broker = kbroker.connect(bootstrap, namespace)
+broker = kbroker.connect(cluster, namespace)
 received, first = 0, None
 if mode == "kbroker":
     deadline = time.monotonic() + 240
@@ -115,7 +115,7 @@ def run_rss_child(script: str, args: list[str], mode: str, timeout: float = 300)
 
 def run_child(ctx: BenchContext, mode: str, namespace: str, count: int) -> dict[str, Any]:
     """The backlog child ("kbroker" receives `count` messages, "baseline" only connects)."""
-    m = run_rss_child(CHILD, [ctx.bootstrap, namespace, QUEUE, str(count)], mode)
+    m = run_rss_child(CHILD, [ctx.cluster.bootstrap, namespace, QUEUE, str(count)], mode)
     if mode == "kbroker" and m["detail"]["received"] < count:
         raise RuntimeError(f"the kbroker child received {m['detail']['received']} of {count} messages")
     return m

@@ -39,7 +39,7 @@ from kbroker.sdk.broker import Broker
 class KBrokerSender:
     def __init__(self, ctx: BenchContext, namespace: str, conversations: int, body: bytes):
         self.ctx, self.body = ctx, body
-        self.broker = Broker(ctx.bootstrap, namespace)
+        self.broker = Broker(ctx.cluster, namespace)
         ctx.say(f"kbroker: beginning {conversations:,} dialogs")
         self.handles = [self.broker.begin_dialog(EMP, EXP, CONTRACT) for _ in range(conversations)]
         for h in self.handles[:20]:  # warm-up: connections, catalog, code paths
@@ -76,7 +76,7 @@ class BaselineSender:
 
     def __init__(self, ctx: BenchContext, topic: str, conversations: int, body: bytes):
         self.ctx, self.topic, self.body = ctx, topic, body
-        self.producer = sdk_like_producer(ctx.bootstrap)
+        self.producer = sdk_like_producer(ctx.cluster)
         self.conversations = new_conversations(conversations)
         self.seq = [0] * conversations
         self.send(20, flush_each=True)  # warm-up

@@ -81,7 +81,7 @@ def transport_namespace(ctx: BenchContext, tag: str, *queues: str) -> str:
     creates them; deleted after the scenario on an external broker."""
     ns = f"bench-{tag}-{uuid.uuid4().hex[:8]}"[:40]
     ctx.namespaces.append(ns)
-    install(ctx.bootstrap, ns, InstallPlan(tuple((q, PRIMARY_PARTITIONS) for q in queues)))
+    install(ctx.cluster, ns, InstallPlan(tuple((q, PRIMARY_PARTITIONS) for q in queues)))
     return ns
 
 
@@ -158,8 +158,8 @@ def run_send(ctx: BenchContext, rep: int) -> dict[str, Any]:
     n, body = ctx.params.messages, order_body(ctx.params.body_bytes)
     ns = transport_namespace(ctx, "tsend", BILLING)
     topic = transport_queue_topic(ns, BILLING)
-    ep = TransportEndpoint(SENDER, bootstrap=ctx.bootstrap, namespace=ns, secondary=False)
-    producer = clients.idempotent_producer(ctx.bootstrap)  # the settings of the endpoint's sends
+    ep = TransportEndpoint(SENDER, cluster=ctx.cluster, namespace=ns, secondary=False)
+    producer = clients.idempotent_producer(ctx.cluster)  # the settings of the endpoint's sends
     reply_to = ep.settings.reply_address
 
     def kbroker_sends(count: int, advance: Callable[[int], None]) -> None:
@@ -205,7 +205,7 @@ def _run_endpoint(ctx: BenchContext, ns: str, handler: Callable[[TransportMessag
     """kbroker's side: an endpoint of Orders in `ns` started with `handler`, until it committed
     `n` messages. Returns its stats and the detail both rows give (peak tasks, Kafka
     transactions)."""
-    ep = TransportEndpoint(ORDERS, bootstrap=ctx.bootstrap, namespace=ns, secondary=False,
+    ep = TransportEndpoint(ORDERS, cluster=ctx.cluster, namespace=ns, secondary=False,
                            concurrency=model, max_concurrency=concurrency)
     try:
         ep.start(handler)
@@ -236,7 +236,7 @@ def measure_receive(ctx: BenchContext, side: str, n: int) -> dict:
     else:
         baseline_transform(ctx, in_topic, out_topic, n, clock, deadline)
         detail = {}
-    written = read_topic_to_end(ctx.bootstrap, out_topic, timeout=120)
+    written = read_topic_to_end(ctx.cluster, out_topic, timeout=120)
     if written != n:
         raise RuntimeError(f"{side}: {written:,} messages committed to {PROCESSED}, not {n:,}")
     return {"value": clock.rate(n), "detail": {**clock.detail(n, t_start), **detail}}
@@ -248,8 +248,8 @@ def baseline_transform(ctx: BenchContext, in_topic: str, out_topic: str, n: int,
     producer with the settings of kbroker's group committer, send_offsets_to_transaction, one
     commit every 100 records or 100 ms. Each record is decoded as a transport message and its
     body sent to Processed as a new one."""
-    consumer = clients.consumer(ctx.bootstrap, f"baseline.{in_topic}", **{"auto.offset.reset": "earliest"})
-    producer = clients.transactional_producer(ctx.bootstrap, f"baseline.{in_topic}",
+    consumer = clients.consumer(ctx.cluster, f"baseline.{in_topic}", **{"auto.offset.reset": "earliest"})
+    producer = clients.transactional_producer(ctx.cluster, f"baseline.{in_topic}",
                                               **{"retry.backoff.ms": 1, "retry.backoff.max.ms": 5})
     done = 0
 
@@ -309,7 +309,7 @@ def baseline_partition_workers(ctx: BenchContext, topic: str, n: int, clock: Clo
     """One consumer; its records go to one worker thread per partition, which handles them in
     partition order (IO_DELAY each); the consumer commits the offsets the workers completed
     (every 100 ms and at the end)."""
-    consumer = clients.consumer(ctx.bootstrap, f"baseline.{topic}", **{"auto.offset.reset": "earliest"})
+    consumer = clients.consumer(ctx.cluster, f"baseline.{topic}", **{"auto.offset.reset": "earliest"})
     work: dict[int, queue.SimpleQueue[int | None]] = {}
     completed: dict[int, int] = {}  # partition -> next offset, handled
     lock = threading.Lock()
@@ -379,8 +379,8 @@ def measure_share_group(ctx: BenchContext, n: int) -> dict:
     first_deadline = time.monotonic() + SHARE_FIRST_WITHIN
     gc.collect()
     t_start = time.perf_counter()
-    consumer = share_consumer(ctx.bootstrap, f"baseline.share.{in_topic}", in_topic)
-    producer, delivery = clients.idempotent_producer(ctx.bootstrap), Delivery()
+    consumer = share_consumer(ctx.cluster, f"baseline.share.{in_topic}", in_topic)
+    producer, delivery = clients.idempotent_producer(ctx.cluster), Delivery()
     done = 0
     try:
         with ctx.reporter.bar("share consumer: receive, send, acknowledge", n) as advance:
@@ -409,7 +409,7 @@ def measure_share_group(ctx: BenchContext, n: int) -> dict:
     finally:
         consumer.close()
         producer.flush(30)
-    written = read_topic_to_end(ctx.bootstrap, out_topic, timeout=120)
+    written = read_topic_to_end(ctx.cluster, out_topic, timeout=120)
     if written < n:
         raise RuntimeError(f"{written:,} messages written to {PROCESSED}, fewer than {n:,}")
     return {"value": clock.rate(n), "detail": {**clock.detail(n, t_start), "duplicates": written - n}}

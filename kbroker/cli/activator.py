@@ -10,13 +10,11 @@ import click
 
 from kbroker import config
 from kbroker.cli.common import (
-    bootstrap_address,
-    bootstrap_option,
+    cluster_options,
     emit_json,
     handle_errors,
     json_option,
     main,
-    namespace_option,
 )
 
 config_option = click.option("--config", "config_file", required=True,
@@ -66,11 +64,10 @@ def check_cmd(config_file, as_json):
 
 @activator_group.command("run")
 @config_option
-@bootstrap_option
-@namespace_option
+@cluster_options
 @json_option
 @handle_errors
-def run_cmd(config_file, bootstrap, namespace, as_json):
+def run_cmd(config_file, target, as_json):
     """Run until SIGTERM or SIGINT, starting the configured programs on QUEUE_ACTIVATION events.
 
     Logs one line per start, exit and notification on stdout (--json: one JSON object per line);
@@ -81,8 +78,8 @@ def run_cmd(config_file, bootstrap, namespace, as_json):
 
     cfg = load_config(config_file)
     # --bootstrap / KBROKER_BOOTSTRAP, then the file, then the embedded broker (same for namespace).
-    address = bootstrap_address(bootstrap or cfg.bootstrap)
-    ns = config.namespace(namespace or cfg.namespace)
+    cluster = target.cluster_or(cfg.bootstrap)
+    ns = config.namespace(target.namespace_given or cfg.namespace)
 
     def log(record: dict) -> None:
         if as_json:
@@ -91,7 +88,7 @@ def run_cmd(config_file, bootstrap, namespace, as_json):
             sys.stdout.write(_text_line(record) + "\n")
             sys.stdout.flush()
 
-    activator = Activator(cfg, address, ns, log=log)
+    activator = Activator(cfg, cluster, ns, log=log)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: activator.stop())
     activator.run()

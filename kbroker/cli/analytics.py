@@ -10,14 +10,12 @@ import click
 
 from kbroker import config
 from kbroker.cli.common import (
-    bootstrap_address,
-    bootstrap_option,
+    cluster_options,
     emit_json,
     fail,
     handle_errors,
     json_option,
     main,
-    namespace_option,
     require_extra,
 )
 from kbroker.cli.output import new_table, print_table
@@ -47,8 +45,7 @@ def fetch_cmd(as_json):
 
 
 @analytics.command("run")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @click.option("--master", envvar="SPARK_MASTER", default="local[*]", show_default=True,
               help="Spark master URL (local[*], spark://host:7077, yarn, k8s://...); env SPARK_MASTER.")
 @click.option("--checkpoint", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -69,7 +66,7 @@ def fetch_cmd(as_json):
               help="A Spark setting (repeatable), e.g. --conf spark.driver.memory=2g.")
 @click.option("--loglevel", default="info", show_default=True)
 @handle_errors
-def run_cmd(bootstrap, namespace, master, checkpoint, history, trigger, window, stale_after, top,
+def run_cmd(target, master, checkpoint, history, trigger, window, stale_after, top,
             max_per_batch, confs, loglevel):
     """Run the analytics job until interrupted: reads the namespace's queue, progress, timer and
     dead-letter topics, writes queue windows and dialog classes to the analytics topic,
@@ -83,31 +80,30 @@ def run_cmd(bootstrap, namespace, master, checkpoint, history, trigger, window, 
         if not sep or not key.strip():
             fail(f"--conf {item!r} must be KEY=VALUE")
         spark_conf[key.strip()] = value
-    ns = config.namespace(namespace)
+    ns = target.namespace
     home = config.cache_dir() / "analytics" / ns
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     run_forever(JobSettings(
-        bootstrap=bootstrap_address(bootstrap), namespace=ns, master=master,
+        cluster=target.cluster, namespace=ns, master=master,
         checkpoint=checkpoint or home / "checkpoint", history=history or home / "history",
         trigger=trigger, window=window, stale_after=stale_after, top=top,
         max_per_batch=max_per_batch, spark_conf=spark_conf))
 
 
 @main.command("dialogs")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @click.option("--class", "klass", default=None, metavar="CLASS",
               help="Only dialogs of this class (erroring, stale, backlogged, active, timer_pending, idle).")
 @json_option
 @handle_errors
-def dialogs_cmd(bootstrap, namespace, klass, as_json):
+def dialogs_cmd(target, klass, as_json):
     """Dialogs by class, as the analytics job last classified them (the analytics topic)."""
     from kbroker.core.dialog_class import CLASSES
     from kbroker.kafka.analytics_store import dialog_rows
 
     if klass is not None and klass not in CLASSES:
         fail(f"--class {klass!r} is not a class; one of {', '.join(CLASSES)}")
-    rows = dialog_rows(bootstrap_address(bootstrap), config.namespace(namespace), klass)
+    rows = dialog_rows(target.cluster, target.namespace, klass)
     if as_json:
         emit_json(rows)
         return

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from kbroker.bench.params import Params
-from kbroker.cli.common import bootstrap_option, emit_json, fail, handle_errors, json_option, main, missing_extra
+from kbroker.cli.common import cluster_option, emit_json, fail, handle_errors, json_option, main, missing_extra
 from kbroker.cli.output import make_console, new_table, print_table
 
 SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "backlog-rss", "ended-dialogs",
@@ -54,11 +54,11 @@ SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "backlo
                    "(default: docs/benchmarks.md when it exists).")
 @click.option("--no-docs", is_flag=True, help="Do not rewrite any results table.")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
-@bootstrap_option
+@cluster_option
 @json_option
 @handle_errors
 def bench(scenarios, repeat, messages, conversations, backlog, readers, in_flight, samples, drain_messages,
-          max_readers, ramp_up, ended_dialogs, out_dir, docs_path, no_docs, quiet, bootstrap, as_json):
+          max_readers, ramp_up, ended_dialogs, out_dir, docs_path, no_docs, quiet, target, as_json):
     """Benchmark kbroker against a plain confluent-kafka baseline on the same broker.
 
     SCENARIOS: send (with send-pipelined), request-reply, io-bound, backlog-rss, ended-dialogs,
@@ -84,7 +84,7 @@ def bench(scenarios, repeat, messages, conversations, backlog, readers, in_fligh
     reporter = Reporter(quiet=quiet)
     if docs_path is None and not no_docs and Path("docs/benchmarks.md").is_file():
         docs_path = Path("docs/benchmarks.md")
-    doc = run_bench(list(scenarios), params, bootstrap=bootstrap,
+    doc = run_bench(list(scenarios), params, cluster=target.explicit,
                     reporter=reporter, command=command_line())
     doc = merge_previous(doc, out_dir / "latest.json")
     path = write_results(doc, out_dir)

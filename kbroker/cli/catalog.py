@@ -6,15 +6,12 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kbroker import config
 from kbroker.cli.common import (
-    bootstrap_address,
-    bootstrap_option,
+    cluster_options,
     emit_json,
     handle_errors,
     json_option,
     main,
-    namespace_option,
 )
 from kbroker.cli.output import make_console, new_table, print_table
 
@@ -26,25 +23,24 @@ if TYPE_CHECKING:
 
 @main.command("apply")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
-@bootstrap_option
-@namespace_option
+@cluster_options
 @click.option("--replication-factor", type=click.IntRange(min=1), default=None,
               help="Replicas of the topics this apply creates (default: as many as the cluster "
               "has brokers, up to 3; 2 must be in sync when there are 3). Existing topics keep theirs.")
 @json_option
 @handle_errors
-def apply_cmd(paths, bootstrap, namespace, replication_factor, as_json):
+def apply_cmd(paths, target, replication_factor, as_json):
     """Validate the definitions in PATHS (files or directories of *.yaml) and apply them:
     create or update the topics, then publish the catalog. An invalid definition applies nothing."""
     from kbroker.core.catalog.loader import load_definitions
     from kbroker.kafka.apply import apply_catalog
 
-    ns = config.namespace(namespace)
+    ns = target.namespace
     # Validate before looking for a broker: a bad file is reported even when none runs.
     catalog = load_definitions(paths, ns)
     err = make_console(stderr=True)
     progress = None if as_json else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
-    report = apply_catalog(bootstrap_address(bootstrap), catalog, progress,
+    report = apply_catalog(target.cluster, catalog, progress,
                            replication_factor=replication_factor)
     if as_json:
         emit_json(report.as_dict())
@@ -73,15 +69,14 @@ def catalog_group():
 
 
 @catalog_group.command("show")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @json_option
 @handle_errors
-def show_cmd(bootstrap, namespace, as_json):
+def show_cmd(target, as_json):
     """List the objects of the namespace's catalog (built-ins included)."""
     from kbroker.kafka.catalog_store import read_catalog
 
-    catalog = read_catalog(bootstrap_address(bootstrap), config.namespace(namespace))
+    catalog = read_catalog(target.cluster, target.namespace)
     if as_json:
         emit_json(catalog.model_dump(mode="json"))
         return

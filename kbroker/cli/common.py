@@ -7,20 +7,23 @@ from __future__ import annotations
 import functools
 import importlib.util
 import sys
+from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, TypeVar, cast
 
 import click
 import orjson
 
+from kbroker import config
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.errors import KBrokerError
 
-bootstrap_option = click.option(
+_bootstrap_option = click.option(
     "--bootstrap",
     envvar="KBROKER_BOOTSTRAP",
     default=None,
     help="Kafka bootstrap servers (default: KBROKER_BOOTSTRAP, else the embedded broker).",
 )
-namespace_option = click.option(
+_namespace_option = click.option(
     "--namespace",
     envvar="KBROKER_NAMESPACE",
     default=None,
@@ -97,11 +100,55 @@ def handle_errors(fn: F) -> F:
     return cast(F, wrapper)
 
 
-def bootstrap_address(explicit: str | None) -> str:
-    """The broker rule (kbroker.embedded.resolve_bootstrap), loaded when a command runs."""
-    from kbroker.embedded import resolve_bootstrap
+@dataclass(frozen=True)
+class Target:
+    """The Kafka cluster and namespace a command works on, from its `--bootstrap` and `--namespace`
+    (or KBROKER_BOOTSTRAP / KBROKER_NAMESPACE). `cluster` follows the broker rule
+    (kbroker.embedded.resolve_cluster) when a command first reads it, as the command ran it before:
+    a command that fails on its own options, or needs no broker (`endpoint acls`, `conversations`
+    answered by a worker), never looks for one."""
 
-    return resolve_bootstrap(explicit)
+    given: str | None = None  # --bootstrap as given
+    namespace_given: str | None = None  # --namespace as given
+
+    @property
+    def explicit(self) -> Cluster | None:
+        """The cluster the command was given, if any (no broker rule)."""
+        return Cluster.of(self.given) if self.given else None
+
+    @functools.cached_property
+    def cluster(self) -> Cluster:
+        """The broker rule's cluster; BrokerUnavailableError when nothing is configured or running."""
+        return self.cluster_or(None)
+
+    def cluster_or(self, fallback: ClusterLike | None) -> Cluster:
+        """The broker rule with `fallback` (a config file's cluster) after the given one."""
+        from kbroker.embedded import resolve_cluster
+
+        return resolve_cluster(self.given or fallback)
+
+    @property
+    def namespace(self) -> str:
+        return config.namespace(self.namespace_given)
+
+
+def _target_options(fn: Callable[..., Any], with_namespace: bool) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, bootstrap: str | None, namespace: str | None = None, **kwargs: Any) -> Any:
+        return fn(*args, target=Target(bootstrap, namespace), **kwargs)
+
+    return _bootstrap_option(_namespace_option(wrapper) if with_namespace else wrapper)
+
+
+def cluster_options(fn: F) -> F:
+    """`--bootstrap` and `--namespace` (declared here once): the command gets them as
+    `target: Target` (its `cluster` and `namespace`)."""
+    return cast(F, _target_options(fn, with_namespace=True))
+
+
+def cluster_option(fn: F) -> F:
+    """`--bootstrap` alone, for a command with no namespace (`bench`): it gets `target: Target`."""
+    return cast(F, _target_options(fn, with_namespace=False))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -1,16 +1,17 @@
 """The sample conversation: an employee submits an expense claim, the expenses service approves
-it, both sides end the dialog. Runs on the embedded broker unless a bootstrap address is given."""
+it, both sides end the dialog. Runs on the embedded broker unless a cluster is given."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from kbroker import config
 from kbroker.cli.output import make_console, new_table, print_table
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.embedded.broker import EmbeddedBroker
-from kbroker.errors import EmbeddedBrokerError
+from kbroker.embedded import resolve_cluster
+from kbroker.errors import BrokerUnavailableError, EmbeddedBrokerError
 from kbroker.kafka.apply import apply_paths
 from kbroker.sdk.broker import END_DIALOG, Broker
 
@@ -30,13 +31,14 @@ def topics_dir() -> Path:
     return here if here.is_dir() else Path.cwd() / "topics"
 
 
-def run_demo(*, bootstrap: str | None, namespace: str, data_dir: Path | None, port: int,
+def run_demo(*, cluster: ClusterLike | None, namespace: str, data_dir: Path | None, port: int,
              keep_broker: bool, as_json: bool, analytics: bool = False) -> dict:
     console = make_console(stderr=as_json)
     say = console.print
     started: EmbeddedBroker | None = None
-    bootstrap = bootstrap or os.environ.get("KBROKER_BOOTSTRAP")
-    if not bootstrap:
+    try:
+        cluster = resolve_cluster(cluster, data_dir)  # the broker rule; else the demo starts the embedded broker
+    except BrokerUnavailableError:
         embedded = EmbeddedBroker(data_dir or config.default_data_dir(),
                                   progress=lambda m: say(f"[dim]broker:[/] {m}"))
         status = embedded.status()
@@ -45,23 +47,23 @@ def run_demo(*, bootstrap: str | None, namespace: str, data_dir: Path | None, po
             started = embedded
         if status.bootstrap is None:  # a running broker has an address; never None in practice
             raise EmbeddedBrokerError(f"the embedded broker in {status.data_dir} reports no address")
-        bootstrap = status.bootstrap
-    say(f"[bold]Kafka[/] at {bootstrap}, namespace [bold]{namespace}[/]")
+        cluster = Cluster(status.bootstrap)
+    say(f"[bold]Kafka[/] at {cluster}, namespace [bold]{namespace}[/]")
     try:
-        report = apply_paths(bootstrap, namespace, [topics_dir() / "samples"])
+        report = apply_paths(cluster, namespace, [topics_dir() / "samples"])
         say(f"applied topics/samples: {len(report.topics_created)} topic(s) created, "
             f"{report.objects_published} catalog object(s) published")
-        steps = _conversation(Broker(bootstrap, namespace), say, lambda table: print_table(table, console))
+        steps = _conversation(Broker(cluster, namespace), say, lambda table: print_table(table, console))
         if analytics:
             from kbroker.cli.demo_analytics import run_analytics_demo
 
-            steps.append({"analytics": run_analytics_demo(bootstrap, namespace, say,
+            steps.append({"analytics": run_analytics_demo(cluster, namespace, say,
                                                           lambda table: print_table(table, console))})
     finally:
         if started is not None and not keep_broker:
             started.stop()
             say("[dim]embedded broker stopped (use --keep-broker to leave it running)[/]")
-    result = {"bootstrap": bootstrap, "namespace": namespace, "steps": steps}
+    result = {"bootstrap": cluster.bootstrap, "namespace": namespace, "steps": steps}
     if as_json:
         from kbroker.cli.common import emit_json
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kbroker.cli.output import new_table
+from kbroker.core.cluster import Cluster
 from kbroker.sdk.broker import Broker
 
 EMPLOYEES = "//Adventure-Works.com/Employees"
@@ -32,7 +33,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_analytics_demo(bootstrap: str, namespace: str, say: Callable[[str], None], show: Callable[[Any], None],
+def run_analytics_demo(cluster: Cluster, namespace: str, say: Callable[[str], None], show: Callable[[Any], None],
                        timeout: float = 120.0) -> dict[str, Any]:
     from kbroker.analytics.job import AnalyticsJob, JobSettings
     from kbroker.kafka.analytics_store import AnalyticsFollower, dialog_rows
@@ -41,14 +42,15 @@ def run_analytics_demo(bootstrap: str, namespace: str, say: Callable[[str], None
     port = _free_port()
     say(f"starting a worker (receive progress, dashboard at http://127.0.0.1:{port}/dashboard)")
     with open(home / "worker.log", "wb") as log:
-        worker = subprocess.Popen([sys.executable, "-m", "kbroker", "worker", "--bootstrap", bootstrap, "--namespace",
-                                   namespace, "--web-port", str(port), "--tick", "1", "--loglevel", "warning"],
+        worker = subprocess.Popen([sys.executable, "-m", "kbroker", "worker", "--bootstrap", cluster.bootstrap,
+                                   "--namespace", namespace, "--web-port", str(port), "--tick", "1",
+                                   "--loglevel", "warning"],
                                   stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
     job = follower = None
     try:
         _wait_http(f"http://127.0.0.1:{port}/tasks/", worker, timeout)
         say("starting the Spark analytics job (local[*], 2 s trigger, 10 s windows)")
-        job = AnalyticsJob(JobSettings(bootstrap=bootstrap, namespace=namespace, checkpoint=home / "checkpoint",
+        job = AnalyticsJob(JobSettings(cluster=cluster, namespace=namespace, checkpoint=home / "checkpoint",
                                        history=home / "history", trigger=2.0, window=10.0,
                                        stale_after=STALE_AFTER)).start()
         deadline = time.monotonic() + timeout
@@ -56,7 +58,7 @@ def run_analytics_demo(bootstrap: str, namespace: str, say: Callable[[str], None
             if time.monotonic() > deadline or not job.query.isActive:
                 raise RuntimeError(f"the analytics job did not run a first batch within {timeout:g} s")
             time.sleep(0.2)
-        with Broker(bootstrap, namespace) as broker:
+        with Broker(cluster, namespace) as broker:
             handles = [broker.begin_dialog(EMPLOYEES, EXPENSES, CONTRACT) for _ in range(CLAIMS)]
             for i, h in enumerate(handles):
                 broker.send(h, CLAIM, {"employee": f"e{i}", "amount": 10 + i, "item": "taxi"})
@@ -67,7 +69,7 @@ def run_analytics_demo(bootstrap: str, namespace: str, say: Callable[[str], None
                 with broker.transaction() as tx:
                     approved += len(tx.receive("ExpenseQueue", top=APPROVED - approved, wait=2.0))
         sent_at = int(time.time() * 1000)
-        follower = AnalyticsFollower(bootstrap, namespace)
+        follower = AnalyticsFollower(cluster, namespace)
         say(f"waiting for the other {CLAIMS - approved} claims to go stale ({STALE_AFTER:g} s) in the analytics topic")
         deadline, row = time.monotonic() + timeout, None
         while time.monotonic() < deadline:
@@ -88,7 +90,7 @@ def run_analytics_demo(bootstrap: str, namespace: str, say: Callable[[str], None
                           str(w["stale"]["dispatcher_10s"]), str(w["stale"]["queue"]),
                           "" if w["oldest_unreceived_age_s"] is None else f"{w['oldest_unreceived_age_s']:.1f}")
         show(table)
-        classes = Counter(r["class"] for r in dialog_rows(bootstrap, namespace))
+        classes = Counter(r["class"] for r in dialog_rows(cluster, namespace))
         classes_table = new_table("dialogs by class (kbroker dialogs --class CLASS)", "class", "dialogs")
         for klass, n in sorted(classes.items()):
             classes_table.add_row(klass, str(n))

@@ -12,16 +12,13 @@ import sys
 
 import click
 
-from kbroker import config
 from kbroker.cli.common import (
-    bootstrap_address,
-    bootstrap_option,
+    cluster_options,
     emit_json,
     fail,
     handle_errors,
     json_option,
     main,
-    namespace_option,
 )
 
 
@@ -36,19 +33,18 @@ def endpoint_group() -> None:
 @click.option("--no-secondary", is_flag=True, help="Only the primary queue (secondaries disabled).")
 @click.option("--partitions", type=click.IntRange(1, 1000), default=None,
               help="Partitions of the primary queue (default 4): at most this many instances compete.")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @json_option
 @handle_errors
-def install_cmd(endpoint, machine, no_secondary, partitions, bootstrap, namespace, as_json):
+def install_cmd(endpoint, machine, no_secondary, partitions, target, as_json):
     """Create ENDPOINT's queues (and the dead-letter topic), as an installer creates the tables.
     Needs topic-create rights; the running endpoint needs only read and write (see `acls`)."""
     from kbroker.core.transport_endpoint import PRIMARY_PARTITIONS, install_plan, transport_queue_topic
     from kbroker.kafka.transport_queues import install
 
-    ns = config.namespace(namespace)
+    ns = target.namespace
     plan = install_plan(endpoint, machine, secondary=not no_secondary, partitions=partitions or PRIMARY_PARTITIONS)
-    created = install(bootstrap_address(bootstrap), ns, plan)
+    created = install(target.cluster, ns, plan)
     rows = [{"queue": q, "topic": transport_queue_topic(ns, q), "partitions": p,
              "created": transport_queue_topic(ns, q) in created} for q, p in plan.queues]
     if as_json:
@@ -78,17 +74,15 @@ def _headers(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--reply-to", "reply_to", help="ReplyToAddress (default: none).")
 @click.option("--not-recoverable", is_flag=True, help="Recoverable = false: the express, not durable path.")
 @click.option("--ttbr", type=click.FloatRange(min=0, min_open=True), help="Time to be received, seconds (Expires).")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @json_option
 @handle_errors
-def send_cmd(queue, body, header, message_id, correlation_id, reply_to, not_recoverable, ttbr, bootstrap,
-             namespace, as_json):
+def send_cmd(queue, body, header, message_id, correlation_id, reply_to, not_recoverable, ttbr, target, as_json):
     """Send a transport message to QUEUE; prints its Id."""
     from kbroker.sdk.transport import send_message
 
     data = sys.stdin.buffer.read() if body == "-" else (None if body is None else body.encode())
-    mid = send_message(bootstrap_address(bootstrap), config.namespace(namespace), queue, data, _headers(header),
+    mid = send_message(target.cluster, target.namespace, queue, data, _headers(header),
                     message_id=message_id, correlation_id=correlation_id, reply_to_address=reply_to,
                     recoverable=not not_recoverable, time_to_be_received=ttbr)
     if as_json:
@@ -101,15 +95,14 @@ def send_cmd(queue, body, header, message_id, correlation_id, reply_to, not_reco
 @click.argument("queue")
 @click.option("--wait", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Seconds to wait for a message.")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @json_option
 @handle_errors
-def receive_cmd(queue, wait, bootstrap, namespace, as_json):
+def receive_cmd(queue, wait, target, as_json):
     """Receive one message from QUEUE (removing it), in a transaction of its own."""
     from kbroker.sdk.transport import TransportEndpoint
 
-    with TransportEndpoint("kbroker-cli", bootstrap=bootstrap_address(bootstrap), namespace=namespace,
+    with TransportEndpoint("kbroker-cli", cluster=target.cluster, namespace=target.namespace,
                            secondary=False) as ep:  # a receive reads QUEUE's group: the name plays no part
         msg = ep.receive(wait, queue=queue)
     if msg is None:
@@ -132,19 +125,18 @@ def receive_cmd(queue, wait, bootstrap, namespace, as_json):
 @click.argument("endpoint")
 @click.option("--installer", default="User:installer", show_default=True, help="The installing principal.")
 @click.option("--runner", default="User:endpoint", show_default=True, help="The running endpoint's principal.")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @json_option
 @handle_errors
-def acls_cmd(endpoint, installer, runner, bootstrap, namespace, as_json):
+def acls_cmd(endpoint, installer, runner, target, as_json):
     """The Kafka ACLs that split ENDPOINT's permissions: the installer creates its topics, the
     running endpoint only reads and writes. Printed as kafka-acls.sh lines, not applied."""
     from kbroker.core.transport_endpoint import acl_split
 
-    bindings = acl_split(config.namespace(namespace), endpoint, installer, runner)
+    bindings = acl_split(target.namespace, endpoint, installer, runner)
     if as_json:
         emit_json([b.__dict__ for b in bindings])
         return
-    address = bootstrap or "BOOTSTRAP"
+    address = str(target.explicit or "BOOTSTRAP")
     for b in bindings:
         click.echo(b.command(address))

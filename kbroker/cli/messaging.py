@@ -7,14 +7,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kbroker import config
 from kbroker.cli.common import (
-    bootstrap_option,
+    Target,
+    cluster_options,
     emit_json,
     handle_errors,
     json_option,
     main,
-    namespace_option,
     require_extra,
 )
 
@@ -22,11 +21,11 @@ if TYPE_CHECKING:
     from kbroker.sdk.broker import Broker
 
 
-def _connect(bootstrap: str | None, namespace: str | None) -> Broker:
+def _connect(target: Target) -> Broker:
     # The SDK (and its Kafka client) loads when a command runs, not for `kbroker --help`.
     from kbroker.sdk.broker import connect
 
-    return connect(bootstrap, namespace)
+    return connect(target.cluster, target.namespace)
 
 
 def read_body(body: str) -> bytes:
@@ -51,17 +50,16 @@ def read_body(body: str) -> bytes:
 @click.option("--lifetime", type=int, help="Dialog lifetime in seconds (new dialog).")
 @click.option("--related-group", help="RELATED_CONVERSATION_GROUP of a new dialog (a GUID).")
 @click.option("--instance", help="Replies to a new dialog go to this instance's secondary queue.")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @json_option
 @handle_errors
 def send(from_service, to_service, contract, message_type, body, handle, lifetime, related_group, instance,
-         bootstrap, namespace, as_json):
+         target, as_json):
     """SEND a message, beginning a dialog unless --conversation is given."""
     data = read_body(body)
     if handle is None and not (from_service and to_service):
         raise ValueError("give --conversation HANDLE, or --from and --to to begin a dialog")
-    with _connect(bootstrap, namespace) as broker:
+    with _connect(target) as broker:
         if handle is None:
             # BEGIN DIALOG and its first SEND as one transaction: a SEND refused (an unknown
             # message type, say) leaves no endpoint behind.
@@ -86,13 +84,12 @@ def send(from_service, to_service, contract, message_type, body, handle, lifetim
 @click.option("--conversation", "handle", help="Only this conversation (WHERE conversation_handle).")
 @click.option("--group", help="Only this conversation group (WHERE conversation_group_id).")
 @click.option("--instance", help="Receive from this instance's secondary queue of QUEUE.")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @json_option
 @handle_errors
-def receive(queue, top, wait, handle, group, instance, bootstrap, namespace, as_json):
+def receive(queue, top, wait, handle, group, instance, target, as_json):
     """RECEIVE from QUEUE: prints one JSON object per message (one conversation group)."""
-    with _connect(bootstrap, namespace) as broker:
+    with _connect(target) as broker:
         msgs = broker.receive(queue, top=top, wait=wait, conversation_handle=handle,
                               conversation_group=group, instance=instance)
     for m in msgs:
@@ -104,15 +101,14 @@ def receive(queue, top, wait, handle, group, instance, bootstrap, namespace, as_
 @click.option("--error", type=int, help="END CONVERSATION WITH ERROR = code (a positive integer).")
 @click.option("--description", help="Error description (with --error).")
 @click.option("--cleanup", is_flag=True, help="WITH CLEANUP: remove the local endpoint silently.")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @json_option
 @handle_errors
-def end(handle, error, description, cleanup, bootstrap, namespace, as_json):
+def end(handle, error, description, cleanup, target, as_json):
     """END CONVERSATION on HANDLE."""
     if description is not None and error is None:
         raise ValueError("--description goes with --error")
-    with _connect(bootstrap, namespace) as broker:
+    with _connect(target) as broker:
         broker.end_conversation(handle, error=error, description=description, cleanup=cleanup)
         state = broker.endpoints.find(handle)
     result = {"conversation_handle": handle, "state": state.state if state else "removed"}
@@ -125,13 +121,12 @@ def end(handle, error, description, cleanup, bootstrap, namespace, as_json):
 @main.command()
 @click.argument("handle")
 @click.argument("group")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @json_option
 @handle_errors
-def move(handle, group, bootstrap, namespace, as_json):
+def move(handle, group, target, as_json):
     """MOVE CONVERSATION HANDLE TO GROUP (a GUID; groups of the same queue only)."""
-    with _connect(bootstrap, namespace) as broker:
+    with _connect(target) as broker:
         broker.move_conversation(handle, group)
         ep = broker.endpoints.get(handle)
     if as_json:
@@ -148,16 +143,15 @@ def move(handle, group, bootstrap, namespace, as_json):
               help="Port of the embedded broker the demo starts (when none runs in its data dir).")
 @click.option("--analytics", is_flag=True,
               help="Then run a sample workload under the Spark analytics job (and a worker) and show its results.")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @json_option
 @handle_errors
-def demo(keep_broker, data_dir, port, analytics, bootstrap, namespace, as_json):
+def demo(keep_broker, data_dir, port, analytics, target, as_json):
     """Run the sample expense conversation end to end (starts the embedded broker if needed)."""
     from kbroker.cli.demo import run_demo
 
     if analytics:
         require_extra("analytics", "pyspark")
         require_extra("worker", "faust", "aiokafka")
-    run_demo(bootstrap=bootstrap, namespace=config.namespace(namespace), data_dir=data_dir,
+    run_demo(cluster=target.explicit, namespace=target.namespace, data_dir=data_dir,
              port=port, keep_broker=keep_broker, as_json=as_json, analytics=analytics)

@@ -5,15 +5,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from kbroker import config
 from kbroker.cli.common import (
-    bootstrap_address,
-    bootstrap_option,
+    cluster_options,
     emit_json,
     handle_errors,
     json_option,
     main,
-    namespace_option,
 )
 from kbroker.cli.output import new_table, print_table
 
@@ -22,17 +19,16 @@ if TYPE_CHECKING:
 
 
 @main.command("routes")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @json_option
 @handle_errors
-def routes_cmd(bootstrap, namespace, as_json):
+def routes_cmd(target, as_json):
     """The routes of the namespace (sys.routes), with when each expires; AutoCreatedLocal is
     listed unless the catalog defines a route of that name."""
     from kbroker.kafka.catalog_store import read_catalog
 
-    ns = config.namespace(namespace)
-    rows = route_rows(read_catalog(bootstrap_address(bootstrap), ns), time.time())
+    ns = target.namespace
+    rows = route_rows(read_catalog(target.cluster, ns), time.time())
     if as_json:
         emit_json(rows)
         return

@@ -9,15 +9,12 @@ from datetime import datetime, timezone
 
 import click
 
-from kbroker import config
 from kbroker.cli.common import (
-    bootstrap_address,
-    bootstrap_option,
+    cluster_options,
     emit_json,
     handle_errors,
     json_option,
     main,
-    namespace_option,
 )
 from kbroker.cli.output import new_table, print_table
 
@@ -27,19 +24,18 @@ def _time(epoch: float | None) -> str:
 
 
 @main.command("transmission")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @click.option("--limit", type=click.IntRange(1, 100_000), default=1000, show_default=True,
               help="Messages to list at most.")
 @json_option
 @handle_errors
-def transmission_cmd(bootstrap, namespace, limit, as_json):
+def transmission_cmd(target, limit, as_json):
     """Messages sent to other namespaces and not yet acknowledged (sys.transmission_queue), with
     why each waits; a blank status means no send was tried yet."""
     from kbroker.kafka.transport_views import transmission_rows
 
-    ns = config.namespace(namespace)
-    rows = transmission_rows(bootstrap_address(bootstrap), ns, limit)
+    ns = target.namespace
+    rows = transmission_rows(target.cluster, ns, limit)
     if as_json:
         emit_json(rows)
         return
@@ -53,16 +49,15 @@ def transmission_cmd(bootstrap, namespace, limit, as_json):
 
 
 @main.command("connections")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @json_option
 @handle_errors
-def connections_cmd(bootstrap, namespace, as_json):
+def connections_cmd(target, as_json):
     """The transmitters' connections to other namespaces (sys.dm_broker_connections)."""
     from kbroker.kafka.transport_views import connection_rows
 
-    ns = config.namespace(namespace)
-    rows = connection_rows(bootstrap_address(bootstrap), ns)
+    ns = target.namespace
+    rows = connection_rows(target.cluster, ns)
     if as_json:
         emit_json(rows)
         return
@@ -76,17 +71,16 @@ def connections_cmd(bootstrap, namespace, as_json):
 
 
 @main.command("forwarded")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @json_option
 @handle_errors
-def forwarded_cmd(bootstrap, namespace, as_json):
+def forwarded_cmd(target, as_json):
     """Messages this namespace is forwarding to other namespaces (sys.dm_broker_forwarded_messages);
     only with a broker endpoint of MESSAGE_FORWARDING = ENABLED."""
     from kbroker.kafka.transport_views import forwarded_rows
 
-    ns = config.namespace(namespace)
-    rows = forwarded_rows(bootstrap_address(bootstrap), ns)
+    ns = target.namespace
+    rows = forwarded_rows(target.cluster, ns)
     if as_json:
         emit_json(rows)
         return

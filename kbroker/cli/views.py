@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import click
 
-from kbroker import config
 from kbroker.cli.common import (
-    bootstrap_address,
-    bootstrap_option,
+    Target,
+    cluster_options,
     emit_json,
     handle_errors,
     json_option,
     main,
-    namespace_option,
 )
 from kbroker.cli.output import make_console, new_table, print_table
 
@@ -25,15 +23,14 @@ def queue_group():
 
 @queue_group.command("show")
 @click.argument("queue")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @json_option
 @handle_errors
-def show_cmd(queue, bootstrap, namespace, as_json):
+def show_cmd(queue, target, as_json):
     """Status, messages ready per partition (an upper bound) and the reading consumer group."""
     from kbroker.kafka.queues import queue_view
 
-    view = queue_view(bootstrap_address(bootstrap), config.namespace(namespace), queue)
+    view = queue_view(target.cluster, target.namespace, queue)
     if as_json:
         emit_json(view)
         return
@@ -69,16 +66,15 @@ def _maybe(value: int | None) -> str:
 @queue_group.command("messages")
 @click.argument("queue")
 @click.option("--conversation", "handle", help="Only this conversation handle's messages.")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @json_option
 @handle_errors
-def messages_cmd(queue, handle, bootstrap, namespace, as_json):
+def messages_cmd(queue, handle, target, as_json):
     """The queue's messages, like SELECT * FROM queue: status 1 = ready, 0 = received (kept only
     with RETENTION = ON, until the conversation ends)."""
     from kbroker.kafka.retention import queue_messages
 
-    rows = queue_messages(bootstrap_address(bootstrap), config.namespace(namespace), queue, handle)
+    rows = queue_messages(target.cluster, target.namespace, queue, handle)
     if as_json:
         emit_json(rows)
         return
@@ -91,10 +87,10 @@ def messages_cmd(queue, handle, bootstrap, namespace, as_json):
     print_table(t)
 
 
-def _set_status(queue: str, status: str, reason: str, bootstrap, namespace, as_json: bool) -> None:
+def _set_status(queue: str, status: str, reason: str, target: Target, as_json: bool) -> None:
     from kbroker.kafka.queues import set_queue_status
 
-    set_queue_status(bootstrap_address(bootstrap), config.namespace(namespace), queue, status, reason)
+    set_queue_status(target.cluster, target.namespace, queue, status, reason)
     if as_json:
         emit_json({"queue": queue, "status": status, "reason": reason})
     else:
@@ -104,25 +100,23 @@ def _set_status(queue: str, status: str, reason: str, bootstrap, namespace, as_j
 @queue_group.command("enable")
 @click.argument("queue")
 @click.option("--reason", default="enabled by an operator", show_default=True, help="Recorded in the event.")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @json_option
 @handle_errors
-def enable_cmd(queue, reason, bootstrap, namespace, as_json):
+def enable_cmd(queue, reason, target, as_json):
     """ALTER QUEUE QUEUE WITH STATUS = ON."""
-    _set_status(queue, "ON", reason, bootstrap, namespace, as_json)
+    _set_status(queue, "ON", reason, target, as_json)
 
 
 @queue_group.command("disable")
 @click.argument("queue")
 @click.option("--reason", default="disabled by an operator", show_default=True, help="Recorded in the event.")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @json_option
 @handle_errors
-def disable_cmd(queue, reason, bootstrap, namespace, as_json):
+def disable_cmd(queue, reason, target, as_json):
     """ALTER QUEUE QUEUE WITH STATUS = OFF: no RECEIVE from it until it is enabled again."""
-    _set_status(queue, "OFF", reason, bootstrap, namespace, as_json)
+    _set_status(queue, "OFF", reason, target, as_json)
 
 
 @main.command("conversations")
@@ -130,19 +124,18 @@ def disable_cmd(queue, reason, bootstrap, namespace, as_json):
 @click.option("--url", default="http://127.0.0.1:6066", show_default=True,
               help="A worker's HTTP API, whose view is kept in memory; without a worker of this namespace "
                    "answering there, the endpoints topic is read.")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @json_option
 @handle_errors
-def conversations_cmd(state, url, bootstrap, namespace, as_json):
+def conversations_cmd(state, url, target, as_json):
     """The conversation endpoints of the namespace (sys.conversation_endpoints)."""
     from kbroker.kafka.queues import conversation_view
     from kbroker.worker.views import worker_conversations
 
-    ns = config.namespace(namespace)
+    ns = target.namespace
     rows = worker_conversations(url, ns)
     if rows is None:
-        rows = conversation_view(bootstrap_address(bootstrap), ns)
+        rows = conversation_view(target.cluster, ns)
     if state:
         rows = [r for r in rows if r["state"] == state.upper()]
     if as_json:

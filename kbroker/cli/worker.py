@@ -8,17 +8,14 @@ import logging
 import click
 import orjson
 
-from kbroker import config
 from kbroker.core.endpoint import CLOSED_GRACE_SECONDS
 from kbroker.cli.common import (
-    bootstrap_address,
-    bootstrap_option,
+    cluster_options,
     emit_json,
     fail,
     handle_errors,
     json_option,
     main,
-    namespace_option,
     require_extra,
 )
 from kbroker.cli.output import new_table, print_table
@@ -26,8 +23,7 @@ from kbroker.cli.views import queue_group
 
 
 @main.command("worker")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @click.option("--web-host", default="127.0.0.1", show_default=True, envvar="KBROKER_WEB_HOST",
               help="Address the worker's HTTP API binds to (0.0.0.0: every interface, as in a container); "
                    "env KBROKER_WEB_HOST.")
@@ -50,7 +46,7 @@ from kbroker.cli.views import queue_group
               help="Seconds a CLOSED conversation endpoint is kept before the worker tombstones it.")
 @click.option("--loglevel", default="info", show_default=True)
 @handle_errors
-def worker_cmd(bootstrap, namespace, web_host, web_port, tick, ramp_up, handlers, no_timers, no_routing,
+def worker_cmd(target, web_host, web_port, tick, ramp_up, handlers, no_timers, no_routing,
                allow_procedures, closed_grace, loglevel):
     """Run the worker: queue monitors with internal and external activation, task handlers, the
     cluster tick, the timer service, and the dispatcher and transmitter that carry messages between
@@ -59,7 +55,7 @@ def worker_cmd(bootstrap, namespace, web_host, web_port, tick, ramp_up, handlers
     from kbroker.worker.app import WorkerSettings, run_worker
 
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    run_worker(WorkerSettings(bootstrap_address(bootstrap), config.namespace(namespace),
+    run_worker(WorkerSettings(target.cluster, target.namespace,
                               web_host=web_host, web_port=web_port, tick_interval=tick, ramp_up=ramp_up,
                               handlers=handlers, timers=not no_timers, routing=not no_routing,
                               closed_grace=closed_grace,
@@ -69,15 +65,14 @@ def worker_cmd(bootstrap, namespace, web_host, web_port, tick, ramp_up, handlers
 
 
 @main.command("monitors")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @json_option
 @handle_errors
-def monitors_cmd(bootstrap, namespace, as_json):
+def monitors_cmd(target, as_json):
     """Queue monitors, like sys.dm_broker_queue_monitors (read from Kafka; no worker needed)."""
     from kbroker.worker.views import monitor_rows
 
-    rows = monitor_rows(bootstrap_address(bootstrap), config.namespace(namespace))
+    rows = monitor_rows(target.cluster, target.namespace)
     if as_json:
         emit_json(rows)
         return
@@ -134,11 +129,10 @@ def tasks_cmd(urls, as_json):
               help="ACTIVATION STATUS; off then on recycles the queue's monitor.")
 @click.option("--max-readers", type=click.IntRange(0, 32767), default=None, help="MAX_QUEUE_READERS.")
 @click.option("--procedure", default=None, help="PROCEDURE_NAME, as module:function.")
-@bootstrap_option
-@namespace_option
+@cluster_options
 @json_option
 @handle_errors
-def alter_cmd(queue, activation, max_readers, procedure, bootstrap, namespace, as_json):
+def alter_cmd(queue, activation, max_readers, procedure, target, as_json):
     """ALTER QUEUE ... WITH ACTIVATION (STATUS, MAX_QUEUE_READERS, PROCEDURE_NAME)."""
     if activation is None and max_readers is None and procedure is None:
         fail("nothing to alter: give --activation, --max-readers or --procedure")
@@ -147,7 +141,7 @@ def alter_cmd(queue, activation, max_readers, procedure, bootstrap, namespace, a
              "(the worker imports it from the same installation)")
     from kbroker.kafka.queues import alter_queue_activation
 
-    result = alter_queue_activation(bootstrap_address(bootstrap), config.namespace(namespace), queue,
+    result = alter_queue_activation(target.cluster, target.namespace, queue,
                                     status=activation.upper() if activation else None,
                                     max_queue_readers=max_readers, procedure=procedure)
     if as_json:

@@ -1,6 +1,7 @@
-"""The embedded Apache Kafka broker, and the broker rule every entry point follows: an explicit
-bootstrap address (`--bootstrap`, `connect(bootstrap=...)`) wins, then KBROKER_BOOTSTRAP,
-otherwise the embedded broker (or cluster) recorded in the default data directory."""
+"""The embedded Apache Kafka broker, and the broker rule every entry point follows
+(resolve_cluster, its only home): an explicit address or Cluster (`--bootstrap`,
+`connect(bootstrap=...)`) wins, then KBROKER_BOOTSTRAP, otherwise the embedded broker (or
+cluster) recorded in the default data directory."""
 
 from __future__ import annotations
 
@@ -8,21 +9,23 @@ import os
 from pathlib import Path
 
 from kbroker import config
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.embedded.cluster import embedded_at
 from kbroker.errors import BrokerUnavailableError
 
 
-def resolve_bootstrap(explicit: str | None = None, data_dir: Path | None = None) -> str:
-    """The broker rule. Raises BrokerUnavailableError when nothing is configured or running."""
+def resolve_cluster(explicit: ClusterLike | None = None, data_dir: Path | None = None) -> Cluster:
+    """The broker rule, as a Cluster: `explicit` (an address or a Cluster), else
+    KBROKER_BOOTSTRAP, else the embedded broker running in `data_dir` (the default data directory).
+    Raises BrokerUnavailableError when nothing is configured or running."""
     if explicit:
-        return explicit
+        return Cluster.of(explicit)
     env = os.environ.get("KBROKER_BOOTSTRAP")
     if env:
-        return env
-    embedded = embedded_at(data_dir or config.default_data_dir())
-    status = embedded.status()
-    if status.running and status.bootstrap:
-        return status.bootstrap
+        return Cluster(env)
+    status = embedded_at(data_dir or config.default_data_dir()).status()
+    if status.running and status.bootstrap:  # the address the embedded broker listens on
+        return Cluster(status.bootstrap)
     raise BrokerUnavailableError(
         "no broker: pass --bootstrap or set KBROKER_BOOTSTRAP, or run 'kbroker broker start'"
     )

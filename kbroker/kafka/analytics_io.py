@@ -11,6 +11,7 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from kbroker.core import names
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.offsets import decode_completed
 from kbroker.core.records import Record
 from kbroker.core.txn_faults import Deadline
@@ -27,11 +28,11 @@ class ResultsWriter:
     good after a broker restart); after any failure the producer is replaced, and the batch fails,
     so Spark runs it again from the state before it."""
 
-    def __init__(self, bootstrap: str, namespace: str, timeout: float = 30.0):
-        self.bootstrap, self.namespace, self.timeout = bootstrap, namespace, timeout
+    def __init__(self, cluster: ClusterLike, namespace: str, timeout: float = 30.0):
+        self.cluster, self.namespace, self.timeout = Cluster.of(cluster), namespace, timeout
         # Never subscribes: it only lends the group's id to the offsets each batch commits, which
         # tell the 5th-tick reclaim what the job has read (core/reclaim.py).
-        self._group = clients.consumer(bootstrap, names.analytics_group(namespace))
+        self._group = clients.consumer(cluster, names.analytics_group(namespace))
         self._producer: GuardedProducer | None = None
 
     def _ready(self) -> GuardedProducer:
@@ -39,7 +40,7 @@ class ResultsWriter:
             tid = names.analytics_transactional_id(self.namespace)
             try:
                 self._producer = started(clients.idempotent_producer(
-                    self.bootstrap, **{"transactional.id": tid, "transaction.timeout.ms": 60000}), tid, self.timeout)
+                    self.cluster, **{"transactional.id": tid, "transaction.timeout.ms": 60000}), tid, self.timeout)
             except (KafkaException, CallDeadlineExceeded) as exc:
                 raise BrokerUnavailableError(f"the analytics job's producer could not start: {reason(exc)}") from None
         return self._producer
@@ -78,10 +79,10 @@ class ProgressPublisher:
     """The worker's receive progress snapshots (docs/analytics.md): per queue, each partition's
     committed offset, the completed offsets above it and the last stable offset."""
 
-    def __init__(self, bootstrap: str, namespace: str):
-        self.bootstrap, self.namespace = bootstrap, namespace
-        self._producer = clients.idempotent_producer(bootstrap)
-        self._consumer = reading_consumer(bootstrap, None)
+    def __init__(self, cluster: ClusterLike, namespace: str):
+        self.cluster, self.namespace = Cluster.of(cluster), namespace
+        self._producer = clients.idempotent_producer(cluster)
+        self._consumer = reading_consumer(cluster, None)
         self._readers: dict[str, Any] = {}  # queue group -> its offsets reader
 
     def snapshot(self, queue: str, timeout: float) -> dict[str, Any] | None:
@@ -93,7 +94,7 @@ class ProgressPublisher:
             return None
         reader = self._readers.get(group)
         if reader is None:
-            reader = self._readers[group] = offsets_reader(self.bootstrap, group, stable=False)
+            reader = self._readers[group] = offsets_reader(self.cluster, group, stable=False)
         try:
             committed = group_offsets(reader, [TopicPartition(topic, p) for p in partitions], timeout)
         except KafkaException as exc:
@@ -125,9 +126,9 @@ class ProgressPublisher:
 class ControlReader:
     """The worker's reading of the control topic from where it left off (every 2nd tick)."""
 
-    def __init__(self, bootstrap: str, namespace: str):
+    def __init__(self, cluster: ClusterLike, namespace: str):
         self.topic = names.control_topic(namespace)
-        self._consumer = reading_consumer(bootstrap, None, **{"enable.partition.eof": False})
+        self._consumer = reading_consumer(cluster, None, **{"enable.partition.eof": False})
         self._assigned = False
 
     def read(self, timeout: float) -> list[tuple[str, dict[str, Any]]]:

@@ -11,6 +11,7 @@ import orjson
 from confluent_kafka import KafkaError, TopicPartition
 
 from kbroker.core import names
+from kbroker.core.cluster import ClusterLike
 from kbroker.core.queue_analytics import dialog_row_at
 from kbroker.kafka.clients import is_transient
 from kbroker.kafka.reader import latest_values, reading_consumer, topic_partitions
@@ -18,13 +19,13 @@ from kbroker.kafka.reader import latest_values, reading_consumer, topic_partitio
 WINDOWS_KEPT = 60  # per queue, the newest windows the follower keeps (an hour at the default 60 s)
 
 
-def dialog_rows(bootstrap: str, namespace: str, klass: str | None = None,
+def dialog_rows(cluster: ClusterLike, namespace: str, klass: str | None = None,
                 timeout: float = 10.0) -> list[dict[str, Any]]:
     """Every dialog's latest classification (of class `klass` when given), sorted by queue and
     dialog; empty when no analytics job has written any. `oldest_age_s` is the age now."""
     rows = []
     now_ms = int(time.time() * 1000)
-    for key, value in (latest_values(bootstrap, names.analytics_topic(namespace), timeout) or {}).items():
+    for key, value in (latest_values(cluster, names.analytics_topic(namespace), timeout) or {}).items():
         if not key.startswith(b"dialog/"):
             continue
         row = orjson.loads(value)
@@ -38,9 +39,9 @@ class AnalyticsFollower:
     (the newest WINDOWS_KEPT per queue) and dialog classes. `poll()` reads what is new; call it
     from one thread; the readers (`queues`, `latest`, `dialogs`) may be called from any."""
 
-    def __init__(self, bootstrap: str, namespace: str):
+    def __init__(self, cluster: ClusterLike, namespace: str):
         self.topic = names.analytics_topic(namespace)
-        self._consumer = reading_consumer(bootstrap, None, **{"enable.partition.eof": False})
+        self._consumer = reading_consumer(cluster, None, **{"enable.partition.eof": False})
         self._assigned = False
         self._lock = threading.Lock()
         self._windows: dict[str, dict[int, dict[str, Any]]] = {}

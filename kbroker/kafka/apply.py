@@ -31,6 +31,7 @@ from confluent_kafka.admin import (
 from kbroker.core import names
 from kbroker.core.catalog.loader import check_queue_names, load_definitions, load_system_topics
 from kbroker.core.catalog.models import Catalog, Queue, SystemTopic
+from kbroker.core.cluster import ClusterLike
 from kbroker.core.routing import stamp_routes
 from kbroker.core.topic_limits import HEADER_HEADROOM as HEADER_HEADROOM  # noqa: F401 - tests read it here
 from kbroker.core.topic_limits import queue_limit, system_topic_limit
@@ -134,7 +135,7 @@ def _wait(futures: dict, what: str, tolerate: tuple = ()) -> set[str]:
     return tolerated
 
 
-def sync_topics(bootstrap: str, specs: list[TopicSpec], origins: dict[str, str] | None = None,
+def sync_topics(cluster: ClusterLike, specs: list[TopicSpec], origins: dict[str, str] | None = None,
                 progress: Progress = None, timeout: float = 30.0,
                 replication_factor: int | None = None) -> tuple[list[str], list[str], list[str]]:
     """Create missing topics, set changed configs, grow partitions. Returns (created, updated,
@@ -143,11 +144,11 @@ def sync_topics(bootstrap: str, specs: list[TopicSpec], origins: dict[str, str] 
     created with `replication_factor` replicas, by default as choose_replication picks for the
     cluster; existing topics keep theirs."""
     say = progress or (lambda _msg: None)
-    admin = clients.admin(bootstrap)
+    admin = clients.admin(cluster)
     try:
         metadata = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
-        raise kafka_error(f"no Kafka broker answers at {bootstrap}", exc.args[0]) from None
+        raise kafka_error(f"no Kafka broker answers at {cluster}", exc.args[0]) from None
     existing = metadata.topics
     replicas, min_insync = choose_replication(len(metadata.brokers), replication_factor)
 
@@ -257,37 +258,37 @@ def _await_metadata(admin: AdminClient, topics: list[str], timeout: float) -> No
         time.sleep(0.1)
 
 
-def ensure_system_topics(bootstrap: str, namespace: str, timeout: float = 30.0,
+def ensure_system_topics(cluster: ClusterLike, namespace: str, timeout: float = 30.0,
                          replication_factor: int | None = None) -> ApplyReport:
     """Create (or reconfigure) the namespace's system topics as kbroker/core/catalog/system.yaml says."""
     specs = topic_specs(Catalog(namespace=namespace))  # names.* validate the namespace
-    created, updated, retention = sync_topics(bootstrap, specs, timeout=timeout,
+    created, updated, retention = sync_topics(cluster, specs, timeout=timeout,
                                               replication_factor=replication_factor)
     return ApplyReport(created, updated, retention, 0, namespace)
 
 
-def apply_paths(bootstrap: str, namespace: str, paths: Iterable[str | Path], progress: Progress = None,
+def apply_paths(cluster: ClusterLike, namespace: str, paths: Iterable[str | Path], progress: Progress = None,
                 timeout: float = 30.0, replication_factor: int | None = None) -> ApplyReport:
     """Validate the definitions under `paths`, create/update their topics, publish the catalog."""
     catalog = load_definitions(paths, namespace)
     if progress:
         progress(f"validated {len(catalog.queues)} queues and {len(catalog.services)} services")
-    return apply_catalog(bootstrap, catalog, progress, timeout, replication_factor)
+    return apply_catalog(cluster, catalog, progress, timeout, replication_factor)
 
 
-def apply_catalog(bootstrap: str, catalog: Catalog, progress: Progress = None, timeout: float = 30.0,
+def apply_catalog(cluster: ClusterLike, catalog: Catalog, progress: Progress = None, timeout: float = 30.0,
                   replication_factor: int | None = None) -> ApplyReport:
     """Apply an already validated catalog (from load_definitions); new topics get
     `replication_factor` replicas (default: see choose_replication)."""
-    clients.brokers_answering(bootstrap, timeout)  # "no Kafka broker answers at ...", not a metadata error
-    previous = read_catalog(bootstrap, catalog.namespace, timeout=timeout)
+    clients.brokers_answering(cluster, timeout)  # "no Kafka broker answers at ...", not a metadata error
+    previous = read_catalog(cluster, catalog.namespace, timeout=timeout)
     # Before any topic changes: the queues applied earlier are part of the namespace's names.
     check_queue_names(catalog.queues, catalog.origins, applied=previous.queues)
-    created, updated, retention = sync_topics(bootstrap, topic_specs(catalog), catalog.origins, progress,
+    created, updated, retention = sync_topics(cluster, topic_specs(catalog), catalog.origins, progress,
                                               timeout, replication_factor)
     # A route's LIFETIME counts from when it was first published as it is now (routing.py).
     catalog = stamp_routes(catalog, previous.routes, time.time())
-    published = publish(bootstrap, catalog, previous=previous, timeout=timeout)
+    published = publish(cluster, catalog, previous=previous, timeout=timeout)
     if progress:
         progress(f"published {published} catalog records")
     return ApplyReport(created, updated, retention, published, catalog.namespace)

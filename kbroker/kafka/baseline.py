@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
+from kbroker.core.cluster import ClusterLike
 from kbroker.errors import KBrokerError
 from kbroker.kafka import clients
 from kbroker.kafka.clients import kafka_error
@@ -22,14 +23,14 @@ T = TypeVar("T")
 BATCH_RECORDS, BATCH_SECONDS = 100, 0.1  # the consume-transform-produce baselines' commits
 
 
-def sdk_like_producer(bootstrap: str) -> Producer:
+def sdk_like_producer(cluster: ClusterLike) -> Producer:
     """The settings Broker uses for SEND: idempotent, acks=all, linger 1 ms."""
-    return clients.producer(bootstrap, **{"enable.idempotence": True, "acks": "all", "linger.ms": 1})
+    return clients.producer(cluster, **{"enable.idempotence": True, "acks": "all", "linger.ms": 1})
 
 
-def fast_producer(bootstrap: str) -> Producer:
+def fast_producer(cluster: ClusterLike) -> Producer:
     """A producer for writing large backlogs quickly: big batches, a deep local queue."""
-    return clients.producer(bootstrap, **{
+    return clients.producer(cluster, **{
         "enable.idempotence": True, "acks": "all", "linger.ms": 50, "batch.size": 1_000_000,
         "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1_048_576})
 
@@ -117,10 +118,10 @@ def committed_offsets(consumer: Consumer, topic: str, partitions: list[int], tim
     return {tp.partition: max(tp.offset, 0) for tp in committed}
 
 
-def read_topic_to_end(bootstrap: str, topic: str, timeout: float = 600.0) -> int:
+def read_topic_to_end(cluster: ClusterLike, topic: str, timeout: float = 600.0) -> int:
     """A plain consumer loop reading every partition of `topic` from its start to its end;
     returns the records read (the least any reader of the whole topic does)."""
-    consumer = clients.consumer(bootstrap, None, **{"enable.partition.eof": True, "fetch.wait.max.ms": 10})
+    consumer = clients.consumer(cluster, None, **{"enable.partition.eof": True, "fetch.wait.max.ms": 10})
     try:
         meta = consumer.list_topics(topic, timeout=30).topics[topic]
         todo = set(meta.partitions)
@@ -147,11 +148,11 @@ def commit_offsets(consumer: Consumer, topic: str, offsets: dict[int, int]) -> N
                         asynchronous=False)
 
 
-def share_group_reads_from_start(bootstrap: str, group: str, timeout: float = 30.0) -> None:
+def share_group_reads_from_start(cluster: ClusterLike, group: str, timeout: float = 30.0) -> None:
     """Set the share group's `share.auto.offset.reset` to `earliest` (a group config, set before
     its first member joins): a share group starts at the end of the log by default, so records
     written before it existed, a preloaded queue, would never be delivered."""
-    admin = clients.admin(bootstrap)
+    admin = clients.admin(cluster)
     resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
         ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
     try:
@@ -160,15 +161,15 @@ def share_group_reads_from_start(bootstrap: str, group: str, timeout: float = 30
         raise kafka_error(f"could not configure share group {group!r}", exc.args[0]) from None
 
 
-def share_consumer(bootstrap: str, group: str, topic: str, **overrides: Any) -> ShareConsumer:
+def share_consumer(cluster: ClusterLike, group: str, topic: str, **overrides: Any) -> ShareConsumer:
     """A share consumer (KIP-932) of `topic` in share group `group`, acknowledging explicitly
     (acknowledge() each record, then commit_sync()); the group reads from the log's start.
     ShareConsumer came with confluent-kafka 2.15: imported here, so that an older one costs only
     its caller (an ImportError)."""
     from confluent_kafka import ShareConsumer
 
-    share_group_reads_from_start(bootstrap, group)
-    consumer = ShareConsumer(clients.base(bootstrap, **{"group.id": group, "share.acknowledgement.mode": "explicit",
+    share_group_reads_from_start(cluster, group)
+    consumer = ShareConsumer(clients.base(cluster, **{"group.id": group, "share.acknowledgement.mode": "explicit",
                                                         **overrides}))
     consumer.subscribe([topic])
     return consumer

@@ -19,6 +19,7 @@ from kbroker.core.catalog.models import (
     BUILTIN_MESSAGE_TYPES,
     Catalog,
 )
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.errors import BrokerUnavailableError, CatalogError, InvalidArgumentError, KBrokerError, kafka_error
 from kbroker.kafka import clients
 from kbroker.kafka.background import Background
@@ -45,23 +46,23 @@ def records(catalog: Catalog) -> dict[str, bytes]:
     return out
 
 
-def publish(bootstrap: str, catalog: Catalog, previous: Catalog | None = None, timeout: float = 30.0) -> int:
+def publish(cluster: ClusterLike, catalog: Catalog, previous: Catalog | None = None, timeout: float = 30.0) -> int:
     """Write the catalog's objects to its topic; with `previous`, only those that changed.
     Returns how many records were written. The topic must exist (see apply.ensure_system_topics)."""
     old = records(previous) if previous is not None else {}
     todo = {k: v for k, v in records(catalog).items() if old.get(k) != v}
-    write_records(bootstrap, names.catalog_topic(catalog.namespace), todo, timeout)
+    write_records(cluster, names.catalog_topic(catalog.namespace), todo, timeout)
     return len(todo)
 
 
-def publish_object(bootstrap: str, namespace: str, kind: str, obj: BaseModel, timeout: float = 30.0) -> None:
+def publish_object(cluster: ClusterLike, namespace: str, kind: str, obj: BaseModel, timeout: float = 30.0) -> None:
     """Write one catalog object (e.g. ALTER QUEUE's changed queue); every reader sees it on its
     next read of the catalog."""
     if kind not in FIELDS:
         raise InvalidArgumentError(f"unknown catalog kind {kind!r} (one of {', '.join(FIELDS)})")
     value = orjson.dumps(obj.model_dump(mode="json"))
     name = getattr(obj, "name")  # every catalog object is named
-    write_records(bootstrap, names.catalog_topic(namespace), {f"{kind}/{name}": value}, timeout)
+    write_records(cluster, names.catalog_topic(namespace), {f"{kind}/{name}": value}, timeout)
 
 
 def _collect_errors(errors: list[KafkaError]) -> Callable[[KafkaError | None, object], None]:
@@ -71,9 +72,9 @@ def _collect_errors(errors: list[KafkaError]) -> Callable[[KafkaError | None, ob
     return on_delivery
 
 
-def write_records(bootstrap: str, topic: str, todo: dict[str, bytes], timeout: float) -> None:
+def write_records(cluster: ClusterLike, topic: str, todo: dict[str, bytes], timeout: float) -> None:
     """Produce key -> value records to an existing kbroker topic; returns once all are acknowledged."""
-    producer = clients.producer(bootstrap, **{
+    producer = clients.producer(cluster, **{
         "enable.idempotence": True,  # retries never duplicate or reorder catalog records
         "allow.auto.create.topics": False,  # an auto-created topic would not be compacted
         "message.timeout.ms": int(timeout * 1000),
@@ -91,10 +92,10 @@ def write_records(bootstrap: str, topic: str, todo: dict[str, bytes], timeout: f
         raise BrokerUnavailableError(f"publishing to {topic}: {remaining} records not acknowledged in {timeout}s")
 
 
-def read_catalog(bootstrap: str, namespace: str, timeout: float = 10.0) -> Catalog:
+def read_catalog(cluster: ClusterLike, namespace: str, timeout: float = 10.0) -> Catalog:
     """The namespace's catalog as published; only the built-ins when the topic does not exist."""
     topic = names.catalog_topic(namespace)
-    consumer = reading_consumer(bootstrap, f"{names.prefix(namespace)}catalog-reader",  # never joined
+    consumer = reading_consumer(cluster, f"{names.prefix(namespace)}catalog-reader",  # never joined
                                 **{"allow.auto.create.topics": False})
     try:
         partitions = topic_partitions(consumer, topic, timeout)
@@ -144,16 +145,16 @@ class CatalogWatcher(Background):
 
     thread_name = "kbroker-catalog-watch"
 
-    def __init__(self, bootstrap: str, namespace: str, on_change: Callable[[Catalog], None],
+    def __init__(self, cluster: ClusterLike, namespace: str, on_change: Callable[[Catalog], None],
                  interval: float = 0.5):
         super().__init__()
-        self._bootstrap, self._namespace, self._on_change = bootstrap, namespace, on_change
+        self._cluster, self._namespace, self._on_change = Cluster.of(cluster), namespace, on_change
         self._interval = interval
         self._end: tuple[int, ...] | None = None  # where the topic ended at the last look
 
     def _run(self) -> None:
         topic = names.catalog_topic(self._namespace)
-        consumer = reading_consumer(self._bootstrap, f"{names.prefix(self._namespace)}catalog-watch",
+        consumer = reading_consumer(self._cluster, f"{names.prefix(self._namespace)}catalog-watch",
                                     **{"allow.auto.create.topics": False})
         failing = False
         partitions: list[int] | None = None  # the catalog topic's, asked until it exists

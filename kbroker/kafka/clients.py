@@ -1,6 +1,7 @@
 """The one place kbroker builds Kafka clients: every producer, consumer and admin client starts
-from the same base settings (bootstrap address, librdkafka's log routed to kbroker's logger), so a
-setting that must hold everywhere is set once. `kafka_error` (a Kafka failure as a typed kbroker
+from the same base settings (the cluster's bootstrap servers and client properties, librdkafka's
+log routed to kbroker's logger), so a setting that must hold everywhere is set once; the Faust
+worker's broker URL and the Spark job's Kafka options are made here from the same Cluster. `kafka_error` (a Kafka failure as a typed kbroker
 error) lives with the errors and is re-exported here for the layer's modules."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from kbroker.config import KAFKA_LOG
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.log_limit import RateLimitFilter
 from kbroker.errors import BrokerUnavailableError, SendFailedError
 from kbroker.errors import kafka_error as kafka_error  # re-exported for the layer's modules
@@ -38,40 +40,57 @@ def is_transient(err: KafkaError) -> bool:
     return not err.fatal() and (err.retriable() or err.code() in _RECONNECTING)
 
 
-def base(bootstrap: str, **overrides: Any) -> dict[str, Any]:
+def librdkafka_settings(cluster: ClusterLike) -> dict[str, Any]:
+    """The cluster as librdkafka's settings: its bootstrap servers and client properties."""
+    c = Cluster.of(cluster)
+    return {"bootstrap.servers": c.bootstrap, **c.properties}
+
+
+def base(cluster: ClusterLike, **overrides: Any) -> dict[str, Any]:
     """The settings every client shares, plus `overrides`."""
-    return {"bootstrap.servers": bootstrap, "logger": KAFKA_LOG, **overrides}
+    return {**librdkafka_settings(cluster), "logger": KAFKA_LOG, **overrides}
 
 
-def producer(bootstrap: str, **overrides: Any) -> Producer:
+def producer(cluster: ClusterLike, **overrides: Any) -> Producer:
     """A producer with librdkafka's defaults (views, reader reports, benchmarks' baselines)."""
-    return Producer(base(bootstrap, **overrides))
+    return Producer(base(cluster, **overrides))
 
 
-def idempotent_producer(bootstrap: str, **overrides: Any) -> Producer:
+def idempotent_producer(cluster: ClusterLike, **overrides: Any) -> Producer:
     """A producer whose acknowledged messages are durable and never duplicated by its retries:
     what SEND outside a transaction uses."""
-    return Producer(base(bootstrap, **{"enable.idempotence": True, "acks": "all", "linger.ms": 1,
-                                       "message.max.bytes": MAX_MESSAGE_BYTES, **overrides}))
+    return Producer(base(cluster, **{"enable.idempotence": True, "acks": "all", "linger.ms": 1,
+                                     "message.max.bytes": MAX_MESSAGE_BYTES, **overrides}))
 
 
-def transactional_producer(bootstrap: str, prefix: str, **overrides: Any) -> Producer:
+def transactional_producer(cluster: ClusterLike, prefix: str, **overrides: Any) -> Producer:
     """An idempotent producer with a fresh transactional id under `prefix` (init_transactions is
     the caller's, with its own deadline)."""
-    return idempotent_producer(bootstrap, **{"transactional.id": f"{prefix}.{uuid.uuid4()}", **overrides})
+    return idempotent_producer(cluster, **{"transactional.id": f"{prefix}.{uuid.uuid4()}", **overrides})
 
 
-def consumer(bootstrap: str, group_id: str | None = None, **overrides: Any) -> Consumer:
+def consumer(cluster: ClusterLike, group_id: str | None = None, **overrides: Any) -> Consumer:
     """A consumer that commits nothing by itself and reads committed records only. Without a
     `group_id` it gets a throw-away one (for assign()-only reading)."""
-    return Consumer(base(bootstrap, **{
+    return Consumer(base(cluster, **{
         "group.id": group_id or f"kbroker-reader-{uuid.uuid4().hex[:8]}",
         "enable.auto.commit": False, "isolation.level": "read_committed", **overrides}))
 
 
-def admin(bootstrap: str, **overrides: Any) -> AdminClient:
+def admin(cluster: ClusterLike, **overrides: Any) -> AdminClient:
     """An admin client (topics, configs, consumer groups' offsets)."""
-    return AdminClient(base(bootstrap, **overrides))
+    return AdminClient(base(cluster, **overrides))
+
+
+def faust_broker(cluster: ClusterLike) -> str:
+    """The cluster as a Faust broker URL (`kafka://host:port;kafka://...`)."""
+    return ";".join(f"kafka://{h.strip()}" for h in Cluster.of(cluster).bootstrap.split(",") if h.strip())
+
+
+def spark_options(cluster: ClusterLike) -> dict[str, str]:
+    """The cluster as options of Spark's Kafka source and sink (`kafka.`-prefixed properties)."""
+    c = Cluster.of(cluster)
+    return {"kafka.bootstrap.servers": c.bootstrap, **{f"kafka.{k}": v for k, v in c.properties.items()}}
 
 
 def consume_soon(consumer: Consumer, most: int, wait: float) -> list[Any]:
@@ -121,13 +140,13 @@ def result_of(future: Any, what: str) -> Any:
         raise kafka_error(what, exc.args[0]) from None
 
 
-def brokers_answering(bootstrap: str, timeout: float = 10.0, client: AdminClient | None = None) -> int:
-    """How many brokers the cluster at `bootstrap` lists in a metadata answer within `timeout`;
+def brokers_answering(cluster: ClusterLike, timeout: float = 10.0, client: AdminClient | None = None) -> int:
+    """How many brokers `cluster` lists in a metadata answer within `timeout`;
     BrokerUnavailableError when none answers."""
     try:
-        return len((client or admin(bootstrap)).list_topics(timeout=timeout).brokers)
+        return len((client or admin(cluster)).list_topics(timeout=timeout).brokers)
     except KafkaException as exc:
-        raise BrokerUnavailableError(f"no Kafka broker answers at {bootstrap}: {exc.args[0].str()}") from None
+        raise BrokerUnavailableError(f"no Kafka broker answers at {cluster}: {exc.args[0].str()}") from None
 
 
 def library_versions() -> tuple[str, str]:

@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.records import Record
 from kbroker.core.txn_faults import Action, Deadline, Position, Stage, committed_by_offsets, decide
 from kbroker.errors import RecordRefusedError, TransactionAbortedError, TransactionInDoubtError
@@ -123,14 +124,15 @@ class GroupCommitter:
     without I/O; start() creates the transactional producers (with `new_producer`, given their
     settings) and the committing thread."""
 
-    def __init__(self, bootstrap: str, namespace: str, *, interval: float = 0.005,
+    def __init__(self, cluster: ClusterLike, namespace: str, *, interval: float = 0.005,
                  max_batch: int = 1000, timeout: float = 30.0, producers: int = 2,
                  transaction_deadline: float = 10.0, resolve_timeout: float = 120.0,
                  open_transactions: Callable[[], int] = lambda: 1,
                  new_producer: Callable[[dict[str, Any]], Producer] = Producer,
                  transactional_ids: tuple[str, ...] = ()):
         self._namespace, self._make_producer = namespace, new_producer
-        self._conf: dict[str, Any] = clients.base(bootstrap, **{
+        self._cluster = Cluster.of(cluster)
+        self._conf: dict[str, Any] = clients.base(cluster, **{
             "enable.idempotence": True, "acks": "all", "linger.ms": 1,
             "message.max.bytes": 11 * 1024 * 1024,
             # Right after a commit the coordinator is still writing markers and answers the next
@@ -366,7 +368,7 @@ class GroupCommitter:
         this very commit (the revocation's barrier), and would not answer."""
         reader = self._offsets_readers.get(group)
         if reader is None:
-            reader = self._offsets_readers[group] = offsets_reader(self._conf["bootstrap.servers"], group)
+            reader = self._offsets_readers[group] = offsets_reader(self._cluster, group)
         return without_errors(group_offsets(reader, positions, seconds))
 
     def _ready(self, slot: "_Slot", seconds: float) -> GuardedProducer:

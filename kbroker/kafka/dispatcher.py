@@ -25,6 +25,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from kbroker.core import names
 from kbroker.core.arrival import REFUSE, SAVE, WAIT, check_arrival
 from kbroker.core.catalog.models import Catalog
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.dispatch import Inbox, declared_follows, describe_drops, gap_status, next_in_line
 from kbroker.core.forwarding import MB, Forwarded
 from kbroker.core.routing import address, hop, match_route, routes_of
@@ -52,10 +53,10 @@ class Dispatcher:
     """Reads the namespace's inbound topic. Run one or more per cluster (each worker runs one);
     they share its partitions. `catalog()` gives the namespace's current catalog."""
 
-    def __init__(self, bootstrap: str, namespace: str, catalog: Callable[[], Catalog], *,
+    def __init__(self, cluster: ClusterLike, namespace: str, catalog: Callable[[], Catalog], *,
                  guard: FailureSink | None = None, poll_interval: float = 0.05, tick: float = 5.0):
-        self.bootstrap, self.namespace = bootstrap, namespace
-        self.here = address(bootstrap, namespace)  # where LOCAL routes lead
+        self.cluster, self.namespace = Cluster.of(cluster), namespace
+        self.here = address(self.cluster.bootstrap, namespace)  # where LOCAL routes lead
         self._catalog = catalog
         self._guard = guard
         self._poll_interval = poll_interval
@@ -66,7 +67,7 @@ class Dispatcher:
         self._thread: threading.Thread | None = None
         self._refused: set[str] = set()
         group = names.dispatcher_group(namespace)
-        self._consumer = clients.consumer(bootstrap, group, **{
+        self._consumer = clients.consumer(cluster, group, **{
             "session.timeout.ms": 10_000, "partition.assignment.strategy": "range", "auto.offset.reset": "earliest"})
         self._transactional_id = f"{group}.{uuid.uuid4()}"
         self._producer = self._new_producer()
@@ -76,7 +77,7 @@ class Dispatcher:
         self._ticks = TickCounter()
 
     def _new_producer(self) -> GuardedProducer:
-        return started(clients.idempotent_producer(self.bootstrap, **{
+        return started(clients.idempotent_producer(self.cluster, **{
             "transactional.id": self._transactional_id, "transaction.timeout.ms": 10_000}),
             self._transactional_id, 30)
 
@@ -95,7 +96,7 @@ class Dispatcher:
         survives restarts, rebalances and in-doubt commits because it is the acknowledgements
         themselves (read to the end, or not at all)."""
         topic = names.acks_topic(self.namespace)
-        raw = latest_values(self.bootstrap, topic, ACKS_READ_SECONDS, must_finish=True)
+        raw = latest_values(self.cluster, topic, ACKS_READ_SECONDS, must_finish=True)
         if raw is None:
             raise BrokerUnavailableError(f"{topic} does not exist (is the namespace's catalog applied?)")
         acks = {k.decode(): orjson.loads(v) for k, v in raw.items()}
@@ -237,7 +238,7 @@ class Dispatcher:
         assert endpoint is not None
         limit = endpoint.message_forward_size * MB
         if self.forwarder is None:
-            self.forwarder = Forwarder(self.bootstrap, self.namespace, limit)
+            self.forwarder = Forwarder(self.cluster, self.namespace, limit)
         self.forwarder.queue.limit = limit  # ALTER ENDPOINT ... MESSAGE_FORWARD_SIZE
         value, headers = messages.value(msg), messages.headers(msg)
         assert env.from_broker is not None  # _one refused a message without one

@@ -18,6 +18,7 @@ import orjson
 from confluent_kafka import Consumer, Message, Producer
 
 from kbroker.core import names
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.endpoint import CHAIN_SUFFIX, CLOSED, CLOSED_GRACE_SECONDS, Endpoint, merged_state
 from kbroker.core.send_lease import LEASE_SUFFIX, WANT_SUFFIX, SendLease, Want, folded
 from kbroker.errors import BrokerUnavailableError, ConversationNotFoundError
@@ -42,13 +43,13 @@ class EndpointStore:
     move from being undone, even after compaction has dropped the endpoint record that had it.
     """
 
-    def __init__(self, bootstrap: str, namespace: str, producer: Producer | None, *,
+    def __init__(self, cluster: ClusterLike, namespace: str, producer: Producer | None, *,
                  continue_sequences: bool = True):
         # producer None: a store that only reads (views, the reclaim): see read_endpoints.
         # continue_sequences=False: show records as written (views), not where SENDs would go on.
         self._continue_sequences = continue_sequences
         self.topic = names.endpoints_topic(namespace)
-        self._bootstrap = bootstrap
+        self._cluster = Cluster.of(cluster)
         self._producer = producer
         self._cache: dict[str, Endpoint] = {}
         self._by_group: dict[str, set[str]] = {}  # conversation group -> handles in the cache
@@ -253,7 +254,7 @@ class EndpointStore:
         raises a typed kbroker error (BrokerUnavailableError when trying later may help); what
         was not reached by the deadline is read by the next call."""
         if self._consumer is None:
-            self._consumer = reading_consumer(self._bootstrap, "kbroker-endpoints-reader")
+            self._consumer = reading_consumer(self._cluster, "kbroker-endpoints-reader")
         if not self._positions:
             partitions = topic_partitions(self._consumer, self.topic, timeout)
             if partitions is None:
@@ -363,10 +364,10 @@ class EndpointStore:
             self._consumer = None
 
 
-def read_endpoints(bootstrap: str, namespace: str, *, as_written: bool = False) -> list[Endpoint]:
+def read_endpoints(cluster: ClusterLike, namespace: str, *, as_written: bool = False) -> list[Endpoint]:
     """Every endpoint of the namespace, read once by a store of its own that writes nothing.
     as_written: sequences as the records say them (the views), not where SENDs would go on."""
-    store = EndpointStore(bootstrap, namespace, None, continue_sequences=not as_written)
+    store = EndpointStore(cluster, namespace, None, continue_sequences=not as_written)
     try:
         return store.all()
     finally:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from kbroker.core import names
+from kbroker.core.cluster import ClusterLike
 from kbroker.errors import BrokerUnavailableError, CatalogError
 from kbroker.kafka import clients
 from kbroker.kafka.clients import kafka_error
@@ -30,21 +31,21 @@ class EventsReader:
     are positioned, so an event written after it is never skipped. Kafka errors that do not stop
     the reading are reported to `on_error` as text."""
 
-    def __init__(self, bootstrap: str, namespace: str, group: str, *,
+    def __init__(self, cluster: ClusterLike, namespace: str, group: str, *,
                  on_ready: Callable[[], None] = lambda: None,
                  on_error: Callable[[str], None] = lambda _text: None):
         """Raises BrokerUnavailableError when no broker answers, CatalogError when the topic
         does not exist."""
         self.topic = names.events_topic(namespace)
         self._on_ready, self._on_error = on_ready, on_error
-        self._consumer = clients.consumer(bootstrap, group, **{
+        self._consumer = clients.consumer(cluster, group, **{
             "auto.offset.reset": "latest", "session.timeout.ms": 10_000,
             "partition.assignment.strategy": "range"})
         try:
             meta = self._consumer.list_topics(self.topic, timeout=10)
         except KafkaException as exc:
             self._consumer.close()
-            raise BrokerUnavailableError(f"no Kafka broker answers at {bootstrap}: {exc}") from None
+            raise BrokerUnavailableError(f"no Kafka broker answers at {cluster}: {exc}") from None
         t = meta.topics.get(self.topic)
         if t is None or t.error is not None:
             self._consumer.close()

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from kbroker.core import names
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.forwarding import Forwarded, ForwardQueue
 from kbroker.core.transmission import ack_key
 from kbroker.kafka import clients
@@ -28,14 +29,14 @@ RELAYED_KEPT = 100_000  # directions whose relayed acknowledgement is remembered
 
 
 class Forwarder:
-    def __init__(self, bootstrap: str, namespace: str, limit_bytes: int):
-        self.bootstrap, self.namespace = bootstrap, namespace
+    def __init__(self, cluster: ClusterLike, namespace: str, limit_bytes: int):
+        self.cluster, self.namespace = Cluster.of(cluster), namespace
         self.queue = ForwardQueue(limit_bytes)
         self.pool = LinkPool(namespace, every_ack=True)
         # Ack key of each direction forwarded -> the highest `next` relayed for it (-1: none yet),
         # oldest first: the acknowledgements to relay, and which to forget first.
         self._relayed: dict[str, int] = {}
-        self._producer = clients.idempotent_producer(bootstrap)
+        self._producer = clients.idempotent_producer(cluster)
         # sys.dm_broker_forwarded_messages, for `kbroker forwarded`
         self._reports = ReportWriter(self._producer, namespace, "forwarder")
         self.relayed = 0

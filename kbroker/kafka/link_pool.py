@@ -7,6 +7,7 @@ import logging
 import time
 from typing import Any
 
+from kbroker.core.cluster import Cluster
 from kbroker.core.routing import parse_address
 from kbroker.core.transport import IDLE_CLOSE, Links
 from kbroker.kafka.transport_link import LinkBroken, TransportLink
@@ -33,7 +34,10 @@ class LinkPool:
                     f"after: {state.last_error or 'a failure'}")
         bootstrap, namespace = parse_address(dest)
         self.links.connecting(dest, now)
-        link = TransportLink(bootstrap, namespace, self.from_broker, every_ack=self._every_ack)
+        # A route names its destination by address only, so a link reaches it with no client
+        # settings. Next issue (secured clusters): a destination on this process's own cluster
+        # should get the local Cluster (its settings) rather than Cluster(bootstrap).
+        link = TransportLink(Cluster(bootstrap), namespace, self.from_broker, every_ack=self._every_ack)
         try:
             link.open(CONNECT_SECONDS)
         except LinkBroken as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import struct
 import time
 from datetime import datetime, timezone
+from typing import Any
 
 import orjson
 from confluent_kafka import (
@@ -20,6 +21,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import OffsetSpec
 
 from kbroker.core import names
+from kbroker.core.cluster import ClusterLike
 from kbroker.core.endpoint import Endpoint
 from kbroker.core.offsets import decode_completed
 from kbroker.errors import CatalogError, InvalidArgumentError, kafka_error
@@ -32,7 +34,7 @@ from kbroker.kafka.reader import committed_offsets, latest_values
 QUEUE_DISABLED, QUEUE_ENABLED = "QUEUE_DISABLED", "QUEUE_ENABLED"
 
 
-def set_queue_status(bootstrap: str, namespace: str, queue: str, status: str, reason: str, *,
+def set_queue_status(cluster: ClusterLike, namespace: str, queue: str, status: str, reason: str, *,
                      poison: bool = False, timeout: float = 30.0) -> None:
     """ALTER QUEUE queue WITH STATUS = ON | OFF. Publishes the changed queue to the catalog, then
     puts a QUEUE_DISABLED / QUEUE_ENABLED event (key: the queue) on the namespace's events topic.
@@ -42,22 +44,22 @@ def set_queue_status(bootstrap: str, namespace: str, queue: str, status: str, re
     status = status.upper() if isinstance(status, str) else status
     if status not in ("ON", "OFF"):
         raise InvalidArgumentError(f"status must be ON or OFF, not {status!r}")
-    q = read_catalog(bootstrap, namespace, timeout).queue(queue)  # UnknownQueueError
+    q = read_catalog(cluster, namespace, timeout).queue(queue)  # UnknownQueueError
     # Validate rather than model_copy: a frozen model's copy skips validation.
-    publish_object(bootstrap, namespace, "queue", type(q).model_validate({**q.model_dump(), "status": status}),
+    publish_object(cluster, namespace, "queue", type(q).model_validate({**q.model_dump(), "status": status}),
                    timeout)
     event = {"event": QUEUE_DISABLED if status == "OFF" else QUEUE_ENABLED, "queue": queue,
              "reason": reason, "poison": bool(poison), "time": int(time.time() * 1000)}
-    write_records(bootstrap, names.events_topic(namespace), {queue: orjson.dumps(event)}, timeout)
+    write_records(cluster, names.events_topic(namespace), {queue: orjson.dumps(event)}, timeout)
 
 
-def alter_queue_activation(bootstrap: str, namespace: str, queue: str, *, status: str | None = None,
+def alter_queue_activation(cluster: ClusterLike, namespace: str, queue: str, *, status: str | None = None,
                            max_queue_readers: int | None = None, procedure: str | None = None,
                            timeout: float = 30.0) -> dict:
     """ALTER QUEUE queue WITH ACTIVATION (STATUS = ON | OFF, MAX_QUEUE_READERS = n, PROCEDURE_NAME = p).
     The worker's monitors see the change on their next tick; turning activation off and on
     recycles the queue's monitor."""
-    q = read_catalog(bootstrap, namespace, timeout).queue(queue)  # UnknownQueueError
+    q = read_catalog(cluster, namespace, timeout).queue(queue)  # UnknownQueueError
     if q.activation is None and procedure is None and status != "OFF":
         raise InvalidArgumentError(f"queue {queue!r} has no activation; give a procedure to add one")
     activation = dict(q.activation.model_dump()) if q.activation is not None else {}
@@ -65,13 +67,13 @@ def alter_queue_activation(bootstrap: str, namespace: str, queue: str, *, status
         if value is not None:
             activation[key] = value
     new = type(q).model_validate({**q.model_dump(), "activation": activation})  # validates the values
-    publish_object(bootstrap, namespace, "queue", new, timeout)
+    publish_object(cluster, namespace, "queue", new, timeout)
     # Tell the monitor at once too: OFF then ON in quick succession must still recycle it.
     from kbroker.core.monitor import MonitorConfig, QueueAltered
     from kbroker.core.monitor_codec import encode
 
     try:
-        write_records(bootstrap, names.monitor_events_topic(namespace),
+        write_records(cluster, names.monitor_events_topic(namespace),
                       {queue: encode(QueueAltered(MonitorConfig.from_queue(new)))}, timeout)
     except CatalogError:
         pass  # no worker has run in this namespace: the first one reads the catalog
@@ -79,7 +81,7 @@ def alter_queue_activation(bootstrap: str, namespace: str, queue: str, *, status
     return new.activation.model_dump()
 
 
-def queue_view(bootstrap: str, namespace: str, queue: str, timeout: float = 10.0) -> dict:
+def queue_view(cluster: ClusterLike, namespace: str, queue: str, timeout: float = 10.0) -> dict:
     """A queue's status and depth per partition, and its readers (the consumer group).
 
     Per partition: `end` is the last stable offset (records of open transactions are not ready
@@ -91,14 +93,14 @@ def queue_view(bootstrap: str, namespace: str, queue: str, timeout: float = 10.0
     would mean reading the partition. `start` is the log start: records below it were reclaimed
     by the worker once every reader had received them (reclaim.py); `bytes` is what the
     partition's log holds on its leader (None when a broker does not answer DescribeLogDirs)."""
-    q = read_catalog(bootstrap, namespace, timeout).queue(queue)  # UnknownQueueError
+    q = read_catalog(cluster, namespace, timeout).queue(queue)  # UnknownQueueError
     topic, group = names.queue_topic(namespace, queue), names.queue_group(namespace, queue)
-    admin = clients.admin(bootstrap)
+    admin = clients.admin(cluster)
     try:
-        cluster = admin.list_topics(timeout=timeout)
+        metadata = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
-        raise kafka_error(f"no Kafka broker answers at {bootstrap}", exc.args[0]) from None
-    meta = cluster.topics.get(topic)
+        raise kafka_error(f"no Kafka broker answers at {cluster}", exc.args[0]) from None
+    meta = metadata.topics.get(topic)
     if meta is None or meta.error is not None:
         raise CatalogError(f"queue {queue!r} has no topic {topic}: run 'kbroker apply'")
     tps = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
@@ -109,11 +111,11 @@ def queue_view(bootstrap: str, namespace: str, queue: str, timeout: float = 10.0
         return {tp.partition: clients.result_of(f, f"cannot list the offsets of {topic}").offset for tp, f in futures.items()}
 
     starts, ends = offsets(OffsetSpec.earliest()), offsets(OffsetSpec.latest())
-    committed = {tp.partition: tp for tp in committed_offsets(bootstrap, group, tps, timeout, stable=False)}
+    committed = {tp.partition: tp for tp in committed_offsets(cluster, group, tps, timeout, stable=False)}
     desc = clients.result_of(admin.describe_consumer_groups([group], request_timeout=timeout)[group],
                    f"cannot describe consumer group {group}")
 
-    sizes = _bytes_held(cluster, topic, timeout)
+    sizes = _bytes_held(cluster, metadata, topic, timeout)
     partitions = []
     for tp in tps:
         p, start, end = tp.partition, starts[tp.partition], ends[tp.partition]
@@ -124,7 +126,7 @@ def queue_view(bootstrap: str, namespace: str, queue: str, timeout: float = 10.0
         partitions.append({"partition": p, "start": start, "end": end, "committed": pos,
                            "completed_above": above, "ready": max(0, end - base - above),
                            "bytes": sizes.get(p) if sizes is not None else None})
-    readers = reader_rows(bootstrap, namespace, topic, timeout)
+    readers = reader_rows(cluster, namespace, topic, timeout)
     return {
         "queue": q.name, "topic": topic, "status": q.status,
         "poison_message_handling": q.poison_message_handling, "partitions": len(tps),
@@ -138,17 +140,17 @@ def queue_view(bootstrap: str, namespace: str, queue: str, timeout: float = 10.0
     }
 
 
-def _bytes_held(cluster, topic: str, timeout: float) -> dict[int, int] | None:
+def _bytes_held(cluster: ClusterLike, metadata: Any, topic: str, timeout: float) -> dict[int, int] | None:
     """partition -> bytes its leader holds (DescribeLogDirs, kafka/wire.py); None when a broker
     does not answer it (the view then shows the offsets without the bytes)."""
     by_leader: dict[int, list[int]] = {}
-    for p, pm in cluster.topics[topic].partitions.items():
+    for p, pm in metadata.topics[topic].partitions.items():
         by_leader.setdefault(pm.leader, []).append(p)
     sizes: dict[int, int] = {}
     try:
         for leader, partitions in by_leader.items():
-            node = cluster.brokers[leader]
-            held = wire.partition_sizes(node.host, node.port, topic, partitions, timeout)
+            node = metadata.brokers[leader]
+            held = wire.partition_sizes(cluster, topic, partitions, timeout, node=(node.host, node.port))
             sizes.update({p: n for p, n in held.items() if p in partitions})
     except (OSError, KeyError, ValueError, IndexError, struct.error):
         return None
@@ -158,11 +160,11 @@ def _bytes_held(cluster, topic: str, timeout: float) -> dict[int, int] | None:
 READER_STALE_SECONDS = 10.0  # a process that has not reported for this long is gone
 
 
-def reader_rows(bootstrap: str, namespace: str, topic: str, timeout: float = 10.0) -> list[dict]:
+def reader_rows(cluster: ClusterLike, namespace: str, topic: str, timeout: float = 10.0) -> list[dict]:
     """The processes reading `topic` now, as they last reported: locked groups, messages in
     flight (taken by open transactions), buffered records, partitions."""
     now, rows = time.time(), []
-    for value in (latest_values(bootstrap, names.readers_topic(namespace), timeout) or {}).values():
+    for value in (latest_values(cluster, names.readers_topic(namespace), timeout) or {}).values():
         r = orjson.loads(value)
         if r.get("topic") == topic and now - r.get("at", 0) <= READER_STALE_SECONDS:
             rows.append({k: r[k] for k in ("process", "partitions", "buffered", "ready_groups",
@@ -171,11 +173,11 @@ def reader_rows(bootstrap: str, namespace: str, topic: str, timeout: float = 10.
     return sorted(rows, key=lambda r: r["process"])
 
 
-def conversation_view(bootstrap: str, namespace: str) -> list[dict]:
+def conversation_view(cluster: ClusterLike, namespace: str) -> list[dict]:
     """sys.conversation_endpoints: every endpoint in the namespace's endpoints topic, with the
     columns kbroker keeps (the rest of SSB's columns have no meaning here), read from the topic.
     A running worker keeps the same view current in memory (its /conversations/ page)."""
-    return conversation_rows(read_endpoints(bootstrap, namespace, as_written=True))
+    return conversation_rows(read_endpoints(cluster, namespace, as_written=True))
 
 
 def conversation_rows(endpoints: list[Endpoint]) -> list[dict]:

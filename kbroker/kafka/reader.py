@@ -20,6 +20,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from kbroker.core.cluster import ClusterLike
 from kbroker.errors import BrokerUnavailableError
 from kbroker.kafka.clients import consumer as new_consumer
 from kbroker.kafka.clients import is_transient, kafka_error
@@ -44,12 +45,12 @@ class Unread(TopicPartition):
         return self._why
 
 
-def offsets_reader(bootstrap: str, group: str, *, stable: bool = True) -> Consumer:
+def offsets_reader(cluster: ClusterLike, group: str, *, stable: bool = True) -> Consumer:
     """A consumer of `group`'s id that never subscribes: it only reads the group's committed
     offsets (`group_offsets`), so it never joins, or disturbs, the group. stable: offsets a
     still-open Kafka transaction holds are not answered (what settling and assigning need);
     the views take them as they stand."""
-    return new_consumer(bootstrap, group, **({} if stable else {"isolation.level": "read_uncommitted"}))
+    return new_consumer(cluster, group, **({} if stable else {"isolation.level": "read_uncommitted"}))
 
 
 def group_offsets(reader: Consumer, partitions: list[TopicPartition], seconds: float) -> list[TopicPartition]:
@@ -89,11 +90,11 @@ def group_offsets(reader: Consumer, partitions: list[TopicPartition], seconds: f
     return out
 
 
-def committed_offsets(bootstrap: str, group: str, partitions: list[TopicPartition], seconds: float, *,
+def committed_offsets(cluster: ClusterLike, group: str, partitions: list[TopicPartition], seconds: float, *,
                       stable: bool = True) -> list[TopicPartition]:
     """group_offsets, once, with a reader of its own (closed after): for callers that ask now
     and then (the views, the 5th-tick reclaim). A Kafka failure raises a typed kbroker error."""
-    reader = offsets_reader(bootstrap, group, stable=stable)
+    reader = offsets_reader(cluster, group, stable=stable)
     try:
         return group_offsets(reader, partitions, seconds)
     except KafkaException as exc:
@@ -112,10 +113,10 @@ def without_errors(positions: list[TopicPartition]) -> list[TopicPartition]:
     return list(positions)
 
 
-def reading_consumer(bootstrap: str, group_id: str | None = None, **overrides: object) -> Consumer:
+def reading_consumer(cluster: ClusterLike, group_id: str | None = None, **overrides: object) -> Consumer:
     """A consumer for `read_partitions`: it reports partition EOF (the end of a read), and does
     not long-poll at the end (a catch-up read should return as soon as it is there)."""
-    return new_consumer(bootstrap, group_id, **{"enable.partition.eof": True, "fetch.wait.max.ms": 10,
+    return new_consumer(cluster, group_id, **{"enable.partition.eof": True, "fetch.wait.max.ms": 10,
                                                 **overrides})
 
 
@@ -205,12 +206,12 @@ def read_partitions(consumer: Consumer, topic: str, starts: Mapping[int, int], t
     return read
 
 
-def read_to_end(bootstrap: str, topic: str, timeout: float = 10.0, *,
+def read_to_end(cluster: ClusterLike, topic: str, timeout: float = 10.0, *,
                 must_finish: bool = False) -> list[Message] | None:
     """Every committed record of `topic`, in offset order within each partition; None when the
     topic does not exist. What was read by `timeout` is returned, unless `must_finish`: then
     not reaching the end raises BrokerUnavailableError."""
-    consumer = reading_consumer(bootstrap, f"kbroker-view-{uuid.uuid4().hex[:8]}")
+    consumer = reading_consumer(cluster, f"kbroker-view-{uuid.uuid4().hex[:8]}")
     try:
         partitions = topic_partitions(consumer, topic, timeout)
         if partitions is None:
@@ -223,11 +224,11 @@ def read_to_end(bootstrap: str, topic: str, timeout: float = 10.0, *,
     return read.records
 
 
-def latest_values(bootstrap: str, topic: str, timeout: float = 10.0, *,
+def latest_values(cluster: ClusterLike, topic: str, timeout: float = 10.0, *,
                   must_finish: bool = False) -> dict[bytes, bytes] | None:
     """A compacted topic as key -> last value, tombstoned keys left out; None when it does not
     exist. `must_finish`: as read_to_end's (a partial read raises instead)."""
-    records = read_to_end(bootstrap, topic, timeout, must_finish=must_finish)
+    records = read_to_end(cluster, topic, timeout, must_finish=must_finish)
     if records is None:
         return None
     latest: dict[bytes, bytes] = {}

@@ -28,6 +28,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from confluent_kafka import Message as KafkaRecord
 
 from kbroker.core import names
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.endpoint import handle_for
 from kbroker.core.envelope import Envelope, MalformedRecord, Message
 from kbroker.core.group_buffer import Buffered, GroupBuffer, full_partitions, receive_order
@@ -76,7 +77,7 @@ class QueueReceiver:
     start() creates the consumer (with `new_consumer`, given the consumer settings) and its poll
     thread."""
 
-    def __init__(self, bootstrap: str, namespace: str, queue: str, *,
+    def __init__(self, cluster: ClusterLike, namespace: str, queue: str, *,
                  dead_letter: Callable[["QueueReceiver", KafkaRecord, str], None],
                  max_buffered: int = 20_000, revoke_grace: float = 5.0,
                  commit_barrier: Callable[[], None] = lambda: None, topic: str | None = None,
@@ -89,7 +90,7 @@ class QueueReceiver:
         # it): a Service Broker message by default, a transport message for transport queues.
         self._decode = decode or decode_envelope
         self.topic = topic or names.queue_topic(namespace, queue)  # or a secondary queue's topic
-        self._bootstrap, self._new_consumer = bootstrap, new_consumer
+        self._cluster, self._new_consumer = Cluster.of(cluster), new_consumer
         self._on_assign_hook = on_assign
         self._report, self._report_interval, self._reported_at = report, report_interval, 0.0
         self._dead_letter = dead_letter
@@ -117,7 +118,7 @@ class QueueReceiver:
 
     def start(self) -> "QueueReceiver":
         """Create the consumer, subscribe to the topic and start the poll thread; returns self."""
-        conf = clients.base(self._bootstrap, **{
+        conf = clients.base(self._cluster, **{
             "group.id": self.topic,  # names.queue_group: a queue's group is named as its topic
             "enable.auto.commit": False, "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest", "isolation.level": "read_committed",
@@ -306,7 +307,7 @@ class QueueReceiver:
         group (reader.group_offsets): after a broker restart the group's own consumer was seen
         never to answer."""
         if self._offsets_reader is None:
-            self._offsets_reader = offsets_reader(self._bootstrap, self.topic)  # a queue's group is named as its topic
+            self._offsets_reader = offsets_reader(self._cluster, self.topic)  # a queue's group is named as its topic
         return group_offsets(self._offsets_reader, partitions, 10)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

@@ -22,6 +22,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from kbroker.core import names
 from kbroker.core.catalog.models import Catalog, Queue
+from kbroker.core.cluster import ClusterLike
 from kbroker.core.endpoint import CHAIN_SUFFIX, CLOSED, CLOSED_GRACE_SECONDS, DISCONNECTED_OUTBOUND, handle_for
 from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.reclaim import analytics_floor, lowest, reclaim_points
@@ -45,50 +46,50 @@ class Reclaimed:
     deleted_below: dict[int, int]  # partition -> its new log start
 
 
-def reclaim_namespace(bootstrap: str, catalog: Catalog, timeout: float = 30.0) -> list[Reclaimed]:
+def reclaim_namespace(cluster: ClusterLike, catalog: Catalog, timeout: float = 30.0) -> list[Reclaimed]:
     """Delete, in every queue topic of the catalog's namespace, the records below what the
     topic's readers still need. Returns the topics where records were deleted."""
-    admin = clients.admin(bootstrap)
+    admin = clients.admin(cluster)
     try:
         existing = admin.list_topics(timeout=timeout).topics
     except KafkaException as exc:
-        raise kafka_error(f"no Kafka broker answers at {bootstrap}", exc.args[0]) from None
+        raise kafka_error(f"no Kafka broker answers at {cluster}", exc.args[0]) from None
     done = []
     states: dict[str, str] | None = None  # endpoint states, read once for the RETENTION = ON queues
 
     def endpoint_states() -> dict[str, str]:
         nonlocal states
         if states is None:
-            states = {ep.conversation_handle: ep.state for ep in read_endpoints(bootstrap, catalog.namespace)}
+            states = {ep.conversation_handle: ep.state for ep in read_endpoints(cluster, catalog.namespace)}
         return states
 
     for queue in catalog.queues.values():
         topic = names.queue_topic(catalog.namespace, queue.name)
         for name in sorted(t for t in existing if t == topic or t.startswith(topic + ".")):
             partitions = sorted(existing[name].partitions)
-            deleted = reclaim_topic(bootstrap, admin, queue, name, partitions, endpoint_states, timeout)
+            deleted = reclaim_topic(cluster, admin, queue, name, partitions, endpoint_states, timeout)
             if deleted:
                 done.append(Reclaimed(name, deleted))
     tqueues = transport_queue_prefix(catalog.namespace)  # transport queues: read by the group of their name
     for name in sorted(t for t in existing if t.startswith(tqueues)):
-        deleted = _reclaim_by_group(bootstrap, admin, name, sorted(existing[name].partitions), name, timeout)
+        deleted = _reclaim_by_group(cluster, admin, name, sorted(existing[name].partitions), name, timeout)
         if deleted:
             done.append(Reclaimed(name, deleted))
     transmission = names.transmission_topic(catalog.namespace)
     if transmission in existing:  # seed 000's 5th tick: clean acknowledged messages up
-        deleted = _reclaim_by_group(bootstrap, admin, transmission, sorted(existing[transmission].partitions),
+        deleted = _reclaim_by_group(cluster, admin, transmission, sorted(existing[transmission].partitions),
                                     names.transmitter_group(catalog.namespace), timeout)
         if deleted:
             done.append(Reclaimed(transmission, deleted))
     return done
 
 
-def _reclaim_by_group(bootstrap: str, admin: AdminClient, topic: str, partitions: list[int], group: str,
+def _reclaim_by_group(cluster: ClusterLike, admin: AdminClient, topic: str, partitions: list[int], group: str,
                       timeout: float) -> dict[int, int]:
     """Delete a topic's records below the committed offsets of the one group that reads it (the
     transmitters commit each partition up to its oldest unacknowledged message)."""
     tps = [TopicPartition(topic, p) for p in partitions]
-    offsets = committed_offsets(bootstrap, group, tps, timeout)
+    offsets = committed_offsets(cluster, group, tps, timeout)
     points = reclaim_points(_log_starts(admin, topic, tps, timeout),
                             {tp.partition: tp.offset for tp in offsets if tp.error is None})
     return _delete_below(admin, topic, points, timeout)
@@ -111,20 +112,20 @@ def _delete_below(admin: AdminClient, topic: str, points: dict[int, int], timeou
             for tp, f in futures.items()}
 
 
-def reclaim_topic(bootstrap: str, admin: AdminClient, queue: Queue, topic: str, partitions: list[int],
+def reclaim_topic(cluster: ClusterLike, admin: AdminClient, queue: Queue, topic: str, partitions: list[int],
                   endpoint_states: Callable[[], dict[str, str]], timeout: float) -> dict[int, int]:
     """Delete one queue topic's records below what its readers need; returns partition -> new start.
     `endpoint_states` (handle -> state) is asked only for a RETENTION = ON queue."""
     tps = [TopicPartition(topic, p) for p in partitions]
     starts = _log_starts(admin, topic, tps, timeout)
-    offsets = committed_offsets(bootstrap, topic, tps, timeout)  # the group is named as the topic
+    offsets = committed_offsets(cluster, topic, tps, timeout)  # the group is named as the topic
     # A partition with an error of its own (offsets not stable yet) is not reclaimed this time.
     committed = {tp.partition: tp.offset for tp in offsets if tp.error is None and tp.offset >= 0}
     keep_from = None
     if queue.retention == "ON":
-        keep_from = _retained_floor(bootstrap, topic, starts, committed, endpoint_states(), timeout)
+        keep_from = _retained_floor(cluster, topic, starts, committed, endpoint_states(), timeout)
     if committed:
-        read = committed_offsets(bootstrap, names.analytics_group(queue_namespace(topic)), tps, timeout, stable=False)
+        read = committed_offsets(cluster, names.analytics_group(queue_namespace(topic)), tps, timeout, stable=False)
         keep_from = lowest(keep_from, analytics_floor(
             {tp.partition: (tp.offset, tp.metadata) for tp in read if tp.error is None}, int(time.time() * 1000)))
     return _delete_below(admin, topic, reclaim_points(starts, committed, keep_from), timeout)
@@ -135,7 +136,7 @@ def queue_namespace(topic: str) -> str:
     return topic.split(".", 2)[1]
 
 
-def _retained_floor(bootstrap: str, topic: str, starts: dict[int, int], committed: dict[int, int],
+def _retained_floor(cluster: ClusterLike, topic: str, starts: dict[int, int], committed: dict[int, int],
                     endpoints: dict[str, str], timeout: float) -> dict[int, int]:
     """RETENTION = ON: per partition, the offset of the first received record whose
     conversation this side has not ended (the scan stops there: memory stays one batch)."""
@@ -152,7 +153,7 @@ def _retained_floor(bootstrap: str, topic: str, starts: dict[int, int], committe
     floor = dict(todo)  # nothing live below the commit: the commit is the floor
     if not todo:
         return floor
-    consumer = reading_consumer(bootstrap)
+    consumer = reading_consumer(cluster)
     deadline = time.monotonic() + timeout
     try:
         consumer.incremental_assign([TopicPartition(topic, p, starts[p]) for p in todo])
@@ -177,7 +178,7 @@ def _retained_floor(bootstrap: str, topic: str, starts: dict[int, int], committe
     return floor
 
 
-def reclaim_endpoints(bootstrap: str, namespace: str, grace: float = CLOSED_GRACE_SECONDS,
+def reclaim_endpoints(cluster: ClusterLike, namespace: str, grace: float = CLOSED_GRACE_SECONDS,
                       now: float | None = None, timeout: float = 120.0) -> int:
     """Tombstone every endpoint whose last record is CLOSED and older than `grace` seconds (and
     its group chain, lease and want, whose keys may live on other partitions, so they are tombstoned
@@ -185,8 +186,8 @@ def reclaim_endpoints(bootstrap: str, namespace: str, grace: float = CLOSED_GRAC
     partition's closed endpoints, not the topic. Returns how many endpoints were reclaimed."""
     before = (time.time() if now is None else now) - grace
     topic = names.endpoints_topic(namespace)
-    consumer = reading_consumer(bootstrap)
-    producer = clients.idempotent_producer(bootstrap)
+    consumer = reading_consumer(cluster)
+    producer = clients.idempotent_producer(cluster)
     reclaimed = 0
     try:
         for partition in topic_partitions(consumer, topic, timeout) or []:

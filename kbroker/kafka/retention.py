@@ -23,6 +23,7 @@ from typing import Any, Callable
 from confluent_kafka import TopicPartition
 
 from kbroker.core import names
+from kbroker.core.cluster import ClusterLike
 from kbroker.core.endpoint import CLOSED, DISCONNECTED_OUTBOUND, Endpoint, handle_for
 from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.groups import MOVE_MARKER
@@ -86,22 +87,22 @@ def message_rows(records: list[QueuedRecord], done: Callable[[int, int], bool],
     return rows
 
 
-def queue_messages(bootstrap: str, namespace: str, queue: str, conversation_handle: str | None = None,
+def queue_messages(cluster: ClusterLike, namespace: str, queue: str, conversation_handle: str | None = None,
                    timeout: float = 10.0) -> list[dict]:
     """The messages of `queue` (optionally of one conversation handle) with their status."""
-    q = read_catalog(bootstrap, namespace, timeout).queue(queue)  # UnknownQueueError
+    q = read_catalog(cluster, namespace, timeout).queue(queue)  # UnknownQueueError
     topic, group = names.queue_topic(namespace, queue), names.queue_group(namespace, queue)
-    records, partitions = _read_topic(bootstrap, topic, timeout)
+    records, partitions = _read_topic(cluster, topic, timeout)
     if not records:
         return []
-    done = _completed(bootstrap, topic, group, partitions, timeout)
-    endpoints = {ep.conversation_handle: ep for ep in read_endpoints(bootstrap, namespace)}
+    done = _completed(cluster, topic, group, partitions, timeout)
+    endpoints = {ep.conversation_handle: ep for ep in read_endpoints(cluster, namespace)}
     return message_rows(records, done, endpoints, q.retention == "ON", conversation_handle)
 
 
-def _read_topic(bootstrap: str, topic: str, timeout: float) -> tuple[list[QueuedRecord], list[int]]:
+def _read_topic(cluster: ClusterLike, topic: str, timeout: float) -> tuple[list[QueuedRecord], list[int]]:
     """Every committed record of the topic, read from the log start to the end of each partition."""
-    records = read_to_end(bootstrap, topic, timeout, must_finish=True)
+    records = read_to_end(cluster, topic, timeout, must_finish=True)
     if records is None:
         raise CatalogError(f"queue topic {topic} does not exist: run 'kbroker apply'")
     out = []
@@ -114,11 +115,11 @@ def _read_topic(bootstrap: str, topic: str, timeout: float) -> tuple[list[Queued
     return out, sorted({messages.partition(m) for m in records})
 
 
-def _completed(bootstrap: str, topic: str, group: str, partitions: list[int],
+def _completed(cluster: ClusterLike, topic: str, group: str, partitions: list[int],
                timeout: float) -> Callable[[int, int], bool]:
     """Whether the queue's readers completed an offset: below the committed offset, or among the
     completed offsets above it that the commit metadata lists."""
-    tps = committed_offsets(bootstrap, group, [TopicPartition(topic, p) for p in partitions], timeout,
+    tps = committed_offsets(cluster, group, [TopicPartition(topic, p) for p in partitions], timeout,
                             stable=False)
     committed = {tp.partition: (max(tp.offset, 0), set(decode_completed(max(tp.offset, 0), tp.metadata)))
                  for tp in tps}

@@ -18,6 +18,7 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from kbroker.core import names
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.poison import Position, RollbackLedger
 from kbroker.kafka.background import Background
 from kbroker.kafka.reader import CONSUME_WAIT, reading_consumer, topic_partitions
@@ -34,9 +35,9 @@ class RollbackLog(Background):
 
     thread_name = "kbroker-rollbacks"
 
-    def __init__(self, bootstrap: str, namespace: str, producer: Producer, process: str):
+    def __init__(self, cluster: ClusterLike, namespace: str, producer: Producer, process: str):
         super().__init__()
-        self._bootstrap, self._namespace, self._producer = bootstrap, namespace, producer
+        self._cluster, self._namespace, self._producer = Cluster.of(cluster), namespace, producer
         self._process = process
         self.ledger = RollbackLedger()
         self._lock = threading.Lock()
@@ -70,7 +71,7 @@ class RollbackLog(Background):
 
     def _run(self) -> None:
         topic = names.events_topic(self._namespace)
-        consumer = reading_consumer(self._bootstrap, f"{names.prefix(self._namespace)}rollbacks",
+        consumer = reading_consumer(self._cluster, f"{names.prefix(self._namespace)}rollbacks",
                                     **{"allow.auto.create.topics": False})
         failing = False
         try:

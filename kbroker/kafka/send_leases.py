@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaException, Producer
 
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.endpoint import Endpoint
 from kbroker.core.locks import ConversationLocks
 from kbroker.core.send_lease import IDLE_RELEASE, YIELD_BACKOFF, SendLease, Want, first_claim, lease_key, want_key
@@ -35,10 +36,10 @@ FENCE_TIMEOUT = 30.0
 class SendLeases(Background):
     thread_name = "kbroker-leases"
 
-    def __init__(self, bootstrap: str, store: EndpointStore, locks: ConversationLocks, process: str,
+    def __init__(self, cluster: ClusterLike, store: EndpointStore, locks: ConversationLocks, process: str,
                  fence_ids: Callable[[], tuple[str, ...]], *, ack_timeout: float = 30.0):
         super().__init__()
-        self._bootstrap, self._store, self._locks = bootstrap, store, locks
+        self._cluster, self._store, self._locks = Cluster.of(cluster), store, locks
         self.process = process
         self._fence_ids = fence_ids
         self._ack_timeout = ack_timeout
@@ -117,7 +118,7 @@ class SendLeases(Background):
                 # commit after this process's SENDs.
                 log.warning("conversation %s: the lease of %s ran out; taking it over and fencing it",
                             handle, cur.owner)
-                fence(self._bootstrap, cur.fence)
+                fence(self._cluster, cur.fence)
             self._store.advance(handle, start, cur.state if cur is not None else None)
             with self._mutex:
                 self._held[handle] = claim
@@ -206,7 +207,7 @@ class SendLeases(Background):
 
     def _produce(self, key: str, value: bytes) -> None:
         if self._producer is None:
-            self._producer = idempotent_producer(self._bootstrap)
+            self._producer = idempotent_producer(self._cluster)
         self._producer.produce(self._store.topic, key=key, value=value)
         self._producer.poll(0)
 
@@ -276,11 +277,11 @@ class SendLeases(Background):
             self._producer.flush(self._ack_timeout)
 
 
-def fence(bootstrap: str, transactional_ids: tuple[str, ...]) -> None:
+def fence(cluster: ClusterLike, transactional_ids: tuple[str, ...]) -> None:
     """Fence each transactional id: its open transaction is aborted and its producer can commit
     nothing more (a live one gets a new epoch the next time it starts)."""
     for tid in transactional_ids:
-        producer = Producer(base(bootstrap, **{"transactional.id": tid, "enable.idempotence": True}))
+        producer = Producer(base(cluster, **{"transactional.id": tid, "enable.idempotence": True}))
         try:
             producer.init_transactions(FENCE_TIMEOUT)
         except KafkaException as exc:

@@ -13,6 +13,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from kbroker.core import names
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.records import Record
 from kbroker.core.timer_schedule import Entry, TimerSchedule
 from kbroker.core.timers import firing_records
@@ -33,7 +34,7 @@ class TimerService:
     """Fires due timers of the namespace. Run one or more per cluster (the worker runs one);
     they share the timers topic's partitions."""
 
-    def __init__(self, bootstrap: str, namespace: str, *, poll_interval: float = 0.25,
+    def __init__(self, cluster: ClusterLike, namespace: str, *, poll_interval: float = 0.25,
                  endpoints: EndpointStore | None = None, guard: FailureSink | None = None):
         """`endpoints`: a store to share (the worker's Broker has one); else the service reads
         the endpoints topic with a store of its own."""
@@ -41,16 +42,16 @@ class TimerService:
         self._guard = guard
         self.topic = names.timers_topic(namespace)
         self._own_endpoints = endpoints is None
-        self._endpoints = endpoints or EndpointStore(bootstrap, namespace, clients.producer(bootstrap))
+        self._endpoints = endpoints or EndpointStore(cluster, namespace, clients.producer(cluster))
         self._poll_interval = poll_interval
         self.schedule = TimerSchedule()
         self.fired = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         group = names.timers_group(namespace)
-        self._consumer = clients.consumer(bootstrap, group, **{
+        self._consumer = clients.consumer(cluster, group, **{
             "session.timeout.ms": 10_000, "partition.assignment.strategy": "range"})
-        self._bootstrap = bootstrap
+        self._cluster = Cluster.of(cluster)
         # One transactional id for the service's life: a producer made after a fatal error
         # fences the old one (and aborts its open transaction) instead of waiting it out.
         self._transactional_id = f"{group}.{uuid.uuid4()}"
@@ -59,7 +60,7 @@ class TimerService:
     def _new_producer(self) -> GuardedProducer:
         """A producer under the service's transactional id (fencing any earlier one, whose open
         transaction the coordinator then aborts), initialised within kbroker's deadline."""
-        return started(clients.idempotent_producer(self._bootstrap, **{
+        return started(clients.idempotent_producer(self._cluster, **{
             "transactional.id": self._transactional_id, "transaction.timeout.ms": 10_000,
             "retry.backoff.ms": 5}), self._transactional_id, 30)
 

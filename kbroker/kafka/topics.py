@@ -8,19 +8,20 @@ from collections.abc import Iterable
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import NewTopic
 
+from kbroker.core.cluster import ClusterLike
 from kbroker.kafka import clients
 from kbroker.kafka.clients import kafka_error
 
 
-def create_missing_topics(bootstrap: str, partitions: dict[str, int], config: dict[str, str], *,
+def create_missing_topics(cluster: ClusterLike, partitions: dict[str, int], config: dict[str, str], *,
                           replication_factor: int = 1, timeout: float = 10.0) -> list[str]:
     """Create those of the topics (name -> partition count) that do not exist, with `config`;
     returns the names created. A topic another process creates meanwhile is not an error."""
-    admin = clients.admin(bootstrap)
+    admin = clients.admin(cluster)
     try:
         existing = admin.list_topics(timeout=timeout).topics
     except KafkaException as exc:
-        raise kafka_error(f"no Kafka broker answers at {bootstrap}", exc.args[0]) from None
+        raise kafka_error(f"no Kafka broker answers at {cluster}", exc.args[0]) from None
     new = [NewTopic(topic, n, replication_factor, config=dict(config))
            for topic, n in partitions.items() if topic not in existing]
     if not new:
@@ -36,14 +37,14 @@ def create_missing_topics(bootstrap: str, partitions: dict[str, int], config: di
     return created
 
 
-def delete_topics_with_prefixes(bootstrap: str, prefixes: Iterable[str], timeout: float = 30.0) -> list[str]:
+def delete_topics_with_prefixes(cluster: ClusterLike, prefixes: Iterable[str], timeout: float = 30.0) -> list[str]:
     """Delete every topic whose name starts with one of `prefixes`, best effort: a topic that
     cannot be deleted is left. Returns the names asked to be deleted."""
-    admin = clients.admin(bootstrap)
+    admin = clients.admin(cluster)
     try:
         topics = admin.list_topics(timeout=timeout).topics
     except KafkaException as exc:
-        raise kafka_error(f"no Kafka broker answers at {bootstrap}", exc.args[0]) from None
+        raise kafka_error(f"no Kafka broker answers at {cluster}", exc.args[0]) from None
     mine = [t for t in topics if t.startswith(tuple(prefixes))]
     if mine:
         for future in admin.delete_topics(mine, operation_timeout=timeout).values():

@@ -22,6 +22,7 @@ from confluent_kafka import Consumer, TopicPartition
 from kbroker.core import names
 from kbroker.core.catalog.models import ERROR as ERROR_TYPE
 from kbroker.core.catalog.models import Catalog, Route
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.envelope import Envelope, error_body
 from kbroker.core.routing import address, hop, is_expired, match_route, routes_of
 from kbroker.core.tick import EVERY_2ND, EVERY_5TH, TickCounter, TickSchedule, advance
@@ -46,10 +47,10 @@ REPORT_ROWS = 200  # messages a report lists (the view says how many more wait)
 class Transmitter:
     """`catalog()` gives the namespace's current catalog (routes, services)."""
 
-    def __init__(self, bootstrap: str, namespace: str, catalog: Callable[[], Catalog], *,
+    def __init__(self, cluster: ClusterLike, namespace: str, catalog: Callable[[], Catalog], *,
                  guard: FailureSink | None = None, tick: float = 5.0, poll_interval: float = 0.05,
                  idle_close: float = IDLE_CLOSE, stall_after: float = STALL_AFTER):
-        self.bootstrap, self.namespace = bootstrap, namespace
+        self.cluster, self.namespace = Cluster.of(cluster), namespace
         self._catalog = catalog
         self._guard = guard
         self._poll = poll_interval
@@ -59,10 +60,10 @@ class Transmitter:
         self.queue = TransmissionQueue(namespace)
         self.pool = LinkPool(namespace, idle_close=idle_close)
         self.links = self.pool.links
-        self.here = address(bootstrap, namespace)  # where LOCAL routes lead
-        self._consumer = clients.consumer(bootstrap, names.transmitter_group(namespace), **{
+        self.here = address(self.cluster.bootstrap, namespace)  # where LOCAL routes lead
+        self._consumer = clients.consumer(cluster, names.transmitter_group(namespace), **{
             "session.timeout.ms": 10_000, "auto.offset.reset": "earliest"})
-        self._local = clients.idempotent_producer(bootstrap)  # Errors for refused dialogs, reports
+        self._local = clients.idempotent_producer(cluster)  # Errors for refused dialogs, reports
         # The connections' times move on every look: a report is new when the rest changed.
         self._reports = ReportWriter(self._local, namespace, "transmitter", volatile=("at", "connections"))
         self._stop = threading.Event()

@@ -13,6 +13,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from kbroker.core import names
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.records import Header
 from kbroker.core.envelope import H_FOLLOWS
 from kbroker.core.routing import address
@@ -27,18 +28,18 @@ class LinkBroken(Exception):
 
 
 class TransportLink:
-    def __init__(self, bootstrap: str, namespace: str, from_broker: str, *, every_ack: bool = False):
+    def __init__(self, cluster: ClusterLike, namespace: str, from_broker: str, *, every_ack: bool = False):
         """`from_broker`: the namespace whose messages this link carries; `every_ack`: hand on
         the acknowledgements of every namespace's messages (a forwarder relays them)."""
-        self.bootstrap, self.namespace, self.from_broker = bootstrap, namespace, from_broker
-        self.destination = address(bootstrap, namespace)
+        self.cluster, self.namespace, self.from_broker = Cluster.of(cluster), namespace, from_broker
+        self.destination = address(self.cluster.bootstrap, namespace)
         self.inbound = names.inbound_topic(namespace)
         self.acks_topic = names.acks_topic(namespace)
         self._prefix = "" if every_ack else f"{from_broker}|"
         self.errors: list[str] = []
-        self._producer = clients.idempotent_producer(bootstrap, **{
+        self._producer = clients.idempotent_producer(cluster, **{
             "message.timeout.ms": SEND_TIMEOUT_MS, "linger.ms": 2, "error_cb": self._on_error})
-        self._acks = clients.consumer(bootstrap, None, **{"error_cb": self._on_error})
+        self._acks = clients.consumer(cluster, None, **{"error_cb": self._on_error})
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal() or err.code() == KafkaError._ALL_BROKERS_DOWN:
@@ -50,10 +51,10 @@ class TransportLink:
         try:
             md = self._producer.list_topics(timeout=timeout)
         except KafkaException as exc:
-            raise LinkBroken(f"no Kafka broker answers at {self.bootstrap}: {exc.args[0].str()}") from None
+            raise LinkBroken(f"no Kafka broker answers at {self.cluster}: {exc.args[0].str()}") from None
         for topic in (self.inbound, self.acks_topic):
             if topic not in md.topics or md.topics[topic].error is not None:
-                raise LinkBroken(f"namespace {self.namespace!r} at {self.bootstrap} has no topic {topic} "
+                raise LinkBroken(f"namespace {self.namespace!r} at {self.cluster} has no topic {topic} "
                                  f"(is its catalog applied?)")
         parts = md.topics[self.acks_topic].partitions
         self._acks.assign([TopicPartition(self.acks_topic, p, OFFSET_BEGINNING) for p in parts])

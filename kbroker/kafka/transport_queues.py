@@ -16,6 +16,7 @@ from confluent_kafka import Message as KafkaRecord
 
 from kbroker.core import names
 from kbroker.core.catalog.loader import load_system_topics
+from kbroker.core.cluster import ClusterLike
 from kbroker.core.transport_endpoint import InstallPlan, install_collision, transport_queue_prefix, transport_queue_topic
 from kbroker.core.transport_message import TransportEnvelope, as_envelope, from_record
 from kbroker.errors import InvalidArgumentError, QueueNameCollisionError, TransportQueueNotFoundError, kafka_error
@@ -33,29 +34,29 @@ def queue_config() -> dict[str, str]:
             "max.message.bytes": str(MESSAGE_TOPIC_LIMIT)}
 
 
-def install(bootstrap: str, namespace: str, plan: InstallPlan, *, timeout: float = 30.0,
+def install(cluster: ClusterLike, namespace: str, plan: InstallPlan, *, timeout: float = 30.0,
             replication_factor: int | None = None) -> list[str]:
     """Create the plan's queue topics and the namespace's dead-letter topic where missing (the
     installer's CREATE TABLE); returns the topics created. Installing again changes nothing."""
-    refuse_collisions(bootstrap, namespace, plan, timeout)
+    refuse_collisions(cluster, namespace, plan, timeout)
     dead = load_system_topics()["deadletter"]
     specs = [TopicSpec(names.deadletter_topic(namespace), dead.partitions, system_topic_config(dead),
                        "system topic deadletter", False)]
     specs += [TopicSpec(transport_queue_topic(namespace, q), partitions, queue_config(), f"transport queue {q}", True)
               for q, partitions in plan.queues]
-    created, _updated, _retention = sync_topics(bootstrap, specs, timeout=timeout,
+    created, _updated, _retention = sync_topics(cluster, specs, timeout=timeout,
                                                 replication_factor=replication_factor)
     return created
 
 
-def refuse_collisions(bootstrap: str, namespace: str, plan: InstallPlan, timeout: float = 30.0) -> None:
+def refuse_collisions(cluster: ClusterLike, namespace: str, plan: InstallPlan, timeout: float = 30.0) -> None:
     """QueueNameCollisionError when the plan's queues would share a topic with (or be refused by
     Kafka beside) a transport queue installed earlier in the namespace (install_collision)."""
     prefix = transport_queue_prefix(namespace)
     try:
-        topics = clients.admin(bootstrap).list_topics(timeout=timeout).topics
+        topics = clients.admin(cluster).list_topics(timeout=timeout).topics
     except KafkaException as exc:
-        raise kafka_error(f"no Kafka broker answers at {bootstrap}", exc.args[0]) from None
+        raise kafka_error(f"no Kafka broker answers at {cluster}", exc.args[0]) from None
     collision = install_collision(plan, [t[len(prefix):] for t in topics if t.startswith(prefix)])
     if collision is not None:
         queue, other, reason = collision
@@ -95,23 +96,23 @@ def decoder(queue: str) -> Callable[[KafkaRecord], TransportEnvelope]:
     return decode
 
 
-def transport_receiver(bootstrap: str, namespace: str, queue: str, topic: str, *,
+def transport_receiver(cluster: ClusterLike, namespace: str, queue: str, topic: str, *,
                        dead_letter: Callable[[QueueReceiver, KafkaRecord, str], None],
                        commit_barrier: Callable[[], None], max_buffered: int = 20_000,
                        revoke_grace: float = 5.0) -> QueueReceiver:
     """A started receiver of a transport queue (one consumer, in the queue's consumer group)."""
-    return QueueReceiver(bootstrap, namespace, queue, dead_letter=dead_letter, max_buffered=max_buffered,
+    return QueueReceiver(cluster, namespace, queue, dead_letter=dead_letter, max_buffered=max_buffered,
                          revoke_grace=revoke_grace, commit_barrier=commit_barrier,
                          topic=topic, decode=decoder(queue)).start()
 
 
-def durable_producer(bootstrap: str) -> Producer:
+def durable_producer(cluster: ClusterLike) -> Producer:
     """Recoverable sends outside a transaction: idempotent, acknowledged by every in-sync replica."""
-    return clients.idempotent_producer(bootstrap)
+    return clients.idempotent_producer(cluster)
 
 
-def express_producer(bootstrap: str) -> Producer:
+def express_producer(cluster: ClusterLike) -> Producer:
     """Recoverable = false outside a transaction: the leader's acknowledgement only, not waited
     for by the sender (NServiceBus's express messages); a broker failure may lose them."""
-    return clients.producer(bootstrap, **{"acks": 1, "enable.idempotence": False, "linger.ms": 5,
+    return clients.producer(cluster, **{"acks": 1, "enable.idempotence": False, "linger.ms": 5,
                                           "message.max.bytes": clients.MAX_MESSAGE_BYTES})

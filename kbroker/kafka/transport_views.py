@@ -21,6 +21,7 @@ import orjson
 from confluent_kafka import KafkaException, Message, Producer, TopicPartition
 
 from kbroker.core import names
+from kbroker.core.cluster import ClusterLike
 from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.transmission import Outgoing
 from kbroker.kafka import clients, messages
@@ -80,11 +81,11 @@ def outgoing(msg: Message, skipped: Callable[[str], object] | None = None) -> Ou
                     record=(value, messages.headers(msg)))
 
 
-def reports(bootstrap: str, namespace: str, kind: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+def reports(cluster: ClusterLike, namespace: str, kind: str, timeout: float = 10.0) -> list[dict[str, Any]]:
     """The latest reports of the live `kind` ("transmitter" or "forwarder") processes."""
     now = time.time()
     out = []
-    for key, value in (latest_values(bootstrap, names.transport_topic(namespace), timeout) or {}).items():
+    for key, value in (latest_values(cluster, names.transport_topic(namespace), timeout) or {}).items():
         if not key.startswith(kind.encode() + b"/"):
             continue
         try:
@@ -96,38 +97,38 @@ def reports(bootstrap: str, namespace: str, kind: str, timeout: float = 10.0) ->
     return out
 
 
-def transmitter_reports(bootstrap: str, namespace: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+def transmitter_reports(cluster: ClusterLike, namespace: str, timeout: float = 10.0) -> list[dict[str, Any]]:
     """The live transmitters' latest reports."""
-    return reports(bootstrap, namespace, "transmitter", timeout)
+    return reports(cluster, namespace, "transmitter", timeout)
 
 
-def forwarded_rows(bootstrap: str, namespace: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+def forwarded_rows(cluster: ClusterLike, namespace: str, timeout: float = 10.0) -> list[dict[str, Any]]:
     """sys.dm_broker_forwarded_messages: what the live forwarders hold (at most 200 each)."""
-    return [{**row, "forwarder": r["forwarder"]} for r in reports(bootstrap, namespace, "forwarder", timeout)
+    return [{**row, "forwarder": r["forwarder"]} for r in reports(cluster, namespace, "forwarder", timeout)
             for row in r.get("forwarded", [])]
 
 
-def connection_rows(bootstrap: str, namespace: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+def connection_rows(cluster: ClusterLike, namespace: str, timeout: float = 10.0) -> list[dict[str, Any]]:
     """sys.dm_broker_connections: one row per connection of each live transmitter."""
-    return [{**row, "transmitter": r["transmitter"]} for r in transmitter_reports(bootstrap, namespace, timeout)
+    return [{**row, "transmitter": r["transmitter"]} for r in transmitter_reports(cluster, namespace, timeout)
             for row in r.get("connections", [])]
 
 
-def transmission_rows(bootstrap: str, namespace: str, limit: int = 1000, timeout: float = 10.0) -> list[dict[str, Any]]:
+def transmission_rows(cluster: ClusterLike, namespace: str, limit: int = 1000, timeout: float = 10.0) -> list[dict[str, Any]]:
     """sys.transmission_queue: every message not yet acknowledged (at most `limit`), with its
     transmission_status."""
     held: dict[tuple[int, int], dict[str, Any]] = {}
     read_to: dict[int, int] = {}
-    for report in transmitter_reports(bootstrap, namespace, timeout):
+    for report in transmitter_reports(cluster, namespace, timeout):
         for row in report.get("messages", []):
             held[(row["partition"], row["offset"])] = row
         for part, position in report.get("read_to", {}).items():
             read_to[int(part)] = max(read_to.get(int(part), 0), int(position))
     topic = names.transmission_topic(namespace)
-    consumer = reading_consumer(bootstrap, f"kbroker-view-{uuid.uuid4().hex[:8]}")
+    consumer = reading_consumer(cluster, f"kbroker-view-{uuid.uuid4().hex[:8]}")
     try:
         partitions = topic_partitions(consumer, topic, timeout) or []
-        heads = committed_offsets(bootstrap, names.transmitter_group(namespace),
+        heads = committed_offsets(cluster, names.transmitter_group(namespace),
                                   [TopicPartition(topic, p) for p in partitions], timeout)
         starts = {tp.partition: max(tp.offset, 0) for tp in heads}
         read = read_partitions(consumer, topic, starts, timeout)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, TopicPartition
 
 from kbroker.core import names
+from kbroker.core.cluster import ClusterLike
 from kbroker.core.offsets import decode_completed
 from kbroker.kafka import clients, messages
 
@@ -30,7 +31,7 @@ class QueueCounts:
 
 
 class QueueWatcher:
-    def __init__(self, bootstrap: str, namespace: str, queue: str, *, scan_cap: int = 2000,
+    def __init__(self, cluster: ClusterLike, namespace: str, queue: str, *, scan_cap: int = 2000,
                  deep_rescan: float = 5.0):
         self.queue = queue
         self._deep_rescan, self._scanned_at = deep_rescan, 0.0
@@ -38,7 +39,7 @@ class QueueWatcher:
         self._scan_cap = scan_cap
         # The queue's own group id, so committed() returns the readers' offsets. It never
         # subscribes, so it never joins (or disturbs) the readers' group.
-        self._consumer = clients.consumer(bootstrap, names.queue_group(namespace, queue), **{
+        self._consumer = clients.consumer(cluster, names.queue_group(namespace, queue), **{
             "enable.partition.eof": True, "fetch.wait.max.ms": 10})
         meta = self._consumer.list_topics(self.topic, timeout=10).topics[self.topic]
         self._tps = [TopicPartition(self.topic, p) for p in sorted(meta.partitions)]

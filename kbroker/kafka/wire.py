@@ -1,13 +1,17 @@
 """Kafka requests that confluent-kafka's admin client does not offer, spoken on the wire: one
-request, one response, on a connection of its own (kbroker talks to plaintext listeners, as its
-clients do). Today: DescribeLogDirs, for the bytes a queue topic holds (`kbroker queue show`).
-The framing (request header, response reader) is shared with the tests' own requests."""
+request, one response, on a connection of its own to a broker of a Cluster. Today:
+DescribeLogDirs, for the bytes a queue topic holds (`kbroker queue show`). The framing (request
+header, response reader) is shared with the tests' own requests.
+
+Every connection opens in `connect` from the Cluster: plaintext today, as kbroker's listeners
+are; the cluster's security settings (TLS, SASL) will be applied there and nowhere else."""
 
 from __future__ import annotations
 
 import socket
 import struct
 
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.offsets import put_uvarint
 
 DESCRIBE_LOG_DIRS = 35
@@ -69,10 +73,47 @@ def frame(api_key: int, version: int, correlation_id: int, body: bytes, *, flexi
     return struct.pack(">i", len(header) + len(body)) + header + body
 
 
-def exchange(host: str, port: int, request: bytes, timeout: float) -> bytes:
-    """Send one framed request; the response without its size prefix."""
-    with socket.create_connection((host, port), timeout=timeout) as sock:
+Node = tuple[str, int]  # a broker's (host, port), as the cluster's metadata names it
+
+
+def servers(cluster: ClusterLike) -> list[Node]:
+    """The cluster's bootstrap servers as (host, port): `host:port` entries separated by commas,
+    each perhaps with a listener prefix (`PLAINTEXT://`) or an IPv6 host in brackets."""
+    found: list[Node] = []
+    for entry in Cluster.of(cluster).bootstrap.split(","):
+        entry = entry.strip().rpartition("://")[2]
+        if not entry:
+            continue
+        host, sep, port = entry.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"a bootstrap server is host:port, not {entry!r}")
+        found.append((host.strip("[]"), int(port)))
+    if not found:
+        raise ValueError(f"no bootstrap server in {Cluster.of(cluster).bootstrap!r}")
+    return found
+
+
+def connect(cluster: ClusterLike, node: Node | None, timeout: float) -> socket.socket:
+    """A connection to `node` of `cluster` (a broker its metadata names), or to the first of its
+    bootstrap servers that answers when `node` is None. The one place a socket opens: the
+    cluster's TLS and SASL settings, when kbroker supports them, are applied here."""
+    last: OSError | None = None
+    for host, port in [node] if node is not None else servers(cluster):
+        try:
+            sock = socket.create_connection((host, port), timeout=timeout)
+        except OSError as exc:
+            last = exc
+            continue
         sock.settimeout(timeout)
+        return sock
+    assert last is not None
+    raise last
+
+
+def exchange(cluster: ClusterLike, request: bytes, timeout: float, *, node: Node | None = None) -> bytes:
+    """Send one framed request to `node` of `cluster` (a bootstrap server when None); the
+    response without its size prefix."""
+    with connect(cluster, node, timeout) as sock:
         sock.sendall(request)
         size = struct.unpack(">i", _read_exactly(sock, 4))[0]
         return _read_exactly(sock, size)
@@ -117,7 +158,9 @@ def parse_describe_log_dirs(payload: bytes, topic: str, correlation_id: int = 1)
     return sizes
 
 
-def partition_sizes(host: str, port: int, topic: str, partitions: list[int], timeout: float) -> dict[int, int]:
-    """The bytes each of `partitions` of `topic` takes on the broker at host:port."""
-    return parse_describe_log_dirs(exchange(host, port, describe_log_dirs_request(topic, partitions), timeout),
-                                   topic)
+def partition_sizes(cluster: ClusterLike, topic: str, partitions: list[int], timeout: float, *,
+                    node: Node | None = None) -> dict[int, int]:
+    """The bytes each of `partitions` of `topic` takes on broker `node` of `cluster` (the
+    bootstrap server that answers when None)."""
+    request = describe_log_dirs_request(topic, partitions)
+    return parse_describe_log_dirs(exchange(cluster, request, timeout, node=node), topic)

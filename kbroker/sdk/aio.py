@@ -22,6 +22,7 @@ from typing import Any, Self, TypeVar
 
 from kbroker.core.catalog.models import Catalog
 from kbroker.core.endpoint import Endpoint
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.envelope import Message
 from kbroker.sdk import broker as client
 from kbroker.sdk.transaction import Transaction
@@ -29,7 +30,7 @@ from kbroker.sdk.transaction import Transaction
 T = TypeVar("T")
 
 
-async def connect(bootstrap: str | None = None, namespace: str | None = None, **kwargs: Any) -> AsyncBroker:
+async def connect(bootstrap: ClusterLike | None = None, namespace: str | None = None, **kwargs: Any) -> AsyncBroker:
     """Connect by the broker rule (see kbroker.sdk.broker.connect), off the event loop."""
     return AsyncBroker(await asyncio.to_thread(client.connect, bootstrap, namespace, **kwargs))
 
@@ -125,8 +126,13 @@ class AsyncBroker:
         self.sync = broker
 
     @property
+    def cluster(self) -> Cluster:
+        """The Kafka cluster the broker talks to."""
+        return self.sync.cluster
+
+    @property
     def bootstrap(self) -> str:
-        """The Kafka bootstrap servers the broker talks to."""
+        """The cluster's address, as text."""
         return self.sync.bootstrap
 
     @property

@@ -32,6 +32,7 @@ from kbroker import config
 from kbroker.core import names
 from kbroker.core.catalog.models import END_DIALOG, Catalog
 from kbroker.core.catalog.models import ERROR as ERROR_TYPE
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.endpoint import must_persist
 from kbroker.core.envelope import Message
 from kbroker.core.locks import ConversationLocks
@@ -39,7 +40,7 @@ from kbroker.core.poison import PoisonCounter
 from kbroker.core.records import Record
 from kbroker.core.sequence_reach import reach
 from kbroker.core.statements import Statements
-from kbroker.embedded import resolve_bootstrap
+from kbroker.embedded import resolve_cluster
 from kbroker.errors import CatalogError, QueueNameCollisionError, SendFailedError
 from kbroker.kafka import messages
 from kbroker.kafka.catalog_store import CatalogWatcher, read_catalog
@@ -61,9 +62,10 @@ log = logging.getLogger("kbroker.client")
 T = TypeVar("T")
 
 
-def connect(bootstrap: str | None = None, namespace: str | None = None, **kwargs: Any) -> Broker:
-    """Connect by the broker rule: explicit address, else KBROKER_BOOTSTRAP, else the embedded broker."""
-    return Broker(resolve_bootstrap(bootstrap), config.namespace(namespace), **kwargs)
+def connect(bootstrap: ClusterLike | None = None, namespace: str | None = None, **kwargs: Any) -> Broker:
+    """Connect by the broker rule: `bootstrap` (an address or a Cluster), else KBROKER_BOOTSTRAP,
+    else the embedded broker."""
+    return Broker(resolve_cluster(bootstrap), config.namespace(namespace), **kwargs)
 
 
 class Broker:
@@ -72,15 +74,15 @@ class Broker:
 
     `hooks` is a list of ReceiveHooks the Broker calls around RECEIVE and on rollback."""
 
-    def __init__(self, bootstrap: str, namespace: str, *, ack_timeout: float = 30.0,
+    def __init__(self, cluster: ClusterLike, namespace: str, *, ack_timeout: float = 30.0,
                  commit_interval: float = 0.005, max_buffered: int = 20_000, revoke_grace: float = 5.0,
                  lock_timeout: float = 30.0):
-        self.bootstrap, self.namespace = bootstrap, namespace
+        self.cluster, self.namespace = Cluster.of(cluster), namespace
         self._ack_timeout = ack_timeout
         self._commit_interval = commit_interval
         self._max_buffered, self._revoke_grace = max_buffered, revoke_grace
-        brokers_answering(bootstrap, timeout=10)  # BrokerUnavailableError when none answers
-        self._producer = idempotent_producer(bootstrap)
+        brokers_answering(cluster, timeout=10)  # BrokerUnavailableError when none answers
+        self._producer = idempotent_producer(cluster)
         self._lock = threading.RLock()
         self._errors: list[Any] = []  # KafkaErrors of failed deliveries, until the next flush
         self._catalog: Catalog | None = None
@@ -89,7 +91,7 @@ class Broker:
         self._transactional_ids = tuple(f"kbroker.{namespace}.{uuid.uuid4()}" for _ in range(2))
         self.open_transactions = OpenTransactions()
         self.conversation_locks = ConversationLocks(lock_timeout)  # SEND's (see locks.py)
-        self.endpoints = EndpointStore(bootstrap, namespace, self._producer)
+        self.endpoints = EndpointStore(cluster, namespace, self._producer)
         self.statements = Statements(namespace, self._lookup, self.endpoints.in_group,
                                      sender_reach=self._sender_reach)
         self._unknown_reach_read = float("-inf")  # when _sender_reach last read for a side unknown here
@@ -104,8 +106,13 @@ class Broker:
         self.receive_hooks: ReceiveHooks = HookFanOut(self.hooks)
         # In reader reports and conversation leases: unique even where pids repeat (containers).
         self._process = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.send_leases = SendLeases(bootstrap, self.endpoints, self.conversation_locks, self._process,
+        self.send_leases = SendLeases(cluster, self.endpoints, self.conversation_locks, self._process,
                                       self._fence_ids, ack_timeout=ack_timeout).start()
+
+    @property
+    def bootstrap(self) -> str:
+        """The cluster's address, as text."""
+        return self.cluster.bootstrap
 
     # --- catalog ------------------------------------------------------------------------------
 
@@ -113,12 +120,12 @@ class Broker:
     def catalog(self) -> Catalog:
         """The namespace's catalog as last read."""
         if self._catalog is None:
-            self._catalog = read_catalog(self.bootstrap, self.namespace)
+            self._catalog = read_catalog(self.cluster, self.namespace)
         return self._catalog
 
     def refresh_catalog(self) -> Catalog:
         """Read the catalog again (another process may have applied definitions)."""
-        self._catalog = read_catalog(self.bootstrap, self.namespace)
+        self._catalog = read_catalog(self.cluster, self.namespace)
         return self._catalog
 
     def _lookup(self, fn: Callable[[Catalog], T]) -> T:
@@ -160,7 +167,7 @@ class Broker:
         """The process's group committer, started on first use."""
         with self._lock:
             if self._committer is None:
-                self._committer = GroupCommitter(self.bootstrap, self.namespace, interval=self._commit_interval,
+                self._committer = GroupCommitter(self.cluster, self.namespace, interval=self._commit_interval,
                                                  transactional_ids=self._transactional_ids,
                                                  open_transactions=self.open_transactions).start()
             return self._committer
@@ -174,7 +181,7 @@ class Broker:
                 topic = None if instance is None else self.secondary_queue(q.name, instance)
                 committer = self.committer
                 r = self._receivers[(queue, instance)] = QueueReceiver(
-                    self.bootstrap, self.namespace, queue, dead_letter=self._dead_letter,
+                    self.cluster, self.namespace, queue, dead_letter=self._dead_letter,
                     max_buffered=self._max_buffered, revoke_grace=self._revoke_grace,
                     commit_barrier=committer.barrier, topic=topic,
                     # A partition that arrives may hold records of conversations moved by another
@@ -184,8 +191,8 @@ class Broker:
                 if instance is None:
                     self._poison.watch(queue)  # poison counting covers the queues read here
                 if self._watcher is None:  # a reading process learns of ALTER QUEUE within 0.5 s
-                    self._watcher = CatalogWatcher(self.bootstrap, self.namespace, self._catalog_changed).start()
-                    self._rollbacks = RollbackLog(self.bootstrap, self.namespace, self._producer,
+                    self._watcher = CatalogWatcher(self.cluster, self.namespace, self._catalog_changed).start()
+                    self._rollbacks = RollbackLog(self.cluster, self.namespace, self._producer,
                                                   self._process).start()
             return r
 
@@ -213,7 +220,7 @@ class Broker:
                 if clash is not None:
                     raise QueueNameCollisionError(f"the secondary queue of {queue} for instance {instance!r}",
                                                   f"queue {clash[0]!r}", clash[1])
-                ensure_secondary_queue(self.bootstrap, self.namespace, q, instance)
+                ensure_secondary_queue(self.cluster, self.namespace, q, instance)
                 self._secondary.add(topic)
         return topic
 
@@ -244,7 +251,7 @@ class Broker:
             from kbroker.kafka.queues import set_queue_status
 
             self._disabled.add(verdict.queue)
-            set_queue_status(self.bootstrap, self.namespace, verdict.queue, "OFF", verdict.reason, poison=True)
+            set_queue_status(self.cluster, self.namespace, verdict.queue, "OFF", verdict.reason, poison=True)
             self.refresh_catalog()
 
     # --- statements outside a transaction -----------------------------------------------------
@@ -322,7 +329,7 @@ class Broker:
         (listed only with RETENTION = ON, until this side ends the conversation). See retention.py."""
         from kbroker.kafka.retention import queue_messages
 
-        return queue_messages(self.bootstrap, self.namespace, queue, conversation_handle)
+        return queue_messages(self.cluster, self.namespace, queue, conversation_handle)
 
     def move_conversation(self, handle: str, group: str) -> None:
         """MOVE CONVERSATION handle TO group, committed before it returns."""

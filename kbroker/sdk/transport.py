@@ -26,11 +26,12 @@ from collections.abc import Callable
 from typing import Any, Mapping, Self
 
 from kbroker import config
+from kbroker.core.cluster import ClusterLike
 from kbroker.core.records import Record
 from kbroker.core.transport_endpoint import (MONITOR, PRIMARY_PARTITIONS, EndpointSettings, FailedDeliveries, default_machine,
                                               install_plan)
 from kbroker.core.transport_message import TransportMessage, canonical_id, new_message, to_headers
-from kbroker.embedded import resolve_bootstrap
+from kbroker.embedded import resolve_cluster
 from kbroker.errors import InvalidArgumentError, SendFailedError
 from kbroker.kafka.clients import brokers_answering, produce_within
 from kbroker.kafka.committer import GroupCommitter, OpenTransactions
@@ -45,16 +46,17 @@ log = logging.getLogger("kbroker.transport")
 Handler = Callable[[TransportMessage, TransportTransaction], None]
 
 
-def endpoint(name: str, **kwargs: Any) -> TransportEndpoint:
-    """An endpoint instance, connected by the broker rule (see TransportEndpoint)."""
-    return TransportEndpoint(name, **kwargs)
+def endpoint(name: str, *, bootstrap: ClusterLike | None = None, **kwargs: Any) -> TransportEndpoint:
+    """An endpoint instance, connected by the broker rule: `bootstrap` (an address or a Cluster),
+    else KBROKER_BOOTSTRAP, else the embedded broker (see TransportEndpoint)."""
+    return TransportEndpoint(name, cluster=bootstrap, **kwargs)  # which resolves it
 
 
-def send_message(bootstrap: str, namespace: str, queue: str, body: bytes | None,
+def send_message(cluster: ClusterLike, namespace: str, queue: str, body: bytes | None,
                  headers: Mapping[str, str] | None = None, *, reply_to_address: str | None = None,
                  **kw: Any) -> str:
     """One send from outside any endpoint (the CLI's): no ReplyToAddress unless given."""
-    with TransportEndpoint("kbroker-cli", bootstrap=bootstrap, namespace=namespace, secondary=False) as ep:
+    with TransportEndpoint("kbroker-cli", cluster=cluster, namespace=namespace, secondary=False) as ep:
         return ep.send(queue, body, headers, reply_to_address=reply_to_address or "", **kw)
 
 
@@ -65,9 +67,10 @@ class TransportEndpoint:
     concurrency: `monitor` (3.0, default), `ramp` (2.1) or `fixed` (pre-2.0); max_concurrency is
     MaximumConcurrencyLevel. secondary=False disables the secondary queue (replies then come to
     the primary queue); satellite=True is a satellite receiver (no secondary queue).
-    install=True creates the queues first, as an installer would."""
+    install=True creates the queues first, as an installer would. `cluster`: where Kafka is (an
+    address or a Cluster; None: the broker rule, embedded.resolve_cluster)."""
 
-    def __init__(self, name: str, *, bootstrap: str | None = None, namespace: str | None = None,
+    def __init__(self, name: str, *, cluster: ClusterLike | None = None, namespace: str | None = None,
                  machine: str | None = None, secondary: bool = True, concurrency: str = MONITOR,
                  max_concurrency: int = 8, secondary_readers: int = 1, max_deliveries: int = 5,
                  satellite: bool = False, install: bool = False, partitions: int | None = None,
@@ -77,13 +80,13 @@ class TransportEndpoint:
                                              max_concurrency, secondary_readers, max_deliveries, satellite)
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
-        self.bootstrap = resolve_bootstrap(bootstrap)
+        self.cluster = resolve_cluster(cluster)
         self.namespace = config.namespace(namespace)
-        brokers_answering(self.bootstrap, timeout=10)  # BrokerUnavailableError when none answers
+        brokers_answering(self.cluster, timeout=10)  # BrokerUnavailableError when none answers
         if install:
             self.install(partitions)
         self._ack_timeout, self._commit_interval, self._max_buffered = ack_timeout, commit_interval, max_buffered
-        self._producer = durable_producer(self.bootstrap)
+        self._producer = durable_producer(self.cluster)
         self._queues = QueueDirectory(self.namespace, self._producer)
         self._express: Any = None
         self._errors: list[Any] = []
@@ -98,6 +101,11 @@ class TransportEndpoint:
         self._dead_letters = DeadLetters(self.namespace, lambda: self.committer)
         self.counters: Counter[str] = Counter()
 
+    @property
+    def bootstrap(self) -> str:
+        """The cluster's address, as text."""
+        return self.cluster.bootstrap
+
     # --- installer -------------------------------------------------------------------------
 
     def install(self, partitions: int | None = None) -> list[str]:
@@ -105,7 +113,7 @@ class TransportEndpoint:
         s = self.settings
         plan = install_plan(s.name, s.machine, secondary=s.secondary_queue is not None,
                             partitions=partitions or PRIMARY_PARTITIONS, satellite=s.satellite)
-        return install(self.bootstrap, self.namespace, plan)
+        return install(self.cluster, self.namespace, plan)
 
     # --- the runtime transactions share ------------------------------------------------------
 
@@ -114,7 +122,7 @@ class TransportEndpoint:
         """The endpoint's group committer, started on first use."""
         with self._lock:
             if self._committer is None:
-                self._committer = GroupCommitter(self.bootstrap, self.namespace, interval=self._commit_interval,
+                self._committer = GroupCommitter(self.cluster, self.namespace, interval=self._commit_interval,
                                                  open_transactions=self.open_transactions).start()
             return self._committer
 
@@ -125,7 +133,7 @@ class TransportEndpoint:
             if r is None:
                 topic = self._queues.topic(queue)  # TransportQueueNotFoundError before any consumer joins
                 r = self._receivers[queue] = transport_receiver(
-                    self.bootstrap, self.namespace, queue, topic, dead_letter=self._dead_letter_malformed,
+                    self.cluster, self.namespace, queue, topic, dead_letter=self._dead_letter_malformed,
                     commit_barrier=self.committer.barrier, max_buffered=self._max_buffered)
             return r
 
@@ -196,7 +204,7 @@ class TransportEndpoint:
         if not recoverable:
             with self._lock:
                 if self._express is None:
-                    self._express = express_producer(self.bootstrap)
+                    self._express = express_producer(self.cluster)
             produce_within(self._express, topic, self._ack_timeout, key=key, value=value, headers=headers_)
             self._express.poll(0)
             return key.decode()

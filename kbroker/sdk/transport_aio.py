@@ -26,6 +26,7 @@ from kbroker.core.ramp import RampUp
 from kbroker.core.transport_endpoint import FIXED, MONITOR, receive_tasks_to_start
 from kbroker.core.transport_message import TransportMessage
 from kbroker.sdk.transport import TransportEndpoint
+from kbroker.sdk.transport import endpoint as sync_endpoint
 from kbroker.sdk.transport_transaction import TransportTransaction
 
 log = logging.getLogger("kbroker.transport")
@@ -35,8 +36,9 @@ WAIT = 1.0
 
 
 async def endpoint(name: str, **kwargs: Any) -> AsyncTransportEndpoint:
-    """An endpoint instance (see TransportEndpoint), connected off the event loop."""
-    return AsyncTransportEndpoint(await asyncio.to_thread(TransportEndpoint, name, **kwargs))
+    """An endpoint instance (see TransportEndpoint), connected off the event loop by the broker
+    rule (see sdk.transport.endpoint)."""
+    return AsyncTransportEndpoint(await asyncio.to_thread(sync_endpoint, name, **kwargs))
 
 
 class AsyncTransportTransaction:

@@ -35,6 +35,7 @@ import orjson
 
 from kbroker.core import monitor_codec as codec
 from kbroker.core import names
+from kbroker.core.cluster import Cluster
 from kbroker.core.log_limit import RateLimitFilter
 from kbroker.core.monitor import (
     LaunchReader,
@@ -55,7 +56,7 @@ from kbroker.core.monitor import (
 from kbroker.core.endpoint import CLOSED_GRACE_SECONDS
 from kbroker.core.tick import EVERY_5TH, TickOwner, TickSchedule, claim
 from kbroker.kafka.analytics_io import ControlReader, ProgressPublisher
-from kbroker.kafka.clients import KAFKA_LOG_LIMIT
+from kbroker.kafka.clients import KAFKA_LOG_LIMIT, faust_broker
 from kbroker.kafka.endpoint_store import EndpointStore
 from kbroker.kafka.queues import conversation_rows
 from kbroker.kafka.reclaim import reclaim_endpoints, reclaim_namespace
@@ -102,7 +103,7 @@ def write_log_summaries() -> None:
 
 @dataclass
 class WorkerSettings:
-    bootstrap: str
+    cluster: Cluster  # a bootstrap string is taken as a cluster with no further settings
     namespace: str
     web_port: int = 6066
     web_host: str = "127.0.0.1"
@@ -117,11 +118,14 @@ class WorkerSettings:
     closed_grace: float = CLOSED_GRACE_SECONDS  # how long a CLOSED endpoint stays before its tombstone
     worker_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
+    def __post_init__(self) -> None:
+        self.cluster = Cluster.of(self.cluster)
+
 
 def ensure_topics(s: WorkerSettings) -> None:
     """The worker's own topics. Faust declares its internal ones (changelogs, leader)."""
     want = {names.monitor_events_topic(s.namespace): MONITOR_PARTITIONS, names.ticks_topic(s.namespace): 1}
-    create_missing_topics(s.bootstrap, want, {"retention.ms": str(24 * 3600 * 1000)}, replication_factor=1)
+    create_missing_topics(s.cluster, want, {"retention.ms": str(24 * 3600 * 1000)}, replication_factor=1)
 
 
 class MonitorHooks(ReceiveHooks):
@@ -162,7 +166,7 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
     ensure_topics(s)
     rt_dir = tempfile.TemporaryDirectory(prefix="kbroker-worker-")  # Faust's datadir; memory store
     app = faust.App(
-        names.worker_app_id(s.namespace), broker=f"kafka://{s.bootstrap}", store="memory://",
+        names.worker_app_id(s.namespace), broker=faust_broker(s.cluster), store="memory://",
         web_port=s.web_port, web_bind=s.web_host, web_host=s.web_host,
         datadir=rt_dir.name, topic_partitions=MONITOR_PARTITIONS,
         topic_replication_factor=1, table_standby_replicas=0, broker_session_timeout=10,
@@ -189,12 +193,12 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
     def on_exit(task: Task, ok: bool) -> None:
         post(task.queue, ReaderExited(generation=task.generation))
 
-    broker = Broker(s.bootstrap, s.namespace)
+    broker = Broker(s.cluster, s.namespace)
     broker.hooks.append(MonitorHooks(post))
     handlers = TaskHandlers(broker, on_exit, size=s.handlers, worker_id=s.worker_id, guard=guard)
     # sys.conversation_endpoints kept in memory (read-only, sequences as written): after the
     # first read, /conversations/ reads only what changed since, whatever the topic holds.
-    conversations = EndpointStore(s.bootstrap, s.namespace, None, continue_sequences=False)
+    conversations = EndpointStore(s.cluster, s.namespace, None, continue_sequences=False)
     rt.update(app=app, broker=broker, handlers=handlers, conversations=conversations)
 
     allowed_modules = OWN_PROCEDURE_MODULES + tuple(s.allow_procedures)
@@ -301,11 +305,11 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
         deleted; endpoints closed for longer than the grace period are tombstoned (a scan of the
         endpoints topic, so at most every ENDPOINT_RECLAIM_SECONDS, or every closed_grace when shorter)."""
         try:
-            done = await asyncio.to_thread(lambda: reclaim_namespace(s.bootstrap, broker.catalog))
+            done = await asyncio.to_thread(lambda: reclaim_namespace(s.cluster, broker.catalog))
             every = min(ENDPOINT_RECLAIM_SECONDS, s.closed_grace)  # a short grace is reclaimed as often
             if time.monotonic() - rt.get("endpoints_reclaimed", -every) >= every:
                 rt["endpoints_reclaimed"] = time.monotonic()
-                n = await asyncio.to_thread(reclaim_endpoints, s.bootstrap, s.namespace, s.closed_grace)
+                n = await asyncio.to_thread(reclaim_endpoints, s.cluster, s.namespace, s.closed_grace)
                 if n:
                     log.info("reclaimed endpoints=%d closed_for_more_than=%ss", n, s.closed_grace)
         finally:
@@ -355,7 +359,7 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
         ran again has the same key and batch) and logged once each."""
         reader = rt.get("control")
         if reader is None:
-            reader = rt["control"] = ControlReader(s.bootstrap, s.namespace)
+            reader = rt["control"] = ControlReader(s.cluster, s.namespace)
         for key, cmd in reader.read(timeout=min(2.0, s.tick_interval / 2)):
             if cmd.get("command") != "RECLASSIFY":
                 continue
@@ -380,7 +384,7 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
         """Every queue group's committed offsets, for the analytics job (docs/analytics.md)."""
         publisher = rt.get("progress")
         if publisher is None:
-            publisher = rt["progress"] = ProgressPublisher(s.bootstrap, s.namespace)
+            publisher = rt["progress"] = ProgressPublisher(s.cluster, s.namespace)
         queues = list(broker.catalog.queues)
         snaps = [snap for snap in counting_pool.map(lambda q: publisher.snapshot(q, timeout=2.0), queues) if snap]
         publisher.publish(snaps, timeout=2.0)
@@ -406,7 +410,7 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
         try:
             watcher = rt["watchers"].get(name)
             if watcher is None:
-                watcher = rt["watchers"][name] = QueueWatcher(s.bootstrap, s.namespace, name)
+                watcher = rt["watchers"][name] = QueueWatcher(s.cluster, s.namespace, name)
             # Bounded by half a tick: a coordinator slow to answer (busy with the readers'
             # commits) held the counts, and the view, for the whole 5 s it used to wait.
             return watcher.counts(timeout=min(5.0, max(0.5, s.tick_interval / 2)))
@@ -457,7 +461,7 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
     async def monitors_page(web, request):
         from kbroker.worker.views import monitor_rows
 
-        return web.json(await asyncio.to_thread(monitor_rows, s.bootstrap, s.namespace))
+        return web.json(await asyncio.to_thread(monitor_rows, s.cluster, s.namespace))
 
     @app.page("/conversations/")
     async def conversations_page(web, request):
@@ -478,7 +482,7 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
         """Start the timer service if it is not running (it cannot start while the broker is down)."""
         if s.timers and rt.get("timer_service") is None:
             rt["timer_service"] = await asyncio.to_thread(
-                lambda: TimerService(s.bootstrap, s.namespace, endpoints=broker.endpoints,
+                lambda: TimerService(s.cluster, s.namespace, endpoints=broker.endpoints,
                                      guard=guard).start())
 
     async def ensure_routing() -> None:
@@ -488,11 +492,11 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, dict[str, Any]]:
             return
         if rt.get("dispatcher") is None:
             rt["dispatcher"] = await asyncio.to_thread(
-                lambda: Dispatcher(s.bootstrap, s.namespace, lambda: broker.catalog, guard=guard,
+                lambda: Dispatcher(s.cluster, s.namespace, lambda: broker.catalog, guard=guard,
                                    tick=s.tick_interval).start())
         if rt.get("transmitter") is None:
             rt["transmitter"] = await asyncio.to_thread(
-                lambda: Transmitter(s.bootstrap, s.namespace, lambda: broker.catalog, guard=guard,
+                lambda: Transmitter(s.cluster, s.namespace, lambda: broker.catalog, guard=guard,
                                     tick=s.tick_interval).start())
 
     @app.task

@@ -44,6 +44,7 @@ from typing import Any
 
 import orjson
 
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.kafka.analytics_store import AnalyticsFollower
 
 log = logging.getLogger("kbroker.worker.dashboard")
@@ -177,10 +178,10 @@ def merge(catalog_queues: list[str], latest: dict[str, dict[str, Any]], rates: R
 class DashboardFeed:
     """The worker's snapshots, built every `interval` seconds on a thread of their own."""
 
-    def __init__(self, bootstrap: str, namespace: str, worker_id: str, broker: Any, handlers: Any,
-                 interval: float = INTERVAL_S, follower: Callable[[str, str], Any] = AnalyticsFollower,
+    def __init__(self, cluster: ClusterLike, namespace: str, worker_id: str, broker: Any, handlers: Any,
+                 interval: float = INTERVAL_S, follower: Callable[[Cluster, str], Any] = AnalyticsFollower,
                  monitors: Callable[..., list[dict[str, Any]]] | None = None):
-        self.bootstrap, self.namespace, self.worker_id = bootstrap, namespace, worker_id
+        self.cluster, self.namespace, self.worker_id = Cluster.of(cluster), namespace, worker_id
         self._broker, self._handlers, self._interval = broker, handlers, interval
         self._new_follower, self._monitor_rows = follower, monitors  # monitors: views.monitor_rows
         self._rates = Rates()
@@ -273,7 +274,7 @@ class DashboardFeed:
                 return {}
             try:
                 if self._follower is None:
-                    self._follower = self._new_follower(self.bootstrap, self.namespace)
+                    self._follower = self._new_follower(self.cluster, self.namespace)
                 for _ in range(20):  # catching up: up to 20,000 records a step
                     if self._follower.poll(timeout=0.2) < 1000:
                         break
@@ -292,7 +293,7 @@ class DashboardFeed:
 
             self._monitor_rows = monitor_rows
         try:
-            self._monitors = self._monitor_rows(self.bootstrap, self.namespace, timeout=MONITOR_TIMEOUT_S)
+            self._monitors = self._monitor_rows(self.cluster, self.namespace, timeout=MONITOR_TIMEOUT_S)
             self._monitors_at = time.time()
             self._ok("monitors")
         except Exception as exc:  # noqa: BLE001 - an outage: the last rows stay, read again next second
@@ -340,7 +341,7 @@ def add_dashboard(app: Any, s: Any, rt: dict[str, Any]) -> None:
     its feed in `rt["dashboard"]` (started with the worker, closed by `shutdown(rt)`)."""
     from aiohttp import web as aioweb
 
-    feed = rt["dashboard"] = DashboardFeed(s.bootstrap, s.namespace, s.worker_id, rt["broker"], rt["handlers"])
+    feed = rt["dashboard"] = DashboardFeed(s.cluster, s.namespace, s.worker_id, rt["broker"], rt["handlers"])
     files = _static_files()
     closing = asyncio.Event()  # set when the web server shuts down: open streams end
 

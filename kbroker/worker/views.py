@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from kbroker.core import names
+from kbroker.core.cluster import ClusterLike
 from kbroker.core.monitor import MonitorState
 from kbroker.kafka.reader import latest_values
 
@@ -20,7 +21,7 @@ def iso_utc(t: float | None) -> str | None:
     return None if t is None else datetime.fromtimestamp(t, timezone.utc).isoformat()
 
 
-def monitor_rows(bootstrap: str, namespace: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+def monitor_rows(cluster: ClusterLike, namespace: str, timeout: float = 10.0) -> list[dict[str, Any]]:
     """One row per queue monitor: queue, state, last_empty_rowset_time, last_activated_time,
     tasks_waiting, readers (activated readers running), backlog, ready_groups, owner worker, and
     how fresh the row is: `as_of`, when its counts were measured (the owner re-measures at least
@@ -28,7 +29,7 @@ def monitor_rows(bootstrap: str, namespace: str, timeout: float = 10.0) -> list[
     (the read's own time is the reader's, not the row's); and the
     owner's health when it wrote the row: `degraded` and `degraded_reasons`."""
     read_at = time.time()
-    raw = latest_values(bootstrap, names.monitors_changelog_topic(namespace), timeout)
+    raw = latest_values(cluster, names.monitors_changelog_topic(namespace), timeout)
     latest = {orjson.loads(k): orjson.loads(v) for k, v in (raw or {}).items()}  # None: no worker ran yet
     rows = []
     for queue in sorted(latest):

@@ -5,6 +5,7 @@ transaction coordinator of which producer. The framing is kbroker's own (kafka/w
 
 from __future__ import annotations
 
+from kbroker.core.cluster import Cluster
 from kbroker.kafka.wire import Reader, exchange, frame, uvarint
 
 LIST_TRANSACTIONS, VERSION = 66, 0
@@ -39,4 +40,5 @@ def parse_list_transactions(payload: bytes, correlation_id: int) -> dict[str, st
 
 def list_transactions(host: str, port: int, timeout: float = 10.0) -> dict[str, str]:
     """The transactions the broker at host:port coordinates: transactional id -> state."""
-    return parse_list_transactions(exchange(host, port, list_transactions_request(1), timeout), 1)
+    broker = Cluster(f"{host}:{port}")  # this one broker, as a cluster to reach
+    return parse_list_transactions(exchange(broker, list_transactions_request(1), timeout), 1)

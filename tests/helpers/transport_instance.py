@@ -38,7 +38,7 @@ def run(bootstrap: str, namespace: str, endpoint: str, machine: str, forward_to:
         if sleep:
             time.sleep(sleep)
 
-    ep = TransportEndpoint(endpoint, bootstrap=bootstrap, namespace=namespace, machine=machine, secondary=False,
+    ep = TransportEndpoint(endpoint, cluster=bootstrap, namespace=namespace, machine=machine, secondary=False,
                            max_concurrency=max_concurrency)
     started = time.monotonic()
     ep.start(handle)
