@@ -50,6 +50,10 @@ class Buffered:
     partition: int
     offset: int
     enqueued_ms: int  # the record's timestamp: the message's age
+    # The receiver's tracker of the partition when the record was fetched: a record of an
+    # earlier assignment of its partition is never put back nor committed (its next owner, or
+    # this process's next assignment, reads it again).
+    assignment: Any = None
     order: Order = field(init=False)
     position: Position = field(init=False)
     rank: int = field(init=False)  # DialogTimer 0, Error 1, the rest in arrival order

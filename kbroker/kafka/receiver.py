@@ -65,6 +65,11 @@ class Lease:
     offsets: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset) to complete
     doomed: bool = False
     included: bool = False  # carried by a Kafka transaction under way
+    # Each partition's tracker when its records were fetched. The lease completes, reopens and
+    # puts back records only while that assignment lasts: after a revocation (and a new
+    # assignment of the same partition) the records are read again from the committed offsets,
+    # and completing or returning the old copies would deliver them twice.
+    assignments: dict[int, Any] = field(default_factory=dict)
 
     @property
     def partitions(self) -> set[int]:
@@ -202,7 +207,7 @@ class QueueReceiver:
         except (MalformedRecord, UnicodeDecodeError) as exc:
             self._dead_letter(self, rec, str(exc))
             return
-        self._buffer.accept(Buffered(env, rec, p, off, rec.timestamp()[1]))
+        self._buffer.accept(Buffered(env, rec, p, off, rec.timestamp()[1], tracker))
 
     def _apply_backpressure(self, consumer: Consumer) -> None:
         buffered = self._buffer.buffered
@@ -331,6 +336,8 @@ class QueueReceiver:
             for p in revoked:
                 self._offsets.pop(p, None)
                 self._eof.discard(p)
+            # Records a transaction that failed during the barrier put back: gone with the rest.
+            self._buffer.drop_partitions(revoked)
             self._cv.notify_all()
         if assigned:
             consumer.incremental_unassign(assigned)
@@ -397,6 +404,8 @@ class QueueReceiver:
         taken = self._buffer.take(lease, group, top, full, now_ms, conversation_id)
         lease.taken.extend(taken)
         lease.offsets.extend(b.position for b in taken)
+        for b in taken:
+            lease.assignments.setdefault(b.partition, b.assignment)
         live = [b for b in receive_order(taken) if b.live(now_ms)]
         return lease, live, len(taken) - len(live)
 
@@ -418,7 +427,7 @@ class QueueReceiver:
         no lock), so they can commit on their own: the re-keying of a moved conversation."""
         keys = set(offsets)
         with self._cv:
-            side = Lease(self, lease.group, None)
+            side = Lease(self, lease.group, None, assignments=dict(lease.assignments))
             side.taken = [b for b in lease.taken if b.position in keys]
             lease.taken = [b for b in lease.taken if b.position not in keys]
             side.offsets = [o for o in lease.offsets if o in keys]
@@ -432,7 +441,8 @@ class QueueReceiver:
 
     def dead_letter_lease(self, rec: KafkaRecord) -> Lease:
         """A lease over one malformed record, completed when its dead letter commits."""
-        return Lease(self, None, None, offsets=[messages.position(rec)])
+        p, off = messages.position(rec)
+        return Lease(self, None, None, offsets=[(p, off)], assignments={p: self._offsets.get(p)})
 
     # --- commit and rollback (called by the committer and by transactions) ------------------
 
@@ -441,7 +451,7 @@ class QueueReceiver:
         positions to commit, or None when a lease was doomed by a rebalance."""
         with self._cv:
             for lease in leases:
-                if any(p not in self._offsets for p in lease.partitions):
+                if not all(self._current(lease, p) for p in lease.partitions):
                     lease.doomed = True  # its partition is gone: the next owner has it
             if any(lease.doomed for lease in leases):
                 return None
@@ -457,13 +467,18 @@ class QueueReceiver:
                 out.append(TopicPartition(self.topic, p, pos, metadata=meta))
             return out
 
+    def _current(self, lease: Lease, partition: int) -> bool:
+        """Whether `lease`'s records of `partition` belong to its current assignment here."""
+        tracker = self._offsets.get(partition)
+        return tracker is not None and lease.assignments.get(partition) is tracker
+
     def exclude(self, leases: list[Lease]) -> None:
         """The Kafka transaction aborted: the offsets are incomplete again."""
         with self._cv:
             for lease in leases:
                 lease.included = False
                 for p, off in lease.offsets:
-                    if p in self._offsets:
+                    if self._current(lease, p):
                         self._offsets[p].reopen(off)
 
     def release(self, lease: Lease, committed: bool) -> None:
@@ -472,7 +487,8 @@ class QueueReceiver:
         with self._cv:
             if lease.group is not None:
                 back = [] if committed or lease.doomed else [
-                    b for b in lease.taken if b.partition in self._offsets]
+                    b for b in lease.taken if b.assignment is not None
+                    and self._offsets.get(b.partition) is b.assignment]
                 self._buffer.release(lease, lease.group, back)
             self._cv.notify_all()
 

@@ -106,6 +106,12 @@ def tally(sent: dict[str, list[str]], replies: list[dict]) -> dict[str, object]:
             "jumps": sum(1 for rs in by_conv.values() for x, y in zip(rs, rs[1:]) if y["sequence"] - x["sequence"] >= GAP)}
 
 
+def link_history(bootstrap: str, namespace: str, far: str) -> list[tuple[float, str]]:
+    """The state changes of `namespace`'s connection to namespace `far` (the connections view)."""
+    links = [r for r in kbroker_json("connections", bootstrap, namespace) if r["destination"].endswith("/" + far)]
+    return [(t, e) for link in links for t, e in link["history"]]
+
+
 @pytest.mark.timeout(720)  # the 60 s suppression after a failed attempt is waited out
 def test_request_reply_across_clusters_loses_nothing_through_kills_and_an_outage_longer_than_a_lease(
         kafka_bootstrap, tmp_path):
@@ -164,7 +170,11 @@ def test_request_reply_across_clusters_loses_nothing_through_kills_and_an_outage
         rows = wait_for(lambda: [r for r in kbroker_json("transmission", kafka_bootstrap, a) if r["transmission_status"]]
                         or None, 60, "statuses while B's broker is down")
         assert any(b in r["transmission_status"] for r in rows), rows
-        time.sleep(max(0.0, stopped + LEASE_SECONDS + 5 - time.time()))  # longer than a lease
+        # Down until a connection attempt has failed (the first one comes 15 s after the disconnect
+        # and takes up to 5 s: a fixed outage raced it) and for longer than a lease.
+        wait_for(lambda: any(t >= stopped - 1 and e == "FAILED" for t, e in link_history(kafka_bootstrap, a, b)),
+                 90, "a failed connection attempt while B's broker is down")
+        time.sleep(max(0.0, stopped + LEASE_SECONDS + 5 - time.time()))
         remote.start(port=port, controller_port=cport)
         replies_at_least(ROUNDS * DIALOGS, 300, "after B's broker came back")
         time.sleep(3)  # anything more (a duplicate) would land now
@@ -177,8 +187,7 @@ def test_request_reply_across_clusters_loses_nothing_through_kills_and_an_outage
         assert (counts["lost"], counts["duplicated"], counts["out_of_order"], counts["unknown"]) == ([], [], [], []), counts
         assert counts["jumps"] >= 1, "no dialog went on past a lease claimed after its holder died"
 
-        [link] = [r for r in kbroker_json("connections", kafka_bootstrap, a) if r["destination"].endswith("/" + b)]
-        events = [(t, e) for t, e in link["history"] if t >= stopped - 1]
+        events = [(t, e) for t, e in link_history(kafka_bootstrap, a, b) if t >= stopped - 1]
         kinds = [e for _, e in events]
         assert "FAILED" in kinds and kinds[-1] == "CONNECTED", events
         failed = [t for t, e in events if e == "FAILED"]
