@@ -336,12 +336,11 @@ def _static_files() -> dict[str, tuple[Path, str]]:
     return files
 
 
-def add_dashboard(app: Any, s: Any, rt: dict[str, Any]) -> None:
-    """Register the dashboard's pages on the worker's Faust app (`s`: its WorkerSettings) and put
-    its feed in `rt["dashboard"]` (started with the worker, closed by `shutdown(rt)`)."""
+def add_dashboard(app: Any, feed: DashboardFeed) -> None:
+    """Register the dashboard's pages on the worker's Faust app, and the task that starts `feed`
+    with the worker (whoever made the feed closes it: `Worker.close`)."""
     from aiohttp import web as aioweb
 
-    feed = rt["dashboard"] = DashboardFeed(s.cluster, s.namespace, s.worker_id, rt["broker"], rt["handlers"])
     files = _static_files()
     closing = asyncio.Event()  # set when the web server shuts down: open streams end
 

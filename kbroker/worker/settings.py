@@ -1,0 +1,79 @@
+"""What a worker is built from: its settings, its own topics, and the Faust topics and tables its
+services share (`Channels`). Apart from app.py so that each service module can take them without
+importing the app that wires the services."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+import orjson
+
+from kbroker.core import names
+from kbroker.core.cluster import Cluster
+from kbroker.core.endpoint import CLOSED_GRACE_SECONDS
+from kbroker.kafka.topics import create_missing_topics
+
+MONITOR_PARTITIONS = 4
+
+
+@dataclass
+class WorkerSettings:
+    cluster: Cluster  # a bootstrap string is taken as a cluster with no further settings
+    namespace: str
+    web_port: int = 6066
+    web_host: str = "127.0.0.1"
+    tick_interval: float = 5.0  # seed 000: the broker's periodic tick
+    watch_interval: float = 0.25  # a first message launches a reader within about this long
+    ramp_up: float = 5.0  # seed 003: seconds of non-empty RECEIVEs before one more reader
+    handlers: int | None = None  # task handler threads; default 2 x CPUs
+    timers: bool = True  # run the timer service (dialog timers, lifetimes)
+    routing: bool = True  # run the dispatcher and the transmitter (messages between namespaces)
+    # Modules whose activation procedures this worker runs, besides kbroker's own.
+    allow_procedures: tuple[str, ...] = ()
+    closed_grace: float = CLOSED_GRACE_SECONDS  # how long a CLOSED endpoint stays before its tombstone
+    worker_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+
+    def __post_init__(self) -> None:
+        self.cluster = Cluster.of(self.cluster)
+
+
+def ensure_topics(s: WorkerSettings) -> None:
+    """The worker's own topics. Faust declares its internal ones (changelogs, leader)."""
+    want = {names.monitor_events_topic(s.namespace): MONITOR_PARTITIONS, names.ticks_topic(s.namespace): 1}
+    create_missing_topics(s.cluster, want, {"retention.ms": str(24 * 3600 * 1000)}, replication_factor=1)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class Channels:
+    """The worker's Faust topics and tables, declared on the app at build time."""
+
+    monitor_events: Any  # faust topic: monitor events, key = queue (MONITOR_PARTITIONS partitions)
+    ticks: Any  # faust topic: tick requests of every worker (1 partition)
+    events: Any  # faust topic: the namespace's events (QUEUE_ACTIVATION, TICK, ...)
+    monitors: Any  # faust table: queue -> its monitor row
+    tick_owner: Any  # faust table: the cluster-wide tick record
+
+    @classmethod
+    def declare(cls, app: faust.App, s: WorkerSettings) -> Channels:
+        def raw_topic(name: str, partitions: int | None = None) -> Any:
+            return app.topic(name, key_serializer="raw", value_serializer="raw", partitions=partitions)
+
+        return cls(
+            monitor_events=raw_topic(names.monitor_events_topic(s.namespace), MONITOR_PARTITIONS),
+            ticks=raw_topic(names.ticks_topic(s.namespace), 1),
+            events=raw_topic(names.events_topic(s.namespace)),
+            monitors=app.Table("monitors", default=None, partitions=MONITOR_PARTITIONS),
+            tick_owner=app.Table("tick-owner", default=None, partitions=1),
+        )
+
+    async def send_event(self, key: str, event: dict[str, Any]) -> None:
+        """One event on the namespace's events topic."""
+        await self.events.send(key=key.encode(), value=orjson.dumps(event))

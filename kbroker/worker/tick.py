@@ -1,0 +1,106 @@
+"""The cluster's tick (seed 000) and its 5th-tick cleanup, as the worker runs them.
+
+    every worker's tick timer -> ticks topic (1 partition) --> `tick_agent`: claim() runs each
+        tick number once per cluster -> Tick to every monitor, TICK event on the events topic;
+        every 5th tick: the Reclaimer deletes queue records no reader needs
+
+Tick numbers are counted by core/tick.py (claim, through advance), the one tick mechanism of
+kbroker: the worker's own periodic work (worker/app.py) counts the same numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import orjson
+
+from kbroker.core import monitor_codec as codec
+from kbroker.core.monitor import Tick
+from kbroker.core.tick import EVERY_5TH, TickOwner, TickSchedule, claim
+from kbroker.kafka.reclaim import reclaim_endpoints, reclaim_namespace
+from kbroker.sdk.broker import Broker
+from kbroker.worker.guard import Guard
+from kbroker.worker.settings import Channels, WorkerSettings, now_ms
+
+log = logging.getLogger("kbroker.worker")
+
+ENDPOINT_RECLAIM_SECONDS = 300.0  # the endpoint scan of the 5th-tick cleanup runs at most this often
+
+
+class Reclaimer:
+    """Seed 000's 5th-tick cleanup, once per cluster, off the tick agent (reading a retained
+    queue's prefix may take a while): one run at a time. It holds no clients of its own (each run
+    opens and closes what it reads), so there is nothing to close."""
+
+    def __init__(self, s: WorkerSettings, channels: Channels, broker: Broker, guard: Guard):
+        self.s, self.channels, self.broker, self.guard = s, channels, broker, guard
+        self.running: asyncio.Future[Any] | None = None
+        self._endpoints_reclaimed: float | None = None  # monotonic time of the last endpoint scan
+
+    def trigger(self) -> None:
+        """Run the cleanup unless a run is in progress."""
+        if not self.running:
+            self.running = asyncio.ensure_future(self.guard.run("reclaim", self._reclaim))
+
+    def retry_if_failing(self) -> None:
+        """This worker's cleanup failed (a coordinator still loading after a broker restart): tried
+        again with back-off from here, not at the next 5th tick, which waits for the tick agent's
+        consumer group to settle and so kept the worker degraded long after Kafka answered again."""
+        if self.guard.health.failing("reclaim") and self.guard.due("reclaim"):
+            self.trigger()
+
+    async def _reclaim(self) -> None:
+        """Records no queue reader needs are deleted; endpoints closed for longer than the grace
+        period are tombstoned (a scan of the endpoints topic, so at most every
+        ENDPOINT_RECLAIM_SECONDS, or every closed_grace when shorter)."""
+        s = self.s
+        try:
+            done = await asyncio.to_thread(lambda: reclaim_namespace(s.cluster, self.broker.catalog))
+            every = min(ENDPOINT_RECLAIM_SECONDS, s.closed_grace)  # a short grace is reclaimed as often
+            last = -every if self._endpoints_reclaimed is None else self._endpoints_reclaimed
+            if time.monotonic() - last >= every:
+                self._endpoints_reclaimed = time.monotonic()
+                n = await asyncio.to_thread(reclaim_endpoints, s.cluster, s.namespace, s.closed_grace)
+                if n:
+                    log.info("reclaimed endpoints=%d closed_for_more_than=%ss", n, s.closed_grace)
+        finally:
+            self.running = None
+        for r in done:
+            log.info("reclaimed topic=%s deleted_below=%s", r.topic, r.deleted_below)
+            event = {"event": "RECORDS_RECLAIMED", "topic": r.topic, "time": now_ms(),
+                     "deleted_below": {str(p): o for p, o in r.deleted_below.items()}}  # JSON keys
+            await self.channels.send_event(r.topic, event)
+
+
+class ClusterTick:
+    """Every worker asks for a tick on its tick timer; the tick agent (on whichever worker owns
+    the ticks topic's one partition) runs each tick number once per cluster."""
+
+    def __init__(self, s: WorkerSettings, channels: Channels, broker: Broker, reclaimer: Reclaimer):
+        self.s, self.channels, self.broker, self.reclaimer = s, channels, broker, reclaimer
+        self.schedule = TickSchedule(interval=s.tick_interval)
+
+    async def request(self) -> None:
+        await self.channels.ticks.send(key=b"tick", value=orjson.dumps({"worker": self.s.worker_id,
+                                                                          "now": time.time()}))
+
+    async def on_request(self, raw: bytes) -> None:
+        """A worker asked for a tick: run it if this tick number is due and unclaimed."""
+        req = orjson.loads(raw)
+        table = self.channels.tick_owner
+        run, owner = claim(TickOwner.from_dict(table.get("owner")), req["worker"], req["now"], self.schedule)
+        table["owner"] = owner.to_dict()
+        if run is None:
+            return
+        queues = await asyncio.to_thread(
+            lambda: [q.name for q in self.broker.catalog.queues.values() if q.activation is not None])
+        for queue in queues:
+            await self.channels.monitor_events.send(key=queue.encode(), value=codec.encode(Tick()))
+        event = {"event": "TICK", "number": run.number, "due": sorted(run.due), "missed": run.missed,
+                 "worker": req["worker"], "time": now_ms()}
+        await self.channels.send_event("tick", event)
+        if EVERY_5TH in run.due:
+            self.reclaimer.trigger()
