@@ -89,6 +89,17 @@ def full_partitions(offsets: Mapping[int, PartitionOffsets]) -> dict[int, int]:
     return {p: t.low_water() for p, t in offsets.items() if not t.metadata_room()}
 
 
+def pause_change(paused: bool, buffered: int, max_buffered: int) -> bool | None:
+    """Back-pressure on the consumer: True to pause it (`max_buffered` records wait here), False
+    to resume it (down to half of that), None to leave it as it is. Pausing at the bound and
+    resuming only at half keeps it from flapping on every RECEIVE."""
+    if not paused and buffered >= max_buffered:
+        return True
+    if paused and buffered <= max_buffered // 2:
+        return False
+    return None
+
+
 def _blocked(q: deque[Buffered], full: Mapping[int, int]) -> bool:
     """A group whose partition hands out only its low-water record, which this group lacks."""
     head = q[0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import heapq
 import zlib
+from typing import Collection
 
 METADATA_LIMIT = 4096  # Kafka's default offset.metadata.max.bytes
 _PREFIX = "kb1:"
@@ -148,3 +149,9 @@ class PartitionOffsets:
         self._measured = (size, self._completions)
         self._full_at = None if size < limit else (pos, self._completions)
         return self._full_at is None
+
+
+def caught_up(owned: Collection[int], at_end: Collection[int]) -> bool:
+    """Whether a receiver has read to the end every partition it owns (and owns one): only then
+    does an empty RECEIVE mean the queue holds nothing for it."""
+    return bool(owned) and set(at_end) >= set(owned)

@@ -21,6 +21,7 @@ from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.endpoint import CHAIN_SUFFIX, CLOSED, CLOSED_GRACE_SECONDS, Endpoint, merged_state
 from kbroker.core.send_lease import LEASE_SUFFIX, WANT_SUFFIX, SendLease, Want, folded
+from kbroker.core.send_sequence import advanced, block_released, continued, keeps_exact, past_doubt, reservation_after
 from kbroker.errors import BrokerUnavailableError, ConversationNotFoundError
 from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partitions
 
@@ -104,50 +105,35 @@ class EndpointStore:
         known = self._cache.get(handle)
         if known is None:
             return
-        past = max(ep.send_sequence, ep.sequence_reserved, known.send_sequence, known.sequence_reserved)
-        moved_on = replace(known, send_sequence=past, sequence_reserved=past)
+        moved_on = past_doubt(known, ep)
         self._cache[handle] = moved_on
         # Kept as this process's exact count: a record of the doubtful transaction read later
         # (this process's reservation) continues from here, not from what that record says.
         self._unwritten[handle] = moved_on
-        self._mine[handle] = max(self._mine.get(handle, -1), past)
+        self._mine[handle] = reservation_after(self._mine.get(handle), moved_on)
 
     def _keep_exact(self, handle: str, ep: Endpoint | None, written: bool) -> None:
         """Keep the exact state for close() wherever the topic does not say the exact next
-        sequence: a SEND within the reserved block (not written), and a written record that
-        reserved a block this process has not used up (the first SEND of a dialog writes its
-        state change with the block; without this a second process continued past the whole
-        block, sequence 65 after 0)."""
-        if ep is not None and (not written or ep.sequence_reserved > ep.send_sequence):
+        sequence (core/send_sequence.keeps_exact)."""
+        if ep is not None and keeps_exact(ep, written):
             self._unwritten[handle] = ep
         else:
             self._unwritten.pop(handle, None)
 
     def _continued(self, ep: Endpoint) -> Endpoint:
-        """An endpoint read from the topic: where its SENDs continue. A record this process wrote
-        (its reservation is not above the latest this process made) continues at the exact count
-        this process keeps; anyone else's record continues past the block it reserved, since
-        SENDs within that block were not written."""
+        """An endpoint read from the topic: where its SENDs continue (core/send_sequence.continued)."""
         handle = ep.conversation_handle
-        mine = self._mine.get(handle)
-        if mine is not None and ep.sequence_reserved <= mine:
-            exact = self._unwritten.get(handle)
-            seq = max(ep.send_sequence, exact.send_sequence if exact is not None else 0)
-        else:
-            seq = max(ep.send_sequence, ep.sequence_reserved)
-        seq = max(seq, self._floor.get(handle, 0))
-        return ep if seq == ep.send_sequence else replace(ep, send_sequence=seq)
+        return continued(ep, self._mine.get(handle), self._unwritten.get(handle), self._floor.get(handle, 0))
 
     def _claim(self, ep: Endpoint) -> None:
-        if ep.sequence_reserved > self._mine.get(ep.conversation_handle, -1):
-            self._mine[ep.conversation_handle] = ep.sequence_reserved
+        self._mine[ep.conversation_handle] = reservation_after(self._mine.get(ep.conversation_handle), ep)
 
     def write_unwritten(self) -> int:
         """On a clean close: write the exact next sequence of every endpoint that SENT within its
         reserved block, releasing the rest of the block, so a restart continues without a gap."""
         n = 0
         for handle, ep in list(self._unwritten.items()):
-            self.put(replace(ep, sequence_reserved=ep.send_sequence))
+            self.put(block_released(ep))
             n += 1
         return n
 
@@ -339,10 +325,10 @@ class EndpointStore:
         if ep is not None and state is not None and state != ep.state:
             ep = merged_state(ep, replace(ep, state=state)) or ep
             self._cache[handle] = ep
-        if ep is not None and ep.send_sequence < start:
-            ep = replace(ep, send_sequence=start, sequence_reserved=max(ep.sequence_reserved, start))
-            self._cache[handle] = ep
-            self._unwritten[handle] = ep
+        moved = None if ep is None else advanced(ep, start)
+        if moved is not None:
+            self._cache[handle] = moved
+            self._unwritten[handle] = moved
         self._mine[handle] = max(self._mine.get(handle, -1), start)
 
     def flush(self, timeout: float) -> None:
@@ -355,7 +341,7 @@ class EndpointStore:
         sequence if SENDs within the reserved block left the topic short of it."""
         ep = self._unwritten.get(handle)
         if ep is not None:
-            self.put(replace(ep, sequence_reserved=ep.send_sequence))
+            self.put(block_released(ep))
 
     def close(self) -> None:
         """Close the reading consumer (the shared producer is its owner's)."""

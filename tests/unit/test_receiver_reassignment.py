@@ -74,7 +74,7 @@ def receiver_with_records(consumer: Consumer, count: int,
                           barrier: Callable[[], None] = lambda: None) -> QueueReceiver:
     receiver = QueueReceiver("nowhere:1", "test", "Q", topic=TOPIC, dead_letter=lambda *a: None,
                              revoke_grace=0.0, commit_barrier=barrier)
-    receiver._on_assign(consumer, [TopicPartition(TOPIC, 0)])  # type: ignore[arg-type]
+    receiver._assignment.on_assign(consumer, [TopicPartition(TOPIC, 0)])  # type: ignore[arg-type]
     fetch(receiver, range(count))
     return receiver
 
@@ -82,13 +82,13 @@ def receiver_with_records(consumer: Consumer, count: int,
 def fetch(receiver: QueueReceiver, offsets: range) -> None:
     with receiver._cv:
         for off in offsets:
-            receiver._accept(Record(off))  # type: ignore[arg-type]
+            receiver._poll._accept(Record(off))  # type: ignore[arg-type]
 
 
 def reassign(receiver: QueueReceiver, consumer: Consumer, count: int) -> None:
     """The group takes partition 0 away and gives it back; it is read again from offset 0."""
-    receiver._on_revoke(consumer, [TopicPartition(TOPIC, 0)])  # type: ignore[arg-type]
-    receiver._on_assign(consumer, [TopicPartition(TOPIC, 0)])  # type: ignore[arg-type]
+    receiver._assignment.on_revoke(consumer, [TopicPartition(TOPIC, 0)])  # type: ignore[arg-type]
+    receiver._assignment.on_assign(consumer, [TopicPartition(TOPIC, 0)])  # type: ignore[arg-type]
     fetch(receiver, range(count))
 
 

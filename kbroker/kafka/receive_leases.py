@@ -1,0 +1,176 @@
+"""The leases of a queue's buffered records: which transaction has taken what, until it ends.
+
+A RECEIVE leases one ready, unlocked conversation group (core/group_buffer.py picks it) and takes
+up to TOP(n) of its records. A lease ends when its transaction commits (its offsets complete and
+are committed with it) or rolls back (its records go back, in order, to the head of the group).
+When a rebalance revokes partitions, the leases on them get `revoke_grace` seconds to be carried
+by a Kafka transaction; the rest are doomed (their commit fails and nothing they did becomes
+visible), so the next owner never overlaps them. The rules are core/receive_lease.py's.
+
+Part of kafka/receiver.QueueReceiver, which holds the one lock (`cv`) all its parts share.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from confluent_kafka import Message as KafkaRecord
+from confluent_kafka import TopicPartition
+
+from kbroker.core.group_buffer import Buffered, GroupBuffer, full_partitions, receive_order
+from kbroker.core.receive_lease import completed, lost_partition, reopened, returned, split_off
+from kbroker.kafka import messages
+from kbroker.kafka.partition_assignment import PartitionAssignment
+
+if TYPE_CHECKING:
+    from kbroker.kafka.receiver import QueueReceiver
+
+
+@dataclass(eq=False)
+class Lease:
+    """The records one transaction took from one conversation group (or dead-lettered)."""
+
+    receiver: "QueueReceiver"
+    group: str | None
+    owner: Any
+    taken: list[Buffered] = field(default_factory=list)
+    offsets: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset) to complete
+    doomed: bool = False
+    included: bool = False  # carried by a Kafka transaction under way
+    # Each partition's tracker when the records were fetched (core/receive_lease.py: a lease
+    # outliving its partition's assignment completes, reopens and puts back nothing).
+    assignments: dict[int, Any] = field(default_factory=dict)
+
+    @property
+    def partitions(self) -> set[int]:
+        """The partitions of the offsets this lease completes."""
+        return {p for p, _ in self.offsets}
+
+
+class LeaseBook:
+    """The leases of one receiver (`receiver`, which every lease names) over its buffer and the
+    partitions its assignment owns, all guarded by `cv`. `closed` says the receiver is closing:
+    a RECEIVE waiting here then returns empty."""
+
+    def __init__(self, receiver: "QueueReceiver", buffer: GroupBuffer[Lease], assignment: PartitionAssignment,
+                 cv: threading.Condition, *, revoke_grace: float, closed: Callable[[], bool]):
+        self._receiver, self._buffer, self._assignment, self._cv = receiver, buffer, assignment, cv
+        self._revoke_grace, self._closed = revoke_grace, closed
+
+    def waiting(self) -> int:
+        """Records buffered here and not taken: what a monitoring loop counts as waiting."""
+        with self._cv:
+            return self._buffer.buffered
+
+    def wait_for_waiting(self, timeout: float) -> int:
+        """Wait up to `timeout` s for a buffered record not taken yet; returns how many there are."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while not self._buffer.buffered and not self._closed():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cv.wait(min(left, 0.5))
+            return self._buffer.buffered
+
+    def take(self, owner: Any, top: int, wait: float | None, *, conversation_group: str | None = None,
+             conversation_id: str | None = None,
+             give_up: Callable[[], bool] = lambda: False) -> tuple[Lease | None, list[Buffered], int]:
+        """QueueReceiver.take: the lease, the live records taken in RECEIVE order, and how many
+        expired ones were taken with them."""
+        start = time.monotonic()
+        deadline = None if wait is None else start + wait
+        catch_up_deadline = start + max(wait or 0.0, 30.0)
+        with self._cv:
+            while True:
+                if self._closed():
+                    return None, [], 0
+                full = full_partitions(self._assignment.offsets)
+                group = self._buffer.pick(owner, full, conversation_group, conversation_id)
+                if group is not None:
+                    return self._take(owner, group, top, full, conversation_id)
+                now = time.monotonic()
+                if deadline is not None and now >= deadline and (self._assignment.caught_up()
+                                                                 or now >= catch_up_deadline):
+                    return None, [], 0
+                if give_up():
+                    return None, [], 0
+                self._cv.wait(0.5 if deadline is None else max(min(deadline - now, 0.5), 0.01))
+
+    def _take(self, owner: Any, group: str, top: int, full: dict[int, int],
+              conversation_id: str | None) -> tuple[Lease, list[Buffered], int]:
+        lease = self._buffer.holder(group) or Lease(self._receiver, group, owner)
+        now_ms = int(time.time() * 1000)
+        taken = self._buffer.take(lease, group, top, full, now_ms, conversation_id)
+        lease.taken.extend(taken)
+        lease.offsets.extend(b.position for b in taken)
+        for b in taken:
+            lease.assignments.setdefault(b.partition, b.assignment)
+        live = [b for b in receive_order(taken) if b.live(now_ms)]
+        return lease, live, len(taken) - len(live)
+
+    def split(self, lease: Lease, offsets: list[tuple[int, int]]) -> Lease:
+        """QueueReceiver.split: the records at `offsets` moved into a lease of their own."""
+        with self._cv:
+            side = Lease(self._receiver, lease.group, None, assignments=dict(lease.assignments))
+            (lease.taken, lease.offsets), (side.taken, side.offsets) = split_off(
+                lease.taken, lease.offsets, set(offsets))
+            return side
+
+    def dead_letter_lease(self, rec: KafkaRecord) -> Lease:
+        """A lease over one malformed record, completed when its dead letter commits."""
+        p, off = messages.position(rec)
+        return Lease(self._receiver, None, None, offsets=[(p, off)],
+                     assignments={p: self._assignment.offsets.get(p)})
+
+    def include(self, leases: list[Lease]) -> list[TopicPartition] | None:
+        """QueueReceiver.include: the positions to commit, or None when a lease was doomed."""
+        with self._cv:
+            owned = self._assignment.offsets
+            for lease in leases:
+                if lost_partition(lease.offsets, lease.assignments, owned):
+                    lease.doomed = True  # its partition is gone: the next owner has it
+            if any(lease.doomed for lease in leases):
+                return None
+            for lease in leases:
+                lease.included = True
+            positions = completed(owned, [o for lease in leases for o in lease.offsets])
+            return [TopicPartition(self._assignment.topic, p, pos, metadata=meta) for p, pos, meta in positions]
+
+    def exclude(self, leases: list[Lease]) -> None:
+        """The Kafka transaction aborted: the offsets are incomplete again."""
+        with self._cv:
+            for lease in leases:
+                lease.included = False
+                reopened(self._assignment.offsets, lease.offsets, lease.assignments)
+
+    def release(self, lease: Lease, committed: bool) -> None:
+        """QueueReceiver.release: end a lease, its records back at the head of their group
+        unless it committed or its partition was revoked."""
+        with self._cv:
+            if lease.group is not None:
+                back = returned(lease.taken, committed, lease.doomed, self._assignment.offsets)
+                self._buffer.release(lease, lease.group, back)
+            self._cv.notify_all()
+
+    def settle_revoked(self, revoked: set[int], since: float) -> None:
+        """Partitions are revoked (called under cv, `since` the revocation began, monotonic): drop
+        their buffered records, give the leases on them not yet carried by a Kafka transaction up
+        to `revoke_grace` seconds to be, and doom the rest."""
+        deadline = since + self._revoke_grace
+        self._buffer.drop_partitions(revoked)
+        while True:
+            at_risk = [lease for lease in self._buffer.holders() if lease.partitions & revoked and not lease.included]
+            if not at_risk or time.monotonic() >= deadline:
+                break
+            self._cv.wait(deadline - time.monotonic())
+        for lease in at_risk:
+            lease.doomed = True
+
+    def forget_revoked(self, revoked: set[int]) -> None:
+        """The partitions are gone (called under cv): drop the records a transaction that failed
+        while the revocation waited for it put back meanwhile."""
+        self._buffer.drop_partitions(revoked)
