@@ -3,6 +3,7 @@ in, with the consumer, its offsets and Kafka's errors kept here."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -13,6 +14,9 @@ from kbroker.core.cluster import ClusterLike
 from kbroker.errors import BrokerUnavailableError, CatalogError
 from kbroker.kafka import clients
 from kbroker.kafka.clients import kafka_error
+
+
+POSITION_BUDGET = 30.0  # seconds the assignment callback keeps asking for the start positions
 
 
 @dataclass(frozen=True)
@@ -94,17 +98,32 @@ class EventsReader:
         # "Latest on first start" resolved here, not lazily by auto.offset.reset: the position is
         # fixed (and committed) before `on_ready`, so an event written after it is never
         # skipped, and a restart resumes where this run began rather than at a new "latest".
-        try:
-            positioned = consumer.committed(partitions, timeout=10)
-            fresh = []
-            for tp in positioned:
-                if tp.offset < 0:
-                    tp.offset = consumer.get_watermark_offsets(tp, timeout=10)[1]
-                    fresh.append(TopicPartition(tp.topic, tp.partition, tp.offset))
-            consumer.assign(positioned)
-            if fresh:
-                consumer.commit(offsets=fresh, asynchronous=False)
-        except KafkaException as exc:
-            self._on_error(f"positioning on assignment: {exc}")
-            consumer.assign(partitions)  # auto.offset.reset=latest still applies
+        # A busy or just-started broker can fail a question (the group coordinator still
+        # loading): ask again, for up to POSITION_BUDGET s, rather than fall back at once to a
+        # lazy "latest", which skipped the events written between `on_ready` and the first fetch.
+        deadline = time.monotonic() + POSITION_BUDGET
+        while True:
+            try:
+                self._position(consumer, partitions)
+                break
+            except KafkaException as exc:
+                if time.monotonic() >= deadline:
+                    self._on_error(f"positioning on assignment: {exc}; reading from the end as of the first fetch")
+                    consumer.assign(partitions)  # auto.offset.reset=latest still applies
+                    break
+                time.sleep(0.5)
         self._on_ready()
+
+    @staticmethod
+    def _position(consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        positioned = consumer.committed(partitions, timeout=10)
+        fresh = []
+        for tp in positioned:
+            if tp.error is not None:
+                raise KafkaException(tp.error)
+            if tp.offset < 0:
+                tp.offset = consumer.get_watermark_offsets(tp, timeout=10)[1]
+                fresh.append(TopicPartition(tp.topic, tp.partition, tp.offset))
+        if fresh:
+            consumer.commit(offsets=fresh, asynchronous=False)
+        consumer.assign(positioned)

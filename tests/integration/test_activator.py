@@ -64,6 +64,7 @@ def activator(tmp_path, bootstrap, ns, cfg_path):
         act.stop()
         thread.join(30)
         out.close()
+        print("activator log:", *records, sep="\n  ")  # shown when the test fails
         assert not thread.is_alive()
 
 
