@@ -4,16 +4,16 @@
     ep = transport.endpoint("Sales", install=True)
     ep.send("Billing", b"...")
 
-The code is kbroker.sdk.transport (sync), kbroker.sdk.transport_aio (asyncio) and their
+The code is kbroker.sdk.transport.endpoint (sync), kbroker.sdk.transport.aio (asyncio) and their
 transactions; docs/transport.md describes the model.
 """
 
-from kbroker.core.transport_message import TransportMessage
+from kbroker.core.transport.message import TransportMessage
 from kbroker.errors import TransportQueueNotFoundError
-from kbroker.sdk.transport import TransportEndpoint, endpoint
-from kbroker.sdk.transport_aio import AsyncTransportEndpoint, AsyncTransportTransaction
-from kbroker.sdk.transport_aio import endpoint as async_endpoint
-from kbroker.sdk.transport_transaction import TransportTransaction
+from kbroker.sdk.transport.aio import AsyncTransportEndpoint, AsyncTransportTransaction
+from kbroker.sdk.transport.aio import endpoint as async_endpoint
+from kbroker.sdk.transport.endpoint import TransportEndpoint, endpoint
+from kbroker.sdk.transport.transaction import TransportTransaction
 
 __all__ = ["AsyncTransportEndpoint", "AsyncTransportTransaction", "TransportEndpoint", "TransportMessage",
            "TransportQueueNotFoundError", "TransportTransaction", "async_endpoint", "endpoint"]

@@ -23,7 +23,7 @@ from kbroker.core.cluster import Cluster
 from kbroker.core.envelope import H_CONVERSATION_ID, H_GROUP_ID, H_MESSAGE_ID, H_MESSAGE_TYPE, H_REKEYED_FROM, H_TO_SIDE
 from kbroker.core.queue_analytics import Analytics, Arrival, Progress
 from kbroker.core.log_limit import LogLimiter, RateLimitFilter
-from kbroker.kafka.analytics_io import ResultsWriter
+from kbroker.kafka.analytics.results import ResultsWriter
 from kbroker.kafka.catalog_store import read_catalog
 from kbroker.kafka.clients import spark_options
 

@@ -4,6 +4,7 @@ sides alternate which goes first from one repetition to the next, so drift on a 
 does not always favour the same side. Each row reports the median of each side over the
 repetitions and the ratio of those medians.
 
+    context.py   what a scenario runs with (BenchContext)
     registry.py  what a scenario is, the registry, and scenario names
     progress.py  progress on stderr
     results.py   medians and ratios, the results file and the docs table
@@ -17,13 +18,12 @@ import shutil
 import socket
 import tempfile
 import traceback
-import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+from kbroker.bench.context import BenchContext
 from kbroker.bench.machine import command_line, describe_machine
 from kbroker.bench.params import Params
 from kbroker.bench.progress import Reporter
@@ -58,48 +58,6 @@ __all__ = [
     "results_markdown", "run_bench", "run_scenario", "samples_dir", "scenario", "summarise",
     "update_docs", "write_results",
 ]
-
-
-# --- the run context --------------------------------------------------------------------------
-
-
-@dataclass
-class BenchContext:
-    """What a scenario runs with: the broker, the parameters, progress, and the namespaces it
-    made (deleted after each scenario on an external broker)."""
-
-    cluster: Cluster
-    params: Params
-    reporter: Reporter
-    samples: Path
-    kafka_version: str
-    embedded: bool = False
-    namespaces: list[str] = field(default_factory=list)
-
-    def say(self, msg: str) -> None:
-        self.reporter.say(msg)
-
-    def fresh_namespace(self, tag: str) -> str:
-        """A new namespace with topics/samples applied (ExpenseQueue has 4 partitions)."""
-        from kbroker.kafka.apply import apply_paths
-
-        ns = f"bench-{tag}-{uuid.uuid4().hex[:8]}"[:40]
-        apply_paths(self.cluster, ns, [self.samples])
-        self.namespaces.append(ns)
-        return ns
-
-    def cleanup(self) -> None:
-        """Delete the topics of the namespaces made by this run. Only on an external broker: an
-        embedded one is thrown away with its data dir."""
-        if self.embedded or not self.namespaces:
-            return
-        from kbroker.kafka.topics import delete_topics_with_prefixes
-
-        try:  # best effort: leftovers are named bench-*
-            delete_topics_with_prefixes(self.cluster, [f"kbroker.{ns}." for ns in self.namespaces], 30)
-        except Exception as exc:
-            self.say(f"[yellow]could not delete the benchmark's topics: {exc}[/yellow]")
-        self.namespaces.clear()
 
 
 def samples_dir() -> Path:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from kbroker.bench.harness import BenchContext
+    from kbroker.bench.context import BenchContext
 
 KBROKER_OVER_BASELINE = "kbroker/baseline"
 BASELINE_OVER_KBROKER = "baseline/kbroker"

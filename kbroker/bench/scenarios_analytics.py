@@ -85,7 +85,7 @@ def keep_up(ctx: BenchContext, spark: Any) -> dict[str, Any]:
 def stale_delay(ctx: BenchContext, spark: Any) -> dict[str, Any]:
     """kbroker: p99 seconds from a message crossing its threshold to the analytics topic showing
     it; baseline: the trigger interval (the least a micro-batch job can do)."""
-    from kbroker.kafka.analytics_store import AnalyticsFollower
+    from kbroker.kafka.analytics.store import AnalyticsFollower
     from kbroker.sdk.broker import Broker
     from kbroker.bench.common import CLAIM, CONTRACT, EMP, EXP
 

@@ -28,7 +28,7 @@ from kbroker.bench.common import CLAIM, CONTRACT, EMP, EXP, side_by_side
 from kbroker.bench.harness import BenchContext, Row, Scenario, scenario
 from kbroker.bench.scenarios_rss import PEAK_RSS, RSS_BOUND_MB, run_rss_child
 from kbroker.core import names
-from kbroker.core.endpoint import CLOSED, CONVERSING, Endpoint, default_group, handle_for
+from kbroker.core.conversation_endpoint import CLOSED, CONVERSING, Endpoint, default_group, handle_for
 from kbroker.kafka.baseline import Delivery, fast_producer, read_topic_to_end
 
 VIEW_TARGET_S = 2.0

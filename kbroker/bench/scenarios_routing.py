@@ -37,8 +37,8 @@ from kbroker.core.cluster import Cluster
 from kbroker.sdk.broker import Broker
 
 if TYPE_CHECKING:
-    from kbroker.kafka.dispatcher import Dispatcher
-    from kbroker.kafka.transmitter import Transmitter
+    from kbroker.kafka.routing.dispatcher import Dispatcher
+    from kbroker.kafka.routing.transmitter import Transmitter
 
 REQUEST, REPLY = "//Bench/Routing/Request", "//Bench/Routing/Reply"
 CONTRACT = "//Bench/Routing/RequestReply"
@@ -171,8 +171,8 @@ def _catalog_of(broker: Broker) -> Callable[[], Catalog]:
 def topology(ctx: BenchContext, state: RoutingState, kind: str, tag: str) -> Iterator[Topology]:
     """Fresh namespaces for `kind`: LOCAL (CLIENT and SERVER in one namespace), NAMESPACES (A and
     B on the run's broker) or CLUSTERS (B on the second cluster)."""
-    from kbroker.kafka.dispatcher import Dispatcher
-    from kbroker.kafka.transmitter import Transmitter
+    from kbroker.kafka.routing.dispatcher import Dispatcher
+    from kbroker.kafka.routing.transmitter import Transmitter
 
     suffix = uuid.uuid4().hex[:8]
     with ExitStack() as stack:

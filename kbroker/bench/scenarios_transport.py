@@ -3,7 +3,7 @@ informational transport-share-group): the transport face (kbroker.transport, NSe
 Server transport on Kafka) against plain confluent-kafka loops doing the same job on the same
 records.
 
-Every record is a transport message (kbroker.core.transport_message: key = Id, value = body,
+Every record is a transport message (kbroker.core.transport.message: key = Id, value = body,
 headers Id / Recoverable / Headers / ReplyToAddress), written to transport queue topics
 `kbroker.<ns>.tqueue.<queue>` with the installer's settings (4 partitions for a primary queue).
 Each measurement installs its queues in a namespace of its own."""
@@ -28,13 +28,13 @@ from kbroker.bench.common import (
     write_backlog,
 )
 from kbroker.bench.harness import BenchContext, Row, Scenario, scenario
-from kbroker.core.transport_endpoint import (
+from kbroker.core.transport.endpoint import (
     FIXED,
     PRIMARY_PARTITIONS,
     InstallPlan,
     transport_queue_topic,
 )
-from kbroker.core.transport_message import (
+from kbroker.core.transport.message import (
     ENCLOSED_MESSAGE_TYPES,
     TransportMessage,
     from_record,
@@ -52,9 +52,9 @@ from kbroker.kafka.baseline import (
     transform_batches,
 )
 from kbroker.kafka.clients import produce
-from kbroker.kafka.transport_queues import install
-from kbroker.sdk.transport import TransportEndpoint
-from kbroker.sdk.transport_transaction import TransportTransaction
+from kbroker.kafka.transport.queues import install
+from kbroker.sdk.transport.endpoint import TransportEndpoint
+from kbroker.sdk.transport.transaction import TransportTransaction
 
 SENDER, ORDERS, PROCESSED, BILLING = "Sales", "Orders", "Processed", "Billing"
 HEADERS = {ENCLOSED_MESSAGE_TYPES: "Sales.Messages.OrderPlaced", "NServiceBus.ContentType": "application/json"}

@@ -99,7 +99,7 @@ def run_cmd(target, master, checkpoint, history, trigger, window, stale_after, t
 def dialogs_cmd(target, klass, as_json):
     """Dialogs by class, as the analytics job last classified them (the analytics topic)."""
     from kbroker.core.dialog_class import CLASSES
-    from kbroker.kafka.analytics_store import dialog_rows
+    from kbroker.kafka.analytics.store import dialog_rows
 
     if klass is not None and klass not in CLASSES:
         fail(f"--class {klass!r} is not a class; one of {', '.join(CLASSES)}")

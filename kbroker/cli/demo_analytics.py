@@ -36,7 +36,7 @@ def _free_port() -> int:
 def run_analytics_demo(cluster: Cluster, namespace: str, say: Callable[[str], None], show: Callable[[Any], None],
                        timeout: float = 120.0) -> dict[str, Any]:
     from kbroker.analytics.job import AnalyticsJob, JobSettings
-    from kbroker.kafka.analytics_store import AnalyticsFollower, dialog_rows
+    from kbroker.kafka.analytics.store import AnalyticsFollower, dialog_rows
 
     home = Path(tempfile.mkdtemp(prefix="kbroker-demo-analytics-"))
     port = _free_port()

@@ -44,7 +44,7 @@ def routes_cmd(target, as_json):
 def route_rows(catalog: Catalog, now: float) -> list[dict[str, Any]]:
     """One row per route, by name: its definition, created_at and expires_at (ISO 8601, UTC, or
     None) and whether it has expired at `now`."""
-    from kbroker.core.routing import expires_at, is_expired, routes_of
+    from kbroker.core.routing.routes import expires_at, is_expired, routes_of
     from kbroker.worker.views import iso_utc
 
     return [{"name": r.name, "service": r.service_name, "broker_instance": r.broker_instance,

@@ -8,7 +8,7 @@ import logging
 import click
 import orjson
 
-from kbroker.core.endpoint import CLOSED_GRACE_SECONDS
+from kbroker.core.conversation_endpoint import CLOSED_GRACE_SECONDS
 from kbroker.cli.common import (
     cluster_options,
     emit_json,

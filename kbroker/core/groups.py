@@ -26,7 +26,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import replace
 
-from kbroker.core.endpoint import STARTED_OUTBOUND, Endpoint
+from kbroker.core.conversation_endpoint import STARTED_OUTBOUND, Endpoint
 from kbroker.core.envelope import H_GROUP_ID, H_HOP, H_REKEYED_FROM
 
 MOVE_MARKER = "urn:kbroker:MoveConversation"  # message type of the marker; never delivered

@@ -5,7 +5,7 @@ other's topics and one ACL prefix covers a namespace:
 
     kbroker.<ns>.queue.<queue>     one topic per queue (and the consumer group that reads it)
     kbroker.<ns>.queue.<queue>.<instance>   a queue's secondary queue for one instance (callbacks)
-    kbroker.<ns>.tqueue.<queue>    a transport queue (core/transport_endpoint.py), read by the group of its name
+    kbroker.<ns>.tqueue.<queue>    a transport queue (core/transport/endpoint.py), read by the group of its name
     kbroker.<ns>.catalog           compacted: the catalog objects
     kbroker.<ns>.endpoints         compacted: conversation endpoints
     kbroker.<ns>.events            broker events (activation, queue monitors, ...)
@@ -27,7 +27,7 @@ name claims (queue_names_collide): a queue owns its name and every name made of 
 and anything, in Kafka's form, so no two queues of a namespace may own overlapping spaces.
 Checked at apply (catalog/loader.py, against the queues applied earlier too), when a secondary
 queue is named (secondary_queue_collision) and, for the transport face, at install
-(core/transport_endpoint.py). Topic names keep their layout: replies waiting in secondary topics
+(core/transport/endpoint.py). Topic names keep their layout: replies waiting in secondary topics
 survive an upgrade.
 """
 

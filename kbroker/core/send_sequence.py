@@ -2,7 +2,7 @@
 
 A SEND writes its endpoint's record only once per reserved block of sequence numbers
 (endpoint.after_send), so the topic does not always say the exact next number. The cache of
-kafka/endpoint_store.py keeps, per endpoint, the highest reservation this process made, the
+kafka/conversation_endpoints.py keeps, per endpoint, the highest reservation this process made, the
 exact state where the topic falls short of it, and the floor a lease this process took sets;
 these functions decide from them what number the next SEND gets, what a record read back means,
 and what a release, a clean close or a transaction in doubt leaves. Whatever a crash leaves, a
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kbroker.core.endpoint import Endpoint
+from kbroker.core.conversation_endpoint import Endpoint
 
 
 def keeps_exact(ep: Endpoint, written: bool) -> bool:

@@ -23,7 +23,7 @@ after the dialog's later messages, even after its EndDialog. The rule:
 
 from __future__ import annotations
 
-from kbroker.core.endpoint import Endpoint
+from kbroker.core.conversation_endpoint import Endpoint
 from kbroker.core.envelope import SYSTEM_SEQUENCE
 from kbroker.core.send_lease import SEQUENCE_SPAN, SendLease
 

@@ -24,7 +24,7 @@ from kbroker.core.arrival import too_large_reason
 from kbroker.core.catalog.models import END_DIALOG, MAX_QUEUE_MESSAGE_BYTES, MAX_SERVICE_NAME, SYSTEM_TYPES, Catalog
 from kbroker.core.catalog.models import ERROR as ERROR_TYPE
 from kbroker.core.dead_letter import ConsumedRecord, dead_letter_record  # noqa: F401 - statements' dead letters
-from kbroker.core.endpoint import (
+from kbroker.core.conversation_endpoint import (
     CLOSED,
     DISCONNECTED_INBOUND,
     DISCONNECTED_OUTBOUND,

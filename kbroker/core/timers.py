@@ -26,7 +26,7 @@ import orjson
 from kbroker.core import names
 from kbroker.core.catalog.models import DIALOG_TIMER
 from kbroker.core.catalog.models import ERROR as ERROR_TYPE
-from kbroker.core.endpoint import CLOSED, STARTED_OUTBOUND, Endpoint, handle_for, other
+from kbroker.core.conversation_endpoint import CLOSED, STARTED_OUTBOUND, Endpoint, handle_for, other
 from kbroker.core.envelope import SYSTEM_SEQUENCE, Envelope, error_body
 from kbroker.core.ids import new_id
 from kbroker.core.records import Record

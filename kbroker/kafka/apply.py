@@ -32,7 +32,7 @@ from kbroker.core import names
 from kbroker.core.catalog.loader import check_queue_names, load_definitions, load_system_topics
 from kbroker.core.catalog.models import Catalog, Queue, SystemTopic
 from kbroker.core.cluster import ClusterLike
-from kbroker.core.routing import stamp_routes
+from kbroker.core.routing.routes import stamp_routes
 from kbroker.core.topic_limits import HEADER_HEADROOM as HEADER_HEADROOM  # noqa: F401 - tests read it here
 from kbroker.core.topic_limits import queue_limit, system_topic_limit
 from kbroker.errors import DefinitionError, InvalidArgumentError, kafka_error

@@ -22,12 +22,12 @@ from confluent_kafka.admin import OffsetSpec
 
 from kbroker.core import names
 from kbroker.core.cluster import ClusterLike
-from kbroker.core.endpoint import Endpoint
+from kbroker.core.conversation_endpoint import Endpoint
 from kbroker.core.offsets import decode_completed
 from kbroker.errors import CatalogError, InvalidArgumentError, kafka_error
 from kbroker.kafka import clients, wire
 from kbroker.kafka.catalog_store import publish_object, read_catalog, write_records
-from kbroker.kafka.endpoint_store import read_endpoints
+from kbroker.kafka.conversation_endpoints import read_endpoints
 from kbroker.kafka.reader import committed_offsets, latest_values
 
 # Named after Service Broker's BROKER_QUEUE_DISABLED event, which poison handling raises.

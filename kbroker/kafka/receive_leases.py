@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from confluent_kafka import Message as KafkaRecord
 from confluent_kafka import TopicPartition
@@ -25,15 +25,28 @@ from kbroker.core.receive_lease import completed, lost_partition, reopened, retu
 from kbroker.kafka import messages
 from kbroker.kafka.partition_assignment import PartitionAssignment
 
-if TYPE_CHECKING:
-    from kbroker.kafka.receiver import QueueReceiver
+
+class LeaseHolder(Protocol):
+    """What a lease names as its receiver (kafka/receiver.QueueReceiver): the committer and the
+    transactions reach the receiver's offsets and buffer through it."""
+
+    topic: str
+    queue: str
+
+    def include(self, leases: list["Lease"]) -> list[TopicPartition] | None: ...
+
+    def exclude(self, leases: list["Lease"]) -> None: ...
+
+    def release(self, lease: "Lease", committed: bool) -> None: ...
+
+    def group_metadata(self) -> Any: ...
 
 
 @dataclass(eq=False)
 class Lease:
     """The records one transaction took from one conversation group (or dead-lettered)."""
 
-    receiver: "QueueReceiver"
+    receiver: "LeaseHolder"
     group: str | None
     owner: Any
     taken: list[Buffered] = field(default_factory=list)
@@ -55,7 +68,7 @@ class LeaseBook:
     partitions its assignment owns, all guarded by `cv`. `closed` says the receiver is closing:
     a RECEIVE waiting here then returns empty."""
 
-    def __init__(self, receiver: "QueueReceiver", buffer: GroupBuffer[Lease], assignment: PartitionAssignment,
+    def __init__(self, receiver: "LeaseHolder", buffer: GroupBuffer[Lease], assignment: PartitionAssignment,
                  cv: threading.Condition, *, revoke_grace: float, closed: Callable[[], bool]):
         self._receiver, self._buffer, self._assignment, self._cv = receiver, buffer, assignment, cv
         self._revoke_grace, self._closed = revoke_grace, closed

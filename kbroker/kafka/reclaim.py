@@ -23,14 +23,14 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from kbroker.core import names
 from kbroker.core.catalog.models import Catalog, Queue
 from kbroker.core.cluster import ClusterLike
-from kbroker.core.endpoint import CHAIN_SUFFIX, CLOSED, CLOSED_GRACE_SECONDS, DISCONNECTED_OUTBOUND, handle_for
+from kbroker.core.conversation_endpoint import CHAIN_SUFFIX, CLOSED, CLOSED_GRACE_SECONDS, DISCONNECTED_OUTBOUND, handle_for
 from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.reclaim import analytics_floor, lowest, reclaim_points
 from kbroker.core.send_lease import LEASE_SUFFIX, WANT_SUFFIX
-from kbroker.core.transport_endpoint import transport_queue_prefix
+from kbroker.core.transport.endpoint import transport_queue_prefix
 from kbroker.errors import BrokerUnavailableError, kafka_error
 from kbroker.kafka import clients, messages
-from kbroker.kafka.endpoint_store import CLOSED_JSON, read_endpoints
+from kbroker.kafka.conversation_endpoints import CLOSED_JSON, read_endpoints
 from kbroker.kafka.reader import (
     CONSUME_WAIT,
     committed_offsets,

@@ -24,14 +24,14 @@ from confluent_kafka import TopicPartition
 
 from kbroker.core import names
 from kbroker.core.cluster import ClusterLike
-from kbroker.core.endpoint import CLOSED, DISCONNECTED_OUTBOUND, Endpoint, handle_for
+from kbroker.core.conversation_endpoint import CLOSED, DISCONNECTED_OUTBOUND, Endpoint, handle_for
 from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.groups import MOVE_MARKER
 from kbroker.core.offsets import decode_completed
 from kbroker.errors import CatalogError
 from kbroker.kafka import messages
 from kbroker.kafka.catalog_store import read_catalog
-from kbroker.kafka.endpoint_store import read_endpoints
+from kbroker.kafka.conversation_endpoints import read_endpoints
 from kbroker.kafka.reader import committed_offsets, read_to_end
 
 RECEIVED, READY = 0, 1  # Service Broker's status column

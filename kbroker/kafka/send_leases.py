@@ -17,14 +17,14 @@ from collections.abc import Callable
 from confluent_kafka import KafkaException, Producer
 
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.core.endpoint import Endpoint
+from kbroker.core.conversation_endpoint import Endpoint
 from kbroker.core.locks import ConversationLocks
 from kbroker.core.send_lease import IDLE_RELEASE, YIELD_BACKOFF, SendLease, Want, first_claim, lease_key, want_key
 from kbroker.errors import BrokerUnavailableError, ConversationLockTimeoutError
 from kbroker.kafka.background import Background
 from kbroker.kafka.clients import base, idempotent_producer
 from kbroker.kafka.guarded import reason
-from kbroker.kafka.endpoint_store import EndpointStore
+from kbroker.kafka.conversation_endpoints import EndpointStore
 
 log = logging.getLogger("kbroker.leases")
 

@@ -19,7 +19,7 @@ from kbroker.core.timer_schedule import Entry, TimerSchedule
 from kbroker.core.timers import firing_records
 from kbroker.core.txn_faults import Action, Deadline, committed_by_offsets, decide
 from kbroker.kafka import clients, messages
-from kbroker.kafka.endpoint_store import EndpointStore
+from kbroker.kafka.conversation_endpoints import EndpointStore
 from kbroker.kafka.steps import FailureSink, report, run_steps
 from kbroker.kafka.guarded import GuardedProducer, TransactionFailed, aborted, replace_producer, started, transact
 

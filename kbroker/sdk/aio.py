@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, Self, TypeVar
 
 from kbroker.core.catalog.models import Catalog
-from kbroker.core.endpoint import Endpoint
+from kbroker.core.conversation_endpoint import Endpoint
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.envelope import Message
 from kbroker.sdk import broker as client

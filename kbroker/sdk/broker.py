@@ -33,7 +33,7 @@ from kbroker.core import names
 from kbroker.core.catalog.models import END_DIALOG, Catalog
 from kbroker.core.catalog.models import ERROR as ERROR_TYPE
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.core.endpoint import must_persist
+from kbroker.core.conversation_endpoint import must_persist
 from kbroker.core.envelope import Message
 from kbroker.core.locks import ConversationLocks
 from kbroker.core.poison import PoisonCounter
@@ -47,10 +47,10 @@ from kbroker.kafka.catalog_store import CatalogWatcher, read_catalog
 from kbroker.kafka.clients import brokers_answering, idempotent_producer, produce_within
 from kbroker.kafka.committer import GroupCommitter, OpenTransactions
 from kbroker.kafka.dead_letters import DeadLetters
-from kbroker.kafka.endpoint_store import EndpointStore
+from kbroker.kafka.conversation_endpoints import EndpointStore
 from kbroker.kafka.receiver import QueueReceiver
 from kbroker.kafka.rollbacks import RollbackLog
-from kbroker.kafka.secondary import ensure_secondary_queue
+from kbroker.kafka.transport.secondary import ensure_secondary_queue
 from kbroker.kafka.send_leases import SendLeases
 from kbroker.sdk.hooks import HookFanOut, ReceiveHooks
 from kbroker.sdk.transaction import Transaction

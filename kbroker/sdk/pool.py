@@ -11,7 +11,7 @@ to one). A handler that raises rolls its transaction back (the messages come bac
 disable the queue, as poison messages do) and counts as a successful poll, since work was there.
 
 RampedReaders is the controller alone, over any "poll once" function: transport queues and their
-secondaries (sdk/transport_readers.py) ramp up the same way.
+secondaries (sdk/transport/readers.py) ramp up the same way.
 """
 
 from __future__ import annotations

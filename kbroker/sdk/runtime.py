@@ -8,7 +8,7 @@ from typing import Protocol
 from kbroker.core.locks import ConversationLocks
 from kbroker.core.statements import Statements
 from kbroker.kafka.committer import GroupCommitter, OpenTransactions
-from kbroker.kafka.endpoint_store import EndpointStore
+from kbroker.kafka.conversation_endpoints import EndpointStore
 from kbroker.kafka.receiver import QueueReceiver
 from kbroker.kafka.send_leases import SendLeases
 from kbroker.sdk.hooks import ReceiveHooks

@@ -20,7 +20,7 @@ from typing import Any, Self
 
 import orjson
 
-from kbroker.core.endpoint import Endpoint, must_persist
+from kbroker.core.conversation_endpoint import Endpoint, must_persist
 from kbroker.core.envelope import Message
 from kbroker.core.groups import MOVE_MARKER, next_hop
 from kbroker.core.records import Record

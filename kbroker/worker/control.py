@@ -12,10 +12,10 @@ import logging
 import time
 from typing import Any
 
-from kbroker.kafka.analytics_io import ControlReader
-from kbroker.kafka.dispatcher import Dispatcher
+from kbroker.kafka.analytics.results import ControlReader
+from kbroker.kafka.routing.dispatcher import Dispatcher
 from kbroker.kafka.timer_service import TimerService
-from kbroker.kafka.transmitter import Transmitter
+from kbroker.kafka.routing.transmitter import Transmitter
 from kbroker.sdk.broker import Broker
 from kbroker.worker.guard import Guard
 from kbroker.worker.settings import WorkerSettings

@@ -45,7 +45,7 @@ from typing import Any
 import orjson
 
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.kafka.analytics_store import AnalyticsFollower
+from kbroker.kafka.analytics.store import AnalyticsFollower
 
 log = logging.getLogger("kbroker.worker.dashboard")
 

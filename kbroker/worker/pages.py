@@ -15,7 +15,7 @@ from typing import Any, Self
 
 import faust
 
-from kbroker.kafka.endpoint_store import EndpointStore
+from kbroker.kafka.conversation_endpoints import EndpointStore
 from kbroker.kafka.queues import conversation_rows
 from kbroker.worker.guard import Guard
 from kbroker.worker.handlers import TaskHandlers

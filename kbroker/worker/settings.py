@@ -14,7 +14,7 @@ import orjson
 
 from kbroker.core import names
 from kbroker.core.cluster import Cluster
-from kbroker.core.endpoint import CLOSED_GRACE_SECONDS
+from kbroker.core.conversation_endpoint import CLOSED_GRACE_SECONDS
 from kbroker.kafka.topics import create_missing_topics
 
 MONITOR_PARTITIONS = 4

@@ -17,7 +17,7 @@ from typing import Any
 
 from kbroker.core import monitor_codec as codec
 from kbroker.core.monitor import MessagesReady, MonitorConfig, QueueAltered, ReceiveIssued, ReceiveReturned
-from kbroker.kafka.analytics_io import ProgressPublisher
+from kbroker.kafka.analytics.results import ProgressPublisher
 from kbroker.kafka.watch import QueueCounts, QueueWatcher
 from kbroker.sdk.broker import Broker
 from kbroker.worker.guard import Guard

@@ -25,7 +25,7 @@ from pathlib import Path
 
 def run(bootstrap: str, namespace: str, endpoint: str, machine: str, forward_to: str, sleep_ms: float,
         max_concurrency: int, stats_file: str) -> None:
-    from kbroker.sdk.transport import TransportEndpoint
+    from kbroker.sdk.transport.endpoint import TransportEndpoint
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

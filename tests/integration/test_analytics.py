@@ -20,7 +20,7 @@ from kbroker.core import names
 from kbroker.core.envelope import H_CONVERSATION_ID, H_GROUP_ID, H_MESSAGE_ID, H_MESSAGE_TYPE, H_TO_SIDE
 from kbroker.embedded.broker import EmbeddedBroker
 from kbroker.kafka import clients
-from kbroker.kafka.analytics_store import dialog_rows
+from kbroker.kafka.analytics.store import dialog_rows
 from kbroker.kafka.apply import apply_paths
 from kbroker.kafka.reader import committed_offsets, latest_values
 from kbroker.sdk.broker import Broker

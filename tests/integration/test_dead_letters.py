@@ -15,10 +15,10 @@ from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
 from kbroker.core.catalog.models import MAX_QUEUE_MESSAGE_BYTES
-from kbroker.core.transport_endpoint import install_plan, transport_queue_topic
+from kbroker.core.transport.endpoint import install_plan, transport_queue_topic
 from kbroker.kafka import clients
 from kbroker.kafka.reader import committed_offsets, read_to_end
-from kbroker.kafka.transport_queues import install
+from kbroker.kafka.transport.queues import install
 from kbroker.sdk.broker import Broker
 
 KAFKA_DEFAULT_LIMIT = 1_048_588  # a topic's max.message.bytes when nothing sets it

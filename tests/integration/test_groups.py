@@ -15,7 +15,7 @@ from kbroker.cli.demo import APPROVAL, CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
-from kbroker.core.endpoint import SEQUENCE_BLOCK, handle_for
+from kbroker.core.conversation_endpoint import SEQUENCE_BLOCK, handle_for
 from kbroker.core.send_lease import LEASE_SUFFIX
 from kbroker.kafka.reader import read_to_end
 from kbroker.sdk.broker import Broker

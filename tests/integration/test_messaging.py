@@ -17,7 +17,7 @@ from kbroker.cli.demo import APPROVAL, CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
-from kbroker.core.endpoint import default_group
+from kbroker.core.conversation_endpoint import default_group
 from kbroker.sdk.broker import END_DIALOG, ERROR_TYPE, Broker
 from tests.helpers import KBROKER
 

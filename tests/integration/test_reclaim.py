@@ -115,8 +115,8 @@ def test_closed_endpoints_are_reclaimed_after_the_grace_period(kafka_bootstrap, 
     """Both sides of an ended dialog are CLOSED: kept for the grace period (30 minutes by
     default), then tombstoned by the reclaim; a process reading them past the grace does not
     keep them. A live dialog is never touched."""
-    from kbroker.core.endpoint import CLOSED
-    from kbroker.kafka.endpoint_store import EndpointStore
+    from kbroker.core.conversation_endpoint import CLOSED
+    from kbroker.kafka.conversation_endpoints import EndpointStore
     from kbroker.kafka.reclaim import reclaim_endpoints
 
     ended = broker.begin_dialog(EMP, EXP, CONTRACT)

@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from kbroker.core.catalog.models import END_DIALOG, ERROR
-from kbroker.core.endpoint import CLOSED, default_group, handle_for
+from kbroker.core.conversation_endpoint import CLOSED, default_group, handle_for
 from kbroker.core.envelope import Envelope
 from confluent_kafka import TopicPartition
 
@@ -31,9 +31,9 @@ from kbroker.kafka.apply import apply_paths
 from kbroker.kafka.queues import set_queue_status
 from kbroker.kafka.reader import read_to_end
 from kbroker.kafka.reclaim import reclaim_namespace
-from kbroker.kafka.dispatcher import Dispatcher
+from kbroker.kafka.routing.dispatcher import Dispatcher
 from kbroker.kafka.timer_service import TimerService
-from kbroker.kafka.transmitter import Transmitter
+from kbroker.kafka.routing.transmitter import Transmitter
 from kbroker.sdk.broker import Broker
 from tests.helpers import KBROKER, free_port, wait_for
 

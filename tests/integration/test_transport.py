@@ -20,10 +20,10 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from kbroker import transport
 from kbroker.core import names
-from kbroker.core.transport_endpoint import transport_queue_topic
-from kbroker.core.transport_message import ENCLOSED_MESSAGE_TYPES, MESSAGE_ID, REPLY_TO_ADDRESS, TransportMessage
+from kbroker.core.transport.endpoint import transport_queue_topic
+from kbroker.core.transport.message import ENCLOSED_MESSAGE_TYPES, MESSAGE_ID, REPLY_TO_ADDRESS, TransportMessage
 from kbroker.errors import TransportQueueNotFoundError
-from kbroker.sdk.transport import TransportEndpoint
+from kbroker.sdk.transport.endpoint import TransportEndpoint
 from tests.helpers import wait_for
 
 NSB_HEADERS = {ENCLOSED_MESSAGE_TYPES: "Sales.Messages.OrderPlaced, Sales.Messages", MESSAGE_ID: "m-1",

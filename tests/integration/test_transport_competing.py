@@ -1,5 +1,5 @@
 """Competing consumers of a transport endpoint's primary queue, one of them killed with SIGKILL
-(the transport face, kbroker/sdk/transport.py). See tests/helpers/transport_instance.py for what
+(the transport face, kbroker/sdk/transport/endpoint.py). See tests/helpers/transport_instance.py for what
 each instance does: it forwards every input's number to the `Processed` queue in the
 transaction that removes the input, so the read_committed `Processed` topic is exactly the
 committed handlings."""
@@ -21,9 +21,9 @@ from confluent_kafka import (OFFSET_BEGINNING, Consumer, ConsumerGroupTopicParti
                              TopicPartition)
 from confluent_kafka.admin import AdminClient
 
-from kbroker.core.transport_endpoint import install_plan, transport_queue_topic
-from kbroker.core.transport_message import new_message, to_headers
-from kbroker.kafka.transport_queues import install
+from kbroker.core.transport.endpoint import install_plan, transport_queue_topic
+from kbroker.core.transport.message import new_message, to_headers
+from kbroker.kafka.transport.queues import install
 from tests.helpers import ROOT
 
 N = 3000  # messages sent to Orders

@@ -7,9 +7,9 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from kbroker.core.catalog.models import Catalog
-from kbroker.core.transport_endpoint import transport_queue_topic
+from kbroker.core.transport.endpoint import transport_queue_topic
 from kbroker.kafka.reclaim import reclaim_namespace
-from kbroker.sdk.transport import TransportEndpoint
+from kbroker.sdk.transport.endpoint import TransportEndpoint
 
 
 def log_starts(admin: AdminClient, topic: str, partitions: int) -> dict[int, int]:

@@ -220,8 +220,8 @@ def test_the_5th_tick_tombstones_endpoints_closed_longer_than_the_grace(worker_n
     """The worker runs with --closed-grace 3: a dialog both sides ended is gone from the
     endpoints topic (its tombstones written) a few seconds later; a live one stays. (ForeignQueue
     is never activated: this test's RECEIVEs are the only ones.)"""
-    from kbroker.core.endpoint import CLOSED
-    from kbroker.kafka.endpoint_store import EndpointStore
+    from kbroker.core.conversation_endpoint import CLOSED
+    from kbroker.kafka.conversation_endpoints import EndpointStore
 
     bootstrap, ns, _, _ = worker_ns
     ended = client.begin_dialog(CLIENT, "//kbroker/test/Foreign", JOBS)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from kbroker.core import names
 from kbroker.core.catalog.models import DIALOG_TIMER, END_DIALOG
-from kbroker.core.endpoint import CLOSED, DISCONNECTED_OUTBOUND, handle_for, new_target_endpoint
+from kbroker.core.conversation_endpoint import CLOSED, DISCONNECTED_OUTBOUND, handle_for, new_target_endpoint
 from kbroker.core.envelope import SYSTEM_SEQUENCE, Envelope, Message
 from kbroker.core.send_lease import SEQUENCE_SPAN, first_claim
 from kbroker.core.sequence_reach import MAX_SEQUENCE, reach, sequence_refusal

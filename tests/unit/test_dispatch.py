@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kbroker.core.dispatch import STALE_AFTER_SECONDS, Buffered, DropReason, sweep
+from kbroker.core.routing.dispatch import STALE_AFTER_SECONDS, Buffered, DropReason, sweep
 
 OOO, DUP, STALE = DropReason.OUT_OF_ORDER, DropReason.DUPLICATE, DropReason.STALE
 

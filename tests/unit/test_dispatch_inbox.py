@@ -1,4 +1,4 @@
-"""The dispatcher's Inbox (core/dispatch.py): per dialog direction, the next sequence number it
+"""The dispatcher's Inbox (core/routing/dispatch.py): per dialog direction, the next sequence number it
 expects and the messages that arrived ahead of it. `offer` hands back what can be saved now, in
 order; the every-tick `sweep` drops what is buffered (the sender retransmits it); `checkpoint` and
 `restore` undo the offers of a batch whose transaction failed.
@@ -15,7 +15,7 @@ from collections import defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbroker.core.dispatch import (
+from kbroker.core.routing.dispatch import (
     STALE_AFTER_SECONDS,
     Buffered,
     DropReason,

@@ -1,4 +1,4 @@
-"""The forwarder's memory (core/forwarding.py) with a fake clock, and the broker endpoint that
+"""The forwarder's memory (core/routing/forwarding.py) with a fake clock, and the broker endpoint that
 turns forwarding on (catalog `broker_endpoints:`)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from kbroker.core.catalog.loader import load_definitions
 from kbroker.core.catalog.models import BrokerEndpoint, Catalog
-from kbroker.core.forwarding import FORWARD_STALE_AFTER, MB, Forwarded, ForwardQueue
+from kbroker.core.routing.forwarding import FORWARD_STALE_AFTER, MB, Forwarded, ForwardQueue
 from kbroker.errors import DefinitionError
 
 

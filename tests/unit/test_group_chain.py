@@ -9,7 +9,7 @@ import uuid
 
 def test_group_chain_rules():
     """The pure rules of groups.py: hop by hop along the chain, a move back included."""
-    from kbroker.core.endpoint import CONVERSING, STARTED_OUTBOUND, Endpoint
+    from kbroker.core.conversation_endpoint import CONVERSING, STARTED_OUTBOUND, Endpoint
     from kbroker.core.groups import moved, next_hop
 
     a, b = str(uuid.uuid4()), str(uuid.uuid4())

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from kbroker.cli import main
 from kbroker.core.catalog.loader import load_definitions
 from kbroker.core.catalog.models import Catalog, Route
-from kbroker.core.routing import (
+from kbroker.core.routing.routes import (
     AUTO_CREATED_LOCAL,
     Destination,
     destination,
@@ -379,7 +379,7 @@ def test_kbroker_routes_table_and_errors(monkeypatch):
 
 
 def test_hop_is_where_a_route_leads_a_service_next():
-    from kbroker.core.routing import hop
+    from kbroker.core.routing.routes import hop
 
     here = "h:1/me"
     assert hop(Route(name="L", address="LOCAL"), "//S", here) == here

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kbroker.core.endpoint import CONVERSING, SEQUENCE_BLOCK, Endpoint, handle_for
+from kbroker.core.conversation_endpoint import CONVERSING, SEQUENCE_BLOCK, Endpoint, handle_for
 from kbroker.core.send_sequence import (
     advanced,
     block_released,

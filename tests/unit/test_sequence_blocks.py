@@ -4,7 +4,7 @@ tests/integration/test_sequences.py."""
 
 from __future__ import annotations
 
-from kbroker.core.endpoint import (
+from kbroker.core.conversation_endpoint import (
     CONVERSING,
     SEQUENCE_BLOCK,
     STARTED_OUTBOUND,

@@ -16,7 +16,7 @@ from kbroker.core import names, timers
 from kbroker.core.catalog.loader import load_definitions
 from kbroker.core.catalog.models import END_DIALOG, Catalog
 from kbroker.core.catalog.models import ERROR as ERROR_TYPE
-from kbroker.core.endpoint import (
+from kbroker.core.conversation_endpoint import (
     CLOSED,
     CONVERSING,
     DISCONNECTED_INBOUND,

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from kbroker.cli.demo import CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
-from kbroker.core.endpoint import (
+from kbroker.core.conversation_endpoint import (
     CLOSED,
     CONVERSING,
     STARTED_OUTBOUND,

@@ -1,4 +1,4 @@
-"""The transmitter's transmission queue (core/transmission.py): Service Broker's retransmission
+"""The transmitter's transmission queue (core/routing/transmission.py): Service Broker's retransmission
 schedule, the acks topic's keys, and what TransmissionQueue holds, sends and lets the consumer
 group commit. The stateful test at the end replays random reads, sends, acknowledgements,
 refusals and rebalances against a reference model of the transmission topic, and checks the
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from kbroker.core.transmission import (
+from kbroker.core.routing.transmission import (
     RETRY_DELAYS,
     RETRY_EVERY,
     Outgoing,

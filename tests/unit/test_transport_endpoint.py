@@ -1,4 +1,4 @@
-"""A transport endpoint's pure rules (core/transport_endpoint.py): settings and queue names, the
+"""A transport endpoint's pure rules (core/transport/endpoint.py): settings and queue names, the
 concurrency model's spellings, the installer's plan, the installer/runner permission split,
 3.0's receive-task arithmetic and the in-memory count of failed deliveries."""
 
@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kbroker.core import names
-from kbroker.core.transport_endpoint import (
+from kbroker.core.transport.endpoint import (
     FIXED,
     MAX_DELIVERIES,
     MONITOR,

@@ -1,4 +1,4 @@
-"""The transport message's record form (core/transport_message.py): every column round-trips
+"""The transport message's record form (core/transport/message.py): every column round-trips
 through to_headers/from_record, a malformed record is refused with MalformedRecord naming its
 problem (and never with anything else), and new_message validates what a sender passes."""
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kbroker.core.envelope import MalformedRecord
-from kbroker.core.transport_message import (
+from kbroker.core.transport.message import (
     COLUMNS,
     ENCLOSED_MESSAGE_TYPES,
     H_CORRELATION_ID,

@@ -180,7 +180,7 @@ class Service(_Model):
 
 
 class Route(_Model):
-    """CREATE ROUTE: where messages to a service go (see kbroker/core/routing.py for matching).
+    """CREATE ROUTE: where messages to a service go (see kbroker/core/routing/routes.py for matching).
 
     `address` is LOCAL (this namespace), TRANSPORT (the service name is the address) or
     `kafka://host:port[,host:port]/<namespace>`, the Kafka cluster and namespace of the next hop.

@@ -2,8 +2,8 @@
 over its destination's connection, until the far dispatcher acknowledged it.
 
 What to send when (retries at 4, 8, 16, 32 s, then every 64 s) and how far the topic may be
-committed is core/transmission.py's; when to connect, suppress and close connections is
-core/transport.py's; which route a message takes is core/routing.py's. This module reads, sends,
+committed is core/routing/transmission.py's; when to connect, suppress and close connections is
+core/routing/links.py's; which route a message takes is core/routing/routes.py's. This module reads, sends,
 polls acknowledgements and publishes what it holds (kbroker transmission, kbroker connections).
 Run one or more per cluster (each worker runs one): they share the topic's partitions.
 """
@@ -24,16 +24,16 @@ from kbroker.core.catalog.models import ERROR as ERROR_TYPE
 from kbroker.core.catalog.models import Catalog, Route
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.envelope import Envelope, error_body
-from kbroker.core.routing import address, hop, is_expired, match_route, routes_of
+from kbroker.core.routing.routes import address, hop, is_expired, match_route, routes_of
 from kbroker.core.tick import EVERY_2ND, EVERY_5TH, TickCounter, TickSchedule, advance
 from kbroker.core.timers import system_message
-from kbroker.core.transport import IDLE_CLOSE
-from kbroker.core.transmission import STALL_AFTER, Outgoing, Refusal, TransmissionQueue
+from kbroker.core.routing.links import IDLE_CLOSE
+from kbroker.core.routing.transmission import STALL_AFTER, Outgoing, Refusal, TransmissionQueue
 from kbroker.kafka import clients, messages
 from kbroker.kafka.steps import FailureSink, run_steps
-from kbroker.kafka.link_pool import LinkPool
-from kbroker.kafka.transport_link import LinkBroken
-from kbroker.kafka.transport_views import ReportWriter, outgoing
+from kbroker.kafka.routing.link_pool import LinkPool
+from kbroker.kafka.routing.link import LinkBroken
+from kbroker.kafka.routing.views import ReportWriter, outgoing
 
 log = logging.getLogger("kbroker.transmitter")
 COMPONENT = "transmitter"

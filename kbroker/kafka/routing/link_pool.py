@@ -1,5 +1,5 @@
 """The transport connections of one transmitter or forwarder: which are open, opening one when
-core/transport.py's rules allow, and noting breaks. Shared so both keep the same suppression."""
+core/routing/links.py's rules allow, and noting breaks. Shared so both keep the same suppression."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import time
 from typing import Any
 
 from kbroker.core.cluster import Cluster
-from kbroker.core.routing import parse_address
-from kbroker.core.transport import IDLE_CLOSE, Links
-from kbroker.kafka.transport_link import LinkBroken, TransportLink
+from kbroker.core.routing.routes import parse_address
+from kbroker.core.routing.links import IDLE_CLOSE, Links
+from kbroker.kafka.routing.link import LinkBroken, RoutingLink
 
 log = logging.getLogger("kbroker.transport")
 CONNECT_SECONDS = 5.0  # kbroker's deadline on one connection attempt
@@ -20,9 +20,9 @@ class LinkPool:
     def __init__(self, from_broker: str, *, every_ack: bool = False, idle_close: float = IDLE_CLOSE):
         self.from_broker, self._every_ack = from_broker, every_ack
         self.links = Links(idle_close)
-        self.open: dict[str, TransportLink] = {}
+        self.open: dict[str, RoutingLink] = {}
 
-    def get(self, dest: str, now: float, second_tick: bool) -> TransportLink | str:
+    def get(self, dest: str, now: float, second_tick: bool) -> RoutingLink | str:
         """The open connection to `dest` (`<bootstrap>/<namespace>`), opened now if the transport
         allows; else why not (a transmission status)."""
         link = self.open.get(dest)
@@ -37,7 +37,7 @@ class LinkPool:
         # A route names its destination by address only, so a link reaches it with no client
         # settings. Next issue (secured clusters): a destination on this process's own cluster
         # should get the local Cluster (its settings) rather than Cluster(bootstrap).
-        link = TransportLink(Cluster(bootstrap), namespace, self.from_broker, every_ack=self._every_ack)
+        link = RoutingLink(Cluster(bootstrap), namespace, self.from_broker, every_ack=self._every_ack)
         try:
             link.open(CONNECT_SECONDS)
         except LinkBroken as exc:
@@ -50,13 +50,13 @@ class LinkPool:
         log.info("transport: connected to %s", dest)
         return link
 
-    def broken(self, link: TransportLink, now: float, why: str) -> None:
+    def broken(self, link: RoutingLink, now: float, why: str) -> None:
         self.open.pop(link.destination, None)
         link.close()
         self.links.disconnected(link.destination, now, why)
         log.warning("transport: connection to %s broke: %s", link.destination, why)
 
-    def poll(self, now: float) -> list[tuple[TransportLink, list[tuple[str, dict[str, Any]]]]]:
+    def poll(self, now: float) -> list[tuple[RoutingLink, list[tuple[str, dict[str, Any]]]]]:
         """Each open connection's new acknowledgements; a connection that broke is noted."""
         out = []
         for link in list(self.open.values()):

@@ -17,8 +17,8 @@ from confluent_kafka import Message as KafkaRecord
 from kbroker.core import names
 from kbroker.core.catalog.loader import load_system_topics
 from kbroker.core.cluster import ClusterLike
-from kbroker.core.transport_endpoint import InstallPlan, install_collision, transport_queue_prefix, transport_queue_topic
-from kbroker.core.transport_message import TransportEnvelope, as_envelope, from_record
+from kbroker.core.transport.endpoint import InstallPlan, install_collision, transport_queue_prefix, transport_queue_topic
+from kbroker.core.transport.message import TransportEnvelope, as_envelope, from_record
 from kbroker.errors import InvalidArgumentError, QueueNameCollisionError, TransportQueueNotFoundError, kafka_error
 from kbroker.kafka import clients, messages
 from kbroker.core.topic_limits import LARGEST_BODY, MESSAGE_TOPIC_LIMIT

@@ -2,8 +2,8 @@
 cluster or another. It sends over an idempotent producer to the destination's inbound topic and
 reads the destination's acks topic for the acknowledgements of this namespace's messages.
 
-Thin: when to connect, suppress and close is core/transport.py's; what to send and when is
-core/transmission.py's. Every call here has a deadline or does not block."""
+Thin: when to connect, suppress and close is core/routing/links.py's; what to send and when is
+core/routing/transmission.py's. Every call here has a deadline or does not block."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.records import Header
 from kbroker.core.envelope import H_FOLLOWS
-from kbroker.core.routing import address
-from kbroker.core.transmission import Outgoing, ack_key
+from kbroker.core.routing.routes import address
+from kbroker.core.routing.transmission import Outgoing, ack_key
 from kbroker.kafka import clients, messages
 
 SEND_TIMEOUT_MS = 20_000  # a message the destination did not take within this breaks the link
@@ -27,7 +27,7 @@ class LinkBroken(Exception):
     """The connection failed: why, in one line."""
 
 
-class TransportLink:
+class RoutingLink:
     def __init__(self, cluster: ClusterLike, namespace: str, from_broker: str, *, every_ack: bool = False):
         """`from_broker`: the namespace whose messages this link carries; `every_ack`: hand on
         the acknowledgements of every namespace's messages (a forwarder relays them)."""

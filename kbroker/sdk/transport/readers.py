@@ -15,13 +15,24 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Callable, Protocol, Self
 
-from kbroker.core.transport_endpoint import FIXED, MONITOR, RAMP, receive_tasks_to_start
+from kbroker.core.transport.endpoint import FIXED, MONITOR, RAMP, EndpointSettings, receive_tasks_to_start
+from kbroker.kafka.receiver import QueueReceiver
 from kbroker.sdk.pool import RampedReaders
+from kbroker.sdk.transport.transaction import Handler
 
-if TYPE_CHECKING:
-    from kbroker.sdk.transport import Handler, TransportEndpoint
+
+class HandlingEndpoint(Protocol):
+    """The endpoint as its readers see it (sdk/transport/endpoint.TransportEndpoint)."""
+
+    settings: EndpointSettings
+
+    def receiver(self, queue: str) -> QueueReceiver: ...
+
+    def handle_one(self, queue: str, handler: Handler, wait: float | None, give_up_fast: bool = False,
+                   on_received: Callable[[], None] = lambda: None) -> bool: ...
+
 
 WAIT = 1.0  # how long a reader's receive waits before it counts as an empty poll
 
@@ -29,7 +40,7 @@ WAIT = 1.0  # how long a reader's receive waits before it counts as an empty pol
 class FixedReaders:
     """pre-2.0: `n` readers, each looping receive-handle-commit."""
 
-    def __init__(self, ep: TransportEndpoint, queue: str, handler: Handler, n: int):
+    def __init__(self, ep: HandlingEndpoint, queue: str, handler: Handler, n: int):
         self._ep, self.queue, self._handler, self._n = ep, queue, handler, n
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -62,7 +73,7 @@ class MonitorLoop:
     """3.0: one monitoring thread per input queue and up to `max_concurrency` receive tasks.
     `running` is how many tasks run now, `peak` the most that ever ran at once."""
 
-    def __init__(self, ep: TransportEndpoint, queue: str, handler: Handler, max_concurrency: int):
+    def __init__(self, ep: HandlingEndpoint, queue: str, handler: Handler, max_concurrency: int):
         self._ep, self.queue, self._handler, self._max = ep, queue, handler, max_concurrency
         self._stop = threading.Event()
         self._cv = threading.Condition()
@@ -124,7 +135,7 @@ class MonitorLoop:
         self._pool.shutdown(wait=True)
 
 
-def readers_for(ep: TransportEndpoint, queue: str, handler: Handler, n: int) -> Any:
+def readers_for(ep: HandlingEndpoint, queue: str, handler: Handler, n: int) -> Any:
     """The reader set of the endpoint's model for `queue`, at most `n` at once."""
     model = ep.settings.model
     if model == FIXED:
@@ -135,6 +146,6 @@ def readers_for(ep: TransportEndpoint, queue: str, handler: Handler, n: int) -> 
 
 
 class _RampedQueue(RampedReaders):
-    def __init__(self, ep: TransportEndpoint, queue: str, handler: Handler, n: int):
+    def __init__(self, ep: HandlingEndpoint, queue: str, handler: Handler, n: int):
         super().__init__(lambda: ep.handle_one(queue, handler, WAIT), name=queue, max_readers=n)
         self.queue = queue

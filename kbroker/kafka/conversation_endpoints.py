@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, Message, Producer
 
 from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.core.endpoint import CHAIN_SUFFIX, CLOSED, CLOSED_GRACE_SECONDS, Endpoint, merged_state
+from kbroker.core.conversation_endpoint import CHAIN_SUFFIX, CLOSED, CLOSED_GRACE_SECONDS, Endpoint, merged_state
 from kbroker.core.send_lease import LEASE_SUFFIX, WANT_SUFFIX, SendLease, Want, folded
 from kbroker.core.send_sequence import advanced, block_released, continued, keeps_exact, past_doubt, reservation_after
 from kbroker.errors import BrokerUnavailableError, ConversationNotFoundError

@@ -17,22 +17,20 @@ again; an expired one (Expires passed) is removed and counted, never handed out.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Mapping, Self
+from typing import Any, Callable, Mapping, Self
 
 from kbroker.core.records import Record
-from kbroker.core.transport_message import TransportEnvelope, TransportMessage, with_position
+from kbroker.core.transport.message import TransportEnvelope, TransportMessage, with_position
 from kbroker.errors import InvalidArgumentError, TransactionAbortedError, TransactionInDoubtError, TransactionStateError
 from kbroker.kafka.committer import CommitRequest
 from kbroker.kafka.receiver import Lease
-
-if TYPE_CHECKING:
-    from kbroker.sdk.transport import TransportEndpoint
+from kbroker.sdk.transport.runtime import EndpointRuntime
 
 
 class TransportTransaction:
     """One unit of work of a transport endpoint. Get one from TransportEndpoint.transaction()."""
 
-    def __init__(self, endpoint: TransportEndpoint):
+    def __init__(self, endpoint: EndpointRuntime):
         self._ep = endpoint
         self._records: list[Record] = []
         self._leases: list[Lease] = []
@@ -156,3 +154,7 @@ class TransportTransaction:
             self.commit()
         else:
             self.rollback(f"{exc_type.__name__}: {exc}")
+
+
+# What an endpoint's readers hand each message to, with the transaction it is received in.
+Handler = Callable[[TransportMessage, TransportTransaction], None]

@@ -23,11 +23,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Mapping, Self, TypeVar
 
 from kbroker.core.ramp import RampUp
-from kbroker.core.transport_endpoint import FIXED, MONITOR, receive_tasks_to_start
-from kbroker.core.transport_message import TransportMessage
-from kbroker.sdk.transport import TransportEndpoint
-from kbroker.sdk.transport import endpoint as sync_endpoint
-from kbroker.sdk.transport_transaction import TransportTransaction
+from kbroker.core.transport.endpoint import FIXED, MONITOR, receive_tasks_to_start
+from kbroker.core.transport.message import TransportMessage
+from kbroker.sdk.transport.endpoint import TransportEndpoint
+from kbroker.sdk.transport.endpoint import endpoint as sync_endpoint
+from kbroker.sdk.transport.transaction import TransportTransaction
 
 log = logging.getLogger("kbroker.transport")
 T = TypeVar("T")

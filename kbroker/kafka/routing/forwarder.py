@@ -2,7 +2,7 @@
 toward their route, when the namespace's broker endpoint has MESSAGE_FORWARDING = ENABLED.
 
 Run by the dispatcher, which hands it such messages and commits their inbound offsets: from then
-on they live in memory only (core/forwarding.py bounds them by MESSAGE_FORWARD_SIZE and drops
+on they live in memory only (core/routing/forwarding.py bounds them by MESSAGE_FORWARD_SIZE and drops
 those not passed on within 60 s), as Service Broker's forwarded messages do. The sender keeps each
 until it is acknowledged, and it reads acknowledgements on this namespace's acks topic, so the
 forwarder relays the next hop's acknowledgements of the directions it forwarded into this
@@ -17,12 +17,12 @@ import orjson
 
 from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.core.forwarding import Forwarded, ForwardQueue
-from kbroker.core.transmission import ack_key
+from kbroker.core.routing.forwarding import Forwarded, ForwardQueue
+from kbroker.core.routing.transmission import ack_key
 from kbroker.kafka import clients
-from kbroker.kafka.link_pool import LinkPool
-from kbroker.kafka.transport_link import LinkBroken
-from kbroker.kafka.transport_views import ReportWriter
+from kbroker.kafka.routing.link_pool import LinkPool
+from kbroker.kafka.routing.link import LinkBroken
+from kbroker.kafka.routing.views import ReportWriter
 
 log = logging.getLogger("kbroker.forwarder")
 RELAYED_KEPT = 100_000  # directions whose relayed acknowledgement is remembered

@@ -39,8 +39,8 @@ def endpoint_group() -> None:
 def install_cmd(endpoint, machine, no_secondary, partitions, target, as_json):
     """Create ENDPOINT's queues (and the dead-letter topic), as an installer creates the tables.
     Needs topic-create rights; the running endpoint needs only read and write (see `acls`)."""
-    from kbroker.core.transport_endpoint import PRIMARY_PARTITIONS, install_plan, transport_queue_topic
-    from kbroker.kafka.transport_queues import install
+    from kbroker.core.transport.endpoint import PRIMARY_PARTITIONS, install_plan, transport_queue_topic
+    from kbroker.kafka.transport.queues import install
 
     ns = target.namespace
     plan = install_plan(endpoint, machine, secondary=not no_secondary, partitions=partitions or PRIMARY_PARTITIONS)
@@ -79,7 +79,7 @@ def _headers(pairs: tuple[str, ...]) -> dict[str, str]:
 @handle_errors
 def send_cmd(queue, body, header, message_id, correlation_id, reply_to, not_recoverable, ttbr, target, as_json):
     """Send a transport message to QUEUE; prints its Id."""
-    from kbroker.sdk.transport import send_message
+    from kbroker.sdk.transport.endpoint import send_message
 
     data = sys.stdin.buffer.read() if body == "-" else (None if body is None else body.encode())
     mid = send_message(target.cluster, target.namespace, queue, data, _headers(header),
@@ -100,7 +100,7 @@ def send_cmd(queue, body, header, message_id, correlation_id, reply_to, not_reco
 @handle_errors
 def receive_cmd(queue, wait, target, as_json):
     """Receive one message from QUEUE (removing it), in a transaction of its own."""
-    from kbroker.sdk.transport import TransportEndpoint
+    from kbroker.sdk.transport.endpoint import TransportEndpoint
 
     with TransportEndpoint("kbroker-cli", cluster=target.cluster, namespace=target.namespace,
                            secondary=False) as ep:  # a receive reads QUEUE's group: the name plays no part
@@ -131,7 +131,7 @@ def receive_cmd(queue, wait, target, as_json):
 def acls_cmd(endpoint, installer, runner, target, as_json):
     """The Kafka ACLs that split ENDPOINT's permissions: the installer creates its topics, the
     running endpoint only reads and writes. Printed as kafka-acls.sh lines, not applied."""
-    from kbroker.core.transport_endpoint import acl_split
+    from kbroker.core.transport.endpoint import acl_split
 
     bindings = acl_split(target.namespace, endpoint, installer, runner)
     if as_json:

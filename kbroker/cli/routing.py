@@ -1,7 +1,7 @@
 """`kbroker transmission` (sys.transmission_queue), `kbroker connections`
 (sys.dm_broker_connections) and `kbroker forwarded` (sys.dm_broker_forwarded_messages): what the
 namespace's transmitters and forwarders hold and how their connections stand, from their reports
-on the transport topic (kafka/transport_views.py)."""
+on the transport topic (kafka/routing/views.py)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _time(epoch: float | None) -> str:
 def transmission_cmd(target, limit, as_json):
     """Messages sent to other namespaces and not yet acknowledged (sys.transmission_queue), with
     why each waits; a blank status means no send was tried yet."""
-    from kbroker.kafka.transport_views import transmission_rows
+    from kbroker.kafka.routing.views import transmission_rows
 
     ns = target.namespace
     rows = transmission_rows(target.cluster, ns, limit)
@@ -54,7 +54,7 @@ def transmission_cmd(target, limit, as_json):
 @handle_errors
 def connections_cmd(target, as_json):
     """The transmitters' connections to other namespaces (sys.dm_broker_connections)."""
-    from kbroker.kafka.transport_views import connection_rows
+    from kbroker.kafka.routing.views import connection_rows
 
     ns = target.namespace
     rows = connection_rows(target.cluster, ns)
@@ -77,7 +77,7 @@ def connections_cmd(target, as_json):
 def forwarded_cmd(target, as_json):
     """Messages this namespace is forwarding to other namespaces (sys.dm_broker_forwarded_messages);
     only with a broker endpoint of MESSAGE_FORWARDING = ENABLED."""
-    from kbroker.kafka.transport_views import forwarded_rows
+    from kbroker.kafka.routing.views import forwarded_rows
 
     ns = target.namespace
     rows = forwarded_rows(target.cluster, ns)

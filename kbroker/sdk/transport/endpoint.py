@@ -28,22 +28,20 @@ from typing import Any, Mapping, Self
 from kbroker import config
 from kbroker.core.cluster import ClusterLike
 from kbroker.core.records import Record
-from kbroker.core.transport_endpoint import (MONITOR, PRIMARY_PARTITIONS, EndpointSettings, FailedDeliveries, default_machine,
+from kbroker.core.transport.endpoint import (MONITOR, PRIMARY_PARTITIONS, EndpointSettings, FailedDeliveries, default_machine,
                                               install_plan)
-from kbroker.core.transport_message import TransportMessage, canonical_id, new_message, to_headers
+from kbroker.core.transport.message import TransportMessage, canonical_id, new_message, to_headers
 from kbroker.embedded import resolve_cluster
 from kbroker.errors import InvalidArgumentError, SendFailedError
 from kbroker.kafka.clients import brokers_answering, produce_within
 from kbroker.kafka.committer import GroupCommitter, OpenTransactions
 from kbroker.kafka.dead_letters import DeadLetters
 from kbroker.kafka.receiver import Lease, QueueReceiver
-from kbroker.kafka.transport_queues import (MAX_BODY_BYTES, QueueDirectory, durable_producer, express_producer, install,
+from kbroker.kafka.transport.queues import (MAX_BODY_BYTES, QueueDirectory, durable_producer, express_producer, install,
                                             transport_receiver)
-from kbroker.sdk.transport_transaction import TransportTransaction
+from kbroker.sdk.transport.transaction import Handler, TransportTransaction
 
 log = logging.getLogger("kbroker.transport")
-
-Handler = Callable[[TransportMessage, TransportTransaction], None]
 
 
 def endpoint(name: str, *, bootstrap: ClusterLike | None = None, **kwargs: Any) -> TransportEndpoint:
@@ -292,7 +290,7 @@ class TransportEndpoint:
     def start(self, handler: Handler) -> Self:
         """Start the readers: the primary queue's under the endpoint's concurrency model, the
         secondary queue's (`secondary_readers`, 1 by default) under the same model."""
-        from kbroker.sdk.transport_readers import readers_for
+        from kbroker.sdk.transport.readers import readers_for
 
         s = self.settings
         self._readers.append(readers_for(self, s.primary_queue, handler, s.max_concurrency).start())

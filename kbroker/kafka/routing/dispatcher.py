@@ -26,19 +26,19 @@ from kbroker.core import names
 from kbroker.core.arrival import REFUSE, SAVE, WAIT, check_arrival
 from kbroker.core.catalog.models import Catalog
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.core.dispatch import Inbox, declared_follows, describe_drops, gap_status, next_in_line
-from kbroker.core.forwarding import MB, Forwarded
-from kbroker.core.routing import address, hop, match_route, routes_of
+from kbroker.core.routing.dispatch import Inbox, declared_follows, describe_drops, gap_status, next_in_line
+from kbroker.core.routing.forwarding import MB, Forwarded
+from kbroker.core.routing.routes import address, hop, match_route, routes_of
 from kbroker.core.tick import EVERY_2ND, EVERY_5TH, EVERY_TICK, TickCounter, TickSchedule, advance
 from kbroker.core.envelope import H_FOLLOWS, Envelope, MalformedRecord
 from kbroker.core.records import Record
 from kbroker.core.dead_letter import dead_letter_record
 from kbroker.core.timers import target_lifetime_record
-from kbroker.core.transmission import ack_key
+from kbroker.core.routing.transmission import ack_key
 from kbroker.core.txn_faults import Deadline
 from kbroker.errors import BrokerUnavailableError
 from kbroker.kafka import clients, messages
-from kbroker.kafka.forwarder import Forwarder
+from kbroker.kafka.routing.forwarder import Forwarder
 from kbroker.kafka.reader import latest_values
 from kbroker.kafka.guarded import GuardedProducer, TransactionFailed, aborted, replace_producer, started, transact
 from kbroker.kafka.steps import FailureSink, report, run_steps

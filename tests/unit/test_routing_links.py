@@ -1,4 +1,4 @@
-"""The transport's connection table (core/transport.py): when a connection to another namespace
+"""The routing links table (core/routing/links.py): when a connection to another namespace
 may be opened (seed 000: at once the first time, else on a 2nd tick once its suppression of 15 s
 after a disconnect or 60 s after a failed attempt has run out), which are closed for idleness
 (90 s, every 5th tick), and the sys.dm_broker_connections rows. A property test drives random
@@ -9,8 +9,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbroker.core import transport
-from kbroker.core.transport import (
+from kbroker.core.routing import links as transport
+from kbroker.core.routing.links import (
     CLOSED,
     CONNECTED,
     CONNECTING,

@@ -1,0 +1,2 @@
+"""The transport face on Kafka: its queues' topics and receivers, and secondary (per-instance)
+queues."""
