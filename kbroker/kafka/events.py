@@ -14,6 +14,7 @@ from kbroker.core.cluster import ClusterLike
 from kbroker.errors import BrokerUnavailableError, CatalogError
 from kbroker.kafka import clients
 from kbroker.kafka.clients import kafka_error
+from kbroker.kafka.reader import without_errors
 
 
 POSITION_BUDGET = 30.0  # seconds the assignment callback keeps asking for the start positions
@@ -116,11 +117,10 @@ class EventsReader:
 
     @staticmethod
     def _position(consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        positioned = consumer.committed(partitions, timeout=10)
+        # An unstable offset (a transaction holding it) is a failed answer, not "none committed".
+        positioned = without_errors(consumer.committed(partitions, timeout=10))
         fresh = []
         for tp in positioned:
-            if tp.error is not None:
-                raise KafkaException(tp.error)
             if tp.offset < 0:
                 tp.offset = consumer.get_watermark_offsets(tp, timeout=10)[1]
                 fresh.append(TopicPartition(tp.topic, tp.partition, tp.offset))

@@ -12,42 +12,8 @@ from typing import Any, Callable
 
 from confluent_kafka import TopicPartition
 
-from kbroker.core.envelope import Envelope
 from kbroker.kafka.receiver import QueueReceiver
-
-TOPIC = "kbroker.test.queue.Q"
-
-
-class Position:
-    def __init__(self, partition: int, offset: int) -> None:
-        self.topic, self.partition, self.offset, self.metadata, self.error = TOPIC, partition, offset, "", None
-
-
-class Record:
-    def __init__(self, offset: int) -> None:
-        self._off = offset
-        self._env = Envelope(f"m{offset}", "g", "g", offset, "T", "C", "F", "S", "TARGET")
-
-    def error(self) -> None:
-        return None
-
-    def partition(self) -> int:
-        return 0
-
-    def offset(self) -> int:
-        return self._off
-
-    def headers(self) -> list[tuple[str, bytes]]:
-        return self._env.headers()
-
-    def key(self) -> bytes:
-        return b"g"
-
-    def value(self) -> bytes:
-        return b"x"
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, 10**12)
+from tests.unit.test_receiver_assignment import TOPIC, Position, Record
 
 
 class Consumer:
@@ -57,7 +23,7 @@ class Consumer:
         self.assigned: list[int] = []
 
     def committed(self, partitions: list[TopicPartition], timeout: float) -> list[Position]:
-        return [Position(tp.partition, 0) for tp in partitions]  # nothing committed yet
+        return [Position(TOPIC, tp.partition, 0, "") for tp in partitions]  # nothing committed yet
 
     def incremental_assign(self, partitions: list[TopicPartition]) -> None:
         self.assigned += [tp.partition for tp in partitions]
@@ -82,7 +48,7 @@ def receiver_with_records(consumer: Consumer, count: int,
 def fetch(receiver: QueueReceiver, offsets: range) -> None:
     with receiver._cv:
         for off in offsets:
-            receiver._poll._accept(Record(off))  # type: ignore[arg-type]
+            receiver._poll._accept(Record(0, off))  # type: ignore[arg-type]
 
 
 def reassign(receiver: QueueReceiver, consumer: Consumer, count: int) -> None:
