@@ -128,6 +128,36 @@ def max_overlap(log: Path) -> tuple[int, int]:
     return peak, sum(1 for _, s in events if s == 1)
 
 
+def test_records_another_client_wrote_to_the_events_topic_start_nothing_and_stop_nothing(
+        kafka_bootstrap, namespace, broker, tmp_path):
+    """Any client may write the events topic: garbage, a null key and value, a 512 KiB value (an
+    event is a few hundred bytes), forged headers, JSON of the wrong shape, an activation naming no
+    queue. The activator skips each and acts on the activation after. (A well-formed activation is
+    acted on whoever wrote it: the topic's ACLs decide who may.)"""
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    log = tmp_path / "sleepers.log"
+    cfg = config_file(tmp_path, f"""  - queue: ExpenseQueue
+    command: [{sys.executable}, sleeper.py, {log}, "0"]
+    cwd: .
+    max_concurrency: 1
+""")
+    with activator(tmp_path, kafka_bootstrap, namespace, cfg) as (act, records):
+        p = Producer({"bootstrap.servers": kafka_bootstrap, "allow.auto.create.topics": False})
+        topic = names.events_topic(namespace)
+        p.produce(topic, key=b"\xff\xfe", value=b"\x00not json\xff")
+        p.produce(topic, key=None, value=None)
+        p.produce(topic, key=b"ExpenseQueue", value=b"{" * (512 * 1024))
+        p.produce(topic, key=b"ExpenseQueue", value=b"[1, 2, 3]")
+        p.produce(topic, key=b"ExpenseQueue", value=orjson.dumps({"event": "QUEUE_ACTIVATED", "queue": 7}),
+                  headers=[("kb.follows", b"\xff"), ("event", b"QUEUE_ACTIVATION")])
+        p.produce(topic, key=None, value=orjson.dumps({"event": "QUEUE_ACTIVATION", "queue": ""}))
+        assert p.flush(15) == 0
+        publish(kafka_bootstrap, namespace, [("ExpenseQueue", activation("ExpenseQueue", namespace))])
+        wait_for(lambda: of(records, "exit"), 30, "the copy the real activation started to exit")
+    assert [n["decision"] for n in of(records, "notification")] == ["notification"]
+    assert len(of(records, "start")) == 1 and not of(records, "kafka_error")
+
+
 def test_a_burst_of_notifications_never_exceeds_max_concurrency(kafka_bootstrap, namespace, broker, tmp_path):
     (tmp_path / "sleeper.py").write_text(SLEEPER)
     log = tmp_path / "sleepers.log"
