@@ -135,7 +135,7 @@ def wait_committed(ctx: BenchContext, ep: TransportEndpoint, n: int, clock: Cloc
     with ctx.reporter.bar(label, n) as advance:
         last = 0
         while True:
-            done = ep.counters.get("committed", 0)
+            done = ep.runtime.counters.get("committed", 0)
             if done >= n:
                 clock.finished()
                 advance(done - last)
@@ -211,7 +211,7 @@ def _run_endpoint(ctx: BenchContext, ns: str, handler: Callable[[TransportMessag
         ep.start(handler)
         wait_committed(ctx, ep, n, clock, label, deadline)
         stats = ep.stats()
-        return stats, {"peak_tasks": stats["readers"][0].get("peak"), "kafka_transactions": ep.committer.batches}
+        return stats, {"peak_tasks": stats["readers"][0].get("peak"), "kafka_transactions": ep.runtime.committer.batches}
     finally:
         ep.close()
 

@@ -84,6 +84,18 @@ class Lookup(Protocol):
     def __call__(self, fn: Callable[[Catalog], T]) -> T: ...
 
 
+def _first_in(catalog: Catalog, lookup: Lookup) -> Lookup:
+    """A look-up in `catalog`, falling back to `lookup` for an object `catalog` does not know."""
+
+    def first(fn: Callable[[Catalog], T]) -> T:
+        try:
+            return fn(catalog)
+        except CatalogError:
+            return lookup(fn)
+
+    return first
+
+
 def group_id(value: object) -> str:
     """A conversation group argument in its canonical form; InvalidArgumentError if no GUID."""
     try:
@@ -320,7 +332,8 @@ class Statements:
             return True, ep.after_peer_error()
         return True, created
 
-    def refused_record(self, msg: Message, ep: Endpoint | None = None) -> tuple[list[Record], str] | None:
+    def refused_record(self, msg: Message, ep: Endpoint | None = None,
+                       catalog: Catalog | None = None) -> tuple[list[Record], str] | None:
         """(dead letter and its event, reason) for a received message this side must not deliver,
         or None. `ep`: this side's endpoint as found. SEND checks a message where it is sent, but
         a record written by another Kafka client with well-formed headers never passed SEND;
@@ -329,18 +342,20 @@ class Statements:
         queue's max_message_bytes (the -9602 the dispatcher answers a routed one with), a type
         the catalog knows, that the contract lets the sending side send, and a body its
         validation accepts. The system types (EndDialog, Error, DialogTimer) are the broker's:
-        only their number and size are checked."""
+        only their number and size are checked. `catalog`: the one a RECEIVE found, used first
+        (an object it does not know is looked up again)."""
         env = msg.extra["envelope"]
         kind = env.message_type_name
         sender = "INITIATOR" if env.to_side == "TARGET" else "TARGET"
+        lookup = self._lookup if catalog is None else _first_in(catalog, self._lookup)
         try:
             why = sequence_refusal(env.message_sequence_number, kind, kind in SYSTEM_TYPES, self._far_reach(env, ep))
-            queue = self._lookup(lambda c: c.queue(msg.queue))
+            queue = lookup(lambda c: c.queue(msg.queue))
             if why is None and len(msg.body) > queue.max_message_bytes:
                 why = too_large_reason(len(msg.body), queue.name, queue.max_message_bytes)
             if why is None and kind not in SYSTEM_TYPES:
-                mt = self._lookup(lambda c: c.message_type(kind))
-                if not self._lookup(lambda c: c.may_send(env.service_contract_name, kind, sender)):
+                mt = lookup(lambda c: c.message_type(kind))
+                if not lookup(lambda c: c.may_send(env.service_contract_name, kind, sender)):
                     raise ContractViolationError(kind, env.service_contract_name, sender)
                 validate_body(kind, mt.validation, msg.body)
         except (CatalogError, ContractViolationError, MessageValidationError) as exc:

@@ -154,7 +154,7 @@ class AsyncBroker:
 
     async def queue_enabled(self, queue: str) -> bool:
         """STATUS of a queue (a disabled one is re-checked against the catalog)."""
-        return await asyncio.to_thread(self.sync.queue_enabled, queue)
+        return await asyncio.to_thread(self.sync.runtime.queue_enabled, queue)
 
     async def begin_dialog(self, from_service: str, to_service: str, contract: str = "DEFAULT",
                            **kw: Any) -> str:

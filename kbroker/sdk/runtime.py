@@ -1,65 +1,200 @@
-"""What a Transaction needs from the process it runs in. Broker is the one implementation; the
-interface keeps Transaction from reaching into the rest of the facade."""
+"""Service Broker's process runtime: the shared one (sdk/process.py) plus what dialogs need of a
+process. Its conversation endpoints (a cache over the endpoints topic), the statements that
+build records, SEND's conversation locks and the leases that carry them across processes, the
+receive hooks, poison-message counting, and the receivers of queues and secondary queues.
+
+Broker (the statements a user calls) and Transaction both work through it; neither reaches into
+the other."""
 
 from __future__ import annotations
 
-from typing import Protocol
+import functools
+import logging
+import time
+import uuid
+from typing import Any
 
+import orjson
+
+from kbroker.core import names
+from kbroker.core.catalog.models import Catalog, Queue
+from kbroker.core.cluster import Cluster
 from kbroker.core.locks import ConversationLocks
+from kbroker.core.poison import PoisonCounter
+from kbroker.core.sequence_reach import reach
 from kbroker.core.statements import Statements
-from kbroker.kafka.committer import GroupCommitter, OpenTransactions
+from kbroker.errors import QueueDisabledError, QueueNameCollisionError
 from kbroker.kafka.conversation_endpoints import EndpointStore
+from kbroker.kafka.queues import set_queue_status
 from kbroker.kafka.receiver import QueueReceiver
+from kbroker.kafka.rollbacks import RollbackLog
 from kbroker.kafka.send_leases import SendLeases
-from kbroker.sdk.hooks import ReceiveHooks
+from kbroker.kafka.transport.secondary import ensure_secondary_queue
+from kbroker.sdk.hooks import HookFanOut, ReceiveHooks
+from kbroker.sdk.process import ProcessRuntime
+
+log = logging.getLogger("kbroker.client")
 
 
-class Runtime(Protocol):
-    """The process-wide state and services a Transaction uses."""
+class BrokerRuntime(ProcessRuntime):
+    """The runtime of a process that speaks Service Broker in one namespace."""
 
-    @property
-    def endpoints(self) -> EndpointStore:
-        """The conversation endpoints this process knows (a cache over the endpoints topic)."""
+    def __init__(self, cluster: Cluster, namespace: str, *, ack_timeout: float = 30.0,
+                 commit_interval: float = 0.005, max_buffered: int = 20_000, revoke_grace: float = 5.0,
+                 lock_timeout: float = 30.0):
+        # The committer's transactional ids are known before it starts: leases name them (fencing).
+        super().__init__(cluster, namespace, ack_timeout=ack_timeout, commit_interval=commit_interval,
+                         transactional_ids=tuple(f"kbroker.{namespace}.{uuid.uuid4()}" for _ in range(2)))
+        self._max_buffered, self._revoke_grace = max_buffered, revoke_grace
+        self.conversation_locks = ConversationLocks(lock_timeout)  # SEND's (see locks.py)
+        self.endpoints = EndpointStore(cluster, namespace, self.producer)
+        self.statements = Statements(namespace, self.catalog.lookup, self.endpoints.in_group,
+                                     sender_reach=self._sender_reach)
+        self._unknown_reach_read = float("-inf")  # when _sender_reach last read for a side unknown here
+        self._secondary: set[str] = set()  # secondary queue topics known to exist
+        self._rollbacks: RollbackLog | None = None  # every process's rollbacks; with the first receiver
+        self._poison = PoisonCounter()  # counts the queues this process reads itself
+        self.hooks: list[ReceiveHooks] = []
+        self.receive_hooks: ReceiveHooks = HookFanOut(self.hooks)
+        self.send_leases = SendLeases(cluster, self.endpoints, self.conversation_locks, self.process,
+                                      lambda: self._transactional_ids or (), ack_timeout=ack_timeout).start()
 
-    @property
-    def statements(self) -> Statements:
-        """Builds each statement's records."""
+    # --- queues -------------------------------------------------------------------------------
 
-    @property
-    def conversation_locks(self) -> ConversationLocks:
-        """SEND's conversation locks, held until the transaction ends."""
+    def open_queue(self, queue: str) -> tuple[Catalog, Queue]:
+        """The catalog and `queue` in it, for one RECEIVE: QueueDisabledError unless STATUS = ON.
+        A disabled queue is checked against the catalog read again, so an ALTER QUEUE ... STATUS =
+        ON from any process is seen on the next RECEIVE."""
+        catalog = self.catalog.current
+        q = catalog.queues.get(queue)
+        if q is None or q.status != "ON" or queue in self.catalog.disabled:
+            catalog = self.catalog.refresh()
+            q = catalog.queue(queue)  # UnknownQueueError
+            if q.status != "ON":
+                raise QueueDisabledError(queue)
+            self.catalog.disabled.discard(queue)
+            self._poison.reset(queue)
+        return catalog, q
 
-    @property
-    def send_leases(self) -> SendLeases:
-        """The conversation leases this process holds: the conversation lock across processes."""
+    def queue_enabled(self, queue: str) -> bool:
+        """Whether `queue` has STATUS = ON (see open_queue)."""
+        try:
+            self.open_queue(queue)
+        except QueueDisabledError:
+            return False
+        return True
 
-    @property
-    def open_transactions(self) -> OpenTransactions:
-        """The count of open transactions the group committer waits for."""
-
-    @property
-    def receive_hooks(self) -> ReceiveHooks:
-        """Every registered hook at once; a failing hook is logged, never raised."""
-
-    @property
-    def committer(self) -> GroupCommitter:
-        """The process's group committer: one Kafka transaction for many Transactions."""
+    def queue_open(self, queue: str) -> bool:
+        """STATUS of `queue` as known now, without reading Kafka (checked while a RECEIVE waits)."""
+        return self.catalog.is_open(queue)
 
     def receiver(self, queue: str, instance: str | None = None) -> QueueReceiver:
         """The receiver of `queue`, or of its secondary queue for `instance`."""
+        return self.receiver_for((queue, instance), functools.partial(self._new_receiver, queue, instance))
+
+    def _new_receiver(self, queue: str, instance: str | None) -> QueueReceiver:
+        q = self.catalog.queue(queue)
+        topic = None if instance is None else self.secondary_queue(q.name, instance)
+        r = QueueReceiver(self.cluster, self.namespace, queue, dead_letter=self.dead_letter,
+                          max_buffered=self._max_buffered, revoke_grace=self._revoke_grace,
+                          commit_barrier=self.committer.barrier, topic=topic,
+                          # A partition that arrives may hold records of conversations moved by another
+                          # process since this one cached their endpoints: catch up first.
+                          on_assign=self.endpoints.refresh,
+                          report=functools.partial(self._report_reader, queue)).start()
+        if instance is None:
+            self._poison.watch(queue)  # poison counting covers the queues read here
+        if self._rollbacks is None:  # a reading process learns of ALTER QUEUE within 0.5 s
+            self.catalog.watch()
+            self._rollbacks = RollbackLog(self.cluster, self.namespace, self.producer, self.process).start()
+        return r
 
     def secondary_queue(self, queue: str, instance: str) -> str:
         """The secondary queue topic of `queue` for `instance`, created on first use."""
+        topic = names.secondary_queue_topic(self.namespace, queue, instance)
+        with self._lock:
+            if topic not in self._secondary:
+                q = self.catalog.queue(queue)
+                # A catalog applied before apply refused colliding names may still hold them.
+                clash = names.secondary_queue_collision(self.catalog.current.queues, q.name, instance)
+                if clash is not None:
+                    raise QueueNameCollisionError(f"the secondary queue of {queue} for instance {instance!r}",
+                                                  f"queue {clash[0]!r}", clash[1])
+                ensure_secondary_queue(self.cluster, self.namespace, q, instance)
+                self._secondary.add(topic)
+        return topic
 
-    def queue_open(self, queue: str) -> bool:
-        """STATUS of `queue` as known now, without asking Kafka (checked while a RECEIVE waits)."""
+    def _report_reader(self, queue: str, stats: dict[str, Any]) -> None:
+        """Every few seconds, from a receiver's poll thread: its locks and in-flight counts, for
+        `kbroker queue show` (a compacted topic keyed by process and topic; fire and forget)."""
+        self._publish_reader(stats["topic"], orjson.dumps(
+            {**stats, "queue": queue, "process": self.process, "at": time.time()}))
 
-    def queue_enabled(self, queue: str) -> bool:
-        """Whether `queue` has STATUS = ON (a disabled queue is re-checked against the catalog)."""
+    def _publish_reader(self, topic: str, value: bytes | None) -> None:
+        """This process's entry for `topic` in the readers topic (None: it no longer reads it)."""
+        try:
+            self.producer.produce(names.readers_topic(self.namespace), key=f"{self.process}/{topic}", value=value)
+        except Exception:  # BufferError (local queue full) or KafkaException: a view, not data, so skip it
+            log.debug("reader report for %s skipped", topic, exc_info=True)
 
-    def note_commit(self, queue: str, taken: dict[str, list[tuple[int, int]]]) -> None:
-        """A transaction that received from `queue` committed (poison-message handling); `taken`:
-        topic -> (partition, offset) of the messages it received."""
+    # --- poison-message handling --------------------------------------------------------------
 
-    def note_rollback(self, queue: str, taken: dict[str, list[tuple[int, int]]]) -> None:
-        """A transaction that received from `queue` rolled back (poison-message handling)."""
+    def note_commit(self, queue: str, taken: dict[str, list[tuple[int, int]]] | None = None) -> None:
+        """A transaction that received from `queue` committed: its poison count starts over, and
+        the messages it received need no rollback count any more."""
+        self._poison.reset(queue)
+        if self._rollbacks is not None:
+            for topic, offsets in (taken or {}).items():
+                self._rollbacks.committed(topic, offsets)
+
+    def note_rollback(self, queue: str, taken: dict[str, list[tuple[int, int]]] | None = None) -> None:
+        """Five rolled-back receives in a row (this process), or five rollbacks of one message
+        (any process), disable the queue (core/poison.py)."""
+        if not self._poison.watches(queue):
+            return
+        handling = self.catalog.queue(queue).poison_message_handling == "ON"
+        verdict = self._poison.rolled_back(queue, handling)
+        if self._rollbacks is not None:
+            for topic, offsets in (taken or {}).items():
+                counts = self._rollbacks.rolled_back(queue, topic, offsets)
+                verdict = verdict or self._rollbacks.ledger.verdict(queue, counts, handling)
+        if verdict is not None:
+            self.catalog.disabled.add(verdict.queue)
+            set_queue_status(self.cluster, self.namespace, verdict.queue, "OFF", verdict.reason, poison=True)
+            self.catalog.refresh()
+
+    # --- sequence numbers ---------------------------------------------------------------------
+
+    def _sender_reach(self, handle: str, sequence: int) -> int | None:
+        """sequence_reach.reach() of side `handle` from the endpoints topic: the records this
+        process has read, and, when `sequence` is at or past what they say, the topic read
+        forward once (the sender wrote its lease and endpoint before or with the message). For
+        a side with no record here the topic is read at most once per `fresh_for` seconds: a
+        client that keeps no endpoints must not cost a read per message."""
+        known = reach(self.endpoints.lease(handle), self.endpoints.cached(handle))
+        if known is None and time.monotonic() - self._unknown_reach_read < self.endpoints.fresh_for:
+            return None  # a side with no records here (a client that keeps none): not read per message
+        if known is None or sequence >= known:
+            self.endpoints.refresh()
+            if known is None:
+                self._unknown_reach_read = time.monotonic()
+            known = reach(self.endpoints.lease(handle), self.endpoints.cached(handle))
+        return known
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def _receiver_closed(self, receiver: QueueReceiver) -> None:
+        self._publish_reader(receiver.topic, None)  # no longer read here: drop it from the view
+
+    def close(self) -> None:
+        """Stop reading, commit what is pending, write the exact send sequences, and flush."""
+        with self._lock:
+            super().close()
+            if self._rollbacks is not None:
+                self._rollbacks.close()
+                self._rollbacks = None
+            self._poison.forget_all()
+            self.endpoints.write_unwritten()  # exact sequences, so a restart leaves no gap
+            self.send_leases.close()  # other processes need not wait for the leases to run out
+            self.endpoints.close()
+            self.producer.flush(self.ack_timeout)

@@ -20,6 +20,7 @@ from typing import Any, Self
 
 import orjson
 
+from kbroker.core.catalog.models import Catalog
 from kbroker.core.conversation_endpoint import Endpoint, must_persist
 from kbroker.core.envelope import Message
 from kbroker.core.groups import MOVE_MARKER, next_hop
@@ -34,7 +35,7 @@ from kbroker.errors import (
 )
 from kbroker.kafka.committer import CommitRequest
 from kbroker.kafka.receiver import Lease, QueueReceiver
-from kbroker.sdk.runtime import Runtime
+from kbroker.sdk.runtime import BrokerRuntime
 
 log = logging.getLogger("kbroker.transaction")
 
@@ -46,7 +47,7 @@ class Transaction:
     held until commit() sends them as one Kafka transaction with the received offsets. Get one
     from Broker.transaction()."""
 
-    def __init__(self, runtime: Runtime):
+    def __init__(self, runtime: BrokerRuntime):
         self._runtime = runtime
         self._records: list[Record] = []
         self._leases: list[Lease] = []
@@ -111,8 +112,7 @@ class Transaction:
         if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
             raise InvalidArgumentError(f"top must be a whole number of at least 1, or None for all, not {top!r}")
         rt = self._runtime
-        if not rt.queue_enabled(queue):
-            raise QueueDisabledError(queue)
+        catalog, _ = rt.open_queue(queue)  # the one catalog look-up: QueueDisabledError unless ON
         conversation_id = None
         if conversation_handle is not None:
             conversation_id = self.endpoint(conversation_handle).conversation_id
@@ -130,7 +130,7 @@ class Transaction:
                 raise QueueDisabledError(queue)  # disabled while it waited, here or elsewhere
             if lease is not None and lease not in self._leases:
                 self._leases.append(lease)
-            delivered, moving = self._sort(msgs)
+            delivered, moving = self._sort(msgs, catalog)
             if moving and lease is not None:  # messages come with the lease of their group
                 self._rekey(receiver, lease, moving)
             if delivered or not moving:
@@ -139,9 +139,10 @@ class Transaction:
                 return delivered
             # Everything taken belonged to moved conversations and went on its way: receive again.
 
-    def _sort(self, msgs: list[Message]) -> tuple[list[Message], list[tuple[Message, str | None]]]:
+    def _sort(self, msgs: list[Message], catalog: Catalog) -> tuple[list[Message], list[tuple[Message, str | None]]]:
         """Split what a RECEIVE took into messages to deliver and records of moved conversations
-        (with the group to re-key them to; None for a move marker, which is only consumed)."""
+        (with the group to re-key them to; None for a move marker, which is only consumed).
+        `catalog`: as the RECEIVE found it, for the arrival checks."""
         rt = self._runtime
         delivered: list[Message] = []
         moving: list[tuple[Message, str | None]] = []
@@ -161,7 +162,7 @@ class Transaction:
                 continue
             # Consumed with this transaction, its dead letter and event written, never delivered:
             # refused on arrival (what SEND would have refused), or for an endpoint CLOSED here.
-            aside = rt.statements.refused_record(m, ep) or rt.statements.closed_records(m, ep)
+            aside = rt.statements.refused_record(m, ep, catalog) or rt.statements.closed_records(m, ep)
             if aside is not None:
                 records, reason = aside
                 log.warning("message %s on %s: %s", m.message_id, m.queue, reason)

@@ -97,7 +97,7 @@ def test_a_send_waiting_for_a_conversation_lock_does_not_block_the_event_loop(br
 def test_a_cancelled_send_never_keeps_the_conversation_lock_after_the_rollback(broker):
     # The SEND's thread runs on after its task is cancelled; the rollback of `async with` must
     # wait for it, or the lock it takes later would stay held by a finished transaction.
-    broker.conversation_locks.timeout = 8.0  # a leaked lock fails the last SEND in 8 s, not 30
+    broker.runtime.conversation_locks.timeout = 8.0  # a leaked lock fails the last SEND in 8 s, not 30
     handle = broker.begin_dialog(EMP, EXP, CONTRACT)
     held, committed_at = threading.Event(), []
     abroker = AsyncBroker(broker)

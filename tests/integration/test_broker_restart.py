@@ -106,7 +106,7 @@ class ReaderLoop:
 
 def state_of(broker: Broker) -> str:
     """What a hung reader's process is doing: its receivers' state and every thread's stack."""
-    lines = [f"receiver {r.topic}: {r.stats()}" for r in list(broker._receivers.values())]
+    lines = [f"receiver {r.topic}: {r.stats()}" for r in list(broker.runtime.receivers().values())]
     names_by_id = {t.ident: t.name for t in threading.enumerate()}
     for ident, frame in sys._current_frames().items():
         lines.append(f"--- thread {names_by_id.get(ident, ident)}")

@@ -37,7 +37,7 @@ def _timed_commit(b: Broker, i: int) -> float:
 def test_a_lone_transaction_does_not_wait_for_the_window(slow_window_broker):
     b = slow_window_broker
     _timed_commit(b, 0)  # first use starts the committer's producers
-    assert b.open_transactions() == 0
+    assert b.runtime.open_transactions() == 0
     assert _timed_commit(b, 1) < WINDOW / 2
 
 
@@ -45,10 +45,10 @@ def test_an_open_transaction_holds_the_batch_open_until_the_window_ends(slow_win
     b = slow_window_broker
     _timed_commit(b, 0)
     other = b.transaction()  # open, may still commit: the committer waits for it
-    assert b.open_transactions() == 1
+    assert b.runtime.open_transactions() == 1
     assert _timed_commit(b, 1) >= WINDOW * 0.9
     other.rollback()
-    assert b.open_transactions() == 0
+    assert b.runtime.open_transactions() == 0
     assert _timed_commit(b, 2) < WINDOW / 2
 
 
@@ -64,7 +64,7 @@ def test_every_way_out_of_a_transaction_closes_it(slow_window_broker):
     tx = b.transaction()
     tx.commit()
     tx.rollback()  # after commit: a no-op, and not counted twice
-    assert b.open_transactions() == 0
+    assert b.runtime.open_transactions() == 0
 
 
 def test_transactions_in_turn_on_the_producer_ring_stay_in_order(kafka_bootstrap, namespace):
@@ -75,7 +75,7 @@ def test_transactions_in_turn_on_the_producer_ring_stay_in_order(kafka_bootstrap
         for i in range(12):  # one Kafka transaction each, alternating producers
             with b.transaction() as tx:
                 tx.send(h, inv.REQUEST, {"i": i})
-        assert b.committer.batches >= 12
+        assert b.runtime.committer.batches >= 12
         got = receive_at_least(b, "RequestQueue", 12)
         assert [orjson.loads(m.body)["i"] for m in got] == list(range(12))
     finally:

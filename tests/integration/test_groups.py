@@ -169,7 +169,7 @@ def test_two_readers_never_hold_a_moved_conversation_at_once(broker):
     got = [m for batch in drain(broker, "ExpenseQueue") for m in batch]
     assert [m.message_sequence_number for m in got] == [2, 3, 4, 5]
     assert {m.conversation_group_id for m in got} == {g}
-    assert broker.receiver("ExpenseQueue").stats()["locked_groups"] == 0  # every group lock was released
+    assert broker.runtime.receiver("ExpenseQueue").stats()["locked_groups"] == 0  # every group lock was released
 
 
 @pytest.mark.parametrize("case", ["unknown handle", "not a guid", "other queue"])

@@ -80,7 +80,7 @@ def test_a_process_waits_for_another_process_s_open_transaction(kafka_bootstrap,
             other.send(h, CLAIM, {"i": "while locked"})
         assert time.monotonic() - started >= 1.9
         tx.commit()
-        other.conversation_locks.timeout = 30.0
+        other.runtime.conversation_locks.timeout = 30.0
         other.send(h, CLAIM, {"i": 2})
     assert sequences_in_log_order(kafka_bootstrap, namespace) == [0, 1, 2]
 

@@ -158,7 +158,7 @@ def test_an_expired_message_is_never_handed_out(endpoints):
     m = b.receive(wait=15)
     assert m is not None and m.id == live and m.id != stale
     assert b.receive(wait=2) is None
-    assert b.counters["expired"] == 1
+    assert b.runtime.counters["expired"] == 1
     # Removed for good: a new instance of the endpoint does not get it either.
     with transport.endpoint("Billing", bootstrap=b.bootstrap, namespace=b.namespace, machine="m3") as b2:
         assert b2.receive(wait=3) is None
@@ -179,7 +179,7 @@ def test_a_failed_handler_rolls_back_its_receive_and_its_sends(endpoints, kafka_
             tx.send("Shipping", b"ship-rolled-back")
             raise RuntimeError("handler failed")
     assert tx.state == "rolled back"
-    assert b.counters["rolled_back"] == 1
+    assert b.runtime.counters["rolled_back"] == 1
     with reader(kafka_bootstrap, transport_queue_topic(namespace, "Shipping")) as shipping:
         assert drain(shipping, timeout=2.0) == []  # nothing of the rolled-back send
         with b.transaction() as tx:
@@ -226,7 +226,7 @@ def test_a_poison_message_goes_to_the_dead_letter_topic(endpoints, kafka_bootstr
     reason = h["kb.dlq.reason"].decode()
     assert "failed 2 times" in reason and "cannot digest this" in reason
     assert h["kb.dlq.topic"] == transport_queue_topic(namespace, "Billing").encode()
-    assert b.counters["dead_lettered"] == 1
+    assert b.runtime.counters["dead_lettered"] == 1
     time.sleep(1.5)
     assert attempts[poison] == 2  # gone from the queue
 
@@ -335,7 +335,7 @@ def test_monitor_model_never_exceeds_max_concurrency(endpoints):
     assert st["peak"] <= 4
     # Idle: no receive task left, the monitoring loop is the only one waiting.
     wait_for(lambda: primary_stats(worker)["readers"] == 0, 5, "the receive tasks to end")
-    assert worker.counters["received"] == 200
+    assert worker.runtime.counters["received"] == 200
 
 
 def test_async_monitor_model_never_exceeds_max_concurrency(kafka_bootstrap, namespace, endpoints):
@@ -390,13 +390,13 @@ def run_async_poison(bootstrap: str, namespace: str, sender: TransportEndpoint) 
                                             concurrency="monitor", max_concurrency=4, max_deliveries=2)
         attempts: Counter[bytes | None] = Counter()
         dead_lettered_on: list[int] = []
-        dead_letter = ep.sync.dead_letter
+        dead_letter = ep.sync.runtime.dead_letter_poison
 
         def spy(*args: Any, **kw: Any) -> None:  # records the thread the (blocking) commit ran on
             dead_lettered_on.append(threading.get_ident())
             dead_letter(*args, **kw)
 
-        ep.sync.dead_letter = spy  # type: ignore[method-assign]
+        ep.sync.runtime.dead_letter_poison = spy  # type: ignore[method-assign]
 
         async def handle(msg: TransportMessage, tx: Any) -> None:
             attempts[msg.body] += 1
@@ -408,11 +408,11 @@ def run_async_poison(bootstrap: str, namespace: str, sender: TransportEndpoint) 
             await ep.start(handle)
             good = await ep.send("Worker", b"good")
             deadline = time.monotonic() + 20
-            while (not attempts[b"good"] or not ep.sync.counters["dead_lettered"]) and time.monotonic() < deadline:
+            while (not attempts[b"good"] or not ep.sync.runtime.counters["dead_lettered"]) and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             await asyncio.sleep(0.5)
             return {"attempts": dict(attempts), "on": dead_lettered_on, "loop": threading.get_ident(),
-                    "counters": dict(ep.sync.counters), "ids": (poison, good)}
+                    "counters": dict(ep.sync.runtime.counters), "ids": (poison, good)}
         finally:
             await ep.close()
 
@@ -514,7 +514,7 @@ def test_a_malformed_record_is_dead_lettered_and_the_queue_goes_on(endpoints, ka
     h = hdrs(recs[0])
     assert "missing column header(s) Id" in h["kb.dlq.reason"].decode()
     assert (h["kb.dlq.topic"], h["kb.dlq.partition"], h["kb.dlq.offset"]) == (topic.encode(), b"0", b"0")
-    assert b.counters["dead_lettered"] == 1
+    assert b.runtime.counters["dead_lettered"] == 1
     assert b.receive(wait=2) is None
 
 

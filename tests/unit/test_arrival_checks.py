@@ -163,3 +163,23 @@ def test_a_message_for_a_closed_endpoint_is_set_aside_not_dropped(world: World) 
     assert world.statements.closed_records(message(initiator.conversation_id, -1, DIALOG_TIMER, b""), closed) is None
     # Ended here WITH CLEANUP: its messages are discarded, as Service Broker deletes them.
     assert world.statements.closed_records(msg, replace(closed, cleaned_up=True)) is None
+
+
+def test_the_checks_use_the_catalog_a_receive_found_and_look_up_only_what_it_lacks(world: World) -> None:
+    """RECEIVE reads the catalog once and checks every message it took against that copy: no
+    look-up per message. An object the copy lacks (a message type defined since) is looked up
+    once more rather than refused on arrival."""
+    looked_up: list[str] = []
+
+    def lookup(fn):
+        looked_up.append("read")
+        return fn(world.catalog)
+
+    st_ = Statements(NS, lookup, world.in_group, clock=lambda: NOW)
+    copy = world.catalog
+    assert all(st_.refused_record(message("c", 0), None, copy) is None for _ in range(5))
+    assert looked_up == []
+    without_claim = copy.model_copy(update={"message_types": {k: v for k, v in copy.message_types.items()
+                                                              if k != CLAIM}})
+    assert st_.refused_record(message("c", 0), None, without_claim) is None  # found on the look-up
+    assert looked_up == ["read"]

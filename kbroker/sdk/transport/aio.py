@@ -165,7 +165,7 @@ class AsyncTransportEndpoint:
         if s.secondary_queue is not None:
             queues.append((s.secondary_queue, s.secondary_readers))
         for queue, n in queues:
-            await self._run(self.sync.receiver, queue)  # joins the group now
+            await self._run(self.sync.runtime.receiver, queue)  # joins the group now
             self.running[queue] = self.peak[queue] = self._unclaimed[queue] = 0
             self._slot_freed[queue] = asyncio.Event()
             if s.model == MONITOR:
@@ -211,7 +211,7 @@ class AsyncTransportEndpoint:
     async def _monitor(self, queue: str, handler: AsyncHandler, max_concurrency: int) -> None:
         """3.0: count the waiting messages and start a receive task for each, never more than
         `max_concurrency` at once."""
-        receiver = self.sync.receiver(queue)
+        receiver = self.sync.runtime.receiver(queue)
         while not self._stopping.is_set():
             waiting = receiver.waiting()
             if not waiting:

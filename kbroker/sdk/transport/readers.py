@@ -18,8 +18,8 @@ import threading
 from typing import Any, Callable, Protocol, Self
 
 from kbroker.core.transport.endpoint import FIXED, MONITOR, RAMP, EndpointSettings, receive_tasks_to_start
-from kbroker.kafka.receiver import QueueReceiver
 from kbroker.sdk.pool import RampedReaders
+from kbroker.sdk.transport.runtime import TransportRuntime
 from kbroker.sdk.transport.transaction import Handler
 
 
@@ -27,8 +27,7 @@ class HandlingEndpoint(Protocol):
     """The endpoint as its readers see it (sdk/transport/endpoint.TransportEndpoint)."""
 
     settings: EndpointSettings
-
-    def receiver(self, queue: str) -> QueueReceiver: ...
+    runtime: TransportRuntime
 
     def handle_one(self, queue: str, handler: Handler, wait: float | None, give_up_fast: bool = False,
                    on_received: Callable[[], None] = lambda: None) -> bool: ...
@@ -86,12 +85,12 @@ class MonitorLoop:
 
     def start(self) -> Self:
         """Start the monitoring loop; returns self."""
-        self._ep.receiver(self.queue)  # the consumer joins the group now, not on the first count
+        self._ep.runtime.receiver(self.queue)  # the consumer joins the group now, not on the first count
         self._thread.start()
         return self
 
     def _loop(self) -> None:
-        receiver = self._ep.receiver(self.queue)
+        receiver = self._ep.runtime.receiver(self.queue)
         while not self._stop.is_set():
             waiting = receiver.wait_for_waiting(WAIT)
             with self._cv:

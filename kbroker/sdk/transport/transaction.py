@@ -24,19 +24,19 @@ from kbroker.core.transport.message import TransportEnvelope, TransportMessage, 
 from kbroker.errors import InvalidArgumentError, TransactionAbortedError, TransactionInDoubtError, TransactionStateError
 from kbroker.kafka.committer import CommitRequest
 from kbroker.kafka.receiver import Lease
-from kbroker.sdk.transport.runtime import EndpointRuntime
+from kbroker.sdk.transport.runtime import TransportRuntime
 
 
 class TransportTransaction:
     """One unit of work of a transport endpoint. Get one from TransportEndpoint.transaction()."""
 
-    def __init__(self, endpoint: EndpointRuntime):
-        self._ep = endpoint
+    def __init__(self, runtime: TransportRuntime):
+        self._rt = runtime
         self._records: list[Record] = []
         self._leases: list[Lease] = []
         self.received: list[TransportMessage] = []
         self.state = "open"
-        endpoint.open_transactions.opened()
+        runtime.open_transactions.opened()
         self._counted = True
 
     def _check_open(self) -> None:
@@ -46,7 +46,7 @@ class TransportTransaction:
     def _uncount(self) -> None:
         if self._counted:
             self._counted = False
-            self._ep.open_transactions.closed()
+            self._rt.open_transactions.closed()
 
     # --- statements ---------------------------------------------------------------------------
 
@@ -57,27 +57,27 @@ class TransportTransaction:
         wait=0 waits once for the queue's first fetch, as RECEIVE does; buffered_only returns at
         once with what this process holds (a 3.0 receive task, started for a counted message)."""
         self._check_open()
-        ep = self._ep
-        q = queue or ep.settings.primary_queue
-        receiver = ep.receiver(q)
+        rt = self._rt
+        q = queue or rt.settings.primary_queue
+        receiver = rt.receiver(q)
         deadline = None if wait is None else time.monotonic() + wait
         while True:
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             lease, live, expired = receiver.take(self, 1, remaining,
-                                                 give_up=(lambda: True) if buffered_only else ep.closing)
+                                                 give_up=(lambda: True) if buffered_only else rt.closing)
             if lease is None:
                 return None
             if expired:  # removed with this transaction, never handed out
-                ep.count("expired", expired)
+                rt.count("expired", expired)
             if not live:
                 if lease not in self._leases:
                     self._leases.append(lease)
                 continue
             b = live[0]
             position = (receiver.topic, b.partition, b.offset)
-            failures = ep.failures.count(position)
-            if failures >= ep.settings.max_deliveries:
-                ep.dead_letter(lease, b.record, f"handler failed {failures} times: {ep.failures.reason(position)}")
+            failures = rt.failures.count(position)
+            if failures >= rt.settings.max_deliveries:
+                rt.dead_letter_poison(lease, b.record, f"handler failed {failures} times: {rt.failures.reason(position)}")
                 continue
             if lease not in self._leases:
                 self._leases.append(lease)
@@ -85,7 +85,7 @@ class TransportTransaction:
             assert isinstance(envelope, TransportEnvelope)  # a transport queue's receiver decodes these
             msg = with_position(envelope.message, q, b.partition, b.offset, b.enqueued_ms)
             self.received.append(msg)
-            ep.count("received")
+            rt.count("received")
             return msg
 
     def send(self, destination: str, body: bytes | None, headers: Mapping[str, str] | None = None, *,
@@ -94,7 +94,7 @@ class TransportTransaction:
         """INSERT a message into `destination`'s queue when this transaction commits; returns its
         Id. ReplyToAddress defaults to this instance's reply address."""
         self._check_open()
-        self._records.append(self._ep.record(destination, body, headers, correlation_id=correlation_id,
+        self._records.append(self._rt.record(destination, body, headers, correlation_id=correlation_id,
                                              reply_to_address=reply_to_address, recoverable=recoverable,
                                              time_to_be_received=time_to_be_received, message_id=message_id))
         return self._records[-1][1].decode()
@@ -116,7 +116,7 @@ class TransportTransaction:
         self._uncount()
         try:
             if self._records or self._leases:
-                self._ep.committer.commit(CommitRequest(self._records, self._leases))
+                self._rt.committer.commit(CommitRequest(self._records, self._leases))
         except (TransactionAbortedError, TransactionInDoubtError) as exc:
             self._end(committed=False)
             self.state = "aborted" if isinstance(exc, TransactionAbortedError) else "in doubt"
@@ -130,7 +130,7 @@ class TransportTransaction:
             return
         for lease in self._leases:
             for b in lease.taken:
-                self._ep.failures.failed((lease.receiver.topic, b.partition, b.offset), reason)
+                self._rt.failures.failed((lease.receiver.topic, b.partition, b.offset), reason)
         self._end(committed=False)
         self.state = "rolled back"
 
@@ -140,8 +140,8 @@ class TransportTransaction:
             lease.receiver.release(lease, committed)
             if committed:
                 for b in lease.taken:
-                    self._ep.failures.forget((lease.receiver.topic, b.partition, b.offset))
-        self._ep.count("committed" if committed else "rolled_back", len(self.received))
+                    self._rt.failures.forget((lease.receiver.topic, b.partition, b.offset))
+        self._rt.count("committed" if committed else "rolled_back", len(self.received))
         self._leases, self._records = [], []
 
     def __enter__(self) -> Self:
