@@ -272,8 +272,8 @@ def _latency_summary(out: dict) -> None:
 scenario(Scenario(
     name="request-reply",
     description="transactional request/reply over C dialogs: throughput and latency",
-    rows=(Row("request-reply", "msg/s", ">= 20,000 msg/s and ratio >= 0.5",
-              check=lambda r: r["kbroker"] >= 20_000 and r["ratio"] >= 0.5,
+    rows=(Row("request-reply", "msg/s", "ratio >= 0.5",
+              check=lambda r: r["ratio"] >= 0.5,
               notes="closed loop, --in-flight claims (default 1) in flight per dialog; kbroker: --readers "
                     f"(default {RR_READERS}) threads, each "
                     "`with broker.transaction() as tx: tx.receive(top=100)` + tx.send per message; "
