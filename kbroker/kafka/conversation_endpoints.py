@@ -231,10 +231,9 @@ class EndpointStore:
         service before it decides which sides a due timer reaches, and for a lease claim's answer."""
         self._read_forward()
 
-    def refresh_partition(self, partition: int, through: int) -> None:
-        """Catch up with one partition of the topic up to offset `through` (a record this process
-        wrote there): enough for one key's records, which all land in one partition (a lease
-        claim's answer). Reads everything the first time."""
+    def refresh_partition(self, partition: int) -> None:
+        """Catch up with one partition of the topic: enough for one key's records, which all
+        land in one partition (a lease claim's answer). Reads everything the first time."""
         with self._reading:
             if partition not in self._positions:
                 self._read_forward_locked(READ_TIMEOUT)
@@ -242,8 +241,7 @@ class EndpointStore:
             assert self._consumer is not None  # positions come from a read
             now = time.time()
             read = read_partitions(self._consumer, self.topic, {partition: self._positions[partition]},
-                                   READ_TIMEOUT, on_record=lambda msg: self._apply(msg, now),
-                                   through={partition: through})
+                                   READ_TIMEOUT, on_record=lambda msg: self._apply(msg, now))
             self._positions.update(read.positions)
 
     def _read_forward(self, timeout: float = READ_TIMEOUT) -> None:
@@ -326,16 +324,6 @@ class EndpointStore:
     def wanted(self, handle: str) -> Want | None:
         """The last process that said it waits for `handle`'s lease (as of the last read)."""
         return self._wants.get(handle)
-
-    def released(self, lease: SendLease) -> None:
-        """A release this process wrote and Kafka acknowledged, folded in before it is read back,
-        so claiming the lease again needs no read first (send_leases.py). Folding it early is
-        safe: a record still unread before it in the log (another process's claim after a
-        takeover) folds on top of it and wins, as it would have in log order."""
-        with self._reading:
-            accepted = folded(self._leases.get(lease.handle), lease)
-            if accepted is not None:
-                self._leases[lease.handle] = accepted
 
     def lease(self, handle: str) -> SendLease | None:
         """The conversation lock of `handle` as of the last read (read_forward() first)."""

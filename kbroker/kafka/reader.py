@@ -161,13 +161,11 @@ def watermarks(consumer: Consumer, topic: str, partition: int, deadline: float) 
 
 
 def read_partitions(consumer: Consumer, topic: str, starts: Mapping[int, int], timeout: float,
-                    on_record: Callable[[Message], None] | None = None,
-                    through: Mapping[int, int] | None = None) -> PartitionsRead:
+                    on_record: Callable[[Message], None] | None = None) -> PartitionsRead:
     """Read `topic`'s partitions from `starts` (partition -> first offset to read; an offset
     below the log start reads from the log start) up to their end as of now, within `timeout`.
     With `on_record`, each record is handed to it as it arrives and not kept: memory stays one
-    batch whatever the topic holds. `through` (partition -> offset): for those partitions, read
-    up to and including that offset (a record known to be there), without asking for the end.
+    batch whatever the topic holds.
 
     The end is partition EOF, not "offset == high watermark": transaction markers take offsets
     too, and a read-committed reader's end is the last stable offset. So `consumer` must report
@@ -178,10 +176,6 @@ def read_partitions(consumer: Consumer, topic: str, starts: Mapping[int, int], t
     read = PartitionsRead(positions=dict(starts))
     first: dict[int, int] = {}
     for p, start in starts.items():
-        if through is not None and p in through:  # an offset known to be there: no end to ask for
-            if through[p] >= start:
-                first[p] = start
-            continue
         low, high = watermarks(consumer, topic, p, deadline)
         if high > max(start, low):
             first[p] = max(start, low)
@@ -199,8 +193,6 @@ def read_partitions(consumer: Consumer, topic: str, starts: Mapping[int, int], t
                         read.records.append(msg)
                     else:
                         on_record(msg)
-                    if through is not None and offset >= through.get(partition, offset + 1):
-                        todo.discard(partition)
                 elif err is None:
                     continue
                 elif err.code() == KafkaError._PARTITION_EOF:

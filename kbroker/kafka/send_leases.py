@@ -133,18 +133,11 @@ class SendLeases(Background):
                 self._used[handle] = time.monotonic()
             return
 
-    def _answer(self, claim: SendLease, landed: tuple[int, int], deadline: float, timeout: float) -> bool:
+    def _answer(self, claim: SendLease, partition: int, deadline: float, timeout: float) -> bool:
         """Read until the topic has decided on `claim`'s epoch: whether it was this claim. Only
-        the partition it `landed` in (partition, offset) is read, where every other record of its
-        key is, up to the claim: what follows cannot change whether it was accepted. (Should
-        that leave it undecided, the whole topic is read after it.)"""
-        read_through: tuple[int, int] | None = landed
+        `partition` is read, where the claim landed with every other record of its key."""
         while True:
-            if read_through is not None:
-                self._store.refresh_partition(*read_through)
-                read_through = None
-            else:
-                self._store.refresh()
+            self._store.refresh_partition(partition)
             cur = self._store.lease(claim.handle)
             if cur is not None and cur.epoch >= claim.epoch:
                 return cur == claim
@@ -207,23 +200,18 @@ class SendLeases(Background):
             self._store.write_exact(lease.handle)
         self._store.flush(self._ack_timeout)
         now = time.time()
-        releases: list[SendLease] = []
         for lease in mine:
             ep = self._store.cached(lease.handle)
             released = lease.released(now, ep.send_sequence if ep is not None else lease.ceiling,
                                       ep.state if ep is not None else None)
             self._produce(lease_key(lease.handle), released.to_json())
-            releases.append(released)
         self._flush()
-        for released in releases:
-            self._store.released(released)
 
-    def _write(self, lease: SendLease) -> tuple[int, int]:
-        """Write a lease record and wait for its acknowledgement; returns (partition, offset)."""
-        landed: list[tuple[int, int]] = []
+    def _write(self, lease: SendLease) -> int:
+        """Write a lease record and wait for its acknowledgement; returns its partition."""
+        landed: list[int] = []
         self._produce(lease_key(lease.handle), lease.to_json(),
-                      on_delivery=lambda err, msg: landed.append((msg.partition(), msg.offset())) if err is None
-                      else None)
+                      on_delivery=lambda err, msg: landed.append(msg.partition()) if err is None else None)
         self._flush()
         if not landed:
             raise BrokerUnavailableError("a lease record was not acknowledged")

@@ -116,30 +116,3 @@ def test_one_holder_per_epoch_and_only_the_holder_extends_it(records):
     for lease in accepted:
         if lease.owner is not None:
             assert owners.setdefault(lease.epoch, lease.owner) == lease.owner
-
-
-def fold_from(cur: SendLease | None, records: list[SendLease]) -> SendLease | None:
-    for r in records:
-        cur = folded(cur, r) or cur
-    return cur
-
-
-@given(histories(), st.data())
-def test_a_release_folded_before_it_is_read_back_ends_where_the_log_ends(records, data):
-    """A process folds its own acknowledged release into its copy before reading the records
-    written before it (EndpointStore.released); reading them and the release afterwards leaves
-    the copy where reading the log in order does: the same epoch and holder, so a claim made
-    from the copy is accepted exactly when it would be from the log (any claim that followed
-    the release unseen still wins)."""
-    read = data.draw(st.integers(0, len(records)))  # how far the process had read
-    known = fold_from(None, records[:read])
-    if known is None or known.owner is None:
-        return  # it holds nothing it could release
-    release = known.released(100.0, known.ceiling, None)  # written now, behind all of `records`
-    in_order = fold_from(None, records + [release])
-    early = fold_from(folded(known, release) or known, records[read:] + [release])
-    assert early is not None and in_order is not None
-    assert (early.epoch, early.owner) == (in_order.epoch, in_order.owner)  # what a claim is decided by
-    if not any(r.by == known.owner and r.epoch == known.epoch for r in records[read:]):
-        # (a process never writes a second release, nor renews, behind a release it wrote)
-        assert early == in_order
