@@ -198,7 +198,7 @@ def test_a_claim_from_a_stale_copy_of_a_released_lease_loses_to_the_newer_claim(
     try:
         h = first.begin_dialog(EMP, EXP, CONTRACT)
         first.send(h, CLAIM, {"i": 0})
-        first.runtime.send_leases._release([h])  # what the keeper does with an idle lease
+        first.send_leases._release([h])  # what the keeper does with an idle lease
         stale = first.endpoints.lease(h)
         assert stale is not None and stale.owner is None
         other.send(h, CLAIM, {"i": 1})  # claims the next epoch, unseen by `broker`
@@ -207,7 +207,7 @@ def test_a_claim_from_a_stale_copy_of_a_released_lease_loses_to_the_newer_claim(
         first.send(h, CLAIM, {"i": 2})  # the other lets go once idle or wanted
         waited = time.monotonic() - started
         lease = first.endpoints.lease(h)
-        assert lease is not None and lease.epoch == stale.epoch + 2 and lease.owner == first.runtime.send_leases.process
+        assert lease is not None and lease.epoch == stale.epoch + 2 and lease.owner == first.send_leases.process
     finally:
         other.close()
         first.close()
