@@ -29,11 +29,8 @@ LEASE_SECONDS = 10.0  # how long a claim or renewal holds the lease without anot
 RENEW_WITHIN = 5.0  # a holder renews when less than this is left
 MARGIN = 2.0  # a holder stops using a lease this long before it runs out (clock skew, a slow commit)
 # A lease no statement has used for this long is released rather than renewed. A process that
-# wants a held lease does not wait for this: it says so (Want), and the holder lets it go within
-# a keeper pass. So this only trades renewals of idle leases (one record each per RENEW_WITHIN,
-# written in batches) against claims when the holder uses them again (a write and a read back
-# each, one dialog at a time): at 5 s, a process that paused for 5 s re-claimed every dialog.
-IDLE_RELEASE = 30.0
+# wants a held lease does not wait for this: it says so (Want), and the holder lets it go.
+IDLE_RELEASE = 5.0
 YIELD_BACKOFF = 0.5  # a holder that let a lease go to a waiter does not claim it back sooner
 SEQUENCE_SPAN = 1024  # sequence numbers a claim or renewal lets its holder use
 

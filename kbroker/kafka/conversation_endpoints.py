@@ -231,19 +231,6 @@ class EndpointStore:
         service before it decides which sides a due timer reaches, and for a lease claim's answer."""
         self._read_forward()
 
-    def refresh_partition(self, partition: int) -> None:
-        """Catch up with one partition of the topic: enough for one key's records, which all
-        land in one partition (a lease claim's answer). Reads everything the first time."""
-        with self._reading:
-            if partition not in self._positions:
-                self._read_forward_locked(READ_TIMEOUT)
-                return
-            assert self._consumer is not None  # positions come from a read
-            now = time.time()
-            read = read_partitions(self._consumer, self.topic, {partition: self._positions[partition]},
-                                   READ_TIMEOUT, on_record=lambda msg: self._apply(msg, now))
-            self._positions.update(read.positions)
-
     def _read_forward(self, timeout: float = READ_TIMEOUT) -> None:
         with self._reading:
             self._read_forward_locked(timeout)

@@ -91,7 +91,7 @@ class PollLoop:
     def _run(self, consumer: Consumer) -> None:
         while not self._closed():
             try:
-                records = clients.consume_soon(consumer, 500, 0.1)  # a waiting RECEIVE gets a record at once
+                records = consumer.consume(500, 0.1)
                 self.group_meta = consumer.consumer_group_metadata()
             except BaseException as exc:  # closed under us, a fatal consumer error, or a callback's
                 # error re-raised by librdkafka's binding (not always an Exception subclass)

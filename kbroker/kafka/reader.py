@@ -22,11 +22,10 @@ from confluent_kafka import (
 
 from kbroker.core.cluster import ClusterLike
 from kbroker.errors import BrokerUnavailableError
-from kbroker.kafka.clients import consume_soon
 from kbroker.kafka.clients import consumer as new_consumer
 from kbroker.kafka.clients import is_transient, kafka_error
 
-CONSUME_WAIT = 0.05  # seconds a read waits for the next record or end of partition (consume_soon)
+CONSUME_WAIT = 0.05  # seconds per consume(): it waits its whole timeout unless the batch fills
 
 
 ASK_ONE = 2.0  # seconds for one committed-offsets request (the unstable case is asked per partition)
@@ -185,7 +184,7 @@ def read_partitions(consumer: Consumer, topic: str, starts: Mapping[int, int], t
     consumer.assign([TopicPartition(topic, p, offset) for p, offset in first.items()])
     try:
         while todo and time.monotonic() < deadline:
-            for msg in consume_soon(consumer, 500, CONSUME_WAIT):
+            for msg in consumer.consume(500, CONSUME_WAIT):
                 err, partition, offset = msg.error(), msg.partition(), msg.offset()
                 if err is None and partition is not None and offset is not None:
                     read.positions[partition] = offset + 1

@@ -13,7 +13,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
@@ -93,17 +92,9 @@ class SendLeases(Background):
         if yielded is not None:  # give the waiter it went to the first chance to claim it
             time.sleep(max(0.0, min(yielded + YIELD_BACKOFF - time.monotonic(), deadline - time.monotonic())))
         said: int | None = None  # the epoch this process said it waits for
-        cur = self._store.lease(handle)
-        # A released lease as this process last read it can be claimed without reading the
-        # topic first: any later record has a later epoch (only a claim follows a release), so
-        # the claim either follows exactly this release or is refused and tried again below.
-        # Anything else (held, run out: a renewal may have raised its ceiling) is read first.
-        read_first = cur is None or cur.owner is not None
         while True:
-            if read_first:
-                self._store.refresh()
-                cur = self._store.lease(handle)
-            read_first = True
+            self._store.refresh()
+            cur = self._store.lease(handle)
             now = time.time()
             if cur is not None and not cur.free_for(self.process, now):
                 if time.monotonic() >= deadline:
@@ -118,7 +109,8 @@ class SendLeases(Background):
                         cur.ceiling if cur is not None else 0)
             claim = (first_claim(handle, self.process, now, self._fence_ids(), start) if cur is None
                      else cur.claimed(self.process, now, self._fence_ids(), start))
-            won = self._answer(claim, self._write(claim), deadline, timeout)
+            self._write(claim)
+            won = self._answer(claim, deadline, timeout)
             if not won:
                 continue
             if cur is not None and cur.owner not in (None, self.process):
@@ -133,11 +125,10 @@ class SendLeases(Background):
                 self._used[handle] = time.monotonic()
             return
 
-    def _answer(self, claim: SendLease, partition: int, deadline: float, timeout: float) -> bool:
-        """Read until the topic has decided on `claim`'s epoch: whether it was this claim. Only
-        `partition` is read, where the claim landed with every other record of its key."""
+    def _answer(self, claim: SendLease, deadline: float, timeout: float) -> bool:
+        """Read until the topic has decided on `claim`'s epoch: whether it was this claim."""
         while True:
-            self._store.refresh_partition(partition)
+            self._store.refresh()
             cur = self._store.lease(claim.handle)
             if cur is not None and cur.epoch >= claim.epoch:
                 return cur == claim
@@ -207,24 +198,17 @@ class SendLeases(Background):
             self._produce(lease_key(lease.handle), released.to_json())
         self._flush()
 
-    def _write(self, lease: SendLease) -> int:
-        """Write a lease record and wait for its acknowledgement; returns its partition."""
-        landed: list[int] = []
-        self._produce(lease_key(lease.handle), lease.to_json(),
-                      on_delivery=lambda err, msg: landed.append(msg.partition()) if err is None else None)
-        self._flush()
-        if not landed:
-            raise BrokerUnavailableError("a lease record was not acknowledged")
-        return landed[0]
+    def _write(self, lease: SendLease) -> None:
+        self._send(lease_key(lease.handle), lease.to_json())
 
     def _send(self, key: str, value: bytes) -> None:
         self._produce(key, value)
         self._flush()
 
-    def _produce(self, key: str, value: bytes, **kw: Any) -> None:
+    def _produce(self, key: str, value: bytes) -> None:
         if self._producer is None:
             self._producer = idempotent_producer(self._cluster)
-        self._producer.produce(self._store.topic, key=key, value=value, **kw)
+        self._producer.produce(self._store.topic, key=key, value=value)
         self._producer.poll(0)
 
     def _flush(self) -> None:

@@ -184,31 +184,3 @@ def test_a_busy_holder_lets_a_waiting_process_have_the_lease(kafka_bootstrap, na
     assert waited < 5.0, f"the waiting process got the lease after {waited:.1f} s"
     seqs = sequences_in_log_order(kafka_bootstrap, namespace)
     assert seqs == list(range(len(seqs))) and len(seqs) == sent[0] + 1, seqs
-
-
-def test_a_claim_from_a_stale_copy_of_a_released_lease_loses_to_the_newer_claim(kafka_bootstrap, namespace,
-                                                                                broker):
-    """A process claims a lease it released without reading the topic first (only a claim can
-    follow a release, so its claim either follows that release or is refused). Here another
-    process claimed it in between and sent: the first process's claim is refused, it reads,
-    waits for the other to let go, and numbers its message after the other's, with no gap and
-    no number used twice."""
-    first = Broker(kafka_bootstrap, namespace)  # holds no other lease: its keeper reads nothing
-    other = Broker(kafka_bootstrap, namespace)
-    try:
-        h = first.begin_dialog(EMP, EXP, CONTRACT)
-        first.send(h, CLAIM, {"i": 0})
-        first.send_leases._release([h])  # what the keeper does with an idle lease
-        stale = first.endpoints.lease(h)
-        assert stale is not None and stale.owner is None
-        other.send(h, CLAIM, {"i": 1})  # claims the next epoch, unseen by `broker`
-        assert first.endpoints.lease(h) == stale  # its copy still says released
-        started = time.monotonic()
-        first.send(h, CLAIM, {"i": 2})  # the other lets go once idle or wanted
-        waited = time.monotonic() - started
-        lease = first.endpoints.lease(h)
-        assert lease is not None and lease.epoch == stale.epoch + 2 and lease.owner == first.send_leases.process
-    finally:
-        other.close()
-        first.close()
-    assert sequences_in_log_order(kafka_bootstrap, namespace) == [0, 1, 2], f"waited {waited:.1f} s"
