@@ -32,7 +32,7 @@ class ProcessRuntime:
     when they must be known before it starts (Service Broker's conversation leases name them)."""
 
     def __init__(self, cluster: Cluster, namespace: str, *, ack_timeout: float = 30.0,
-                 commit_interval: float = 0.005, transactional_ids: tuple[str, ...] | None = None):
+                 commit_interval: float = 0.005, transactional_ids: tuple[str, ...] = ()):
         self.cluster, self.namespace = cluster, namespace
         self.ack_timeout, self._commit_interval = ack_timeout, commit_interval
         self._transactional_ids = transactional_ids
@@ -55,7 +55,7 @@ class ProcessRuntime:
         with self._lock:
             if self._committer is None:
                 self._committer = GroupCommitter(self.cluster, self.namespace, interval=self._commit_interval,
-                                                 transactional_ids=self._transactional_ids or (),
+                                                 transactional_ids=self._transactional_ids,
                                                  open_transactions=self.open_transactions).start()
             return self._committer
 

@@ -57,7 +57,7 @@ class BrokerRuntime(ProcessRuntime):
         self.hooks: list[ReceiveHooks] = []
         self.receive_hooks: ReceiveHooks = HookFanOut(self.hooks)
         self.send_leases = SendLeases(cluster, self.endpoints, self.conversation_locks, self.process,
-                                      lambda: self._transactional_ids or (), ack_timeout=ack_timeout).start()
+                                      lambda: self._transactional_ids, ack_timeout=ack_timeout).start()
 
     # --- queues -------------------------------------------------------------------------------
 
