@@ -35,9 +35,36 @@ def kafka_error(what: str, err: Any) -> KBrokerError:
     `err` is a confluent_kafka KafkaError (anything with retriable(), code() and str()); any other
     exception counts as unreachable, since it did not come with a verdict from the broker."""
     retriable, code, text = (getattr(err, name, None) for name in ("retriable", "code", "str"))
+    if callable(code) and callable(text) and code() in DENIED_CODES:
+        return PermissionDeniedError(f"{what}: not authorized ({DENIED_CODES[code()]}): {text()}",
+                                     resource=DENIED_CODES[code()])
+    if callable(code) and callable(text) and code() in AUTHENTICATION_CODES:
+        return AuthenticationFailedError(f"{what}: {text()}")
     if not (callable(retriable) and callable(code) and callable(text)) or retriable() or code() in UNREACHABLE_CODES:
         return BrokerUnavailableError(f"{what}: {err}")
     return KBrokerError(f"{what}: {text()}")
+
+
+class AuthenticationFailedError(KBrokerError):
+    """The cluster refused kbroker's credentials or its TLS handshake failed (a wrong password,
+    an unknown user, a certificate the other side does not trust). Trying again does not help."""
+
+
+class PermissionDeniedError(KBrokerError):
+    """The cluster's authorizer refused an operation to kbroker's principal (no ACL grants it).
+    Trying again does not help until an operator grants it."""
+
+    def __init__(self, message: str, *, resource: str = "", operation: str = "", principal: str = ""):
+        super().__init__(message)
+        self.resource, self.operation, self.principal = resource, operation, principal
+
+
+# Kafka's authorization failures by error code: the kind of resource each one names.
+DENIED_CODES = {29: "topic", 30: "group", 31: "cluster", 53: "transactional id",
+                65: "delegation token"}
+# SASL_AUTHENTICATION_FAILED (58), UNSUPPORTED_SASL_MECHANISM (33), ILLEGAL_SASL_STATE (34) and
+# librdkafka's local _AUTHENTICATION (-169) and _SSL (-181).
+AUTHENTICATION_CODES = frozenset({58, 33, 34, -169, -181})
 
 
 class EmbeddedBrokerError(KBrokerError):
@@ -68,6 +95,16 @@ class PortInUseError(EmbeddedBrokerError):
 class InvalidArgumentError(KBrokerError, ValueError):
     """A statement's argument is out of its range or contradicts another (a negative lifetime, a
     priority outside 1-10, ...). Also a ValueError, as such arguments are in Python."""
+
+
+class UnsupportedSettingError(InvalidArgumentError):
+    """A Kafka client setting kbroker cannot give one of the clients it runs (librdkafka, the
+    worker's aiokafka, Spark's Kafka source, its own protocol client): refused at start-up
+    rather than connecting without it."""
+
+    def __init__(self, setting: str, client: str, why: str = ""):
+        super().__init__(f"kbroker cannot give the setting {setting} to {client}" + (f": {why}" if why else ""))
+        self.setting, self.client = setting, client
 
 
 class TransportQueueNotFoundError(InvalidArgumentError):
