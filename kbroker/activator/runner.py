@@ -26,6 +26,7 @@ from kbroker.activator.config import ActivatorConfig, Application
 from kbroker.activator.notification import parse
 from kbroker.activator.rules import NOTIFIED, Limits, Rules
 from kbroker.core import names
+from kbroker.core.client_properties import env_of
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.errors import KBrokerError
 from kbroker.kafka.events import EventsReader
@@ -148,9 +149,9 @@ class Activator:
     # --- children ----------------------------------------------------------------------------
 
     def _start(self, app: Application, reason: str) -> None:
-        # A child reaches the cluster by its address only (KBROKER_BOOTSTRAP): the cluster's
-        # client settings do not pass to it yet (next issue: secured clusters).
-        env = {**os.environ, **app.env,
+        # A child reaches the cluster as the activator does: its address and its client settings
+        # (KBROKER_KAFKA_* variables, never arguments a process listing shows).
+        env = {**os.environ, **app.env, **env_of(self.cluster.properties),
                "KBROKER_BOOTSTRAP": self.cluster.bootstrap, "KBROKER_NAMESPACE": self.namespace,
                "KBROKER_QUEUE": app.queue}
         try:

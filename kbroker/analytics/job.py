@@ -25,7 +25,7 @@ from kbroker.core.queue_analytics import Analytics, Arrival, Progress
 from kbroker.core.log_limit import LogLimiter, RateLimitFilter
 from kbroker.kafka.analytics.results import ResultsWriter
 from kbroker.kafka.catalog_store import read_catalog
-from kbroker.kafka.clients import spark_options
+from kbroker.kafka.clients import spark_java_options, spark_options
 
 log = logging.getLogger("kbroker.analytics")
 CATALOG_EVERY = 10.0  # seconds between reads of the queues' stale_after
@@ -91,11 +91,14 @@ class AnalyticsJob:
 
     def start(self) -> "AnalyticsJob":
         if self.spark is None:
-            self.spark = spark_session(self.s.master, self.s.spark_conf, say=log.info)
+            self.spark = spark_session(self.s.master, self.s.spark_conf, say=log.info,
+                                       java_options=spark_java_options(self.s.cluster))
         ns = re.escape(names.prefix(self.s.namespace))
         pattern = f"{ns}(queue\\..+|progress|timers|deadletter)"
         reader = (self.spark.readStream.format("kafka")
                   .options(**spark_options(self.s.cluster))
+                  # The source's consumer groups under the namespace's prefix, where its ACLs are.
+                  .option("groupIdPrefix", names.prefix(self.s.namespace) + "analytics-source")
                   .option("subscribePattern", pattern)
                   .option("startingOffsets", "earliest")
                   .option("includeHeaders", "true")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Callable
 
 from pyspark.sql import SparkSession
@@ -25,15 +26,18 @@ LOG_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
 
 
 def spark_session(master: str = "local[*]", conf: dict[str, str] | None = None, *,
-                  app_name: str = "kbroker-analytics", say: Callable[[str], None] = lambda _m: None) -> Any:
+                  app_name: str = "kbroker-analytics", say: Callable[[str], None] = lambda _m: None,
+                  java_options: Sequence[str] = ()) -> Any:
     """A session with the connector's jars (fetched with Maven on first use). `conf` wins over the
-    defaults; for a cluster, set the master and Spark's usual settings there."""
+    defaults; for a cluster, set the master and Spark's usual settings there. `java_options`:
+    JVM options the driver and executors need beside the log configuration."""
     jars = ",".join(str(j) for j in connector_jars(say))
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # else a warning about the hostname
     builder = SparkSession.builder.master(master).appName(app_name)
     settings = {**DEFAULTS, **(LOCAL if master.startswith("local") else {}), "spark.jars": jars,
-                "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{LOG_CONFIG}", **(conf or {})}
+                "spark.driver.extraJavaOptions": " ".join([f"-Dlog4j.configurationFile=file:{LOG_CONFIG}", *java_options]),
+                **({"spark.executor.extraJavaOptions": " ".join(java_options)} if java_options else {}), **(conf or {})}
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

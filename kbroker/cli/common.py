@@ -23,6 +23,14 @@ _bootstrap_option = click.option(
     default=None,
     help="Kafka bootstrap servers (default: KBROKER_BOOTSTRAP, else the embedded broker).",
 )
+_command_config_option = click.option(
+    "--command-config",
+    envvar="KBROKER_COMMAND_CONFIG",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Kafka client properties file (security.protocol, sasl.*, ssl.*; Java or librdkafka names), "
+    "as Kafka's tools read it. Default: KBROKER_COMMAND_CONFIG. KBROKER_KAFKA_* variables add to it.",
+)
 _namespace_option = click.option(
     "--namespace",
     envvar="KBROKER_NAMESPACE",
@@ -110,11 +118,15 @@ class Target:
 
     given: str | None = None  # --bootstrap as given
     namespace_given: str | None = None  # --namespace as given
+    command_config: str | None = None  # --command-config as given
 
     @property
     def explicit(self) -> Cluster | None:
-        """The cluster the command was given, if any (no broker rule)."""
-        return Cluster.of(self.given) if self.given else None
+        """The cluster the command was given, with the client properties, if any (no embedded
+        broker looked for)."""
+        from kbroker.embedded import resolve_cluster
+
+        return resolve_cluster(self.given, command_config=self.command_config) if self.given else None
 
     @functools.cached_property
     def cluster(self) -> Cluster:
@@ -125,7 +137,7 @@ class Target:
         """The broker rule with `fallback` (a config file's cluster) after the given one."""
         from kbroker.embedded import resolve_cluster
 
-        return resolve_cluster(self.given or fallback)
+        return resolve_cluster(self.given or fallback, command_config=self.command_config)
 
     @property
     def namespace(self) -> str:
@@ -134,10 +146,11 @@ class Target:
 
 def _target_options(fn: Callable[..., Any], with_namespace: bool) -> Callable[..., Any]:
     @functools.wraps(fn)
-    def wrapper(*args: Any, bootstrap: str | None, namespace: str | None = None, **kwargs: Any) -> Any:
-        return fn(*args, target=Target(bootstrap, namespace), **kwargs)
+    def wrapper(*args: Any, bootstrap: str | None, command_config: str | None, namespace: str | None = None,
+                **kwargs: Any) -> Any:
+        return fn(*args, target=Target(bootstrap, namespace, command_config), **kwargs)
 
-    return _bootstrap_option(_namespace_option(wrapper) if with_namespace else wrapper)
+    return _bootstrap_option(_command_config_option(_namespace_option(wrapper) if with_namespace else wrapper))
 
 
 def cluster_options(fn: F) -> F:

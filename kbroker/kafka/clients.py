@@ -6,10 +6,12 @@ error) lives with the errors and is re-exported here for the layer's modules."""
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import confluent_kafka
@@ -17,10 +19,12 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from kbroker.config import KAFKA_LOG
+from kbroker.core.client_security import ClientSecurity
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.log_limit import RateLimitFilter
 from kbroker.errors import BrokerUnavailableError, SendFailedError
 from kbroker.errors import kafka_error as kafka_error  # re-exported for the layer's modules
+from kbroker.kafka.tls import ssl_context
 
 # librdkafka logs every failed connection attempt of every client (thousands of lines a second
 # while a broker is down): each repeating line is written once per window, with a count.
@@ -40,10 +44,21 @@ def is_transient(err: KafkaError) -> bool:
     return not err.fatal() and (err.retriable() or err.code() in _RECONNECTING)
 
 
+@functools.lru_cache(maxsize=32)
+def _security(cluster: Cluster) -> ClientSecurity:
+    return ClientSecurity.of(cluster.properties, lambda path: Path(path).read_bytes())
+
+
+def security(cluster: ClusterLike) -> ClientSecurity:
+    """The cluster's client properties read into one value (files they name read once per
+    process); UnsupportedSettingError or InvalidArgumentError for settings kbroker cannot use."""
+    return _security(Cluster.of(cluster))
+
+
 def librdkafka_settings(cluster: ClusterLike) -> dict[str, Any]:
-    """The cluster as librdkafka's settings: its bootstrap servers and client properties."""
+    """The cluster as librdkafka's settings: its bootstrap servers and security settings."""
     c = Cluster.of(cluster)
-    return {"bootstrap.servers": c.bootstrap, **c.properties}
+    return {"bootstrap.servers": c.bootstrap, **security(c).librdkafka()}
 
 
 def base(cluster: ClusterLike, **overrides: Any) -> dict[str, Any]:
@@ -87,10 +102,25 @@ def faust_broker(cluster: ClusterLike) -> str:
     return ";".join(f"kafka://{h.strip()}" for h in Cluster.of(cluster).bootstrap.split(",") if h.strip())
 
 
+def aiokafka_settings(cluster: ClusterLike) -> dict[str, Any]:
+    """The cluster's security as the worker's aiokafka takes it: protocol, SASL mechanism and
+    credentials, and an ssl.SSLContext (`ssl_context`, None without TLS)."""
+    sec = security(cluster)
+    return {**sec.aiokafka(), "ssl_context": ssl_context(sec) if sec.tls else None}
+
+
 def spark_options(cluster: ClusterLike) -> dict[str, str]:
-    """The cluster as options of Spark's Kafka source and sink (`kafka.`-prefixed properties)."""
+    """The cluster as options of Spark's Kafka source and sink (`kafka.`-prefixed Java client
+    properties)."""
     c = Cluster.of(cluster)
-    return {"kafka.bootstrap.servers": c.bootstrap, **{f"kafka.{k}": v for k, v in c.properties.items()}}
+    return {"kafka.bootstrap.servers": c.bootstrap, **{f"kafka.{k}": v for k, v in security(c).java().items()}}
+
+
+def spark_java_options(cluster: ClusterLike) -> list[str]:
+    """JVM options Spark's Kafka clients need for the cluster: Kafka's Java client calls only
+    the OAuth token endpoints a system property allows."""
+    oauth = security(cluster).oauth
+    return [f"-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls={oauth.token_url}"] if oauth else []
 
 
 def consume_soon(consumer: Consumer, most: int, wait: float) -> list[Any]:

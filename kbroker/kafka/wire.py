@@ -3,18 +3,30 @@ request, one response, on a connection of its own to a broker of a Cluster. Toda
 DescribeLogDirs, for the bytes a queue topic holds (`kbroker queue show`). The framing (request
 header, response reader) is shared with the tests' own requests.
 
-Every connection opens in `connect` from the Cluster: plaintext today, as kbroker's listeners
-are; the cluster's security settings (TLS, SASL) will be applied there and nowhere else."""
+Every connection opens in `connect` from the Cluster, with the cluster's security settings: TLS
+(the same CA and client certificate as every other client) and SASL PLAIN or SCRAM (SaslHandshake
+v1 and SaslAuthenticate v1, SCRAM's exchange computed by `scramp`). OAUTHBEARER is refused here
+(UnsupportedSettingError): what asks for log-dir sizes shows none then."""
 
 from __future__ import annotations
 
+import functools
 import socket
+import ssl
 import struct
 
+import scramp
+
+from kbroker.core.client_security import ClientSecurity
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.offsets import put_uvarint
+from kbroker.errors import AuthenticationFailedError
+from kbroker.kafka.clients import security
+from kbroker.kafka.tls import ssl_context
 
 DESCRIBE_LOG_DIRS = 35
+SASL_HANDSHAKE = 17
+SASL_AUTHENTICATE = 36
 CLIENT_ID = b"kbroker"
 
 
@@ -95,8 +107,11 @@ def servers(cluster: ClusterLike) -> list[Node]:
 
 def connect(cluster: ClusterLike, node: Node | None, timeout: float) -> socket.socket:
     """A connection to `node` of `cluster` (a broker its metadata names), or to the first of its
-    bootstrap servers that answers when `node` is None. The one place a socket opens: the
-    cluster's TLS and SASL settings, when kbroker supports them, are applied here."""
+    bootstrap servers that answers when `node` is None, secured and authenticated as the
+    cluster's settings say. The one place a socket opens. AuthenticationFailedError when the
+    broker refuses the credentials or the TLS handshake fails."""
+    sec = security(cluster)
+    sec.wire()
     last: OSError | None = None
     for host, port in [node] if node is not None else servers(cluster):
         try:
@@ -105,18 +120,74 @@ def connect(cluster: ClusterLike, node: Node | None, timeout: float) -> socket.s
             last = exc
             continue
         sock.settimeout(timeout)
+        try:
+            if sec.tls:
+                sock = _context(sec).wrap_socket(sock, server_hostname=host)
+            if sec.sasl:
+                _authenticate(sock, sec)
+        except ssl.SSLError as exc:
+            sock.close()
+            raise AuthenticationFailedError(f"TLS with {host}:{port} failed: {exc.reason or exc}") from None
+        except BaseException:
+            sock.close()
+            raise
         return sock
     assert last is not None
     raise last
+
+
+_context = functools.lru_cache(maxsize=8)(ssl_context)
+
+
+def _authenticate(sock: socket.socket, sec: ClientSecurity) -> None:
+    """SASL on a fresh connection: the handshake naming the mechanism, then PLAIN's one message or
+    SCRAM's two rounds."""
+    mechanism = str(sec.mechanism)
+    reply = Reader(_round_trip(sock, frame(SASL_HANDSHAKE, 1, 1, _string(mechanism), flexible=False)))
+    reply.take(">i")  # correlation id
+    if reply.take(">h"):
+        offered = [reply.string() for _ in range(reply.take(">i"))]
+        raise AuthenticationFailedError(f"the broker does not take SASL {mechanism} (it offers {offered})")
+    user, password = str(sec.username), str(sec.password)
+    if mechanism == "PLAIN":
+        _sasl_step(sock, b"\0" + user.encode() + b"\0" + password.encode())
+        return
+    client = scramp.ScramClient([mechanism], user, password)
+    try:
+        client.set_server_first(_sasl_step(sock, client.get_client_first().encode()).decode())
+        client.set_server_final(_sasl_step(sock, client.get_client_final().encode()).decode())
+    except scramp.ScramException as exc:
+        raise AuthenticationFailedError(f"SASL {mechanism}: {exc}") from None
+
+
+def _sasl_step(sock: socket.socket, data: bytes) -> bytes:
+    """One SaslAuthenticate v1 round: `data` out, the broker's bytes back."""
+    reply = Reader(_round_trip(sock, frame(SASL_AUTHENTICATE, 1, 2, struct.pack(">i", len(data)) + data,
+                                           flexible=False)))
+    reply.take(">i")  # correlation id
+    error, message = reply.take(">h"), reply.string()
+    if error:
+        raise AuthenticationFailedError(f"the broker refused the credentials: {message or f'error {error}'}")
+    size = reply.take(">i")
+    return reply.data[reply.pos:reply.pos + max(size, 0)]
+
+
+def _string(text: str) -> bytes:
+    raw = text.encode()
+    return struct.pack(">h", len(raw)) + raw
+
+
+def _round_trip(sock: socket.socket, request: bytes) -> bytes:
+    sock.sendall(request)
+    size = struct.unpack(">i", _read_exactly(sock, 4))[0]
+    return _read_exactly(sock, size)
 
 
 def exchange(cluster: ClusterLike, request: bytes, timeout: float, *, node: Node | None = None) -> bytes:
     """Send one framed request to `node` of `cluster` (a bootstrap server when None); the
     response without its size prefix."""
     with connect(cluster, node, timeout) as sock:
-        sock.sendall(request)
-        size = struct.unpack(">i", _read_exactly(sock, 4))[0]
-        return _read_exactly(sock, size)
+        return _round_trip(sock, request)
 
 
 def _read_exactly(sock: socket.socket, n: int) -> bytes:

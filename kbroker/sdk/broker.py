@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Self
 
 from kbroker import config
@@ -35,10 +36,12 @@ from kbroker.sdk.transaction import Transaction
 __all__ = ["END_DIALOG", "ERROR_TYPE", "Broker", "connect"]  # the message types, for callers' checks
 
 
-def connect(bootstrap: ClusterLike | None = None, namespace: str | None = None, **kwargs: Any) -> Broker:
+def connect(bootstrap: ClusterLike | None = None, namespace: str | None = None, *,
+            command_config: str | Path | None = None, **kwargs: Any) -> Broker:
     """Connect by the broker rule: `bootstrap` (an address or a Cluster), else KBROKER_BOOTSTRAP,
-    else the embedded broker."""
-    return Broker(resolve_cluster(bootstrap), config.namespace(namespace), **kwargs)
+    else the embedded broker; with the client settings of the `command_config` properties file
+    (else KBROKER_COMMAND_CONFIG) and KBROKER_KAFKA_* variables (kbroker.embedded.resolve_cluster)."""
+    return Broker(resolve_cluster(bootstrap, command_config=command_config), config.namespace(namespace), **kwargs)
 
 
 class Broker:

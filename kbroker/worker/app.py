@@ -37,7 +37,7 @@ from kbroker.core import monitor_codec as codec
 from kbroker.core import names
 from kbroker.core.log_limit import RateLimitFilter
 from kbroker.core.tick import EVERY_2ND, TickCounter, advance
-from kbroker.kafka.clients import KAFKA_LOG_LIMIT, faust_broker
+from kbroker.kafka.clients import KAFKA_LOG_LIMIT, aiokafka_settings, faust_broker
 from kbroker.sdk.broker import Broker
 from kbroker.worker.control import Reclassifier, Routing
 from kbroker.worker.dashboard import DashboardFeed, add_dashboard
@@ -163,9 +163,21 @@ class Worker:
         self.datadir.cleanup()
 
 
+def broker_credentials(s: WorkerSettings) -> faust.types.auth.CredentialsT | None:
+    """The cluster's security settings as Faust credentials (None for plaintext)."""
+    c = aiokafka_settings(s.cluster)
+    if c["sasl_mechanism"]:
+        return faust.SASLCredentials(username=c["username"], password=c["password"],
+                                     mechanism=c["sasl_mechanism"], ssl_context=c["ssl_context"])
+    if c["ssl_context"] is not None:
+        return faust.SSLCredentials(c["ssl_context"])
+    return None
+
+
 def new_app(s: WorkerSettings, datadir: str) -> faust.App:
     return faust.App(
         names.worker_app_id(s.namespace), broker=faust_broker(s.cluster), store="memory://",
+        broker_credentials=broker_credentials(s),
         web_port=s.web_port, web_bind=s.web_host, web_host=s.web_host,
         datadir=datadir, topic_partitions=MONITOR_PARTITIONS,
         topic_replication_factor=1, table_standby_replicas=0, broker_session_timeout=10,

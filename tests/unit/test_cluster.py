@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kbroker.core.cluster import Cluster
+from kbroker.errors import UnsupportedSettingError
 from kbroker.kafka import clients
 
 SECURED = Cluster.with_properties("b1:9093,b2:9093", {"security.protocol": "SASL_SSL",
@@ -48,10 +49,16 @@ def test_every_client_gets_the_bootstrap_servers_and_the_settings():
     assert clients.base("b:1") == {"bootstrap.servers": "b:1", "logger": clients.KAFKA_LOG}
 
 
-def test_spark_options_prefix_every_property_with_kafka():
+def test_spark_options_are_java_client_properties_prefixed_with_kafka():
     assert clients.spark_options(SECURED) == {
         "kafka.bootstrap.servers": "b1:9093,b2:9093", "kafka.security.protocol": "SASL_SSL",
-        "kafka.sasl.mechanism": "SCRAM-SHA-512", "kafka.sasl.username": "app", "kafka.sasl.password": "s3cret"}
+        "kafka.sasl.mechanism": "SCRAM-SHA-512", "kafka.sasl.jaas.config":
+        'org.apache.kafka.common.security.scram.ScramLoginModule required username="app" password="s3cret";'}
+
+
+def test_a_setting_no_client_takes_is_refused_when_a_client_is_built():
+    with pytest.raises(UnsupportedSettingError, match="acks"):
+        clients.base(Cluster.with_properties("b:1", {"acks": "all"}))
 
 
 def test_the_faust_broker_url_lists_every_server():
