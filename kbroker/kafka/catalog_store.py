@@ -85,9 +85,12 @@ def write_records(cluster: ClusterLike, topic: str, todo: dict[str, bytes], time
     for key, value in todo.items():
         producer.produce(topic, key=key.encode(), value=value, on_delivery=_collect_errors(errors))
         producer.poll(0)
-    remaining = producer.flush(timeout)
+    try:
+        remaining = clients.flush(producer, timeout)
+    except KafkaException as exc:  # the producer failed for good
+        raise clients.producer_failed(cluster, exc.args[0], topic, f"publishing to {topic} failed") from None
     if errors:
-        raise kafka_error(f"publishing to {topic} failed", errors[0])
+        raise clients.denied(cluster, errors[0], f"publishing to {topic} failed", topic=("WRITE", topic))
     if remaining:
         raise BrokerUnavailableError(f"publishing to {topic}: {remaining} records not acknowledged in {timeout}s")
 
@@ -95,7 +98,7 @@ def write_records(cluster: ClusterLike, topic: str, todo: dict[str, bytes], time
 def read_catalog(cluster: ClusterLike, namespace: str, timeout: float = 10.0) -> Catalog:
     """The namespace's catalog as published; only the built-ins when the topic does not exist."""
     topic = names.catalog_topic(namespace)
-    consumer = reading_consumer(cluster, f"{names.prefix(namespace)}catalog-reader",  # never joined
+    consumer = reading_consumer(cluster, names.reader_group(namespace),
                                 **{"allow.auto.create.topics": False})
     try:
         partitions = topic_partitions(consumer, topic, timeout)
@@ -154,7 +157,7 @@ class CatalogWatcher(Background):
 
     def _run(self) -> None:
         topic = names.catalog_topic(self._namespace)
-        consumer = reading_consumer(self._cluster, f"{names.prefix(self._namespace)}catalog-watch",
+        consumer = reading_consumer(self._cluster, names.reader_group(self._namespace),
                                     **{"allow.auto.create.topics": False})
         failing = False
         partitions: list[int] | None = None  # the catalog topic's, asked until it exists

@@ -138,9 +138,10 @@ def replace_producer(old: GuardedProducer, new: Callable[[], GuardedProducer], s
 class TransactionFailed(Exception):
     """A Kafka transaction stopped: at which stage and how (the pure module's Failure), and why."""
 
-    def __init__(self, failure: Failure, reason: str):
+    def __init__(self, failure: Failure, reason: str, error: KafkaError | None = None):
         super().__init__(reason)
         self.failure, self.reason = failure, reason
+        self.error = error  # librdkafka's error, when it was one (not kbroker's deadline)
         # Records Kafka refused for themselves (index in the transaction's records -> why): the
         # transaction failed because of them, and without them it would not have.
         self.refused: dict[int, str] = {}
@@ -151,7 +152,7 @@ class TransactionFailed(Exception):
         if isinstance(exc, KafkaException) and isinstance(exc.args[0], KafkaError):
             err = exc.args[0]
             return cls(Failure(stage, fatal=err.fatal(), retriable=err.retriable(),
-                               requires_abort=err.txn_requires_abort()), reason(exc))
+                               requires_abort=err.txn_requires_abort()), reason(exc), err)
         return cls(Failure(stage, timed_out=isinstance(exc, CallDeadlineExceeded)), reason(exc))
 
 

@@ -6,7 +6,6 @@ from the positions it remembers) are all built on it."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -20,8 +19,9 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from kbroker.core import names
 from kbroker.core.cluster import ClusterLike
-from kbroker.errors import BrokerUnavailableError
+from kbroker.errors import BrokerUnavailableError, denied_code
 from kbroker.kafka.clients import consumer as new_consumer
 from kbroker.kafka.clients import is_transient, kafka_error
 
@@ -113,7 +113,7 @@ def without_errors(positions: list[TopicPartition]) -> list[TopicPartition]:
     return list(positions)
 
 
-def reading_consumer(cluster: ClusterLike, group_id: str | None = None, **overrides: object) -> Consumer:
+def reading_consumer(cluster: ClusterLike, group_id: str, **overrides: object) -> Consumer:
     """A consumer for `read_partitions`: it reports partition EOF (the end of a read), and does
     not long-poll at the end (a catch-up read should return as soon as it is there)."""
     return new_consumer(cluster, group_id, **{"enable.partition.eof": True, "fetch.wait.max.ms": 10,
@@ -132,12 +132,20 @@ class PartitionsRead:
 
 
 def topic_partitions(client: Consumer | Producer, topic: str, timeout: float) -> list[int] | None:
-    """The topic's partition numbers; None when it does not exist."""
+    """The topic's partition numbers; None when it does not exist. PermissionDeniedError when
+    the client may not see it: a secured cluster leaves the topics a principal may not DESCRIBE
+    out of the answer about all topics, as if they did not exist."""
     # Ask for all topics: a metadata request naming the topic could auto-create it.
     try:
         meta = client.list_topics(timeout=timeout).topics.get(topic)
+        if meta is None and isinstance(client, Consumer):
+            # Missing, or hidden from this principal: a consumer may ask by name, as it never
+            # asks for a topic to be created (allow.auto.create.topics is false for consumers).
+            meta = client.list_topics(topic, timeout=timeout).topics.get(topic)
     except KafkaException as exc:
         raise kafka_error("cannot read topic metadata", exc.args[0]) from None
+    if meta is not None and meta.error is not None and denied_code(meta.error):
+        raise kafka_error(f"cannot see topic {topic}", meta.error, on={"topic": ("DESCRIBE", topic)})
     if meta is None or meta.error is not None:
         return None
     return sorted(meta.partitions)
@@ -155,7 +163,8 @@ def watermarks(consumer: Consumer, topic: str, partition: int, deadline: float) 
         except KafkaException as exc:
             err = exc.args[0]
             if err.fatal() or time.monotonic() > deadline:
-                raise kafka_error(f"cannot read the end offsets of {topic}", err) from None
+                raise kafka_error(f"cannot read the end offsets of {topic}", err,
+                                  on={"topic": ("DESCRIBE", topic)}) from None
             time.sleep(0.1)
 
 
@@ -199,11 +208,26 @@ def read_partitions(consumer: Consumer, topic: str, starts: Mapping[int, int], t
                         read.positions[partition] = max(read.positions[partition], offset)
                         todo.discard(partition)
                 elif not is_transient(err):
-                    raise kafka_error(f"reading {topic} failed", err)
+                    raise kafka_error(f"reading {topic} failed", err, on=_reading(topic))
     finally:
         consumer.unassign()
     read.unfinished = todo
     return read
+
+
+def _reading(topic: str) -> dict[str, tuple[str, str]]:
+    """What a refusal while reading `topic` refused: READ on the topic, or looking up the
+    coordinator of its namespace's readers' group (the group every reading_consumer is given)."""
+    ns = names.namespace_of(topic)
+    return {"topic": ("READ", topic), **({"group": ("DESCRIBE", names.reader_group(ns))} if ns else {})}
+
+
+def reader_group_of(topic: str) -> str:
+    """The assign-only readers' group of the namespace `topic` belongs to (names.reader_group)."""
+    namespace = names.namespace_of(topic)
+    if namespace is None:
+        raise ValueError(f"{topic} is not a topic of a kbroker namespace")
+    return names.reader_group(namespace)
 
 
 def read_to_end(cluster: ClusterLike, topic: str, timeout: float = 10.0, *,
@@ -211,7 +235,7 @@ def read_to_end(cluster: ClusterLike, topic: str, timeout: float = 10.0, *,
     """Every committed record of `topic`, in offset order within each partition; None when the
     topic does not exist. What was read by `timeout` is returned, unless `must_finish`: then
     not reaching the end raises BrokerUnavailableError."""
-    consumer = reading_consumer(cluster, f"kbroker-view-{uuid.uuid4().hex[:8]}")
+    consumer = reading_consumer(cluster, reader_group_of(topic))
     try:
         partitions = topic_partitions(consumer, topic, timeout)
         if partitions is None:

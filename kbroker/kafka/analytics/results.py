@@ -82,7 +82,7 @@ class ProgressPublisher:
     def __init__(self, cluster: ClusterLike, namespace: str):
         self.cluster, self.namespace = Cluster.of(cluster), namespace
         self._producer = clients.idempotent_producer(cluster)
-        self._consumer = reading_consumer(cluster, None)
+        self._consumer = reading_consumer(cluster, names.reader_group(namespace))
         self._readers: dict[str, Any] = {}  # queue group -> its offsets reader
 
     def snapshot(self, queue: str, timeout: float) -> dict[str, Any] | None:
@@ -128,7 +128,7 @@ class ControlReader:
 
     def __init__(self, cluster: ClusterLike, namespace: str):
         self.topic = names.control_topic(namespace)
-        self._consumer = reading_consumer(cluster, None, **{"enable.partition.eof": False})
+        self._consumer = reading_consumer(cluster, names.reader_group(namespace), **{"enable.partition.eof": False})
         self._assigned = False
 
     def read(self, timeout: float) -> list[tuple[str, dict[str, Any]]]:

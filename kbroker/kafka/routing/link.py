@@ -39,7 +39,7 @@ class RoutingLink:
         self.errors: list[str] = []
         self._producer = clients.idempotent_producer(cluster, **{
             "message.timeout.ms": SEND_TIMEOUT_MS, "linger.ms": 2, "error_cb": self._on_error})
-        self._acks = clients.consumer(cluster, None, **{"error_cb": self._on_error})
+        self._acks = clients.consumer(cluster, names.reader_group(namespace), **{"error_cb": self._on_error})
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal() or err.code() == KafkaError._ALL_BROKERS_DOWN:
