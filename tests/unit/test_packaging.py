@@ -47,7 +47,8 @@ def test_every_import_is_installed_by_the_base_or_by_its_extra():
 
 def test_the_base_install_has_no_worker_spark_or_unused_package():
     base = names(PROJECT["project"]["dependencies"])
-    assert base == {"confluent-kafka", "orjson", "pydantic", "pyyaml", "defusedxml", "psutil", "click", "rich"}
+    assert base == {"confluent-kafka", "orjson", "pydantic", "pyyaml", "defusedxml", "psutil", "click", "rich",
+                    "jproperties", "scramp", "cryptography"}  # secured clusters
 
 
 def test_the_extras():
