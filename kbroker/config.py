@@ -36,6 +36,15 @@ def default_data_dir() -> Path:
     return Path(base)
 
 
+def profiles_dir() -> Path:
+    """Where client profiles live: one `<name>.properties` per Kafka cluster that routes lead to
+    (its bootstrap.servers and client settings), named by a route's `profile`."""
+    base = os.environ.get("KBROKER_PROFILES_DIR") or os.path.join(
+        os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config"), "kbroker", "profiles"
+    )
+    return Path(base)
+
+
 def namespace(explicit: str | None = None) -> str:
     ns = explicit or os.environ.get("KBROKER_NAMESPACE") or DEFAULT_NAMESPACE
     if not NAMESPACE_RE.match(ns):

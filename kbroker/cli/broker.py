@@ -1,4 +1,5 @@
-"""`kbroker broker ...`: the embedded Apache Kafka broker (start, stop, status, fetch)."""
+"""`kbroker broker ...`: the embedded Apache Kafka broker (start, stop, status, fetch), and the
+users of a secure one (`broker user add/remove`)."""
 
 from __future__ import annotations
 
@@ -42,8 +43,8 @@ def broker() -> None:
 @broker.command()
 @data_dir_option
 @click.option("--port", type=click.IntRange(1, 65535), default=9092, show_default=True,
-              help="Port of the PLAINTEXT listener clients connect to (a cluster's nodes take "
-              "PORT, PORT+1, ...).")
+              help="Port of the listener clients connect to, PLAINTEXT or with --secure SASL_SSL "
+              "(a cluster's nodes take PORT, PORT+1, ...).")
 @click.option("--controller-port", type=click.IntRange(1, 65535), default=None,
               help="Port of the KRaft controller listener (default: port+1 if free, else any). "
               "One node only: a cluster's controllers take the ports after its brokers' when free.")
@@ -51,26 +52,43 @@ def broker() -> None:
               help="Nodes (each a broker and a controller) of a replicated cluster: topics get "
               "3 replicas (2 in sync) once there are 3 nodes. Default: what the data dir holds, "
               "else 1.")
+@click.option("--secure", is_flag=True, default=False,
+              help="A secured broker (one node): TLS only, SCRAM-SHA-512 or PLAIN logins on --port, "
+              "client certificates on --tls-port, ACLs. Only for a new data dir; a secure one "
+              "restarts secure without it. Prints the admin's client properties file.")
+@click.option("--tls-port", type=click.IntRange(1, 65535), default=None,
+              help="With --secure: port of the listener for client certificates (default: "
+              "port+2 if free, else any).")
 @click.option("--wait", type=float, default=90.0, show_default=True,
               help="Seconds to wait for the broker to answer.")
 @json_option
 @handle_errors
 def start(data_dir: Path | None, port: int, controller_port: int | None, nodes: int | None,
-          wait: float, as_json: bool) -> None:
-    """Start the broker (no-op if it already runs) and print its bootstrap address."""
+          secure: bool, tls_port: int | None, wait: float, as_json: bool) -> None:
+    """Start the broker (no-op if it already runs) and print its bootstrap address (and a
+    secure one's admin client properties file)."""
+    from kbroker.embedded.broker import BrokerStatus
     from kbroker.embedded.cluster import EmbeddedCluster
 
     embedded = _embedded(data_dir, nodes=nodes)
     if isinstance(embedded, EmbeddedCluster):
         if controller_port is not None:
             raise ValueError("--controller-port is for one node; a cluster picks its controller ports")
+        if secure or tls_port is not None:
+            raise ValueError("--secure is for one node; a cluster cannot be secured yet")
         status: BrokerStatus | ClusterStatus = embedded.start(port=port, wait=wait)
     else:
-        status = embedded.start(port=port, controller_port=controller_port, wait=wait)
+        if tls_port is not None and not secure and not embedded.secure_files.enabled:
+            raise ValueError("--tls-port is for a secure broker (--secure)")
+        # Without --secure: as the data dir was formatted (a secure one restarts secure).
+        status = embedded.start(port=port, controller_port=controller_port, wait=wait,
+                                secure=True if secure else None, tls_port=tls_port)
     if as_json:
         emit_json(status.as_dict())
     else:
         click.echo(status.bootstrap)
+        if isinstance(status, BrokerStatus) and status.client_properties:
+            click.echo(status.client_properties)
 
 
 @broker.command()
@@ -121,8 +139,12 @@ def status(data_dir: Path | None, as_json: bool) -> None:
     elif st.running:
         click.echo(f"running at {st.bootstrap} (pid {st.pid}, Apache Kafka {st.version}, "
                    f"data dir {st.data_dir})")
+        if st.secure:
+            click.echo(f"  secure: SASL_SSL (SCRAM-SHA-512, PLAIN) at {st.bootstrap}, "
+                       f"client certificates at 127.0.0.1:{st.tls_port}")
+            click.echo(f"  admin client properties: {st.client_properties}")
     else:
-        click.echo(f"not running (data dir {st.data_dir})")
+        click.echo(f"not running ({'secure, ' if st.secure else ''}data dir {st.data_dir})")
 
 
 @broker.command()
@@ -132,3 +154,58 @@ def fetch() -> None:
     from kbroker.embedded.jvm import fetch_jars
 
     click.echo(str(fetch_jars(lambda msg: click.echo(msg, err=True))))
+
+
+@broker.group()
+def user() -> None:
+    """Users of a secure broker (`start --secure`): SCRAM-SHA-512 and PLAIN logins and client
+    certificates, each with client properties files in the data dir's `secure` dir."""
+
+
+def _secure_broker(data_dir: Path | None) -> "EmbeddedBroker":
+    from kbroker.embedded.broker import EmbeddedBroker
+
+    embedded = _embedded(data_dir, quiet=True)
+    if not isinstance(embedded, EmbeddedBroker):
+        raise ValueError("users are for a secure single broker; this data dir holds a cluster")
+    return embedded
+
+
+@user.command("add")
+@click.argument("name")
+@data_dir_option
+@json_option
+@handle_errors
+def user_add(name: str, data_dir: Path | None, as_json: bool) -> None:
+    """Add user NAME (or give it a new password): a random password for SCRAM-SHA-512 (now) and
+    PLAIN (from the next broker start), a client certificate, and its client properties files,
+    whose paths are printed. The user may do nothing until ACLs allow it."""
+    files = _secure_broker(data_dir).add_user(name)
+    if as_json:
+        emit_json({"user": name, "plain_after_restart": True, **{k: str(v) for k, v in files.items()}})
+        return
+    click.echo(f"{files['scram']}\t(SCRAM-SHA-512)")
+    click.echo(f"{files['plain']}\t(PLAIN: takes effect at the next broker restart)")
+    click.echo(f"{files['mtls']}\t(client certificate CN={name}, on the TLS port)")
+    click.echo(f"user {name} has no ACLs yet: it is denied every topic, group and transactional id", err=True)
+
+
+@user.command("remove")
+@click.argument("name")
+@data_dir_option
+@json_option
+@handle_errors
+def user_remove(name: str, data_dir: Path | None, as_json: bool) -> None:
+    """Remove user NAME: its SCRAM-SHA-512 credential (now), its PLAIN login (from the next broker
+    start) and its files. Its client certificate stays valid until it expires, for a user that
+    holds no ACLs."""
+    existed = _secure_broker(data_dir).remove_user(name)
+    if as_json:
+        emit_json({"user": name, "removed": existed})
+        return
+    if not existed:
+        click.echo(f"no user {name}")
+        return
+    click.echo(f"removed user {name}: SCRAM-SHA-512 credential deleted; its PLAIN login ends at the "
+               "next broker restart; its client certificate stays valid until it expires, but the user "
+               "holds no ACLs")

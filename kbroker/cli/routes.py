@@ -48,7 +48,7 @@ def route_rows(catalog: Catalog, now: float) -> list[dict[str, Any]]:
     from kbroker.worker.views import iso_utc
 
     return [{"name": r.name, "service": r.service_name, "broker_instance": r.broker_instance,
-             "address": r.address, "mirror_address": r.mirror_address, "lifetime": r.lifetime,
+             "address": r.address, "mirror_address": r.mirror_address, "profile": r.profile, "lifetime": r.lifetime,
              "created_at": iso_utc(r.created_at), "expires_at": iso_utc(expires_at(r)), "expired": is_expired(r, now)}
             for r in sorted(routes_of(catalog), key=lambda r: r.name)]
 

@@ -3,11 +3,18 @@
 Maven resolves its jars once into the per-user cache. A data dir holds server.properties, the
 KRaft log dirs, broker.log and broker.json (pid and ports). The JVM is detached, so the broker
 outlives the `kbroker broker start` that launched it. Nothing happens at import time.
-kbroker/embedded/cluster.py runs several such nodes as one replicated cluster."""
+kbroker/embedded/cluster.py runs several such nodes as one replicated cluster.
+
+A secure node (`start(secure=True)`, `kbroker broker start --secure`) speaks TLS only, and lets in
+SCRAM-SHA-512 or PLAIN logins and client certificates of the users it knows, each allowed what
+its ACLs say (`admin` everything); its certificates, passwords and client properties files are in
+the data dir's `secure` dir (embedded/secure.py). A data dir is formatted plain or secure once
+and for all."""
 
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -17,24 +24,32 @@ from typing import Any, Callable
 
 import psutil
 
+from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.embedded import jvm
+from kbroker.embedded.certs import write_private
 from kbroker.embedded.jvm import KAFKA_VERSION, MIN_JAVA, find_java
-from kbroker.errors import BrokerUnavailableError, EmbeddedBrokerError, PortInUseError
+from kbroker.embedded.secure import ADMIN, RESERVED, SecureFiles, check_user_name
+from kbroker.errors import BrokerUnavailableError, EmbeddedBrokerError, InvalidArgumentError, PortInUseError
 
 __all__ = ["KAFKA_VERSION", "MIN_JAVA", "BrokerStatus", "EmbeddedBroker", "find_java"]
 
 # Rewritten at every start, so a restart may use other ports: the controller quorum is static
-# (controller.quorum.voters), and a voter's address is configuration, not stored state.
-_SERVER_PROPERTIES = """\
+# (controller.quorum.voters), and a voter's address is configuration, not stored state. A secure
+# node has other listener lines (embedded/secure.py) between the same head and tail.
+_HEAD = """\
 # Written by kbroker at every start; edits are overwritten.
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:{cport}
+"""
+_PLAIN_LISTENERS = """\
 listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}
 advertised.listeners=PLAINTEXT://127.0.0.1:{port}
 controller.listener.names=CONTROLLER
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 inter.broker.listener.name=PLAINTEXT
+"""
+_TAIL = """\
 log.dirs={log_dirs}
 # One node: every internal topic has one replica and needs only that one in sync.
 offsets.topic.replication.factor=1
@@ -49,6 +64,7 @@ group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=false
 num.partitions=1
 """
+_SERVER_PROPERTIES = _HEAD + _PLAIN_LISTENERS + _TAIL
 
 
 @dataclass(frozen=True)
@@ -60,9 +76,21 @@ class BrokerStatus:
     bootstrap: str | None
     data_dir: Path
     version: str
+    secure: bool = False
+    tls_port: int | None = None  # a secure node's listener for client certificates
+    client_properties: Path | None = None  # a running secure node's admin.properties
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "data_dir": str(self.data_dir)}
+        return {**asdict(self), "data_dir": str(self.data_dir),
+                "client_properties": str(self.client_properties) if self.client_properties else None}
+
+
+def _port_near(wanted: int, taken: set[int]) -> int:
+    """`wanted` when it exists, is free and not `taken`; else any free port not `taken`."""
+    free = jvm.bind(wanted) if wanted <= 65535 and wanted not in taken else None
+    while free is None or free in taken:
+        free = jvm.bind(0)
+    return free
 
 
 class EmbeddedBroker:
@@ -76,48 +104,89 @@ class EmbeddedBroker:
         self.state_file = self.data_dir / "broker.json"
         self.log_file = self.data_dir / "broker.log"
         self.log_dirs = self.data_dir / "logs"
+        self.secure_files = SecureFiles(self.data_dir)
 
     def fetch(self) -> Path:
         """The libs dir of the Kafka jars (resolved with Maven on first use)."""
         return jvm.fetch_jars(self._say)
 
     def start(self, port: int = 9092, controller_port: int | None = None,
-              wait: float = 90.0, settings: dict[str, str] | None = None) -> BrokerStatus:
+              wait: float = 90.0, settings: dict[str, str] | None = None, *,
+              secure: bool | None = None, tls_port: int | None = None) -> BrokerStatus:
         """Start the node (a no-op when it runs) and wait until it answers. `settings` are
-        broker properties added to kbroker's (a test's short log retention, say)."""
+        broker properties added to kbroker's (a test's short log retention, say). `secure`: a
+        secure node (True) or a plain one (False); None, what the data dir was formatted as
+        (plain when new). `tls_port`, a secure node's listener for client certificates:
+        port+2 when free, else any free port, unless given."""
+        secure = self._secure(secure)
         current = self.status()
         if current.running:
             return current
         java = find_java()
-        for p in (port, controller_port):
+        for p in (port, controller_port, tls_port):
             if p is not None and jvm.bind(p) is None:
                 raise PortInUseError(
                     f"port {p} on 127.0.0.1 is already in use; choose another with --port")
         if controller_port is None:
-            controller_port = (jvm.bind(port + 1) if port < 65535 else None) or jvm.bind(0)
+            controller_port = _port_near(port + 1, {port})
         if controller_port == port:
             raise PortInUseError(f"the controller port must differ from the broker port {port}")
+        if secure and tls_port is None:
+            tls_port = _port_near(port + 2, {port, controller_port})
+        if tls_port in (port, controller_port):
+            raise PortInUseError(f"the TLS port {tls_port} must differ from the broker and controller ports")
         libs = self.fetch()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.properties.write_text(
-            _SERVER_PROPERTIES.format(port=port, cport=controller_port, log_dirs=self.log_dirs)
+        files = self.secure_files
+        admin_password = files.prepare() if secure else ""
+        listeners = files.listeners(port, tls_port, controller_port) if secure and tls_port \
+            else _PLAIN_LISTENERS.format(port=port, cport=controller_port)
+        # Private: a secure node's configuration holds its PLAIN users' passwords.
+        write_private(self.properties, (_HEAD + "{listeners}" + _TAIL).format(
+            cport=controller_port, log_dirs=self.log_dirs, listeners=listeners)
             + "".join(f"{key}={value}\n" for key, value in (settings or {}).items()))
-        # Format once: meta.properties marks a formatted log dir.
-        if not (self.log_dirs / "meta.properties").exists():
+        # Format once: meta.properties marks a formatted log dir. A secure node's admin gets its
+        # SCRAM credential now, in the metadata log's first records (there is no admin to add
+        # it later).
+        if not self._formatted():
             self._say("formatting storage")
-            jvm.format_storage(java, libs, [(self.properties, self.log_dirs)], jvm.kafka_uuid())
+            scram = ("--add-scram", f"SCRAM-SHA-512=[name={ADMIN},password={admin_password}]")
+            jvm.format_storage(java, libs, [(self.properties, self.log_dirs)], jvm.kafka_uuid(),
+                               scram if secure else ())
+            if secure:
+                files.mark_enabled()
+        if secure and tls_port:
+            files.write_client_properties(port, tls_port)
         self._say("starting")
         proc = jvm.launch(java, libs, self.properties, self.log_file, ("-Xms256m", "-Xmx1g"))
-        state = {"pid": proc.pid, "port": port, "controller_port": controller_port,
+        state = {"pid": proc.pid, "port": port, "controller_port": controller_port, "tls_port": tls_port,
                  "version": KAFKA_VERSION, "started_at": datetime.now(timezone.utc).isoformat()}
         self.state_file.write_text(json.dumps(state, indent=2) + "\n")
+        bootstrap = f"127.0.0.1:{port}"
         try:
-            wait_ready([(proc, port, self.log_file)], 1, wait)
+            wait_ready([(proc, files.admin_cluster(bootstrap) if secure else bootstrap, self.log_file)], 1, wait)
         except BaseException:
             self.stop(timeout=10)
             raise
-        self._say(f"ready at 127.0.0.1:{port}")
+        self._say(f"ready at {bootstrap}")
         return self.status()
+
+    def _formatted(self) -> bool:
+        return (self.log_dirs / "meta.properties").exists()
+
+    def _secure(self, wanted: bool | None) -> bool:
+        """Whether the node starts secure: what its data dir was formatted as, which `wanted`
+        must not contradict."""
+        was = self.secure_files.enabled
+        if wanted is None or not self._formatted() or wanted == was:
+            return was if wanted is None else wanted
+        if wanted:
+            raise EmbeddedBrokerError(
+                f"{self.data_dir} holds a broker formatted without --secure, which cannot become "
+                "secure (it has no admin credential); use another --data-dir for a secure broker")
+        raise EmbeddedBrokerError(
+            f"{self.data_dir} holds a secure broker, which cannot run without security; "
+            "use another --data-dir for a plain one")
 
     def stop(self, timeout: float = 60.0) -> bool:
         """Stop the node cleanly (SIGKILL after `timeout`); whether it was running."""
@@ -131,14 +200,57 @@ class EmbeddedBroker:
         return True
 
     def status(self) -> BrokerStatus:
-        """Whether the node runs, with its pid and ports."""
+        """Whether the node runs, with its pid and ports (and a secure one's client properties)."""
         proc = self._process()
+        secure = self.secure_files.enabled
         if proc is None:
-            return BrokerStatus(False, None, None, None, None, self.data_dir, KAFKA_VERSION)
+            return BrokerStatus(False, None, None, None, None, self.data_dir, KAFKA_VERSION, secure)
         state = self._state()
         return BrokerStatus(True, proc.pid, state["port"], state["controller_port"],
                             f"127.0.0.1:{state['port']}", self.data_dir,
-                            state.get("version", KAFKA_VERSION))
+                            state.get("version", KAFKA_VERSION), secure, state.get("tls_port"),
+                            self.secure_files.admin_properties if secure else None)
+
+    # --- users of a secure node --------------------------------------------------------------------
+
+    def add_user(self, name: str) -> dict[str, Path]:
+        """Give user `name` a new random password (its SCRAM-SHA-512 credential now, its PLAIN
+        login from the next start on), a client certificate, and client properties files; the
+        files by kind (scram, plain, mtls, cert). The user may do nothing until ACLs allow it."""
+        status = self._running_secure(name)
+        password = secrets.token_urlsafe(24)
+        from kbroker.kafka import scram_users
+
+        scram_users.set_password(self._admin(status), name, password)
+        assert status.port and status.tls_port  # a running secure node has both
+        return self.secure_files.add_user(name, password, status.port, status.tls_port)
+
+    def remove_user(self, name: str) -> bool:
+        """Delete user `name`'s SCRAM credential, ACLs, PLAIN entry (from the next start on) and
+        files; whether it existed. Its client certificate stays valid until it expires (Kafka
+        checks no revocation list), for a principal without ACLs."""
+        status = self._running_secure(name)
+        from kbroker.kafka import scram_users
+
+        had_scram = scram_users.delete(self._admin(status), name)
+        had_acls = scram_users.delete_acls(self._admin(status), name) > 0
+        return self.secure_files.remove_user(name) or had_scram or had_acls
+
+    def _running_secure(self, user: str) -> BrokerStatus:
+        check_user_name(user)
+        if user in RESERVED:
+            raise InvalidArgumentError(f"{user} is kbroker's own user; choose another name")
+        status = self.status()
+        if not status.secure:
+            raise EmbeddedBrokerError(
+                f"{self.data_dir} holds no secure broker; users are for one started with --secure")
+        if not status.running:
+            raise EmbeddedBrokerError(f"the broker in {self.data_dir} is not running; start it first")
+        return status
+
+    def _admin(self, status: BrokerStatus) -> Cluster:
+        assert status.bootstrap  # running
+        return self.secure_files.admin_cluster(status.bootstrap)
 
     def _state(self) -> dict[str, Any]:
         try:
@@ -152,36 +264,43 @@ class EmbeddedBroker:
         return jvm.kafka_process(self._state().get("pid"), self.properties)
 
 
-def wait_ready(nodes: list[tuple[subprocess.Popen, int, Path]], brokers: int, wait: float) -> None:
-    """Until each node, a (JVM, broker port, log file), answers a metadata request listing
-    `brokers` brokers; EmbeddedBrokerError (quoting the node's log) when one dies or `wait`
-    seconds pass."""
+def wait_ready(nodes: list[tuple[subprocess.Popen, ClusterLike, Path]], brokers: int, wait: float) -> None:
+    """Until each node, a (JVM, the node's address as a Cluster with kbroker's credentials there,
+    log file), answers a metadata request listing `brokers` brokers. AuthenticationFailedError
+    when a node refuses the credentials or the TLS handshake; EmbeddedBrokerError (quoting the
+    node's log) when one dies or `wait` seconds pass."""
     from kbroker.kafka import clients
 
     deadline = time.monotonic() + wait
-    admins: dict[int, Any] = {}
-    waiting = list(nodes)
+    admins: dict[int, tuple[Any, clients.AuthFailures]] = {}
+    waiting = dict(enumerate(nodes))
     while time.monotonic() < deadline:
-        for proc, port, log_file in list(waiting):
+        for i, (proc, cluster, log_file) in list(waiting.items()):
             if proc.poll() is not None:
                 raise EmbeddedBrokerError(
                     f"the Kafka broker exited with code {proc.returncode} while starting "
                     f"(log: {log_file}): {jvm.tail(log_file)}")
             # Wait for the listener before creating a client: librdkafka would print every
             # refused connection to stderr.
-            if port not in admins and jvm.accepts(port):
-                admins[port] = clients.admin(f"127.0.0.1:{port}")
-            if port in admins:
+            if i not in admins and jvm.accepts(_port_of(cluster)):
+                failures = clients.AuthFailures()
+                admins[i] = (clients.admin(cluster, error_cb=failures), failures)
+            if i in admins:
                 try:
                     timeout = max(1.0, min(5.0, deadline - time.monotonic()))
-                    if clients.brokers_answering(f"127.0.0.1:{port}", timeout, admins[port]) >= brokers:
-                        waiting.remove((proc, port, log_file))
+                    if clients.brokers_answering(cluster, timeout, *admins[i]) >= brokers:
+                        del waiting[i]
                 except BrokerUnavailableError:
                     pass
         if not waiting:
             return
         time.sleep(0.2)
-    _, port, log_file = waiting[0]
+    _, cluster, log_file = next(iter(waiting.values()))
     raise EmbeddedBrokerError(
-        f"the Kafka broker did not answer at 127.0.0.1:{port} within {wait:.0f}s "
+        f"the Kafka broker did not answer at {cluster} within {wait:.0f}s "
         f"(log: {log_file}): {jvm.tail(log_file)}")
+
+
+def _port_of(node: ClusterLike) -> int:
+    """The port of a one-broker Cluster's address (host:port)."""
+    return int(Cluster.of(node).bootstrap.rsplit(":", 1)[1])

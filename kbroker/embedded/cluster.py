@@ -178,7 +178,7 @@ class EmbeddedCluster:
             state["nodes"][str(i)] = {"pid": pid, "port": ports[i][0], "controller_port": ports[i][1]}
         self._write_state(state)
         try:
-            wait_ready([(started[i], ports[i][0], self._log_file(i)) for i in down],
+            wait_ready([(started[i], f"127.0.0.1:{ports[i][0]}", self._log_file(i)) for i in down],
                        running + len(down), wait)
         except BaseException:
             for i in down:

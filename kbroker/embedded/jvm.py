@@ -226,13 +226,14 @@ def maven_error(output: str, what: str = f"Apache Kafka {KAFKA_VERSION}") -> Emb
     return EmbeddedBrokerError(f"Maven could not resolve {what}: {detail}")
 
 
-def format_storage(java: str, libs: Path, targets: list[tuple[Path, Path]], cluster_id: str) -> None:
+def format_storage(java: str, libs: Path, targets: list[tuple[Path, Path]], cluster_id: str,
+                   extra_args: tuple[str, ...] = ()) -> None:
     """Format KRaft log dirs, each a (server.properties, log dir) pair, all at once and all with
-    `cluster_id`. Only for dirs not formatted yet: formatting again would refuse, or, forced, lose
-    every topic."""
+    `cluster_id`; `extra_args` go to each StorageTool run (`--add-scram ...`). Only for dirs not
+    formatted yet: formatting again would refuse, or, forced, lose every topic."""
     running = [(subprocess.Popen(
         [java, LOGGING_OPTION, "-cp", str(libs / "*"), "kafka.tools.StorageTool", "format",
-         "-t", cluster_id, "-c", str(properties)],
+         "-t", cluster_id, "-c", str(properties), *extra_args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=properties.parent), log_dirs)
         for properties, log_dirs in targets]
     failed = []

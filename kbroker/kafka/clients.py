@@ -23,6 +23,7 @@ from kbroker.core.client_security import ClientSecurity
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.log_limit import RateLimitFilter
 from kbroker.errors import (
+    AUTHENTICATION_CODES,
     BrokerUnavailableError,
     InvalidArgumentError,
     KBrokerError,
@@ -231,12 +232,35 @@ def result_of(future: Any, what: str) -> Any:
         raise kafka_error(what, exc.args[0]) from None
 
 
-def brokers_answering(cluster: ClusterLike, timeout: float = 10.0, client: AdminClient | None = None) -> int:
-    """How many brokers `cluster` lists in a metadata answer within `timeout`;
-    BrokerUnavailableError when none answers."""
+class AuthFailures:
+    """An `error_cb` that keeps the last authentication or TLS failure a client reported. A
+    refused password or certificate looks like a broker that is away: librdkafka keeps
+    reconnecting, its requests time out, and only the error callback says why."""
+
+    def __init__(self) -> None:
+        self.last: KafkaError | None = None
+
+    def __call__(self, err: KafkaError) -> None:
+        if err.code() in AUTHENTICATION_CODES:
+            self.last = err
+
+
+def brokers_answering(cluster: ClusterLike, timeout: float = 10.0, client: AdminClient | None = None,
+                      failures: AuthFailures | None = None) -> int:
+    """How many brokers `cluster` lists in a metadata answer within `timeout`.
+    AuthenticationFailedError when none answers and `failures` (the error_cb given to `client`;
+    its own when no client is given) saw the cluster refuse the credentials or the TLS handshake,
+    else BrokerUnavailableError."""
+    if client is None:
+        failures = failures or AuthFailures()
+        client = admin(cluster, error_cb=failures)
     try:
-        return len((client or admin(cluster)).list_topics(timeout=timeout).brokers)
+        return len(client.list_topics(timeout=timeout).brokers)
     except KafkaException as exc:
+        if failures is not None:
+            client.poll(0)  # error_cb runs from poll()
+            if failures.last is not None:
+                raise kafka_error(f"Kafka at {cluster} refused kbroker", failures.last) from None
         raise BrokerUnavailableError(f"no Kafka broker answers at {cluster}: {exc.args[0].str()}") from None
 
 

@@ -74,7 +74,7 @@ def proxied_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxiedK
         java, libs = jvm.find_java(), jvm.fetch_jars(lambda _msg: None)
         jvm.format_storage(java, libs, [(properties, log_dirs)], jvm.kafka_uuid())
         kafka = jvm.launch(java, libs, properties, log_file, ("-Xms256m", "-Xmx1g"))
-        wait_ready([(kafka, proxy_port, log_file)], 1, 90)  # answers through the proxy
+        wait_ready([(kafka, f"127.0.0.1:{proxy_port}", log_file)], 1, 90)  # answers through the proxy
         yield ProxiedKafka(f"127.0.0.1:{proxy_port}", toxiproxy)
     finally:
         if kafka is not None:

@@ -352,10 +352,10 @@ def test_kbroker_routes_json(monkeypatch):
     rows = orjson.loads(result.output)
     assert [r["name"] for r in rows] == ["AutoCreatedLocal", "Live", "Orders"]
     assert rows[0] == {"name": "AutoCreatedLocal", "service": None, "broker_instance": None, "address": "LOCAL",
-                       "mirror_address": None, "lifetime": None, "created_at": None, "expires_at": None,
+                       "mirror_address": None, "profile": None, "lifetime": None, "created_at": None, "expires_at": None,
                        "expired": False}
     assert rows[2] == {"name": "Orders", "service": "//Orders", "broker_instance": "sales",
-                       "address": "kafka://h:1/sales", "mirror_address": "kafka://m:1/standby", "lifetime": 60,
+                       "address": "kafka://h:1/sales", "mirror_address": "kafka://m:1/standby", "profile": None, "lifetime": 60,
                        "created_at": "1970-01-01T00:00:00+00:00", "expires_at": "1970-01-01T00:01:00+00:00",
                        "expired": True}
     assert rows[1]["expired"] is False

@@ -193,6 +193,9 @@ class Route(_Model):
     broker_instance: str | None = None  # None: any instance (a namespace name)
     lifetime: int | None = Field(default=None, gt=0)  # seconds; None = never expires
     mirror_address: str | None = None  # kafka://... of the mirrored (standby) namespace
+    # The client settings to reach the address's cluster: the name of a client profile each
+    # process resolves locally (kafka/routing/profiles.py), so no credential is in the catalog.
+    profile: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,64}$")
     created_at: float | None = Field(default=None, ge=0)  # epoch seconds, set by `kbroker apply`
 
     @field_validator("address", mode="before")
@@ -229,6 +232,8 @@ class Route(_Model):
             raise ValueError("a TRANSPORT route cannot name a service_name or broker_instance")
         if not local_or_transport and self.namespace is None:
             raise ValueError(f"address {self.address!r} names no namespace: add /<namespace> or a broker_instance")
+        if self.profile is not None and local_or_transport:
+            raise ValueError(f"a {self.address} route names no cluster, so it cannot name a profile")
         if self.mirror_address is not None:
             if local_or_transport:
                 raise ValueError(f"mirror_address cannot be combined with address {self.address}")

@@ -32,7 +32,7 @@ class Forwarder:
     def __init__(self, cluster: ClusterLike, namespace: str, limit_bytes: int):
         self.cluster, self.namespace = Cluster.of(cluster), namespace
         self.queue = ForwardQueue(limit_bytes)
-        self.pool = LinkPool(namespace, every_ack=True)
+        self.pool = LinkPool(namespace, self.cluster, every_ack=True)
         # Ack key of each direction forwarded -> the highest `next` relayed for it (-1: none yet),
         # oldest first: the acknowledgements to relay, and which to forget first.
         self._relayed: dict[str, int] = {}

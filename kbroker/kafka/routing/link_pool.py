@@ -5,22 +5,28 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from kbroker.core.cluster import Cluster
 from kbroker.core.routing.routes import parse_address
 from kbroker.core.routing.links import IDLE_CLOSE, Links
+from kbroker.errors import KBrokerError
 from kbroker.kafka.routing.link import LinkBroken, RoutingLink
+from kbroker.kafka.routing.profiles import ClusterProfiles
 
 log = logging.getLogger("kbroker.transport")
 CONNECT_SECONDS = 5.0  # kbroker's deadline on one connection attempt
 
 
 class LinkPool:
-    def __init__(self, from_broker: str, *, every_ack: bool = False, idle_close: float = IDLE_CLOSE):
+    def __init__(self, from_broker: str, local: Cluster, *, every_ack: bool = False,
+                 idle_close: float = IDLE_CLOSE, profiles_dir: Path | None = None):
         self.from_broker, self._every_ack = from_broker, every_ack
         self.links = Links(idle_close)
         self.open: dict[str, RoutingLink] = {}
+        self.profiles = ClusterProfiles(local, profiles_dir)
+        self.profile_of: dict[str, str] = {}  # destination -> the client profile its route names
 
     def get(self, dest: str, now: float, second_tick: bool) -> RoutingLink | str:
         """The open connection to `dest` (`<bootstrap>/<namespace>`), opened now if the transport
@@ -34,10 +40,13 @@ class LinkPool:
                     f"after: {state.last_error or 'a failure'}")
         bootstrap, namespace = parse_address(dest)
         self.links.connecting(dest, now)
-        # A route names its destination by address only, so a link reaches it with no client
-        # settings. Next issue (secured clusters): a destination on this process's own cluster
-        # should get the local Cluster (its settings) rather than Cluster(bootstrap).
-        link = RoutingLink(Cluster(bootstrap), namespace, self.from_broker, every_ack=self._every_ack)
+        try:
+            cluster = self.profiles.cluster_for(bootstrap, self.profile_of.get(dest))
+            link = RoutingLink(cluster, namespace, self.from_broker, every_ack=self._every_ack)
+        except KBrokerError as exc:  # a missing profile, settings no client can take
+            self.links.failed(dest, time.time(), str(exc))
+            log.warning("transport: connection to %s failed: %s", dest, exc)
+            return f"Connection attempt to {dest} failed: {exc}"
         try:
             link.open(CONNECT_SECONDS)
         except LinkBroken as exc:

@@ -58,7 +58,7 @@ class Transmitter:
         self.schedule = TickSchedule(interval=tick)
         self.topic = names.transmission_topic(namespace)
         self.queue = TransmissionQueue(namespace)
-        self.pool = LinkPool(namespace, idle_close=idle_close)
+        self.pool = LinkPool(namespace, self.cluster, idle_close=idle_close)
         self.links = self.pool.links
         self.here = address(self.cluster.bootstrap, namespace)  # where LOCAL routes lead
         self._consumer = clients.consumer(cluster, names.transmitter_group(namespace), **{
@@ -142,6 +142,8 @@ class Transmitter:
         nxt = hop(route, m.to_service, self.here)
         if nxt is None:
             return f"Route '{route.name}' gives no address for service '{m.to_service}'.", False
+        if route.profile:
+            self.pool.profile_of[nxt] = route.profile
         return nxt, True
 
     def _send(self, now: float) -> None:
