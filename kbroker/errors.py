@@ -60,6 +60,16 @@ def denied_code(err: Any) -> bool:
     return number in DENIED_CODES
 
 
+def is_refusal(exc: BaseException) -> bool:
+    """Whether `exc` is the authorizer's refusal: a PermissionDeniedError, a client library's
+    authorization error (aiokafka's carry `errno`), or a confluent_kafka KafkaException of one.
+    Such a failure is not retried: it stands until an operator grants the ACL."""
+    if isinstance(exc, PermissionDeniedError) or denied_code(exc):
+        return True
+    first = exc.args[0] if exc.args else None
+    return callable(getattr(first, "code", None)) and denied_code(first)
+
+
 class AuthenticationFailedError(KBrokerError):
     """The cluster refused kbroker's credentials or its TLS handshake failed (a wrong password,
     an unknown user, a certificate the other side does not trust). Trying again does not help."""

@@ -163,7 +163,7 @@ def _reader(ns: str) -> list[Rule]:
 def _worker(ns: str) -> list[Rule]:
     p = names.prefix(ns)
     return [
-        Rule("TOPIC", "PREFIXED", p, ("READ", "WRITE", "CREATE", "DELETE", "DESCRIBE_CONFIGS"),
+        Rule("TOPIC", "PREFIXED", p, ("READ", "WRITE", "CREATE", "DELETE"),
              "every topic of the namespace: monitors, activation, tick, timers, routing; CREATE: its "
              "own topics and Faust's changelogs; DELETE: the 5th-tick reclaim (DeleteRecords)"),
         Rule("GROUP", "PREFIXED", p, ("READ",),
@@ -242,8 +242,6 @@ def _transport_runner(ns: str, endpoint: str | None) -> list[Rule]:
         Rule("TOPIC", "LITERAL", names.deadletter_topic(ns), ("WRITE",), "poison messages"),
         Rule("TRANSACTIONAL_ID", "PREFIXED", names.prefix(ns), ("WRITE",),
              "the group committer's transactions (a receive's removal and its handler's sends)"),
-        Rule("GROUP", "LITERAL", names.reader_group(ns), ("DESCRIBE",),
-             "the group id of kbroker's assign-only readers: librdkafka looks its coordinator up"),
     ]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from enum import Enum
+from typing import Any
 
 from confluent_kafka.admin import (
     AclBinding as KafkaAclBinding,
@@ -54,8 +55,8 @@ def from_kafka(k: KafkaAclBinding) -> AclBinding:
 
 
 def _principal_filter(principal: str | None) -> AclBindingFilter:
-    # None matches any name, principal and host (confluent-kafka's hints say str).
-    return AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, principal, None,  # type: ignore[arg-type]
+    anything: Any = None  # matches any name, principal and host (the library's type hints say str only)
+    return AclBindingFilter(ResourceType.ANY, anything, ResourcePatternType.ANY, principal or anything, anything,
                             AclOperation.ANY, AclPermissionType.ANY)
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -35,7 +35,7 @@ from kbroker.core.cluster import ClusterLike
 from kbroker.core.routing.routes import stamp_routes
 from kbroker.core.topic_limits import HEADER_HEADROOM as HEADER_HEADROOM  # noqa: F401 - tests read it here
 from kbroker.core.topic_limits import queue_limit, system_topic_limit
-from kbroker.errors import DefinitionError, InvalidArgumentError, kafka_error
+from kbroker.errors import DefinitionError, InvalidArgumentError, denied_code, kafka_error
 from kbroker.kafka import clients
 from kbroker.kafka.catalog_store import publish, read_catalog
 
@@ -209,7 +209,7 @@ def sync_topics(cluster: ClusterLike, specs: list[TopicSpec], origins: dict[str,
         _wait(cluster, admin.create_partitions([NewPartitions(s.name, s.partitions) for s in grow],
                                                operation_timeout=timeout, request_timeout=timeout),
               "cannot grow topic", "ALTER")
-    _await_metadata(admin, [s.name for s in missing], timeout)
+    _await_metadata(cluster, admin, [s.name for s in missing], timeout)
     updated = sorted({s.name for s in alter} | {s.name for s in grow})
     return [s.name for s in missing if s.name not in raced], updated, retention
 
@@ -248,9 +248,10 @@ def queue_in_use(admin: AdminClient, topic: str, partitions: list[int], timeout:
     return None
 
 
-def _await_metadata(admin: AdminClient, topics: list[str], timeout: float) -> None:
+def _await_metadata(cluster: ClusterLike, admin: AdminClient, topics: list[str], timeout: float) -> None:
     # A new topic may take a moment to appear in every broker's metadata; publish checks for it.
     deadline = time.monotonic() + timeout
+    asked = False
     while topics and time.monotonic() < deadline:
         try:
             known = admin.list_topics(timeout=timeout).topics
@@ -259,7 +260,25 @@ def _await_metadata(admin: AdminClient, topics: list[str], timeout: float) -> No
         if all(t in known and not known[t].error and known[t].partitions
                and all(p.leader >= 0 for p in known[t].partitions.values()) for t in topics):
             return
+        if not asked:  # one still missing: it may be hidden from a principal that may not DESCRIBE it
+            asked = True
+            _check_visible(cluster, admin, [t for t in topics if t not in known], timeout)
         time.sleep(0.1)
+
+
+def _check_visible(cluster: ClusterLike, admin: AdminClient, topics: list[str], timeout: float) -> None:
+    """PermissionDeniedError for the first of `topics` the principal may not DESCRIBE (asked by
+    name: an answer about all topics leaves it out as if it did not exist). DescribeTopics
+    never creates a topic."""
+    if not topics:
+        return
+    for name, future in admin.describe_topics(TopicCollection(topics), request_timeout=timeout).items():
+        try:
+            future.result()
+        except KafkaException as exc:
+            if denied_code(exc.args[0]):
+                raise clients.denied(cluster, exc.args[0], f"cannot see topic {name} after creating it",
+                                     topic=("DESCRIBE", name)) from None
 
 
 def ensure_system_topics(cluster: ClusterLike, namespace: str, timeout: float = 30.0,

@@ -39,7 +39,12 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.records import Record
 from kbroker.core.txn_faults import Action, Deadline, Position, Stage, committed_by_offsets, decide
-from kbroker.errors import RecordRefusedError, TransactionAbortedError, TransactionInDoubtError, denied_code
+from kbroker.errors import (
+    RecordRefusedError,
+    TransactionAbortedError,
+    TransactionInDoubtError,
+    denied_code,
+)
 from kbroker.kafka import clients
 from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, started, reason, transact
 from kbroker.kafka.reader import group_offsets, offsets_reader, without_errors

@@ -25,8 +25,10 @@ from typing import Any, Callable, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
+from kbroker.core.cluster import ClusterLike
 from kbroker.core.records import Record
 from kbroker.core.txn_faults import Action, Deadline, Failure, Stage, decide
+from kbroker.errors import denied_code
 from kbroker.kafka import clients, messages
 
 log = logging.getLogger("kbroker.committer")
@@ -108,6 +110,19 @@ def started(producer: Producer, transactional_id: str, seconds: float) -> Guarde
         guarded.abandon()
         raise
     return guarded
+
+
+def started_for(cluster: ClusterLike, producer: Producer, transactional_id: str, seconds: float) -> GuardedProducer:
+    """started(), for a service that cannot go on without its producer (the timer service, the
+    dispatcher, the analytics job): the authorizer's refusal of its transactional id raised as
+    a PermissionDeniedError naming the id, rather than a KafkaException it would retry."""
+    try:
+        return started(producer, transactional_id, seconds)
+    except KafkaException as exc:
+        if denied_code(exc.args[0]):
+            raise clients.denied(cluster, exc.args[0], "starting a transactional producer",
+                                 transactional_id=("WRITE", transactional_id)) from None
+        raise
 
 
 def aborted(producer: GuardedProducer, seconds: float) -> bool:

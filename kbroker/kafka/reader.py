@@ -13,6 +13,7 @@ from confluent_kafka import (
     Consumer,
     KafkaError,
     KafkaException,
+    OFFSET_END,
     OFFSET_INVALID,
     Message,
     Producer,
@@ -22,6 +23,7 @@ from confluent_kafka import (
 from kbroker.core import names
 from kbroker.core.cluster import ClusterLike
 from kbroker.errors import BrokerUnavailableError, denied_code
+from kbroker.kafka import clients
 from kbroker.kafka.clients import consumer as new_consumer
 from kbroker.kafka.clients import is_transient, kafka_error
 
@@ -98,7 +100,56 @@ def committed_offsets(cluster: ClusterLike, group: str, partitions: list[TopicPa
     try:
         return group_offsets(reader, partitions, seconds)
     except KafkaException as exc:
-        raise kafka_error(f"cannot list the committed offsets of {group}", exc.args[0]) from None
+        topics = " or ".join(sorted({tp.topic for tp in partitions}))
+        raise clients.denied(cluster, exc.args[0], f"cannot list the committed offsets of {group}",
+                             group=("DESCRIBE", group), topic=("DESCRIBE", topics)) from None
+    finally:
+        reader.close()
+
+
+def check_read(cluster: ClusterLike, group: str, topic: str, seconds: float = 10.0) -> None:
+    """PermissionDeniedError unless the principal may read `topic` (its first partition, from
+    its end: nothing is read) with `group`'s id: a check before handing the topic to a client
+    that shows a refusal no better than a topic with nothing new (Spark's pattern source). True
+    once the fetch reached the end; a deadline passed without an answer is not a refusal."""
+    consumer = reading_consumer(cluster, group)
+    deadline = time.monotonic() + seconds
+    try:
+        if topic_partitions(consumer, topic, seconds) is None:
+            return
+        consumer.assign([TopicPartition(topic, 0, OFFSET_END)])
+        while time.monotonic() < deadline:
+            for msg in consumer.consume(10, CONSUME_WAIT):
+                err = msg.error()
+                if err is not None and denied_code(err):
+                    raise kafka_error(f"reading {topic} failed", err, on=_reading(topic) | {"group": ("DESCRIBE", group)},
+                                      principal=clients.principal(cluster))
+                if err is not None and err.code() == KafkaError._PARTITION_EOF:
+                    return
+    finally:
+        consumer.close()
+
+
+def check_group(cluster: ClusterLike, group: str, topic: str, seconds: float = 10.0) -> None:
+    """PermissionDeniedError unless the principal may look `group` up and read its committed
+    offsets of `topic`'s first partition: a check before handing the group to a client that
+    would wait for ever on a refusal (the worker's Faust consumer). librdkafka reports the
+    refusal of the group's coordinator as an error event, while committed() waits it out."""
+    reader = offsets_reader(cluster, group)
+    deadline = time.monotonic() + seconds
+    try:
+        while True:
+            try:
+                reader.committed([TopicPartition(topic, 0)], timeout=1.0)
+                return
+            except KafkaException as exc:
+                err = exc.args[0]
+            event = reader.poll(0.1)
+            if event is not None and event.error() is not None and denied_code(event.error()):
+                err = event.error()
+            if denied_code(err) or time.monotonic() >= deadline:
+                raise clients.denied(cluster, err, f"cannot read the committed offsets of group {group}",
+                                     group=("READ", group), topic=("DESCRIBE", topic))
     finally:
         reader.close()
 

@@ -119,7 +119,6 @@ def test_the_runner_never_gets_create():
         assert allowed(acls, "User:sales", "WRITE", "TOPIC", topic), topic
     assert not allowed(acls, "User:sales", "WRITE", "TOPIC", "kbroker.other.tqueue.Billing")
     assert allowed(acls, "User:sales", "WRITE", "TRANSACTIONAL_ID", names.prefix(NS) + "committer-1")
-    assert allowed(acls, "User:sales", "DESCRIBE", "GROUP", names.reader_group(NS))
     # an idempotent producer needs WRITE on a topic only (KIP-679), not IDEMPOTENT_WRITE on the cluster
     assert not any(a.resource_type == "CLUSTER" for a in acls)
 
