@@ -77,18 +77,19 @@ def write_records(cluster: ClusterLike, topic: str, todo: dict[str, bytes], time
     producer = clients.producer(cluster, **{
         "enable.idempotence": True,  # retries never duplicate or reorder catalog records
         "allow.auto.create.topics": False,  # an auto-created topic would not be compacted
-        "message.timeout.ms": int(timeout * 1000),
+        "message.timeout.ms": int(timeout * 1000), "error_cb": (fatal := clients.FatalError()),
     })
     if topic_partitions(producer, topic, timeout) is None:
         raise CatalogError(f"topic {topic} does not exist: run 'kbroker apply' first")
     errors: list[KafkaError] = []
-    for key, value in todo.items():
-        producer.produce(topic, key=key.encode(), value=value, on_delivery=_collect_errors(errors))
-        producer.poll(0)
     try:
+        for key, value in todo.items():
+            producer.produce(topic, key=key.encode(), value=value, on_delivery=_collect_errors(errors))
+            producer.poll(0)
         remaining = clients.flush(producer, timeout)
-    except KafkaException as exc:  # the producer failed for good
-        raise clients.producer_failed(cluster, exc.args[0], topic, f"publishing to {topic} failed") from None
+    except KafkaException as exc:  # the producer failed for good: its fatal error says why
+        raise clients.producer_failed(cluster, fatal.of(producer, exc.args[0]), topic,
+                                      f"publishing to {topic} failed") from None
     if errors:
         raise clients.denied(cluster, errors[0], f"publishing to {topic} failed", topic=("WRITE", topic))
     if remaining:

@@ -95,6 +95,26 @@ def flush(producer: Producer, seconds: float) -> int:
         raise
 
 
+class FatalError:
+    """An `error_cb` that keeps a producer's fatal error: once a producer failed for good, its
+    calls raise only librdkafka's _FATAL, and the error callback is what says why (a refused
+    producer id, say)."""
+
+    def __init__(self) -> None:
+        self.error: KafkaError | None = None
+
+    def __call__(self, err: KafkaError) -> None:
+        if err.fatal():
+            self.error = err
+
+    def of(self, producer: Producer, err: KafkaError) -> KafkaError:
+        """Why `producer` failed, given the error a call raised: the fatal error it reported,
+        once its callbacks are served, when `err` only says there was one."""
+        if err.code() == KafkaError._FATAL and self.error is None:
+            producer.poll(0)
+        return self.error if err.code() == KafkaError._FATAL and self.error is not None else err
+
+
 def producer_failed(cluster: ClusterLike, err: KafkaError, topic: str, what: str) -> KBrokerError:
     """A producer's fatal error while writing `topic`, typed. CLUSTER_AUTHORIZATION_FAILED from
     an idempotent producer means the principal may WRITE no topic at all (with WRITE on one,
