@@ -164,3 +164,28 @@ def test_the_cluster_resource_converts():
 
     c = AclBinding("User:sales", "DESCRIBE", "CLUSTER", "LITERAL", "kafka-cluster")
     assert to_kafka(c).restype == ResourceType.BROKER and from_kafka(to_kafka(c)) == c
+
+
+# --- the CLI, without a broker ---------------------------------------------------------------------
+
+
+def test_acls_roles_prints_each_roles_rules_and_apply_dry_run_prints_the_plan():
+    import json
+
+    from click.testing import CliRunner
+
+    from kbroker.cli import main
+
+    out = CliRunner().invoke(main, ["acls", "roles", "--namespace", NS, "--json"])
+    assert out.exit_code == 0, out.output
+    rows = json.loads(out.output)
+    assert {r["role"] for r in rows} == set(ROLES) and all(r["why"] for r in rows)
+    plan = CliRunner().invoke(main, ["acls", "apply", "--role", "app", "--principal", "User:orders",
+                                     "--namespace", NS, "--dry-run", "--json", "--bootstrap", "127.0.0.1:1"])
+    assert plan.exit_code == 0, plan.output
+    assert {AclBinding(**b) for b in json.loads(plan.output)} == set(bindings("app", "User:orders", NS))
+    bad = CliRunner().invoke(main, ["acls", "apply", "--role", "app", "--principal", "orders", "--dry-run"])
+    assert bad.exit_code == 1 and bad.output.strip().endswith("must be Kafka's Type:name, e.g. User:alice")
+    text = CliRunner().invoke(main, ["endpoint", "acls", "Sales", "--namespace", NS])
+    assert text.exit_code == 0 and "IDEMPOTENT_WRITE" not in text.output
+    assert all(line.startswith("kafka-acls.sh --bootstrap-server BOOTSTRAP --add") for line in text.output.splitlines())

@@ -98,3 +98,29 @@ def test_dialogs_refuses_an_unknown_class_in_one_line_naming_the_classes():
     assert result.exit_code == 1
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kbroker: error: --class 'busy' is not a class; one of erroring, stale")
+
+
+@click.command()
+@handle_errors
+def refused() -> None:
+    from kbroker.errors import PermissionDeniedError
+
+    raise PermissionDeniedError(resource="topic kbroker.s.catalog", operation="WRITE", what="publishing")
+
+
+def test_a_refusal_is_one_line_naming_principal_operation_and_resource():
+    result = CliRunner().invoke(refused, [])
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [
+        "kbroker: error: permission denied: this client's principal may not WRITE topic kbroker.s.catalog (publishing)"]
+
+
+def test_a_refusal_names_the_principal_of_the_commands_client_settings(tmp_path):
+    from kbroker.cli.common import Target, _principal
+
+    props = tmp_path / "alice.properties"
+    props.write_text("security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\nsasl.username=alice\n"
+                     "sasl.password=secret\n")
+    assert _principal(Target("127.0.0.1:9092", "s", str(props))) == "User:alice"
+    assert _principal(Target("127.0.0.1:9092", "s", None)) == "User:ANONYMOUS"
+    assert _principal(None) is None

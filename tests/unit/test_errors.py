@@ -52,3 +52,40 @@ def test_another_exception_counts_as_unreachable() -> None:
 
 def test_invalid_argument_is_a_value_error() -> None:
     assert issubclass(InvalidArgumentError, ValueError) and issubclass(InvalidArgumentError, KBrokerError)
+
+
+# --- the authorizer's refusals --------------------------------------------------------------
+
+
+def test_a_refusal_names_the_operation_and_resource_the_call_site_knows() -> None:
+    from kbroker.errors import PermissionDeniedError
+
+    on = {"topic": ("WRITE", "kbroker.s.queue.Q"), "group": ("READ", "kbroker.s.queue.Q")}
+    topic = kafka_error("sending", FakeKafkaError(29), on=on, principal="User:alice")
+    assert isinstance(topic, PermissionDeniedError) and not topic.retriable
+    assert str(topic) == "permission denied: User:alice may not WRITE topic kbroker.s.queue.Q (sending)"
+    assert (topic.operation, topic.resource, topic.principal) == ("WRITE", "topic kbroker.s.queue.Q", "User:alice")
+    group = kafka_error("reading", FakeKafkaError(30), on=on)
+    assert str(group) == "permission denied: this client's principal may not READ group kbroker.s.queue.Q (reading)"
+    assert str(group.naming("User:bob")).startswith("permission denied: User:bob may not READ group")
+    assert topic.naming("User:bob") is topic  # a principal already named stays
+    unknown = kafka_error("committing", FakeKafkaError(53))
+    assert str(unknown) == "permission denied: this client's principal may not use a transactional id (committing)"
+
+
+def test_every_authorization_code_is_a_refusal_whatever_the_client_says() -> None:
+    from kbroker.errors import PermissionDeniedError, denied_code, is_refusal
+
+    for code in (29, 30, 31, 53):
+        err = FakeKafkaError(code, retriable=True)  # even where a client calls it retriable
+        assert denied_code(err) and isinstance(kafka_error("x", err), PermissionDeniedError)
+
+    class AioAuthorizationError(Exception):  # aiokafka's carry the code as `errno`
+        errno = 30
+
+    class Wrapped(Exception):  # confluent_kafka's KafkaException carries the KafkaError
+        pass
+
+    assert is_refusal(AioAuthorizationError("kbroker.s.worker"))
+    assert is_refusal(Wrapped(FakeKafkaError(29))) and not is_refusal(Wrapped(FakeKafkaError(7)))
+    assert is_refusal(PermissionDeniedError("no")) and not is_refusal(RuntimeError("no"))
