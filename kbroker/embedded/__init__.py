@@ -10,7 +10,6 @@ from pathlib import Path
 
 from kbroker import config
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.embedded.broker import BrokerStatus
 from kbroker.embedded.cluster import embedded_at
 from kbroker.embedded.secure import read_properties
 from kbroker.errors import BrokerUnavailableError
@@ -28,7 +27,7 @@ def resolve_cluster(explicit: ClusterLike | None = None, data_dir: Path | None =
         return Cluster(env)
     status = embedded_at(data_dir or config.default_data_dir()).status()
     if status.running and status.bootstrap:  # the address the embedded broker listens on
-        if isinstance(status, BrokerStatus) and status.client_properties:
+        if status.client_properties:
             return Cluster.with_properties(status.bootstrap, read_properties(status.client_properties))
         return Cluster(status.bootstrap)
     raise BrokerUnavailableError(
