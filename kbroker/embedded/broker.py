@@ -114,6 +114,7 @@ class EmbeddedBroker:
         if current.running:
             return current
         java = find_java()
+        tls_port = tls_port if secure else None  # a plain node has no such listener
         for p in (port, controller_port, tls_port):
             if p is not None and jvm.bind(p) is None:
                 raise PortInUseError(
