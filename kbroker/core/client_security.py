@@ -27,7 +27,7 @@ LIBRDKAFKA = "confluent-kafka (librdkafka)"
 AIOKAFKA = "the worker's Faust consumer (aiokafka)"
 SPARK = "Spark's Kafka source"
 WIRE = "kbroker's log-dir client (kafka/wire.py)"
-KBROKER = "kbroker"
+KBROKER = "any of kbroker's clients"
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
