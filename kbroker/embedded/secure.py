@@ -19,8 +19,9 @@ import re
 import secrets
 from pathlib import Path
 
-import jproperties
 
+from kbroker.core import client_properties
+from kbroker.core.client_properties import Jaas
 from kbroker.core.cluster import Cluster
 from kbroker.embedded import certs
 from kbroker.errors import EmbeddedBrokerError, InvalidArgumentError
@@ -70,14 +71,13 @@ def check_user_name(name: str) -> None:
 def read_properties(path: Path) -> dict[str, str]:
     """A Java properties file's settings, `bootstrap.servers` left out (a Cluster's bootstrap
     is not one of its settings)."""
-    props = jproperties.Properties()
-    with open(path, "rb") as f:
-        props.load(f, "utf-8")
-    return {key: value.data for key, value in props.items() if key != "bootstrap.servers"}
+    props = client_properties.read_properties(path.read_text())
+    props.pop("bootstrap.servers", None)
+    return props
 
 
 def _jaas(module: str, user: str, password: str) -> str:
-    return f'{module} required username="{user}" password="{password}";'
+    return Jaas(module, "required", {"username": user, "password": password}).line()
 
 
 def _properties_text(what: str, settings: dict[str, str]) -> str:
