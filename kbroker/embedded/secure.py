@@ -19,7 +19,6 @@ import re
 import secrets
 from pathlib import Path
 
-
 from kbroker.core import client_properties
 from kbroker.core.client_properties import Jaas
 from kbroker.core.cluster import Cluster
