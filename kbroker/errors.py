@@ -4,6 +4,7 @@ connection), as opposed to input that will be refused every time."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -29,20 +30,44 @@ class BrokerUnavailableError(KBrokerError):
 UNREACHABLE_CODES = frozenset({-195, -185, -187, -192})
 
 
-def kafka_error(what: str, err: Any) -> KBrokerError:
-    """A Kafka failure as a typed error: BrokerUnavailableError when trying later may help.
+def kafka_error(what: str, err: Any, *, on: Mapping[str, tuple[str, str]] | None = None,
+                principal: str = "") -> KBrokerError:
+    """A Kafka failure as a typed error: BrokerUnavailableError when trying later may help,
+    PermissionDeniedError when the authorizer refused, named by what the call site knows: `on`
+    maps the kind of resource Kafka's code names ("topic", "group", "transactional id",
+    "cluster") to (the operation, the resource's name), e.g. {"topic": ("WRITE", topic)}.
 
     `err` is a confluent_kafka KafkaError (anything with retriable(), code() and str()); any other
     exception counts as unreachable, since it did not come with a verdict from the broker."""
     retriable, code, text = (getattr(err, name, None) for name in ("retriable", "code", "str"))
     if callable(code) and callable(text) and code() in DENIED_CODES:
-        return PermissionDeniedError(f"{what}: not authorized ({DENIED_CODES[code()]}): {text()}",
-                                     resource=DENIED_CODES[code()])
+        kind = DENIED_CODES[code()]
+        operation, name = (on or {}).get(kind, ("", ""))
+        return PermissionDeniedError(resource=f"{kind} {name}" if name else "", operation=operation,
+                                     principal=principal, what=what, kind=kind)
     if callable(code) and callable(text) and code() in AUTHENTICATION_CODES:
         return AuthenticationFailedError(f"{what}: {text()}")
     if not (callable(retriable) and callable(code) and callable(text)) or retriable() or code() in UNREACHABLE_CODES:
         return BrokerUnavailableError(f"{what}: {err}")
     return KBrokerError(f"{what}: {text()}")
+
+
+def denied_code(err: Any) -> bool:
+    """Whether a Kafka error (a KafkaError, or an aiokafka error with its `errno`) is the
+    authorizer's refusal: never transient, whatever the client library says."""
+    code = getattr(err, "code", None)
+    number = code() if callable(code) else getattr(err, "errno", None)
+    return number in DENIED_CODES
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """Whether `exc` is the authorizer's refusal: a PermissionDeniedError, a client library's
+    authorization error (aiokafka's carry `errno`), or a confluent_kafka KafkaException of one.
+    Such a failure is not retried: it stands until an operator grants the ACL."""
+    if isinstance(exc, PermissionDeniedError) or denied_code(exc):
+        return True
+    first = exc.args[0] if exc.args else None
+    return callable(getattr(first, "code", None)) and denied_code(first)
 
 
 class AuthenticationFailedError(KBrokerError):
@@ -52,11 +77,32 @@ class AuthenticationFailedError(KBrokerError):
 
 class PermissionDeniedError(KBrokerError):
     """The cluster's authorizer refused an operation to kbroker's principal (no ACL grants it).
-    Trying again does not help until an operator grants it."""
+    Trying again does not help until an operator grants it.
 
-    def __init__(self, message: str, *, resource: str = "", operation: str = "", principal: str = ""):
-        super().__init__(message)
-        self.resource, self.operation, self.principal = resource, operation, principal
+    Its message is one line naming the principal, the operation and the resource as far as the
+    code that met the refusal knows them (`kind`: the kind of resource Kafka's error code names,
+    when the resource itself is not known); `naming(principal)` fills in the principal later."""
+
+    retriable = False
+
+    def __init__(self, message: str = "", *, resource: str = "", operation: str = "", principal: str = "",
+                 what: str = "", kind: str = ""):
+        self.resource, self.operation, self.principal = resource or (f"a {kind}" if kind else ""), operation, principal
+        self.what, self._given = what, message
+        super().__init__(message or self.line())
+
+    def line(self) -> str:
+        """`permission denied: <principal> may not <operation> <resource> (<what was being done>)`."""
+        who = self.principal or "this client's principal"
+        head = f"permission denied: {who} may not {self.operation or 'use'} {self.resource or 'a resource'}"
+        return f"{head} ({self.what})" if self.what else head
+
+    def naming(self, principal: str | None) -> "PermissionDeniedError":
+        """This error with `principal` filled in when it named none (the same error otherwise)."""
+        if self.principal or not principal:
+            return self
+        return PermissionDeniedError(self._given, resource=self.resource, operation=self.operation,
+                                     principal=principal, what=self.what)
 
 
 # Kafka's authorization failures by error code: the kind of resource each one names.

@@ -25,7 +25,9 @@ from kbroker.core.queue_analytics import Analytics, Arrival, Progress
 from kbroker.core.log_limit import LogLimiter, RateLimitFilter
 from kbroker.kafka.analytics.results import ResultsWriter
 from kbroker.kafka.catalog_store import read_catalog
-from kbroker.kafka.clients import spark_java_options, spark_options
+from kbroker.errors import PermissionDeniedError
+from kbroker.kafka.clients import principal, spark_java_options, spark_options
+from kbroker.kafka.reader import check_read
 
 log = logging.getLogger("kbroker.analytics")
 CATALOG_EVERY = 10.0  # seconds between reads of the queues' stale_after
@@ -89,7 +91,26 @@ class AnalyticsJob:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
 
+    def check_access(self) -> None:
+        """PermissionDeniedError now, naming what is refused, when the principal may not run
+        the job: Spark's pattern source shows topics it may not read as no topics at all, and the
+        results' transactional id would be refused only at the first batch."""
+        if self.writer is None:
+            self.writer = ResultsWriter(self.s.cluster, self.s.namespace)
+        self.writer.check()
+        check_read(self.s.cluster, names.prefix(self.s.namespace) + "analytics-source",
+                   names.progress_topic(self.s.namespace))
+
+    def failure(self) -> BaseException | None:
+        """Why the query stopped, typed when the authorizer refused it (refusal_in), else
+        Spark's exception; None while it runs."""
+        if self.query is None or self.query.isActive:
+            return None
+        error = self.query.exception()
+        return refusal_in(error, principal(self.s.cluster)) or error
+
     def start(self) -> "AnalyticsJob":
+        self.check_access()
         if self.spark is None:
             self.spark = spark_session(self.s.master, self.s.spark_conf, say=log.info,
                                        java_options=spark_java_options(self.s.cluster))
@@ -267,6 +288,32 @@ def first_line(error: object) -> str:
     return (lines[0] if lines else repr(error))[:300]
 
 
+# How the authorizer's refusal reads in a failed query's text: kbroker's own (raised in a batch,
+# its one line), or Kafka's Java client's (Spark's Kafka source).
+_KBROKER_REFUSAL = re.compile(r"(permission denied: [^\n]*)")
+_JAVA_REFUSAL = re.compile(r"(Topic|Group|Cluster|TransactionalId)AuthorizationException: ([^\n]*)")
+_JAVA_KINDS = {"Topic": "topic", "Group": "group", "Cluster": "cluster", "TransactionalId": "transactional id"}
+
+
+def refusal_in(error: Any, principal: str = "") -> PermissionDeniedError | None:
+    """The authorizer's refusal a failed query (or any error) carries, as a PermissionDeniedError;
+    None when it is not one."""
+    if error is None:
+        return None
+    if isinstance(error, PermissionDeniedError):
+        return error.naming(principal)
+    text = str(error)
+    own = _KBROKER_REFUSAL.search(text)
+    if own is not None:
+        return PermissionDeniedError(own.group(1).strip())
+    java = _JAVA_REFUSAL.search(text)
+    if java is not None:
+        kind = _JAVA_KINDS[java.group(1)]
+        return PermissionDeniedError(resource=kind, operation="READ" if kind in ("topic", "group") else "",
+                                     principal=principal, what=f"Spark's Kafka source: {java.group(2).strip()[:200]}")
+    return None
+
+
 def run_forever(settings: JobSettings) -> None:
     """`kbroker analytics run`: the job until SIGINT/SIGTERM. A query that fails (the broker away
     longer than Spark's Kafka client waits) is started again from its checkpoint, with back-off;
@@ -284,7 +331,8 @@ def run_forever(settings: JobSettings) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     spark, backoff = None, 1.0
-    while not stopping.is_set():
+    refused: PermissionDeniedError | None = None
+    while not stopping.is_set() and refused is None:
         job = AnalyticsJob(settings, spark)
         try:
             job.start()
@@ -294,14 +342,20 @@ def run_forever(settings: JobSettings) -> None:
             while not stopping.is_set() and job.query.isActive:
                 job.query.awaitTermination(1.0)
                 backoff = 1.0 if job.batches else backoff
-            if not stopping.is_set():
+            refused = refusal_in(job.query.exception(), principal(settings.cluster))
+            if not stopping.is_set() and refused is None:
                 log.error("analytics query stopped (%s); starting it again from its checkpoint",
                           first_line(job.query.exception()))
         except Exception as exc:  # noqa: BLE001 - the broker may be away: try again
-            log.error("analytics job failed (%s); starting it again from its checkpoint", first_line(exc))
+            refused = refusal_in(exc, principal(settings.cluster))
+            if refused is None:
+                log.error("analytics job failed (%s); starting it again from its checkpoint", first_line(exc))
         finally:
             job.stop()
-        stopping.wait(backoff)
-        backoff = min(60.0, backoff * 2)
+        if refused is None:
+            stopping.wait(backoff)
+            backoff = min(60.0, backoff * 2)
     if spark is not None:
         spark.stop()
+    if refused is not None:  # not retried: it stands until an operator grants the ACL
+        raise refused

@@ -15,7 +15,7 @@ import orjson
 
 from kbroker import config
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.errors import KBrokerError
+from kbroker.errors import KBrokerError, PermissionDeniedError
 
 _bootstrap_option = click.option(
     "--bootstrap",
@@ -87,12 +87,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def handle_errors(fn: F) -> F:
     """Turn kbroker's typed errors, bad values and a missing optional extra into a one-line message
-    and exit code 1."""
+    and exit code 1. A refusal by the cluster's authorizer names the principal, the operation
+    and the resource (the principal from the command's client settings when the code that met
+    the refusal did not know it)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except PermissionDeniedError as exc:
+            fail(exc.naming(_principal(kwargs.get("target"))).line())
         except KBrokerError as exc:
             fail(str(exc))
         except ValueError as exc:  # pydantic's ValidationError included
@@ -106,6 +110,18 @@ def handle_errors(fn: F) -> F:
             fail(missing_extra(package))
 
     return cast(F, wrapper)
+
+
+def _principal(target: Any) -> str | None:
+    """Who the command's cluster takes it for (a refusal names them), when it has a cluster."""
+    if not isinstance(target, Target):
+        return None
+    from kbroker.kafka.clients import principal
+
+    try:
+        return principal(target.cluster) or None
+    except KBrokerError:
+        return None
 
 
 @dataclass(frozen=True)

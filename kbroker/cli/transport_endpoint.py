@@ -125,17 +125,25 @@ def receive_cmd(queue, wait, target, as_json):
 @click.argument("endpoint")
 @click.option("--installer", default="User:installer", show_default=True, help="The installing principal.")
 @click.option("--runner", default="User:endpoint", show_default=True, help="The running endpoint's principal.")
+@click.option("--apply", "apply_", is_flag=True,
+              help="Create the ACLs (as a principal that may alter the cluster's ACLs) instead of printing "
+              "kafka-acls.sh lines.")
 @cluster_options
 @json_option
 @handle_errors
-def acls_cmd(endpoint, installer, runner, target, as_json):
+def acls_cmd(endpoint, installer, runner, apply_, target, as_json):
     """The Kafka ACLs that split ENDPOINT's permissions: the installer creates its topics, the
-    running endpoint only reads and writes. Printed as kafka-acls.sh lines, not applied."""
-    from kbroker.core.transport.endpoint import acl_split
+    running endpoint only reads and writes (roles transport-installer and transport-runner of
+    `kbroker acls roles`). Printed as kafka-acls.sh lines unless --apply."""
+    from kbroker.core.acl_roles import transport_split
 
-    bindings = acl_split(target.namespace, endpoint, installer, runner)
+    bindings = transport_split(target.namespace, endpoint, installer, runner)
+    if apply_:
+        from kbroker.kafka.acls import grant
+
+        grant(target.cluster, bindings)
     if as_json:
-        emit_json([b.__dict__ for b in bindings])
+        emit_json([b.as_dict() for b in bindings])
         return
     address = str(target.explicit or "BOOTSTRAP")
     for b in bindings:

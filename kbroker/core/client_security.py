@@ -77,6 +77,23 @@ class ClientSecurity:
     def sasl(self) -> bool:
         return self.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
 
+    @property
+    def principal(self) -> str:
+        """Who the cluster most likely takes this client for (what its ACLs name), for messages:
+        `User:<name>` of a SASL login; a client certificate's subject as Kafka's default mapping
+        spells it (a broker's ssl.principal.mapping.rules may shorten it, e.g. to the CN);
+        User:ANONYMOUS without either."""
+        if self.oauth is not None:
+            return f"the principal of OAuth client {self.oauth.client_id}"
+        if self.sasl and self.username:
+            return f"User:{self.username}"
+        if self.cert_pem:
+            try:
+                return f"User:{x509.load_pem_x509_certificate(self.cert_pem.encode()).subject.rfc4514_string()}"
+            except ValueError:
+                return "the principal of this client's certificate"
+        return "User:ANONYMOUS"
+
     @classmethod
     def of(cls, properties: Mapping[str, str], read_file: ReadFile) -> "ClientSecurity":
         """The settings `properties` give (either dialect's names); `read_file` reads a file a

@@ -20,6 +20,10 @@ other's topics and one ACL prefix covers a namespace:
     kbroker.<ns>.acks              compacted: per dialog direction, the next sequence number expected
     kbroker.<ns>.transport         compacted: each transmitter's connections and waiting messages
 
+and so do the consumer groups (`kbroker.<ns>.reader` for kbroker's assign-only readers) and the
+transactional ids (`kbroker.<ns>.<uuid>`, `kbroker.<ns>.timers.<uuid>`, ...): a namespace's
+PREFIXED ACLs cover everything its processes touch (core/acl_roles.py).
+
 Two names must never be one topic, nor two topics Kafka refuses side by side: Kafka treats '.'
 and '_' as one character when it compares topic names (kafka_form). Instance names hold no '.',
 so a secondary queue `<queue>.<instance>` can only meet another queue's name in the space that
@@ -52,6 +56,21 @@ def _ns(ns: str) -> str:
 def prefix(ns: str) -> str:
     """The prefix of every topic (and group) of the namespace, e.g. `kbroker.sales.`."""
     return f"kbroker.{_ns(ns)}."
+
+
+def namespace_of(name: str) -> str | None:
+    """The namespace of a topic (or group) named under a namespace's prefix, else None."""
+    head, _, rest = name.partition(".")
+    ns, dot, _tail = rest.partition(".")
+    return ns if head == "kbroker" and dot and NAMESPACE_RE.match(ns) else None
+
+
+def reader_group(ns: str) -> str:
+    """The group id of every consumer kbroker only assigns partitions to (catalog, endpoints and
+    events readers, views, the reclaim's reads): it never joins the group nor commits, but
+    librdkafka looks the group's coordinator up, which a secured cluster allows only to a
+    principal that may DESCRIBE the group. So it lies under the namespace's prefix too."""
+    return f"{prefix(ns)}reader"
 
 
 def queue_topic(ns: str, queue: str) -> str:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -35,7 +35,7 @@ from kbroker.core.cluster import ClusterLike
 from kbroker.core.routing.routes import stamp_routes
 from kbroker.core.topic_limits import HEADER_HEADROOM as HEADER_HEADROOM  # noqa: F401 - tests read it here
 from kbroker.core.topic_limits import queue_limit, system_topic_limit
-from kbroker.errors import DefinitionError, InvalidArgumentError, kafka_error
+from kbroker.errors import DefinitionError, InvalidArgumentError, denied_code, kafka_error
 from kbroker.kafka import clients
 from kbroker.kafka.catalog_store import publish, read_catalog
 
@@ -121,8 +121,9 @@ def choose_replication(brokers: int, requested: int | None = None) -> tuple[int,
     return replicas, 2 if replicas >= 3 else 1
 
 
-def _wait(futures: dict, what: str, tolerate: tuple = ()) -> set[str]:
-    """Wait for admin futures; returns the names whose error was tolerated."""
+def _wait(cluster: ClusterLike, futures: dict, what: str, operation: str, tolerate: tuple = ()) -> set[str]:
+    """Wait for admin futures on topics; returns the names whose error was tolerated. A refusal
+    names `operation` on the topic."""
     tolerated = set()
     for key, future in futures.items():
         name = getattr(key, "name", key)
@@ -130,7 +131,7 @@ def _wait(futures: dict, what: str, tolerate: tuple = ()) -> set[str]:
             future.result()
         except KafkaException as exc:
             if exc.args[0].code() not in tolerate:
-                raise kafka_error(f"{what} {name}", exc.args[0]) from None
+                raise clients.denied(cluster, exc.args[0], f"{what} {name}", topic=(operation, name)) from None
             tolerated.add(name)
     return tolerated
 
@@ -177,7 +178,8 @@ def sync_topics(cluster: ClusterLike, specs: list[TopicSpec], origins: dict[str,
             try:
                 current[res.name] = {k: e.value for k, e in future.result().items()}
             except KafkaException as exc:
-                raise kafka_error(f"cannot describe topic {res.name}", exc.args[0]) from None
+                raise clients.denied(cluster, exc.args[0], f"cannot describe topic {res.name}",
+                                     topic=("DESCRIBE_CONFIGS", res.name)) from None
     alter = [s for s in present if any(current[s.name].get(k) != v for k, v in s.config.items())]
     retention = [f"{s.name}: {key} {current[s.name].get(key)} -> {s.config[key]}" for s in alter
                  for key in RETENTION_KEYS if key in s.config and current[s.name].get(key) != s.config[key]]
@@ -191,8 +193,8 @@ def sync_topics(cluster: ClusterLike, specs: list[TopicSpec], origins: dict[str,
         new = [NewTopic(s.name, num_partitions=s.partitions, replication_factor=replicas,
                         config={**s.config, "min.insync.replicas": str(min_insync)}) for s in missing]
         # Another apply may create the same topic at the same time: not a failure, not ours.
-        raced = _wait(admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout),
-                      "cannot create topic", tolerate=(KafkaError.TOPIC_ALREADY_EXISTS,))
+        raced = _wait(cluster, admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout),
+                      "cannot create topic", "CREATE", tolerate=(KafkaError.TOPIC_ALREADY_EXISTS,))
     if alter:
         say(f"updating the config of {len(alter)} topics")
         for line in retention:
@@ -200,12 +202,14 @@ def sync_topics(cluster: ClusterLike, specs: list[TopicSpec], origins: dict[str,
         changes = [ConfigResource(ResourceType.TOPIC, s.name, incremental_configs=[
             ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in s.config.items()
         ]) for s in alter]
-        _wait(admin.incremental_alter_configs(changes, request_timeout=timeout), "cannot configure topic")
+        _wait(cluster, admin.incremental_alter_configs(changes, request_timeout=timeout), "cannot configure topic",
+              "ALTER_CONFIGS")
     if grow:
         say(f"adding partitions to {len(grow)} topics")
-        _wait(admin.create_partitions([NewPartitions(s.name, s.partitions) for s in grow],
-                                      operation_timeout=timeout, request_timeout=timeout), "cannot grow topic")
-    _await_metadata(admin, [s.name for s in missing], timeout)
+        _wait(cluster, admin.create_partitions([NewPartitions(s.name, s.partitions) for s in grow],
+                                               operation_timeout=timeout, request_timeout=timeout),
+              "cannot grow topic", "ALTER")
+    _await_metadata(cluster, admin, [s.name for s in missing], timeout)
     updated = sorted({s.name for s in alter} | {s.name for s in grow})
     return [s.name for s in missing if s.name not in raced], updated, retention
 
@@ -244,9 +248,10 @@ def queue_in_use(admin: AdminClient, topic: str, partitions: list[int], timeout:
     return None
 
 
-def _await_metadata(admin: AdminClient, topics: list[str], timeout: float) -> None:
+def _await_metadata(cluster: ClusterLike, admin: AdminClient, topics: list[str], timeout: float) -> None:
     # A new topic may take a moment to appear in every broker's metadata; publish checks for it.
     deadline = time.monotonic() + timeout
+    asked = False
     while topics and time.monotonic() < deadline:
         try:
             known = admin.list_topics(timeout=timeout).topics
@@ -255,7 +260,25 @@ def _await_metadata(admin: AdminClient, topics: list[str], timeout: float) -> No
         if all(t in known and not known[t].error and known[t].partitions
                and all(p.leader >= 0 for p in known[t].partitions.values()) for t in topics):
             return
+        if not asked:  # one still missing: it may be hidden from a principal that may not DESCRIBE it
+            asked = True
+            _check_visible(cluster, admin, [t for t in topics if t not in known], timeout)
         time.sleep(0.1)
+
+
+def _check_visible(cluster: ClusterLike, admin: AdminClient, topics: list[str], timeout: float) -> None:
+    """PermissionDeniedError for the first of `topics` the principal may not DESCRIBE (asked by
+    name: an answer about all topics leaves it out as if it did not exist). DescribeTopics
+    never creates a topic."""
+    if not topics:
+        return
+    for name, future in admin.describe_topics(TopicCollection(topics), request_timeout=timeout).items():
+        try:
+            future.result()
+        except KafkaException as exc:
+            if denied_code(exc.args[0]):
+                raise clients.denied(cluster, exc.args[0], f"cannot see topic {name} after creating it",
+                                     topic=("DESCRIBE", name)) from None
 
 
 def ensure_system_topics(cluster: ClusterLike, namespace: str, timeout: float = 30.0,

@@ -121,7 +121,7 @@ def committed_offsets(consumer: Consumer, topic: str, partitions: list[int], tim
 def read_topic_to_end(cluster: ClusterLike, topic: str, timeout: float = 600.0) -> int:
     """A plain consumer loop reading every partition of `topic` from its start to its end;
     returns the records read (the least any reader of the whole topic does)."""
-    consumer = clients.consumer(cluster, None, **{"enable.partition.eof": True, "fetch.wait.max.ms": 10})
+    consumer = clients.consumer(cluster, f"baseline.{topic}", **{"enable.partition.eof": True, "fetch.wait.max.ms": 10})
     try:
         meta = consumer.list_topics(topic, timeout=30).topics[topic]
         todo = set(meta.partitions)

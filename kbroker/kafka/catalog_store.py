@@ -77,17 +77,21 @@ def write_records(cluster: ClusterLike, topic: str, todo: dict[str, bytes], time
     producer = clients.producer(cluster, **{
         "enable.idempotence": True,  # retries never duplicate or reorder catalog records
         "allow.auto.create.topics": False,  # an auto-created topic would not be compacted
-        "message.timeout.ms": int(timeout * 1000),
+        "message.timeout.ms": int(timeout * 1000), "error_cb": (fatal := clients.FatalError()),
     })
     if topic_partitions(producer, topic, timeout) is None:
         raise CatalogError(f"topic {topic} does not exist: run 'kbroker apply' first")
     errors: list[KafkaError] = []
-    for key, value in todo.items():
-        producer.produce(topic, key=key.encode(), value=value, on_delivery=_collect_errors(errors))
-        producer.poll(0)
-    remaining = producer.flush(timeout)
+    try:
+        for key, value in todo.items():
+            producer.produce(topic, key=key.encode(), value=value, on_delivery=_collect_errors(errors))
+            producer.poll(0)
+        remaining = clients.flush(producer, timeout)
+    except KafkaException as exc:  # the producer failed for good: its fatal error says why
+        raise clients.producer_failed(cluster, fatal.of(producer, exc.args[0]), topic,
+                                      f"publishing to {topic} failed") from None
     if errors:
-        raise kafka_error(f"publishing to {topic} failed", errors[0])
+        raise clients.denied(cluster, errors[0], f"publishing to {topic} failed", topic=("WRITE", topic))
     if remaining:
         raise BrokerUnavailableError(f"publishing to {topic}: {remaining} records not acknowledged in {timeout}s")
 
@@ -95,7 +99,7 @@ def write_records(cluster: ClusterLike, topic: str, todo: dict[str, bytes], time
 def read_catalog(cluster: ClusterLike, namespace: str, timeout: float = 10.0) -> Catalog:
     """The namespace's catalog as published; only the built-ins when the topic does not exist."""
     topic = names.catalog_topic(namespace)
-    consumer = reading_consumer(cluster, f"{names.prefix(namespace)}catalog-reader",  # never joined
+    consumer = reading_consumer(cluster, names.reader_group(namespace),
                                 **{"allow.auto.create.topics": False})
     try:
         partitions = topic_partitions(consumer, topic, timeout)
@@ -154,7 +158,7 @@ class CatalogWatcher(Background):
 
     def _run(self) -> None:
         topic = names.catalog_topic(self._namespace)
-        consumer = reading_consumer(self._cluster, f"{names.prefix(self._namespace)}catalog-watch",
+        consumer = reading_consumer(self._cluster, names.reader_group(self._namespace),
                                     **{"allow.auto.create.topics": False})
         failing = False
         partitions: list[int] | None = None  # the catalog topic's, asked until it exists

@@ -22,7 +22,15 @@ from kbroker.config import KAFKA_LOG
 from kbroker.core.client_security import ClientSecurity
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.log_limit import RateLimitFilter
-from kbroker.errors import AUTHENTICATION_CODES, BrokerUnavailableError, SendFailedError
+from kbroker.errors import (
+    AUTHENTICATION_CODES,
+    BrokerUnavailableError,
+    InvalidArgumentError,
+    KBrokerError,
+    PermissionDeniedError,
+    SendFailedError,
+    denied_code,
+)
 from kbroker.errors import kafka_error as kafka_error  # re-exported for the layer's modules
 from kbroker.kafka.tls import ssl_context
 
@@ -40,8 +48,9 @@ _RECONNECTING = (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_B
 
 def is_transient(err: KafkaError) -> bool:
     """Whether a consumer's error event is one librdkafka recovers from by itself (a lost
-    connection, brokers down for a moment): a reader keeps polling rather than failing."""
-    return not err.fatal() and (err.retriable() or err.code() in _RECONNECTING)
+    connection, brokers down for a moment): a reader keeps polling rather than failing. An
+    authorization failure never is: it stays until an operator grants the ACL."""
+    return not denied_code(err) and not err.fatal() and (err.retriable() or err.code() in _RECONNECTING)
 
 
 @functools.lru_cache(maxsize=32)
@@ -53,6 +62,78 @@ def security(cluster: ClusterLike) -> ClientSecurity:
     """The cluster's client properties read into one value (files they name read once per
     process); UnsupportedSettingError or InvalidArgumentError for settings kbroker cannot use."""
     return _security(Cluster.of(cluster))
+
+
+def principal(cluster: ClusterLike) -> str:
+    """Who `cluster` takes kbroker's clients for, as its ACLs name principals (User:alice);
+    for messages that say who was refused."""
+    try:
+        return security(cluster).principal
+    except InvalidArgumentError:  # settings that cannot be read fail where a client is made
+        return ""
+
+
+def denied(where: ClusterLike, err: KafkaError, what: str, **on: tuple[str, str]) -> KBrokerError:
+    """kafka_error with the principal `where` (the cluster) knows kbroker as, so that a refusal
+    names who was refused; `on`: kind of resource (topic, group, transactional_id, cluster) ->
+    (operation, name)."""
+    return kafka_error(what, err, on={kind.replace("_", " "): v for kind, v in on.items()},
+                       principal=principal(where))
+
+
+def flush(producer: Producer, seconds: float) -> int:
+    """Producer.flush: how many records are still not acknowledged after `seconds`. A producer
+    that failed for good (a fatal error: the cluster refused it a producer id) raises its
+    KafkaException, which the binding otherwise wraps in a SystemError when a delivery callback
+    runs while it is set."""
+    try:
+        return int(producer.flush(seconds))
+    except SystemError as exc:
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, KafkaException):
+            raise cause from None
+        raise
+
+
+class FatalError:
+    """An `error_cb` that keeps a producer's fatal error: once a producer failed for good, its
+    calls raise only librdkafka's _FATAL, and the error callback is what says why (a refused
+    producer id, say)."""
+
+    def __init__(self) -> None:
+        self.error: KafkaError | None = None
+
+    def __call__(self, err: KafkaError) -> None:
+        if err.fatal():
+            self.error = err
+
+    def of(self, producer: Producer, err: KafkaError) -> KafkaError:
+        """Why `producer` failed, given the error a call raised: the fatal error it reported,
+        once its callbacks are served, when `err` only says there was one."""
+        if err.code() == KafkaError._FATAL and self.error is None:
+            producer.poll(0)
+        return self.error if err.code() == KafkaError._FATAL and self.error is not None else err
+
+
+def producer_failed(cluster: ClusterLike, err: KafkaError, topic: str, what: str) -> KBrokerError:
+    """A producer's fatal error while writing `topic`, typed. CLUSTER_AUTHORIZATION_FAILED from
+    an idempotent producer means the principal may WRITE no topic at all (with WRITE on one,
+    Kafka grants the producer id, KIP-679): named as the WRITE it lacks."""
+    if err.code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED:
+        return PermissionDeniedError(resource=f"topic {topic}", operation="WRITE", principal=principal(cluster),
+                                     what=f"{what}: the cluster refused a producer id to a principal that may "
+                                          "write no topic")
+    return denied(cluster, err, what, topic=("WRITE", topic))
+
+
+def refusal(cluster: ClusterLike, failed: list[tuple[KafkaError, str]], what: str) -> KBrokerError | None:
+    """Among failed deliveries, (error, topic), the first the authorizer refused, as a
+    PermissionDeniedError naming the topic; None when none was refused. (A refusal must not pass
+    for a send that failed retriably: it fails the same way every time.)"""
+    for err, topic in failed:
+        if denied_code(err):
+            return denied(cluster, err, what, topic=("WRITE", topic))
+    return None
 
 
 def librdkafka_settings(cluster: ClusterLike) -> dict[str, Any]:
@@ -84,11 +165,12 @@ def transactional_producer(cluster: ClusterLike, prefix: str, **overrides: Any) 
     return idempotent_producer(cluster, **{"transactional.id": f"{prefix}.{uuid.uuid4()}", **overrides})
 
 
-def consumer(cluster: ClusterLike, group_id: str | None = None, **overrides: Any) -> Consumer:
-    """A consumer that commits nothing by itself and reads committed records only. Without a
-    `group_id` it gets a throw-away one (for assign()-only reading)."""
+def consumer(cluster: ClusterLike, group_id: str, **overrides: Any) -> Consumer:
+    """A consumer that commits nothing by itself and reads committed records only. `group_id`
+    is named under the namespace's prefix, even for assign()-only reading (names.reader_group),
+    so the namespace's ACLs cover it."""
     return Consumer(base(cluster, **{
-        "group.id": group_id or f"kbroker-reader-{uuid.uuid4().hex[:8]}",
+        "group.id": group_id,
         "enable.auto.commit": False, "isolation.level": "read_committed", **overrides}))
 
 

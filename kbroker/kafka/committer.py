@@ -39,7 +39,12 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.records import Record
 from kbroker.core.txn_faults import Action, Deadline, Position, Stage, committed_by_offsets, decide
-from kbroker.errors import RecordRefusedError, TransactionAbortedError, TransactionInDoubtError
+from kbroker.errors import (
+    RecordRefusedError,
+    TransactionAbortedError,
+    TransactionInDoubtError,
+    denied_code,
+)
 from kbroker.kafka import clients
 from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, started, reason, transact
 from kbroker.kafka.reader import group_offsets, offsets_reader, without_errors
@@ -185,6 +190,12 @@ class GroupCommitter:
                 self._ready(slot, self._timeout)
             except CallDeadlineExceeded as exc:
                 raise KafkaException(KafkaError(KafkaError._TIMED_OUT, str(exc))) from None
+            except KafkaException as exc:
+                if not denied_code(exc.args[0]):
+                    raise
+                self.close()
+                raise clients.denied(self._cluster, exc.args[0], "starting a transactional producer",
+                                     transactional_id=("WRITE", slot.transactional_id)) from None
         self._thread = threading.Thread(target=self._run, name="kbroker-committer", daemon=True)
         self._thread.start()
         return self
@@ -281,12 +292,26 @@ class GroupCommitter:
                     return
                 error: Exception = (TransactionAbortedError(f"the Kafka transaction failed: {failed.reason}")
                                     if committed is False else TransactionInDoubtError(failed.reason))
+                if failed.error is not None and denied_code(failed.error):
+                    # Refused by the authorizer: it would be refused again, so not retriable.
+                    error = self._refusal(failed.error, slot, batch, positions)
                 for req in batch:
                     req.finish(error)
                 return
         self.batches += 1
         for req in batch:
             req.finish(None)
+
+    def _refusal(self, err: KafkaError, slot: "_Slot", batch: list[CommitRequest],
+                 positions: dict[Any, list[TopicPartition]]) -> Exception:
+        """The authorizer's refusal of a transaction, naming what it may have refused: the
+        transactional id, the topics its records go to, or the queue groups it commits for."""
+        topics = sorted({rec[0] for req in batch for rec in req.records} |
+                        {tp.topic for tps in positions.values() for tp in tps})
+        groups = sorted({tps[0].topic for tps in positions.values() if tps})  # a queue's group is named as its topic
+        return clients.denied(self._cluster, err, "committing a Kafka transaction",
+                              transactional_id=("WRITE", slot.transactional_id),
+                              topic=("WRITE", " or ".join(topics)), group=("READ", " or ".join(groups)))
 
     def _transact(self, slot: "_Slot", batch: list[CommitRequest], positions: dict[Any, list[TopicPartition]],
                   deadline: Deadline) -> None:
@@ -451,3 +476,5 @@ class GroupCommitter:
         for reader in self._offsets_readers.values():
             reader.close()
         self._offsets_readers.clear()
+        for slot in self._ring:  # their threads end, and librdkafka's producers with them
+            self._abandon(slot)

@@ -50,6 +50,7 @@ class EndpointStore:
         # continue_sequences=False: show records as written (views), not where SENDs would go on.
         self._continue_sequences = continue_sequences
         self.topic = names.endpoints_topic(namespace)
+        self._namespace = namespace
         self._cluster = Cluster.of(cluster)
         self._producer = producer
         self._cache: dict[str, Endpoint] = {}
@@ -240,7 +241,7 @@ class EndpointStore:
         raises a typed kbroker error (BrokerUnavailableError when trying later may help); what
         was not reached by the deadline is read by the next call."""
         if self._consumer is None:
-            self._consumer = reading_consumer(self._cluster, "kbroker-endpoints-reader")
+            self._consumer = reading_consumer(self._cluster, names.reader_group(self._namespace))
         if not self._positions:
             partitions = topic_partitions(self._consumer, self.topic, timeout)
             if partitions is None:

@@ -25,8 +25,10 @@ from typing import Any, Callable, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
+from kbroker.core.cluster import ClusterLike
 from kbroker.core.records import Record
 from kbroker.core.txn_faults import Action, Deadline, Failure, Stage, decide
+from kbroker.errors import denied_code
 from kbroker.kafka import clients, messages
 
 log = logging.getLogger("kbroker.committer")
@@ -110,6 +112,19 @@ def started(producer: Producer, transactional_id: str, seconds: float) -> Guarde
     return guarded
 
 
+def started_for(cluster: ClusterLike, producer: Producer, transactional_id: str, seconds: float) -> GuardedProducer:
+    """started(), for a service that cannot go on without its producer (the timer service, the
+    dispatcher, the analytics job): the authorizer's refusal of its transactional id raised as
+    a PermissionDeniedError naming the id, rather than a KafkaException it would retry."""
+    try:
+        return started(producer, transactional_id, seconds)
+    except KafkaException as exc:
+        if denied_code(exc.args[0]):
+            raise clients.denied(cluster, exc.args[0], "starting a transactional producer",
+                                 transactional_id=("WRITE", transactional_id)) from None
+        raise
+
+
 def aborted(producer: GuardedProducer, seconds: float) -> bool:
     """Abort `producer`'s open transaction within `seconds`; False when that failed (the producer
     must be replaced)."""
@@ -138,9 +153,10 @@ def replace_producer(old: GuardedProducer, new: Callable[[], GuardedProducer], s
 class TransactionFailed(Exception):
     """A Kafka transaction stopped: at which stage and how (the pure module's Failure), and why."""
 
-    def __init__(self, failure: Failure, reason: str):
+    def __init__(self, failure: Failure, reason: str, error: KafkaError | None = None):
         super().__init__(reason)
         self.failure, self.reason = failure, reason
+        self.error = error  # librdkafka's error, when it was one (not kbroker's deadline)
         # Records Kafka refused for themselves (index in the transaction's records -> why): the
         # transaction failed because of them, and without them it would not have.
         self.refused: dict[int, str] = {}
@@ -151,7 +167,7 @@ class TransactionFailed(Exception):
         if isinstance(exc, KafkaException) and isinstance(exc.args[0], KafkaError):
             err = exc.args[0]
             return cls(Failure(stage, fatal=err.fatal(), retriable=err.retriable(),
-                               requires_abort=err.txn_requires_abort()), reason(exc))
+                               requires_abort=err.txn_requires_abort()), reason(exc), err)
         return cls(Failure(stage, timed_out=isinstance(exc, CallDeadlineExceeded)), reason(exc))
 
 

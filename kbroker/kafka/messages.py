@@ -10,21 +10,30 @@ from collections.abc import Callable, Iterable, Sequence
 from confluent_kafka import KafkaError, Message
 
 from kbroker.core.records import Header
+from kbroker.errors import denied_code
 from kbroker.kafka import clients
 
 
-def records(batch: Iterable[Message], error: Callable[[KafkaError], object], *,
-            transient: bool = True) -> list[Message]:
+def records(batch: Iterable[Message], error: Callable[[KafkaError], object], *, transient: bool = True,
+            refused: Callable[[KafkaError], Exception] | None = None) -> list[Message]:
     """The records of what a consumer returned; each error event in it but an end of partition
-    goes to `error` (with transient=False, nor one librdkafka recovers from by itself)."""
+    goes to `error` (with transient=False, nor one librdkafka recovers from by itself). The
+    authorizer's refusal (of the topic or the group) is raised instead, as `refused` makes it
+    (a PermissionDeniedError by default): waiting does not make it go away."""
     out = []
     for msg in batch:
         err = msg.error()
         if err is None:
             out.append(msg)
+        elif denied_code(err):
+            raise (refused or _refusal)(err)
         elif err.code() != KafkaError._PARTITION_EOF and (transient or not clients.is_transient(err)):
             error(err)
     return out
+
+
+def _refusal(err: KafkaError) -> Exception:
+    return clients.kafka_error("consuming failed", err)
 
 
 def position(msg: Message) -> tuple[int, int]:

@@ -21,6 +21,7 @@ from kbroker.core.cluster import Cluster
 from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.group_buffer import Buffered, GroupBuffer, pause_change
 from kbroker.kafka import clients, messages
+from kbroker.errors import PermissionDeniedError, denied_code
 from kbroker.kafka.partition_assignment import PartitionAssignment
 
 log = logging.getLogger("kbroker.receiver")
@@ -64,12 +65,16 @@ class PollLoop:
                  assignment: PartitionAssignment, *, decode: Callable[[KafkaRecord], Envelope],
                  dead_letter: Callable[[KafkaRecord, str], None], max_buffered: int, closed: Callable[[], bool],
                  stats: Callable[[], dict[str, Any]], report: Callable[[dict[str, Any]], None] | None,
-                 report_interval: float):
+                 report_interval: float, cluster: Cluster):
         self._queue, self._cv, self._buffer, self._assignment = queue, cv, buffer, assignment
+        self._cluster = cluster  # a refusal names its principal
         self._decode, self._dead_letter, self._max_buffered = decode, dead_letter, max_buffered
         self._closed, self._stats = closed, stats
         self._report, self._report_interval, self._reported_at = report, report_interval, 0.0
         self.group_meta: Any = None
+        # The authorizer's refusal this loop met (the queue's topic or group, or a read its
+        # callbacks made): RECEIVE raises it rather than wait. Cleared once a record comes.
+        self.refused: Exception | None = None
         self._thread: threading.Thread | None = None
 
     def start(self, consumer: Consumer) -> None:
@@ -97,8 +102,11 @@ class PollLoop:
                 # error re-raised by librdkafka's binding (not always an Exception subclass)
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                     raise
-                if not self._closed():
+                if isinstance(exc, PermissionDeniedError):
+                    self._refuse(exc)  # an on_assign callback's read was refused
+                elif not self._closed():
                     log.error("poll of %s failed: %s", self._assignment.topic, exc)
+                if not self._closed():
                     time.sleep(0.5)
                 continue
             with self._cv:
@@ -114,14 +122,27 @@ class PollLoop:
                 self._reported_at = time.monotonic()
                 self._report(self._stats())
 
+    def _refuse(self, exc: Exception) -> None:
+        """Record a refusal (logged once while it stands) and wake the waiting RECEIVEs."""
+        if self.refused is None or str(self.refused) != str(exc):
+            log.error("%s", exc)
+        with self._cv:  # re-entrant: _accept holds it already
+            self.refused = exc
+            self._cv.notify_all()
+
     def _accept(self, rec: KafkaRecord) -> None:
         err, p, off = rec.error(), rec.partition(), rec.offset()
         if err is not None:
             if err.code() == KafkaError._PARTITION_EOF and p is not None:
                 self._assignment.reached_end(p)
+            elif denied_code(err):
+                topic = self._assignment.topic  # a queue's group is named as its topic
+                self._refuse(clients.denied(self._cluster, err, f"reading queue {self._queue}",
+                                            topic=("READ", topic), group=("READ", topic)))
             else:
                 log.warning("consumer error on %s: %s", self._assignment.topic, err)
             return
+        self.refused = None
         if p is None or off is None:
             return  # only error events lack a position
         tracker = self._assignment.fetched(p, off)

@@ -6,7 +6,6 @@ from the positions it remembers) are all built on it."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -14,14 +13,17 @@ from confluent_kafka import (
     Consumer,
     KafkaError,
     KafkaException,
+    OFFSET_END,
     OFFSET_INVALID,
     Message,
     Producer,
     TopicPartition,
 )
 
+from kbroker.core import names
 from kbroker.core.cluster import ClusterLike
-from kbroker.errors import BrokerUnavailableError
+from kbroker.errors import BrokerUnavailableError, denied_code
+from kbroker.kafka import clients
 from kbroker.kafka.clients import consumer as new_consumer
 from kbroker.kafka.clients import is_transient, kafka_error
 
@@ -98,7 +100,56 @@ def committed_offsets(cluster: ClusterLike, group: str, partitions: list[TopicPa
     try:
         return group_offsets(reader, partitions, seconds)
     except KafkaException as exc:
-        raise kafka_error(f"cannot list the committed offsets of {group}", exc.args[0]) from None
+        topics = " or ".join(sorted({tp.topic for tp in partitions}))
+        raise clients.denied(cluster, exc.args[0], f"cannot list the committed offsets of {group}",
+                             group=("DESCRIBE", group), topic=("DESCRIBE", topics)) from None
+    finally:
+        reader.close()
+
+
+def check_read(cluster: ClusterLike, group: str, topic: str, seconds: float = 10.0) -> None:
+    """PermissionDeniedError unless the principal may read `topic` (its first partition, from
+    its end: nothing is read) with `group`'s id: a check before handing the topic to a client
+    that shows a refusal no better than a topic with nothing new (Spark's pattern source). True
+    once the fetch reached the end; a deadline passed without an answer is not a refusal."""
+    consumer = reading_consumer(cluster, group)
+    deadline = time.monotonic() + seconds
+    try:
+        if topic_partitions(consumer, topic, seconds) is None:
+            return
+        consumer.assign([TopicPartition(topic, 0, OFFSET_END)])
+        while time.monotonic() < deadline:
+            for msg in consumer.consume(10, CONSUME_WAIT):
+                err = msg.error()
+                if err is not None and denied_code(err):
+                    raise kafka_error(f"reading {topic} failed", err, on=_reading(topic) | {"group": ("DESCRIBE", group)},
+                                      principal=clients.principal(cluster))
+                if err is not None and err.code() == KafkaError._PARTITION_EOF:
+                    return
+    finally:
+        consumer.close()
+
+
+def check_group(cluster: ClusterLike, group: str, topic: str, seconds: float = 10.0) -> None:
+    """PermissionDeniedError unless the principal may look `group` up and read its committed
+    offsets of `topic`'s first partition: a check before handing the group to a client that
+    would wait for ever on a refusal (the worker's Faust consumer). librdkafka reports the
+    refusal of the group's coordinator as an error event, while committed() waits it out."""
+    reader = offsets_reader(cluster, group)
+    deadline = time.monotonic() + seconds
+    try:
+        while True:
+            try:
+                reader.committed([TopicPartition(topic, 0)], timeout=1.0)
+                return
+            except KafkaException as exc:
+                err = exc.args[0]
+            event = reader.poll(0.1)
+            if event is not None and event.error() is not None and denied_code(event.error()):
+                err = event.error()
+            if denied_code(err) or time.monotonic() >= deadline:
+                raise clients.denied(cluster, err, f"cannot read the committed offsets of group {group}",
+                                     group=("READ", group), topic=("DESCRIBE", topic))
     finally:
         reader.close()
 
@@ -113,7 +164,7 @@ def without_errors(positions: list[TopicPartition]) -> list[TopicPartition]:
     return list(positions)
 
 
-def reading_consumer(cluster: ClusterLike, group_id: str | None = None, **overrides: object) -> Consumer:
+def reading_consumer(cluster: ClusterLike, group_id: str, **overrides: object) -> Consumer:
     """A consumer for `read_partitions`: it reports partition EOF (the end of a read), and does
     not long-poll at the end (a catch-up read should return as soon as it is there)."""
     return new_consumer(cluster, group_id, **{"enable.partition.eof": True, "fetch.wait.max.ms": 10,
@@ -132,12 +183,20 @@ class PartitionsRead:
 
 
 def topic_partitions(client: Consumer | Producer, topic: str, timeout: float) -> list[int] | None:
-    """The topic's partition numbers; None when it does not exist."""
+    """The topic's partition numbers; None when it does not exist. PermissionDeniedError when
+    the client may not see it: a secured cluster leaves the topics a principal may not DESCRIBE
+    out of the answer about all topics, as if they did not exist."""
     # Ask for all topics: a metadata request naming the topic could auto-create it.
     try:
         meta = client.list_topics(timeout=timeout).topics.get(topic)
+        if meta is None and isinstance(client, Consumer):
+            # Missing, or hidden from this principal: a consumer may ask by name, as it never
+            # asks for a topic to be created (allow.auto.create.topics is false for consumers).
+            meta = client.list_topics(topic, timeout=timeout).topics.get(topic)
     except KafkaException as exc:
         raise kafka_error("cannot read topic metadata", exc.args[0]) from None
+    if meta is not None and meta.error is not None and denied_code(meta.error):
+        raise kafka_error(f"cannot see topic {topic}", meta.error, on={"topic": ("DESCRIBE", topic)})
     if meta is None or meta.error is not None:
         return None
     return sorted(meta.partitions)
@@ -155,7 +214,8 @@ def watermarks(consumer: Consumer, topic: str, partition: int, deadline: float) 
         except KafkaException as exc:
             err = exc.args[0]
             if err.fatal() or time.monotonic() > deadline:
-                raise kafka_error(f"cannot read the end offsets of {topic}", err) from None
+                raise kafka_error(f"cannot read the end offsets of {topic}", err,
+                                  on={"topic": ("DESCRIBE", topic)}) from None
             time.sleep(0.1)
 
 
@@ -199,11 +259,26 @@ def read_partitions(consumer: Consumer, topic: str, starts: Mapping[int, int], t
                         read.positions[partition] = max(read.positions[partition], offset)
                         todo.discard(partition)
                 elif not is_transient(err):
-                    raise kafka_error(f"reading {topic} failed", err)
+                    raise kafka_error(f"reading {topic} failed", err, on=_reading(topic))
     finally:
         consumer.unassign()
     read.unfinished = todo
     return read
+
+
+def _reading(topic: str) -> dict[str, tuple[str, str]]:
+    """What a refusal while reading `topic` refused: READ on the topic, or looking up the
+    coordinator of its namespace's readers' group (the group every reading_consumer is given)."""
+    ns = names.namespace_of(topic)
+    return {"topic": ("READ", topic), **({"group": ("DESCRIBE", names.reader_group(ns))} if ns else {})}
+
+
+def reader_group_of(topic: str) -> str:
+    """The assign-only readers' group of the namespace `topic` belongs to (names.reader_group)."""
+    namespace = names.namespace_of(topic)
+    if namespace is None:
+        raise ValueError(f"{topic} is not a topic of a kbroker namespace")
+    return names.reader_group(namespace)
 
 
 def read_to_end(cluster: ClusterLike, topic: str, timeout: float = 10.0, *,
@@ -211,7 +286,7 @@ def read_to_end(cluster: ClusterLike, topic: str, timeout: float = 10.0, *,
     """Every committed record of `topic`, in offset order within each partition; None when the
     topic does not exist. What was read by `timeout` is returned, unless `must_finish`: then
     not reaching the end raises BrokerUnavailableError."""
-    consumer = reading_consumer(cluster, f"kbroker-view-{uuid.uuid4().hex[:8]}")
+    consumer = reading_consumer(cluster, reader_group_of(topic))
     try:
         partitions = topic_partitions(consumer, topic, timeout)
         if partitions is None:

@@ -69,9 +69,11 @@ class LeaseBook:
     a RECEIVE waiting here then returns empty."""
 
     def __init__(self, receiver: "LeaseHolder", buffer: GroupBuffer[Lease], assignment: PartitionAssignment,
-                 cv: threading.Condition, *, revoke_grace: float, closed: Callable[[], bool]):
+                 cv: threading.Condition, *, revoke_grace: float, closed: Callable[[], bool],
+                 refused: Callable[[], Exception | None] = lambda: None):
         self._receiver, self._buffer, self._assignment, self._cv = receiver, buffer, assignment, cv
         self._revoke_grace, self._closed = revoke_grace, closed
+        self._refused = refused  # the authorizer's refusal the poll thread met, if it stands
 
     def waiting(self) -> int:
         """Records buffered here and not taken: what a monitoring loop counts as waiting."""
@@ -101,6 +103,9 @@ class LeaseBook:
             while True:
                 if self._closed():
                     return None, [], 0
+                refused = self._refused()
+                if refused is not None:
+                    raise refused  # not waited out: it stands until an operator grants the ACL
                 full = full_partitions(self._assignment.offsets)
                 group = self._buffer.pick(owner, full, conversation_group, conversation_id)
                 if group is not None:

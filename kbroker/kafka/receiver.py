@@ -66,14 +66,15 @@ class QueueReceiver:
             # Looked up on every question, so a test can stand in for the offsets reader.
             read_committed=lambda partitions: self._committed_by_reader(partitions))
         self._leases = LeaseBook(self, self._buffer, self._assignment, self._cv, revoke_grace=revoke_grace,
-                                 closed=lambda: self._closed)
+                                 closed=lambda: self._closed, refused=lambda: self._poll.refused)
         self._poll = PollLoop(
             queue, self._cv, self._buffer, self._assignment,
             # How a record becomes what the buffer orders and groups (MalformedRecord: dead-letter
             # it): a Service Broker message by default, a transport message for transport queues.
             decode=decode or decode_envelope,
             dead_letter=lambda rec, why: dead_letter(self, rec, why), max_buffered=max_buffered,
-            closed=lambda: self._closed, stats=self.stats, report=report, report_interval=report_interval)
+            closed=lambda: self._closed, stats=self.stats, report=report, report_interval=report_interval,
+            cluster=self._cluster)
 
     def start(self) -> "QueueReceiver":
         """Create the consumer, subscribe to the topic and start the poll thread; returns self."""

@@ -133,7 +133,7 @@ def reclaim_topic(cluster: ClusterLike, admin: AdminClient, queue: Queue, topic:
 
 def queue_namespace(topic: str) -> str:
     """The namespace of a queue topic (`kbroker.<ns>.queue....`)."""
-    return topic.split(".", 2)[1]
+    return names.namespace_of(topic) or topic.split(".", 2)[1]
 
 
 def _retained_floor(cluster: ClusterLike, topic: str, starts: dict[int, int], committed: dict[int, int],
@@ -153,7 +153,7 @@ def _retained_floor(cluster: ClusterLike, topic: str, starts: dict[int, int], co
     floor = dict(todo)  # nothing live below the commit: the commit is the floor
     if not todo:
         return floor
-    consumer = reading_consumer(cluster)
+    consumer = reading_consumer(cluster, names.reader_group(queue_namespace(topic)))
     deadline = time.monotonic() + timeout
     try:
         consumer.incremental_assign([TopicPartition(topic, p, starts[p]) for p in todo])
@@ -186,7 +186,7 @@ def reclaim_endpoints(cluster: ClusterLike, namespace: str, grace: float = CLOSE
     partition's closed endpoints, not the topic. Returns how many endpoints were reclaimed."""
     before = (time.time() if now is None else now) - grace
     topic = names.endpoints_topic(namespace)
-    consumer = reading_consumer(cluster)
+    consumer = reading_consumer(cluster, names.reader_group(namespace))
     producer = clients.idempotent_producer(cluster)
     reclaimed = 0
     try:

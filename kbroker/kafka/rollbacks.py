@@ -71,7 +71,7 @@ class RollbackLog(Background):
 
     def _run(self) -> None:
         topic = names.events_topic(self._namespace)
-        consumer = reading_consumer(self._cluster, f"{names.prefix(self._namespace)}rollbacks",
+        consumer = reading_consumer(self._cluster, names.reader_group(self._namespace),
                                     **{"allow.auto.create.topics": False})
         failing = False
         try:

@@ -4,15 +4,8 @@ the ACLs a removed user leaves behind."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from confluent_kafka import KafkaError
 from confluent_kafka.admin import (
-    AclBindingFilter,
-    AclOperation,
-    AclPermissionType,
-    ResourcePatternType,
-    ResourceType,
     ScramCredentialInfo,
     ScramMechanism,
     UserScramCredentialDeletion,
@@ -20,7 +13,7 @@ from confluent_kafka.admin import (
 )
 
 from kbroker.core.cluster import ClusterLike
-from kbroker.kafka import clients
+from kbroker.kafka import acls, clients
 
 ITERATIONS = 8192  # Kafka accepts 4096 to 16384
 
@@ -47,10 +40,4 @@ def delete(cluster: ClusterLike, user: str) -> bool:
 def delete_acls(cluster: ClusterLike, user: str) -> int:
     """Delete every ACL naming `User:<user>`; how many there were. A removed user's client
     certificate stays valid (Kafka checks no revocation list): without ACLs it is denied everything."""
-    # None matches any resource name and any host (the library's type hints say str only).
-    anything: Any = None
-    everything = AclBindingFilter(ResourceType.ANY, anything, ResourcePatternType.ANY, f"User:{user}",
-                                  anything, AclOperation.ANY, AclPermissionType.ANY)
-    client = clients.admin(cluster)
-    futures = client.delete_acls([everything])
-    return len(clients.result_of(futures[everything], f"deleting the ACLs of user {user}"))
+    return len(acls.revoke_all(cluster, f"User:{user}", wait=False))

@@ -1,7 +1,7 @@
 """The loop of kbroker's background services (timer service, dispatcher, transmitter): one step
-after another until stopped, a failed step reported and retried after a second, never fatal. A
-step that failed raises (after leaving its service ready to go on), so it is reported once and
-the next step that succeeds clears the failure."""
+after another until stopped, a failed step reported and retried after a second. A step that
+failed raises (after leaving its service ready to go on), so it is reported once and the next
+step that succeeds clears the failure. Only the authorizer's refusal stops the loop."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import logging
 import threading
 from collections.abc import Callable
 from typing import Protocol
+
+from kbroker.errors import is_refusal
 
 
 class FailureSink(Protocol):
@@ -29,13 +31,20 @@ def report(guard: FailureSink | None, component: str, exc: BaseException, log: l
 
 
 def run_steps(step: Callable[[], None], stop: threading.Event, component: str, guard: FailureSink | None,
-              log: logging.Logger) -> None:
+              log: logging.Logger) -> BaseException | None:
+    """Steps until `stop` is set; None then. The authorizer's refusal ends the loop instead (it
+    stands until an operator grants the ACL: retrying every second would only repeat it): it is
+    reported, logged and returned."""
     while not stop.is_set():
         try:
             step()
         except Exception as exc:  # keep going: one failed step must not stop the service
             report(guard, component, exc, log)
+            if is_refusal(exc):
+                log.error("%s stopped: %s", component, exc)
+                return exc
             stop.wait(1.0)
         else:
             if guard is not None:
                 guard.succeeded(component)
+    return None

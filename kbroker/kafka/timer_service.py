@@ -10,7 +10,7 @@ import uuid
 from typing import Any
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
@@ -21,7 +21,7 @@ from kbroker.core.txn_faults import Action, Deadline, committed_by_offsets, deci
 from kbroker.kafka import clients, messages
 from kbroker.kafka.conversation_endpoints import EndpointStore
 from kbroker.kafka.steps import FailureSink, report, run_steps
-from kbroker.kafka.guarded import GuardedProducer, TransactionFailed, aborted, replace_producer, started, transact
+from kbroker.kafka.guarded import GuardedProducer, TransactionFailed, aborted, replace_producer, started_for, transact
 
 log = logging.getLogger("kbroker.timers")
 COMPONENT = "timer service"
@@ -48,6 +48,7 @@ class TimerService:
         self.fired = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.denied: BaseException | None = None  # the authorizer's refusal that stopped it
         group = names.timers_group(namespace)
         self._consumer = clients.consumer(cluster, group, **{
             "session.timeout.ms": 10_000, "partition.assignment.strategy": "range"})
@@ -57,10 +58,14 @@ class TimerService:
         self._transactional_id = f"{group}.{uuid.uuid4()}"
         self._producer = self._new_producer()
 
+    def _reading_refused(self, err: KafkaError) -> Exception:
+        return clients.denied(self._cluster, err, "the timer service reading the timers topic",
+                              topic=("READ", self.topic), group=("READ", names.timers_group(self.namespace)))
+
     def _new_producer(self) -> GuardedProducer:
         """A producer under the service's transactional id (fencing any earlier one, whose open
         transaction the coordinator then aborts), initialised within kbroker's deadline."""
-        return started(clients.idempotent_producer(self._cluster, **{
+        return started_for(self._cluster, clients.idempotent_producer(self._cluster, **{
             "transactional.id": self._transactional_id, "transaction.timeout.ms": 10_000,
             "retry.backoff.ms": 5}), self._transactional_id, 30)
 
@@ -81,13 +86,14 @@ class TimerService:
         self.schedule.drop_partitions({p.partition for p in partitions})
 
     def _run(self) -> None:
-        run_steps(self.step, self._stop, COMPONENT, self._guard, log)
+        self.denied = run_steps(self.step, self._stop, COMPONENT, self._guard, log)
 
     def step(self) -> None:
         nxt = self.schedule.next_due()
         wait = self._poll_interval if nxt is None else min(self._poll_interval, max(nxt - time.time(), 0.0))
         batch = self._consumer.consume(500, wait)
-        for msg in messages.records(batch, lambda err: log.warning("timers topic: %s", err)):
+        for msg in messages.records(batch, lambda err: log.warning("timers topic: %s", err),
+                                    refused=self._reading_refused):
             key = messages.key(msg).decode()
             if msg.value() is None:
                 self.schedule.remove(key)

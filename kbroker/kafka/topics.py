@@ -33,7 +33,8 @@ def create_missing_topics(cluster: ClusterLike, partitions: dict[str, int], conf
             created.append(topic)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise kafka_error(f"cannot create topic {topic}", exc.args[0]) from None
+                raise clients.denied(cluster, exc.args[0], f"cannot create topic {topic}",
+                                     topic=("CREATE", topic)) from None
     return created
 
 

@@ -20,7 +20,7 @@ from kbroker.core.cluster import Cluster
 from kbroker.core.records import Record
 from kbroker.errors import SendFailedError
 from kbroker.kafka import messages
-from kbroker.kafka.clients import brokers_answering, idempotent_producer, produce_within
+from kbroker.kafka.clients import brokers_answering, idempotent_producer, produce_within, refusal
 from kbroker.kafka.committer import GroupCommitter, OpenTransactions
 from kbroker.kafka.dead_letters import DeadLetters
 from kbroker.kafka.receiver import QueueReceiver
@@ -37,7 +37,8 @@ class ProcessRuntime:
         self.ack_timeout, self._commit_interval = ack_timeout, commit_interval
         self._transactional_ids = transactional_ids
         brokers_answering(cluster, timeout=10)  # BrokerUnavailableError when none answers
-        self.producer = idempotent_producer(cluster)
+        # Every record this producer is given reports here, statements' and the endpoint store's.
+        self.producer = idempotent_producer(cluster, on_delivery=self._on_delivery)
         # In reader reports and conversation leases: unique even where pids repeat (containers).
         self.process = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.open_transactions = OpenTransactions()
@@ -45,7 +46,7 @@ class ProcessRuntime:
         self.dead_letters = DeadLetters(namespace, lambda: self.committer)
         self._lock = threading.RLock()  # the committer and the receivers, created once each
         self._send = threading.Lock()  # statements outside a transaction: one produce-and-flush at a time
-        self._errors: list[Any] = []  # KafkaErrors of failed deliveries, until the next flush
+        self._errors: list[tuple[Any, str]] = []  # (KafkaError, topic) of failed deliveries, until the next flush
         self._committer: GroupCommitter | None = None
         self._receivers: dict[Hashable, QueueReceiver] = {}
 
@@ -93,16 +94,19 @@ class ProcessRuntime:
         produce_within(self.producer, topic, self.ack_timeout, key=key, value=value,
                        headers=messages.wire_headers(headers), on_delivery=self._on_delivery)
 
-    def _on_delivery(self, err: Any, _msg: Any) -> None:
+    def _on_delivery(self, err: Any, msg: Any) -> None:
         """Delivery report from librdkafka: `err` is a KafkaError, or None when delivered."""
         if err is not None:
-            self._errors.append(err)
+            self._errors.append((err, msg.topic() if msg is not None else ""))
 
     def _flush(self) -> None:
         remaining = self.producer.flush(self.ack_timeout)
         errors, self._errors = self._errors, []
+        refused = refusal(self.cluster, errors, "Kafka did not acknowledge a record")
+        if refused is not None:
+            raise refused
         if remaining or errors:
-            reason = errors[0].str() if errors else f"{remaining} message(s) not acknowledged in time"
+            reason = errors[0][0].str() if errors else f"{remaining} message(s) not acknowledged in time"
             raise SendFailedError(f"Kafka did not acknowledge: {reason}")
 
     # --- lifecycle ----------------------------------------------------------------------------

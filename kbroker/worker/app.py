@@ -38,11 +38,12 @@ from kbroker.core import names
 from kbroker.core.log_limit import RateLimitFilter
 from kbroker.core.tick import EVERY_2ND, TickCounter, advance
 from kbroker.core.client_security import AIOKAFKA, LIBRDKAFKA
-from kbroker.kafka.clients import KAFKA_LOG_LIMIT, aiokafka_settings, faust_broker, security
+from kbroker.errors import PermissionDeniedError, is_refusal
+from kbroker.kafka.clients import KAFKA_LOG_LIMIT, aiokafka_settings, faust_broker, principal, security
 from kbroker.sdk.broker import Broker
 from kbroker.worker.control import Reclassifier, Routing
 from kbroker.worker.dashboard import DashboardFeed, add_dashboard
-from kbroker.worker.guard import Guard
+from kbroker.worker.guard import Guard, refusal_of
 from kbroker.worker.handlers import TaskHandlers
 from kbroker.worker.monitors import Monitors
 from kbroker.worker.pages import Pages
@@ -97,6 +98,7 @@ class Worker:
     pages: Pages
     dashboard: DashboardFeed
     ticks: TickCounter = field(default_factory=TickCounter)  # this worker's count of tick numbers
+    refused: PermissionDeniedError | None = None  # the authorizer's refusal the worker stopped on
 
     @property
     def handlers(self) -> TaskHandlers:
@@ -148,6 +150,20 @@ class Worker:
 
     async def publish_progress(self) -> None:
         await asyncio.to_thread(self.progress.publish)
+
+    def refuse(self, exc: BaseException) -> None:
+        """Stop the worker on the authorizer's refusal (from any thread): logged once, as one
+        line naming the principal, the operation and the resource, and the Faust app crashed
+        with it, so the process exits non-zero (run_worker) instead of retrying for ever."""
+        if self.refused is not None:
+            return
+        self.refused = refusal_of(exc, principal(self.settings.cluster))
+        log.critical("%s: the worker stops", self.refused)
+        loop, reason = self.app.loop, self.refused
+        try:
+            loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.app.crash(reason)))
+        except RuntimeError:  # the loop has closed: the worker is stopping anyway
+            pass
 
     def close(self) -> None:
         """Each service, those that use others first; the counting threads before the clients
@@ -209,6 +225,7 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, Worker]:
         progress=ReceiveProgress(s, broker, pool), routing=routing, reclassifier=reclassifier, pages=pages,
         dashboard=DashboardFeed(s.cluster, s.namespace, s.worker_id, broker, monitors.handlers),
     )
+    guard.on_refused = channels.on_refused = worker.refuse
     register(worker)
     return app, worker
 
@@ -268,8 +285,17 @@ def run_worker(s: WorkerSettings, loglevel: str = "info") -> None:
     sys.setswitchinterval(0.001)
     app, worker = build_app(s)
     faust_worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=True)
+    code = 0
     try:
         faust_worker.execute_from_commandline()
+    except SystemExit as exc:  # how mode's worker ends: 0, or 1 after a crash
+        code = exc.code if isinstance(exc.code, int) else 1
     finally:
+        crashed = worker.refused or app.crash_reason
+        if worker.refused is None and crashed is not None and is_refusal(crashed):
+            worker.refuse(crashed)  # one of Faust's own clients was refused: say so in one line
         shutdown(worker)
-        os._exit(0)  # task handler threads may still sit in user code
+        if worker.refused is not None:
+            sys.stderr.write(f"kbroker: error: {worker.refused}\n")
+            code = code or 1
+        os._exit(code)  # task handler threads may still sit in user code

@@ -10,11 +10,15 @@ import time
 from collections.abc import Awaitable, Callable
 
 from kbroker.core.health import Health
+from kbroker.errors import PermissionDeniedError, is_refusal
 from kbroker.core.log_limit import LogLimiter
 
 
 def is_retriable(exc: BaseException) -> bool:
-    """kbroker errors say so; Kafka clients' errors (aiokafka, librdkafka) count as transient."""
+    """kbroker errors say so; Kafka clients' errors (aiokafka, librdkafka) count as transient,
+    but for the authorizer's refusals."""
+    if is_refusal(exc):
+        return False
     retriable = getattr(exc, "retriable", None)
     if isinstance(retriable, bool):
         return retriable
@@ -28,6 +32,24 @@ def is_retriable(exc: BaseException) -> bool:
         exc, (TimeoutError, ConnectionError))
 
 
+def refusal_of(exc: BaseException, principal: str, operation: str = "READ") -> PermissionDeniedError:
+    """The authorizer's refusal `exc` (is_refusal) as a PermissionDeniedError naming the
+    principal: kbroker's own, or one of the worker's aiokafka clients' (whose error names the
+    topic or group it was refused; `operation`: what that client was doing)."""
+    if isinstance(exc, PermissionDeniedError):
+        return exc.naming(principal)
+    from kbroker.errors import DENIED_CODES, kafka_error
+
+    first = exc.args[0] if exc.args else None
+    if callable(getattr(first, "code", None)):  # a confluent_kafka KafkaException
+        refused = kafka_error("the worker", first, principal=principal)
+        return refused if isinstance(refused, PermissionDeniedError) else PermissionDeniedError(str(exc))
+    kind = DENIED_CODES.get(getattr(exc, "errno", None), "resource")  # type: ignore[arg-type]
+    name = str(first) if isinstance(first, str) else ""
+    return PermissionDeniedError(resource=f"{kind} {name}" if name else "", operation=operation, principal=principal,
+                                 what="the worker's Faust client", kind=kind)
+
+
 class Guard:
     """Runs and records the worker's periodic work. `health` holds the degraded reasons that the
     monitor rows and /tasks/ show."""
@@ -38,6 +60,9 @@ class Guard:
         self.health = health or Health()
         self.limiter = limiter or LogLimiter()
         self._clock = clock
+        # Called, from any thread, with the authorizer's refusal: the worker stops on it (a
+        # back-off would retry it for ever; it stands until an operator grants the ACL).
+        self.on_refused: Callable[[BaseException], None] | None = None
 
     def due(self, component: str) -> bool:
         """Whether `component`'s back-off is over (or it is not failing)."""
@@ -47,6 +72,8 @@ class Guard:
         """Record a failure (of `queue`'s work, or the whole worker's): a degraded reason, and a
         log line for the first failure (with the traceback unless the error is a transient one)
         and a count once per window after."""
+        if is_refusal(exc) and self.on_refused is not None:
+            self.on_refused(exc)
         retriable = is_retriable(exc)
         error = f"{type(exc).__name__}: {exc}"
         reason = self.health.failed(component, error, retriable, self._clock(), queue)

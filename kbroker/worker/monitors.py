@@ -99,7 +99,7 @@ class Monitors:
             asyncio.run_coroutine_threadsafe(self.send(queue, codec.encode(event, self.s.worker_id)), loop)
 
     async def send(self, queue: str, encoded: bytes) -> None:
-        await self.channels.monitor_events.send(key=queue.encode(), value=encoded)
+        await self.channels.send(self.channels.monitor_events, queue.encode(), encoded)
 
     def _on_exit(self, task: Task, ok: bool) -> None:
         self.post(task.queue, ReaderExited(generation=task.generation))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,9 @@ import orjson
 from kbroker.core import names
 from kbroker.core.cluster import Cluster
 from kbroker.core.conversation_endpoint import CLOSED_GRACE_SECONDS
+from kbroker.errors import is_refusal
+from kbroker.worker.guard import refusal_of
+from kbroker.kafka.reader import check_group
 from kbroker.kafka.topics import create_missing_topics
 
 MONITOR_PARTITIONS = 4
@@ -42,9 +46,12 @@ class WorkerSettings:
 
 
 def ensure_topics(s: WorkerSettings) -> None:
-    """The worker's own topics. Faust declares its internal ones (changelogs, leader)."""
+    """The worker's own topics (Faust declares its internal ones: changelogs, leader), and a
+    look at its Faust group: aiokafka would wait for ever, silently, on a group the principal
+    may not use, where this raises PermissionDeniedError naming the group."""
     want = {names.monitor_events_topic(s.namespace): MONITOR_PARTITIONS, names.ticks_topic(s.namespace): 1}
     create_missing_topics(s.cluster, want, {"retention.ms": str(24 * 3600 * 1000)}, replication_factor=1)
+    check_group(s.cluster, names.worker_app_id(s.namespace), names.ticks_topic(s.namespace))
 
 
 def now_ms() -> int:
@@ -60,6 +67,8 @@ class Channels:
     events: Any  # faust topic: the namespace's events (QUEUE_ACTIVATION, TICK, ...)
     monitors: Any  # faust table: queue -> its monitor row
     tick_owner: Any  # faust table: the cluster-wide tick record
+    # Called (on the event loop) with the authorizer's refusal of a send: the worker stops.
+    on_refused: Callable[[BaseException], None] | None = None
 
     @classmethod
     def declare(cls, app: faust.App, s: WorkerSettings) -> Channels:
@@ -76,4 +85,18 @@ class Channels:
 
     async def send_event(self, key: str, event: dict[str, Any]) -> None:
         """One event on the namespace's events topic."""
-        await self.events.send(key=key.encode(), value=orjson.dumps(event))
+        await self.send(self.events, key.encode(), orjson.dumps(event))
+
+    async def send(self, channel: Any, key: bytes, value: bytes) -> None:
+        """Send on one of the Faust topics without waiting for the broker's answer; an answer
+        that refuses it (the principal may not write the topic) goes to `on_refused`, rather
+        than to asyncio's log of exceptions nobody retrieved."""
+        sent = await channel.send(key=key, value=value)
+        sent.add_done_callback(self._answered)
+
+    def _answered(self, sent: Any) -> None:
+        if sent.cancelled():
+            return
+        exc = sent.exception()  # retrieved here, whatever it is
+        if exc is not None and is_refusal(exc) and self.on_refused is not None:
+            self.on_refused(refusal_of(exc, "", operation="WRITE"))

@@ -84,8 +84,8 @@ class ClusterTick:
         self.schedule = TickSchedule(interval=s.tick_interval)
 
     async def request(self) -> None:
-        await self.channels.ticks.send(key=b"tick", value=orjson.dumps({"worker": self.s.worker_id,
-                                                                          "now": time.time()}))
+        await self.channels.send(self.channels.ticks, b"tick", orjson.dumps({"worker": self.s.worker_id,
+                                                                               "now": time.time()}))
 
     async def on_request(self, raw: bytes) -> None:
         """A worker asked for a tick: run it if this tick number is due and unclaimed."""
@@ -98,7 +98,7 @@ class ClusterTick:
         queues = await asyncio.to_thread(
             lambda: [q.name for q in self.broker.catalog.queues.values() if q.activation is not None])
         for queue in queues:
-            await self.channels.monitor_events.send(key=queue.encode(), value=codec.encode(Tick()))
+            await self.channels.send(self.channels.monitor_events, queue.encode(), codec.encode(Tick()))
         event = {"event": "TICK", "number": run.number, "due": sorted(run.due), "missed": run.missed,
                  "worker": req["worker"], "time": now_ms()}
         await self.channels.send_event("tick", event)

@@ -53,7 +53,7 @@ class QueueWatch:
     async def once(self) -> None:
         pending = await asyncio.to_thread(self.pending)
         for queue, event in pending:
-            await self.channels.monitor_events.send(key=queue.encode(), value=codec.encode(event))
+            await self.channels.send(self.channels.monitor_events, queue.encode(), codec.encode(event))
 
     def _count(self, name: str) -> QueueCounts | Exception:
         try:

@@ -65,7 +65,7 @@ def test_an_oversized_malformed_record_is_set_aside_and_its_partition_moves_on(k
     topic = names.queue_topic(namespace, "ExpenseQueue")
     handle = broker.begin_dialog(EMP, EXP, CONTRACT)
     sent = [broker.send(handle, CLAIM, {"n": 0})]
-    probe = clients.consumer(kafka_bootstrap)
+    probe = clients.consumer(kafka_bootstrap, names.reader_group(namespace))
     try:
         ends = [probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(4)]
     finally:

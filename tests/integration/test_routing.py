@@ -179,7 +179,7 @@ def test_dialogs_cross_namespaces_exactly_once_in_order_and_end_cleanly(kafka_bo
 
         def cleaned() -> bool:
             reclaim_namespace(kafka_bootstrap, ba.refresh_catalog())
-            c = clients.consumer(kafka_bootstrap)
+            c = clients.consumer(kafka_bootstrap, names.reader_group(a))
             try:
                 return all(lo == hi for lo, hi in (c.get_watermark_offsets(TopicPartition(topic, p), 10)
                                                    for p in range(4)))

@@ -62,7 +62,7 @@ class Replies:
 
     def __init__(self, bootstrap: str, ns: str):
         topic = names.queue_topic(ns, "Q")
-        self._consumer = clients.consumer(bootstrap, None, **{"isolation.level": "read_committed"})
+        self._consumer = clients.consumer(bootstrap, names.reader_group(ns), **{"isolation.level": "read_committed"})
         parts = self._consumer.list_topics(topic, timeout=10).topics[topic].partitions
         self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
         self.records: list[dict] = []  # in log order per partition

@@ -1,5 +1,5 @@
 """A transport endpoint's pure rules (core/transport/endpoint.py): settings and queue names, the
-concurrency model's spellings, the installer's plan, the installer/runner permission split,
+concurrency model's spellings, the installer's plan (its permission split: test_acl_roles.py),
 3.0's receive-task arithmetic and the in-memory count of failed deliveries."""
 
 from __future__ import annotations
@@ -16,11 +16,9 @@ from kbroker.core.transport.endpoint import (
     PRIMARY_PARTITIONS,
     RAMP,
     SECONDARY_PARTITIONS,
-    AclBinding,
     EndpointSettings,
     FailedDeliveries,
     InstallPlan,
-    acl_split,
     default_machine,
     install_plan,
     model_name,
@@ -143,75 +141,6 @@ def test_install_plan_validates_names():
         install_plan("a/b", "m1")
     with pytest.raises(ValueError):
         install_plan("Sales", "m.1")
-
-
-# --- permissions ------------------------------------------------------------------------------------
-
-
-def covers(binding: AclBinding, resource_type: str, name: str) -> bool:
-    """Whether Kafka would apply `binding` to the resource (LITERAL: the name, PREFIXED: any
-    name starting with it)."""
-    if binding.resource_type != resource_type:
-        return False
-    return name == binding.name if binding.pattern == "LITERAL" else name.startswith(binding.name)
-
-
-def allowed(acls: list[AclBinding], principal: str, op: str, resource_type: str, name: str) -> bool:
-    return any(a.principal == principal and a.operation == op and covers(a, resource_type, name) for a in acls)
-
-
-def test_the_installer_creates_only_the_endpoints_queues():
-    acls = acl_split(NS, "Sales", "User:installer", "User:sales")
-    q = lambda queue: transport_queue_topic(NS, queue)  # noqa: E731
-    creates = [a for a in acls if a.operation == "CREATE"]
-    assert creates and all(a.principal == "User:installer" and a.resource_type == "TOPIC" for a in creates)
-    for topic in (q("Sales"), q("Sales.m1"), q("Sales.other-machine"), names.deadletter_topic(NS)):
-        assert allowed(acls, "User:installer", "CREATE", "TOPIC", topic), topic
-    # not another endpoint's queue, not one whose name merely starts with `Sales`, nothing else of the namespace
-    for topic in (q("Billing"), q("Billing.m1"), q("SalesReport"), q("Sales2.m1"), names.queue_topic(NS, "Sales"),
-                  f"{names.prefix(NS)}catalog", "kbroker.other.tqueue.Sales"):
-        assert not allowed(acls, "User:installer", "CREATE", "TOPIC", topic), topic
-
-
-def test_the_runner_never_gets_create():
-    acls = acl_split(NS, "Sales", "User:installer", "User:sales")
-    q = lambda queue: transport_queue_topic(NS, queue)  # noqa: E731
-    runner = [a for a in acls if a.principal == "User:sales"]
-    assert runner and not any(a.operation in ("CREATE", "ALTER", "DELETE", "ALTER_CONFIGS", "ALL") for a in runner)
-    for kind in ("TOPIC", "GROUP"):  # it reads its own queues (a queue's group is named as its topic)
-        assert allowed(acls, "User:sales", "READ", kind, q("Sales"))
-        assert allowed(acls, "User:sales", "READ", kind, q("Sales.m1"))
-        for other in (q("Billing"), q("SalesReport")):
-            assert not allowed(acls, "User:sales", "READ", kind, other), other
-    for topic in (q("Billing"), q("Billing.m2"), q("Sales"), names.deadletter_topic(NS)):
-        assert allowed(acls, "User:sales", "WRITE", "TOPIC", topic), topic
-    assert not allowed(acls, "User:sales", "WRITE", "TOPIC", "kbroker.other.tqueue.Billing")
-    assert allowed(acls, "User:sales", "WRITE", "TRANSACTIONAL_ID", names.prefix(NS) + "committer-1")
-    assert allowed(acls, "User:sales", "IDEMPOTENT_WRITE", "CLUSTER", "kafka-cluster")
-
-
-def test_the_installer_does_not_read_or_write():
-    acls = acl_split(NS, "Sales", "User:installer", "User:sales")
-    assert {a.operation for a in acls if a.principal == "User:installer"} <= {"CREATE", "DESCRIBE", "DESCRIBE_CONFIGS"}
-
-
-def test_acl_command_text():
-    b = AclBinding("User:installer", "CREATE", "TOPIC", "PREFIXED", "kbroker.sales.tqueue.Sales")
-    assert b.command("k:9092") == ("kafka-acls.sh --bootstrap-server k:9092 --add --allow-principal "
-                                   "'User:installer' --operation CREATE --resource-pattern-type prefixed "
-                                   "--topic 'kbroker.sales.tqueue.Sales'")
-    g = AclBinding("User:sales", "READ", "GROUP", "LITERAL", "grp")
-    assert g.command("k:9092").endswith("--operation READ --resource-pattern-type literal --group 'grp'")
-    t = AclBinding("User:sales", "WRITE", "TRANSACTIONAL_ID", "PREFIXED", "kbroker.sales.")
-    assert t.command("k:9092").endswith("--resource-pattern-type prefixed --transactional-id 'kbroker.sales.'")
-    c = AclBinding("User:sales", "IDEMPOTENT_WRITE", "CLUSTER", "LITERAL", "kafka-cluster")
-    assert c.command("k:9092") == ("kafka-acls.sh --bootstrap-server k:9092 --add --allow-principal "
-                                   "'User:sales' --operation IDEMPOTENT_WRITE --cluster")
-
-
-def test_every_binding_has_a_command():
-    for a in acl_split(NS, "Sales", "User:i", "User:r"):
-        assert a.command("b:1").startswith("kafka-acls.sh --bootstrap-server b:1 --add")
 
 
 # --- 3.0 receive tasks -----------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """A transport endpoint (NServiceBus's SQL Server transport, seed 002): its queues, its
-concurrency model, its installer plan and the permissions that plan splits. Pure: no I/O.
+concurrency model and its installer plan (the permissions the installer and the running endpoint
+need are the transport roles of core/acl_roles.py). Pure: no I/O.
 
 An endpoint `Sales` has one primary queue, `Sales`, shared by all its instances, and (unless
 disabled) a secondary queue per instance, `Sales.<machine>`, where replies to what that instance
@@ -141,50 +142,6 @@ def install_collision(plan: InstallPlan, installed: Iterable[str]) -> tuple[str,
             if other != queue and names.kafka_form(other) == names.kafka_form(queue):
                 return queue, other, "Kafka treats '.' and '_' in topic names as one character, so their topics collide"
     return None
-
-
-@dataclass(frozen=True)
-class AclBinding:
-    """One Kafka ACL: principal, operation, resource type, pattern type, resource name."""
-
-    principal: str
-    operation: str
-    resource_type: str
-    pattern: str
-    name: str
-
-    def command(self, bootstrap: str) -> str:
-        """The `kafka-acls.sh` line that grants it."""
-        flag = {"TOPIC": "--topic", "GROUP": "--group", "TRANSACTIONAL_ID": "--transactional-id",
-                "CLUSTER": "--cluster"}[self.resource_type]
-        target = flag if self.resource_type == "CLUSTER" else f"{flag} '{self.name}'"
-        pattern = f" --resource-pattern-type {self.pattern.lower()}" if self.resource_type != "CLUSTER" else ""
-        return (f"kafka-acls.sh --bootstrap-server {bootstrap} --add --allow-principal '{self.principal}' "
-                f"--operation {self.operation}{pattern} {target}")
-
-
-def acl_split(ns: str, endpoint: str, installer: str, runner: str) -> list[AclBinding]:
-    """The permissions of the two principals, as the transport splits them: the installer may
-    create the endpoint's queue topics (CREATE TABLE, VIEW DEFINITION); the running endpoint
-    only reads and writes (db_datareader, db_datawriter): it reads its own queues, writes to any
-    transport queue of the namespace and to the dead-letter topic, and commits in Kafka
-    transactions under kbroker's transactional-id prefix."""
-    primary = transport_queue_topic(ns, endpoint)
-    secondaries = primary + "."  # every `Endpoint.Machine`; a bare prefix would match `EndpointX` too
-    own = [("LITERAL", primary), ("PREFIXED", secondaries)]
-    every = transport_queue_prefix(ns)
-    dead = names.deadletter_topic(ns)
-    out = [AclBinding(installer, op, "TOPIC", pattern, name)
-           for pattern, name in own for op in ("CREATE", "DESCRIBE", "DESCRIBE_CONFIGS")]
-    out += [AclBinding(installer, op, "TOPIC", "LITERAL", dead) for op in ("CREATE", "DESCRIBE")]
-    out += [AclBinding(runner, "READ", kind, pattern, name) for pattern, name in own for kind in ("TOPIC", "GROUP")]
-    out += [AclBinding(runner, "WRITE", "TOPIC", "PREFIXED", every),
-            AclBinding(runner, "DESCRIBE", "TOPIC", "PREFIXED", every),
-            AclBinding(runner, "WRITE", "TOPIC", "LITERAL", dead),
-            AclBinding(runner, "WRITE", "TRANSACTIONAL_ID", "PREFIXED", names.prefix(ns)),
-            AclBinding(runner, "DESCRIBE", "TRANSACTIONAL_ID", "PREFIXED", names.prefix(ns)),
-            AclBinding(runner, "IDEMPOTENT_WRITE", "CLUSTER", "LITERAL", "kafka-cluster")]
-    return out
 
 
 def receive_tasks_to_start(waiting: int, running: int, max_concurrency: int) -> int:

@@ -15,9 +15,9 @@ from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.offsets import decode_completed
 from kbroker.core.records import Record
 from kbroker.core.txn_faults import Deadline
-from kbroker.errors import BrokerUnavailableError, kafka_error
+from kbroker.errors import BrokerUnavailableError, denied_code, kafka_error
 from kbroker.kafka import clients
-from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, started, reason, transact
+from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, reason, started_for, transact
 from kbroker.kafka.reader import group_offsets, offsets_reader, reading_consumer, topic_partitions
 
 
@@ -35,11 +35,16 @@ class ResultsWriter:
         self._group = clients.consumer(cluster, names.analytics_group(namespace))
         self._producer: GuardedProducer | None = None
 
+    def check(self) -> None:
+        """Start the producer now: PermissionDeniedError at once when its transactional id is
+        refused, rather than at the first batch."""
+        self._ready()
+
     def _ready(self) -> GuardedProducer:
         if self._producer is None or self._producer.abandoned:
             tid = names.analytics_transactional_id(self.namespace)
             try:
-                self._producer = started(clients.idempotent_producer(
+                self._producer = started_for(self.cluster, clients.idempotent_producer(
                     self.cluster, **{"transactional.id": tid, "transaction.timeout.ms": 60000}), tid, self.timeout)
             except (KafkaException, CallDeadlineExceeded) as exc:
                 raise BrokerUnavailableError(f"the analytics job's producer could not start: {reason(exc)}") from None
@@ -67,6 +72,13 @@ class ResultsWriter:
             # Whatever decide() would say, the batch fails and runs again: a new producer (the
             # same id) fences this one and ends its transaction, committed or not.
             producer.abandon()
+            if failed.error is not None and denied_code(failed.error):  # it would fail again: not retriable
+                raise clients.denied(self.cluster, failed.error, "writing the analytics results",
+                                     topic=("WRITE", f"{names.analytics_topic(self.namespace)} or "
+                                                     f"{names.control_topic(self.namespace)}"),
+                                     group=("READ", names.analytics_group(self.namespace)),
+                                     transactional_id=("WRITE", names.analytics_transactional_id(self.namespace))
+                                     ) from None
             raise BrokerUnavailableError(f"writing the analytics results failed: {failed.reason}") from None
 
     def close(self) -> None:
@@ -82,7 +94,7 @@ class ProgressPublisher:
     def __init__(self, cluster: ClusterLike, namespace: str):
         self.cluster, self.namespace = Cluster.of(cluster), namespace
         self._producer = clients.idempotent_producer(cluster)
-        self._consumer = reading_consumer(cluster, None)
+        self._consumer = reading_consumer(cluster, names.reader_group(namespace))
         self._readers: dict[str, Any] = {}  # queue group -> its offsets reader
 
     def snapshot(self, queue: str, timeout: float) -> dict[str, Any] | None:
@@ -128,7 +140,7 @@ class ControlReader:
 
     def __init__(self, cluster: ClusterLike, namespace: str):
         self.topic = names.control_topic(namespace)
-        self._consumer = reading_consumer(cluster, None, **{"enable.partition.eof": False})
+        self._consumer = reading_consumer(cluster, names.reader_group(namespace), **{"enable.partition.eof": False})
         self._assigned = False
 
     def read(self, timeout: float) -> list[tuple[str, dict[str, Any]]]:

@@ -41,7 +41,7 @@ class AnalyticsFollower:
 
     def __init__(self, cluster: ClusterLike, namespace: str):
         self.topic = names.analytics_topic(namespace)
-        self._consumer = reading_consumer(cluster, None, **{"enable.partition.eof": False})
+        self._consumer = reading_consumer(cluster, names.reader_group(namespace), **{"enable.partition.eof": False})
         self._assigned = False
         self._lock = threading.Lock()
         self._windows: dict[str, dict[int, dict[str, Any]]] = {}

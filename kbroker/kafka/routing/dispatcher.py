@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.arrival import REFUSE, SAVE, WAIT, check_arrival
@@ -40,7 +40,7 @@ from kbroker.errors import BrokerUnavailableError
 from kbroker.kafka import clients, messages
 from kbroker.kafka.routing.forwarder import Forwarder
 from kbroker.kafka.reader import latest_values
-from kbroker.kafka.guarded import GuardedProducer, TransactionFailed, aborted, replace_producer, started, transact
+from kbroker.kafka.guarded import GuardedProducer, TransactionFailed, aborted, replace_producer, started_for, transact
 from kbroker.kafka.steps import FailureSink, report, run_steps
 
 log = logging.getLogger("kbroker.dispatcher")
@@ -65,6 +65,7 @@ class Dispatcher:
         self.saved = self.duplicates = self.refused = self.dropped = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.denied: BaseException | None = None  # the authorizer's refusal that stopped it
         self._refused: set[str] = set()
         group = names.dispatcher_group(namespace)
         self._consumer = clients.consumer(cluster, group, **{
@@ -77,7 +78,7 @@ class Dispatcher:
         self._ticks = TickCounter()
 
     def _new_producer(self) -> GuardedProducer:
-        return started(clients.idempotent_producer(self.cluster, **{
+        return started_for(self.cluster, clients.idempotent_producer(self.cluster, **{
             "transactional.id": self._transactional_id, "transaction.timeout.ms": 10_000}),
             self._transactional_id, 30)
 
@@ -106,11 +107,11 @@ class Dispatcher:
         self._assigned = True
 
     def _run(self) -> None:
-        run_steps(self.step, self._stop, COMPONENT, self._guard, log)
+        self.denied = run_steps(self.step, self._stop, COMPONENT, self._guard, log)
 
     def step(self) -> None:
         batch = messages.records(clients.consume_soon(self._consumer, 500, self._poll_interval),
-                                 lambda err: log.warning("inbound topic: %s", err))
+                                 lambda err: log.warning("inbound topic: %s", err), refused=self._reading_refused)
         now = time.time()
         self._ticks, run = advance(self._ticks, now, self.schedule)
         due = run.due if run is not None else frozenset()
@@ -125,6 +126,10 @@ class Dispatcher:
         if not self._assigned:
             self._load_acks()
         self._dispatch(batch, now)
+
+    def _reading_refused(self, err: KafkaError) -> Exception:
+        return clients.denied(self.cluster, err, "the dispatcher reading its inbound topic", topic=("READ", self.topic),
+                              group=("READ", names.dispatcher_group(self.namespace)))
 
     def sweep(self, now: float) -> None:
         """The every-tick sweep (seed 000): out-of-order and stale buffered messages go."""

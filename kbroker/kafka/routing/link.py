@@ -16,9 +16,11 @@ from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.records import Header
 from kbroker.core.envelope import H_FOLLOWS
+from kbroker.errors import KBrokerError, PermissionDeniedError, denied_code
 from kbroker.core.routing.routes import address
 from kbroker.core.routing.transmission import Outgoing, ack_key
 from kbroker.kafka import clients, messages
+from kbroker.kafka.reader import topic_partitions
 
 SEND_TIMEOUT_MS = 20_000  # a message the destination did not take within this breaks the link
 
@@ -39,7 +41,24 @@ class RoutingLink:
         self.errors: list[str] = []
         self._producer = clients.idempotent_producer(cluster, **{
             "message.timeout.ms": SEND_TIMEOUT_MS, "linger.ms": 2, "error_cb": self._on_error})
-        self._acks = clients.consumer(cluster, None, **{"error_cb": self._on_error})
+        self._acks = clients.consumer(cluster, names.reader_group(namespace), **{"error_cb": self._on_error})
+
+    def _refused_topic(self, topic: str, timeout: float) -> None:
+        """LinkBroken naming the refusal when `topic` is only hidden from this principal (an
+        answer about all topics leaves out those it may not see); nothing when it is missing."""
+        try:
+            topic_partitions(self._acks, topic, timeout)
+        except PermissionDeniedError as exc:
+            raise LinkBroken(str(exc.naming(clients.principal(self.cluster)))) from None
+        except KBrokerError:
+            pass
+
+    def _refused(self, err: KafkaError) -> Exception:
+        """The destination's authorizer refused reading its acks: the link is broken, and says
+        why (the route waits as for any broken link; the other routes go on)."""
+        refusal = clients.denied(self.cluster, err, f"reading the acknowledgements of namespace {self.namespace}",
+                                 topic=("READ", self.acks_topic), group=("DESCRIBE", names.reader_group(self.namespace)))
+        return LinkBroken(str(refusal))
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal() or err.code() == KafkaError._ALL_BROKERS_DOWN:
@@ -54,6 +73,7 @@ class RoutingLink:
             raise LinkBroken(f"no Kafka broker answers at {self.cluster}: {exc.args[0].str()}") from None
         for topic in (self.inbound, self.acks_topic):
             if topic not in md.topics or md.topics[topic].error is not None:
+                self._refused_topic(topic, timeout)
                 raise LinkBroken(f"namespace {self.namespace!r} at {self.cluster} has no topic {topic} "
                                  f"(is its catalog applied?)")
         parts = md.topics[self.acks_topic].partitions
@@ -77,7 +97,10 @@ class RoutingLink:
             raise LinkBroken(exc.args[0].str()) from None
 
     def _delivered(self, err: KafkaError | None, _msg: Any) -> None:
-        if err is not None:
+        if err is not None and denied_code(err):  # why the link is broken, in the refusal's words
+            self.errors.append(str(clients.refusal(self.cluster, [(err, self.inbound)], "sending to namespace "
+                                                   f"{self.namespace}")))
+        elif err is not None:
             self.errors.append(err.str())
 
     def poll(self) -> list[tuple[str, dict[str, Any]]]:
@@ -86,7 +109,7 @@ class RoutingLink:
         self._producer.poll(0)
         out = []
         for msg in messages.records(self._acks.consume(1000, 0), lambda err: self.errors.append(str(err)),
-                                    transient=False):
+                                    transient=False, refused=self._refused):
             key = messages.key(msg).decode(errors="replace")
             if key.startswith(self._prefix) and msg.value() is not None:
                 try:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.catalog.models import ERROR as ERROR_TYPE
@@ -68,6 +68,7 @@ class Transmitter:
         self._reports = ReportWriter(self._local, namespace, "transmitter", volatile=("at", "connections"))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.denied: BaseException | None = None  # the authorizer's refusal that stopped it
         self._paused = False
         self._ticks = TickCounter()
         self._committed: dict[int, int] = {}
@@ -76,6 +77,10 @@ class Transmitter:
         self._reclassify_asked: str | None = None
         self._wanted: set[str] = set()  # destinations messages wait to connect to
         self._noticed: dict[str, float] = {}  # service -> when its missing route was last noticed
+
+    def _reading_refused(self, err: KafkaError) -> Exception:
+        return clients.denied(self.cluster, err, "the transmitter reading the transmission queue",
+                              topic=("READ", self.topic), group=("READ", names.transmitter_group(self.namespace)))
 
     def request_reclassify(self, why: str) -> None:
         """From another thread (the worker's control reader): reclassify at the next pass."""
@@ -96,7 +101,7 @@ class Transmitter:
         self._paused = False
 
     def _run(self) -> None:
-        run_steps(self.step, self._stop, COMPONENT, self._guard, log)
+        self.denied = run_steps(self.step, self._stop, COMPONENT, self._guard, log)
 
     # --- one pass ----------------------------------------------------------------------------
 
@@ -126,7 +131,8 @@ class Transmitter:
             (self._consumer.pause if full else self._consumer.resume)(assignment)
             self._paused = full
         batch = clients.consume_soon(self._consumer, 500, 0 if full else self._poll)
-        for msg in messages.records(batch, lambda err: log.warning("transmission topic: %s", err), transient=False):
+        for msg in messages.records(batch, lambda err: log.warning("transmission topic: %s", err), transient=False,
+                                    refused=self._reading_refused):
             m = outgoing(msg, log.warning)
             if m is not None:
                 refusal = self.queue.add(m)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import socket
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -125,7 +124,7 @@ def transmission_rows(cluster: ClusterLike, namespace: str, limit: int = 1000, t
         for part, position in report.get("read_to", {}).items():
             read_to[int(part)] = max(read_to.get(int(part), 0), int(position))
     topic = names.transmission_topic(namespace)
-    consumer = reading_consumer(cluster, f"kbroker-view-{uuid.uuid4().hex[:8]}")
+    consumer = reading_consumer(cluster, names.reader_group(namespace))
     try:
         partitions = topic_partitions(consumer, topic, timeout) or []
         heads = committed_offsets(cluster, names.transmitter_group(namespace),

@@ -1,0 +1,166 @@
+"""The roles' ACL plans (core/acl_roles.py): each role is allowed what its code paths touch in
+its namespace and nothing of another namespace; the transport's installer/runner split; the
+kafka-acls.sh lines; and the Kafka side's conversion (kafka/acls.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kbroker.core import names
+from kbroker.core.acl_roles import (
+    ROLES,
+    AclBinding,
+    allowed,
+    bindings,
+    check_principal,
+    rules,
+    transport_split,
+)
+from kbroker.core.transport.endpoint import transport_queue_topic
+
+NS = "sales"
+P = names.prefix(NS)
+
+
+@pytest.mark.parametrize("role", list(ROLES))
+def test_every_role_stays_in_its_namespace(role):
+    """Nothing of namespace `salesforce` (whose names start with `kbroker.sales`) nor of any other."""
+    acls = bindings(role, "User:a", NS)
+    assert acls and len(acls) == len(set(acls))
+    for a in acls:
+        assert a.name.startswith(P), a
+        assert a.resource_type != "CLUSTER" and a.permission == "ALLOW" and a.host == "*"
+    for op in ("READ", "WRITE", "CREATE", "DESCRIBE"):
+        for kind in ("TOPIC", "GROUP", "TRANSACTIONAL_ID"):
+            assert not allowed(acls, "User:a", op, kind, "kbroker.salesforce.queue.Q")
+            assert not allowed(acls, "User:a", op, kind, "kbroker.other.catalog")
+
+
+def test_routes_reach_only_the_named_namespaces():
+    acls = bindings("router", "User:r", NS, routes_to=["billing"])
+    assert allowed(acls, "User:r", "WRITE", "TOPIC", names.inbound_topic("billing"))
+    assert allowed(acls, "User:r", "READ", "TOPIC", names.acks_topic("billing"))
+    assert allowed(acls, "User:r", "DESCRIBE", "GROUP", names.reader_group("billing"))
+    assert not allowed(acls, "User:r", "WRITE", "TOPIC", names.queue_topic("billing", "Q"))
+    assert not allowed(acls, "User:r", "READ", "TOPIC", names.inbound_topic("billing"))
+    worker = bindings("worker", "User:w", NS, routes_to=["billing"])
+    assert allowed(worker, "User:w", "WRITE", "TOPIC", names.inbound_topic("billing"))
+
+
+def test_what_tells_the_roles_apart():
+    def can(role, op, kind, name):
+        return allowed(bindings(role, "User:x", NS), "User:x", op, kind, name)
+
+    queue = names.queue_topic(NS, "Orders")
+    assert can("sender", "WRITE", "TOPIC", queue) and not can("sender", "READ", "TOPIC", queue)
+    assert can("reader", "READ", "TOPIC", queue) and not can("reader", "WRITE", "TOPIC", queue)
+    assert can("reader", "READ", "GROUP", names.queue_group(NS, "Orders"))
+    assert can("app", "READ", "TOPIC", queue) and can("app", "WRITE", "TOPIC", queue)
+    for role in ("sender", "reader", "app", "analytics", "router", "transport-runner"):
+        assert not can(role, "CREATE", "TOPIC", names.catalog_topic(NS)), role
+        assert not can(role, "DELETE", "TOPIC", queue), role
+    assert can("worker", "DELETE", "TOPIC", queue)  # the reclaim's DeleteRecords
+    assert can("deployer", "CREATE", "TOPIC", queue) and can("deployer", "WRITE", "TOPIC", names.catalog_topic(NS))
+    assert not can("deployer", "WRITE", "TOPIC", queue) and not can("deployer", "READ", "TOPIC", queue)
+    assert can("analytics", "WRITE", "TRANSACTIONAL_ID", names.analytics_transactional_id(NS))
+    assert not can("analytics", "WRITE", "TRANSACTIONAL_ID", P + "someone-else")
+    assert not can("analytics", "WRITE", "TOPIC", queue)
+
+
+def test_app_is_sender_and_reader():
+    def ops(role):
+        return {(b.operation, b.resource_type, b.pattern, b.name) for b in bindings(role, "User:x", NS)}
+
+    assert ops("app") == ops("sender") | ops("reader")
+
+
+def test_rules_merge_operations_on_one_pattern():
+    merged = [r for r in rules("app", NS) if r.name == names.endpoints_topic(NS)]
+    assert len(merged) == 1 and set(merged[0].operations) == {"READ", "WRITE"}
+
+
+def test_unknown_role_and_bad_principal():
+    with pytest.raises(ValueError, match="unknown role 'nobody'"):
+        bindings("nobody", "User:a", NS)
+    for bad in ("alice", "User:", "User:*", ""):
+        with pytest.raises(ValueError, match="Type:name"):
+            check_principal(bad)
+    with pytest.raises(ValueError, match="namespace"):
+        bindings("app", "User:a", "bad.ns")
+
+
+# --- the transport's split ---------------------------------------------------------------------
+
+
+def test_the_installer_creates_only_the_endpoints_queues():
+    acls = transport_split(NS, "Sales", "User:installer", "User:sales")
+    q = lambda queue: transport_queue_topic(NS, queue)  # noqa: E731
+    creates = [a for a in acls if a.operation == "CREATE"]
+    assert creates and all(a.principal == "User:installer" and a.resource_type == "TOPIC" for a in creates)
+    for topic in (q("Sales"), q("Sales.m1"), q("Sales.other-machine"), names.deadletter_topic(NS)):
+        assert allowed(acls, "User:installer", "CREATE", "TOPIC", topic), topic
+    # not another endpoint's queue, not one whose name merely starts with `Sales`, nothing else of the namespace
+    for topic in (q("Billing"), q("Billing.m1"), q("SalesReport"), q("Sales2.m1"), names.queue_topic(NS, "Sales"),
+                  f"{names.prefix(NS)}catalog", "kbroker.other.tqueue.Sales"):
+        assert not allowed(acls, "User:installer", "CREATE", "TOPIC", topic), topic
+
+
+def test_the_runner_never_gets_create():
+    acls = transport_split(NS, "Sales", "User:installer", "User:sales")
+    q = lambda queue: transport_queue_topic(NS, queue)  # noqa: E731
+    runner = [a for a in acls if a.principal == "User:sales"]
+    assert runner and not any(a.operation in ("CREATE", "ALTER", "DELETE", "ALTER_CONFIGS", "ALL") for a in runner)
+    for kind in ("TOPIC", "GROUP"):  # it reads its own queues (a queue's group is named as its topic)
+        assert allowed(acls, "User:sales", "READ", kind, q("Sales"))
+        assert allowed(acls, "User:sales", "READ", kind, q("Sales.m1"))
+        for other in (q("Billing"), q("SalesReport")):
+            assert not allowed(acls, "User:sales", "READ", kind, other), other
+    for topic in (q("Billing"), q("Billing.m2"), q("Sales"), names.deadletter_topic(NS)):
+        assert allowed(acls, "User:sales", "WRITE", "TOPIC", topic), topic
+    assert not allowed(acls, "User:sales", "WRITE", "TOPIC", "kbroker.other.tqueue.Billing")
+    assert allowed(acls, "User:sales", "WRITE", "TRANSACTIONAL_ID", names.prefix(NS) + "committer-1")
+    # an idempotent producer needs WRITE on a topic only (KIP-679), not IDEMPOTENT_WRITE on the cluster
+    assert not any(a.resource_type == "CLUSTER" for a in acls)
+
+
+def test_without_an_endpoint_the_transport_roles_cover_every_transport_queue():
+    acls = bindings("transport-runner", "User:r", NS)
+    assert allowed(acls, "User:r", "READ", "TOPIC", transport_queue_topic(NS, "Anything.m1"))
+    assert not allowed(acls, "User:r", "READ", "TOPIC", names.queue_topic(NS, "Orders"))
+
+
+def test_the_installer_does_not_read_or_write():
+    acls = transport_split(NS, "Sales", "User:installer", "User:sales")
+    assert {a.operation for a in acls if a.principal == "User:installer"} <= {"CREATE", "DESCRIBE", "DESCRIBE_CONFIGS"}
+
+
+def test_acl_command_text():
+    b = AclBinding("User:installer", "CREATE", "TOPIC", "PREFIXED", "kbroker.sales.tqueue.Sales")
+    assert b.command("k:9092") == ("kafka-acls.sh --bootstrap-server k:9092 --add --allow-principal "
+                                   "'User:installer' --operation CREATE --resource-pattern-type prefixed "
+                                   "--topic 'kbroker.sales.tqueue.Sales'")
+    g = AclBinding("User:sales", "READ", "GROUP", "LITERAL", "grp")
+    assert g.command("k:9092").endswith("--operation READ --resource-pattern-type literal --group 'grp'")
+    t = AclBinding("User:sales", "WRITE", "TRANSACTIONAL_ID", "PREFIXED", "kbroker.sales.")
+    assert t.command("k:9092").endswith("--resource-pattern-type prefixed --transactional-id 'kbroker.sales.'")
+    c = AclBinding("User:sales", "IDEMPOTENT_WRITE", "CLUSTER", "LITERAL", "kafka-cluster")
+    assert c.command("k:9092") == ("kafka-acls.sh --bootstrap-server k:9092 --add --allow-principal "
+                                   "'User:sales' --operation IDEMPOTENT_WRITE --cluster")
+
+
+@pytest.mark.parametrize("role", list(ROLES))
+def test_every_binding_has_a_command_and_converts_to_kafka_and_back(role):
+    from kbroker.kafka.acls import from_kafka, to_kafka
+
+    for a in bindings(role, "User:r", NS, routes_to=["billing"]):
+        assert a.command("b:1").startswith("kafka-acls.sh --bootstrap-server b:1 --add")
+        assert from_kafka(to_kafka(a)) == a
+
+
+def test_the_cluster_resource_converts():
+    from confluent_kafka.admin import ResourceType
+
+    from kbroker.kafka.acls import from_kafka, to_kafka
+
+    c = AclBinding("User:sales", "DESCRIBE", "CLUSTER", "LITERAL", "kafka-cluster")
+    assert to_kafka(c).restype == ResourceType.BROKER and from_kafka(to_kafka(c)) == c
