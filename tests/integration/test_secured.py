@@ -12,17 +12,16 @@ import uuid
 
 import orjson
 import pytest
-from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, ResourcePatternType,
-                                   ResourceType)
 
 from kbroker.cli.demo import CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
-from kbroker.core import names
+from kbroker.core.acl_roles import bindings
+from kbroker.core.client_properties import Jaas, parse_jaas, read_properties
 from kbroker.core.cluster import Cluster
 from kbroker.embedded import resolve_cluster
 from kbroker.errors import AuthenticationFailedError, BrokerUnavailableError, PermissionDeniedError
-from kbroker.kafka import clients, wire
+from kbroker.kafka import acls, clients, wire
 from kbroker.kafka.apply import apply_paths
 from kbroker.kafka.queues import queue_view
 from kbroker.sdk.broker import Broker, connect
@@ -66,24 +65,23 @@ def test_send_and_receive_in_a_transaction_as_the_admin_with_scram_from_the_prop
 
 
 def grant_namespace(admin: Cluster, principal: str, ns: str) -> None:
-    """Every operation on the namespace's topics, groups and transactional ids, for `principal`
-    (the least-privilege role plans are tests/integration/test_acls.py's)."""
-    prefix = names.prefix(ns)
-    bindings = [AclBinding(kind, prefix, ResourcePatternType.PREFIXED, principal, "*", AclOperation.ALL,
-                           AclPermissionType.ALLOW)
-                for kind in (ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID)]
-    client = clients.admin(admin)
-    for future in client.create_acls(bindings, request_timeout=15).values():
-        future.result()
+    """The `app` role's ACLs (SEND and RECEIVE in transactions) on namespace `ns`, for `principal`
+    (each role with one ACL less is tests/integration/test_acls.py's)."""
+    acls.grant(admin, bindings("app", principal, ns))
 
 
 @pytest.mark.parametrize("login", ["scram", "mtls", "plain"])
 def test_a_user_of_its_own_namespace_sends_and_receives_with_scram_a_client_certificate_or_plain(
-        secure_kafka, secure_admin, login):
+        secure_kafka, secure_admin, login, tmp_path):
     ns = fresh("u")
     apply_paths(secure_admin, ns, [SAMPLES])
     if login == "plain":  # PLAIN users are the broker's configuration, read at its start: the admin's
-        props = secure_kafka.secure_files.user_files("admin")["plain"]
+        props = tmp_path / "admin-plain.properties"
+        admin = read_properties(secure_kafka.status().client_properties.read_text())
+        login_options = parse_jaas(admin["sasl.jaas.config"]).options
+        admin.update({"sasl.mechanism": "PLAIN", "sasl.jaas.config": Jaas(
+            "org.apache.kafka.common.security.plain.PlainLoginModule", "required", login_options).line()})
+        props.write_text("".join(f"{k}={v}\n" for k, v in admin.items()))
     else:
         user = "app-" + uuid.uuid4().hex[:6]
         props = secure_kafka.add_user(user)[login]
