@@ -49,6 +49,7 @@ from kbroker.bench.results import (
     write_results,
 )
 from kbroker.core.cluster import Cluster, ClusterLike
+from kbroker.errors import InvalidArgumentError
 
 # What the CLI, the tests and the scenario modules use from here.
 __all__ = [
@@ -105,6 +106,48 @@ def _describe(m: dict, row: Row) -> str:
     return text
 
 
+def _run_scenarios(selected: list[str], ctx: BenchContext, reporter: Reporter) -> list[dict]:
+    results: list[dict] = []
+    try:
+        for name in selected:
+            s = SCENARIOS[name]
+            try:
+                results.extend(run_scenario(ctx, s))
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:
+                reporter.say(f"[red]{name} failed: {exc}[/red]")
+                if os.environ.get("KBROKER_BENCH_DEBUG"):
+                    traceback.print_exc()
+                results.extend(skipped_rows(s, f"{type(exc).__name__}: {exc}", key="error"))
+            finally:
+                ctx.cleanup()
+    finally:
+        ctx.cleanup()
+    return results
+
+
+def secured_rows(plain: list[dict], secured: list[dict]) -> list[dict]:
+    """Per row of both runs: kbroker's figure on the secured broker against its figure on the
+    plaintext one, as `<scenario> (TLS+SCRAM)`. Rows where less is better (times, MB) give
+    plaintext/secured, so a ratio under 1 is a cost either way."""
+    by_name = {r["scenario"]: r for r in plain}
+    rows = []
+    for s in secured:
+        p = by_name.get(s["scenario"])
+        if p is None or s.get("kbroker") is None or p.get("kbroker") is None:
+            continue
+        lower_better = str(s.get("unit", "")).split(" ")[0] in ("ms", "s", "MB")
+        ratio = (p["kbroker"] / s["kbroker"]) if lower_better else (s["kbroker"] / p["kbroker"])
+        rows.append({"scenario": f"{s['scenario']} (TLS+SCRAM)", "unit": s["unit"], "kbroker": s["kbroker"],
+                     "baseline": p["kbroker"], "ratio": round(ratio, 3),
+                     "ratio_definition": "plaintext/secured" if lower_better else "secured/plaintext",
+                     "target": None, "met": None,
+                     "summary": f"secured {s['kbroker']:,.1f} vs plaintext {p['kbroker']:,.1f} {s['unit']}; "
+                                f"the secured run's own baseline: {s.get('baseline')}"})
+    return rows
+
+
 # --- the broker for the run -------------------------------------------------------------------
 
 
@@ -117,10 +160,11 @@ def free_port() -> int:
 
 @contextmanager
 def bench_broker(cluster: ClusterLike | None, reporter: Reporter,
-                 label: str = "embedded broker") -> Iterator[tuple[Cluster, str, bool]]:
+                 label: str = "embedded broker", secure: bool = False) -> Iterator[tuple[Cluster, str, bool]]:
     """(cluster, Kafka version, embedded?): the given cluster, else an embedded broker on free
     ports in a temporary data dir, stopped and removed when the context ends. `label` names it
-    in progress (the routing scenario's second cluster is one too)."""
+    in progress (the routing scenario's second cluster is one too). `secure`: the embedded broker
+    runs secured (TLS, SASL) and the run logs in as its admin with SCRAM-SHA-512."""
     if cluster:
         yield Cluster.of(cluster), "unknown (external broker)", False
         return
@@ -129,6 +173,14 @@ def bench_broker(cluster: ClusterLike | None, reporter: Reporter,
     data_dir = Path(tempfile.mkdtemp(prefix="kbroker-bench-"))
     broker = EmbeddedBroker(data_dir, progress=lambda m: reporter.say(f"{label}: {m}"))
     try:
+        if secure:
+            from kbroker.embedded import resolve_cluster
+
+            status = broker.start(port=free_port(), controller_port=free_port(), tls_port=free_port(), secure=True)
+            assert status.bootstrap is not None and status.client_properties is not None
+            yield (resolve_cluster(status.bootstrap, command_config=status.client_properties),
+                   f"Apache Kafka {KAFKA_VERSION} (embedded, one KRaft node, SASL_SSL with SCRAM-SHA-512)", True)
+            return
         status = broker.start(port=free_port(), controller_port=free_port())
         assert status.bootstrap is not None  # a started broker has an address
         yield Cluster(status.bootstrap), f"Apache Kafka {KAFKA_VERSION} (embedded, one KRaft node)", True
@@ -144,30 +196,24 @@ def bench_broker(cluster: ClusterLike | None, reporter: Reporter,
 
 
 def run_bench(names: list[str], params: Params, *, cluster: ClusterLike | None, reporter: Reporter,
-              command: str = "kbroker bench") -> dict:
-    """Run the named scenarios; returns the results document (what latest.json holds)."""
+              command: str = "kbroker bench", secure: bool = False) -> dict:
+    """Run the named scenarios; returns the results document (what latest.json holds).
+    `secure`: run them again on a secured embedded broker and add, per row, the secured run's
+    figure as a ratio to the plaintext one (the cost of TLS and SCRAM)."""
     selected = resolve_names(names)
     started = datetime.now(timezone.utc)
+    if secure and cluster:
+        raise InvalidArgumentError("--secure compares two embedded brokers it starts, plain and secured: "
+                                   "give no --bootstrap")
     with bench_broker(cluster, reporter) as (run_cluster, kafka_version, embedded):
-        ctx = BenchContext(run_cluster, params, reporter, samples_dir(), kafka_version, embedded)
         machine = describe_machine(kafka_version)
-        results: list[dict] = []
-        try:
-            for name in selected:
-                s = SCENARIOS[name]
-                try:
-                    results.extend(run_scenario(ctx, s))
-                except KeyboardInterrupt:
-                    raise
-                except Exception as exc:
-                    reporter.say(f"[red]{name} failed: {exc}[/red]")
-                    if os.environ.get("KBROKER_BENCH_DEBUG"):
-                        traceback.print_exc()
-                    results.extend(skipped_rows(s, f"{type(exc).__name__}: {exc}", key="error"))
-                finally:
-                    ctx.cleanup()
-        finally:
-            ctx.cleanup()
+        results = _run_scenarios(selected, BenchContext(run_cluster, params, reporter, samples_dir(),
+                                                        kafka_version, embedded), reporter)
+    if secure:
+        with bench_broker(None, reporter, "secured embedded broker", secure=True) as (run_cluster, version, _):
+            secured = _run_scenarios(selected, BenchContext(run_cluster, params, reporter, samples_dir(),
+                                                            version, True), reporter)
+        results += secured_rows(results, secured)
     machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     return {
         "date": started.isoformat(timespec="seconds"),

@@ -55,11 +55,14 @@ SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "io-bou
                    "(default: docs/benchmarks.md when it exists).")
 @click.option("--no-docs", is_flag=True, help="Do not rewrite any results table.")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
+@click.option("--secure", is_flag=True,
+              help="Run the scenarios again on a secured embedded broker (SASL_SSL, SCRAM-SHA-512) and "
+                   "report each as a ratio to plaintext: the cost of TLS and SCRAM.")
 @cluster_option
 @json_option
 @handle_errors
 def bench(scenarios, repeat, messages, conversations, backlog, readers, in_flight, samples, drain_messages,
-          max_readers, ramp_up, ended_dialogs, out_dir, docs_path, no_docs, quiet, target, as_json):
+          max_readers, ramp_up, ended_dialogs, out_dir, docs_path, no_docs, quiet, secure, target, as_json):
     """Benchmark kbroker against a plain confluent-kafka baseline on the same broker.
 
     SCENARIOS: send (with send-pipelined), request-reply, io-bound, backlog-rss, ended-dialogs,
@@ -86,7 +89,7 @@ def bench(scenarios, repeat, messages, conversations, backlog, readers, in_fligh
     if docs_path is None and not no_docs and Path("docs/benchmarks.md").is_file():
         docs_path = Path("docs/benchmarks.md")
     doc = run_bench(list(scenarios), params, cluster=target.explicit,
-                    reporter=reporter, command=command_line())
+                    reporter=reporter, command=command_line(), secure=secure)
     doc = merge_previous(doc, out_dir / "latest.json")
     path = write_results(doc, out_dir)
     reporter.say(f"results written to {path}")

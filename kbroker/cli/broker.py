@@ -53,12 +53,12 @@ def broker() -> None:
               "3 replicas (2 in sync) once there are 3 nodes. Default: what the data dir holds, "
               "else 1.")
 @click.option("--secure", is_flag=True, default=False,
-              help="A secured broker (one node): TLS only, SCRAM-SHA-512 or PLAIN logins on --port, "
+              help="A secured broker (or cluster): TLS only, SCRAM-SHA-512 or PLAIN logins on --port, "
               "client certificates on --tls-port, ACLs. Only for a new data dir; a secure one "
               "restarts secure without it. Prints the admin's client properties file.")
 @click.option("--tls-port", type=click.IntRange(1, 65535), default=None,
-              help="With --secure: port of the listener for client certificates (default: "
-              "port+2 if free, else any).")
+              help="With --secure, one node: port of the listener for client certificates "
+              "(default: port+2 if free, else any; a cluster's follow its controllers').")
 @click.option("--wait", type=float, default=90.0, show_default=True,
               help="Seconds to wait for the broker to answer.")
 @json_option
@@ -67,27 +67,25 @@ def start(data_dir: Path | None, port: int, controller_port: int | None, nodes: 
           secure: bool, tls_port: int | None, wait: float, as_json: bool) -> None:
     """Start the broker (no-op if it already runs) and print its bootstrap address (and a
     secure one's admin client properties file)."""
-    from kbroker.embedded.broker import BrokerStatus
     from kbroker.embedded.cluster import EmbeddedCluster
 
     embedded = _embedded(data_dir, nodes=nodes)
+    # Without --secure: as the data dir was formatted (a secure one restarts secure).
+    wanted = True if secure else None
     if isinstance(embedded, EmbeddedCluster):
-        if controller_port is not None:
-            raise ValueError("--controller-port is for one node; a cluster picks its controller ports")
-        if secure or tls_port is not None:
-            raise ValueError("--secure is for one node; a cluster cannot be secured yet")
-        status: BrokerStatus | ClusterStatus = embedded.start(port=port, wait=wait)
+        if controller_port is not None or tls_port is not None:
+            raise ValueError("--controller-port and --tls-port are for one node; a cluster picks its ports")
+        status: BrokerStatus | ClusterStatus = embedded.start(port=port, wait=wait, secure=wanted)
     else:
         if tls_port is not None and not secure and not embedded.secure_files.enabled:
             raise ValueError("--tls-port is for a secure broker (--secure)")
-        # Without --secure: as the data dir was formatted (a secure one restarts secure).
         status = embedded.start(port=port, controller_port=controller_port, wait=wait,
-                                secure=True if secure else None, tls_port=tls_port)
+                                secure=wanted, tls_port=tls_port)
     if as_json:
         emit_json(status.as_dict())
     else:
         click.echo(status.bootstrap)
-        if isinstance(status, BrokerStatus) and status.client_properties:
+        if status.client_properties:
             click.echo(status.client_properties)
 
 
@@ -135,7 +133,12 @@ def status(data_dir: Path | None, as_json: bool) -> None:
                    f"Apache Kafka {st.version}, data dir {st.data_dir})")
         for n in st.nodes:
             state = f"running (pid {n.pid})" if n.running else "not running"
-            click.echo(f"  node {n.node_id}: 127.0.0.1:{n.port} (controller {n.controller_port}) {state}")
+            tls = f", TLS {n.tls_port}" if n.tls_port else ""
+            click.echo(f"  node {n.node_id}: 127.0.0.1:{n.port} (controller {n.controller_port}{tls}) {state}")
+        if st.secure:
+            click.echo(f"  secure: SASL_SSL (SCRAM-SHA-512, PLAIN) at {st.bootstrap}, "
+                       f"client certificates at {st.tls_bootstrap}")
+            click.echo(f"  admin client properties: {st.client_properties}")
     elif st.running:
         click.echo(f"running at {st.bootstrap} (pid {st.pid}, Apache Kafka {st.version}, "
                    f"data dir {st.data_dir})")
@@ -162,15 +165,6 @@ def user() -> None:
     certificates, each with client properties files in the data dir's `secure` dir."""
 
 
-def _secure_broker(data_dir: Path | None) -> "EmbeddedBroker":
-    from kbroker.embedded.broker import EmbeddedBroker
-
-    embedded = _embedded(data_dir, quiet=True)
-    if not isinstance(embedded, EmbeddedBroker):
-        raise ValueError("users are for a secure single broker; this data dir holds a cluster")
-    return embedded
-
-
 @user.command("add")
 @click.argument("name")
 @data_dir_option
@@ -180,7 +174,7 @@ def user_add(name: str, data_dir: Path | None, as_json: bool) -> None:
     """Add user NAME (or give it a new password): a random password for SCRAM-SHA-512 (now) and
     PLAIN (from the next broker start), a client certificate, and its client properties files,
     whose paths are printed. The user may do nothing until ACLs allow it."""
-    files = _secure_broker(data_dir).add_user(name)
+    files = _embedded(data_dir, quiet=True).add_user(name)
     if as_json:
         emit_json({"user": name, "plain_after_restart": True, **{k: str(v) for k, v in files.items()}})
         return
@@ -199,7 +193,7 @@ def user_remove(name: str, data_dir: Path | None, as_json: bool) -> None:
     """Remove user NAME: its SCRAM-SHA-512 credential (now), its PLAIN login (from the next broker
     start) and its files. Its client certificate stays valid until it expires, for a user that
     holds no ACLs."""
-    existed = _secure_broker(data_dir).remove_user(name)
+    existed = _embedded(data_dir, quiet=True).remove_user(name)
     if as_json:
         emit_json({"user": name, "removed": existed})
         return

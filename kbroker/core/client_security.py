@@ -27,7 +27,7 @@ LIBRDKAFKA = "confluent-kafka (librdkafka)"
 AIOKAFKA = "the worker's Faust consumer (aiokafka)"
 SPARK = "Spark's Kafka source"
 WIRE = "kbroker's log-dir client (kafka/wire.py)"
-KBROKER = "kbroker"
+KBROKER = "any of kbroker's clients"
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
@@ -107,15 +107,19 @@ class ClientSecurity:
             {LIBRDKAFKA: self.librdkafka, SPARK: self.java, AIOKAFKA: self.aiokafka,
              WIRE: self.wire}[client]()
 
-    def librdkafka(self) -> dict[str, str]:
-        """The settings as librdkafka properties."""
-        out: dict[str, str] = {}
-        if self.protocol != "PLAINTEXT":
-            out["security.protocol"] = self.protocol
+    def _common(self) -> dict[str, str]:
+        """The settings both dialects name alike."""
+        out = {"security.protocol": self.protocol} if self.protocol != "PLAINTEXT" else {}
         if self.client_id:
             out["client.id"] = self.client_id
         if self.sasl:
             out["sasl.mechanism"] = str(self.mechanism)
+        return out
+
+    def librdkafka(self) -> dict[str, str]:
+        """The settings as librdkafka properties."""
+        out = self._common()
+        if self.sasl:
             if self.oauth:
                 out.update({"sasl.oauthbearer.method": "oidc",
                             "sasl.oauthbearer.token.endpoint.url": self.oauth.token_url,
@@ -135,14 +139,9 @@ class ClientSecurity:
     def java(self) -> dict[str, str]:
         """The settings as Java client properties (PEM material inline), as Spark's Kafka source
         and sink take them (each with the `kafka.` prefix)."""
-        out: dict[str, str] = {}
-        if self.protocol != "PLAINTEXT":
-            out["security.protocol"] = self.protocol
-        if self.client_id:
-            out["client.id"] = self.client_id
+        out = self._common()
         if self.sasl:
             mech = str(self.mechanism)
-            out["sasl.mechanism"] = mech
             if self.oauth:
                 opts = {"clientId": self.oauth.client_id, "clientSecret": self.oauth.client_secret}
                 if self.oauth.scope:

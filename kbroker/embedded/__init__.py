@@ -15,7 +15,6 @@ from pathlib import Path
 from kbroker import config
 from kbroker.core.client_properties import COMMAND_CONFIG_ENV, properties_from_env, read_properties
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.embedded.broker import BrokerStatus
 from kbroker.embedded.cluster import embedded_at
 from kbroker.errors import BrokerUnavailableError, InvalidArgumentError
 
@@ -48,7 +47,7 @@ def resolve_cluster(explicit: ClusterLike | None = None, data_dir: Path | None =
         return Cluster.with_properties(bootstrap, props)
     status = embedded_at(data_dir or config.default_data_dir()).status()
     if status.running and status.bootstrap:  # the address the embedded broker listens on
-        if not props and isinstance(status, BrokerStatus) and status.client_properties:
+        if not props and status.client_properties:
             # A secure embedded broker: its admin's settings, so every command works unconfigured.
             admin = read_properties(status.client_properties.read_text())
             admin.pop("bootstrap.servers", None)

@@ -14,7 +14,6 @@ and for all."""
 from __future__ import annotations
 
 import json
-import secrets
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -28,8 +27,8 @@ from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.embedded import jvm
 from kbroker.embedded.certs import write_private
 from kbroker.embedded.jvm import KAFKA_VERSION, MIN_JAVA, find_java
-from kbroker.embedded.secure import ADMIN, RESERVED, SecureFiles, check_user_name
-from kbroker.errors import BrokerUnavailableError, EmbeddedBrokerError, InvalidArgumentError, PortInUseError
+from kbroker.embedded.secure import ADMIN, SecureFiles
+from kbroker.errors import BrokerUnavailableError, EmbeddedBrokerError, PortInUseError
 
 __all__ = ["KAFKA_VERSION", "MIN_JAVA", "BrokerStatus", "EmbeddedBroker", "find_java"]
 
@@ -42,7 +41,7 @@ process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:{cport}
 """
-_PLAIN_LISTENERS = """\
+PLAIN_LISTENERS = """\
 listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}
 advertised.listeners=PLAINTEXT://127.0.0.1:{port}
 controller.listener.names=CONTROLLER
@@ -64,7 +63,7 @@ group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=false
 num.partitions=1
 """
-_SERVER_PROPERTIES = _HEAD + _PLAIN_LISTENERS + _TAIL
+_SERVER_PROPERTIES = _HEAD + PLAIN_LISTENERS + _TAIL
 
 
 @dataclass(frozen=True)
@@ -83,14 +82,6 @@ class BrokerStatus:
     def as_dict(self) -> dict:
         return {**asdict(self), "data_dir": str(self.data_dir),
                 "client_properties": str(self.client_properties) if self.client_properties else None}
-
-
-def _port_near(wanted: int, taken: set[int]) -> int:
-    """`wanted` when it exists, is free and not `taken`; else any free port not `taken`."""
-    free = jvm.bind(wanted) if wanted <= 65535 and wanted not in taken else None
-    while free is None or free in taken:
-        free = jvm.bind(0)
-    return free
 
 
 class EmbeddedBroker:
@@ -118,21 +109,22 @@ class EmbeddedBroker:
         secure node (True) or a plain one (False); None, what the data dir was formatted as
         (plain when new). `tls_port`, a secure node's listener for client certificates:
         port+2 when free, else any free port, unless given."""
-        secure = self._secure(secure)
+        secure = self.secure_files.decide(secure, self._formatted())
         current = self.status()
         if current.running:
             return current
         java = find_java()
+        tls_port = tls_port if secure else None  # a plain node has no such listener
         for p in (port, controller_port, tls_port):
             if p is not None and jvm.bind(p) is None:
                 raise PortInUseError(
                     f"port {p} on 127.0.0.1 is already in use; choose another with --port")
         if controller_port is None:
-            controller_port = _port_near(port + 1, {port})
+            controller_port = jvm.claim_port(port + 1, {port})
         if controller_port == port:
             raise PortInUseError(f"the controller port must differ from the broker port {port}")
         if secure and tls_port is None:
-            tls_port = _port_near(port + 2, {port, controller_port})
+            tls_port = jvm.claim_port(port + 2, {port, controller_port})
         if tls_port in (port, controller_port):
             raise PortInUseError(f"the TLS port {tls_port} must differ from the broker and controller ports")
         libs = self.fetch()
@@ -140,7 +132,7 @@ class EmbeddedBroker:
         files = self.secure_files
         admin_password = files.prepare() if secure else ""
         listeners = files.listeners(port, tls_port, controller_port) if secure and tls_port \
-            else _PLAIN_LISTENERS.format(port=port, cport=controller_port)
+            else PLAIN_LISTENERS.format(port=port, cport=controller_port)
         # Private: a secure node's configuration holds its PLAIN users' passwords.
         write_private(self.properties, (_HEAD + "{listeners}" + _TAIL).format(
             cport=controller_port, log_dirs=self.log_dirs, listeners=listeners)
@@ -156,7 +148,7 @@ class EmbeddedBroker:
             if secure:
                 files.mark_enabled()
         if secure and tls_port:
-            files.write_client_properties(port, tls_port)
+            files.write_client_properties(f"127.0.0.1:{port}", f"127.0.0.1:{tls_port}")
         self._say("starting")
         proc = jvm.launch(java, libs, self.properties, self.log_file, ("-Xms256m", "-Xmx1g"))
         state = {"pid": proc.pid, "port": port, "controller_port": controller_port, "tls_port": tls_port,
@@ -173,20 +165,6 @@ class EmbeddedBroker:
 
     def _formatted(self) -> bool:
         return (self.log_dirs / "meta.properties").exists()
-
-    def _secure(self, wanted: bool | None) -> bool:
-        """Whether the node starts secure: what its data dir was formatted as, which `wanted`
-        must not contradict."""
-        was = self.secure_files.enabled
-        if wanted is None or not self._formatted() or wanted == was:
-            return was if wanted is None else wanted
-        if wanted:
-            raise EmbeddedBrokerError(
-                f"{self.data_dir} holds a broker formatted without --secure, which cannot become "
-                "secure (it has no admin credential); use another --data-dir for a secure broker")
-        raise EmbeddedBrokerError(
-            f"{self.data_dir} holds a secure broker, which cannot run without security; "
-            "use another --data-dir for a plain one")
 
     def stop(self, timeout: float = 60.0) -> bool:
         """Stop the node cleanly (SIGKILL after `timeout`); whether it was running."""
@@ -214,43 +192,21 @@ class EmbeddedBroker:
     # --- users of a secure node --------------------------------------------------------------------
 
     def add_user(self, name: str) -> dict[str, Path]:
-        """Give user `name` a new random password (its SCRAM-SHA-512 credential now, its PLAIN
-        login from the next start on), a client certificate, and client properties files; the
-        files by kind (scram, plain, mtls, cert). The user may do nothing until ACLs allow it."""
-        status = self._running_secure(name)
-        password = secrets.token_urlsafe(24)
-        from kbroker.kafka import scram_users
-
-        scram_users.set_password(self._admin(status), name, password)
-        assert status.port and status.tls_port  # a running secure node has both
-        return self.secure_files.add_user(name, password, status.port, status.tls_port)
+        """Add user `name` to the running secure node (SecureFiles.add_user); its files by kind.
+        The user may do nothing until ACLs allow it."""
+        status = self.status()
+        self.secure_files.require_running(status.running)
+        assert status.bootstrap and status.tls_port  # a running secure node has both
+        return self.secure_files.add_user(name, status.bootstrap, f"127.0.0.1:{status.tls_port}")
 
     def remove_user(self, name: str) -> bool:
-        """Delete user `name`'s SCRAM credential, ACLs, PLAIN entry (from the next start on) and
-        files; whether it existed. Its client certificate stays valid until it expires (Kafka
-        checks no revocation list), for a principal without ACLs."""
-        status = self._running_secure(name)
-        from kbroker.kafka import scram_users
-
-        had_scram = scram_users.delete(self._admin(status), name)
-        had_acls = scram_users.delete_acls(self._admin(status), name) > 0
-        return self.secure_files.remove_user(name) or had_scram or had_acls
-
-    def _running_secure(self, user: str) -> BrokerStatus:
-        check_user_name(user)
-        if user in RESERVED:
-            raise InvalidArgumentError(f"{user} is kbroker's own user; choose another name")
+        """Remove user `name` from the running secure node (SecureFiles.remove_user); whether it
+        existed. Its client certificate stays valid until it expires (Kafka checks no revocation
+        list), for a principal without ACLs."""
         status = self.status()
-        if not status.secure:
-            raise EmbeddedBrokerError(
-                f"{self.data_dir} holds no secure broker; users are for one started with --secure")
-        if not status.running:
-            raise EmbeddedBrokerError(f"the broker in {self.data_dir} is not running; start it first")
-        return status
-
-    def _admin(self, status: BrokerStatus) -> Cluster:
+        self.secure_files.require_running(status.running)
         assert status.bootstrap  # running
-        return self.secure_files.admin_cluster(status.bootstrap)
+        return self.secure_files.remove_user(name, status.bootstrap)
 
     def _state(self) -> dict[str, Any]:
         try:

@@ -6,7 +6,11 @@ data dir holds cluster.json (the nodes' pids and ports) and one dir per node, no
 server.properties, KRaft log dir and broker.log. Node ids are Kafka's node.id, 1..N, so the
 leader id an admin client reports names the node to kill. Broker ports are port..port+N-1; the
 controllers take the next N ports when free, else any free ones. Like the single broker, the JVMs
-are detached and outlive the process that started them."""
+are detached and outlive the process that started them.
+
+A secure cluster (`start(secure=True)`) is secured as the single broker is, with one `secure` dir
+for all nodes (they all listen on 127.0.0.1, so one broker certificate serves them all); its
+nodes' TLS ports come after the controllers'."""
 
 from __future__ import annotations
 
@@ -18,26 +22,28 @@ from typing import Any, Callable
 
 import psutil
 
+from kbroker.core.cluster import ClusterLike
 from kbroker.embedded import jvm
-from kbroker.embedded.broker import EmbeddedBroker, wait_ready
+from kbroker.embedded.broker import PLAIN_LISTENERS, EmbeddedBroker, wait_ready
+from kbroker.embedded.certs import write_private
 from kbroker.embedded.jvm import KAFKA_VERSION, find_java
+from kbroker.embedded.secure import ADMIN, SecureFiles
 from kbroker.errors import EmbeddedBrokerError, PortInUseError
 
 MAX_NODES = 9
+Ports = tuple[int, int, int | None]  # a node's (broker, controller, TLS) ports; TLS for a secure one
 # Each JVM smaller than the single broker's (256m-1g): N of them share a small machine.
 NODE_HEAP = ("-Xms128m", "-Xmx512m")
 # Rewritten at every start, from the ports in cluster.json (or new ones when no node runs): the
-# quorum is static, so a voter's address is configuration, not stored state.
-_NODE_PROPERTIES = """\
+# quorum is static, so a voter's address is configuration, not stored state. A node's listener
+# lines are the single broker's, plain or secure (embedded/secure.py).
+_NODE_HEAD = """\
 # Written by kbroker at every start; edits are overwritten.
 process.roles=broker,controller
 node.id={node_id}
 controller.quorum.voters={voters}
-listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}
-advertised.listeners=PLAINTEXT://127.0.0.1:{port}
-controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
-inter.broker.listener.name=PLAINTEXT
+"""
+_NODE_TAIL = """\
 log.dirs={log_dirs}
 # Replicated by default, and an acknowledged write is on {min_isr} nodes: one node may be lost.
 default.replication.factor={replicas}
@@ -70,6 +76,7 @@ class NodeStatus:
     port: int | None
     controller_port: int | None
     data_dir: Path
+    tls_port: int | None = None  # a secure node's listener for client certificates
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "data_dir": str(self.data_dir)}
@@ -84,15 +91,25 @@ class ClusterStatus:
     bootstrap: str | None
     data_dir: Path
     version: str
+    secure: bool = False
+    client_properties: Path | None = None  # a running secure cluster's admin.properties
 
     @property
     def nodes_running(self) -> int:
         return sum(n.running for n in self.nodes)
 
+    @property
+    def tls_bootstrap(self) -> str | None:
+        """Every running secure node's listener for client certificates."""
+        return ",".join(f"127.0.0.1:{n.tls_port}" for n in self.nodes if n.tls_port) if self.running else None
+
     def as_dict(self) -> dict[str, Any]:
         return {"running": self.running, "bootstrap": self.bootstrap, "data_dir": str(self.data_dir),
                 "version": self.version, "node_count": len(self.nodes),
-                "nodes_running": self.nodes_running, "nodes": [n.as_dict() for n in self.nodes]}
+                "nodes_running": self.nodes_running, "secure": self.secure,
+                "tls_bootstrap": self.tls_bootstrap,
+                "client_properties": str(self.client_properties) if self.client_properties else None,
+                "nodes": [n.as_dict() for n in self.nodes]}
 
 
 class EmbeddedCluster:
@@ -107,6 +124,7 @@ class EmbeddedCluster:
         self.node_ids = list(range(1, nodes + 1))
         self._say = progress or (lambda _msg: None)
         self.state_file = self.data_dir / "cluster.json"
+        self.secure_files = SecureFiles(self.data_dir)
 
     @staticmethod
     def node_count(data_dir: Path | str) -> int:
@@ -130,9 +148,11 @@ class EmbeddedCluster:
 
     # --- starting ------------------------------------------------------------------------------
 
-    def start(self, port: int = 9092, wait: float = 90.0) -> ClusterStatus:
+    def start(self, port: int = 9092, wait: float = 90.0, *, secure: bool | None = None) -> ClusterStatus:
         """Start every node not running (a no-op when all run) and wait until each answers with
-        all N brokers registered. With no node running, brokers take ports port..port+N-1."""
+        all N brokers registered. With no node running, brokers take ports port..port+N-1.
+        `secure`: a secure cluster (True) or a plain one (False); None, what the data dir was
+        formatted as (plain when new)."""
         if EmbeddedBroker(self.data_dir).status().running or (self.data_dir / "logs").is_dir():
             raise EmbeddedBrokerError(
                 f"{self.data_dir} holds a single-node broker; use another --data-dir for a cluster")
@@ -141,10 +161,11 @@ class EmbeddedCluster:
             raise EmbeddedBrokerError(
                 f"{self.data_dir} holds a {held}-node cluster, not {len(self.node_ids)}; "
                 f"start it with --nodes {held} or use another --data-dir")
+        secure = self.secure_files.decide(secure, self._meta(1).exists())
         current = self.status()
         down = [n.node_id for n in current.nodes if not n.running]
         if down:
-            ports = self._ports_of_running() if current.running else self._new_ports(port)
+            ports = self._ports_of_running() if current.running else self._new_ports(port, secure)
             self._launch(down, ports, current.nodes_running, wait)
         status = self.status()
         self._say(f"ready at {status.bootstrap}")
@@ -161,13 +182,18 @@ class EmbeddedCluster:
             self._launch([node_id], self._ports_of_running(), current.nodes_running, wait)
         return self.status().nodes[node_id - 1]
 
-    def _launch(self, down: list[int], ports: dict[int, tuple[int, int]], running: int,
-                wait: float) -> None:
+    def _launch(self, down: list[int], ports: dict[int, Ports], running: int, wait: float) -> None:
         """Start the nodes `down` (`running` others run already) and wait until they answer."""
         java = find_java()
         libs = jvm.fetch_jars(self._say)
+        secure = ports[self.node_ids[0]][2] is not None
+        admin_password = self.secure_files.prepare() if secure else ""
         self._write_config(ports)
-        self._format(java, libs)
+        self._format(java, libs, admin_password)
+        bootstrap = ",".join(f"127.0.0.1:{ports[i][0]}" for i in self.node_ids)
+        if secure:
+            self.secure_files.write_client_properties(
+                bootstrap, ",".join(f"127.0.0.1:{ports[i][2]}" for i in self.node_ids))
         self._say(f"starting {len(down)} nodes" if len(down) > 1 else f"starting node {down[0]}")
         started = {i: jvm.launch(java, libs, self._properties(i), self._log_file(i), NODE_HEAP)
                    for i in down}
@@ -175,11 +201,16 @@ class EmbeddedCluster:
             "version": KAFKA_VERSION, "started_at": datetime.now(timezone.utc).isoformat(), "nodes": {}}
         for i in self.node_ids:
             pid = started[i].pid if i in started else state["nodes"][str(i)]["pid"]
-            state["nodes"][str(i)] = {"pid": pid, "port": ports[i][0], "controller_port": ports[i][1]}
+            state["nodes"][str(i)] = {"pid": pid, "port": ports[i][0], "controller_port": ports[i][1],
+                                      "tls_port": ports[i][2]}
         self._write_state(state)
+
+        def node(i: int) -> ClusterLike:  # as kbroker's clients reach it, the admin when secure
+            address = f"127.0.0.1:{ports[i][0]}"
+            return self.secure_files.admin_cluster(address) if secure else address
+
         try:
-            wait_ready([(started[i], f"127.0.0.1:{ports[i][0]}", self._log_file(i)) for i in down],
-                       running + len(down), wait)
+            wait_ready([(started[i], node(i), self._log_file(i)) for i in down], running + len(down), wait)
         except BaseException:
             for i in down:
                 self.stop_node(i, timeout=10)
@@ -187,13 +218,14 @@ class EmbeddedCluster:
                 self.state_file.unlink(missing_ok=True)
             raise
 
-    def _ports_of_running(self) -> dict[int, tuple[int, int]]:
+    def _ports_of_running(self) -> dict[int, Ports]:
         nodes = self._state()["nodes"]
-        return {i: (nodes[str(i)]["port"], nodes[str(i)]["controller_port"]) for i in self.node_ids}
+        return {i: (nodes[str(i)]["port"], nodes[str(i)]["controller_port"], nodes[str(i)].get("tls_port"))
+                for i in self.node_ids}
 
-    def _new_ports(self, port: int) -> dict[int, tuple[int, int]]:
-        """Broker ports port..port+N-1 (each must be free); controllers on the next N ports when
-        free, else on any free ones."""
+    def _new_ports(self, port: int, secure: bool) -> dict[int, Ports]:
+        """Broker ports port..port+N-1 (each must be free); controllers (then a secure cluster's
+        TLS listeners) on the next N ports when free, else on any free ones."""
         n = len(self.node_ids)
         if port + n - 1 > 65535:
             raise PortInUseError(f"ports {port} to {port + n - 1} do not all exist; choose a lower --port")
@@ -203,35 +235,41 @@ class EmbeddedCluster:
                 raise PortInUseError(
                     f"port {p} on 127.0.0.1 is already in use (a {n}-node cluster needs ports "
                     f"{port} to {port + n - 1}); choose another with --port")
-        controllers: list[int] = []
-        for p in range(port + n, port + 2 * n):
-            free = jvm.bind(p) if p <= 65535 else None
-            while free is None or free in brokers or free in controllers:
-                free = jvm.bind(0)
-            controllers.append(free)
-        return {i: (brokers[k], controllers[k]) for k, i in enumerate(self.node_ids)}
+        taken = set(brokers)
+        controllers = [jvm.claim_port(p, taken) for p in range(port + n, port + 2 * n)]
+        tls: list[int | None] = [jvm.claim_port(p, taken) for p in range(port + 2 * n, port + 3 * n)] if secure \
+            else [None] * n
+        return {i: (brokers[k], controllers[k], tls[k]) for k, i in enumerate(self.node_ids)}
 
-    def _write_config(self, ports: dict[int, tuple[int, int]]) -> None:
+    def _write_config(self, ports: dict[int, Ports]) -> None:
         voters = ",".join(f"{i}@127.0.0.1:{ports[i][1]}" for i in self.node_ids)
         # The cluster's defaults (and its internal topics) follow the rule `kbroker apply` uses.
         from kbroker.kafka.apply import choose_replication
 
         replicas, min_isr = choose_replication(len(self.node_ids))
         for i in self.node_ids:
+            port, cport, tls_port = ports[i]
+            listeners = self.secure_files.listeners(port, tls_port, cport) if tls_port \
+                else PLAIN_LISTENERS.format(port=port, cport=cport)
             self.node_dir(i).mkdir(parents=True, exist_ok=True)
-            self._properties(i).write_text(_NODE_PROPERTIES.format(
-                node_id=i, voters=voters, port=ports[i][0], cport=ports[i][1],
-                log_dirs=self.node_dir(i) / "logs", replicas=replicas, min_isr=min_isr))
+            # Private: a secure node's configuration holds its PLAIN users' passwords.
+            write_private(self._properties(i), (_NODE_HEAD + "{listeners}" + _NODE_TAIL).format(
+                node_id=i, voters=voters, listeners=listeners, log_dirs=self.node_dir(i) / "logs",
+                replicas=replicas, min_isr=min_isr))
 
-    def _format(self, java: str, libs: Path) -> None:
-        """Format the log dirs not formatted yet, all with the cluster's one id."""
+    def _format(self, java: str, libs: Path, admin_password: str) -> None:
+        """Format the log dirs not formatted yet, all with the cluster's one id (and, with an
+        `admin_password`, the admin's SCRAM credential)."""
         unformatted = [i for i in self.node_ids if not self._meta(i).exists()]
         if not unformatted:
             return
         self._say("formatting storage")
         cluster_id = self._cluster_id() or jvm.kafka_uuid()
-        jvm.format_storage(java, libs, [(self._properties(i), self.node_dir(i) / "logs")
-                                        for i in unformatted], cluster_id)
+        scram = ("--add-scram", f"SCRAM-SHA-512=[name={ADMIN},password={admin_password}]")
+        jvm.format_storage(java, libs, [(self._properties(i), self.node_dir(i) / "logs") for i in unformatted],
+                           cluster_id, scram if admin_password else ())
+        if admin_password:
+            self.secure_files.mark_enabled()
 
     def _meta(self, node_id: int) -> Path:
         return self.node_dir(node_id) / "logs" / "meta.properties"
@@ -294,11 +332,30 @@ class EmbeddedCluster:
             proc = self._process(i)
             nodes.append(NodeStatus(i, proc is not None, proc.pid if proc else None,
                                     recorded.get("port"), recorded.get("controller_port"),
-                                    self.node_dir(i)))
+                                    self.node_dir(i), recorded.get("tls_port")))
         running = any(n.running for n in nodes)
         bootstrap = ",".join(f"127.0.0.1:{n.port}" for n in nodes) if running else None
+        secure = self.secure_files.enabled
         return ClusterStatus(running, tuple(nodes), bootstrap, self.data_dir,
-                             self._state().get("version", KAFKA_VERSION))
+                             self._state().get("version", KAFKA_VERSION), secure,
+                             self.secure_files.admin_properties if secure and running else None)
+
+    # --- users of a secure cluster ---------------------------------------------------------------
+
+    def add_user(self, name: str) -> dict[str, Path]:
+        """Add user `name` to the running secure cluster (SecureFiles.add_user); its files by kind."""
+        status = self.status()
+        self.secure_files.require_running(status.running)
+        assert status.bootstrap and status.tls_bootstrap  # a running secure cluster has both
+        return self.secure_files.add_user(name, status.bootstrap, status.tls_bootstrap)
+
+    def remove_user(self, name: str) -> bool:
+        """Remove user `name` from the running secure cluster (SecureFiles.remove_user); whether
+        it existed."""
+        status = self.status()
+        self.secure_files.require_running(status.running)
+        assert status.bootstrap  # running
+        return self.secure_files.remove_user(name, status.bootstrap)
 
     def _state(self) -> dict[str, Any]:
         try:

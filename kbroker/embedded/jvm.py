@@ -54,6 +54,16 @@ def bind(port: int) -> int | None:
         return int(s.getsockname()[1])
 
 
+def claim_port(wanted: int, taken: set[int]) -> int:
+    """`wanted` when it exists, is free and not `taken`, else any free port not `taken`; added
+    to `taken`."""
+    free = bind(wanted) if wanted <= 65535 and wanted not in taken else None
+    while free is None or free in taken:
+        free = bind(0)
+    taken.add(free)
+    return free
+
+
 def accepts(port: int) -> bool:
     """Whether something listens on 127.0.0.1:`port`."""
     try:

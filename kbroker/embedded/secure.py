@@ -9,8 +9,8 @@ each identity's client properties files, written the Kafka way (Java client prop
 * <name>-mtls.properties: a user's client certificate (users/<name>.pem) on the TLS port.
 
 The broker authenticates SCRAM against credentials in its metadata log (`admin`'s is added when
-the storage is formatted, the others' through the admin API), and PLAIN against the users listed
-in its own configuration, which it reads when it starts."""
+the storage is formatted, the others' through the admin API when a user is added), and PLAIN
+against the users listed in its own configuration, which it reads when it starts."""
 
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ import re
 import secrets
 from pathlib import Path
 
-import jproperties
-
+from kbroker.core import client_properties
+from kbroker.core.client_properties import Jaas
 from kbroker.core.cluster import Cluster
 from kbroker.embedded import certs
-from kbroker.errors import InvalidArgumentError
+from kbroker.errors import EmbeddedBrokerError, InvalidArgumentError
 
 ADMIN = "admin"
 RESERVED = frozenset({ADMIN, certs.BROKER_NAME})
@@ -70,14 +70,13 @@ def check_user_name(name: str) -> None:
 def read_properties(path: Path) -> dict[str, str]:
     """A Java properties file's settings, `bootstrap.servers` left out (a Cluster's bootstrap
     is not one of its settings)."""
-    props = jproperties.Properties()
-    with open(path, "rb") as f:
-        props.load(f, "utf-8")
-    return {key: value.data for key, value in props.items() if key != "bootstrap.servers"}
+    props = client_properties.read_properties(path.read_text())
+    props.pop("bootstrap.servers", None)
+    return props
 
 
 def _jaas(module: str, user: str, password: str) -> str:
-    return f'{module} required username="{user}" password="{password}";'
+    return Jaas(module, "required", {"username": user, "password": password}).line()
 
 
 def _properties_text(what: str, settings: dict[str, str]) -> str:
@@ -102,9 +101,33 @@ class SecureFiles:
         """Whether the data dir was formatted secure."""
         return self.marker.exists()
 
+    def decide(self, wanted: bool | None, formatted: bool) -> bool:
+        """Whether the broker starts secure: what its data dir was formatted as (plain when not
+        formatted yet, unless `wanted`), which `wanted` must not contradict."""
+        if wanted is None or not formatted or wanted == self.enabled:
+            return self.enabled if wanted is None else wanted
+        data_dir = self.dir.parent
+        if wanted:
+            raise EmbeddedBrokerError(
+                f"{data_dir} holds a broker formatted without --secure, which cannot become "
+                "secure (it has no admin credential); use another --data-dir for a secure broker")
+        raise EmbeddedBrokerError(
+            f"{data_dir} holds a secure broker, which cannot run without security; "
+            "use another --data-dir for a plain one")
+
+    def require_running(self, running: bool) -> None:
+        """EmbeddedBrokerError unless the data dir holds a secure broker and it is `running`:
+        users are added and removed through it."""
+        if not self.enabled:
+            raise EmbeddedBrokerError(
+                f"{self.dir.parent} holds no secure broker; users are for one started with --secure")
+        if not running:
+            raise EmbeddedBrokerError(f"the broker in {self.dir.parent} is not running; start it first")
+
     def mark_enabled(self) -> None:
         """Record that the storage was formatted secure (with the admin's SCRAM credential)."""
-        certs.write_private(certs.private_dir(self.dir) / self.marker.name, "This data dir was formatted secure: it always starts secure.\n")
+        certs.private_dir(self.dir)
+        certs.write_private(self.marker, "This data dir was formatted secure: it always starts secure.\n")
 
     def prepare(self) -> str:
         """The certificates and the admin's password, made when missing; the password."""
@@ -147,15 +170,16 @@ class SecureFiles:
         return {"scram": self.dir / f"{name}.properties", "plain": self.dir / f"{name}-plain.properties",
                 "mtls": self.dir / f"{name}-mtls.properties", "cert": self.dir / "users" / f"{name}.pem"}
 
-    def write_client_properties(self, port: int, tls_port: int) -> Path:
-        """Every identity's client properties files, for these ports; the admin's file."""
+    def write_client_properties(self, bootstrap: str, tls_bootstrap: str) -> Path:
+        """Every identity's client properties files, for the SASL_SSL listeners at `bootstrap`
+        and the client-certificate ones at `tls_bootstrap`; the admin's file."""
         for name, password in self.users().items():
-            self._write_user_properties(name, password, port, tls_port)
+            self._write_user_properties(name, password, bootstrap, tls_bootstrap)
         return self.admin_properties
 
-    def _write_user_properties(self, name: str, password: str, port: int, tls_port: int) -> None:
+    def _write_user_properties(self, name: str, password: str, bootstrap: str, tls_bootstrap: str) -> None:
         trust = {"ssl.truststore.type": "PEM", "ssl.truststore.location": str(self.ca)}
-        sasl = {"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SASL_SSL"}
+        sasl = {"bootstrap.servers": bootstrap, "security.protocol": "SASL_SSL"}
         scram = {**sasl, "sasl.mechanism": "SCRAM-SHA-512",
                  "sasl.jaas.config": _jaas(SCRAM_MODULE, name, password), **trust}
         if name == ADMIN:
@@ -166,22 +190,43 @@ class SecureFiles:
         certs.write_private(files["plain"], _properties_text(f"user {name}, PLAIN", {
             **sasl, "sasl.mechanism": "PLAIN", "sasl.jaas.config": _jaas(PLAIN_MODULE, name, password), **trust}))
         certs.write_private(files["mtls"], _properties_text(f"user {name}, client certificate", {
-            "bootstrap.servers": f"127.0.0.1:{tls_port}", "security.protocol": "SSL",
+            "bootstrap.servers": tls_bootstrap, "security.protocol": "SSL",
             "ssl.keystore.type": "PEM", "ssl.keystore.location": str(files["cert"]), **trust}))
 
     # --- users -----------------------------------------------------------------------------------
 
-    def add_user(self, name: str, password: str, port: int, tls_port: int) -> dict[str, Path]:
+    def add_user(self, name: str, bootstrap: str, tls_bootstrap: str) -> dict[str, Path]:
+        """Give user `name` a new random password (its SCRAM-SHA-512 credential through the running
+        broker at `bootstrap` now, its PLAIN login from the next start on), a client certificate
+        and its client properties files; the files by kind (scram, plain, mtls, cert)."""
+        _check_new_user(name)
+        password = secrets.token_urlsafe(24)
+        from kbroker.kafka import scram_users
+
+        scram_users.set_password(self.admin_cluster(bootstrap), name, password)
+        self.record_user(name, password, bootstrap, tls_bootstrap)
+        return self.user_files(name)
+
+    def remove_user(self, name: str, bootstrap: str) -> bool:
+        """Delete user `name`'s SCRAM credential and ACLs through the running broker at
+        `bootstrap`, its PLAIN entry (from the next start on) and its files; whether it existed."""
+        _check_new_user(name)
+        from kbroker.kafka import scram_users
+
+        had_scram = scram_users.delete(self.admin_cluster(bootstrap), name)
+        had_acls = scram_users.delete_acls(self.admin_cluster(bootstrap), name) > 0
+        return self.forget_user(name) or had_scram or had_acls
+
+    def record_user(self, name: str, password: str, bootstrap: str, tls_bootstrap: str) -> None:
         """Record `name` with `password` (PLAIN's entry, read at the next broker start), sign its
-        client certificate and write its properties files; the files by kind."""
+        client certificate and write its properties files."""
         users = self.users()
         users[name] = password
         self._save_users(users)
         certs.ensure(self.dir, name)
-        self._write_user_properties(name, password, port, tls_port)
-        return self.user_files(name)
+        self._write_user_properties(name, password, bootstrap, tls_bootstrap)
 
-    def remove_user(self, name: str) -> bool:
+    def forget_user(self, name: str) -> bool:
         """Forget `name` and delete its files; whether it was recorded."""
         users = self.users()
         known = users.pop(name, None) is not None
@@ -189,3 +234,9 @@ class SecureFiles:
         for path in self.user_files(name).values():
             path.unlink(missing_ok=True)
         return known
+
+
+def _check_new_user(name: str) -> None:
+    check_user_name(name)
+    if name in RESERVED:
+        raise InvalidArgumentError(f"{name} is kbroker's own user; choose another name")

@@ -133,11 +133,12 @@ class Transaction:
             delivered, moving = self._sort(msgs, catalog)
             if moving and lease is not None:  # messages come with the lease of their group
                 self._rekey(receiver, lease, moving)
-            if delivered or not moving:
+            if delivered or not msgs:
                 if delivered:
                     self._queues.add(queue)  # poison counting looks at transactions that received
                 return delivered
-            # Everything taken belonged to moved conversations and went on its way: receive again.
+            # Everything taken went on its way (moved conversations) or was set aside (refused on
+            # arrival, for a closed endpoint): receive again, within what is left of the wait.
 
     def _sort(self, msgs: list[Message], catalog: Catalog) -> tuple[list[Message], list[tuple[Message, str | None]]]:
         """Split what a RECEIVE took into messages to deliver and records of moved conversations

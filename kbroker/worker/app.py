@@ -37,8 +37,9 @@ from kbroker.core import monitor_codec as codec
 from kbroker.core import names
 from kbroker.core.log_limit import RateLimitFilter
 from kbroker.core.tick import EVERY_2ND, TickCounter, advance
+from kbroker.core.client_security import AIOKAFKA, LIBRDKAFKA
 from kbroker.errors import PermissionDeniedError, is_refusal
-from kbroker.kafka.clients import KAFKA_LOG_LIMIT, aiokafka_settings, faust_broker, principal
+from kbroker.kafka.clients import KAFKA_LOG_LIMIT, aiokafka_settings, faust_broker, principal, security
 from kbroker.sdk.broker import Broker
 from kbroker.worker.control import Reclassifier, Routing
 from kbroker.worker.dashboard import DashboardFeed, add_dashboard
@@ -203,6 +204,8 @@ def new_app(s: WorkerSettings, datadir: str) -> faust.App:
 
 def build_app(s: WorkerSettings) -> tuple[faust.App, Worker]:
     """The Faust app, and the worker runtime tests and the CLI look at."""
+    # Settings one of the worker's clients cannot take stop it here, named, before any connects.
+    security(s.cluster).check(LIBRDKAFKA, AIOKAFKA)
     ensure_topics(s)
     datadir = tempfile.TemporaryDirectory(prefix="kbroker-worker-")
     app = new_app(s, datadir.name)

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from kbroker.embedded.broker import KAFKA_VERSION
+from kbroker.core.cluster import Cluster
+from kbroker.embedded.broker import KAFKA_VERSION, EmbeddedBroker
 from kbroker.kafka.timer_service import TimerService
 from kbroker.sdk.broker import Broker
-from tests.helpers import SAMPLES, docker_engine_answers, embedded_kafka
+from tests.helpers import SAMPLES, docker_engine_answers, embedded_kafka, free_port
 
 HERE = Path(__file__).resolve().parent
 
@@ -50,6 +51,29 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     with embedded_kafka(tmp_path_factory.mktemp("kafka")) as bootstrap:
         yield bootstrap
+
+
+@pytest.fixture(scope="session")
+def secure_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    """A secured embedded broker for the session, on free ports beside the plain one: SASL_SSL
+    (SCRAM-SHA-512, PLAIN), a mutual-TLS listener, the StandardAuthorizer denying what no ACL
+    allows. Its admin's client properties file is `status().client_properties`."""
+    node = EmbeddedBroker(tmp_path_factory.mktemp("secure-kafka"))
+    try:
+        node.start(port=free_port(), controller_port=free_port(), tls_port=free_port(), secure=True)
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture(scope="session")
+def secure_admin(secure_kafka: EmbeddedBroker) -> Cluster:
+    """The secured broker as its admin (a super user), from the properties file kbroker wrote:
+    Java client property names, translated for each client."""
+    from kbroker.embedded import resolve_cluster
+
+    status = secure_kafka.status()
+    return resolve_cluster(status.bootstrap, command_config=status.client_properties)
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from kbroker.core.envelope import Envelope
 from confluent_kafka import TopicPartition
 
 from kbroker.core import names
+from kbroker.core.cluster import ClusterLike
 from kbroker.kafka import clients
 from kbroker.kafka.apply import apply_paths
 from kbroker.kafka.queues import set_queue_status
@@ -62,13 +63,14 @@ services:
 """
 
 
-def setup_catalogs(bootstrap: str, tmp_path: Path, a: str, b: str, *, b_bootstrap: str | None = None,
-                   route_to_b: bool = True) -> None:
+def setup_catalogs(bootstrap: ClusterLike, tmp_path: Path, a: str, b: str, *, b_bootstrap: ClusterLike | None = None,
+                   route_to_b: bool = True, profile: str | None = None) -> None:
     """Namespace `a` hosts CLIENT, `b` (on `b_bootstrap`) hosts SERVER; each has a route to the
-    other's service (A's may be left out)."""
+    other's service (A's may be left out, or name the client `profile` it reaches B with)."""
     b_bootstrap = b_bootstrap or bootstrap
     fa, fb = tmp_path / f"{a}.yaml", tmp_path / f"{b}.yaml"
-    to_b = f"routes:\n  - {{name: ToB, service_name: '{SERVER}', address: 'kafka://{b_bootstrap}/{b}'}}" \
+    named = f", profile: {profile}" if profile else ""
+    to_b = f"routes:\n  - {{name: ToB, service_name: '{SERVER}', address: 'kafka://{b_bootstrap}/{b}'{named}}}" \
         if route_to_b else ""
     fa.write_text(catalog_yaml(services=f"  - {{name: '{CLIENT}', queue: Q}}", routes=to_b, with_odd=True))
     fb.write_text(catalog_yaml(services=f"  - {{name: '{SERVER}', queue: Q, contracts: ['{CONTRACT}']}}",
@@ -79,12 +81,13 @@ def setup_catalogs(bootstrap: str, tmp_path: Path, a: str, b: str, *, b_bootstra
 
 
 @contextmanager
-def two_namespaces(bootstrap: str, tmp_path: Path, a: str, b: str, *, b_bootstrap: str | None = None,
-                   route_to_b: bool = True, stall_after: float = 60.0) -> Iterator[tuple[Broker, Broker, list]]:
+def two_namespaces(bootstrap: ClusterLike, tmp_path: Path, a: str, b: str, *, b_bootstrap: ClusterLike | None = None,
+                   route_to_b: bool = True, stall_after: float = 60.0,
+                   profile: str | None = None) -> Iterator[tuple[Broker, Broker, list]]:
     """The catalogs of `setup_catalogs`, and a running dispatcher and transmitter per namespace.
     Yields (broker of a, broker of b, [services])."""
     b_bootstrap = b_bootstrap or bootstrap
-    setup_catalogs(bootstrap, tmp_path, a, b, b_bootstrap=b_bootstrap, route_to_b=route_to_b)
+    setup_catalogs(bootstrap, tmp_path, a, b, b_bootstrap=b_bootstrap, route_to_b=route_to_b, profile=profile)
     with ExitStack() as stack:
         ba = stack.enter_context(Broker(bootstrap, a))
         bb = stack.enter_context(Broker(b_bootstrap, b))

@@ -214,3 +214,27 @@ def test_a_restart_without_secure_stays_secure_with_the_same_certificates(secure
     assert clients.brokers_answering(sasl(secure, "admin", admin_password(secure))) == 1
     with pytest.raises(BrokerUnavailableError):
         clients.brokers_answering(st.bootstrap or "", timeout=3)  # still no PLAINTEXT
+
+
+def test_a_secure_cluster_replicates_for_its_admin_and_shuts_out_plaintext(tmp_path: Path) -> None:
+    from kbroker.embedded.cluster import EmbeddedCluster
+
+    cluster = EmbeddedCluster(tmp_path / "secure-cluster", 3)
+    try:
+        st = cluster.start(port=free_port(), secure=True)
+        assert st.secure and st.nodes_running == 3 and st.tls_bootstrap
+        assert st.client_properties == cluster.secure_files.admin_properties
+        assert f"bootstrap.servers={st.bootstrap}" in st.client_properties.read_text()
+        assert all(n.tls_port for n in st.nodes)
+        admin = cluster.secure_files.admin_cluster(st.bootstrap or "")
+        assert clients.brokers_answering(admin) == 3
+        topic = "kb-secure-" + uuid.uuid4().hex[:8]
+        client = clients.admin(admin)
+        clients.result_of(client.create_topics([NewTopic(topic, 1, 3)])[topic], f"creating {topic}")
+        assert produce_one(admin, topic, acks="all") is None
+        with pytest.raises(BrokerUnavailableError):
+            clients.brokers_answering(st.bootstrap or "", timeout=3)
+        assert resolve_cluster(data_dir=cluster.data_dir).properties == \
+            read_properties(cluster.secure_files.admin_properties)
+    finally:
+        cluster.stop()

@@ -120,8 +120,8 @@ def test_a_new_ca_reissues_the_key_stores_it_would_not_sign(tmp_path):
 def test_client_properties_files_read_back_as_written(tmp_path):
     files = SecureFiles(tmp_path / "data dir\\x")  # a space and a backslash, escaped in the files
     password = files.prepare()
-    files.add_user("alice", "s3cret", port=9092, tls_port=9094)
-    files.write_client_properties(9192, 9194)  # a restart on other ports rewrites every file
+    files.record_user("alice", "s3cret", "127.0.0.1:9092", "127.0.0.1:9094")
+    files.write_client_properties("127.0.0.1:9192", "127.0.0.1:9194")  # a restart on other ports rewrites every file
     admin = read_properties(files.admin_properties)
     assert "bootstrap.servers" not in admin  # the Cluster's bootstrap, not a setting
     assert admin == {
@@ -138,14 +138,14 @@ def test_client_properties_files_read_back_as_written(tmp_path):
     assert "bootstrap.servers=127.0.0.1:9194" in alice["mtls"].read_text()
     assert "bootstrap.servers=127.0.0.1:9192" in alice["scram"].read_text()
     assert {mode(p) for p in [files.users_file, files.admin_properties, *alice.values()]} == {0o600}
-    assert files.remove_user("alice") and not any(p.exists() for p in alice.values())
+    assert files.forget_user("alice") and not any(p.exists() for p in alice.values())
     assert set(files.users()) == {"admin"}
 
 
 def test_plain_users_are_listed_in_the_listeners_jaas_line(tmp_path):
     files = SecureFiles(tmp_path)
     password = files.prepare()
-    files.add_user("bob", "pw-b", port=1, tls_port=3)
+    files.record_user("bob", "pw-b", "127.0.0.1:1", "127.0.0.1:3")
     [line] = [ln for ln in files.listeners(1, 3, 2).splitlines() if ".plain.sasl.jaas.config=" in ln]
     assert line.endswith(f'required user_admin="{password}" user_bob="pw-b";')
 
