@@ -5,8 +5,8 @@ essential ACL of those removed, the same path fails with a PermissionDeniedError
 principal, the operation and the resource, within a deadline, having written nothing, and
 leaving no thread or process behind.
 
-One broker for the module; each test has a namespace of its own with the sample catalog
-applied by the admin (the deployer's test applies it itself)."""
+The session's secure broker (conftest.secure_kafka); each test has a namespace and a user of its
+own, with the sample catalog applied by the admin (the deployer's test applies it itself)."""
 
 from __future__ import annotations
 
@@ -48,24 +48,16 @@ DEADLINE = 30.0  # seconds within which a refusal must surface
 QUEUE = "ExpenseQueue"
 
 
-@pytest.fixture(scope="module")
-def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
-    """A secure embedded broker of this module's own, on free ports."""
-    broker = EmbeddedBroker(tmp_path_factory.mktemp("acls-kafka"))
-    try:
-        broker.start(port=free_port(), controller_port=free_port(), tls_port=free_port(), secure=True)
-    except Exception as exc:  # noqa: BLE001 - fail with whatever went wrong
-        broker.stop()
-        pytest.fail(f"the secure broker did not start: {exc}")
-    yield broker
-    broker.stop()
+@pytest.fixture
+def secure(secure_kafka: EmbeddedBroker) -> EmbeddedBroker:
+    """The session's secure embedded broker (conftest)."""
+    return secure_kafka
 
 
-@pytest.fixture(scope="module")
-def admin(secure: EmbeddedBroker) -> Cluster:
-    bootstrap = secure.status().bootstrap
-    assert bootstrap
-    return secure.secure_files.admin_cluster(bootstrap)
+@pytest.fixture
+def admin(secure_admin: Cluster) -> Cluster:
+    """Its admin, a super user."""
+    return secure_admin
 
 
 @dataclass
