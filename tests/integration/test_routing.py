@@ -457,8 +457,12 @@ def test_a_dialog_that_makes_no_progress_says_why_and_raises_an_event(kafka_boot
             return [e for e in events if e.get("event") == "TRANSMISSION_STALLED" and e["conversation_id"] == conv]
         [event] = wait_for(stalled, 60, "a TRANSMISSION_STALLED event")
         assert "disabled" in event["transmission_status"] and event["message_sequence_number"] == 0, event
-        rows = [r for r in kbroker_json("transmission", kafka_bootstrap, a) if r["conversation_id"] == conv]
-        assert rows and "disabled" in rows[0]["transmission_status"], rows
+        # The view is the transmitter's latest report: a retry in flight shows no status for a
+        # moment, so the reason is waited for rather than read once.
+        rows = wait_for(lambda: [r for r in kbroker_json("transmission", kafka_bootstrap, a)
+                                 if r["conversation_id"] == conv and "disabled" in r["transmission_status"]],
+                        30, "the reason in kbroker transmission")
+        assert rows[0]["message_sequence_number"] == 0, rows
         set_queue_status(kafka_bootstrap, b, "Q", "ON", "done")
         assert [m.message_sequence_number for m in receive_all(bb, 1)] == [0]
         time.sleep(2)
