@@ -81,6 +81,12 @@ def denied(where: ClusterLike, err: KafkaError, what: str, **on: tuple[str, str]
                        principal=principal(where))
 
 
+def reading_refused(cluster: ClusterLike, what: str, topic: str, group: str) -> Callable[[KafkaError], KBrokerError]:
+    """What a service's consumer makes of the authorizer's refusal (messages.records'
+    `refused`): a PermissionDeniedError naming READ on `topic` and on its `group`."""
+    return lambda err: denied(cluster, err, what, topic=("READ", topic), group=("READ", group))
+
+
 def flush(producer: Producer, seconds: float) -> int:
     """Producer.flush: how many records are still not acknowledged after `seconds`. A producer
     that failed for good (a fatal error: the cluster refused it a producer id) raises its

@@ -10,7 +10,7 @@ import uuid
 from typing import Any
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
@@ -53,14 +53,12 @@ class TimerService:
         self._consumer = clients.consumer(cluster, group, **{
             "session.timeout.ms": 10_000, "partition.assignment.strategy": "range"})
         self._cluster = Cluster.of(cluster)
+        self._reading_refused = clients.reading_refused(self._cluster, "the timer service reading the timers topic",
+                                                        self.topic, group)
         # One transactional id for the service's life: a producer made after a fatal error
         # fences the old one (and aborts its open transaction) instead of waiting it out.
         self._transactional_id = f"{group}.{uuid.uuid4()}"
         self._producer = self._new_producer()
-
-    def _reading_refused(self, err: KafkaError) -> Exception:
-        return clients.denied(self._cluster, err, "the timer service reading the timers topic",
-                              topic=("READ", self.topic), group=("READ", names.timers_group(self.namespace)))
 
     def _new_producer(self) -> GuardedProducer:
         """A producer under the service's transactional id (fencing any earlier one, whose open

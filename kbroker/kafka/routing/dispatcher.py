@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.arrival import REFUSE, SAVE, WAIT, check_arrival
@@ -70,6 +70,8 @@ class Dispatcher:
         group = names.dispatcher_group(namespace)
         self._consumer = clients.consumer(cluster, group, **{
             "session.timeout.ms": 10_000, "partition.assignment.strategy": "range", "auto.offset.reset": "earliest"})
+        self._reading_refused = clients.reading_refused(self.cluster, "the dispatcher reading its inbound topic",
+                                                        self.topic, group)
         self._transactional_id = f"{group}.{uuid.uuid4()}"
         self._producer = self._new_producer()
         self._assigned = False
@@ -126,10 +128,6 @@ class Dispatcher:
         if not self._assigned:
             self._load_acks()
         self._dispatch(batch, now)
-
-    def _reading_refused(self, err: KafkaError) -> Exception:
-        return clients.denied(self.cluster, err, "the dispatcher reading its inbound topic", topic=("READ", self.topic),
-                              group=("READ", names.dispatcher_group(self.namespace)))
 
     def sweep(self, now: float) -> None:
         """The every-tick sweep (seed 000): out-of-order and stale buffered messages go."""

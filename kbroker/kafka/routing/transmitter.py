@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.catalog.models import ERROR as ERROR_TYPE
@@ -63,6 +63,8 @@ class Transmitter:
         self.here = address(self.cluster.bootstrap, namespace)  # where LOCAL routes lead
         self._consumer = clients.consumer(cluster, names.transmitter_group(namespace), **{
             "session.timeout.ms": 10_000, "auto.offset.reset": "earliest"})
+        self._reading_refused = clients.reading_refused(self.cluster, "the transmitter reading the transmission queue",
+                                                        self.topic, names.transmitter_group(namespace))
         self._local = clients.idempotent_producer(cluster)  # Errors for refused dialogs, reports
         # The connections' times move on every look: a report is new when the rest changed.
         self._reports = ReportWriter(self._local, namespace, "transmitter", volatile=("at", "connections"))
@@ -77,10 +79,6 @@ class Transmitter:
         self._reclassify_asked: str | None = None
         self._wanted: set[str] = set()  # destinations messages wait to connect to
         self._noticed: dict[str, float] = {}  # service -> when its missing route was last noticed
-
-    def _reading_refused(self, err: KafkaError) -> Exception:
-        return clients.denied(self.cluster, err, "the transmitter reading the transmission queue",
-                              topic=("READ", self.topic), group=("READ", names.transmitter_group(self.namespace)))
 
     def request_reclassify(self, why: str) -> None:
         """From another thread (the worker's control reader): reclassify at the next pass."""
