@@ -142,6 +142,31 @@ def refusal(cluster: ClusterLike, failed: list[tuple[KafkaError, str]], what: st
     return None
 
 
+class Deliveries:
+    """A producer's delivery reports (its `on_delivery`) until the next flush: the failed ones,
+    as (error, topic). `flushed()` flushes and hands back the first failure, raising the
+    authorizer's refusal among them instead (it would fail the same way every time)."""
+
+    def __init__(self, topic: str = "") -> None:
+        self._topic = topic  # named for a failed report that comes without its record
+        self._failed: list[tuple[KafkaError, str]] = []
+
+    def __call__(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            self._failed.append((err, msg.topic() if msg is not None else self._topic))
+
+    def flushed(self, producer: Producer, cluster: ClusterLike, seconds: float,
+                what: str) -> tuple[int, KafkaError | None]:
+        """Flush `producer` within `seconds`: (records still not acknowledged, the first failed
+        delivery or None). PermissionDeniedError, saying `what` was refused, for a refusal."""
+        left = producer.flush(seconds)
+        failed, self._failed = self._failed, []
+        refused = refusal(cluster, failed, what)
+        if refused is not None:
+            raise refused
+        return left, failed[0][0] if failed else None
+
+
 def librdkafka_settings(cluster: ClusterLike) -> dict[str, Any]:
     """The cluster as librdkafka's settings: its bootstrap servers and security settings."""
     c = Cluster.of(cluster)

@@ -13,7 +13,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
@@ -23,7 +22,7 @@ from kbroker.core.locks import ConversationLocks
 from kbroker.core.send_lease import IDLE_RELEASE, YIELD_BACKOFF, SendLease, Want, first_claim, lease_key, want_key
 from kbroker.errors import BrokerUnavailableError, ConversationLockTimeoutError
 from kbroker.kafka.background import Background
-from kbroker.kafka.clients import base, idempotent_producer, refusal
+from kbroker.kafka.clients import Deliveries, base, idempotent_producer
 from kbroker.kafka.guarded import reason
 from kbroker.kafka.conversation_endpoints import EndpointStore
 
@@ -45,7 +44,7 @@ class SendLeases(Background):
         self._fence_ids = fence_ids
         self._ack_timeout = ack_timeout
         self._producer: Producer | None = None
-        self._failed: list[tuple[Any, str]] = []  # (KafkaError, topic) of lease records not written
+        self._deliveries = Deliveries(store.topic)  # lease records not written, until the next flush
         self._held: dict[str, SendLease] = {}  # as this process last wrote them, once accepted
         self._used: dict[str, float] = {}  # monotonic time a statement last used each
         self._yielded: dict[str, float] = {}  # monotonic time this process let each go to a waiter
@@ -210,23 +209,16 @@ class SendLeases(Background):
     def _produce(self, key: str, value: bytes) -> None:
         if self._producer is None:
             self._producer = idempotent_producer(self._cluster)
-        self._producer.produce(self._store.topic, key=key, value=value, on_delivery=self._on_delivery)
+        self._producer.produce(self._store.topic, key=key, value=value, on_delivery=self._deliveries)
         self._producer.poll(0)
-
-    def _on_delivery(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            self._failed.append((err, msg.topic() if msg is not None else self._store.topic))
 
     def _flush(self) -> None:
         if self._producer is None:
             return
-        left = self._producer.flush(self._ack_timeout)
-        failed, self._failed = self._failed, []
-        refused = refusal(self._cluster, failed, "writing a conversation lease")
-        if refused is not None:
-            raise refused
+        left, failed = self._deliveries.flushed(self._producer, self._cluster, self._ack_timeout,
+                                                "writing a conversation lease")
         if left or failed:
-            why = failed[0][0].str() if failed else f"not acknowledged in {self._ack_timeout:g} s"
+            why = failed.str() if failed else f"not acknowledged in {self._ack_timeout:g} s"
             raise BrokerUnavailableError(f"a lease record was not written: {why}")
 
     # --- the keeper --------------------------------------------------------------------------------

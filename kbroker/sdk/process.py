@@ -20,7 +20,7 @@ from kbroker.core.cluster import Cluster
 from kbroker.core.records import Record
 from kbroker.errors import SendFailedError
 from kbroker.kafka import messages
-from kbroker.kafka.clients import brokers_answering, idempotent_producer, produce_within, refusal
+from kbroker.kafka.clients import Deliveries, brokers_answering, idempotent_producer, produce_within
 from kbroker.kafka.committer import GroupCommitter, OpenTransactions
 from kbroker.kafka.dead_letters import DeadLetters
 from kbroker.kafka.receiver import QueueReceiver
@@ -38,7 +38,8 @@ class ProcessRuntime:
         self._transactional_ids = transactional_ids
         brokers_answering(cluster, timeout=10)  # BrokerUnavailableError when none answers
         # Every record this producer is given reports here, statements' and the endpoint store's.
-        self.producer = idempotent_producer(cluster, on_delivery=self._on_delivery)
+        self._deliveries = Deliveries()  # failed deliveries, until the next flush
+        self.producer = idempotent_producer(cluster, on_delivery=self._deliveries)
         # In reader reports and conversation leases: unique even where pids repeat (containers).
         self.process = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.open_transactions = OpenTransactions()
@@ -46,7 +47,6 @@ class ProcessRuntime:
         self.dead_letters = DeadLetters(namespace, lambda: self.committer)
         self._lock = threading.RLock()  # the committer and the receivers, created once each
         self._send = threading.Lock()  # statements outside a transaction: one produce-and-flush at a time
-        self._errors: list[tuple[Any, str]] = []  # (KafkaError, topic) of failed deliveries, until the next flush
         self._committer: GroupCommitter | None = None
         self._receivers: dict[Hashable, QueueReceiver] = {}
 
@@ -92,21 +92,13 @@ class ProcessRuntime:
         """Hand one record to the producer (within ack_timeout when its queue is full)."""
         topic, key, value, headers = record
         produce_within(self.producer, topic, self.ack_timeout, key=key, value=value,
-                       headers=messages.wire_headers(headers), on_delivery=self._on_delivery)
-
-    def _on_delivery(self, err: Any, msg: Any) -> None:
-        """Delivery report from librdkafka: `err` is a KafkaError, or None when delivered."""
-        if err is not None:
-            self._errors.append((err, msg.topic() if msg is not None else ""))
+                       headers=messages.wire_headers(headers), on_delivery=self._deliveries)
 
     def _flush(self) -> None:
-        remaining = self.producer.flush(self.ack_timeout)
-        errors, self._errors = self._errors, []
-        refused = refusal(self.cluster, errors, "Kafka did not acknowledge a record")
-        if refused is not None:
-            raise refused
-        if remaining or errors:
-            reason = errors[0][0].str() if errors else f"{remaining} message(s) not acknowledged in time"
+        remaining, failed = self._deliveries.flushed(self.producer, self.cluster, self.ack_timeout,
+                                                     "Kafka did not acknowledge a record")
+        if remaining or failed:
+            reason = failed.str() if failed else f"{remaining} message(s) not acknowledged in time"
             raise SendFailedError(f"Kafka did not acknowledge: {reason}")
 
     # --- lifecycle ----------------------------------------------------------------------------
