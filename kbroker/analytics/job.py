@@ -23,9 +23,9 @@ from kbroker.core.cluster import Cluster
 from kbroker.core.envelope import H_CONVERSATION_ID, H_GROUP_ID, H_MESSAGE_ID, H_MESSAGE_TYPE, H_REKEYED_FROM, H_TO_SIDE
 from kbroker.core.queue_analytics import Analytics, Arrival, Progress
 from kbroker.core.log_limit import LogLimiter, RateLimitFilter
+from kbroker.errors import PermissionDeniedError
 from kbroker.kafka.analytics.results import ResultsWriter
 from kbroker.kafka.catalog_store import read_catalog
-from kbroker.errors import PermissionDeniedError
 from kbroker.kafka.clients import principal, spark_java_options, spark_options
 from kbroker.kafka.reader import check_read
 
@@ -98,7 +98,7 @@ class AnalyticsJob:
         if self.writer is None:
             self.writer = ResultsWriter(self.s.cluster, self.s.namespace)
         self.writer.check()
-        check_read(self.s.cluster, names.prefix(self.s.namespace) + "analytics-source",
+        check_read(self.s.cluster, names.analytics_source_groups(self.s.namespace),
                    names.progress_topic(self.s.namespace))
 
     def failure(self) -> BaseException | None:
@@ -118,8 +118,7 @@ class AnalyticsJob:
         pattern = f"{ns}(queue\\..+|progress|timers|deadletter)"
         reader = (self.spark.readStream.format("kafka")
                   .options(**spark_options(self.s.cluster))
-                  # The source's consumer groups under the namespace's prefix, where its ACLs are.
-                  .option("groupIdPrefix", names.prefix(self.s.namespace) + "analytics-source")
+                  .option("groupIdPrefix", names.analytics_source_groups(self.s.namespace))
                   .option("subscribePattern", pattern)
                   .option("startingOffsets", "earliest")
                   .option("includeHeaders", "true")
@@ -342,7 +341,8 @@ def run_forever(settings: JobSettings) -> None:
             while not stopping.is_set() and job.query.isActive:
                 job.query.awaitTermination(1.0)
                 backoff = 1.0 if job.batches else backoff
-            refused = refusal_in(job.query.exception(), principal(settings.cluster))
+            failure = job.failure()
+            refused = failure if isinstance(failure, PermissionDeniedError) else None
             if not stopping.is_set() and refused is None:
                 log.error("analytics query stopped (%s); starting it again from its checkpoint",
                           first_line(job.query.exception()))

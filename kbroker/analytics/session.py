@@ -4,8 +4,8 @@ sized for small micro-batches (docs/analytics.md)."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Callable
 
 from pyspark.sql import SparkSession

@@ -169,21 +169,19 @@ def bench_broker(cluster: ClusterLike | None, reporter: Reporter,
         yield Cluster.of(cluster), "unknown (external broker)", False
         return
     from kbroker.embedded.broker import KAFKA_VERSION, EmbeddedBroker
+    from kbroker.embedded.secure import read_properties
 
     data_dir = Path(tempfile.mkdtemp(prefix="kbroker-bench-"))
     broker = EmbeddedBroker(data_dir, progress=lambda m: reporter.say(f"{label}: {m}"))
     try:
-        if secure:
-            from kbroker.embedded import resolve_cluster
-
-            status = broker.start(port=free_port(), controller_port=free_port(), tls_port=free_port(), secure=True)
-            assert status.bootstrap is not None and status.client_properties is not None
-            yield (resolve_cluster(status.bootstrap, command_config=status.client_properties),
-                   f"Apache Kafka {KAFKA_VERSION} (embedded, one KRaft node, SASL_SSL with SCRAM-SHA-512)", True)
-            return
-        status = broker.start(port=free_port(), controller_port=free_port())
+        status = broker.start(port=free_port(), controller_port=free_port(), secure=secure,
+                              tls_port=free_port() if secure else None)
         assert status.bootstrap is not None  # a started broker has an address
-        yield Cluster(status.bootstrap), f"Apache Kafka {KAFKA_VERSION} (embedded, one KRaft node)", True
+        # A secured broker as its admin, from the client properties file it wrote.
+        admin = read_properties(status.client_properties) if status.client_properties else {}
+        yield (Cluster.with_properties(status.bootstrap, admin),
+               f"Apache Kafka {KAFKA_VERSION} (embedded, one KRaft node"
+               f"{', SASL_SSL with SCRAM-SHA-512' if secure else ''})", True)
     finally:
         reporter.say(f"stopping the {label}")
         try:

@@ -109,10 +109,6 @@ class RoleOptions:
     routes_to: tuple[str, ...] = ()
 
 
-def _topic(ns: str, name: str) -> str:
-    return f"{names.prefix(ns)}{name}"
-
-
 # --- the rule sets the roles are made of ---------------------------------------------------------
 
 

@@ -73,6 +73,12 @@ def reader_group(ns: str) -> str:
     return f"{prefix(ns)}reader"
 
 
+def reader_group_of(topic: str) -> str | None:
+    """The readers' group of the namespace `topic` belongs to; None for a topic of none."""
+    ns = namespace_of(topic)
+    return reader_group(ns) if ns else None
+
+
 def queue_topic(ns: str, queue: str) -> str:
     if not isinstance(queue, str) or not QUEUE_NAME_RE.match(queue):
         raise ValueError(f"queue name {queue!r} must be 1-100 characters of A-Z a-z 0-9 _ . -")
@@ -200,6 +206,12 @@ def analytics_group(ns: str) -> str:
     """The consumer group whose committed offsets say how far the analytics job has read each
     queue topic: the 5th-tick reclaim keeps what it has not read (core/reclaim.py)."""
     return f"{prefix(ns)}analytics"
+
+
+def analytics_source_groups(ns: str) -> str:
+    """The prefix of the consumer groups Spark's Kafka source makes for the analytics job
+    (its groupIdPrefix): under the namespace's prefix, where its ACLs are."""
+    return f"{prefix(ns)}analytics-source"
 
 
 def analytics_transactional_id(ns: str) -> str:

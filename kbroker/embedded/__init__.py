@@ -15,6 +15,7 @@ from pathlib import Path
 from kbroker import config
 from kbroker.core.client_properties import COMMAND_CONFIG_ENV, properties_from_env, read_properties
 from kbroker.core.cluster import Cluster, ClusterLike
+from kbroker.embedded import secure
 from kbroker.embedded.cluster import embedded_at
 from kbroker.errors import BrokerUnavailableError, InvalidArgumentError
 
@@ -49,9 +50,7 @@ def resolve_cluster(explicit: ClusterLike | None = None, data_dir: Path | None =
     if status.running and status.bootstrap:  # the address the embedded broker listens on
         if not props and status.client_properties:
             # A secure embedded broker: its admin's settings, so every command works unconfigured.
-            admin = read_properties(status.client_properties.read_text())
-            admin.pop("bootstrap.servers", None)
-            return Cluster.with_properties(status.bootstrap, admin)
+            return Cluster.with_properties(status.bootstrap, secure.read_properties(status.client_properties))
         return Cluster.with_properties(status.bootstrap, props)
     raise BrokerUnavailableError(
         "no broker: pass --bootstrap or set KBROKER_BOOTSTRAP, or run 'kbroker broker start'"

@@ -211,10 +211,12 @@ class SecureFiles:
         """Delete user `name`'s SCRAM credential and ACLs through the running broker at
         `bootstrap`, its PLAIN entry (from the next start on) and its files; whether it existed."""
         _check_new_user(name)
-        from kbroker.kafka import scram_users
+        from kbroker.kafka import acls, scram_users
 
         had_scram = scram_users.delete(self.admin_cluster(bootstrap), name)
-        had_acls = scram_users.delete_acls(self.admin_cluster(bootstrap), name) > 0
+        # A removed user's client certificate stays valid (Kafka checks no revocation list):
+        # without ACLs it is denied everything.
+        had_acls = len(acls.revoke_all(self.admin_cluster(bootstrap), f"User:{name}", wait=False)) > 0
         return self.forget_user(name) or had_scram or had_acls
 
     def record_user(self, name: str, password: str, bootstrap: str, tls_bootstrap: str) -> None:

@@ -122,8 +122,8 @@ def check_read(cluster: ClusterLike, group: str, topic: str, seconds: float = 10
             for msg in consumer.consume(10, CONSUME_WAIT):
                 err = msg.error()
                 if err is not None and denied_code(err):
-                    raise kafka_error(f"reading {topic} failed", err, on=_reading(topic) | {"group": ("DESCRIBE", group)},
-                                      principal=clients.principal(cluster))
+                    raise clients.denied(cluster, err, f"reading {topic} failed", topic=("READ", topic),
+                                         group=("DESCRIBE", group))
                 if err is not None and err.code() == KafkaError._PARTITION_EOF:
                     return
     finally:
@@ -269,16 +269,8 @@ def read_partitions(consumer: Consumer, topic: str, starts: Mapping[int, int], t
 def _reading(topic: str) -> dict[str, tuple[str, str]]:
     """What a refusal while reading `topic` refused: READ on the topic, or looking up the
     coordinator of its namespace's readers' group (the group every reading_consumer is given)."""
-    ns = names.namespace_of(topic)
-    return {"topic": ("READ", topic), **({"group": ("DESCRIBE", names.reader_group(ns))} if ns else {})}
-
-
-def reader_group_of(topic: str) -> str:
-    """The assign-only readers' group of the namespace `topic` belongs to (names.reader_group)."""
-    namespace = names.namespace_of(topic)
-    if namespace is None:
-        raise ValueError(f"{topic} is not a topic of a kbroker namespace")
-    return names.reader_group(namespace)
+    group = names.reader_group_of(topic)
+    return {"topic": ("READ", topic), **({"group": ("DESCRIBE", group)} if group else {})}
 
 
 def read_to_end(cluster: ClusterLike, topic: str, timeout: float = 10.0, *,
@@ -286,7 +278,10 @@ def read_to_end(cluster: ClusterLike, topic: str, timeout: float = 10.0, *,
     """Every committed record of `topic`, in offset order within each partition; None when the
     topic does not exist. What was read by `timeout` is returned, unless `must_finish`: then
     not reaching the end raises BrokerUnavailableError."""
-    consumer = reading_consumer(cluster, reader_group_of(topic))
+    group = names.reader_group_of(topic)
+    if group is None:
+        raise ValueError(f"{topic} is not a topic of a kbroker namespace")
+    consumer = reading_consumer(cluster, group)
     try:
         partitions = topic_partitions(consumer, topic, timeout)
         if partitions is None:

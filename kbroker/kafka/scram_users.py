@@ -13,7 +13,7 @@ from confluent_kafka.admin import (
 )
 
 from kbroker.core.cluster import ClusterLike
-from kbroker.kafka import acls, clients
+from kbroker.kafka import clients
 
 ITERATIONS = 8192  # Kafka accepts 4096 to 16384
 
@@ -36,8 +36,3 @@ def delete(cluster: ClusterLike, user: str) -> bool:
     clients.result_of(futures[user], f"deleting the SCRAM-SHA-512 credential of user {user}")
     return True
 
-
-def delete_acls(cluster: ClusterLike, user: str) -> int:
-    """Delete every ACL naming `User:<user>`; how many there were. A removed user's client
-    certificate stays valid (Kafka checks no revocation list): without ACLs it is denied everything."""
-    return len(acls.revoke_all(cluster, f"User:{user}", wait=False))

@@ -10,8 +10,8 @@ import time
 from collections.abc import Awaitable, Callable
 
 from kbroker.core.health import Health
-from kbroker.errors import PermissionDeniedError, is_refusal
 from kbroker.core.log_limit import LogLimiter
+from kbroker.errors import DENIED_CODES, PermissionDeniedError, is_refusal, kafka_error
 
 
 def is_retriable(exc: BaseException) -> bool:
@@ -38,8 +38,6 @@ def refusal_of(exc: BaseException, principal: str, operation: str = "READ") -> P
     topic or group it was refused; `operation`: what that client was doing)."""
     if isinstance(exc, PermissionDeniedError):
         return exc.naming(principal)
-    from kbroker.errors import DENIED_CODES, kafka_error
-
     first = exc.args[0] if exc.args else None
     if callable(getattr(first, "code", None)):  # a confluent_kafka KafkaException
         refused = kafka_error("the worker", first, principal=principal)

@@ -17,9 +17,9 @@ from kbroker.core import names
 from kbroker.core.cluster import Cluster
 from kbroker.core.conversation_endpoint import CLOSED_GRACE_SECONDS
 from kbroker.errors import is_refusal
-from kbroker.worker.guard import refusal_of
 from kbroker.kafka.reader import check_group
 from kbroker.kafka.topics import create_missing_topics
+from kbroker.worker.guard import refusal_of
 
 MONITOR_PARTITIONS = 4
 
