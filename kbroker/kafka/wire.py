@@ -109,7 +109,8 @@ def connect(cluster: ClusterLike, node: Node | None, timeout: float) -> socket.s
     """A connection to `node` of `cluster` (a broker its metadata names), or to the first of its
     bootstrap servers that answers when `node` is None, secured and authenticated as the
     cluster's settings say. The one place a socket opens. AuthenticationFailedError when the
-    broker refuses the credentials or the TLS handshake fails."""
+    broker refuses the credentials or the TLS handshake fails; ConnectionError when what
+    answers the SASL exchange is not a Kafka broker's answer."""
     sec = security(cluster)
     sec.wire()
     last: OSError | None = None
@@ -128,6 +129,9 @@ def connect(cluster: ClusterLike, node: Node | None, timeout: float) -> socket.s
         except ssl.SSLError as exc:
             sock.close()
             raise AuthenticationFailedError(f"TLS with {host}:{port} failed: {exc.reason or exc}") from None
+        except (struct.error, IndexError, UnicodeDecodeError) as exc:  # whatever answered, it was no broker
+            sock.close()
+            raise ConnectionError(f"an unreadable answer to SASL from {host}:{port} ({type(exc).__name__})") from None
         except BaseException:
             sock.close()
             raise

@@ -191,3 +191,22 @@ def test_any_jaas_text_reads_or_raises_a_typed_error(text):
         parse_jaas(text)
     except InvalidArgumentError:
         pass
+
+
+@given(st.text(max_size=200))
+def test_any_properties_text_reads_or_raises_a_typed_error(text):
+    try:
+        props = read_properties(text)
+    except InvalidArgumentError:
+        return
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in props.items())
+
+
+@given(st.dictionaries(st.sampled_from(["security.protocol", "sasl.mechanism", "sasl.jaas.config", "sasl.username",
+                                        "ssl.ca.pem", "ssl.truststore.location", "ssl.keystore.type", "client.id",
+                                        "linger.ms"]), st.text(max_size=40), max_size=5))
+def test_any_settings_read_or_raise_a_typed_error(props):
+    try:
+        ClientSecurity.of(props, read_from({}))
+    except InvalidArgumentError:  # UnsupportedSettingError is one
+        pass
