@@ -27,6 +27,7 @@ import orjson
 
 from kbroker.core.catalog.models import END_DIALOG
 from kbroker.kafka.reader import read_to_end
+from tests.helpers.invariants import lock_violations
 
 REQUEST, AUDIT = "//kbroker/test/Request", "//kbroker/test/Audit"
 CLIENT, SERVER, AUDITOR = "//kbroker/test/Client", "//kbroker/test/Server", "//kbroker/test/Auditor"
@@ -122,6 +123,7 @@ def reader(bootstrap: str, namespace: str, readers: int, stop_file: str, log_fil
                 if rng.random() < 0.05:
                     tx.rollback()
                     continue
+                body["committing"] = time.time()
                 tx.commit()
                 with lock:
                     log.write(json.dumps({**body, "committed": tx.committed_at}) + "\n")
@@ -207,14 +209,7 @@ def check(send_logs: list[dict], audits: list[dict], reader_logs: list[dict]) ->
                 r.after_end.append(f"{conv}: {types}")
     if ends != len(ended):
         r.ends_missing.append(f"{len(ended)} dialogs ended, {ends} EndDialogs received")
-    by_group: dict[str, list[dict]] = defaultdict(list)
-    for e in reader_logs:
-        by_group[e["group"]].append(e)
-    for group, entries in by_group.items():
-        entries.sort(key=lambda e: e["leased"])
-        for a, b in zip(entries, entries[1:]):
-            if b["leased"] < a["committed"]:
-                r.lock_violations.append(f"{group}: {a['pid']}/{a['reader']} and {b['pid']}/{b['reader']}")
+    r.lock_violations = lock_violations(reader_logs)
     return r
 
 

@@ -102,7 +102,7 @@ def test_the_checker_counts_what_it_is_shown():
         {"conversation_id": "c", "leased": 2.0, "ids": ["e"], "seqs": [2], "types": [run.END_DIALOG]},
         {"conversation_id": "c", "leased": 3.0, "ids": ["m2", "x"], "seqs": [0, 3], "types": [run.REQUEST] * 2},
     ]
-    readers = [{"group": "g", "leased": 1.0, "committed": 2.5, "pid": 1, "reader": 0},
+    readers = [{"group": "g", "leased": 1.0, "committing": 2.1, "committed": 2.5, "pid": 1, "reader": 0},
                {"group": "g", "leased": 2.0, "committed": 2.2, "pid": 2, "reader": 0}]
     r = run.check(sent, audits, readers)
     assert (r.lost, r.duplicated, r.unknown) == (["m1", "m3"], ["m2"], ["x"])
