@@ -50,3 +50,21 @@ def namespace(explicit: str | None = None) -> str:
     if not NAMESPACE_RE.match(ns):
         raise ValueError(f"namespace {ns!r} must be 1-40 characters of letters, digits, '_' or '-'")
     return ns
+
+
+def web_token(file: str | os.PathLike[str] | None = None) -> str | None:
+    """The token of the worker's HTTP API (core/web_access.py): the first non-blank line of `file`, else of
+    the file KBROKER_WEB_TOKEN_FILE names (a Docker or Kubernetes secret), else KBROKER_WEB_TOKEN;
+    None when none is set. The worker requires it of every request; the CLI sends it. Not a
+    command-line value: it would show in every process listing."""
+    path = file or os.environ.get("KBROKER_WEB_TOKEN_FILE")
+    if path:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read the web token file {os.fspath(path)}: {exc}") from None
+        token = next((line.strip() for line in text.splitlines() if line.strip()), "")
+        if not token:
+            raise ValueError(f"the web token file {os.fspath(path)} is empty")
+        return token
+    return os.environ.get("KBROKER_WEB_TOKEN", "").strip() or None

@@ -22,16 +22,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Callable
-
-import orjson
 
 from kbroker.bench import procedures
 from kbroker.bench.harness import BenchContext, free_port
 from kbroker.core.cluster import ClusterLike
 from kbroker.errors import BrokerUnavailableError
+from kbroker.worker.web_client import get_json
 
 # --- the worker -------------------------------------------------------------------------------
 
@@ -71,8 +69,7 @@ class WorkerProcess:
         while time.monotonic() < deadline:
             self.check()
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/tasks/", timeout=2) as r:
-                    orjson.loads(r.read())
+                get_json(f"http://127.0.0.1:{self.port}", "/tasks/", timeout=2)
                 break
             except OSError:
                 time.sleep(0.5)
@@ -83,8 +80,7 @@ class WorkerProcess:
     def running_tasks(self) -> int:
         """Activated readers running now (the worker's /tasks/); 0 when it does not answer."""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/tasks/", timeout=2) as r:
-                return len(orjson.loads(r.read())["tasks"])
+            return len(get_json(f"http://127.0.0.1:{self.port}", "/tasks/", timeout=2)["tasks"])
         except (OSError, ValueError, KeyError):
             return 0
 

@@ -5,13 +5,13 @@ threshold the analytics topic says so."""
 from __future__ import annotations
 
 import time
-import urllib.request
 from typing import Any
 
 from kbroker.bench.activation import WorkerProcess
 from kbroker.bench.common import claim_body, percentile
 from kbroker.bench.harness import BASELINE_OVER_KBROKER, BenchContext, Row, Scenario, scenario
 from kbroker.bench.scenarios_send import KBrokerSender
+from kbroker.worker.web_client import get
 
 TRIGGER = 2.0  # the job's default trigger: the stale-delay target is two of them
 STALE_AFTER = 3.0  # the job's threshold for the bench queue (it has no stale_after of its own)
@@ -134,8 +134,8 @@ def wait_http(worker: WorkerProcess, timeout: float) -> None:
     while time.monotonic() < deadline:
         worker.check()
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{worker.port}/tasks/", timeout=2):
-                return
+            get(f"http://127.0.0.1:{worker.port}", "/tasks/", timeout=2)
+            return
         except OSError:
             time.sleep(0.5)
     raise RuntimeError(f"the worker did not answer in {timeout:g} s: {worker.tail()}")

@@ -38,6 +38,12 @@ _namespace_option = click.option(
     help="Namespace (topic prefix and catalog); default KBROKER_NAMESPACE or 'default'.",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+# The worker's HTTP API token: from a file (a Docker or Kubernetes secret) or KBROKER_WEB_TOKEN,
+# never a command-line value, which every process listing would show.
+web_token_file_option = click.option(
+    "--web-token-file", type=click.Path(dir_okay=False), envvar="KBROKER_WEB_TOKEN_FILE", default=None,
+    help="File whose first line is the token of the workers' HTTP API (else env KBROKER_WEB_TOKEN); "
+         "env KBROKER_WEB_TOKEN_FILE.")
 
 
 def emit_json(obj: Any) -> None:

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
@@ -18,6 +17,7 @@ from typing import Any, Callable
 from kbroker.cli.output import new_table
 from kbroker.core.cluster import Cluster
 from kbroker.sdk.broker import Broker
+from kbroker.worker.web_client import get
 
 EMPLOYEES = "//Adventure-Works.com/Employees"
 EXPENSES = "//Adventure-Works.com/Expenses"
@@ -116,8 +116,8 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float) -> None:
         if proc.poll() is not None:
             raise RuntimeError(f"the worker exited with {proc.returncode}")
         try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
+            get(url, timeout=2)
+            return
         except OSError:
             time.sleep(0.5)
     raise RuntimeError(f"the worker did not answer at {url} within {timeout:g} s")

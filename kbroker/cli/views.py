@@ -12,6 +12,7 @@ from kbroker.cli.common import (
     handle_errors,
     json_option,
     main,
+    web_token_file_option,
 )
 from kbroker.cli.output import make_console, new_table, print_table
 
@@ -124,16 +125,17 @@ def disable_cmd(queue, reason, target, as_json):
 @click.option("--url", default="http://127.0.0.1:6066", show_default=True,
               help="A worker's HTTP API, whose view is kept in memory; without a worker of this namespace "
                    "answering there, the endpoints topic is read.")
+@web_token_file_option
 @cluster_options
 @json_option
 @handle_errors
-def conversations_cmd(state, url, target, as_json):
+def conversations_cmd(state, url, web_token_file, target, as_json):
     """The conversation endpoints of the namespace (sys.conversation_endpoints)."""
     from kbroker.kafka.queues import conversation_view
     from kbroker.worker.views import worker_conversations
 
     ns = target.namespace
-    rows = worker_conversations(url, ns)
+    rows = worker_conversations(url, ns, token_file=web_token_file)
     if rows is None:
         rows = conversation_view(target.cluster, ns)
     if state:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 
 import click
-import orjson
 
 from kbroker.core.conversation_endpoint import CLOSED_GRACE_SECONDS
 from kbroker.cli.common import (
@@ -17,6 +16,7 @@ from kbroker.cli.common import (
     json_option,
     main,
     require_extra,
+    web_token_file_option,
 )
 from kbroker.cli.output import new_table, print_table
 from kbroker.cli.views import queue_group
@@ -25,10 +25,16 @@ from kbroker.cli.views import queue_group
 @main.command("worker")
 @cluster_options
 @click.option("--web-host", default="127.0.0.1", show_default=True, envvar="KBROKER_WEB_HOST",
-              help="Address the worker's HTTP API binds to (0.0.0.0: every interface, as in a container); "
-                   "env KBROKER_WEB_HOST.")
+              help="Address the worker's HTTP API binds to (0.0.0.0: every interface, as in a container; "
+                   "any address but loopback needs a token); env KBROKER_WEB_HOST.")
 @click.option("--web-port", type=click.IntRange(1, 65535), default=6066, show_default=True,
               help="Port of the worker's HTTP API (/monitors/, /tasks/).")
+@web_token_file_option
+@click.option("--web-allowed-host", "web_allowed_hosts", multiple=True, envvar="KBROKER_WEB_ALLOWED_HOSTS",
+              metavar="NAME[,NAME...]",
+              help="Host names the HTTP API answers for besides --web-host and the loopback names (the "
+                   "name in the address browsers use; '.example.com': every name under it). Repeatable; "
+                   "env KBROKER_WEB_ALLOWED_HOSTS.")
 @click.option("--tick", "tick", type=click.FloatRange(min=0.5), default=5.0, show_default=True,
               help="Seconds between ticks.")
 @click.option("--ramp-up", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
@@ -46,22 +52,28 @@ from kbroker.cli.views import queue_group
               help="Seconds a CLOSED conversation endpoint is kept before the worker tombstones it.")
 @click.option("--loglevel", default="info", show_default=True)
 @handle_errors
-def worker_cmd(target, web_host, web_port, tick, ramp_up, handlers, no_timers, no_routing,
+def worker_cmd(target, web_host, web_port, web_token_file, web_allowed_hosts, tick, ramp_up, handlers, no_timers, no_routing,
                allow_procedures, closed_grace, loglevel):
     """Run the worker: queue monitors with internal and external activation, task handlers, the
     cluster tick, the timer service, and the dispatcher and transmitter that carry messages between
     namespaces. Start several; they share the work through Kafka."""
     require_extra("worker", "faust", "aiokafka")
+    from kbroker.config import web_token
     from kbroker.worker.app import WorkerSettings, run_worker
 
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     run_worker(WorkerSettings(target.cluster, target.namespace,
-                              web_host=web_host, web_port=web_port, tick_interval=tick, ramp_up=ramp_up,
+                              web_host=web_host, web_port=web_port, web_token=web_token(web_token_file),
+                              web_allowed_hosts=_names(web_allowed_hosts), tick_interval=tick, ramp_up=ramp_up,
                               handlers=handlers, timers=not no_timers, routing=not no_routing,
                               closed_grace=closed_grace,
-                              allow_procedures=tuple(m.strip() for value in allow_procedures
-                                                     for m in value.replace(" ", ",").split(",") if m.strip())),
+                              allow_procedures=_names(allow_procedures)),
                loglevel=loglevel)
+
+
+def _names(values: tuple[str, ...]) -> tuple[str, ...]:
+    """A repeatable option's values, each of which may list several, split on commas and spaces."""
+    return tuple(n for value in values for n in value.replace(" ", ",").split(",") if n)
 
 
 @main.command("monitors")
@@ -97,22 +109,21 @@ def degraded_cell(row: dict) -> str:
 @main.command("tasks")
 @click.option("--url", "urls", multiple=True, default=["http://127.0.0.1:6066"], show_default=True,
               help="A worker's HTTP API; repeat for several workers.")
+@web_token_file_option
 @json_option
 @handle_errors
-def tasks_cmd(urls, as_json):
+def tasks_cmd(urls, web_token_file, as_json):
     """Activated readers running now, like sys.dm_broker_activated_tasks (asks the workers)."""
-    # The standard library's client: a GET per worker needs no HTTP package in the base install.
-    # Imported here, not at the top: it would be a large share of `kbroker --help`'s start-up.
-    import urllib.request
+    from kbroker.config import web_token
+    from kbroker.worker.web_client import get_json
 
+    token = web_token(web_token_file)
     rows = []
     for url in urls:
         try:
-            with urllib.request.urlopen(url.rstrip("/") + "/tasks/", timeout=5) as resp:
-                body = resp.read()
+            rows.extend(get_json(url, "/tasks/", token=token)["tasks"])
         except OSError as exc:  # refused, timed out, or an HTTP error status (URLError is an OSError)
             fail(f"worker at {url} does not answer: {exc}")
-        rows.extend(orjson.loads(body)["tasks"])
     if as_json:
         emit_json(rows)
         return

@@ -51,6 +51,7 @@ from kbroker.worker.settings import MONITOR_PARTITIONS, Channels, WorkerSettings
 from kbroker.worker.tables import WorkerTable
 from kbroker.worker.tick import ClusterTick, Reclaimer
 from kbroker.worker.watch import PROGRESS_INTERVAL, QueueWatch, ReceiveProgress, counting_pool
+from kbroker.worker.web_guard import access_of, web_options, web_pages_off
 
 __all__ = ["Worker", "WorkerSettings", "build_app", "run_worker", "shutdown"]
 
@@ -195,8 +196,7 @@ def new_app(s: WorkerSettings, datadir: str) -> faust.App:
     return faust.App(
         names.worker_app_id(s.namespace), broker=faust_broker(s.cluster), store="memory://",
         broker_credentials=broker_credentials(s),
-        web_port=s.web_port, web_bind=s.web_host, web_host=s.web_host,
-        datadir=datadir, topic_partitions=MONITOR_PARTITIONS,
+        **web_options(s), datadir=datadir, topic_partitions=MONITOR_PARTITIONS,
         topic_replication_factor=1, table_standby_replicas=0, broker_session_timeout=10,
         broker_heartbeat_interval=2, consumer_auto_offset_reset="earliest", Table=WorkerTable,
     )
@@ -206,9 +206,11 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, Worker]:
     """The Faust app, and the worker runtime tests and the CLI look at."""
     # Settings one of the worker's clients cannot take stop it here, named, before any connects.
     security(s.cluster).check(LIBRDKAFKA, AIOKAFKA)
+    access_of(s)  # so does a web server bound off loopback without a token
     ensure_topics(s)
     datadir = tempfile.TemporaryDirectory(prefix="kbroker-worker-")
     app = new_app(s, datadir.name)
+    web_pages_off(app)
     channels = Channels.declare(app, s)
     guard = Guard(log)
     broker = Broker(s.cluster, s.namespace)

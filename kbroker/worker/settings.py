@@ -29,7 +29,9 @@ class WorkerSettings:
     cluster: Cluster  # a bootstrap string is taken as a cluster with no further settings
     namespace: str
     web_port: int = 6066
-    web_host: str = "127.0.0.1"
+    web_host: str = "127.0.0.1"  # loopback; anywhere else needs web_token (core/web_access.py)
+    web_token: str | None = None  # every request to the HTTP API carries it (config.web_token)
+    web_allowed_hosts: tuple[str, ...] = ()  # Host names besides web_host and the loopback names
     tick_interval: float = 5.0  # seed 000: the broker's periodic tick
     watch_interval: float = 0.25  # a first message launches a reader within about this long
     ramp_up: float = 5.0  # seed 003: seconds of non-empty RECEIVEs before one more reader

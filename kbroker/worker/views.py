@@ -14,6 +14,7 @@ from kbroker.core import names
 from kbroker.core.cluster import ClusterLike
 from kbroker.core.monitor import MonitorState
 from kbroker.kafka.reader import latest_values
+from kbroker.worker.web_client import get_json
 
 
 def iso_utc(t: float | None) -> str | None:
@@ -51,15 +52,13 @@ def monitor_rows(cluster: ClusterLike, namespace: str, timeout: float = 10.0) ->
     return rows
 
 
-def worker_conversations(url: str, namespace: str, timeout: float = 3.0) -> list[dict[str, Any]] | None:
+def worker_conversations(url: str, namespace: str, timeout: float = 3.0,
+                         token_file: str | None = None) -> list[dict[str, Any]] | None:
     """sys.conversation_endpoints from a running worker of `namespace` at `url` (its
     /conversations/ page), or None: none answers, it serves another namespace, or it is still
     reading the endpoints topic for the first time."""
-    import urllib.request  # here, not at the top: `kbroker --help` starts faster without it
-
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/conversations/", timeout=timeout) as resp:
-            body = orjson.loads(resp.read())
+        body = get_json(url, "/conversations/", timeout, token_file=token_file)
     except (OSError, ValueError):  # refused, timed out, an HTTP error status, not JSON
         return None
     if not isinstance(body, dict) or body.get("namespace") != namespace or not isinstance(body.get("rows"), list):

@@ -33,7 +33,7 @@ CLIENT, JOBS, JOB, DONE = "//kbroker/test/JobClient", "//kbroker/test/Jobs", "//
 
 
 class Worker:
-    def __init__(self, bootstrap: str, namespace: str, tmp: Path, **env: str):
+    def __init__(self, bootstrap: str, namespace: str, tmp: Path, *args: str, **env: str):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / f"worker-{self.port}.log"
@@ -42,16 +42,18 @@ class Worker:
             self.proc = subprocess.Popen(
                 [KBROKER, "worker", "--bootstrap", bootstrap, "--namespace", namespace, "--web-port", str(self.port),
                  "--tick", "1", "--ramp-up", "1", "--handlers", "8", "--allow-procedures", "tests.helpers",
-                 "--closed-grace", "3"],
+                 "--closed-grace", "3", *args],
                 cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT)
         self.id: str | None = None
+        token = env.get("KBROKER_WEB_TOKEN")  # the worker requires it of every request
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def wait_ready(self, timeout: float = 90.0) -> None:
         deadline = time.time() + timeout
         while time.time() < deadline:
             assert self.proc.poll() is None, f"worker exited: {self.log.read_text()[-3000:]}"
             try:
-                self.id = httpx.get(self.url + "/tasks/", timeout=2).json()["worker"]
+                self.id = httpx.get(self.url + "/tasks/", timeout=2, headers=self.headers).json()["worker"]
                 return
             except httpx.HTTPError:
                 time.sleep(0.5)
@@ -59,7 +61,7 @@ class Worker:
 
     def tasks(self) -> list[dict]:
         try:
-            return httpx.get(self.url + "/tasks/", timeout=2).json()["tasks"]
+            return httpx.get(self.url + "/tasks/", timeout=2, headers=self.headers).json()["tasks"]
         except httpx.HTTPError:
             return []
 

@@ -1,7 +1,8 @@
 """compose/docker-compose.yml and compose/Dockerfile, checked without Docker: the file against the
 Compose Specification's schema, the image versions against the code, the build paths, every
-`kbroker` command line against the real CLI, the ports and bootstrap address, and the references
-between services and volumes.
+`kbroker` command line against the real CLI, the ports and bootstrap address, the references
+between services and volumes, that published ports are on the host's loopback and the worker's
+HTTP API requires a token, and that the image runs as an unprivileged user.
 
 Each check is a function of the loaded compose file returning its problems, so the last test can
 feed it broken copies and see it fail."""
@@ -60,6 +61,7 @@ class Dockerfile:
     env: dict[str, str] = field(default_factory=dict)
     commands: list[list[str]] = field(default_factory=list)
     workdir: PurePosixPath = PurePosixPath("/")
+    users: list[str] = field(default_factory=list)  # the USER instructions, in order
 
 
 def instructions(text: str) -> list[tuple[str, str]]:
@@ -100,6 +102,8 @@ def read_dockerfile(path: Path, context: Path) -> Dockerfile:
             df.bases.append(words[0])
         elif name == "WORKDIR":
             df.workdir = df.workdir / args
+        elif name == "USER":
+            df.users.append(args.strip())
         elif name == "ENV":
             if "=" in args.split()[0]:
                 for pair in shlex.split(args):
@@ -427,6 +431,67 @@ def port_problems(doc: dict[str, Any], base_dir: Path) -> list[str]:
     return problems
 
 
+LOOPBACK_HOST_IPS = ("127.0.0.1", "::1", "[::1]")
+ROOT_USERS = ("root", "0")
+
+
+def published_host_ip(port: Any) -> str | None:
+    """The host address a published port binds (None: every interface), short or long syntax."""
+    if isinstance(port, dict):
+        return port.get("host_ip")
+    text = str(port)
+    if text.startswith("["):  # [::1]:6066:6066
+        return text[:text.index("]") + 1]
+    parts = text.split(":")
+    return parts[0] if len(parts) == 3 else None
+
+
+def exposure_problems(doc: dict[str, Any], base_dir: Path) -> list[str]:
+    """Published ports are on the host's loopback only, and a worker whose HTTP API listens off
+    the container's loopback requires a token from whoever starts the stack (not one written in
+    this file) and its healthcheck sends it."""
+    problems = []
+    services = doc.get("services") or {}
+    for name, service in services.items():
+        for port in service.get("ports") or []:
+            if published_host_ip(port) not in LOOPBACK_HOST_IPS:
+                problems.append(f"service {name}: publishes {port!r} on every interface of the host, "
+                                f"not on 127.0.0.1")
+    for cmd, contexts in parsed(doc, base_dir):
+        if cmd.service is None or command_path(contexts) != "kbroker worker":
+            continue
+        leaf, service = contexts[-1], services[cmd.service]
+        if leaf.params["web_host"] in ("127.0.0.1", "::1", "localhost"):
+            continue
+        env = environment(service)
+        token = env.get("KBROKER_WEB_TOKEN", "")
+        if not (re.fullmatch(r"\$\{KBROKER_WEB_TOKEN:\?[^}]+\}", token) or leaf.params.get("web_token_file")
+                or env.get("KBROKER_WEB_TOKEN_FILE")):
+            problems.append(f"{cmd.where}: binds {leaf.params['web_host']} with no required token "
+                            f"(KBROKER_WEB_TOKEN: ${{KBROKER_WEB_TOKEN:?...}}, or a token file)")
+        test = (service.get("healthcheck") or {}).get("test") or []
+        words = test.split() if isinstance(test, str) else [str(t) for t in test]
+        if words and not ("kbroker" in words or any("Authorization" in w for w in words)):
+            problems.append(f"service {cmd.service}: its healthcheck does not send the web token "
+                            f"(use `kbroker tasks`)")
+    return problems
+
+
+def user_problems(doc: dict[str, Any], base_dir: Path) -> list[str]:
+    """Every image built here ends as a user other than root, and no service runs it as root."""
+    problems = []
+    for name, service in (doc.get("services") or {}).items():
+        if str(service.get("user", "")).partition(":")[0] in ROOT_USERS:
+            problems.append(f"service {name}: runs as user {service['user']!r}")
+        df = dockerfile_of(service, base_dir)
+        if df is None:
+            continue
+        last = df.users[-1].partition(":")[0] if df.users else "root"
+        if last in ROOT_USERS:
+            problems.append(f"{shown(df.path)} (service {name}): the image runs as root (no USER, or USER {last})")
+    return problems
+
+
 def named_volumes(service: dict[str, Any]) -> list[tuple[str, str]]:
     """(volume name, container path) of a service's named-volume mounts."""
     out = []
@@ -517,6 +582,17 @@ def test_ports_and_bootstrap_agree(doc):
     assert port_problems(doc, BASE) == []
 
 
+def test_published_ports_are_on_loopback_and_the_worker_requires_a_token(doc):
+    assert exposure_problems(doc, BASE) == []
+    assert all(published_host_ip(p) == "127.0.0.1" for s in doc["services"].values() for p in s.get("ports") or [])
+
+
+def test_the_image_runs_as_an_unprivileged_user(doc):
+    assert user_problems(doc, BASE) == []
+    df = dockerfile_of(doc["services"]["worker"], BASE)
+    assert df is not None and df.users == ["kbroker"]
+
+
 def test_depends_on_and_volumes_name_what_exists(doc):
     assert reference_problems(doc) == []
 
@@ -583,6 +659,23 @@ BROKEN: dict[str, tuple[Callable[..., list[str]], Callable[[Path], Callable[[dic
                                lambda t: lambda d: d["services"]["worker"].__setitem__("ports", ["6066:6067"])),
     "web host not public": (lambda d: port_problems(d, BASE),
                             lambda t: _set_command("worker", "kbroker worker --web-port 6066")),
+    "port on every interface": (lambda d: exposure_problems(d, BASE),
+                                lambda t: lambda d: d["services"]["worker"].__setitem__("ports", ["6066-6069:6066"])),
+    "port on every interface, long syntax": (lambda d: exposure_problems(d, BASE),
+                                             lambda t: lambda d: d["services"]["worker"].__setitem__(
+                                                 "ports", [{"target": 6066, "published": "6066"}])),
+    "web token not required": (lambda d: exposure_problems(d, BASE),
+                               lambda t: lambda d: d["services"]["worker"]["environment"].pop("KBROKER_WEB_TOKEN")),
+    "web token written in the file": (lambda d: exposure_problems(d, BASE),
+                                      lambda t: lambda d: d["services"]["worker"]["environment"]
+                                      .__setitem__("KBROKER_WEB_TOKEN", "a-token-everyone-can-read")),
+    "healthcheck without the token": (lambda d: exposure_problems(d, BASE),
+                                      lambda t: lambda d: d["services"]["worker"]["healthcheck"].__setitem__(
+                                          "test", ["CMD", "curl", "-f", "http://127.0.0.1:6066/tasks/"])),
+    "image runs as root": (lambda d: user_problems(d, BASE),
+                           lambda t: _dockerfile(t, ("USER kbroker\n", ""))),
+    "service runs as root": (lambda d: user_problems(d, BASE),
+                             lambda t: lambda d: d["services"]["analytics"].__setitem__("user", "root")),
     "bootstrap port": (lambda d: port_problems(d, BASE),
                        lambda t: lambda d: d["services"]["demo"]["environment"]
                        .__setitem__("KBROKER_BOOTSTRAP", "kafka:9093")),
