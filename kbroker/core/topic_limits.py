@@ -11,6 +11,11 @@ any of its sources holds, headers included:
     transport queue, transmission, inbound   MESSAGE_TOPIC_LIMIT = LARGEST_BODY + HEADER_HEADROOM
     dead-letter                          DEAD_LETTER_LIMIT = MESSAGE_TOPIC_LIMIT + DEAD_LETTER_HEADROOM
 
+and every client that carries such records takes the largest of them: CLIENT_LIMIT is the
+librdkafka producers' message.max.bytes (the largest request) and the worker's aiokafka
+producer's max_request_size and consumer's per-partition fetch size (kafka/clients.py,
+worker/app.py), with room for a batch's own overhead above DEAD_LETTER_LIMIT.
+
 HEADER_HEADROOM is room for headers and Kafka's record overhead on top of the body; kbroker's own
 headers take well under 1 KiB, so a message kbroker moves keeps fitting. A record another client
 wrote may fill the whole headroom with headers; its dead letter adds the kb.dlq.* headers on top,
@@ -28,6 +33,7 @@ DEAD_LETTER_HEADROOM = 8 * 1024  # the kb.dlq.* headers: reason, topic (<= 249),
 
 MESSAGE_TOPIC_LIMIT = LARGEST_BODY + HEADER_HEADROOM
 DEAD_LETTER_LIMIT = MESSAGE_TOPIC_LIMIT + DEAD_LETTER_HEADROOM
+CLIENT_LIMIT = 11 * 1024 * 1024  # > DEAD_LETTER_LIMIT (10,559,488) plus a request's overhead
 
 # Kafka's per-record and per-batch overhead, generously: a batch of one record adds 61 bytes, a
 # record at most about 25 and each header a few (varints).

@@ -22,6 +22,7 @@ from kbroker.config import KAFKA_LOG
 from kbroker.core.client_security import ClientSecurity
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.log_limit import RateLimitFilter
+from kbroker.core.topic_limits import CLIENT_LIMIT
 from kbroker.errors import (
     AUTHENTICATION_CODES,
     BrokerUnavailableError,
@@ -40,7 +41,7 @@ KAFKA_LOG_LIMIT = RateLimitFilter(always=(KAFKA_LOG.name,))
 if not any(isinstance(f, RateLimitFilter) for f in KAFKA_LOG.filters):
     KAFKA_LOG.addFilter(KAFKA_LOG_LIMIT)
 
-MAX_MESSAGE_BYTES = 11 * 1024 * 1024  # the largest queue message (10 MiB) plus headers
+MAX_MESSAGE_BYTES = CLIENT_LIMIT  # the largest record any kbroker topic takes, and a request's overhead
 
 # Errors that say the cluster cannot be reached now; librdkafka reconnects by itself.
 _RECONNECTING = (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN)

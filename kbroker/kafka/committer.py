@@ -139,7 +139,7 @@ class GroupCommitter:
         self._cluster = Cluster.of(cluster)
         self._conf: dict[str, Any] = clients.base(cluster, **{
             "enable.idempotence": True, "acks": "all", "linger.ms": 1,
-            "message.max.bytes": 11 * 1024 * 1024,
+            "message.max.bytes": clients.MAX_MESSAGE_BYTES,
             # Right after a commit the coordinator is still writing markers and answers the next
             # transaction's first request with CONCURRENT_TRANSACTIONS; the retry back-off then
             # dominates every commit. Measured on the embedded broker, a transaction of one

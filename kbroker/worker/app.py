@@ -39,7 +39,14 @@ from kbroker.core.log_limit import RateLimitFilter
 from kbroker.core.tick import EVERY_2ND, TickCounter, advance
 from kbroker.core.client_security import AIOKAFKA, LIBRDKAFKA
 from kbroker.errors import PermissionDeniedError, is_refusal
-from kbroker.kafka.clients import KAFKA_LOG_LIMIT, aiokafka_settings, faust_broker, principal, security
+from kbroker.kafka.clients import (
+    KAFKA_LOG_LIMIT,
+    MAX_MESSAGE_BYTES,
+    aiokafka_settings,
+    faust_broker,
+    principal,
+    security,
+)
 from kbroker.sdk.broker import Broker
 from kbroker.worker.control import Reclassifier, Routing
 from kbroker.worker.dashboard import DashboardFeed, add_dashboard
@@ -199,6 +206,10 @@ def new_app(s: WorkerSettings, datadir: str) -> faust.App:
         **web_options(s), datadir=datadir, topic_partitions=MONITOR_PARTITIONS,
         topic_replication_factor=1, table_standby_replicas=0, broker_session_timeout=10,
         broker_heartbeat_interval=2, consumer_auto_offset_reset="earliest", Table=WorkerTable,
+        # Any record a kbroker topic takes (core/topic_limits.py), not aiokafka's 1 MB: the
+        # worker's own topics keep Kafka's default of 1 MiB and a little more, which aiokafka's
+        # default fetch size of exactly 1 MiB is short of.
+        producer_max_request_size=MAX_MESSAGE_BYTES, consumer_max_fetch_size=MAX_MESSAGE_BYTES,
     )
 
 
