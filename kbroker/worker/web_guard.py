@@ -62,7 +62,9 @@ def login(request: web.Request, access: Access) -> web.StreamResponse:
     """The one-time URL: the session cookie (HttpOnly, SameSite=Strict: no script reads it, no
     other site's request carries it), and a redirect to the same page without the token."""
     query = {k: v for k, v in request.query.items() if k != TOKEN_PARAM}
-    resp = web.Response(status=303, headers={"Location": str(request.rel_url.with_query(query))})
+    # One leading slash: "//other.example/..." would send the browser to another site.
+    here = request.rel_url.with_path("/" + request.path.lstrip("/")).with_query(query)
+    resp = web.Response(status=303, headers={"Location": str(here)})
     resp.set_cookie(COOKIE, access.session(), httponly=True, samesite="Strict", path="/")
     resp.headers["Referrer-Policy"] = "no-referrer"
     return resp

@@ -102,6 +102,8 @@ def test_the_dashboard_works_in_a_browser_after_its_one_time_url(web_worker, bro
     assert "samesite=strict" in login.headers["set-cookie"].lower()
     assert get(web_worker, "/dashboard/snapshot", cookies={COOKIE: cookie}).status_code == 200
     assert get(web_worker, f"/dashboard?token=wrong-{TOKEN}").status_code == 401
+    # Never a redirect to another site.
+    assert get(web_worker, f"//evil.example/x?token={TOKEN}").headers["Location"] == "/evil.example/x"
 
     page = browser.new_page()
     try:
