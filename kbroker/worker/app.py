@@ -118,7 +118,9 @@ class Worker:
         await self.guard.run("timer service", self.start_timer_service)
         await self.guard.run("routing", self.start_routing)
         self.pages.start()
-        log.info("worker started worker=%s namespace=%s", self.settings.worker_id, self.settings.namespace)
+        s = self.settings
+        log.info("worker started worker=%s namespace=%s http=%s:%d (%s)", s.worker_id, s.namespace, s.web_host,
+                 s.web_port, "token required" if s.web_token else "no token")
 
     async def start_timer_service(self) -> None:
         await asyncio.to_thread(self.routing.start_timer_service)
