@@ -151,9 +151,7 @@ def _reader(ns: str) -> list[Rule]:
         Rule("TOPIC", "LITERAL", names.deadletter_topic(ns), ("WRITE",), "records that are not messages"),
         Rule("TOPIC", "LITERAL", names.readers_topic(ns), ("WRITE",),
              "this process's locks and in-flight counts (`kbroker queue show`)"),
-        Rule("TOPIC", "LITERAL", names.catalog_topic(ns), ("WRITE",),
-             "a poison message disables its queue (STATUS = OFF in the catalog)"),
-    ]
+    ]  # no catalog WRITE: only its owner changes it (a poison message: see sdk/runtime.note_rollback)
 
 
 def _worker(ns: str) -> list[Rule]:
