@@ -21,7 +21,7 @@ from kbroker.core.cluster import Cluster
 from kbroker.core.permissions import Objects, Permission, bindings_of
 from kbroker.embedded import resolve_cluster
 from kbroker.embedded.broker import EmbeddedBroker
-from kbroker.errors import CatalogError, PermissionDeniedError, SendPermissionDeniedError, TopicCollisionError
+from kbroker.errors import CatalogError, PermissionDeniedError, QueueDisabledError, SendPermissionDeniedError, TopicCollisionError
 from kbroker.kafka import acls
 from kbroker.kafka.apply import apply_paths
 from kbroker.kafka.catalog_store import read_catalog, write_records
@@ -219,3 +219,23 @@ def test_apply_refuses_names_that_collide_in_kafka_with_another_namespace(user, 
                    refused=None)
     assert names.queue_topic(ns, "Claims") in str(refused.value) and hidden in str(refused.value)
     assert "Claims" not in read_catalog(secure_admin, ns).queues
+
+
+def test_a_reader_that_may_not_write_the_catalog_disables_a_poisoned_queue_in_its_process(user, secure_admin):
+    """Only the catalog's owner and ALTER's holders write the catalog: five rolled-back RECEIVEs
+    of a principal with RECEIVE alone disable the queue in its process, the catalog unchanged."""
+    ns = fresh("p")
+    apply_paths(secure_admin, ns, [SAMPLES])
+    send_claim(secure_admin, ns)
+    u = user()
+    u.cli("grant", "RECEIVE", "ON", f"QUEUE::{QUEUE}", "TO", u.principal, "--namespace", ns)
+    with Broker(u.cluster, ns) as b:
+        for i in range(5):
+            tx = b.transaction()
+            got = eventually(lambda: tx.receive(QUEUE, top=1, wait=10), "RECEIVE served") if i == 0 else \
+                tx.receive(QUEUE, top=1, wait=10)
+            assert got, f"rollback {i}: the message came back"
+            tx.rollback()
+        with pytest.raises(QueueDisabledError):
+            b.receive(QUEUE, wait=0)
+    assert read_catalog(secure_admin, ns).queue(QUEUE).status == "ON"

@@ -203,3 +203,35 @@ def test_revoke_takes_the_permission_away_and_leaves_the_others_that_do_not_shar
         same = (p.action, p.cls, p.name) == (gone.action, gone.cls, gone.name)  # REVOKE takes grant and deny
         if not same and not own & bindings(p, objects):  # shares nothing of its own with the revoked one
             assert any(bindings(p, objects) <= bindings(q, objects) for q in shown), p
+
+
+# --- namespaces whose topics could collide in Kafka ---------------------------------------------------
+
+
+@pytest.mark.parametrize("ns, other", [("a_queue", "a"), ("a_queue_x", "a"), ("a_b_tqueue", "a_b"), ("sales", None),
+                                       ("queue_x", None), ("my_queues", None), ("a-queue", None)])
+def test_a_namespace_in_another_ones_queue_space_is_named(ns, other):
+    found = names.shadowed_namespace(ns)
+    assert (found[0] if found else None) == other
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.from_regex(r"[a-z]{1,3}(_[a-z]{1,6}){0,3}", fullmatch=True),
+       st.from_regex(r"[a-z]{1,3}(_[a-z]{1,6}){0,3}", fullmatch=True),
+       st.sampled_from(["catalog", "queue.Q", "queue.Q.i1", "tqueue.T", "monitor-events", "queue.x_catalog"]),
+       st.sampled_from(["catalog", "queue.Q", "queue.catalog", "queue.x.catalog", "tqueue.T.m1", "queue.b_queue"]))
+def test_namespaces_apply_accepts_never_share_a_topic_in_kafkas_form(a, b, rest_a, rest_b):
+    if a == b or names.shadowed_namespace(a) or names.shadowed_namespace(b):
+        return
+    assert names.kafka_form(names.prefix(a) + rest_a) != names.kafka_form(names.prefix(b) + rest_b)
+
+
+def test_a_refused_send_carries_service_brokers_error_number():
+    from kbroker.errors import PermissionDeniedError, SendPermissionDeniedError
+
+    exc = SendPermissionDeniedError("orders", "kbroker.sales.queue.OrderQueue")
+    assert isinstance(exc, PermissionDeniedError) and exc.number == -8494 and not exc.retriable
+    named = exc.naming("User:alice")
+    assert isinstance(named, SendPermissionDeniedError) and str(named) == (
+        "permission denied: User:alice may not WRITE topic kbroker.sales.queue.OrderQueue "
+        "(error -8494: no SEND permission on service 'orders')")
