@@ -154,12 +154,24 @@ def _reader(ns: str) -> list[Rule]:
     ]  # no catalog WRITE: only its owner changes it (a poison message: see sdk/runtime.note_rollback)
 
 
+# The topics the worker writes besides its queues and Faust's: never the catalog (its owner's),
+# the analytics results or the control topic (the analytics job's).
+_WORKER_WRITES = (names.endpoints_topic, names.events_topic, names.deadletter_topic, names.timers_topic,
+                  names.transmission_topic, names.readers_topic, names.progress_topic, names.acks_topic,
+                  names.transport_topic, names.monitor_events_topic, names.ticks_topic)
+
+
 def _worker(ns: str) -> list[Rule]:
     p = names.prefix(ns)
     return [
-        Rule("TOPIC", "PREFIXED", p, ("READ", "WRITE", "CREATE", "DELETE"),
+        Rule("TOPIC", "PREFIXED", p, ("READ", "CREATE", "DELETE"),
              "every topic of the namespace: monitors, activation, tick, timers, routing; CREATE: its "
              "own topics and Faust's changelogs; DELETE: the 5th-tick reclaim (DeleteRecords)"),
+        Rule("TOPIC", "PREFIXED", f"{p}queue.", ("WRITE",),
+             "activated readers' SENDs, DialogTimer and lifetime errors, routed messages delivered"),
+        Rule("TOPIC", "PREFIXED", names.worker_app_id(ns), ("WRITE",), "Faust's changelog and assignor topics"),
+        *(Rule("TOPIC", "LITERAL", topic(ns), ("WRITE",), "what the worker's services record")
+          for topic in _WORKER_WRITES),
         Rule("GROUP", "PREFIXED", p, ("READ",),
              "Faust's group (kbroker.<ns>.worker), the queue groups it counts, the timer, "
              "transmitter and dispatcher groups, kbroker's readers"),
