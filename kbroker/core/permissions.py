@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from kbroker.core import names
-from kbroker.core.acl_roles import AclBinding, check_principal
+from kbroker.core.acl_roles import AclBinding, Rule, check_principal, receiver_base, sender_base
 from kbroker.core.catalog.models import Catalog
 from kbroker.errors import InvalidArgumentError
 
@@ -124,13 +124,8 @@ def _queue_topics(ns: str, queue: str, *ops: str) -> list[Acl]:
     return _on("TOPIC", "LITERAL", topic, *ops) + _on("TOPIC", "PREFIXED", topic + ".", *ops)
 
 
-def _client(ns: str) -> list[Acl]:
-    """What every kbroker client process of the namespace needs (sdk/runtime.py): the catalog,
-    the readers' group id, conversation endpoints and send leases, its transactional ids."""
-    return (_on("TOPIC", "LITERAL", names.catalog_topic(ns), "READ")
-            + _on("GROUP", "LITERAL", names.reader_group(ns), "DESCRIBE")
-            + _on("TOPIC", "LITERAL", names.endpoints_topic(ns), "READ", "WRITE")
-            + _on("TRANSACTIONAL_ID", "PREFIXED", names.prefix(ns), "WRITE"))
+def _acls(rules: Iterable[Rule]) -> list[Acl]:
+    return [(op, r.resource_type, r.pattern, r.name) for r in rules for op in r.operations]
 
 
 def _catalog_writer(ns: str) -> list[Acl]:
@@ -163,11 +158,7 @@ def _own(p: Permission, objects: Objects) -> list[Acl]:
 
 def _base(p: Permission, objects: Objects) -> list[Acl]:
     ns = objects.namespace
-    send = _client(ns) + _on("TOPIC", "LITERAL", names.timers_topic(ns), "WRITE") + _on(
-        "TOPIC", "LITERAL", names.transmission_topic(ns), "WRITE")  # lifetimes; routed SENDs (the far side decides)
-    receive = _client(ns) + _on("TOPIC", "LITERAL", names.events_topic(ns), "READ", "WRITE") + _on(
-        "TOPIC", "LITERAL", names.deadletter_topic(ns), "WRITE") + _on("TOPIC", "LITERAL", names.readers_topic(ns), "WRITE")
-    alter = _catalog_writer(ns)
+    send, receive, alter = _acls(sender_base(ns)), _acls(receiver_base(ns)), _catalog_writer(ns)
     return {(SERVICE, SEND): send, (SERVICE, ALTER): alter, (SERVICE, CONTROL): send + alter,
             (QUEUE, RECEIVE): receive, (QUEUE, ALTER): alter, (QUEUE, CONTROL): receive + alter,
             (CATALOG, CONTROL): alter}[(p.cls, p.action)]
