@@ -99,6 +99,7 @@ class Objects:
         return self.services[service]
 
     def check(self, p: Permission) -> None:
+        """InvalidArgumentError unless `p`'s object is one of the namespace's."""
         if p.cls == QUEUE and p.name not in self.queues:
             raise InvalidArgumentError(f"{p.name!r} is not a queue of namespace {self.namespace}")
         if p.cls == SERVICE:
@@ -145,7 +146,7 @@ def _own(p: Permission, objects: Objects) -> list[Acl]:
         return {SEND: send, ALTER: alter, CONTROL: send + alter}[action]
     if cls == QUEUE:
         group = names.queue_group(ns, name)
-        receive = (_queue_topics(ns, name, "READ") + _on("TOPIC", "PREFIXED", names.queue_topic(ns, name) + ".", "CREATE")
+        receive = (_queue_topics(ns, name, "READ") + _on("TOPIC", "PREFIXED", group + ".", "CREATE")  # secondaries
                    + _on("GROUP", "LITERAL", group, "READ") + _on("GROUP", "PREFIXED", group + ".", "READ"))
         alter = _queue_topics(ns, name, *_TOPIC_CONFIG)
         return {RECEIVE: receive, ALTER: alter,
