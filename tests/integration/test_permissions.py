@@ -21,7 +21,13 @@ from kbroker.core.cluster import Cluster
 from kbroker.core.permissions import Objects, Permission, bindings_of
 from kbroker.embedded import resolve_cluster
 from kbroker.embedded.broker import EmbeddedBroker
-from kbroker.errors import CatalogError, PermissionDeniedError, QueueDisabledError, SendPermissionDeniedError, TopicCollisionError
+from kbroker.errors import (
+    CatalogError,
+    PermissionDeniedError,
+    QueueDisabledError,
+    SendPermissionDeniedError,
+    TopicCollisionError,
+)
 from kbroker.kafka import acls
 from kbroker.kafka.apply import apply_paths
 from kbroker.kafka.catalog_store import read_catalog, write_records

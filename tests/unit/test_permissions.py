@@ -69,7 +69,8 @@ def test_receive_on_a_queue_reads_its_topic_and_group_and_writes_no_queue():
 
 def test_alter_writes_the_catalog_and_control_on_the_catalog_applies():
     alter = bindings(Permission(ALICE, ALTER, QUEUE, "OrderQueue"), OBJECTS)
-    assert may(alter, "ALTER_CONFIGS", "TOPIC", topic("OrderQueue")) and may(alter, "WRITE", "TOPIC", names.catalog_topic(NS))
+    assert may(alter, "ALTER_CONFIGS", "TOPIC", topic("OrderQueue"))
+    assert may(alter, "WRITE", "TOPIC", names.catalog_topic(NS))
     assert not may(alter, "ALTER_CONFIGS", "TOPIC", topic("BillQueue"))
     owner = bindings(Permission(ALICE, CONTROL, CATALOG, NS), OBJECTS)
     assert may(owner, "CREATE", "TOPIC", topic("NewQueue")) and may(owner, "WRITE", "TOPIC", names.catalog_topic(NS))
@@ -148,12 +149,12 @@ QUEUES = ["Q1", "Q2", "Q_3", "Q.4"]
 @st.composite
 def catalogs_and_permissions(draw, own_queues: bool):
     services = [f"s{i}" for i in range(draw(st.integers(1, 4)))]
-    queues = QUEUES[:len(services)] if own_queues else draw(st.lists(st.sampled_from(QUEUES[:2]), min_size=len(services),
-                                                                       max_size=len(services)))
+    n = len(services)
+    queues = QUEUES[:n] if own_queues else draw(st.lists(st.sampled_from(QUEUES[:2]), min_size=n, max_size=n))
     objects = Objects(NS, dict(zip(services, queues)), frozenset(queues) | {"Spare"})
     perm = st.one_of(
-        st.builds(Permission, st.just(ALICE), st.sampled_from([SEND, CONTROL]), st.just(SERVICE), st.sampled_from(services),
-                  st.sampled_from(["GRANT", DENY])),
+        st.builds(Permission, st.just(ALICE), st.sampled_from([SEND, CONTROL]), st.just(SERVICE),
+                  st.sampled_from(services), st.sampled_from(["GRANT", DENY])),
         st.builds(Permission, st.just(ALICE), st.sampled_from([RECEIVE, ALTER, CONTROL]), st.just(QUEUE),
                   st.sampled_from(sorted(objects.queues)), st.sampled_from(["GRANT", DENY])),
         st.builds(Permission, st.just(ALICE), st.just(CONTROL), st.just(CATALOG), st.just(NS),
@@ -235,3 +236,15 @@ def test_a_refused_send_carries_service_brokers_error_number():
     assert isinstance(named, SendPermissionDeniedError) and str(named) == (
         "permission denied: User:alice may not WRITE topic kbroker.sales.queue.OrderQueue "
         "(error -8494: no SEND permission on service 'orders')")
+
+
+def test_a_statement_that_does_not_parse_is_one_line_before_any_cluster_is_looked_for():
+    from click.testing import CliRunner
+
+    from kbroker.cli import main
+
+    out = CliRunner().invoke(main, ["grant", "SEND", "TO", "alice", "--bootstrap", "127.0.0.1:1", "--namespace", NS])
+    assert out.exit_code == 1
+    assert out.output.strip().splitlines() == [
+        "kbroker: error: 'SEND TO alice': expected PERMISSION ON CLASS::name TO principal, e.g. SEND ON "
+        "SERVICE::orders TO User:alice"]
