@@ -19,13 +19,13 @@ import orjson
 from kbroker.core import names
 from kbroker.core.catalog.models import Catalog, Queue
 from kbroker.core.cluster import Cluster
+from kbroker.core.conversation_endpoint import Endpoint
 from kbroker.core.locks import ConversationLocks
 from kbroker.core.poison import PoisonCounter
+from kbroker.core.records import Record
 from kbroker.core.sequence_reach import reach
 from kbroker.core.statements import Statements
 from kbroker.errors import PermissionDeniedError, QueueDisabledError, QueueNameCollisionError
-from kbroker.core.conversation_endpoint import Endpoint
-from kbroker.core.records import Record
 from kbroker.kafka.conversation_endpoints import EndpointStore
 from kbroker.kafka.permissions import SendChecks
 from kbroker.kafka.queues import set_queue_status
