@@ -119,6 +119,7 @@ class Broker:
     def send(self, handle: str, message_type: str = "DEFAULT", body: Any = None, **kw: Any) -> str:
         """SEND ON CONVERSATION: returns the message id once Kafka acknowledged the message."""
         rt = self.runtime
+        rt.check_send(rt.endpoints.current(str(handle)))  # before the conversation's lease is taken
         with self._conversation(str(handle)) as produce:
             before = rt.endpoints.current(str(handle))
             record, message_id, ep = rt.statements.message_record(before, message_type, body, **kw)

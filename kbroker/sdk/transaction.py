@@ -260,6 +260,7 @@ class Transaction:
         """SEND ON CONVERSATION, held until commit: returns the message id. Keywords as
         Broker.send's (correlation_id, reply_to, time_to_be_received, priority)."""
         self._check_open()
+        self._runtime.check_send(self.endpoint(handle))  # before its lock and lease: nothing written if refused
         self._lock(handle)
         before = self.endpoint(handle)
         record, message_id, ep = self._runtime.statements.message_record(before, message_type, body, **kw)

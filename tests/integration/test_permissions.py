@@ -123,9 +123,20 @@ def test_send_needs_send_on_the_service_deny_wins_and_revoke_takes_it_away(user,
     u.cli("grant", "SEND", "ON", f"SERVICE::{EXP}", "TO", u.principal, "--namespace", ns)
     eventually(lambda: send_claim(u.cluster, ns), "SEND served once granted")
     assert u.permissions(ns) == {f"GRANT SEND ON SERVICE::{EMP}", f"GRANT SEND ON SERVICE::{EXP}"}
+    with Broker(u.cluster, ns) as b:  # a dialog begun while granted
+        handle = b.begin_dialog(EMP, EXP, CONTRACT)
 
     u.cli("deny", "SEND", "ON", f"SERVICE::{EXP}", "TO", u.principal, "--namespace", ns)
     refused_and_wrote_nothing("the DENY winning over the grant")
+    before = records(secure_admin, *watched)
+    for in_transaction in (False, True):  # SEND on the dialog: refused before its lease is taken
+        with Broker(u.cluster, ns) as b, pytest.raises(SendPermissionDeniedError):
+            if in_transaction:
+                with b.transaction() as tx:
+                    tx.send(handle, CLAIM, {"amount": 2})
+            else:
+                b.send(handle, CLAIM, {"amount": 2})
+    assert records(secure_admin, *watched) == before
     assert f"DENY SEND ON SERVICE::{EXP}" in u.permissions(ns)
 
     out = json.loads(u.cli("revoke", "SEND", "ON", f"SERVICE::{EXP}", "FROM", u.principal, "--namespace", ns))
