@@ -52,10 +52,10 @@ class User:
         self.cluster = resolve_cluster(secure.status().bootstrap, command_config=secure.add_user(name)["scram"])
         self.admin_properties = str(secure.secure_files.admin_properties)
 
-    def cli(self, *args: str) -> str:
-        """A `kbroker` command as the admin; its --json output."""
+    def cli(self, *args: str, as_json: bool = True) -> str:
+        """A `kbroker` command as the admin; its (--json) output."""
         out = run_kbroker_module(*args, "--bootstrap", self.admin.bootstrap, "--command-config",
-                                 self.admin_properties, "--json")
+                                 self.admin_properties, *(["--json"] if as_json else []))
         assert out.returncode == 0, out.stderr
         return out.stdout
 
@@ -172,10 +172,17 @@ def test_receive_alter_and_the_catalog_owner_each_need_their_grant(user, secure_
     with pytest.raises(PermissionDeniedError):  # ALTER is not the catalog's owner
         apply_paths(u.cluster, ns, [SAMPLES], timeout=10)
 
+    dry = u.cli("grant", "CONTROL", "ON", "CATALOG::current", "TO", u.principal, "--namespace", ns, "--dry-run",
+                as_json=False)
+    assert dry.startswith(f"would have granted CONTROL ON CATALOG::{ns} to {u.principal}: "), dry
+    with pytest.raises(PermissionDeniedError):  # the dry run changed nothing
+        apply_paths(u.cluster, ns, [SAMPLES], timeout=10)
     u.cli("grant", "CONTROL", "ON", f"CATALOG::{ns}", "TO", u.principal, "--namespace", ns)
     eventually(lambda: apply_paths(u.cluster, ns, [SAMPLES], timeout=10), "apply served to the owner")
     assert u.permissions(ns) == {f"GRANT SEND ON SERVICE::{EMP}", f"GRANT RECEIVE ON QUEUE::{QUEUE}",
                                  f"GRANT ALTER ON QUEUE::{QUEUE}", f"GRANT CONTROL ON CATALOG::{ns}"}
+    table = u.cli("permissions", "--principal", u.principal, "--namespace", ns, as_json=False)
+    assert "RECEIVE" in table and f"CATALOG::{ns}" in table
 
 
 def test_a_namespace_principal_is_refused_everything_in_another_namespace(user, secure_admin):
