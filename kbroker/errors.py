@@ -105,6 +105,24 @@ class PermissionDeniedError(KBrokerError):
                                      principal=principal, what=self.what)
 
 
+class SendPermissionDeniedError(PermissionDeniedError):
+    """BEGIN DIALOG or SEND to a service whose queue this principal may not write: no SEND ON
+    SERVICE grant, or a DENY (core/permissions.py). Service Broker's error 8494, as `number`.
+    Raised before anything of the statement is written."""
+
+    number = -8494  # Service Broker: "You do not have permission to access the service"
+
+    def __init__(self, service: str, topic: str, principal: str = ""):
+        self.service, self.topic = service, topic
+        super().__init__(resource=f"topic {topic}", operation="WRITE", principal=principal,
+                         what=f"error {self.number}: no SEND permission on service {service!r}")
+
+    def naming(self, principal: str | None) -> "PermissionDeniedError":
+        """This error with `principal` filled in when it named none (the same error otherwise)."""
+        return self if self.principal or not principal else SendPermissionDeniedError(self.service, self.topic,
+                                                                                       principal)
+
+
 # Kafka's authorization failures by error code: the kind of resource each one names.
 DENIED_CODES = {29: "topic", 30: "group", 31: "cluster", 53: "transactional id",
                 65: "delegation token"}
@@ -181,6 +199,16 @@ class DefinitionError(KBrokerError):
         self.file, self.obj, self.reason = file, obj, reason
         where = ": ".join(p for p in (file, obj) if p)
         super().__init__(f"{where}: {reason}" if where else reason)
+
+
+class TopicCollisionError(DefinitionError):
+    """A topic apply would create collides in Kafka with another topic ('.' and '_' are one
+    character in Kafka's comparison), of this namespace or another one: names both."""
+
+    def __init__(self, file: str | None, obj: str | None, topic: str, other: str, why: str = ""):
+        self.topic, self.other = topic, other
+        super().__init__(file, obj, f"topic {topic} collides with topic {other}: Kafka treats '.' and '_' "
+                                    f"in topic names as one character{'; ' + why if why else ''}")
 
 
 class CatalogError(KBrokerError):

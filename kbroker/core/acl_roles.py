@@ -122,10 +122,9 @@ def _catalog_reader(ns: str) -> list[Rule]:
     ]
 
 
-def _sender(ns: str) -> list[Rule]:
+def sender_base(ns: str) -> list[Rule]:
+    """What a process that SENDs needs besides WRITE on the queues it sends to."""
     return _catalog_reader(ns) + [
-        Rule("TOPIC", "PREFIXED", f"{names.prefix(ns)}queue.", ("WRITE",),
-             "SEND: the far side's queue (or its secondary queue)"),
         Rule("TOPIC", "LITERAL", names.endpoints_topic(ns), ("READ", "WRITE"),
              "conversation endpoints and the send leases that carry SEND's conversation locks"),
         Rule("TOPIC", "LITERAL", names.timers_topic(ns), ("WRITE",), "BEGIN DIALOG ... LIFETIME: the dialog lifetime"),
@@ -136,12 +135,16 @@ def _sender(ns: str) -> list[Rule]:
     ]
 
 
-def _reader(ns: str) -> list[Rule]:
+def _sender(ns: str) -> list[Rule]:
+    return sender_base(ns) + [
+        Rule("TOPIC", "PREFIXED", f"{names.prefix(ns)}queue.", ("WRITE",),
+             "SEND: the far side's queue (or its secondary queue)"),
+    ]
+
+
+def receiver_base(ns: str) -> list[Rule]:
+    """What a process that RECEIVEs needs besides READ on its queues and their groups."""
     return _catalog_reader(ns) + [
-        Rule("TOPIC", "PREFIXED", f"{names.prefix(ns)}queue.", ("READ", "CREATE"),
-             "RECEIVE: the queue topics (and secondary queues, created on first use)"),
-        Rule("GROUP", "PREFIXED", f"{names.prefix(ns)}queue.", ("READ",),
-             "a queue's consumer group: joined, and its offsets committed with each transaction"),
         Rule("TRANSACTIONAL_ID", "PREFIXED", names.prefix(ns), ("WRITE",),
              "the group committer's transactions (offsets and records commit together)"),
         Rule("TOPIC", "LITERAL", names.endpoints_topic(ns), ("READ", "WRITE"),
@@ -151,17 +154,36 @@ def _reader(ns: str) -> list[Rule]:
         Rule("TOPIC", "LITERAL", names.deadletter_topic(ns), ("WRITE",), "records that are not messages"),
         Rule("TOPIC", "LITERAL", names.readers_topic(ns), ("WRITE",),
              "this process's locks and in-flight counts (`kbroker queue show`)"),
-        Rule("TOPIC", "LITERAL", names.catalog_topic(ns), ("WRITE",),
-             "a poison message disables its queue (STATUS = OFF in the catalog)"),
+    ]  # no catalog WRITE: only its owner changes it (a poison message: see sdk/runtime.note_rollback)
+
+
+def _reader(ns: str) -> list[Rule]:
+    return receiver_base(ns) + [
+        Rule("TOPIC", "PREFIXED", f"{names.prefix(ns)}queue.", ("READ", "CREATE"),
+             "RECEIVE: the queue topics (and secondary queues, created on first use)"),
+        Rule("GROUP", "PREFIXED", f"{names.prefix(ns)}queue.", ("READ",),
+             "a queue's consumer group: joined, and its offsets committed with each transaction"),
     ]
+
+
+# The topics the worker writes besides its queues and Faust's: never the catalog (its owner's),
+# the analytics results or the control topic (the analytics job's).
+_WORKER_WRITES = (names.endpoints_topic, names.events_topic, names.deadletter_topic, names.timers_topic,
+                  names.transmission_topic, names.readers_topic, names.progress_topic, names.acks_topic,
+                  names.transport_topic, names.monitor_events_topic, names.ticks_topic)
 
 
 def _worker(ns: str) -> list[Rule]:
     p = names.prefix(ns)
     return [
-        Rule("TOPIC", "PREFIXED", p, ("READ", "WRITE", "CREATE", "DELETE"),
+        Rule("TOPIC", "PREFIXED", p, ("READ", "CREATE", "DELETE"),
              "every topic of the namespace: monitors, activation, tick, timers, routing; CREATE: its "
              "own topics and Faust's changelogs; DELETE: the 5th-tick reclaim (DeleteRecords)"),
+        Rule("TOPIC", "PREFIXED", f"{p}queue.", ("WRITE",),
+             "activated readers' SENDs, DialogTimer and lifetime errors, routed messages delivered"),
+        Rule("TOPIC", "PREFIXED", names.worker_app_id(ns), ("WRITE",), "Faust's changelog and assignor topics"),
+        *(Rule("TOPIC", "LITERAL", topic(ns), ("WRITE",), "what the worker's services record")
+          for topic in _WORKER_WRITES),
         Rule("GROUP", "PREFIXED", p, ("READ",),
              "Faust's group (kbroker.<ns>.worker), the queue groups it counts, the timer, "
              "transmitter and dispatcher groups, kbroker's readers"),

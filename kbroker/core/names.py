@@ -102,6 +102,24 @@ def kafka_form(name: str) -> str:
     return name.replace(".", "_")
 
 
+QUEUE_SPACES = ("queue", "tqueue")  # the parts of a namespace named by its users' queues
+
+
+def shadowed_namespace(ns: str) -> tuple[str, str] | None:
+    """(namespace, its queue space) whose topics `ns`'s topics could collide with in Kafka, else
+    None. Namespaces hold no '.', so the topics of two namespaces can only meet when one's name
+    is the other's, '_', and one of the other's queue spaces: every topic of `a_queue`
+    (`kbroker.a_queue.catalog`) is, in Kafka's form, a queue topic `a` may name
+    (`kbroker.a.queue.catalog`), and whichever comes second could not be created. Such a
+    namespace is refused at apply, so no namespace's queue names can block another's topics."""
+    parts = _ns(ns).split("_")
+    for i in range(1, len(parts)):
+        if parts[i] in QUEUE_SPACES and parts[0]:
+            other = "_".join(parts[:i])
+            return other, f"{prefix(other)}{parts[i]}."
+    return None
+
+
 def queue_names_collide(a: str, b: str) -> str | None:
     """Why queues (or transport queues) `a` and `b` may not live in one namespace, or None.
 

@@ -11,6 +11,7 @@ Apply is additive: objects missing from the files are left in the catalog (there
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -35,7 +36,7 @@ from kbroker.core.cluster import ClusterLike
 from kbroker.core.routing.routes import stamp_routes
 from kbroker.core.topic_limits import HEADER_HEADROOM as HEADER_HEADROOM  # noqa: F401 - tests read it here
 from kbroker.core.topic_limits import queue_limit, system_topic_limit
-from kbroker.errors import DefinitionError, InvalidArgumentError, denied_code, kafka_error
+from kbroker.errors import DefinitionError, InvalidArgumentError, TopicCollisionError, denied_code, kafka_error
 from kbroker.kafka import clients
 from kbroker.kafka.catalog_store import publish, read_catalog
 
@@ -121,15 +122,19 @@ def choose_replication(brokers: int, requested: int | None = None) -> tuple[int,
     return replicas, 2 if replicas >= 3 else 1
 
 
-def _wait(cluster: ClusterLike, futures: dict, what: str, operation: str, tolerate: tuple = ()) -> set[str]:
+def _wait(cluster: ClusterLike, futures: dict, what: str, operation: str, tolerate: tuple = (),
+          collision: Callable[[KafkaError, str], Exception | None] = lambda err, name: None) -> set[str]:
     """Wait for admin futures on topics; returns the names whose error was tolerated. A refusal
-    names `operation` on the topic."""
+    names `operation` on the topic; `collision` makes an error a typed one first."""
     tolerated = set()
     for key, future in futures.items():
         name = getattr(key, "name", key)
         try:
             future.result()
         except KafkaException as exc:
+            typed = collision(exc.args[0], name)
+            if typed is not None:
+                raise typed from None
             if exc.args[0].code() not in tolerate:
                 raise clients.denied(cluster, exc.args[0], f"{what} {name}", topic=(operation, name)) from None
             tolerated.add(name)
@@ -155,6 +160,7 @@ def sync_topics(cluster: ClusterLike, specs: list[TopicSpec], origins: dict[str,
 
     # 1. plan (read-only)
     missing = [s for s in specs if s.name not in existing]
+    by_name = {s.name: s for s in missing}
     _refuse_kafka_collisions(missing, list(existing), origins or {})
     present = [s for s in specs if s.name in existing]
     grow: list[TopicSpec] = []
@@ -194,7 +200,8 @@ def sync_topics(cluster: ClusterLike, specs: list[TopicSpec], origins: dict[str,
                         config={**s.config, "min.insync.replicas": str(min_insync)}) for s in missing]
         # Another apply may create the same topic at the same time: not a failure, not ours.
         raced = _wait(cluster, admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout),
-                      "cannot create topic", "CREATE", tolerate=(KafkaError.TOPIC_ALREADY_EXISTS,))
+                      "cannot create topic", "CREATE", tolerate=(KafkaError.TOPIC_ALREADY_EXISTS,),
+                      collision=lambda err, name: _collision(err, by_name.get(name), origins or {}))
     if alter:
         say(f"updating the config of {len(alter)} topics")
         for line in retention:
@@ -222,8 +229,19 @@ def _refuse_kafka_collisions(missing: list[TopicSpec], existing: list[str], orig
     for s in missing:
         other = taken.setdefault(names.kafka_form(s.name), s.name)
         if other != s.name:
-            raise DefinitionError(origins.get(s.owner), s.owner, f"topic {s.name} collides with topic {other}: "
-                                  "Kafka treats '.' and '_' in topic names as one character")
+            raise TopicCollisionError(origins.get(s.owner), s.owner, s.name, other)
+
+
+def _collision(err: KafkaError, spec: TopicSpec | None, origins: dict[str, str]) -> TopicCollisionError | None:
+    """CreateTopics' refusal of a topic that collides with one this principal may not see (another
+    namespace's, hidden by its ACLs, so _refuse_kafka_collisions could not): Kafka names it."""
+    found = _COLLIDES.search(err.str()) if err.code() == KafkaError.TOPIC_EXCEPTION else None
+    if found is None or spec is None:
+        return None
+    return TopicCollisionError(origins.get(spec.owner), spec.owner, spec.name, found["other"].strip("'\"[] "))
+
+
+_COLLIDES = re.compile(r"collides with existing topics?:?\s*(?P<other>\S+)")
 
 
 def queue_in_use(admin: AdminClient, topic: str, partitions: list[int], timeout: float) -> str | None:
@@ -281,9 +299,21 @@ def _check_visible(cluster: ClusterLike, admin: AdminClient, topics: list[str], 
                                      topic=("DESCRIBE", name)) from None
 
 
+def refuse_shadowing(namespace: str) -> None:
+    """TopicCollisionError for a namespace whose topics lie in another namespace's queue space
+    (names.shadowed_namespace), whether or not that one exists yet: neither may block the other."""
+    shadowed = names.shadowed_namespace(namespace)
+    if shadowed is not None:
+        other, space = shadowed
+        raise TopicCollisionError(None, f"namespace {namespace}", names.prefix(namespace) + "*", space + "*",
+                                  f"namespace {other}'s queues may take these names (choose a namespace "
+                                  f"without '_{space.rstrip('.').rpartition('.')[2]}')")
+
+
 def ensure_system_topics(cluster: ClusterLike, namespace: str, timeout: float = 30.0,
                          replication_factor: int | None = None) -> ApplyReport:
     """Create (or reconfigure) the namespace's system topics as kbroker/core/catalog/system.yaml says."""
+    refuse_shadowing(namespace)
     specs = topic_specs(Catalog(namespace=namespace))  # names.* validate the namespace
     created, updated, retention = sync_topics(cluster, specs, timeout=timeout,
                                               replication_factor=replication_factor)
@@ -303,6 +333,7 @@ def apply_catalog(cluster: ClusterLike, catalog: Catalog, progress: Progress = N
                   replication_factor: int | None = None) -> ApplyReport:
     """Apply an already validated catalog (from load_definitions); new topics get
     `replication_factor` replicas (default: see choose_replication)."""
+    refuse_shadowing(catalog.namespace)
     clients.brokers_answering(cluster, timeout)  # "no Kafka broker answers at ...", not a metadata error
     previous = read_catalog(cluster, catalog.namespace, timeout=timeout)
     # Before any topic changes: the queues applied earlier are part of the namespace's names.

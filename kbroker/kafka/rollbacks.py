@@ -20,6 +20,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.poison import Position, RollbackLedger
+from kbroker.errors import PermissionDeniedError
 from kbroker.kafka.background import Background
 from kbroker.kafka.reader import CONSUME_WAIT, reading_consumer, topic_partitions
 
@@ -85,6 +86,10 @@ class RollbackLog(Background):
                             continue
                     self._read(consumer.consume(500, CONSUME_WAIT))
                     failing = False
+                except PermissionDeniedError as exc:  # no RECEIVE's READ on the events topic: it stays so
+                    log.error("rollbacks of other processes not followed: %s", exc)
+                    self._caught_up.set()
+                    return
                 except KafkaException as exc:
                     if not failing:
                         log.warning("following rollbacks on %s paused: %s", topic, exc)

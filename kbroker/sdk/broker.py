@@ -104,6 +104,7 @@ class Broker:
         """BEGIN DIALOG: creates the initiator endpoint and returns its conversation handle."""
         rt = self.runtime
         ep = rt.statements.new_dialog(from_service, to_service, contract, endpoint_of=rt.endpoints.get, **kw)
+        rt.check_send(ep)  # SEND permission on the target service: refused before anything is written
         if ep.instance is not None:
             rt.secondary_queue(rt.statements.queue_of(ep.service_name), ep.instance)  # replies land there
         lease = rt.send_leases.created(ep)
@@ -118,9 +119,11 @@ class Broker:
     def send(self, handle: str, message_type: str = "DEFAULT", body: Any = None, **kw: Any) -> str:
         """SEND ON CONVERSATION: returns the message id once Kafka acknowledged the message."""
         rt = self.runtime
+        rt.check_send(rt.endpoints.current(str(handle)))  # before the conversation's lease is taken
         with self._conversation(str(handle)) as produce:
             before = rt.endpoints.current(str(handle))
             record, message_id, ep = rt.statements.message_record(before, message_type, body, **kw)
+            rt.check_send(ep, [record])
             produce(record)
             if must_persist(before, ep):
                 rt.endpoints.put(ep)
@@ -135,6 +138,7 @@ class Broker:
         with self._conversation(str(handle)) as produce:
             ep = rt.endpoints.current(str(handle))
             records, ended = rt.statements.end_records(ep, error=error, description=description, cleanup=cleanup)
+            rt.check_send(ep, records)
             for record in records:
                 produce(record)
             produce(rt.statements.endpoint_record(ep.conversation_handle, ended))

@@ -19,12 +19,15 @@ import orjson
 from kbroker.core import names
 from kbroker.core.catalog.models import Catalog, Queue
 from kbroker.core.cluster import Cluster
+from kbroker.core.conversation_endpoint import Endpoint
 from kbroker.core.locks import ConversationLocks
 from kbroker.core.poison import PoisonCounter
+from kbroker.core.records import Record
 from kbroker.core.sequence_reach import reach
 from kbroker.core.statements import Statements
-from kbroker.errors import QueueDisabledError, QueueNameCollisionError
+from kbroker.errors import PermissionDeniedError, QueueDisabledError, QueueNameCollisionError
 from kbroker.kafka.conversation_endpoints import EndpointStore
+from kbroker.kafka.permissions import SendChecks
 from kbroker.kafka.queues import set_queue_status
 from kbroker.kafka.receiver import QueueReceiver
 from kbroker.kafka.rollbacks import RollbackLog
@@ -54,10 +57,27 @@ class BrokerRuntime(ProcessRuntime):
         self._secondary: set[str] = set()  # secondary queue topics known to exist
         self._rollbacks: RollbackLog | None = None  # every process's rollbacks; with the first receiver
         self._poison = PoisonCounter()  # counts the queues this process reads itself
+        self._poisoned_here: set[str] = set()  # disabled by poison where the catalog may not be written
         self.hooks: list[ReceiveHooks] = []
         self.receive_hooks: ReceiveHooks = HookFanOut(self.hooks)
+        self.send_checks = SendChecks(cluster)
         self.send_leases = SendLeases(cluster, self.endpoints, self.conversation_locks, self.process,
                                       lambda: self._transactional_ids, ack_timeout=ack_timeout).start()
+
+    # --- SEND's permission ----------------------------------------------------------------------
+
+    def check_send(self, ep: Endpoint, records: list[Record] | None = None) -> None:
+        """BEGIN DIALOG (no `records`: the far service's queue) or a statement's records to the
+        far side: SendPermissionDeniedError (-8494) before any of it is written, unless this
+        process's principal may WRITE the queue topics they go to. A routed dialog's far
+        namespace decides for itself."""
+        if ep.remote:
+            return
+        topics = {names.queue_topic(self.namespace, self.statements.queue_of(ep.far_service_name))} \
+            if records is None else {r[0] for r in records}
+        for topic in sorted(topics):
+            if names.queue_of_topic(self.namespace, topic) is not None:
+                self.send_checks.check(ep.far_service_name, topic)
 
     # --- queues -------------------------------------------------------------------------------
 
@@ -65,6 +85,8 @@ class BrokerRuntime(ProcessRuntime):
         """The catalog and `queue` in it, for one RECEIVE: QueueDisabledError unless STATUS = ON.
         A disabled queue is checked against the catalog read again, so an ALTER QUEUE ... STATUS =
         ON from any process is seen on the next RECEIVE."""
+        if queue in self._poisoned_here:
+            raise QueueDisabledError(queue)
         catalog = self.catalog.current
         q = catalog.queues.get(queue)
         if q is None or q.status != "ON" or queue in self.catalog.disabled:
@@ -160,7 +182,16 @@ class BrokerRuntime(ProcessRuntime):
                 verdict = verdict or self._rollbacks.ledger.verdict(queue, counts, handling)
         if verdict is not None:
             self.catalog.disabled.add(verdict.queue)
-            set_queue_status(self.cluster, self.namespace, verdict.queue, "OFF", verdict.reason, poison=True)
+            try:
+                set_queue_status(self.cluster, self.namespace, verdict.queue, "OFF", verdict.reason, poison=True)
+            except PermissionDeniedError as exc:
+                # Only the catalog's owner and ALTER's holders write the catalog (G7). The queue
+                # stays disabled in this process; every other reader reaches the same verdict
+                # from the rollback counts all processes share (the events topic).
+                log.error("queue %s: %s; disabled in this process only, until it restarts (%s)", verdict.queue,
+                          verdict.reason, exc)
+                self._poisoned_here.add(verdict.queue)
+                return
             self.catalog.refresh()
 
     # --- sequence numbers ---------------------------------------------------------------------

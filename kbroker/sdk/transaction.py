@@ -248,6 +248,7 @@ class Transaction:
         self._check_open()
         rt = self._runtime
         ep = rt.statements.new_dialog(from_service, to_service, contract, endpoint_of=self.endpoint, **kw)
+        rt.check_send(ep)  # SEND permission on the target service: refused before anything is staged
         if ep.instance is not None:
             rt.secondary_queue(rt.statements.queue_of(ep.service_name), ep.instance)  # replies land there
         self._records.extend(rt.statements.lifetime_records(ep))
@@ -259,9 +260,11 @@ class Transaction:
         """SEND ON CONVERSATION, held until commit: returns the message id. Keywords as
         Broker.send's (correlation_id, reply_to, time_to_be_received, priority)."""
         self._check_open()
+        self._runtime.check_send(self.endpoint(handle))  # before its lock and lease: nothing written if refused
         self._lock(handle)
         before = self.endpoint(handle)
         record, message_id, ep = self._runtime.statements.message_record(before, message_type, body, **kw)
+        self._runtime.check_send(ep, [record])
         self._records.append(record)
         staged_to_write = ep.conversation_handle in self._endpoints and ep.conversation_handle not in self._unwritten
         self._stage(ep)
@@ -285,6 +288,7 @@ class Transaction:
         ep = self.endpoint(handle)
         records, ended = self._runtime.statements.end_records(ep, error=error, description=description,
                                                               cleanup=cleanup)
+        self._runtime.check_send(ep, records)
         self._records.extend(records)
         if ended is None:
             self._endpoints[ep.conversation_handle] = None

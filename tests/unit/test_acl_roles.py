@@ -189,3 +189,12 @@ def test_acls_roles_prints_each_roles_rules_and_apply_dry_run_prints_the_plan():
     text = CliRunner().invoke(main, ["endpoint", "acls", "Sales", "--namespace", NS])
     assert text.exit_code == 0 and "IDEMPOTENT_WRITE" not in text.output
     assert all(line.startswith("kafka-acls.sh --bootstrap-server BOOTSTRAP --add") for line in text.output.splitlines())
+
+
+def test_the_control_topics_are_written_only_by_the_roles_that_write_them():
+    """The catalog by its owner (the deployer), the analytics results and RECLASSIFY commands by
+    the analytics job: no other role may write them."""
+    writers = {"catalog": {"deployer"}, "analytics": {"analytics"}, "control": {"analytics"}}
+    for system, roles in writers.items():
+        topic = names.system_topic(NS, system)
+        assert {r for r in ROLES if allowed(bindings(r, "User:x", NS), "User:x", "WRITE", "TOPIC", topic)} == roles

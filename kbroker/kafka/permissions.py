@@ -1,0 +1,126 @@
+"""GRANT, DENY and REVOKE on the cluster: core/permissions.py's ACLs created and deleted through
+kafka/acls.py (as a principal that may alter the cluster's ACLs), and a principal's permissions
+read back from the ACLs the cluster holds, so `kbroker permissions` shows what the authorizer
+enforces. The namespace's catalog names its services and queues."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
+from confluent_kafka.admin import AclOperation, AdminClient
+
+from kbroker.core.acl_roles import AclBinding
+from kbroker.core.cluster import ClusterLike
+from kbroker.core.permissions import GRANT, Objects, Permission, bindings_of, held, revoke_plan
+from kbroker.errors import SendPermissionDeniedError, denied_code
+from kbroker.kafka import acls, clients
+from kbroker.kafka.catalog_store import read_catalog
+
+
+@dataclass
+class Change:
+    """What a GRANT, DENY or REVOKE did: the ACLs created or deleted, and the permissions that
+    the principal held before and no longer does besides the ones named (services that share a
+    queue share its SEND)."""
+
+    statements: list[Permission]
+    acls: list[AclBinding]
+    also_lost: list[Permission] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"statements": [p.statement() for p in self.statements], "acls": [b.as_dict() for b in self.acls],
+                "also_lost": [p.statement() for p in self.also_lost]}
+
+
+def objects(cluster: ClusterLike, namespace: str, timeout: float = 10.0) -> Objects:
+    """The namespace's services and queues, as its catalog says now."""
+    return Objects.of(read_catalog(cluster, namespace, timeout=timeout))
+
+
+def grant(cluster: ClusterLike, namespace: str, permissions: Iterable[Permission], *,
+          timeout: float = 10.0, dry_run: bool = False) -> Change:
+    """GRANT or DENY `permissions` (each its own state): their ACLs created, returned once the
+    cluster lists them (those already there stay)."""
+    todo = list(permissions)
+    plan = sorted(bindings_of(todo, objects(cluster, namespace, timeout)))
+    if not dry_run:
+        acls.grant(cluster, plan, timeout=timeout)
+    return Change(todo, plan)
+
+
+def revoke(cluster: ClusterLike, namespace: str, permissions: Iterable[Permission], *,
+           timeout: float = 10.0, dry_run: bool = False) -> Change:
+    """REVOKE `permissions`: the ACLs of each one's grant and deny deleted, with the base ACLs no
+    permission left needs; returned once the cluster no longer lists them."""
+    todo = list(permissions)
+    objs = objects(cluster, namespace, timeout)
+    principals = sorted({p.principal for p in todo})
+    before = {b for pr in principals for b in acls.listed(cluster, pr, timeout=timeout)}
+    remove: set[AclBinding] = set()
+    left = set(before)
+    for p in todo:
+        gone = revoke_plan(p, left, objs)
+        remove |= gone
+        left -= gone
+    if not dry_run and remove:
+        acls.revoke(cluster, sorted(remove), timeout=timeout)
+    named = {(p.principal, p.action, p.cls, p.name) for p in todo}
+    lost = [p for pr in principals for p in set(held(before, pr, objs)[0]) - set(held(left, pr, objs)[0])
+            if (p.principal, p.action, p.cls, p.name) not in named and p.state == GRANT]
+    return Change(todo, sorted(remove), sorted(lost))
+
+
+def listed(cluster: ClusterLike, namespace: str, principal: str | None = None, *,
+           timeout: float = 10.0) -> tuple[list[Permission], list[AclBinding]]:
+    """The permissions in the namespace of `principal` (or of every principal with an ACL), read
+    back from the cluster's ACLs, and the ACLs that make no permission (raw)."""
+    objs = objects(cluster, namespace, timeout)
+    found = acls.listed(cluster, principal, timeout=timeout)
+    shown: list[Permission] = []
+    raw: list[AclBinding] = []
+    for pr in sorted({b.principal for b in found}):
+        perms, rest = held(found, pr, objs)
+        shown += perms
+        raw += rest
+    return shown, raw
+
+
+class SendChecks:
+    """SEND's permission, asked of the cluster before a statement writes anything: whether this
+    process's principal may WRITE a queue topic (DescribeTopics with the authorized operations,
+    KIP-430: the authorizer's own answer, DENY ACLs included). A yes is kept for `keep` seconds,
+    so a SEND costs no round trip; a no is asked again each time (a grant works at once). A
+    revoke within those seconds is still enforced by the cluster when the records are written."""
+
+    def __init__(self, cluster: ClusterLike, *, keep: float = 5.0, timeout: float = 10.0):
+        self._cluster, self._keep, self._timeout = cluster, keep, timeout
+        self._allowed: dict[str, float] = {}  # topic -> until when its yes is kept
+        self._admin: AdminClient | None = None
+
+    def check(self, service: str, topic: str) -> None:
+        """SendPermissionDeniedError (Service Broker's -8494) unless the principal may WRITE `topic`."""
+        now = time.monotonic()
+        if self._allowed.get(topic, 0.0) > now:
+            return
+        if not self._may_write(topic):
+            raise SendPermissionDeniedError(service, topic, clients.principal(self._cluster))
+        self._allowed[topic] = now + self._keep
+
+    def _may_write(self, topic: str) -> bool:
+        if self._admin is None:
+            self._admin = clients.admin(self._cluster)
+        future = self._admin.describe_topics(TopicCollection([topic]), include_authorized_operations=True,
+                                             request_timeout=self._timeout)[topic]
+        try:
+            described = future.result()
+        except KafkaException as exc:
+            if denied_code(exc.args[0]):
+                return False  # not even DESCRIBE
+            if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                return True  # the write will say so (a secondary queue is made on first use)
+            raise clients.kafka_error(f"cannot ask whether {topic} may be written", exc.args[0]) from None
+        ops = described.authorized_operations
+        return ops is None or AclOperation.WRITE in ops or AclOperation.ALL in ops
