@@ -170,6 +170,10 @@ class Service(_Model):
     name: str = Field(min_length=1, max_length=MAX_SERVICE_NAME)
     queue: str
     contracts: list[str] = []  # contracts it accepts as a target; none = initiator only
+    # GRANT SEND ON SERVICE to other namespaces: those whose routed messages it takes (their
+    # senders proven by signature, core/routing/signing.py); None: every namespace whose public
+    # key this namespace holds. A namespace not listed gets Service Broker's Error -8494.
+    remote_senders: list[str] | None = None
 
     @field_validator("contracts")
     @classmethod
