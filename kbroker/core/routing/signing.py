@@ -74,13 +74,13 @@ def _header(headers: RawHeaders, name: str) -> bytes:
     return found[0] or b""
 
 
-def verified(key: bytes | None, value: bytes | None, headers: RawHeaders | None, *, here: str,
+def verified(key: bytes | None, value: bytes | None, headers: RawHeaders | None, *,
              public_key: Callable[[str], Ed25519PublicKey | None], now: float,
              max_age: float = MAX_AGE) -> Envelope:
     """The envelope of an inbound record whose sender is proven, or RecordRefused saying why:
-    not a kbroker message, no sending namespace, keyed for another direction, addressed to
-    another namespace, unsigned, signed too long ago, by an unknown namespace or by a key that is
-    not the one of the namespace it names."""
+    not a kbroker message, no sending namespace, keyed for another direction, unsigned, signed
+    too long ago, by an unknown namespace or by a key that is not the one of the namespace it
+    names. (A message addressed to another namespace is the dispatcher's to forward or wait.)"""
     hs = list(headers or ())
     try:
         env = Envelope.from_headers(hs)
@@ -93,8 +93,6 @@ def verified(key: bytes | None, value: bytes | None, headers: RawHeaders | None,
         raise RecordRefused("a conversation id with '|' (the acks topic's separator)", sender)
     if key != ack_key(sender, env.conversation_id, env.to_side).encode():
         raise RecordRefused("its key is not its dialog direction's", sender)
-    if env.to_broker is not None and env.to_broker != here:
-        raise RecordRefused(f"addressed to namespace {env.to_broker!r}", sender)
     try:
         sig = base64.b64decode(_header(hs, H_SIG), validate=True)
         at = int(_header(hs, H_SIG_AT)) / 1000.0

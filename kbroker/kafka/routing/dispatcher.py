@@ -190,8 +190,8 @@ class Dispatcher:
         """The records one inbound message adds to the batch's transaction."""
         record: Any = msg  # a consumed record: what kept() reads of it
         try:
-            env = verified(msg.key(), msg.value(), messages.headers(msg), here=self.namespace,
-                           public_key=self._keys.public, now=now, max_age=self._max_age)
+            env = verified(msg.key(), msg.value(), messages.headers(msg), public_key=self._keys.public, now=now,
+                           max_age=self._max_age)
             assert env.from_broker is not None  # verified() refuses a record without one
             mine = self.directions.refusal(env.from_broker, env.conversation_id)
             if mine is not None:
