@@ -38,7 +38,7 @@ from kbroker.core.routing.signing import MAX_AGE, RecordRefused, verified
 from kbroker.core.timers import target_lifetime_record
 from kbroker.core.routing.transmission import ack_key
 from kbroker.core.txn_faults import Deadline
-from kbroker.errors import BrokerUnavailableError
+from kbroker.errors import BrokerUnavailableError, denied_code
 from kbroker.kafka import clients, messages
 from kbroker.kafka.routing.forwarder import Forwarder
 from kbroker.kafka.routing.keys import Keys
@@ -172,13 +172,20 @@ class Dispatcher:
         try:
             transact(self._producer, records, [(positions, self._consumer.consumer_group_metadata())],
                      Deadline(BATCH_SECONDS), BATCH_SECONDS)
-        except TransactionFailed:
+        except TransactionFailed as failed:
             if self._recover():  # aborted: the batch's state goes back
                 self.inbox.restore(saved_state)
                 self._refused = refused_before
                 self.directions.restore(directions_before)
             for p, o in first.items():  # read the batch again
                 self._consumer.seek(TopicPartition(self.topic, p, o))
+            if failed.error is not None and denied_code(failed.error):
+                # Not this message's fault, nor its sender's: an ACL this namespace's router
+                # lacks. The dispatcher stops with the refusal, as every kbroker service does; its
+                # senders keep their messages (unacknowledged) until it runs again.
+                written = ", ".join(sorted({r[0] for r in records}))
+                raise clients.denied(self.cluster, failed.error, "the dispatcher saving routed messages",
+                                     topic=("WRITE", written)) from None
             raise  # run_steps reports the failure
         self.saved += counts["saved"]
         self.duplicates += counts["duplicates"]
