@@ -225,3 +225,23 @@ def test_a_master_key_is_made_once_and_its_public_key_read(tmp_path):
     assert keys.public("../a") is None
     (tmp_path / "c.pub").write_text("not a key")
     assert keys.public("c") is None
+
+
+# --- transport reports ----------------------------------------------------------------------------
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=40) | st.builds(orjson.dumps, st.recursive(
+    st.none() | st.integers(-2**63, 2**63 - 1) | st.floats(allow_nan=False) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["at", "messages", "connections", "forwarded", "read_to", "partition", "offset", "0", "²"]),
+        inner, max_size=4), max_leaves=10)))
+def test_any_transport_report_bytes_are_a_report_the_views_can_read_or_none(raw):
+    from kbroker.kafka.routing.views import _report
+
+    report = _report(raw)
+    if report is not None:  # what transmission_rows and the other views read of it
+        float(report["at"])
+        for row in report.get("messages", []):
+            (row["partition"], row["offset"])
+        {int(p): int(o) for p, o in report.get("read_to", {}).items()}
+        [dict(r) for r in report.get("connections", []) + report.get("forwarded", [])]

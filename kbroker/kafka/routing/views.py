@@ -104,9 +104,12 @@ def _report(value: bytes | None) -> dict[str, Any] | None:
         return None
     rows = [report.get(k, []) for k in ("messages", "connections", "forwarded")]
     read_to = report.get("read_to", {})
-    if not all(isinstance(r, list) and all(isinstance(x, dict) for x in r) for r in rows) or \
-            not isinstance(read_to, dict) or not all(type(v) is int and k.isdigit() for k, v in read_to.items()) or \
-            not all(type(x.get("partition")) is int and type(x.get("offset")) is int for x in rows[0]):
+    if not all(isinstance(r, list) and all(isinstance(x, dict) for x in r) for r in rows):
+        return None
+    if not all(type(x.get("partition")) is int and type(x.get("offset")) is int for x in rows[0]):
+        return None
+    if not isinstance(read_to, dict) or not all(type(v) is int and k.isascii() and k.isdigit()
+                                                for k, v in read_to.items()):
         return None
     return report
 
