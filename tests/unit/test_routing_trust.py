@@ -245,3 +245,11 @@ def test_any_transport_report_bytes_are_a_report_the_views_can_read_or_none(raw)
             (row["partition"], row["offset"])
         {int(p): int(o) for p, o in report.get("read_to", {}).items()}
         [dict(r) for r in report.get("connections", []) + report.get("forwarded", [])]
+
+
+def test_remote_senders_must_name_namespaces():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="no namespace name"):
+        Service(name="//B", queue="Q", remote_senders=["ok", "not a namespace"])
+    assert Service(name="//B", queue="Q", remote_senders=[]).remote_senders == []  # nobody may send

@@ -182,6 +182,14 @@ class Service(_Model):
             raise ValueError("a contract is listed twice")
         return value
 
+    @field_validator("remote_senders")
+    @classmethod
+    def _namespaces(cls, value: list[str] | None) -> list[str] | None:
+        bad = [n for n in value or [] if not NAMESPACE_RE.match(n)]
+        if bad:
+            raise ValueError(f"remote_senders lists {bad[0]!r}, which is no namespace name")
+        return value
+
 
 class Route(_Model):
     """CREATE ROUTE: where messages to a service go (see kbroker/core/routing/routes.py for matching).
