@@ -253,3 +253,14 @@ def test_remote_senders_must_name_namespaces():
     with pytest.raises(ValidationError, match="no namespace name"):
         Service(name="//B", queue="Q", remote_senders=["ok", "not a namespace"])
     assert Service(name="//B", queue="Q", remote_senders=[]).remote_senders == []  # nobody may send
+
+
+def test_a_master_key_that_cannot_be_made_is_a_typed_error(tmp_path):
+    from kbroker.errors import InvalidArgumentError
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InvalidArgumentError, match="no master key and none can be made"):
+        Keys(tmp_path / "file" / "keys").private("a")
+    (tmp_path / "b.key").write_text("garbage")
+    with pytest.raises(InvalidArgumentError, match="cannot read the master key of namespace 'b'"):
+        Keys(tmp_path).private("b")

@@ -33,7 +33,11 @@ class Keys:
         prefix(namespace)  # a namespace name, never a path
         path = self.directory / f"{namespace}.key"
         if not path.exists():
-            self._create(namespace, path)
+            try:
+                self._create(namespace, path)
+            except OSError as exc:
+                raise InvalidArgumentError(f"namespace {namespace!r} has no master key and none can be made in "
+                                           f"{self.directory} (KBROKER_KEYS_DIR): {exc.strerror or exc}") from None
         try:
             key = serialization.load_pem_private_key(path.read_bytes(), password=None)
         except (OSError, ValueError) as exc:
