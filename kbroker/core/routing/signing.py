@@ -28,7 +28,7 @@ from kbroker.core.routing.transmission import ack_key
 
 H_SIG = "kb.sig"  # base64 of the Ed25519 signature
 H_SIG_AT = "kb.sig.at"  # epoch milliseconds of the signing
-MAX_AGE = 3600.0  # seconds a signature stays good (and an ended direction's ack is kept)
+MAX_AGE = 86400.0  # a day: how long a signature stays good (an ended direction's ack is kept twice that)
 _CONTEXT = b"kbroker-routed-record-1"
 
 RawHeaders = Sequence[tuple[str, bytes | None]]
