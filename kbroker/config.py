@@ -45,6 +45,16 @@ def profiles_dir() -> Path:
     return Path(base)
 
 
+def keys_dir() -> Path:
+    """Where namespaces' routing keys live: `<ns>.key`, the master key of a namespace whose
+    workers run here (its private Ed25519 key), and `<ns>.pub`, the public key of each namespace
+    whose routed messages are accepted here (kafka/routing/keys.py)."""
+    base = os.environ.get("KBROKER_KEYS_DIR") or os.path.join(
+        os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config"), "kbroker", "keys"
+    )
+    return Path(base)
+
+
 def namespace(explicit: str | None = None) -> str:
     ns = explicit or os.environ.get("KBROKER_NAMESPACE") or DEFAULT_NAMESPACE
     if not NAMESPACE_RE.match(ns):

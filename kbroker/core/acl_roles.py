@@ -219,6 +219,8 @@ def _router(ns: str) -> list[Rule]:
              "delivered messages, and errors for refused dialogs, into the namespace's queues"),
         Rule("TOPIC", "LITERAL", names.acks_topic(ns), ("READ", "WRITE"), "the dispatcher's acknowledgements"),
         Rule("TOPIC", "LITERAL", names.events_topic(ns), ("WRITE",), "broker events (BROKER_CONNECTION, ...)"),
+        Rule("TOPIC", "LITERAL", names.deadletter_topic(ns), ("WRITE",),
+             "routing records refused (forged, undecodable), kept with their reason"),
         Rule("TOPIC", "LITERAL", names.transport_topic(ns), ("WRITE",),
              "the transmitter's reports (sys.transmission_queue, sys.dm_broker_connections)"),
     ]

@@ -26,6 +26,7 @@ MESSAGE_TYPE_NOT_FOUND = -8428
 VALIDATION_FAILED = -8430
 XML_VALIDATION_FAILED = -9616
 TOO_LARGE = -9602  # kbroker's own (Service Broker queues have no size limit)
+NO_PERMISSION = -8494  # the sending namespace was not granted SEND on the service (reference item 148)
 
 
 def too_large_description(size: int, queue: str, limit: int) -> str:
@@ -58,8 +59,11 @@ def check_arrival(catalog: Catalog, env: Envelope, body: bytes) -> Verdict:
     if queue.status == "OFF":
         return Verdict(WAIT, reason=f"The target queue '{queue.name}' is disabled.")
     kind, contract_name = env.message_type_name, env.service_contract_name
-    if kind in SYSTEM_TYPES:
+    if kind in SYSTEM_TYPES:  # ends the dialog: taken from whoever holds it, even after a revoke
         return Verdict(SAVE)
+    if service.remote_senders is not None and env.from_broker not in service.remote_senders:
+        return Verdict(REFUSE, NO_PERMISSION, f"You do not have permission to access the service "
+                                              f"'{env.to_service_name}'.")
     contract = catalog.contracts.get(contract_name)
     if contract is None:
         return Verdict(REFUSE, CONTRACT_NOT_FOUND, f"The service contract '{contract_name}' is not found.")

@@ -53,6 +53,15 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield bootstrap
 
 
+@pytest.fixture(scope="session", autouse=True)
+def routing_keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's directory of namespaces' routing keys (kafka/routing/keys.py), also for the
+    workers tests start: one directory, so every namespace trusts the others, as on one machine."""
+    directory = tmp_path_factory.mktemp("keys")
+    os.environ["KBROKER_KEYS_DIR"] = str(directory)
+    return directory
+
+
 @pytest.fixture(scope="session")
 def secure_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     """A secured embedded broker for the session, on free ports beside the plain one: SASL_SSL

@@ -354,3 +354,35 @@ def test_each_role_without_one_essential_acl_is_refused_fast_and_writes_nothing(
         from kbroker.kafka import clients
 
         assert transport_queue_topic(run.ns, "Sales") not in clients.admin(run.admin).list_topics(timeout=10).topics
+
+
+@pytest.mark.parametrize("role", ["router"])
+def test_a_dispatcher_refused_writing_its_queue_stops_with_the_refusal_and_the_sender_keeps_the_message(
+        run: Run, role: str) -> None:
+    """Namespace B's router lacks WRITE on B's queues: its dispatcher stops with the refusal
+    (naming the principal and the queue topic), saves and acknowledges nothing, and A's
+    transmitter keeps the message, unacknowledged, for when the grant comes."""
+    from kbroker.kafka.routing.dispatcher import Dispatcher
+    from kbroker.kafka.routing.transmitter import Transmitter
+    from tests.integration.test_routing import CLIENT, REQUEST, SERVER
+    from tests.integration.test_routing import CONTRACT as ROUTED
+
+    _routes(run)
+    b = run.ns + "b"
+    plan = acl_roles.bindings("router", run.principal, b)
+    acls.grant(run.admin, [x for x in plan if (x.operation, x.name) != ("WRITE", names.prefix(b) + "queue.")])
+    ba, bb = Broker(run.admin, run.ns), Broker(run.admin, b)
+    run.later(bb.close)
+    run.later(ba.close)
+    transmitter = Transmitter(run.admin, run.ns, lambda: ba.catalog, tick=1.0).start()
+    run.later(transmitter.close)
+    dispatcher = Dispatcher(run.cluster, b, bb.refresh_catalog, tick=1.0).start()
+    run.later(dispatcher.close)
+    ba.send(ba.begin_dialog(CLIENT, SERVER, ROUTED), REQUEST, {"n": 1})
+    denied = wait_for(lambda: dispatcher.denied, DEADLINE, "the dispatcher to stop with the refusal")
+    line = str(denied)
+    assert isinstance(denied, PermissionDeniedError) and "\n" not in line
+    assert line.startswith(f"permission denied: {run.principal} may not WRITE topic"), line
+    assert names.queue_topic(b, "Q") in line, line
+    assert records(run.admin, names.queue_topic(b, "Q"), names.acks_topic(b)) == 0
+    assert len(transmitter.queue) == 1 and transmitter.acked == 0

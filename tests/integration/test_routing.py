@@ -32,7 +32,9 @@ from kbroker.kafka.apply import apply_paths
 from kbroker.kafka.queues import set_queue_status
 from kbroker.kafka.reader import read_to_end
 from kbroker.kafka.reclaim import reclaim_namespace
+from kbroker.core.routing.signing import sign
 from kbroker.kafka.routing.dispatcher import Dispatcher
+from kbroker.kafka.routing.keys import Keys
 from kbroker.kafka.timer_service import TimerService
 from kbroker.kafka.routing.transmitter import Transmitter
 from kbroker.sdk.broker import Broker
@@ -64,16 +66,17 @@ services:
 
 
 def setup_catalogs(bootstrap: ClusterLike, tmp_path: Path, a: str, b: str, *, b_bootstrap: ClusterLike | None = None,
-                   route_to_b: bool = True, profile: str | None = None) -> None:
+                   route_to_b: bool = True, profile: str | None = None, server_extra: str = "") -> None:
     """Namespace `a` hosts CLIENT, `b` (on `b_bootstrap`) hosts SERVER; each has a route to the
-    other's service (A's may be left out, or name the client `profile` it reaches B with)."""
+    other's service (A's may be left out, or name the client `profile` it reaches B with);
+    `server_extra`: more fields of SERVER's definition."""
     b_bootstrap = b_bootstrap or bootstrap
     fa, fb = tmp_path / f"{a}.yaml", tmp_path / f"{b}.yaml"
     named = f", profile: {profile}" if profile else ""
     to_b = f"routes:\n  - {{name: ToB, service_name: '{SERVER}', address: 'kafka://{b_bootstrap}/{b}'{named}}}" \
         if route_to_b else ""
     fa.write_text(catalog_yaml(services=f"  - {{name: '{CLIENT}', queue: Q}}", routes=to_b, with_odd=True))
-    fb.write_text(catalog_yaml(services=f"  - {{name: '{SERVER}', queue: Q, contracts: ['{CONTRACT}']}}",
+    fb.write_text(catalog_yaml(services=f"  - {{name: '{SERVER}', queue: Q, contracts: ['{CONTRACT}']{server_extra}}}",
                                routes=f"routes:\n  - {{name: ToA, service_name: '{CLIENT}', "
                                       f"address: 'kafka://{bootstrap}/{a}'}}", with_odd=False))
     apply_paths(bootstrap, a, [fa])
@@ -82,18 +85,20 @@ def setup_catalogs(bootstrap: ClusterLike, tmp_path: Path, a: str, b: str, *, b_
 
 @contextmanager
 def two_namespaces(bootstrap: ClusterLike, tmp_path: Path, a: str, b: str, *, b_bootstrap: ClusterLike | None = None,
-                   route_to_b: bool = True, stall_after: float = 60.0,
-                   profile: str | None = None) -> Iterator[tuple[Broker, Broker, list]]:
-    """The catalogs of `setup_catalogs`, and a running dispatcher and transmitter per namespace.
-    Yields (broker of a, broker of b, [services])."""
+                   route_to_b: bool = True, stall_after: float = 60.0, profile: str | None = None,
+                   server_extra: str = "", dispatcher_kw: dict | None = None) -> Iterator[tuple[Broker, Broker, list]]:
+    """The catalogs of `setup_catalogs`, and a running dispatcher (with `dispatcher_kw`) and
+    transmitter per namespace. Yields (broker of a, broker of b, [services])."""
     b_bootstrap = b_bootstrap or bootstrap
-    setup_catalogs(bootstrap, tmp_path, a, b, b_bootstrap=b_bootstrap, route_to_b=route_to_b, profile=profile)
+    setup_catalogs(bootstrap, tmp_path, a, b, b_bootstrap=b_bootstrap, route_to_b=route_to_b, profile=profile,
+                   server_extra=server_extra)
     with ExitStack() as stack:
         ba = stack.enter_context(Broker(bootstrap, a))
         bb = stack.enter_context(Broker(b_bootstrap, b))
         services = []
         for boot, ns, br in ((bootstrap, a, ba), (b_bootstrap, b, bb)):
-            services.append(stack.enter_context(Dispatcher(boot, ns, lambda br=br: br.refresh_catalog(), tick=1.0)))
+            services.append(stack.enter_context(Dispatcher(boot, ns, lambda br=br: br.refresh_catalog(), tick=1.0,
+                                                           **(dispatcher_kw or {}))))
             services.append(stack.enter_context(Transmitter(boot, ns, lambda br=br: br.catalog, tick=1.0,
                                                             stall_after=stall_after)))
         yield ba, bb, services
@@ -334,8 +339,9 @@ def test_the_dispatcher_saves_in_order_drops_duplicates_and_sweeps_a_gap(kafka_b
                                conversation_group_id=default_group(conv, "TARGET"), message_sequence_number=seq,
                                message_type_name=REQUEST, service_contract_name=CONTRACT, from_service_name=CLIENT,
                                to_service_name=SERVER, to_side="TARGET", from_broker=a)
-                p.produce(names.inbound_topic(b), key=f"{a}|{conv}|TARGET", value=b'{"s": %d}' % seq,
-                          headers=env.headers())
+                key, value = f"{a}|{conv}|TARGET".encode(), b'{"s": %d}' % seq
+                p.produce(names.inbound_topic(b), key=key, value=value,  # as a's transmitter signs it
+                          headers=sign(Keys().private(a), key, value, env.headers(), time.time()))
             p.flush(10)
 
         put(1, 0)  # 1 waits for 0 (unless a sweep came between them: then only 0 is saved now)

@@ -170,12 +170,24 @@ class Service(_Model):
     name: str = Field(min_length=1, max_length=MAX_SERVICE_NAME)
     queue: str
     contracts: list[str] = []  # contracts it accepts as a target; none = initiator only
+    # GRANT SEND ON SERVICE to other namespaces: those whose routed messages it takes (their
+    # senders proven by signature, core/routing/signing.py); None: every namespace whose public
+    # key this namespace holds. A namespace not listed gets Service Broker's Error -8494.
+    remote_senders: list[str] | None = None
 
     @field_validator("contracts")
     @classmethod
     def _unique(cls, value: list[str]) -> list[str]:
         if len(set(value)) != len(value):
             raise ValueError("a contract is listed twice")
+        return value
+
+    @field_validator("remote_senders")
+    @classmethod
+    def _namespaces(cls, value: list[str] | None) -> list[str] | None:
+        bad = [n for n in value or [] if not NAMESPACE_RE.match(n)]
+        if bad:
+            raise ValueError(f"remote_senders lists {bad[0]!r}, which is no namespace name")
         return value
 
 

@@ -21,6 +21,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
+from kbroker.core.envelope import MalformedRecord
+
 RETRY_DELAYS = (4.0, 8.0, 16.0, 32.0)  # reference item 54: after 4, 8, 16 and 32 s ...
 RETRY_EVERY = 64.0  # ... then once every 64 s
 # A message sent this long ago and still not acknowledged holds its dialog up: the transmitter says
@@ -44,6 +48,27 @@ def ack_key(from_broker: str, conversation_id: str, to_side: str) -> str:
 def parse_ack_key(key: str) -> tuple[str, str, str] | None:
     parts = key.split("|")
     return (parts[0], parts[1], parts[2]) if len(parts) == 3 and all(parts) else None
+
+
+def read_ack(value: bytes | None) -> dict[str, Any]:
+    """An acknowledgement's value, checked: {"next": n >= 0} with an optional "status" text and
+    "error" {"code": int, "description": text}, and whatever else its writer added (when it
+    was written). MalformedRecord says what is wrong with any other bytes."""
+    try:
+        ack = orjson.loads(value or b"")
+    except orjson.JSONDecodeError:
+        raise MalformedRecord("an acknowledgement that is not JSON") from None
+    if not isinstance(ack, dict):
+        raise MalformedRecord("an acknowledgement that is not a JSON object")
+    nxt, error, status = ack.get("next"), ack.get("error"), ack.get("status")
+    if type(nxt) is not int or nxt < 0:
+        raise MalformedRecord(f"an acknowledgement's next sequence number is {nxt!r}")
+    if status is not None and not isinstance(status, str):
+        raise MalformedRecord("an acknowledgement's status is not text")
+    if error is not None and not (isinstance(error, dict) and type(error.get("code")) is int
+                                  and isinstance(error.get("description", ""), str)):
+        raise MalformedRecord("an acknowledgement's error is not {code, description}")
+    return ack
 
 
 @dataclass
@@ -130,6 +155,10 @@ class TransmissionQueue:
         self._by_direction.setdefault(key, {})[m.sequence] = m
         self.bytes += m.size
         return None
+
+    def skip(self, partition: int, offset: int) -> None:
+        """A record of the transmission topic that is no message (kept elsewhere): read past it."""
+        self._read_to[partition] = max(self._read_to.get(partition, 0), offset + 1)
 
     def acknowledge(self, key: str, next_sequence: int, error: tuple[int, str] | None = None) -> Refusal | None:
         """The far side expects `next_sequence` next on direction `key`: drop what is below it.

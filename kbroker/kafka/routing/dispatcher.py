@@ -24,21 +24,24 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.arrival import REFUSE, SAVE, WAIT, check_arrival
-from kbroker.core.catalog.models import Catalog
+from kbroker.core.catalog.models import END_DIALOG, ERROR, Catalog
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.routing.dispatch import Inbox, declared_follows, describe_drops, gap_status, next_in_line
 from kbroker.core.routing.forwarding import MB, Forwarded
 from kbroker.core.routing.routes import address, hop, match_route, routes_of
 from kbroker.core.tick import EVERY_2ND, EVERY_5TH, EVERY_TICK, TickCounter, TickSchedule, advance
-from kbroker.core.envelope import H_FOLLOWS, Envelope, MalformedRecord
+from kbroker.core.envelope import H_FOLLOWS, Envelope
 from kbroker.core.records import Record
-from kbroker.core.dead_letter import dead_letter_record
+from kbroker.core.routing.directions import FORGET_AFTER, Directions, read_acks
+from kbroker.core.routing.kept import kept
+from kbroker.core.routing.signing import MAX_AGE, RecordRefused, verified
 from kbroker.core.timers import target_lifetime_record
 from kbroker.core.routing.transmission import ack_key
 from kbroker.core.txn_faults import Deadline
-from kbroker.errors import BrokerUnavailableError
+from kbroker.errors import BrokerUnavailableError, denied_code
 from kbroker.kafka import clients, messages
 from kbroker.kafka.routing.forwarder import Forwarder
+from kbroker.kafka.routing.keys import Keys
 from kbroker.kafka.reader import latest_values
 from kbroker.kafka.guarded import GuardedProducer, TransactionFailed, aborted, replace_producer, started_for, transact
 from kbroker.kafka.steps import FailureSink, report, run_steps
@@ -54,8 +57,15 @@ class Dispatcher:
     they share its partitions. `catalog()` gives the namespace's current catalog."""
 
     def __init__(self, cluster: ClusterLike, namespace: str, catalog: Callable[[], Catalog], *,
-                 guard: FailureSink | None = None, poll_interval: float = 0.05, tick: float = 5.0):
+                 guard: FailureSink | None = None, poll_interval: float = 0.05, tick: float = 5.0,
+                 keys: Keys | None = None, max_age: float = MAX_AGE, forget_after: float = FORGET_AFTER):
+        """`keys`: the public keys of the namespaces whose messages are accepted (config.keys_dir()
+        by default); `max_age`: how old a signature may be; `forget_after`: how long after a
+        direction ended its acknowledgement is tombstoned (core/routing/directions.py)."""
         self.cluster, self.namespace = Cluster.of(cluster), namespace
+        self._keys, self._max_age = keys or Keys(), max_age
+        self.directions = Directions(forget_after)
+        self.kept = self.forgotten = 0  # records refused and kept; acknowledgements tombstoned
         self.here = address(self.cluster.bootstrap, namespace)  # where LOCAL routes lead
         self._catalog = catalog
         self._guard = guard
@@ -102,8 +112,11 @@ class Dispatcher:
         raw = latest_values(self.cluster, topic, ACKS_READ_SECONDS, must_finish=True)
         if raw is None:
             raise BrokerUnavailableError(f"{topic} does not exist (is the namespace's catalog applied?)")
-        acks = {k.decode(): orjson.loads(v) for k, v in raw.items()}
-        self.inbox.expected = {k: int(v.get("next", 0)) for k, v in acks.items()}
+        acks, skipped = read_acks(raw)
+        for why in skipped:  # another client's record: its direction's next ack replaces it
+            log.warning("%s: skipped a record that is no acknowledgement, %s", topic, why)
+        self.directions.load(acks)
+        self.inbox.expected = {k: int(v["next"]) for k, v in acks.items()}
         self.inbox.buffered = []
         self._refused = {k for k, v in acks.items() if v.get("error")}
         self._assigned = True
@@ -119,6 +132,8 @@ class Dispatcher:
         due = run.due if run is not None else frozenset()
         if EVERY_TICK in due:
             self.sweep(now)
+            if self._assigned:
+                self._forget(now)
         if self.forwarder is not None:
             self.forwarder.pump(now, EVERY_2ND in due)
             if EVERY_5TH in due:
@@ -140,9 +155,10 @@ class Dispatcher:
     def _dispatch(self, batch: list[Message], now: float) -> None:
         catalog = self._catalog()
         saved_state, refused_before = self.inbox.checkpoint(), set(self._refused)
+        directions_before = self.directions.checkpoint()
         records: list[Record] = []
         acks: dict[str, dict[str, Any]] = {}
-        counts = {"saved": 0, "duplicates": 0, "refused": 0}
+        counts = {"saved": 0, "duplicates": 0, "refused": 0, "kept": 0}
         first: dict[int, int] = {}  # partition -> the batch's first offset, and its last
         last: dict[int, int] = {}
         for msg in batch:
@@ -150,41 +166,47 @@ class Dispatcher:
             p, o = messages.position(msg)
             first.setdefault(p, o)
             last[p] = o
-        records.extend((names.acks_topic(self.namespace), k, orjson.dumps({**v, "at": now}), None)
+        records.extend((names.acks_topic(self.namespace), k, orjson.dumps(self._ack(k, v, now)), None)
                        for k, v in acks.items())
         positions = [TopicPartition(self.topic, p, o + 1) for p, o in last.items()]
         try:
             transact(self._producer, records, [(positions, self._consumer.consumer_group_metadata())],
                      Deadline(BATCH_SECONDS), BATCH_SECONDS)
-        except TransactionFailed:
-            # Leave a producer ready. Aborted: the batch's state goes back. Not: the producer is
-            # replaced, whose start ends the old transaction; committed or not, nobody can say,
-            # but the acks topic can, once the new producer is up.
-            if aborted(self._producer, BATCH_SECONDS):
+        except TransactionFailed as failed:
+            if self._recover():  # aborted: the batch's state goes back
                 self.inbox.restore(saved_state)
                 self._refused = refused_before
-            else:
-                self._producer = replace_producer(self._producer, self._new_producer, self._stop,
-                                                  lambda exc: report(self._guard, COMPONENT, exc, log))
-                self._assigned = False
+                self.directions.restore(directions_before)
             for p, o in first.items():  # read the batch again
                 self._consumer.seek(TopicPartition(self.topic, p, o))
+            if failed.error is not None and denied_code(failed.error):
+                # Not this message's fault, nor its sender's: an ACL this namespace's router
+                # lacks. The dispatcher stops with the refusal, as every kbroker service does; its
+                # senders keep their messages (unacknowledged) until it runs again.
+                written = ", ".join(sorted({r[0] for r in records}))
+                raise clients.denied(self.cluster, failed.error, "the dispatcher saving routed messages",
+                                     topic=("WRITE", written)) from None
             raise  # run_steps reports the failure
         self.saved += counts["saved"]
         self.duplicates += counts["duplicates"]
         self.refused += counts["refused"]
+        self.kept += counts["kept"]
 
     def _one(self, msg: Message, catalog: Catalog, now: float, acks: dict[str, dict[str, Any]],
              counts: dict[str, int]) -> list[Record]:
         """The records one inbound message adds to the batch's transaction."""
+        record: Any = msg  # a consumed record: what kept() reads of it
         try:
-            env = Envelope.from_headers(messages.headers(msg))
-            if env.from_broker is None:
-                raise MalformedRecord("no sending namespace (kb.from_broker_instance)")
-        except MalformedRecord as exc:
-            log.warning("inbound record %s/%s refused: %s", msg.partition(), msg.offset(), exc)
-            record: Any = msg  # a consumed record: what dead_letter_record reads of it
-            return [dead_letter_record(self.namespace, record, f"malformed inbound record: {exc}")]
+            env = verified(msg.key(), msg.value(), messages.headers(msg), public_key=self._keys.public, now=now,
+                           max_age=self._max_age)
+            assert env.from_broker is not None  # verified() refuses a record without one
+            mine = self.directions.refusal(env.from_broker, env.conversation_id)
+            if mine is not None:
+                raise RecordRefused(mine, env.from_broker)
+        except RecordRefused as exc:
+            log.warning("inbound record %s/%s refused: %s", msg.partition(), msg.offset(), exc.reason)
+            counts["kept"] += 1
+            return kept(self.namespace, record, exc.reason, COMPONENT, sender=exc.sender, now_ms=int(now * 1000))
         key = ack_key(env.from_broker, env.conversation_id, env.to_side)
         body = messages.value(msg)
         if key in self._refused:
@@ -207,6 +229,7 @@ class Dispatcher:
         if verdict.action == REFUSE:
             counts["refused"] += 1
             self._refused.add(key)
+            self.directions.end(key, now)
             acks[key] = {"next": env.message_sequence_number + 1,
                          "error": {"code": verdict.code, "description": verdict.reason}}
             log.warning("message %s from %s refused (%d): %s", env.message_id, env.from_broker,
@@ -223,9 +246,45 @@ class Dispatcher:
         for e, m in ready:
             out.extend(self._save(e, m, catalog))
             counts["saved"] += 1
+            if e.message_type_name in (END_DIALOG, ERROR):  # its sender sends no more on it
+                self.directions.end(key, now)
         if ready or dropped is not None:  # a duplicate's ack again: its sender may have missed it
             acks[key] = {"next": self.inbox.expected.get(key, 0)}
         return out
+
+    def _recover(self) -> bool:
+        """After a failed transaction, leave a producer ready: True when it aborted. Else it is
+        replaced, whose start ends the old transaction; committed or not, nobody can say, but
+        the acks topic can, once the new producer is up: it is read again."""
+        if aborted(self._producer, BATCH_SECONDS):
+            return True
+        self._producer = replace_producer(self._producer, self._new_producer, self._stop,
+                                          lambda exc: report(self._guard, COMPONENT, exc, log))
+        self._assigned = False
+        return False
+
+    def _ack(self, key: str, ack: dict[str, Any], now: float) -> dict[str, Any]:
+        ended = self.directions.ended.get(key)
+        return {**ack, "at": now} if ended is None else {**ack, "at": now, "ended": ended}
+
+    def _forget(self, now: float) -> None:
+        """The tick's tombstones for the acknowledgements of directions that ended long enough
+        ago (core/routing/directions.py), in a transaction of their own."""
+        due = self.directions.due(now)[:1000]
+        if not due:
+            return
+        try:
+            transact(self._producer, [(names.acks_topic(self.namespace), k, None, None) for k in due], [],
+                     Deadline(BATCH_SECONDS), BATCH_SECONDS)
+        except TransactionFailed:
+            self._recover()  # the next tick tombstones them again
+            raise
+        self.directions.forget(due)
+        for k in due:
+            self.inbox.expected.pop(k, None)
+            self._refused.discard(k)
+        self.forgotten += len(due)
+        log.info("dispatcher forgot %d ended dialog direction(s)", len(due))
 
     # --- forwarding -----------------------------------------------------------------------------
 

@@ -7,22 +7,24 @@ core/routing/transmission.py's. Every call here has a deadline or does not block
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-import orjson
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.records import Header
-from kbroker.core.envelope import H_FOLLOWS
+from kbroker.core.envelope import H_FOLLOWS, MalformedRecord
 from kbroker.errors import KBrokerError, PermissionDeniedError, denied_code
 from kbroker.core.routing.routes import address
-from kbroker.core.routing.transmission import Outgoing, ack_key
+from kbroker.core.routing.transmission import Outgoing, ack_key, read_ack
 from kbroker.kafka import clients, messages
 from kbroker.kafka.reader import topic_partitions
 
 SEND_TIMEOUT_MS = 20_000  # a message the destination did not take within this breaks the link
+Signer = Callable[[bytes, bytes | None, list[Header]], list[Header]]  # (key, value, headers) -> signed headers
+Invalid = Callable[[Message, str], None]  # an acknowledgement that is not one, and why
 
 
 class LinkBroken(Exception):
@@ -30,10 +32,14 @@ class LinkBroken(Exception):
 
 
 class RoutingLink:
-    def __init__(self, cluster: ClusterLike, namespace: str, from_broker: str, *, every_ack: bool = False):
+    def __init__(self, cluster: ClusterLike, namespace: str, from_broker: str, *, every_ack: bool = False,
+                 signer: Signer | None = None, on_invalid: Invalid | None = None):
         """`from_broker`: the namespace whose messages this link carries; `every_ack`: hand on
-        the acknowledgements of every namespace's messages (a forwarder relays them)."""
+        the acknowledgements of every namespace's messages (a forwarder relays them); `signer`
+        signs what `send` sends (a forwarder passes signed records on as they are);
+        `on_invalid` is told of an acknowledgement of them that is not one."""
         self.cluster, self.namespace, self.from_broker = Cluster.of(cluster), namespace, from_broker
+        self._signer, self._on_invalid = signer, on_invalid
         self.destination = address(self.cluster.bootstrap, namespace)
         self.inbound = names.inbound_topic(namespace)
         self.acks_topic = names.acks_topic(namespace)
@@ -84,7 +90,10 @@ class RoutingLink:
         declaring the message it follows (TransmissionQueue.follows)."""
         value, headers = m.record
         declared = [(n, v) for n, v in headers or [] if n != H_FOLLOWS] + [(H_FOLLOWS, str(follows).encode())]
-        self.send_record(ack_key(self.from_broker, m.conversation_id, m.to_side), value, declared)
+        key = ack_key(self.from_broker, m.conversation_id, m.to_side)
+        if self._signer is not None:
+            declared = self._signer(key.encode(), value, declared)
+        self.send_record(key, value, declared)
 
     def send_record(self, key: str, value: bytes | None, headers: list[Header] | None) -> None:
         """Queue one record for the destination's inbound topic, keyed by its dialog direction."""
@@ -111,11 +120,13 @@ class RoutingLink:
         for msg in messages.records(self._acks.consume(1000, 0), lambda err: self.errors.append(str(err)),
                                     transient=False, refused=self._refused):
             key = messages.key(msg).decode(errors="replace")
-            if key.startswith(self._prefix) and msg.value() is not None:
-                try:
-                    out.append((key, orjson.loads(messages.value(msg))))
-                except orjson.JSONDecodeError:
-                    continue
+            if not key.startswith(self._prefix) or msg.value() is None:
+                continue  # another sender's, or the tombstone of an ended direction
+            try:
+                out.append((key, read_ack(msg.value())))
+            except MalformedRecord as exc:
+                if self._on_invalid is not None:
+                    self._on_invalid(msg, str(exc))
         if self.errors:
             raise LinkBroken(self.errors[-1])
         return out

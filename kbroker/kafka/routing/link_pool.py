@@ -12,7 +12,7 @@ from kbroker.core.cluster import Cluster
 from kbroker.core.routing.routes import parse_address
 from kbroker.core.routing.links import IDLE_CLOSE, Links
 from kbroker.errors import KBrokerError
-from kbroker.kafka.routing.link import LinkBroken, RoutingLink
+from kbroker.kafka.routing.link import Invalid, LinkBroken, RoutingLink, Signer
 from kbroker.kafka.routing.profiles import ClusterProfiles
 
 log = logging.getLogger("kbroker.transport")
@@ -21,8 +21,11 @@ CONNECT_SECONDS = 5.0  # kbroker's deadline on one connection attempt
 
 class LinkPool:
     def __init__(self, from_broker: str, local: Cluster, *, every_ack: bool = False,
-                 idle_close: float = IDLE_CLOSE, profiles_dir: Path | None = None):
+                 idle_close: float = IDLE_CLOSE, profiles_dir: Path | None = None, signer: Signer | None = None,
+                 on_invalid: Invalid | None = None):
+        """`signer` and `on_invalid`: each connection's (RoutingLink)."""
         self.from_broker, self._every_ack = from_broker, every_ack
+        self._signer, self._on_invalid = signer, on_invalid
         self.links = Links(idle_close)
         self.open: dict[str, RoutingLink] = {}
         self.profiles = ClusterProfiles(local, profiles_dir)
@@ -42,7 +45,8 @@ class LinkPool:
         self.links.connecting(dest, now)
         try:
             cluster = self.profiles.cluster_for(bootstrap, self.profile_of.get(dest))
-            link = RoutingLink(cluster, namespace, self.from_broker, every_ack=self._every_ack)
+            link = RoutingLink(cluster, namespace, self.from_broker, every_ack=self._every_ack, signer=self._signer,
+                               on_invalid=self._on_invalid)
         except KBrokerError as exc:  # a missing profile, settings no client can take
             self.links.failed(dest, time.time(), str(exc))
             log.warning("transport: connection to %s failed: %s", dest, exc)

@@ -27,11 +27,14 @@ from kbroker.core.envelope import Envelope, error_body
 from kbroker.core.routing.routes import address, hop, is_expired, match_route, routes_of
 from kbroker.core.tick import EVERY_2ND, EVERY_5TH, TickCounter, TickSchedule, advance
 from kbroker.core.timers import system_message
+from kbroker.core.routing.kept import kept
 from kbroker.core.routing.links import IDLE_CLOSE
+from kbroker.core.routing.signing import sign
 from kbroker.core.routing.transmission import STALL_AFTER, Outgoing, Refusal, TransmissionQueue
 from kbroker.kafka import clients, messages
 from kbroker.kafka.steps import FailureSink, run_steps
 from kbroker.kafka.routing.link_pool import LinkPool
+from kbroker.kafka.routing.keys import Keys
 from kbroker.kafka.routing.link import LinkBroken
 from kbroker.kafka.routing.views import ReportWriter, outgoing
 
@@ -49,8 +52,11 @@ class Transmitter:
 
     def __init__(self, cluster: ClusterLike, namespace: str, catalog: Callable[[], Catalog], *,
                  guard: FailureSink | None = None, tick: float = 5.0, poll_interval: float = 0.05,
-                 idle_close: float = IDLE_CLOSE, stall_after: float = STALL_AFTER):
+                 idle_close: float = IDLE_CLOSE, stall_after: float = STALL_AFTER, keys: Keys | None = None):
+        """`keys`: where the namespace's master key is (config.keys_dir() by default; made there
+        when there is none); an unreadable one stops the transmitter from starting."""
         self.cluster, self.namespace = Cluster.of(cluster), namespace
+        master = (keys or Keys()).private(namespace)
         self._catalog = catalog
         self._guard = guard
         self._poll = poll_interval
@@ -58,7 +64,9 @@ class Transmitter:
         self.schedule = TickSchedule(interval=tick)
         self.topic = names.transmission_topic(namespace)
         self.queue = TransmissionQueue(namespace)
-        self.pool = LinkPool(namespace, self.cluster, idle_close=idle_close)
+        self.pool = LinkPool(namespace, self.cluster, idle_close=idle_close,
+                             signer=lambda key, value, headers: sign(master, key, value, headers, time.time()),
+                             on_invalid=lambda msg, why: self._keep(msg, f"invalid acknowledgement: {why}"))
         self.links = self.pool.links
         self.here = address(self.cluster.bootstrap, namespace)  # where LOCAL routes lead
         self._consumer = clients.consumer(cluster, names.transmitter_group(namespace), **{
@@ -131,8 +139,10 @@ class Transmitter:
         batch = clients.consume_soon(self._consumer, 500, 0 if full else self._poll)
         for msg in messages.records(batch, lambda err: log.warning("transmission topic: %s", err), transient=False,
                                     refused=self._reading_refused):
-            m = outgoing(msg, log.warning)
-            if m is not None:
+            m = outgoing(msg, lambda why: self._keep(msg, why))  # noqa: B023 - called now
+            if m is None:
+                self.queue.skip(*messages.position(msg))
+            else:
                 refusal = self.queue.add(m)
                 if refusal is not None:
                     self._refuse(refusal)
@@ -226,6 +236,14 @@ class Transmitter:
         self._local.poll(0)
         log.warning("dialog %s refused by %s (%d): %s", m.conversation_id, m.destination or "its destination",
                     refusal.code, refusal.description)
+
+    def _keep(self, msg: Any, why: str) -> None:
+        """A record of the transmission topic, or of an acks topic, that is not what it should
+        be: kept in this namespace's dead-letter topic, with an event (core/routing/kept.py)."""
+        log.warning("%s[%s]@%s set aside: %s", msg.topic(), msg.partition(), msg.offset(), why)
+        for topic, key, value, headers in kept(self.namespace, msg, why, COMPONENT):
+            clients.produce(self._local, topic, key=key, value=value, headers=messages.wire_headers(headers))
+        self._local.poll(0)
 
     def _note_stalls(self, now: float) -> None:
         """A dialog direction whose oldest message went unacknowledged for `stall_after` seconds:

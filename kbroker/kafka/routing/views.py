@@ -65,19 +65,19 @@ class ReportWriter:
 
 def outgoing(msg: Message, skipped: Callable[[str], object] | None = None) -> Outgoing | None:
     """A record of the transmission topic as a message to transmit; None (and why, to `skipped`)
-    for one without a well-formed envelope."""
+    for one without a well-formed envelope (another client's record: the transmitter keeps it)."""
     p, o = messages.position(msg)
     try:
         env = Envelope.from_headers(messages.headers(msg))
-    except MalformedRecord as exc:
+        key = messages.key(msg).decode()
+    except (MalformedRecord, UnicodeDecodeError) as exc:
         if skipped is not None:
-            skipped(f"transmission record {p}/{o} skipped: {exc}")
+            skipped(str(exc) if isinstance(exc, MalformedRecord) else "its key is not UTF-8")
         return None
     value = messages.value(msg)
     return Outgoing(p, o, env.conversation_id, env.to_side, env.message_sequence_number, env.to_service_name,
                     env.to_broker, env.from_service_name, env.message_type_name, env.service_contract_name,
-                    messages.key(msg).decode(), msg.timestamp()[1] / 1000.0, len(value),
-                    record=(value, messages.headers(msg)))
+                    key, msg.timestamp()[1] / 1000.0, len(value), record=(value, messages.headers(msg)))
 
 
 def reports(cluster: ClusterLike, namespace: str, kind: str, timeout: float = 10.0) -> list[dict[str, Any]]:
@@ -87,13 +87,31 @@ def reports(cluster: ClusterLike, namespace: str, kind: str, timeout: float = 10
     for key, value in (latest_values(cluster, names.transport_topic(namespace), timeout) or {}).items():
         if not key.startswith(kind.encode() + b"/"):
             continue
-        try:
-            report = orjson.loads(value)
-        except orjson.JSONDecodeError:
-            continue
-        if now - float(report.get("at", 0)) <= REPORT_FRESH:
+        report = _report(value)
+        if report is not None and now - report["at"] <= REPORT_FRESH:
             out.append({**report, kind: key.decode(errors="replace").partition("/")[2]})
     return out
+
+
+def _report(value: bytes | None) -> dict[str, Any] | None:
+    """A report as ReportWriter wrote it, or None for any other record (another client's: the
+    views skip it; the next report of its key replaces it)."""
+    try:
+        report = orjson.loads(value or b"")
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(report, dict) or type(report.get("at")) not in (int, float):
+        return None
+    rows = [report.get(k, []) for k in ("messages", "connections", "forwarded")]
+    read_to = report.get("read_to", {})
+    if not all(isinstance(r, list) and all(isinstance(x, dict) for x in r) for r in rows):
+        return None
+    if not all(type(x.get("partition")) is int and type(x.get("offset")) is int for x in rows[0]):
+        return None
+    if not isinstance(read_to, dict) or not all(type(v) is int and k.isascii() and k.isdigit()
+                                                for k, v in read_to.items()):
+        return None
+    return report
 
 
 def transmitter_reports(cluster: ClusterLike, namespace: str, timeout: float = 10.0) -> list[dict[str, Any]]:
