@@ -53,10 +53,12 @@ def armed_timer(namespace: str, raw: bytes | str | None) -> tuple[str, str, str]
 
 
 def control_command(key: bytes | None, raw: bytes | None) -> tuple[str, dict[str, Any]]:
-    """(dialog, command) of a control-topic record: a JSON object naming its 'command'."""
+    """(dialog, command) of a control-topic record: a JSON object naming its 'command' and the
+    dialog's 'conversation_id' and 'side' (the worker's /dialogs/ page sorts by them)."""
     dialog, command = text_key(key), json_object(raw)
-    if not isinstance(command.get("command"), str):
-        raise Rejected("a control command needs 'command'")
+    if not all(isinstance(command.get(f), str) for f in ("command", "conversation_id", "side")) or \
+            not isinstance(command.get("queue"), (str, type(None))):
+        raise Rejected("a control command needs 'command', 'conversation_id' and 'side'")
     return dialog, command
 
 
