@@ -19,12 +19,12 @@ import orjson
 from kbroker.analytics.session import spark_session
 from kbroker.analytics.state_files import StateFiles
 from kbroker.core import names
+from kbroker.core.analytics_records import armed_timer, progress_snapshot
 from kbroker.core.cluster import Cluster
 from kbroker.core.envelope import H_CONVERSATION_ID, H_GROUP_ID, H_MESSAGE_ID, H_MESSAGE_TYPE, H_REKEYED_FROM, H_TO_SIDE
-from kbroker.core.analytics_records import armed_timer, progress_snapshot
 from kbroker.core.queue_analytics import Analytics, Arrival
-from kbroker.core.rejected import Consumed, Rejected
 from kbroker.core.log_limit import LogLimiter, RateLimitFilter
+from kbroker.core.rejected import Consumed, Rejected
 from kbroker.errors import PermissionDeniedError
 from kbroker.kafka.analytics.results import ResultsWriter
 from kbroker.kafka.catalog_store import read_catalog

@@ -8,7 +8,6 @@ from typing import Any
 
 import orjson
 
-from kbroker.core.rejected import Rejected, json_object
 from kbroker.core.monitor import (
     Event,
     MessagesReady,
@@ -20,6 +19,7 @@ from kbroker.core.monitor import (
     Rollback,
     Tick,
 )
+from kbroker.core.rejected import Rejected, json_object
 
 _KINDS = {cls.__name__: cls for cls in (MessagesReady, ReceiveIssued, ReceiveReturned, Rollback, ReaderExited,
                                         QueueAltered, Tick)}

@@ -14,14 +14,14 @@ from pydantic import BaseModel, ValidationError
 
 from kbroker.core import names
 from kbroker.core.catalog.loader import pydantic_reason
-from kbroker.core.catalog_records import KINDS, catalog_record
-from kbroker.core.rejected import Rejected
 from kbroker.core.catalog.models import (
     BUILTIN_CONTRACTS,
     BUILTIN_MESSAGE_TYPES,
     Catalog,
 )
+from kbroker.core.catalog_records import KINDS, catalog_record
 from kbroker.core.cluster import Cluster, ClusterLike
+from kbroker.core.rejected import Rejected
 from kbroker.errors import BrokerUnavailableError, CatalogError, InvalidArgumentError, KBrokerError, kafka_error
 from kbroker.kafka import clients
 from kbroker.kafka.background import Background

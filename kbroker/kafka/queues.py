@@ -24,14 +24,14 @@ from kbroker.core import names
 from kbroker.core.cluster import ClusterLike
 from kbroker.core.conversation_endpoint import Endpoint
 from kbroker.core.offsets import decode_completed
+from kbroker.core.reader_reports import reader_report
+from kbroker.core.rejected import Rejected
 from kbroker.errors import CatalogError, InvalidArgumentError, kafka_error
 from kbroker.kafka import clients, wire
-from kbroker.core.reader_reports import reader_report
-from kbroker.core.rejected import Consumed, Rejected
-from kbroker.kafka.rejects import Rejects
 from kbroker.kafka.catalog_store import publish_object, read_catalog, write_records
 from kbroker.kafka.conversation_endpoints import read_endpoints
-from kbroker.kafka.reader import committed_offsets, latest_values
+from kbroker.kafka.reader import committed_offsets, latest_records
+from kbroker.kafka.rejects import Rejects
 
 # Named after Service Broker's BROKER_QUEUE_DISABLED event, which poison handling raises.
 QUEUE_DISABLED, QUEUE_ENABLED = "QUEUE_DISABLED", "QUEUE_ENABLED"
@@ -168,11 +168,11 @@ def reader_rows(cluster: ClusterLike, namespace: str, topic: str, timeout: float
     flight (taken by open transactions), buffered records, partitions."""
     now, rows = time.time(), []
     rejects = Rejects(cluster, namespace, "queue view", record=False)  # the 5th-tick scan records them
-    for key, value in (latest_values(cluster, names.readers_topic(namespace), timeout) or {}).items():
+    for msg in (latest_records(cluster, names.readers_topic(namespace), timeout) or {}).values():
         try:
-            r = reader_report(value)
+            r = reader_report(msg.value())
         except Rejected as exc:
-            rejects.reject(Consumed(names.readers_topic(namespace), None, None, key, value), exc.reason)
+            rejects.reject(msg, exc.reason)
             continue
         if r.get("topic") == topic and now - r.get("at", 0) <= READER_STALE_SECONDS:
             rows.append({k: r[k] for k in ("process", "partitions", "buffered", "ready_groups",

@@ -14,8 +14,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.records import Record
-from kbroker.core.timer_schedule import Entry, TimerSchedule
 from kbroker.core.rejected import Rejected, text_key
+from kbroker.core.timer_schedule import Entry, TimerSchedule
 from kbroker.core.timers import firing_records, timer_value
 from kbroker.core.txn_faults import Action, Deadline, committed_by_offsets, decide
 from kbroker.kafka import clients, messages

@@ -23,9 +23,9 @@ from kbroker.core import names
 from kbroker.core.analytics_records import analytics_row, control_command
 from kbroker.core.catalog_records import catalog_record
 from kbroker.core.endpoint_records import endpoint_record
+from kbroker.core.monitor import Tick
 from kbroker.core.reader_reports import reader_report
 from kbroker.core.rejected import text_key
-from kbroker.core.monitor import Tick
 from kbroker.core.tick import EVERY_5TH, TickOwner, TickSchedule, claim
 from kbroker.kafka.reclaim import reclaim_endpoints, reclaim_namespace
 from kbroker.kafka.rejects import Rejects, scan

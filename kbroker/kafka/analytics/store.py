@@ -13,9 +13,9 @@ from kbroker.core import names
 from kbroker.core.analytics_records import analytics_row
 from kbroker.core.cluster import ClusterLike
 from kbroker.core.queue_analytics import dialog_row_at
-from kbroker.core.rejected import Consumed, Rejected
+from kbroker.core.rejected import Rejected
 from kbroker.kafka.clients import is_transient
-from kbroker.kafka.reader import latest_values, reading_consumer, topic_partitions
+from kbroker.kafka.reader import latest_records, reading_consumer, topic_partitions
 from kbroker.kafka.rejects import Rejects
 
 WINDOWS_KEPT = 60  # per queue, the newest windows the follower keeps (an hour at the default 60 s)
@@ -29,11 +29,11 @@ def dialog_rows(cluster: ClusterLike, namespace: str, klass: str | None = None,
     now_ms = int(time.time() * 1000)
     rejects = Rejects(cluster, namespace, "dialogs view", record=False)  # the worker's 5th-tick scan records them
     topic = names.analytics_topic(namespace)
-    for key, value in (latest_values(cluster, topic, timeout) or {}).items():
+    for msg in (latest_records(cluster, topic, timeout) or {}).values():
         try:
-            decoded = analytics_row(key, value)
+            decoded = analytics_row(msg.key(), msg.value())
         except Rejected as exc:
-            rejects.reject(Consumed(topic, None, None, key, value), exc.reason)
+            rejects.reject(msg, exc.reason)
             continue
         if decoded is None or decoded[0] != "dialog":
             continue
