@@ -24,7 +24,7 @@ from kbroker.core.cluster import Cluster
 from kbroker.core.envelope import H_CONVERSATION_ID, H_GROUP_ID, H_MESSAGE_ID, H_MESSAGE_TYPE, H_REKEYED_FROM, H_TO_SIDE
 from kbroker.core.queue_analytics import Analytics, Arrival
 from kbroker.core.log_limit import LogLimiter, RateLimitFilter
-from kbroker.core.rejected import Consumed, Rejected
+from kbroker.core.rejected import Consumed, Rejected, text_key
 from kbroker.errors import PermissionDeniedError
 from kbroker.kafka.analytics.results import ResultsWriter
 from kbroker.kafka.catalog_store import read_catalog
@@ -59,15 +59,15 @@ class JobSettings:
 
 
 def _header(name: str) -> str:
-    return f"CAST(try_element_at(hs, '{name}') AS STRING)"
+    return f"try_element_at(hs, '{name}')"  # bytes: decoded by collect() (see TEXT)
 
 
 # One row per record: what the pure state needs and nothing more (a queue record's body stays
 # in Kafka). Sorted by the driver into one order that a batch run again repeats.
 PROJECTION = [
     "topic", "partition", "offset", "CAST(unix_millis(timestamp) AS LONG) AS ts",
-    "CAST(key AS STRING) AS key",
-    "CASE WHEN topic LIKE '%.queue.%' THEN NULL ELSE CAST(value AS STRING) END AS value",
+    "key",
+    "CASE WHEN topic LIKE '%.queue.%' THEN NULL ELSE value END AS value",
     f"{_header(H_MESSAGE_ID)} AS message_id", f"{_header(H_CONVERSATION_ID)} AS conversation_id",
     f"{_header(H_TO_SIDE)} AS side", f"{_header(H_GROUP_ID)} AS grp", f"{_header(H_MESSAGE_TYPE)} AS message_type",
     f"{_header(H_REKEYED_FROM)} AS rekeyed_from", f"{_header('kb.dlq.topic')} AS dlq_topic",
@@ -167,7 +167,7 @@ class AnalyticsJob:
             state = self._state_for(batch_id)
             state.stale_after = self._queue_thresholds()
             for row, reason in apply_rows(state, self.s.namespace, rows):
-                self.rejects.reject(Consumed(row.topic, row.partition, row.offset, _utf8(row.key), _utf8(row.value)),
+                self.rejects.reject(Consumed(row.topic, row.partition, row.offset, row.key, row.value),
                                     reason)
             out = state.report(batch_id)
             if self.writer is None:
@@ -228,15 +228,23 @@ FIELDS = ("topic", "partition", "offset", "ts", "key", "value", "message_id", "c
 Record = namedtuple("Record", FIELDS)  # type: ignore[misc]
 
 
-def _utf8(text: str | None) -> bytes | None:
-    return None if text is None else text.encode(errors="replace")
+# The columns read as text. Spark's CAST to STRING does not check UTF-8 and Arrow then refuses
+# the batch: one record's key or header that another client wrote as other bytes failed the query,
+# and every restart from its checkpoint failed on the same batch. Decoded here, with
+# replacement characters; the key and value stay bytes for the decoders (core/analytics_records.py).
+TEXT = frozenset(FIELDS) - {"topic", "partition", "offset", "ts", "key", "value"}
+
+
+def _text(values: list[bytes | None]) -> list[str | None]:
+    return [None if v is None else v.decode(errors="replace") for v in values]
 
 
 def collect(frame: Any) -> list[Any]:
     """The batch's projected rows on the driver, through Arrow (column by column: a plain
     collect() of 20,000 rows built Row objects for seconds)."""
     table = frame.toArrow()
-    columns = [table.column(name).to_pylist() for name in FIELDS]
+    columns = [_text(table.column(name).to_pylist()) if name in TEXT else table.column(name).to_pylist()
+               for name in FIELDS]
     return [Record._make(values) for values in zip(*columns)]
 
 
@@ -256,10 +264,8 @@ def apply_rows(state: Analytics, namespace: str, rows: list[Any]) -> list[tuple[
             except Rejected as exc:
                 rejected.append((r, exc.reason))
         elif r.topic == timers_topic:
-            if r.key is None:
-                continue
             try:
-                state.timer(r.key, None if r.value is None else armed_timer(namespace, r.value))
+                state.timer(text_key(r.key), None if r.value is None else armed_timer(namespace, r.value))
             except Rejected:
                 continue
         elif r.topic == deadletter_topic:

@@ -233,6 +233,23 @@ def test_garbage_on_the_control_and_readers_topics_is_recorded_and_the_views_sti
     setup.alive()
 
 
+def test_garbage_on_the_progress_topic_does_not_stop_the_analytics_job(setup, start_analytics):
+    """Before, one non-JSON record on the progress topic failed the Spark query, and every
+    restart from its checkpoint failed on the same batch. Now the job records it and goes on,
+    and the valid snapshot after it is applied (the job's clock is the snapshot's time)."""
+    at = 4102444800000  # 2100-01-01: no other record of the namespace says a later time
+    setup.write("progress", b"SlowQueue", b"not json")
+    setup.write("progress", b"SlowQueue", b'{"queue": "SlowQueue", "at": "noon", "partitions": []}')
+    setup.write("progress", b"SlowQueue", orjson.dumps({"queue": "SlowQueue", "at": at, "partitions": [
+        {"partition": 0, "committed": 0, "completed": []}]}))
+    job = start_analytics(setup.ns)
+    wait_for(lambda: job.state is not None and job.state.now == at or job.failure(), 120,
+             "the analytics job's batch with the valid snapshot")
+    assert job.failure() is None and job.query.isActive
+    letters = setup.accounted("progress", 2, timeout=10)
+    assert {d["reader"] for d in letters} == {"analytics job"} and "not JSON" in letters[0]["reason"]
+
+
 def test_no_bad_record_is_recorded_twice(setup):
     """Later 5th-tick scans (every 5 s here), the worker's re-reads of the catalog and the
     timer service's rebalances meet the same bad records again: none is recorded again."""
