@@ -18,15 +18,17 @@ KINDS: dict[str, tuple[str, type[BaseModel]]] = {
 
 def catalog_record(key: bytes | None, value: bytes | None) -> tuple[str, str, BaseModel | None] | None:
     """(Catalog field, name, the object or None for a tombstone); None for a kind this kbroker
-    does not know; Rejected for a record that is not a catalog object."""
+    does not know, or a tombstone of a key that is no object's (the 5th-tick scan writes those
+    over bad records); Rejected for a record that is not a catalog object."""
+    if value is None and key is not None:  # a tombstone deletes what its key held, if anything
+        kind, sep, name = key.decode(errors="replace").partition("/")
+        return (KINDS[kind][0], name, None) if sep and kind in KINDS else None
     kind, sep, name = text_key(key).partition("/")
     if not sep or not name:
         raise Rejected(f"key {kind!r} is not '<kind>/<name>'")
     if kind not in KINDS:
         return None
     field, model = KINDS[kind]
-    if value is None:
-        return field, name, None
     try:
         obj = model.model_validate(json_object(value))
     except ValidationError as exc:

@@ -17,7 +17,8 @@ Kind = Literal["endpoint", "chain", "lease", "want"]
 
 def endpoint_record(key: bytes | None, value: bytes | None) -> tuple[Kind, str, Any]:
     """(kind, handle, decoded value or None for a tombstone), else Rejected."""
-    text = text_key(key)
+    # A tombstone deletes what its key held, if anything (the 5th-tick scan's, over a bad record).
+    text = key.decode(errors="replace") if value is None and key is not None else text_key(key)
     for suffix, kind in ((CHAIN_SUFFIX, "chain"), (LEASE_SUFFIX, "lease"), (WANT_SUFFIX, "want")):
         if text.endswith(suffix):
             handle = text[:-len(suffix)]

@@ -30,7 +30,7 @@ from kbroker.core.conversation_endpoint import CLOSED, STARTED_OUTBOUND, Endpoin
 from kbroker.core.envelope import SYSTEM_SEQUENCE, Envelope, error_body
 from kbroker.core.ids import new_id
 from kbroker.core.records import Record
-from kbroker.core.rejected import Rejected, json_object
+from kbroker.core.rejected import Rejected, json_object, text_key
 
 LIFETIME_EXPIRED = -8489  # Service Broker's system error code for an expired dialog lifetime
 
@@ -118,6 +118,12 @@ def target_lifetime_record(namespace: str, env: Envelope, target_topic: str) -> 
     return _lifetime(namespace, env.conversation_id, env.lifetime, env.service_contract_name,
                      (env.from_service_name, None, env.reply_group or env.conversation_id),
                      (env.to_service_name, target_topic, env.conversation_group_id))
+
+
+def timer_key_of(key: bytes | None, value: bytes | None) -> str:
+    """A timers record's key as text, else Rejected; a tombstone's whatever its bytes (it removes
+    at most a timer of that key)."""
+    return key.decode(errors="replace") if value is None and key is not None else text_key(key)
 
 
 def timer_value(namespace: str, raw: bytes | None) -> dict[str, Any]:

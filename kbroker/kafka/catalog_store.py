@@ -98,8 +98,10 @@ def write_records(cluster: ClusterLike, topic: str, todo: dict[str, bytes], time
         raise BrokerUnavailableError(f"publishing to {topic}: {remaining} records not acknowledged in {timeout}s")
 
 
-def read_catalog(cluster: ClusterLike, namespace: str, timeout: float = 10.0) -> Catalog:
-    """The namespace's catalog as published; only the built-ins when the topic does not exist."""
+def read_catalog(cluster: ClusterLike, namespace: str, timeout: float = 10.0, *,
+                 last_bad: dict[bytes | None, tuple[Any, str]] | None = None) -> Catalog:
+    """The namespace's catalog as published; only the built-ins when the topic does not exist.
+    `last_bad`: see read_catalog_with."""
     topic = names.catalog_topic(namespace)
     consumer = reading_consumer(cluster, names.reader_group(namespace),
                                 **{"allow.auto.create.topics": False})
@@ -108,44 +110,50 @@ def read_catalog(cluster: ClusterLike, namespace: str, timeout: float = 10.0) ->
         if partitions is None:
             return Catalog(namespace=namespace)
         return read_catalog_with(consumer, namespace, partitions, timeout,
-                                 Rejects(cluster, namespace, "catalog reader", record=False))
+                                 Rejects(cluster, namespace, "catalog reader", record=False), last_bad=last_bad)
     finally:
         consumer.close()
 
 
 def read_catalog_with(consumer: Consumer, namespace: str, partitions: list[int], timeout: float,
-                      rejects: Rejects) -> Catalog:
+                      rejects: Rejects, *, last_bad: dict[bytes | None, tuple[Any, str]] | None = None) -> Catalog:
     """The catalog read with a consumer the caller keeps (the watcher's: creating a consumer for
     every change is what a loaded machine is slowest at). A record that is not a catalog object
     (anyone who may write the topic may write anything) is skipped, the key keeping its last
-    valid object, and logged by `rejects`; the worker's 5th-tick scan records it (kafka/rejects.py)."""
+    valid object, and logged by `rejects`; the worker's 5th-tick scan records it (kafka/rejects.py).
+    With `last_bad` (the catalog's writer, apply, which repairs): filled with key -> (record,
+    reason) of each key whose last record is bad, and those keys' objects are left out, so the
+    writer publishes them again."""
     topic = names.catalog_topic(namespace)
     read = read_partitions(consumer, topic, dict.fromkeys(partitions, 0), timeout)
     if read.unfinished:
         raise BrokerUnavailableError(f"reading {topic} did not reach its end within {timeout}s")
     fields: dict[str, dict[str, Any]] = {field: {} for field in FIELDS.values()}
+    bad: dict[bytes | None, tuple[Any, str]] = {}
     for msg in read.records:  # a key's records are in one partition, in offset order
         try:
             decoded = catalog_record(msg.key(), msg.value())
         except Rejected as exc:
             rejects.reject(msg, exc.reason)
+            bad[msg.key()] = (msg, exc.reason)
             continue
+        bad.pop(msg.key(), None)
         if decoded is not None:  # None: a kind written by a newer kbroker
             field, name, obj = decoded
             if obj is None:
                 fields[field].pop(name, None)
             else:
                 fields[field][name] = obj  # later records replace earlier ones
+    if last_bad is not None:
+        last_bad.update(bad)
+        for key in bad:
+            kind, _, name = (key or b"").decode(errors="replace").partition("/")
+            fields.get(FIELDS.get(kind, ""), {}).pop(name, None)
     try:
         return Catalog.model_validate({"namespace": namespace, **fields})
     except ValidationError as exc:  # each object was valid on its own: not expected
         reason = pydantic_reason(exc)
         raise CatalogError(f"the catalog topic of {namespace!r} holds an invalid object: {reason}") from None
-
-
-def catalog_decoder(msg: Any) -> object:
-    """What the 5th-tick scan checks each catalog record with (kafka/rejects.scan_compacted)."""
-    return catalog_record(msg.key(), msg.value())
 
 
 class CatalogWatcher(Background):

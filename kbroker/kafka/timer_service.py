@@ -14,9 +14,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.records import Record
-from kbroker.core.rejected import Rejected, text_key
+from kbroker.core.rejected import Rejected
 from kbroker.core.timer_schedule import Entry, TimerSchedule
-from kbroker.core.timers import firing_records, timer_value
+from kbroker.core.timers import firing_records, timer_key_of, timer_value
 from kbroker.core.txn_faults import Action, Deadline, committed_by_offsets, decide
 from kbroker.kafka import clients, messages
 from kbroker.kafka.conversation_endpoints import EndpointStore
@@ -97,7 +97,7 @@ class TimerService:
         for msg in messages.records(batch, lambda err: log.warning("timers topic: %s", err),
                                     refused=self._reading_refused):
             try:  # anyone who may write the topic may write anything: set aside, never fired
-                key = text_key(msg.key())
+                key = timer_key_of(msg.key(), msg.value())
                 value = None if msg.value() is None else timer_value(self.namespace, msg.value())
             except Rejected as exc:
                 self.rejects.reject(msg, exc.reason)

@@ -108,7 +108,7 @@ class Reclaimer:
 _DECODERS: dict[str, Callable[[Any], object]] = {
     "catalog": lambda msg: catalog_record(msg.key(), msg.value()),
     "endpoints": lambda msg: endpoint_record(msg.key(), msg.value()),
-    "readers": lambda msg: (text_key(msg.key()), msg.value() is None or reader_report(msg.value())),
+    "readers": lambda msg: msg.value() is None or (text_key(msg.key()), reader_report(msg.value())),
     "analytics": lambda msg: analytics_row(msg.key(), msg.value()),
     "control": lambda msg: control_command(msg.key(), msg.value()),
 }
