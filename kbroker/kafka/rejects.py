@@ -8,15 +8,22 @@ never meets a bad record never has one). It never raises and never waits for the
 letter that cannot be written (a principal without WRITE on the dead-letter topic, a broker that
 is down) is logged, and the reader goes on regardless; the bad record is skipped either way.
 
-Who records. A record on a topic that a consumer group reads (timers, monitor events, ticks) is
-met by one process once: it records it. A compacted topic that every process reads whole (the
-catalog, the endpoints, the readers' reports) would give one dead letter per process per start,
-so its readers are made with `record=False` (they skip and log), and the worker that owns the
-cluster's 5th tick scans those topics (`scan`) and records each bad record once: it
-then writes a tombstone for its key when the key holds no valid value, which supersedes it (no
-later scan or reader meets it again, and compaction removes it); a bad record that follows a
-valid value of its key is only recorded (rewriting the old value could undo a newer write racing
-with it), and that worker remembers it, so it is recorded once per tick owner, not per process.
+Who records. A record on a topic that a consumer group reads (timers, monitor events, ticks,
+progress) is met by one process once: it records it. A topic that every process reads whole
+would give one dead letter per process per start, so its readers are made with `record=False`
+(they skip and log), and the worker that owns the cluster's 5th tick scans it (`scan`) and
+records each bad record once:
+- the catalog and the endpoints are read whole at each scan (the endpoints as often as their
+  reclaim): a bad record still the last of its key is recorded, and tombstoned when its key holds
+  no valid value, which supersedes it (no later scan or reader meets it, compaction removes it);
+  one that follows a valid value of its key is only recorded (rewriting the old value could undo
+  a newer write racing with it), and the scanner remembers it. `kbroker apply`, the catalog's
+  writer, writes again an object whose last record is bad and records that record itself;
+- the readers', analytics and control topics (a report every 2 s per reader, results, commands)
+  are scanned on from where the last scan ended: every bad record once, no tombstones (their
+  retention drops them).
+A new tick owner scans from the start again, so a bad record is recorded once per tick owner
+(and, rarely, by both a scan and the apply that repairs it), never once per process.
 """
 
 from __future__ import annotations
@@ -47,15 +54,15 @@ class Rejects:
     """A reader's way to set records aside (see the module docstring). Thread-safe."""
 
     def __init__(self, cluster: ClusterLike, namespace: str, reader: str, *, record: bool = True):
-        self._cluster, self.namespace, self.reader, self.records = Cluster.of(cluster), namespace, reader, record
+        self.cluster, self.namespace, self.reader, self.records = Cluster.of(cluster), namespace, reader, record
         self._producer: Producer | None = None
         self._lock = threading.Lock()
         self._seen: set[tuple[str | None, int | None, int | None]] = set()
         self.rejected = 0  # records this Rejects set aside (counted once per position)
 
     def reject(self, record: Any, reason: str) -> bool:
-        # record: a ConsumedRecord (a confluent Message, or core/rejected.Consumed)
-        """Set the record aside; False when this position was already (a re-read)."""
+        """Set the record aside (a ConsumedRecord: a confluent Message, or core/rejected.Consumed);
+        False when this position was already (a re-read)."""
         where = (record.topic(), record.partition(), record.offset())
         with self._lock:
             if where in self._seen:
@@ -73,7 +80,7 @@ class Rejects:
         try:
             with self._lock:
                 if self._producer is None:
-                    self._producer = clients.idempotent_producer(self._cluster, **{"message.timeout.ms": 30_000})
+                    self._producer = clients.idempotent_producer(self.cluster, **{"message.timeout.ms": 30_000})
                 producer = self._producer
             for topic, key, value, headers in rejection_records(self.namespace, record, reason, self.reader,
                                                                int(time.time() * 1000)):
@@ -96,14 +103,15 @@ class Rejects:
         self.flush(timeout)
 
 
-def scan(rejects: Rejects, topic: str, decode: Callable[[Any], object], *, compacted: bool = True,
+def scan(rejects: Rejects, topic: str, decode: Callable[[Any], object], *,
          starts: dict[int, int] | None = None, timeout: float = 60.0) -> dict[int, int]:
-    """Read a topic every process reads whole, from `starts` (default: its beginning), and set
-    aside each record `decode` rejects. On a compacted topic only a record still the last of its
-    key counts, and it is tombstoned when its key has no valid value before it (see the module
-    docstring); on another, every record counts, and the scanner passes the returned positions
-    (partition -> next offset) as `starts` next time. Run by one worker (the 5th tick)."""
-    consumer = reading_consumer(rejects._cluster, names.reader_group(rejects.namespace))
+    """Set aside each record of `topic` that `decode` rejects (see the module docstring). Without
+    `starts`, the topic is read whole and only a record still the last of its key counts,
+    tombstoned when its key has no valid value before it; with `starts` (partition -> first
+    offset, {} at first), every record from there counts, and the scanner passes the returned
+    positions next time. Run by one worker (the 5th tick)."""
+    whole = starts is None
+    consumer = reading_consumer(rejects.cluster, names.reader_group(rejects.namespace))
     bad: list[tuple[Any, str]] = []
     last: dict[bytes | None, tuple[Any, str | None, bool]] = {}  # key -> (record, why, valid before)
 
@@ -113,7 +121,7 @@ def scan(rejects: Rejects, topic: str, decode: Callable[[Any], object], *, compa
             reason = None
         except Rejected as exc:
             reason = exc.reason
-        if not compacted:
+        if not whole:
             if reason is not None:
                 bad.append((msg, reason))
             return
@@ -137,10 +145,10 @@ def scan(rejects: Rejects, topic: str, decode: Callable[[Any], object], *, compa
     tombstones = []
     bad += [(msg, reason) for msg, reason, _ in last.values() if reason is not None]
     for msg, reason in bad:
-        if rejects.reject(msg, reason) and compacted and not last[msg.key()][2] and msg.key() is not None:
+        if rejects.reject(msg, reason) and whole and not last[msg.key()][2] and msg.key() is not None:
             tombstones.append((msg.partition(), msg.key()))
     if tombstones:
-        producer = clients.idempotent_producer(rejects._cluster)
+        producer = clients.idempotent_producer(rejects.cluster)
         for partition, key in tombstones:
             producer.produce(topic, key=key, value=None, partition=partition)
         if producer.flush(timeout):

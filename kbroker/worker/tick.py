@@ -48,7 +48,7 @@ class Reclaimer:
         # The records of the topics every process reads whole that are not what they should be:
         # skipped by every reader, recorded here, once per cluster (kafka/rejects.py).
         self.rejects = Rejects(s.cluster, s.namespace, "5th-tick scan")
-        self._scanned: dict[str, dict[int, int]] = {}  # a topic that is not compacted -> where its scan ended
+        self._scanned: dict[str, dict[int, int]] = {}  # topic -> where its last scan ended
         self.running: asyncio.Future[Any] | None = None
         self._endpoints_reclaimed: float | None = None  # monotonic time of the last endpoint scan
 
@@ -91,15 +91,14 @@ class Reclaimer:
 
 
     def scan(self, *topics: str) -> None:
-        """Set aside the bad records of topics every process reads whole (kafka/rejects.py); the
-        control topic is not compacted: each scan reads on from where the last one ended."""
+        """Set aside the bad records of topics every process reads whole (kafka/rejects.py): the
+        catalog and endpoints read whole, the others on from where the last scan ended."""
         for topic in topics:
             name = topic.rpartition(".")[2]
             before = self.rejects.rejected
-            ends = scan(self.rejects, topic, _DECODERS[name], compacted=name != "control",
-                        starts=self._scanned.get(topic))
-            if name == "control":
-                self._scanned[topic] = ends
+            ends = scan(self.rejects, topic, _DECODERS[name],
+                        starts=None if name in ("catalog", "endpoints") else self._scanned.get(topic, {}))
+            self._scanned[topic] = ends
             if self.rejects.rejected > before:
                 log.warning("set aside records=%d topic=%s", self.rejects.rejected - before, topic)
 
