@@ -36,8 +36,9 @@ from typing import Any, TypeVar
 import orjson
 
 from kbroker.core import names
-from kbroker.core.dead_letter import ConsumedRecord, _reason, dead_letter_record
+from kbroker.core.dead_letter import ConsumedRecord, _reason, dead_letter_record, set_aside
 from kbroker.core.records import Header, Record
+from kbroker.core.topic_limits import DEAD_LETTER_LIMIT, record_bytes
 
 RECORD_REJECTED = "RECORD_REJECTED"  # the event of a record a reader set aside
 
@@ -163,10 +164,14 @@ def position(record: ConsumedRecord) -> str:
 
 
 def rejection_records(namespace: str, record: ConsumedRecord, reason: str, reader: str,
-                      now_ms: int) -> list[Record]:
+                      now_ms: int, limit: int = DEAD_LETTER_LIMIT) -> list[Record]:
     """The record's dead letter (with kb.dlq.reader besides dead_letter's headers) and the
-    RECORD_REJECTED event (keyed by the topic, so one topic's events stay in order)."""
+    RECORD_REJECTED event (keyed by the topic, so one topic's events stay in order). A control
+    topic's record is not bound by the queues' limits: one the dead-letter topic would refuse
+    goes without its body (dead_letter.set_aside's letter, kb.dlq.size saying how big it was)."""
     topic, key, value, headers = dead_letter_record(namespace, record, reason)
+    if record_bytes(key, value, headers) > limit:
+        topic, key, value, headers = set_aside(namespace, record, reason, limit, now_ms=now_ms)[0]
     own: list[Header] = [("kb.dlq.reader", reader.encode())]
     event = {"event": RECORD_REJECTED, "topic": record.topic(), "partition": record.partition(),
              "offset": record.offset(), "reader": reader, "reason": _reason(reason).decode(errors="replace"),

@@ -165,3 +165,11 @@ def test_text_key_says_why():
         text_key(None)
     with pytest.raises(Rejected, match="not UTF-8"):
         text_key(b"\xff")
+
+
+def test_a_record_too_big_for_the_dead_letter_topic_goes_without_its_body():
+    record = Consumed("kbroker.ns.catalog", 0, 3, b"queue/Q", b"x" * 5000, [("h", b"v")])
+    letter, event = rejection_records(NS, record, "not JSON", "reader", 1, limit=2000)
+    headers = dict(letter[3])
+    assert letter[2] is None and headers["kb.dlq.size"] == b"5000" and headers["kb.dlq.omitted"] == b"body"
+    assert headers["kb.dlq.reader"] == b"reader" and orjson.loads(event[2])["offset"] == 3
