@@ -19,15 +19,18 @@ import orjson
 from kbroker.analytics.session import spark_session
 from kbroker.analytics.state_files import StateFiles
 from kbroker.core import names
+from kbroker.core.analytics_records import armed_timer, progress_snapshot
 from kbroker.core.cluster import Cluster
 from kbroker.core.envelope import H_CONVERSATION_ID, H_GROUP_ID, H_MESSAGE_ID, H_MESSAGE_TYPE, H_REKEYED_FROM, H_TO_SIDE
-from kbroker.core.queue_analytics import Analytics, Arrival, Progress
+from kbroker.core.queue_analytics import Analytics, Arrival
 from kbroker.core.log_limit import LogLimiter, RateLimitFilter
+from kbroker.core.rejected import Consumed, Rejected, text_key
 from kbroker.errors import PermissionDeniedError
 from kbroker.kafka.analytics.results import ResultsWriter
 from kbroker.kafka.catalog_store import read_catalog
 from kbroker.kafka.clients import principal, spark_java_options, spark_options
 from kbroker.kafka.reader import check_read
+from kbroker.kafka.rejects import Rejects
 
 log = logging.getLogger("kbroker.analytics")
 CATALOG_EVERY = 10.0  # seconds between reads of the queues' stale_after
@@ -56,15 +59,15 @@ class JobSettings:
 
 
 def _header(name: str) -> str:
-    return f"CAST(try_element_at(hs, '{name}') AS STRING)"
+    return f"try_element_at(hs, '{name}')"  # bytes: decoded by collect() (see TEXT)
 
 
 # One row per record: what the pure state needs and nothing more (a queue record's body stays
 # in Kafka). Sorted by the driver into one order that a batch run again repeats.
 PROJECTION = [
     "topic", "partition", "offset", "CAST(unix_millis(timestamp) AS LONG) AS ts",
-    "CAST(key AS STRING) AS key",
-    "CASE WHEN topic LIKE '%.queue.%' THEN NULL ELSE CAST(value AS STRING) END AS value",
+    "key",
+    "CASE WHEN topic LIKE '%.queue.%' THEN NULL ELSE value END AS value",
     f"{_header(H_MESSAGE_ID)} AS message_id", f"{_header(H_CONVERSATION_ID)} AS conversation_id",
     f"{_header(H_TO_SIDE)} AS side", f"{_header(H_GROUP_ID)} AS grp", f"{_header(H_MESSAGE_TYPE)} AS message_type",
     f"{_header(H_REKEYED_FROM)} AS rekeyed_from", f"{_header('kb.dlq.topic')} AS dlq_topic",
@@ -79,6 +82,9 @@ class AnalyticsJob:
         self.spark = spark
         self.query: Any = None
         self.state: Analytics | None = None
+        # One job reads the progress topic: it records a row that is not a snapshot (a batch
+        # Spark runs again after a restart may record it again).
+        self.rejects = Rejects(settings.cluster, settings.namespace, "analytics job")
         self.state_batch = -1
         self.files = StateFiles(Path(settings.checkpoint) / "kbroker-state")
         self.writer: ResultsWriter | None = None
@@ -148,6 +154,7 @@ class AnalyticsJob:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+        self.rejects.close()
 
     # --- one micro-batch ----------------------------------------------------------------------
 
@@ -159,7 +166,9 @@ class AnalyticsJob:
         with self._lock:
             state = self._state_for(batch_id)
             state.stale_after = self._queue_thresholds()
-            apply_rows(state, self.s.namespace, rows)
+            for row, reason in apply_rows(state, self.s.namespace, rows):
+                self.rejects.reject(Consumed(row.topic, row.partition, row.offset, row.key, row.value),
+                                    reason)
             out = state.report(batch_id)
             if self.writer is None:
                 self.writer = ResultsWriter(self.s.cluster, self.s.namespace)
@@ -219,38 +228,46 @@ FIELDS = ("topic", "partition", "offset", "ts", "key", "value", "message_id", "c
 Record = namedtuple("Record", FIELDS)  # type: ignore[misc]
 
 
+# The columns read as text. Spark's CAST to STRING does not check UTF-8 and Arrow then refuses
+# the batch: one record's key or header that another client wrote as other bytes failed the query,
+# and every restart from its checkpoint failed on the same batch. Decoded here, with
+# replacement characters; the key and value stay bytes for the decoders (core/analytics_records.py).
+TEXT = frozenset(FIELDS) - {"topic", "partition", "offset", "ts", "key", "value"}
+
+
+def _text(values: list[bytes | None]) -> list[str | None]:
+    return [None if v is None else v.decode(errors="replace") for v in values]
+
+
 def collect(frame: Any) -> list[Any]:
     """The batch's projected rows on the driver, through Arrow (column by column: a plain
     collect() of 20,000 rows built Row objects for seconds)."""
     table = frame.toArrow()
-    columns = [table.column(name).to_pylist() for name in FIELDS]
+    columns = [_text(table.column(name).to_pylist()) if name in TEXT else table.column(name).to_pylist()
+               for name in FIELDS]
     return [Record._make(values) for values in zip(*columns)]
 
 
-def apply_rows(state: Analytics, namespace: str, rows: list[Any]) -> None:
+def apply_rows(state: Analytics, namespace: str, rows: list[Any]) -> list[tuple[Any, str]]:
     """Feed one batch's projected rows to the state, in (timestamp, topic, partition, offset) order
     (a snapshot meets the records of its time). Within a partition that order may not be the offsets'
-    (several producers SEND to it): the state knows a record by its offset, so it counts each once."""
+    (several producers SEND to it): the state knows a record by its offset, so it counts each once.
+    Returns the progress rows that are not snapshots, with why (skipped: the job records them). A
+    timers record that is not a timer is skipped too; the timer service records it."""
     progress_topic, timers_topic = names.progress_topic(namespace), names.timers_topic(namespace)
     deadletter_topic = names.deadletter_topic(namespace)
+    rejected: list[tuple[Any, str]] = []
     for r in sorted(rows, key=lambda r: (r.ts, r.topic, r.partition, r.offset)):
         if r.topic == progress_topic:
-            if r.value is None:
-                continue
-            snap = orjson.loads(r.value)
-            state.progress(Progress(snap["queue"], int(snap["at"]), tuple(
-                (int(p["partition"]), -1 if p["committed"] is None else int(p["committed"]),
-                 frozenset(p.get("completed") or ())) for p in snap["partitions"])))
+            try:
+                state.progress(progress_snapshot(r.value))
+            except Rejected as exc:
+                rejected.append((r, exc.reason))
         elif r.topic == timers_topic:
-            if r.key is None:
+            try:
+                state.timer(text_key(r.key), None if r.value is None else armed_timer(namespace, r.value))
+            except Rejected:
                 continue
-            value = orjson.loads(r.value) if r.value is not None else None
-            if value is None:
-                state.timer(r.key, None)
-            elif value.get("kind") == "timer":
-                queue = names.queue_of_topic(namespace, value.get("topic", ""))
-                if queue is not None:
-                    state.timer(r.key, (queue, value["conversation_id"], value["side"]))
         elif r.topic == deadletter_topic:
             queue = names.queue_of_topic(namespace, r.dlq_topic or "")
             if queue is not None and r.conversation_id and r.side:
@@ -261,6 +278,7 @@ def apply_rows(state: Analytics, namespace: str, rows: list[Any]) -> None:
                 continue  # not a kbroker message: the readers dead-letter it
             state.arrival(Arrival(queue, r.partition, r.offset, r.ts, r.message_id, r.conversation_id, r.side,
                                   r.grp or "", r.message_type, r.rekeyed_from))
+    return rejected
 
 
 def read_positions(rows: list[Any], namespace: str,

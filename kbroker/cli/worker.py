@@ -47,7 +47,8 @@ from kbroker.cli.views import queue_group
 @click.option("--allow-procedures", "allow_procedures", multiple=True, envvar="KBROKER_ALLOW_PROCEDURES",
               metavar="MODULE[,MODULE...]",
               help="Modules (or packages) whose activation procedures this worker runs, besides kbroker's "
-                   "own; a queue naming another is not activated. Repeatable; env KBROKER_ALLOW_PROCEDURES.")
+                   "samples (kbroker.samples); a queue naming another is not activated. Repeatable; env "
+                   "KBROKER_ALLOW_PROCEDURES.")
 @click.option("--closed-grace", type=click.FloatRange(min=0), default=CLOSED_GRACE_SECONDS, show_default=True,
               help="Seconds a CLOSED conversation endpoint is kept before the worker tombstones it.")
 @click.option("--loglevel", default="info", show_default=True)

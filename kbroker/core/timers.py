@@ -30,6 +30,7 @@ from kbroker.core.conversation_endpoint import CLOSED, STARTED_OUTBOUND, Endpoin
 from kbroker.core.envelope import SYSTEM_SEQUENCE, Envelope, error_body
 from kbroker.core.ids import new_id
 from kbroker.core.records import Record
+from kbroker.core.rejected import Rejected, json_object, text_key
 
 LIFETIME_EXPIRED = -8489  # Service Broker's system error code for an expired dialog lifetime
 
@@ -117,3 +118,42 @@ def target_lifetime_record(namespace: str, env: Envelope, target_topic: str) -> 
     return _lifetime(namespace, env.conversation_id, env.lifetime, env.service_contract_name,
                      (env.from_service_name, None, env.reply_group or env.conversation_id),
                      (env.to_service_name, target_topic, env.conversation_group_id))
+
+
+def timer_key_of(key: bytes | None, value: bytes | None) -> str:
+    """A timers record's key as text, else Rejected; a tombstone's whatever its bytes (it removes
+    at most a timer of that key)."""
+    return key.decode(errors="replace") if value is None and key is not None else text_key(key)
+
+
+def timer_value(namespace: str, raw: bytes | None) -> dict[str, Any]:
+    """A timers record's value as `firing_records` reads it, else Rejected: anyone who may write
+    the topic must not make the timer service write elsewhere than this namespace's queues."""
+    return timer_fields(namespace, json_object(raw))
+
+
+def timer_fields(namespace: str, value: dict[str, Any]) -> dict[str, Any]:
+    """timer_value's checks of a value already parsed."""
+    due = value.get("due")
+    if not isinstance(due, (int, float)) or isinstance(due, bool) or not isinstance(value.get("conversation_id"), str):
+        raise Rejected("a timer needs 'due' (a number) and 'conversation_id'")
+    if value.get("kind") == "timer":
+        sides: list[Any] = [value]
+        if value.get("side") not in ("INITIATOR", "TARGET") or not all(
+                isinstance(value.get(k), str) for k in ("contract", "service", "far_service")):
+            raise Rejected("a dialog timer needs 'side', 'contract', 'service' and 'far_service'")
+    elif value.get("kind") == "lifetime":
+        sides = [value.get("INITIATOR"), value.get("TARGET")]
+        if not isinstance(value.get("contract"), str) or not all(
+                isinstance(s, dict) and isinstance(s.get("service"), str) for s in sides):
+            raise Rejected("a lifetime needs 'contract' and each side's 'service'")
+    else:
+        raise Rejected("'kind' is neither timer nor lifetime")
+    for side in sides:
+        topic = side.get("topic")
+        if topic is None and value["kind"] == "lifetime":
+            continue  # a side in another namespace
+        if not isinstance(topic, str) or names.queue_of_topic(namespace, topic) is None or \
+                not isinstance(side.get("key"), str):
+            raise Rejected(f"topic {topic!r} is not a queue of namespace {namespace}")
+    return value

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import (
@@ -38,7 +39,8 @@ from kbroker.core.topic_limits import HEADER_HEADROOM as HEADER_HEADROOM  # noqa
 from kbroker.core.topic_limits import queue_limit, system_topic_limit
 from kbroker.errors import DefinitionError, InvalidArgumentError, TopicCollisionError, denied_code, kafka_error
 from kbroker.kafka import clients
-from kbroker.kafka.catalog_store import publish, read_catalog
+from kbroker.kafka.catalog_store import publish, read_catalog, records
+from kbroker.kafka.rejects import Rejects
 
 # Kafka deletes nothing by age or size: what holds messages is reclaimed by kbroker (reclaim.py).
 KEEP_EVERY_RECORD = {"retention.ms": "-1", "retention.bytes": "-1"}
@@ -329,13 +331,28 @@ def apply_paths(cluster: ClusterLike, namespace: str, paths: Iterable[str | Path
     return apply_catalog(cluster, catalog, progress, timeout, replication_factor)
 
 
+def record_repaired(cluster: ClusterLike, catalog: Catalog, bad: dict[bytes | None, tuple[Any, str]],
+                    timeout: float) -> None:
+    """The bad records this apply just superseded with the object they replaced (read_catalog
+    left those objects out, so publish wrote them again) are recorded here, as their repairer:
+    a later 5th-tick scan no longer finds them last of their key (kafka/rejects.py)."""
+    written = {key.encode() for key in records(catalog)}
+    repaired = [(msg, reason) for key, (msg, reason) in bad.items() if key in written]
+    if repaired:
+        rejects = Rejects(cluster, catalog.namespace, "kbroker apply")
+        for msg, reason in repaired:
+            rejects.reject(msg, reason)
+        rejects.close(timeout)
+
+
 def apply_catalog(cluster: ClusterLike, catalog: Catalog, progress: Progress = None, timeout: float = 30.0,
                   replication_factor: int | None = None) -> ApplyReport:
     """Apply an already validated catalog (from load_definitions); new topics get
     `replication_factor` replicas (default: see choose_replication)."""
     refuse_shadowing(catalog.namespace)
     clients.brokers_answering(cluster, timeout)  # "no Kafka broker answers at ...", not a metadata error
-    previous = read_catalog(cluster, catalog.namespace, timeout=timeout)
+    bad: dict[bytes | None, tuple[Any, str]] = {}  # keys whose last record is not a catalog object
+    previous = read_catalog(cluster, catalog.namespace, timeout=timeout, last_bad=bad)
     # Before any topic changes: the queues applied earlier are part of the namespace's names.
     check_queue_names(catalog.queues, catalog.origins, applied=previous.queues)
     created, updated, retention = sync_topics(cluster, topic_specs(catalog), catalog.origins, progress,
@@ -343,6 +360,7 @@ def apply_catalog(cluster: ClusterLike, catalog: Catalog, progress: Progress = N
     # A route's LIFETIME counts from when it was first published as it is now (routing.py).
     catalog = stamp_routes(catalog, previous.routes, time.time())
     published = publish(cluster, catalog, previous=previous, timeout=timeout)
+    record_repaired(cluster, catalog, bad, timeout)
     if progress:
         progress(f"published {published} catalog records")
     return ApplyReport(created, updated, retention, published, catalog.namespace)

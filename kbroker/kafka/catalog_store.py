@@ -19,11 +19,14 @@ from kbroker.core.catalog.models import (
     BUILTIN_MESSAGE_TYPES,
     Catalog,
 )
+from kbroker.core.catalog_records import KINDS, catalog_record
 from kbroker.core.cluster import Cluster, ClusterLike
+from kbroker.core.rejected import Rejected
 from kbroker.errors import BrokerUnavailableError, CatalogError, InvalidArgumentError, KBrokerError, kafka_error
 from kbroker.kafka import clients
 from kbroker.kafka.background import Background
 from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partitions
+from kbroker.kafka.rejects import Rejects
 
 __all__ = ["FIELDS", "CatalogWatcher", "kafka_error", "publish", "publish_object", "read_catalog", "records",
            "write_records"]
@@ -31,8 +34,7 @@ __all__ = ["FIELDS", "CatalogWatcher", "kafka_error", "publish", "publish_object
 log = logging.getLogger("kbroker.catalog")
 
 # record kind -> Catalog field
-FIELDS = {"message_type": "message_types", "contract": "contracts", "queue": "queues",
-          "service": "services", "route": "routes", "broker_endpoint": "broker_endpoints"}
+FIELDS = {kind: field for kind, (field, _) in KINDS.items()}
 
 
 def records(catalog: Catalog) -> dict[str, bytes]:
@@ -96,8 +98,10 @@ def write_records(cluster: ClusterLike, topic: str, todo: dict[str, bytes], time
         raise BrokerUnavailableError(f"publishing to {topic}: {remaining} records not acknowledged in {timeout}s")
 
 
-def read_catalog(cluster: ClusterLike, namespace: str, timeout: float = 10.0) -> Catalog:
-    """The namespace's catalog as published; only the built-ins when the topic does not exist."""
+def read_catalog(cluster: ClusterLike, namespace: str, timeout: float = 10.0, *,
+                 last_bad: dict[bytes | None, tuple[Any, str]] | None = None) -> Catalog:
+    """The namespace's catalog as published; only the built-ins when the topic does not exist.
+    `last_bad`: see read_catalog_with."""
     topic = names.catalog_topic(namespace)
     consumer = reading_consumer(cluster, names.reader_group(namespace),
                                 **{"allow.auto.create.topics": False})
@@ -105,36 +109,49 @@ def read_catalog(cluster: ClusterLike, namespace: str, timeout: float = 10.0) ->
         partitions = topic_partitions(consumer, topic, timeout)
         if partitions is None:
             return Catalog(namespace=namespace)
-        return read_catalog_with(consumer, namespace, partitions, timeout)
+        return read_catalog_with(consumer, namespace, partitions, timeout,
+                                 Rejects(cluster, namespace, "catalog reader", record=False), last_bad=last_bad)
     finally:
         consumer.close()
 
 
-def read_catalog_with(consumer: Consumer, namespace: str, partitions: list[int], timeout: float) -> Catalog:
+def read_catalog_with(consumer: Consumer, namespace: str, partitions: list[int], timeout: float,
+                      rejects: Rejects, *, last_bad: dict[bytes | None, tuple[Any, str]] | None = None) -> Catalog:
     """The catalog read with a consumer the caller keeps (the watcher's: creating a consumer for
-    every change is what a loaded machine is slowest at)."""
+    every change is what a loaded machine is slowest at). A record that is not a catalog object
+    (anyone who may write the topic may write anything) is skipped, the key keeping its last
+    valid object, and logged by `rejects`; the worker's 5th-tick scan records it (kafka/rejects.py).
+    With `last_bad` (the catalog's writer, apply, which repairs): filled with key -> (record,
+    reason) of each key whose last record is bad, and those keys' objects are left out, so the
+    writer publishes them again."""
     topic = names.catalog_topic(namespace)
     read = read_partitions(consumer, topic, dict.fromkeys(partitions, 0), timeout)
     if read.unfinished:
         raise BrokerUnavailableError(f"reading {topic} did not reach its end within {timeout}s")
-    latest: dict[str, bytes | None] = {}
-    for msg in read.records:  # a key's records are in one partition, in offset order
-        key = msg.key()
-        if key is not None:
-            latest[key.decode()] = msg.value()  # later records replace earlier ones
-    return _rebuild(namespace, latest)
-
-
-def _rebuild(namespace: str, latest: dict[str, bytes | None]) -> Catalog:
     fields: dict[str, dict[str, Any]] = {field: {} for field in FIELDS.values()}
-    for key, value in latest.items():
-        kind, _, name = key.partition("/")
-        if kind not in FIELDS or value is None:
-            continue  # a tombstone, or a kind written by a newer kbroker
-        fields[FIELDS[kind]][name] = orjson.loads(value)
+    bad: dict[bytes | None, tuple[Any, str]] = {}
+    for msg in read.records:  # a key's records are in one partition, in offset order
+        try:
+            decoded = catalog_record(msg.key(), msg.value())
+        except Rejected as exc:
+            rejects.reject(msg, exc.reason)
+            bad[msg.key()] = (msg, exc.reason)
+            continue
+        bad.pop(msg.key(), None)
+        if decoded is not None:  # None: a kind written by a newer kbroker
+            field, name, obj = decoded
+            if obj is None:
+                fields[field].pop(name, None)
+            else:
+                fields[field][name] = obj  # later records replace earlier ones
+    if last_bad is not None:
+        last_bad.update(bad)
+        for key in bad:
+            kind, _, name = (key or b"").decode(errors="replace").partition("/")
+            fields.get(FIELDS.get(kind, ""), {}).pop(name, None)
     try:
         return Catalog.model_validate({"namespace": namespace, **fields})
-    except ValidationError as exc:
+    except ValidationError as exc:  # each object was valid on its own: not expected
         reason = pydantic_reason(exc)
         raise CatalogError(f"the catalog topic of {namespace!r} holds an invalid object: {reason}") from None
 
@@ -155,6 +172,7 @@ class CatalogWatcher(Background):
         self._cluster, self._namespace, self._on_change = Cluster.of(cluster), namespace, on_change
         self._interval = interval
         self._end: tuple[int, ...] | None = None  # where the topic ended at the last look
+        self._rejects = Rejects(self._cluster, namespace, "catalog watcher", record=False)  # logs a bad record once
 
     def _run(self) -> None:
         topic = names.catalog_topic(self._namespace)
@@ -173,7 +191,8 @@ class CatalogWatcher(Background):
                     # process's own read and this watcher's start (a queue disabled then was
                     # missed until the next change).
                     if self._end is None or end != self._end:
-                        self._on_change(read_catalog_with(consumer, self._namespace, partitions or [], 10.0))
+                        self._on_change(read_catalog_with(consumer, self._namespace, partitions or [], 10.0,
+                                                            self._rejects))
                     self._end, failing = end, False
                 except (KafkaException, KBrokerError) as exc:
                     if not failing:

@@ -14,16 +14,18 @@ import threading
 import time
 from dataclasses import replace
 
-import orjson
 from confluent_kafka import Consumer, Message, Producer
 
 from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.conversation_endpoint import CHAIN_SUFFIX, CLOSED, CLOSED_GRACE_SECONDS, Endpoint, merged_state
+from kbroker.core.endpoint_records import endpoint_record
+from kbroker.core.rejected import Rejected
 from kbroker.core.send_lease import LEASE_SUFFIX, WANT_SUFFIX, SendLease, Want, folded
 from kbroker.core.send_sequence import advanced, block_released, continued, keeps_exact, past_doubt, reservation_after
 from kbroker.errors import BrokerUnavailableError, ConversationNotFoundError
 from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partitions
+from kbroker.kafka.rejects import Rejects
 
 log = logging.getLogger("kbroker.endpoints")
 
@@ -33,6 +35,7 @@ FRESH_FOR = 1.0  # seconds a statement that changes an endpoint trusts the last 
 # How a CLOSED endpoint's record says so (compact JSON; a quote inside a name is escaped, so the
 # bytes cannot occur anywhere else): what lets a reader skip reclaimed endpoints unparsed.
 CLOSED_JSON = f'"state":"{CLOSED}"'.encode()
+_OTHER_KEYS = tuple(s.encode() for s in (CHAIN_SUFFIX, LEASE_SUFFIX, WANT_SUFFIX))  # not an endpoint's own
 
 
 class EndpointStore:
@@ -72,6 +75,9 @@ class EndpointStore:
         self.fresh_for = FRESH_FOR
         self._read_at = float("-inf")  # time.monotonic() of the last read forward
         self._reading = threading.Lock()  # readers' threads and the poll threads share the consumer
+        # A record that is not an endpoint's is skipped and logged here; the worker's 5th-tick
+        # scan records it (every process reads this topic whole: see kafka/rejects.py).
+        self.rejects = Rejects(cluster, namespace, "endpoint cache", record=False)
 
     def put(self, ep: Endpoint) -> None:
         """Queue the new state; it is durable when the shared producer is flushed."""
@@ -262,47 +268,46 @@ class EndpointStore:
             raise BrokerUnavailableError(f"{self.topic} was not read to its end in {READ_TIMEOUT:g} s; try again")
 
     def _apply(self, msg: Message, now: float) -> None:
-        raw_key, value = msg.key(), msg.value()
-        if raw_key is None:
-            return  # not an endpoint record
-        key = raw_key.decode()
-        if key.endswith(CHAIN_SUFFIX):
-            self._read_chain(key[:-len(CHAIN_SUFFIX)], value)
-        elif key.endswith(LEASE_SUFFIX):
-            self._read_lease(key[:-len(LEASE_SUFFIX)], value)
-        elif key.endswith(WANT_SUFFIX):
-            handle = key[:-len(WANT_SUFFIX)]
-            if value is None:
+        key, value = msg.key(), msg.value()
+        if key is None:
+            return  # not an endpoint record (a compacted topic refuses keyless ones anyway)
+        if value is not None and not key.endswith(_OTHER_KEYS) and CLOSED_JSON in value \
+                and msg.timestamp()[1] / 1000.0 <= now - self.grace:
+            self._forget(key.decode(errors="replace"))  # reclaimed: as good as its tombstone (not parsed)
+            return
+        try:
+            kind, handle, decoded = endpoint_record(msg.key(), value)
+        except Rejected as exc:  # skipped; recorded once by the worker's 5th-tick scan, not per process
+            self.rejects.reject(msg, exc.reason)
+            return
+        if kind == "chain":
+            self._read_chain(handle, decoded)
+        elif kind == "lease":
+            self._read_lease(handle, decoded)
+        elif kind == "want":
+            if decoded is None:
                 self._wants.pop(handle, None)
             else:
-                self._wants[handle] = Want.from_json(value)
-        elif value is not None:
-            written_at = msg.timestamp()[1] / 1000.0
-            if now - written_at >= self.grace and CLOSED_JSON in value:
-                self._forget(key)  # reclaimed: as good as its tombstone (and not even parsed)
-                return
-            ep = Endpoint.from_json(value)
-            if self._continue_sequences:
-                ep = self._continued(ep)
-            self._remember(self._merged(ep), written_at)
+                self._wants[handle] = decoded
+        elif decoded is not None:
+            ep = self._continued(decoded) if self._continue_sequences else decoded
+            self._remember(self._merged(ep), msg.timestamp()[1] / 1000.0)
         else:
-            self._forget(key)
+            self._forget(handle)
 
-    def _read_chain(self, handle: str, value: bytes | None) -> None:
-        if value is None:
+    def _read_chain(self, handle: str, chain: tuple[str, ...] | None) -> None:
+        if chain is None:
             self._chains.pop(handle, None)
             return
-        chain = tuple(orjson.loads(value))
         if len(chain) > len(self._chains.get(handle, ())):
             self._chains[handle] = chain
         if handle in self._cache:
             self._remember(self._merged(self._cache[handle]), time.time())
 
-    def _read_lease(self, handle: str, value: bytes | None) -> None:
-        if value is None:
+    def _read_lease(self, handle: str, new: SendLease | None) -> None:
+        if new is None:
             self._leases.pop(handle, None)
             return
-        new = SendLease.from_json(value)
         accepted = folded(self._leases.get(handle), new)
         if accepted is None:
             log.debug("lease of %s: %s's record of epoch %d is refused", handle, new.by, new.epoch)

@@ -24,11 +24,14 @@ from kbroker.core import names
 from kbroker.core.cluster import ClusterLike
 from kbroker.core.conversation_endpoint import Endpoint
 from kbroker.core.offsets import decode_completed
+from kbroker.core.reader_reports import reader_report
+from kbroker.core.rejected import Rejected
 from kbroker.errors import CatalogError, InvalidArgumentError, kafka_error
 from kbroker.kafka import clients, wire
 from kbroker.kafka.catalog_store import publish_object, read_catalog, write_records
 from kbroker.kafka.conversation_endpoints import read_endpoints
-from kbroker.kafka.reader import committed_offsets, latest_values
+from kbroker.kafka.reader import committed_offsets, latest_records
+from kbroker.kafka.rejects import Rejects
 
 # Named after Service Broker's BROKER_QUEUE_DISABLED event, which poison handling raises.
 QUEUE_DISABLED, QUEUE_ENABLED = "QUEUE_DISABLED", "QUEUE_ENABLED"
@@ -164,8 +167,13 @@ def reader_rows(cluster: ClusterLike, namespace: str, topic: str, timeout: float
     """The processes reading `topic` now, as they last reported: locked groups, messages in
     flight (taken by open transactions), buffered records, partitions."""
     now, rows = time.time(), []
-    for value in (latest_values(cluster, names.readers_topic(namespace), timeout) or {}).values():
-        r = orjson.loads(value)
+    rejects = Rejects(cluster, namespace, "queue view", record=False)  # the 5th-tick scan records them
+    for msg in (latest_records(cluster, names.readers_topic(namespace), timeout) or {}).values():
+        try:
+            r = reader_report(msg.value())
+        except Rejected as exc:
+            rejects.reject(msg, exc.reason)
+            continue
         if r.get("topic") == topic and now - r.get("at", 0) <= READER_STALE_SECONDS:
             rows.append({k: r[k] for k in ("process", "partitions", "buffered", "ready_groups",
                                            "locked_groups", "in_flight", "paused")}

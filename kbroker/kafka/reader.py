@@ -298,16 +298,24 @@ def latest_values(cluster: ClusterLike, topic: str, timeout: float = 10.0, *,
                   must_finish: bool = False) -> dict[bytes, bytes] | None:
     """A compacted topic as key -> last value, tombstoned keys left out; None when it does not
     exist. `must_finish`: as read_to_end's (a partial read raises instead)."""
+    latest = latest_records(cluster, topic, timeout, must_finish=must_finish)
+    return None if latest is None else {key: m.value() or b"" for key, m in latest.items()}
+
+
+def latest_records(cluster: ClusterLike, topic: str, timeout: float = 10.0, *,
+                   must_finish: bool = False) -> dict[bytes, Message] | None:
+    """latest_values, with each key's last record itself (where it is: for a reader that sets
+    a bad one aside)."""
     records = read_to_end(cluster, topic, timeout, must_finish=must_finish)
     if records is None:
         return None
-    latest: dict[bytes, bytes] = {}
+    latest: dict[bytes, Message] = {}
     for m in records:
-        key, value = m.key(), m.value()
+        key = m.key()
         if key is None:
             continue
-        if value is None:
+        if m.value() is None:
             latest.pop(key, None)
         else:
-            latest[key] = value
+            latest[key] = m
     return latest

@@ -194,7 +194,7 @@ def reclaim_endpoints(cluster: ClusterLike, namespace: str, grace: float = CLOSE
             closed: set[str] = set()  # handles whose last record so far is CLOSED and old enough
 
             def note(msg) -> None:
-                key = msg.key().decode() if msg.key() is not None else None
+                key = msg.key().decode(errors="replace") if msg.key() is not None else None
                 if key is None or key.endswith((CHAIN_SUFFIX, LEASE_SUFFIX, WANT_SUFFIX)):
                     return
                 if msg.value() is not None and CLOSED_JSON in msg.value() and msg.timestamp()[1] / 1000.0 < before:

@@ -9,17 +9,18 @@ import time
 import uuid
 from typing import Any
 
-import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.records import Record
+from kbroker.core.rejected import Rejected
 from kbroker.core.timer_schedule import Entry, TimerSchedule
-from kbroker.core.timers import firing_records
+from kbroker.core.timers import firing_records, timer_key_of, timer_value
 from kbroker.core.txn_faults import Action, Deadline, committed_by_offsets, decide
 from kbroker.kafka import clients, messages
 from kbroker.kafka.conversation_endpoints import EndpointStore
+from kbroker.kafka.rejects import Rejects
 from kbroker.kafka.steps import FailureSink, report, run_steps
 from kbroker.kafka.guarded import GuardedProducer, TransactionFailed, aborted, replace_producer, started_for, transact
 
@@ -59,6 +60,9 @@ class TimerService:
         # fences the old one (and aborts its open transaction) instead of waiting it out.
         self._transactional_id = f"{group}.{uuid.uuid4()}"
         self._producer = self._new_producer()
+        # The service reads its partitions whole at each assignment: a bad record is recorded
+        # once per service (its Rejects remembers it), not at every rebalance.
+        self.rejects = Rejects(cluster, namespace, COMPONENT)
 
     def _new_producer(self) -> GuardedProducer:
         """A producer under the service's transactional id (fencing any earlier one, whose open
@@ -92,15 +96,16 @@ class TimerService:
         batch = self._consumer.consume(500, wait)
         for msg in messages.records(batch, lambda err: log.warning("timers topic: %s", err),
                                     refused=self._reading_refused):
-            key = messages.key(msg).decode()
-            if msg.value() is None:
-                self.schedule.remove(key)
+            try:  # anyone who may write the topic may write anything: set aside, never fired
+                key = timer_key_of(msg.key(), msg.value())
+                value = None if msg.value() is None else timer_value(self.namespace, msg.value())
+            except Rejected as exc:
+                self.rejects.reject(msg, exc.reason)
                 continue
-            try:
-                value = orjson.loads(messages.value(msg))
+            if value is None:
+                self.schedule.remove(key)
+            else:
                 self.schedule.put(Entry(key, float(value["due"]), *messages.position(msg), value))
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                log.warning("timers topic: unreadable record %s at %s/%s", key, msg.partition(), msg.offset())
         due = self.schedule.pop_due(time.time())
         if due:
             self._fire(due)
@@ -156,6 +161,7 @@ class TimerService:
             self._thread.join(10)
         self._consumer.close()
         self._producer.abandon()  # its thread ends and drops the producer
+        self.rejects.close()
         if self._own_endpoints:
             self._endpoints.close()
 

@@ -30,14 +30,16 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import faust
 
 from kbroker.core import monitor_codec as codec
 from kbroker.core import names
-from kbroker.core.log_limit import RateLimitFilter
-from kbroker.core.tick import EVERY_2ND, TickCounter, advance
 from kbroker.core.client_security import AIOKAFKA, LIBRDKAFKA
+from kbroker.core.log_limit import RateLimitFilter
+from kbroker.core.rejected import Consumed, Rejected, text_key
+from kbroker.core.tick import EVERY_2ND, TickCounter, advance
 from kbroker.errors import PermissionDeniedError, is_refusal
 from kbroker.kafka.clients import (
     KAFKA_LOG_LIMIT,
@@ -47,6 +49,7 @@ from kbroker.kafka.clients import (
     principal,
     security,
 )
+from kbroker.kafka.rejects import Rejects
 from kbroker.sdk.broker import Broker
 from kbroker.worker.control import Reclassifier, Routing
 from kbroker.worker.dashboard import DashboardFeed, add_dashboard
@@ -105,6 +108,7 @@ class Worker:
     reclassifier: Reclassifier
     pages: Pages
     dashboard: DashboardFeed
+    rejects: Rejects  # the worker's agents' records that are not events (set aside, once per cluster)
     ticks: TickCounter = field(default_factory=TickCounter)  # this worker's count of tick numbers
     refused: PermissionDeniedError | None = None  # the authorizer's refusal the worker stopped on
 
@@ -186,6 +190,7 @@ class Worker:
         self.reclassifier.close()
         self.queue_watch.close()
         self.broker.close()
+        self.rejects.close()
         self.pages.close()
         self.datadir.cleanup()
 
@@ -239,6 +244,7 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, Worker]:
         counting_pool=pool, queue_watch=QueueWatch(s, channels, broker, guard, pool),
         progress=ReceiveProgress(s, broker, pool), routing=routing, reclassifier=reclassifier, pages=pages,
         dashboard=DashboardFeed(s.cluster, s.namespace, s.worker_id, broker, monitors.handlers),
+        rejects=Rejects(s.cluster, s.namespace, f"worker {s.worker_id}"),
     )
     guard.on_refused = channels.on_refused = worker.refuse
     register(worker)
@@ -252,12 +258,12 @@ def register(worker: Worker) -> None:
 
     @app.agent(channels.monitor_events)
     async def monitor_agent(stream):
-        async for key, raw in stream.items():
-            queue = key.decode()
-            try:
-                event, source = codec.decode(raw)
-            except codec.BadEvent as exc:
-                log.warning("%s", exc)
+        async for ev in stream.events():
+            try:  # anyone who may write the topic may write anything: such a record is set aside
+                queue = text_key(ev.key)
+                event, source = codec.decode(ev.value)
+            except Rejected as exc:
+                worker.rejects.reject(consumed(ev.message), exc.reason)
                 continue
             # Every event is stepped (no back-off): skipping one would lose it.
             await guard.run("monitor", functools.partial(worker.monitors.on_event, queue, event, source),
@@ -265,8 +271,13 @@ def register(worker: Worker) -> None:
 
     @app.agent(channels.ticks)
     async def tick_agent(stream):
-        async for raw in stream:
-            await guard.run("tick", functools.partial(worker.cluster_tick.on_request, raw), backoff=False)
+        async for ev in stream.events():
+            try:
+                request = codec.decode_tick_request(ev.value)
+            except Rejected as exc:
+                worker.rejects.reject(consumed(ev.message), exc.reason)
+                continue
+            await guard.run("tick", functools.partial(worker.cluster_tick.on_request, *request), backoff=False)
 
     @app.timer(s.tick_interval)
     async def tick_timer():
@@ -287,6 +298,14 @@ def register(worker: Worker) -> None:
         await worker.start()
 
     add_dashboard(app, worker.dashboard)  # /dashboard: live charts of the queues (worker/dashboard.py)
+
+
+def consumed(message: Any) -> Consumed:
+    """A Faust message as the record core/rejected.py describes."""
+    headers = message.headers
+    pairs = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
+    return Consumed(message.topic, message.partition, message.offset, message.key, message.value,
+                    [(str(k), v if isinstance(v, bytes) else str(v).encode()) for k, v in pairs])
 
 
 def shutdown(worker: Worker) -> None:

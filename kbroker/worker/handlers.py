@@ -30,9 +30,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("kbroker.worker.tasks")
 
 
-# kbroker's own procedures: the samples and the benchmarks'. A worker runs others only from the
-# modules its configuration adds (`kbroker worker --allow-procedures`).
-OWN_PROCEDURE_MODULES = ("kbroker.samples", "kbroker.bench.procedures")
+# What a worker runs by default: kbroker's samples, what a user would run. Any other module, the
+# benchmarks' procedures included (the bench's worker allows them itself), only when the
+# worker's configuration adds it (`kbroker worker --allow-procedures`).
+OWN_PROCEDURE_MODULES = ("kbroker.samples",)
 
 
 def allowed(procedure: str, modules: tuple[str, ...]) -> bool:
@@ -72,9 +73,14 @@ class Task:
 
 
 class TaskHandlers:
+    """`modules`: the procedures' modules this worker allows (`allowed`), checked again right
+    before a procedure is imported, whatever path chose it."""
+
     def __init__(self, broker: Any, on_exit: Callable[[Task, bool], None], size: int | None = None,
-                 worker_id: str = "", guard: Guard | None = None):
+                 worker_id: str = "", guard: Guard | None = None,
+                 modules: tuple[str, ...] = OWN_PROCEDURE_MODULES):
         self.size = size or 2 * (os.cpu_count() or 1)
+        self.modules = modules
         self.worker_id = worker_id
         self._broker, self._on_exit = broker, on_exit
         self._requests: queue_mod.Queue[Task | None] = queue_mod.Queue()
@@ -110,6 +116,8 @@ class TaskHandlers:
             log.info("activated reader started queue=%s task=%s", task.queue, task.task_id)
             component = f"procedure {task.procedure} on queue {task.queue}"
             try:
+                if not allowed(task.procedure, self.modules):
+                    raise PermissionError(f"procedure {task.procedure!r} is not in a module this worker allows")
                 resolve(task.procedure)(self._broker, task.queue)
                 ok = True
             except Exception as exc:

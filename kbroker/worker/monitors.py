@@ -83,7 +83,8 @@ class Monitors:
         self.allowed_modules = OWN_PROCEDURE_MODULES + tuple(s.allow_procedures)
         self._refused: set[tuple[str, str]] = set()  # (queue, procedure) already reported
         broker.hooks.append(MonitorHooks(self.post))
-        self.handlers = TaskHandlers(broker, self._on_exit, size=s.handlers, worker_id=s.worker_id, guard=guard)
+        self.handlers = TaskHandlers(broker, self._on_exit, size=s.handlers, worker_id=s.worker_id, guard=guard,
+                                     modules=self.allowed_modules)
 
     def start(self) -> Self:
         self.loop = asyncio.get_running_loop()
@@ -110,10 +111,17 @@ class Monitors:
             config = MonitorConfig.from_queue(self.broker.catalog.queue(queue), ramp_up=ramp_up)
         except Exception:
             return MonitorConfig(enabled=False, ramp_up=ramp_up)
-        if config.enabled and config.internal and config.procedure and \
-                not allowed(config.procedure, self.allowed_modules):
-            self._refuse(queue, config.procedure)
-            return MonitorConfig(enabled=False, ramp_up=ramp_up)  # not activated
+        return self.checked(queue, config)
+
+    def checked(self, queue: str, config: MonitorConfig) -> MonitorConfig:
+        """The config a monitor may run with, whichever path chose it (the catalog at a monitor's
+        creation or take-over, a QueueAltered event that anyone who can write the monitor-events
+        topic may have written): with a procedure this worker does not allow, the queue is not
+        activated (refused, said once), rather than keeping an earlier procedure the queue no
+        longer names: one rule for every path, and the catalog stays what decides."""
+        if config.enabled and config.internal and not allowed(config.procedure or "", self.allowed_modules):
+            self._refuse(queue, config.procedure or "")
+            return MonitorConfig(enabled=False, ramp_up=config.ramp_up)  # not activated
         return config
 
     def _refuse(self, queue: str, procedure: str) -> None:
@@ -125,7 +133,8 @@ class Monitors:
         log.error("activation of queue %s refused: procedure %s is not in a module this worker allows %s "
                   "(kbroker worker --allow-procedures MODULE)", queue, procedure, modules)
         event = {"event": "ACTIVATION_REFUSED", "queue": queue, "namespace": self.s.namespace,
-                 "procedure": procedure, "allowed": modules, "time": now_ms()}
+                 "procedure": procedure, "allowed": modules, "time": now_ms(),
+                 "reason": f"procedure {procedure!r} is not in a module this worker allows"}
         asyncio.get_running_loop().create_task(self.channels.send_event(queue, event))
 
     async def _perform(self, actions: list[Any]) -> None:
@@ -142,7 +151,7 @@ class Monitors:
         """One monitor event: step the queue's monitor, store it, carry out its actions."""
         s, table = self.s, self.channels.monitors
         if isinstance(event, QueueAltered):  # the ramp-up pace is this worker's setting
-            event = QueueAltered(replace(event.config, ramp_up=s.ramp_up))
+            event = QueueAltered(self.checked(queue, replace(event.config, ramp_up=s.ramp_up)))
         now = time.time()
         stored = table.get(queue)
         actions: list[Any] = []

@@ -38,7 +38,7 @@ class WorkerSettings:
     handlers: int | None = None  # task handler threads; default 2 x CPUs
     timers: bool = True  # run the timer service (dialog timers, lifetimes)
     routing: bool = True  # run the dispatcher and the transmitter (messages between namespaces)
-    # Modules whose activation procedures this worker runs, besides kbroker's own.
+    # Modules whose activation procedures this worker runs, besides kbroker's samples (handlers.OWN_PROCEDURE_MODULES).
     allow_procedures: tuple[str, ...] = ()
     closed_grace: float = CLOSED_GRACE_SECONDS  # how long a CLOSED endpoint stays before its tombstone
     worker_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])

@@ -13,14 +13,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from kbroker.core import monitor_codec as codec
+from kbroker.core import names
+from kbroker.core.analytics_records import analytics_row, control_command
+from kbroker.core.catalog_records import catalog_record
+from kbroker.core.endpoint_records import endpoint_record
 from kbroker.core.monitor import Tick
+from kbroker.core.reader_reports import reader_report
+from kbroker.core.rejected import text_key
 from kbroker.core.tick import EVERY_5TH, TickOwner, TickSchedule, claim
 from kbroker.kafka.reclaim import reclaim_endpoints, reclaim_namespace
+from kbroker.kafka.rejects import Rejects, scan
 from kbroker.sdk.broker import Broker
 from kbroker.worker.guard import Guard
 from kbroker.worker.settings import Channels, WorkerSettings, now_ms
@@ -37,6 +45,10 @@ class Reclaimer:
 
     def __init__(self, s: WorkerSettings, channels: Channels, broker: Broker, guard: Guard):
         self.s, self.channels, self.broker, self.guard = s, channels, broker, guard
+        # The records of the topics every process reads whole that are not what they should be:
+        # skipped by every reader, recorded here, once per cluster (kafka/rejects.py).
+        self.rejects = Rejects(s.cluster, s.namespace, "5th-tick scan")
+        self._scanned: dict[str, dict[int, int]] = {}  # topic -> where its last scan ended
         self.running: asyncio.Future[Any] | None = None
         self._endpoints_reclaimed: float | None = None  # monotonic time of the last endpoint scan
 
@@ -58,11 +70,14 @@ class Reclaimer:
         ENDPOINT_RECLAIM_SECONDS, or every closed_grace when shorter)."""
         s = self.s
         try:
+            await asyncio.to_thread(self.scan, names.catalog_topic(s.namespace), names.readers_topic(s.namespace),
+                                    names.analytics_topic(s.namespace), names.control_topic(s.namespace))
             done = await asyncio.to_thread(lambda: reclaim_namespace(s.cluster, self.broker.catalog))
             every = min(ENDPOINT_RECLAIM_SECONDS, s.closed_grace)  # a short grace is reclaimed as often
             last = -every if self._endpoints_reclaimed is None else self._endpoints_reclaimed
             if time.monotonic() - last >= every:
                 self._endpoints_reclaimed = time.monotonic()
+                await asyncio.to_thread(self.scan, names.endpoints_topic(s.namespace))
                 n = await asyncio.to_thread(reclaim_endpoints, s.cluster, s.namespace, s.closed_grace)
                 if n:
                     log.info("reclaimed endpoints=%d closed_for_more_than=%ss", n, s.closed_grace)
@@ -73,6 +88,29 @@ class Reclaimer:
             event = {"event": "RECORDS_RECLAIMED", "topic": r.topic, "time": now_ms(),
                      "deleted_below": {str(p): o for p, o in r.deleted_below.items()}}  # JSON keys
             await self.channels.send_event(r.topic, event)
+
+
+    def scan(self, *topics: str) -> None:
+        """Set aside the bad records of topics every process reads whole (kafka/rejects.py): the
+        catalog and endpoints read whole, the others on from where the last scan ended."""
+        for topic in topics:
+            name = topic.rpartition(".")[2]
+            before = self.rejects.rejected
+            ends = scan(self.rejects, topic, _DECODERS[name],
+                        starts=None if name in ("catalog", "endpoints") else self._scanned.get(topic, {}))
+            self._scanned[topic] = ends
+            if self.rejects.rejected > before:
+                log.warning("set aside records=%d topic=%s", self.rejects.rejected - before, topic)
+
+
+# What each compacted topic the scan reads holds (by the topic's last name part).
+_DECODERS: dict[str, Callable[[Any], object]] = {
+    "catalog": lambda msg: catalog_record(msg.key(), msg.value()),
+    "endpoints": lambda msg: endpoint_record(msg.key(), msg.value()),
+    "readers": lambda msg: msg.value() is None or (text_key(msg.key()), reader_report(msg.value())),
+    "analytics": lambda msg: analytics_row(msg.key(), msg.value()),
+    "control": lambda msg: control_command(msg.key(), msg.value()),
+}
 
 
 class ClusterTick:
@@ -87,11 +125,11 @@ class ClusterTick:
         await self.channels.send(self.channels.ticks, b"tick", orjson.dumps({"worker": self.s.worker_id,
                                                                                "now": time.time()}))
 
-    async def on_request(self, raw: bytes) -> None:
-        """A worker asked for a tick: run it if this tick number is due and unclaimed."""
-        req = orjson.loads(raw)
+    async def on_request(self, worker: str, now: float) -> None:
+        """A worker asked for a tick (core/monitor_codec.decode_tick_request): run it if this
+        tick number is due and unclaimed."""
         table = self.channels.tick_owner
-        run, owner = claim(TickOwner.from_dict(table.get("owner")), req["worker"], req["now"], self.schedule)
+        run, owner = claim(TickOwner.from_dict(table.get("owner")), worker, now, self.schedule)
         table["owner"] = owner.to_dict()
         if run is None:
             return
@@ -100,7 +138,7 @@ class ClusterTick:
         for queue in queues:
             await self.channels.send(self.channels.monitor_events, queue.encode(), codec.encode(Tick()))
         event = {"event": "TICK", "number": run.number, "due": sorted(run.due), "missed": run.missed,
-                 "worker": req["worker"], "time": now_ms()}
+                 "worker": worker, "time": now_ms()}
         await self.channels.send_event("tick", event)
         if EVERY_5TH in run.due:
             self.reclaimer.trigger()

@@ -13,7 +13,9 @@ import orjson
 from kbroker.core import names
 from kbroker.core.cluster import ClusterLike
 from kbroker.core.monitor import MonitorState
-from kbroker.kafka.reader import latest_values
+from kbroker.core.rejected import Rejected, decoding, json_object
+from kbroker.kafka.reader import latest_records
+from kbroker.kafka.rejects import Rejects
 from kbroker.worker.web_client import get_json
 
 
@@ -30,12 +32,19 @@ def monitor_rows(cluster: ClusterLike, namespace: str, timeout: float = 10.0) ->
     (the read's own time is the reader's, not the row's); and the
     owner's health when it wrote the row: `degraded` and `degraded_reasons`."""
     read_at = time.time()
-    raw = latest_values(cluster, names.monitors_changelog_topic(namespace), timeout)
-    latest = {orjson.loads(k): orjson.loads(v) for k, v in (raw or {}).items()}  # None: no worker ran yet
+    latest: dict[str, tuple[dict[str, Any], MonitorState]] = {}
+    rejects = Rejects(cluster, namespace, "monitors view", record=False)  # logged: another client's record
+    for msg in (latest_records(cluster, names.monitors_changelog_topic(namespace), timeout) or {}).values():
+        try:
+            queue, d = decoding(orjson.loads, msg.key()), json_object(msg.value())
+            if not isinstance(queue, str):
+                raise Rejected("the key is not a queue name")
+            latest[queue] = d, decoding(MonitorState.from_dict, d)
+        except Rejected as exc:
+            rejects.reject(msg, exc.reason)
     rows = []
-    for queue in sorted(latest):
-        d = latest[queue]
-        st = MonitorState.from_dict(d)
+    for queue in sorted(latest):  # none before a worker ran
+        d, st = latest[queue]
         dmv = st.dmv_row()
         as_of = d.get("counted", d.get("updated"))
         health = d.get("health") or {}

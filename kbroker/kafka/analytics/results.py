@@ -11,14 +11,17 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from kbroker.core import names
+from kbroker.core.analytics_records import control_command
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.offsets import decode_completed
 from kbroker.core.records import Record
+from kbroker.core.rejected import Rejected
 from kbroker.core.txn_faults import Deadline
 from kbroker.errors import BrokerUnavailableError, denied_code, kafka_error
 from kbroker.kafka import clients
 from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, reason, started_for, transact
 from kbroker.kafka.reader import group_offsets, offsets_reader, reading_consumer, topic_partitions
+from kbroker.kafka.rejects import Rejects
 
 
 class ResultsWriter:
@@ -140,6 +143,7 @@ class ControlReader:
 
     def __init__(self, cluster: ClusterLike, namespace: str):
         self.topic = names.control_topic(namespace)
+        self.rejects = Rejects(cluster, namespace, "control reader", record=False)
         self._consumer = reading_consumer(cluster, names.reader_group(namespace), **{"enable.partition.eof": False})
         self._assigned = False
 
@@ -156,12 +160,11 @@ class ControlReader:
         while True:
             msgs = self._consumer.consume(500, max(0.0, min(0.2, deadline - time.monotonic())))
             for msg in msgs:
-                key, value = msg.key(), msg.value()
-                if msg.error() is None and key is not None and value is not None:
+                if msg.error() is None:
                     try:
-                        out.append((key.decode(), orjson.loads(value)))
-                    except (UnicodeDecodeError, orjson.JSONDecodeError):
-                        continue  # not a command: skipped, never stops the reading
+                        out.append(control_command(msg.key(), msg.value()))
+                    except Rejected as exc:  # skipped and logged; the worker's 5th-tick scan records it
+                        self.rejects.reject(msg, exc.reason)
             if not msgs or time.monotonic() >= deadline:
                 return out
 

@@ -7,14 +7,16 @@ import threading
 import time
 from typing import Any
 
-import orjson
 from confluent_kafka import KafkaError, TopicPartition
 
 from kbroker.core import names
+from kbroker.core.analytics_records import analytics_row
 from kbroker.core.cluster import ClusterLike
 from kbroker.core.queue_analytics import dialog_row_at
+from kbroker.core.rejected import Rejected
 from kbroker.kafka.clients import is_transient
-from kbroker.kafka.reader import latest_values, reading_consumer, topic_partitions
+from kbroker.kafka.reader import latest_records, reading_consumer, topic_partitions
+from kbroker.kafka.rejects import Rejects
 
 WINDOWS_KEPT = 60  # per queue, the newest windows the follower keeps (an hour at the default 60 s)
 
@@ -25,10 +27,17 @@ def dialog_rows(cluster: ClusterLike, namespace: str, klass: str | None = None,
     dialog; empty when no analytics job has written any. `oldest_age_s` is the age now."""
     rows = []
     now_ms = int(time.time() * 1000)
-    for key, value in (latest_values(cluster, names.analytics_topic(namespace), timeout) or {}).items():
-        if not key.startswith(b"dialog/"):
+    rejects = Rejects(cluster, namespace, "dialogs view", record=False)  # the worker's 5th-tick scan records them
+    topic = names.analytics_topic(namespace)
+    for msg in (latest_records(cluster, topic, timeout) or {}).values():
+        try:
+            decoded = analytics_row(msg.key(), msg.value())
+        except Rejected as exc:
+            rejects.reject(msg, exc.reason)
             continue
-        row = orjson.loads(value)
+        if decoded is None or decoded[0] != "dialog":
+            continue
+        row = decoded[1]
         if klass is None or row.get("class") == klass:
             rows.append(dialog_row_at(row, now_ms))
     return sorted(rows, key=lambda r: (r.get("queue") or "", r["conversation_id"], r["side"]))
@@ -41,6 +50,7 @@ class AnalyticsFollower:
 
     def __init__(self, cluster: ClusterLike, namespace: str):
         self.topic = names.analytics_topic(namespace)
+        self.rejects = Rejects(cluster, namespace, "analytics follower", record=False)
         self._consumer = reading_consumer(cluster, names.reader_group(namespace), **{"enable.partition.eof": False})
         self._assigned = False
         self._lock = threading.Lock()
@@ -62,21 +72,25 @@ class AnalyticsFollower:
                 if err.code() != KafkaError._PARTITION_EOF and not is_transient(err):
                     raise RuntimeError(f"reading {self.topic} failed: {err}")
                 continue
-            self._take(msg.key(), msg.value())
+            try:
+                decoded = analytics_row(msg.key(), msg.value())
+            except Rejected as exc:  # skipped and logged; the worker's 5th-tick scan records it
+                self.rejects.reject(msg, exc.reason)
+                continue
+            self._take(msg.key(), decoded)
             n += 1
         return n
 
-    def _take(self, key: bytes | None, value: bytes | None) -> None:
+    def _take(self, key: bytes | None, decoded: tuple[str, dict[str, Any]] | None) -> None:
         if key is None:
             return
         with self._lock:
-            if key.startswith(b"dialog/"):
-                if value is None:
-                    self._dialogs.pop(key, None)
-                else:
-                    self._dialogs[key] = orjson.loads(value)
-            elif key.startswith(b"queue/") and value is not None:
-                row = orjson.loads(value)
+            if decoded is None:
+                self._dialogs.pop(key, None)  # a dialog's tombstone (or a key the follower does not show)
+            elif decoded[0] == "dialog":
+                self._dialogs[key] = decoded[1]
+            else:
+                row = decoded[1]
                 windows = self._windows.setdefault(row["queue"], {})
                 windows[row["window_start"]] = row
                 while len(windows) > WINDOWS_KEPT:

@@ -1,0 +1,157 @@
+"""The one writer of rejected records (core/rejected.py): every reader that skips a record hands
+it here, and goes on.
+
+`Rejects(cluster, namespace, reader).reject(record, reason)` logs one line (at most one per
+position per process) and, when the Rejects records, produces the record's dead letter and its
+RECORD_REJECTED event with an idempotent producer made on the first rejection (a reader that
+never meets a bad record never has one). It never raises and never waits for the broker: a dead
+letter that cannot be written (a principal without WRITE on the dead-letter topic, a broker that
+is down) is logged, and the reader goes on regardless; the bad record is skipped either way.
+
+Who records. A record on a topic that a consumer group reads (timers, monitor events, ticks,
+progress) is met by one process once: it records it. A topic that every process reads whole
+would give one dead letter per process per start, so its readers are made with `record=False`
+(they skip and log), and the worker that owns the cluster's 5th tick scans it (`scan`) and
+records each bad record once:
+- the catalog and the endpoints are read whole at each scan (the endpoints as often as their
+  reclaim): a bad record still the last of its key is recorded, and tombstoned when its key holds
+  no valid value, which supersedes it (no later scan or reader meets it, compaction removes it);
+  one that follows a valid value of its key is only recorded (rewriting the old value could undo
+  a newer write racing with it), and the scanner remembers it. `kbroker apply`, the catalog's
+  writer, writes again an object whose last record is bad and records that record itself;
+- the readers', analytics and control topics (a report every 2 s per reader, results, commands)
+  are scanned on from where the last scan ended: every bad record once, no tombstones (their
+  retention drops them).
+A new tick owner scans from the start again, so a bad record is recorded once per tick owner
+(and, rarely, by both a scan and the apply that repairs it), never once per process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaException, Producer
+
+from kbroker.core import names
+from kbroker.core.cluster import Cluster, ClusterLike
+from kbroker.core.rejected import Rejected, position, rejection_records
+from kbroker.errors import BrokerUnavailableError
+from kbroker.kafka import clients
+from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partitions
+
+__all__ = ["Rejects", "scan"]
+
+log = logging.getLogger("kbroker.rejects")
+
+_SEEN_LIMIT = 10_000  # positions remembered per Rejects: its memory stays bounded
+
+
+class Rejects:
+    """A reader's way to set records aside (see the module docstring). Thread-safe."""
+
+    def __init__(self, cluster: ClusterLike, namespace: str, reader: str, *, record: bool = True):
+        self.cluster, self.namespace, self.reader, self.records = Cluster.of(cluster), namespace, reader, record
+        self._producer: Producer | None = None
+        self._lock = threading.Lock()
+        self._seen: set[tuple[str | None, int | None, int | None]] = set()
+        self.rejected = 0  # records this Rejects set aside (counted once per position)
+
+    def reject(self, record: Any, reason: str) -> bool:
+        """Set the record aside (a ConsumedRecord: a confluent Message, or core/rejected.Consumed);
+        False when this position was already (a re-read)."""
+        where = (record.topic(), record.partition(), record.offset())
+        with self._lock:
+            if where in self._seen:
+                return False
+            if len(self._seen) >= _SEEN_LIMIT:
+                self._seen.clear()
+            self._seen.add(where)
+            self.rejected += 1
+        log.warning("%s: record %s set aside: %s", self.reader, position(record), reason)
+        if self.records:
+            self._write(record, reason)
+        return True
+
+    def _write(self, record: Any, reason: str) -> None:
+        try:
+            with self._lock:
+                if self._producer is None:
+                    self._producer = clients.idempotent_producer(self.cluster, **{"message.timeout.ms": 30_000})
+                producer = self._producer
+            for topic, key, value, headers in rejection_records(self.namespace, record, reason, self.reader,
+                                                               int(time.time() * 1000)):
+                producer.produce(topic, key=key, value=value, headers=headers,  # type: ignore[arg-type]
+                                 on_delivery=self._delivered)
+            producer.poll(0)
+        except (KafkaException, BufferError) as exc:
+            log.error("%s: the dead letter of %s was not written: %s", self.reader, position(record), exc)
+
+    def _delivered(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            log.error("%s: a dead letter was not written to %s: %s", self.reader, msg.topic(), err)
+
+    def flush(self, timeout: float = 10.0) -> int:
+        """Wait for the dead letters written so far; how many are still unacknowledged."""
+        producer = self._producer
+        return 0 if producer is None else producer.flush(timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.flush(timeout)
+
+
+def scan(rejects: Rejects, topic: str, decode: Callable[[Any], object], *,
+         starts: dict[int, int] | None = None, timeout: float = 60.0) -> dict[int, int]:
+    """Set aside each record of `topic` that `decode` rejects (see the module docstring). Without
+    `starts`, the topic is read whole and only a record still the last of its key counts,
+    tombstoned when its key has no valid value before it; with `starts` (partition -> first
+    offset, {} at first), every record from there counts, and the scanner passes the returned
+    positions next time. Run by one worker (the 5th tick)."""
+    whole = starts is None
+    consumer = reading_consumer(rejects.cluster, names.reader_group(rejects.namespace))
+    bad: list[tuple[Any, str]] = []
+    last: dict[bytes | None, tuple[Any, str | None, bool]] = {}  # key -> (record, why, valid before)
+
+    def note(msg: Any) -> None:
+        try:
+            decode(msg)
+            reason = None
+        except Rejected as exc:
+            reason = exc.reason
+        if not whole:
+            if reason is not None:
+                bad.append((msg, reason))
+            return
+        key, before = msg.key(), last.get(msg.key())
+        if msg.value() is None:  # a tombstone: nothing of the key is left
+            last.pop(key, None)
+            return
+        valid_before = before is not None and (before[1] is None or before[2])
+        last[key] = (msg, reason, valid_before)
+
+    try:
+        partitions = topic_partitions(consumer, topic, timeout)
+        if not partitions:
+            return dict(starts or {})
+        read = read_partitions(consumer, topic, {p: (starts or {}).get(p, 0) for p in partitions}, timeout,
+                               on_record=note)
+        if read.unfinished:
+            raise BrokerUnavailableError(f"could not read {topic} to its end in {timeout} s")
+    finally:
+        consumer.close()
+    tombstones = []
+    bad += [(msg, reason) for msg, reason, _ in last.values() if reason is not None]
+    for msg, reason in bad:
+        if rejects.reject(msg, reason) and whole and not last[msg.key()][2] and msg.key() is not None:
+            tombstones.append((msg.partition(), msg.key()))
+    if tombstones:
+        producer = clients.idempotent_producer(rejects.cluster)
+        for partition, key in tombstones:
+            producer.produce(topic, key=key, value=None, partition=partition)
+        if producer.flush(timeout):
+            raise BrokerUnavailableError(f"tombstones of rejected records in {topic} not acknowledged in {timeout} s")
+    rejects.flush(timeout)
+    return read.positions
