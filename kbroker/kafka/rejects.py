@@ -149,8 +149,14 @@ def scan(rejects: Rejects, topic: str, decode: Callable[[Any], object], *,
             tombstones.append((msg.partition(), msg.key()))
     if tombstones:
         producer = clients.idempotent_producer(rejects.cluster)
+
+        def refused(err: Any, msg: Any) -> None:  # e.g. no WRITE on the catalog: the record stays, recorded
+            if err is not None:
+                log.error("%s: the tombstone over a rejected record of %s was not written: %s", rejects.reader,
+                          topic, err)
+
         for partition, key in tombstones:
-            producer.produce(topic, key=key, value=None, partition=partition)
+            producer.produce(topic, key=key, value=None, partition=partition, on_delivery=refused)
         if producer.flush(timeout):
             raise BrokerUnavailableError(f"tombstones of rejected records in {topic} not acknowledged in {timeout} s")
     rejects.flush(timeout)
