@@ -125,3 +125,28 @@ class RollbackLedger:
         while len(self._counts) > self._limit:
             self._counts.popitem(last=False)
         return count
+
+
+class EventDisables:
+    """The queues disabled by a poison verdict that only the events topic carries: the process
+    that reached it could not write the catalog (only its owner and ALTER's holders may, G7), so
+    it published the verdict as a QUEUE_DISABLED event marked `"catalog": false`. Every reading
+    process follows the events topic (kafka/rollbacks.py) and refuses RECEIVE on such a queue
+    until a later QUEUE_ENABLED of it (`kbroker queue enable` by an ALTER holder), which the
+    queue's key keeps in order after the verdict. A verdict the catalog holds is the catalog's
+    to undo, and not counted here."""
+
+    def __init__(self) -> None:
+        self._queues: set[str] = set()
+
+    def seen(self, event: object) -> None:
+        """An event of the events topic, as decoded (anything: other writers' records are not trusted)."""
+        if not isinstance(event, dict) or not isinstance(event.get("queue"), str):
+            return
+        if event.get("event") == "QUEUE_DISABLED" and event.get("poison") is True and event.get("catalog") is False:
+            self._queues.add(event["queue"])
+        elif event.get("event") == "QUEUE_ENABLED":
+            self._queues.discard(event["queue"])
+
+    def disabled(self, queue: str) -> bool:
+        return queue in self._queues

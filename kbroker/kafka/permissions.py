@@ -5,6 +5,7 @@ enforces. The namespace's catalog names its services and queues."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from kbroker.core.permissions import GRANT, Objects, Permission, bindings_of, he
 from kbroker.errors import SendPermissionDeniedError, denied_code
 from kbroker.kafka import acls, clients
 from kbroker.kafka.catalog_store import read_catalog
+
+log = logging.getLogger("kbroker.permissions")
 
 
 @dataclass
@@ -93,34 +96,51 @@ class SendChecks:
     process's principal may WRITE a queue topic (DescribeTopics with the authorized operations,
     KIP-430: the authorizer's own answer, DENY ACLs included). A yes is kept for `keep` seconds,
     so a SEND costs no round trip; a no is asked again each time (a grant works at once). A
-    revoke within those seconds is still enforced by the cluster when the records are written."""
+    revoke within those seconds is still enforced by the cluster when the records are written.
+    The check only brings the refusal forward: when the cluster gives no answer within
+    `timeout` (a broker down, a node failing over), the SEND goes on for `keep` seconds and the
+    authorizer decides at the write, as it would without the check."""
 
-    def __init__(self, cluster: ClusterLike, *, keep: float = 5.0, timeout: float = 10.0):
+    def __init__(self, cluster: ClusterLike, *, keep: float = 5.0, timeout: float = 5.0):
         self._cluster, self._keep, self._timeout = cluster, keep, timeout
-        self._allowed: dict[str, float] = {}  # topic -> until when its yes is kept
+        self._allowed: dict[str, float] = {}  # topic -> until when its yes (or no answer) is kept
         self._admin: AdminClient | None = None
+        self._unanswered = False  # logged once per spell without answers
 
     def check(self, service: str, topic: str) -> None:
-        """SendPermissionDeniedError (Service Broker's -8494) unless the principal may WRITE `topic`."""
+        """SendPermissionDeniedError (Service Broker's -8494) when the principal may not WRITE `topic`."""
         now = time.monotonic()
         if self._allowed.get(topic, 0.0) > now:
             return
-        if not self._may_write(topic):
+        if self._may_write(topic) is False:
             raise SendPermissionDeniedError(service, topic, clients.principal(self._cluster))
         self._allowed[topic] = now + self._keep
 
-    def _may_write(self, topic: str) -> bool:
+    def _may_write(self, topic: str) -> bool | None:
+        """The authorizer's answer; None when the cluster gave none (the write will say)."""
         if self._admin is None:
             self._admin = clients.admin(self._cluster)
-        future = self._admin.describe_topics(TopicCollection([topic]), include_authorized_operations=True,
-                                             request_timeout=self._timeout)[topic]
         try:
-            described = future.result()
+            future = self._admin.describe_topics(TopicCollection([topic]), include_authorized_operations=True,
+                                                 request_timeout=self._timeout)[topic]
+            described = future.result(timeout=self._timeout + 1.0)
         except KafkaException as exc:
-            if denied_code(exc.args[0]):
+            err = exc.args[0]
+            if denied_code(err):
                 return False  # not even DESCRIBE
-            if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            if err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                 return True  # the write will say so (a secondary queue is made on first use)
-            raise clients.kafka_error(f"cannot ask whether {topic} may be written", exc.args[0]) from None
+            self._no_answer(topic, err)
+            return None
+        except Exception as exc:  # noqa: BLE001 - a future's timeout, a client closing: no answer
+            self._no_answer(topic, exc)
+            return None
+        self._unanswered = False
         ops = described.authorized_operations
         return ops is None or AclOperation.WRITE in ops or AclOperation.ALL in ops
+
+    def _no_answer(self, topic: str, why: object) -> None:
+        """Logged once per spell of unanswered checks, not per SEND."""
+        if not self._unanswered:
+            log.warning("SEND's permission on %s not asked (%s): the write will be authorized", topic, why)
+        self._unanswered = True

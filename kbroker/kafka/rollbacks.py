@@ -4,7 +4,8 @@ A process that rolls back a RECEIVE puts a RECEIVE_ROLLED_BACK event on the name
 topic (key: the queue) naming each message it had taken and that message's rollback count. Every
 reading process follows the events topic from a few minutes back, so when a message moves to
 another reader (a rebalance, a dead process) its count goes on from where it was. An operator
-sees the same events (`kbroker events`, the dashboards).
+sees the same events (`kbroker events`, the dashboards). The same reading follows the poison
+verdicts that only the events topic carries (core/poison.EventDisables): `disabled(queue)`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.core.poison import Position, RollbackLedger
+from kbroker.core.poison import EventDisables, Position, RollbackLedger
 from kbroker.errors import PermissionDeniedError
 from kbroker.kafka.background import Background
 from kbroker.kafka.reader import CONSUME_WAIT, reading_consumer, topic_partitions
@@ -28,6 +29,7 @@ log = logging.getLogger("kbroker.poison")
 
 ROLLED_BACK = "RECEIVE_ROLLED_BACK"
 _ROLLED_BACK_JSON = f'"{ROLLED_BACK}"'.encode()  # how a rollback event's bytes say so
+_QUEUE_STATUS_JSON = b'"QUEUE_'  # QUEUE_DISABLED, QUEUE_ENABLED (kafka/queues.py)
 LOOKBACK_SECONDS = 600.0  # a poison message is retried within seconds; ten minutes is plenty
 
 
@@ -41,6 +43,8 @@ class RollbackLog(Background):
         self._cluster, self._namespace, self._producer = Cluster.of(cluster), namespace, producer
         self._process = process
         self.ledger = RollbackLedger()
+        self._disables = EventDisables()
+        self._waited = False  # disabled() waited for the recent events once
         self._lock = threading.Lock()
         self._caught_up = threading.Event()  # the others' recent rollbacks have been read
         self._pending: set[int] = set()  # partitions not yet read to where they ended at start
@@ -64,6 +68,28 @@ class RollbackLog(Background):
         except (BufferError, KafkaException) as exc:
             log.warning("rollback of %s not published: %s", queue, exc)
         return counts
+
+    def publish_disabled(self, queue: str, reason: str) -> None:
+        """A poison verdict this process cannot write to the catalog: every reader's, from the
+        events topic (core/poison.EventDisables); this process's at once."""
+        event = {"event": "QUEUE_DISABLED", "queue": queue, "reason": reason, "poison": True, "catalog": False,
+                 "process": self._process, "time": int(time.time() * 1000)}
+        with self._lock:
+            self._disables.seen(event)
+        try:
+            self._producer.produce(names.events_topic(self._namespace), key=queue.encode(), value=orjson.dumps(event))
+            self._producer.poll(0)
+        except (BufferError, KafkaException) as exc:
+            log.warning("the disabling of %s not published: %s", queue, exc)
+
+    def disabled(self, queue: str) -> bool:
+        """Whether a poison verdict outside the catalog holds `queue` disabled (a process that
+        just began following waits once, up to a second, to have read the recent events)."""
+        if not self._waited:
+            self._caught_up.wait(1.0)
+            self._waited = True
+        with self._lock:
+            return self._disables.disabled(queue)
 
     def committed(self, topic: str, offsets: Iterable[tuple[int, int]]) -> None:
         """The messages were received by a committed transaction: forget their counts."""
@@ -120,6 +146,13 @@ class RollbackLog(Background):
                         self._caught_up.set()
                 continue
             value = msg.value()
+            if value and _QUEUE_STATUS_JSON in value:
+                try:
+                    with self._lock:
+                        self._disables.seen(orjson.loads(value))
+                except orjson.JSONDecodeError:
+                    pass
+                continue
             if not value or _ROLLED_BACK_JSON not in value:
                 continue  # other events: read past without parsing
             try:

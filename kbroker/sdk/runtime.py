@@ -57,7 +57,6 @@ class BrokerRuntime(ProcessRuntime):
         self._secondary: set[str] = set()  # secondary queue topics known to exist
         self._rollbacks: RollbackLog | None = None  # every process's rollbacks; with the first receiver
         self._poison = PoisonCounter()  # counts the queues this process reads itself
-        self._poisoned_here: set[str] = set()  # disabled by poison where the catalog may not be written
         self.hooks: list[ReceiveHooks] = []
         self.receive_hooks: ReceiveHooks = HookFanOut(self.hooks)
         self.send_checks = SendChecks(cluster)
@@ -85,8 +84,8 @@ class BrokerRuntime(ProcessRuntime):
         """The catalog and `queue` in it, for one RECEIVE: QueueDisabledError unless STATUS = ON.
         A disabled queue is checked against the catalog read again, so an ALTER QUEUE ... STATUS =
         ON from any process is seen on the next RECEIVE."""
-        if queue in self._poisoned_here:
-            raise QueueDisabledError(queue)
+        if self._follow_rollbacks().disabled(queue):
+            raise QueueDisabledError(queue)  # a poison verdict the catalog could not take
         catalog = self.catalog.current
         q = catalog.queues.get(queue)
         if q is None or q.status != "ON" or queue in self.catalog.disabled:
@@ -126,10 +125,16 @@ class BrokerRuntime(ProcessRuntime):
                           report=functools.partial(self._report_reader, queue)).start()
         if instance is None:
             self._poison.watch(queue)  # poison counting covers the queues read here
-        if self._rollbacks is None:  # a reading process learns of ALTER QUEUE within 0.5 s
+        self._follow_rollbacks()
+        return r
+
+    def _follow_rollbacks(self) -> RollbackLog:
+        """The events a reading process follows: other processes' rollbacks and the poison verdicts
+        the catalog could not take; and the catalog watcher (ALTER QUEUE within 0.5 s)."""
+        if self._rollbacks is None:
             self.catalog.watch()
             self._rollbacks = RollbackLog(self.cluster, self.namespace, self.producer, self.process).start()
-        return r
+        return self._rollbacks
 
     def secondary_queue(self, queue: str, instance: str) -> str:
         """The secondary queue topic of `queue` for `instance`, created on first use."""
@@ -185,12 +190,12 @@ class BrokerRuntime(ProcessRuntime):
             try:
                 set_queue_status(self.cluster, self.namespace, verdict.queue, "OFF", verdict.reason, poison=True)
             except PermissionDeniedError as exc:
-                # Only the catalog's owner and ALTER's holders write the catalog (G7). The queue
-                # stays disabled in this process; every other reader reaches the same verdict
-                # from the rollback counts all processes share (the events topic).
-                log.error("queue %s: %s; disabled in this process only, until it restarts (%s)", verdict.queue,
-                          verdict.reason, exc)
-                self._poisoned_here.add(verdict.queue)
+                # Only the catalog's owner and ALTER's holders write the catalog (G7): the verdict
+                # goes on the events topic, which every reader follows, until `queue enable`.
+                log.error("queue %s: %s; disabled by an event, the catalog not being this principal's (%s)",
+                          verdict.queue, verdict.reason, exc)
+                assert self._rollbacks is not None  # made with the receiver whose rollback this is
+                self._rollbacks.publish_disabled(verdict.queue, verdict.reason)
                 return
             self.catalog.refresh()
 

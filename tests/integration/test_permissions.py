@@ -245,9 +245,10 @@ def test_apply_refuses_names_that_collide_in_kafka_with_another_namespace(user, 
     assert "Claims" not in read_catalog(secure_admin, ns).queues
 
 
-def test_a_reader_that_may_not_write_the_catalog_disables_a_poisoned_queue_in_its_process(user, secure_admin):
+def test_a_reader_that_may_not_write_the_catalog_disables_a_poisoned_queue_by_an_event(user, secure_admin):
     """Only the catalog's owner and ALTER's holders write the catalog: five rolled-back RECEIVEs
-    of a principal with RECEIVE alone disable the queue in its process, the catalog unchanged."""
+    of a principal with RECEIVE alone disable the queue, the catalog unchanged, for its process
+    and every other reader (the verdict is an event on the events topic), until `queue enable`."""
     ns = fresh("p")
     apply_paths(secure_admin, ns, [SAMPLES])
     send_claim(secure_admin, ns)
@@ -262,4 +263,16 @@ def test_a_reader_that_may_not_write_the_catalog_disables_a_poisoned_queue_in_it
             tx.rollback()
         with pytest.raises(QueueDisabledError):
             b.receive(QUEUE, wait=0)
-    assert read_catalog(secure_admin, ns).queue(QUEUE).status == "ON"
+        with Broker(u.cluster, ns) as other:  # another reading process, started after the verdict
+            with pytest.raises(QueueDisabledError):
+                other.receive(QUEUE, wait=0)
+        assert read_catalog(secure_admin, ns).queue(QUEUE).status == "ON"
+        set_queue_status(secure_admin, ns, QUEUE, "ON", "the poison message dealt with")
+
+        def served() -> object:
+            try:
+                return b.receive(QUEUE, wait=1) or None
+            except QueueDisabledError:
+                return None
+
+        assert wait_for(served, SETTLE, "RECEIVE served again after queue enable")

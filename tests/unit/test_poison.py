@@ -74,3 +74,28 @@ def test_a_committed_message_is_forgotten_and_the_ledger_stays_bounded() -> None
     assert [ledger.count(("t", 0, o)) for o in range(5)] == [0, 0, 1, 1, 1]  # the oldest went first
     ledger.forget([("t", 0, 4)])
     assert ledger.count(("t", 0, 4)) == 0
+
+
+def test_a_poison_verdict_outside_the_catalog_holds_until_the_queue_is_enabled():
+    from kbroker.core.poison import EventDisables
+
+    d = EventDisables()
+    verdict = {"event": "QUEUE_DISABLED", "queue": "q", "poison": True, "catalog": False}
+    d.seen(verdict)
+    assert d.disabled("q") and not d.disabled("other")
+    d.seen({"event": "QUEUE_ENABLED", "queue": "other"})
+    assert d.disabled("q")
+    d.seen({"event": "QUEUE_ENABLED", "queue": "q"})
+    assert not d.disabled("q")
+
+
+def test_only_a_poison_verdict_the_catalog_could_not_take_counts():
+    from kbroker.core.poison import EventDisables
+
+    d = EventDisables()
+    for event in ({"event": "QUEUE_DISABLED", "queue": "q", "poison": True},  # the catalog holds it
+                  {"event": "QUEUE_DISABLED", "queue": "q", "poison": False, "catalog": False},  # an operator's
+                  {"event": "QUEUE_DISABLED", "queue": 7, "poison": True, "catalog": False},
+                  ["QUEUE_DISABLED"], None, "QUEUE_DISABLED"):
+        d.seen(event)
+    assert not d.disabled("q")
