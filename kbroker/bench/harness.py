@@ -15,7 +15,6 @@ from __future__ import annotations
 import gc
 import os
 import shutil
-import socket
 import tempfile
 import traceback
 from contextlib import contextmanager
@@ -152,10 +151,10 @@ def secured_rows(plain: list[dict], secured: list[dict]) -> list[dict]:
 
 
 def free_port() -> int:
-    """A TCP port free on this host now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on this host now (embedded.jvm.free_port: not one a client may take)."""
+    from kbroker.embedded.jvm import free_port as free
+
+    return free()
 
 
 @contextmanager

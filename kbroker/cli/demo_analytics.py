@@ -5,7 +5,6 @@ rest wait until they go stale; the job's view of it is printed, then everything 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,9 +27,9 @@ STALE_AFTER = 5.0  # the job's threshold here, so the demo shows stale claims wi
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    from kbroker.embedded.jvm import free_port
+
+    return free_port()
 
 
 def run_analytics_demo(cluster: Cluster, namespace: str, say: Callable[[str], None], show: Callable[[Any], None],

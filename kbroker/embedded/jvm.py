@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import os
+import random
 import re
 import shutil
 import socket
@@ -54,12 +55,36 @@ def bind(port: int) -> int | None:
         return int(s.getsockname()[1])
 
 
+def _ephemeral_low(default: int = 32768) -> int:
+    """The first port of the kernel's range for outgoing connections' local ports."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
+def free_port(tries: int = 200) -> int:
+    """A port free on 127.0.0.1 now, below the kernel's ephemeral range when it can be: a port
+    the kernel hands out (bind to 0) may be taken, while its listener is down, as the local port
+    of some client's outgoing connection, and a node restarted on it then fails to bind."""
+    low = min(_ephemeral_low(), 65536)
+    if low > 20000:
+        for _ in range(tries):
+            port = bind(random.randrange(20000, low))
+            if port is not None:
+                return port
+    while True:  # no free port there: any the kernel gives
+        port = bind(0)
+        if port is not None:
+            return port
+
+
 def claim_port(wanted: int, taken: set[int]) -> int:
     """`wanted` when it exists, is free and not `taken`, else any free port not `taken`; added
     to `taken`."""
     free = bind(wanted) if wanted <= 65535 and wanted not in taken else None
     while free is None or free in taken:
-        free = bind(0)
+        free = free_port()
     taken.add(free)
     return free
 

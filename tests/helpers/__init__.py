@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from kbroker.embedded import jvm
 
 ROOT = Path(__file__).resolve().parent.parent.parent  # the checkout under test
 SAMPLES = ROOT / "topics" / "samples"
@@ -38,11 +39,9 @@ def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that nothing listens on right now, outside the kernel's range for
+    outgoing connections (a broker restarted on it must find it free: embedded.jvm.free_port)."""
+    return jvm.free_port()
 
 
 @contextmanager

@@ -1,0 +1,32 @@
+"""Ports for embedded brokers: free, and outside the range the kernel gives outgoing connections
+(a client's connection could otherwise hold a stopped node's port when it restarts)."""
+
+import itertools
+import random
+import socket
+
+from kbroker.embedded import jvm
+
+
+def test_a_free_port_is_below_the_ephemeral_range_and_can_be_listened_on():
+    low = jvm._ephemeral_low()
+    for _ in range(20):
+        port = jvm.free_port()
+        assert 0 < port < 65536
+        if low > 20000:
+            assert 20000 <= port < low
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+
+
+def test_a_taken_port_is_never_given(monkeypatch):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        busy = taken.getsockname()[1]
+        taken.listen()
+        real = random.Random(7)
+        picks = itertools.chain([busy, busy], iter(lambda: real.randrange(20000, 65536), None))
+        monkeypatch.setattr(jvm.random, "randrange", lambda *_: next(picks))
+        monkeypatch.setattr(jvm, "_ephemeral_low", lambda: 65536)
+        assert jvm.free_port() != busy
