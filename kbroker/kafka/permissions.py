@@ -6,9 +6,11 @@ enforces. The namespace's catalog names its services and queues."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AclOperation, AdminClient
@@ -94,53 +96,82 @@ def listed(cluster: ClusterLike, namespace: str, principal: str | None = None, *
 class SendChecks:
     """SEND's permission, asked of the cluster before a statement writes anything: whether this
     process's principal may WRITE a queue topic (DescribeTopics with the authorized operations,
-    KIP-430: the authorizer's own answer, DENY ACLs included). A yes is kept for `keep` seconds,
-    so a SEND costs no round trip; a no is asked again each time (a grant works at once). A
-    revoke within those seconds is still enforced by the cluster when the records are written.
-    The check only brings the refusal forward: when the cluster gives no answer within
-    `timeout` (a broker down, a node failing over), the SEND goes on for `keep` seconds and the
-    authorizer decides at the write, as it would without the check."""
+    KIP-430: the authorizer's own answer, DENY ACLs included).
+
+    Only a topic's first SEND, and a SEND after a no (a grant works at once), wait for the
+    answer. After a yes a SEND goes on at once; once the yes is older than `keep` seconds the
+    check asks again in the background, so a revoke is refused here within about `keep` seconds
+    (and by the cluster at the write before that). The check only brings the refusal forward:
+    when the cluster gives no answer within `timeout` (a broker down, a node failing over), the
+    SEND goes on and the authorizer decides at the write, as it would without the check; a slow
+    cluster never slows a SEND that was allowed before."""
 
     def __init__(self, cluster: ClusterLike, *, keep: float = 5.0, timeout: float = 5.0):
         self._cluster, self._keep, self._timeout = cluster, keep, timeout
-        self._allowed: dict[str, float] = {}  # topic -> until when its yes (or no answer) is kept
+        self._answers: dict[str, tuple[bool | None, float]] = {}  # topic -> (answer, when); None: none came
+        self._asking: set[str] = set()  # topics asked again in the background, not answered yet
+        self._lock = threading.Lock()
         self._admin: AdminClient | None = None
         self._unanswered = False  # logged once per spell without answers
 
     def check(self, service: str, topic: str) -> None:
         """SendPermissionDeniedError (Service Broker's -8494) when the principal may not WRITE `topic`."""
-        now = time.monotonic()
-        if self._allowed.get(topic, 0.0) > now:
+        with self._lock:
+            known = self._answers.get(topic)
+        if known is None or known[0] is False:
+            answer = self._answer(self._ask(topic), self._timeout + 1.0)
+            self._note(topic, answer)
+            if answer is False:
+                raise SendPermissionDeniedError(service, topic, clients.principal(self._cluster))
             return
-        if self._may_write(topic) is False:
-            raise SendPermissionDeniedError(service, topic, clients.principal(self._cluster))
-        self._allowed[topic] = now + self._keep
+        if time.monotonic() - known[1] > self._keep:
+            self._ask_in_background(topic)
 
-    def _may_write(self, topic: str) -> bool | None:
-        """The authorizer's answer; None when the cluster gave none (the write will say)."""
+    def _ask(self, topic: str) -> Any:
         if self._admin is None:
             self._admin = clients.admin(self._cluster)
+        return self._admin.describe_topics(TopicCollection([topic]), include_authorized_operations=True,
+                                           request_timeout=self._timeout)[topic]
+
+    def _ask_in_background(self, topic: str) -> None:
+        with self._lock:
+            if topic in self._asking:
+                return
+            self._asking.add(topic)
         try:
-            future = self._admin.describe_topics(TopicCollection([topic]), include_authorized_operations=True,
-                                                 request_timeout=self._timeout)[topic]
-            described = future.result(timeout=self._timeout + 1.0)
+            future = self._ask(topic)
+        except Exception as exc:  # noqa: BLE001 - no answer: the yes stands, asked again next time
+            self._no_answer(exc)
+            self._note(topic, None)
+            return
+        future.add_done_callback(lambda done: self._note(topic, self._answer(done, 0.0)))
+
+    def _note(self, topic: str, answer: bool | None) -> None:
+        with self._lock:
+            self._answers[topic] = (answer, time.monotonic())
+            self._asking.discard(topic)
+
+    def _answer(self, future: Any, seconds: float) -> bool | None:
+        """The authorizer's answer in `future`; None when the cluster gave none (the write will say)."""
+        try:
+            described = future.result(timeout=seconds)
         except KafkaException as exc:
             err = exc.args[0]
             if denied_code(err):
                 return False  # not even DESCRIBE
             if err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                 return True  # the write will say so (a secondary queue is made on first use)
-            self._no_answer(topic, err)
+            self._no_answer(err)
             return None
         except Exception as exc:  # noqa: BLE001 - a future's timeout, a client closing: no answer
-            self._no_answer(topic, exc)
+            self._no_answer(exc)
             return None
         self._unanswered = False
         ops = described.authorized_operations
         return ops is None or AclOperation.WRITE in ops or AclOperation.ALL in ops
 
-    def _no_answer(self, topic: str, why: object) -> None:
+    def _no_answer(self, why: object) -> None:
         """Logged once per spell of unanswered checks, not per SEND."""
         if not self._unanswered:
-            log.warning("SEND's permission on %s not asked (%s): the write will be authorized", topic, why)
+            log.warning("SEND's permission not asked (%s): the write will be authorized", why)
         self._unanswered = True

@@ -62,3 +62,25 @@ def test_no_answer_lets_the_send_go_on_and_is_kept_like_a_yes(failure):
     c.check("//svc", "kbroker.ns.queue.q")
     c.check("//svc", "kbroker.ns.queue.q")
     assert admin.asked == 1
+
+
+def test_an_old_yes_lets_the_send_go_on_and_a_revoke_found_in_the_background_refuses_the_next():
+    c = SendChecks(Cluster("127.0.0.1:1"), keep=0.0)
+    c._admin = admin = FakeAdmin([AclOperation.WRITE])  # type: ignore[assignment]
+    c.check("//svc", "kbroker.ns.queue.q")  # asked, and waited for: the first SEND
+    admin.outcome = [AclOperation.READ]  # revoked
+    c.check("//svc", "kbroker.ns.queue.q")  # goes on at once; asked again in the background
+    assert admin.asked == 2
+    with pytest.raises(SendPermissionDeniedError):
+        c.check("//svc", "kbroker.ns.queue.q")
+
+
+def test_a_send_allowed_before_never_waits_for_a_slow_cluster():
+    c = SendChecks(Cluster("127.0.0.1:1"), keep=0.0)
+    c._admin = admin = FakeAdmin([AclOperation.WRITE])  # type: ignore[assignment]
+    c.check("//svc", "kbroker.ns.queue.q")
+    pending: Future = Future()  # the cluster does not answer
+    admin.describe_topics = lambda topics, **_kw: {name: pending for name in topics.topic_names}
+    for _ in range(3):
+        c.check("//svc", "kbroker.ns.queue.q")  # would wait `timeout` each if it waited at all
+    assert not pending.done()
