@@ -106,14 +106,17 @@ class Rejects:
 def scan(rejects: Rejects, topic: str, decode: Callable[[Any], object], *,
          starts: dict[int, int] | None = None, timeout: float = 60.0) -> dict[int, int]:
     """Set aside each record of `topic` that `decode` rejects (see the module docstring). Without
-    `starts`, the topic is read whole and only a record still the last of its key counts,
-    tombstoned when its key has no valid value before it; with `starts` (partition -> first
-    offset, {} at first), every record from there counts, and the scanner passes the returned
-    positions next time. Run by one worker (the 5th tick)."""
+    `starts`, the topic is read whole, a partition at a time (a key's records are in one), and
+    only a record still the last of its key counts, tombstoned when its key has no valid value
+    before it: what is kept per key is its verdict, and the record only when it is bad, so memory
+    is a partition's keys, not its values. With `starts` (partition -> first offset, {} at
+    first), every record from there counts, and the scanner passes the returned positions next
+    time. Run by one worker (the 5th tick)."""
     whole = starts is None
     consumer = reading_consumer(rejects.cluster, names.reader_group(rejects.namespace))
     bad: list[tuple[Any, str]] = []
-    last: dict[bytes | None, tuple[Any, str | None, bool]] = {}  # key -> (record, why, valid before)
+    tombstones: list[tuple[int, bytes]] = []
+    last: dict[bytes | None, tuple[Any, str | None, bool]] = {}  # key -> (bad record, why, valid before)
 
     def note(msg: Any) -> None:
         try:
@@ -130,23 +133,28 @@ def scan(rejects: Rejects, topic: str, decode: Callable[[Any], object], *,
             last.pop(key, None)
             return
         valid_before = before is not None and (before[1] is None or before[2])
-        last[key] = (msg, reason, valid_before)
+        last[key] = (msg if reason is not None else None, reason, valid_before)
 
+    def partition_read() -> None:  # whole: the partition's keys whose last record is bad
+        for key, (msg, reason, valid_before) in last.items():
+            if reason is not None and rejects.reject(msg, reason) and not valid_before and key is not None:
+                tombstones.append((msg.partition(), key))
+        last.clear()
+
+    positions: dict[int, int] = dict(starts or {})
     try:
-        partitions = topic_partitions(consumer, topic, timeout)
-        if not partitions:
-            return dict(starts or {})
-        read = read_partitions(consumer, topic, {p: (starts or {}).get(p, 0) for p in partitions}, timeout,
-                               on_record=note)
-        if read.unfinished:
-            raise BrokerUnavailableError(f"could not read {topic} to its end in {timeout} s")
+        partitions = topic_partitions(consumer, topic, timeout) or []
+        for group in ([[p] for p in partitions] if whole else [partitions] if partitions else []):
+            read = read_partitions(consumer, topic, {p: positions.get(p, 0) for p in group}, timeout,
+                                   on_record=note)
+            if read.unfinished:
+                raise BrokerUnavailableError(f"could not read {topic} to its end in {timeout} s")
+            positions.update(read.positions)
+            partition_read()
     finally:
         consumer.close()
-    tombstones = []
-    bad += [(msg, reason) for msg, reason, _ in last.values() if reason is not None]
     for msg, reason in bad:
-        if rejects.reject(msg, reason) and whole and not last[msg.key()][2] and msg.key() is not None:
-            tombstones.append((msg.partition(), msg.key()))
+        rejects.reject(msg, reason)
     if tombstones:
         producer = clients.idempotent_producer(rejects.cluster)
 
@@ -160,4 +168,4 @@ def scan(rejects: Rejects, topic: str, decode: Callable[[Any], object], *,
         if producer.flush(timeout):
             raise BrokerUnavailableError(f"tombstones of rejected records in {topic} not acknowledged in {timeout} s")
     rejects.flush(timeout)
-    return read.positions
+    return positions
