@@ -108,6 +108,28 @@ def test_poison_messages_disable_the_queue_and_enable_resumes(kafka_bootstrap, n
 
 
 
+def test_garbage_on_the_events_topic_stops_no_reader_and_disables_nothing(kafka_bootstrap, namespace, ns_broker):
+    """The events topic, which every reading process follows for rollback counts and poison
+    verdicts, may hold anything another client wrote: records that only look like a queue's
+    status or a rollback are read past, the queue stays enabled and its message is served."""
+    from kbroker.kafka.catalog_store import read_catalog, write_records
+
+    b = ns_broker
+    send_poison(b)
+    garbage = {"PoisonQueue": b'"QUEUE_DISABLED" not json \xff',
+               "x1": b'["QUEUE_DISABLED", "PoisonQueue"]',
+               "x2": orjson.dumps({"event": "QUEUE_DISABLED", "queue": ["PoisonQueue"], "poison": True,
+                                   "catalog": False}),
+               "x3": b'{"event": "RECEIVE_ROLLED_BACK", "messages": "all"}',
+               "x4": b'{"event": "RECEIVE_ROLLED_BACK", "topic": 1, "messages": [[0, 0, "five"]]}'}
+    write_records(kafka_bootstrap, names.events_topic(namespace), garbage, 10.0)
+    with b.transaction() as tx:  # the first RECEIVE starts the follower, which reads them first
+        msgs = tx.receive("PoisonQueue", wait=15)
+    assert [orjson.loads(m.body) for m in msgs] == [{"poison": True}]
+    assert b.runtime._rollbacks is not None and b.runtime._rollbacks._thread.is_alive()  # still following
+    assert read_catalog(kafka_bootstrap, namespace).queue("PoisonQueue").status == "ON"
+
+
 def test_a_poison_message_counts_its_rollbacks_across_processes(kafka_bootstrap, namespace, ns_broker):
     """Three rollbacks in one process, then the message moves to another (the first one
     stopped): its fifth rollback, the other's second, disables the queue. Before, each process
