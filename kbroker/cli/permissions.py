@@ -39,38 +39,24 @@ def _run(state: str, statement: tuple[str, ...], dry_run: bool, target, as_json:
         click.echo(f"  also lost (it shares those ACLs): {p.action} ON {p.cls}::{p.name}")
 
 
-@main.command("grant")
-@_WORDS
-@_DRY_RUN
-@cluster_options
-@json_option
-@handle_errors
-def grant_cmd(statement, dry_run, target, as_json):
-    """GRANT PERMISSION[, ...] ON CLASS::name TO principal (SEND ON SERVICE, RECEIVE / ALTER /
-    CONTROL ON QUEUE, ALTER / CONTROL ON SERVICE, CONTROL ON CATALOG): creates its ACLs."""
-    _run("GRANT", statement, dry_run, target, as_json)
+def _statement_command(state: str, doc: str) -> None:
+    """`kbroker grant|deny|revoke STATEMENT...`: one command per state, the same options."""
+
+    @main.command(state.lower(), help=doc)
+    @_WORDS
+    @_DRY_RUN
+    @cluster_options
+    @json_option
+    @handle_errors
+    def command(statement, dry_run, target, as_json):
+        _run(state, statement, dry_run, target, as_json)
 
 
-@main.command("deny")
-@_WORDS
-@_DRY_RUN
-@cluster_options
-@json_option
-@handle_errors
-def deny_cmd(statement, dry_run, target, as_json):
-    """DENY PERMISSION ON CLASS::name TO principal: Kafka DENY ACLs, which win over any grant."""
-    _run("DENY", statement, dry_run, target, as_json)
-
-
-@main.command("revoke")
-@_WORDS
-@_DRY_RUN
-@cluster_options
-@json_option
-@handle_errors
-def revoke_cmd(statement, dry_run, target, as_json):
-    """REVOKE PERMISSION ON CLASS::name FROM principal: deletes its grant's and its deny's ACLs."""
-    _run("REVOKE", statement, dry_run, target, as_json)
+_statement_command("GRANT", "GRANT PERMISSION[, ...] ON CLASS::name TO principal (SEND ON SERVICE, RECEIVE / "
+                   "ALTER / CONTROL ON QUEUE, ALTER / CONTROL ON SERVICE, CONTROL ON CATALOG): creates its ACLs.")
+_statement_command("DENY", "DENY PERMISSION ON CLASS::name TO principal: Kafka DENY ACLs, which win over any grant.")
+_statement_command("REVOKE", "REVOKE PERMISSION ON CLASS::name FROM principal: deletes its grant's and its deny's "
+                   "ACLs.")
 
 
 @main.command("permissions")
