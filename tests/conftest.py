@@ -4,6 +4,7 @@ import live in tests.helpers."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -14,6 +15,57 @@ def pytest_configure(config: pytest.Config) -> None:
     # A run ended by SIGTERM (a CI time-out, `timeout`) still tears its fixtures down, so the
     # embedded broker it started does not outlive it.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    _own_ports()
+
+
+def _own_ports() -> None:
+    """Under pytest-xdist (`make test` runs two processes) each process picks ports from a
+    slice of its own (embedded.jvm.port_range), brokers and workers it starts included: a node
+    stopped and restarted on its port never finds it taken by the other process's broker."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not worker.startswith("gw") or not count.isdigit() or "KBROKER_PORT_RANGE" in os.environ:
+        return
+    from kbroker.embedded.jvm import port_range
+
+    low, high = port_range()
+    width = (high - low) // int(count)
+    first = low + int(worker[2:]) * width
+    os.environ["KBROKER_PORT_RANGE"] = f"{first}-{first + width}"
+
+
+# Files that take minutes, started first so that neither process is left with one at the end.
+SLOW_FIRST = tuple(f"tests/integration/test_{name}.py" if name not in ("spark", "secure") else name for name in (
+    "cluster", "routing_clusters", "spark", "worker", "broker_restart", "reclaim", "endpoint_invariants",
+    "transactions", "network_stall", "secure", "transport_competing"))
+# Fixtures a process starts once for its whole session: the files that use them run in one
+# process, so the session starts each once.
+SHARED_SESSIONS = {"spark": ("spark", "start_analytics"), "secure": ("secure_kafka", "secure_admin")}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The unit of work pytest-xdist hands a process (`--dist loadgroup`): a whole file, since
+    module fixtures (a worker, a cluster) serve all its tests, or every file that uses Spark or
+    the secured broker together. The groups are put in the order they should start."""
+    group_of_file: dict[str, str] = {}
+    for item in items:
+        file = str(item.path.relative_to(config.rootpath))
+        uses = set(getattr(item, "fixturenames", ()))
+        shared = next((g for g, names in SHARED_SESSIONS.items() if uses & set(names)), None)
+        if shared and group_of_file.get(file) not in SHARED_SESSIONS:
+            group_of_file[file] = shared
+        group_of_file.setdefault(file, file)
+
+    def group(item: pytest.Item) -> str:
+        return group_of_file[str(item.path.relative_to(config.rootpath))]
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
+
+    def rank(item: pytest.Item) -> int:
+        return next((i for i, slow in enumerate(SLOW_FIRST) if slow == group(item)), len(SLOW_FIRST))
+
+    items.sort(key=rank)  # stable: within a rank, collection order
 
 
 _EXIT_STATUS: dict[str, int] = {}

@@ -63,14 +63,27 @@ def _ephemeral_low(default: int = 32768) -> int:
         return default
 
 
+def port_range() -> tuple[int, int]:
+    """Where free_port looks: KBROKER_PORT_RANGE ("low-high", high excluded) when set, so
+    processes run side by side (the test suite's workers) never pick each other's ports; else
+    20000 up to the kernel's ephemeral range."""
+    low, high = 20000, min(_ephemeral_low(), 65536)
+    wanted = os.environ.get("KBROKER_PORT_RANGE", "")
+    try:
+        a, b = (int(x) for x in wanted.split("-"))
+    except ValueError:
+        return low, high
+    return (a, b) if 1024 <= a < b <= 65536 else (low, high)
+
+
 def free_port(tries: int = 200) -> int:
     """A port free on 127.0.0.1 now, below the kernel's ephemeral range when it can be: a port
     the kernel hands out (bind to 0) may be taken, while its listener is down, as the local port
     of some client's outgoing connection, and a node restarted on it then fails to bind."""
-    low = min(_ephemeral_low(), 65536)
-    if low > 20000:
+    start, end = port_range()
+    if end > start:
         for _ in range(tries):
-            port = bind(random.randrange(20000, low))
+            port = bind(random.randrange(start, end))
             if port is not None:
                 return port
     while True:  # no free port there: any the kernel gives

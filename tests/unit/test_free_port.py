@@ -30,3 +30,13 @@ def test_a_taken_port_is_never_given(monkeypatch):
         monkeypatch.setattr(jvm.random, "randrange", lambda *_: next(picks))
         monkeypatch.setattr(jvm, "_ephemeral_low", lambda: 65536)
         assert jvm.free_port() != busy
+
+
+def test_a_port_range_in_the_environment_confines_the_ports(monkeypatch):
+    monkeypatch.setattr(jvm, "_ephemeral_low", lambda: 32768)
+    monkeypatch.setenv("KBROKER_PORT_RANGE", "24000-24100")
+    assert jvm.port_range() == (24000, 24100)
+    assert all(24000 <= jvm.free_port() < 24100 for _ in range(20))
+    for unusable in ("", "24000", "x-y", "24100-24000", "80-90", "24000-70000"):
+        monkeypatch.setenv("KBROKER_PORT_RANGE", unusable)
+        assert jvm.port_range() == (20000, 32768), unusable
