@@ -56,8 +56,8 @@ QUEUE = "ExpenseQueue"
 def free_port_run(count: int) -> int:
     """The first of `count` consecutive free ports (a cluster's brokers take port..port+count-1)."""
     for _ in range(100):
-        base = jvm.bind(0)
-        if base is not None and base + count <= 65535 and all(
+        base = jvm.free_port()  # below the ephemeral range, in this process's slice
+        if base + count <= jvm.port_range()[1] and all(
                 jvm.bind(base + k) is not None for k in range(count)):
             return base
     raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
