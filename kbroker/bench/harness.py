@@ -30,6 +30,7 @@ from kbroker.bench.registry import (
     BASELINE_OVER_KBROKER,
     KBROKER_OVER_BASELINE,
     SCENARIOS,
+    Floor,
     Row,
     Scenario,
     Skip,
@@ -53,7 +54,7 @@ from kbroker.errors import InvalidArgumentError
 # What the CLI, the tests and the scenario modules use from here.
 __all__ = [
     "BASELINE_OVER_KBROKER", "KBROKER_OVER_BASELINE", "RESULTS_END", "RESULTS_START", "SCENARIOS",
-    "BenchContext", "Reporter", "Row", "Scenario", "Skip", "bench_broker", "command_line",
+    "BenchContext", "Floor", "Reporter", "Row", "Scenario", "Skip", "bench_broker", "command_line",
     "describe_machine", "free_port", "load_scenarios", "merge_previous", "resolve_names",
     "results_markdown", "run_bench", "run_scenario", "samples_dir", "scenario", "summarise",
     "update_docs", "write_results",
