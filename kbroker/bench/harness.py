@@ -142,7 +142,9 @@ def secured_rows(plain: list[dict], secured: list[dict]) -> list[dict]:
         rows.append({"scenario": f"{s['scenario']} (TLS+SCRAM)", "unit": s["unit"], "kbroker": s["kbroker"],
                      "baseline": p["kbroker"], "ratio": round(ratio, 3),
                      "ratio_definition": "plaintext/secured" if lower_better else "secured/plaintext",
-                     "target": None, "met": None,
+                     "target": None, "met": None, "floor": None, "floor_held": None,
+                     "range": {"kbroker": (s.get("range") or {}).get("kbroker"),
+                               "baseline": (p.get("range") or {}).get("kbroker")},
                      "summary": f"secured {s['kbroker']:,.1f} vs plaintext {p['kbroker']:,.1f} {s['unit']}; "
                                 f"the secured run's own baseline: {s.get('baseline')}"})
     return rows
