@@ -43,7 +43,8 @@ def summarise(row: Row, runs: list[dict]) -> dict:
     bl = [r["baseline"] for r in runs if r.get("baseline") is not None]
     k = _round(statistics.median(kb)) if kb else None
     b = _round(statistics.median(bl)) if bl else None
-    ratios = [x for r in runs if (x := _ratio(row, r.get("kbroker"), r.get("baseline"))) is not None]
+    # Of the rounded figures, as the medians' ratio is: one repetition's range is then its ratio.
+    ratios = [x for r in runs if (x := _ratio(row, _round(r.get("kbroker")), _round(r.get("baseline")))) is not None]
     out: dict[str, Any] = {
         "scenario": row.name, "unit": row.unit, "kbroker": k, "baseline": b, "ratio": _ratio(row, k, b),
         **definition(row), "met": None, "floor_held": None, "runs": runs,

@@ -46,8 +46,9 @@ def test_a_summarised_row_says_whether_it_held_its_floor_and_gives_every_range()
     one = summarise(row, [{"kbroker": None, "baseline": 5.0, "skipped_reason": "not yet"}])
     assert one["range"] == {"kbroker": None, "baseline": [5.0, 5.0]} and one["ratio_range"] is None
     assert one["floor_held"] is None
-    below = summarise(row, [{"kbroker": 1.0, "baseline": 4.0}])
-    assert below["floor_held"] is False and below["range"]["kbroker"] == [1.0, 1.0]
+    below = summarise(row, [{"kbroker": 1.234567, "baseline": 4.000001}])
+    assert below["floor_held"] is False and below["range"]["kbroker"] == [1.23, 1.23]
+    assert below["ratio_range"] == [below["ratio"], below["ratio"]]  # one repetition: its ratio, as printed
 
 
 def test_the_verdict_fails_on_a_row_below_its_floor_or_an_error_and_not_on_a_skipped_row():
