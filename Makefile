@@ -11,7 +11,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-analytics test bench prereqs setup clean
+.PHONY: demo demo-analytics test bench bench-quick prereqs setup clean
 
 demo: setup
 	$(BIN)/kbroker demo --port $(PORT)$(if $(DATA_DIR), --data-dir $(DATA_DIR))
@@ -32,6 +32,11 @@ test: setup
 
 bench: setup
 	$(BIN)/kbroker bench
+
+# The regression guard, before merging a change on a hot path (docs/benchmarks.md): every scenario
+# that fits, small and once; exits 1 when a row falls below its floor.
+bench-quick: setup
+	$(BIN)/kbroker bench --quick
 
 setup: prereqs $(STAMP)
 	$(BIN)/kbroker broker fetch

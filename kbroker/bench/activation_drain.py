@@ -20,7 +20,7 @@ from kbroker.bench.common import (
     produce_dialogs,
     side_by_side,
 )
-from kbroker.bench.harness import BenchContext, Row, Scenario, scenario
+from kbroker.bench.harness import BenchContext, Floor, Row, Scenario, scenario
 from kbroker.core import names
 from kbroker.kafka import clients
 from kbroker.kafka.baseline import (
@@ -192,6 +192,9 @@ scenario(Scenario(
     description="drain a standing backlog: activation (ramping up to max_queue_readers) vs a fixed pool",
     rows=(Row("activation-drain", "s", f"ratio <= {DRAIN_RATIO_TARGET}",
               check=lambda r: r["ratio"] <= DRAIN_RATIO_TARGET,
+              floor=Floor(2.5 * DRAIN_RATIO_TARGET, at_most=True),
+              baseline_code="kbroker/bench/activation_drain.py:measure_drain (a fixed pool of threads); "
+                            "kbroker/bench/procedures.py:drain",
               notes="a backlog of --drain-messages (default 100,000) ExpenseClaims over --conversations "
                     "dialogs; kbroker: a running `kbroker worker` (--ramp-up, default 5 s as in SSB), "
                     "timed from ALTER QUEUE ... ACTIVATION ON (max_queue_readers = --max-readers, "

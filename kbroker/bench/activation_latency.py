@@ -23,7 +23,7 @@ from kbroker.bench.common import (
     percentile,
     sides,
 )
-from kbroker.bench.harness import BenchContext, Row, Scenario, scenario
+from kbroker.bench.harness import BenchContext, Floor, Row, Scenario, scenario
 from kbroker.core import names
 from kbroker.core.cluster import ClusterLike
 from kbroker.kafka import clients
@@ -210,6 +210,8 @@ scenario(Scenario(
     description="first message on an idle activated queue -> first RECEIVE of the activated reader",
     rows=(Row("activation-latency", "ms (p99)", f"p99 <= {LATENCY_TARGET_MS:,.0f} ms",
               check=lambda r: r["kbroker"] <= LATENCY_TARGET_MS,
+              floor=Floor(3 * LATENCY_TARGET_MS, "kbroker", at_most=True),
+              baseline_code="kbroker/bench/activation_latency.py:StandingConsumer",
               notes="kbroker: a `kbroker worker` (started once, default 5 s tick, 0.5 s queue watch) on a "
                     "namespace whose ExpenseQueue has ACTIVATION ON (max_queue_readers 1, "
                     "kbroker.bench.procedures:first_receive). Per sample: wait until the monitor is "

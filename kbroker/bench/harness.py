@@ -30,6 +30,7 @@ from kbroker.bench.registry import (
     BASELINE_OVER_KBROKER,
     KBROKER_OVER_BASELINE,
     SCENARIOS,
+    Floor,
     Row,
     Scenario,
     Skip,
@@ -53,7 +54,7 @@ from kbroker.errors import InvalidArgumentError
 # What the CLI, the tests and the scenario modules use from here.
 __all__ = [
     "BASELINE_OVER_KBROKER", "KBROKER_OVER_BASELINE", "RESULTS_END", "RESULTS_START", "SCENARIOS",
-    "BenchContext", "Reporter", "Row", "Scenario", "Skip", "bench_broker", "command_line",
+    "BenchContext", "Floor", "Reporter", "Row", "Scenario", "Skip", "bench_broker", "command_line",
     "describe_machine", "free_port", "load_scenarios", "merge_previous", "resolve_names",
     "results_markdown", "run_bench", "run_scenario", "samples_dir", "scenario", "summarise",
     "update_docs", "write_results",
@@ -141,7 +142,9 @@ def secured_rows(plain: list[dict], secured: list[dict]) -> list[dict]:
         rows.append({"scenario": f"{s['scenario']} (TLS+SCRAM)", "unit": s["unit"], "kbroker": s["kbroker"],
                      "baseline": p["kbroker"], "ratio": round(ratio, 3),
                      "ratio_definition": "plaintext/secured" if lower_better else "secured/plaintext",
-                     "target": None, "met": None,
+                     "target": None, "met": None, "floor": None, "floor_held": None,
+                     "range": {"kbroker": (s.get("range") or {}).get("kbroker"),
+                               "baseline": (p.get("range") or {}).get("kbroker")},
                      "summary": f"secured {s['kbroker']:,.1f} vs plaintext {p['kbroker']:,.1f} {s['unit']}; "
                                 f"the secured run's own baseline: {s.get('baseline')}"})
     return rows

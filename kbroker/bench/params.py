@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 @dataclass
 class Params:
-    repeat: int = 3
+    repeat: int = 5  # medians of 5, with the run-to-run range beside them (issue 26)
     messages: int = 20_000  # send and request-reply
     conversations: int = 1_000
     backlog: int = 1_000_000

@@ -19,6 +19,41 @@ SCENARIO_MODULES = ("scenarios_send", "scenarios_reply", "scenarios_io", "scenar
                     "scenarios_routing", "scenarios_transport")
 
 
+@dataclass(frozen=True)
+class Floor:
+    """The worst figure `kbroker bench --quick` accepts for a row before it fails: set well on the
+    wrong side of the row's target (about half of a ratio target), so that one noisy repetition
+    of a small run passes and a regression does not. `of` is what it bounds: "ratio" (the row's
+    ratio, as its ratio_definition states it), "kbroker" (kbroker's own median, for rows with an
+    absolute target) or "growth" (kbroker - baseline, for the bounded-memory rows). `at_most`:
+    lower is better (seconds, milliseconds, MB), so the figure must stay at or under `limit`."""
+
+    limit: float
+    of: str = "ratio"
+    at_most: bool = False
+
+    def figure(self, row: dict) -> float | None:
+        """The figure of a summarised row this floor bounds; None when the row was not measured."""
+        k, b = row.get("kbroker"), row.get("baseline")
+        if self.of == "ratio":
+            return row.get("ratio")
+        if self.of == "kbroker":
+            return k
+        if self.of == "growth":
+            return None if k is None or b is None else k - b
+        raise ValueError(f"a floor bounds the ratio, kbroker or growth, not {self.of!r}")
+
+    def holds(self, row: dict) -> bool | None:
+        """Whether a summarised row is on the right side of the floor; None when not measured."""
+        v = self.figure(row)
+        if v is None:
+            return None
+        return v <= self.limit if self.at_most else v >= self.limit
+
+    def __str__(self) -> str:
+        return f"{self.of} {'<=' if self.at_most else '>='} {self.limit:,g}"
+
+
 class Skip(Exception):
     """Raised by a scenario (or returned in a measurement) when kbroker cannot run it yet."""
 
@@ -34,6 +69,10 @@ class Row:
     ratio: str = KBROKER_OVER_BASELINE
     notes: str = ""
     finish: Callable[[dict], None] | None = None  # adds derived fields (e.g. "summary") to the row
+    floor: Floor | None = None  # what `--quick` fails under; None for rows without a target
+    # The code the baseline side runs ("path:function", several separated by "; "), for the
+    # results and docs/benchmarks.md's table of baselines.
+    baseline_code: str = ""
 
 
 @dataclass(frozen=True)
@@ -49,6 +88,8 @@ class Scenario:
     run: Callable[["BenchContext", Any, int], dict[str, dict]]
     setup: Callable[["BenchContext"], Any] | None = None
     teardown: Callable[["BenchContext", Any], None] | None = None
+    # Why `kbroker bench --quick` leaves this scenario out ("" = it runs, at the quick sizes).
+    not_quick: str = ""
 
 
 SCENARIOS: dict[str, Scenario] = {}

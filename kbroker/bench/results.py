@@ -23,24 +23,36 @@ def _round(x: float | None) -> float | None:
     return round(float(x), 2) if abs(x) >= 1 else float(f"{x:.4g}")
 
 
+def _ratio(row: Row, k: float | None, b: float | None) -> float | None:
+    if k is None or b is None:
+        return None
+    num, den = (k, b) if row.ratio == KBROKER_OVER_BASELINE else (b, k)
+    return float(f"{num / den:.5g}") if den else None
+
+
+def definition(row: Row) -> dict[str, Any]:
+    """What a row's definition puts in its results: target, floor, the baseline's code."""
+    return {"target": row.target, "floor": None if row.floor is None else str(row.floor),
+            "baseline_code": row.baseline_code, "ratio_definition": row.ratio, "notes": row.notes}
+
+
 def summarise(row: Row, runs: list[dict]) -> dict:
-    """The reported row: each side's median over the repetitions, their ratio, the target."""
+    """The reported row: each side's median over the repetitions, their ratio, the run-to-run
+    range of each side and of the per-repetition ratio, the target and the floor."""
     kb = [r["kbroker"] for r in runs if r.get("kbroker") is not None]
     bl = [r["baseline"] for r in runs if r.get("baseline") is not None]
     k = _round(statistics.median(kb)) if kb else None
     b = _round(statistics.median(bl)) if bl else None
-    ratio = None
-    if k is not None and b is not None:
-        num, den = (k, b) if row.ratio == KBROKER_OVER_BASELINE else (b, k)
-        ratio = float(f"{num / den:.5g}") if den else None
+    # Of the rounded figures, as the medians' ratio is: one repetition's range is then its ratio.
+    ratios = [x for r in runs if (x := _ratio(row, _round(r.get("kbroker")), _round(r.get("baseline")))) is not None]
     out: dict[str, Any] = {
-        "scenario": row.name, "unit": row.unit, "kbroker": k, "baseline": b, "ratio": ratio,
-        "ratio_definition": row.ratio, "target": row.target, "met": None, "runs": runs,
-        "notes": row.notes,
+        "scenario": row.name, "unit": row.unit, "kbroker": k, "baseline": b, "ratio": _ratio(row, k, b),
+        **definition(row), "met": None, "floor_held": None, "runs": runs,
+        # Every row gives its run-to-run spread beside the medians (one repetition: [x, x]).
+        "range": {side: [_round(min(v)), _round(max(v))] if v else None
+                  for side, v in (("kbroker", kb), ("baseline", bl))},
+        "ratio_range": [min(ratios), max(ratios)] if ratios else None,
     }
-    if len(kb) > 1 or len(bl) > 1:  # how noisy the repetitions were
-        out["range"] = {side: [_round(min(v)), _round(max(v))] if v else None
-                        for side, v in (("kbroker", kb), ("baseline", bl))}
     skipped = next((r["skipped_reason"] for r in runs if r.get("skipped_reason")), None)
     if skipped:
         out["skipped_reason"] = skipped
@@ -57,6 +69,8 @@ def summarise(row: Row, runs: list[dict]) -> dict:
             out[f"{side}_detail"] = detail
     if k is not None and b is not None and row.check is not None:
         out["met"] = bool(row.check(out))
+    if row.floor is not None:
+        out["floor_held"] = row.floor.holds(out)
     if row.finish is not None and runs:
         row.finish(out)
     return out
@@ -64,8 +78,8 @@ def summarise(row: Row, runs: list[dict]) -> dict:
 
 def skipped_rows(s: Scenario, reason: str, key: str = "skipped_reason") -> list[dict]:
     return [{"scenario": r.name, "unit": r.unit, "kbroker": None, "baseline": None, "ratio": None,
-             "ratio_definition": r.ratio, "target": r.target, "met": None, "runs": [],
-             "notes": r.notes, key: reason} for r in s.rows]
+             **definition(r), "met": None, "floor_held": None, "runs": [], "range": None,
+             "ratio_range": None, key: reason} for r in s.rows]
 
 
 def merge_previous(doc: dict, previous: Path) -> dict:
@@ -76,23 +90,38 @@ def merge_previous(doc: dict, previous: Path) -> dict:
         old = orjson.loads(previous.read_bytes())
     except (OSError, ValueError):
         return doc
+    rows = {row.name: row for s in load_scenarios().values() for row in s.rows}
     measured = {r["scenario"] for r in doc["results"]}
     by_name = {r["scenario"]: r for r in doc["results"]}
     for r in old.get("results") or []:
         if r.get("scenario") in measured or not isinstance(r, dict):
             continue
-        by_name[r["scenario"]] = {**r, "carried_from": r.get("carried_from") or
-                                  {"date": old.get("date"), "command": old.get("command")}}
-    order = [row.name for s in load_scenarios().values() for row in s.rows]
+        by_name[r["scenario"]] = _redefine({**r, "carried_from": r.get("carried_from") or
+                                            {"date": old.get("date"), "command": old.get("command")}}, rows)
+    order = list(rows)
     rank = {name: i for i, name in enumerate(order)}
     return {**doc, "results": sorted(by_name.values(), key=lambda r: rank.get(r["scenario"], len(order)))}
 
 
-def write_results(doc: dict, out_dir: Path) -> Path:
-    """bench-results/latest.json, written whole or not at all."""
+def _redefine(carried: dict, rows: dict[str, Row]) -> dict:
+    """A carried-over row judged by today's definition of its row (a retired target is not
+    printed again; met and floor_held recomputed), its figures untouched. Rows that no longer
+    exist (or the derived TLS+SCRAM ones) are kept as they were."""
+    row = rows.get(carried.get("scenario", ""))
+    if row is None:
+        return carried
+    out = {**carried, **definition(row)}
+    k, b = out.get("kbroker"), out.get("baseline")
+    out["met"] = bool(row.check(out)) if row.check is not None and k is not None and b is not None else None
+    out["floor_held"] = row.floor.holds(out) if row.floor is not None else None
+    return out
+
+
+def write_results(doc: dict, out_dir: Path, name: str = "latest.json") -> Path:
+    """OUT/latest.json (or OUT/`name`), written whole or not at all."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "latest.json"
-    tmp = out_dir / "latest.json.tmp"
+    path = out_dir / name
+    tmp = out_dir / f"{name}.tmp"
     tmp.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
     os.replace(tmp, path)
     return path
@@ -104,6 +133,16 @@ def _fmt(v: Any, unit: str = "") -> str:
     if isinstance(v, float) and abs(v) < 10:
         return f"{v:,.2f}"
     return f"{v:,.0f}"
+
+
+def run_range(r: dict) -> str:
+    """"runs: kbroker a-b, baseline c-d" (each side's run-to-run range), "" when none ran."""
+    ranges = r.get("range") or {}
+    sides = [f"{side} {_fmt(v[0])}-{_fmt(v[1])}" for side in ("kbroker", "baseline") if (v := ranges.get(side))]
+    if r.get("ratio_range"):
+        lo, hi = r["ratio_range"]
+        sides.append(f"ratio {lo:.2f}-{hi:.2f}")
+    return f"runs: {', '.join(sides)}" if sides else ""
 
 
 def results_markdown(doc: dict) -> str:
@@ -129,10 +168,7 @@ def results_markdown(doc: dict) -> str:
         met = {True: "yes", False: "**no**", None: "-"}[r.get("met")]
         notes = r.get("error") and f"error: {r['error']}" or r.get("skipped_reason") or ""
         extra = r.get("summary") or ""
-        spread = ""
-        if r.get("range") and r["range"].get("kbroker") and r["range"].get("baseline"):
-            (k0, k1), (b0, b1) = r["range"]["kbroker"], r["range"]["baseline"]
-            spread = f"runs: kbroker {_fmt(k0)}-{_fmt(k1)}, baseline {_fmt(b0)}-{_fmt(b1)}"
+        spread = run_range(r)
         carried = r.get("carried_from")
         carried = f"from the run of {carried.get('date')}" if carried else ""
         notes = "; ".join(x for x in (carried, notes, extra, spread) if x)

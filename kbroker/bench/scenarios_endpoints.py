@@ -25,7 +25,7 @@ from typing import Any
 
 from kbroker.bench.activation import WorkerProcess
 from kbroker.bench.common import CLAIM, CONTRACT, EMP, EXP, side_by_side
-from kbroker.bench.harness import BenchContext, Row, Scenario, scenario
+from kbroker.bench.harness import BenchContext, Floor, Row, Scenario, scenario
 from kbroker.bench.scenarios_rss import PEAK_RSS, RSS_BOUND_MB, run_rss_child
 from kbroker.core import names
 from kbroker.core.conversation_endpoint import CLOSED, CONVERSING, Endpoint, default_group, handle_for
@@ -152,10 +152,13 @@ scenario(Scenario(
     description="a process reading the endpoints of many ended dialogs, and `kbroker conversations`",
     rows=(Row("ended-dialogs-rss", "MB", f"bounded: <= baseline + {RSS_BOUND_MB} MB",
               check=lambda r: r["kbroker"] - r["baseline"] <= RSS_BOUND_MB,
+              floor=Floor(2 * RSS_BOUND_MB, "growth", at_most=True),
+              baseline_code="kbroker/bench/scenarios_endpoints.py:CHILD (mode \"baseline\": connect only)",
               notes="child process: connect, read every endpoint, SEND on the live dialog; peak RSS (VmHWM) "
                     "vs a child that only connects; the ended dialogs' records are past the grace period"),
           Row("conversations-view", "s", f"<= {VIEW_TARGET_S:g} s",
-              check=lambda r: r["kbroker"] <= VIEW_TARGET_S,
+              check=lambda r: r["kbroker"] <= VIEW_TARGET_S, floor=Floor(5 * VIEW_TARGET_S, "kbroker", at_most=True),
+              baseline_code="kbroker/kafka/baseline.py:read_topic_to_end",
               notes="kbroker conversations with the namespace's worker running (it keeps the view in memory) "
                     "vs a plain consumer reading the endpoints topic to its end; without a worker the CLI "
                     "reads the topic itself (detail: without_worker_s)")),

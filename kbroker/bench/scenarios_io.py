@@ -22,6 +22,7 @@ from kbroker.bench.common import (
 )
 from kbroker.bench.harness import (
     BenchContext,
+    Floor,
     Row,
     Scenario,
     scenario,
@@ -138,7 +139,8 @@ def run_io_bound(ctx: BenchContext, _state: Any, rep: int) -> dict[str, dict]:
 scenario(Scenario(
     name="io-bound",
     description=f"handler awaiting {IO_DELAY * 1000:.0f} ms per message, C dialogs x 2 messages",
-    rows=(Row("io-bound", "msg/s", "ratio >= 10", check=lambda r: r["ratio"] >= 10,
+    rows=(Row("io-bound", "msg/s", "ratio >= 10", check=lambda r: r["ratio"] >= 10, floor=Floor(1.0),
+              baseline_code="kbroker/bench/partition_workers.py:baseline_partition_workers",
               notes=f"C dialogs x 2 messages preloaded on ExpenseQueue (4 partitions), a handler taking "
                     f"{IO_DELAY * 1000:.0f} ms per message; kbroker: {IO_READERS} threads, each `with "
                     "broker.transaction() as tx: tx.receive(top=10, wait=1)`; baseline: one consumer, a "
@@ -146,6 +148,7 @@ scenario(Scenario(
                     "100 ms (bench/partition_workers.py). Timed from the first message handed out to the "
                     "last one handled (consumer start-up excluded on both sides)"),
           Row("io-bound-serial", "msg/s", None,
+              baseline_code="kbroker/bench/scenarios_io.py:measure_io_bound (side \"serial\")",
               notes="informational: kbroker = io-bound's kbroker figure of the same repetition; baseline "
                     "= one consumer handling every record in turn, committing after each batch (what the "
                     "io-bound row compared with before it had the partition-parallel baseline)")),

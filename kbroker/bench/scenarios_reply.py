@@ -27,6 +27,7 @@ from kbroker.bench.common import (
 from kbroker.bench.harness import (
     BASELINE_OVER_KBROKER,
     BenchContext,
+    Floor,
     Row,
     Scenario,
     scenario,
@@ -273,7 +274,9 @@ scenario(Scenario(
     name="request-reply",
     description="transactional request/reply over C dialogs: throughput and latency",
     rows=(Row("request-reply", "msg/s", "ratio >= 0.5",
-              check=lambda r: r["ratio"] >= 0.5,
+              check=lambda r: r["ratio"] >= 0.5, floor=Floor(0.2),
+              baseline_code="kbroker/bench/scenarios_reply.py:baseline_responder; "
+                            "kbroker/kafka/baseline.py:transform_batches",
               notes="closed loop, --in-flight claims (default 1) in flight per dialog; kbroker: --readers "
                     f"(default {RR_READERS}) threads, each "
                     "`with broker.transaction() as tx: tx.receive(top=100)` + tx.send per message; "

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from kbroker.bench.common import join_all, json_body, need_transactions, percentile
-from kbroker.bench.harness import BenchContext, Row, Scenario, bench_broker, scenario
+from kbroker.bench.harness import BenchContext, Floor, Row, Scenario, bench_broker, scenario
 from kbroker.core.catalog.models import Catalog
 from kbroker.core.cluster import Cluster
 from kbroker.sdk.broker import Broker
@@ -472,17 +472,20 @@ _RR_NOTES = (f"closed loop over {DIALOGS} dialogs, one request in flight on each
              "code with both services in ONE namespace (the local path), measured once per repetition for both "
              "routing rows")
 
+_RR_BASELINE = "kbroker/bench/scenarios_routing.py:round_trips (topology \"local\")"
+
 scenario(Scenario(
     name="routing",
     description="dialogs between namespaces and clusters (transmitter/dispatcher) against one namespace",
     rows=(
-        Row("routing-request-reply-namespaces", "round trips/s", None,
+        Row("routing-request-reply-namespaces", "round trips/s", None, baseline_code=_RR_BASELINE,
             notes=_RR_NOTES + "; A and B on the same cluster; informational, no target", finish=_rr_summary),
         Row("routing-request-reply-clusters", "round trips/s", "ratio >= 0.5",
-            check=lambda r: r["ratio"] >= 0.5,
+            check=lambda r: r["ratio"] >= 0.5, floor=Floor(0.25), baseline_code=_RR_BASELINE,
             notes=_RR_NOTES + "; B on a second Kafka cluster (an embedded broker started for the scenario)",
             finish=_rr_summary),
         Row("routing-transmission-latency", "ms (p99)", None,
+            baseline_code="kbroker/bench/scenarios_routing.py:transmission_latency (topology \"local\")",
             notes=f"SEND's transaction commit returned in A -> a RECEIVE (wait 0.5 s) in B returned the message, "
                   f"{LATENCY_RATE:g} SENDs/s (one per transaction) over {LATENCY_DIALOGS} dialogs for "
                   f"{LATENCY_SECONDS:g} s; kbroker: A and B on one cluster (p50 and the cross-cluster p50/p99 in "
@@ -493,4 +496,6 @@ scenario(Scenario(
     run=run_routing,
     setup=setup_routing,
     teardown=teardown_routing,
+    not_quick="it starts a second embedded broker and measures three topologies over fixed windows "
+              f"({MEASURE_SECONDS:g} s of round trips and {LATENCY_SECONDS:g} s of SENDs each): about 2 minutes alone",
 ))

@@ -21,6 +21,7 @@ from kbroker.bench.common import (
 )
 from kbroker.bench.harness import (
     BenchContext,
+    Floor,
     Row,
     Scenario,
     scenario,
@@ -169,6 +170,8 @@ scenario(Scenario(
     description="peak RSS of a process receiving from a queue with a large backlog",
     rows=(Row("backlog-rss", "MB", f"bounded: <= baseline + {RSS_BOUND_MB} MB",
               check=lambda r: r["kbroker"] - r["baseline"] <= RSS_BOUND_MB,
+              floor=Floor(2 * RSS_BOUND_MB, "growth", at_most=True),
+              baseline_code="kbroker/bench/scenarios_rss.py:CHILD (mode \"baseline\": connect only)",
               notes=f"child process: connect, RECEIVE {RSS_RECEIVE:,} messages (top=100) from a queue "
                     "holding the backlog, peak RSS (VmHWM) vs a child that only imports kbroker and "
                     "connects; ratio is kbroker/baseline (lower is better)",

@@ -23,7 +23,7 @@ from kbroker.bench.common import (
     side_by_side,
     write_backlog,
 )
-from kbroker.bench.harness import BenchContext, Row, Scenario, scenario
+from kbroker.bench.harness import BenchContext, Floor, Row, Scenario, scenario
 from kbroker.bench.partition_workers import Clock, baseline_partition_workers
 from kbroker.core.transport.endpoint import (
     FIXED,
@@ -351,18 +351,23 @@ scenario(Scenario(
     description="the transport face (NServiceBus's SQL Server transport on Kafka): send, transactional "
                 "receive, I/O-bound handlers",
     rows=(
-        Row("transport-send", "msg/s", "ratio >= 0.8", check=lambda r: r["ratio"] >= 0.8,
+        Row("transport-send", "msg/s", "ratio >= 0.8", check=lambda r: r["ratio"] >= 0.8, floor=Floor(0.4),
+            baseline_code="kbroker/bench/scenarios_transport.py:run_send (baseline_sends); "
+                          "kbroker/kafka/clients.py:idempotent_producer",
             notes="TransportEndpoint.send of N recoverable messages (each acknowledged by every in-sync "
                   "replica before it returns) to an installed queue vs an idempotent acks=all Producer "
                   "writing the same records (topic, key = Id, value, column headers) and flushing after each"),
-        Row("transport-receive", "msg/s", "ratio >= 0.5", check=lambda r: r["ratio"] >= 0.5,
+        Row("transport-receive", "msg/s", "ratio >= 0.5", check=lambda r: r["ratio"] >= 0.5, floor=Floor(0.25),
+            baseline_code="kbroker/bench/scenarios_transport.py:baseline_transform; "
+                          "kbroker/kafka/baseline.py:transform_batches",
             notes=f"N messages preloaded on Orders (4 partitions); kbroker: an endpoint started with "
                   f"concurrency={RECEIVE_MODEL}, max_concurrency={RECEIVE_CONCURRENCY}, its handler "
                   "tx.send('Processed', body) per message (one transaction per message, group-committed); "
                   "baseline: consume-transform-produce, read_committed consumer, transactional producer, "
                   "send_offsets_to_transaction, commit every 100 records or 100 ms. Timed from the first "
                   "message handed out to the last committed; Processed is checked to hold exactly N"),
-        Row("transport-io-bound", "msg/s", "ratio >= 10", check=lambda r: r["ratio"] >= 10,
+        Row("transport-io-bound", "msg/s", "ratio >= 10", check=lambda r: r["ratio"] >= 10, floor=Floor(2),
+            baseline_code="kbroker/bench/partition_workers.py:baseline_partition_workers",
             notes=f"N/{IO_SHARE} messages on a 4-partition queue, a handler taking {IO_DELAY * 1000:.0f} ms; "
                   "kbroker: TransportEndpoint, time.sleep, "
                   f"concurrency={IO_MODEL}, max_concurrency={IO_CONCURRENCY}, one transaction per message; "
@@ -371,6 +376,8 @@ scenario(Scenario(
                   "committed",
             finish=_io_summary),
         Row("transport-share-group", "msg/s", None,
+            baseline_code="kbroker/bench/scenarios_transport.py:measure_share_group; "
+                          "kbroker/kafka/baseline.py:share_consumer",
             notes="informational: kbroker = transport-receive's kbroker figure of the same repetition; "
                   "baseline = a KIP-932 ShareConsumer (explicit acknowledgement) receiving the same N "
                   "preloaded messages, sending each body to Processed with an idempotent producer, "

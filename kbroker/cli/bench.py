@@ -26,7 +26,11 @@ SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "io-bou
 @main.command("bench")
 @click.argument("scenarios", nargs=-1, type=click.Choice(SCENARIO_NAMES))
 @click.option("--repeat", default=Params.repeat, show_default=True, type=click.IntRange(min=1),
-              help="Repetitions per scenario; medians are reported.")
+              help="Repetitions per scenario; medians are reported, with the run-to-run range.")
+@click.option("--quick", is_flag=True,
+              help="The regression guard: every scenario that fits, small and once (options given "
+                   "still apply), exiting 1 when a row crosses its floor; results go to OUT/quick.json "
+                   "only (never latest.json or the docs).")
 @click.option("--messages", default=Params.messages, show_default=True, type=click.IntRange(min=1),
               help="Messages per repetition of send and request-reply.")
 @click.option("--conversations", default=Params.conversations, show_default=True, type=click.IntRange(min=1),
@@ -49,7 +53,7 @@ SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "io-bou
               help="ended-dialogs: dialogs whose ended endpoints the namespace holds.")
 @click.option("--out", "out_dir", default="bench-results", show_default=True,
               type=click.Path(file_okay=False, path_type=Path),
-              help="Directory of latest.json.")
+              help="Directory of latest.json (quick.json with --quick).")
 @click.option("--docs", "docs_path", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Markdown file whose results section is rewritten "
                    "(default: docs/benchmarks.md when it exists).")
@@ -61,7 +65,7 @@ SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "io-bou
 @cluster_option
 @json_option
 @handle_errors
-def bench(scenarios, repeat, messages, conversations, backlog, readers, in_flight, samples, drain_messages,
+def bench(scenarios, quick, repeat, messages, conversations, backlog, readers, in_flight, samples, drain_messages,
           max_readers, ramp_up, ended_dialogs, out_dir, docs_path, no_docs, quiet, secure, target, as_json):
     """Benchmark kbroker against a plain confluent-kafka baseline on the same broker.
 
@@ -69,7 +73,16 @@ def bench(scenarios, repeat, messages, conversations, backlog, readers, in_fligh
     activation-latency, activation-drain, analytics, routing, transport; all by default.
     Uses --bootstrap / KBROKER_BOOTSTRAP when given, else starts an embedded broker on free ports
     in a temporary data dir for the run. Progress goes to stderr; results to OUT/latest.json and
-    the results table of the docs; --json prints them on stdout."""
+    the results table of the docs; --json prints them on stdout. --quick: see docs/benchmarks.md,
+    "Before merging: the quick check"."""
+    names = list(scenarios)
+    if quick:
+        from kbroker.bench.quick import left_out, shrink
+        from kbroker.bench.registry import load_scenarios
+
+        skipped = left_out(load_scenarios(), names)
+        names = names or [n for n in load_scenarios() if n not in skipped]
+        scenarios = tuple(names)
     _require_worker_for_activation(scenarios)
     from kbroker.bench.harness import (
         Reporter,
@@ -86,9 +99,14 @@ def bench(scenarios, repeat, messages, conversations, backlog, readers, in_fligh
                     readers=readers, in_flight=in_flight, samples=samples, drain_messages=drain_messages,
                     max_readers=max_readers, ramp_up=ramp_up, ended_dialogs=ended_dialogs)
     reporter = Reporter(quiet=quiet)
+    if quick:
+        source = click.get_current_context().get_parameter_source
+        given = {f for f in vars(params) if source(f) == click.core.ParameterSource.COMMANDLINE}
+        _quick(names, shrink(params, given), skipped, target, reporter, out_dir, secure, as_json)
+        return
     if docs_path is None and not no_docs and Path("docs/benchmarks.md").is_file():
         docs_path = Path("docs/benchmarks.md")
-    doc = run_bench(list(scenarios), params, cluster=target.explicit,
+    doc = run_bench(names, params, cluster=target.explicit,
                     reporter=reporter, command=command_line(), secure=secure)
     doc = merge_previous(doc, out_dir / "latest.json")
     path = write_results(doc, out_dir)
@@ -101,6 +119,29 @@ def bench(scenarios, repeat, messages, conversations, backlog, readers, in_fligh
     else:
         _print_table(doc)
     if any(r.get("error") for r in doc["results"]):
+        raise SystemExit(1)
+
+
+def _quick(names, params, skipped, target, reporter, out_dir, secure, as_json) -> None:
+    """Run the guard: no docs, no latest.json, no rows carried over; OUT/quick.json; exit 1 on
+    a row below its floor or a scenario's error."""
+    from kbroker.bench.harness import command_line, run_bench, write_results
+    from kbroker.bench.quick import QUICK_FILE, describe, verdict
+
+    for name, why in skipped.items():
+        reporter.say(f"{name}: left out of --quick ({why})")
+    doc = run_bench(names, params, cluster=target.explicit, reporter=reporter, command=command_line(),
+                    secure=secure)
+    doc["quick"] = verdict(doc["results"], skipped)
+    reporter.say(f"results written to {write_results(doc, out_dir, QUICK_FILE)}")
+    if as_json:
+        emit_json(doc)
+    else:
+        _print_table(doc)
+        console = make_console()
+        for line in describe(doc["quick"], doc["results"]):
+            console.print(line, highlight=False)
+    if not doc["quick"]["passed"]:
         raise SystemExit(1)
 
 
@@ -117,7 +158,7 @@ def _print_table(doc: dict) -> None:
     def fmt(v) -> str:
         return "-" if v is None else (f"{v:,.2f}" if abs(v) < 10 else f"{v:,.0f}")
 
-    columns = ("scenario", "unit", "kbroker", "baseline", "ratio", "target", "met")
+    columns = ("scenario", "unit", "kbroker", "baseline", "ratio", "ratio runs", "target", "met", "floor")
     table = new_table(f"kbroker bench, {doc['date']} (medians of {doc['params']['repeat']})", *columns)
     for column in table.columns:
         if column.header in ("kbroker", "baseline", "ratio"):
@@ -128,8 +169,10 @@ def _print_table(doc: dict) -> None:
         if r.get("ratio") is not None and r["ratio_definition"] != "kbroker/baseline":
             ratio += f" ({r['ratio_definition']})"
         met = {True: "[green]yes[/green]", False: "[red]no[/red]", None: "-"}[r.get("met")]
-        table.add_row(r["scenario"], r["unit"], fmt(r.get("kbroker")), fmt(r.get("baseline")), ratio,
-                      r.get("target") or "-", met)
+        held = {True: "held", False: "[red]BELOW[/red]", None: ""}[r.get("floor_held")]
+        spread = "-" if not r.get("ratio_range") else "{:.2f}-{:.2f}".format(*r["ratio_range"])
+        table.add_row(r["scenario"], r["unit"], fmt(r.get("kbroker")), fmt(r.get("baseline")), ratio, spread,
+                      r.get("target") or "-", met, f"{r.get('floor') or '-'} {held}".strip())
         if r.get("error"):
             notes.append(f"{r['scenario']}: [red]error: {r['error']}[/red]")
         elif r.get("skipped_reason"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import time
 
 import pytest
@@ -59,3 +60,27 @@ def test_a_small_run_reports_both_sides_and_their_ratio(kafka_bootstrap, tmp_pat
     assert "| send | msg/s |" in section and "| backlog-rss | MB |" in section
     assert doc["date"] in section
     assert text.startswith("# Benchmarks")  # the rest of the file is kept
+
+
+def test_the_quick_check_judges_each_row_against_its_floor_and_writes_only_quick_json(kafka_bootstrap, tmp_path):
+    out = tmp_path / "results"
+    env = {**os.environ, "KBROKER_BOOTSTRAP": kafka_bootstrap}
+    proc = subprocess.run([KBROKER, "bench", "--quick", "send", "--messages", "200", "--conversations", "20",
+                           "--json", "--quiet", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    rows = {r["scenario"]: r for r in doc["results"]}
+    assert set(rows) == {"send", "send-pipelined"}
+    assert doc["params"]["repeat"] == 1 and doc["params"]["messages"] == 200  # quick, the option kept
+    send = rows["send"]
+    assert send["floor"] == "ratio >= 0.4" and send["floor_held"] == (send["ratio"] >= 0.4)
+    assert send["range"]["kbroker"] == [send["kbroker"], send["kbroker"]]  # one repetition: its own range
+    assert send["baseline_code"].startswith("kbroker/bench/scenarios_send.py:BaselineSender.send")
+    verdict = doc["quick"]
+    assert verdict["left_out"] == {} and "send" in verdict["checked"]
+    # The exit status is the verdict: a loaded machine may push a row under its floor, never both ways.
+    assert verdict["passed"] == (proc.returncode == 0)
+    assert verdict["passed"] == all(r["floor_held"] is not False for r in rows.values())
+    assert json.loads((out / "quick.json").read_text()) == doc
+    assert not (out / "latest.json").exists()  # the published results are not touched
