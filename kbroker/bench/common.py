@@ -151,6 +151,17 @@ def side_by_side(rep: int, measure: Callable[[str], dict[str, Any]]) -> dict[str
     return row
 
 
+def cpu_summary(out: dict[str, Any]) -> str:
+    """The CPU time per message of both sides (their details' median cpu_ms_per_msg), for a
+    row's summary; empty when neither measured it."""
+    k, b = (out.get(f"{side}_detail") or {} for side in ("kbroker", "baseline"))
+    kc, bc = k.get("cpu_ms_per_msg"), b.get("cpu_ms_per_msg")
+    if kc is None and bc is None:
+        return ""
+    ratio = f" ({kc / bc:.2f}x)" if kc and bc else ""
+    return f"CPU ms/msg: kbroker {kc}, baseline {bc}{ratio}"
+
+
 def join_all(threads: list[threading.Thread], timeout: float) -> bool:
     """Join with one deadline for all; True when every thread ended."""
     deadline = time.monotonic() + timeout

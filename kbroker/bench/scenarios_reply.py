@@ -18,6 +18,7 @@ from kbroker.bench.common import (
     approval_headers,
     claim_body,
     claim_headers,
+    cpu_summary,
     join_all,
     need_transactions,
     new_conversations,
@@ -210,7 +211,7 @@ def measure_request_reply(ctx: BenchContext, side: str) -> dict:
                                f"({tally.warm_replies}/{len(warm)})")
         gc.collect()
         with ctx.reporter.bar(f"{side} request-reply", n) as advance:
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             with tally.lock:
                 for _ in range(p.in_flight):
                     for conv in measured:
@@ -224,7 +225,7 @@ def measure_request_reply(ctx: BenchContext, side: str) -> dict:
                                            f"{deadline:.0f} s")
                 advance(tally.replies - last)
                 last = tally.replies
-            elapsed = tally.t_last - t0
+            elapsed, cpu = tally.t_last - t0, time.process_time() - cpu0
     finally:
         stop.set()
         requester.stop()
@@ -234,7 +235,10 @@ def measure_request_reply(ctx: BenchContext, side: str) -> dict:
             ctx.say(f"[yellow]{side}: responder threads did not stop; the connection is left open[/yellow]")
     lat = sorted(tally.latencies)
     return {"value": n / elapsed, "detail": {
-        "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99), "seconds": elapsed}}
+        "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99), "seconds": elapsed,
+        # The process's CPU (every thread, librdkafka's, the requester's and the harness's
+        # included, the same for both sides) per reply.
+        "cpu_ms_per_msg": round(cpu * 1000 / n, 4)}}
 
 
 def _wait(event: threading.Event, errors: list[BaseException], requester: Requester, timeout: float) -> bool:
@@ -266,8 +270,9 @@ def _latency_summary(out: dict) -> None:
         "ratio_definition": f"{BASELINE_OVER_KBROKER} (above 1: kbroker answers faster)",
     }
     if k or b:
-        out["summary"] = (f"latency p50/p99 ms: kbroker {k.get('p50_ms')}/{k.get('p99_ms')}, "
-                          f"baseline {b.get('p50_ms')}/{b.get('p99_ms')}")
+        out["summary"] = "; ".join(filter(None, [
+            f"latency p50/p99 ms: kbroker {k.get('p50_ms')}/{k.get('p99_ms')}, "
+            f"baseline {b.get('p50_ms')}/{b.get('p99_ms')}", cpu_summary(out)]))
 
 
 scenario(Scenario(

@@ -15,6 +15,7 @@ from kbroker.bench.common import (
     QUEUE,
     claim_body,
     claim_headers,
+    cpu_summary,
     has_transactions,
     new_conversations,
     sides,
@@ -37,6 +38,12 @@ from kbroker.sdk.broker import Broker
 # --- send ---------------------------------------------------------------------------------------
 
 
+def measured(n: int, elapsed: float, cpu: float) -> dict[str, Any]:
+    """A side's rate and, in its details, the process's CPU time per message (every thread,
+    librdkafka's included: what one message costs the machine, whatever the rate)."""
+    return {"value": n / elapsed, "detail": {"cpu_ms_per_msg": round(cpu * 1000 / n, 4), "seconds": elapsed}}
+
+
 class KBrokerSender:
     def __init__(self, ctx: BenchContext, namespace: str, conversations: int, body: bytes):
         self.ctx, self.body = ctx, body
@@ -46,12 +53,12 @@ class KBrokerSender:
         for h in self.handles[:20]:  # warm-up: connections, catalog, code paths
             self.broker.send(h, CLAIM, body)
 
-    def run(self, n: int, pipelined: bool) -> float:
+    def run(self, n: int, pipelined: bool) -> dict[str, Any]:
         handles, c, body, b = self.handles, len(self.handles), self.body, self.broker
         gc.collect()
         label = "kbroker SEND in one transaction" if pipelined else "kbroker SEND"
         with self.ctx.reporter.bar(label, n) as advance:
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             if pipelined:
                 with b.transaction() as tx:
                     for i in range(n):
@@ -63,9 +70,9 @@ class KBrokerSender:
                     b.send(handles[i % c], CLAIM, body)
                     if i % 1000 == 999:
                         advance(1000)
-            elapsed = time.perf_counter() - t0
+            elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             advance(n % 1000)
-        return n / elapsed
+        return measured(n, elapsed, cpu)
 
     def close(self) -> None:
         self.broker.close()
@@ -103,14 +110,14 @@ class BaselineSender:
         delivery.check(p.flush(60))
         advance(n % 1000)
 
-    def run(self, n: int, pipelined: bool) -> float:
+    def run(self, n: int, pipelined: bool) -> dict[str, Any]:
         gc.collect()
         label = "baseline producer, one flush" if pipelined else "baseline producer, flush each"
         with self.ctx.reporter.bar(label, n) as advance:
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             self.send(n, flush_each=not pipelined, advance=advance)
-            elapsed = time.perf_counter() - t0
-        return n / elapsed
+            elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        return measured(n, elapsed, cpu)
 
     def close(self) -> None:
         self.producer.flush(30)
@@ -127,17 +134,21 @@ def run_send(ctx: BenchContext, _state: Any, rep: int) -> dict[str, dict]:
     try:
         for row, pipelined in (("send", False), ("send-pipelined", True)):
             for side in sides(rep):
-                if side == "baseline":
-                    out[row]["baseline"] = bl.run(n, pipelined)
-                elif pipelined and not has_transactions():
+                if pipelined and side == "kbroker" and not has_transactions():
                     out[row]["kbroker"] = None
                     out[row]["skipped_reason"] = "not available yet (Broker.transaction() does not exist)"
-                else:
-                    out[row]["kbroker"] = kb.run(n, pipelined)
+                    continue
+                m = bl.run(n, pipelined) if side == "baseline" else kb.run(n, pipelined)
+                out[row][side], out[row][f"{side}_detail"] = m["value"], m["detail"]
     finally:
         kb.close()
         bl.close()
     return out
+
+
+def _cpu(out: dict) -> None:
+    if summary := cpu_summary(out):
+        out["summary"] = summary
 
 
 scenario(Scenario(
@@ -150,12 +161,14 @@ scenario(Scenario(
             notes="Broker.send, N messages over C dialogs, each acknowledged on return (the SDK also "
                   "writes the endpoint on a dialog's first SEND and once per 64 after) vs a "
                   "confluent-kafka Producer writing the same records with the same settings and "
-                  "flushing after each"),
+                  "flushing after each; CPU ms/msg: the process's CPU time (all threads) per message",
+            finish=_cpu),
         Row("send-pipelined", "msg/s", "ratio >= 0.5", check=lambda r: r["ratio"] >= 0.5, floor=Floor(0.08),
             baseline_code="kbroker/bench/scenarios_send.py:BaselineSender.send (one flush); "
                           "kbroker/kafka/baseline.py:sdk_like_producer",
             notes="N SENDs in one kbroker transaction (committed at the end) vs a producer loop "
-                  "flushing once at the end"),
+                  "flushing once at the end",
+            finish=_cpu),
     ),
     run=run_send,
 ))

@@ -92,31 +92,60 @@ def text_key(key: bytes | str | None) -> str:
 def _fits(value: Any, hint: Any) -> bool:
     """Whether a JSON value has the type a dataclass field declares (the types kbroker's records
     use: str, int, float, bool, None, their unions, tuple[str, ...], Literal); others pass."""
+    return _checker(hint)(value)
+
+
+def _is_number(value: Any) -> bool:  # an int field written as 1.0 still counts
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _checker(hint: Any) -> Callable[[Any], bool]:
+    """_fits for one hint as a function, worked out once: typing's introspection per field of
+    every record read cost more than the rest of decoding it."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, h) for h in typing.get_args(hint))
+        alternatives = tuple(_checker(h) for h in typing.get_args(hint))
+        return lambda value: any(fits(value) for fits in alternatives)
     if origin is typing.Literal:
-        return value in typing.get_args(hint)
+        allowed = typing.get_args(hint)
+        return lambda value: value in allowed
     if origin is tuple:
         inner = typing.get_args(hint)
-        return isinstance(value, (list, tuple)) and (len(inner) != 2 or inner[1] is not Ellipsis
-                                                      or all(_fits(v, inner[0]) for v in value))
+        if len(inner) != 2 or inner[1] is not Ellipsis:
+            return lambda value: isinstance(value, (list, tuple))
+        item = _checker(inner[0])
+        return lambda value: isinstance(value, (list, tuple)) and all(item(v) for v in value)
     if hint is type(None) or hint is None:
-        return value is None
+        return lambda value: value is None
     if hint is bool:
-        return isinstance(value, bool)
-    if hint in (int, float):  # a number: an int field written as 1.0 still counts
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return lambda value: isinstance(value, bool)
+    if hint in (int, float):
+        return _is_number
     if hint is str:
-        return isinstance(value, str)
-    return True
+        return lambda value: isinstance(value, str)
+    return lambda value: True
+
+
+# Per dataclass, worked out once: its fields' checkers, hints (for the reason) and fields.
+_shapes: dict[type, tuple[dict[str, Callable[[Any], bool]], dict[str, Any], dict[str, Any]]] = {}
+
+
+def _shape(cls: type) -> tuple[dict[str, Callable[[Any], bool]], dict[str, Any], dict[str, Any]]:
+    """A dataclass's field checkers, types and fields, once per class: get_type_hints evaluates
+    every annotation's text again on each call (about 0.4 ms for an Endpoint, paid per
+    endpoint record every process reads)."""
+    shape = _shapes.get(cls)
+    if shape is None:
+        hints = typing.get_type_hints(cls)
+        shape = _shapes[cls] = ({name: _checker(hint) for name, hint in hints.items()}, hints,
+                                {f.name: f for f in fields(cls)})
+    return shape
 
 
 def typed(cls: type[T], d: dict[str, Any]) -> T:
     """`cls(**d)` for a dataclass, once every field of `d` has the field's type and every field
     without a default is there; else Rejected naming the field. List fields become tuples."""
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
+    checks, hints, known = _shape(cls)
     for name in d:
         if name not in known:
             raise Rejected(f"unknown field {name!r}")
@@ -124,7 +153,7 @@ def typed(cls: type[T], d: dict[str, Any]) -> T:
         if name not in d:
             if f.default is MISSING and f.default_factory is MISSING:
                 raise Rejected(f"field {name!r} is missing")
-        elif not _fits(d[name], hints[name]):
+        elif not checks[name](d[name]):
             raise Rejected(f"field {name!r} is {type(d[name]).__name__}, not {hints[name]}")
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 

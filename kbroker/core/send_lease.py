@@ -116,6 +116,14 @@ class SendLease:
     def needs_renewal(self, now: float, next_sequence: int) -> bool:
         return self.until - now < RENEW_WITHIN or next_sequence >= self.ceiling
 
+    def must_renew_now(self, now: float, next_sequence: int) -> bool:
+        """Whether a statement renews the lease itself before using it: its sequence block is
+        used up, or the keeper fell behind (it renews every lease within RENEW_WITHIN of its
+        end, all in one write and read, every KEEP_EVERY) and under half of that is left. A
+        statement renewing on the keeper's behalf cost each a write and a read of the topic,
+        one after another: 64 readers renewing at once stalled every conversation for seconds."""
+        return next_sequence >= self.ceiling or self.until - now < RENEW_WITHIN / 2
+
 
 def first_claim(handle: str, process: str, now: float, fence: tuple[str, ...], start: int = 0) -> SendLease:
     """The lease a side starts with: for a new endpoint (BEGIN DIALOG, a target's first

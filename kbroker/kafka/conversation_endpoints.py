@@ -75,6 +75,8 @@ class EndpointStore:
         self.fresh_for = FRESH_FOR
         self._read_at = float("-inf")  # time.monotonic() of the last read forward
         self._reading = threading.Lock()  # readers' threads and the poll threads share the consumer
+        # Reads forward begun, and the number of the last one that ended without an error.
+        self._reads_begun = self._read_ok = 0
         # A record that is not an endpoint's is skipped and logged here; the worker's 5th-tick
         # scan records it (every process reads this topic whole: see kafka/rejects.py).
         self.rejects = Rejects(cluster, namespace, "endpoint cache", record=False)
@@ -239,8 +241,18 @@ class EndpointStore:
         self._read_forward()
 
     def _read_forward(self, timeout: float = READ_TIMEOUT) -> None:
+        """Read the topic forward: a caller needs a read begun after it called (what it wrote
+        before is in it), so callers that queued behind one read share the next one instead
+        of reading one after another (64 readers claiming or renewing leases at once queued
+        64 reads)."""
+        asked = self._reads_begun
         with self._reading:
+            if self._read_ok > asked:
+                return  # a read begun after this call ended meanwhile, and did not fail
+            self._reads_begun += 1
+            this = self._reads_begun
             self._read_forward_locked(timeout)
+            self._read_ok = this
 
     def _read_forward_locked(self, timeout: float) -> None:
         """Read the topic from where this process left off up to its current end. A Kafka error

@@ -64,7 +64,7 @@ class EventsReader:
     def read(self, max_records: int, timeout: float) -> list[EventRecord]:
         """Up to `max_records` records, waiting up to `timeout` seconds."""
         out = []
-        for msg in self._consumer.consume(max_records, timeout):
+        for msg in clients.consume_soon(self._consumer, max_records, timeout):
             err = msg.error()
             if err is not None:
                 if err.code() != KafkaError._PARTITION_EOF:

@@ -27,6 +27,7 @@ from kbroker.kafka.partition_assignment import PartitionAssignment
 log = logging.getLogger("kbroker.receiver")
 
 QUEUED_MAX_KBYTES = 16 * 1024  # librdkafka read-ahead per consumer (see consumer_settings)
+POLL_RECORDS, POLL_WAIT = 500, 0.1  # records per poll at most; seconds a poll waits for the first
 
 
 def decode_envelope(rec: KafkaRecord) -> Envelope:
@@ -96,7 +97,10 @@ class PollLoop:
     def _run(self, consumer: Consumer) -> None:
         while not self._closed():
             try:
-                records = consumer.consume(500, 0.1)
+                # Back as soon as one record is there (consume(500, 0.1) waits out the 100 ms
+                # unless 500 come: every delivery waited), with what else is fetched already;
+                # the wait bounds how long the rebalance, pause and report duties below wait.
+                records = clients.consume_soon(consumer, POLL_RECORDS, POLL_WAIT)
                 self.group_meta = consumer.consumer_group_metadata()
             except BaseException as exc:  # closed under us, a fatal consumer error, or a callback's
                 # error re-raised by librdkafka's binding (not always an Exception subclass)

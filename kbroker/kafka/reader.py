@@ -25,9 +25,11 @@ from kbroker.core.cluster import ClusterLike
 from kbroker.errors import BrokerUnavailableError, denied_code
 from kbroker.kafka import clients
 from kbroker.kafka.clients import consumer as new_consumer
-from kbroker.kafka.clients import is_transient, kafka_error
+from kbroker.kafka.clients import consume_soon, is_transient, kafka_error
 
-CONSUME_WAIT = 0.05  # seconds per consume(): it waits its whole timeout unless the batch fills
+# Seconds a read waits for its next records: consume_soon returns as soon as one (or a
+# partition's EOF) is there, so a read that reached the end never waits this out.
+CONSUME_WAIT = 0.05
 
 
 ASK_ONE = 2.0  # seconds for one committed-offsets request (the unstable case is asked per partition)
@@ -244,7 +246,7 @@ def read_partitions(consumer: Consumer, topic: str, starts: Mapping[int, int], t
     consumer.assign([TopicPartition(topic, p, offset) for p, offset in first.items()])
     try:
         while todo and time.monotonic() < deadline:
-            for msg in consumer.consume(500, CONSUME_WAIT):
+            for msg in consume_soon(consumer, 500, CONSUME_WAIT):
                 err, partition, offset = msg.error(), msg.partition(), msg.offset()
                 if err is None and partition is not None and offset is not None:
                     read.positions[partition] = offset + 1

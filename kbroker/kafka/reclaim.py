@@ -158,7 +158,7 @@ def _retained_floor(cluster: ClusterLike, topic: str, starts: dict[int, int], co
     try:
         consumer.incremental_assign([TopicPartition(topic, p, starts[p]) for p in todo])
         while todo and time.monotonic() < deadline:
-            for msg in consumer.consume(500, CONSUME_WAIT):
+            for msg in clients.consume_soon(consumer, 500, CONSUME_WAIT):
                 err, p = msg.error(), msg.partition()
                 if p not in todo:
                     continue

@@ -22,6 +22,7 @@ from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.poison import EventDisables, Position, RollbackLedger
 from kbroker.errors import PermissionDeniedError
+from kbroker.kafka import clients
 from kbroker.kafka.background import Background
 from kbroker.kafka.reader import CONSUME_WAIT, reading_consumer, topic_partitions
 
@@ -110,7 +111,7 @@ class RollbackLog(Background):
                             self._caught_up.set()  # no events topic: nothing to catch up on
                             self._stop.wait(1.0)
                             continue
-                    self._read(consumer.consume(500, CONSUME_WAIT))
+                    self._read(clients.consume_soon(consumer, 500, CONSUME_WAIT))
                     failing = False
                 except PermissionDeniedError as exc:  # no RECEIVE's READ on the events topic: it stays so
                     log.error("rollbacks of other processes not followed: %s", exc)

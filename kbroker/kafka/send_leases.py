@@ -65,7 +65,7 @@ class SendLeases(Background):
         if mine is not None and mine.held_by(self.process, now):
             ep = self._store.cached(handle)
             nxt = ep.send_sequence if ep is not None else 0
-            if not mine.needs_renewal(now, nxt + 1) and set(mine.fence) >= set(self._fence_ids()):
+            if not mine.must_renew_now(now, nxt + 1) and set(mine.fence) >= set(self._fence_ids()):
                 return
             if self._renew(mine, nxt):
                 return

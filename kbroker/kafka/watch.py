@@ -75,9 +75,9 @@ class QueueWatcher:
             positions = {p: bases[p][0] for p in todo}
             deadline = time.monotonic() + timeout
             while todo and backlog < self._scan_cap and time.monotonic() < deadline:
-                # A short poll: consume() waits its whole timeout unless the batch fills, and
-                # partition EOF arrives as a message anyway.
-                msgs = self._consumer.consume(500, 0.05)
+                # consume() would wait its whole timeout unless the batch fills; partition EOF
+                # arrives as a message, so a scan that reached the end returns at once.
+                msgs = clients.consume_soon(self._consumer, 500, 0.05)
                 for m in msgs:
                     if m.error():
                         if messages.error_code(m) == KafkaError._PARTITION_EOF:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from kbroker.core.send_lease import (
     LEASE_SECONDS,
+    RENEW_WITHIN,
     MARGIN,
     SEQUENCE_SPAN,
     SendLease,
@@ -116,3 +117,14 @@ def test_one_holder_per_epoch_and_only_the_holder_extends_it(records):
     for lease in accepted:
         if lease.owner is not None:
             assert owners.setdefault(lease.epoch, lease.owner) == lease.owner
+
+
+def test_a_statement_leaves_the_renewal_to_the_keeper_until_it_falls_behind():
+    a = first_claim(H, "a", 0.0, ())
+    due = LEASE_SECONDS - RENEW_WITHIN  # from here the keeper renews it (needs_renewal)
+    assert a.needs_renewal(due + 0.1, 10)
+    assert not a.must_renew_now(due + 0.1, 10)  # the keeper's batch renews it: no write per statement
+    assert a.must_renew_now(LEASE_SECONDS - RENEW_WITHIN / 2 + 0.1, 10)  # the keeper is behind
+    assert a.held_by("a", LEASE_SECONDS - RENEW_WITHIN / 2 + 0.1)  # ... and the lease still usable then
+    assert a.must_renew_now(1.0, a.ceiling)  # its sequence block used up: at once, whatever the time
+    assert not a.must_renew_now(1.0, a.ceiling - 1)
