@@ -27,11 +27,18 @@ from kbroker.bench.harness import (
     scenario,
 )
 from kbroker.bench.partition_workers import Clock, baseline_partition_workers
+from kbroker.bench.usage import usage
 from kbroker.core import names
 from kbroker.kafka import clients
 from kbroker.sdk.broker import Broker
 
-IO_READERS = 32  # io-bound: kbroker reader threads sharing one Broker
+# io-bound: kbroker reader threads sharing one Broker (its receiver and group commit). A reader
+# spends a RECEIVE, 2 x 5 ms of handler and a group commit (5-20 ms) per dialog, so its share is
+# ~60 msg/s: 32 readers held the row near 2,000 msg/s whatever the CPU. 256 cost ~100 MB of RSS
+# more than 32 (thread stacks) and moved the bound to the process's CPU (~0.2 ms per message,
+# the GIL's one core): measured on a loaded 2-core machine, 256 threads were 3x 32, and asyncio
+# readers (kbroker.aio, 256 coroutines on 64-128 threads) no better than threads.
+IO_READERS = 256
 
 
 # --- io-bound -------------------------------------------------------------------------------------
@@ -46,6 +53,15 @@ class _Handled:
 
 
 def measure_io_bound(ctx: BenchContext, side: str) -> dict:
+    """One side's rate, its detail with the side's CPU time and peak RSS (bench/usage.py)."""
+    used: dict[str, Any] = {}
+    with usage(used):
+        out = _measure_io_bound(ctx, side)
+    out["detail"].update(used)
+    return out
+
+
+def _measure_io_bound(ctx: BenchContext, side: str) -> dict:
     c = ctx.params.conversations
     total = 2 * c
     ns = ctx.fresh_namespace(f"io-{side[0]}")
@@ -144,7 +160,8 @@ scenario(Scenario(
                     "broker.transaction() as tx: tx.receive(top=10, wait=1)`; baseline: one consumer, a "
                     "worker thread per partition handling its records in order, offsets committed every "
                     "100 ms (bench/partition_workers.py). Timed from the first message handed out to the "
-                    "last one handled (consumer start-up excluded on both sides)"),
+                    "last one handled (consumer start-up excluded on both sides); each side's detail has its CPU "
+                    "seconds and peak RSS (start-up included, bench/usage.py)"),
           Row("io-bound-serial", "msg/s", None,
               notes="informational: kbroker = io-bound's kbroker figure of the same repetition; baseline "
                     "= one consumer handling every record in turn, committing after each batch (what the "
