@@ -16,7 +16,8 @@ from typing import Iterator
 _STATUS, _CLEAR = Path("/proc/self/status"), Path("/proc/self/clear_refs")
 
 
-def _hwm_mb() -> float | None:
+def peak_rss_mb() -> float | None:
+    """The process's peak RSS in MB (VmHWM; None where /proc does not say)."""
     try:
         for line in _STATUS.read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -45,7 +46,7 @@ def usage(detail: dict) -> Iterator[None]:
         yield
     finally:
         detail["cpu_seconds"] = round(time.process_time() - cpu0, 3)
-        peak = _hwm_mb() if reset else None
+        peak = peak_rss_mb() if reset else None
         if peak is None:
             peak, reset = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, False
         detail["peak_rss_mb"] = round(peak, 1)
