@@ -20,6 +20,7 @@ from kbroker.bench.common import (
     produce_dialogs,
     side_by_side,
 )
+from kbroker.bench import io_processes
 from kbroker.bench.harness import (
     BenchContext,
     Floor,
@@ -28,11 +29,21 @@ from kbroker.bench.harness import (
     scenario,
 )
 from kbroker.bench.partition_workers import Clock, baseline_partition_workers
+from kbroker.bench.usage import usage
 from kbroker.core import names
 from kbroker.kafka import clients
 from kbroker.sdk.broker import Broker
 
-IO_READERS = 32  # io-bound: kbroker reader threads sharing one Broker
+# io-bound: kbroker reader threads sharing one Broker (its receiver and group commit). A reader
+# spends a RECEIVE, 2 x 5 ms of handler and a group commit (5-20 ms) per dialog, so its share is
+# ~60 msg/s: 32 readers held the row near 2,000 msg/s whatever the CPU. 256 cost ~100 MB of RSS
+# more than 32 (thread stacks) and moved the bound to the process's CPU (~0.2 ms per message,
+# the GIL's one core): measured on a loaded 2-core machine, 256 threads were 3x 32, and asyncio
+# readers (kbroker.aio, 256 coroutines on 64-128 threads) no better than threads.
+IO_READERS = 256
+# io-bound-processes: the same 256 readers spread over N processes (bench/io_processes.py), for
+# when one process's Python (one core) is the bound. More than the queue's 4 partitions would idle.
+IO_PROCESSES = (2, 4)
 
 
 # --- io-bound -------------------------------------------------------------------------------------
@@ -47,6 +58,15 @@ class _Handled:
 
 
 def measure_io_bound(ctx: BenchContext, side: str) -> dict:
+    """One side's rate, its detail with the side's CPU time and peak RSS (bench/usage.py)."""
+    used: dict[str, Any] = {}
+    with usage(used):
+        out = _measure_io_bound(ctx, side)
+    out["detail"].update(used)
+    return out
+
+
+def _measure_io_bound(ctx: BenchContext, side: str) -> dict:
     c = ctx.params.conversations
     total = 2 * c
     ns = ctx.fresh_namespace(f"io-{side[0]}")
@@ -128,12 +148,29 @@ def measure_io_bound(ctx: BenchContext, side: str) -> dict:
         "seconds": elapsed, "wall_seconds": state.last - t_start}}
 
 
+def measure_processes(ctx: BenchContext, n: int) -> dict:
+    """io-bound's kbroker reader as `n` processes of IO_READERS / n threads each."""
+    c = ctx.params.conversations
+    ns = ctx.fresh_namespace(f"io-p{n}")
+    return io_processes.measure_processes(
+        ctx.cluster, ns, n, IO_READERS // n, 2 * c,
+        lambda: produce_dialogs(ctx, names.queue_topic(ns, QUEUE), new_conversations(c), 2,
+                                claim_body(ctx.params.body_bytes), f"{n} processes: {2 * c:,} messages on {c:,} dialogs"),
+        time.monotonic() + 120 + 2 * c * IO_DELAY * 1.5)
+
+
 def run_io_bound(ctx: BenchContext, _state: Any, rep: int) -> dict[str, dict]:
     row = side_by_side(rep, lambda side: measure_io_bound(ctx, side))
     serial = measure_io_bound(ctx, "serial")
-    return {"io-bound": row,
-            "io-bound-serial": {"kbroker": row["kbroker"], "baseline": serial["value"],
-                                "baseline_detail": serial["detail"]}}
+    out = {"io-bound": row,
+           "io-bound-serial": {"kbroker": row["kbroker"], "baseline": serial["value"],
+                               "baseline_detail": serial["detail"]}}
+    for n in IO_PROCESSES:  # against the partition-parallel baseline of the same repetition
+        m = measure_processes(ctx, n)
+        ctx.say(f"io-bound, {n} processes: {m['value']:,.0f} msg/s, {m['detail']}")
+        out[f"io-bound-{n}-processes"] = {"kbroker": m["value"], "kbroker_detail": m["detail"],
+                                          "baseline": row["baseline"], "baseline_detail": row["baseline_detail"]}
+    return out
 
 
 scenario(Scenario(
@@ -146,7 +183,14 @@ scenario(Scenario(
                     "broker.transaction() as tx: tx.receive(top=10, wait=1)`; baseline: one consumer, a "
                     "worker thread per partition handling its records in order, offsets committed every "
                     "100 ms (bench/partition_workers.py). Timed from the first message handed out to the "
-                    "last one handled (consumer start-up excluded on both sides)"),
+                    "last one handled (consumer start-up excluded on both sides); each side's detail has its CPU "
+                    "seconds and peak RSS (start-up included, bench/usage.py)"),
+          *(Row(f"io-bound-{n}-processes", "msg/s", None,
+                notes=f"informational: kbroker = the io-bound reader as {n} processes of {IO_READERS // n} "
+                      "threads on one machine (bench/io_processes.py), the messages written once every "
+                      "process owns a partition, timed from the first message handled to the last "
+                      "committed; detail: the processes' CPU seconds and peak RSS each; baseline = "
+                      "io-bound's partition-parallel baseline of the same repetition") for n in IO_PROCESSES),
           Row("io-bound-serial", "msg/s", None,
               baseline_code="kbroker/bench/scenarios_io.py:measure_io_bound (side \"serial\")",
               notes="informational: kbroker = io-bound's kbroker figure of the same repetition; baseline "

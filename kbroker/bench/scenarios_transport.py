@@ -25,6 +25,7 @@ from kbroker.bench.common import (
 )
 from kbroker.bench.harness import BenchContext, Floor, Row, Scenario, scenario
 from kbroker.bench.partition_workers import Clock, baseline_partition_workers
+from kbroker.bench.usage import usage
 from kbroker.core.transport.endpoint import (
     FIXED,
     PRIMARY_PARTITIONS,
@@ -249,7 +250,16 @@ def baseline_transform(ctx: BenchContext, in_topic: str, out_topic: str, n: int,
 
 
 def measure_io_bound(ctx: BenchContext, side: str, n: int) -> dict:
-    """A handler that takes IO_DELAY per message, on a 4-partition queue of `n` messages."""
+    """A handler that takes IO_DELAY per message, on a 4-partition queue of `n` messages; the
+    detail has the side's CPU time and peak RSS (bench/usage.py)."""
+    used: dict[str, Any] = {}
+    with usage(used):
+        out = _measure_io_bound(ctx, side, n)
+    out["detail"].update(used)
+    return out
+
+
+def _measure_io_bound(ctx: BenchContext, side: str, n: int) -> dict:
     ns = transport_namespace(ctx, f"tio-{side[0]}", ORDERS)
     topic = transport_queue_topic(ns, ORDERS)
     preload(ctx, topic, n, order_body(ctx.params.body_bytes), f"{side}: {n:,} messages on {ORDERS}")
@@ -373,7 +383,7 @@ scenario(Scenario(
                   f"concurrency={IO_MODEL}, max_concurrency={IO_CONCURRENCY}, one transaction per message; "
                   "baseline: one consumer, a worker thread per partition handling its records in order, "
                   "offsets committed every 100 ms. Timed from the first message handed out to the last "
-                  "committed",
+                  "committed; each side's detail has its CPU seconds and peak RSS (bench/usage.py)",
             finish=_io_summary),
         Row("transport-share-group", "msg/s", None,
             baseline_code="kbroker/bench/scenarios_transport.py:measure_share_group; "

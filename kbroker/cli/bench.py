@@ -14,7 +14,8 @@ from kbroker.bench.params import Params
 from kbroker.cli.common import cluster_option, emit_json, fail, handle_errors, json_option, main, missing_extra
 from kbroker.cli.output import make_console, new_table, print_table
 
-SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "io-bound-serial", "backlog-rss",
+SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "io-bound-2-processes",
+                  "io-bound-4-processes", "io-bound-serial", "backlog-rss",
                   "ended-dialogs", "ended-dialogs-rss", "conversations-view", "activation-latency",
                   "activation-drain", "analytics", "analytics-throughput", "analytics-throughput-pipelined",
                   "analytics-stale-delay",

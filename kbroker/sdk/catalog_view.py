@@ -25,6 +25,7 @@ class CatalogView:
         self._catalog: Catalog | None = None
         self._watcher: CatalogWatcher | None = None
         self._lock = threading.Lock()
+        self._first_read = threading.Lock()  # the first read, once for every caller
         self.disabled: set[str] = set()
 
     @property
@@ -32,7 +33,12 @@ class CatalogView:
         """The catalog as last read (read now if never)."""
         catalog = self._catalog
         if catalog is None:
-            catalog = self.refresh()
+            # Read once: many readers' first RECEIVEs come together, and each reading the whole
+            # catalog topic at once made some time out on a busy machine.
+            with self._first_read:
+                catalog = self._catalog
+                if catalog is None:
+                    catalog = self.refresh()
         return catalog
 
     def refresh(self) -> Catalog:

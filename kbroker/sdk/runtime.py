@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 import uuid
 from typing import Any
@@ -56,6 +57,7 @@ class BrokerRuntime(ProcessRuntime):
         self._unknown_reach_read = float("-inf")  # when _sender_reach last read for a side unknown here
         self._secondary: set[str] = set()  # secondary queue topics known to exist
         self._rollbacks: RollbackLog | None = None  # every process's rollbacks; with the first receiver
+        self._first_receive = threading.Lock()  # starts _rollbacks once
         self._poison = PoisonCounter()  # counts the queues this process reads itself
         self.hooks: list[ReceiveHooks] = []
         self.receive_hooks: ReceiveHooks = HookFanOut(self.hooks)
@@ -132,8 +134,12 @@ class BrokerRuntime(ProcessRuntime):
         """The events a reading process follows: other processes' rollbacks and the poison verdicts
         the catalog could not take; and the catalog watcher (ALTER QUEUE within 0.5 s)."""
         if self._rollbacks is None:
-            self.catalog.watch()
-            self._rollbacks = RollbackLog(self.cluster, self.namespace, self.producer, self.process).start()
+            # Once: the first RECEIVEs of many readers arrive together, and each would start a
+            # follower of its own (consumers left running) without the lock.
+            with self._first_receive:
+                if self._rollbacks is None:
+                    self.catalog.watch()
+                    self._rollbacks = RollbackLog(self.cluster, self.namespace, self.producer, self.process).start()
         return self._rollbacks
 
     def secondary_queue(self, queue: str, instance: str) -> str:

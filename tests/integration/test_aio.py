@@ -6,6 +6,8 @@ lock past the rollback, and the statements the sync Transaction and Broker offer
 from __future__ import annotations
 
 import asyncio
+import os
+import random
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -17,10 +19,14 @@ import pytest
 from kbroker.cli.demo import CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
+from kbroker.core import names
 from kbroker.core.catalog.models import DIALOG_TIMER
+from kbroker.errors import InvalidArgumentError
+from kbroker.kafka.apply import apply_paths
 from kbroker.kafka.timer_service import TimerService
 from kbroker.sdk.aio import AsyncBroker
 from kbroker.sdk.broker import Broker
+from tests.helpers import invariants as inv
 from tests.helpers import receive_at_least
 
 T = TypeVar("T")
@@ -174,3 +180,79 @@ def test_catalog_and_queue_status_are_awaited(broker):
     queues, refreshed, enabled = asyncio.run(main())
     assert "ExpenseQueue" in queues and queues == refreshed and enabled
     assert (abroker.bootstrap, abroker.namespace) == (broker.bootstrap, broker.namespace)
+
+
+def test_receives_waiting_beyond_the_default_executors_size_hold_back_no_other_statement(broker):
+    """The loop's default executor has min(32, CPUs + 4) threads (6 on two cores): on it, that
+    many RECEIVEs waiting on an empty queue held back every other statement until one timed out.
+    The broker's own executor (`concurrency` threads) leaves room for a SEND meanwhile."""
+    waiters, wait = 12, 3.0
+    abroker = AsyncBroker(broker, concurrency=waiters + 4)
+    handle = broker.begin_dialog(EMP, EXP, CONTRACT)
+
+    async def main() -> tuple[float, list[int]]:
+        async def waiting_receive() -> int:
+            async with abroker.transaction() as tx:
+                return len(await tx.receive("EmployeeQueue", wait=wait))
+
+        receives = [asyncio.create_task(waiting_receive()) for _ in range(waiters)]
+        await asyncio.sleep(0.5)  # every RECEIVE is waiting in its thread now
+        t0 = time.monotonic()
+        await abroker.send(handle, CLAIM, {"n": 1})
+        took = time.monotonic() - t0
+        return took, await asyncio.gather(*receives)
+
+    took, got = asyncio.run(main())
+    assert got == [0] * waiters
+    assert took < wait - 1.0, f"the SEND waited {took:.1f} s behind the waiting RECEIVEs"
+    with pytest.raises(InvalidArgumentError):
+        AsyncBroker(broker, concurrency=0)
+
+
+def test_many_asyncio_readers_sharing_the_group_commit_keep_g1_order_and_exactly_once(kafka_bootstrap, namespace):
+    """128 coroutine readers of one AsyncBroker (32 threads), each RECEIVE TOP(2), an awaited
+    pause, a reply recording what it got, then commit, or roll back at random: every request is
+    answered exactly once, each conversation's requests in order, and no two committed
+    transactions held one conversation group at once (tests/helpers/invariants.py)."""
+    conversations, per_conversation, readers = 60, 3, 128
+    apply_paths(kafka_bootstrap, namespace, [inv.YAML])
+    sync = Broker(kafka_bootstrap, namespace)
+    abroker = AsyncBroker(sync, concurrency=32)
+    logs: list[dict] = []
+    try:
+        sent = inv.send_requests(sync, conversations, per_conversation)
+
+        async def reader(idx: int) -> None:
+            rng = random.Random(idx)
+            idle_since = time.monotonic()
+            while time.monotonic() - idle_since < 3.0:
+                tx = abroker.transaction()
+                msgs = await tx.receive("RequestQueue", top=2, wait=0.5)
+                if not msgs:
+                    await tx.rollback()
+                    continue
+                idle_since, leased = time.monotonic(), time.time()
+                await asyncio.sleep(rng.uniform(0, 0.01))
+                body = {"pid": os.getpid(), "reader": idx, "leased": leased,
+                        "conversation_id": msgs[0].conversation_id, "group": msgs[0].conversation_group_id,
+                        "seqs": [m.message_sequence_number for m in msgs], "ids": [m.message_id for m in msgs]}
+                await tx.send(msgs[0].conversation_handle, inv.REPLY, body)
+                if rng.random() < 0.1:
+                    await tx.rollback()
+                    continue
+                body["committing"] = time.time()
+                await tx.commit()
+                logs.append({**body, "committed": tx.committed_at})
+
+        async def main() -> None:
+            await asyncio.gather(*(reader(i) for i in range(readers)))
+
+        asyncio.run(main())
+        replies = inv.read_replies(kafka_bootstrap, names.queue_topic(namespace, "ReplyQueue"))
+    finally:
+        sync.close()
+    report = inv.check(sent, replies, logs, per_conversation)
+    assert report.sent == conversations * per_conversation
+    assert (report.lost, report.duplicated, report.unknown) == ([], [], [])
+    assert report.order_violations == [] and report.lock_violations == []
+    assert report.committed == len(logs) > conversations  # TOP(2) of 3: at least two per dialog
