@@ -1,0 +1,228 @@
+"""Failover time: three competing readers of one transport queue, one killed with SIGKILL.
+
+    python -m kbroker.bench.failover --bootstrap HOST:PORT [--kills 3] [--cpu-load 2] [--json]
+
+Each run installs a fresh queue (6 partitions) with a backlog, starts three reader processes
+(`python -m kbroker.bench.failover reader ...`: a transport endpoint whose handler forwards each
+input's number, partition and handling time to an output queue in the transaction that removes
+the input, then waits `--sleep-ms`), kills one with SIGKILL once a quarter is handled, and reads
+the output queue (read_committed: exactly the committed handlings) until every input is there.
+
+Per run it reports: `gap_s`, the longest time one of the killed process's partitions handled
+nothing (from its last handling by the killed process to its first by a survivor); `rate`, the
+handlings per second over the whole run, and `steady_rate` before the kill; `moves`, when (s from
+the kill) a partition changed hands between two live processes after all three had started;
+`missing` and `duplicated` inputs (both must be 0); `takeover_s`, how long after
+the kill the last of its partitions was given to a survivor (the group protocol's share of the gap;
+the rest is the wait for a transaction the killed process left open, aborted by Kafka). `--cpu-load N` runs N busy loops beside.
+The readers use the process's queue consumer settings (kafka/poll_loop.py): set
+KBROKER_GROUP_PROTOCOL=classic|consumer and KBROKER_QUEUE_SESSION_TIMEOUT_MS (kafka/group_protocol.py)
+to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kbroker.kafka.clients import idempotent_producer
+from kbroker.kafka.reader import read_partitions, reading_consumer
+
+PARTITIONS = 6
+READERS = ("r0", "r1", "r2")
+VICTIM = "r1"
+
+
+def reader(bootstrap: str, namespace: str, machine: str, sleep_ms: float, owned_file: str) -> None:
+    """One competing instance of endpoint In, forwarding to Out until SIGTERM; each change of
+    the partitions it holds is a line of `owned_file`."""
+    from kbroker.sdk.transport.endpoint import TransportEndpoint
+
+    stop = [False]
+    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
+
+    def handle(msg: Any, tx: Any) -> None:
+        n = json.loads(msg.body)["n"]
+        tx.send("Out", json.dumps({"n": n, "by": machine, "p": msg.partition, "t": time.time()}).encode())
+        time.sleep(sleep_ms / 1000.0)
+
+    ep = TransportEndpoint("In", cluster=bootstrap, namespace=namespace, machine=machine, secondary=False,
+                           max_concurrency=2)
+    ep.start(handle)
+    held: list[int] = []
+    with open(owned_file, "a", buffering=1) as out:
+        while not stop[0]:
+            queues = ep.stats()["queues"]
+            now = sorted(set(queues["In"]["partitions"]) | set(queues["In"]["waiting"])) if "In" in queues else []
+            if now != held:  # when this process was given (or lost) partitions
+                held = now
+                out.write(json.dumps({"t": time.time(), "partitions": now}) + "\n")
+            time.sleep(0.05)
+    ep.stop()
+    ep.close()
+
+
+def _install(bootstrap: str, namespace: str, n: int) -> str:
+    from kbroker.core.transport.endpoint import install_plan, transport_queue_topic
+    from kbroker.core.transport.message import new_message, to_headers
+    from kbroker.kafka.transport.queues import install
+
+    install(bootstrap, namespace, install_plan("In", None, partitions=PARTITIONS))
+    install(bootstrap, namespace, install_plan("Out", None, partitions=3))
+    topic = transport_queue_topic(namespace, "In")
+    producer = idempotent_producer(bootstrap, **{"linger.ms": 5})
+    for i in range(n):
+        msg = new_message(json.dumps({"n": i}).encode(), {}, now_ms=int(time.time() * 1000))
+        producer.produce(topic, key=msg.id.encode(), value=msg.body, headers=list(to_headers(msg)))
+        producer.poll(0)
+    if producer.flush(60) != 0:
+        raise RuntimeError("the backlog was not acknowledged within 60 s")
+    return transport_queue_topic(namespace, "Out")
+
+
+class _Tail:
+    """The output queue read from its start, read_committed, without a group, a little more
+    at each poll."""
+
+    def __init__(self, bootstrap: str, topic: str):
+        from kbroker.core import names
+        self.topic = topic
+        self.consumer = reading_consumer(bootstrap, names.reader_group_of(topic) or topic)
+        self.positions = dict.fromkeys(range(3), 0)
+        self.records: list[dict[str, Any]] = []
+
+    def poll(self, seconds: float) -> None:
+        # Up to the end as of now: it returns as soon as it is there (the deadline covers a
+        # slow answer about the end offsets on a loaded machine).
+        read = read_partitions(self.consumer, self.topic, self.positions, 30.0)
+        self.positions.update(read.positions)
+        self.records += [json.loads(m.value() or b"{}") for m in read.records]
+        if not read.records:
+            time.sleep(seconds)
+
+
+def analyse(records: list[dict[str, Any]], n: int, killed_at: float, victim: str = VICTIM) -> dict[str, Any]:
+    """The figures of one run from its committed handlings (see the module docstring)."""
+    counts: dict[int, int] = {}
+    for r in records:
+        counts[r["n"]] = counts.get(r["n"], 0) + 1
+    by_time = sorted(records, key=lambda r: r["t"])
+    started = max(min(r["t"] for r in records if r["by"] == m) for m in {r["by"] for r in records})
+    owner: dict[int, str] = {}
+    last: dict[int, float] = {}
+    gaps: dict[int, float] = {}
+    moves: list[float] = []
+    for r in by_time:
+        p, by = r["p"], r["by"]
+        before = owner.get(p)
+        if before == victim and by != victim and r["t"] >= killed_at and p not in gaps:
+            gaps[p] = r["t"] - last[p]
+        elif before not in (None, by, victim) and r["t"] > started:
+            moves.append(round(r["t"] - killed_at, 2))  # a live process lost the partition to another
+        owner[p], last[p] = by, r["t"]
+    first, end = by_time[0]["t"], by_time[-1]["t"]
+    before_kill = [r for r in by_time if r["t"] < killed_at]
+    return {"gap_s": round(max(gaps.values()), 2) if gaps else None, "victim_partitions": sorted(gaps),
+            "rate": round(len(counts) / (end - first), 1),
+            "steady_rate": round(len(before_kill) / max(killed_at - first, 1e-3), 1),
+            "moves": moves, "missing": n - len(counts), "duplicated": sum(c - 1 for c in counts.values())}
+
+
+def one_run(bootstrap: str, n: int, sleep_ms: float, timeout: float = 180.0) -> dict[str, Any]:
+    """Install, start three readers, kill one a quarter of the way through, read to the end."""
+    namespace = f"failover-{uuid.uuid4().hex[:8]}"
+    out_topic = _install(bootstrap, namespace, n)
+    work = Path(tempfile.mkdtemp(prefix="kbroker-failover-"))
+    procs = {m: subprocess.Popen([sys.executable, "-m", "kbroker.bench.failover", "reader", bootstrap, namespace,
+                                  m, str(sleep_ms), str(work / m)]) for m in READERS}
+    tail = _Tail(bootstrap, out_topic)
+    killed_at = 0.0
+    deadline = time.monotonic() + timeout
+    try:
+        while len({r["n"] for r in tail.records}) < n and time.monotonic() < deadline:
+            tail.poll(0.2)
+            if not killed_at and len(tail.records) >= n // 4 and any(r["by"] == VICTIM for r in tail.records):
+                procs[VICTIM].send_signal(signal.SIGKILL)
+                killed_at = time.time()
+        tail.poll(2.0)  # a duplicate committed late would show now
+    finally:
+        for m, proc in procs.items():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs.values():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        tail.consumer.close()
+    result = analyse(tail.records, n, killed_at)
+    result["takeover_s"] = takeover(work, result["victim_partitions"], killed_at)
+    shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def takeover(work: Path, partitions: list[int], killed_at: float) -> float | None:
+    """How long after the kill the last of `partitions` was given to a survivor: the group
+    protocol's part of the gap (the rest is waiting for the dead process's open transaction)."""
+    given: dict[int, float] = {}
+    for m in READERS:
+        if m == VICTIM or not (work / m).exists():
+            continue
+        for line in (work / m).read_text().splitlines():
+            change = json.loads(line)
+            for p in change["partitions"]:
+                if p in partitions and change["t"] >= killed_at:
+                    given[p] = min(given.get(p, change["t"]), change["t"])
+    return round(max(given.values()) - killed_at, 2) if len(given) == len(partitions) and given else None
+
+
+def _busy() -> None:
+    while True:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] == "reader":
+        reader(args[1], args[2], args[3], float(args[4]), args[5])
+        return 0
+    ap = argparse.ArgumentParser(prog="python -m kbroker.bench.failover", description=__doc__.split("\n")[0])
+    ap.add_argument("--bootstrap", required=True)
+    ap.add_argument("--kills", type=int, default=3, help="runs, one kill each")
+    ap.add_argument("--messages", type=int, default=6000)
+    ap.add_argument("--sleep-ms", type=float, default=2.0, help="each handling's wait, in its transaction")
+    ap.add_argument("--cpu-load", type=int, default=0, help="busy-loop processes beside the readers")
+    ap.add_argument("--json", action="store_true")
+    opts = ap.parse_args(args)
+    load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(opts.cpu_load)]
+    try:
+        runs = [one_run(opts.bootstrap, opts.messages, opts.sleep_ms) for _ in range(opts.kills)]
+    finally:
+        for proc in load:
+            proc.kill()
+            proc.wait()
+    summary: dict[str, Any] = {"runs": runs, "protocol": os.environ.get("KBROKER_GROUP_PROTOCOL", "auto"),
+                               "cpu_load": opts.cpu_load}
+    for key in ("gap_s", "takeover_s", "rate", "steady_rate"):
+        values = [r[key] for r in runs if r[key] is not None]
+        if values:
+            summary[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    summary["moves"] = sum(len(r["moves"]) for r in runs)
+    summary["lost_or_duplicated"] = sum(r["missing"] + r["duplicated"] for r in runs)
+    print(json.dumps(summary) if opts.json else json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
