@@ -9,8 +9,10 @@ its partitions then sit idle 2.4-3.1 s instead of 11-12 s, and a busy loop per c
 partition from a live reader: librdkafka heartbeats from a thread of its own, not the GIL's.
 
 Where kbroker may not set that (a broker older than Kafka 4, a minimum above 2 s, no
-ALTER_CONFIGS on the group), the queue's consumer keeps the classic protocol with a 10 s session
-time-out (any broker's default minimum is 6 s), and one warning says why and what to change.
+ALTER_CONFIGS on the group: kbroker's own ACL roles give readers none) and the group does not
+have it already (an operator's `kafka-configs.sh --alter --entity-type groups`), the queue's
+consumer keeps the classic protocol with a 10 s session time-out (any broker's default minimum
+is 6 s), and one warning per group says why and what to change.
 KBROKER_GROUP_PROTOCOL=classic (or =consumer) skips the choice; KBROKER_QUEUE_SESSION_TIMEOUT_MS
 sets the classic time-out (for measurements against the broker's minimum).
 """
@@ -66,6 +68,18 @@ def set_group_config(cluster: Cluster, group: str) -> str | None:
     return None
 
 
+def group_session_ms(cluster: Cluster, group: str) -> int | None:
+    """The group's consumer.session.timeout.ms as the broker reports it (set by an operator,
+    say); None when it cannot be read."""
+    admin = clients.admin(cluster)
+    resource = ConfigResource(ResourceType.GROUP, group)
+    try:
+        entries = admin.describe_configs([resource], request_timeout=DEADLINE)[resource].result(DEADLINE + 5)
+        return int(entries["consumer.session.timeout.ms"].value)
+    except Exception:  # noqa: BLE001 - refused, unknown to the broker, or late: not known
+        return None
+
+
 def group_settings(cluster: Cluster, group: str) -> dict[str, Any]:
     """The group-membership settings of a queue's consumer in `group` (see the module docstring)."""
     forced = os.environ.get("KBROKER_GROUP_PROTOCOL", "").strip().lower()
@@ -78,15 +92,17 @@ def group_settings(cluster: Cluster, group: str) -> dict[str, Any]:
         if key in _chosen:
             return _chosen[key]
     why = set_group_config(cluster, group)
+    if why is not None and (group_session_ms(cluster, group) or SESSION_TIMEOUT_MS + 1) <= SESSION_TIMEOUT_MS:
+        why = None  # not ours to set, but set already (an operator's `kafka-configs --group`)
     if why is None:
         chosen: dict[str, Any] = {"group.protocol": "consumer"}
     else:
+        chosen = classic_settings()
         log.warning("queue group %s keeps the classic group protocol: a killed reader's partitions wait "
                     "%d s for a new owner, not %d s. Setting its consumer.session.timeout.ms failed (%s); "
-                    "a Kafka 4 cluster allows it with group.consumer.min.session.timeout.ms <= %d and "
-                    "ALTER_CONFIGS on the group", group, classic_settings()["session.timeout.ms"] // 1000,
-                    SESSION_TIMEOUT_MS // 1000, why, SESSION_TIMEOUT_MS)
-        chosen = classic_settings()
+                    "on a Kafka 4 cluster whose group.consumer.min.session.timeout.ms is <= %d, grant "
+                    "ALTER_CONFIGS on the group or set it there with kafka-configs.sh",
+                    group, chosen["session.timeout.ms"] // 1000, SESSION_TIMEOUT_MS // 1000, why, SESSION_TIMEOUT_MS)
     with _lock:
         _chosen[key] = chosen
     return chosen

@@ -46,3 +46,17 @@ def test_queue_consumers_use_the_consumer_protocol_where_the_broker_allows_the_s
         chosen = group_protocol.group_settings(cluster, f"kbroker.test.slow-{uuid.uuid4().hex[:8]}")
     assert chosen["group.protocol"] == "classic" and chosen["session.timeout.ms"] == 10_000
     assert "consumer.session.timeout.ms" in caplog.text and "classic group protocol" in caplog.text
+
+
+def test_a_group_whose_session_an_operator_set_uses_the_consumer_protocol_without_kbrokers_right_to_set_it(
+        kafka_bootstrap, monkeypatch):
+    """A reader that may not alter its group's configs (kbroker's ACL roles give it none) still
+    joins with the consumer protocol when the group's consumer.session.timeout.ms is short already."""
+    cluster = Cluster.of(kafka_bootstrap)
+    monkeypatch.delenv("KBROKER_GROUP_PROTOCOL", raising=False)
+    group = f"kbroker.test.operator-{uuid.uuid4().hex[:8]}"
+    assert group_protocol.set_group_config(cluster, group) is None  # the operator's kafka-configs
+    monkeypatch.setattr(group_protocol, "set_group_config", lambda _c, _g: "Broker: Group authorization failed")
+    assert group_protocol.group_settings(cluster, group) == {"group.protocol": "consumer"}
+    unset = f"kbroker.test.unset-{uuid.uuid4().hex[:8]}"
+    assert group_protocol.group_settings(cluster, unset)["group.protocol"] == "classic"
