@@ -31,11 +31,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from kbroker.bench.common import QUEUE, claim_headers, json_body
 from kbroker.kafka.clients import idempotent_producer
 from kbroker.kafka.reader import read_partitions, reading_consumer
 
@@ -60,17 +62,70 @@ def reader(bootstrap: str, namespace: str, machine: str, sleep_ms: float, owned_
     ep = TransportEndpoint("In", cluster=bootstrap, namespace=namespace, machine=machine, secondary=False,
                            max_concurrency=2)
     ep.start(handle)
+    _report_owned(ep.runtime.receivers, "In", owned_file, stop)
+    ep.stop()
+    ep.close()
+
+
+def service_reader(bootstrap: str, namespace: str, machine: str, sleep_ms: float, owned_file: str) -> None:
+    """One process of two reader threads on ExpenseQueue (the Service Broker face): RECEIVE TOP(1)
+    in a transaction, wait, commit; after each commit a line {n, by, p, t} on stdout."""
+    from kbroker.sdk.broker import Broker
+
+    broker = Broker(bootstrap, namespace)
+    stop = [False]
+    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
+    printing = threading.Lock()
+
+    def read() -> None:
+        while not stop[0]:
+            with broker.transaction() as tx:
+                msgs = tx.receive(QUEUE, top=1, wait=0.5)
+                time.sleep(sleep_ms / 1000.0 if msgs else 0)
+            lines = "".join(json.dumps({"n": json.loads(m.body)["n"], "by": machine, "p": m.partition,
+                                        "t": time.time()}) + "\n" for m in msgs)  # committed now
+            with printing:
+                sys.stdout.write(lines)
+                sys.stdout.flush()
+
+    threads = [threading.Thread(target=read, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    _report_owned(broker.runtime.receivers, QUEUE, owned_file, stop)
+    for t in threads:
+        t.join(30)
+    broker.close()
+
+
+def _report_owned(receivers: Callable[[], dict[Any, Any]], queue: str, owned_file: str, stop: list[bool]) -> None:
+    """Until `stop`, a line of `owned_file` at each change of the queue's partitions held here."""
     held: list[int] = []
     with open(owned_file, "a", buffering=1) as out:
         while not stop[0]:
-            queues = ep.stats()["queues"]
-            now = sorted(set(queues["In"]["partitions"]) | set(queues["In"]["waiting"])) if "In" in queues else []
-            if now != held:  # when this process was given (or lost) partitions
+            receiver = next((r for r in receivers().values() if r.queue == queue), None)
+            stats = receiver.stats() if receiver is not None else {"partitions": [], "waiting": []}
+            now = sorted(set(stats["partitions"]) | set(stats["waiting"]))
+            if now != held:
                 held = now
                 out.write(json.dumps({"t": time.time(), "partitions": now}) + "\n")
             time.sleep(0.05)
-    ep.stop()
-    ep.close()
+
+
+def _install_service(bootstrap: str, namespace: str, n: int) -> None:
+    from kbroker.bench.harness import samples_dir
+    from kbroker.core import names
+    from kbroker.kafka.apply import apply_paths
+
+    apply_paths(bootstrap, namespace, [samples_dir()])
+    topic = names.queue_topic(namespace, QUEUE)
+    producer = idempotent_producer(bootstrap, **{"linger.ms": 5})
+    for i in range(n):
+        conversation = str(uuid.uuid4())
+        producer.produce(topic, key=conversation.encode(), value=json_body(100, n=i),
+                         headers=list(claim_headers(conversation, 0)))
+        producer.poll(0)
+    if producer.flush(60) != 0:
+        raise RuntimeError("the backlog was not acknowledged within 60 s")
 
 
 def _install(bootstrap: str, namespace: str, n: int) -> str:
@@ -111,6 +166,30 @@ class _Tail:
         if not read.records:
             time.sleep(seconds)
 
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class _Logs:
+    """The Service Broker face's handlings: the lines its readers print after each commit (a
+    kill between a commit and its line shows as one input missing)."""
+
+    def __init__(self, work: Path, machines: tuple[str, ...]):
+        self.files = [work / f"{m}.log" for m in machines]
+        self.records: list[dict[str, Any]] = []
+
+    def poll(self, seconds: float) -> None:
+        time.sleep(seconds)
+        records: list[dict[str, Any]] = []
+        for f in self.files:
+            if f.exists():
+                text = f.read_text()
+                records += [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]  # whole lines
+        self.records = records
+
+    def close(self) -> None:
+        pass
+
 
 def analyse(records: list[dict[str, Any]], n: int, killed_at: float, victim: str = VICTIM) -> dict[str, Any]:
     """The figures of one run from its committed handlings (see the module docstring)."""
@@ -139,14 +218,19 @@ def analyse(records: list[dict[str, Any]], n: int, killed_at: float, victim: str
             "moves": moves, "missing": n - len(counts), "duplicated": sum(c - 1 for c in counts.values())}
 
 
-def one_run(bootstrap: str, n: int, sleep_ms: float, timeout: float = 180.0) -> dict[str, Any]:
+def one_run(bootstrap: str, n: int, sleep_ms: float, face: str = "transport", timeout: float = 180.0) -> dict[str, Any]:
     """Install, start three readers, kill one a quarter of the way through, read to the end."""
     namespace = f"failover-{uuid.uuid4().hex[:8]}"
-    out_topic = _install(bootstrap, namespace, n)
     work = Path(tempfile.mkdtemp(prefix="kbroker-failover-"))
-    procs = {m: subprocess.Popen([sys.executable, "-m", "kbroker.bench.failover", "reader", bootstrap, namespace,
-                                  m, str(sleep_ms), str(work / m)]) for m in READERS}
-    tail = _Tail(bootstrap, out_topic)
+    tail: _Tail | _Logs
+    if face == "transport":
+        tail = _Tail(bootstrap, _install(bootstrap, namespace, n))
+    else:
+        _install_service(bootstrap, namespace, n)
+        tail = _Logs(work, READERS)
+    procs = {m: subprocess.Popen([sys.executable, "-m", "kbroker.bench.failover", f"{face}-reader", bootstrap,
+                                  namespace, m, str(sleep_ms), str(work / m)],
+                                 stdout=(work / f"{m}.log").open("w")) for m in READERS}
     killed_at = 0.0
     deadline = time.monotonic() + timeout
     try:
@@ -157,7 +241,7 @@ def one_run(bootstrap: str, n: int, sleep_ms: float, timeout: float = 180.0) -> 
                 killed_at = time.time()
         tail.poll(2.0)  # a duplicate committed late would show now
     finally:
-        for m, proc in procs.items():
+        for proc in procs.values():
             if proc.poll() is None:
                 proc.terminate()
         for proc in procs.values():
@@ -165,7 +249,7 @@ def one_run(bootstrap: str, n: int, sleep_ms: float, timeout: float = 180.0) -> 
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        tail.consumer.close()
+        tail.close()
     result = analyse(tail.records, n, killed_at)
     result["takeover_s"] = takeover(work, result["victim_partitions"], killed_at)
     shutil.rmtree(work, ignore_errors=True)
@@ -194,8 +278,9 @@ def _busy() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args and args[0] == "reader":
-        reader(args[1], args[2], args[3], float(args[4]), args[5])
+    if args and args[0] in ("transport-reader", "service-reader"):
+        (reader if args[0] == "transport-reader" else service_reader)(args[1], args[2], args[3], float(args[4]),
+                                                                       args[5])
         return 0
     ap = argparse.ArgumentParser(prog="python -m kbroker.bench.failover", description=__doc__.split("\n")[0])
     ap.add_argument("--bootstrap", required=True)
@@ -203,17 +288,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--messages", type=int, default=6000)
     ap.add_argument("--sleep-ms", type=float, default=2.0, help="each handling's wait, in its transaction")
     ap.add_argument("--cpu-load", type=int, default=0, help="busy-loop processes beside the readers")
+    ap.add_argument("--face", choices=("transport", "service"), default="transport",
+                    help="transport queue readers, or Service Broker RECEIVE on ExpenseQueue")
     ap.add_argument("--json", action="store_true")
     opts = ap.parse_args(args)
     load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(opts.cpu_load)]
     try:
-        runs = [one_run(opts.bootstrap, opts.messages, opts.sleep_ms) for _ in range(opts.kills)]
+        runs = [one_run(opts.bootstrap, opts.messages, opts.sleep_ms, opts.face) for _ in range(opts.kills)]
     finally:
         for proc in load:
             proc.kill()
             proc.wait()
     summary: dict[str, Any] = {"runs": runs, "protocol": os.environ.get("KBROKER_GROUP_PROTOCOL", "auto"),
-                               "cpu_load": opts.cpu_load}
+                               "cpu_load": opts.cpu_load, "face": opts.face}
     for key in ("gap_s", "takeover_s", "rate", "steady_rate"):
         values = [r[key] for r in runs if r[key] is not None]
         if values:
