@@ -70,6 +70,7 @@ def reader(bootstrap: str, namespace: str, machine: str, sleep_ms: float, owned_
 def service_reader(bootstrap: str, namespace: str, machine: str, sleep_ms: float, owned_file: str) -> None:
     """One process of two reader threads on ExpenseQueue (the Service Broker face): RECEIVE TOP(1)
     in a transaction, wait, commit; after each commit a line {n, by, p, t} on stdout."""
+    from kbroker.errors import KBrokerError
     from kbroker.sdk.broker import Broker
 
     broker = Broker(bootstrap, namespace)
@@ -79,9 +80,13 @@ def service_reader(bootstrap: str, namespace: str, machine: str, sleep_ms: float
 
     def read() -> None:
         while not stop[0]:
-            with broker.transaction() as tx:
-                msgs = tx.receive(QUEUE, top=1, wait=0.5)
-                time.sleep(sleep_ms / 1000.0 if msgs else 0)
+            try:
+                with broker.transaction() as tx:
+                    msgs = tx.receive(QUEUE, top=1, wait=0.5)
+                    time.sleep(sleep_ms / 1000.0 if msgs else 0)
+            except KBrokerError as exc:  # a commit fenced by a rebalance: received again elsewhere
+                print(f"{machine}: {exc}", file=sys.stderr)
+                continue
             lines = "".join(json.dumps({"n": json.loads(m.body)["n"], "by": machine, "p": m.partition,
                                         "t": time.time()}) + "\n" for m in msgs)  # committed now
             with printing:

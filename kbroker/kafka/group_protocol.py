@@ -56,9 +56,18 @@ def group_config() -> list[ConfigEntry]:
 
 
 def set_group_config(cluster: Cluster, group: str) -> str | None:
-    """Set the group's session time-out; None when done, else why not (the broker's words)."""
-    admin = clients.admin(cluster)
-    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=group_config())
+    """Set the group's session time-out; None when done, else why not (the broker's words).
+    Then, where the broker knows it (Kafka 4.3 and later), assignments without the 1 s batching
+    of consumer.assignment.interval.ms: a failed attempt changes nothing else."""
+    why = _alter(clients.admin(cluster), group, group_config())
+    if why is None:
+        _alter(clients.admin(cluster), group, [ConfigEntry("consumer.assignment.interval.ms", "0",
+                                                           incremental_operation=AlterConfigOpType.SET)])
+    return why
+
+
+def _alter(admin: Any, group: str, entries: list[ConfigEntry]) -> str | None:
+    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)
     try:
         admin.incremental_alter_configs([resource], request_timeout=DEADLINE)[resource].result(DEADLINE + 5)
     except KafkaException as exc:
