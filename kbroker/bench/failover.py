@@ -1,23 +1,26 @@
-"""Failover time: three competing readers of one transport queue, one killed with SIGKILL.
+"""Failover time: three competing readers of one queue, one killed with SIGKILL.
 
-    python -m kbroker.bench.failover --bootstrap HOST:PORT [--kills 3] [--cpu-load 2] [--json]
+    python -m kbroker.bench.failover --bootstrap HOST:PORT [--face transport|service] [--kills 3]
+        [--messages 6000] [--cpu-load 2] [--json]
 
-Each run installs a fresh queue (6 partitions) with a backlog, starts three reader processes
-(`python -m kbroker.bench.failover reader ...`: a transport endpoint whose handler forwards each
-input's number, partition and handling time to an output queue in the transaction that removes
-the input, then waits `--sleep-ms`), kills one with SIGKILL once a quarter is handled, and reads
-the output queue (read_committed: exactly the committed handlings) until every input is there.
+Each run makes a fresh namespace with a backlog and starts three reader processes. Transport
+face: endpoint In (6 partitions), whose handler forwards each input's number, partition and
+handling time to queue Out in the transaction that removes the input (Out, read_committed, is
+exactly the committed handlings). Service Broker face: two RECEIVE threads per process on
+ExpenseQueue (4 partitions, topics/samples), each printing a line after its commit. Once a
+quarter is handled and the group has settled (every partition held, none moved for 1 s), one
+reader is killed with SIGKILL; the run ends when every input was handled.
 
-Per run it reports: `gap_s`, the longest time one of the killed process's partitions handled
-nothing (from its last handling by the killed process to its first by a survivor); `rate`, the
-handlings per second over the whole run, and `steady_rate` before the kill; `moves`, when (s from
-the kill) a partition changed hands between two live processes after all three had started;
-`missing` and `duplicated` inputs (both must be 0); `takeover_s`, how long after
-the kill the last of its partitions was given to a survivor (the group protocol's share of the gap;
-the rest is the wait for a transaction the killed process left open, aborted by Kafka). `--cpu-load N` runs N busy loops beside.
-The readers use the process's queue consumer settings (kafka/poll_loop.py): set
-KBROKER_GROUP_PROTOCOL=classic|consumer and KBROKER_QUEUE_SESSION_TIMEOUT_MS (kafka/group_protocol.py)
-to compare.
+Per run: `gap_s`, the longest time one of the killed reader's partitions handled nothing (its
+last handling by the killed reader to its first by a survivor); `takeover_s`, how long after the
+kill the last of them was given to a survivor (the group protocol's share of the gap; the rest
+is waiting for a transaction the killed reader left open, which Kafka aborts after
+transaction.timeout.ms); `rate`, handlings per second over the whole run, and `steady_rate`
+before the kill; `moves`, when (s from the kill) a partition changed hands between two live
+readers (after the kill: a false takeover); `missing` and `duplicated` inputs (0 on the transport
+face; on the other a kill between a commit and its line shows as missing). `--cpu-load N` runs N
+busy loops beside. The readers take kbroker's queue consumer settings (kafka/group_protocol.py):
+KBROKER_GROUP_PROTOCOL=classic (and KBROKER_QUEUE_SESSION_TIMEOUT_MS) compares the classic protocol.
 """
 
 from __future__ import annotations
@@ -228,6 +231,7 @@ def one_run(bootstrap: str, n: int, sleep_ms: float, face: str = "transport", ti
     namespace = f"failover-{uuid.uuid4().hex[:8]}"
     work = Path(tempfile.mkdtemp(prefix="kbroker-failover-"))
     tail: _Tail | _Logs
+    partitions = PARTITIONS if face == "transport" else 4  # ExpenseQueue's, topics/samples
     if face == "transport":
         tail = _Tail(bootstrap, _install(bootstrap, namespace, n))
     else:
@@ -241,7 +245,8 @@ def one_run(bootstrap: str, n: int, sleep_ms: float, face: str = "transport", ti
     try:
         while len({r["n"] for r in tail.records}) < n and time.monotonic() < deadline:
             tail.poll(0.2)
-            if not killed_at and len(tail.records) >= n // 4 and any(r["by"] == VICTIM for r in tail.records):
+            if not killed_at and len(tail.records) >= n // 4 and any(r["by"] == VICTIM for r in tail.records) \
+                    and settled(work, partitions):
                 procs[VICTIM].send_signal(signal.SIGKILL)
                 killed_at = time.time()
         tail.poll(2.0)  # a duplicate committed late would show now
@@ -259,6 +264,23 @@ def one_run(bootstrap: str, n: int, sleep_ms: float, face: str = "transport", ti
     result["takeover_s"] = takeover(work, result["victim_partitions"], killed_at)
     shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def settled(work: Path, partitions: int, quiet: float = 1.0) -> bool:
+    """Whether the three readers hold every partition between them, none twice, and the last
+    change is `quiet` s old: a kill then meets a settled group, so a later move is its doing."""
+    held: list[int] = []
+    latest = 0.0
+    for m in READERS:
+        lines = (work / m).read_text().splitlines() if (work / m).exists() else []
+        if not lines:
+            return False
+        last = json.loads(lines[-1])
+        if not last["partitions"]:
+            return False
+        held += last["partitions"]
+        latest = max(latest, last["t"])
+    return sorted(held) == list(range(partitions)) and time.time() - latest >= quiet
 
 
 def takeover(work: Path, partitions: list[int], killed_at: float) -> float | None:
