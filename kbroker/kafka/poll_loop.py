@@ -21,6 +21,7 @@ from kbroker.core.cluster import Cluster
 from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.group_buffer import Buffered, GroupBuffer, pause_change
 from kbroker.kafka import clients, messages
+from kbroker.kafka.group_protocol import group_settings
 from kbroker.errors import PermissionDeniedError, denied_code
 from kbroker.kafka.partition_assignment import PartitionAssignment
 
@@ -41,15 +42,14 @@ def decode_envelope(rec: KafkaRecord) -> Envelope:
 
 def consumer_settings(cluster: Cluster, topic: str) -> dict[str, Any]:
     """The settings of a queue's consumer: in the queue's group, offsets committed only with the
-    transactions that complete them, committed records only."""
+    transactions that complete them, committed records only, and the group protocol that moves a
+    killed process's partitions soonest (kafka/group_protocol.py)."""
     return clients.base(cluster, **{
         "group.id": topic,  # names.queue_group: a queue's group is named as its topic
         "enable.auto.commit": False, "enable.auto.offset.store": False,
         "auto.offset.reset": "earliest", "isolation.level": "read_committed",
         "enable.partition.eof": True,
-        "partition.assignment.strategy": "cooperative-sticky",
-        # A dead process's groups move to a live one after this long, not Kafka's 45 s.
-        "session.timeout.ms": 10_000, "heartbeat.interval.ms": 1_000,
+        **group_settings(cluster, topic),
         # librdkafka's read-ahead beyond what this process buffered (default 64 MiB): 16 MiB
         # keeps fetches ahead of any reader here and leaves the memory to the buffer, where
         # it makes RECEIVEs return more of each group.

@@ -1,0 +1,62 @@
+"""Failover: three competing readers of a transport queue, one killed with SIGKILL
+(kbroker/bench/failover.py runs it; kafka/group_protocol.py chooses the group protocol).
+
+Before, the killed reader's partitions sat idle 10.9-12.3 s (a 10 s classic session time-out);
+with the consumer group protocol and a 2 s group session time-out a survivor is given them
+within about 3 s of the kill. The bound below leaves room for a loaded machine."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import pytest
+
+from kbroker.bench.failover import one_run
+from kbroker.core.cluster import Cluster
+from kbroker.kafka import group_protocol
+
+TAKEOVER_BOUND = 5.0  # s from the kill until a survivor holds every partition of the killed reader
+# The handling gap adds, when the kill fell inside a group commit, the wait for Kafka to abort
+# that transaction: transaction.timeout.ms (10 s) plus the broker's 1 s check.
+TRANSACTION_WAIT = 10.0 + 1.0
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_readers_partitions_move_within_seconds_and_nothing_is_lost_or_doubled(kafka_bootstrap):
+    result = one_run(kafka_bootstrap, 1500, 2.0)
+    assert result["missing"] == 0 and result["duplicated"] == 0, result
+    assert result["victim_partitions"], f"the killed reader held no partition: {result}"
+    assert result["takeover_s"] is not None and result["takeover_s"] < TAKEOVER_BOUND, result
+    assert result["gap_s"] < TAKEOVER_BOUND + TRANSACTION_WAIT, result
+    assert not [t for t in result["moves"] if t > 0], f"a live reader lost partitions after the kill: {result}"
+
+
+def test_queue_consumers_use_the_consumer_protocol_where_the_broker_allows_the_short_session(
+        kafka_bootstrap, monkeypatch, caplog):
+    """The embedded broker allows the 2 s group session time-out (its minimum is 1 s): queue
+    consumers join with the consumer protocol. Where the broker refuses it (here a time-out under
+    its minimum), the consumer keeps the classic protocol and its 10 s, and a warning says why."""
+    cluster = Cluster.of(kafka_bootstrap)
+    monkeypatch.delenv("KBROKER_GROUP_PROTOCOL", raising=False)
+    assert group_protocol.group_settings(cluster, f"kbroker.test.fast-{uuid.uuid4().hex[:8]}") == \
+        {"group.protocol": "consumer"}
+    monkeypatch.setattr(group_protocol, "SESSION_TIMEOUT_MS", 500)
+    with caplog.at_level(logging.WARNING, logger="kbroker.receiver"):
+        chosen = group_protocol.group_settings(cluster, f"kbroker.test.slow-{uuid.uuid4().hex[:8]}")
+    assert chosen["group.protocol"] == "classic" and chosen["session.timeout.ms"] == 10_000
+    assert "consumer.session.timeout.ms" in caplog.text and "classic group protocol" in caplog.text
+
+
+def test_a_group_whose_session_an_operator_set_uses_the_consumer_protocol_without_kbrokers_right_to_set_it(
+        kafka_bootstrap, monkeypatch):
+    """A reader that may not alter its group's configs (kbroker's ACL roles give it none) still
+    joins with the consumer protocol when the group's consumer.session.timeout.ms is short already."""
+    cluster = Cluster.of(kafka_bootstrap)
+    monkeypatch.delenv("KBROKER_GROUP_PROTOCOL", raising=False)
+    group = f"kbroker.test.operator-{uuid.uuid4().hex[:8]}"
+    assert group_protocol.set_group_config(cluster, group) is None  # the operator's kafka-configs
+    monkeypatch.setattr(group_protocol, "set_group_config", lambda _c, _g: "Broker: Group authorization failed")
+    assert group_protocol.group_settings(cluster, group) == {"group.protocol": "consumer"}
+    unset = f"kbroker.test.unset-{uuid.uuid4().hex[:8]}"
+    assert group_protocol.group_settings(cluster, unset)["group.protocol"] == "classic"
