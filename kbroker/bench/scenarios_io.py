@@ -186,6 +186,7 @@ scenario(Scenario(
                     "last one handled (consumer start-up excluded on both sides); each side's detail has its CPU "
                     "seconds and peak RSS (start-up included, bench/usage.py)"),
           *(Row(f"io-bound-{n}-processes", "msg/s", None,
+                baseline_code="kbroker/bench/partition_workers.py:baseline_partition_workers (io-bound's)",
                 notes=f"informational: kbroker = the io-bound reader as {n} processes of {IO_READERS // n} "
                       "threads on one machine (bench/io_processes.py), the messages written once every "
                       "process owns a partition, timed from the first message handled to the last "
