@@ -6,7 +6,7 @@ PYTHON ?= python3
 # Set on make's command line only (`=`, not `?=`): a PORT in the environment is often another tool's.
 PORT     = 9092
 DATA_DIR =
-TEST_PROCESSES = 2
+PARALLEL =
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -21,14 +21,15 @@ demo-analytics: setup
 	$(BIN)/kbroker demo --analytics --port $(PORT)$(if $(DATA_DIR), --data-dir $(DATA_DIR))
 
 # The static checks first (seconds: the layer contracts, the types), then the tests against a real
-# broker (minutes); Toxiproxy is built once (about a minute) for the network-stall test. Two pytest
-# processes (pytest-xdist), each with its own broker: most of a test's time is spent waiting on
-# Kafka, so two keep the two cores busy (tests/conftest.py groups the files and orders them).
+# broker (minutes); Toxiproxy is built once (about a minute) for the network-stall test.
+# `make test PARALLEL="-n 2 --dist loadgroup --no-loadscope-reorder"` runs two pytest processes, each
+# with its own broker (tests/conftest.py groups the files): 19 minutes instead of 35, but the Spark
+# analytics tests time out in it (not understood yet), so the default stays one process.
 test: setup
 	$(BIN)/lint-imports
 	$(BIN)/mypy kbroker
 	scripts/toxiproxy.sh >/dev/null  # the fault-injecting proxy of the network-stall test
-	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder
+	$(BIN)/pytest $(PARALLEL)
 
 bench: setup
 	$(BIN)/kbroker bench

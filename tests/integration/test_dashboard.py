@@ -180,13 +180,21 @@ def test_the_dashboard_charts_the_queues_as_messages_come_and_go(dash_worker, ka
 
 def test_the_stream_sends_a_snapshot_every_second(dash_worker):
     _, w = dash_worker
-    snaps = []
+    snaps: list[dict] = []
     started = time.monotonic()
     with httpx.stream("GET", w.url + "/dashboard/stream", timeout=10) as resp:
         assert resp.headers["content-type"].startswith("text/event-stream")
         for line in resp.iter_lines():
             if line.startswith("data: "):
-                snaps.append(orjson.loads(line[len("data: "):]))
+                snap = orjson.loads(line[len("data: "):])
+                if not snaps and not set(snap["queues"]) >= QUEUES:
+                    # A worker just started on a busy machine may not have read its catalog yet:
+                    # what is measured is the cadence from the first full snapshot on.
+                    assert time.monotonic() - started < 30, snap["queues"]
+                    continue
+                if not snaps:
+                    started = time.monotonic()
+                snaps.append(snap)
                 if len(snaps) == 6:
                     break
     took = time.monotonic() - started
@@ -194,7 +202,7 @@ def test_the_stream_sends_a_snapshot_every_second(dash_worker):
     # a loaded machine's scheduling).
     gaps = [b["at"] - a["at"] for a, b in zip(snaps, snaps[1:])]
     assert all(0.7 <= g <= 1.6 for g in gaps), gaps
-    assert 3.5 <= took <= 8, took
+    assert 3.5 <= took <= 8, took  # five gaps after the first
     assert all(set(s["queues"]) >= QUEUES for s in snaps)
 
 
