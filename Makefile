@@ -29,7 +29,7 @@ test: setup
 	$(BIN)/lint-imports
 	$(BIN)/mypy kbroker
 	scripts/toxiproxy.sh >/dev/null  # the fault-injecting proxy of the network-stall test
-	$(BIN)/pytest $(PARALLEL)
+	$(BIN)/pytest$(if $(PARALLEL), $(PARALLEL))
 
 bench: setup
 	$(BIN)/kbroker bench
