@@ -32,8 +32,8 @@ def progress_snapshot(raw: bytes | str | None) -> Progress:
         raise Rejected("a progress snapshot needs 'queue', 'at' and 'partitions'")
     out = []
     for p in parts:
-        if not isinstance(p, dict) or not _int(p.get("partition")) or not (
-                p.get("committed") is None or _int(p.get("committed"))):
+        if not isinstance(p, dict) or not _int(p.get("partition")) or "committed" not in p or not (
+                p["committed"] is None or _int(p["committed"])):
             raise Rejected("a progress partition needs 'partition' and 'committed' (integers)")
         completed = p.get("completed") or []
         if not isinstance(completed, list) or not all(_int(o) for o in completed):
