@@ -113,8 +113,9 @@ class SendLease:
     def released(self, now: float, next_sequence: int, state: str | None) -> "SendLease":
         return SendLease(self.handle, self.epoch, None, self.by, now, next_sequence, (), state)
 
-    def needs_renewal(self, now: float, next_sequence: int) -> bool:
-        return self.until - now < RENEW_WITHIN or next_sequence >= self.ceiling
+    def needs_renewal(self, now: float, next_sequence: int, within: float = RENEW_WITHIN) -> bool:
+        """Whether the sequence block is used up or under `within` seconds of the lease are left."""
+        return self.until - now < within or next_sequence >= self.ceiling
 
     def must_renew_now(self, now: float, next_sequence: int) -> bool:
         """Whether a statement renews the lease itself before using it: its sequence block is
@@ -122,7 +123,7 @@ class SendLease:
         end, all in one write and read, every KEEP_EVERY) and under half of that is left. A
         statement renewing on the keeper's behalf cost each a write and a read of the topic,
         one after another: 64 readers renewing at once stalled every conversation for seconds."""
-        return next_sequence >= self.ceiling or self.until - now < RENEW_WITHIN / 2
+        return self.needs_renewal(now, next_sequence, RENEW_WITHIN / 2)
 
 
 def first_claim(handle: str, process: str, now: float, fence: tuple[str, ...], start: int = 0) -> SendLease:
