@@ -119,7 +119,8 @@ class SendChecks:
         with self._lock:
             known = self._answers.get(topic)
         if known is None or known[0] is False:
-            answer = self._answer(self._ask(topic), self._timeout + 1.0)
+            future = self._ask(topic)
+            answer = None if future is None else self._answer(future, self._timeout + 1.0)
             self._note(topic, answer)
             if answer is False:
                 raise SendPermissionDeniedError(service, topic, clients.principal(self._cluster))
@@ -128,20 +129,24 @@ class SendChecks:
             self._ask_in_background(topic)
 
     def _ask(self, topic: str) -> Any:
-        if self._admin is None:
-            self._admin = clients.admin(self._cluster)
-        return self._admin.describe_topics(TopicCollection([topic]), include_authorized_operations=True,
-                                           request_timeout=self._timeout)[topic]
+        """The authorizer's answer to come (a future); None when the question could not be put
+        (logged as no answer: the write will say)."""
+        try:
+            if self._admin is None:
+                self._admin = clients.admin(self._cluster)
+            return self._admin.describe_topics(TopicCollection([topic]), include_authorized_operations=True,
+                                               request_timeout=self._timeout)[topic]
+        except Exception as exc:  # noqa: BLE001 - a client that cannot be made or asked: no answer
+            self._no_answer(exc)
+            return None
 
     def _ask_in_background(self, topic: str) -> None:
         with self._lock:
             if topic in self._asking:
                 return
             self._asking.add(topic)
-        try:
-            future = self._ask(topic)
-        except Exception as exc:  # noqa: BLE001 - no answer: the yes stands, asked again next time
-            self._no_answer(exc)
+        future = self._ask(topic)
+        if future is None:  # no answer: the yes stands, asked again next time
             self._note(topic, None)
             return
         future.add_done_callback(lambda done: self._note(topic, self._answer(done, 0.0)))

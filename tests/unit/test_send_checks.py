@@ -84,3 +84,14 @@ def test_a_send_allowed_before_never_waits_for_a_slow_cluster():
     for _ in range(3):
         c.check("//svc", "kbroker.ns.queue.q")  # would wait `timeout` each if it waited at all
     assert not pending.done()
+
+
+class RefusingAdmin:
+    def describe_topics(self, topics, **_kw):  # raises at once, before any future exists
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "no broker"))
+
+
+def test_a_question_that_cannot_even_be_put_lets_the_send_go_on():
+    c = SendChecks(Cluster("127.0.0.1:1"), keep=60.0)
+    c._admin = RefusingAdmin()  # type: ignore[assignment]
+    c.check("//svc", "kbroker.ns.queue.q")  # no answer: the write will be authorized
