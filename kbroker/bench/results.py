@@ -67,10 +67,7 @@ def summarise(row: Row, runs: list[dict]) -> dict:
                 detail[key] = _round(statistics.median(vals))
         if detail:
             out[f"{side}_detail"] = detail
-    if k is not None and b is not None and row.check is not None:
-        out["met"] = bool(row.check(out))
-    if row.floor is not None:
-        out["floor_held"] = row.floor.holds(out)
+    _judge(row, out)
     if row.finish is not None and runs:
         row.finish(out)
     return out
@@ -111,10 +108,15 @@ def _redefine(carried: dict, rows: dict[str, Row]) -> dict:
     if row is None:
         return carried
     out = {**carried, **definition(row)}
-    k, b = out.get("kbroker"), out.get("baseline")
-    out["met"] = bool(row.check(out)) if row.check is not None and k is not None and b is not None else None
-    out["floor_held"] = row.floor.holds(out) if row.floor is not None else None
+    _judge(row, out)
     return out
+
+
+def _judge(row: Row, out: dict) -> None:
+    """A summarised row's `met` (its target) and `floor_held` (its floor), None where not measured."""
+    measured = out.get("kbroker") is not None and out.get("baseline") is not None
+    out["met"] = bool(row.check(out)) if measured and row.check is not None else None
+    out["floor_held"] = row.floor.holds(out) if row.floor is not None else None
 
 
 def write_results(doc: dict, out_dir: Path, name: str = "latest.json") -> Path:

@@ -29,7 +29,7 @@ from kbroker.bench.harness import (
     scenario,
 )
 from kbroker.bench.partition_workers import Clock, baseline_partition_workers
-from kbroker.bench.usage import usage
+from kbroker.bench.usage import measured_with_usage
 from kbroker.core import names
 from kbroker.kafka import clients
 from kbroker.sdk.broker import Broker
@@ -59,11 +59,7 @@ class _Handled:
 
 def measure_io_bound(ctx: BenchContext, side: str) -> dict:
     """One side's rate, its detail with the side's CPU time and peak RSS (bench/usage.py)."""
-    used: dict[str, Any] = {}
-    with usage(used):
-        out = _measure_io_bound(ctx, side)
-    out["detail"].update(used)
-    return out
+    return measured_with_usage(_measure_io_bound, ctx, side)
 
 
 def _measure_io_bound(ctx: BenchContext, side: str) -> dict:

@@ -25,7 +25,7 @@ from kbroker.bench.common import (
 )
 from kbroker.bench.harness import BenchContext, Floor, Row, Scenario, scenario
 from kbroker.bench.partition_workers import Clock, baseline_partition_workers
-from kbroker.bench.usage import usage
+from kbroker.bench.usage import measured_with_usage
 from kbroker.core.transport.endpoint import (
     FIXED,
     PRIMARY_PARTITIONS,
@@ -252,11 +252,7 @@ def baseline_transform(ctx: BenchContext, in_topic: str, out_topic: str, n: int,
 def measure_io_bound(ctx: BenchContext, side: str, n: int) -> dict:
     """A handler that takes IO_DELAY per message, on a 4-partition queue of `n` messages; the
     detail has the side's CPU time and peak RSS (bench/usage.py)."""
-    used: dict[str, Any] = {}
-    with usage(used):
-        out = _measure_io_bound(ctx, side, n)
-    out["detail"].update(used)
-    return out
+    return measured_with_usage(_measure_io_bound, ctx, side, n)
 
 
 def _measure_io_bound(ctx: BenchContext, side: str, n: int) -> dict:

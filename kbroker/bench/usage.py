@@ -11,7 +11,7 @@ import resource
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 _STATUS, _CLEAR = Path("/proc/self/status"), Path("/proc/self/clear_refs")
 
@@ -51,3 +51,12 @@ def usage(detail: dict) -> Iterator[None]:
             peak, reset = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, False
         detail["peak_rss_mb"] = round(peak, 1)
         detail["peak_rss_scope"] = "side" if reset else "process"
+
+
+def measured_with_usage(measure: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """measure(*args) (a side's {"value", "detail"}) with usage() added to its detail."""
+    used: dict[str, Any] = {}
+    with usage(used):
+        out = measure(*args)
+    out["detail"].update(used)
+    return out
