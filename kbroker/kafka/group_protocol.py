@@ -59,10 +59,11 @@ def set_group_config(cluster: Cluster, group: str) -> str | None:
     """Set the group's session time-out; None when done, else why not (the broker's words).
     Then, where the broker knows it (Kafka 4.3 and later), assignments without the 1 s batching
     of consumer.assignment.interval.ms: a failed attempt changes nothing else."""
-    why = _alter(clients.admin(cluster), group, group_config())
+    admin = clients.admin(cluster)
+    why = _alter(admin, group, group_config())
     if why is None:
-        _alter(clients.admin(cluster), group, [ConfigEntry("consumer.assignment.interval.ms", "0",
-                                                           incremental_operation=AlterConfigOpType.SET)])
+        _alter(admin, group, [ConfigEntry("consumer.assignment.interval.ms", "0",
+                                          incremental_operation=AlterConfigOpType.SET)])
     return why
 
 
