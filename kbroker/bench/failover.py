@@ -154,6 +154,20 @@ def _install(bootstrap: str, namespace: str, n: int) -> str:
     return transport_queue_topic(namespace, "Out")
 
 
+def handling(raw: bytes | str | None) -> dict[str, Any] | None:
+    """One handling as a reader reported it ({n, by, p, t}); None for anything else: another
+    client may write to the output queue, and a half-written log line is not a handling."""
+    try:
+        r = json.loads(raw or b"")
+    except ValueError:
+        return None
+    if not isinstance(r, dict) or not isinstance(r.get("by"), str) or not all(
+            isinstance(r.get(k), int) and not isinstance(r.get(k), bool) for k in ("n", "p")) or not (
+            isinstance(r.get("t"), (int, float)) and not isinstance(r.get("t"), bool)):
+        return None
+    return r
+
+
 class _Tail:
     """The output queue read from its start, read_committed, without a group, a little more
     at each poll."""
@@ -170,7 +184,7 @@ class _Tail:
         # slow answer about the end offsets on a loaded machine).
         read = read_partitions(self.consumer, self.topic, self.positions, 30.0)
         self.positions.update(read.positions)
-        self.records += [json.loads(m.value() or b"{}") for m in read.records]
+        self.records += [r for m in read.records if (r := handling(m.value())) is not None]
         if not read.records:
             time.sleep(seconds)
 
@@ -192,7 +206,8 @@ class _Logs:
         for f in self.files:
             if f.exists():
                 text = f.read_text()
-                records += [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]  # whole lines
+                records += [r for line in text[:text.rfind("\n") + 1].splitlines()  # whole lines
+                            if (r := handling(line)) is not None]
         self.records = records
 
     def close(self) -> None:
@@ -296,11 +311,6 @@ def takeover(work: Path, partitions: list[int], killed_at: float) -> float | Non
                 if p in partitions and change["t"] >= killed_at:
                     given[p] = min(given.get(p, change["t"]), change["t"])
     return round(max(given.values()) - killed_at, 2) if len(given) == len(partitions) and given else None
-
-
-def _busy() -> None:
-    while True:
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,7 @@ within about 3 s of the kill. The bound below leaves room for a loaded machine."
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 
@@ -60,3 +61,33 @@ def test_a_group_whose_session_an_operator_set_uses_the_consumer_protocol_withou
     assert group_protocol.group_settings(cluster, group) == {"group.protocol": "consumer"}
     unset = f"kbroker.test.unset-{uuid.uuid4().hex[:8]}"
     assert group_protocol.group_settings(cluster, unset)["group.protocol"] == "classic"
+
+
+def test_the_output_queues_reader_keeps_the_handlings_and_skips_what_another_client_wrote(kafka_bootstrap):
+    """Another client may write anything to Out: garbage, another shape, a record larger than
+    the rest. The bench's tail keeps reading and keeps exactly the handlings."""
+    from kbroker.bench.failover import _Tail
+    from kbroker.core.transport.endpoint import install_plan, transport_queue_topic
+    from kbroker.kafka.clients import idempotent_producer
+    from kbroker.kafka.transport.queues import install
+
+    namespace = f"failover-{uuid.uuid4().hex[:8]}"
+    install(kafka_bootstrap, namespace, install_plan("Out", None, partitions=3))
+    topic = transport_queue_topic(namespace, "Out")
+    producer = idempotent_producer(kafka_bootstrap)
+    good = [{"n": i, "by": "r0", "p": i % 3, "t": 1.0 + i} for i in range(6)]
+    foreign = [b"\xff\x00 not json", b'{"n": "x"}', b"[1, 2]", None, b"{" * 100_000]
+    for i, record in enumerate(good):
+        producer.produce(topic, value=json.dumps(record).encode(), partition=i % 3)
+        producer.produce(topic, value=foreign[i % len(foreign)], partition=i % 3,
+                         headers=[("kb.forged", b"\xff")])
+    assert producer.flush(30) == 0
+    tail = _Tail(kafka_bootstrap, topic)
+    try:
+        for _ in range(20):
+            tail.poll(0.2)
+            if len(tail.records) >= len(good):
+                break
+    finally:
+        tail.close()
+    assert sorted(tail.records, key=lambda r: r["n"]) == good
