@@ -114,7 +114,6 @@ def scan(rejects: Rejects, topic: str, decode: Callable[[Any], object], *,
     time. Run by one worker (the 5th tick)."""
     whole = starts is None
     consumer = reading_consumer(rejects.cluster, names.reader_group(rejects.namespace))
-    bad: list[tuple[Any, str]] = []
     tombstones: list[tuple[int, bytes]] = []
     last: dict[bytes | None, tuple[Any, str | None, bool]] = {}  # key -> (bad record, why, valid before)
 
@@ -126,7 +125,7 @@ def scan(rejects: Rejects, topic: str, decode: Callable[[Any], object], *,
             reason = exc.reason
         if not whole:
             if reason is not None:
-                bad.append((msg, reason))
+                rejects.reject(msg, reason)
             return
         key, before = msg.key(), last.get(msg.key())
         if msg.value() is None:  # a tombstone: nothing of the key is left
@@ -153,8 +152,6 @@ def scan(rejects: Rejects, topic: str, decode: Callable[[Any], object], *,
             partition_read()
     finally:
         consumer.close()
-    for msg, reason in bad:
-        rejects.reject(msg, reason)
     if tombstones:
         producer = clients.idempotent_producer(rejects.cluster)
 
