@@ -81,8 +81,9 @@ def bench(scenarios, quick, repeat, messages, conversations, backlog, readers, i
         from kbroker.bench.quick import left_out, shrink
         from kbroker.bench.registry import load_scenarios
 
-        skipped = left_out(load_scenarios(), names)
-        names = names or [n for n in load_scenarios() if n not in skipped]
+        registered = load_scenarios()
+        skipped = left_out(registered, names)
+        names = names or [n for n in registered if n not in skipped]
         scenarios = tuple(names)
     _require_worker_for_activation(scenarios)
     from kbroker.bench.harness import (
