@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -37,10 +37,11 @@ from kbroker.core.cluster import ClusterLike
 from kbroker.core.routing.routes import stamp_routes
 from kbroker.core.topic_limits import HEADER_HEADROOM as HEADER_HEADROOM  # noqa: F401 - tests read it here
 from kbroker.core.topic_limits import queue_limit, system_topic_limit
-from kbroker.errors import DefinitionError, InvalidArgumentError, TopicCollisionError, denied_code, kafka_error
+from kbroker.errors import DefinitionError, InvalidArgumentError, TopicCollisionError, kafka_error
 from kbroker.kafka import clients
 from kbroker.kafka.catalog_store import publish, read_catalog, records
 from kbroker.kafka.rejects import Rejects
+from kbroker.kafka.topic_propagation import await_topics
 
 # Kafka deletes nothing by age or size: what holds messages is reclaimed by kbroker (reclaim.py).
 KEEP_EVERY_RECORD = {"retention.ms": "-1", "retention.bytes": "-1"}
@@ -218,7 +219,10 @@ def sync_topics(cluster: ClusterLike, specs: list[TopicSpec], origins: dict[str,
         _wait(cluster, admin.create_partitions([NewPartitions(s.name, s.partitions) for s in grow],
                                                operation_timeout=timeout, request_timeout=timeout),
               "cannot grow topic", "ALTER")
-    _await_metadata(cluster, admin, [s.name for s in missing], timeout)
+    late = await_topics(cluster, admin, [s.name for s in missing], timeout)
+    if late:
+        say(f"warning: {', '.join(late)} did not know every new topic after {timeout:g} s; a client "
+            "asking there may find a topic missing for a while")
     updated = sorted({s.name for s in alter} | {s.name for s in grow})
     return [s.name for s in missing if s.name not in raced], updated, retention
 
@@ -266,39 +270,6 @@ def queue_in_use(admin: AdminClient, topic: str, partitions: list[int], timeout:
     if group.members:
         return f"the queue has {len(group.members)} readers"
     return None
-
-
-def _await_metadata(cluster: ClusterLike, admin: AdminClient, topics: list[str], timeout: float) -> None:
-    # A new topic may take a moment to appear in every broker's metadata; publish checks for it.
-    deadline = time.monotonic() + timeout
-    asked = False
-    while topics and time.monotonic() < deadline:
-        try:
-            known = admin.list_topics(timeout=timeout).topics
-        except KafkaException:
-            known = {}
-        if all(t in known and not known[t].error and known[t].partitions
-               and all(p.leader >= 0 for p in known[t].partitions.values()) for t in topics):
-            return
-        if not asked:  # one still missing: it may be hidden from a principal that may not DESCRIBE it
-            asked = True
-            _check_visible(cluster, admin, [t for t in topics if t not in known], timeout)
-        time.sleep(0.1)
-
-
-def _check_visible(cluster: ClusterLike, admin: AdminClient, topics: list[str], timeout: float) -> None:
-    """PermissionDeniedError for the first of `topics` the principal may not DESCRIBE (asked by
-    name: an answer about all topics leaves it out as if it did not exist). DescribeTopics
-    never creates a topic."""
-    if not topics:
-        return
-    for name, future in admin.describe_topics(TopicCollection(topics), request_timeout=timeout).items():
-        try:
-            future.result()
-        except KafkaException as exc:
-            if denied_code(exc.args[0]):
-                raise clients.denied(cluster, exc.args[0], f"cannot see topic {name} after creating it",
-                                     topic=("DESCRIBE", name)) from None
 
 
 def refuse_shadowing(namespace: str) -> None:

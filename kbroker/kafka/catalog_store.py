@@ -27,6 +27,7 @@ from kbroker.kafka import clients
 from kbroker.kafka.background import Background
 from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partitions
 from kbroker.kafka.rejects import Rejects
+from kbroker.kafka.topic_propagation import partitions_after_propagation
 
 __all__ = ["FIELDS", "CatalogWatcher", "kafka_error", "publish", "publish_object", "read_catalog", "records",
            "write_records"]
@@ -81,7 +82,7 @@ def write_records(cluster: ClusterLike, topic: str, todo: dict[str, bytes], time
         "allow.auto.create.topics": False,  # an auto-created topic would not be compacted
         "message.timeout.ms": int(timeout * 1000), "error_cb": (fatal := clients.FatalError()),
     })
-    if topic_partitions(producer, topic, timeout) is None:
+    if partitions_after_propagation(producer, topic, timeout) is None:
         raise CatalogError(f"topic {topic} does not exist: run 'kbroker apply' first")
     errors: list[KafkaError] = []
     try:
