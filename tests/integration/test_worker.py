@@ -214,7 +214,9 @@ def test_every_5th_tick_reclaims_what_the_readers_received(worker_ns, client):
         return bool(used) and all(p["start"] == p["committed"] for p in used)
 
     wait_for(reclaimed_to_commit, 30, "the log start to reach the committed offset")
-    got = [e for e in events(bootstrap, ns, "RECORDS_RECLAIMED") if e["topic"] == topic]
+    # The event is written after the deletion it reports: it may land a moment after the log start moves.
+    got = wait_for(lambda: [e for e in events(bootstrap, ns, "RECORDS_RECLAIMED") if e["topic"] == topic], 30,
+                   "the RECORDS_RECLAIMED event")
     assert got and all(int(o) > 0 for e in got for o in e["deleted_below"].values()), got
 
 
