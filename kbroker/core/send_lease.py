@@ -29,8 +29,12 @@ LEASE_SECONDS = 10.0  # how long a claim or renewal holds the lease without anot
 RENEW_WITHIN = 5.0  # a holder renews when less than this is left
 MARGIN = 2.0  # a holder stops using a lease this long before it runs out (clock skew, a slow commit)
 # A lease no statement has used for this long is released rather than renewed. A process that
-# wants a held lease does not wait for this: it says so (Want), and the holder lets it go.
-IDLE_RELEASE = 5.0
+# wants a held lease does not wait for this: it says so (Want), and the holder lets it go. So
+# the release only bounds the keeper's renewals of idle leases (one batched record per lease
+# every LEASE_SECONDS - RENEW_WITHIN), and it is kept well above how long an application takes
+# to come back to a dialog: at 5 s, a loop over 250 dialogs that took 5 s per round found every
+# lease released, claimed each again (two reads and a write, ~100 ms), and so went slower still.
+IDLE_RELEASE = 60.0
 YIELD_BACKOFF = 0.5  # a holder that let a lease go to a waiter does not claim it back sooner
 SEQUENCE_SPAN = 1024  # sequence numbers a claim or renewal lets its holder use
 

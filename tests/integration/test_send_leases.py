@@ -23,7 +23,7 @@ from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
 from kbroker.core.envelope import H_SEQUENCE
-from kbroker.core.send_lease import LEASE_SECONDS
+from kbroker.core.send_lease import LEASE_SECONDS, RENEW_WITHIN
 from kbroker.kafka.reader import read_to_end
 from kbroker.sdk.broker import Broker
 
@@ -184,3 +184,24 @@ def test_a_busy_holder_lets_a_waiting_process_have_the_lease(kafka_bootstrap, na
     assert waited < 5.0, f"the waiting process got the lease after {waited:.1f} s"
     seqs = sequences_in_log_order(kafka_bootstrap, namespace)
     assert seqs == list(range(len(seqs))) and len(seqs) == sent[0] + 1, seqs
+
+
+def test_a_dialog_left_idle_past_a_renewal_keeps_its_lease(broker):
+    """A dialog the application comes back to after a pause longer than a renewal period finds its
+    lease still held (the keeper renewed it): its next SEND claims nothing. With leases released
+    after 5 s idle, a round over many dialogs slower than that claimed every lease again."""
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    broker.send(h, CLAIM, {"n": 1})
+    store = broker.runtime.endpoints
+    store.refresh()
+    first = store.lease(h)
+    assert first is not None and first.owner == broker.runtime.process
+    time.sleep(LEASE_SECONDS - RENEW_WITHIN + 2.0)  # past the first renewal, and past the old release
+    started = time.monotonic()
+    broker.send(h, CLAIM, {"n": 2})
+    took = time.monotonic() - started
+    store.refresh()
+    now = store.lease(h)
+    assert now is not None and now.epoch == first.epoch and now.owner == first.owner, (first, now)
+    assert now.until > first.until  # renewed, not claimed again
+    print(f"SEND after {LEASE_SECONDS - RENEW_WITHIN + 2.0:g} s idle took {took * 1000:.1f} ms")
