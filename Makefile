@@ -23,7 +23,7 @@ demo-analytics: setup
 # The static checks first (seconds: the layer contracts, the types), then the tests against a real
 # broker (minutes); Toxiproxy is built once (about a minute) for the network-stall test.
 # Two pytest processes, each with its own broker (tests/conftest.py groups and orders the files):
-# about 20 minutes instead of 33 in one process (`make test PARALLEL=`).
+# about 24 minutes instead of 33 in one process (`make test PARALLEL=`).
 test: setup
 	$(BIN)/lint-imports
 	$(BIN)/mypy kbroker
