@@ -14,6 +14,9 @@ import heapq
 import zlib
 from typing import Collection
 
+from kbroker.core.commit_holder import ROOM as HOLDER_ROOM
+from kbroker.core.commit_holder import split_holder
+
 METADATA_LIMIT = 4096  # Kafka's default offset.metadata.max.bytes
 _PREFIX = "kb1:"
 # So few completed offsets fit whatever their gaps: <= 5 varint bytes each, base64 adds a third.
@@ -51,7 +54,9 @@ def encode_completed(base: int, completed: list[int]) -> str:
 
 
 def decode_completed(base: int, metadata: str | None) -> set[int]:
-    """Inverse of encode_completed. Foreign or damaged metadata means "nothing completed above"."""
+    """Inverse of encode_completed (a commit holder after it ignored). Foreign or damaged metadata
+    means "nothing completed above"."""
+    metadata = split_holder(metadata)[0]
     if not metadata or not metadata.startswith(_PREFIX):
         return set()
     try:
@@ -137,7 +142,7 @@ class PartitionOffsets:
         # its reader's time. Since the last measurement, the low water only rose (which drops
         # offsets and never lengthens the encoding) and each completion added at most
         # _GROWTH_PER_OFFSET bytes; measure again only when that bound reaches the margin.
-        limit = METADATA_LIMIT - _ROOM_MARGIN
+        limit = METADATA_LIMIT - _ROOM_MARGIN - HOLDER_ROOM  # the committer adds the holder
         if self._measured is not None:
             size, at = self._measured
             if size + (self._completions - at) * _GROWTH_PER_OFFSET < limit:

@@ -37,6 +37,7 @@ from typing import Any, Callable
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from kbroker.core.cluster import Cluster, ClusterLike
+from kbroker.core.commit_holder import holder_of, transactional_id, with_holder
 from kbroker.core.records import Record
 from kbroker.core.txn_faults import Action, Deadline, Position, Stage, committed_by_offsets, decide
 from kbroker.errors import (
@@ -159,7 +160,8 @@ class GroupCommitter:
         self._open_transactions = open_transactions
         # transactional_ids: the ring's ids chosen by the caller (who names them before the start).
         self._ring = [_Slot(tid) for tid in transactional_ids] or \
-            [_Slot(f"kbroker.{namespace}.{uuid.uuid4()}") for _ in range(max(1, producers))]
+            [_Slot(transactional_id(namespace, uuid.uuid4())) for _ in range(max(1, producers))]
+        self.holder = holder_of(self.transactional_ids, namespace)  # what its offsets' metadata names
         self._turn = 0  # the ring's producer for the next Kafka transaction
         self._queue: queue.Queue[CommitRequest | None] = queue.Queue()
         self._busy = threading.Lock()  # held while a Kafka transaction is under way
@@ -269,7 +271,11 @@ class GroupCommitter:
                     if r in positions:
                         r.exclude(ls)
                 return self._split_doomed(batch)
-            positions[receiver] = tps
+            # Each offset names this process, so a next owner finding the partition held by a
+            # transaction left open here can fence it (core/commit_holder.py).
+            positions[receiver] = [TopicPartition(tp.topic, tp.partition, tp.offset,
+                                                  metadata=with_holder(tp.metadata or "", self.holder))
+                                   for tp in tps]
         slot = self._ring[self._turn]
         self._turn = (self._turn + 1) % len(self._ring)
         deadline = Deadline(self._transaction_deadline)

@@ -31,6 +31,11 @@ log = logging.getLogger("kbroker.receiver")
 # (Kafka aborts an open one after transaction.timeout.ms, 10 s for kbroker's producers).
 HANGING_AFTER = 60.0
 
+# Seconds the rebalance callback asks for the committed offsets of the partitions it is given; any
+# still unanswered wait, asked again off the poll thread. It was 10 s: a partition held by a dead
+# reader's open transaction kept the poll thread, the other partitions and the fence waiting.
+ASSIGN_ASK = 1.0
+
 ReadCommitted = Callable[[list[TopicPartition]], list[TopicPartition]]
 
 
@@ -45,12 +50,19 @@ class PartitionAssignment:
     def __init__(self, cluster: Cluster, topic: str, queue: str, cv: threading.Condition, *,
                  settle_revoked: Callable[[set[int], float], None], forget_revoked: Callable[[set[int]], None],
                  commit_barrier: Callable[[], None],
-                 on_assign: Callable[[], None], read_committed: ReadCommitted | None = None):
+                 on_assign: Callable[[], None], read_committed: ReadCommitted | None = None,
+                 fence_hanging: Callable[[list[TopicPartition]], object] | None = None,
+                 fence_after: float = 1.0):
         self.topic, self._queue, self._cluster, self._cv = topic, queue, cluster, cv
         self._settle_revoked, self._forget_revoked = settle_revoked, forget_revoked
         self._commit_barrier = commit_barrier
         self._on_assign_hook = on_assign
         self._read_committed = read_committed or self.committed_by_reader
+        # Given the partitions that have waited `fence_after` seconds, ends the Kafka transaction
+        # a dead process left open on them (kafka/hanging_commits.py), on a thread of its own.
+        self._fence_hanging, self._fence_after = fence_hanging, fence_after
+        self._fencing: concurrent.futures.Future[object] | None = None
+        self._fencer: concurrent.futures.ThreadPoolExecutor | None = None
         self.offsets: dict[int, PartitionOffsets] = {}  # the partitions owned, guarded by cv
         self._eof: set[int] = set()
         self.paused = False
@@ -101,7 +113,7 @@ class PartitionAssignment:
         with self._cv:
             for tp in partitions:
                 self.waiting.setdefault(tp.partition, time.monotonic())
-        self._assign_waiting(consumer, lambda tps: consumer.committed(tps, timeout=10))
+        self._assign_waiting(consumer, lambda tps: consumer.committed(tps, timeout=ASSIGN_ASK))
 
     def _assign_waiting(self, consumer: Consumer, read: ReadCommitted) -> None:
         """Assign the partitions the group gave this process whose committed offsets `read` can
@@ -179,6 +191,7 @@ class PartitionAssignment:
 
             self._assign_waiting(consumer, answered)
             return
+        self._fence_waiting()
         if self.waiting and time.monotonic() - self._waiting_asked >= 1.0:
             self._waiting_asked = time.monotonic()
             if self._asker is None:
@@ -187,6 +200,29 @@ class PartitionAssignment:
             with self._cv:
                 waiting = [TopicPartition(self.topic, p) for p in sorted(self.waiting)]
             self._waiting_read = self._asker.submit(self._read_committed, waiting)
+
+    def _fence_waiting(self) -> None:
+        """Hand the partitions waiting `fence_after` seconds or more to the fence, one call at a
+        time (the fence itself does not fence the same ids twice in a row)."""
+        if self._fence_hanging is None or (self._fencing is not None and not self._fencing.done()):
+            return
+        now = time.monotonic()
+        with self._cv:
+            due = [TopicPartition(self.topic, p) for p, since in sorted(self.waiting.items())
+                   if now - since >= self._fence_after]
+        if not due:
+            return
+        if self._fencer is None:
+            self._fencer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"kbroker-fence-{self._queue}")
+        self._fencing = self._fencer.submit(self._fence_logged, due)
+
+    def _fence_logged(self, due: list[TopicPartition]) -> object:
+        try:
+            return self._fence_hanging(due) if self._fence_hanging is not None else None
+        except Exception:  # noqa: BLE001 - Kafka's own timeout still ends the transaction
+            log.warning("fencing the holder of %s partitions %s failed", self.topic,
+                        [tp.partition for tp in due], exc_info=True)
+            return None
 
     def committed_by_reader(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         """Committed offsets asked of the group coordinator by a consumer that never joins the
@@ -219,5 +255,7 @@ class PartitionAssignment:
         """Stop asking about waiting partitions and close the offsets reader (after the poll thread)."""
         if self._asker is not None:
             self._asker.shutdown(wait=True)
+        if self._fencer is not None:
+            self._fencer.shutdown(wait=True)
         if self._offsets_reader is not None:
             self._offsets_reader.close()

@@ -31,6 +31,7 @@ from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.conversation_endpoint import handle_for
 from kbroker.core.envelope import Envelope, Message
 from kbroker.core.group_buffer import Buffered, GroupBuffer
+from kbroker.kafka.hanging_commits import HangingCommitFence
 from kbroker.kafka.partition_assignment import HANGING_AFTER, PartitionAssignment
 from kbroker.kafka.poll_loop import QUEUED_MAX_KBYTES, PollLoop, consumer_settings, decode_envelope
 from kbroker.kafka.receive_leases import Lease, LeaseBook
@@ -50,7 +51,8 @@ class QueueReceiver:
                  on_assign: Callable[[], None] = lambda: None,
                  report: Callable[[dict[str, Any]], None] | None = None, report_interval: float = 2.0,
                  new_consumer: Callable[[dict[str, Any]], Consumer] = Consumer,
-                 decode: Callable[[KafkaRecord], Envelope] | None = None):
+                 decode: Callable[[KafkaRecord], Envelope] | None = None,
+                 committer_ids: tuple[str, ...] | None = None):
         self.queue = queue
         self.topic = topic or names.queue_topic(namespace, queue)  # or a secondary queue's topic
         self._cluster, self._new_consumer = Cluster.of(cluster), new_consumer
@@ -58,13 +60,18 @@ class QueueReceiver:
         self._consumer: Consumer | None = None
         self._cv = threading.Condition()  # guards the buffer, the offsets and the leases
         self._buffer: GroupBuffer[Lease] = GroupBuffer()
+        # committer_ids: this process's group committer's transactional ids. Given, a partition
+        # held by a dead process's open transaction gets it fenced (a queue's group is its topic).
+        self._fence = None if committer_ids is None else \
+            HangingCommitFence(self._cluster, namespace, self.topic, committer_ids)
         self._assignment = PartitionAssignment(
             self._cluster, self.topic, queue, self._cv,
             settle_revoked=lambda revoked, since: self._leases.settle_revoked(revoked, since),
             forget_revoked=lambda revoked: self._leases.forget_revoked(revoked),
             commit_barrier=commit_barrier, on_assign=on_assign,
             # Looked up on every question, so a test can stand in for the offsets reader.
-            read_committed=lambda partitions: self._committed_by_reader(partitions))
+            read_committed=lambda partitions: self._committed_by_reader(partitions),
+            fence_hanging=self._fence)
         self._leases = LeaseBook(self, self._buffer, self._assignment, self._cv, revoke_grace=revoke_grace,
                                  closed=lambda: self._closed, refused=lambda: self._poll.refused)
         self._poll = PollLoop(
@@ -182,3 +189,5 @@ class QueueReceiver:
         if self._consumer is not None:
             self._consumer.close()
         self._assignment.close()
+        if self._fence is not None:
+            self._fence.close()

@@ -22,7 +22,8 @@ from kbroker.core.locks import ConversationLocks
 from kbroker.core.send_lease import IDLE_RELEASE, YIELD_BACKOFF, SendLease, Want, first_claim, lease_key, want_key
 from kbroker.errors import BrokerUnavailableError, ConversationLockTimeoutError
 from kbroker.kafka.background import Background
-from kbroker.kafka.clients import Deliveries, base, idempotent_producer
+from kbroker.kafka.clients import Deliveries, idempotent_producer
+from kbroker.kafka.fencing import fence
 from kbroker.kafka.guarded import reason
 from kbroker.kafka.conversation_endpoints import EndpointStore
 
@@ -30,7 +31,6 @@ log = logging.getLogger("kbroker.leases")
 
 POLL = 0.02  # seconds between reads while a claim's answer or a held lease is awaited
 KEEP_EVERY = 0.25  # seconds between the keeper's looks at the held leases
-FENCE_TIMEOUT = 30.0
 
 
 class SendLeases(Background):
@@ -281,16 +281,3 @@ class SendLeases(Background):
                         len(handles), exc)
         if self._producer is not None:
             self._producer.flush(self._ack_timeout)
-
-
-def fence(cluster: ClusterLike, transactional_ids: tuple[str, ...]) -> None:
-    """Fence each transactional id: its open transaction is aborted and its producer can commit
-    nothing more (a live one gets a new epoch the next time it starts)."""
-    for tid in transactional_ids:
-        producer = Producer(base(cluster, **{"transactional.id": tid, "enable.idempotence": True}))
-        try:
-            producer.init_transactions(FENCE_TIMEOUT)
-        except KafkaException as exc:
-            log.warning("transactional id %s was not fenced (%s)", tid, reason(exc))
-        finally:
-            producer.flush(0)

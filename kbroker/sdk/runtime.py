@@ -20,6 +20,7 @@ import orjson
 from kbroker.core import names
 from kbroker.core.catalog.models import Catalog, Queue
 from kbroker.core.cluster import Cluster
+from kbroker.core.commit_holder import transactional_id
 from kbroker.core.conversation_endpoint import Endpoint
 from kbroker.core.locks import ConversationLocks
 from kbroker.core.poison import PoisonCounter
@@ -48,7 +49,7 @@ class BrokerRuntime(ProcessRuntime):
                  lock_timeout: float = 30.0):
         # The committer's transactional ids are known before it starts: leases name them (fencing).
         super().__init__(cluster, namespace, ack_timeout=ack_timeout, commit_interval=commit_interval,
-                         transactional_ids=tuple(f"kbroker.{namespace}.{uuid.uuid4()}" for _ in range(2)))
+                         transactional_ids=tuple(transactional_id(namespace, uuid.uuid4()) for _ in range(2)))
         self._max_buffered, self._revoke_grace = max_buffered, revoke_grace
         self.conversation_locks = ConversationLocks(lock_timeout)  # SEND's (see locks.py)
         self.endpoints = EndpointStore(cluster, namespace, self.producer)
@@ -121,6 +122,7 @@ class BrokerRuntime(ProcessRuntime):
         r = QueueReceiver(self.cluster, self.namespace, queue, dead_letter=self.dead_letter,
                           max_buffered=self._max_buffered, revoke_grace=self._revoke_grace,
                           commit_barrier=self.committer.barrier, topic=topic,
+                          committer_ids=self.committer.transactional_ids,
                           # A partition that arrives may hold records of conversations moved by another
                           # process since this one cached their endpoints: catch up first.
                           on_assign=self.endpoints.refresh,

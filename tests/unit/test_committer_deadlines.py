@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition
 
+from kbroker.core.commit_holder import with_holder
 from kbroker.errors import TransactionAbortedError
 from kbroker.kafka.committer import CommitRequest, GroupCommitter
 from kbroker.kafka.receiver import Lease
@@ -103,7 +104,10 @@ def test_a_hung_send_offsets_fails_the_batch_retriably_and_replaces_the_producer
 @pytest.mark.parametrize("committed", [True, False])
 def test_a_hung_commit_is_settled_from_the_groups_offsets(release, committed):
     c, made = committer_with("commit", release)
-    found = [TopicPartition("q", 0, 7, metadata="m") if committed else TopicPartition("q", 0, 3, metadata="")]
+    # What the group's offsets show once it committed: the position and its metadata, which names
+    # the committing process after the completed offsets (core/commit_holder.py).
+    found = [TopicPartition("q", 0, 7, metadata=with_holder("m", c.holder)) if committed
+             else TopicPartition("q", 0, 3, metadata="")]
     c._group_offsets = lambda group, tps, t: found  # type: ignore[method-assign]
     receiver = FakeReceiver()
     req = CommitRequest([], [Lease(receiver, "g", None, offsets=[(0, 6)])])  # type: ignore[arg-type]

@@ -178,3 +178,36 @@ def test_a_slow_answer_for_a_waiting_partition_does_not_stop_the_others() -> Non
         assert 1 not in consumer.assigned
     finally:
         receiver.close()
+
+
+def test_a_partition_left_waiting_is_handed_to_the_fence_after_a_second_and_read_once_fenced() -> None:
+    """A partition whose offsets a dead reader's open transaction holds: after fence_after (1 s)
+    it, and only it, goes to the fence (kafka/hanging_commits.py); once the fence has ended the
+    transaction its offsets are stable and it is read. Not before the second: a transaction
+    about to commit is not the fence's business."""
+    consumer = Consumer({0: 3, 1: 2})
+    receiver = QueueReceiver("nowhere:1", "test", "Q", topic=TOPIC, dead_letter=lambda *a: None,
+                             new_consumer=lambda conf: consumer)  # type: ignore[arg-type,return-value]
+    fenced = threading.Event()
+    calls: list[tuple[float, list[int]]] = []
+
+    def fence(partitions: list[TopicPartition]) -> tuple[str, ...]:
+        calls.append((time.monotonic(), [tp.partition for tp in partitions]))
+        fenced.set()
+        return ("kbroker.test.x",)
+
+    def reader_read(partitions: list[TopicPartition]) -> list[Position]:
+        return [Position(TOPIC, tp.partition, 0, "") if fenced.is_set() else
+                Position(TOPIC, tp.partition, error=UNSTABLE) for tp in partitions]
+
+    receiver._committed_by_reader = reader_read  # type: ignore[method-assign]  # no offsets reader here
+    receiver._assignment._fence_hanging = fence  # what committer_ids would build, without a broker
+    started = time.monotonic()
+    receiver.start()
+    try:
+        assert receive_all(receiver, 1, 5.0) == [(0, 2)]
+        assert receive_all(receiver, 2, 6.0) == [(1, 0), (1, 1)], "the fenced partition was not read"
+        assert calls and calls[0][1] == [1], calls
+        assert calls[0][0] - started >= 1.0, "fenced before the partition had waited a second"
+    finally:
+        receiver.close()

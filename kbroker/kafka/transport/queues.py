@@ -99,11 +99,12 @@ def decoder(queue: str) -> Callable[[KafkaRecord], TransportEnvelope]:
 def transport_receiver(cluster: ClusterLike, namespace: str, queue: str, topic: str, *,
                        dead_letter: Callable[[QueueReceiver, KafkaRecord, str], None],
                        commit_barrier: Callable[[], None], max_buffered: int = 20_000,
-                       revoke_grace: float = 5.0) -> QueueReceiver:
-    """A started receiver of a transport queue (one consumer, in the queue's consumer group)."""
+                       revoke_grace: float = 5.0, committer_ids: tuple[str, ...] | None = None) -> QueueReceiver:
+    """A started receiver of a transport queue (one consumer, in the queue's consumer group);
+    `committer_ids`: the process's group committer's transactional ids (QueueReceiver)."""
     return QueueReceiver(cluster, namespace, queue, dead_letter=dead_letter, max_buffered=max_buffered,
                          revoke_grace=revoke_grace, commit_barrier=commit_barrier,
-                         topic=topic, decode=decoder(queue)).start()
+                         topic=topic, decode=decoder(queue), committer_ids=committer_ids).start()
 
 
 def durable_producer(cluster: ClusterLike) -> Producer:

@@ -45,7 +45,8 @@ class TransportRuntime(ProcessRuntime):
             topic = self.queues.topic(queue)  # TransportQueueNotFoundError before any consumer joins
             return transport_receiver(self.cluster, self.namespace, queue, topic,
                                       dead_letter=self._dead_letter_malformed,
-                                      commit_barrier=self.committer.barrier, max_buffered=self._max_buffered)
+                                      commit_barrier=self.committer.barrier, max_buffered=self._max_buffered,
+                                      committer_ids=self.committer.transactional_ids)
 
         return self.receiver_for(queue, build)
 
