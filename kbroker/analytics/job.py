@@ -12,7 +12,7 @@ import time
 from collections import deque, namedtuple
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import orjson
 
@@ -25,7 +25,7 @@ from kbroker.core.envelope import H_CONVERSATION_ID, H_GROUP_ID, H_MESSAGE_ID, H
 from kbroker.core.queue_analytics import Analytics, Arrival
 from kbroker.core.log_limit import LogLimiter, RateLimitFilter
 from kbroker.core.rejected import Consumed, Rejected, text_key
-from kbroker.errors import PermissionDeniedError
+from kbroker.errors import BrokerUnavailableError, PermissionDeniedError
 from kbroker.kafka.analytics.results import ResultsWriter
 from kbroker.kafka.catalog_store import read_catalog
 from kbroker.kafka.clients import principal, spark_java_options, spark_options
@@ -162,7 +162,7 @@ class AnalyticsJob:
         started, wall = time.monotonic(), time.time()
         if self._stopping.is_set():  # not committed by Spark: the next start runs it again
             raise JobStopping(f"batch {batch_id} refused: the job is stopping")
-        rows = collect(frame)
+        rows = again_on_failure("reading its rows to the driver", lambda: collect(frame), batch_id, self._stopping)
         with self._lock:
             state = self._state_for(batch_id)
             state.stale_after = self._queue_thresholds()
@@ -172,7 +172,9 @@ class AnalyticsJob:
             out = state.report(batch_id)
             if self.writer is None:
                 self.writer = ResultsWriter(self.s.cluster, self.s.namespace)
-            self.writer.write(out.analytics, out.commands, read_positions(rows, self.s.namespace, self._read_before()))
+            writer, positions = self.writer, read_positions(rows, self.s.namespace, self._read_before())
+            again_on_failure("writing its results", lambda: writer.write(out.analytics, out.commands, positions),
+                             batch_id, self._stopping, retriable=(BrokerUnavailableError,))
             if out.closed:
                 self._history(out.closed)
             self.files.save(batch_id, state.to_dict())
@@ -237,6 +239,29 @@ TEXT = frozenset(FIELDS) - {"topic", "partition", "offset", "ts", "key", "value"
 
 def _text(values: list[bytes | None]) -> list[str | None]:
     return [None if v is None else v.decode(errors="replace") for v in values]
+
+
+BATCH_STEP_ATTEMPTS = 3
+T = TypeVar("T")
+
+
+def again_on_failure(what: str, step: Callable[[], T], batch_id: int, stopping: threading.Event,
+                     retriable: tuple[type[BaseException], ...] = (Exception,)) -> T:
+    """step(), asked again (up to BATCH_STEP_ATTEMPTS times in all, a second more each time) when
+    it fails with a `retriable` error. A failed step failed the batch, which stops the query:
+    `kbroker analytics run` starts it again from its checkpoint, but seconds later, and a job that
+    is not supervised so stayed stopped. Both steps asked again are the same the second time: the
+    rows of the batch's own offsets, and its results in a transaction the failed one's producer
+    could not commit (a new producer of the same id fenced it)."""
+    for attempt in range(1, BATCH_STEP_ATTEMPTS + 1):
+        try:
+            return step()
+        except retriable as exc:
+            if attempt == BATCH_STEP_ATTEMPTS or stopping.is_set():
+                raise
+            log.warning("batch %d: %s failed (%s); trying again", batch_id, what, first_line(exc))
+            stopping.wait(attempt)
+    raise AssertionError("unreachable")
 
 
 def collect(frame: Any) -> list[Any]:

@@ -20,6 +20,9 @@ DEFAULTS = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.streaming.stopTimeout": "30s",  # query.stop() waits this long for a batch at most
     "spark.ui.showConsoleProgress": "false",  # a progress bar on stderr per stage: the job logs its batches
+    # How long the driver's JVM waits for Python to fetch a batch's rows (15 s by default): on a
+    # loaded machine the wait ran out, the batch failed and the query with it.
+    "spark.python.authenticate.socketTimeout": "120s",
 }
 LOCAL = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
 LOG_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"

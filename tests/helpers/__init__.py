@@ -25,16 +25,18 @@ DATA = ROOT / "tests" / "data"
 KBROKER = os.path.join(os.path.dirname(sys.executable), "kbroker")  # the CLI of this venv
 
 
-def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.3) -> Any:
+def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.3,
+             seen: Callable[[], Any] | None = None) -> Any:
     """pred()'s first truthy answer, asked every `interval` seconds; AssertionError naming `what`
-    after `timeout` seconds."""
+    after `timeout` seconds (and what `seen()` then reports: the state the wait last saw)."""
     deadline = time.monotonic() + timeout
     while True:
         got = pred()
         if got:
             return got
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+            last = f"; last seen: {seen()!r}" if seen is not None else ""
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{last}")
         time.sleep(interval)
 
 

@@ -102,7 +102,10 @@ def test_known_stale_and_fresh_messages_give_exactly_those_aggregates(analytics_
     assert got == 20
 
     fresh = wait_for(lambda: (t := totals(bootstrap, ns, "FreshQueue")) and t["receives"] == 20 and t, 90,
-                     "the 20 fresh messages received in the analytics topic")
+                     "the 20 fresh messages received in the analytics topic",
+                     seen=lambda: (totals(bootstrap, ns, "FreshQueue"), job.batches, job.failure(),
+                                   (latest_values(bootstrap, names.progress_topic(ns), 10) or {}).get(b"FreshQueue"),
+                                   w.log.read_text()[-4000:]))
     assert fresh["arrivals"] == 20 and fresh["backlog"] == 0
     assert fresh["stale"] == {"dispatcher_10s": 0, "forwarder_60s": 0, "queue": 0}
     stale = wait_for(lambda: (t := totals(bootstrap, ns, "StaleQueue")) and t["stale"]["dispatcher_10s"] == 30 and t,

@@ -1,0 +1,59 @@
+"""A batch step that fails transiently is tried again within the batch (analytics/job.py): its
+rows' transfer to the driver, its results' transaction. One failure used to fail the batch, and
+with it the query."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from kbroker.analytics.job import BATCH_STEP_ATTEMPTS, again_on_failure
+from kbroker.errors import BrokerUnavailableError, PermissionDeniedError
+
+
+def failing(times: int, calls: list[int], error: Exception):
+    def step() -> list[str]:
+        calls.append(1)
+        if len(calls) <= times:
+            raise error
+        return ["row"]
+    return step
+
+
+@pytest.fixture(autouse=True)
+def no_backoff(monkeypatch):
+    monkeypatch.setattr(threading.Event, "wait", lambda self, t=None: False)
+
+
+def test_a_failed_step_is_tried_again_and_the_batch_goes_on():
+    calls: list[int] = []
+    step = failing(BATCH_STEP_ATTEMPTS - 1, calls, OSError("serve-Arrow: Accept timed out"))
+    assert again_on_failure("reading", step, 7, threading.Event()) == ["row"]
+    assert len(calls) == BATCH_STEP_ATTEMPTS
+
+
+def test_a_step_failing_every_time_fails_the_batch():
+    calls: list[int] = []
+    with pytest.raises(BrokerUnavailableError):
+        again_on_failure("writing", failing(100, calls, BrokerUnavailableError("no broker")), 7, threading.Event(),
+                         retriable=(BrokerUnavailableError,))
+    assert len(calls) == BATCH_STEP_ATTEMPTS
+
+
+def test_an_error_that_would_come_again_is_not_retried():
+    """The authorizer's refusal stands until an operator grants the ACL: it fails the batch at once."""
+    calls: list[int] = []
+    with pytest.raises(PermissionDeniedError):
+        again_on_failure("writing", failing(1, calls, PermissionDeniedError("denied")), 7, threading.Event(),
+                         retriable=(BrokerUnavailableError,))
+    assert len(calls) == 1
+
+
+def test_a_stopping_job_does_not_try_again():
+    calls: list[int] = []
+    stopping = threading.Event()
+    stopping.set()
+    with pytest.raises(OSError):
+        again_on_failure("reading", failing(1, calls, OSError("x")), 7, stopping)
+    assert len(calls) == 1
