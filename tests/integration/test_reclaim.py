@@ -102,10 +102,14 @@ def test_apply_moves_an_older_namespace_to_keep_every_record(kafka_bootstrap, na
     old = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
         ConfigEntry("retention.ms", "604800000", incremental_operation=AlterConfigOpType.SET)])
     admin.incremental_alter_configs([old])[old].result(timeout=30)
+    res = ConfigResource(ResourceType.TOPIC, topic)
+    # The controller answers once the change is in the metadata log; the broker that describes the
+    # topic applies it a moment later, and an apply that read the old value had nothing to change.
+    wait_for(lambda: admin.describe_configs([res])[res].result(timeout=30)["retention.ms"].value == "604800000",
+             30, "the broker to describe the older retention")
 
     report = apply_paths(kafka_bootstrap, namespace, [SAMPLES])
     assert report.retention_changed == [f"{topic}: retention.ms 604800000 -> -1"]
-    res = ConfigResource(ResourceType.TOPIC, topic)
     config = admin.describe_configs([res])[res].result(timeout=30)
     assert (config["retention.ms"].value, config["retention.bytes"].value) == ("-1", "-1")
     assert apply_paths(kafka_bootstrap, namespace, [SAMPLES]).retention_changed == []
