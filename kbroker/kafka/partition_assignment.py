@@ -23,6 +23,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 
 from kbroker.core.cluster import Cluster
 from kbroker.core.offsets import PartitionOffsets, caught_up
+from kbroker.kafka.hanging_commits import FENCE_AFTER
 from kbroker.kafka.reader import group_offsets, offsets_reader
 
 log = logging.getLogger("kbroker.receiver")
@@ -51,17 +52,16 @@ class PartitionAssignment:
                  settle_revoked: Callable[[set[int], float], None], forget_revoked: Callable[[set[int]], None],
                  commit_barrier: Callable[[], None],
                  on_assign: Callable[[], None], read_committed: ReadCommitted | None = None,
-                 fence_hanging: Callable[[list[TopicPartition]], object] | None = None,
-                 fence_after: float = 1.0):
+                 fence_hanging: Callable[[list[TopicPartition]], object] | None = None):
         self.topic, self._queue, self._cluster, self._cv = topic, queue, cluster, cv
         self._settle_revoked, self._forget_revoked = settle_revoked, forget_revoked
         self._commit_barrier = commit_barrier
         self._on_assign_hook = on_assign
         self._read_committed = read_committed or self.committed_by_reader
-        # Given the partitions that have waited `fence_after` seconds, ends the Kafka transaction
-        # a dead process left open on them (kafka/hanging_commits.py), on a thread of its own.
-        self._fence_hanging, self._fence_after = fence_hanging, fence_after
-        self._fencing: concurrent.futures.Future[object] | None = None
+        # Given the partitions that have waited FENCE_AFTER seconds, ends the Kafka transaction a
+        # dead process left open on them (kafka/hanging_commits.py), on a thread of its own.
+        self._fence_hanging = fence_hanging
+        self._fencing: concurrent.futures.Future[None] | None = None
         self._fencer: concurrent.futures.ThreadPoolExecutor | None = None
         self.offsets: dict[int, PartitionOffsets] = {}  # the partitions owned, guarded by cv
         self._eof: set[int] = set()
@@ -202,27 +202,27 @@ class PartitionAssignment:
             self._waiting_read = self._asker.submit(self._read_committed, waiting)
 
     def _fence_waiting(self) -> None:
-        """Hand the partitions waiting `fence_after` seconds or more to the fence, one call at a
+        """Hand the partitions waiting FENCE_AFTER seconds or more to the fence, one call at a
         time (the fence itself does not fence the same ids twice in a row)."""
-        if self._fence_hanging is None or (self._fencing is not None and not self._fencing.done()):
+        fence = self._fence_hanging
+        if fence is None or (self._fencing is not None and not self._fencing.done()):
             return
         now = time.monotonic()
         with self._cv:
             due = [TopicPartition(self.topic, p) for p, since in sorted(self.waiting.items())
-                   if now - since >= self._fence_after]
+                   if now - since >= FENCE_AFTER]
         if not due:
             return
         if self._fencer is None:
             self._fencer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"kbroker-fence-{self._queue}")
-        self._fencing = self._fencer.submit(self._fence_logged, due)
+        self._fencing = self._fencer.submit(self._fence_logged, fence, due)
 
-    def _fence_logged(self, due: list[TopicPartition]) -> object:
+    def _fence_logged(self, fence: Callable[[list[TopicPartition]], object], due: list[TopicPartition]) -> None:
         try:
-            return self._fence_hanging(due) if self._fence_hanging is not None else None
+            fence(due)
         except Exception:  # noqa: BLE001 - Kafka's own timeout still ends the transaction
             log.warning("fencing the holder of %s partitions %s failed", self.topic,
                         [tp.partition for tp in due], exc_info=True)
-            return None
 
     def committed_by_reader(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         """Committed offsets asked of the group coordinator by a consumer that never joins the
