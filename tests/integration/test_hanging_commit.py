@@ -10,6 +10,7 @@ import logging
 import subprocess
 import sys
 import textwrap
+import uuid
 import time
 
 import orjson
@@ -68,3 +69,43 @@ def test_a_reader_killed_inside_its_commit_holds_the_partition_only_until_it_is_
     assert [orjson.loads(m.body)["i"] for m in got] == [1, 2], got
     assert took < BOUND, f"the partition waited {took:.1f} s for the transaction left open: {caplog.text}"
     assert "fencing" in caplog.text, caplog.text
+
+
+def test_forged_commit_metadata_names_nothing_outside_the_namespace_and_the_queue_is_read_on(
+        kafka_bootstrap, namespace, broker):
+    """The fence reads what any client with the group's READ may have committed. Garbage, an
+    oversized holder, ids of another namespace: it fences at most MAX_IDS ids per partition, all
+    under this namespace, raises nothing, and a reader then receives every message."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from kbroker.core import names
+    from kbroker.core.commit_holder import MAX_IDS
+    from kbroker.kafka.hanging_commits import HangingCommitFence
+
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    for i in range(3):
+        broker.send(h, CLAIM, {"i": i})
+    topic = names.queue_topic(namespace, "ExpenseQueue")
+    real = uuid.uuid4()
+    forged = ["\xff not ours \u2603|by:../../x,kbroker.other.txn",
+              "kb1:!!!|by:" + ",".join(uuid.uuid4().hex for _ in range(80)),  # about 2,700 bytes
+              f"|by:{real.hex},{real.hex},kbroker.{namespace}.{uuid.uuid4()}",
+              "|by:"]
+    foreign = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": topic, "enable.auto.commit": False})
+    try:
+        foreign.commit(offsets=[TopicPartition(topic, p, 0, metadata=m) for p, m in enumerate(forged)],
+                       asynchronous=False)
+    finally:
+        foreign.close()
+
+    fence = HangingCommitFence(kafka_bootstrap, namespace, topic, ())
+    try:
+        fenced = fence([TopicPartition(topic, p) for p in range(4)])
+    finally:
+        fence.close()
+    assert all(tid.startswith(f"kbroker.{namespace}.") for tid in fenced), fenced
+    assert f"kbroker.{namespace}.{real}" in fenced and len(fenced) <= MAX_IDS + 1, fenced
+
+    with broker.transaction() as tx:
+        got = tx.receive("ExpenseQueue", wait=60)
+    assert [orjson.loads(m.body)["i"] for m in got] == [0, 1, 2], got
