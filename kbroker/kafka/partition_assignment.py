@@ -248,8 +248,12 @@ class PartitionAssignment:
                 self._eof.discard(p)
             self._forget_revoked(revoked)
             self._cv.notify_all()
-        if assigned:
-            consumer.incremental_unassign(assigned)
+        # Called even with none (every revoked partition still waited for its offsets): a
+        # callback that neither assigns nor unassigns leaves it to the binding, whose unassign of
+        # partitions never assigned fails ("Can't subtract from empty assignment") and leaves
+        # the revocation unfinished, so the group held those partitions from their next owner
+        # until this process left (seen at start-up, when the first ask for offsets timed out).
+        consumer.incremental_unassign(assigned)
 
     def close(self) -> None:
         """Stop asking about waiting partitions and close the offsets reader (after the poll thread)."""

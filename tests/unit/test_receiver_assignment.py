@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from kbroker.core.envelope import Envelope
 from kbroker.kafka.receiver import QueueReceiver
@@ -211,3 +211,59 @@ def test_a_partition_left_waiting_is_handed_to_the_fence_after_a_second_and_read
         assert calls[0][0] - started >= 1.0, "fenced before the partition had waited a second"
     finally:
         receiver.close()
+
+
+class BindingConsumer:
+    """What confluent-kafka's binding does around a rebalance callback: if the callback neither
+    assigns nor unassigns, it unassigns the revoked partitions itself, and that fails for a
+    partition never assigned ("Can't subtract from empty assignment"), leaving the revocation
+    unfinished. committed() times out, as it does on a slow cluster."""
+
+    def __init__(self) -> None:
+        self.assigned: set[int] = set()
+        self.unassign_calls: list[list[int]] = []
+        self._called = False
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[Position]:
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "timed out"))
+
+    def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        self._called = True
+        self.assigned |= {tp.partition for tp in partitions}
+
+    def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
+        self._called = True
+        self.unassign_calls.append([tp.partition for tp in partitions])
+        missing = {tp.partition for tp in partitions} - self.assigned
+        if missing:
+            raise KafkaException(KafkaError(KafkaError._INVALID_ARG, "Can't subtract from empty assignment"))
+        self.assigned -= {tp.partition for tp in partitions}
+
+    def callback(self, handler: Callable[..., None], partitions: list[TopicPartition], revoke: bool) -> None:
+        self._called = False
+        handler(self, partitions)
+        if not self._called:  # the binding's own call, as after a callback that made none
+            (self.incremental_unassign if revoke else self.incremental_assign)(partitions)
+
+
+def test_revoking_partitions_that_still_wait_for_their_offsets_finishes_the_revocation() -> None:
+    """At start-up the first ask for committed offsets can time out, so every partition given
+    waits; when another process joins and some are revoked, the callback must itself unassign
+    (nothing): left to the binding, the unassign fails and the revocation never finishes, so
+    the group withholds the partitions from the process that joined. Fails on the code that
+    unassigned only when something had been assigned."""
+    from kbroker.core.cluster import Cluster
+    from kbroker.kafka.partition_assignment import PartitionAssignment
+
+    cv = threading.Condition()
+    settled: list[set[int]] = []
+    assignment = PartitionAssignment(Cluster.of("nowhere:1"), TOPIC, "Q", cv,
+                                     settle_revoked=lambda revoked, since: settled.append(revoked),
+                                     forget_revoked=lambda revoked: None, commit_barrier=lambda: None,
+                                     on_assign=lambda: None)
+    consumer = BindingConsumer()
+    consumer.callback(assignment.on_assign, [TopicPartition(TOPIC, p) for p in range(4)], revoke=False)
+    assert sorted(assignment.waiting) == [0, 1, 2, 3] and not consumer.assigned
+    consumer.callback(assignment.on_revoke, [TopicPartition(TOPIC, 2), TopicPartition(TOPIC, 3)], revoke=True)
+    assert consumer.unassign_calls == [[]], "the revocation was left to the binding, which fails"
+    assert sorted(assignment.waiting) == [0, 1] and settled == [{2, 3}]
