@@ -24,23 +24,30 @@ from kbroker.kafka.receiver import QueueReceiver
 from kbroker.sdk.broker import Broker
 
 DIALOGS = 12  # over the queue's 4 partitions: both readers' halves hold some
-FIRST_ASK_DELAY = 6.0  # the first off-thread ask of each reader waits this long: the second joins meanwhile
-BOUND = 40.0
+FIRST_ASK_BOUND = 30.0  # the longest the first reader's first ask waits for the second to be given partitions
+BOUND = 60.0
 
 
 def test_partitions_revoked_while_waiting_for_their_offsets_go_to_the_reader_that_joined(
         kafka_bootstrap, namespace, broker, monkeypatch):
     monkeypatch.setattr(partition_assignment, "ASSIGN_ASK", 0.001)  # the callback's ask always times out
-    asked_once: set[int] = set()
+    # The first reader's first ask off the poll thread waits until the second reader asks too,
+    # which it does once it has been given partitions (at most FIRST_ASK_BOUND): so the group
+    # revokes partitions from the first while they all still wait, however long the second
+    # takes to join on a loaded machine.
+    first_asker: list[QueueReceiver] = []
+    second_assigned = threading.Event()
     ask = QueueReceiver._committed_by_reader
 
-    def slow_first_ask(self, partitions):
-        if id(self) not in asked_once:
-            asked_once.add(id(self))
-            time.sleep(FIRST_ASK_DELAY)
+    def held_first_ask(self, partitions):
+        if not first_asker:
+            first_asker.append(self)
+            second_assigned.wait(FIRST_ASK_BOUND)
+        elif self is not first_asker[0]:
+            second_assigned.set()
         return ask(self, partitions)
 
-    monkeypatch.setattr(QueueReceiver, "_committed_by_reader", slow_first_ask)
+    monkeypatch.setattr(QueueReceiver, "_committed_by_reader", held_first_ask)
     sent = set()
     for i in range(DIALOGS):
         h = broker.begin_dialog(EMP, EXP, CONTRACT)
@@ -83,5 +90,6 @@ def test_partitions_revoked_while_waiting_for_their_offsets_go_to_the_reader_tha
         f"after {took:.0f} s the readers had {got}: the partitions revoked while they waited for "
         f"their offsets went to nobody")
     assert got["second"], f"the reader that joined received nothing: {got}"
+    assert second_assigned.is_set(), "the reader that joined was never given a partition"
     print(f"\nevery message received {took:.1f} s after the first reader started: {got}")
 
