@@ -10,14 +10,18 @@ import logging
 import subprocess
 import sys
 import textwrap
-import uuid
 import time
+import uuid
 
 import orjson
+from confluent_kafka import Consumer, TopicPartition
 
 from kbroker.cli.demo import CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
+from kbroker.core import names
+from kbroker.core.commit_holder import MAX_IDS
+from kbroker.kafka.hanging_commits import HangingCommitFence
 from kbroker.sdk.broker import Broker
 
 # Seconds from the killed reader's exit until the next owner has its message. Kafka's own abort
@@ -76,12 +80,6 @@ def test_forged_commit_metadata_names_nothing_outside_the_namespace_and_the_queu
     """The fence reads what any client with the group's READ may have committed. Garbage, an
     oversized holder, ids of another namespace: it fences at most MAX_IDS ids per partition, all
     under this namespace, raises nothing, and a reader then receives every message."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    from kbroker.core import names
-    from kbroker.core.commit_holder import MAX_IDS
-    from kbroker.kafka.hanging_commits import HangingCommitFence
-
     h = broker.begin_dialog(EMP, EXP, CONTRACT)
     for i in range(3):
         broker.send(h, CLAIM, {"i": i})

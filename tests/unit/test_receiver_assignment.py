@@ -12,7 +12,9 @@ from typing import Any, Callable
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
+from kbroker.core.cluster import Cluster
 from kbroker.core.envelope import Envelope
+from kbroker.kafka.partition_assignment import PartitionAssignment
 from kbroker.kafka.receiver import QueueReceiver
 
 TOPIC = "kbroker.test.queue.Q"
@@ -252,9 +254,6 @@ def test_revoking_partitions_that_still_wait_for_their_offsets_finishes_the_revo
     (nothing): left to the binding, the unassign fails and the revocation never finishes, so
     the group withholds the partitions from the process that joined. Fails on the code that
     unassigned only when something had been assigned."""
-    from kbroker.core.cluster import Cluster
-    from kbroker.kafka.partition_assignment import PartitionAssignment
-
     cv = threading.Condition()
     settled: list[set[int]] = []
     assignment = PartitionAssignment(Cluster.of("nowhere:1"), TOPIC, "Q", cv,
