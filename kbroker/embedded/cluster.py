@@ -56,9 +56,11 @@ transaction.state.log.num.partitions=4
 share.coordinator.state.topic.replication.factor={replicas}
 share.coordinator.state.topic.min.isr={min_isr}
 group.initial.rebalance.delay.ms=0
-# A queue group's session time-out is 2 s (kafka/group_protocol.py: Kafka's minimum is 45 s), and
+# A queue group's session time-out is 2 s (kafka/group_protocol.py: Kafka's minimum is 6 s for the
+# classic protocol, 45 s for the consumer protocol, which kbroker uses only when asked to), and
 # a killed process's open transaction is aborted within 1 s of its time-out (Kafka checks every 10 s).
 group.consumer.min.session.timeout.ms=1000
+group.min.session.timeout.ms=1000
 group.consumer.min.heartbeat.interval.ms=250
 transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 # A killed node is fenced (its leaderships and ISR places handed over) after the session time-out

@@ -1,20 +1,29 @@
-"""Failover: how soon a killed process's partitions of a queue move to a live reader.
+"""Which group protocol a queue's consumer joins with, and how soon a killed process's
+partitions of the queue move to a live reader (the group's session time-out).
 
-A dead member is noticed after its group's session time-out. With Kafka 4's consumer group
-protocol (KIP-848, `group.protocol=consumer`) that time-out is the group's, set on the broker:
-before a queue's consumer joins, kbroker sets its group's `consumer.session.timeout.ms` (2 s,
-heartbeats every 0.5 s; the broker's group.consumer.min.session.timeout.ms must allow it, the
-embedded broker's does). Measured with three competing readers and one kill -9 (bench/failover.py),
-its partitions then sit idle 2.4-3.1 s instead of 11-12 s, and a busy loop per core took no
-partition from a live reader: librdkafka heartbeats from a thread of its own, not the GIL's.
+Queue consumers join with the classic protocol (cooperative-sticky) and a 2 s session time-out,
+heartbeats every 0.2 s, where the brokers allow it (their group.min.session.timeout.ms is at most
+2 s; the embedded broker's is 1 s), else 10 s (within any broker's default range, 6 s to 30 min)
+with one warning saying what to change. Measured with three competing readers and one kill -9
+under CPU load (bench/failover.py, 5 kills): a survivor holds the partitions 1.9-2.1 s after the
+kill and the handling gap is 2.2-3.3 s (median 2.5), nothing lost or repeated.
 
-Where kbroker may not set that (a broker older than Kafka 4, a minimum above 2 s, no
-ALTER_CONFIGS on the group: kbroker's own ACL roles give readers none) and the group does not
-have it already (an operator's `kafka-configs.sh --alter --entity-type groups`), the queue's
-consumer keeps the classic protocol with a 10 s session time-out (any broker's default minimum
-is 6 s), and one warning per group says why and what to change.
-KBROKER_GROUP_PROTOCOL=classic (or =consumer) skips the choice; KBROKER_QUEUE_SESSION_TIMEOUT_MS
-sets the classic time-out (for measurements against the broker's minimum).
+Why not Kafka 4's consumer group protocol (KIP-848), which kbroker used before: its offset
+commits are fenced by the member's epoch alone, and a commit at the current epoch is taken for
+any partition (Kafka 4.4's ConsumerGroup.validateOffsetCommit checks partitions only for older
+epochs). librdkafka 2.16 can leave a member holding partitions the coordinator has already given
+to another: a member's first heartbeat after an assignment, sent while the topic's metadata is
+still unknown, reports it owns nothing; if another member joined meanwhile the coordinator takes
+that as the revocation done, hands the partitions over at once, and the first member then applies
+the stale assignment, reads the partitions and commits them at its new epoch before the revocation
+reaches it (seen in a trace of the 3-node cluster's coordinator-kill test: two processes read and
+committed the same conversations, in 1 of 3 runs under load). The classic protocol's generation
+is a barrier for the whole group: a partition moves only in a generation after its owner gave it
+up, and a commit of an older generation is refused.
+KBROKER_GROUP_PROTOCOL=consumer opts in to the consumer protocol anyway (its session is the
+group's `consumer.session.timeout.ms`, set here to 2 s where kbroker may alter the group's
+configs, else the classic protocol with a warning); KBROKER_QUEUE_SESSION_TIMEOUT_MS sets the
+classic time-out and KBROKER_GROUP_PROTOCOL=classic keeps 10 s, neither asking the brokers.
 """
 
 from __future__ import annotations
@@ -32,19 +41,55 @@ from kbroker.kafka import clients
 
 log = logging.getLogger("kbroker.receiver")
 
-SESSION_TIMEOUT_MS = 2_000  # the consumer protocol's, set as the queue group's config
+SESSION_TIMEOUT_MS = 2_000  # the consumer protocol's (opt-in), set as the queue group's config
 HEARTBEAT_INTERVAL_MS = 500
+FAST_CLASSIC_SESSION_MS = 2_000  # where the brokers' group.min.session.timeout.ms allows it
 CLASSIC_SESSION_TIMEOUT_MS = 10_000  # within every broker's default range (6 s to 30 min)
-DEADLINE = 10.0  # s, for the group config's change
+DEADLINE = 10.0  # s, for the group config's change and the brokers' minimum
 
 _chosen: dict[tuple[str, str], dict[str, Any]] = {}  # (bootstrap, group) -> settings, once per process
+_classic_session: dict[str, int] = {}  # bootstrap -> the classic session time-out chosen, once per process
 _lock = threading.Lock()
 
 
-def classic_settings() -> dict[str, Any]:
-    session = int(os.environ.get("KBROKER_QUEUE_SESSION_TIMEOUT_MS", CLASSIC_SESSION_TIMEOUT_MS))
+def classic_settings(session_ms: int = CLASSIC_SESSION_TIMEOUT_MS) -> dict[str, Any]:
+    session = int(os.environ.get("KBROKER_QUEUE_SESSION_TIMEOUT_MS", session_ms))
     return {"group.protocol": "classic", "partition.assignment.strategy": "cooperative-sticky",
             "session.timeout.ms": session, "heartbeat.interval.ms": max(100, session // 10)}
+
+
+def brokers_min_session_ms(cluster: Cluster) -> int | None:
+    """The brokers' group.min.session.timeout.ms (the highest any broker reports); None when it
+    cannot be read (no DESCRIBE_CONFIGS on the cluster, say, or late)."""
+    admin = clients.admin(cluster)
+    try:
+        brokers = admin.list_topics(timeout=DEADLINE).brokers
+        resources = [ConfigResource(ResourceType.BROKER, str(b)) for b in brokers]
+        found = admin.describe_configs(resources, request_timeout=DEADLINE)
+        return max(int(f.result(DEADLINE + 5)["group.min.session.timeout.ms"].value) for f in found.values())
+    except Exception:  # noqa: BLE001 - refused, unknown to the broker, or late: not known
+        return None
+
+
+def classic_session_ms(cluster: Cluster) -> int:
+    """The classic session time-out for queue groups on `cluster`: FAST_CLASSIC_SESSION_MS where
+    every broker allows it, else CLASSIC_SESSION_TIMEOUT_MS and one warning per process."""
+    with _lock:
+        if cluster.bootstrap in _classic_session:
+            return _classic_session[cluster.bootstrap]
+    least = brokers_min_session_ms(cluster)
+    if least is not None and least <= FAST_CLASSIC_SESSION_MS:
+        chosen = FAST_CLASSIC_SESSION_MS
+    else:
+        chosen = CLASSIC_SESSION_TIMEOUT_MS
+        log.warning("queue groups keep a %d s session time-out: a killed reader's partitions wait that long for "
+                    "a new owner, not %d s. The brokers' group.min.session.timeout.ms is %s; set it to %d or less "
+                    "(or KBROKER_QUEUE_SESSION_TIMEOUT_MS within it)", chosen // 1000, FAST_CLASSIC_SESSION_MS // 1000,
+                    "unreadable here (no DESCRIBE_CONFIGS on the cluster?)" if least is None else f"{least} ms",
+                    FAST_CLASSIC_SESSION_MS)
+    with _lock:
+        _classic_session[cluster.bootstrap] = chosen
+    return chosen
 
 
 def group_config() -> list[ConfigEntry]:
@@ -93,10 +138,10 @@ def group_session_ms(cluster: Cluster, group: str) -> int | None:
 def group_settings(cluster: Cluster, group: str) -> dict[str, Any]:
     """The group-membership settings of a queue's consumer in `group` (see the module docstring)."""
     forced = os.environ.get("KBROKER_GROUP_PROTOCOL", "").strip().lower()
-    if forced == "classic":
-        return classic_settings()
-    if forced == "consumer":
-        return {"group.protocol": "consumer"}
+    if forced == "classic" or "KBROKER_QUEUE_SESSION_TIMEOUT_MS" in os.environ:
+        return classic_settings()  # 10 s, or the time-out given: no broker asked
+    if forced != "consumer":
+        return classic_settings(classic_session_ms(cluster))
     key = (cluster.bootstrap, group)
     with _lock:
         if key in _chosen:
@@ -107,12 +152,11 @@ def group_settings(cluster: Cluster, group: str) -> dict[str, Any]:
     if why is None:
         chosen: dict[str, Any] = {"group.protocol": "consumer"}
     else:
-        chosen = classic_settings()
-        log.warning("queue group %s keeps the classic group protocol: a killed reader's partitions wait "
-                    "%d s for a new owner, not %d s. Setting its consumer.session.timeout.ms failed (%s); "
-                    "on a Kafka 4 cluster whose group.consumer.min.session.timeout.ms is <= %d, grant "
-                    "ALTER_CONFIGS on the group or set it there with kafka-configs.sh",
-                    group, chosen["session.timeout.ms"] // 1000, SESSION_TIMEOUT_MS // 1000, why, SESSION_TIMEOUT_MS)
+        chosen = classic_settings(classic_session_ms(cluster))
+        log.warning("queue group %s keeps the classic group protocol: setting its consumer.session.timeout.ms "
+                    "failed (%s); on a Kafka 4 cluster whose group.consumer.min.session.timeout.ms is <= %d, "
+                    "grant ALTER_CONFIGS on the group or set it there with kafka-configs.sh",
+                    group, why, SESSION_TIMEOUT_MS)
     with _lock:
         _chosen[key] = chosen
     return chosen

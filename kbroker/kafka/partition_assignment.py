@@ -43,13 +43,13 @@ ReadCommitted = Callable[[list[TopicPartition]], list[TopicPartition]]
 class PartitionAssignment:
     """The partitions of `topic` this process owns (with their offsets) and those that wait for
     their committed offsets. Its rebalance callbacks run on the poll thread, inside the consumer's
-    poll; `settle_revoked(revoked, since)` is called under `cv` when partitions go (before the
-    commit barrier), `forget_revoked(revoked)` under `cv` once they are gone, and
+    poll; `settle_revoked(revoked, since, lost)` is called under `cv` when partitions go (before
+    the commit barrier; `lost`: the group gave them to another member already), `forget_revoked(revoked)` under `cv` once they are gone, and
     `read_committed` asks the group coordinator for committed offsets (committed_by_reader when
     None)."""
 
     def __init__(self, cluster: Cluster, topic: str, queue: str, cv: threading.Condition, *,
-                 settle_revoked: Callable[[set[int], float], None], forget_revoked: Callable[[set[int]], None],
+                 settle_revoked: Callable[[set[int], float, bool], None], forget_revoked: Callable[[set[int]], None],
                  commit_barrier: Callable[[], None],
                  on_assign: Callable[[], None], read_committed: ReadCommitted | None = None,
                  fence_hanging: Callable[[list[TopicPartition]], object] | None = None):
@@ -233,13 +233,25 @@ class PartitionAssignment:
         return group_offsets(self._offsets_reader, partitions, 10)
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._give_up(consumer, partitions, lost=False)
+
+    def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """The group expelled this process (its session expired, say under a stall) and gave
+        its partitions to others already: nothing taken from them may commit now, so no lease
+        on them gets the grace a revocation gives."""
+        log.warning("partitions %s of %s lost: the group expelled this process and gave them to "
+                    "another reader; the transactions holding their messages will fail",
+                    sorted(tp.partition for tp in partitions), self.topic)
+        self._give_up(consumer, partitions, lost=True)
+
+    def _give_up(self, consumer: Consumer, partitions: list[TopicPartition], *, lost: bool) -> None:
         revoked = {tp.partition for tp in partitions}
         since = time.monotonic()
         with self._cv:
             for p in revoked:
                 self.waiting.pop(p, None)  # never handed to the consumer
             assigned = [tp for tp in partitions if tp.partition in self.offsets]
-            self._settle_revoked(revoked, since)
+            self._settle_revoked(revoked, since, lost)
         # A Kafka transaction already carrying offsets of these partitions finishes first.
         self._commit_barrier()
         with self._cv:

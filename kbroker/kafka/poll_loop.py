@@ -84,7 +84,7 @@ class PollLoop:
         assignment = self._assignment
         self.group_meta = consumer.consumer_group_metadata()
         consumer.subscribe([assignment.topic], on_assign=assignment.on_assign, on_revoke=assignment.on_revoke,
-                           on_lost=assignment.on_revoke)
+                           on_lost=assignment.on_lost)
         self._thread = threading.Thread(target=self._run, args=(consumer,),
                                         name=f"kbroker-poll-{self._queue}", daemon=True)
         self._thread.start()

@@ -174,11 +174,12 @@ class LeaseBook:
                 self._buffer.release(lease, lease.group, back)
             self._cv.notify_all()
 
-    def settle_revoked(self, revoked: set[int], since: float) -> None:
+    def settle_revoked(self, revoked: set[int], since: float, *, lost: bool = False) -> None:
         """Partitions are revoked (called under cv, `since` the revocation began, monotonic): drop
         their buffered records, give the leases on them not yet carried by a Kafka transaction up
-        to `revoke_grace` seconds to be, and doom the rest."""
-        deadline = since + self._revoke_grace
+        to `revoke_grace` seconds to be, and doom the rest. Lost partitions (another member has
+        them already) give no grace: a lease on them doomed now cannot overlap the next owner."""
+        deadline = since if lost else since + self._revoke_grace
         self._buffer.drop_partitions(revoked)
         while True:
             at_risk = [lease for lease in self._buffer.holders() if lease.partitions & revoked and not lease.included]

@@ -66,7 +66,7 @@ class QueueReceiver:
             HangingCommitFence(self._cluster, namespace, self.topic, committer_ids)
         self._assignment = PartitionAssignment(
             self._cluster, self.topic, queue, self._cv,
-            settle_revoked=lambda revoked, since: self._leases.settle_revoked(revoked, since),
+            settle_revoked=lambda revoked, since, lost: self._leases.settle_revoked(revoked, since, lost=lost),
             forget_revoked=lambda revoked: self._leases.forget_revoked(revoked),
             commit_barrier=commit_barrier, on_assign=on_assign,
             # Looked up on every question, so a test can stand in for the offsets reader.

@@ -2,8 +2,8 @@
 (kbroker/bench/failover.py runs it; kafka/group_protocol.py chooses the group protocol).
 
 Before, the killed reader's partitions sat idle 10.9-12.3 s (a 10 s classic session time-out);
-with the consumer group protocol and a 2 s group session time-out a survivor is given them
-within about 3 s of the kill. The bound below leaves room for a loaded machine."""
+with a 2 s session time-out a survivor is given them within about 3 s of the kill. The bound
+below leaves room for a loaded machine."""
 
 from __future__ import annotations
 
@@ -35,28 +35,33 @@ def test_a_killed_readers_partitions_move_within_seconds_and_nothing_is_lost_or_
     assert not [t for t in result["moves"] if t > 0], f"a live reader lost partitions after the kill: {result}"
 
 
-def test_queue_consumers_use_the_consumer_protocol_where_the_broker_allows_the_short_session(
+def test_queue_consumers_use_the_classic_protocol_with_the_short_session_the_broker_allows(
         kafka_bootstrap, monkeypatch, caplog):
-    """The embedded broker allows the 2 s group session time-out (its minimum is 1 s): queue
-    consumers join with the consumer protocol. Where the broker refuses it (here a time-out under
-    its minimum), the consumer keeps the classic protocol and its 10 s, and a warning says why."""
+    """The embedded broker's group.min.session.timeout.ms is 1 s: queue consumers join with the
+    classic protocol and a 2 s session. Where the brokers' minimum is above the time-out wanted
+    (here a time-out under it), they keep 10 s, and a warning says which setting to change."""
     cluster = Cluster.of(kafka_bootstrap)
     monkeypatch.delenv("KBROKER_GROUP_PROTOCOL", raising=False)
-    assert group_protocol.group_settings(cluster, f"kbroker.test.fast-{uuid.uuid4().hex[:8]}") == \
-        {"group.protocol": "consumer"}
-    monkeypatch.setattr(group_protocol, "SESSION_TIMEOUT_MS", 500)
+    monkeypatch.delenv("KBROKER_QUEUE_SESSION_TIMEOUT_MS", raising=False)
+    monkeypatch.setattr(group_protocol, "_classic_session", {})
+    assert group_protocol.brokers_min_session_ms(cluster) == 1_000
+    chosen = group_protocol.group_settings(cluster, f"kbroker.test.fast-{uuid.uuid4().hex[:8]}")
+    assert chosen["group.protocol"] == "classic" and chosen["session.timeout.ms"] == 2_000
+    monkeypatch.setattr(group_protocol, "_classic_session", {})
+    monkeypatch.setattr(group_protocol, "FAST_CLASSIC_SESSION_MS", 500)
     with caplog.at_level(logging.WARNING, logger="kbroker.receiver"):
         chosen = group_protocol.group_settings(cluster, f"kbroker.test.slow-{uuid.uuid4().hex[:8]}")
     assert chosen["group.protocol"] == "classic" and chosen["session.timeout.ms"] == 10_000
-    assert "consumer.session.timeout.ms" in caplog.text and "classic group protocol" in caplog.text
+    assert "group.min.session.timeout.ms is 1000 ms" in caplog.text
 
 
 def test_a_group_whose_session_an_operator_set_uses_the_consumer_protocol_without_kbrokers_right_to_set_it(
         kafka_bootstrap, monkeypatch):
     """A reader that may not alter its group's configs (kbroker's ACL roles give it none) still
-    joins with the consumer protocol when the group's consumer.session.timeout.ms is short already."""
+    joins with the consumer protocol (opted in) when the group's consumer.session.timeout.ms is
+    short already."""
     cluster = Cluster.of(kafka_bootstrap)
-    monkeypatch.delenv("KBROKER_GROUP_PROTOCOL", raising=False)
+    monkeypatch.setenv("KBROKER_GROUP_PROTOCOL", "consumer")
     group = f"kbroker.test.operator-{uuid.uuid4().hex[:8]}"
     assert group_protocol.set_group_config(cluster, group) is None  # the operator's kafka-configs
     monkeypatch.setattr(group_protocol, "set_group_config", lambda _c, _g: "Broker: Group authorization failed")

@@ -257,7 +257,7 @@ def test_revoking_partitions_that_still_wait_for_their_offsets_finishes_the_revo
     cv = threading.Condition()
     settled: list[set[int]] = []
     assignment = PartitionAssignment(Cluster.of("nowhere:1"), TOPIC, "Q", cv,
-                                     settle_revoked=lambda revoked, since: settled.append(revoked),
+                                     settle_revoked=lambda revoked, since, lost: settled.append(revoked),
                                      forget_revoked=lambda revoked: None, commit_barrier=lambda: None,
                                      on_assign=lambda: None)
     consumer = BindingConsumer()

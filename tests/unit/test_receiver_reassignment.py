@@ -8,6 +8,8 @@ messages twice (seen as duplicated replies after a broker restart)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any, Callable
 
 from confluent_kafka import TopicPartition
@@ -127,3 +129,51 @@ def test_within_one_assignment_a_rollback_still_puts_records_back_in_order() -> 
     assert lease is not None
     receiver.release(lease, committed=False)
     assert offsets_of(receiver) == [0, 1, 2]
+
+
+
+class SubscribingConsumer(Consumer):
+    """Also what the poll loop calls: it keeps the rebalance callbacks subscribe() is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.callbacks: dict[str, Callable[..., None]] = {}
+
+    def subscribe(self, topics: list[str], **callbacks: Callable[..., None]) -> None:
+        self.callbacks = callbacks
+
+    def consumer_group_metadata(self) -> str:
+        return "meta"
+
+    def consume(self, most: int, timeout: float) -> list[Any]:
+        time.sleep(min(timeout, 0.05))
+        return []
+
+
+def test_a_lost_partition_dooms_its_leases_at_once() -> None:
+    """The group expelled the process (a stall outlived its session) and gave the partition to
+    another member already: a lease on it must not get the revocation's grace to be carried by a
+    transaction, since whatever commits now overlaps the next owner. Fails on the code that
+    handled a loss as a revocation (the callback waited out the grace)."""
+    consumer = SubscribingConsumer()
+    receiver = QueueReceiver("nowhere:1", "test", "Q", topic=TOPIC, dead_letter=lambda *a: None,
+                             revoke_grace=30.0)
+    receiver._poll.start(consumer)  # type: ignore[arg-type]
+    lost: threading.Thread | None = None
+    try:
+        consumer.callbacks["on_assign"](consumer, [TopicPartition(TOPIC, 0)])
+        fetch(receiver, range(2))
+        lease, msgs = receiver.receive(object(), 2, 0)
+        assert lease is not None and [m.offset for m in msgs] == [0, 1]
+
+        lost = threading.Thread(target=consumer.callbacks["on_lost"], args=(consumer, [TopicPartition(TOPIC, 0)]))
+        lost.start()
+        lost.join(5)
+        assert not lost.is_alive(), "a lost partition's leases were given the revocation's grace"
+        assert lease.doomed and receiver.include([lease]) is None, "a lease on a lost partition may not commit"
+        assert consumer.assigned == []
+    finally:
+        receiver._closed = True
+        receiver._poll.join(5)
+        if lost is not None:
+            lost.join(30)
