@@ -118,7 +118,11 @@ class FatalError:
         """Why `producer` failed, given the error a call raised: the fatal error it reported,
         once its callbacks are served, when `err` only says there was one."""
         if err.code() == KafkaError._FATAL and self.error is None:
-            producer.poll(0)
+            try:
+                producer.poll(0)
+            except KafkaException as exc:  # the binding raises the fatal error from poll as well
+                if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].code() != KafkaError._FATAL:
+                    self.error = exc.args[0]
         return self.error if err.code() == KafkaError._FATAL and self.error is not None else err
 
 
