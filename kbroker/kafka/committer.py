@@ -346,12 +346,15 @@ class GroupCommitter:
                 assert producer is not None  # a transaction began on it
                 t = deadline.call_timeout(self._timeout, floor=1.0)
                 producer.call("abort_transaction", lambda p: p.abort_transaction(t), t)
-                if failed.refused:
-                    # The refused record took an idempotence sequence number the broker never
-                    # wrote: this producer's next record on that partition would fail its
-                    # transaction (OUT_OF_ORDER_SEQUENCE_NUMBER). The slot gets a new producer at
-                    # its next use; the requests to retry now go on the ring's next producer.
-                    self._abandon(slot)
+                # Never used again: the slot gets a new producer at its next use, whose init
+                # bumps the producer epoch. A record of the aborted transaction whose answer was
+                # lost (a network stall) keeps its idempotence sequence number in this producer,
+                # and the next transaction's record on that partition reused it: the broker took
+                # it for a retry of the aborted record and wrote nothing, and that transaction
+                # committed its offsets without its record (seen as a reply lost in the
+                # network-stall test). A refused record, likewise, took a sequence number the
+                # broker never wrote (the next one would fail, OUT_OF_ORDER_SEQUENCE_NUMBER).
+                self._abandon(slot)
                 return False
             except (KafkaException, CallDeadlineExceeded) as exc:
                 log.error("abort_transaction failed (%s); replacing the transactional producer", reason(exc))

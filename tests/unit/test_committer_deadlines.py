@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from kbroker.core.commit_holder import with_holder
 from kbroker.errors import TransactionAbortedError
@@ -47,6 +47,9 @@ class FakeProducer:
 
     def abort_transaction(self, _t: float) -> None:
         self._call("abort")
+
+    def poll(self, _t: float = 0) -> int:
+        return 0  # serves delivery reports after a failure: none here
 
 
 class FakeReceiver:
@@ -140,4 +143,35 @@ def test_a_transaction_that_took_leases_never_commits_on_a_producer_made_after_i
     c.commit(CommitRequest([record], [], generation=c.generation))
     assert made[-1].calls[-2:] == ["produce", "commit"]
     c.commit(CommitRequest([record], []))  # no lease taken: no generation to respect
+    c.close()
+
+
+def test_a_producer_whose_transaction_was_aborted_is_not_used_again(release):
+    """send_offsets_to_transaction failed with librdkafka's own time-out (a network stall): the
+    transaction is aborted, and the next one runs on a new producer under the same
+    transactional.id, whose init bumps the epoch. On the old producer the next transaction's
+    record reused the idempotence sequence number of an aborted record whose answer was lost, so
+    the broker wrote nothing for it and the transaction committed its offsets without it. Fails
+    on the code that kept the producer after a clean abort."""
+    made: list[FakeProducer] = []
+
+    class TimingOut(FakeProducer):
+        def send_offsets_to_transaction(self, *_a: Any) -> None:
+            self._call("offsets")
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to commit offsets to transaction"))
+
+    def new_producer(conf: dict[str, Any]) -> Any:
+        p = (TimingOut if not made else FakeProducer)(conf, None, release)
+        made.append(p)
+        return p
+
+    c = GroupCommitter("127.0.0.1:1", "ns", producers=1, timeout=0.3, transaction_deadline=0.3,
+                       new_producer=new_producer).start()
+    receiver = FakeReceiver()
+    with pytest.raises(TransactionAbortedError):
+        c.commit(CommitRequest([("t", b"k", b"v", None)], [Lease(receiver, "g", None, offsets=[(0, 6)])]))  # type: ignore[arg-type]
+    assert made[0].calls == ["init", "begin", "produce", "offsets", "abort"]
+    c.commit(CommitRequest([("t", b"k", b"v", None)], []))
+    assert len(made) == 2 and made[1].txn_id == made[0].txn_id, "the aborted transaction's producer was used again"
+    assert made[1].calls == ["init", "begin", "produce", "commit"] and made[0].calls[-1] == "abort"
     c.close()
