@@ -348,12 +348,12 @@ class GroupCommitter:
                 producer.call("abort_transaction", lambda p: p.abort_transaction(t), t)
                 # Never used again: the slot gets a new producer at its next use, whose init
                 # bumps the producer epoch. A record of the aborted transaction whose answer was
-                # lost (a network stall) keeps its idempotence sequence number in this producer,
-                # and the next transaction's record on that partition reused it: the broker took
-                # it for a retry of the aborted record and wrote nothing, and that transaction
-                # committed its offsets without its record (seen as a reply lost in the
-                # network-stall test). A refused record, likewise, took a sequence number the
-                # broker never wrote (the next one would fail, OUT_OF_ORDER_SEQUENCE_NUMBER).
+                # lost (a network stall) keeps its idempotence sequence number in this producer:
+                # the next transaction on it committed its offsets without its record, which the
+                # broker most likely took for a retry of the aborted one (a reply lost in the
+                # network-stall test; README, "An aborted transaction's producer is replaced").
+                # A refused record, likewise, took a sequence number the broker never wrote (the
+                # next one would fail, OUT_OF_ORDER_SEQUENCE_NUMBER).
                 self._abandon(slot)
                 return False
             except (KafkaException, CallDeadlineExceeded) as exc:
