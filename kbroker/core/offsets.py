@@ -85,6 +85,9 @@ class PartitionOffsets:
         self._heap: list[int] = []  # lazy min-heap over _incomplete
         self._completed_above = decode_completed(committed, metadata)
         self._skip = set(self._completed_above)
+        # Completed by a Kafka transaction not known to have committed: its abort reopens them
+        # (reopen), its commit settles them (settled).
+        self._pending: set[int] = set()
         # metadata_room() measures the encoding now and then and bounds it in between:
         # (encoded size, completions counted) at the last measurement, None when out of date.
         self._measured: tuple[int, int] | None = None
@@ -107,10 +110,16 @@ class PartitionOffsets:
         if offset in self._incomplete:
             self._incomplete.discard(offset)
             self._completed_above.add(offset)
+            self._pending.add(offset)
             self._completions += 1
+
+    def settled(self, offset: int) -> None:
+        """The Kafka transaction that completed `offset` committed: no abort reopens it now."""
+        self._pending.discard(offset)
 
     def reopen(self, offset: int) -> None:
         """Undo complete(): the Kafka transaction that carried it aborted."""
+        self._pending.discard(offset)
         self._completed_above.discard(offset)
         self._measured = self._full_at = None  # the low water may move down: measure again
         if offset not in self._incomplete:
@@ -126,9 +135,15 @@ class PartitionOffsets:
         """(offset to commit, metadata listing completed offsets above it)."""
         pos = self.low_water()
         above = [o for o in self._completed_above if o > pos]
-        # Completed offsets at or below the position need no memory any more.
-        self._completed_above = set(above)
-        self._skip = {o for o in self._skip if o >= pos}
+        # Completed offsets below the position need no memory once no abort can bring the
+        # position back under them. An abort reopens only offsets its transaction completed, so
+        # the position can fall back to the lowest of those still pending, no further. (Forgotten
+        # at the position itself, they were missing from the metadata of the next commit after
+        # such an abort, and the next owner delivered them again: a duplicate seen under
+        # rebalances, whose refused commits abort transactions.)
+        floor = min(pos, min(self._pending, default=pos))
+        self._completed_above = {o for o in self._completed_above if o >= floor}
+        self._skip = {o for o in self._skip if o >= floor}
         metadata = encode_completed(pos, above)
         self._measured = (len(metadata), self._completions)
         return pos, metadata

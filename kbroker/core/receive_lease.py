@@ -49,6 +49,15 @@ def completed(offsets: Mapping[int, PartitionOffsets], positions: Iterable[Posit
     return out
 
 
+def settled(offsets: Mapping[int, PartitionOffsets], positions: Iterable[Position],
+            assignments: Mapping[int, Any]) -> None:
+    """The Kafka transaction that completed `positions` committed: no abort reopens them now
+    (those of a partition owned under the assignment they were fetched under)."""
+    for p, off in positions:
+        if current(offsets, p, assignments.get(p)):
+            offsets[p].settled(off)
+
+
 def reopened(offsets: Mapping[int, PartitionOffsets], positions: Iterable[Position],
              assignments: Mapping[int, Any]) -> None:
     """Undo completed() for `positions` whose partition is still owned under the assignment

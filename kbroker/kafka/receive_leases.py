@@ -21,7 +21,7 @@ from confluent_kafka import Message as KafkaRecord
 from confluent_kafka import TopicPartition
 
 from kbroker.core.group_buffer import Buffered, GroupBuffer, full_partitions, receive_order
-from kbroker.core.receive_lease import completed, lost_partition, reopened, returned, split_off
+from kbroker.core.receive_lease import completed, lost_partition, reopened, returned, settled, split_off
 from kbroker.kafka import messages
 from kbroker.kafka.partition_assignment import PartitionAssignment
 
@@ -169,6 +169,8 @@ class LeaseBook:
         """QueueReceiver.release: end a lease, its records back at the head of their group
         unless it committed or its partition was revoked."""
         with self._cv:
+            if committed and lease.included:
+                settled(self._assignment.offsets, lease.offsets, lease.assignments)
             if lease.group is not None:
                 back = returned(lease.taken, committed, lease.doomed, self._assignment.offsets)
                 self._buffer.release(lease, lease.group, back)

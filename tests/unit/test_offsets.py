@@ -127,3 +127,59 @@ def test_metadata_room_never_says_yes_past_the_limit(ops, batch):
             above = [o for o in done if o > pos]
             assert len(encode_completed(pos, above)) < METADATA_LIMIT
             fits_at = changes
+
+
+def test_an_abort_after_a_later_commit_keeps_its_completed_offsets_in_the_metadata():
+    """A transaction computed its commit at a higher position, pruning the completed offsets
+    below it, then aborted: the position falls back, and offsets another transaction completed
+    and committed meanwhile must still be listed above it. Forgotten, the next owner delivered
+    them again (a duplicate under rebalances). Fails on the code that pruned at the position."""
+    t = PartitionOffsets(committed=0)
+    for off in range(10):
+        t.fetched(off)
+    for off in (5, 6):  # one transaction completes 5 and 6 and commits
+        t.complete(off)
+    t.commit_position()
+    for off in (5, 6):
+        t.settled(off)
+    failing = (0, 1, 2, 3, 4, 7, 8, 9)
+    for off in failing:  # another completes the rest, computes its commit at 10, and aborts
+        t.complete(off)
+    assert t.commit_position()[0] == 10
+    for off in failing:
+        t.reopen(off)
+    pos, meta = t.commit_position()
+    assert pos == 0 and decode_completed(pos, meta) == {5, 6}
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.sets(st.integers(0, 39), min_size=1, max_size=6), st.booleans()), max_size=40),
+       st.randoms(use_true_random=False))
+def test_handover_after_any_commits_and_aborts_redelivers_exactly_the_uncommitted(transactions, rng):
+    """Transactions over one partition, each completing some offsets and computing its commit,
+    then committing or aborting (with others' commits computed in between): at any hand-over
+    the next owner redelivers exactly the offsets no committed transaction completed."""
+    t = PartitionOffsets(committed=0)
+    for off in range(40):
+        t.fetched(off)
+    committed: set[int] = set()
+    open_ones: list[tuple[list[int], bool]] = []
+    for wanted, commits in transactions:
+        offs = [o for o in sorted(wanted) if o not in committed and not any(o in w for w, _ in open_ones)]
+        for o in offs:
+            t.complete(o)
+        t.commit_position()
+        open_ones.append((offs, commits))
+        if rng.random() < 0.5:  # end an open transaction, not necessarily the latest
+            offs_done, ok = open_ones.pop(rng.randrange(len(open_ones)))
+            for o in offs_done:
+                (t.settled if ok else t.reopen)(o)
+            if ok:
+                committed |= set(offs_done)
+    for offs_done, _ in open_ones:  # the rest abort
+        for o in offs_done:
+            t.reopen(o)
+    pos, meta = t.commit_position()
+    second = PartitionOffsets(committed=pos, metadata=meta)
+    redelivered = {x for x in range(40) if x >= pos and not second.already_done(x)}
+    assert redelivered == set(range(40)) - committed
