@@ -15,7 +15,7 @@ of the new tracker: either delivered the same messages twice.
 
 from __future__ import annotations
 
-from typing import Any, Collection, Iterable, Mapping, Sequence
+from typing import Any, Collection, Iterable, Iterator, Mapping, Sequence
 
 from kbroker.core.group_buffer import Buffered, Position
 from kbroker.core.offsets import PartitionOffsets
@@ -49,22 +49,26 @@ def completed(offsets: Mapping[int, PartitionOffsets], positions: Iterable[Posit
     return out
 
 
+def _owned(offsets: Mapping[int, PartitionOffsets], positions: Iterable[Position],
+           assignments: Mapping[int, Any]) -> Iterator[tuple[PartitionOffsets, int]]:
+    """(tracker, offset) for `positions` whose partition is still owned under the assignment
+    they were fetched under."""
+    return ((offsets[p], off) for p, off in positions if current(offsets, p, assignments.get(p)))
+
+
 def settled(offsets: Mapping[int, PartitionOffsets], positions: Iterable[Position],
             assignments: Mapping[int, Any]) -> None:
-    """The Kafka transaction that completed `positions` committed: no abort reopens them now
-    (those of a partition owned under the assignment they were fetched under)."""
-    for p, off in positions:
-        if current(offsets, p, assignments.get(p)):
-            offsets[p].settled(off)
+    """The Kafka transaction that completed `positions` committed: no abort reopens them now."""
+    for tracker, off in _owned(offsets, positions, assignments):
+        tracker.settled(off)
 
 
 def reopened(offsets: Mapping[int, PartitionOffsets], positions: Iterable[Position],
              assignments: Mapping[int, Any]) -> None:
     """Undo completed() for `positions` whose partition is still owned under the assignment
     they were fetched under: the Kafka transaction that carried them aborted."""
-    for p, off in positions:
-        if current(offsets, p, assignments.get(p)):
-            offsets[p].reopen(off)
+    for tracker, off in _owned(offsets, positions, assignments):
+        tracker.reopen(off)
 
 
 def returned(taken: Sequence[Buffered], committed: bool, doomed: bool,

@@ -58,17 +58,27 @@ def classic_settings(session_ms: int = CLASSIC_SESSION_TIMEOUT_MS) -> dict[str, 
             "session.timeout.ms": session, "heartbeat.interval.ms": max(100, session // 10)}
 
 
+def _config_values(cluster: Cluster, resources: list[ConfigResource], name: str) -> list[int] | None:
+    """The integer config `name` of each of `resources` as the brokers report it; None when any
+    cannot be read (no DESCRIBE_CONFIGS, unknown to the broker, not a number, or late)."""
+    admin = clients.admin(cluster)
+    try:
+        found = admin.describe_configs(resources, request_timeout=DEADLINE)
+        return [int(f.result(DEADLINE + 5)[name].value) for f in found.values()]
+    except Exception:  # noqa: BLE001 - any of them: not known
+        return None
+
+
 def brokers_min_session_ms(cluster: Cluster) -> int | None:
     """The brokers' group.min.session.timeout.ms (the highest any broker reports); None when it
     cannot be read (no DESCRIBE_CONFIGS on the cluster, say, or late)."""
-    admin = clients.admin(cluster)
     try:
-        brokers = admin.list_topics(timeout=DEADLINE).brokers
-        resources = [ConfigResource(ResourceType.BROKER, str(b)) for b in brokers]
-        found = admin.describe_configs(resources, request_timeout=DEADLINE)
-        return max(int(f.result(DEADLINE + 5)["group.min.session.timeout.ms"].value) for f in found.values())
-    except Exception:  # noqa: BLE001 - refused, unknown to the broker, or late: not known
+        brokers = clients.admin(cluster).list_topics(timeout=DEADLINE).brokers
+    except Exception:  # noqa: BLE001 - no broker answers: not known
         return None
+    values = _config_values(cluster, [ConfigResource(ResourceType.BROKER, str(b)) for b in brokers],
+                            "group.min.session.timeout.ms")
+    return max(values) if values else None
 
 
 def classic_session_ms(cluster: Cluster) -> int:
@@ -126,13 +136,8 @@ def _alter(admin: Any, group: str, entries: list[ConfigEntry]) -> str | None:
 def group_session_ms(cluster: Cluster, group: str) -> int | None:
     """The group's consumer.session.timeout.ms as the broker reports it (set by an operator,
     say); None when it cannot be read."""
-    admin = clients.admin(cluster)
-    resource = ConfigResource(ResourceType.GROUP, group)
-    try:
-        entries = admin.describe_configs([resource], request_timeout=DEADLINE)[resource].result(DEADLINE + 5)
-        return int(entries["consumer.session.timeout.ms"].value)
-    except Exception:  # noqa: BLE001 - refused, unknown to the broker, or late: not known
-        return None
+    values = _config_values(cluster, [ConfigResource(ResourceType.GROUP, group)], "consumer.session.timeout.ms")
+    return values[0] if values else None
 
 
 def group_settings(cluster: Cluster, group: str) -> dict[str, Any]:

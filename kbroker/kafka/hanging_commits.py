@@ -1,10 +1,10 @@
 """Ending a dead reader's open Kafka transaction, so its partitions' next owner need not wait.
 
 A partition handed to this process whose committed offsets cannot be read stably is held by a
-Kafka transaction still open. With the classic group protocol's cooperative rebalances a partition
-moves only in a generation after its owner has given it up, and a live owner finishes any transaction carrying its offsets before it
-does (kafka/partition_assignment.py, the commit barrier): so a transaction still open then is a
-dead or expelled process's. Kafka would abort it after transaction.timeout.ms and its check
+Kafka transaction still open. With the classic group protocol's cooperative rebalances a
+partition moves only in a generation after its owner has given it up, and a live owner finishes
+any transaction carrying its offsets before it does (kafka/partition_assignment.py, the commit
+barrier): so a transaction still open then is a dead or expelled process's. Kafka would abort it after transaction.timeout.ms and its check
 interval (11 s on the embedded broker, up to 20 s at Kafka's defaults); fencing the transactional
 ids that the partition's last committed offsets name (core/commit_holder.py) aborts it at once.
 

@@ -44,8 +44,8 @@ class PartitionAssignment:
     """The partitions of `topic` this process owns (with their offsets) and those that wait for
     their committed offsets. Its rebalance callbacks run on the poll thread, inside the consumer's
     poll; `settle_revoked(revoked, since, lost)` is called under `cv` when partitions go (before
-    the commit barrier; `lost`: the group gave them to another member already), `forget_revoked(revoked)` under `cv` once they are gone, and
-    `read_committed` asks the group coordinator for committed offsets (committed_by_reader when
+    the commit barrier; `lost`: the group gave them to another member already),
+    `forget_revoked(revoked)` under `cv` once they are gone, and `read_committed` asks the group coordinator for committed offsets (committed_by_reader when
     None)."""
 
     def __init__(self, cluster: Cluster, topic: str, queue: str, cv: threading.Condition, *,
