@@ -101,9 +101,7 @@ class AnalyticsJob:
         """PermissionDeniedError now, naming what is refused, when the principal may not run
         the job: Spark's pattern source shows topics it may not read as no topics at all, and the
         results' transactional id would be refused only at the first batch."""
-        if self.writer is None:
-            self.writer = ResultsWriter(self.s.cluster, self.s.namespace)
-        self.writer.check()
+        self._results().check()
         check_read(self.s.cluster, names.analytics_source_groups(self.s.namespace),
                    names.progress_topic(self.s.namespace))
 
@@ -117,6 +115,7 @@ class AnalyticsJob:
 
     def start(self) -> "AnalyticsJob":
         self.check_access()
+        self._results().hold_unread()
         if self.spark is None:
             self.spark = spark_session(self.s.master, self.s.spark_conf, say=log.info,
                                        java_options=spark_java_options(self.s.cluster))
@@ -170,9 +169,7 @@ class AnalyticsJob:
                 self.rejects.reject(Consumed(row.topic, row.partition, row.offset, row.key, row.value),
                                     reason)
             out = state.report(batch_id)
-            if self.writer is None:
-                self.writer = ResultsWriter(self.s.cluster, self.s.namespace)
-            writer, positions = self.writer, read_positions(rows, self.s.namespace, self._read_before())
+            writer, positions = self._results(), read_positions(rows, self.s.namespace, self._read_before())
             again_on_failure("writing its results", lambda: writer.write(out.analytics, out.commands, positions),
                              batch_id, self._stopping, retriable=(BrokerUnavailableError,))
             if out.closed:
@@ -188,6 +185,11 @@ class AnalyticsJob:
             self.recent.append(self.last_batch)
         log.info("analytics batch=%d rows=%d records=%d commands=%d closed=%d seconds=%.2f", batch_id, len(rows),
                  len(out.analytics), len(out.commands), len(out.closed), time.monotonic() - started)
+
+    def _results(self) -> ResultsWriter:
+        if self.writer is None:
+            self.writer = ResultsWriter(self.s.cluster, self.s.namespace)
+        return self.writer
 
     def _read_before(self) -> dict[str, dict[str, int]]:
         """Where the previous batch ended, every partition the query reads ({topic: {partition:

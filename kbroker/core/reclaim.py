@@ -14,29 +14,47 @@ queue the prefix stops at the first record of a conversation this side has not e
 
 The analytics job (docs/analytics.md) counts arrivals by reading the queue topics, so what it has
 not read yet is kept too: its group's committed offsets lower the points, as long as it commits
-(a position older than ANALYTICS_HOLD_SECONDS is a job that stopped, and holds nothing back).
+(a position older than ANALYTICS_HOLD_SECONDS is a job that stopped, and holds nothing back), and
+while it runs a partition it has no position for is kept whole.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
+from typing import TypeVar
 
 ANALYTICS_HOLD_SECONDS = 3600.0
+K = TypeVar("K", bound=Hashable)
 
 
-def analytics_floor(positions: Mapping[int, tuple[int, str | None]], now_ms: int,
-                    hold_s: float = ANALYTICS_HOLD_SECONDS) -> dict[int, int]:
-    """Per partition, the offset the analytics job reads next, from its group's committed offsets
-    (offset, metadata = the epoch ms it committed at): only recent ones hold records back."""
-    floor = {}
-    for partition, (offset, metadata) in positions.items():
+def analytics_floor(positions: Mapping[K, tuple[int, str | None]], now_ms: int,
+                    hold_s: float = ANALYTICS_HOLD_SECONDS) -> dict[K, int]:
+    """Per partition asked (any key: a partition, or a topic and partition), the offset the
+    analytics job reads next, from its group's committed offsets (offset, metadata = the epoch
+    ms it committed at; offset -1 when it has none). Only recent positions hold records back.
+
+    While the job runs (a recent position on any partition asked), a partition it has no recent
+    position for keeps everything (floor 0): a queue its Spark source has not found yet, or one
+    it found but has not committed a position for (its first batch knows no end offsets). Those
+    records were reclaimed under the job, which never counted them."""
+    recent = recent_positions(positions, now_ms, hold_s)
+    if not recent:
+        return {}
+    return {key: recent.get(key, 0) for key in positions}
+
+
+def recent_positions(positions: Mapping[K, tuple[int, str | None]], now_ms: int,
+                     hold_s: float = ANALYTICS_HOLD_SECONDS) -> dict[K, int]:
+    """The positions (offset, metadata = the epoch ms it committed at) committed within `hold_s`."""
+    recent = {}
+    for key, (offset, metadata) in positions.items():
         try:
             at = int(metadata or "")
         except ValueError:
             continue
         if offset >= 0 and now_ms - at <= hold_s * 1000:
-            floor[partition] = offset
-    return floor
+            recent[key] = offset
+    return recent
 
 
 def lowest(*floors: Mapping[int, int] | None) -> dict[int, int]:

@@ -63,11 +63,15 @@ def reclaim_namespace(cluster: ClusterLike, catalog: Catalog, timeout: float = 3
             states = {ep.conversation_handle: ep.state for ep in read_endpoints(cluster, catalog.namespace)}
         return states
 
-    for queue in catalog.queues.values():
-        topic = names.queue_topic(catalog.namespace, queue.name)
-        for name in sorted(t for t in existing if t == topic or t.startswith(topic + ".")):
-            partitions = sorted(existing[name].partitions)
-            deleted = reclaim_topic(cluster, admin, queue, name, partitions, endpoint_states, timeout)
+    queue_topics = [(queue, sorted(t for t in existing if t == topic or t.startswith(topic + ".")))
+                    for queue in catalog.queues.values()
+                    for topic in [names.queue_topic(catalog.namespace, queue.name)]]
+    partitions = {name: sorted(existing[name].partitions) for _, topics in queue_topics for name in topics}
+    unread = analytics_holds(cluster, catalog.namespace, partitions, timeout)
+    for queue, topics in queue_topics:
+        for name in topics:
+            deleted = reclaim_topic(cluster, admin, queue, name, partitions[name], endpoint_states, timeout,
+                                    {p: o for (t, p), o in unread.items() if t == name})
             if deleted:
                 done.append(Reclaimed(name, deleted))
     tqueues = transport_queue_prefix(catalog.namespace)  # transport queues: read by the group of their name
@@ -90,12 +94,12 @@ def _reclaim_by_group(cluster: ClusterLike, admin: AdminClient, topic: str, part
     transmitters commit each partition up to its oldest unacknowledged message)."""
     tps = [TopicPartition(topic, p) for p in partitions]
     offsets = committed_offsets(cluster, group, tps, timeout)
-    points = reclaim_points(_log_starts(admin, topic, tps, timeout),
+    points = reclaim_points(log_starts(admin, topic, tps, timeout),
                             {tp.partition: tp.offset for tp in offsets if tp.error is None})
     return _delete_below(admin, topic, points, timeout)
 
 
-def _log_starts(admin: AdminClient, topic: str, tps: list[TopicPartition], timeout: float) -> dict[int, int]:
+def log_starts(admin: AdminClient, topic: str, tps: list[TopicPartition], timeout: float) -> dict[int, int]:
     """Partition -> its log start offset."""
     return {tp.partition: clients.result_of(f, f"cannot list the offsets of {topic}").offset
             for tp, f in admin.list_offsets({tp: OffsetSpec.earliest() for tp in tps},
@@ -112,22 +116,35 @@ def _delete_below(admin: AdminClient, topic: str, points: dict[int, int], timeou
             for tp, f in futures.items()}
 
 
+def analytics_holds(cluster: ClusterLike, namespace: str, topics: dict[str, list[int]],
+                    timeout: float) -> dict[tuple[str, int], int]:
+    """(queue topic, partition) -> the offset the analytics job still needs records from, for
+    every partition of `topics` (core/reclaim.py analytics_floor); empty when no job runs. One
+    read of the job's group for the whole namespace: whether the job runs is a question about
+    all its positions, not one topic's."""
+    tps = [TopicPartition(t, p) for t, partitions in topics.items() for p in partitions]
+    if not tps:
+        return {}
+    read = committed_offsets(cluster, names.analytics_group(namespace), tps, timeout, stable=False)
+    return analytics_floor({(tp.topic, tp.partition): (tp.offset, tp.metadata) if tp.error is None else (-1, None)
+                            for tp in read}, int(time.time() * 1000))
+
+
 def reclaim_topic(cluster: ClusterLike, admin: AdminClient, queue: Queue, topic: str, partitions: list[int],
-                  endpoint_states: Callable[[], dict[str, str]], timeout: float) -> dict[int, int]:
+                  endpoint_states: Callable[[], dict[str, str]], timeout: float,
+                  unread: dict[int, int] | None = None) -> dict[int, int]:
     """Delete one queue topic's records below what its readers need; returns partition -> new start.
-    `endpoint_states` (handle -> state) is asked only for a RETENTION = ON queue."""
+    `endpoint_states` (handle -> state) is asked only for a RETENTION = ON queue; `unread`
+    (partition -> offset) is what the analytics job has not read yet (analytics_holds)."""
     tps = [TopicPartition(topic, p) for p in partitions]
-    starts = _log_starts(admin, topic, tps, timeout)
+    starts = log_starts(admin, topic, tps, timeout)
     offsets = committed_offsets(cluster, topic, tps, timeout)  # the group is named as the topic
     # A partition with an error of its own (offsets not stable yet) is not reclaimed this time.
     committed = {tp.partition: tp.offset for tp in offsets if tp.error is None and tp.offset >= 0}
     keep_from = None
     if queue.retention == "ON":
         keep_from = _retained_floor(cluster, topic, starts, committed, endpoint_states(), timeout)
-    if committed:
-        read = committed_offsets(cluster, names.analytics_group(queue_namespace(topic)), tps, timeout, stable=False)
-        keep_from = lowest(keep_from, analytics_floor(
-            {tp.partition: (tp.offset, tp.metadata) for tp in read if tp.error is None}, int(time.time() * 1000)))
+    keep_from = lowest(keep_from, unread)
     return _delete_below(admin, topic, reclaim_points(starts, committed, keep_from), timeout)
 
 

@@ -22,7 +22,9 @@ from kbroker.embedded.broker import EmbeddedBroker
 from kbroker.kafka import clients
 from kbroker.kafka.analytics.store import dialog_rows
 from kbroker.kafka.apply import apply_paths
+from kbroker.kafka.catalog_store import read_catalog
 from kbroker.kafka.reader import committed_offsets, latest_values
+from kbroker.kafka.reclaim import reclaim_namespace
 from kbroker.sdk.broker import Broker
 from tests.helpers import DATA, KBROKER, ROOT, free_port, wait_for
 from tests.integration.test_worker import Worker
@@ -157,6 +159,66 @@ def test_known_stale_and_fresh_messages_give_exactly_those_aggregates(analytics_
                                        stable=False)[0].offset >= 6, 30, "the job's read of the six records")
     client = totals(bootstrap, ns, "ClientQueue")  # written in the transaction that moved the read position
     assert (client["arrivals"], client["backlog"]) == (6, 6), client
+
+
+def receive_all(b: Broker, queue: str, count: int) -> int:
+    got, deadline = 0, time.time() + 30
+    while got < count and time.time() < deadline:
+        with b.transaction() as tx:
+            got += len(tx.receive(queue, top=50, wait=1.0))
+    return got
+
+
+LATE_QUEUE = """
+queues:
+  - name: LateQueue
+    partitions: 2
+services:
+  - {name: //kbroker/test/Late, queue: LateQueue, contracts: [//kbroker/test/WorkContract]}
+"""
+
+
+def test_what_the_job_has_not_read_yet_outlives_a_reclaim_between_its_batches(analytics_ns, start_analytics,
+                                                                             tmp_path):
+    """The 5th-tick reclaim deletes what readers received, but keeps what the running job has not
+    counted: a queue its first batch had nothing of (that batch knows no end offsets, so commits no
+    position), and a queue created after it (its Spark source has not found it yet). The reclaim is
+    called here between the job's first and second batches (30 s apart); it deleted both before."""
+    bootstrap, ns, w, b = analytics_ns
+    job = start_analytics(ns, trigger=30.0, window=5.0)
+    wait_for(lambda: job.batches >= 1, 60, "the job's first batch")
+    late = tmp_path / "late.yaml"
+    late.write_text(LATE_QUEUE)
+    apply_paths(bootstrap, ns, [DATA / "analytics.yaml", late])
+    late_b = Broker(bootstrap, ns)
+    try:
+        send(b, FRESH, dialogs=2, each=5)
+        send(late_b, "//kbroker/test/Late", dialogs=2, each=3)
+        assert receive_all(b, "FreshQueue", 10) == 10
+        assert receive_all(late_b, "LateQueue", 6) == 6
+    finally:
+        late_b.close()
+    assert job.batches == 1, "the second batch came before the reclaim: nothing was tested"
+    reclaimed = reclaim_namespace(bootstrap, read_catalog(bootstrap, ns))
+    touched = {r.topic for r in reclaimed}
+    assert names.queue_topic(ns, "FreshQueue") not in touched and names.queue_topic(ns, "LateQueue") not in touched, \
+        reclaimed
+    counted = wait_for(lambda: all((t := totals(bootstrap, ns, q)) and t["arrivals"] == n for q, n in
+                                   (("FreshQueue", 10), ("LateQueue", 6))) and True, 90,
+                       "both queues' arrivals counted",
+                       seen=lambda: (totals(bootstrap, ns, "FreshQueue"), totals(bootstrap, ns, "LateQueue")))
+    assert counted
+    # Once the job has read them, a reclaim deletes them (the worker's, or this one).
+    def log_starts() -> list[int]:
+        reclaim_namespace(bootstrap, read_catalog(bootstrap, ns))
+        c = clients.consumer(bootstrap, "kbroker-test-watermarks")
+        try:
+            return [c.get_watermark_offsets(TopicPartition(names.queue_topic(ns, q), p), timeout=10)[0]
+                    for q in ("FreshQueue", "LateQueue") for p in (0, 1)]
+        finally:
+            c.close()
+
+    wait_for(lambda: sum(log_starts()) == 16, 60, "the counted records reclaimed", seen=log_starts)
 
 
 def test_a_dialog_that_stops_being_received_is_reclassified_stale_and_the_worker_hears_of_it(

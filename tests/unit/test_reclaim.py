@@ -61,10 +61,24 @@ def test_a_recent_analytics_position_lowers_the_reclaim_point():
 def test_an_analytics_position_older_than_the_hold_holds_nothing_back():
     assert ANALYTICS_HOLD_SECONDS == 3600.0
     hold_ms = 3_600_000
-    positions = {0: (30, str(NOW_MS - hold_ms)), 1: (30, str(NOW_MS - hold_ms - 1))}
-    assert analytics_floor(positions, NOW_MS) == {0: 30}  # exactly at the hold: still held
+    positions = {0: (30, str(NOW_MS - hold_ms - 1)), 1: (40, str(NOW_MS - 2 * hold_ms))}
+    assert analytics_floor(positions, NOW_MS) == {}  # a job that stopped an hour ago
+    assert analytics_floor({0: (30, str(NOW_MS - hold_ms))}, NOW_MS) == {0: 30}  # exactly at the hold: held
     assert analytics_floor({0: (30, str(NOW_MS - 11_000))}, NOW_MS, hold_s=10.0) == {}
-    assert reclaim_points({0: 0, 1: 0}, {0: 50, 1: 50}, keep_from=analytics_floor(positions, NOW_MS)) == {0: 30, 1: 50}
+    assert reclaim_points({0: 0, 1: 0}, {0: 50, 1: 50}, keep_from=analytics_floor(positions, NOW_MS)) == {0: 50, 1: 50}
+
+
+def test_while_the_job_runs_a_partition_it_has_no_position_for_keeps_everything():
+    """A queue the job's Spark source has not found yet, or found in a first batch that knew no
+    end offsets: reclaimed under the job, its records were never counted."""
+    topics = {("q.Fresh", 0): (-1001, None), ("q.Fresh", 1): (-1001, ""),
+              ("q.Stale", 0): (12, str(NOW_MS - 2_000)), ("q.Stale", 1): (7, str(NOW_MS - 7_200_000))}
+    floor = analytics_floor(topics, NOW_MS)
+    assert floor == {("q.Fresh", 0): 0, ("q.Fresh", 1): 0, ("q.Stale", 0): 12, ("q.Stale", 1): 0}
+    fresh = {p: o for (t, p), o in floor.items() if t == "q.Fresh"}
+    assert reclaim_points({0: 0, 1: 3}, {0: 10, 1: 10}, keep_from=fresh) == {}
+    # No job at all (no position anywhere): the queue readers' commits alone decide.
+    assert analytics_floor({("q.Fresh", 0): (-1001, None)}, NOW_MS) == {}
 
 
 def test_an_analytics_position_without_a_timestamp_holds_nothing_back():

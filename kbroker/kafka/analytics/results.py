@@ -14,13 +14,15 @@ from kbroker.core import names
 from kbroker.core.analytics_records import control_command
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.offsets import decode_completed
+from kbroker.core.reclaim import recent_positions
 from kbroker.core.records import Record
 from kbroker.core.rejected import Rejected
 from kbroker.core.txn_faults import Deadline
 from kbroker.errors import BrokerUnavailableError, denied_code, kafka_error
 from kbroker.kafka import clients
 from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, reason, started_for, transact
-from kbroker.kafka.reader import group_offsets, offsets_reader, reading_consumer, topic_partitions
+from kbroker.kafka.reader import committed_offsets, group_offsets, offsets_reader, reading_consumer, topic_partitions
+from kbroker.kafka.reclaim import log_starts
 from kbroker.kafka.rejects import Rejects
 
 
@@ -52,6 +54,33 @@ class ResultsWriter:
             except (KafkaException, CallDeadlineExceeded) as exc:
                 raise BrokerUnavailableError(f"the analytics job's producer could not start: {reason(exc)}") from None
         return self._producer
+
+    def hold_unread(self) -> int:
+        """At the job's start, the log start as the position of every queue partition the group
+        has no recent position for, so the 5th-tick reclaim keeps what the job has not read yet
+        (core/reclaim.py): its first batch commits no position for a queue with nothing new (it
+        knows no end offsets before its first), and received records were deleted under it, never
+        counted. Returns how many positions it wrote."""
+        admin = clients.admin(self.cluster)
+        head = names.prefix(self.namespace) + "queue."
+        try:
+            topics = admin.list_topics(timeout=self.timeout).topics
+        except KafkaException as exc:
+            raise BrokerUnavailableError(f"cannot list the queue topics: {exc.args[0]}") from None
+        tps = [TopicPartition(t, p) for t, meta in sorted(topics.items()) if t.startswith(head)
+               for p in sorted(meta.partitions)]
+        if not tps:
+            return 0
+        read = committed_offsets(self.cluster, names.analytics_group(self.namespace), tps, self.timeout, stable=False)
+        recent = recent_positions({(tp.topic, tp.partition): (tp.offset, tp.metadata) for tp in read
+                                   if tp.error is None}, int(time.time() * 1000))
+        positions: dict[tuple[str, int], int] = {}
+        for topic in sorted({tp.topic for tp in tps}):
+            unheld = [tp for tp in tps if tp.topic == topic and (topic, tp.partition) not in recent]
+            if unheld:
+                positions.update({(topic, p): start for p, start in log_starts(admin, topic, unheld, self.timeout).items()})
+        self.write([], [], positions)
+        return len(positions)
 
     def write(self, analytics: list[tuple[str, dict[str, Any]]], commands: list[tuple[str, dict[str, Any]]],
               positions: dict[tuple[str, int], int] | None = None) -> None:
