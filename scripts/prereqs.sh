@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Java 17+ and Maven for the embedded Kafka broker; Go to build the network-stall test's
 # Toxiproxy (scripts/toxiproxy.sh); Chromium for the dashboard's browser test (Playwright drives
-# it). Installs Debian's packages when missing and this user may (root); otherwise says what to
-# install.
+# it); Prometheus for the metrics test (it scrapes a worker). Installs Debian's packages when
+# missing and this user may (root); otherwise says what to install.
 set -euo pipefail
 need=()
 if ! command -v java >/dev/null 2>&1 || \
@@ -12,11 +12,16 @@ fi
 command -v mvn >/dev/null 2>&1 || need+=(maven)
 { command -v go || [ -x /usr/local/go/bin/go ]; } >/dev/null 2>&1 || need+=(golang-go)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)  # the dashboard's browser test (Playwright)
-[ ${#need[@]} -eq 0 ] && exit 0
+# The server alone: its recommended node exporter and friends are not needed (nor started).
+lean=()
+command -v prometheus >/dev/null 2>&1 || lean+=(prometheus)  # the metrics test's scraper
+[ ${#need[@]} -eq 0 ] && [ ${#lean[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  echo "installing ${need[*]} with apt-get" >&2
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  echo "installing ${need[*]} ${lean[*]} with apt-get" >&2
+  apt-get update -qq
+  [ ${#need[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  [ ${#lean[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${lean[@]}" >/dev/null
 else
-  echo "kbroker needs ${need[*]}: install Java 17+, Maven (and Go and Chromium for the tests), then run make again" >&2
+  echo "kbroker needs ${need[*]} ${lean[*]}: install Java 17+, Maven (and Go, Chromium and Prometheus for the tests), then run make again" >&2
   exit 1
 fi

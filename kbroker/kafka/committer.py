@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from kbroker import metrics
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.commit_holder import holder_of, transactional_id, with_holder
 from kbroker.core.records import Record
@@ -279,6 +280,7 @@ class GroupCommitter:
         slot = self._ring[self._turn]
         self._turn = (self._turn + 1) % len(self._ring)
         deadline = Deadline(self._transaction_deadline)
+        metrics.GROUP_COMMIT_SIZE.labels(self._namespace).observe(len(batch))
         try:
             self._transact(slot, batch, positions, deadline)
         except TransactionFailed as failed:
@@ -326,9 +328,13 @@ class GroupCommitter:
             producer = self._ready(slot, deadline.call_timeout(self._timeout))
         except (KafkaException, CallDeadlineExceeded) as exc:
             raise TransactionFailed.at(Stage.INIT, exc) from exc
-        transact(producer, [rec for req in batch for rec in req.records],
-                 [(tps, receiver.group_metadata()) for receiver, tps in positions.items()],
-                 deadline, self._timeout)
+        started = time.monotonic()
+        try:
+            transact(producer, [rec for req in batch for rec in req.records],
+                     [(tps, receiver.group_metadata()) for receiver, tps in positions.items()],
+                     deadline, self._timeout)
+        finally:
+            metrics.KAFKA_TRANSACTION_SECONDS.labels(self._namespace).observe(time.monotonic() - started)
 
     def _settle(self, slot: "_Slot", failed: TransactionFailed, deadline: Deadline,
                 positions: dict[Any, list[TopicPartition]]) -> bool | None:

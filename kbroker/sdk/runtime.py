@@ -23,6 +23,7 @@ from kbroker.core.cluster import Cluster
 from kbroker.core.commit_holder import transactional_id
 from kbroker.core.conversation_endpoint import Endpoint
 from kbroker.core.locks import ConversationLocks
+from kbroker import metrics
 from kbroker.core.poison import PoisonCounter
 from kbroker.core.records import Record
 from kbroker.core.sequence_reach import reach
@@ -185,6 +186,7 @@ class BrokerRuntime(ProcessRuntime):
     def note_rollback(self, queue: str, taken: dict[str, list[tuple[int, int]]] | None = None) -> None:
         """Five rolled-back receives in a row (this process), or five rollbacks of one message
         (any process), disable the queue (core/poison.py)."""
+        metrics.ROLLBACKS.labels(self.namespace, queue).inc()
         if not self._poison.watches(queue):
             return
         handling = self.catalog.queue(queue).poison_message_handling == "ON"
@@ -194,6 +196,7 @@ class BrokerRuntime(ProcessRuntime):
                 counts = self._rollbacks.rolled_back(queue, topic, offsets)
                 verdict = verdict or self._rollbacks.ledger.verdict(queue, counts, handling)
         if verdict is not None:
+            metrics.POISON_DISABLES.labels(self.namespace, verdict.queue).inc()
             self.catalog.disabled.add(verdict.queue)
             try:
                 set_queue_status(self.cluster, self.namespace, verdict.queue, "OFF", verdict.reason, poison=True)

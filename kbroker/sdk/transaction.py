@@ -20,6 +20,7 @@ from typing import Any, Self
 
 import orjson
 
+from kbroker import metrics
 from kbroker.core.catalog.models import Catalog
 from kbroker.core.conversation_endpoint import Endpoint, must_persist
 from kbroker.core.envelope import Message
@@ -57,6 +58,8 @@ class Transaction:
         self._locked_conversations: set[str] = set()  # SEND's conversation locks held
         self._created: set[str] = set()  # endpoints this transaction creates: their first lease goes with them
         self._generation: int | None = None  # the committer's, when this transaction first took a lease
+        self._sent = 0  # messages SENT and RECEIVEd per queue: the metrics count them once committed
+        self._received: dict[str, int] = {}
         self.state = "open"
         self.committed_at: float | None = None
         runtime.open_transactions.opened()
@@ -136,6 +139,7 @@ class Transaction:
             if delivered or not msgs:
                 if delivered:
                     self._queues.add(queue)  # poison counting looks at transactions that received
+                    self._received[queue] = self._received.get(queue, 0) + len(delivered)
                 return delivered
             # Everything taken went on its way (moved conversations) or was set aside (refused on
             # arrival, for a closed endpoint): receive again, within what is left of the wait.
@@ -266,6 +270,7 @@ class Transaction:
         record, message_id, ep = self._runtime.statements.message_record(before, message_type, body, **kw)
         self._runtime.check_send(ep, [record])
         self._records.append(record)
+        self._sent += 1
         staged_to_write = ep.conversation_handle in self._endpoints and ep.conversation_handle not in self._unwritten
         self._stage(ep)
         if not staged_to_write and not must_persist(before, ep):
@@ -312,12 +317,16 @@ class Transaction:
                   if (ep := self._endpoints.get(h)) is not None]
         records.extend(rt.statements.lease_record(lease) for lease in leases)
         self._uncount()
+        started = time.monotonic()
         try:
             if records or self._leases:
                 req = CommitRequest(records, self._leases, self._generation)
                 rt.committer.commit(req)
                 self.committed_at = req.committed_at
+                metrics.COMMIT_SECONDS.labels(rt.namespace).observe(time.monotonic() - started)
         except (TransactionAbortedError, TransactionInDoubtError) as exc:
+            metrics.TRANSACTIONS.labels(rt.namespace, "aborted" if isinstance(exc, TransactionAbortedError)
+                                        else "in_doubt").inc()
             # Either way this transaction is over: its locks and leases go, or the next
             # statement on its conversations would wait on them for ever.
             if isinstance(exc, TransactionInDoubtError):
@@ -331,6 +340,11 @@ class Transaction:
             rt.endpoints.note(handle, ep, written=handle not in self._unwritten)
         for lease in leases:
             rt.send_leases.holding(lease)
+        metrics.TRANSACTIONS.labels(rt.namespace, "committed").inc()
+        if self._sent:
+            metrics.MESSAGES_SENT.labels(rt.namespace).inc(self._sent)
+        for queue, count in self._received.items():
+            metrics.MESSAGES_RECEIVED.labels(rt.namespace, queue).inc(count)
         self._end(committed=True)
         self.state = "committed"
 
@@ -341,6 +355,7 @@ class Transaction:
         taken = self._taken()
         self._end(committed=False)
         self.state = "rolled back"
+        metrics.TRANSACTIONS.labels(self._runtime.namespace, "rolled_back").inc()
         for q in self._queues:
             self._runtime.note_rollback(q, taken.get(q, {}))
             self._runtime.receive_hooks.after_rollback(q)

@@ -15,6 +15,7 @@ import time
 from dataclasses import replace
 from typing import Any, Self
 
+from kbroker import metrics
 from kbroker.core import monitor_codec as codec
 from kbroker.core.monitor import (
     LaunchReader,
@@ -140,9 +141,11 @@ class Monitors:
     async def _perform(self, actions: list[Any]) -> None:
         for a in actions:
             if isinstance(a, LaunchReader):
+                metrics.ACTIVATIONS.labels(self.s.namespace, a.queue, "internal").inc()
                 self.handlers.launch(a.queue, a.procedure or "", a.generation)
                 log.info("launch reader queue=%s generation=%s procedure=%s", a.queue, a.generation, a.procedure)
             elif isinstance(a, NotifyExternal):
+                metrics.ACTIVATIONS.labels(self.s.namespace, a.queue, "external").inc()
                 event = {"event": "QUEUE_ACTIVATION", "queue": a.queue, "namespace": self.s.namespace,
                          "backlog": a.backlog, "ready_groups": a.ready_groups, "time": now_ms()}
                 await self.channels.send_event(a.queue, event)

@@ -4,6 +4,7 @@
     GET /conversations/   sys.conversation_endpoints, kept in memory by an EndpointStore
     GET /dialogs/         the dialogs the analytics job reclassified, the most recently told first
     GET /tasks/           this worker's task handlers, activated readers and degraded reasons
+    GET /metrics          Prometheus's text format (metrics.py)
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Iterable
 from typing import Any, Self
 
 import faust
@@ -19,6 +21,7 @@ from kbroker.kafka.conversation_endpoints import EndpointStore
 from kbroker.kafka.queues import conversation_rows
 from kbroker.worker.guard import Guard
 from kbroker.worker.handlers import TaskHandlers
+from kbroker.worker.metrics import WorkerCollector, exposition, register
 from kbroker.worker.settings import WorkerSettings
 
 log = logging.getLogger("kbroker.worker")
@@ -29,8 +32,13 @@ class Pages:
     (on a thread, before anyone asks for the view), close() closes it."""
 
     def __init__(self, s: WorkerSettings, handlers: TaskHandlers, guard: Guard,
-                 reclassified: dict[str, dict[str, Any]]):
+                 reclassified: dict[str, dict[str, Any]], monitors: Callable[[], Iterable[tuple[str, Any]]]):
         self.s, self.handlers, self.guard, self.reclassified = s, handlers, guard, reclassified
+
+        def owned() -> list[tuple[str, dict[str, Any]]]:
+            return [(q, m) for q, m in monitors() if isinstance(m, dict) and m.get("owner") == s.worker_id]
+
+        self._unregister = register(WorkerCollector(s.namespace, s.worker_id, owned, handlers.rows, handlers.size))
         # sys.conversation_endpoints kept in memory (read-only, sequences as written): after the
         # first read, /conversations/ reads only what changed since, whatever the topic holds.
         self.conversations = EndpointStore(s.cluster, s.namespace, None, continue_sequences=False)
@@ -40,6 +48,7 @@ class Pages:
         return self
 
     def close(self) -> None:
+        self._unregister()
         self.conversations.close()
 
     def _warm_conversations(self) -> None:
@@ -70,6 +79,11 @@ class Pages:
             rows = sorted(reclassified.values(),
                           key=lambda r: (r.get("queue") or "", r["conversation_id"], r["side"]))
             return web.json({"namespace": s.namespace, "worker": s.worker_id, "rows": rows, "as_of": time.time()})
+
+        @app.page("/metrics")
+        async def metrics_page(web, request):
+            body, content_type = exposition()  # its charset parameter: as a header (aiohttp refuses it apart)
+            return web.bytes(body, headers={"Content-Type": content_type})
 
         @app.page("/tasks/")
         async def tasks_page(web, request):

@@ -1,0 +1,71 @@
+"""The worker's `/metrics` page (Prometheus's text format) and the gauges it collects when
+scraped: the queue monitors this worker owns (each monitor lives in exactly one worker, so a sum
+over workers counts each queue once) and its activated readers. The counters and histograms the
+worker's own transactions add to are kbroker/metrics.py's, in the same registry.
+
+    GET /metrics   behind the same gate as every other page: a worker bound off loopback needs
+                   its token, which Prometheus sends as `authorization: {credentials: <token>}`
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kbroker.core.monitor import MonitorStatus
+
+
+class WorkerCollector(Collector):
+    """Gauges read at scrape time from `monitors` (the owned part of the monitor table, as
+    {queue: stored monitor dict}) and `readers` (the task handlers' rows)."""
+
+    def __init__(self, namespace: str, worker_id: str, monitors: Callable[[], Iterable[tuple[str, dict[str, Any]]]],
+                 readers: Callable[[], list[dict[str, Any]]], slots: int):
+        self.namespace, self.worker_id, self._monitors, self._readers, self._slots = \
+            namespace, worker_id, monitors, readers, slots
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        ns = self.namespace
+        labels = ["namespace", "queue"]
+        backlog = GaugeMetricFamily("kbroker_queue_backlog_messages",
+                                    "Ready messages of an activated queue, as its monitor last counted them.", labels=labels)
+        groups = GaugeMetricFamily("kbroker_queue_ready_groups",
+                                   "Conversation groups holding ready messages, as the queue's monitor last counted them.",
+                                   labels=labels)
+        waiting = GaugeMetricFamily("kbroker_queue_tasks_waiting",
+                                    "Sessions inside a RECEIVE on the queue (sys.dm_broker_queue_monitors).", labels=labels)
+        state = GaugeMetricFamily("kbroker_queue_monitor_state",
+                                  "The queue monitor's state: 1 for the state it is in, 0 for the others.",
+                                  labels=["namespace", "queue", "state"])
+        for queue, stored in sorted(self._monitors()):
+            backlog.add_metric([ns, queue], float(stored.get("backlog") or 0))
+            groups.add_metric([ns, queue], float(stored.get("ready_groups") or 0))
+            waiting.add_metric([ns, queue], float(stored.get("tasks_waiting") or 0))
+            for status in MonitorStatus:
+                state.add_metric([ns, queue, status.value], 1.0 if stored.get("state") == status.value else 0.0)
+        running = GaugeMetricFamily("kbroker_readers_running",
+                                    "Activated readers this worker runs, per queue.", labels=labels)
+        per_queue: dict[str, int] = {}
+        for row in self._readers():
+            per_queue[row["queue"]] = per_queue.get(row["queue"], 0) + 1
+        for queue, n in sorted(per_queue.items()):
+            running.add_metric([ns, queue], float(n))
+        slots = GaugeMetricFamily("kbroker_reader_slots", "Task handlers this worker has for activated readers.",
+                                  labels=["namespace"])
+        slots.add_metric([ns], float(self._slots))
+        yield from (backlog, groups, waiting, state, running, slots)
+
+
+def exposition() -> tuple[bytes, str]:
+    """The registry in Prometheus's text format, and its content type."""
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
+def register(collector: Collector) -> Callable[[], None]:
+    """Add `collector` to the default registry; returns what removes it."""
+    REGISTRY.register(collector)
+    return lambda: REGISTRY.unregister(collector)

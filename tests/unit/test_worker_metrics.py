@@ -1,0 +1,42 @@
+"""The worker's scrape-time gauges (worker/metrics.py), from a monitor table and task rows given
+here: what Prometheus's text format then says."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kbroker.core.monitor import MonitorStatus
+from kbroker.worker.metrics import WorkerCollector
+
+
+def scrape(collector: WorkerCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    text = generate_latest(registry).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_each_owned_monitor_and_running_reader_is_one_sample_with_bounded_labels():
+    monitors = [("SlowQueue", {"state": "RECEIVES_OCCURRING", "backlog": 7, "ready_groups": 3, "tasks_waiting": 2}),
+                ("Idle", {"state": "INACTIVE"})]
+    readers = [{"queue": "SlowQueue", "task_id": "t1"}, {"queue": "SlowQueue", "task_id": "t2"},
+               {"queue": "Other", "task_id": "t3"}]
+    got = scrape(WorkerCollector("ns1", "w1", lambda: monitors, lambda: readers, slots=8))
+    q = (("namespace", "ns1"), ("queue", "SlowQueue"))
+    assert got[("kbroker_queue_backlog_messages", q)] == 7
+    assert got[("kbroker_queue_ready_groups", q)] == 3
+    assert got[("kbroker_queue_tasks_waiting", q)] == 2
+    assert got[("kbroker_readers_running", q)] == 2
+    assert got[("kbroker_readers_running", (("namespace", "ns1"), ("queue", "Other")))] == 1
+    assert got[("kbroker_reader_slots", (("namespace", "ns1"),))] == 8
+    # One state at a time, every state named: a PromQL sum over states is 1 per queue.
+    states = {dict(labels)["state"]: v for (name, labels), v in got.items()
+              if name == "kbroker_queue_monitor_state" and dict(labels)["queue"] == "SlowQueue"}
+    assert states.keys() == {s.value for s in MonitorStatus} and sum(states.values()) == 1
+    assert states["RECEIVES_OCCURRING"] == 1
+    idle = (("namespace", "ns1"), ("queue", "Idle"))
+    assert got[("kbroker_queue_backlog_messages", idle)] == 0  # a monitor row without counts yet
+    # Labels never carry a task, a conversation or a worker id.
+    assert all(set(dict(labels)) <= {"namespace", "queue", "state"} for _, labels in got)
