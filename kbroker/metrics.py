@@ -11,7 +11,7 @@ state rather than count events (readers running, monitor states) are collected w
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 # Seconds, from a local commit (a few ms) to a transaction held up by a slow broker (seconds).
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -19,8 +19,9 @@ SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 MESSAGES_SENT = Counter(
     "kbroker_messages_sent_total",
-    "Messages SENT in committed transactions (records on their way to a queue or a route).",
-    ["namespace"])
+    "Messages SENT in committed transactions, per queue they go to (\"\" for a routed message: "
+    "another namespace's queue).",
+    ["namespace", "queue"])
 MESSAGES_RECEIVED = Counter(
     "kbroker_messages_received_total",
     "Messages RECEIVEd by committed transactions, per queue.",
@@ -54,3 +55,39 @@ POISON_DISABLES = Counter(
     "kbroker_poison_disables_total",
     "Queues disabled after five rollbacks in a row (poison-message handling).",
     ["namespace", "queue"])
+TRANSMISSIONS = Counter(
+    "kbroker_transmissions_total",
+    "Routed messages by what happened to them at this side's transmitter: sent (each attempt), "
+    "acknowledged (the far side saved them), refused (the far side refused their dialog).",
+    ["namespace", "destination", "outcome"])
+DISPATCHED = Counter(
+    "kbroker_dispatched_total",
+    "Inbound routed messages by what this side's dispatcher did: saved, duplicates (copies already "
+    "saved), refused, kept (set aside: not a valid message), dropped (out of order, swept; sent again).",
+    ["namespace", "outcome"])
+
+# The analytics job's (`kbroker analytics run --metrics-port`): its pace, and the queue figures it
+# measures for every queue (the worker's monitors count only activated ones).
+ANALYTICS_BATCH_SECONDS = Histogram(
+    "kbroker_analytics_batch_seconds", "One micro-batch of the analytics job, from its rows to its results written.",
+    ["namespace"], buckets=LATENCY_BUCKETS)
+ANALYTICS_ROWS = Counter("kbroker_analytics_rows_total", "Records the analytics job read.", ["namespace"])
+ANALYTICS_DELAY = Gauge(
+    "kbroker_analytics_delay_seconds",
+    "How far the analytics job's figures are behind: now minus the time of the newest record its last batch read.",
+    ["namespace"])
+ANALYTICS_BACKLOG = Gauge(
+    "kbroker_analytics_queue_backlog_messages", "Unreceived messages per queue, as the analytics job measured them.",
+    ["namespace", "queue"])
+ANALYTICS_OLDEST = Gauge(
+    "kbroker_analytics_queue_oldest_unreceived_seconds",
+    "Age of the oldest unreceived message per queue, as the analytics job measured it (0 when none waits).",
+    ["namespace", "queue"])
+ANALYTICS_STALE = Gauge(
+    "kbroker_analytics_queue_stale_messages",
+    "Unreceived messages older than a threshold per queue: dispatcher_10s, forwarder_60s, or the queue's own.",
+    ["namespace", "queue", "threshold"])
+ACTIVATOR_EVENTS = Counter(
+    "kbroker_activator_events_total",
+    "The external activator's events, as its log lines name them (start, exit, notification, ...).",
+    ["namespace", "queue", "event"])

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+from kbroker import metrics
 from kbroker.activator.config import ActivatorConfig, Application
 from kbroker.activator.notification import parse
 from kbroker.activator.rules import NOTIFIED, Limits, Rules
@@ -206,5 +207,6 @@ class Activator:
         self._reap(stopping=True)
 
     def _emit(self, event: str, **fields: Any) -> None:
+        metrics.ACTIVATOR_EVENTS.labels(self.namespace, str(fields.get("queue") or ""), event).inc()
         self._log({"time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "event": event,
                    "namespace": self.namespace, **fields})

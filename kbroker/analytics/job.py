@@ -16,6 +16,7 @@ from typing import Any, Callable, TypeVar
 
 import orjson
 
+from kbroker import metrics
 from kbroker.analytics.session import spark_session
 from kbroker.analytics.state_files import StateFiles
 from kbroker.core import names
@@ -183,6 +184,7 @@ class AnalyticsJob:
                                "seconds": round(time.monotonic() - started, 3), "as_of": state.now,
                                "started": wall}
             self.recent.append(self.last_batch)
+            measured(self.s.namespace, out.analytics, state.now, time.monotonic() - started, len(rows))
         log.info("analytics batch=%d rows=%d records=%d commands=%d closed=%d seconds=%.2f", batch_id, len(rows),
                  len(out.analytics), len(out.commands), len(out.closed), time.monotonic() - started)
 
@@ -225,6 +227,27 @@ class AnalyticsJob:
         from kbroker.analytics.history import write_closed_windows
 
         write_closed_windows(self.spark, Path(self.s.history), closed)
+
+
+def measured(namespace: str, analytics: list[tuple[str, dict[str, Any]]], as_of: int, seconds: float,
+             rows: int) -> None:
+    """One batch's metrics (kbroker/metrics.py): its time and rows, how far behind it is, and each
+    queue's gauges from the current window's record (the newest of the queue in the batch)."""
+    metrics.ANALYTICS_BATCH_SECONDS.labels(namespace).observe(seconds)
+    metrics.ANALYTICS_ROWS.labels(namespace).inc(rows)
+    if as_of:
+        metrics.ANALYTICS_DELAY.labels(namespace).set(max(0.0, time.time() - as_of / 1000))
+    newest: dict[str, dict[str, Any]] = {}
+    for _, value in analytics:
+        if value.get("kind") == "queue_window" and value.get("backlog") is not None:
+            queue = value["queue"]
+            if queue not in newest or value["window_start"] >= newest[queue]["window_start"]:
+                newest[queue] = value
+    for queue, w in newest.items():
+        metrics.ANALYTICS_BACKLOG.labels(namespace, queue).set(w["backlog"])
+        metrics.ANALYTICS_OLDEST.labels(namespace, queue).set(w.get("oldest_unreceived_age_s") or 0)
+        for threshold, count in (w.get("stale") or {}).items():
+            metrics.ANALYTICS_STALE.labels(namespace, queue, threshold).set(count)
 
 
 FIELDS = ("topic", "partition", "offset", "ts", "key", "value", "message_id", "conversation_id", "side", "grp",

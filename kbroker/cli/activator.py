@@ -15,6 +15,8 @@ from kbroker.cli.common import (
     handle_errors,
     json_option,
     main,
+    metrics_port_option,
+    serve_metrics,
 )
 
 config_option = click.option("--config", "config_file", required=True,
@@ -66,8 +68,9 @@ def check_cmd(config_file, as_json):
 @config_option
 @cluster_options
 @json_option
+@metrics_port_option
 @handle_errors
-def run_cmd(config_file, target, as_json):
+def run_cmd(config_file, target, as_json, metrics_port):
     """Run until SIGTERM or SIGINT, starting the configured programs on QUEUE_ACTIVATION events.
 
     Logs one line per start, exit and notification on stdout (--json: one JSON object per line);
@@ -89,6 +92,7 @@ def run_cmd(config_file, target, as_json):
             sys.stdout.flush()
 
     activator = Activator(cfg, cluster, ns, log=log)
+    serve_metrics(metrics_port)  # serves until the process ends
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: activator.stop())
     activator.run()

@@ -16,7 +16,9 @@ from kbroker.cli.common import (
     handle_errors,
     json_option,
     main,
+    metrics_port_option,
     require_extra,
+    serve_metrics,
 )
 from kbroker.cli.output import new_table, print_table
 
@@ -65,9 +67,10 @@ def fetch_cmd(as_json):
 @click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE",
               help="A Spark setting (repeatable), e.g. --conf spark.driver.memory=2g.")
 @click.option("--loglevel", default="info", show_default=True)
+@metrics_port_option
 @handle_errors
 def run_cmd(target, master, checkpoint, history, trigger, window, stale_after, top,
-            max_per_batch, confs, loglevel):
+            max_per_batch, confs, loglevel, metrics_port):
     """Run the analytics job until interrupted: reads the namespace's queue, progress, timer and
     dead-letter topics, writes queue windows and dialog classes to the analytics topic,
     RECLASSIFY commands to the control topic, and closed windows to Parquet."""
@@ -83,6 +86,7 @@ def run_cmd(target, master, checkpoint, history, trigger, window, stale_after, t
     ns = target.namespace
     home = config.cache_dir() / "analytics" / ns
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    serve_metrics(metrics_port)  # serves until the process ends
     run_forever(JobSettings(
         cluster=target.cluster, namespace=ns, master=master,
         checkpoint=checkpoint or home / "checkpoint", history=history or home / "history",

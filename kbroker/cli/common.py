@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, TypeVar, cast
@@ -44,6 +45,23 @@ web_token_file_option = click.option(
     "--web-token-file", type=click.Path(dir_okay=False), envvar="KBROKER_WEB_TOKEN_FILE", default=None,
     help="File whose first line is the token of the workers' HTTP API (else env KBROKER_WEB_TOKEN); "
          "env KBROKER_WEB_TOKEN_FILE.")
+
+
+# Long-running processes other than the worker (whose /metrics is on its web server) serve their
+# Prometheus metrics only when asked: an application may run its own exporter.
+metrics_port_option = click.option(
+    "--metrics-port", type=click.IntRange(1, 65535), envvar="KBROKER_METRICS_PORT", default=None,
+    help="Serve this process's Prometheus metrics at http://HOST:PORT/metrics (HOST: env "
+         "KBROKER_METRICS_HOST, 127.0.0.1 by default); env KBROKER_METRICS_PORT.")
+
+
+def serve_metrics(port: int | None) -> Any:
+    """The --metrics-port server (sdk/metrics.py), or None when not asked for."""
+    if port is None:
+        return None
+    from kbroker.sdk.metrics import MetricsServer
+
+    return MetricsServer(port, host=os.environ.get("KBROKER_METRICS_HOST", "127.0.0.1"))
 
 
 def emit_json(obj: Any) -> None:

@@ -38,7 +38,7 @@ survive an upgrade.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 
 from kbroker.config import NAMESPACE_RE
 
@@ -164,6 +164,19 @@ def queue_of_topic(ns: str, topic: str) -> str | None:
     """The queue name of a queue topic of this namespace, else None."""
     head = f"{prefix(ns)}queue."
     return topic[len(head):] if topic.startswith(head) and len(topic) > len(head) else None
+
+
+def queue_label(ns: str, topic: str, queues: Container[str]) -> str:
+    """The queue a record to `topic` goes to, as a metrics label: one of `queues` (a secondary
+    queue counts as its queue: instances come and go), or "" for any other topic (a routed
+    message, on its way to another namespace's queue)."""
+    queue = queue_of_topic(ns, topic)
+    if queue is None:
+        return ""
+    if queue in queues:
+        return queue
+    head = queue.rpartition(".")[0]
+    return head if head in queues else ""
 
 
 def system_topic(ns: str, name: str) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from kbroker import config, metrics
+from kbroker.core import names
 from kbroker.core.catalog.models import END_DIALOG, Catalog
 from kbroker.core.catalog.models import ERROR as ERROR_TYPE
 from kbroker.core.cluster import Cluster, ClusterLike
@@ -129,7 +130,7 @@ class Broker:
                 rt.endpoints.put(ep)
             else:
                 rt.endpoints.note(ep.conversation_handle, ep, written=False)
-        metrics.MESSAGES_SENT.labels(rt.namespace).inc()
+        metrics.MESSAGES_SENT.labels(rt.namespace, names.queue_label(rt.namespace, record[0], rt.catalog.current.queues)).inc()
         return message_id
 
     def end_conversation(self, handle: str, *, error: int | None = None, description: str | None = None,

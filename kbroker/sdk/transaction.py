@@ -21,6 +21,7 @@ from typing import Any, Self
 import orjson
 
 from kbroker import metrics
+from kbroker.core import names
 from kbroker.core.catalog.models import Catalog
 from kbroker.core.conversation_endpoint import Endpoint, must_persist
 from kbroker.core.envelope import Message
@@ -58,7 +59,8 @@ class Transaction:
         self._locked_conversations: set[str] = set()  # SEND's conversation locks held
         self._created: set[str] = set()  # endpoints this transaction creates: their first lease goes with them
         self._generation: int | None = None  # the committer's, when this transaction first took a lease
-        self._sent = 0  # messages SENT and RECEIVEd per queue: the metrics count them once committed
+        # Messages SENT and RECEIVEd per queue: the metrics count them once committed.
+        self._sent: dict[str, int] = {}
         self._received: dict[str, int] = {}
         self.state = "open"
         self.committed_at: float | None = None
@@ -270,7 +272,8 @@ class Transaction:
         record, message_id, ep = self._runtime.statements.message_record(before, message_type, body, **kw)
         self._runtime.check_send(ep, [record])
         self._records.append(record)
-        self._sent += 1
+        queue = names.queue_label(self._runtime.namespace, record[0], self._runtime.catalog.current.queues)
+        self._sent[queue] = self._sent.get(queue, 0) + 1
         staged_to_write = ep.conversation_handle in self._endpoints and ep.conversation_handle not in self._unwritten
         self._stage(ep)
         if not staged_to_write and not must_persist(before, ep):
@@ -341,8 +344,8 @@ class Transaction:
         for lease in leases:
             rt.send_leases.holding(lease)
         metrics.TRANSACTIONS.labels(rt.namespace, "committed").inc()
-        if self._sent:
-            metrics.MESSAGES_SENT.labels(rt.namespace).inc(self._sent)
+        for queue, count in self._sent.items():
+            metrics.MESSAGES_SENT.labels(rt.namespace, queue).inc(count)
         for queue, count in self._received.items():
             metrics.MESSAGES_RECEIVED.labels(rt.namespace, queue).inc(count)
         self._end(committed=True)

@@ -237,7 +237,8 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, Worker]:
     pool = counting_pool()
     routing = Routing(s, broker, guard)
     reclassifier = Reclassifier(s, routing)
-    pages = Pages(s, monitors.handlers, guard, reclassifier.reclassified, lambda: list(channels.monitors.items()))
+    pages = Pages(s, monitors.handlers, guard, reclassifier.reclassified, lambda: list(channels.monitors.items()),
+                  lambda: routing.transmitter)
     worker = Worker(
         settings=s, app=app, datadir=datadir, channels=channels, guard=guard, broker=broker,
         monitors=monitors, reclaimer=reclaimer, cluster_tick=ClusterTick(s, channels, broker, reclaimer),

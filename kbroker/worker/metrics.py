@@ -17,16 +17,22 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kbroker.core.monitor import MonitorStatus
+from kbroker.core.routing.links import CLOSED, CONNECTED, CONNECTING, NEW
+
+LINK_STATES = (NEW, CONNECTING, CONNECTED, CLOSED)
+Backlog = dict[str, tuple[int, float]]  # destination -> (messages held, the oldest's age in seconds)
 
 
 class WorkerCollector(Collector):
     """Gauges read at scrape time from `monitors` (the owned part of the monitor table, as
-    {queue: stored monitor dict}) and `readers` (the task handlers' rows)."""
+    (queue, stored monitor dict) pairs), `readers` (the task handlers' rows) and `routing` (this
+    worker's transmitter's backlog per destination and link states, None while it has none)."""
 
     def __init__(self, namespace: str, worker_id: str, monitors: Callable[[], Iterable[tuple[str, dict[str, Any]]]],
-                 readers: Callable[[], list[dict[str, Any]]], slots: int):
-        self.namespace, self.worker_id, self._monitors, self._readers, self._slots = \
-            namespace, worker_id, monitors, readers, slots
+                 readers: Callable[[], list[dict[str, Any]]], slots: int,
+                 routing: Callable[[], tuple[Backlog, dict[str, str]] | None] = lambda: None):
+        self.namespace, self.worker_id, self._monitors, self._readers, self._slots, self._routing = \
+            namespace, worker_id, monitors, readers, slots, routing
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         ns = self.namespace
@@ -58,6 +64,29 @@ class WorkerCollector(Collector):
                                   labels=["namespace"])
         slots.add_metric([ns], float(self._slots))
         yield from (backlog, groups, waiting, state, running, slots)
+        yield from self._transmission()
+
+    def _transmission(self) -> Iterator[GaugeMetricFamily]:
+        routing = self._routing()
+        if routing is None:
+            return
+        held, links = routing
+        ns, labels = self.namespace, ["namespace", "destination"]
+        count = GaugeMetricFamily("kbroker_transmission_backlog_messages",
+                                  "Routed messages this worker's transmitter holds unacknowledged, per destination "
+                                  "(\"\" while they have none: no route yet).", labels=labels)
+        age = GaugeMetricFamily("kbroker_transmission_oldest_age_seconds",
+                                "Age of the oldest unacknowledged routed message, per destination.", labels=labels)
+        for dest, (n, oldest) in sorted(held.items()):
+            count.add_metric([ns, dest], float(n))
+            age.add_metric([ns, dest], oldest)
+        link = GaugeMetricFamily("kbroker_link_state",
+                                 "The connection to a destination: 1 for the state it is in, 0 for the others.",
+                                 labels=["namespace", "destination", "state"])
+        for dest, current in sorted(links.items()):
+            for name in dict.fromkeys((*LINK_STATES, current)):
+                link.add_metric([ns, dest, name], 1.0 if name == current else 0.0)
+        yield from (count, age, link)
 
 
 def exposition() -> tuple[bytes, str]:

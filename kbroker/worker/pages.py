@@ -32,13 +32,19 @@ class Pages:
     (on a thread, before anyone asks for the view), close() closes it."""
 
     def __init__(self, s: WorkerSettings, handlers: TaskHandlers, guard: Guard,
-                 reclassified: dict[str, dict[str, Any]], monitors: Callable[[], Iterable[tuple[str, Any]]]):
+                 reclassified: dict[str, dict[str, Any]], monitors: Callable[[], Iterable[tuple[str, Any]]],
+                 routing: Callable[[], Any] = lambda: None):
         self.s, self.handlers, self.guard, self.reclassified = s, handlers, guard, reclassified
 
         def owned() -> list[tuple[str, dict[str, Any]]]:
             return [(q, m) for q, m in monitors() if isinstance(m, dict) and m.get("owner") == s.worker_id]
 
-        self._unregister = register(WorkerCollector(s.namespace, s.worker_id, owned, handlers.rows, handlers.size))
+        def transmission() -> tuple[dict[str, tuple[int, float]], dict[str, str]] | None:
+            transmitter = routing()
+            return None if transmitter is None else (transmitter.backlog, transmitter.link_states)
+
+        self._unregister = register(WorkerCollector(s.namespace, s.worker_id, owned, handlers.rows, handlers.size,
+                                                    transmission))
         # sys.conversation_endpoints kept in memory (read-only, sequences as written): after the
         # first read, /conversations/ reads only what changed since, whatever the topic holds.
         self.conversations = EndpointStore(s.cluster, s.namespace, None, continue_sequences=False)

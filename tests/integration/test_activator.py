@@ -15,15 +15,17 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 from confluent_kafka import Producer
+from prometheus_client.parser import text_string_to_metric_families
 
 from kbroker.activator.config import load_config
 from kbroker.activator.runner import Activator
 from kbroker.cli.demo import CLAIM, CONTRACT, EMPLOYEES, EXPENSES
 from kbroker.core import names
-from tests.helpers import ROOT, run_kbroker_module, wait_for
+from tests.helpers import ROOT, free_port, run_kbroker_module, wait_for
 
 READER = ROOT / "examples" / "activator" / "expense_reader.py"
 
@@ -215,8 +217,10 @@ def test_sigterm_stops_every_child_even_one_that_ignores_sigterm(kafka_bootstrap
     max_concurrency: 2
 """, extra="shutdown_grace: 1\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    metrics_port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "kbroker", "activator", "run", "--config", str(cfg),
-                             "--bootstrap", kafka_bootstrap, "--namespace", namespace, "--json"],
+                             "--bootstrap", kafka_bootstrap, "--namespace", namespace, "--json",
+                             "--metrics-port", str(metrics_port)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     lines: list[dict] = []
     try:
@@ -229,6 +233,12 @@ def test_sigterm_stops_every_child_even_one_that_ignores_sigterm(kafka_bootstrap
         pids = [r["pid"] for r in lines if r["event"] == "start"]
         for pid in pids:
             os.kill(pid, 0)  # alive
+        # --metrics-port: the activator's own metrics, in Prometheus's text format.
+        scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+        starts = next(s.value for f in text_string_to_metric_families(scraped) for s in f.samples
+                      if s.name == "kbroker_activator_events_total" and s.labels == {
+                          "namespace": namespace, "queue": "ExpenseQueue", "event": "start"})
+        assert starts == 2
         time.sleep(0.5)  # let the children install their SIGTERM handler
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)

@@ -15,6 +15,7 @@ import httpx
 import orjson
 import pytest
 from confluent_kafka import KafkaException, Producer, TopicPartition
+from prometheus_client import REGISTRY
 
 from kbroker.core import names
 from kbroker.core.envelope import H_CONVERSATION_ID, H_GROUP_ID, H_MESSAGE_ID, H_MESSAGE_TYPE, H_TO_SIDE
@@ -116,6 +117,14 @@ def test_known_stale_and_fresh_messages_give_exactly_those_aggregates(analytics_
     assert stale["stale"]["queue"] == 30 and stale["stale"]["forwarder_60s"] == 0, stale
     assert stale["oldest_unreceived_age_s"] >= 10
     assert sum(g["backlog"] for g in stale["top_groups"]) == 30 and len(stale["top_groups"]) == 5
+    # The job's metrics (kbroker/metrics.py; the job runs in this process) say the same.
+    gauge = lambda name, **labels: REGISTRY.get_sample_value(name, {"namespace": ns, **labels})  # noqa: E731
+    assert gauge("kbroker_analytics_queue_backlog_messages", queue="StaleQueue") == 30
+    assert gauge("kbroker_analytics_queue_backlog_messages", queue="FreshQueue") == 0
+    assert gauge("kbroker_analytics_queue_stale_messages", queue="StaleQueue", threshold="dispatcher_10s") == 30
+    assert gauge("kbroker_analytics_queue_oldest_unreceived_seconds", queue="StaleQueue") >= 10
+    assert gauge("kbroker_analytics_batch_seconds_count") >= job.batches >= 1
+    assert gauge("kbroker_analytics_rows_total") >= 50 and gauge("kbroker_analytics_delay_seconds") >= 0
     # Every dialog of the stale queue is classified stale, and none of the fresh one.
     rows = dialog_rows(bootstrap, ns)
     assert sorted(r["class"] for r in rows if r["queue"] == "StaleQueue") == ["stale"] * 5

@@ -113,9 +113,9 @@ def test_prometheus_scrapes_what_was_sent_and_received_from_the_worker_and_an_sd
 
         sel = f'namespace="{ns}"'
         expected = {
-            f'sum(kbroker_messages_sent_total{{{sel},job="sdk"}})': JOBS,  # the jobs, sent here
+            f'sum(kbroker_messages_sent_total{{{sel},job="sdk",queue="SlowQueue"}})': JOBS,  # the jobs, sent here
             f'sum(kbroker_messages_received_total{{{sel},job="worker",queue="SlowQueue"}})': JOBS,  # read there
-            f'sum(kbroker_messages_sent_total{{{sel},job="worker"}})': JOBS,  # the replies, sent there
+            f'sum(kbroker_messages_sent_total{{{sel},job="worker",queue="ClientQueue"}})': JOBS,  # the replies
             f'sum(kbroker_messages_received_total{{{sel},job="sdk",queue="ClientQueue"}})': JOBS,  # read here
         }
         wait_for(lambda: all(q(e) == v for e, v in expected.items()), 30, "the counts in Prometheus",

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 
 from kbroker.core.catalog.models import END_DIALOG, ERROR
 from kbroker.core.conversation_endpoint import CLOSED, default_group, handle_for
@@ -178,6 +179,20 @@ def test_dialogs_cross_namespaces_exactly_once_in_order_and_end_cleanly(kafka_bo
                  "the transmission queues to empty")
         dispatched = [s for s in services if isinstance(s, Dispatcher)]
         assert sum(s.saved for s in dispatched) == dialogs * per + dialogs * 2 + dialogs
+        # The metrics say the same (kbroker/metrics.py; this process's registry): A's transmitter
+        # had B acknowledge its messages and ends, B's dispatcher saved them, and the other way.
+        to_b = next(r["destination"] for r in conns)
+
+        def sample(name: str, **labels: str) -> float:
+            return REGISTRY.get_sample_value(name, labels) or 0.0
+
+        assert sample("kbroker_transmissions_total", namespace=a, destination=to_b, outcome="acknowledged") == \
+            dialogs * (per + 1)
+        assert sample("kbroker_transmissions_total", namespace=a, destination=to_b, outcome="sent") >= dialogs * (per + 1)
+        assert sample("kbroker_dispatched_total", namespace=b, outcome="saved") == dialogs * (per + 1)
+        assert sample("kbroker_dispatched_total", namespace=a, outcome="saved") == dialogs * 2
+        assert sample("kbroker_dispatched_total", namespace=b, outcome="duplicates") == \
+            next(s.duplicates for s in dispatched if s.namespace == b)
 
         # The 5th tick's cleanup deletes what B acknowledged from A's transmission topic.
         topic = names.transmission_topic(a)

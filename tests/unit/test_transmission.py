@@ -184,6 +184,18 @@ def test_rows_are_sys_transmission_queue_rows():
 
 # --- acknowledgements ------------------------------------------------------------------------
 
+def test_backlog_counts_and_ages_the_held_messages_per_destination():
+    q = TransmissionQueue(NS)
+    for m in (out(0, 0, 0), out(0, 1, 1), out(1, 0, 0, conv="c2")):
+        q.add(m)
+    q.sent(q.held()[0], 1_010.0, "host:1/far")
+    q.waiting(q.held()[2], 1_010.0, "Connection to host:2/other broke", 4.0, destination="host:2/other")
+    assert q.backlog(1_030.0) == {"host:1/far": (1, 30.0), "": (1, 30.0), "host:2/other": (1, 30.0)}
+    q.acknowledge(key(), 1)
+    assert q.backlog(1_030.0) == {"": (1, 30.0), "host:2/other": (1, 30.0)}
+    assert TransmissionQueue(NS).backlog(0.0) == {}
+
+
 def test_acknowledge_drops_the_direction_below_next_only():
     q = TransmissionQueue(NS)
     for seq in range(4):

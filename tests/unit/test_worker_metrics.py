@@ -40,3 +40,21 @@ def test_each_owned_monitor_and_running_reader_is_one_sample_with_bounded_labels
     assert got[("kbroker_queue_backlog_messages", idle)] == 0  # a monitor row without counts yet
     # Labels never carry a task, a conversation or a worker id.
     assert all(set(dict(labels)) <= {"namespace", "queue", "state"} for _, labels in got)
+
+
+def test_the_transmitters_backlog_and_links_per_destination():
+    held = {"127.0.0.1:9092/far": (3, 12.5), "": (1, 2.0)}
+    links = {"127.0.0.1:9092/far": "CONNECTED", "10.0.0.1:9092/gone": "FAILED"}
+    got = scrape(WorkerCollector("ns1", "w1", lambda: [], lambda: [], slots=1, routing=lambda: (held, links)))
+    far = (("destination", "127.0.0.1:9092/far"), ("namespace", "ns1"))
+    assert got[("kbroker_transmission_backlog_messages", far)] == 3
+    assert got[("kbroker_transmission_oldest_age_seconds", far)] == 12.5
+    assert got[("kbroker_transmission_backlog_messages", (("destination", ""), ("namespace", "ns1")))] == 1
+    states = {(dict(lb)["destination"], dict(lb)["state"]): v for (name, lb), v in got.items()
+              if name == "kbroker_link_state"}
+    assert states[("127.0.0.1:9092/far", "CONNECTED")] == 1 and states[("127.0.0.1:9092/far", "NEW")] == 0
+    assert states[("10.0.0.1:9092/gone", "FAILED")] == 1  # a state outside the usual four still shows
+    assert sum(v for (d, _), v in states.items() if d == "10.0.0.1:9092/gone") == 1
+    # No transmitter (routing off, or not started yet): no routing families at all.
+    none = scrape(WorkerCollector("ns1", "w1", lambda: [], lambda: [], slots=1))
+    assert not any(name.startswith(("kbroker_transmission", "kbroker_link")) for name, _ in none)

@@ -287,5 +287,15 @@ class TransmissionQueue:
             self._by_partition.pop(p, None)
             self._read_to.pop(p, None)
 
+    def backlog(self, now: float) -> dict[str, tuple[int, float]]:
+        """Per destination (the next hop's address; "" while a message has none: no route, or
+        not tried yet), the messages held and the age in seconds of the oldest."""
+        out: dict[str, tuple[int, float]] = {}
+        for p in self._by_partition.values():
+            for m in p.values():
+                count, age = out.get(m.destination or "", (0, 0.0))
+                out[m.destination or ""] = (count + 1, max(age, now - m.enqueued))
+        return out
+
     def rows(self, limit: int = 1000) -> list[dict[str, Any]]:
         return [m.row() for m in self.held()[:limit]]

@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, Message, TopicPartition
 
+from kbroker import metrics
 from kbroker.core import names
 from kbroker.core.arrival import REFUSE, SAVE, WAIT, check_arrival
 from kbroker.core.catalog.models import END_DIALOG, ERROR, Catalog
@@ -149,6 +150,7 @@ class Dispatcher:
         dropped = self.inbox.sweep(now)
         if dropped:
             self.dropped += len(dropped)
+            metrics.DISPATCHED.labels(self.namespace, "dropped").inc(len(dropped))
             for key, what in sorted(describe_drops(dropped, self.inbox.expected).items()):
                 log.info("dispatcher dropped from direction %s: %s; its sender sends them again", key, what)
 
@@ -191,6 +193,9 @@ class Dispatcher:
         self.duplicates += counts["duplicates"]
         self.refused += counts["refused"]
         self.kept += counts["kept"]
+        for outcome, n in counts.items():
+            if n:
+                metrics.DISPATCHED.labels(self.namespace, outcome).inc(n)
 
     def _one(self, msg: Message, catalog: Catalog, now: float, acks: dict[str, dict[str, Any]],
              counts: dict[str, int]) -> list[Record]:

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, TopicPartition
 
+from kbroker import metrics
 from kbroker.core import names
 from kbroker.core.catalog.models import ERROR as ERROR_TYPE
 from kbroker.core.catalog.models import Catalog, Route
@@ -84,6 +85,10 @@ class Transmitter:
         self._committed: dict[int, int] = {}
         self._routes_seen: Any = None
         self.sent = self.acked = self.refused = 0
+        # Per destination: (messages held, the oldest's age), and each link's state, as of the
+        # last 2nd tick; replaced whole, so another thread (the metrics) reads one consistent copy.
+        self.backlog: dict[str, tuple[int, float]] = {}
+        self.link_states: dict[str, str] = {}
         self._reclassify_asked: str | None = None
         self._wanted: set[str] = set()  # destinations messages wait to connect to
         self._noticed: dict[str, float] = {}  # service -> when its missing route was last noticed
@@ -119,6 +124,8 @@ class Transmitter:
         if EVERY_2ND in due:
             self._maintain(now)
             self._connect_pass(now)
+            self.backlog = self.queue.backlog(now)
+            self.link_states = {row["destination"]: row["state"] for row in self.links.rows(now)}
         why, self._reclassify_asked = self._reclassify_asked, None
         if why is not None:
             self.reclassify(now, why)
@@ -189,6 +196,7 @@ class Transmitter:
             self.queue.sent(m, now, dest)
             self.links.active(dest, now, sends=1, size=m.size)
             self.sent += 1
+            metrics.TRANSMISSIONS.labels(self.namespace, dest, "sent").inc()
 
     def _connect_pass(self, now: float) -> None:
         """Every 2nd tick: connect to the destinations messages wait for, unless suppressed; the
@@ -213,6 +221,8 @@ class Transmitter:
                     self._refuse(refusal)
             if acks:
                 self.acked += max(0, before - len(self.queue))
+                metrics.TRANSMISSIONS.labels(self.namespace, link.destination, "acknowledged").inc(
+                    max(0, before - len(self.queue)))
                 self.links.active(link.destination, now, acks=len(acks))
 
     def _refuse(self, refusal: Refusal) -> None:
@@ -222,6 +232,7 @@ class Transmitter:
             return
         self.refused += len(refusal.dropped)
         m = refusal.dropped[0]
+        metrics.TRANSMISSIONS.labels(self.namespace, m.destination or "", "refused").inc(len(refusal.dropped))
         service = self._catalog().services.get(m.from_service)
         if service is None:
             return
