@@ -21,6 +21,7 @@ class MetricsServer:
         self.host, self.port = host, int(self._server.server_address[1])
 
     def close(self) -> None:
+        """Stop serving (the metrics themselves go on counting)."""
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5)

@@ -15,7 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # The distribution that provides each import name kbroker uses.
-DISTRIBUTION_OF = {"confluent_kafka": "confluent-kafka", "yaml": "PyYAML", "faust": "faust-streaming"}
+DISTRIBUTION_OF = {"confluent_kafka": "confluent-kafka", "yaml": "PyYAML", "faust": "faust-streaming",
+                   "prometheus_client": "prometheus-client"}
 
 
 def names(requirements: list[str]) -> set[str]:
@@ -48,7 +49,8 @@ def test_every_import_is_installed_by_the_base_or_by_its_extra():
 def test_the_base_install_has_no_worker_spark_or_unused_package():
     base = names(PROJECT["project"]["dependencies"])
     assert base == {"confluent-kafka", "orjson", "pydantic", "pyyaml", "defusedxml", "psutil", "click", "rich",
-                    "jproperties", "scramp", "cryptography"}  # the last three: secured clusters
+                    "jproperties", "scramp", "cryptography",  # these three: secured clusters
+                    "prometheus-client"}  # kbroker/metrics.py: every process counts what it does
 
 
 def test_the_extras():
