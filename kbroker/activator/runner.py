@@ -207,6 +207,6 @@ class Activator:
         self._reap(stopping=True)
 
     def _emit(self, event: str, **fields: Any) -> None:
-        metrics.ACTIVATOR_EVENTS.labels(self.namespace, str(fields.get("queue") or ""), event).inc()
+        metrics.of(metrics.ACTIVATOR_EVENTS, self.namespace, str(fields.get("queue") or ""), event).inc()
         self._log({"time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "event": event,
                    "namespace": self.namespace, **fields})

@@ -233,10 +233,10 @@ def measured(namespace: str, analytics: list[tuple[str, dict[str, Any]]], as_of:
              rows: int) -> None:
     """One batch's metrics (kbroker/metrics.py): its time and rows, how far behind it is, and each
     queue's gauges from the current window's record (the newest of the queue in the batch)."""
-    metrics.ANALYTICS_BATCH_SECONDS.labels(namespace).observe(seconds)
-    metrics.ANALYTICS_ROWS.labels(namespace).inc(rows)
+    metrics.of(metrics.ANALYTICS_BATCH_SECONDS, namespace).observe(seconds)
+    metrics.of(metrics.ANALYTICS_ROWS, namespace).inc(rows)
     if as_of:
-        metrics.ANALYTICS_DELAY.labels(namespace).set(max(0.0, time.time() - as_of / 1000))
+        metrics.of(metrics.ANALYTICS_DELAY, namespace).set(max(0.0, time.time() - as_of / 1000))
     newest: dict[str, dict[str, Any]] = {}
     for _, value in analytics:
         if value.get("kind") == "queue_window" and value.get("backlog") is not None:
@@ -244,10 +244,10 @@ def measured(namespace: str, analytics: list[tuple[str, dict[str, Any]]], as_of:
             if queue not in newest or value["window_start"] >= newest[queue]["window_start"]:
                 newest[queue] = value
     for queue, w in newest.items():
-        metrics.ANALYTICS_BACKLOG.labels(namespace, queue).set(w["backlog"])
-        metrics.ANALYTICS_OLDEST.labels(namespace, queue).set(w.get("oldest_unreceived_age_s") or 0)
+        metrics.of(metrics.ANALYTICS_BACKLOG, namespace, queue).set(w["backlog"])
+        metrics.of(metrics.ANALYTICS_OLDEST, namespace, queue).set(w.get("oldest_unreceived_age_s") or 0)
         for threshold, count in (w.get("stale") or {}).items():
-            metrics.ANALYTICS_STALE.labels(namespace, queue, threshold).set(count)
+            metrics.of(metrics.ANALYTICS_STALE, namespace, queue, threshold).set(count)
 
 
 FIELDS = ("topic", "partition", "offset", "ts", "key", "value", "message_id", "conversation_id", "side", "grp",

@@ -14,9 +14,11 @@ from kbroker.cli.common import (
     emit_json,
     handle_errors,
     json_option,
+    log_format_option,
     main,
     metrics_port_option,
     serve_metrics,
+    setup_logging,
 )
 
 config_option = click.option("--config", "config_file", required=True,
@@ -68,9 +70,10 @@ def check_cmd(config_file, as_json):
 @config_option
 @cluster_options
 @json_option
+@log_format_option
 @metrics_port_option
 @handle_errors
-def run_cmd(config_file, target, as_json, metrics_port):
+def run_cmd(config_file, target, as_json, log_format, metrics_port):
     """Run until SIGTERM or SIGINT, starting the configured programs on QUEUE_ACTIVATION events.
 
     Logs one line per start, exit and notification on stdout (--json: one JSON object per line);
@@ -83,6 +86,9 @@ def run_cmd(config_file, target, as_json, metrics_port):
     # --bootstrap / KBROKER_BOOTSTRAP, then the file, then the embedded broker (same for namespace).
     cluster = target.cluster_or(cfg.bootstrap)
     ns = config.namespace(target.namespace_given or cfg.namespace)
+    if log_format == "json":  # its event lines as JSON (as --json), and the libraries' warnings too
+        as_json = True
+        setup_logging("warning", log_format, namespace=ns)
 
     def log(record: dict) -> None:
         if as_json:

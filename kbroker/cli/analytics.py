@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import click
@@ -15,10 +14,12 @@ from kbroker.cli.common import (
     fail,
     handle_errors,
     json_option,
+    log_format_option,
     main,
     metrics_port_option,
     require_extra,
     serve_metrics,
+    setup_logging,
 )
 from kbroker.cli.output import new_table, print_table
 
@@ -67,10 +68,11 @@ def fetch_cmd(as_json):
 @click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE",
               help="A Spark setting (repeatable), e.g. --conf spark.driver.memory=2g.")
 @click.option("--loglevel", default="info", show_default=True)
+@log_format_option
 @metrics_port_option
 @handle_errors
 def run_cmd(target, master, checkpoint, history, trigger, window, stale_after, top,
-            max_per_batch, confs, loglevel, metrics_port):
+            max_per_batch, confs, loglevel, log_format, metrics_port):
     """Run the analytics job until interrupted: reads the namespace's queue, progress, timer and
     dead-letter topics, writes queue windows and dialog classes to the analytics topic,
     RECLASSIFY commands to the control topic, and closed windows to Parquet."""
@@ -85,7 +87,7 @@ def run_cmd(target, master, checkpoint, history, trigger, window, stale_after, t
         spark_conf[key.strip()] = value
     ns = target.namespace
     home = config.cache_dir() / "analytics" / ns
-    logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    setup_logging(loglevel, log_format, namespace=ns)
     serve_metrics(metrics_port)  # serves until the process ends
     run_forever(JobSettings(
         cluster=target.cluster, namespace=ns, master=master,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -53,6 +54,21 @@ metrics_port_option = click.option(
     "--metrics-port", type=click.IntRange(1, 65535), envvar="KBROKER_METRICS_PORT", default=None,
     help="Serve this process's Prometheus metrics at http://HOST:PORT/metrics (HOST: env "
          "KBROKER_METRICS_HOST, 127.0.0.1 by default); env KBROKER_METRICS_PORT.")
+
+
+log_format_option = click.option(
+    "--log-format", type=click.Choice(["text", "json"]), envvar="KBROKER_LOG_FORMAT", default="text",
+    show_default=True, help="json: one JSON object a line (time, level, logger, message, namespace and "
+                            "the queue or conversation a line is about); env KBROKER_LOG_FORMAT.")
+
+
+def setup_logging(loglevel: str, log_format: str, **fixed: Any) -> None:
+    """The root logger at `loglevel`, as text or JSON lines (core/json_logs.py) with `fixed` fields."""
+    logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if log_format == "json":
+        from kbroker.core.json_logs import use_json_logs
+
+        use_json_logs(**fixed)
 
 
 def serve_metrics(port: int | None) -> Any:

@@ -3,7 +3,6 @@ and `kbroker tasks`, and `kbroker queue alter` (ALTER QUEUE ... WITH ACTIVATION)
 
 from __future__ import annotations
 
-import logging
 
 import click
 
@@ -14,8 +13,10 @@ from kbroker.cli.common import (
     fail,
     handle_errors,
     json_option,
+    log_format_option,
     main,
     require_extra,
+    setup_logging,
     web_token_file_option,
 )
 from kbroker.cli.output import new_table, print_table
@@ -52,9 +53,10 @@ from kbroker.cli.views import queue_group
 @click.option("--closed-grace", type=click.FloatRange(min=0), default=CLOSED_GRACE_SECONDS, show_default=True,
               help="Seconds a CLOSED conversation endpoint is kept before the worker tombstones it.")
 @click.option("--loglevel", default="info", show_default=True)
+@log_format_option
 @handle_errors
 def worker_cmd(target, web_host, web_port, web_token_file, web_allowed_hosts, tick, ramp_up, handlers, no_timers, no_routing,
-               allow_procedures, closed_grace, loglevel):
+               allow_procedures, closed_grace, loglevel, log_format):
     """Run the worker: queue monitors with internal and external activation, task handlers, the
     cluster tick, the timer service, and the dispatcher and transmitter that carry messages between
     namespaces. Start several; they share the work through Kafka."""
@@ -62,14 +64,14 @@ def worker_cmd(target, web_host, web_port, web_token_file, web_allowed_hosts, ti
     from kbroker.config import web_token
     from kbroker.worker.app import WorkerSettings, run_worker
 
-    logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    run_worker(WorkerSettings(target.cluster, target.namespace,
+    settings = WorkerSettings(target.cluster, target.namespace,
                               web_host=web_host, web_port=web_port, web_token=web_token(web_token_file),
                               web_allowed_hosts=_names(web_allowed_hosts), tick_interval=tick, ramp_up=ramp_up,
                               handlers=handlers, timers=not no_timers, routing=not no_routing,
                               closed_grace=closed_grace,
-                              allow_procedures=_names(allow_procedures)),
-               loglevel=loglevel)
+                              allow_procedures=_names(allow_procedures), log_format=log_format)
+    setup_logging(loglevel, log_format, namespace=settings.namespace, worker=settings.worker_id)
+    run_worker(settings, loglevel=loglevel)
 
 
 def _names(values: tuple[str, ...]) -> tuple[str, ...]:

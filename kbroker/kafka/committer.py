@@ -280,7 +280,7 @@ class GroupCommitter:
         slot = self._ring[self._turn]
         self._turn = (self._turn + 1) % len(self._ring)
         deadline = Deadline(self._transaction_deadline)
-        metrics.GROUP_COMMIT_SIZE.labels(self._namespace).observe(len(batch))
+        metrics.of(metrics.GROUP_COMMIT_SIZE, self._namespace).observe(len(batch))
         try:
             self._transact(slot, batch, positions, deadline)
         except TransactionFailed as failed:
@@ -334,7 +334,7 @@ class GroupCommitter:
                      [(tps, receiver.group_metadata()) for receiver, tps in positions.items()],
                      deadline, self._timeout)
         finally:
-            metrics.KAFKA_TRANSACTION_SECONDS.labels(self._namespace).observe(time.monotonic() - started)
+            metrics.of(metrics.KAFKA_TRANSACTION_SECONDS, self._namespace).observe(time.monotonic() - started)
 
     def _settle(self, slot: "_Slot", failed: TransactionFailed, deadline: Deadline,
                 positions: dict[Any, list[TopicPartition]]) -> bool | None:

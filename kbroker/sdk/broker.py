@@ -130,7 +130,8 @@ class Broker:
                 rt.endpoints.put(ep)
             else:
                 rt.endpoints.note(ep.conversation_handle, ep, written=False)
-        metrics.MESSAGES_SENT.labels(rt.namespace, names.queue_label(rt.namespace, record[0], rt.catalog.current.queues)).inc()
+        queue = names.queue_label(rt.namespace, record[0], rt.catalog.current.queues)
+        metrics.of(metrics.MESSAGES_SENT, rt.namespace, queue).inc()
         return message_id
 
     def end_conversation(self, handle: str, *, error: int | None = None, description: str | None = None,

@@ -186,7 +186,7 @@ class BrokerRuntime(ProcessRuntime):
     def note_rollback(self, queue: str, taken: dict[str, list[tuple[int, int]]] | None = None) -> None:
         """Five rolled-back receives in a row (this process), or five rollbacks of one message
         (any process), disable the queue (core/poison.py)."""
-        metrics.ROLLBACKS.labels(self.namespace, queue).inc()
+        metrics.of(metrics.ROLLBACKS, self.namespace, queue).inc()
         if not self._poison.watches(queue):
             return
         handling = self.catalog.queue(queue).poison_message_handling == "ON"
@@ -196,7 +196,7 @@ class BrokerRuntime(ProcessRuntime):
                 counts = self._rollbacks.rolled_back(queue, topic, offsets)
                 verdict = verdict or self._rollbacks.ledger.verdict(queue, counts, handling)
         if verdict is not None:
-            metrics.POISON_DISABLES.labels(self.namespace, verdict.queue).inc()
+            metrics.of(metrics.POISON_DISABLES, self.namespace, verdict.queue).inc()
             self.catalog.disabled.add(verdict.queue)
             try:
                 set_queue_status(self.cluster, self.namespace, verdict.queue, "OFF", verdict.reason, poison=True)

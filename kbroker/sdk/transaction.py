@@ -326,9 +326,9 @@ class Transaction:
                 req = CommitRequest(records, self._leases, self._generation)
                 rt.committer.commit(req)
                 self.committed_at = req.committed_at
-                metrics.COMMIT_SECONDS.labels(rt.namespace).observe(time.monotonic() - started)
+                metrics.of(metrics.COMMIT_SECONDS, rt.namespace).observe(time.monotonic() - started)
         except (TransactionAbortedError, TransactionInDoubtError) as exc:
-            metrics.TRANSACTIONS.labels(rt.namespace, "aborted" if isinstance(exc, TransactionAbortedError)
+            metrics.of(metrics.TRANSACTIONS, rt.namespace, "aborted" if isinstance(exc, TransactionAbortedError)
                                         else "in_doubt").inc()
             # Either way this transaction is over: its locks and leases go, or the next
             # statement on its conversations would wait on them for ever.
@@ -343,11 +343,11 @@ class Transaction:
             rt.endpoints.note(handle, ep, written=handle not in self._unwritten)
         for lease in leases:
             rt.send_leases.holding(lease)
-        metrics.TRANSACTIONS.labels(rt.namespace, "committed").inc()
+        metrics.of(metrics.TRANSACTIONS, rt.namespace, "committed").inc()
         for queue, count in self._sent.items():
-            metrics.MESSAGES_SENT.labels(rt.namespace, queue).inc(count)
+            metrics.of(metrics.MESSAGES_SENT, rt.namespace, queue).inc(count)
         for queue, count in self._received.items():
-            metrics.MESSAGES_RECEIVED.labels(rt.namespace, queue).inc(count)
+            metrics.of(metrics.MESSAGES_RECEIVED, rt.namespace, queue).inc(count)
         self._end(committed=True)
         self.state = "committed"
 
@@ -358,7 +358,7 @@ class Transaction:
         taken = self._taken()
         self._end(committed=False)
         self.state = "rolled back"
-        metrics.TRANSACTIONS.labels(self._runtime.namespace, "rolled_back").inc()
+        metrics.of(metrics.TRANSACTIONS, self._runtime.namespace, "rolled_back").inc()
         for q in self._queues:
             self._runtime.note_rollback(q, taken.get(q, {}))
             self._runtime.receive_hooks.after_rollback(q)

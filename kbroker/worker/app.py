@@ -37,6 +37,7 @@ import faust
 from kbroker.core import monitor_codec as codec
 from kbroker.core import names
 from kbroker.core.client_security import AIOKAFKA, LIBRDKAFKA
+from kbroker.core.json_logs import JsonFormatter
 from kbroker.core.log_limit import RateLimitFilter
 from kbroker.core.rejected import Consumed, Rejected, text_key
 from kbroker.core.tick import EVERY_2ND, TickCounter, advance
@@ -313,13 +314,23 @@ def shutdown(worker: Worker) -> None:
     worker.close()
 
 
+def json_logging_config(s: WorkerSettings, loglevel: str) -> dict[str, Any]:
+    """Faust's logging set-up (merged into its own) with JSON lines on its stream handler, so
+    every line after its start is JSON too (core/json_logs.py)."""
+    return {"merge": True, "version": 1,
+            "formatters": {"json": {"()": JsonFormatter, "namespace": s.namespace, "worker": s.worker_id}},
+            "handlers": {"default": {"level": loglevel.upper(), "class": "logging.StreamHandler",
+                                     "formatter": "json", "stream": "ext://sys.stdout"}}}
+
+
 def run_worker(s: WorkerSettings, loglevel: str = "info") -> None:
     """Run until SIGINT/SIGTERM."""
     # Activated readers wait on Kafka round trips, then for the GIL, which the event loop and the
     # other readers hold for up to the switch interval (5 ms by default) at a time.
     sys.setswitchinterval(0.001)
     app, worker = build_app(s)
-    faust_worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=True)
+    faust_worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=True,
+                                logging_config=json_logging_config(s, loglevel) if s.log_format == "json" else None)
     code = 0
     try:
         faust_worker.execute_from_commandline()

@@ -38,12 +38,14 @@ class WorkerCollector(Collector):
         ns = self.namespace
         labels = ["namespace", "queue"]
         backlog = GaugeMetricFamily("kbroker_queue_backlog_messages",
-                                    "Ready messages of an activated queue, as its monitor last counted them.", labels=labels)
+                                    "Ready messages of an activated queue, as its monitor last counted them.",
+                                    labels=labels)
         groups = GaugeMetricFamily("kbroker_queue_ready_groups",
-                                   "Conversation groups holding ready messages, as the queue's monitor last counted them.",
-                                   labels=labels)
+                                   "Conversation groups holding ready messages, as the queue's monitor last counted "
+                                   "them.", labels=labels)
         waiting = GaugeMetricFamily("kbroker_queue_tasks_waiting",
-                                    "Sessions inside a RECEIVE on the queue (sys.dm_broker_queue_monitors).", labels=labels)
+                                    "Sessions inside a RECEIVE on the queue (sys.dm_broker_queue_monitors).",
+                                    labels=labels)
         state = GaugeMetricFamily("kbroker_queue_monitor_state",
                                   "The queue monitor's state: 1 for the state it is in, 0 for the others.",
                                   labels=["namespace", "queue", "state"])

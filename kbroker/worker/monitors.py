@@ -141,11 +141,11 @@ class Monitors:
     async def _perform(self, actions: list[Any]) -> None:
         for a in actions:
             if isinstance(a, LaunchReader):
-                metrics.ACTIVATIONS.labels(self.s.namespace, a.queue, "internal").inc()
+                metrics.of(metrics.ACTIVATIONS, self.s.namespace, a.queue, "internal").inc()
                 self.handlers.launch(a.queue, a.procedure or "", a.generation)
                 log.info("launch reader queue=%s generation=%s procedure=%s", a.queue, a.generation, a.procedure)
             elif isinstance(a, NotifyExternal):
-                metrics.ACTIVATIONS.labels(self.s.namespace, a.queue, "external").inc()
+                metrics.of(metrics.ACTIVATIONS, self.s.namespace, a.queue, "external").inc()
                 event = {"event": "QUEUE_ACTIVATION", "queue": a.queue, "namespace": self.s.namespace,
                          "backlog": a.backlog, "ready_groups": a.ready_groups, "time": now_ms()}
                 await self.channels.send_event(a.queue, event)

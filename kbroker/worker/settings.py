@@ -41,6 +41,7 @@ class WorkerSettings:
     # Modules whose activation procedures this worker runs, besides kbroker's samples (handlers.OWN_PROCEDURE_MODULES).
     allow_procedures: tuple[str, ...] = ()
     closed_grace: float = CLOSED_GRACE_SECONDS  # how long a CLOSED endpoint stays before its tombstone
+    log_format: str = "text"  # or "json": one JSON object a line (core/json_logs.py)
     worker_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     def __post_init__(self) -> None:

@@ -1,6 +1,7 @@
 """kbroker's Prometheus metrics, scraped by a real Prometheus server (Debian's `prometheus`,
 started here) from a real worker's `/metrics` and from this process's opt-in exporter during a
-real run: PromQL returns exactly what was sent and received, on both sides."""
+real run: PromQL returns exactly what was sent and received, on both sides. The worker logs as
+JSON lines (--log-format json) meanwhile."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 
 from kbroker.kafka.apply import apply_paths
@@ -73,7 +75,7 @@ class Prometheus:
 def metered(kafka_bootstrap: str, tmp_path: Path) -> Iterator[tuple[str, str, Worker, MetricsServer]]:
     ns = "m" + uuid.uuid4().hex[:10]
     apply_paths(kafka_bootstrap, ns, [DATA / "worker.yaml"])
-    worker = Worker(kafka_bootstrap, ns, tmp_path, KB_TEST_DELAY="0.05")
+    worker = Worker(kafka_bootstrap, ns, tmp_path, "--log-format", "json", KB_TEST_DELAY="0.05")
     exporter = MetricsServer(0)
     try:
         worker.wait_ready()
@@ -130,4 +132,10 @@ def test_prometheus_scrapes_what_was_sent_and_received_from_the_worker_and_an_sd
             q(f'sum(kbroker_group_commit_transactions_count{{{sel}}})')
     finally:
         prom.stop()
+    # The worker ran with --log-format json: every line it wrote is one JSON object naming the
+    # namespace and the worker; the line of each reader it launched names the queue.
+    lines = [orjson.loads(line) for line in worker.log.read_text().splitlines() if line.strip()]
+    assert lines and all(line["namespace"] == ns and line["worker"] == worker.id for line in lines)
+    launched = [line for line in lines if line["message"].startswith("launch reader")]
+    assert launched and {line["queue"] for line in launched} == {"SlowQueue"}
 

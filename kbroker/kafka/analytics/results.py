@@ -78,7 +78,8 @@ class ResultsWriter:
         for topic in sorted({tp.topic for tp in tps}):
             unheld = [tp for tp in tps if tp.topic == topic and (topic, tp.partition) not in recent]
             if unheld:
-                positions.update({(topic, p): start for p, start in log_starts(admin, topic, unheld, self.timeout).items()})
+                starts = log_starts(admin, topic, unheld, self.timeout)
+                positions.update({(topic, p): start for p, start in starts.items()})
         self.write([], [], positions)
         return len(positions)
 

@@ -150,7 +150,7 @@ class Dispatcher:
         dropped = self.inbox.sweep(now)
         if dropped:
             self.dropped += len(dropped)
-            metrics.DISPATCHED.labels(self.namespace, "dropped").inc(len(dropped))
+            metrics.of(metrics.DISPATCHED, self.namespace, "dropped").inc(len(dropped))
             for key, what in sorted(describe_drops(dropped, self.inbox.expected).items()):
                 log.info("dispatcher dropped from direction %s: %s; its sender sends them again", key, what)
 
@@ -195,7 +195,7 @@ class Dispatcher:
         self.kept += counts["kept"]
         for outcome, n in counts.items():
             if n:
-                metrics.DISPATCHED.labels(self.namespace, outcome).inc(n)
+                metrics.of(metrics.DISPATCHED, self.namespace, outcome).inc(n)
 
     def _one(self, msg: Message, catalog: Catalog, now: float, acks: dict[str, dict[str, Any]],
              counts: dict[str, int]) -> list[Record]:

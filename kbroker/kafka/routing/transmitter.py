@@ -196,7 +196,7 @@ class Transmitter:
             self.queue.sent(m, now, dest)
             self.links.active(dest, now, sends=1, size=m.size)
             self.sent += 1
-            metrics.TRANSMISSIONS.labels(self.namespace, dest, "sent").inc()
+            metrics.of(metrics.TRANSMISSIONS, self.namespace, dest, "sent").inc()
 
     def _connect_pass(self, now: float) -> None:
         """Every 2nd tick: connect to the destinations messages wait for, unless suppressed; the
@@ -221,7 +221,7 @@ class Transmitter:
                     self._refuse(refusal)
             if acks:
                 self.acked += max(0, before - len(self.queue))
-                metrics.TRANSMISSIONS.labels(self.namespace, link.destination, "acknowledged").inc(
+                metrics.of(metrics.TRANSMISSIONS, self.namespace, link.destination, "acknowledged").inc(
                     max(0, before - len(self.queue)))
                 self.links.active(link.destination, now, acks=len(acks))
 
@@ -232,7 +232,7 @@ class Transmitter:
             return
         self.refused += len(refusal.dropped)
         m = refusal.dropped[0]
-        metrics.TRANSMISSIONS.labels(self.namespace, m.destination or "", "refused").inc(len(refusal.dropped))
+        metrics.of(metrics.TRANSMISSIONS, self.namespace, m.destination or "", "refused").inc(len(refusal.dropped))
         service = self._catalog().services.get(m.from_service)
         if service is None:
             return
