@@ -32,7 +32,7 @@ from kbroker.embedded import resolve_cluster
 from kbroker.kafka.conversation_endpoints import EndpointStore
 from kbroker.sdk.hooks import ReceiveHooks
 from kbroker.sdk.runtime import BrokerRuntime
-from kbroker.sdk.transaction import Transaction
+from kbroker.sdk.transaction import Transaction, traced_record
 
 __all__ = ["END_DIALOG", "ERROR_TYPE", "Broker", "connect"]  # the message types, for callers' checks
 
@@ -124,13 +124,14 @@ class Broker:
         with self._conversation(str(handle)) as produce:
             before = rt.endpoints.current(str(handle))
             record, message_id, ep = rt.statements.message_record(before, message_type, body, **kw)
-            rt.check_send(ep, [record])
+            queue = names.queue_label(rt.namespace, record[0], rt.catalog.current.queues)
+            record = traced_record(record, rt.namespace, queue, ep.conversation_id, message_type, None)
+            rt.check_send(ep, [record])  # its trace headers included
             produce(record)
             if must_persist(before, ep):
                 rt.endpoints.put(ep)
             else:
                 rt.endpoints.note(ep.conversation_handle, ep, written=False)
-        queue = names.queue_label(rt.namespace, record[0], rt.catalog.current.queues)
         metrics.of(metrics.MESSAGES_SENT, rt.namespace, queue).inc()
         return message_id
 

@@ -20,7 +20,7 @@ from typing import Any, Self
 
 import orjson
 
-from kbroker import metrics
+from kbroker import metrics, tracing
 from kbroker.core import names
 from kbroker.core.catalog.models import Catalog
 from kbroker.core.conversation_endpoint import Endpoint, must_persist
@@ -35,6 +35,7 @@ from kbroker.errors import (
     TransactionInDoubtError,
     TransactionStateError,
 )
+from kbroker.kafka import messages
 from kbroker.kafka.committer import CommitRequest
 from kbroker.kafka.receiver import Lease, QueueReceiver
 from kbroker.sdk.runtime import BrokerRuntime
@@ -42,6 +43,16 @@ from kbroker.sdk.runtime import BrokerRuntime
 log = logging.getLogger("kbroker.transaction")
 
 ALL = sys.maxsize  # RECEIVE without TOP: the whole group
+
+
+def traced_record(record: Record, namespace: str, queue: str, conversation_id: str, message_type: str,
+                  parent: Any) -> Record:
+    """A SEND's record with its trace context in its headers (tracing.py), as it is without tracing."""
+    if not tracing.enabled():
+        return record
+    extra = tracing.send_headers(namespace, queue, conversation_id, message_type, parent)
+    topic, key, value, headers = record
+    return (topic, key, value, [*(headers or []), *extra]) if extra else record
 
 
 class Transaction:
@@ -62,6 +73,7 @@ class Transaction:
         # Messages SENT and RECEIVEd per queue: the metrics count them once committed.
         self._sent: dict[str, int] = {}
         self._received: dict[str, int] = {}
+        self._trace: Any = None  # the last RECEIVE's trace context: this transaction's SENDs continue it
         self.state = "open"
         self.committed_at: float | None = None
         runtime.open_transactions.opened()
@@ -142,6 +154,10 @@ class Transaction:
                 if delivered:
                     self._queues.add(queue)  # poison counting looks at transactions that received
                     self._received[queue] = self._received.get(queue, 0) + len(delivered)
+                    if tracing.enabled():
+                        self._trace = tracing.receive_span(
+                            rt.namespace, queue, [tracing.context_of(messages.headers(m.extra["record"]))
+                                                  for m in delivered], delivered[0].conversation_id)
                 return delivered
             # Everything taken went on its way (moved conversations) or was set aside (refused on
             # arrival, for a closed endpoint): receive again, within what is left of the wait.
@@ -269,10 +285,12 @@ class Transaction:
         self._runtime.check_send(self.endpoint(handle))  # before its lock and lease: nothing written if refused
         self._lock(handle)
         before = self.endpoint(handle)
-        record, message_id, ep = self._runtime.statements.message_record(before, message_type, body, **kw)
-        self._runtime.check_send(ep, [record])
+        rt = self._runtime
+        record, message_id, ep = rt.statements.message_record(before, message_type, body, **kw)
+        queue = names.queue_label(rt.namespace, record[0], rt.catalog.current.queues)
+        record = traced_record(record, rt.namespace, queue, ep.conversation_id, message_type, self._trace)
+        rt.check_send(ep, [record])  # its trace headers included
         self._records.append(record)
-        queue = names.queue_label(self._runtime.namespace, record[0], self._runtime.catalog.current.queues)
         self._sent[queue] = self._sent.get(queue, 0) + 1
         staged_to_write = ep.conversation_handle in self._endpoints and ep.conversation_handle not in self._unwritten
         self._stage(ep)
@@ -324,7 +342,8 @@ class Transaction:
         try:
             if records or self._leases:
                 req = CommitRequest(records, self._leases, self._generation)
-                rt.committer.commit(req)
+                with tracing.traced("kbroker commit", self._trace, rt.namespace):
+                    rt.committer.commit(req)
                 self.committed_at = req.committed_at
                 metrics.of(metrics.COMMIT_SECONDS, rt.namespace).observe(time.monotonic() - started)
         except (TransactionAbortedError, TransactionInDoubtError) as exc:

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # The distribution that provides each import name kbroker uses.
 DISTRIBUTION_OF = {"confluent_kafka": "confluent-kafka", "yaml": "PyYAML", "faust": "faust-streaming",
-                   "prometheus_client": "prometheus-client"}
+                   "prometheus_client": "prometheus-client", "opentelemetry": "opentelemetry-api"}
 
 
 def names(requirements: list[str]) -> set[str]:
@@ -41,7 +41,8 @@ def test_every_import_is_installed_by_the_base_or_by_its_extra():
     for module in (ROOT / "kbroker").rglob("*.py"):
         parts = module.relative_to(ROOT).parts
         allowed = base | (extras["worker"] if "worker" in parts else set()) | \
-            (extras["analytics"] if "analytics" in parts else set())
+            (extras["analytics"] if "analytics" in parts else set()) | \
+            (extras["tracing"] if parts[-1] == "tracing.py" else set())
         for name in third_party_imports(module):
             assert DISTRIBUTION_OF.get(name, name).lower() in allowed, f"{module}: {name} is not installed by it"
 
@@ -58,7 +59,8 @@ def test_the_extras():
     assert names(extras["worker"]) == {"faust-streaming", "aiokafka", "aiohttp"}
     assert extras["analytics"][0] == "pyspark==4.2.0"  # the release whose Kafka source Maven Central serves
     assert names(extras["analytics"]) == {"pyspark", "pyarrow"}
-    assert "kbroker[worker,analytics,bench]" in extras["test"]
+    assert "kbroker[worker,analytics,bench,tracing]" in extras["test"]
+    assert names(extras["tracing"]) == {"opentelemetry-api"}
     assert {"pytest", "pytest-timeout", "hypothesis", "testcontainers", "import-linter", "mypy"} <= names(extras["test"])
 
 

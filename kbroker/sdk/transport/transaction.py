@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Mapping, Self
 
+from kbroker import tracing
 from kbroker.core.records import Record
 from kbroker.core.transport.message import TransportEnvelope, TransportMessage, with_position
 from kbroker.errors import InvalidArgumentError, TransactionAbortedError, TransactionInDoubtError, TransactionStateError
@@ -32,6 +33,7 @@ class TransportTransaction:
 
     def __init__(self, runtime: TransportRuntime):
         self._rt = runtime
+        self.trace_context: Any = None  # the last receive's (tracing.py): what this transaction sends continues it
         self._records: list[Record] = []
         self._leases: list[Lease] = []
         self.received: list[TransportMessage] = []
@@ -84,6 +86,9 @@ class TransportTransaction:
             envelope = b.envelope
             assert isinstance(envelope, TransportEnvelope)  # a transport queue's receiver decodes these
             msg = with_position(envelope.message, q, b.partition, b.offset, b.enqueued_ms)
+            if tracing.enabled():
+                self.trace_context = tracing.receive_span(rt.namespace, q, [tracing.context_of(list(msg.headers.items()))],
+                                                          None)
             self.received.append(msg)
             rt.count("received")
             return msg
@@ -94,6 +99,9 @@ class TransportTransaction:
         """INSERT a message into `destination`'s queue when this transaction commits; returns its
         Id. ReplyToAddress defaults to this instance's reply address."""
         self._check_open()
+        if tracing.enabled() and "traceparent" not in (headers or {}):  # a caller's own context stands
+            extra = tracing.send_headers(self._rt.namespace, destination, None, None, self.trace_context)
+            headers = {**(headers or {}), **{name: value.decode() for name, value in extra}}
         self._records.append(self._rt.record(destination, body, headers, correlation_id=correlation_id,
                                              reply_to_address=reply_to_address, recoverable=recoverable,
                                              time_to_be_received=time_to_be_received, message_id=message_id))
@@ -116,7 +124,8 @@ class TransportTransaction:
         self._uncount()
         try:
             if self._records or self._leases:
-                self._rt.committer.commit(CommitRequest(self._records, self._leases))
+                with tracing.traced("kbroker commit", self.trace_context, self._rt.namespace):
+                    self._rt.committer.commit(CommitRequest(self._records, self._leases))
         except (TransactionAbortedError, TransactionInDoubtError) as exc:
             self._end(committed=False)
             self.state = "aborted" if isinstance(exc, TransactionAbortedError) else "in doubt"

@@ -1,0 +1,125 @@
+"""OpenTelemetry traces of a message's path: SEND, the queue, RECEIVE, the reply, a routed hop.
+
+The W3C trace context travels in the message's own headers, `traceparent` and `tracestate`: the
+names NServiceBus and every OpenTelemetry messaging instrumentation use, so an estate that mixes
+them joins up. A SEND writes the context of its span; a RECEIVE's span is the child of its first
+message's (the others are linked), and the SENDs and COMMIT of the same transaction are children
+of that RECEIVE: a handler's reply continues the request's trace without the handler doing
+anything. A routed message keeps its headers through the transmitter, the link and the far
+dispatcher (they are signed with it), so the trace crosses namespaces and clusters.
+
+Optional: with `opentelemetry-api` installed (`pip install kbroker[tracing]`) and a tracer
+provider set up by the application, spans are recorded; without it every function here does
+nothing and costs a check. Span attributes name the namespace, queue and conversation, as
+OpenTelemetry's messaging conventions do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace as otel_trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+except ImportError:  # the extra is not installed: tracing is off
+    otel_trace = None  # type: ignore[assignment]
+
+HEADERS = ("traceparent", "tracestate")
+SYSTEM = "kbroker"
+Headers = Sequence[tuple[str, Any]]
+_provider: Any = None  # None: OpenTelemetry's global tracer provider
+
+
+def enabled() -> bool:
+    """Whether opentelemetry-api is installed (spans are recorded once a tracer provider is set)."""
+    return otel_trace is not None
+
+
+def use_tracer_provider(provider: Any) -> None:
+    """Record kbroker's spans with `provider` rather than the global one (None: the global one
+    again): for an application that keeps its providers apart, and for tests."""
+    global _provider
+    _provider = provider
+
+
+def _tracer() -> Any:
+    return otel_trace.get_tracer("kbroker", tracer_provider=_provider)
+
+
+def context_of(headers: Headers | None) -> Any:
+    """The trace context a message's headers carry (None when they carry none, or tracing is off)."""
+    if otel_trace is None or not headers:
+        return None
+    carrier = {name: (value.decode("latin-1") if isinstance(value, bytes) else str(value))
+               for name, value in headers if name in HEADERS and value is not None}
+    if "traceparent" not in carrier:
+        return None
+    ctx = TraceContextTextMapPropagator().extract(carrier)
+    return ctx if otel_trace.get_current_span(ctx).get_span_context().is_valid else None
+
+
+def _parent(fallback: Any) -> Any:
+    """The context a new span is the child of: the current one when a span is active there (the
+    application's own, or a handler's), else `fallback` (the transaction's last RECEIVE)."""
+    if otel_trace.get_current_span().get_span_context().is_valid:
+        return None
+    return fallback
+
+
+def _attributes(namespace: str, queue: str | None, conversation_id: str | None, operation: str) -> dict[str, Any]:
+    attrs: dict[str, Any] = {"messaging.system": SYSTEM, "messaging.operation.type": operation,
+                             "kbroker.namespace": namespace}
+    if queue:
+        attrs["messaging.destination.name"] = queue
+    if conversation_id:
+        attrs["messaging.message.conversation_id"] = conversation_id
+    return attrs
+
+
+def send_headers(namespace: str, queue: str | None, conversation_id: str | None, message_type: str | None,
+                 parent: Any = None) -> list[tuple[str, bytes]]:
+    """A SEND's span (the child of the current span, else of `parent`), ended at once, and the
+    headers that carry its context to the receiver; [] when tracing is off."""
+    if otel_trace is None:
+        return []
+    span = _tracer().start_span(f"{queue or 'route'} send", context=_parent(parent), kind=otel_trace.SpanKind.PRODUCER,
+                                attributes={**_attributes(namespace, queue, conversation_id, "send"),
+                                            **({"kbroker.message_type": message_type} if message_type else {})})
+    try:
+        carrier: dict[str, str] = {}
+        TraceContextTextMapPropagator().inject(carrier, context=otel_trace.set_span_in_context(span))
+        return [(name, carrier[name].encode()) for name in HEADERS if name in carrier]
+    finally:
+        span.end()
+
+
+def receive_span(namespace: str, queue: str, contexts: list[Any], conversation_id: str | None) -> Any:
+    """A RECEIVE's span, ended at once: the child of its first message's context (the others
+    linked), else of the current context. Returns the context its transaction's later spans are
+    children of (None when tracing is off)."""
+    if otel_trace is None:
+        return None
+    parent = next((c for c in contexts if c is not None), None)
+    links = [otel_trace.Link(otel_trace.get_current_span(c).get_span_context()) for c in contexts
+             if c is not None and c is not parent]
+    span = _tracer().start_span(f"{queue} receive", context=parent, kind=otel_trace.SpanKind.CONSUMER, links=links,
+                                attributes=_attributes(namespace, queue, conversation_id, "receive"))
+    span.end()
+    return otel_trace.set_span_in_context(span, parent)
+
+
+@contextmanager
+def traced(name: str, parent: Any, namespace: str, **attributes: Any) -> Iterator[Any]:
+    """A span around a block (a COMMIT, a handler), the child of the current span, else of
+    `parent`, made current inside it so what the block sends continues the trace; records an
+    exception that leaves the block."""
+    if otel_trace is None:
+        yield None
+        return
+    attrs = {"messaging.system": SYSTEM, "kbroker.namespace": namespace,
+             **{k: v for k, v in attributes.items() if v is not None}}
+    with _tracer().start_as_current_span(name, context=_parent(parent), attributes=attrs):
+        yield otel_context.get_current()
