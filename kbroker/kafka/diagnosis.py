@@ -1,0 +1,59 @@
+"""`kbroker diagnose configuration`: reads both ends' catalogs (following the from-side's route to
+find the far one, as a message would) and asks the far cluster; core/diagnosis.py compares."""
+
+from __future__ import annotations
+
+import time
+
+from kbroker.core.cluster import Cluster, ClusterLike
+from kbroker.core.diagnosis import ERROR, Problem, Side, configuration
+from kbroker.core.routing.routes import address, match_route, parse_address, routes_of
+from kbroker.errors import KBrokerError
+from kbroker.kafka.catalog_store import read_catalog
+from kbroker.kafka.clients import brokers_answering
+from kbroker.kafka.routing.profiles import ClusterProfiles
+
+
+def diagnose_configuration(cluster: ClusterLike, namespace: str, from_service: str, to_service: str, contract: str,
+                           *, to_cluster: ClusterLike | None = None, to_namespace: str | None = None,
+                           timeout: float = 10.0) -> tuple[list[Problem], dict[str, str | None]]:
+    """The problems of a dialog from `from_service` in `namespace` to `to_service`, and where the
+    far end was looked for ({"from": address, "to": address or None}). The far end is
+    `to_namespace` on `to_cluster` (default: this cluster) when given, else where the from-side's
+    route for `to_service` leads, reached with the route's client profile."""
+    here = Cluster.of(cluster)
+    frm = Side(namespace, address(here.bootstrap, namespace), read_catalog(here, namespace, timeout))
+    now = time.time()
+    far: Cluster | None = None
+    far_ns = to_namespace
+    if to_namespace is not None:
+        far = Cluster.of(to_cluster) if to_cluster is not None else here
+    else:
+        route = match_route(routes_of(frm.catalog), to_service, None, now)
+        if route is not None and route.address == "LOCAL":
+            far, far_ns = here, namespace
+        elif route is not None and route.bootstrap and route.namespace:
+            far_ns = route.namespace
+            try:
+                far = ClusterProfiles(here).cluster_for(route.bootstrap, route.profile)
+            except KBrokerError as exc:
+                return configuration(frm, from_service, None, to_service, contract, now) + [
+                    Problem("profile_unusable", ERROR, namespace, f"route {route.name!r}: {exc}")], \
+                    {"from": frm.address, "to": None}
+    if far is None or far_ns is None:  # no route to follow: the from-side's problems alone
+        return configuration(frm, from_service, None, to_service, contract, now), {"from": frm.address, "to": None}
+    to_address = address(far.bootstrap, far_ns)
+    where: dict[str, str | None] = {"from": frm.address, "to": to_address}
+    try:
+        if far.bootstrap != here.bootstrap:
+            brokers_answering(far, timeout)
+        far_catalog = read_catalog(far, far_ns, timeout)
+    except KBrokerError as exc:
+        return configuration(frm, from_service, None, to_service, contract, now) + [
+            Problem("far_unreachable", ERROR, far_ns, f"{to_address} cannot be read from here: {exc}")], where
+    to = Side(far_ns, to_address, far_catalog)
+    problems = configuration(frm, from_service, to, to_service, contract, now)
+    if far_ns != namespace and not far_catalog.services and not far_catalog.queues:
+        problems.append(Problem("namespace_empty", ERROR, far_ns,
+                                f"{to_address} has no catalog: is the namespace applied (`kbroker apply`)?"))
+    return problems, where

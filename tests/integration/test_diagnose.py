@@ -1,0 +1,65 @@
+"""`kbroker diagnose configuration` on the real broker: two namespaces set up as the routing tests
+set them up, then broken one way at a time; each problem is named by its code, and the command
+exits 1 exactly when one would stop the dialog."""
+
+from __future__ import annotations
+
+import subprocess
+
+import orjson
+
+from tests.helpers import KBROKER, free_port
+from kbroker.kafka.apply import apply_paths
+from tests.integration.test_routing import CLIENT, CONTRACT, SERVER, catalog_yaml, setup_catalogs
+
+
+def diagnose(bootstrap: str, ns: str, *extra: str, timeout: float = 10.0) -> tuple[int, dict]:
+    done = subprocess.run([KBROKER, "diagnose", "configuration", CLIENT, SERVER, "--contract", CONTRACT,
+                           "--bootstrap", bootstrap, "--namespace", ns, "--json", "--timeout", str(timeout), *extra],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode in (0, 1) and done.stdout, (done.returncode, done.stderr)
+    return done.returncode, orjson.loads(done.stdout)
+
+
+def codes(report: dict) -> dict[str, str]:
+    return {p["code"]: p["where"] for p in report["problems"]}
+
+
+def test_a_working_pair_has_no_error_and_follows_the_route(kafka_bootstrap, namespace, tmp_path):
+    a, b = namespace + "a", namespace + "b"
+    setup_catalogs(kafka_bootstrap, tmp_path, a, b)
+    rc, report = diagnose(kafka_bootstrap, a)
+    assert rc == 0, report
+    assert report["to"] == f"{kafka_bootstrap}/{b}"  # found where A's route leads
+    # The routing tests' catalogs differ on purpose: A's contract lists a type B's does not.
+    assert codes(report) == {"contract_differs": b}
+    assert all(p["severity"] == "warning" for p in report["problems"])
+
+
+def test_a_missing_route_a_refused_sender_and_a_disabled_queue_are_each_named(kafka_bootstrap, namespace, tmp_path):
+    a, b = namespace + "a", namespace + "b"
+    setup_catalogs(kafka_bootstrap, tmp_path, a, b, route_to_b=False, server_extra=", remote_senders: [somebody]")
+    # No route of A's names the server: AutoCreatedLocal keeps it in A, where it is not defined.
+    rc, report = diagnose(kafka_bootstrap, a)
+    assert rc == 1 and report["to"] == f"{kafka_bootstrap}/{a}", report
+    assert codes(report) == {"service_missing": a}, report
+    # Told where the far end is, the dialog is checked there too.
+    rc, report = diagnose(kafka_bootstrap, a, "--to-namespace", b)
+    assert rc == 1
+    assert codes(report) == {"route_missing": a, "sender_not_granted": b, "contract_differs": b}, report
+    subprocess.run([KBROKER, "queue", "disable", "Q", "--bootstrap", kafka_bootstrap, "--namespace", b],
+                   capture_output=True, text=True, timeout=60, check=True)
+    rc, report = diagnose(kafka_bootstrap, a, "--to-namespace", b)
+    assert rc == 1 and codes(report).get("queue_disabled") == b, report
+
+
+def test_a_route_to_a_cluster_that_does_not_answer_is_named(kafka_bootstrap, namespace, tmp_path):
+    a, b, dead = namespace + "a", namespace + "b", f"127.0.0.1:{free_port()}"
+    fa = tmp_path / "a.yaml"
+    fa.write_text(catalog_yaml(services=f"  - {{name: '{CLIENT}', queue: Q}}", with_odd=False,
+                               routes=f"routes:\n  - {{name: ToB, service_name: '{SERVER}', "
+                                      f"address: 'kafka://{dead}/{b}'}}"))
+    apply_paths(kafka_bootstrap, a, [fa])
+    rc, report = diagnose(kafka_bootstrap, a, timeout=5)  # how long the dead cluster is waited for
+    assert rc == 1 and report["to"] == f"{dead}/{b}"
+    assert codes(report) == {"far_unreachable": b}, report

@@ -1,0 +1,92 @@
+"""The configuration checks of `kbroker diagnose` (core/diagnosis.py) on catalogs built here: each
+problem is named by its code, at the namespace whose catalog to change, and a working pair has
+none."""
+
+from __future__ import annotations
+
+from kbroker.core.catalog.models import Catalog
+from kbroker.core.diagnosis import ERROR, WARNING, Side, configuration, describe
+
+A, B = "127.0.0.1:9092/a", "127.0.0.1:9092/b"
+CONTRACT = "//C"
+
+
+def catalog(ns: str, *, services: list[dict], routes: list[dict] = (), queue: dict | None = None,
+            types: dict | None = None, contract: list[dict] | None = None) -> Catalog:
+    types = types if types is not None else {"//Req": "JSON", "//Rep": "NONE"}
+    return Catalog.model_validate({
+        "namespace": ns,
+        "message_types": {n: {"name": n, "validation": v} for n, v in types.items()},
+        "contracts": {CONTRACT: {"name": CONTRACT, "messages": contract or [
+            {"type": "//Req", "sent_by": "INITIATOR"}, {"type": "//Rep", "sent_by": "TARGET"}]}},
+        "queues": {"Q": {"name": "Q", **(queue or {})}},
+        "services": {s["name"]: {"queue": "Q", **s} for s in services},
+        "routes": {r["name"]: r for r in routes}})
+
+
+def pair(a_kw: dict | None = None, b_kw: dict | None = None) -> tuple[Side, Side]:
+    a = catalog("a", services=[{"name": "//From"}],
+                routes=[{"name": "ToB", "service_name": "//To", "address": "kafka://127.0.0.1:9092/b"}],
+                **(a_kw or {}))
+    b = catalog("b", services=[{"name": "//To", "contracts": [CONTRACT]}],
+                routes=[{"name": "ToA", "service_name": "//From", "address": "kafka://127.0.0.1:9092/a"}],
+                **(b_kw or {}))
+    return Side("a", A, a), Side("b", B, b)
+
+
+def codes(problems) -> dict[str, tuple[str, str]]:
+    return {p.code: (p.severity, p.where) for p in problems}
+
+
+def check(frm: Side, to: Side | None, **kw) -> dict[str, tuple[str, str]]:
+    return codes(configuration(frm, kw.get("from_service", "//From"), to, kw.get("to_service", "//To"),
+                               kw.get("contract", CONTRACT), 1_000.0))
+
+
+def test_a_working_pair_has_no_problem():
+    a, b = pair()
+    assert check(a, b) == {}
+    assert describe([]) == "no problems found"
+
+
+def test_services_and_contracts_missing_on_either_side():
+    a, b = pair()
+    assert check(a, b, from_service="//Nobody") == {"service_missing": (ERROR, "a"),
+                                                    "return_route_missing": (ERROR, "b")}  # routes name //From
+    assert check(a, b, to_service="//Nobody") == {"service_missing": (ERROR, "b"), "route_missing": (ERROR, "a")}
+    assert sorted((p.code, p.where) for p in configuration(a, "//From", b, "//To", "//Other", 1_000.0)) == [
+        ("contract_missing", "a"), ("contract_missing", "b")]
+    a2, b2 = pair(b_kw={"contract": [{"type": "//Req", "sent_by": "INITIATOR"}]})
+    assert check(a2, b2) == {"contract_differs": (WARNING, "b")}
+
+
+def test_a_target_that_does_not_accept_the_contract_or_the_sender():
+    a, _ = pair()
+    b = Side("b", B, catalog("b", services=[{"name": "//To", "contracts": [], "remote_senders": ["c"]}],
+                            routes=[{"name": "ToA", "service_name": "//From", "address": "kafka://127.0.0.1:9092/a"}]))
+    assert check(a, b) == {"contract_not_accepted": (ERROR, "b"), "sender_not_granted": (ERROR, "b")}
+
+
+def test_routes_missing_either_way_or_leading_elsewhere():
+    a, b = pair()
+    no_route = Side("a", A, catalog("a", services=[{"name": "//From"}]))
+    assert check(no_route, b) == {"route_missing": (ERROR, "a")}  # AutoCreatedLocal keeps it in a
+    elsewhere = Side("a", A, catalog("a", services=[{"name": "//From"}], routes=[
+        {"name": "ToC", "service_name": "//To", "address": "kafka://127.0.0.1:9092/c"}]))
+    assert check(elsewhere, b) == {"route_elsewhere": (WARNING, "a")}
+    no_return = Side("b", B, catalog("b", services=[{"name": "//To", "contracts": [CONTRACT]}]))
+    assert check(a, no_return) == {"return_route_missing": (ERROR, "b")}
+    # The far end could not be read: only the near side's problems.
+    assert check(a, None) == {}
+
+
+def test_queues_message_types_and_validation():
+    a, b = pair(b_kw={"queue": {"status": "OFF"}})
+    assert check(a, b) == {"queue_disabled": (ERROR, "b")}
+    a, b = pair(a_kw={"queue": {"activation": {"status": "OFF", "procedure": "m:f"}}})
+    assert check(a, b) == {"activation_off": (WARNING, "a")}
+    a, b = pair(b_kw={"types": {"//Req": "NONE", "//Rep": "NONE"}})
+    assert check(a, b) == {"validation_differs": (WARNING, "b")}
+    text = describe(configuration(*pair(b_kw={"queue": {"status": "OFF"}})[:1], "//From",
+                                  pair(b_kw={"queue": {"status": "OFF"}})[1], "//To", CONTRACT, 1_000.0))
+    assert text.startswith("ERROR") and "queue_disabled" in text and "kbroker queue enable Q" in text
