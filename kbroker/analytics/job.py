@@ -146,6 +146,8 @@ class AnalyticsJob:
     def stop(self) -> None:
         """Stop between batches: a batch under way finishes (its results, history and state
         written) and the next one is refused, so nothing is interrupted half-way."""
+        if self._stopping.is_set():
+            return  # stopped already
         self._stopping.set()
         with self._lock:
             pass
