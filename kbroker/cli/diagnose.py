@@ -1,5 +1,6 @@
 """`kbroker diagnose`: Service Broker's ssbdiagnose for kbroker. CONFIGURATION checks everything a
-dialog between two services needs (core/diagnosis.py names each problem)."""
+dialog between two services needs; RUNTIME what stops messages in a namespace now
+(core/diagnosis.py names each problem)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,30 @@ def configuration_cmd(from_service, to_service, contract, to_namespace, to_boots
     else:
         click.echo(f"dialog {from_service} ({where['from']}) -> {to_service} ({where['to'] or 'not found'}) "
                    f"on {contract}:")
+        click.echo(describe(problems))
+    if any(p.severity == ERROR for p in problems):
+        sys.exit(1)
+
+
+@diagnose_group.command("runtime")
+@click.option("--timeout", type=click.FloatRange(min=0.5), default=10.0, show_default=True,
+              help="Seconds to wait for each answer.")
+@cluster_options
+@json_option
+@handle_errors
+def runtime_cmd(timeout, target, as_json):
+    """What stops messages in this namespace now: disabled queues, ready messages no reader takes,
+    routed messages the far side has not acknowledged (per destination, with the transmission
+    status), an analytics job whose figures are old. Exits 1 when one of them is an error."""
+    from kbroker.core.diagnosis import ERROR, describe
+    from kbroker.kafka.diagnosis import diagnose_runtime
+
+    problems, measured = diagnose_runtime(target.cluster, target.namespace, timeout)
+    if as_json:
+        emit_json({"namespace": target.namespace, **measured, "problems": [p.as_dict() for p in problems]})
+    else:
+        click.echo(f"namespace {target.namespace}: {len(measured['queues'])} queue(s), "
+                   f"{measured['transmission']} routed message(s) unacknowledged")
         click.echo(describe(problems))
     if any(p.severity == ERROR for p in problems):
         sys.exit(1)

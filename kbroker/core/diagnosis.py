@@ -1,6 +1,7 @@
-"""`kbroker diagnose configuration` (pure logic): what a dialog from one service to another needs,
-checked the way Service Broker's ssbdiagnose CONFIGURATION checks it, each problem named with a
-code a script can match and one line saying what to change.
+"""`kbroker diagnose` (pure logic). CONFIGURATION: what a dialog from one service to another needs,
+checked the way Service Broker's ssbdiagnose CONFIGURATION checks it. RUNTIME: what stops messages
+in a namespace now (`runtime`, at the end). Each problem is named with a code a script can match
+and one line saying what to change.
 
 A dialog from FROM (in namespace A) to TO needs: both services defined; the contract defined on
 both sides, with the same message types; TO accepting the contract; both services' queues ON
@@ -161,6 +162,59 @@ def _remote(frm: Side, from_service: str, to: Side, target: Any, now: float) -> 
         out.append(Problem("sender_not_granted", ERROR, to.namespace,
                            f"service {target.name!r} takes routed messages only from {sorted(senders)}, not from "
                            f"{frm.namespace} (Error {NO_PERMISSION}; add it to remote_senders)"))
+    return out
+
+
+# --- RUNTIME: what is stuck now ------------------------------------------------------------------
+
+ANALYTICS_LATE_S = 120.0  # the analytics job's newest figures older than this: it is behind or stopped
+TRANSMISSION_LATE_S = 60.0  # an unacknowledged routed message older than this is stuck (seed 000's stall)
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """What the Kafka layer measured of one queue (kafka/queues.queue_view)."""
+
+    name: str
+    status: str  # ON | OFF
+    activation: str | None  # None: no activation; "internal ON", "external OFF", ...
+    ready: int  # an upper bound (see queue_view)
+    readers: int  # members of the queue's consumer group
+
+
+def runtime(namespace: str, queues: list[QueueState], transmission: list[dict[str, Any]],
+            analytics_as_of: float | None, now: float) -> list[Problem]:
+    """What stops messages in `namespace` now: disabled queues, messages ready that no reader
+    takes, routed messages the far side has not acknowledged (per destination and status), and an
+    analytics job whose figures are old (`analytics_as_of`: epoch s of its newest, None: no job)."""
+    out: list[Problem] = []
+    for q in sorted(queues, key=lambda q: q.name):
+        if q.status != "ON":
+            out.append(Problem("queue_disabled", ERROR, namespace,
+                               f"queue {q.name!r} is disabled with {q.ready} message(s) in it: RECEIVE fails until "
+                               f"`kbroker queue enable {q.name}` (a poisoned queue: see `kbroker events`)"))
+        elif q.ready > 0 and q.readers == 0:
+            if q.activation is not None and q.activation.endswith(" ON"):
+                why = "activation is ON but nothing reads: is a worker (or the external activator) running?"
+            else:
+                why = "no reader, and no activation to start one"
+            out.append(Problem("queue_unread", WARNING, namespace, f"queue {q.name!r}: up to {q.ready} message(s) "
+                                                                   f"ready; {why}"))
+    stuck: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in transmission:
+        if now - float(row.get("enqueue_time") or now) >= TRANSMISSION_LATE_S or row.get("transmission_status"):
+            key = (row.get("destination") or row.get("to_service_name") or "?", row.get("transmission_status") or "")
+            stuck.setdefault(key, []).append(row)
+    for (dest, status), rows in sorted(stuck.items()):
+        oldest = now - min(float(r.get("enqueue_time") or now) for r in rows)
+        dialogs = len({r.get("conversation_handle") for r in rows})
+        out.append(Problem("transmission_waiting", ERROR if status else WARNING, namespace,
+                           f"{len(rows)} routed message(s) of {dialogs} dialog(s) to {dest} unacknowledged, the oldest "
+                           f"{oldest:.0f} s: {status or 'no status yet (not sent, or sent and not answered)'}"))
+    if analytics_as_of is not None and now - analytics_as_of > ANALYTICS_LATE_S:
+        out.append(Problem("analytics_behind", WARNING, namespace,
+                           f"the analytics job's newest figures are {now - analytics_as_of:.0f} s old: it is stopped "
+                           "or behind (`kbroker analytics run`; its --metrics-port says which)"))
     return out
 
 

@@ -1,16 +1,24 @@
-"""`kbroker diagnose configuration`: reads both ends' catalogs (following the from-side's route to
-find the far one, as a message would) and asks the far cluster; core/diagnosis.py compares."""
+"""`kbroker diagnose`: CONFIGURATION reads both ends' catalogs (following the from-side's route to
+find the far one, as a message would) and asks the far cluster; RUNTIME measures the namespace's
+queues, its transmission queue and the analytics job's newest figures. core/diagnosis.py judges."""
 
 from __future__ import annotations
 
 import time
+from typing import Any
+
+import orjson
 
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.core.diagnosis import ERROR, Problem, Side, configuration
+from kbroker.core import names
+from kbroker.core.diagnosis import ERROR, Problem, QueueState, Side, configuration, runtime
 from kbroker.core.routing.routes import address, match_route, parse_address, routes_of
-from kbroker.errors import KBrokerError
+from kbroker.errors import CatalogError, KBrokerError
 from kbroker.kafka.catalog_store import read_catalog
 from kbroker.kafka.clients import brokers_answering
+from kbroker.kafka.queues import queue_view
+from kbroker.kafka.reader import latest_values
+from kbroker.kafka.routing.views import transmission_rows
 from kbroker.kafka.routing.profiles import ClusterProfiles
 
 
@@ -57,3 +65,36 @@ def diagnose_configuration(cluster: ClusterLike, namespace: str, from_service: s
         problems.append(Problem("namespace_empty", ERROR, far_ns,
                                 f"{to_address} has no catalog: is the namespace applied (`kbroker apply`)?"))
     return problems, where
+
+
+def diagnose_runtime(cluster: ClusterLike, namespace: str, timeout: float = 10.0) -> tuple[list[Problem], dict[str, Any]]:
+    """What stops messages in `namespace` now, and what was measured ({"queues": [...],
+    "transmission": n, "analytics_as_of": epoch s or None})."""
+    catalog = read_catalog(cluster, namespace, timeout)
+    queues = []
+    for q in sorted(catalog.queues.values(), key=lambda q: q.name):
+        try:
+            view = queue_view(cluster, namespace, q.name, timeout)
+        except CatalogError:  # no topic yet: nothing sent to it
+            continue
+        activation = None if q.activation is None else f"{q.activation.kind} {q.activation.status}"
+        queues.append(QueueState(q.name, q.status, activation, int(view["totals"]["ready"]),
+                                 int(view["group"]["members"])))
+    rows = transmission_rows(cluster, namespace, timeout=timeout)
+    as_of = newest_analytics(cluster, namespace, timeout)
+    measured = {"queues": [vars(q) for q in queues], "transmission": len(rows), "analytics_as_of": as_of}
+    return runtime(namespace, queues, rows, as_of, time.time()), measured
+
+
+def newest_analytics(cluster: ClusterLike, namespace: str, timeout: float) -> float | None:
+    """Epoch seconds of the analytics job's newest figures (its records' `as_of`), None when it
+    has written none. Records that are not the job's (anyone may write the topic) are skipped."""
+    newest = None
+    for value in (latest_values(cluster, names.analytics_topic(namespace), timeout) or {}).values():
+        try:
+            at = orjson.loads(value).get("as_of") if value else None
+        except (orjson.JSONDecodeError, AttributeError):
+            continue
+        if isinstance(at, (int, float)) and not isinstance(at, bool) and at > 0:
+            newest = max(newest or 0.0, at / 1000)
+    return newest

@@ -8,7 +8,7 @@ import subprocess
 
 import orjson
 
-from tests.helpers import KBROKER, free_port
+from tests.helpers import KBROKER, free_port, wait_for
 from kbroker.kafka.apply import apply_paths
 from tests.integration.test_routing import CLIENT, CONTRACT, SERVER, catalog_yaml, setup_catalogs
 
@@ -63,3 +63,58 @@ def test_a_route_to_a_cluster_that_does_not_answer_is_named(kafka_bootstrap, nam
     rc, report = diagnose(kafka_bootstrap, a, timeout=5)  # how long the dead cluster is waited for
     assert rc == 1 and report["to"] == f"{dead}/{b}"
     assert codes(report) == {"far_unreachable": b}, report
+
+
+def runtime(bootstrap: str, ns: str) -> tuple[int, dict]:
+    done = subprocess.run([KBROKER, "diagnose", "runtime", "--bootstrap", bootstrap, "--namespace", ns, "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode in (0, 1) and done.stdout, (done.returncode, done.stderr)
+    return done.returncode, orjson.loads(done.stdout)
+
+
+def test_runtime_names_unread_and_disabled_queues(kafka_bootstrap, namespace, broker):
+    from kbroker.cli.demo import CLAIM, CONTRACT as SUBMISSION, EMPLOYEES, EXPENSES
+
+    for i in range(3):
+        h = broker.begin_dialog(EMPLOYEES, EXPENSES, SUBMISSION)
+        broker.send(h, CLAIM, {"employee": "e", "amount": i, "item": "x"})
+    rc, report = runtime(kafka_bootstrap, namespace)
+    assert rc == 0, report  # warnings only
+    unread = [p for p in report["problems"] if p["code"] == "queue_unread"]
+    assert len(unread) == 1 and "'ExpenseQueue': up to 3 message(s) ready; no reader" in unread[0]["text"], report
+    subprocess.run([KBROKER, "queue", "disable", "EmployeeQueue", "--bootstrap", kafka_bootstrap, "--namespace",
+                    namespace], capture_output=True, text=True, timeout=60, check=True)
+    got = []
+    while len(got) < 3:
+        batch = broker.receive("ExpenseQueue", top=10, wait=5)
+        assert batch, got
+        got += batch
+    rc, report = runtime(kafka_bootstrap, namespace)
+    assert rc == 1 and codes(report) == {"queue_disabled": namespace}, report  # ExpenseQueue read: no longer named
+
+
+def test_runtime_names_routed_messages_a_dead_destination_never_acknowledged(kafka_bootstrap, namespace, tmp_path):
+    from kbroker.kafka.routing.transmitter import Transmitter
+    from kbroker.sdk.broker import Broker
+    from tests.integration.test_routing import REQUEST
+
+    a, b, dead = namespace + "a", namespace + "b", f"127.0.0.1:{free_port()}"
+    fa = tmp_path / "a.yaml"
+    fa.write_text(catalog_yaml(services=f"  - {{name: '{CLIENT}', queue: Q}}", with_odd=False,
+                               routes=f"routes:\n  - {{name: ToB, service_name: '{SERVER}', "
+                                      f"address: 'kafka://{dead}/{b}'}}"))
+    apply_paths(kafka_bootstrap, a, [fa])
+    with Broker(kafka_bootstrap, a) as ba, Transmitter(kafka_bootstrap, a, lambda: ba.catalog, tick=1.0):
+        with ba.transaction() as tx:
+            h = tx.begin_dialog(CLIENT, SERVER, CONTRACT)
+            tx.send(h, REQUEST, {"n": 1})
+            tx.send(h, REQUEST, {"n": 2})
+
+        def waiting() -> dict | None:
+            rc, report = runtime(kafka_bootstrap, a)
+            found = [p for p in report["problems"] if p["code"] == "transmission_waiting" and p["severity"] == "error"]
+            return report if rc == 1 and found else None
+
+        report = wait_for(waiting, 60, "the unacknowledged messages named with their status")
+    problem = next(p for p in report["problems"] if p["code"] == "transmission_waiting")
+    assert problem["text"].startswith(f"2 routed message(s) of 1 dialog(s) to {dead}/{b} unacknowledged"), problem

@@ -90,3 +90,44 @@ def test_queues_message_types_and_validation():
     text = describe(configuration(*pair(b_kw={"queue": {"status": "OFF"}})[:1], "//From",
                                   pair(b_kw={"queue": {"status": "OFF"}})[1], "//To", CONTRACT, 1_000.0))
     assert text.startswith("ERROR") and "queue_disabled" in text and "kbroker queue enable Q" in text
+
+
+# --- RUNTIME ----------------------------------------------------------------------------------
+
+from kbroker.core.diagnosis import ANALYTICS_LATE_S, TRANSMISSION_LATE_S, QueueState, runtime  # noqa: E402
+
+NOW = 10_000.0
+
+
+def test_runtime_names_disabled_and_unread_queues_only():
+    queues = [QueueState("Off", "OFF", None, 4, 1), QueueState("Idle", "ON", None, 0, 0),
+              QueueState("Busy", "ON", "internal ON", 9, 2), QueueState("Stuck", "ON", "internal ON", 5, 0),
+              QueueState("Manual", "ON", "internal OFF", 2, 0)]
+    got = {(p.code, p.text.split("'")[1]): p.severity for p in runtime("ns", queues, [], None, NOW)}
+    assert got == {("queue_disabled", "Off"): ERROR, ("queue_unread", "Stuck"): WARNING,
+                   ("queue_unread", "Manual"): WARNING}
+    texts = {p.text.split("'")[1]: p.text for p in runtime("ns", queues, [], None, NOW)}
+    assert "is a worker" in texts["Stuck"] and "no activation" in texts["Manual"]
+
+
+def test_runtime_groups_unacknowledged_messages_per_destination_and_status():
+    def row(handle, age, status="", dest="h:1/far"):
+        return {"conversation_handle": handle, "enqueue_time": NOW - age, "transmission_status": status,
+                "destination": dest}
+
+    rows = [row("d1", 5), row("d1", 3, "Connection to h:1/far failed"), row("d2", 90, "Connection to h:1/far failed"),
+            row("d3", TRANSMISSION_LATE_S + 1, dest=None), row("d4", 1, dest=None)]
+    got = [(p.code, p.severity, p.text) for p in runtime("ns", [], rows, None, NOW)]
+    assert len(got) == 2
+    failed = next(t for c, s, t in got if s == ERROR)
+    assert failed.startswith("2 routed message(s) of 2 dialog(s) to h:1/far unacknowledged, the oldest 90 s")
+    assert failed.endswith("Connection to h:1/far failed")
+    late = next(t for c, s, t in got if s == WARNING)  # d4 is young and has no status: not yet a problem
+    assert late.startswith("1 routed message(s) of 1 dialog(s) to ? unacknowledged, the oldest 61 s")
+
+
+def test_runtime_says_when_the_analytics_job_is_behind():
+    assert runtime("ns", [], [], NOW - ANALYTICS_LATE_S, NOW) == []
+    late = runtime("ns", [], [], NOW - ANALYTICS_LATE_S - 1, NOW)
+    assert [(p.code, p.severity) for p in late] == [("analytics_behind", WARNING)]
+    assert runtime("ns", [], [], None, NOW) == []  # no job: nothing to say
