@@ -5,6 +5,7 @@ dialog between two services needs; RUNTIME what stops messages in a namespace no
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -34,19 +35,12 @@ def configuration_cmd(from_service, to_service, contract, to_namespace, to_boots
     contract and its message types on both sides, the queues, the routes both ways, the remote
     senders the target takes, and the far cluster answering. Exits 1 when a problem would stop the
     dialog (an error), 0 otherwise (warnings only)."""
-    from kbroker.core.diagnosis import ERROR, describe
     from kbroker.kafka.diagnosis import diagnose_configuration
 
     problems, where = diagnose_configuration(target.cluster, target.namespace, from_service, to_service, contract,
                                              to_cluster=to_bootstrap, to_namespace=to_namespace, timeout=timeout)
-    if as_json:
-        emit_json({**where, "problems": [p.as_dict() for p in problems]})
-    else:
-        click.echo(f"dialog {from_service} ({where['from']}) -> {to_service} ({where['to'] or 'not found'}) "
-                   f"on {contract}:")
-        click.echo(describe(problems))
-    if any(p.severity == ERROR for p in problems):
-        sys.exit(1)
+    report(problems, as_json, where, f"dialog {from_service} ({where['from']}) -> {to_service} "
+                                     f"({where['to'] or 'not found'}) on {contract}:")
 
 
 @diagnose_group.command("runtime")
@@ -59,15 +53,22 @@ def runtime_cmd(timeout, target, as_json):
     """What stops messages in this namespace now: disabled queues, ready messages no reader takes,
     routed messages the far side has not acknowledged (per destination, with the transmission
     status), an analytics job whose figures are old. Exits 1 when one of them is an error."""
-    from kbroker.core.diagnosis import ERROR, describe
     from kbroker.kafka.diagnosis import diagnose_runtime
 
     problems, measured = diagnose_runtime(target.cluster, target.namespace, timeout)
+    report(problems, as_json, {"namespace": target.namespace, **measured},
+           f"namespace {target.namespace}: {len(measured['queues'])} queue(s), "
+           f"{measured['transmission']} routed message(s) unacknowledged")
+
+
+def report(problems: list[Any], as_json: bool, facts: dict[str, Any], heading: str) -> None:
+    """The problems as JSON (with `facts`) or as lines under `heading`; exit 1 when one is an error."""
+    from kbroker.core.diagnosis import ERROR, describe
+
     if as_json:
-        emit_json({"namespace": target.namespace, **measured, "problems": [p.as_dict() for p in problems]})
+        emit_json({**facts, "problems": [p.as_dict() for p in problems]})
     else:
-        click.echo(f"namespace {target.namespace}: {len(measured['queues'])} queue(s), "
-                   f"{measured['transmission']} routed message(s) unacknowledged")
+        click.echo(heading)
         click.echo(describe(problems))
     if any(p.severity == ERROR for p in problems):
         sys.exit(1)

@@ -53,13 +53,17 @@ def test_a_missing_route_a_refused_sender_and_a_disabled_queue_are_each_named(ka
     assert rc == 1 and codes(report).get("queue_disabled") == b, report
 
 
+def route_to_nowhere(bootstrap: str, tmp_path, ns: str, address: str) -> None:
+    """Namespace `ns` hosts CLIENT, with a route for SERVER to `address`, where nothing answers."""
+    path = tmp_path / f"{ns}.yaml"
+    path.write_text(catalog_yaml(services=f"  - {{name: '{CLIENT}', queue: Q}}", with_odd=False,
+                                 routes=f"routes:\n  - {{name: ToB, service_name: '{SERVER}', address: '{address}'}}"))
+    apply_paths(bootstrap, ns, [path])
+
+
 def test_a_route_to_a_cluster_that_does_not_answer_is_named(kafka_bootstrap, namespace, tmp_path):
     a, b, dead = namespace + "a", namespace + "b", f"127.0.0.1:{free_port()}"
-    fa = tmp_path / "a.yaml"
-    fa.write_text(catalog_yaml(services=f"  - {{name: '{CLIENT}', queue: Q}}", with_odd=False,
-                               routes=f"routes:\n  - {{name: ToB, service_name: '{SERVER}', "
-                                      f"address: 'kafka://{dead}/{b}'}}"))
-    apply_paths(kafka_bootstrap, a, [fa])
+    route_to_nowhere(kafka_bootstrap, tmp_path, a, f"kafka://{dead}/{b}")
     rc, report = diagnose(kafka_bootstrap, a, timeout=5)  # how long the dead cluster is waited for
     assert rc == 1 and report["to"] == f"{dead}/{b}"
     assert codes(report) == {"far_unreachable": b}, report
@@ -99,11 +103,7 @@ def test_runtime_names_routed_messages_a_dead_destination_never_acknowledged(kaf
     from tests.integration.test_routing import REQUEST
 
     a, b, dead = namespace + "a", namespace + "b", f"127.0.0.1:{free_port()}"
-    fa = tmp_path / "a.yaml"
-    fa.write_text(catalog_yaml(services=f"  - {{name: '{CLIENT}', queue: Q}}", with_odd=False,
-                               routes=f"routes:\n  - {{name: ToB, service_name: '{SERVER}', "
-                                      f"address: 'kafka://{dead}/{b}'}}"))
-    apply_paths(kafka_bootstrap, a, [fa])
+    route_to_nowhere(kafka_bootstrap, tmp_path, a, f"kafka://{dead}/{b}")
     with Broker(kafka_bootstrap, a) as ba, Transmitter(kafka_bootstrap, a, lambda: ba.catalog, tick=1.0):
         with ba.transaction() as tx:
             h = tx.begin_dialog(CLIENT, SERVER, CONTRACT)
