@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kbroker.core.conversation_endpoint import Endpoint
+from kbroker.core.send_lease import SendLease
 
 
 def keeps_exact(ep: Endpoint, written: bool) -> bool:
@@ -65,3 +66,18 @@ def advanced(ep: Endpoint, start: int) -> Endpoint | None:
     if ep.send_sequence >= start:
         return None
     return replace(ep, send_sequence=start, sequence_reserved=max(ep.sequence_reserved, start))
+
+
+def claim_start(ep: Endpoint, lease: SendLease | None) -> int:
+    """Where a process taking a side's lease starts its SENDs (`ep` as this process has read it,
+    `lease` the record it claims after; None: nobody ever held it). A release says the exact next
+    sequence, and its holder sends nothing after it, so the release decides even when `ep` says
+    more: a record of the holder's that reserved a block continues past that block (`continued`),
+    and the exact record the holder wrote before releasing may sit in another partition of the
+    endpoints topic, not read as far yet (two processes taking turns on a loaded machine left a
+    gap of 60 so). A lease that ran out decides nothing exactly: past everything either says."""
+    if lease is None:
+        return max(ep.send_sequence, ep.sequence_reserved)
+    if lease.owner is None:
+        return lease.ceiling
+    return max(ep.send_sequence, lease.ceiling)

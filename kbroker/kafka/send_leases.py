@@ -20,6 +20,7 @@ from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.conversation_endpoint import Endpoint
 from kbroker.core.locks import ConversationLocks
 from kbroker.core.send_lease import IDLE_RELEASE, YIELD_BACKOFF, SendLease, Want, first_claim, lease_key, want_key
+from kbroker.core.send_sequence import claim_start
 from kbroker.errors import BrokerUnavailableError, ConversationLockTimeoutError
 from kbroker.kafka.background import Background
 from kbroker.kafka.clients import Deliveries, idempotent_producer
@@ -106,8 +107,7 @@ class SendLeases(Background):
                 time.sleep(min(POLL * 5, max(deadline - time.monotonic(), 0.0)))
                 continue
             ep = self._store.get(handle)
-            start = max(ep.send_sequence, ep.sequence_reserved if cur is None else 0,
-                        cur.ceiling if cur is not None else 0)
+            start = claim_start(ep, cur)
             claim = (first_claim(handle, self.process, now, self._fence_ids(), start) if cur is None
                      else cur.claimed(self.process, now, self._fence_ids(), start))
             self._write(claim)

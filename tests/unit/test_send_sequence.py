@@ -8,9 +8,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kbroker.core.conversation_endpoint import CONVERSING, SEQUENCE_BLOCK, Endpoint, handle_for
+from kbroker.core.send_lease import SendLease
 from kbroker.core.send_sequence import (
     advanced,
     block_released,
+    claim_start,
     continued,
     keeps_exact,
     past_doubt,
@@ -68,3 +70,18 @@ def test_taking_a_lease_moves_the_endpoint_up_to_its_start_only():
     assert advanced(at(3, SEQUENCE_BLOCK), 1024) == at(1024, 1024)
     assert advanced(at(3, 2000), 1024) == at(1024, 2000)
     assert advanced(at(1024, 1088), 1024) is None
+
+
+def test_a_release_says_where_the_next_holder_starts_whatever_older_records_say():
+    """The releaser wrote its exact endpoint and then its release; a taker that has read the release
+    but, in another partition, only the releaser's earlier record (which reserved up to 75 and so
+    continues past it) starts at the release's exact 15, not 75: no gap."""
+    seen = continued(at(11, 75), None, None, 0)  # another process's record, read so far
+    assert seen.send_sequence == 75
+    release = SendLease(EP.conversation_handle, 3, None, "a", 1_000.0, 15)
+    assert claim_start(seen, release) == 15
+    # A lease that ran out (its owner stopped) says nothing exact: past everything either says.
+    ran_out = SendLease(EP.conversation_handle, 3, "a", "a", 1_000.0, 1_035)
+    assert claim_start(seen, ran_out) == 1_035 and claim_start(at(2_000, 2_064), ran_out) == 2_000
+    # Nobody ever held it: past the endpoint's reservation.
+    assert claim_start(at(11, 75), None) == 75
