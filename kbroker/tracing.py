@@ -16,7 +16,7 @@ OpenTelemetry's messaging conventions do.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -94,6 +94,17 @@ def send_headers(namespace: str, queue: str | None, conversation_id: str | None,
         return [(name, carrier[name].encode()) for name in HEADERS if name in carrier]
     finally:
         span.end()
+
+
+def with_trace_headers(headers: Mapping[str, str] | None, namespace: str, destination: str,
+                       parent: Any = None) -> Mapping[str, str] | None:
+    """A transport message's headers with its SEND's trace context added (the transport face keeps
+    headers as text, as NServiceBus does); a `traceparent` the caller set stands, and without
+    tracing the headers are returned as they are."""
+    if otel_trace is None or "traceparent" in (headers or {}):
+        return headers
+    extra = send_headers(namespace, destination, None, None, parent)
+    return {**(headers or {}), **{name: value.decode() for name, value in extra}} if extra else headers
 
 
 def receive_span(namespace: str, queue: str, contexts: list[Any], conversation_id: str | None) -> Any:

@@ -3,7 +3,6 @@ and `kbroker tasks`, and `kbroker queue alter` (ALTER QUEUE ... WITH ACTIVATION)
 
 from __future__ import annotations
 
-
 import click
 
 from kbroker.core.conversation_endpoint import CLOSED_GRACE_SECONDS

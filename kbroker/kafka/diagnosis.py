@@ -16,7 +16,7 @@ from kbroker.core.routing.routes import address, match_route, parse_address, rou
 from kbroker.errors import CatalogError, KBrokerError
 from kbroker.kafka.catalog_store import read_catalog
 from kbroker.kafka.clients import brokers_answering
-from kbroker.kafka.queues import queue_view
+from kbroker.kafka.queues import queue_view_of
 from kbroker.kafka.reader import latest_values
 from kbroker.kafka.routing.views import transmission_rows
 from kbroker.kafka.routing.profiles import ClusterProfiles
@@ -74,7 +74,7 @@ def diagnose_runtime(cluster: ClusterLike, namespace: str, timeout: float = 10.0
     queues = []
     for q in sorted(catalog.queues.values(), key=lambda q: q.name):
         try:
-            view = queue_view(cluster, namespace, q.name, timeout)
+            view = queue_view_of(cluster, namespace, q, timeout)
         except CatalogError:  # no topic yet: nothing sent to it
             continue
         activation = None if q.activation is None else f"{q.activation.kind} {q.activation.status}"

@@ -22,6 +22,7 @@ from confluent_kafka.admin import OffsetSpec
 
 from kbroker.core import names
 from kbroker.core.cluster import ClusterLike
+from kbroker.core.catalog.models import Queue
 from kbroker.core.conversation_endpoint import Endpoint
 from kbroker.core.offsets import decode_completed
 from kbroker.core.reader_reports import reader_report
@@ -96,7 +97,13 @@ def queue_view(cluster: ClusterLike, namespace: str, queue: str, timeout: float 
     would mean reading the partition. `start` is the log start: records below it were reclaimed
     by the worker once every reader had received them (reclaim.py); `bytes` is what the
     partition's log holds on its leader (None when a broker does not answer DescribeLogDirs)."""
-    q = read_catalog(cluster, namespace, timeout).queue(queue)  # UnknownQueueError
+    return queue_view_of(cluster, namespace, read_catalog(cluster, namespace, timeout).queue(queue), timeout)
+
+
+def queue_view_of(cluster: ClusterLike, namespace: str, q: Queue, timeout: float = 10.0) -> dict:
+    """queue_view of a queue whose catalog entry the caller has read already (one catalog read
+    for many queues)."""
+    queue = q.name
     topic, group = names.queue_topic(namespace, queue), names.queue_group(namespace, queue)
     admin = clients.admin(cluster)
     try:

@@ -17,13 +17,13 @@ from typing import Any
 
 import orjson
 
+from kbroker import metrics
 from kbroker.core import names
 from kbroker.core.catalog.models import Catalog, Queue
 from kbroker.core.cluster import Cluster
 from kbroker.core.commit_holder import transactional_id
 from kbroker.core.conversation_endpoint import Endpoint
 from kbroker.core.locks import ConversationLocks
-from kbroker import metrics
 from kbroker.core.poison import PoisonCounter
 from kbroker.core.records import Record
 from kbroker.core.sequence_reach import reach

@@ -220,9 +220,9 @@ class Transmitter:
                 if refusal is not None:
                     self._refuse(refusal)
             if acks:
-                self.acked += max(0, before - len(self.queue))
-                metrics.of(metrics.TRANSMISSIONS, self.namespace, link.destination, "acknowledged").inc(
-                    max(0, before - len(self.queue)))
+                acknowledged = max(0, before - len(self.queue))
+                self.acked += acknowledged
+                metrics.of(metrics.TRANSMISSIONS, self.namespace, link.destination, "acknowledged").inc(acknowledged)
                 self.links.active(link.destination, now, acks=len(acks))
 
     def _refuse(self, refusal: Refusal) -> None:

@@ -23,8 +23,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Mapping, Self
 
-from kbroker import tracing
-from kbroker import config
+from kbroker import config, tracing
 from kbroker.core.cluster import ClusterLike
 from kbroker.core.transport.endpoint import MONITOR, PRIMARY_PARTITIONS, EndpointSettings, default_machine, install_plan
 from kbroker.core.transport.message import TransportMessage, canonical_id
@@ -110,9 +109,7 @@ class TransportEndpoint:
         """Send outside a transaction; returns the Id. Recoverable: returns once every in-sync
         replica has it (idempotent producer). Recoverable = False: the express path, handed to
         the client and acknowledged by the leader only, not waited for."""
-        if tracing.enabled() and "traceparent" not in (headers or {}):  # a caller's own context stands
-            extra = tracing.send_headers(self.runtime.namespace, destination, None, None)
-            headers = {**(headers or {}), **{name: value.decode() for name, value in extra}}
+        headers = tracing.with_trace_headers(headers, self.runtime.namespace, destination)
         record = self.runtime.record(
             destination, body, headers, correlation_id=correlation_id, reply_to_address=reply_to_address,
             recoverable=recoverable, time_to_be_received=time_to_be_received, message_id=message_id)

@@ -99,9 +99,7 @@ class TransportTransaction:
         """INSERT a message into `destination`'s queue when this transaction commits; returns its
         Id. ReplyToAddress defaults to this instance's reply address."""
         self._check_open()
-        if tracing.enabled() and "traceparent" not in (headers or {}):  # a caller's own context stands
-            extra = tracing.send_headers(self._rt.namespace, destination, None, None, self.trace_context)
-            headers = {**(headers or {}), **{name: value.decode() for name, value in extra}}
+        headers = tracing.with_trace_headers(headers, self._rt.namespace, destination, self.trace_context)
         self._records.append(self._rt.record(destination, body, headers, correlation_id=correlation_id,
                                              reply_to_address=reply_to_address, recoverable=recoverable,
                                              time_to_be_received=time_to_be_received, message_id=message_id))
