@@ -24,6 +24,10 @@ from collections.abc import Hashable, Mapping
 from typing import TypeVar
 
 ANALYTICS_HOLD_SECONDS = 3600.0
+# A position stamped later than now by more than this is not the job's (its clock and the worker's
+# differ by less): anyone who may commit for the job's group could otherwise hold every record for
+# ever with a stamp in the future.
+CLOCK_SKEW_SECONDS = 300.0
 K = TypeVar("K", bound=Hashable)
 
 
@@ -45,14 +49,15 @@ def analytics_floor(positions: Mapping[K, tuple[int, str | None]], now_ms: int,
 
 def recent_positions(positions: Mapping[K, tuple[int, str | None]], now_ms: int,
                      hold_s: float = ANALYTICS_HOLD_SECONDS) -> dict[K, int]:
-    """The positions (offset, metadata = the epoch ms it committed at) committed within `hold_s`."""
+    """The positions (offset, metadata = the epoch ms it committed at) committed within `hold_s`
+    (and not stamped in the future past the clocks' skew)."""
     recent = {}
     for key, (offset, metadata) in positions.items():
         try:
             at = int(metadata or "")
         except ValueError:
             continue
-        if offset >= 0 and now_ms - at <= hold_s * 1000:
+        if offset >= 0 and -CLOCK_SKEW_SECONDS * 1000 <= now_ms - at <= hold_s * 1000:
             recent[key] = offset
     return recent
 

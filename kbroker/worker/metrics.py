@@ -9,6 +9,7 @@ worker's own transactions add to are kbroker/metrics.py's, in the same registry.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -49,10 +50,10 @@ class WorkerCollector(Collector):
         state = GaugeMetricFamily("kbroker_queue_monitor_state",
                                   "The queue monitor's state: 1 for the state it is in, 0 for the others.",
                                   labels=["namespace", "queue", "state"])
-        for queue, stored in sorted(self._monitors()):
-            backlog.add_metric([ns, queue], float(stored.get("backlog") or 0))
-            groups.add_metric([ns, queue], float(stored.get("ready_groups") or 0))
-            waiting.add_metric([ns, queue], float(stored.get("tasks_waiting") or 0))
+        for queue, stored in sorted((q, m) for q, m in self._monitors() if isinstance(q, str)):
+            backlog.add_metric([ns, queue], count(stored.get("backlog")))
+            groups.add_metric([ns, queue], count(stored.get("ready_groups")))
+            waiting.add_metric([ns, queue], count(stored.get("tasks_waiting")))
             for status in MonitorStatus:
                 state.add_metric([ns, queue, status.value], 1.0 if stored.get("state") == status.value else 0.0)
         running = GaugeMetricFamily("kbroker_readers_running",
@@ -89,6 +90,14 @@ class WorkerCollector(Collector):
             for name in dict.fromkeys((*LINK_STATES, current)):
                 link.add_metric([ns, dest, name], 1.0 if name == current else 0.0)
         yield from (count, age, link)
+
+
+def count(value: Any) -> float:
+    """A stored count as a gauge's value: 0 for none, or for anything that is no count (the
+    monitor table is restored from its changelog topic, which another client may have written)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return 0.0
+    return float(value)
 
 
 def exposition() -> tuple[bytes, str]:

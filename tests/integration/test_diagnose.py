@@ -9,6 +9,7 @@ import subprocess
 import orjson
 
 from tests.helpers import KBROKER, free_port, wait_for
+from kbroker.core import names
 from kbroker.kafka.apply import apply_paths
 from tests.integration.test_routing import CLIENT, CONTRACT, SERVER, catalog_yaml, setup_catalogs
 
@@ -82,8 +83,17 @@ def test_runtime_names_unread_and_disabled_queues(kafka_bootstrap, namespace, br
     for i in range(3):
         h = broker.begin_dialog(EMPLOYEES, EXPENSES, SUBMISSION)
         broker.send(h, CLAIM, {"employee": "e", "amount": i, "item": "x"})
+    # The analytics topic holds what any client wrote: none of these is the job's figures.
+    from confluent_kafka import Producer
+
+    junk = Producer({"bootstrap.servers": kafka_bootstrap})
+    for key, value in ((b"queue/x/1", b"not json"), (b"queue/x/2", b"[1, 2]"), (b"queue/x/3", b'{"as_of": "soon"}'),
+                       (b"queue/x/4", b'{"as_of": true}'), (b"queue/x/5", b'{"as_of": -5}'), (None, b"\xff" * 70_000)):
+        junk.produce(names.analytics_topic(namespace), key=key, value=value)
+    assert junk.flush(10) == 0
     rc, report = runtime(kafka_bootstrap, namespace)
     assert rc == 0, report  # warnings only
+    assert report["analytics_as_of"] is None and "analytics_behind" not in codes(report), report
     unread = [p for p in report["problems"] if p["code"] == "queue_unread"]
     assert len(unread) == 1 and "'ExpenseQueue': up to 3 message(s) ready; no reader" in unread[0]["text"], report
     subprocess.run([KBROKER, "queue", "disable", "EmployeeQueue", "--bootstrap", kafka_bootstrap, "--namespace",

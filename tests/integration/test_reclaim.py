@@ -155,3 +155,33 @@ def test_closed_endpoints_are_reclaimed_after_the_grace_period(kafka_bootstrap, 
     assert store.find(ended) is None and store.find(target) is None and store.find(live) is not None
     store.close()
     assert reclaim_endpoints(kafka_bootstrap, namespace, grace=0.0, now=time.time() + 1) == 0
+
+
+def test_forged_analytics_positions_hold_nothing_back(kafka_bootstrap, namespace, broker):
+    """The analytics job's read positions are its group's committed offsets, which anyone who may
+    commit for that group can write: positions with garbage in their timestamp, and one stamped a
+    day ahead (which would make the job look alive and hold every partition it has no position
+    for, for ever), do not stop the reclaim of what readers received."""
+    from kbroker.kafka import clients
+
+    for i in range(8):
+        h = broker.begin_dialog(EMP, EXP, CONTRACT)
+        broker.send(h, CLAIM, {"employee": "e", "amount": i, "item": "x"})
+    got: list = []
+    while len(got) < 8:
+        batch = broker.receive("ExpenseQueue", top=10, wait=5)
+        assert batch, got
+        got += batch
+    topic = names.queue_topic(namespace, "ExpenseQueue")
+    ahead = str(int((time.time() + 86_400) * 1000))
+    forger = clients.consumer(kafka_bootstrap, names.analytics_group(namespace))
+    try:
+        forger.commit(offsets=[TopicPartition(topic, 0, 0, metadata="not a time"),
+                               TopicPartition(topic, 1, 0, metadata=ahead),
+                               TopicPartition(topic, 2, 10**12, metadata="\xff" * 200)], asynchronous=False)
+    finally:
+        forger.close()
+    busy = sorted(p for p, n in enumerate(queue_view(kafka_bootstrap, namespace, "ExpenseQueue")["partition_offsets"])
+                  if n["committed"])
+    done = {r.topic: r.deleted_below for r in reclaim_namespace(kafka_bootstrap, read_catalog(kafka_bootstrap, namespace))}
+    assert sorted(done.get(topic, {})) == busy and busy, (done, busy)

@@ -105,3 +105,18 @@ def test_a_transport_request_handled_and_replied_to_is_one_trace(endpoints, span
     assert by_name["Sales send"].parent.span_id == by_name["Billing process"].context.span_id
     assert by_name["Sales receive"].parent.span_id == by_name["Sales send"].context.span_id
     assert len([s for s in ours if s.name == "kbroker commit"]) == 2  # Billing's handler, Sales's receive
+
+
+def test_a_forged_trace_header_starts_a_trace_of_its_own_and_the_message_goes_through(endpoints, spans):
+    """`traceparent` is what any sender wrote: garbage there (and an oversize `tracestate`) is no
+    context, so the receive starts a trace of its own, and the handler and its reply go on."""
+    sales, billing = endpoints("Sales"), endpoints("Billing", machine="m2")
+    sales.send("Billing", b"invoice me", {"traceparent": "00-zz-not-a-trace", "tracestate": "k=" + "v" * 20_000},
+               reply_to_address="Sales")
+    assert billing.handle_one("Billing", lambda msg, tx: tx.reply(msg, b"invoiced"), wait=15)
+    reply = sales.receive(wait=15)
+    assert reply is not None and reply.body == b"invoiced"
+    received = [s for s in spans.get_finished_spans() if s.name == "Billing receive"]
+    assert len(received) == 1 and received[0].parent is None  # a root: nothing was taken from the header
+    replied = next(s for s in spans.get_finished_spans() if s.name == "Sales receive")
+    assert replied.context.trace_id == received[0].context.trace_id  # the reply continues the new trace

@@ -8,7 +8,7 @@ import struct
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kbroker.core.reclaim import ANALYTICS_HOLD_SECONDS, analytics_floor, lowest, reclaim_points
+from kbroker.core.reclaim import ANALYTICS_HOLD_SECONDS, CLOCK_SKEW_SECONDS, analytics_floor, lowest, reclaim_points
 from kbroker.kafka.wire import describe_log_dirs_request, parse_describe_log_dirs
 
 
@@ -86,6 +86,14 @@ def test_an_analytics_position_without_a_timestamp_holds_nothing_back():
     assert analytics_floor(positions, NOW_MS) == {}
     assert reclaim_points({p: 0 for p in range(4)}, {p: 50 for p in range(4)},
                           keep_from=analytics_floor(positions, NOW_MS)) == {0: 50, 1: 50, 2: 50, 3: 50}
+
+
+def test_a_position_stamped_in_the_future_holds_nothing_back():
+    """Anyone who may commit for the job's group could stamp a position far ahead and hold every
+    record for ever; a stamp past the clocks' skew is not the job's."""
+    skew = int(CLOCK_SKEW_SECONDS * 1000)
+    assert analytics_floor({0: (30, str(NOW_MS + skew + 1)), 1: (40, str(NOW_MS + 10**12))}, NOW_MS) == {}
+    assert analytics_floor({0: (30, str(NOW_MS + skew))}, NOW_MS) == {0: 30}  # within the skew: the job's
 
 
 def test_lowest_takes_the_lowest_floor_naming_each_partition():

@@ -58,3 +58,19 @@ def test_the_transmitters_backlog_and_links_per_destination():
     # No transmitter (routing off, or not started yet): no routing families at all.
     none = scrape(WorkerCollector("ns1", "w1", lambda: [], lambda: [], slots=1))
     assert not any(name.startswith(("kbroker_transmission", "kbroker_link")) for name, _ in none)
+
+
+def test_a_monitor_row_holding_no_counts_is_scraped_as_zero_and_the_rest_goes_on():
+    """The monitor table is restored from a changelog topic another client may have written:
+    strings, booleans, NaN and nested objects where counts belong give 0, and the other rows and
+    families are scraped as usual."""
+    monitors = [("Forged", {"state": {"x": 1}, "backlog": "lots", "ready_groups": True, "tasks_waiting": float("nan")}),
+                ("Good", {"state": "INACTIVE", "backlog": 3})]
+    got = scrape(WorkerCollector("ns1", "w1", lambda: monitors, lambda: [], slots=2))
+    forged = (("namespace", "ns1"), ("queue", "Forged"))
+    assert [got[(f, forged)] for f in ("kbroker_queue_backlog_messages", "kbroker_queue_ready_groups",
+                                        "kbroker_queue_tasks_waiting")] == [0, 0, 0]
+    assert not any(v for (name, lb), v in got.items() if name == "kbroker_queue_monitor_state"
+                   and dict(lb)["queue"] == "Forged")  # a state that is none of the states
+    assert got[("kbroker_queue_backlog_messages", (("namespace", "ns1"), ("queue", "Good")))] == 3
+    assert got[("kbroker_reader_slots", (("namespace", "ns1"),))] == 2
