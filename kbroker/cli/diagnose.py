@@ -1,6 +1,7 @@
 """`kbroker diagnose`: Service Broker's ssbdiagnose for kbroker. CONFIGURATION checks everything a
 dialog between two services needs; RUNTIME what stops messages in a namespace now
-(core/diagnosis.py names each problem)."""
+(core/diagnosis.py names each problem); END-TRANSACTION ends a hanging Kafka transaction that
+RUNTIME named."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import click
 
 from kbroker.cli.common import cluster_options, emit_json, handle_errors, json_option, main
+from kbroker.core.diagnosis import STUCK_AFTER_S
 
 
 @main.group("diagnose")
@@ -46,19 +48,56 @@ def configuration_cmd(from_service, to_service, contract, to_namespace, to_boots
 @diagnose_group.command("runtime")
 @click.option("--timeout", type=click.FloatRange(min=0.5), default=10.0, show_default=True,
               help="Seconds to wait for each answer.")
+@click.option("--stuck-after", type=click.FloatRange(min=0), default=STUCK_AFTER_S, show_default=True,
+              help="Seconds after which an open Kafka transaction is hanging and a held group lock is named.")
 @cluster_options
 @json_option
 @handle_errors
-def runtime_cmd(timeout, target, as_json):
+def runtime_cmd(timeout, stuck_after, target, as_json):
     """What stops messages in this namespace now: disabled queues, ready messages no reader takes,
-    routed messages the far side has not acknowledged (per destination, with the transmission
-    status), an analytics job whose figures are old. Exits 1 when one of them is an error."""
+    conversation group locks held past --stuck-after, hanging Kafka transactions (with the command
+    that ends each), routed messages the far side has not acknowledged (per destination, with the
+    transmission status), an analytics job whose figures are old. Exits 1 when one of them is an
+    error."""
     from kbroker.kafka.diagnosis import diagnose_runtime
 
-    problems, measured = diagnose_runtime(target.cluster, target.namespace, timeout)
+    problems, measured = diagnose_runtime(target.cluster, target.namespace, timeout, stuck_after)
     report(problems, as_json, {"namespace": target.namespace, **measured},
            f"namespace {target.namespace}: {len(measured['queues'])} queue(s), "
-           f"{measured['transmission']} routed message(s) unacknowledged")
+           f"{measured['transmission']} routed message(s) unacknowledged, "
+           f"{len(measured['open_transactions'])} Kafka transaction(s) open")
+
+
+@diagnose_group.command("end-transaction")
+@click.option("--topic", required=True, help="A topic of this namespace (as `diagnose runtime` names it).")
+@click.option("--partition", type=click.IntRange(min=0), required=True)
+@click.option("--start-offset", type=click.IntRange(min=0), required=True,
+              help="The open transaction's first offset (the partition's last stable offset).")
+@click.option("--timeout", type=click.FloatRange(min=5), default=120.0, show_default=True,
+              help="Seconds Kafka's tool may take (its first run also downloads it with Maven).")
+@cluster_options
+@json_option
+@handle_errors
+def end_transaction_cmd(topic, partition, start_offset, timeout, target, as_json):
+    """Abort the hanging Kafka transaction whose first record is at START_OFFSET of TOPIC's
+    PARTITION, with Kafka's own tool (`kafka-transactions.sh abort` with the same arguments; it
+    needs the cluster's ClusterAction permission). The records behind it become readable; the
+    transaction's own are dropped, as its producer never committed them."""
+    from kbroker.core import names
+    from kbroker.embedded.kafka_tools import TRANSACTIONS, run_tool
+    from kbroker.errors import InvalidArgumentError
+
+    if names.namespace_of(topic) != target.namespace:
+        raise InvalidArgumentError(f"{topic} is not a topic of namespace {target.namespace}")
+    output = run_tool(target.cluster, TRANSACTIONS, ["abort", "--topic", topic, "--partition", str(partition),
+                                                     "--start-offset", str(start_offset)], timeout,
+                      say=lambda msg: click.echo(msg, err=True))
+    if as_json:
+        emit_json({"topic": topic, "partition": partition, "start_offset": start_offset, "ended": True,
+                   "output": output.strip()})
+    else:
+        click.echo(f"ended the transaction at {topic} partition {partition} offset {start_offset}"
+                   + (f"\n{output.strip()}" if output.strip() else ""))
 
 
 def report(problems: list[Any], as_json: bool, facts: dict[str, Any], heading: str) -> None:

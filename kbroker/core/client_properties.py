@@ -5,6 +5,7 @@ kbroker accepts and how each client gets them is core/client_security.py."""
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +31,17 @@ def read_properties(text: str) -> dict[str, str]:
     except Exception as exc:  # jproperties raises its own ParseError and ValueErrors
         raise InvalidArgumentError(f"not a Kafka properties file: {exc}") from None
     return {str(key): str(value.data) for key, value in props.items()}
+
+
+def write_properties(pairs: Mapping[str, str]) -> str:
+    """`pairs` as a Java properties file (what a Kafka command-line tool's --command-config
+    reads): newlines and separators escaped, so inline PEM material survives."""
+    props = jproperties.Properties()
+    for key, value in pairs.items():
+        props[key] = value
+    out = io.BytesIO()
+    props.store(out, encoding="utf-8", timestamp=False)
+    return out.getvalue().decode("utf-8")
 
 
 def env_name(prop: str) -> str:

@@ -31,6 +31,7 @@ class Problem:
     severity: str  # error: the dialog cannot work; warning: it works, but not as it may be meant to
     where: str  # the namespace whose catalog (or cluster) to change
     text: str
+    command: str | None = None  # the kbroker command that ends it, where one does
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -169,6 +170,12 @@ def _remote(frm: Side, from_service: str, to: Side, target: Any, now: float) -> 
 
 ANALYTICS_LATE_S = 120.0  # the analytics job's newest figures older than this: it is behind or stopped
 TRANSMISSION_LATE_S = 60.0  # an unacknowledged routed message older than this is stuck (seed 000's stall)
+# A Kafka transaction or a conversation group's lock held longer than this is stuck. kbroker's
+# producers' transactions time out after 10 s (the analytics job's after 60 s) and Kafka aborts
+# them within its check interval after that: one still open at 120 s outlived its producer's
+# timeout. A lock lasts as long as the transaction that RECEIVEd: minutes is a handler stuck.
+STUCK_AFTER_S = 120.0
+CLOCK_SKEW_S = 300.0  # a timestamp further ahead than this was not written by a clock of ours
 
 
 @dataclass(frozen=True)
@@ -180,15 +187,39 @@ class QueueState:
     activation: str | None  # None: no activation; "internal ON", "external OFF", ...
     ready: int  # an upper bound (see queue_view)
     readers: int  # members of the queue's consumer group
+    locks: tuple[tuple[str, float], ...] = ()  # (process, epoch s its oldest group lock was taken)
+
+
+@dataclass(frozen=True)
+class OpenTransaction:
+    """A Kafka transaction open on a partition of the namespace (kafka/open_transactions.py)."""
+
+    topic: str
+    partition: int
+    start: int  # the last stable offset: the transaction's first record, where read_committed readers stop
+    end: int  # the high watermark
+    began: float | None  # epoch s of its first record; None: not read
+
+    def ending(self) -> str:
+        return (f"kbroker diagnose end-transaction --topic {self.topic} --partition {self.partition} "
+                f"--start-offset {self.start}")
 
 
 def runtime(namespace: str, queues: list[QueueState], transmission: list[dict[str, Any]],
-            analytics_as_of: float | None, now: float) -> list[Problem]:
+            analytics_as_of: float | None, now: float, transactions: list[OpenTransaction] | None = None,
+            stuck_after: float = STUCK_AFTER_S) -> list[Problem]:
     """What stops messages in `namespace` now: disabled queues, messages ready that no reader
-    takes, routed messages the far side has not acknowledged (per destination and status), and an
-    analytics job whose figures are old (`analytics_as_of`: epoch s of its newest, None: no job)."""
-    out: list[Problem] = []
+    takes, group locks and Kafka transactions held longer than `stuck_after`, routed messages the
+    far side has not acknowledged (per destination and status), and an analytics job whose
+    figures are old (`analytics_as_of`: epoch s of its newest, None: no job)."""
+    out: list[Problem] = _hanging(namespace, transactions or [], now, stuck_after)
     for q in sorted(queues, key=lambda q: q.name):
+        for process, since in q.locks:
+            if since > 0 and now - since >= stuck_after:
+                out.append(Problem("lock_held", WARNING, namespace,
+                                   f"queue {q.name!r}: process {process} has held a conversation group's lock for "
+                                   f"{now - since:.0f} s: a transaction that received and has not ended (its handler "
+                                   "stuck or waiting); no other reader takes the group until it commits or rolls back"))
         if q.status != "ON":
             out.append(Problem("queue_disabled", ERROR, namespace,
                                f"queue {q.name!r} is disabled with {q.ready} message(s) in it: RECEIVE fails until "
@@ -218,10 +249,29 @@ def runtime(namespace: str, queues: list[QueueState], transmission: list[dict[st
     return out
 
 
+def _hanging(namespace: str, transactions: list[OpenTransaction], now: float, stuck_after: float) -> list[Problem]:
+    out = []
+    for t in transactions:
+        where = f"{t.topic} partition {t.partition}"
+        held = f"{t.end - t.start} record(s) from offset {t.start} on wait for it (read_committed readers stop there)"
+        if t.began is None or t.began > now + CLOCK_SKEW_S:
+            out.append(Problem("transaction_open", WARNING, namespace,
+                               f"{where}: a Kafka transaction is open, since when is not known (its first record "
+                               f"is unreadable or stamped ahead); {held}. Still open with the same offset a few "
+                               "minutes on, it is hanging", t.ending()))
+        elif now - t.began >= stuck_after:
+            out.append(Problem("transaction_hanging", ERROR, namespace,
+                               f"{where}: a Kafka transaction open for {now - t.began:.0f} s, past any kbroker "
+                               f"producer's transaction timeout (its producer gone, or the broker lost track of "
+                               f"it); {held}", t.ending()))
+    return out
+
+
 def describe(problems: list[Problem]) -> str:
     """One line per problem, errors first; a line saying so when there is none."""
     if not problems:
         return "no problems found"
     ordered = sorted(problems, key=lambda p: (p.severity != ERROR, p.where, p.code))
-    return "\n".join(f"{p.severity.upper():7} {p.code:24} {p.where}: {p.text}" for p in ordered)
+    return "\n".join(f"{p.severity.upper():7} {p.code:24} {p.where}: {p.text}"
+                     + (f"\n{'':33}end it: {p.command}" if p.command else "") for p in ordered)
 

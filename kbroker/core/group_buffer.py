@@ -147,6 +147,7 @@ class GroupBuffer(Generic[H]):
         self._ready: list[tuple[Order, int, str, Position]] = []
         self._ready_seq = itertools.count()
         self._locked: dict[str, H] = {}
+        self._locked_since: dict[str, int] = {}  # group -> epoch ms its lock was taken (diagnosis)
         # The groups each owner locks, by id(owner) (an owner with a lock is alive: its lease
         # holds it): pick() looks at the picking owner's own groups without walking every lock.
         self._owned: dict[int, dict[str, None]] = {}  # insertion-ordered, as the locks are
@@ -169,12 +170,14 @@ class GroupBuffer(Generic[H]):
         """The group's buffered records in RECEIVE order (a copy)."""
         return list(self._groups.get(group, ()))
 
-    def stats(self) -> dict[str, int]:
-        """Counts for the queue view: buffered records, ready and locked groups, records taken."""
+    def stats(self) -> dict[str, int | None]:
+        """Counts for the queue view: buffered records, ready and locked groups, records taken,
+        and when the oldest lock still held was taken (epoch ms, None: no lock)."""
         return {"buffered": self._buffered,
                 "ready_groups": sum(1 for g in self._groups if g not in self._locked),
                 "locked_groups": len(self._locked),
-                "in_flight": sum(len(h.taken) for h in self._locked.values())}
+                "in_flight": sum(len(h.taken) for h in self._locked.values()),
+                "oldest_lock_at": min(self._locked_since.values(), default=None)}
 
     def accept(self, b: Buffered) -> None:
         """Buffer a consumed record in its group."""
@@ -257,6 +260,7 @@ class GroupBuffer(Generic[H]):
         any. Returns the records taken, in order."""
         if self._locked.get(group) is not holder:
             self._locked[group] = holder
+            self._locked_since.setdefault(group, now_ms)  # a lease handed on keeps the lock's age
             self._owned.setdefault(id(holder.owner), {})[group] = None
         q = self._groups.pop(group)
         if q[0].partition in full:
@@ -285,6 +289,7 @@ class GroupBuffer(Generic[H]):
         it took, in the order taken) at the head of the group: a rollback."""
         if self._locked.get(group) is holder:
             del self._locked[group]
+            self._locked_since.pop(group, None)
             owned = self._owned.get(id(holder.owner))
             if owned is not None:
                 owned.pop(group, None)

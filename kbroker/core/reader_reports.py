@@ -11,6 +11,8 @@ from kbroker.core.rejected import Rejected, json_object
 FIELDS: dict[str, tuple[type, ...]] = {
     "topic": (str,), "process": (str,), "at": (int, float), "partitions": (list,), "buffered": (int,),
     "ready_groups": (int,), "locked_groups": (int,), "in_flight": (int,), "paused": (bool, list, int)}
+# Fields an older process's report lacks: absent is None.
+OPTIONAL: dict[str, tuple[type, ...]] = {"oldest_lock_at": (int, float, type(None))}
 
 
 def reader_report(raw: bytes | None) -> dict[str, Any]:
@@ -21,5 +23,9 @@ def reader_report(raw: bytes | None) -> dict[str, Any]:
             raise Rejected(f"a reader report needs {name!r}")
         v = report[name]
         if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+            raise Rejected(f"a reader report's {name!r} is {type(v).__name__}")
+    for name, types in OPTIONAL.items():
+        v = report.setdefault(name, None)
+        if not isinstance(v, types) or isinstance(v, bool):
             raise Rejected(f"a reader report's {name!r} is {type(v).__name__}")
     return report

@@ -1,6 +1,7 @@
 """`kbroker diagnose`: CONFIGURATION reads both ends' catalogs (following the from-side's route to
 find the far one, as a message would) and asks the far cluster; RUNTIME measures the namespace's
-queues, its transmission queue and the analytics job's newest figures. core/diagnosis.py judges."""
+queues (with their readers' locks), its transmission queue, the Kafka transactions open on its
+topics and the analytics job's newest figures. core/diagnosis.py judges."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import orjson
 
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core import names
-from kbroker.core.diagnosis import ERROR, Problem, QueueState, Side, configuration, runtime
+from kbroker.core.diagnosis import ERROR, STUCK_AFTER_S, Problem, QueueState, Side, configuration, runtime
 from kbroker.core.routing.routes import address, match_route, parse_address, routes_of
 from kbroker.errors import CatalogError, KBrokerError
 from kbroker.kafka.catalog_store import read_catalog
 from kbroker.kafka.clients import brokers_answering
+from kbroker.kafka.open_transactions import open_transactions
 from kbroker.kafka.queues import queue_view_of
 from kbroker.kafka.reader import latest_values
 from kbroker.kafka.routing.views import transmission_rows
@@ -67,9 +69,10 @@ def diagnose_configuration(cluster: ClusterLike, namespace: str, from_service: s
     return problems, where
 
 
-def diagnose_runtime(cluster: ClusterLike, namespace: str, timeout: float = 10.0) -> tuple[list[Problem], dict[str, Any]]:
+def diagnose_runtime(cluster: ClusterLike, namespace: str, timeout: float = 10.0,
+                     stuck_after: float = STUCK_AFTER_S) -> tuple[list[Problem], dict[str, Any]]:
     """What stops messages in `namespace` now, and what was measured ({"queues": [...],
-    "transmission": n, "analytics_as_of": epoch s or None})."""
+    "transmission": n, "open_transactions": [...], "analytics_as_of": epoch s or None})."""
     catalog = read_catalog(cluster, namespace, timeout)
     queues = []
     for q in sorted(catalog.queues.values(), key=lambda q: q.name):
@@ -78,12 +81,16 @@ def diagnose_runtime(cluster: ClusterLike, namespace: str, timeout: float = 10.0
         except CatalogError:  # no topic yet: nothing sent to it
             continue
         activation = None if q.activation is None else f"{q.activation.kind} {q.activation.status}"
+        locks = tuple((r["process"], r["oldest_lock_at"] / 1000) for r in view["readers"]
+                      if isinstance(r.get("oldest_lock_at"), (int, float)))
         queues.append(QueueState(q.name, q.status, activation, int(view["totals"]["ready"]),
-                                 int(view["group"]["members"])))
+                                 int(view["group"]["members"]), locks))
     rows = transmission_rows(cluster, namespace, timeout=timeout)
+    transactions = open_transactions(cluster, namespace, timeout)
     as_of = newest_analytics(cluster, namespace, timeout)
-    measured = {"queues": [vars(q) for q in queues], "transmission": len(rows), "analytics_as_of": as_of}
-    return runtime(namespace, queues, rows, as_of, time.time()), measured
+    measured = {"queues": [vars(q) for q in queues], "transmission": len(rows),
+                "open_transactions": [vars(t) for t in transactions], "analytics_as_of": as_of}
+    return runtime(namespace, queues, rows, as_of, time.time(), transactions, stuck_after), measured
 
 
 def newest_analytics(cluster: ClusterLike, namespace: str, timeout: float) -> float | None:

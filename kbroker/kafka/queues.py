@@ -183,7 +183,7 @@ def reader_rows(cluster: ClusterLike, namespace: str, topic: str, timeout: float
             continue
         if r.get("topic") == topic and now - r.get("at", 0) <= READER_STALE_SECONDS:
             rows.append({k: r[k] for k in ("process", "partitions", "buffered", "ready_groups",
-                                           "locked_groups", "in_flight", "paused")}
+                                           "locked_groups", "in_flight", "paused", "oldest_lock_at")}
                         | {"age_s": round(now - r["at"], 1)})
     return sorted(rows, key=lambda r: r["process"])
 

@@ -70,9 +70,9 @@ def test_a_route_to_a_cluster_that_does_not_answer_is_named(kafka_bootstrap, nam
     assert codes(report) == {"far_unreachable": b}, report
 
 
-def runtime(bootstrap: str, ns: str) -> tuple[int, dict]:
-    done = subprocess.run([KBROKER, "diagnose", "runtime", "--bootstrap", bootstrap, "--namespace", ns, "--json"],
-                          capture_output=True, text=True, timeout=120)
+def runtime(bootstrap: str, ns: str, *extra: str) -> tuple[int, dict]:
+    done = subprocess.run([KBROKER, "diagnose", "runtime", "--bootstrap", bootstrap, "--namespace", ns, "--json",
+                           *extra], capture_output=True, text=True, timeout=120)
     assert done.returncode in (0, 1) and done.stdout, (done.returncode, done.stderr)
     return done.returncode, orjson.loads(done.stdout)
 
@@ -128,3 +128,90 @@ def test_runtime_names_routed_messages_a_dead_destination_never_acknowledged(kaf
         report = wait_for(waiting, 60, "the unacknowledged messages named with their status")
     problem = next(p for p in report["problems"] if p["code"] == "transmission_waiting")
     assert problem["text"].startswith(f"2 routed message(s) of 1 dialog(s) to {dead}/{b} unacknowledged"), problem
+
+
+# A process that dies inside a Kafka transaction it began on `topic` partition 0, with a timeout
+# of ten minutes: for the test's length the transaction hangs as one whose producer vanished does.
+HOLDER = """
+import sys, time
+from confluent_kafka import Producer
+p = Producer({"bootstrap.servers": sys.argv[1], "transactional.id": sys.argv[2], "transaction.timeout.ms": 600000})
+p.init_transactions(30)
+p.begin_transaction()
+p.produce(sys.argv[3], value=b"never committed", partition=0)
+assert p.flush(30) == 0
+print("open", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_hanging_transaction_is_named_and_ended_by_the_command_named_and_a_long_lock_is_named(
+        kafka_bootstrap, namespace, broker):
+    import sys
+    import time
+
+    from kbroker.cli.demo import CLAIM, CONTRACT as SUBMISSION, EMPLOYEES, EXPENSES
+    from kbroker.kafka.open_transactions import open_transactions
+
+    def send(i: int) -> None:
+        broker.send(broker.begin_dialog(EMPLOYEES, EXPENSES, SUBMISSION), CLAIM, {"employee": "e", "amount": i, "item": "x"})
+
+    send(0)  # the queue's topic exists
+    topic = names.queue_topic(namespace, "ExpenseQueue")
+    began = time.time()
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, kafka_bootstrap, f"holder-{namespace}", topic],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
+    finally:
+        holder.kill()  # kill -9: the transaction stays open
+        holder.wait()
+    [hang] = open_transactions(kafka_bootstrap, namespace)
+    assert (hang.topic, hang.partition) == (topic, 0) and hang.end == hang.start + 1, hang
+    assert hang.began is not None and began - 1 <= hang.began <= time.time() + 1, (began, hang)
+    # Dialogs until one message lands behind the open transaction: it cannot be received.
+    sent = 1
+    while open_transactions(kafka_bootstrap, namespace)[0].end == hang.end:
+        send(sent)
+        sent += 1
+        assert sent < 60, "no message landed on partition 0"
+    got: list = []
+    with broker.transaction() as tx:
+        deadline = time.monotonic() + 30  # what is not behind the open transaction comes
+        while time.monotonic() < deadline:
+            batch = tx.receive("ExpenseQueue", top=100, wait=3)
+            if not batch and got:
+                break
+            got += batch
+        time.sleep(2.5)  # past --stuck-after, and a reader report (every 2 s) saying so
+
+        def named() -> dict | None:
+            rc, report = runtime(kafka_bootstrap, namespace, "--stuck-after", "1")
+            return report if rc == 1 and {"lock_held", "transaction_hanging"} <= set(codes(report)) else None
+
+        report = wait_for(named, 30, "the lock held and the hanging transaction named")
+    held_back = sent - len(got)
+    assert held_back >= 1, (sent, len(got))
+    lock = next(p for p in report["problems"] if p["code"] == "lock_held")
+    assert lock["severity"] == "warning" and lock["text"].startswith("queue 'ExpenseQueue': process "), lock
+    problem = next(p for p in report["problems"] if p["code"] == "transaction_hanging")
+    assert problem["text"].startswith(f"{topic} partition 0: a Kafka transaction open for "), problem
+    assert problem["command"] == (f"kbroker diagnose end-transaction --topic {topic} --partition 0 "
+                                  f"--start-offset {hang.start}"), problem
+    # Not a topic of the namespace: refused in one line, nothing run.
+    refused = subprocess.run([KBROKER, "diagnose", "end-transaction", "--topic", "elsewhere", "--partition", "0",
+                              "--start-offset", "0", "--bootstrap", kafka_bootstrap, "--namespace", namespace],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "is not a topic of namespace" in refused.stderr, refused
+    ended = subprocess.run([KBROKER, *problem["command"].split()[1:], "--bootstrap", kafka_bootstrap,
+                            "--namespace", namespace, "--json"], capture_output=True, text=True, timeout=300)
+    assert ended.returncode == 0 and orjson.loads(ended.stdout)["ended"] is True, ended
+    assert open_transactions(kafka_bootstrap, namespace) == []
+    later = []
+    deadline = time.monotonic() + 30
+    while len(later) < held_back and time.monotonic() < deadline:
+        later += broker.receive("ExpenseQueue", top=100, wait=2)
+    amounts = sorted(orjson.loads(m.body)["amount"] for m in got + later)
+    assert amounts == list(range(sent)), amounts  # the aborted record is no message; every one sent came
+    rc, report = runtime(kafka_bootstrap, namespace, "--stuck-after", "1")
+    assert not {"transaction_hanging", "transaction_open", "lock_held"} & set(codes(report)), report

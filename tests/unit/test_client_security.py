@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kbroker.core.client_properties import (Jaas, env_name, env_of, parse_jaas, properties_from_env,
-                                            read_properties)
+                                            read_properties, write_properties)
 from kbroker.core.client_security import AIOKAFKA, KBROKER, SPARK, WIRE, ClientSecurity
 from kbroker.errors import InvalidArgumentError, UnsupportedSettingError
 
@@ -178,6 +178,13 @@ def test_a_jaas_entry_reads_back_what_was_written(options, flag):
 def test_properties_through_the_environment_and_back(props):
     assert properties_from_env(env_of(props)) == props
     assert all(name.startswith("KBROKER_KAFKA_") for name in env_of(props))
+
+
+@given(st.dictionaries(st.from_regex(r"[a-z][a-z0-9]*([._\-][a-z0-9]+)*", fullmatch=True),
+                       st.text(st.characters(exclude_categories=("Cs",)), max_size=80), max_size=5))
+def test_a_written_properties_file_reads_back_as_written(props):
+    # A Kafka tool's --command-config gets PEM material inline: newlines, '=', ':' and '\\' survive.
+    assert read_properties(write_properties(props)) == props
 
 
 def test_env_names_follow_the_kafka_image_convention():

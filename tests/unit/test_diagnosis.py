@@ -131,3 +131,35 @@ def test_runtime_says_when_the_analytics_job_is_behind():
     late = runtime("ns", [], [], NOW - ANALYTICS_LATE_S - 1, NOW)
     assert [(p.code, p.severity) for p in late] == [("analytics_behind", WARNING)]
     assert runtime("ns", [], [], None, NOW) == []  # no job: nothing to say
+
+
+from kbroker.core.diagnosis import CLOCK_SKEW_S, STUCK_AFTER_S, OpenTransaction  # noqa: E402
+
+
+def test_a_transaction_open_past_the_bound_is_hanging_and_its_ending_is_named():
+    young = OpenTransaction("kbroker.ns.queue.Q", 0, 7, 9, NOW - STUCK_AFTER_S + 1)
+    old = OpenTransaction("kbroker.ns.queue.Q", 1, 40, 45, NOW - STUCK_AFTER_S)
+    got = runtime("ns", [], [], None, NOW, [young, old])
+    assert [(p.code, p.severity) for p in got] == [("transaction_hanging", ERROR)]
+    assert got[0].text.startswith("kbroker.ns.queue.Q partition 1: a Kafka transaction open for 120 s")
+    assert "5 record(s) from offset 40 on wait for it" in got[0].text
+    assert got[0].command == "kbroker diagnose end-transaction --topic kbroker.ns.queue.Q --partition 1 --start-offset 40"
+    assert runtime("ns", [], [], None, NOW, [young], stuck_after=0.5)[0].code == "transaction_hanging"
+    assert "end it: kbroker diagnose end-transaction" in describe(got)
+
+
+def test_a_transaction_of_unknown_or_future_start_is_named_open_not_hanging():
+    unknown = OpenTransaction("t", 0, 1, 2, None)
+    ahead = OpenTransaction("t", 1, 1, 2, NOW + CLOCK_SKEW_S + 1)  # a forged timestamp
+    near = OpenTransaction("t", 2, 1, 2, NOW + 5)  # a clock a little ahead: young
+    got = runtime("ns", [], [], None, NOW, [unknown, ahead, near])
+    assert [(p.code, p.severity, p.text.split(":")[0]) for p in got] == [
+        ("transaction_open", WARNING, "t partition 0"), ("transaction_open", WARNING, "t partition 1")]
+    assert all(p.command for p in got)
+
+
+def test_a_group_lock_held_past_the_bound_is_named_with_its_process():
+    q = QueueState("Q", "ON", None, 3, 1, (("p1", NOW - STUCK_AFTER_S - 3), ("p2", NOW - 5), ("p3", NOW + 60)))
+    got = runtime("ns", [q], [], None, NOW)
+    assert [(p.code, p.severity) for p in got] == [("lock_held", WARNING)]
+    assert got[0].text.startswith("queue 'Q': process p1 has held a conversation group's lock for 123 s")

@@ -49,13 +49,13 @@ def buffer_of(*records: Buffered) -> GroupBuffer[FakeLease]:
 
 
 def take(buf: GroupBuffer[FakeLease], owner: object, top: int = 10, full: dict[int, int] = NO_FULL,
-         lease: FakeLease | None = None, **filters: Any) -> tuple[FakeLease | None, list[Buffered]]:
+         lease: FakeLease | None = None, now_ms: int = NOW_MS, **filters: Any) -> tuple[FakeLease | None, list[Buffered]]:
     """What the receiver does for one RECEIVE: pick, then take into the group's lease."""
     group = buf.pick(owner, full, filters.get("group"), filters.get("conversation"))
     if group is None:
         return None, []
     lease = buf.holder(group) or lease or FakeLease(owner)
-    taken = buf.take(lease, group, top, full, NOW_MS, filters.get("conversation"))
+    taken = buf.take(lease, group, top, full, now_ms, filters.get("conversation"))
     lease.taken.extend(taken)
     return lease, taken
 
@@ -99,7 +99,22 @@ def test_a_locked_group_is_not_picked_by_another_owner_but_is_by_its_owner():
     assert buf.pick(me, NO_FULL) == "g"  # my own group gives more
     again, second = take(buf, me, top=1)
     assert again is lease and [b.enqueued_ms for b in second] == [2]
-    assert buf.stats() == {"buffered": 1, "ready_groups": 1, "locked_groups": 1, "in_flight": 2}
+    assert buf.stats() == {"buffered": 1, "ready_groups": 1, "locked_groups": 1, "in_flight": 2,
+                           "oldest_lock_at": NOW_MS}
+
+
+def test_a_lock_s_age_is_from_its_first_take_until_its_release():
+    me, other = object(), object()
+    buf = buffer_of(rec("g", at=1), rec("g", at=2), rec("h", at=3))
+    assert buf.stats()["oldest_lock_at"] is None
+    lease, _ = take(buf, me, top=1, now_ms=1_000)
+    take(buf, me, top=1, now_ms=5_000)  # the same lock taken again: its age runs on
+    h_lease, _ = take(buf, other, top=1, now_ms=7_000)
+    assert buf.stats()["oldest_lock_at"] == 1_000
+    buf.release(lease, "g")
+    assert buf.stats()["oldest_lock_at"] == 7_000
+    buf.release(h_lease, "h")
+    assert buf.stats()["oldest_lock_at"] is None
 
 
 def test_the_owner_s_group_gives_way_to_an_older_ready_one():

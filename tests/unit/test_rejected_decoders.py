@@ -111,7 +111,7 @@ def test_timers_never_fire_outside_the_namespaces_queues(value):
 
 @settings(max_examples=200, deadline=None)
 @given(value=any_value | shaped(["topic", "process", "at", "partitions", "buffered", "ready_groups",
-                                 "locked_groups", "in_flight", "paused"]))
+                                 "locked_groups", "in_flight", "paused", "oldest_lock_at"]))
 def test_reader_reports(value):
     decodes_or_rejects(reader_report, value)
 
