@@ -67,6 +67,12 @@ ACTIVATIONS = Counter(
     "kbroker_activations_total",
     "Readers the queue monitors started (internal activation) or asked an external activator for.",
     ["namespace", "queue", "kind"])
+DEAD_LETTERS = Counter(
+    "kbroker_dead_letters_total",
+    "Records moved to the dead-letter topic, by reason (malformed: not a message of the queue; poison: "
+    "a transport message that failed its handler too often) and by what the dead letter kept (copy; "
+    "without body or event only: Kafka refused the copy, see RECORD_SET_ASIDE).",
+    ["namespace", "queue", "reason", "kept"])
 POISON_DISABLES = Counter(
     "kbroker_poison_disables_total",
     "Queues disabled after five rollbacks in a row (poison-message handling).",

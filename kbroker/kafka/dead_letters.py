@@ -19,14 +19,18 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from kbroker import metrics
+from kbroker.core import names
 from kbroker.core.dead_letter import dead_letter_record, set_aside
 from kbroker.core.records import Record
+from kbroker.core.transport.endpoint import transport_queue_prefix
 from kbroker.errors import RecordRefusedError, TransactionInDoubtError
 from kbroker.kafka.committer import CommitRequest, GroupCommitter
 from kbroker.kafka.receiver import Lease, QueueReceiver
 
 log = logging.getLogger("kbroker.deadletter")
 
+MALFORMED, POISON = "malformed", "poison"  # why a record is dead-lettered (the metric's reason label)
 # What a record's way out holds, from the whole copy to the event alone.
 COPY, WITHOUT_BODY, EVENT_ONLY = "copy", "without body", "event only"
 _NEXT = {COPY: WITHOUT_BODY, WITHOUT_BODY: EVENT_ONLY}
@@ -50,6 +54,7 @@ class DeadLetters:
         while True:
             try:
                 self._committer().commit(CommitRequest(self._records(record, reason, stage), [lease]))
+                self._count(record, POISON, stage)
                 return
             except RecordRefusedError as exc:
                 if stage not in _NEXT:
@@ -74,6 +79,7 @@ class DeadLetters:
         """On the committer's thread, once the dead letter has its outcome: the next way out."""
         error = request.error
         if error is None:
+            self._count(record, MALFORMED, stage)
             return
         lease = request.leases[0]
         if isinstance(error, RecordRefusedError) and stage in _NEXT:
@@ -84,6 +90,11 @@ class DeadLetters:
                       "when its reader restarts", record.topic(), record.partition(), record.offset(), error)
         elif not (lease.doomed or receiver.closed or committer.closed):
             self._submit(committer, receiver, lease, record, reason, stage)
+
+    def _count(self, record: Any, why: str, stage: str) -> None:
+        topic, transport = str(record.topic()), transport_queue_prefix(self._namespace)
+        queue = topic[len(transport):] if topic.startswith(transport) else names.queue_of_topic(self._namespace, topic)
+        metrics.of(metrics.DEAD_LETTERS, self._namespace, queue or "", why, stage.replace(" ", "_")).inc()
 
     @staticmethod
     def _note_refused(record: Any, stage: str, error: Exception) -> None:

@@ -7,6 +7,7 @@ import time
 
 import orjson
 from confluent_kafka import Producer, TopicPartition
+from prometheus_client import REGISTRY
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from kbroker import errors
@@ -114,6 +115,10 @@ def test_an_oversized_malformed_record_is_set_aside_and_its_partition_moves_on(k
     set_aside = [e for e in events if e.get("event") == "RECORD_SET_ASIDE"]
     assert len(set_aside) == 1 and set_aside[0]["topic"] == topic and set_aside[0]["size"] == BIG, events
     assert set_aside[0]["offset"] == int(big_headers["kb.dlq.offset"])
+    kept = {k: REGISTRY.get_sample_value("kbroker_dead_letters_total", {
+        "namespace": namespace, "queue": "ExpenseQueue", "reason": "malformed", "kept": k})
+        for k in ("copy", "without_body", "event_only")}
+    assert kept == {"copy": len(sizes) - 1, "without_body": 1, "event_only": None}, kept
     assert moved_to >= end, (moved_to, end)
     assert aborted == 0, "a RECEIVE aborted with the dead letters"
 

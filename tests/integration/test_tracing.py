@@ -107,6 +107,44 @@ def test_a_transport_request_handled_and_replied_to_is_one_trace(endpoints, span
     assert len([s for s in ours if s.name == "kbroker commit"]) == 2  # Billing's handler, Sales's receive
 
 
+def test_an_asyncio_handler_s_span_is_the_parent_of_what_it_sends(kafka_bootstrap, namespace, endpoints, spans):
+    """The asyncio face runs the handler on the event loop and its sends on the endpoint's
+    threads: the handler's span goes with them (the context copied), so the reply is its child."""
+    import asyncio
+
+    from kbroker import transport
+
+    sales = endpoints("Sales")
+    endpoints("Billing", machine="m2")  # installed; the asyncio instance below reads it
+    app = TracerProvider().get_tracer("the application")
+    with app.start_as_current_span("checkout") as root:
+        sales.send("Billing", b"invoice me", reply_to_address="Sales")
+
+    async def main() -> None:
+        ep = await transport.async_endpoint("Billing", bootstrap=kafka_bootstrap, namespace=namespace, machine="m2")
+        replied = asyncio.Event()
+
+        async def handle(msg, tx) -> None:
+            await asyncio.sleep(0)  # the span outlives an await
+            await tx.reply(msg, b"invoiced")
+            replied.set()
+
+        try:
+            await ep.start(handle)
+            await asyncio.wait_for(replied.wait(), 30)
+        finally:
+            await ep.close()
+
+    asyncio.run(main())
+    reply = sales.receive(wait=15)
+    assert reply is not None and reply.body == b"invoiced"
+    ours = [s for s in spans.get_finished_spans() if s.context.trace_id == root.get_span_context().trace_id]
+    by_name = {s.name: s for s in ours if s.name != "kbroker commit"}
+    assert {"Billing send", "Billing receive", "Billing process", "Sales send"} <= set(by_name), sorted(by_name)
+    assert by_name["Billing process"].parent.span_id == by_name["Billing receive"].context.span_id
+    assert by_name["Sales send"].parent.span_id == by_name["Billing process"].context.span_id
+
+
 def test_a_forged_trace_header_starts_a_trace_of_its_own_and_the_message_goes_through(endpoints, spans):
     """`traceparent` is what any sender wrote: garbage there (and an oversize `tracestate`) is no
     context, so the receive starts a trace of its own, and the handler and its reply go on."""

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from kbroker import transport
@@ -227,6 +228,8 @@ def test_a_poison_message_goes_to_the_dead_letter_topic(endpoints, kafka_bootstr
     assert "failed 2 times" in reason and "cannot digest this" in reason
     assert h["kb.dlq.topic"] == transport_queue_topic(namespace, "Billing").encode()
     assert b.runtime.counters["dead_lettered"] == 1
+    assert REGISTRY.get_sample_value("kbroker_dead_letters_total", {
+        "namespace": namespace, "queue": "Billing", "reason": "poison", "kept": "copy"}) == 1
     time.sleep(1.5)
     assert attempts[poison] == 2  # gone from the queue
 

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Mapping, Self, TypeVar
 
+from kbroker import tracing
 from kbroker.core.ramp import RampUp
 from kbroker.core.transport.endpoint import FIXED, MONITOR, receive_tasks_to_start
 from kbroker.core.transport.message import TransportMessage
@@ -108,7 +110,10 @@ class AsyncTransportEndpoint:
         return self.sync.settings
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args, **kw))
+        # In the caller's context (as asyncio.to_thread does; run_in_executor alone does not): a
+        # handler's span is current in the pool thread, so what it sends continues its trace.
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kw)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
     def transaction(self) -> AsyncTransportTransaction:
         """Begin a transaction whose statements are awaited."""
@@ -149,7 +154,9 @@ class AsyncTransportEndpoint:
                 return False
             callback = self.sync.take_callback(msg)
             if callback is None:
-                await handler(msg, atx)
+                with tracing.traced(f"{queue} process", tx.trace_context, self.sync.runtime.namespace, **{
+                        "messaging.operation.type": "process", "messaging.destination.name": queue}):
+                    await handler(msg, atx)
             await atx.commit()
             if callback is not None:
                 callback.set_result(msg)
