@@ -50,17 +50,29 @@ def configuration_cmd(from_service, to_service, contract, to_namespace, to_boots
               help="Seconds to wait for each answer.")
 @click.option("--stuck-after", type=click.FloatRange(min=0), default=STUCK_AFTER_S, show_default=True,
               help="Seconds after which an open Kafka transaction is hanging and a held group lock is named.")
+@click.option("--conversation", default=None, metavar="HANDLE",
+              help="One dialog only (an endpoint's handle or its conversation id): its endpoints' states and "
+                   "lifetimes, its services' queues, its routed messages not acknowledged.")
 @cluster_options
 @json_option
 @handle_errors
-def runtime_cmd(timeout, stuck_after, target, as_json):
+def runtime_cmd(timeout, stuck_after, conversation, target, as_json):
     """What stops messages in this namespace now: disabled queues, ready messages no reader takes,
     conversation group locks held past --stuck-after, hanging Kafka transactions (with the command
     that ends each), routed messages the far side has not acknowledged (per destination, with the
     transmission status), an analytics job whose figures are old. Exits 1 when one of them is an
     error."""
-    from kbroker.kafka.diagnosis import diagnose_runtime
+    from kbroker.kafka.diagnosis import diagnose_conversation, diagnose_runtime
 
+    if conversation is not None:
+        problems, measured = diagnose_conversation(target.cluster, target.namespace, conversation, timeout,
+                                                   stuck_after)
+        states = ", ".join(f"{e['state_desc']} ({'initiator' if e['is_initiator'] else 'target'})"
+                           for e in measured["endpoints"]) or "no endpoint"
+        report(problems, as_json, {"namespace": target.namespace, "conversation": conversation, **measured},
+               f"dialog {conversation} in {target.namespace}: {states}, "
+               f"{len(measured['transmission'])} routed message(s) unacknowledged")
+        return
     problems, measured = diagnose_runtime(target.cluster, target.namespace, timeout, stuck_after)
     report(problems, as_json, {"namespace": target.namespace, **measured},
            f"namespace {target.namespace}: {len(measured['queues'])} queue(s), "

@@ -249,6 +249,41 @@ def runtime(namespace: str, queues: list[QueueState], transmission: list[dict[st
     return out
 
 
+# What each state of an endpoint means for its dialog, when it is not simply going on.
+_STATES = {
+    "DI": ("conversation_ended_there", WARNING, "the far side ended the dialog: RECEIVE its EndDialog and END "
+                                              "CONVERSATION here, or the endpoint stays"),
+    "DO": ("conversation_ending", WARNING, "this side ended the dialog and waits for the far side to end it too "
+                                         "(its acknowledgement); nothing more can be sent"),
+    "ER": ("conversation_error", ERROR, "the dialog ended with an error (an Error message is in the queue): "
+                                       "RECEIVE it and END CONVERSATION here"),
+    "CD": ("conversation_closed", WARNING, "the dialog is closed: SEND fails, and what arrives for it is set aside"),
+}
+
+
+def conversation(namespace: str, endpoints: list[dict[str, Any]], queues: list[QueueState],
+                 transmission: list[dict[str, Any]], now: float, stuck_after: float = STUCK_AFTER_S) -> list[Problem]:
+    """What stops one dialog: `endpoints` are its endpoints in this namespace (one, or both sides
+    when both services are here: dicts with conversation_handle, state, lifetime (epoch s or
+    None), service_name, is_initiator), `queues` their services' queues, `transmission` its
+    routed messages not acknowledged."""
+    if not endpoints:
+        return [Problem("conversation_not_found", ERROR, namespace,
+                        "no endpoint of this dialog here: never begun in this namespace, or ended and cleaned up "
+                        "(a closed endpoint is kept for the worker's --closed-grace)")]
+    out: list[Problem] = []
+    for ep in endpoints:
+        side = f"{'initiator' if ep['is_initiator'] else 'target'} {ep['conversation_handle']} ({ep['service_name']})"
+        if ep["state"] in _STATES:
+            code, severity, text = _STATES[ep["state"]]
+            out.append(Problem(code, severity, namespace, f"{side}: {text}"))
+        elif ep.get("lifetime") is not None and ep["lifetime"] <= now:
+            out.append(Problem("conversation_expired", ERROR, namespace,
+                               f"{side}: its lifetime ran out {now - ep['lifetime']:.0f} s ago; the worker's timer "
+                               "service ends it with an error (is one running?)"))
+    return out + runtime(namespace, queues, transmission, None, now, stuck_after=stuck_after)
+
+
 def _hanging(namespace: str, transactions: list[OpenTransaction], now: float, stuck_after: float) -> list[Problem]:
     out = []
     for t in transactions:

@@ -6,17 +6,21 @@ topics and the analytics job's newest figures. core/diagnosis.py judges."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
 
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core import names
+from kbroker.core.catalog.models import Queue
 from kbroker.core.diagnosis import ERROR, STUCK_AFTER_S, Problem, QueueState, Side, configuration, runtime
+from kbroker.core.diagnosis import conversation as conversation_problems
 from kbroker.core.routing.routes import address, match_route, parse_address, routes_of
 from kbroker.errors import CatalogError, KBrokerError
 from kbroker.kafka.catalog_store import read_catalog
 from kbroker.kafka.clients import brokers_answering
+from kbroker.kafka.conversation_endpoints import read_endpoints
 from kbroker.kafka.open_transactions import open_transactions
 from kbroker.kafka.queues import queue_view_of
 from kbroker.kafka.reader import latest_values
@@ -74,23 +78,51 @@ def diagnose_runtime(cluster: ClusterLike, namespace: str, timeout: float = 10.0
     """What stops messages in `namespace` now, and what was measured ({"queues": [...],
     "transmission": n, "open_transactions": [...], "analytics_as_of": epoch s or None})."""
     catalog = read_catalog(cluster, namespace, timeout)
-    queues = []
-    for q in sorted(catalog.queues.values(), key=lambda q: q.name):
-        try:
-            view = queue_view_of(cluster, namespace, q, timeout)
-        except CatalogError:  # no topic yet: nothing sent to it
-            continue
-        activation = None if q.activation is None else f"{q.activation.kind} {q.activation.status}"
-        locks = tuple((r["process"], r["oldest_lock_at"] / 1000) for r in view["readers"]
-                      if isinstance(r.get("oldest_lock_at"), (int, float)))
-        queues.append(QueueState(q.name, q.status, activation, int(view["totals"]["ready"]),
-                                 int(view["group"]["members"]), locks))
+    queues = _queue_states(cluster, namespace, catalog.queues.values(), timeout)
     rows = transmission_rows(cluster, namespace, timeout=timeout)
     transactions = open_transactions(cluster, namespace, timeout)
     as_of = newest_analytics(cluster, namespace, timeout)
     measured = {"queues": [vars(q) for q in queues], "transmission": len(rows),
                 "open_transactions": [vars(t) for t in transactions], "analytics_as_of": as_of}
     return runtime(namespace, queues, rows, as_of, time.time(), transactions, stuck_after), measured
+
+
+def diagnose_conversation(cluster: ClusterLike, namespace: str, conversation: str, timeout: float = 10.0,
+                          stuck_after: float = STUCK_AFTER_S) -> tuple[list[Problem], dict[str, Any]]:
+    """What stops one dialog (`conversation`: an endpoint's handle or the conversation id): its
+    endpoints' states and lifetimes, its services' queues, its routed messages not acknowledged;
+    and what was measured ({"endpoints": [...], "transmission": [...], "queues": [...]})."""
+    catalog = read_catalog(cluster, namespace, timeout)
+    eps = [ep for ep in read_endpoints(cluster, namespace, as_written=True)
+           if conversation in (ep.conversation_handle, ep.conversation_id)]
+    handles = {ep.conversation_handle for ep in eps}
+    services = [catalog.services.get(ep.service_name) for ep in eps]
+    wanted = {s.queue for s in services if s is not None}
+    queues = _queue_states(cluster, namespace, [q for q in catalog.queues.values() if q.name in wanted], timeout)
+    rows = [r for r in transmission_rows(cluster, namespace, timeout=timeout) if r.get("conversation_handle") in handles]
+    facts = [{"conversation_handle": ep.conversation_handle, "conversation_id": ep.conversation_id,
+              "is_initiator": ep.is_initiator, "service_name": ep.service_name, "far_service": ep.far_service_name,
+              "state": ep.state, "state_desc": ep.state_desc, "lifetime": ep.lifetime,
+              "send_sequence": ep.send_sequence} for ep in eps]
+    measured = {"endpoints": facts, "transmission": rows, "queues": [vars(q) for q in queues]}
+    return conversation_problems(namespace, facts, queues, rows, time.time(), stuck_after), measured
+
+
+def _queue_states(cluster: ClusterLike, namespace: str, queues: Iterable[Queue], timeout: float) -> list[QueueState]:
+    """Each queue as measured now (queue_view_of), with its readers' oldest locks; a queue with no
+    topic yet (nothing sent to it) is left out."""
+    out = []
+    for q in sorted(queues, key=lambda q: q.name):
+        try:
+            view = queue_view_of(cluster, namespace, q, timeout)
+        except CatalogError:
+            continue
+        activation = None if q.activation is None else f"{q.activation.kind} {q.activation.status}"
+        locks = tuple((r["process"], r["oldest_lock_at"] / 1000) for r in view["readers"]
+                      if isinstance(r.get("oldest_lock_at"), (int, float)))
+        out.append(QueueState(q.name, q.status, activation, int(view["totals"]["ready"]),
+                              int(view["group"]["members"]), locks))
+    return out
 
 
 def newest_analytics(cluster: ClusterLike, namespace: str, timeout: float) -> float | None:

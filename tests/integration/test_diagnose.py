@@ -126,8 +126,39 @@ def test_runtime_names_routed_messages_a_dead_destination_never_acknowledged(kaf
             return report if rc == 1 and found else None
 
         report = wait_for(waiting, 60, "the unacknowledged messages named with their status")
+        # The dialog's own view: its endpoint, and the same two messages.
+        rc, mine = runtime(kafka_bootstrap, a, "--conversation", h)
+        assert rc == 1 and [e["conversation_handle"] for e in mine["endpoints"]] == [h], mine
+        assert len(mine["transmission"]) == 2 and codes(mine) == {"transmission_waiting": a}, mine
     problem = next(p for p in report["problems"] if p["code"] == "transmission_waiting")
     assert problem["text"].startswith(f"2 routed message(s) of 1 dialog(s) to {dead}/{b} unacknowledged"), problem
+
+
+def test_one_conversation_s_view_names_its_state_and_its_queue(kafka_bootstrap, namespace, broker):
+    from kbroker.cli.demo import CLAIM, CONTRACT as SUBMISSION, EMPLOYEES, EXPENSES
+    from kbroker.sdk.broker import END_DIALOG
+
+    h = broker.begin_dialog(EMPLOYEES, EXPENSES, SUBMISSION)
+    broker.send(h, CLAIM, {"employee": "e", "amount": 1, "item": "x"})
+    rc, report = runtime(kafka_bootstrap, namespace, "--conversation", h)
+    assert rc == 0 and [e["conversation_handle"] for e in report["endpoints"]] == [h], report
+    assert report["endpoints"][0]["state"] in ("SO", "CO"), report
+    assert codes(report) == {}, report  # the initiator's queue holds nothing; the target's is not its queue
+    conversation_id = report["endpoints"][0]["conversation_id"]
+    [msg] = broker.receive("ExpenseQueue", top=10, wait=10)
+    broker.end_conversation(msg.conversation_handle)  # the target ends it: the initiator gets an EndDialog
+    rc, report = runtime(kafka_bootstrap, namespace, "--conversation", conversation_id)  # both sides, by id
+    states = {e["is_initiator"]: e["state"] for e in report["endpoints"]}
+    assert states == {True: "CO", False: "DO"}, report
+    assert set(codes(report)) == {"conversation_ending", "queue_unread"}, report
+    unread = next(p for p in report["problems"] if p["code"] == "queue_unread")
+    assert "'EmployeeQueue'" in unread["text"], unread  # the initiator's queue holds the EndDialog
+    assert [m.message_type_name for m in broker.receive("EmployeeQueue", top=10, wait=10)] == [END_DIALOG]
+    rc, report = runtime(kafka_bootstrap, namespace, "--conversation", conversation_id)
+    assert {e["is_initiator"]: e["state"] for e in report["endpoints"]} == {True: "DI", False: "DO"}, report
+    assert set(codes(report)) == {"conversation_ended_there", "conversation_ending"}, report
+    rc, report = runtime(kafka_bootstrap, namespace, "--conversation", "no-such-handle")
+    assert rc == 1 and codes(report) == {"conversation_not_found": namespace}, report
 
 
 # A process that dies inside a Kafka transaction it began on `topic` partition 0, with a timeout

@@ -163,3 +163,24 @@ def test_a_group_lock_held_past_the_bound_is_named_with_its_process():
     got = runtime("ns", [q], [], None, NOW)
     assert [(p.code, p.severity) for p in got] == [("lock_held", WARNING)]
     assert got[0].text.startswith("queue 'Q': process p1 has held a conversation group's lock for 123 s")
+
+
+from kbroker.core.diagnosis import conversation  # noqa: E402
+
+
+def endpoint(state, lifetime=None, initiator=True):
+    return {"conversation_handle": "h1" if initiator else "h2", "state": state, "lifetime": lifetime,
+            "service_name": "S", "is_initiator": initiator}
+
+
+def test_a_conversation_s_states_and_lifetime_are_named():
+    assert [p.code for p in conversation("ns", [], [], [], NOW)] == ["conversation_not_found"]
+    assert conversation("ns", [endpoint("CO", NOW + 10)], [], [], NOW) == []
+    got = {p.code: p.severity for p in conversation("ns", [endpoint("CO", NOW - 5), endpoint("ER", initiator=False)],
+                                                    [], [], NOW)}
+    assert got == {"conversation_expired": ERROR, "conversation_error": ERROR}
+    ended = conversation("ns", [endpoint("DI"), endpoint("CD", initiator=False)], [QueueState("Q", "OFF", None, 1, 0)],
+                         [], NOW)
+    assert [(p.code, p.text.split(":")[0]) for p in ended] == [
+        ("conversation_ended_there", "initiator h1 (S)"), ("conversation_closed", "target h2 (S)"),
+        ("queue_disabled", "queue 'Q' is disabled with 1 message(s) in it")]
