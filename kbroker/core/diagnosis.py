@@ -109,6 +109,36 @@ def configuration(frm: Side, from_service: str, to: Side | None, to_service: str
     return out
 
 
+@dataclass(frozen=True)
+class Access:
+    """What the cluster's authorizer lets the diagnosing principal do (KIP-430's authorized
+    operations): on the target service's queue topic (None: not asked, a routed dialog's sends go
+    through the transmission topic) and on the initiator's queue topic; each a set of operation
+    names, or None when the authorizer gave no answer (none configured, a topic not there yet)."""
+
+    principal: str
+    target_queue: frozenset[str] | None
+    initiator_queue: frozenset[str] | None
+
+
+def access(frm: Side, from_service: str, to_service: str, seen: Access) -> list[Problem]:
+    """The grants a dialog from `from_service` needs of the principal that begins it: SEND ON
+    SERVICE::to_service (WRITE on its queue's topic, for a dialog within the namespace) and
+    RECEIVE ON QUEUE of the initiator's queue (its replies, acknowledgements and EndDialog)."""
+    out = []
+    who = seen.principal
+    if seen.target_queue is not None and not {"WRITE", "ALL"} & seen.target_queue:
+        out.append(Problem("send_not_permitted", ERROR, frm.namespace,
+                           f"{who} may not SEND to service {to_service!r} (no WRITE on its queue's topic; Error "
+                           f"-8494): GRANT SEND ON SERVICE::{to_service} TO {who}"))
+    sender = frm.catalog.services.get(from_service)
+    if sender is not None and seen.initiator_queue is not None and not {"READ", "ALL"} & seen.initiator_queue:
+        out.append(Problem("receive_not_permitted", ERROR, frm.namespace,
+                           f"{who} may not RECEIVE from queue {sender.queue!r}, where the dialog's replies, "
+                           f"acknowledgements and EndDialog arrive: GRANT RECEIVE ON QUEUE::{sender.queue} TO {who}"))
+    return out
+
+
 def _queue(side: Side, name: str, what: str) -> list[Problem]:
     queue = side.catalog.queues.get(name)
     if queue is None:

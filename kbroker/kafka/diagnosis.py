@@ -14,14 +14,16 @@ import orjson
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core import names
 from kbroker.core.catalog.models import Queue
-from kbroker.core.diagnosis import ERROR, STUCK_AFTER_S, Problem, QueueState, Side, configuration, runtime
+from kbroker.core.diagnosis import (ERROR, STUCK_AFTER_S, Access, Problem, QueueState, Side, access, configuration,
+                                    runtime)
 from kbroker.core.diagnosis import conversation as conversation_problems
 from kbroker.core.routing.routes import address, match_route, parse_address, routes_of
 from kbroker.errors import CatalogError, KBrokerError
 from kbroker.kafka.catalog_store import read_catalog
-from kbroker.kafka.clients import brokers_answering
+from kbroker.kafka.clients import brokers_answering, principal
 from kbroker.kafka.conversation_endpoints import read_endpoints
 from kbroker.kafka.open_transactions import open_transactions
+from kbroker.kafka.permissions import authorized
 from kbroker.kafka.queues import queue_view_of
 from kbroker.kafka.reader import latest_values
 from kbroker.kafka.routing.views import transmission_rows
@@ -67,10 +69,23 @@ def diagnose_configuration(cluster: ClusterLike, namespace: str, from_service: s
             Problem("far_unreachable", ERROR, far_ns, f"{to_address} cannot be read from here: {exc}")], where
     to = Side(far_ns, to_address, far_catalog)
     problems = configuration(frm, from_service, to, to_service, contract, now)
+    problems += access(frm, from_service, to_service, _access(here, frm, from_service, to if far is here and
+                                                              far_ns == namespace else None, to_service, timeout))
     if far_ns != namespace and not far_catalog.services and not far_catalog.queues:
         problems.append(Problem("namespace_empty", ERROR, far_ns,
                                 f"{to_address} has no catalog: is the namespace applied (`kbroker apply`)?"))
     return problems, where
+
+
+def _access(here: Cluster, frm: Side, from_service: str, local: Side | None, to_service: str,
+            timeout: float) -> Access:
+    """What the authorizer lets this connection's principal do on the dialog's queue topics
+    (the target's only when `local`: the same namespace, where SEND writes it directly)."""
+    sender, target = frm.catalog.services.get(from_service), local.catalog.services.get(to_service) if local else None
+    mine = names.queue_topic(frm.namespace, sender.queue) if sender is not None else None
+    theirs = names.queue_topic(frm.namespace, target.queue) if target is not None else None
+    seen = authorized(here, [t for t in {mine, theirs} if t is not None], timeout)
+    return Access(principal(here), seen.get(theirs) if theirs else None, seen.get(mine) if mine else None)
 
 
 def diagnose_runtime(cluster: ClusterLike, namespace: str, timeout: float = 10.0,

@@ -93,6 +93,28 @@ def listed(cluster: ClusterLike, namespace: str, principal: str | None = None, *
     return shown, raw
 
 
+def authorized(cluster: ClusterLike, topics: list[str], timeout: float = 10.0) -> dict[str, frozenset[str] | None]:
+    """topic -> the operations the authorizer lets this principal do on it (KIP-430), an empty set
+    when it may not even DESCRIBE it, None when there is no answer (no authorizer, no topic)."""
+    if not topics:
+        return {}
+    admin = clients.admin(cluster)  # kept until the answers came: a client collected meanwhile fails them
+    futures = admin.describe_topics(TopicCollection(topics), include_authorized_operations=True,
+                                    request_timeout=timeout)
+    out: dict[str, frozenset[str] | None] = {}
+    for topic, future in futures.items():
+        try:
+            ops = future.result(timeout=timeout + 1.0).authorized_operations
+        except KafkaException as exc:
+            out[topic] = frozenset() if denied_code(exc.args[0]) else None
+            continue
+        except Exception:  # noqa: BLE001 - a future's timeout: no answer
+            out[topic] = None
+            continue
+        out[topic] = None if ops is None else frozenset(op.name for op in ops)
+    return out
+
+
 class SendChecks:
     """SEND's permission, asked of the cluster before a statement writes anything: whether this
     process's principal may WRITE a queue topic (DescribeTopics with the authorized operations,

@@ -276,3 +276,29 @@ def test_a_reader_that_may_not_write_the_catalog_disables_a_poisoned_queue_by_an
                 return None
 
         assert wait_for(served, SETTLE, "RECEIVE served again after queue enable")
+
+
+def test_diagnose_configuration_names_the_grants_a_dialog_needs_of_its_principal(user, secure_admin):
+    """ssbdiagnose's permission checks: the principal that begins the dialog needs SEND on the
+    target service and RECEIVE on the initiator's queue; each missing grant is named with the
+    statement that gives it, and gone once granted."""
+    from kbroker.kafka.diagnosis import diagnose_configuration
+
+    ns = fresh("d")
+    apply_paths(secure_admin, ns, [SAMPLES])
+    u = user()
+    u.cli("grant", "SEND", "ON", f"SERVICE::{EMP}", "TO", u.principal, "--namespace", ns)  # reads the catalog
+
+    def named() -> dict[str, str]:
+        problems, _ = diagnose_configuration(u.cluster, ns, EMP, EXP, CONTRACT)
+        return {p.code: p.text for p in problems if p.code.endswith("_permitted")}
+
+    missing = wait_for(lambda: len(named()) == 2 and named(), SETTLE, "both grants named",
+                       seen=lambda: diagnose_configuration(u.cluster, ns, EMP, EXP, CONTRACT))
+    assert missing["send_not_permitted"].endswith(f"GRANT SEND ON SERVICE::{EXP} TO {u.principal}"), missing
+    assert missing["receive_not_permitted"].endswith(f"GRANT RECEIVE ON QUEUE::EmployeeQueue TO {u.principal}")
+    u.cli("grant", "SEND", "ON", f"SERVICE::{EXP}", "TO", u.principal, "--namespace", ns)
+    u.cli("grant", "RECEIVE", "ON", "QUEUE::EmployeeQueue", "TO", u.principal, "--namespace", ns)
+    wait_for(lambda: named() == {}, SETTLE, "no grant named once both are given")
+    problems, _ = diagnose_configuration(secure_admin, ns, EMP, EXP, CONTRACT)  # the admin may do all
+    assert not [p for p in problems if p.code.endswith("_permitted")], problems
