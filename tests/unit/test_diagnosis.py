@@ -184,3 +184,18 @@ def test_a_conversation_s_states_and_lifetime_are_named():
     assert [(p.code, p.text.split(":")[0]) for p in ended] == [
         ("conversation_ended_there", "initiator h1 (S)"), ("conversation_closed", "target h2 (S)"),
         ("queue_disabled", "queue 'Q' is disabled with 1 message(s) in it")]
+
+
+from kbroker.core.diagnosis import Access, access  # noqa: E402
+
+
+def test_grants_missing_are_named_only_when_the_authorizer_answered():
+    a, _ = pair()
+    everything, nothing = frozenset({"READ", "WRITE", "DESCRIBE"}), frozenset()
+    assert access(a, "//From", "//To", Access("User:u", everything, everything)) == []
+    assert access(a, "//From", "//To", Access("User:u", None, None)) == []  # no authorizer: nothing to say
+    assert access(a, "//From", "//To", Access("User:u", frozenset({"ALL"}), frozenset({"ALL"}))) == []
+    got = access(a, "//From", "//To", Access("User:u", frozenset({"READ", "DESCRIBE"}), nothing))
+    assert [(p.code, p.severity, p.text.rsplit(": ", 1)[-1]) for p in got] == [
+        ("send_not_permitted", ERROR, "GRANT SEND ON SERVICE:://To TO User:u"),
+        ("receive_not_permitted", ERROR, "GRANT RECEIVE ON QUEUE::Q TO User:u")]
