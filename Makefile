@@ -11,7 +11,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-analytics test bench bench-quick prereqs setup clean
+.PHONY: demo demo-analytics test test-spark-cluster bench bench-quick prereqs setup clean
 
 demo: setup
 	$(BIN)/kbroker demo --port $(PORT)$(if $(DATA_DIR), --data-dir $(DATA_DIR))
@@ -29,6 +29,12 @@ test: setup
 	$(BIN)/mypy kbroker
 	scripts/toxiproxy.sh >/dev/null  # the fault-injecting proxy of the network-stall test
 	$(BIN)/pytest$(if $(PARALLEL), $(PARALLEL))
+
+# The analytics job on a Spark standalone cluster (a master and two workers, pyspark's launcher),
+# one of them killed mid-run: about 3 minutes, so not part of `make test` (its marker is
+# deselected unless named; tests/conftest.py).
+test-spark-cluster: setup
+	$(BIN)/pytest -m spark_cluster tests/integration/test_analytics_cluster.py
 
 bench: setup
 	$(BIN)/kbroker bench

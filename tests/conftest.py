@@ -61,11 +61,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     for item in items:
         item.add_marker(pytest.mark.xdist_group(group(item)))
+    _deselect_opt_in(config, items)
 
     def rank(item: pytest.Item) -> int:
         return next((i for i, slow in enumerate(SLOW_FIRST) if slow == group(item)), len(SLOW_FIRST))
 
     items.sort(key=rank)  # stable: within a rank, collection order
+
+
+# Tests too slow for the default run, each with a command of its own (the Makefile's): collected,
+# but deselected unless the `-m` expression names their marker (`pytest -m spark_cluster`).
+OPT_IN = ("spark_cluster",)
+
+
+def _deselect_opt_in(config: pytest.Config, items: list[pytest.Item]) -> None:
+    asked = config.getoption("markexpr", "") or ""
+    left_out = {m for m in OPT_IN if m not in asked}
+    dropped = [i for i in items if any(i.get_closest_marker(m) for m in left_out)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [i for i in items if i not in dropped]
 
 
 _EXIT_STATUS: dict[str, int] = {}

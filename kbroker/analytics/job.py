@@ -26,7 +26,7 @@ from kbroker.core.envelope import H_CONVERSATION_ID, H_GROUP_ID, H_MESSAGE_ID, H
 from kbroker.core.queue_analytics import Analytics, Arrival
 from kbroker.core.log_limit import LogLimiter, RateLimitFilter
 from kbroker.core.rejected import Consumed, Rejected, text_key
-from kbroker.errors import BrokerUnavailableError, PermissionDeniedError
+from kbroker.errors import BrokerUnavailableError, InvalidArgumentError, PermissionDeniedError
 from kbroker.kafka.analytics.results import ResultsWriter
 from kbroker.kafka.catalog_store import read_catalog
 from kbroker.kafka.clients import principal, spark_java_options, spark_options
@@ -57,6 +57,13 @@ class JobSettings:
 
     def __post_init__(self) -> None:
         self.cluster = Cluster.of(self.cluster)
+        for what, path in (("checkpoint", self.checkpoint), ("history", self.history)):
+            if _URL.match(str(path)):  # a Path folds s3a://b/x to s3a:/b/x: a directory of that name
+                raise InvalidArgumentError(f"--{what} {path}: a path on a filesystem the driver mounts (a shared "
+                                           "one on a cluster), not a URL (docs/analytics.md)")
+
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
 
 
 def _header(name: str) -> str:

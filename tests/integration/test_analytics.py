@@ -9,7 +9,9 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, Callable
 
 import httpx
 import orjson
@@ -84,31 +86,40 @@ def send(b: Broker, to: str, dialogs: int, each: int) -> list[str]:
     return handles
 
 
-def test_known_stale_and_fresh_messages_give_exactly_those_aggregates(analytics_ns, start_analytics, spark):
-    bootstrap, ns, w, b = analytics_ns
-    job = start_analytics(ns, window=5.0)  # short windows: they close, and reach the history, within the test
-    wait_for(lambda: job.batches >= 1, 60, "the job's first batch")
+def receive_all(b: Broker, queue: str, count: int) -> int:
+    got, deadline = 0, time.time() + 30
+    while got < count and time.time() < deadline:
+        with b.transaction() as tx:
+            got += len(tx.receive(queue, top=50, wait=1.0))
+    return got
+
+
+def known_workload(b: Broker) -> float:
+    """The messages whose aggregates check_known_aggregates knows: 30 on StaleQueue nobody receives
+    (5 dialogs of 6: stale after 3 s, the queue's), 20 on FreshQueue all received (4 of 5), and 5
+    SENDs rolled back. Returns when the stale ones were sent."""
     stale_sent = time.time()
-    send(b, STALE, dialogs=5, each=6)  # 30 messages nobody receives: stale after 3 s (the queue's)
-    send(b, FRESH, dialogs=4, each=5)  # 20 messages, all received
+    send(b, STALE, dialogs=5, each=6)
+    send(b, FRESH, dialogs=4, each=5)
     with pytest.raises(RuntimeError):  # a rolled-back SEND is never counted (read_committed)
         with b.transaction() as tx:
             h = tx.begin_dialog(CLIENT, STALE, CONTRACT)
             for i in range(5):
                 tx.send(h, WORK, f"aborted{i}")
             raise RuntimeError("roll back")
-    got = 0
-    deadline = time.time() + 30
-    while got < 20 and time.time() < deadline:
-        with b.transaction() as tx:
-            got += len(tx.receive("FreshQueue", top=50, wait=1.0))
-    assert got == 20
+    assert receive_all(b, "FreshQueue", 20) == 20
+    return stale_sent
 
+
+def check_known_aggregates(bootstrap: str, ns: str, stale_sent: float, history: Path,
+                           seen: Callable[[], Any]) -> None:
+    """What a job with 5 s windows reports of known_workload, exactly, wherever it runs (`seen`:
+    the job's state, shown when the fresh queue's counts do not come)."""
     fresh = wait_for(lambda: (t := totals(bootstrap, ns, "FreshQueue")) and t["receives"] == 20 and t, 90,
                      "the 20 fresh messages received in the analytics topic",
-                     seen=lambda: (totals(bootstrap, ns, "FreshQueue"), job.batches, job.failure(),
+                     seen=lambda: (totals(bootstrap, ns, "FreshQueue"),
                                    (latest_values(bootstrap, names.progress_topic(ns), 10) or {}).get(b"FreshQueue"),
-                                   w.log.read_text()[-4000:]))
+                                   seen()))
     assert fresh["arrivals"] == 20 and fresh["backlog"] == 0
     assert fresh["stale"] == {"dispatcher_10s": 0, "forwarder_60s": 0, "queue": 0}
     stale = wait_for(lambda: (t := totals(bootstrap, ns, "StaleQueue")) and t["stale"]["dispatcher_10s"] == 30 and t,
@@ -117,18 +128,6 @@ def test_known_stale_and_fresh_messages_give_exactly_those_aggregates(analytics_
     assert stale["stale"]["queue"] == 30 and stale["stale"]["forwarder_60s"] == 0, stale
     assert stale["oldest_unreceived_age_s"] >= 10
     assert sum(g["backlog"] for g in stale["top_groups"]) == 30 and len(stale["top_groups"]) == 5
-    # The job's metrics (kbroker/metrics.py; the job runs in this process) say the same, once the
-    # batch that wrote those records has set them (just after its transaction).
-    gauge = lambda name, **labels: REGISTRY.get_sample_value(name, {"namespace": ns, **labels})  # noqa: E731
-    wait_for(lambda: gauge("kbroker_analytics_queue_stale_messages", queue="StaleQueue",
-                           threshold="dispatcher_10s") == 30, 10, "the stale gauge",
-             seen=lambda: gauge("kbroker_analytics_queue_stale_messages", queue="StaleQueue",
-                                threshold="dispatcher_10s"))
-    assert gauge("kbroker_analytics_queue_backlog_messages", queue="StaleQueue") == 30
-    assert gauge("kbroker_analytics_queue_backlog_messages", queue="FreshQueue") == 0
-    assert gauge("kbroker_analytics_queue_oldest_unreceived_seconds", queue="StaleQueue") >= 10
-    assert gauge("kbroker_analytics_batch_seconds_count") >= job.batches >= 1
-    assert gauge("kbroker_analytics_rows_total") >= 50 and gauge("kbroker_analytics_delay_seconds") >= 0
     # Every dialog of the stale queue is classified stale, and none of the fresh one.
     rows = dialog_rows(bootstrap, ns)
     assert sorted(r["class"] for r in rows if r["queue"] == "StaleQueue") == ["stale"] * 5
@@ -146,18 +145,44 @@ def test_known_stale_and_fresh_messages_give_exactly_those_aggregates(analytics_
                              [TopicPartition(names.queue_topic(ns, "FreshQueue"), p) for p in (0, 1)], 10, stable=False)
     assert sum(tp.offset for tp in read) >= 20, read
     # Closed windows reach the Parquet history, one row per queue and window, the same counts.
-    history = str(job.s.history / "queue_windows")
+    rows = wait_for(lambda: (r := history_rows(history, "FreshQueue")) and sum(w["receives"] for w in r) == 20 and r,
+                    60, "the fresh queue's closed windows in the Parquet history",
+                    seen=lambda: history_rows(history, "FreshQueue"))
+    assert sum(w["arrivals"] for w in rows) == 20
+    assert len({w["window_start"] for w in rows}) == len(rows)  # a window once
 
-    def fresh_history():
-        try:
-            rows = spark.read.parquet(history).where("queue = 'FreshQueue'").collect()
-        except Exception:  # noqa: BLE001 - no window has closed yet
-            return None
-        return rows if sum(r.receives for r in rows) == 20 else None
 
-    rows = wait_for(fresh_history, 60, "the fresh queue's closed windows in the Parquet history")
-    assert sum(r.arrivals for r in rows) == 20
-    assert len({r.window_start for r in rows}) == len(rows)  # a window once
+def history_rows(history: Path, queue: str) -> list[dict]:
+    """The queue's rows of the job's Parquet history (read with pyarrow, as any reader may), []
+    before a window has closed or while one is being rewritten."""
+    import pyarrow.dataset as ds
+
+    try:
+        table = ds.dataset(str(history / "queue_windows"), format="parquet", partitioning="hive").to_table()
+    except (OSError, ValueError):  # no window closed yet; a window's files replaced under the reader
+        return []
+    return [r for r in table.to_pylist() if r["queue"] == queue]
+
+
+def test_known_stale_and_fresh_messages_give_exactly_those_aggregates(analytics_ns, start_analytics):
+    bootstrap, ns, w, b = analytics_ns
+    job = start_analytics(ns, window=5.0)  # short windows: they close, and reach the history, within the test
+    wait_for(lambda: job.batches >= 1, 60, "the job's first batch")
+    stale_sent = known_workload(b)
+    check_known_aggregates(bootstrap, ns, stale_sent, job.s.history,
+                           seen=lambda: (job.batches, job.failure(), w.log.read_text()[-4000:]))
+    # The job's metrics (kbroker/metrics.py; the job runs in this process) say the same, once the
+    # batch that wrote those records has set them (just after its transaction).
+    gauge = lambda name, **labels: REGISTRY.get_sample_value(name, {"namespace": ns, **labels})  # noqa: E731
+    wait_for(lambda: gauge("kbroker_analytics_queue_stale_messages", queue="StaleQueue",
+                           threshold="dispatcher_10s") == 30, 10, "the stale gauge",
+             seen=lambda: gauge("kbroker_analytics_queue_stale_messages", queue="StaleQueue",
+                                threshold="dispatcher_10s"))
+    assert gauge("kbroker_analytics_queue_backlog_messages", queue="StaleQueue") == 30
+    assert gauge("kbroker_analytics_queue_backlog_messages", queue="FreshQueue") == 0
+    assert gauge("kbroker_analytics_queue_oldest_unreceived_seconds", queue="StaleQueue") >= 10
+    assert gauge("kbroker_analytics_batch_seconds_count") >= job.batches >= 1
+    assert gauge("kbroker_analytics_rows_total") >= 50 and gauge("kbroker_analytics_delay_seconds") >= 0
     # Several producers SENDing to one partition append records whose timestamps go backwards: six
     # records on ClientQueue's partition 0 (nothing else writes there), each stamped 100 ms before
     # the one before it, are six arrivals and six unreceived, not the one the timestamp order leaves.
@@ -172,14 +197,6 @@ def test_known_stale_and_fresh_messages_give_exactly_those_aggregates(analytics_
                                        stable=False)[0].offset >= 6, 30, "the job's read of the six records")
     client = totals(bootstrap, ns, "ClientQueue")  # written in the transaction that moved the read position
     assert (client["arrivals"], client["backlog"]) == (6, 6), client
-
-
-def receive_all(b: Broker, queue: str, count: int) -> int:
-    got, deadline = 0, time.time() + 30
-    while got < count and time.time() < deadline:
-        with b.transaction() as tx:
-            got += len(tx.receive(queue, top=50, wait=1.0))
-    return got
 
 
 LATE_QUEUE = """
@@ -280,12 +297,12 @@ def test_a_dialog_that_stops_being_received_is_reclassified_stale_and_the_worker
 class JobProcess:
     """`kbroker analytics run` as a process of its own (with its Spark JVM), killed with -9."""
 
-    def __init__(self, bootstrap: str, ns: str, tmp: Path, n: int):
-        self.log = tmp / f"analytics-{n}.log"
+    def __init__(self, bootstrap: str, ns: str, tmp: Path, n: int, master: str = "local[2]", args: Sequence[str] = ()):
+        self.log, self.history = tmp / f"analytics-{n}.log", tmp / "history"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                [KBROKER, "analytics", "run", "--bootstrap", bootstrap, "--namespace", ns, "--master", "local[2]",
-                 "--checkpoint", str(tmp / "checkpoint"), "--history", str(tmp / "history"), "--trigger", "1"],
+                [KBROKER, "analytics", "run", "--bootstrap", bootstrap, "--namespace", ns, "--master", master,
+                 "--checkpoint", str(tmp / "checkpoint"), "--history", str(self.history), "--trigger", "1", *args],
                 cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True)
 

@@ -53,3 +53,16 @@ def test_a_stopping_job_does_not_try_again():
     with pytest.raises(OSError):
         again_on_failure("reading", failing(1, calls, OSError("x")), 7, stopping)
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("where", [{"checkpoint": "s3a://bucket/ckpt"}, {"history": "hdfs://nn:8020/history"}])
+def test_a_checkpoint_or_history_given_as_a_url_is_refused_not_made_a_local_directory(where):
+    from pathlib import Path
+
+    from kbroker.analytics.job import JobSettings
+    from kbroker.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="not a URL"):
+        JobSettings(cluster="127.0.0.1:9092", namespace="n", **{k: Path(v) for k, v in where.items()})
+    JobSettings(cluster="127.0.0.1:9092", namespace="n", checkpoint=Path("/mnt/shared/ckpt"),
+                history=Path("relative/history"))  # paths are taken
