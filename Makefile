@@ -11,7 +11,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-analytics test test-spark-cluster bench bench-quick prereqs setup clean
+.PHONY: demo demo-analytics test test-spark-cluster test-clusters bench bench-quick prereqs setup clean
 
 demo: setup
 	$(BIN)/kbroker demo --port $(PORT)$(if $(DATA_DIR), --data-dir $(DATA_DIR))
@@ -35,6 +35,12 @@ test: setup
 # deselected unless named; tests/conftest.py).
 test-spark-cluster: setup
 	$(BIN)/pytest -m spark_cluster tests/integration/test_analytics_cluster.py
+
+# Both cluster runs: the Spark one above, and the worker, routing and the analytics job on the
+# three-node Kafka cluster with a node killed (about 4 minutes). CI runs it after `make test`.
+test-clusters: setup
+	$(BIN)/pytest -m "spark_cluster or kafka_cluster" tests/integration/test_analytics_cluster.py \
+		tests/integration/test_cluster.py
 
 bench: setup
 	$(BIN)/kbroker bench

@@ -267,3 +267,95 @@ def test_the_transaction_coordinator_killed_during_commits(cluster: EmbeddedClus
         if victim is not None and cluster.status().nodes_running < NODES:
             cluster.start_node(victim, wait=120)  # the next test of the module gets three nodes
     assert_no_violations(inv.check(sent, replies, commits(readers), per_conversation))
+
+
+def leads_most(admin: AdminClient, prefixes: tuple[str, ...]) -> int:
+    """The node leading the most partitions of the topics under `prefixes`."""
+    led: Counter[int] = Counter()
+    for name, t in metadata(admin).topics.items():
+        if name.startswith(prefixes):
+            led.update(p.leader for p in t.partitions.values())
+    return led.most_common(1)[0][0]
+
+
+@pytest.mark.kafka_cluster  # about 4 minutes: `make test-clusters`, not `make test`
+@pytest.mark.timeout(600)
+def test_routing_the_workers_and_the_analytics_job_lose_nothing_when_a_node_is_killed(
+        cluster: EmbeddedCluster, tmp_path: Path) -> None:
+    """Request and reply between two namespaces of the cluster, routed by a `kbroker worker` on
+    each and answered by a replying process, while `kbroker analytics run` counts B's queue. The
+    node leading most of their partitions is killed with SIGKILL mid-run and stays down: every
+    request is answered once and in order, and the job's arrivals and receives are exact."""
+    from tests.integration.test_analytics import JobProcess, totals
+    from tests.integration.test_routing import CLIENT as FROM, CONTRACT as DIALOG, REQUEST, SERVER as TO, setup_catalogs
+    from tests.integration.test_routing_clusters import Replier, Replies, tally
+    from tests.integration.test_worker import Worker
+
+    status = cluster.status()
+    assert status.nodes_running == NODES and status.bootstrap is not None
+    bootstrap = status.bootstrap
+    a, b = "ca" + uuid.uuid4().hex[:8], "cb" + uuid.uuid4().hex[:8]
+    dialogs, rounds = 4, 6
+    started = time.monotonic()
+    setup_catalogs(bootstrap, tmp_path, a, b)
+    workers = [Worker(bootstrap, a, tmp_path), Worker(bootstrap, b, tmp_path)]
+    replier = Replier(bootstrap, b, tmp_path, 1)
+    job = JobProcess(bootstrap, b, tmp_path, 1)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        for w in workers:
+            w.wait_ready()
+        ba = Broker(bootstrap, a)
+        replies = Replies(bootstrap, a)
+        handles = [ba.begin_dialog(FROM, TO, DIALOG) for _ in range(dialogs)]
+        convs = [ba.endpoints.current(h).conversation_id for h in handles]
+        sent: dict[str, list[str]] = {c: [] for c in convs}
+
+        def send_round(i: int) -> None:
+            for h, conv in zip(handles, convs):
+                sent[conv].append(ba.send(h, REQUEST, {"i": i}))
+
+        def replies_at_least(n: int, timeout: float, what: str) -> None:
+            wait_for(lambda: replies.take() >= n, timeout, f"{n} replies {what} (have {len(replies.records)}; logs: "
+                     f"{[str(w.log) for w in workers]}, {replier.log}, {job.log})")
+
+        for i in range(3):
+            send_round(i)
+        replies_at_least(3 * dialogs, 180, "before the kill")
+        wait_for(lambda: job.batches() >= 1, 240, f"the analytics job's first batch ({job.log})")
+
+        victim = leads_most(admin, (names.prefix(a), names.prefix(b)))
+        assert cluster.kill_node(victim)
+        killed_at = time.monotonic()
+        for i in range(3, rounds):
+            send_round(i)
+        replies_at_least(rounds * dialogs, 240, "after the kill")
+        answered_in = time.monotonic() - killed_at
+        time.sleep(3)  # anything more (a duplicate) would land now
+        replies.take()
+        counts = tally(sent, replies.records)
+        print(f"\nkilled node {victim} (leading most of the two namespaces' partitions) {killed_at - started:.0f} s "
+              f"into the run: every request answered "
+              f"{answered_in:.1f} s later; {len(replies.records)} replies to {rounds * dialogs} requests, "
+              f"lost {len(counts['lost'])}, duplicated {len(counts['duplicated'])}, "
+              f"out of order {len(counts['out_of_order'])}")
+        assert (counts["lost"], counts["duplicated"], counts["out_of_order"], counts["unknown"]) == ([], [], [], []), counts
+        want = rounds * dialogs
+        seen = wait_for(lambda: (t := totals(bootstrap, b, "Q")) and t["arrivals"] == want and t["receives"] == want
+                        and t, 180, f"the job's counts of B's queue reaching {want} ({job.log})",
+                        seen=lambda: totals(bootstrap, b, "Q"))
+        print(f"the job's counts exact {time.monotonic() - started:.0f} s into the run")
+        time.sleep(5)  # a later batch counting anything twice would show now
+        assert {k: totals(bootstrap, b, "Q")[k] for k in ("arrivals", "receives")} == {"arrivals": want,
+                                                                                        "receives": want}, seen
+        for w in workers:
+            assert w.proc.poll() is None, w.log.read_text()[-3000:]
+        assert replier.proc.poll() is None and job.proc.poll() is None, (replier.log, job.log)
+        replies.close()
+        ba.close()
+    finally:
+        job.stop()
+        replier.stop()
+        for w in workers:
+            w.stop()
+        # The module's last test: the node stays down, the fixture stops the cluster.
