@@ -20,6 +20,7 @@ from typing import Any
 
 from kbroker.core.arrival import CONTRACT_NOT_FOUND, CONTRACT_NOT_SUPPORTED, NO_PERMISSION
 from kbroker.core.catalog.models import Catalog
+from kbroker.core.poison import POISON_THRESHOLD
 from kbroker.core.routing.routes import hop, match_route, parse_address, routes_of
 
 ERROR, WARNING = "error", "warning"
@@ -218,6 +219,8 @@ class QueueState:
     ready: int  # an upper bound (see queue_view)
     readers: int  # members of the queue's consumer group
     locks: tuple[tuple[str, float], ...] = ()  # (process, epoch s its oldest group lock was taken)
+    # The message still in the queue rolled back most often lately: ("partition:offset", count).
+    rolled_back: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -250,6 +253,11 @@ def runtime(namespace: str, queues: list[QueueState], transmission: list[dict[st
                                    f"queue {q.name!r}: process {process} has held a conversation group's lock for "
                                    f"{now - since:.0f} s: a transaction that received and has not ended (its handler "
                                    "stuck or waiting); no other reader takes the group until it commits or rolls back"))
+        if q.rolled_back is not None and q.status == "ON":
+            where, count = q.rolled_back
+            out.append(Problem("message_rolling_back", WARNING, namespace,
+                               f"queue {q.name!r}: message {where} rolled back {count} time(s) lately (at "
+                               f"{POISON_THRESHOLD} in a row the queue is disabled): a handler failing on it"))
         if q.status != "ON":
             out.append(Problem("queue_disabled", ERROR, namespace,
                                f"queue {q.name!r} is disabled with {q.ready} message(s) in it: RECEIVE fails until "

@@ -25,6 +25,7 @@ from kbroker.kafka.conversation_endpoints import read_endpoints
 from kbroker.kafka.open_transactions import open_transactions
 from kbroker.kafka.permissions import authorized
 from kbroker.kafka.queues import queue_view_of
+from kbroker.kafka.rollbacks import recent_rollbacks
 from kbroker.kafka.reader import latest_values
 from kbroker.kafka.routing.views import transmission_rows
 from kbroker.kafka.routing.profiles import ClusterProfiles
@@ -124,9 +125,10 @@ def diagnose_conversation(cluster: ClusterLike, namespace: str, conversation: st
 
 
 def _queue_states(cluster: ClusterLike, namespace: str, queues: Iterable[Queue], timeout: float) -> list[QueueState]:
-    """Each queue as measured now (queue_view_of), with its readers' oldest locks; a queue with no
-    topic yet (nothing sent to it) is left out."""
+    """Each queue as measured now (queue_view_of), with its readers' oldest locks and its message
+    rolled back most lately; a queue with no topic yet (nothing sent to it) is left out."""
     out = []
+    rollbacks = recent_rollbacks(cluster, namespace, timeout)
     for q in sorted(queues, key=lambda q: q.name):
         try:
             view = queue_view_of(cluster, namespace, q, timeout)
@@ -136,8 +138,22 @@ def _queue_states(cluster: ClusterLike, namespace: str, queues: Iterable[Queue],
         locks = tuple((r["process"], r["oldest_lock_at"] / 1000) for r in view["readers"]
                       if isinstance(r.get("oldest_lock_at"), (int, float)))
         out.append(QueueState(q.name, q.status, activation, int(view["totals"]["ready"]),
-                              int(view["group"]["members"]), locks))
+                              int(view["group"]["members"]), locks,
+                              _still_queued(rollbacks.get(q.name, {}), view["partition_offsets"])))
     return out
+
+
+def _still_queued(counts: dict[tuple[int, int], int], partitions: list[dict[str, Any]]) -> tuple[str, int] | None:
+    """The most rolled-back of `counts` ((partition, offset) -> rollbacks) not received since: at
+    or past its partition's committed position (a message completed out of order above it may
+    count too: a hint, not a verdict)."""
+    committed = {row["partition"]: row["committed"] if row["committed"] is not None else row["start"]
+                 for row in partitions}
+    waiting = [(n, p, o) for (p, o), n in counts.items() if p in committed and o >= committed[p]]
+    if not waiting:
+        return None
+    n, p, o = max(waiting)
+    return f"{p}:{o}", n
 
 
 def newest_analytics(cluster: ClusterLike, namespace: str, timeout: float) -> float | None:

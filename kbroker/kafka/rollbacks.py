@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
@@ -24,7 +25,7 @@ from kbroker.core.poison import EventDisables, Position, RollbackLedger
 from kbroker.errors import PermissionDeniedError
 from kbroker.kafka import clients
 from kbroker.kafka.background import Background
-from kbroker.kafka.reader import CONSUME_WAIT, reading_consumer, topic_partitions
+from kbroker.kafka.reader import CONSUME_WAIT, read_partitions, reading_consumer, topic_partitions
 
 log = logging.getLogger("kbroker.poison")
 
@@ -163,3 +164,41 @@ class RollbackLog(Background):
                         self.ledger.seen((event["topic"], int(p), int(o)), int(count))
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                 continue
+
+
+def recent_rollbacks(cluster: ClusterLike, namespace: str, timeout: float = 10.0,
+                     since_s: float = LOOKBACK_SECONDS) -> dict[str, dict[tuple[int, int], int]]:
+    """queue -> (partition, offset) -> the highest rollback count the events topic says of each
+    message rolled back in the last `since_s` seconds (for `kbroker diagnose runtime`). Events
+    that are not rollbacks, or not well formed (anyone may write the topic), are skipped."""
+    topic = names.events_topic(namespace)
+    consumer = reading_consumer(cluster, names.reader_group(namespace), **{"allow.auto.create.topics": False})
+    counts: dict[str, dict[tuple[int, int], int]] = {}
+
+    def take(msg: Any) -> None:
+        value = msg.value() or b""
+        if _ROLLED_BACK_JSON not in value:
+            return
+        try:
+            event = orjson.loads(value)
+            queue, messages = event["queue"], event["messages"]
+            seen = counts.setdefault(str(queue), {})
+            for partition, offset, count in messages:
+                if all(isinstance(v, int) and not isinstance(v, bool) for v in (partition, offset, count)):
+                    seen[(partition, offset)] = max(seen.get((partition, offset), 0), count)
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            return
+
+    try:
+        partitions = topic_partitions(consumer, topic, timeout)
+        if not partitions:
+            return {}
+        when = int((time.time() - since_s) * 1000)
+        starts = consumer.offsets_for_times([TopicPartition(topic, p, when) for p in partitions], timeout=timeout)
+        begin = {tp.partition: tp.offset for tp in starts if tp.offset >= 0}  # -1: no event since then
+        read_partitions(consumer, topic, begin, timeout, on_record=take)
+    except KafkaException as exc:
+        raise clients.kafka_error(f"cannot read the rollbacks on {topic}", exc.args[0]) from None
+    finally:
+        consumer.close()
+    return {q: c for q, c in counts.items() if c}

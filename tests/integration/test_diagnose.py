@@ -246,3 +246,33 @@ def test_a_hanging_transaction_is_named_and_ended_by_the_command_named_and_a_lon
     assert amounts == list(range(sent)), amounts  # the aborted record is no message; every one sent came
     rc, report = runtime(kafka_bootstrap, namespace, "--stuck-after", "1")
     assert not {"transaction_hanging", "transaction_open", "lock_held"} & set(codes(report)), report
+
+
+def test_runtime_names_a_message_rolled_back_again_and_again_until_it_is_received(kafka_bootstrap, namespace, broker):
+    from confluent_kafka import Producer
+
+    from kbroker.cli.demo import CLAIM, CONTRACT as SUBMISSION, EMPLOYEES, EXPENSES
+
+    broker.send(broker.begin_dialog(EMPLOYEES, EXPENSES, SUBMISSION), CLAIM, {"employee": "e", "amount": 1, "item": "x"})
+    junk = Producer({"bootstrap.servers": kafka_bootstrap})  # anyone may write the events topic
+    for value in (b'{"event": "RECEIVE_ROLLED_BACK", "queue": "ExpenseQueue", "messages": [[0, "x", true]]}',
+                  b'{"event": "RECEIVE_ROLLED_BACK"}', b"RECEIVE_ROLLED_BACK \xff"):
+        junk.produce(names.events_topic(namespace), key=b"ExpenseQueue", value=value)
+    assert junk.flush(10) == 0
+    for _ in range(2):
+        try:
+            with broker.transaction() as tx:
+                assert tx.receive("ExpenseQueue", top=1, wait=10)
+                raise RuntimeError("the handler fails")
+        except RuntimeError:
+            pass
+
+    def named() -> dict | None:
+        rc, report = runtime(kafka_bootstrap, namespace)
+        return next((p for p in report["problems"] if p["code"] == "message_rolling_back"), None)
+
+    problem = wait_for(named, 30, "the message rolled back named")
+    assert problem["text"].startswith("queue 'ExpenseQueue': message ") and "rolled back 2 time(s)" in problem["text"]
+    with broker.transaction() as tx:
+        assert tx.receive("ExpenseQueue", top=1, wait=10)
+    wait_for(lambda: named() is None, 30, "no message named once it was received")

@@ -199,3 +199,12 @@ def test_grants_missing_are_named_only_when_the_authorizer_answered():
     assert [(p.code, p.severity, p.text.rsplit(": ", 1)[-1]) for p in got] == [
         ("send_not_permitted", ERROR, "GRANT SEND ON SERVICE:://To TO User:u"),
         ("receive_not_permitted", ERROR, "GRANT RECEIVE ON QUEUE::Q TO User:u")]
+
+
+def test_a_message_rolled_back_lately_is_named_while_its_queue_is_on():
+    rolling = QueueState("Q", "ON", None, 1, 1, rolled_back=("0:7", 3))
+    got = runtime("ns", [rolling], [], None, NOW)
+    assert [(p.code, p.severity) for p in got] == [("message_rolling_back", WARNING)]
+    assert "message 0:7 rolled back 3 time(s) lately (at 5 in a row the queue is disabled)" in got[0].text
+    off = QueueState("Q", "OFF", None, 1, 1, rolled_back=("0:7", 5))
+    assert [p.code for p in runtime("ns", [off], [], None, NOW)] == ["queue_disabled"]
