@@ -11,7 +11,6 @@ from typing import Any
 import click
 
 from kbroker.cli.common import cluster_options, emit_json, handle_errors, json_option, main
-from kbroker.core.diagnosis import STUCK_AFTER_S
 
 
 @main.group("diagnose")
@@ -48,8 +47,9 @@ def configuration_cmd(from_service, to_service, contract, to_namespace, to_boots
 @diagnose_group.command("runtime")
 @click.option("--timeout", type=click.FloatRange(min=0.5), default=10.0, show_default=True,
               help="Seconds to wait for each answer.")
-@click.option("--stuck-after", type=click.FloatRange(min=0), default=STUCK_AFTER_S, show_default=True,
-              help="Seconds after which an open Kafka transaction is hanging and a held group lock is named.")
+@click.option("--stuck-after", type=click.FloatRange(min=0), default=None,
+              help="Seconds after which an open Kafka transaction is hanging and a held group lock is named "
+                   "(default: 120, past any kbroker producer's transaction timeout).")
 @click.option("--conversation", default=None, metavar="HANDLE",
               help="One dialog only (an endpoint's handle or its conversation id): its endpoints' states and "
                    "lifetimes, its services' queues, its routed messages not acknowledged.")
@@ -62,8 +62,10 @@ def runtime_cmd(timeout, stuck_after, conversation, target, as_json):
     that ends each), routed messages the far side has not acknowledged (per destination, with the
     transmission status), an analytics job whose figures are old. Exits 1 when one of them is an
     error."""
+    from kbroker.core.diagnosis import STUCK_AFTER_S
     from kbroker.kafka.diagnosis import diagnose_conversation, diagnose_runtime
 
+    stuck_after = STUCK_AFTER_S if stuck_after is None else stuck_after
     if conversation is not None:
         problems, measured = diagnose_conversation(target.cluster, target.namespace, conversation, timeout,
                                                    stuck_after)
