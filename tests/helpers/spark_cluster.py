@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,13 @@ from typing import Any
 import httpx
 
 from tests.helpers import free_port, wait_for
+
+
+def job_conf() -> list[str]:
+    """`kbroker analytics run` options for a job on such a cluster: executors that fit a worker of
+    1g, and this Python for their Python tasks (the history's writes), as a cluster's workers need one
+    with pyspark of the driver's minor version (docs/analytics.md)."""
+    return ["--conf", "spark.executor.memory=512m", "--conf", f"spark.pyspark.python={sys.executable}"]
 
 
 def spark_home() -> Path:

@@ -11,13 +11,12 @@ import time
 import pytest
 
 from tests.helpers import wait_for
-from tests.helpers.spark_cluster import SparkCluster
+from tests.helpers.spark_cluster import SparkCluster, job_conf
 from tests.integration.test_analytics import (FRESH, STALE, JobProcess, check_known_aggregates, known_workload, send,
                                               totals)
 from tests.integration.test_analytics import analytics_ns  # noqa: F401 - the fixture: a namespace and its worker
 
 pytestmark = [pytest.mark.spark_cluster, pytest.mark.timeout(900)]
-EXECUTOR = ["--conf", "spark.executor.memory=512m"]  # a worker offers 1g
 
 
 @pytest.fixture
@@ -32,7 +31,7 @@ def spark_cluster(tmp_path):
 def test_the_job_on_a_cluster_counts_exactly_and_rides_through_the_loss_of_a_worker(analytics_ns, spark_cluster,
                                                                                     tmp_path):
     bootstrap, ns, w, b = analytics_ns
-    job = JobProcess(bootstrap, ns, tmp_path, 1, master=spark_cluster.url, args=["--window", "5", *EXECUTOR])
+    job = JobProcess(bootstrap, ns, tmp_path, 1, master=spark_cluster.url, args=["--window", "5", *job_conf()])
     tail = lambda: job.log.read_text(errors="replace")[-3000:]  # noqa: E731
     try:
         wait_for(lambda: job.batches() >= 1, 240, "the job's first batch on the cluster",
