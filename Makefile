@@ -36,11 +36,13 @@ test: setup
 test-spark-cluster: setup
 	$(BIN)/pytest -m spark_cluster tests/integration/test_analytics_cluster.py
 
-# Both cluster runs: the Spark one above, and the worker, routing and the analytics job on the
-# three-node Kafka cluster with a node killed (about 4 minutes). CI runs it after `make test`.
+# The cluster runs, minutes each, so not in `make test` (CI runs this after it): the Spark one
+# above; on the three-node Kafka cluster a node killed under load, its transaction coordinator
+# killed during commits, and the worker, routing and the analytics job with a node killed; and
+# routing between two clusters through kills and an outage longer than a lease. About 10 minutes.
 test-clusters: setup
 	$(BIN)/pytest -m "spark_cluster or kafka_cluster" tests/integration/test_analytics_cluster.py \
-		tests/integration/test_cluster.py
+		tests/integration/test_cluster.py tests/integration/test_routing_clusters.py
 
 bench: setup
 	$(BIN)/kbroker bench

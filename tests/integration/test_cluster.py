@@ -146,6 +146,7 @@ def test_delivery_faults_counts_each_kind() -> None:
     assert delivery_faults([0, 1, 2, 3], [0, 2, 1, 3]) == {**NO_FAULTS, "out_of_order": 1}
 
 
+@pytest.mark.kafka_cluster  # the cluster's tests: `make test-clusters` (CI runs it), not `make test`
 def test_a_node_killed_under_load_loses_and_repeats_nothing(cluster: EmbeddedCluster) -> None:
     test_started = time.monotonic()
     status = cluster.status()
@@ -235,6 +236,7 @@ def coordinators(cluster: EmbeddedCluster, prefix: str) -> Counter[int]:
     return found
 
 
+@pytest.mark.kafka_cluster
 def test_the_transaction_coordinator_killed_during_commits(cluster: EmbeddedCluster, tmp_path: Path) -> None:
     """Reader processes commit in transactions; the node coordinating most of their transactional
     ids is killed with SIGKILL mid-run, then brought back. Every invariant count ends 0 and the
@@ -278,7 +280,7 @@ def leads_most(admin: AdminClient, prefixes: tuple[str, ...]) -> int:
     return led.most_common(1)[0][0]
 
 
-@pytest.mark.kafka_cluster  # about 4 minutes: `make test-clusters`, not `make test`
+@pytest.mark.kafka_cluster
 @pytest.mark.timeout(600)
 def test_routing_the_workers_and_the_analytics_job_lose_nothing_when_a_node_is_killed(
         cluster: EmbeddedCluster, tmp_path: Path) -> None:

@@ -112,6 +112,7 @@ def link_history(bootstrap: str, namespace: str, far: str) -> list[tuple[float, 
     return [(t, e) for link in links for t, e in link["history"]]
 
 
+@pytest.mark.kafka_cluster  # about 3 minutes: `make test-clusters` (CI runs it), not `make test`
 @pytest.mark.timeout(720)  # the 60 s suppression after a failed attempt is waited out
 def test_request_reply_across_clusters_loses_nothing_through_kills_and_an_outage_longer_than_a_lease(
         kafka_bootstrap, tmp_path):
