@@ -134,3 +134,10 @@ def traced(name: str, parent: Any, namespace: str, **attributes: Any) -> Iterato
              **{k: v for k, v in attributes.items() if v is not None}}
     with _tracer().start_as_current_span(name, context=_parent(parent), attributes=attrs):
         yield otel_context.get_current()
+
+
+def handling(queue: str, parent: Any, namespace: str) -> Any:
+    """The span around a transport handler (`<queue> process`), the child of the RECEIVE's
+    context `parent`: what the handler sends continues it."""
+    return traced(f"{queue} process", parent, namespace, **{
+        "messaging.operation.type": "process", "messaging.destination.name": queue})

@@ -154,8 +154,7 @@ class AsyncTransportEndpoint:
                 return False
             callback = self.sync.take_callback(msg)
             if callback is None:
-                with tracing.traced(f"{queue} process", tx.trace_context, self.sync.runtime.namespace, **{
-                        "messaging.operation.type": "process", "messaging.destination.name": queue}):
+                with tracing.handling(queue, tx.trace_context, self.sync.runtime.namespace):
                     await handler(msg, atx)
             await atx.commit()
             if callback is not None:

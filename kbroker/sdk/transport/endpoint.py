@@ -174,8 +174,7 @@ class TransportEndpoint:
                 return False
             callback = self.take_callback(msg)
             if callback is None:
-                with tracing.traced(f"{queue} process", tx.trace_context, self.runtime.namespace, **{
-                        "messaging.operation.type": "process", "messaging.destination.name": queue}):
+                with tracing.handling(queue, tx.trace_context, self.runtime.namespace):
                     handler(msg, tx)
             tx.commit()
             if callback is not None:
