@@ -35,6 +35,30 @@ _QUEUE_STATUS_JSON = b'"QUEUE_'  # QUEUE_DISABLED, QUEUE_ENABLED (kafka/queues.p
 LOOKBACK_SECONDS = 600.0  # a poison message is retried within seconds; ten minutes is plenty
 
 
+def rollback_event(value: bytes | None) -> tuple[str, str, list[tuple[int, int, int]]] | None:
+    """A RECEIVE_ROLLED_BACK event's (queue, topic, [(partition, offset, count)]); None for any
+    other event, or one not well formed (anyone may write the events topic)."""
+    if not value or _ROLLED_BACK_JSON not in value:
+        return None  # other events: passed without parsing
+    try:
+        event = orjson.loads(value)
+        return (str(event["queue"]), str(event["topic"]),
+                [(int(p), int(o), int(count)) for p, o, count in event["messages"]])
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def recent_starts(consumer: Any, topic: str, since_s: float, timeout: float) -> dict[int, int] | None:
+    """partition -> the first offset of `topic` written in the last `since_s` seconds, OFFSET_END
+    (-1) for a partition with nothing since; None when the topic does not exist."""
+    partitions = topic_partitions(consumer, topic, timeout)
+    if not partitions:
+        return None
+    when = int((time.time() - since_s) * 1000)
+    starts = consumer.offsets_for_times([TopicPartition(topic, p, when) for p in partitions], timeout=timeout)
+    return {tp.partition: tp.offset for tp in starts}
+
+
 class RollbackLog(Background):
     """This process's view of every process's rollbacks, and where it publishes its own."""
 
@@ -127,14 +151,11 @@ class RollbackLog(Background):
             consumer.close()
 
     def _assign_recent(self, consumer, topic: str) -> None:
-        partitions = topic_partitions(consumer, topic, 5.0)
-        if not partitions:
+        starts = recent_starts(consumer, topic, LOOKBACK_SECONDS, 5.0)
+        if starts is None:
             return
-        since = int((time.time() - LOOKBACK_SECONDS) * 1000)
-        starts = consumer.offsets_for_times([TopicPartition(topic, p, since) for p in partitions], timeout=5.0)
-        # No event since then: a partition starts at its end (offset -1 is OFFSET_END).
-        consumer.assign([TopicPartition(topic, tp.partition, tp.offset) for tp in starts])
-        self._pending = {tp.partition for tp in starts if tp.offset >= 0}
+        consumer.assign([TopicPartition(topic, p, offset) for p, offset in starts.items()])  # -1: at its end
+        self._pending = {p for p, offset in starts.items() if offset >= 0}
         if not self._pending:
             self._caught_up.set()
 
@@ -155,48 +176,34 @@ class RollbackLog(Background):
                 except orjson.JSONDecodeError:
                     pass
                 continue
-            if not value or _ROLLED_BACK_JSON not in value:
-                continue  # other events: read past without parsing
-            try:
-                event = orjson.loads(value)
+            event = rollback_event(value)
+            if event is not None:
+                _, topic, counts = event
                 with self._lock:
-                    for p, o, count in event["messages"]:
-                        self.ledger.seen((event["topic"], int(p), int(o)), int(count))
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                continue
+                    for p, o, count in counts:
+                        self.ledger.seen((topic, p, o), count)
 
 
 def recent_rollbacks(cluster: ClusterLike, namespace: str, timeout: float = 10.0,
                      since_s: float = LOOKBACK_SECONDS) -> dict[str, dict[tuple[int, int], int]]:
     """queue -> (partition, offset) -> the highest rollback count the events topic says of each
-    message rolled back in the last `since_s` seconds (for `kbroker diagnose runtime`). Events
-    that are not rollbacks, or not well formed (anyone may write the topic), are skipped."""
+    message rolled back in the last `since_s` seconds (for `kbroker diagnose runtime`)."""
     topic = names.events_topic(namespace)
     consumer = reading_consumer(cluster, names.reader_group(namespace), **{"allow.auto.create.topics": False})
     counts: dict[str, dict[tuple[int, int], int]] = {}
 
     def take(msg: Any) -> None:
-        value = msg.value() or b""
-        if _ROLLED_BACK_JSON not in value:
-            return
-        try:
-            event = orjson.loads(value)
-            queue, messages = event["queue"], event["messages"]
-            seen = counts.setdefault(str(queue), {})
-            for partition, offset, count in messages:
-                if all(isinstance(v, int) and not isinstance(v, bool) for v in (partition, offset, count)):
-                    seen[(partition, offset)] = max(seen.get((partition, offset), 0), count)
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-            return
+        event = rollback_event(msg.value())
+        if event is not None:
+            queue, _, messages = event
+            seen = counts.setdefault(queue, {})
+            for p, o, count in messages:
+                seen[(p, o)] = max(seen.get((p, o), 0), count)
 
     try:
-        partitions = topic_partitions(consumer, topic, timeout)
-        if not partitions:
-            return {}
-        when = int((time.time() - since_s) * 1000)
-        starts = consumer.offsets_for_times([TopicPartition(topic, p, when) for p in partitions], timeout=timeout)
-        begin = {tp.partition: tp.offset for tp in starts if tp.offset >= 0}  # -1: no event since then
-        read_partitions(consumer, topic, begin, timeout, on_record=take)
+        starts = {p: o for p, o in (recent_starts(consumer, topic, since_s, timeout) or {}).items() if o >= 0}
+        if starts:
+            read_partitions(consumer, topic, starts, timeout, on_record=take)
     except KafkaException as exc:
         raise clients.kafka_error(f"cannot read the rollbacks on {topic}", exc.args[0]) from None
     finally:
