@@ -276,3 +276,43 @@ def test_runtime_names_a_message_rolled_back_again_and_again_until_it_is_receive
     with broker.transaction() as tx:
         assert tx.receive("ExpenseQueue", top=1, wait=10)
     wait_for(lambda: named() is None, 30, "no message named once it was received")
+
+
+def test_an_open_transaction_whose_first_record_is_forged_is_named_open_and_the_rest_goes_on(
+        kafka_bootstrap, namespace, broker):
+    """The record that says when a transaction began is anyone's: one stamped 50 minutes ahead, with a
+    large body of garbage and forged kbroker headers, makes the transaction `transaction_open`
+    (its start unknown), not hanging; messages on other partitions are received meanwhile."""
+    import time
+
+    from confluent_kafka import Producer
+
+    from kbroker.cli.demo import CLAIM, CONTRACT as SUBMISSION, EMPLOYEES, EXPENSES
+
+    topic = names.queue_topic(namespace, "ExpenseQueue")
+    broker.send(broker.begin_dialog(EMPLOYEES, EXPENSES, SUBMISSION), CLAIM, {"employee": "e", "amount": 0, "item": "x"})
+    forger = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"forger-{namespace}",
+                       "transaction.timeout.ms": 600000, "message.max.bytes": 2_000_000})
+    forger.init_transactions(30)
+    forger.begin_transaction()
+    ahead_ms = int((time.time() + 3000) * 1000)  # under the broker's message.timestamp.after.max.ms (1 h)
+    forger.produce(topic, value=b"\xff" * 900_000, partition=0, timestamp=ahead_ms,
+                   headers=[("kb.type", b"\x00" * 300), ("traceparent", b"00-zz")])
+    assert forger.flush(30) == 0
+    try:
+        rc, report = runtime(kafka_bootstrap, namespace, "--stuck-after", "0")
+        assert rc == 0, report  # a warning only
+        [open_] = [p for p in report["problems"] if p["code"] == "transaction_open"]
+        assert open_["text"].startswith(f"{topic} partition 0: a Kafka transaction is open, since when is not known")
+        assert open_["command"].endswith("--partition 0 --start-offset " + str(report["open_transactions"][0]["start"]))
+        assert "transaction_hanging" not in codes(report), report
+        got = broker.receive("ExpenseQueue", top=10, wait=5)  # the claim, unless it sits behind the forgery
+    finally:
+        forger.abort_transaction(30)
+    rc, report = runtime(kafka_bootstrap, namespace)
+    assert report["open_transactions"] == [] and rc == 0, report
+    deadline = time.monotonic() + 20
+    while not got and time.monotonic() < deadline:
+        got = broker.receive("ExpenseQueue", top=10, wait=2)
+    got += broker.receive("ExpenseQueue", top=10, wait=2)
+    assert [orjson.loads(m.body)["amount"] for m in got] == [0], got  # once; the forged record is no message
