@@ -17,7 +17,8 @@ kill the last of them was given to a survivor (the group protocol's share of the
 is waiting for a transaction the killed reader left open, which Kafka aborts after
 transaction.timeout.ms); `rate`, handlings per second over the whole run, and `steady_rate`
 before the kill; `moves`, when (s from the kill) a partition changed hands between two live
-readers (after the kill: a false takeover); `missing` and `duplicated` inputs (0 on the transport
+readers (after the kill: a false takeover); `expelled`, when the group expelled a live reader
+after the kill (its session expired: the cause of a false takeover); `missing` and `duplicated` inputs (0 on the transport
 face; on the other a kill between a commit and its line shows as missing). `--cpu-load N` runs N
 busy loops beside. The readers take kbroker's queue consumer settings (kafka/group_protocol.py):
 KBROKER_GROUP_PROTOCOL=consumer compares the consumer protocol, KBROKER_QUEUE_SESSION_TIMEOUT_MS
@@ -107,16 +108,17 @@ def service_reader(bootstrap: str, namespace: str, machine: str, sleep_ms: float
 
 
 def _report_owned(receivers: Callable[[], dict[Any, Any]], queue: str, owned_file: str, stop: list[bool]) -> None:
-    """Until `stop`, a line of `owned_file` at each change of the queue's partitions held here."""
-    held: list[int] = []
+    """Until `stop`, a line of `owned_file` at each change of the queue's partitions held here
+    or of the times the group expelled this process."""
+    held: tuple[list[int], int] = ([], 0)
     with open(owned_file, "a", buffering=1) as out:
         while not stop[0]:
             receiver = next((r for r in receivers().values() if r.queue == queue), None)
             stats = receiver.stats() if receiver is not None else {"partitions": [], "waiting": []}
-            now = sorted(set(stats["partitions"]) | set(stats["waiting"]))
+            now = (sorted(set(stats["partitions"]) | set(stats["waiting"])), stats.get("expelled", 0))
             if now != held:
                 held = now
-                out.write(json.dumps({"t": time.time(), "partitions": now}) + "\n")
+                out.write(json.dumps({"t": time.time(), "partitions": now[0], "expelled": now[1]}) + "\n")
             time.sleep(0.05)
 
 
@@ -278,6 +280,7 @@ def one_run(bootstrap: str, n: int, sleep_ms: float, face: str = "transport", ti
         tail.close()
     result = analyse(tail.records, n, killed_at)
     result["takeover_s"] = takeover(work, result["victim_partitions"], killed_at)
+    result["expelled"] = expelled(work, killed_at)
     shutil.rmtree(work, ignore_errors=True)
     return result
 
@@ -314,6 +317,22 @@ def takeover(work: Path, partitions: list[int], killed_at: float) -> float | Non
     return round(max(given.values()) - killed_at, 2) if len(given) == len(partitions) and given else None
 
 
+def expelled(work: Path, killed_at: float) -> list[float]:
+    """When (s from the kill) the group expelled a live reader, its session expired (say the
+    machine stalled it past the session time-out): a move after the kill follows one."""
+    times: list[float] = []
+    for m in READERS:
+        if m == VICTIM or not (work / m).exists():
+            continue
+        count = 0
+        for line in (work / m).read_text().splitlines():
+            change = json.loads(line)
+            if change.get("expelled", 0) > count and change["t"] >= killed_at:
+                times.append(round(change["t"] - killed_at, 2))
+            count = change.get("expelled", 0)
+    return sorted(times)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in ("transport-reader", "service-reader"):
@@ -344,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         if values:
             summary[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
     summary["moves"] = sum(len(r["moves"]) for r in runs)
+    summary["expelled"] = sum(len(r["expelled"]) for r in runs)
     summary["lost_or_duplicated"] = sum(r["missing"] + r["duplicated"] for r in runs)
     print(json.dumps(summary) if opts.json else json.dumps(summary, indent=1))
     return 0

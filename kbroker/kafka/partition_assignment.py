@@ -66,6 +66,7 @@ class PartitionAssignment:
         self.offsets: dict[int, PartitionOffsets] = {}  # the partitions owned, guarded by cv
         self._eof: set[int] = set()
         self.paused = False
+        self.expelled = 0  # times the group expelled this process (on_lost), for its stats
         self._offsets_reader: Consumer | None = None  # reads committed offsets when the consumer does not
         # Partitions the group gave this process that wait for readable committed offsets
         # (partition -> since when, monotonic), and whether that was logged.
@@ -242,6 +243,7 @@ class PartitionAssignment:
         log.warning("partitions %s of %s lost: the group expelled this process and gave them to "
                     "another reader; the transactions holding their messages will fail",
                     sorted(tp.partition for tp in partitions), self.topic)
+        self.expelled += 1
         self._give_up(consumer, partitions, lost=True)
 
     def _give_up(self, consumer: Consumer, partitions: list[TopicPartition], *, lost: bool) -> None:

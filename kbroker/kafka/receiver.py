@@ -101,7 +101,7 @@ class QueueReceiver:
             return {"topic": self.topic, "partitions": sorted(self._assignment.offsets),
                     "waiting": sorted(self._assignment.waiting),
                     **self._buffer.stats(),
-                    "paused": self._assignment.paused}
+                    "paused": self._assignment.paused, "expelled": self._assignment.expelled}
 
     def _committed_by_reader(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         """Committed offsets of waiting partitions, asked off the poll thread

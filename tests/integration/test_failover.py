@@ -32,7 +32,12 @@ def test_a_killed_readers_partitions_move_within_seconds_and_nothing_is_lost_or_
     assert result["victim_partitions"], f"the killed reader held no partition: {result}"
     assert result["takeover_s"] is not None and result["takeover_s"] < TAKEOVER_BOUND, result
     assert result["gap_s"] < TAKEOVER_BOUND + TRANSACTION_WAIT, result
-    assert not [t for t in result["moves"] if t > 0], f"a live reader lost partitions after the kill: {result}"
+    # A live reader's partitions move after the kill only where the group expelled it: its
+    # session expired because the machine stalled it past 2 s (once in a CI run, a move 5.4 s
+    # after the kill). That is the short session's price (no message lost or doubled, checked
+    # above); a move without an expulsion would be a revocation the group never asked for.
+    assert not [t for t in result["moves"] if t > 0] or result["expelled"], \
+        f"a live reader lost partitions after the kill, not expelled: {result}"
 
 
 def test_queue_consumers_use_the_classic_protocol_with_the_short_session_the_broker_allows(
