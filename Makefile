@@ -11,7 +11,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-analytics test test-spark-cluster test-clusters bench bench-quick prereqs setup clean
+.PHONY: demo demo-analytics test test-spark-cluster test-long bench bench-quick prereqs setup clean
 
 demo: setup
 	$(BIN)/kbroker demo --port $(PORT)$(if $(DATA_DIR), --data-dir $(DATA_DIR))
@@ -36,13 +36,15 @@ test: setup
 test-spark-cluster: setup
 	$(BIN)/pytest -m spark_cluster tests/integration/test_analytics_cluster.py
 
-# The cluster runs, minutes each, so not in `make test` (CI runs this after it): the Spark one
+# The long runs, minutes each, so not in `make test` (CI runs this after it): the Spark cluster
 # above; on the three-node Kafka cluster a node killed under load, its transaction coordinator
-# killed during commits, and the worker, routing and the analytics job with a node killed; and
-# routing between two clusters through kills and an outage longer than a lease. About 10 minutes.
-test-clusters: setup
-	$(BIN)/pytest -m "spark_cluster or kafka_cluster" tests/integration/test_analytics_cluster.py \
-		tests/integration/test_cluster.py tests/integration/test_routing_clusters.py
+# killed during commits, and the worker, routing and the analytics job with a node killed;
+# routing between two clusters through kills and an outage longer than a lease; and `kbroker
+# bench scale` at small sizes. About 12 minutes.
+test-long: setup
+	$(BIN)/pytest -m "spark_cluster or kafka_cluster or bench_scale" tests/integration/test_analytics_cluster.py \
+		tests/integration/test_cluster.py tests/integration/test_routing_clusters.py \
+		tests/integration/test_bench_scale.py
 
 bench: setup
 	$(BIN)/kbroker bench

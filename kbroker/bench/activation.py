@@ -106,6 +106,16 @@ def monitor_row(cluster: ClusterLike, namespace: str, queue: str) -> dict | None
         return None
 
 
+def monitor_rows_of(worker: WorkerProcess) -> dict[str, dict]:
+    """The worker's monitor rows by queue ({} while a changelog partition has no leader)."""
+    from kbroker.worker.views import monitor_rows
+
+    try:
+        return {r["queue"]: r for r in monitor_rows(worker.ctx.cluster, worker.namespace, timeout=10)}
+    except BrokerUnavailableError:
+        return {}
+
+
 def wait_monitor(worker: WorkerProcess, queue: str, pred: Callable[[dict], bool], timeout: float,
                  what: str) -> dict:
     """Wait until the queue's monitor row satisfies `pred`; returns it (`what` names it in errors)."""

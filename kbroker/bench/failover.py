@@ -18,9 +18,9 @@ is waiting for a transaction the killed reader left open, which Kafka aborts aft
 transaction.timeout.ms); `rate`, handlings per second over the whole run, and `steady_rate`
 before the kill; `moves`, when (s from the kill) a partition changed hands between two live
 readers (after the kill: a false takeover); `expelled`, when the group expelled a live reader
-after the kill (its session expired: the cause of a false takeover); `missing` and `duplicated` inputs (0 on the transport
-face; on the other a kill between a commit and its line shows as missing). `--cpu-load N` runs N
-busy loops beside. The readers take kbroker's queue consumer settings (kafka/group_protocol.py):
+after the kill (its session expired: the cause of a false takeover); `missing` and `duplicated`
+inputs (0 on the transport face; on the other a kill between a commit and its line shows as
+missing). `--cpu-load N` runs N busy loops beside. The readers take kbroker's queue consumer settings (kafka/group_protocol.py):
 KBROKER_GROUP_PROTOCOL=consumer compares the consumer protocol, KBROKER_QUEUE_SESSION_TIMEOUT_MS
 another classic session time-out.
 """

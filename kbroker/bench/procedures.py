@@ -62,3 +62,18 @@ def drain(broker, queue: str, wait: float = DRAIN_WAIT, top: int = DRAIN_TOP) ->
         if not msgs:
             return handled
         handled += len(msgs)
+
+
+IO_WAIT = 0.005  # drain_io: each message's wait, an I/O-bound handler's call
+
+
+def drain_io(broker, queue: str, wait: float = DRAIN_WAIT, top: int = 10) -> int:
+    """`drain` with an I/O-bound handler: each message waits IO_WAIT seconds in its transaction."""
+    handled = 0
+    while True:
+        with broker.transaction() as tx:
+            msgs = tx.receive(queue, top=top, wait=wait)
+            time.sleep(IO_WAIT * len(msgs))
+        if not msgs:
+            return handled
+        handled += len(msgs)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import click
+import orjson
 
 from kbroker.bench.params import Params
 from kbroker.cli.common import cluster_option, emit_json, fail, handle_errors, json_option, main, missing_extra
@@ -21,7 +22,7 @@ SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "io-bou
                   "analytics-stale-delay",
                   "routing", "routing-request-reply-namespaces", "routing-request-reply-clusters",
                   "routing-transmission-latency", "transport", "transport-send", "transport-receive",
-                  "transport-io-bound", "transport-share-group")
+                  "transport-io-bound", "transport-share-group", "scale")
 
 
 @main.command("bench")
@@ -45,7 +46,8 @@ SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "io-bou
 @click.option("--samples", default=Params.samples, show_default=True, type=click.IntRange(min=1),
               help="activation-latency: first-message latencies per repetition.")
 @click.option("--drain-messages", default=Params.drain_messages, show_default=True, type=click.IntRange(min=1),
-              help="activation-drain: the backlog each side drains per repetition.")
+              help="activation-drain: the backlog each side drains per repetition (scale: the worker "
+                   "curve's, 10,000 unless given).")
 @click.option("--max-readers", default=Params.max_readers, show_default=True, type=click.IntRange(min=1),
               help="activation-drain: max_queue_readers, and the size of the fixed pool.")
 @click.option("--ramp-up", default=Params.ramp_up, show_default=True, type=click.FloatRange(min=0.1),
@@ -63,11 +65,18 @@ SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "io-bou
 @click.option("--secure", is_flag=True,
               help="Run the scenarios again on a secured embedded broker (SASL_SSL, SCRAM-SHA-512) and "
                    "report each as a ratio to plaintext: the cost of TLS and SCRAM.")
+@click.option("--queues", "scale_queues", default=None, metavar="N,N,...",
+              help="scale: the queue curve's points (default 10,100,500).")
+@click.option("--dialogs", "scale_dialogs", default=None, metavar="N,N,...",
+              help="scale: the open-dialog curve's points (default 10000,100000,1000000).")
+@click.option("--workers", "scale_workers", default=None, metavar="N,N,...",
+              help="scale: the worker curve's points (default 1,2,4).")
 @cluster_option
 @json_option
 @handle_errors
 def bench(scenarios, quick, repeat, messages, conversations, backlog, readers, in_flight, samples, drain_messages,
-          max_readers, ramp_up, ended_dialogs, out_dir, docs_path, no_docs, quiet, secure, target, as_json):
+          max_readers, ramp_up, ended_dialogs, out_dir, docs_path, no_docs, quiet, secure, scale_queues,
+          scale_dialogs, scale_workers, target, as_json):
     """Benchmark kbroker against a plain confluent-kafka baseline on the same broker.
 
     SCENARIOS: send (with send-pipelined), request-reply, io-bound, backlog-rss, ended-dialogs,
@@ -75,7 +84,17 @@ def bench(scenarios, quick, repeat, messages, conversations, backlog, readers, i
     Uses --bootstrap / KBROKER_BOOTSTRAP when given, else starts an embedded broker on free ports
     in a temporary data dir for the run. Progress goes to stderr; results to OUT/latest.json and
     the results table of the docs; --json prints them on stdout. --quick: see docs/benchmarks.md,
-    "Before merging: the quick check"."""
+    "Before merging: the quick check".
+
+    `kbroker bench scale` measures how cost grows instead (queues, open dialogs, workers; only
+    the curves given with --queues/--dialogs/--workers, or all three at their defaults): results
+    to OUT/scale.json, the plot to docs/scale.png; see docs/benchmarks.md, "Scaling"."""
+    if "scale" in scenarios:
+        source = click.get_current_context().get_parameter_source("drain_messages")
+        drain = drain_messages if source == click.core.ParameterSource.COMMANDLINE else None
+        _scale(scenarios, quick, secure, scale_queues, scale_dialogs, scale_workers, ramp_up, drain, out_dir,
+               no_docs, quiet, target, as_json)
+        return
     names = list(scenarios)
     if quick:
         from kbroker.bench.quick import left_out, shrink
@@ -145,6 +164,38 @@ def _quick(names, params, skipped, target, reporter, out_dir, secure, as_json) -
             console.print(line, highlight=False)
     if not doc["quick"]["passed"]:
         raise SystemExit(1)
+
+
+def _scale(scenarios, quick, secure, queues, dialogs, workers, ramp_up, drain_messages, out_dir, no_docs, quiet,
+           target, as_json) -> None:
+    from kbroker.bench.scale import DEFAULTS, WORKER_BACKLOG, parse_points, run_scale
+
+    if len(scenarios) > 1 or quick or secure:
+        fail("scale runs alone: name no other scenario, and no --quick or --secure")
+    given = {"queues": queues, "dialogs": dialogs, "workers": workers}
+    try:
+        points = {c: parse_points(v) for c, v in given.items() if v is not None} or dict(DEFAULTS)
+    except ValueError as exc:
+        fail(f"scale: {exc}")
+    _require_worker_for_activation(("activation-scale",) if {"queues", "workers"} & set(points) else ())
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    from kbroker.bench.harness import Reporter
+
+    reporter = Reporter(quiet=quiet)
+    doc = run_scale(points, cluster=target.explicit, reporter=reporter, out_dir=out_dir, ramp_up=ramp_up,
+                    drain_messages=drain_messages or WORKER_BACKLOG)
+    reporter.say(f"results written to {out_dir / 'scale.json'}")
+    if not no_docs and Path("docs").is_dir():
+        from kbroker.bench.scale_plot import plot
+
+        reporter.say(f"plot written to {plot(doc, Path('docs/scale.png'))}")
+    if as_json:
+        emit_json(doc)
+        return
+    console = make_console()
+    for curve, data in doc["curves"].items():
+        for point in data["points"]:
+            console.print(f"{curve}: {orjson.dumps(point).decode()}", highlight=False)
 
 
 def _require_worker_for_activation(scenarios: tuple[str, ...]) -> None:

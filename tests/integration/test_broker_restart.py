@@ -105,8 +105,19 @@ class ReaderLoop:
 
 
 def state_of(broker: Broker) -> str:
-    """What a hung reader's process is doing: its receivers' state and every thread's stack."""
+    """What a hung reader's process is doing: its receivers' state, what the group coordinator
+    says of each receiver's group, and every thread's stack."""
+    from confluent_kafka.admin import AdminClient
+
     lines = [f"receiver {r.topic}: {r.stats()}" for r in list(broker.runtime.receivers().values())]
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for r in list(broker.runtime.receivers().values()):
+        try:  # a queue's group is named as its topic
+            g = admin.describe_consumer_groups([r.topic], request_timeout=10)[r.topic].result(15)
+            lines.append(f"group {r.topic}: state {g.state}, coordinator {g.coordinator}, members "
+                         f"{[(m.member_id, [tp.partition for tp in m.assignment.topic_partitions]) for m in g.members]}")
+        except Exception as exc:  # noqa: BLE001 - a diagnosis, not the test
+            lines.append(f"group {r.topic}: not described: {exc}")
     names_by_id = {t.ident: t.name for t in threading.enumerate()}
     for ident, frame in sys._current_frames().items():
         lines.append(f"--- thread {names_by_id.get(ident, ident)}")

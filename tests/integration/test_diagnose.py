@@ -245,8 +245,12 @@ def test_a_hanging_transaction_is_named_and_ended_by_the_command_named_and_a_lon
         later += broker.receive("ExpenseQueue", top=100, wait=2)
     amounts = sorted(orjson.loads(m.body)["amount"] for m in got + later)
     assert amounts == list(range(sent)), amounts  # the aborted record is no message; every one sent came
-    rc, report = runtime(kafka_bootstrap, namespace, "--stuck-after", "1")
-    assert "lock_held" not in codes(report), report
+
+    def released() -> dict | None:  # a reader report (every 2 s) stops naming the lock once it is released
+        rc, report = runtime(kafka_bootstrap, namespace, "--stuck-after", "1")
+        return report if "lock_held" not in codes(report) else None
+
+    report = wait_for(released, 30, "the lock's release in the reader reports")
     assert not [p for p in report["problems"] if p["code"].startswith("transaction_")
                 and p["text"].startswith(f"{topic} partition 0:")], report
 

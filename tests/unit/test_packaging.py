@@ -42,7 +42,8 @@ def test_every_import_is_installed_by_the_base_or_by_its_extra():
         parts = module.relative_to(ROOT).parts
         allowed = base | (extras["worker"] if "worker" in parts else set()) | \
             (extras["analytics"] if "analytics" in parts else set()) | \
-            (extras["tracing"] if parts[-1] == "tracing.py" else set())
+            (extras["tracing"] if parts[-1] == "tracing.py" else set()) | \
+            (extras["bench"] if "bench" in parts else set())  # the scaling plot: matplotlib
         for name in third_party_imports(module):
             assert DISTRIBUTION_OF.get(name, name).lower() in allowed, f"{module}: {name} is not installed by it"
 
