@@ -34,6 +34,8 @@ INITIATOR = "//scale/Initiator"
 CONTRACT = "//scale/Contract"
 MESSAGE = "//scale/Message"
 TICKS = 2  # ticks measured after the worker is up, at least (one each 5 s)
+SAMPLE_TIMEOUT = 30.0  # s an activation sample may take before it counts as missed
+MAX_MISSED = 3  # samples missed before the point stops sampling
 
 
 def queue_name(i: int) -> str:
@@ -113,12 +115,17 @@ def tick_latencies(ctx: BenchContext, namespace: str, since_ms: float) -> list[f
     return out
 
 
+class ActivationMissed(RuntimeError):
+    """No activated reader returned a sample's message within SAMPLE_TIMEOUT."""
+
+
 def activation_latency(ctx: BenchContext, worker: WorkerProcess, sender: Any, log: Path, queue: str,
-                       seen: int, timeout: float = 60.0) -> tuple[float, int]:
+                       seen: int, timeout: float = 0.0) -> tuple[float, int]:
     """One sample on `queue` (idle): ms from the SEND's enqueue to the activated RECEIVE
     returning it; and the activation log's lines read so far."""
     from kbroker.bench.activation import wait_monitor
 
+    timeout = timeout or SAMPLE_TIMEOUT
     wait_monitor(worker, queue, idle, 60, "idle monitor")
     handle = sender.begin_dialog(INITIATOR, f"//scale/{queue}", CONTRACT)
     conversation = sender.endpoints.get(handle).conversation_id
@@ -133,7 +140,7 @@ def activation_latency(ctx: BenchContext, worker: WorkerProcess, sender: Any, lo
                     return line["returned_ms"] - enqueued, len(lines)
         worker.check()
         time.sleep(0.01)
-    raise RuntimeError(f"no activated RECEIVE on {queue} returned the message within {timeout:.0f} s")
+    raise ActivationMissed(f"no activated RECEIVE on {queue} returned the message within {timeout:.0f} s")
 
 
 def measure(ctx: BenchContext, n: int, *, partitions: int = 4, samples: int = 20) -> dict[str, Any]:
@@ -154,12 +161,19 @@ def measure(ctx: BenchContext, n: int, *, partitions: int = 4, samples: int = 20
         start_s = time.perf_counter() - t0
         ready_ms = time.time() * 1000
         sender = Broker(ctx.cluster, ns)
-        latencies, seen = [], 0
+        latencies: list[float] = []
+        missed, seen = 0, 0
         picks = random.Random(n).sample(range(n), min(samples, n))
         with ctx.reporter.bar(f"queues: {len(picks)} activations on {n} queues", len(picks)) as advance:
             for i in picks:
-                ms, seen = activation_latency(ctx, worker, sender, log, queue_name(i), seen)
-                latencies.append(ms)
+                try:
+                    ms, seen = activation_latency(ctx, worker, sender, log, queue_name(i), seen)
+                    latencies.append(ms)
+                except ActivationMissed as exc:
+                    ctx.say(f"[yellow]{exc}[/yellow]")
+                    missed += 1
+                    if missed >= MAX_MISSED:
+                        break
                 advance(1)
         ticks: list[float] = []
         deadline = time.monotonic() + 60
@@ -179,7 +193,7 @@ def measure(ctx: BenchContext, n: int, *, partitions: int = 4, samples: int = 20
                             "ticks": len(ticks)},
                 "view_age_s": {"max": max(ages) if ages else None, "p50": percentile(sorted(ages), 50)},
                 "activation_ms": {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99),
-                                  "samples": len(latencies)}}
+                                  "samples": len(latencies), "missed": missed, "timeout_s": SAMPLE_TIMEOUT}}
     finally:
         if sender is not None:
             sender.close()

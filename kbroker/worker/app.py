@@ -73,6 +73,7 @@ log = logging.getLogger("kbroker.worker")
 # broker is down, so repeats are held back and summarised once per window. librdkafka's lines are
 # limited on their own logger already (kafka/clients.py).
 LOG_LIMIT = RateLimitFilter(always=("aiokafka",))
+METADATA_MAX_AGE_MS = 10_000  # how soon the worker's consumer sees a topic it missed (new_app)
 
 
 def install_log_limit() -> None:
@@ -218,6 +219,11 @@ def new_app(s: WorkerSettings, datadir: str) -> faust.App:
         # worker's own topics keep Kafka's default of 1 MiB and a little more, which aiokafka's
         # default fetch size of exactly 1 MiB is short of.
         producer_max_request_size=MAX_MESSAGE_BYTES, consumer_max_fetch_size=MAX_MESSAGE_BYTES,
+        # A topic the consumer subscribes to before its metadata shows it (just created, on a
+        # busy cluster) is left out of the assignment until aiokafka next refreshes metadata:
+        # with the default 5 minutes, a worker started beside 500 new queues held no partition,
+        # so no monitor, tick or watch, for minutes. Within 10 s the group rebalances instead.
+        consumer_metadata_max_age_ms=METADATA_MAX_AGE_MS,
     )
 
 

@@ -170,7 +170,9 @@ def test_the_worker_rides_through_a_broker_outage(setup: Setup) -> None:
         try:
             wait_for(recovered, 60, "the worker's recovery")
         except AssertionError as exc:
-            raise AssertionError(f"{exc}; worker alive: {setup.proc.poll() is None}; last health: {last}") from None
+            tail = "\n".join(setup.log.read_text(errors="replace").splitlines()[-30:])
+            raise AssertionError(f"{exc}; worker alive: {setup.proc.poll() is None}; last health: {last}; "
+                                 f"its log's end:\n{tail}") from None
         # A message sent after the restart gets its activated procedure run (the stub notes each
         # launch in a file; no RECEIVE, so this does not depend on the SDK's own recovery).
         stub_file = Path(setup.stub_file)
