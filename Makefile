@@ -40,7 +40,7 @@ test-spark-cluster: setup
 # above; on the three-node Kafka cluster a node killed under load, its transaction coordinator
 # killed during commits, and the worker, routing and the analytics job with a node killed;
 # routing between two clusters through kills and an outage longer than a lease; and `kbroker
-# bench scale` at small sizes. About 12 minutes.
+# bench scale` at small sizes. About 8 minutes.
 test-long: setup
 	$(BIN)/pytest -m "spark_cluster or kafka_cluster or bench_scale" tests/integration/test_analytics_cluster.py \
 		tests/integration/test_cluster.py tests/integration/test_routing_clusters.py \
