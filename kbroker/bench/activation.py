@@ -96,22 +96,13 @@ class WorkerProcess:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def monitor_row(cluster: ClusterLike, namespace: str, queue: str) -> dict | None:
-    """The worker's monitor row of `queue` (its view), None when there is none yet."""
+def monitor_rows_of(worker: WorkerProcess, timeout: float = 10.0) -> dict[str, dict]:
+    """The worker's monitor rows (its view) by queue; {} while a changelog partition has no
+    leader yet (ask again)."""
     from kbroker.worker.views import monitor_rows
 
     try:
-        return next((r for r in monitor_rows(cluster, namespace, timeout=5) if r["queue"] == queue), None)
-    except BrokerUnavailableError:  # a changelog partition without a leader yet: ask again
-        return None
-
-
-def monitor_rows_of(worker: WorkerProcess) -> dict[str, dict]:
-    """The worker's monitor rows by queue ({} while a changelog partition has no leader)."""
-    from kbroker.worker.views import monitor_rows
-
-    try:
-        return {r["queue"]: r for r in monitor_rows(worker.ctx.cluster, worker.namespace, timeout=10)}
+        return {r["queue"]: r for r in monitor_rows(worker.ctx.cluster, worker.namespace, timeout=timeout)}
     except BrokerUnavailableError:
         return {}
 
@@ -123,7 +114,7 @@ def wait_monitor(worker: WorkerProcess, queue: str, pred: Callable[[dict], bool]
     row = None
     while time.monotonic() < deadline:
         worker.check()
-        row = monitor_row(worker.ctx.cluster, worker.namespace, queue)
+        row = monitor_rows_of(worker, timeout=5).get(queue)
         if row is not None and pred(row):
             return row
         time.sleep(0.1)

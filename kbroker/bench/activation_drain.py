@@ -68,11 +68,11 @@ def setup_drain(ctx: BenchContext) -> DrainState:
 
 
 class CommitWatch:
-    """Reads the queue group's committed offsets until they reach the given ends."""
+    """Reads a queue group's committed offsets until they reach the given ends."""
 
-    def __init__(self, ctx: BenchContext, namespace: str):
-        self.topic = names.queue_topic(namespace, QUEUE)
-        self.consumer = clients.consumer(ctx.cluster, names.queue_group(namespace, QUEUE))
+    def __init__(self, ctx: BenchContext, namespace: str, queue: str = QUEUE):
+        self.topic = names.queue_topic(namespace, queue)
+        self.consumer = clients.consumer(ctx.cluster, names.queue_group(namespace, queue))
         partitions = topic_partitions(self.consumer, self.topic, 30)
         if partitions is None:
             raise RuntimeError(f"topic {self.topic} does not exist")

@@ -20,9 +20,9 @@ before the kill; `moves`, when (s from the kill) a partition changed hands betwe
 readers (after the kill: a false takeover); `expelled`, when the group expelled a live reader
 after the kill (its session expired: the cause of a false takeover); `missing` and `duplicated`
 inputs (0 on the transport face; on the other a kill between a commit and its line shows as
-missing). `--cpu-load N` runs N busy loops beside. The readers take kbroker's queue consumer settings (kafka/group_protocol.py):
-KBROKER_GROUP_PROTOCOL=consumer compares the consumer protocol, KBROKER_QUEUE_SESSION_TIMEOUT_MS
-another classic session time-out.
+missing). `--cpu-load N` runs N busy loops beside. The readers take kbroker's queue consumer
+settings (kafka/group_protocol.py): KBROKER_GROUP_PROTOCOL=consumer compares the consumer
+protocol, KBROKER_QUEUE_SESSION_TIMEOUT_MS another classic session time-out.
 """
 
 from __future__ import annotations

@@ -52,13 +52,16 @@ def first_receive(broker, queue: str, wait: float = LATENCY_WAIT) -> int:
         first = False
 
 
-def drain(broker, queue: str, wait: float = DRAIN_WAIT, top: int = DRAIN_TOP) -> int:
+def drain(broker, queue: str, wait: float = DRAIN_WAIT, top: int = DRAIN_TOP, io_wait: float = 0.0) -> int:
     """An activated reader that only consumes: `RECEIVE TOP (100)` in a transaction of its own,
-    committed, until a RECEIVE waits `wait` seconds and finds nothing. Returns messages taken."""
+    committed, until a RECEIVE waits `wait` seconds and finds nothing. Returns messages taken.
+    `io_wait`: seconds each message waits inside its transaction (an I/O-bound handler)."""
     handled = 0
     while True:
         with broker.transaction() as tx:
             msgs = tx.receive(queue, top=top, wait=wait)
+            if io_wait:
+                time.sleep(io_wait * len(msgs))
         if not msgs:
             return handled
         handled += len(msgs)
@@ -67,13 +70,6 @@ def drain(broker, queue: str, wait: float = DRAIN_WAIT, top: int = DRAIN_TOP) ->
 IO_WAIT = 0.005  # drain_io: each message's wait, an I/O-bound handler's call
 
 
-def drain_io(broker, queue: str, wait: float = DRAIN_WAIT, top: int = 10) -> int:
-    """`drain` with an I/O-bound handler: each message waits IO_WAIT seconds in its transaction."""
-    handled = 0
-    while True:
-        with broker.transaction() as tx:
-            msgs = tx.receive(queue, top=top, wait=wait)
-            time.sleep(IO_WAIT * len(msgs))
-        if not msgs:
-            return handled
-        handled += len(msgs)
+def drain_io(broker, queue: str) -> int:
+    """`drain` with an I/O-bound handler: TOP (10), each message waiting IO_WAIT seconds."""
+    return drain(broker, queue, top=10, io_wait=IO_WAIT)

@@ -23,10 +23,11 @@ import orjson
 import psutil
 import yaml
 
-from kbroker.bench.activation import WorkerProcess, idle
+from kbroker.bench.activation import WorkerProcess, idle, monitor_rows_of, wait_monitor
 from kbroker.bench.common import percentile
 from kbroker.bench.context import BenchContext
 from kbroker.core import names
+from kbroker.core.cluster import ClusterLike
 from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partitions
 
 PROCEDURE = "kbroker.bench.procedures:first_receive"
@@ -79,53 +80,71 @@ def partitions_used(ctx: BenchContext, namespace: str) -> tuple[int, int]:
     return mine, sum(len(t.partitions) for t in topics.values())
 
 
-def wait_rows(worker: WorkerProcess, n: int, timeout: float) -> dict[str, dict]:
-    """Wait until every queue's monitor has a row; returns them by queue."""
-    from kbroker.bench.activation import monitor_rows_of
-
+def wait_rows(worker: WorkerProcess, n: int, timeout: float) -> None:
+    """Wait until every queue's monitor has a row."""
     deadline = time.monotonic() + timeout
     rows: dict[str, dict] = {}
     while time.monotonic() < deadline:
         worker.check()
         rows = monitor_rows_of(worker)
         if sum(1 for q in rows if q.startswith("Q")) >= n:
-            return rows
+            return
         time.sleep(0.5)
     raise RuntimeError(f"{len(rows)} of {n} monitor rows after {timeout:.0f} s: {worker.tail()}")
 
 
-def tick_latencies(ctx: BenchContext, namespace: str, since_ms: float) -> list[float]:
-    """ms from a worker's tick request to its TICK event, for the ticks run after `since_ms`."""
-    topic = names.events_topic(namespace)
-    consumer = reading_consumer(ctx.cluster, f"bench.scale.{uuid.uuid4().hex[:8]}")
+def tick_latency(value: bytes | None, since_ms: float) -> float | None:
+    """ms from a worker's tick request to its TICK event, from one record of the events topic;
+    None for any other event, a tick asked for before `since_ms`, or a record not well formed
+    (anyone may write the topic)."""
+    if not value or b'"TICK"' not in value:
+        return None  # other events: passed without parsing
     try:
-        parts = topic_partitions(consumer, topic, 30) or []
-        read = read_partitions(consumer, topic, dict.fromkeys(parts, 0), 60)
-    finally:
-        consumer.close()
-    out = []
-    for m in read.records:
-        try:
-            e = orjson.loads(m.value() or b"")
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(e, dict) and e.get("event") == "TICK" and isinstance(e.get("requested_ms"), int) \
-                and e["requested_ms"] >= since_ms:
-            out.append(float(e["time"] - e["requested_ms"]))
-    return out
+        event = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(event, dict) or event.get("event") != "TICK":
+        return None
+    asked, done = event.get("requested_ms"), event.get("time")
+    if not isinstance(asked, int) or not isinstance(done, int) or isinstance(asked, bool) or isinstance(done, bool):
+        return None
+    return float(done - asked) if since_ms <= asked <= done else None
+
+
+class TickWatch:
+    """The latencies of a namespace's ticks, the events topic read on from where the last look
+    ended."""
+
+    def __init__(self, cluster: ClusterLike, namespace: str, since_ms: float):
+        self.topic, self.since_ms = names.events_topic(namespace), since_ms
+        self.consumer = reading_consumer(cluster, names.reader_group(namespace))
+        self.positions: dict[int, int] = {}
+        self.latencies: list[float] = []
+
+    def poll(self, timeout: float = 30.0) -> list[float]:
+        """Every latency read so far, sorted."""
+        if not self.positions:
+            self.positions = dict.fromkeys(topic_partitions(self.consumer, self.topic, timeout) or [], 0)
+        read = read_partitions(self.consumer, self.topic, self.positions, timeout, on_record=self._take)
+        self.positions.update(read.positions)
+        return sorted(self.latencies)
+
+    def _take(self, msg: Any) -> None:
+        if (ms := tick_latency(msg.value(), self.since_ms)) is not None:
+            self.latencies.append(ms)
+
+    def close(self) -> None:
+        self.consumer.close()
 
 
 class ActivationMissed(RuntimeError):
     """No activated reader returned a sample's message within SAMPLE_TIMEOUT."""
 
 
-def activation_latency(ctx: BenchContext, worker: WorkerProcess, sender: Any, log: Path, queue: str,
-                       seen: int, timeout: float = 0.0) -> tuple[float, int]:
+def activation_latency(worker: WorkerProcess, sender: Any, log: Path, queue: str, seen: int,
+                       timeout: float = SAMPLE_TIMEOUT) -> tuple[float, int]:
     """One sample on `queue` (idle): ms from the SEND's enqueue to the activated RECEIVE
     returning it; and the activation log's lines read so far."""
-    from kbroker.bench.activation import wait_monitor
-
-    timeout = timeout or SAMPLE_TIMEOUT
     wait_monitor(worker, queue, idle, 60, "idle monitor")
     handle = sender.begin_dialog(INITIATOR, f"//scale/{queue}", CONTRACT)
     conversation = sender.endpoints.get(handle).conversation_id
@@ -157,7 +176,7 @@ def measure(ctx: BenchContext, n: int, *, partitions: int = 4, samples: int = 20
     worker = WorkerProcess(ctx, ns, ramp_up=ctx.params.ramp_up, handlers=4, activation_log=log)
     sender = None
     try:
-        rows = wait_rows(worker, n, 120 + n)
+        wait_rows(worker, n, 120 + n)
         start_s = time.perf_counter() - t0
         ready_ms = time.time() * 1000
         sender = Broker(ctx.cluster, ns)
@@ -167,7 +186,7 @@ def measure(ctx: BenchContext, n: int, *, partitions: int = 4, samples: int = 20
         with ctx.reporter.bar(f"queues: {len(picks)} activations on {n} queues", len(picks)) as advance:
             for i in picks:
                 try:
-                    ms, seen = activation_latency(ctx, worker, sender, log, queue_name(i), seen)
+                    ms, seen = activation_latency(worker, sender, log, queue_name(i), seen)
                     latencies.append(ms)
                 except ActivationMissed as exc:
                     ctx.say(f"[yellow]{exc}[/yellow]")
@@ -176,12 +195,14 @@ def measure(ctx: BenchContext, n: int, *, partitions: int = 4, samples: int = 20
                         break
                 advance(1)
         ticks: list[float] = []
-        deadline = time.monotonic() + 60
-        while len(ticks) < TICKS and time.monotonic() < deadline:  # ticks of the started worker
-            time.sleep(1.0)
-            ticks = sorted(tick_latencies(ctx, ns, ready_ms))
-        from kbroker.bench.activation import monitor_rows_of
-
+        watch = TickWatch(ctx.cluster, ns, ready_ms)
+        try:
+            deadline = time.monotonic() + 60
+            while len(ticks) < TICKS and time.monotonic() < deadline:  # ticks of the started worker
+                time.sleep(1.0)
+                ticks = watch.poll()
+        finally:
+            watch.close()
         rows = monitor_rows_of(worker)
         ages = [r["age"] for q, r in rows.items() if q.startswith("Q") and r.get("age") is not None]
         rss = psutil.Process(worker.proc.pid).memory_info().rss / 2**20

@@ -17,11 +17,9 @@ from typing import Any
 import psutil
 
 from kbroker.bench.activation import WorkerProcess, monitor_rows_of
+from kbroker.bench.activation_drain import CommitWatch
 from kbroker.bench.context import BenchContext
 from kbroker.bench.scale_queues import CONTRACT, INITIATOR, MESSAGE, apply_queues, queue_name
-from kbroker.core import names
-from kbroker.kafka import clients
-from kbroker.kafka.baseline import committed_offsets, end_offsets
 from kbroker.kafka.queues import alter_queue_activation
 
 QUEUES = 8
@@ -78,28 +76,11 @@ def backlog(ctx: BenchContext, ns: str, messages: int) -> None:
         broker.close()
 
 
-class Committed:
-    """The sum of the queue groups' committed offsets against the sum of their end offsets."""
-
-    def __init__(self, ctx: BenchContext, ns: str):
-        self.topics = [names.queue_topic(ns, queue_name(i)) for i in range(QUEUES)]
-        self.consumers = [clients.consumer(ctx.cluster, names.queue_group(ns, queue_name(i))) for i in range(QUEUES)]
-        self.partitions = [list(range(4)) for _ in range(QUEUES)]
-
-    def ends(self) -> int:
-        """Where the groups are done: each partition's end offset less one, the marker of the
-        last transaction that wrote to it (every backlog record was SENT in a transaction), which
-        a committed offset never passes."""
-        return sum(sum(max(0, e - 1) for e in end_offsets(c, t, p, 30).values())
-                   for c, t, p in zip(self.consumers, self.topics, self.partitions))
-
-    def done(self) -> int:
-        return sum(sum(committed_offsets(c, t, p, 30).values())
-                   for c, t, p in zip(self.consumers, self.topics, self.partitions))
-
-    def close(self) -> None:
-        for c in self.consumers:
-            c.close()
+def drained_target(watches: list[CommitWatch]) -> int:
+    """Where the queue groups are done: each partition's end offset less one, the marker of the
+    last transaction that wrote to it (every backlog record was SENT in a transaction), which a
+    committed offset never passes."""
+    return sum(max(0, e - 1) for w in watches for e in w.ends().values())
 
 
 def cpu_seconds(workers: list[WorkerProcess]) -> float:
@@ -115,20 +96,20 @@ def measure(ctx: BenchContext, w: int, *, messages: int = 10_000) -> dict[str, A
     ns, _ = apply_queues(ctx, QUEUES, 4, tag="w", procedure=PROCEDURE, max_readers=MAX_READERS)
     ctx.say(f"workers: starting {w} worker(s) on {QUEUES} queues")
     workers: list[WorkerProcess] = []
-    committed = None
+    watches: list[CommitWatch] = []
     try:
         workers = [WorkerProcess(ctx, ns, ramp_up=ctx.params.ramp_up, handlers=HANDLERS) for _ in range(w)]
         owners = settle(workers)
         activation_all(ctx, ns, workers, "OFF")
         backlog(ctx, ns, messages)
-        committed = Committed(ctx, ns)
-        target, start = committed.ends(), committed.done()
+        watches = [CommitWatch(ctx, ns, queue_name(i)) for i in range(QUEUES)]
+        target, start = drained_target(watches), sum(x.done() for x in watches)
         cpu0, t0 = cpu_seconds(workers), time.perf_counter()
         activation_all(ctx, ns, workers, "ON")
         deadline = t0 + 120 + messages / 50
         with ctx.reporter.bar(f"workers: {w} draining", target - start) as advance:
             last = start
-            while (done := committed.done()) < target:
+            while (done := sum(x.done() for x in watches)) < target:
                 advance(done - last)
                 last = done
                 for x in workers:
@@ -144,7 +125,7 @@ def measure(ctx: BenchContext, w: int, *, messages: int = 10_000) -> dict[str, A
                 "worker_rss_mb": round(sum(rss) / len(rss), 1),
                 "cpu_s_per_1000_msg": round((cpu_seconds(workers) - cpu0) * 1000 / messages, 3)}
     finally:
-        if committed is not None:
-            committed.close()
+        for watch in watches:
+            watch.close()
         for x in workers:
             x.stop()

@@ -177,7 +177,8 @@ def _scale(scenarios, quick, secure, queues, dialogs, workers, ramp_up, drain_me
         points = {c: parse_points(v) for c, v in given.items() if v is not None} or dict(DEFAULTS)
     except ValueError as exc:
         fail(f"scale: {exc}")
-    _require_worker_for_activation(("activation-scale",) if {"queues", "workers"} & set(points) else ())
+    if {"queues", "workers"} & set(points):
+        _require_worker("or name only --dialogs")
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     from kbroker.bench.harness import Reporter
 
@@ -202,9 +203,15 @@ def _require_worker_for_activation(scenarios: tuple[str, ...]) -> None:
     # The activation scenarios run a real `kbroker worker`: without Faust they could only fail,
     # after the other scenarios have taken minutes. Say so at once, in one line.
     activation = [s for s in scenarios or SCENARIO_NAMES if s.startswith(("activation", "analytics"))]
+    if activation:
+        _require_worker(f"or name only scenarios other than {', '.join(activation)}")
+
+
+def _require_worker(otherwise: str) -> None:
+    """One line, at once, when what is asked runs a real `kbroker worker` and Faust is missing."""
     missing = [p for p in ("faust", "aiokafka") if importlib.util.find_spec(p) is None]
-    if activation and missing:
-        fail(f"{missing_extra(missing[0], 'bench')}, or name only scenarios other than {', '.join(activation)}")
+    if missing:
+        fail(f"{missing_extra(missing[0], 'bench')}, {otherwise}")
 
 
 def _print_table(doc: dict) -> None:

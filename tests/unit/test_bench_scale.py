@@ -3,12 +3,16 @@ the plot drawn from a results file (points with errors left out)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kbroker.bench.scale import parse_points
 from kbroker.bench.scale_plot import _series, plot
-from kbroker.bench.scale_queues import catalog, queue_name
+from kbroker.bench.scale_queues import catalog, queue_name, tick_latency
 from kbroker.core.catalog.loader import load_definitions
 
 
@@ -39,3 +43,24 @@ def test_the_plot_skips_failed_points_and_writes_a_png(tmp_path):
     doc = {"curves": {"queues": {"points": points, "machine": {"cores": 2, "kafka": "Apache Kafka 4.4.0"}}}}
     path = plot(doc, tmp_path / "scale.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@given(st.one_of(st.none(), st.binary(max_size=200),
+                 st.dictionaries(st.sampled_from(["event", "requested_ms", "time"]),
+                                 st.one_of(st.just("TICK"), st.integers(), st.booleans(), st.text(max_size=5),
+                                           st.floats(allow_nan=True), st.none()), max_size=3)
+                 .map(lambda d: json.dumps(d).encode())))
+def test_a_tick_latency_is_read_from_any_record_without_raising(value):
+    ms = tick_latency(value, since_ms=0)
+    assert ms is None or (isinstance(ms, float) and ms >= 0)
+
+
+def test_a_tick_latency_is_its_events_time_less_when_it_was_asked_for():
+    def tick(asked, done) -> bytes:
+        return json.dumps({"event": "TICK", "requested_ms": asked, "time": done}).encode()
+
+    assert tick_latency(tick(1_000, 1_025), since_ms=1_000) == 25.0
+    assert tick_latency(tick(999, 1_025), since_ms=1_000) is None  # asked before the run
+    assert tick_latency(tick(1_030, 1_025), since_ms=0) is None  # ends before it began
+    assert tick_latency(tick(True, 1_025), since_ms=0) is None
+    assert tick_latency(b'{"event": "TICK_NOT"}', since_ms=0) is None
