@@ -11,8 +11,8 @@ ExpenseQueue (4 partitions, topics/samples), each printing a line after its comm
 quarter is handled and the group has settled (every partition held, none moved for 1 s), one
 reader is killed with SIGKILL; the run ends when every input was handled.
 
-Per run: `gap_s`, the longest time one of the killed reader's partitions handled nothing (its
-last handling by the killed reader to its first by a survivor); `takeover_s`, how long after the
+Per run: `gap_s`, the longest time one of the killed reader's partitions (those it held at the
+kill) handled nothing (its last handling before the kill to its first by a survivor); `takeover_s`, how long after the
 kill the last of them was given to a survivor (the group protocol's share of the gap; the rest
 is waiting for a transaction the killed reader left open, which Kafka aborts after
 transaction.timeout.ms); `rate`, handlings per second over the whole run, and `steady_rate`
@@ -217,8 +217,12 @@ class _Logs:
         pass
 
 
-def analyse(records: list[dict[str, Any]], n: int, killed_at: float, victim: str = VICTIM) -> dict[str, Any]:
-    """The figures of one run from its committed handlings (see the module docstring)."""
+def analyse(records: list[dict[str, Any]], n: int, killed_at: float, victim: str = VICTIM,
+            victim_held: list[int] | None = None) -> dict[str, Any]:
+    """The figures of one run from its committed handlings (see the module docstring).
+    `victim_held`: the partitions the killed reader reported holding at the kill; without it,
+    those whose last handling before the kill was the killed reader's. A partition given to it
+    by a rebalance shortly before the kill may have no handling of its yet."""
     counts: dict[int, int] = {}
     for r in records:
         counts[r["n"]] = counts.get(r["n"], 0) + 1
@@ -231,8 +235,9 @@ def analyse(records: list[dict[str, Any]], n: int, killed_at: float, victim: str
     for r in by_time:
         p, by = r["p"], r["by"]
         before = owner.get(p)
-        if before == victim and by != victim and r["t"] >= killed_at and p not in gaps:
-            gaps[p] = r["t"] - last[p]
+        was_victims = p in victim_held if victim_held is not None else before == victim
+        if was_victims and by != victim and r["t"] >= killed_at and p not in gaps:
+            gaps[p] = r["t"] - last.get(p, killed_at)
         elif before not in (None, by, victim) and r["t"] > started:
             moves.append(round(r["t"] - killed_at, 2))  # a live process lost the partition to another
         owner[p], last[p] = by, r["t"]
@@ -278,7 +283,7 @@ def one_run(bootstrap: str, n: int, sleep_ms: float, face: str = "transport", ti
             except subprocess.TimeoutExpired:
                 proc.kill()
         tail.close()
-    result = analyse(tail.records, n, killed_at)
+    result = analyse(tail.records, n, killed_at, victim_held=held_at(work / VICTIM, killed_at))
     result["takeover_s"] = takeover(work, result["victim_partitions"], killed_at)
     result["expelled"] = expelled(work, killed_at)
     shutil.rmtree(work, ignore_errors=True)
@@ -300,6 +305,16 @@ def settled(work: Path, partitions: int, quiet: float = 1.0) -> bool:
         held += last["partitions"]
         latest = max(latest, last["t"])
     return sorted(held) == list(range(partitions)) and time.time() - latest >= quiet
+
+
+def held_at(owned_file: Path, at: float) -> list[int]:
+    """The partitions a reader last reported holding at `at` (none if it reported nothing)."""
+    held: list[int] = []
+    lines = owned_file.read_text().splitlines() if owned_file.exists() else []
+    for change in map(json.loads, lines):
+        if change["t"] <= at:
+            held = change["partitions"]
+    return held
 
 
 def takeover(work: Path, partitions: list[int], killed_at: float) -> float | None:

@@ -6,7 +6,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kbroker.bench.failover import analyse, handling
+from kbroker.bench.failover import analyse, handling, held_at
 
 VALID = {"n": 3, "by": "r0", "p": 1, "t": 12.5}
 
@@ -30,3 +30,26 @@ def test_the_analysis_of_the_handlings_kept_counts_each_input_once():
                for i in range(10)]
     result = analyse([r for r in records if r is not None], 10, killed_at=4.5, victim="r0")
     assert (result["missing"], result["duplicated"], result["gap_s"]) == (0, 0, 1.0)
+
+
+def test_a_partition_the_killed_reader_held_but_never_handled_counts_as_its():
+    """A rebalance gave partition 1 to r0 shortly before the kill; r0 handled nothing of it. It is
+    one of the killed reader's partitions (from what r0 reported holding), not a move between two
+    live readers when r2 takes it after the kill."""
+    rows = [(0, "r0", 0, 1.0), (1, "r1", 1, 1.5), (2, "r0", 0, 2.0), (3, "r1", 1, 2.5),
+            (4, "r2", 0, 6.0), (5, "r2", 1, 6.5)]
+    records = [{"n": n, "by": by, "p": p, "t": t} for n, by, p, t in rows]
+    without = analyse(records, 6, killed_at=4.0, victim="r0")
+    assert (without["victim_partitions"], without["moves"]) == ([0], [2.5])
+    result = analyse(records, 6, killed_at=4.0, victim="r0", victim_held=[0, 1])
+    assert result["victim_partitions"] == [0, 1] and result["moves"] == []
+    assert result["gap_s"] == 4.0 and (result["missing"], result["duplicated"]) == (0, 0)
+
+
+def test_what_a_reader_held_at_a_moment_is_its_last_report_before_it(tmp_path):
+    owned = tmp_path / "r1"
+    owned.write_text("".join(json.dumps({"t": t, "partitions": ps, "expelled": 0}) + "\n"
+                             for t, ps in ((1.0, [0, 1, 2]), (3.0, [1, 2]), (5.0, []))))
+    assert (held_at(owned, 0.5), held_at(owned, 2.0), held_at(owned, 4.0), held_at(owned, 9.0)) == \
+        ([], [0, 1, 2], [1, 2], [])
+    assert held_at(tmp_path / "nobody", 4.0) == []
