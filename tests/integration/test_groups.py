@@ -140,10 +140,13 @@ def test_move_by_another_process_reaches_the_reader_through_the_marker(kafka_boo
     for i in range(3, 6):
         broker.send(h, CLAIM, {"i": i})
     got = [m for batch in drain(broker, "ExpenseQueue") for m in batch]
-    assert [m.message_sequence_number for m in got] == [1, 2, 3, 4, 5]
+    # What the reader saw, for a failure to say (once, under load, the cache below was stale).
+    seen = [(m.message_sequence_number, m.message_type_name, m.conversation_group_id) for m in got]
+    state = f"moved to {g}; received {seen}; the reader's cache {broker.endpoints.cached(target)}"
+    assert [m.message_sequence_number for m in got] == [1, 2, 3, 4, 5], state
     # Records behind the marker are delivered in the new group only.
-    assert {m.conversation_group_id for m in got if m.message_sequence_number >= 3} == {g}
-    assert broker.endpoints.cached(target).conversation_group_id == g
+    assert {m.conversation_group_id for m in got if m.message_sequence_number >= 3} == {g}, state
+    assert broker.endpoints.cached(target).conversation_group_id == g, state
 
 
 def test_two_readers_never_hold_a_moved_conversation_at_once(broker):
