@@ -26,8 +26,11 @@ class BrokerUnavailableError(KBrokerError):
 # librdkafka's local error codes that mean no broker could be reached (confluent_kafka.KafkaError
 # names them; this module must not import the Kafka client, so the numbers are spelled out):
 # _TRANSPORT (-195, the connection failed), _TIMED_OUT (-185), _ALL_BROKERS_DOWN (-187),
-# _MSG_TIMED_OUT (-192, a message expired waiting for a broker).
-UNREACHABLE_CODES = frozenset({-195, -185, -187, -192})
+# _MSG_TIMED_OUT (-192, a message expired waiting for a broker). With them Kafka's own codes of a
+# group coordinator moving or starting (COORDINATOR_LOAD_IN_PROGRESS 14, COORDINATOR_NOT_AVAILABLE
+# 15, NOT_COORDINATOR 16: what a broker restart answers for a while), which librdkafka does not
+# always flag retriable when a call returns them.
+UNREACHABLE_CODES = frozenset({-195, -185, -187, -192, 14, 15, 16})
 
 
 def kafka_error(what: str, err: Any, *, on: Mapping[str, tuple[str, str]] | None = None,

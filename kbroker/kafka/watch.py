@@ -14,12 +14,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.cluster import ClusterLike
 from kbroker.core.offsets import decode_completed
-from kbroker.kafka import clients, messages
+from kbroker.errors import kafka_error
+from kbroker.kafka import messages
+from kbroker.kafka.clients import consume_soon
+from kbroker.kafka.counting_clients import CountingClients
+from kbroker.kafka.reader import Unread
 
 
 @dataclass(frozen=True)
@@ -31,27 +35,45 @@ class QueueCounts:
 
 
 class QueueWatcher:
+    """One queue's counts. `clients`: the process's shared counting clients (the worker's); a
+    watcher given none makes its own and closes them with itself."""
+
     def __init__(self, cluster: ClusterLike, namespace: str, queue: str, *, scan_cap: int = 2000,
-                 deep_rescan: float = 5.0):
+                 deep_rescan: float = 5.0, clients: CountingClients | None = None):
         self.queue = queue
         self._deep_rescan, self._scanned_at = deep_rescan, 0.0
         self.topic = names.queue_topic(namespace, queue)
+        self._group = names.queue_group(namespace, queue)  # the readers' group: its committed offsets
         self._scan_cap = scan_cap
-        # The queue's own group id, so committed() returns the readers' offsets. It never
-        # subscribes, so it never joins (or disturbs) the readers' group.
-        self._consumer = clients.consumer(cluster, names.queue_group(namespace, queue), **{
-            "enable.partition.eof": True, "fetch.wait.max.ms": 10})
-        meta = self._consumer.list_topics(self.topic, timeout=10).topics[self.topic]
-        self._tps = [TopicPartition(self.topic, p) for p in sorted(meta.partitions)]
+        self._own = clients is None
+        self._clients = CountingClients(cluster, namespace) if clients is None else clients
+        self._tps: list[TopicPartition] = []
         self._last_key: tuple | None = None
         self._last: QueueCounts | None = None
 
     def counts(self, timeout: float = 10.0) -> QueueCounts:
-        committed = self._consumer.committed(self._tps, timeout=timeout)
+        """The counts now; a Kafka failure raises a typed kbroker error (BrokerUnavailableError
+        while the cluster or the group's coordinator does not answer)."""
+        try:
+            with self._clients.scanner() as consumer:
+                return self._counts(consumer, timeout)
+        except KafkaException as exc:
+            raise kafka_error(f"counting queue {self.queue}", exc.args[0]) from None
+
+    def _counts(self, consumer: Consumer, timeout: float) -> QueueCounts:
+        if not self._tps:
+            meta = consumer.list_topics(self.topic, timeout=timeout).topics[self.topic]
+            if meta.error is not None:
+                raise KafkaException(meta.error)
+            self._tps = [TopicPartition(self.topic, p) for p in sorted(meta.partitions)]
+        committed = self._clients.committed(self._group, self._tps, timeout)
+        unread = next((tp for tp in committed if isinstance(tp, Unread)), None)
+        if unread is not None:
+            raise KafkaException(unread.error)  # counted again on the next pass
         bases, metadata = {}, {}
         for tp in committed:
-            low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, tp.partition),
-                                                             timeout=timeout, cached=False)
+            low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, tp.partition),
+                                                       timeout=timeout, cached=False)
             bases[tp.partition] = (max(tp.offset if tp.offset >= 0 else low, low), high)
             metadata[tp.partition] = tp.metadata
         key = tuple((p, b, h, metadata[p]) for p, (b, h) in sorted(bases.items()))
@@ -71,13 +93,13 @@ class QueueWatcher:
         self._scanned_at = time.monotonic()
         done = {p: decode_completed(b, metadata[p]) for p, (b, _) in bases.items()}
         if todo:
-            self._consumer.assign([TopicPartition(self.topic, p, bases[p][0]) for p in todo])
+            consumer.assign([TopicPartition(self.topic, p, bases[p][0]) for p in todo])
             positions = {p: bases[p][0] for p in todo}
             deadline = time.monotonic() + timeout
             while todo and backlog < self._scan_cap and time.monotonic() < deadline:
                 # consume() would wait its whole timeout unless the batch fills; partition EOF
                 # arrives as a message, so a scan that reached the end returns at once.
-                msgs = clients.consume_soon(self._consumer, 500, 0.05)
+                msgs = consume_soon(consumer, 500, 0.05)
                 for m in msgs:
                     if m.error():
                         if messages.error_code(m) == KafkaError._PARTITION_EOF:
@@ -88,7 +110,7 @@ class QueueWatcher:
                     if offset not in done[p]:
                         backlog += 1
                         keys.add(m.key())
-            self._consumer.unassign()
+            consumer.unassign()
             if todo:  # capped: what was not read counts by offsets (an upper bound)
                 exact = False
                 backlog += sum(max(0, bases[p][1] - positions[p]) for p in todo)
@@ -97,4 +119,5 @@ class QueueWatcher:
         return result
 
     def close(self) -> None:
-        self._consumer.close()
+        if self._own:
+            self._clients.close()

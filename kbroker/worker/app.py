@@ -50,6 +50,7 @@ from kbroker.kafka.clients import (
     principal,
     security,
 )
+from kbroker.kafka.counting_clients import CountingClients
 from kbroker.kafka.rejects import Rejects
 from kbroker.sdk.broker import Broker
 from kbroker.worker.control import Reclassifier, Routing
@@ -104,6 +105,7 @@ class Worker:
     reclaimer: Reclaimer
     cluster_tick: ClusterTick
     counting_pool: ThreadPoolExecutor
+    counting: CountingClients  # the Kafka clients the queue watch and the receive progress share
     queue_watch: QueueWatch
     progress: ReceiveProgress
     routing: Routing
@@ -191,6 +193,7 @@ class Worker:
         self.progress.close()
         self.reclassifier.close()
         self.queue_watch.close()
+        self.counting.close()
         self.broker.close()
         self.rejects.close()
         self.pages.close()
@@ -241,7 +244,7 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, Worker]:
     broker = Broker(s.cluster, s.namespace)
     monitors = Monitors(s, channels, broker, guard)
     reclaimer = Reclaimer(s, channels, broker, guard)
-    pool = counting_pool()
+    pool, counting = counting_pool(), CountingClients(s.cluster, s.namespace)
     routing = Routing(s, broker, guard)
     reclassifier = Reclassifier(s, routing)
     pages = Pages(s, monitors.handlers, guard, reclassifier.reclassified, lambda: list(channels.monitors.items()),
@@ -249,8 +252,8 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, Worker]:
     worker = Worker(
         settings=s, app=app, datadir=datadir, channels=channels, guard=guard, broker=broker,
         monitors=monitors, reclaimer=reclaimer, cluster_tick=ClusterTick(s, channels, broker, reclaimer),
-        counting_pool=pool, queue_watch=QueueWatch(s, channels, broker, guard, pool),
-        progress=ReceiveProgress(s, broker, pool), routing=routing, reclassifier=reclassifier, pages=pages,
+        counting_pool=pool, counting=counting, queue_watch=QueueWatch(s, channels, broker, guard, pool, counting),
+        progress=ReceiveProgress(s, broker, pool, counting), routing=routing, reclassifier=reclassifier, pages=pages,
         dashboard=DashboardFeed(s.cluster, s.namespace, s.worker_id, broker, monitors.handlers),
         rejects=Rejects(s.cluster, s.namespace, f"worker {s.worker_id}"),
     )

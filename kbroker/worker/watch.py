@@ -5,7 +5,9 @@
     receive progress (PROGRESS_INTERVAL): every queue group's committed offsets, for the
         analytics job (docs/analytics.md)
 
-Both count through one thread pool (`CountingPool`), each queue on its own thread.
+Both count through one thread pool (`counting_pool`), each queue on its own thread, with one set
+of Kafka clients (kafka/counting_clients.py: one offsets reader per queue group, a scanning
+consumer per thread).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from kbroker.core import monitor_codec as codec
 from kbroker.core.monitor import MessagesReady, MonitorConfig, QueueAltered, ReceiveIssued, ReceiveReturned
 from kbroker.kafka.analytics.results import ProgressPublisher
+from kbroker.kafka.counting_clients import CountingClients
 from kbroker.kafka.watch import QueueCounts, QueueWatcher
 from kbroker.sdk.broker import Broker
 from kbroker.worker.guard import Guard
@@ -39,8 +42,9 @@ class QueueWatch:
     closes each queue's watcher."""
 
     def __init__(self, s: WorkerSettings, channels: Channels, broker: Broker, guard: Guard,
-                 pool: ThreadPoolExecutor):
+                 pool: ThreadPoolExecutor, counting: CountingClients):
         self.s, self.channels, self.broker, self.guard, self.pool = s, channels, broker, guard, pool
+        self.counting = counting
         self.watchers: dict[str, QueueWatcher] = {}
         self.configs: dict[str, MonitorConfig] = {}  # each watched queue's config at the last pass
         self._seen: dict[str, QueueCounts] = {}  # each watched queue's counts at the last pass
@@ -59,7 +63,8 @@ class QueueWatch:
         try:
             watcher = self.watchers.get(name)
             if watcher is None:
-                watcher = self.watchers[name] = QueueWatcher(self.s.cluster, self.s.namespace, name)
+                watcher = self.watchers[name] = QueueWatcher(self.s.cluster, self.s.namespace, name,
+                                                             clients=self.counting)
             # Bounded by half a tick: a coordinator slow to answer (busy with the readers'
             # commits) held the counts, and the view, for the whole 5 s it used to wait.
             return watcher.counts(timeout=min(5.0, max(0.5, self.s.tick_interval / 2)))
@@ -116,8 +121,8 @@ class ReceiveProgress:
     """On the leader: every queue group's committed offsets, for the analytics job
     (docs/analytics.md). close() closes its publisher."""
 
-    def __init__(self, s: WorkerSettings, broker: Broker, pool: ThreadPoolExecutor):
-        self.s, self.broker, self.pool = s, broker, pool
+    def __init__(self, s: WorkerSettings, broker: Broker, pool: ThreadPoolExecutor, counting: CountingClients):
+        self.s, self.broker, self.pool, self.counting = s, broker, pool, counting
         self.publisher: ProgressPublisher | None = None
 
     def close(self) -> None:
@@ -127,7 +132,7 @@ class ReceiveProgress:
     def publish(self) -> None:
         publisher = self.publisher
         if publisher is None:
-            publisher = self.publisher = ProgressPublisher(self.s.cluster, self.s.namespace)
+            publisher = self.publisher = ProgressPublisher(self.s.cluster, self.s.namespace, self.counting)
         queues = list(self.broker.catalog.queues)
         snaps = [snap for snap in self.pool.map(lambda q: publisher.snapshot(q, timeout=2.0), queues) if snap]
         publisher.publish(snaps, timeout=2.0)

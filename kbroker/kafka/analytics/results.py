@@ -4,6 +4,7 @@ progress snapshots, and the worker's reading of the control topic."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -20,8 +21,9 @@ from kbroker.core.rejected import Rejected
 from kbroker.core.txn_faults import Deadline
 from kbroker.errors import BrokerUnavailableError, denied_code, kafka_error
 from kbroker.kafka import clients
+from kbroker.kafka.counting_clients import CountingClients
 from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, reason, started_for, transact
-from kbroker.kafka.reader import committed_offsets, group_offsets, offsets_reader, reading_consumer, topic_partitions
+from kbroker.kafka.reader import committed_offsets, reading_consumer, topic_partitions
 from kbroker.kafka.reclaim import log_starts
 from kbroker.kafka.rejects import Rejects
 
@@ -120,28 +122,35 @@ class ResultsWriter:
         self._group.close()
 
 
+# Seconds the receive progress trusts its listing of the topics' partitions: a queue's topic gains
+# partitions only when an operator alters it, and such partitions join the snapshots this late.
+TOPICS_FOR = 10.0
+
+
 class ProgressPublisher:
     """The worker's receive progress snapshots (docs/analytics.md): per queue, each partition's
     committed offset, the completed offsets above it and the last stable offset."""
 
-    def __init__(self, cluster: ClusterLike, namespace: str):
+    def __init__(self, cluster: ClusterLike, namespace: str, counting: CountingClients):
+        # counting: the process's shared counting clients (one offsets reader per queue group,
+        # the queue watch's too); closed by their owner.
         self.cluster, self.namespace = Cluster.of(cluster), namespace
         self._producer = clients.idempotent_producer(cluster)
         self._consumer = reading_consumer(cluster, names.reader_group(namespace))
-        self._readers: dict[str, Any] = {}  # queue group -> its offsets reader
+        self._counting = counting
+        self._topics: dict[str, list[int]] = {}  # every topic's partitions, as last listed
+        self._listed_at = float("-inf")
+        self._listing = threading.Lock()
 
     def snapshot(self, queue: str, timeout: float) -> dict[str, Any] | None:
         """The queue group's committed offsets as they stand (a still-open transaction's are not
         there yet); None when the queue has no topic."""
         topic, group = names.queue_topic(self.namespace, queue), names.queue_group(self.namespace, queue)
-        partitions = topic_partitions(self._consumer, topic, timeout)
+        partitions = self._partitions(topic, timeout)
         if partitions is None:
             return None
-        reader = self._readers.get(group)
-        if reader is None:
-            reader = self._readers[group] = offsets_reader(self.cluster, group, stable=False)
         try:
-            committed = group_offsets(reader, [TopicPartition(topic, p) for p in partitions], timeout)
+            committed = self._counting.committed(group, [TopicPartition(topic, p) for p in partitions], timeout)
         except KafkaException as exc:
             raise kafka_error(f"cannot list the committed offsets of {group}", exc.args[0]) from None
         rows = []
@@ -150,6 +159,21 @@ class ProgressPublisher:
             rows.append({"partition": c.partition, "committed": pos,
                          "completed": sorted(decode_completed(pos, c.metadata)) if pos is not None else []})
         return {"queue": queue, "at": int(time.time() * 1000), "partitions": rows}
+
+    def _partitions(self, topic: str, timeout: float) -> list[int] | None:
+        """The topic's partitions from one listing of every topic, kept TOPICS_FOR seconds; a
+        topic not in it (new, or hidden from a listing of all) is asked for by name. One
+        metadata request per queue and snapshot cost a worker of 500 queues 42 s a round."""
+        with self._listing:
+            if time.monotonic() - self._listed_at >= TOPICS_FOR:
+                try:
+                    listed = self._consumer.list_topics(timeout=timeout).topics
+                except KafkaException as exc:
+                    raise kafka_error("cannot read topic metadata", exc.args[0]) from None
+                self._topics = {t: sorted(m.partitions) for t, m in listed.items() if m.error is None}
+                self._listed_at = time.monotonic()
+            known = self._topics.get(topic)
+        return known if known is not None else topic_partitions(self._consumer, topic, timeout)
 
     def publish(self, snapshots: list[dict[str, Any]], timeout: float) -> None:
         topic = names.progress_topic(self.namespace)
@@ -164,8 +188,6 @@ class ProgressPublisher:
     def close(self) -> None:
         self._producer.flush(2)
         self._consumer.close()
-        for reader in self._readers.values():
-            reader.close()
 
 
 class ControlReader:

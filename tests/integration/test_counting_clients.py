@@ -1,0 +1,73 @@
+"""The worker's queue watch and receive progress count many queues through one set of Kafka
+clients (kafka/counting_clients.py): one offsets reader per queue group and a scanning consumer
+per thread counting at once. A process holds about 1,000 librdkafka clients at most; with a
+client per queue for each of the two, a worker of 500 queues ran out."""
+
+from __future__ import annotations
+
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import yaml
+
+from kbroker.bench.scale_queues import CONTRACT, INITIATOR, MESSAGE, catalog, queue_name
+from kbroker.kafka.analytics.results import ProgressPublisher
+from kbroker.kafka.apply import apply_paths
+from kbroker.kafka.counting_clients import CountingClients
+from kbroker.kafka.watch import QueueWatcher
+from kbroker.sdk.broker import Broker
+
+QUEUES, THREADS = 24, 8
+
+
+def test_many_queues_are_counted_exactly_with_a_client_per_queue_and_one_per_thread(kafka_bootstrap, tmp_path):
+    ns = f"counting-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "scale.yaml").write_text(yaml.safe_dump(catalog(QUEUES, 2), sort_keys=False))
+    apply_paths(kafka_bootstrap, ns, [tmp_path])
+    names = [queue_name(i) for i in range(QUEUES)]
+    sent = {name: i % 4 for i, name in enumerate(names)}  # 0 to 3 messages a queue, each its own dialog
+    with Broker(kafka_bootstrap, ns) as broker:
+        with broker.transaction() as tx:
+            for name, n in sent.items():
+                for j in range(n):
+                    tx.send(tx.begin_dialog(INITIATOR, f"//scale/{name}", CONTRACT), MESSAGE, {"j": j})
+        received = dict.fromkeys(names, 0)
+        for name in names[:6]:  # one message of some queues received: their committed offsets move
+            if sent[name]:
+                received[name] = len(broker.receive(name, top=1, wait=15))
+
+    counting = CountingClients(kafka_bootstrap, ns)
+    watchers = {name: QueueWatcher(kafka_bootstrap, ns, name, clients=counting) for name in names}
+    publisher = ProgressPublisher(kafka_bootstrap, ns, counting)
+    try:
+        with ThreadPoolExecutor(THREADS) as pool:
+            counts = dict(zip(names, pool.map(lambda n: watchers[n].counts(timeout=10), names)))
+            snapshots = list(pool.map(lambda n: publisher.snapshot(n, timeout=10), names))
+            again = dict(zip(names, pool.map(lambda n: watchers[n].counts(timeout=10), names)))
+        assert {n: c.backlog for n, c in counts.items()} == {n: sent[n] - received[n] for n in names}
+        assert {n: c.ready_groups for n, c in counts.items()} == {n: sent[n] - received[n] for n in names}
+        assert all(c.exact for c in counts.values()) and again == counts
+        # What the progress says was received: each partition's position, and what was completed
+        # above it (a RECEIVE may take any ready dialog, not the partition's first record).
+        assert {s["queue"]: sum((p["committed"] or 0) + len(p["completed"]) for p in s["partitions"])
+                for s in snapshots if s} == received
+        # One offsets reader per queue group, shared by the watch and the progress, and no more
+        # scanning consumers than threads that counted at once.
+        assert QUEUES < counting.clients <= QUEUES + THREADS, counting.clients
+    finally:
+        publisher.close()
+        for w in watchers.values():
+            w.close()
+        counting.close()
+
+
+def test_a_watcher_without_shared_clients_makes_and_closes_its_own(kafka_bootstrap, tmp_path):
+    ns = f"counting-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "scale.yaml").write_text(yaml.safe_dump(catalog(1, 2), sort_keys=False))
+    apply_paths(kafka_bootstrap, ns, [tmp_path])
+    watcher = QueueWatcher(kafka_bootstrap, ns, queue_name(0))
+    try:
+        assert watcher.counts(timeout=10).backlog == 0
+    finally:
+        watcher.close()
+    assert watcher._clients.clients == 0  # closed with the watcher
