@@ -41,6 +41,9 @@ from kbroker.cli.views import queue_group
               help="Seconds of RECEIVEs with none empty before the monitor adds a reader.")
 @click.option("--handlers", type=click.IntRange(1, 1024), default=None,
               help="Task handler threads (default 2 x CPUs).")
+@click.option("--receiver-idle", type=click.FloatRange(min=1), default=60.0, show_default=True,
+              help="Seconds a queue's receiver may sit unread by activated readers before it is closed "
+                   "(its partitions go to the queue's other readers).")
 @click.option("--no-timers", is_flag=True, help="Do not run the timer service in this worker.")
 @click.option("--no-routing", is_flag=True,
               help="Do not run the dispatcher and transmitter (messages between namespaces) in this worker.")
@@ -54,8 +57,8 @@ from kbroker.cli.views import queue_group
 @click.option("--loglevel", default="info", show_default=True)
 @log_format_option
 @handle_errors
-def worker_cmd(target, web_host, web_port, web_token_file, web_allowed_hosts, tick, ramp_up, handlers, no_timers, no_routing,
-               allow_procedures, closed_grace, loglevel, log_format):
+def worker_cmd(target, web_host, web_port, web_token_file, web_allowed_hosts, tick, ramp_up, handlers, receiver_idle,
+               no_timers, no_routing, allow_procedures, closed_grace, loglevel, log_format):
     """Run the worker: queue monitors with internal and external activation, task handlers, the
     cluster tick, the timer service, and the dispatcher and transmitter that carry messages between
     namespaces. Start several; they share the work through Kafka."""
@@ -66,7 +69,8 @@ def worker_cmd(target, web_host, web_port, web_token_file, web_allowed_hosts, ti
     settings = WorkerSettings(target.cluster, target.namespace,
                               web_host=web_host, web_port=web_port, web_token=web_token(web_token_file),
                               web_allowed_hosts=_names(web_allowed_hosts), tick_interval=tick, ramp_up=ramp_up,
-                              handlers=handlers, timers=not no_timers, routing=not no_routing,
+                              handlers=handlers, receiver_idle=receiver_idle, timers=not no_timers,
+                              routing=not no_routing,
                               closed_grace=closed_grace,
                               allow_procedures=_names(allow_procedures), log_format=log_format)
     setup_logging(loglevel, log_format, namespace=settings.namespace, worker=settings.worker_id)

@@ -113,6 +113,11 @@ class PartitionOffsets:
             self._pending.add(offset)
             self._completions += 1
 
+    @property
+    def pending(self) -> bool:
+        """Some offset completed by a Kafka transaction whose outcome is not known yet."""
+        return bool(self._pending)
+
     def settled(self, offset: int) -> None:
         """The Kafka transaction that completed `offset` committed: no abort reopens it now."""
         self._pending.discard(offset)

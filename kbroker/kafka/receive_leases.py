@@ -91,6 +91,12 @@ class LeaseBook:
                 self._cv.wait(min(left, 0.5))
             return self._buffer.buffered
 
+    def quiet(self) -> bool:
+        """No group leased, and no completed offset waiting for its Kafka transaction's outcome
+        (called under cv)."""
+        return not self._buffer.stats()["locked_groups"] and not any(
+            o.pending for o in self._assignment.offsets.values())
+
     def take(self, owner: Any, top: int, wait: float | None, *, conversation_group: str | None = None,
              conversation_id: str | None = None,
              give_up: Callable[[], bool] = lambda: False) -> tuple[Lease | None, list[Buffered], int]:

@@ -21,6 +21,7 @@ kbroker.core.group_buffer.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable
 
 from confluent_kafka import Consumer, TopicPartition
@@ -57,6 +58,8 @@ class QueueReceiver:
         self.topic = topic or names.queue_topic(namespace, queue)  # or a secondary queue's topic
         self._cluster, self._new_consumer = Cluster.of(cluster), new_consumer
         self._closed = False
+        self._taking = 0  # RECEIVEs under way (close_if_idle waits for none)
+        self._used_at = time.monotonic()  # when the last RECEIVE or dead letter was asked for
         self._consumer: Consumer | None = None
         self._cv = threading.Condition()  # guards the buffer, the offsets and the leases
         self._buffer: GroupBuffer[Lease] = GroupBuffer()
@@ -134,8 +137,15 @@ class QueueReceiver:
         """receive() as the buffered records: the lease, the live records taken in RECEIVE order
         (each with the envelope the receiver's decode made), and how many expired ones were taken
         with them."""
-        return self._leases.take(owner, top, wait, conversation_group=conversation_group,
-                                 conversation_id=conversation_id, give_up=give_up)
+        with self._cv:
+            self._taking += 1
+        try:
+            return self._leases.take(owner, top, wait, conversation_group=conversation_group,
+                                     conversation_id=conversation_id, give_up=give_up)
+        finally:
+            with self._cv:
+                self._taking -= 1
+                self._used_at = time.monotonic()
 
     def _to_message(self, b: Buffered) -> Message:
         env, rec = b.envelope, b.record
@@ -160,8 +170,23 @@ class QueueReceiver:
         """Whether close() has begun."""
         return self._closed
 
+    def retire_if_idle(self, idle_for: float) -> bool:
+        """Mark this receiver closed if nothing asked it to RECEIVE or dead-letter for `idle_for`
+        s and it holds nothing a transaction still needs (no group leased, no completion waiting
+        for its Kafka transaction); True if so, and the caller then close()s it. A RECEIVE that
+        comes after returns empty. Its consumer leaves the group, so the queue's partitions go to
+        readers that read."""
+        with self._cv:
+            if self._closed or self._taking or time.monotonic() - self._used_at < idle_for \
+                    or not self._leases.quiet():
+                return False
+            self._closed = True
+            self._cv.notify_all()
+            return True
+
     def dead_letter_lease(self, rec: KafkaRecord) -> Lease:
         """A lease over one malformed record, completed when its dead letter commits."""
+        self._used_at = time.monotonic()  # its commit is under way: not idle (retire_if_idle)
         return self._leases.dead_letter_lease(rec)
 
     # --- commit and rollback (called by the committer and by transactions) ------------------

@@ -68,6 +68,19 @@ class ProcessRuntime:
                 r = self._receivers[key] = build()
             return r
 
+    def close_idle_receivers(self, idle_for: float) -> list[Hashable]:
+        """Close the receivers nothing has read from for `idle_for` s and that hold nothing a
+        transaction needs (QueueReceiver.retire_if_idle); the next RECEIVE of their queue builds
+        a new one. Their keys. For a process whose readers come and go (the worker's activated
+        readers): an idle receiver holds Kafka clients and its share of the queue's partitions."""
+        with self._lock:
+            retired = [key for key, r in self._receivers.items() if r.retire_if_idle(idle_for)]
+            gone = [self._receivers.pop(key) for key in retired]
+        for r in gone:  # outside the lock: a close waits for the consumer to leave its group
+            r.close()
+            self._receiver_closed(r)
+        return retired
+
     def receivers(self) -> dict[Hashable, QueueReceiver]:
         """The receivers running now, by key."""
         with self._lock:

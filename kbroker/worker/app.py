@@ -149,6 +149,7 @@ class Worker:
         guard = self.guard
         await guard.run("tick request", self.cluster_tick.request)
         await guard.run("task handlers", self.restart_handlers)
+        await guard.run("idle receivers", self.close_idle_receivers)
         await guard.run("catalog refresh", self.refresh_catalog)
         await guard.run("timer service", self.start_timer_service)
         await guard.run("routing", self.start_routing)
@@ -158,6 +159,12 @@ class Worker:
 
     async def restart_handlers(self) -> None:
         self.handlers.restart_dead()  # a per-worker every-tick task
+
+    async def close_idle_receivers(self) -> None:
+        """Close the queue receivers no activated reader has used for `receiver_idle` s."""
+        closed = await asyncio.to_thread(self.broker.runtime.close_idle_receivers, self.settings.receiver_idle)
+        for key in closed:  # (queue, secondary queue's instance or None)
+            log.info("receiver closed after %g s unread: %s", self.settings.receiver_idle, key)
 
     async def refresh_catalog(self) -> None:
         await asyncio.to_thread(self.broker.refresh_catalog)  # ALTER QUEUE from any process reaches the monitors

@@ -36,6 +36,10 @@ class WorkerSettings:
     watch_interval: float = 0.25  # a first message launches a reader within about this long
     ramp_up: float = 5.0  # seed 003: seconds of non-empty RECEIVEs before one more reader
     handlers: int | None = None  # task handler threads; default 2 x CPUs
+    # Seconds a queue's receiver in this worker may sit unread (no activated reader asked) before it
+    # is closed: it holds Kafka clients and a share of the queue's partitions that other readers
+    # of the queue (an application's, with activation OFF) would otherwise never get.
+    receiver_idle: float = 60.0
     timers: bool = True  # run the timer service (dialog timers, lifetimes)
     routing: bool = True  # run the dispatcher and the transmitter (messages between namespaces)
     # Modules whose activation procedures this worker runs, besides kbroker's samples (handlers.OWN_PROCEDURE_MODULES).

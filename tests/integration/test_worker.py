@@ -21,7 +21,7 @@ from confluent_kafka import Producer
 from kbroker.core import names
 from kbroker.errors import BrokerUnavailableError
 from kbroker.kafka.apply import apply_paths
-from kbroker.kafka.queues import queue_view
+from kbroker.kafka.queues import alter_queue_activation, queue_view
 from kbroker.kafka.reader import read_to_end
 from kbroker.sdk.broker import Broker
 from kbroker.worker.views import monitor_rows
@@ -348,6 +348,37 @@ def test_monitor_rows_count_a_paused_queue_and_list_only_their_own_queues_proced
 
 
 # --- two workers: the tick and a kill -9 ---------------------------------------------------------
+
+def test_a_queue_its_activated_readers_left_gives_the_workers_partitions_back(kafka_bootstrap, tmp_path):
+    """The worker closes a queue's receiver once no activated reader has asked for --receiver-idle
+    seconds: with activation then OFF, an application reading the queue gets every partition
+    and every message. Before, the worker's idle receiver kept its share of the partitions, and
+    what landed there waited until activation was ON again (4 of 12 read in 40 s)."""
+    ns = "w" + uuid.uuid4().hex[:10]
+    apply_paths(kafka_bootstrap, ns, [DATA])
+    w = Worker(kafka_bootstrap, ns, tmp_path, "--receiver-idle", "2")
+    client = Broker(kafka_bootstrap, ns)
+    try:
+        w.wait_ready()
+        first = send_jobs(client, "//kbroker/test/Slow", conversations=4, per_conversation=1)
+        assert len(collect_done(client, len(first), timeout=90)) == len(first)
+        alter_queue_activation(kafka_bootstrap, ns, "SlowQueue", status="OFF")
+        wait_for(lambda: "receiver closed after 2 s unread: ('SlowQueue', None)" in w.log.read_text(errors="replace"),
+                 60, "the worker closing SlowQueue's receiver")
+        time.sleep(3)  # three ticks: every monitor has the queue's activation OFF
+        sent = set(send_jobs(client, "//kbroker/test/Slow", conversations=12, per_conversation=1))
+        got: Counter = Counter()
+
+        def read() -> bool:
+            got.update(m.message_id for m in client.receive("SlowQueue", top=10, wait=1))
+            return set(got) >= sent
+
+        wait_for(read, 90, "every job at the application's reader", seen=lambda: (len(got), len(sent)))
+        assert set(got) == sent and set(got.values()) == {1}
+    finally:
+        client.close()
+        w.stop()
+
 
 def test_kill_9_of_a_worker_moves_its_monitors_and_the_tick_runs_once_per_cluster(kafka_bootstrap, tmp_path):
     ns = "w" + uuid.uuid4().hex[:10]
