@@ -101,6 +101,8 @@ class QueueWatcher:
                 # arrives as a message, so a scan that reached the end returns at once.
                 msgs = consume_soon(consumer, 500, 0.05)
                 for m in msgs:
+                    if m.topic() != self.topic:
+                        continue  # the scanning consumer's last scan was of another queue
                     if m.error():
                         if messages.error_code(m) == KafkaError._PARTITION_EOF:
                             todo.discard(messages.partition(m))

@@ -73,13 +73,18 @@ class ProcessRuntime:
         transaction needs (QueueReceiver.retire_if_idle); the next RECEIVE of their queue builds
         a new one. Their keys. For a process whose readers come and go (the worker's activated
         readers): an idle receiver holds Kafka clients and its share of the queue's partitions."""
+        # Asked outside the process's lock: a receiver's poll thread holds the receiver's lock
+        # while it takes this one (a dead letter's first use of the committer). A RECEIVE that
+        # finds a retired receiver before it is dropped here returns empty.
+        retired = [(key, r) for key, r in self.receivers().items() if r.retire_if_idle(idle_for)]
         with self._lock:
-            retired = [key for key, r in self._receivers.items() if r.retire_if_idle(idle_for)]
-            gone = [self._receivers.pop(key) for key in retired]
-        for r in gone:  # outside the lock: a close waits for the consumer to leave its group
+            for key, r in retired:
+                if self._receivers.get(key) is r:
+                    del self._receivers[key]
+        for _key, r in retired:  # a close waits for the consumer to leave its group
             r.close()
             self._receiver_closed(r)
-        return retired
+        return [key for key, _r in retired]
 
     def receivers(self) -> dict[Hashable, QueueReceiver]:
         """The receivers running now, by key."""
