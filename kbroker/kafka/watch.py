@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from kbroker.core import names
 from kbroker.core.cluster import ClusterLike
 from kbroker.core.offsets import decode_completed
-from kbroker.errors import kafka_error
+from kbroker.errors import KBrokerError, kafka_error
 from kbroker.kafka import messages
 from kbroker.kafka.clients import consume_soon
 from kbroker.kafka.counting_clients import CountingClients
@@ -55,17 +55,17 @@ class QueueWatcher:
         """The counts now; a Kafka failure raises a typed kbroker error (BrokerUnavailableError
         while the cluster or the group's coordinator does not answer)."""
         try:
+            if not self._tps:
+                partitions = self._clients.partitions(self.topic, timeout)
+                if partitions is None:
+                    raise KBrokerError(f"counting queue {self.queue}: its topic {self.topic} does not exist")
+                self._tps = [TopicPartition(self.topic, p) for p in partitions]
             with self._clients.scanner() as consumer:
                 return self._counts(consumer, timeout)
         except KafkaException as exc:
             raise kafka_error(f"counting queue {self.queue}", exc.args[0]) from None
 
     def _counts(self, consumer: Consumer, timeout: float) -> QueueCounts:
-        if not self._tps:
-            meta = consumer.list_topics(self.topic, timeout=timeout).topics[self.topic]
-            if meta.error is not None:
-                raise KafkaException(meta.error)
-            self._tps = [TopicPartition(self.topic, p) for p in sorted(meta.partitions)]
         committed = self._clients.committed(self._group, self._tps, timeout)
         unread = next((tp for tp in committed if isinstance(tp, Unread)), None)
         if unread is not None:

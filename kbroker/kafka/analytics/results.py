@@ -4,7 +4,6 @@ progress snapshots, and the worker's reading of the control topic."""
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -122,31 +121,22 @@ class ResultsWriter:
         self._group.close()
 
 
-# Seconds the receive progress trusts its listing of the topics' partitions: a queue's topic gains
-# partitions only when an operator alters it, and such partitions join the snapshots this late.
-TOPICS_FOR = 10.0
-
-
 class ProgressPublisher:
     """The worker's receive progress snapshots (docs/analytics.md): per queue, each partition's
     committed offset, the completed offsets above it and the last stable offset."""
 
     def __init__(self, cluster: ClusterLike, namespace: str, counting: CountingClients):
-        # counting: the process's shared counting clients (one offsets reader per queue group,
-        # the queue watch's too); closed by their owner.
+        # counting: the process's shared counting clients (the queue groups' offsets readers and
+        # the topics' listing, the queue watch's too); closed by their owner.
         self.cluster, self.namespace = Cluster.of(cluster), namespace
         self._producer = clients.idempotent_producer(cluster)
-        self._consumer = reading_consumer(cluster, names.reader_group(namespace))
         self._counting = counting
-        self._topics: dict[str, list[int]] = {}  # every topic's partitions, as last listed
-        self._listed_at = float("-inf")
-        self._listing = threading.Lock()
 
     def snapshot(self, queue: str, timeout: float) -> dict[str, Any] | None:
         """The queue group's committed offsets as they stand (a still-open transaction's are not
         there yet); None when the queue has no topic."""
         topic, group = names.queue_topic(self.namespace, queue), names.queue_group(self.namespace, queue)
-        partitions = self._partitions(topic, timeout)
+        partitions = self._counting.partitions(topic, timeout)
         if partitions is None:
             return None
         try:
@@ -160,21 +150,6 @@ class ProgressPublisher:
                          "completed": sorted(decode_completed(pos, c.metadata)) if pos is not None else []})
         return {"queue": queue, "at": int(time.time() * 1000), "partitions": rows}
 
-    def _partitions(self, topic: str, timeout: float) -> list[int] | None:
-        """The topic's partitions from one listing of every topic, kept TOPICS_FOR seconds; a
-        topic not in it (new, or hidden from a listing of all) is asked for by name. One
-        metadata request per queue and snapshot cost a worker of 500 queues 42 s a round."""
-        with self._listing:
-            if time.monotonic() - self._listed_at >= TOPICS_FOR:
-                try:
-                    listed = self._consumer.list_topics(timeout=timeout).topics
-                except KafkaException as exc:
-                    raise kafka_error("cannot read topic metadata", exc.args[0]) from None
-                self._topics = {t: sorted(m.partitions) for t, m in listed.items() if m.error is None}
-                self._listed_at = time.monotonic()
-            known = self._topics.get(topic)
-        return known if known is not None else topic_partitions(self._consumer, topic, timeout)
-
     def publish(self, snapshots: list[dict[str, Any]], timeout: float) -> None:
         topic = names.progress_topic(self.namespace)
         until = time.monotonic() + timeout
@@ -187,7 +162,6 @@ class ProgressPublisher:
 
     def close(self) -> None:
         self._producer.flush(2)
-        self._consumer.close()
 
 
 class ControlReader:
