@@ -70,8 +70,7 @@ def worker_cmd(target, web_host, web_port, web_token_file, web_allowed_hosts, ti
                               web_host=web_host, web_port=web_port, web_token=web_token(web_token_file),
                               web_allowed_hosts=_names(web_allowed_hosts), tick_interval=tick, ramp_up=ramp_up,
                               handlers=handlers, receiver_idle=receiver_idle, timers=not no_timers,
-                              routing=not no_routing,
-                              closed_grace=closed_grace,
+                              routing=not no_routing, closed_grace=closed_grace,
                               allow_procedures=_names(allow_procedures), log_format=log_format)
     setup_logging(loglevel, log_format, namespace=settings.namespace, worker=settings.worker_id)
     run_worker(settings, loglevel=loglevel)

@@ -94,8 +94,7 @@ class LeaseBook:
     def quiet(self) -> bool:
         """No group leased, and no completed offset waiting for its Kafka transaction's outcome
         (called under cv)."""
-        return not self._buffer.stats()["locked_groups"] and not any(
-            o.pending for o in self._assignment.offsets.values())
+        return not self._buffer.holders() and not any(o.pending for o in self._assignment.offsets.values())
 
     def take(self, owner: Any, top: int, wait: float | None, *, conversation_group: str | None = None,
              conversation_id: str | None = None,

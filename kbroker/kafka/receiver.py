@@ -58,7 +58,7 @@ class QueueReceiver:
         self.topic = topic or names.queue_topic(namespace, queue)  # or a secondary queue's topic
         self._cluster, self._new_consumer = Cluster.of(cluster), new_consumer
         self._closed = False
-        self._taking = 0  # RECEIVEs under way (close_if_idle waits for none)
+        self._taking = 0  # RECEIVEs under way (retire_if_idle waits for none)
         self._used_at = time.monotonic()  # when the last RECEIVE or dead letter was asked for
         self._consumer: Consumer | None = None
         self._cv = threading.Condition()  # guards the buffer, the offsets and the leases
