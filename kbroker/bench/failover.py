@@ -12,11 +12,11 @@ quarter is handled and the group has settled (every partition held, none moved f
 reader is killed with SIGKILL; the run ends when every input was handled.
 
 Per run: `gap_s`, the longest time one of the killed reader's partitions (those it held at the
-kill) handled nothing (its last handling before the kill to its first by a survivor); `takeover_s`, how long after the
-kill the last of them was given to a survivor (the group protocol's share of the gap; the rest
-is waiting for a transaction the killed reader left open, which Kafka aborts after
-transaction.timeout.ms); `rate`, handlings per second over the whole run, and `steady_rate`
-before the kill; `moves`, when (s from the kill) a partition changed hands between two live
+kill) handled nothing (its last handling before the kill to its first by a survivor);
+`takeover_s`, how long after the kill the last of them was given to a survivor (the group
+protocol's share of the gap; the rest is waiting for a transaction the killed reader left open,
+which Kafka aborts after transaction.timeout.ms); `rate`, handlings per second over the whole
+run, and `steady_rate` before the kill; `moves`, when (s from the kill) a partition changed hands between two live
 readers (after the kill: a false takeover); `expelled`, when the group expelled a live reader
 after the kill (its session expired: the cause of a false takeover); `missing` and `duplicated`
 inputs (0 on the transport face; on the other a kill between a commit and its line shows as
@@ -283,65 +283,61 @@ def one_run(bootstrap: str, n: int, sleep_ms: float, face: str = "transport", ti
             except subprocess.TimeoutExpired:
                 proc.kill()
         tail.close()
-    result = analyse(tail.records, n, killed_at, victim_held=held_at(work / VICTIM, killed_at))
-    result["takeover_s"] = takeover(work, result["victim_partitions"], killed_at)
-    result["expelled"] = expelled(work, killed_at)
+    changes = owned(work)
+    result = analyse(tail.records, n, killed_at, victim_held=held_at(changes[VICTIM], killed_at))
+    result["takeover_s"] = takeover(changes, result["victim_partitions"], killed_at)
+    result["expelled"] = expelled(changes, killed_at)
     shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+Changes = dict[str, list[dict[str, Any]]]  # each reader's reports, in order: {"t", "partitions", "expelled"}
+
+
+def owned(work: Path) -> Changes:
+    """What each reader reported of the partitions it held (a line of its file at each change)."""
+    return {m: [json.loads(line) for line in (work / m).read_text().splitlines()] if (work / m).exists() else []
+            for m in READERS}
 
 
 def settled(work: Path, partitions: int, quiet: float = 1.0) -> bool:
     """Whether the three readers hold every partition between them, none twice, and the last
     change is `quiet` s old: a kill then meets a settled group, so a later move is its doing."""
-    held: list[int] = []
-    latest = 0.0
-    for m in READERS:
-        lines = (work / m).read_text().splitlines() if (work / m).exists() else []
-        if not lines:
-            return False
-        last = json.loads(lines[-1])
-        if not last["partitions"]:
-            return False
-        held += last["partitions"]
-        latest = max(latest, last["t"])
-    return sorted(held) == list(range(partitions)) and time.time() - latest >= quiet
+    lasts = [reports[-1] if reports else None for reports in owned(work).values()]
+    if not all(last and last["partitions"] for last in lasts):
+        return False
+    held = sorted(p for last in lasts if last for p in last["partitions"])
+    return held == list(range(partitions)) and time.time() - max(last["t"] for last in lasts if last) >= quiet
 
 
-def held_at(owned_file: Path, at: float) -> list[int]:
+def held_at(reports: list[dict[str, Any]], at: float) -> list[int]:
     """The partitions a reader last reported holding at `at` (none if it reported nothing)."""
     held: list[int] = []
-    lines = owned_file.read_text().splitlines() if owned_file.exists() else []
-    for change in map(json.loads, lines):
+    for change in reports:
         if change["t"] <= at:
             held = change["partitions"]
     return held
 
 
-def takeover(work: Path, partitions: list[int], killed_at: float) -> float | None:
+def takeover(changes: Changes, partitions: list[int], killed_at: float) -> float | None:
     """How long after the kill the last of `partitions` was given to a survivor: the group
     protocol's part of the gap (the rest is waiting for the dead process's open transaction)."""
     given: dict[int, float] = {}
-    for m in READERS:
-        if m == VICTIM or not (work / m).exists():
-            continue
-        for line in (work / m).read_text().splitlines():
-            change = json.loads(line)
+    for m, reports in changes.items():
+        for change in reports if m != VICTIM else ():
             for p in change["partitions"]:
                 if p in partitions and change["t"] >= killed_at:
                     given[p] = min(given.get(p, change["t"]), change["t"])
     return round(max(given.values()) - killed_at, 2) if len(given) == len(partitions) and given else None
 
 
-def expelled(work: Path, killed_at: float) -> list[float]:
+def expelled(changes: Changes, killed_at: float) -> list[float]:
     """When (s from the kill) the group expelled a live reader, its session expired (say the
     machine stalled it past the session time-out): a move after the kill follows one."""
     times: list[float] = []
-    for m in READERS:
-        if m == VICTIM or not (work / m).exists():
-            continue
+    for m, reports in changes.items():
         count = 0
-        for line in (work / m).read_text().splitlines():
-            change = json.loads(line)
+        for change in reports if m != VICTIM else ():
             if change.get("expelled", 0) > count and change["t"] >= killed_at:
                 times.append(round(change["t"] - killed_at, 2))
             count = change.get("expelled", 0)

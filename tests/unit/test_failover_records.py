@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kbroker.bench.failover import analyse, handling, held_at
+from kbroker.bench.failover import owned as owned_by
 
 VALID = {"n": 3, "by": "r0", "p": 1, "t": 12.5}
 
@@ -50,6 +51,7 @@ def test_what_a_reader_held_at_a_moment_is_its_last_report_before_it(tmp_path):
     owned = tmp_path / "r1"
     owned.write_text("".join(json.dumps({"t": t, "partitions": ps, "expelled": 0}) + "\n"
                              for t, ps in ((1.0, [0, 1, 2]), (3.0, [1, 2]), (5.0, []))))
-    assert (held_at(owned, 0.5), held_at(owned, 2.0), held_at(owned, 4.0), held_at(owned, 9.0)) == \
-        ([], [0, 1, 2], [1, 2], [])
-    assert held_at(tmp_path / "nobody", 4.0) == []
+    reports = owned_by(tmp_path)
+    assert (held_at(reports["r1"], 0.5), held_at(reports["r1"], 2.0), held_at(reports["r1"], 4.0),
+            held_at(reports["r1"], 9.0)) == ([], [0, 1, 2], [1, 2], [])
+    assert held_at(reports["r0"], 4.0) == []
