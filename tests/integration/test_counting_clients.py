@@ -9,10 +9,14 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import yaml
+from confluent_kafka import TopicPartition
 
 from kbroker.bench.scale_queues import CONTRACT, INITIATOR, MESSAGE, catalog, queue_name
+from kbroker.core.names import queue_group, queue_topic
+from kbroker.kafka import clients
 from kbroker.kafka.analytics.results import ProgressPublisher
 from kbroker.kafka.apply import apply_paths
+from kbroker.kafka.clients import idempotent_producer
 from kbroker.kafka.counting_clients import CountingClients
 from kbroker.kafka.watch import QueueWatcher
 from kbroker.sdk.broker import Broker
@@ -71,3 +75,49 @@ def test_a_watcher_without_shared_clients_makes_and_closes_its_own(kafka_bootstr
     finally:
         watcher.close()
     assert watcher._clients.clients == 0  # closed with the watcher
+
+
+def test_what_another_client_wrote_to_a_queue_or_its_group_is_counted_and_the_rest_goes_on(kafka_bootstrap, tmp_path):
+    """Anyone who may write a queue's topic may write anything there, and anyone who may commit
+    for its group may commit any metadata: the counts take a foreign record as one more waiting
+    (a reader sets it aside as it reads it), read forged commit metadata as nothing completed,
+    and every other queue's counts stay exact."""
+    ns = f"counting-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "scale.yaml").write_text(yaml.safe_dump(catalog(3, 2), sort_keys=False))
+    apply_paths(kafka_bootstrap, ns, [tmp_path])
+    names = [queue_name(i) for i in range(3)]
+    sent = {names[0]: 2, names[1]: 1, names[2]: 2}
+    with Broker(kafka_bootstrap, ns) as broker, broker.transaction() as tx:
+        for name, n in sent.items():
+            for j in range(n):
+                tx.send(tx.begin_dialog(INITIATOR, f"//scale/{name}", CONTRACT), MESSAGE, {"j": j})
+    foreign_topic = queue_topic(ns, names[0])
+    producer = idempotent_producer(kafka_bootstrap)
+    foreign = [b"\xff\x00 not json", None, b"{" * 900_000, b'{"conversation_handle": 7}']
+    for value in foreign:
+        producer.produce(foreign_topic, value=value, headers=[("kb.message_type", b"\xff" * 300), ("kb.forged", b"")])
+    assert producer.flush(30) == 0
+    forged = clients.consumer(kafka_bootstrap, queue_group(ns, names[1]))
+    try:
+        forged.commit(offsets=[TopicPartition(queue_topic(ns, names[1]), p, 0, "\xff garbage |by:" + "x" * 500)
+                               for p in range(2)], asynchronous=False)
+    finally:
+        forged.close()
+
+    counting = CountingClients(kafka_bootstrap, ns)
+    watchers = {name: QueueWatcher(kafka_bootstrap, ns, name, clients=counting) for name in names}
+    publisher = ProgressPublisher(kafka_bootstrap, ns, counting)
+    try:
+        with ThreadPoolExecutor(THREADS) as pool:
+            counts = dict(zip(names, pool.map(lambda n: watchers[n].counts(timeout=10), names)))
+            snapshots = {s["queue"]: s for s in pool.map(lambda n: publisher.snapshot(n, timeout=10), names)}
+        assert {n: c.backlog for n, c in counts.items()} == \
+            {names[0]: sent[names[0]] + len(foreign), names[1]: 1, names[2]: 2}
+        # Two dialogs and the foreign records' one (absent) key.
+        assert counts[names[0]].ready_groups == 3 and counts[names[2]].ready_groups == 2
+        assert [(p["committed"], p["completed"]) for p in snapshots[names[1]]["partitions"]] == [(0, []), (0, [])]
+    finally:
+        publisher.close()
+        for w in watchers.values():
+            w.close()
+        counting.close()
