@@ -6,7 +6,9 @@ client per queue for each of the two, a worker of 500 queues ran out."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import yaml
 from confluent_kafka import TopicPartition
@@ -22,6 +24,26 @@ from kbroker.kafka.watch import QueueWatcher
 from kbroker.sdk.broker import Broker
 
 QUEUES, THREADS = 24, 8
+
+
+@contextmanager
+def shared_counting(bootstrap: str, ns: str, names: list[str]) -> Iterator[tuple[CountingClients, Callable, Callable]]:
+    """One set of counting clients, a watcher per queue and the progress publisher over it, as
+    the worker has them: (the clients, every queue's counts now, every queue's progress snapshot
+    now), each counted on THREADS threads."""
+    counting = CountingClients(bootstrap, ns)
+    watchers = {name: QueueWatcher(bootstrap, ns, name, clients=counting) for name in names}
+    publisher = ProgressPublisher(bootstrap, ns, counting)
+    try:
+        with ThreadPoolExecutor(THREADS) as pool:
+            yield (counting,
+                   lambda: dict(zip(names, pool.map(lambda n: watchers[n].counts(timeout=10), names))),
+                   lambda: {s["queue"]: s for s in pool.map(lambda n: publisher.snapshot(n, timeout=10), names) if s})
+    finally:
+        publisher.close()
+        for w in watchers.values():
+            w.close()
+        counting.close()
 
 
 def test_many_queues_are_counted_exactly_with_a_client_per_queue_and_one_per_thread(kafka_bootstrap, tmp_path):
@@ -40,29 +62,18 @@ def test_many_queues_are_counted_exactly_with_a_client_per_queue_and_one_per_thr
             if sent[name]:
                 received[name] = len(broker.receive(name, top=1, wait=15))
 
-    counting = CountingClients(kafka_bootstrap, ns)
-    watchers = {name: QueueWatcher(kafka_bootstrap, ns, name, clients=counting) for name in names}
-    publisher = ProgressPublisher(kafka_bootstrap, ns, counting)
-    try:
-        with ThreadPoolExecutor(THREADS) as pool:
-            counts = dict(zip(names, pool.map(lambda n: watchers[n].counts(timeout=10), names)))
-            snapshots = list(pool.map(lambda n: publisher.snapshot(n, timeout=10), names))
-            again = dict(zip(names, pool.map(lambda n: watchers[n].counts(timeout=10), names)))
+    with shared_counting(kafka_bootstrap, ns, names) as (counting, count_all, snapshot_all):
+        counts, snapshots, again = count_all(), snapshot_all(), count_all()
         assert {n: c.backlog for n, c in counts.items()} == {n: sent[n] - received[n] for n in names}
         assert {n: c.ready_groups for n, c in counts.items()} == {n: sent[n] - received[n] for n in names}
         assert all(c.exact for c in counts.values()) and again == counts
         # What the progress says was received: each partition's position, and what was completed
         # above it (a RECEIVE may take any ready dialog, not the partition's first record).
-        assert {s["queue"]: sum((p["committed"] or 0) + len(p["completed"]) for p in s["partitions"])
-                for s in snapshots if s} == received
+        assert {q: sum((p["committed"] or 0) + len(p["completed"]) for p in s["partitions"])
+                for q, s in snapshots.items()} == received
         # One offsets reader per queue group, shared by the watch and the progress, and no more
         # scanning consumers than threads that counted at once.
         assert QUEUES < counting.clients <= QUEUES + THREADS, counting.clients
-    finally:
-        publisher.close()
-        for w in watchers.values():
-            w.close()
-        counting.close()
 
 
 def test_a_watcher_without_shared_clients_makes_and_closes_its_own(kafka_bootstrap, tmp_path):
@@ -104,20 +115,10 @@ def test_what_another_client_wrote_to_a_queue_or_its_group_is_counted_and_the_re
     finally:
         forged.close()
 
-    counting = CountingClients(kafka_bootstrap, ns)
-    watchers = {name: QueueWatcher(kafka_bootstrap, ns, name, clients=counting) for name in names}
-    publisher = ProgressPublisher(kafka_bootstrap, ns, counting)
-    try:
-        with ThreadPoolExecutor(THREADS) as pool:
-            counts = dict(zip(names, pool.map(lambda n: watchers[n].counts(timeout=10), names)))
-            snapshots = {s["queue"]: s for s in pool.map(lambda n: publisher.snapshot(n, timeout=10), names)}
+    with shared_counting(kafka_bootstrap, ns, names) as (_counting, count_all, snapshot_all):
+        counts, snapshots = count_all(), snapshot_all()
         assert {n: c.backlog for n, c in counts.items()} == \
             {names[0]: sent[names[0]] + len(foreign), names[1]: 1, names[2]: 2}
         # Two dialogs and the foreign records' one (absent) key.
         assert counts[names[0]].ready_groups == 3 and counts[names[2]].ready_groups == 2
         assert [(p["committed"], p["completed"]) for p in snapshots[names[1]]["partitions"]] == [(0, []), (0, [])]
-    finally:
-        publisher.close()
-        for w in watchers.values():
-            w.close()
-        counting.close()
