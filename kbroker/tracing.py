@@ -9,9 +9,12 @@ anything. A routed message keeps its headers through the transmitter, the link a
 dispatcher (they are signed with it), so the trace crosses namespaces and clusters.
 
 Optional: with `opentelemetry-api` installed (`pip install kbroker[tracing]`) and a tracer
-provider set up by the application, spans are recorded; without it every function here does
-nothing and costs a check. Span attributes name the namespace, queue and conversation, as
-OpenTelemetry's messaging conventions do.
+provider set up by the application, spans are recorded; without either every function here does
+nothing and costs a check. The API alone (another library may bring it) records nothing, but its
+no-op spans, context attaches and header parsing still cost about 0.3 ms of CPU a message under
+load (the transport's receive at half its rate: docs/benchmarks.md, thirteenth round), so kbroker
+makes no spans until a provider is set. Span attributes name the namespace, queue and
+conversation, as OpenTelemetry's messaging conventions do.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 try:
     from opentelemetry import context as otel_context
     from opentelemetry import trace as otel_trace
+    from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # the extra is not installed: tracing is off
     otel_trace = None  # type: ignore[assignment]
@@ -34,8 +38,14 @@ _provider: Any = None  # None: OpenTelemetry's global tracer provider
 
 
 def enabled() -> bool:
-    """Whether opentelemetry-api is installed (spans are recorded once a tracer provider is set)."""
-    return otel_trace is not None
+    """Whether spans are recorded: opentelemetry-api is installed and a tracer provider is set
+    (use_tracer_provider, or OpenTelemetry's global one: set_tracer_provider or the
+    OTEL_PYTHON_TRACER_PROVIDER setting). Asked per statement, so a provider set later counts."""
+    if otel_trace is None:
+        return False
+    if _provider is not None:
+        return True
+    return not isinstance(otel_trace.get_tracer_provider(), (ProxyTracerProvider, NoOpTracerProvider))
 
 
 def use_tracer_provider(provider: Any) -> None:
@@ -51,7 +61,7 @@ def _tracer() -> Any:
 
 def context_of(headers: Headers | None) -> Any:
     """The trace context a message's headers carry (None when they carry none, or tracing is off)."""
-    if otel_trace is None or not headers:
+    if not headers or not enabled():
         return None
     carrier = {name: (value.decode("latin-1") if isinstance(value, bytes) else str(value))
                for name, value in headers if name in HEADERS and value is not None}
@@ -83,7 +93,7 @@ def send_headers(namespace: str, queue: str | None, conversation_id: str | None,
                  parent: Any = None) -> list[tuple[str, bytes]]:
     """A SEND's span (the child of the current span, else of `parent`), ended at once, and the
     headers that carry its context to the receiver; [] when tracing is off."""
-    if otel_trace is None:
+    if not enabled():
         return []
     span = _tracer().start_span(f"{queue or 'route'} send", context=_parent(parent), kind=otel_trace.SpanKind.PRODUCER,
                                 attributes={**_attributes(namespace, queue, conversation_id, "send"),
@@ -101,7 +111,7 @@ def with_trace_headers(headers: Mapping[str, str] | None, namespace: str, destin
     """A transport message's headers with its SEND's trace context added (the transport face keeps
     headers as text, as NServiceBus does); a `traceparent` the caller set stands, and without
     tracing the headers are returned as they are."""
-    if otel_trace is None or "traceparent" in (headers or {}):
+    if "traceparent" in (headers or {}) or not enabled():
         return headers
     extra = send_headers(namespace, destination, None, None, parent)
     return {**(headers or {}), **{name: value.decode() for name, value in extra}} if extra else headers
@@ -111,7 +121,7 @@ def receive_span(namespace: str, queue: str, contexts: list[Any], conversation_i
     """A RECEIVE's span, ended at once: the child of its first message's context (the others
     linked), else of the current context. Returns the context its transaction's later spans are
     children of (None when tracing is off)."""
-    if otel_trace is None:
+    if not enabled():
         return None
     parent = next((c for c in contexts if c is not None), None)
     links = [otel_trace.Link(otel_trace.get_current_span(c).get_span_context()) for c in contexts
@@ -127,7 +137,7 @@ def traced(name: str, parent: Any, namespace: str, **attributes: Any) -> Iterato
     """A span around a block (a COMMIT, a handler), the child of the current span, else of
     `parent`, made current inside it so what the block sends continues the trace; records an
     exception that leaves the block."""
-    if otel_trace is None:
+    if not enabled():
         yield None
         return
     attrs = {"messaging.system": SYSTEM, "kbroker.namespace": namespace,
