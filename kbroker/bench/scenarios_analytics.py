@@ -43,21 +43,21 @@ def start_job(ctx: BenchContext, spark: Any, ns: str, **settings: Any) -> Any:
     return AnalyticsJob(s, spark).start()
 
 
-def keep_up(ctx: BenchContext, spark: Any) -> dict[str, Any]:
+def keep_up(ctx: BenchContext, spark: Any, batch: int = BATCH) -> dict[str, Any]:
     """kbroker: events/s the job processes a backlog of SENDs at; baselines: the rates of the two
     SEND paths that wrote them (one SEND at a time, acknowledged; many in one transaction)."""
     p = ctx.params
     # Five batches' worth: the first batch (the query's warm-up: consumers, code generation) is
     # left out of the rate, the rest is the steady state a running job reads a burst at.
-    n, c = 5 * BATCH, max(1, min(p.conversations, 5 * BATCH))
+    n, c = 5 * batch, max(1, min(p.conversations, 5 * batch))
     ns = ctx.fresh_namespace("analytics")
     sender = KBrokerSender(ctx, ns, c, claim_body(p.body_bytes))
     try:  # both SEND paths, into the backlog the job then reads
-        send_rate = sender.run(BATCH, pipelined=False)
-        pipelined_rate = sender.run(n - BATCH, pipelined=True)
+        sent = sender.run(batch, pipelined=False)
+        pipelined = sender.run(n - batch, pipelined=True)
     finally:
         sender.close()
-    job = start_job(ctx, spark, ns, trigger=0.5, max_per_batch=BATCH)
+    job = start_job(ctx, spark, ns, trigger=0.5, max_per_batch=batch)
     try:
         deadline = time.monotonic() + 300
         with ctx.reporter.bar("analytics job reading the SENDs", n) as advance:
@@ -76,10 +76,11 @@ def keep_up(ctx: BenchContext, spark: Any) -> dict[str, Any]:
     finally:
         job.stop()
     detail = {"batches": len(batches), "rows": rows, "seconds": seconds, "busy_rate": rows / busy if busy else None}
-    return {"analytics-throughput": {"kbroker": rows / seconds, "baseline": send_rate, "kbroker_detail": detail,
-                                     "baseline_detail": {"messages": BATCH}},
-            "analytics-throughput-pipelined": {"kbroker": rows / seconds, "baseline": pipelined_rate,
-                                               "kbroker_detail": detail, "baseline_detail": {"messages": n - BATCH}}}
+    return {"analytics-throughput": {"kbroker": rows / seconds, "baseline": sent["value"], "kbroker_detail": detail,
+                                     "baseline_detail": {"messages": batch, **sent["detail"]}},
+            "analytics-throughput-pipelined": {"kbroker": rows / seconds, "baseline": pipelined["value"],
+                                               "kbroker_detail": detail,
+                                               "baseline_detail": {"messages": n - batch, **pipelined["detail"]}}}
 
 
 def stale_delay(ctx: BenchContext, spark: Any) -> dict[str, Any]:

@@ -388,3 +388,27 @@ def test_a_job_killed_and_restarted_counts_nothing_twice_and_rides_through_a_bro
         assert len(noisy) < 200, f"{len(noisy)} log lines for a 15 s outage:\n" + "\n".join(noisy[:40])
     finally:
         second.stop()
+
+
+def test_the_bench_keep_up_measurement_gives_the_job_and_both_send_rates(kafka_bootstrap, spark):
+    """`kbroker bench analytics`'s throughput rows, small: the job's rate against each SEND path's
+    rate (a number each, with the sender's CPU in the baseline's detail), every SEND read."""
+    from kbroker.bench.context import BenchContext
+    from kbroker.bench.harness import samples_dir
+    from kbroker.bench.params import Params
+    from kbroker.bench.progress import Reporter
+    from kbroker.bench.scenarios_analytics import keep_up
+    from kbroker.core.cluster import Cluster
+
+    ctx = BenchContext(Cluster(kafka_bootstrap), Params(repeat=1, conversations=50), Reporter(quiet=True),
+                       samples_dir(), "test")
+    try:
+        rows = keep_up(ctx, spark, batch=400)
+    finally:
+        ctx.cleanup()
+    one, pipelined = rows["analytics-throughput"], rows["analytics-throughput-pipelined"]
+    assert one["kbroker"] == pipelined["kbroker"] > 0
+    assert 0 < one["kbroker_detail"]["rows"] < 2000  # every SEND was read; the first batch is left out
+    for row, sent in ((one, 400), (pipelined, 1600)):
+        assert isinstance(row["baseline"], float) and row["baseline"] > 0, row
+        assert row["baseline_detail"]["messages"] == sent and row["baseline_detail"]["cpu_ms_per_msg"] > 0
