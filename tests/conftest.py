@@ -7,15 +7,42 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.helpers import watchdog
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # A run ended by SIGTERM (a CI time-out, `timeout`) still tears its fixtures down, so the
     # embedded broker it started does not outlive it.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    watchdog.keep_stderr()
     _own_ports()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool:
+    """pytest-timeout's deadline, kept by faulthandler's watchdog (tests/helpers/watchdog.py):
+    the tracebacks reach the run's log under xdist, and a test stuck holding the GIL still ends."""
+    watchdog.arm(settings.timeout)
+    item.cancel_timeout = watchdog.disarm  # type: ignore[attr-defined]  # pytest-timeout calls it
+    return True
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object | None) -> None:
+    """A pytest-xdist worker that crashed (a test past its time-out) leaves what its test started
+    running: end it, so a broker or a worker does not outlive the run."""
+    if error is None:
+        return
+    basetemp = Path(node.config._tmp_path_factory.getbasetemp()) / f"popen-{node.gateway.id}"
+    killed = watchdog.kill_processes_under(basetemp)
+    if killed:
+        sys.stderr.write(f"{node.gateway.id} crashed: killed the {len(killed)} processes its tests left "
+                         f"under {basetemp}: {killed}\n")
 
 
 def _own_ports() -> None:
