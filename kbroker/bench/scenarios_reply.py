@@ -279,7 +279,7 @@ scenario(Scenario(
     name="request-reply",
     description="transactional request/reply over C dialogs: throughput and latency",
     rows=(Row("request-reply", "msg/s", "ratio >= 0.5",
-              check=lambda r: r["ratio"] >= 0.5, floor=Floor(0.2),
+              check=lambda r: r["ratio"] >= 0.5, floor=Floor(0.1),
               baseline_code="kbroker/bench/scenarios_reply.py:baseline_responder; "
                             "kbroker/kafka/baseline.py:transform_batches",
               notes="closed loop, --in-flight claims (default 1) in flight per dialog; kbroker: --readers "
