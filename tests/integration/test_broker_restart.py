@@ -106,7 +106,8 @@ class ReaderLoop:
 
 def state_of(broker: Broker) -> str:
     """What a hung reader's process is doing: its receivers' state, what the group coordinator
-    says of each receiver's group, and every thread's stack."""
+    says of each receiver's group, the Kafka transactions open on the namespace, and every
+    thread's stack."""
     from confluent_kafka.admin import AdminClient
 
     lines = [f"receiver {r.topic}: {r.stats()}" for r in list(broker.runtime.receivers().values())]
@@ -118,6 +119,13 @@ def state_of(broker: Broker) -> str:
                          f"{[(m.member_id, [tp.partition for tp in m.assignment.topic_partitions]) for m in g.members]}")
         except Exception as exc:  # noqa: BLE001 - a diagnosis, not the test
             lines.append(f"group {r.topic}: not described: {exc}")
+    try:  # a transaction left open holds read_committed readers (endpoints, leases) at its start
+        from kbroker.kafka.open_transactions import open_transactions
+
+        lines += [f"open transaction: {t}" for t in open_transactions(broker.cluster, broker.namespace)] \
+            or ["no Kafka transaction open on the namespace's topics"]
+    except Exception as exc:  # noqa: BLE001 - a diagnosis, not the test
+        lines.append(f"open transactions not listed: {exc}")
     names_by_id = {t.ident: t.name for t in threading.enumerate()}
     for ident, frame in sys._current_frames().items():
         lines.append(f"--- thread {names_by_id.get(ident, ident)}")
