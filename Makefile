@@ -23,7 +23,7 @@ demo-analytics: setup
 # The static checks first (seconds: the layer contracts, the types), then the tests against a real
 # broker (minutes); Toxiproxy is built once (about a minute) for the network-stall test.
 # Two pytest processes, each with its own broker (tests/conftest.py groups and orders the files):
-# about 16 minutes instead of 33 in one process (`make test PARALLEL=`). A process that crashes
+# 16-29 minutes instead of 33 in one process (`make test PARALLEL=`). A process that crashes
 # (a test past its time-out) is not replaced: pytest-xdist 3.8's loadgroup scheduling can hand
 # the replacement work that never completes and wait for it forever (pytest-xdist #1378; a CI
 # run sat 80 minutes so), so the run ends there, failed, with the tracebacks in its output.

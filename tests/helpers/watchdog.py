@@ -18,19 +18,21 @@ from pathlib import Path
 
 import psutil
 
-_STDERR: list[int] = []  # a copy of the real stderr, made before a test's output is captured
+from kbroker.embedded import jvm
+
+_stderr: int | None = None  # a copy of the real stderr, made before a test's output is captured
 
 
 def keep_stderr() -> None:
     """Copy fd 2 while it is still the run's stderr (pytest_configure: capture is suspended)."""
-    if not _STDERR:
-        _STDERR.append(os.dup(2))
+    global _stderr
+    if _stderr is None:
+        _stderr = os.dup(2)
 
 
 def arm(seconds: float) -> None:
     """Dump every thread's traceback to the real stderr and exit the process in `seconds`."""
-    fd = _STDERR[0] if _STDERR else 2
-    faulthandler.dump_traceback_later(seconds, exit=True, file=fd)
+    faulthandler.dump_traceback_later(seconds, exit=True, file=2 if _stderr is None else _stderr)
 
 
 def disarm() -> None:
@@ -39,7 +41,7 @@ def disarm() -> None:
 
 def kill_processes_under(root: Path) -> list[int]:
     """SIGKILL every process (but this one) whose working directory or an open file lies under
-    `root`; their pids."""
+    `root`, and wait until each is gone (jvm.kill); their pids."""
     prefix = str(root.resolve()) + os.sep
     killed = []
     for proc in psutil.process_iter():
@@ -48,7 +50,7 @@ def kill_processes_under(root: Path) -> list[int]:
         try:
             paths = [proc.cwd(), *(f.path for f in proc.open_files())]
             if any(p.startswith(prefix) for p in paths):
-                proc.kill()
+                jvm.kill(proc)
                 killed.append(proc.pid)
         except psutil.Error:  # gone meanwhile, or not ours to look at
             continue

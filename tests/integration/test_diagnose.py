@@ -318,15 +318,14 @@ def test_an_open_transaction_whose_first_record_is_forged_is_named_open_and_the_
         forger.abort_transaction(30)
     # The coordinator writes a transaction's markers after its commit or abort has returned (the
     # RECEIVE's own commit wrote a reader report), so one may read as open for a moment.
-    settled: list = []
+    last: list = []
 
-    def nothing_open() -> bool:
-        settled[:] = [runtime(kafka_bootstrap, namespace)]
-        return settled[0][1]["open_transactions"] == []
+    def settled() -> tuple | None:
+        last[:] = runtime(kafka_bootstrap, namespace)
+        return tuple(last) if not last[1]["open_transactions"] else None
 
-    wait_for(nothing_open, 30, "no transaction open once the forger aborted", interval=1.0,
-             seen=lambda: settled and settled[0][1]["open_transactions"])
-    rc, report = settled[0]
+    rc, report = wait_for(settled, 30, "no transaction open once the forger aborted", interval=1.0,
+                          seen=lambda: last[1]["open_transactions"])
     assert rc == 0, report
     deadline = time.monotonic() + 20
     while not got and time.monotonic() < deadline:
