@@ -18,6 +18,7 @@ from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
 from kbroker.core.conversation_endpoint import default_group
+from kbroker.kafka.reader import watermarks
 from kbroker.sdk.broker import END_DIALOG, ERROR_TYPE, Broker
 from tests.helpers import KBROKER
 
@@ -26,7 +27,10 @@ def end_offsets(bootstrap: str, topic: str) -> list[int]:
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
     try:
         parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-        return [c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in sorted(parts)]
+        # reader.watermarks retries a partition without a leader yet (a queue created a moment
+        # ago: a fresh-clone run met "Not leader for partition" here) until its deadline.
+        deadline = time.monotonic() + 10
+        return [watermarks(c, topic, p, deadline)[1] for p in sorted(parts)]
     finally:
         c.close()
 
