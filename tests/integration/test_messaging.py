@@ -10,7 +10,7 @@ import time
 
 import orjson
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer
 
 from kbroker import errors
 from kbroker.cli.demo import APPROVAL, CLAIM, CONTRACT
