@@ -336,7 +336,8 @@ def _hanging(namespace: str, transactions: list[OpenTransaction], now: float, st
             out.append(Problem("transaction_hanging", ERROR, namespace,
                                f"{where}: a Kafka transaction open for {now - t.began:.0f} s, past any kbroker "
                                f"producer's transaction timeout (its producer gone, or the broker lost track of "
-                               f"it); {held}", t.ending()))
+                               f"it: a one-node cluster stopped with controlled shutdown as it committed); {held}",
+                               t.ending()))
     return out
 
 

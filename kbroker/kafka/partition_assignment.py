@@ -146,7 +146,16 @@ class PartitionAssignment:
         # assigning every partition itself at the offsets the consumer would fetch.
         start = [TopicPartition(self.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
                  for tp in ready]
-        consumer.incremental_assign(start)
+        try:
+            consumer.incremental_assign(start)
+        except KafkaException:
+            # Refused (the group expelled this process meanwhile, say): they wait again, so no
+            # offsets stand for partitions the consumer does not hold.
+            with self._cv:
+                for tp in ready:
+                    self.offsets.pop(tp.partition, None)
+                    self.waiting.setdefault(tp.partition, time.monotonic())
+            raise
         if not start:
             return
         if self.paused:
@@ -249,25 +258,28 @@ class PartitionAssignment:
     def _give_up(self, consumer: Consumer, partitions: list[TopicPartition], *, lost: bool) -> None:
         revoked = {tp.partition for tp in partitions}
         since = time.monotonic()
-        with self._cv:
-            for p in revoked:
-                self.waiting.pop(p, None)  # never handed to the consumer
-            assigned = [tp for tp in partitions if tp.partition in self.offsets]
-            self._settle_revoked(revoked, since, lost)
-        # A Kafka transaction already carrying offsets of these partitions finishes first.
-        self._commit_barrier()
-        with self._cv:
-            for p in revoked:
-                self.offsets.pop(p, None)
-                self._eof.discard(p)
-            self._forget_revoked(revoked)
-            self._cv.notify_all()
-        # Called even with none (every revoked partition still waited for its offsets): a
-        # callback that neither assigns nor unassigns leaves it to the binding, whose unassign of
-        # partitions never assigned fails ("Can't subtract from empty assignment") and leaves
-        # the revocation unfinished, so the group held those partitions from their next owner
-        # until this process left (seen at start-up, when the first ask for offsets timed out).
-        consumer.incremental_unassign(assigned)
+        try:
+            with self._cv:
+                for p in revoked:
+                    self.waiting.pop(p, None)  # never handed to the consumer
+                self._settle_revoked(revoked, since, lost)
+            # A Kafka transaction already carrying offsets of these partitions finishes first.
+            self._commit_barrier()
+            with self._cv:
+                for p in revoked:
+                    self.offsets.pop(p, None)
+                    self._eof.discard(p)
+                self._forget_revoked(revoked)
+                self._cv.notify_all()
+        finally:
+            # Always, and only what the consumer holds. A callback that neither assigns nor
+            # unassigns leaves it to the binding, and an unassign naming a partition the consumer
+            # does not hold fails ("Can't subtract from empty assignment"): either way the
+            # revocation stays unfinished, and librdkafka neither finishes the rebalance nor,
+            # after an expulsion, joins the group again, so the queue is never read here again
+            # (seen at start-up, when the first ask for offsets timed out). Called even with none.
+            held = {tp.partition for tp in consumer.assignment() if tp.topic == self.topic}
+            consumer.incremental_unassign([tp for tp in partitions if tp.partition in held])
 
     def close(self) -> None:
         """Stop asking about waiting partitions and close the offsets reader (after the poll thread)."""

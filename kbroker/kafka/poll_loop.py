@@ -77,6 +77,7 @@ class PollLoop:
         # callbacks made): RECEIVE raises it rather than wait. Cleared once a record comes.
         self.refused: Exception | None = None
         self._thread: threading.Thread | None = None
+        self._failed_duty = ""  # the last failed duty logged (_duty_failed)
 
     def start(self, consumer: Consumer) -> None:
         """Subscribe `consumer` to the queue topic (with the assignment's rebalance callbacks)
@@ -120,11 +121,21 @@ class PollLoop:
                 if change is not None:
                     self._assignment.set_paused(consumer, change)
                 self._cv.notify_all()
-            if self._assignment.asking():
-                self._assignment.ask_waiting(consumer)
+            try:
+                if self._assignment.asking():
+                    self._assignment.ask_waiting(consumer)
+            except Exception as exc:  # noqa: BLE001 - the poll thread outlives any one duty
+                self._duty_failed("assigning partitions that waited for their committed offsets", exc)
             if self._report is not None and time.monotonic() - self._reported_at >= self._report_interval:
                 self._reported_at = time.monotonic()
                 self._report(self._stats())
+
+    def _duty_failed(self, what: str, exc: Exception) -> None:
+        """Log a failed duty of the poll thread once while it fails the same way."""
+        said = f"{what} on {self._assignment.topic} failed: {exc}"
+        if said != self._failed_duty:
+            self._failed_duty = said
+            log.error("%s", said)
 
     def _refuse(self, exc: Exception) -> None:
         """Record a refusal (logged once while it stands) and wake the waiting RECEIVEs."""

@@ -181,3 +181,79 @@ def test_reader_loop_rides_through_a_broker_restart(own_broker: RestartableBroke
                f"unknown={len(report.unknown)}")
     print(summary)
     assert report.ok(), summary + f"\n{report.lost[:3]} {report.duplicated[:3]} {report.order_violations[:3]}"
+
+
+def _committing(bootstrap: str, topic: str, writer: int, stop: threading.Event, commits: list[int]) -> None:
+    """Small Kafka transactions, one record on each partition of `topic`, as fast as they commit;
+    after any failure (the broker going away) a new producer with the same transactional id."""
+    from confluent_kafka import KafkaException, Producer
+
+    while not stop.is_set():
+        producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"restart-writer-{writer}",
+                             "transaction.timeout.ms": 5000, "linger.ms": 0})
+        try:
+            producer.init_transactions(10)
+            while not stop.is_set():
+                producer.begin_transaction()
+                for partition in range(4):
+                    producer.produce(topic, b"x", partition=partition)
+                producer.commit_transaction(10)
+                commits[writer] += 1
+        except KafkaException:
+            time.sleep(0.2)
+
+
+@pytest.mark.timeout(300)
+def test_a_broker_stopped_while_transactions_commit_leaves_none_open_after_its_restart(
+        own_broker: RestartableBroker) -> None:
+    """A one-node broker stopped while transactions commit: once it is back and the producers'
+    transaction timeout has passed, no partition holds an open transaction. With Kafka's
+    controlled shutdown (its default), the node's partitions are left without a leader before it
+    stops, and the transaction coordinator skips the markers of a transaction completing then
+    while recording it complete: its records stay open on those partitions for good, and a
+    read_committed reader stops there (a reader loop stalled at 580 of 2,000 in the test above).
+    The embedded broker runs without controlled shutdown; this fails with it."""
+    from confluent_kafka import IsolationLevel, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+
+    admin = AdminClient({"bootstrap.servers": own_broker.bootstrap})
+    topic = "restart-transactions"
+    admin.create_topics([NewTopic(topic, 4, 1)])[topic].result(30)
+    stop, commits = threading.Event(), [0, 0, 0]
+    writers = [threading.Thread(target=_committing, args=(own_broker.bootstrap, topic, w, stop, commits),
+                                daemon=True) for w in range(3)]
+    for w in writers:
+        w.start()
+    try:
+        wait_until = time.monotonic() + 60
+        while min(commits) < 50:
+            assert time.monotonic() < wait_until, f"the writers did not get going: {commits}"
+            time.sleep(0.1)
+        own_broker.embedded.stop()
+    finally:
+        stop.set()
+        for w in writers:
+            w.join(timeout=30)
+    # The writers are gone before the broker is back: a later commit of the same transactional id
+    # would close a transaction left open on the partitions it writes to, and hide it.
+    assert not any(w.is_alive() for w in writers), "a writer is still running"
+    own_broker.embedded.start(port=own_broker.port, controller_port=own_broker.controller_port)
+    tps = [TopicPartition(topic, p) for p in range(4)]
+
+    def open_partitions() -> dict[int, tuple[int, int]]:
+        ends = {}
+        for level in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED):
+            found = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, isolation_level=level,
+                                       request_timeout=10)
+            ends[level] = {tp.partition: f.result(15).offset for tp, f in found.items()}
+        return {p: (ends[IsolationLevel.READ_COMMITTED][p], ends[IsolationLevel.READ_UNCOMMITTED][p])
+                for p in range(4)
+                if ends[IsolationLevel.READ_COMMITTED][p] < ends[IsolationLevel.READ_UNCOMMITTED][p]}
+
+    deadline = time.monotonic() + 60  # the 5 s transaction timeout, Kafka's 1 s check, and a margin
+    held = open_partitions()
+    while held and time.monotonic() < deadline:
+        time.sleep(1)
+        held = open_partitions()
+    assert not held, (f"transactions left open after the restart (partition: (last stable offset, high "
+                      f"watermark)): {held}; commits before the stop {commits}")

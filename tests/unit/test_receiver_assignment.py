@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from kbroker.core.cluster import Cluster
@@ -225,13 +226,19 @@ class BindingConsumer:
         self.assigned: set[int] = set()
         self.unassign_calls: list[list[int]] = []
         self._called = False
+        self.refuse_assign = False  # as librdkafka does once the group expelled this member
 
     def committed(self, partitions: list[TopicPartition], timeout: float) -> list[Position]:
         raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "timed out"))
 
     def incremental_assign(self, partitions: list[TopicPartition]) -> None:
         self._called = True
+        if self.refuse_assign and partitions:
+            raise KafkaException(KafkaError(KafkaError._STATE, "the current assignment is lost"))
         self.assigned |= {tp.partition for tp in partitions}
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition(TOPIC, p) for p in sorted(self.assigned)]
 
     def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
         self._called = True
@@ -266,3 +273,32 @@ def test_revoking_partitions_that_still_wait_for_their_offsets_finishes_the_revo
     consumer.callback(assignment.on_revoke, [TopicPartition(TOPIC, 2), TopicPartition(TOPIC, 3)], revoke=True)
     assert consumer.unassign_calls == [[]], "the revocation was left to the binding, which fails"
     assert sorted(assignment.waiting) == [0, 1] and settled == [{2, 3}]
+
+
+def test_an_expulsion_after_a_refused_assignment_still_finishes_the_revocation() -> None:
+    """The offsets of waiting partitions come in after the group expelled this process, and the
+    consumer refuses to take them; then the expulsion's callback comes. The partitions must be
+    waiting again (no offsets stand for partitions the consumer does not hold) and the callback
+    must unassign only what the consumer holds: an unassign naming the others fails, the
+    revocation stays unfinished, and librdkafka never joins the group again (a reader that
+    received nothing for the rest of a broker-restart test). Fails on the code that kept the
+    offsets and unassigned every partition it had offsets for."""
+    cv = threading.Condition()
+    assignment = PartitionAssignment(Cluster.of("nowhere:1"), TOPIC, "Q", cv,
+                                     settle_revoked=lambda revoked, since, lost: None,
+                                     forget_revoked=lambda revoked: None, commit_barrier=lambda: None,
+                                     on_assign=lambda: None)
+    consumer = BindingConsumer()
+    everything = [TopicPartition(TOPIC, p) for p in range(4)]
+    consumer.callback(assignment.on_assign, everything[:2], revoke=False)  # both wait (committed() timed out)
+    offsets_read = lambda tps: [Position(TOPIC, tp.partition, 5, "") for tp in tps]  # noqa: E731
+    assignment._assign_waiting(consumer, offsets_read)  # type: ignore[arg-type]
+    assert consumer.assigned == {0, 1} and sorted(assignment.offsets) == [0, 1]
+    consumer.callback(assignment.on_assign, everything[2:], revoke=False)
+    consumer.refuse_assign = True
+    with pytest.raises(KafkaException):
+        assignment._assign_waiting(consumer, offsets_read)  # type: ignore[arg-type]
+    assert sorted(assignment.waiting) == [2, 3] and sorted(assignment.offsets) == [0, 1]
+    consumer.callback(assignment.on_lost, everything, revoke=True)
+    assert consumer.unassign_calls == [[0, 1]] and not consumer.assigned, consumer.unassign_calls
+    assert not assignment.offsets and not assignment.waiting
