@@ -34,6 +34,9 @@ class Consumer:
         for tp in partitions:
             self.assigned.remove(tp.partition)
 
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition(TOPIC, p) for p in self.assigned]
+
     def pause(self, partitions: Any) -> None:
         pass
 
