@@ -66,11 +66,14 @@ class PollLoop:
                  assignment: PartitionAssignment, *, decode: Callable[[KafkaRecord], Envelope],
                  dead_letter: Callable[[KafkaRecord, str], None], max_buffered: int, closed: Callable[[], bool],
                  stats: Callable[[], dict[str, Any]], report: Callable[[dict[str, Any]], None] | None,
-                 report_interval: float, cluster: Cluster):
+                 report_interval: float, cluster: Cluster, wake: Callable[[int], None] | None = None):
         self._queue, self._cv, self._buffer, self._assignment = queue, cv, buffer, assignment
         self._cluster = cluster  # a refusal names its principal
         self._decode, self._dead_letter, self._max_buffered = decode, dead_letter, max_buffered
         self._closed, self._stats = closed, stats
+        # Called under cv with how many records a poll buffered (the lease book wakes that many
+        # RECEIVEs); None: every waiter, on every poll.
+        self._wake = wake
         self._report, self._report_interval, self._reported_at = report, report_interval, 0.0
         self.group_meta: Any = None
         # The authorizer's refusal this loop met (the queue's topic or group, or a read its
@@ -115,12 +118,18 @@ class PollLoop:
                     time.sleep(0.5)
                 continue
             with self._cv:
+                before = self._buffer.buffered
                 for rec in records:
                     self._accept(rec)
                 change = pause_change(self._assignment.paused, self._buffer.buffered, self._max_buffered)
                 if change is not None:
                     self._assignment.set_paused(consumer, change)
-                self._cv.notify_all()
+                if self._wake is None or len(records) > self._buffer.buffered - before:
+                    # An event (a partition's end a RECEIVE may wait for, an error), a record
+                    # dead-lettered or dropped: every waiter looks again.
+                    self._cv.notify_all()
+                else:
+                    self._wake(self._buffer.buffered - before)
             try:
                 if self._assignment.asking():
                     self._assignment.ask_waiting(consumer)

@@ -74,6 +74,13 @@ class LeaseBook:
         self._receiver, self._buffer, self._assignment, self._cv = receiver, buffer, assignment, cv
         self._revoke_grace, self._closed = revoke_grace, closed
         self._refused = refused  # the authorizer's refusal the poll thread met, if it stands
+        # Who waits on cv (guarded by it): RECEIVEs that take any group, and everyone else (a
+        # RECEIVE for one group or conversation, a count of what waits, a revocation waiting for
+        # its leases). wake() wakes only as many of the first as there is new work for, unless
+        # one of the others waits: waking every waiter on each poll and each commit cost a
+        # process of 64 readers 64 wake-ups a time, most of them for nothing.
+        self._takers = 0
+        self._others = 0
 
     def waiting(self) -> int:
         """Records buffered here and not taken: what a monitoring loop counts as waiting."""
@@ -88,8 +95,31 @@ class LeaseBook:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                self._cv.wait(min(left, 0.5))
+                self._wait(min(left, 0.5), taker=False)
             return self._buffer.buffered
+
+    def wake(self, work: int) -> None:
+        """There is new work for up to `work` RECEIVEs: records buffered, a group unlocked
+        (called under cv). Wakes that many of the RECEIVEs that take any group, or every waiter
+        when one of another kind waits (it may be the one the change is for)."""
+        if self._others or work >= self._takers:
+            self._cv.notify_all()
+        elif work > 0:
+            self._cv.notify(work)
+
+    def _wait(self, seconds: float, *, taker: bool) -> None:
+        """cv.wait, counted as a taker's wait or another's (called under cv)."""
+        if taker:
+            self._takers += 1
+        else:
+            self._others += 1
+        try:
+            self._cv.wait(seconds)
+        finally:
+            if taker:
+                self._takers -= 1
+            else:
+                self._others -= 1
 
     def quiet(self) -> bool:
         """No group leased, and no completed offset waiting for its Kafka transaction's outcome
@@ -121,7 +151,8 @@ class LeaseBook:
                     return None, [], 0
                 if give_up():
                     return None, [], 0
-                self._cv.wait(0.5 if deadline is None else max(min(deadline - now, 0.5), 0.01))
+                self._wait(0.5 if deadline is None else max(min(deadline - now, 0.5), 0.01),
+                           taker=conversation_group is None and conversation_id is None)
 
     def _take(self, owner: Any, group: str, top: int, full: dict[int, int],
               conversation_id: str | None) -> tuple[Lease, list[Buffered], int]:
@@ -179,7 +210,7 @@ class LeaseBook:
             if lease.group is not None:
                 back = returned(lease.taken, committed, lease.doomed, self._assignment.offsets)
                 self._buffer.release(lease, lease.group, back)
-            self._cv.notify_all()
+            self.wake(1)  # the group it unlocks, if records wait in it
 
     def settle_revoked(self, revoked: set[int], since: float, *, lost: bool = False) -> None:
         """Partitions are revoked (called under cv, `since` the revocation began, monotonic): drop
@@ -192,7 +223,7 @@ class LeaseBook:
             at_risk = [lease for lease in self._buffer.holders() if lease.partitions & revoked and not lease.included]
             if not at_risk or time.monotonic() >= deadline:
                 break
-            self._cv.wait(deadline - time.monotonic())
+            self._wait(deadline - time.monotonic(), taker=False)
         for lease in at_risk:
             lease.doomed = True
 

@@ -84,7 +84,7 @@ class QueueReceiver:
             decode=decode or decode_envelope,
             dead_letter=lambda rec, why: dead_letter(self, rec, why), max_buffered=max_buffered,
             closed=lambda: self._closed, stats=self.stats, report=report, report_interval=report_interval,
-            cluster=self._cluster)
+            cluster=self._cluster, wake=lambda records: self._leases.wake(records))
 
     def start(self) -> "QueueReceiver":
         """Create the consumer, subscribe to the topic and start the poll thread; returns self."""
