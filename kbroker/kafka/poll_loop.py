@@ -124,11 +124,9 @@ class PollLoop:
                 change = pause_change(self._assignment.paused, self._buffer.buffered, self._max_buffered)
                 if change is not None:
                     self._assignment.set_paused(consumer, change)
-                if self._wake is None or len(records) > self._buffer.buffered - before:
-                    # An event (a partition's end a RECEIVE may wait for, an error), a record
-                    # dead-lettered or dropped: every waiter looks again.
+                if self._wake is None:
                     self._cv.notify_all()
-                else:
+                else:  # a RECEIVE past its wait that waits for a partition's end looks every 10 ms
                     self._wake(self._buffer.buffered - before)
             try:
                 if self._assignment.asking():
