@@ -332,6 +332,13 @@ class TransactionAbortedError(KBrokerError):
     retriable = True
 
 
+class RebalanceAbortedError(TransactionAbortedError):
+    """The transaction did not commit because the queue's consumer group rebalanced while it was
+    open (another reader joined or left): Kafka fences offsets sent with the group's previous
+    generation, or the partition moved. Its messages are on the queue again; retrying at once
+    normally succeeds (RECEIVE outside a transaction retries by itself)."""
+
+
 class RecordRefusedError(TransactionAbortedError):
     """Kafka refused a record of the transaction for itself (too large for its topic): nothing
     the transaction did is visible, and the same records would be refused again. The other

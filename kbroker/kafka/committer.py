@@ -42,6 +42,7 @@ from kbroker.core.commit_holder import holder_of, transactional_id, with_holder
 from kbroker.core.records import Record
 from kbroker.core.txn_faults import Action, Deadline, Position, Stage, committed_by_offsets, decide
 from kbroker.errors import (
+    RebalanceAbortedError,
     RecordRefusedError,
     TransactionAbortedError,
     TransactionInDoubtError,
@@ -53,6 +54,12 @@ from kbroker.kafka.reader import group_offsets, offsets_reader, without_errors
 from kbroker.kafka.receiver import Lease
 
 log = logging.getLogger("kbroker.committer")
+
+# What send_offsets_to_transaction meets when the queue's group moved on to a new generation
+# since the offsets' group metadata was taken (a reader joined or left): a fence, not a fault.
+GROUP_FENCES = frozenset(getattr(KafkaError, name) for name in (
+    "ILLEGAL_GENERATION", "UNKNOWN_MEMBER_ID", "REBALANCE_IN_PROGRESS", "FENCED_INSTANCE_ID",
+    "FENCED_MEMBER_EPOCH", "STALE_MEMBER_EPOCH") if hasattr(KafkaError, name))
 
 
 @dataclass(eq=False)
@@ -300,6 +307,8 @@ class GroupCommitter:
                     return
                 error: Exception = (TransactionAbortedError(f"the Kafka transaction failed: {failed.reason}")
                                     if committed is False else TransactionInDoubtError(failed.reason))
+                if committed is False and failed.error is not None and failed.error.code() in GROUP_FENCES:
+                    error = RebalanceAbortedError(f"the queue's group rebalanced during the commit: {failed.reason}")
                 if failed.error is not None and denied_code(failed.error):
                     # Refused by the authorizer: it would be refused again, so not retriable.
                     error = self._refusal(failed.error, slot, batch, positions)
@@ -473,7 +482,7 @@ class GroupCommitter:
     def _split_doomed(self, batch: list[CommitRequest]) -> None:
         doomed = [r for r in batch if any(l.doomed for l in r.leases)]
         for req in doomed:
-            req.finish(TransactionAbortedError("the queue's partition moved to another process (rebalance)"))
+            req.finish(RebalanceAbortedError("the queue's partition moved to another process (rebalance)"))
         rest = [r for r in batch if r not in doomed]
         if rest:
             self._commit(rest)

@@ -30,6 +30,7 @@ from kbroker.core.conversation_endpoint import must_persist
 from kbroker.core.envelope import Message
 from kbroker.embedded import resolve_cluster
 from kbroker.kafka.conversation_endpoints import EndpointStore
+from kbroker.sdk.fenced_retry import receive_fenced_again
 from kbroker.sdk.hooks import ReceiveHooks
 from kbroker.sdk.runtime import BrokerRuntime
 from kbroker.sdk.transaction import Transaction, traced_record
@@ -160,9 +161,15 @@ class Broker:
 
     def receive(self, queue: str, top: int | None = None, wait: float | None = 0.0, **kw: Any) -> list[Message]:
         """RECEIVE outside a transaction: a transaction of its own, committed before it returns.
-        top=None: every ready message of one group, as RECEIVE without TOP."""
-        with self.transaction() as tx:
-            return tx.receive(queue, top, wait, **kw)
+        top=None: every ready message of one group, as RECEIVE without TOP.
+
+        A commit a rebalance fenced is tried again (kbroker/sdk/fenced_retry.py)."""
+
+        def attempt(left: float | None) -> list[Message]:
+            with self.transaction() as tx:
+                return tx.receive(queue, top, left, **kw)
+
+        return receive_fenced_again(attempt, wait, queue)
 
     def queue_messages(self, queue: str, conversation_handle: str | None = None) -> list[dict[str, Any]]:
         """The queue's messages like Service Broker's queue view: status 1 = ready, 0 = received

@@ -31,6 +31,7 @@ from kbroker.embedded import resolve_cluster
 from kbroker.errors import InvalidArgumentError
 from kbroker.kafka.clients import produce_within
 from kbroker.kafka.transport.queues import express_producer, install
+from kbroker.sdk.fenced_retry import receive_fenced_again
 from kbroker.sdk.transport.runtime import TransportRuntime
 from kbroker.sdk.transport.transaction import Handler, TransportTransaction
 
@@ -152,9 +153,14 @@ class TransportEndpoint:
             return self._callbacks.pop(msg.correlation_id, None)
 
     def receive(self, wait: float | None = 0.0, *, queue: str | None = None) -> TransportMessage | None:
-        """Receive one message in a transaction of its own, committed before it returns."""
-        with self.transaction() as tx:
-            return tx.receive(wait, queue=queue)
+        """Receive one message in a transaction of its own, committed before it returns; a
+        commit a rebalance fenced is tried again (kbroker/sdk/fenced_retry.py)."""
+
+        def attempt(left: float | None) -> TransportMessage | None:
+            with self.transaction() as tx:
+                return tx.receive(left, queue=queue)
+
+        return receive_fenced_again(attempt, wait, queue or self.settings.name)
 
     # --- handling ---------------------------------------------------------------------------
 
