@@ -92,6 +92,19 @@ def committer_with(hang_in: str, release: threading.Event) -> tuple[GroupCommitt
     return c.start(), made
 
 
+def committer_whose_first_producer_is(kind: type[FakeProducer], made: list[FakeProducer],
+                                      release: threading.Event) -> GroupCommitter:
+    """A started committer whose first producer is a `kind`, its replacements plain fakes."""
+
+    def new_producer(conf: dict[str, Any]) -> Any:
+        p = (kind if not made else FakeProducer)(conf, None, release)
+        made.append(p)
+        return p
+
+    return GroupCommitter("127.0.0.1:1", "ns", producers=1, timeout=0.3, transaction_deadline=0.3,
+                          new_producer=new_producer).start()
+
+
 def test_a_hung_send_offsets_fails_the_batch_retriably_and_replaces_the_producer(release):
     c, made = committer_with("offsets", release)
     receiver = FakeReceiver()
@@ -163,13 +176,7 @@ def test_a_producer_whose_transaction_was_aborted_is_not_used_again(release):
             self._call("offsets")
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to commit offsets to transaction"))
 
-    def new_producer(conf: dict[str, Any]) -> Any:
-        p = (TimingOut if not made else FakeProducer)(conf, None, release)
-        made.append(p)
-        return p
-
-    c = GroupCommitter("127.0.0.1:1", "ns", producers=1, timeout=0.3, transaction_deadline=0.3,
-                       new_producer=new_producer).start()
+    c = committer_whose_first_producer_is(TimingOut, made, release)
     receiver = FakeReceiver()
     with pytest.raises(TransactionAbortedError):
         c.commit(CommitRequest([("t", b"k", b"v", None)], [Lease(receiver, "g", None, offsets=[(0, 6)])]))  # type: ignore[arg-type]
@@ -192,13 +199,7 @@ def test_records_never_delivered_abort_the_transaction_without_asking_the_commit
             time.sleep(min(t, 0.05))
             return 3
 
-    def new_producer(conf: dict[str, Any]) -> Any:
-        p = (Undelivered if not made else FakeProducer)(conf, None, release)
-        made.append(p)
-        return p
-
-    c = GroupCommitter("127.0.0.1:1", "ns", producers=1, timeout=0.3, transaction_deadline=0.3,
-                       new_producer=new_producer).start()
+    c = committer_whose_first_producer_is(Undelivered, made, release)
     c._group_offsets = lambda group, tps, t: pytest.fail("an outcome that was known was settled")  # type: ignore[method-assign]
     receiver = FakeReceiver()
     started = time.monotonic()
