@@ -37,7 +37,6 @@ class Stage(Enum):
     BEGIN = "begin_transaction"
     PRODUCE = "produce"
     OFFSETS = "send_offsets_to_transaction"
-    FLUSH = "flush"  # every record delivered, before the commit is asked
     COMMIT = "commit_transaction"
     ABORT = "abort_transaction"
 

@@ -194,8 +194,6 @@ def transact(producer: GuardedProducer, records: list[Record], offsets: list[tup
             t = deadline.call_timeout(cap)
             producer.call("send_offsets_to_transaction",
                           lambda p: p.send_offsets_to_transaction(positions, group, t), t)  # noqa: B023 - called now
-        stage = Stage.FLUSH
-        _flush(producer, deadline, cap)
         stage = Stage.COMMIT
         while True:
             t = deadline.call_timeout(cap)
@@ -212,24 +210,6 @@ def transact(producer: GuardedProducer, records: list[Record], offsets: list[tup
             _serve_reports(producer, refused, exc)
         failed.refused = refused
         raise failed from exc
-
-
-def _flush(producer: GuardedProducer, deadline: Deadline, cap: float) -> None:
-    """Wait until every record of the transaction is delivered (or failed), within `deadline`.
-    commit_transaction flushes too before it asks the coordinator to commit, but when that flush
-    runs out of time its error is a retriable commit failure, which at the deadline cannot be
-    told from a commit whose answer was lost: the outcome was taken as in doubt, and settling it
-    waited on a group whose offsets a broker restart had left unstable (a CI run: 120 s, then
-    TransactionInDoubtError). Flushed first, a flush that runs out says the commit was never
-    asked: the transaction is aborted, certainly."""
-    while True:
-        t = deadline.call_timeout(cap)
-        left = producer.call("flush", lambda p: p.flush(t), t)
-        if not left:
-            return
-        if deadline.expired():
-            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"{left} record(s) of the transaction were not "
-                                            "delivered by its deadline; the commit was not asked", retriable=True))
 
 
 def _serve_reports(producer: GuardedProducer, refused: dict[int, str], exc: KafkaException) -> None:

@@ -42,9 +42,6 @@ class FakeProducer:
     def send_offsets_to_transaction(self, *_a: Any) -> None:
         self._call("offsets")
 
-    def flush(self, _t: float = 0) -> int:
-        return 0  # every record delivered (not recorded: the calls below are the transaction's)
-
     def commit_transaction(self, _t: float) -> None:
         self._call("commit")
 
@@ -90,19 +87,6 @@ def committer_with(hang_in: str, release: threading.Event) -> tuple[GroupCommitt
     c = GroupCommitter("127.0.0.1:1", "ns", producers=1, timeout=0.3, transaction_deadline=0.3,
                        new_producer=new_producer)
     return c.start(), made
-
-
-def committer_whose_first_producer_is(kind: type[FakeProducer], made: list[FakeProducer],
-                                      release: threading.Event) -> GroupCommitter:
-    """A started committer whose first producer is a `kind`, its replacements plain fakes."""
-
-    def new_producer(conf: dict[str, Any]) -> Any:
-        p = (kind if not made else FakeProducer)(conf, None, release)
-        made.append(p)
-        return p
-
-    return GroupCommitter("127.0.0.1:1", "ns", producers=1, timeout=0.3, transaction_deadline=0.3,
-                          new_producer=new_producer).start()
 
 
 def test_a_hung_send_offsets_fails_the_batch_retriably_and_replaces_the_producer(release):
@@ -176,7 +160,13 @@ def test_a_producer_whose_transaction_was_aborted_is_not_used_again(release):
             self._call("offsets")
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to commit offsets to transaction"))
 
-    c = committer_whose_first_producer_is(TimingOut, made, release)
+    def new_producer(conf: dict[str, Any]) -> Any:
+        p = (TimingOut if not made else FakeProducer)(conf, None, release)
+        made.append(p)
+        return p
+
+    c = GroupCommitter("127.0.0.1:1", "ns", producers=1, timeout=0.3, transaction_deadline=0.3,
+                       new_producer=new_producer).start()
     receiver = FakeReceiver()
     with pytest.raises(TransactionAbortedError):
         c.commit(CommitRequest([("t", b"k", b"v", None)], [Lease(receiver, "g", None, offsets=[(0, 6)])]))  # type: ignore[arg-type]
@@ -184,28 +174,4 @@ def test_a_producer_whose_transaction_was_aborted_is_not_used_again(release):
     c.commit(CommitRequest([("t", b"k", b"v", None)], []))
     assert len(made) == 2 and made[1].txn_id == made[0].txn_id, "the aborted transaction's producer was used again"
     assert made[1].calls == ["init", "begin", "produce", "commit"] and made[0].calls[-1] == "abort"
-    c.close()
-
-
-def test_records_never_delivered_abort_the_transaction_without_asking_the_commit(release):
-    """A broker restart held a transaction's records past its deadline: commit_transaction's own
-    flush ran out, its retriable error was taken for a lost commit answer, and the reader waited
-    120 s to learn an outcome that was never in doubt (TransactionInDoubtError, a CI run). The
-    committer flushes first: the commit is never asked, the transaction is aborted, retriably."""
-    made: list[FakeProducer] = []
-
-    class Undelivered(FakeProducer):
-        def flush(self, t: float = 0) -> int:
-            time.sleep(min(t, 0.05))
-            return 3
-
-    c = committer_whose_first_producer_is(Undelivered, made, release)
-    c._group_offsets = lambda group, tps, t: pytest.fail("an outcome that was known was settled")  # type: ignore[method-assign]
-    receiver = FakeReceiver()
-    started = time.monotonic()
-    with pytest.raises(TransactionAbortedError):
-        c.commit(CommitRequest([("t", b"k", b"v", None)], [Lease(receiver, "g", None, offsets=[(0, 6)])]))  # type: ignore[arg-type]
-    assert time.monotonic() - started < 5
-    assert "commit" not in made[0].calls and made[0].calls[-1] == "abort"
-    assert receiver.excluded == 1  # the messages come back
     c.close()
