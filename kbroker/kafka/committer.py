@@ -260,7 +260,23 @@ class GroupCommitter:
                     break
                 batch.append(nxt)
             with self._busy:
-                self._commit(batch)
+                try:
+                    self._commit(batch)
+                except Exception as exc:  # noqa: BLE001 - the committing thread outlives any batch
+                    self._failed_unexpectedly(batch, exc)
+
+    def _failed_unexpectedly(self, batch: list[CommitRequest], exc: Exception) -> None:
+        """An error no stage of the transaction expected: confluent-kafka once raised SystemError,
+        not KafkaException, from a fenced producer's flush, and that ended this thread, so every
+        commit after it waited for ever. Nobody waits on the batch for ever now: its outcome is
+        unknown (in doubt), and every producer of the ring is replaced, which fences whatever
+        the failed one left open."""
+        log.error("a group commit failed unexpectedly (%r); replacing the transactional producers", exc)
+        for slot in self._ring:
+            self._abandon(slot)
+        for req in batch:
+            if not req.done.is_set():
+                req.finish(TransactionInDoubtError(f"the commit failed unexpectedly: {exc!r}"))
 
     def _commit(self, batch: list[CommitRequest]) -> None:
         batch = self._without_outdated(batch)

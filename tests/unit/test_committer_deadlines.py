@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from kbroker.core.commit_holder import with_holder
-from kbroker.errors import TransactionAbortedError
+from kbroker.errors import TransactionAbortedError, TransactionInDoubtError
 from kbroker.kafka.committer import CommitRequest, GroupCommitter
 from kbroker.kafka.receiver import Lease
 
@@ -174,4 +174,31 @@ def test_a_producer_whose_transaction_was_aborted_is_not_used_again(release):
     c.commit(CommitRequest([("t", b"k", b"v", None)], []))
     assert len(made) == 2 and made[1].txn_id == made[0].txn_id, "the aborted transaction's producer was used again"
     assert made[1].calls == ["init", "begin", "produce", "commit"] and made[0].calls[-1] == "abort"
+    c.close()
+
+
+def test_an_unexpected_error_fails_its_batch_and_the_committer_goes_on(release):
+    """confluent-kafka raised SystemError (not KafkaException) from a fenced producer's flush in a
+    rehearsal; it ended the committing thread and the commit waited for ever. Now the batch is in
+    doubt at once, the producers are replaced, and the next commit goes through."""
+    made: list[FakeProducer] = []
+
+    class Broken(FakeProducer):
+        def commit_transaction(self, _t: float) -> None:
+            self._call("commit")
+            raise SystemError("a result with an exception set")
+
+    def new_producer(conf: dict[str, Any]) -> Any:
+        p = (Broken if not made else FakeProducer)(conf, None, release)
+        made.append(p)
+        return p
+
+    c = GroupCommitter("127.0.0.1:1", "ns", producers=1, timeout=0.3, transaction_deadline=0.3,
+                       new_producer=new_producer).start()
+    started = time.monotonic()
+    with pytest.raises(TransactionInDoubtError):
+        c.commit(CommitRequest([("t", b"k", b"v", None)], []))
+    assert time.monotonic() - started < 5
+    c.commit(CommitRequest([("t", b"k", b"v", None)], []))
+    assert len(made) == 2 and made[1].calls[-1] == "commit"
     c.close()
