@@ -37,11 +37,14 @@ from typing import Any, Callable
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from kbroker import metrics
+from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.commit_holder import holder_of, transactional_id, with_holder
 from kbroker.core.records import Record
 from kbroker.core.txn_faults import Action, Deadline, Position, Stage, committed_by_offsets, decide
+from kbroker.core.txn_log import LEFT_OPEN_AFTER, LeftOpen, outcome_before_init
 from kbroker.errors import (
+    KBrokerError,
     RebalanceAbortedError,
     RecordRefusedError,
     TransactionAbortedError,
@@ -50,10 +53,15 @@ from kbroker.errors import (
 )
 from kbroker.kafka import clients
 from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, started, reason, transact
+from kbroker.kafka.left_open import Unclosed, close_aborted, close_committed
 from kbroker.kafka.reader import group_offsets, offsets_reader, without_errors
 from kbroker.kafka.receiver import Lease
+from kbroker.kafka.transaction_log import transaction_history
 
 log = logging.getLogger("kbroker.committer")
+
+# The transaction log is read from this long before an in-doubt transaction began (clocks differ).
+LOG_MARGIN = 60.0
 
 # What send_offsets_to_transaction meets when the queue's group moved on to a new generation
 # since the offsets' group metadata was taken (a reader joined or left): a fence, not a fault.
@@ -69,6 +77,9 @@ class _Slot:
 
     transactional_id: str
     producer: GuardedProducer | None = None
+    # A failed transaction of this id whose markers may be missing: the next producer closes it
+    # (as aborted) before its first transaction (kafka/left_open.py).
+    unclosed: Unclosed | None = None
 
 
 @dataclass(eq=False)
@@ -141,6 +152,7 @@ class GroupCommitter:
     def __init__(self, cluster: ClusterLike, namespace: str, *, interval: float = 0.005,
                  max_batch: int = 1000, timeout: float = 30.0, producers: int = 2,
                  transaction_deadline: float = 10.0, resolve_timeout: float = 120.0,
+                 left_open_after: float = LEFT_OPEN_AFTER,
                  open_transactions: Callable[[], int] = lambda: 1,
                  new_producer: Callable[[dict[str, Any]], Producer] = Producer,
                  transactional_ids: tuple[str, ...] = ()):
@@ -163,6 +175,7 @@ class GroupCommitter:
         # transaction that has not committed by then is given up (and its producer if stuck).
         self._transaction_deadline = transaction_deadline
         self._resolve_timeout = resolve_timeout  # how long an in-doubt commit may take to settle
+        self._left_open_after = left_open_after  # unreadable offsets for this long: ask the transaction log
         # Per queue group: a consumer that reads its committed offsets, to settle an in-doubt commit.
         self._offsets_readers: dict[str, Consumer] = {}
         self._open_transactions = open_transactions
@@ -302,12 +315,13 @@ class GroupCommitter:
                                    for tp in tps]
         slot = self._ring[self._turn]
         self._turn = (self._turn + 1) % len(self._ring)
-        deadline = Deadline(self._transaction_deadline)
+        deadline, began = Deadline(self._transaction_deadline), time.time()
         metrics.of(metrics.GROUP_COMMIT_SIZE, self._namespace).observe(len(batch))
         try:
             self._transact(slot, batch, positions, deadline)
         except TransactionFailed as failed:
-            committed = self._settle(slot, failed, deadline, positions)
+            topics = frozenset(rec[0] for req in batch for rec in req.records)
+            committed = self._settle(slot, failed, deadline, positions, Unclosed.of(topics, positions, began))
             if committed is not True:
                 for receiver, leases in by_receiver.items():
                     receiver.exclude(leases)
@@ -362,11 +376,15 @@ class GroupCommitter:
             metrics.of(metrics.KAFKA_TRANSACTION_SECONDS, self._namespace).observe(time.monotonic() - started)
 
     def _settle(self, slot: "_Slot", failed: TransactionFailed, deadline: Deadline,
-                positions: dict[Any, list[TopicPartition]]) -> bool | None:
+                positions: dict[Any, list[TopicPartition]], unclosed: Unclosed) -> bool | None:
         """Leave the failed transaction's producer ready or abandoned; whether the transaction
         committed (None: in doubt and not settled). See kbroker.core.txn_faults for why this is
-        safe."""
+        safe. One that did not commit is closed by the slot's next producer (left_open.py),
+        unless Kafka refused it for itself (a record, the group's generation): then the broker
+        was well and wrote its markers."""
         action = decide(failed.failure, deadline.left())
+        if not failed.refused and not (failed.error is not None and failed.error.code() in GROUP_FENCES):
+            slot.unclosed = unclosed
         log.warning("Kafka transaction failed at %s (%s): %s", failed.failure.stage.value, failed.reason,
                     action.value)
         if not failed.refused:  # a refused record says nothing of the producers' health
@@ -400,13 +418,23 @@ class GroupCommitter:
             except (KafkaException, CallDeadlineExceeded) as exc:
                 log.warning("no new transactional producer yet (%s); the next transaction retries", reason(exc))
             return False
-        return self._resolve(slot, positions)
+        slot.unclosed = None  # in doubt: closed as the settling finds it ended
+        committed = self._resolve(slot, positions, unclosed)
+        if committed is False:
+            slot.unclosed = unclosed
+        return committed
 
-    def _resolve(self, slot: "_Slot", positions: dict[Any, list[TopicPartition]]) -> bool | None:
+    def _resolve(self, slot: "_Slot", positions: dict[Any, list[TopicPartition]], unclosed: Unclosed) -> bool | None:
         """Settle an in-doubt transaction: a new producer with the same transactional.id fences
         the old one (its init returns once the coordinator finished the old transaction), then
-        the group's committed offsets say whether it committed."""
+        the group's committed offsets say whether it committed. If they stay unreadable, the
+        transaction was left open without its markers: Kafka's transaction log says how it
+        ended, and the new producer closes it so. (Only with offsets: a transaction that sent
+        none may never have reached the coordinator, and the log's last decision would be an
+        earlier transaction's.)"""
         until = Deadline(self._resolve_timeout)
+        left_open = LeftOpen(unclosed.began, after=self._left_open_after)
+        waited = False
         while not until.expired() and not self._closed:
             try:
                 self._ready(slot, until.call_timeout(self._timeout, floor=1.0))
@@ -414,34 +442,107 @@ class GroupCommitter:
                     return None  # no offsets to tell: the caller must check
                 sent: list[Position] = []
                 found: list[Position] = []
-                for receiver, tps in positions.items():
-                    sent += [(tp.topic, tp.partition, tp.offset, tp.metadata) for tp in tps]
-                    found += [(tp.topic, tp.partition, tp.offset, tp.metadata)
-                              for tp in self._group_offsets(receiver.topic, tps,
-                                                            until.call_timeout(self._timeout, floor=1.0))]
+                try:
+                    for receiver, tps in positions.items():
+                        sent += [(tp.topic, tp.partition, tp.offset, tp.metadata) for tp in tps]
+                        found += [(tp.topic, tp.partition, tp.offset, tp.metadata)
+                                  for tp in self._group_offsets(receiver.topic, tps,
+                                                                until.call_timeout(self._timeout, floor=1.0))]
+                except (KafkaException, CallDeadlineExceeded, concurrent.futures.TimeoutError):
+                    for receiver in positions:  # a fresh reader next time: this one may ask a stale coordinator
+                        stale = self._offsets_readers.pop(receiver.topic, None)
+                        if stale is not None:
+                            stale.close()
+                    if left_open.due():
+                        closed = self._close_left_open(slot, unclosed, left_open, until)
+                        if closed is not None:
+                            return closed
+                    raise
                 committed = committed_by_offsets(sent, found)
                 log.warning("in-doubt Kafka transaction settled: %s", "committed" if committed else "aborted")
                 return committed
             except (KafkaException, CallDeadlineExceeded, concurrent.futures.TimeoutError) as exc:
-                log.warning("cannot settle an in-doubt Kafka transaction yet (%s); retrying", reason(exc))
+                if not waited:
+                    log.warning("cannot settle an in-doubt Kafka transaction yet (%s); retrying for up to %.0f s",
+                                reason(exc), until.left())
+                waited = True
                 time.sleep(min(1.0, until.left()))
+        log.error("an in-doubt Kafka transaction could not be settled in %.0f s", self._resolve_timeout)
         return None
+
+    def _close_left_open(self, slot: "_Slot", unclosed: Unclosed, left_open: LeftOpen,
+                         until: Deadline) -> bool | None:
+        """How the in-doubt transaction ended, by Kafka's transaction log, once a transaction of
+        the same producer id closed it so (left_open.py); None when the log cannot tell or the
+        closing failed (the caller asks again)."""
+        if left_open.outcome is None:
+            try:
+                history = transaction_history(self._cluster, names.reader_group(self._namespace),
+                                              slot.transactional_id, unclosed.began - LOG_MARGIN,
+                                              until.call_timeout(self._timeout, floor=1.0))
+            except KBrokerError as exc:  # refused, or no broker: the offsets alone may still tell
+                if left_open.first_failure():
+                    log.warning("cannot read Kafka's transaction log to settle an in-doubt transaction (%s)", exc)
+                return None
+            left_open.outcome = outcome_before_init(history) if history is not None else None
+            if left_open.outcome is None:
+                if left_open.first_failure():
+                    log.warning("Kafka's transaction log %s; the in-doubt transaction stays unsettled",
+                                "does not say how it ended" if history is not None else "could not be read to its end")
+                return None
+        outcome = left_open.outcome
+        try:
+            producer = self._ready(slot, until.call_timeout(self._timeout, floor=1.0))
+            if outcome.committed:
+                close_committed(producer, unclosed, self._group_metadata, Deadline(self._transaction_deadline),
+                                self._timeout)
+            else:
+                slot.unclosed = unclosed.with_partitions(outcome.partitions)
+                self._abandon(slot)
+                self._ready(slot, until.call_timeout(self._timeout, floor=1.0))  # closes it, aborted
+        except (TransactionFailed, KafkaException, CallDeadlineExceeded) as exc:
+            log.warning("closing a Kafka transaction left open failed (%s); trying again", reason(exc))
+            self._abandon(slot)
+            return None
+        log.warning("in-doubt Kafka transaction settled by Kafka's transaction log: %s, its markers missing "
+                    "(left open as the broker restarted); closed so", "committed" if outcome.committed else "aborted")
+        return outcome.committed
+
+    def _group_metadata(self, group: str) -> Any:
+        """Group metadata of a consumer that never joins `group`: offsets a closing transaction
+        sends with it are accepted whatever generation the group is in."""
+        return self._offsets_reader(group).consumer_group_metadata()
+
+    def _offsets_reader(self, group: str) -> Consumer:
+        reader = self._offsets_readers.get(group)
+        if reader is None:
+            reader = self._offsets_readers[group] = offsets_reader(self._cluster, group)
+        return reader
 
     def _group_offsets(self, group: str, positions: list[TopicPartition], seconds: float) -> list[TopicPartition]:
         """The group's stable committed offsets, asked by a consumer that never joins the group
         (reader.group_offsets): the queue's own consumer may be inside a rebalance that waits for
         this very commit (the revocation's barrier), and would not answer."""
-        reader = self._offsets_readers.get(group)
-        if reader is None:
-            reader = self._offsets_readers[group] = offsets_reader(self._cluster, group)
-        return without_errors(group_offsets(reader, positions, seconds))
+        return without_errors(group_offsets(self._offsets_reader(group), positions, seconds))
 
     def _ready(self, slot: "_Slot", seconds: float) -> GuardedProducer:
         """`slot`'s producer, created and initialised (bounded by `seconds`) if it has none."""
         if slot.producer is not None and not slot.producer.abandoned:
             return slot.producer
+        deadline = Deadline(seconds)
         producer = started(self._make_producer({**self._conf, "transactional.id": slot.transactional_id}),
                            slot.transactional_id, seconds)
+        if slot.unclosed is not None:
+            try:
+                close_aborted(producer, slot.unclosed, self._group_metadata, deadline,
+                              deadline.call_timeout(self._timeout, floor=1.0))
+            except BaseException:
+                producer.abandon()
+                raise
+            slot.unclosed = None
+            producer.abandon()  # as after any abort: the next one's sequence numbers start afresh
+            producer = started(self._make_producer({**self._conf, "transactional.id": slot.transactional_id}),
+                               slot.transactional_id, deadline.call_timeout(self._timeout, floor=1.0))
         slot.producer = producer
         self.generation += 1
         return producer

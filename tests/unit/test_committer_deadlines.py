@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -51,6 +52,11 @@ class FakeProducer:
     def poll(self, _t: float = 0) -> int:
         return 0  # serves delivery reports after a failure: none here
 
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        """Every topic has two partitions (what a closing transaction writes to)."""
+        self._call("list_topics")
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions={0: None, 1: None})})
+
 
 class FakeReceiver:
     topic = "q"
@@ -86,7 +92,14 @@ def committer_with(hang_in: str, release: threading.Event) -> tuple[GroupCommitt
 
     c = GroupCommitter("127.0.0.1:1", "ns", producers=1, timeout=0.3, transaction_deadline=0.3,
                        new_producer=new_producer)
+    c._group_metadata = lambda group: object()  # type: ignore[method-assign]
     return c.start(), made
+
+
+# What a slot's next producer runs first after a transaction that failed with the broker away:
+# a transaction closing it as aborted (kafka/left_open.py), records on every partition of its
+# topics and its offsets; then that producer is replaced too.
+CLOSING = ["init", "begin", "offsets", "abort"]
 
 
 def test_a_hung_send_offsets_fails_the_batch_retriably_and_replaces_the_producer(release):
@@ -97,10 +110,11 @@ def test_a_hung_send_offsets_fails_the_batch_retriably_and_replaces_the_producer
         c.commit(CommitRequest([], [Lease(receiver, "g", None, offsets=[(0, 6)])]))  # type: ignore[arg-type]
     assert time.monotonic() - started < 5, "the committer waited past its deadline"
     assert receiver.excluded == 1  # the offsets are incomplete again: the messages come back
-    assert len(made) >= 2 and made[1].txn_id == made[0].txn_id  # same id: fences the stuck one
+    assert len(made) >= 3 and made[1].txn_id == made[2].txn_id == made[0].txn_id  # same id: fences the stuck one
     assert made[0].calls == ["init", "begin", "offsets"]  # never called again
+    assert made[1].calls == CLOSING
     c.commit(CommitRequest([], [Lease(receiver, "g", None, offsets=[(0, 6)])]))  # type: ignore[arg-type]
-    assert made[1].calls[-1] == "commit"
+    assert made[2].calls[-1] == "commit"
     c.close()
 
 
@@ -166,14 +180,18 @@ def test_a_producer_whose_transaction_was_aborted_is_not_used_again(release):
         return p
 
     c = GroupCommitter("127.0.0.1:1", "ns", producers=1, timeout=0.3, transaction_deadline=0.3,
-                       new_producer=new_producer).start()
+                       new_producer=new_producer)
+    c._group_metadata = lambda group: object()  # type: ignore[method-assign]
+    c.start()
     receiver = FakeReceiver()
     with pytest.raises(TransactionAbortedError):
         c.commit(CommitRequest([("t", b"k", b"v", None)], [Lease(receiver, "g", None, offsets=[(0, 6)])]))  # type: ignore[arg-type]
     assert made[0].calls == ["init", "begin", "produce", "offsets", "abort"]
     c.commit(CommitRequest([("t", b"k", b"v", None)], []))
-    assert len(made) == 2 and made[1].txn_id == made[0].txn_id, "the aborted transaction's producer was used again"
-    assert made[1].calls == ["init", "begin", "produce", "commit"] and made[0].calls[-1] == "abort"
+    assert len(made) == 3 and made[2].txn_id == made[0].txn_id, "the aborted transaction's producer was used again"
+    # The closing transaction: topic t's two partitions, the offsets, aborted.
+    assert made[1].calls == ["init", "list_topics", "begin", "produce", "produce", "offsets", "abort"]
+    assert made[2].calls == ["init", "begin", "produce", "commit"] and made[0].calls[-1] == "abort"
     c.close()
 
 
