@@ -201,9 +201,7 @@ class LeftOpen:
     what it said, kept: once the committer's closing transaction ran, the log's latest
     transaction is that one, not the in-doubt one."""
 
-    def __init__(self, began: float, *, after: float = LEFT_OPEN_AFTER,
-                 clock: Callable[[], float] = time.monotonic):
-        self.began = began  # epoch s: where to start reading the log (with a margin)
+    def __init__(self, *, after: float = LEFT_OPEN_AFTER, clock: Callable[[], float] = time.monotonic):
         self.outcome: Outcome | None = None
         self._after, self._clock = after, clock
         self._since: float | None = None

@@ -60,6 +60,9 @@ from kbroker.kafka.transaction_log import transaction_history
 
 log = logging.getLogger("kbroker.committer")
 
+# What a read of committed offsets, or a producer's init, fails with while the broker cannot answer.
+UNREADABLE = (KafkaException, CallDeadlineExceeded, concurrent.futures.TimeoutError)
+
 # The transaction log is read from this long before an in-doubt transaction began (clocks differ).
 LOG_MARGIN = 60.0
 
@@ -383,7 +386,8 @@ class GroupCommitter:
         unless Kafka refused it for itself (a record, the group's generation): then the broker
         was well and wrote its markers."""
         action = decide(failed.failure, deadline.left())
-        if not failed.refused and not (failed.error is not None and failed.error.code() in GROUP_FENCES):
+        closable = not failed.refused and not (failed.error is not None and failed.error.code() in GROUP_FENCES)
+        if closable and action is not Action.RESOLVE:  # it did not commit
             slot.unclosed = unclosed
         log.warning("Kafka transaction failed at %s (%s): %s", failed.failure.stage.value, failed.reason,
                     action.value)
@@ -418,9 +422,8 @@ class GroupCommitter:
             except (KafkaException, CallDeadlineExceeded) as exc:
                 log.warning("no new transactional producer yet (%s); the next transaction retries", reason(exc))
             return False
-        slot.unclosed = None  # in doubt: closed as the settling finds it ended
         committed = self._resolve(slot, positions, unclosed)
-        if committed is False:
+        if committed is False and closable:
             slot.unclosed = unclosed
         return committed
 
@@ -433,35 +436,23 @@ class GroupCommitter:
         none may never have reached the coordinator, and the log's last decision would be an
         earlier transaction's.)"""
         until = Deadline(self._resolve_timeout)
-        left_open = LeftOpen(unclosed.began, after=self._left_open_after)
+        left_open = LeftOpen(after=self._left_open_after)
         waited = False
         while not until.expired() and not self._closed:
             try:
                 self._ready(slot, until.call_timeout(self._timeout, floor=1.0))
                 if not positions:
                     return None  # no offsets to tell: the caller must check
-                sent: list[Position] = []
-                found: list[Position] = []
                 try:
-                    for receiver, tps in positions.items():
-                        sent += [(tp.topic, tp.partition, tp.offset, tp.metadata) for tp in tps]
-                        found += [(tp.topic, tp.partition, tp.offset, tp.metadata)
-                                  for tp in self._group_offsets(receiver.topic, tps,
-                                                                until.call_timeout(self._timeout, floor=1.0))]
-                except (KafkaException, CallDeadlineExceeded, concurrent.futures.TimeoutError):
-                    for receiver in positions:  # a fresh reader next time: this one may ask a stale coordinator
-                        stale = self._offsets_readers.pop(receiver.topic, None)
-                        if stale is not None:
-                            stale.close()
-                    if left_open.due():
-                        closed = self._close_left_open(slot, unclosed, left_open, until)
-                        if closed is not None:
-                            return closed
+                    sent, found = self._sent_and_found(positions, until)
+                except UNREADABLE:
+                    if left_open.due() and (closed := self._close_left_open(slot, unclosed, left_open, until)) is not None:
+                        return closed
                     raise
                 committed = committed_by_offsets(sent, found)
                 log.warning("in-doubt Kafka transaction settled: %s", "committed" if committed else "aborted")
                 return committed
-            except (KafkaException, CallDeadlineExceeded, concurrent.futures.TimeoutError) as exc:
+            except UNREADABLE as exc:
                 if not waited:
                     log.warning("cannot settle an in-doubt Kafka transaction yet (%s); retrying for up to %.0f s",
                                 reason(exc), until.left())
@@ -469,6 +460,27 @@ class GroupCommitter:
                 time.sleep(min(1.0, until.left()))
         log.error("an in-doubt Kafka transaction could not be settled in %.0f s", self._resolve_timeout)
         return None
+
+    def _sent_and_found(self, positions: dict[Any, list[TopicPartition]],
+                        until: Deadline) -> tuple[list[Position], list[Position]]:
+        """The offsets an in-doubt transaction sent, and the groups' committed ones. When they
+        cannot be read, the readers asked are dropped: a fresh one next time (one may ask a
+        stale coordinator)."""
+        sent: list[Position] = []
+        found: list[Position] = []
+        try:
+            for receiver, tps in positions.items():
+                sent += [(tp.topic, tp.partition, tp.offset, tp.metadata) for tp in tps]
+                found += [(tp.topic, tp.partition, tp.offset, tp.metadata)
+                          for tp in self._group_offsets(receiver.topic, tps,
+                                                        until.call_timeout(self._timeout, floor=1.0))]
+        except UNREADABLE:
+            for receiver in positions:
+                stale = self._offsets_readers.pop(receiver.topic, None)
+                if stale is not None:
+                    stale.close()
+            raise
+        return sent, found
 
     def _close_left_open(self, slot: "_Slot", unclosed: Unclosed, left_open: LeftOpen,
                          until: Deadline) -> bool | None:
@@ -492,14 +504,13 @@ class GroupCommitter:
                 return None
         outcome = left_open.outcome
         try:
-            producer = self._ready(slot, until.call_timeout(self._timeout, floor=1.0))
             if outcome.committed:
-                close_committed(producer, unclosed, self._group_metadata, Deadline(self._transaction_deadline),
-                                self._timeout)
-            else:
+                close_committed(self._ready(slot, until.call_timeout(self._timeout, floor=1.0)), unclosed,
+                                self._group_metadata, Deadline(self._transaction_deadline), self._timeout)
+            else:  # the slot's next producer closes it, aborted
                 slot.unclosed = unclosed.with_partitions(outcome.partitions)
                 self._abandon(slot)
-                self._ready(slot, until.call_timeout(self._timeout, floor=1.0))  # closes it, aborted
+                self._ready(slot, until.call_timeout(self._timeout, floor=1.0))
         except (TransactionFailed, KafkaException, CallDeadlineExceeded) as exc:
             log.warning("closing a Kafka transaction left open failed (%s); trying again", reason(exc))
             self._abandon(slot)
@@ -530,22 +541,25 @@ class GroupCommitter:
         if slot.producer is not None and not slot.producer.abandoned:
             return slot.producer
         deadline = Deadline(seconds)
-        producer = started(self._make_producer({**self._conf, "transactional.id": slot.transactional_id}),
-                           slot.transactional_id, seconds)
+        producer = self._start(slot, seconds)
         if slot.unclosed is not None:
             try:
                 close_aborted(producer, slot.unclosed, self._group_metadata, deadline,
                               deadline.call_timeout(self._timeout, floor=1.0))
-            except BaseException:
-                producer.abandon()
-                raise
+            except TransactionFailed as failed:  # its callers expect the call's own error
+                assert isinstance(failed.__cause__, (KafkaException, CallDeadlineExceeded))
+                raise failed.__cause__ from None
+            finally:
+                producer.abandon()  # as after any abort: the next one's sequence numbers start afresh
             slot.unclosed = None
-            producer.abandon()  # as after any abort: the next one's sequence numbers start afresh
-            producer = started(self._make_producer({**self._conf, "transactional.id": slot.transactional_id}),
-                               slot.transactional_id, deadline.call_timeout(self._timeout, floor=1.0))
+            producer = self._start(slot, deadline.call_timeout(self._timeout, floor=1.0))
         slot.producer = producer
         self.generation += 1
         return producer
+
+    def _start(self, slot: "_Slot", seconds: float) -> GuardedProducer:
+        return started(self._make_producer({**self._conf, "transactional.id": slot.transactional_id}),
+                       slot.transactional_id, seconds)
 
     def _restock(self) -> None:
         """While idle, give every slot whose producer was abandoned a new one. Its init fences

@@ -179,21 +179,29 @@ def reason(exc: BaseException) -> str:
 
 
 def transact(producer: GuardedProducer, records: list[Record], offsets: list[tuple[list[TopicPartition], Any]],
-             deadline: Deadline, cap: float) -> None:
+             deadline: Deadline, cap: float, *, partitions: list[int] | None = None, abort: bool = False) -> None:
     """One Kafka transaction: begin, produce `records`, send each (positions, consumer group
     metadata) of `offsets`, commit (asked again while txn_faults.decide says so). Every call gets
-    what is left of `deadline`, at most `cap` seconds; TransactionFailed says where it stopped."""
+    what is left of `deadline`, at most `cap` seconds; TransactionFailed says where it stopped.
+    `partitions`: each record's partition, where the partitioner must not choose. `abort`: end
+    with an abort instead (a transaction that only closes others: kafka/left_open.py)."""
     stage = Stage.BEGIN
     refused: dict[int, str] = {}
     try:
         producer.call("begin_transaction", lambda p: p.begin_transaction(), deadline.call_timeout(cap))
         stage = Stage.PRODUCE
-        producer.call("produce", lambda p: _produce_all(p, records, deadline, refused), deadline.call_timeout(cap))
+        producer.call("produce", lambda p: _produce_all(p, records, deadline, refused, partitions),
+                      deadline.call_timeout(cap))
         stage = Stage.OFFSETS
         for positions, group in offsets:
             t = deadline.call_timeout(cap)
             producer.call("send_offsets_to_transaction",
                           lambda p: p.send_offsets_to_transaction(positions, group, t), t)  # noqa: B023 - called now
+        if abort:
+            stage = Stage.ABORT
+            t = deadline.call_timeout(cap)
+            producer.call("abort_transaction", lambda p: p.abort_transaction(t), t)
+            return
         stage = Stage.COMMIT
         while True:
             t = deadline.call_timeout(cap)
@@ -246,13 +254,15 @@ class _Refusals:
             self.refused[index] = str(err.str())
 
 
-def _produce_all(producer: Producer, records: list[Record], deadline: Deadline, refused: dict[int, str]) -> None:
+def _produce_all(producer: Producer, records: list[Record], deadline: Deadline, refused: dict[int, str],
+                 partitions: list[int] | None) -> None:
     reports = _Refusals(refused)
     for index, (topic, key, value, headers) in enumerate(records):
         try:
             clients.produce(producer, topic, until=deadline.expired, key=key, value=value,
                             headers=messages.wire_headers(headers),
-                            on_delivery=functools.partial(reports.delivered, index))
+                            on_delivery=functools.partial(reports.delivered, index),
+                            **({} if partitions is None else {"partition": partitions[index]}))
         except KafkaException as exc:  # refused before it was sent: over the producer's own limit
             if isinstance(exc.args[0], KafkaError):
                 reports.delivered(index, exc.args[0], None)

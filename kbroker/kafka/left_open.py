@@ -23,7 +23,6 @@ from typing import Any, Callable
 from confluent_kafka import TopicPartition
 
 from kbroker.core.txn_faults import Deadline
-from kbroker.kafka import clients
 from kbroker.kafka.guarded import GuardedProducer, transact
 
 CLOSING_KEY = b"kbroker-closing"
@@ -55,31 +54,28 @@ class Unclosed:
 def close_aborted(producer: GuardedProducer, unclosed: Unclosed, group_metadata: GroupMetadata,
                   deadline: Deadline, cap: float) -> None:
     """Close `unclosed` as aborted on `producer` (just initialised, same transactional id):
-    an empty record to each of its partitions, its offsets, abort. KafkaException or
-    CallDeadlineExceeded when a call failed; the producer must then be abandoned."""
+    an empty record to each of its partitions, its offsets, abort. TransactionFailed when it
+    did not end so; the producer must then be abandoned."""
     parts = set(unclosed.partitions)
-    for topic in sorted(unclosed.topics):
+    if unclosed.topics:
+        # One metadata request for every topic, none naming a topic (which could create it).
         t = deadline.call_timeout(cap)
-        meta = producer.call("list_topics", lambda p: p.list_topics(topic, timeout=t), t)  # noqa: B023 - called now
-        found = meta.topics.get(topic)
-        if found is not None and found.error is None:
-            parts.update((topic, p) for p in found.partitions)
-    producer.call("begin_transaction", lambda p: p.begin_transaction(), deadline.call_timeout(cap))
-    for topic, partition in sorted(parts):
-        producer.call("produce", lambda p: clients.produce(  # noqa: B023 - called now
-            p, topic, until=deadline.expired, partition=partition, key=CLOSING_KEY, value=b""),
-            deadline.call_timeout(cap))
-    for group, tps in unclosed.offsets:
-        t = deadline.call_timeout(cap)
-        metadata = group_metadata(group)
-        producer.call("send_offsets_to_transaction",
-                      lambda p: p.send_offsets_to_transaction(list(tps), metadata, t), t)  # noqa: B023 - called now
-    t = deadline.call_timeout(cap)
-    producer.call("abort_transaction", lambda p: p.abort_transaction(t), t)
+        meta = producer.call("list_topics", lambda p: p.list_topics(timeout=t), t)
+        for topic in unclosed.topics:
+            found = meta.topics.get(topic)
+            if found is not None and found.error is None:
+                parts.update((topic, p) for p in found.partitions)
+    placed = sorted(parts)
+    transact(producer, [(topic, CLOSING_KEY, b"", None) for topic, _ in placed], _offsets(unclosed, group_metadata),
+             deadline, cap, partitions=[p for _, p in placed], abort=True)
 
 
 def close_committed(producer: GuardedProducer, unclosed: Unclosed, group_metadata: GroupMetadata,
                     deadline: Deadline, cap: float) -> None:
     """Close `unclosed`'s offsets as committed: the same offsets, committed again by the same
     transactional id. TransactionFailed when it did not commit."""
-    transact(producer, [], [(list(tps), group_metadata(group)) for group, tps in unclosed.offsets], deadline, cap)
+    transact(producer, [], _offsets(unclosed, group_metadata), deadline, cap)
+
+
+def _offsets(unclosed: Unclosed, group_metadata: GroupMetadata) -> list[tuple[list[TopicPartition], Any]]:
+    return [(list(tps), group_metadata(group)) for group, tps in unclosed.offsets]

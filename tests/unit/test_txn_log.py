@@ -138,7 +138,7 @@ def test_the_log_does_not_say_without_an_init_after_or_a_decision_before_it():
 
 def test_the_log_is_asked_after_a_quiet_spell_then_no_more_often():
     now = [100.0]
-    left = LeftOpen(1.7e9, after=10.0, clock=lambda: now[0])
+    left = LeftOpen(after=10.0, clock=lambda: now[0])
     assert not left.due()  # the first unreadable answer starts the spell
     now[0] = 109.9
     assert not left.due()
