@@ -4,6 +4,8 @@ last transaction before a producer's init reads as it ended, with its partitions
 
 from __future__ import annotations
 
+import logging
+import struct
 import time
 import uuid
 
@@ -12,7 +14,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kbroker.core import names
-from kbroker.core.txn_log import outcome_before_init
+from kbroker.core.txn_log import TRANSACTION_LOG, outcome_before_init, partition_of
 from kbroker.kafka.transaction_log import transaction_history
 
 
@@ -37,3 +39,37 @@ def test_the_last_transaction_before_an_init_reads_as_it_ended(kafka_bootstrap, 
     found = outcome_before_init(history)
     assert found is not None and found.committed is commit
     assert found.partitions == {(topic, 1)}
+
+
+def test_records_another_client_wrote_into_the_log_are_skipped_and_the_rest_is_read(kafka_bootstrap, namespace,
+                                                                                     caplog):
+    """Kafka lets a client calling itself `__admin_client` write its internal topics: garbage, an
+    oversize value, a forged key of the very id, forged headers. The history around them still
+    reads, and says how the transaction ended."""
+    topic = f"{names.prefix(namespace)}txnlog"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(30)
+    tid = f"{names.prefix(namespace)}txn-{uuid.uuid4().hex[:8]}"
+    began = time.time()
+    conf = {"bootstrap.servers": kafka_bootstrap, "transactional.id": tid}
+    first = Producer(conf)
+    first.init_transactions(30)
+    first.begin_transaction()
+    first.produce(topic, b"v", partition=0)
+    first.commit_transaction(30)
+    log_partition = partition_of(tid, len(admin.list_topics(timeout=30).topics[TRANSACTION_LOG].partitions))
+    forger = Producer({"bootstrap.servers": kafka_bootstrap, "client.id": "__admin_client",
+                       "message.max.bytes": 2_000_000})
+    own_key = struct.pack(">hh", 0, len(tid)) + tid.encode()
+    for key, value, headers in [(own_key, b"\x00\x01garbage", None), (b"\xff" * 7, b"\x00" * 3, None),
+                                (own_key, b"\x00\x00" + b"\x07" * 900_000, None),
+                                (own_key, b"", [("kbroker-forged", b"\xff\xfe")])]:
+        forger.produce(TRANSACTION_LOG, key=key, value=value, headers=headers, partition=log_partition)
+    assert forger.flush(30) == 0, "the forged records were not written"
+    Producer(conf).init_transactions(30)
+    with caplog.at_level(logging.WARNING, logger="kbroker.committer"):
+        history = transaction_history(kafka_bootstrap, names.reader_group(namespace), tid, began - 60, 30)
+    assert history is not None
+    found = outcome_before_init(history)
+    assert found is not None and found.committed and found.partitions == {(topic, 0)}
+    assert sum("not understood" in r.getMessage() for r in caplog.records) == 3  # the garbage key is not the id's

@@ -52,10 +52,10 @@ class FakeProducer:
     def poll(self, _t: float = 0) -> int:
         return 0  # serves delivery reports after a failure: none here
 
-    def list_topics(self, topic: str, timeout: float) -> Any:
-        """Every topic has two partitions (what a closing transaction writes to)."""
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        """The cluster has topic t, of two partitions (what a closing transaction writes to)."""
         self._call("list_topics")
-        return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions={0: None, 1: None})})
+        return SimpleNamespace(topics={"t": SimpleNamespace(error=None, partitions={0: None, 1: None})})
 
 
 class FakeReceiver:
@@ -81,18 +81,25 @@ def release() -> Any:
     event.set()  # let the abandoned producers' threads end
 
 
-def committer_with(hang_in: str, release: threading.Event) -> tuple[GroupCommitter, list[FakeProducer]]:
+def committer_whose_first_producer_is(first: type[FakeProducer], release: threading.Event, hang_in: str | None = None,
+                                      **settings: Any) -> tuple[GroupCommitter, list[FakeProducer]]:
+    """A committer of one ring slot with short deadlines, not started, whose first producer is a
+    `first` (hanging in `hang_in`, if named) and whose replacements work; the producers made."""
     made: list[FakeProducer] = []
 
     def new_producer(conf: dict[str, Any]) -> Any:
-        # Only the first producer hangs; its replacements work.
-        p = FakeProducer(conf, hang_in if not made else None, release)
+        p = first(conf, hang_in, release) if not made else FakeProducer(conf, None, release)
         made.append(p)
         return p
 
-    c = GroupCommitter("127.0.0.1:1", "ns", producers=1, timeout=0.3, transaction_deadline=0.3,
-                       new_producer=new_producer)
+    c = GroupCommitter("127.0.0.1:1", "ns", **{"producers": 1, "timeout": 0.3, "transaction_deadline": 0.3,
+                                               **settings}, new_producer=new_producer)
     c._group_metadata = lambda group: object()  # type: ignore[method-assign]
+    return c, made
+
+
+def committer_with(hang_in: str, release: threading.Event) -> tuple[GroupCommitter, list[FakeProducer]]:
+    c, made = committer_whose_first_producer_is(FakeProducer, release, hang_in)
     return c.start(), made
 
 
@@ -167,21 +174,12 @@ def test_a_producer_whose_transaction_was_aborted_is_not_used_again(release):
     record reused the idempotence sequence number of an aborted record whose answer was lost, so
     the broker wrote nothing for it and the transaction committed its offsets without it. Fails
     on the code that kept the producer after a clean abort."""
-    made: list[FakeProducer] = []
-
     class TimingOut(FakeProducer):
         def send_offsets_to_transaction(self, *_a: Any) -> None:
             self._call("offsets")
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to commit offsets to transaction"))
 
-    def new_producer(conf: dict[str, Any]) -> Any:
-        p = (TimingOut if not made else FakeProducer)(conf, None, release)
-        made.append(p)
-        return p
-
-    c = GroupCommitter("127.0.0.1:1", "ns", producers=1, timeout=0.3, transaction_deadline=0.3,
-                       new_producer=new_producer)
-    c._group_metadata = lambda group: object()  # type: ignore[method-assign]
+    c, made = committer_whose_first_producer_is(TimingOut, release)
     c.start()
     receiver = FakeReceiver()
     with pytest.raises(TransactionAbortedError):
@@ -199,20 +197,13 @@ def test_an_unexpected_error_fails_its_batch_and_the_committer_goes_on(release):
     """confluent-kafka raised SystemError (not KafkaException) from a fenced producer's flush in a
     rehearsal; it ended the committing thread and the commit waited for ever. Now the batch is in
     doubt at once, the producers are replaced, and the next commit goes through."""
-    made: list[FakeProducer] = []
-
     class Broken(FakeProducer):
         def commit_transaction(self, _t: float) -> None:
             self._call("commit")
             raise SystemError("a result with an exception set")
 
-    def new_producer(conf: dict[str, Any]) -> Any:
-        p = (Broken if not made else FakeProducer)(conf, None, release)
-        made.append(p)
-        return p
-
-    c = GroupCommitter("127.0.0.1:1", "ns", producers=1, timeout=0.3, transaction_deadline=0.3,
-                       new_producer=new_producer).start()
+    c, made = committer_whose_first_producer_is(Broken, release)
+    c.start()
     started = time.monotonic()
     with pytest.raises(TransactionInDoubtError):
         c.commit(CommitRequest([("t", b"k", b"v", None)], []))

@@ -16,7 +16,7 @@ from kbroker.errors import PermissionDeniedError, RebalanceAbortedError, Transac
 from kbroker.kafka import committer as committer_module
 from kbroker.kafka.committer import CommitRequest, GroupCommitter
 from kbroker.kafka.receiver import Lease
-from tests.unit.test_committer_deadlines import FakeProducer, FakeReceiver
+from tests.unit.test_committer_deadlines import FakeProducer, FakeReceiver, committer_whose_first_producer_is
 
 S = TxnState
 
@@ -33,23 +33,14 @@ def history(decision: TxnState) -> list[TxnLogEntry]:
 def in_doubt_committer(monkeypatch: pytest.MonkeyPatch, log: Any) -> tuple[GroupCommitter, list[FakeProducer]]:
     """A committer whose first producer's commit hangs (in doubt), whose group offsets never
     answer (left open), and whose transaction log says `log` (a list, or an exception)."""
-    release = threading.Event()
-    made: list[FakeProducer] = []
-
-    def new_producer(conf: dict[str, Any]) -> Any:
-        p = FakeProducer(conf, "commit" if not made else None, release)
-        made.append(p)
-        return p
-
     def transaction_history(*_a: Any) -> Any:
         if isinstance(log, Exception):
             raise log
         return log
 
     monkeypatch.setattr(committer_module, "transaction_history", transaction_history)
-    c = GroupCommitter("127.0.0.1:1", "ns", producers=1, timeout=0.3, transaction_deadline=0.3,
-                       resolve_timeout=2.0, left_open_after=0.2, new_producer=new_producer)
-    c._group_metadata = lambda group: object()  # type: ignore[method-assign]
+    c, made = committer_whose_first_producer_is(FakeProducer, threading.Event(), "commit",
+                                                resolve_timeout=2.0, left_open_after=0.2)
 
     def unreadable(*_a: Any) -> Any:
         raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to get committed offsets: Local: Timed out"))
@@ -93,21 +84,13 @@ def test_without_the_log_an_unreadable_commit_stays_in_doubt_and_nothing_is_clos
 
 
 def test_a_transaction_fenced_by_the_groups_generation_gets_no_closing_transaction():
-    release = threading.Event()
-    made: list[FakeProducer] = []
-
     class Fenced(FakeProducer):
         def send_offsets_to_transaction(self, *_a: Any) -> None:
             self._call("offsets")
             raise KafkaException(KafkaError(KafkaError.ILLEGAL_GENERATION, "generation moved on"))
 
-    def new_producer(conf: dict[str, Any]) -> Any:
-        p = (Fenced if not made else FakeProducer)(conf, None, release)
-        made.append(p)
-        return p
-
-    c = GroupCommitter("127.0.0.1:1", "ns", producers=1, timeout=0.3, transaction_deadline=0.3,
-                       new_producer=new_producer).start()
+    c, made = committer_whose_first_producer_is(Fenced, threading.Event())
+    c.start()
     with pytest.raises(RebalanceAbortedError):
         c.commit(request())
     c.commit(CommitRequest([("t", b"k", b"v", None)], []))
