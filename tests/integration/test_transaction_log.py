@@ -18,16 +18,23 @@ from kbroker.core.txn_log import TRANSACTION_LOG, outcome_before_init, partition
 from kbroker.kafka.transaction_log import transaction_history
 
 
-@pytest.mark.parametrize("commit", [True, False])
-def test_the_last_transaction_before_an_init_reads_as_it_ended(kafka_bootstrap, namespace, commit):
+def setting(kafka_bootstrap: str, namespace: str, partitions: int) -> tuple[AdminClient, str, str, dict, Producer]:
+    """An admin (kept: its futures end with it), a topic of `partitions`, a transactional id, its
+    producer configuration, and a producer of it, initialised."""
     topic = f"{names.prefix(namespace)}txnlog"
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})  # kept: its futures end with it
-    admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)])[topic].result(30)
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(30)
     tid = f"{names.prefix(namespace)}txn-{uuid.uuid4().hex[:8]}"
-    began = time.time()
     conf = {"bootstrap.servers": kafka_bootstrap, "transactional.id": tid}
     first = Producer(conf)
     first.init_transactions(30)
+    return admin, topic, tid, conf, first
+
+
+@pytest.mark.parametrize("commit", [True, False])
+def test_the_last_transaction_before_an_init_reads_as_it_ended(kafka_bootstrap, namespace, commit):
+    began = time.time()
+    _admin, topic, tid, conf, first = setting(kafka_bootstrap, namespace, 3)
     for outcome in ("commit", "abort" if not commit else "commit"):  # an earlier transaction, then the one read
         first.begin_transaction()
         first.produce(topic, b"v", partition=2 if outcome == "commit" and not commit else 1)
@@ -46,14 +53,8 @@ def test_records_another_client_wrote_into_the_log_are_skipped_and_the_rest_is_r
     """Kafka lets a client calling itself `__admin_client` write its internal topics: garbage, an
     oversize value, a forged key of the very id, forged headers. The history around them still
     reads, and says how the transaction ended."""
-    topic = f"{names.prefix(namespace)}txnlog"
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(30)
-    tid = f"{names.prefix(namespace)}txn-{uuid.uuid4().hex[:8]}"
     began = time.time()
-    conf = {"bootstrap.servers": kafka_bootstrap, "transactional.id": tid}
-    first = Producer(conf)
-    first.init_transactions(30)
+    admin, topic, tid, conf, first = setting(kafka_bootstrap, namespace, 1)
     first.begin_transaction()
     first.produce(topic, b"v", partition=0)
     first.commit_transaction(30)
