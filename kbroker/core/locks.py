@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from kbroker.errors import ConversationLockTimeoutError
 
@@ -21,37 +22,56 @@ class ConversationLocks:
     def __init__(self, timeout: float = 30.0):
         self.timeout = timeout
         self._holders: dict[str, object] = {}  # conversation handle -> owner
-        self._cv = threading.Condition(threading.Lock())
+        self._mutex = threading.Lock()
+        # The handles someone waits for: a release wakes only the waiters of the handles it
+        # frees. One condition for all woke every waiting thread of the process at each release
+        # (64 readers, for a lease keeper that released leases one by one).
+        self._waiting: dict[str, _Waiters] = {}
 
     def lock(self, handle: str, owner: object) -> None:
         """Take the lock for `owner` (again is a no-op), waiting up to `timeout` for another
         owner to release it."""
         deadline = time.monotonic() + self.timeout
-        with self._cv:
-            while True:
-                holder = self._holders.get(handle)
-                if holder is None or holder is owner:
-                    self._holders[handle] = owner
-                    return
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ConversationLockTimeoutError(handle, self.timeout)
-                self._cv.wait(left)
+        with self._mutex:
+            holder = self._holders.get(handle)
+            if holder is None or holder is owner:
+                self._holders[handle] = owner
+                return
+            waiters = self._waiting.get(handle)
+            if waiters is None:
+                waiters = self._waiting[handle] = _Waiters(threading.Condition(self._mutex))
+            waiters.count += 1
+            try:
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise ConversationLockTimeoutError(handle, self.timeout)
+                    waiters.cv.wait(left)
+                    holder = self._holders.get(handle)
+                    if holder is None or holder is owner:
+                        self._holders[handle] = owner
+                        return
+            finally:
+                waiters.count -= 1
+                if not waiters.count:
+                    del self._waiting[handle]
 
     def try_lock(self, handle: str, owner: object) -> bool:
         """Take the lock for `owner` if nobody holds it, without waiting."""
-        with self._cv:
+        with self._mutex:
             if handle in self._holders:
                 return False
             self._holders[handle] = owner
             return True
 
     def release(self, handles: Iterable[str], owner: object) -> None:
-        with self._cv:
+        with self._mutex:
             for handle in handles:
                 if self._holders.get(handle) is owner:
                     del self._holders[handle]
-            self._cv.notify_all()
+                    waiters = self._waiting.get(handle)
+                    if waiters is not None:
+                        waiters.cv.notify()
 
     @contextmanager
     def held(self, handle: str) -> Iterator[None]:
@@ -62,3 +82,11 @@ class ConversationLocks:
             yield
         finally:
             self.release([handle], owner)
+
+
+@dataclass(eq=False)
+class _Waiters:
+    """The threads waiting for one conversation's lock."""
+
+    cv: threading.Condition
+    count: int = 0

@@ -244,30 +244,30 @@ class SendLeases(Background):
             used = dict(self._used)
         if held:
             self._store.refresh()  # wants written by waiting processes
-        tokens: dict[str, object] = {}  # conversations this pass holds among the process's threads
+        # Only a lease being let go is locked among the process's threads (so no transaction
+        # uses it meanwhile), and only while it is: a renewal raises the ceiling and the end
+        # time and never lowers either, so it needs no lock. Locking every held lease for the
+        # whole pass held each conversation through the renewals' write and read back, so every
+        # SEND of the process waited for them every few seconds.
+        token = object()
+        releasing, renewing = [], []
         try:
-            releasing, renewing = [], []
             for lease in held:
                 want = self._store.wanted(lease.handle)
                 if want is not None and want.epoch == lease.epoch and want.by != self.process:
                     used[lease.handle] = float("-inf")  # let it go as soon as no transaction holds it
                     with self._mutex:
                         self._yielded[lease.handle] = now
-                token = object()
-                if self._locks.try_lock(lease.handle, token):
-                    tokens[lease.handle] = token
-                    if now - used.get(lease.handle, 0.0) >= self.idle_release:
-                        releasing.append(lease.handle)
-                        continue
-                if lease.needs_renewal(time.time(), 0):
+                if now - used.get(lease.handle, 0.0) >= self.idle_release and self._locks.try_lock(lease.handle, token):
+                    releasing.append(lease.handle)
+                elif lease.needs_renewal(time.time(), 0):
                     ep = self._store.cached(lease.handle)
                     renewing.append((lease, ep.send_sequence if ep is not None else 0))
             self._release(releasing)
-            if renewing:
-                self._renew_all(renewing)
         finally:
-            for handle, token in tokens.items():
-                self._locks.release([handle], token)
+            self._locks.release(releasing, token)
+        if renewing:
+            self._renew_all(renewing)
 
     def close(self) -> None:
         """Stop the keeper and release every lease held, so other processes need not wait."""

@@ -7,6 +7,7 @@ and transactional ids); the fencing test uses a real child process, stopped with
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -205,3 +206,35 @@ def test_a_dialog_left_idle_past_a_renewal_keeps_its_lease(broker):
     assert now is not None and now.epoch == first.epoch and now.owner == first.owner, (first, now)
     assert now.until > first.until  # renewed, not claimed again
     print(f"SEND after {LEASE_SECONDS - RENEW_WITHIN + 2.0:g} s idle took {took * 1000:.1f} ms")
+
+
+def test_a_renewal_holds_no_conversation_lock(broker):
+    """The keeper renews a lease without locking its conversation, so a SEND on it does not wait
+    for the renewal's write and read back. It used to lock every held lease for its whole pass:
+    every SEND of a busy process stalled behind the renewals every few seconds."""
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    broker.send(h, CLAIM, {"n": 1})
+    leases, locks = broker.runtime.send_leases, broker.runtime.conversation_locks
+    with leases._mutex:  # due for renewal (under RENEW_WITHIN left), still usable
+        leases._held[h] = dataclasses.replace(leases._held[h], until=time.time() + RENEW_WITHIN - 1)
+    renewing, go = threading.Event(), threading.Event()
+    renew = leases._renew_now
+
+    def slow_renewal(due):
+        renewing.set()
+        go.wait(10)
+        return renew(due)
+
+    leases._renew_now = slow_renewal
+    keeper = threading.Thread(target=leases.keep)
+    keeper.start()
+    try:
+        assert renewing.wait(10), "the keeper did not renew a lease due for renewal"
+        me = object()
+        assert locks.try_lock(h, me), "the keeper holds the conversation while it renews"
+        locks.release([h], me)
+    finally:
+        go.set()
+        keeper.join(15)
+    assert leases._held[h].until > time.time() + RENEW_WITHIN  # renewed all the same
+    broker.send(h, CLAIM, {"n": 2})
