@@ -16,17 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from typing import Any
-
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from kbroker.bench.context import BenchContext
 from kbroker.bench.harness import samples_dir
 from kbroker.bench.params import Params
 from kbroker.bench.progress import Reporter
 from kbroker.bench.scenarios_reply import measure_request_reply
-from kbroker.core.cluster import Cluster
+from kbroker.core.cluster import Cluster, ClusterLike
+from kbroker.kafka.reader import reading_consumer, watermarks
 
 
 def cpu_seconds(pid: int) -> float:
@@ -36,23 +35,23 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def end_offsets(bootstrap: str) -> dict[str, int]:
-    """Every topic's end offsets, summed over its partitions."""
-    topics = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "kbroker-request-reply-costs"})
+def end_offsets(cluster: ClusterLike) -> dict[str, int]:
+    """Every topic's end offsets, summed over its partitions (the cluster's own settings, so a
+    secured cluster answers too)."""
+    consumer = reading_consumer(cluster, "kbroker-request-reply-costs")
     try:
-        return {t: sum(consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1] for p in meta.partitions)
-                for t, meta in topics.items()}
+        deadline = time.monotonic() + 30
+        return {t: sum(watermarks(consumer, t, p, deadline)[1] for p in meta.partitions)
+                for t, meta in consumer.list_topics(timeout=10).topics.items()}
     finally:
         consumer.close()
 
 
 def side_costs(ctx: BenchContext, side: str, broker_pid: int) -> dict[str, Any]:
     n = ctx.params.messages
-    bootstrap = ctx.cluster.bootstrap
-    before, cpu0 = end_offsets(bootstrap), cpu_seconds(broker_pid)
+    before, cpu0 = end_offsets(ctx.cluster), cpu_seconds(broker_pid)
     out = measure_request_reply(ctx, side)
-    cpu1, after = cpu_seconds(broker_pid), end_offsets(bootstrap)
+    cpu1, after = cpu_seconds(broker_pid), end_offsets(ctx.cluster)
     added = {t: after[t] - before.get(t, 0) for t in sorted(after) if after[t] != before.get(t, 0)}
     return {"side": side, "replies_per_s": round(out["value"]), "p50_ms": round(out["detail"]["p50_ms"]),
             "process_cpu_ms_per_reply": out["detail"]["cpu_ms_per_msg"],

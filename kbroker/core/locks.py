@@ -33,28 +33,31 @@ class ConversationLocks:
         owner to release it."""
         deadline = time.monotonic() + self.timeout
         with self._mutex:
-            holder = self._holders.get(handle)
-            if holder is None or holder is owner:
-                self._holders[handle] = owner
-                return
-            waiters = self._waiting.get(handle)
-            if waiters is None:
-                waiters = self._waiting[handle] = _Waiters(threading.Condition(self._mutex))
-            waiters.count += 1
+            waiters: _Waiters | None = None  # this thread's place among the handle's waiters
             try:
                 while True:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise ConversationLockTimeoutError(handle, self.timeout)
-                    waiters.cv.wait(left)
                     holder = self._holders.get(handle)
                     if holder is None or holder is owner:
                         self._holders[handle] = owner
                         return
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise ConversationLockTimeoutError(handle, self.timeout)
+                    waiters = waiters or self._join(handle)
+                    waiters.cv.wait(left)
             finally:
-                waiters.count -= 1
-                if not waiters.count:
-                    del self._waiting[handle]
+                if waiters is not None:
+                    waiters.count -= 1
+                    if not waiters.count:
+                        del self._waiting[handle]
+
+    def _join(self, handle: str) -> "_Waiters":
+        """Count this thread among `handle`'s waiters (under the mutex)."""
+        waiters = self._waiting.get(handle)
+        if waiters is None:
+            waiters = self._waiting[handle] = _Waiters(threading.Condition(self._mutex))
+        waiters.count += 1
+        return waiters
 
     def try_lock(self, handle: str, owner: object) -> bool:
         """Take the lock for `owner` if nobody holds it, without waiting."""
