@@ -82,7 +82,7 @@ def write_records(cluster: ClusterLike, topic: str, todo: dict[str, bytes], time
         "allow.auto.create.topics": False,  # an auto-created topic would not be compacted
         "message.timeout.ms": int(timeout * 1000), "error_cb": (fatal := clients.FatalError()),
     })
-    if partitions_after_propagation(producer, topic, timeout) is None:
+    if partitions_after_propagation(producer, topic, timeout, never_creates=True) is None:
         raise CatalogError(f"topic {topic} does not exist: run 'kbroker apply' first")
     errors: list[KafkaError] = []
     try:

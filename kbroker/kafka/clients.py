@@ -6,6 +6,7 @@ error) lives with the errors and is re-exported here for the layer's modules."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import importlib.metadata
 import time
@@ -311,13 +312,16 @@ def brokers_answering(cluster: ClusterLike, timeout: float = 10.0, client: Admin
         failures = failures or AuthFailures()
         client = admin(cluster, error_cb=failures)
     try:
-        return len(client.list_topics(timeout=timeout).brokers)
-    except KafkaException as exc:
+        # A metadata request for the brokers alone: an answer about every topic would cost the
+        # broker (and this process) every topic of the cluster, at each process's start.
+        return len(client.describe_cluster(request_timeout=timeout).result(timeout + 5).nodes)
+    except (KafkaException, concurrent.futures.TimeoutError) as exc:
         if failures is not None:
             client.poll(0)  # error_cb runs from poll()
             if failures.last is not None:
                 raise kafka_error(f"Kafka at {cluster} refused kbroker", failures.last) from None
-        raise BrokerUnavailableError(f"no Kafka broker answers at {cluster}: {exc.args[0].str()}") from None
+        why = exc.args[0].str() if isinstance(exc, KafkaException) else f"no answer in {timeout:g} s"
+        raise BrokerUnavailableError(f"no Kafka broker answers at {cluster}: {why}") from None
 
 
 def library_versions() -> tuple[str, str]:

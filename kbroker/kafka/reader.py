@@ -184,17 +184,21 @@ class PartitionsRead:
     unfinished: set[int] = field(default_factory=set)
 
 
-def topic_partitions(client: Consumer | Producer, topic: str, timeout: float) -> list[int] | None:
+def topic_partitions(client: Consumer | Producer, topic: str, timeout: float, *,
+                     never_creates: bool = False) -> list[int] | None:
     """The topic's partition numbers; None when it does not exist. PermissionDeniedError when
-    the client may not see it: a secured cluster leaves the topics a principal may not DESCRIBE
-    out of the answer about all topics, as if they did not exist."""
-    # Ask for all topics: a metadata request naming the topic could auto-create it.
+    the client may not see it (a topic the principal may not DESCRIBE). `never_creates`: the
+    producer was built with allow.auto.create.topics false (a consumer always is)."""
     try:
-        meta = client.list_topics(timeout=timeout).topics.get(topic)
-        if meta is None and isinstance(client, Consumer):
-            # Missing, or hidden from this principal: a consumer may ask by name, as it never
-            # asks for a topic to be created (allow.auto.create.topics is false for consumers).
+        if never_creates or isinstance(client, Consumer):
+            # By name: the metadata request does not ask for the topic to be created, and the
+            # broker's answer costs it one topic, where an answer about all topics costs every
+            # topic of the cluster (and leaves out, as if absent, those this principal may not
+            # DESCRIBE).
             meta = client.list_topics(topic, timeout=timeout).topics.get(topic)
+        else:
+            # A producer's request naming the topic could auto-create it: ask for all topics.
+            meta = client.list_topics(timeout=timeout).topics.get(topic)
     except KafkaException as exc:
         raise kafka_error("cannot read topic metadata", exc.args[0]) from None
     if meta is not None and meta.error is not None and denied_code(meta.error):

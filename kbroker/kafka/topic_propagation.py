@@ -7,6 +7,7 @@ started right after `kbroker apply` asks whichever broker it reaches first, so a
 every broker, asked on its own, names the topics with a leader for every partition."""
 from __future__ import annotations
 
+import concurrent.futures
 import time
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicCollection
@@ -40,53 +41,52 @@ def await_topics(cluster: ClusterLike, admin: AdminClient, topics: list[str], ti
 def _wait_known(client: AdminClient, topics: list[str], deadline: float,
                 cluster: ClusterLike | None = None) -> list[str] | None:
     """The brokers' addresses once `client`'s answer names every topic with leaders; None at the
-    deadline. With `cluster`, a topic still missing on the first answer is asked for by name."""
-    asked = cluster is None
+    deadline. With `cluster`, a topic the principal may not DESCRIBE raises PermissionDeniedError.
+    The topics are asked for by name (DescribeTopics never creates a topic), so each answer costs
+    the broker these topics, not every topic of the cluster."""
     while True:
-        left = deadline - time.monotonic()
-        try:
-            meta = client.list_topics(timeout=max(0.1, left))
-            known = meta.topics
-        except KafkaException:
-            meta, known = None, {}
-        if meta is not None and all(
-                t in known and not known[t].error and known[t].partitions
-                and all(p.leader >= 0 for p in known[t].partitions.values()) for t in topics):
-            return [f"{b.host}:{b.port}" for b in meta.brokers.values()]
-        if not asked and cluster is not None:
-            asked = True
-            check_visible(cluster, client, [t for t in topics if t not in known], max(0.1, left))
-        if left <= 0:
+        left = max(0.1, deadline - time.monotonic())
+        if _described(client, topics, left, cluster):
+            try:
+                nodes = client.describe_cluster(request_timeout=left).result(left + 5).nodes
+                return [f"{n.host}:{n.port}" for n in nodes]
+            except (KafkaException, concurrent.futures.TimeoutError):
+                pass  # asked again until the deadline
+        if time.monotonic() >= deadline:
             return None
         time.sleep(0.1)
 
 
-def check_visible(cluster: ClusterLike, admin: AdminClient, topics: list[str], timeout: float) -> None:
-    """PermissionDeniedError for the first of `topics` the principal may not DESCRIBE (asked by
-    name: an answer about all topics leaves it out as if it did not exist). DescribeTopics
-    never creates a topic."""
-    if not topics:
-        return
-    for name, future in admin.describe_topics(TopicCollection(topics), request_timeout=timeout).items():
+def _described(client: AdminClient, topics: list[str], timeout: float, cluster: ClusterLike | None) -> bool:
+    """Whether the answer names every one of `topics` with a leader for each partition."""
+    known = True
+    for name, future in client.describe_topics(TopicCollection(topics), request_timeout=timeout).items():
         try:
-            future.result()
+            described = future.result(timeout + 5)
         except KafkaException as exc:
-            if denied_code(exc.args[0]):
+            if cluster is not None and denied_code(exc.args[0]):
                 raise clients.denied(cluster, exc.args[0], f"cannot see topic {name} after creating it",
                                      topic=("DESCRIBE", name)) from None
+            known = False
+            continue
+        except concurrent.futures.TimeoutError:
+            return False
+        known = known and bool(described.partitions) and all(p.leader is not None and p.leader.id >= 0
+                                                               for p in described.partitions)
+    return known
 
 
 PROPAGATION_GRACE = 5.0  # seconds a topic may look missing on one broker after its creation
 
 
 def partitions_after_propagation(client: Consumer | Producer, topic: str, timeout: float,
-                                 grace: float = PROPAGATION_GRACE) -> list[int] | None:
+                                 grace: float = PROPAGATION_GRACE, *, never_creates: bool = False) -> list[int] | None:
     """topic_partitions, but a topic missing from the answer is asked for again for up to `grace`
     seconds (bounded by `timeout`) before it is called missing: the broker asked may not have
     learned of a topic created a moment ago by another client."""
     deadline = time.monotonic() + min(grace, timeout)
     while True:
-        partitions = topic_partitions(client, topic, timeout)
+        partitions = topic_partitions(client, topic, timeout, never_creates=never_creates)
         if partitions is not None or time.monotonic() >= deadline:
             return partitions
         time.sleep(0.2)
