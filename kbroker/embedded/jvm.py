@@ -8,6 +8,7 @@ import base64
 import os
 import random
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -297,19 +298,28 @@ def format_storage(java: str, libs: Path, targets: list[tuple[Path, Path]], clus
 def launch(java: str, libs: Path, properties: Path, log_file: Path,
            heap: tuple[str, str]) -> subprocess.Popen:
     """Start `kafka.Kafka properties` detached, its output in `log_file` (the previous run's log
-    kept as <log>.1). `heap` is the (-Xms, -Xmx) pair."""
+    kept as <log>.1). `heap` is the (-Xms, -Xmx) pair; KBROKER_BROKER_JAVA_OPTS adds options."""
     if log_file.exists():
         log_file.replace(log_file.with_name(log_file.name + ".1"))  # keep the previous run's log
     with open(log_file, "ab") as log:
         proc = subprocess.Popen(
             # The JVM expands the classpath's '*', no shell involved.
-            [java, *heap, "-XX:+UseG1GC", LOGGING_OPTION, "-cp", str(libs / "*"),
+            [java, *heap, "-XX:+UseG1GC", LOGGING_OPTION, *extra_java_options(), "-cp", str(libs / "*"),
              "kafka.Kafka", str(properties)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             cwd=properties.parent, start_new_session=True,  # no terminal signals from our shell
         )
     CHILDREN[proc.pid] = proc
     return proc
+
+
+def extra_java_options() -> list[str]:
+    """KBROKER_BROKER_JAVA_OPTS, split as a shell would: options for every embedded Kafka JVM
+    (the test suite's brokers compile with C1 only, for instance: tests/integration/conftest.py)."""
+    try:
+        return shlex.split(os.environ.get("KBROKER_BROKER_JAVA_OPTS", ""))
+    except ValueError as exc:
+        raise EmbeddedBrokerError(f"KBROKER_BROKER_JAVA_OPTS cannot be split into options: {exc}") from None
 
 
 def kafka_process(pid: int | None, properties: Path) -> psutil.Process | None:
