@@ -315,7 +315,7 @@ def launch(java: str, libs: Path, properties: Path, log_file: Path,
 
 def extra_java_options() -> list[str]:
     """KBROKER_BROKER_JAVA_OPTS, split as a shell would: options for every embedded Kafka JVM
-    (the test suite's brokers compile with C1 only, for instance: tests/integration/conftest.py)."""
+    (the test suite's brokers compile with C1 only, for instance: tests/conftest.py)."""
     try:
         return shlex.split(os.environ.get("KBROKER_BROKER_JAVA_OPTS", ""))
     except ValueError as exc:
