@@ -302,6 +302,14 @@ class AuthFailures:
             self.last = err
 
 
+def broker_nodes(client: AdminClient, timeout: float) -> list[Any]:
+    """The cluster's brokers (confluent_kafka Nodes: id, host, port) from a metadata request
+    naming no topic (DescribeCluster): an answer about every topic would cost the broker, and
+    this process, every topic of the cluster. KafkaException or concurrent.futures.TimeoutError
+    when none answers within `timeout`."""
+    return list(client.describe_cluster(request_timeout=timeout).result(timeout + 5).nodes)
+
+
 def brokers_answering(cluster: ClusterLike, timeout: float = 10.0, client: AdminClient | None = None,
                       failures: AuthFailures | None = None) -> int:
     """How many brokers `cluster` lists in a metadata answer within `timeout`.
@@ -312,9 +320,7 @@ def brokers_answering(cluster: ClusterLike, timeout: float = 10.0, client: Admin
         failures = failures or AuthFailures()
         client = admin(cluster, error_cb=failures)
     try:
-        # A metadata request for the brokers alone: an answer about every topic would cost the
-        # broker (and this process) every topic of the cluster, at each process's start.
-        return len(client.describe_cluster(request_timeout=timeout).result(timeout + 5).nodes)
+        return len(broker_nodes(client, timeout))
     except (KafkaException, concurrent.futures.TimeoutError) as exc:
         if failures is not None:
             client.poll(0)  # error_cb runs from poll()

@@ -73,10 +73,10 @@ def brokers_min_session_ms(cluster: Cluster) -> int | None:
     """The brokers' group.min.session.timeout.ms (the highest any broker reports); None when it
     cannot be read (no DESCRIBE_CONFIGS on the cluster, say, or late)."""
     try:
-        brokers = clients.admin(cluster).list_topics(timeout=DEADLINE).brokers
+        brokers = clients.broker_nodes(clients.admin(cluster), DEADLINE)
     except Exception:  # noqa: BLE001 - no broker answers: not known
         return None
-    values = _config_values(cluster, [ConfigResource(ResourceType.BROKER, str(b)) for b in brokers],
+    values = _config_values(cluster, [ConfigResource(ResourceType.BROKER, str(b.id)) for b in brokers],
                             "group.min.session.timeout.ms")
     return max(values) if values else None
 

@@ -48,8 +48,7 @@ def _wait_known(client: AdminClient, topics: list[str], deadline: float,
         left = max(0.1, deadline - time.monotonic())
         if _described(client, topics, left, cluster):
             try:
-                nodes = client.describe_cluster(request_timeout=left).result(left + 5).nodes
-                return [f"{n.host}:{n.port}" for n in nodes]
+                return [f"{n.host}:{n.port}" for n in clients.broker_nodes(client, left)]
             except (KafkaException, concurrent.futures.TimeoutError):
                 pass  # asked again until the deadline
         if time.monotonic() >= deadline:
