@@ -9,7 +9,8 @@ entries their answers carried (docs/benchmarks.md, "Sixteenth round").
     KBROKER_BOOTSTRAP=127.0.0.1:19300 .venv/bin/pytest -q tests/integration/test_messaging.py
     .venv/bin/python scripts/metadata_requests.py /tmp/requests.log [--json]
 
-A line that is not a completed request (or not JSON) is counted and skipped.
+A line that is not a completed request (not JSON, or JSON of another shape) is counted and
+skipped; a request whose topics are not a list counts as one for every topic.
 """
 
 from __future__ import annotations
@@ -23,29 +24,46 @@ from typing import Any
 PREFIX = "Completed request:"
 
 
+def completed(line: str) -> dict[str, Any] | None:
+    """The completed request a line logs, or None: the line is read as untrusted (any text,
+    JSON of any shape, any size)."""
+    if not line.startswith(PREFIX):
+        return None
+    try:
+        done = json.loads(line[len(PREFIX):])
+    except ValueError:
+        return None
+    header = done.get("requestHeader") if isinstance(done, dict) else None
+    if not isinstance(header, dict) or not isinstance(header.get("requestApiKeyName"), str):
+        return None
+    return done
+
+
+def listed(value: Any, key: str) -> list[Any] | None:
+    """value[key] when value is a JSON object and that is a list, else None."""
+    got = value.get(key) if isinstance(value, dict) else None
+    return got if isinstance(got, list) else None
+
+
 def count(lines: Any) -> dict[str, Any]:
-    """Requests by API name; metadata requests, answers' topic entries and log bytes by kind."""
+    """Requests by API name; metadata requests and their answers' topic entries by kind."""
     by_api: Counter[str] = Counter()
     requests: Counter[str] = Counter()
     entries: Counter[str] = Counter()
     skipped = 0
     for line in lines:
-        if not line.startswith(PREFIX):
+        done = completed(line)
+        if done is None:
             skipped += 1
             continue
-        try:
-            done = json.loads(line[len(PREFIX):])
-            api = done["requestHeader"]["requestApiKeyName"]
-        except (ValueError, KeyError, TypeError):
-            skipped += 1
-            continue
+        api = done["requestHeader"]["requestApiKeyName"]
         by_api[api] += 1
         if api != "METADATA":
             continue
-        asked = (done.get("request") or {}).get("topics")
+        asked = listed(done.get("request"), "topics")
         kind = "every topic" if asked is None else ("brokers only" if not asked else "named topics")
         requests[kind] += 1
-        entries[kind] += len((done.get("response") or {}).get("topics") or [])
+        entries[kind] += len(listed(done.get("response"), "topics") or [])
     return {"requests_by_api": dict(by_api.most_common()), "metadata_requests": dict(requests),
             "metadata_topic_entries": dict(entries), "skipped_lines": skipped}
 
