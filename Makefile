@@ -6,7 +6,7 @@ PYTHON ?= python3
 # Set on make's command line only (`=`, not `?=`): a PORT in the environment is often another tool's.
 PORT     = 9092
 DATA_DIR =
-PARALLEL = -n 2 --dist loadgroup --no-loadscope-reorder --max-worker-restart 0
+PARALLEL = -n 3 --dist loadgroup --no-loadscope-reorder --max-worker-restart 0
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -22,8 +22,9 @@ demo-analytics: setup
 
 # The static checks first (seconds: the layer contracts, the types), then the tests against a real
 # broker (minutes); Toxiproxy is built once (about a minute) for the network-stall test.
-# Two pytest processes, each with its own broker (tests/conftest.py groups and orders the files):
-# 16-29 minutes instead of 33 in one process (`make test PARALLEL=`). A process that crashes
+# Three pytest processes, each with its own broker (tests/conftest.py groups and orders the files):
+# about 16 minutes on 2 cores, 19 with two processes (their tests wait on Kafka's and Spark's
+# timers a third of the time), 33 in one (`make test PARALLEL=`). A process that crashes
 # (a test past its time-out) is not replaced: pytest-xdist 3.8's loadgroup scheduling can hand
 # the replacement work that never completes and wait for it forever (pytest-xdist #1378; a CI
 # run sat 80 minutes so), so the run ends there, failed, with the tracebacks in its output.

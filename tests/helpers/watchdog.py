@@ -30,6 +30,11 @@ def keep_stderr() -> None:
         _stderr = os.dup(2)
 
 
+def say(line: str) -> None:
+    """Write a line to the run's stderr: a pytest-xdist process's own stderr reaches nobody."""
+    os.write(2 if _stderr is None else _stderr, (line + "\n").encode())
+
+
 def arm(seconds: float) -> None:
     """Dump every thread's traceback to the real stderr and exit the process in `seconds`."""
     faulthandler.dump_traceback_later(seconds, exit=True, file=2 if _stderr is None else _stderr)
