@@ -14,6 +14,7 @@ import pytest
 from hypothesis import settings
 
 from tests.helpers import watchdog
+from tests.helpers.grouping import groups_of_files
 
 # No per-example deadline for property tests: on these shared 2-core machines an example that
 # takes 200 ms says the machine is busy, not that the code is slow (a unit run beside a broker
@@ -94,13 +95,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         uses = set(getattr(item, "fixturenames", ()))
         shared_of_file.setdefault(str(item.path.relative_to(config.rootpath)), set()).update(
             g for g, names in SHARED_SESSIONS.items() if uses & set(names))
-    joined = {g: {g} for g in SHARED_SESSIONS}
-    for shared in shared_of_file.values():
-        union = set().union(*(joined[g] for g in shared))
-        for g in union:
-            joined[g] = union
-    group_of_file = {file: "+".join(sorted(joined[min(shared)])) if shared else file
-                     for file, shared in shared_of_file.items()}
+    group_of_file = groups_of_files(shared_of_file)
 
     def group(item: pytest.Item) -> str:
         return group_of_file[str(item.path.relative_to(config.rootpath))]

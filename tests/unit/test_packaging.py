@@ -88,8 +88,8 @@ def test_make_demo_passes_port_and_data_dir_on():
 
 def test_make_test_checks_the_import_contracts_and_the_types_before_the_tests():
     lines = make_dry_run("test")
-    # Two processes, files grouped so a module's or a session's shared broker serves one process;
+    # Three processes, files grouped so a module's or a session's shared broker serves one process;
     # one that crashes is not replaced (pytest-xdist #1378: the run could wait for ever).
-    assert lines[-1] == ".venv/bin/pytest -n 2 --dist loadgroup --no-loadscope-reorder --max-worker-restart 0"
+    assert lines[-1] == ".venv/bin/pytest -n 3 --dist loadgroup --no-loadscope-reorder --max-worker-restart 0"
     assert make_dry_run("test", "PARALLEL=")[-1] == ".venv/bin/pytest"  # one process, as documented
     assert lines.index(".venv/bin/lint-imports") < lines.index(".venv/bin/mypy kbroker") < len(lines) - 1
