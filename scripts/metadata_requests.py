@@ -3,8 +3,8 @@
 requests split into those naming topics and those asking for every topic, with the topic
 entries their answers carried (docs/benchmarks.md, "Sixteenth round").
 
-    KBROKER_BROKER_JAVA_OPTS="-Dlog4j2.configurationFile=$PWD/scripts/request-log4j2.properties \\
-        -Dkbroker.request.log=/tmp/requests.log" \\
+    KBROKER_BROKER_JAVA_OPTS="-Dlog4j2.configurationFile=$PWD/kbroker/embedded/log4j2.properties,\\
+$PWD/scripts/request-log4j2.properties -Dkbroker.request.log=/tmp/requests.log" \\
         .venv/bin/kbroker broker start --port 19300 --data-dir /tmp/request-broker
     KBROKER_BOOTSTRAP=127.0.0.1:19300 .venv/bin/pytest -q tests/integration/test_messaging.py
     .venv/bin/python scripts/metadata_requests.py /tmp/requests.log [--json]
