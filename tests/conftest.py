@@ -90,15 +90,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The unit of work pytest-xdist hands a process (`--dist loadgroup`): a whole file, since
     module fixtures (a worker, a cluster) serve all its tests, or every file that uses Spark or
     the secured broker together. The groups are put in the order they should start."""
+    def file_of(item: pytest.Item) -> str:
+        return str(item.path.relative_to(config.rootpath))
+
     shared_of_file: dict[str, set[str]] = {}
     for item in items:
         uses = set(getattr(item, "fixturenames", ()))
-        shared_of_file.setdefault(str(item.path.relative_to(config.rootpath)), set()).update(
+        shared_of_file.setdefault(file_of(item), set()).update(
             g for g, names in SHARED_SESSIONS.items() if uses & set(names))
     group_of_file = groups_of_files(shared_of_file)
 
     def group(item: pytest.Item) -> str:
-        return group_of_file[str(item.path.relative_to(config.rootpath))]
+        return group_of_file[file_of(item)]
 
     for item in items:
         item.add_marker(pytest.mark.xdist_group(group(item)))
@@ -114,7 +117,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """In a pytest-xdist process of `--dist loadgroup`: stop the run unless pytest-xdist put each
     test's group in its id, where its scheduler reads it. Without that it hands out single tests:
     both processes start each module's worker, Spark and the secured broker, a file's tests run in
-    two processes at once, and nothing says so (pytest 9.2 keeps a test's id where pytest-xdist
+    several processes at once, and nothing says so (pytest 9.2 keeps a test's id where pytest-xdist
     3.8 does not write: pytest-dev/pytest-xdist#1386; pyproject.toml keeps pytest below 9.2)."""
     if not getattr(session.config.option, "loadgroup", False):
         return

@@ -30,14 +30,18 @@ def keep_stderr() -> None:
         _stderr = os.dup(2)
 
 
+def _run_stderr() -> int:
+    return 2 if _stderr is None else _stderr
+
+
 def say(line: str) -> None:
     """Write a line to the run's stderr: a pytest-xdist process's own stderr reaches nobody."""
-    os.write(2 if _stderr is None else _stderr, (line + "\n").encode())
+    os.write(_run_stderr(), (line + "\n").encode())
 
 
 def arm(seconds: float) -> None:
     """Dump every thread's traceback to the real stderr and exit the process in `seconds`."""
-    faulthandler.dump_traceback_later(seconds, exit=True, file=2 if _stderr is None else _stderr)
+    faulthandler.dump_traceback_later(seconds, exit=True, file=_run_stderr())
 
 
 def disarm() -> None:
