@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -26,7 +26,6 @@ from confluent_kafka.admin import (
     ConfigResource,
     NewPartitions,
     NewTopic,
-    OffsetSpec,
     ResourceType,
 )
 
@@ -259,12 +258,9 @@ def queue_in_use(admin: AdminClient, topic: str, partitions: list[int], timeout:
     count would put one group's messages on two partitions, where two readers could hold that
     group at once, and out of order (G1). So the count is fixed at first use, as a partitioned
     Azure Service Bus entity's is at creation; a queue that needs more is a new queue."""
-    tps = [TopicPartition(topic, p) for p in partitions]
-    ends = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=timeout)
-    for tp, future in ends.items():
-        end = clients.result_of(future, f"cannot list the offsets of {topic}").offset
+    for partition, end in clients.end_offsets(admin, topic, partitions, time.monotonic() + timeout).items():
         if end > 0:
-            return f"the queue has held messages (partition {tp.partition} ends at offset {end})"
+            return f"the queue has held messages (partition {partition} ends at offset {end})"
     group = clients.result_of(admin.describe_consumer_groups([topic], request_timeout=timeout)[topic],
                               f"cannot describe the readers of {topic}")
     if group.members:

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import confluent_kafka
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from kbroker.config import KAFKA_LOG
 from kbroker.core.client_security import ClientSecurity
@@ -287,6 +287,28 @@ def result_of(future: Any, what: str) -> Any:
         return future.result()
     except KafkaException as exc:
         raise kafka_error(what, exc.args[0]) from None
+
+
+# What a broker answers for a topic created a moment ago, before it leads every partition: its
+# metadata may already name it leader (apply's propagation wait sees that) while its replica
+# manager has not taken the partition over. librdkafka flags none of them retriable here.
+_NOT_LED_YET = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
+
+
+def end_offsets(admin: AdminClient, topic: str, partitions: list[int], deadline: float) -> dict[int, int]:
+    """Each partition's end offset, asked again while its leader is not yet leading it (until
+    `deadline`); any other failure, or that one at the deadline, as a typed error."""
+    tps = [TopicPartition(topic, p) for p in partitions]
+    while True:
+        futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps},
+                                     request_timeout=max(0.1, deadline - time.monotonic()))
+        try:
+            return {tp.partition: future.result().offset for tp, future in futures.items()}
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() not in _NOT_LED_YET or time.monotonic() >= deadline:
+                raise kafka_error(f"cannot list the offsets of {topic}", err) from None
+        time.sleep(0.1)
 
 
 class AuthFailures:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
-from kbroker.errors import PermissionDeniedError
+from kbroker.errors import KBrokerError, PermissionDeniedError
 from kbroker.kafka import clients, topic_propagation
 from kbroker.kafka.reader import topic_partitions
 
@@ -115,3 +115,30 @@ def test_a_topic_the_principal_may_not_describe_is_refused_by_name() -> None:
     deadline = topic_propagation.time.monotonic() + 10
     with pytest.raises(PermissionDeniedError):
         topic_propagation._wait_known(admin, [TOPIC], deadline, "127.0.0.1:9092")  # type: ignore[arg-type]
+
+
+class OffsetsAdmin:
+    """list_offsets answers each call from a script: an error code, or every partition's end."""
+
+    def __init__(self, *answers: int | KafkaError) -> None:
+        self.answers, self.calls = list(answers), 0
+
+    def list_offsets(self, wanted: dict, request_timeout: float) -> dict:
+        self.calls += 1
+        got = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        return {tp: done(error=got) if isinstance(got, KafkaError) else done(SimpleNamespace(offset=got))
+                for tp in wanted}
+
+
+def test_end_offsets_wait_while_a_new_topic_is_not_led_yet_and_refuse_anything_else() -> None:
+    deadline = topic_propagation.time.monotonic() + 10
+    admin = OffsetsAdmin(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION), 0)
+    assert clients.end_offsets(admin, TOPIC, [0, 1], deadline) == {0: 0, 1: 0}  # type: ignore[arg-type]
+    assert admin.calls == 2
+    denied = OffsetsAdmin(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    with pytest.raises(KBrokerError):
+        clients.end_offsets(denied, TOPIC, [0], deadline)  # type: ignore[arg-type]
+    assert denied.calls == 1
+    late = OffsetsAdmin(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION))
+    with pytest.raises(KBrokerError, match="not leader|Not leader"):
+        clients.end_offsets(late, TOPIC, [0], topic_propagation.time.monotonic() + 0.3)  # type: ignore[arg-type]
