@@ -20,6 +20,7 @@ from kbroker.core.send_lease import LEASE_SUFFIX
 from kbroker.kafka.reader import read_to_end
 from kbroker.sdk.broker import Broker
 
+from tests.helpers import wait_for
 from .test_messaging import end_offsets
 
 
@@ -119,34 +120,46 @@ def test_move_rekeys_queued_messages_in_order_exactly_once(broker):
 
 def test_move_by_another_process_reaches_the_reader_through_the_marker(kafka_bootstrap, namespace, broker):
     """The reader cached the endpoint before another process moved the conversation: it learns
-    of the move from the marker in the old group's stream."""
-    h = broker.begin_dialog(EMP, EXP, CONTRACT)
-    for i in range(3):
-        broker.send(h, CLAIM, {"i": i})
-    first = broker.receive("ExpenseQueue", top=1, wait=15)
-    target = first[0].conversation_handle
-    g = str(uuid.uuid4())
-    with Broker(kafka_bootstrap, namespace) as mover:
-        mover.move_conversation(target, g)
-    assert broker.endpoints.cached(target).conversation_group_id != g  # stale in the reader
-    # The reader replies from its stale cache, writing the endpoint without the move: the
-    # move survives (the chain has its own key in the endpoints topic).
-    broker.send(target, APPROVAL, {"stale": True})
-    with Broker(kafka_bootstrap, namespace) as fresh:
-        assert fresh.endpoints.get(target).conversation_group_id == g
-        # The reply was written (first SEND of the block); another process continues past the
-        # block the reader reserved.
-        assert fresh.endpoints.get(target).send_sequence == 1 + SEQUENCE_BLOCK
-    for i in range(3, 6):
-        broker.send(h, CLAIM, {"i": i})
-    got = [m for batch in drain(broker, "ExpenseQueue") for m in batch]
-    # What the reader saw, for a failure to say (once, under load, the cache below was stale).
-    seen = [(m.message_sequence_number, m.message_type_name, m.conversation_group_id) for m in got]
-    state = f"moved to {g}; received {seen}; the reader's cache {broker.endpoints.cached(target)}"
-    assert [m.message_sequence_number for m in got] == [1, 2, 3, 4, 5], state
-    # Records behind the marker are delivered in the new group only.
-    assert {m.conversation_group_id for m in got if m.message_sequence_number >= 3} == {g}, state
-    assert broker.endpoints.cached(target).conversation_group_id == g, state
+    of the move from the marker in the old group's stream. The reader only receives, so it holds
+    no conversation lease and nothing else reads the endpoints topic for it meanwhile (a process
+    that holds one reads the topic every 0.25 s and could learn of the move first: a fresh-clone
+    run once did, when the reader was also the sender)."""
+    with Broker(kafka_bootstrap, namespace) as sender:
+        h = sender.begin_dialog(EMP, EXP, CONTRACT)
+        for i in range(3):
+            sender.send(h, CLAIM, {"i": i})
+        first = broker.receive("ExpenseQueue", top=1, wait=15)
+        target = first[0].conversation_handle
+        g = str(uuid.uuid4())
+        with Broker(kafka_bootstrap, namespace) as stale_writer:
+            # A transaction's records are readable once its commit markers are written, a
+            # moment after the commit returns.
+            before = wait_for(lambda: stale_writer.endpoints.find(target), 10, "the target endpoint")
+            with Broker(kafka_bootstrap, namespace) as mover:
+                mover.move_conversation(target, g)
+            # A process that cached the endpoint before the move writes it again without the
+            # move: the move survives (the chain has its own key in the endpoints topic).
+            stale_writer.endpoints.put(before)
+        assert broker.endpoints.cached(target).conversation_group_id != g  # stale in the reader
+        with Broker(kafka_bootstrap, namespace) as fresh:
+            wait_for(lambda: fresh.endpoints.current(target).conversation_group_id == g, 10, "the move")
+        for i in range(3, 6):
+            sender.send(h, CLAIM, {"i": i})
+        got = [m for batch in drain(broker, "ExpenseQueue") for m in batch]
+        # What the reader saw, for a failure to say.
+        seen = [(m.message_sequence_number, m.message_type_name, m.conversation_group_id) for m in got]
+        state = f"moved to {g}; received {seen}; the reader's cache {broker.endpoints.cached(target)}"
+        assert [m.message_sequence_number for m in got] == [1, 2, 3, 4, 5], state
+        # Records behind the marker are delivered in the new group only.
+        assert {m.conversation_group_id for m in got if m.message_sequence_number >= 3} == {g}, state
+        assert broker.endpoints.cached(target).conversation_group_id == g, state
+        # The reader's reply goes out of the moved endpoint (its first SEND reserves a block:
+        # another process continues past it) and reaches the initiator.
+        broker.send(target, APPROVAL, {"ok": True})
+        with Broker(kafka_bootstrap, namespace) as fresh:
+            ep = wait_for(lambda: (e := fresh.endpoints.current(target)).send_sequence > 0 and e, 10, "the reply")
+            assert (ep.conversation_group_id, ep.send_sequence) == (g, 1 + SEQUENCE_BLOCK)
+        assert [m.message_type_name for m in sender.receive("EmployeeQueue", top=5, wait=15)] == [APPROVAL]
 
 
 def test_two_readers_never_hold_a_moved_conversation_at_once(broker):
