@@ -23,7 +23,7 @@ from kbroker.errors import KBrokerError, kafka_error
 from kbroker.kafka import messages
 from kbroker.kafka.clients import consume_soon
 from kbroker.kafka.counting_clients import CountingClients
-from kbroker.kafka.reader import Unread
+from kbroker.kafka.reader import Unread, watermarks
 
 
 @dataclass(frozen=True)
@@ -71,9 +71,10 @@ class QueueWatcher:
         if unread is not None:
             raise KafkaException(unread.error)  # counted again on the next pass
         bases, metadata = {}, {}
+        ends_by = time.monotonic() + timeout
         for tp in committed:
-            low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, tp.partition),
-                                                       timeout=timeout, cached=False)
+            # A queue created a moment ago may not be led yet: watermarks() asks again until then.
+            low, high = watermarks(consumer, self.topic, tp.partition, ends_by)
             bases[tp.partition] = (max(tp.offset if tp.offset >= 0 else low, low), high)
             metadata[tp.partition] = tp.metadata
         key = tuple((p, b, h, metadata[p]) for p, (b, h) in sorted(bases.items()))
