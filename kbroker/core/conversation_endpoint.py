@@ -115,8 +115,8 @@ class Endpoint:
     # --- pure transitions ---------------------------------------------------------------
 
     def after_send(self) -> "Endpoint":
-        return replace(self, send_sequence=self.send_sequence + 1,
-                       state=CONVERSING if self.state == STARTED_OUTBOUND else self.state)
+        return _changed(self, send_sequence=self.send_sequence + 1,
+                        state=CONVERSING if self.state == STARTED_OUTBOUND else self.state)
 
     def after_local_end(self) -> "Endpoint":
         # Ending after the peer did completes the dialog; otherwise wait for the peer.
@@ -165,8 +165,19 @@ def after_send(ep: Endpoint) -> Endpoint:
     used was the last reserved (or the state changes): only then must the endpoint be written."""
     after = ep.after_send()
     if after.state != ep.state or ep.send_sequence >= ep.sequence_reserved:
-        after = replace(after, sequence_reserved=after.send_sequence + SEQUENCE_BLOCK)
+        after = _changed(after, sequence_reserved=after.send_sequence + SEQUENCE_BLOCK)
     return after
+
+
+def _changed(ep: Endpoint, **changes: object) -> Endpoint:
+    """dataclasses.replace(ep, **changes) for the transitions every SEND makes. replace() runs
+    __init__ over all 23 fields, a frozen object.__setattr__ each: a quarter of a SEND's own
+    Python. Endpoint has no __post_init__, no slots and nothing cached in its __dict__, so the
+    copy of its fields with `changes` is the object replace() builds (tests/unit/
+    test_conversation_endpoint.py compares the two)."""
+    new = object.__new__(Endpoint)
+    new.__dict__.update(ep.__dict__, **changes)
+    return new
 
 
 def must_persist(before: Endpoint, after: Endpoint) -> bool:

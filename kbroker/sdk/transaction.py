@@ -282,7 +282,8 @@ class Transaction:
         """SEND ON CONVERSATION, held until commit: returns the message id. Keywords as
         Broker.send's (correlation_id, reply_to, time_to_be_received, priority)."""
         self._check_open()
-        self._runtime.check_send(self.endpoint(handle))  # before its lock and lease: nothing written if refused
+        if str(handle) not in self._locked_conversations:  # the record's own check follows either way
+            self._runtime.check_send(self.endpoint(handle))  # before its lock and lease: nothing written if refused
         self._lock(handle)
         before = self.endpoint(handle)
         rt = self._runtime
