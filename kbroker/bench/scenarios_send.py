@@ -52,6 +52,13 @@ class KBrokerSender:
         self.handles = [self.broker.begin_dialog(EMP, EXP, CONTRACT) for _ in range(conversations)]
         for h in self.handles[:20]:  # warm-up: connections, catalog, code paths
             self.broker.send(h, CLAIM, body)
+        if has_transactions():
+            # The process's first transaction starts its group committer (transactional
+            # producers, their init_transactions): 0.6 s once per process, which made --quick's
+            # 1,000 pipelined SENDs a measure of that start (0.06 of the baseline, against 0.27
+            # over 20,000). The baseline's warm-up likewise gets its producer id before the clock.
+            with self.broker.transaction() as tx:
+                tx.send(self.handles[0], CLAIM, body)
 
     def run(self, n: int, pipelined: bool) -> dict[str, Any]:
         handles, c, body, b = self.handles, len(self.handles), self.body, self.broker
@@ -163,7 +170,7 @@ scenario(Scenario(
                   "confluent-kafka Producer writing the same records with the same settings and "
                   "flushing after each; CPU ms/msg: the process's CPU time (all threads) per message",
             finish=_cpu),
-        Row("send-pipelined", "msg/s", "ratio >= 0.5", check=lambda r: r["ratio"] >= 0.5, floor=Floor(0.08),
+        Row("send-pipelined", "msg/s", "ratio >= 0.5", check=lambda r: r["ratio"] >= 0.5, floor=Floor(0.1),
             baseline_code="kbroker/bench/scenarios_send.py:BaselineSender.send (one flush); "
                           "kbroker/kafka/baseline.py:sdk_like_producer",
             notes="N SENDs in one kbroker transaction (committed at the end) vs a producer loop "
