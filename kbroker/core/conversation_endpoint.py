@@ -174,7 +174,7 @@ def _changed(ep: Endpoint, **changes: object) -> Endpoint:
     __init__ over all 23 fields, a frozen object.__setattr__ each: a quarter of a SEND's own
     Python. Endpoint has no __post_init__, no slots and nothing cached in its __dict__, so the
     copy of its fields with `changes` is the object replace() builds (tests/unit/
-    test_conversation_endpoint.py compares the two)."""
+    test_sequence_blocks.py compares the two)."""
     new = object.__new__(Endpoint)
     new.__dict__.update(ep.__dict__, **changes)
     return new

@@ -11,9 +11,9 @@ import functools
 import importlib.metadata
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import confluent_kafka
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -292,23 +292,41 @@ def result_of(future: Any, what: str) -> Any:
 # What a broker answers for a topic created a moment ago, before it leads every partition: its
 # metadata may already name it leader (apply's propagation wait sees that) while its replica
 # manager has not taken the partition over. librdkafka flags none of them retriable here.
+T = TypeVar("T")
+
 _NOT_LED_YET = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
+
+
+def not_led_yet(err: KafkaError) -> bool:
+    return err.code() in _NOT_LED_YET
+
+
+def asked_until(deadline: float, ask: Callable[[], T], again: Callable[[KafkaError], bool], what: str,
+                on: Mapping[str, tuple[str, str]] | None = None) -> T:
+    """ask()'s answer, asking again every 0.1 s while it fails with an error `again` accepts and
+    `deadline` (time.monotonic()) has not passed; any other failure, or that one at the deadline,
+    as a typed error saying `what` (kafka_error, with `on`)."""
+    while True:
+        try:
+            return ask()
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not again(err) or time.monotonic() >= deadline:
+                raise kafka_error(what, err, on=on) from None
+        time.sleep(0.1)
 
 
 def end_offsets(admin: AdminClient, topic: str, partitions: list[int], deadline: float) -> dict[int, int]:
     """Each partition's end offset, asked again while its leader is not yet leading it (until
     `deadline`); any other failure, or that one at the deadline, as a typed error."""
     tps = [TopicPartition(topic, p) for p in partitions]
-    while True:
+
+    def ask() -> dict[int, int]:
         futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps},
                                      request_timeout=max(0.1, deadline - time.monotonic()))
-        try:
-            return {tp.partition: future.result().offset for tp, future in futures.items()}
-        except KafkaException as exc:
-            err = exc.args[0]
-            if err.code() not in _NOT_LED_YET or time.monotonic() >= deadline:
-                raise kafka_error(f"cannot list the offsets of {topic}", err) from None
-        time.sleep(0.1)
+        return {tp.partition: future.result().offset for tp, future in futures.items()}
+
+    return asked_until(deadline, ask, not_led_yet, f"cannot list the offsets of {topic}")
 
 
 class AuthFailures:

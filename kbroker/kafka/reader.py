@@ -211,18 +211,15 @@ def topic_partitions(client: Consumer | Producer, topic: str, timeout: float, *,
 def watermarks(consumer: Consumer, topic: str, partition: int, deadline: float) -> tuple[int, int]:
     """(log start, high watermark) of a partition, asked of its leader."""
     # A topic created a moment ago may have no leader yet ("not leader for partition", which
-    # librdkafka does not flag retriable here): retry until the deadline, then report the error.
-    while True:
-        try:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                                       timeout=max(0.1, deadline - time.monotonic()))
-            return low, high
-        except KafkaException as exc:
-            err = exc.args[0]
-            if err.fatal() or time.monotonic() > deadline:
-                raise kafka_error(f"cannot read the end offsets of {topic}", err,
-                                  on={"topic": ("DESCRIBE", topic)}) from None
-            time.sleep(0.1)
+    # librdkafka does not flag retriable here): asked again until the deadline, as any error
+    # but a fatal one, then reported.
+    def ask() -> tuple[int, int]:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                   timeout=max(0.1, deadline - time.monotonic()))
+        return low, high
+
+    return clients.asked_until(deadline, ask, lambda err: not err.fatal(),
+                               f"cannot read the end offsets of {topic}", on={"topic": ("DESCRIBE", topic)})
 
 
 def read_partitions(consumer: Consumer, topic: str, starts: Mapping[int, int], timeout: float,
