@@ -41,11 +41,12 @@ def start(*args: str) -> subprocess.Popen:
 
 def test_two_processes_per_side_ending_sending_disabling_and_killed(kafka_bootstrap, namespace, tmp_path):
     """40 dialogs. Initiator side: one process sends on all of them round after round; once it
-    sent 160 requests another starts sending once and ending each, spread over 15 s. Target side: two reader processes (four
-    threads each, random rollbacks); the test turns the queue OFF and ON twice and kill -9s one
-    reader mid-run. Lost, duplicated, out of order, delivered after EndDialog, EndDialogs missing,
-    group lock overlaps: all 0. Before the conversation lease, the two initiator processes
-    numbered one dialog's messages from blocks of their own (order broken) and reused numbers."""
+    sent 160 requests another starts sending once and ending each, spread over 15 s. Target
+    side: two reader processes (four threads each, random rollbacks); the test turns the queue
+    OFF and ON twice and kill -9s one reader mid-run. Lost, duplicated, out of order, delivered
+    after EndDialog, EndDialogs missing, group lock overlaps: all 0. Before the conversation
+    lease, the two initiator processes numbered one dialog's messages from blocks of their own
+    (order broken) and reused numbers."""
     apply_paths(kafka_bootstrap, namespace, [run.YAML])
     with Broker(kafka_bootstrap, namespace) as b:
         handles = [b.begin_dialog(run.CLIENT, run.SERVER, run.REQUESTS) for _ in range(40)]
