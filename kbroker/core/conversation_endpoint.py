@@ -8,11 +8,14 @@ only when it meets a handle it does not know.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from dataclasses import dataclass, replace
 
 import orjson
+
+from kbroker.core import ids
 
 # Service Broker's endpoint states.
 STARTED_OUTBOUND, CONVERSING, DISCONNECTED_INBOUND = "SO", "CO", "DI"
@@ -27,9 +30,11 @@ MAX_LIFETIME = 2**31 - 1  # seconds: the longest LIFETIME or timer timeout Servi
 _HANDLE_NS = uuid.UUID("6f1d6a52-3c51-4c1b-9a55-6b62726f6b65")
 
 
+@functools.lru_cache(maxsize=16384)
 def handle_for(conversation_id: str, side: str) -> str:
-    """The endpoint handle of one side: stable, so both processes and restarts agree on it."""
-    return str(uuid.uuid5(_HANDLE_NS, f"{conversation_id}/{side}"))
+    """The endpoint handle of one side: stable, so both processes and restarts agree on it.
+    Remembered: RECEIVE asks for it once per message, and a conversation's messages come in runs."""
+    return ids.name_id(_HANDLE_NS, f"{conversation_id}/{side}")
 
 
 _GROUP_NS = uuid.UUID("0b5e6c1e-7a43-4f59-8d0e-6b726f757073")
@@ -41,7 +46,7 @@ def default_group(conversation_id: str, side: str) -> str:
     from the dialog id and the side, so the initiator keys its first SEND to the target's group
     without asking anyone. (Dialogs begun before this used the dialog id for both sides; their
     endpoints keep it.)"""
-    return str(uuid.uuid5(_GROUP_NS, f"{conversation_id}/{side}"))
+    return ids.name_id(_GROUP_NS, f"{conversation_id}/{side}")
 
 
 def other(side: str) -> str:

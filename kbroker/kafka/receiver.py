@@ -30,7 +30,7 @@ from confluent_kafka import Message as KafkaRecord
 from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.conversation_endpoint import handle_for
-from kbroker.core.envelope import Envelope, Message
+from kbroker.core.envelope import Envelope, Message, built
 from kbroker.core.group_buffer import Buffered, GroupBuffer
 from kbroker.kafka.hanging_commits import HangingCommitFence
 from kbroker.kafka.partition_assignment import HANGING_AFTER, PartitionAssignment
@@ -149,8 +149,8 @@ class QueueReceiver:
 
     def _to_message(self, b: Buffered) -> Message:
         env, rec = b.envelope, b.record
-        return Message(
-            queue=self.queue, conversation_handle=handle_for(env.conversation_id, env.to_side),
+        return built(
+            Message, queue=self.queue, conversation_handle=handle_for(env.conversation_id, env.to_side),
             conversation_id=env.conversation_id, conversation_group_id=env.conversation_group_id,
             message_sequence_number=env.message_sequence_number, message_type_name=env.message_type_name,
             service_name=env.to_service_name, service_contract_name=env.service_contract_name,

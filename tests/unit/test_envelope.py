@@ -1,12 +1,16 @@
 """Header codec: every envelope round-trips; any other header set is a typed MalformedRecord."""
 
+from dataclasses import FrozenInstanceError, fields
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kbroker.core.envelope import Envelope, MalformedRecord
+from kbroker.core.envelope import Envelope, MalformedRecord, Message, built
+from kbroker.core.group_buffer import Buffered
 from kbroker.core.validation import validate_body
 from kbroker.errors import MessageValidationError
+from kbroker.kafka.receiver import QueueReceiver
 
 text = st.text(min_size=1, max_size=40)
 envelopes = st.builds(
@@ -25,7 +29,17 @@ def test_envelope_round_trips(env):
     assert Envelope.from_headers(env.headers()) == env
 
 
-@given(st.lists(st.tuples(st.text(max_size=30), st.none() | st.binary(max_size=30)), max_size=15))
+@given(envelopes, st.data())
+def test_headers_as_text_or_without_value_decode_as_their_bytes(env, data):
+    """The receive path hands a record's headers over as they come: each value bytes, or text
+    or None when another client wrote it so. Either way it decodes as the same bytes would."""
+    as_bytes = env.headers() + [("x-other", None)]
+    mixed = [(k, v.decode() if v is not None and data.draw(st.booleans()) else v) for k, v in as_bytes]
+    assert Envelope.from_headers(mixed) == Envelope.from_headers(as_bytes) == env
+
+
+@given(st.lists(st.tuples(st.text(max_size=30), st.none() | st.binary(max_size=30) | st.text(max_size=30)),
+                max_size=15))
 def test_arbitrary_headers_never_crash(headers):
     try:
         Envelope.from_headers(headers)
@@ -73,3 +87,37 @@ def test_body_validation(validation, body, ok):
     else:
         with pytest.raises(MessageValidationError, match=validation):
             validate_body("T", validation, body)
+
+
+@given(envelopes)
+def test_built_is_the_object_the_constructor_makes(env):
+    """envelope.built fills a frozen record's fields without its __init__: the same object."""
+    kw = {f.name: getattr(env, f.name) for f in fields(Envelope)}
+    made = built(Envelope, **kw)
+    assert type(made) is Envelope and made == env and hash(made) == hash(env)
+    assert vars(made) == vars(env)
+    with pytest.raises(FrozenInstanceError):
+        made.priority = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("cls", [Envelope, Message])
+def test_the_records_built_have_nothing_a_field_fill_would_miss(cls):
+    assert not hasattr(cls, "__post_init__") and "__slots__" not in vars(cls)
+
+
+@given(envelopes)
+def test_a_decoded_envelope_and_its_message_have_every_field(env):
+    """The two places that build per message without __init__ give every field a value."""
+    decoded = Envelope.from_headers(env.headers())
+    assert vars(decoded).keys() == {f.name for f in fields(Envelope)}
+
+    class Record:
+        def value(self) -> bytes:
+            return b"{}"
+
+    receiver = QueueReceiver.__new__(QueueReceiver)
+    receiver.queue = "Q"
+    msg = receiver._to_message(Buffered(decoded, Record(), 0, 7, 1_700_000_000_000))  # type: ignore[arg-type]
+    assert vars(msg).keys() == {f.name for f in fields(Message)}
+    assert msg == Message(**{f.name: getattr(msg, f.name) for f in fields(Message)})
+    assert (msg.conversation_id, msg.message_id, msg.offset, msg.body) == (env.conversation_id, env.message_id, 7, b"{}")

@@ -29,3 +29,8 @@ def test_an_id_is_written_as_uuid_writes_it(bits):
 
 def test_ids_differ():
     assert len({ids.new_id() for _ in range(10_000)}) == 10_000
+
+
+@given(st.uuids(), st.text(max_size=80))
+def test_a_name_id_is_uuid5s(namespace, name):
+    assert ids.name_id(namespace, name) == str(uuid.uuid5(namespace, name))

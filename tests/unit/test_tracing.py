@@ -4,9 +4,13 @@ comes back as the same trace."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from opentelemetry import trace
@@ -66,3 +70,25 @@ def test_what_a_send_writes_a_receive_reads_as_the_same_trace():
         assert trace.get_current_span(ctx).get_span_context().trace_id == caller.get_span_context().trace_id
         after = tracing.receive_span("ns", "Q", [ctx, None], "conv-1")
         assert trace.get_current_span(after).get_span_context().trace_id == caller.get_span_context().trace_id
+
+
+GLOBAL_PROVIDER = """
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from kbroker import tracing
+assert tracing.enabled() is {before}
+trace.set_tracer_provider(TracerProvider())
+assert tracing.enabled()
+"""
+
+
+@pytest.mark.parametrize("setting,before", [(None, False), ("sdk_tracer_provider", True)])
+def test_the_global_provider_counts_set_in_code_or_by_the_setting(setting, before):
+    """OpenTelemetry's own global provider (a process's, so asked in a child): set by the
+    OTEL_PYTHON_TRACER_PROVIDER setting it counts from the start; set in code, from then on."""
+    env = {k: v for k, v in os.environ.items() if k != "OTEL_PYTHON_TRACER_PROVIDER"}
+    if setting is not None:
+        env["OTEL_PYTHON_TRACER_PROVIDER"] = setting
+    run = subprocess.run([sys.executable, "-c", GLOBAL_PROVIDER.format(before=before)], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
