@@ -149,16 +149,16 @@ class QueueReceiver:
 
     def _to_message(self, b: Buffered) -> Message:
         env, rec = b.envelope, b.record
-        return built(
-            Message, queue=self.queue, conversation_handle=handle_for(env.conversation_id, env.to_side),
-            conversation_id=env.conversation_id, conversation_group_id=env.conversation_group_id,
-            message_sequence_number=env.message_sequence_number, message_type_name=env.message_type_name,
-            service_name=env.to_service_name, service_contract_name=env.service_contract_name,
-            message_id=env.message_id, body=rec.value() or b"", priority=env.priority,
-            correlation_id=env.correlation_id, reply_to=env.reply_to, expires=env.expires,
-            enqueued_time=b.enqueued_ms, partition=b.partition, offset=b.offset,
-            extra={"envelope": env, "record": rec},  # the record: re-keying copies its headers
-        )
+        return built(Message, {
+            "queue": self.queue, "conversation_handle": handle_for(env.conversation_id, env.to_side),
+            "conversation_id": env.conversation_id, "conversation_group_id": env.conversation_group_id,
+            "message_sequence_number": env.message_sequence_number, "message_type_name": env.message_type_name,
+            "service_name": env.to_service_name, "service_contract_name": env.service_contract_name,
+            "message_id": env.message_id, "body": rec.value() or b"", "priority": env.priority,
+            "correlation_id": env.correlation_id, "reply_to": env.reply_to, "expires": env.expires,
+            "enqueued_time": b.enqueued_ms, "partition": b.partition, "offset": b.offset,
+            "extra": {"envelope": env, "record": rec},  # the record: re-keying copies its headers
+        })
 
     def split(self, lease: Lease, offsets: list[tuple[int, int]]) -> Lease:
         """Move the records at `offsets` out of `lease` into a lease of their own (same group,

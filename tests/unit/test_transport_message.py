@@ -5,6 +5,7 @@ problem (and never with anything else), and new_message validates what a sender 
 from __future__ import annotations
 
 import uuid
+from dataclasses import fields
 
 import orjson
 import pytest
@@ -25,6 +26,7 @@ from kbroker.core.transport.message import (
     MESSAGE_ID,
     REPLY_TO_ADDRESS,
     TRANSPORT_MESSAGE_TYPE,
+    TransportEnvelope,
     TransportMessage,
     as_envelope,
     canonical_id,
@@ -144,6 +146,27 @@ def test_the_envelope_makes_each_message_a_group_of_its_own():
     assert (env.correlation_id, env.reply_to, env.expires, env.to_service_name) == ("c", "r", EXPIRES_MS, "Billing")
 
 
+@given(st.uuids(), st.booleans(), st.sampled_from(["{}", "urn:uuid:{}", "{{{}}}", " {} "]),
+       st.sampled_from([str, lambda u: u.replace("-", "")]))
+def test_an_id_in_any_accepted_spelling_comes_back_as_uuid_writes_it(u, upper, wrap, hyphens):
+    """canonical_id returns a canonical Id as it is (every Id kbroker writes) and rewrites any
+    other spelling it accepts: either way the text uuid writes."""
+    text = wrap.format(hyphens(str(u).upper() if upper else str(u)))
+    assert canonical_id(text) == str(u)
+
+
+def test_the_envelope_is_the_one_its_constructor_makes_with_every_field():
+    """as_envelope fills the envelope without its __init__ (envelope.built): every field, the same object."""
+    msg = TransportMessage(GUID, b"x", correlation_id="c", reply_to_address="r", expires=EXPIRES_MS)
+    env = as_envelope(msg, "Billing")
+    assert vars(env).keys() == {f.name for f in fields(TransportEnvelope)}
+    made = TransportEnvelope(message=msg, message_id=GUID, conversation_id=GUID, conversation_group_id=GUID,
+                             message_sequence_number=0, message_type_name=TRANSPORT_MESSAGE_TYPE,
+                             service_contract_name="", from_service_name="", to_service_name="Billing",
+                             to_side="TARGET", correlation_id="c", reply_to="r", expires=EXPIRES_MS)
+    assert env == made and vars(env) == vars(made) and type(env) is TransportEnvelope
+
+
 def test_with_position_and_as_dict():
     msg = with_position(TransportMessage(GUID, b"\xff\xfe", {"a": "b"}, expires=EXPIRES_MS), "Q", 3, 99, 1234)
     assert (msg.queue, msg.partition, msg.row_version, msg.enqueued_ms) == ("Q", 3, 99, 1234)
@@ -214,7 +237,7 @@ column_values = (st.none() | st.binary(max_size=40)
                  | st.sampled_from([GUID.encode(), b"true", b"false", b"1", b"{}", b'{"a":"b"}', b"[]",
                                     b"2026-11-25T08:00:00.123Z", b"9999-12-31T23:59:59-23:59",
                                     b"0001-01-01T00:00:00+01:00", b"x" * 300])
-                 | st.text(max_size=40).map(str.encode))
+                 | st.text(max_size=40).map(str.encode) | st.text(max_size=40))
 
 
 @settings(max_examples=500)
@@ -256,6 +279,14 @@ messages = st.builds(
 @given(messages)
 def test_to_headers_then_from_record_is_identity(msg):
     assert from_record(to_headers(msg), msg.body) == msg
+
+
+@settings(max_examples=300)
+@given(messages, st.data())
+def test_column_values_as_text_decode_as_their_bytes(msg, data):
+    """The receiver hands a record's headers over as they come: bytes, or text another client wrote."""
+    hs = [(k, v.decode() if v is not None and data.draw(st.booleans()) else v) for k, v in to_headers(msg)]
+    assert from_record(hs, msg.body) == msg
 
 
 # --- new_message ---------------------------------------------------------------------------------------

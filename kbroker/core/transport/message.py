@@ -24,11 +24,12 @@ import re
 import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from collections.abc import Iterable
 from typing import Any, Mapping, Sequence
 
 import orjson
 
-from kbroker.core.envelope import Envelope, MalformedRecord
+from kbroker.core.envelope import Envelope, MalformedRecord, built
 
 H_ID = "Id"
 H_CORRELATION_ID = "CorrelationId"
@@ -116,6 +117,7 @@ def new_message(body: bytes | None, headers: Mapping[str, str] | None = None, *,
     return TransportMessage(mid, body, hs, correlation_id, reply_to_address, recoverable, expires)
 
 
+_CANONICAL_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _GUID_RE = re.compile(r"^(urn:uuid:)?\{?[0-9A-Fa-f]{8}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{12}\}?$")
 MAX_EXPIRES_MS = 253402300799999  # 9999-12-31T23:59:59.999Z: the last time Expires can spell
 
@@ -124,6 +126,8 @@ def canonical_id(value: str) -> str:
     """A GUID in its canonical form (the Id column is a uniqueidentifier); ValueError otherwise.
     Checked as text first: uuid.UUID alone reads '+', '_' and non-ASCII digits as hex digits."""
     text = str(value).strip()
+    if _CANONICAL_RE.fullmatch(text):
+        return text  # as uuid would write it (every Id kbroker writes): no UUID to build
     if not _GUID_RE.match(text):
         raise ValueError(f"Id {value!r} is not a GUID")
     return str(uuid.UUID(text))
@@ -154,7 +158,7 @@ def to_headers(msg: TransportMessage) -> list[tuple[str, bytes]]:
     return hs
 
 
-def from_record(headers: Sequence[tuple[str, bytes | None]] | None, value: bytes | None, *,
+def from_record(headers: Iterable[tuple[str, bytes | str | None]] | None, value: bytes | None, *,
                 queue: str | None = None, partition: int = -1, offset: int = -1,
                 timestamp_ms: int | None = None) -> TransportMessage:
     """Decode a record, or raise MalformedRecord naming the column that is missing or wrong.
@@ -165,10 +169,15 @@ def from_record(headers: Sequence[tuple[str, bytes | None]] | None, value: bytes
             continue
         if key in cols:
             raise MalformedRecord(f"column header {key!r} appears twice")
-        try:
-            cols[key] = raw.decode() if raw is not None else ""
-        except UnicodeDecodeError:
-            raise MalformedRecord(f"column header {key!r} is not UTF-8") from None
+        if raw is None:
+            cols[key] = ""
+        elif isinstance(raw, str):  # a consumed record's headers as they come may hold text
+            cols[key] = raw
+        else:
+            try:
+                cols[key] = raw.decode()
+            except UnicodeDecodeError:
+                raise MalformedRecord(f"column header {key!r} is not UTF-8") from None
     missing = [c for c in _REQUIRED if c not in cols]
     if missing:
         raise MalformedRecord(f"not a transport message: missing column header(s) {', '.join(missing)}")
@@ -209,11 +218,16 @@ class TransportEnvelope(Envelope):
 def as_envelope(msg: TransportMessage, queue: str) -> TransportEnvelope:
     """What the receiver's per-group buffer needs of a transport message: each message is a
     group of its own (keyed by Id), so any reader may take any message, oldest first, and
-    Expires is honoured by the buffer as it is for Service Broker messages."""
-    return TransportEnvelope(message=msg, message_id=msg.id, conversation_id=msg.id, conversation_group_id=msg.id,
-                    message_sequence_number=0, message_type_name=TRANSPORT_MESSAGE_TYPE,
-                    service_contract_name="", from_service_name="", to_service_name=queue, to_side="TARGET",
-                    correlation_id=msg.correlation_id, reply_to=msg.reply_to_address, expires=msg.expires)
+    Expires is honoured by the buffer as it is for Service Broker messages. Made once per
+    message received, so filled without the frozen __init__ (envelope.built: every field given)."""
+    return built(TransportEnvelope, {
+        "message": msg, "message_id": msg.id, "conversation_id": msg.id, "conversation_group_id": msg.id,
+        "message_sequence_number": 0, "message_type_name": TRANSPORT_MESSAGE_TYPE, "service_contract_name": "",
+        "from_service_name": "", "to_service_name": queue, "to_side": "TARGET",
+        "correlation_id": msg.correlation_id, "reply_to": msg.reply_to_address, "expires": msg.expires,
+        "priority": 5, "lifetime": None, "reply_group": None, "reply_instance": None, "hop": 0,
+        "from_broker": None, "to_broker": None,
+    })
 
 
 def with_position(msg: TransportMessage, queue: str, partition: int, offset: int,
