@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 import orjson
 
 from kbroker.core import ids
+from kbroker.core.frozen import built
 
 # Service Broker's endpoint states.
 STARTED_OUTBOUND, CONVERSING, DISCONNECTED_INBOUND = "SO", "CO", "DI"
@@ -180,9 +181,7 @@ def _changed(ep: Endpoint, **changes: object) -> Endpoint:
     Python. Endpoint has no __post_init__, no slots and nothing cached in its __dict__, so the
     copy of its fields with `changes` is the object replace() builds (tests/unit/
     test_sequence_blocks.py compares the two)."""
-    new = object.__new__(Endpoint)
-    new.__dict__.update(ep.__dict__, **changes)
-    return new
+    return built(Endpoint, ep.__dict__, **changes)
 
 
 def must_persist(before: Endpoint, after: Endpoint) -> bool:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any
 from xml.sax.saxutils import escape
+
+from kbroker.core.frozen import built
 
 ENVELOPE_VERSION = "1"
 _VERSION_BYTES = ENVELOPE_VERSION.encode()
@@ -53,23 +55,19 @@ _REQUIRED_SET = frozenset(_REQUIRED)
 SIDES = ("INITIATOR", "TARGET")
 
 
-T = TypeVar("T")
-
-
 class MalformedRecord(ValueError):
     """A record on a queue topic that is not a kbroker message; it goes to the dead-letter topic."""
 
 
-def built(cls: type[T], fields: dict[str, Any]) -> T:
-    """cls(**fields) for the frozen records made once per message received (Envelope, Message),
-    given every field: a frozen dataclass's __init__ sets each field through object.__setattr__,
-    which for a Message was 6 µs of each RECEIVE's (and a dict literal costs less than the same
-    keyword arguments). Neither class has a __post_init__, slots or anything else in its
-    __dict__, so the object with exactly these fields is what __init__ makes (tests/unit/
-    test_envelope.py compares the two)."""
-    new = object.__new__(cls)
-    new.__dict__.update(fields)
-    return new
+def header_text(value: bytes | str | None) -> str:
+    """A header's value as text: a consumed record's come as bytes, None when a header has no
+    value, text when another client's library gave it so. UnicodeDecodeError for bytes that are
+    not UTF-8 (each decoder names the header)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return value.decode()
 
 
 @dataclass(frozen=True)
@@ -137,16 +135,12 @@ class Envelope:
         record's headers as they come (bytes; text or None from other clients), so the receive
         path decodes each value once."""
         hs: dict[str, str] = {}
-        for key, value in headers or ():
-            if value is None:  # a header without a value
-                hs[key] = ""
-            elif isinstance(value, str):
-                hs[key] = value
-            else:
-                try:
-                    hs[key] = value.decode()
-                except UnicodeDecodeError:
-                    raise MalformedRecord(f"header {key!r} is not UTF-8") from None
+        key = ""
+        try:
+            for key, value in headers or ():
+                hs[key] = header_text(value)
+        except UnicodeDecodeError:
+            raise MalformedRecord(f"header {key!r} is not UTF-8") from None
         if not _REQUIRED_SET <= hs.keys():
             missing = [h for h in _REQUIRED if h not in hs]
             raise MalformedRecord(f"missing header(s) {', '.join(missing)}")

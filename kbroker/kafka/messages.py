@@ -66,9 +66,14 @@ def key(msg: Message) -> bytes:
 
 def headers(msg: Message) -> list[Header]:
     """A consumed record's headers as (name, bytes) pairs; a header without a value is empty."""
-    found = msg.headers() or []
-    pairs = found.items() if isinstance(found, dict) else found
-    return [(name, data.encode() if isinstance(data, str) else (data or b"")) for name, data in pairs]
+    return [(name, data.encode() if isinstance(data, str) else (data or b"")) for name, data in raw_headers(msg)]
+
+
+def raw_headers(msg: Message) -> Iterable[tuple[str, bytes | str | None]]:
+    """A consumed record's headers as they come, values not copied: for a decoder that reads
+    each value once (envelope.header_text), on the receive path."""
+    found = msg.headers() or ()
+    return found.items() if isinstance(found, dict) else found
 
 
 def error_code(msg: Message) -> int | None:

@@ -20,7 +20,7 @@ from confluent_kafka import Message as KafkaRecord
 from kbroker.core.cluster import Cluster
 from kbroker.core.envelope import Envelope, MalformedRecord
 from kbroker.core.group_buffer import Buffered, GroupBuffer, pause_change
-from kbroker.kafka import clients
+from kbroker.kafka import clients, messages
 from kbroker.kafka.group_protocol import group_settings
 from kbroker.errors import PermissionDeniedError, denied_code
 from kbroker.kafka.partition_assignment import PartitionAssignment
@@ -33,8 +33,7 @@ POLL_RECORDS, POLL_WAIT = 500, 0.1  # records per poll at most; seconds a poll w
 
 def decode_envelope(rec: KafkaRecord) -> Envelope:
     """A Service Broker message: its envelope, keyed by its receiving conversation group."""
-    found = rec.headers()  # the values as they come (bytes): from_headers decodes each once
-    env = Envelope.from_headers(found.items() if isinstance(found, dict) else found)
+    env = Envelope.from_headers(messages.raw_headers(rec))
     key = rec.key()
     if key is None or key.decode() != env.conversation_group_id:
         raise MalformedRecord("record key does not match the conversation group header")

@@ -214,9 +214,8 @@ def watermarks(consumer: Consumer, topic: str, partition: int, deadline: float) 
     # librdkafka does not flag retriable here): asked again until the deadline, as any error
     # but a fatal one, then reported.
     def ask() -> tuple[int, int]:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                                   timeout=max(0.1, deadline - time.monotonic()))
-        return low, high
+        return consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                              timeout=max(0.1, deadline - time.monotonic()))
 
     return clients.asked_until(deadline, ask, lambda err: not err.fatal(),
                                f"cannot read the end offsets of {topic}", on={"topic": ("DESCRIBE", topic)})

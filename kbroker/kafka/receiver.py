@@ -30,7 +30,8 @@ from confluent_kafka import Message as KafkaRecord
 from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.conversation_endpoint import handle_for
-from kbroker.core.envelope import Envelope, Message, built
+from kbroker.core.envelope import Envelope, Message
+from kbroker.core.frozen import built
 from kbroker.core.group_buffer import Buffered, GroupBuffer
 from kbroker.kafka.hanging_commits import HangingCommitFence
 from kbroker.kafka.partition_assignment import HANGING_AFTER, PartitionAssignment

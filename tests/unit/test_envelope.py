@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kbroker.core.envelope import Envelope, MalformedRecord, Message, built
+from kbroker.core.envelope import Envelope, MalformedRecord, Message
+from kbroker.core.frozen import built
 from kbroker.core.group_buffer import Buffered
 from kbroker.core.validation import validate_body
 from kbroker.errors import MessageValidationError
@@ -91,7 +92,7 @@ def test_body_validation(validation, body, ok):
 
 @given(envelopes)
 def test_built_is_the_object_the_constructor_makes(env):
-    """envelope.built fills a frozen record's fields without its __init__: the same object."""
+    """frozen.built fills a frozen record's fields without its __init__: the same object."""
     kw = {f.name: getattr(env, f.name) for f in fields(Envelope)}
     made = built(Envelope, kw)
     assert type(made) is Envelope and made == env and hash(made) == hash(env)

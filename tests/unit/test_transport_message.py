@@ -156,7 +156,7 @@ def test_an_id_in_any_accepted_spelling_comes_back_as_uuid_writes_it(u, upper, w
 
 
 def test_the_envelope_is_the_one_its_constructor_makes_with_every_field():
-    """as_envelope fills the envelope without its __init__ (envelope.built): every field, the same object."""
+    """as_envelope fills the envelope without its __init__ (frozen.built): every field, the same object."""
     msg = TransportMessage(GUID, b"x", correlation_id="c", reply_to_address="r", expires=EXPIRES_MS)
     env = as_envelope(msg, "Billing")
     assert vars(env).keys() == {f.name for f in fields(TransportEnvelope)}

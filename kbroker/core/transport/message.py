@@ -29,7 +29,8 @@ from typing import Any, Mapping, Sequence
 
 import orjson
 
-from kbroker.core.envelope import Envelope, MalformedRecord, built
+from kbroker.core.envelope import Envelope, MalformedRecord, header_text
+from kbroker.core.frozen import built
 
 H_ID = "Id"
 H_CORRELATION_ID = "CorrelationId"
@@ -169,15 +170,10 @@ def from_record(headers: Iterable[tuple[str, bytes | str | None]] | None, value:
             continue
         if key in cols:
             raise MalformedRecord(f"column header {key!r} appears twice")
-        if raw is None:
-            cols[key] = ""
-        elif isinstance(raw, str):  # a consumed record's headers as they come may hold text
-            cols[key] = raw
-        else:
-            try:
-                cols[key] = raw.decode()
-            except UnicodeDecodeError:
-                raise MalformedRecord(f"column header {key!r} is not UTF-8") from None
+        try:
+            cols[key] = header_text(raw)
+        except UnicodeDecodeError:
+            raise MalformedRecord(f"column header {key!r} is not UTF-8") from None
     missing = [c for c in _REQUIRED if c not in cols]
     if missing:
         raise MalformedRecord(f"not a transport message: missing column header(s) {', '.join(missing)}")
@@ -219,7 +215,7 @@ def as_envelope(msg: TransportMessage, queue: str) -> TransportEnvelope:
     """What the receiver's per-group buffer needs of a transport message: each message is a
     group of its own (keyed by Id), so any reader may take any message, oldest first, and
     Expires is honoured by the buffer as it is for Service Broker messages. Made once per
-    message received, so filled without the frozen __init__ (envelope.built: every field given)."""
+    message received, so filled without the frozen __init__ (frozen.built: every field given)."""
     return built(TransportEnvelope, {
         "message": msg, "message_id": msg.id, "conversation_id": msg.id, "conversation_group_id": msg.id,
         "message_sequence_number": 0, "message_type_name": TRANSPORT_MESSAGE_TYPE, "service_contract_name": "",

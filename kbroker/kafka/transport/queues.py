@@ -91,8 +91,7 @@ def decoder(queue: str) -> Callable[[KafkaRecord], TransportEnvelope]:
     """The receiver's decode for a transport queue: each message a group of its own."""
 
     def decode(rec: KafkaRecord) -> TransportEnvelope:
-        found = rec.headers()  # as they come: from_record decodes the columns' values once
-        return as_envelope(from_record(found.items() if isinstance(found, dict) else found, rec.value()), queue)
+        return as_envelope(from_record(messages.raw_headers(rec), rec.value()), queue)
 
     return decode
 
