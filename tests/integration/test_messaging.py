@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import time
+import uuid
 
 import orjson
 import pytest
@@ -18,7 +19,7 @@ from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
 from kbroker.core.conversation_endpoint import default_group
-from kbroker.kafka.reader import watermarks
+from kbroker.kafka.reader import read_to_end, watermarks
 from kbroker.sdk.broker import END_DIALOG, ERROR_TYPE, Broker
 from tests.helpers import KBROKER, wait_for
 
@@ -206,6 +207,48 @@ def test_malformed_record_goes_to_dead_letter_and_reader_goes_on(kafka_bootstrap
     reasons = {dict(m.headers())["kb.dlq.reason"].decode() for m in got}
     assert all("missing header" in r for r in reasons)
     assert all(m.value() == b"not a kbroker message" for m in got)
+
+
+def test_records_with_bad_header_values_are_dead_lettered_and_the_messages_around_them_go_on(
+        kafka_bootstrap, namespace, broker):
+    """The queue's reader decodes each header value once, as it comes. Another client copies a
+    real message's headers (its key, partition and group) and breaks one thing in each copy: a
+    value that is not UTF-8, a required header without a value, a header written twice (the last
+    counts), a 200 KB type name. Each copy is dead-lettered with its reason, and the SENDs before
+    and after them are received once, in order, on the same partition."""
+    topic, dead = names.queue_topic(namespace, "ExpenseQueue"), names.deadletter_topic(namespace)
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    first = broker.send(h, CLAIM, {"n": 0})
+    original = next(r for r in read_to_end(kafka_bootstrap, topic) or []
+                    if dict(r.headers())["kb.message_id"] == first.encode())
+
+    def copy(name: str, value: bytes | None, *, add: bool = False) -> list[tuple[str, bytes | None]]:
+        hs = [(k, uuid.uuid4().hex.encode() if k == "kb.message_id" else v) for k, v in original.headers()]
+        return hs + [(name, value)] if add else [(k, value if k == name else v) for k, v in hs]
+
+    copies = {"not UTF-8": copy("kb.message_type_name", b"\xff\xfe"),
+              "bad number": copy("kb.message_sequence_number", None),
+              "kb.to_side is 'SIDEWAYS'": copy("kb.to_side", b"SIDEWAYS", add=True),
+              "refused on arrival": copy("kb.message_type_name", b"T" * 200_000)}
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for headers in copies.values():
+        p.produce(topic, key=original.key(), value=original.value(), headers=headers,
+                  partition=original.partition())
+    assert p.flush(10) == 0
+    second = broker.send(h, CLAIM, {"n": 1})
+
+    got: list[str] = []
+    deadline = time.monotonic() + 30
+    while len(got) < 2 and time.monotonic() < deadline:
+        got += [m.message_id for m in broker.receive("ExpenseQueue", top=10, wait=1)]
+    assert got == [first, second]
+    assert broker.receive("ExpenseQueue", wait=1) == []
+    wait_for(lambda: len(read_to_end(kafka_bootstrap, dead) or []) >= len(copies), 20, "the dead letters")
+    letters = read_to_end(kafka_bootstrap, dead) or []
+    reasons = [dict(m.headers())["kb.dlq.reason"].decode() for m in letters]
+    assert len(letters) == len(copies), reasons
+    for problem in copies:
+        assert sum(problem in r for r in reasons) == 1, (problem, reasons)
 
 
 def test_record_is_readable_by_a_standard_client(kafka_bootstrap, namespace, broker):

@@ -521,6 +521,40 @@ def test_a_malformed_record_is_dead_lettered_and_the_queue_goes_on(endpoints, ka
     assert b.receive(wait=2) is None
 
 
+def test_records_with_bad_column_values_are_dead_lettered_and_the_messages_around_them_go_on(
+        endpoints, kafka_bootstrap, namespace):
+    """The transport queue's reader decodes each column's value once, as it comes. Between two
+    good records on one partition, another client writes: an Id that is not UTF-8, Recoverable
+    without a value, the Id column twice, a 200 KB Headers column that is not JSON. Each is
+    dead-lettered with its reason; the good ones are received once, in order."""
+    b = endpoints("Billing", machine="m2")
+    topic = transport_queue_topic(namespace, "Billing")
+    good = [str(uuid.uuid4()) for _ in range(2)]
+
+    def columns(mid: bytes | None, **over: bytes | None) -> list[tuple[str, bytes | None]]:
+        return [("Id", mid), ("Recoverable", over.get("Recoverable", b"true")), ("Headers", over.get("Headers", b"{}"))]
+
+    bad = {"is not UTF-8": columns(b"\xff\xfe"),
+           "Recoverable is ''": columns(str(uuid.uuid4()).encode(), Recoverable=None),
+           "appears twice": columns(str(uuid.uuid4()).encode()) + [("Id", str(uuid.uuid4()).encode())],
+           "Headers is not JSON": columns(str(uuid.uuid4()).encode(), Headers=b"{" * 200_000)}
+    p = plain_producer(kafka_bootstrap)
+    p.produce(topic, partition=0, key=good[0].encode(), value=b"first", headers=columns(good[0].encode()))
+    for i, headers in enumerate(bad.values()):
+        p.produce(topic, partition=0, key=b"bad-%d" % i, value=b"bad", headers=headers)
+    p.produce(topic, partition=0, key=good[1].encode(), value=b"second", headers=columns(good[1].encode()))
+    assert p.flush(10) == 0
+    with reader(kafka_bootstrap, names.deadletter_topic(namespace)) as dlq:
+        got = [b.receive(wait=15), b.receive(wait=15)]
+        assert [(m.id, m.body) for m in got if m is not None] == [(good[0], b"first"), (good[1], b"second")]
+        letters = drain(dlq, until=len(bad), timeout=20.0)
+    reasons = [hdrs(r)["kb.dlq.reason"].decode() for r in letters]
+    assert len(letters) == len(bad), reasons
+    for problem in bad:
+        assert sum(problem in r for r in reasons) == 1, (problem, reasons)
+    assert b.receive(wait=2) is None
+
+
 # --- queues nobody installed ------------------------------------------------------------------------------
 
 
