@@ -19,7 +19,7 @@ from kbroker.errors import KBrokerError
 if TYPE_CHECKING:
     from kbroker.core.catalog.models import DIALOG_TIMER, END_DIALOG
     from kbroker.core.catalog.models import ERROR as ERROR_TYPE
-    from kbroker.core.envelope import Message
+    from kbroker.core.dialogs.envelope import Message
     from kbroker.sdk.broker import Broker, connect
     from kbroker.sdk.pool import ReaderPool
     from kbroker.sdk.transaction import Transaction
@@ -31,7 +31,7 @@ _LAZY = {
     "connect": ("kbroker.sdk.broker", "connect"),
     "Transaction": ("kbroker.sdk.transaction", "Transaction"),
     "ReaderPool": ("kbroker.sdk.pool", "ReaderPool"),
-    "Message": ("kbroker.core.envelope", "Message"),
+    "Message": ("kbroker.core.dialogs.envelope", "Message"),
     "END_DIALOG": ("kbroker.core.catalog.models", "END_DIALOG"),
     "ERROR_TYPE": ("kbroker.core.catalog.models", "ERROR"),
     "DIALOG_TIMER": ("kbroker.core.catalog.models", "DIALOG_TIMER"),

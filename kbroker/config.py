@@ -63,7 +63,7 @@ def namespace(explicit: str | None = None) -> str:
 
 
 def web_token(file: str | os.PathLike[str] | None = None) -> str | None:
-    """The token of the worker's HTTP API (core/web_access.py): the first non-blank line of `file`, else of
+    """The token of the worker's HTTP API (core/security/web_access.py): the first non-blank line of `file`, else of
     the file KBROKER_WEB_TOKEN_FILE names (a Docker or Kubernetes secret), else KBROKER_WEB_TOKEN;
     None when none is set. The worker requires it of every request; the CLI sends it. Not a
     command-line value: it would show in every process listing."""

@@ -110,7 +110,7 @@ class PermissionDeniedError(KBrokerError):
 
 class SendPermissionDeniedError(PermissionDeniedError):
     """BEGIN DIALOG or SEND to a service whose queue this principal may not write: no SEND ON
-    SERVICE grant, or a DENY (core/permissions.py). Service Broker's error 8494, as `number`.
+    SERVICE grant, or a DENY (core/security/permissions.py). Service Broker's error 8494, as `number`.
     Raised before anything of the statement is written."""
 
     number = -8494  # Service Broker: "You do not have permission to access the service"

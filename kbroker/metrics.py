@@ -6,7 +6,7 @@ other process (an SDK or transport application) with `serve_metrics` (kbroker/sd
 Labels stay bounded: a namespace, a queue, a destination and an outcome, all named in a catalog
 or here; never a conversation, a message or a process id. The worker's gauges that describe
 state rather than count events (readers running, monitor states) are collected when scraped
-(worker/metrics.py), so nothing has to keep them current between scrapes.
+(worker/web/metrics.py), so nothing has to keep them current between scrapes.
 """
 
 from __future__ import annotations

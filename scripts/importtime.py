@@ -8,7 +8,7 @@ its import loaded.
 Each module is imported once first, untimed, so that the timed runs read bytecode as an installed
 package does. The current directory comes first on the measured interpreter's path (`-c`).
 
-The default modules: `kbroker` (the SDK facade), `kbroker.core.offsets` (the pure core) and
+The default modules: `kbroker` (the SDK facade), `kbroker.core.receive.offsets` (the pure core) and
 `kbroker.cli` (everything `kbroker --help` imports). `import kbroker` and the core should load none
 of the heavy packages; the CLI none of the optional ones (Faust, Spark)."""
 
@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 
-DEFAULT_MODULES = ("kbroker", "kbroker.core.offsets", "kbroker.cli")
+DEFAULT_MODULES = ("kbroker", "kbroker.core.receive.offsets", "kbroker.cli")
 HEAVY = ("confluent_kafka", "pydantic", "faust", "aiokafka", "pyspark", "rich", "psutil", "httpx", "yaml")
 
 

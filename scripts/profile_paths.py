@@ -7,8 +7,8 @@ the runs behind docs/benchmarks.md's flame graphs ("Thirteenth round").
         .venv/bin/python scripts/profile_paths.py request-reply --bootstrap 127.0.0.1:19300
     .venv/bin/python scripts/profile_paths.py send --bootstrap 127.0.0.1:19300 --cprofile /tmp/send.prof
 
-The same code the bench times (kbroker/bench/scenarios_send.py:KBrokerSender,
-kbroker/bench/scenarios_reply.py:measure_request_reply), the same sizes unless given, on a fresh
+The same code the bench times (kbroker/bench/scenarios/send.py:KBrokerSender,
+kbroker/bench/scenarios/reply.py:measure_request_reply), the same sizes unless given, on a fresh
 namespace whose topics are deleted at the end. Prints the side's figures as JSON.
 """
 
@@ -24,8 +24,8 @@ from kbroker.bench.context import BenchContext
 from kbroker.bench.harness import samples_dir
 from kbroker.bench.params import Params
 from kbroker.bench.progress import Reporter
-from kbroker.bench.scenarios_reply import measure_request_reply
-from kbroker.bench.scenarios_send import KBrokerSender
+from kbroker.bench.scenarios.reply import measure_request_reply
+from kbroker.bench.scenarios.send import KBrokerSender
 from kbroker.core.cluster import Cluster
 
 

@@ -23,7 +23,7 @@ from kbroker.bench.context import BenchContext
 from kbroker.bench.harness import samples_dir
 from kbroker.bench.params import Params
 from kbroker.bench.progress import Reporter
-from kbroker.bench.scenarios_reply import measure_request_reply
+from kbroker.bench.scenarios.reply import measure_request_reply
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.kafka.reader import reading_consumer, watermarks
 

@@ -119,7 +119,7 @@ def scenario(opts: argparse.Namespace) -> dict[str, Any]:
     """Run the scenario once; the figures and counts as a dict."""
     from kbroker.core import names
     from kbroker.embedded.broker import EmbeddedBroker
-    from kbroker.kafka.apply import apply_paths
+    from kbroker.kafka.catalog.apply import apply_paths
     from tests.helpers import free_port
     from tests.helpers import invariants as inv
 

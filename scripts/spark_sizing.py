@@ -81,7 +81,7 @@ def send_at(b: Any, handles: list[str], rate: int, seconds: float) -> int:
 
 
 def run_layout(layout: str, bootstrap: str, home: Path, args: argparse.Namespace) -> dict[str, Any]:
-    from kbroker.kafka.apply import apply_paths
+    from kbroker.kafka.catalog.apply import apply_paths
     from tests.helpers import wait_for
     from tests.helpers.spark_cluster import SparkCluster, job_conf
     from tests.integration.test_analytics import JobProcess

@@ -27,10 +27,10 @@ from kbroker.activator.config import ActivatorConfig, Application
 from kbroker.activator.notification import parse
 from kbroker.activator.rules import NOTIFIED, Limits, Rules
 from kbroker.core import names
-from kbroker.core.client_properties import env_of
+from kbroker.core.security.client_properties import env_of
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.errors import KBrokerError
-from kbroker.kafka.events import EventsReader
+from kbroker.kafka.activation.events import EventsReader
 
 LOG = logging.getLogger("kbroker.activator")
 EXIT_CANNOT_START = 127  # what a shell reports for a command it cannot run
@@ -111,7 +111,7 @@ class Activator:
 
     def _check_catalog(self) -> None:
         """Warn (not fail: the catalog may be applied later) when the worker will not notify."""
-        from kbroker.kafka.catalog_store import read_catalog
+        from kbroker.kafka.catalog.catalog_store import read_catalog
 
         try:
             queues = read_catalog(self.cluster, self.namespace).queues

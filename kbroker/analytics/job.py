@@ -1,6 +1,6 @@
 """The analytics job (docs/analytics.md): one Structured Streaming query over the namespace's queue,
 progress, timer and dead-letter topics, read with Spark's Kafka source. Spark reads and projects
-each micro-batch; the pure state (core/queue_analytics.py) turns it into records; the Kafka layer
+each micro-batch; the pure state (core/analytics/queue_analytics.py) turns it into records; the Kafka layer
 writes them in one transaction; closed windows go to Parquet."""
 
 from __future__ import annotations
@@ -20,15 +20,22 @@ from kbroker import metrics
 from kbroker.analytics.session import spark_session
 from kbroker.analytics.state_files import StateFiles
 from kbroker.core import names
-from kbroker.core.analytics_records import armed_timer, progress_snapshot
+from kbroker.core.analytics.analytics_records import armed_timer, progress_snapshot
 from kbroker.core.cluster import Cluster
-from kbroker.core.envelope import H_CONVERSATION_ID, H_GROUP_ID, H_MESSAGE_ID, H_MESSAGE_TYPE, H_REKEYED_FROM, H_TO_SIDE
-from kbroker.core.queue_analytics import Analytics, Arrival
+from kbroker.core.dialogs.envelope import (
+    H_CONVERSATION_ID,
+    H_GROUP_ID,
+    H_MESSAGE_ID,
+    H_MESSAGE_TYPE,
+    H_REKEYED_FROM,
+    H_TO_SIDE,
+)
+from kbroker.core.analytics.queue_analytics import Analytics, Arrival
 from kbroker.core.log_limit import LogLimiter, RateLimitFilter
 from kbroker.core.rejected import Consumed, Rejected, text_key
 from kbroker.errors import BrokerUnavailableError, InvalidArgumentError, PermissionDeniedError
 from kbroker.kafka.analytics.results import ResultsWriter
-from kbroker.kafka.catalog_store import read_catalog
+from kbroker.kafka.catalog.catalog_store import read_catalog
 from kbroker.kafka.clients import principal, spark_java_options, spark_options
 from kbroker.kafka.reader import check_read
 from kbroker.kafka.rejects import Rejects
@@ -267,7 +274,7 @@ Record = namedtuple("Record", FIELDS)  # type: ignore[misc]
 # The columns read as text. Spark's CAST to STRING does not check UTF-8 and Arrow then refuses
 # the batch: one record's key or header that another client wrote as other bytes failed the query,
 # and every restart from its checkpoint failed on the same batch. Decoded here, with
-# replacement characters; the key and value stay bytes for the decoders (core/analytics_records.py).
+# replacement characters; the key and value stay bytes for the decoders (core/analytics/analytics_records.py).
 TEXT = frozenset(FIELDS) - {"topic", "partition", "offset", "ts", "key", "value"}
 
 

@@ -6,11 +6,12 @@ on the same broker, reported as ratios (medians of R repetitions).
     results.py          medians and ratios, the results file, the docs table
     progress.py         progress on stderr;  machine.py  the machine description
     common.py           the sample service's records and helpers the scenarios share
-    scenarios_send.py   send (+ send-pipelined);  scenarios_reply.py  request-reply
-    scenarios_io.py     io-bound;  scenarios_rss.py  backlog-rss
-    scenarios_endpoints.py  ended-dialogs (RSS and `kbroker conversations` with many ended dialogs)
+    scenarios/          one module per scenario, each beside its baseline: send.py (+ send-pipelined),
+                        reply.py, io.py, rss.py (backlog-rss), endpoints.py (ended-dialogs),
+                        activation_latency.py, activation_drain.py, analytics.py, routing.py,
+                        transport.py
+    scale/              `kbroker bench scale`: run.py, many_queues.py, dialogs.py, workers.py, plot.py
     activation.py       the `kbroker worker` the activation scenarios run, and its monitor rows
-    activation_latency.py, activation_drain.py  the activation scenarios
     procedures.py       the activation procedures those run
     params.py           the sizes and settings (Params) and their defaults
 

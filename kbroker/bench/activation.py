@@ -29,7 +29,7 @@ from kbroker.bench import procedures
 from kbroker.bench.harness import BenchContext, free_port
 from kbroker.core.cluster import ClusterLike
 from kbroker.errors import BrokerUnavailableError
-from kbroker.worker.web_client import get_json
+from kbroker.worker.web.web_client import get_json
 
 # --- the worker -------------------------------------------------------------------------------
 
@@ -99,7 +99,7 @@ class WorkerProcess:
 def monitor_rows_of(worker: WorkerProcess, timeout: float = 10.0) -> dict[str, dict]:
     """The worker's monitor rows (its view) by queue; {} while a changelog partition has no
     leader yet (ask again)."""
-    from kbroker.worker.views import monitor_rows
+    from kbroker.worker.web.views import monitor_rows
 
     try:
         return {r["queue"]: r for r in monitor_rows(worker.ctx.cluster, worker.namespace, timeout=timeout)}

@@ -6,7 +6,7 @@ same repetition, on the same broker, in fresh namespaces with topics/samples app
 (ExpenseQueue has 4 partitions). Bodies are 100-byte JSON expense claims.
 
 Records written by the harness itself (requests, backlogs) are kbroker's wire format: key = the
-receiving side's conversation group, headers from kbroker.core.envelope.Envelope. A request is the
+receiving side's conversation group, headers from kbroker.core.dialogs.envelope.Envelope. A request is the
 first (or next) message of a dialog from //Adventure-Works.com/Employees to
 //Adventure-Works.com/Expenses on the ExpenseSubmission contract, as Broker.send would write it.
 """
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import orjson
 
 from kbroker.bench.registry import Skip
-from kbroker.core.envelope import Envelope
+from kbroker.core.dialogs.envelope import Envelope
 from kbroker.kafka.baseline import Delivery, fast_producer
 from kbroker.kafka.clients import produce
 from kbroker.sdk.broker import Broker

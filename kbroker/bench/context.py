@@ -31,7 +31,7 @@ class BenchContext:
 
     def fresh_namespace(self, tag: str) -> str:
         """A new namespace with topics/samples applied (ExpenseQueue has 4 partitions)."""
-        from kbroker.kafka.apply import apply_paths
+        from kbroker.kafka.catalog.apply import apply_paths
 
         ns = f"bench-{tag}-{uuid.uuid4().hex[:8]}"[:40]
         apply_paths(self.cluster, ns, [self.samples])

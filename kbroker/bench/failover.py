@@ -21,7 +21,7 @@ readers (after the kill: a false takeover); `expelled`, when the group expelled 
 after the kill (its session expired: the cause of a false takeover); `missing` and `duplicated`
 inputs (0 on the transport face; on the other a kill between a commit and its line shows as
 missing). `--cpu-load N` runs N busy loops beside. The readers take kbroker's queue consumer
-settings (kafka/group_protocol.py): KBROKER_GROUP_PROTOCOL=consumer compares the consumer
+settings (kafka/receive/group_protocol.py): KBROKER_GROUP_PROTOCOL=consumer compares the consumer
 protocol, KBROKER_QUEUE_SESSION_TIMEOUT_MS another classic session time-out.
 """
 
@@ -125,7 +125,7 @@ def _report_owned(receivers: Callable[[], dict[Any, Any]], queue: str, owned_fil
 def _install_service(bootstrap: str, namespace: str, n: int) -> None:
     from kbroker.bench.harness import samples_dir
     from kbroker.core import names
-    from kbroker.kafka.apply import apply_paths
+    from kbroker.kafka.catalog.apply import apply_paths
 
     apply_paths(bootstrap, namespace, [samples_dir()])
     topic = names.queue_topic(namespace, QUEUE)

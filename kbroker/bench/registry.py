@@ -14,9 +14,8 @@ if TYPE_CHECKING:
 KBROKER_OVER_BASELINE = "kbroker/baseline"
 BASELINE_OVER_KBROKER = "baseline/kbroker"
 # The scenario modules, in the order their scenarios run and are reported.
-SCENARIO_MODULES = ("scenarios_send", "scenarios_reply", "scenarios_io", "scenarios_rss",
-                    "scenarios_endpoints", "activation_latency", "activation_drain", "scenarios_analytics",
-                    "scenarios_routing", "scenarios_transport")
+SCENARIO_MODULES = ("send", "reply", "io", "rss", "endpoints", "activation_latency", "activation_drain",
+                    "analytics", "routing", "transport")
 
 
 @dataclass(frozen=True)
@@ -103,7 +102,7 @@ def scenario(s: Scenario) -> Scenario:
 def load_scenarios() -> dict[str, Scenario]:
     """Every scenario, registered by importing its module."""
     for module in SCENARIO_MODULES:
-        importlib.import_module(f"kbroker.bench.{module}")
+        importlib.import_module(f"kbroker.bench.scenarios.{module}")
     return SCENARIOS
 
 

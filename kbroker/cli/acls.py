@@ -1,5 +1,5 @@
-"""`kbroker acls`: least privilege for each kbroker role (core/acl_roles.py), applied as Kafka
-ACLs by an administrator's principal (kafka/acls.py).
+"""`kbroker acls`: least privilege for each kbroker role (core/security/acl_roles.py), applied as Kafka
+ACLs by an administrator's principal (kafka/security/acls.py).
 
     kbroker acls roles --namespace sales                  # what each role needs, and why
     kbroker acls apply --role app --principal User:orders --namespace sales
@@ -14,7 +14,7 @@ import click
 
 from kbroker.cli.common import cluster_options, emit_json, handle_errors, json_option, main
 from kbroker.cli.output import new_table, print_table
-from kbroker.core.acl_roles import ROLES
+from kbroker.core.security.acl_roles import ROLES
 
 
 @main.group("acls")
@@ -32,7 +32,7 @@ def _role_options(fn):
 
 
 def _plan(role: str, principal: str, target, endpoint: str | None, routes_to: tuple[str, ...]):
-    from kbroker.core.acl_roles import bindings
+    from kbroker.core.security.acl_roles import bindings
 
     return bindings(role, principal, target.namespace, endpoint=endpoint, routes_to=routes_to)
 
@@ -59,7 +59,7 @@ def _emit(rows, as_json: bool, title: str) -> None:
 def roles_cmd(role, endpoint, routes_to, target, as_json):
     """What each role needs in the namespace: resource, pattern, operations and why. Reads
     nothing from Kafka."""
-    from kbroker.core.acl_roles import rules
+    from kbroker.core.security.acl_roles import rules
 
     names = [role] if role else list(ROLES)
     rows = [{"role": name, "summary": ROLES[name].summary, "resource_type": r.resource_type, "pattern": r.pattern,
@@ -87,7 +87,7 @@ def apply_cmd(role, principal, endpoint, routes_to, dry_run, target, as_json):
     cluster's ACLs); returns once the cluster lists them. ACLs already there stay."""
     plan = _plan(role, principal, target, endpoint, routes_to)
     if not dry_run:
-        from kbroker.kafka.acls import grant
+        from kbroker.kafka.security.acls import grant
 
         grant(target.cluster, plan)
     _emit(plan, as_json, f"{'would grant' if dry_run else 'granted'} role {role} in namespace {target.namespace}")
@@ -105,7 +105,7 @@ def apply_cmd(role, principal, endpoint, routes_to, dry_run, target, as_json):
 def remove_cmd(role, principal, everything, endpoint, routes_to, target, as_json):
     """Revoke what ROLE was granted to PRINCIPAL in the namespace (or, with --all, every ACL of
     PRINCIPAL); prints the ACLs deleted."""
-    from kbroker.kafka.acls import revoke, revoke_all
+    from kbroker.kafka.security.acls import revoke, revoke_all
 
     if everything == (role is not None):
         raise click.UsageError("give --role ROLE or --all")
@@ -121,6 +121,6 @@ def remove_cmd(role, principal, everything, endpoint, routes_to, target, as_json
 @handle_errors
 def show_cmd(principal, target, as_json):
     """The cluster's ACLs (of PRINCIPAL)."""
-    from kbroker.kafka.acls import listed
+    from kbroker.kafka.security.acls import listed
 
     _emit(listed(target.cluster, principal), as_json, f"ACLs of {principal}" if principal else "ACLs")

@@ -104,7 +104,7 @@ def run_cmd(target, master, checkpoint, history, trigger, window, stale_after, t
 @handle_errors
 def dialogs_cmd(target, klass, as_json):
     """Dialogs by class, as the analytics job last classified them (the analytics topic)."""
-    from kbroker.core.dialog_class import CLASSES
+    from kbroker.core.analytics.dialog_class import CLASSES
     from kbroker.kafka.analytics.store import dialog_rows
 
     if klass is not None and klass not in CLASSES:

@@ -168,7 +168,7 @@ def _quick(names, params, skipped, target, reporter, out_dir, secure, as_json) -
 
 def _scale(scenarios, quick, secure, queues, dialogs, workers, ramp_up, drain_messages, out_dir, no_docs, quiet,
            target, as_json) -> None:
-    from kbroker.bench.scale import DEFAULTS, WORKER_BACKLOG, parse_points, run_scale
+    from kbroker.bench.scale.run import DEFAULTS, WORKER_BACKLOG, parse_points, run_scale
 
     if len(scenarios) > 1 or quick or secure:
         fail("scale runs alone: name no other scenario, and no --quick or --secure")
@@ -187,7 +187,7 @@ def _scale(scenarios, quick, secure, queues, dialogs, workers, ramp_up, drain_me
                     drain_messages=drain_messages or WORKER_BACKLOG)
     reporter.say(f"results written to {out_dir / 'scale.json'}")
     if not no_docs and Path("docs").is_dir():
-        from kbroker.bench.scale_plot import plot
+        from kbroker.bench.scale.plot import plot
 
         reporter.say(f"plot written to {plot(doc, Path('docs/scale.png'))}")
     if as_json:

@@ -33,7 +33,7 @@ def apply_cmd(paths, target, replication_factor, as_json):
     """Validate the definitions in PATHS (files or directories of *.yaml) and apply them:
     create or update the topics, then publish the catalog. An invalid definition applies nothing."""
     from kbroker.core.catalog.loader import load_definitions
-    from kbroker.kafka.apply import apply_catalog
+    from kbroker.kafka.catalog.apply import apply_catalog
 
     ns = target.namespace
     # Validate before looking for a broker: a bad file is reported even when none runs.
@@ -74,7 +74,7 @@ def catalog_group():
 @handle_errors
 def show_cmd(target, as_json):
     """List the objects of the namespace's catalog (built-ins included)."""
-    from kbroker.kafka.catalog_store import read_catalog
+    from kbroker.kafka.catalog.catalog_store import read_catalog
 
     catalog = read_catalog(target.cluster, target.namespace)
     if as_json:

@@ -12,7 +12,7 @@ from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.embedded.broker import EmbeddedBroker
 from kbroker.embedded import resolve_cluster
 from kbroker.errors import BrokerUnavailableError, EmbeddedBrokerError
-from kbroker.kafka.apply import apply_paths
+from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.sdk.broker import END_DIALOG, Broker
 
 if TYPE_CHECKING:

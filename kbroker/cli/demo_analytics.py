@@ -16,7 +16,7 @@ from typing import Any, Callable
 from kbroker.cli.output import new_table
 from kbroker.core.cluster import Cluster
 from kbroker.sdk.broker import Broker
-from kbroker.worker.web_client import get
+from kbroker.worker.web.web_client import get
 
 EMPLOYEES = "//Adventure-Works.com/Employees"
 EXPENSES = "//Adventure-Works.com/Expenses"

@@ -1,5 +1,5 @@
 """`kbroker grant|deny|revoke` and `kbroker permissions`: Service Broker's permissions, written as
-T-SQL writes them, applied as the Kafka ACLs that enforce them (core/permissions.py), by a
+T-SQL writes them, applied as the Kafka ACLs that enforce them (core/security/permissions.py), by a
 principal that may alter the cluster's ACLs.
 
     kbroker grant SEND ON SERVICE::orders TO User:alice
@@ -22,8 +22,8 @@ _DRY_RUN = click.option("--dry-run", is_flag=True, help="Print the ACLs, change 
 
 
 def _run(state: str, statement: tuple[str, ...], dry_run: bool, target, as_json: bool) -> None:
-    from kbroker.core.permissions import parse
-    from kbroker.kafka import permissions
+    from kbroker.core.security.permissions import parse
+    from kbroker.kafka.security import permissions
 
     perms = parse(state if state != "REVOKE" else "GRANT", statement, target.namespace)
     change = (permissions.revoke if state == "REVOKE" else permissions.grant)(
@@ -67,7 +67,7 @@ _statement_command("REVOKE", "REVOKE PERMISSION ON CLASS::name FROM principal: d
 def permissions_cmd(principal, target, as_json):
     """The permissions in the namespace, read back from the cluster's ACLs (what the authorizer
     enforces); ACLs that make no permission are listed as they are."""
-    from kbroker.kafka.permissions import listed
+    from kbroker.kafka.security.permissions import listed
 
     shown, raw = listed(target.cluster, target.namespace, principal)
     if as_json:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 def routes_cmd(target, as_json):
     """The routes of the namespace (sys.routes), with when each expires; AutoCreatedLocal is
     listed unless the catalog defines a route of that name."""
-    from kbroker.kafka.catalog_store import read_catalog
+    from kbroker.kafka.catalog.catalog_store import read_catalog
 
     ns = target.namespace
     rows = route_rows(read_catalog(target.cluster, ns), time.time())
@@ -45,7 +45,7 @@ def route_rows(catalog: Catalog, now: float) -> list[dict[str, Any]]:
     """One row per route, by name: its definition, created_at and expires_at (ISO 8601, UTC, or
     None) and whether it has expired at `now`."""
     from kbroker.core.routing.routes import expires_at, is_expired, routes_of
-    from kbroker.worker.views import iso_utc
+    from kbroker.worker.web.views import iso_utc
 
     return [{"name": r.name, "service": r.service_name, "broker_instance": r.broker_instance,
              "address": r.address, "mirror_address": r.mirror_address, "profile": r.profile, "lifetime": r.lifetime,

@@ -135,11 +135,11 @@ def acls_cmd(endpoint, installer, runner, apply_, target, as_json):
     """The Kafka ACLs that split ENDPOINT's permissions: the installer creates its topics, the
     running endpoint only reads and writes (roles transport-installer and transport-runner of
     `kbroker acls roles`). Printed as kafka-acls.sh lines unless --apply."""
-    from kbroker.core.acl_roles import transport_split
+    from kbroker.core.security.acl_roles import transport_split
 
     bindings = transport_split(target.namespace, endpoint, installer, runner)
     if apply_:
-        from kbroker.kafka.acls import grant
+        from kbroker.kafka.security.acls import grant
 
         grant(target.cluster, bindings)
     if as_json:

@@ -29,7 +29,7 @@ def queue_group():
 @handle_errors
 def show_cmd(queue, target, as_json):
     """Status, messages ready per partition (an upper bound) and the reading consumer group."""
-    from kbroker.kafka.queues import queue_view
+    from kbroker.kafka.queue_views import queue_view
 
     view = queue_view(target.cluster, target.namespace, queue)
     if as_json:
@@ -73,7 +73,7 @@ def _maybe(value: int | None) -> str:
 def messages_cmd(queue, handle, target, as_json):
     """The queue's messages, like SELECT * FROM queue: status 1 = ready, 0 = received (kept only
     with RETENTION = ON, until the conversation ends)."""
-    from kbroker.kafka.retention import queue_messages
+    from kbroker.kafka.receive.retention import queue_messages
 
     rows = queue_messages(target.cluster, target.namespace, queue, handle)
     if as_json:
@@ -89,7 +89,7 @@ def messages_cmd(queue, handle, target, as_json):
 
 
 def _set_status(queue: str, status: str, reason: str, target: Target, as_json: bool) -> None:
-    from kbroker.kafka.queues import set_queue_status
+    from kbroker.kafka.queue_views import set_queue_status
 
     set_queue_status(target.cluster, target.namespace, queue, status, reason)
     if as_json:
@@ -131,8 +131,8 @@ def disable_cmd(queue, reason, target, as_json):
 @handle_errors
 def conversations_cmd(state, url, web_token_file, target, as_json):
     """The conversation endpoints of the namespace (sys.conversation_endpoints)."""
-    from kbroker.kafka.queues import conversation_view
-    from kbroker.worker.views import worker_conversations
+    from kbroker.kafka.queue_views import conversation_view
+    from kbroker.worker.web.views import worker_conversations
 
     ns = target.namespace
     rows = worker_conversations(url, ns, token_file=web_token_file)

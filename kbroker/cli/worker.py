@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from kbroker.core.conversation_endpoint import CLOSED_GRACE_SECONDS
+from kbroker.core.dialogs.conversation_endpoint import CLOSED_GRACE_SECONDS
 from kbroker.cli.common import (
     cluster_options,
     emit_json,
@@ -87,7 +87,7 @@ def _names(values: tuple[str, ...]) -> tuple[str, ...]:
 @handle_errors
 def monitors_cmd(target, as_json):
     """Queue monitors, like sys.dm_broker_queue_monitors (read from Kafka; no worker needed)."""
-    from kbroker.worker.views import monitor_rows
+    from kbroker.worker.web.views import monitor_rows
 
     rows = monitor_rows(target.cluster, target.namespace)
     if as_json:
@@ -120,7 +120,7 @@ def degraded_cell(row: dict) -> str:
 def tasks_cmd(urls, web_token_file, as_json):
     """Activated readers running now, like sys.dm_broker_activated_tasks (asks the workers)."""
     from kbroker.config import web_token
-    from kbroker.worker.web_client import get_json
+    from kbroker.worker.web.web_client import get_json
 
     token = web_token(web_token_file)
     rows = []
@@ -155,7 +155,7 @@ def alter_cmd(queue, activation, max_readers, procedure, target, as_json):
     if procedure is not None and ":" in procedure and not _importable(procedure):  # the syntax: the model's
         fail(f"procedure {procedure!r}: module {procedure.partition(':')[0]!r} cannot be imported here "
              "(the worker imports it from the same installation)")
-    from kbroker.kafka.queues import alter_queue_activation
+    from kbroker.kafka.queue_views import alter_queue_activation
 
     result = alter_queue_activation(target.cluster, target.namespace, queue,
                                     status=activation.upper() if activation else None,

@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kbroker.core.arrival import CONTRACT_NOT_FOUND, CONTRACT_NOT_SUPPORTED, NO_PERMISSION
+from kbroker.core.dialogs.arrival import CONTRACT_NOT_FOUND, CONTRACT_NOT_SUPPORTED, NO_PERMISSION
 from kbroker.core.catalog.models import Catalog
-from kbroker.core.poison import POISON_THRESHOLD
+from kbroker.core.receive.poison import POISON_THRESHOLD
 from kbroker.core.routing.routes import hop, match_route, parse_address, routes_of
 
 ERROR, WARNING = "error", "warning"
@@ -211,7 +211,7 @@ CLOCK_SKEW_S = 300.0  # a timestamp further ahead than this was not written by a
 
 @dataclass(frozen=True)
 class QueueState:
-    """What the Kafka layer measured of one queue (kafka/queues.queue_view)."""
+    """What the Kafka layer measured of one queue (kafka/queue_views.queue_view)."""
 
     name: str
     status: str  # ON | OFF
@@ -225,7 +225,7 @@ class QueueState:
 
 @dataclass(frozen=True)
 class OpenTransaction:
-    """A Kafka transaction open on a partition of the namespace (kafka/open_transactions.py)."""
+    """A Kafka transaction open on a partition of the namespace (kafka/txn/open_transactions.py)."""
 
     topic: str
     partition: int

@@ -22,7 +22,7 @@ other's topics and one ACL prefix covers a namespace:
 
 and so do the consumer groups (`kbroker.<ns>.reader` for kbroker's assign-only readers) and the
 transactional ids (`kbroker.<ns>.<uuid>`, `kbroker.<ns>.timers.<uuid>`, ...): a namespace's
-PREFIXED ACLs cover everything its processes touch (core/acl_roles.py).
+PREFIXED ACLs cover everything its processes touch (core/security/acl_roles.py).
 
 Two names must never be one topic, nor two topics Kafka refuses side by side: Kafka treats '.'
 and '_' as one character when it compares topic names (kafka_form). Instance names hold no '.',
@@ -240,7 +240,7 @@ def control_topic(ns: str) -> str:
 
 def analytics_group(ns: str) -> str:
     """The consumer group whose committed offsets say how far the analytics job has read each
-    queue topic: the 5th-tick reclaim keeps what it has not read (core/reclaim.py)."""
+    queue topic: the 5th-tick reclaim keeps what it has not read (core/receive/reclaim.py)."""
     return f"{prefix(ns)}analytics"
 
 

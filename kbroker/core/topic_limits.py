@@ -24,10 +24,9 @@ which DEAD_LETTER_HEADROOM bounds (the reason is cut to MAX_REASON_BYTES).
 
 from __future__ import annotations
 
-from kbroker.core.catalog.models import MAX_QUEUE_MESSAGE_BYTES
-
 HEADER_HEADROOM = 64 * 1024
-LARGEST_BODY = MAX_QUEUE_MESSAGE_BYTES  # the largest body any queue or transport queue takes (10 MiB)
+MAX_QUEUE_MESSAGE_BYTES = 10_485_760  # the largest message body any queue may take (10 MiB)
+LARGEST_BODY = MAX_QUEUE_MESSAGE_BYTES  # the largest body any queue or transport queue takes
 MAX_REASON_BYTES = 4 * 1024  # a dead letter's kb.dlq.reason, cut to this
 DEAD_LETTER_HEADROOM = 8 * 1024  # the kb.dlq.* headers: reason, topic (<= 249), partition, offset, size
 

@@ -59,7 +59,7 @@ transaction.state.log.num.partitions=4
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
-# A queue group's session time-out is 2 s (kafka/group_protocol.py: Kafka's minimum is 6 s for the
+# A queue group's session time-out is 2 s (kafka/receive/group_protocol.py: Kafka's minimum is 6 s for the
 # classic protocol, 45 s for the consumer protocol, which kbroker uses only when asked to), and
 # a killed process's open transaction is aborted within 1 s of its time-out (Kafka checks every 10 s).
 group.consumer.min.session.timeout.ms=1000

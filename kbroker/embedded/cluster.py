@@ -56,7 +56,7 @@ transaction.state.log.num.partitions=4
 share.coordinator.state.topic.replication.factor={replicas}
 share.coordinator.state.topic.min.isr={min_isr}
 group.initial.rebalance.delay.ms=0
-# A queue group's session time-out is 2 s (kafka/group_protocol.py: Kafka's minimum is 6 s for the
+# A queue group's session time-out is 2 s (kafka/receive/group_protocol.py: Kafka's minimum is 6 s for the
 # classic protocol, 45 s for the consumer protocol, which kbroker uses only when asked to), and
 # a killed process's open transaction is aborted within 1 s of its time-out (Kafka checks every 10 s).
 group.consumer.min.session.timeout.ms=1000
@@ -251,7 +251,7 @@ class EmbeddedCluster:
     def _write_config(self, ports: dict[int, Ports]) -> None:
         voters = ",".join(f"{i}@127.0.0.1:{ports[i][1]}" for i in self.node_ids)
         # The cluster's defaults (and its internal topics) follow the rule `kbroker apply` uses.
-        from kbroker.kafka.apply import choose_replication
+        from kbroker.kafka.catalog.apply import choose_replication
 
         replicas, min_isr = choose_replication(len(self.node_ids))
         for i in self.node_ids:

@@ -19,8 +19,8 @@ import re
 import secrets
 from pathlib import Path
 
-from kbroker.core import client_properties
-from kbroker.core.client_properties import Jaas
+from kbroker.core.security import client_properties
+from kbroker.core.security.client_properties import Jaas
 from kbroker.core.cluster import Cluster
 from kbroker.embedded import certs
 from kbroker.errors import EmbeddedBrokerError, InvalidArgumentError
@@ -201,7 +201,7 @@ class SecureFiles:
         and its client properties files; the files by kind (scram, plain, mtls, cert)."""
         _check_new_user(name)
         password = secrets.token_urlsafe(24)
-        from kbroker.kafka import scram_users
+        from kbroker.kafka.security import scram_users
 
         scram_users.set_password(self.admin_cluster(bootstrap), name, password)
         self.record_user(name, password, bootstrap, tls_bootstrap)
@@ -211,7 +211,7 @@ class SecureFiles:
         """Delete user `name`'s SCRAM credential and ACLs through the running broker at
         `bootstrap`, its PLAIN entry (from the next start on) and its files; whether it existed."""
         _check_new_user(name)
-        from kbroker.kafka import acls, scram_users
+        from kbroker.kafka.security import acls, scram_users
 
         had_scram = scram_users.delete(self.admin_cluster(bootstrap), name)
         # A removed user's client certificate stays valid (Kafka checks no revocation list):

@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from kbroker.config import KAFKA_LOG
-from kbroker.core.client_security import ClientSecurity
+from kbroker.core.security.client_security import ClientSecurity
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.log_limit import RateLimitFilter
 from kbroker.core.topic_limits import CLIENT_LIMIT

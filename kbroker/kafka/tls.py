@@ -1,6 +1,6 @@
 """TLS for the clients whose sockets Python opens (the worker's aiokafka, kbroker's wire client):
 an ssl.SSLContext from a cluster's ClientSecurity. librdkafka and Spark take the same PEM
-material as settings (core/client_security.py)."""
+material as settings (core/security/client_security.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import ssl
 import tempfile
 
-from kbroker.core.client_security import ClientSecurity
+from kbroker.core.security.client_security import ClientSecurity
 
 
 def ssl_context(sec: ClientSecurity) -> ssl.SSLContext:

@@ -17,9 +17,9 @@ import struct
 
 import scramp
 
-from kbroker.core.client_security import ClientSecurity
+from kbroker.core.security.client_security import ClientSecurity
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.core.offsets import put_uvarint
+from kbroker.core.receive.offsets import put_uvarint
 from kbroker.errors import AuthenticationFailedError
 from kbroker.kafka.clients import security
 from kbroker.kafka.tls import ssl_context

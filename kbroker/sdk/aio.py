@@ -9,7 +9,7 @@ The runtime underneath is the thread-based one (poll thread, group committer). E
 that may block runs in a worker thread of the broker's own executor (`concurrency` threads, made
 as they are needed), never on the event loop: a RECEIVE waits, a commit waits for Kafka, a catalog or endpoint lookup reads a
 topic, and SEND, END CONVERSATION, BEGIN CONVERSATION TIMER and MOVE CONVERSATION wait up to the
-broker's lock_timeout for a conversation lock another transaction holds (core/locks.py). Other
+broker's lock_timeout for a conversation lock another transaction holds (core/dialogs/locks.py). Other
 coroutines keep running meanwhile.
 
 The executor is the broker's, not the loop's default one (min(32, CPUs + 4) threads: 6 on two
@@ -31,9 +31,9 @@ from collections.abc import Callable
 from typing import Any, Self, TypeVar
 
 from kbroker.core.catalog.models import Catalog
-from kbroker.core.conversation_endpoint import Endpoint
+from kbroker.core.dialogs.conversation_endpoint import Endpoint
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.core.envelope import Message
+from kbroker.core.dialogs.envelope import Message
 from kbroker.errors import InvalidArgumentError
 from kbroker.sdk import broker as client
 from kbroker.sdk.transaction import Transaction

@@ -8,7 +8,7 @@
 
 Outside a transaction each statement commits on its own, as in Service Broker: SEND returns once
 Kafka acknowledged the message (idempotent producer), and RECEIVE is a transaction of its own.
-Both paths build their records with the same Statements (kbroker.core.statements), so a
+Both paths build their records with the same Statements (kbroker.core.dialogs.statements), so a
 statement validates the same way inside and outside a transaction. The Broker only produces
 them; the process's runtime (sdk/runtime.py: receivers, group committer, endpoint cache,
 catalog view) is what its transactions share.
@@ -26,10 +26,10 @@ from kbroker.core import names
 from kbroker.core.catalog.models import END_DIALOG, Catalog
 from kbroker.core.catalog.models import ERROR as ERROR_TYPE
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.core.conversation_endpoint import must_persist
-from kbroker.core.envelope import Message
+from kbroker.core.dialogs.conversation_endpoint import must_persist
+from kbroker.core.dialogs.envelope import Message
 from kbroker.embedded import resolve_cluster
-from kbroker.kafka.conversation_endpoints import EndpointStore
+from kbroker.kafka.dialogs.conversation_endpoints import EndpointStore
 from kbroker.sdk.fenced_retry import receive_fenced_again
 from kbroker.sdk.hooks import ReceiveHooks
 from kbroker.sdk.runtime import BrokerRuntime
@@ -174,7 +174,7 @@ class Broker:
     def queue_messages(self, queue: str, conversation_handle: str | None = None) -> list[dict[str, Any]]:
         """The queue's messages like Service Broker's queue view: status 1 = ready, 0 = received
         (listed only with RETENTION = ON, until this side ends the conversation). See retention.py."""
-        from kbroker.kafka.retention import queue_messages
+        from kbroker.kafka.receive.retention import queue_messages
 
         return queue_messages(self.cluster, self.namespace, queue, conversation_handle)
 

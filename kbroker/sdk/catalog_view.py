@@ -11,7 +11,7 @@ from typing import TypeVar
 from kbroker.core.catalog.models import Catalog, Queue
 from kbroker.core.cluster import Cluster
 from kbroker.errors import CatalogError
-from kbroker.kafka.catalog_store import CatalogWatcher, read_catalog
+from kbroker.kafka.catalog.catalog_store import CatalogWatcher, read_catalog
 
 T = TypeVar("T")
 

@@ -21,7 +21,7 @@ log = logging.getLogger("kbroker.sdk")
 T = TypeVar("T")
 
 # Tries after the first, and the pause before each (a queue consumer heartbeats every 0.2 s:
-# kafka/group_protocol.py, so its poll has the new generation by then).
+# kafka/receive/group_protocol.py, so its poll has the new generation by then).
 RETRIES, PAUSE = 3, 0.2
 
 

@@ -21,8 +21,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, Self
 
-from kbroker.core.envelope import Message
-from kbroker.core.ramp import RampUp
+from kbroker.core.dialogs.envelope import Message
+from kbroker.core.activation.ramp import RampUp
 from kbroker.errors import KBrokerError, QueueDisabledError
 
 log = logging.getLogger("kbroker.pool")

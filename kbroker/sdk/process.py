@@ -21,9 +21,9 @@ from kbroker.core.records import Record
 from kbroker.errors import SendFailedError
 from kbroker.kafka import messages
 from kbroker.kafka.clients import Deliveries, brokers_answering, idempotent_producer, produce_within
-from kbroker.kafka.committer import GroupCommitter, OpenTransactions
-from kbroker.kafka.dead_letters import DeadLetters
-from kbroker.kafka.receiver import QueueReceiver
+from kbroker.kafka.txn.committer import GroupCommitter, OpenTransactions
+from kbroker.kafka.receive.dead_letters import DeadLetters
+from kbroker.kafka.receive.receiver import QueueReceiver
 from kbroker.sdk.catalog_view import CatalogView
 
 
@@ -93,7 +93,7 @@ class ProcessRuntime:
 
     def dead_letter(self, receiver: QueueReceiver, record: Any, reason: str) -> None:
         """On a poll thread: a record that is not a message goes to the dead-letter topic with its
-        reason, its offset committed with it, without waiting (kafka/dead_letters.py)."""
+        reason, its offset committed with it, without waiting (kafka/receive/dead_letters.py)."""
         self.dead_letters.submit(receiver, record, reason)
 
     # --- statements outside a transaction -----------------------------------------------------

@@ -21,20 +21,20 @@ from kbroker import metrics
 from kbroker.core import names
 from kbroker.core.catalog.models import Catalog, Queue
 from kbroker.core.cluster import Cluster
-from kbroker.core.commit_holder import transactional_id
-from kbroker.core.conversation_endpoint import Endpoint
-from kbroker.core.locks import ConversationLocks
-from kbroker.core.poison import PoisonCounter
+from kbroker.core.txn.commit_holder import transactional_id
+from kbroker.core.dialogs.conversation_endpoint import Endpoint
+from kbroker.core.dialogs.locks import ConversationLocks
+from kbroker.core.receive.poison import PoisonCounter
 from kbroker.core.records import Record
-from kbroker.core.sequence_reach import reach
-from kbroker.core.statements import Statements
+from kbroker.core.dialogs.sequence_reach import reach
+from kbroker.core.dialogs.statements import Statements
 from kbroker.errors import PermissionDeniedError, QueueDisabledError, QueueNameCollisionError
-from kbroker.kafka.conversation_endpoints import EndpointStore
-from kbroker.kafka.permissions import SendChecks
-from kbroker.kafka.queues import set_queue_status
-from kbroker.kafka.receiver import QueueReceiver
-from kbroker.kafka.rollbacks import RollbackLog
-from kbroker.kafka.send_leases import SendLeases
+from kbroker.kafka.dialogs.conversation_endpoints import EndpointStore
+from kbroker.kafka.security.permissions import SendChecks
+from kbroker.kafka.queue_views import set_queue_status
+from kbroker.kafka.receive.receiver import QueueReceiver
+from kbroker.kafka.receive.rollbacks import RollbackLog
+from kbroker.kafka.dialogs.send_leases import SendLeases
 from kbroker.kafka.transport.secondary import ensure_secondary_queue
 from kbroker.sdk.hooks import HookFanOut, ReceiveHooks
 from kbroker.sdk.process import ProcessRuntime
@@ -185,7 +185,7 @@ class BrokerRuntime(ProcessRuntime):
 
     def note_rollback(self, queue: str, taken: dict[str, list[tuple[int, int]]] | None = None) -> None:
         """Five rolled-back receives in a row (this process), or five rollbacks of one message
-        (any process), disable the queue (core/poison.py)."""
+        (any process), disable the queue (core/receive/poison.py)."""
         metrics.of(metrics.ROLLBACKS, self.namespace, queue).inc()
         if not self._poison.watches(queue):
             return

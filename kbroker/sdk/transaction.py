@@ -23,9 +23,9 @@ import orjson
 from kbroker import metrics, tracing
 from kbroker.core import names
 from kbroker.core.catalog.models import Catalog
-from kbroker.core.conversation_endpoint import Endpoint, must_persist
-from kbroker.core.envelope import Message
-from kbroker.core.groups import MOVE_MARKER, next_hop
+from kbroker.core.dialogs.conversation_endpoint import Endpoint, must_persist
+from kbroker.core.dialogs.envelope import Message
+from kbroker.core.dialogs.groups import MOVE_MARKER, next_hop
 from kbroker.core.records import Record
 from kbroker.errors import (
     ConversationNotFoundError,
@@ -36,8 +36,8 @@ from kbroker.errors import (
     TransactionStateError,
 )
 from kbroker.kafka import messages
-from kbroker.kafka.committer import CommitRequest
-from kbroker.kafka.receiver import Lease, QueueReceiver
+from kbroker.kafka.txn.committer import CommitRequest
+from kbroker.kafka.receive.receiver import Lease, QueueReceiver
 from kbroker.sdk.runtime import BrokerRuntime
 
 log = logging.getLogger("kbroker.transaction")

@@ -34,13 +34,13 @@ from typing import Any
 
 import faust
 
-from kbroker.core import monitor_codec as codec
+from kbroker.core.activation import monitor_codec as codec
 from kbroker.core import names
-from kbroker.core.client_security import AIOKAFKA, LIBRDKAFKA
+from kbroker.core.security.client_security import AIOKAFKA, LIBRDKAFKA
 from kbroker.core.json_logs import JsonFormatter
 from kbroker.core.log_limit import RateLimitFilter
 from kbroker.core.rejected import Consumed, Rejected, text_key
-from kbroker.core.tick import EVERY_2ND, TickCounter, advance
+from kbroker.core.activation.tick import EVERY_2ND, TickCounter, advance
 from kbroker.errors import PermissionDeniedError, is_refusal
 from kbroker.kafka.clients import (
     KAFKA_LOG_LIMIT,
@@ -50,20 +50,20 @@ from kbroker.kafka.clients import (
     principal,
     security,
 )
-from kbroker.kafka.counting_clients import CountingClients
+from kbroker.kafka.activation.counting_clients import CountingClients
 from kbroker.kafka.rejects import Rejects
 from kbroker.sdk.broker import Broker
 from kbroker.worker.control import Reclassifier, Routing
-from kbroker.worker.dashboard import DashboardFeed, add_dashboard
+from kbroker.worker.web.dashboard import DashboardFeed, add_dashboard
 from kbroker.worker.guard import Guard, refusal_of
-from kbroker.worker.handlers import TaskHandlers
-from kbroker.worker.monitors import Monitors
-from kbroker.worker.pages import Pages
+from kbroker.worker.activation.handlers import TaskHandlers
+from kbroker.worker.activation.monitors import Monitors
+from kbroker.worker.web.pages import Pages
 from kbroker.worker.settings import MONITOR_PARTITIONS, Channels, WorkerSettings, ensure_topics
 from kbroker.worker.tables import WorkerTable
-from kbroker.worker.tick import ClusterTick, Reclaimer
-from kbroker.worker.watch import PROGRESS_INTERVAL, QueueWatch, ReceiveProgress, counting_pool
-from kbroker.worker.web_guard import access_of, web_options, web_pages_off
+from kbroker.worker.activation.tick import ClusterTick, Reclaimer
+from kbroker.worker.activation.watch import PROGRESS_INTERVAL, QueueWatch, ReceiveProgress, counting_pool
+from kbroker.worker.web.web_guard import access_of, web_options, web_pages_off
 
 __all__ = ["Worker", "WorkerSettings", "build_app", "run_worker", "shutdown"]
 
@@ -315,7 +315,7 @@ def register(worker: Worker) -> None:
     async def on_start():
         await worker.start()
 
-    add_dashboard(app, worker.dashboard)  # /dashboard: live charts of the queues (worker/dashboard.py)
+    add_dashboard(app, worker.dashboard)  # /dashboard: live charts of the queues (worker/web/dashboard.py)
 
 
 def consumed(message: Any) -> Consumed:

@@ -15,7 +15,7 @@ import orjson
 
 from kbroker.core import names
 from kbroker.core.cluster import Cluster
-from kbroker.core.conversation_endpoint import CLOSED_GRACE_SECONDS
+from kbroker.core.dialogs.conversation_endpoint import CLOSED_GRACE_SECONDS
 from kbroker.errors import is_refusal
 from kbroker.kafka.reader import check_group
 from kbroker.kafka.topics import create_missing_topics
@@ -29,7 +29,7 @@ class WorkerSettings:
     cluster: Cluster  # a bootstrap string is taken as a cluster with no further settings
     namespace: str
     web_port: int = 6066
-    web_host: str = "127.0.0.1"  # loopback; anywhere else needs web_token (core/web_access.py)
+    web_host: str = "127.0.0.1"  # loopback; anywhere else needs web_token (core/security/web_access.py)
     web_token: str | None = None  # every request to the HTTP API carries it (config.web_token)
     web_allowed_hosts: tuple[str, ...] = ()  # Host names besides web_host and the loopback names
     tick_interval: float = 5.0  # seed 000: the broker's periodic tick

@@ -59,7 +59,7 @@ class FaultRun:
 def start_fault_run(bootstrap: str, tmp: Path, prefix: str, seeds: tuple[int, int]) -> FaultRun:
     """The invariant catalog applied on a new namespace, 300 conversations of 3 requests sent,
     and two reader processes of 3 readers each (5 % rollbacks) started on them."""
-    from kbroker.kafka.apply import apply_paths
+    from kbroker.kafka.catalog.apply import apply_paths
     from kbroker.sdk.broker import Broker
 
     namespace = prefix + uuid.uuid4().hex[:12]

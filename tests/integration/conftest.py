@@ -15,7 +15,7 @@ import pytest
 
 from kbroker.core.cluster import Cluster
 from kbroker.embedded.broker import KAFKA_VERSION, EmbeddedBroker
-from kbroker.kafka.timer_service import TimerService
+from kbroker.kafka.dialogs.timer_service import TimerService
 from kbroker.sdk.broker import Broker
 from tests.helpers import SAMPLES, docker_engine_answers, embedded_kafka, free_port
 
@@ -94,7 +94,7 @@ def namespace() -> str:
 @pytest.fixture
 def broker(kafka_bootstrap: str, namespace: str) -> Iterator[Broker]:
     """A Broker on a fresh namespace with the sample catalog (topics/samples) applied."""
-    from kbroker.kafka.apply import apply_paths
+    from kbroker.kafka.catalog.apply import apply_paths
 
     apply_paths(kafka_bootstrap, namespace, [SAMPLES])
     b = Broker(kafka_bootstrap, namespace)

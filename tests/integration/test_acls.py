@@ -1,5 +1,5 @@
 """Least privilege, proven on a secure embedded broker (SASL_SSL, StandardAuthorizer, no ACL: no
-access). For each role of core/acl_roles.py a user of its own holds exactly the ACLs `kbroker
+access). For each role of core/security/acl_roles.py a user of its own holds exactly the ACLs `kbroker
 acls apply` gives the role, and runs the role's essential path: it works. Then, with one
 essential ACL of those removed, the same path fails with a PermissionDeniedError naming the
 principal, the operation and the resource, within a deadline, having written nothing, and
@@ -29,15 +29,16 @@ import pytest
 from kbroker.cli.demo import APPROVAL, CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
-from kbroker.core import acl_roles, names
-from kbroker.core.acl_roles import AclBinding
+from kbroker.core import names
+from kbroker.core.security import acl_roles
+from kbroker.core.security.acl_roles import AclBinding
 from kbroker.core.cluster import Cluster
 from kbroker.core.transport.endpoint import install_plan, transport_queue_topic
 from kbroker.embedded import resolve_cluster
 from kbroker.embedded.broker import EmbeddedBroker
 from kbroker.errors import PermissionDeniedError
-from kbroker.kafka import acls
-from kbroker.kafka.apply import apply_paths
+from kbroker.kafka.security import acls
+from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.kafka.reader import read_to_end
 from kbroker.kafka.transport.queues import install
 from kbroker.sdk.broker import Broker

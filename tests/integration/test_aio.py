@@ -22,8 +22,8 @@ from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
 from kbroker.core.catalog.models import DIALOG_TIMER
 from kbroker.errors import InvalidArgumentError
-from kbroker.kafka.apply import apply_paths
-from kbroker.kafka.timer_service import TimerService
+from kbroker.kafka.catalog.apply import apply_paths
+from kbroker.kafka.dialogs.timer_service import TimerService
 from kbroker.sdk.aio import AsyncBroker
 from kbroker.sdk.broker import Broker
 from tests.helpers import invariants as inv

@@ -20,14 +20,20 @@ from confluent_kafka import KafkaException, Producer, TopicPartition
 from prometheus_client import REGISTRY
 
 from kbroker.core import names
-from kbroker.core.envelope import H_CONVERSATION_ID, H_GROUP_ID, H_MESSAGE_ID, H_MESSAGE_TYPE, H_TO_SIDE
+from kbroker.core.dialogs.envelope import (
+    H_CONVERSATION_ID,
+    H_GROUP_ID,
+    H_MESSAGE_ID,
+    H_MESSAGE_TYPE,
+    H_TO_SIDE,
+)
 from kbroker.embedded.broker import EmbeddedBroker
 from kbroker.kafka import clients
 from kbroker.kafka.analytics.store import dialog_rows
-from kbroker.kafka.apply import apply_paths
-from kbroker.kafka.catalog_store import read_catalog
+from kbroker.kafka.catalog.apply import apply_paths
+from kbroker.kafka.catalog.catalog_store import read_catalog
 from kbroker.kafka.reader import committed_offsets, latest_values
-from kbroker.kafka.reclaim import reclaim_namespace
+from kbroker.kafka.receive.reclaim import reclaim_namespace
 from kbroker.sdk.broker import Broker
 from tests.helpers import DATA, KBROKER, ROOT, free_port, wait_for
 from tests.integration.test_worker import Worker
@@ -398,7 +404,7 @@ def test_the_bench_keep_up_measurement_gives_the_job_and_both_send_rates(kafka_b
     from kbroker.bench.harness import samples_dir
     from kbroker.bench.params import Params
     from kbroker.bench.progress import Reporter
-    from kbroker.bench.scenarios_analytics import keep_up
+    from kbroker.bench.scenarios.analytics import keep_up
     from kbroker.core.cluster import Cluster
 
     ctx = BenchContext(Cluster(kafka_bootstrap), Params(repeat=1, conversations=50), Reporter(quiet=True),

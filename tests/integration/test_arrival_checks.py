@@ -19,9 +19,9 @@ from kbroker.cli.demo import CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
-from kbroker.core.conversation_endpoint import default_group
-from kbroker.core.envelope import Envelope
-from kbroker.kafka.apply import apply_paths
+from kbroker.core.dialogs.conversation_endpoint import default_group
+from kbroker.core.dialogs.envelope import Envelope
+from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.sdk.broker import END_DIALOG, Broker
 from tests.helpers import SAMPLES
 

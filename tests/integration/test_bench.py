@@ -76,7 +76,7 @@ def test_the_quick_check_judges_each_row_against_its_floor_and_writes_only_quick
     send = rows["send"]
     assert send["floor"] == "ratio >= 0.4" and send["floor_held"] == (send["ratio"] >= 0.4)
     assert send["range"]["kbroker"] == [send["kbroker"], send["kbroker"]]  # one repetition: its own range
-    assert send["baseline_code"].startswith("kbroker/bench/scenarios_send.py:BaselineSender.send")
+    assert send["baseline_code"].startswith("kbroker/bench/scenarios/send.py:BaselineSender.send")
     verdict = doc["quick"]
     assert verdict["left_out"] == {} and "send" in verdict["checked"]
     # The exit status is the verdict: a loaded machine may push a row under its floor, never both ways.

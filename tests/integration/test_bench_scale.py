@@ -63,7 +63,7 @@ def test_the_tick_reader_skips_what_another_client_wrote_and_reads_on(kafka_boot
     stopped."""
     from confluent_kafka import Producer
 
-    from kbroker.bench.scale_queues import TickWatch
+    from kbroker.bench.scale.many_queues import TickWatch
     from kbroker.core import names
     from kbroker.kafka.topics import create_missing_topics
 

@@ -20,7 +20,7 @@ import pytest
 from kbroker.core import names
 from kbroker.embedded.broker import EmbeddedBroker
 from kbroker.errors import KBrokerError, TransactionAbortedError
-from kbroker.kafka.apply import apply_paths
+from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.sdk.broker import Broker
 from tests.helpers import free_port
 from tests.helpers import invariants as inv
@@ -120,7 +120,7 @@ def state_of(broker: Broker) -> str:
         except Exception as exc:  # noqa: BLE001 - a diagnosis, not the test
             lines.append(f"group {r.topic}: not described: {exc}")
     try:  # a transaction left open holds read_committed readers (endpoints, leases) at its start
-        from kbroker.kafka.open_transactions import open_transactions
+        from kbroker.kafka.txn.open_transactions import open_transactions
 
         lines += [f"open transaction: {t}" for t in open_transactions(broker.cluster, broker.namespace)] \
             or ["no Kafka transaction open on the namespace's topics"]

@@ -14,8 +14,8 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from kbroker.core import names
 from kbroker.errors import DefinitionError
-from kbroker.kafka.apply import HEADER_HEADROOM, apply_paths, ensure_system_topics
-from kbroker.kafka.catalog_store import read_catalog
+from kbroker.kafka.catalog.apply import HEADER_HEADROOM, apply_paths, ensure_system_topics
+from kbroker.kafka.catalog.catalog_store import read_catalog
 from tests.helpers import SAMPLES
 
 KBROKER = Path(sys.executable).with_name("kbroker")

@@ -15,8 +15,8 @@ from kbroker.cli.demo import CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
-from kbroker.core.monitor import MonitorConfig, MonitorState
-from kbroker.core.send_lease import lease_key
+from kbroker.core.activation.monitor import MonitorConfig, MonitorState
+from kbroker.core.dialogs.send_lease import lease_key
 from kbroker.kafka.reader import read_to_end
 
 from tests.helpers import KBROKER

@@ -33,7 +33,7 @@ from kbroker.core import names
 from kbroker.embedded import jvm
 from kbroker.embedded.cluster import EmbeddedCluster
 from kbroker.errors import TransactionAbortedError
-from kbroker.kafka.apply import apply_paths, choose_replication
+from kbroker.kafka.catalog.apply import apply_paths, choose_replication
 from kbroker.sdk.broker import Broker
 from tests.helpers import SAMPLES, wait_for
 from tests.helpers import invariants as inv

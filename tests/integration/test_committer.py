@@ -9,7 +9,7 @@ import time
 import orjson
 import pytest
 
-from kbroker.kafka.apply import apply_paths
+from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.sdk.broker import Broker
 from tests.helpers import invariants as inv
 from tests.helpers import receive_at_least

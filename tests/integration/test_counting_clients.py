@@ -1,5 +1,5 @@
 """The worker's queue watch and receive progress count many queues through one set of Kafka
-clients (kafka/counting_clients.py): one offsets reader per queue group and a scanning consumer
+clients (kafka/activation/counting_clients.py): one offsets reader per queue group and a scanning consumer
 per thread counting at once. A process holds about 1,000 librdkafka clients at most; with a
 client per queue for each of the two, a worker of 500 queues ran out."""
 
@@ -13,14 +13,14 @@ from contextlib import contextmanager
 import yaml
 from confluent_kafka import TopicPartition
 
-from kbroker.bench.scale_queues import CONTRACT, INITIATOR, MESSAGE, catalog, queue_name
+from kbroker.bench.scale.many_queues import CONTRACT, INITIATOR, MESSAGE, catalog, queue_name
 from kbroker.core.names import queue_group, queue_topic
 from kbroker.kafka import clients
 from kbroker.kafka.analytics.results import ProgressPublisher
-from kbroker.kafka.apply import apply_paths
+from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.kafka.clients import idempotent_producer
-from kbroker.kafka.counting_clients import CountingClients
-from kbroker.kafka.watch import QueueWatcher
+from kbroker.kafka.activation.counting_clients import CountingClients
+from kbroker.kafka.activation.watch import QueueWatcher
 from kbroker.sdk.broker import Broker
 
 QUEUES, THREADS = 24, 8

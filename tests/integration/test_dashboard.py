@@ -1,4 +1,4 @@
-"""The worker's live dashboard (`/dashboard`, kbroker/worker/dashboard.py) in a real browser:
+"""The worker's live dashboard (`/dashboard`, kbroker/worker/web/dashboard.py) in a real browser:
 Debian's chromium driven by Playwright, on a real `kbroker worker` and the real broker. The page
 must show the test's queues, each with its charts, and follow them as messages are sent and
 received; with the analytics job running, its stale counts must rise for messages left
@@ -20,7 +20,7 @@ import httpx
 import orjson
 import pytest
 
-from kbroker.kafka.apply import apply_paths
+from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.sdk.broker import Broker
 from tests.helpers import DATA, wait_for
 from tests.integration.test_worker import Worker

@@ -10,7 +10,7 @@ import orjson
 
 from tests.helpers import KBROKER, free_port, wait_for
 from kbroker.core import names
-from kbroker.kafka.apply import apply_paths
+from kbroker.kafka.catalog.apply import apply_paths
 from tests.integration.test_routing import CLIENT, CONTRACT, SERVER, catalog_yaml, setup_catalogs
 
 
@@ -182,7 +182,7 @@ def test_a_hanging_transaction_is_named_and_ended_by_the_command_named_and_a_lon
     import time
 
     from kbroker.cli.demo import CLAIM, CONTRACT as SUBMISSION, EMPLOYEES, EXPENSES
-    from kbroker.kafka.open_transactions import open_transactions
+    from kbroker.kafka.txn.open_transactions import open_transactions
 
     def send(i: int) -> None:
         broker.send(broker.begin_dialog(EMPLOYEES, EXPENSES, SUBMISSION), CLAIM, {"employee": "e", "amount": i, "item": "x"})

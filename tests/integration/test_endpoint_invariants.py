@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from kbroker.core import names
-from kbroker.kafka.apply import apply_paths
-from kbroker.kafka.queues import set_queue_status
+from kbroker.kafka.catalog.apply import apply_paths
+from kbroker.kafka.queue_views import set_queue_status
 from kbroker.sdk.broker import Broker
 from tests.helpers import ROOT, wait_for
 from tests.helpers import endpoint_runs as run

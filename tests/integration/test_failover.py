@@ -1,5 +1,5 @@
 """Failover: three competing readers of a transport queue, one killed with SIGKILL
-(kbroker/bench/failover.py runs it; kafka/group_protocol.py chooses the group protocol).
+(kbroker/bench/failover.py runs it; kafka/receive/group_protocol.py chooses the group protocol).
 
 Before, the killed reader's partitions sat idle 10.9-12.3 s (a 10 s classic session time-out);
 with a 2 s session time-out a survivor is given them within about 3 s of the kill. The bound
@@ -15,7 +15,7 @@ import pytest
 
 from kbroker.bench.failover import one_run
 from kbroker.core.cluster import Cluster
-from kbroker.kafka import group_protocol
+from kbroker.kafka.receive import group_protocol
 
 TAKEOVER_BOUND = 5.0  # s from the kill until a survivor holds every partition of the killed reader
 # The handling gap adds, when the kill fell inside a group commit, the wait for that transaction

@@ -15,8 +15,8 @@ from kbroker.cli.demo import APPROVAL, CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
-from kbroker.core.conversation_endpoint import SEQUENCE_BLOCK, handle_for
-from kbroker.core.send_lease import LEASE_SUFFIX
+from kbroker.core.dialogs.conversation_endpoint import SEQUENCE_BLOCK, handle_for
+from kbroker.core.dialogs.send_lease import LEASE_SUFFIX
 from kbroker.kafka.reader import read_to_end
 from kbroker.sdk.broker import Broker
 
@@ -256,7 +256,7 @@ def test_a_dialog_between_two_services_of_one_queue_does_not_lock_itself(kafka_b
     the target's group (it received an Ask), another RECEIVE on the same queue takes the
     initiator's Answer. Before, both sides' group was the dialog id: the second RECEIVE waited
     for the first transaction and came back empty."""
-    from kbroker.kafka.apply import apply_paths
+    from kbroker.kafka.catalog.apply import apply_paths
 
     (tmp_path / "shared.yaml").write_text(SHARED_QUEUE)
     apply_paths(kafka_bootstrap, namespace, [tmp_path / "shared.yaml"])

@@ -1,6 +1,6 @@
 """A reader killed inside its group commit (offsets sent to its Kafka transaction, the commit not
 yet asked for) leaves that transaction open. Its partition's next owner fences the transactional
-ids the partition's last committed offsets name (kafka/hanging_commits.py) instead of waiting for
+ids the partition's last committed offsets name (kafka/receive/hanging_commits.py) instead of waiting for
 Kafka to abort it: before, the partition sat unread for transaction.timeout.ms plus the broker's
 check (11 s here); now about the group session (2 s) and one second more."""
 
@@ -20,8 +20,8 @@ from kbroker.cli.demo import CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
-from kbroker.core.commit_holder import MAX_IDS
-from kbroker.kafka.hanging_commits import HangingCommitFence
+from kbroker.core.txn.commit_holder import MAX_IDS
+from kbroker.kafka.receive.hanging_commits import HangingCommitFence
 from kbroker.sdk.broker import Broker
 
 # Seconds from the killed reader's exit until the next owner has its message. Kafka's own abort

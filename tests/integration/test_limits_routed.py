@@ -18,11 +18,11 @@ from confluent_kafka import Producer, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.catalog.models import MAX_QUEUE_MESSAGE_BYTES
-from kbroker.core.envelope import H_TO_SIDE
+from kbroker.core.dialogs.envelope import H_TO_SIDE
 from kbroker.core.topic_limits import DEAD_LETTER_LIMIT, MESSAGE_TOPIC_LIMIT
 from kbroker.errors import MessageTooLargeError
 from kbroker.kafka import clients
-from kbroker.kafka.apply import apply_paths
+from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.kafka.reader import read_to_end
 from kbroker.kafka.routing.dispatcher import Dispatcher
 from kbroker.kafka.routing.transmitter import Transmitter

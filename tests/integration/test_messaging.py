@@ -18,7 +18,7 @@ from kbroker.cli.demo import APPROVAL, CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
-from kbroker.core.conversation_endpoint import default_group
+from kbroker.core.dialogs.conversation_endpoint import default_group
 from kbroker.kafka.reader import read_to_end, watermarks
 from kbroker.sdk.broker import END_DIALOG, ERROR_TYPE, Broker
 from tests.helpers import KBROKER, wait_for
@@ -327,7 +327,7 @@ def test_records_another_client_wrote_are_checked_on_arrival(kafka_bootstrap, na
     to the next message. Before, all three were delivered."""
     from uuid import uuid4
 
-    from kbroker.core.envelope import Envelope
+    from kbroker.core.dialogs.envelope import Envelope
     from kbroker.kafka.reader import read_to_end
 
     forged = [("//Adventure-Works.com/Expenses/NoSuchType", b"{}"),
@@ -432,7 +432,7 @@ def test_a_queue_disabled_elsewhere_stops_a_waiting_receive_within_a_second(kafk
     catalog was read again (a running reader committed 125 more messages over 13 s)."""
     import threading
 
-    from kbroker.kafka.queues import set_queue_status
+    from kbroker.kafka.queue_views import set_queue_status
 
     assert broker.receive("ExpenseQueue", wait=0) == []  # this process reads the queue
     outcome: list = []

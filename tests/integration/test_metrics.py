@@ -15,7 +15,7 @@ import httpx
 import orjson
 import pytest
 
-from kbroker.kafka.apply import apply_paths
+from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.sdk.broker import Broker
 from kbroker.sdk.metrics import MetricsServer
 from tests.helpers import DATA, free_port, wait_for

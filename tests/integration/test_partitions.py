@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient
 
 from kbroker.core import names
 from kbroker.errors import DefinitionError
-from kbroker.kafka.apply import apply_paths
+from kbroker.kafka.catalog.apply import apply_paths
 from tests.helpers import KBROKER
 from tests.helpers import invariants as inv
 from tests.helpers.reader_runs import (

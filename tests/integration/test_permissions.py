@@ -18,7 +18,7 @@ from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
 from kbroker.core.cluster import Cluster
-from kbroker.core.permissions import Objects, Permission, bindings_of
+from kbroker.core.security.permissions import Objects, Permission, bindings_of
 from kbroker.embedded import resolve_cluster
 from kbroker.embedded.broker import EmbeddedBroker
 from kbroker.errors import (
@@ -28,10 +28,10 @@ from kbroker.errors import (
     SendPermissionDeniedError,
     TopicCollisionError,
 )
-from kbroker.kafka import acls
-from kbroker.kafka.apply import apply_paths
-from kbroker.kafka.catalog_store import read_catalog, write_records
-from kbroker.kafka.queues import set_queue_status
+from kbroker.kafka.security import acls
+from kbroker.kafka.catalog.apply import apply_paths
+from kbroker.kafka.catalog.catalog_store import read_catalog, write_records
+from kbroker.kafka.queue_views import set_queue_status
 from kbroker.kafka.reader import read_to_end
 from kbroker.sdk.broker import Broker
 from tests.helpers import SAMPLES, run_kbroker_module, wait_for

@@ -14,8 +14,8 @@ from kbroker.core import names
 from kbroker.core.catalog.models import Queue
 from kbroker.core.transport.endpoint import install_plan, transport_queue_topic
 from kbroker.errors import DefinitionError, QueueNameCollisionError
-from kbroker.kafka.apply import TopicSpec, apply_paths, queue_topic_config, sync_topics
-from kbroker.kafka.catalog_store import publish_object, read_catalog
+from kbroker.kafka.catalog.apply import TopicSpec, apply_paths, queue_topic_config, sync_topics
+from kbroker.kafka.catalog.catalog_store import publish_object, read_catalog
 from kbroker.kafka.transport.queues import install
 from tests.helpers import SAMPLES
 from tests.integration.test_catalog_apply import run_cli, topics_of, write

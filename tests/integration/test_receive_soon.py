@@ -11,7 +11,8 @@ import time
 from kbroker.cli.demo import CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
-from kbroker.kafka import poll_loop, reader
+from kbroker.kafka import reader
+from kbroker.kafka.receive import poll_loop
 
 LONG_WAIT = 5.0
 

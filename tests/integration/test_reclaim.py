@@ -1,5 +1,5 @@
 """Storage never deletes an unreceived message, and what readers have received is reclaimed
-(G3; kafka/reclaim.py), on a broker of its own whose log retention is one minute and whose
+(G3; kafka/receive/reclaim.py), on a broker of its own whose log retention is one minute and whose
 retention check runs every second."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from kbroker.cli.demo import CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
-from kbroker.core.envelope import Envelope
-from kbroker.kafka.apply import apply_paths
-from kbroker.kafka.catalog_store import read_catalog
-from kbroker.kafka.queues import queue_view
-from kbroker.kafka.reclaim import reclaim_namespace
+from kbroker.core.dialogs.envelope import Envelope
+from kbroker.kafka.catalog.apply import apply_paths
+from kbroker.kafka.catalog.catalog_store import read_catalog
+from kbroker.kafka.queue_views import queue_view
+from kbroker.kafka.receive.reclaim import reclaim_namespace
 from kbroker.sdk.broker import Broker
 from tests.helpers import SAMPLES, embedded_kafka, wait_for
 
@@ -119,9 +119,9 @@ def test_closed_endpoints_are_reclaimed_after_the_grace_period(kafka_bootstrap, 
     """Both sides of an ended dialog are CLOSED: kept for the grace period (30 minutes by
     default), then tombstoned by the reclaim; a process reading them past the grace does not
     keep them. A live dialog is never touched."""
-    from kbroker.core.conversation_endpoint import CLOSED
-    from kbroker.kafka.conversation_endpoints import EndpointStore
-    from kbroker.kafka.reclaim import reclaim_endpoints
+    from kbroker.core.dialogs.conversation_endpoint import CLOSED
+    from kbroker.kafka.dialogs.conversation_endpoints import EndpointStore
+    from kbroker.kafka.receive.reclaim import reclaim_endpoints
 
     ended = broker.begin_dialog(EMP, EXP, CONTRACT)
     broker.send(ended, CLAIM, {"amount": 1})

@@ -11,9 +11,9 @@ import pytest
 
 from kbroker import errors
 from kbroker.core import names
-from kbroker.kafka.apply import apply_paths
-from kbroker.kafka.queues import queue_view
-from kbroker.kafka.reclaim import reclaim_namespace
+from kbroker.kafka.catalog.apply import apply_paths
+from kbroker.kafka.queue_views import queue_view
+from kbroker.kafka.receive.reclaim import reclaim_namespace
 from kbroker.sdk.broker import Broker
 from tests.helpers import KBROKER
 

@@ -1,7 +1,7 @@
 """A second reader joining while the first still waits for its partitions' committed offsets.
 
 At start-up on a loaded cluster the rebalance callback's one-second ask for committed offsets can
-time out, so every partition the group gave the first reader waits (kafka/partition_assignment.py)
+time out, so every partition the group gave the first reader waits (kafka/receive/partition_assignment.py)
 and is asked for again off the poll thread. If a second reader joins then, the group revokes
 half of those waiting partitions from the first. The revocation must finish, so the group hands
 them to the second: before, the callback left the unassign to confluent-kafka's binding, whose
@@ -19,8 +19,8 @@ import orjson
 from kbroker.cli.demo import CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
-from kbroker.kafka import partition_assignment
-from kbroker.kafka.receiver import QueueReceiver
+from kbroker.kafka.receive import partition_assignment
+from kbroker.kafka.receive.receiver import QueueReceiver
 from kbroker.sdk.broker import Broker
 
 DIALOGS = 12  # over the queue's 4 partitions: both readers' halves hold some

@@ -8,8 +8,8 @@ import subprocess
 
 import orjson
 
-from kbroker.kafka.apply import apply_paths
-from kbroker.kafka.catalog_store import read_catalog
+from kbroker.kafka.catalog.apply import apply_paths
+from kbroker.kafka.catalog.catalog_store import read_catalog
 from tests.helpers import KBROKER
 
 ROUTES = """

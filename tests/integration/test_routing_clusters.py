@@ -25,8 +25,8 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from kbroker.core import names
-from kbroker.core.envelope import H_CONVERSATION_ID, H_MESSAGE_TYPE, H_SEQUENCE
-from kbroker.core.send_lease import LEASE_SECONDS
+from kbroker.core.dialogs.envelope import H_CONVERSATION_ID, H_MESSAGE_TYPE, H_SEQUENCE
+from kbroker.core.dialogs.send_lease import LEASE_SECONDS
 from kbroker.embedded.broker import EmbeddedBroker
 from kbroker.kafka import clients
 from kbroker.sdk.broker import Broker

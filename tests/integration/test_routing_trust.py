@@ -14,8 +14,8 @@ import orjson
 
 from kbroker.core import names
 from kbroker.core.catalog.models import END_DIALOG, ERROR
-from kbroker.core.conversation_endpoint import default_group, handle_for
-from kbroker.core.envelope import H_FOLLOWS, Envelope
+from kbroker.core.dialogs.conversation_endpoint import default_group, handle_for
+from kbroker.core.dialogs.envelope import H_FOLLOWS, Envelope
 from kbroker.core.routing.kept import ROUTING_RECORD_REFUSED
 from kbroker.core.routing.signing import sign
 from kbroker.kafka import clients

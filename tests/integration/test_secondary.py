@@ -53,7 +53,7 @@ def test_reply_returns_to_the_instance_that_sent_the_request(kafka_bootstrap, na
 
 
 def _target(broker: Broker, initiator_handle: str) -> str:
-    from kbroker.core.conversation_endpoint import handle_for
+    from kbroker.core.dialogs.conversation_endpoint import handle_for
 
     return handle_for(broker.endpoints.get(initiator_handle).conversation_id, "TARGET")
 

@@ -1,4 +1,4 @@
-"""The conversation lock across processes (core/send_lease.py): SENDs on one dialog from two
+"""The conversation lock across processes (core/dialogs/send_lease.py): SENDs on one dialog from two
 processes get one order, a process waits for another's open transaction, and a holder that
 stopped is fenced, so its late commit is refused rather than landing after the new holder's.
 
@@ -23,8 +23,8 @@ from kbroker.cli.demo import CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
-from kbroker.core.envelope import H_SEQUENCE
-from kbroker.core.send_lease import LEASE_SECONDS, RENEW_WITHIN
+from kbroker.core.dialogs.envelope import H_SEQUENCE
+from kbroker.core.dialogs.send_lease import LEASE_SECONDS, RENEW_WITHIN
 from kbroker.kafka.reader import read_to_end
 from kbroker.sdk.broker import Broker
 

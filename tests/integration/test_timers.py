@@ -12,8 +12,8 @@ from kbroker.cli.demo import CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core.catalog.models import DIALOG_TIMER, END_DIALOG, ERROR
-from kbroker.core.conversation_endpoint import CLOSED
-from kbroker.kafka.timer_service import TimerService
+from kbroker.core.dialogs.conversation_endpoint import CLOSED
+from kbroker.kafka.dialogs.timer_service import TimerService
 
 
 def open_dialog(broker, **kw) -> tuple[str, str]:

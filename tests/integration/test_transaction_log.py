@@ -1,5 +1,5 @@
-"""Kafka's transaction log as kbroker reads it to settle an in-doubt commit (core/txn_log.py,
-kafka/transaction_log.py), against the real broker: the records Kafka 4 writes parse, and the
+"""Kafka's transaction log as kbroker reads it to settle an in-doubt commit (core/txn/transaction_log.py,
+kafka/txn/transaction_log.py), against the real broker: the records Kafka 4 writes parse, and the
 last transaction before a producer's init reads as it ended, with its partitions."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kbroker.core import names
-from kbroker.core.txn_log import TRANSACTION_LOG, outcome_before_init, partition_of
-from kbroker.kafka.transaction_log import transaction_history
+from kbroker.core.txn.transaction_log import TRANSACTION_LOG, outcome_before_init, partition_of
+from kbroker.kafka.txn.transaction_log import transaction_history
 
 
 def setting(kafka_bootstrap: str, namespace: str, partitions: int) -> tuple[AdminClient, str, str, dict, Producer]:

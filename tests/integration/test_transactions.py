@@ -15,7 +15,7 @@ import pytest
 
 from kbroker import errors
 from kbroker.core import names
-from kbroker.kafka.apply import apply_paths
+from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.sdk.broker import Broker
 from tests.helpers import ROOT, receive_at_least, wait_for
 from tests.helpers import invariants as inv
@@ -93,7 +93,7 @@ def poison_events(bootstrap: str, namespace: str) -> list[dict]:
 
 
 def test_poison_messages_disable_the_queue_and_enable_resumes(kafka_bootstrap, namespace, ns_broker):
-    from kbroker.kafka.queues import set_queue_status
+    from kbroker.kafka.queue_views import set_queue_status
 
     b = ns_broker
     send_poison(b)
@@ -112,7 +112,7 @@ def test_garbage_on_the_events_topic_stops_no_reader_and_disables_nothing(kafka_
     """The events topic, which every reading process follows for rollback counts and poison
     verdicts, may hold anything another client wrote: records that only look like a queue's
     status or a rollback are read past, the queue stays enabled and its message is served."""
-    from kbroker.kafka.catalog_store import read_catalog, write_records
+    from kbroker.kafka.catalog.catalog_store import read_catalog, write_records
 
     b = ns_broker
     send_poison(b)
@@ -281,7 +281,7 @@ def test_invariants_while_the_queue_is_disabled_and_enabled_and_a_reader_is_kill
     while they read, and kill -9s one of them. Nothing is lost, duplicated, out of order or held
     by two at once, and no transaction takes a message later than 3 s after the queue went OFF
     (it used to go on for many seconds: the status was seen on the next catalog error)."""
-    from kbroker.kafka.queues import set_queue_status
+    from kbroker.kafka.queue_views import set_queue_status
 
     per_conv = 3
     sent = inv.send_requests(ns_broker, 600, per_conv)

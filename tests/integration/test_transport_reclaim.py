@@ -8,7 +8,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from kbroker.core.catalog.models import Catalog
 from kbroker.core.transport.endpoint import transport_queue_topic
-from kbroker.kafka.reclaim import reclaim_namespace
+from kbroker.kafka.receive.reclaim import reclaim_namespace
 from kbroker.sdk.transport.endpoint import TransportEndpoint
 
 

@@ -15,8 +15,8 @@ from kbroker.cli.demo import CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
-from kbroker.core.conversation_endpoint import SEQUENCE_BLOCK
-from kbroker.kafka.queues import conversation_view, queue_view, set_queue_status
+from kbroker.core.dialogs.conversation_endpoint import SEQUENCE_BLOCK
+from kbroker.kafka.queue_views import conversation_view, queue_view, set_queue_status
 from kbroker.kafka.reader import read_to_end
 from kbroker.sdk.broker import Broker
 from tests.helpers import KBROKER

@@ -20,11 +20,11 @@ from confluent_kafka import Producer
 
 from kbroker.core import names
 from kbroker.errors import BrokerUnavailableError
-from kbroker.kafka.apply import apply_paths
-from kbroker.kafka.queues import alter_queue_activation, queue_view
+from kbroker.kafka.catalog.apply import apply_paths
+from kbroker.kafka.queue_views import alter_queue_activation, queue_view
 from kbroker.kafka.reader import read_to_end
 from kbroker.sdk.broker import Broker
-from kbroker.worker.views import monitor_rows
+from kbroker.worker.web.views import monitor_rows
 from tests.helpers import DATA as DATA_DIR
 from tests.helpers import KBROKER, ROOT, free_port, wait_for
 
@@ -224,8 +224,8 @@ def test_the_5th_tick_tombstones_endpoints_closed_longer_than_the_grace(worker_n
     """The worker runs with --closed-grace 3: a dialog both sides ended is gone from the
     endpoints topic (its tombstones written) a few seconds later; a live one stays. (ForeignQueue
     is never activated: this test's RECEIVEs are the only ones.)"""
-    from kbroker.core.conversation_endpoint import CLOSED
-    from kbroker.kafka.conversation_endpoints import EndpointStore
+    from kbroker.core.dialogs.conversation_endpoint import CLOSED
+    from kbroker.kafka.dialogs.conversation_endpoints import EndpointStore
 
     bootstrap, ns, _, _ = worker_ns
     ended = client.begin_dialog(CLIENT, "//kbroker/test/Foreign", JOBS)
@@ -258,7 +258,7 @@ def test_kbroker_conversations_is_served_by_the_worker_and_matches_the_topic(wor
     it from the worker (a new dialog shows at once; the CLI does not even reach Kafka), with the
     rows reading the topic gives; a worker of another namespace does not answer for this one's
     view (the topic is read instead)."""
-    from kbroker.kafka.queues import conversation_view
+    from kbroker.kafka.queue_views import conversation_view
 
     bootstrap, ns, w, _ = worker_ns
     h = client.begin_dialog(CLIENT, "//kbroker/test/Foreign", JOBS)

@@ -18,10 +18,10 @@ import pytest
 
 from kbroker.embedded.broker import EmbeddedBroker
 from kbroker.errors import KBrokerError
-from kbroker.kafka.apply import apply_paths
-from kbroker.kafka.watch import QueueWatcher
+from kbroker.kafka.catalog.apply import apply_paths
+from kbroker.kafka.activation.watch import QueueWatcher
 from kbroker.sdk.broker import Broker
-from kbroker.worker.views import monitor_rows
+from kbroker.worker.web.views import monitor_rows
 from tests.helpers import DATA as HELPER_DATA
 from tests.helpers import KBROKER, ROOT, free_port, wait_for
 

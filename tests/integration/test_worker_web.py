@@ -1,4 +1,4 @@
-"""Who may use a real worker's HTTP API (kbroker/worker/web_guard.py): a `kbroker worker`
+"""Who may use a real worker's HTTP API (kbroker/worker/web/web_guard.py): a `kbroker worker`
 subprocess on the session broker, bound to every interface with a token, as in the compose
 stack. A foreign Host gets 421, a request without the token 401, with it 200; a state-changing
 request from a foreign page 403; Faust's own pages 404; the CLI sends the token; the dashboard
@@ -17,8 +17,8 @@ import httpx
 import orjson
 import pytest
 
-from kbroker.core.web_access import COOKIE
-from kbroker.kafka.apply import apply_paths
+from kbroker.core.security.web_access import COOKIE
+from kbroker.kafka.catalog.apply import apply_paths
 from tests.helpers import KBROKER, ROOT, free_port
 from tests.integration.test_dashboard import CATALOG
 from tests.integration.test_dashboard import browser  # noqa: F401 - the fixture: Debian's chromium

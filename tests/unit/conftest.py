@@ -21,5 +21,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def _no_broker_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     """A queue receiver built over a stand-in consumer would otherwise ask its (made-up) bootstrap
     for the brokers' minimum session time-out and wait out that call's 10 s deadline: the forced
-    classic protocol asks nobody (kafka/group_protocol.py). Tests of that choice unset it."""
+    classic protocol asks nobody (kafka/receive/group_protocol.py). Tests of that choice unset it."""
     monkeypatch.setenv("KBROKER_GROUP_PROTOCOL", "classic")

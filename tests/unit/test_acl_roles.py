@@ -1,13 +1,13 @@
-"""The roles' ACL plans (core/acl_roles.py): each role is allowed what its code paths touch in
+"""The roles' ACL plans (core/security/acl_roles.py): each role is allowed what its code paths touch in
 its namespace and nothing of another namespace; the transport's installer/runner split; the
-kafka-acls.sh lines; and the Kafka side's conversion (kafka/acls.py)."""
+kafka-acls.sh lines; and the Kafka side's conversion (kafka/security/acls.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from kbroker.core import names
-from kbroker.core.acl_roles import (
+from kbroker.core.security.acl_roles import (
     ROLES,
     AclBinding,
     allowed,
@@ -150,7 +150,7 @@ def test_acl_command_text():
 
 @pytest.mark.parametrize("role", list(ROLES))
 def test_every_binding_has_a_command_and_converts_to_kafka_and_back(role):
-    from kbroker.kafka.acls import from_kafka, to_kafka
+    from kbroker.kafka.security.acls import from_kafka, to_kafka
 
     for a in bindings(role, "User:r", NS, routes_to=["billing"]):
         assert a.command("b:1").startswith("kafka-acls.sh --bootstrap-server b:1 --add")
@@ -160,7 +160,7 @@ def test_every_binding_has_a_command_and_converts_to_kafka_and_back(role):
 def test_the_cluster_resource_converts():
     from confluent_kafka.admin import ResourceType
 
-    from kbroker.kafka.acls import from_kafka, to_kafka
+    from kbroker.kafka.security.acls import from_kafka, to_kafka
 
     c = AclBinding("User:sales", "DESCRIBE", "CLUSTER", "LITERAL", "kafka-cluster")
     assert to_kafka(c).restype == ResourceType.BROKER and from_kafka(to_kafka(c)) == c

@@ -1,4 +1,4 @@
-"""The dispatcher's verdict on a message arriving from another namespace (core/arrival.py): SAVE,
+"""The dispatcher's verdict on a message arriving from another namespace (core/dialogs/arrival.py): SAVE,
 WAIT (the sender keeps it and retries: the target service is not here yet, its queue is off) or
 REFUSE with Service Broker's error code (the dialog ends with an Error). One test per code path,
 their precedence, and a property that checks the verdict against the catalog's own lookups
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbroker.core.arrival import (
+from kbroker.core.dialogs.arrival import (
     CONTRACT_NOT_FOUND,
     CONTRACT_NOT_SUPPORTED,
     MESSAGE_TYPE_NOT_FOUND,
@@ -38,8 +38,8 @@ from kbroker.core.catalog.models import (
     Queue,
     Service,
 )
-from kbroker.core.envelope import Envelope
-from kbroker.core.validation import validate_body
+from kbroker.core.dialogs.envelope import Envelope
+from kbroker.core.dialogs.validation import validate_body
 from kbroker.errors import MessageValidationError
 
 REQ, REPLY, ANYJ, PING, ORPHAN, GHOST = ("//app/Request", "//app/Reply", "//app/AnyJson", "//app/Ping",

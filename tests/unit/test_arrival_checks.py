@@ -1,4 +1,4 @@
-"""RECEIVE's checks of a record it reads, as SEND's of one it writes (kbroker.core.sequence_reach
+"""RECEIVE's checks of a record it reads, as SEND's of one it writes (kbroker.core.dialogs.sequence_reach
 and Statements.refused_record / closed_records), with no broker: the sequence rule, a body over
 the queue's limit, and a message for a CLOSED endpoint."""
 
@@ -12,11 +12,16 @@ from hypothesis import strategies as st
 
 from kbroker.core import names
 from kbroker.core.catalog.models import DIALOG_TIMER, END_DIALOG
-from kbroker.core.conversation_endpoint import CLOSED, DISCONNECTED_OUTBOUND, handle_for, new_target_endpoint
-from kbroker.core.envelope import SYSTEM_SEQUENCE, Envelope, Message
-from kbroker.core.send_lease import SEQUENCE_SPAN, first_claim
-from kbroker.core.sequence_reach import MAX_SEQUENCE, reach, sequence_refusal
-from kbroker.core.statements import DEAD_LETTERED, Statements
+from kbroker.core.dialogs.conversation_endpoint import (
+    CLOSED,
+    DISCONNECTED_OUTBOUND,
+    handle_for,
+    new_target_endpoint,
+)
+from kbroker.core.dialogs.envelope import SYSTEM_SEQUENCE, Envelope, Message
+from kbroker.core.dialogs.send_lease import SEQUENCE_SPAN, first_claim
+from kbroker.core.dialogs.sequence_reach import MAX_SEQUENCE, reach, sequence_refusal
+from kbroker.core.dialogs.statements import DEAD_LETTERED, Statements
 from tests.unit.test_statements import CLAIM, CONTRACT, EMPLOYEES, EXPENSES, NOW, NS, Consumed, World
 from tests.unit.test_statements import world  # noqa: F401 - the fixture
 

@@ -13,7 +13,7 @@ from kbroker.cli.bench import SCENARIO_NAMES
 def test_the_cli_knows_every_scenario_and_row():
     known = load_scenarios()
     rows = {r.name for s in known.values() for r in s.rows}
-    assert set(SCENARIO_NAMES) == set(known) | rows | {"scale"}  # scale: curves, not a scenario (bench/scale.py)
+    assert set(SCENARIO_NAMES) == set(known) | rows | {"scale"}  # scale: curves, not a scenario (bench/scale/run.py)
     assert resolve_names(["send-pipelined"]) == ["send"]
     assert resolve_names([]) == list(known)
     with pytest.raises(ValueError, match="unknown scenario"):

@@ -129,6 +129,6 @@ def test_carried_rows_are_judged_by_todays_target_not_a_retired_one(tmp_path):
     merged = merge_previous({**old, "results": []}, tmp_path / "latest.json")
     row = merged["results"][0]
     assert (row["target"], row["met"], row["floor"], row["floor_held"]) == ("ratio >= 0.5", True, "ratio >= 0.1", True)
-    assert row["baseline_code"].startswith("kbroker/bench/scenarios_reply.py:baseline_responder")
+    assert row["baseline_code"].startswith("kbroker/bench/scenarios/reply.py:baseline_responder")
     table = results_markdown(merged)
     assert "20,000" not in table and "runs: kbroker 1,900-2,100, baseline 2,800-3,100" in table

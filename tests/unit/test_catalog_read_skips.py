@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import orjson
 
-from kbroker.kafka.catalog_store import read_catalog_with
+from kbroker.kafka.catalog.catalog_store import read_catalog_with
 from kbroker.kafka.rejects import Rejects
 
 from .fake_consumer import FakeConsumer, FakeMessage, eof

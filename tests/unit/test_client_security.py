@@ -13,9 +13,16 @@ from cryptography.x509.oid import NameOID
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kbroker.core.client_properties import (Jaas, env_name, env_of, parse_jaas, properties_from_env,
-                                            read_properties, write_properties)
-from kbroker.core.client_security import AIOKAFKA, KBROKER, SPARK, WIRE, ClientSecurity
+from kbroker.core.security.client_properties import (
+    Jaas,
+    env_name,
+    env_of,
+    parse_jaas,
+    properties_from_env,
+    read_properties,
+    write_properties,
+)
+from kbroker.core.security.client_security import AIOKAFKA, KBROKER, SPARK, WIRE, ClientSecurity
 from kbroker.errors import InvalidArgumentError, UnsupportedSettingError
 
 SCRAM = 'org.apache.kafka.common.security.scram.ScramLoginModule required username="alice" password="s3cr\\"et";'

@@ -1,4 +1,4 @@
-"""The commit holder in offsets' metadata (core/commit_holder.py): written by the committer, read
+"""The commit holder in offsets' metadata (core/txn/commit_holder.py): written by the committer, read
 by a partition's next owner, and possibly written by any other client."""
 
 from __future__ import annotations
@@ -8,8 +8,16 @@ import uuid
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kbroker.core.commit_holder import MAX_IDS, ROOM, holder_ids, holder_of, split_holder, transactional_id, with_holder
-from kbroker.core.offsets import METADATA_LIMIT, PartitionOffsets, decode_completed, encode_completed
+from kbroker.core.txn.commit_holder import (
+    MAX_IDS,
+    ROOM,
+    holder_ids,
+    holder_of,
+    split_holder,
+    transactional_id,
+    with_holder,
+)
+from kbroker.core.receive.offsets import METADATA_LIMIT, PartitionOffsets, decode_completed, encode_completed
 
 
 def test_a_committers_ids_come_back_from_its_offsets_metadata():

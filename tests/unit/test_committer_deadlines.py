@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from kbroker.core.commit_holder import with_holder
+from kbroker.core.txn.commit_holder import with_holder
 from kbroker.errors import TransactionAbortedError, TransactionInDoubtError
-from kbroker.kafka.committer import CommitRequest, GroupCommitter
-from kbroker.kafka.receiver import Lease
+from kbroker.kafka.txn.committer import CommitRequest, GroupCommitter
+from kbroker.kafka.receive.receiver import Lease
 
 
 class FakeProducer:
@@ -104,7 +104,7 @@ def committer_with(hang_in: str, release: threading.Event) -> tuple[GroupCommitt
 
 
 # What a slot's next producer runs first after a transaction that failed with the broker away:
-# a transaction closing it as aborted (kafka/left_open.py), records on every partition of its
+# a transaction closing it as aborted (kafka/txn/left_open.py), records on every partition of its
 # topics and its offsets; then that producer is replaced too.
 CLOSING = ["init", "begin", "offsets", "abort"]
 
@@ -129,7 +129,7 @@ def test_a_hung_send_offsets_fails_the_batch_retriably_and_replaces_the_producer
 def test_a_hung_commit_is_settled_from_the_groups_offsets(release, committed):
     c, made = committer_with("commit", release)
     # What the group's offsets show once it committed: the position and its metadata, which names
-    # the committing process after the completed offsets (core/commit_holder.py).
+    # the committing process after the completed offsets (core/txn/commit_holder.py).
     found = [TopicPartition("q", 0, 7, metadata=with_holder("m", c.holder)) if committed
              else TopicPartition("q", 0, 3, metadata="")]
     c._group_offsets = lambda group, tps, t: found  # type: ignore[method-assign]

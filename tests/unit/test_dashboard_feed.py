@@ -1,4 +1,4 @@
-"""The dashboard's snapshots (kbroker/worker/dashboard.py) without a broker: per-second rates from
+"""The dashboard's snapshots (kbroker/worker/web/dashboard.py) without a broker: per-second rates from
 successive copies of the analytics job's windows, the merge of windows, monitor rows and tasks,
 and a feed whose sources fail (logged once, the last data kept)."""
 
@@ -8,7 +8,7 @@ import logging
 from types import SimpleNamespace
 from typing import Any
 
-from kbroker.worker.dashboard import DashboardFeed, Rates, merge
+from kbroker.worker.web.dashboard import DashboardFeed, Rates, merge
 
 T0 = 1_764_000_000_000  # epoch ms, on a window boundary
 
@@ -101,7 +101,7 @@ def test_a_failing_source_is_logged_once_and_the_feed_goes_on(caplog):
 
     feed = DashboardFeed("b:9092", "ns", "w1", broker, handlers, follower=FlakyFollower, monitors=monitors)
     feed.watch()
-    with caplog.at_level(logging.INFO, logger="kbroker.worker.dashboard"):
+    with caplog.at_level(logging.INFO, logger="kbroker.worker.web.dashboard"):
         for _ in range(3):
             snap = feed.step()
         assert snap["queues"]["Q"]["backlog"] == 1  # what the follower holds is still shown

@@ -17,7 +17,7 @@ from kbroker.core.topic_limits import (
     record_bytes,
     system_topic_limit,
 )
-from kbroker.kafka.committer import CommitRequest, refused_requests
+from kbroker.kafka.txn.committer import CommitRequest, refused_requests
 
 
 @dataclass

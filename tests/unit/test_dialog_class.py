@@ -1,4 +1,4 @@
-"""A dialog side's class (core/dialog_class.py): the first-match order of docs/analytics.md and
+"""A dialog side's class (core/analytics/dialog_class.py): the first-match order of docs/analytics.md and
 its boundaries."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kbroker.core.dialog_class import BACKLOGGED_AT, DialogFacts, classify
+from kbroker.core.analytics.dialog_class import BACKLOGGED_AT, DialogFacts, classify
 
 NOW = 10_000_000
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from kbroker.errors import BrokerUnavailableError
-from kbroker.kafka.conversation_endpoints import EndpointStore
+from kbroker.kafka.dialogs.conversation_endpoints import EndpointStore
 
 
 class CountedReads:

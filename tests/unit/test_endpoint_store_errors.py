@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from kbroker.errors import BrokerUnavailableError, KBrokerError
-from kbroker.kafka.conversation_endpoints import EndpointStore
+from kbroker.kafka.dialogs.conversation_endpoints import EndpointStore
 
 from .fake_consumer import FakeConsumer, FakeMessage, eof
 
@@ -64,7 +64,7 @@ def test_after_a_commit_in_doubt_the_next_send_goes_past_the_reserved_block() ->
     and the next SEND reused its sequence numbers when it had committed."""
     from dataclasses import replace
 
-    from kbroker.core.conversation_endpoint import CONVERSING, Endpoint
+    from kbroker.core.dialogs.conversation_endpoint import CONVERSING, Endpoint
 
     store = EndpointStore("127.0.0.1:1", "ns", NoProducer())  # type: ignore[arg-type]
     before = Endpoint("h", "c", "INITIATOR", "g", "f", "s", "fs", "k", CONVERSING, send_sequence=3,

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kbroker.core.envelope import Envelope, MalformedRecord, Message
+from kbroker.core.dialogs.envelope import Envelope, MalformedRecord, Message
 from kbroker.core.frozen import built
-from kbroker.core.group_buffer import Buffered
-from kbroker.core.validation import validate_body
+from kbroker.core.receive.group_buffer import Buffered
+from kbroker.core.dialogs.validation import validate_body
 from kbroker.errors import MessageValidationError
-from kbroker.kafka.receiver import QueueReceiver
+from kbroker.kafka.receive.receiver import QueueReceiver
 
 text = st.text(min_size=1, max_size=40)
 envelopes = st.builds(

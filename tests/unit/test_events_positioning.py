@@ -9,7 +9,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from kbroker.kafka.events import EventsReader
+from kbroker.kafka.activation.events import EventsReader
 
 TOPIC = "kbroker.t.events"
 

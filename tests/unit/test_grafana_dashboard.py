@@ -11,7 +11,7 @@ import orjson
 from prometheus_client import CollectorRegistry, generate_latest
 
 import kbroker.metrics as families
-from kbroker.worker.metrics import WorkerCollector
+from kbroker.worker.web.metrics import WorkerCollector
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "compose" / "grafana-kbroker.json"
 METRIC = re.compile(r"\b(kbroker_[a-z0-9_]+)")

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kbroker.core.catalog.models import DIALOG_TIMER, END_DIALOG, ERROR
-from kbroker.core.envelope import Envelope
-from kbroker.core.group_buffer import Buffered, GroupBuffer, receive_order
+from kbroker.core.dialogs.envelope import Envelope
+from kbroker.core.receive.group_buffer import Buffered, GroupBuffer, receive_order
 
 NOW_MS = 1_000_000
 NO_FULL: dict[int, int] = {}

@@ -1,4 +1,4 @@
-"""The pure rules of conversation groups (kbroker.core.groups): the chain of groups a moved
+"""The pure rules of conversation groups (kbroker.core.dialogs.groups): the chain of groups a moved
 conversation leaves behind. The groups against the real broker are in
 tests/integration/test_groups.py."""
 
@@ -9,8 +9,8 @@ import uuid
 
 def test_group_chain_rules():
     """The pure rules of groups.py: hop by hop along the chain, a move back included."""
-    from kbroker.core.conversation_endpoint import CONVERSING, STARTED_OUTBOUND, Endpoint
-    from kbroker.core.groups import moved, next_hop
+    from kbroker.core.dialogs.conversation_endpoint import CONVERSING, STARTED_OUTBOUND, Endpoint
+    from kbroker.core.dialogs.groups import moved, next_hop
 
     a, b = str(uuid.uuid4()), str(uuid.uuid4())
     ep = Endpoint("h", "c", "TARGET", "c", "c", "S", "F", "K", CONVERSING)

@@ -4,8 +4,8 @@ time-out (read here from a stand-in; tests/integration/test_failover.py reads a 
 import logging
 
 from kbroker.core.cluster import Cluster
-from kbroker.kafka import group_protocol
-from kbroker.kafka.poll_loop import consumer_settings
+from kbroker.kafka.receive import group_protocol
+from kbroker.kafka.receive.poll_loop import consumer_settings
 
 NOWHERE = Cluster.of("127.0.0.1:1")  # never connected to: a forced protocol asks nothing
 
@@ -47,7 +47,7 @@ def chosen_by_default(monkeypatch, brokers_min: int | None) -> dict:
 
 def test_by_default_the_classic_protocol_with_a_2_s_session_where_the_brokers_allow_it(monkeypatch):
     """The consumer protocol is opt-in: with librdkafka 2.16 it was seen to let two members
-    commit the same partition (kafka/group_protocol.py). The classic protocol's generation fences."""
+    commit the same partition (kafka/receive/group_protocol.py). The classic protocol's generation fences."""
     settings = chosen_by_default(monkeypatch, 1_000)
     assert settings == {"group.protocol": "classic", "partition.assignment.strategy": "cooperative-sticky",
                         "session.timeout.ms": 2_000, "heartbeat.interval.ms": 200}

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from kbroker.worker.handlers import OWN_PROCEDURE_MODULES, TaskHandlers, allowed, resolve
+from kbroker.worker.activation.handlers import OWN_PROCEDURE_MODULES, TaskHandlers, allowed, resolve
 
 RAN = []
 GATE = threading.Event()

@@ -28,7 +28,7 @@ def top_level(modules: set[str]) -> set[str]:
     return {m.partition(".")[0] for m in modules}
 
 
-@pytest.mark.parametrize("statement", ["import kbroker", "import kbroker.core.offsets"])
+@pytest.mark.parametrize("statement", ["import kbroker", "import kbroker.core.receive.offsets"])
 def test_the_facade_and_the_core_load_no_client(statement):
     assert top_level(loaded_by(statement)) & set(CLIENTS) == set()
 

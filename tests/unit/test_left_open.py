@@ -1,4 +1,4 @@
-"""Closing a Kafka transaction a broker restart may have left open (kafka/left_open.py), with
+"""Closing a Kafka transaction a broker restart may have left open (kafka/txn/left_open.py), with
 fake producers: an in-doubt commit whose offsets never become readable is settled by Kafka's
 transaction log and closed the way it ended; a transaction Kafka fenced for the group's
 generation (the broker was well) gets no closing transaction."""
@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from kbroker.core.txn_log import OFFSETS_TOPIC, TxnLogEntry, TxnState
+from kbroker.core.txn.transaction_log import OFFSETS_TOPIC, TxnLogEntry, TxnState
 from kbroker.errors import PermissionDeniedError, RebalanceAbortedError, TransactionAbortedError, TransactionInDoubtError
-from kbroker.kafka import committer as committer_module
-from kbroker.kafka.committer import CommitRequest, GroupCommitter
-from kbroker.kafka.receiver import Lease
+from kbroker.kafka.txn import committer as committer_module
+from kbroker.kafka.txn.committer import CommitRequest, GroupCommitter
+from kbroker.kafka.receive.receiver import Lease
 from tests.unit.test_committer_deadlines import FakeProducer, FakeReceiver, committer_whose_first_producer_is
 
 S = TxnState

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from kbroker.core.locks import ConversationLocks
+from kbroker.core.dialogs.locks import ConversationLocks
 from kbroker.errors import ConversationLockTimeoutError
 
 

@@ -5,7 +5,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbroker.core.monitor import (
+from kbroker.core.activation.monitor import (
     LaunchReader,
     MessagesReady,
     MonitorConfig,

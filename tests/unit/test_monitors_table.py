@@ -31,7 +31,7 @@ def test_degraded_cell_names_each_failing_component() -> None:
 
 
 def test_the_plain_monitors_table_has_a_degraded_column(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kbroker.worker import views
+    from kbroker.worker.web import views
 
     rows = [row("HealthyQueue"), row("SickQueue", degraded=True, degraded_reasons=[REASON]),
             row("PausedQueue", activation="OFF", backlog=200, ready_groups=7)]

@@ -4,12 +4,7 @@ incomplete is skipped, and the metadata stays within Kafka's limit."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbroker.core.offsets import (
-    METADATA_LIMIT,
-    PartitionOffsets,
-    decode_completed,
-    encode_completed,
-)
+from kbroker.core.receive.offsets import METADATA_LIMIT, PartitionOffsets, decode_completed, encode_completed
 
 
 @given(st.integers(0, 10**12), st.sets(st.integers(1, 10**6), max_size=300))

@@ -1,4 +1,4 @@
-"""Service Broker's permissions as Kafka ACLs (core/permissions.py): each permission's ACLs, read
+"""Service Broker's permissions as Kafka ACLs (core/security/permissions.py): each permission's ACLs, read
 back from ACLs, revoked, parsed; and a round trip permissions -> ACLs -> permissions."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kbroker.core import names
-from kbroker.core.acl_roles import AclBinding, allowed
-from kbroker.core.permissions import (
+from kbroker.core.security.acl_roles import AclBinding, allowed
+from kbroker.core.security.permissions import (
     ALTER,
     CATALOG,
     CONTROL,

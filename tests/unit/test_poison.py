@@ -1,8 +1,8 @@
-"""Poison-message policy (kbroker.core.poison): five rolled-back receives in a row disable a queue."""
+"""Poison-message policy (kbroker.core.receive.poison): five rolled-back receives in a row disable a queue."""
 
 from __future__ import annotations
 
-from kbroker.core.poison import POISON_THRESHOLD, DisableQueue, PoisonCounter, RollbackLedger
+from kbroker.core.receive.poison import POISON_THRESHOLD, DisableQueue, PoisonCounter, RollbackLedger
 
 
 def rollbacks(counter: PoisonCounter, queue: str, times: int, handling: bool = True) -> list[DisableQueue | None]:
@@ -77,7 +77,7 @@ def test_a_committed_message_is_forgotten_and_the_ledger_stays_bounded() -> None
 
 
 def test_a_poison_verdict_outside_the_catalog_holds_until_the_queue_is_enabled():
-    from kbroker.core.poison import EventDisables
+    from kbroker.core.receive.poison import EventDisables
 
     d = EventDisables()
     verdict = {"event": "QUEUE_DISABLED", "queue": "q", "poison": True, "catalog": False}
@@ -90,7 +90,7 @@ def test_a_poison_verdict_outside_the_catalog_holds_until_the_queue_is_enabled()
 
 
 def test_only_a_poison_verdict_the_catalog_could_not_take_counts():
-    from kbroker.core.poison import EventDisables
+    from kbroker.core.receive.poison import EventDisables
 
     d = EventDisables()
     for event in ({"event": "QUEUE_DISABLED", "queue": "q", "poison": True},  # the catalog holds it

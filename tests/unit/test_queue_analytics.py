@@ -1,4 +1,4 @@
-"""The analytics job's pure state (core/queue_analytics.py, docs/analytics.md): arrivals, receive
+"""The analytics job's pure state (core/analytics/queue_analytics.py, docs/analytics.md): arrivals, receive
 progress, backlog and stale gauges, top groups, dialog classes and their RECLASSIFY commands,
 window closing, and the replay property that lets a restarted job count nothing twice."""
 
@@ -10,8 +10,8 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbroker.core.groups import MOVE_MARKER
-from kbroker.core.queue_analytics import Analytics, Arrival, Output, Progress, dialog_row_at
+from kbroker.core.dialogs.groups import MOVE_MARKER
+from kbroker.core.analytics.queue_analytics import Analytics, Arrival, Output, Progress, dialog_row_at
 
 ERROR = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
 MSG = "//app/Request"

@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from kbroker.errors import KBrokerError
-from kbroker.kafka.watch import QueueWatcher
+from kbroker.kafka.activation.watch import QueueWatcher
 
 
 class StandInConsumer:

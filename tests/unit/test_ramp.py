@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kbroker.core.ramp import GROW_AFTER, SHRINK_AFTER, RampUp
+from kbroker.core.activation.ramp import GROW_AFTER, SHRINK_AFTER, RampUp
 
 
 def feed(r, polls):

@@ -1,15 +1,15 @@
-"""The rules of a RECEIVE lease's end (core/receive_lease.py), the consumer's back-pressure
-(core/group_buffer.pause_change) and when an empty RECEIVE is an answer (core/offsets.caught_up),
+"""The rules of a RECEIVE lease's end (core/receive/receive_lease.py), the consumer's back-pressure
+(core/receive/group_buffer.pause_change) and when an empty RECEIVE is an answer (core/receive/offsets.caught_up),
 without a broker. The receiver that applies them is exercised over fake consumers in
 test_receiver_backpressure.py, test_receiver_assignment.py and
 test_receiver_reassignment.py."""
 
 from __future__ import annotations
 
-from kbroker.core.envelope import Envelope
-from kbroker.core.group_buffer import Buffered, pause_change
-from kbroker.core.offsets import PartitionOffsets, caught_up, decode_completed
-from kbroker.core.receive_lease import completed, lost_partition, reopened, returned, split_off
+from kbroker.core.dialogs.envelope import Envelope
+from kbroker.core.receive.group_buffer import Buffered, pause_change
+from kbroker.core.receive.offsets import PartitionOffsets, caught_up, decode_completed
+from kbroker.core.receive.receive_lease import completed, lost_partition, reopened, returned, split_off
 
 
 class FakeRecord:

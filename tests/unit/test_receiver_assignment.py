@@ -14,9 +14,9 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from kbroker.core.cluster import Cluster
-from kbroker.core.envelope import Envelope
-from kbroker.kafka.partition_assignment import PartitionAssignment
-from kbroker.kafka.receiver import QueueReceiver
+from kbroker.core.dialogs.envelope import Envelope
+from kbroker.kafka.receive.partition_assignment import PartitionAssignment
+from kbroker.kafka.receive.receiver import QueueReceiver
 
 TOPIC = "kbroker.test.queue.Q"
 UNSTABLE = KafkaError(KafkaError.UNSTABLE_OFFSET_COMMIT)
@@ -185,7 +185,7 @@ def test_a_slow_answer_for_a_waiting_partition_does_not_stop_the_others() -> Non
 
 def test_a_partition_left_waiting_is_handed_to_the_fence_after_a_second_and_read_once_fenced() -> None:
     """A partition whose offsets a dead reader's open transaction holds: after FENCE_AFTER (1 s)
-    it, and only it, goes to the fence (kafka/hanging_commits.py); once the fence has ended the
+    it, and only it, goes to the fence (kafka/receive/hanging_commits.py); once the fence has ended the
     transaction its offsets are stable and it is read. Not before the second: a transaction
     about to commit is not the fence's business."""
     consumer = Consumer({0: 3, 1: 2})

@@ -13,9 +13,9 @@ from typing import Any, Callable
 
 from confluent_kafka import KafkaError, TopicPartition
 
-from kbroker.core.envelope import Envelope
-from kbroker.core.offsets import PartitionOffsets
-from kbroker.kafka.receiver import QueueReceiver
+from kbroker.core.dialogs.envelope import Envelope
+from kbroker.core.receive.offsets import PartitionOffsets
+from kbroker.kafka.receive.receiver import QueueReceiver
 
 TOPIC = "kbroker.test.q.Q"
 ENQUEUED_MS = 10**12

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from confluent_kafka import TopicPartition
 
-from kbroker.kafka.receiver import QueueReceiver
+from kbroker.kafka.receive.receiver import QueueReceiver
 from tests.unit.test_receiver_assignment import TOPIC, Position, Record
 
 

@@ -12,8 +12,8 @@ from typing import Any, Callable
 import pytest
 from confluent_kafka import TopicPartition
 
-from kbroker.kafka import receiver as receiver_module
-from kbroker.kafka.receiver import QueueReceiver
+from kbroker.kafka.receive import receiver as receiver_module
+from kbroker.kafka.receive.receiver import QueueReceiver
 from tests.unit.test_receiver_assignment import TOPIC, Position, Record
 
 READERS = 8

@@ -1,4 +1,4 @@
-"""Which records reclaiming may delete (core/reclaim.py), and the DescribeLogDirs answer that
+"""Which records reclaiming may delete (core/receive/reclaim.py), and the DescribeLogDirs answer that
 gives a queue's bytes (kafka/wire.py), without a broker."""
 
 from __future__ import annotations
@@ -8,7 +8,13 @@ import struct
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kbroker.core.reclaim import ANALYTICS_HOLD_SECONDS, CLOCK_SKEW_SECONDS, analytics_floor, lowest, reclaim_points
+from kbroker.core.receive.reclaim import (
+    ANALYTICS_HOLD_SECONDS,
+    CLOCK_SKEW_SECONDS,
+    analytics_floor,
+    lowest,
+    reclaim_points,
+)
 from kbroker.kafka.wire import describe_log_dirs_request, parse_describe_log_dirs
 
 

@@ -12,14 +12,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbroker.core import monitor_codec
-from kbroker.core.analytics_records import analytics_row, armed_timer, control_command, progress_snapshot
-from kbroker.core.catalog_records import catalog_record
-from kbroker.core.endpoint_records import endpoint_record
-from kbroker.core.monitor import MonitorConfig, MonitorState, Tick, new_monitor, step
+from kbroker.core.activation import monitor_codec
+from kbroker.core.analytics.analytics_records import (
+    analytics_row,
+    armed_timer,
+    control_command,
+    progress_snapshot,
+)
+from kbroker.core.catalog.catalog_records import catalog_record
+from kbroker.core.dialogs.endpoint_records import endpoint_record
+from kbroker.core.activation.monitor import MonitorConfig, MonitorState, Tick, new_monitor, step
 from kbroker.core.reader_reports import reader_report
 from kbroker.core.rejected import Consumed, Rejected, json_object, rejection_records, text_key
-from kbroker.core.timers import firing_records, timer_value
+from kbroker.core.dialogs.timers import firing_records, timer_value
 
 NS = "ns"
 QUEUE_TOPIC = f"kbroker.{NS}.queue.Q"
@@ -101,7 +106,7 @@ TIMER_FIELDS = ["kind", "due", "conversation_id", "side", "contract", "service",
 def test_timers_never_fire_outside_the_namespaces_queues(value):
     decoded = decodes_or_rejects(timer_value, NS, value)
     if decoded is not None:  # what passes fires only onto the namespace's queues, without raising
-        from kbroker.core.conversation_endpoint import Endpoint
+        from kbroker.core.dialogs.conversation_endpoint import Endpoint
 
         ep = Endpoint("h", "c", "INITIATOR", "g", "fg", "s", "fs", "ct", "CO")
         for topic, *_ in firing_records(decoded, lambda _handle: ep):
@@ -138,7 +143,7 @@ def test_control_commands(key, value):
 def test_analytics_rows(key, value):
     decoded = decodes_or_rejects(analytics_row, key, value)
     if decoded is not None and decoded[0] == "dialog":
-        from kbroker.core.queue_analytics import dialog_row_at
+        from kbroker.core.analytics.queue_analytics import dialog_row_at
 
         dialog_row_at(decoded[1], 10**12)  # the view's arithmetic takes what passed
 

@@ -324,7 +324,7 @@ def test_apply_stamps_new_and_changed_routes_and_keeps_the_rest():
 
 
 def test_applying_the_same_routes_again_changes_no_record():
-    from kbroker.kafka.catalog_store import records  # what publish compares
+    from kbroker.kafka.catalog.catalog_store import records  # what publish compares
 
     applied = Catalog(namespace="ns", routes={"R": remote("R", "S", "b", lifetime=60)})
     first = stamp_routes(applied, {}, NOW)
@@ -336,7 +336,7 @@ def test_applying_the_same_routes_again_changes_no_record():
 
 
 def test_kbroker_routes_json(monkeypatch):
-    import kbroker.kafka.catalog_store as store
+    import kbroker.kafka.catalog.catalog_store as store
 
     catalog = Catalog(namespace="ns", routes={
         "Orders": Route(name="Orders", service_name="//Orders", address="kafka://h:1/sales",
@@ -362,7 +362,7 @@ def test_kbroker_routes_json(monkeypatch):
 
 
 def test_kbroker_routes_table_and_errors(monkeypatch):
-    import kbroker.kafka.catalog_store as store
+    import kbroker.kafka.catalog.catalog_store as store
     from kbroker.errors import BrokerUnavailableError
 
     monkeypatch.setattr(store, "read_catalog", lambda bootstrap, ns: Catalog(namespace=ns))

@@ -1,4 +1,4 @@
-"""SEND's early permission check (kafka/permissions.SendChecks) against a fake admin: the
+"""SEND's early permission check (kafka/security/permissions.SendChecks) against a fake admin: the
 authorizer's no is -8494, and no answer at all lets the SEND go on (the write is authorized)."""
 
 from concurrent.futures import Future
@@ -9,7 +9,7 @@ from confluent_kafka.admin import AclOperation
 
 from kbroker.core.cluster import Cluster
 from kbroker.errors import SendPermissionDeniedError
-from kbroker.kafka.permissions import SendChecks
+from kbroker.kafka.security.permissions import SendChecks
 
 
 class FakeAdmin:

@@ -1,4 +1,4 @@
-"""The lease fold (core/send_lease.py): every reader folds the same records in the same order,
+"""The lease fold (core/dialogs/send_lease.py): every reader folds the same records in the same order,
 so what it must give is one holder per epoch, a holder that cannot be undone by a stale writer,
 and sequence ceilings that never go back while a lease passes from process to process."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kbroker.core.send_lease import (
+from kbroker.core.dialogs.send_lease import (
     LEASE_SECONDS,
     RENEW_WITHIN,
     MARGIN,

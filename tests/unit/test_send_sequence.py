@@ -1,4 +1,4 @@
-"""The sequence-number rules of the endpoints cache (core/send_sequence.py), without a broker:
+"""The sequence-number rules of the endpoints cache (core/dialogs/send_sequence.py), without a broker:
 what the next SEND gets after a record is read back, a transaction in doubt, a lease taken, and
 what a clean close or a release writes. The records on the real broker are checked in
 tests/integration/test_sequences.py and test_send_leases.py."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kbroker.core.conversation_endpoint import CONVERSING, SEQUENCE_BLOCK, Endpoint, handle_for
-from kbroker.core.send_lease import SendLease
-from kbroker.core.send_sequence import (
+from kbroker.core.dialogs.conversation_endpoint import CONVERSING, SEQUENCE_BLOCK, Endpoint, handle_for
+from kbroker.core.dialogs.send_lease import SendLease
+from kbroker.core.dialogs.send_sequence import (
     advanced,
     block_released,
     claim_start,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kbroker.core.conversation_endpoint import (
+from kbroker.core.dialogs.conversation_endpoint import (
     CONVERSING,
     SEQUENCE_BLOCK,
     STARTED_OUTBOUND,

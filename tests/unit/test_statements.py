@@ -1,4 +1,4 @@
-"""Statement building (kbroker.core.statements) against the sample catalog, with no broker: the
+"""Statement building (kbroker.core.dialogs.statements) against the sample catalog, with no broker: the
 records a statement produces, and the endpoint after it."""
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from typing import Any, TypeVar
 import orjson
 import pytest
 
-from kbroker.core import names, timers
+from kbroker.core import names
+from kbroker.core.dialogs import timers
 from kbroker.core.catalog.loader import load_definitions
 from kbroker.core.catalog.models import END_DIALOG, Catalog
 from kbroker.core.catalog.models import ERROR as ERROR_TYPE
-from kbroker.core.conversation_endpoint import (
+from kbroker.core.dialogs.conversation_endpoint import (
     CLOSED,
     CONVERSING,
     DISCONNECTED_INBOUND,
@@ -28,9 +29,9 @@ from kbroker.core.conversation_endpoint import (
     merged_state,
     new_target_endpoint,
 )
-from kbroker.core.envelope import Envelope, Message
-from kbroker.core.groups import MOVE_MARKER
-from kbroker.core.statements import Statements, dead_letter_record
+from kbroker.core.dialogs.envelope import Envelope, Message
+from kbroker.core.dialogs.groups import MOVE_MARKER
+from kbroker.core.dialogs.statements import Statements, dead_letter_record
 from kbroker.errors import (
     CatalogError,
     ContractViolationError,

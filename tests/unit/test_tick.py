@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbroker.core.tick import (
+from kbroker.core.activation.tick import (
     EVERY_2ND,
     EVERY_5TH,
     EVERY_TICK,

@@ -10,15 +10,15 @@ from hypothesis import strategies as st
 from kbroker.cli.demo import CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
-from kbroker.core.conversation_endpoint import (
+from kbroker.core.dialogs.conversation_endpoint import (
     CLOSED,
     CONVERSING,
     STARTED_OUTBOUND,
     Endpoint,
     handle_for,
 )
-from kbroker.core.timer_schedule import Entry, TimerSchedule
-from kbroker.core.timers import firing_records
+from kbroker.core.dialogs.timer_schedule import Entry, TimerSchedule
+from kbroker.core.dialogs.timers import firing_records
 
 # --- the schedule (pure) -----------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbroker.core.envelope import MalformedRecord
+from kbroker.core.dialogs.envelope import MalformedRecord
 from kbroker.core.transport.message import (
     COLUMNS,
     ENCLOSED_MESSAGE_TYPES,

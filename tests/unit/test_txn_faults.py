@@ -4,14 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kbroker.core.txn_faults import (
-    Action,
-    Deadline,
-    Failure,
-    Stage,
-    committed_by_offsets,
-    decide,
-)
+from kbroker.core.txn.faults import Action, Deadline, Failure, Stage, committed_by_offsets, decide
 
 BEFORE_COMMIT = [Stage.BEGIN, Stage.PRODUCE, Stage.OFFSETS]
 

@@ -1,4 +1,4 @@
-"""Kafka's transaction log read for one transactional id (core/txn_log.py): the record formats
+"""Kafka's transaction log read for one transactional id (core/txn/transaction_log.py): the record formats
 (versions 0 and 1 of the value), the partition an id lives in, how the last transaction before
 an init ended, and when the committer asks. Records are built here byte by byte, as Kafka's
 generated serialisers write them."""
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kbroker.core.txn_log import (
+from kbroker.core.txn.transaction_log import (
     OFFSETS_TOPIC,
     LeftOpen,
     Outcome,

@@ -1,4 +1,4 @@
-"""The rules of the worker's HTTP API (kbroker/core/web_access.py) and where its token comes
+"""The rules of the worker's HTTP API (kbroker/core/security/web_access.py) and where its token comes
 from (kbroker/config.py), without a server: the Host, Origin and token decisions request by request."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kbroker.config import web_token
-from kbroker.core.web_access import Access, bind_refusal, host_name, is_loopback, token_problem
+from kbroker.core.security.web_access import Access, bind_refusal, host_name, is_loopback, token_problem
 
 TOKEN = "s3cret-token-of-32-characters-xx"
 

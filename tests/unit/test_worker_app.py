@@ -11,7 +11,7 @@ from kbroker.errors import InvalidArgumentError
 from kbroker.kafka import clients
 from kbroker.worker.app import new_app
 from kbroker.worker.settings import WorkerSettings
-from kbroker.worker.web_guard import FAUST_PAGES, access_of, web_pages_off
+from kbroker.worker.web.web_guard import FAUST_PAGES, access_of, web_pages_off
 
 TOKEN = "a-token-of-more-than-16-chars"
 

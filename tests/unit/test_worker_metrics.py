@@ -1,4 +1,4 @@
-"""The worker's scrape-time gauges (worker/metrics.py), from a monitor table and task rows given
+"""The worker's scrape-time gauges (worker/web/metrics.py), from a monitor table and task rows given
 here: what Prometheus's text format then says."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kbroker.core.monitor import MonitorStatus
-from kbroker.worker.metrics import WorkerCollector
+from kbroker.core.activation.monitor import MonitorStatus
+from kbroker.worker.web.metrics import WorkerCollector
 
 
 def scrape(collector: WorkerCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

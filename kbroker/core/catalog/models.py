@@ -20,6 +20,7 @@ from pydantic import (
 
 from kbroker.config import NAMESPACE_RE
 from kbroker.core.names import QUEUE_NAME_RE, SYSTEM_TOPICS
+from kbroker.core.topic_limits import MAX_QUEUE_MESSAGE_BYTES
 from kbroker.errors import (
     UnknownContractError,
     UnknownMessageTypeError,
@@ -65,7 +66,6 @@ _KAFKA_ADDRESS_RE = re.compile(rf"kafka://([^\s,/:]+:[0-9]{{1,5}}(?:,[^\s,/:]+:[
 # SSB item 44: the Broker Configuration Notice service's route names no broker instance.
 BROKER_CONFIGURATION = "SQL/ServiceBroker/BrokerConfiguration"
 MAX_SERVICE_NAME = 256  # characters in a service name (Service Broker's nvarchar(256))
-MAX_QUEUE_MESSAGE_BYTES = 10_485_760  # the largest message body any queue may take (10 MiB)
 
 
 def parse_kafka_address(value: str) -> tuple[str, str | None] | None:

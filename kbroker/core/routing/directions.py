@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kbroker.core.envelope import MalformedRecord
+from kbroker.core.dialogs.envelope import MalformedRecord
 from kbroker.core.routing.signing import MAX_AGE
 from kbroker.core.routing.transmission import parse_ack_key, read_ack
 

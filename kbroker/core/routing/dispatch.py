@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
 
-from kbroker.core.envelope import H_FOLLOWS
+from kbroker.core.dialogs.envelope import H_FOLLOWS
 
 STALE_AFTER_SECONDS = 10.0  # seed 000
 

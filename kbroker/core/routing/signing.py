@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from kbroker.core.envelope import Envelope, MalformedRecord
+from kbroker.core.dialogs.envelope import Envelope, MalformedRecord
 from kbroker.core.routing.transmission import ack_key
 
 H_SIG = "kb.sig"  # base64 of the Ed25519 signature

@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from kbroker.core.envelope import MalformedRecord
+from kbroker.core.dialogs.envelope import MalformedRecord
 
 RETRY_DELAYS = (4.0, 8.0, 16.0, 32.0)  # reference item 54: after 4, 8, 16 and 32 s ...
 RETRY_EVERY = 64.0  # ... then once every 64 s

@@ -1,6 +1,6 @@
 """A transport endpoint (NServiceBus's SQL Server transport, seed 002): its queues, its
 concurrency model and its installer plan (the permissions the installer and the running endpoint
-need are the transport roles of core/acl_roles.py). Pure: no I/O.
+need are the transport roles of core/security/acl_roles.py). Pure: no I/O.
 
 An endpoint `Sales` has one primary queue, `Sales`, shared by all its instances, and (unless
 disabled) a secondary queue per instance, `Sales.<machine>`, where replies to what that instance

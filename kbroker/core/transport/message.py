@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 import orjson
 
-from kbroker.core.envelope import Envelope, MalformedRecord, header_text
+from kbroker.core.dialogs.envelope import Envelope, MalformedRecord, header_text
 from kbroker.core.frozen import built
 
 H_ID = "Id"

@@ -11,33 +11,40 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from kbroker.core import names
-from kbroker.core.analytics_records import control_command
+from kbroker.core.analytics.analytics_records import control_command
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.core.offsets import decode_completed
-from kbroker.core.reclaim import recent_positions
+from kbroker.core.receive.offsets import decode_completed
+from kbroker.core.receive.reclaim import recent_positions
 from kbroker.core.records import Record
 from kbroker.core.rejected import Rejected
-from kbroker.core.txn_faults import Deadline
+from kbroker.core.txn.faults import Deadline
 from kbroker.errors import BrokerUnavailableError, denied_code, kafka_error
 from kbroker.kafka import clients
-from kbroker.kafka.counting_clients import CountingClients
-from kbroker.kafka.guarded import CallDeadlineExceeded, GuardedProducer, TransactionFailed, reason, started_for, transact
+from kbroker.kafka.activation.counting_clients import CountingClients
+from kbroker.kafka.txn.guarded import (
+    CallDeadlineExceeded,
+    GuardedProducer,
+    TransactionFailed,
+    reason,
+    started_for,
+    transact,
+)
 from kbroker.kafka.reader import committed_offsets, reading_consumer, topic_partitions
-from kbroker.kafka.reclaim import log_starts
+from kbroker.kafka.receive.reclaim import log_starts
 from kbroker.kafka.rejects import Rejects
 
 
 class ResultsWriter:
     """The analytics job's producer. One transactional id per namespace: a second job of the same
     namespace fences this one, and a batch's records land all or none. Every call is bounded by
-    kbroker (kafka/guarded.py: librdkafka's send_offsets_to_transaction was seen here to block for
+    kbroker (kafka/txn/guarded.py: librdkafka's send_offsets_to_transaction was seen here to block for
     good after a broker restart); after any failure the producer is replaced, and the batch fails,
     so Spark runs it again from the state before it."""
 
     def __init__(self, cluster: ClusterLike, namespace: str, timeout: float = 30.0):
         self.cluster, self.namespace, self.timeout = Cluster.of(cluster), namespace, timeout
         # Never subscribes: it only lends the group's id to the offsets each batch commits, which
-        # tell the 5th-tick reclaim what the job has read (core/reclaim.py).
+        # tell the 5th-tick reclaim what the job has read (core/receive/reclaim.py).
         self._group = clients.consumer(cluster, names.analytics_group(namespace))
         self._producer: GuardedProducer | None = None
 
@@ -59,7 +66,7 @@ class ResultsWriter:
     def hold_unread(self) -> int:
         """At the job's start, the log start as the position of every queue partition the group
         has no recent position for, so the 5th-tick reclaim keeps what the job has not read yet
-        (core/reclaim.py): its first batch commits no position for a queue with nothing new (it
+        (core/receive/reclaim.py): its first batch commits no position for a queue with nothing new (it
         knows no end offsets before its first), and received records were deleted under it, never
         counted. Returns how many positions it wrote."""
         admin = clients.admin(self.cluster)

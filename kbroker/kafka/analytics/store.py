@@ -10,9 +10,9 @@ from typing import Any
 from confluent_kafka import KafkaError, TopicPartition
 
 from kbroker.core import names
-from kbroker.core.analytics_records import analytics_row
+from kbroker.core.analytics.analytics_records import analytics_row
 from kbroker.core.cluster import ClusterLike
-from kbroker.core.queue_analytics import dialog_row_at
+from kbroker.core.analytics.queue_analytics import dialog_row_at
 from kbroker.core.rejected import Rejected
 from kbroker.kafka.clients import is_transient
 from kbroker.kafka.reader import latest_records, reading_consumer, topic_partitions

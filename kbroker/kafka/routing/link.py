@@ -15,7 +15,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Messag
 from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.records import Header
-from kbroker.core.envelope import H_FOLLOWS, MalformedRecord
+from kbroker.core.dialogs.envelope import H_FOLLOWS, MalformedRecord
 from kbroker.errors import KBrokerError, PermissionDeniedError, denied_code
 from kbroker.core.routing.routes import address
 from kbroker.core.routing.transmission import Outgoing, ack_key, read_ack

@@ -24,10 +24,10 @@ from kbroker.core import names
 from kbroker.core.catalog.models import ERROR as ERROR_TYPE
 from kbroker.core.catalog.models import Catalog, Route
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.core.envelope import Envelope, error_body
+from kbroker.core.dialogs.envelope import Envelope, error_body
 from kbroker.core.routing.routes import address, hop, is_expired, match_route, routes_of
-from kbroker.core.tick import EVERY_2ND, EVERY_5TH, TickCounter, TickSchedule, advance
-from kbroker.core.timers import system_message
+from kbroker.core.activation.tick import EVERY_2ND, EVERY_5TH, TickCounter, TickSchedule, advance
+from kbroker.core.dialogs.timers import system_message
 from kbroker.core.routing.kept import kept
 from kbroker.core.routing.links import IDLE_CLOSE
 from kbroker.core.routing.signing import sign

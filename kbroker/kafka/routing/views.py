@@ -21,7 +21,7 @@ from confluent_kafka import KafkaException, Message, Producer, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.cluster import ClusterLike
-from kbroker.core.envelope import Envelope, MalformedRecord
+from kbroker.core.dialogs.envelope import Envelope, MalformedRecord
 from kbroker.core.routing.transmission import Outgoing
 from kbroker.kafka import clients, messages
 from kbroker.kafka.reader import committed_offsets, latest_values, read_partitions, reading_consumer, topic_partitions

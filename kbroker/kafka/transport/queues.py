@@ -22,9 +22,15 @@ from kbroker.core.transport.message import TransportEnvelope, as_envelope, from_
 from kbroker.errors import InvalidArgumentError, QueueNameCollisionError, TransportQueueNotFoundError, kafka_error
 from kbroker.kafka import clients, messages
 from kbroker.core.topic_limits import LARGEST_BODY, MESSAGE_TOPIC_LIMIT
-from kbroker.kafka.apply import KEEP_EVERY_RECORD, QUEUE_SEGMENTS, TopicSpec, sync_topics, system_topic_config
+from kbroker.kafka.catalog.apply import (
+    KEEP_EVERY_RECORD,
+    QUEUE_SEGMENTS,
+    TopicSpec,
+    sync_topics,
+    system_topic_config,
+)
 from kbroker.kafka.reader import topic_partitions
-from kbroker.kafka.receiver import QueueReceiver
+from kbroker.kafka.receive.receiver import QueueReceiver
 
 MAX_BODY_BYTES = LARGEST_BODY  # the largest body a transport queue takes (10 MiB)
 

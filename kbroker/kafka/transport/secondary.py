@@ -11,7 +11,7 @@ from __future__ import annotations
 from kbroker.core import names
 from kbroker.core.catalog.models import Queue
 from kbroker.core.cluster import ClusterLike
-from kbroker.kafka.apply import TopicSpec, queue_topic_config, sync_topics
+from kbroker.kafka.catalog.apply import TopicSpec, queue_topic_config, sync_topics
 
 PARTITIONS = 1  # replies to one instance: key-level concurrency inside one partition is enough
 

@@ -7,7 +7,7 @@
     ...
     await ep.close()
 
-The runtime underneath is the thread-based one (kafka/receiver.py's poll thread, the group
+The runtime underneath is the thread-based one (kafka/receive/receiver.py's poll thread, the group
 committer). What may block (a receive that waits, a commit, a queue look-up) runs on the
 endpoint's own thread pool, sized for its concurrency, never on the event loop; a receive task
 of the 3.0 model takes its counted message there too, since a poison one is dead-lettered on the way.
@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Mapping, Self, TypeVar
 
 from kbroker import tracing
-from kbroker.core.ramp import RampUp
+from kbroker.core.activation.ramp import RampUp
 from kbroker.core.transport.endpoint import FIXED, MONITOR, receive_tasks_to_start
 from kbroker.core.transport.message import TransportMessage
 from kbroker.sdk.transport.endpoint import TransportEndpoint

@@ -8,7 +8,7 @@ message into a queue, a receive takes the oldest one any instance has not taken.
     reply = ep.request("Billing", b"...").result(10)             # a callback, on this instance
     ep.close()
 
-Each queue is read through one consumer per process (kafka/receiver.py), in the queue's consumer
+Each queue is read through one consumer per process (kafka/receive/receiver.py), in the queue's consumer
 group: instances compete by partitions, and inside a process every message is a group of its own,
 so any reader takes any message. A handler's transaction commits its sends and the removal of its
 message in one Kafka transaction (transport_transaction.py).

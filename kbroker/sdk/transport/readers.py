@@ -7,7 +7,7 @@
   each task receives one message, handles and commits it, and ends.
 
 Polling Kafka is not the readers' job: each queue has one consumer per process, whose poll thread
-fills the receiver's buffer (kafka/receiver.py), so whatever the model, an idle queue costs one
+fills the receiver's buffer (kafka/receive/receiver.py), so whatever the model, an idle queue costs one
 poller. The readers wait on that buffer; idle, ramp keeps one reader and monitor none but its loop.
 """
 

@@ -18,7 +18,7 @@ from kbroker.core.records import Record
 from kbroker.core.transport.endpoint import EndpointSettings, FailedDeliveries
 from kbroker.core.transport.message import new_message, to_headers
 from kbroker.errors import InvalidArgumentError
-from kbroker.kafka.receiver import Lease, QueueReceiver
+from kbroker.kafka.receive.receiver import Lease, QueueReceiver
 from kbroker.kafka.transport.queues import MAX_BODY_BYTES, QueueDirectory, transport_receiver
 from kbroker.sdk.process import ProcessRuntime
 
@@ -85,7 +85,7 @@ class TransportRuntime(ProcessRuntime):
 
     def dead_letter_poison(self, lease: Lease, record: Any, reason: str) -> None:
         """A poison message: moved to the dead-letter topic (set aside if Kafka refuses the
-        copy, kafka/dead_letters.py), committed before returning."""
+        copy, kafka/receive/dead_letters.py), committed before returning."""
         log.warning("message at %s[%s]@%s moved to the dead-letter topic: %s", lease.receiver.topic,
                     record.partition(), record.offset(), reason)
         try:

@@ -23,8 +23,8 @@ from kbroker import tracing
 from kbroker.core.records import Record
 from kbroker.core.transport.message import TransportEnvelope, TransportMessage, with_position
 from kbroker.errors import InvalidArgumentError, TransactionAbortedError, TransactionInDoubtError, TransactionStateError
-from kbroker.kafka.committer import CommitRequest
-from kbroker.kafka.receiver import Lease
+from kbroker.kafka.txn.committer import CommitRequest
+from kbroker.kafka.receive.receiver import Lease
 from kbroker.sdk.transport.runtime import TransportRuntime
 
 

@@ -1,0 +1,1 @@
+"""`kbroker bench scale`: open dialogs, queues and workers at growing sizes, and its plot."""

@@ -1,0 +1,1 @@
+"""Analytics' pure rules: stale messages, dialog classes, the analytics topic's records decoded."""

@@ -1,0 +1,1 @@
+"""The catalog on Kafka: the catalog topic and `kbroker apply`."""

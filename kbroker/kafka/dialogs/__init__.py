@@ -1,0 +1,1 @@
+"""Dialogs on Kafka: the endpoints topic's cache, conversation leases, the timer service."""

@@ -1,0 +1,1 @@
+"""Security on Kafka: ACLs, SCRAM users, GRANT/DENY/REVOKE applied."""

@@ -1,0 +1,1 @@
+"""Kafka transactions: the group committer, the guarded transactional producer, fencing, open transactions and the transaction log."""
