@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from kbroker.core.catalog.models import ERROR as ERROR_TYPE
     from kbroker.core.dialogs.envelope import Message
     from kbroker.sdk.broker import Broker, connect
-    from kbroker.sdk.pool import ReaderPool
+    from kbroker.sdk.pollers import PollerPool, ReaderPool
     from kbroker.sdk.transaction import Transaction
 
 __version__ = "0.1.0"
@@ -30,13 +30,14 @@ _LAZY = {
     "Broker": ("kbroker.sdk.broker", "Broker"),
     "connect": ("kbroker.sdk.broker", "connect"),
     "Transaction": ("kbroker.sdk.transaction", "Transaction"),
-    "ReaderPool": ("kbroker.sdk.pool", "ReaderPool"),
+    "PollerPool": ("kbroker.sdk.pollers", "PollerPool"),
+    "ReaderPool": ("kbroker.sdk.pollers", "ReaderPool"),
     "Message": ("kbroker.core.dialogs.envelope", "Message"),
     "END_DIALOG": ("kbroker.core.catalog.models", "END_DIALOG"),
     "ERROR_TYPE": ("kbroker.core.catalog.models", "ERROR"),
     "DIALOG_TIMER": ("kbroker.core.catalog.models", "DIALOG_TIMER"),
 }
-__all__ = ["Broker", "connect", "Transaction", "ReaderPool", "Message", "KBrokerError",
+__all__ = ["Broker", "connect", "Transaction", "PollerPool", "ReaderPool", "Message", "KBrokerError",
            "END_DIALOG", "ERROR_TYPE", "DIALOG_TIMER"]
 
 

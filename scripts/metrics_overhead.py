@@ -20,7 +20,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 
 class _Noop:

@@ -25,7 +25,7 @@ from kbroker.bench.params import Params
 from kbroker.bench.progress import Reporter
 from kbroker.bench.scenarios.reply import measure_request_reply
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.kafka.reader import reading_consumer, watermarks
+from kbroker.kafka.snapshot import reading_consumer, watermarks
 
 
 def cpu_seconds(pid: int) -> float:

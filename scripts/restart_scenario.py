@@ -49,7 +49,7 @@ def run_reader(bootstrap: str, namespace: str, stop_file: str, log_file: str) ->
     from tests.helpers import invariants as inv
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the orchestrator asks for stacks
-    log = open(log_file, "a", buffering=1)
+    log = open(log_file, "a", buffering=1)  # noqa: SIM115 - line by line, open until the process exits
     broker = Broker(bootstrap, namespace)
     while not os.path.exists(stop_file):
         try:
@@ -105,8 +105,8 @@ def run_sender(bootstrap: str, namespace: str, conversations: int, per_conversat
 # --- the orchestrator --------------------------------------------------------------------------
 
 def _spawn(args: list[str], out_dir: Path, name: str, env: dict[str, str]) -> subprocess.Popen:
-    out = open(out_dir / f"{name}.out", "w")
-    return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    with open(out_dir / f"{name}.out", "w") as out:  # the child writes to its own copy of the descriptor
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

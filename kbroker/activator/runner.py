@@ -27,8 +27,8 @@ from kbroker.activator.config import ActivatorConfig, Application
 from kbroker.activator.notification import parse
 from kbroker.activator.rules import NOTIFIED, Limits, Rules
 from kbroker.core import names
-from kbroker.core.security.client_properties import env_of
 from kbroker.core.cluster import Cluster, ClusterLike
+from kbroker.core.security.client_properties import env_of
 from kbroker.errors import KBrokerError
 from kbroker.kafka.activation.events import EventsReader
 
@@ -115,10 +115,10 @@ class Activator:
 
         try:
             queues = read_catalog(self.cluster, self.namespace).queues
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - only a warning: the catalog may be applied later
             self._emit("warning", message=f"cannot read the catalog: {exc}")
             return
-        for q, app in self.apps.items():
+        for q in self.apps:
             queue = queues.get(q)
             if queue is None:
                 self._emit("warning", queue=q, message=f"queue {q!r} is not in the catalog of {self.namespace!r}")

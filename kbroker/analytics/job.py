@@ -1,7 +1,9 @@
 """The analytics job (docs/analytics.md): one Structured Streaming query over the namespace's queue,
 progress, timer and dead-letter topics, read with Spark's Kafka source. Spark reads and projects
 each micro-batch; the pure state (core/analytics/queue_analytics.py) turns it into records; the Kafka layer
-writes them in one transaction; closed windows go to Parquet."""
+writes them in one transaction; closed windows go to Parquet. This module is the query's lifecycle
+(start, one micro-batch, stop; run_forever restarts it); rows.py turns Spark's rows into the
+state's inputs, failures.py reads a failure's text and asks a failed batch step again."""
 
 from __future__ import annotations
 
@@ -9,36 +11,32 @@ import logging
 import re
 import threading
 import time
-from collections import deque, namedtuple
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 import orjson
 
 from kbroker import metrics
+from kbroker.analytics.failures import again_on_failure, first_line, refusal_in
+from kbroker.analytics.rows import PROJECTION, apply_rows, collect, read_positions
 from kbroker.analytics.session import spark_session
 from kbroker.analytics.state_files import StateFiles
 from kbroker.core import names
-from kbroker.core.analytics.analytics_records import armed_timer, progress_snapshot
+from kbroker.core.analytics.queue_analytics import Analytics
 from kbroker.core.cluster import Cluster
-from kbroker.core.dialogs.envelope import (
-    H_CONVERSATION_ID,
-    H_GROUP_ID,
-    H_MESSAGE_ID,
-    H_MESSAGE_TYPE,
-    H_REKEYED_FROM,
-    H_TO_SIDE,
-)
-from kbroker.core.analytics.queue_analytics import Analytics, Arrival
 from kbroker.core.log_limit import LogLimiter, RateLimitFilter
-from kbroker.core.rejected import Consumed, Rejected, text_key
+from kbroker.core.rejected import Consumed
 from kbroker.errors import BrokerUnavailableError, InvalidArgumentError, PermissionDeniedError
 from kbroker.kafka.analytics.results import ResultsWriter
 from kbroker.kafka.catalog.catalog_store import read_catalog
 from kbroker.kafka.clients import principal, spark_java_options, spark_options
-from kbroker.kafka.reader import check_read
 from kbroker.kafka.rejects import Rejects
+from kbroker.kafka.snapshot import check_read
+
+# refusal_in stays importable from here (the query's failure() and run_forever use it).
+__all__ = ["CATALOG_EVERY", "AnalyticsJob", "JobSettings", "JobStopping", "measured", "refusal_in", "run_forever"]
 
 log = logging.getLogger("kbroker.analytics")
 CATALOG_EVERY = 10.0  # seconds between reads of the queues' stale_after
@@ -71,22 +69,6 @@ class JobSettings:
 
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
-
-
-def _header(name: str) -> str:
-    return f"try_element_at(hs, '{name}')"  # bytes: decoded by collect() (see TEXT)
-
-
-# One row per record: what the pure state needs and nothing more (a queue record's body stays
-# in Kafka). Sorted by the driver into one order that a batch run again repeats.
-PROJECTION = [
-    "topic", "partition", "offset", "CAST(unix_millis(timestamp) AS LONG) AS ts",
-    "key",
-    "CASE WHEN topic LIKE '%.queue.%' THEN NULL ELSE value END AS value",
-    f"{_header(H_MESSAGE_ID)} AS message_id", f"{_header(H_CONVERSATION_ID)} AS conversation_id",
-    f"{_header(H_TO_SIDE)} AS side", f"{_header(H_GROUP_ID)} AS grp", f"{_header(H_MESSAGE_TYPE)} AS message_type",
-    f"{_header(H_REKEYED_FROM)} AS rekeyed_from", f"{_header('kb.dlq.topic')} AS dlq_topic",
-]
 
 
 class AnalyticsJob:
@@ -264,137 +246,6 @@ def measured(namespace: str, analytics: list[tuple[str, dict[str, Any]]], as_of:
         metrics.of(metrics.ANALYTICS_OLDEST, namespace, queue).set(w.get("oldest_unreceived_age_s") or 0)
         for threshold, count in (w.get("stale") or {}).items():
             metrics.of(metrics.ANALYTICS_STALE, namespace, queue, threshold).set(count)
-
-
-FIELDS = ("topic", "partition", "offset", "ts", "key", "value", "message_id", "conversation_id", "side", "grp",
-          "message_type", "rekeyed_from", "dlq_topic")
-Record = namedtuple("Record", FIELDS)  # type: ignore[misc]
-
-
-# The columns read as text. Spark's CAST to STRING does not check UTF-8 and Arrow then refuses
-# the batch: one record's key or header that another client wrote as other bytes failed the query,
-# and every restart from its checkpoint failed on the same batch. Decoded here, with
-# replacement characters; the key and value stay bytes for the decoders (core/analytics/analytics_records.py).
-TEXT = frozenset(FIELDS) - {"topic", "partition", "offset", "ts", "key", "value"}
-
-
-def _text(values: list[bytes | None]) -> list[str | None]:
-    return [None if v is None else v.decode(errors="replace") for v in values]
-
-
-BATCH_STEP_ATTEMPTS = 3
-T = TypeVar("T")
-
-
-def again_on_failure(what: str, step: Callable[[], T], batch_id: int, stopping: threading.Event,
-                     retriable: tuple[type[BaseException], ...] = (Exception,)) -> T:
-    """step(), asked again (up to BATCH_STEP_ATTEMPTS times in all, a second more each time) when
-    it fails with a `retriable` error. A failed step failed the batch, which stops the query:
-    `kbroker analytics run` starts it again from its checkpoint, but seconds later, and a job that
-    is not supervised so stayed stopped. Both steps asked again are the same the second time: the
-    rows of the batch's own offsets, and its results in a transaction the failed one's producer
-    could not commit (a new producer of the same id fenced it)."""
-    for attempt in range(1, BATCH_STEP_ATTEMPTS + 1):
-        try:
-            return step()
-        except retriable as exc:
-            if attempt == BATCH_STEP_ATTEMPTS or stopping.is_set():
-                raise
-            log.warning("batch %d: %s failed (%s); trying again", batch_id, what, first_line(exc))
-            stopping.wait(attempt)
-    raise AssertionError("unreachable")
-
-
-def collect(frame: Any) -> list[Any]:
-    """The batch's projected rows on the driver, through Arrow (column by column: a plain
-    collect() of 20,000 rows built Row objects for seconds)."""
-    table = frame.toArrow()
-    columns = [_text(table.column(name).to_pylist()) if name in TEXT else table.column(name).to_pylist()
-               for name in FIELDS]
-    return [Record._make(values) for values in zip(*columns)]
-
-
-def apply_rows(state: Analytics, namespace: str, rows: list[Any]) -> list[tuple[Any, str]]:
-    """Feed one batch's projected rows to the state, in (timestamp, topic, partition, offset) order
-    (a snapshot meets the records of its time). Within a partition that order may not be the offsets'
-    (several producers SEND to it): the state knows a record by its offset, so it counts each once.
-    Returns the progress rows that are not snapshots, with why (skipped: the job records them). A
-    timers record that is not a timer is skipped too; the timer service records it."""
-    progress_topic, timers_topic = names.progress_topic(namespace), names.timers_topic(namespace)
-    deadletter_topic = names.deadletter_topic(namespace)
-    rejected: list[tuple[Any, str]] = []
-    for r in sorted(rows, key=lambda r: (r.ts, r.topic, r.partition, r.offset)):
-        if r.topic == progress_topic:
-            try:
-                state.progress(progress_snapshot(r.value))
-            except Rejected as exc:
-                rejected.append((r, exc.reason))
-        elif r.topic == timers_topic:
-            try:
-                state.timer(text_key(r.key), None if r.value is None else armed_timer(namespace, r.value))
-            except Rejected:
-                continue
-        elif r.topic == deadletter_topic:
-            queue = names.queue_of_topic(namespace, r.dlq_topic or "")
-            if queue is not None and r.conversation_id and r.side:
-                state.dead_lettered(queue, r.conversation_id, r.side, r.ts)
-        else:
-            queue = names.queue_of_topic(namespace, r.topic)
-            if queue is None or not (r.message_id and r.conversation_id and r.side and r.message_type):
-                continue  # not a kbroker message: the readers dead-letter it
-            state.arrival(Arrival(queue, r.partition, r.offset, r.ts, r.message_id, r.conversation_id, r.side,
-                                  r.grp or "", r.message_type, r.rekeyed_from))
-    return rejected
-
-
-def read_positions(rows: list[Any], namespace: str,
-                   before: dict[str, dict[str, int]] | None = None) -> dict[tuple[str, int], int]:
-    """(queue topic, partition) -> the offset the job has read up to: after the last record of it
-    in the batch, or where the previous batch ended (so a partition with nothing new says so too)."""
-    head = names.prefix(namespace) + "queue."
-    out: dict[tuple[str, int], int] = {}
-    for topic, partitions in (before or {}).items():
-        if topic.startswith(head):
-            for partition, offset in partitions.items():
-                if int(offset) >= 0:
-                    out[(topic, int(partition))] = int(offset)
-    for r in rows:
-        if r.topic.startswith(head):
-            key = (r.topic, r.partition)
-            out[key] = max(out.get(key, 0), r.offset + 1)
-    return out
-
-
-def first_line(error: object) -> str:
-    """An error in one line: Spark's carry the query plan and the JVM's stack after it."""
-    lines = str(error).strip().splitlines()
-    return (lines[0] if lines else repr(error))[:300]
-
-
-# How the authorizer's refusal reads in a failed query's text: kbroker's own (raised in a batch,
-# its one line), or Kafka's Java client's (Spark's Kafka source).
-_KBROKER_REFUSAL = re.compile(r"(permission denied: [^\n]*)")
-_JAVA_REFUSAL = re.compile(r"(Topic|Group|Cluster|TransactionalId)AuthorizationException: ([^\n]*)")
-_JAVA_KINDS = {"Topic": "topic", "Group": "group", "Cluster": "cluster", "TransactionalId": "transactional id"}
-
-
-def refusal_in(error: Any, principal: str = "") -> PermissionDeniedError | None:
-    """The authorizer's refusal a failed query (or any error) carries, as a PermissionDeniedError;
-    None when it is not one."""
-    if error is None:
-        return None
-    if isinstance(error, PermissionDeniedError):
-        return error.naming(principal)
-    text = str(error)
-    own = _KBROKER_REFUSAL.search(text)
-    if own is not None:
-        return PermissionDeniedError(own.group(1).strip())
-    java = _JAVA_REFUSAL.search(text)
-    if java is not None:
-        kind = _JAVA_KINDS[java.group(1)]
-        return PermissionDeniedError(resource=kind, operation="READ" if kind in ("topic", "group") else "",
-                                     principal=principal, what=f"Spark's Kafka source: {java.group(2).strip()[:200]}")
-    return None
 
 
 def run_forever(settings: JobSettings) -> None:

@@ -9,8 +9,9 @@ activation-drain    time to drain a standing backlog once activation is turned o
                     ... ACTIVATION ON, max_queue_readers = K, the worker's ramp-up), vs a fixed
                     pool of K threads running the same procedure, all started at once.
 
-The scenarios are in activation_latency.py and activation_drain.py. Each side has a namespace of its own (topics/samples applied), so no consumer group is shared:
-the worker's readers only ever see the kbroker side's queue.
+The scenarios are in activation_latency.py and activation_drain.py. Each side has a namespace of
+its own (topics/samples applied), so no consumer group is shared: the worker's readers only ever
+see the kbroker side's queue.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from typing import Callable
 
 from kbroker.bench import procedures
 from kbroker.bench.harness import BenchContext, free_port
-from kbroker.core.cluster import ClusterLike
 from kbroker.errors import BrokerUnavailableError
 from kbroker.worker.web.web_client import get_json
 

@@ -47,6 +47,6 @@ class BenchContext:
 
         try:  # best effort: leftovers are named bench-*
             delete_topics_with_prefixes(self.cluster, [f"kbroker.{ns}." for ns in self.namespaces], 30)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - best effort: said, and the leftovers are named bench-*
             self.say(f"[yellow]could not delete the benchmark's topics: {exc}[/yellow]")
         self.namespaces.clear()

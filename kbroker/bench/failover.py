@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 from kbroker.bench.common import QUEUE, claim_headers, json_body
 from kbroker.kafka.clients import idempotent_producer
-from kbroker.kafka.reader import read_partitions, reading_consumer
+from kbroker.kafka.snapshot import read_partitions, reading_consumer
 
 PARTITIONS = 6
 READERS = ("r0", "r1", "r2")

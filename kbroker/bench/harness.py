@@ -91,7 +91,7 @@ def run_scenario(ctx: BenchContext, s: Scenario) -> list[dict]:
         if s.teardown:
             try:
                 s.teardown(ctx, state)
-            except Exception as exc:  # never hide the scenario's own result or error
+            except Exception as exc:  # noqa: BLE001 - never hide the scenario's own result or error
                 ctx.say(f"[yellow]{s.name}: teardown failed: {exc}[/yellow]")
     return [summarise(r, runs[r.name]) for r in s.rows]
 
@@ -115,7 +115,7 @@ def _run_scenarios(selected: list[str], ctx: BenchContext, reporter: Reporter) -
                 results.extend(run_scenario(ctx, s))
             except KeyboardInterrupt:
                 raise
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a failed scenario is a row of its own; the rest run
                 reporter.say(f"[red]{name} failed: {exc}[/red]")
                 if os.environ.get("KBROKER_BENCH_DEBUG"):
                     traceback.print_exc()

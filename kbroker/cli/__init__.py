@@ -8,5 +8,19 @@ from kbroker.cli.common import handle_errors, main
 __all__ = ["handle_errors", "main"]
 
 # The command modules attach their commands to `main`; imported here so `kbroker --help` lists them.
-from kbroker.cli import (acls, activator, analytics, bench, broker, catalog, diagnose, messaging, permissions,  # noqa: E402, F401
-                         routes, routing, transport_endpoint, views, worker)
+from kbroker.cli import (  # noqa: F401
+    acls,
+    activator,
+    analytics,
+    bench,
+    broker,
+    catalog,
+    diagnose,
+    messaging,
+    permissions,
+    routes,
+    routing,
+    transport_endpoint,
+    views,
+    worker,
+)

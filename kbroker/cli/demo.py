@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Callable
 from kbroker import config
 from kbroker.cli.output import make_console, new_table, print_table
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.embedded.broker import EmbeddedBroker
 from kbroker.embedded import resolve_cluster
+from kbroker.embedded.broker import EmbeddedBroker
 from kbroker.errors import BrokerUnavailableError, EmbeddedBrokerError
 from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.sdk.broker import END_DIALOG, Broker
@@ -46,7 +46,7 @@ def run_demo(*, cluster: ClusterLike | None, namespace: str, data_dir: Path | No
             status = embedded.start(port=port)
             started = embedded
         if status.bootstrap is None:  # a running broker has an address; never None in practice
-            raise EmbeddedBrokerError(f"the embedded broker in {status.data_dir} reports no address")
+            raise EmbeddedBrokerError(f"the embedded broker in {status.data_dir} reports no address") from None
         cluster = Cluster(status.bootstrap)
     say(f"[bold]Kafka[/] at {cluster}, namespace [bold]{namespace}[/]")
     try:

@@ -1,7 +1,7 @@
 """`kbroker transmission` (sys.transmission_queue), `kbroker connections`
 (sys.dm_broker_connections) and `kbroker forwarded` (sys.dm_broker_forwarded_messages): what the
 namespace's transmitters and forwarders hold and how their connections stand, from their reports
-on the transport topic (kafka/routing/views.py)."""
+on the link reports topic (kafka/routing/views.py)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import click
 
-from kbroker.core.dialogs.conversation_endpoint import CLOSED_GRACE_SECONDS
 from kbroker.cli.common import (
     cluster_options,
     emit_json,
@@ -20,6 +19,7 @@ from kbroker.cli.common import (
 )
 from kbroker.cli.output import new_table, print_table
 from kbroker.cli.views import queue_group
+from kbroker.core.dialogs.conversation_endpoint import CLOSED_GRACE_SECONDS
 
 
 @main.command("worker")

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kbroker.core.dialogs.arrival import CONTRACT_NOT_FOUND, CONTRACT_NOT_SUPPORTED, NO_PERMISSION
 from kbroker.core.catalog.models import Catalog
+from kbroker.core.dialogs.arrival import CONTRACT_NOT_FOUND, CONTRACT_NOT_SUPPORTED, NO_PERMISSION
 from kbroker.core.receive.poison import POISON_THRESHOLD
 from kbroker.core.routing.routes import hop, match_route, parse_address, routes_of
 
@@ -200,7 +200,7 @@ def _remote(frm: Side, from_service: str, to: Side, target: Any, now: float) -> 
 # --- RUNTIME: what is stuck now ------------------------------------------------------------------
 
 ANALYTICS_LATE_S = 120.0  # the analytics job's newest figures older than this: it is behind or stopped
-TRANSMISSION_LATE_S = 60.0  # an unacknowledged routed message older than this is stuck (seed 000's stall)
+TRANSMISSION_LATE_S = 60.0  # an unacknowledged routed message older than this is stuck (docs/sources.md#periodic-tasks)
 # A Kafka transaction or a conversation group's lock held longer than this is stuck. kbroker's
 # producers' transactions time out after 10 s (the analytics job's after 60 s) and Kafka aborts
 # them within its check interval after that: one still open at 120 s outlived its producer's

@@ -284,8 +284,9 @@ def acks_topic(ns: str) -> str:
     return system_topic(ns, "acks")
 
 
-def transport_topic(ns: str) -> str:
-    """The transmitters' reports (sys.transmission_queue statuses, sys.dm_broker_connections)."""
+def link_reports_topic(ns: str) -> str:
+    """The transmitters' and forwarders' reports on their links (sys.transmission_queue statuses,
+    sys.dm_broker_connections). The topic keeps the name it was created with, `transport`."""
     return system_topic(ns, "transport")
 
 

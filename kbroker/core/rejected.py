@@ -22,7 +22,8 @@ The API, for every reader (the routing topics' readers too):
 
 Who records a record every process reads (a compacted topic read whole: the catalog, the
 endpoints, the readers' reports) is the reader's choice, so that one bad record is not a dead
-letter per process per start: see kafka/rejects.py. Pure: no I/O.
+letter per process per start, nor a warning per process per read: see kafka/rejects.py. Pure: no
+I/O.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kbroker import config
-from kbroker.core.security.client_properties import COMMAND_CONFIG_ENV, properties_from_env, read_properties
 from kbroker.core.cluster import Cluster, ClusterLike
+from kbroker.core.security.client_properties import COMMAND_CONFIG_ENV, properties_from_env, read_properties
 from kbroker.embedded import secure
 from kbroker.embedded.cluster import embedded_at
 from kbroker.errors import BrokerUnavailableError, InvalidArgumentError

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Callable
 
 from kbroker import config
-from kbroker.core.security.client_properties import write_properties
 from kbroker.core.cluster import Cluster, ClusterLike
+from kbroker.core.security.client_properties import write_properties
 from kbroker.embedded.certs import write_private
 from kbroker.embedded.jvm import HERE, KAFKA_VERSION, LOGGING_OPTION, fetch_maven_jars, find_java
 from kbroker.errors import BrokerUnavailableError, InvalidArgumentError

@@ -19,9 +19,9 @@ import re
 import secrets
 from pathlib import Path
 
+from kbroker.core.cluster import Cluster
 from kbroker.core.security import client_properties
 from kbroker.core.security.client_properties import Jaas
-from kbroker.core.cluster import Cluster
 from kbroker.embedded import certs
 from kbroker.errors import EmbeddedBrokerError, InvalidArgumentError
 

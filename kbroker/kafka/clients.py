@@ -1,8 +1,9 @@
 """The one place kbroker builds Kafka clients: every producer, consumer and admin client starts
 from the same base settings (the cluster's bootstrap servers and client properties, librdkafka's
 log routed to kbroker's logger), so a setting that must hold everywhere is set once; the Faust
-worker's broker URL and the Spark job's Kafka options are made here from the same Cluster. `kafka_error` (a Kafka failure as a typed kbroker
-error) lives with the errors and is re-exported here for the layer's modules."""
+worker's broker URL and the Spark job's Kafka options are made here from the same Cluster.
+`kafka_error` (a Kafka failure as a typed kbroker error) lives with the errors and is re-exported
+here for the layer's modules."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from kbroker.config import KAFKA_LOG
-from kbroker.core.security.client_security import ClientSecurity
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.log_limit import RateLimitFilter
+from kbroker.core.security.client_security import ClientSecurity
 from kbroker.core.topic_limits import CLIENT_LIMIT
 from kbroker.errors import (
     AUTHENTICATION_CODES,

@@ -11,24 +11,33 @@ from typing import Any
 
 import orjson
 
-from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core import names
 from kbroker.core.catalog.models import Queue
-from kbroker.core.diagnosis import (ERROR, STUCK_AFTER_S, Access, Problem, QueueState, Side, access, configuration,
-                                    runtime)
+from kbroker.core.cluster import Cluster, ClusterLike
+from kbroker.core.diagnosis import (
+    ERROR,
+    STUCK_AFTER_S,
+    Access,
+    Problem,
+    QueueState,
+    Side,
+    access,
+    configuration,
+    runtime,
+)
 from kbroker.core.diagnosis import conversation as conversation_problems
-from kbroker.core.routing.routes import address, match_route, parse_address, routes_of
+from kbroker.core.routing.routes import address, match_route, routes_of
 from kbroker.errors import CatalogError, KBrokerError
 from kbroker.kafka.catalog.catalog_store import read_catalog
 from kbroker.kafka.clients import brokers_answering, principal
 from kbroker.kafka.dialogs.conversation_endpoints import read_endpoints
-from kbroker.kafka.txn.open_transactions import open_transactions
-from kbroker.kafka.security.permissions import authorized
 from kbroker.kafka.queue_views import queue_view_of
 from kbroker.kafka.receive.rollbacks import recent_rollbacks
-from kbroker.kafka.reader import latest_values
-from kbroker.kafka.routing.views import transmission_rows
 from kbroker.kafka.routing.profiles import ClusterProfiles
+from kbroker.kafka.routing.views import transmission_rows
+from kbroker.kafka.security.permissions import authorized
+from kbroker.kafka.snapshot import latest_values
+from kbroker.kafka.txn.open_transactions import open_transactions
 
 
 def diagnose_configuration(cluster: ClusterLike, namespace: str, from_service: str, to_service: str, contract: str,

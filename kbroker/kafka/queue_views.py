@@ -21,18 +21,18 @@ from confluent_kafka import (
 from confluent_kafka.admin import OffsetSpec
 
 from kbroker.core import names
-from kbroker.core.cluster import ClusterLike
 from kbroker.core.catalog.models import Queue
+from kbroker.core.cluster import ClusterLike
 from kbroker.core.dialogs.conversation_endpoint import Endpoint
-from kbroker.core.receive.offsets import decode_completed
 from kbroker.core.reader_reports import reader_report
+from kbroker.core.receive.offsets import decode_completed
 from kbroker.core.rejected import Rejected
 from kbroker.errors import CatalogError, InvalidArgumentError, kafka_error
 from kbroker.kafka import clients, wire
 from kbroker.kafka.catalog.catalog_store import publish_object, read_catalog, write_records
 from kbroker.kafka.dialogs.conversation_endpoints import read_endpoints
-from kbroker.kafka.reader import committed_offsets, latest_records
 from kbroker.kafka.rejects import Rejects
+from kbroker.kafka.snapshot import committed_offsets, latest_records
 
 # Named after Service Broker's BROKER_QUEUE_DISABLED event, which poison handling raises.
 QUEUE_DISABLED, QUEUE_ENABLED = "QUEUE_DISABLED", "QUEUE_ENABLED"
@@ -59,7 +59,7 @@ def set_queue_status(cluster: ClusterLike, namespace: str, queue: str, status: s
 
 def alter_queue_activation(cluster: ClusterLike, namespace: str, queue: str, *, status: str | None = None,
                            max_queue_readers: int | None = None, procedure: str | None = None,
-                           timeout: float = 30.0) -> dict:
+                           timeout: float = 30.0) -> dict[str, Any]:
     """ALTER QUEUE queue WITH ACTIVATION (STATUS = ON | OFF, MAX_QUEUE_READERS = n, PROCEDURE_NAME = p).
     The worker's monitors see the change on their next tick; turning activation off and on
     recycles the queue's monitor."""
@@ -85,7 +85,7 @@ def alter_queue_activation(cluster: ClusterLike, namespace: str, queue: str, *, 
     return new.activation.model_dump()
 
 
-def queue_view(cluster: ClusterLike, namespace: str, queue: str, timeout: float = 10.0) -> dict:
+def queue_view(cluster: ClusterLike, namespace: str, queue: str, timeout: float = 10.0) -> dict[str, Any]:
     """A queue's status and depth per partition, and its readers (the consumer group).
 
     Per partition: `end` is the last stable offset (records of open transactions are not ready
@@ -100,7 +100,7 @@ def queue_view(cluster: ClusterLike, namespace: str, queue: str, timeout: float 
     return queue_view_of(cluster, namespace, read_catalog(cluster, namespace, timeout).queue(queue), timeout)
 
 
-def queue_view_of(cluster: ClusterLike, namespace: str, q: Queue, timeout: float = 10.0) -> dict:
+def queue_view_of(cluster: ClusterLike, namespace: str, q: Queue, timeout: float = 10.0) -> dict[str, Any]:
     """queue_view of a queue whose catalog entry the caller has read already (one catalog read
     for many queues)."""
     queue = q.name
@@ -170,7 +170,7 @@ def _bytes_held(cluster: ClusterLike, metadata: Any, topic: str, timeout: float)
 READER_STALE_SECONDS = 10.0  # a process that has not reported for this long is gone
 
 
-def reader_rows(cluster: ClusterLike, namespace: str, topic: str, timeout: float = 10.0) -> list[dict]:
+def reader_rows(cluster: ClusterLike, namespace: str, topic: str, timeout: float = 10.0) -> list[dict[str, Any]]:
     """The processes reading `topic` now, as they last reported: locked groups, messages in
     flight (taken by open transactions), buffered records, partitions."""
     now, rows = time.time(), []
@@ -188,14 +188,14 @@ def reader_rows(cluster: ClusterLike, namespace: str, topic: str, timeout: float
     return sorted(rows, key=lambda r: r["process"])
 
 
-def conversation_view(cluster: ClusterLike, namespace: str) -> list[dict]:
+def conversation_view(cluster: ClusterLike, namespace: str) -> list[dict[str, Any]]:
     """sys.conversation_endpoints: every endpoint in the namespace's endpoints topic, with the
     columns kbroker keeps (the rest of SSB's columns have no meaning here), read from the topic.
     A running worker keeps the same view current in memory (its /conversations/ page)."""
     return conversation_rows(read_endpoints(cluster, namespace, as_written=True))
 
 
-def conversation_rows(endpoints: list[Endpoint]) -> list[dict]:
+def conversation_rows(endpoints: list[Endpoint]) -> list[dict[str, Any]]:
     """The rows of sys.conversation_endpoints for `endpoints`."""
     rows = []
     for ep in sorted(endpoints, key=lambda e: (e.conversation_id, not e.is_initiator)):

@@ -2,11 +2,12 @@
 it here, and goes on.
 
 `Rejects(cluster, namespace, reader).reject(record, reason)` logs one line (at most one per
-position per process) and, when the Rejects records, produces the record's dead letter and its
-RECORD_REJECTED event with an idempotent producer made on the first rejection (a reader that
-never meets a bad record never has one). It never raises and never waits for the broker: a dead
-letter that cannot be written (a principal without WRITE on the dead-letter topic, a broker that
-is down) is logged, and the reader goes on regardless; the bad record is skipped either way.
+position per process; at DEBUG for a `scanned` reader) and, when the Rejects records, produces the
+record's dead letter and its RECORD_REJECTED event with an idempotent producer made on the first
+rejection (a reader that never meets a bad record never has one). It never raises and never
+waits for the broker: a dead letter that cannot be written (a principal without WRITE on the
+dead-letter topic, a broker that is down) is logged, and the reader goes on regardless; the bad
+record is skipped either way.
 
 Who records. A record on a topic that a consumer group reads (timers, monitor events, ticks,
 progress) is met by one process once: it records it. A topic that every process reads whole
@@ -15,7 +16,8 @@ would give one dead letter per process per start, so its readers are made with `
 records each bad record once:
 - the catalog and the endpoints are read whole at each scan (the endpoints as often as their
   reclaim): a bad record still the last of its key is recorded, and tombstoned when its key holds
-  no valid value, which supersedes it (no later scan or reader meets it, compaction removes it);
+  no valid value, which supersedes it (no later scan counts it; readers meet it until compaction
+  removes it);
   one that follows a valid value of its key is only recorded (rewriting the old value could undo
   a newer write racing with it), and the scanner remembers it. `kbroker apply`, the catalog's
   writer, writes again an object whose last record is bad and records that record itself;
@@ -24,6 +26,12 @@ records each bad record once:
   retention drops them).
 A new tick owner scans from the start again, so a bad record is recorded once per tick owner
 (and, rarely, by both a scan and the apply that repairs it), never once per process.
+
+Who says so. The Rejects that records a record logs it at WARNING. A reader of a scanned topic is
+made `scanned` as well as `record=False`: it skips at DEBUG, since it meets the record again at
+each read of the topic whole (a tombstoned one until compaction removes it, one that follows a
+valid value of its key for good), and every CLI call warned anew of catalog records set aside
+long ago. Its count (`rejected`) stays.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.rejected import Rejected, position, rejection_records
 from kbroker.errors import BrokerUnavailableError
 from kbroker.kafka import clients
-from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partitions
+from kbroker.kafka.snapshot import read_partitions, reading_consumer, topic_partitions
 
 __all__ = ["Rejects", "scan"]
 
@@ -53,8 +61,12 @@ _SEEN_LIMIT = 10_000  # positions remembered per Rejects: its memory stays bound
 class Rejects:
     """A reader's way to set records aside (see the module docstring). Thread-safe."""
 
-    def __init__(self, cluster: ClusterLike, namespace: str, reader: str, *, record: bool = True):
+    def __init__(self, cluster: ClusterLike, namespace: str, reader: str, *, record: bool = True,
+                 scanned: bool = False):
         self.cluster, self.namespace, self.reader, self.records = Cluster.of(cluster), namespace, reader, record
+        # scanned (with record=False): the 5th-tick scan reports and records this topic's bad
+        # records, so this reader's line is at DEBUG (the count stays).
+        self._level = logging.DEBUG if scanned and not record else logging.WARNING
         self._producer: Producer | None = None
         self._lock = threading.Lock()
         self._seen: set[tuple[str | None, int | None, int | None]] = set()
@@ -71,7 +83,7 @@ class Rejects:
                 self._seen.clear()
             self._seen.add(where)
             self.rejected += 1
-        log.warning("%s: record %s set aside: %s", self.reader, position(record), reason)
+        log.log(self._level, "%s: record %s set aside: %s", self.reader, position(record), reason)
         if self.records:
             self._write(record, reason)
         return True

@@ -38,7 +38,7 @@ def run_steps(step: Callable[[], None], stop: threading.Event, component: str, g
     while not stop.is_set():
         try:
             step()
-        except Exception as exc:  # keep going: one failed step must not stop the service
+        except Exception as exc:  # noqa: BLE001 - keep going: one failed step must not stop the service
             report(guard, component, exc, log)
             if is_refusal(exc):
                 log.error("%s stopped: %s", component, exc)

@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient
 from kbroker.core.cluster import ClusterLike
 from kbroker.errors import denied_code
 from kbroker.kafka import clients
-from kbroker.kafka.reader import topic_partitions
+from kbroker.kafka.snapshot import topic_partitions
 
 
 def await_topics(cluster: ClusterLike, admin: AdminClient, topics: list[str], timeout: float) -> list[str]:

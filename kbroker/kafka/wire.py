@@ -17,9 +17,9 @@ import struct
 
 import scramp
 
-from kbroker.core.security.client_security import ClientSecurity
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.receive.offsets import put_uvarint
+from kbroker.core.security.client_security import ClientSecurity
 from kbroker.errors import AuthenticationFailedError
 from kbroker.kafka.clients import security
 from kbroker.kafka.tls import ssl_context
@@ -30,7 +30,7 @@ SASL_AUTHENTICATE = 36
 CLIENT_ID = b"kbroker"
 
 
-class Reader:
+class Cursor:
     """Reads a response's fields in order (Kafka's big-endian and varint encodings)."""
 
     def __init__(self, data: bytes):
@@ -147,7 +147,7 @@ def _authenticate(sock: socket.socket, sec: ClientSecurity) -> None:
     """SASL on a fresh connection: the handshake naming the mechanism, then PLAIN's one message or
     SCRAM's two rounds."""
     mechanism = str(sec.mechanism)
-    reply = Reader(_round_trip(sock, frame(SASL_HANDSHAKE, 1, 1, _string(mechanism), flexible=False)))
+    reply = Cursor(_round_trip(sock, frame(SASL_HANDSHAKE, 1, 1, _string(mechanism), flexible=False)))
     reply.take(">i")  # correlation id
     if reply.take(">h"):
         offered = [reply.string() for _ in range(reply.take(">i"))]
@@ -166,7 +166,7 @@ def _authenticate(sock: socket.socket, sec: ClientSecurity) -> None:
 
 def _sasl_step(sock: socket.socket, data: bytes) -> bytes:
     """One SaslAuthenticate v1 round: `data` out, the broker's bytes back."""
-    reply = Reader(_round_trip(sock, frame(SASL_AUTHENTICATE, 1, 2, struct.pack(">i", len(data)) + data,
+    reply = Cursor(_round_trip(sock, frame(SASL_AUTHENTICATE, 1, 2, struct.pack(">i", len(data)) + data,
                                            flexible=False)))
     reply.take(">i")  # correlation id
     error, message = reply.take(">h"), reply.string()
@@ -214,7 +214,7 @@ def describe_log_dirs_request(topic: str, partitions: list[int], correlation_id:
 
 def parse_describe_log_dirs(payload: bytes, topic: str, correlation_id: int = 1) -> dict[int, int]:
     """partition -> bytes on this broker (current replicas, not a move's future ones)."""
-    r = Reader(payload)
+    r = Cursor(payload)
     if r.take(">i") != correlation_id:
         raise ConnectionError("a response to another request")
     r.take(">i")  # throttle time

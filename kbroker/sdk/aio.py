@@ -7,10 +7,10 @@
 
 The runtime underneath is the thread-based one (poll thread, group committer). Every statement
 that may block runs in a worker thread of the broker's own executor (`concurrency` threads, made
-as they are needed), never on the event loop: a RECEIVE waits, a commit waits for Kafka, a catalog or endpoint lookup reads a
-topic, and SEND, END CONVERSATION, BEGIN CONVERSATION TIMER and MOVE CONVERSATION wait up to the
-broker's lock_timeout for a conversation lock another transaction holds (core/dialogs/locks.py). Other
-coroutines keep running meanwhile.
+as they are needed), never on the event loop: a RECEIVE waits, a commit waits for Kafka, a catalog
+or endpoint lookup reads a topic, and SEND, END CONVERSATION, BEGIN CONVERSATION TIMER and MOVE
+CONVERSATION wait up to the broker's lock_timeout for a conversation lock another transaction
+holds (core/dialogs/locks.py). Other coroutines keep running meanwhile.
 
 The executor is the broker's, not the loop's default one (min(32, CPUs + 4) threads: 6 on two
 cores): a statement holds its thread only while it blocks (a RECEIVE waiting for a group, a
@@ -31,8 +31,8 @@ from collections.abc import Callable
 from typing import Any, Self, TypeVar
 
 from kbroker.core.catalog.models import Catalog
-from kbroker.core.dialogs.conversation_endpoint import Endpoint
 from kbroker.core.cluster import Cluster, ClusterLike
+from kbroker.core.dialogs.conversation_endpoint import Endpoint
 from kbroker.core.dialogs.envelope import Message
 from kbroker.errors import InvalidArgumentError
 from kbroker.sdk import broker as client
@@ -225,7 +225,7 @@ class AsyncBroker:
         """MOVE CONVERSATION handle TO group, committed before it returns."""
         await self.run(self.sync.move_conversation, handle, group)
 
-    async def queue_messages(self, queue: str, conversation_handle: str | None = None) -> list[dict]:
+    async def queue_messages(self, queue: str, conversation_handle: str | None = None) -> list[dict[str, Any]]:
         """The queue's messages like Service Broker's queue view."""
         return await self.run(self.sync.queue_messages, queue, conversation_handle)
 

@@ -1,7 +1,7 @@
 """Receive hooks: how code outside a statement learns of RECEIVEs and rollbacks (the worker's queue
 monitors do). Subclass ReceiveHooks (or write any class with its three methods), override what
-you need, and append an instance to Broker.hooks. Hooks run on the thread of the statement; a failing hook is logged, never raised
-into the statement."""
+you need, and append an instance to Broker.hooks. Hooks run on the thread of the statement; a
+failing hook is logged, never raised into the statement."""
 
 from __future__ import annotations
 

@@ -21,9 +21,9 @@ from kbroker.core.records import Record
 from kbroker.errors import SendFailedError
 from kbroker.kafka import messages
 from kbroker.kafka.clients import Deliveries, brokers_answering, idempotent_producer, produce_within
-from kbroker.kafka.txn.committer import GroupCommitter, OpenTransactions
 from kbroker.kafka.receive.dead_letters import DeadLetters
 from kbroker.kafka.receive.receiver import QueueReceiver
+from kbroker.kafka.txn.committer import ActiveTransactions, GroupCommitter
 from kbroker.sdk.catalog_view import CatalogView
 
 
@@ -42,7 +42,7 @@ class ProcessRuntime:
         self.producer = idempotent_producer(cluster, on_delivery=self._deliveries)
         # In reader reports and conversation leases: unique even where pids repeat (containers).
         self.process = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.open_transactions = OpenTransactions()
+        self.active_transactions = ActiveTransactions()
         self.catalog = CatalogView(cluster, namespace)
         self.dead_letters = DeadLetters(namespace, lambda: self.committer)
         self._lock = threading.RLock()  # the committer and the receivers, created once each
@@ -57,7 +57,7 @@ class ProcessRuntime:
             if self._committer is None:
                 self._committer = GroupCommitter(self.cluster, self.namespace, interval=self._commit_interval,
                                                  transactional_ids=self._transactional_ids,
-                                                 open_transactions=self.open_transactions).start()
+                                                 active_transactions=self.active_transactions).start()
             return self._committer
 
     def receiver_for(self, key: Hashable, build: Callable[[], QueueReceiver]) -> QueueReceiver:

@@ -21,20 +21,20 @@ from kbroker import metrics
 from kbroker.core import names
 from kbroker.core.catalog.models import Catalog, Queue
 from kbroker.core.cluster import Cluster
-from kbroker.core.txn.commit_holder import transactional_id
 from kbroker.core.dialogs.conversation_endpoint import Endpoint
 from kbroker.core.dialogs.locks import ConversationLocks
-from kbroker.core.receive.poison import PoisonCounter
-from kbroker.core.records import Record
 from kbroker.core.dialogs.sequence_reach import reach
 from kbroker.core.dialogs.statements import Statements
+from kbroker.core.receive.poison import PoisonCounter
+from kbroker.core.records import Record
+from kbroker.core.txn.commit_holder import transactional_id
 from kbroker.errors import PermissionDeniedError, QueueDisabledError, QueueNameCollisionError
 from kbroker.kafka.dialogs.conversation_endpoints import EndpointStore
-from kbroker.kafka.security.permissions import SendChecks
+from kbroker.kafka.dialogs.send_leases import SendLeases
 from kbroker.kafka.queue_views import set_queue_status
 from kbroker.kafka.receive.receiver import QueueReceiver
 from kbroker.kafka.receive.rollbacks import RollbackLog
-from kbroker.kafka.dialogs.send_leases import SendLeases
+from kbroker.kafka.security.permissions import SendChecks
 from kbroker.kafka.transport.secondary import ensure_secondary_queue
 from kbroker.sdk.hooks import HookFanOut, ReceiveHooks
 from kbroker.sdk.process import ProcessRuntime

@@ -18,17 +18,13 @@ import sys
 import time
 from typing import Any, Self
 
-import orjson
-
 from kbroker import metrics, tracing
 from kbroker.core import names
-from kbroker.core.catalog.models import Catalog
-from kbroker.core.dialogs.conversation_endpoint import Endpoint, must_persist
+from kbroker.core.dialogs.conversation_endpoint import Endpoint
 from kbroker.core.dialogs.envelope import Message
-from kbroker.core.dialogs.groups import MOVE_MARKER, next_hop
 from kbroker.core.records import Record
+from kbroker.core.txn.state import TransactionState
 from kbroker.errors import (
-    ConversationNotFoundError,
     InvalidArgumentError,
     QueueDisabledError,
     TransactionAbortedError,
@@ -36,8 +32,9 @@ from kbroker.errors import (
     TransactionStateError,
 )
 from kbroker.kafka import messages
-from kbroker.kafka.txn.committer import CommitRequest
 from kbroker.kafka.receive.receiver import Lease, QueueReceiver
+from kbroker.kafka.txn.committer import CommitRequest
+from kbroker.sdk.held import Held
 from kbroker.sdk.runtime import BrokerRuntime
 
 log = logging.getLogger("kbroker.transaction")
@@ -62,42 +59,37 @@ class Transaction:
 
     def __init__(self, runtime: BrokerRuntime):
         self._runtime = runtime
-        self._records: list[Record] = []
+        self._held = Held(runtime)  # its records and endpoint changes, until it ends
         self._leases: list[Lease] = []
-        self._endpoints: dict[str, Endpoint | None] = {}  # this transaction's view; None = removed
-        self._unwritten: set[str] = set()  # staged only by SENDs within their reserved sequence block
         self._queues: set[str] = set()
         self._locked_conversations: set[str] = set()  # SEND's conversation locks held
-        self._created: set[str] = set()  # endpoints this transaction creates: their first lease goes with them
         self._generation: int | None = None  # the committer's, when this transaction first took a lease
         # Messages SENT and RECEIVEd per queue: the metrics count them once committed.
         self._sent: dict[str, int] = {}
         self._received: dict[str, int] = {}
         self._trace: Any = None  # the last RECEIVE's trace context: this transaction's SENDs continue it
-        self.state = "open"
+        self.state = TransactionState.OPEN  # moved only by _move
         self.committed_at: float | None = None
-        runtime.open_transactions.opened()
-        self._counted = True  # still among the broker's open transactions (see committer)
+        runtime.active_transactions.opened()
+        self._counted = True  # still among the process's active transactions (see committer)
 
     def _uncount(self) -> None:
         if self._counted:
             self._counted = False
-            self._runtime.open_transactions.closed()
+            self._runtime.active_transactions.closed()
 
     def _check_open(self) -> None:
-        if self.state != "open":
-            raise TransactionStateError(f"the transaction is already {self.state}")
+        if self.state is not TransactionState.OPEN:
+            raise TransactionStateError(f"the transaction is already {self.state.value}")
+
+    def _move(self, target: TransactionState) -> None:
+        """Where the transaction is now; TransactionStateError when it cannot go there."""
+        self.state = self.state.to(target)
 
     def endpoint(self, handle: str) -> Endpoint:
         """The endpoint of `handle` as this transaction sees it (its own changes included);
         ConversationNotFoundError if there is none."""
-        handle = str(handle)
-        if handle in self._endpoints:
-            ep = self._endpoints[handle]
-            if ep is None:
-                raise ConversationNotFoundError(handle)
-            return ep
-        return self._runtime.endpoints.current(handle)
+        return self._held.endpoint(str(handle))
 
     def _lock(self, handle: str) -> None:
         """SEND, END CONVERSATION, BEGIN CONVERSATION TIMER and MOVE lock the conversation until
@@ -107,14 +99,10 @@ class Transaction:
             rt = self._runtime
             rt.conversation_locks.lock(handle, self)
             self._locked_conversations.add(handle)
-            if handle not in self._created:  # across processes too (send_lease.py)
+            if handle not in self._held.created:  # across processes too (send_lease.py)
                 if self._generation is None:  # producers as old as the lease check: see committer
                     self._generation = rt.committer.generation
                 rt.send_leases.hold(handle, rt.conversation_locks.timeout)
-
-    def _stage(self, ep: Endpoint) -> None:
-        self._endpoints[ep.conversation_handle] = ep
-        self._unwritten.discard(ep.conversation_handle)
 
     # --- statements --------------------------------------------------------------------------
 
@@ -124,7 +112,8 @@ class Transaction:
         """RECEIVE TOP(top) FROM queue, WAITFOR(wait seconds; None = no time-out). Returns the
         messages of one conversation group, in order, and keeps that group locked until the
         transaction ends. top=None: every ready message of that group, as RECEIVE without TOP
-        (what this process holds of it: at most the receiver's buffer). `instance` receives from that instance's secondary queue instead."""
+        (what this process holds of it: at most the receiver's buffer). `instance` receives from
+        that instance's secondary queue instead."""
         self._check_open()
         if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
             raise InvalidArgumentError(f"top must be a whole number of at least 1, or None for all, not {top!r}")
@@ -147,7 +136,7 @@ class Transaction:
                 raise QueueDisabledError(queue)  # disabled while it waited, here or elsewhere
             if lease is not None and lease not in self._leases:
                 self._leases.append(lease)
-            delivered, moving = self._sort(msgs, catalog)
+            delivered, moving = self._held.sort(msgs, catalog)
             if moving and lease is not None:  # messages come with the lease of their group
                 self._rekey(receiver, lease, moving)
             if delivered or not msgs:
@@ -161,71 +150,6 @@ class Transaction:
                 return delivered
             # Everything taken went on its way (moved conversations) or was set aside (refused on
             # arrival, for a closed endpoint): receive again, within what is left of the wait.
-
-    def _sort(self, msgs: list[Message], catalog: Catalog) -> tuple[list[Message], list[tuple[Message, str | None]]]:
-        """Split what a RECEIVE took into messages to deliver and records of moved conversations
-        (with the group to re-key them to; None for a move marker, which is only consumed).
-        `catalog`: as the RECEIVE found it, for the arrival checks."""
-        rt = self._runtime
-        delivered: list[Message] = []
-        moving: list[tuple[Message, str | None]] = []
-        for m in msgs:
-            env = m.extra["envelope"]
-            staged = self._endpoints.get(m.conversation_handle)
-            if env.message_type_name == MOVE_MARKER:
-                ep = self._note_move(m)
-                if staged is not None and ep is not None:
-                    self._stage(staged.with_chain(ep.chain))
-                moving.append((m, None))
-                continue
-            ep = self._receiving_endpoint(m, staged)
-            hop = next_hop(ep, env.hop)
-            if hop is not None:  # checked where it is delivered (a moved one is re-keyed unread)
-                moving.append((m, hop))
-                continue
-            # Consumed with this transaction, its dead letter and event written, never delivered:
-            # refused on arrival (what SEND would have refused), or for an endpoint CLOSED here.
-            aside = rt.statements.refused_record(m, ep, catalog) or rt.statements.closed_records(m, ep)
-            if aside is not None:
-                records, reason = aside
-                log.warning("message %s on %s: %s", m.message_id, m.queue, reason)
-                self._records.extend(records)
-                continue
-            late = rt.statements.late_records(m, ep)
-            if late is not None:  # never delivered after the peer's EndDialog: said, not silent
-                records, ep, reason = late
-                log.warning("message %s on %s: %s", m.message_id, m.queue, reason)
-                self._records.extend(records)
-                self._stage(ep)
-                continue
-            existed = ep is not None
-            keep, ep = rt.statements.after_receive(m, ep)
-            if ep is not None:
-                self._stage(ep)
-                if not existed:  # a target's first message: nobody else has this side yet
-                    self._created.add(ep.conversation_handle)
-            if keep:
-                delivered.append(m)
-        return delivered, moving
-
-    def _receiving_endpoint(self, msg: Message, staged: Endpoint | None) -> Endpoint | None:
-        """This side's endpoint for a received message, if it exists yet."""
-        env = msg.extra["envelope"]
-        endpoints = self._runtime.endpoints
-        # A dialog's first message finds no target endpoint: no need to read the topic for it.
-        first_of_dialog = env.to_side == "TARGET" and env.message_sequence_number == 0 and env.hop == 0
-        return staged or (endpoints.cached(msg.conversation_handle) if first_of_dialog
-                          else endpoints.find(msg.conversation_handle))
-
-    def _note_move(self, marker: Message) -> Endpoint | None:
-        """A move marker came by: update the cached endpoint if this process missed the move."""
-        endpoints = self._runtime.endpoints
-        ep = endpoints.find(marker.conversation_handle)
-        if ep is None:
-            return None
-        ep = ep.with_chain(tuple(orjson.loads(marker.body)))
-        endpoints.note(marker.conversation_handle, ep)
-        return ep
 
     def _rekey(self, receiver: QueueReceiver, lease: Lease, moving: list[tuple[Message, str | None]]) -> None:
         """Re-key a moved conversation's records one hop (and consume move markers) in a Kafka
@@ -252,8 +176,8 @@ class Transaction:
         self._check_open()
         self._lock(handle)
         ep, records = self._runtime.statements.move_records(self.endpoint(handle), group)
-        self._records.extend(records)
-        self._stage(ep)
+        self._held.records.extend(records)
+        self._held.stage(ep)
 
     def get_conversation_group(self, queue: str, wait: float | None = 0.0) -> str | None:
         """GET CONVERSATION GROUP: lock the next ready group without receiving from it."""
@@ -273,9 +197,9 @@ class Transaction:
         rt.check_send(ep)  # SEND permission on the target service: refused before anything is staged
         if ep.instance is not None:
             rt.secondary_queue(rt.statements.queue_of(ep.service_name), ep.instance)  # replies land there
-        self._records.extend(rt.statements.lifetime_records(ep))
-        self._stage(ep)
-        self._created.add(ep.conversation_handle)
+        self._held.records.extend(rt.statements.lifetime_records(ep))
+        self._held.stage(ep)
+        self._held.created.add(ep.conversation_handle)
         return ep.conversation_handle
 
     def send(self, handle: str, message_type: str = "DEFAULT", body: Any = None, **kw: Any) -> str:
@@ -291,12 +215,9 @@ class Transaction:
         queue = names.queue_label(rt.namespace, record[0], rt.catalog.current.queues)
         record = traced_record(record, rt.namespace, queue, ep.conversation_id, message_type, self._trace)
         rt.check_send(ep, [record])  # its trace headers included
-        self._records.append(record)
+        self._held.records.append(record)
         self._sent[queue] = self._sent.get(queue, 0) + 1
-        staged_to_write = ep.conversation_handle in self._endpoints and ep.conversation_handle not in self._unwritten
-        self._stage(ep)
-        if not staged_to_write and not must_persist(before, ep):
-            self._unwritten.add(ep.conversation_handle)  # no endpoint record for this SEND
+        self._held.stage_send(before, ep)
         return message_id
 
     def begin_conversation_timer(self, handle: str, timeout: float) -> None:
@@ -304,8 +225,8 @@ class Transaction:
         self._check_open()
         self._lock(handle)
         records, ep = self._runtime.statements.timer_records(self.endpoint(handle), timeout)
-        self._records.extend(records)
-        self._stage(ep)
+        self._held.records.extend(records)
+        self._held.stage(ep)
 
     def end_conversation(self, handle: str, *, error: int | None = None, description: str | None = None,
                          cleanup: bool = False) -> None:
@@ -316,12 +237,11 @@ class Transaction:
         records, ended = self._runtime.statements.end_records(ep, error=error, description=description,
                                                               cleanup=cleanup)
         self._runtime.check_send(ep, records)
-        self._records.extend(records)
+        self._held.records.extend(records)
         if ended is None:
-            self._endpoints[ep.conversation_handle] = None
-            self._unwritten.discard(ep.conversation_handle)
+            self._held.remove(ep.conversation_handle)
         else:
-            self._stage(ended)
+            self._held.stage(ended)
 
     # --- outcome -----------------------------------------------------------------------------
 
@@ -331,13 +251,7 @@ class Transaction:
         TransactionInDoubtError if whether it did cannot be learnt."""
         self._check_open()
         rt = self._runtime
-        records = list(self._records)
-        for handle, ep in self._endpoints.items():
-            if handle not in self._unwritten:
-                records.append(rt.statements.endpoint_record(handle, ep))
-        leases = [rt.send_leases.created(ep) for h in self._created & self._locked_conversations
-                  if (ep := self._endpoints.get(h)) is not None]
-        records.extend(rt.statements.lease_record(lease) for lease in leases)
+        records, leases = self._held.commit_records(self._locked_conversations)
         self._uncount()
         started = time.monotonic()
         try:
@@ -353,31 +267,27 @@ class Transaction:
             # Either way this transaction is over: its locks and leases go, or the next
             # statement on its conversations would wait on them for ever.
             if isinstance(exc, TransactionInDoubtError):
-                for ep in self._endpoints.values():
-                    if ep is not None:
-                        rt.endpoints.in_doubt(ep)
+                self._held.in_doubt()
             self._end(committed=False)
-            self.state = "aborted" if isinstance(exc, TransactionAbortedError) else "in doubt"
+            self._move(TransactionState.ABORTED if isinstance(exc, TransactionAbortedError)
+                       else TransactionState.IN_DOUBT)
             raise
-        for handle, ep in self._endpoints.items():
-            rt.endpoints.note(handle, ep, written=handle not in self._unwritten)
-        for lease in leases:
-            rt.send_leases.holding(lease)
+        self._held.committed(leases)
         metrics.of(metrics.TRANSACTIONS, rt.namespace, "committed").inc()
         for queue, count in self._sent.items():
             metrics.of(metrics.MESSAGES_SENT, rt.namespace, queue).inc(count)
         for queue, count in self._received.items():
             metrics.of(metrics.MESSAGES_RECEIVED, rt.namespace, queue).inc(count)
         self._end(committed=True)
-        self.state = "committed"
+        self._move(TransactionState.COMMITTED)
 
     def rollback(self) -> None:
         """ROLLBACK: drop what was held and give the received messages back, in order."""
-        if self.state != "open":
+        if self.state is not TransactionState.OPEN:
             return
         taken = self._taken()
         self._end(committed=False)
-        self.state = "rolled back"
+        self._move(TransactionState.ROLLED_BACK)
         metrics.of(metrics.TRANSACTIONS, self._runtime.namespace, "rolled_back").inc()
         for q in self._queues:
             self._runtime.note_rollback(q, taken.get(q, {}))
@@ -402,14 +312,13 @@ class Transaction:
         if committed:
             for q in self._queues:
                 self._runtime.note_commit(q, taken.get(q, {}))
-        self._leases, self._records, self._endpoints = [], [], {}
-        self._unwritten, self._created = set(), set()
+        self._leases, self._held = [], Held(self._runtime)
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        if self.state != "open":
+        if self.state is not TransactionState.OPEN:
             return
         if exc_type is None:
             self.commit()

@@ -34,14 +34,15 @@ from typing import Any
 
 import faust
 
-from kbroker.core.activation import monitor_codec as codec
 from kbroker.core import names
-from kbroker.core.security.client_security import AIOKAFKA, LIBRDKAFKA
+from kbroker.core.activation import monitor_codec as codec
+from kbroker.core.activation.tick import EVERY_2ND, TickCounter, advance
 from kbroker.core.json_logs import JsonFormatter
 from kbroker.core.log_limit import RateLimitFilter
 from kbroker.core.rejected import Consumed, Rejected, text_key
-from kbroker.core.activation.tick import EVERY_2ND, TickCounter, advance
+from kbroker.core.security.client_security import AIOKAFKA, LIBRDKAFKA
 from kbroker.errors import PermissionDeniedError, is_refusal
+from kbroker.kafka.activation.counting_clients import CountingClients
 from kbroker.kafka.clients import (
     KAFKA_LOG_LIMIT,
     MAX_MESSAGE_BYTES,
@@ -50,19 +51,19 @@ from kbroker.kafka.clients import (
     principal,
     security,
 )
-from kbroker.kafka.activation.counting_clients import CountingClients
 from kbroker.kafka.rejects import Rejects
 from kbroker.sdk.broker import Broker
-from kbroker.worker.control import Reclassifier, Routing
-from kbroker.worker.web.dashboard import DashboardFeed, add_dashboard
-from kbroker.worker.guard import Guard, refusal_of
 from kbroker.worker.activation.handlers import TaskHandlers
 from kbroker.worker.activation.monitors import Monitors
-from kbroker.worker.web.pages import Pages
-from kbroker.worker.settings import MONITOR_PARTITIONS, Channels, WorkerSettings, ensure_topics
-from kbroker.worker.tables import WorkerTable
 from kbroker.worker.activation.tick import ClusterTick, Reclaimer
 from kbroker.worker.activation.watch import PROGRESS_INTERVAL, QueueWatch, ReceiveProgress, counting_pool
+from kbroker.worker.control import Reclassifier, Routing
+from kbroker.worker.guard import Guard, refusal_of
+from kbroker.worker.settings import MONITOR_PARTITIONS, Channels, WorkerSettings, ensure_topics
+from kbroker.worker.tables import WorkerTable
+from kbroker.worker.web.dashboard import add_dashboard
+from kbroker.worker.web.feed import DashboardFeed
+from kbroker.worker.web.pages import Pages
 from kbroker.worker.web.web_guard import access_of, web_options, web_pages_off
 
 __all__ = ["Worker", "WorkerSettings", "build_app", "run_worker", "shutdown"]
@@ -275,7 +276,7 @@ def register(worker: Worker) -> None:
     app, s, guard, channels = worker.app, worker.settings, worker.guard, worker.channels
 
     @app.agent(channels.monitor_events)
-    async def monitor_agent(stream):
+    async def monitor_agent(stream: Any) -> None:
         async for ev in stream.events():
             try:  # anyone who may write the topic may write anything: such a record is set aside
                 queue = text_key(ev.key)
@@ -288,7 +289,7 @@ def register(worker: Worker) -> None:
                             backoff=False)
 
     @app.agent(channels.ticks)
-    async def tick_agent(stream):
+    async def tick_agent(stream: Any) -> None:
         async for ev in stream.events():
             try:
                 request = codec.decode_tick_request(ev.value)
@@ -297,23 +298,25 @@ def register(worker: Worker) -> None:
                 continue
             await guard.run("tick", functools.partial(worker.cluster_tick.on_request, *request), backoff=False)
 
-    @app.timer(s.tick_interval)
-    async def tick_timer():
+    async def tick_timer() -> None:
         await worker.on_tick_timer()
 
-    @app.timer(PROGRESS_INTERVAL, on_leader=True)
-    async def progress_timer():
+    async def progress_timer() -> None:
         await guard.run("receive progress", worker.publish_progress)
 
-    @app.timer(s.watch_interval, on_leader=True)
-    async def watch_timer():
+    async def watch_timer() -> None:
         await guard.run("queue watcher", worker.queue_watch.once)  # a slow coordinator must not stop the worker
 
     worker.pages.register(app)
 
-    @app.task
-    async def on_start():
+    async def on_start() -> None:
         await worker.start()
+
+    # Faust's decorators are untyped: called, not applied, so the functions keep their types.
+    app.timer(s.tick_interval)(tick_timer)
+    app.timer(PROGRESS_INTERVAL, on_leader=True)(progress_timer)
+    app.timer(s.watch_interval, on_leader=True)(watch_timer)
+    app.task(on_start)
 
     add_dashboard(app, worker.dashboard)  # /dashboard: live charts of the queues (worker/web/dashboard.py)
 

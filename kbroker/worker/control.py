@@ -13,8 +13,8 @@ import time
 from typing import Any
 
 from kbroker.kafka.analytics.results import ControlReader
-from kbroker.kafka.routing.dispatcher import Dispatcher
 from kbroker.kafka.dialogs.timer_service import TimerService
+from kbroker.kafka.routing.dispatcher import Dispatcher
 from kbroker.kafka.routing.transmitter import Transmitter
 from kbroker.sdk.broker import Broker
 from kbroker.worker.guard import Guard

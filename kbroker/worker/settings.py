@@ -17,7 +17,7 @@ from kbroker.core import names
 from kbroker.core.cluster import Cluster
 from kbroker.core.dialogs.conversation_endpoint import CLOSED_GRACE_SECONDS
 from kbroker.errors import is_refusal
-from kbroker.kafka.reader import check_group
+from kbroker.kafka.snapshot import check_group
 from kbroker.kafka.topics import create_missing_topics
 from kbroker.worker.guard import refusal_of
 
@@ -32,9 +32,9 @@ class WorkerSettings:
     web_host: str = "127.0.0.1"  # loopback; anywhere else needs web_token (core/security/web_access.py)
     web_token: str | None = None  # every request to the HTTP API carries it (config.web_token)
     web_allowed_hosts: tuple[str, ...] = ()  # Host names besides web_host and the loopback names
-    tick_interval: float = 5.0  # seed 000: the broker's periodic tick
+    tick_interval: float = 5.0  # docs/sources.md#periodic-tasks: the broker's periodic tick
     watch_interval: float = 0.25  # a first message launches a reader within about this long
-    ramp_up: float = 5.0  # seed 003: seconds of non-empty RECEIVEs before one more reader
+    ramp_up: float = 5.0  # docs/sources.md#queue-monitors: seconds of non-empty RECEIVEs before one more reader
     handlers: int | None = None  # task handler threads; default 2 x CPUs
     # Seconds a queue's receiver in this worker may sit unread (no activated reader asked) before it
     # is closed: it holds Kafka clients and a share of the queue's partitions that other readers

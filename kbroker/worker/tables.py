@@ -12,10 +12,12 @@ at least one partition, so 0 means "not known yet" here too.
 
 from __future__ import annotations
 
+from typing import Any
+
 import faust
 
 
-class WorkerTable(faust.Table):
+class WorkerTable(faust.Table[Any, Any]):  # the class of every table of the app: keys and values of each
     def _verify_source_topic_partitions(self, source_topic: str) -> None:
         consumer = self.app.consumer
         if consumer.topic_partitions(source_topic) == 0 or consumer.topic_partitions(self.changelog_topic_name) == 0:

@@ -26,7 +26,7 @@ from pathlib import Path
 import orjson
 
 from kbroker.core.catalog.models import END_DIALOG
-from kbroker.kafka.reader import read_to_end
+from kbroker.kafka.snapshot import read_to_end
 from tests.helpers.invariants import lock_violations
 
 REQUEST, AUDIT = "//kbroker/test/Request", "//kbroker/test/Audit"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import orjson
 
-from kbroker.kafka.reader import read_to_end
+from kbroker.kafka.snapshot import read_to_end
 
 REQUEST, REPLY = "//kbroker/test/Request", "//kbroker/test/Reply"
 CLIENT, SERVER = "//kbroker/test/Client", "//kbroker/test/Server"
@@ -40,7 +40,7 @@ def reader_process(bootstrap: str, namespace: str, readers: int, stop_file: str,
     from kbroker.sdk.broker import Broker
 
     broker = Broker(bootstrap, namespace)
-    log = open(log_file, "a", buffering=1)
+    log = open(log_file, "a", buffering=1)  # noqa: SIM115 - line by line, open until the process exits
     lock = threading.Lock()
 
     def reader(idx: int) -> None:

@@ -6,7 +6,7 @@ transaction coordinator of which producer. The framing is kbroker's own (kafka/w
 from __future__ import annotations
 
 from kbroker.core.cluster import Cluster
-from kbroker.kafka.wire import Reader, exchange, frame, uvarint
+from kbroker.kafka.wire import Cursor, exchange, frame, uvarint
 
 LIST_TRANSACTIONS, VERSION = 66, 0
 
@@ -18,7 +18,7 @@ def list_transactions_request(correlation_id: int) -> bytes:
 
 def parse_list_transactions(payload: bytes, correlation_id: int) -> dict[str, str]:
     """transactional id -> state, from a response without its size prefix; raises on an error code."""
-    r = Reader(payload)
+    r = Cursor(payload)
     assert r.take(">i") == correlation_id, "a response to another request"
     r.skip_tags()  # response header v1
     r.take(">i")  # throttle time

@@ -30,16 +30,16 @@ from kbroker.cli.demo import APPROVAL, CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
+from kbroker.core.cluster import Cluster
 from kbroker.core.security import acl_roles
 from kbroker.core.security.acl_roles import AclBinding
-from kbroker.core.cluster import Cluster
 from kbroker.core.transport.endpoint import install_plan, transport_queue_topic
 from kbroker.embedded import resolve_cluster
 from kbroker.embedded.broker import EmbeddedBroker
 from kbroker.errors import PermissionDeniedError
-from kbroker.kafka.security import acls
 from kbroker.kafka.catalog.apply import apply_paths
-from kbroker.kafka.reader import read_to_end
+from kbroker.kafka.security import acls
+from kbroker.kafka.snapshot import read_to_end
 from kbroker.kafka.transport.queues import install
 from kbroker.sdk.broker import Broker
 from kbroker.sdk.transport.endpoint import TransportEndpoint
@@ -180,7 +180,7 @@ def worker(r: Run) -> None:
 def analytics(r: Run) -> None:
     """The Spark job as the user, in the session's Spark: it counts the queue's records."""
     from kbroker.analytics.job import AnalyticsJob, JobSettings
-    from kbroker.kafka.reader import latest_values
+    from kbroker.kafka.snapshot import latest_values
 
     spark = r.request.getfixturevalue("spark")
     settings = JobSettings(cluster=r.cluster, namespace=r.ns, checkpoint=r.tmp / "ckpt", history=r.tmp / "history",

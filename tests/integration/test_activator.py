@@ -54,7 +54,7 @@ def config_file(tmp_path: Path, apps: str, extra: str = "") -> Path:
 @contextmanager
 def activator(tmp_path, bootstrap, ns, cfg_path):
     records: list[dict] = []
-    out = open(tmp_path / "children.out", "a")
+    out = open(tmp_path / "children.out", "a")  # noqa: SIM115 - closed in the finally below, after the children
     act = Activator(load_config(cfg_path), bootstrap, ns, log=records.append, poll_interval=0.1,
                     child_stdout=out.fileno())
     thread = threading.Thread(target=act.run, daemon=True)

@@ -32,8 +32,8 @@ from kbroker.kafka import clients
 from kbroker.kafka.analytics.store import dialog_rows
 from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.kafka.catalog.catalog_store import read_catalog
-from kbroker.kafka.reader import committed_offsets, latest_values
 from kbroker.kafka.receive.reclaim import reclaim_namespace
+from kbroker.kafka.snapshot import committed_offsets, latest_values
 from kbroker.sdk.broker import Broker
 from tests.helpers import DATA, KBROKER, ROOT, free_port, wait_for
 from tests.integration.test_worker import Worker

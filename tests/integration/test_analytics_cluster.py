@@ -12,9 +12,16 @@ import pytest
 
 from tests.helpers import wait_for
 from tests.helpers.spark_cluster import SparkCluster, job_conf
-from tests.integration.test_analytics import (FRESH, STALE, JobProcess, check_known_aggregates, known_workload, send,
-                                              totals)
-from tests.integration.test_analytics import analytics_ns  # noqa: F401 - the fixture: a namespace and its worker
+from tests.integration.test_analytics import (
+    FRESH,
+    STALE,
+    JobProcess,
+    analytics_ns,  # noqa: F401 - the fixture: a namespace and its worker
+    check_known_aggregates,
+    known_workload,
+    send,
+    totals,
+)
 
 pytestmark = [pytest.mark.spark_cluster, pytest.mark.timeout(900)]
 

@@ -27,13 +27,13 @@ from kbroker.core import names
 from kbroker.core.activation import monitor_codec
 from kbroker.core.analytics.analytics_records import control_command
 from kbroker.core.catalog.catalog_records import catalog_record
-from kbroker.core.dialogs.endpoint_records import endpoint_record
-from kbroker.core.reader_reports import reader_report
 from kbroker.core.catalog.models import DIALOG_TIMER
-from kbroker.core.rejected import RECORD_REJECTED, Rejected, text_key
+from kbroker.core.dialogs.endpoint_records import endpoint_record
 from kbroker.core.dialogs.timers import timer_key_of, timer_value
+from kbroker.core.reader_reports import reader_report
+from kbroker.core.rejected import RECORD_REJECTED, Rejected, text_key
 from kbroker.kafka.catalog.apply import apply_paths
-from kbroker.kafka.reader import read_to_end
+from kbroker.kafka.snapshot import read_to_end
 from kbroker.sdk.broker import Broker
 from tests.helpers import KBROKER, ROOT, wait_for
 from tests.integration.test_worker import CLIENT, DATA, JOB, JOBS, Worker, collect_done, monitor, send_jobs

@@ -3,11 +3,11 @@ with the side's CPU time and peak RSS, from one process and from two."""
 
 from __future__ import annotations
 
-from kbroker.bench.scenarios import io as scenarios_io
 from kbroker.bench.context import BenchContext
 from kbroker.bench.harness import samples_dir
 from kbroker.bench.params import Params
 from kbroker.bench.progress import Reporter
+from kbroker.bench.scenarios import io as scenarios_io
 from kbroker.core.cluster import Cluster
 
 

@@ -17,8 +17,7 @@ from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
 from kbroker.core.activation.monitor import MonitorConfig, MonitorState
 from kbroker.core.dialogs.send_lease import lease_key
-from kbroker.kafka.reader import read_to_end
-
+from kbroker.kafka.snapshot import read_to_end
 from tests.helpers import KBROKER
 
 

@@ -71,7 +71,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedCluste
     started = time.monotonic()
     try:
         cluster.start(port=free_port_run(NODES), wait=150)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the nodes are stopped, then the test fails with it
         cluster.stop(timeout=10)
         pytest.fail(f"the {NODES}-node cluster did not start: {exc}")
     print(f"\n{NODES}-node cluster started in {time.monotonic() - started:.1f} s")
@@ -289,7 +289,10 @@ def test_routing_the_workers_and_the_analytics_job_lose_nothing_when_a_node_is_k
     node leading most of their partitions is killed with SIGKILL mid-run and stays down: every
     request is answered once and in order, and the job's arrivals and receives are exact."""
     from tests.integration.test_analytics import JobProcess, totals
-    from tests.integration.test_routing import CLIENT as FROM, CONTRACT as DIALOG, REQUEST, SERVER as TO, setup_catalogs
+    from tests.integration.test_routing import CLIENT as FROM
+    from tests.integration.test_routing import CONTRACT as DIALOG
+    from tests.integration.test_routing import REQUEST, setup_catalogs
+    from tests.integration.test_routing import SERVER as TO
     from tests.integration.test_routing_clusters import Replier, Replies, tally
     from tests.integration.test_worker import Worker
 

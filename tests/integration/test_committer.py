@@ -1,5 +1,5 @@
 """Group commit against the real broker: the commit window applies only while other transactions
-are open, the open-transaction count returns to zero on every way out of a transaction, and
+are active, the active-transaction count returns to zero on every way out of a transaction, and
 transactions committed in turn through the producer ring keep their order."""
 
 from __future__ import annotations
@@ -37,18 +37,18 @@ def _timed_commit(b: Broker, i: int) -> float:
 def test_a_lone_transaction_does_not_wait_for_the_window(slow_window_broker):
     b = slow_window_broker
     _timed_commit(b, 0)  # first use starts the committer's producers
-    assert b.runtime.open_transactions() == 0
+    assert b.runtime.active_transactions() == 0
     assert _timed_commit(b, 1) < WINDOW / 2
 
 
-def test_an_open_transaction_holds_the_batch_open_until_the_window_ends(slow_window_broker):
+def test_an_active_transaction_holds_the_batch_open_until_the_window_ends(slow_window_broker):
     b = slow_window_broker
     _timed_commit(b, 0)
-    other = b.transaction()  # open, may still commit: the committer waits for it
-    assert b.runtime.open_transactions() == 1
+    other = b.transaction()  # active, may still commit: the committer waits for it
+    assert b.runtime.active_transactions() == 1
     assert _timed_commit(b, 1) >= WINDOW * 0.9
     other.rollback()
-    assert b.runtime.open_transactions() == 0
+    assert b.runtime.active_transactions() == 0
     assert _timed_commit(b, 2) < WINDOW / 2
 
 
@@ -64,7 +64,7 @@ def test_every_way_out_of_a_transaction_closes_it(slow_window_broker):
     tx = b.transaction()
     tx.commit()
     tx.rollback()  # after commit: a no-op, and not counted twice
-    assert b.runtime.open_transactions() == 0
+    assert b.runtime.active_transactions() == 0
 
 
 def test_transactions_in_turn_on_the_producer_ring_stay_in_order(kafka_bootstrap, namespace):

@@ -16,11 +16,11 @@ from confluent_kafka import TopicPartition
 from kbroker.bench.scale.many_queues import CONTRACT, INITIATOR, MESSAGE, catalog, queue_name
 from kbroker.core.names import queue_group, queue_topic
 from kbroker.kafka import clients
+from kbroker.kafka.activation.counting_clients import CountingClients
+from kbroker.kafka.activation.watch import QueueWatcher
 from kbroker.kafka.analytics.results import ProgressPublisher
 from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.kafka.clients import idempotent_producer
-from kbroker.kafka.activation.counting_clients import CountingClients
-from kbroker.kafka.activation.watch import QueueWatcher
 from kbroker.sdk.broker import Broker
 
 QUEUES, THREADS = 24, 8

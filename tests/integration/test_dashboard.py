@@ -22,7 +22,7 @@ import pytest
 
 from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.sdk.broker import Broker
-from tests.helpers import DATA, wait_for
+from tests.helpers import DATA
 from tests.integration.test_worker import Worker
 
 CATALOG = DATA / "dashboard.yaml"

@@ -7,8 +7,8 @@ import time
 
 import orjson
 from confluent_kafka import Producer, TopicPartition
-from prometheus_client import REGISTRY
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from prometheus_client import REGISTRY
 
 from kbroker import errors
 from kbroker.cli.demo import CLAIM, CONTRACT
@@ -18,7 +18,7 @@ from kbroker.core import names
 from kbroker.core.catalog.models import MAX_QUEUE_MESSAGE_BYTES
 from kbroker.core.transport.endpoint import install_plan, transport_queue_topic
 from kbroker.kafka import clients
-from kbroker.kafka.reader import committed_offsets, read_to_end
+from kbroker.kafka.snapshot import committed_offsets, read_to_end
 from kbroker.kafka.transport.queues import install
 from kbroker.sdk.broker import Broker
 

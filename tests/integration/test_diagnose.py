@@ -8,9 +8,9 @@ import subprocess
 
 import orjson
 
-from tests.helpers import KBROKER, free_port, wait_for
 from kbroker.core import names
 from kbroker.kafka.catalog.apply import apply_paths
+from tests.helpers import KBROKER, free_port, wait_for
 from tests.integration.test_routing import CLIENT, CONTRACT, SERVER, catalog_yaml, setup_catalogs
 
 
@@ -78,7 +78,8 @@ def runtime(bootstrap: str, ns: str, *extra: str) -> tuple[int, dict]:
 
 
 def test_runtime_names_unread_and_disabled_queues(kafka_bootstrap, namespace, broker):
-    from kbroker.cli.demo import CLAIM, CONTRACT as SUBMISSION, EMPLOYEES, EXPENSES
+    from kbroker.cli.demo import CLAIM, EMPLOYEES, EXPENSES
+    from kbroker.cli.demo import CONTRACT as SUBMISSION
 
     for i in range(3):
         h = broker.begin_dialog(EMPLOYEES, EXPENSES, SUBMISSION)
@@ -135,7 +136,8 @@ def test_runtime_names_routed_messages_a_dead_destination_never_acknowledged(kaf
 
 
 def test_one_conversation_s_view_names_its_state_and_its_queue(kafka_bootstrap, namespace, broker):
-    from kbroker.cli.demo import CLAIM, CONTRACT as SUBMISSION, EMPLOYEES, EXPENSES
+    from kbroker.cli.demo import CLAIM, EMPLOYEES, EXPENSES
+    from kbroker.cli.demo import CONTRACT as SUBMISSION
     from kbroker.sdk.broker import END_DIALOG
 
     h = broker.begin_dialog(EMPLOYEES, EXPENSES, SUBMISSION)
@@ -181,7 +183,8 @@ def test_a_hanging_transaction_is_named_and_ended_by_the_command_named_and_a_lon
     import sys
     import time
 
-    from kbroker.cli.demo import CLAIM, CONTRACT as SUBMISSION, EMPLOYEES, EXPENSES
+    from kbroker.cli.demo import CLAIM, EMPLOYEES, EXPENSES
+    from kbroker.cli.demo import CONTRACT as SUBMISSION
     from kbroker.kafka.txn.open_transactions import open_transactions
 
     def send(i: int) -> None:
@@ -258,7 +261,8 @@ def test_a_hanging_transaction_is_named_and_ended_by_the_command_named_and_a_lon
 def test_runtime_names_a_message_rolled_back_again_and_again_until_it_is_received(kafka_bootstrap, namespace, broker):
     from confluent_kafka import Producer
 
-    from kbroker.cli.demo import CLAIM, CONTRACT as SUBMISSION, EMPLOYEES, EXPENSES
+    from kbroker.cli.demo import CLAIM, EMPLOYEES, EXPENSES
+    from kbroker.cli.demo import CONTRACT as SUBMISSION
 
     broker.send(broker.begin_dialog(EMPLOYEES, EXPENSES, SUBMISSION), CLAIM, {"employee": "e", "amount": 1, "item": "x"})
     junk = Producer({"bootstrap.servers": kafka_bootstrap})  # anyone may write the events topic
@@ -294,7 +298,8 @@ def test_an_open_transaction_whose_first_record_is_forged_is_named_open_and_the_
 
     from confluent_kafka import Producer
 
-    from kbroker.cli.demo import CLAIM, CONTRACT as SUBMISSION, EMPLOYEES, EXPENSES
+    from kbroker.cli.demo import CLAIM, EMPLOYEES, EXPENSES
+    from kbroker.cli.demo import CONTRACT as SUBMISSION
 
     topic = names.queue_topic(namespace, "ExpenseQueue")
     broker.send(broker.begin_dialog(EMPLOYEES, EXPENSES, SUBMISSION), CLAIM, {"employee": "e", "amount": 0, "item": "x"})

@@ -19,7 +19,7 @@ from kbroker.kafka.receive import group_protocol
 
 TAKEOVER_BOUND = 5.0  # s from the kill until a survivor holds every partition of the killed reader
 # The handling gap adds, when the kill fell inside a group commit, the wait for that transaction
-# to end: about a second since the next owner fences it (test_hanging_commit.py), but Kafka's own
+# to end: about a second since the next owner fences it (test_open_transaction_fence.py), but Kafka's own
 # abort (transaction.timeout.ms, 10 s, plus the broker's 1 s check) when the killed reader had not
 # committed the partition before.
 TRANSACTION_WAIT = 10.0 + 1.0

@@ -17,10 +17,10 @@ from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
 from kbroker.core.dialogs.conversation_endpoint import SEQUENCE_BLOCK, handle_for
 from kbroker.core.dialogs.send_lease import LEASE_SUFFIX
-from kbroker.kafka.reader import read_to_end
+from kbroker.kafka.snapshot import read_to_end
 from kbroker.sdk.broker import Broker
-
 from tests.helpers import wait_for
+
 from .test_messaging import end_offsets
 
 

@@ -23,9 +23,9 @@ from kbroker.core.topic_limits import DEAD_LETTER_LIMIT, MESSAGE_TOPIC_LIMIT
 from kbroker.errors import MessageTooLargeError
 from kbroker.kafka import clients
 from kbroker.kafka.catalog.apply import apply_paths
-from kbroker.kafka.reader import read_to_end
 from kbroker.kafka.routing.dispatcher import Dispatcher
 from kbroker.kafka.routing.transmitter import Transmitter
+from kbroker.kafka.snapshot import read_to_end
 from kbroker.sdk.broker import Broker
 from tests.helpers import wait_for
 

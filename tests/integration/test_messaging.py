@@ -19,7 +19,7 @@ from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
 from kbroker.core.dialogs.conversation_endpoint import default_group
-from kbroker.kafka.reader import read_to_end, watermarks
+from kbroker.kafka.snapshot import read_to_end, watermarks
 from kbroker.sdk.broker import END_DIALOG, ERROR_TYPE, Broker
 from tests.helpers import KBROKER, wait_for
 
@@ -328,7 +328,7 @@ def test_records_another_client_wrote_are_checked_on_arrival(kafka_bootstrap, na
     from uuid import uuid4
 
     from kbroker.core.dialogs.envelope import Envelope
-    from kbroker.kafka.reader import read_to_end
+    from kbroker.kafka.snapshot import read_to_end
 
     forged = [("//Adventure-Works.com/Expenses/NoSuchType", b"{}"),
               (APPROVAL, b"{}"),  # sent by the TARGET only, here sent to it
@@ -421,7 +421,7 @@ def test_end_with_cleanup_discards_the_conversations_queued_messages(kafka_boots
     with Broker(kafka_bootstrap, namespace) as other:  # what the topic says, not this process's cache
         assert other.endpoints.get(target).state == "CD"
     # Discarded as asked, not set aside as a closed dialog's messages are (nothing dead-lettered).
-    from kbroker.kafka.reader import read_to_end
+    from kbroker.kafka.snapshot import read_to_end
     assert (read_to_end(kafka_bootstrap, names.deadletter_topic(namespace), 15) or []) == []
 
 

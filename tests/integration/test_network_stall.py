@@ -43,8 +43,8 @@ def proxied_properties(port: int, internal_port: int, controller_port: int, prox
                       f"CONTROLLER://127.0.0.1:{controller_port}",
         "advertised.listeners=": f"advertised.listeners=PLAINTEXT://127.0.0.1:{proxy_port},"
                                  f"INTERNAL://127.0.0.1:{internal_port}",
-        "listener.security.protocol.map=":
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "listener.security.protocol.map=": (
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT"),
         "inter.broker.listener.name=": "inter.broker.listener.name=INTERNAL",
     }
     lines = text.splitlines()

@@ -28,11 +28,11 @@ from kbroker.errors import (
     SendPermissionDeniedError,
     TopicCollisionError,
 )
-from kbroker.kafka.security import acls
 from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.kafka.catalog.catalog_store import read_catalog, write_records
 from kbroker.kafka.queue_views import set_queue_status
-from kbroker.kafka.reader import read_to_end
+from kbroker.kafka.security import acls
+from kbroker.kafka.snapshot import read_to_end
 from kbroker.sdk.broker import Broker
 from tests.helpers import SAMPLES, run_kbroker_module, wait_for
 
@@ -198,7 +198,7 @@ def test_a_namespace_principal_is_refused_everything_in_another_namespace(user, 
     for own, other in ((a, b), (b, a)):
         u = owners[own]
         # Served in its own namespace: apply, SEND, RECEIVE, ALTER QUEUE.
-        eventually(lambda: apply_paths(u.cluster, own, [SAMPLES], timeout=10), "apply in its own namespace")
+        eventually(lambda: apply_paths(u.cluster, own, [SAMPLES], timeout=10), "apply in its own namespace")  # noqa: B023
         send_claim(u.cluster, own)
         with Broker(u.cluster, own) as br:
             assert len(br.receive(QUEUE, top=10, wait=10)) == 1
@@ -207,10 +207,12 @@ def test_a_namespace_principal_is_refused_everything_in_another_namespace(user, 
         before = records(secure_admin, names.queue_topic(other, QUEUE), names.catalog_topic(other),
                          names.endpoints_topic(other))
         status = read_catalog(secure_admin, other).queue(QUEUE).status
-        for attempt in (lambda: send_claim(u.cluster, other),
-                        lambda: Broker(u.cluster, other).receive(QUEUE, top=1, wait=5),
-                        lambda: set_queue_status(u.cluster, other, QUEUE, "OFF", "test"),
-                        lambda: apply_paths(u.cluster, other, [SAMPLES], timeout=10)):
+        for attempt in (  # each called now, below
+            lambda: send_claim(u.cluster, other),  # noqa: B023
+            lambda: Broker(u.cluster, other).receive(QUEUE, top=1, wait=5),  # noqa: B023
+            lambda: set_queue_status(u.cluster, other, QUEUE, "OFF", "test"),  # noqa: B023
+            lambda: apply_paths(u.cluster, other, [SAMPLES], timeout=10),  # noqa: B023
+        ):
             with pytest.raises(PermissionDeniedError):
                 attempt()
         with pytest.raises((PermissionDeniedError, CatalogError)):  # a raw write: the topic is hidden from it
@@ -257,8 +259,8 @@ def test_a_reader_that_may_not_write_the_catalog_disables_a_poisoned_queue_by_an
     with Broker(u.cluster, ns) as b:
         for i in range(5):
             tx = b.transaction()
-            got = eventually(lambda: tx.receive(QUEUE, top=1, wait=10), "RECEIVE served") if i == 0 else \
-                tx.receive(QUEUE, top=1, wait=10)
+            got = (eventually(lambda: tx.receive(QUEUE, top=1, wait=10), "RECEIVE served")  # noqa: B023 - called now
+                   if i == 0 else tx.receive(QUEUE, top=1, wait=10))
             assert got, f"rollback {i}: the message came back"
             tx.rollback()
         with pytest.raises(QueueDisabledError):

@@ -10,7 +10,7 @@ import orjson
 from kbroker.cli.demo import CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
-from kbroker.sdk.pool import ReaderPool
+from kbroker.sdk.pollers import PollerPool, ReaderPool
 
 
 def test_a_backlog_grows_the_pool_to_its_maximum_and_idle_shrinks_it_to_one(broker):
@@ -30,7 +30,8 @@ def test_a_backlog_grows_the_pool_to_its_maximum_and_idle_shrinks_it_to_one(brok
             current[0] -= 1
             seen.extend(orjson.loads(m.body)["c"] for m in msgs)
 
-    pool = ReaderPool(broker, "ExpenseQueue", handle, max_readers=4, top=1, wait=0.5).start()
+    assert ReaderPool is PollerPool  # the name it was first published under
+    pool = PollerPool(broker, "ExpenseQueue", handle, max_readers=4, top=1, wait=0.5).start()
     try:
         deadline = time.time() + 90
         while len(seen) < 200 and time.time() < deadline:
@@ -56,7 +57,7 @@ def test_a_failing_handler_rolls_back_and_the_message_comes_again(broker):
         if len(calls) == 1:
             raise RuntimeError("first attempt fails")
 
-    pool = ReaderPool(broker, "ExpenseQueue", handle, max_readers=1, wait=0.5).start()
+    pool = PollerPool(broker, "ExpenseQueue", handle, max_readers=1, wait=0.5).start()
     try:
         deadline = time.time() + 30
         while len(calls) < 2 and time.time() < deadline:

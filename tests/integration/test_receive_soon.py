@@ -11,7 +11,7 @@ import time
 from kbroker.cli.demo import CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
-from kbroker.kafka import reader
+from kbroker.kafka import snapshot
 from kbroker.kafka.receive import poll_loop
 
 LONG_WAIT = 5.0
@@ -23,9 +23,9 @@ def test_a_waiting_receive_returns_once_the_message_is_there(broker, monkeypatch
     broker.send(h, CLAIM, {"claim": 0})
     assert len(broker.receive("ExpenseQueue", top=10, wait=30)) == 1  # assigned, polling
     for i in range(1, 4):
-        got: list[float] = []
-        t = threading.Thread(target=lambda: got.extend(
-            time.monotonic() for _ in broker.receive("ExpenseQueue", top=10, wait=30)))
+        got: list[float] = []  # the thread's own list: one still running after join() cannot fill the next round's
+        t = threading.Thread(target=lambda into: into.extend(
+            time.monotonic() for _ in broker.receive("ExpenseQueue", top=10, wait=30)), args=(got,))
         t.start()
         time.sleep(1.0)  # the poll thread is inside a poll with nothing to read
         broker.send(h, CLAIM, {"claim": i})
@@ -36,7 +36,7 @@ def test_a_waiting_receive_returns_once_the_message_is_there(broker, monkeypatch
 
 
 def test_reading_the_endpoints_topic_ends_at_its_end(broker, monkeypatch):
-    monkeypatch.setattr(reader, "CONSUME_WAIT", LONG_WAIT)
+    monkeypatch.setattr(snapshot, "CONSUME_WAIT", LONG_WAIT)
     handles = [broker.begin_dialog(EMP, EXP, CONTRACT) for _ in range(3)]
     store = broker.endpoints
     t0 = time.monotonic()

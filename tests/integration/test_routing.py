@@ -19,25 +19,24 @@ from pathlib import Path
 
 import orjson
 import pytest
+from confluent_kafka import TopicPartition
 from prometheus_client import REGISTRY
 
+from kbroker.core import names
 from kbroker.core.catalog.models import END_DIALOG, ERROR
+from kbroker.core.cluster import ClusterLike
 from kbroker.core.dialogs.conversation_endpoint import CLOSED, default_group, handle_for
 from kbroker.core.dialogs.envelope import Envelope
-from confluent_kafka import TopicPartition
-
-from kbroker.core import names
-from kbroker.core.cluster import ClusterLike
+from kbroker.core.routing.signing import sign
 from kbroker.kafka import clients
 from kbroker.kafka.catalog.apply import apply_paths
+from kbroker.kafka.dialogs.timer_service import TimerService
 from kbroker.kafka.queue_views import set_queue_status
-from kbroker.kafka.reader import read_to_end
 from kbroker.kafka.receive.reclaim import reclaim_namespace
-from kbroker.core.routing.signing import sign
 from kbroker.kafka.routing.dispatcher import Dispatcher
 from kbroker.kafka.routing.keys import Keys
-from kbroker.kafka.dialogs.timer_service import TimerService
 from kbroker.kafka.routing.transmitter import Transmitter
+from kbroker.kafka.snapshot import read_to_end
 from kbroker.sdk.broker import Broker
 from tests.helpers import KBROKER, free_port, wait_for
 

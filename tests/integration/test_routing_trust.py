@@ -19,14 +19,14 @@ from kbroker.core.dialogs.envelope import H_FOLLOWS, Envelope
 from kbroker.core.routing.kept import ROUTING_RECORD_REFUSED
 from kbroker.core.routing.signing import sign
 from kbroker.kafka import clients
-from kbroker.kafka.reader import read_to_end
 from kbroker.kafka.routing.dispatcher import Dispatcher
 from kbroker.kafka.routing.keys import Keys
 from kbroker.kafka.routing.transmitter import Transmitter
 from kbroker.kafka.routing.views import connection_rows, transmission_rows
+from kbroker.kafka.snapshot import read_to_end
 from tests.helpers import wait_for
-from tests.integration.test_routing import CLIENT, CONTRACT, END_DIALOG as _END, REQUEST, SERVER, receive_all, \
-    two_namespaces
+from tests.integration.test_routing import CLIENT, CONTRACT, REQUEST, SERVER, receive_all, two_namespaces
+from tests.integration.test_routing import END_DIALOG as _END
 
 assert _END == END_DIALOG
 
@@ -102,7 +102,7 @@ def test_garbage_on_every_routing_topic_leaves_routing_running(kafka_bootstrap, 
         p.produce(names.acks_topic(b), key=b"\xfe", value=b'{"next": "x"}')
         p.produce(names.inbound_topic(b), key=b"\x00", value=b"\x01\x02", headers=[("kb.v", b"\xff")])
         p.produce(names.transmission_topic(a), key=b"\xff", value=b"no envelope")
-        p.produce(names.transport_topic(a), key=b"transmitter/x", value=b'{"at": 1e12, "messages": [1]}')
+        p.produce(names.link_reports_topic(a), key=b"transmitter/x", value=b'{"at": 1e12, "messages": [1]}')
         p.flush(10)
         h = ba.begin_dialog(CLIENT, SERVER, CONTRACT)
         ba.send(h, REQUEST, {"i": 0})

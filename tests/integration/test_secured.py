@@ -16,20 +16,21 @@ import pytest
 from kbroker.cli.demo import CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
+from kbroker.core.cluster import Cluster
 from kbroker.core.security.acl_roles import bindings
 from kbroker.core.security.client_properties import Jaas, parse_jaas, read_properties
-from kbroker.core.cluster import Cluster
 from kbroker.embedded import resolve_cluster
 from kbroker.errors import AuthenticationFailedError, BrokerUnavailableError, PermissionDeniedError
 from kbroker.kafka import clients, wire
-from kbroker.kafka.security import acls
 from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.kafka.queue_views import queue_view
+from kbroker.kafka.security import acls
 from kbroker.sdk.broker import Broker, connect
 from kbroker.sdk.transport.endpoint import TransportEndpoint
 from kbroker.worker.web.views import monitor_rows
 from tests.helpers import DATA, SAMPLES, wait_for
-from tests.integration.test_routing import CLIENT, CONTRACT as ROUTED, REPLY, REQUEST, SERVER, two_namespaces
+from tests.integration.test_routing import CLIENT, REPLY, REQUEST, SERVER, two_namespaces
+from tests.integration.test_routing import CONTRACT as ROUTED
 from tests.integration.test_worker import Worker, collect_done, send_jobs
 
 

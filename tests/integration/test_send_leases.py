@@ -25,7 +25,7 @@ from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
 from kbroker.core.dialogs.envelope import H_SEQUENCE
 from kbroker.core.dialogs.send_lease import LEASE_SECONDS, RENEW_WITHIN
-from kbroker.kafka.reader import read_to_end
+from kbroker.kafka.snapshot import read_to_end
 from kbroker.sdk.broker import Broker
 
 
@@ -51,7 +51,7 @@ def test_sends_on_one_dialog_from_two_processes_get_one_order(kafka_bootstrap, n
                 with b.transaction() as tx:
                     tx.send(h, CLAIM, {"who": who, "burst": burst, "tx": True})
                 time.sleep(0.3)
-        except BaseException as exc:  # reported by the assertion below
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
             failures.append(exc)
 
     try:
@@ -129,10 +129,11 @@ def test_a_stopped_holder_is_fenced_and_its_late_commit_is_refused(kafka_bootstr
     """A process holds the dialog's lease with a transaction open and stops (SIGSTOP: a long
     pause, a frozen VM). Once its lease runs out another process takes it over, fencing the
     stopped one's transactional ids, and SENDs. When the stopped process wakes and commits, the
-    commit fails (aborted, or in doubt when the fence met it at commit): the log holds its three earlier messages, then the new holder's, and
-    nothing of the stale transaction. Without the lease the second process sent at once and the
-    stale transaction landed after it."""
-    child = subprocess.Popen([sys.executable, "-c", CHILD, kafka_bootstrap, namespace, EMP, EXP, CONTRACT, CLAIM], stdin=subprocess.PIPE,
+    commit fails (aborted, or in doubt when the fence met it at commit): the log holds its three
+    earlier messages, then the new holder's, and nothing of the stale transaction. Without the
+    lease the second process sent at once and the stale transaction landed after it."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD, kafka_bootstrap, namespace, EMP, EXP, CONTRACT, CLAIM],
+                             stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:
         assert child.stdout is not None and child.stdin is not None

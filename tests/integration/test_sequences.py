@@ -13,7 +13,7 @@ from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
 from kbroker.core.dialogs.send_lease import SEQUENCE_SPAN
-from kbroker.kafka.reader import read_to_end
+from kbroker.kafka.snapshot import read_to_end
 from kbroker.sdk.broker import Broker
 from tests.helpers import receive_at_least
 

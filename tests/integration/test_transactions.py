@@ -213,7 +213,7 @@ def wait_for_all_replies(bootstrap, namespace, sent, deadline_s, procs):
 
 
 def stop_all(procs_stops):
-    for proc, stop, _ in procs_stops:
+    for _proc, stop, _ in procs_stops:
         stop.touch()
     for proc, _, _ in procs_stops:
         try:

@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 import pytest
-from prometheus_client import REGISTRY
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from prometheus_client import REGISTRY
 
 from kbroker import transport
 from kbroker.core import names

@@ -17,8 +17,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from confluent_kafka import (OFFSET_BEGINNING, Consumer, ConsumerGroupTopicPartitions, KafkaError, Producer,
-                             TopicPartition)
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 
 from kbroker.core.transport.endpoint import install_plan, transport_queue_topic

@@ -17,7 +17,7 @@ from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
 from kbroker.core.dialogs.conversation_endpoint import SEQUENCE_BLOCK
 from kbroker.kafka.queue_views import conversation_view, queue_view, set_queue_status
-from kbroker.kafka.reader import read_to_end
+from kbroker.kafka.snapshot import read_to_end
 from kbroker.sdk.broker import Broker
 from tests.helpers import KBROKER
 

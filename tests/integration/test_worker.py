@@ -22,7 +22,7 @@ from kbroker.core import names
 from kbroker.errors import BrokerUnavailableError
 from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.kafka.queue_views import alter_queue_activation, queue_view
-from kbroker.kafka.reader import read_to_end
+from kbroker.kafka.snapshot import read_to_end
 from kbroker.sdk.broker import Broker
 from kbroker.worker.web.views import monitor_rows
 from tests.helpers import DATA as DATA_DIR
@@ -310,7 +310,7 @@ def test_a_procedure_outside_the_allowed_modules_is_never_run(worker_ns, client)
     time.sleep(3)  # several ticks
     assert not [t for t in w.tasks() if t["queue"] == "ForeignQueue"], "a refused procedure was launched"
     assert len([e for e in events(bootstrap, ns, "ACTIVATION_REFUSED") if e["queue"] == "ForeignQueue"]) == 1
-    assert w.log.read_text().count("activation of queue ForeignQueue refused: procedure builtins:print") == 1
+    assert w.log.read_text().count("activation of queue ForeignQueue refused: procedure 'builtins:print'") == 1
     row = monitor(bootstrap, ns, "ForeignQueue")
     assert row is None or row["readers"] == 0
 

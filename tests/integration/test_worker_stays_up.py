@@ -18,8 +18,8 @@ import pytest
 
 from kbroker.embedded.broker import EmbeddedBroker
 from kbroker.errors import KBrokerError
-from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.kafka.activation.watch import QueueWatcher
+from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.sdk.broker import Broker
 from kbroker.worker.web.views import monitor_rows
 from tests.helpers import DATA as HELPER_DATA
@@ -176,7 +176,7 @@ def test_the_worker_rides_through_a_broker_outage(setup: Setup) -> None:
         # A message sent after the restart gets its activated procedure run (the stub notes each
         # launch in a file; no RECEIVE, so this does not depend on the SDK's own recovery).
         stub_file = Path(setup.stub_file)
-        launches = lambda: stub_file.read_text().count("StubQueue") if stub_file.exists() else 0
+        launches = lambda: stub_file.read_text().count("StubQueue") if stub_file.exists() else 0  # noqa: E731
         before = launches()
         with client.transaction() as tx:
             tx.send(tx.begin_dialog(CLIENT, "//kbroker/test/Stub", JOBS), JOB, {"i": 0})

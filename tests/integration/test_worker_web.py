@@ -20,8 +20,10 @@ import pytest
 from kbroker.core.security.web_access import COOKIE
 from kbroker.kafka.catalog.apply import apply_paths
 from tests.helpers import KBROKER, ROOT, free_port
-from tests.integration.test_dashboard import CATALOG
-from tests.integration.test_dashboard import browser  # noqa: F401 - the fixture: Debian's chromium
+from tests.integration.test_dashboard import (
+    CATALOG,
+    browser,  # noqa: F401 - the fixture: Debian's chromium
+)
 from tests.integration.test_worker import Worker
 
 TOKEN = "test-web-token-" + uuid.uuid4().hex

@@ -1,4 +1,4 @@
-"""A batch step that fails transiently is tried again within the batch (analytics/job.py): its
+"""A batch step that fails transiently is tried again within the batch (analytics/failures.py): its
 rows' transfer to the driver, its results' transaction. One failure used to fail the batch, and
 with it the query."""
 
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from kbroker.analytics.job import BATCH_STEP_ATTEMPTS, again_on_failure
+from kbroker.analytics.failures import BATCH_STEP_ATTEMPTS, again_on_failure
 from kbroker.errors import BrokerUnavailableError, PermissionDeniedError
 
 

@@ -10,6 +10,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kbroker.core.catalog.models import (
+    DEFAULT,
+    DIALOG_TIMER,
+    END_DIALOG,
+    ERROR,
+    Catalog,
+    Contract,
+    ContractMessage,
+    MessageType,
+    Queue,
+    Service,
+)
 from kbroker.core.dialogs.arrival import (
     CONTRACT_NOT_FOUND,
     CONTRACT_NOT_SUPPORTED,
@@ -25,18 +37,6 @@ from kbroker.core.dialogs.arrival import (
     XML_VALIDATION_FAILED,
     Verdict,
     check_arrival,
-)
-from kbroker.core.catalog.models import (
-    DEFAULT,
-    DIALOG_TIMER,
-    END_DIALOG,
-    ERROR,
-    Catalog,
-    Contract,
-    ContractMessage,
-    MessageType,
-    Queue,
-    Service,
 )
 from kbroker.core.dialogs.envelope import Envelope
 from kbroker.core.dialogs.validation import validate_body

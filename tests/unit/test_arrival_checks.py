@@ -22,8 +22,17 @@ from kbroker.core.dialogs.envelope import SYSTEM_SEQUENCE, Envelope, Message
 from kbroker.core.dialogs.send_lease import SEQUENCE_SPAN, first_claim
 from kbroker.core.dialogs.sequence_reach import MAX_SEQUENCE, reach, sequence_refusal
 from kbroker.core.dialogs.statements import DEAD_LETTERED, Statements
-from tests.unit.test_statements import CLAIM, CONTRACT, EMPLOYEES, EXPENSES, NOW, NS, Consumed, World
-from tests.unit.test_statements import world  # noqa: F401 - the fixture
+from tests.unit.test_statements import (
+    CLAIM,
+    CONTRACT,
+    EMPLOYEES,
+    EXPENSES,
+    NOW,
+    NS,
+    Consumed,
+    World,
+    world,  # noqa: F401 - the fixture
+)
 
 
 def message(conversation: str, seq: int, kind: str = CLAIM, body: bytes = b"{}", **env_kw) -> Message:

@@ -10,9 +10,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kbroker.bench.scale.run import parse_points
-from kbroker.bench.scale.plot import _series, plot
 from kbroker.bench.scale.many_queues import catalog, queue_name, tick_latency
+from kbroker.bench.scale.plot import _series, plot
+from kbroker.bench.scale.run import parse_points
 from kbroker.core.catalog.loader import load_definitions
 
 

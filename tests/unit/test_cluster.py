@@ -52,8 +52,8 @@ def test_every_client_gets_the_bootstrap_servers_and_the_settings():
 def test_spark_options_are_java_client_properties_prefixed_with_kafka():
     assert clients.spark_options(SECURED) == {
         "kafka.bootstrap.servers": "b1:9093,b2:9093", "kafka.security.protocol": "SASL_SSL",
-        "kafka.sasl.mechanism": "SCRAM-SHA-512", "kafka.sasl.jaas.config":
-        'org.apache.kafka.common.security.scram.ScramLoginModule required username="app" password="s3cret";'}
+        "kafka.sasl.mechanism": "SCRAM-SHA-512", "kafka.sasl.jaas.config": (
+            'org.apache.kafka.common.security.scram.ScramLoginModule required username="app" password="s3cret";')}
 
 
 def test_a_setting_no_client_takes_is_refused_when_a_client_is_built():

@@ -8,6 +8,7 @@ import uuid
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kbroker.core.receive.offsets import METADATA_LIMIT, PartitionOffsets, decode_completed, encode_completed
 from kbroker.core.txn.commit_holder import (
     MAX_IDS,
     ROOM,
@@ -17,7 +18,6 @@ from kbroker.core.txn.commit_holder import (
     transactional_id,
     with_holder,
 )
-from kbroker.core.receive.offsets import METADATA_LIMIT, PartitionOffsets, decode_completed, encode_completed
 
 
 def test_a_committers_ids_come_back_from_its_offsets_metadata():

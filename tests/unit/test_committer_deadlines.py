@@ -14,8 +14,8 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from kbroker.core.txn.commit_holder import with_holder
 from kbroker.errors import TransactionAbortedError, TransactionInDoubtError
-from kbroker.kafka.txn.committer import CommitRequest, GroupCommitter
 from kbroker.kafka.receive.receiver import Lease
+from kbroker.kafka.txn.committer import CommitRequest, GroupCommitter
 
 
 class FakeProducer:
@@ -94,7 +94,7 @@ def committer_whose_first_producer_is(first: type[FakeProducer], release: thread
 
     c = GroupCommitter("127.0.0.1:1", "ns", **{"producers": 1, "timeout": 0.3, "transaction_deadline": 0.3,
                                                **settings}, new_producer=new_producer)
-    c._group_metadata = lambda group: object()  # type: ignore[method-assign]
+    c._settler.group_metadata = lambda group: object()  # type: ignore[method-assign]
     return c, made
 
 
@@ -104,7 +104,7 @@ def committer_with(hang_in: str, release: threading.Event) -> tuple[GroupCommitt
 
 
 # What a slot's next producer runs first after a transaction that failed with the broker away:
-# a transaction closing it as aborted (kafka/txn/left_open.py), records on every partition of its
+# a transaction closing it as aborted (kafka/txn/close_open.py), records on every partition of its
 # topics and its offsets; then that producer is replaced too.
 CLOSING = ["init", "begin", "offsets", "abort"]
 
@@ -132,7 +132,7 @@ def test_a_hung_commit_is_settled_from_the_groups_offsets(release, committed):
     # the committing process after the completed offsets (core/txn/commit_holder.py).
     found = [TopicPartition("q", 0, 7, metadata=with_holder("m", c.holder)) if committed
              else TopicPartition("q", 0, 3, metadata="")]
-    c._group_offsets = lambda group, tps, t: found  # type: ignore[method-assign]
+    c._settler.group_offsets = lambda group, tps, t: found  # type: ignore[method-assign]
     receiver = FakeReceiver()
     req = CommitRequest([], [Lease(receiver, "g", None, offsets=[(0, 6)])])  # type: ignore[arg-type]
     if committed:

@@ -1,4 +1,4 @@
-"""The dashboard's snapshots (kbroker/worker/web/dashboard.py) without a broker: per-second rates from
+"""The dashboard's snapshots (kbroker/worker/web/feed.py) without a broker: per-second rates from
 successive copies of the analytics job's windows, the merge of windows, monitor rows and tasks,
 and a feed whose sources fail (logged once, the last data kept)."""
 
@@ -8,7 +8,7 @@ import logging
 from types import SimpleNamespace
 from typing import Any
 
-from kbroker.worker.web.dashboard import DashboardFeed, Rates, merge
+from kbroker.worker.web.feed import DashboardFeed, Rates, merge
 
 T0 = 1_764_000_000_000  # epoch ms, on a window boundary
 

@@ -7,9 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kbroker.core.dialogs.envelope import Envelope, MalformedRecord, Message
+from kbroker.core.dialogs.validation import validate_body
 from kbroker.core.frozen import built
 from kbroker.core.receive.group_buffer import Buffered
-from kbroker.core.dialogs.validation import validate_body
 from kbroker.errors import MessageValidationError
 from kbroker.kafka.receive.receiver import QueueReceiver
 

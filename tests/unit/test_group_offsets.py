@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from kbroker.kafka.reader import Unread, group_offsets, without_errors
+from kbroker.kafka.snapshot import Unread, group_offsets, without_errors
 
 TOPIC = "kbroker.ns.queue.Q"
 

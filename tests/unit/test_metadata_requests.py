@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 from kbroker.errors import KBrokerError, PermissionDeniedError
 from kbroker.kafka import clients, topic_propagation
-from kbroker.kafka.reader import topic_partitions
+from kbroker.kafka.snapshot import topic_partitions
 
 TOPIC = "kbroker.ns.queue.Q"
 

@@ -10,8 +10,8 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbroker.core.dialogs.groups import MOVE_MARKER
 from kbroker.core.analytics.queue_analytics import Analytics, Arrival, Output, Progress, dialog_row_at
+from kbroker.core.dialogs.groups import MOVE_MARKER
 
 ERROR = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
 MSG = "//app/Request"

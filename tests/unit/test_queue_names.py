@@ -11,7 +11,12 @@ from hypothesis import strategies as st
 
 from kbroker.core import names
 from kbroker.core.catalog.loader import check_queue_names, load_definitions
-from kbroker.core.transport.endpoint import install_collision, install_plan, transport_queue_prefix, transport_queue_topic
+from kbroker.core.transport.endpoint import (
+    install_collision,
+    install_plan,
+    transport_queue_prefix,
+    transport_queue_topic,
+)
 from kbroker.errors import DefinitionError
 
 NS = "sales"

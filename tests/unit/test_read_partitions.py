@@ -6,8 +6,8 @@ import pytest
 from confluent_kafka import KafkaError
 
 from kbroker.errors import KBrokerError
-from kbroker.kafka.reader import PartitionsRead
-from kbroker.kafka.reader import read_partitions as read_real
+from kbroker.kafka.snapshot import PartitionsRead
+from kbroker.kafka.snapshot import read_partitions as read_real
 
 from .fake_consumer import FakeConsumer, FakeMessage, eof
 

@@ -12,8 +12,8 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from kbroker.errors import RebalanceAbortedError, TransactionAbortedError
-from kbroker.kafka.txn.committer import CommitRequest, GroupCommitter
 from kbroker.kafka.receive.receiver import Lease
+from kbroker.kafka.txn.committer import CommitRequest, GroupCommitter
 from kbroker.sdk import fenced_retry
 from tests.unit.test_committer_deadlines import FakeProducer, FakeReceiver
 

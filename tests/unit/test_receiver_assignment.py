@@ -185,7 +185,7 @@ def test_a_slow_answer_for_a_waiting_partition_does_not_stop_the_others() -> Non
 
 def test_a_partition_left_waiting_is_handed_to_the_fence_after_a_second_and_read_once_fenced() -> None:
     """A partition whose offsets a dead reader's open transaction holds: after FENCE_AFTER (1 s)
-    it, and only it, goes to the fence (kafka/receive/hanging_commits.py); once the fence has ended the
+    it, and only it, goes to the fence (kafka/receive/open_transaction_fence.py); once the fence has ended the
     transaction its offsets are stable and it is read. Not before the second: a transaction
     about to commit is not the fence's business."""
     consumer = Consumer({0: 3, 1: 2})

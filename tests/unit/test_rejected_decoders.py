@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kbroker.core.activation import monitor_codec
+from kbroker.core.activation.monitor import MonitorConfig, MonitorState, Tick, new_monitor, step
 from kbroker.core.analytics.analytics_records import (
     analytics_row,
     armed_timer,
@@ -21,10 +22,9 @@ from kbroker.core.analytics.analytics_records import (
 )
 from kbroker.core.catalog.catalog_records import catalog_record
 from kbroker.core.dialogs.endpoint_records import endpoint_record
-from kbroker.core.activation.monitor import MonitorConfig, MonitorState, Tick, new_monitor, step
+from kbroker.core.dialogs.timers import firing_records, timer_value
 from kbroker.core.reader_reports import reader_report
 from kbroker.core.rejected import Consumed, Rejected, json_object, rejection_records, text_key
-from kbroker.core.dialogs.timers import firing_records, timer_value
 
 NS = "ns"
 QUEUE_TOPIC = f"kbroker.{NS}.queue.Q"

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kbroker.core import names
-from kbroker.core.dialogs.arrival import NO_PERMISSION, REFUSE, SAVE, check_arrival
 from kbroker.core.catalog.models import END_DIALOG, Catalog, Contract, ContractMessage, MessageType, Queue, Service
+from kbroker.core.dialogs.arrival import NO_PERMISSION, REFUSE, SAVE, check_arrival
 from kbroker.core.dialogs.envelope import H_FOLLOWS, Envelope, MalformedRecord
 from kbroker.core.routing.directions import Directions, read_acks
 from kbroker.core.routing.kept import ROUTING_RECORD_REFUSED, kept

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from kbroker.core.dialogs.send_lease import (
     LEASE_SECONDS,
-    RENEW_WITHIN,
     MARGIN,
+    RENEW_WITHIN,
     SEQUENCE_SPAN,
     SendLease,
     first_claim,

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
 import pytest
 
 from kbroker.core import names
-from kbroker.core.dialogs import timers
 from kbroker.core.catalog.loader import load_definitions
 from kbroker.core.catalog.models import END_DIALOG, Catalog
 from kbroker.core.catalog.models import ERROR as ERROR_TYPE
+from kbroker.core.dialogs import timers
 from kbroker.core.dialogs.conversation_endpoint import (
     CLOSED,
     CONVERSING,

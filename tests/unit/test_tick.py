@@ -116,7 +116,7 @@ def test_owner_record_round_trips():
     assert TickOwner.from_dict(None) == TickOwner()
 
 
-def simulate(timers, schedule=TickSchedule()):
+def simulate(timers, schedule=TickSchedule()):  # noqa: B008 - a frozen dataclass, shared safely
     """Apply every worker's timer firings to one record, serially in time order (as the
     single-partition log does). Returns {tick number: (worker, run)}."""
     rec, ran = TickOwner(), {}

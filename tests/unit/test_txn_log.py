@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from kbroker.core.txn.transaction_log import (
     OFFSETS_TOPIC,
-    LeftOpen,
+    OpenTransactionCheck,
     Outcome,
     TxnLogEntry,
     TxnLogFormatError,
@@ -138,14 +138,14 @@ def test_the_log_does_not_say_without_an_init_after_or_a_decision_before_it():
 
 def test_the_log_is_asked_after_a_quiet_spell_then_no_more_often():
     now = [100.0]
-    left = LeftOpen(after=10.0, clock=lambda: now[0])
-    assert not left.due()  # the first unreadable answer starts the spell
+    check = OpenTransactionCheck(after=10.0, clock=lambda: now[0])
+    assert not check.due()  # the first unreadable answer starts the spell
     now[0] = 109.9
-    assert not left.due()
+    assert not check.due()
     now[0] = 110.0
-    assert left.due()
+    assert check.due()
     now[0] = 115.0
-    assert not left.due()
+    assert not check.due()
     now[0] = 120.0
-    assert left.due()
-    assert left.first_failure() and not left.first_failure()
+    assert check.due()
+    assert check.first_failure() and not check.first_failure()

@@ -28,7 +28,7 @@ from kbroker.bench.common import percentile
 from kbroker.bench.context import BenchContext
 from kbroker.core import names
 from kbroker.core.cluster import ClusterLike
-from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partitions
+from kbroker.kafka.snapshot import read_partitions, reading_consumer, topic_partitions
 
 PROCEDURE = "kbroker.bench.procedures:first_receive"
 INITIATOR = "//scale/Initiator"

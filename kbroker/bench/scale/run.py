@@ -34,7 +34,11 @@ WORKER_BACKLOG = 10_000  # the worker curve's backlog, unless --drain-messages s
 def _measure(curve: str, drain_messages: int) -> Callable[[BenchContext, int], dict[str, Any]]:
     from kbroker.bench.scale import (
         dialogs as scale_dialogs,
+    )
+    from kbroker.bench.scale import (
         many_queues as scale_queues,
+    )
+    from kbroker.bench.scale import (
         workers as scale_workers,
     )
 

@@ -17,9 +17,9 @@ from typing import Any
 import psutil
 
 from kbroker.bench.activation import WorkerProcess, monitor_rows_of
-from kbroker.bench.scenarios.activation_drain import CommitWatch
 from kbroker.bench.context import BenchContext
 from kbroker.bench.scale.many_queues import CONTRACT, INITIATOR, MESSAGE, apply_queues, queue_name
+from kbroker.bench.scenarios.activation_drain import CommitWatch
 from kbroker.kafka.queue_views import alter_queue_activation
 
 QUEUES = 8

@@ -28,7 +28,7 @@ from kbroker.kafka.baseline import (
     end_offsets,
 )
 from kbroker.kafka.queue_views import alter_queue_activation
-from kbroker.kafka.reader import topic_partitions
+from kbroker.kafka.snapshot import topic_partitions
 from kbroker.sdk.broker import Broker
 
 DRAIN_PROCEDURE = "kbroker.bench.procedures:drain"
@@ -119,7 +119,7 @@ def measure_drain(ctx: BenchContext, state: DrainState, side: str) -> dict:
                 def work() -> None:
                     try:
                         procedures.drain(state.baseline, QUEUE)
-                    except BaseException as exc:
+                    except BaseException as exc:  # noqa: BLE001 - raised again on the scenario's main thread
                         errors.append(exc)
 
                 threads = [threading.Thread(target=work, name=f"bench-drain-{i}", daemon=True) for i in range(k)]

@@ -82,7 +82,7 @@ class StandingConsumer:
                 with self.cond:
                     self.got[(msg.key() or b"").decode()] = (now_ms, msg.timestamp()[1])
                     self.cond.notify_all()
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - raised again on the scenario's main thread
             self.error = exc
         finally:
             self.consumer.close()

@@ -86,9 +86,9 @@ def keep_up(ctx: BenchContext, spark: Any, batch: int = BATCH) -> dict[str, Any]
 def stale_delay(ctx: BenchContext, spark: Any) -> dict[str, Any]:
     """kbroker: p99 seconds from a message crossing its threshold to the analytics topic showing
     it; baseline: the trigger interval (the least a micro-batch job can do)."""
+    from kbroker.bench.common import CLAIM, CONTRACT, EMP, EXP
     from kbroker.kafka.analytics.store import AnalyticsFollower
     from kbroker.sdk.broker import Broker
-    from kbroker.bench.common import CLAIM, CONTRACT, EMP, EXP
 
     ns = ctx.fresh_namespace("stale")
     worker = WorkerProcess(ctx, ns, ramp_up=5.0, handlers=1)

@@ -22,7 +22,6 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
-
 from kbroker.bench.activation import WorkerProcess
 from kbroker.bench.common import CLAIM, CONTRACT, EMP, EXP, side_by_side
 from kbroker.bench.harness import BenchContext, Floor, Row, Scenario, scenario

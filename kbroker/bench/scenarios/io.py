@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from kbroker.bench import io_processes
 from kbroker.bench.common import (
     IO_DELAY,
     QUEUE,
@@ -20,7 +21,6 @@ from kbroker.bench.common import (
     produce_dialogs,
     side_by_side,
 )
-from kbroker.bench import io_processes
 from kbroker.bench.harness import (
     BenchContext,
     Floor,
@@ -94,7 +94,7 @@ def _measure_io_bound(ctx: BenchContext, side: str) -> dict:
                             time.sleep(IO_DELAY)
                     if msgs:
                         handled(len(msgs), got)
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - raised again on the scenario's main thread
                 errors.append(exc)
 
         threads = [threading.Thread(target=work, name=f"io-reader-{i}", daemon=True) for i in range(IO_READERS)]

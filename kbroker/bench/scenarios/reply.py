@@ -123,7 +123,7 @@ class Requester:
                                       headers=claim_headers(conv, seq), on_delivery=self.delivery)
                 self.producer.poll(0)
                 self.delivery.check()
-        except BaseException as exc:  # reported by the scenario
+        except BaseException as exc:  # noqa: BLE001 - reported by the scenario
             self.error = exc
 
 
@@ -140,7 +140,7 @@ def kbroker_responders(ctx: BenchContext, namespace: str, tally: Tally, reply: b
                         tx.send(m.conversation_handle, APPROVAL, reply)
                 if msgs:  # the transaction committed when the with-block ended
                     tally.committed([(m.conversation_id, m.enqueued_time) for m in msgs])
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - raised again on the scenario's main thread
             errors.append(exc)
             stop.set()
 
@@ -172,7 +172,7 @@ def baseline_responder(ctx: BenchContext, namespace: str, tally: Tally, reply: b
             producer.init_transactions(30)
             consumer.subscribe([topic])
             transform_batches(consumer, producer, transform, tally.committed, lambda: not stop.is_set())
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - raised again on the scenario's main thread
             errors.append(exc)
             stop.set()
         finally:

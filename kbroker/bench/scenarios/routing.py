@@ -252,7 +252,7 @@ def round_trips(ctx: BenchContext, topo: Topology) -> dict[str, Any]:
                         if m.message_type_name != REQUEST:
                             raise RuntimeError(f"responder got {m.message_type_name}: {m.body[:300]!r}")
                         tx.send(m.conversation_handle, REPLY, reply_body)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - raised again on the scenario's main thread
             errors.append(exc)
             stop.set()
 
@@ -280,7 +280,7 @@ def round_trips(ctx: BenchContext, topo: Topology) -> dict[str, Any]:
                             stats.replies += 1
                             if stats.measuring and rtt is not None:
                                 stats.rtts.append(rtt * 1000)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - raised again on the scenario's main thread
             errors.append(exc)
             stop.set()
 
@@ -356,7 +356,7 @@ def transmission_latency(ctx: BenchContext, topo: Topology) -> dict[str, Any]:
                         if n in received:
                             raise RuntimeError(f"{topo.kind}: message {n} received twice")
                         received[n] = t
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - raised again on the scenario's main thread
             errors.append(exc)
             stop.set()
 

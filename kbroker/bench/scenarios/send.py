@@ -34,7 +34,6 @@ from kbroker.kafka.baseline import (
 )
 from kbroker.sdk.broker import Broker
 
-
 # --- send ---------------------------------------------------------------------------------------
 
 

@@ -1,1 +1,2 @@
-"""Activation: the queue monitor's state machine and its events on the wire, the cluster tick, ramp-up of polling readers (pure)."""
+"""Activation: the queue monitor's state machine, its state, events and their wire form, the
+cluster tick, ramp-up of polling readers (pure). See docs/activation.md."""

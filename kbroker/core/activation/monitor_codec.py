@@ -8,10 +8,9 @@ from typing import Any
 
 import orjson
 
-from kbroker.core.activation.monitor import (
+from kbroker.core.activation.events import (
     Event,
     MessagesReady,
-    MonitorConfig,
     QueueAltered,
     ReaderExited,
     ReceiveIssued,
@@ -19,6 +18,7 @@ from kbroker.core.activation.monitor import (
     Rollback,
     Tick,
 )
+from kbroker.core.activation.monitor_state import MonitorConfig
 from kbroker.core.rejected import Rejected, json_object
 
 _KINDS = {cls.__name__: cls for cls in (MessagesReady, ReceiveIssued, ReceiveReturned, Rollback, ReaderExited,

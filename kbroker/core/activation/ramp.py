@@ -1,7 +1,7 @@
 """Adaptive concurrency for plain polling consumers (pure logic).
 
 For queues without activation, kbroker polls the way NServiceBus's SQL Server transport 2.1 did
-(seed 002): a ramp-up controller adds a poller while polls keep finding messages and removes one
+(docs/sources.md): a ramp-up controller adds a poller while polls keep finding messages and removes one
 while they keep coming back empty. Idle, a queue keeps exactly one poller.
 
 The seed gives the algorithm but not the thresholds; the numbers are those of the transport's 2.1

@@ -1,7 +1,7 @@
 """The periodic tick: which task sets are due, and which worker runs a tick (pure logic).
 
 SSB's engine timer notifies the broker every 5 s; the broker counts the notifications and runs
-some tasks on every one, some on every 2nd, some on every 5th (seed 000). kbroker does the same
+some tasks on every one, some on every 2nd, some on every 5th (docs/sources.md#periodic-tasks). kbroker does the same
 with a Faust timer, once per cluster rather than once per worker.
 
 Tick numbers. Tick n covers [n * interval, (n + 1) * interval) of the wall clock, so every worker
@@ -30,8 +30,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-TICK_SECONDS = 5.0  # seed 000
-# What each period runs, as in Service Broker (seed 000). The cluster's tick (claim) runs the
+TICK_SECONDS = 5.0  # docs/sources.md#periodic-tasks
+# What each period runs, as in Service Broker (docs/sources.md#periodic-tasks). The cluster's tick (claim) runs the
 # monitors every tick and reclaims queue records no reader needs every 5th (reclaim.py); each
 # worker restarts its dead task handlers every tick. The routing services count the same tick
 # numbers on their own (advance), each process for its own work: the dispatcher's sweep every tick;

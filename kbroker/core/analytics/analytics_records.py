@@ -8,8 +8,8 @@ from typing import Any
 
 from kbroker.core import names
 from kbroker.core.analytics.queue_analytics import Progress
-from kbroker.core.rejected import Rejected, json_object, text_key
 from kbroker.core.dialogs.timers import timer_fields
+from kbroker.core.rejected import Rejected, json_object, text_key
 
 
 def _int(v: Any) -> bool:

@@ -1,4 +1,4 @@
-"""The class of a dialog, for the transmitter's reclassification (seed 000's 2nd-tick task): a pure
+"""The class of a dialog, for the transmitter's reclassification (a 2nd-tick task, docs/sources.md): a pure
 rule from what the analytics job knows of one dialog side. First match wins (docs/analytics.md)."""
 
 from __future__ import annotations

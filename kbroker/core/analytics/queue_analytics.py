@@ -23,7 +23,7 @@ from typing import Any
 from kbroker.core.analytics.dialog_class import STALE, DialogFacts, classify
 from kbroker.core.dialogs.groups import MOVE_MARKER
 
-STALE_THRESHOLDS = (("dispatcher_10s", 10.0), ("forwarder_60s", 60.0))  # seeds 000/001
+STALE_THRESHOLDS = (("dispatcher_10s", 10.0), ("forwarder_60s", 60.0))  # docs/sources.md#periodic-tasks
 ERROR_TYPE = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
 KEEP_WINDOWS = 120  # per queue, windows kept after they close, so a late record still adds up
 FORGET_IDLE_MS = 3600_000  # an idle dialog with nothing pending is forgotten after an hour
@@ -260,7 +260,8 @@ class Analytics:
         return per_queue, oldest_of
 
     def _row(self, queue: str, start: int, w: _Window, batch: int) -> dict[str, Any]:
-        empty: dict[str, Any] = {"backlog": 0, "oldest_unreceived_age_s": None, "stale": {n: 0 for n, _ in STALE_THRESHOLDS} | {"queue": 0},
+        empty: dict[str, Any] = {"backlog": 0, "oldest_unreceived_age_s": None,
+                                 "stale": {n: 0 for n, _ in STALE_THRESHOLDS} | {"queue": 0},
                  "stale_after_s": self.stale_after.get(queue, self.default_stale), "top_groups": []}
         return {"kind": "queue_window", "namespace": self.namespace, "queue": queue,
                 "window_start": start, "window_end": start + self.window_ms, "window_s": self.window_ms / 1000,

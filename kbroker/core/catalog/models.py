@@ -1,418 +1,50 @@
 """The catalog objects of Service Broker (message types, contracts, queues, services, routes) as
 pydantic models. Unknown fields are errors, so a typo in a definition never passes silently.
 Cross-object references are checked by the loader, not here: a Catalog read back from Kafka is
-trusted as published."""
+trusted as published.
+
+The names live in four modules, all importable from here: values.py (value types, address
+syntax, name limits), objects.py (the object models), built_ins.py (the system message types and
+the DEFAULT contract) and catalog.py (the Catalog of one namespace)."""
 
 from __future__ import annotations
 
-import re
-from typing import Annotated, Any, Literal
-
-import orjson
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    field_validator,
-    model_validator,
+from kbroker.core.catalog.built_ins import (
+    BUILTIN_CONTRACTS,
+    BUILTIN_MESSAGE_TYPES,
+    DEFAULT,
+    DIALOG_TIMER,
+    END_DIALOG,
+    ERROR,
+    SB,
+    SYSTEM_TYPES,
 )
-
-from kbroker.config import NAMESPACE_RE
-from kbroker.core.names import QUEUE_NAME_RE, SYSTEM_TOPICS
-from kbroker.core.topic_limits import MAX_QUEUE_MESSAGE_BYTES
-from kbroker.errors import (
-    UnknownContractError,
-    UnknownMessageTypeError,
-    UnknownQueueError,
-    UnknownServiceError,
+from kbroker.core.catalog.catalog import Catalog
+from kbroker.core.catalog.objects import (
+    TOPIC_RETENTION,
+    Activation,
+    BrokerEndpoint,
+    Contract,
+    ContractMessage,
+    MessageType,
+    Queue,
+    Route,
+    Service,
+    SystemTopic,
 )
-
-# --- value types ----------------------------------------------------------------------------
-
-
-def _on_off(value: Any) -> Any:
-    # YAML 1.1 reads ON/OFF (and yes/no) as booleans; Service Broker says ON/OFF.
-    if value is True:
-        return "ON"
-    if value is False:
-        return "OFF"
-    return value.upper() if isinstance(value, str) else value
-
-
-def _upper(value: Any) -> Any:
-    return value.upper() if isinstance(value, str) else value
-
-
-def _lower(value: Any) -> Any:
-    return value.lower() if isinstance(value, str) else value
-
-
-def _enabled(value: Any) -> Any:
-    # ENABLED/DISABLED as Service Broker writes them; ON/OFF and YAML booleans mean the same.
-    v = _on_off(value)
-    return {"ON": "ENABLED", "OFF": "DISABLED"}.get(v, v) if isinstance(v, str) else v
-
-
-OnOff = Annotated[Literal["ON", "OFF"], BeforeValidator(_on_off)]
-Side = Annotated[Literal["INITIATOR", "TARGET", "ANY"], BeforeValidator(_upper)]
-Validation = Annotated[Literal["NONE", "EMPTY", "JSON", "WELL_FORMED_XML"], BeforeValidator(_upper)]
-
-_PROCEDURE_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", re.ASCII)
-# kafka://host:port[,host:port][/namespace]: the hosts, then the namespace of kbroker.config.
-_NAMESPACE = NAMESPACE_RE.pattern.strip("^$")
-_KAFKA_ADDRESS_RE = re.compile(rf"kafka://([^\s,/:]+:[0-9]{{1,5}}(?:,[^\s,/:]+:[0-9]{{1,5}})*)(?:/({_NAMESPACE}))?",
-                               re.ASCII)
-# SSB item 44: the Broker Configuration Notice service's route names no broker instance.
-BROKER_CONFIGURATION = "SQL/ServiceBroker/BrokerConfiguration"
-MAX_SERVICE_NAME = 256  # characters in a service name (Service Broker's nvarchar(256))
-
-
-def parse_kafka_address(value: str) -> tuple[str, str | None] | None:
-    """(bootstrap, namespace or None) of `kafka://host:port[,host:port][/namespace]`; None when
-    `value` is not such an address (or a port is out of range)."""
-    m = _KAFKA_ADDRESS_RE.fullmatch(value)
-    if m is None or not all(0 < int(hp.rsplit(":", 1)[1]) < 65536 for hp in m[1].split(",")):
-        return None
-    return m[1], m[2]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-# --- objects --------------------------------------------------------------------------------
-
-
-class MessageType(_Model):
-    name: str = Field(min_length=1, max_length=256)
-    validation: Validation = "NONE"
-
-
-class ContractMessage(_Model):
-    type: str = Field(min_length=1)
-    sent_by: Side
-
-
-class Contract(_Model):
-    name: str = Field(min_length=1, max_length=256)
-    messages: list[ContractMessage] = Field(min_length=1)
-
-    @field_validator("messages")
-    @classmethod
-    def _initiator_speaks_first(cls, messages: list[ContractMessage]) -> list[ContractMessage]:
-        seen: set[str] = set()
-        for m in messages:
-            if m.type in seen:
-                raise ValueError(f"message type {m.type!r} is listed twice")
-            seen.add(m.type)
-        # Service Broker refuses a contract the initiator cannot open (CREATE CONTRACT rule).
-        if not any(m.sent_by in ("INITIATOR", "ANY") for m in messages):
-            raise ValueError("at least one message type must be sent by INITIATOR or ANY")
-        return messages
-
-
-class Activation(_Model):
-    status: OnOff = "ON"
-    kind: Annotated[Literal["internal", "external"], BeforeValidator(_lower)] = "internal"
-    procedure: str | None = None  # "package.module:function", called per activated reader
-    max_queue_readers: int = Field(default=1, ge=0, le=32767)
-    notify_timeout: float = Field(default=60.0, gt=0)  # seconds; external activation only
-
-    @field_validator("procedure")
-    @classmethod
-    def _procedure_syntax(cls, value: str | None) -> str | None:
-        if value is not None and not _PROCEDURE_RE.fullmatch(value):
-            raise ValueError(f"procedure must be 'module:function', not {value!r}")
-        return value
-
-    @model_validator(mode="after")
-    def _procedure_required(self) -> "Activation":
-        if self.kind == "internal" and self.status == "ON" and self.procedure is None:
-            raise ValueError("procedure is required for internal activation with status ON")
-        return self
-
-
-TOPIC_RETENTION = "topic_retention"  # a queue setting no longer: see Queue._forget_topic_retention
-
-
-class Queue(_Model):
-    name: str
-    partitions: int = Field(default=4, ge=1, le=1000)
-    retention: OnOff = "OFF"  # Service Broker RETENTION: keep received messages until the end
-    status: OnOff = "ON"
-    poison_message_handling: OnOff = "ON"
-    max_message_bytes: int = Field(default=1_048_576, ge=1, le=MAX_QUEUE_MESSAGE_BYTES)
-    activation: Activation | None = None
-    # Seconds after which an unreceived message counts as stale for this queue (the analytics
-    # job's per-queue threshold, beside the seeds' 10 s and 60 s); None: the job's default.
-    stale_after: float | None = Field(default=None, gt=0, le=7 * 86400)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        if not QUEUE_NAME_RE.match(value):
-            raise ValueError("must be 1-100 characters of A-Z a-z 0-9 _ . -")
-        return value
-
-    @model_validator(mode="before")
-    @classmethod
-    def _forget_topic_retention(cls, value: Any) -> Any:
-        # Catalog records published before queue topics kept every record carry the old
-        # `topic_retention` setting: read back, it means nothing now (definition files naming it
-        # are refused by the loader, with the reason).
-        if isinstance(value, dict) and TOPIC_RETENTION in value:
-            return {k: v for k, v in value.items() if k != TOPIC_RETENTION}
-        return value
-
-
-class Service(_Model):
-    name: str = Field(min_length=1, max_length=MAX_SERVICE_NAME)
-    queue: str
-    contracts: list[str] = []  # contracts it accepts as a target; none = initiator only
-    # GRANT SEND ON SERVICE to other namespaces: those whose routed messages it takes (their
-    # senders proven by signature, core/routing/signing.py); None: every namespace whose public
-    # key this namespace holds. A namespace not listed gets Service Broker's Error -8494.
-    remote_senders: list[str] | None = None
-
-    @field_validator("contracts")
-    @classmethod
-    def _unique(cls, value: list[str]) -> list[str]:
-        if len(set(value)) != len(value):
-            raise ValueError("a contract is listed twice")
-        return value
-
-    @field_validator("remote_senders")
-    @classmethod
-    def _namespaces(cls, value: list[str] | None) -> list[str] | None:
-        bad = [n for n in value or [] if not NAMESPACE_RE.match(n)]
-        if bad:
-            raise ValueError(f"remote_senders lists {bad[0]!r}, which is no namespace name")
-        return value
-
-
-class Route(_Model):
-    """CREATE ROUTE: where messages to a service go (see kbroker/core/routing/routes.py for matching).
-
-    `address` is LOCAL (this namespace), TRANSPORT (the service name is the address) or
-    `kafka://host:port[,host:port]/<namespace>`, the Kafka cluster and namespace of the next hop.
-    A namespace's broker instance id is its name, so `kafka://host:port` without a namespace is
-    accepted when `broker_instance` names it. `created_at` is stamped by `kbroker apply`."""
-
-    name: str = Field(min_length=1, max_length=256)
-    service_name: str | None = Field(default=None, min_length=1, max_length=MAX_SERVICE_NAME)  # None: every service
-    address: str  # LOCAL | TRANSPORT | kafka://host:port[,host:port][/namespace]
-    broker_instance: str | None = None  # None: any instance (a namespace name)
-    lifetime: int | None = Field(default=None, gt=0)  # seconds; None = never expires
-    mirror_address: str | None = None  # kafka://... of the mirrored (standby) namespace
-    # The client settings to reach the address's cluster: the name of a client profile each
-    # process resolves locally (kafka/routing/profiles.py), so no credential is in the catalog.
-    profile: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,64}$")
-    created_at: float | None = Field(default=None, ge=0)  # epoch seconds, set by `kbroker apply`
-
-    @field_validator("address", mode="before")
-    @classmethod
-    def _address(cls, value: Any) -> Any:
-        if isinstance(value, str) and value.upper() in ("LOCAL", "TRANSPORT"):
-            return value.upper()
-        if isinstance(value, str) and parse_kafka_address(value) is not None:
-            return value
-        raise ValueError("address must be LOCAL, TRANSPORT or kafka://host:port[,host:port]/namespace, "
-                         f"not {value!r}")
-
-    @field_validator("mirror_address")
-    @classmethod
-    def _mirror(cls, value: str | None) -> str | None:
-        if value is not None and parse_kafka_address(value) is None:
-            raise ValueError(f"mirror_address must be kafka://host:port[,host:port]/namespace, not {value!r}")
-        return value
-
-    @field_validator("broker_instance")
-    @classmethod
-    def _instance(cls, value: str | None) -> str | None:
-        # A broker instance is a namespace name: any other string could never match a dialog.
-        if value is not None and not NAMESPACE_RE.fullmatch(value):
-            raise ValueError("broker_instance must be a namespace name: 1-40 characters of letters, "
-                             f"digits, '_' or '-', not {value!r}")
-        return value
-
-    @model_validator(mode="after")
-    def _consistent(self) -> "Route":
-        local_or_transport = self.address in ("LOCAL", "TRANSPORT")
-        # A TRANSPORT route takes its address from the service name, so it cannot name one.
-        if self.address == "TRANSPORT" and (self.service_name is not None or self.broker_instance is not None):
-            raise ValueError("a TRANSPORT route cannot name a service_name or broker_instance")
-        if not local_or_transport and self.namespace is None:
-            raise ValueError(f"address {self.address!r} names no namespace: add /<namespace> or a broker_instance")
-        if self.profile is not None and local_or_transport:
-            raise ValueError(f"a {self.address} route names no cluster, so it cannot name a profile")
-        if self.mirror_address is not None:
-            if local_or_transport:
-                raise ValueError(f"mirror_address cannot be combined with address {self.address}")
-            if self.service_name is None or self.broker_instance is None:
-                raise ValueError("mirror_address requires both service_name and broker_instance")
-        if self.service_name == BROKER_CONFIGURATION and self.broker_instance is not None:
-            raise ValueError(f"a route to {BROKER_CONFIGURATION} cannot name a broker_instance")
-        return self
-
-    @property
-    def bootstrap(self) -> str | None:
-        """The `host:port[,host:port]` of a Kafka address; None for LOCAL and TRANSPORT."""
-        parsed = parse_kafka_address(self.address)
-        return parsed[0] if parsed else None
-
-    @property
-    def namespace(self) -> str | None:
-        """The namespace a Kafka address leads to (the broker instance when the address names
-        none); None for LOCAL and TRANSPORT."""
-        parsed = parse_kafka_address(self.address)
-        if parsed is None:
-            return None
-        return parsed[1] or self.broker_instance
-
-
-class BrokerEndpoint(_Model):
-    """CREATE ENDPOINT ... FOR SERVICE_BROKER: the namespace's broker endpoint settings, of which
-    kbroker has the forwarding ones (a namespace has at most one endpoint)."""
-
-    name: str = Field(min_length=1, max_length=128)
-    message_forwarding: Annotated[Literal["ENABLED", "DISABLED"], BeforeValidator(_enabled)] = "DISABLED"
-    message_forward_size: int = Field(default=10, ge=1, le=2048)  # MB; Microsoft's example uses 10
-
-
-class SystemTopic(_Model):
-    """A per-namespace system topic; declared in kbroker/core/catalog/system.yaml."""
-
-    name: Literal[SYSTEM_TOPICS]  # type: ignore[valid-type]
-    partitions: int = Field(ge=1, le=1000)
-    config: dict[str, str]
-
-    @field_validator("config", mode="before")
-    @classmethod
-    def _strings(cls, value: Any) -> Any:
-        # Kafka topic configs are strings; YAML gives numbers for retention.ms etc.
-        if isinstance(value, dict):
-            return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
-        return value
-
-    @field_validator("config")
-    @classmethod
-    def _policy(cls, value: dict[str, str]) -> dict[str, str]:
-        if value.get("cleanup.policy") not in ("compact", "delete", "compact,delete"):
-            raise ValueError("cleanup.policy must be compact, delete or compact,delete")
-        return value
-
-
-# --- built-ins ------------------------------------------------------------------------------
-
-SB = "http://schemas.microsoft.com/SQL/ServiceBroker/"
-END_DIALOG = SB + "EndDialog"
-ERROR = SB + "Error"
-DIALOG_TIMER = SB + "DialogTimer"
-SYSTEM_TYPES = frozenset({END_DIALOG, ERROR, DIALOG_TIMER})  # sent by the broker only, never by SEND
-DEFAULT = "DEFAULT"
-
-BUILTIN_MESSAGE_TYPES = {
-    DEFAULT: MessageType(name=DEFAULT, validation="NONE"),
-    END_DIALOG: MessageType(name=END_DIALOG, validation="EMPTY"),
-    ERROR: MessageType(name=ERROR, validation="WELL_FORMED_XML"),
-    DIALOG_TIMER: MessageType(name=DIALOG_TIMER, validation="EMPTY"),
-}
-BUILTIN_CONTRACTS = {
-    DEFAULT: Contract(name=DEFAULT, messages=[ContractMessage(type=DEFAULT, sent_by="ANY")]),
-}
-
-
-# --- the catalog ----------------------------------------------------------------------------
-
-
-class Catalog(_Model):
-    """Every object of one namespace, keyed by name. The built-ins are always present."""
-
-    namespace: str
-    message_types: dict[str, MessageType] = {}
-    contracts: dict[str, Contract] = {}
-    queues: dict[str, Queue] = {}
-    services: dict[str, Service] = {}
-    routes: dict[str, Route] = {}
-    broker_endpoints: dict[str, BrokerEndpoint] = {}
-    # Filled by the loader only, never published: system topic overrides of the applied files,
-    # and where each object was defined ("queue X" -> file) for error messages.
-    system_topics: dict[str, SystemTopic] = Field(default={}, exclude=True)
-    origins: dict[str, str] = Field(default={}, exclude=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _builtins(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            data = dict(data)
-            data["message_types"] = {**BUILTIN_MESSAGE_TYPES, **(data.get("message_types") or {})}
-            data["contracts"] = {**BUILTIN_CONTRACTS, **(data.get("contracts") or {})}
-        return data
-
-    @model_validator(mode="after")
-    def _keys_are_names(self) -> "Catalog":
-        for kind in ("message_types", "contracts", "queues", "services", "routes", "broker_endpoints"):
-            for key, obj in getattr(self, kind).items():
-                if key != obj.name:
-                    raise ValueError(f"{kind} key {key!r} differs from the object's name {obj.name!r}")
-        return self
-
-    # lookups ------------------------------------------------------------------------------
-
-    @property
-    def forwarding(self) -> BrokerEndpoint | None:
-        """The broker endpoint when it has MESSAGE_FORWARDING = ENABLED, else None."""
-        return next((e for e in self.broker_endpoints.values() if e.message_forwarding == "ENABLED"), None)
-
-    def service(self, name: str) -> Service:
-        try:
-            return self.services[name]
-        except KeyError:
-            raise UnknownServiceError(name) from None
-
-    def contract(self, name: str) -> Contract:
-        try:
-            return self.contracts[name]
-        except KeyError:
-            raise UnknownContractError(name) from None
-
-    def message_type(self, name: str) -> MessageType:
-        try:
-            return self.message_types[name]
-        except KeyError:
-            raise UnknownMessageTypeError(name) from None
-
-    def queue(self, name: str) -> Queue:
-        try:
-            return self.queues[name]
-        except KeyError:
-            raise UnknownQueueError(name) from None
-
-    def may_send(self, contract_name: str, message_type_name: str, side: str) -> bool:
-        """Whether `side` may SEND this message type on a conversation of this contract.
-        Raises UnknownContractError for an unknown contract; an unknown message type is simply
-        not in the contract (False). The system types are sent by END CONVERSATION and timers,
-        never by SEND, so they are not allowed here unless a contract lists them."""
-        if side not in ("INITIATOR", "TARGET"):
-            raise ValueError(f"side must be INITIATOR or TARGET, not {side!r}")
-        return any(
-            m.type == message_type_name and m.sent_by in (side, "ANY")
-            for m in self.contract(contract_name).messages
-        )
-
-    def service_accepts(self, service_name: str, contract_name: str) -> bool:
-        """Whether a service accepts conversations on this contract as their target."""
-        return contract_name in self.service(service_name).contracts
-
-    def services_on_queue(self, queue_name: str) -> list[Service]:
-        return [s for s in self.services.values() if s.queue == queue_name]
-
-    # serialisation -------------------------------------------------------------------------
-
-    def to_json(self) -> bytes:
-        return orjson.dumps(self.model_dump(mode="json"))
-
-    @classmethod
-    def from_json(cls, data: bytes | str) -> "Catalog":
-        return cls.model_validate(orjson.loads(data))
+from kbroker.core.catalog.values import (
+    BROKER_CONFIGURATION,
+    MAX_SERVICE_NAME,
+    OnOff,
+    Side,
+    Validation,
+    parse_kafka_address,
+)
+from kbroker.core.topic_limits import MAX_QUEUE_MESSAGE_BYTES  # a queue's max_message_bytes is at most this
+
+__all__ = [
+    "BROKER_CONFIGURATION", "BUILTIN_CONTRACTS", "BUILTIN_MESSAGE_TYPES", "DEFAULT", "DIALOG_TIMER", "END_DIALOG",
+    "ERROR", "MAX_QUEUE_MESSAGE_BYTES", "MAX_SERVICE_NAME", "SB", "SYSTEM_TYPES", "TOPIC_RETENTION", "Activation",
+    "BrokerEndpoint", "Catalog", "Contract", "ContractMessage", "MessageType", "OnOff", "Queue", "Route", "Service",
+    "Side", "SystemTopic", "Validation", "parse_kafka_address",
+]

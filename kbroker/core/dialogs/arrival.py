@@ -26,7 +26,7 @@ MESSAGE_TYPE_NOT_FOUND = -8428
 VALIDATION_FAILED = -8430
 XML_VALIDATION_FAILED = -9616
 TOO_LARGE = -9602  # kbroker's own (Service Broker queues have no size limit)
-NO_PERMISSION = -8494  # the sending namespace was not granted SEND on the service (reference item 148)
+NO_PERMISSION = -8494  # the sending namespace was not granted SEND on the service (docs/sources.md, item 148)
 
 
 def too_large_description(size: int, queue: str, limit: int) -> str:

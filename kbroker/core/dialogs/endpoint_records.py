@@ -9,8 +9,8 @@ from typing import Any, Literal
 import orjson
 
 from kbroker.core.dialogs.conversation_endpoint import CHAIN_SUFFIX, MAX_LIFETIME, Endpoint
-from kbroker.core.rejected import Rejected, json_object, text_key, typed
 from kbroker.core.dialogs.send_lease import LEASE_SUFFIX, WANT_SUFFIX, SendLease, Want
+from kbroker.core.rejected import Rejected, json_object, text_key, typed
 
 Kind = Literal["endpoint", "chain", "lease", "want"]
 

@@ -7,8 +7,8 @@ values, so any Kafka client (kcat, kafka-python, the console consumer) can read 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
 from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
 from typing import Any
 from xml.sax.saxutils import escape
 

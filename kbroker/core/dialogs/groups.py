@@ -15,9 +15,10 @@ having to wait for or reorder sequence numbers; and the records are only ever de
 group, so two readers never hold them at once. The marker sits in the old group's stream right
 where the move committed: a process that receives it learns of the move even if it cached the
 endpoint before. The chain is also written under its own key in the endpoints topic (see
-EndpointStore), so an endpoint written later from a cache that predates the move cannot undo it. Telling the far side instead would let its later records (new key, another
-partition) overtake older ones still being re-keyed, and ordering them would need a receive
-sequence written to the endpoint topic by every RECEIVE. The price of this choice: each of the
+EndpointStore), so an endpoint written later from a cache that predates the move cannot undo it.
+Telling the far side instead would let its later records (new key, another partition) overtake
+older ones still being re-keyed, and ordering them would need a receive sequence written to the
+endpoint topic by every RECEIVE. The price of this choice: each of the
 far side's later messages makes one extra hop per move.
 """
 

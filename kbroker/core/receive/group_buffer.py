@@ -3,9 +3,10 @@
 
 Each conversation group keeps its buffered records in a deque, in arrival order, except that a
 DialogTimer comes before the group's other messages and an Error next, as Service Broker hands
-them out; receive_order() then returns what one RECEIVE took conversation by conversation. A RECEIVE picks one ready group (highest priority of its head record
-first, then the oldest head) that no other transaction has locked, locks it and takes up to
-TOP(n) of its records; a rollback puts them back at the head, in order.
+them out; receive_order() then returns what one RECEIVE took conversation by conversation.
+A RECEIVE picks one ready group (highest priority of its head record first, then the oldest head)
+that no other transaction has locked, locks it and takes up to TOP(n) of its records; a rollback
+puts them back at the head, in order.
 
 Picking must not scan every buffered group (on a large backlog that scan was most of the poll
 process's time), so ready groups sit in a heap keyed by their head record. Entries go stale when

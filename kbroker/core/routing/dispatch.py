@@ -31,7 +31,7 @@ from typing import Any
 
 from kbroker.core.dialogs.envelope import H_FOLLOWS
 
-STALE_AFTER_SECONDS = 10.0  # seed 000
+STALE_AFTER_SECONDS = 10.0  # docs/sources.md#periodic-tasks
 
 
 class DropReason(str, enum.Enum):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-FORWARD_STALE_AFTER = 60.0  # seed 000: forwarded messages not sent on within 60 s are deleted
+FORWARD_STALE_AFTER = 60.0  # docs/sources.md#periodic-tasks: forwarded messages not sent on within 60 s are deleted
 MB = 1024 * 1024
 
 

@@ -1,14 +1,14 @@
-"""The transport's connections to other brokers (pure logic): one per destination, when each
+"""Links, the connections to other brokers (pure logic): one per destination, when each
 may be opened, and when it is closed. A destination is another namespace, on this Kafka cluster
 or another (`<bootstrap>/<namespace>`).
 
-Seed 000's periodic tasks: every 2nd tick the transport connects to destinations that have
+Seed 000's periodic tasks: every 2nd tick a link is opened to destinations that have
 messages waiting and are not suppressed; a destination is suppressed for 15 s after a
 disconnect and for 60 s after each failed connection attempt. Every 5th tick it closes connections
 idle for 90 s. The first connection to a destination is opened as soon as a message needs it (not
 at the next 2nd tick): only a connection that went wrong waits for its suppression and the tick.
 
-The states and columns follow sys.dm_broker_connections (reference item 142).
+The states and columns follow sys.dm_broker_connections (docs/sources.md, item 142).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Route matching as Service Broker does it (CREATE ROUTE; ssb-behaviours items 35-44). Pure: the
+"""Route matching as Service Broker does it (CREATE ROUTE; docs/sources.md, items 35-44). Pure: the
 caller passes the clock, so expiry is tested without waiting.
 
 Which route a dialog to `service` (naming `broker_instance` or not) takes, best first:
@@ -111,13 +111,13 @@ def destination(route: Route, service: str) -> Destination | None:
 
 
 def address(bootstrap: str, namespace: str) -> str:
-    """A namespace's transport address, `<bootstrap>/<namespace>`: what a hop is, and what
+    """A namespace's link address, `<bootstrap>/<namespace>`: what a hop is, and what
     connections are keyed by."""
     return f"{bootstrap}/{namespace}"
 
 
 def parse_address(dest: str) -> tuple[str, str]:
-    """(bootstrap, namespace) of a transport address."""
+    """(bootstrap, namespace) of a link address."""
     bootstrap, _, namespace = dest.rpartition("/")
     return bootstrap, namespace
 

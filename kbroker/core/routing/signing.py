@@ -5,7 +5,7 @@ a namespace's inbound topic cannot tell its senders apart by ACLs when routes cr
 Each namespace signs what its transmitter sends with its master key (an Ed25519 private key,
 kafka/routing/keys.py) and the far dispatcher checks the signature against the public key of
 the namespace the record claims (`kb.from_broker_instance`), which it was given beforehand, as
-Service Broker's dialog security checks the sender's certificate (reference item 147).
+Service Broker's dialog security checks the sender's certificate (docs/sources.md, item 147).
 
 The signature covers the record's key, value and every header but its own, so a signed record
 cannot be moved to another dialog direction, renumbered, re-declared (`kb.follows`) or changed.

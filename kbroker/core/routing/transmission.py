@@ -3,7 +3,7 @@ namespace's transmission topic and not yet acknowledged by the far side, when ea
 sent (again), why each waits, and how far the transmission topic may be committed.
 
 Service Broker keeps an outgoing message in sys.transmission_queue until the far broker
-acknowledges it, and sends it again after 4, 8, 16 and 32 s, then every 64 s (reference item 54).
+acknowledges it, and sends it again after 4, 8, 16 and 32 s, then every 64 s (docs/sources.md, item 54).
 Here the message stays a record of the transmission topic; the transmitter's consumer group commits
 each partition only up to its oldest unacknowledged record, so a transmitter that dies leaves the
 rest to whoever reads the partition next, which sends them again (the far dispatcher drops what it
@@ -25,7 +25,7 @@ import orjson
 
 from kbroker.core.dialogs.envelope import MalformedRecord
 
-RETRY_DELAYS = (4.0, 8.0, 16.0, 32.0)  # reference item 54: after 4, 8, 16 and 32 s ...
+RETRY_DELAYS = (4.0, 8.0, 16.0, 32.0)  # docs/sources.md, item 54: after 4, 8, 16 and 32 s ...
 RETRY_EVERY = 64.0  # ... then once every 64 s
 # A message sent this long ago and still not acknowledged holds its dialog up: the transmitter says
 # so once (an event, a warning naming the conversation) and the view keeps a status. The 5th send

@@ -1,1 +1,2 @@
-"""Security: the ACLs each role needs, GRANT/DENY/REVOKE as ACLs, Kafka client security settings, who may use the worker's HTTP API (pure)."""
+"""Security: the ACLs each role needs, GRANT/DENY/REVOKE as ACLs, Kafka client security settings,
+who may use the worker's HTTP API (pure)."""

@@ -170,7 +170,7 @@ def _reader(ns: str) -> list[Rule]:
 # the analytics results or the control topic (the analytics job's).
 _WORKER_WRITES = (names.endpoints_topic, names.events_topic, names.deadletter_topic, names.timers_topic,
                   names.transmission_topic, names.readers_topic, names.progress_topic, names.acks_topic,
-                  names.transport_topic, names.monitor_events_topic, names.ticks_topic)
+                  names.link_reports_topic, names.monitor_events_topic, names.ticks_topic)
 
 
 def _worker(ns: str) -> list[Rule]:
@@ -221,7 +221,7 @@ def _router(ns: str) -> list[Rule]:
         Rule("TOPIC", "LITERAL", names.events_topic(ns), ("WRITE",), "broker events (BROKER_CONNECTION, ...)"),
         Rule("TOPIC", "LITERAL", names.deadletter_topic(ns), ("WRITE",),
              "routing records refused (forged, undecodable), kept with their reason"),
-        Rule("TOPIC", "LITERAL", names.transport_topic(ns), ("WRITE",),
+        Rule("TOPIC", "LITERAL", names.link_reports_topic(ns), ("WRITE",),
              "the transmitter's reports (sys.transmission_queue, sys.dm_broker_connections)"),
     ]
 
@@ -270,7 +270,8 @@ def _deployer(ns: str) -> list[Rule]:
     return [
         Rule("TOPIC", "PREFIXED", p, ("DESCRIBE", "CREATE", "ALTER", "ALTER_CONFIGS", "DESCRIBE_CONFIGS"),
              "see, create and configure the catalog's topics; grow their partitions (ALTER)"),
-        Rule("TOPIC", "LITERAL", names.catalog_topic(ns), ("READ", "WRITE"), "read the catalog applied before, publish the new one"),
+        Rule("TOPIC", "LITERAL", names.catalog_topic(ns), ("READ", "WRITE"),
+             "read the catalog applied before, publish the new one"),
         Rule("GROUP", "PREFIXED", p, ("DESCRIBE",),
              "whether a queue that grows has readers (its group), kbroker's readers' group"),
     ]

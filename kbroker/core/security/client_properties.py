@@ -28,7 +28,7 @@ def read_properties(text: str) -> dict[str, str]:
     props = jproperties.Properties()
     try:
         props.load(text, "utf-8")
-    except Exception as exc:  # jproperties raises its own ParseError and ValueErrors
+    except Exception as exc:  # noqa: BLE001 - jproperties raises its own ParseError and ValueErrors
         raise InvalidArgumentError(f"not a Kafka properties file: {exc}") from None
     return {str(key): str(value.data) for key, value in props.items()}
 

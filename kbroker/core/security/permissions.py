@@ -32,8 +32,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from kbroker.core import names
-from kbroker.core.security.acl_roles import AclBinding, Rule, check_principal, receiver_base, sender_base
 from kbroker.core.catalog.models import Catalog
+from kbroker.core.security.acl_roles import AclBinding, Rule, check_principal, receiver_base, sender_base
 from kbroker.errors import InvalidArgumentError
 
 SERVICE, QUEUE, CATALOG = "SERVICE", "QUEUE", "CATALOG"

@@ -1,4 +1,4 @@
-"""A transport endpoint (NServiceBus's SQL Server transport, seed 002): its queues, its
+"""A transport endpoint (NServiceBus's SQL Server transport, docs/sources.md): its queues, its
 concurrency model and its installer plan (the permissions the installer and the running endpoint
 need are the transport roles of core/security/acl_roles.py). Pure: no I/O.
 
@@ -21,7 +21,7 @@ from kbroker.core import names
 QUEUE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,150}$")
 MACHINE_RE = names.INSTANCE_RE  # no '.': `Endpoint.Machine` must stay one queue name
 
-# The three concurrency models of seed 002, by the transport version that introduced them.
+# The transport's three concurrency models (docs/sources.md), by the version that introduced them.
 FIXED, RAMP, MONITOR = "fixed", "ramp", "monitor"
 _MODEL_NAMES = {"fixed": FIXED, "pre-2.0": FIXED, "ramp": RAMP, "2.1": RAMP, "monitor": MONITOR, "3.0": MONITOR}
 

@@ -22,10 +22,10 @@ from __future__ import annotations
 import math
 import re
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from collections.abc import Iterable
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import orjson
 

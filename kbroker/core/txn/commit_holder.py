@@ -7,7 +7,7 @@ transaction.timeout.ms (plus the coordinator's check interval: 11 s on the embed
 20 s on a cluster at Kafka's defaults). The next owner cannot see the open transaction's offsets,
 but it can read the last committed ones (read_uncommitted), and their metadata names the process
 that committed them, most often the one that died. Fencing that process's transactional ids
-(kafka/receive/hanging_commits.py) aborts the open transaction at once.
+(kafka/receive/open_transaction_fence.py) aborts the open transaction at once.
 
 The holder is the ids' UUIDs only: every committer's ids are `kbroker.<namespace>.<uuid>`, so the
 ids are rebuilt under the reader's own namespace. A holder another client wrote can therefore name

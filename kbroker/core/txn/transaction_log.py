@@ -2,7 +2,7 @@
 the one question kbroker asks of it, how the last transaction before a producer's init ended.
 
 Why kbroker reads it: an in-doubt commit (commit_transaction asked, no answer) is settled by the
-queue group's committed offsets (txn_faults.committed_by_offsets). When Kafka's coordinator
+queue group's committed offsets (faults.committed_by_offsets). When Kafka's coordinator
 completed that transaction without writing its markers (it does so for a partition it takes for
 deleted, as a one-node broker starts: README, "A transaction the broker left open"), those offsets
 stay unstable for good and cannot tell. The coordinator's own record of the transaction can: each
@@ -190,18 +190,19 @@ def outcome_before_init(entries: list[TxnLogEntry]) -> Outcome | None:
 
 
 # How long an in-doubt transaction's offsets may stay unreadable, with a new producer of its id
-# ready, before the transaction log is asked: Kafka writes a transaction's markers within
-# milliseconds once its coordinator decided, so this is ample for a slow broker.
-LEFT_OPEN_AFTER = 10.0
+# ready, before it is taken for an open transaction and the transaction log is asked: Kafka
+# writes a transaction's markers within milliseconds once its coordinator decided, so this is
+# ample for a slow broker.
+OPEN_TRANSACTION_AFTER = 10.0
 
 
-class LeftOpen:
-    """The settling of one in-doubt transaction whose offsets do not answer: when to ask the
-    transaction log (after LEFT_OPEN_AFTER s of unreadable offsets, then at most as often), and
-    what it said, kept: once the committer's closing transaction ran, the log's latest
-    transaction is that one, not the in-doubt one."""
+class OpenTransactionCheck:
+    """The settling of one in-doubt transaction whose offsets do not answer, as an open
+    transaction: when to ask the transaction log (after OPEN_TRANSACTION_AFTER s of unreadable
+    offsets, then at most as often), and what it said, kept: once the committer's closing
+    transaction ran, the log's latest transaction is that one, not the in-doubt one."""
 
-    def __init__(self, *, after: float = LEFT_OPEN_AFTER, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, *, after: float = OPEN_TRANSACTION_AFTER, clock: Callable[[], float] = time.monotonic):
         self.outcome: Outcome | None = None
         self._after, self._clock = after, clock
         self._since: float | None = None

@@ -29,7 +29,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from kbroker.core import names
 from kbroker.core.cluster import ClusterLike
 from kbroker.errors import kafka_error
-from kbroker.kafka.reader import group_offsets, offsets_reader, reading_consumer, topic_partitions
+from kbroker.kafka.snapshot import group_offsets, offsets_reader, reading_consumer, topic_partitions
 
 # Seconds a listing of the topics' partitions is trusted: a queue's topic gains partitions only
 # when an operator alters it, and such partitions are counted this late.

@@ -14,8 +14,7 @@ from kbroker.core.cluster import ClusterLike
 from kbroker.errors import BrokerUnavailableError, CatalogError
 from kbroker.kafka import clients
 from kbroker.kafka.clients import kafka_error
-from kbroker.kafka.reader import without_errors
-
+from kbroker.kafka.snapshot import without_errors
 
 POSITION_BUDGET = 30.0  # seconds the assignment callback keeps asking for the start positions
 
@@ -92,7 +91,7 @@ class EventsReader:
             pass  # nothing read since the last commit (_NO_OFFSET), or no broker
         try:
             self._consumer.close()
-        except Exception:  # leaving the group cleanly is a courtesy, not a duty
+        except Exception:  # noqa: BLE001 - leaving the group cleanly is a courtesy, not a duty
             pass
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

@@ -21,9 +21,9 @@ from kbroker.core.cluster import ClusterLike
 from kbroker.core.receive.offsets import decode_completed
 from kbroker.errors import KBrokerError, kafka_error
 from kbroker.kafka import messages
-from kbroker.kafka.clients import consume_soon
 from kbroker.kafka.activation.counting_clients import CountingClients
-from kbroker.kafka.reader import Unread, watermarks
+from kbroker.kafka.clients import consume_soon
+from kbroker.kafka.snapshot import Unread, watermarks
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class QueueWatcher:
         self._own = clients is None
         self._clients = CountingClients(cluster, namespace) if clients is None else clients
         self._tps: list[TopicPartition] = []
-        self._last_key: tuple | None = None
+        self._last_key: tuple[object, ...] | None = None
         self._last: QueueCounts | None = None
 
     def counts(self, timeout: float = 10.0) -> QueueCounts:

@@ -21,6 +21,9 @@ from kbroker.core.txn.faults import Deadline
 from kbroker.errors import BrokerUnavailableError, denied_code, kafka_error
 from kbroker.kafka import clients
 from kbroker.kafka.activation.counting_clients import CountingClients
+from kbroker.kafka.receive.reclaim import log_starts
+from kbroker.kafka.rejects import Rejects
+from kbroker.kafka.snapshot import committed_offsets, reading_consumer, topic_partitions
 from kbroker.kafka.txn.guarded import (
     CallDeadlineExceeded,
     GuardedProducer,
@@ -29,9 +32,6 @@ from kbroker.kafka.txn.guarded import (
     started_for,
     transact,
 )
-from kbroker.kafka.reader import committed_offsets, reading_consumer, topic_partitions
-from kbroker.kafka.receive.reclaim import log_starts
-from kbroker.kafka.rejects import Rejects
 
 
 class ResultsWriter:

@@ -11,12 +11,12 @@ from confluent_kafka import KafkaError, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.analytics.analytics_records import analytics_row
-from kbroker.core.cluster import ClusterLike
 from kbroker.core.analytics.queue_analytics import dialog_row_at
+from kbroker.core.cluster import ClusterLike
 from kbroker.core.rejected import Rejected
 from kbroker.kafka.clients import is_transient
-from kbroker.kafka.reader import latest_records, reading_consumer, topic_partitions
 from kbroker.kafka.rejects import Rejects
+from kbroker.kafka.snapshot import latest_records, reading_consumer, topic_partitions
 
 WINDOWS_KEPT = 60  # per queue, the newest windows the follower keeps (an hour at the default 60 s)
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from kbroker.core.catalog.loader import check_queue_names, load_definitions, loa
 from kbroker.core.catalog.models import Catalog, Queue, SystemTopic
 from kbroker.core.cluster import ClusterLike
 from kbroker.core.routing.routes import stamp_routes
-from kbroker.core.topic_limits import HEADER_HEADROOM as HEADER_HEADROOM  # noqa: F401 - tests read it here
+from kbroker.core.topic_limits import HEADER_HEADROOM as HEADER_HEADROOM  # re-exported: tests read it here
 from kbroker.core.topic_limits import queue_limit, system_topic_limit
 from kbroker.errors import DefinitionError, InvalidArgumentError, TopicCollisionError, kafka_error
 from kbroker.kafka import clients
@@ -62,7 +63,7 @@ class ApplyReport:
     objects_published: int = 0
     namespace: str = ""
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -124,11 +125,12 @@ def choose_replication(brokers: int, requested: int | None = None) -> tuple[int,
     return replicas, 2 if replicas >= 3 else 1
 
 
-def _wait(cluster: ClusterLike, futures: dict, what: str, operation: str, tolerate: tuple = (),
+def _wait(cluster: ClusterLike, futures: Mapping[Any, Future[Any]], what: str, operation: str,
+          tolerate: tuple[int, ...] = (),
           collision: Callable[[KafkaError, str], Exception | None] = lambda err, name: None) -> set[str]:
     """Wait for admin futures on topics; returns the names whose error was tolerated. A refusal
     names `operation` on the topic; `collision` makes an error a typed one first."""
-    tolerated = set()
+    tolerated: set[str] = set()
     for key, future in futures.items():
         name = getattr(key, "name", key)
         try:

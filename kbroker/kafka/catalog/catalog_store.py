@@ -13,20 +13,20 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from pydantic import BaseModel, ValidationError
 
 from kbroker.core import names
+from kbroker.core.catalog.catalog_records import KINDS, catalog_record
 from kbroker.core.catalog.loader import pydantic_reason
 from kbroker.core.catalog.models import (
     BUILTIN_CONTRACTS,
     BUILTIN_MESSAGE_TYPES,
     Catalog,
 )
-from kbroker.core.catalog.catalog_records import KINDS, catalog_record
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.rejected import Rejected
 from kbroker.errors import BrokerUnavailableError, CatalogError, InvalidArgumentError, KBrokerError, kafka_error
 from kbroker.kafka import clients
 from kbroker.kafka.background import Background
-from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partitions
 from kbroker.kafka.rejects import Rejects
+from kbroker.kafka.snapshot import read_partitions, reading_consumer, topic_partitions
 from kbroker.kafka.topic_propagation import partitions_after_propagation
 
 __all__ = ["FIELDS", "CatalogWatcher", "kafka_error", "publish", "publish_object", "read_catalog", "records",
@@ -64,7 +64,7 @@ def publish_object(cluster: ClusterLike, namespace: str, kind: str, obj: BaseMod
     if kind not in FIELDS:
         raise InvalidArgumentError(f"unknown catalog kind {kind!r} (one of {', '.join(FIELDS)})")
     value = orjson.dumps(obj.model_dump(mode="json"))
-    name = getattr(obj, "name")  # every catalog object is named
+    name: str = obj.model_dump()["name"]  # every catalog object is named
     write_records(cluster, names.catalog_topic(namespace), {f"{kind}/{name}": value}, timeout)
 
 
@@ -111,7 +111,8 @@ def read_catalog(cluster: ClusterLike, namespace: str, timeout: float = 10.0, *,
         if partitions is None:
             return Catalog(namespace=namespace)
         return read_catalog_with(consumer, namespace, partitions, timeout,
-                                 Rejects(cluster, namespace, "catalog reader", record=False), last_bad=last_bad)
+                                 Rejects(cluster, namespace, "catalog reader", record=False, scanned=True),
+                                 last_bad=last_bad)
     finally:
         consumer.close()
 
@@ -121,7 +122,9 @@ def read_catalog_with(consumer: Consumer, namespace: str, partitions: list[int],
     """The catalog read with a consumer the caller keeps (the watcher's: creating a consumer for
     every change is what a loaded machine is slowest at). A record that is not a catalog object
     (anyone who may write the topic may write anything) is skipped, the key keeping its last
-    valid object, and logged by `rejects`; the worker's 5th-tick scan records it (kafka/rejects.py).
+    valid object, and handed to `rejects`; the worker's 5th-tick scan records it and says so, once
+    (kafka/rejects.py), so this process's readers note it at DEBUG only (`scanned`): each read of
+    the topic whole meets it again, a tombstoned one until compaction removes it.
     With `last_bad` (the catalog's writer, apply, which repairs): filled with key -> (record,
     reason) of each key whose last record is bad, and those keys' objects are left out, so the
     writer publishes them again."""
@@ -173,7 +176,8 @@ class CatalogWatcher(Background):
         self._cluster, self._namespace, self._on_change = Cluster.of(cluster), namespace, on_change
         self._interval = interval
         self._end: tuple[int, ...] | None = None  # where the topic ended at the last look
-        self._rejects = Rejects(self._cluster, namespace, "catalog watcher", record=False)  # logs a bad record once
+        # A bad record is noted at DEBUG: the 5th-tick scan reports and records it (kafka/rejects.py).
+        self._rejects = Rejects(self._cluster, namespace, "catalog watcher", record=False, scanned=True)
 
     def _run(self) -> None:
         topic = names.catalog_topic(self._namespace)

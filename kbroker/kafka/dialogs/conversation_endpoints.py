@@ -26,7 +26,6 @@ from kbroker.core.dialogs.conversation_endpoint import (
     merged_state,
 )
 from kbroker.core.dialogs.endpoint_records import endpoint_record
-from kbroker.core.rejected import Rejected
 from kbroker.core.dialogs.send_lease import LEASE_SUFFIX, WANT_SUFFIX, SendLease, Want, folded
 from kbroker.core.dialogs.send_sequence import (
     advanced,
@@ -36,9 +35,10 @@ from kbroker.core.dialogs.send_sequence import (
     past_doubt,
     reservation_after,
 )
+from kbroker.core.rejected import Rejected
 from kbroker.errors import BrokerUnavailableError, ConversationNotFoundError
-from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partitions
 from kbroker.kafka.rejects import Rejects
+from kbroker.kafka.snapshot import read_partitions, reading_consumer, topic_partitions
 
 log = logging.getLogger("kbroker.endpoints")
 
@@ -154,7 +154,7 @@ class EndpointStore:
         """On a clean close: write the exact next sequence of every endpoint that SENT within its
         reserved block, releasing the rest of the block, so a restart continues without a gap."""
         n = 0
-        for handle, ep in list(self._unwritten.items()):
+        for ep in list(self._unwritten.values()):
             self.put(block_released(ep))
             n += 1
         return n

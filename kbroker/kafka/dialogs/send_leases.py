@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Producer
 
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.dialogs.conversation_endpoint import Endpoint
@@ -32,9 +32,8 @@ from kbroker.core.dialogs.send_sequence import claim_start
 from kbroker.errors import BrokerUnavailableError, ConversationLockTimeoutError
 from kbroker.kafka.background import Background
 from kbroker.kafka.clients import Deliveries, idempotent_producer
-from kbroker.kafka.txn.fencing import fence
-from kbroker.kafka.txn.guarded import reason
 from kbroker.kafka.dialogs.conversation_endpoints import EndpointStore
+from kbroker.kafka.txn.fencing import fence
 
 log = logging.getLogger("kbroker.leases")
 
@@ -237,7 +236,7 @@ class SendLeases(Background):
             try:
                 self.keep()
                 failing = False
-            except Exception as exc:  # the broker is away: say so once, keep trying
+            except Exception as exc:  # noqa: BLE001 - the broker is away: say so once, keep trying
                 if not failing:
                     log.warning("keeping conversation leases failed (%s); retrying", exc)
                 failing = True
@@ -284,7 +283,7 @@ class SendLeases(Background):
             handles = list(self._held)
         try:
             self._release(handles)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - logged: unreleased leases run out by themselves
             log.warning("%d conversation leases were not released (%s); they run out by themselves",
                         len(handles), exc)
         if self._producer is not None:

@@ -13,10 +13,10 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 
 from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.core.records import Record
-from kbroker.core.rejected import Rejected
 from kbroker.core.dialogs.timer_schedule import Entry, TimerSchedule
 from kbroker.core.dialogs.timers import firing_records, timer_key_of, timer_value
+from kbroker.core.records import Record
+from kbroker.core.rejected import Rejected
 from kbroker.core.txn.faults import Action, Deadline, committed_by_offsets, decide
 from kbroker.kafka import clients, messages
 from kbroker.kafka.dialogs.conversation_endpoints import EndpointStore

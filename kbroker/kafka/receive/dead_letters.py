@@ -25,8 +25,8 @@ from kbroker.core.dead_letter import dead_letter_record, set_aside
 from kbroker.core.records import Record
 from kbroker.core.transport.endpoint import transport_queue_prefix
 from kbroker.errors import RecordRefusedError, TransactionInDoubtError
-from kbroker.kafka.txn.committer import CommitRequest, GroupCommitter
 from kbroker.kafka.receive.receiver import Lease, QueueReceiver
+from kbroker.kafka.txn.committer import CommitRequest, GroupCommitter
 
 log = logging.getLogger("kbroker.deadletter")
 

@@ -23,8 +23,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 
 from kbroker.core.cluster import Cluster
 from kbroker.core.receive.offsets import PartitionOffsets, caught_up
-from kbroker.kafka.receive.hanging_commits import FENCE_AFTER
-from kbroker.kafka.reader import group_offsets, offsets_reader
+from kbroker.kafka.receive.open_transaction_fence import FENCE_AFTER
+from kbroker.kafka.snapshot import group_offsets, offsets_reader
 
 log = logging.getLogger("kbroker.receiver")
 
@@ -45,8 +45,8 @@ class PartitionAssignment:
     their committed offsets. Its rebalance callbacks run on the poll thread, inside the consumer's
     poll; `settle_revoked(revoked, since, lost)` is called under `cv` when partitions go (before
     the commit barrier; `lost`: the group gave them to another member already),
-    `forget_revoked(revoked)` under `cv` once they are gone, and `read_committed` asks the group coordinator for committed offsets (committed_by_reader when
-    None)."""
+    `forget_revoked(revoked)` under `cv` once they are gone, and `read_committed` asks the group
+    coordinator for committed offsets (committed_by_reader when None)."""
 
     def __init__(self, cluster: Cluster, topic: str, queue: str, cv: threading.Condition, *,
                  settle_revoked: Callable[[set[int], float, bool], None], forget_revoked: Callable[[set[int]], None],
@@ -59,7 +59,7 @@ class PartitionAssignment:
         self._on_assign_hook = on_assign
         self._read_committed = read_committed or self.committed_by_reader
         # Given the partitions that have waited FENCE_AFTER seconds, ends the Kafka transaction a
-        # dead process left open on them (kafka/receive/hanging_commits.py), on a thread of its own.
+        # dead process left open on them (kafka/receive/open_transaction_fence.py), on a thread of its own.
         self._fence_hanging = fence_hanging
         self._fencing: concurrent.futures.Future[None] | None = None
         self._fencer: concurrent.futures.ThreadPoolExecutor | None = None
@@ -230,7 +230,7 @@ class PartitionAssignment:
     def _fence_logged(self, fence: Callable[[list[TopicPartition]], object], due: list[TopicPartition]) -> None:
         try:
             fence(due)
-        except Exception:  # noqa: BLE001 - Kafka's own timeout still ends the transaction
+        except Exception:  # logged with its traceback: Kafka's own timeout still ends the transaction
             log.warning("fencing the holder of %s partitions %s failed", self.topic,
                         [tp.partition for tp in due], exc_info=True)
 

@@ -20,9 +20,9 @@ from confluent_kafka import Message as KafkaRecord
 from kbroker.core.cluster import Cluster
 from kbroker.core.dialogs.envelope import Envelope, MalformedRecord
 from kbroker.core.receive.group_buffer import Buffered, GroupBuffer, pause_change
+from kbroker.errors import PermissionDeniedError, denied_code
 from kbroker.kafka import clients, messages
 from kbroker.kafka.receive.group_protocol import group_settings
-from kbroker.errors import PermissionDeniedError, denied_code
 from kbroker.kafka.receive.partition_assignment import PartitionAssignment
 
 log = logging.getLogger("kbroker.receiver")

@@ -33,7 +33,7 @@ from kbroker.core.dialogs.conversation_endpoint import handle_for
 from kbroker.core.dialogs.envelope import Envelope, Message
 from kbroker.core.frozen import built
 from kbroker.core.receive.group_buffer import Buffered, GroupBuffer
-from kbroker.kafka.receive.hanging_commits import HangingCommitFence
+from kbroker.kafka.receive.open_transaction_fence import OpenTransactionFence
 from kbroker.kafka.receive.partition_assignment import HANGING_AFTER, PartitionAssignment
 from kbroker.kafka.receive.poll_loop import QUEUED_MAX_KBYTES, PollLoop, consumer_settings, decode_envelope
 from kbroker.kafka.receive.receive_leases import Lease, LeaseBook
@@ -67,7 +67,7 @@ class QueueReceiver:
         # committer_ids: this process's group committer's transactional ids. Given, a partition
         # held by a dead process's open transaction gets it fenced (a queue's group is its topic).
         self._fence = None if committer_ids is None else \
-            HangingCommitFence(self._cluster, namespace, self.topic, committer_ids)
+            OpenTransactionFence(self._cluster, namespace, self.topic, committer_ids)
         self._assignment = PartitionAssignment(
             self._cluster, self.topic, queue, self._cv,
             settle_revoked=lambda revoked, since, lost: self._leases.settle_revoked(revoked, since, lost=lost),

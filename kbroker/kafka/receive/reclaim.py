@@ -2,7 +2,8 @@
 (also what a test or an operator calls to run it at once):
 
 - `reclaim_namespace`: delete the queue records no reader needs (the rule is core/receive/reclaim.py),
-  the transport queues' records their group committed past, and the transmission topic's records the far side acknowledged (below the transmitters' commits);
+  the transport queues' records their group committed past, and the transmission topic's records
+  the far side acknowledged (below the transmitters' commits);
 - `reclaim_endpoints`: write the tombstones of endpoints CLOSED for longer than the grace
   period (30 minutes), so compaction removes them and no process reads them again.
 
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from kbroker.core import names
@@ -31,13 +32,13 @@ from kbroker.core.dialogs.conversation_endpoint import (
     handle_for,
 )
 from kbroker.core.dialogs.envelope import Envelope, MalformedRecord
-from kbroker.core.receive.reclaim import analytics_floor, lowest, reclaim_points
 from kbroker.core.dialogs.send_lease import LEASE_SUFFIX, WANT_SUFFIX
+from kbroker.core.receive.reclaim import analytics_floor, lowest, reclaim_points
 from kbroker.core.transport.endpoint import transport_queue_prefix
 from kbroker.errors import BrokerUnavailableError, kafka_error
 from kbroker.kafka import clients, messages
 from kbroker.kafka.dialogs.conversation_endpoints import CLOSED_JSON, read_endpoints
-from kbroker.kafka.reader import (
+from kbroker.kafka.snapshot import (
     CONSUME_WAIT,
     committed_offsets,
     read_partitions,
@@ -86,7 +87,7 @@ def reclaim_namespace(cluster: ClusterLike, catalog: Catalog, timeout: float = 3
         if deleted:
             done.append(Reclaimed(name, deleted))
     transmission = names.transmission_topic(catalog.namespace)
-    if transmission in existing:  # seed 000's 5th tick: clean acknowledged messages up
+    if transmission in existing:  # the 5th tick (docs/sources.md#periodic-tasks): clean acknowledged messages up
         deleted = _reclaim_by_group(cluster, admin, transmission, sorted(existing[transmission].partitions),
                                     names.transmitter_group(catalog.namespace), timeout)
         if deleted:
@@ -164,7 +165,7 @@ def _retained_floor(cluster: ClusterLike, topic: str, starts: dict[int, int], co
     """RETENTION = ON: per partition, the offset of the first received record whose
     conversation this side has not ended (the scan stops there: memory stays one batch)."""
 
-    def live(msg) -> bool:
+    def live(msg: Message) -> bool:
         try:
             env = Envelope.from_headers(messages.headers(msg))
         except MalformedRecord:
@@ -212,19 +213,21 @@ def reclaim_endpoints(cluster: ClusterLike, namespace: str, grace: float = CLOSE
     consumer = reading_consumer(cluster, names.reader_group(namespace))
     producer = clients.idempotent_producer(cluster)
     reclaimed = 0
+    closed: set[str] = set()  # handles whose last record so far is CLOSED and old enough, in the partition read
+
+    def note(msg: Message) -> None:
+        raw, value = msg.key(), msg.value()
+        key = raw.decode(errors="replace") if raw is not None else None
+        if key is None or key.endswith((CHAIN_SUFFIX, LEASE_SUFFIX, WANT_SUFFIX)):
+            return
+        if value is not None and CLOSED_JSON in value and msg.timestamp()[1] / 1000.0 < before:
+            closed.add(key)
+        else:
+            closed.discard(key)
+
     try:
         for partition in topic_partitions(consumer, topic, timeout) or []:
-            closed: set[str] = set()  # handles whose last record so far is CLOSED and old enough
-
-            def note(msg) -> None:
-                key = msg.key().decode(errors="replace") if msg.key() is not None else None
-                if key is None or key.endswith((CHAIN_SUFFIX, LEASE_SUFFIX, WANT_SUFFIX)):
-                    return
-                if msg.value() is not None and CLOSED_JSON in msg.value() and msg.timestamp()[1] / 1000.0 < before:
-                    closed.add(key)
-                else:
-                    closed.discard(key)
-
+            closed.clear()
             if read_partitions(consumer, topic, {partition: 0}, timeout, on_record=note).unfinished:
                 raise BrokerUnavailableError(f"could not read {topic} [{partition}] to its end in {timeout} s")
             for handle in closed:

@@ -32,7 +32,7 @@ from kbroker.errors import CatalogError
 from kbroker.kafka import messages
 from kbroker.kafka.catalog.catalog_store import read_catalog
 from kbroker.kafka.dialogs.conversation_endpoints import read_endpoints
-from kbroker.kafka.reader import committed_offsets, read_to_end
+from kbroker.kafka.snapshot import committed_offsets, read_to_end
 
 RECEIVED, READY = 0, 1  # Service Broker's status column
 
@@ -48,7 +48,7 @@ class QueuedRecord:
 
 def message_rows(records: list[QueuedRecord], done: Callable[[int, int], bool],
                  endpoints: dict[str, Endpoint], retention: bool,
-                 conversation_handle: str | None = None) -> list[dict]:
+                 conversation_handle: str | None = None) -> list[dict[str, Any]]:
     """The queue view's rows (pure): see the module's docstring for the rules."""
     # A moved conversation's record exists once per hop (see groups.py); the last copy is the
     # message, the earlier ones were consumed by the re-keying.
@@ -88,7 +88,7 @@ def message_rows(records: list[QueuedRecord], done: Callable[[int, int], bool],
 
 
 def queue_messages(cluster: ClusterLike, namespace: str, queue: str, conversation_handle: str | None = None,
-                   timeout: float = 10.0) -> list[dict]:
+                   timeout: float = 10.0) -> list[dict[str, Any]]:
     """The messages of `queue` (optionally of one conversation handle) with their status."""
     q = read_catalog(cluster, namespace, timeout).queue(queue)  # UnknownQueueError
     topic, group = names.queue_topic(namespace, queue), names.queue_group(namespace, queue)

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import orjson
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
@@ -25,7 +25,7 @@ from kbroker.core.receive.poison import EventDisables, Position, RollbackLedger
 from kbroker.errors import PermissionDeniedError
 from kbroker.kafka import clients
 from kbroker.kafka.background import Background
-from kbroker.kafka.reader import CONSUME_WAIT, read_partitions, reading_consumer, topic_partitions
+from kbroker.kafka.snapshot import CONSUME_WAIT, read_partitions, reading_consumer, topic_partitions
 
 log = logging.getLogger("kbroker.poison")
 
@@ -150,7 +150,7 @@ class RollbackLog(Background):
         finally:
             consumer.close()
 
-    def _assign_recent(self, consumer, topic: str) -> None:
+    def _assign_recent(self, consumer: Consumer, topic: str) -> None:
         starts = recent_starts(consumer, topic, LOOKBACK_SECONDS, 5.0)
         if starts is None:
             return
@@ -159,7 +159,7 @@ class RollbackLog(Background):
         if not self._pending:
             self._caught_up.set()
 
-    def _read(self, records: list) -> None:
+    def _read(self, records: list[Message]) -> None:
         for msg in records:
             err = msg.error()
             if err is not None:

@@ -24,26 +24,27 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from kbroker import metrics
 from kbroker.core import names
-from kbroker.core.dialogs.arrival import REFUSE, SAVE, WAIT, check_arrival
+from kbroker.core.activation.tick import EVERY_2ND, EVERY_5TH, EVERY_TICK, TickCounter, TickSchedule, advance
 from kbroker.core.catalog.models import END_DIALOG, ERROR, Catalog
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.core.routing.dispatch import Inbox, declared_follows, describe_drops, gap_status, next_in_line
-from kbroker.core.routing.forwarding import MB, Forwarded
-from kbroker.core.routing.routes import address, hop, match_route, routes_of
-from kbroker.core.activation.tick import EVERY_2ND, EVERY_5TH, EVERY_TICK, TickCounter, TickSchedule, advance
+from kbroker.core.dialogs.arrival import REFUSE, SAVE, WAIT, check_arrival
 from kbroker.core.dialogs.envelope import H_FOLLOWS, Envelope
+from kbroker.core.dialogs.timers import target_lifetime_record
 from kbroker.core.records import Record
 from kbroker.core.routing.directions import FORGET_AFTER, Directions, read_acks
+from kbroker.core.routing.dispatch import Inbox, declared_follows, describe_drops, gap_status, next_in_line
+from kbroker.core.routing.forwarding import MB, Forwarded
 from kbroker.core.routing.kept import kept
+from kbroker.core.routing.routes import address, hop, match_route, routes_of
 from kbroker.core.routing.signing import MAX_AGE, RecordRefused, verified
-from kbroker.core.dialogs.timers import target_lifetime_record
 from kbroker.core.routing.transmission import ack_key
 from kbroker.core.txn.faults import Deadline
 from kbroker.errors import BrokerUnavailableError, denied_code
 from kbroker.kafka import clients, messages
 from kbroker.kafka.routing.forwarder import Forwarder
 from kbroker.kafka.routing.keys import Keys
-from kbroker.kafka.reader import latest_values
+from kbroker.kafka.snapshot import latest_values
+from kbroker.kafka.steps import FailureSink, report, run_steps
 from kbroker.kafka.txn.guarded import (
     GuardedProducer,
     TransactionFailed,
@@ -52,7 +53,6 @@ from kbroker.kafka.txn.guarded import (
     started_for,
     transact,
 )
-from kbroker.kafka.steps import FailureSink, report, run_steps
 
 log = logging.getLogger("kbroker.dispatcher")
 COMPONENT = "dispatcher"
@@ -153,7 +153,7 @@ class Dispatcher:
         self._dispatch(batch, now)
 
     def sweep(self, now: float) -> None:
-        """The every-tick sweep (seed 000): out-of-order and stale buffered messages go."""
+        """The every-tick sweep (docs/sources.md#periodic-tasks): out-of-order and stale buffered messages go."""
         dropped = self.inbox.sweep(now)
         if dropped:
             self.dropped += len(dropped)

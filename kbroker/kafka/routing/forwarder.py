@@ -20,8 +20,8 @@ from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.routing.forwarding import Forwarded, ForwardQueue
 from kbroker.core.routing.transmission import ack_key
 from kbroker.kafka import clients
-from kbroker.kafka.routing.link_pool import LinkPool
 from kbroker.kafka.routing.link import LinkBroken
+from kbroker.kafka.routing.link_pool import LinkPool
 from kbroker.kafka.routing.views import ReportWriter
 
 log = logging.getLogger("kbroker.forwarder")

@@ -1,4 +1,4 @@
-"""One transport connection: this namespace's link to one destination namespace, on this Kafka
+"""One link: this namespace's connection to one destination namespace, on this Kafka
 cluster or another. It sends over an idempotent producer to the destination's inbound topic and
 reads the destination's acks topic for the acknowledgements of this namespace's messages.
 
@@ -14,13 +14,13 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Messag
 
 from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.core.records import Header
 from kbroker.core.dialogs.envelope import H_FOLLOWS, MalformedRecord
-from kbroker.errors import KBrokerError, PermissionDeniedError, denied_code
+from kbroker.core.records import Header
 from kbroker.core.routing.routes import address
 from kbroker.core.routing.transmission import Outgoing, ack_key, read_ack
+from kbroker.errors import KBrokerError, PermissionDeniedError, denied_code
 from kbroker.kafka import clients, messages
-from kbroker.kafka.reader import topic_partitions
+from kbroker.kafka.snapshot import topic_partitions
 
 SEND_TIMEOUT_MS = 20_000  # a message the destination did not take within this breaks the link
 Signer = Callable[[bytes, bytes | None, list[Header]], list[Header]]  # (key, value, headers) -> signed headers

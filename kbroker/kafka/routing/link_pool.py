@@ -1,4 +1,4 @@
-"""The transport connections of one transmitter or forwarder: which are open, opening one when
+"""The links of one transmitter or forwarder: which are open, opening one when
 core/routing/links.py's rules allow, and noting breaks. Shared so both keep the same suppression."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from kbroker.core.cluster import Cluster
-from kbroker.core.routing.routes import parse_address
 from kbroker.core.routing.links import IDLE_CLOSE, Links
+from kbroker.core.routing.routes import parse_address
 from kbroker.errors import KBrokerError
 from kbroker.kafka.routing.link import Invalid, LinkBroken, RoutingLink, Signer
 from kbroker.kafka.routing.profiles import ClusterProfiles
 
-log = logging.getLogger("kbroker.transport")
+log = logging.getLogger("kbroker.routing.links")
 CONNECT_SECONDS = 5.0  # kbroker's deadline on one connection attempt
 
 
@@ -32,7 +32,7 @@ class LinkPool:
         self.profile_of: dict[str, str] = {}  # destination -> the client profile its route names
 
     def get(self, dest: str, now: float, second_tick: bool) -> RoutingLink | str:
-        """The open connection to `dest` (`<bootstrap>/<namespace>`), opened now if the transport
+        """The open connection to `dest` (`<bootstrap>/<namespace>`), opened now if the link
         allows; else why not (a transmission status)."""
         link = self.open.get(dest)
         if link is not None:
@@ -49,25 +49,25 @@ class LinkPool:
                                on_invalid=self._on_invalid)
         except KBrokerError as exc:  # a missing profile, settings no client can take
             self.links.failed(dest, time.time(), str(exc))
-            log.warning("transport: connection to %s failed: %s", dest, exc)
+            log.warning("link to %s failed: %s", dest, exc)
             return f"Connection attempt to {dest} failed: {exc}"
         try:
             link.open(CONNECT_SECONDS)
         except LinkBroken as exc:
             link.close()
             self.links.failed(dest, time.time(), str(exc))
-            log.warning("transport: connection to %s failed: %s", dest, exc)
+            log.warning("link to %s failed: %s", dest, exc)
             return f"Connection attempt to {dest} failed: {exc}"
         self.links.connected(dest, time.time())
         self.open[dest] = link
-        log.info("transport: connected to %s", dest)
+        log.info("link to %s connected", dest)
         return link
 
     def broken(self, link: RoutingLink, now: float, why: str) -> None:
         self.open.pop(link.destination, None)
         link.close()
         self.links.disconnected(link.destination, now, why)
-        log.warning("transport: connection to %s broke: %s", link.destination, why)
+        log.warning("link to %s broke: %s", link.destination, why)
 
     def poll(self, now: float) -> list[tuple[RoutingLink, list[tuple[str, dict[str, Any]]]]]:
         """Each open connection's new acknowledgements; a connection that broke is noted."""
@@ -87,7 +87,7 @@ class LinkPool:
             if link is not None:
                 link.close()
             self.links.closed(dest, now)
-            log.info("transport: closed idle connection to %s", dest)
+            log.info("link to %s closed: idle", dest)
         return closed
 
     def close(self) -> None:

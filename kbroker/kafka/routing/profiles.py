@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from kbroker import config
-from kbroker.core.security.client_properties import read_properties
 from kbroker.core.cluster import Cluster
+from kbroker.core.security.client_properties import read_properties
 from kbroker.errors import InvalidArgumentError
 
 

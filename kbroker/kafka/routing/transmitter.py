@@ -21,23 +21,23 @@ from confluent_kafka import Consumer, TopicPartition
 
 from kbroker import metrics
 from kbroker.core import names
+from kbroker.core.activation.tick import EVERY_2ND, EVERY_5TH, TickCounter, TickSchedule, advance
 from kbroker.core.catalog.models import ERROR as ERROR_TYPE
 from kbroker.core.catalog.models import Catalog, Route
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.dialogs.envelope import Envelope, error_body
-from kbroker.core.routing.routes import address, hop, is_expired, match_route, routes_of
-from kbroker.core.activation.tick import EVERY_2ND, EVERY_5TH, TickCounter, TickSchedule, advance
 from kbroker.core.dialogs.timers import system_message
 from kbroker.core.routing.kept import kept
 from kbroker.core.routing.links import IDLE_CLOSE
+from kbroker.core.routing.routes import address, hop, is_expired, match_route, routes_of
 from kbroker.core.routing.signing import sign
 from kbroker.core.routing.transmission import STALL_AFTER, Outgoing, Refusal, TransmissionQueue
 from kbroker.kafka import clients, messages
-from kbroker.kafka.steps import FailureSink, run_steps
-from kbroker.kafka.routing.link_pool import LinkPool
 from kbroker.kafka.routing.keys import Keys
 from kbroker.kafka.routing.link import LinkBroken
+from kbroker.kafka.routing.link_pool import LinkPool
 from kbroker.kafka.routing.views import ReportWriter, outgoing
+from kbroker.kafka.steps import FailureSink, run_steps
 
 log = logging.getLogger("kbroker.transmitter")
 COMPONENT = "transmitter"

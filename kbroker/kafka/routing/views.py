@@ -1,10 +1,10 @@
 """sys.transmission_queue, sys.dm_broker_connections and sys.dm_broker_forwarded_messages: what
-the namespace's transmitters and forwarders report on the transport topic (ReportWriter writes
+the namespace's transmitters and forwarders report on the link reports topic (ReportWriter writes
 it), and the transmission topic's messages no transmitter holds yet, each read as a transmitter
 reads it (`outgoing`).
 
 A message shows a blank transmission_status until a transmitter tried to send it, as in Service
-Broker (reference item 48); after that, why it still waits. The transmission topic past the
+Broker (docs/sources.md, item 48); after that, why it still waits. The transmission topic past the
 transmitter group's committed offsets is read for the messages no live transmitter reports (no
 worker runs, or it has not read them yet)."""
 
@@ -24,7 +24,13 @@ from kbroker.core.cluster import ClusterLike
 from kbroker.core.dialogs.envelope import Envelope, MalformedRecord
 from kbroker.core.routing.transmission import Outgoing
 from kbroker.kafka import clients, messages
-from kbroker.kafka.reader import committed_offsets, latest_values, read_partitions, reading_consumer, topic_partitions
+from kbroker.kafka.snapshot import (
+    committed_offsets,
+    latest_values,
+    read_partitions,
+    reading_consumer,
+    topic_partitions,
+)
 
 REPORT_FRESH = 30.0  # a transmitter silent this long has stopped: its report is not shown
 REPORT_EVERY = 2.0  # a report is looked at this often, and published when it changed
@@ -32,13 +38,13 @@ HEARTBEAT = 10.0  # ... and this often regardless, well inside REPORT_FRESH
 
 
 class ReportWriter:
-    """One process's report on the transport topic, under `<kind>/<process>`: published when it
+    """One process's report on the link reports topic, under `<kind>/<process>`: published when it
     changed (leaving out the fields that change on every look), and every HEARTBEAT regardless,
     so the topic keeps few of them and the views' read stays small; a tombstone on close."""
 
     def __init__(self, producer: Producer, namespace: str, kind: str, volatile: tuple[str, ...] = ("at",)):
         self._producer, self._volatile = producer, volatile
-        self.topic = names.transport_topic(namespace)
+        self.topic = names.link_reports_topic(namespace)
         self.key = f"{kind}/{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self._next, self._last_at = 0.0, 0.0
         self._last: dict[str, Any] | None = None
@@ -84,7 +90,7 @@ def reports(cluster: ClusterLike, namespace: str, kind: str, timeout: float = 10
     """The latest reports of the live `kind` ("transmitter" or "forwarder") processes."""
     now = time.time()
     out = []
-    for key, value in (latest_values(cluster, names.transport_topic(namespace), timeout) or {}).items():
+    for key, value in (latest_values(cluster, names.link_reports_topic(namespace), timeout) or {}).items():
         if not key.startswith(kind.encode() + b"/"):
             continue
         report = _report(value)

@@ -14,6 +14,8 @@ from typing import Any
 
 from confluent_kafka.admin import (
     AclBinding as KafkaAclBinding,
+)
+from confluent_kafka.admin import (
     AclBindingFilter,
     AclOperation,
     AclPermissionType,
@@ -21,8 +23,8 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from kbroker.core.security.acl_roles import AclBinding, check_principal
 from kbroker.core.cluster import ClusterLike
+from kbroker.core.security.acl_roles import AclBinding, check_principal
 from kbroker.errors import BrokerUnavailableError
 from kbroker.kafka import clients
 

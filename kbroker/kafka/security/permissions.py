@@ -15,13 +15,13 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AclOperation, AdminClient
 
-from kbroker.core.security.acl_roles import AclBinding
 from kbroker.core.cluster import ClusterLike
+from kbroker.core.security.acl_roles import AclBinding
 from kbroker.core.security.permissions import GRANT, Objects, Permission, bindings_of, held, revoke_plan
 from kbroker.errors import SendPermissionDeniedError, denied_code
 from kbroker.kafka import clients
-from kbroker.kafka.security import acls
 from kbroker.kafka.catalog.catalog_store import read_catalog
+from kbroker.kafka.security import acls
 
 log = logging.getLogger("kbroker.permissions")
 
@@ -36,7 +36,7 @@ class Change:
     acls: list[AclBinding]
     also_lost: list[Permission] = field(default_factory=list)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"statements": [p.statement() for p in self.statements], "acls": [b.as_dict() for b in self.acls],
                 "also_lost": [p.statement() for p in self.also_lost]}
 

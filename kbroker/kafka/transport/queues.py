@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka import Message as KafkaRecord
@@ -17,11 +16,16 @@ from confluent_kafka import Message as KafkaRecord
 from kbroker.core import names
 from kbroker.core.catalog.loader import load_system_topics
 from kbroker.core.cluster import ClusterLike
-from kbroker.core.transport.endpoint import InstallPlan, install_collision, transport_queue_prefix, transport_queue_topic
+from kbroker.core.topic_limits import LARGEST_BODY, MESSAGE_TOPIC_LIMIT
+from kbroker.core.transport.endpoint import (
+    InstallPlan,
+    install_collision,
+    transport_queue_prefix,
+    transport_queue_topic,
+)
 from kbroker.core.transport.message import TransportEnvelope, as_envelope, from_record
 from kbroker.errors import InvalidArgumentError, QueueNameCollisionError, TransportQueueNotFoundError, kafka_error
 from kbroker.kafka import clients, messages
-from kbroker.core.topic_limits import LARGEST_BODY, MESSAGE_TOPIC_LIMIT
 from kbroker.kafka.catalog.apply import (
     KEEP_EVERY_RECORD,
     QUEUE_SEGMENTS,
@@ -29,8 +33,8 @@ from kbroker.kafka.catalog.apply import (
     sync_topics,
     system_topic_config,
 )
-from kbroker.kafka.reader import topic_partitions
 from kbroker.kafka.receive.receiver import QueueReceiver
+from kbroker.kafka.snapshot import topic_partitions
 
 MAX_BODY_BYTES = LARGEST_BODY  # the largest body a transport queue takes (10 MiB)
 

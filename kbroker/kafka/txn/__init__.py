@@ -1,1 +1,2 @@
-"""Kafka transactions: the group committer, the guarded transactional producer, fencing, open transactions and the transaction log."""
+"""Kafka transactions: the group committer (its batch loop, producer ring and settling), the guarded
+transactional producer, fencing, open transactions and the transaction log."""

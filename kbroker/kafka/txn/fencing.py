@@ -1,10 +1,10 @@
 """Fencing transactional ids: what ends another process's open Kafka transaction at once.
 
 A producer that initialises a transactional id bumps its epoch: the coordinator aborts the
-transaction the id left open (or completes one already prepared to commit), and the earlier
+open transaction the id left (or completes one already prepared to commit), and the earlier
 producer can commit nothing more. Used by a SEND lease taken over from a process that ran out of
 time (kafka/dialogs/send_leases.py) and by a partition's next owner when a dead reader's group commit left
-its offsets held (kafka/receive/hanging_commits.py).
+its offsets held (kafka/receive/open_transaction_fence.py).
 """
 
 from __future__ import annotations

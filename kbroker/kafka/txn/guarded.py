@@ -101,7 +101,7 @@ class GuardedProducer:
 
 def started(producer: Producer, transactional_id: str, seconds: float) -> GuardedProducer:
     """`producer` (configured with `transactional_id`) guarded and initialised within `seconds`:
-    its init fences any earlier producer of that id and ends the transaction it left open. A
+    its init fences any earlier producer of that id and ends the open transaction it left. A
     failed init abandons it and raises."""
     guarded = GuardedProducer(producer, transactional_id)
     try:
@@ -138,7 +138,7 @@ def aborted(producer: GuardedProducer, seconds: float) -> bool:
 def replace_producer(old: GuardedProducer, new: Callable[[], GuardedProducer], stop: threading.Event,
                      failed: Callable[[BaseException], None]) -> GuardedProducer:
     """Abandon `old` and start its replacement, `new()` (whose init fences `old` and ends the
-    transaction it left open), trying again every second (each failure to `failed`) until one
+    open transaction it left), trying again every second (each failure to `failed`) until one
     starts or `stop` is set; then `old`, abandoned (its every call fails)."""
     old.abandon()
     while not stop.is_set():
@@ -181,10 +181,10 @@ def reason(exc: BaseException) -> str:
 def transact(producer: GuardedProducer, records: list[Record], offsets: list[tuple[list[TopicPartition], Any]],
              deadline: Deadline, cap: float, *, partitions: list[int] | None = None, abort: bool = False) -> None:
     """One Kafka transaction: begin, produce `records`, send each (positions, consumer group
-    metadata) of `offsets`, commit (asked again while txn_faults.decide says so). Every call gets
+    metadata) of `offsets`, commit (asked again while faults.decide says so). Every call gets
     what is left of `deadline`, at most `cap` seconds; TransactionFailed says where it stopped.
     `partitions`: each record's partition, where the partitioner must not choose. `abort`: end
-    with an abort instead (a transaction that only closes others: kafka/txn/left_open.py)."""
+    with an abort instead (a transaction that only closes others: kafka/txn/close_open.py)."""
     stage = Stage.BEGIN
     refused: dict[int, str] = {}
     try:

@@ -19,7 +19,7 @@ from kbroker.core.cluster import ClusterLike
 from kbroker.core.diagnosis import OpenTransaction
 from kbroker.kafka import clients
 from kbroker.kafka.clients import consume_soon, is_transient, kafka_error
-from kbroker.kafka.reader import reading_consumer
+from kbroker.kafka.snapshot import reading_consumer
 
 
 def open_transactions(cluster: ClusterLike, namespace: str, timeout: float = 10.0) -> list[OpenTransaction]:

@@ -20,7 +20,7 @@ from kbroker.core.txn.transaction_log import (
     partition_of,
 )
 from kbroker.errors import kafka_error
-from kbroker.kafka.reader import read_partitions, reading_consumer, topic_partitions
+from kbroker.kafka.snapshot import read_partitions, reading_consumer, topic_partitions
 
 log = logging.getLogger("kbroker.committer")
 

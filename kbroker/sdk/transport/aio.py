@@ -21,7 +21,7 @@ import contextvars
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Mapping, Self, TypeVar
+from typing import Any, Mapping, Protocol, Self, TypeVar
 
 from kbroker import tracing
 from kbroker.core.activation.ramp import RampUp
@@ -43,10 +43,16 @@ async def endpoint(name: str, **kwargs: Any) -> AsyncTransportEndpoint:
     return AsyncTransportEndpoint(await asyncio.to_thread(sync_endpoint, name, **kwargs))
 
 
+class Runner(Protocol):
+    """How a transaction's statements are run off the event loop: fn(*args, **kw), awaited."""
+
+    def __call__(self, fn: Callable[..., T], /, *args: Any, **kw: Any) -> Awaitable[T]: ...
+
+
 class AsyncTransportTransaction:
     """A TransportTransaction whose blocking statements are awaited; `sync` is underneath."""
 
-    def __init__(self, tx: TransportTransaction, run: Callable[..., Awaitable[Any]]):
+    def __init__(self, tx: TransportTransaction, run: Runner):
         self.sync, self._run = tx, run
 
     @property
@@ -159,7 +165,7 @@ class AsyncTransportEndpoint:
             await atx.commit()
             if callback is not None:
                 callback.set_result(msg)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever the application's handler raises: rolled back
             self.sync.handling_failed(tx, queue, exc)
         return True
 

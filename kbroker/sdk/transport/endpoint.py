@@ -1,5 +1,5 @@
 """The transport face: endpoints that exchange transport messages the way NServiceBus's SQL
-Server transport does (seed 002), over kbroker's Kafka machinery. No dialogs: a send INSERTs a
+Server transport does (docs/sources.md), over kbroker's Kafka machinery. No dialogs: a send INSERTs a
 message into a queue, a receive takes the oldest one any instance has not taken.
 
     ep = kbroker.transport.endpoint("Sales", install=True)     # queues Sales and Sales.<machine>
@@ -114,6 +114,7 @@ class TransportEndpoint:
         record = self.runtime.record(
             destination, body, headers, correlation_id=correlation_id, reply_to_address=reply_to_address,
             recoverable=recoverable, time_to_be_received=time_to_be_received, message_id=message_id)
+        key: bytes  # a transport record's key is its message's Id
         topic, key, value, headers_ = record
         if not recoverable:
             with self._lock:
@@ -185,7 +186,7 @@ class TransportEndpoint:
             tx.commit()
             if callback is not None:
                 callback.set_result(msg)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever the application's handler raises: rolled back
             self.handling_failed(tx, queue, exc)
         return True
 
@@ -202,12 +203,12 @@ class TransportEndpoint:
     def start(self, handler: Handler) -> Self:
         """Start the readers: the primary queue's under the endpoint's concurrency model, the
         secondary queue's (`secondary_readers`, 1 by default) under the same model."""
-        from kbroker.sdk.transport.readers import readers_for
+        from kbroker.sdk.transport.pump import pump_for
 
         s = self.settings
-        self._readers.append(readers_for(self, s.primary_queue, handler, s.max_concurrency).start())
+        self._readers.append(pump_for(self, s.primary_queue, handler, s.max_concurrency).start())
         if s.secondary_queue is not None:
-            self._readers.append(readers_for(self, s.secondary_queue, handler, s.secondary_readers).start())
+            self._readers.append(pump_for(self, s.secondary_queue, handler, s.secondary_readers).start())
         return self
 
     @property

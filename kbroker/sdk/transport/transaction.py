@@ -22,9 +22,10 @@ from typing import Any, Callable, Mapping, Self
 from kbroker import tracing
 from kbroker.core.records import Record
 from kbroker.core.transport.message import TransportEnvelope, TransportMessage, with_position
+from kbroker.core.txn.state import TransactionState
 from kbroker.errors import InvalidArgumentError, TransactionAbortedError, TransactionInDoubtError, TransactionStateError
-from kbroker.kafka.txn.committer import CommitRequest
 from kbroker.kafka.receive.receiver import Lease
+from kbroker.kafka.txn.committer import CommitRequest
 from kbroker.sdk.transport.runtime import TransportRuntime
 
 
@@ -37,18 +38,22 @@ class TransportTransaction:
         self._records: list[Record] = []
         self._leases: list[Lease] = []
         self.received: list[TransportMessage] = []
-        self.state = "open"
-        runtime.open_transactions.opened()
+        self.state = TransactionState.OPEN  # moved only by _move
+        runtime.active_transactions.opened()
         self._counted = True
 
     def _check_open(self) -> None:
-        if self.state != "open":
-            raise TransactionStateError(f"the transaction is already {self.state}")
+        if self.state is not TransactionState.OPEN:
+            raise TransactionStateError(f"the transaction is already {self.state.value}")
+
+    def _move(self, target: TransactionState) -> None:
+        """Where the transaction is now; TransactionStateError when it cannot go there."""
+        self.state = self.state.to(target)
 
     def _uncount(self) -> None:
         if self._counted:
             self._counted = False
-            self._rt.open_transactions.closed()
+            self._rt.active_transactions.closed()
 
     # --- statements ---------------------------------------------------------------------------
 
@@ -79,7 +84,8 @@ class TransportTransaction:
             position = (receiver.topic, b.partition, b.offset)
             failures = rt.failures.count(position)
             if failures >= rt.settings.max_deliveries:
-                rt.dead_letter_poison(lease, b.record, f"handler failed {failures} times: {rt.failures.reason(position)}")
+                rt.dead_letter_poison(lease, b.record,
+                                      f"handler failed {failures} times: {rt.failures.reason(position)}")
                 continue
             if lease not in self._leases:
                 self._leases.append(lease)
@@ -87,8 +93,8 @@ class TransportTransaction:
             assert isinstance(envelope, TransportEnvelope)  # a transport queue's receiver decodes these
             msg = with_position(envelope.message, q, b.partition, b.offset, b.enqueued_ms)
             if tracing.enabled():
-                self.trace_context = tracing.receive_span(rt.namespace, q, [tracing.context_of(list(msg.headers.items()))],
-                                                          None)
+                self.trace_context = tracing.receive_span(rt.namespace, q,
+                                                          [tracing.context_of(list(msg.headers.items()))], None)
             self.received.append(msg)
             rt.count("received")
             return msg
@@ -103,7 +109,8 @@ class TransportTransaction:
         self._records.append(self._rt.record(destination, body, headers, correlation_id=correlation_id,
                                              reply_to_address=reply_to_address, recoverable=recoverable,
                                              time_to_be_received=time_to_be_received, message_id=message_id))
-        return self._records[-1][1].decode()
+        key: bytes = self._records[-1][1]  # the message's Id
+        return key.decode()
 
     def reply(self, message: TransportMessage, body: bytes | None, headers: Mapping[str, str] | None = None,
               **kw: Any) -> str:
@@ -126,20 +133,21 @@ class TransportTransaction:
                     self._rt.committer.commit(CommitRequest(self._records, self._leases))
         except (TransactionAbortedError, TransactionInDoubtError) as exc:
             self._end(committed=False)
-            self.state = "aborted" if isinstance(exc, TransactionAbortedError) else "in doubt"
+            self._move(TransactionState.ABORTED if isinstance(exc, TransactionAbortedError)
+                       else TransactionState.IN_DOUBT)
             raise
         self._end(committed=True)
-        self.state = "committed"
+        self._move(TransactionState.COMMITTED)
 
     def rollback(self, reason: str = "rolled back") -> None:
         """Drop the sends and give the received message back; counts a failed delivery of it."""
-        if self.state != "open":
+        if self.state is not TransactionState.OPEN:
             return
         for lease in self._leases:
             for b in lease.taken:
                 self._rt.failures.failed((lease.receiver.topic, b.partition, b.offset), reason)
         self._end(committed=False)
-        self.state = "rolled back"
+        self._move(TransactionState.ROLLED_BACK)
 
     def _end(self, committed: bool) -> None:
         self._uncount()
@@ -155,7 +163,7 @@ class TransportTransaction:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, _tb: object) -> None:
-        if self.state != "open":
+        if self.state is not TransactionState.OPEN:
             return
         if exc_type is None:
             self.commit()

@@ -1,1 +1,2 @@
-"""Activation in the worker: the queue monitors' service, the task handlers that run activated readers, the queue watch, the cluster tick."""
+"""Activation in the worker: the queue monitors' service, the task handlers that run activated
+readers, the queue watch, the cluster tick."""

@@ -13,6 +13,7 @@ relaunched in a tight loop.
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import os
 import queue as queue_mod
@@ -37,25 +38,63 @@ OWN_PROCEDURE_MODULES = ("kbroker.samples",)
 
 
 def allowed(procedure: str, modules: tuple[str, ...]) -> bool:
-    """Whether the worker may run `procedure` ('module:function'): its module is one of
-    `modules` or inside one of them (a package). The catalog names the procedure, but anyone
-    who can write the catalog topic must not choose which code the worker imports."""
-    module = procedure.partition(":")[0]
-    return any(module == m or module.startswith(m + ".") for m in modules)
+    """Whether the worker may run `procedure` ('module:function'): `refusal` finds nothing against
+    it. The catalog names the procedure, but anyone who can write the catalog topic must not
+    choose which code the worker imports, nor which of an allowed module's attributes it calls."""
+    return refusal(procedure, modules) is None
+
+
+def refusal(procedure: str, modules: tuple[str, ...]) -> str | None:
+    """Why the worker may not run `procedure`, in one line naming it; None when it may. Its module
+    must be one of `modules` or inside one of them (a package), checked before anything is
+    imported; its name a public one (no leading underscore: not `__class__`, not a helper) of a
+    function that module defines, not a class, a constant or a function it imported from
+    elsewhere (any attribute of an allowed module was launched, and failed). The allowed module
+    is imported for that (its code is the worker's to run); a module that cannot be loaded or a
+    name it lacks is `resolve`'s to report, when the reader starts."""
+    module, _, name = procedure.partition(":")
+    if not any(module == m or module.startswith(m + ".") for m in modules):
+        return f"procedure {procedure!r} is not in a module this worker allows"
+    if name.startswith("_"):
+        return _private(procedure)
+    try:
+        target = getattr(importlib.import_module(module), name)
+    except Exception:  # noqa: BLE001 - not loadable: resolve says why when the reader starts
+        return None
+    return _not_its_function(procedure, module, target)
+
+
+def _private(procedure: str) -> str:
+    return f"procedure {procedure!r} is not a public name of its module (it starts with '_')"
+
+
+def _not_its_function(procedure: str, module: str, target: object) -> str | None:
+    """Why `target`, found as `procedure`, is not a procedure `module` defines; None when it is."""
+    if not inspect.isfunction(target):
+        kind = "a class" if inspect.isclass(target) else f"a {type(target).__name__}"
+        return f"procedure {procedure!r} is not a function of {module} but {kind}"
+    if target.__module__ != module:
+        return f"procedure {procedure!r} is not defined in {module}: it is imported from {target.__module__}"
+    return None
 
 
 def resolve(procedure: str) -> Callable[..., Any]:
-    """'package.module:function' -> the function, or ValueError naming what is wrong."""
+    """'package.module:function' -> the function, or ValueError naming what is wrong (among it, a
+    name that is not a public function the module defines: see `refusal`)."""
     module, sep, name = (procedure or "").partition(":")
     if not sep or not module or not name:
         raise ValueError(f"activation procedure {procedure!r} must be 'module:function'")
+    if name.startswith("_"):
+        raise ValueError(_private(procedure))
     try:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"activation procedure {procedure!r} cannot be loaded: {exc}") from None
-    if not callable(fn):
-        raise ValueError(f"activation procedure {procedure!r} is not callable")
-    return fn
+    wrong = _not_its_function(procedure, module, fn)
+    if wrong is not None:
+        raise ValueError(wrong)
+    procedure_fn: Callable[..., Any] = fn
+    return procedure_fn
 
 
 @dataclass
@@ -116,11 +155,12 @@ class TaskHandlers:
             log.info("activated reader started queue=%s task=%s", task.queue, task.task_id)
             component = f"procedure {task.procedure} on queue {task.queue}"
             try:
-                if not allowed(task.procedure, self.modules):
-                    raise PermissionError(f"procedure {task.procedure!r} is not in a module this worker allows")
+                refused = refusal(task.procedure, self.modules)
+                if refused is not None:
+                    raise PermissionError(refused)
                 resolve(task.procedure)(self._broker, task.queue)
                 ok = True
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a procedure's failure is its task's, not the worker's
                 self._failed(component, exc, task.queue)
             finally:
                 with self._lock:

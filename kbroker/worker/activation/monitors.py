@@ -12,6 +12,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Self
 
@@ -32,10 +33,11 @@ from kbroker.core.activation.monitor import (
     recycle,
     step,
 )
+from kbroker.errors import KBrokerError
 from kbroker.sdk.broker import Broker
 from kbroker.sdk.hooks import ReceiveHooks
+from kbroker.worker.activation.handlers import OWN_PROCEDURE_MODULES, Task, TaskHandlers, refusal
 from kbroker.worker.guard import Guard
-from kbroker.worker.activation.handlers import OWN_PROCEDURE_MODULES, Task, TaskHandlers, allowed
 from kbroker.worker.settings import Channels, WorkerSettings, now_ms
 
 log = logging.getLogger("kbroker.worker")
@@ -49,7 +51,7 @@ class MonitorHooks(ReceiveHooks):
     the queue was in the last `interval`; one that comes back empty is always reported, since
     that is what stops the ramp-up. Rollbacks are always reported."""
 
-    def __init__(self, post, interval: float = 0.5):
+    def __init__(self, post: Callable[[str, Any], None], interval: float = 0.5):
         self._post, self._interval = post, interval
         self._last: dict[str, float] = {}
         self._local = threading.local()
@@ -110,7 +112,7 @@ class Monitors:
         ramp_up = self.s.ramp_up
         try:
             config = MonitorConfig.from_queue(self.broker.catalog.queue(queue), ramp_up=ramp_up)
-        except Exception:
+        except KBrokerError:  # a queue the catalog does not name (or a catalog not readable): not activated
             return MonitorConfig(enabled=False, ramp_up=ramp_up)
         return self.checked(queue, config)
 
@@ -120,22 +122,22 @@ class Monitors:
         topic may have written): with a procedure this worker does not allow, the queue is not
         activated (refused, said once), rather than keeping an earlier procedure the queue no
         longer names: one rule for every path, and the catalog stays what decides."""
-        if config.enabled and config.internal and not allowed(config.procedure or "", self.allowed_modules):
-            self._refuse(queue, config.procedure or "")
+        why = refusal(config.procedure or "", self.allowed_modules) if config.enabled and config.internal else None
+        if why is not None:
+            self._refuse(queue, config.procedure or "", why)
             return MonitorConfig(enabled=False, ramp_up=config.ramp_up)  # not activated
         return config
 
-    def _refuse(self, queue: str, procedure: str) -> None:
-        """Once per queue and procedure: a log line and an ACTIVATION_REFUSED event naming it."""
+    def _refuse(self, queue: str, procedure: str, why: str) -> None:
+        """Once per queue and procedure: a log line and an ACTIVATION_REFUSED event saying why."""
         if (queue, procedure) in self._refused:
             return
         self._refused.add((queue, procedure))
         modules = list(self.allowed_modules)
-        log.error("activation of queue %s refused: procedure %s is not in a module this worker allows %s "
-                  "(kbroker worker --allow-procedures MODULE)", queue, procedure, modules)
+        log.error("activation of queue %s refused: %s (allowed modules %s; kbroker worker --allow-procedures "
+                  "MODULE)", queue, why, modules)
         event = {"event": "ACTIVATION_REFUSED", "queue": queue, "namespace": self.s.namespace,
-                 "procedure": procedure, "allowed": modules, "time": now_ms(),
-                 "reason": f"procedure {procedure!r} is not in a module this worker allows"}
+                 "procedure": procedure, "allowed": modules, "time": now_ms(), "reason": why}
         asyncio.get_running_loop().create_task(self.channels.send_event(queue, event))
 
     async def _perform(self, actions: list[Any]) -> None:

@@ -1,4 +1,4 @@
-"""The cluster's tick (seed 000) and its 5th-tick cleanup, as the worker runs them.
+"""The cluster's tick (docs/sources.md) and its 5th-tick cleanup, as the worker runs them.
 
     every worker's tick timer -> ticks topic (1 partition) --> `tick_agent`: claim() runs each
         tick number once per cluster -> Tick to every monitor, TICK event on the events topic;
@@ -18,15 +18,15 @@ from typing import Any
 
 import orjson
 
-from kbroker.core.activation import monitor_codec as codec
 from kbroker.core import names
+from kbroker.core.activation import monitor_codec as codec
+from kbroker.core.activation.monitor import Tick
+from kbroker.core.activation.tick import EVERY_5TH, TickOwner, TickSchedule, claim
 from kbroker.core.analytics.analytics_records import analytics_row, control_command
 from kbroker.core.catalog.catalog_records import catalog_record
 from kbroker.core.dialogs.endpoint_records import endpoint_record
-from kbroker.core.activation.monitor import Tick
 from kbroker.core.reader_reports import reader_report
 from kbroker.core.rejected import text_key
-from kbroker.core.activation.tick import EVERY_5TH, TickOwner, TickSchedule, claim
 from kbroker.kafka.receive.reclaim import reclaim_endpoints, reclaim_namespace
 from kbroker.kafka.rejects import Rejects, scan
 from kbroker.sdk.broker import Broker

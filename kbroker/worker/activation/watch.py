@@ -25,9 +25,9 @@ from kbroker.core.activation.monitor import (
     ReceiveIssued,
     ReceiveReturned,
 )
-from kbroker.kafka.analytics.results import ProgressPublisher
 from kbroker.kafka.activation.counting_clients import CountingClients
 from kbroker.kafka.activation.watch import QueueCounts, QueueWatcher
+from kbroker.kafka.analytics.results import ProgressPublisher
 from kbroker.sdk.broker import Broker
 from kbroker.worker.guard import Guard
 from kbroker.worker.settings import Channels, WorkerSettings

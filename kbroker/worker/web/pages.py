@@ -19,10 +19,10 @@ import faust
 
 from kbroker.kafka.dialogs.conversation_endpoints import EndpointStore
 from kbroker.kafka.queue_views import conversation_rows
-from kbroker.worker.guard import Guard
 from kbroker.worker.activation.handlers import TaskHandlers
-from kbroker.worker.web.metrics import WorkerCollector, exposition, register
+from kbroker.worker.guard import Guard
 from kbroker.worker.settings import WorkerSettings
+from kbroker.worker.web.metrics import WorkerCollector, exposition, register
 
 log = logging.getLogger("kbroker.worker")
 
@@ -61,7 +61,7 @@ class Pages:
         """The first read of the endpoints topic, before anyone asks for the view."""
         try:
             self.conversations.all()
-        except Exception as exc:  # the page reads again when asked
+        except Exception as exc:  # noqa: BLE001 - the page reads again when asked
             log.warning("reading the conversation endpoints failed (%s); /conversations/ reads when asked", exc)
 
     def register(self, app: faust.App) -> None:
@@ -70,28 +70,28 @@ class Pages:
             self.s, self.handlers, self.guard, self.conversations, self.reclassified
 
         @app.page("/monitors/")
-        async def monitors_page(web, request):
+        async def monitors_page(web: Any, request: Any) -> Any:
             from kbroker.worker.web.views import monitor_rows
 
             return web.json(await asyncio.to_thread(monitor_rows, s.cluster, s.namespace))
 
         @app.page("/conversations/")
-        async def conversations_page(web, request):
+        async def conversations_page(web: Any, request: Any) -> Any:
             rows = await asyncio.to_thread(lambda: conversation_rows(conversations.all()))
             return web.json({"namespace": s.namespace, "worker": s.worker_id, "rows": rows, "as_of": time.time()})
 
         @app.page("/dialogs/")
-        async def dialogs_page(web, request):
+        async def dialogs_page(web: Any, request: Any) -> Any:
             rows = sorted(reclassified.values(),
                           key=lambda r: (r.get("queue") or "", r["conversation_id"], r["side"]))
             return web.json({"namespace": s.namespace, "worker": s.worker_id, "rows": rows, "as_of": time.time()})
 
         @app.page("/metrics")
-        async def metrics_page(web, request):
+        async def metrics_page(web: Any, request: Any) -> Any:
             body, content_type = exposition()  # its charset parameter: as a header (aiohttp refuses it apart)
             return web.bytes(body, headers={"Content-Type": content_type})
 
         @app.page("/tasks/")
-        async def tasks_page(web, request):
+        async def tasks_page(web: Any, request: Any) -> Any:
             return web.json({"worker": s.worker_id, "handlers": handlers.size, "waiting": handlers.waiting(),
                              "tasks": handlers.rows(), **guard.health.snapshot(), "as_of": time.time()})

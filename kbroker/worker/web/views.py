@@ -11,11 +11,11 @@ from typing import Any
 import orjson
 
 from kbroker.core import names
-from kbroker.core.cluster import ClusterLike
 from kbroker.core.activation.monitor import MonitorState
+from kbroker.core.cluster import ClusterLike
 from kbroker.core.rejected import Rejected, decoding, json_object
-from kbroker.kafka.reader import latest_records
 from kbroker.kafka.rejects import Rejects
+from kbroker.kafka.snapshot import latest_records
 from kbroker.worker.web.web_client import get_json
 
 
@@ -72,4 +72,5 @@ def worker_conversations(url: str, namespace: str, timeout: float = 3.0,
         return None
     if not isinstance(body, dict) or body.get("namespace") != namespace or not isinstance(body.get("rows"), list):
         return None
-    return body["rows"]
+    rows: list[dict[str, Any]] = body["rows"]
+    return rows

@@ -1,4 +1,4 @@
-"""Closing a Kafka transaction a broker restart may have left open.
+"""Closing an open Kafka transaction that a broker restart may have left.
 
 Kafka's transaction coordinator can record a transaction complete without writing its markers
 to a partition it takes for deleted (a one-node broker starting, or stopping with controlled
@@ -10,8 +10,8 @@ of the same producer id ending on that partition closes it, with its own marker'
 So after a transaction that did not commit (it failed while the broker may have been away), the
 slot's next producer, before its first transaction, runs one that writes an empty record to
 every partition of the failed transaction's topics and sends its offsets, and aborts it: its
-abort markers close whatever was left open there as aborted, and its records are never read.
-Where the markers were written, it changes nothing. An in-doubt transaction that Kafka's
+abort markers close whatever open transaction is there as aborted, and its records are never
+read. Where the markers were written, it changes nothing. An in-doubt transaction that Kafka's
 transaction log shows committed is closed the other way: its offsets are sent and committed
 again (the same values), which closes the group's offsets partition as committed."""
 
@@ -31,10 +31,10 @@ GroupMetadata = Callable[[str], Any]  # a queue group -> group metadata to send 
 
 
 @dataclass(frozen=True)
-class Unclosed:
-    """What a failed transaction touched: the topics its records went to (their partitions
-    are not all known: the partitioner chose), partitions named otherwise (Kafka's transaction
-    log), its offsets per queue group, and when it began (epoch s)."""
+class OpenTransaction:
+    """What a failed transaction, perhaps still open, touched: the topics its records went to
+    (their partitions are not all known: the partitioner chose), partitions named otherwise
+    (Kafka's transaction log), its offsets per queue group, and when it began (epoch s)."""
 
     topics: frozenset[str]
     partitions: frozenset[tuple[str, int]]
@@ -42,40 +42,40 @@ class Unclosed:
     began: float
 
     @classmethod
-    def of(cls, topics: frozenset[str], positions: dict[Any, list[TopicPartition]], began: float) -> "Unclosed":
+    def of(cls, topics: frozenset[str], positions: dict[Any, list[TopicPartition]], began: float) -> OpenTransaction:
         """From a batch's record topics and its offsets per receiver (a queue's group is named
         as its topic)."""
         return cls(topics, frozenset(), tuple((r.topic, tuple(tps)) for r, tps in positions.items()), began)
 
-    def with_partitions(self, partitions: frozenset[tuple[str, int]]) -> "Unclosed":
+    def with_partitions(self, partitions: frozenset[tuple[str, int]]) -> OpenTransaction:
         return replace(self, partitions=self.partitions | partitions)
 
 
-def close_aborted(producer: GuardedProducer, unclosed: Unclosed, group_metadata: GroupMetadata,
-                  deadline: Deadline, cap: float) -> None:
-    """Close `unclosed` as aborted on `producer` (just initialised, same transactional id):
+def close_open_aborted(producer: GuardedProducer, open_txn: OpenTransaction, group_metadata: GroupMetadata,
+                       deadline: Deadline, cap: float) -> None:
+    """Close `open_txn` as aborted on `producer` (just initialised, same transactional id):
     an empty record to each of its partitions, its offsets, abort. TransactionFailed when it
     did not end so; the producer must then be abandoned."""
-    parts = set(unclosed.partitions)
-    if unclosed.topics:
+    parts = set(open_txn.partitions)
+    if open_txn.topics:
         # One metadata request for every topic, none naming a topic (which could create it).
         t = deadline.call_timeout(cap)
         meta = producer.call("list_topics", lambda p: p.list_topics(timeout=t), t)
-        for topic in unclosed.topics:
+        for topic in open_txn.topics:
             found = meta.topics.get(topic)
             if found is not None and found.error is None:
                 parts.update((topic, p) for p in found.partitions)
     placed = sorted(parts)
-    transact(producer, [(topic, CLOSING_KEY, b"", None) for topic, _ in placed], _offsets(unclosed, group_metadata),
+    transact(producer, [(topic, CLOSING_KEY, b"", None) for topic, _ in placed], _offsets(open_txn, group_metadata),
              deadline, cap, partitions=[p for _, p in placed], abort=True)
 
 
-def close_committed(producer: GuardedProducer, unclosed: Unclosed, group_metadata: GroupMetadata,
-                    deadline: Deadline, cap: float) -> None:
-    """Close `unclosed`'s offsets as committed: the same offsets, committed again by the same
+def close_open_committed(producer: GuardedProducer, open_txn: OpenTransaction, group_metadata: GroupMetadata,
+                         deadline: Deadline, cap: float) -> None:
+    """Close `open_txn`'s offsets as committed: the same offsets, committed again by the same
     transactional id. TransactionFailed when it did not commit."""
-    transact(producer, [], _offsets(unclosed, group_metadata), deadline, cap)
+    transact(producer, [], _offsets(open_txn, group_metadata), deadline, cap)
 
 
-def _offsets(unclosed: Unclosed, group_metadata: GroupMetadata) -> list[tuple[list[TopicPartition], Any]]:
-    return [(list(tps), group_metadata(group)) for group, tps in unclosed.offsets]
+def _offsets(open_txn: OpenTransaction, group_metadata: GroupMetadata) -> list[tuple[list[TopicPartition], Any]]:
+    return [(list(tps), group_metadata(group)) for group, tps in open_txn.offsets]

@@ -1,6 +1,6 @@
 """A reader killed inside its group commit (offsets sent to its Kafka transaction, the commit not
 yet asked for) leaves that transaction open. Its partition's next owner fences the transactional
-ids the partition's last committed offsets name (kafka/receive/hanging_commits.py) instead of waiting for
+ids the partition's last committed offsets name (kafka/receive/open_transaction_fence.py) instead of waiting for
 Kafka to abort it: before, the partition sat unread for transaction.timeout.ms plus the broker's
 check (11 s here); now about the group session (2 s) and one second more."""
 
@@ -21,7 +21,7 @@ from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
 from kbroker.core.txn.commit_holder import MAX_IDS
-from kbroker.kafka.receive.hanging_commits import HangingCommitFence
+from kbroker.kafka.receive.open_transaction_fence import OpenTransactionFence
 from kbroker.sdk.broker import Broker
 
 # Seconds from the killed reader's exit until the next owner has its message. Kafka's own abort
@@ -30,7 +30,7 @@ BOUND = 8.0
 
 CHILD = textwrap.dedent("""
     import os, signal, sys
-    from kbroker.kafka import guarded
+    from kbroker.kafka.txn import guarded
     from kbroker.sdk.broker import Broker
 
     bootstrap, namespace = sys.argv[1:]
@@ -71,7 +71,7 @@ def test_a_reader_killed_inside_its_commit_holds_the_partition_only_until_it_is_
             took = time.monotonic() - died
     # The killed commit's message comes again, after the committed one, nothing twice.
     assert [orjson.loads(m.body)["i"] for m in got] == [1, 2], got
-    assert took < BOUND, f"the partition waited {took:.1f} s for the transaction left open: {caplog.text}"
+    assert took < BOUND, f"the partition waited {took:.1f} s for the open transaction: {caplog.text}"
     assert "fencing" in caplog.text, caplog.text
 
 
@@ -96,7 +96,7 @@ def test_forged_commit_metadata_names_nothing_outside_the_namespace_and_the_queu
     finally:
         foreign.close()
 
-    fence = HangingCommitFence(kafka_bootstrap, namespace, topic, ())
+    fence = OpenTransactionFence(kafka_bootstrap, namespace, topic, ())
     try:
         fenced = fence([TopicPartition(topic, p) for p in range(4)])
     finally:

@@ -1,7 +1,8 @@
-"""The three concurrency models of seed 002 for a transport queue, with threads.
+"""The message pump: the transport's three concurrency models (docs/sources.md) for a transport
+queue, with threads.
 
 - fixed (pre-2.0): `max_concurrency` readers, always.
-- ramp (2.1): RampUp's controller (sdk/pool.RampedReaders), one to `max_concurrency` readers.
+- ramp (2.1): RampUp's controller (sdk/pollers.RampedPollers), one to `max_concurrency` readers.
 - monitor (3.0): one monitoring loop counts the messages waiting in this process's buffer and
   starts a receive task per waiting message, never more than `max_concurrency` running at once;
   each task receives one message, handles and commits it, and ends.
@@ -18,7 +19,7 @@ import threading
 from typing import Any, Callable, Protocol, Self
 
 from kbroker.core.transport.endpoint import FIXED, MONITOR, RAMP, EndpointSettings, receive_tasks_to_start
-from kbroker.sdk.pool import RampedReaders
+from kbroker.sdk.pollers import RampedPollers
 from kbroker.sdk.transport.runtime import TransportRuntime
 from kbroker.sdk.transport.transaction import Handler
 
@@ -36,7 +37,7 @@ class HandlingEndpoint(Protocol):
 WAIT = 1.0  # how long a reader's receive waits before it counts as an empty poll
 
 
-class FixedReaders:
+class FixedPump:
     """pre-2.0: `n` readers, each looping receive-handle-commit."""
 
     def __init__(self, ep: HandlingEndpoint, queue: str, handler: Handler, n: int):
@@ -134,17 +135,17 @@ class MonitorLoop:
         self._pool.shutdown(wait=True)
 
 
-def readers_for(ep: HandlingEndpoint, queue: str, handler: Handler, n: int) -> Any:
+def pump_for(ep: HandlingEndpoint, queue: str, handler: Handler, n: int) -> Any:
     """The reader set of the endpoint's model for `queue`, at most `n` at once."""
     model = ep.settings.model
     if model == FIXED:
-        return FixedReaders(ep, queue, handler, n)
+        return FixedPump(ep, queue, handler, n)
     if model == RAMP:
-        return _RampedQueue(ep, queue, handler, n)
+        return _RampedPump(ep, queue, handler, n)
     return MonitorLoop(ep, queue, handler, n)
 
 
-class _RampedQueue(RampedReaders):
+class _RampedPump(RampedPollers):
     def __init__(self, ep: HandlingEndpoint, queue: str, handler: Handler, n: int):
         super().__init__(lambda: ep.handle_one(queue, handler, WAIT), name=queue, max_readers=n)
         self.queue = queue

@@ -1,12 +1,13 @@
 """Ending a dead reader's open Kafka transaction, so its partitions' next owner need not wait.
 
-A partition handed to this process whose committed offsets cannot be read stably is held by a
-Kafka transaction still open. With the classic group protocol's cooperative rebalances a
-partition moves only in a generation after its owner has given it up, and a live owner finishes
-any transaction carrying its offsets before it does (kafka/receive/partition_assignment.py, the commit
-barrier): so a transaction still open then is a dead or expelled process's. Kafka would abort it after transaction.timeout.ms and its check
-interval (11 s on the embedded broker, up to 20 s at Kafka's defaults); fencing the transactional
-ids that the partition's last committed offsets name (core/txn/commit_holder.py) aborts it at once.
+A partition handed to this process whose committed offsets cannot be read stably is held by an
+open Kafka transaction. With the classic group protocol's cooperative rebalances a partition
+moves only in a generation after its owner has given it up, and a live owner finishes any
+transaction carrying its offsets before it does (kafka/receive/partition_assignment.py, the
+commit barrier): so an open transaction then is a dead or expelled process's. Kafka would abort
+it after transaction.timeout.ms and its check interval (11 s on the embedded broker, up to 20 s
+at Kafka's defaults); fencing the transactional ids that the partition's last committed offsets
+name (core/txn/commit_holder.py) aborts it at once.
 
 Not covered: a process that died inside its first commit of the partition (the last committed
 offsets name an earlier owner, fenced for nothing: a live one sees a retriable abort) or whose
@@ -22,9 +23,9 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from kbroker.core.cluster import ClusterLike
 from kbroker.core.txn.commit_holder import holder_ids
-from kbroker.kafka.txn.guarded import reason
-from kbroker.kafka.reader import group_offsets, offsets_reader
+from kbroker.kafka.snapshot import group_offsets, offsets_reader
 from kbroker.kafka.txn.fencing import fence
+from kbroker.kafka.txn.guarded import reason
 
 log = logging.getLogger("kbroker.receiver")
 
@@ -33,7 +34,7 @@ REFENCE_AFTER = 15.0  # the same ids are fenced again only after this long (a ho
 FENCE_TIMEOUT = 10.0  # seconds per transactional id
 
 
-class HangingCommitFence:
+class OpenTransactionFence:
     """Fences the process named by the committed offsets of partitions that wait (never this
     process: `own_ids`). Called on a thread of its own, never the poll thread."""
 
@@ -50,7 +51,7 @@ class HangingCommitFence:
         try:
             committed = group_offsets(self._reader, waiting, FENCE_TIMEOUT)
         except KafkaException as exc:
-            log.warning("committed offsets of %s not read to find a hanging commit's holder (%s)",
+            log.warning("committed offsets of %s not read to find an open transaction's holder (%s)",
                         self._group, reason(exc))
             return ()
         now = time.monotonic()
@@ -58,7 +59,7 @@ class HangingCommitFence:
         due = tuple(tid for tid in dict.fromkeys(ids)
                     if tid not in self._own and now - self._fenced.get(tid, float("-inf")) >= REFENCE_AFTER)
         if due:
-            log.warning("partitions %s of %s wait for a Kafka transaction left open; fencing %s, the "
+            log.warning("partitions %s of %s wait for an open Kafka transaction; fencing %s, the "
                         "transactional ids their last committed offsets name",
                         sorted(tp.partition for tp in waiting), self._group, ", ".join(due))
             fence(self._cluster, due, FENCE_TIMEOUT)

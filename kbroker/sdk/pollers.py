@@ -1,17 +1,17 @@
-"""Adaptive polling readers for a queue without activation (NServiceBus 2.1's ramp-up).
+"""Pollers: adaptive polling readers for a queue without activation (NServiceBus 2.1's ramp-up).
 
-    pool = ReaderPool(broker, "ExpenseQueue", handle, max_readers=8).start()
+    pool = PollerPool(broker, "ExpenseQueue", handle, max_readers=8).start()
     ...
     pool.stop()
 
-Each reader loops: a transaction, RECEIVE TOP(top) WAITFOR(wait), `handle(tx, messages)`, commit.
+Each poller loops: a transaction, RECEIVE TOP(top) WAITFOR(wait), `handle(tx, messages)`, commit.
 The decisions come from `core.ramp.RampUp`: consecutive RECEIVEs that found messages add a
-reader (up to `max_readers`), consecutive empty ones retire the reader that came back empty (down
+poller (up to `max_readers`), consecutive empty ones retire the poller that came back empty (down
 to one). A handler that raises rolls its transaction back (the messages come back; five in a row
 disable the queue, as poison messages do) and counts as a successful poll, since work was there.
 
-RampedReaders is the controller alone, over any "poll once" function: transport queues and their
-secondaries (sdk/transport/readers.py) ramp up the same way.
+RampedPollers is the controller alone, over any "poll once" function: transport queues and their
+secondaries (sdk/transport/pump.py) ramp up the same way.
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ import threading
 from collections.abc import Callable
 from typing import Any, Self
 
-from kbroker.core.dialogs.envelope import Message
 from kbroker.core.activation.ramp import RampUp
+from kbroker.core.dialogs.envelope import Message
 from kbroker.errors import KBrokerError, QueueDisabledError
 
-log = logging.getLogger("kbroker.pool")
+log = logging.getLogger("kbroker.pollers")
 
 Handler = Callable[[Any, list[Message]], None]  # (transaction, messages of one conversation group)
 
 
-class RampedReaders:
+class RampedPollers:
     """Threads that each call `poll()` (True: it found work) in a loop; their number follows
     the load by RampUp, between one and `max_readers`. `peak` is the most at once."""
 
@@ -88,7 +88,7 @@ class RampedReaders:
             t.join(timeout)
 
 
-class ReaderPool(RampedReaders):
+class PollerPool(RampedPollers):
     """Readers of `queue` that each RECEIVE in a transaction and pass the messages to `handle`;
     their number follows the load, between one and `max_readers`. `peak`, `handled` and
     `failures` count the most readers at once, the messages handled, and the handler failures."""
@@ -122,3 +122,6 @@ class ReaderPool(RampedReaders):
             with self._lock:
                 self.failures += 1
             return True
+
+
+ReaderPool = PollerPool  # the name kbroker.ReaderPool was published under

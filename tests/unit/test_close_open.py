@@ -1,4 +1,4 @@
-"""Closing a Kafka transaction a broker restart may have left open (kafka/txn/left_open.py), with
+"""Closing an open Kafka transaction a broker restart may have left (kafka/txn/close_open.py), with
 fake producers: an in-doubt commit whose offsets never become readable is settled by Kafka's
 transaction log and closed the way it ended; a transaction Kafka fenced for the group's
 generation (the broker was well) gets no closing transaction."""
@@ -12,10 +12,15 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from kbroker.core.txn.transaction_log import OFFSETS_TOPIC, TxnLogEntry, TxnState
-from kbroker.errors import PermissionDeniedError, RebalanceAbortedError, TransactionAbortedError, TransactionInDoubtError
-from kbroker.kafka.txn import committer as committer_module
-from kbroker.kafka.txn.committer import CommitRequest, GroupCommitter
+from kbroker.errors import (
+    PermissionDeniedError,
+    RebalanceAbortedError,
+    TransactionAbortedError,
+    TransactionInDoubtError,
+)
 from kbroker.kafka.receive.receiver import Lease
+from kbroker.kafka.txn import settling as settling_module
+from kbroker.kafka.txn.committer import CommitRequest, GroupCommitter
 from tests.unit.test_committer_deadlines import FakeProducer, FakeReceiver, committer_whose_first_producer_is
 
 S = TxnState
@@ -32,20 +37,20 @@ def history(decision: TxnState) -> list[TxnLogEntry]:
 
 def in_doubt_committer(monkeypatch: pytest.MonkeyPatch, log: Any) -> tuple[GroupCommitter, list[FakeProducer]]:
     """A committer whose first producer's commit hangs (in doubt), whose group offsets never
-    answer (left open), and whose transaction log says `log` (a list, or an exception)."""
+    answer (an open transaction), and whose transaction log says `log` (a list, or an exception)."""
     def transaction_history(*_a: Any) -> Any:
         if isinstance(log, Exception):
             raise log
         return log
 
-    monkeypatch.setattr(committer_module, "transaction_history", transaction_history)
+    monkeypatch.setattr(settling_module, "transaction_history", transaction_history)
     c, made = committer_whose_first_producer_is(FakeProducer, threading.Event(), "commit",
-                                                resolve_timeout=2.0, left_open_after=0.2)
+                                                resolve_timeout=2.0, open_transaction_after=0.2)
 
     def unreadable(*_a: Any) -> Any:
         raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to get committed offsets: Local: Timed out"))
 
-    c._group_offsets = unreadable  # type: ignore[method-assign]
+    c._settler.group_offsets = unreadable  # type: ignore[method-assign]
     return c.start(), made
 
 

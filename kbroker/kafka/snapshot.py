@@ -10,11 +10,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka import (
+    OFFSET_END,
+    OFFSET_INVALID,
     Consumer,
     KafkaError,
     KafkaException,
-    OFFSET_END,
-    OFFSET_INVALID,
     Message,
     Producer,
     TopicPartition,
@@ -24,8 +24,8 @@ from kbroker.core import names
 from kbroker.core.cluster import ClusterLike
 from kbroker.errors import BrokerUnavailableError, denied_code
 from kbroker.kafka import clients
-from kbroker.kafka.clients import consumer as new_consumer
 from kbroker.kafka.clients import consume_soon, is_transient, kafka_error
+from kbroker.kafka.clients import consumer as new_consumer
 
 # Seconds a read waits for its next records: consume_soon returns as soon as one (or a
 # partition's EOF) is there, so a read that reached the end never waits this out.

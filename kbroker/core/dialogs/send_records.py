@@ -1,0 +1,79 @@
+"""SEND's records: the statement's checks against the catalog and the endpoint, and the message
+record every statement that sends writes (SEND, END CONVERSATION's EndDialog or Error, the Error
+back for a message that came after its sender's end)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kbroker.core import names
+from kbroker.core.catalog.models import SYSTEM_TYPES
+from kbroker.core.dialogs.conversation_endpoint import SENDABLE, Endpoint, after_send, other
+from kbroker.core.dialogs.envelope import Envelope
+from kbroker.core.dialogs.statement_base import StatementBase
+from kbroker.core.dialogs.validation import to_bytes, validate_body
+from kbroker.core.ids import new_id
+from kbroker.core.records import Record
+from kbroker.core.topic_limits import MAX_QUEUE_MESSAGE_BYTES
+from kbroker.errors import ContractViolationError, ConversationClosedError, InvalidArgumentError, MessageTooLargeError
+
+
+class SendRecords(StatementBase):
+    """SEND, and the message record of every statement that sends."""
+
+    # --- SEND -----------------------------------------------------------------------------------
+
+    def message_record(self, ep: Endpoint, message_type: str, body: Any = None, *,
+                       correlation_id: str | None = None, reply_to: str | None = None,
+                       time_to_be_received: float | None = None, priority: int = 5) -> tuple[Record, str, Endpoint]:
+        """Validate a SEND and build its record: (record, message id, endpoint after the send)."""
+        data = to_bytes(body)
+        if ep.state not in SENDABLE:
+            raise ConversationClosedError(ep.conversation_handle, ep.state_desc)
+        if ep.lifetime is not None and ep.lifetime < self._clock():
+            raise ConversationClosedError(ep.conversation_handle, "lifetime expired")
+        mt = self._lookup(lambda c: c.message_type(message_type))
+        if message_type in SYSTEM_TYPES or not self._lookup(
+                lambda c: c.may_send(ep.service_contract_name, message_type, ep.side)):
+            raise ContractViolationError(message_type, ep.service_contract_name, ep.side)
+        validate_body(message_type, mt.validation, data)
+        if not 1 <= priority <= 10:
+            raise InvalidArgumentError("priority must be 1-10")
+        expires = None if time_to_be_received is None else int((self._clock() + time_to_be_received) * 1000)
+        record, message_id = self._record(ep, message_type, data, correlation_id=correlation_id,
+                                          reply_to=reply_to, expires=expires, priority=priority)
+        return record, message_id, after_send(ep)
+
+    # --- the message record ---------------------------------------------------------------------
+
+    def _record(self, ep: Endpoint, message_type: str, data: bytes, *, correlation_id: str | None = None,
+                reply_to: str | None = None, expires: int | None = None, priority: int = 5) -> tuple[Record, str]:
+        """A message from this side to the far side's queue, keyed by the far side's group, with
+        this side's next sequence number: (record, message id)."""
+        if not ep.remote:
+            far_service = self._lookup(lambda c: c.service(ep.far_service_name))
+            far_queue = self._lookup(lambda c: c.queue(far_service.queue))
+            if len(data) > far_queue.max_message_bytes:
+                raise MessageTooLargeError(len(data), far_queue.max_message_bytes, far_queue.name)
+        elif len(data) > MAX_QUEUE_MESSAGE_BYTES:  # the far queue's own limit is checked where it arrives
+            raise MessageTooLargeError(len(data), MAX_QUEUE_MESSAGE_BYTES, "the transmission topic")
+        reply_group = ep.chain[0]  # the key the far side's records must carry (see groups.py)
+        env = Envelope(
+            message_id=new_id(), conversation_id=ep.conversation_id,
+            conversation_group_id=ep.far_conversation_group_id,
+            message_sequence_number=ep.send_sequence, message_type_name=message_type,
+            service_contract_name=ep.service_contract_name, from_service_name=ep.service_name,
+            to_service_name=ep.far_service_name, to_side=other(ep.side),
+            correlation_id=correlation_id, reply_to=reply_to, expires=expires, priority=priority,
+            lifetime=ep.lifetime if ep.is_initiator else None,
+            reply_group=None if reply_group == ep.conversation_id else reply_group,
+            reply_instance=ep.instance,
+            from_broker=self.namespace if ep.remote else None, to_broker=ep.far_broker)
+        if ep.remote:  # one dialog side's messages keep their order in one partition
+            return (names.transmission_topic(self.namespace), ep.conversation_handle, data,
+                    env.headers()), env.message_id
+        if ep.far_instance is not None:  # replies to an instance go to its secondary queue
+            topic = names.secondary_queue_topic(self.namespace, far_queue.name, ep.far_instance)
+        else:
+            topic = names.queue_topic(self.namespace, far_queue.name)
+        return (topic, env.conversation_group_id, data, env.headers()), env.message_id
