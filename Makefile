@@ -11,7 +11,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-analytics test test-spark-cluster test-long bench bench-quick prereqs setup clean
+.PHONY: demo demo-analytics lint test test-spark-cluster test-long bench bench-quick prereqs setup clean
 
 demo: setup
 	$(BIN)/kbroker demo --port $(PORT)$(if $(DATA_DIR), --data-dir $(DATA_DIR))
@@ -20,17 +20,24 @@ demo: setup
 demo-analytics: setup
 	$(BIN)/kbroker demo --analytics --port $(PORT)$(if $(DATA_DIR), --data-dir $(DATA_DIR))
 
-# The static checks first (seconds: the layer contracts, the types), then the tests against a real
-# broker (minutes); Toxiproxy is built once (about a minute) for the network-stall test.
+# The static checks, in seconds once the virtualenv exists (no Java, no Maven, no broker): the
+# lint rules ([tool.ruff] in pyproject.toml, which says why the format is not checked yet), the
+# layer contracts, the types.
+# .pre-commit-config.yaml runs the same on a commit's files.
+lint: $(STAMP)
+	$(BIN)/ruff check kbroker tests scripts examples
+	$(BIN)/lint-imports
+	$(BIN)/mypy kbroker
+
+# The static checks first (`make lint`, seconds), then the tests against a real broker
+# (minutes); Toxiproxy is built once (about a minute) for the network-stall test.
 # Three pytest processes, each with its own broker (tests/conftest.py groups and orders the files):
 # about 16 minutes on 2 cores, 19 with two processes (their tests wait on Kafka's and Spark's
 # timers a third of the time), 33 in one (`make test PARALLEL=`). A process that crashes
 # (a test past its time-out) is not replaced: pytest-xdist 3.8's loadgroup scheduling can hand
 # the replacement work that never completes and wait for it forever (pytest-xdist #1378; a CI
 # run sat 80 minutes so), so the run ends there, failed, with the tracebacks in its output.
-test: setup
-	$(BIN)/lint-imports
-	$(BIN)/mypy kbroker
+test: lint setup
 	scripts/toxiproxy.sh >/dev/null  # the fault-injecting proxy of the network-stall test
 	$(BIN)/pytest$(if $(PARALLEL), $(PARALLEL))
 
@@ -74,3 +81,9 @@ $(STAMP): pyproject.toml
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# The docs site (mkdocs.yml): docs/ and the API reference from the docstrings, into site/ (ignored
+# by git); `.venv/bin/mkdocs serve` previews it. tests/unit/test_docs.py builds it the same way.
+.PHONY: docs
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict

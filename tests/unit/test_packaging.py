@@ -1,12 +1,13 @@
-"""What pyproject.toml installs, and the Makefile's two entry points: the base install covers
-every package kbroker imports outside the worker, the extras the rest, and `make demo` / `make
-test` pass their variables and checks on."""
+"""What pyproject.toml installs, and the Makefile's entry points: the base install covers every
+package kbroker imports outside the worker, the extras the rest, `make demo` / `make test` pass
+their variables and checks on, `make lint` runs the static checks alone (before any broker or
+Maven), and CI runs `make lint`, then the README's test command, then the long runs."""
 
 from __future__ import annotations
 
 import ast
-import re
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -62,7 +63,8 @@ def test_the_extras():
     assert names(extras["analytics"]) == {"pyspark", "pyarrow"}
     assert "kbroker[worker,analytics,bench,tracing]" in extras["test"]
     assert names(extras["tracing"]) == {"opentelemetry-api"}
-    assert {"pytest", "pytest-timeout", "hypothesis", "testcontainers", "import-linter", "mypy"} <= names(extras["test"])
+    assert {"pytest", "pytest-timeout", "hypothesis", "testcontainers", "import-linter", "mypy",
+            "ruff", "pre-commit"} <= names(extras["test"])  # `make lint` and the pre-commit hooks
 
 
 def test_the_license_is_an_spdx_expression_for_a_setuptools_that_reads_it():
@@ -86,10 +88,40 @@ def test_make_demo_passes_port_and_data_dir_on():
         ".venv/bin/kbroker demo --port 19092 --data-dir /tmp/kbroker-demo"
 
 
-def test_make_test_checks_the_import_contracts_and_the_types_before_the_tests():
+# `make lint`'s checks, in order: the lint rules, the layer contracts, the types.
+LINT = [".venv/bin/ruff check kbroker tests scripts examples",
+        ".venv/bin/lint-imports",
+        ".venv/bin/mypy kbroker"]
+
+
+def test_make_lint_runs_the_static_checks_on_the_virtualenv_alone():
+    lines = make_dry_run("lint")
+    assert lines[-len(LINT):] == LINT
+    # Only the virtualenv before them (made on a fresh clone): no Java, no Maven, no broker.
+    assert ".venv/bin/kbroker broker fetch" not in lines and "scripts/prereqs.sh" not in lines
+    assert any(line.startswith(".venv/bin/pip install") for line in lines)
+
+
+def test_make_test_runs_make_lint_before_the_set_up_and_the_tests():
     lines = make_dry_run("test")
     # Three processes, files grouped so a module's or a session's shared broker serves one process;
     # one that crashes is not replaced (pytest-xdist #1378: the run could wait for ever).
     assert lines[-1] == ".venv/bin/pytest -n 3 --dist loadgroup --no-loadscope-reorder --max-worker-restart 0"
     assert make_dry_run("test", "PARALLEL=")[-1] == ".venv/bin/pytest"  # one process, as documented
-    assert lines.index(".venv/bin/lint-imports") < lines.index(".venv/bin/mypy kbroker") < len(lines) - 1
+    start = lines.index(LINT[0])
+    assert lines[start:start + len(LINT)] == LINT  # the static checks, as `make lint` runs them
+    assert start + len(LINT) < lines.index(".venv/bin/kbroker broker fetch") < len(lines) - 1  # before Maven
+
+
+def readme_test_command() -> str:
+    """The command the README gives under "Run the tests" (its indented code line)."""
+    after = (ROOT / "README.md").read_text().split("**Run the tests**", 1)[1]
+    return next(line.strip() for line in after.splitlines() if line.startswith("    ") and line.strip())
+
+
+def test_ci_runs_make_lint_then_the_readme_test_command_then_the_long_runs():
+    assert readme_test_command() == "make test"
+    script = (ROOT / ".ci" / "run").read_text().splitlines()
+    commands = [line for line in script if line.startswith("make")]
+    assert commands == ["make lint", readme_test_command(), "make test-long"]
+    assert script[-1] == "make test-long" and "set -euo pipefail" in script  # a failed step ends the run
