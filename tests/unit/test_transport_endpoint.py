@@ -16,9 +16,9 @@ from kbroker.core.transport.endpoint import (
     PRIMARY_PARTITIONS,
     RAMP,
     SECONDARY_PARTITIONS,
-    EndpointSettings,
     FailedDeliveries,
     InstallPlan,
+    TransportSettings,
     default_machine,
     install_plan,
     model_name,
@@ -33,57 +33,57 @@ NS = "sales"
 
 
 def test_defaults():
-    s = EndpointSettings("Sales", "m1")
+    s = TransportSettings("Sales", "m1")
     assert (s.model, s.max_concurrency, s.secondary_readers, s.max_deliveries, s.secondary, s.satellite) == (
         MONITOR, 8, 1, MAX_DELIVERIES, True, False)
 
 
 def test_queue_names_with_a_secondary():
-    s = EndpointSettings("Sales", "m1")
+    s = TransportSettings("Sales", "m1")
     assert (s.primary_queue, s.secondary_queue, s.reply_address) == ("Sales", "Sales.m1", "Sales.m1")
 
 
 def test_a_disabled_secondary_replies_to_the_primary():
-    s = EndpointSettings("Sales", "m1", secondary=False)
+    s = TransportSettings("Sales", "m1", secondary=False)
     assert (s.primary_queue, s.secondary_queue, s.reply_address) == ("Sales", None, "Sales")
 
 
 def test_a_satellite_has_no_secondary_queue():
-    s = EndpointSettings("Sales.Retries", "m1", satellite=True)
+    s = TransportSettings("Sales.Retries", "m1", satellite=True)
     assert (s.secondary_queue, s.reply_address) == (None, "Sales.Retries")
 
 
 def test_dotted_endpoint_names_are_fine():
-    assert EndpointSettings("Company.Sales", "m-1_x").secondary_queue == "Company.Sales.m-1_x"
+    assert TransportSettings("Company.Sales", "m-1_x").secondary_queue == "Company.Sales.m-1_x"
 
 
 @pytest.mark.parametrize("name", ["", "a/b", "a b", "x" * 151, "Säles", None])
 def test_a_bad_endpoint_name_is_refused(name):
     with pytest.raises(ValueError, match="endpoint name"):
-        EndpointSettings(name, "m1")
+        TransportSettings(name, "m1")
 
 
 def test_the_longest_endpoint_name():
-    assert EndpointSettings("x" * 150, "m").primary_queue == "x" * 150
+    assert TransportSettings("x" * 150, "m").primary_queue == "x" * 150
 
 
 @pytest.mark.parametrize("machine", ["", "m.1", "m 1", "x" * 65, "m/1", None])
 def test_a_bad_machine_name_is_refused(machine):
     # no '.': `Endpoint.Machine` must stay one queue name
     with pytest.raises(ValueError, match="machine name"):
-        EndpointSettings("Sales", machine)
+        TransportSettings("Sales", machine)
 
 
 @pytest.mark.parametrize("field", ["max_concurrency", "secondary_readers", "max_deliveries"])
 @pytest.mark.parametrize("value", [0, -1, True, 1.5, "2", None])
 def test_counts_must_be_whole_numbers_of_at_least_one(field, value):
     with pytest.raises(ValueError, match=field):
-        EndpointSettings("Sales", "m1", **{field: value})
+        TransportSettings("Sales", "m1", **{field: value})
 
 
 def test_the_default_machine_is_a_valid_queue_suffix():
     machine = default_machine()
-    assert EndpointSettings("Sales", machine).secondary_queue == f"Sales.{machine}"
+    assert TransportSettings("Sales", machine).secondary_queue == f"Sales.{machine}"
 
 
 def test_transport_queue_topic():
@@ -107,7 +107,7 @@ def test_transport_queue_topic():
 ])
 def test_model_name_aliases(spelling, model):
     assert model_name(spelling) == model
-    assert EndpointSettings("Sales", "m1", model=spelling).model == model
+    assert TransportSettings("Sales", "m1", model=spelling).model == model
 
 
 @pytest.mark.parametrize("spelling", ["", "2.0", "3", "adaptive", None])
@@ -115,7 +115,7 @@ def test_an_unknown_model_is_refused(spelling):
     with pytest.raises(ValueError, match="concurrency model"):
         model_name(spelling)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="concurrency model"):
-        EndpointSettings("Sales", "m1", model=spelling)  # type: ignore[arg-type]
+        TransportSettings("Sales", "m1", model=spelling)  # type: ignore[arg-type]
 
 
 # --- installer plan -------------------------------------------------------------------------------

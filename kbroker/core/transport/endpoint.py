@@ -57,7 +57,7 @@ def default_machine() -> str:
 
 
 @dataclass(frozen=True)
-class EndpointSettings:
+class TransportSettings:
     """How an endpoint instance receives. `max_concurrency` is MaximumConcurrencyLevel (the
     primary queue's readers or receive tasks at most); `secondary_readers` the secondary
     queue's (1 by default, as in 2.0); a satellite receiver has no secondary queue."""
@@ -110,7 +110,7 @@ def install_plan(name: str, machine: str | None, *, secondary: bool = True,
                  partitions: int = PRIMARY_PARTITIONS, satellite: bool = False) -> InstallPlan:
     """The primary queue and, for a machine, its secondary queue (as NServiceBus installers
     create the tables when an instance first starts)."""
-    settings = EndpointSettings(name, machine or "installer", secondary=secondary and machine is not None,
+    settings = TransportSettings(name, machine or "installer", secondary=secondary and machine is not None,
                                 satellite=satellite)
     queues = [(settings.primary_queue, partitions)]
     if settings.secondary_queue is not None:

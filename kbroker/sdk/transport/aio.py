@@ -112,7 +112,7 @@ class AsyncTransportEndpoint:
 
     @property
     def settings(self) -> Any:
-        """The endpoint's EndpointSettings."""
+        """The endpoint's TransportSettings."""
         return self.sync.settings
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:

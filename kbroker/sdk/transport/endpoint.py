@@ -25,7 +25,13 @@ from typing import Any, Mapping, Self
 
 from kbroker import config, tracing
 from kbroker.core.cluster import ClusterLike
-from kbroker.core.transport.endpoint import MONITOR, PRIMARY_PARTITIONS, EndpointSettings, default_machine, install_plan
+from kbroker.core.transport.endpoint import (
+    MONITOR,
+    PRIMARY_PARTITIONS,
+    TransportSettings,
+    default_machine,
+    install_plan,
+)
 from kbroker.core.transport.message import TransportMessage, canonical_id
 from kbroker.embedded import resolve_cluster
 from kbroker.errors import InvalidArgumentError
@@ -68,7 +74,7 @@ class TransportEndpoint:
                  satellite: bool = False, install: bool = False, partitions: int | None = None,
                  commit_interval: float = 0.005, max_buffered: int = 20_000, ack_timeout: float = 30.0):
         try:
-            settings = EndpointSettings(name, machine or default_machine(), secondary, concurrency,
+            settings = TransportSettings(name, machine or default_machine(), secondary, concurrency,
                                         max_concurrency, secondary_readers, max_deliveries, satellite)
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None

@@ -18,7 +18,7 @@ import concurrent.futures
 import threading
 from typing import Any, Callable, Protocol, Self
 
-from kbroker.core.transport.endpoint import FIXED, MONITOR, RAMP, EndpointSettings, receive_tasks_to_start
+from kbroker.core.transport.endpoint import FIXED, MONITOR, RAMP, TransportSettings, receive_tasks_to_start
 from kbroker.sdk.pollers import RampedPollers
 from kbroker.sdk.transport.runtime import TransportRuntime
 from kbroker.sdk.transport.transaction import Handler
@@ -27,7 +27,7 @@ from kbroker.sdk.transport.transaction import Handler
 class HandlingEndpoint(Protocol):
     """The endpoint as its readers see it (sdk/transport/endpoint.TransportEndpoint)."""
 
-    settings: EndpointSettings
+    settings: TransportSettings
     runtime: TransportRuntime
 
     def handle_one(self, queue: str, handler: Handler, wait: float | None, give_up_fast: bool = False,

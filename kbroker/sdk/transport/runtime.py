@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from kbroker.core.cluster import Cluster
 from kbroker.core.records import Record
-from kbroker.core.transport.endpoint import EndpointSettings, FailedDeliveries
+from kbroker.core.transport.endpoint import FailedDeliveries, TransportSettings
 from kbroker.core.transport.message import new_message, to_headers
 from kbroker.errors import InvalidArgumentError
 from kbroker.kafka.receive.receiver import Lease, QueueReceiver
@@ -28,7 +28,7 @@ log = logging.getLogger("kbroker.transport")
 class TransportRuntime(ProcessRuntime):
     """The runtime of one transport endpoint instance."""
 
-    def __init__(self, cluster: Cluster, namespace: str, settings: EndpointSettings, *,
+    def __init__(self, cluster: Cluster, namespace: str, settings: TransportSettings, *,
                  ack_timeout: float = 30.0, commit_interval: float = 0.005, max_buffered: int = 20_000):
         super().__init__(cluster, namespace, ack_timeout=ack_timeout, commit_interval=commit_interval)
         self.settings = settings
