@@ -5,7 +5,6 @@ one), and the docs site builds with `mkdocs build --strict`."""
 from __future__ import annotations
 
 import fnmatch
-import importlib.util
 import os
 import re
 import subprocess
@@ -310,7 +309,6 @@ def test_every_doc_is_in_the_site_and_the_readme_lists_it() -> None:
 # --- the site ------------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None, reason="mkdocs is not installed (the test extras)")
 def test_the_docs_site_builds_strict(tmp_path: Path) -> None:
     started = time.monotonic()
     proc = subprocess.run(
