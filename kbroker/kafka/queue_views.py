@@ -174,7 +174,7 @@ def reader_rows(cluster: ClusterLike, namespace: str, topic: str, timeout: float
     """The processes reading `topic` now, as they last reported: locked groups, messages in
     flight (taken by open transactions), buffered records, partitions."""
     now, rows = time.time(), []
-    rejects = Rejects(cluster, namespace, "queue view", record=False)  # the 5th-tick scan records them
+    rejects = Rejects(cluster, namespace, "queue view", record=False, scanned=True)  # the 5th-tick scan records them
     for msg in (latest_records(cluster, names.readers_topic(namespace), timeout) or {}).values():
         try:
             r = reader_report(msg.value())

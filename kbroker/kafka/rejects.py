@@ -31,7 +31,8 @@ Who says so. The Rejects that records a record logs it at WARNING. A reader of a
 made `scanned` as well as `record=False`: it skips at DEBUG, since it meets the record again at
 each read of the topic whole (a tombstoned one until compaction removes it, one that follows a
 valid value of its key for good), and every CLI call warned anew of catalog records set aside
-long ago. Its count (`rejected`) stays.
+long ago. Every reader of the scanned topics (catalog, endpoints, readers, analytics, control) is
+made so; the monitors view, whose topic no scan covers, still warns. Its count (`rejected`) stays.
 """
 
 from __future__ import annotations

@@ -176,7 +176,7 @@ class ControlReader:
 
     def __init__(self, cluster: ClusterLike, namespace: str):
         self.topic = names.control_topic(namespace)
-        self.rejects = Rejects(cluster, namespace, "control reader", record=False)
+        self.rejects = Rejects(cluster, namespace, "control reader", record=False, scanned=True)
         self._consumer = reading_consumer(cluster, names.reader_group(namespace), **{"enable.partition.eof": False})
         self._assigned = False
 

@@ -27,7 +27,7 @@ def dialog_rows(cluster: ClusterLike, namespace: str, klass: str | None = None,
     dialog; empty when no analytics job has written any. `oldest_age_s` is the age now."""
     rows = []
     now_ms = int(time.time() * 1000)
-    rejects = Rejects(cluster, namespace, "dialogs view", record=False)  # the worker's 5th-tick scan records them
+    rejects = Rejects(cluster, namespace, "dialogs view", record=False, scanned=True)  # the worker's 5th-tick scan records them
     topic = names.analytics_topic(namespace)
     for msg in (latest_records(cluster, topic, timeout) or {}).values():
         try:
@@ -50,7 +50,7 @@ class AnalyticsFollower:
 
     def __init__(self, cluster: ClusterLike, namespace: str):
         self.topic = names.analytics_topic(namespace)
-        self.rejects = Rejects(cluster, namespace, "analytics follower", record=False)
+        self.rejects = Rejects(cluster, namespace, "analytics follower", record=False, scanned=True)
         self._consumer = reading_consumer(cluster, names.reader_group(namespace), **{"enable.partition.eof": False})
         self._assigned = False
         self._lock = threading.Lock()

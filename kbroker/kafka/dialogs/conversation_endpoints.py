@@ -92,7 +92,7 @@ class EndpointStore:
         self._reads_begun = self._read_ok = 0
         # A record that is not an endpoint's is skipped and logged here; the worker's 5th-tick
         # scan records it (every process reads this topic whole: see kafka/rejects.py).
-        self.rejects = Rejects(cluster, namespace, "endpoint cache", record=False)
+        self.rejects = Rejects(cluster, namespace, "endpoint cache", record=False, scanned=True)
 
     def put(self, ep: Endpoint) -> None:
         """Queue the new state; it is durable when the shared producer is flushed."""
