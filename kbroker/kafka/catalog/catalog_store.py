@@ -63,8 +63,9 @@ def publish_object(cluster: ClusterLike, namespace: str, kind: str, obj: BaseMod
     next read of the catalog."""
     if kind not in FIELDS:
         raise InvalidArgumentError(f"unknown catalog kind {kind!r} (one of {', '.join(FIELDS)})")
-    value = orjson.dumps(obj.model_dump(mode="json"))
-    name: str = obj.model_dump()["name"]  # every catalog object is named
+    data = obj.model_dump(mode="json")
+    name: str = data["name"]  # every catalog object is named
+    value = orjson.dumps(data)
     write_records(cluster, names.catalog_topic(namespace), {f"{kind}/{name}": value}, timeout)
 
 
