@@ -8,8 +8,9 @@ from collections import namedtuple
 from typing import Any
 
 from kbroker.core import names
+from kbroker.core.analytics.analytics_model import Arrival
 from kbroker.core.analytics.analytics_records import armed_timer, progress_snapshot
-from kbroker.core.analytics.queue_analytics import Analytics, Arrival
+from kbroker.core.analytics.queue_analytics import Analytics
 from kbroker.core.dialogs.envelope import (
     H_CONVERSATION_ID,
     H_GROUP_ID,
@@ -30,17 +31,37 @@ def _header(name: str) -> str:
 # One row per record: what the pure state needs and nothing more (a queue record's body stays
 # in Kafka). Sorted by the driver into one order that a batch run again repeats.
 PROJECTION = [
-    "topic", "partition", "offset", "CAST(unix_millis(timestamp) AS LONG) AS ts",
+    "topic",
+    "partition",
+    "offset",
+    "CAST(unix_millis(timestamp) AS LONG) AS ts",
     "key",
     "CASE WHEN topic LIKE '%.queue.%' THEN NULL ELSE value END AS value",
-    f"{_header(H_MESSAGE_ID)} AS message_id", f"{_header(H_CONVERSATION_ID)} AS conversation_id",
-    f"{_header(H_TO_SIDE)} AS side", f"{_header(H_GROUP_ID)} AS grp", f"{_header(H_MESSAGE_TYPE)} AS message_type",
-    f"{_header(H_REKEYED_FROM)} AS rekeyed_from", f"{_header('kb.dlq.topic')} AS dlq_topic",
+    f"{_header(H_MESSAGE_ID)} AS message_id",
+    f"{_header(H_CONVERSATION_ID)} AS conversation_id",
+    f"{_header(H_TO_SIDE)} AS side",
+    f"{_header(H_GROUP_ID)} AS grp",
+    f"{_header(H_MESSAGE_TYPE)} AS message_type",
+    f"{_header(H_REKEYED_FROM)} AS rekeyed_from",
+    f"{_header('kb.dlq.topic')} AS dlq_topic",
 ]
 
 
-FIELDS = ("topic", "partition", "offset", "ts", "key", "value", "message_id", "conversation_id", "side", "grp",
-          "message_type", "rekeyed_from", "dlq_topic")
+FIELDS = (
+    "topic",
+    "partition",
+    "offset",
+    "ts",
+    "key",
+    "value",
+    "message_id",
+    "conversation_id",
+    "side",
+    "grp",
+    "message_type",
+    "rekeyed_from",
+    "dlq_topic",
+)
 Record = namedtuple("Record", FIELDS)  # type: ignore[misc]
 
 
@@ -59,8 +80,9 @@ def collect(frame: Any) -> list[Any]:
     """The batch's projected rows on the driver, through Arrow (column by column: a plain
     collect() of 20,000 rows built Row objects for seconds)."""
     table = frame.toArrow()
-    columns = [_text(table.column(name).to_pylist()) if name in TEXT else table.column(name).to_pylist()
-               for name in FIELDS]
+    columns = [
+        _text(table.column(name).to_pylist()) if name in TEXT else table.column(name).to_pylist() for name in FIELDS
+    ]
     return [Record._make(values) for values in zip(*columns)]
 
 
@@ -92,13 +114,26 @@ def apply_rows(state: Analytics, namespace: str, rows: list[Any]) -> list[tuple[
             queue = names.queue_of_topic(namespace, r.topic)
             if queue is None or not (r.message_id and r.conversation_id and r.side and r.message_type):
                 continue  # not a kbroker message: the readers dead-letter it
-            state.arrival(Arrival(queue, r.partition, r.offset, r.ts, r.message_id, r.conversation_id, r.side,
-                                  r.grp or "", r.message_type, r.rekeyed_from))
+            state.arrival(
+                Arrival(
+                    queue,
+                    r.partition,
+                    r.offset,
+                    r.ts,
+                    r.message_id,
+                    r.conversation_id,
+                    r.side,
+                    r.grp or "",
+                    r.message_type,
+                    r.rekeyed_from,
+                )
+            )
     return rejected
 
 
-def read_positions(rows: list[Any], namespace: str,
-                   before: dict[str, dict[str, int]] | None = None) -> dict[tuple[str, int], int]:
+def read_positions(
+    rows: list[Any], namespace: str, before: dict[str, dict[str, int]] | None = None
+) -> dict[tuple[str, int], int]:
     """(queue topic, partition) -> the offset the job has read up to: after the last record of it
     in the batch, or where the previous batch ended (so a partition with nothing new says so too)."""
     head = names.prefix(namespace) + "queue."

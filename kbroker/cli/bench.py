@@ -3,7 +3,6 @@ plain-Kafka baseline in the same run, reported as ratios of medians."""
 
 from __future__ import annotations
 
-import importlib.util
 import signal
 import sys
 from pathlib import Path
@@ -12,71 +11,170 @@ import click
 import orjson
 
 from kbroker.bench.params import Params
-from kbroker.cli.common import cluster_option, emit_json, fail, handle_errors, json_option, main, missing_extra
+from kbroker.cli.bench_scenarios import SCENARIO_NAMES, require_worker, require_worker_for_activation
+from kbroker.cli.common import cluster_option, emit_json, fail, handle_errors, json_option, main
 from kbroker.cli.output import make_console, new_table, print_table
-
-SCENARIO_NAMES = ("send", "send-pipelined", "request-reply", "io-bound", "io-bound-2-processes",
-                  "io-bound-4-processes", "io-bound-serial", "backlog-rss",
-                  "ended-dialogs", "ended-dialogs-rss", "conversations-view", "activation-latency",
-                  "activation-drain", "analytics", "analytics-throughput", "analytics-throughput-pipelined",
-                  "analytics-stale-delay",
-                  "routing", "routing-request-reply-namespaces", "routing-request-reply-clusters",
-                  "routing-transmission-latency", "transport", "transport-send", "transport-receive",
-                  "transport-io-bound", "transport-share-group", "scale")
 
 
 @main.command("bench")
 @click.argument("scenarios", nargs=-1, type=click.Choice(SCENARIO_NAMES))
-@click.option("--repeat", default=Params.repeat, show_default=True, type=click.IntRange(min=1),
-              help="Repetitions per scenario; medians are reported, with the run-to-run range.")
-@click.option("--quick", is_flag=True,
-              help="The regression guard: every scenario that fits, small and once (options given "
-                   "still apply), exiting 1 when a row crosses its floor; results go to OUT/quick.json "
-                   "only (never latest.json or the docs).")
-@click.option("--messages", default=Params.messages, show_default=True, type=click.IntRange(min=1),
-              help="Messages per repetition of send and request-reply.")
-@click.option("--conversations", default=Params.conversations, show_default=True, type=click.IntRange(min=1),
-              help="Dialogs the messages are spread over (io-bound: 2 messages each).")
-@click.option("--backlog", default=Params.backlog, show_default=True, type=click.IntRange(min=1),
-              help="Messages queued before backlog-rss receives.")
-@click.option("--readers", default=Params.readers, show_default=True, type=click.IntRange(min=1),
-              help="request-reply: kbroker responder threads.")
-@click.option("--in-flight", default=Params.in_flight, show_default=True, type=click.IntRange(min=1),
-              help="request-reply: requests in flight per dialog.")
-@click.option("--samples", default=Params.samples, show_default=True, type=click.IntRange(min=1),
-              help="activation-latency: first-message latencies per repetition.")
-@click.option("--drain-messages", default=Params.drain_messages, show_default=True, type=click.IntRange(min=1),
-              help="activation-drain: the backlog each side drains per repetition (scale: the worker "
-                   "curve's, 10,000 unless given).")
-@click.option("--max-readers", default=Params.max_readers, show_default=True, type=click.IntRange(min=1),
-              help="activation-drain: max_queue_readers, and the size of the fixed pool.")
-@click.option("--ramp-up", default=Params.ramp_up, show_default=True, type=click.FloatRange(min=0.1),
-              help="activation-*: the worker's --ramp-up seconds.")
-@click.option("--ended-dialogs", default=Params.ended_dialogs, show_default=True, type=click.IntRange(min=1),
-              help="ended-dialogs: dialogs whose ended endpoints the namespace holds.")
-@click.option("--out", "out_dir", default="bench-results", show_default=True,
-              type=click.Path(file_okay=False, path_type=Path),
-              help="Directory of latest.json (quick.json with --quick).")
-@click.option("--docs", "docs_path", default=None, type=click.Path(dir_okay=False, path_type=Path),
-              help="Markdown file whose results section is rewritten "
-                   "(default: docs/benchmarks.md when it exists).")
+@click.option(
+    "--repeat",
+    default=Params.repeat,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Repetitions per scenario; medians are reported, with the run-to-run range.",
+)
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="The regression guard: every scenario that fits, small and once (options given "
+    "still apply), exiting 1 when a row crosses its floor; results go to OUT/quick.json "
+    "only (never latest.json or the docs).",
+)
+@click.option(
+    "--messages",
+    default=Params.messages,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Messages per repetition of send and request-reply.",
+)
+@click.option(
+    "--conversations",
+    default=Params.conversations,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Dialogs the messages are spread over (io-bound: 2 messages each).",
+)
+@click.option(
+    "--backlog",
+    default=Params.backlog,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Messages queued before backlog-rss receives.",
+)
+@click.option(
+    "--readers",
+    default=Params.readers,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="request-reply: kbroker responder threads.",
+)
+@click.option(
+    "--in-flight",
+    default=Params.in_flight,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="request-reply: requests in flight per dialog.",
+)
+@click.option(
+    "--samples",
+    default=Params.samples,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="activation-latency: first-message latencies per repetition.",
+)
+@click.option(
+    "--drain-messages",
+    default=Params.drain_messages,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="activation-drain: the backlog each side drains per repetition (scale: the worker "
+    "curve's, 10,000 unless given).",
+)
+@click.option(
+    "--max-readers",
+    default=Params.max_readers,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="activation-drain: max_queue_readers, and the size of the fixed pool.",
+)
+@click.option(
+    "--ramp-up",
+    default=Params.ramp_up,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="activation-*: the worker's --ramp-up seconds.",
+)
+@click.option(
+    "--ended-dialogs",
+    default=Params.ended_dialogs,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="ended-dialogs: dialogs whose ended endpoints the namespace holds.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    default="bench-results",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory of latest.json (quick.json with --quick).",
+)
+@click.option(
+    "--docs",
+    "docs_path",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Markdown file whose results section is rewritten (default: docs/benchmarks.md when it exists).",
+)
 @click.option("--no-docs", is_flag=True, help="Do not rewrite any results table.")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
-@click.option("--secure", is_flag=True,
-              help="Run the scenarios again on a secured embedded broker (SASL_SSL, SCRAM-SHA-512) and "
-                   "report each as a ratio to plaintext: the cost of TLS and SCRAM.")
-@click.option("--queues", "scale_queues", default=None, metavar="N,N,...",
-              help="scale: the queue curve's points (default 10,100,500).")
-@click.option("--dialogs", "scale_dialogs", default=None, metavar="N,N,...",
-              help="scale: the open-dialog curve's points (default 10000,100000,1000000).")
-@click.option("--workers", "scale_workers", default=None, metavar="N,N,...",
-              help="scale: the worker curve's points (default 1,2,4).")
+@click.option(
+    "--secure",
+    is_flag=True,
+    help="Run the scenarios again on a secured embedded broker (SASL_SSL, SCRAM-SHA-512) and "
+    "report each as a ratio to plaintext: the cost of TLS and SCRAM.",
+)
+@click.option(
+    "--queues",
+    "scale_queues",
+    default=None,
+    metavar="N,N,...",
+    help="scale: the queue curve's points (default 10,100,500).",
+)
+@click.option(
+    "--dialogs",
+    "scale_dialogs",
+    default=None,
+    metavar="N,N,...",
+    help="scale: the open-dialog curve's points (default 10000,100000,1000000).",
+)
+@click.option(
+    "--workers",
+    "scale_workers",
+    default=None,
+    metavar="N,N,...",
+    help="scale: the worker curve's points (default 1,2,4).",
+)
 @cluster_option
 @json_option
 @handle_errors
-def bench(scenarios, quick, repeat, messages, conversations, backlog, readers, in_flight, samples, drain_messages,
-          max_readers, ramp_up, ended_dialogs, out_dir, docs_path, no_docs, quiet, secure, scale_queues,
-          scale_dialogs, scale_workers, target, as_json):
+def bench(
+    scenarios,
+    quick,
+    repeat,
+    messages,
+    conversations,
+    backlog,
+    readers,
+    in_flight,
+    samples,
+    drain_messages,
+    max_readers,
+    ramp_up,
+    ended_dialogs,
+    out_dir,
+    docs_path,
+    no_docs,
+    quiet,
+    secure,
+    scale_queues,
+    scale_dialogs,
+    scale_workers,
+    target,
+    as_json,
+):
     """Benchmark kbroker against a plain confluent-kafka baseline on the same broker.
 
     SCENARIOS: send (with send-pipelined), request-reply, io-bound, backlog-rss, ended-dialogs,
@@ -92,8 +190,21 @@ def bench(scenarios, quick, repeat, messages, conversations, backlog, readers, i
     if "scale" in scenarios:
         source = click.get_current_context().get_parameter_source("drain_messages")
         drain = drain_messages if source == click.core.ParameterSource.COMMANDLINE else None
-        _scale(scenarios, quick, secure, scale_queues, scale_dialogs, scale_workers, ramp_up, drain, out_dir,
-               no_docs, quiet, target, as_json)
+        _scale(
+            scenarios,
+            quick,
+            secure,
+            scale_queues,
+            scale_dialogs,
+            scale_workers,
+            ramp_up,
+            drain,
+            out_dir,
+            no_docs,
+            quiet,
+            target,
+            as_json,
+        )
         return
     names = list(scenarios)
     if quick:
@@ -104,7 +215,7 @@ def bench(scenarios, quick, repeat, messages, conversations, backlog, readers, i
         skipped = left_out(registered, names)
         names = names or [n for n in registered if n not in skipped]
         scenarios = tuple(names)
-    _require_worker_for_activation(scenarios)
+    require_worker_for_activation(scenarios)
     from kbroker.bench.harness import (
         Reporter,
         command_line,
@@ -116,9 +227,19 @@ def bench(scenarios, quick, repeat, messages, conversations, backlog, readers, i
 
     # A terminated run still stops its embedded broker and child processes (finally blocks).
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
-    params = Params(repeat=repeat, messages=messages, conversations=conversations, backlog=backlog,
-                    readers=readers, in_flight=in_flight, samples=samples, drain_messages=drain_messages,
-                    max_readers=max_readers, ramp_up=ramp_up, ended_dialogs=ended_dialogs)
+    params = Params(
+        repeat=repeat,
+        messages=messages,
+        conversations=conversations,
+        backlog=backlog,
+        readers=readers,
+        in_flight=in_flight,
+        samples=samples,
+        drain_messages=drain_messages,
+        max_readers=max_readers,
+        ramp_up=ramp_up,
+        ended_dialogs=ended_dialogs,
+    )
     reporter = Reporter(quiet=quiet)
     if quick:
         source = click.get_current_context().get_parameter_source
@@ -127,8 +248,7 @@ def bench(scenarios, quick, repeat, messages, conversations, backlog, readers, i
         return
     if docs_path is None and not no_docs and Path("docs/benchmarks.md").is_file():
         docs_path = Path("docs/benchmarks.md")
-    doc = run_bench(names, params, cluster=target.explicit,
-                    reporter=reporter, command=command_line(), secure=secure)
+    doc = run_bench(names, params, cluster=target.explicit, reporter=reporter, command=command_line(), secure=secure)
     doc = merge_previous(doc, out_dir / "latest.json")
     path = write_results(doc, out_dir)
     reporter.say(f"results written to {path}")
@@ -151,8 +271,7 @@ def _quick(names, params, skipped, target, reporter, out_dir, secure, as_json) -
 
     for name, why in skipped.items():
         reporter.say(f"{name}: left out of --quick ({why})")
-    doc = run_bench(names, params, cluster=target.explicit, reporter=reporter, command=command_line(),
-                    secure=secure)
+    doc = run_bench(names, params, cluster=target.explicit, reporter=reporter, command=command_line(), secure=secure)
     doc["quick"] = verdict(doc["results"], skipped)
     reporter.say(f"results written to {write_results(doc, out_dir, QUICK_FILE)}")
     if as_json:
@@ -166,8 +285,21 @@ def _quick(names, params, skipped, target, reporter, out_dir, secure, as_json) -
         raise SystemExit(1)
 
 
-def _scale(scenarios, quick, secure, queues, dialogs, workers, ramp_up, drain_messages, out_dir, no_docs, quiet,
-           target, as_json) -> None:
+def _scale(
+    scenarios,
+    quick,
+    secure,
+    queues,
+    dialogs,
+    workers,
+    ramp_up,
+    drain_messages,
+    out_dir,
+    no_docs,
+    quiet,
+    target,
+    as_json,
+) -> None:
     from kbroker.bench.scale.run import DEFAULTS, WORKER_BACKLOG, parse_points, run_scale
 
     if len(scenarios) > 1 or quick or secure:
@@ -178,13 +310,19 @@ def _scale(scenarios, quick, secure, queues, dialogs, workers, ramp_up, drain_me
     except ValueError as exc:
         fail(f"scale: {exc}")
     if {"queues", "workers"} & set(points):
-        _require_worker("or name only --dialogs")
+        require_worker("or name only --dialogs")
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     from kbroker.bench.harness import Reporter
 
     reporter = Reporter(quiet=quiet)
-    doc = run_scale(points, cluster=target.explicit, reporter=reporter, out_dir=out_dir, ramp_up=ramp_up,
-                    drain_messages=drain_messages or WORKER_BACKLOG)
+    doc = run_scale(
+        points,
+        cluster=target.explicit,
+        reporter=reporter,
+        out_dir=out_dir,
+        ramp_up=ramp_up,
+        drain_messages=drain_messages or WORKER_BACKLOG,
+    )
     reporter.say(f"results written to {out_dir / 'scale.json'}")
     if not no_docs and Path("docs").is_dir():
         from kbroker.bench.scale.plot import plot
@@ -197,21 +335,6 @@ def _scale(scenarios, quick, secure, queues, dialogs, workers, ramp_up, drain_me
     for curve, data in doc["curves"].items():
         for point in data["points"]:
             console.print(f"{curve}: {orjson.dumps(point).decode()}", highlight=False)
-
-
-def _require_worker_for_activation(scenarios: tuple[str, ...]) -> None:
-    # The activation scenarios run a real `kbroker worker`: without Faust they could only fail,
-    # after the other scenarios have taken minutes. Say so at once, in one line.
-    activation = [s for s in scenarios or SCENARIO_NAMES if s.startswith(("activation", "analytics"))]
-    if activation:
-        _require_worker(f"or name only scenarios other than {', '.join(activation)}")
-
-
-def _require_worker(otherwise: str) -> None:
-    """One line, at once, when what is asked runs a real `kbroker worker` and Faust is missing."""
-    missing = [p for p in ("faust", "aiokafka") if importlib.util.find_spec(p) is None]
-    if missing:
-        fail(f"{missing_extra(missing[0], 'bench')}, {otherwise}")
 
 
 def _print_table(doc: dict) -> None:
@@ -231,8 +354,17 @@ def _print_table(doc: dict) -> None:
         met = {True: "[green]yes[/green]", False: "[red]no[/red]", None: "-"}[r.get("met")]
         held = {True: "held", False: "[red]BELOW[/red]", None: ""}[r.get("floor_held")]
         spread = "-" if not r.get("ratio_range") else "{:.2f}-{:.2f}".format(*r["ratio_range"])
-        table.add_row(r["scenario"], r["unit"], fmt(r.get("kbroker")), fmt(r.get("baseline")), ratio, spread,
-                      r.get("target") or "-", met, f"{r.get('floor') or '-'} {held}".strip())
+        table.add_row(
+            r["scenario"],
+            r["unit"],
+            fmt(r.get("kbroker")),
+            fmt(r.get("baseline")),
+            ratio,
+            spread,
+            r.get("target") or "-",
+            met,
+            f"{r.get('floor') or '-'} {held}".strip(),
+        )
         if r.get("error"):
             notes.append(f"{r['scenario']}: [red]error: {r['error']}[/red]")
         elif r.get("skipped_reason"):

@@ -1,7 +1,7 @@
 """`kbroker diagnose` (pure logic). CONFIGURATION: what a dialog from one service to another needs,
-checked the way Service Broker's ssbdiagnose CONFIGURATION checks it. RUNTIME: what stops messages
-in a namespace now (`runtime`, at the end). Each problem is named with a code a script can match
-and one line saying what to change.
+checked the way Service Broker's ssbdiagnose CONFIGURATION checks it. RUNTIME, what stops messages
+in a namespace now, is core/runtime_diagnosis.py. Each problem is named with a code a script can
+match and one line saying what to change.
 
 A dialog from FROM (in namespace A) to TO needs: both services defined; the contract defined on
 both sides, with the same message types; TO accepting the contract; both services' queues ON
@@ -20,7 +20,6 @@ from typing import Any
 
 from kbroker.core.catalog.models import Catalog
 from kbroker.core.dialogs.arrival import CONTRACT_NOT_FOUND, CONTRACT_NOT_SUPPORTED, NO_PERMISSION
-from kbroker.core.receive.poison import POISON_THRESHOLD
 from kbroker.core.routing.routes import hop, match_route, parse_address, routes_of
 
 ERROR, WARNING = "error", "warning"
@@ -58,49 +57,97 @@ def route_to(side: Side, service: str, now: float) -> tuple[str | None, str | No
     return nxt, None
 
 
-def configuration(frm: Side, from_service: str, to: Side | None, to_service: str, contract: str,
-                  now: float) -> list[Problem]:
+def configuration(
+    frm: Side, from_service: str, to: Side | None, to_service: str, contract: str, now: float
+) -> list[Problem]:
     """The problems of a dialog from `from_service` in `frm` to `to_service` in `to` (None: the
     far namespace could not be read; the Kafka layer says why) on `contract`."""
     out: list[Problem] = []
     a = frm.catalog
     sender = a.services.get(from_service)
     if sender is None:
-        out.append(Problem("service_missing", ERROR, frm.namespace,
-                           f"service {from_service!r} is not in {frm.namespace}'s catalog (BEGIN DIALOG fails)"))
+        out.append(
+            Problem(
+                "service_missing",
+                ERROR,
+                frm.namespace,
+                f"service {from_service!r} is not in {frm.namespace}'s catalog (BEGIN DIALOG fails)",
+            )
+        )
     if contract not in a.contracts:
-        out.append(Problem("contract_missing", ERROR, frm.namespace,
-                           f"contract {contract!r} is not in {frm.namespace}'s catalog (BEGIN DIALOG fails)"))
+        out.append(
+            Problem(
+                "contract_missing",
+                ERROR,
+                frm.namespace,
+                f"contract {contract!r} is not in {frm.namespace}'s catalog (BEGIN DIALOG fails)",
+            )
+        )
     if sender is not None:
         out += _queue(frm, sender.queue, "the initiator's replies wait")
     hop_address, why = route_to(frm, to_service, now)
     if hop_address is None:
-        out.append(Problem("route_missing", ERROR, frm.namespace, f"{why}: messages to it wait in the transmission "
-                                                                  "queue (add a route)"))
+        out.append(
+            Problem(
+                "route_missing",
+                ERROR,
+                frm.namespace,
+                f"{why}: messages to it wait in the transmission queue (add a route)",
+            )
+        )
     elif to is not None and hop_address == frm.address != to.address:
-        out.append(Problem("route_missing", ERROR, frm.namespace,
-                           f"no route in {frm.namespace} leads service {to_service!r} to {to.address}: "
-                           "AutoCreatedLocal keeps its messages here (add a route)"))
+        out.append(
+            Problem(
+                "route_missing",
+                ERROR,
+                frm.namespace,
+                f"no route in {frm.namespace} leads service {to_service!r} to {to.address}: "
+                "AutoCreatedLocal keeps its messages here (add a route)",
+            )
+        )
     elif to is not None and hop_address != to.address:
-        out.append(Problem("route_elsewhere", WARNING, frm.namespace,
-                           f"{frm.namespace} routes service {to_service!r} to {hop_address}, not to {to.address} "
-                           "(a forwarding namespace there must pass it on)"))
+        out.append(
+            Problem(
+                "route_elsewhere",
+                WARNING,
+                frm.namespace,
+                f"{frm.namespace} routes service {to_service!r} to {hop_address}, not to {to.address} "
+                "(a forwarding namespace there must pass it on)",
+            )
+        )
     if to is None:
         return out
     b = to.catalog
     target = b.services.get(to_service)
     if target is None:
-        out.append(Problem("service_missing", ERROR, to.namespace,
-                           f"service {to_service!r} is not in {to.namespace}'s catalog: its messages wait in "
-                           f"{frm.namespace}'s transmission queue until it is"))
+        out.append(
+            Problem(
+                "service_missing",
+                ERROR,
+                to.namespace,
+                f"service {to_service!r} is not in {to.namespace}'s catalog: its messages wait in "
+                f"{frm.namespace}'s transmission queue until it is",
+            )
+        )
     if contract not in b.contracts:
-        out.append(Problem("contract_missing", ERROR, to.namespace,
-                           f"contract {contract!r} is not in {to.namespace}'s catalog (Error {CONTRACT_NOT_FOUND} "
-                           "there)"))
+        out.append(
+            Problem(
+                "contract_missing",
+                ERROR,
+                to.namespace,
+                f"contract {contract!r} is not in {to.namespace}'s catalog (Error {CONTRACT_NOT_FOUND} there)",
+            )
+        )
     elif target is not None and contract not in target.contracts:
-        out.append(Problem("contract_not_accepted", ERROR, to.namespace,
-                           f"service {to_service!r} does not accept contract {contract!r} (Error "
-                           f"{CONTRACT_NOT_SUPPORTED}; add it to its contracts)"))
+        out.append(
+            Problem(
+                "contract_not_accepted",
+                ERROR,
+                to.namespace,
+                f"service {to_service!r} does not accept contract {contract!r} (Error "
+                f"{CONTRACT_NOT_SUPPORTED}; add it to its contracts)",
+            )
+        )
     if contract in a.contracts and contract in b.contracts:
         out += _message_types(frm, to, contract)
     if target is not None:
@@ -129,14 +176,26 @@ def access(frm: Side, from_service: str, to_service: str, seen: Access) -> list[
     out = []
     who = seen.principal
     if seen.target_queue is not None and not {"WRITE", "ALL"} & seen.target_queue:
-        out.append(Problem("send_not_permitted", ERROR, frm.namespace,
-                           f"{who} may not SEND to service {to_service!r} (no WRITE on its queue's topic; Error "
-                           f"-8494): GRANT SEND ON SERVICE::{to_service} TO {who}"))
+        out.append(
+            Problem(
+                "send_not_permitted",
+                ERROR,
+                frm.namespace,
+                f"{who} may not SEND to service {to_service!r} (no WRITE on its queue's topic; Error "
+                f"-8494): GRANT SEND ON SERVICE::{to_service} TO {who}",
+            )
+        )
     sender = frm.catalog.services.get(from_service)
     if sender is not None and seen.initiator_queue is not None and not {"READ", "ALL"} & seen.initiator_queue:
-        out.append(Problem("receive_not_permitted", ERROR, frm.namespace,
-                           f"{who} may not RECEIVE from queue {sender.queue!r}, where the dialog's replies, "
-                           f"acknowledgements and EndDialog arrive: GRANT RECEIVE ON QUEUE::{sender.queue} TO {who}"))
+        out.append(
+            Problem(
+                "receive_not_permitted",
+                ERROR,
+                frm.namespace,
+                f"{who} may not RECEIVE from queue {sender.queue!r}, where the dialog's replies, "
+                f"acknowledgements and EndDialog arrive: GRANT RECEIVE ON QUEUE::{sender.queue} TO {who}",
+            )
+        )
     return out
 
 
@@ -145,11 +204,23 @@ def _queue(side: Side, name: str, what: str) -> list[Problem]:
     if queue is None:
         return [Problem("queue_missing", ERROR, side.namespace, f"queue {name!r} is not in {side.namespace}'s catalog")]
     if queue.status != "ON":
-        return [Problem("queue_disabled", ERROR, side.namespace,
-                        f"queue {name!r} is disabled: {what} until `kbroker queue enable {name}`")]
+        return [
+            Problem(
+                "queue_disabled",
+                ERROR,
+                side.namespace,
+                f"queue {name!r} is disabled: {what} until `kbroker queue enable {name}`",
+            )
+        ]
     if queue.activation is not None and queue.activation.status != "ON":
-        return [Problem("activation_off", WARNING, side.namespace,
-                        f"queue {name!r} has activation OFF: its messages wait for a reader started by hand")]
+        return [
+            Problem(
+                "activation_off",
+                WARNING,
+                side.namespace,
+                f"queue {name!r} has activation OFF: its messages wait for a reader started by hand",
+            )
+        ]
     return []
 
 
@@ -158,22 +229,39 @@ def _message_types(frm: Side, to: Side, contract: str) -> list[Problem]:
     ours = {m.type: m.sent_by for m in frm.catalog.contracts[contract].messages}
     theirs = {m.type: m.sent_by for m in to.catalog.contracts[contract].messages}
     if ours != theirs:
-        out.append(Problem("contract_differs", WARNING, to.namespace,
-                           f"contract {contract!r} differs between the two ends: {frm.namespace} "
-                           f"{sorted(ours.items())}, {to.namespace} {sorted(theirs.items())} (a message type only "
-                           "one end lists is refused by the other)"))
+        out.append(
+            Problem(
+                "contract_differs",
+                WARNING,
+                to.namespace,
+                f"contract {contract!r} differs between the two ends: {frm.namespace} "
+                f"{sorted(ours.items())}, {to.namespace} {sorted(theirs.items())} (a message type only "
+                "one end lists is refused by the other)",
+            )
+        )
     for name in sorted(set(ours) & set(theirs)):
         for side in (frm, to):
             if name not in side.catalog.message_types:
-                out.append(Problem("message_type_missing", ERROR, side.namespace,
-                                   f"message type {name!r} of contract {contract!r} is not in {side.namespace}'s "
-                                   "catalog"))
+                out.append(
+                    Problem(
+                        "message_type_missing",
+                        ERROR,
+                        side.namespace,
+                        f"message type {name!r} of contract {contract!r} is not in {side.namespace}'s catalog",
+                    )
+                )
         one, other = frm.catalog.message_types.get(name), to.catalog.message_types.get(name)
         if one is not None and other is not None and one.validation != other.validation:
-            out.append(Problem("validation_differs", WARNING, to.namespace,
-                               f"message type {name!r} is validated {other.validation} in {to.namespace}, "
-                               f"{one.validation} in {frm.namespace}: a message one side takes the other may "
-                               "refuse"))
+            out.append(
+                Problem(
+                    "validation_differs",
+                    WARNING,
+                    to.namespace,
+                    f"message type {name!r} is validated {other.validation} in {to.namespace}, "
+                    f"{one.validation} in {frm.namespace}: a message one side takes the other may "
+                    "refuse",
+                )
+            )
     return out
 
 
@@ -183,161 +271,35 @@ def _remote(frm: Side, from_service: str, to: Side, target: Any, now: float) -> 
     if back == to.address:
         back, why = None, f"no route in {to.namespace} leads service {from_service!r} back (AutoCreatedLocal keeps it)"
     if back is None:
-        out.append(Problem("return_route_missing", ERROR, to.namespace,
-                           f"{why}: replies, acknowledgements and the end of the dialog cannot come back "
-                           f"(add a route to {frm.address})"))
+        out.append(
+            Problem(
+                "return_route_missing",
+                ERROR,
+                to.namespace,
+                f"{why}: replies, acknowledgements and the end of the dialog cannot come back "
+                f"(add a route to {frm.address})",
+            )
+        )
     elif back != frm.address:
-        out.append(Problem("return_route_elsewhere", WARNING, to.namespace,
-                           f"{to.namespace} routes service {from_service!r} to {back}, not to {frm.address}"))
+        out.append(
+            Problem(
+                "return_route_elsewhere",
+                WARNING,
+                to.namespace,
+                f"{to.namespace} routes service {from_service!r} to {back}, not to {frm.address}",
+            )
+        )
     senders = getattr(target, "remote_senders", None)
     if senders is not None and parse_address(frm.address)[1] not in senders:
-        out.append(Problem("sender_not_granted", ERROR, to.namespace,
-                           f"service {target.name!r} takes routed messages only from {sorted(senders)}, not from "
-                           f"{frm.namespace} (Error {NO_PERMISSION}; add it to remote_senders)"))
-    return out
-
-
-# --- RUNTIME: what is stuck now ------------------------------------------------------------------
-
-ANALYTICS_LATE_S = 120.0  # the analytics job's newest figures older than this: it is behind or stopped
-TRANSMISSION_LATE_S = 60.0  # an unacknowledged routed message older than this is stuck (docs/sources.md#periodic-tasks)
-# A Kafka transaction or a conversation group's lock held longer than this is stuck. kbroker's
-# producers' transactions time out after 10 s (the analytics job's after 60 s) and Kafka aborts
-# them within its check interval after that: one still open at 120 s outlived its producer's
-# timeout. A lock lasts as long as the transaction that RECEIVEd: minutes is a handler stuck.
-STUCK_AFTER_S = 120.0
-CLOCK_SKEW_S = 300.0  # a timestamp further ahead than this was not written by a clock of ours
-
-
-@dataclass(frozen=True)
-class QueueState:
-    """What the Kafka layer measured of one queue (kafka/queue_views.queue_view)."""
-
-    name: str
-    status: str  # ON | OFF
-    activation: str | None  # None: no activation; "internal ON", "external OFF", ...
-    ready: int  # an upper bound (see queue_view)
-    readers: int  # members of the queue's consumer group
-    locks: tuple[tuple[str, float], ...] = ()  # (process, epoch s its oldest group lock was taken)
-    # The message still in the queue rolled back most often lately: ("partition:offset", count).
-    rolled_back: tuple[str, int] | None = None
-
-
-@dataclass(frozen=True)
-class OpenTransaction:
-    """A Kafka transaction open on a partition of the namespace (kafka/txn/open_transactions.py)."""
-
-    topic: str
-    partition: int
-    start: int  # the last stable offset: the transaction's first record, where read_committed readers stop
-    end: int  # the high watermark
-    began: float | None  # epoch s of its first record; None: not read
-
-    def ending(self) -> str:
-        return (f"kbroker diagnose end-transaction --topic {self.topic} --partition {self.partition} "
-                f"--start-offset {self.start}")
-
-
-def runtime(namespace: str, queues: list[QueueState], transmission: list[dict[str, Any]],
-            analytics_as_of: float | None, now: float, transactions: list[OpenTransaction] | None = None,
-            stuck_after: float = STUCK_AFTER_S) -> list[Problem]:
-    """What stops messages in `namespace` now: disabled queues, messages ready that no reader
-    takes, group locks and Kafka transactions held longer than `stuck_after`, routed messages the
-    far side has not acknowledged (per destination and status), and an analytics job whose
-    figures are old (`analytics_as_of`: epoch s of its newest, None: no job)."""
-    out: list[Problem] = _hanging(namespace, transactions or [], now, stuck_after)
-    for q in sorted(queues, key=lambda q: q.name):
-        for process, since in q.locks:
-            if since > 0 and now - since >= stuck_after:
-                out.append(Problem("lock_held", WARNING, namespace,
-                                   f"queue {q.name!r}: process {process} has held a conversation group's lock for "
-                                   f"{now - since:.0f} s: a transaction that received and has not ended (its handler "
-                                   "stuck or waiting); no other reader takes the group until it commits or rolls back"))
-        if q.rolled_back is not None and q.status == "ON":
-            where, count = q.rolled_back
-            out.append(Problem("message_rolling_back", WARNING, namespace,
-                               f"queue {q.name!r}: message {where} rolled back {count} time(s) lately (at "
-                               f"{POISON_THRESHOLD} in a row the queue is disabled): a handler failing on it"))
-        if q.status != "ON":
-            out.append(Problem("queue_disabled", ERROR, namespace,
-                               f"queue {q.name!r} is disabled with {q.ready} message(s) in it: RECEIVE fails until "
-                               f"`kbroker queue enable {q.name}` (a poisoned queue: see `kbroker events`)"))
-        elif q.ready > 0 and q.readers == 0:
-            if q.activation is not None and q.activation.endswith(" ON"):
-                why = "activation is ON but nothing reads: is a worker (or the external activator) running?"
-            else:
-                why = "no reader, and no activation to start one"
-            out.append(Problem("queue_unread", WARNING, namespace, f"queue {q.name!r}: up to {q.ready} message(s) "
-                                                                   f"ready; {why}"))
-    stuck: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for row in transmission:
-        if now - float(row.get("enqueue_time") or now) >= TRANSMISSION_LATE_S or row.get("transmission_status"):
-            key = (row.get("destination") or row.get("to_service_name") or "?", row.get("transmission_status") or "")
-            stuck.setdefault(key, []).append(row)
-    for (dest, status), rows in sorted(stuck.items()):
-        oldest = now - min(float(r.get("enqueue_time") or now) for r in rows)
-        dialogs = len({r.get("conversation_handle") for r in rows})
-        out.append(Problem("transmission_waiting", ERROR if status else WARNING, namespace,
-                           f"{len(rows)} routed message(s) of {dialogs} dialog(s) to {dest} unacknowledged, the oldest "
-                           f"{oldest:.0f} s: {status or 'no status yet (not sent, or sent and not answered)'}"))
-    if analytics_as_of is not None and now - analytics_as_of > ANALYTICS_LATE_S:
-        out.append(Problem("analytics_behind", WARNING, namespace,
-                           f"the analytics job's newest figures are {now - analytics_as_of:.0f} s old: it is stopped "
-                           "or behind (`kbroker analytics run`; its --metrics-port says which)"))
-    return out
-
-
-# What each state of an endpoint means for its dialog, when it is not simply going on.
-_STATES = {
-    "DI": ("conversation_ended_there", WARNING, "the far side ended the dialog: RECEIVE its EndDialog and END "
-                                              "CONVERSATION here, or the endpoint stays"),
-    "DO": ("conversation_ending", WARNING, "this side ended the dialog and waits for the far side to end it too "
-                                         "(its acknowledgement); nothing more can be sent"),
-    "ER": ("conversation_error", ERROR, "the dialog ended with an error (an Error message is in the queue): "
-                                       "RECEIVE it and END CONVERSATION here"),
-    "CD": ("conversation_closed", WARNING, "the dialog is closed: SEND fails, and what arrives for it is set aside"),
-}
-
-
-def conversation(namespace: str, endpoints: list[dict[str, Any]], queues: list[QueueState],
-                 transmission: list[dict[str, Any]], now: float, stuck_after: float = STUCK_AFTER_S) -> list[Problem]:
-    """What stops one dialog: `endpoints` are its endpoints in this namespace (one, or both sides
-    when both services are here: dicts with conversation_handle, state, lifetime (epoch s or
-    None), service_name, is_initiator), `queues` their services' queues, `transmission` its
-    routed messages not acknowledged."""
-    if not endpoints:
-        return [Problem("conversation_not_found", ERROR, namespace,
-                        "no endpoint of this dialog here: never begun in this namespace, or ended and cleaned up "
-                        "(a closed endpoint is kept for the worker's --closed-grace)")]
-    out: list[Problem] = []
-    for ep in endpoints:
-        side = f"{'initiator' if ep['is_initiator'] else 'target'} {ep['conversation_handle']} ({ep['service_name']})"
-        if ep["state"] in _STATES:
-            code, severity, text = _STATES[ep["state"]]
-            out.append(Problem(code, severity, namespace, f"{side}: {text}"))
-        elif ep.get("lifetime") is not None and ep["lifetime"] <= now:
-            out.append(Problem("conversation_expired", ERROR, namespace,
-                               f"{side}: its lifetime ran out {now - ep['lifetime']:.0f} s ago; the worker's timer "
-                               "service ends it with an error (is one running?)"))
-    return out + runtime(namespace, queues, transmission, None, now, stuck_after=stuck_after)
-
-
-def _hanging(namespace: str, transactions: list[OpenTransaction], now: float, stuck_after: float) -> list[Problem]:
-    out = []
-    for t in transactions:
-        where = f"{t.topic} partition {t.partition}"
-        held = f"{t.end - t.start} record(s) from offset {t.start} on wait for it (read_committed readers stop there)"
-        if t.began is None or t.began > now + CLOCK_SKEW_S:
-            out.append(Problem("transaction_open", WARNING, namespace,
-                               f"{where}: a Kafka transaction is open, since when is not known (its first record "
-                               f"is unreadable or stamped ahead); {held}. Still open with the same offset a few "
-                               "minutes on, it is hanging", t.ending()))
-        elif now - t.began >= stuck_after:
-            out.append(Problem("transaction_hanging", ERROR, namespace,
-                               f"{where}: a Kafka transaction open for {now - t.began:.0f} s, past any kbroker "
-                               f"producer's transaction timeout (its producer gone, or the broker lost track of "
-                               f"it: a one-node cluster stopped with controlled shutdown as it committed); {held}",
-                               t.ending()))
+        out.append(
+            Problem(
+                "sender_not_granted",
+                ERROR,
+                to.namespace,
+                f"service {target.name!r} takes routed messages only from {sorted(senders)}, not from "
+                f"{frm.namespace} (Error {NO_PERMISSION}; add it to remote_senders)",
+            )
+        )
     return out
 
 
@@ -346,6 +308,8 @@ def describe(problems: list[Problem]) -> str:
     if not problems:
         return "no problems found"
     ordered = sorted(problems, key=lambda p: (p.severity != ERROR, p.where, p.code))
-    return "\n".join(f"{p.severity.upper():7} {p.code:24} {p.where}: {p.text}"
-                     + (f"\n{'':33}end it: {p.command}" if p.command else "") for p in ordered)
-
+    return "\n".join(
+        f"{p.severity.upper():7} {p.code:24} {p.where}: {p.text}"
+        + (f"\n{'':33}end it: {p.command}" if p.command else "")
+        for p in ordered
+    )

@@ -6,7 +6,8 @@ data dir holds cluster.json (the nodes' pids and ports) and one dir per node, no
 server.properties, KRaft log dir and broker.log. Node ids are Kafka's node.id, 1..N, so the
 leader id an admin client reports names the node to kill. Broker ports are port..port+N-1; the
 controllers take the next N ports when free, else any free ones. Like the single broker, the JVMs
-are detached and outlive the process that started them.
+are detached and outlive the process that started them. The ports and each node's
+server.properties are chosen in embedded/node_config.py.
 
 A secure cluster (`start(secure=True)`) is secured as the single broker is, with one `secure` dir
 for all nodes (they all listen on 127.0.0.1, so one broker certificate serves them all); its
@@ -27,50 +28,11 @@ from kbroker.embedded import jvm
 from kbroker.embedded.broker import PLAIN_LISTENERS, EmbeddedBroker, wait_ready
 from kbroker.embedded.certs import write_private
 from kbroker.embedded.jvm import KAFKA_VERSION, find_java
+from kbroker.embedded.node_config import NODE_HEAP, Ports, new_ports, node_properties
 from kbroker.embedded.secure import ADMIN, SecureFiles
-from kbroker.errors import EmbeddedBrokerError, PortInUseError
+from kbroker.errors import EmbeddedBrokerError
 
 MAX_NODES = 9
-Ports = tuple[int, int, int | None]  # a node's (broker, controller, TLS) ports; TLS for a secure one
-# Each JVM smaller than the single broker's (256m-1g): N of them share a small machine.
-NODE_HEAP = ("-Xms128m", "-Xmx512m")
-# Rewritten at every start, from the ports in cluster.json (or new ones when no node runs): the
-# quorum is static, so a voter's address is configuration, not stored state. A node's listener
-# lines are the single broker's, plain or secure (embedded/secure.py).
-_NODE_HEAD = """\
-# Written by kbroker at every start; edits are overwritten.
-process.roles=broker,controller
-node.id={node_id}
-controller.quorum.voters={voters}
-"""
-_NODE_TAIL = """\
-log.dirs={log_dirs}
-# Replicated by default, and an acknowledged write is on {min_isr} nodes: one node may be lost.
-default.replication.factor={replicas}
-min.insync.replicas={min_isr}
-offsets.topic.replication.factor={replicas}
-offsets.topic.num.partitions=4
-transaction.state.log.replication.factor={replicas}
-transaction.state.log.min.isr={min_isr}
-transaction.state.log.num.partitions=4
-share.coordinator.state.topic.replication.factor={replicas}
-share.coordinator.state.topic.min.isr={min_isr}
-group.initial.rebalance.delay.ms=0
-# A queue group's session time-out is 2 s (kafka/receive/group_protocol.py: Kafka's minimum is 6 s for the
-# classic protocol, 45 s for the consumer protocol, which kbroker uses only when asked to), and
-# a killed process's open transaction is aborted within 1 s of its time-out (Kafka checks every 10 s).
-group.consumer.min.session.timeout.ms=1000
-group.min.session.timeout.ms=1000
-group.consumer.min.heartbeat.interval.ms=250
-transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
-# A killed node is fenced (its leaderships and ISR places handed over) after the session time-out
-# (default 9 s); shorter on loopback, where a heartbeat is never delayed by the network.
-broker.heartbeat.interval.ms=1000
-broker.session.timeout.ms=6000
-# kbroker creates its topics explicitly.
-auto.create.topics.enable=false
-num.partitions=1
-"""
 
 
 @dataclass(frozen=True)
@@ -111,19 +73,24 @@ class ClusterStatus:
         return ",".join(f"127.0.0.1:{n.tls_port}" for n in self.nodes if n.tls_port) if self.running else None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"running": self.running, "bootstrap": self.bootstrap, "data_dir": str(self.data_dir),
-                "version": self.version, "node_count": len(self.nodes),
-                "nodes_running": self.nodes_running, "secure": self.secure,
-                "tls_bootstrap": self.tls_bootstrap,
-                "client_properties": str(self.client_properties) if self.client_properties else None,
-                "nodes": [n.as_dict() for n in self.nodes]}
+        return {
+            "running": self.running,
+            "bootstrap": self.bootstrap,
+            "data_dir": str(self.data_dir),
+            "version": self.version,
+            "node_count": len(self.nodes),
+            "nodes_running": self.nodes_running,
+            "secure": self.secure,
+            "tls_bootstrap": self.tls_bootstrap,
+            "client_properties": str(self.client_properties) if self.client_properties else None,
+            "nodes": [n.as_dict() for n in self.nodes],
+        }
 
 
 class EmbeddedCluster:
     """`nodes` KRaft nodes in `data_dir` (see the module docstring)."""
 
-    def __init__(self, data_dir: Path | str, nodes: int = 3, *,
-                 progress: Callable[[str], None] | None = None):
+    def __init__(self, data_dir: Path | str, nodes: int = 3, *, progress: Callable[[str], None] | None = None):
         if not 1 <= nodes <= MAX_NODES:
             raise ValueError(f"a cluster has 1 to {MAX_NODES} nodes, not {nodes}")
         # Absolute and resolved: the path is matched against the JVMs' command lines.
@@ -162,17 +129,19 @@ class EmbeddedCluster:
         formatted as (plain when new)."""
         if EmbeddedBroker(self.data_dir).status().running or (self.data_dir / "logs").is_dir():
             raise EmbeddedBrokerError(
-                f"{self.data_dir} holds a single-node broker; use another --data-dir for a cluster")
+                f"{self.data_dir} holds a single-node broker; use another --data-dir for a cluster"
+            )
         held = self.node_count(self.data_dir)
         if held and held != len(self.node_ids):
             raise EmbeddedBrokerError(
                 f"{self.data_dir} holds a {held}-node cluster, not {len(self.node_ids)}; "
-                f"start it with --nodes {held} or use another --data-dir")
+                f"start it with --nodes {held} or use another --data-dir"
+            )
         secure = self.secure_files.decide(secure, self._meta(1).exists())
         current = self.status()
         down = [n.node_id for n in current.nodes if not n.running]
         if down:
-            ports = self._ports_of_running() if current.running else self._new_ports(port, secure)
+            ports = self._ports_of_running() if current.running else new_ports(port, self.node_ids, secure)
             self._launch(down, ports, current.nodes_running, wait)
         status = self.status()
         self._say(f"ready at {status.bootstrap}")
@@ -200,16 +169,23 @@ class EmbeddedCluster:
         bootstrap = ",".join(f"127.0.0.1:{ports[i][0]}" for i in self.node_ids)
         if secure:
             self.secure_files.write_client_properties(
-                bootstrap, ",".join(f"127.0.0.1:{ports[i][2]}" for i in self.node_ids))
+                bootstrap, ",".join(f"127.0.0.1:{ports[i][2]}" for i in self.node_ids)
+            )
         self._say(f"starting {len(down)} nodes" if len(down) > 1 else f"starting node {down[0]}")
-        started = {i: jvm.launch(java, libs, self._properties(i), self._log_file(i), NODE_HEAP)
-                   for i in down}
-        state: dict[str, Any] = self._state() if running else {
-            "version": KAFKA_VERSION, "started_at": datetime.now(timezone.utc).isoformat(), "nodes": {}}
+        started = {i: jvm.launch(java, libs, self._properties(i), self._log_file(i), NODE_HEAP) for i in down}
+        state: dict[str, Any] = (
+            self._state()
+            if running
+            else {"version": KAFKA_VERSION, "started_at": datetime.now(timezone.utc).isoformat(), "nodes": {}}
+        )
         for i in self.node_ids:
             pid = started[i].pid if i in started else state["nodes"][str(i)]["pid"]
-            state["nodes"][str(i)] = {"pid": pid, "port": ports[i][0], "controller_port": ports[i][1],
-                                      "tls_port": ports[i][2]}
+            state["nodes"][str(i)] = {
+                "pid": pid,
+                "port": ports[i][0],
+                "controller_port": ports[i][1],
+                "tls_port": ports[i][2],
+            }
         self._write_state(state)
 
         def node(i: int) -> ClusterLike:  # as kbroker's clients reach it, the admin when secure
@@ -227,26 +203,10 @@ class EmbeddedCluster:
 
     def _ports_of_running(self) -> dict[int, Ports]:
         nodes = self._state()["nodes"]
-        return {i: (nodes[str(i)]["port"], nodes[str(i)]["controller_port"], nodes[str(i)].get("tls_port"))
-                for i in self.node_ids}
-
-    def _new_ports(self, port: int, secure: bool) -> dict[int, Ports]:
-        """Broker ports port..port+N-1 (each must be free); controllers (then a secure cluster's
-        TLS listeners) on the next N ports when free, else on any free ones."""
-        n = len(self.node_ids)
-        if port + n - 1 > 65535:
-            raise PortInUseError(f"ports {port} to {port + n - 1} do not all exist; choose a lower --port")
-        brokers = [port + k for k in range(n)]
-        for p in brokers:
-            if jvm.bind(p) is None:
-                raise PortInUseError(
-                    f"port {p} on 127.0.0.1 is already in use (a {n}-node cluster needs ports "
-                    f"{port} to {port + n - 1}); choose another with --port")
-        taken = set(brokers)
-        controllers = [jvm.claim_port(p, taken) for p in range(port + n, port + 2 * n)]
-        tls: list[int | None] = [jvm.claim_port(p, taken) for p in range(port + 2 * n, port + 3 * n)] if secure \
-            else [None] * n
-        return {i: (brokers[k], controllers[k], tls[k]) for k, i in enumerate(self.node_ids)}
+        return {
+            i: (nodes[str(i)]["port"], nodes[str(i)]["controller_port"], nodes[str(i)].get("tls_port"))
+            for i in self.node_ids
+        }
 
     def _write_config(self, ports: dict[int, Ports]) -> None:
         voters = ",".join(f"{i}@127.0.0.1:{ports[i][1]}" for i in self.node_ids)
@@ -256,13 +216,16 @@ class EmbeddedCluster:
         replicas, min_isr = choose_replication(len(self.node_ids))
         for i in self.node_ids:
             port, cport, tls_port = ports[i]
-            listeners = self.secure_files.listeners(port, tls_port, cport) if tls_port \
+            listeners = (
+                self.secure_files.listeners(port, tls_port, cport)
+                if tls_port
                 else PLAIN_LISTENERS.format(port=port, cport=cport)
+            )
             self.node_dir(i).mkdir(parents=True, exist_ok=True)
             # Private: a secure node's configuration holds its PLAIN users' passwords.
-            write_private(self._properties(i), (_NODE_HEAD + "{listeners}" + _NODE_TAIL).format(
-                node_id=i, voters=voters, listeners=listeners, log_dirs=self.node_dir(i) / "logs",
-                replicas=replicas, min_isr=min_isr))
+            write_private(
+                self._properties(i), node_properties(i, voters, listeners, self.node_dir(i) / "logs", replicas, min_isr)
+            )
 
     def _format(self, java: str, libs: Path, admin_password: str) -> None:
         """Format the log dirs not formatted yet, all with the cluster's one id (and, with an
@@ -273,8 +236,13 @@ class EmbeddedCluster:
         self._say("formatting storage")
         cluster_id = self._cluster_id() or jvm.kafka_uuid()
         scram = ("--add-scram", f"SCRAM-SHA-512=[name={ADMIN},password={admin_password}]")
-        jvm.format_storage(java, libs, [(self._properties(i), self.node_dir(i) / "logs") for i in unformatted],
-                           cluster_id, scram if admin_password else ())
+        jvm.format_storage(
+            java,
+            libs,
+            [(self._properties(i), self.node_dir(i) / "logs") for i in unformatted],
+            cluster_id,
+            scram if admin_password else (),
+        )
         if admin_password:
             self.secure_files.mark_enabled()
 
@@ -337,15 +305,29 @@ class EmbeddedCluster:
         for i in self.node_ids:
             recorded = nodes_state.get(str(i), {})
             proc = self._process(i)
-            nodes.append(NodeStatus(i, proc is not None, proc.pid if proc else None,
-                                    recorded.get("port"), recorded.get("controller_port"),
-                                    self.node_dir(i), recorded.get("tls_port")))
+            nodes.append(
+                NodeStatus(
+                    i,
+                    proc is not None,
+                    proc.pid if proc else None,
+                    recorded.get("port"),
+                    recorded.get("controller_port"),
+                    self.node_dir(i),
+                    recorded.get("tls_port"),
+                )
+            )
         running = any(n.running for n in nodes)
         bootstrap = ",".join(f"127.0.0.1:{n.port}" for n in nodes) if running else None
         secure = self.secure_files.enabled
-        return ClusterStatus(running, tuple(nodes), bootstrap, self.data_dir,
-                             self._state().get("version", KAFKA_VERSION), secure,
-                             self.secure_files.admin_properties if secure and running else None)
+        return ClusterStatus(
+            running,
+            tuple(nodes),
+            bootstrap,
+            self.data_dir,
+            self._state().get("version", KAFKA_VERSION),
+            secure,
+            self.secure_files.admin_properties if secure and running else None,
+        )
 
     # --- users of a secure cluster ---------------------------------------------------------------
 
@@ -380,8 +362,9 @@ class EmbeddedCluster:
         return jvm.kafka_process(pid, self._properties(node_id))
 
 
-def embedded_at(data_dir: Path | str, nodes: int | None = None, *,
-                progress: Callable[[str], None] | None = None) -> EmbeddedBroker | EmbeddedCluster:
+def embedded_at(
+    data_dir: Path | str, nodes: int | None = None, *, progress: Callable[[str], None] | None = None
+) -> EmbeddedBroker | EmbeddedCluster:
     """The embedded broker or cluster of `data_dir`: a cluster when `nodes` > 1, or when `nodes`
     is None and the data dir holds one; else the single broker."""
     held = EmbeddedCluster.node_count(data_dir)
@@ -389,7 +372,8 @@ def embedded_at(data_dir: Path | str, nodes: int | None = None, *,
         nodes = held or 1
     elif nodes == 1 and held:
         raise EmbeddedBrokerError(
-            f"{Path(data_dir)} holds a {held}-node cluster; use --nodes {held} or another --data-dir")
+            f"{Path(data_dir)} holds a {held}-node cluster; use --nodes {held} or another --data-dir"
+        )
     if nodes > 1:
         return EmbeddedCluster(data_dir, nodes, progress=progress)
     return EmbeddedBroker(data_dir, progress=progress)

@@ -30,7 +30,6 @@ from kbroker.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
     KBrokerError,
-    PermissionDeniedError,
     SendFailedError,
     denied_code,
 )
@@ -80,8 +79,7 @@ def denied(where: ClusterLike, err: KafkaError, what: str, **on: tuple[str, str]
     """kafka_error with the principal `where` (the cluster) knows kbroker as, so that a refusal
     names who was refused; `on`: kind of resource (topic, group, transactional_id, cluster) ->
     (operation, name)."""
-    return kafka_error(what, err, on={kind.replace("_", " "): v for kind, v in on.items()},
-                       principal=principal(where))
+    return kafka_error(what, err, on={kind.replace("_", " "): v for kind, v in on.items()}, principal=principal(where))
 
 
 def reading_refused(cluster: ClusterLike, what: str, topic: str, group: str) -> Callable[[KafkaError], KBrokerError]:
@@ -104,76 +102,6 @@ def flush(producer: Producer, seconds: float) -> int:
         raise
 
 
-class FatalError:
-    """An `error_cb` that keeps a producer's fatal error: once a producer failed for good, its
-    calls raise only librdkafka's _FATAL, and the error callback is what says why (a refused
-    producer id, say)."""
-
-    def __init__(self) -> None:
-        self.error: KafkaError | None = None
-
-    def __call__(self, err: KafkaError) -> None:
-        if err.fatal():
-            self.error = err
-
-    def of(self, producer: Producer, err: KafkaError) -> KafkaError:
-        """Why `producer` failed, given the error a call raised: the fatal error it reported,
-        once its callbacks are served, when `err` only says there was one."""
-        if err.code() == KafkaError._FATAL and self.error is None:
-            try:
-                producer.poll(0)
-            except KafkaException as exc:  # the binding raises the fatal error from poll as well
-                if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].code() != KafkaError._FATAL:
-                    self.error = exc.args[0]
-        return self.error if err.code() == KafkaError._FATAL and self.error is not None else err
-
-
-def producer_failed(cluster: ClusterLike, err: KafkaError, topic: str, what: str) -> KBrokerError:
-    """A producer's fatal error while writing `topic`, typed. CLUSTER_AUTHORIZATION_FAILED from
-    an idempotent producer means the principal may WRITE no topic at all (with WRITE on one,
-    Kafka grants the producer id, KIP-679): named as the WRITE it lacks."""
-    if err.code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED:
-        return PermissionDeniedError(resource=f"topic {topic}", operation="WRITE", principal=principal(cluster),
-                                     what=f"{what}: the cluster refused a producer id to a principal that may "
-                                          "write no topic")
-    return denied(cluster, err, what, topic=("WRITE", topic))
-
-
-def refusal(cluster: ClusterLike, failed: list[tuple[KafkaError, str]], what: str) -> KBrokerError | None:
-    """Among failed deliveries, (error, topic), the first the authorizer refused, as a
-    PermissionDeniedError naming the topic; None when none was refused. (A refusal must not pass
-    for a send that failed retriably: it fails the same way every time.)"""
-    for err, topic in failed:
-        if denied_code(err):
-            return denied(cluster, err, what, topic=("WRITE", topic))
-    return None
-
-
-class Deliveries:
-    """A producer's delivery reports (its `on_delivery`) until the next flush: the failed ones,
-    as (error, topic). `flushed()` flushes and hands back the first failure, raising the
-    authorizer's refusal among them instead (it would fail the same way every time)."""
-
-    def __init__(self, topic: str = "") -> None:
-        self._topic = topic  # named for a failed report that comes without its record
-        self._failed: list[tuple[KafkaError, str]] = []
-
-    def __call__(self, err: KafkaError | None, msg: Any) -> None:
-        if err is not None:
-            self._failed.append((err, msg.topic() if msg is not None else self._topic))
-
-    def flushed(self, producer: Producer, cluster: ClusterLike, seconds: float,
-                what: str) -> tuple[int, KafkaError | None]:
-        """Flush `producer` within `seconds`: (records still not acknowledged, the first failed
-        delivery or None). PermissionDeniedError, saying `what` was refused, for a refusal."""
-        left = producer.flush(seconds)
-        failed, self._failed = self._failed, []
-        refused = refusal(cluster, failed, what)
-        if refused is not None:
-            raise refused
-        return left, failed[0][0] if failed else None
-
-
 def librdkafka_settings(cluster: ClusterLike) -> dict[str, Any]:
     """The cluster as librdkafka's settings: its bootstrap servers and security settings."""
     c = Cluster.of(cluster)
@@ -193,8 +121,18 @@ def producer(cluster: ClusterLike, **overrides: Any) -> Producer:
 def idempotent_producer(cluster: ClusterLike, **overrides: Any) -> Producer:
     """A producer whose acknowledged messages are durable and never duplicated by its retries:
     what SEND outside a transaction uses."""
-    return Producer(base(cluster, **{"enable.idempotence": True, "acks": "all", "linger.ms": 1,
-                                     "message.max.bytes": MAX_MESSAGE_BYTES, **overrides}))
+    return Producer(
+        base(
+            cluster,
+            **{
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 1,
+                "message.max.bytes": MAX_MESSAGE_BYTES,
+                **overrides,
+            },
+        )
+    )
 
 
 def transactional_producer(cluster: ClusterLike, prefix: str, **overrides: Any) -> Producer:
@@ -207,9 +145,12 @@ def consumer(cluster: ClusterLike, group_id: str, **overrides: Any) -> Consumer:
     """A consumer that commits nothing by itself and reads committed records only. `group_id`
     is named under the namespace's prefix, even for assign()-only reading (names.reader_group),
     so the namespace's ACLs cover it."""
-    return Consumer(base(cluster, **{
-        "group.id": group_id,
-        "enable.auto.commit": False, "isolation.level": "read_committed", **overrides}))
+    return Consumer(
+        base(
+            cluster,
+            **{"group.id": group_id, "enable.auto.commit": False, "isolation.level": "read_committed", **overrides},
+        )
+    )
 
 
 def admin(cluster: ClusterLike, **overrides: Any) -> AdminClient:
@@ -255,8 +196,7 @@ def consume_soon(consumer: Consumer, most: int, wait: float) -> list[Any]:
     return got
 
 
-def produce(producer: Producer, topic: str, *, until: Callable[[], bool] = lambda: False,
-            **kwargs: Any) -> None:
+def produce(producer: Producer, topic: str, *, until: Callable[[], bool] = lambda: False, **kwargs: Any) -> None:
     """Producer.produce that waits, instead of failing, while librdkafka's local queue is full:
     back-pressure from the broker reaches the caller. `until`: when to stop waiting (a deadline
     passed); the wait then ends with a _TIMED_OUT KafkaException."""
@@ -302,8 +242,13 @@ def not_led_yet(err: KafkaError) -> bool:
     return err.code() in _NOT_LED_YET
 
 
-def asked_until(deadline: float, ask: Callable[[], T], again: Callable[[KafkaError], bool], what: str,
-                on: Mapping[str, tuple[str, str]] | None = None) -> T:
+def asked_until(
+    deadline: float,
+    ask: Callable[[], T],
+    again: Callable[[KafkaError], bool],
+    what: str,
+    on: Mapping[str, tuple[str, str]] | None = None,
+) -> T:
     """ask()'s answer, asking again every 0.1 s while it fails with an error `again` accepts and
     `deadline` (time.monotonic()) has not passed; any other failure, or that one at the deadline,
     as a typed error saying `what` (kafka_error, with `on`)."""
@@ -323,8 +268,9 @@ def end_offsets(admin: AdminClient, topic: str, partitions: list[int], deadline:
     tps = [TopicPartition(topic, p) for p in partitions]
 
     def ask() -> dict[int, int]:
-        futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps},
-                                     request_timeout=max(0.1, deadline - time.monotonic()))
+        futures = admin.list_offsets(
+            {tp: OffsetSpec.latest() for tp in tps}, request_timeout=max(0.1, deadline - time.monotonic())
+        )
         return {tp.partition: future.result().offset for tp, future in futures.items()}
 
     return asked_until(deadline, ask, not_led_yet, f"cannot list the offsets of {topic}")
@@ -351,8 +297,9 @@ def broker_nodes(client: AdminClient, timeout: float) -> list[Any]:
     return list(client.describe_cluster(request_timeout=timeout).result(timeout + 5).nodes)
 
 
-def brokers_answering(cluster: ClusterLike, timeout: float = 10.0, client: AdminClient | None = None,
-                      failures: AuthFailures | None = None) -> int:
+def brokers_answering(
+    cluster: ClusterLike, timeout: float = 10.0, client: AdminClient | None = None, failures: AuthFailures | None = None
+) -> int:
     """How many brokers `cluster` lists in a metadata answer within `timeout`.
     AuthenticationFailedError when none answers and `failures` (the error_cb given to `client`;
     its own when no client is given) saw the cluster refuse the credentials or the TLS handshake,

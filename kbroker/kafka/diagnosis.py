@@ -1,7 +1,7 @@
 """`kbroker diagnose`: CONFIGURATION reads both ends' catalogs (following the from-side's route to
 find the far one, as a message would) and asks the far cluster; RUNTIME measures the namespace's
 queues (with their readers' locks), its transmission queue, the Kafka transactions open on its
-topics and the analytics job's newest figures. core/diagnosis.py judges."""
+topics and the analytics job's newest figures. core/diagnosis.py and core/runtime_diagnosis.py judge."""
 
 from __future__ import annotations
 
@@ -14,19 +14,10 @@ import orjson
 from kbroker.core import names
 from kbroker.core.catalog.models import Queue
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.core.diagnosis import (
-    ERROR,
-    STUCK_AFTER_S,
-    Access,
-    Problem,
-    QueueState,
-    Side,
-    access,
-    configuration,
-    runtime,
-)
-from kbroker.core.diagnosis import conversation as conversation_problems
+from kbroker.core.diagnosis import ERROR, Access, Problem, Side, access, configuration
 from kbroker.core.routing.routes import address, match_route, routes_of
+from kbroker.core.runtime_diagnosis import STUCK_AFTER_S, QueueState, runtime
+from kbroker.core.runtime_diagnosis import conversation as conversation_problems
 from kbroker.errors import CatalogError, KBrokerError
 from kbroker.kafka.catalog.catalog_store import read_catalog
 from kbroker.kafka.clients import brokers_answering, principal
@@ -40,9 +31,17 @@ from kbroker.kafka.snapshot import latest_values
 from kbroker.kafka.txn.open_transactions import open_transactions
 
 
-def diagnose_configuration(cluster: ClusterLike, namespace: str, from_service: str, to_service: str, contract: str,
-                           *, to_cluster: ClusterLike | None = None, to_namespace: str | None = None,
-                           timeout: float = 10.0) -> tuple[list[Problem], dict[str, str | None]]:
+def diagnose_configuration(
+    cluster: ClusterLike,
+    namespace: str,
+    from_service: str,
+    to_service: str,
+    contract: str,
+    *,
+    to_cluster: ClusterLike | None = None,
+    to_namespace: str | None = None,
+    timeout: float = 10.0,
+) -> tuple[list[Problem], dict[str, str | None]]:
     """The problems of a dialog from `from_service` in `namespace` to `to_service`, and where the
     far end was looked for ({"from": address, "to": address or None}). The far end is
     `to_namespace` on `to_cluster` (default: this cluster) when given, else where the from-side's
@@ -64,8 +63,8 @@ def diagnose_configuration(cluster: ClusterLike, namespace: str, from_service: s
                 far = ClusterProfiles(here).cluster_for(route.bootstrap, route.profile)
             except KBrokerError as exc:
                 return configuration(frm, from_service, None, to_service, contract, now) + [
-                    Problem("profile_unusable", ERROR, namespace, f"route {route.name!r}: {exc}")], \
-                    {"from": frm.address, "to": None}
+                    Problem("profile_unusable", ERROR, namespace, f"route {route.name!r}: {exc}")
+                ], {"from": frm.address, "to": None}
     if far is None or far_ns is None:  # no route to follow: the from-side's problems alone
         return configuration(frm, from_service, None, to_service, contract, now), {"from": frm.address, "to": None}
     to_address = address(far.bootstrap, far_ns)
@@ -76,19 +75,29 @@ def diagnose_configuration(cluster: ClusterLike, namespace: str, from_service: s
         far_catalog = read_catalog(far, far_ns, timeout)
     except KBrokerError as exc:
         return configuration(frm, from_service, None, to_service, contract, now) + [
-            Problem("far_unreachable", ERROR, far_ns, f"{to_address} cannot be read from here: {exc}")], where
+            Problem("far_unreachable", ERROR, far_ns, f"{to_address} cannot be read from here: {exc}")
+        ], where
     to = Side(far_ns, to_address, far_catalog)
     problems = configuration(frm, from_service, to, to_service, contract, now)
-    problems += access(frm, from_service, to_service, _access(here, frm, from_service, to if far is here and
-                                                              far_ns == namespace else None, to_service, timeout))
+    problems += access(
+        frm,
+        from_service,
+        to_service,
+        _access(here, frm, from_service, to if far is here and far_ns == namespace else None, to_service, timeout),
+    )
     if far_ns != namespace and not far_catalog.services and not far_catalog.queues:
-        problems.append(Problem("namespace_empty", ERROR, far_ns,
-                                f"{to_address} has no catalog: is the namespace applied (`kbroker apply`)?"))
+        problems.append(
+            Problem(
+                "namespace_empty",
+                ERROR,
+                far_ns,
+                f"{to_address} has no catalog: is the namespace applied (`kbroker apply`)?",
+            )
+        )
     return problems, where
 
 
-def _access(here: Cluster, frm: Side, from_service: str, local: Side | None, to_service: str,
-            timeout: float) -> Access:
+def _access(here: Cluster, frm: Side, from_service: str, local: Side | None, to_service: str, timeout: float) -> Access:
     """What the authorizer lets this connection's principal do on the dialog's queue topics
     (the target's only when `local`: the same namespace, where SEND writes it directly)."""
     sender, target = frm.catalog.services.get(from_service), local.catalog.services.get(to_service) if local else None
@@ -98,8 +107,9 @@ def _access(here: Cluster, frm: Side, from_service: str, local: Side | None, to_
     return Access(principal(here), seen.get(theirs) if theirs else None, seen.get(mine) if mine else None)
 
 
-def diagnose_runtime(cluster: ClusterLike, namespace: str, timeout: float = 10.0,
-                     stuck_after: float = STUCK_AFTER_S) -> tuple[list[Problem], dict[str, Any]]:
+def diagnose_runtime(
+    cluster: ClusterLike, namespace: str, timeout: float = 10.0, stuck_after: float = STUCK_AFTER_S
+) -> tuple[list[Problem], dict[str, Any]]:
     """What stops messages in `namespace` now, and what was measured ({"queues": [...],
     "transmission": n, "open_transactions": [...], "analytics_as_of": epoch s or None})."""
     catalog = read_catalog(cluster, namespace, timeout)
@@ -107,28 +117,48 @@ def diagnose_runtime(cluster: ClusterLike, namespace: str, timeout: float = 10.0
     rows = transmission_rows(cluster, namespace, timeout=timeout)
     transactions = open_transactions(cluster, namespace, timeout)
     as_of = newest_analytics(cluster, namespace, timeout)
-    measured = {"queues": [vars(q) for q in queues], "transmission": len(rows),
-                "open_transactions": [vars(t) for t in transactions], "analytics_as_of": as_of}
+    measured = {
+        "queues": [vars(q) for q in queues],
+        "transmission": len(rows),
+        "open_transactions": [vars(t) for t in transactions],
+        "analytics_as_of": as_of,
+    }
     return runtime(namespace, queues, rows, as_of, time.time(), transactions, stuck_after), measured
 
 
-def diagnose_conversation(cluster: ClusterLike, namespace: str, conversation: str, timeout: float = 10.0,
-                          stuck_after: float = STUCK_AFTER_S) -> tuple[list[Problem], dict[str, Any]]:
+def diagnose_conversation(
+    cluster: ClusterLike, namespace: str, conversation: str, timeout: float = 10.0, stuck_after: float = STUCK_AFTER_S
+) -> tuple[list[Problem], dict[str, Any]]:
     """What stops one dialog (`conversation`: an endpoint's handle or the conversation id): its
     endpoints' states and lifetimes, its services' queues, its routed messages not acknowledged;
     and what was measured ({"endpoints": [...], "transmission": [...], "queues": [...]})."""
     catalog = read_catalog(cluster, namespace, timeout)
-    eps = [ep for ep in read_endpoints(cluster, namespace, as_written=True)
-           if conversation in (ep.conversation_handle, ep.conversation_id)]
+    eps = [
+        ep
+        for ep in read_endpoints(cluster, namespace, as_written=True)
+        if conversation in (ep.conversation_handle, ep.conversation_id)
+    ]
     handles = {ep.conversation_handle for ep in eps}
     services = [catalog.services.get(ep.service_name) for ep in eps]
     wanted = {s.queue for s in services if s is not None}
     queues = _queue_states(cluster, namespace, [q for q in catalog.queues.values() if q.name in wanted], timeout)
-    rows = [r for r in transmission_rows(cluster, namespace, timeout=timeout) if r.get("conversation_handle") in handles]
-    facts = [{"conversation_handle": ep.conversation_handle, "conversation_id": ep.conversation_id,
-              "is_initiator": ep.is_initiator, "service_name": ep.service_name, "far_service": ep.far_service_name,
-              "state": ep.state, "state_desc": ep.state_desc, "lifetime": ep.lifetime,
-              "send_sequence": ep.send_sequence} for ep in eps]
+    rows = [
+        r for r in transmission_rows(cluster, namespace, timeout=timeout) if r.get("conversation_handle") in handles
+    ]
+    facts = [
+        {
+            "conversation_handle": ep.conversation_handle,
+            "conversation_id": ep.conversation_id,
+            "is_initiator": ep.is_initiator,
+            "service_name": ep.service_name,
+            "far_service": ep.far_service_name,
+            "state": ep.state,
+            "state_desc": ep.state_desc,
+            "lifetime": ep.lifetime,
+            "send_sequence": ep.send_sequence,
+        }
+        for ep in eps
+    ]
     measured = {"endpoints": facts, "transmission": rows, "queues": [vars(q) for q in queues]}
     return conversation_problems(namespace, facts, queues, rows, time.time(), stuck_after), measured
 
@@ -144,11 +174,22 @@ def _queue_states(cluster: ClusterLike, namespace: str, queues: Iterable[Queue],
         except CatalogError:
             continue
         activation = None if q.activation is None else f"{q.activation.kind} {q.activation.status}"
-        locks = tuple((r["process"], r["oldest_lock_at"] / 1000) for r in view["readers"]
-                      if isinstance(r.get("oldest_lock_at"), (int, float)))
-        out.append(QueueState(q.name, q.status, activation, int(view["totals"]["ready"]),
-                              int(view["group"]["members"]), locks,
-                              _still_queued(rollbacks.get(q.name, {}), view["partition_offsets"])))
+        locks = tuple(
+            (r["process"], r["oldest_lock_at"] / 1000)
+            for r in view["readers"]
+            if isinstance(r.get("oldest_lock_at"), (int, float))
+        )
+        out.append(
+            QueueState(
+                q.name,
+                q.status,
+                activation,
+                int(view["totals"]["ready"]),
+                int(view["group"]["members"]),
+                locks,
+                _still_queued(rollbacks.get(q.name, {}), view["partition_offsets"]),
+            )
+        )
     return out
 
 
@@ -156,8 +197,9 @@ def _still_queued(counts: dict[tuple[int, int], int], partitions: list[dict[str,
     """The most rolled-back of `counts` ((partition, offset) -> rollbacks) not received since: at
     or past its partition's committed position (a message completed out of order above it may
     count too: a hint, not a verdict)."""
-    committed = {row["partition"]: row["committed"] if row["committed"] is not None else row["start"]
-                 for row in partitions}
+    committed = {
+        row["partition"]: row["committed"] if row["committed"] is not None else row["start"] for row in partitions
+    }
     waiting = [(n, p, o) for (p, o), n in counts.items() if p in committed and o >= committed[p]]
     if not waiting:
         return None

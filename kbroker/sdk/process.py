@@ -20,7 +20,8 @@ from kbroker.core.cluster import Cluster
 from kbroker.core.records import Record
 from kbroker.errors import SendFailedError
 from kbroker.kafka import messages
-from kbroker.kafka.clients import Deliveries, brokers_answering, idempotent_producer, produce_within
+from kbroker.kafka.clients import brokers_answering, idempotent_producer, produce_within
+from kbroker.kafka.producer_failures import Deliveries
 from kbroker.kafka.receive.dead_letters import DeadLetters
 from kbroker.kafka.receive.receiver import QueueReceiver
 from kbroker.kafka.txn.committer import ActiveTransactions, GroupCommitter
@@ -31,8 +32,15 @@ class ProcessRuntime:
     """One process's connection to one namespace. `transactional_ids`: the group committer's,
     when they must be known before it starts (Service Broker's conversation leases name them)."""
 
-    def __init__(self, cluster: Cluster, namespace: str, *, ack_timeout: float = 30.0,
-                 commit_interval: float = 0.005, transactional_ids: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        cluster: Cluster,
+        namespace: str,
+        *,
+        ack_timeout: float = 30.0,
+        commit_interval: float = 0.005,
+        transactional_ids: tuple[str, ...] = (),
+    ):
         self.cluster, self.namespace = cluster, namespace
         self.ack_timeout, self._commit_interval = ack_timeout, commit_interval
         self._transactional_ids = transactional_ids
@@ -55,9 +63,13 @@ class ProcessRuntime:
         """The process's group committer, started on first use."""
         with self._lock:
             if self._committer is None:
-                self._committer = GroupCommitter(self.cluster, self.namespace, interval=self._commit_interval,
-                                                 transactional_ids=self._transactional_ids,
-                                                 active_transactions=self.active_transactions).start()
+                self._committer = GroupCommitter(
+                    self.cluster,
+                    self.namespace,
+                    interval=self._commit_interval,
+                    transactional_ids=self._transactional_ids,
+                    active_transactions=self.active_transactions,
+                ).start()
             return self._committer
 
     def receiver_for(self, key: Hashable, build: Callable[[], QueueReceiver]) -> QueueReceiver:
@@ -109,12 +121,20 @@ class ProcessRuntime:
     def produce(self, record: Record) -> None:
         """Hand one record to the producer (within ack_timeout when its queue is full)."""
         topic, key, value, headers = record
-        produce_within(self.producer, topic, self.ack_timeout, key=key, value=value,
-                       headers=messages.wire_headers(headers), on_delivery=self._deliveries)
+        produce_within(
+            self.producer,
+            topic,
+            self.ack_timeout,
+            key=key,
+            value=value,
+            headers=messages.wire_headers(headers),
+            on_delivery=self._deliveries,
+        )
 
     def _flush(self) -> None:
-        remaining, failed = self._deliveries.flushed(self.producer, self.cluster, self.ack_timeout,
-                                                     "Kafka did not acknowledge a record")
+        remaining, failed = self._deliveries.flushed(
+            self.producer, self.cluster, self.ack_timeout, "Kafka did not acknowledge a record"
+        )
         if remaining or failed:
             reason = failed.str() if failed else f"{remaining} message(s) not acknowledged in time"
             raise SendFailedError(f"Kafka did not acknowledge: {reason}")

@@ -33,7 +33,7 @@ from kbroker.errors import (
 )
 from kbroker.kafka import messages
 from kbroker.kafka.receive.receiver import Lease, QueueReceiver
-from kbroker.kafka.txn.committer import CommitRequest
+from kbroker.kafka.txn.commit_requests import CommitRequest
 from kbroker.sdk.held import Held
 from kbroker.sdk.runtime import BrokerRuntime
 
@@ -42,8 +42,9 @@ log = logging.getLogger("kbroker.transaction")
 ALL = sys.maxsize  # RECEIVE without TOP: the whole group
 
 
-def traced_record(record: Record, namespace: str, queue: str, conversation_id: str, message_type: str,
-                  parent: Any) -> Record:
+def traced_record(
+    record: Record, namespace: str, queue: str, conversation_id: str, message_type: str, parent: Any
+) -> Record:
     """A SEND's record with its trace context in its headers (tracing.py), as it is without tracing."""
     if not tracing.enabled():
         return record
@@ -106,9 +107,16 @@ class Transaction:
 
     # --- statements --------------------------------------------------------------------------
 
-    def receive(self, queue: str, top: int | None = None, wait: float | None = 0.0, *,
-                conversation_group: str | None = None, conversation_handle: str | None = None,
-                instance: str | None = None) -> list[Message]:
+    def receive(
+        self,
+        queue: str,
+        top: int | None = None,
+        wait: float | None = 0.0,
+        *,
+        conversation_group: str | None = None,
+        conversation_handle: str | None = None,
+        instance: str | None = None,
+    ) -> list[Message]:
         """RECEIVE TOP(top) FROM queue, WAITFOR(wait seconds; None = no time-out). Returns the
         messages of one conversation group, in order, and keeps that group locked until the
         transaction ends. top=None: every ready message of that group, as RECEIVE without TOP
@@ -127,10 +135,14 @@ class Transaction:
         while True:
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             rt.receive_hooks.before_receive(queue)
-            lease, msgs = receiver.receive(self, ALL if top is None else top, remaining,
-                                           give_up=lambda: not rt.queue_open(queue),
-                                           conversation_group=conversation_group,
-                                           conversation_id=conversation_id)
+            lease, msgs = receiver.receive(
+                self,
+                ALL if top is None else top,
+                remaining,
+                give_up=lambda: not rt.queue_open(queue),
+                conversation_group=conversation_group,
+                conversation_id=conversation_id,
+            )
             rt.receive_hooks.after_receive(queue, len(msgs))
             if lease is None and not rt.queue_open(queue):
                 raise QueueDisabledError(queue)  # disabled while it waited, here or elsewhere
@@ -145,8 +157,11 @@ class Transaction:
                     self._received[queue] = self._received.get(queue, 0) + len(delivered)
                     if tracing.enabled():
                         self._trace = tracing.receive_span(
-                            rt.namespace, queue, [tracing.context_of(messages.headers(m.extra["record"]))
-                                                  for m in delivered], delivered[0].conversation_id)
+                            rt.namespace,
+                            queue,
+                            [tracing.context_of(messages.headers(m.extra["record"])) for m in delivered],
+                            delivered[0].conversation_id,
+                        )
                 return delivered
             # Everything taken went on its way (moved conversations) or was set aside (refused on
             # arrival, for a closed endpoint): receive again, within what is left of the wait.
@@ -228,14 +243,14 @@ class Transaction:
         self._held.records.extend(records)
         self._held.stage(ep)
 
-    def end_conversation(self, handle: str, *, error: int | None = None, description: str | None = None,
-                         cleanup: bool = False) -> None:
+    def end_conversation(
+        self, handle: str, *, error: int | None = None, description: str | None = None, cleanup: bool = False
+    ) -> None:
         """END CONVERSATION [WITH ERROR = code DESCRIPTION = text | WITH CLEANUP], held until commit."""
         self._check_open()
         self._lock(handle)
         ep = self.endpoint(handle)
-        records, ended = self._runtime.statements.end_records(ep, error=error, description=description,
-                                                              cleanup=cleanup)
+        records, ended = self._runtime.statements.end_records(ep, error=error, description=description, cleanup=cleanup)
         self._runtime.check_send(ep, records)
         self._held.records.extend(records)
         if ended is None:
@@ -262,15 +277,19 @@ class Transaction:
                 self.committed_at = req.committed_at
                 metrics.of(metrics.COMMIT_SECONDS, rt.namespace).observe(time.monotonic() - started)
         except (TransactionAbortedError, TransactionInDoubtError) as exc:
-            metrics.of(metrics.TRANSACTIONS, rt.namespace, "aborted" if isinstance(exc, TransactionAbortedError)
-                                        else "in_doubt").inc()
+            metrics.of(
+                metrics.TRANSACTIONS,
+                rt.namespace,
+                "aborted" if isinstance(exc, TransactionAbortedError) else "in_doubt",
+            ).inc()
             # Either way this transaction is over: its locks and leases go, or the next
             # statement on its conversations would wait on them for ever.
             if isinstance(exc, TransactionInDoubtError):
                 self._held.in_doubt()
             self._end(committed=False)
-            self._move(TransactionState.ABORTED if isinstance(exc, TransactionAbortedError)
-                       else TransactionState.IN_DOUBT)
+            self._move(
+                TransactionState.ABORTED if isinstance(exc, TransactionAbortedError) else TransactionState.IN_DOUBT
+            )
             raise
         self._held.committed(leases)
         metrics.of(metrics.TRANSACTIONS, rt.namespace, "committed").inc()

@@ -12,6 +12,7 @@ tick.py):
     control.py   Routing: timer service, dispatcher, transmitter; Reclassifier: RECLASSIFY
                  commands, every 2nd tick
     pages.py     /monitors/, /conversations/, /dialogs/, /tasks/; dashboard.py: /dashboard
+    logs.py      the process's logging: repeated lines held back, JSON lines when asked
 
 A monitor lives in whichever worker owns its partition; its state is in a Faust table, so when
 that worker dies another restores it from the changelog. The readers it counted died with the
@@ -37,20 +38,11 @@ import faust
 from kbroker.core import names
 from kbroker.core.activation import monitor_codec as codec
 from kbroker.core.activation.tick import EVERY_2ND, TickCounter, advance
-from kbroker.core.json_logs import JsonFormatter
-from kbroker.core.log_limit import RateLimitFilter
 from kbroker.core.rejected import Consumed, Rejected, text_key
 from kbroker.core.security.client_security import AIOKAFKA, LIBRDKAFKA
 from kbroker.errors import PermissionDeniedError, is_refusal
 from kbroker.kafka.activation.counting_clients import CountingClients
-from kbroker.kafka.clients import (
-    KAFKA_LOG_LIMIT,
-    MAX_MESSAGE_BYTES,
-    aiokafka_settings,
-    faust_broker,
-    principal,
-    security,
-)
+from kbroker.kafka.clients import MAX_MESSAGE_BYTES, aiokafka_settings, faust_broker, principal, security
 from kbroker.kafka.rejects import Rejects
 from kbroker.sdk.broker import Broker
 from kbroker.worker.activation.handlers import TaskHandlers
@@ -59,6 +51,7 @@ from kbroker.worker.activation.tick import ClusterTick, Reclaimer
 from kbroker.worker.activation.watch import PROGRESS_INTERVAL, QueueWatch, ReceiveProgress, counting_pool
 from kbroker.worker.control import Reclassifier, Routing
 from kbroker.worker.guard import Guard, refusal_of
+from kbroker.worker.logs import install_log_limit, json_logging_config, write_log_summaries
 from kbroker.worker.settings import MONITOR_PARTITIONS, Channels, WorkerSettings, ensure_topics
 from kbroker.worker.tables import WorkerTable
 from kbroker.worker.web.dashboard import add_dashboard
@@ -70,25 +63,7 @@ __all__ = ["Worker", "WorkerSettings", "build_app", "run_worker", "shutdown"]
 
 log = logging.getLogger("kbroker.worker")
 
-# Every line the worker process writes passes this filter (installed on the root logger's handlers
-# once Faust has set them up): aiokafka and Faust report each failed connection attempt while a
-# broker is down, so repeats are held back and summarised once per window. librdkafka's lines are
-# limited on their own logger already (kafka/clients.py).
-LOG_LIMIT = RateLimitFilter(always=("aiokafka",))
 METADATA_MAX_AGE_MS = 10_000  # how soon the worker's consumer sees a topic it missed (new_app)
-
-
-def install_log_limit() -> None:
-    """Put LOG_LIMIT on every handler of the root logger that lacks it (Faust replaces them)."""
-    for handler in logging.getLogger().handlers:
-        if LOG_LIMIT not in handler.filters:
-            handler.addFilter(LOG_LIMIT)
-
-
-def write_log_summaries() -> None:
-    """Once a tick: the counts of repeated lines held back in windows that have ended."""
-    LOG_LIMIT.write_summaries(log)
-    KAFKA_LOG_LIMIT.write_summaries(log)
 
 
 @dataclass
@@ -128,8 +103,14 @@ class Worker:
         await self.guard.run("routing", self.start_routing)
         self.pages.start()
         s = self.settings
-        log.info("worker started worker=%s namespace=%s http=%s:%d (%s)", s.worker_id, s.namespace, s.web_host,
-                 s.web_port, "token required" if s.web_token else "no token")
+        log.info(
+            "worker started worker=%s namespace=%s http=%s:%d (%s)",
+            s.worker_id,
+            s.namespace,
+            s.web_host,
+            s.web_port,
+            "token required" if s.web_token else "no token",
+        )
 
     async def start_timer_service(self) -> None:
         await asyncio.to_thread(self.routing.start_timer_service)
@@ -212,8 +193,9 @@ def broker_credentials(s: WorkerSettings) -> faust.types.auth.CredentialsT | Non
     """The cluster's security settings as Faust credentials (None for plaintext)."""
     c = aiokafka_settings(s.cluster)
     if c["sasl_mechanism"]:
-        return faust.SASLCredentials(username=c["username"], password=c["password"],
-                                     mechanism=c["sasl_mechanism"], ssl_context=c["ssl_context"])
+        return faust.SASLCredentials(
+            username=c["username"], password=c["password"], mechanism=c["sasl_mechanism"], ssl_context=c["ssl_context"]
+        )
     if c["ssl_context"] is not None:
         return faust.SSLCredentials(c["ssl_context"])
     return None
@@ -221,15 +203,24 @@ def broker_credentials(s: WorkerSettings) -> faust.types.auth.CredentialsT | Non
 
 def new_app(s: WorkerSettings, datadir: str) -> faust.App:
     return faust.App(
-        names.worker_app_id(s.namespace), broker=faust_broker(s.cluster), store="memory://",
+        names.worker_app_id(s.namespace),
+        broker=faust_broker(s.cluster),
+        store="memory://",
         broker_credentials=broker_credentials(s),
-        **web_options(s), datadir=datadir, topic_partitions=MONITOR_PARTITIONS,
-        topic_replication_factor=1, table_standby_replicas=0, broker_session_timeout=10,
-        broker_heartbeat_interval=2, consumer_auto_offset_reset="earliest", Table=WorkerTable,
+        **web_options(s),
+        datadir=datadir,
+        topic_partitions=MONITOR_PARTITIONS,
+        topic_replication_factor=1,
+        table_standby_replicas=0,
+        broker_session_timeout=10,
+        broker_heartbeat_interval=2,
+        consumer_auto_offset_reset="earliest",
+        Table=WorkerTable,
         # Any record a kbroker topic takes (core/topic_limits.py), not aiokafka's 1 MB: the
         # worker's own topics keep Kafka's default of 1 MiB and a little more, which aiokafka's
         # default fetch size of exactly 1 MiB is short of.
-        producer_max_request_size=MAX_MESSAGE_BYTES, consumer_max_fetch_size=MAX_MESSAGE_BYTES,
+        producer_max_request_size=MAX_MESSAGE_BYTES,
+        consumer_max_fetch_size=MAX_MESSAGE_BYTES,
         # A topic the consumer subscribes to before its metadata shows it (just created, on a
         # busy cluster) is left out of the assignment until aiokafka next refreshes metadata:
         # with the default 5 minutes, a worker started beside 500 new queues held no partition,
@@ -255,13 +246,31 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, Worker]:
     pool, counting = counting_pool(), CountingClients(s.cluster, s.namespace)
     routing = Routing(s, broker, guard)
     reclassifier = Reclassifier(s, routing)
-    pages = Pages(s, monitors.handlers, guard, reclassifier.reclassified, lambda: list(channels.monitors.items()),
-                  lambda: routing.transmitter)
+    pages = Pages(
+        s,
+        monitors.handlers,
+        guard,
+        reclassifier.reclassified,
+        lambda: list(channels.monitors.items()),
+        lambda: routing.transmitter,
+    )
     worker = Worker(
-        settings=s, app=app, datadir=datadir, channels=channels, guard=guard, broker=broker,
-        monitors=monitors, reclaimer=reclaimer, cluster_tick=ClusterTick(s, channels, broker, reclaimer),
-        counting_pool=pool, counting=counting, queue_watch=QueueWatch(s, channels, broker, guard, pool, counting),
-        progress=ReceiveProgress(s, broker, pool, counting), routing=routing, reclassifier=reclassifier, pages=pages,
+        settings=s,
+        app=app,
+        datadir=datadir,
+        channels=channels,
+        guard=guard,
+        broker=broker,
+        monitors=monitors,
+        reclaimer=reclaimer,
+        cluster_tick=ClusterTick(s, channels, broker, reclaimer),
+        counting_pool=pool,
+        counting=counting,
+        queue_watch=QueueWatch(s, channels, broker, guard, pool, counting),
+        progress=ReceiveProgress(s, broker, pool, counting),
+        routing=routing,
+        reclassifier=reclassifier,
+        pages=pages,
         dashboard=DashboardFeed(s.cluster, s.namespace, s.worker_id, broker, monitors.handlers),
         rejects=Rejects(s.cluster, s.namespace, f"worker {s.worker_id}"),
     )
@@ -285,8 +294,7 @@ def register(worker: Worker) -> None:
                 worker.rejects.reject(consumed(ev.message), exc.reason)
                 continue
             # Every event is stepped (no back-off): skipping one would lose it.
-            await guard.run("monitor", functools.partial(worker.monitors.on_event, queue, event, source),
-                            backoff=False)
+            await guard.run("monitor", functools.partial(worker.monitors.on_event, queue, event, source), backoff=False)
 
     @app.agent(channels.ticks)
     async def tick_agent(stream: Any) -> None:
@@ -325,21 +333,18 @@ def consumed(message: Any) -> Consumed:
     """A Faust message as the record core/rejected.py describes."""
     headers = message.headers
     pairs = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
-    return Consumed(message.topic, message.partition, message.offset, message.key, message.value,
-                    [(str(k), v if isinstance(v, bytes) else str(v).encode()) for k, v in pairs])
+    return Consumed(
+        message.topic,
+        message.partition,
+        message.offset,
+        message.key,
+        message.value,
+        [(str(k), v if isinstance(v, bytes) else str(v).encode()) for k, v in pairs],
+    )
 
 
 def shutdown(worker: Worker) -> None:
     worker.close()
-
-
-def json_logging_config(s: WorkerSettings, loglevel: str) -> dict[str, Any]:
-    """Faust's logging set-up (merged into its own) with JSON lines on its stream handler, so
-    every line after its start is JSON too (core/json_logs.py)."""
-    return {"merge": True, "version": 1,
-            "formatters": {"json": {"()": JsonFormatter, "namespace": s.namespace, "worker": s.worker_id}},
-            "handlers": {"default": {"level": loglevel.upper(), "class": "logging.StreamHandler",
-                                     "formatter": "json", "stream": "ext://sys.stdout"}}}
 
 
 def run_worker(s: WorkerSettings, loglevel: str = "info") -> None:
@@ -348,8 +353,13 @@ def run_worker(s: WorkerSettings, loglevel: str = "info") -> None:
     # other readers hold for up to the switch interval (5 ms by default) at a time.
     sys.setswitchinterval(0.001)
     app, worker = build_app(s)
-    faust_worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=True,
-                                logging_config=json_logging_config(s, loglevel) if s.log_format == "json" else None)
+    faust_worker = faust.Worker(
+        app,
+        loglevel=loglevel,
+        quiet=True,
+        override_logging=True,
+        logging_config=json_logging_config(s, loglevel) if s.log_format == "json" else None,
+    )
     code = 0
     try:
         faust_worker.execute_from_commandline()

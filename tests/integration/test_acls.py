@@ -32,7 +32,7 @@ from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
 from kbroker.core.cluster import Cluster
 from kbroker.core.security import acl_roles
-from kbroker.core.security.acl_roles import AclBinding
+from kbroker.core.security.acl_bindings import AclBinding
 from kbroker.core.transport.endpoint import install_plan, transport_queue_topic
 from kbroker.embedded import resolve_cluster
 from kbroker.embedded.broker import EmbeddedBroker
@@ -108,8 +108,17 @@ def run(secure: EmbeddedBroker, admin: Cluster, tmp_path: Path, request: pytest.
         fn()
     acls.revoke_all(admin, r.principal, wait=False)
     # Nothing of the run left running: every thread it started has ended.
-    wait_for(lambda: not [t for t in threading.enumerate() if t.ident not in before and t.is_alive()
-                          and t.name.startswith("kbroker")], 15, "the run's threads to end")
+    wait_for(
+        lambda: (
+            not [
+                t
+                for t in threading.enumerate()
+                if t.ident not in before and t.is_alive() and t.name.startswith("kbroker")
+            ]
+        ),
+        15,
+        "the run's threads to end",
+    )
 
 
 def records(cluster: Cluster, *topics: str) -> int:
@@ -151,9 +160,26 @@ def worker(r: Run) -> None:
     log = r.tmp / "worker.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "KBROKER_COMMAND_CONFIG": str(r.properties)}
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "kbroker", "worker", "--bootstrap", r.cluster.bootstrap,
-                                 "--namespace", r.ns, "--web-port", str(free_port()), "--tick", "1"],
-                                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kbroker",
+                "worker",
+                "--bootstrap",
+                r.cluster.bootstrap,
+                "--namespace",
+                r.ns,
+                "--web-port",
+                str(free_port()),
+                "--tick",
+                "1",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
 
     def stop() -> None:
         if proc.poll() is None:
@@ -167,8 +193,11 @@ def worker(r: Run) -> None:
             last = log.read_text().strip().splitlines()[-1]
             assert proc.returncode != 0 and last.startswith("kbroker: error: permission denied: "), log.read_text()
             raise PermissionDeniedError(last.removeprefix("kbroker: error: "))
-        ticks = [e for e in map(orjson.loads, (m.value() for m in read_to_end(r.admin, names.events_topic(r.ns), 5) or []))
-                 if e.get("event") == "TICK"]
+        ticks = [
+            e
+            for e in map(orjson.loads, (m.value() for m in read_to_end(r.admin, names.events_topic(r.ns), 5) or []))
+            if e.get("event") == "TICK"
+        ]
         if len(ticks) >= 2:
             stop()
             assert proc.returncode is not None
@@ -183,8 +212,9 @@ def analytics(r: Run) -> None:
     from kbroker.kafka.snapshot import latest_values
 
     spark = r.request.getfixturevalue("spark")
-    settings = JobSettings(cluster=r.cluster, namespace=r.ns, checkpoint=r.tmp / "ckpt", history=r.tmp / "history",
-                           trigger=1.0, window=5.0)
+    settings = JobSettings(
+        cluster=r.cluster, namespace=r.ns, checkpoint=r.tmp / "ckpt", history=r.tmp / "history", trigger=1.0, window=5.0
+    )
     job = AnalyticsJob(settings, spark)
     r.later(job.stop)
     job.start()
@@ -247,8 +277,17 @@ def deployer(r: Run) -> None:
     """`kbroker apply` as the user, twice (the second reads the catalog and the topics' configs):
     the CLI's one-line error when refused."""
     for _ in range(2):
-        out = run_kbroker_module("apply", str(SAMPLES), "--bootstrap", r.cluster.bootstrap, "--command-config",
-                                 str(r.properties), "--namespace", r.ns, timeout=120)
+        out = run_kbroker_module(
+            "apply",
+            str(SAMPLES),
+            "--bootstrap",
+            r.cluster.bootstrap,
+            "--command-config",
+            str(r.properties),
+            "--namespace",
+            r.ns,
+            timeout=120,
+        )
         if out.returncode != 0:
             lines = out.stderr.strip().splitlines()  # progress lines, then the error's one line
             errors = [line for line in lines if line.startswith("kbroker: error: ")]
@@ -287,20 +326,47 @@ def _routes(r: Run) -> None:
 
 
 CASES: dict[str, Case] = {
-    "sender": Case(sender, ("WRITE", "TOPIC", "queue."), ("queue.ExpenseQueue",), ("WRITE", "topic", "queue.ExpenseQueue")),
-    "reader": Case(reader, ("READ", "GROUP", "queue."), ("endpoints", "events", "deadletter"),
-                   ("READ", "group", "queue.ExpenseQueue"), setup=_sent_as_admin),
-    "app": Case(app, ("WRITE", "TRANSACTIONAL_ID", ""), ("queue.ExpenseQueue", "queue.EmployeeQueue"),
-                ("WRITE", "transactional id")),
+    "sender": Case(
+        sender, ("WRITE", "TOPIC", "queue."), ("queue.ExpenseQueue",), ("WRITE", "topic", "queue.ExpenseQueue")
+    ),
+    "reader": Case(
+        reader,
+        ("READ", "GROUP", "queue."),
+        ("endpoints", "events", "deadletter"),
+        ("READ", "group", "queue.ExpenseQueue"),
+        setup=_sent_as_admin,
+    ),
+    "app": Case(
+        app,
+        ("WRITE", "TRANSACTIONAL_ID", ""),
+        ("queue.ExpenseQueue", "queue.EmployeeQueue"),
+        ("WRITE", "transactional id"),
+    ),
     "worker": Case(worker, ("READ", "GROUP", ""), ("events", "ticks"), ("READ", "group", "worker")),
-    "analytics": Case(analytics, ("WRITE", "TRANSACTIONAL_ID", "analytics-job"), ("analytics", "control"),
-                      ("WRITE", "transactional id", "analytics-job"), setup=_sent_as_admin),
-    "router": Case(router, ("READ", "TOPIC", "transmission"), ("b:inbound", "b:queue.Q"),
-                   ("READ", "topic", "transmission"), setup=_routes),
-    "transport-installer": Case(transport_installer, ("CREATE", "TOPIC", "tqueue.Sales"), (),
-                                ("CREATE", "topic", "tqueue.Sales")),
-    "transport-runner": Case(transport_runner, ("WRITE", "TOPIC", "tqueue."), ("tqueue.Sales", "tqueue.Sales.m1"),
-                             ("WRITE", "topic", "tqueue.Sales"), setup=_installed_as_admin),
+    "analytics": Case(
+        analytics,
+        ("WRITE", "TRANSACTIONAL_ID", "analytics-job"),
+        ("analytics", "control"),
+        ("WRITE", "transactional id", "analytics-job"),
+        setup=_sent_as_admin,
+    ),
+    "router": Case(
+        router,
+        ("READ", "TOPIC", "transmission"),
+        ("b:inbound", "b:queue.Q"),
+        ("READ", "topic", "transmission"),
+        setup=_routes,
+    ),
+    "transport-installer": Case(
+        transport_installer, ("CREATE", "TOPIC", "tqueue.Sales"), (), ("CREATE", "topic", "tqueue.Sales")
+    ),
+    "transport-runner": Case(
+        transport_runner,
+        ("WRITE", "TOPIC", "tqueue."),
+        ("tqueue.Sales", "tqueue.Sales.m1"),
+        ("WRITE", "topic", "tqueue.Sales"),
+        setup=_installed_as_admin,
+    ),
     "deployer": Case(deployer, ("WRITE", "TOPIC", "catalog"), ("catalog",), ("WRITE", "topic", "catalog")),
 }
 
@@ -314,9 +380,21 @@ def test_each_role_works_with_only_its_acls(run: Run, role: str) -> None:
     case = CASES[role]
     case.setup(run)
     if role == "deployer":  # through the CLI: `kbroker acls apply`, as the admin
-        out = run_kbroker_module("acls", "apply", "--role", role, "--principal", run.principal, "--namespace",
-                                 run.ns, "--bootstrap", run.admin.bootstrap, "--command-config",
-                                 str(run.secure.secure_files.admin_properties), "--json")
+        out = run_kbroker_module(
+            "acls",
+            "apply",
+            "--role",
+            role,
+            "--principal",
+            run.principal,
+            "--namespace",
+            run.ns,
+            "--bootstrap",
+            run.admin.bootstrap,
+            "--command-config",
+            str(run.secure.secure_files.admin_properties),
+            "--json",
+        )
         assert out.returncode == 0, out.stderr
         assert {AclBinding(**b) for b in json.loads(out.stdout)} == set(run.plan())
     else:
@@ -334,8 +412,9 @@ def test_each_role_without_one_essential_acl_is_refused_fast_and_writes_nothing(
     dropped = [b for b in plan if (b.operation, b.resource_type, b.name) == (op, kind, names.prefix(run.ns) + suffix)]
     assert len(dropped) == 1, (case.drop, plan)
     acls.grant(run.admin, [b for b in plan if b not in dropped])
-    untouched = [names.prefix(run.ns + "b") + t[2:] if t.startswith("b:") else names.prefix(run.ns) + t
-                 for t in case.untouched]
+    untouched = [
+        names.prefix(run.ns + "b") + t[2:] if t.startswith("b:") else names.prefix(run.ns) + t for t in case.untouched
+    ]
     before = records(run.admin, *untouched)
     started = time.monotonic()
     with pytest.raises(PermissionDeniedError) as refused:
@@ -359,7 +438,8 @@ def test_each_role_without_one_essential_acl_is_refused_fast_and_writes_nothing(
 
 @pytest.mark.parametrize("role", ["router"])
 def test_a_dispatcher_refused_writing_its_queue_stops_with_the_refusal_and_the_sender_keeps_the_message(
-        run: Run, role: str) -> None:
+    run: Run, role: str
+) -> None:
     """Namespace B's router lacks WRITE on B's queues: its dispatcher stops with the refusal
     (naming the principal and the queue topic), saves and acknowledges nothing, and A's
     transmitter keeps the message, unacknowledged, for when the grant comes."""

@@ -7,15 +7,8 @@ from __future__ import annotations
 import pytest
 
 from kbroker.core import names
-from kbroker.core.security.acl_roles import (
-    ROLES,
-    AclBinding,
-    allowed,
-    bindings,
-    check_principal,
-    rules,
-    transport_split,
-)
+from kbroker.core.security.acl_bindings import AclBinding, allowed, check_principal
+from kbroker.core.security.acl_roles import ROLES, bindings, rules, transport_split
 from kbroker.core.transport.endpoint import transport_queue_topic
 
 NS = "sales"
@@ -100,8 +93,15 @@ def test_the_installer_creates_only_the_endpoints_queues():
     for topic in (q("Sales"), q("Sales.m1"), q("Sales.other-machine"), names.deadletter_topic(NS)):
         assert allowed(acls, "User:installer", "CREATE", "TOPIC", topic), topic
     # not another endpoint's queue, not one whose name merely starts with `Sales`, nothing else of the namespace
-    for topic in (q("Billing"), q("Billing.m1"), q("SalesReport"), q("Sales2.m1"), names.queue_topic(NS, "Sales"),
-                  f"{names.prefix(NS)}catalog", "kbroker.other.tqueue.Sales"):
+    for topic in (
+        q("Billing"),
+        q("Billing.m1"),
+        q("SalesReport"),
+        q("Sales2.m1"),
+        names.queue_topic(NS, "Sales"),
+        f"{names.prefix(NS)}catalog",
+        "kbroker.other.tqueue.Sales",
+    ):
         assert not allowed(acls, "User:installer", "CREATE", "TOPIC", topic), topic
 
 
@@ -136,16 +136,20 @@ def test_the_installer_does_not_read_or_write():
 
 def test_acl_command_text():
     b = AclBinding("User:installer", "CREATE", "TOPIC", "PREFIXED", "kbroker.sales.tqueue.Sales")
-    assert b.command("k:9092") == ("kafka-acls.sh --bootstrap-server k:9092 --add --allow-principal "
-                                   "'User:installer' --operation CREATE --resource-pattern-type prefixed "
-                                   "--topic 'kbroker.sales.tqueue.Sales'")
+    assert b.command("k:9092") == (
+        "kafka-acls.sh --bootstrap-server k:9092 --add --allow-principal "
+        "'User:installer' --operation CREATE --resource-pattern-type prefixed "
+        "--topic 'kbroker.sales.tqueue.Sales'"
+    )
     g = AclBinding("User:sales", "READ", "GROUP", "LITERAL", "grp")
     assert g.command("k:9092").endswith("--operation READ --resource-pattern-type literal --group 'grp'")
     t = AclBinding("User:sales", "WRITE", "TRANSACTIONAL_ID", "PREFIXED", "kbroker.sales.")
     assert t.command("k:9092").endswith("--resource-pattern-type prefixed --transactional-id 'kbroker.sales.'")
     c = AclBinding("User:sales", "IDEMPOTENT_WRITE", "CLUSTER", "LITERAL", "kafka-cluster")
-    assert c.command("k:9092") == ("kafka-acls.sh --bootstrap-server k:9092 --add --allow-principal "
-                                   "'User:sales' --operation IDEMPOTENT_WRITE --cluster")
+    assert c.command("k:9092") == (
+        "kafka-acls.sh --bootstrap-server k:9092 --add --allow-principal "
+        "'User:sales' --operation IDEMPOTENT_WRITE --cluster"
+    )
 
 
 @pytest.mark.parametrize("role", list(ROLES))
@@ -180,8 +184,23 @@ def test_acls_roles_prints_each_roles_rules_and_apply_dry_run_prints_the_plan():
     assert out.exit_code == 0, out.output
     rows = json.loads(out.output)
     assert {r["role"] for r in rows} == set(ROLES) and all(r["why"] for r in rows)
-    plan = CliRunner().invoke(main, ["acls", "apply", "--role", "app", "--principal", "User:orders",
-                                     "--namespace", NS, "--dry-run", "--json", "--bootstrap", "127.0.0.1:1"])
+    plan = CliRunner().invoke(
+        main,
+        [
+            "acls",
+            "apply",
+            "--role",
+            "app",
+            "--principal",
+            "User:orders",
+            "--namespace",
+            NS,
+            "--dry-run",
+            "--json",
+            "--bootstrap",
+            "127.0.0.1:1",
+        ],
+    )
     assert plan.exit_code == 0, plan.output
     assert {AclBinding(**b) for b in json.loads(plan.output)} == set(bindings("app", "User:orders", NS))
     bad = CliRunner().invoke(main, ["acls", "apply", "--role", "app", "--principal", "orders", "--dry-run"])

@@ -20,7 +20,8 @@ from kbroker.errors import (
 )
 from kbroker.kafka.receive.receiver import Lease
 from kbroker.kafka.txn import settling as settling_module
-from kbroker.kafka.txn.committer import CommitRequest, GroupCommitter
+from kbroker.kafka.txn.commit_requests import CommitRequest
+from kbroker.kafka.txn.committer import GroupCommitter
 from tests.unit.test_committer_deadlines import FakeProducer, FakeReceiver, committer_whose_first_producer_is
 
 S = TxnState
@@ -30,22 +31,28 @@ def history(decision: TxnState) -> list[TxnLogEntry]:
     """The log of a transaction on ("t", 1) and the offsets topic, decided `decision` (markers
     never written: the log does not show that), then the settling producer's init."""
     parts = frozenset({("t", 1), (OFFSETS_TOPIC, 7)})
-    return [TxnLogEntry(3, 0, S.EMPTY), TxnLogEntry(3, 0, S.ONGOING, parts), TxnLogEntry(3, 0, decision, parts),
-            TxnLogEntry(3, 0, S.COMPLETE_COMMIT if decision is S.PREPARE_COMMIT else S.COMPLETE_ABORT),
-            TxnLogEntry(3, 1, S.EMPTY)]
+    return [
+        TxnLogEntry(3, 0, S.EMPTY),
+        TxnLogEntry(3, 0, S.ONGOING, parts),
+        TxnLogEntry(3, 0, decision, parts),
+        TxnLogEntry(3, 0, S.COMPLETE_COMMIT if decision is S.PREPARE_COMMIT else S.COMPLETE_ABORT),
+        TxnLogEntry(3, 1, S.EMPTY),
+    ]
 
 
 def in_doubt_committer(monkeypatch: pytest.MonkeyPatch, log: Any) -> tuple[GroupCommitter, list[FakeProducer]]:
     """A committer whose first producer's commit hangs (in doubt), whose group offsets never
     answer (an open transaction), and whose transaction log says `log` (a list, or an exception)."""
+
     def transaction_history(*_a: Any) -> Any:
         if isinstance(log, Exception):
             raise log
         return log
 
     monkeypatch.setattr(settling_module, "transaction_history", transaction_history)
-    c, made = committer_whose_first_producer_is(FakeProducer, threading.Event(), "commit",
-                                                resolve_timeout=2.0, open_transaction_after=0.2)
+    c, made = committer_whose_first_producer_is(
+        FakeProducer, threading.Event(), "commit", resolve_timeout=2.0, open_transaction_after=0.2
+    )
 
     def unreadable(*_a: Any) -> Any:
         raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to get committed offsets: Local: Timed out"))
@@ -80,8 +87,12 @@ def test_an_in_doubt_commit_the_log_shows_aborted_is_closed_as_aborted(monkeypat
 
 
 def test_without_the_log_an_unreadable_commit_stays_in_doubt_and_nothing_is_closed(monkeypatch):
-    c, made = in_doubt_committer(monkeypatch, PermissionDeniedError(
-        resource="topic __transaction_state", operation="READ", principal="User:app", what="reading"))
+    c, made = in_doubt_committer(
+        monkeypatch,
+        PermissionDeniedError(
+            resource="topic __transaction_state", operation="READ", principal="User:app", what="reading"
+        ),
+    )
     with pytest.raises(TransactionInDoubtError):
         c.commit(request())
     assert all("abort" not in p.calls and p.calls.count("commit") <= 1 for p in made)

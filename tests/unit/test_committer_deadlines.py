@@ -15,7 +15,8 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from kbroker.core.txn.commit_holder import with_holder
 from kbroker.errors import TransactionAbortedError, TransactionInDoubtError
 from kbroker.kafka.receive.receiver import Lease
-from kbroker.kafka.txn.committer import CommitRequest, GroupCommitter
+from kbroker.kafka.txn.commit_requests import CommitRequest
+from kbroker.kafka.txn.committer import GroupCommitter
 
 
 class FakeProducer:
@@ -81,8 +82,9 @@ def release() -> Any:
     event.set()  # let the abandoned producers' threads end
 
 
-def committer_whose_first_producer_is(first: type[FakeProducer], release: threading.Event, hang_in: str | None = None,
-                                      **settings: Any) -> tuple[GroupCommitter, list[FakeProducer]]:
+def committer_whose_first_producer_is(
+    first: type[FakeProducer], release: threading.Event, hang_in: str | None = None, **settings: Any
+) -> tuple[GroupCommitter, list[FakeProducer]]:
     """A committer of one ring slot with short deadlines, not started, whose first producer is a
     `first` (hanging in `hang_in`, if named) and whose replacements work; the producers made."""
     made: list[FakeProducer] = []
@@ -92,8 +94,12 @@ def committer_whose_first_producer_is(first: type[FakeProducer], release: thread
         made.append(p)
         return p
 
-    c = GroupCommitter("127.0.0.1:1", "ns", **{"producers": 1, "timeout": 0.3, "transaction_deadline": 0.3,
-                                               **settings}, new_producer=new_producer)
+    c = GroupCommitter(
+        "127.0.0.1:1",
+        "ns",
+        **{"producers": 1, "timeout": 0.3, "transaction_deadline": 0.3, **settings},
+        new_producer=new_producer,
+    )
     c._settler.group_metadata = lambda group: object()  # type: ignore[method-assign]
     return c, made
 
@@ -130,8 +136,11 @@ def test_a_hung_commit_is_settled_from_the_groups_offsets(release, committed):
     c, made = committer_with("commit", release)
     # What the group's offsets show once it committed: the position and its metadata, which names
     # the committing process after the completed offsets (core/txn/commit_holder.py).
-    found = [TopicPartition("q", 0, 7, metadata=with_holder("m", c.holder)) if committed
-             else TopicPartition("q", 0, 3, metadata="")]
+    found = [
+        TopicPartition("q", 0, 7, metadata=with_holder("m", c.holder))
+        if committed
+        else TopicPartition("q", 0, 3, metadata="")
+    ]
     c._settler.group_offsets = lambda group, tps, t: found  # type: ignore[method-assign]
     receiver = FakeReceiver()
     req = CommitRequest([], [Lease(receiver, "g", None, offsets=[(0, 6)])])  # type: ignore[arg-type]
@@ -174,6 +183,7 @@ def test_a_producer_whose_transaction_was_aborted_is_not_used_again(release):
     record reused the idempotence sequence number of an aborted record whose answer was lost, so
     the broker wrote nothing for it and the transaction committed its offsets without it. Fails
     on the code that kept the producer after a clean abort."""
+
     class TimingOut(FakeProducer):
         def send_offsets_to_transaction(self, *_a: Any) -> None:
             self._call("offsets")
@@ -197,6 +207,7 @@ def test_an_unexpected_error_fails_its_batch_and_the_committer_goes_on(release):
     """confluent-kafka raised SystemError (not KafkaException) from a fenced producer's flush in a
     rehearsal; it ended the committing thread and the commit waited for ever. Now the batch is in
     doubt at once, the producers are replaced, and the next commit goes through."""
+
     class Broken(FakeProducer):
         def commit_transaction(self, _t: float) -> None:
             self._call("commit")

@@ -17,7 +17,7 @@ from kbroker.core.topic_limits import (
     record_bytes,
     system_topic_limit,
 )
-from kbroker.kafka.txn.committer import CommitRequest, refused_requests
+from kbroker.kafka.txn.commit_requests import CommitRequest, refused_requests
 
 
 @dataclass
@@ -69,13 +69,24 @@ def test_a_set_aside_record_keeps_where_it_was_its_size_and_reason_and_an_event_
     assert (topic, key, value) == ("kbroker.ns.deadletter", b"k", None)
     h = dict(headers or [])
     assert h["x-foreign"] == b"v" and h["kb.dlq.reason"] == b"no kb.* headers"
-    assert (h["kb.dlq.topic"], h["kb.dlq.partition"], h["kb.dlq.offset"], h["kb.dlq.size"]) == \
-        (b"kbroker.ns.queue.Q", b"2", b"41", b"5000")
+    assert (h["kb.dlq.topic"], h["kb.dlq.partition"], h["kb.dlq.offset"], h["kb.dlq.size"]) == (
+        b"kbroker.ns.queue.Q",
+        b"2",
+        b"41",
+        b"5000",
+    )
     assert h["kb.dlq.omitted"] == b"body"
     assert event[0] == "kbroker.ns.events" and event[1] == b"kbroker.ns.queue.Q"
-    assert orjson.loads(event[2]) == {"event": RECORD_SET_ASIDE, "topic": "kbroker.ns.queue.Q", "partition": 2,
-                                      "offset": 41, "size": 5000, "reason": "no kb.* headers",
-                                      "dead_letter": "without body", "time": 7}
+    assert orjson.loads(event[2]) == {
+        "event": RECORD_SET_ASIDE,
+        "topic": "kbroker.ns.queue.Q",
+        "partition": 2,
+        "offset": 41,
+        "size": 5000,
+        "reason": "no kb.* headers",
+        "dead_letter": "without body",
+        "time": 7,
+    }
 
 
 def test_a_set_aside_record_drops_the_original_headers_too_when_they_alone_are_too_many():

@@ -30,7 +30,7 @@ class CountedReads:
 
 def store_with(reads: CountedReads) -> EndpointStore:
     store = EndpointStore("127.0.0.1:1", "ns", None)
-    store._read_forward_locked = reads  # type: ignore[method-assign]  # no broker: only the read's timing
+    store._reader._read_locked = reads  # type: ignore[method-assign]  # no broker: only the read's timing
     return store
 
 

@@ -26,8 +26,8 @@ def store_reading(consumer: FakeConsumer) -> EndpointStore:
     store = EndpointStore("127.0.0.1:1", "ns", NoProducer())  # type: ignore[arg-type]
     # The store builds its consumer on its first read and learns the partitions then: hand it the
     # fake and the partitions instead, so no broker is involved.
-    store._consumer = consumer  # type: ignore[assignment]
-    store._positions = dict.fromkeys(consumer.watermarks, 0)
+    store._reader._consumer = consumer  # type: ignore[assignment]
+    store._reader._positions = dict.fromkeys(consumer.watermarks, 0)
     return store
 
 
@@ -53,7 +53,7 @@ def test_a_lost_connection_is_waited_out_and_the_read_goes_on() -> None:
     consumer = FakeConsumer({0: (0, 1)}, [[lost], [eof(0, 1)]])
     store = store_reading(consumer)
     store.refresh()  # no error: librdkafka reconnects by itself
-    assert store._positions == {0: 1}
+    assert store._reader._positions == {0: 1}
     assert consumer.unassigned == 1
 
 
@@ -67,8 +67,9 @@ def test_after_a_commit_in_doubt_the_next_send_goes_past_the_reserved_block() ->
     from kbroker.core.dialogs.conversation_endpoint import CONVERSING, Endpoint
 
     store = EndpointStore("127.0.0.1:1", "ns", NoProducer())  # type: ignore[arg-type]
-    before = Endpoint("h", "c", "INITIATOR", "g", "f", "s", "fs", "k", CONVERSING, send_sequence=3,
-                      sequence_reserved=64)
+    before = Endpoint(
+        "h", "c", "INITIATOR", "g", "f", "s", "fs", "k", CONVERSING, send_sequence=3, sequence_reserved=64
+    )
     store.note("h", before, written=True)
     doubtful = replace(before, send_sequence=70, sequence_reserved=128)  # it wrote a new block
     store.in_doubt(doubtful)

@@ -9,7 +9,7 @@ from typing import Callable
 from confluent_kafka import KafkaError, KafkaException
 
 from kbroker.errors import PermissionDeniedError
-from kbroker.kafka.clients import FatalError, producer_failed
+from kbroker.kafka.producer_failures import FatalError, producer_failed
 
 REFUSED = KafkaError(KafkaError.CLUSTER_AUTHORIZATION_FAILED, "Failed to acquire idempotence PID", fatal=True)
 ONLY_FATAL = KafkaError(KafkaError._FATAL, "Fatal error")  # what a producer's calls raise once it failed

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kbroker.core import names
-from kbroker.core.security.acl_roles import AclBinding, allowed
+from kbroker.core.security.acl_bindings import AclBinding, allowed
 from kbroker.core.security.permissions import (
     ALTER,
     CATALOG,
@@ -33,8 +33,11 @@ from kbroker.errors import InvalidArgumentError
 
 NS = "sales"
 ALICE = "User:alice"
-OBJECTS = Objects(NS, {"orders": "OrderQueue", "billing": "BillQueue", "audit": "BillQueue"},
-                  frozenset({"OrderQueue", "BillQueue", "Idle"}))
+OBJECTS = Objects(
+    NS,
+    {"orders": "OrderQueue", "billing": "BillQueue", "audit": "BillQueue"},
+    frozenset({"OrderQueue", "BillQueue", "Idle"}),
+)
 
 
 def topic(q: str) -> str:
@@ -91,12 +94,19 @@ def test_deny_names_only_the_object_and_wins_over_a_grant():
 
 
 def test_held_reads_back_what_was_granted_and_leaves_out_the_implied():
-    acls = bindings_of([Permission(ALICE, CONTROL, SERVICE, "orders"), Permission(ALICE, SEND, SERVICE, "orders"),
-                        Permission(ALICE, RECEIVE, QUEUE, "Idle", DENY)], OBJECTS)
+    acls = bindings_of(
+        [
+            Permission(ALICE, CONTROL, SERVICE, "orders"),
+            Permission(ALICE, SEND, SERVICE, "orders"),
+            Permission(ALICE, RECEIVE, QUEUE, "Idle", DENY),
+        ],
+        OBJECTS,
+    )
     stray = AclBinding(ALICE, "READ", "TOPIC", "LITERAL", "elsewhere")
     shown, raw = held(acls | {stray, AclBinding("User:bob", "READ", "TOPIC", "LITERAL", "x")}, ALICE, OBJECTS)
-    assert shown == sorted([Permission(ALICE, CONTROL, SERVICE, "orders"),
-                            Permission(ALICE, RECEIVE, QUEUE, "Idle", DENY)])
+    assert shown == sorted(
+        [Permission(ALICE, CONTROL, SERVICE, "orders"), Permission(ALICE, RECEIVE, QUEUE, "Idle", DENY)]
+    )
     assert raw == [stray]
 
 
@@ -127,12 +137,19 @@ def test_revoke_keeps_the_base_another_permission_needs_and_removes_a_deny():
 
 def test_parse_reads_t_sql():
     assert parse("GRANT", ["send", "on", "SERVICE::orders", "to", "alice"], NS) == [
-        Permission(ALICE, SEND, SERVICE, "orders")]
+        Permission(ALICE, SEND, SERVICE, "orders")
+    ]
     assert parse("DENY", ["RECEIVE,", "ALTER", "ON", "QUEUE::[OrderQueue]", "TO", "User:alice"], NS) == [
-        Permission(ALICE, RECEIVE, QUEUE, "OrderQueue", DENY), Permission(ALICE, ALTER, QUEUE, "OrderQueue", DENY)]
+        Permission(ALICE, RECEIVE, QUEUE, "OrderQueue", DENY),
+        Permission(ALICE, ALTER, QUEUE, "OrderQueue", DENY),
+    ]
     assert parse("GRANT", "CONTROL ON CATALOG::current FROM User:alice".split(), NS)[0].name == NS
-    for bad in ("SEND TO alice", "RECEIVE ON SERVICE::orders TO alice", "SEND ON TABLE::x TO alice",
-                "SEND ON SERVICE::x TO User:*"):
+    for bad in (
+        "SEND TO alice",
+        "RECEIVE ON SERVICE::orders TO alice",
+        "SEND ON TABLE::x TO alice",
+        "SEND ON SERVICE::x TO User:*",
+    ):
         with pytest.raises(InvalidArgumentError):
             parse("GRANT", bad.split(), NS)
     with pytest.raises(InvalidArgumentError, match="not a service of namespace"):
@@ -153,12 +170,31 @@ def catalogs_and_permissions(draw, own_queues: bool):
     queues = QUEUES[:n] if own_queues else draw(st.lists(st.sampled_from(QUEUES[:2]), min_size=n, max_size=n))
     objects = Objects(NS, dict(zip(services, queues)), frozenset(queues) | {"Spare"})
     perm = st.one_of(
-        st.builds(Permission, st.just(ALICE), st.sampled_from([SEND, CONTROL]), st.just(SERVICE),
-                  st.sampled_from(services), st.sampled_from(["GRANT", DENY])),
-        st.builds(Permission, st.just(ALICE), st.sampled_from([RECEIVE, ALTER, CONTROL]), st.just(QUEUE),
-                  st.sampled_from(sorted(objects.queues)), st.sampled_from(["GRANT", DENY])),
-        st.builds(Permission, st.just(ALICE), st.just(CONTROL), st.just(CATALOG), st.just(NS),
-                  st.sampled_from(["GRANT", DENY])))
+        st.builds(
+            Permission,
+            st.just(ALICE),
+            st.sampled_from([SEND, CONTROL]),
+            st.just(SERVICE),
+            st.sampled_from(services),
+            st.sampled_from(["GRANT", DENY]),
+        ),
+        st.builds(
+            Permission,
+            st.just(ALICE),
+            st.sampled_from([RECEIVE, ALTER, CONTROL]),
+            st.just(QUEUE),
+            st.sampled_from(sorted(objects.queues)),
+            st.sampled_from(["GRANT", DENY]),
+        ),
+        st.builds(
+            Permission,
+            st.just(ALICE),
+            st.just(CONTROL),
+            st.just(CATALOG),
+            st.just(NS),
+            st.sampled_from(["GRANT", DENY]),
+        ),
+    )
     return objects, draw(st.sets(perm, max_size=6))
 
 
@@ -209,18 +245,30 @@ def test_revoke_takes_the_permission_away_and_leaves_the_others_that_do_not_shar
 # --- namespaces whose topics could collide in Kafka ---------------------------------------------------
 
 
-@pytest.mark.parametrize("ns, other", [("a_queue", "a"), ("a_queue_x", "a"), ("a_b_tqueue", "a_b"), ("sales", None),
-                                       ("queue_x", None), ("my_queues", None), ("a-queue", None)])
+@pytest.mark.parametrize(
+    "ns, other",
+    [
+        ("a_queue", "a"),
+        ("a_queue_x", "a"),
+        ("a_b_tqueue", "a_b"),
+        ("sales", None),
+        ("queue_x", None),
+        ("my_queues", None),
+        ("a-queue", None),
+    ],
+)
 def test_a_namespace_in_another_ones_queue_space_is_named(ns, other):
     found = names.shadowed_namespace(ns)
     assert (found[0] if found else None) == other
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.from_regex(r"[a-z]{1,3}(_[a-z]{1,6}){0,3}", fullmatch=True),
-       st.from_regex(r"[a-z]{1,3}(_[a-z]{1,6}){0,3}", fullmatch=True),
-       st.sampled_from(["catalog", "queue.Q", "queue.Q.i1", "tqueue.T", "monitor-events", "queue.x_catalog"]),
-       st.sampled_from(["catalog", "queue.Q", "queue.catalog", "queue.x.catalog", "tqueue.T.m1", "queue.b_queue"]))
+@given(
+    st.from_regex(r"[a-z]{1,3}(_[a-z]{1,6}){0,3}", fullmatch=True),
+    st.from_regex(r"[a-z]{1,3}(_[a-z]{1,6}){0,3}", fullmatch=True),
+    st.sampled_from(["catalog", "queue.Q", "queue.Q.i1", "tqueue.T", "monitor-events", "queue.x_catalog"]),
+    st.sampled_from(["catalog", "queue.Q", "queue.catalog", "queue.x.catalog", "tqueue.T.m1", "queue.b_queue"]),
+)
 def test_namespaces_apply_accepts_never_share_a_topic_in_kafkas_form(a, b, rest_a, rest_b):
     if a == b or names.shadowed_namespace(a) or names.shadowed_namespace(b):
         return
@@ -235,7 +283,8 @@ def test_a_refused_send_carries_service_brokers_error_number():
     named = exc.naming("User:alice")
     assert isinstance(named, SendPermissionDeniedError) and str(named) == (
         "permission denied: User:alice may not WRITE topic kbroker.sales.queue.OrderQueue "
-        "(error -8494: no SEND permission on service 'orders')")
+        "(error -8494: no SEND permission on service 'orders')"
+    )
 
 
 def test_a_statement_that_does_not_parse_is_one_line_before_any_cluster_is_looked_for():
@@ -247,4 +296,5 @@ def test_a_statement_that_does_not_parse_is_one_line_before_any_cluster_is_looke
     assert out.exit_code == 1
     assert out.output.strip().splitlines() == [
         "kbroker: error: 'SEND TO alice': expected PERMISSION ON CLASS::name TO principal, e.g. SEND ON "
-        "SERVICE::orders TO User:alice"]
+        "SERVICE::orders TO User:alice"
+    ]

@@ -10,7 +10,8 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbroker.core.analytics.queue_analytics import Analytics, Arrival, Output, Progress, dialog_row_at
+from kbroker.core.analytics.analytics_model import Arrival, Output, Progress
+from kbroker.core.analytics.queue_analytics import Analytics, dialog_row_at
 from kbroker.core.dialogs.groups import MOVE_MARKER
 
 ERROR = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
@@ -19,14 +20,26 @@ W = 60_000  # the default window, ms
 T = 600_000  # a window start (a multiple of W), so times below read as "T + ms into the window"
 
 
-def arr(offset: int, ts: int, *, partition: int = 0, conv: str = "c1", side: str = "TARGET", group: str = "g1",
-        mtype: str = MSG, rekeyed_from: str | None = None, queue: str = "Q") -> Arrival:
-    return Arrival(queue, partition, offset, ts, f"m-{queue}-{partition}-{offset}", conv, side, group, mtype,
-                   rekeyed_from)
+def arr(
+    offset: int,
+    ts: int,
+    *,
+    partition: int = 0,
+    conv: str = "c1",
+    side: str = "TARGET",
+    group: str = "g1",
+    mtype: str = MSG,
+    rekeyed_from: str | None = None,
+    queue: str = "Q",
+) -> Arrival:
+    return Arrival(
+        queue, partition, offset, ts, f"m-{queue}-{partition}-{offset}", conv, side, group, mtype, rekeyed_from
+    )
 
 
-def snap(at: int, committed: int = -1, completed: tuple[int, ...] = (), *, partition: int = 0,
-         queue: str = "Q") -> Progress:
+def snap(
+    at: int, committed: int = -1, completed: tuple[int, ...] = (), *, partition: int = 0, queue: str = "Q"
+) -> Progress:
     return Progress(queue, at, ((partition, committed, frozenset(completed)),))
 
 
@@ -44,6 +57,7 @@ def roundtrip(a: Analytics, **settings: Any) -> Analytics:
 
 
 # --- arrivals and gauges -----------------------------------------------------------------------
+
 
 def test_arrivals_are_counted_in_the_window_of_their_record_timestamp():
     a = Analytics("ns")
@@ -90,6 +104,7 @@ def test_an_empty_queue_has_no_oldest_age():
 
 
 # --- receive progress --------------------------------------------------------------------------
+
 
 def test_a_snapshot_removes_exactly_the_covered_offsets_out_of_order():
     a = Analytics("ns")
@@ -141,7 +156,6 @@ def test_a_record_seen_twice_is_counted_once():
     a.arrival(arr(0, T + 1_000))  # again, after it was received
     row = windows(a.report(0))[f"queue/Q/{T}"]
     assert (row["arrivals"], row["receives"], row["backlog"]) == (3, 1, 2)
-
 
 
 def test_records_whose_timestamps_go_backwards_are_all_counted():
@@ -207,6 +221,7 @@ def test_every_offset_is_counted_once_whatever_the_timestamps(run):
 
 # --- MOVE CONVERSATION -------------------------------------------------------------------------
 
+
 def test_a_move_marker_is_not_an_arrival():
     a = Analytics("ns")
     a.arrival(arr(0, T + 1_000))
@@ -234,8 +249,10 @@ def test_a_rekeyed_copy_replaces_its_original():
     after = windows(a.report(1))[f"queue/Q/{T}"]
     assert (after["arrivals"], after["receives"], after["backlog"]) == (2, 0, 2)
     assert after["oldest_unreceived_age_s"] == 9.0  # the copy is as old as its original
-    assert after["top_groups"] == [{"group": "g2", "backlog": 1, "oldest_age_s": 9.0},
-                                   {"group": "g1", "backlog": 1, "oldest_age_s": 8.0}]
+    assert after["top_groups"] == [
+        {"group": "g2", "backlog": 1, "oldest_age_s": 9.0},
+        {"group": "g1", "backlog": 1, "oldest_age_s": 8.0},
+    ]
     a.progress(snap(T + 11_000, committed=1, partition=1))  # now the copy is received
     row = windows(a.report(2))[f"queue/Q/{T}"]
     assert (row["arrivals"], row["receives"], row["backlog"]) == (2, 1, 1)
@@ -254,6 +271,7 @@ def test_a_rekeyed_copy_read_after_its_receive_counts_one_receive():
 
 # --- top groups --------------------------------------------------------------------------------
 
+
 def test_top_groups_are_the_largest_backlogs_ties_broken_by_age_then_name():
     a = Analytics("ns", top=3)
     layout = [  # (group, arrival times): gD is taken before gC, so order of arrival decides nothing
@@ -271,12 +289,15 @@ def test_top_groups_are_the_largest_backlogs_ties_broken_by_age_then_name():
     a.progress(snap(T + 10_000))
     row = windows(a.report(0))[f"queue/Q/{T}"]
     assert row["backlog"] == 12
-    assert row["top_groups"] == [{"group": "gC", "backlog": 3, "oldest_age_s": 9.0},
-                                 {"group": "gD", "backlog": 3, "oldest_age_s": 9.0},
-                                 {"group": "gB", "backlog": 3, "oldest_age_s": 7.0}]
+    assert row["top_groups"] == [
+        {"group": "gC", "backlog": 3, "oldest_age_s": 9.0},
+        {"group": "gD", "backlog": 3, "oldest_age_s": 9.0},
+        {"group": "gB", "backlog": 3, "oldest_age_s": 7.0},
+    ]
 
 
 # --- dialogs -----------------------------------------------------------------------------------
+
 
 def only_change(out: Output, key: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The one dialog record and the one command the batch gave."""
@@ -290,13 +311,25 @@ def test_a_dialog_goes_through_its_classes_with_one_record_and_one_command_per_c
     a.arrival(arr(0, T + 1_000))
     a.progress(snap(T + 2_000))
     record, command = only_change(a.report(0), "c1/TARGET")
-    assert (record["kind"], record["conversation_id"], record["side"], record["queue"], record["group"]) == \
-        ("dialog", "c1", "TARGET", "Q", "g1")
+    assert (record["kind"], record["conversation_id"], record["side"], record["queue"], record["group"]) == (
+        "dialog",
+        "c1",
+        "TARGET",
+        "Q",
+        "g1",
+    )
     assert (record["class"], record["previous"], record["backlog"], record["oldest_age_s"]) == ("active", None, 1, 1.0)
     assert (record["errors"], record["timer_pending"], record["as_of"], record["batch"]) == (False, False, T + 2_000, 0)
     assert {k: v for k, v in command.items() if k != "reason"} == {
-        "command": "RECLASSIFY", "conversation_id": "c1", "side": "TARGET", "queue": "Q",
-        "from": None, "to": "active", "at": T + 2_000, "batch": 0}
+        "command": "RECLASSIFY",
+        "conversation_id": "c1",
+        "side": "TARGET",
+        "queue": "Q",
+        "from": None,
+        "to": "active",
+        "at": T + 2_000,
+        "batch": 0,
+    }
 
     a.progress(snap(T + 20_000))  # unchanged: nothing written
     out = a.report(1)
@@ -309,8 +342,12 @@ def test_a_dialog_goes_through_its_classes_with_one_record_and_one_command_per_c
 
     a.progress(snap(T + 40_000, committed=1))  # received: active again
     record, command = only_change(a.report(3), "c1/TARGET")
-    assert (record["class"], record["previous"], record["backlog"], record["oldest_age_s"]) == \
-        ("active", "stale", 0, None)
+    assert (record["class"], record["previous"], record["backlog"], record["oldest_age_s"]) == (
+        "active",
+        "stale",
+        0,
+        None,
+    )
 
     a.arrival(arr(1, T + 41_000, mtype=ERROR))
     a.progress(snap(T + 42_000, committed=2))
@@ -330,7 +367,6 @@ def test_a_dialog_goes_through_its_classes_with_one_record_and_one_command_per_c
     assert (command["from"], command["to"], command["batch"]) == ("timer_pending", "idle", 6)
 
 
-
 def test_a_stale_dialogs_record_holds_its_oldest_unreceived_timestamp_and_follows_it():
     a = Analytics("ns", stale_after_s=5.0)
     for offset, ts in enumerate([T + 1_000, T + 2_000, T + 4_000]):
@@ -345,8 +381,12 @@ def test_a_stale_dialogs_record_holds_its_oldest_unreceived_timestamp_and_follow
     out = a.report(2)
     record = dialogs(out)["dialog/c1/TARGET"]  # rewritten, with no command: the class is the same
     assert out.commands == []
-    assert (record["class"], record["previous"], record["backlog"], record["oldest_unreceived"]) == \
-        ("stale", None, 2, T + 2_000)
+    assert (record["class"], record["previous"], record["backlog"], record["oldest_unreceived"]) == (
+        "stale",
+        None,
+        2,
+        T + 2_000,
+    )
     b = roundtrip(a, stale_after_s=5.0)  # what the record last said survives a restart: nothing written again
     b.progress(snap(T + 9_000, committed=1))
     assert dialogs(b.report(3)) == {}
@@ -436,6 +476,7 @@ def test_a_dialog_is_reported_idle_before_it_is_forgotten():
 
 # --- windows closing ---------------------------------------------------------------------------
 
+
 def test_a_window_closes_once_one_window_after_its_end_and_reopens_for_a_late_record():
     a = Analytics("ns")
     a.arrival(arr(0, T + 1_000))
@@ -472,6 +513,7 @@ def test_a_window_touched_in_the_batch_that_would_close_it_stays_open():
 
 
 # --- state -------------------------------------------------------------------------------------
+
 
 def test_the_saved_state_restores_the_same_numbers():
     a = Analytics("ns", top=2)
@@ -517,7 +559,9 @@ def histories(draw: st.DrawFn) -> list[list[tuple[str, tuple[Any, ...]]]]:
             tops[(queue, partition)] = nxt + 1
         elif kind == "again" and nxt:
             ts = clock - draw(st.integers(0, 3_000))
-            events.append(("arrival", (queue, partition, draw(st.integers(0, nxt - 1)), ts, conv, side, "g", MSG, None)))
+            events.append(
+                ("arrival", (queue, partition, draw(st.integers(0, nxt - 1)), ts, conv, side, "g", MSG, None))
+            )
         elif kind == "move" and nxt:
             origin = f"{partition}:{draw(st.integers(0, nxt - 1))}"
             other = 1 - partition
@@ -576,7 +620,7 @@ def test_a_restarted_job_counts_nothing_twice(batches, data):
     k = data.draw(st.integers(0, len(batches) - 1), label="k")
     b = restored(states[k])
     again = [apply_batch(b, batch, i) for i, batch in enumerate(batches) if i > k]
-    assert again == outputs[k + 1:]
+    assert again == outputs[k + 1 :]
     assert saved(b) == final
 
     # Killed during batch k: it runs again from k-1's state, twice, with the same result each time.
@@ -591,11 +635,15 @@ def test_the_replay_example_is_not_vacuous():
     # A fixed history through the same harness: the numbers it must give, so the property above
     # compares something.
     batches = [
-        [("arrival", ("Q", 0, 0, T + 1_000, "c0", "TARGET", "g0", MSG, None)),
-         ("arrival", ("Q", 0, 1, T + 2_000, "c0", "TARGET", "g0", MSG, None)),
-         ("progress", ("Q", T + 3_000, ((0, 1, frozenset()),)))],
-        [("arrival", ("Q", 0, 1, T + 2_000, "c0", "TARGET", "g0", MSG, None)),  # replayed record
-         ("progress", ("Q", T + 9_000, ((0, 2, frozenset()),)))],
+        [
+            ("arrival", ("Q", 0, 0, T + 1_000, "c0", "TARGET", "g0", MSG, None)),
+            ("arrival", ("Q", 0, 1, T + 2_000, "c0", "TARGET", "g0", MSG, None)),
+            ("progress", ("Q", T + 3_000, ((0, 1, frozenset()),))),
+        ],
+        [
+            ("arrival", ("Q", 0, 1, T + 2_000, "c0", "TARGET", "g0", MSG, None)),  # replayed record
+            ("progress", ("Q", T + 9_000, ((0, 2, frozenset()),))),
+        ],
     ]
     a = restored(None)
     first = apply_batch(a, batches[0], 0)

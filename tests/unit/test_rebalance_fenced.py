@@ -13,7 +13,8 @@ from confluent_kafka import KafkaError, KafkaException
 
 from kbroker.errors import RebalanceAbortedError, TransactionAbortedError
 from kbroker.kafka.receive.receiver import Lease
-from kbroker.kafka.txn.committer import CommitRequest, GroupCommitter
+from kbroker.kafka.txn.commit_requests import CommitRequest
+from kbroker.kafka.txn.committer import GroupCommitter
 from kbroker.sdk import fenced_retry
 from tests.unit.test_committer_deadlines import FakeProducer, FakeReceiver
 
@@ -25,15 +26,21 @@ def committer_failing_offsets_with(code: int) -> GroupCommitter:
     class Fenced(FakeProducer):
         def send_offsets_to_transaction(self, *_a: Any) -> None:
             self._call("offsets")
-            raise KafkaException(KafkaError(code, "Failed to commit offsets to transaction",
-                                            txn_requires_abort=True))
+            raise KafkaException(KafkaError(code, "Failed to commit offsets to transaction", txn_requires_abort=True))
 
-    return GroupCommitter("127.0.0.1:1", "ns", producers=1, timeout=0.3, transaction_deadline=0.3,
-                          new_producer=lambda conf: Fenced(conf, None, release)).start()
+    return GroupCommitter(
+        "127.0.0.1:1",
+        "ns",
+        producers=1,
+        timeout=0.3,
+        transaction_deadline=0.3,
+        new_producer=lambda conf: Fenced(conf, None, release),
+    ).start()
 
 
-@pytest.mark.parametrize("code", [KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID,
-                                  KafkaError.REBALANCE_IN_PROGRESS])
+@pytest.mark.parametrize(
+    "code", [KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS]
+)
 def test_offsets_fenced_by_the_groups_generation_abort_as_a_rebalance(code):
     c = committer_failing_offsets_with(code)
     with pytest.raises(RebalanceAbortedError):

@@ -49,8 +49,11 @@ def test_a_consumers_refusal_is_raised_not_logged() -> None:
     ok = FakeMessage()
     assert records([ok, FakeMessage(FakeError(-191))], logged.append) == [ok]  # end of partition: nothing
     with pytest.raises(PermissionDeniedError, match="may not READ topic kbroker.s.transmission"):
-        records([ok, FakeMessage(FakeError(29))], logged.append,
-                refused=lambda err: PermissionDeniedError(resource="topic kbroker.s.transmission", operation="READ"))
+        records(
+            [ok, FakeMessage(FakeError(29))],
+            logged.append,
+            refused=lambda err: PermissionDeniedError(resource="topic kbroker.s.transmission", operation="READ"),
+        )
     with pytest.raises(PermissionDeniedError, match="use a group"):
         records([FakeMessage(FakeError(30, retriable=True))], logged.append)
     assert logged == []
@@ -58,11 +61,17 @@ def test_a_consumers_refusal_is_raised_not_logged() -> None:
 
 def test_a_refused_delivery_names_its_topic_and_the_principal() -> None:
     from kbroker.core.cluster import Cluster
-    from kbroker.kafka.clients import refusal
+    from kbroker.kafka.producer_failures import refusal
 
-    alice = Cluster.with_properties("127.0.0.1:9092", {
-        "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "alice",
-        "sasl.password": "x"})
+    alice = Cluster.with_properties(
+        "127.0.0.1:9092",
+        {
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": "alice",
+            "sasl.password": "x",
+        },
+    )
     assert refusal(alice, [(FakeError(7, retriable=True), "kbroker.s.queue.Q")], "sending") is None
     refused = refusal(alice, [(FakeError(7), "a"), (FakeError(29), "kbroker.s.queue.Q")], "sending")
     assert str(refused) == "permission denied: User:alice may not WRITE topic kbroker.s.queue.Q (sending)"
@@ -105,13 +114,19 @@ def test_the_workers_guard_hands_a_refusal_on_and_never_calls_it_retriable() -> 
 def test_a_failed_querys_refusal_is_read_from_its_text() -> None:
     from kbroker.analytics.job import refusal_in
 
-    ours = RuntimeError("An exception was raised by the Python Proxy.\nTraceback ...\nkbroker.errors."
-                        "PermissionDeniedError: permission denied: User:a may not WRITE transactional id "
-                        "kbroker.s.analytics-job (starting a transactional producer)\n\tat py4j...")
-    assert str(refusal_in(ours)) == ("permission denied: User:a may not WRITE transactional id "
-                                     "kbroker.s.analytics-job (starting a transactional producer)")
-    java = RuntimeError("[STREAM_FAILED] ... org.apache.kafka.common.errors.TopicAuthorizationException: "
-                        "Not authorized to access topics: [kbroker.s.queue.Q]\n\tat org.apache...")
+    ours = RuntimeError(
+        "An exception was raised by the Python Proxy.\nTraceback ...\nkbroker.errors."
+        "PermissionDeniedError: permission denied: User:a may not WRITE transactional id "
+        "kbroker.s.analytics-job (starting a transactional producer)\n\tat py4j..."
+    )
+    assert str(refusal_in(ours)) == (
+        "permission denied: User:a may not WRITE transactional id "
+        "kbroker.s.analytics-job (starting a transactional producer)"
+    )
+    java = RuntimeError(
+        "[STREAM_FAILED] ... org.apache.kafka.common.errors.TopicAuthorizationException: "
+        "Not authorized to access topics: [kbroker.s.queue.Q]\n\tat org.apache..."
+    )
     assert str(refusal_in(java, "User:a")).startswith("permission denied: User:a may not READ topic (Spark's Kafka")
     assert refusal_in(RuntimeError("the broker went away")) is None and refusal_in(None) is None
 
@@ -120,7 +135,14 @@ def test_every_group_kbroker_names_lies_under_the_namespace() -> None:
     assert names.reader_group("s") == "kbroker.s.reader"
     assert names.namespace_of("kbroker.s.queue.Q") == "s"
     assert names.namespace_of("kbroker.s") is None and names.namespace_of("other.s.x") is None
-    for group in (names.reader_group("s"), names.worker_app_id("s"), names.timers_group("s"),
-                  names.transmitter_group("s"), names.dispatcher_group("s"), names.analytics_group("s"),
-                  names.queue_group("s", "Q"), names.analytics_transactional_id("s")):
+    for group in (
+        names.reader_group("s"),
+        names.worker_app_id("s"),
+        names.timers_group("s"),
+        names.transmitter_group("s"),
+        names.dispatcher_group("s"),
+        names.analytics_group("s"),
+        names.queue_group("s", "Q"),
+        names.analytics_transactional_id("s"),
+    ):
         assert group.startswith(names.prefix("s"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from kbroker.core import names
-from kbroker.core.analytics.queue_analytics import Progress
+from kbroker.core.analytics.analytics_model import Progress
 from kbroker.core.dialogs.timers import timer_fields
 from kbroker.core.rejected import Rejected, json_object, text_key
 
@@ -32,8 +32,12 @@ def progress_snapshot(raw: bytes | str | None) -> Progress:
         raise Rejected("a progress snapshot needs 'queue', 'at' and 'partitions'")
     out = []
     for p in parts:
-        if not isinstance(p, dict) or not _int(p.get("partition")) or "committed" not in p or not (
-                p["committed"] is None or _int(p["committed"])):
+        if (
+            not isinstance(p, dict)
+            or not _int(p.get("partition"))
+            or "committed" not in p
+            or not (p["committed"] is None or _int(p["committed"]))
+        ):
             raise Rejected("a progress partition needs 'partition' and 'committed' (integers)")
         completed = p.get("completed") or []
         if not isinstance(completed, list) or not all(_int(o) for o in completed):
@@ -56,8 +60,9 @@ def control_command(key: bytes | None, raw: bytes | None) -> tuple[str, dict[str
     """(dialog, command) of a control-topic record: a JSON object naming its 'command' and the
     dialog's 'conversation_id' and 'side' (the worker's /dialogs/ page sorts by them)."""
     dialog, command = text_key(key), json_object(raw)
-    if not all(isinstance(command.get(f), str) for f in ("command", "conversation_id", "side")) or \
-            not isinstance(command.get("queue"), (str, type(None))):
+    if not all(isinstance(command.get(f), str) for f in ("command", "conversation_id", "side")) or not isinstance(
+        command.get("queue"), (str, type(None))
+    ):
         raise Rejected("a control command needs 'command', 'conversation_id' and 'side'")
     return dialog, command
 
@@ -73,8 +78,11 @@ def analytics_row(key: bytes | None, raw: bytes | None) -> tuple[str, dict[str, 
     if kind == "queue" and (not isinstance(row.get("queue"), str) or not _int(row.get("window_start"))):
         raise Rejected("a queue window needs 'queue' and 'window_start'")
     if kind == "dialog":
-        if not isinstance(row.get("conversation_id"), str) or not isinstance(row.get("side"), str) or \
-                not isinstance(row.get("queue"), (str, type(None))):
+        if (
+            not isinstance(row.get("conversation_id"), str)
+            or not isinstance(row.get("side"), str)
+            or not isinstance(row.get("queue"), (str, type(None)))
+        ):
             raise Rejected("a dialog row needs 'conversation_id', 'side' and 'queue'")
         for f in ("oldest_unreceived", "oldest_age_s", "as_of"):
             if row.get(f) is not None and not _number(row[f]):

@@ -17,9 +17,9 @@ earlier batch (`top`, moved up by `report`) or taken in this batch (`fresh`).
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
 from typing import Any
 
+from kbroker.core.analytics.analytics_model import Arrival, Dialog, Output, Partition, Progress, Window
 from kbroker.core.analytics.dialog_class import STALE, DialogFacts, classify
 from kbroker.core.dialogs.groups import MOVE_MARKER
 
@@ -29,80 +29,19 @@ KEEP_WINDOWS = 120  # per queue, windows kept after they close, so a late record
 FORGET_IDLE_MS = 3600_000  # an idle dialog with nothing pending is forgotten after an hour
 
 
-@dataclass(frozen=True)
-class Arrival:
-    queue: str
-    partition: int
-    offset: int
-    ts: int  # the record's timestamp, epoch ms
-    message_id: str
-    conversation_id: str
-    side: str  # the side that receives it
-    group: str
-    message_type: str
-    rekeyed_from: str | None = None  # "<partition>:<offset>" of the record a MOVE re-keyed
-
-
-@dataclass(frozen=True)
-class Progress:
-    queue: str
-    at: int  # epoch ms of the snapshot
-    partitions: tuple[tuple[int, int, frozenset[int]], ...]  # (partition, committed or -1, completed)
-
-
-@dataclass
-class _Partition:
-    pending: dict[int, list[Any]] = field(default_factory=dict)  # offset -> [ts, group, dialog]; offset order
-    committed: int = -1
-    completed: set[int] = field(default_factory=set)
-    top: int = -1  # the highest offset of earlier batches: a record at or below it is one seen already
-    fresh: set[int] = field(default_factory=set)  # the offsets taken in this batch, in any order
-
-    def received(self, offset: int) -> bool:
-        return offset < self.committed or offset in self.completed
-
-
-@dataclass
-class _Window:
-    arrivals: int = 0
-    receives: int = 0
-    gauges: dict[str, Any] = field(default_factory=dict)  # backlog, ages, stale counts as last measured
-    closed: bool = False  # its final row went to history (again, if a late record changes it)
-
-
-@dataclass
-class _Dialog:
-    queue: str
-    group: str = ""
-    pending: int = 0
-    last_arrival: int | None = None
-    last_receive: int | None = None
-    last_error: int | None = None
-    timers: int = 0
-    klass: str | None = None
-    seen: int = 0  # when last touched
-    previous: str | None = None  # the class before `klass`
-    shown: list[int | None] | None = None  # [oldest unreceived ts, backlog] as its last record said
-
-
-@dataclass
-class Output:
-    """What one batch changed: analytics records (key, value), control commands (key, value), and
-    the final rows of windows that closed (for history)."""
-
-    analytics: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    commands: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    closed: list[dict[str, Any]] = field(default_factory=list)
-
-
 class Analytics:
     def __init__(self, namespace: str, *, window_s: float = 60.0, stale_after_s: float = 30.0, top: int = 5):
-        self.namespace, self.window_ms, self.default_stale, self.top = namespace, int(window_s * 1000), stale_after_s, top
+        self.namespace, self.window_ms, self.default_stale, self.top = (
+            namespace,
+            int(window_s * 1000),
+            stale_after_s,
+            top,
+        )
         self.now = 0
         self.stale_after: dict[str, float] = {}  # queue -> its catalog threshold
-        self._parts: dict[tuple[str, int], _Partition] = {}
-        self._windows: dict[tuple[str, int], _Window] = {}
-        self._dialogs: dict[str, _Dialog] = {}
+        self._parts: dict[tuple[str, int], Partition] = {}
+        self._windows: dict[tuple[str, int], Window] = {}
+        self._dialogs: dict[str, Dialog] = {}
         self._timers: dict[str, str] = {}  # timer key -> dialog
         self._touched: set[tuple[str, int]] = set()  # windows changed since the last report
 
@@ -110,7 +49,7 @@ class Analytics:
 
     def arrival(self, a: Arrival) -> None:
         self.now = max(self.now, a.ts)
-        part = self._parts.setdefault((a.queue, a.partition), _Partition())
+        part = self._parts.setdefault((a.queue, a.partition), Partition())
         if a.offset <= part.top or a.offset in part.fresh:
             return  # seen already
         part.fresh.add(a.offset)
@@ -143,7 +82,7 @@ class Analytics:
     def progress(self, p: Progress) -> None:
         self.now = max(self.now, p.at)
         for partition, committed, completed in p.partitions:
-            part = self._parts.setdefault((p.queue, partition), _Partition())
+            part = self._parts.setdefault((p.queue, partition), Partition())
             part.committed, part.completed = max(part.committed, committed), set(completed)
             done = [o for o in part.pending if part.received(o)]
             for offset in done:
@@ -167,20 +106,20 @@ class Analytics:
             dialog_key = self._timers[key] = f"{conv}/{side}"
             self._dialog(dialog_key, queue).timers += 1
 
-    def _receive(self, queue: str, d: _Dialog, at: int) -> None:
+    def _receive(self, queue: str, d: Dialog, at: int) -> None:
         """Counted in the window of `at`: the time of the snapshot that showed it received."""
         self._window(queue, at).receives += 1
         d.last_receive = max(d.last_receive or 0, at)
 
-    def _window(self, queue: str, ts: int) -> _Window:
+    def _window(self, queue: str, ts: int) -> Window:
         key = (queue, ts - ts % self.window_ms)
         self._touched.add(key)
-        return self._windows.setdefault(key, _Window())
+        return self._windows.setdefault(key, Window())
 
-    def _dialog(self, key: str, queue: str) -> _Dialog:
+    def _dialog(self, key: str, queue: str) -> Dialog:
         d = self._dialogs.get(key)
         if d is None:
-            d = self._dialogs[key] = _Dialog(queue=queue)
+            d = self._dialogs[key] = Dialog(queue=queue)
         d.seen = self.now
         return d
 
@@ -230,8 +169,9 @@ class Analytics:
         oldest_of: dict[str, int] = {}
         for q in queues:
             stale_after = self.stale_after.get(q, self.default_stale)
-            limits = [(name, now - int(s * 1000)) for name, s in STALE_THRESHOLDS] + \
-                     [("queue", now - int(stale_after * 1000))]
+            limits = [(name, now - int(s * 1000)) for name, s in STALE_THRESHOLDS] + [
+                ("queue", now - int(stale_after * 1000))
+            ]
             stale = dict.fromkeys((name for name, _ in limits), 0)
             backlog, oldest = 0, None
             groups: dict[str, list[int]] = {}  # group -> [count, oldest ts]
@@ -253,28 +193,50 @@ class Analytics:
             per_queue[q] = {
                 "backlog": backlog,
                 "oldest_unreceived_age_s": None if oldest is None else round(max(0, now - oldest) / 1000, 3),
-                "stale": stale, "stale_after_s": stale_after,
-                "top_groups": [{"group": g, "backlog": n, "oldest_age_s": round(max(0, now - ts) / 1000, 3)}
-                               for g, (n, ts) in top],
+                "stale": stale,
+                "stale_after_s": stale_after,
+                "top_groups": [
+                    {"group": g, "backlog": n, "oldest_age_s": round(max(0, now - ts) / 1000, 3)} for g, (n, ts) in top
+                ],
             }
         return per_queue, oldest_of
 
-    def _row(self, queue: str, start: int, w: _Window, batch: int) -> dict[str, Any]:
-        empty: dict[str, Any] = {"backlog": 0, "oldest_unreceived_age_s": None,
-                                 "stale": {n: 0 for n, _ in STALE_THRESHOLDS} | {"queue": 0},
-                 "stale_after_s": self.stale_after.get(queue, self.default_stale), "top_groups": []}
-        return {"kind": "queue_window", "namespace": self.namespace, "queue": queue,
-                "window_start": start, "window_end": start + self.window_ms, "window_s": self.window_ms / 1000,
-                "arrivals": w.arrivals, "receives": w.receives, **(w.gauges or empty),
-                "as_of": self.now, "batch": batch}
+    def _row(self, queue: str, start: int, w: Window, batch: int) -> dict[str, Any]:
+        empty: dict[str, Any] = {
+            "backlog": 0,
+            "oldest_unreceived_age_s": None,
+            "stale": {n: 0 for n, _ in STALE_THRESHOLDS} | {"queue": 0},
+            "stale_after_s": self.stale_after.get(queue, self.default_stale),
+            "top_groups": [],
+        }
+        return {
+            "kind": "queue_window",
+            "namespace": self.namespace,
+            "queue": queue,
+            "window_start": start,
+            "window_end": start + self.window_ms,
+            "window_s": self.window_ms / 1000,
+            "arrivals": w.arrivals,
+            "receives": w.receives,
+            **(w.gauges or empty),
+            "as_of": self.now,
+            "batch": batch,
+        }
 
     def _classify(self, batch: int, oldest_of: dict[str, int], out: Output) -> None:
         for key in sorted(self._dialogs):
             d = self._dialogs[key]
-            facts = DialogFacts(now_ms=self.now, window_s=self.window_ms / 1000,
-                                stale_after_s=self.stale_after.get(d.queue, self.default_stale),
-                                backlog=d.pending, oldest_ms=oldest_of.get(key), last_arrival_ms=d.last_arrival,
-                                last_receive_ms=d.last_receive, last_error_ms=d.last_error, timers=d.timers)
+            facts = DialogFacts(
+                now_ms=self.now,
+                window_s=self.window_ms / 1000,
+                stale_after_s=self.stale_after.get(d.queue, self.default_stale),
+                backlog=d.pending,
+                oldest_ms=oldest_of.get(key),
+                last_arrival_ms=d.last_arrival,
+                last_receive_ms=d.last_receive,
+                last_error_ms=d.last_error,
+                timers=d.timers,
+            )
             klass, reason = classify(facts)
             # Forgotten only once its idle class was reported (a clock that jumps past the hour in
             # one batch must still tell the worker the dialog went idle).
@@ -293,16 +255,47 @@ class Analytics:
                 d.previous, d.klass = d.klass, klass
             d.shown = shown
             age = None if facts.oldest_ms is None else round((self.now - facts.oldest_ms) / 1000, 3)
-            out.analytics.append((f"dialog/{key}", {
-                "kind": "dialog", "conversation_id": conv, "side": side, "queue": d.queue, "group": d.group,
-                "class": klass, "previous": d.previous, "reason": reason, "backlog": d.pending,
-                "oldest_unreceived": facts.oldest_ms, "oldest_age_s": age,
-                "last_arrival": d.last_arrival, "last_receive": d.last_receive, "errors": d.last_error is not None,
-                "timer_pending": d.timers > 0, "as_of": self.now, "batch": batch}))
+            out.analytics.append(
+                (
+                    f"dialog/{key}",
+                    {
+                        "kind": "dialog",
+                        "conversation_id": conv,
+                        "side": side,
+                        "queue": d.queue,
+                        "group": d.group,
+                        "class": klass,
+                        "previous": d.previous,
+                        "reason": reason,
+                        "backlog": d.pending,
+                        "oldest_unreceived": facts.oldest_ms,
+                        "oldest_age_s": age,
+                        "last_arrival": d.last_arrival,
+                        "last_receive": d.last_receive,
+                        "errors": d.last_error is not None,
+                        "timer_pending": d.timers > 0,
+                        "as_of": self.now,
+                        "batch": batch,
+                    },
+                )
+            )
             if changed:
-                out.commands.append((key, {"command": "RECLASSIFY", "conversation_id": conv, "side": side,
-                                           "queue": d.queue, "from": d.previous, "to": klass, "reason": reason,
-                                           "at": self.now, "batch": batch}))
+                out.commands.append(
+                    (
+                        key,
+                        {
+                            "command": "RECLASSIFY",
+                            "conversation_id": conv,
+                            "side": side,
+                            "queue": d.queue,
+                            "from": d.previous,
+                            "to": klass,
+                            "reason": reason,
+                            "at": self.now,
+                            "batch": batch,
+                        },
+                    )
+                )
 
     # --- state ---------------------------------------------------------------------------------
 
@@ -312,12 +305,36 @@ class Analytics:
     def to_dict(self) -> dict[str, Any]:
         return {
             "now": self.now,
-            "parts": [[q, p, part.committed, sorted(part.completed), part.top,
-                       [[o, *v] for o, v in part.pending.items()], sorted(part.fresh)]
-                      for (q, p), part in self._parts.items()],
+            "parts": [
+                [
+                    q,
+                    p,
+                    part.committed,
+                    sorted(part.completed),
+                    part.top,
+                    [[o, *v] for o, v in part.pending.items()],
+                    sorted(part.fresh),
+                ]
+                for (q, p), part in self._parts.items()
+            ],
             "windows": [[q, s, w.arrivals, w.receives, w.gauges, w.closed] for (q, s), w in self._windows.items()],
-            "dialogs": [[k, d.queue, d.group, d.pending, d.last_arrival, d.last_receive, d.last_error, d.timers,
-                         d.klass, d.seen, d.previous, d.shown] for k, d in self._dialogs.items()],
+            "dialogs": [
+                [
+                    k,
+                    d.queue,
+                    d.group,
+                    d.pending,
+                    d.last_arrival,
+                    d.last_receive,
+                    d.last_error,
+                    d.timers,
+                    d.klass,
+                    d.seen,
+                    d.previous,
+                    d.shown,
+                ]
+                for k, d in self._dialogs.items()
+            ],
             "timers": self._timers,
             "touched": [list(k) for k in self._touched],
         }
@@ -328,14 +345,18 @@ class Analytics:
         a.now = data["now"]
         # no `fresh` in a state saved by an earlier version
         for q, p, committed, completed, top, pending, *fresh in data["parts"]:
-            a._parts[(q, p)] = _Partition(pending={o: [ts, g, dk] for o, ts, g, dk in pending},
-                                          committed=committed, completed=set(completed), top=top,
-                                          fresh=set(fresh[0]) if fresh else set())
+            a._parts[(q, p)] = Partition(
+                pending={o: [ts, g, dk] for o, ts, g, dk in pending},
+                committed=committed,
+                completed=set(completed),
+                top=top,
+                fresh=set(fresh[0]) if fresh else set(),
+            )
         for q, s, arrivals, receives, gauges, closed in data["windows"]:
-            a._windows[(q, s)] = _Window(arrivals, receives, gauges, closed)
+            a._windows[(q, s)] = Window(arrivals, receives, gauges, closed)
         for k, queue, group, pending, la, lr, le, timers, klass, seen, *later in data["dialogs"]:
             # `later`: previous and shown, not in a state saved by an earlier version
-            a._dialogs[k] = _Dialog(queue, group, pending, la, lr, le, timers, klass, seen, *later)
+            a._dialogs[k] = Dialog(queue, group, pending, la, lr, le, timers, klass, seen, *later)
         a._timers = dict(data["timers"])
         a._touched = {(q, s) for q, s in data["touched"]}
         return a

@@ -54,7 +54,7 @@ def properties_from_env(environ: Mapping[str, str]) -> dict[str, str]:
     out = {}
     for key, value in environ.items():
         if key.startswith(ENV_PREFIX) and len(key) > len(ENV_PREFIX):
-            rest = key[len(ENV_PREFIX):].lower()
+            rest = key[len(ENV_PREFIX) :].lower()
             out[rest.replace("___", "-").replace("__", "\0").replace("_", ".").replace("\0", "_")] = value
     return out
 
@@ -103,7 +103,8 @@ def parse_jaas(text: str) -> Jaas:
     if text[pos:].strip() != ";":
         raise InvalidArgumentError(
             f"sasl.jaas.config: unreadable after option {list(options)[-1] if options else 'the flag'}"
-            " (options are key=\"value\", the entry ends with ';')")
+            " (options are key=\"value\", the entry ends with ';')"
+        )
     return Jaas(head.group(1), head.group(2), options)
 
 

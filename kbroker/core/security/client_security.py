@@ -9,7 +9,8 @@ client. Each client kbroker runs gets that value rendered in its own terms: `lib
 own protocol client). A setting kbroker does not know, or cannot give one of its clients, is an
 UnsupportedSettingError naming the setting and the client, never a connection without it.
 
-Keys are read into unencrypted PKCS#8 PEM held in memory, the form every client takes."""
+Keys are read into unencrypted PKCS#8 PEM held in memory, the form every client takes
+(tls_material.py)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.serialization import pkcs12
 
 from kbroker.core.security.client_properties import Jaas, parse_jaas
+from kbroker.core.security.tls_material import certificates, is_pem, pkcs8, pkcs12_certificates, pkcs12_key_store
 from kbroker.errors import InvalidArgumentError, UnsupportedSettingError
 
 LIBRDKAFKA = "confluent-kafka (librdkafka)"
@@ -31,10 +31,12 @@ KBROKER = "any of kbroker's clients"
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
-_MODULES = {"PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
-            "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
-            "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
-            "OAUTHBEARER": "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"}
+_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "OAUTHBEARER": "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule",
+}
 _OAUTH_HANDLER = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler"
 
 ReadFile = Callable[[str], bytes]
@@ -58,9 +60,9 @@ class ClientSecurity:
     mechanism: str | None = None
     username: str | None = None
     password: str | None = None
-    ca_pem: str | None = None      # certificates to trust (PEM); None: the system's
-    cert_pem: str | None = None    # the client's certificate chain, for mutual TLS
-    key_pem: str | None = None     # its key, unencrypted PKCS#8
+    ca_pem: str | None = None  # certificates to trust (PEM); None: the system's
+    cert_pem: str | None = None  # the client's certificate chain, for mutual TLS
+    key_pem: str | None = None  # its key, unencrypted PKCS#8
     check_hostname: bool = True
     oauth: OAuthClient | None = None
     client_id: str | None = None
@@ -104,8 +106,7 @@ class ClientSecurity:
     def check(self, *clients: str) -> None:
         """Raise UnsupportedSettingError when one of `clients` cannot be given these settings."""
         for client in clients:
-            {LIBRDKAFKA: self.librdkafka, SPARK: self.java, AIOKAFKA: self.aiokafka,
-             WIRE: self.wire}[client]()
+            {LIBRDKAFKA: self.librdkafka, SPARK: self.java, AIOKAFKA: self.aiokafka, WIRE: self.wire}[client]()
 
     def _common(self) -> dict[str, str]:
         """The settings both dialects name alike."""
@@ -121,17 +122,24 @@ class ClientSecurity:
         out = self._common()
         if self.sasl:
             if self.oauth:
-                out.update({"sasl.oauthbearer.method": "oidc",
-                            "sasl.oauthbearer.token.endpoint.url": self.oauth.token_url,
-                            "sasl.oauthbearer.client.id": self.oauth.client_id,
-                            "sasl.oauthbearer.client.secret": self.oauth.client_secret})
+                out.update(
+                    {
+                        "sasl.oauthbearer.method": "oidc",
+                        "sasl.oauthbearer.token.endpoint.url": self.oauth.token_url,
+                        "sasl.oauthbearer.client.id": self.oauth.client_id,
+                        "sasl.oauthbearer.client.secret": self.oauth.client_secret,
+                    }
+                )
                 if self.oauth.scope:
                     out["sasl.oauthbearer.scope"] = self.oauth.scope
             else:
                 out.update({"sasl.username": str(self.username), "sasl.password": str(self.password)})
         if self.tls:
-            out.update(_drop_none({"ssl.ca.pem": self.ca_pem, "ssl.certificate.pem": self.cert_pem,
-                                   "ssl.key.pem": self.key_pem}))
+            out.update(
+                _drop_none(
+                    {"ssl.ca.pem": self.ca_pem, "ssl.certificate.pem": self.cert_pem, "ssl.key.pem": self.key_pem}
+                )
+            )
             if not self.check_hostname:
                 out["ssl.endpoint.identification.algorithm"] = "none"
         return out
@@ -146,8 +154,12 @@ class ClientSecurity:
                 opts = {"clientId": self.oauth.client_id, "clientSecret": self.oauth.client_secret}
                 if self.oauth.scope:
                     opts["scope"] = self.oauth.scope
-                out.update({"sasl.login.callback.handler.class": _OAUTH_HANDLER,
-                            "sasl.oauthbearer.token.endpoint.url": self.oauth.token_url})
+                out.update(
+                    {
+                        "sasl.login.callback.handler.class": _OAUTH_HANDLER,
+                        "sasl.oauthbearer.token.endpoint.url": self.oauth.token_url,
+                    }
+                )
             else:
                 opts = {"username": str(self.username), "password": str(self.password)}
             out["sasl.jaas.config"] = Jaas(_MODULES[mech], "required", opts).line()
@@ -155,8 +167,13 @@ class ClientSecurity:
             if self.ca_pem:
                 out.update({"ssl.truststore.type": "PEM", "ssl.truststore.certificates": self.ca_pem})
             if self.cert_pem and self.key_pem:
-                out.update({"ssl.keystore.type": "PEM", "ssl.keystore.key": self.key_pem,
-                            "ssl.keystore.certificate.chain": self.cert_pem})
+                out.update(
+                    {
+                        "ssl.keystore.type": "PEM",
+                        "ssl.keystore.key": self.key_pem,
+                        "ssl.keystore.certificate.chain": self.cert_pem,
+                    }
+                )
             if not self.check_hostname:
                 out["ssl.endpoint.identification.algorithm"] = ""
         return out
@@ -166,17 +183,23 @@ class ClientSecurity:
         TLS material itself goes into an ssl.SSLContext, kafka/tls.py). OAUTHBEARER is refused:
         aiokafka needs a token provider kbroker does not ship."""
         if self.oauth:
-            raise UnsupportedSettingError("sasl.mechanism=OAUTHBEARER", AIOKAFKA,
-                                          "use SCRAM, PLAIN or mutual TLS for the worker")
-        return {"security_protocol": self.protocol, "sasl_mechanism": self.mechanism if self.sasl else None,
-                "username": self.username, "password": self.password}
+            raise UnsupportedSettingError(
+                "sasl.mechanism=OAUTHBEARER", AIOKAFKA, "use SCRAM, PLAIN or mutual TLS for the worker"
+            )
+        return {
+            "security_protocol": self.protocol,
+            "sasl_mechanism": self.mechanism if self.sasl else None,
+            "username": self.username,
+            "password": self.password,
+        }
 
     def wire(self) -> None:
         """Whether kbroker's own protocol client can connect with these settings (TLS, SASL
         PLAIN and SCRAM); UnsupportedSettingError otherwise."""
         if self.oauth:
-            raise UnsupportedSettingError("sasl.mechanism=OAUTHBEARER", WIRE,
-                                          "queue sizes on disk are not shown with OAUTHBEARER")
+            raise UnsupportedSettingError(
+                "sasl.mechanism=OAUTHBEARER", WIRE, "queue sizes on disk are not shown with OAUTHBEARER"
+            )
 
 
 def _drop_none(d: dict[str, str | None]) -> dict[str, str]:
@@ -213,8 +236,11 @@ class _Reader:
         unknown = sorted(set(self.props) - self.taken)
         if unknown:
             raise UnsupportedSettingError(
-                unknown[0], KBROKER, "not a security setting kbroker translates for its clients "
-                "(security.protocol, sasl.*, ssl.* trust and key material, client.id)")
+                unknown[0],
+                KBROKER,
+                "not a security setting kbroker translates for its clients "
+                "(security.protocol, sasl.*, ssl.* trust and key material, client.id)",
+            )
         return replace(sec, given=tuple(sorted(self.props)))
 
     def read_sasl(self, sec: ClientSecurity) -> ClientSecurity:
@@ -231,21 +257,26 @@ class _Reader:
         user = self.get("sasl.username") or opts.get("username")
         password = self.get("sasl.password") or opts.get("password")
         if not user or password is None:
-            raise InvalidArgumentError(f"{mech} needs a username and a password "
-                                       "(sasl.jaas.config, or sasl.username and sasl.password)")
+            raise InvalidArgumentError(
+                f"{mech} needs a username and a password (sasl.jaas.config, or sasl.username and sasl.password)"
+            )
         return replace(sec, mechanism=mech, username=user, password=password)
 
     def read_oauth(self, opts: dict[str, str]) -> OAuthClient:
         self.get("sasl.oauthbearer.method", "sasl.login.callback.handler.class")
         url = self.get("sasl.oauthbearer.token.endpoint.url")
-        cid = self.get("sasl.oauthbearer.client.id", "sasl.oauthbearer.client.credentials.client.id") \
-            or opts.get("clientId")
-        secret = self.get("sasl.oauthbearer.client.secret", "sasl.oauthbearer.client.credentials.client.secret") \
-            or opts.get("clientSecret")
+        cid = self.get("sasl.oauthbearer.client.id", "sasl.oauthbearer.client.credentials.client.id") or opts.get(
+            "clientId"
+        )
+        secret = self.get(
+            "sasl.oauthbearer.client.secret", "sasl.oauthbearer.client.credentials.client.secret"
+        ) or opts.get("clientSecret")
         scope = self.get("sasl.oauthbearer.scope") or opts.get("scope")
         if not (url and cid and secret):
-            raise InvalidArgumentError("OAUTHBEARER needs sasl.oauthbearer.token.endpoint.url, a client id "
-                                       "and a client secret (kbroker speaks the client-credentials grant)")
+            raise InvalidArgumentError(
+                "OAUTHBEARER needs sasl.oauthbearer.token.endpoint.url, a client id "
+                "and a client secret (kbroker speaks the client-credentials grant)"
+            )
         return OAuthClient(url, cid, secret, scope)
 
     def read_tls(self, sec: ClientSecurity) -> ClientSecurity:
@@ -270,99 +301,74 @@ class _Reader:
         kind = (self.get("ssl.truststore.type") or "").upper()
         password = self.get("ssl.truststore.password")
         if "ssl.ca.pem" in self.props or "ssl.truststore.certificates" in self.props:
-            return _certificates(self.get("ssl.ca.pem", "ssl.truststore.certificates") or "", "the trusted CA")
+            return certificates(self.get("ssl.ca.pem", "ssl.truststore.certificates") or "", "the trusted CA")
         for name in ("ssl.ca.location", "ssl.truststore.location"):
             if name in self.props:
                 data = self.material(name)
-                if kind == "PKCS12" or (kind != "PEM" and not _is_pem(data)):
+                if kind == "PKCS12" or (kind != "PEM" and not is_pem(data)):
                     _refuse_jks(name, kind)
-                    return _pkcs12_certificates(name, data, password)
-                return _certificates(data.decode(errors="replace"), name)
+                    return pkcs12_certificates(name, data, password)
+                return certificates(data.decode(errors="replace"), name)
         return None
 
     def key_store(self, key_password: str | None) -> tuple[str | None, str | None]:
         kind = (self.get("ssl.keystore.type") or "").upper()
         password = self.get("ssl.keystore.password")
         if "ssl.keystore.key" in self.props:  # Java, inline PEM
-            return (_certificates(self.get("ssl.keystore.certificate.chain") or "", "ssl.keystore.certificate.chain"),
-                    _pkcs8(str(self.get("ssl.keystore.key")).encode(), key_password, "ssl.keystore.key"))
+            return (
+                certificates(self.get("ssl.keystore.certificate.chain") or "", "ssl.keystore.certificate.chain"),
+                pkcs8(str(self.get("ssl.keystore.key")).encode(), key_password, "ssl.keystore.key"),
+            )
         if "ssl.keystore.location" in self.props:
             data = self.material("ssl.keystore.location")
-            if kind == "PKCS12" or (kind != "PEM" and not _is_pem(data)):
+            if kind == "PKCS12" or (kind != "PEM" and not is_pem(data)):
                 _refuse_jks("ssl.keystore.location", kind)
-                return _pkcs12_key_store(data, password or key_password)
-            return _certificates(data.decode(errors="replace"), "ssl.keystore.location"), \
-                _pkcs8(data, key_password, "ssl.keystore.location")
+                return pkcs12_key_store(data, password or key_password)
+            return certificates(data.decode(errors="replace"), "ssl.keystore.location"), pkcs8(
+                data, key_password, "ssl.keystore.location"
+            )
         cert = self.get("ssl.certificate.pem") or (
             self.material("ssl.certificate.location").decode(errors="replace")
-            if "ssl.certificate.location" in self.props else None)
+            if "ssl.certificate.location" in self.props
+            else None
+        )
         key = self.get("ssl.key.pem")
-        key_bytes = key.encode() if key else (self.material("ssl.key.location")
-                                              if "ssl.key.location" in self.props else None)
-        return (_certificates(cert, "the client certificate") if cert else None,
-                _pkcs8(key_bytes, key_password, "the client key") if key_bytes else None)
+        key_bytes = (
+            key.encode() if key else (self.material("ssl.key.location") if "ssl.key.location" in self.props else None)
+        )
+        return (
+            certificates(cert, "the client certificate") if cert else None,
+            pkcs8(key_bytes, key_password, "the client key") if key_bytes else None,
+        )
 
 
-_TLS_SETTINGS = frozenset({
-    "ssl.endpoint.identification.algorithm", "ssl.key.password", "ssl.truststore.type",
-    "ssl.truststore.password", "ssl.truststore.location", "ssl.truststore.certificates", "ssl.ca.pem",
-    "ssl.ca.location", "ssl.keystore.type", "ssl.keystore.password", "ssl.keystore.location",
-    "ssl.keystore.key", "ssl.keystore.certificate.chain", "ssl.certificate.pem",
-    "ssl.certificate.location", "ssl.key.pem", "ssl.key.location"})
-
-
-def _is_pem(data: bytes) -> bool:
-    return b"-----BEGIN " in data[:4096]
+_TLS_SETTINGS = frozenset(
+    {
+        "ssl.endpoint.identification.algorithm",
+        "ssl.key.password",
+        "ssl.truststore.type",
+        "ssl.truststore.password",
+        "ssl.truststore.location",
+        "ssl.truststore.certificates",
+        "ssl.ca.pem",
+        "ssl.ca.location",
+        "ssl.keystore.type",
+        "ssl.keystore.password",
+        "ssl.keystore.location",
+        "ssl.keystore.key",
+        "ssl.keystore.certificate.chain",
+        "ssl.certificate.pem",
+        "ssl.certificate.location",
+        "ssl.key.pem",
+        "ssl.key.location",
+    }
+)
 
 
 def _refuse_jks(name: str, kind: str) -> None:
     if kind == "JKS":
-        raise UnsupportedSettingError(f"{name} (JKS)", KBROKER, "convert the store to PKCS12 or PEM "
-                                      "(keytool -importkeystore -deststoretype PKCS12)")
-
-
-def _certificates(text: str, what: str) -> str:
-    """The certificates in PEM `text`, re-encoded (so every client reads the same bytes)."""
-    try:
-        certs = x509.load_pem_x509_certificates(text.encode())
-    except ValueError:
-        raise InvalidArgumentError(f"{what}: no PEM certificate in it") from None
-    return "".join(c.public_bytes(serialization.Encoding.PEM).decode() for c in certs)
-
-
-def _pkcs8(data: bytes, password: str | None, what: str) -> str:
-    """The private key in PEM `data` as unencrypted PKCS#8 PEM (Java reads only PKCS#8)."""
-    try:
-        key = serialization.load_pem_private_key(data, password.encode() if password else None)
-    except (ValueError, TypeError) as exc:
-        raise InvalidArgumentError(f"{what}: no readable private key ({_why(exc)})") from None
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption()).decode()
-
-
-def _pkcs12_key_store(data: bytes, password: str | None) -> tuple[str, str]:
-    try:
-        key, cert, extra = pkcs12.load_key_and_certificates(data, password.encode() if password else None)
-    except ValueError as exc:
-        raise InvalidArgumentError(f"ssl.keystore.location: not a PKCS#12 store it can open ({_why(exc)})") from None
-    if key is None or cert is None:
-        raise InvalidArgumentError("ssl.keystore.location: the PKCS#12 store holds no key and certificate")
-    chain = "".join(c.public_bytes(serialization.Encoding.PEM).decode() for c in [cert, *extra])
-    return chain, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption()).decode()
-
-
-def _pkcs12_certificates(name: str, data: bytes, password: str | None) -> str:
-    try:
-        store = pkcs12.load_pkcs12(data, password.encode() if password else None)
-    except ValueError as exc:
-        raise InvalidArgumentError(f"{name}: not a PEM file or a PKCS#12 store it can open ({_why(exc)})") from None
-    certs = [c.certificate for c in store.additional_certs] + ([store.cert.certificate] if store.cert else [])
-    if not certs:
-        raise InvalidArgumentError(f"{name}: the PKCS#12 store holds no certificate")
-    return "".join(c.public_bytes(serialization.Encoding.PEM).decode() for c in certs)
-
-
-def _why(exc: Exception) -> str:
-    text = str(exc).split("\n")[0]
-    return text if "password" in text.lower() or len(text) < 120 else type(exc).__name__
+        raise UnsupportedSettingError(
+            f"{name} (JKS)",
+            KBROKER,
+            "convert the store to PKCS12 or PEM (keytool -importkeystore -deststoretype PKCS12)",
+        )

@@ -33,13 +33,17 @@ from dataclasses import dataclass
 
 from kbroker.core import names
 from kbroker.core.catalog.models import Catalog
-from kbroker.core.security.acl_roles import AclBinding, Rule, check_principal, receiver_base, sender_base
+from kbroker.core.security.acl_bindings import AclBinding, Rule, check_principal
+from kbroker.core.security.rule_sets import receiver_base, sender_base
 from kbroker.errors import InvalidArgumentError
 
 SERVICE, QUEUE, CATALOG = "SERVICE", "QUEUE", "CATALOG"
 SEND, RECEIVE, ALTER, CONTROL = "SEND", "RECEIVE", "ALTER", "CONTROL"
-ACTIONS: dict[str, tuple[str, ...]] = {SERVICE: (SEND, ALTER, CONTROL), QUEUE: (RECEIVE, ALTER, CONTROL),
-                                       CATALOG: (CONTROL,)}
+ACTIONS: dict[str, tuple[str, ...]] = {
+    SERVICE: (SEND, ALTER, CONTROL),
+    QUEUE: (RECEIVE, ALTER, CONTROL),
+    CATALOG: (CONTROL,),
+}
 GRANT, DENY = "GRANT", "DENY"
 # Never denied: a DENY on seeing a topic would hide it from every other grant too.
 _NOT_DENIED = frozenset({"DESCRIBE", "DESCRIBE_CONFIGS"})
@@ -60,8 +64,9 @@ class Permission:
         if self.cls not in ACTIONS:
             raise InvalidArgumentError(f"unknown class {self.cls!r} (one of {', '.join(ACTIONS)})")
         if self.action not in ACTIONS[self.cls]:
-            raise InvalidArgumentError(f"{self.action} is not a permission on a {self.cls.lower()} "
-                                       f"(one of {', '.join(ACTIONS[self.cls])})")
+            raise InvalidArgumentError(
+                f"{self.action} is not a permission on a {self.cls.lower()} (one of {', '.join(ACTIONS[self.cls])})"
+            )
         if self.state not in (GRANT, DENY) or not self.name:
             raise InvalidArgumentError(f"permission {self.state} {self.action} ON {self.cls}::{self.name!r}")
         try:
@@ -74,8 +79,13 @@ class Permission:
         return f"{self.state} {self.action} ON {self.cls}::{self.name} TO {self.principal}"
 
     def as_dict(self) -> dict[str, str]:
-        return {"state": self.state, "permission": self.action, "class": self.cls, "name": self.name,
-                "principal": self.principal}
+        return {
+            "state": self.state,
+            "permission": self.action,
+            "class": self.cls,
+            "name": self.name,
+            "principal": self.principal,
+        }
 
 
 @dataclass(frozen=True)
@@ -88,14 +98,14 @@ class Objects:
 
     @classmethod
     def of(cls, catalog: Catalog) -> "Objects":
-        return cls(catalog.namespace, {s.name: s.queue for s in catalog.services.values()},
-                   frozenset(catalog.queues))
+        return cls(catalog.namespace, {s.name: s.queue for s in catalog.services.values()}, frozenset(catalog.queues))
 
     def queue_of(self, service: str) -> str:
         if service not in self.services:
             raise InvalidArgumentError(
                 f"{service!r} is not a service of namespace {self.namespace}: SEND to another namespace's "
-                "service is that namespace's grant")
+                "service is that namespace's grant"
+            )
         return self.services[service]
 
     def check(self, p: Permission) -> None:
@@ -105,8 +115,9 @@ class Objects:
         if p.cls == SERVICE:
             self.queue_of(p.name)
         if p.cls == CATALOG and p.name != self.namespace:
-            raise InvalidArgumentError(f"CATALOG::{p.name} is not namespace {self.namespace}'s catalog "
-                                       f"(CATALOG::{self.namespace})")
+            raise InvalidArgumentError(
+                f"CATALOG::{p.name} is not namespace {self.namespace}'s catalog (CATALOG::{self.namespace})"
+            )
 
 
 # --- the two parts of each permission, as (operation, resource type, pattern, name) -------------
@@ -131,10 +142,12 @@ def _acls(rules: Iterable[Rule]) -> list[Acl]:
 
 def _catalog_writer(ns: str) -> list[Acl]:
     """ALTER QUEUE (kafka/queue_views.py): the catalog record, its event, the monitors' notice."""
-    return (_on("TOPIC", "LITERAL", names.catalog_topic(ns), "READ", "WRITE")
-            + _on("GROUP", "LITERAL", names.reader_group(ns), "DESCRIBE")
-            + _on("TOPIC", "LITERAL", names.events_topic(ns), "WRITE")
-            + _on("TOPIC", "LITERAL", names.monitor_events_topic(ns), "WRITE"))
+    return (
+        _on("TOPIC", "LITERAL", names.catalog_topic(ns), "READ", "WRITE")
+        + _on("GROUP", "LITERAL", names.reader_group(ns), "DESCRIBE")
+        + _on("TOPIC", "LITERAL", names.events_topic(ns), "WRITE")
+        + _on("TOPIC", "LITERAL", names.monitor_events_topic(ns), "WRITE")
+    )
 
 
 def _own(p: Permission, objects: Objects) -> list[Acl]:
@@ -146,28 +159,44 @@ def _own(p: Permission, objects: Objects) -> list[Acl]:
         return {SEND: send, ALTER: alter, CONTROL: send + alter}[action]
     if cls == QUEUE:
         group = names.queue_group(ns, name)
-        receive = (_queue_topics(ns, name, "READ") + _on("TOPIC", "PREFIXED", group + ".", "CREATE")  # secondaries
-                   + _on("GROUP", "LITERAL", group, "READ") + _on("GROUP", "PREFIXED", group + ".", "READ"))
+        receive = (
+            _queue_topics(ns, name, "READ")
+            + _on("TOPIC", "PREFIXED", group + ".", "CREATE")  # secondaries
+            + _on("GROUP", "LITERAL", group, "READ")
+            + _on("GROUP", "PREFIXED", group + ".", "READ")
+        )
         alter = _queue_topics(ns, name, *_TOPIC_CONFIG)
-        return {RECEIVE: receive, ALTER: alter,
-                CONTROL: receive + alter + _queue_topics(ns, name, "WRITE", "DELETE")}[action]
+        return {RECEIVE: receive, ALTER: alter, CONTROL: receive + alter + _queue_topics(ns, name, "WRITE", "DELETE")}[
+            action
+        ]
     p_ = names.prefix(ns)  # CONTROL ON CATALOG: `kbroker apply` (acl_roles' deployer) and ALTER QUEUE
-    return (_on("TOPIC", "PREFIXED", p_, "CREATE", *_TOPIC_CONFIG, "DESCRIBE")
-            + _on("TOPIC", "LITERAL", names.catalog_topic(ns), "WRITE")
-            + _on("GROUP", "PREFIXED", p_, "DESCRIBE"))
+    return (
+        _on("TOPIC", "PREFIXED", p_, "CREATE", *_TOPIC_CONFIG, "DESCRIBE")
+        + _on("TOPIC", "LITERAL", names.catalog_topic(ns), "WRITE")
+        + _on("GROUP", "PREFIXED", p_, "DESCRIBE")
+    )
 
 
 def _base(p: Permission, objects: Objects) -> list[Acl]:
     ns = objects.namespace
     send, receive, alter = _acls(sender_base(ns)), _acls(receiver_base(ns)), _catalog_writer(ns)
-    return {(SERVICE, SEND): send, (SERVICE, ALTER): alter, (SERVICE, CONTROL): send + alter,
-            (QUEUE, RECEIVE): receive, (QUEUE, ALTER): alter, (QUEUE, CONTROL): receive + alter,
-            (CATALOG, CONTROL): alter}[(p.cls, p.action)]
+    return {
+        (SERVICE, SEND): send,
+        (SERVICE, ALTER): alter,
+        (SERVICE, CONTROL): send + alter,
+        (QUEUE, RECEIVE): receive,
+        (QUEUE, ALTER): alter,
+        (QUEUE, CONTROL): receive + alter,
+        (CATALOG, CONTROL): alter,
+    }[(p.cls, p.action)]
 
 
 def _bind(principal: str, acls: Iterable[Acl], permission: str) -> set[AclBinding]:
-    return {AclBinding(principal, op, rtype, pattern, name, "ALLOW" if permission == GRANT else "DENY")
-            for op, rtype, pattern, name in acls if permission == GRANT or op not in _NOT_DENIED}
+    return {
+        AclBinding(principal, op, rtype, pattern, name, "ALLOW" if permission == GRANT else "DENY")
+        for op, rtype, pattern, name in acls
+        if permission == GRANT or op not in _NOT_DENIED
+    }
 
 
 def own_bindings(p: Permission, objects: Objects) -> set[AclBinding]:
@@ -191,10 +220,10 @@ def candidates(principal: str, objects: Objects) -> list[Permission]:
     QUEUE of the service's queue, and listed as that."""
     found = [Permission(principal, CONTROL, CATALOG, objects.namespace, state) for state in (GRANT, DENY)]
     for state in (GRANT, DENY):
-        found += [Permission(principal, a, SERVICE, s, state) for s in sorted(objects.services)
-                  for a in (SEND, CONTROL)]
-        found += [Permission(principal, a, QUEUE, q, state) for q in sorted(objects.queues)
-                  for a in ACTIONS[QUEUE]]
+        found += [
+            Permission(principal, a, SERVICE, s, state) for s in sorted(objects.services) for a in (SEND, CONTROL)
+        ]
+        found += [Permission(principal, a, QUEUE, q, state) for q in sorted(objects.queues) for a in ACTIONS[QUEUE]]
     return found
 
 
@@ -216,7 +245,8 @@ def revoke_plan(p: Permission, acls: Iterable[AclBinding], objects: Objects) -> 
     permission still held after that needs."""
     mine = {b for b in acls if b.principal == p.principal}
     own = own_bindings(Permission(p.principal, p.action, p.cls, p.name, GRANT), objects) | own_bindings(
-        Permission(p.principal, p.action, p.cls, p.name, DENY), objects)
+        Permission(p.principal, p.action, p.cls, p.name, DENY), objects
+    )
     left = mine - own
     still = [q for q in candidates(p.principal, objects) if q.state == GRANT and bindings(q, objects) <= left]
     needed = bindings_of(still, objects)
@@ -226,8 +256,11 @@ def revoke_plan(p: Permission, acls: Iterable[AclBinding], objects: Objects) -> 
 
 # --- the statements' text --------------------------------------------------------------------
 
-_STATEMENT = re.compile(r"^(?P<actions>[A-Za-z]+(?:\s*,\s*[A-Za-z]+)*)\s+ON\s+(?P<cls>[A-Za-z]+)::(?P<name>\S.*?)"
-                        r"\s+(?P<to>TO|FROM)\s+(?P<principal>\S+)$", re.IGNORECASE)
+_STATEMENT = re.compile(
+    r"^(?P<actions>[A-Za-z]+(?:\s*,\s*[A-Za-z]+)*)\s+ON\s+(?P<cls>[A-Za-z]+)::(?P<name>\S.*?)"
+    r"\s+(?P<to>TO|FROM)\s+(?P<principal>\S+)$",
+    re.IGNORECASE,
+)
 
 
 def parse(state: str, words: Iterable[str], default_namespace: str) -> list[Permission]:
@@ -236,8 +269,9 @@ def parse(state: str, words: Iterable[str], default_namespace: str) -> list[Perm
     text = " ".join(words).strip()
     m = _STATEMENT.match(text)
     if not m:
-        raise InvalidArgumentError(f"{text!r}: expected PERMISSION ON CLASS::name TO principal, e.g. "
-                                   "SEND ON SERVICE::orders TO User:alice")
+        raise InvalidArgumentError(
+            f"{text!r}: expected PERMISSION ON CLASS::name TO principal, e.g. SEND ON SERVICE::orders TO User:alice"
+        )
     cls = m["cls"].upper()
     name = m["name"].strip().strip("[]")  # [name] as T-SQL quotes it
     if cls == CATALOG and name.upper() == "CURRENT":

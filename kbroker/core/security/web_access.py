@@ -45,8 +45,10 @@ def bind_refusal(host: str, token: str | None) -> str | None:
     """Why the server may not bind `host` (None: it may)."""
     if token or is_loopback(host):
         return None
-    return (f"the worker's HTTP API binds {host or 'every interface'}, off loopback, without a token: "
-            "set KBROKER_WEB_TOKEN or --web-token-file, or bind 127.0.0.1")
+    return (
+        f"the worker's HTTP API binds {host or 'every interface'}, off loopback, without a token: "
+        "set KBROKER_WEB_TOKEN or --web-token-file, or bind 127.0.0.1"
+    )
 
 
 def token_problem(token: str) -> str | None:
@@ -120,14 +122,23 @@ class Access:
         """Whether `?token=` carries the token (the URL a browser opens once)."""
         return self.token is not None and given is not None and hmac.compare_digest(given.encode(), self.token.encode())
 
-    def refusal(self, method: str, host: str | None, origin: str | None, fetch_site: str | None,
-                authorization: str | None, cookie: str | None) -> tuple[int, str] | None:
+    def refusal(
+        self,
+        method: str,
+        host: str | None,
+        origin: str | None,
+        fetch_site: str | None,
+        authorization: str | None,
+        cookie: str | None,
+    ) -> tuple[int, str] | None:
         """(status, reason) to answer a request with instead of serving it, or None to serve it."""
         if not self.host_allowed(host_name(host)):
             return 421, f"this server does not answer for host {host!r} (a worker takes more with --web-allowed-host)"
         if method.upper() not in SAFE_METHODS and not self.origin_allowed(origin, fetch_site):
             return 403, f"a {method.upper()} from {origin or fetch_site!r} is refused"
         if not self.token_ok(authorization, cookie):
-            return 401, ("the worker's HTTP API needs its token: Authorization: Bearer <token>, "
-                         f"or in a browser open the page once as <page>?{TOKEN_PARAM}=<token>")
+            return 401, (
+                "the worker's HTTP API needs its token: Authorization: Bearer <token>, "
+                f"or in a browser open the page once as <page>?{TOKEN_PARAM}=<token>"
+            )
         return None

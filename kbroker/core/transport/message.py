@@ -76,9 +76,14 @@ class TransportMessage:
     def as_dict(self) -> dict[str, Any]:
         """The columns as a JSON-ready dict: the body as text, or as body_hex when not UTF-8."""
         d: dict[str, Any] = {
-            "Id": self.id, "CorrelationId": self.correlation_id, "ReplyToAddress": self.reply_to_address,
-            "Recoverable": self.recoverable, "Expires": format_expires(self.expires) if self.expires is not None else None,
-            "Headers": dict(self.headers), "RowVersion": self.row_version, "partition": self.partition,
+            "Id": self.id,
+            "CorrelationId": self.correlation_id,
+            "ReplyToAddress": self.reply_to_address,
+            "Recoverable": self.recoverable,
+            "Expires": format_expires(self.expires) if self.expires is not None else None,
+            "Headers": dict(self.headers),
+            "RowVersion": self.row_version,
+            "partition": self.partition,
             "queue": self.queue,
         }
         if self.body is None:
@@ -91,10 +96,17 @@ class TransportMessage:
         return d
 
 
-def new_message(body: bytes | None, headers: Mapping[str, str] | None = None, *, now_ms: int,
-                message_id: str | None = None, correlation_id: str | None = None,
-                reply_to_address: str | None = None, recoverable: bool = True,
-                time_to_be_received: float | None = None) -> TransportMessage:
+def new_message(
+    body: bytes | None,
+    headers: Mapping[str, str] | None = None,
+    *,
+    now_ms: int,
+    message_id: str | None = None,
+    correlation_id: str | None = None,
+    reply_to_address: str | None = None,
+    recoverable: bool = True,
+    time_to_be_received: float | None = None,
+) -> TransportMessage:
     """A message to send. `time_to_be_received` (seconds) sets Expires; InvalidArgument-style
     problems raise ValueError naming the column."""
     mid = canonical_id(message_id) if message_id is not None else str(uuid.uuid4())
@@ -119,7 +131,9 @@ def new_message(body: bytes | None, headers: Mapping[str, str] | None = None, *,
 
 
 _CANONICAL_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-_GUID_RE = re.compile(r"^(urn:uuid:)?\{?[0-9A-Fa-f]{8}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{12}\}?$")
+_GUID_RE = re.compile(
+    r"^(urn:uuid:)?\{?[0-9A-Fa-f]{8}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{12}\}?$"
+)
 MAX_EXPIRES_MS = 253402300799999  # 9999-12-31T23:59:59.999Z: the last time Expires can spell
 
 
@@ -148,8 +162,11 @@ def parse_expires(text: str) -> int:
 
 def to_headers(msg: TransportMessage) -> list[tuple[str, bytes]]:
     """The record headers of a message: one per column (NULL columns left out)."""
-    hs = [(H_ID, msg.id.encode()), (H_RECOVERABLE, b"true" if msg.recoverable else b"false"),
-          (H_HEADERS, orjson.dumps(dict(msg.headers)))]
+    hs = [
+        (H_ID, msg.id.encode()),
+        (H_RECOVERABLE, b"true" if msg.recoverable else b"false"),
+        (H_HEADERS, orjson.dumps(dict(msg.headers))),
+    ]
     if msg.correlation_id is not None:
         hs.append((H_CORRELATION_ID, msg.correlation_id.encode()))
     if msg.reply_to_address is not None:
@@ -159,9 +176,15 @@ def to_headers(msg: TransportMessage) -> list[tuple[str, bytes]]:
     return hs
 
 
-def from_record(headers: Iterable[tuple[str, bytes | str | None]] | None, value: bytes | None, *,
-                queue: str | None = None, partition: int = -1, offset: int = -1,
-                timestamp_ms: int | None = None) -> TransportMessage:
+def from_record(
+    headers: Iterable[tuple[str, bytes | str | None]] | None,
+    value: bytes | None,
+    *,
+    queue: str | None = None,
+    partition: int = -1,
+    offset: int = -1,
+    timestamp_ms: int | None = None,
+) -> TransportMessage:
     """Decode a record, or raise MalformedRecord naming the column that is missing or wrong.
     Headers other than the columns are ignored (a plain producer may add its own)."""
     cols: dict[str, str] = {}
@@ -199,8 +222,19 @@ def from_record(headers: Iterable[tuple[str, bytes | str | None]] | None, value:
             expires = parse_expires(cols[H_EXPIRES])
         except ValueError:
             raise MalformedRecord(f"Expires {cols[H_EXPIRES]!r} is not an ISO 8601 time") from None
-    return TransportMessage(mid, value, hs, cols.get(H_CORRELATION_ID), cols.get(H_REPLY_TO), recoverable,
-                            expires, queue, partition, offset, timestamp_ms)
+    return TransportMessage(
+        mid,
+        value,
+        hs,
+        cols.get(H_CORRELATION_ID),
+        cols.get(H_REPLY_TO),
+        recoverable,
+        expires,
+        queue,
+        partition,
+        offset,
+        timestamp_ms,
+    )
 
 
 @dataclass(frozen=True)
@@ -216,16 +250,34 @@ def as_envelope(msg: TransportMessage, queue: str) -> TransportEnvelope:
     group of its own (keyed by Id), so any reader may take any message, oldest first, and
     Expires is honoured by the buffer as it is for Service Broker messages. Made once per
     message received, so filled without the frozen __init__ (frozen.built: every field given)."""
-    return built(TransportEnvelope, {
-        "message": msg, "message_id": msg.id, "conversation_id": msg.id, "conversation_group_id": msg.id,
-        "message_sequence_number": 0, "message_type_name": TRANSPORT_MESSAGE_TYPE, "service_contract_name": "",
-        "from_service_name": "", "to_service_name": queue, "to_side": "TARGET",
-        "correlation_id": msg.correlation_id, "reply_to": msg.reply_to_address, "expires": msg.expires,
-        "priority": 5, "lifetime": None, "reply_group": None, "reply_instance": None, "hop": 0,
-        "from_broker": None, "to_broker": None,
-    })
+    return built(
+        TransportEnvelope,
+        {
+            "message": msg,
+            "message_id": msg.id,
+            "conversation_id": msg.id,
+            "conversation_group_id": msg.id,
+            "message_sequence_number": 0,
+            "message_type_name": TRANSPORT_MESSAGE_TYPE,
+            "service_contract_name": "",
+            "from_service_name": "",
+            "to_service_name": queue,
+            "to_side": "TARGET",
+            "correlation_id": msg.correlation_id,
+            "reply_to": msg.reply_to_address,
+            "expires": msg.expires,
+            "priority": 5,
+            "lifetime": None,
+            "reply_group": None,
+            "reply_instance": None,
+            "hop": 0,
+            "from_broker": None,
+            "to_broker": None,
+        },
+    )
 
 
-def with_position(msg: TransportMessage, queue: str, partition: int, offset: int,
-                  timestamp_ms: int | None) -> TransportMessage:
+def with_position(
+    msg: TransportMessage, queue: str, partition: int, offset: int, timestamp_ms: int | None
+) -> TransportMessage:
     return replace(msg, queue=queue, partition=partition, row_version=offset, enqueued_ms=timestamp_ms)

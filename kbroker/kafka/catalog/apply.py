@@ -31,26 +31,17 @@ from confluent_kafka.admin import (
 )
 
 from kbroker.core import names
-from kbroker.core.catalog.loader import check_queue_names, load_definitions, load_system_topics
-from kbroker.core.catalog.models import Catalog, Queue, SystemTopic
+from kbroker.core.catalog.loader import check_queue_names, load_definitions
+from kbroker.core.catalog.models import Catalog
 from kbroker.core.cluster import ClusterLike
 from kbroker.core.routing.routes import stamp_routes
 from kbroker.core.topic_limits import HEADER_HEADROOM as HEADER_HEADROOM  # re-exported: tests read it here
-from kbroker.core.topic_limits import queue_limit, system_topic_limit
 from kbroker.errors import DefinitionError, InvalidArgumentError, TopicCollisionError, kafka_error
 from kbroker.kafka import clients
 from kbroker.kafka.catalog.catalog_store import publish, read_catalog, records
+from kbroker.kafka.catalog.topic_specs import RETENTION_KEYS, TopicSpec, topic_specs
 from kbroker.kafka.rejects import Rejects
 from kbroker.kafka.topic_propagation import await_topics
-
-# Kafka deletes nothing by age or size: what holds messages is reclaimed by kbroker (reclaim.py).
-KEEP_EVERY_RECORD = {"retention.ms": "-1", "retention.bytes": "-1"}
-RETENTION_KEYS = tuple(KEEP_EVERY_RECORD)
-# Deleting records moves the log start; the disk comes back when a whole segment lies below it.
-# Segments roll at 50 MiB or after 10 minutes, as Kafka Streams' repartition topics do, so a
-# queue holds at most about one segment per partition beyond its unreceived messages.
-QUEUE_SEGMENTS = {"segment.bytes": str(50 * 1024 * 1024), "segment.ms": str(10 * 60 * 1000)}
-
 
 Progress = Callable[[str], None] | None
 
@@ -67,51 +58,6 @@ class ApplyReport:
         return asdict(self)
 
 
-@dataclass
-class TopicSpec:
-    name: str
-    partitions: int
-    config: dict[str, str]
-    owner: str  # "queue X" / "system topic catalog": the object named in errors
-    may_grow: bool  # compacted topics keep their partitions: moving keys breaks compaction
-    # A queue topic grows only while unused: see queue_in_use.
-    grows_while_unused: bool = False
-
-
-def topic_specs(catalog: Catalog) -> list[TopicSpec]:
-    """The topics a catalog needs: the system topics first, then one per queue."""
-    ns = catalog.namespace
-    system: dict[str, SystemTopic] = {**load_system_topics(), **catalog.system_topics}
-    specs = [
-        TopicSpec(names.system_topic(ns, t.name), t.partitions, system_topic_config(t), f"system topic {t.name}",
-                  t.config["cleanup.policy"] == "delete")
-        for t in system.values()
-    ]
-    for q in catalog.queues.values():
-        specs.append(TopicSpec(names.queue_topic(ns, q.name), q.partitions, queue_topic_config(q),
-                               f"queue {q.name}", True, grows_while_unused=True))
-    return specs
-
-
-def queue_topic_config(queue: Queue) -> dict[str, str]:
-    """A queue topic's Kafka config. Neither time nor size deletes a record (G3: a message waits
-    for its reader however long that takes); the worker's reclaimer deletes records below what
-    the queue's readers still need (reclaim.py)."""
-    return {"cleanup.policy": "delete", **KEEP_EVERY_RECORD, **QUEUE_SEGMENTS,
-            "max.message.bytes": str(queue_limit(queue.max_message_bytes))}
-
-
-def system_topic_config(topic: SystemTopic) -> dict[str, str]:
-    """A system topic's Kafka config as defined, with at least the max.message.bytes of
-    core/topic_limits.py where records move to it: a dead letter or a routed message that its
-    destination refuses would hold the partition it comes from."""
-    config = dict(topic.config)
-    need = system_topic_limit(topic.name)
-    if need is not None and int(config.get("max.message.bytes", 0)) < need:
-        config["max.message.bytes"] = str(need)
-    return config
-
-
 def choose_replication(brokers: int, requested: int | None = None) -> tuple[int, int]:
     """(replication factor, min.insync.replicas) of the topics apply creates on a cluster of
     `brokers`: `requested` replicas when given, else as many as there are brokers up to three.
@@ -119,15 +65,22 @@ def choose_replication(brokers: int, requested: int | None = None) -> tuple[int,
     acknowledged write or stopping writes; with fewer, one.
     InvalidArgumentError for an impossible request."""
     if requested is not None and not 1 <= requested <= brokers:
-        raise InvalidArgumentError(f"replication factor {requested} is impossible: the cluster has "
-                                   f"{brokers} broker{'s' if brokers != 1 else ''} (choose 1 to {brokers})")
+        raise InvalidArgumentError(
+            f"replication factor {requested} is impossible: the cluster has "
+            f"{brokers} broker{'s' if brokers != 1 else ''} (choose 1 to {brokers})"
+        )
     replicas = requested if requested is not None else max(1, min(3, brokers))
     return replicas, 2 if replicas >= 3 else 1
 
 
-def _wait(cluster: ClusterLike, futures: Mapping[Any, Future[Any]], what: str, operation: str,
-          tolerate: tuple[int, ...] = (),
-          collision: Callable[[KafkaError, str], Exception | None] = lambda err, name: None) -> set[str]:
+def _wait(
+    cluster: ClusterLike,
+    futures: Mapping[Any, Future[Any]],
+    what: str,
+    operation: str,
+    tolerate: tuple[int, ...] = (),
+    collision: Callable[[KafkaError, str], Exception | None] = lambda err, name: None,
+) -> set[str]:
     """Wait for admin futures on topics; returns the names whose error was tolerated. A refusal
     names `operation` on the topic; `collision` makes an error a typed one first."""
     tolerated: set[str] = set()
@@ -145,9 +98,14 @@ def _wait(cluster: ClusterLike, futures: Mapping[Any, Future[Any]], what: str, o
     return tolerated
 
 
-def sync_topics(cluster: ClusterLike, specs: list[TopicSpec], origins: dict[str, str] | None = None,
-                progress: Progress = None, timeout: float = 30.0,
-                replication_factor: int | None = None) -> tuple[list[str], list[str], list[str]]:
+def sync_topics(
+    cluster: ClusterLike,
+    specs: list[TopicSpec],
+    origins: dict[str, str] | None = None,
+    progress: Progress = None,
+    timeout: float = 30.0,
+    replication_factor: int | None = None,
+) -> tuple[list[str], list[str], list[str]]:
     """Create missing topics, set changed configs, grow partitions. Returns (created, updated,
     retention changes: one line per retention setting changed on an existing topic).
     Raises DefinitionError before changing anything if a topic would have to shrink. Topics are
@@ -171,15 +129,24 @@ def sync_topics(cluster: ClusterLike, specs: list[TopicSpec], origins: dict[str,
     for s in present:
         have = len(existing[s.name].partitions)
         if s.may_grow and s.partitions < have:
-            raise DefinitionError((origins or {}).get(s.owner), s.owner,
-                                  f"partitions cannot shrink from {have} to {s.partitions} (topic {s.name})")
+            raise DefinitionError(
+                (origins or {}).get(s.owner),
+                s.owner,
+                f"partitions cannot shrink from {have} to {s.partitions} (topic {s.name})",
+            )
         if s.may_grow and s.partitions > have:
-            used = queue_in_use(admin, s.name, sorted(existing[s.name].partitions), timeout) \
-                if s.grows_while_unused else None
+            used = (
+                queue_in_use(admin, s.name, sorted(existing[s.name].partitions), timeout)
+                if s.grows_while_unused
+                else None
+            )
             if used:
-                raise DefinitionError((origins or {}).get(s.owner), s.owner,
-                                      f"partitions cannot grow from {have} to {s.partitions}: {used}, and a "
-                                      "conversation group keeps its partition for life (define a new queue)")
+                raise DefinitionError(
+                    (origins or {}).get(s.owner),
+                    s.owner,
+                    f"partitions cannot grow from {have} to {s.partitions}: {used}, and a "
+                    "conversation group keeps its partition for life (define a new queue)",
+                )
             grow.append(s)
     resources = [ConfigResource(ResourceType.TOPIC, s.name) for s in present]
     current: dict[str, dict[str, str]] = {}
@@ -188,11 +155,16 @@ def sync_topics(cluster: ClusterLike, specs: list[TopicSpec], origins: dict[str,
             try:
                 current[res.name] = {k: e.value for k, e in future.result().items()}
             except KafkaException as exc:
-                raise clients.denied(cluster, exc.args[0], f"cannot describe topic {res.name}",
-                                     topic=("DESCRIBE_CONFIGS", res.name)) from None
+                raise clients.denied(
+                    cluster, exc.args[0], f"cannot describe topic {res.name}", topic=("DESCRIBE_CONFIGS", res.name)
+                ) from None
     alter = [s for s in present if any(current[s.name].get(k) != v for k, v in s.config.items())]
-    retention = [f"{s.name}: {key} {current[s.name].get(key)} -> {s.config[key]}" for s in alter
-                 for key in RETENTION_KEYS if key in s.config and current[s.name].get(key) != s.config[key]]
+    retention = [
+        f"{s.name}: {key} {current[s.name].get(key)} -> {s.config[key]}"
+        for s in alter
+        for key in RETENTION_KEYS
+        if key in s.config and current[s.name].get(key) != s.config[key]
+    ]
 
     # 2. change
     raced: set[str] = set()
@@ -200,30 +172,60 @@ def sync_topics(cluster: ClusterLike, specs: list[TopicSpec], origins: dict[str,
         say(f"creating {len(missing)} topics")
         # min.insync.replicas only at creation: it must stay consistent with the topic's own
         # replication factor, which a later apply with another choice does not change.
-        new = [NewTopic(s.name, num_partitions=s.partitions, replication_factor=replicas,
-                        config={**s.config, "min.insync.replicas": str(min_insync)}) for s in missing]
+        new = [
+            NewTopic(
+                s.name,
+                num_partitions=s.partitions,
+                replication_factor=replicas,
+                config={**s.config, "min.insync.replicas": str(min_insync)},
+            )
+            for s in missing
+        ]
         # Another apply may create the same topic at the same time: not a failure, not ours.
-        raced = _wait(cluster, admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout),
-                      "cannot create topic", "CREATE", tolerate=(KafkaError.TOPIC_ALREADY_EXISTS,),
-                      collision=lambda err, name: _collision(err, by_name.get(name), origins or {}))
+        raced = _wait(
+            cluster,
+            admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout),
+            "cannot create topic",
+            "CREATE",
+            tolerate=(KafkaError.TOPIC_ALREADY_EXISTS,),
+            collision=lambda err, name: _collision(err, by_name.get(name), origins or {}),
+        )
     if alter:
         say(f"updating the config of {len(alter)} topics")
         for line in retention:
             say(f"retention changed, {line}")
-        changes = [ConfigResource(ResourceType.TOPIC, s.name, incremental_configs=[
-            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in s.config.items()
-        ]) for s in alter]
-        _wait(cluster, admin.incremental_alter_configs(changes, request_timeout=timeout), "cannot configure topic",
-              "ALTER_CONFIGS")
+        changes = [
+            ConfigResource(
+                ResourceType.TOPIC,
+                s.name,
+                incremental_configs=[
+                    ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in s.config.items()
+                ],
+            )
+            for s in alter
+        ]
+        _wait(
+            cluster,
+            admin.incremental_alter_configs(changes, request_timeout=timeout),
+            "cannot configure topic",
+            "ALTER_CONFIGS",
+        )
     if grow:
         say(f"adding partitions to {len(grow)} topics")
-        _wait(cluster, admin.create_partitions([NewPartitions(s.name, s.partitions) for s in grow],
-                                               operation_timeout=timeout, request_timeout=timeout),
-              "cannot grow topic", "ALTER")
+        _wait(
+            cluster,
+            admin.create_partitions(
+                [NewPartitions(s.name, s.partitions) for s in grow], operation_timeout=timeout, request_timeout=timeout
+            ),
+            "cannot grow topic",
+            "ALTER",
+        )
     late = await_topics(cluster, admin, [s.name for s in missing], timeout)
     if late:
-        say(f"warning: {', '.join(late)} did not know every new topic after {timeout:g} s; a client "
-            "asking there may find a topic missing for a while")
+        say(
+            f"warning: {', '.join(late)} did not know every new topic after {timeout:g} s; a client "
+            "asking there may find a topic missing for a while"
+        )
     updated = sorted({s.name for s in alter} | {s.name for s in grow})
     return [s.name for s in missing if s.name not in raced], updated, retention
 
@@ -263,8 +265,10 @@ def queue_in_use(admin: AdminClient, topic: str, partitions: list[int], timeout:
     for partition, end in clients.end_offsets(admin, topic, partitions, time.monotonic() + timeout).items():
         if end > 0:
             return f"the queue has held messages (partition {partition} ends at offset {end})"
-    group = clients.result_of(admin.describe_consumer_groups([topic], request_timeout=timeout)[topic],
-                              f"cannot describe the readers of {topic}")
+    group = clients.result_of(
+        admin.describe_consumer_groups([topic], request_timeout=timeout)[topic],
+        f"cannot describe the readers of {topic}",
+    )
     if group.members:
         return f"the queue has {len(group.members)} readers"
     return None
@@ -276,23 +280,34 @@ def refuse_shadowing(namespace: str) -> None:
     shadowed = names.shadowed_namespace(namespace)
     if shadowed is not None:
         other, space = shadowed
-        raise TopicCollisionError(None, f"namespace {namespace}", names.prefix(namespace) + "*", space + "*",
-                                  f"namespace {other}'s queues may take these names (choose a namespace "
-                                  f"without '_{space.rstrip('.').rpartition('.')[2]}')")
+        raise TopicCollisionError(
+            None,
+            f"namespace {namespace}",
+            names.prefix(namespace) + "*",
+            space + "*",
+            f"namespace {other}'s queues may take these names (choose a namespace "
+            f"without '_{space.rstrip('.').rpartition('.')[2]}')",
+        )
 
 
-def ensure_system_topics(cluster: ClusterLike, namespace: str, timeout: float = 30.0,
-                         replication_factor: int | None = None) -> ApplyReport:
+def ensure_system_topics(
+    cluster: ClusterLike, namespace: str, timeout: float = 30.0, replication_factor: int | None = None
+) -> ApplyReport:
     """Create (or reconfigure) the namespace's system topics as kbroker/core/catalog/system.yaml says."""
     refuse_shadowing(namespace)
     specs = topic_specs(Catalog(namespace=namespace))  # names.* validate the namespace
-    created, updated, retention = sync_topics(cluster, specs, timeout=timeout,
-                                              replication_factor=replication_factor)
+    created, updated, retention = sync_topics(cluster, specs, timeout=timeout, replication_factor=replication_factor)
     return ApplyReport(created, updated, retention, 0, namespace)
 
 
-def apply_paths(cluster: ClusterLike, namespace: str, paths: Iterable[str | Path], progress: Progress = None,
-                timeout: float = 30.0, replication_factor: int | None = None) -> ApplyReport:
+def apply_paths(
+    cluster: ClusterLike,
+    namespace: str,
+    paths: Iterable[str | Path],
+    progress: Progress = None,
+    timeout: float = 30.0,
+    replication_factor: int | None = None,
+) -> ApplyReport:
     """Validate the definitions under `paths`, create/update their topics, publish the catalog."""
     catalog = load_definitions(paths, namespace)
     if progress:
@@ -300,8 +315,9 @@ def apply_paths(cluster: ClusterLike, namespace: str, paths: Iterable[str | Path
     return apply_catalog(cluster, catalog, progress, timeout, replication_factor)
 
 
-def record_repaired(cluster: ClusterLike, catalog: Catalog, bad: dict[bytes | None, tuple[Any, str]],
-                    timeout: float) -> None:
+def record_repaired(
+    cluster: ClusterLike, catalog: Catalog, bad: dict[bytes | None, tuple[Any, str]], timeout: float
+) -> None:
     """The bad records this apply just superseded with the object they replaced (read_catalog
     left those objects out, so publish wrote them again) are recorded here, as their repairer:
     a later 5th-tick scan no longer finds them last of their key (kafka/rejects.py)."""
@@ -314,8 +330,13 @@ def record_repaired(cluster: ClusterLike, catalog: Catalog, bad: dict[bytes | No
         rejects.close(timeout)
 
 
-def apply_catalog(cluster: ClusterLike, catalog: Catalog, progress: Progress = None, timeout: float = 30.0,
-                  replication_factor: int | None = None) -> ApplyReport:
+def apply_catalog(
+    cluster: ClusterLike,
+    catalog: Catalog,
+    progress: Progress = None,
+    timeout: float = 30.0,
+    replication_factor: int | None = None,
+) -> ApplyReport:
     """Apply an already validated catalog (from load_definitions); new topics get
     `replication_factor` replicas (default: see choose_replication)."""
     refuse_shadowing(catalog.namespace)
@@ -324,8 +345,9 @@ def apply_catalog(cluster: ClusterLike, catalog: Catalog, progress: Progress = N
     previous = read_catalog(cluster, catalog.namespace, timeout=timeout, last_bad=bad)
     # Before any topic changes: the queues applied earlier are part of the namespace's names.
     check_queue_names(catalog.queues, catalog.origins, applied=previous.queues)
-    created, updated, retention = sync_topics(cluster, topic_specs(catalog), catalog.origins, progress,
-                                              timeout, replication_factor)
+    created, updated, retention = sync_topics(
+        cluster, topic_specs(catalog), catalog.origins, progress, timeout, replication_factor
+    )
     # A route's LIFETIME counts from when it was first published as it is now (routing.py).
     catalog = stamp_routes(catalog, previous.routes, time.time())
     published = publish(cluster, catalog, previous=previous, timeout=timeout)

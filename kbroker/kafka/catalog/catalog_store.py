@@ -23,14 +23,22 @@ from kbroker.core.catalog.models import (
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.rejected import Rejected
 from kbroker.errors import BrokerUnavailableError, CatalogError, InvalidArgumentError, KBrokerError, kafka_error
-from kbroker.kafka import clients
+from kbroker.kafka import clients, producer_failures
 from kbroker.kafka.background import Background
 from kbroker.kafka.rejects import Rejects
 from kbroker.kafka.snapshot import read_partitions, reading_consumer, topic_partitions
 from kbroker.kafka.topic_propagation import partitions_after_propagation
 
-__all__ = ["FIELDS", "CatalogWatcher", "kafka_error", "publish", "publish_object", "read_catalog", "records",
-           "write_records"]
+__all__ = [
+    "FIELDS",
+    "CatalogWatcher",
+    "kafka_error",
+    "publish",
+    "publish_object",
+    "read_catalog",
+    "records",
+    "write_records",
+]
 
 log = logging.getLogger("kbroker.catalog")
 
@@ -73,16 +81,21 @@ def _collect_errors(errors: list[KafkaError]) -> Callable[[KafkaError | None, ob
     def on_delivery(err: KafkaError | None, _msg: object) -> None:
         if err is not None:
             errors.append(err)
+
     return on_delivery
 
 
 def write_records(cluster: ClusterLike, topic: str, todo: dict[str, bytes], timeout: float) -> None:
     """Produce key -> value records to an existing kbroker topic; returns once all are acknowledged."""
-    producer = clients.producer(cluster, **{
-        "enable.idempotence": True,  # retries never duplicate or reorder catalog records
-        "allow.auto.create.topics": False,  # an auto-created topic would not be compacted
-        "message.timeout.ms": int(timeout * 1000), "error_cb": (fatal := clients.FatalError()),
-    })
+    producer = clients.producer(
+        cluster,
+        **{
+            "enable.idempotence": True,  # retries never duplicate or reorder catalog records
+            "allow.auto.create.topics": False,  # an auto-created topic would not be compacted
+            "message.timeout.ms": int(timeout * 1000),
+            "error_cb": (fatal := producer_failures.FatalError()),
+        },
+    )
     if partitions_after_propagation(producer, topic, timeout, never_creates=True) is None:
         raise CatalogError(f"topic {topic} does not exist: run 'kbroker apply' first")
     errors: list[KafkaError] = []
@@ -92,34 +105,51 @@ def write_records(cluster: ClusterLike, topic: str, todo: dict[str, bytes], time
             producer.poll(0)
         remaining = clients.flush(producer, timeout)
     except KafkaException as exc:  # the producer failed for good: its fatal error says why
-        raise clients.producer_failed(cluster, fatal.of(producer, exc.args[0]), topic,
-                                      f"publishing to {topic} failed") from None
+        raise producer_failures.producer_failed(
+            cluster, fatal.of(producer, exc.args[0]), topic, f"publishing to {topic} failed"
+        ) from None
     if errors:
         raise clients.denied(cluster, errors[0], f"publishing to {topic} failed", topic=("WRITE", topic))
     if remaining:
         raise BrokerUnavailableError(f"publishing to {topic}: {remaining} records not acknowledged in {timeout}s")
 
 
-def read_catalog(cluster: ClusterLike, namespace: str, timeout: float = 10.0, *,
-                 last_bad: dict[bytes | None, tuple[Any, str]] | None = None) -> Catalog:
+def read_catalog(
+    cluster: ClusterLike,
+    namespace: str,
+    timeout: float = 10.0,
+    *,
+    last_bad: dict[bytes | None, tuple[Any, str]] | None = None,
+) -> Catalog:
     """The namespace's catalog as published; only the built-ins when the topic does not exist.
     `last_bad`: see read_catalog_with."""
     topic = names.catalog_topic(namespace)
-    consumer = reading_consumer(cluster, names.reader_group(namespace),
-                                **{"allow.auto.create.topics": False})
+    consumer = reading_consumer(cluster, names.reader_group(namespace), **{"allow.auto.create.topics": False})
     try:
         partitions = topic_partitions(consumer, topic, timeout)
         if partitions is None:
             return Catalog(namespace=namespace)
-        return read_catalog_with(consumer, namespace, partitions, timeout,
-                                 Rejects(cluster, namespace, "catalog reader", record=False, scanned=True),
-                                 last_bad=last_bad)
+        return read_catalog_with(
+            consumer,
+            namespace,
+            partitions,
+            timeout,
+            Rejects(cluster, namespace, "catalog reader", record=False, scanned=True),
+            last_bad=last_bad,
+        )
     finally:
         consumer.close()
 
 
-def read_catalog_with(consumer: Consumer, namespace: str, partitions: list[int], timeout: float,
-                      rejects: Rejects, *, last_bad: dict[bytes | None, tuple[Any, str]] | None = None) -> Catalog:
+def read_catalog_with(
+    consumer: Consumer,
+    namespace: str,
+    partitions: list[int],
+    timeout: float,
+    rejects: Rejects,
+    *,
+    last_bad: dict[bytes | None, tuple[Any, str]] | None = None,
+) -> Catalog:
     """The catalog read with a consumer the caller keeps (the watcher's: creating a consumer for
     every change is what a loaded machine is slowest at). A record that is not a catalog object
     (anyone who may write the topic may write anything) is skipped, the key keeping its last
@@ -171,8 +201,9 @@ class CatalogWatcher(Background):
 
     thread_name = "kbroker-catalog-watch"
 
-    def __init__(self, cluster: ClusterLike, namespace: str, on_change: Callable[[Catalog], None],
-                 interval: float = 0.5):
+    def __init__(
+        self, cluster: ClusterLike, namespace: str, on_change: Callable[[Catalog], None], interval: float = 0.5
+    ):
         super().__init__()
         self._cluster, self._namespace, self._on_change = Cluster.of(cluster), namespace, on_change
         self._interval = interval
@@ -182,8 +213,9 @@ class CatalogWatcher(Background):
 
     def _run(self) -> None:
         topic = names.catalog_topic(self._namespace)
-        consumer = reading_consumer(self._cluster, names.reader_group(self._namespace),
-                                    **{"allow.auto.create.topics": False})
+        consumer = reading_consumer(
+            self._cluster, names.reader_group(self._namespace), **{"allow.auto.create.topics": False}
+        )
         failing = False
         partitions: list[int] | None = None  # the catalog topic's, asked until it exists
         try:
@@ -191,14 +223,17 @@ class CatalogWatcher(Background):
                 try:
                     if partitions is None:
                         partitions = topic_partitions(consumer, topic, 5.0)
-                    end = tuple(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5.0,
-                                                               cached=False)[1] for p in partitions or ())
+                    end = tuple(
+                        consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5.0, cached=False)[1]
+                        for p in partitions or ()
+                    )
                     # The first look reads the catalog too: it may have changed between the
                     # process's own read and this watcher's start (a queue disabled then was
                     # missed until the next change).
                     if self._end is None or end != self._end:
-                        self._on_change(read_catalog_with(consumer, self._namespace, partitions or [], 10.0,
-                                                            self._rejects))
+                        self._on_change(
+                            read_catalog_with(consumer, self._namespace, partitions or [], 10.0, self._rejects)
+                        )
                     self._end, failing = end, False
                 except (KafkaException, KBrokerError) as exc:
                     if not failing:

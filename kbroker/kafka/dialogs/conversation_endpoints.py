@@ -10,11 +10,10 @@ group checks of BEGIN DIALOG and MOVE look at that group's endpoints only."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import replace
 
-from confluent_kafka import Consumer, Message, Producer
+from confluent_kafka import Message, Producer
 
 from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
@@ -37,8 +36,8 @@ from kbroker.core.dialogs.send_sequence import (
 )
 from kbroker.core.rejected import Rejected
 from kbroker.errors import BrokerUnavailableError, ConversationNotFoundError
+from kbroker.kafka.dialogs.forward_reader import ForwardReader
 from kbroker.kafka.rejects import Rejects
-from kbroker.kafka.snapshot import read_partitions, reading_consumer, topic_partitions
 
 log = logging.getLogger("kbroker.endpoints")
 
@@ -60,14 +59,13 @@ class EndpointStore:
     move from being undone, even after compaction has dropped the endpoint record that had it.
     """
 
-    def __init__(self, cluster: ClusterLike, namespace: str, producer: Producer | None, *,
-                 continue_sequences: bool = True):
+    def __init__(
+        self, cluster: ClusterLike, namespace: str, producer: Producer | None, *, continue_sequences: bool = True
+    ):
         # producer None: a store that only reads (views, the reclaim): see read_endpoints.
         # continue_sequences=False: show records as written (views), not where SENDs would go on.
         self._continue_sequences = continue_sequences
         self.topic = names.endpoints_topic(namespace)
-        self._namespace = namespace
-        self._cluster = Cluster.of(cluster)
         self._producer = producer
         self._cache: dict[str, Endpoint] = {}
         self._by_group: dict[str, set[str]] = {}  # conversation group -> handles in the cache
@@ -82,14 +80,8 @@ class EndpointStore:
         self._leases: dict[str, SendLease] = {}  # each side's conversation lock, as the topic decides it
         self._wants: dict[str, Want] = {}  # the last process that said it waits for each lease
         self._floor: dict[str, int] = {}  # where a lease this process took says its SENDs start
-        self._consumer: Consumer | None = None
-        self._positions: dict[int, int] = {}
-        self._behind = False  # the last read stopped at its deadline, short of the end
+        self._reader = ForwardReader(Cluster.of(cluster), namespace, self.topic, self._apply, self._prune)
         self.fresh_for = FRESH_FOR
-        self._read_at = float("-inf")  # time.monotonic() of the last read forward
-        self._reading = threading.Lock()  # readers' threads and the poll threads share the consumer
-        # Reads forward begun, and the number of the last one that ended without an error.
-        self._reads_begun = self._read_ok = 0
         # A record that is not an endpoint's is skipped and logged here; the worker's 5th-tick
         # scan records it (every process reads this topic whole: see kafka/rejects.py).
         self.rejects = Rejects(cluster, namespace, "endpoint cache", record=False, scanned=True)
@@ -167,8 +159,12 @@ class EndpointStore:
         old = self._cache.get(handle)
         merged = merged_state(old, ep)
         if merged is None:
-            log.info("endpoint %s: a record in state %s written from a stale copy is refused (the "
-                     "endpoint is %s)", handle, ep.state, old.state if old else None)
+            log.info(
+                "endpoint %s: a record in state %s written from a stale copy is refused (the endpoint is %s)",
+                handle,
+                ep.state,
+                old.state if old else None,
+            )
             return
         ep = merged
         if old is not None and old.conversation_group_id != ep.conversation_group_id:
@@ -238,7 +234,7 @@ class EndpointStore:
         process sees within about that long that another process of its side ended the dialog
         (the statement then raises ConversationClosedError). Inside that window the receiving
         side refuses what a stale copy sends (docs/endpoints.md)."""
-        if time.monotonic() - self._read_at > self.fresh_for:
+        if time.monotonic() - self._reader.read_at > self.fresh_for:
             self._read_forward()
         return self.get(handle)
 
@@ -254,50 +250,25 @@ class EndpointStore:
         self._read_forward()
 
     def _read_forward(self, timeout: float = READ_TIMEOUT) -> None:
-        """Read the topic forward: a caller needs a read begun after it called (what it wrote
-        before is in it), so callers that queued behind one read share the next one instead
-        of reading one after another (64 readers claiming or renewing leases at once queued
-        64 reads)."""
-        asked = self._reads_begun
-        with self._reading:
-            if self._read_ok > asked:
-                return  # a read begun after this call ended meanwhile, and did not fail
-            self._reads_begun += 1
-            this = self._reads_begun
-            self._read_forward_locked(timeout)
-            self._read_ok = this
-
-    def _read_forward_locked(self, timeout: float) -> None:
-        """Read the topic from where this process left off up to its current end. A Kafka error
-        raises a typed kbroker error (BrokerUnavailableError when trying later may help); what
-        was not reached by the deadline is read by the next call."""
-        if self._consumer is None:
-            self._consumer = reading_consumer(self._cluster, names.reader_group(self._namespace))
-        if not self._positions:
-            partitions = topic_partitions(self._consumer, self.topic, timeout)
-            if partitions is None:
-                return  # no endpoint yet: asked again on the next read
-            self._positions = dict.fromkeys(partitions, 0)
-        now = time.time()
-        read = read_partitions(self._consumer, self.topic, self._positions, timeout,
-                               on_record=lambda msg: self._apply(msg, now))
-        self._positions.update(read.positions)
-        self._behind = bool(read.unfinished)
-        self._read_at = time.monotonic()
-        self._prune(now)
+        """Read the topic forward (ForwardReader.read: callers queued behind one read share the next)."""
+        self._reader.read(timeout)
 
     def _caught_up(self) -> None:
         """After a read: a handle not found, or a list of all, is only an answer if the read
         reached the end (a huge topic or a slow broker may stop it at the deadline)."""
-        if self._behind:
+        if self._reader.behind:
             raise BrokerUnavailableError(f"{self.topic} was not read to its end in {READ_TIMEOUT:g} s; try again")
 
     def _apply(self, msg: Message, now: float) -> None:
         key, value = msg.key(), msg.value()
         if key is None:
             return  # not an endpoint record (a compacted topic refuses keyless ones anyway)
-        if value is not None and not key.endswith(_OTHER_KEYS) and CLOSED_JSON in value \
-                and msg.timestamp()[1] / 1000.0 <= now - self.grace:
+        if (
+            value is not None
+            and not key.endswith(_OTHER_KEYS)
+            and CLOSED_JSON in value
+            and msg.timestamp()[1] / 1000.0 <= now - self.grace
+        ):
             self._forget(key.decode(errors="replace"))  # reclaimed: as good as its tombstone (not parsed)
             return
         try:
@@ -376,9 +347,7 @@ class EndpointStore:
 
     def close(self) -> None:
         """Close the reading consumer (the shared producer is its owner's)."""
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+        self._reader.close()
 
 
 def read_endpoints(cluster: ClusterLike, namespace: str, *, as_written: bool = False) -> list[Endpoint]:

@@ -31,8 +31,9 @@ from kbroker.core.dialogs.send_lease import (
 from kbroker.core.dialogs.send_sequence import claim_start
 from kbroker.errors import BrokerUnavailableError, ConversationLockTimeoutError
 from kbroker.kafka.background import Background
-from kbroker.kafka.clients import Deliveries, idempotent_producer
+from kbroker.kafka.clients import idempotent_producer
 from kbroker.kafka.dialogs.conversation_endpoints import EndpointStore
+from kbroker.kafka.producer_failures import Deliveries
 from kbroker.kafka.txn.fencing import fence
 
 log = logging.getLogger("kbroker.leases")
@@ -44,8 +45,16 @@ KEEP_EVERY = 0.25  # seconds between the keeper's looks at the held leases
 class SendLeases(Background):
     thread_name = "kbroker-leases"
 
-    def __init__(self, cluster: ClusterLike, store: EndpointStore, locks: ConversationLocks, process: str,
-                 fence_ids: Callable[[], tuple[str, ...]], *, ack_timeout: float = 30.0):
+    def __init__(
+        self,
+        cluster: ClusterLike,
+        store: EndpointStore,
+        locks: ConversationLocks,
+        process: str,
+        fence_ids: Callable[[], tuple[str, ...]],
+        *,
+        ack_timeout: float = 30.0,
+    ):
         super().__init__()
         self._cluster, self._store, self._locks = Cluster.of(cluster), store, locks
         self.process = process
@@ -115,8 +124,11 @@ class SendLeases(Background):
                 continue
             ep = self._store.get(handle)
             start = claim_start(ep, cur)
-            claim = (first_claim(handle, self.process, now, self._fence_ids(), start) if cur is None
-                     else cur.claimed(self.process, now, self._fence_ids(), start))
+            claim = (
+                first_claim(handle, self.process, now, self._fence_ids(), start)
+                if cur is None
+                else cur.claimed(self.process, now, self._fence_ids(), start)
+            )
             self._write(claim)
             won = self._answer(claim, deadline, timeout)
             if not won:
@@ -124,8 +136,9 @@ class SendLeases(Background):
             if cur is not None and cur.owner not in (None, self.process):
                 # It ran out without a release: whatever its holder still has open must not
                 # commit after this process's SENDs.
-                log.warning("conversation %s: the lease of %s ran out; taking it over and fencing it",
-                            handle, cur.owner)
+                log.warning(
+                    "conversation %s: the lease of %s ran out; taking it over and fencing it", handle, cur.owner
+                )
                 fence(self._cluster, cur.fence)
             self._store.advance(handle, start, cur.state if cur is not None else None)
             with self._mutex:
@@ -168,8 +181,9 @@ class SendLeases(Background):
                 cur = self._store.lease(r.handle)
                 if r.handle in outcome:
                     continue
-                if cur == r or (cur is not None and cur.epoch == r.epoch and cur.owner == self.process
-                                and cur.until >= r.until):
+                if cur == r or (
+                    cur is not None and cur.epoch == r.epoch and cur.owner == self.process and cur.until >= r.until
+                ):
                     outcome[r.handle] = True
                 elif cur is None or cur.epoch != r.epoch or cur.owner != self.process:
                     outcome[r.handle] = False
@@ -201,8 +215,9 @@ class SendLeases(Background):
         now = time.time()
         for lease in mine:
             ep = self._store.cached(lease.handle)
-            released = lease.released(now, ep.send_sequence if ep is not None else lease.ceiling,
-                                      ep.state if ep is not None else None)
+            released = lease.released(
+                now, ep.send_sequence if ep is not None else lease.ceiling, ep.state if ep is not None else None
+            )
             self._produce(lease_key(lease.handle), released.to_json())
         self._flush()
 
@@ -222,8 +237,9 @@ class SendLeases(Background):
     def _flush(self) -> None:
         if self._producer is None:
             return
-        left, failed = self._deliveries.flushed(self._producer, self._cluster, self._ack_timeout,
-                                                "writing a conversation lease")
+        left, failed = self._deliveries.flushed(
+            self._producer, self._cluster, self._ack_timeout, "writing a conversation lease"
+        )
         if left or failed:
             why = failed.str() if failed else f"not acknowledged in {self._ack_timeout:g} s"
             raise BrokerUnavailableError(f"a lease record was not written: {why}")
@@ -284,7 +300,6 @@ class SendLeases(Background):
         try:
             self._release(handles)
         except Exception as exc:  # noqa: BLE001 - logged: unreleased leases run out by themselves
-            log.warning("%d conversation leases were not released (%s); they run out by themselves",
-                        len(handles), exc)
+            log.warning("%d conversation leases were not released (%s); they run out by themselves", len(handles), exc)
         if self._producer is not None:
             self._producer.flush(self._ack_timeout)

@@ -26,7 +26,8 @@ from kbroker.core.records import Record
 from kbroker.core.transport.endpoint import transport_queue_prefix
 from kbroker.errors import RecordRefusedError, TransactionInDoubtError
 from kbroker.kafka.receive.receiver import Lease, QueueReceiver
-from kbroker.kafka.txn.committer import CommitRequest, GroupCommitter
+from kbroker.kafka.txn.commit_requests import CommitRequest
+from kbroker.kafka.txn.committer import GroupCommitter
 
 log = logging.getLogger("kbroker.deadletter")
 
@@ -68,14 +69,25 @@ class DeadLetters:
         letter, event = set_aside(self._namespace, record, reason)
         return [letter, event] if stage == WITHOUT_BODY else [event]
 
-    def _submit(self, committer: GroupCommitter, receiver: QueueReceiver, lease: Lease, record: Any, reason: str,
-                stage: str) -> None:
-        request = CommitRequest(self._records(record, reason, stage), [lease],
-                                then=lambda req: self._after(committer, req, receiver, record, reason, stage))
+    def _submit(
+        self, committer: GroupCommitter, receiver: QueueReceiver, lease: Lease, record: Any, reason: str, stage: str
+    ) -> None:
+        request = CommitRequest(
+            self._records(record, reason, stage),
+            [lease],
+            then=lambda req: self._after(committer, req, receiver, record, reason, stage),
+        )
         committer.submit(request)
 
-    def _after(self, committer: GroupCommitter, request: CommitRequest, receiver: QueueReceiver, record: Any,
-               reason: str, stage: str) -> None:
+    def _after(
+        self,
+        committer: GroupCommitter,
+        request: CommitRequest,
+        receiver: QueueReceiver,
+        record: Any,
+        reason: str,
+        stage: str,
+    ) -> None:
         """On the committer's thread, once the dead letter has its outcome: the next way out."""
         error = request.error
         if error is None:
@@ -86,17 +98,30 @@ class DeadLetters:
             self._note_refused(record, stage, error)
             self._submit(committer, receiver, lease, record, reason, _NEXT[stage])
         elif isinstance(error, RecordRefusedError) or isinstance(error, TransactionInDoubtError):
-            log.error("the dead letter of %s[%s]@%s did not commit (%s); the partition is read again from it "
-                      "when its reader restarts", record.topic(), record.partition(), record.offset(), error)
+            log.error(
+                "the dead letter of %s[%s]@%s did not commit (%s); the partition is read again from it "
+                "when its reader restarts",
+                record.topic(),
+                record.partition(),
+                record.offset(),
+                error,
+            )
         elif not (lease.doomed or receiver.closed or committer.closed):
             self._submit(committer, receiver, lease, record, reason, stage)
 
     def _count(self, record: Any, why: str, stage: str) -> None:
         topic, transport = str(record.topic()), transport_queue_prefix(self._namespace)
-        queue = topic[len(transport):] if topic.startswith(transport) else names.queue_of_topic(self._namespace, topic)
+        queue = topic[len(transport) :] if topic.startswith(transport) else names.queue_of_topic(self._namespace, topic)
         metrics.of(metrics.DEAD_LETTERS, self._namespace, queue or "", why, stage.replace(" ", "_")).inc()
 
     @staticmethod
     def _note_refused(record: Any, stage: str, error: Exception) -> None:
-        log.warning("Kafka refused the dead letter (%s) of %s[%s]@%s, %d bytes: %s; setting the record aside",
-                    stage, record.topic(), record.partition(), record.offset(), len(record.value() or b""), error)
+        log.warning(
+            "Kafka refused the dead letter (%s) of %s[%s]@%s, %d bytes: %s; setting the record aside",
+            stage,
+            record.topic(),
+            record.partition(),
+            record.offset(),
+            len(record.value() or b""),
+            error,
+        )

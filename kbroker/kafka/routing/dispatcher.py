@@ -28,20 +28,20 @@ from kbroker.core.activation.tick import EVERY_2ND, EVERY_5TH, EVERY_TICK, TickC
 from kbroker.core.catalog.models import END_DIALOG, ERROR, Catalog
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.dialogs.arrival import REFUSE, SAVE, WAIT, check_arrival
-from kbroker.core.dialogs.envelope import H_FOLLOWS, Envelope
-from kbroker.core.dialogs.timers import target_lifetime_record
+from kbroker.core.dialogs.envelope import Envelope
 from kbroker.core.records import Record
 from kbroker.core.routing.directions import FORGET_AFTER, Directions, read_acks
 from kbroker.core.routing.dispatch import Inbox, declared_follows, describe_drops, gap_status, next_in_line
-from kbroker.core.routing.forwarding import MB, Forwarded
+from kbroker.core.routing.forwarding import MB
 from kbroker.core.routing.kept import kept
-from kbroker.core.routing.routes import address, hop, match_route, routes_of
+from kbroker.core.routing.routes import address
 from kbroker.core.routing.signing import MAX_AGE, RecordRefused, verified
 from kbroker.core.routing.transmission import ack_key
 from kbroker.core.txn.faults import Deadline
 from kbroker.errors import BrokerUnavailableError, denied_code
 from kbroker.kafka import clients, messages
 from kbroker.kafka.routing.forwarder import Forwarder
+from kbroker.kafka.routing.inbound import forwarded, next_hop, queue_records
 from kbroker.kafka.routing.keys import Keys
 from kbroker.kafka.snapshot import latest_values
 from kbroker.kafka.steps import FailureSink, report, run_steps
@@ -64,9 +64,19 @@ class Dispatcher:
     """Reads the namespace's inbound topic. Run one or more per cluster (each worker runs one);
     they share its partitions. `catalog()` gives the namespace's current catalog."""
 
-    def __init__(self, cluster: ClusterLike, namespace: str, catalog: Callable[[], Catalog], *,
-                 guard: FailureSink | None = None, poll_interval: float = 0.05, tick: float = 5.0,
-                 keys: Keys | None = None, max_age: float = MAX_AGE, forget_after: float = FORGET_AFTER):
+    def __init__(
+        self,
+        cluster: ClusterLike,
+        namespace: str,
+        catalog: Callable[[], Catalog],
+        *,
+        guard: FailureSink | None = None,
+        poll_interval: float = 0.05,
+        tick: float = 5.0,
+        keys: Keys | None = None,
+        max_age: float = MAX_AGE,
+        forget_after: float = FORGET_AFTER,
+    ):
         """`keys`: the public keys of the namespaces whose messages are accepted (config.keys_dir()
         by default); `max_age`: how old a signature may be; `forget_after`: how long after a
         direction ended its acknowledgement is tombstoned (core/routing/directions.py)."""
@@ -86,10 +96,14 @@ class Dispatcher:
         self.denied: BaseException | None = None  # the authorizer's refusal that stopped it
         self._refused: set[str] = set()
         group = names.dispatcher_group(namespace)
-        self._consumer = clients.consumer(cluster, group, **{
-            "session.timeout.ms": 10_000, "partition.assignment.strategy": "range", "auto.offset.reset": "earliest"})
-        self._reading_refused = clients.reading_refused(self.cluster, "the dispatcher reading its inbound topic",
-                                                        self.topic, group)
+        self._consumer = clients.consumer(
+            cluster,
+            group,
+            **{"session.timeout.ms": 10_000, "partition.assignment.strategy": "range", "auto.offset.reset": "earliest"},
+        )
+        self._reading_refused = clients.reading_refused(
+            self.cluster, "the dispatcher reading its inbound topic", self.topic, group
+        )
         self._transactional_id = f"{group}.{uuid.uuid4()}"
         self._producer = self._new_producer()
         self._assigned = False
@@ -98,13 +112,19 @@ class Dispatcher:
         self._ticks = TickCounter()
 
     def _new_producer(self) -> GuardedProducer:
-        return started_for(self.cluster, clients.idempotent_producer(self.cluster, **{
-            "transactional.id": self._transactional_id, "transaction.timeout.ms": 10_000}),
-            self._transactional_id, 30)
+        return started_for(
+            self.cluster,
+            clients.idempotent_producer(
+                self.cluster, **{"transactional.id": self._transactional_id, "transaction.timeout.ms": 10_000}
+            ),
+            self._transactional_id,
+            30,
+        )
 
     def start(self) -> "Dispatcher":
-        self._consumer.subscribe([self.topic], on_assign=self._on_rebalance, on_revoke=self._on_rebalance,
-                                 on_lost=self._on_rebalance)
+        self._consumer.subscribe(
+            [self.topic], on_assign=self._on_rebalance, on_revoke=self._on_rebalance, on_lost=self._on_rebalance
+        )
         self._thread = threading.Thread(target=self._run, name="kbroker-dispatcher", daemon=True)
         self._thread.start()
         return self
@@ -133,8 +153,11 @@ class Dispatcher:
         self.denied = run_steps(self.step, self._stop, COMPONENT, self._guard, log)
 
     def step(self) -> None:
-        batch = messages.records(clients.consume_soon(self._consumer, 500, self._poll_interval),
-                                 lambda err: log.warning("inbound topic: %s", err), refused=self._reading_refused)
+        batch = messages.records(
+            clients.consume_soon(self._consumer, 500, self._poll_interval),
+            lambda err: log.warning("inbound topic: %s", err),
+            refused=self._reading_refused,
+        )
         now = time.time()
         self._ticks, run = advance(self._ticks, now, self.schedule)
         due = run.due if run is not None else frozenset()
@@ -175,12 +198,18 @@ class Dispatcher:
             p, o = messages.position(msg)
             first.setdefault(p, o)
             last[p] = o
-        records.extend((names.acks_topic(self.namespace), k, orjson.dumps(self._ack(k, v, now)), None)
-                       for k, v in acks.items())
+        records.extend(
+            (names.acks_topic(self.namespace), k, orjson.dumps(self._ack(k, v, now)), None) for k, v in acks.items()
+        )
         positions = [TopicPartition(self.topic, p, o + 1) for p, o in last.items()]
         try:
-            transact(self._producer, records, [(positions, self._consumer.consumer_group_metadata())],
-                     Deadline(BATCH_SECONDS), BATCH_SECONDS)
+            transact(
+                self._producer,
+                records,
+                [(positions, self._consumer.consumer_group_metadata())],
+                Deadline(BATCH_SECONDS),
+                BATCH_SECONDS,
+            )
         except TransactionFailed as failed:
             if self._recover():  # aborted: the batch's state goes back
                 self.inbox.restore(saved_state)
@@ -193,8 +222,9 @@ class Dispatcher:
                 # lacks. The dispatcher stops with the refusal, as every kbroker service does; its
                 # senders keep their messages (unacknowledged) until it runs again.
                 written = ", ".join(sorted({r[0] for r in records}))
-                raise clients.denied(self.cluster, failed.error, "the dispatcher saving routed messages",
-                                     topic=("WRITE", written)) from None
+                raise clients.denied(
+                    self.cluster, failed.error, "the dispatcher saving routed messages", topic=("WRITE", written)
+                ) from None
             raise  # run_steps reports the failure
         self.saved += counts["saved"]
         self.duplicates += counts["duplicates"]
@@ -204,13 +234,20 @@ class Dispatcher:
             if n:
                 metrics.of(metrics.DISPATCHED, self.namespace, outcome).inc(n)
 
-    def _one(self, msg: Message, catalog: Catalog, now: float, acks: dict[str, dict[str, Any]],
-             counts: dict[str, int]) -> list[Record]:
+    def _one(
+        self, msg: Message, catalog: Catalog, now: float, acks: dict[str, dict[str, Any]], counts: dict[str, int]
+    ) -> list[Record]:
         """The records one inbound message adds to the batch's transaction."""
         record: Any = msg  # a consumed record: what kept() reads of it
         try:
-            env = verified(msg.key(), msg.value(), messages.headers(msg), public_key=self._keys.public, now=now,
-                           max_age=self._max_age)
+            env = verified(
+                msg.key(),
+                msg.value(),
+                messages.headers(msg),
+                public_key=self._keys.public,
+                now=now,
+                max_age=self._max_age,
+            )
             assert env.from_broker is not None  # verified() refuses a record without one
             mine = self.directions.refusal(env.from_broker, env.conversation_id)
             if mine is not None:
@@ -226,7 +263,7 @@ class Dispatcher:
             return []
         verdict = check_arrival(catalog, env, body)
         if verdict.action == WAIT and env.to_service_name not in catalog.services and catalog.forwarding:
-            hop = self._next_hop(catalog, env, now)
+            hop = next_hop(catalog, env, self.here, now)
             if hop is not None:
                 self._forward(catalog, env, msg, hop, now)
                 return []
@@ -234,29 +271,35 @@ class Dispatcher:
             acks[key] = {"next": self.inbox.expected.get(key, 0), "status": verdict.reason}
             return []
         follows = declared_follows(messages.headers(msg))
-        if verdict.action == REFUSE and not next_in_line(env.message_sequence_number, follows,
-                                                         self.inbox.waiting_for(key)):
+        if verdict.action == REFUSE and not next_in_line(
+            env.message_sequence_number, follows, self.inbox.waiting_for(key)
+        ):
             counts["duplicates"] += 1  # refused when its turn comes (its sender sends it again)
             return []
         if verdict.action == REFUSE:
             counts["refused"] += 1
             self._refused.add(key)
             self.directions.end(key, now)
-            acks[key] = {"next": env.message_sequence_number + 1,
-                         "error": {"code": verdict.code, "description": verdict.reason}}
-            log.warning("message %s from %s refused (%d): %s", env.message_id, env.from_broker,
-                        verdict.code, verdict.reason)
+            acks[key] = {
+                "next": env.message_sequence_number + 1,
+                "error": {"code": verdict.code, "description": verdict.reason},
+            }
+            log.warning(
+                "message %s from %s refused (%d): %s", env.message_id, env.from_broker, verdict.code, verdict.reason
+            )
             return []
         assert verdict.action == SAVE
         ready, dropped = self.inbox.offer(key, env.message_sequence_number, now, (env, msg), follows)
         if dropped is not None:
             counts["duplicates"] += 1
         elif not ready:  # it waits for an earlier message: the sender's view says why
-            acks[key] = {"next": self.inbox.waiting_for(key),
-                         "status": gap_status(self.inbox.waiting_for(key), env.message_sequence_number)}
+            acks[key] = {
+                "next": self.inbox.waiting_for(key),
+                "status": gap_status(self.inbox.waiting_for(key), env.message_sequence_number),
+            }
         out: list[Record] = []
         for e, m in ready:
-            out.extend(self._save(e, m, catalog))
+            out.extend(queue_records(self.namespace, e, m, catalog))
             counts["saved"] += 1
             if e.message_type_name in (END_DIALOG, ERROR):  # its sender sends no more on it
                 self.directions.end(key, now)
@@ -270,8 +313,9 @@ class Dispatcher:
         the acks topic can, once the new producer is up: it is read again."""
         if aborted(self._producer, BATCH_SECONDS):
             return True
-        self._producer = replace_producer(self._producer, self._new_producer, self._stop,
-                                          lambda exc: report(self._guard, COMPONENT, exc, log))
+        self._producer = replace_producer(
+            self._producer, self._new_producer, self._stop, lambda exc: report(self._guard, COMPONENT, exc, log)
+        )
         self._assigned = False
         return False
 
@@ -286,8 +330,13 @@ class Dispatcher:
         if not due:
             return
         try:
-            transact(self._producer, [(names.acks_topic(self.namespace), k, None, None) for k in due], [],
-                     Deadline(BATCH_SECONDS), BATCH_SECONDS)
+            transact(
+                self._producer,
+                [(names.acks_topic(self.namespace), k, None, None) for k in due],
+                [],
+                Deadline(BATCH_SECONDS),
+                BATCH_SECONDS,
+            )
         except TransactionFailed:
             self._recover()  # the next tick tombstones them again
             raise
@@ -300,13 +349,6 @@ class Dispatcher:
 
     # --- forwarding -----------------------------------------------------------------------------
 
-    def _next_hop(self, catalog: Catalog, env: Envelope, now: float) -> str | None:
-        """Where a message for a service this namespace does not host goes next, by this
-        namespace's routes (`<bootstrap>/<namespace>`), or None: it waits at its sender."""
-        route = match_route(routes_of(catalog), env.to_service_name, env.to_broker, now)
-        nxt = None if route is None else hop(route, env.to_service_name, self.here)
-        return None if nxt == self.here else nxt
-
     def _forward(self, catalog: Catalog, env: Envelope, msg: Message, hop: str, now: float) -> None:
         endpoint = catalog.forwarding
         assert endpoint is not None
@@ -314,21 +356,7 @@ class Dispatcher:
         if self.forwarder is None:
             self.forwarder = Forwarder(self.cluster, self.namespace, limit)
         self.forwarder.queue.limit = limit  # ALTER ENDPOINT ... MESSAGE_FORWARD_SIZE
-        value, headers = messages.value(msg), messages.headers(msg)
-        assert env.from_broker is not None  # _one refused a message without one
-        self.forwarder.offer(Forwarded(
-            env.message_id, env.conversation_id, env.to_side == "TARGET", env.to_service_name,
-            env.from_service_name, env.from_broker, hop, env.message_sequence_number,
-            len(value), now, record=(messages.key(msg).decode(errors="replace"), value, headers)))
-
-    def _save(self, env: Envelope, msg: Message, catalog: Catalog) -> list[Record]:
-        queue = catalog.services[env.to_service_name].queue
-        topic = names.queue_topic(self.namespace, queue)
-        hs = [(n, v) for n, v in messages.headers(msg) if n != H_FOLLOWS]  # the hop's own declaration
-        out: list[Record] = [(topic, env.conversation_group_id, messages.value(msg), hs)]
-        if env.to_side == "TARGET" and env.message_sequence_number == 0 and env.lifetime is not None:
-            out.append(target_lifetime_record(self.namespace, env, topic))
-        return out
+        self.forwarder.offer(forwarded(env, msg, hop, now))
 
     def close(self) -> None:
         self._stop.set()

@@ -19,7 +19,7 @@ from kbroker.core.records import Header
 from kbroker.core.routing.routes import address
 from kbroker.core.routing.transmission import Outgoing, ack_key, read_ack
 from kbroker.errors import KBrokerError, PermissionDeniedError, denied_code
-from kbroker.kafka import clients, messages
+from kbroker.kafka import clients, messages, producer_failures
 from kbroker.kafka.snapshot import topic_partitions
 
 SEND_TIMEOUT_MS = 20_000  # a message the destination did not take within this breaks the link
@@ -32,8 +32,16 @@ class LinkBroken(Exception):
 
 
 class RoutingLink:
-    def __init__(self, cluster: ClusterLike, namespace: str, from_broker: str, *, every_ack: bool = False,
-                 signer: Signer | None = None, on_invalid: Invalid | None = None):
+    def __init__(
+        self,
+        cluster: ClusterLike,
+        namespace: str,
+        from_broker: str,
+        *,
+        every_ack: bool = False,
+        signer: Signer | None = None,
+        on_invalid: Invalid | None = None,
+    ):
         """`from_broker`: the namespace whose messages this link carries; `every_ack`: hand on
         the acknowledgements of every namespace's messages (a forwarder relays them); `signer`
         signs what `send` sends (a forwarder passes signed records on as they are);
@@ -45,8 +53,9 @@ class RoutingLink:
         self.acks_topic = names.acks_topic(namespace)
         self._prefix = "" if every_ack else f"{from_broker}|"
         self.errors: list[str] = []
-        self._producer = clients.idempotent_producer(cluster, **{
-            "message.timeout.ms": SEND_TIMEOUT_MS, "linger.ms": 2, "error_cb": self._on_error})
+        self._producer = clients.idempotent_producer(
+            cluster, **{"message.timeout.ms": SEND_TIMEOUT_MS, "linger.ms": 2, "error_cb": self._on_error}
+        )
         self._acks = clients.consumer(cluster, names.reader_group(namespace), **{"error_cb": self._on_error})
 
     def _refused_topic(self, topic: str, timeout: float) -> None:
@@ -62,8 +71,13 @@ class RoutingLink:
     def _refused(self, err: KafkaError) -> Exception:
         """The destination's authorizer refused reading its acks: the link is broken, and says
         why (the route waits as for any broken link; the other routes go on)."""
-        refusal = clients.denied(self.cluster, err, f"reading the acknowledgements of namespace {self.namespace}",
-                                 topic=("READ", self.acks_topic), group=("DESCRIBE", names.reader_group(self.namespace)))
+        refusal = clients.denied(
+            self.cluster,
+            err,
+            f"reading the acknowledgements of namespace {self.namespace}",
+            topic=("READ", self.acks_topic),
+            group=("DESCRIBE", names.reader_group(self.namespace)),
+        )
         return LinkBroken(str(refusal))
 
     def _on_error(self, err: KafkaError) -> None:
@@ -80,8 +94,9 @@ class RoutingLink:
         for topic in (self.inbound, self.acks_topic):
             if topic not in md.topics or md.topics[topic].error is not None:
                 self._refused_topic(topic, timeout)
-                raise LinkBroken(f"namespace {self.namespace!r} at {self.cluster} has no topic {topic} "
-                                 f"(is its catalog applied?)")
+                raise LinkBroken(
+                    f"namespace {self.namespace!r} at {self.cluster} has no topic {topic} (is its catalog applied?)"
+                )
         parts = md.topics[self.acks_topic].partitions
         self._acks.assign([TopicPartition(self.acks_topic, p, OFFSET_BEGINNING) for p in parts])
 
@@ -98,8 +113,9 @@ class RoutingLink:
     def send_record(self, key: str, value: bytes | None, headers: list[Header] | None) -> None:
         """Queue one record for the destination's inbound topic, keyed by its dialog direction."""
         try:
-            self._producer.produce(self.inbound, key=key, value=value, headers=messages.wire_headers(headers),
-                                   on_delivery=self._delivered)
+            self._producer.produce(
+                self.inbound, key=key, value=value, headers=messages.wire_headers(headers), on_delivery=self._delivered
+            )
         except BufferError:
             raise LinkBroken("the link's send queue is full") from None
         except KafkaException as exc:
@@ -107,8 +123,13 @@ class RoutingLink:
 
     def _delivered(self, err: KafkaError | None, _msg: Any) -> None:
         if err is not None and denied_code(err):  # why the link is broken, in the refusal's words
-            self.errors.append(str(clients.refusal(self.cluster, [(err, self.inbound)], "sending to namespace "
-                                                   f"{self.namespace}")))
+            self.errors.append(
+                str(
+                    producer_failures.refusal(
+                        self.cluster, [(err, self.inbound)], f"sending to namespace {self.namespace}"
+                    )
+                )
+            )
         elif err is not None:
             self.errors.append(err.str())
 
@@ -117,8 +138,12 @@ class RoutingLink:
         messages; LinkBroken when a send failed or the cluster went away."""
         self._producer.poll(0)
         out = []
-        for msg in messages.records(self._acks.consume(1000, 0), lambda err: self.errors.append(str(err)),
-                                    transient=False, refused=self._refused):
+        for msg in messages.records(
+            self._acks.consume(1000, 0),
+            lambda err: self.errors.append(str(err)),
+            transient=False,
+            refused=self._refused,
+        ):
             key = messages.key(msg).decode(errors="replace")
             if not key.startswith(self._prefix) or msg.value() is None:
                 continue  # another sender's, or the tombstone of an ended direction

@@ -4,7 +4,8 @@ over its destination's connection, until the far dispatcher acknowledged it.
 What to send when (retries at 4, 8, 16, 32 s, then every 64 s) and how far the topic may be
 committed is core/routing/transmission.py's; when to connect, suppress and close connections is
 core/routing/links.py's; which route a message takes is core/routing/routes.py's. This module reads, sends,
-polls acknowledgements and publishes what it holds (kbroker transmission, kbroker connections).
+polls acknowledgements and publishes what it holds (kbroker transmission, kbroker connections);
+what it tells its own namespace (notices, events, Errors, records set aside) is notices.py's.
 Run one or more per cluster (each worker runs one): they share the topic's partitions.
 """
 
@@ -16,18 +17,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 from confluent_kafka import Consumer, TopicPartition
 
 from kbroker import metrics
 from kbroker.core import names
 from kbroker.core.activation.tick import EVERY_2ND, EVERY_5TH, TickCounter, TickSchedule, advance
-from kbroker.core.catalog.models import ERROR as ERROR_TYPE
 from kbroker.core.catalog.models import Catalog, Route
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.core.dialogs.envelope import Envelope, error_body
-from kbroker.core.dialogs.timers import system_message
-from kbroker.core.routing.kept import kept
 from kbroker.core.routing.links import IDLE_CLOSE
 from kbroker.core.routing.routes import address, hop, is_expired, match_route, routes_of
 from kbroker.core.routing.signing import sign
@@ -36,6 +32,7 @@ from kbroker.kafka import clients, messages
 from kbroker.kafka.routing.keys import Keys
 from kbroker.kafka.routing.link import LinkBroken
 from kbroker.kafka.routing.link_pool import LinkPool
+from kbroker.kafka.routing.notices import Notices
 from kbroker.kafka.routing.views import ReportWriter, outgoing
 from kbroker.kafka.steps import FailureSink, run_steps
 
@@ -44,16 +41,25 @@ COMPONENT = "transmitter"
 WAIT_RETRY = 4.0  # a message with no route or connection is looked at again this often
 MAX_WAITING = 20_000  # messages held before the transmission topic is paused (back-pressure)
 MAX_WAITING_BYTES = 64 * 1024 * 1024
-NOTICE_EVERY = 60.0  # a missing route's broker configuration notice, per service
 REPORT_ROWS = 200  # messages a report lists (the view says how many more wait)
 
 
 class Transmitter:
     """`catalog()` gives the namespace's current catalog (routes, services)."""
 
-    def __init__(self, cluster: ClusterLike, namespace: str, catalog: Callable[[], Catalog], *,
-                 guard: FailureSink | None = None, tick: float = 5.0, poll_interval: float = 0.05,
-                 idle_close: float = IDLE_CLOSE, stall_after: float = STALL_AFTER, keys: Keys | None = None):
+    def __init__(
+        self,
+        cluster: ClusterLike,
+        namespace: str,
+        catalog: Callable[[], Catalog],
+        *,
+        guard: FailureSink | None = None,
+        tick: float = 5.0,
+        poll_interval: float = 0.05,
+        idle_close: float = IDLE_CLOSE,
+        stall_after: float = STALL_AFTER,
+        keys: Keys | None = None,
+    ):
         """`keys`: where the namespace's master key is (config.keys_dir() by default; made there
         when there is none); an unreadable one stops the transmitter from starting."""
         self.cluster, self.namespace = Cluster.of(cluster), namespace
@@ -65,16 +71,28 @@ class Transmitter:
         self.schedule = TickSchedule(interval=tick)
         self.topic = names.transmission_topic(namespace)
         self.queue = TransmissionQueue(namespace)
-        self.pool = LinkPool(namespace, self.cluster, idle_close=idle_close,
-                             signer=lambda key, value, headers: sign(master, key, value, headers, time.time()),
-                             on_invalid=lambda msg, why: self._keep(msg, f"invalid acknowledgement: {why}"))
+        self.pool = LinkPool(
+            namespace,
+            self.cluster,
+            idle_close=idle_close,
+            signer=lambda key, value, headers: sign(master, key, value, headers, time.time()),
+            on_invalid=lambda msg, why: self._notices.keep(msg, f"invalid acknowledgement: {why}"),
+        )
         self.links = self.pool.links
         self.here = address(self.cluster.bootstrap, namespace)  # where LOCAL routes lead
-        self._consumer = clients.consumer(cluster, names.transmitter_group(namespace), **{
-            "session.timeout.ms": 10_000, "auto.offset.reset": "earliest"})
-        self._reading_refused = clients.reading_refused(self.cluster, "the transmitter reading the transmission queue",
-                                                        self.topic, names.transmitter_group(namespace))
+        self._consumer = clients.consumer(
+            cluster,
+            names.transmitter_group(namespace),
+            **{"session.timeout.ms": 10_000, "auto.offset.reset": "earliest"},
+        )
+        self._reading_refused = clients.reading_refused(
+            self.cluster,
+            "the transmitter reading the transmission queue",
+            self.topic,
+            names.transmitter_group(namespace),
+        )
         self._local = clients.idempotent_producer(cluster)  # Errors for refused dialogs, reports
+        self._notices = Notices(self._local, namespace, COMPONENT)
         # The connections' times move on every look: a report is new when the rest changed.
         self._reports = ReportWriter(self._local, namespace, "transmitter", volatile=("at", "connections"))
         self._stop = threading.Event()
@@ -91,7 +109,6 @@ class Transmitter:
         self.link_states: dict[str, str] = {}
         self._reclassify_asked: str | None = None
         self._wanted: set[str] = set()  # destinations messages wait to connect to
-        self._noticed: dict[str, float] = {}  # service -> when its missing route was last noticed
 
     def request_reclassify(self, why: str) -> None:
         """From another thread (the worker's control reader): reclassify at the next pass."""
@@ -99,7 +116,7 @@ class Transmitter:
 
     def start(self) -> "Transmitter":
         self._consumer.subscribe([self.topic], on_revoke=self._on_revoke, on_lost=self._on_revoke)
-        self._notice(time.time(), "namespace started")
+        self._notices.notice(time.time(), "namespace started")
         self._thread = threading.Thread(target=self._run, name="kbroker-transmitter", daemon=True)
         self._thread.start()
         return self
@@ -131,7 +148,8 @@ class Transmitter:
             self.reclassify(now, why)
         self._send(now)
         self._poll_links(now)
-        self._note_stalls(now)
+        for m in self.queue.stalled(now, self._stall_after):  # once per message
+            self._notices.stalled(m, now)
         if EVERY_5TH in due:
             self._close_idle(now)
         self._commit()
@@ -144,9 +162,13 @@ class Transmitter:
             (self._consumer.pause if full else self._consumer.resume)(assignment)
             self._paused = full
         batch = clients.consume_soon(self._consumer, 500, 0 if full else self._poll)
-        for msg in messages.records(batch, lambda err: log.warning("transmission topic: %s", err), transient=False,
-                                    refused=self._reading_refused):
-            m = outgoing(msg, lambda why: self._keep(msg, why))  # noqa: B023 - called now
+        for msg in messages.records(
+            batch,
+            lambda err: log.warning("transmission topic: %s", err),
+            transient=False,
+            refused=self._reading_refused,
+        ):
+            m = outgoing(msg, lambda why: self._notices.keep(msg, why))  # noqa: B023 - called now
             if m is None:
                 self.queue.skip(*messages.position(msg))
             else:
@@ -158,7 +180,7 @@ class Transmitter:
         """(`<bootstrap>/<namespace>` of `m`'s next hop, True) or (why it has none, False)."""
         route = match_route(routes, m.to_service, m.to_broker, now)
         if route is None:
-            self._notice(now, "route missing", m.to_service, m.to_broker)
+            self._notices.notice(now, "route missing", m.to_service, m.to_broker)
             return f"The route to target service '{m.to_service}' was not found.", False
         nxt = hop(route, m.to_service, self.here)
         if nxt is None:
@@ -213,8 +235,10 @@ class Transmitter:
             for key, ack in acks:
                 error = ack.get("error")
                 refusal = self.queue.acknowledge(
-                    key, int(ack.get("next", 0)),
-                    None if not error else (int(error.get("code", 0)), str(error.get("description", ""))))
+                    key,
+                    int(ack.get("next", 0)),
+                    None if not error else (int(error.get("code", 0)), str(error.get("description", ""))),
+                )
                 if ack.get("status"):
                     self.queue.note_status(key, str(ack["status"]))
                 if refusal is not None:
@@ -226,65 +250,16 @@ class Transmitter:
                 self.links.active(link.destination, now, acks=len(acks))
 
     def _refuse(self, refusal: Refusal) -> None:
-        """The far side refused a dialog: the Error goes to this side's queue (as Service Broker
-        delivers the far broker's Error), and the dialog's waiting messages are dropped."""
+        """The far side refused a dialog: its Error goes to this side's queue (notices.py), and
+        the dialog's waiting messages are dropped."""
         if not refusal.dropped:
             return
         self.refused += len(refusal.dropped)
         m = refusal.dropped[0]
         metrics.of(metrics.TRANSMISSIONS, self.namespace, m.destination or "", "refused").inc(len(refusal.dropped))
         service = self._catalog().services.get(m.from_service)
-        if service is None:
-            return
-        side = "INITIATOR" if m.to_side == "TARGET" else "TARGET"
-        sent = Envelope.from_headers(m.record[1])
-        group = sent.reply_group or m.conversation_id  # the key this side's records carry (_record)
-        topic = names.queue_topic(self.namespace, service.queue) if sent.reply_instance is None else \
-            names.secondary_queue_topic(self.namespace, service.queue, sent.reply_instance)
-        _, key, value, headers = system_message(m.conversation_id, side, m.contract, m.from_service, m.to_service,
-                                                topic, group, ERROR_TYPE, error_body(refusal.code, refusal.description))
-        clients.produce(self._local, topic, key=key, value=value, headers=messages.wire_headers(headers))
-        self._local.poll(0)
-        log.warning("dialog %s refused by %s (%d): %s", m.conversation_id, m.destination or "its destination",
-                    refusal.code, refusal.description)
-
-    def _keep(self, msg: Any, why: str) -> None:
-        """A record of the transmission topic, or of an acks topic, that is not what it should
-        be: kept in this namespace's dead-letter topic, with an event (core/routing/kept.py)."""
-        log.warning("%s[%s]@%s set aside: %s", msg.topic(), msg.partition(), msg.offset(), why)
-        for topic, key, value, headers in kept(self.namespace, msg, why, COMPONENT):
-            clients.produce(self._local, topic, key=key, value=value, headers=messages.wire_headers(headers))
-        self._local.poll(0)
-
-    def _note_stalls(self, now: float) -> None:
-        """A dialog direction whose oldest message went unacknowledged for `stall_after` seconds:
-        a TRANSMISSION_STALLED event on the events topic and a warning naming the conversation,
-        once per message; its status stays in `kbroker transmission`."""
-        for m in self.queue.stalled(now, self._stall_after):
-            event = {"event": "TRANSMISSION_STALLED", "namespace": self.namespace,
-                     "conversation_id": m.conversation_id, "conversation_handle": m.handle,
-                     "to_service_name": m.to_service, "destination": m.destination,
-                     "message_sequence_number": m.sequence, "attempts": m.attempts,
-                     "first_sent": m.first_sent, "transmission_status": m.status, "time": int(now * 1000)}
-            clients.produce(self._local, names.events_topic(self.namespace), key=m.conversation_id.encode(),
-                            value=orjson.dumps(event))
-            self._local.poll(0)
-            log.warning("dialog %s to %s makes no progress: message %d sent %d time(s) since %.0f s ago: %s",
-                        m.conversation_id, m.to_service, m.sequence, m.attempts, now - (m.first_sent or now), m.status)
-
-    def _notice(self, now: float, reason: str, service: str | None = None, broker: str | None = None) -> None:
-        """A broker configuration notice (BCN) on the events topic, for whoever provides routes
-        (Service Broker sends it to the BrokerConfiguration service): when the transmitter starts
-        and when a service has no route, at most once a minute per service."""
         if service is not None:
-            if now - self._noticed.get(service, -1e9) < NOTICE_EVERY:
-                return
-            self._noticed[service] = now
-        event = {"event": "BROKER_CONFIGURATION_NOTICE", "namespace": self.namespace, "reason": reason,
-                 "service": service, "broker_instance": broker, "time": int(now * 1000)}
-        clients.produce(self._local, names.events_topic(self.namespace), key=b"bcn", value=orjson.dumps(event))
-        self._local.poll(0)
-        log.info("broker configuration notice: %s%s", reason, f" for service {service}" if service else "")
+            self._notices.refused(m, refusal, service.queue)
 
     # --- 2nd and 5th tick --------------------------------------------------------------------
 
@@ -293,14 +268,16 @@ class Transmitter:
         message is looked at again now), and forget acknowledgements nothing waits for and
         notices older than a minute."""
         routes = routes_of(self._catalog())
-        seen = (tuple(sorted(r.model_dump_json() for r in routes)),
-                tuple(sorted(r.name for r in routes if is_expired(r, now))))
+        seen = (
+            tuple(sorted(r.model_dump_json() for r in routes)),
+            tuple(sorted(r.name for r in routes if is_expired(r, now))),
+        )
         if seen != self._routes_seen:
             if self._routes_seen is not None:
                 self.reclassify(now, "routes changed")
             self._routes_seen = seen
         self.queue.forget()
-        self._noticed = {s: at for s, at in self._noticed.items() if now - at < NOTICE_EVERY}
+        self._notices.forget(now)
 
     def reclassify(self, now: float, why: str) -> None:
         """Look at every waiting message again now (a route or the catalog changed, a command)."""
@@ -318,18 +295,25 @@ class Transmitter:
         if not offsets:
             return
         try:
-            self._consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
-                                  asynchronous=True)
+            self._consumer.commit(
+                offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()], asynchronous=True
+            )
             self._committed.update(offsets)
         except Exception as exc:  # noqa: BLE001 - the next pass commits again
             log.debug("transmitter commit: %s", exc)
 
     def report(self, now: float | None = None) -> dict[str, Any]:
         now = time.time() if now is None else now
-        return {"at": now, "messages": self.queue.rows(REPORT_ROWS),
-                "connections": self.links.rows(now), "waiting": len(self.queue),
-                "read_to": {str(p): o for p, o in self.queue.read_positions().items()},
-                "sent": self.sent, "acked": self.acked, "refused": self.refused}
+        return {
+            "at": now,
+            "messages": self.queue.rows(REPORT_ROWS),
+            "connections": self.links.rows(now),
+            "waiting": len(self.queue),
+            "read_to": {str(p): o for p, o in self.queue.read_positions().items()},
+            "sent": self.sent,
+            "acked": self.acked,
+            "refused": self.refused,
+        }
 
     def close(self) -> None:
         self._stop.set()

@@ -24,7 +24,7 @@ from confluent_kafka.admin import (
 )
 
 from kbroker.core.cluster import ClusterLike
-from kbroker.core.security.acl_roles import AclBinding, check_principal
+from kbroker.core.security.acl_bindings import AclBinding, check_principal
 from kbroker.errors import BrokerUnavailableError
 from kbroker.kafka import clients
 
@@ -46,25 +46,53 @@ def _type_name(restype: Enum | str | int) -> str:
 
 def to_kafka(b: AclBinding) -> KafkaAclBinding:
     """`b` as confluent-kafka's AclBinding."""
-    return KafkaAclBinding(_resource_type(b.resource_type), b.name, ResourcePatternType[b.pattern], b.principal,
-                           b.host, AclOperation[b.operation], AclPermissionType[b.permission])
+    return KafkaAclBinding(
+        _resource_type(b.resource_type),
+        b.name,
+        ResourcePatternType[b.pattern],
+        b.principal,
+        b.host,
+        AclOperation[b.operation],
+        AclPermissionType[b.permission],
+    )
 
 
 def from_kafka(k: KafkaAclBinding) -> AclBinding:
     """confluent-kafka's AclBinding as kbroker's."""
-    return AclBinding(k.principal, _name(k.operation), _type_name(k.restype), _name(k.resource_pattern_type), k.name,
-                      _name(k.permission_type), k.host)
+    return AclBinding(
+        k.principal,
+        _name(k.operation),
+        _type_name(k.restype),
+        _name(k.resource_pattern_type),
+        k.name,
+        _name(k.permission_type),
+        k.host,
+    )
 
 
 def _principal_filter(principal: str | None) -> AclBindingFilter:
     anything: Any = None  # matches any name, principal and host (the library's type hints say str only)
-    return AclBindingFilter(ResourceType.ANY, anything, ResourcePatternType.ANY, principal or anything, anything,
-                            AclOperation.ANY, AclPermissionType.ANY)
+    return AclBindingFilter(
+        ResourceType.ANY,
+        anything,
+        ResourcePatternType.ANY,
+        principal or anything,
+        anything,
+        AclOperation.ANY,
+        AclPermissionType.ANY,
+    )
 
 
 def _exact_filter(b: AclBinding) -> AclBindingFilter:
-    return AclBindingFilter(_resource_type(b.resource_type), b.name, ResourcePatternType[b.pattern], b.principal,
-                            b.host, AclOperation[b.operation], AclPermissionType[b.permission])
+    return AclBindingFilter(
+        _resource_type(b.resource_type),
+        b.name,
+        ResourcePatternType[b.pattern],
+        b.principal,
+        b.host,
+        AclOperation[b.operation],
+        AclPermissionType[b.permission],
+    )
 
 
 def listed(cluster: ClusterLike, principal: str | None = None, *, timeout: float = 10.0) -> list[AclBinding]:
@@ -72,13 +100,16 @@ def listed(cluster: ClusterLike, principal: str | None = None, *, timeout: float
     if principal is not None:
         check_principal(principal)
     admin = clients.admin(cluster)
-    found = clients.result_of(admin.describe_acls(_principal_filter(principal), request_timeout=timeout),
-                              "cannot list the cluster's ACLs (DESCRIBE on the cluster)")
+    found = clients.result_of(
+        admin.describe_acls(_principal_filter(principal), request_timeout=timeout),
+        "cannot list the cluster's ACLs (DESCRIBE on the cluster)",
+    )
     return sorted(from_kafka(k) for k in found)
 
 
-def grant(cluster: ClusterLike, bindings: Iterable[AclBinding], *, timeout: float = 10.0,
-          wait: bool = True) -> list[AclBinding]:
+def grant(
+    cluster: ClusterLike, bindings: Iterable[AclBinding], *, timeout: float = 10.0, wait: bool = True
+) -> list[AclBinding]:
     """Create `bindings` (those that exist already stay as they are); with `wait`, return once
     the cluster lists them all. Returns the bindings asked for, without repeats."""
     todo = list(dict.fromkeys(bindings))
@@ -86,15 +117,17 @@ def grant(cluster: ClusterLike, bindings: Iterable[AclBinding], *, timeout: floa
         return []
     admin = clients.admin(cluster)
     for kafka_binding, future in admin.create_acls([to_kafka(b) for b in todo], request_timeout=timeout).items():
-        clients.result_of(future, f"cannot create the ACL {from_kafka(kafka_binding).command('…')} "
-                                  "(ALTER on the cluster)")
+        clients.result_of(
+            future, f"cannot create the ACL {from_kafka(kafka_binding).command('…')} (ALTER on the cluster)"
+        )
     if wait:
         _settle(cluster, todo, present=True, timeout=timeout)
     return todo
 
 
-def revoke(cluster: ClusterLike, bindings: Iterable[AclBinding], *, timeout: float = 10.0,
-           wait: bool = True) -> list[AclBinding]:
+def revoke(
+    cluster: ClusterLike, bindings: Iterable[AclBinding], *, timeout: float = 10.0, wait: bool = True
+) -> list[AclBinding]:
     """Delete `bindings` (a binding the cluster does not hold is no error); with `wait`, return
     once the cluster no longer lists them. Returns the ACLs deleted."""
     todo = list(dict.fromkeys(bindings))
@@ -107,8 +140,9 @@ def revoke_all(cluster: ClusterLike, principal: str, *, timeout: float = 10.0, w
     return _delete(cluster, [_principal_filter(principal)], None, timeout, wait)
 
 
-def _delete(cluster: ClusterLike, filters: list[AclBindingFilter], expected: list[AclBinding] | None,
-            timeout: float, wait: bool) -> list[AclBinding]:
+def _delete(
+    cluster: ClusterLike, filters: list[AclBindingFilter], expected: list[AclBinding] | None, timeout: float, wait: bool
+) -> list[AclBinding]:
     if not filters:
         return []
     admin = clients.admin(cluster)
@@ -130,6 +164,8 @@ def _settle(cluster: ClusterLike, bindings: list[AclBinding], *, present: bool, 
         if not missing:
             return
         if time.monotonic() >= deadline:
-            raise BrokerUnavailableError(f"the cluster did not list {len(missing)} ACL change(s) within "
-                                         f"{timeout:g} s, e.g. {missing[0].command('…')}")
+            raise BrokerUnavailableError(
+                f"the cluster did not list {len(missing)} ACL change(s) within "
+                f"{timeout:g} s, e.g. {missing[0].command('…')}"
+            )
         time.sleep(SETTLE_INTERVAL)

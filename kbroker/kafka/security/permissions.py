@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AclOperation, AdminClient
 
 from kbroker.core.cluster import ClusterLike
-from kbroker.core.security.acl_roles import AclBinding
+from kbroker.core.security.acl_bindings import AclBinding
 from kbroker.core.security.permissions import GRANT, Objects, Permission, bindings_of, held, revoke_plan
 from kbroker.errors import SendPermissionDeniedError, denied_code
 from kbroker.kafka import clients
@@ -37,8 +37,11 @@ class Change:
     also_lost: list[Permission] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"statements": [p.statement() for p in self.statements], "acls": [b.as_dict() for b in self.acls],
-                "also_lost": [p.statement() for p in self.also_lost]}
+        return {
+            "statements": [p.statement() for p in self.statements],
+            "acls": [b.as_dict() for b in self.acls],
+            "also_lost": [p.statement() for p in self.also_lost],
+        }
 
 
 def objects(cluster: ClusterLike, namespace: str, timeout: float = 10.0) -> Objects:
@@ -46,8 +49,14 @@ def objects(cluster: ClusterLike, namespace: str, timeout: float = 10.0) -> Obje
     return Objects.of(read_catalog(cluster, namespace, timeout=timeout))
 
 
-def grant(cluster: ClusterLike, namespace: str, permissions: Iterable[Permission], *,
-          timeout: float = 10.0, dry_run: bool = False) -> Change:
+def grant(
+    cluster: ClusterLike,
+    namespace: str,
+    permissions: Iterable[Permission],
+    *,
+    timeout: float = 10.0,
+    dry_run: bool = False,
+) -> Change:
     """GRANT or DENY `permissions` (each its own state): their ACLs created, returned once the
     cluster lists them (those already there stay)."""
     todo = list(permissions)
@@ -57,8 +66,14 @@ def grant(cluster: ClusterLike, namespace: str, permissions: Iterable[Permission
     return Change(todo, plan)
 
 
-def revoke(cluster: ClusterLike, namespace: str, permissions: Iterable[Permission], *,
-           timeout: float = 10.0, dry_run: bool = False) -> Change:
+def revoke(
+    cluster: ClusterLike,
+    namespace: str,
+    permissions: Iterable[Permission],
+    *,
+    timeout: float = 10.0,
+    dry_run: bool = False,
+) -> Change:
     """REVOKE `permissions`: the ACLs of each one's grant and deny deleted, with the base ACLs no
     permission left needs; returned once the cluster no longer lists them."""
     todo = list(permissions)
@@ -74,13 +89,18 @@ def revoke(cluster: ClusterLike, namespace: str, permissions: Iterable[Permissio
     if not dry_run and remove:
         acls.revoke(cluster, sorted(remove), timeout=timeout)
     named = {(p.principal, p.action, p.cls, p.name) for p in todo}
-    lost = [p for pr in principals for p in set(held(before, pr, objs)[0]) - set(held(left, pr, objs)[0])
-            if (p.principal, p.action, p.cls, p.name) not in named and p.state == GRANT]
+    lost = [
+        p
+        for pr in principals
+        for p in set(held(before, pr, objs)[0]) - set(held(left, pr, objs)[0])
+        if (p.principal, p.action, p.cls, p.name) not in named and p.state == GRANT
+    ]
     return Change(todo, sorted(remove), sorted(lost))
 
 
-def listed(cluster: ClusterLike, namespace: str, principal: str | None = None, *,
-           timeout: float = 10.0) -> tuple[list[Permission], list[AclBinding]]:
+def listed(
+    cluster: ClusterLike, namespace: str, principal: str | None = None, *, timeout: float = 10.0
+) -> tuple[list[Permission], list[AclBinding]]:
     """The permissions in the namespace of `principal` (or of every principal with an ACL), read
     back from the cluster's ACLs, and the ACLs that make no permission (raw)."""
     objs = objects(cluster, namespace, timeout)
@@ -100,8 +120,9 @@ def authorized(cluster: ClusterLike, topics: list[str], timeout: float = 10.0) -
     if not topics:
         return {}
     admin = clients.admin(cluster)  # kept until the answers came: a client collected meanwhile fails them
-    futures = admin.describe_topics(TopicCollection(topics), include_authorized_operations=True,
-                                    request_timeout=timeout)
+    futures = admin.describe_topics(
+        TopicCollection(topics), include_authorized_operations=True, request_timeout=timeout
+    )
     out: dict[str, frozenset[str] | None] = {}
     for topic, future in futures.items():
         try:
@@ -157,8 +178,9 @@ class SendChecks:
         try:
             if self._admin is None:
                 self._admin = clients.admin(self._cluster)
-            return self._admin.describe_topics(TopicCollection([topic]), include_authorized_operations=True,
-                                               request_timeout=self._timeout)[topic]
+            return self._admin.describe_topics(
+                TopicCollection([topic]), include_authorized_operations=True, request_timeout=self._timeout
+            )[topic]
         except Exception as exc:  # noqa: BLE001 - a client that cannot be made or asked: no answer
             self._no_answer(exc)
             return None

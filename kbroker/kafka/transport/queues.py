@@ -26,13 +26,8 @@ from kbroker.core.transport.endpoint import (
 from kbroker.core.transport.message import TransportEnvelope, as_envelope, from_record
 from kbroker.errors import InvalidArgumentError, QueueNameCollisionError, TransportQueueNotFoundError, kafka_error
 from kbroker.kafka import clients, messages
-from kbroker.kafka.catalog.apply import (
-    KEEP_EVERY_RECORD,
-    QUEUE_SEGMENTS,
-    TopicSpec,
-    sync_topics,
-    system_topic_config,
-)
+from kbroker.kafka.catalog.apply import sync_topics
+from kbroker.kafka.catalog.topic_specs import KEEP_EVERY_RECORD, QUEUE_SEGMENTS, TopicSpec, system_topic_config
 from kbroker.kafka.receive.receiver import QueueReceiver
 from kbroker.kafka.snapshot import topic_partitions
 

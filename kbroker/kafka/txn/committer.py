@@ -10,8 +10,9 @@ itself (too large for its topic) fails only the request that holds it (RecordRef
 the others are committed at once without it; a batch is one transaction to save round trips,
 not because its requests belong together.
 
-The committer is three jobs, one module each: this batch loop, which gathers requests and
-commits them; the ring of transactional producers its Kafka transactions take turns on
+The committer is three jobs, one module each: this batch loop, which gathers requests
+(commit_requests.py: what a transaction hands over, and who waits for the outcome) and commits
+them; the ring of transactional producers its Kafka transactions take turns on
 (producer_ring.py: creating, replacing and fencing them); and the settling of a transaction that
 failed (settling.py: whether it committed, and closing an open transaction it left).
 
@@ -28,15 +29,12 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from kbroker import metrics
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.core.records import Record
 from kbroker.core.txn.commit_holder import holder_of, with_holder
 from kbroker.core.txn.faults import Deadline, Stage
 from kbroker.core.txn.transaction_log import OPEN_TRANSACTION_AFTER
@@ -49,60 +47,12 @@ from kbroker.errors import (
 )
 from kbroker.kafka import clients
 from kbroker.kafka.txn.close_open import OpenTransaction
+from kbroker.kafka.txn.commit_requests import CommitRequest, Lease, refused_requests
 from kbroker.kafka.txn.guarded import CallDeadlineExceeded, TransactionFailed, transact
 from kbroker.kafka.txn.producer_ring import ProducerRing, Slot
 from kbroker.kafka.txn.settling import GROUP_FENCES, Positions, Settler
 
 log = logging.getLogger("kbroker.committer")
-
-
-class Lease(Protocol):
-    """What the committer needs of a receive lease (kafka/receive/receive_leases.Lease): the
-    receiver whose offsets it completes, and whether a rebalance doomed it."""
-
-    receiver: Any
-    doomed: bool
-
-
-@dataclass(eq=False)
-class CommitRequest:
-    """One transaction's commit: its records to produce and its leases' offsets to commit."""
-
-    records: list[Record]
-    leases: Sequence[Lease]
-    # The committer's generation when the transaction first took a conversation lease (None:
-    # it took none). A producer created since may postdate a fence meant for this process.
-    generation: int | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-    error: Exception | None = None
-    committed_at: float = 0.0
-    # Called with the request once it has its outcome, on the committer's thread: it must not
-    # wait (it may submit another request).
-    then: Callable[["CommitRequest"], None] | None = None
-
-    def finish(self, error: Exception | None) -> None:
-        """Tell the waiting transaction the outcome (None: committed)."""
-        self.error, self.committed_at = error, time.time()
-        self.done.set()
-        if self.then is not None:
-            try:
-                self.then(self)
-            except Exception:  # logged with its traceback: the committer's thread must go on committing
-                log.exception("a commit request's follow-up failed")
-
-
-def refused_requests(batch: list[CommitRequest], refused: dict[int, str]) -> dict[CommitRequest, str]:
-    """The requests of `batch` that hold a record Kafka refused (`refused`: index of the record
-    in the batch's records, as the transaction produced them, -> why), with the first why."""
-    out: dict[CommitRequest, str] = {}
-    start = 0
-    for req in batch:
-        end = start + len(req.records)
-        why = next((refused[i] for i in range(start, end) if i in refused), None)
-        if why is not None:
-            out[req] = why
-        start = end
-    return out
 
 
 class ActiveTransactions:
@@ -131,13 +81,22 @@ class GroupCommitter:
     without I/O; start() creates the transactional producers (with `new_producer`, given their
     settings) and the committing thread."""
 
-    def __init__(self, cluster: ClusterLike, namespace: str, *, interval: float = 0.005,
-                 max_batch: int = 1000, timeout: float = 30.0, producers: int = 2,
-                 transaction_deadline: float = 10.0, resolve_timeout: float = 120.0,
-                 open_transaction_after: float = OPEN_TRANSACTION_AFTER,
-                 active_transactions: Callable[[], int] = lambda: 1,
-                 new_producer: Callable[[dict[str, Any]], Producer] = Producer,
-                 transactional_ids: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        cluster: ClusterLike,
+        namespace: str,
+        *,
+        interval: float = 0.005,
+        max_batch: int = 1000,
+        timeout: float = 30.0,
+        producers: int = 2,
+        transaction_deadline: float = 10.0,
+        resolve_timeout: float = 120.0,
+        open_transaction_after: float = OPEN_TRANSACTION_AFTER,
+        active_transactions: Callable[[], int] = lambda: 1,
+        new_producer: Callable[[dict[str, Any]], Producer] = Producer,
+        transactional_ids: tuple[str, ...] = (),
+    ):
         self._namespace = namespace
         self._cluster = Cluster.of(cluster)
         self._interval, self._max_batch, self._timeout = interval, max_batch, timeout
@@ -145,14 +104,27 @@ class GroupCommitter:
         # transaction that has not committed by then is given up (and its producer if stuck).
         self._transaction_deadline = transaction_deadline
         self._active_transactions = active_transactions
-        self._ring = ProducerRing(cluster, namespace, producers=producers, transactional_ids=transactional_ids,
-                                  new_producer=new_producer, timeout=timeout,
-                                  transaction_deadline=transaction_deadline,
-                                  group_metadata=lambda group: self._settler.group_metadata(group),
-                                  closed=lambda: self._closed)
-        self._settler = Settler(self._cluster, namespace, self._ring, timeout=timeout,
-                                transaction_deadline=transaction_deadline, resolve_timeout=resolve_timeout,
-                                open_transaction_after=open_transaction_after, closed=lambda: self._closed)
+        self._ring = ProducerRing(
+            cluster,
+            namespace,
+            producers=producers,
+            transactional_ids=transactional_ids,
+            new_producer=new_producer,
+            timeout=timeout,
+            transaction_deadline=transaction_deadline,
+            group_metadata=lambda group: self._settler.group_metadata(group),
+            closed=lambda: self._closed,
+        )
+        self._settler = Settler(
+            self._cluster,
+            namespace,
+            self._ring,
+            timeout=timeout,
+            transaction_deadline=transaction_deadline,
+            resolve_timeout=resolve_timeout,
+            open_transaction_after=open_transaction_after,
+            closed=lambda: self._closed,
+        )
         self.holder = holder_of(self.transactional_ids, namespace)  # what its offsets' metadata names
         self._queue: queue.Queue[CommitRequest | None] = queue.Queue()
         self._busy = threading.Lock()  # held while a Kafka transaction is under way
@@ -188,8 +160,12 @@ class GroupCommitter:
                 if not denied_code(exc.args[0]):
                     raise
                 self.close()
-                raise clients.denied(self._cluster, exc.args[0], "starting a transactional producer",
-                                     transactional_id=("WRITE", slot.transactional_id)) from None
+                raise clients.denied(
+                    self._cluster,
+                    exc.args[0],
+                    "starting a transactional producer",
+                    transactional_id=("WRITE", slot.transactional_id),
+                ) from None
         self._thread = threading.Thread(target=self._run, name="kbroker-committer", daemon=True)
         self._thread.start()
         return self
@@ -280,9 +256,10 @@ class GroupCommitter:
                 return self._split_doomed(batch)
             # Each offset names this process, so a next owner finding the partition held by an
             # open transaction of this one can fence it (core/txn/commit_holder.py).
-            positions[receiver] = [TopicPartition(tp.topic, tp.partition, tp.offset,
-                                                  metadata=with_holder(tp.metadata or "", self.holder))
-                                   for tp in tps]
+            positions[receiver] = [
+                TopicPartition(tp.topic, tp.partition, tp.offset, metadata=with_holder(tp.metadata or "", self.holder))
+                for tp in tps
+            ]
         slot = self._ring.take_turn()
         deadline, began = Deadline(self._transaction_deadline), time.time()
         metrics.of(metrics.GROUP_COMMIT_SIZE, self._namespace).observe(len(batch))
@@ -290,8 +267,9 @@ class GroupCommitter:
             self._transact(slot, batch, positions, deadline)
         except TransactionFailed as failed:
             topics = frozenset(rec[0] for req in batch for rec in req.records)
-            committed = self._settler.settle(slot, failed, deadline, positions,
-                                             OpenTransaction.of(topics, positions, began))
+            committed = self._settler.settle(
+                slot, failed, deadline, positions, OpenTransaction.of(topics, positions, began)
+            )
             if committed is not True:
                 for receiver, leases in by_receiver.items():
                     receiver.exclude(leases)
@@ -305,8 +283,11 @@ class GroupCommitter:
                     if rest:
                         self._commit(rest)
                     return
-                error: Exception = (TransactionAbortedError(f"the Kafka transaction failed: {failed.reason}")
-                                    if committed is False else TransactionInDoubtError(failed.reason))
+                error: Exception = (
+                    TransactionAbortedError(f"the Kafka transaction failed: {failed.reason}")
+                    if committed is False
+                    else TransactionInDoubtError(failed.reason)
+                )
                 if committed is False and failed.error is not None and failed.error.code() in GROUP_FENCES:
                     error = RebalanceAbortedError(f"the queue's group rebalanced during the commit: {failed.reason}")
                 if failed.error is not None and denied_code(failed.error):
@@ -322,12 +303,18 @@ class GroupCommitter:
     def _refusal(self, err: KafkaError, slot: Slot, batch: list[CommitRequest], positions: Positions) -> Exception:
         """The authorizer's refusal of a transaction, naming what it may have refused: the
         transactional id, the topics its records go to, or the queue groups it commits for."""
-        topics = sorted({rec[0] for req in batch for rec in req.records} |
-                        {tp.topic for tps in positions.values() for tp in tps})
+        topics = sorted(
+            {rec[0] for req in batch for rec in req.records} | {tp.topic for tps in positions.values() for tp in tps}
+        )
         groups = sorted({tps[0].topic for tps in positions.values() if tps})  # a queue's group is named as its topic
-        return clients.denied(self._cluster, err, "committing a Kafka transaction",
-                              transactional_id=("WRITE", slot.transactional_id),
-                              topic=("WRITE", " or ".join(topics)), group=("READ", " or ".join(groups)))
+        return clients.denied(
+            self._cluster,
+            err,
+            "committing a Kafka transaction",
+            transactional_id=("WRITE", slot.transactional_id),
+            topic=("WRITE", " or ".join(topics)),
+            group=("READ", " or ".join(groups)),
+        )
 
     def _transact(self, slot: Slot, batch: list[CommitRequest], positions: Positions, deadline: Deadline) -> None:
         """One Kafka transaction for `batch` on `slot`'s producer, within `deadline`."""
@@ -337,9 +324,13 @@ class GroupCommitter:
             raise TransactionFailed.at(Stage.INIT, exc) from exc
         started = time.monotonic()
         try:
-            transact(producer, [rec for req in batch for rec in req.records],
-                     [(tps, receiver.group_metadata()) for receiver, tps in positions.items()],
-                     deadline, self._timeout)
+            transact(
+                producer,
+                [rec for req in batch for rec in req.records],
+                [(tps, receiver.group_metadata()) for receiver, tps in positions.items()],
+                deadline,
+                self._timeout,
+            )
         finally:
             metrics.of(metrics.KAFKA_TRANSACTION_SECONDS, self._namespace).observe(time.monotonic() - started)
 
@@ -353,9 +344,12 @@ class GroupCommitter:
             pass  # the transaction meets it again and fails as any other
         outdated = [r for r in batch if r.generation is not None and r.generation < self.generation]
         for req in outdated:
-            req.finish(TransactionAbortedError(
-                "a transactional producer was replaced while this transaction held conversation leases; "
-                "another process may have taken one over"))
+            req.finish(
+                TransactionAbortedError(
+                    "a transactional producer was replaced while this transaction held conversation leases; "
+                    "another process may have taken one over"
+                )
+            )
         return [r for r in batch if r not in outdated] if outdated else batch
 
     def _split_doomed(self, batch: list[CommitRequest]) -> None:

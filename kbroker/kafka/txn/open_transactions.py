@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from kbroker.core import names
 from kbroker.core.cluster import ClusterLike
-from kbroker.core.diagnosis import OpenTransaction
+from kbroker.core.runtime_diagnosis import OpenTransaction
 from kbroker.kafka import clients
 from kbroker.kafka.clients import consume_soon, is_transient, kafka_error
 from kbroker.kafka.snapshot import reading_consumer
@@ -30,29 +30,43 @@ def open_transactions(cluster: ClusterLike, namespace: str, timeout: float = 10.
         metadata = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
         raise kafka_error(f"no Kafka broker answers at {cluster}", exc.args[0]) from None
-    tps = [TopicPartition(topic, p) for topic, meta in sorted(metadata.topics.items())
-           if meta.error is None and names.namespace_of(topic) == namespace for p in sorted(meta.partitions)]
+    tps = [
+        TopicPartition(topic, p)
+        for topic, meta in sorted(metadata.topics.items())
+        if meta.error is None and names.namespace_of(topic) == namespace
+        for p in sorted(meta.partitions)
+    ]
     if not tps:
         return []
     stable = _ends(admin, tps, IsolationLevel.READ_COMMITTED, timeout)
     high = _ends(admin, tps, IsolationLevel.READ_UNCOMMITTED, timeout)
-    behind = {(tp.topic, tp.partition): (stable[tp.topic, tp.partition], high[tp.topic, tp.partition])
-              for tp in tps if stable[tp.topic, tp.partition] < high[tp.topic, tp.partition]}
+    behind = {
+        (tp.topic, tp.partition): (stable[tp.topic, tp.partition], high[tp.topic, tp.partition])
+        for tp in tps
+        if stable[tp.topic, tp.partition] < high[tp.topic, tp.partition]
+    }
     began = _first_timestamps(cluster, namespace, {k: start for k, (start, _) in behind.items()}, timeout)
-    return [OpenTransaction(topic, p, start, end, began.get((topic, p)))
-            for (topic, p), (start, end) in sorted(behind.items())]
+    return [
+        OpenTransaction(topic, p, start, end, began.get((topic, p)))
+        for (topic, p), (start, end) in sorted(behind.items())
+    ]
 
 
-def _ends(admin: AdminClient, tps: list[TopicPartition], isolation: IsolationLevel,
-          timeout: float) -> dict[tuple[str, int], int]:
-    futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, isolation_level=isolation,
-                                 request_timeout=timeout)
-    return {(tp.topic, tp.partition): clients.result_of(f, f"cannot list the offsets of {tp.topic}").offset
-            for tp, f in futures.items()}
+def _ends(
+    admin: AdminClient, tps: list[TopicPartition], isolation: IsolationLevel, timeout: float
+) -> dict[tuple[str, int], int]:
+    futures = admin.list_offsets(
+        {tp: OffsetSpec.latest() for tp in tps}, isolation_level=isolation, request_timeout=timeout
+    )
+    return {
+        (tp.topic, tp.partition): clients.result_of(f, f"cannot list the offsets of {tp.topic}").offset
+        for tp, f in futures.items()
+    }
 
 
-def _first_timestamps(cluster: ClusterLike, namespace: str, starts: dict[tuple[str, int], int],
-                      timeout: float) -> dict[tuple[str, int], float]:
+def _first_timestamps(
+    cluster: ClusterLike, namespace: str, starts: dict[tuple[str, int], int], timeout: float
+) -> dict[tuple[str, int], float]:
     """(topic, partition) -> epoch s of the record at its start offset (read uncommitted)."""
     if not starts:
         return {}

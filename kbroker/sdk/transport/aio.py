@@ -64,13 +64,15 @@ class AsyncTransportTransaction:
         """See TransportTransaction.receive."""
         return await self._run(self.sync.receive, wait, queue=queue)
 
-    async def send(self, destination: str, body: bytes | None, headers: Mapping[str, str] | None = None,
-                   **kw: Any) -> str:
+    async def send(
+        self, destination: str, body: bytes | None, headers: Mapping[str, str] | None = None, **kw: Any
+    ) -> str:
         """See TransportTransaction.send."""
         return await self._run(self.sync.send, destination, body, headers, **kw)
 
-    async def reply(self, message: TransportMessage, body: bytes | None, headers: Mapping[str, str] | None = None,
-                    **kw: Any) -> str:
+    async def reply(
+        self, message: TransportMessage, body: bytes | None, headers: Mapping[str, str] | None = None, **kw: Any
+    ) -> str:
         """See TransportTransaction.reply."""
         return await self._run(self.sync.reply, message, body, headers, **kw)
 
@@ -101,8 +103,9 @@ class AsyncTransportEndpoint:
     def __init__(self, ep: TransportEndpoint):
         self.sync = ep
         s = ep.settings
-        self._pool = concurrent.futures.ThreadPoolExecutor(s.max_concurrency + s.secondary_readers + 4,
-                                                           thread_name_prefix=f"kbroker-aio-{s.name}")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            s.max_concurrency + s.secondary_readers + 4, thread_name_prefix=f"kbroker-aio-{s.name}"
+        )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = asyncio.Event()
         self.running: dict[str, int] = {}
@@ -125,13 +128,15 @@ class AsyncTransportEndpoint:
         """Begin a transaction whose statements are awaited."""
         return AsyncTransportTransaction(self.sync.transaction(), self._run)
 
-    async def send(self, destination: str, body: bytes | None, headers: Mapping[str, str] | None = None,
-                   **kw: Any) -> str:
+    async def send(
+        self, destination: str, body: bytes | None, headers: Mapping[str, str] | None = None, **kw: Any
+    ) -> str:
         """See TransportEndpoint.send."""
         return await self._run(self.sync.send, destination, body, headers, **kw)
 
-    async def request(self, destination: str, body: bytes | None, headers: Mapping[str, str] | None = None,
-                      **kw: Any) -> TransportMessage:
+    async def request(
+        self, destination: str, body: bytes | None, headers: Mapping[str, str] | None = None, **kw: Any
+    ) -> TransportMessage:
         """Send and await the reply that reaches this instance (a callback)."""
         future = await self._run(self.sync.request, destination, body, headers, **kw)
         return await asyncio.wrap_future(future)
@@ -142,8 +147,7 @@ class AsyncTransportEndpoint:
 
     # --- handling ---------------------------------------------------------------------------
 
-    async def _handle_one(self, queue: str, handler: AsyncHandler, wait: float | None,
-                          task: bool = False) -> bool:
+    async def _handle_one(self, queue: str, handler: AsyncHandler, wait: float | None, task: bool = False) -> bool:
         """TransportEndpoint.handle_one with an awaited handler. A 3.0 task (`task`) takes the
         message it was started for, from the buffer, still off the loop: a poison one is
         dead-lettered on the way, a Kafka transaction."""

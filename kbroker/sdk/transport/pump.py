@@ -30,8 +30,14 @@ class HandlingEndpoint(Protocol):
     settings: TransportSettings
     runtime: TransportRuntime
 
-    def handle_one(self, queue: str, handler: Handler, wait: float | None, give_up_fast: bool = False,
-                   on_received: Callable[[], None] = lambda: None) -> bool: ...
+    def handle_one(
+        self,
+        queue: str,
+        handler: Handler,
+        wait: float | None,
+        give_up_fast: bool = False,
+        on_received: Callable[[], None] = lambda: None,
+    ) -> bool: ...
 
 
 WAIT = 1.0  # how long a reader's receive waits before it counts as an empty poll
@@ -125,8 +131,14 @@ class MonitorLoop:
     def stats(self) -> dict[str, Any]:
         """The model, the queue, the tasks running now and at most, and how many were started."""
         with self._cv:
-            return {"model": MONITOR, "queue": self.queue, "readers": self.running, "peak": self.peak,
-                    "tasks_started": self.tasks_started, "max_concurrency": self._max}
+            return {
+                "model": MONITOR,
+                "queue": self.queue,
+                "readers": self.running,
+                "peak": self.peak,
+                "tasks_started": self.tasks_started,
+                "max_concurrency": self._max,
+            }
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the loop, then wait for the running tasks."""

@@ -25,7 +25,7 @@ from kbroker.core.transport.message import TransportEnvelope, TransportMessage, 
 from kbroker.core.txn.state import TransactionState
 from kbroker.errors import InvalidArgumentError, TransactionAbortedError, TransactionInDoubtError, TransactionStateError
 from kbroker.kafka.receive.receiver import Lease
-from kbroker.kafka.txn.committer import CommitRequest
+from kbroker.kafka.txn.commit_requests import CommitRequest
 from kbroker.sdk.transport.runtime import TransportRuntime
 
 
