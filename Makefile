@@ -21,10 +21,10 @@ demo-analytics: setup
 	$(BIN)/kbroker demo --analytics --port $(PORT)$(if $(DATA_DIR), --data-dir $(DATA_DIR))
 
 # The static checks, in seconds once the virtualenv exists (no Java, no Maven, no broker): the
-# lint rules ([tool.ruff] in pyproject.toml, which says why the format is not checked yet), the
-# layer contracts, the types.
+# format and the lint rules ([tool.ruff] in pyproject.toml), the layer contracts, the types.
 # .pre-commit-config.yaml runs the same on a commit's files.
 lint: $(STAMP)
+	$(BIN)/ruff format --check kbroker tests scripts examples
 	$(BIN)/ruff check kbroker tests scripts examples
 	$(BIN)/lint-imports
 	$(BIN)/mypy kbroker

@@ -37,8 +37,18 @@ _LAZY = {
     "ERROR_TYPE": ("kbroker.core.catalog.models", "ERROR"),
     "DIALOG_TIMER": ("kbroker.core.catalog.models", "DIALOG_TIMER"),
 }
-__all__ = ["Broker", "connect", "Transaction", "PollerPool", "ReaderPool", "Message", "KBrokerError",
-           "END_DIALOG", "ERROR_TYPE", "DIALOG_TIMER"]
+__all__ = [
+    "Broker",
+    "connect",
+    "Transaction",
+    "PollerPool",
+    "ReaderPool",
+    "Message",
+    "KBrokerError",
+    "END_DIALOG",
+    "ERROR_TYPE",
+    "DIALOG_TIMER",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -33,8 +33,9 @@ class BrokerUnavailableError(KBrokerError):
 UNREACHABLE_CODES = frozenset({-195, -185, -187, -192, 14, 15, 16})
 
 
-def kafka_error(what: str, err: Any, *, on: Mapping[str, tuple[str, str]] | None = None,
-                principal: str = "") -> KBrokerError:
+def kafka_error(
+    what: str, err: Any, *, on: Mapping[str, tuple[str, str]] | None = None, principal: str = ""
+) -> KBrokerError:
     """A Kafka failure as a typed error: BrokerUnavailableError when trying later may help,
     PermissionDeniedError when the authorizer refused, named by what the call site knows: `on`
     maps the kind of resource Kafka's code names ("topic", "group", "transactional id",
@@ -46,8 +47,9 @@ def kafka_error(what: str, err: Any, *, on: Mapping[str, tuple[str, str]] | None
     if callable(code) and callable(text) and code() in DENIED_CODES:
         kind = DENIED_CODES[code()]
         operation, name = (on or {}).get(kind, ("", ""))
-        return PermissionDeniedError(resource=f"{kind} {name}" if name else "", operation=operation,
-                                     principal=principal, what=what, kind=kind)
+        return PermissionDeniedError(
+            resource=f"{kind} {name}" if name else "", operation=operation, principal=principal, what=what, kind=kind
+        )
     if callable(code) and callable(text) and code() in AUTHENTICATION_CODES:
         return AuthenticationFailedError(f"{what}: {text()}")
     if not (callable(retriable) and callable(code) and callable(text)) or retriable() or code() in UNREACHABLE_CODES:
@@ -88,8 +90,16 @@ class PermissionDeniedError(KBrokerError):
 
     retriable = False
 
-    def __init__(self, message: str = "", *, resource: str = "", operation: str = "", principal: str = "",
-                 what: str = "", kind: str = ""):
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        resource: str = "",
+        operation: str = "",
+        principal: str = "",
+        what: str = "",
+        kind: str = "",
+    ):
         self.resource, self.operation, self.principal = resource or (f"a {kind}" if kind else ""), operation, principal
         self.what, self._given = what, message
         super().__init__(message or self.line())
@@ -104,8 +114,9 @@ class PermissionDeniedError(KBrokerError):
         """This error with `principal` filled in when it named none (the same error otherwise)."""
         if self.principal or not principal:
             return self
-        return PermissionDeniedError(self._given, resource=self.resource, operation=self.operation,
-                                     principal=principal, what=self.what)
+        return PermissionDeniedError(
+            self._given, resource=self.resource, operation=self.operation, principal=principal, what=self.what
+        )
 
 
 class SendPermissionDeniedError(PermissionDeniedError):
@@ -117,18 +128,22 @@ class SendPermissionDeniedError(PermissionDeniedError):
 
     def __init__(self, service: str, topic: str, principal: str = ""):
         self.service, self.topic = service, topic
-        super().__init__(resource=f"topic {topic}", operation="WRITE", principal=principal,
-                         what=f"error {self.number}: no SEND permission on service {service!r}")
+        super().__init__(
+            resource=f"topic {topic}",
+            operation="WRITE",
+            principal=principal,
+            what=f"error {self.number}: no SEND permission on service {service!r}",
+        )
 
     def naming(self, principal: str | None) -> "PermissionDeniedError":
         """This error with `principal` filled in when it named none (the same error otherwise)."""
-        return self if self.principal or not principal else SendPermissionDeniedError(self.service, self.topic,
-                                                                                       principal)
+        return (
+            self if self.principal or not principal else SendPermissionDeniedError(self.service, self.topic, principal)
+        )
 
 
 # Kafka's authorization failures by error code: the kind of resource each one names.
-DENIED_CODES = {29: "topic", 30: "group", 31: "cluster", 53: "transactional id",
-                65: "delegation token"}
+DENIED_CODES = {29: "topic", 30: "group", 31: "cluster", 53: "transactional id", 65: "delegation token"}
 # SASL_AUTHENTICATION_FAILED (58), UNSUPPORTED_SASL_MECHANISM (33), ILLEGAL_SASL_STATE (34) and
 # librdkafka's local _AUTHENTICATION (-169) and _SSL (-181).
 AUTHENTICATION_CODES = frozenset({58, 33, 34, -169, -181})
@@ -178,8 +193,10 @@ class TransportQueueNotFoundError(InvalidArgumentError):
     """A send to a transport queue that no installer created (`kbroker endpoint install`)."""
 
     def __init__(self, queue: str, topic: str):
-        super().__init__(f"transport queue {queue!r} does not exist (topic {topic}); "
-                         f"install its endpoint first (kbroker endpoint install)")
+        super().__init__(
+            f"transport queue {queue!r} does not exist (topic {topic}); "
+            f"install its endpoint first (kbroker endpoint install)"
+        )
         self.queue, self.topic = queue, topic
 
 
@@ -210,8 +227,12 @@ class TopicCollisionError(DefinitionError):
 
     def __init__(self, file: str | None, obj: str | None, topic: str, other: str, why: str = ""):
         self.topic, self.other = topic, other
-        super().__init__(file, obj, f"topic {topic} collides with topic {other}: Kafka treats '.' and '_' "
-                                    f"in topic names as one character{'; ' + why if why else ''}")
+        super().__init__(
+            file,
+            obj,
+            f"topic {topic} collides with topic {other}: Kafka treats '.' and '_' "
+            f"in topic names as one character{'; ' + why if why else ''}",
+        )
 
 
 class CatalogError(KBrokerError):
@@ -259,9 +280,7 @@ class ContractViolationError(KBrokerError):
 
     def __init__(self, message_type: str, contract: str, side: str):
         self.message_type, self.contract, self.side = message_type, contract, side
-        super().__init__(
-            f"message type {message_type!r} may not be sent by the {side} of contract {contract!r}"
-        )
+        super().__init__(f"message type {message_type!r} may not be sent by the {side} of contract {contract!r}")
 
 
 class MessageValidationError(KBrokerError):
@@ -293,8 +312,9 @@ class ConversationGroupError(KBrokerError):
 
     def __init__(self, group: str, queue: str, other_queue: str):
         self.group, self.queue, self.other_queue = group, queue, other_queue
-        super().__init__(f"conversation group {group} belongs to queue {other_queue!r}, "
-                         f"not {queue!r}: groups are local to one queue")
+        super().__init__(
+            f"conversation group {group} belongs to queue {other_queue!r}, not {queue!r}: groups are local to one queue"
+        )
 
 
 class ConversationClosedError(KBrokerError):
@@ -313,8 +333,7 @@ class ConversationLockTimeoutError(KBrokerError):
 
     def __init__(self, handle: str, timeout: float):
         self.handle, self.timeout = handle, timeout
-        super().__init__(f"conversation {handle} is locked by another open transaction "
-                         f"(waited {timeout:g} s)")
+        super().__init__(f"conversation {handle} is locked by another open transaction (waited {timeout:g} s)")
 
 
 class QueueDisabledError(KBrokerError):

@@ -71,8 +71,11 @@ def context_of(headers: Headers | None) -> Any:
     """The trace context a message's headers carry (None when they carry none, or tracing is off)."""
     if not headers or not enabled():
         return None
-    carrier = {name: (value.decode("latin-1") if isinstance(value, bytes) else str(value))
-               for name, value in headers if name in HEADERS and value is not None}
+    carrier = {
+        name: (value.decode("latin-1") if isinstance(value, bytes) else str(value))
+        for name, value in headers
+        if name in HEADERS and value is not None
+    }
     if "traceparent" not in carrier:
         return None
     ctx = TraceContextTextMapPropagator().extract(carrier)
@@ -88,8 +91,11 @@ def _parent(fallback: Any) -> Any:
 
 
 def _attributes(namespace: str, queue: str | None, conversation_id: str | None, operation: str) -> dict[str, Any]:
-    attrs: dict[str, Any] = {"messaging.system": SYSTEM, "messaging.operation.type": operation,
-                             "kbroker.namespace": namespace}
+    attrs: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": operation,
+        "kbroker.namespace": namespace,
+    }
     if queue:
         attrs["messaging.destination.name"] = queue
     if conversation_id:
@@ -97,15 +103,22 @@ def _attributes(namespace: str, queue: str | None, conversation_id: str | None, 
     return attrs
 
 
-def send_headers(namespace: str, queue: str | None, conversation_id: str | None, message_type: str | None,
-                 parent: Any = None) -> list[tuple[str, bytes]]:
+def send_headers(
+    namespace: str, queue: str | None, conversation_id: str | None, message_type: str | None, parent: Any = None
+) -> list[tuple[str, bytes]]:
     """A SEND's span (the child of the current span, else of `parent`), ended at once, and the
     headers that carry its context to the receiver; [] when tracing is off."""
     if not enabled():
         return []
-    span = _tracer().start_span(f"{queue or 'route'} send", context=_parent(parent), kind=otel_trace.SpanKind.PRODUCER,
-                                attributes={**_attributes(namespace, queue, conversation_id, "send"),
-                                            **({"kbroker.message_type": message_type} if message_type else {})})
+    span = _tracer().start_span(
+        f"{queue or 'route'} send",
+        context=_parent(parent),
+        kind=otel_trace.SpanKind.PRODUCER,
+        attributes={
+            **_attributes(namespace, queue, conversation_id, "send"),
+            **({"kbroker.message_type": message_type} if message_type else {}),
+        },
+    )
     try:
         carrier: dict[str, str] = {}
         TraceContextTextMapPropagator().inject(carrier, context=otel_trace.set_span_in_context(span))
@@ -114,8 +127,9 @@ def send_headers(namespace: str, queue: str | None, conversation_id: str | None,
         span.end()
 
 
-def with_trace_headers(headers: Mapping[str, str] | None, namespace: str, destination: str,
-                       parent: Any = None) -> Mapping[str, str] | None:
+def with_trace_headers(
+    headers: Mapping[str, str] | None, namespace: str, destination: str, parent: Any = None
+) -> Mapping[str, str] | None:
     """A transport message's headers with its SEND's trace context added (the transport face keeps
     headers as text, as NServiceBus does); a `traceparent` the caller set stands, and without
     tracing the headers are returned as they are."""
@@ -132,10 +146,18 @@ def receive_span(namespace: str, queue: str, contexts: list[Any], conversation_i
     if not enabled():
         return None
     parent = next((c for c in contexts if c is not None), None)
-    links = [otel_trace.Link(otel_trace.get_current_span(c).get_span_context()) for c in contexts
-             if c is not None and c is not parent]
-    span = _tracer().start_span(f"{queue} receive", context=parent, kind=otel_trace.SpanKind.CONSUMER, links=links,
-                                attributes=_attributes(namespace, queue, conversation_id, "receive"))
+    links = [
+        otel_trace.Link(otel_trace.get_current_span(c).get_span_context())
+        for c in contexts
+        if c is not None and c is not parent
+    ]
+    span = _tracer().start_span(
+        f"{queue} receive",
+        context=parent,
+        kind=otel_trace.SpanKind.CONSUMER,
+        links=links,
+        attributes=_attributes(namespace, queue, conversation_id, "receive"),
+    )
     span.end()
     return otel_trace.set_span_in_context(span, parent)
 
@@ -148,8 +170,11 @@ def traced(name: str, parent: Any, namespace: str, **attributes: Any) -> Iterato
     if not enabled():
         yield None
         return
-    attrs = {"messaging.system": SYSTEM, "kbroker.namespace": namespace,
-             **{k: v for k, v in attributes.items() if v is not None}}
+    attrs = {
+        "messaging.system": SYSTEM,
+        "kbroker.namespace": namespace,
+        **{k: v for k, v in attributes.items() if v is not None},
+    }
     with _tracer().start_as_current_span(name, context=_parent(parent), attributes=attrs):
         yield otel_context.get_current()
 
@@ -157,5 +182,9 @@ def traced(name: str, parent: Any, namespace: str, **attributes: Any) -> Iterato
 def handling(queue: str, parent: Any, namespace: str) -> Any:
     """The span around a transport handler (`<queue> process`), the child of the RECEIVE's
     context `parent`: what the handler sends continues it."""
-    return traced(f"{queue} process", parent, namespace, **{
-        "messaging.operation.type": "process", "messaging.destination.name": queue})
+    return traced(
+        f"{queue} process",
+        parent,
+        namespace,
+        **{"messaging.operation.type": "process", "messaging.destination.name": queue},
+    )

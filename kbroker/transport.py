@@ -15,5 +15,13 @@ from kbroker.sdk.transport.aio import endpoint as async_endpoint
 from kbroker.sdk.transport.endpoint import TransportEndpoint, endpoint
 from kbroker.sdk.transport.transaction import TransportTransaction
 
-__all__ = ["AsyncTransportEndpoint", "AsyncTransportTransaction", "TransportEndpoint", "TransportMessage",
-           "TransportQueueNotFoundError", "TransportTransaction", "async_endpoint", "endpoint"]
+__all__ = [
+    "AsyncTransportEndpoint",
+    "AsyncTransportTransaction",
+    "TransportEndpoint",
+    "TransportMessage",
+    "TransportQueueNotFoundError",
+    "TransportTransaction",
+    "async_endpoint",
+    "endpoint",
+]

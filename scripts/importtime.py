@@ -46,8 +46,9 @@ def measure_once(python: str, module: str) -> tuple[float, set[str]]:
     # Bytecode is written and reused, as in an installed package: without it every run would
     # measure compiling kbroker's sources rather than importing them.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    proc = subprocess.run([python, "-X", "importtime", "-c", f"import {module}"], check=True,
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [python, "-X", "importtime", "-c", f"import {module}"], check=True, capture_output=True, text=True, env=env
+    )
     cumulative = parse_importtime(proc.stderr)
     # A module already imported by the interpreter's start-up (site) has no line of its own:
     # then the import cost nothing here.
@@ -69,8 +70,10 @@ def main() -> None:
             milliseconds, loaded = measure_once(args.python, module)
             timings.append(milliseconds)
         heavy = " ".join(name for name in HEAVY if name in loaded) or "-"
-        print(f"import {module:<22} median {statistics.median(timings):7.1f} ms "
-              f"(min {min(timings):.1f}, max {max(timings):.1f}, {args.runs} runs)   heavy: {heavy}")
+        print(
+            f"import {module:<22} median {statistics.median(timings):7.1f} ms "
+            f"(min {min(timings):.1f}, max {max(timings):.1f}, {args.runs} runs)   heavy: {heavy}"
+        )
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ def completed(line: str) -> dict[str, Any] | None:
     if not line.startswith(PREFIX):
         return None
     try:
-        done = json.loads(line[len(PREFIX):])
+        done = json.loads(line[len(PREFIX) :])
     except ValueError:
         return None
     header = done.get("requestHeader") if isinstance(done, dict) else None
@@ -64,8 +64,12 @@ def count(lines: Any) -> dict[str, Any]:
         kind = "every topic" if asked is None else ("brokers only" if not asked else "named topics")
         requests[kind] += 1
         entries[kind] += len(listed(done.get("response"), "topics") or [])
-    return {"requests_by_api": dict(by_api.most_common()), "metadata_requests": dict(requests),
-            "metadata_topic_entries": dict(entries), "skipped_lines": skipped}
+    return {
+        "requests_by_api": dict(by_api.most_common()),
+        "metadata_requests": dict(requests),
+        "metadata_topic_entries": dict(entries),
+        "skipped_lines": skipped,
+    }
 
 
 def main() -> None:
@@ -80,8 +84,10 @@ def main() -> None:
         return
     print("requests by API:", ", ".join(f"{k} {v}" for k, v in list(counts["requests_by_api"].items())[:8]))
     for kind, n in counts["metadata_requests"].items():
-        print(f"metadata, {kind}: {n} requests, {counts['metadata_topic_entries'].get(kind, 0)} topic entries "
-              "in their answers")
+        print(
+            f"metadata, {kind}: {n} requests, {counts['metadata_topic_entries'].get(kind, 0)} topic entries "
+            "in their answers"
+        )
     if counts["skipped_lines"]:
         print(f"{counts['skipped_lines']} lines were not completed requests")
 

@@ -44,14 +44,32 @@ def run_cli(mode: str, argv: list[str]) -> None:
 
 def one(mode: str, bootstrap: str, scenarios: list[str], messages: int) -> dict[str, dict]:
     with tempfile.TemporaryDirectory(prefix="kbroker-metrics-") as out:
-        argv = ["bench", *scenarios, "--messages", str(messages), "--repeat", "1", "--no-docs", "--out", out,
-                "--bootstrap", bootstrap, "--quiet", "--json"]
-        done = subprocess.run([sys.executable, __file__, "--cli", mode, *argv], capture_output=True, text=True,
-                              check=True, timeout=1800)
+        argv = [
+            "bench",
+            *scenarios,
+            "--messages",
+            str(messages),
+            "--repeat",
+            "1",
+            "--no-docs",
+            "--out",
+            out,
+            "--bootstrap",
+            bootstrap,
+            "--quiet",
+            "--json",
+        ]
+        done = subprocess.run(
+            [sys.executable, __file__, "--cli", mode, *argv], capture_output=True, text=True, check=True, timeout=1800
+        )
     rows = json.loads(done.stdout)["results"]
-    return {r["scenario"]: {"rate": r["kbroker"],
-                            "cpu_ms": (r.get("runs") or [{}])[0].get("kbroker_detail", {}).get("cpu_ms_per_msg")}
-            for r in rows}
+    return {
+        r["scenario"]: {
+            "rate": r["kbroker"],
+            "cpu_ms": (r.get("runs") or [{}])[0].get("kbroker_detail", {}).get("cpu_ms_per_msg"),
+        }
+        for r in rows
+    }
 
 
 def main() -> int:
@@ -72,10 +90,18 @@ def main() -> int:
             print(f"round {i + 1} {mode}: {runs[mode][-1]}", file=sys.stderr)
     report = {}
     for scenario in runs["on"][0]:
-        med = {mode: {k: statistics.median(r[scenario][k] for r in runs[mode] if r[scenario][k] is not None)
-                      for k in ("rate", "cpu_ms")} for mode in runs}
-        report[scenario] = {**med, "rate_on_over_off": round(med["on"]["rate"] / med["off"]["rate"], 3),
-                            "cpu_on_over_off": round(med["on"]["cpu_ms"] / med["off"]["cpu_ms"], 3)}
+        med = {
+            mode: {
+                k: statistics.median(r[scenario][k] for r in runs[mode] if r[scenario][k] is not None)
+                for k in ("rate", "cpu_ms")
+            }
+            for mode in runs
+        }
+        report[scenario] = {
+            **med,
+            "rate_on_over_off": round(med["on"]["rate"] / med["off"]["rate"], 3),
+            "cpu_on_over_off": round(med["on"]["cpu_ms"] / med["off"]["cpu_ms"], 3),
+        }
     print(json.dumps(report, indent=1))
     return 0
 

@@ -37,8 +37,14 @@ TOPIC, PARTITIONS, WRITERS = "restart-transactions", 4, 3
 
 def committing(bootstrap: str, writer: int, stop: threading.Event, commits: list[int]) -> None:
     while not stop.is_set():
-        producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"restart-writer-{writer}",
-                             "transaction.timeout.ms": 60_000, "linger.ms": 0})
+        producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "transactional.id": f"restart-writer-{writer}",
+                "transaction.timeout.ms": 60_000,
+                "linger.ms": 0,
+            }
+        )
         try:
             producer.init_transactions(10)
             while not stop.is_set():
@@ -70,8 +76,9 @@ def one_round(data_dir: Path, controlled_shutdown: bool) -> dict[str, object]:
         admin = AdminClient({"bootstrap.servers": bootstrap})
         admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(30)
         stop, commits = threading.Event(), [0] * WRITERS
-        writers = [threading.Thread(target=committing, args=(bootstrap, w, stop, commits), daemon=True)
-                   for w in range(WRITERS)]
+        writers = [
+            threading.Thread(target=committing, args=(bootstrap, w, stop, commits), daemon=True) for w in range(WRITERS)
+        ]
         for w in writers:
             w.start()
         while min(commits) < 50:
@@ -91,8 +98,9 @@ def one_round(data_dir: Path, controlled_shutdown: bool) -> dict[str, object]:
                     raise
                 time.sleep(0.5)
         for writer in range(WRITERS):
-            Producer({"bootstrap.servers": bootstrap, "transactional.id": f"restart-writer-{writer}"}) \
-                .init_transactions(30)
+            Producer(
+                {"bootstrap.servers": bootstrap, "transactional.id": f"restart-writer-{writer}"}
+            ).init_transactions(30)
         deadline = time.monotonic() + 30
         held = open_partitions(admin)
         while held and time.monotonic() < deadline:
@@ -106,8 +114,11 @@ def one_round(data_dir: Path, controlled_shutdown: bool) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--controlled-shutdown", action="store_true",
-                        help="stop the node with Kafka's controlled shutdown (Kafka's default)")
+    parser.add_argument(
+        "--controlled-shutdown",
+        action="store_true",
+        help="stop the node with Kafka's controlled shutdown (Kafka's default)",
+    )
     args = parser.parse_args()
     left = 0
     for i in range(args.rounds):
@@ -115,8 +126,15 @@ def main() -> None:
             result = one_round(Path(tmp), args.controlled_shutdown)
         left += bool(result["left_open"])
         print(json.dumps({"round": i + 1, **result}), flush=True)
-    print(json.dumps({"controlled_shutdown": args.controlled_shutdown, "rounds": args.rounds,
-                      "rounds_with_a_transaction_left_open": left}))
+    print(
+        json.dumps(
+            {
+                "controlled_shutdown": args.controlled_shutdown,
+                "rounds": args.rounds,
+                "rounds_with_a_transaction_left_open": left,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

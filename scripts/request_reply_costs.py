@@ -41,8 +41,10 @@ def end_offsets(cluster: ClusterLike) -> dict[str, int]:
     consumer = reading_consumer(cluster, "kbroker-request-reply-costs")
     try:
         deadline = time.monotonic() + 30
-        return {t: sum(watermarks(consumer, t, p, deadline)[1] for p in meta.partitions)
-                for t, meta in consumer.list_topics(timeout=10).topics.items()}
+        return {
+            t: sum(watermarks(consumer, t, p, deadline)[1] for p in meta.partitions)
+            for t, meta in consumer.list_topics(timeout=10).topics.items()
+        }
     finally:
         consumer.close()
 
@@ -53,11 +55,15 @@ def side_costs(ctx: BenchContext, side: str, broker_pid: int) -> dict[str, Any]:
     out = measure_request_reply(ctx, side)
     cpu1, after = cpu_seconds(broker_pid), end_offsets(ctx.cluster)
     added = {t: after[t] - before.get(t, 0) for t in sorted(after) if after[t] != before.get(t, 0)}
-    return {"side": side, "replies_per_s": round(out["value"]), "p50_ms": round(out["detail"]["p50_ms"]),
-            "process_cpu_ms_per_reply": out["detail"]["cpu_ms_per_msg"],
-            # The warm-up's 100 replies and the consumer group's join are in it too.
-            "broker_cpu_ms_per_reply": round((cpu1 - cpu0) * 1000 / n, 3),
-            "records_added": added}
+    return {
+        "side": side,
+        "replies_per_s": round(out["value"]),
+        "p50_ms": round(out["detail"]["p50_ms"]),
+        "process_cpu_ms_per_reply": out["detail"]["cpu_ms_per_msg"],
+        # The warm-up's 100 replies and the consumer group's join are in it too.
+        "broker_cpu_ms_per_reply": round((cpu1 - cpu0) * 1000 / n, 3),
+        "records_added": added,
+    }
 
 
 def main() -> int:
@@ -67,8 +73,13 @@ def main() -> int:
     ap.add_argument("--messages", type=int, default=5000)
     ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
-    ctx = BenchContext(Cluster(args.bootstrap), Params(repeat=1, messages=args.messages), Reporter(quiet=True),
-                       samples_dir(), "external")
+    ctx = BenchContext(
+        Cluster(args.bootstrap),
+        Params(repeat=1, messages=args.messages),
+        Reporter(quiet=True),
+        samples_dir(),
+        "external",
+    )
     try:
         for _ in range(args.rounds):
             for side in ("kbroker", "baseline"):

@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))  # the checkout's kbroker and tests.helpers
 
 # --- the processes ---------------------------------------------------------------------------
 
+
 def run_reader(bootstrap: str, namespace: str, stop_file: str, log_file: str) -> None:
     """The README reader loop, retrying what the SDK calls retriable, until `stop_file` exists."""
     from kbroker.errors import KBrokerError, TransactionAbortedError
@@ -57,11 +58,15 @@ def run_reader(bootstrap: str, namespace: str, stop_file: str, log_file: str) ->
                 msgs = tx.receive("RequestQueue", top=10, wait=1)
                 if msgs:
                     leased = time.time()
-                    body = {"pid": os.getpid(), "reader": 0, "leased": leased,
-                            "conversation_id": msgs[0].conversation_id,
-                            "group": msgs[0].conversation_group_id,
-                            "seqs": [m.message_sequence_number for m in msgs],
-                            "ids": [m.message_id for m in msgs]}
+                    body = {
+                        "pid": os.getpid(),
+                        "reader": 0,
+                        "leased": leased,
+                        "conversation_id": msgs[0].conversation_id,
+                        "group": msgs[0].conversation_group_id,
+                        "seqs": [m.message_sequence_number for m in msgs],
+                        "ids": [m.message_id for m in msgs],
+                    }
                     tx.send(msgs[0].conversation_handle, inv.REPLY, body)
             if msgs:
                 log.write(json.dumps({**body, "committed": tx.committed_at}) + "\n")
@@ -75,8 +80,9 @@ def run_reader(bootstrap: str, namespace: str, stop_file: str, log_file: str) ->
     broker.close()
 
 
-def run_sender(bootstrap: str, namespace: str, conversations: int, per_conversation: int, rate: float,
-               out_file: str) -> None:
+def run_sender(
+    bootstrap: str, namespace: str, conversations: int, per_conversation: int, rate: float, out_file: str
+) -> None:
     """Begin the dialogs, then SEND request i on every dialog for i = 0, 1, ... at `rate` per s."""
     from kbroker.sdk.broker import Broker
     from tests.helpers import invariants as inv
@@ -103,6 +109,7 @@ def run_sender(bootstrap: str, namespace: str, conversations: int, per_conversat
 
 
 # --- the orchestrator --------------------------------------------------------------------------
+
 
 def _spawn(args: list[str], out_dir: Path, name: str, env: dict[str, str]) -> subprocess.Popen:
     with open(out_dir / f"{name}.out", "w") as out:  # the child writes to its own copy of the descriptor
@@ -138,15 +145,43 @@ def scenario(opts: argparse.Namespace) -> dict[str, Any]:
         result["bootstrap"] = bootstrap
         apply_paths(bootstrap, namespace, [inv.YAML])
         stop_file, log_file, sent_file = work / "stop-reader", work / "reader.jsonl", work / "sent.json"
-        procs["reader"] = _spawn([*py, "_reader", bootstrap, namespace, str(stop_file), str(log_file)],
-                                 work, "reader", env)
+        procs["reader"] = _spawn(
+            [*py, "_reader", bootstrap, namespace, str(stop_file), str(log_file)], work, "reader", env
+        )
         if opts.worker:
-            procs["worker"] = _spawn([sys.executable, "-m", "kbroker", "worker", "--bootstrap", bootstrap,
-                                      "--namespace", namespace, "--web-port", str(free_port())],
-                                     work, "worker", env)
+            procs["worker"] = _spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "kbroker",
+                    "worker",
+                    "--bootstrap",
+                    bootstrap,
+                    "--namespace",
+                    namespace,
+                    "--web-port",
+                    str(free_port()),
+                ],
+                work,
+                "worker",
+                env,
+            )
         per_conv = max(1, opts.messages // opts.conversations)
-        procs["sender"] = _spawn([*py, "_sender", bootstrap, namespace, str(opts.conversations), str(per_conv),
-                                  str(opts.rate), str(sent_file)], work, "sender", env)
+        procs["sender"] = _spawn(
+            [
+                *py,
+                "_sender",
+                bootstrap,
+                namespace,
+                str(opts.conversations),
+                str(per_conv),
+                str(opts.rate),
+                str(sent_file),
+            ],
+            work,
+            "sender",
+            env,
+        )
         # The outage starts once the reader is demonstrably under load.
         deadline = time.monotonic() + 120
         while sum(len(e.get("ids", ())) for e in _read_jsonl(log_file)) < opts.messages // 4:
@@ -187,17 +222,29 @@ def scenario(opts: argparse.Namespace) -> dict[str, Any]:
         replies = inv.read_replies(bootstrap, names.queue_topic(namespace, "ReplyQueue"))
         report = inv.check(set(sender["sent"]), replies, commits, per_conv)
         received_once = sum(len(r["ids"]) for r in replies)
-        result.update({
-            "sent": len(sender["sent"]), "sender_errors": sender["errors"][:3],
-            "received": received_once, "committed_transactions": report.committed,
-            "lost": len(report.lost), "duplicated": len(report.duplicated),
-            "order_violations": len(report.order_violations), "lock_violations": len(report.lock_violations),
-            "aborted_transactions": len(aborts), "abort_reasons": sorted({a["reason"][:80] for a in aborts})[:5],
-            "recovery_s": round(after[0] - back_at, 2) if after else None,
-            "drained_s": round(last - back_at, 2) if received_once >= len(sender["sent"]) else None,
-        })
-        result["ok"] = bool(report.ok() and not result["reader_hung"] and not sender["errors"]
-                            and len(sender["sent"]) == total and result["worker_alive"] in (None, True))
+        result.update(
+            {
+                "sent": len(sender["sent"]),
+                "sender_errors": sender["errors"][:3],
+                "received": received_once,
+                "committed_transactions": report.committed,
+                "lost": len(report.lost),
+                "duplicated": len(report.duplicated),
+                "order_violations": len(report.order_violations),
+                "lock_violations": len(report.lock_violations),
+                "aborted_transactions": len(aborts),
+                "abort_reasons": sorted({a["reason"][:80] for a in aborts})[:5],
+                "recovery_s": round(after[0] - back_at, 2) if after else None,
+                "drained_s": round(last - back_at, 2) if received_once >= len(sender["sent"]) else None,
+            }
+        )
+        result["ok"] = bool(
+            report.ok()
+            and not result["reader_hung"]
+            and not sender["errors"]
+            and len(sender["sent"]) == total
+            and result["worker_alive"] in (None, True)
+        )
         return result
     finally:
         for proc in procs.values():
@@ -220,8 +267,9 @@ def main() -> int:
     parser.add_argument("--conversations", type=int, default=100)
     parser.add_argument("--rate", type=float, default=150.0, help="requests sent per second")
     parser.add_argument("--outage", type=float, default=5.0, help="seconds between stop and start")
-    parser.add_argument("--timeout", type=float, default=120.0,
-                        help="seconds after the restart to wait for everything to be received")
+    parser.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds after the restart to wait for everything to be received"
+    )
     parser.add_argument("--worker", action="store_true", help="also run a kbroker worker on the namespace")
     parser.add_argument("--dir", help="working directory (default: a new temporary one, kept)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")

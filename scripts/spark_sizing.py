@@ -54,17 +54,22 @@ def summary(rows: list[dict[str, float]]) -> dict[str, Any]:
     busy = [b for b in rows if b["rows"]]
     if not busy:
         return {"batches": 0}
-    return {"batches": len(busy), "median_rows": statistics.median(b["rows"] for b in busy),
-            "median_seconds": round(statistics.median(b["seconds"] for b in busy), 2),
-            "max_seconds": max(b["seconds"] for b in busy)}
+    return {
+        "batches": len(busy),
+        "median_rows": statistics.median(b["rows"] for b in busy),
+        "median_seconds": round(statistics.median(b["seconds"] for b in busy), 2),
+        "max_seconds": max(b["seconds"] for b in busy),
+    }
 
 
 def sender(bootstrap: str, ns: str) -> tuple[Any, list[str]]:
     from kbroker.sdk.broker import Broker
 
     b = Broker(bootstrap, ns)
-    return b, [b.begin_dialog("//kbroker/sizing/Client", "//kbroker/sizing/Target", "//kbroker/sizing/Contract")
-               for _ in range(64)]
+    return b, [
+        b.begin_dialog("//kbroker/sizing/Client", "//kbroker/sizing/Target", "//kbroker/sizing/Contract")
+        for _ in range(64)
+    ]
 
 
 def send_at(b: Any, handles: list[str], rate: int, seconds: float) -> int:
@@ -95,8 +100,9 @@ def run_layout(layout: str, bootstrap: str, home: Path, args: argparse.Namespace
         workers, cores = (int(n) for n in layout.split("x"))
         cluster = SparkCluster(home / f"spark-{layout}", workers=workers, cores=cores, memory="1g").start()
     master = cluster.url if cluster else layout
-    job = JobProcess(bootstrap, ns, home / layout, 1, master=master,
-                     args=[*job_conf(), "--conf", "spark.driver.memory=1g"])
+    job = JobProcess(
+        bootstrap, ns, home / layout, 1, master=master, args=[*job_conf(), "--conf", "spark.driver.memory=1g"]
+    )
     b, handles = sender(bootstrap, ns)
     result: dict[str, Any] = {"layout": layout, "partitions": args.partitions}
     read = lambda: sum(int(x["rows"]) for x in batches(job.log))  # noqa: E731
@@ -110,8 +116,11 @@ def run_layout(layout: str, bootstrap: str, home: Path, args: argparse.Namespace
             sent = send_at(b, handles, rate, args.seconds)
             sent_at = time.monotonic()
             wait_for(lambda: read() >= total + sent, 300, f"the {rate}/s phase read", interval=0.1)  # noqa: B023 - called now
-            result[f"rate_{rate}"] = {"sent": sent, "behind_s": round(time.monotonic() - sent_at, 1),
-                                      **summary(batches(job.log)[before:])}
+            result[f"rate_{rate}"] = {
+                "sent": sent,
+                "behind_s": round(time.monotonic() - sent_at, 1),
+                **summary(batches(job.log)[before:]),
+            }
             print(layout, rate, result[f"rate_{rate}"], flush=True)
         before, total = len(batches(job.log)), read()
         for start in range(0, args.backlog, 5000):  # written before the job's next batch, mostly
@@ -121,9 +130,12 @@ def run_layout(layout: str, bootstrap: str, home: Path, args: argparse.Namespace
         wait_for(lambda: read() >= total + args.backlog, 600, "the backlog drained")
         drain = [x for x in batches(job.log)[before:] if x["rows"]]
         busy = sum(x["seconds"] for x in drain)
-        result["drain"] = {"rows": sum(int(x["rows"]) for x in drain), "batches": len(drain),
-                           "busy_rows_per_s": round(sum(x["rows"] for x in drain) / busy) if busy else None,
-                           "median_seconds": round(statistics.median(x["seconds"] for x in drain), 2)}
+        result["drain"] = {
+            "rows": sum(int(x["rows"]) for x in drain),
+            "batches": len(drain),
+            "busy_rows_per_s": round(sum(x["rows"] for x in drain) / busy) if busy else None,
+            "median_seconds": round(statistics.median(x["seconds"] for x in drain), 2),
+        }
         print(layout, "drain", result["drain"], flush=True)
     finally:
         b.close()

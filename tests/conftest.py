@@ -56,8 +56,9 @@ def pytest_testnodedown(node: Any, error: object | None) -> None:
     basetemp = Path(node.config._tmp_path_factory.getbasetemp()) / f"popen-{node.gateway.id}"
     killed = watchdog.kill_processes_under(basetemp)
     if killed:
-        sys.stderr.write(f"{node.gateway.id} crashed: killed the {len(killed)} processes its tests left "
-                         f"under {basetemp}: {killed}\n")
+        sys.stderr.write(
+            f"{node.gateway.id} crashed: killed the {len(killed)} processes its tests left under {basetemp}: {killed}\n"
+        )
 
 
 def _own_ports() -> None:
@@ -76,9 +77,22 @@ def _own_ports() -> None:
 
 
 # Files that take minutes, started first so that no process is left with one at the end.
-SLOW_FIRST = tuple(f"tests/integration/test_{name}.py" if name not in ("spark", "secure") else name for name in (
-    "cluster", "routing_clusters", "spark", "worker", "broker_restart", "reclaim", "endpoint_invariants",
-    "transactions", "network_stall", "secure", "transport_competing"))
+SLOW_FIRST = tuple(
+    f"tests/integration/test_{name}.py" if name not in ("spark", "secure") else name
+    for name in (
+        "cluster",
+        "routing_clusters",
+        "spark",
+        "worker",
+        "broker_restart",
+        "reclaim",
+        "endpoint_invariants",
+        "transactions",
+        "network_stall",
+        "secure",
+        "transport_competing",
+    )
+)
 # Fixtures a process starts once for its whole session: the files that use them run in one
 # process, so the session starts each once. A file that uses two (the analytics job on the secured
 # cluster) joins their groups into one.
@@ -90,6 +104,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The unit of work pytest-xdist hands a process (`--dist loadgroup`): a whole file, since
     module fixtures (a worker, a cluster) serve all its tests, or every file that uses Spark or
     the secured broker together. The groups are put in the order they should start."""
+
     def file_of(item: pytest.Item) -> str:
         return str(item.path.relative_to(config.rootpath))
 
@@ -97,7 +112,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         uses = set(getattr(item, "fixturenames", ()))
         shared_of_file.setdefault(file_of(item), set()).update(
-            g for g, names in SHARED_SESSIONS.items() if uses & set(names))
+            g for g, names in SHARED_SESSIONS.items() if uses & set(names)
+        )
     group_of_file = groups_of_files(shared_of_file)
 
     def group(item: pytest.Item) -> str:
@@ -126,7 +142,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         watchdog.say(
             f"pytest-xdist's --dist loadgroup is not in effect with pytest {pytest.__version__} "
             f"({len(ungrouped)} tests without their group, e.g. {ungrouped[0]}): pytest-dev/pytest-xdist#1386; "
-            "install the test extra's pytest (pip install -e '.[test]') or run without -n")
+            "install the test extra's pytest (pip install -e '.[test]') or run without -n"
+        )
         raise pytest.UsageError("pytest-xdist's --dist loadgroup is not in effect")
 
 

@@ -29,8 +29,18 @@ def main() -> int:
                 for m in msgs:
                     if m.message_type_name in (END_DIALOG, ERROR_TYPE):
                         tx.end_conversation(m.conversation_handle)
-                    print(json.dumps({"pid": os.getpid(), "queue": queue, "message_id": m.message_id,
-                                      "type": m.message_type_name, "body": m.text}), flush=True)
+                    print(
+                        json.dumps(
+                            {
+                                "pid": os.getpid(),
+                                "queue": queue,
+                                "message_id": m.message_id,
+                                "type": m.message_type_name,
+                                "body": m.text,
+                            }
+                        ),
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

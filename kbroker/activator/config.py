@@ -93,8 +93,9 @@ class Application(_Model):
     @model_validator(mode="after")
     def _min_le_max(self) -> "Application":
         if self.min_concurrency > self.max_concurrency:
-            raise ValueError(f"min_concurrency ({self.min_concurrency}) exceeds max_concurrency "
-                             f"({self.max_concurrency})")
+            raise ValueError(
+                f"min_concurrency ({self.min_concurrency}) exceeds max_concurrency ({self.max_concurrency})"
+            )
         return self
 
     @property

@@ -47,6 +47,10 @@ def parse(key: bytes | None, value: bytes | None) -> Notification | None:
 
     t = doc.get("time")
     ns = doc.get("namespace")
-    return Notification(queue=queue, namespace=ns if isinstance(ns, str) else None,
-                        backlog=count("backlog"), ready_groups=count("ready_groups"),
-                        time=t / 1000.0 if isinstance(t, (int, float)) and not isinstance(t, bool) else None)
+    return Notification(
+        queue=queue,
+        namespace=ns if isinstance(ns, str) else None,
+        backlog=count("backlog"),
+        ready_groups=count("ready_groups"),
+        time=t / 1000.0 if isinstance(t, (int, float)) and not isinstance(t, bool) else None,
+    )

@@ -35,7 +35,14 @@ from kbroker.activator.notification import Notification
 # Reasons a decision gives; the runner logs them.
 NOTIFIED, MIN_CONCURRENCY = "notification", "min_concurrency"
 AT_MAX, NO_WORK, STALE, OTHER_NAMESPACE, UNKNOWN_QUEUE, BACKOFF, SATISFIED = (
-    "at_max", "no_work", "stale", "other_namespace", "unknown_queue", "backoff", "satisfied")
+    "at_max",
+    "no_work",
+    "stale",
+    "other_namespace",
+    "unknown_queue",
+    "backoff",
+    "satisfied",
+)
 
 
 @dataclass(frozen=True)

@@ -53,13 +53,25 @@ class Child:
 
 
 class Activator:
-    def __init__(self, cfg: ActivatorConfig, cluster: ClusterLike, namespace: str, *,
-                 log: Callable[[dict], None] = _default_log, poll_interval: float = 0.2,
-                 clock: Callable[[], float] = time.time, child_stdout: int | None = 2):
+    def __init__(
+        self,
+        cfg: ActivatorConfig,
+        cluster: ClusterLike,
+        namespace: str,
+        *,
+        log: Callable[[dict], None] = _default_log,
+        poll_interval: float = 0.2,
+        clock: Callable[[], float] = time.time,
+        child_stdout: int | None = 2,
+    ):
         self.cfg, self.cluster, self.namespace = cfg, Cluster.of(cluster), namespace
         self.apps = cfg.enabled()
-        self.rules = Rules({q: Limits(a.min_concurrency, a.max_concurrency) for q, a in self.apps.items()},
-                           namespace=namespace, stale_after=cfg.stale_after, restart_delay=cfg.restart_delay)
+        self.rules = Rules(
+            {q: Limits(a.min_concurrency, a.max_concurrency) for q, a in self.apps.items()},
+            namespace=namespace,
+            stale_after=cfg.stale_after,
+            restart_delay=cfg.restart_delay,
+        )
         self.children: dict[str, list[Child]] = {q: [] for q in self.apps}
         self.topic = names.events_topic(namespace)
         self.group = activator_group(namespace)
@@ -80,11 +92,20 @@ class Activator:
 
     def run(self) -> None:
         """Blocks until stop(). Whatever happens, children are terminated before it returns."""
-        events = EventsReader(self.cluster, self.namespace, self.group, on_ready=self.ready.set,
-                              on_error=lambda text: self._emit("kafka_error", error=text))
+        events = EventsReader(
+            self.cluster,
+            self.namespace,
+            self.group,
+            on_ready=self.ready.set,
+            on_error=lambda text: self._emit("kafka_error", error=text),
+        )
         try:
-            self._emit("activator_started", group=self.group, topic=self.topic,
-                       applications=[a.label for a in self.apps.values()])
+            self._emit(
+                "activator_started",
+                group=self.group,
+                topic=self.topic,
+                applications=[a.label for a in self.apps.values()],
+            )
             self._check_catalog()
             events.subscribe()
             while not self._stop.is_set():
@@ -123,9 +144,11 @@ class Activator:
             if queue is None:
                 self._emit("warning", queue=q, message=f"queue {q!r} is not in the catalog of {self.namespace!r}")
             elif queue.activation is None or queue.activation.kind != "external" or queue.activation.status != "ON":
-                self._emit("warning", queue=q,
-                           message="the queue has no external activation with STATUS = ON: the worker "
-                                   "will not notify it")
+                self._emit(
+                    "warning",
+                    queue=q,
+                    message="the queue has no external activation with STATUS = ON: the worker will not notify it",
+                )
 
     # --- decisions ---------------------------------------------------------------------------
 
@@ -135,8 +158,14 @@ class Activator:
             return  # other events, other queues
         running = self.running(n.queue)
         d = self.rules.on_notification(n, running, self._clock())
-        self._emit("notification", queue=n.queue, backlog=n.backlog, ready_groups=n.ready_groups,
-                   running=running, decision=d.reason)
+        self._emit(
+            "notification",
+            queue=n.queue,
+            backlog=n.backlog,
+            ready_groups=n.ready_groups,
+            running=running,
+            decision=d.reason,
+        )
         for _ in range(d.start):
             self._start(self.apps[n.queue], NOTIFIED)
 
@@ -152,22 +181,44 @@ class Activator:
     def _start(self, app: Application, reason: str) -> None:
         # A child reaches the cluster as the activator does: its address and its client settings
         # (KBROKER_KAFKA_* variables, never arguments a process listing shows).
-        env = {**os.environ, **app.env, **env_of(self.cluster.properties),
-               "KBROKER_BOOTSTRAP": self.cluster.bootstrap, "KBROKER_NAMESPACE": self.namespace,
-               "KBROKER_QUEUE": app.queue}
+        env = {
+            **os.environ,
+            **app.env,
+            **env_of(self.cluster.properties),
+            "KBROKER_BOOTSTRAP": self.cluster.bootstrap,
+            "KBROKER_NAMESPACE": self.namespace,
+            "KBROKER_QUEUE": app.queue,
+        }
         try:
             # A session of its own: Ctrl-C on the terminal reaches only the activator, which then
             # stops children in order; and signalling the group reaches a wrapper's children too.
-            proc = subprocess.Popen(app.command, env=env, cwd=app.cwd, stdin=subprocess.DEVNULL,
-                                    stdout=self._child_stdout, start_new_session=True)
+            proc = subprocess.Popen(
+                app.command,
+                env=env,
+                cwd=app.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=self._child_stdout,
+                start_new_session=True,
+            )
         except OSError as exc:
             self.rules.on_exit(app.queue, EXIT_CANNOT_START, self._clock())
-            self._emit("start_failed", queue=app.queue, application=app.label, reason=reason,
-                       error=f"{type(exc).__name__}: {exc}")
+            self._emit(
+                "start_failed",
+                queue=app.queue,
+                application=app.label,
+                reason=reason,
+                error=f"{type(exc).__name__}: {exc}",
+            )
             return
         self.children[app.queue].append(Child(app, proc, time.monotonic(), reason))
-        self._emit("start", queue=app.queue, application=app.label, pid=proc.pid, reason=reason,
-                   running=self.running(app.queue))
+        self._emit(
+            "start",
+            queue=app.queue,
+            application=app.label,
+            pid=proc.pid,
+            reason=reason,
+            running=self.running(app.queue),
+        )
 
     def _reap(self, stopping: bool = False) -> None:
         now = self._clock()
@@ -178,9 +229,16 @@ class Activator:
                 if not stopping:
                     self.rules.on_exit(queue, rc, now)
                 extra = {"signal": signal.Signals(-rc).name} if rc < 0 and -rc in signal.valid_signals() else {}
-                self._emit("exit", queue=queue, application=child.app.label, pid=child.proc.pid,
-                           returncode=rc, **extra, ran_for=round(time.monotonic() - child.started, 3),
-                           running=len(kids))
+                self._emit(
+                    "exit",
+                    queue=queue,
+                    application=child.app.label,
+                    pid=child.proc.pid,
+                    returncode=rc,
+                    **extra,
+                    ran_for=round(time.monotonic() - child.started, 3),
+                    running=len(kids),
+                )
 
     def _signal_all(self, sig: int) -> None:
         for kids in self.children.values():
@@ -194,8 +252,9 @@ class Activator:
     def _shutdown_children(self) -> None:
         if not any(self.children.values()):
             return
-        self._emit("stopping_children", count=sum(len(k) for k in self.children.values()),
-                   grace=self.cfg.shutdown_grace)
+        self._emit(
+            "stopping_children", count=sum(len(k) for k in self.children.values()), grace=self.cfg.shutdown_grace
+        )
         self._signal_all(signal.SIGTERM)
         deadline = time.monotonic() + self.cfg.shutdown_grace
         while any(c.proc.poll() is None for k in self.children.values() for c in k) and time.monotonic() < deadline:
@@ -208,5 +267,11 @@ class Activator:
 
     def _emit(self, event: str, **fields: Any) -> None:
         metrics.of(metrics.ACTIVATOR_EVENTS, self.namespace, str(fields.get("queue") or ""), event).inc()
-        self._log({"time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "event": event,
-                   "namespace": self.namespace, **fields})
+        self._log(
+            {
+                "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+                "event": event,
+                "namespace": self.namespace,
+                **fields,
+            }
+        )

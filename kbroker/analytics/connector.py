@@ -11,8 +11,12 @@ from kbroker.embedded.jvm import fetch_maven_jars
 
 HERE = Path(__file__).resolve().parent
 # What pyspark does not ship of the connector's runtime jars (the rest it has, at its own versions).
-MISSING_FROM_PYSPARK = ("spark-sql-kafka-0-10_2.13", "spark-token-provider-kafka-0-10_2.13",
-                        "kafka-clients", "commons-pool2")
+MISSING_FROM_PYSPARK = (
+    "spark-sql-kafka-0-10_2.13",
+    "spark-token-provider-kafka-0-10_2.13",
+    "kafka-clients",
+    "commons-pool2",
+)
 
 
 def spark_version() -> str:
@@ -25,7 +29,11 @@ def connector_jars(say: Callable[[str], None] = lambda _msg: None) -> list[Path]
     """The jars to add to Spark's classpath (spark.jars), fetched on first use."""
     version = spark_version()
     libs = fetch_maven_jars(
-        HERE / "pom.xml", config.cache_dir() / f"spark-kafka-{version}",
-        f"Spark's Kafka source {version}", "spark-sql-kafka-0-10_2.13-*.jar", say,
-        maven_args=(f"-Dspark.version={version}", f"-DincludeArtifactIds={','.join(MISSING_FROM_PYSPARK)}"))
+        HERE / "pom.xml",
+        config.cache_dir() / f"spark-kafka-{version}",
+        f"Spark's Kafka source {version}",
+        "spark-sql-kafka-0-10_2.13-*.jar",
+        say,
+        maven_args=(f"-Dspark.version={version}", f"-DincludeArtifactIds={','.join(MISSING_FROM_PYSPARK)}"),
+    )
     return sorted(libs.glob("*.jar"))

@@ -21,8 +21,13 @@ BATCH_STEP_ATTEMPTS = 3
 T = TypeVar("T")
 
 
-def again_on_failure(what: str, step: Callable[[], T], batch_id: int, stopping: threading.Event,
-                     retriable: tuple[type[BaseException], ...] = (Exception,)) -> T:
+def again_on_failure(
+    what: str,
+    step: Callable[[], T],
+    batch_id: int,
+    stopping: threading.Event,
+    retriable: tuple[type[BaseException], ...] = (Exception,),
+) -> T:
     """step(), asked again (up to BATCH_STEP_ATTEMPTS times in all, a second more each time) when
     it fails with a `retriable` error. A failed step failed the batch, which stops the query:
     `kbroker analytics run` starts it again from its checkpoint, but seconds later, and a job that
@@ -67,6 +72,10 @@ def refusal_in(error: Any, principal: str = "") -> PermissionDeniedError | None:
     java = _JAVA_REFUSAL.search(text)
     if java is not None:
         kind = _JAVA_KINDS[java.group(1)]
-        return PermissionDeniedError(resource=kind, operation="READ" if kind in ("topic", "group") else "",
-                                     principal=principal, what=f"Spark's Kafka source: {java.group(2).strip()[:200]}")
+        return PermissionDeniedError(
+            resource=kind,
+            operation="READ" if kind in ("topic", "group") else "",
+            principal=principal,
+            what=f"Spark's Kafka source: {java.group(2).strip()[:200]}",
+        )
     return None

@@ -64,8 +64,10 @@ class JobSettings:
         self.cluster = Cluster.of(self.cluster)
         for what, path in (("checkpoint", self.checkpoint), ("history", self.history)):
             if _URL.match(str(path)):  # a Path folds s3a://b/x to s3a:/b/x: a directory of that name
-                raise InvalidArgumentError(f"--{what} {path}: a path on a filesystem the driver mounts (a shared "
-                                           "one on a cluster), not a URL (docs/analytics.md)")
+                raise InvalidArgumentError(
+                    f"--{what} {path}: a path on a filesystem the driver mounts (a shared "
+                    "one on a cluster), not a URL (docs/analytics.md)"
+                )
 
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
@@ -99,8 +101,9 @@ class AnalyticsJob:
         the job: Spark's pattern source shows topics it may not read as no topics at all, and the
         results' transactional id would be refused only at the first batch."""
         self._results().check()
-        check_read(self.s.cluster, names.analytics_source_groups(self.s.namespace),
-                   names.progress_topic(self.s.namespace))
+        check_read(
+            self.s.cluster, names.analytics_source_groups(self.s.namespace), names.progress_topic(self.s.namespace)
+        )
 
     def failure(self) -> BaseException | None:
         """Why the query stopped, typed when the authorizer refused it (refusal_in), else
@@ -114,29 +117,34 @@ class AnalyticsJob:
         self.check_access()
         self._results().hold_unread()
         if self.spark is None:
-            self.spark = spark_session(self.s.master, self.s.spark_conf, say=log.info,
-                                       java_options=spark_java_options(self.s.cluster))
+            self.spark = spark_session(
+                self.s.master, self.s.spark_conf, say=log.info, java_options=spark_java_options(self.s.cluster)
+            )
         ns = re.escape(names.prefix(self.s.namespace))
         pattern = f"{ns}(queue\\..+|progress|timers|deadletter)"
-        reader = (self.spark.readStream.format("kafka")
-                  .options(**spark_options(self.s.cluster))
-                  .option("groupIdPrefix", names.analytics_source_groups(self.s.namespace))
-                  .option("subscribePattern", pattern)
-                  .option("startingOffsets", "earliest")
-                  .option("includeHeaders", "true")
-                  .option("failOnDataLoss", "false")  # the worker reclaims received records
-                  .option("kafka.isolation.level", "read_committed")  # never an aborted SEND
-                  .option("kafka.metadata.max.age.ms", "5000")  # a new queue is read within seconds
-                  .option("maxOffsetsPerTrigger", str(self.s.max_per_batch)))
+        reader = (
+            self.spark.readStream.format("kafka")
+            .options(**spark_options(self.s.cluster))
+            .option("groupIdPrefix", names.analytics_source_groups(self.s.namespace))
+            .option("subscribePattern", pattern)
+            .option("startingOffsets", "earliest")
+            .option("includeHeaders", "true")
+            .option("failOnDataLoss", "false")  # the worker reclaims received records
+            .option("kafka.isolation.level", "read_committed")  # never an aborted SEND
+            .option("kafka.metadata.max.age.ms", "5000")  # a new queue is read within seconds
+            .option("maxOffsetsPerTrigger", str(self.s.max_per_batch))
+        )
         # The headers as one map per record, looked up by name (LAST_WIN: a repeated header
         # keeps its last value, as kbroker's own decoding does).
         self.spark.conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
         frame = reader.load().selectExpr("*", "map_from_entries(headers) AS hs").selectExpr(*PROJECTION)
-        self.query = (frame.writeStream.foreachBatch(self._batch)
-                      .option("checkpointLocation", str(Path(self.s.checkpoint) / "query"))
-                      .queryName(f"kbroker_analytics_{self.s.namespace}")
-                      .trigger(processingTime=f"{self.s.trigger} seconds")
-                      .start())
+        self.query = (
+            frame.writeStream.foreachBatch(self._batch)
+            .option("checkpointLocation", str(Path(self.s.checkpoint) / "query"))
+            .queryName(f"kbroker_analytics_{self.s.namespace}")
+            .trigger(processingTime=f"{self.s.trigger} seconds")
+            .start()
+        )
         return self
 
     def stop(self) -> None:
@@ -165,26 +173,43 @@ class AnalyticsJob:
             state = self._state_for(batch_id)
             state.stale_after = self._queue_thresholds()
             for row, reason in apply_rows(state, self.s.namespace, rows):
-                self.rejects.reject(Consumed(row.topic, row.partition, row.offset, row.key, row.value),
-                                    reason)
+                self.rejects.reject(Consumed(row.topic, row.partition, row.offset, row.key, row.value), reason)
             out = state.report(batch_id)
             writer, positions = self._results(), read_positions(rows, self.s.namespace, self._read_before())
-            again_on_failure("writing its results", lambda: writer.write(out.analytics, out.commands, positions),
-                             batch_id, self._stopping, retriable=(BrokerUnavailableError,))
+            again_on_failure(
+                "writing its results",
+                lambda: writer.write(out.analytics, out.commands, positions),
+                batch_id,
+                self._stopping,
+                retriable=(BrokerUnavailableError,),
+            )
             if out.closed:
                 self._history(out.closed)
             self.files.save(batch_id, state.to_dict())
             self.state_batch = batch_id
             self.batches += 1
             self.rows += len(rows)
-            self.last_batch = {"batch": batch_id, "rows": len(rows), "records": len(out.analytics),
-                               "commands": len(out.commands), "closed": len(out.closed),
-                               "seconds": round(time.monotonic() - started, 3), "as_of": state.now,
-                               "started": wall}
+            self.last_batch = {
+                "batch": batch_id,
+                "rows": len(rows),
+                "records": len(out.analytics),
+                "commands": len(out.commands),
+                "closed": len(out.closed),
+                "seconds": round(time.monotonic() - started, 3),
+                "as_of": state.now,
+                "started": wall,
+            }
             self.recent.append(self.last_batch)
             measured(self.s.namespace, out.analytics, state.now, time.monotonic() - started, len(rows))
-        log.info("analytics batch=%d rows=%d records=%d commands=%d closed=%d seconds=%.2f", batch_id, len(rows),
-                 len(out.analytics), len(out.commands), len(out.closed), time.monotonic() - started)
+        log.info(
+            "analytics batch=%d rows=%d records=%d commands=%d closed=%d seconds=%.2f",
+            batch_id,
+            len(rows),
+            len(out.analytics),
+            len(out.commands),
+            len(out.closed),
+            time.monotonic() - started,
+        )
 
     def _results(self) -> ResultsWriter:
         if self.writer is None:
@@ -205,8 +230,11 @@ class AnalyticsJob:
         settings: dict[str, Any] = {"window_s": self.s.window, "stale_after_s": self.s.stale_after, "top": self.s.top}
         if self.state is None or self.state_batch != batch_id - 1:
             saved = self.files.load_before(batch_id)
-            self.state = Analytics.from_dict(saved[1], self.s.namespace, **settings) if saved \
+            self.state = (
+                Analytics.from_dict(saved[1], self.s.namespace, **settings)
+                if saved
                 else Analytics(self.s.namespace, **settings)
+            )
             self.state_batch = saved[0] if saved else -1
         return self.state
 
@@ -214,8 +242,9 @@ class AnalyticsJob:
         if time.monotonic() - self._stale_read >= CATALOG_EVERY:
             try:
                 catalog = read_catalog(self.s.cluster, self.s.namespace, 10.0)
-                self._stale_after = {q.name: q.stale_after for q in catalog.queues.values()
-                                     if q.stale_after is not None}
+                self._stale_after = {
+                    q.name: q.stale_after for q in catalog.queues.values() if q.stale_after is not None
+                }
                 self._stale_read = time.monotonic()
             except Exception as exc:  # noqa: BLE001 - the last thresholds stand until it answers
                 log.warning("reading the catalog's stale_after failed (%s); the last ones stand", exc)
@@ -227,8 +256,9 @@ class AnalyticsJob:
         write_closed_windows(self.spark, Path(self.s.history), closed)
 
 
-def measured(namespace: str, analytics: list[tuple[str, dict[str, Any]]], as_of: int, seconds: float,
-             rows: int) -> None:
+def measured(
+    namespace: str, analytics: list[tuple[str, dict[str, Any]]], as_of: int, seconds: float, rows: int
+) -> None:
     """One batch's metrics (kbroker/metrics.py): its time and rows, how far behind it is, and each
     queue's gauges from the current window's record (the newest of the queue in the batch)."""
     metrics.of(metrics.ANALYTICS_BATCH_SECONDS, namespace).observe(seconds)
@@ -271,16 +301,22 @@ def run_forever(settings: JobSettings) -> None:
         try:
             job.start()
             spark = job.spark
-            log.info("analytics job started namespace=%s master=%s checkpoint=%s", settings.namespace,
-                     settings.master, settings.checkpoint)
+            log.info(
+                "analytics job started namespace=%s master=%s checkpoint=%s",
+                settings.namespace,
+                settings.master,
+                settings.checkpoint,
+            )
             while not stopping.is_set() and job.query.isActive:
                 job.query.awaitTermination(1.0)
                 backoff = 1.0 if job.batches else backoff
             failure = job.failure()
             refused = failure if isinstance(failure, PermissionDeniedError) else None
             if not stopping.is_set() and refused is None:
-                log.error("analytics query stopped (%s); starting it again from its checkpoint",
-                          first_line(job.query.exception()))
+                log.error(
+                    "analytics query stopped (%s); starting it again from its checkpoint",
+                    first_line(job.query.exception()),
+                )
         except Exception as exc:  # noqa: BLE001 - the broker may be away: try again
             refused = refusal_in(exc, principal(settings.cluster))
             if refused is None:

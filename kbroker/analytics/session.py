@@ -28,9 +28,14 @@ LOCAL = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.
 LOG_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
 
 
-def spark_session(master: str = "local[*]", conf: dict[str, str] | None = None, *,
-                  app_name: str = "kbroker-analytics", say: Callable[[str], None] = lambda _m: None,
-                  java_options: Sequence[str] = ()) -> Any:
+def spark_session(
+    master: str = "local[*]",
+    conf: dict[str, str] | None = None,
+    *,
+    app_name: str = "kbroker-analytics",
+    say: Callable[[str], None] = lambda _m: None,
+    java_options: Sequence[str] = (),
+) -> Any:
     """A session with the connector's jars (fetched with Maven on first use). `conf` wins over the
     defaults; for a cluster, set the master and Spark's usual settings there. `java_options`:
     JVM options the driver and executors need beside the log configuration."""
@@ -38,9 +43,14 @@ def spark_session(master: str = "local[*]", conf: dict[str, str] | None = None, 
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # else a warning about the hostname
     builder = SparkSession.builder.master(master).appName(app_name)
-    settings = {**DEFAULTS, **(LOCAL if master.startswith("local") else {}), "spark.jars": jars,
-                "spark.driver.extraJavaOptions": " ".join([f"-Dlog4j.configurationFile=file:{LOG_CONFIG}", *java_options]),
-                **({"spark.executor.extraJavaOptions": " ".join(java_options)} if java_options else {}), **(conf or {})}
+    settings = {
+        **DEFAULTS,
+        **(LOCAL if master.startswith("local") else {}),
+        "spark.jars": jars,
+        "spark.driver.extraJavaOptions": " ".join([f"-Dlog4j.configurationFile=file:{LOG_CONFIG}", *java_options]),
+        **({"spark.executor.extraJavaOptions": " ".join(java_options)} if java_options else {}),
+        **(conf or {}),
+    }
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -37,8 +37,16 @@ from kbroker.worker.web.web_client import get_json
 class WorkerProcess:
     """`python -m kbroker worker` on one namespace, with its log in a temporary file."""
 
-    def __init__(self, ctx: BenchContext, namespace: str, *, ramp_up: float, handlers: int,
-                 activation_log: Path | None = None, extra: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        ctx: BenchContext,
+        namespace: str,
+        *,
+        ramp_up: float,
+        handlers: int,
+        activation_log: Path | None = None,
+        extra: tuple[str, ...] = (),
+    ):
         self.ctx, self.namespace, self.ramp_up = ctx, namespace, ramp_up
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="kbroker-bench-worker-"))
@@ -47,10 +55,27 @@ class WorkerProcess:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         if activation_log is not None:
             env[procedures.LOG_ENV] = str(activation_log)
-        self.cmd = [sys.executable, "-m", "kbroker", "worker", "--bootstrap", ctx.cluster.bootstrap,
-                    "--namespace", namespace, "--web-port", str(self.port), "--ramp-up", str(ramp_up), "--handlers",
-                    str(handlers), "--loglevel", "warning",
-                    "--allow-procedures", "kbroker.bench.procedures", *extra]  # not allowed by default
+        self.cmd = [
+            sys.executable,
+            "-m",
+            "kbroker",
+            "worker",
+            "--bootstrap",
+            ctx.cluster.bootstrap,
+            "--namespace",
+            namespace,
+            "--web-port",
+            str(self.port),
+            "--ramp-up",
+            str(ramp_up),
+            "--handlers",
+            str(handlers),
+            "--loglevel",
+            "warning",
+            "--allow-procedures",
+            "kbroker.bench.procedures",
+            *extra,
+        ]  # not allowed by default
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(self.cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
 
@@ -107,8 +132,7 @@ def monitor_rows_of(worker: WorkerProcess, timeout: float = 10.0) -> dict[str, d
         return {}
 
 
-def wait_monitor(worker: WorkerProcess, queue: str, pred: Callable[[dict], bool], timeout: float,
-                 what: str) -> dict:
+def wait_monitor(worker: WorkerProcess, queue: str, pred: Callable[[dict], bool], timeout: float, what: str) -> dict:
     """Wait until the queue's monitor row satisfies `pred`; returns it (`what` names it in errors)."""
     deadline = time.monotonic() + timeout
     row = None

@@ -74,14 +74,24 @@ def has_transactions() -> bool:
 WireHeaders = list[tuple[str, str | bytes | None]]
 
 
-def _headers(conversation_id: str, seq: int, message_type: str, sender: str, receiver: str,
-             to_side: str) -> WireHeaders:
+def _headers(
+    conversation_id: str, seq: int, message_type: str, sender: str, receiver: str, to_side: str
+) -> WireHeaders:
     # Keyed and grouped by the conversation id, as the baseline's records are: the form of a
     # dialog begun when a dialog's id was its default group, which receivers still take.
-    return list(Envelope(message_id=str(uuid.uuid4()), conversation_id=conversation_id,
-                         conversation_group_id=conversation_id, message_sequence_number=seq,
-                         message_type_name=message_type, service_contract_name=CONTRACT,
-                         from_service_name=sender, to_service_name=receiver, to_side=to_side).headers())
+    return list(
+        Envelope(
+            message_id=str(uuid.uuid4()),
+            conversation_id=conversation_id,
+            conversation_group_id=conversation_id,
+            message_sequence_number=seq,
+            message_type_name=message_type,
+            service_contract_name=CONTRACT,
+            from_service_name=sender,
+            to_service_name=receiver,
+            to_side=to_side,
+        ).headers()
+    )
 
 
 def claim_headers(conversation_id: str, seq: int) -> WireHeaders:
@@ -98,8 +108,7 @@ def approval_headers(conversation_id: str, seq: int) -> WireHeaders:
 BacklogRecord = tuple[str | bytes, bytes | None, WireHeaders]
 
 
-def write_backlog(ctx: BenchContext, topic: str, total: int, label: str,
-                  record: Callable[[int], BacklogRecord]) -> int:
+def write_backlog(ctx: BenchContext, topic: str, total: int, label: str, record: Callable[[int], BacklogRecord]) -> int:
     """Write `total` records, record(0) to record(total - 1), to `topic` with a fast producer (not
     timed). Returns the bytes written, taking every record to be the size of the first (key +
     value + headers)."""
@@ -119,8 +128,15 @@ def write_backlog(ctx: BenchContext, topic: str, total: int, label: str,
     return written * total
 
 
-def produce_dialogs(ctx: BenchContext, topic: str, conversations: list[str], per_conversation: int,
-                    body: bytes, label: str, total: int | None = None) -> int:
+def produce_dialogs(
+    ctx: BenchContext,
+    topic: str,
+    conversations: list[str],
+    per_conversation: int,
+    body: bytes,
+    label: str,
+    total: int | None = None,
+) -> int:
     """Write a backlog of ExpenseClaims: round-robin over the dialogs, each dialog's messages in
     sequence order. Returns the bytes written (key + value + headers)."""
     total = total if total is not None else len(conversations) * per_conversation

@@ -64,8 +64,9 @@ def reader(bootstrap: str, namespace: str, machine: str, sleep_ms: float, owned_
         tx.send("Out", json.dumps({"n": n, "by": machine, "p": msg.partition, "t": time.time()}).encode())
         time.sleep(sleep_ms / 1000.0)
 
-    ep = TransportEndpoint("In", cluster=bootstrap, namespace=namespace, machine=machine, secondary=False,
-                           max_concurrency=2)
+    ep = TransportEndpoint(
+        "In", cluster=bootstrap, namespace=namespace, machine=machine, secondary=False, max_concurrency=2
+    )
     ep.start(handle)
     _report_owned(ep.runtime.receivers, "In", owned_file, stop)
     ep.stop()
@@ -92,8 +93,10 @@ def service_reader(bootstrap: str, namespace: str, machine: str, sleep_ms: float
             except KBrokerError as exc:  # a commit fenced by a rebalance: received again elsewhere
                 print(f"{machine}: {exc}", file=sys.stderr)
                 continue
-            lines = "".join(json.dumps({"n": json.loads(m.body)["n"], "by": machine, "p": m.partition,
-                                        "t": time.time()}) + "\n" for m in msgs)  # committed now
+            lines = "".join(
+                json.dumps({"n": json.loads(m.body)["n"], "by": machine, "p": m.partition, "t": time.time()}) + "\n"
+                for m in msgs
+            )  # committed now
             with printing:
                 sys.stdout.write(lines)
                 sys.stdout.flush()
@@ -132,8 +135,9 @@ def _install_service(bootstrap: str, namespace: str, n: int) -> None:
     producer = idempotent_producer(bootstrap, **{"linger.ms": 5})
     for i in range(n):
         conversation = str(uuid.uuid4())
-        producer.produce(topic, key=conversation.encode(), value=json_body(100, n=i),
-                         headers=list(claim_headers(conversation, 0)))
+        producer.produce(
+            topic, key=conversation.encode(), value=json_body(100, n=i), headers=list(claim_headers(conversation, 0))
+        )
         producer.poll(0)
     if producer.flush(60) != 0:
         raise RuntimeError("the backlog was not acknowledged within 60 s")
@@ -164,9 +168,12 @@ def handling(raw: bytes | str | None) -> dict[str, Any] | None:
         r = json.loads(raw or b"")
     except ValueError:
         return None
-    if not isinstance(r, dict) or not isinstance(r.get("by"), str) or not all(
-            isinstance(r.get(k), int) and not isinstance(r.get(k), bool) for k in ("n", "p")) or not (
-            isinstance(r.get("t"), (int, float)) and not isinstance(r.get("t"), bool)):
+    if (
+        not isinstance(r, dict)
+        or not isinstance(r.get("by"), str)
+        or not all(isinstance(r.get(k), int) and not isinstance(r.get(k), bool) for k in ("n", "p"))
+        or not (isinstance(r.get("t"), (int, float)) and not isinstance(r.get("t"), bool))
+    ):
         return None
     return r
 
@@ -177,6 +184,7 @@ class _Tail:
 
     def __init__(self, bootstrap: str, topic: str):
         from kbroker.core import names
+
         self.topic = topic
         self.consumer = reading_consumer(bootstrap, names.reader_group_of(topic) or topic)
         self.positions = dict.fromkeys(range(3), 0)
@@ -209,16 +217,20 @@ class _Logs:
         for f in self.files:
             if f.exists():
                 text = f.read_text()
-                records += [r for line in text[:text.rfind("\n") + 1].splitlines()  # whole lines
-                            if (r := handling(line)) is not None]
+                records += [
+                    r
+                    for line in text[: text.rfind("\n") + 1].splitlines()  # whole lines
+                    if (r := handling(line)) is not None
+                ]
         self.records = records
 
     def close(self) -> None:
         pass
 
 
-def analyse(records: list[dict[str, Any]], n: int, killed_at: float, victim: str = VICTIM,
-            victim_held: list[int] | None = None) -> dict[str, Any]:
+def analyse(
+    records: list[dict[str, Any]], n: int, killed_at: float, victim: str = VICTIM, victim_held: list[int] | None = None
+) -> dict[str, Any]:
     """The figures of one run from its committed handlings (see the module docstring).
     `victim_held`: the partitions the killed reader reported holding at the kill; without it,
     those whose last handling before the kill was the killed reader's. A partition given to it
@@ -243,10 +255,15 @@ def analyse(records: list[dict[str, Any]], n: int, killed_at: float, victim: str
         owner[p], last[p] = by, r["t"]
     first, end = by_time[0]["t"], by_time[-1]["t"]
     before_kill = [r for r in by_time if r["t"] < killed_at]
-    return {"gap_s": round(max(gaps.values()), 2) if gaps else None, "victim_partitions": sorted(gaps),
-            "rate": round(len(counts) / (end - first), 1),
-            "steady_rate": round(len(before_kill) / max(killed_at - first, 1e-3), 1),
-            "moves": moves, "missing": n - len(counts), "duplicated": sum(c - 1 for c in counts.values())}
+    return {
+        "gap_s": round(max(gaps.values()), 2) if gaps else None,
+        "victim_partitions": sorted(gaps),
+        "rate": round(len(counts) / (end - first), 1),
+        "steady_rate": round(len(before_kill) / max(killed_at - first, 1e-3), 1),
+        "moves": moves,
+        "missing": n - len(counts),
+        "duplicated": sum(c - 1 for c in counts.values()),
+    }
 
 
 def one_run(bootstrap: str, n: int, sleep_ms: float, face: str = "transport", timeout: float = 180.0) -> dict[str, Any]:
@@ -260,16 +277,34 @@ def one_run(bootstrap: str, n: int, sleep_ms: float, face: str = "transport", ti
     else:
         _install_service(bootstrap, namespace, n)
         tail = _Logs(work, READERS)
-    procs = {m: subprocess.Popen([sys.executable, "-m", "kbroker.bench.failover", f"{face}-reader", bootstrap,
-                                  namespace, m, str(sleep_ms), str(work / m)],
-                                 stdout=(work / f"{m}.log").open("w")) for m in READERS}
+    procs = {
+        m: subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kbroker.bench.failover",
+                f"{face}-reader",
+                bootstrap,
+                namespace,
+                m,
+                str(sleep_ms),
+                str(work / m),
+            ],
+            stdout=(work / f"{m}.log").open("w"),
+        )
+        for m in READERS
+    }
     killed_at = 0.0
     deadline = time.monotonic() + timeout
     try:
         while len({r["n"] for r in tail.records}) < n and time.monotonic() < deadline:
             tail.poll(0.2)
-            if not killed_at and len(tail.records) >= n // 4 and any(r["by"] == VICTIM for r in tail.records) \
-                    and settled(work, partitions):
+            if (
+                not killed_at
+                and len(tail.records) >= n // 4
+                and any(r["by"] == VICTIM for r in tail.records)
+                and settled(work, partitions)
+            ):
                 procs[VICTIM].send_signal(signal.SIGKILL)
                 killed_at = time.time()
         tail.poll(2.0)  # a duplicate committed late would show now
@@ -296,8 +331,10 @@ Changes = dict[str, list[dict[str, Any]]]  # each reader's reports, in order: {"
 
 def owned(work: Path) -> Changes:
     """What each reader reported of the partitions it held (a line of its file at each change)."""
-    return {m: [json.loads(line) for line in (work / m).read_text().splitlines()] if (work / m).exists() else []
-            for m in READERS}
+    return {
+        m: [json.loads(line) for line in (work / m).read_text().splitlines()] if (work / m).exists() else []
+        for m in READERS
+    }
 
 
 def settled(work: Path, partitions: int, quiet: float = 1.0) -> bool:
@@ -347,8 +384,9 @@ def expelled(changes: Changes, killed_at: float) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in ("transport-reader", "service-reader"):
-        (reader if args[0] == "transport-reader" else service_reader)(args[1], args[2], args[3], float(args[4]),
-                                                                       args[5])
+        (reader if args[0] == "transport-reader" else service_reader)(
+            args[1], args[2], args[3], float(args[4]), args[5]
+        )
         return 0
     ap = argparse.ArgumentParser(prog="python -m kbroker.bench.failover", description=__doc__.split("\n")[0])
     ap.add_argument("--bootstrap", required=True)
@@ -356,8 +394,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--messages", type=int, default=6000)
     ap.add_argument("--sleep-ms", type=float, default=2.0, help="each handling's wait, in its transaction")
     ap.add_argument("--cpu-load", type=int, default=0, help="busy-loop processes beside the readers")
-    ap.add_argument("--face", choices=("transport", "service"), default="transport",
-                    help="transport queue readers, or Service Broker RECEIVE on ExpenseQueue")
+    ap.add_argument(
+        "--face",
+        choices=("transport", "service"),
+        default="transport",
+        help="transport queue readers, or Service Broker RECEIVE on ExpenseQueue",
+    )
     ap.add_argument("--json", action="store_true")
     opts = ap.parse_args(args)
     load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(opts.cpu_load)]
@@ -367,8 +409,12 @@ def main(argv: list[str] | None = None) -> int:
         for proc in load:
             proc.kill()
             proc.wait()
-    summary: dict[str, Any] = {"runs": runs, "protocol": os.environ.get("KBROKER_GROUP_PROTOCOL", "auto"),
-                               "cpu_load": opts.cpu_load, "face": opts.face}
+    summary: dict[str, Any] = {
+        "runs": runs,
+        "protocol": os.environ.get("KBROKER_GROUP_PROTOCOL", "auto"),
+        "cpu_load": opts.cpu_load,
+        "face": opts.face,
+    }
     for key in ("gap_s", "takeover_s", "rate", "steady_rate"):
         values = [r[key] for r in runs if r[key] is not None]
         if values:

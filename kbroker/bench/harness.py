@@ -53,11 +53,32 @@ from kbroker.errors import InvalidArgumentError
 
 # What the CLI, the tests and the scenario modules use from here.
 __all__ = [
-    "BASELINE_OVER_KBROKER", "KBROKER_OVER_BASELINE", "RESULTS_END", "RESULTS_START", "SCENARIOS",
-    "BenchContext", "Floor", "Reporter", "Row", "Scenario", "Skip", "bench_broker", "command_line",
-    "describe_machine", "free_port", "load_scenarios", "merge_previous", "resolve_names",
-    "results_markdown", "run_bench", "run_scenario", "samples_dir", "scenario", "summarise",
-    "update_docs", "write_results",
+    "BASELINE_OVER_KBROKER",
+    "KBROKER_OVER_BASELINE",
+    "RESULTS_END",
+    "RESULTS_START",
+    "SCENARIOS",
+    "BenchContext",
+    "Floor",
+    "Reporter",
+    "Row",
+    "Scenario",
+    "Skip",
+    "bench_broker",
+    "command_line",
+    "describe_machine",
+    "free_port",
+    "load_scenarios",
+    "merge_previous",
+    "resolve_names",
+    "results_markdown",
+    "run_bench",
+    "run_scenario",
+    "samples_dir",
+    "scenario",
+    "summarise",
+    "update_docs",
+    "write_results",
 ]
 
 
@@ -139,14 +160,26 @@ def secured_rows(plain: list[dict], secured: list[dict]) -> list[dict]:
             continue
         lower_better = str(s.get("unit", "")).split(" ")[0] in ("ms", "s", "MB")
         ratio = (p["kbroker"] / s["kbroker"]) if lower_better else (s["kbroker"] / p["kbroker"])
-        rows.append({"scenario": f"{s['scenario']} (TLS+SCRAM)", "unit": s["unit"], "kbroker": s["kbroker"],
-                     "baseline": p["kbroker"], "ratio": round(ratio, 3),
-                     "ratio_definition": "plaintext/secured" if lower_better else "secured/plaintext",
-                     "target": None, "met": None, "floor": None, "floor_held": None,
-                     "range": {"kbroker": (s.get("range") or {}).get("kbroker"),
-                               "baseline": (p.get("range") or {}).get("kbroker")},
-                     "summary": f"secured {s['kbroker']:,.1f} vs plaintext {p['kbroker']:,.1f} {s['unit']}; "
-                                f"the secured run's own baseline: {s.get('baseline')}"})
+        rows.append(
+            {
+                "scenario": f"{s['scenario']} (TLS+SCRAM)",
+                "unit": s["unit"],
+                "kbroker": s["kbroker"],
+                "baseline": p["kbroker"],
+                "ratio": round(ratio, 3),
+                "ratio_definition": "plaintext/secured" if lower_better else "secured/plaintext",
+                "target": None,
+                "met": None,
+                "floor": None,
+                "floor_held": None,
+                "range": {
+                    "kbroker": (s.get("range") or {}).get("kbroker"),
+                    "baseline": (p.get("range") or {}).get("kbroker"),
+                },
+                "summary": f"secured {s['kbroker']:,.1f} vs plaintext {p['kbroker']:,.1f} {s['unit']}; "
+                f"the secured run's own baseline: {s.get('baseline')}",
+            }
+        )
     return rows
 
 
@@ -161,8 +194,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def bench_broker(cluster: ClusterLike | None, reporter: Reporter,
-                 label: str = "embedded broker", secure: bool = False) -> Iterator[tuple[Cluster, str, bool]]:
+def bench_broker(
+    cluster: ClusterLike | None, reporter: Reporter, label: str = "embedded broker", secure: bool = False
+) -> Iterator[tuple[Cluster, str, bool]]:
     """(cluster, Kafka version, embedded?): the given cluster, else an embedded broker on free
     ports in a temporary data dir, stopped and removed when the context ends. `label` names it
     in progress (the routing scenario's second cluster is one too). `secure`: the embedded broker
@@ -176,14 +210,18 @@ def bench_broker(cluster: ClusterLike | None, reporter: Reporter,
     data_dir = Path(tempfile.mkdtemp(prefix="kbroker-bench-"))
     broker = EmbeddedBroker(data_dir, progress=lambda m: reporter.say(f"{label}: {m}"))
     try:
-        status = broker.start(port=free_port(), controller_port=free_port(), secure=secure,
-                              tls_port=free_port() if secure else None)
+        status = broker.start(
+            port=free_port(), controller_port=free_port(), secure=secure, tls_port=free_port() if secure else None
+        )
         assert status.bootstrap is not None  # a started broker has an address
         # A secured broker as its admin, from the client properties file it wrote.
         admin = read_properties(status.client_properties) if status.client_properties else {}
-        yield (Cluster.with_properties(status.bootstrap, admin),
-               f"Apache Kafka {KAFKA_VERSION} (embedded, one KRaft node"
-               f"{', SASL_SSL with SCRAM-SHA-512' if secure else ''})", True)
+        yield (
+            Cluster.with_properties(status.bootstrap, admin),
+            f"Apache Kafka {KAFKA_VERSION} (embedded, one KRaft node"
+            f"{', SASL_SSL with SCRAM-SHA-512' if secure else ''})",
+            True,
+        )
     finally:
         reporter.say(f"stopping the {label}")
         try:
@@ -195,24 +233,34 @@ def bench_broker(cluster: ClusterLike | None, reporter: Reporter,
 # --- the run ------------------------------------------------------------------------------------
 
 
-def run_bench(names: list[str], params: Params, *, cluster: ClusterLike | None, reporter: Reporter,
-              command: str = "kbroker bench", secure: bool = False) -> dict:
+def run_bench(
+    names: list[str],
+    params: Params,
+    *,
+    cluster: ClusterLike | None,
+    reporter: Reporter,
+    command: str = "kbroker bench",
+    secure: bool = False,
+) -> dict:
     """Run the named scenarios; returns the results document (what latest.json holds).
     `secure`: run them again on a secured embedded broker and add, per row, the secured run's
     figure as a ratio to the plaintext one (the cost of TLS and SCRAM)."""
     selected = resolve_names(names)
     started = datetime.now(timezone.utc)
     if secure and cluster:
-        raise InvalidArgumentError("--secure compares two embedded brokers it starts, plain and secured: "
-                                   "give no --bootstrap")
+        raise InvalidArgumentError(
+            "--secure compares two embedded brokers it starts, plain and secured: give no --bootstrap"
+        )
     with bench_broker(cluster, reporter) as (run_cluster, kafka_version, embedded):
         machine = describe_machine(kafka_version)
-        results = _run_scenarios(selected, BenchContext(run_cluster, params, reporter, samples_dir(),
-                                                        kafka_version, embedded), reporter)
+        results = _run_scenarios(
+            selected, BenchContext(run_cluster, params, reporter, samples_dir(), kafka_version, embedded), reporter
+        )
     if secure:
         with bench_broker(None, reporter, "secured embedded broker", secure=True) as (run_cluster, version, _):
-            secured = _run_scenarios(selected, BenchContext(run_cluster, params, reporter, samples_dir(),
-                                                            version, True), reporter)
+            secured = _run_scenarios(
+                selected, BenchContext(run_cluster, params, reporter, samples_dir(), version, True), reporter
+            )
         results += secured_rows(results, secured)
     machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     return {

@@ -63,20 +63,41 @@ def _child() -> None:
     stop.set()
     join_all(threads, 10)
     broker.close()
-    say(json.dumps({"cpu_seconds": round(time.process_time(), 3),
-                    # VmHWM, not ru_maxrss: Linux carries the parent's high-water mark over fork and exec
-                    "peak_rss_mb": round(peak_rss_mb() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))
+    say(
+        json.dumps(
+            {
+                "cpu_seconds": round(time.process_time(), 3),
+                # VmHWM, not ru_maxrss: Linux carries the parent's high-water mark over fork and exec
+                "peak_rss_mb": round(peak_rss_mb() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            }
+        )
+    )
 
 
-def measure_processes(cluster: Cluster, namespace: str, processes: int, readers: int, total: int,
-                      preload: Callable[[], object], deadline: float) -> dict[str, Any]:
+def measure_processes(
+    cluster: Cluster,
+    namespace: str,
+    processes: int,
+    readers: int,
+    total: int,
+    preload: Callable[[], object],
+    deadline: float,
+) -> dict[str, Any]:
     """Start `processes` readers of `readers` threads each, wait until each owns a partition,
     call `preload`, and time from the first message handled to the last one committed: the rate,
     and the CPU seconds and peak RSS of every process."""
-    conf = json.dumps({"bootstrap": cluster.bootstrap, "properties": cluster.properties,
-                       "namespace": namespace, "readers": readers})
-    procs = [subprocess.Popen([sys.executable, "-m", "kbroker.bench.io_processes"], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True) for _ in range(processes)]
+    conf = json.dumps(
+        {"bootstrap": cluster.bootstrap, "properties": cluster.properties, "namespace": namespace, "readers": readers}
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "kbroker.bench.io_processes"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(processes)
+    ]
     lock, done, ready = threading.Lock(), [0], threading.Semaphore(0)
     first, last = [float("inf")], [0.0]
     finals: list[dict] = []
@@ -124,10 +145,17 @@ def measure_processes(cluster: Cluster, namespace: str, processes: int, readers:
                 p.kill()
         join_all(followers, 5)
     seconds = last[0] - first[0]
-    return {"value": total / seconds, "detail": {
-        "processes": processes, "readers_per_process": readers, "seconds": seconds,
-        "cpu_seconds": round(sum(f["cpu_seconds"] for f in finals), 3),
-        "peak_rss_mb_per_process": [f["peak_rss_mb"] for f in finals], "retried_errors": errors}}
+    return {
+        "value": total / seconds,
+        "detail": {
+            "processes": processes,
+            "readers_per_process": readers,
+            "seconds": seconds,
+            "cpu_seconds": round(sum(f["cpu_seconds"] for f in finals), 3),
+            "peak_rss_mb_per_process": [f["peak_rss_mb"] for f in finals],
+            "retried_errors": errors,
+        },
+    }
 
 
 if __name__ == "__main__":

@@ -31,11 +31,17 @@ def _kbroker_version() -> str:
     # `git status` from refreshing the index. Nothing is added outside a checkout.
     package = Path(__file__).resolve().parents[1]
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=package, timeout=5)
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=package, timeout=5
+        )
         if rev.returncode == 0 and rev.stdout.strip():
-            changed = subprocess.run(["git", "--no-optional-locks", "status", "--porcelain", "--", "."],
-                                     capture_output=True, text=True, cwd=package, timeout=10)
+            changed = subprocess.run(
+                ["git", "--no-optional-locks", "status", "--porcelain", "--", "."],
+                capture_output=True,
+                text=True,
+                cwd=package,
+                timeout=10,
+            )
             dirty = ", with uncommitted changes" if changed.returncode == 0 and changed.stdout.strip() else ""
             version += f" ({rev.stdout.strip()}{dirty})"
     except (OSError, subprocess.SubprocessError):

@@ -43,8 +43,11 @@ class Clock:
         """seconds (first handed out to last committed), wall_seconds (from the start, consumer
         start-up included) and the CPU time per message, in ms."""
         assert self.first is not None and self.last is not None, "nothing was handled"
-        return {"seconds": self.last - self.first, "wall_seconds": self.last - t_start,
-                "cpu_ms_per_msg": self.cpu * 1000 / n}
+        return {
+            "seconds": self.last - self.first,
+            "wall_seconds": self.last - t_start,
+            "cpu_ms_per_msg": self.cpu * 1000 / n,
+        }
 
 
 def baseline_partition_workers(ctx: BenchContext, topic: str, n: int, clock: Clock, deadline: float) -> None:
@@ -83,8 +86,11 @@ def baseline_partition_workers(ctx: BenchContext, topic: str, n: int, clock: Clo
                     inbox = work.get(p)
                     if inbox is None:
                         inbox = work[p] = queue.SimpleQueue()
-                        threads.append(threading.Thread(target=worker, args=(p, inbox), daemon=True,
-                                                        name=f"baseline-partition-{p}"))
+                        threads.append(
+                            threading.Thread(
+                                target=worker, args=(p, inbox), daemon=True, name=f"baseline-partition-{p}"
+                            )
+                        )
                         threads[-1].start()
                     inbox.put(rec.offset())
                 with lock:

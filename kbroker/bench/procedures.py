@@ -40,10 +40,18 @@ def first_receive(broker, queue: str, wait: float = LATENCY_WAIT) -> int:
             return handled
         handled += len(msgs)
         if path:
-            line = orjson.dumps({
-                "activation": activation, "first": first, "returned_ms": returned_ms, "pid": os.getpid(),
-                "messages": [[m.conversation_id, m.enqueued_time] for m in msgs],
-            }) + b"\n"
+            line = (
+                orjson.dumps(
+                    {
+                        "activation": activation,
+                        "first": first,
+                        "returned_ms": returned_ms,
+                        "pid": os.getpid(),
+                        "messages": [[m.conversation_id, m.enqueued_time] for m in msgs],
+                    }
+                )
+                + b"\n"
+            )
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
                 os.write(fd, line)

@@ -47,9 +47,15 @@ class Reporter:
 
             yield advance
             return
-        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=self.console, auto_refresh=False,
-                            transient=True)
+        progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.console,
+            auto_refresh=False,
+            transient=True,
+        )
         with progress:
             task = progress.add_task(description, total=total)
             last = [0.0]

@@ -69,12 +69,16 @@ def describe(v: dict, results: list[dict]) -> list[str]:
     lines = []
     for name in v["below_floor"]:
         r = by_name[name]
-        lines.append(f"{name}: BELOW FLOOR ({r.get('floor')}; ratio {r.get('ratio')}, kbroker "
-                     f"{r.get('kbroker')}, baseline {r.get('baseline')} {r.get('unit')})")
+        lines.append(
+            f"{name}: BELOW FLOOR ({r.get('floor')}; ratio {r.get('ratio')}, kbroker "
+            f"{r.get('kbroker')}, baseline {r.get('baseline')} {r.get('unit')})"
+        )
     for name in v["errors"]:
         lines.append(f"{name}: error: {by_name[name].get('error')}")
     for name, why in v["left_out"].items():
         lines.append(f"{name}: left out of --quick: {why}")
-    lines.append(f"quick check {'passed' if v['passed'] else 'FAILED'}: {len(v['checked'])} rows against "
-                 f"their floors, {len(v['below_floor'])} below, {len(v['errors'])} with errors")
+    lines.append(
+        f"quick check {'passed' if v['passed'] else 'FAILED'}: {len(v['checked'])} rows against "
+        f"their floors, {len(v['below_floor'])} below, {len(v['errors'])} with errors"
+    )
     return lines

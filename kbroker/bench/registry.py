@@ -14,8 +14,18 @@ if TYPE_CHECKING:
 KBROKER_OVER_BASELINE = "kbroker/baseline"
 BASELINE_OVER_KBROKER = "baseline/kbroker"
 # The scenario modules, in the order their scenarios run and are reported.
-SCENARIO_MODULES = ("send", "reply", "io", "rss", "endpoints", "activation_latency", "activation_drain",
-                    "analytics", "routing", "transport")
+SCENARIO_MODULES = (
+    "send",
+    "reply",
+    "io",
+    "rss",
+    "endpoints",
+    "activation_latency",
+    "activation_drain",
+    "analytics",
+    "routing",
+    "transport",
+)
 
 
 @dataclass(frozen=True)

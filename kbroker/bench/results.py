@@ -32,8 +32,13 @@ def _ratio(row: Row, k: float | None, b: float | None) -> float | None:
 
 def definition(row: Row) -> dict[str, Any]:
     """What a row's definition puts in its results: target, floor, the baseline's code."""
-    return {"target": row.target, "floor": None if row.floor is None else str(row.floor),
-            "baseline_code": row.baseline_code, "ratio_definition": row.ratio, "notes": row.notes}
+    return {
+        "target": row.target,
+        "floor": None if row.floor is None else str(row.floor),
+        "baseline_code": row.baseline_code,
+        "ratio_definition": row.ratio,
+        "notes": row.notes,
+    }
 
 
 def summarise(row: Row, runs: list[dict]) -> dict:
@@ -46,11 +51,19 @@ def summarise(row: Row, runs: list[dict]) -> dict:
     # Of the rounded figures, as the medians' ratio is: one repetition's range is then its ratio.
     ratios = [x for r in runs if (x := _ratio(row, _round(r.get("kbroker")), _round(r.get("baseline")))) is not None]
     out: dict[str, Any] = {
-        "scenario": row.name, "unit": row.unit, "kbroker": k, "baseline": b, "ratio": _ratio(row, k, b),
-        **definition(row), "met": None, "floor_held": None, "runs": runs,
+        "scenario": row.name,
+        "unit": row.unit,
+        "kbroker": k,
+        "baseline": b,
+        "ratio": _ratio(row, k, b),
+        **definition(row),
+        "met": None,
+        "floor_held": None,
+        "runs": runs,
         # Every row gives its run-to-run spread beside the medians (one repetition: [x, x]).
-        "range": {side: [_round(min(v)), _round(max(v))] if v else None
-                  for side, v in (("kbroker", kb), ("baseline", bl))},
+        "range": {
+            side: [_round(min(v)), _round(max(v))] if v else None for side, v in (("kbroker", kb), ("baseline", bl))
+        },
         "ratio_range": [min(ratios), max(ratios)] if ratios else None,
     }
     skipped = next((r["skipped_reason"] for r in runs if r.get("skipped_reason")), None)
@@ -61,8 +74,11 @@ def summarise(row: Row, runs: list[dict]) -> dict:
         keys = {k2 for r in runs for k2 in (r.get(f"{side}_detail") or {})}
         detail = {}
         for key in sorted(keys):
-            vals = [r[f"{side}_detail"][key] for r in runs
-                    if isinstance((r.get(f"{side}_detail") or {}).get(key), (int, float))]
+            vals = [
+                r[f"{side}_detail"][key]
+                for r in runs
+                if isinstance((r.get(f"{side}_detail") or {}).get(key), (int, float))
+            ]
             if vals:
                 detail[key] = _round(statistics.median(vals))
         if detail:
@@ -74,9 +90,23 @@ def summarise(row: Row, runs: list[dict]) -> dict:
 
 
 def skipped_rows(s: Scenario, reason: str, key: str = "skipped_reason") -> list[dict]:
-    return [{"scenario": r.name, "unit": r.unit, "kbroker": None, "baseline": None, "ratio": None,
-             **definition(r), "met": None, "floor_held": None, "runs": [], "range": None,
-             "ratio_range": None, key: reason} for r in s.rows]
+    return [
+        {
+            "scenario": r.name,
+            "unit": r.unit,
+            "kbroker": None,
+            "baseline": None,
+            "ratio": None,
+            **definition(r),
+            "met": None,
+            "floor_held": None,
+            "runs": [],
+            "range": None,
+            "ratio_range": None,
+            key: reason,
+        }
+        for r in s.rows
+    ]
 
 
 def merge_previous(doc: dict, previous: Path) -> dict:
@@ -93,8 +123,10 @@ def merge_previous(doc: dict, previous: Path) -> dict:
     for r in old.get("results") or []:
         if r.get("scenario") in measured or not isinstance(r, dict):
             continue
-        by_name[r["scenario"]] = _redefine({**r, "carried_from": r.get("carried_from") or
-                                            {"date": old.get("date"), "command": old.get("command")}}, rows)
+        by_name[r["scenario"]] = _redefine(
+            {**r, "carried_from": r.get("carried_from") or {"date": old.get("date"), "command": old.get("command")}},
+            rows,
+        )
     order = list(rows)
     rank = {name: i for i, name in enumerate(order)}
     return {**doc, "results": sorted(by_name.values(), key=lambda r: rank.get(r["scenario"], len(order)))}
@@ -138,7 +170,7 @@ def _fmt(v: Any, unit: str = "") -> str:
 
 
 def run_range(r: dict) -> str:
-    """"runs: kbroker a-b, baseline c-d" (each side's run-to-run range), "" when none ran."""
+    """ "runs: kbroker a-b, baseline c-d" (each side's run-to-run range), "" when none ran."""
     ranges = r.get("range") or {}
     sides = [f"{side} {_fmt(v[0])}-{_fmt(v[1])}" for side in ("kbroker", "baseline") if (v := ranges.get(side))]
     if r.get("ratio_range"):
@@ -159,9 +191,15 @@ def results_markdown(doc: dict) -> str:
         f"{m['python']}; {m['kafka']}; "
         f"confluent-kafka {m['confluent_kafka']}; kbroker {m['kbroker']}.",
         "",
-        *(["Rows noted \"from the run of ...\" were not measured by this run: they are carried over "
-            "from the previous results file (machine and parameters of that run).", ""]
-          if any(r.get("carried_from") for r in doc["results"]) else []),
+        *(
+            [
+                'Rows noted "from the run of ..." were not measured by this run: they are carried over '
+                "from the previous results file (machine and parameters of that run).",
+                "",
+            ]
+            if any(r.get("carried_from") for r in doc["results"])
+            else []
+        ),
         "| scenario | unit | kbroker | baseline | ratio | target | met | notes |",
         "| --- | --- | ---: | ---: | ---: | --- | --- | --- |",
     ]
@@ -174,9 +212,11 @@ def results_markdown(doc: dict) -> str:
         carried = r.get("carried_from")
         carried = f"from the run of {carried.get('date')}" if carried else ""
         notes = "; ".join(x for x in (carried, notes, extra, spread) if x)
-        lines.append(f"| {r['scenario']} | {r['unit']} | {_fmt(r.get('kbroker'))} | "
-                     f"{_fmt(r.get('baseline'))} | {ratio} | {r.get('target') or '-'} | {met} | "
-                     f"{notes.replace('|', '/')} |")
+        lines.append(
+            f"| {r['scenario']} | {r['unit']} | {_fmt(r.get('kbroker'))} | "
+            f"{_fmt(r.get('baseline'))} | {ratio} | {r.get('target') or '-'} | {met} | "
+            f"{notes.replace('|', '/')} |"
+        )
     return "\n".join(lines)
 
 
@@ -186,7 +226,7 @@ def update_docs(doc: dict, path: Path) -> None:
     start, end = text.find(RESULTS_START), text.find(RESULTS_END)
     if start < 0 or end < start:
         raise ValueError(f"{path} has no '{RESULTS_START}' ... '{RESULTS_END}' section")
-    new = text[:start + len(RESULTS_START)] + "\n" + results_markdown(doc) + "\n" + text[end:]
+    new = text[: start + len(RESULTS_START)] + "\n" + results_markdown(doc) + "\n" + text[end:]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(new)
     os.replace(tmp, path)

@@ -23,11 +23,19 @@ def acls_group() -> None:
 
 
 def _role_options(fn):
-    fn = click.option("--route-to", "routes_to", multiple=True, metavar="NS",
-                      help="router/worker: a namespace on this cluster the transmitter delivers to (repeatable).")(fn)
-    fn = click.option("--endpoint", default=None,
-                      help="transport-installer/-runner: only this endpoint's queues (default: every transport "
-                      "queue of the namespace).")(fn)
+    fn = click.option(
+        "--route-to",
+        "routes_to",
+        multiple=True,
+        metavar="NS",
+        help="router/worker: a namespace on this cluster the transmitter delivers to (repeatable).",
+    )(fn)
+    fn = click.option(
+        "--endpoint",
+        default=None,
+        help="transport-installer/-runner: only this endpoint's queues (default: every transport "
+        "queue of the namespace).",
+    )(fn)
     return fn
 
 
@@ -62,9 +70,19 @@ def roles_cmd(role, endpoint, routes_to, target, as_json):
     from kbroker.core.security.acl_roles import rules
 
     names = [role] if role else list(ROLES)
-    rows = [{"role": name, "summary": ROLES[name].summary, "resource_type": r.resource_type, "pattern": r.pattern,
-             "name": r.name, "operations": list(r.operations), "why": r.why}
-            for name in names for r in rules(name, target.namespace, endpoint=endpoint, routes_to=routes_to)]
+    rows = [
+        {
+            "role": name,
+            "summary": ROLES[name].summary,
+            "resource_type": r.resource_type,
+            "pattern": r.pattern,
+            "name": r.name,
+            "operations": list(r.operations),
+            "why": r.why,
+        }
+        for name in names
+        for r in rules(name, target.namespace, endpoint=endpoint, routes_to=routes_to)
+    ]
     if as_json:
         emit_json(rows)
         return
@@ -94,8 +112,12 @@ def apply_cmd(role, principal, endpoint, routes_to, dry_run, target, as_json):
 
 
 @acls_group.command("remove")
-@click.option("--role", type=click.Choice(list(ROLES)), default=None,
-              help="Only what this role was granted (default with --all: every ACL of the principal).")
+@click.option(
+    "--role",
+    type=click.Choice(list(ROLES)),
+    default=None,
+    help="Only what this role was granted (default with --all: every ACL of the principal).",
+)
 @click.option("--principal", required=True, help="Kafka's principal, e.g. User:orders.")
 @click.option("--all", "everything", is_flag=True, help="Every ACL of the principal, whatever granted it.")
 @_role_options
@@ -109,8 +131,11 @@ def remove_cmd(role, principal, everything, endpoint, routes_to, target, as_json
 
     if everything == (role is not None):
         raise click.UsageError("give --role ROLE or --all")
-    removed = revoke_all(target.cluster, principal) if everything else \
-        revoke(target.cluster, _plan(role, principal, target, endpoint, routes_to))
+    removed = (
+        revoke_all(target.cluster, principal)
+        if everything
+        else revoke(target.cluster, _plan(role, principal, target, endpoint, routes_to))
+    )
     _emit(removed, as_json, "removed")
 
 

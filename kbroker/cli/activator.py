@@ -21,15 +21,26 @@ from kbroker.cli.common import (
     setup_logging,
 )
 
-config_option = click.option("--config", "config_file", required=True,
-                             type=click.Path(dir_okay=False, path_type=Path),
-                             help="The activator's YAML config file (see docs/activator.md).")
+config_option = click.option(
+    "--config",
+    "config_file",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The activator's YAML config file (see docs/activator.md).",
+)
 
 
 def _app_row(app) -> dict:
-    return {"name": app.label, "queue": app.queue, "command": app.command,
-            "min_concurrency": app.min_concurrency, "max_concurrency": app.max_concurrency,
-            "env": dict(app.env), "cwd": app.cwd, "enabled": app.enabled}
+    return {
+        "name": app.label,
+        "queue": app.queue,
+        "command": app.command,
+        "min_concurrency": app.min_concurrency,
+        "max_concurrency": app.max_concurrency,
+        "env": dict(app.env),
+        "cwd": app.cwd,
+        "enabled": app.enabled,
+    }
 
 
 def _text_line(record: dict) -> str:
@@ -55,15 +66,25 @@ def check_cmd(config_file, as_json):
     cfg = load_config(config_file)
     rows = [_app_row(a) for a in cfg.applications]
     if as_json:
-        emit_json({"config": str(config_file), "namespace": cfg.namespace, "bootstrap": cfg.bootstrap,
-                   "shutdown_grace": cfg.shutdown_grace, "stale_after": cfg.stale_after,
-                   "restart_delay": cfg.restart_delay, "applications": rows})
+        emit_json(
+            {
+                "config": str(config_file),
+                "namespace": cfg.namespace,
+                "bootstrap": cfg.bootstrap,
+                "shutdown_grace": cfg.shutdown_grace,
+                "stale_after": cfg.stale_after,
+                "restart_delay": cfg.restart_delay,
+                "applications": rows,
+            }
+        )
         return
     click.echo(f"{config_file}: {len(rows)} application(s)")
     for r in rows:
         state = "" if r["enabled"] else " (disabled)"
-        click.echo(f"  {r['name']}{state}: queue {r['queue']}, {r['min_concurrency']}..{r['max_concurrency']} "
-                   f"copies of {' '.join(r['command'])}")
+        click.echo(
+            f"  {r['name']}{state}: queue {r['queue']}, {r['min_concurrency']}..{r['max_concurrency']} "
+            f"copies of {' '.join(r['command'])}"
+        )
 
 
 @activator_group.command("run")

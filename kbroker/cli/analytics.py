@@ -49,30 +49,78 @@ def fetch_cmd(as_json):
 
 @analytics.command("run")
 @cluster_options
-@click.option("--master", envvar="SPARK_MASTER", default="local[*]", show_default=True,
-              help="Spark master URL (local[*], spark://host:7077, yarn, k8s://...); env SPARK_MASTER.")
-@click.option("--checkpoint", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Checkpoint directory (default: <cache>/analytics/<namespace>/checkpoint).")
-@click.option("--history", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Parquet history directory (default: <cache>/analytics/<namespace>/history).")
-@click.option("--trigger", type=click.FloatRange(min=0.2), default=2.0, show_default=True,
-              help="Seconds between micro-batches.")
-@click.option("--window", type=click.FloatRange(min=1), default=60.0, show_default=True,
-              help="Seconds per analytics window.")
-@click.option("--stale-after", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
-              help="Seconds after which an unreceived message is stale, for queues without their own stale_after.")
-@click.option("--top", type=click.IntRange(0, 100), default=5, show_default=True,
-              help="Conversation groups listed per window as holding the backlog.")
-@click.option("--max-per-batch", type=click.IntRange(min=100), default=20000, show_default=True,
-              help="At most this many records per micro-batch (back-pressure).")
-@click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE",
-              help="A Spark setting (repeatable), e.g. --conf spark.driver.memory=2g.")
+@click.option(
+    "--master",
+    envvar="SPARK_MASTER",
+    default="local[*]",
+    show_default=True,
+    help="Spark master URL (local[*], spark://host:7077, yarn, k8s://...); env SPARK_MASTER.",
+)
+@click.option(
+    "--checkpoint",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Checkpoint directory (default: <cache>/analytics/<namespace>/checkpoint).",
+)
+@click.option(
+    "--history",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Parquet history directory (default: <cache>/analytics/<namespace>/history).",
+)
+@click.option(
+    "--trigger", type=click.FloatRange(min=0.2), default=2.0, show_default=True, help="Seconds between micro-batches."
+)
+@click.option(
+    "--window", type=click.FloatRange(min=1), default=60.0, show_default=True, help="Seconds per analytics window."
+)
+@click.option(
+    "--stale-after",
+    type=click.FloatRange(min=0.1),
+    default=30.0,
+    show_default=True,
+    help="Seconds after which an unreceived message is stale, for queues without their own stale_after.",
+)
+@click.option(
+    "--top",
+    type=click.IntRange(0, 100),
+    default=5,
+    show_default=True,
+    help="Conversation groups listed per window as holding the backlog.",
+)
+@click.option(
+    "--max-per-batch",
+    type=click.IntRange(min=100),
+    default=20000,
+    show_default=True,
+    help="At most this many records per micro-batch (back-pressure).",
+)
+@click.option(
+    "--conf",
+    "confs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A Spark setting (repeatable), e.g. --conf spark.driver.memory=2g.",
+)
 @click.option("--loglevel", default="info", show_default=True)
 @log_format_option
 @metrics_port_option
 @handle_errors
-def run_cmd(target, master, checkpoint, history, trigger, window, stale_after, top,
-            max_per_batch, confs, loglevel, log_format, metrics_port):
+def run_cmd(
+    target,
+    master,
+    checkpoint,
+    history,
+    trigger,
+    window,
+    stale_after,
+    top,
+    max_per_batch,
+    confs,
+    loglevel,
+    log_format,
+    metrics_port,
+):
     """Run the analytics job until interrupted: reads the namespace's queue, progress, timer and
     dead-letter topics, writes queue windows and dialog classes to the analytics topic,
     RECLASSIFY commands to the control topic, and closed windows to Parquet."""
@@ -89,17 +137,32 @@ def run_cmd(target, master, checkpoint, history, trigger, window, stale_after, t
     home = config.cache_dir() / "analytics" / ns
     setup_logging(loglevel, log_format, namespace=ns)
     serve_metrics(metrics_port)  # serves until the process ends
-    run_forever(JobSettings(
-        cluster=target.cluster, namespace=ns, master=master,
-        checkpoint=checkpoint or home / "checkpoint", history=history or home / "history",
-        trigger=trigger, window=window, stale_after=stale_after, top=top,
-        max_per_batch=max_per_batch, spark_conf=spark_conf))
+    run_forever(
+        JobSettings(
+            cluster=target.cluster,
+            namespace=ns,
+            master=master,
+            checkpoint=checkpoint or home / "checkpoint",
+            history=history or home / "history",
+            trigger=trigger,
+            window=window,
+            stale_after=stale_after,
+            top=top,
+            max_per_batch=max_per_batch,
+            spark_conf=spark_conf,
+        )
+    )
 
 
 @main.command("dialogs")
 @cluster_options
-@click.option("--class", "klass", default=None, metavar="CLASS",
-              help="Only dialogs of this class (erroring, stale, backlogged, active, timer_pending, idle).")
+@click.option(
+    "--class",
+    "klass",
+    default=None,
+    metavar="CLASS",
+    help="Only dialogs of this class (erroring, stale, backlogged, active, timer_pending, idle).",
+)
 @json_option
 @handle_errors
 def dialogs_cmd(target, klass, as_json):
@@ -113,9 +176,24 @@ def dialogs_cmd(target, klass, as_json):
     if as_json:
         emit_json(rows)
         return
-    table = new_table(f"dialogs{'' if klass is None else ' of class ' + klass}", "conversation_id", "side", "queue",
-                      "class", "backlog", "oldest_age_s", "reason")
+    table = new_table(
+        f"dialogs{'' if klass is None else ' of class ' + klass}",
+        "conversation_id",
+        "side",
+        "queue",
+        "class",
+        "backlog",
+        "oldest_age_s",
+        "reason",
+    )
     for r in rows:
-        table.add_row(r["conversation_id"], r["side"], r["queue"], r["class"], str(r["backlog"]),
-                      "" if r["oldest_age_s"] is None else f"{r['oldest_age_s']:.1f}", r["reason"])
+        table.add_row(
+            r["conversation_id"],
+            r["side"],
+            r["queue"],
+            r["class"],
+            str(r["backlog"]),
+            "" if r["oldest_age_s"] is None else f"{r['oldest_age_s']:.1f}",
+            r["reason"],
+        )
     print_table(table)

@@ -24,8 +24,9 @@ data_dir_option = click.option(
 )
 
 
-def _embedded(data_dir: Path | None, quiet: bool = False,
-              nodes: int | None = None) -> "EmbeddedBroker | EmbeddedCluster":
+def _embedded(
+    data_dir: Path | None, quiet: bool = False, nodes: int | None = None
+) -> "EmbeddedBroker | EmbeddedCluster":
     """The single broker or the cluster of the data dir (see embedded_at)."""
     # Imported here so `kbroker --help` stays fast.
     from kbroker.embedded.cluster import embedded_at
@@ -42,29 +43,57 @@ def broker() -> None:
 
 @broker.command()
 @data_dir_option
-@click.option("--port", type=click.IntRange(1, 65535), default=9092, show_default=True,
-              help="Port of the listener clients connect to, PLAINTEXT or with --secure SASL_SSL "
-              "(a cluster's nodes take PORT, PORT+1, ...).")
-@click.option("--controller-port", type=click.IntRange(1, 65535), default=None,
-              help="Port of the KRaft controller listener (default: port+1 if free, else any). "
-              "One node only: a cluster's controllers take the ports after its brokers' when free.")
-@click.option("--nodes", type=click.IntRange(1, 9), default=None,
-              help="Nodes (each a broker and a controller) of a replicated cluster: topics get "
-              "3 replicas (2 in sync) once there are 3 nodes. Default: what the data dir holds, "
-              "else 1.")
-@click.option("--secure", is_flag=True, default=False,
-              help="A secured broker (or cluster): TLS only, SCRAM-SHA-512 or PLAIN logins on --port, "
-              "client certificates on --tls-port, ACLs. Only for a new data dir; a secure one "
-              "restarts secure without it. Prints the admin's client properties file.")
-@click.option("--tls-port", type=click.IntRange(1, 65535), default=None,
-              help="With --secure, one node: port of the listener for client certificates "
-              "(default: port+2 if free, else any; a cluster's follow its controllers').")
-@click.option("--wait", type=float, default=90.0, show_default=True,
-              help="Seconds to wait for the broker to answer.")
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=9092,
+    show_default=True,
+    help="Port of the listener clients connect to, PLAINTEXT or with --secure SASL_SSL "
+    "(a cluster's nodes take PORT, PORT+1, ...).",
+)
+@click.option(
+    "--controller-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Port of the KRaft controller listener (default: port+1 if free, else any). "
+    "One node only: a cluster's controllers take the ports after its brokers' when free.",
+)
+@click.option(
+    "--nodes",
+    type=click.IntRange(1, 9),
+    default=None,
+    help="Nodes (each a broker and a controller) of a replicated cluster: topics get "
+    "3 replicas (2 in sync) once there are 3 nodes. Default: what the data dir holds, "
+    "else 1.",
+)
+@click.option(
+    "--secure",
+    is_flag=True,
+    default=False,
+    help="A secured broker (or cluster): TLS only, SCRAM-SHA-512 or PLAIN logins on --port, "
+    "client certificates on --tls-port, ACLs. Only for a new data dir; a secure one "
+    "restarts secure without it. Prints the admin's client properties file.",
+)
+@click.option(
+    "--tls-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="With --secure, one node: port of the listener for client certificates "
+    "(default: port+2 if free, else any; a cluster's follow its controllers').",
+)
+@click.option("--wait", type=float, default=90.0, show_default=True, help="Seconds to wait for the broker to answer.")
 @json_option
 @handle_errors
-def start(data_dir: Path | None, port: int, controller_port: int | None, nodes: int | None,
-          secure: bool, tls_port: int | None, wait: float, as_json: bool) -> None:
+def start(
+    data_dir: Path | None,
+    port: int,
+    controller_port: int | None,
+    nodes: int | None,
+    secure: bool,
+    tls_port: int | None,
+    wait: float,
+    as_json: bool,
+) -> None:
     """Start the broker (no-op if it already runs) and print its bootstrap address (and a
     secure one's admin client properties file)."""
     from kbroker.embedded.cluster import EmbeddedCluster
@@ -79,8 +108,7 @@ def start(data_dir: Path | None, port: int, controller_port: int | None, nodes: 
     else:
         if tls_port is not None and not secure and not embedded.secure_files.enabled:
             raise ValueError("--tls-port is for a secure broker (--secure)")
-        status = embedded.start(port=port, controller_port=controller_port, wait=wait,
-                                secure=wanted, tls_port=tls_port)
+        status = embedded.start(port=port, controller_port=controller_port, wait=wait, secure=wanted, tls_port=tls_port)
     if as_json:
         emit_json(status.as_dict())
     else:
@@ -91,10 +119,19 @@ def start(data_dir: Path | None, port: int, controller_port: int | None, nodes: 
 
 @broker.command()
 @data_dir_option
-@click.option("--node", type=int, default=None,
-              help="Stop only this node of a cluster (its node id, 1..N); `start` brings it back.")
-@click.option("--timeout", type=float, default=60.0, show_default=True,
-              help="Seconds to wait for a clean shutdown before killing the JVM.")
+@click.option(
+    "--node",
+    type=int,
+    default=None,
+    help="Stop only this node of a cluster (its node id, 1..N); `start` brings it back.",
+)
+@click.option(
+    "--timeout",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for a clean shutdown before killing the JVM.",
+)
 @json_option
 @handle_errors
 def stop(data_dir: Path | None, node: int | None, timeout: float, as_json: bool) -> None:
@@ -129,22 +166,27 @@ def status(data_dir: Path | None, as_json: bool) -> None:
         if not st.running:
             click.echo(f"not running ({len(st.nodes)}-node cluster, data dir {st.data_dir})")
             return
-        click.echo(f"running at {st.bootstrap} ({st.nodes_running} of {len(st.nodes)} nodes, "
-                   f"Apache Kafka {st.version}, data dir {st.data_dir})")
+        click.echo(
+            f"running at {st.bootstrap} ({st.nodes_running} of {len(st.nodes)} nodes, "
+            f"Apache Kafka {st.version}, data dir {st.data_dir})"
+        )
         for n in st.nodes:
             state = f"running (pid {n.pid})" if n.running else "not running"
             tls = f", TLS {n.tls_port}" if n.tls_port else ""
             click.echo(f"  node {n.node_id}: 127.0.0.1:{n.port} (controller {n.controller_port}{tls}) {state}")
         if st.secure:
-            click.echo(f"  secure: SASL_SSL (SCRAM-SHA-512, PLAIN) at {st.bootstrap}, "
-                       f"client certificates at {st.tls_bootstrap}")
+            click.echo(
+                f"  secure: SASL_SSL (SCRAM-SHA-512, PLAIN) at {st.bootstrap}, "
+                f"client certificates at {st.tls_bootstrap}"
+            )
             click.echo(f"  admin client properties: {st.client_properties}")
     elif st.running:
-        click.echo(f"running at {st.bootstrap} (pid {st.pid}, Apache Kafka {st.version}, "
-                   f"data dir {st.data_dir})")
+        click.echo(f"running at {st.bootstrap} (pid {st.pid}, Apache Kafka {st.version}, data dir {st.data_dir})")
         if st.secure:
-            click.echo(f"  secure: SASL_SSL (SCRAM-SHA-512, PLAIN) at {st.bootstrap}, "
-                       f"client certificates at 127.0.0.1:{st.tls_port}")
+            click.echo(
+                f"  secure: SASL_SSL (SCRAM-SHA-512, PLAIN) at {st.bootstrap}, "
+                f"client certificates at 127.0.0.1:{st.tls_port}"
+            )
             click.echo(f"  admin client properties: {st.client_properties}")
     else:
         click.echo(f"not running ({'secure, ' if st.secure else ''}data dir {st.data_dir})")
@@ -200,6 +242,8 @@ def user_remove(name: str, data_dir: Path | None, as_json: bool) -> None:
     if not existed:
         click.echo(f"no user {name}")
         return
-    click.echo(f"removed user {name}: SCRAM-SHA-512 credential deleted; its PLAIN login ends at the "
-               "next broker restart; its client certificate stays valid until it expires, but the user "
-               "holds no ACLs")
+    click.echo(
+        f"removed user {name}: SCRAM-SHA-512 credential deleted; its PLAIN login ends at the "
+        "next broker restart; its client certificate stays valid until it expires, but the user "
+        "holds no ACLs"
+    )

@@ -24,9 +24,13 @@ if TYPE_CHECKING:
 @main.command("apply")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @cluster_options
-@click.option("--replication-factor", type=click.IntRange(min=1), default=None,
-              help="Replicas of the topics this apply creates (default: as many as the cluster "
-              "has brokers, up to 3; 2 must be in sync when there are 3). Existing topics keep theirs.")
+@click.option(
+    "--replication-factor",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Replicas of the topics this apply creates (default: as many as the cluster "
+    "has brokers, up to 3; 2 must be in sync when there are 3). Existing topics keep theirs.",
+)
 @json_option
 @handle_errors
 def apply_cmd(paths, target, replication_factor, as_json):
@@ -40,8 +44,7 @@ def apply_cmd(paths, target, replication_factor, as_json):
     catalog = load_definitions(paths, ns)
     err = make_console(stderr=True)
     progress = None if as_json else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
-    report = apply_catalog(target.cluster, catalog, progress,
-                           replication_factor=replication_factor)
+    report = apply_catalog(target.cluster, catalog, progress, replication_factor=replication_factor)
     if as_json:
         emit_json(report.as_dict())
         return

@@ -43,23 +43,36 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON i
 # The worker's HTTP API token: from a file (a Docker or Kubernetes secret) or KBROKER_WEB_TOKEN,
 # never a command-line value, which every process listing would show.
 web_token_file_option = click.option(
-    "--web-token-file", type=click.Path(dir_okay=False), envvar="KBROKER_WEB_TOKEN_FILE", default=None,
+    "--web-token-file",
+    type=click.Path(dir_okay=False),
+    envvar="KBROKER_WEB_TOKEN_FILE",
+    default=None,
     help="File whose first line is the token of the workers' HTTP API (else env KBROKER_WEB_TOKEN); "
-         "env KBROKER_WEB_TOKEN_FILE.")
+    "env KBROKER_WEB_TOKEN_FILE.",
+)
 
 
 # Long-running processes other than the worker (whose /metrics is on its web server) serve their
 # Prometheus metrics only when asked: an application may run its own exporter.
 metrics_port_option = click.option(
-    "--metrics-port", type=click.IntRange(1, 65535), envvar="KBROKER_METRICS_PORT", default=None,
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    envvar="KBROKER_METRICS_PORT",
+    default=None,
     help="Serve this process's Prometheus metrics at http://HOST:PORT/metrics (HOST: env "
-         "KBROKER_METRICS_HOST, 127.0.0.1 by default); env KBROKER_METRICS_PORT.")
+    "KBROKER_METRICS_HOST, 127.0.0.1 by default); env KBROKER_METRICS_PORT.",
+)
 
 
 log_format_option = click.option(
-    "--log-format", type=click.Choice(["text", "json"]), envvar="KBROKER_LOG_FORMAT", default="text",
-    show_default=True, help="json: one JSON object a line (time, level, logger, message, namespace and "
-                            "the queue or conversation a line is about); env KBROKER_LOG_FORMAT.")
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    envvar="KBROKER_LOG_FORMAT",
+    default="text",
+    show_default=True,
+    help="json: one JSON object a line (time, level, logger, message, namespace and "
+    "the queue or conversation a line is about); env KBROKER_LOG_FORMAT.",
+)
 
 
 def setup_logging(loglevel: str, log_format: str, **fixed: Any) -> None:
@@ -202,8 +215,9 @@ class Target:
 
 def _target_options(fn: Callable[..., Any], with_namespace: bool) -> Callable[..., Any]:
     @functools.wraps(fn)
-    def wrapper(*args: Any, bootstrap: str | None, command_config: str | None, namespace: str | None = None,
-                **kwargs: Any) -> Any:
+    def wrapper(
+        *args: Any, bootstrap: str | None, command_config: str | None, namespace: str | None = None, **kwargs: Any
+    ) -> Any:
         return fn(*args, target=Target(bootstrap, namespace, command_config), **kwargs)
 
     return _bootstrap_option(_command_config_option(_namespace_option(wrapper) if with_namespace else wrapper))

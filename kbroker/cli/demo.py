@@ -31,16 +31,23 @@ def topics_dir() -> Path:
     return here if here.is_dir() else Path.cwd() / "topics"
 
 
-def run_demo(*, cluster: ClusterLike | None, namespace: str, data_dir: Path | None, port: int,
-             keep_broker: bool, as_json: bool, analytics: bool = False) -> dict:
+def run_demo(
+    *,
+    cluster: ClusterLike | None,
+    namespace: str,
+    data_dir: Path | None,
+    port: int,
+    keep_broker: bool,
+    as_json: bool,
+    analytics: bool = False,
+) -> dict:
     console = make_console(stderr=as_json)
     say = console.print
     started: EmbeddedBroker | None = None
     try:
         cluster = resolve_cluster(cluster, data_dir)  # the broker rule; else the demo starts the embedded broker
     except BrokerUnavailableError:
-        embedded = EmbeddedBroker(data_dir or config.default_data_dir(),
-                                  progress=lambda m: say(f"[dim]broker:[/] {m}"))
+        embedded = EmbeddedBroker(data_dir or config.default_data_dir(), progress=lambda m: say(f"[dim]broker:[/] {m}"))
         status = embedded.status()
         if not status.running:
             status = embedded.start(port=port)
@@ -51,14 +58,17 @@ def run_demo(*, cluster: ClusterLike | None, namespace: str, data_dir: Path | No
     say(f"[bold]Kafka[/] at {cluster}, namespace [bold]{namespace}[/]")
     try:
         report = apply_paths(cluster, namespace, [topics_dir() / "samples"])
-        say(f"applied topics/samples: {len(report.topics_created)} topic(s) created, "
-            f"{report.objects_published} catalog object(s) published")
+        say(
+            f"applied topics/samples: {len(report.topics_created)} topic(s) created, "
+            f"{report.objects_published} catalog object(s) published"
+        )
         steps = _conversation(Broker(cluster, namespace), say, lambda table: print_table(table, console))
         if analytics:
             from kbroker.cli.demo_analytics import run_analytics_demo
 
-            steps.append({"analytics": run_analytics_demo(cluster, namespace, say,
-                                                          lambda table: print_table(table, console))})
+            steps.append(
+                {"analytics": run_analytics_demo(cluster, namespace, say, lambda table: print_table(table, console))}
+            )
     finally:
         if started is not None and not keep_broker:
             started.stop()

@@ -32,8 +32,9 @@ def _free_port() -> int:
     return free_port()
 
 
-def run_analytics_demo(cluster: Cluster, namespace: str, say: Callable[[str], None], show: Callable[[Any], None],
-                       timeout: float = 120.0) -> dict[str, Any]:
+def run_analytics_demo(
+    cluster: Cluster, namespace: str, say: Callable[[str], None], show: Callable[[Any], None], timeout: float = 120.0
+) -> dict[str, Any]:
     from kbroker.analytics.job import AnalyticsJob, JobSettings
     from kbroker.kafka.analytics.store import AnalyticsFollower, dialog_rows
 
@@ -41,17 +42,42 @@ def run_analytics_demo(cluster: Cluster, namespace: str, say: Callable[[str], No
     port = _free_port()
     say(f"starting a worker (receive progress, dashboard at http://127.0.0.1:{port}/dashboard)")
     with open(home / "worker.log", "wb") as log:
-        worker = subprocess.Popen([sys.executable, "-m", "kbroker", "worker", "--bootstrap", cluster.bootstrap,
-                                   "--namespace", namespace, "--web-port", str(port), "--tick", "1",
-                                   "--loglevel", "warning"],
-                                  stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kbroker",
+                "worker",
+                "--bootstrap",
+                cluster.bootstrap,
+                "--namespace",
+                namespace,
+                "--web-port",
+                str(port),
+                "--tick",
+                "1",
+                "--loglevel",
+                "warning",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ),
+        )
     job = follower = None
     try:
         _wait_http(f"http://127.0.0.1:{port}/tasks/", worker, timeout)
         say("starting the Spark analytics job (local[*], 2 s trigger, 10 s windows)")
-        job = AnalyticsJob(JobSettings(cluster=cluster, namespace=namespace, checkpoint=home / "checkpoint",
-                                       history=home / "history", trigger=2.0, window=10.0,
-                                       stale_after=STALE_AFTER)).start()
+        job = AnalyticsJob(
+            JobSettings(
+                cluster=cluster,
+                namespace=namespace,
+                checkpoint=home / "checkpoint",
+                history=home / "history",
+                trigger=2.0,
+                window=10.0,
+                stale_after=STALE_AFTER,
+            )
+        ).start()
         deadline = time.monotonic() + timeout
         while job.batches < 1:  # reading, and holding back the reclaim, before the workload starts
             if time.monotonic() > deadline or not job.query.isActive:
@@ -80,14 +106,26 @@ def run_analytics_demo(cluster: Cluster, namespace: str, say: Callable[[str], No
         if row is None:
             raise RuntimeError(f"no analytics for ExpenseQueue within {timeout:g} s")
         queues, windows = follower.latest(), follower.queues()
-        table = new_table("stale-message analytics (arrivals and receives over the windows, the rest now)",
-                          "queue", "arrivals", "receives", "backlog", "stale >= 10 s", f"stale >= {STALE_AFTER:g} s",
-                          "oldest age s")
+        table = new_table(
+            "stale-message analytics (arrivals and receives over the windows, the rest now)",
+            "queue",
+            "arrivals",
+            "receives",
+            "backlog",
+            "stale >= 10 s",
+            f"stale >= {STALE_AFTER:g} s",
+            "oldest age s",
+        )
         for q, w in sorted(queues.items()):
-            table.add_row(q, str(sum(x["arrivals"] for x in windows[q])), str(sum(x["receives"] for x in windows[q])),
-                          str(w["backlog"]),
-                          str(w["stale"]["dispatcher_10s"]), str(w["stale"]["queue"]),
-                          "" if w["oldest_unreceived_age_s"] is None else f"{w['oldest_unreceived_age_s']:.1f}")
+            table.add_row(
+                q,
+                str(sum(x["arrivals"] for x in windows[q])),
+                str(sum(x["receives"] for x in windows[q])),
+                str(w["backlog"]),
+                str(w["stale"]["dispatcher_10s"]),
+                str(w["stale"]["queue"]),
+                "" if w["oldest_unreceived_age_s"] is None else f"{w['oldest_unreceived_age_s']:.1f}",
+            )
         show(table)
         classes = Counter(r["class"] for r in dialog_rows(cluster, namespace))
         classes_table = new_table("dialogs by class (kbroker dialogs --class CLASS)", "class", "dialogs")

@@ -53,8 +53,9 @@ def read_body(body: str) -> bytes:
 @cluster_options
 @json_option
 @handle_errors
-def send(from_service, to_service, contract, message_type, body, handle, lifetime, related_group, instance,
-         target, as_json):
+def send(
+    from_service, to_service, contract, message_type, body, handle, lifetime, related_group, instance, target, as_json
+):
     """SEND a message, beginning a dialog unless --conversation is given."""
     data = read_body(body)
     if handle is None and not (from_service and to_service):
@@ -64,8 +65,14 @@ def send(from_service, to_service, contract, message_type, body, handle, lifetim
             # BEGIN DIALOG and its first SEND as one transaction: a SEND refused (an unknown
             # message type, say) leaves no endpoint behind.
             with broker.transaction() as tx:
-                handle = tx.begin_dialog(from_service, to_service, contract, lifetime=lifetime,
-                                         related_conversation_group=related_group, instance=instance)
+                handle = tx.begin_dialog(
+                    from_service,
+                    to_service,
+                    contract,
+                    lifetime=lifetime,
+                    related_conversation_group=related_group,
+                    instance=instance,
+                )
                 message_id = tx.send(handle, message_type, data)
         else:
             message_id = broker.send(handle, message_type, data)
@@ -77,10 +84,15 @@ def send(from_service, to_service, contract, message_type, body, handle, lifetim
 
 @main.command()
 @click.argument("queue")
-@click.option("--top", default=None, type=click.IntRange(min=1),
-              help="TOP(n). Without it, every ready message of one conversation group (RECEIVE without TOP).")
-@click.option("--wait", default=0.0, show_default=True, type=click.FloatRange(min=0),
-              help="WAITFOR time-out in seconds.")
+@click.option(
+    "--top",
+    default=None,
+    type=click.IntRange(min=1),
+    help="TOP(n). Without it, every ready message of one conversation group (RECEIVE without TOP).",
+)
+@click.option(
+    "--wait", default=0.0, show_default=True, type=click.FloatRange(min=0), help="WAITFOR time-out in seconds."
+)
 @click.option("--conversation", "handle", help="Only this conversation (WHERE conversation_handle).")
 @click.option("--group", help="Only this conversation group (WHERE conversation_group_id).")
 @click.option("--instance", help="Receive from this instance's secondary queue of QUEUE.")
@@ -90,8 +102,9 @@ def send(from_service, to_service, contract, message_type, body, handle, lifetim
 def receive(queue, top, wait, handle, group, instance, target, as_json):
     """RECEIVE from QUEUE: prints one JSON object per message (one conversation group)."""
     with _connect(target) as broker:
-        msgs = broker.receive(queue, top=top, wait=wait, conversation_handle=handle,
-                              conversation_group=group, instance=instance)
+        msgs = broker.receive(
+            queue, top=top, wait=wait, conversation_handle=handle, conversation_group=group, instance=instance
+        )
     for m in msgs:
         emit_json(m.as_dict())
 
@@ -137,12 +150,24 @@ def move(handle, group, target, as_json):
 
 @main.command()
 @click.option("--keep-broker", is_flag=True, help="Leave the embedded broker running afterwards.")
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Embedded broker data dir (default: KBROKER_DATA_DIR, else the per-user one).")
-@click.option("--port", type=click.IntRange(1, 65535), default=9092, show_default=True,
-              help="Port of the embedded broker the demo starts (when none runs in its data dir).")
-@click.option("--analytics", is_flag=True,
-              help="Then run a sample workload under the Spark analytics job (and a worker) and show its results.")
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Embedded broker data dir (default: KBROKER_DATA_DIR, else the per-user one).",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=9092,
+    show_default=True,
+    help="Port of the embedded broker the demo starts (when none runs in its data dir).",
+)
+@click.option(
+    "--analytics",
+    is_flag=True,
+    help="Then run a sample workload under the Spark analytics job (and a worker) and show its results.",
+)
 @cluster_options
 @json_option
 @handle_errors
@@ -153,5 +178,12 @@ def demo(keep_broker, data_dir, port, analytics, target, as_json):
     if analytics:
         require_extra("analytics", "pyspark")
         require_extra("worker", "faust", "aiokafka")
-    run_demo(cluster=target.explicit, namespace=target.namespace, data_dir=data_dir,
-             port=port, keep_broker=keep_broker, as_json=as_json, analytics=analytics)
+    run_demo(
+        cluster=target.explicit,
+        namespace=target.namespace,
+        data_dir=data_dir,
+        port=port,
+        keep_broker=keep_broker,
+        as_json=as_json,
+        analytics=analytics,
+    )

@@ -60,8 +60,9 @@ def plain_table(table: Table) -> str:
     right = [column.justify == "right" for column in table.columns]
     lines = [_plain(table.title)] if table.title else []
     for row in rows:
-        padded = [value.rjust(width) if is_right else value.ljust(width)
-                  for value, width, is_right in zip(row, widths, right)]
+        padded = [
+            value.rjust(width) if is_right else value.ljust(width) for value, width, is_right in zip(row, widths, right)
+        ]
         lines.append(COLUMN_GAP.join(padded).rstrip())
     return "".join(line + "\n" for line in lines)
 

@@ -27,14 +27,17 @@ def _run(state: str, statement: tuple[str, ...], dry_run: bool, target, as_json:
 
     perms = parse(state if state != "REVOKE" else "GRANT", statement, target.namespace)
     change = (permissions.revoke if state == "REVOKE" else permissions.grant)(
-        target.cluster, target.namespace, perms, dry_run=dry_run)
+        target.cluster, target.namespace, perms, dry_run=dry_run
+    )
     if as_json:
         emit_json({**change.as_dict(), "dry_run": dry_run})
         return
     verb = {"GRANT": "granted", "DENY": "denied", "REVOKE": "revoked"}[state]
     what = ", ".join(f"{p.action} ON {p.cls}::{p.name}" for p in perms)
-    click.echo(f"{'would have ' if dry_run else ''}{verb} {what} {'from' if state == 'REVOKE' else 'to'} "
-               f"{perms[0].principal}: {len(change.acls)} ACL(s) {'deleted' if state == 'REVOKE' else 'held'}")
+    click.echo(
+        f"{'would have ' if dry_run else ''}{verb} {what} {'from' if state == 'REVOKE' else 'to'} "
+        f"{perms[0].principal}: {len(change.acls)} ACL(s) {'deleted' if state == 'REVOKE' else 'held'}"
+    )
     for p in change.also_lost:
         click.echo(f"  also lost (it shares those ACLs): {p.action} ON {p.cls}::{p.name}")
 
@@ -52,11 +55,15 @@ def _statement_command(state: str, doc: str) -> None:
         _run(state, statement, dry_run, target, as_json)
 
 
-_statement_command("GRANT", "GRANT PERMISSION[, ...] ON CLASS::name TO principal (SEND ON SERVICE, RECEIVE / "
-                   "ALTER / CONTROL ON QUEUE, ALTER / CONTROL ON SERVICE, CONTROL ON CATALOG): creates its ACLs.")
+_statement_command(
+    "GRANT",
+    "GRANT PERMISSION[, ...] ON CLASS::name TO principal (SEND ON SERVICE, RECEIVE / "
+    "ALTER / CONTROL ON QUEUE, ALTER / CONTROL ON SERVICE, CONTROL ON CATALOG): creates its ACLs.",
+)
 _statement_command("DENY", "DENY PERMISSION ON CLASS::name TO principal: Kafka DENY ACLs, which win over any grant.")
-_statement_command("REVOKE", "REVOKE PERMISSION ON CLASS::name FROM principal: deletes its grant's and its deny's "
-                   "ACLs.")
+_statement_command(
+    "REVOKE", "REVOKE PERMISSION ON CLASS::name FROM principal: deletes its grant's and its deny's ACLs."
+)
 
 
 @main.command("permissions")

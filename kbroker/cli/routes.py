@@ -32,12 +32,28 @@ def routes_cmd(target, as_json):
     if as_json:
         emit_json(rows)
         return
-    t = new_table(f"routes of {ns}", "name", "service", "broker_instance", "address", "mirror_address",
-                  "lifetime", "expires_at", "expired")
+    t = new_table(
+        f"routes of {ns}",
+        "name",
+        "service",
+        "broker_instance",
+        "address",
+        "mirror_address",
+        "lifetime",
+        "expires_at",
+        "expired",
+    )
     for r in rows:
-        t.add_row(r["name"], r["service"] or "*", r["broker_instance"] or "*", r["address"],
-                  r["mirror_address"] or "-", "-" if r["lifetime"] is None else str(r["lifetime"]),
-                  r["expires_at"] or "never", "yes" if r["expired"] else "no")
+        t.add_row(
+            r["name"],
+            r["service"] or "*",
+            r["broker_instance"] or "*",
+            r["address"],
+            r["mirror_address"] or "-",
+            "-" if r["lifetime"] is None else str(r["lifetime"]),
+            r["expires_at"] or "never",
+            "yes" if r["expired"] else "no",
+        )
     print_table(t)
 
 
@@ -47,8 +63,18 @@ def route_rows(catalog: Catalog, now: float) -> list[dict[str, Any]]:
     from kbroker.core.routing.routes import expires_at, is_expired, routes_of
     from kbroker.worker.web.views import iso_utc
 
-    return [{"name": r.name, "service": r.service_name, "broker_instance": r.broker_instance,
-             "address": r.address, "mirror_address": r.mirror_address, "profile": r.profile, "lifetime": r.lifetime,
-             "created_at": iso_utc(r.created_at), "expires_at": iso_utc(expires_at(r)), "expired": is_expired(r, now)}
-            for r in sorted(routes_of(catalog), key=lambda r: r.name)]
-
+    return [
+        {
+            "name": r.name,
+            "service": r.service_name,
+            "broker_instance": r.broker_instance,
+            "address": r.address,
+            "mirror_address": r.mirror_address,
+            "profile": r.profile,
+            "lifetime": r.lifetime,
+            "created_at": iso_utc(r.created_at),
+            "expires_at": iso_utc(expires_at(r)),
+            "expired": is_expired(r, now),
+        }
+        for r in sorted(routes_of(catalog), key=lambda r: r.name)
+    ]

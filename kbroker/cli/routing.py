@@ -25,8 +25,9 @@ def _time(epoch: float | None) -> str:
 
 @main.command("transmission")
 @cluster_options
-@click.option("--limit", type=click.IntRange(1, 100_000), default=1000, show_default=True,
-              help="Messages to list at most.")
+@click.option(
+    "--limit", type=click.IntRange(1, 100_000), default=1000, show_default=True, help="Messages to list at most."
+)
 @json_option
 @handle_errors
 def transmission_cmd(target, limit, as_json):
@@ -39,12 +40,28 @@ def transmission_cmd(target, limit, as_json):
     if as_json:
         emit_json(rows)
         return
-    t = new_table(f"transmission queue of {ns} ({len(rows)} messages)", "enqueued", "conversation",
-                  "seq", "type", "to service", "destination", "tries", "transmission_status")
+    t = new_table(
+        f"transmission queue of {ns} ({len(rows)} messages)",
+        "enqueued",
+        "conversation",
+        "seq",
+        "type",
+        "to service",
+        "destination",
+        "tries",
+        "transmission_status",
+    )
     for r in rows:
-        t.add_row(_time(r["enqueue_time"]), r["conversation_id"][:8], str(r["message_sequence_number"]),
-                  r["message_type_name"].rsplit("/", 1)[-1], r["to_service_name"], r["destination"] or "-",
-                  str(r["attempts"]), r["transmission_status"] or "")
+        t.add_row(
+            _time(r["enqueue_time"]),
+            r["conversation_id"][:8],
+            str(r["message_sequence_number"]),
+            r["message_type_name"].rsplit("/", 1)[-1],
+            r["to_service_name"],
+            r["destination"] or "-",
+            str(r["attempts"]),
+            r["transmission_status"] or "",
+        )
     print_table(t)
 
 
@@ -61,12 +78,30 @@ def connections_cmd(target, as_json):
     if as_json:
         emit_json(rows)
         return
-    t = new_table(f"connections of {ns}", "destination", "state", "connected", "last activity", "sends",
-                  "acks", "bytes", "suppressed", "last error")
+    t = new_table(
+        f"connections of {ns}",
+        "destination",
+        "state",
+        "connected",
+        "last activity",
+        "sends",
+        "acks",
+        "bytes",
+        "suppressed",
+        "last error",
+    )
     for r in rows:
-        t.add_row(r["destination"], r["state"], _time(r["connect_time"]), _time(r["last_activity_time"]),
-                  str(r["total_sends"]), str(r["total_acks"]), str(r["total_bytes"]),
-                  f"{r['suppressed_for']:.0f} s" if r["suppressed_for"] else "-", r["last_error"] or "")
+        t.add_row(
+            r["destination"],
+            r["state"],
+            _time(r["connect_time"]),
+            _time(r["last_activity_time"]),
+            str(r["total_sends"]),
+            str(r["total_acks"]),
+            str(r["total_bytes"]),
+            f"{r['suppressed_for']:.0f} s" if r["suppressed_for"] else "-",
+            r["last_error"] or "",
+        )
     print_table(t)
 
 
@@ -84,10 +119,26 @@ def forwarded_cmd(target, as_json):
     if as_json:
         emit_json(rows)
         return
-    t = new_table(f"forwarded messages of {ns}", "conversation", "seq", "to service", "from", "next hop",
-                  "bytes", "time consumed", "time to live")
+    t = new_table(
+        f"forwarded messages of {ns}",
+        "conversation",
+        "seq",
+        "to service",
+        "from",
+        "next hop",
+        "bytes",
+        "time consumed",
+        "time to live",
+    )
     for r in rows:
-        t.add_row(r["conversation_id"][:8], str(r["message_sequence_number"]), r["to_service_name"],
-                  r["from_broker_instance"], r["adjacent_broker_address"], str(r["size"]),
-                  f"{r['time_consumed']:.1f} s", f"{r['time_to_live']:.1f} s")
+        t.add_row(
+            r["conversation_id"][:8],
+            str(r["message_sequence_number"]),
+            r["to_service_name"],
+            r["from_broker_instance"],
+            r["adjacent_broker_address"],
+            str(r["size"]),
+            f"{r['time_consumed']:.1f} s",
+            f"{r['time_to_live']:.1f} s",
+        )
     print_table(t)

@@ -1,9 +1,9 @@
 """`kbroker endpoint`: the transport face's endpoints (NServiceBus's SQL Server transport).
 
-    kbroker endpoint install Sales --machine web-01       # queues Sales and Sales.web-01
-    kbroker endpoint send Sales --body '{"order": 1}' --header NServiceBus.EnclosedMessageTypes=OrderPlaced
-    kbroker endpoint receive Sales --wait 5 --json        # one message, removed when printed
-    kbroker endpoint acls Sales --installer User:deploy --runner User:sales
+kbroker endpoint install Sales --machine web-01       # queues Sales and Sales.web-01
+kbroker endpoint send Sales --body '{"order": 1}' --header NServiceBus.EnclosedMessageTypes=OrderPlaced
+kbroker endpoint receive Sales --wait 5 --json        # one message, removed when printed
+kbroker endpoint acls Sales --installer User:deploy --runner User:sales
 """
 
 from __future__ import annotations
@@ -31,8 +31,12 @@ def endpoint_group() -> None:
 @click.argument("endpoint")
 @click.option("--machine", help="Also create this instance's secondary queue ENDPOINT.MACHINE.")
 @click.option("--no-secondary", is_flag=True, help="Only the primary queue (secondaries disabled).")
-@click.option("--partitions", type=click.IntRange(1, 1000), default=None,
-              help="Partitions of the primary queue (default 4): at most this many instances compete.")
+@click.option(
+    "--partitions",
+    type=click.IntRange(1, 1000),
+    default=None,
+    help="Partitions of the primary queue (default 4): at most this many instances compete.",
+)
 @cluster_options
 @json_option
 @handle_errors
@@ -45,14 +49,23 @@ def install_cmd(endpoint, machine, no_secondary, partitions, target, as_json):
     ns = target.namespace
     plan = install_plan(endpoint, machine, secondary=not no_secondary, partitions=partitions or PRIMARY_PARTITIONS)
     created = install(target.cluster, ns, plan)
-    rows = [{"queue": q, "topic": transport_queue_topic(ns, q), "partitions": p,
-             "created": transport_queue_topic(ns, q) in created} for q, p in plan.queues]
+    rows = [
+        {
+            "queue": q,
+            "topic": transport_queue_topic(ns, q),
+            "partitions": p,
+            "created": transport_queue_topic(ns, q) in created,
+        }
+        for q, p in plan.queues
+    ]
     if as_json:
         emit_json({"endpoint": endpoint, "namespace": ns, "queues": rows, "created": created})
         return
     for r in rows:
-        click.echo(f"{r['queue']}: {r['topic']} ({r['partitions']} partitions, "
-                   f"{'created' if r['created'] else 'already there'})")
+        click.echo(
+            f"{r['queue']}: {r['topic']} ({r['partitions']} partitions, "
+            f"{'created' if r['created'] else 'already there'})"
+        )
 
 
 def _headers(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -82,9 +95,18 @@ def send_cmd(queue, body, header, message_id, correlation_id, reply_to, not_reco
     from kbroker.sdk.transport.endpoint import send_message
 
     data = sys.stdin.buffer.read() if body == "-" else (None if body is None else body.encode())
-    mid = send_message(target.cluster, target.namespace, queue, data, _headers(header),
-                    message_id=message_id, correlation_id=correlation_id, reply_to_address=reply_to,
-                    recoverable=not not_recoverable, time_to_be_received=ttbr)
+    mid = send_message(
+        target.cluster,
+        target.namespace,
+        queue,
+        data,
+        _headers(header),
+        message_id=message_id,
+        correlation_id=correlation_id,
+        reply_to_address=reply_to,
+        recoverable=not not_recoverable,
+        time_to_be_received=ttbr,
+    )
     if as_json:
         emit_json({"queue": queue, "Id": mid})
     else:
@@ -93,8 +115,9 @@ def send_cmd(queue, body, header, message_id, correlation_id, reply_to, not_reco
 
 @endpoint_group.command("receive")
 @click.argument("queue")
-@click.option("--wait", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Seconds to wait for a message.")
+@click.option(
+    "--wait", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Seconds to wait for a message."
+)
 @cluster_options
 @json_option
 @handle_errors
@@ -102,8 +125,9 @@ def receive_cmd(queue, wait, target, as_json):
     """Receive one message from QUEUE (removing it), in a transaction of its own."""
     from kbroker.sdk.transport.endpoint import TransportEndpoint
 
-    with TransportEndpoint("kbroker-cli", cluster=target.cluster, namespace=target.namespace,
-                           secondary=False) as ep:  # a receive reads QUEUE's group: the name plays no part
+    with TransportEndpoint(
+        "kbroker-cli", cluster=target.cluster, namespace=target.namespace, secondary=False
+    ) as ep:  # a receive reads QUEUE's group: the name plays no part
         msg = ep.receive(wait, queue=queue)
     if msg is None:
         if as_json:
@@ -125,9 +149,12 @@ def receive_cmd(queue, wait, target, as_json):
 @click.argument("endpoint")
 @click.option("--installer", default="User:installer", show_default=True, help="The installing principal.")
 @click.option("--runner", default="User:endpoint", show_default=True, help="The running endpoint's principal.")
-@click.option("--apply", "apply_", is_flag=True,
-              help="Create the ACLs (as a principal that may alter the cluster's ACLs) instead of printing "
-              "kafka-acls.sh lines.")
+@click.option(
+    "--apply",
+    "apply_",
+    is_flag=True,
+    help="Create the ACLs (as a principal that may alter the cluster's ACLs) instead of printing kafka-acls.sh lines.",
+)
 @cluster_options
 @json_option
 @handle_errors

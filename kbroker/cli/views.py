@@ -37,26 +37,50 @@ def show_cmd(queue, target, as_json):
         return
     g = view["group"]
     console = make_console()
-    console.print(f"queue {view['queue']}: status {view['status']}, poison message handling "
-                  f"{view['poison_message_handling']}, {g['members']} readers (group {g['state'].lower()})",
-                  highlight=False)
-    t = new_table(view["topic"], "partition", "log start", "end", "committed", "completed above", "ready",
-                  "bytes")
+    console.print(
+        f"queue {view['queue']}: status {view['status']}, poison message handling "
+        f"{view['poison_message_handling']}, {g['members']} readers (group {g['state'].lower()})",
+        highlight=False,
+    )
+    t = new_table(view["topic"], "partition", "log start", "end", "committed", "completed above", "ready", "bytes")
     for p in view["partition_offsets"]:
         committed = "-" if p["committed"] is None else str(p["committed"])
-        t.add_row(str(p["partition"]), str(p["start"]), str(p["end"]), committed,
-                  str(p["completed_above"]), str(p["ready"]), _maybe(p["bytes"]))
+        t.add_row(
+            str(p["partition"]),
+            str(p["start"]),
+            str(p["end"]),
+            committed,
+            str(p["completed_above"]),
+            str(p["ready"]),
+            _maybe(p["bytes"]),
+        )
     totals = view["totals"]
-    t.add_row("total", "", str(totals["end"]), "", str(totals["completed_above"]), str(totals["ready"]),
-              _maybe(totals["bytes"]))
+    t.add_row(
+        "total",
+        "",
+        str(totals["end"]),
+        "",
+        str(totals["completed_above"]),
+        str(totals["ready"]),
+        _maybe(totals["bytes"]),
+    )
     print_table(t, console)
-    console.print(f"{view['locked_groups']} conversation groups locked, {view['in_flight']} messages in flight "
-                  f"(open transactions), {len(view['readers'])} reading processes", highlight=False)
+    console.print(
+        f"{view['locked_groups']} conversation groups locked, {view['in_flight']} messages in flight "
+        f"(open transactions), {len(view['readers'])} reading processes",
+        highlight=False,
+    )
     if view["readers"]:
         r = new_table("readers", "process", "partitions", "buffered", "ready groups", "locked groups", "in flight")
         for row in view["readers"]:
-            r.add_row(row["process"], ",".join(map(str, row["partitions"])), str(row["buffered"]),
-                      str(row["ready_groups"]), str(row["locked_groups"]), str(row["in_flight"]))
+            r.add_row(
+                row["process"],
+                ",".join(map(str, row["partitions"])),
+                str(row["buffered"]),
+                str(row["ready_groups"]),
+                str(row["locked_groups"]),
+                str(row["in_flight"]),
+            )
         print_table(r, console)
 
 
@@ -83,8 +107,14 @@ def messages_cmd(queue, handle, target, as_json):
     t.columns[2].no_wrap = True
     for r in rows:
         body = r["message_body"] if r["message_body"] is not None else f"0x{r['message_body_hex'][:40]}"
-        t.add_row(str(r["status"]), str(r["queuing_order"]), r["conversation_handle"],
-                  str(r["message_sequence_number"]), r["message_type_name"], body[:60])
+        t.add_row(
+            str(r["status"]),
+            str(r["queuing_order"]),
+            r["conversation_handle"],
+            str(r["message_sequence_number"]),
+            r["message_type_name"],
+            body[:60],
+        )
     print_table(t)
 
 
@@ -122,9 +152,13 @@ def disable_cmd(queue, reason, target, as_json):
 
 @main.command("conversations")
 @click.option("--state", help="Only endpoints in this state (SO, CO, DI, DO, ER, CD).")
-@click.option("--url", default="http://127.0.0.1:6066", show_default=True,
-              help="A worker's HTTP API, whose view is kept in memory; without a worker of this namespace "
-                   "answering there, the endpoints topic is read.")
+@click.option(
+    "--url",
+    default="http://127.0.0.1:6066",
+    show_default=True,
+    help="A worker's HTTP API, whose view is kept in memory; without a worker of this namespace "
+    "answering there, the endpoints topic is read.",
+)
 @web_token_file_option
 @cluster_options
 @json_option
@@ -147,6 +181,12 @@ def conversations_cmd(state, url, web_token_file, target, as_json):
     t = new_table("conversation endpoints", "conversation_handle", "side", "service", "far service", "state", "seq")
     t.columns[0].no_wrap = True  # a handle is copied and pasted: keep it on one line
     for r in rows:
-        t.add_row(r["conversation_handle"], "I" if r["is_initiator"] else "T", r["service_name"],
-                  r["far_service"], r["state"], str(r["send_sequence"]))
+        t.add_row(
+            r["conversation_handle"],
+            "I" if r["is_initiator"] else "T",
+            r["service_name"],
+            r["far_service"],
+            r["state"],
+            str(r["send_sequence"]),
+        )
     print_table(t)

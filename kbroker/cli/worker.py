@@ -24,41 +24,94 @@ from kbroker.core.dialogs.conversation_endpoint import CLOSED_GRACE_SECONDS
 
 @main.command("worker")
 @cluster_options
-@click.option("--web-host", default="127.0.0.1", show_default=True, envvar="KBROKER_WEB_HOST",
-              help="Address the worker's HTTP API binds to (0.0.0.0: every interface, as in a container; "
-                   "any address but loopback needs a token); env KBROKER_WEB_HOST.")
-@click.option("--web-port", type=click.IntRange(1, 65535), default=6066, show_default=True,
-              help="Port of the worker's HTTP API (/monitors/, /tasks/).")
+@click.option(
+    "--web-host",
+    default="127.0.0.1",
+    show_default=True,
+    envvar="KBROKER_WEB_HOST",
+    help="Address the worker's HTTP API binds to (0.0.0.0: every interface, as in a container; "
+    "any address but loopback needs a token); env KBROKER_WEB_HOST.",
+)
+@click.option(
+    "--web-port",
+    type=click.IntRange(1, 65535),
+    default=6066,
+    show_default=True,
+    help="Port of the worker's HTTP API (/monitors/, /tasks/).",
+)
 @web_token_file_option
-@click.option("--web-allowed-host", "web_allowed_hosts", multiple=True, envvar="KBROKER_WEB_ALLOWED_HOSTS",
-              metavar="NAME[,NAME...]",
-              help="Host names the HTTP API answers for besides --web-host and the loopback names (the "
-                   "name in the address browsers use; '.example.com': every name under it). Repeatable; "
-                   "env KBROKER_WEB_ALLOWED_HOSTS.")
-@click.option("--tick", "tick", type=click.FloatRange(min=0.5), default=5.0, show_default=True,
-              help="Seconds between ticks.")
-@click.option("--ramp-up", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
-              help="Seconds of RECEIVEs with none empty before the monitor adds a reader.")
-@click.option("--handlers", type=click.IntRange(1, 1024), default=None,
-              help="Task handler threads (default 2 x CPUs).")
-@click.option("--receiver-idle", type=click.FloatRange(min=1), default=60.0, show_default=True,
-              help="Seconds a queue's receiver may sit unread by activated readers before it is closed "
-                   "(its partitions go to the queue's other readers).")
+@click.option(
+    "--web-allowed-host",
+    "web_allowed_hosts",
+    multiple=True,
+    envvar="KBROKER_WEB_ALLOWED_HOSTS",
+    metavar="NAME[,NAME...]",
+    help="Host names the HTTP API answers for besides --web-host and the loopback names (the "
+    "name in the address browsers use; '.example.com': every name under it). Repeatable; "
+    "env KBROKER_WEB_ALLOWED_HOSTS.",
+)
+@click.option(
+    "--tick", "tick", type=click.FloatRange(min=0.5), default=5.0, show_default=True, help="Seconds between ticks."
+)
+@click.option(
+    "--ramp-up",
+    type=click.FloatRange(min=0.1),
+    default=5.0,
+    show_default=True,
+    help="Seconds of RECEIVEs with none empty before the monitor adds a reader.",
+)
+@click.option("--handlers", type=click.IntRange(1, 1024), default=None, help="Task handler threads (default 2 x CPUs).")
+@click.option(
+    "--receiver-idle",
+    type=click.FloatRange(min=1),
+    default=60.0,
+    show_default=True,
+    help="Seconds a queue's receiver may sit unread by activated readers before it is closed "
+    "(its partitions go to the queue's other readers).",
+)
 @click.option("--no-timers", is_flag=True, help="Do not run the timer service in this worker.")
-@click.option("--no-routing", is_flag=True,
-              help="Do not run the dispatcher and transmitter (messages between namespaces) in this worker.")
-@click.option("--allow-procedures", "allow_procedures", multiple=True, envvar="KBROKER_ALLOW_PROCEDURES",
-              metavar="MODULE[,MODULE...]",
-              help="Modules (or packages) whose activation procedures this worker runs, besides kbroker's "
-                   "samples (kbroker.samples); a queue naming another is not activated. Repeatable; env "
-                   "KBROKER_ALLOW_PROCEDURES.")
-@click.option("--closed-grace", type=click.FloatRange(min=0), default=CLOSED_GRACE_SECONDS, show_default=True,
-              help="Seconds a CLOSED conversation endpoint is kept before the worker tombstones it.")
+@click.option(
+    "--no-routing",
+    is_flag=True,
+    help="Do not run the dispatcher and transmitter (messages between namespaces) in this worker.",
+)
+@click.option(
+    "--allow-procedures",
+    "allow_procedures",
+    multiple=True,
+    envvar="KBROKER_ALLOW_PROCEDURES",
+    metavar="MODULE[,MODULE...]",
+    help="Modules (or packages) whose activation procedures this worker runs, besides kbroker's "
+    "samples (kbroker.samples); a queue naming another is not activated. Repeatable; env "
+    "KBROKER_ALLOW_PROCEDURES.",
+)
+@click.option(
+    "--closed-grace",
+    type=click.FloatRange(min=0),
+    default=CLOSED_GRACE_SECONDS,
+    show_default=True,
+    help="Seconds a CLOSED conversation endpoint is kept before the worker tombstones it.",
+)
 @click.option("--loglevel", default="info", show_default=True)
 @log_format_option
 @handle_errors
-def worker_cmd(target, web_host, web_port, web_token_file, web_allowed_hosts, tick, ramp_up, handlers, receiver_idle,
-               no_timers, no_routing, allow_procedures, closed_grace, loglevel, log_format):
+def worker_cmd(
+    target,
+    web_host,
+    web_port,
+    web_token_file,
+    web_allowed_hosts,
+    tick,
+    ramp_up,
+    handlers,
+    receiver_idle,
+    no_timers,
+    no_routing,
+    allow_procedures,
+    closed_grace,
+    loglevel,
+    log_format,
+):
     """Run the worker: queue monitors with internal and external activation, task handlers, the
     cluster tick, the timer service, and the dispatcher and transmitter that carry messages between
     namespaces. Start several; they share the work through Kafka."""
@@ -66,12 +119,23 @@ def worker_cmd(target, web_host, web_port, web_token_file, web_allowed_hosts, ti
     from kbroker.config import web_token
     from kbroker.worker.app import WorkerSettings, run_worker
 
-    settings = WorkerSettings(target.cluster, target.namespace,
-                              web_host=web_host, web_port=web_port, web_token=web_token(web_token_file),
-                              web_allowed_hosts=_names(web_allowed_hosts), tick_interval=tick, ramp_up=ramp_up,
-                              handlers=handlers, receiver_idle=receiver_idle, timers=not no_timers,
-                              routing=not no_routing, closed_grace=closed_grace,
-                              allow_procedures=_names(allow_procedures), log_format=log_format)
+    settings = WorkerSettings(
+        target.cluster,
+        target.namespace,
+        web_host=web_host,
+        web_port=web_port,
+        web_token=web_token(web_token_file),
+        web_allowed_hosts=_names(web_allowed_hosts),
+        tick_interval=tick,
+        ramp_up=ramp_up,
+        handlers=handlers,
+        receiver_idle=receiver_idle,
+        timers=not no_timers,
+        routing=not no_routing,
+        closed_grace=closed_grace,
+        allow_procedures=_names(allow_procedures),
+        log_format=log_format,
+    )
     setup_logging(loglevel, log_format, namespace=settings.namespace, worker=settings.worker_id)
     run_worker(settings, loglevel=loglevel)
 
@@ -93,8 +157,19 @@ def monitors_cmd(target, as_json):
     if as_json:
         emit_json(rows)
         return
-    cols = ("queue", "state", "activation", "readers", "max_queue_readers", "tasks_waiting", "backlog", "ready_groups",
-            "last_activated_time", "last_empty_rowset_time", "worker")
+    cols = (
+        "queue",
+        "state",
+        "activation",
+        "readers",
+        "max_queue_readers",
+        "tasks_waiting",
+        "backlog",
+        "ready_groups",
+        "last_activated_time",
+        "last_empty_rowset_time",
+        "worker",
+    )
     t = new_table("queue monitors", *cols, "degraded")
     for r in rows:
         t.add_row(*("" if r[c] is None else str(r[c]) for c in cols), degraded_cell(r))
@@ -106,14 +181,19 @@ def degraded_cell(row: dict) -> str:
     and the failing components (`component: error`, the error cut short; --json has it whole)."""
     if not row.get("degraded"):
         return ""
-    reasons = [f"{r.get('component', '?')}: {str(r.get('error', ''))[:60]}"
-               for r in row.get("degraded_reasons") or []]
+    reasons = [f"{r.get('component', '?')}: {str(r.get('error', ''))[:60]}" for r in row.get("degraded_reasons") or []]
     return "DEGRADED" + (" (" + "; ".join(reasons) + ")" if reasons else "")
 
 
 @main.command("tasks")
-@click.option("--url", "urls", multiple=True, default=["http://127.0.0.1:6066"], show_default=True,
-              help="A worker's HTTP API; repeat for several workers.")
+@click.option(
+    "--url",
+    "urls",
+    multiple=True,
+    default=["http://127.0.0.1:6066"],
+    show_default=True,
+    help="A worker's HTTP API; repeat for several workers.",
+)
 @web_token_file_option
 @json_option
 @handle_errors
@@ -141,8 +221,12 @@ def tasks_cmd(urls, web_token_file, as_json):
 
 @queue_group.command("alter")
 @click.argument("queue")
-@click.option("--activation", type=click.Choice(["on", "off"], case_sensitive=False), default=None,
-              help="ACTIVATION STATUS; off then on recycles the queue's monitor.")
+@click.option(
+    "--activation",
+    type=click.Choice(["on", "off"], case_sensitive=False),
+    default=None,
+    help="ACTIVATION STATUS; off then on recycles the queue's monitor.",
+)
 @click.option("--max-readers", type=click.IntRange(0, 32767), default=None, help="MAX_QUEUE_READERS.")
 @click.option("--procedure", default=None, help="PROCEDURE_NAME, as module:function.")
 @cluster_options
@@ -153,18 +237,27 @@ def alter_cmd(queue, activation, max_readers, procedure, target, as_json):
     if activation is None and max_readers is None and procedure is None:
         fail("nothing to alter: give --activation, --max-readers or --procedure")
     if procedure is not None and ":" in procedure and not _importable(procedure):  # the syntax: the model's
-        fail(f"procedure {procedure!r}: module {procedure.partition(':')[0]!r} cannot be imported here "
-             "(the worker imports it from the same installation)")
+        fail(
+            f"procedure {procedure!r}: module {procedure.partition(':')[0]!r} cannot be imported here "
+            "(the worker imports it from the same installation)"
+        )
     from kbroker.kafka.queue_views import alter_queue_activation
 
-    result = alter_queue_activation(target.cluster, target.namespace, queue,
-                                    status=activation.upper() if activation else None,
-                                    max_queue_readers=max_readers, procedure=procedure)
+    result = alter_queue_activation(
+        target.cluster,
+        target.namespace,
+        queue,
+        status=activation.upper() if activation else None,
+        max_queue_readers=max_readers,
+        procedure=procedure,
+    )
     if as_json:
         emit_json({"queue": queue, "activation": result})
     else:
-        click.echo(f"queue {queue}: activation {result['status']}, max_queue_readers "
-                   f"{result['max_queue_readers']}, procedure {result['procedure']}")
+        click.echo(
+            f"queue {queue}: activation {result['status']}, max_queue_readers "
+            f"{result['max_queue_readers']}, procedure {result['procedure']}"
+        )
 
 
 def _importable(procedure: str) -> bool:

@@ -39,13 +39,18 @@ class ConsumedRecord(Protocol):
 def _reason(reason: str) -> bytes:
     """The reason as a header value, cut to MAX_REASON_BYTES (the dead-letter headroom counts on it)."""
     raw = reason.encode()
-    return raw if len(raw) <= MAX_REASON_BYTES else raw[:MAX_REASON_BYTES - 3].decode(errors="ignore").encode() + b"..."
+    return (
+        raw if len(raw) <= MAX_REASON_BYTES else raw[: MAX_REASON_BYTES - 3].decode(errors="ignore").encode() + b"..."
+    )
 
 
 def _where(record: ConsumedRecord, reason: str) -> list[Header]:
-    return [("kb.dlq.reason", _reason(reason)), ("kb.dlq.topic", str(record.topic()).encode()),
-            ("kb.dlq.partition", str(record.partition()).encode()),
-            ("kb.dlq.offset", str(record.offset()).encode())]
+    return [
+        ("kb.dlq.reason", _reason(reason)),
+        ("kb.dlq.topic", str(record.topic()).encode()),
+        ("kb.dlq.partition", str(record.partition()).encode()),
+        ("kb.dlq.offset", str(record.offset()).encode()),
+    ]
 
 
 def dead_letter_record(namespace: str, record: ConsumedRecord, reason: str) -> Record:
@@ -55,8 +60,9 @@ def dead_letter_record(namespace: str, record: ConsumedRecord, reason: str) -> R
     return (names.deadletter_topic(namespace), record.key(), record.value(), headers)
 
 
-def set_aside(namespace: str, record: ConsumedRecord, reason: str,
-              limit: int = DEAD_LETTER_LIMIT, *, now_ms: int | None = None) -> tuple[Record, Record]:
+def set_aside(
+    namespace: str, record: ConsumedRecord, reason: str, limit: int = DEAD_LETTER_LIMIT, *, now_ms: int | None = None
+) -> tuple[Record, Record]:
     """(the record's dead letter without its body, the RECORD_SET_ASIDE event): for a record
     whose copy the dead-letter topic refuses. The dead letter keeps the key, the
     reason, where the record was and its size (kb.dlq.size, the body's bytes); the original
@@ -67,8 +73,14 @@ def set_aside(namespace: str, record: ConsumedRecord, reason: str,
     if record_bytes(record.key(), None, headers) > limit:
         headers = own[:-1] + [("kb.dlq.omitted", b"body,headers")]
     letter: Record = (names.deadletter_topic(namespace), record.key(), None, headers)
-    event = {"event": RECORD_SET_ASIDE, "topic": record.topic(), "partition": record.partition(),
-             "offset": record.offset(), "size": size, "reason": _reason(reason).decode(errors="replace"),
-             "dead_letter": "without " + headers[-1][1].decode().replace(",", " and "),
-             "time": now_ms if now_ms is not None else int(time.time() * 1000)}
+    event = {
+        "event": RECORD_SET_ASIDE,
+        "topic": record.topic(),
+        "partition": record.partition(),
+        "offset": record.offset(),
+        "size": size,
+        "reason": _reason(reason).decode(errors="replace"),
+        "dead_letter": "without " + headers[-1][1].decode().replace(",", " and "),
+        "time": now_ms if now_ms is not None else int(time.time() * 1000),
+    }
     return letter, (names.events_topic(namespace), str(record.topic()).encode(), orjson.dumps(event), None)

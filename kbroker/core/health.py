@@ -29,8 +29,15 @@ class Reason:
     queue: str | None = None  # the queue it concerns; None: the whole process
 
     def to_dict(self) -> dict[str, Any]:
-        return {"component": self.component, "error": self.error, "retriable": self.retriable,
-                "since": self.since, "last": self.last, "failures": self.failures, "queue": self.queue}
+        return {
+            "component": self.component,
+            "error": self.error,
+            "retriable": self.retriable,
+            "since": self.since,
+            "last": self.last,
+            "failures": self.failures,
+            "queue": self.queue,
+        }
 
 
 def backoff(failures: int, base: float = BASE_DELAY, cap: float = MAX_DELAY) -> float:
@@ -53,8 +60,16 @@ class Health:
             old = self._reasons.get(component)
             failures = 1 if old is None else old.failures + 1
             since = now if old is None else old.since
-            reason = Reason(component, error, retriable, since, now, failures,
-                            now + backoff(failures, self.base_delay, self.max_delay), queue)
+            reason = Reason(
+                component,
+                error,
+                retriable,
+                since,
+                now,
+                failures,
+                now + backoff(failures, self.base_delay, self.max_delay),
+                queue,
+            )
             self._reasons[component] = reason
             return reason
 

@@ -19,8 +19,22 @@ from typing import Any
 import orjson
 
 # What a line may be about, as its fields: the names kbroker's log lines use.
-FIELDS = ("namespace", "queue", "conversation", "conversation_id", "dialog", "group", "worker", "topic",
-          "partition", "destination", "procedure", "generation", "batch", "component")
+FIELDS = (
+    "namespace",
+    "queue",
+    "conversation",
+    "conversation_id",
+    "dialog",
+    "group",
+    "worker",
+    "topic",
+    "partition",
+    "destination",
+    "procedure",
+    "generation",
+    "batch",
+    "component",
+)
 _PAIR = re.compile(r"\b(" + "|".join(FIELDS) + r")=([^\s,;()]+)")
 
 
@@ -35,7 +49,11 @@ class JsonFormatter(logging.Formatter):
         message = record.getMessage()
         line: dict[str, Any] = {
             "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
-            "level": record.levelname, "logger": record.name, "message": message, **self.fixed}
+            "level": record.levelname,
+            "logger": record.name,
+            "message": message,
+            **self.fixed,
+        }
         for key, value in _PAIR.findall(message):
             line.setdefault(key, value)
         for key in FIELDS:

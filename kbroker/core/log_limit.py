@@ -104,8 +104,7 @@ class LogLimiter:
         back much later is written again and the table does not grow without end."""
         now = self._clock()
         with self._lock:
-            for key in [k for k, s in self._seen.items()
-                        if not s.suppressed and now - s.window_start >= quiet_for]:
+            for key in [k for k, s in self._seen.items() if not s.suppressed and now - s.window_start >= quiet_for]:
                 del self._seen[key]
 
 
@@ -120,8 +119,9 @@ class RateLimitFilter(logging.Filter):
     above, and to every record of the loggers named in `always` (and their children), once: a
     record that passed one such filter passes the next unchanged."""
 
-    def __init__(self, limiter: LogLimiter | None = None, *, min_level: int = logging.WARNING,
-                 always: tuple[str, ...] = ()):
+    def __init__(
+        self, limiter: LogLimiter | None = None, *, min_level: int = logging.WARNING, always: tuple[str, ...] = ()
+    ):
         super().__init__()
         self.limiter = limiter or LogLimiter()
         self.min_level = min_level
@@ -135,8 +135,11 @@ class RateLimitFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         # A record another RateLimitFilter already let through (one on its logger, then one on a
         # handler) is not counted twice.
-        if getattr(record, "kbroker_summary", False) or not self._applies(record) \
-                or getattr(record, "kbroker_limited_by", self) is not self:
+        if (
+            getattr(record, "kbroker_summary", False)
+            or not self._applies(record)
+            or getattr(record, "kbroker_limited_by", self) is not self
+        ):
             return True
         text = record.getMessage()
         held = self.limiter.admit(line_key(record), text)
@@ -145,8 +148,12 @@ class RateLimitFilter(logging.Filter):
         record.kbroker_limited_by = self
         if held:  # the count goes on a line of its own: some handlers re-format the record
             logging.getLogger(record.name).log(
-                record.levelno, "%d more like this in the last %.0f s, before:", held, self.limiter.window,
-                extra={"kbroker_summary": True})
+                record.levelno,
+                "%d more like this in the last %.0f s, before:",
+                held,
+                self.limiter.window,
+                extra={"kbroker_summary": True},
+            )
         return True
 
     def write_summaries(self, logger: logging.Logger) -> int:
@@ -154,8 +161,14 @@ class RateLimitFilter(logging.Filter):
         summaries = self.limiter.due_summaries()
         for s in summaries:
             name, level, _ = s.key if isinstance(s.key, tuple) and len(s.key) == 3 else ("?", logging.WARNING, "")
-            logger.log(level if isinstance(level, int) else logging.WARNING,
-                       "%d more like this in the last %.0f s (%s): %s", s.count, s.seconds, name, s.sample,
-                       extra={"kbroker_summary": True})
+            logger.log(
+                level if isinstance(level, int) else logging.WARNING,
+                "%d more like this in the last %.0f s (%s): %s",
+                s.count,
+                s.seconds,
+                name,
+                s.sample,
+                extra={"kbroker_summary": True},
+            )
         self.limiter.forget_quiet(4 * self.limiter.window)
         return len(summaries)

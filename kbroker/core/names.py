@@ -44,8 +44,21 @@ from collections.abc import Container, Iterable
 from kbroker.config import NAMESPACE_RE
 
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
-SYSTEM_TOPICS = ("catalog", "endpoints", "events", "deadletter", "transmission", "timers", "readers",
-                 "progress", "analytics", "control", "inbound", "acks", "transport")
+SYSTEM_TOPICS = (
+    "catalog",
+    "endpoints",
+    "events",
+    "deadletter",
+    "transmission",
+    "timers",
+    "readers",
+    "progress",
+    "analytics",
+    "control",
+    "inbound",
+    "acks",
+    "transport",
+)
 
 
 def _ns(ns: str) -> str:
@@ -168,7 +181,7 @@ def queue_group(ns: str, queue: str) -> str:
 def queue_of_topic(ns: str, topic: str) -> str | None:
     """The queue name of a queue topic of this namespace, else None."""
     head = f"{prefix(ns)}queue."
-    return topic[len(head):] if topic.startswith(head) and len(topic) > len(head) else None
+    return topic[len(head) :] if topic.startswith(head) and len(topic) > len(head) else None
 
 
 def queue_label(ns: str, topic: str, queues: Container[str]) -> str:

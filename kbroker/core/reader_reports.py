@@ -9,8 +9,16 @@ from kbroker.core.rejected import Rejected, json_object
 
 # The fields the view shows, and the JSON types each must have.
 FIELDS: dict[str, tuple[type, ...]] = {
-    "topic": (str,), "process": (str,), "at": (int, float), "partitions": (list,), "buffered": (int,),
-    "ready_groups": (int,), "locked_groups": (int,), "in_flight": (int,), "paused": (bool, list, int)}
+    "topic": (str,),
+    "process": (str,),
+    "at": (int, float),
+    "partitions": (list,),
+    "buffered": (int,),
+    "ready_groups": (int,),
+    "locked_groups": (int,),
+    "in_flight": (int,),
+    "paused": (bool, list, int),
+}
 # Fields an older process's report lacks: absent is None.
 OPTIONAL: dict[str, tuple[type, ...]] = {"oldest_lock_at": (int, float, type(None))}
 

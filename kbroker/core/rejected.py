@@ -138,8 +138,11 @@ def _shape(cls: type) -> tuple[dict[str, Callable[[Any], bool]], dict[str, Any],
     shape = _shapes.get(cls)
     if shape is None:
         hints = typing.get_type_hints(cls)
-        shape = _shapes[cls] = ({name: _checker(hint) for name, hint in hints.items()}, hints,
-                                {f.name: f for f in fields(cls)})
+        shape = _shapes[cls] = (
+            {name: _checker(hint) for name, hint in hints.items()},
+            hints,
+            {f.name: f for f in fields(cls)},
+        )
     return shape
 
 
@@ -193,8 +196,9 @@ def position(record: ConsumedRecord) -> str:
     return f"{record.topic()}[{record.partition()}]@{record.offset()}"
 
 
-def rejection_records(namespace: str, record: ConsumedRecord, reason: str, reader: str,
-                      now_ms: int, limit: int = DEAD_LETTER_LIMIT) -> list[Record]:
+def rejection_records(
+    namespace: str, record: ConsumedRecord, reason: str, reader: str, now_ms: int, limit: int = DEAD_LETTER_LIMIT
+) -> list[Record]:
     """The record's dead letter (with kb.dlq.reader besides dead_letter's headers) and the
     RECORD_REJECTED event (keyed by the topic, so one topic's events stay in order). A control
     topic's record is not bound by the queues' limits: one the dead-letter topic would refuse
@@ -203,8 +207,16 @@ def rejection_records(namespace: str, record: ConsumedRecord, reason: str, reade
     if record_bytes(key, value, headers) > limit:
         topic, key, value, headers = set_aside(namespace, record, reason, limit, now_ms=now_ms)[0]
     own: list[Header] = [("kb.dlq.reader", reader.encode())]
-    event = {"event": RECORD_REJECTED, "topic": record.topic(), "partition": record.partition(),
-             "offset": record.offset(), "reader": reader, "reason": _reason(reason).decode(errors="replace"),
-             "time": now_ms}
-    return [(topic, key, value, (headers or []) + own),
-            (names.events_topic(namespace), str(record.topic()).encode(), orjson.dumps(event), None)]
+    event = {
+        "event": RECORD_REJECTED,
+        "topic": record.topic(),
+        "partition": record.partition(),
+        "offset": record.offset(),
+        "reader": reader,
+        "reason": _reason(reason).decode(errors="replace"),
+        "time": now_ms,
+    }
+    return [
+        (topic, key, value, (headers or []) + own),
+        (names.events_topic(namespace), str(record.topic()).encode(), orjson.dumps(event), None),
+    ]

@@ -47,8 +47,9 @@ def queue_limit(max_message_bytes: int) -> int:
 def system_topic_limit(name: str) -> int | None:
     """The max.message.bytes a system topic needs because records move to it (None: Kafka's
     default will do; only small records of kbroker's own go there)."""
-    return {"deadletter": DEAD_LETTER_LIMIT, "transmission": MESSAGE_TOPIC_LIMIT,
-            "inbound": MESSAGE_TOPIC_LIMIT}.get(name)
+    return {"deadletter": DEAD_LETTER_LIMIT, "transmission": MESSAGE_TOPIC_LIMIT, "inbound": MESSAGE_TOPIC_LIMIT}.get(
+        name
+    )
 
 
 def record_bytes(key: bytes | str | None, value: bytes | None, headers: list[tuple[str, bytes]] | None) -> int:

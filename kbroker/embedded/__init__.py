@@ -20,8 +20,9 @@ from kbroker.embedded.cluster import embedded_at
 from kbroker.errors import BrokerUnavailableError, InvalidArgumentError
 
 
-def client_properties(command_config: Path | str | None = None,
-                      environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+def client_properties(
+    command_config: Path | str | None = None, environ: Mapping[str, str] = os.environ
+) -> dict[str, str]:
     """The Kafka client properties the user gives: the properties file (`command_config`, else
     KBROKER_COMMAND_CONFIG), then KBROKER_KAFKA_* variables over it."""
     path = command_config or environ.get(COMMAND_CONFIG_ENV)
@@ -30,13 +31,16 @@ def client_properties(command_config: Path | str | None = None,
         try:
             text = Path(path).read_text()
         except OSError as exc:
-            raise InvalidArgumentError(f"cannot read the client properties file {path}: {exc.strerror or exc}") from None
+            raise InvalidArgumentError(
+                f"cannot read the client properties file {path}: {exc.strerror or exc}"
+            ) from None
         props = read_properties(text)
     return {**props, **properties_from_env(environ)}
 
 
-def resolve_cluster(explicit: ClusterLike | None = None, data_dir: Path | None = None,
-                    command_config: Path | str | None = None) -> Cluster:
+def resolve_cluster(
+    explicit: ClusterLike | None = None, data_dir: Path | None = None, command_config: Path | str | None = None
+) -> Cluster:
     """The broker rule, as a Cluster (see the module docstring). Raises BrokerUnavailableError
     when nothing is configured or running."""
     if isinstance(explicit, Cluster):
@@ -52,6 +56,4 @@ def resolve_cluster(explicit: ClusterLike | None = None, data_dir: Path | None =
             # A secure embedded broker: its admin's settings, so every command works unconfigured.
             return Cluster.with_properties(status.bootstrap, secure.read_properties(status.client_properties))
         return Cluster.with_properties(status.bootstrap, props)
-    raise BrokerUnavailableError(
-        "no broker: pass --bootstrap or set KBROKER_BOOTSTRAP, or run 'kbroker broker start'"
-    )
+    raise BrokerUnavailableError("no broker: pass --bootstrap or set KBROKER_BOOTSTRAP, or run 'kbroker broker start'")

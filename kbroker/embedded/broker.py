@@ -93,8 +93,11 @@ class BrokerStatus:
     client_properties: Path | None = None  # a running secure node's admin.properties
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "data_dir": str(self.data_dir),
-                "client_properties": str(self.client_properties) if self.client_properties else None}
+        return {
+            **asdict(self),
+            "data_dir": str(self.data_dir),
+            "client_properties": str(self.client_properties) if self.client_properties else None,
+        }
 
 
 class EmbeddedBroker:
@@ -114,9 +117,16 @@ class EmbeddedBroker:
         """The libs dir of the Kafka jars (resolved with Maven on first use)."""
         return jvm.fetch_jars(self._say)
 
-    def start(self, port: int = 9092, controller_port: int | None = None,
-              wait: float = 90.0, settings: dict[str, str] | None = None, *,
-              secure: bool | None = None, tls_port: int | None = None) -> BrokerStatus:
+    def start(
+        self,
+        port: int = 9092,
+        controller_port: int | None = None,
+        wait: float = 90.0,
+        settings: dict[str, str] | None = None,
+        *,
+        secure: bool | None = None,
+        tls_port: int | None = None,
+    ) -> BrokerStatus:
         """Start the node (a no-op when it runs) and wait until it answers. `settings` are
         broker properties added to kbroker's (a test's short log retention, say). `secure`: a
         secure node (True) or a plain one (False); None, what the data dir was formatted as
@@ -130,8 +140,7 @@ class EmbeddedBroker:
         tls_port = tls_port if secure else None  # a plain node has no such listener
         for p in (port, controller_port, tls_port):
             if p is not None and jvm.bind(p) is None:
-                raise PortInUseError(
-                    f"port {p} on 127.0.0.1 is already in use; choose another with --port")
+                raise PortInUseError(f"port {p} on 127.0.0.1 is already in use; choose another with --port")
         if controller_port is None:
             controller_port = jvm.claim_port(port + 1, {port})
         if controller_port == port:
@@ -144,28 +153,40 @@ class EmbeddedBroker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         files = self.secure_files
         admin_password = files.prepare() if secure else ""
-        listeners = files.listeners(port, tls_port, controller_port) if secure and tls_port \
+        listeners = (
+            files.listeners(port, tls_port, controller_port)
+            if secure and tls_port
             else PLAIN_LISTENERS.format(port=port, cport=controller_port)
+        )
         # Private: a secure node's configuration holds its PLAIN users' passwords.
-        write_private(self.properties, (_HEAD + "{listeners}" + _TAIL).format(
-            cport=controller_port, log_dirs=self.log_dirs, listeners=listeners)
-            + "".join(f"{key}={value}\n" for key, value in (settings or {}).items()))
+        write_private(
+            self.properties,
+            (_HEAD + "{listeners}" + _TAIL).format(cport=controller_port, log_dirs=self.log_dirs, listeners=listeners)
+            + "".join(f"{key}={value}\n" for key, value in (settings or {}).items()),
+        )
         # Format once: meta.properties marks a formatted log dir. A secure node's admin gets its
         # SCRAM credential now, in the metadata log's first records (there is no admin to add
         # it later).
         if not self._formatted():
             self._say("formatting storage")
             scram = ("--add-scram", f"SCRAM-SHA-512=[name={ADMIN},password={admin_password}]")
-            jvm.format_storage(java, libs, [(self.properties, self.log_dirs)], jvm.kafka_uuid(),
-                               scram if secure else ())
+            jvm.format_storage(
+                java, libs, [(self.properties, self.log_dirs)], jvm.kafka_uuid(), scram if secure else ()
+            )
             if secure:
                 files.mark_enabled()
         if secure and tls_port:
             files.write_client_properties(f"127.0.0.1:{port}", f"127.0.0.1:{tls_port}")
         self._say("starting")
         proc = jvm.launch(java, libs, self.properties, self.log_file, ("-Xms256m", "-Xmx1g"))
-        state = {"pid": proc.pid, "port": port, "controller_port": controller_port, "tls_port": tls_port,
-                 "version": KAFKA_VERSION, "started_at": datetime.now(timezone.utc).isoformat()}
+        state = {
+            "pid": proc.pid,
+            "port": port,
+            "controller_port": controller_port,
+            "tls_port": tls_port,
+            "version": KAFKA_VERSION,
+            "started_at": datetime.now(timezone.utc).isoformat(),
+        }
         self.state_file.write_text(json.dumps(state, indent=2) + "\n")
         bootstrap = f"127.0.0.1:{port}"
         try:
@@ -197,10 +218,18 @@ class EmbeddedBroker:
         if proc is None:
             return BrokerStatus(False, None, None, None, None, self.data_dir, KAFKA_VERSION, secure)
         state = self._state()
-        return BrokerStatus(True, proc.pid, state["port"], state["controller_port"],
-                            f"127.0.0.1:{state['port']}", self.data_dir,
-                            state.get("version", KAFKA_VERSION), secure, state.get("tls_port"),
-                            self.secure_files.admin_properties if secure else None)
+        return BrokerStatus(
+            True,
+            proc.pid,
+            state["port"],
+            state["controller_port"],
+            f"127.0.0.1:{state['port']}",
+            self.data_dir,
+            state.get("version", KAFKA_VERSION),
+            secure,
+            state.get("tls_port"),
+            self.secure_files.admin_properties if secure else None,
+        )
 
     # --- users of a secure node --------------------------------------------------------------------
 
@@ -248,7 +277,8 @@ def wait_ready(nodes: list[tuple[subprocess.Popen, ClusterLike, Path]], brokers:
             if proc.poll() is not None:
                 raise EmbeddedBrokerError(
                     f"the Kafka broker exited with code {proc.returncode} while starting "
-                    f"(log: {log_file}): {jvm.tail(log_file)}")
+                    f"(log: {log_file}): {jvm.tail(log_file)}"
+                )
             # Wait for the listener before creating a client: librdkafka would print every
             # refused connection to stderr.
             if i not in admins and jvm.accepts(_port_of(cluster)):
@@ -266,8 +296,8 @@ def wait_ready(nodes: list[tuple[subprocess.Popen, ClusterLike, Path]], brokers:
         time.sleep(0.2)
     _, cluster, log_file = next(iter(waiting.values()))
     raise EmbeddedBrokerError(
-        f"the Kafka broker did not answer at {cluster} within {wait:.0f}s "
-        f"(log: {log_file}): {jvm.tail(log_file)}")
+        f"the Kafka broker did not answer at {cluster} within {wait:.0f}s (log: {log_file}): {jvm.tail(log_file)}"
+    )
 
 
 def _port_of(node: ClusterLike) -> int:

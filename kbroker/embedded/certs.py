@@ -45,33 +45,48 @@ def _new_key() -> ec.EllipticCurvePrivateKey:
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
     # PKCS#8 ("BEGIN PRIVATE KEY"): Kafka's PEM key store refuses the SEC1 "EC PRIVATE KEY" form.
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _builder(subject: str, issuer: x509.Name, key: ec.EllipticCurvePrivateKey) -> x509.CertificateBuilder:
     now = datetime.now(timezone.utc)
-    return (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-            .issuer_name(issuer)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _BACKDATE)
-            .not_valid_after(now + VALID_FOR)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False))
+    return (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(now + VALID_FOR)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+    )
 
 
 def new_ca() -> Issued:
     """A self-signed CA that may sign leaf certificates only (path length 0)."""
     key = _new_key()
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CA_NAME)])
-    cert = (_builder(CA_NAME, name, key)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False,
-                                         key_encipherment=False, data_encipherment=False,
-                                         key_agreement=False, key_cert_sign=True, crl_sign=True,
-                                         encipher_only=False, decipher_only=False), critical=True)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        _builder(CA_NAME, name, key)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
     return Issued(_pem_key(key), cert.public_bytes(serialization.Encoding.PEM))
 
 
@@ -83,16 +98,22 @@ def issue(ca: Issued, name: str, *, server: bool = False) -> Issued:
     ca_cert = x509.load_pem_x509_certificate(ca.cert)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)  # what new_ca makes
     key = _new_key()
-    usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH] if server \
+    usages = (
+        [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+        if server
         else [ExtendedKeyUsageOID.CLIENT_AUTH]
-    builder = (_builder(name, ca_cert.subject, key)
-               .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-               .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-               .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-                              critical=False))
+    )
+    builder = (
+        _builder(name, ca_cert.subject, key)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+    )
     if server:
-        builder = builder.add_extension(x509.SubjectAlternativeName([
-            x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
     cert = builder.sign(ca_key, hashes.SHA256())
     return Issued(_pem_key(key), cert.public_bytes(serialization.Encoding.PEM))
 

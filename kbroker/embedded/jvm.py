@@ -38,7 +38,9 @@ _MARKER = ".complete"  # written last into the cache dir: its presence means eve
 _UNREACHABLE = re.compile(
     r"unknown ?host|could not transfer|connection refused|connect(ion)? timed out|"
     r"network is unreachable|no route to host|name or service not known|name resolution|"
-    r"read timed out|proxy|PKIX|no plugin found for prefix", re.IGNORECASE)
+    r"read timed out|proxy|PKIX|no plugin found for prefix",
+    re.IGNORECASE,
+)
 # Kafka JVMs this process started, kept to reap them once they exit: an unreaped child stays a
 # zombie, which psutil still reports as an existing pid.
 CHILDREN: dict[int, subprocess.Popen] = {}
@@ -194,31 +196,38 @@ def find_java() -> str:
         raise JavaMissingError(
             f"Java {MIN_JAVA}+ is needed to run the embedded Kafka broker but no 'java' is on "
             f"PATH; install a JDK {MIN_JAVA}+ (e.g. apt-get install openjdk-17-jdk-headless) or "
-            "set JAVA_HOME, or use another Kafka with --bootstrap / KBROKER_BOOTSTRAP")
+            "set JAVA_HOME, or use another Kafka with --bootstrap / KBROKER_BOOTSTRAP"
+        )
     try:
         out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
         m = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
     except (OSError, subprocess.SubprocessError):
         m = None
     if not m:
-        raise JavaMissingError(
-            f"could not run '{java} -version'; install a JDK {MIN_JAVA}+ or set JAVA_HOME")
+        raise JavaMissingError(f"could not run '{java} -version'; install a JDK {MIN_JAVA}+ or set JAVA_HOME")
     major = int(m.group(2) or 0) if m.group(1) == "1" else int(m.group(1))  # "1.8.0" is Java 8
     if major < MIN_JAVA:
         raise JavaMissingError(
             f"Java {MIN_JAVA}+ is needed to run the embedded Kafka broker but {java} is Java "
-            f"{major}; install a JDK {MIN_JAVA}+ and put it first on PATH or set JAVA_HOME")
+            f"{major}; install a JDK {MIN_JAVA}+ and put it first on PATH or set JAVA_HOME"
+        )
     return java
 
 
 def fetch_jars(say: Callable[[str], None]) -> Path:
     """The libs dir of the cached Apache Kafka jars, resolved with Maven on first use."""
-    return fetch_maven_jars(HERE / "pom.xml", config.cache_dir() / f"kafka-{KAFKA_VERSION}",
-                            f"Apache Kafka {KAFKA_VERSION}", "kafka_2.13-*.jar", say)
+    return fetch_maven_jars(
+        HERE / "pom.xml",
+        config.cache_dir() / f"kafka-{KAFKA_VERSION}",
+        f"Apache Kafka {KAFKA_VERSION}",
+        "kafka_2.13-*.jar",
+        say,
+    )
 
 
-def fetch_maven_jars(pom: Path, home: Path, what: str, expect: str, say: Callable[[str], None],
-                     maven_args: tuple[str, ...] = ()) -> Path:
+def fetch_maven_jars(
+    pom: Path, home: Path, what: str, expect: str, say: Callable[[str], None], maven_args: tuple[str, ...] = ()
+) -> Path:
     """`home`/libs: the runtime jars of `pom`'s dependencies, resolved with Maven into the per-user
     cache on first use (Maven's own repository, ~/.m2, keeps the downloads). `expect` is a glob
     that must match a jar of the result; `what` names it in messages."""
@@ -228,7 +237,8 @@ def fetch_maven_jars(pom: Path, home: Path, what: str, expect: str, say: Callabl
     if not mvn:
         raise MavenMissingError(
             f"Maven ('mvn') is needed once to download {what} but is not on PATH; install "
-            "Maven 3.6+ (e.g. apt-get install maven)")
+            "Maven 3.6+ (e.g. apt-get install maven)"
+        )
     find_java()  # Maven runs on Java; its own message for a missing JDK is less clear
     say(f"resolving {what} with Maven (first run only)...")
     home.parent.mkdir(parents=True, exist_ok=True)
@@ -240,9 +250,18 @@ def fetch_maven_jars(pom: Path, home: Path, what: str, expect: str, say: Callabl
         shutil.copyfile(pom, tmp / "pom.xml")
         # The goal by its full plugin name (version pinned in the pom): with just the
         # "dependency:" prefix an unreachable repository fails as "No plugin found".
-        cmd = [mvn, "-B", "-q", "-Dstyle.color=never", "-f", str(tmp / "pom.xml"),
-               "org.apache.maven.plugins:maven-dependency-plugin:copy-dependencies",
-               "-DincludeScope=runtime", f"-DoutputDirectory={tmp / 'libs'}", *maven_args]
+        cmd = [
+            mvn,
+            "-B",
+            "-q",
+            "-Dstyle.color=never",
+            "-f",
+            str(tmp / "pom.xml"),
+            "org.apache.maven.plugins:maven-dependency-plugin:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={tmp / 'libs'}",
+            *maven_args,
+        ]
         out = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
         if out.returncode != 0 or not list((tmp / "libs").glob(expect)):
             raise maven_error(out.stdout + out.stderr, what)
@@ -263,28 +282,51 @@ def maven_error(output: str, what: str = f"Apache Kafka {KAFKA_VERSION}") -> Emb
     """The one-line error for Maven's failed output."""
     noise = ("To see", "Re-run", "For more", "[Help")
     output = re.sub(r"\x1b\[[0-9;]*m", "", output)  # Maven colours some lines even with -B
-    errors = [ln.replace("[ERROR]", "").replace("-> [Help 1]", "").strip()
-              for ln in output.splitlines() if "[ERROR]" in ln]
+    errors = [
+        ln.replace("[ERROR]", "").replace("-> [Help 1]", "").strip() for ln in output.splitlines() if "[ERROR]" in ln
+    ]
     errors = [e for e in errors if e and not e.startswith(noise)]
     reason = next((e for e in errors if _UNREACHABLE.search(e)), None)
     if reason:
         return RepositoryUnreachableError(
             f"Maven could not download {what} (...{reason[-200:]}); "
-            "check the network or the proxy/mirror in ~/.m2/settings.xml and retry")
+            "check the network or the proxy/mirror in ~/.m2/settings.xml and retry"
+        )
     detail = (errors[0] if errors else output.strip()[-300:] or "no output")[:300]
     return EmbeddedBrokerError(f"Maven could not resolve {what}: {detail}")
 
 
-def format_storage(java: str, libs: Path, targets: list[tuple[Path, Path]], cluster_id: str,
-                   extra_args: tuple[str, ...] = ()) -> None:
+def format_storage(
+    java: str, libs: Path, targets: list[tuple[Path, Path]], cluster_id: str, extra_args: tuple[str, ...] = ()
+) -> None:
     """Format KRaft log dirs, each a (server.properties, log dir) pair, all at once and all with
     `cluster_id`; `extra_args` go to each StorageTool run (`--add-scram ...`). Only for dirs not
     formatted yet: formatting again would refuse, or, forced, lose every topic."""
-    running = [(subprocess.Popen(
-        [java, LOGGING_OPTION, "-cp", str(libs / "*"), "kafka.tools.StorageTool", "format",
-         "-t", cluster_id, "-c", str(properties), *extra_args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=properties.parent), log_dirs)
-        for properties, log_dirs in targets]
+    running = [
+        (
+            subprocess.Popen(
+                [
+                    java,
+                    LOGGING_OPTION,
+                    "-cp",
+                    str(libs / "*"),
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "-t",
+                    cluster_id,
+                    "-c",
+                    str(properties),
+                    *extra_args,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                cwd=properties.parent,
+            ),
+            log_dirs,
+        )
+        for properties, log_dirs in targets
+    ]
     failed = []
     for proc, log_dirs in running:
         output, _ = proc.communicate()
@@ -295,8 +337,7 @@ def format_storage(java: str, libs: Path, targets: list[tuple[Path, Path]], clus
         raise EmbeddedBrokerError(failed[0])
 
 
-def launch(java: str, libs: Path, properties: Path, log_file: Path,
-           heap: tuple[str, str]) -> subprocess.Popen:
+def launch(java: str, libs: Path, properties: Path, log_file: Path, heap: tuple[str, str]) -> subprocess.Popen:
     """Start `kafka.Kafka properties` detached, its output in `log_file` (the previous run's log
     kept as <log>.1). `heap` is the (-Xms, -Xmx) pair; KBROKER_BROKER_JAVA_OPTS adds options."""
     if log_file.exists():
@@ -304,10 +345,22 @@ def launch(java: str, libs: Path, properties: Path, log_file: Path,
     with open(log_file, "ab") as log:
         proc = subprocess.Popen(
             # The JVM expands the classpath's '*', no shell involved.
-            [java, *heap, "-XX:+UseG1GC", LOGGING_OPTION, *extra_java_options(), "-cp", str(libs / "*"),
-             "kafka.Kafka", str(properties)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            cwd=properties.parent, start_new_session=True,  # no terminal signals from our shell
+            [
+                java,
+                *heap,
+                "-XX:+UseG1GC",
+                LOGGING_OPTION,
+                *extra_java_options(),
+                "-cp",
+                str(libs / "*"),
+                "kafka.Kafka",
+                str(properties),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=properties.parent,
+            start_new_session=True,  # no terminal signals from our shell
         )
     CHILDREN[proc.pid] = proc
     return proc

@@ -25,12 +25,18 @@ TRANSACTIONS = "org.apache.kafka.tools.TransactionsCommand"  # kafka-transaction
 
 def tool_jars(say: Callable[[str], None]) -> Path:
     """The libs dir of Kafka's tools, resolved with Maven on first use."""
-    return fetch_maven_jars(HERE / "tools-pom.xml", config.cache_dir() / f"kafka-tools-{KAFKA_VERSION}",
-                            f"Apache Kafka {KAFKA_VERSION}'s tools", "kafka-tools-*.jar", say)
+    return fetch_maven_jars(
+        HERE / "tools-pom.xml",
+        config.cache_dir() / f"kafka-tools-{KAFKA_VERSION}",
+        f"Apache Kafka {KAFKA_VERSION}'s tools",
+        "kafka-tools-*.jar",
+        say,
+    )
 
 
-def run_tool(cluster: ClusterLike, main_class: str, args: list[str], timeout: float,
-             say: Callable[[str], None] = lambda _m: None) -> str:
+def run_tool(
+    cluster: ClusterLike, main_class: str, args: list[str], timeout: float, say: Callable[[str], None] = lambda _m: None
+) -> str:
     """Run Kafka's tool `main_class` with `args` against `cluster`; its output. A tool that fails
     raises InvalidArgumentError with its last lines; one still running after `timeout` seconds is
     killed and raises BrokerUnavailableError."""
@@ -39,13 +45,24 @@ def run_tool(cluster: ClusterLike, main_class: str, args: list[str], timeout: fl
     with tempfile.TemporaryDirectory(prefix="kbroker-tool-") as tmp:
         props = Path(tmp) / "client.properties"  # credentials: the owner's only, gone after the run
         write_private(props, write_properties(security(c).java()))
-        cmd = [find_java(), LOGGING_OPTION, "-cp", str(jars / "*"), main_class,
-               "--bootstrap-server", c.bootstrap, "--command-config", str(props), *args]
+        cmd = [
+            find_java(),
+            LOGGING_OPTION,
+            "-cp",
+            str(jars / "*"),
+            main_class,
+            "--bootstrap-server",
+            c.bootstrap,
+            "--command-config",
+            str(props),
+            *args,
+        ]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
-            raise BrokerUnavailableError(f"Kafka's {main_class.rsplit('.', 1)[-1]} did not finish in {timeout:.0f} s "
-                                         f"against {c.bootstrap}") from None
+            raise BrokerUnavailableError(
+                f"Kafka's {main_class.rsplit('.', 1)[-1]} did not finish in {timeout:.0f} s against {c.bootstrap}"
+            ) from None
     if done.returncode != 0:
         lines = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
         raise InvalidArgumentError(f"Kafka's {main_class.rsplit('.', 1)[-1]} failed: {' | '.join(lines[-3:])}")

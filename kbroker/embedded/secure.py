@@ -63,8 +63,7 @@ super.users=User:{broker};User:{admin}
 def check_user_name(name: str) -> None:
     """InvalidArgumentError unless `name` may be a user of the embedded broker."""
     if not USER_NAME.fullmatch(name):
-        raise InvalidArgumentError(
-            f"user name {name!r} is not 1 to 64 letters, digits, '.', '_' or '-'")
+        raise InvalidArgumentError(f"user name {name!r} is not 1 to 64 letters, digits, '.', '_' or '-'")
 
 
 def read_properties(path: Path) -> dict[str, str]:
@@ -110,17 +109,20 @@ class SecureFiles:
         if wanted:
             raise EmbeddedBrokerError(
                 f"{data_dir} holds a broker formatted without --secure, which cannot become "
-                "secure (it has no admin credential); use another --data-dir for a secure broker")
+                "secure (it has no admin credential); use another --data-dir for a secure broker"
+            )
         raise EmbeddedBrokerError(
             f"{data_dir} holds a secure broker, which cannot run without security; "
-            "use another --data-dir for a plain one")
+            "use another --data-dir for a plain one"
+        )
 
     def require_running(self, running: bool) -> None:
         """EmbeddedBrokerError unless the data dir holds a secure broker and it is `running`:
         users are added and removed through it."""
         if not self.enabled:
             raise EmbeddedBrokerError(
-                f"{self.dir.parent} holds no secure broker; users are for one started with --secure")
+                f"{self.dir.parent} holds no secure broker; users are for one started with --secure"
+            )
         if not running:
             raise EmbeddedBrokerError(f"the broker in {self.dir.parent} is not running; start it first")
 
@@ -152,23 +154,43 @@ class SecureFiles:
     def listeners(self, port: int, tls_port: int, cport: int) -> str:
         """The listener and security lines of server.properties, PLAIN's users included."""
         plain_users = " ".join(f'user_{name}="{pw}"' for name, pw in sorted(self.users().items()))
-        return _LISTENERS.format(port=port, tls_port=tls_port, cport=cport, keystore=self.keystore, ca=self.ca,
-                                 scram_module=SCRAM_MODULE, plain_module=PLAIN_MODULE, plain_users=plain_users,
-                                 broker=certs.BROKER_NAME, admin=ADMIN)
+        return _LISTENERS.format(
+            port=port,
+            tls_port=tls_port,
+            cport=cport,
+            keystore=self.keystore,
+            ca=self.ca,
+            scram_module=SCRAM_MODULE,
+            plain_module=PLAIN_MODULE,
+            plain_users=plain_users,
+            broker=certs.BROKER_NAME,
+            admin=ADMIN,
+        )
 
     def admin_cluster(self, bootstrap: str) -> Cluster:
         """The admin's Cluster under librdkafka's setting names (what kbroker's own clients take
         as they are)."""
-        return Cluster.with_properties(bootstrap, {
-            "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": ADMIN,
-            "sasl.password": self.users()[ADMIN], "ssl.ca.location": str(self.ca)})
+        return Cluster.with_properties(
+            bootstrap,
+            {
+                "security.protocol": "SASL_SSL",
+                "sasl.mechanism": "SCRAM-SHA-512",
+                "sasl.username": ADMIN,
+                "sasl.password": self.users()[ADMIN],
+                "ssl.ca.location": str(self.ca),
+            },
+        )
 
     # --- client properties files ---------------------------------------------------------------
 
     def user_files(self, name: str) -> dict[str, Path]:
         """A user's client properties files by kind (scram, plain, mtls) and its key store (cert)."""
-        return {"scram": self.dir / f"{name}.properties", "plain": self.dir / f"{name}-plain.properties",
-                "mtls": self.dir / f"{name}-mtls.properties", "cert": self.dir / "users" / f"{name}.pem"}
+        return {
+            "scram": self.dir / f"{name}.properties",
+            "plain": self.dir / f"{name}-plain.properties",
+            "mtls": self.dir / f"{name}-mtls.properties",
+            "cert": self.dir / "users" / f"{name}.pem",
+        }
 
     def write_client_properties(self, bootstrap: str, tls_bootstrap: str) -> Path:
         """Every identity's client properties files, for the SASL_SSL listeners at `bootstrap`
@@ -180,18 +202,37 @@ class SecureFiles:
     def _write_user_properties(self, name: str, password: str, bootstrap: str, tls_bootstrap: str) -> None:
         trust = {"ssl.truststore.type": "PEM", "ssl.truststore.location": str(self.ca)}
         sasl = {"bootstrap.servers": bootstrap, "security.protocol": "SASL_SSL"}
-        scram = {**sasl, "sasl.mechanism": "SCRAM-SHA-512",
-                 "sasl.jaas.config": _jaas(SCRAM_MODULE, name, password), **trust}
+        scram = {
+            **sasl,
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.jaas.config": _jaas(SCRAM_MODULE, name, password),
+            **trust,
+        }
         if name == ADMIN:
             certs.write_private(self.admin_properties, _properties_text("the admin, a super user", scram))
             return
         files = self.user_files(name)
         certs.write_private(files["scram"], _properties_text(f"user {name}, SCRAM-SHA-512", scram))
-        certs.write_private(files["plain"], _properties_text(f"user {name}, PLAIN", {
-            **sasl, "sasl.mechanism": "PLAIN", "sasl.jaas.config": _jaas(PLAIN_MODULE, name, password), **trust}))
-        certs.write_private(files["mtls"], _properties_text(f"user {name}, client certificate", {
-            "bootstrap.servers": tls_bootstrap, "security.protocol": "SSL",
-            "ssl.keystore.type": "PEM", "ssl.keystore.location": str(files["cert"]), **trust}))
+        certs.write_private(
+            files["plain"],
+            _properties_text(
+                f"user {name}, PLAIN",
+                {**sasl, "sasl.mechanism": "PLAIN", "sasl.jaas.config": _jaas(PLAIN_MODULE, name, password), **trust},
+            ),
+        )
+        certs.write_private(
+            files["mtls"],
+            _properties_text(
+                f"user {name}, client certificate",
+                {
+                    "bootstrap.servers": tls_bootstrap,
+                    "security.protocol": "SSL",
+                    "ssl.keystore.type": "PEM",
+                    "ssl.keystore.location": str(files["cert"]),
+                    **trust,
+                },
+            ),
+        )
 
     # --- users -----------------------------------------------------------------------------------
 

@@ -30,9 +30,17 @@ def sdk_like_producer(cluster: ClusterLike) -> Producer:
 
 def fast_producer(cluster: ClusterLike) -> Producer:
     """A producer for writing large backlogs quickly: big batches, a deep local queue."""
-    return clients.producer(cluster, **{
-        "enable.idempotence": True, "acks": "all", "linger.ms": 50, "batch.size": 1_000_000,
-        "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1_048_576})
+    return clients.producer(
+        cluster,
+        **{
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 50,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 1_048_576,
+        },
+    )
 
 
 class Delivery:
@@ -74,8 +82,13 @@ def consumed_positions(consumer: Consumer) -> list[TopicPartition]:
     return [tp for tp in consumer.position(consumer.assignment()) if tp.offset >= 0]
 
 
-def transform_batches(consumer: Consumer, producer: Producer, transform: Callable[[Message], T],
-                      on_commit: Callable[[list[T]], None], running: Callable[[], bool]) -> None:
+def transform_batches(
+    consumer: Consumer,
+    producer: Producer,
+    transform: Callable[[Message], T],
+    on_commit: Callable[[list[T]], None],
+    running: Callable[[], bool],
+) -> None:
     """A hand-written consume-transform-produce loop on a subscribed consumer and a transactional
     producer (transactions initialised): `transform(record)` produces the record's output and
     returns what `on_commit` is given, in a list, once the transaction holding it committed: one
@@ -96,8 +109,7 @@ def transform_batches(consumer: Consumer, producer: Producer, transform: Callabl
                 started = time.monotonic()
             pending.append(item)
         if pending and (len(pending) >= BATCH_RECORDS or time.monotonic() - started >= BATCH_SECONDS):
-            producer.send_offsets_to_transaction(consumed_positions(consumer),
-                                                 consumer.consumer_group_metadata(), 30)
+            producer.send_offsets_to_transaction(consumed_positions(consumer), consumer.consumer_group_metadata(), 30)
             producer.commit_transaction(30)
             on_commit(pending)
             pending = []
@@ -144,8 +156,9 @@ def commit_offsets(consumer: Consumer, topic: str, offsets: dict[int, int]) -> N
     """Commit `offsets` (partition -> next offset to read) of `topic` for the consumer's group,
     synchronously."""
     if offsets:
-        consumer.commit(offsets=[TopicPartition(topic, p, off) for p, off in sorted(offsets.items())],
-                        asynchronous=False)
+        consumer.commit(
+            offsets=[TopicPartition(topic, p, off) for p, off in sorted(offsets.items())], asynchronous=False
+        )
 
 
 def share_group_reads_from_start(cluster: ClusterLike, group: str, timeout: float = 30.0) -> None:
@@ -153,8 +166,13 @@ def share_group_reads_from_start(cluster: ClusterLike, group: str, timeout: floa
     its first member joins): a share group starts at the end of the log by default, so records
     written before it existed, a preloaded queue, would never be delivered."""
     admin = clients.admin(cluster)
-    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
-        ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
+    resource = ConfigResource(
+        ResourceType.GROUP,
+        group,
+        incremental_configs=[
+            ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
     try:
         admin.incremental_alter_configs([resource])[resource].result(timeout)
     except KafkaException as exc:
@@ -169,7 +187,8 @@ def share_consumer(cluster: ClusterLike, group: str, topic: str, **overrides: An
     from confluent_kafka import ShareConsumer
 
     share_group_reads_from_start(cluster, group)
-    consumer = ShareConsumer(clients.base(cluster, **{"group.id": group, "share.acknowledgement.mode": "explicit",
-                                                        **overrides}))
+    consumer = ShareConsumer(
+        clients.base(cluster, **{"group.id": group, "share.acknowledgement.mode": "explicit", **overrides})
+    )
     consumer.subscribe([topic])
     return consumer

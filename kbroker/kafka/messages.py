@@ -14,8 +14,13 @@ from kbroker.errors import denied_code
 from kbroker.kafka import clients
 
 
-def records(batch: Iterable[Message], error: Callable[[KafkaError], object], *, transient: bool = True,
-            refused: Callable[[KafkaError], Exception] | None = None) -> list[Message]:
+def records(
+    batch: Iterable[Message],
+    error: Callable[[KafkaError], object],
+    *,
+    transient: bool = True,
+    refused: Callable[[KafkaError], Exception] | None = None,
+) -> list[Message]:
     """The records of what a consumer returned; each error event in it but an end of partition
     goes to `error` (with transient=False, nor one librdkafka recovers from by itself). The
     authorizer's refusal (of the topic or the group) is raised instead, as `refused` makes it

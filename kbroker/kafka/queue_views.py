@@ -38,8 +38,16 @@ from kbroker.kafka.snapshot import committed_offsets, latest_records
 QUEUE_DISABLED, QUEUE_ENABLED = "QUEUE_DISABLED", "QUEUE_ENABLED"
 
 
-def set_queue_status(cluster: ClusterLike, namespace: str, queue: str, status: str, reason: str, *,
-                     poison: bool = False, timeout: float = 30.0) -> None:
+def set_queue_status(
+    cluster: ClusterLike,
+    namespace: str,
+    queue: str,
+    status: str,
+    reason: str,
+    *,
+    poison: bool = False,
+    timeout: float = 30.0,
+) -> None:
     """ALTER QUEUE queue WITH STATUS = ON | OFF. Publishes the changed queue to the catalog, then
     puts a QUEUE_DISABLED / QUEUE_ENABLED event (key: the queue) on the namespace's events topic.
     Every process that reads a queue sees the new status within about 0.5 s (its catalog
@@ -50,16 +58,27 @@ def set_queue_status(cluster: ClusterLike, namespace: str, queue: str, status: s
         raise InvalidArgumentError(f"status must be ON or OFF, not {status!r}")
     q = read_catalog(cluster, namespace, timeout).queue(queue)  # UnknownQueueError
     # Validate rather than model_copy: a frozen model's copy skips validation.
-    publish_object(cluster, namespace, "queue", type(q).model_validate({**q.model_dump(), "status": status}),
-                   timeout)
-    event = {"event": QUEUE_DISABLED if status == "OFF" else QUEUE_ENABLED, "queue": queue,
-             "reason": reason, "poison": bool(poison), "time": int(time.time() * 1000)}
+    publish_object(cluster, namespace, "queue", type(q).model_validate({**q.model_dump(), "status": status}), timeout)
+    event = {
+        "event": QUEUE_DISABLED if status == "OFF" else QUEUE_ENABLED,
+        "queue": queue,
+        "reason": reason,
+        "poison": bool(poison),
+        "time": int(time.time() * 1000),
+    }
     write_records(cluster, names.events_topic(namespace), {queue: orjson.dumps(event)}, timeout)
 
 
-def alter_queue_activation(cluster: ClusterLike, namespace: str, queue: str, *, status: str | None = None,
-                           max_queue_readers: int | None = None, procedure: str | None = None,
-                           timeout: float = 30.0) -> dict[str, Any]:
+def alter_queue_activation(
+    cluster: ClusterLike,
+    namespace: str,
+    queue: str,
+    *,
+    status: str | None = None,
+    max_queue_readers: int | None = None,
+    procedure: str | None = None,
+    timeout: float = 30.0,
+) -> dict[str, Any]:
     """ALTER QUEUE queue WITH ACTIVATION (STATUS = ON | OFF, MAX_QUEUE_READERS = n, PROCEDURE_NAME = p).
     The worker's monitors see the change on their next tick; turning activation off and on
     recycles the queue's monitor."""
@@ -77,8 +96,12 @@ def alter_queue_activation(cluster: ClusterLike, namespace: str, queue: str, *, 
     from kbroker.core.activation.monitor_codec import encode
 
     try:
-        write_records(cluster, names.monitor_events_topic(namespace),
-                      {queue: encode(QueueAltered(MonitorConfig.from_queue(new)))}, timeout)
+        write_records(
+            cluster,
+            names.monitor_events_topic(namespace),
+            {queue: encode(QueueAltered(MonitorConfig.from_queue(new)))},
+            timeout,
+        )
     except CatalogError:
         pass  # no worker has run in this namespace: the first one reads the catalog
     assert new.activation is not None  # validated from a dict that holds one
@@ -116,14 +139,20 @@ def queue_view_of(cluster: ClusterLike, namespace: str, q: Queue, timeout: float
     tps = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
 
     def offsets(spec: OffsetSpec) -> dict[int, int]:
-        futures = admin.list_offsets({tp: spec for tp in tps}, isolation_level=IsolationLevel.READ_COMMITTED,
-                                     request_timeout=timeout)
-        return {tp.partition: clients.result_of(f, f"cannot list the offsets of {topic}").offset for tp, f in futures.items()}
+        futures = admin.list_offsets(
+            {tp: spec for tp in tps}, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout
+        )
+        return {
+            tp.partition: clients.result_of(f, f"cannot list the offsets of {topic}").offset
+            for tp, f in futures.items()
+        }
 
     starts, ends = offsets(OffsetSpec.earliest()), offsets(OffsetSpec.latest())
     committed = {tp.partition: tp for tp in committed_offsets(cluster, group, tps, timeout, stable=False)}
-    desc = clients.result_of(admin.describe_consumer_groups([group], request_timeout=timeout)[group],
-                   f"cannot describe consumer group {group}")
+    desc = clients.result_of(
+        admin.describe_consumer_groups([group], request_timeout=timeout)[group],
+        f"cannot describe consumer group {group}",
+    )
 
     sizes = _bytes_held(cluster, metadata, topic, timeout)
     partitions = []
@@ -133,16 +162,29 @@ def queue_view_of(cluster: ClusterLike, namespace: str, q: Queue, timeout: float
         pos = c.offset if c is not None and c.offset >= 0 else None
         base = max(pos if pos is not None else start, start)  # retention may have passed the commit
         above = sum(1 for o in decode_completed(base, c.metadata if c else None) if o < end)
-        partitions.append({"partition": p, "start": start, "end": end, "committed": pos,
-                           "completed_above": above, "ready": max(0, end - base - above),
-                           "bytes": sizes.get(p) if sizes is not None else None})
+        partitions.append(
+            {
+                "partition": p,
+                "start": start,
+                "end": end,
+                "committed": pos,
+                "completed_above": above,
+                "ready": max(0, end - base - above),
+                "bytes": sizes.get(p) if sizes is not None else None,
+            }
+        )
     readers = reader_rows(cluster, namespace, topic, timeout)
     return {
-        "queue": q.name, "topic": topic, "status": q.status,
-        "poison_message_handling": q.poison_message_handling, "partitions": len(tps),
+        "queue": q.name,
+        "topic": topic,
+        "status": q.status,
+        "poison_message_handling": q.poison_message_handling,
+        "partitions": len(tps),
         "partition_offsets": partitions,
-        "totals": {**{k: sum(row[k] for row in partitions) for k in ("end", "completed_above", "ready")},
-                   "bytes": sum(sizes.values()) if sizes is not None else None},
+        "totals": {
+            **{k: sum(row[k] for row in partitions) for k in ("end", "completed_above", "ready")},
+            "bytes": sum(sizes.values()) if sizes is not None else None,
+        },
         "group": {"name": group, "state": desc.state.name, "members": len(desc.members)},
         "readers": readers,
         "locked_groups": sum(r["locked_groups"] for r in readers),
@@ -182,9 +224,22 @@ def reader_rows(cluster: ClusterLike, namespace: str, topic: str, timeout: float
             rejects.reject(msg, exc.reason)
             continue
         if r.get("topic") == topic and now - r.get("at", 0) <= READER_STALE_SECONDS:
-            rows.append({k: r[k] for k in ("process", "partitions", "buffered", "ready_groups",
-                                           "locked_groups", "in_flight", "paused", "oldest_lock_at")}
-                        | {"age_s": round(now - r["at"], 1)})
+            rows.append(
+                {
+                    k: r[k]
+                    for k in (
+                        "process",
+                        "partitions",
+                        "buffered",
+                        "ready_groups",
+                        "locked_groups",
+                        "in_flight",
+                        "paused",
+                        "oldest_lock_at",
+                    )
+                }
+                | {"age_s": round(now - r["at"], 1)}
+            )
     return sorted(rows, key=lambda r: r["process"])
 
 
@@ -199,20 +254,31 @@ def conversation_rows(endpoints: list[Endpoint]) -> list[dict[str, Any]]:
     """The rows of sys.conversation_endpoints for `endpoints`."""
     rows = []
     for ep in sorted(endpoints, key=lambda e: (e.conversation_id, not e.is_initiator)):
-        rows.append({
-            "conversation_handle": ep.conversation_handle, "conversation_id": ep.conversation_id,
-            "is_initiator": ep.is_initiator, "conversation_group_id": ep.conversation_group_id,
-            "service_name": ep.service_name, "far_service": ep.far_service_name,
-            "service_contract_name": ep.service_contract_name, "state": ep.state,
-            "state_desc": ep.state_desc,
-            # As last written: SENDs write the endpoint once per reserved block of sequence
-            # numbers (and exactly on a clean close), so a live sender may be up to the bound.
-            "send_sequence": ep.send_sequence, "sequence_reserved": ep.sequence_reserved,
-            # None: the dialog never expires (SSB shows its 2038 default there).
-            "lifetime": (datetime.fromtimestamp(ep.lifetime, timezone.utc).isoformat()
-                         if ep.lifetime is not None else None),
-            # SSB shows 1900-01-01 for "no timer"; kbroker shows null (also once it has fired).
-            "dialog_timer": (datetime.fromtimestamp(ep.dialog_timer, timezone.utc).isoformat()
-                             if ep.dialog_timer > time.time() else None),
-        })
+        rows.append(
+            {
+                "conversation_handle": ep.conversation_handle,
+                "conversation_id": ep.conversation_id,
+                "is_initiator": ep.is_initiator,
+                "conversation_group_id": ep.conversation_group_id,
+                "service_name": ep.service_name,
+                "far_service": ep.far_service_name,
+                "service_contract_name": ep.service_contract_name,
+                "state": ep.state,
+                "state_desc": ep.state_desc,
+                # As last written: SENDs write the endpoint once per reserved block of sequence
+                # numbers (and exactly on a clean close), so a live sender may be up to the bound.
+                "send_sequence": ep.send_sequence,
+                "sequence_reserved": ep.sequence_reserved,
+                # None: the dialog never expires (SSB shows its 2038 default there).
+                "lifetime": (
+                    datetime.fromtimestamp(ep.lifetime, timezone.utc).isoformat() if ep.lifetime is not None else None
+                ),
+                # SSB shows 1900-01-01 for "no timer"; kbroker shows null (also once it has fired).
+                "dialog_timer": (
+                    datetime.fromtimestamp(ep.dialog_timer, timezone.utc).isoformat()
+                    if ep.dialog_timer > time.time()
+                    else None
+                ),
+            }
+        )
     return rows

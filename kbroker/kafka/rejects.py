@@ -62,8 +62,9 @@ _SEEN_LIMIT = 10_000  # positions remembered per Rejects: its memory stays bound
 class Rejects:
     """A reader's way to set records aside (see the module docstring). Thread-safe."""
 
-    def __init__(self, cluster: ClusterLike, namespace: str, reader: str, *, record: bool = True,
-                 scanned: bool = False):
+    def __init__(
+        self, cluster: ClusterLike, namespace: str, reader: str, *, record: bool = True, scanned: bool = False
+    ):
         self.cluster, self.namespace, self.reader, self.records = Cluster.of(cluster), namespace, reader, record
         # scanned (with record=False): the 5th-tick scan reports and records this topic's bad
         # records, so this reader's line is at DEBUG (the count stays).
@@ -95,10 +96,16 @@ class Rejects:
                 if self._producer is None:
                     self._producer = clients.idempotent_producer(self.cluster, **{"message.timeout.ms": 30_000})
                 producer = self._producer
-            for topic, key, value, headers in rejection_records(self.namespace, record, reason, self.reader,
-                                                               int(time.time() * 1000)):
-                producer.produce(topic, key=key, value=value, headers=headers,  # type: ignore[arg-type]
-                                 on_delivery=self._delivered)
+            for topic, key, value, headers in rejection_records(
+                self.namespace, record, reason, self.reader, int(time.time() * 1000)
+            ):
+                producer.produce(
+                    topic,
+                    key=key,
+                    value=value,
+                    headers=headers,  # type: ignore[arg-type]
+                    on_delivery=self._delivered,
+                )
             producer.poll(0)
         except (KafkaException, BufferError) as exc:
             log.error("%s: the dead letter of %s was not written: %s", self.reader, position(record), exc)
@@ -116,8 +123,14 @@ class Rejects:
         self.flush(timeout)
 
 
-def scan(rejects: Rejects, topic: str, decode: Callable[[Any], object], *,
-         starts: dict[int, int] | None = None, timeout: float = 60.0) -> dict[int, int]:
+def scan(
+    rejects: Rejects,
+    topic: str,
+    decode: Callable[[Any], object],
+    *,
+    starts: dict[int, int] | None = None,
+    timeout: float = 60.0,
+) -> dict[int, int]:
     """Set aside each record of `topic` that `decode` rejects (see the module docstring). Without
     `starts`, the topic is read whole, a partition at a time (a key's records are in one), and
     only a record still the last of its key counts, tombstoned when its key has no valid value
@@ -156,9 +169,8 @@ def scan(rejects: Rejects, topic: str, decode: Callable[[Any], object], *,
     positions: dict[int, int] = dict(starts or {})
     try:
         partitions = topic_partitions(consumer, topic, timeout) or []
-        for group in ([[p] for p in partitions] if whole else [partitions] if partitions else []):
-            read = read_partitions(consumer, topic, {p: positions.get(p, 0) for p in group}, timeout,
-                                   on_record=note)
+        for group in [[p] for p in partitions] if whole else [partitions] if partitions else []:
+            read = read_partitions(consumer, topic, {p: positions.get(p, 0) for p in group}, timeout, on_record=note)
             if read.unfinished:
                 raise BrokerUnavailableError(f"could not read {topic} to its end in {timeout} s")
             positions.update(read.positions)
@@ -170,8 +182,9 @@ def scan(rejects: Rejects, topic: str, decode: Callable[[Any], object], *,
 
         def refused(err: Any, msg: Any) -> None:  # e.g. no WRITE on the catalog: the record stays, recorded
             if err is not None:
-                log.error("%s: the tombstone over a rejected record of %s was not written: %s", rejects.reader,
-                          topic, err)
+                log.error(
+                    "%s: the tombstone over a rejected record of %s was not written: %s", rejects.reader, topic, err
+                )
 
         for partition, key in tombstones:
             producer.produce(topic, key=key, value=None, partition=partition, on_delivery=refused)

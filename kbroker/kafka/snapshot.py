@@ -94,8 +94,9 @@ def group_offsets(reader: Consumer, partitions: list[TopicPartition], seconds: f
     return out
 
 
-def committed_offsets(cluster: ClusterLike, group: str, partitions: list[TopicPartition], seconds: float, *,
-                      stable: bool = True) -> list[TopicPartition]:
+def committed_offsets(
+    cluster: ClusterLike, group: str, partitions: list[TopicPartition], seconds: float, *, stable: bool = True
+) -> list[TopicPartition]:
     """group_offsets, once, with a reader of its own (closed after): for callers that ask now
     and then (the views, the 5th-tick reclaim). A Kafka failure raises a typed kbroker error."""
     reader = offsets_reader(cluster, group, stable=stable)
@@ -103,8 +104,13 @@ def committed_offsets(cluster: ClusterLike, group: str, partitions: list[TopicPa
         return group_offsets(reader, partitions, seconds)
     except KafkaException as exc:
         topics = " or ".join(sorted({tp.topic for tp in partitions}))
-        raise clients.denied(cluster, exc.args[0], f"cannot list the committed offsets of {group}",
-                             group=("DESCRIBE", group), topic=("DESCRIBE", topics)) from None
+        raise clients.denied(
+            cluster,
+            exc.args[0],
+            f"cannot list the committed offsets of {group}",
+            group=("DESCRIBE", group),
+            topic=("DESCRIBE", topics),
+        ) from None
     finally:
         reader.close()
 
@@ -124,8 +130,9 @@ def check_read(cluster: ClusterLike, group: str, topic: str, seconds: float = 10
             for msg in consumer.consume(10, CONSUME_WAIT):
                 err = msg.error()
                 if err is not None and denied_code(err):
-                    raise clients.denied(cluster, err, f"reading {topic} failed", topic=("READ", topic),
-                                         group=("DESCRIBE", group))
+                    raise clients.denied(
+                        cluster, err, f"reading {topic} failed", topic=("READ", topic), group=("DESCRIBE", group)
+                    )
                 if err is not None and err.code() == KafkaError._PARTITION_EOF:
                     return
     finally:
@@ -150,8 +157,13 @@ def check_group(cluster: ClusterLike, group: str, topic: str, seconds: float = 1
             if event is not None and event.error() is not None and denied_code(event.error()):
                 err = event.error()
             if denied_code(err) or time.monotonic() >= deadline:
-                raise clients.denied(cluster, err, f"cannot read the committed offsets of group {group}",
-                                     group=("READ", group), topic=("DESCRIBE", topic))
+                raise clients.denied(
+                    cluster,
+                    err,
+                    f"cannot read the committed offsets of group {group}",
+                    group=("READ", group),
+                    topic=("DESCRIBE", topic),
+                )
     finally:
         reader.close()
 
@@ -169,8 +181,7 @@ def without_errors(positions: list[TopicPartition]) -> list[TopicPartition]:
 def reading_consumer(cluster: ClusterLike, group_id: str, **overrides: object) -> Consumer:
     """A consumer for `read_partitions`: it reports partition EOF (the end of a read), and does
     not long-poll at the end (a catch-up read should return as soon as it is there)."""
-    return new_consumer(cluster, group_id, **{"enable.partition.eof": True, "fetch.wait.max.ms": 10,
-                                                **overrides})
+    return new_consumer(cluster, group_id, **{"enable.partition.eof": True, "fetch.wait.max.ms": 10, **overrides})
 
 
 @dataclass
@@ -184,8 +195,9 @@ class PartitionsRead:
     unfinished: set[int] = field(default_factory=set)
 
 
-def topic_partitions(client: Consumer | Producer, topic: str, timeout: float, *,
-                     never_creates: bool = False) -> list[int] | None:
+def topic_partitions(
+    client: Consumer | Producer, topic: str, timeout: float, *, never_creates: bool = False
+) -> list[int] | None:
     """The topic's partition numbers; None when it does not exist. PermissionDeniedError when
     the client may not see it (a topic the principal may not DESCRIBE). `never_creates`: the
     producer was built with allow.auto.create.topics false (a consumer always is)."""
@@ -210,19 +222,31 @@ def topic_partitions(client: Consumer | Producer, topic: str, timeout: float, *,
 
 def watermarks(consumer: Consumer, topic: str, partition: int, deadline: float) -> tuple[int, int]:
     """(log start, high watermark) of a partition, asked of its leader."""
+
     # A topic created a moment ago may have no leader yet ("not leader for partition", which
     # librdkafka does not flag retriable here): asked again until the deadline, as any error
     # but a fatal one, then reported.
     def ask() -> tuple[int, int]:
-        return consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                              timeout=max(0.1, deadline - time.monotonic()))
+        return consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=max(0.1, deadline - time.monotonic())
+        )
 
-    return clients.asked_until(deadline, ask, lambda err: not err.fatal(),
-                               f"cannot read the end offsets of {topic}", on={"topic": ("DESCRIBE", topic)})
+    return clients.asked_until(
+        deadline,
+        ask,
+        lambda err: not err.fatal(),
+        f"cannot read the end offsets of {topic}",
+        on={"topic": ("DESCRIBE", topic)},
+    )
 
 
-def read_partitions(consumer: Consumer, topic: str, starts: Mapping[int, int], timeout: float,
-                    on_record: Callable[[Message], None] | None = None) -> PartitionsRead:
+def read_partitions(
+    consumer: Consumer,
+    topic: str,
+    starts: Mapping[int, int],
+    timeout: float,
+    on_record: Callable[[Message], None] | None = None,
+) -> PartitionsRead:
     """Read `topic`'s partitions from `starts` (partition -> first offset to read; an offset
     below the log start reads from the log start) up to their end as of now, within `timeout`.
     With `on_record`, each record is handed to it as it arrives and not kept: memory stays one
@@ -275,8 +299,9 @@ def _reading(topic: str) -> dict[str, tuple[str, str]]:
     return {"topic": ("READ", topic), **({"group": ("DESCRIBE", group)} if group else {})}
 
 
-def read_to_end(cluster: ClusterLike, topic: str, timeout: float = 10.0, *,
-                must_finish: bool = False) -> list[Message] | None:
+def read_to_end(
+    cluster: ClusterLike, topic: str, timeout: float = 10.0, *, must_finish: bool = False
+) -> list[Message] | None:
     """Every committed record of `topic`, in offset order within each partition; None when the
     topic does not exist. What was read by `timeout` is returned, unless `must_finish`: then
     not reaching the end raises BrokerUnavailableError."""
@@ -296,16 +321,18 @@ def read_to_end(cluster: ClusterLike, topic: str, timeout: float = 10.0, *,
     return read.records
 
 
-def latest_values(cluster: ClusterLike, topic: str, timeout: float = 10.0, *,
-                  must_finish: bool = False) -> dict[bytes, bytes] | None:
+def latest_values(
+    cluster: ClusterLike, topic: str, timeout: float = 10.0, *, must_finish: bool = False
+) -> dict[bytes, bytes] | None:
     """A compacted topic as key -> last value, tombstoned keys left out; None when it does not
     exist. `must_finish`: as read_to_end's (a partial read raises instead)."""
     latest = latest_records(cluster, topic, timeout, must_finish=must_finish)
     return None if latest is None else {key: m.value() or b"" for key, m in latest.items()}
 
 
-def latest_records(cluster: ClusterLike, topic: str, timeout: float = 10.0, *,
-                   must_finish: bool = False) -> dict[bytes, Message] | None:
+def latest_records(
+    cluster: ClusterLike, topic: str, timeout: float = 10.0, *, must_finish: bool = False
+) -> dict[bytes, Message] | None:
     """latest_values, with each key's last record itself (where it is: for a reader that sets
     a bad one aside)."""
     records = read_to_end(cluster, topic, timeout, must_finish=must_finish)

@@ -30,8 +30,9 @@ def report(guard: FailureSink | None, component: str, exc: BaseException, log: l
         guard.failed(component, exc)
 
 
-def run_steps(step: Callable[[], None], stop: threading.Event, component: str, guard: FailureSink | None,
-              log: logging.Logger) -> BaseException | None:
+def run_steps(
+    step: Callable[[], None], stop: threading.Event, component: str, guard: FailureSink | None, log: logging.Logger
+) -> BaseException | None:
     """Steps until `stop` is set; None then. The authorizer's refusal ends the loop instead (it
     stands until an operator grants the ACL: retrying every second would only repeat it): it is
     reported, logged and returned."""

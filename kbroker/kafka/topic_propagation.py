@@ -5,6 +5,7 @@ metadata log a moment later, and a broker that has not yet answers a metadata re
 they did not exist (librdkafka's topic.metadata.propagation.max.ms exists for this). A client
 started right after `kbroker apply` asks whichever broker it reaches first, so apply waits until
 every broker, asked on its own, names the topics with a leader for every partition."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -38,8 +39,9 @@ def await_topics(cluster: ClusterLike, admin: AdminClient, topics: list[str], ti
     return late
 
 
-def _wait_known(client: AdminClient, topics: list[str], deadline: float,
-                cluster: ClusterLike | None = None) -> list[str] | None:
+def _wait_known(
+    client: AdminClient, topics: list[str], deadline: float, cluster: ClusterLike | None = None
+) -> list[str] | None:
     """The brokers' addresses once `client`'s answer names every topic with leaders; None at the
     deadline. With `cluster`, a topic the principal may not DESCRIBE raises PermissionDeniedError.
     The topics are asked for by name (DescribeTopics never creates a topic), so each answer costs
@@ -64,22 +66,32 @@ def _described(client: AdminClient, topics: list[str], timeout: float, cluster: 
             described = future.result(timeout + 5)
         except KafkaException as exc:
             if cluster is not None and denied_code(exc.args[0]):
-                raise clients.denied(cluster, exc.args[0], f"cannot see topic {name} after creating it",
-                                     topic=("DESCRIBE", name)) from None
+                raise clients.denied(
+                    cluster, exc.args[0], f"cannot see topic {name} after creating it", topic=("DESCRIBE", name)
+                ) from None
             known = False
             continue
         except concurrent.futures.TimeoutError:
             return False
-        known = known and bool(described.partitions) and all(p.leader is not None and p.leader.id >= 0
-                                                               for p in described.partitions)
+        known = (
+            known
+            and bool(described.partitions)
+            and all(p.leader is not None and p.leader.id >= 0 for p in described.partitions)
+        )
     return known
 
 
 PROPAGATION_GRACE = 5.0  # seconds a topic may look missing on one broker after its creation
 
 
-def partitions_after_propagation(client: Consumer | Producer, topic: str, timeout: float,
-                                 grace: float = PROPAGATION_GRACE, *, never_creates: bool = False) -> list[int] | None:
+def partitions_after_propagation(
+    client: Consumer | Producer,
+    topic: str,
+    timeout: float,
+    grace: float = PROPAGATION_GRACE,
+    *,
+    never_creates: bool = False,
+) -> list[int] | None:
     """topic_partitions, but a topic missing from the answer is asked for again for up to `grace`
     seconds (bounded by `timeout`) before it is called missing: the broker asked may not have
     learned of a topic created a moment ago by another client."""

@@ -13,8 +13,14 @@ from kbroker.kafka import clients
 from kbroker.kafka.clients import kafka_error
 
 
-def create_missing_topics(cluster: ClusterLike, partitions: dict[str, int], config: dict[str, str], *,
-                          replication_factor: int = 1, timeout: float = 10.0) -> list[str]:
+def create_missing_topics(
+    cluster: ClusterLike,
+    partitions: dict[str, int],
+    config: dict[str, str],
+    *,
+    replication_factor: int = 1,
+    timeout: float = 10.0,
+) -> list[str]:
     """Create those of the topics (name -> partition count) that do not exist, with `config`;
     returns the names created. A topic another process creates meanwhile is not an error."""
     admin = clients.admin(cluster)
@@ -22,8 +28,11 @@ def create_missing_topics(cluster: ClusterLike, partitions: dict[str, int], conf
         existing = admin.list_topics(timeout=timeout).topics
     except KafkaException as exc:
         raise kafka_error(f"no Kafka broker answers at {cluster}", exc.args[0]) from None
-    new = [NewTopic(topic, n, replication_factor, config=dict(config))
-           for topic, n in partitions.items() if topic not in existing]
+    new = [
+        NewTopic(topic, n, replication_factor, config=dict(config))
+        for topic, n in partitions.items()
+        if topic not in existing
+    ]
     if not new:
         return []
     created = []
@@ -33,8 +42,9 @@ def create_missing_topics(cluster: ClusterLike, partitions: dict[str, int], conf
             created.append(topic)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise clients.denied(cluster, exc.args[0], f"cannot create topic {topic}",
-                                     topic=("CREATE", topic)) from None
+                raise clients.denied(
+                    cluster, exc.args[0], f"cannot create topic {topic}", topic=("CREATE", topic)
+                ) from None
     return created
 
 

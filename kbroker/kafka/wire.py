@@ -61,7 +61,7 @@ class Cursor:
     def _text(self, length: int) -> str | None:
         if length < 0:
             return None
-        text = self.data[self.pos:self.pos + length].decode()
+        text = self.data[self.pos : self.pos + length].decode()
         self.pos += length
         return text
 
@@ -166,14 +166,15 @@ def _authenticate(sock: socket.socket, sec: ClientSecurity) -> None:
 
 def _sasl_step(sock: socket.socket, data: bytes) -> bytes:
     """One SaslAuthenticate v1 round: `data` out, the broker's bytes back."""
-    reply = Cursor(_round_trip(sock, frame(SASL_AUTHENTICATE, 1, 2, struct.pack(">i", len(data)) + data,
-                                           flexible=False)))
+    reply = Cursor(
+        _round_trip(sock, frame(SASL_AUTHENTICATE, 1, 2, struct.pack(">i", len(data)) + data, flexible=False))
+    )
     reply.take(">i")  # correlation id
     error, message = reply.take(">h"), reply.string()
     if error:
         raise AuthenticationFailedError(f"the broker refused the credentials: {message or f'error {error}'}")
     size = reply.take(">i")
-    return reply.data[reply.pos:reply.pos + max(size, 0)]
+    return reply.data[reply.pos : reply.pos + max(size, 0)]
 
 
 def _string(text: str) -> bytes:
@@ -233,8 +234,9 @@ def parse_describe_log_dirs(payload: bytes, topic: str, correlation_id: int = 1)
     return sizes
 
 
-def partition_sizes(cluster: ClusterLike, topic: str, partitions: list[int], timeout: float, *,
-                    node: Node | None = None) -> dict[int, int]:
+def partition_sizes(
+    cluster: ClusterLike, topic: str, partitions: list[int], timeout: float, *, node: Node | None = None
+) -> dict[int, int]:
     """The bytes each of `partitions` of `topic` takes on broker `node` of `cluster` (the
     bootstrap server that answers when None)."""
     request = describe_log_dirs_request(topic, partitions)

@@ -44,12 +44,12 @@ CONCURRENCY = 64  # statements of one AsyncBroker blocked at once (its executor'
 WAIT_SLICE = 0.05  # the longest an awaited RECEIVE waits in a thread before it lets others have it
 
 
-async def connect(bootstrap: ClusterLike | None = None, namespace: str | None = None, *,
-                  concurrency: int = CONCURRENCY, **kwargs: Any) -> AsyncBroker:
+async def connect(
+    bootstrap: ClusterLike | None = None, namespace: str | None = None, *, concurrency: int = CONCURRENCY, **kwargs: Any
+) -> AsyncBroker:
     """Connect by the broker rule (see kbroker.sdk.broker.connect), off the event loop.
     `concurrency`: how many of its statements may block at once (threads of its executor)."""
-    return AsyncBroker(await asyncio.to_thread(client.connect, bootstrap, namespace, **kwargs),
-                       concurrency=concurrency)
+    return AsyncBroker(await asyncio.to_thread(client.connect, bootstrap, namespace, **kwargs), concurrency=concurrency)
 
 
 Run = Callable[..., Any]  # AsyncBroker.run: a blocking call, awaited on the broker's executor
@@ -90,9 +90,16 @@ class AsyncTransaction:
         """The conversation endpoint as this transaction sees it."""
         return await self._run(self.sync.endpoint, handle)
 
-    async def receive(self, queue: str, top: int | None = None, wait: float | None = 0.0, *,
-                      conversation_group: str | None = None, conversation_handle: str | None = None,
-                      instance: str | None = None) -> list[Message]:
+    async def receive(
+        self,
+        queue: str,
+        top: int | None = None,
+        wait: float | None = 0.0,
+        *,
+        conversation_group: str | None = None,
+        conversation_handle: str | None = None,
+        instance: str | None = None,
+    ) -> list[Message]:
         """RECEIVE TOP(top) FROM queue, WAITFOR(wait seconds; None = no time-out).
 
         The wait is taken in slices of WAIT_SLICE s, each a RECEIVE of its own in a thread, with
@@ -104,8 +111,15 @@ class AsyncTransaction:
         while True:
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             piece = WAIT_SLICE if left is None else min(left, WAIT_SLICE)
-            got = await self._run(self.sync.receive, queue, top, piece, conversation_group=conversation_group,
-                                  conversation_handle=conversation_handle, instance=instance)
+            got = await self._run(
+                self.sync.receive,
+                queue,
+                top,
+                piece,
+                conversation_group=conversation_group,
+                conversation_handle=conversation_handle,
+                instance=instance,
+            )
             if got or (deadline is not None and time.monotonic() >= deadline):
                 return got
 
@@ -113,8 +127,7 @@ class AsyncTransaction:
         """GET CONVERSATION GROUP: lock the next ready group without receiving from it."""
         return await self._run(self.sync.get_conversation_group, queue, wait)
 
-    async def begin_dialog(self, from_service: str, to_service: str, contract: str = "DEFAULT",
-                           **kw: Any) -> str:
+    async def begin_dialog(self, from_service: str, to_service: str, contract: str = "DEFAULT", **kw: Any) -> str:
         """BEGIN DIALOG within the transaction: returns the initiator's conversation handle."""
         return await self._run(self.sync.begin_dialog, from_service, to_service, contract, **kw)
 
@@ -126,8 +139,9 @@ class AsyncTransaction:
         """BEGIN CONVERSATION TIMER: armed when the transaction commits; arming again replaces it."""
         await self._run(self.sync.begin_conversation_timer, handle, timeout)
 
-    async def end_conversation(self, handle: str, *, error: int | None = None, description: str | None = None,
-                               cleanup: bool = False) -> None:
+    async def end_conversation(
+        self, handle: str, *, error: int | None = None, description: str | None = None, cleanup: bool = False
+    ) -> None:
         """END CONVERSATION [WITH ERROR = code DESCRIPTION = text | WITH CLEANUP]."""
         await self._run(self.sync.end_conversation, handle, error=error, description=description, cleanup=cleanup)
 
@@ -198,8 +212,7 @@ class AsyncBroker:
         """STATUS of a queue (a disabled one is re-checked against the catalog)."""
         return await self.run(self.sync.runtime.queue_enabled, queue)
 
-    async def begin_dialog(self, from_service: str, to_service: str, contract: str = "DEFAULT",
-                           **kw: Any) -> str:
+    async def begin_dialog(self, from_service: str, to_service: str, contract: str = "DEFAULT", **kw: Any) -> str:
         """BEGIN DIALOG: creates the initiator endpoint and returns its conversation handle."""
         return await self.run(self.sync.begin_dialog, from_service, to_service, contract, **kw)
 
@@ -211,11 +224,11 @@ class AsyncBroker:
         """RECEIVE outside a transaction: a transaction of its own, committed before it returns."""
         return await self.run(self.sync.receive, queue, top, wait, **kw)
 
-    async def end_conversation(self, handle: str, *, error: int | None = None, description: str | None = None,
-                               cleanup: bool = False) -> None:
+    async def end_conversation(
+        self, handle: str, *, error: int | None = None, description: str | None = None, cleanup: bool = False
+    ) -> None:
         """END CONVERSATION [WITH ERROR = code DESCRIPTION = text | WITH CLEANUP]."""
-        await self.run(self.sync.end_conversation, handle, error=error, description=description,
-                                cleanup=cleanup)
+        await self.run(self.sync.end_conversation, handle, error=error, description=description, cleanup=cleanup)
 
     async def begin_conversation_timer(self, handle: str, timeout: float) -> None:
         """BEGIN CONVERSATION TIMER (handle) TIMEOUT = seconds."""

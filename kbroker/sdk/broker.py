@@ -38,8 +38,13 @@ from kbroker.sdk.transaction import Transaction, traced_record
 __all__ = ["END_DIALOG", "ERROR_TYPE", "Broker", "connect"]  # the message types, for callers' checks
 
 
-def connect(bootstrap: ClusterLike | None = None, namespace: str | None = None, *,
-            command_config: str | Path | None = None, **kwargs: Any) -> Broker:
+def connect(
+    bootstrap: ClusterLike | None = None,
+    namespace: str | None = None,
+    *,
+    command_config: str | Path | None = None,
+    **kwargs: Any,
+) -> Broker:
     """Connect by the broker rule: `bootstrap` (an address or a Cluster), else KBROKER_BOOTSTRAP,
     else the embedded broker; with the client settings of the `command_config` properties file
     (else KBROKER_COMMAND_CONFIG) and KBROKER_KAFKA_* variables (kbroker.embedded.resolve_cluster)."""
@@ -53,13 +58,27 @@ class Broker:
 
     `hooks` is the list of ReceiveHooks called around RECEIVE and on rollback."""
 
-    def __init__(self, cluster: ClusterLike, namespace: str, *, ack_timeout: float = 30.0,
-                 commit_interval: float = 0.005, max_buffered: int = 20_000, revoke_grace: float = 5.0,
-                 lock_timeout: float = 30.0):
+    def __init__(
+        self,
+        cluster: ClusterLike,
+        namespace: str,
+        *,
+        ack_timeout: float = 30.0,
+        commit_interval: float = 0.005,
+        max_buffered: int = 20_000,
+        revoke_grace: float = 5.0,
+        lock_timeout: float = 30.0,
+    ):
         self.cluster, self.namespace = Cluster.of(cluster), namespace
-        self.runtime = BrokerRuntime(self.cluster, namespace, ack_timeout=ack_timeout,
-                                     commit_interval=commit_interval, max_buffered=max_buffered,
-                                     revoke_grace=revoke_grace, lock_timeout=lock_timeout)
+        self.runtime = BrokerRuntime(
+            self.cluster,
+            namespace,
+            ack_timeout=ack_timeout,
+            commit_interval=commit_interval,
+            max_buffered=max_buffered,
+            revoke_grace=revoke_grace,
+            lock_timeout=lock_timeout,
+        )
 
     @property
     def bootstrap(self) -> str:
@@ -136,8 +155,9 @@ class Broker:
         metrics.of(metrics.MESSAGES_SENT, rt.namespace, queue).inc()
         return message_id
 
-    def end_conversation(self, handle: str, *, error: int | None = None, description: str | None = None,
-                         cleanup: bool = False) -> None:
+    def end_conversation(
+        self, handle: str, *, error: int | None = None, description: str | None = None, cleanup: bool = False
+    ) -> None:
         """END CONVERSATION [WITH ERROR = code DESCRIPTION = text | WITH CLEANUP]."""
         rt = self.runtime
         with self._conversation(str(handle)) as produce:

@@ -113,8 +113,9 @@ class Held:
         endpoints = self._runtime.endpoints
         # A dialog's first message finds no target endpoint: no need to read the topic for it.
         first_of_dialog = env.to_side == "TARGET" and env.message_sequence_number == 0 and env.hop == 0
-        return staged or (endpoints.cached(msg.conversation_handle) if first_of_dialog
-                          else endpoints.find(msg.conversation_handle))
+        return staged or (
+            endpoints.cached(msg.conversation_handle) if first_of_dialog else endpoints.find(msg.conversation_handle)
+        )
 
     def _note_move(self, marker: Message) -> Endpoint | None:
         """A move marker came by: update the cached endpoint if this process missed the move."""
@@ -135,8 +136,9 @@ class Held:
         for handle, ep in self.endpoints.items():
             if handle not in self.unwritten:
                 records.append(rt.statements.endpoint_record(handle, ep))
-        leases = [rt.send_leases.created(ep) for h in self.created & locked
-                  if (ep := self.endpoints.get(h)) is not None]
+        leases = [
+            rt.send_leases.created(ep) for h in self.created & locked if (ep := self.endpoints.get(h)) is not None
+        ]
         records.extend(rt.statements.lease_record(lease) for lease in leases)
         return records, leases
 

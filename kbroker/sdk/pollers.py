@@ -93,8 +93,9 @@ class PollerPool(RampedPollers):
     their number follows the load, between one and `max_readers`. `peak`, `handled` and
     `failures` count the most readers at once, the messages handled, and the handler failures."""
 
-    def __init__(self, broker: Any, queue: str, handle: Handler, *, max_readers: int = 4, top: int = 10,
-                 wait: float = 1.0):
+    def __init__(
+        self, broker: Any, queue: str, handle: Handler, *, max_readers: int = 4, top: int = 10, wait: float = 1.0
+    ):
         super().__init__(self._poll, name=queue, max_readers=max_readers)
         self.broker, self.queue, self._handle = broker, queue, handle
         self._top, self._wait = top, wait

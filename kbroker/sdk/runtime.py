@@ -45,17 +45,31 @@ log = logging.getLogger("kbroker.client")
 class BrokerRuntime(ProcessRuntime):
     """The runtime of a process that speaks Service Broker in one namespace."""
 
-    def __init__(self, cluster: Cluster, namespace: str, *, ack_timeout: float = 30.0,
-                 commit_interval: float = 0.005, max_buffered: int = 20_000, revoke_grace: float = 5.0,
-                 lock_timeout: float = 30.0):
+    def __init__(
+        self,
+        cluster: Cluster,
+        namespace: str,
+        *,
+        ack_timeout: float = 30.0,
+        commit_interval: float = 0.005,
+        max_buffered: int = 20_000,
+        revoke_grace: float = 5.0,
+        lock_timeout: float = 30.0,
+    ):
         # The committer's transactional ids are known before it starts: leases name them (fencing).
-        super().__init__(cluster, namespace, ack_timeout=ack_timeout, commit_interval=commit_interval,
-                         transactional_ids=tuple(transactional_id(namespace, uuid.uuid4()) for _ in range(2)))
+        super().__init__(
+            cluster,
+            namespace,
+            ack_timeout=ack_timeout,
+            commit_interval=commit_interval,
+            transactional_ids=tuple(transactional_id(namespace, uuid.uuid4()) for _ in range(2)),
+        )
         self._max_buffered, self._revoke_grace = max_buffered, revoke_grace
         self.conversation_locks = ConversationLocks(lock_timeout)  # SEND's (see locks.py)
         self.endpoints = EndpointStore(cluster, namespace, self.producer)
-        self.statements = Statements(namespace, self.catalog.lookup, self.endpoints.in_group,
-                                     sender_reach=self._sender_reach)
+        self.statements = Statements(
+            namespace, self.catalog.lookup, self.endpoints.in_group, sender_reach=self._sender_reach
+        )
         self._unknown_reach_read = float("-inf")  # when _sender_reach last read for a side unknown here
         self._secondary: set[str] = set()  # secondary queue topics known to exist
         self._rollbacks: RollbackLog | None = None  # every process's rollbacks; with the first receiver
@@ -64,8 +78,14 @@ class BrokerRuntime(ProcessRuntime):
         self.hooks: list[ReceiveHooks] = []
         self.receive_hooks: ReceiveHooks = HookFanOut(self.hooks)
         self.send_checks = SendChecks(cluster)
-        self.send_leases = SendLeases(cluster, self.endpoints, self.conversation_locks, self.process,
-                                      lambda: self._transactional_ids, ack_timeout=ack_timeout).start()
+        self.send_leases = SendLeases(
+            cluster,
+            self.endpoints,
+            self.conversation_locks,
+            self.process,
+            lambda: self._transactional_ids,
+            ack_timeout=ack_timeout,
+        ).start()
 
     # --- SEND's permission ----------------------------------------------------------------------
 
@@ -76,8 +96,11 @@ class BrokerRuntime(ProcessRuntime):
         namespace decides for itself."""
         if ep.remote:
             return
-        topics = {names.queue_topic(self.namespace, self.statements.queue_of(ep.far_service_name))} \
-            if records is None else {r[0] for r in records}
+        topics = (
+            {names.queue_topic(self.namespace, self.statements.queue_of(ep.far_service_name))}
+            if records is None
+            else {r[0] for r in records}
+        )
         for topic in sorted(topics):
             if names.queue_of_topic(self.namespace, topic) is not None:
                 self.send_checks.check(ep.far_service_name, topic)
@@ -120,14 +143,21 @@ class BrokerRuntime(ProcessRuntime):
     def _new_receiver(self, queue: str, instance: str | None) -> QueueReceiver:
         q = self.catalog.queue(queue)
         topic = None if instance is None else self.secondary_queue(q.name, instance)
-        r = QueueReceiver(self.cluster, self.namespace, queue, dead_letter=self.dead_letter,
-                          max_buffered=self._max_buffered, revoke_grace=self._revoke_grace,
-                          commit_barrier=self.committer.barrier, topic=topic,
-                          committer_ids=self.committer.transactional_ids,
-                          # A partition that arrives may hold records of conversations moved by another
-                          # process since this one cached their endpoints: catch up first.
-                          on_assign=self.endpoints.refresh,
-                          report=functools.partial(self._report_reader, queue)).start()
+        r = QueueReceiver(
+            self.cluster,
+            self.namespace,
+            queue,
+            dead_letter=self.dead_letter,
+            max_buffered=self._max_buffered,
+            revoke_grace=self._revoke_grace,
+            commit_barrier=self.committer.barrier,
+            topic=topic,
+            committer_ids=self.committer.transactional_ids,
+            # A partition that arrives may hold records of conversations moved by another
+            # process since this one cached their endpoints: catch up first.
+            on_assign=self.endpoints.refresh,
+            report=functools.partial(self._report_reader, queue),
+        ).start()
         if instance is None:
             self._poison.watch(queue)  # poison counting covers the queues read here
         self._follow_rollbacks()
@@ -154,8 +184,9 @@ class BrokerRuntime(ProcessRuntime):
                 # A catalog applied before apply refused colliding names may still hold them.
                 clash = names.secondary_queue_collision(self.catalog.current.queues, q.name, instance)
                 if clash is not None:
-                    raise QueueNameCollisionError(f"the secondary queue of {queue} for instance {instance!r}",
-                                                  f"queue {clash[0]!r}", clash[1])
+                    raise QueueNameCollisionError(
+                        f"the secondary queue of {queue} for instance {instance!r}", f"queue {clash[0]!r}", clash[1]
+                    )
                 ensure_secondary_queue(self.cluster, self.namespace, q, instance)
                 self._secondary.add(topic)
         return topic
@@ -163,8 +194,9 @@ class BrokerRuntime(ProcessRuntime):
     def _report_reader(self, queue: str, stats: dict[str, Any]) -> None:
         """Every few seconds, from a receiver's poll thread: its locks and in-flight counts, for
         `kbroker queue show` (a compacted topic keyed by process and topic; fire and forget)."""
-        self._publish_reader(stats["topic"], orjson.dumps(
-            {**stats, "queue": queue, "process": self.process, "at": time.time()}))
+        self._publish_reader(
+            stats["topic"], orjson.dumps({**stats, "queue": queue, "process": self.process, "at": time.time()})
+        )
 
     def _publish_reader(self, topic: str, value: bytes | None) -> None:
         """This process's entry for `topic` in the readers topic (None: it no longer reads it)."""
@@ -203,8 +235,12 @@ class BrokerRuntime(ProcessRuntime):
             except PermissionDeniedError as exc:
                 # Only the catalog's owner and ALTER's holders write the catalog (G7): the verdict
                 # goes on the events topic, which every reader follows, until `queue enable`.
-                log.error("queue %s: %s; disabled by an event, the catalog not being this principal's (%s)",
-                          verdict.queue, verdict.reason, exc)
+                log.error(
+                    "queue %s: %s; disabled by an event, the catalog not being this principal's (%s)",
+                    verdict.queue,
+                    verdict.reason,
+                    exc,
+                )
                 assert self._rollbacks is not None  # made with the receiver whose rollback this is
                 self._rollbacks.publish_disabled(verdict.queue, verdict.reason)
                 return

@@ -1,9 +1,9 @@
 """The worker's per-worker background services and the analytics job's commands to it:
 
-    Routing: the timer service (dialog timers, lifetimes), the dispatcher and the transmitter
-        (messages between namespaces), started when they can be (not while the broker is down)
-    Reclassifier: the RECLASSIFY commands of the analytics job, read every 2nd tick (the part of
-        the transmitter's 2nd-tick reclassification that exists before routing)
+Routing: the timer service (dialog timers, lifetimes), the dispatcher and the transmitter
+    (messages between namespaces), started when they can be (not while the broker is down)
+Reclassifier: the RECLASSIFY commands of the analytics job, read every 2nd tick (the part of
+    the transmitter's 2nd-tick reclassification that exists before routing)
 """
 
 from __future__ import annotations
@@ -38,19 +38,22 @@ class Routing:
 
     def start_timer_service(self) -> None:
         if self.s.timers and self.timer_service is None:
-            self.timer_service = TimerService(self.s.cluster, self.s.namespace, endpoints=self.broker.endpoints,
-                                              guard=self.guard).start()
+            self.timer_service = TimerService(
+                self.s.cluster, self.s.namespace, endpoints=self.broker.endpoints, guard=self.guard
+            ).start()
 
     def start_routing(self) -> None:
         if not self.s.routing:
             return
         catalog = lambda: self.broker.catalog  # noqa: E731 - read at each use: the catalog is replaced
         if self.dispatcher is None:
-            self.dispatcher = Dispatcher(self.s.cluster, self.s.namespace, catalog, guard=self.guard,
-                                         tick=self.s.tick_interval).start()
+            self.dispatcher = Dispatcher(
+                self.s.cluster, self.s.namespace, catalog, guard=self.guard, tick=self.s.tick_interval
+            ).start()
         if self.transmitter is None:
-            self.transmitter = Transmitter(self.s.cluster, self.s.namespace, catalog, guard=self.guard,
-                                           tick=self.s.tick_interval).start()
+            self.transmitter = Transmitter(
+                self.s.cluster, self.s.namespace, catalog, guard=self.guard, tick=self.s.tick_interval
+            ).start()
 
     def close(self) -> None:
         for service in (self.timer_service, self.transmitter, self.dispatcher):
@@ -87,8 +90,13 @@ class Reclassifier:
             reclassified[key] = {**cmd, "received": time.time()}
             while len(reclassified) > RECLASSIFIED_KEPT:
                 del reclassified[next(iter(reclassified))]
-            log.info("dialog reclassified dialog=%s queue=%s from=%s to=%s", key, cmd.get("queue"),
-                     cmd.get("from"), cmd.get("to"))
+            log.info(
+                "dialog reclassified dialog=%s queue=%s from=%s to=%s",
+                key,
+                cmd.get("queue"),
+                cmd.get("from"),
+                cmd.get("to"),
+            )
             transmitter = self.routing.transmitter
             if transmitter is not None:  # waiting messages are looked at again
                 transmitter.request_reclassify(f"RECLASSIFY of dialog {key}")

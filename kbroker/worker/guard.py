@@ -29,7 +29,8 @@ def is_retriable(exc: BaseException) -> bool:
             return False
     module = type(exc).__module__ or ""
     return module.startswith(("aiokafka", "kafka", "confluent_kafka")) or isinstance(
-        exc, (TimeoutError, ConnectionError))
+        exc, (TimeoutError, ConnectionError)
+    )
 
 
 def refusal_of(exc: BaseException, principal: str, operation: str = "READ") -> PermissionDeniedError:
@@ -44,16 +45,26 @@ def refusal_of(exc: BaseException, principal: str, operation: str = "READ") -> P
         return refused if isinstance(refused, PermissionDeniedError) else PermissionDeniedError(str(exc))
     kind = DENIED_CODES.get(getattr(exc, "errno", None), "resource")  # type: ignore[arg-type]
     name = str(first) if isinstance(first, str) else ""
-    return PermissionDeniedError(resource=f"{kind} {name}" if name else "", operation=operation, principal=principal,
-                                 what="the worker's Faust client", kind=kind)
+    return PermissionDeniedError(
+        resource=f"{kind} {name}" if name else "",
+        operation=operation,
+        principal=principal,
+        what="the worker's Faust client",
+        kind=kind,
+    )
 
 
 class Guard:
     """Runs and records the worker's periodic work. `health` holds the degraded reasons that the
     monitor rows and /tasks/ show."""
 
-    def __init__(self, log: logging.Logger, health: Health | None = None, limiter: LogLimiter | None = None,
-                 clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        log: logging.Logger,
+        health: Health | None = None,
+        limiter: LogLimiter | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
         self.log = log
         self.health = health or Health()
         self.limiter = limiter or LogLimiter()
@@ -79,20 +90,27 @@ class Guard:
         if held is None:
             return
         if held:
-            self.log.warning("%s still failing (%d failures since %s, %d not logged): %s", component,
-                             reason.failures, time.strftime("%H:%M:%S", time.localtime(reason.since)),
-                             held, error)
+            self.log.warning(
+                "%s still failing (%d failures since %s, %d not logged): %s",
+                component,
+                reason.failures,
+                time.strftime("%H:%M:%S", time.localtime(reason.since)),
+                held,
+                error,
+            )
         else:
-            self.log.warning("%s failed, will retry with back-off: %s", component, error,
-                             exc_info=None if retriable else exc)
+            self.log.warning(
+                "%s failed, will retry with back-off: %s", component, error, exc_info=None if retriable else exc
+            )
 
     def succeeded(self, component: str) -> None:
         """Clear `component`'s reason; log its recovery once if it was failing."""
         reason = self.health.succeeded(component)
         self.limiter.recovered(component)
         if reason is not None:
-            self.log.info("%s recovered after %d failure(s) in %.1f s", component, reason.failures,
-                             self._clock() - reason.since)
+            self.log.info(
+                "%s recovered after %d failure(s) in %.1f s", component, reason.failures, self._clock() - reason.since
+            )
 
     async def run(self, component: str, work: Callable[[], Awaitable[None]], backoff: bool = True) -> bool:
         """Run `work` unless `component` is backing off (with backoff=False, always: an agent's

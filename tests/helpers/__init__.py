@@ -25,8 +25,9 @@ DATA = ROOT / "tests" / "data"
 KBROKER = os.path.join(os.path.dirname(sys.executable), "kbroker")  # the CLI of this venv
 
 
-def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.3,
-             seen: Callable[[], Any] | None = None) -> Any:
+def wait_for(
+    pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.3, seen: Callable[[], Any] | None = None
+) -> Any:
     """pred()'s first truthy answer, asked every `interval` seconds; AssertionError naming `what`
     after `timeout` seconds (and what `seen()` then reports: the state the wait last saw)."""
     deadline = time.monotonic() + timeout
@@ -91,15 +92,23 @@ def receive_at_least(broker: Any, queue: str, n: int, wait: float = 15.0) -> lis
 def run_kbroker_module(*args: str, timeout: float = 60, **kw: Any) -> subprocess.CompletedProcess:
     """Run `python -m kbroker ARGS` with this checkout first on PYTHONPATH; output as text."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "kbroker", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout, check=False, **kw)  # callers read returncode
+    return subprocess.run(
+        [sys.executable, "-m", "kbroker", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+        **kw,
+    )  # callers read returncode
 
 
 def run_bench_cli(argv: list[str], env: dict, timeout: float) -> tuple[str, str]:
     """Run a `kbroker bench` command line in its own session (so a run that hangs is stopped with
     the child processes it started); fails the test unless it exits 0 within `timeout`."""
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -113,10 +113,16 @@ def reader(bootstrap: str, namespace: str, readers: int, stop_file: str, log_fil
                     tx.rollback()
                     continue
                 leased = time.time()
-                body = {"pid": os.getpid(), "reader": idx, "leased": leased,
-                        "conversation_id": msgs[0].conversation_id, "group": msgs[0].conversation_group_id,
-                        "seqs": [m.message_sequence_number for m in msgs],
-                        "types": [m.message_type_name for m in msgs], "ids": [m.message_id for m in msgs]}
+                body = {
+                    "pid": os.getpid(),
+                    "reader": idx,
+                    "leased": leased,
+                    "conversation_id": msgs[0].conversation_id,
+                    "group": msgs[0].conversation_group_id,
+                    "seqs": [m.message_sequence_number for m in msgs],
+                    "types": [m.message_type_name for m in msgs],
+                    "ids": [m.message_id for m in msgs],
+                }
                 tx.send(audit, AUDIT, body)
                 if any(m.message_type_name == END_DIALOG for m in msgs):
                     tx.end_conversation(msgs[0].conversation_handle)
@@ -175,8 +181,15 @@ class Report:
         return {k: (len(v) if isinstance(v, list) else v) for k, v in self.__dict__.items()}
 
     def ok(self) -> bool:
-        return not (self.lost or self.duplicated or self.unknown or self.order_violations or self.after_end
-                    or self.ends_missing or self.lock_violations)
+        return not (
+            self.lost
+            or self.duplicated
+            or self.unknown
+            or self.order_violations
+            or self.after_end
+            or self.ends_missing
+            or self.lock_violations
+        )
 
 
 def check(send_logs: list[dict], audits: list[dict], reader_logs: list[dict]) -> Report:

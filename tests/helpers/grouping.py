@@ -15,5 +15,7 @@ def groups_of_files(shared_of_file: Mapping[str, Set[str]]) -> dict[str, str]:
         union = frozenset(shared).union(*(joined.get(g, frozenset()) for g in shared))
         for g in union:
             joined[g] = union
-    return {file: "+".join(sorted(joined[next(iter(shared))])) if shared else file
-            for file, shared in shared_of_file.items()}
+    return {
+        file: "+".join(sorted(joined[next(iter(shared))])) if shared else file
+        for file, shared in shared_of_file.items()
+    }

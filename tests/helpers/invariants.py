@@ -34,8 +34,9 @@ class Rollback(Exception):
     pass
 
 
-def reader_process(bootstrap: str, namespace: str, readers: int, stop_file: str, log_file: str,
-                   rollback_rate: float, seed: int) -> None:
+def reader_process(
+    bootstrap: str, namespace: str, readers: int, stop_file: str, log_file: str, rollback_rate: float, seed: int
+) -> None:
     from kbroker.errors import QueueDisabledError, TransactionAbortedError
     from kbroker.sdk.broker import Broker
 
@@ -54,10 +55,15 @@ def reader_process(bootstrap: str, namespace: str, readers: int, stop_file: str,
                     continue
                 leased = time.time()
                 time.sleep(rng.uniform(0, 0.02))
-                body = {"pid": os.getpid(), "reader": idx, "leased": leased,
-                        "conversation_id": msgs[0].conversation_id, "group": msgs[0].conversation_group_id,
-                        "seqs": [m.message_sequence_number for m in msgs],
-                        "ids": [m.message_id for m in msgs]}
+                body = {
+                    "pid": os.getpid(),
+                    "reader": idx,
+                    "leased": leased,
+                    "conversation_id": msgs[0].conversation_id,
+                    "group": msgs[0].conversation_group_id,
+                    "seqs": [m.message_sequence_number for m in msgs],
+                    "ids": [m.message_id for m in msgs],
+                }
                 tx.send(msgs[0].conversation_handle, REPLY, body)
                 if rng.random() < rollback_rate:
                     raise Rollback()
@@ -72,6 +78,7 @@ def reader_process(bootstrap: str, namespace: str, readers: int, stop_file: str,
             except QueueDisabledError:
                 tx.rollback()
                 time.sleep(0.2)  # ALTER QUEUE ... STATUS = OFF: wait for it to be enabled again
+
     threads = [threading.Thread(target=reader, args=(i,)) for i in range(readers)]
     for t in threads:
         t.start()

@@ -21,8 +21,11 @@ def slow_reader(broker, queue: str) -> None:
                 return
             time.sleep(delay)
             for m in msgs:
-                tx.send(m.conversation_handle, DONE, {"job": m.message_id, "seq": m.message_sequence_number,
-                                                      "pid": os.getpid()})
+                tx.send(
+                    m.conversation_handle,
+                    DONE,
+                    {"job": m.message_id, "seq": m.message_sequence_number, "pid": os.getpid()},
+                )
 
 
 def stub(broker, queue: str) -> None:

@@ -25,12 +25,26 @@ class ReaderProcess:
     log: Path
 
     @classmethod
-    def start(cls, bootstrap: str, namespace: str, tmp: Path, name: str, readers: int, rollback_rate: float,
-              seed: int) -> ReaderProcess:
+    def start(
+        cls, bootstrap: str, namespace: str, tmp: Path, name: str, readers: int, rollback_rate: float, seed: int
+    ) -> ReaderProcess:
         stop_file, log = tmp / f"stop-{name}", tmp / f"log-{name}.jsonl"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.helpers.invariants", "reader", bootstrap, namespace, str(readers),
-             str(stop_file), str(log), str(rollback_rate), str(seed)], cwd=ROOT)
+            [
+                sys.executable,
+                "-m",
+                "tests.helpers.invariants",
+                "reader",
+                bootstrap,
+                namespace,
+                str(readers),
+                str(stop_file),
+                str(log),
+                str(rollback_rate),
+                str(seed),
+            ],
+            cwd=ROOT,
+        )
         return cls(proc, stop_file, log)
 
     def running(self) -> bool:
@@ -66,8 +80,9 @@ def start_fault_run(bootstrap: str, tmp: Path, prefix: str, seeds: tuple[int, in
     apply_paths(bootstrap, namespace, [inv.YAML])
     with Broker(bootstrap, namespace) as client:
         sent = inv.send_requests(client, 300, 3)
-    readers = [ReaderProcess.start(bootstrap, namespace, tmp, name, 3, 0.05, seed)
-               for name, seed in zip(("a", "b"), seeds)]
+    readers = [
+        ReaderProcess.start(bootstrap, namespace, tmp, name, 3, 0.05, seed) for name, seed in zip(("a", "b"), seeds)
+    ]
     return FaultRun(namespace, sent, readers)
 
 
@@ -97,8 +112,9 @@ def first_commit_after(readers: list[ReaderProcess], since: float, timeout: floa
         time.sleep(0.2)
 
 
-def wait_for_all_replies(bootstrap: str, namespace: str, sent: set[str], readers: list[ReaderProcess],
-                         timeout: float) -> list[dict]:
+def wait_for_all_replies(
+    bootstrap: str, namespace: str, sent: set[str], readers: list[ReaderProcess], timeout: float
+) -> list[dict]:
     """The committed replies, once they cover every sent request (or `timeout` passed)."""
     topic = names.queue_topic(namespace, "ReplyQueue")
     deadline = time.monotonic() + timeout
@@ -112,9 +128,13 @@ def wait_for_all_replies(bootstrap: str, namespace: str, sent: set[str], readers
 
 def assert_no_violations(report: inv.Report) -> None:
     """All counts 0: nothing lost, duplicated, out of order, held by two at once, or unknown."""
-    summary = (f"sent={report.sent} committed_tx={report.committed} lost={len(report.lost)} "
-               f"duplicated={len(report.duplicated)} order={len(report.order_violations)} "
-               f"lock={len(report.lock_violations)} unknown={len(report.unknown)}")
+    summary = (
+        f"sent={report.sent} committed_tx={report.committed} lost={len(report.lost)} "
+        f"duplicated={len(report.duplicated)} order={len(report.order_violations)} "
+        f"lock={len(report.lock_violations)} unknown={len(report.unknown)}"
+    )
     print(summary)
-    assert report.ok(), (f"{summary}\n{report.lost[:3]} {report.duplicated[:3]} "
-                         f"{report.order_violations[:3]} {report.lock_violations[:3]}")
+    assert report.ok(), (
+        f"{summary}\n{report.lost[:3]} {report.duplicated[:3]} "
+        f"{report.order_violations[:3]} {report.lock_violations[:3]}"
+    )

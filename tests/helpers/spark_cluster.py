@@ -42,24 +42,53 @@ class SparkCluster:
         self.n_workers, self.cores, self.memory = workers, cores, memory
         self.master: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen] = []
-        self.env = {**os.environ, "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": "127.0.0.1",
-                    "SPARK_LOG_DIR": str(self.home), "SPARK_WORKER_DIR": str(self.home / "work")}
+        self.env = {
+            **os.environ,
+            "SPARK_HOME": str(spark_home()),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOG_DIR": str(self.home),
+            "SPARK_WORKER_DIR": str(self.home / "work"),
+        }
 
     def _launch(self, name: str, *args: str) -> subprocess.Popen:
         with open(self.home / f"{name}.log", "wb") as out:
-            return subprocess.Popen([str(spark_home() / "bin" / "spark-class"), *args], env=self.env, stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            return subprocess.Popen(
+                [str(spark_home() / "bin" / "spark-class"), *args],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def start(self, timeout: float = 120.0) -> "SparkCluster":
         try:
-            self.master = self._launch("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                                       "--port", str(self.port), "--webui-port", str(self.webui))
-            wait_for(lambda: self.state() is not None, timeout, f"the Spark master ({self.home / 'master.log'})",
-                     interval=0.5, seen=lambda: self._exited())
+            self.master = self._launch(
+                "master",
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--webui-port",
+                str(self.webui),
+            )
+            wait_for(
+                lambda: self.state() is not None,
+                timeout,
+                f"the Spark master ({self.home / 'master.log'})",
+                interval=0.5,
+                seen=lambda: self._exited(),
+            )
             for _ in range(self.n_workers):
                 self.add_worker()
-            wait_for(lambda: len(self.alive_workers()) == self.n_workers, timeout, "the workers registered",
-                     interval=0.5, seen=lambda: (self.state(), self._exited()))
+            wait_for(
+                lambda: len(self.alive_workers()) == self.n_workers,
+                timeout,
+                "the workers registered",
+                interval=0.5,
+                seen=lambda: (self.state(), self._exited()),
+            )
         except BaseException:
             self.stop()
             raise
@@ -69,9 +98,23 @@ class SparkCluster:
         n = len(self.workers)
         work = self.home / f"worker-{n}"
         work.mkdir(exist_ok=True)
-        proc = self._launch(f"worker-{n}", "org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1",
-                            "--port", str(free_port()), "--webui-port", str(free_port()), "--cores", str(self.cores),
-                            "--memory", self.memory, "--work-dir", str(work))
+        proc = self._launch(
+            f"worker-{n}",
+            "org.apache.spark.deploy.worker.Worker",
+            self.url,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(free_port()),
+            "--webui-port",
+            str(free_port()),
+            "--cores",
+            str(self.cores),
+            "--memory",
+            self.memory,
+            "--work-dir",
+            str(work),
+        )
         self.workers.append(proc)
         return proc
 

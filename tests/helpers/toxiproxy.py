@@ -37,8 +37,11 @@ class Toxiproxy:
         self.api_port = free_port()
         self.url = f"http://127.0.0.1:{self.api_port}"
         self._log = open(log_file, "ab")  # noqa: SIM115 - the server writes to it until stop()
-        self.proc = subprocess.Popen([str(server_binary()), "-host", "127.0.0.1", "-port", str(self.api_port)],
-                                     stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [str(server_binary()), "-host", "127.0.0.1", "-port", str(self.api_port)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
         self.http = httpx.Client(base_url=self.url, timeout=5)
         deadline = time.monotonic() + 20
         while True:
@@ -52,15 +55,29 @@ class Toxiproxy:
 
     def proxy(self, name: str, listen_port: int, upstream_port: int) -> None:
         """Forward 127.0.0.1:listen_port to 127.0.0.1:upstream_port."""
-        self.http.post("/proxies", json={"name": name, "listen": f"127.0.0.1:{listen_port}",
-                                         "upstream": f"127.0.0.1:{upstream_port}", "enabled": True}).raise_for_status()
+        self.http.post(
+            "/proxies",
+            json={
+                "name": name,
+                "listen": f"127.0.0.1:{listen_port}",
+                "upstream": f"127.0.0.1:{upstream_port}",
+                "enabled": True,
+            },
+        ).raise_for_status()
 
     def stall(self, name: str) -> None:
         """Hold every byte through proxy `name`, both ways, until `release`; connections stay open."""
         for stream in ("upstream", "downstream"):
-            self.http.post(f"/proxies/{name}/toxics", json={
-                "name": f"stall-{stream}", "type": "latency", "stream": stream, "toxicity": 1.0,
-                "attributes": {"latency": HOLD_MS}}).raise_for_status()
+            self.http.post(
+                f"/proxies/{name}/toxics",
+                json={
+                    "name": f"stall-{stream}",
+                    "type": "latency",
+                    "stream": stream,
+                    "toxicity": 1.0,
+                    "attributes": {"latency": HOLD_MS},
+                },
+            ).raise_for_status()
 
     def release(self, name: str) -> None:
         """End a stall: what was held is delivered, in order.

@@ -23,8 +23,16 @@ import time
 from pathlib import Path
 
 
-def run(bootstrap: str, namespace: str, endpoint: str, machine: str, forward_to: str, sleep_ms: float,
-        max_concurrency: int, stats_file: str) -> None:
+def run(
+    bootstrap: str,
+    namespace: str,
+    endpoint: str,
+    machine: str,
+    forward_to: str,
+    sleep_ms: float,
+    max_concurrency: int,
+    stats_file: str,
+) -> None:
     from kbroker.sdk.transport.endpoint import TransportEndpoint
 
     stop = threading.Event()
@@ -38,8 +46,14 @@ def run(bootstrap: str, namespace: str, endpoint: str, machine: str, forward_to:
         if sleep:
             time.sleep(sleep)
 
-    ep = TransportEndpoint(endpoint, cluster=bootstrap, namespace=namespace, machine=machine, secondary=False,
-                           max_concurrency=max_concurrency)
+    ep = TransportEndpoint(
+        endpoint,
+        cluster=bootstrap,
+        namespace=namespace,
+        machine=machine,
+        secondary=False,
+        max_concurrency=max_concurrency,
+    )
     started = time.monotonic()
     ep.start(handle)
     print(f"instance {machine} started (pid in parent's hands)", file=sys.stderr, flush=True)
@@ -54,7 +68,10 @@ def run(bootstrap: str, namespace: str, endpoint: str, machine: str, forward_to:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(process)d %(threadName)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING,
+        stream=sys.stderr,
+        format="%(asctime)s %(process)d %(threadName)s %(name)s %(levelname)s %(message)s",
+    )
     bootstrap_, namespace_, endpoint_, machine_, forward_to_, sleep_ms_, concurrency_, stats_file_ = sys.argv[1:]
     run(bootstrap_, namespace_, endpoint_, machine_, forward_to_, float(sleep_ms_), int(concurrency_), stats_file_)

@@ -130,8 +130,13 @@ def start_analytics(spark, kafka_bootstrap: str, tmp_path: Path):
     jobs = []
 
     def start(namespace: str, **settings):
-        s = JobSettings(cluster=kafka_bootstrap, namespace=namespace, checkpoint=tmp_path / f"ckpt-{namespace}",
-                        history=tmp_path / f"history-{namespace}", **{"trigger": 1.0, **settings})
+        s = JobSettings(
+            cluster=kafka_bootstrap,
+            namespace=namespace,
+            checkpoint=tmp_path / f"ckpt-{namespace}",
+            history=tmp_path / f"history-{namespace}",
+            **{"trigger": 1.0, **settings},
+        )
         job = AnalyticsJob(s, spark).start()
         jobs.append(job)
         return job

@@ -34,8 +34,16 @@ READER = ROOT / "examples" / "activator" / "expense_reader.py"
 
 
 def activation(queue: str, ns: str, backlog: int = 1) -> bytes:
-    return orjson.dumps({"event": "QUEUE_ACTIVATION", "queue": queue, "namespace": ns, "backlog": backlog,
-                         "ready_groups": 1, "time": int(time.time() * 1000)})
+    return orjson.dumps(
+        {
+            "event": "QUEUE_ACTIVATION",
+            "queue": queue,
+            "namespace": ns,
+            "backlog": backlog,
+            "ready_groups": 1,
+            "time": int(time.time() * 1000),
+        }
+    )
 
 
 def publish(bootstrap: str, ns: str, events: list[tuple[str, bytes]]) -> None:
@@ -55,8 +63,9 @@ def config_file(tmp_path: Path, apps: str, extra: str = "") -> Path:
 def activator(tmp_path, bootstrap, ns, cfg_path):
     records: list[dict] = []
     out = open(tmp_path / "children.out", "a")  # noqa: SIM115 - closed in the finally below, after the children
-    act = Activator(load_config(cfg_path), bootstrap, ns, log=records.append, poll_interval=0.1,
-                    child_stdout=out.fileno())
+    act = Activator(
+        load_config(cfg_path), bootstrap, ns, log=records.append, poll_interval=0.1, child_stdout=out.fileno()
+    )
     thread = threading.Thread(target=act.run, daemon=True)
     thread.start()
     try:
@@ -80,19 +89,26 @@ def test_notification_starts_a_reader_that_drains_the_queue(kafka_bootstrap, nam
         h = broker.begin_dialog(EMPLOYEES, EXPENSES, CONTRACT)
         for i in range(4):
             sent.add(broker.send(h, CLAIM, {"dialog": d, "claim": i, "amount": 10 * i}))
-    cfg = config_file(tmp_path, f"""  - queue: ExpenseQueue
+    cfg = config_file(
+        tmp_path,
+        f"""  - queue: ExpenseQueue
     name: reader
     command: [{sys.executable}, {READER}]
     max_concurrency: 2
     env: {{PYTHONPATH: "{ROOT}", READER_WAIT: "2"}}
-""")
+""",
+    )
     with activator(tmp_path, kafka_bootstrap, namespace, cfg) as (act, records):
         # Other events and other queues share the topic: they start nothing.
-        publish(kafka_bootstrap, namespace, [
-            ("ExpenseQueue", orjson.dumps({"event": "QUEUE_DISABLED", "queue": "ExpenseQueue", "time": 0})),
-            ("EmployeeQueue", activation("EmployeeQueue", namespace)),
-            ("ExpenseQueue", activation("ExpenseQueue", namespace, backlog=12)),
-        ])
+        publish(
+            kafka_bootstrap,
+            namespace,
+            [
+                ("ExpenseQueue", orjson.dumps({"event": "QUEUE_DISABLED", "queue": "ExpenseQueue", "time": 0})),
+                ("EmployeeQueue", activation("EmployeeQueue", namespace)),
+                ("ExpenseQueue", activation("ExpenseQueue", namespace, backlog=12)),
+            ],
+        )
         wait_for(lambda: of(records, "exit"), 90, f"the reader to exit: {records}")
     starts, exits = of(records, "start"), of(records, "exit")
     assert len(starts) == 1 and starts[0]["reason"] == "notification" and starts[0]["application"] == "reader"
@@ -131,18 +147,22 @@ def max_overlap(log: Path) -> tuple[int, int]:
 
 
 def test_records_another_client_wrote_to_the_events_topic_start_nothing_and_stop_nothing(
-        kafka_bootstrap, namespace, broker, tmp_path):
+    kafka_bootstrap, namespace, broker, tmp_path
+):
     """Any client may write the events topic: garbage, a null key and value, a 512 KiB value (an
     event is a few hundred bytes), forged headers, JSON of the wrong shape, an activation naming no
     queue. The activator skips each and acts on the activation after. (A well-formed activation is
     acted on whoever wrote it: the topic's ACLs decide who may.)"""
     (tmp_path / "sleeper.py").write_text(SLEEPER)
     log = tmp_path / "sleepers.log"
-    cfg = config_file(tmp_path, f"""  - queue: ExpenseQueue
+    cfg = config_file(
+        tmp_path,
+        f"""  - queue: ExpenseQueue
     command: [{sys.executable}, sleeper.py, {log}, "0"]
     cwd: .
     max_concurrency: 1
-""")
+""",
+    )
     with activator(tmp_path, kafka_bootstrap, namespace, cfg) as (act, records):
         p = Producer({"bootstrap.servers": kafka_bootstrap, "allow.auto.create.topics": False})
         topic = names.events_topic(namespace)
@@ -150,8 +170,12 @@ def test_records_another_client_wrote_to_the_events_topic_start_nothing_and_stop
         p.produce(topic, key=None, value=None)
         p.produce(topic, key=b"ExpenseQueue", value=b"{" * (512 * 1024))
         p.produce(topic, key=b"ExpenseQueue", value=b"[1, 2, 3]")
-        p.produce(topic, key=b"ExpenseQueue", value=orjson.dumps({"event": "QUEUE_ACTIVATED", "queue": 7}),
-                  headers=[("kb.follows", b"\xff"), ("event", b"QUEUE_ACTIVATION")])
+        p.produce(
+            topic,
+            key=b"ExpenseQueue",
+            value=orjson.dumps({"event": "QUEUE_ACTIVATED", "queue": 7}),
+            headers=[("kb.follows", b"\xff"), ("event", b"QUEUE_ACTIVATION")],
+        )
         p.produce(topic, key=None, value=orjson.dumps({"event": "QUEUE_ACTIVATION", "queue": ""}))
         assert p.flush(15) == 0
         publish(kafka_bootstrap, namespace, [("ExpenseQueue", activation("ExpenseQueue", namespace))])
@@ -163,11 +187,14 @@ def test_records_another_client_wrote_to_the_events_topic_start_nothing_and_stop
 def test_a_burst_of_notifications_never_exceeds_max_concurrency(kafka_bootstrap, namespace, broker, tmp_path):
     (tmp_path / "sleeper.py").write_text(SLEEPER)
     log = tmp_path / "sleepers.log"
-    cfg = config_file(tmp_path, f"""  - queue: ExpenseQueue
+    cfg = config_file(
+        tmp_path,
+        f"""  - queue: ExpenseQueue
     command: [{sys.executable}, sleeper.py, {log}, "2"]
     cwd: .
     max_concurrency: 2
-""")
+""",
+    )
     with activator(tmp_path, kafka_bootstrap, namespace, cfg) as (act, records):
         publish(kafka_bootstrap, namespace, [("ExpenseQueue", activation("ExpenseQueue", namespace))] * 6)
         wait_for(lambda: len(of(records, "notification")) == 6, 30, "six notifications")
@@ -175,23 +202,29 @@ def test_a_burst_of_notifications_never_exceeds_max_concurrency(kafka_bootstrap,
         # Once they exited, a new burst starts copies again, still at most two.
         publish(kafka_bootstrap, namespace, [("ExpenseQueue", activation("ExpenseQueue", namespace))] * 3)
         wait_for(lambda: len(of(records, "exit")) == 4, 30, "the second pair to exit")
-    assert [n["decision"] for n in of(records, "notification")] == \
-        ["notification"] * 2 + ["at_max"] * 4 + ["notification"] * 2 + ["at_max"]
+    assert [n["decision"] for n in of(records, "notification")] == ["notification"] * 2 + ["at_max"] * 4 + [
+        "notification"
+    ] * 2 + ["at_max"]
     assert max_overlap(log) == (2, 4)
     assert all(r["running"] <= 2 for r in of(records, "start"))
-    assert all(line.split()[3:] == ["ExpenseQueue", namespace]
-               for line in log.read_text().splitlines() if " start " in line)
+    assert all(
+        line.split()[3:] == ["ExpenseQueue", namespace] for line in log.read_text().splitlines() if " start " in line
+    )
 
 
 def test_min_concurrency_keeps_copies_running(kafka_bootstrap, namespace, broker, tmp_path):
     (tmp_path / "sleeper.py").write_text(SLEEPER)
     log = tmp_path / "sleepers.log"
-    cfg = config_file(tmp_path, f"""  - queue: ExpenseQueue
+    cfg = config_file(
+        tmp_path,
+        f"""  - queue: ExpenseQueue
     command: [{sys.executable}, sleeper.py, {log}, "0.3"]
     cwd: .
     min_concurrency: 1
     max_concurrency: 3
-""", extra="restart_delay: 0.2\nshutdown_grace: 3\n")
+""",
+        extra="restart_delay: 0.2\nshutdown_grace: 3\n",
+    )
     with activator(tmp_path, kafka_bootstrap, namespace, cfg) as (act, records):
         # No notification at all: the one copy is started, and replaced each time it exits.
         wait_for(lambda: len(of(records, "exit")) >= 3, 30, "three copies to come and go")
@@ -211,17 +244,39 @@ def test_min_concurrency_keeps_copies_running(kafka_bootstrap, namespace, broker
 def test_sigterm_stops_every_child_even_one_that_ignores_sigterm(kafka_bootstrap, namespace, broker, tmp_path):
     script = tmp_path / "stubborn.py"
     script.write_text("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(120)\n")
-    cfg = config_file(tmp_path, f"""  - queue: ExpenseQueue
+    cfg = config_file(
+        tmp_path,
+        f"""  - queue: ExpenseQueue
     command: [{sys.executable}, {script}]
     min_concurrency: 2
     max_concurrency: 2
-""", extra="shutdown_grace: 1\n")
+""",
+        extra="shutdown_grace: 1\n",
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     metrics_port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "kbroker", "activator", "run", "--config", str(cfg),
-                             "--bootstrap", kafka_bootstrap, "--namespace", namespace, "--json",
-                             "--metrics-port", str(metrics_port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kbroker",
+            "activator",
+            "run",
+            "--config",
+            str(cfg),
+            "--bootstrap",
+            kafka_bootstrap,
+            "--namespace",
+            namespace,
+            "--json",
+            "--metrics-port",
+            str(metrics_port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     lines: list[dict] = []
     try:
         deadline = time.monotonic() + 60
@@ -235,9 +290,13 @@ def test_sigterm_stops_every_child_even_one_that_ignores_sigterm(kafka_bootstrap
             os.kill(pid, 0)  # alive
         # --metrics-port: the activator's own metrics, in Prometheus's text format.
         scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
-        starts = next(s.value for f in text_string_to_metric_families(scraped) for s in f.samples
-                      if s.name == "kbroker_activator_events_total" and s.labels == {
-                          "namespace": namespace, "queue": "ExpenseQueue", "event": "start"})
+        starts = next(
+            s.value
+            for f in text_string_to_metric_families(scraped)
+            for s in f.samples
+            if s.name == "kbroker_activator_events_total"
+            and s.labels == {"namespace": namespace, "queue": "ExpenseQueue", "event": "start"}
+        )
         assert starts == 2
         time.sleep(0.5)  # let the children install their SIGTERM handler
         proc.send_signal(signal.SIGTERM)
@@ -257,12 +316,16 @@ def test_sigterm_stops_every_child_even_one_that_ignores_sigterm(kafka_bootstrap
             os.kill(pid, 0)
 
 
-def test_first_start_begins_at_latest_and_a_restart_resumes_where_it_stopped(kafka_bootstrap, namespace, broker,
-                                                                             tmp_path):
+def test_first_start_begins_at_latest_and_a_restart_resumes_where_it_stopped(
+    kafka_bootstrap, namespace, broker, tmp_path
+):
     log = tmp_path / "ran.log"
-    cfg = config_file(tmp_path, f"""  - queue: ExpenseQueue
+    cfg = config_file(
+        tmp_path,
+        f"""  - queue: ExpenseQueue
     command: [{sys.executable}, -c, "import os; open({str(log)!r}, 'a').write(str(os.getpid()) + chr(10))"]
-""")
+""",
+    )
     publish(kafka_bootstrap, namespace, [("ExpenseQueue", activation("ExpenseQueue", namespace))])
     with activator(tmp_path, kafka_bootstrap, namespace, cfg) as (act, records):
         time.sleep(2)  # an event from before the first start is history, not work
@@ -277,8 +340,11 @@ def test_first_start_begins_at_latest_and_a_restart_resumes_where_it_stopped(kaf
 
 def test_run_without_the_namespace_topics_is_a_one_line_error(kafka_bootstrap, namespace, tmp_path):
     cfg = config_file(tmp_path, "  - queue: ExpenseQueue\n    command: [x]\n")
-    res = run_kbroker_module("activator", "run", "--config", str(cfg), "--bootstrap", kafka_bootstrap, "--namespace", namespace)
+    res = run_kbroker_module(
+        "activator", "run", "--config", str(cfg), "--bootstrap", kafka_bootstrap, "--namespace", namespace
+    )
     assert res.returncode == 1
     assert res.stderr.strip().splitlines() == [
         f"kbroker: error: topic kbroker.{namespace}.events does not exist: run 'kbroker apply' for "
-        f"namespace {namespace!r} first"]
+        f"namespace {namespace!r} first"
+    ]

@@ -35,10 +35,12 @@ TICK = 0.05  # the heartbeat task's period
 HOLD = 2.0  # how long the sync transaction keeps the conversation locked
 
 
-def hold_conversation_lock(broker: Broker, handle: str, held: threading.Event,
-                           committed_at: list[float]) -> threading.Thread:
+def hold_conversation_lock(
+    broker: Broker, handle: str, held: threading.Event, committed_at: list[float]
+) -> threading.Thread:
     """A thread whose transaction SENDs on `handle` (taking its conversation lock), keeps it HOLD
     seconds, then commits; `held` is set once the lock is taken, `committed_at` gets the commit time."""
+
     def run() -> None:
         tx = broker.transaction()
         tx.send(handle, CLAIM, {"n": "sync"})
@@ -137,8 +139,13 @@ def test_get_conversation_group_locks_the_group_it_names(broker):
                 other_group = await other.get_conversation_group("ExpenseQueue", wait=0.5)  # locked
             msgs = await tx.receive("ExpenseQueue", top=10, wait=5, conversation_group=group)
             assert tx.state == "open" and tx.committed_at is None
-        return (group, other_group, [m.message_id for m in msgs], [m.conversation_group_id for m in msgs],
-                tx.committed_at)
+        return (
+            group,
+            other_group,
+            [m.message_id for m in msgs],
+            [m.conversation_group_id for m in msgs],
+            tx.committed_at,
+        )
 
     group, other_group, received, groups, committed_at = asyncio.run(main())
     assert group is not None and other_group is None
@@ -147,8 +154,9 @@ def test_get_conversation_group_locks_the_group_it_names(broker):
     assert broker.receive("ExpenseQueue", top=10, wait=1) == []  # the commit consumed them
 
 
-def test_dialog_timers_armed_through_the_async_api_fire(kafka_bootstrap, namespace, broker,
-                                                         timer_service: TimerService):
+def test_dialog_timers_armed_through_the_async_api_fire(
+    kafka_bootstrap, namespace, broker, timer_service: TimerService
+):
     handle = broker.begin_dialog(EMP, EXP, CONTRACT)
     abroker = AsyncBroker(broker)
 
@@ -233,9 +241,15 @@ def test_many_asyncio_readers_sharing_the_group_commit_keep_g1_order_and_exactly
                     continue
                 idle_since, leased = time.monotonic(), time.time()
                 await asyncio.sleep(rng.uniform(0, 0.01))
-                body = {"pid": os.getpid(), "reader": idx, "leased": leased,
-                        "conversation_id": msgs[0].conversation_id, "group": msgs[0].conversation_group_id,
-                        "seqs": [m.message_sequence_number for m in msgs], "ids": [m.message_id for m in msgs]}
+                body = {
+                    "pid": os.getpid(),
+                    "reader": idx,
+                    "leased": leased,
+                    "conversation_id": msgs[0].conversation_id,
+                    "group": msgs[0].conversation_group_id,
+                    "seqs": [m.message_sequence_number for m in msgs],
+                    "ids": [m.message_id for m in msgs],
+                }
                 await tx.send(msgs[0].conversation_handle, inv.REPLY, body)
                 if rng.random() < 0.1:
                     await tx.rollback()

@@ -38,8 +38,13 @@ from kbroker.sdk.broker import Broker
 from tests.helpers import DATA, KBROKER, ROOT, free_port, wait_for
 from tests.integration.test_worker import Worker
 
-CLIENT, STALE, FRESH, CONTRACT, WORK = ("//kbroker/test/Client", "//kbroker/test/Stale", "//kbroker/test/Fresh",
-                                        "//kbroker/test/WorkContract", "//kbroker/test/Work")
+CLIENT, STALE, FRESH, CONTRACT, WORK = (
+    "//kbroker/test/Client",
+    "//kbroker/test/Stale",
+    "//kbroker/test/Fresh",
+    "//kbroker/test/WorkContract",
+    "//kbroker/test/Work",
+)
 
 
 @pytest.fixture
@@ -67,8 +72,11 @@ def totals(bootstrap: str, ns: str, queue: str) -> dict:
     rows = windows(bootstrap, ns, queue)
     if not rows:
         return {}
-    return {"arrivals": sum(r["arrivals"] for r in rows), "receives": sum(r["receives"] for r in rows),
-            **{k: rows[-1][k] for k in ("backlog", "stale", "oldest_unreceived_age_s", "top_groups", "as_of")}}
+    return {
+        "arrivals": sum(r["arrivals"] for r in rows),
+        "receives": sum(r["receives"] for r in rows),
+        **{k: rows[-1][k] for k in ("backlog", "stale", "oldest_unreceived_age_s", "top_groups", "as_of")},
+    }
 
 
 def partitions_led(bootstrap: str, ns: str) -> bool:
@@ -78,8 +86,9 @@ def partitions_led(bootstrap: str, ns: str) -> bool:
     except KafkaException:
         return False
     mine = [t for name, t in topics.items() if name.startswith(names.prefix(ns))]
-    return bool(mine) and all(t.error is None and all(p.leader >= 0 and p.error is None for p in t.partitions.values())
-                              for t in mine)
+    return bool(mine) and all(
+        t.error is None and all(p.leader >= 0 and p.error is None for p in t.partitions.values()) for t in mine
+    )
 
 
 def send(b: Broker, to: str, dialogs: int, each: int) -> list[str]:
@@ -117,19 +126,26 @@ def known_workload(b: Broker) -> float:
     return stale_sent
 
 
-def check_known_aggregates(bootstrap: str, ns: str, stale_sent: float, history: Path,
-                           seen: Callable[[], Any]) -> None:
+def check_known_aggregates(bootstrap: str, ns: str, stale_sent: float, history: Path, seen: Callable[[], Any]) -> None:
     """What a job with 5 s windows reports of known_workload, exactly, wherever it runs (`seen`:
     the job's state, shown when the fresh queue's counts do not come)."""
-    fresh = wait_for(lambda: (t := totals(bootstrap, ns, "FreshQueue")) and t["receives"] == 20 and t, 90,
-                     "the 20 fresh messages received in the analytics topic",
-                     seen=lambda: (totals(bootstrap, ns, "FreshQueue"),
-                                   (latest_values(bootstrap, names.progress_topic(ns), 10) or {}).get(b"FreshQueue"),
-                                   seen()))
+    fresh = wait_for(
+        lambda: (t := totals(bootstrap, ns, "FreshQueue")) and t["receives"] == 20 and t,
+        90,
+        "the 20 fresh messages received in the analytics topic",
+        seen=lambda: (
+            totals(bootstrap, ns, "FreshQueue"),
+            (latest_values(bootstrap, names.progress_topic(ns), 10) or {}).get(b"FreshQueue"),
+            seen(),
+        ),
+    )
     assert fresh["arrivals"] == 20 and fresh["backlog"] == 0
     assert fresh["stale"] == {"dispatcher_10s": 0, "forwarder_60s": 0, "queue": 0}
-    stale = wait_for(lambda: (t := totals(bootstrap, ns, "StaleQueue")) and t["stale"]["dispatcher_10s"] == 30 and t,
-                     60, "the 30 unreceived messages past 10 s")
+    stale = wait_for(
+        lambda: (t := totals(bootstrap, ns, "StaleQueue")) and t["stale"]["dispatcher_10s"] == 30 and t,
+        60,
+        "the 30 unreceived messages past 10 s",
+    )
     assert (stale["arrivals"], stale["receives"], stale["backlog"]) == (30, 0, 30), stale
     assert stale["stale"]["queue"] == 30 and stale["stale"]["forwarder_60s"] == 0, stale
     assert stale["oldest_unreceived_age_s"] >= 10
@@ -139,21 +155,34 @@ def check_known_aggregates(bootstrap: str, ns: str, stale_sent: float, history: 
     assert sorted(r["class"] for r in rows if r["queue"] == "StaleQueue") == ["stale"] * 5
     assert all(r["class"] != "stale" for r in rows if r["queue"] == "FreshQueue")
     # `kbroker dialogs --class stale` lists exactly those five, from the analytics topic.
-    out = subprocess.run([KBROKER, "dialogs", "--bootstrap", bootstrap, "--namespace", ns, "--class", "stale",
-                          "--json"], capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        [KBROKER, "dialogs", "--bootstrap", bootstrap, "--namespace", ns, "--class", "stale", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     listed = orjson.loads(out)
     assert sorted((r["queue"], r["backlog"]) for r in listed) == [("StaleQueue", 6)] * 5
     # Their ages are the ages now (over 10 s: the wait above), not at classification (about 3 s).
     now_age = time.time() - stale_sent
     assert all(10 <= r["oldest_age_s"] <= now_age + 1 for r in listed), (now_age, listed)
     # The reclaim keeps what the job has not read: its group's offsets reach the queues' ends.
-    read = committed_offsets(bootstrap, names.analytics_group(ns),
-                             [TopicPartition(names.queue_topic(ns, "FreshQueue"), p) for p in (0, 1)], 10, stable=False)
+    read = committed_offsets(
+        bootstrap,
+        names.analytics_group(ns),
+        [TopicPartition(names.queue_topic(ns, "FreshQueue"), p) for p in (0, 1)],
+        10,
+        stable=False,
+    )
     assert sum(tp.offset for tp in read) >= 20, read
     # Closed windows reach the Parquet history, one row per queue and window, the same counts.
-    rows = wait_for(lambda: (r := history_rows(history, "FreshQueue")) and sum(w["receives"] for w in r) == 20 and r,
-                    60, "the fresh queue's closed windows in the Parquet history",
-                    seen=lambda: history_rows(history, "FreshQueue"))
+    rows = wait_for(
+        lambda: (r := history_rows(history, "FreshQueue")) and sum(w["receives"] for w in r) == 20 and r,
+        60,
+        "the fresh queue's closed windows in the Parquet history",
+        seen=lambda: history_rows(history, "FreshQueue"),
+    )
     assert sum(w["arrivals"] for w in rows) == 20
     assert len({w["window_start"] for w in rows}) == len(rows)  # a window once
 
@@ -175,15 +204,18 @@ def test_known_stale_and_fresh_messages_give_exactly_those_aggregates(analytics_
     job = start_analytics(ns, window=5.0)  # short windows: they close, and reach the history, within the test
     wait_for(lambda: job.batches >= 1, 60, "the job's first batch")
     stale_sent = known_workload(b)
-    check_known_aggregates(bootstrap, ns, stale_sent, job.s.history,
-                           seen=lambda: (job.batches, job.failure(), w.log.read_text()[-4000:]))
+    check_known_aggregates(
+        bootstrap, ns, stale_sent, job.s.history, seen=lambda: (job.batches, job.failure(), w.log.read_text()[-4000:])
+    )
     # The job's metrics (kbroker/metrics.py; the job runs in this process) say the same, once the
     # batch that wrote those records has set them (just after its transaction).
     gauge = lambda name, **labels: REGISTRY.get_sample_value(name, {"namespace": ns, **labels})  # noqa: E731
-    wait_for(lambda: gauge("kbroker_analytics_queue_stale_messages", queue="StaleQueue",
-                           threshold="dispatcher_10s") == 30, 10, "the stale gauge",
-             seen=lambda: gauge("kbroker_analytics_queue_stale_messages", queue="StaleQueue",
-                                threshold="dispatcher_10s"))
+    wait_for(
+        lambda: gauge("kbroker_analytics_queue_stale_messages", queue="StaleQueue", threshold="dispatcher_10s") == 30,
+        10,
+        "the stale gauge",
+        seen=lambda: gauge("kbroker_analytics_queue_stale_messages", queue="StaleQueue", threshold="dispatcher_10s"),
+    )
     assert gauge("kbroker_analytics_queue_backlog_messages", queue="StaleQueue") == 30
     assert gauge("kbroker_analytics_queue_backlog_messages", queue="FreshQueue") == 0
     assert gauge("kbroker_analytics_queue_oldest_unreceived_seconds", queue="StaleQueue") >= 10
@@ -195,12 +227,30 @@ def test_known_stale_and_fresh_messages_give_exactly_those_aggregates(analytics_
     topic, conv, stamp = names.queue_topic(ns, "ClientQueue"), str(uuid.uuid4()), int(time.time() * 1000)
     producer = Producer({"bootstrap.servers": bootstrap})
     for i in range(6):
-        producer.produce(topic, b"", partition=0, timestamp=stamp - 100 * i, headers=[
-            (H_MESSAGE_ID, str(uuid.uuid4())), (H_CONVERSATION_ID, conv), (H_GROUP_ID, conv),
-            (H_TO_SIDE, "INITIATOR"), (H_MESSAGE_TYPE, WORK)])
+        producer.produce(
+            topic,
+            b"",
+            partition=0,
+            timestamp=stamp - 100 * i,
+            headers=[
+                (H_MESSAGE_ID, str(uuid.uuid4())),
+                (H_CONVERSATION_ID, conv),
+                (H_GROUP_ID, conv),
+                (H_TO_SIDE, "INITIATOR"),
+                (H_MESSAGE_TYPE, WORK),
+            ],
+        )
     assert producer.flush(10) == 0
-    wait_for(lambda: committed_offsets(bootstrap, names.analytics_group(ns), [TopicPartition(topic, 0)], 10,
-                                       stable=False)[0].offset >= 6, 30, "the job's read of the six records")
+    wait_for(
+        lambda: (
+            committed_offsets(bootstrap, names.analytics_group(ns), [TopicPartition(topic, 0)], 10, stable=False)[
+                0
+            ].offset
+            >= 6
+        ),
+        30,
+        "the job's read of the six records",
+    )
     client = totals(bootstrap, ns, "ClientQueue")  # written in the transaction that moved the read position
     assert (client["arrivals"], client["backlog"]) == (6, 6), client
 
@@ -214,8 +264,7 @@ services:
 """
 
 
-def test_what_the_job_has_not_read_yet_outlives_a_reclaim_between_its_batches(analytics_ns, start_analytics,
-                                                                             tmp_path):
+def test_what_the_job_has_not_read_yet_outlives_a_reclaim_between_its_batches(analytics_ns, start_analytics, tmp_path):
     """The 5th-tick reclaim deletes what readers received, but keeps what the analytics job has not
     counted: a queue its first batch had nothing of (that batch knows no end offsets, so commits no
     position), and a queue created after it (its Spark source has not found it yet). The job is
@@ -239,21 +288,34 @@ def test_what_the_job_has_not_read_yet_outlives_a_reclaim_between_its_batches(an
         late_b.close()
     reclaimed = reclaim_namespace(bootstrap, read_catalog(bootstrap, ns))
     touched = {r.topic for r in reclaimed}
-    assert names.queue_topic(ns, "FreshQueue") not in touched and names.queue_topic(ns, "LateQueue") not in touched, \
+    assert names.queue_topic(ns, "FreshQueue") not in touched and names.queue_topic(ns, "LateQueue") not in touched, (
         reclaimed
+    )
     start_analytics(ns, window=5.0)  # from the first job's checkpoint: its second batch
-    counted = wait_for(lambda: all((t := totals(bootstrap, ns, q)) and t["arrivals"] == n for q, n in
-                                   (("FreshQueue", 10), ("LateQueue", 6))) and True, 90,
-                       "both queues' arrivals counted",
-                       seen=lambda: (totals(bootstrap, ns, "FreshQueue"), totals(bootstrap, ns, "LateQueue")))
+    counted = wait_for(
+        lambda: (
+            all(
+                (t := totals(bootstrap, ns, q)) and t["arrivals"] == n
+                for q, n in (("FreshQueue", 10), ("LateQueue", 6))
+            )
+            and True
+        ),
+        90,
+        "both queues' arrivals counted",
+        seen=lambda: (totals(bootstrap, ns, "FreshQueue"), totals(bootstrap, ns, "LateQueue")),
+    )
     assert counted
+
     # Once the job has read them, a reclaim deletes them (the worker's, or this one).
     def log_starts() -> list[int]:
         reclaim_namespace(bootstrap, read_catalog(bootstrap, ns))
         c = clients.consumer(bootstrap, "kbroker-test-watermarks")
         try:
-            return [c.get_watermark_offsets(TopicPartition(names.queue_topic(ns, q), p), timeout=10)[0]
-                    for q in ("FreshQueue", "LateQueue") for p in (0, 1)]
+            return [
+                c.get_watermark_offsets(TopicPartition(names.queue_topic(ns, q), p), timeout=10)[0]
+                for q in ("FreshQueue", "LateQueue")
+                for p in (0, 1)
+            ]
         finally:
             c.close()
 
@@ -261,7 +323,8 @@ def test_what_the_job_has_not_read_yet_outlives_a_reclaim_between_its_batches(an
 
 
 def test_a_dialog_that_stops_being_received_is_reclassified_stale_and_the_worker_hears_of_it(
-        analytics_ns, start_analytics):
+    analytics_ns, start_analytics
+):
     bootstrap, ns, w, b = analytics_ns
     start_analytics(ns)
     h = b.begin_dialog(CLIENT, STALE, CONTRACT)
@@ -294,9 +357,18 @@ def test_a_dialog_that_stops_being_received_is_reclassified_stale_and_the_worker
     b.send(h, WORK, "never received")  # from now on nobody receives
     stale = wait_for(lambda: dialog("stale"), 60, "the dialog classified stale")
     assert f"{stale['conversation_id']}/{stale['side']}" == key and stale["previous"] == "active"
-    told = wait_for(lambda: next((r for r in httpx.get(w.url + "/dialogs/", timeout=5).json()["rows"]
-                                  if f"{r['conversation_id']}/{r['side']}" == key and r["to"] == "stale"), None),
-                    30, "the worker's /dialogs/ showing the RECLASSIFY to stale")
+    told = wait_for(
+        lambda: next(
+            (
+                r
+                for r in httpx.get(w.url + "/dialogs/", timeout=5).json()["rows"]
+                if f"{r['conversation_id']}/{r['side']}" == key and r["to"] == "stale"
+            ),
+            None,
+        ),
+        30,
+        "the worker's /dialogs/ showing the RECLASSIFY to stale",
+    )
     assert told["from"] == "active" and told["queue"] == "StaleQueue"
 
 
@@ -307,10 +379,30 @@ class JobProcess:
         self.log, self.history = tmp / f"analytics-{n}.log", tmp / "history"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                [KBROKER, "analytics", "run", "--bootstrap", bootstrap, "--namespace", ns, "--master", master,
-                 "--checkpoint", str(tmp / "checkpoint"), "--history", str(self.history), "--trigger", "1", *args],
-                cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True)
+                [
+                    KBROKER,
+                    "analytics",
+                    "run",
+                    "--bootstrap",
+                    bootstrap,
+                    "--namespace",
+                    ns,
+                    "--master",
+                    master,
+                    "--checkpoint",
+                    str(tmp / "checkpoint"),
+                    "--history",
+                    str(self.history),
+                    "--trigger",
+                    "1",
+                    *args,
+                ],
+                cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def batches(self) -> int:
         return self.log.read_text(errors="replace").count("analytics batch=")
@@ -369,8 +461,11 @@ def test_a_job_killed_and_restarted_counts_nothing_twice_and_rides_through_a_bro
     assert 0 < killed_at < 300, f"the kill did not come mid-stream: {killed_at} counted"
     second = JobProcess(bootstrap, ns, tmp_path, 2)
     try:
-        wait_for(lambda: totals(bootstrap, ns, "StaleQueue").get("arrivals") == 300, 120,
-                 f"all 300 arrivals counted after the restart ({second.log})")
+        wait_for(
+            lambda: totals(bootstrap, ns, "StaleQueue").get("arrivals") == 300,
+            120,
+            f"all 300 arrivals counted after the restart ({second.log})",
+        )
         n = second.batches()
         wait_for(lambda: second.batches() >= n + 3, 60, "three more batches")
         after = totals(bootstrap, ns, "StaleQueue")
@@ -386,8 +481,11 @@ def test_a_job_killed_and_restarted_counts_nothing_twice_and_rides_through_a_bro
         # typed, retriable error: a fresh run hit "Unknown partition" on the endpoints topic).
         wait_for(lambda: partitions_led(bootstrap, ns), 60, "every partition of the namespace led again")
         send(b, STALE, dialogs=10, each=5)
-        after = wait_for(lambda: (t := totals(bootstrap, ns, "StaleQueue")).get("arrivals") == 350 and t, 240,
-                         f"the 50 sent after the restart counted ({second.log})")
+        after = wait_for(
+            lambda: (t := totals(bootstrap, ns, "StaleQueue")).get("arrivals") == 350 and t,
+            240,
+            f"the 50 sent after the restart counted ({second.log})",
+        )
         assert after["backlog"] == 350 and after["receives"] == 0, after
         assert second.proc.poll() is None
         outage = second.log.read_text(errors="replace").splitlines()[lines:]
@@ -407,8 +505,9 @@ def test_the_bench_keep_up_measurement_gives_the_job_and_both_send_rates(kafka_b
     from kbroker.bench.scenarios.analytics import keep_up
     from kbroker.core.cluster import Cluster
 
-    ctx = BenchContext(Cluster(kafka_bootstrap), Params(repeat=1, conversations=50), Reporter(quiet=True),
-                       samples_dir(), "test")
+    ctx = BenchContext(
+        Cluster(kafka_bootstrap), Params(repeat=1, conversations=50), Reporter(quiet=True), samples_dir(), "test"
+    )
     try:
         rows = keep_up(ctx, spark, batch=400)
     finally:

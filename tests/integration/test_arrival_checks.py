@@ -28,9 +28,15 @@ from tests.helpers import SAMPLES
 
 def committed_records(bootstrap: str, topic: str, timeout: float = 15.0) -> list:
     """Every committed record of `topic`, by a plain read_committed consumer read to its end."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex[:8]}",
-                  "isolation.level": "read_committed", "enable.partition.eof": True,
-                  "enable.auto.commit": False})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"probe-{uuid.uuid4().hex[:8]}",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+        }
+    )
     try:
         meta = c.list_topics(topic, timeout=10).topics.get(topic)
         if meta is None or meta.error is not None:
@@ -49,14 +55,14 @@ def committed_records(bootstrap: str, topic: str, timeout: float = 15.0) -> list
         c.close()
 
 
-def forge(bootstrap: str, namespace: str, conversation: str, seq: int, body: bytes, *,
-          group: str | None = None) -> str:
+def forge(bootstrap: str, namespace: str, conversation: str, seq: int, body: bytes, *, group: str | None = None) -> str:
     """A CLAIM to the target of `conversation` written by a plain producer: it never passed SEND."""
     group = group or default_group(conversation, "TARGET")
     env = Envelope(str(uuid.uuid4()), conversation, group, seq, CLAIM, CONTRACT, EMP, EXP, "TARGET")
     producer = Producer({"bootstrap.servers": bootstrap})
-    producer.produce(names.queue_topic(namespace, "ExpenseQueue"), key=group.encode(), value=body,
-                     headers=env.headers())
+    producer.produce(
+        names.queue_topic(namespace, "ExpenseQueue"), key=group.encode(), value=body, headers=env.headers()
+    )
     assert producer.flush(30) == 0
     return env.message_id
 
@@ -71,13 +77,19 @@ def receive_until(broker: Broker, queue: str, count: int, timeout: float = 30.0)
 
 def set_aside(bootstrap: str, namespace: str, message_id: str) -> tuple[list[str], list[dict]]:
     """The dead letters of `message_id` (their reasons) and the events naming them."""
-    letters = [m for m in committed_records(bootstrap, names.deadletter_topic(namespace))
-               if dict(m.headers() or []).get("kb.message_id") == message_id.encode()]
+    letters = [
+        m
+        for m in committed_records(bootstrap, names.deadletter_topic(namespace))
+        if dict(m.headers() or []).get("kb.message_id") == message_id.encode()
+    ]
     reasons = [dict(m.headers())["kb.dlq.reason"].decode() for m in letters]
     events = [orjson.loads(m.value()) for m in committed_records(bootstrap, names.events_topic(namespace))]
     offsets = {(int(dict(m.headers())["kb.dlq.partition"]), int(dict(m.headers())["kb.dlq.offset"])) for m in letters}
-    named = [e for e in events if e.get("event") == "MESSAGE_DEAD_LETTERED"
-             and (e.get("partition"), e.get("offset")) in offsets]
+    named = [
+        e
+        for e in events
+        if e.get("event") == "MESSAGE_DEAD_LETTERED" and (e.get("partition"), e.get("offset")) in offsets
+    ]
     return reasons, named
 
 

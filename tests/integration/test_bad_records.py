@@ -48,8 +48,12 @@ class Setup:
     def write(self, topic: str, key: bytes | None, value: bytes | None) -> None:
         """One record, as any client may write it; returns once the broker acknowledged it."""
         errors: list = []
-        self.producer.produce(names.prefix(self.ns) + topic, key=key, value=value,
-                              on_delivery=lambda err, _msg: err and errors.append(err))
+        self.producer.produce(
+            names.prefix(self.ns) + topic,
+            key=key,
+            value=value,
+            on_delivery=lambda err, _msg: err and errors.append(err),
+        )
         assert self.producer.flush(15) == 0 and not errors, errors
 
     def dead_letters(self, topic: str) -> list[dict]:
@@ -58,14 +62,24 @@ class Setup:
         for m in read_to_end(self.bootstrap, names.deadletter_topic(self.ns), 15) or []:
             h = {k: v.decode() for k, v in m.headers() or [] if k.startswith("kb.dlq.")}
             if h.get("kb.dlq.topic") == names.prefix(self.ns) + topic:
-                out.append({"offset": int(h["kb.dlq.offset"]), "reason": h["kb.dlq.reason"],
-                            "reader": h.get("kb.dlq.reader"), "key": m.key(), "value": m.value()})
+                out.append(
+                    {
+                        "offset": int(h["kb.dlq.offset"]),
+                        "reason": h["kb.dlq.reason"],
+                        "reader": h.get("kb.dlq.reader"),
+                        "key": m.key(),
+                        "value": m.value(),
+                    }
+                )
         return sorted(out, key=lambda d: d["offset"])
 
     def events(self, kind: str) -> list[dict]:
         records = read_to_end(self.bootstrap, names.events_topic(self.ns), 15) or []
-        return [e for e in (orjson.loads(m.value()) for m in records if m.value() and m.value().startswith(b"{"))
-                if e.get("event") == kind]
+        return [
+            e
+            for e in (orjson.loads(m.value()) for m in records if m.value() and m.value().startswith(b"{"))
+            if e.get("event") == kind
+        ]
 
     def rejected_events(self, topic: str) -> list[dict]:
         return [e for e in self.events(RECORD_REJECTED) if e.get("topic") == names.prefix(self.ns) + topic]
@@ -73,8 +87,9 @@ class Setup:
     def accounted(self, topic: str, n: int, timeout: float = 30.0) -> list[dict]:
         """Wait for `n` dead letters of `topic`, each with its event (the last test checks that
         later scans record none of them again)."""
-        letters = wait_for(lambda: len(d := self.dead_letters(topic)) >= n and d, timeout,
-                           f"{n} dead letters of the {topic} topic")
+        letters = wait_for(
+            lambda: len(d := self.dead_letters(topic)) >= n and d, timeout, f"{n} dead letters of the {topic} topic"
+        )
         time.sleep(0.5)  # one more would have come with it
         letters = self.dead_letters(topic)
         assert len(letters) == n, letters
@@ -90,8 +105,13 @@ class Setup:
         assert httpx.get(w.url + "/tasks/", timeout=5).status_code == 200
 
     def cli(self, *args: str) -> dict:
-        out = subprocess.run([KBROKER, *args, "--bootstrap", self.bootstrap, "--namespace", self.ns, "--json"],
-                             capture_output=True, text=True, timeout=60, cwd=ROOT)
+        out = subprocess.run(
+            [KBROKER, *args, "--bootstrap", self.bootstrap, "--namespace", self.ns, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
         assert out.returncode == 0, out.stderr
         return orjson.loads(out.stdout) if out.stdout.strip() else {}
 
@@ -114,11 +134,16 @@ def test_a_forged_queue_altered_event_cannot_choose_the_procedure(setup):
     for StubQueue: the worker refuses it (an ACTIVATION_REFUSED event with the reason), the
     queue is not activated (its message stays), and print is never called (it would have
     written the Broker and the queue name to the worker's log)."""
-    forged = {"event": "QueueAltered", "config": {"enabled": True, "kind": "internal", "procedure": "builtins:print",
-                                                  "max_queue_readers": 2}}
+    forged = {
+        "event": "QueueAltered",
+        "config": {"enabled": True, "kind": "internal", "procedure": "builtins:print", "max_queue_readers": 2},
+    }
     setup.write("monitor-events", b"StubQueue", orjson.dumps(forged))
-    refused = wait_for(lambda: [e for e in setup.events("ACTIVATION_REFUSED") if e["queue"] == "StubQueue"], 30,
-                       "an ACTIVATION_REFUSED event for StubQueue")
+    refused = wait_for(
+        lambda: [e for e in setup.events("ACTIVATION_REFUSED") if e["queue"] == "StubQueue"],
+        30,
+        "an ACTIVATION_REFUSED event for StubQueue",
+    )
     assert refused[0]["procedure"] == "builtins:print" and "reason" in refused[0]
     with Broker(setup.bootstrap, setup.ns) as client:
         send_jobs(client, "//kbroker/test/Stub", conversations=1, per_conversation=1)
@@ -135,9 +160,12 @@ def test_garbage_on_the_monitor_events_and_ticks_topics_is_set_aside_and_the_wor
     monitor events; a non-JSON tick request. Before, the keyless one crashed the Faust agent
     (enough crashes stop the worker)."""
     before = len(setup.events("TICK"))
-    for key, value in ((None, b'{"event": "Tick"}'), (b"SlowQueue", b"\x00not json"),
-                       (b"SlowQueue", b'{"event": "MessagesReady", "backlog": "lots", "ready_groups": 1}'),
-                       (b"\xff\xfe", b'{"event": "Tick"}')):
+    for key, value in (
+        (None, b'{"event": "Tick"}'),
+        (b"SlowQueue", b"\x00not json"),
+        (b"SlowQueue", b'{"event": "MessagesReady", "backlog": "lots", "ready_groups": 1}'),
+        (b"\xff\xfe", b'{"event": "Tick"}'),
+    ):
         setup.write("monitor-events", key, value)
     setup.write("ticks", b"tick", b"not a tick request")
     with Broker(setup.bootstrap, setup.ns) as client:  # activation still runs: replies come back
@@ -215,9 +243,17 @@ def test_garbage_on_the_timers_topic_never_fires_and_a_valid_timer_still_does(se
     with Broker(setup.bootstrap, setup.ns) as client:
         h = client.begin_dialog(CLIENT, "//kbroker/test/Paused", JOBS)
         conv = client.endpoints.get(h).conversation_id
-        elsewhere = {"kind": "timer", "due": 0, "conversation_id": conv, "side": "INITIATOR", "contract": JOBS,
-                     "service": CLIENT, "far_service": "//kbroker/test/Paused", "topic": names.events_topic(setup.ns),
-                     "key": "forged-k"}
+        elsewhere = {
+            "kind": "timer",
+            "due": 0,
+            "conversation_id": conv,
+            "side": "INITIATOR",
+            "contract": JOBS,
+            "service": CLIENT,
+            "far_service": "//kbroker/test/Paused",
+            "topic": names.events_topic(setup.ns),
+            "key": "forged-k",
+        }
         setup.write("timers", b"timer:x:1", b"not json")
         setup.write("timers", b"timer:y:1", orjson.dumps(elsewhere))
         setup.write("timers", b"\xff", b"{}")
@@ -233,22 +269,41 @@ def test_garbage_on_the_timers_topic_never_fires_and_a_valid_timer_still_does(se
     reasons = {d["key"]: d["reason"] for d in letters}
     assert "not JSON" in reasons[b"timer:x:1"] and "not UTF-8" in reasons[b"\xff"], letters
     assert "not a queue" in reasons[b"timer:y:1"], letters
-    assert not [m for m in read_to_end(setup.bootstrap, names.events_topic(setup.ns), 15) or []
-                if m.key() == b"forged-k"], "the forged timer fired onto the events topic"
+    assert not [
+        m for m in read_to_end(setup.bootstrap, names.events_topic(setup.ns), 15) or [] if m.key() == b"forged-k"
+    ], "the forged timer fired onto the events topic"
     setup.alive()
 
 
 def test_garbage_on_the_control_and_readers_topics_is_recorded_and_the_views_still_answer(setup):
     setup.write("control", b"dialog-1", b"not json")
     setup.write("control", b"dialog-2", b'["RECLASSIFY"]')
-    setup.write("control", b"dialog-3", orjson.dumps({"command": "RECLASSIFY", "conversation_id": "c3",
-                                                      "side": "TARGET", "queue": "SlowQueue", "from": "normal",
-                                                      "to": "slow", "batch": 1}))
+    setup.write(
+        "control",
+        b"dialog-3",
+        orjson.dumps(
+            {
+                "command": "RECLASSIFY",
+                "conversation_id": "c3",
+                "side": "TARGET",
+                "queue": "SlowQueue",
+                "from": "normal",
+                "to": "slow",
+                "batch": 1,
+            }
+        ),
+    )
     setup.write("readers", b"p/t", b"not json")
     setup.write("readers", b"p/u", orjson.dumps({"topic": names.queue_topic(setup.ns, "SlowQueue")}))
     assert setup.cli("queue", "show", "SlowQueue")["queue"] == "SlowQueue"  # before: it raised on the report
-    wait_for(lambda: [r["conversation_id"] for r in httpx.get(setup.worker.url + "/dialogs/", timeout=5).json()["rows"]]
-             == ["c3"], 20, "the valid RECLASSIFY after the garbage, served")
+    wait_for(
+        lambda: (
+            [r["conversation_id"] for r in httpx.get(setup.worker.url + "/dialogs/", timeout=5).json()["rows"]]
+            == ["c3"]
+        ),
+        20,
+        "the valid RECLASSIFY after the garbage, served",
+    )
     assert len(setup.accounted("control", 2)) == 2
     assert len(setup.accounted("readers", 2, timeout=5)) == 2
     setup.alive()
@@ -261,11 +316,19 @@ def test_garbage_on_the_progress_topic_does_not_stop_the_analytics_job(setup, st
     at = 4102444800000  # 2100-01-01: no other record of the namespace says a later time
     setup.write("progress", b"SlowQueue", b"not json")
     setup.write("progress", b"SlowQueue", b'{"queue": "SlowQueue", "at": "noon", "partitions": []}')
-    setup.write("progress", b"SlowQueue", orjson.dumps({"queue": "SlowQueue", "at": at, "partitions": [
-        {"partition": 0, "committed": 0, "completed": []}]}))
+    setup.write(
+        "progress",
+        b"SlowQueue",
+        orjson.dumps(
+            {"queue": "SlowQueue", "at": at, "partitions": [{"partition": 0, "committed": 0, "completed": []}]}
+        ),
+    )
     job = start_analytics(setup.ns)
-    wait_for(lambda: job.state is not None and job.state.now == at or job.failure(), 120,
-             "the analytics job's batch with the valid snapshot")
+    wait_for(
+        lambda: job.state is not None and job.state.now == at or job.failure(),
+        120,
+        "the analytics job's batch with the valid snapshot",
+    )
     assert job.failure() is None and job.query.isActive
     letters = setup.accounted("progress", 2, timeout=10)
     assert {d["reader"] for d in letters} == {"analytics job"} and "not JSON" in letters[0]["reason"]
@@ -304,12 +367,34 @@ def oracle(ns: str, topic: str, key: bytes | None, value: bytes | None) -> bool:
         return False
 
 
-fuzz_values = st.none() | st.binary(max_size=120) | st.sampled_from(
-    [b"{}", b"[]", b"null", b'{"event": "Tick"}', b'{"event": "MessagesReady", "backlog": -1}', b'"x"', b"\xff\xfe",
-     b'{"name": "ClientQueue"}', b'{"kind": "timer", "due": 0}', b'{"command": "RECLASSIFY"}'])
-fuzz_records = st.lists(st.tuples(st.sampled_from(FUZZ_TOPICS), st.none() | st.binary(max_size=16), fuzz_values,
-                                  st.lists(st.tuples(st.text(max_size=6), st.binary(max_size=12)), max_size=2)),
-                        min_size=1, max_size=6)
+fuzz_values = (
+    st.none()
+    | st.binary(max_size=120)
+    | st.sampled_from(
+        [
+            b"{}",
+            b"[]",
+            b"null",
+            b'{"event": "Tick"}',
+            b'{"event": "MessagesReady", "backlog": -1}',
+            b'"x"',
+            b"\xff\xfe",
+            b'{"name": "ClientQueue"}',
+            b'{"kind": "timer", "due": 0}',
+            b'{"command": "RECLASSIFY"}',
+        ]
+    )
+)
+fuzz_records = st.lists(
+    st.tuples(
+        st.sampled_from(FUZZ_TOPICS),
+        st.none() | st.binary(max_size=16),
+        fuzz_values,
+        st.lists(st.tuples(st.text(max_size=6), st.binary(max_size=12)), max_size=2),
+    ),
+    min_size=1,
+    max_size=6,
+)
 
 
 def test_generated_records_on_every_topic_stop_nothing_and_are_all_accounted_for(setup):
@@ -323,8 +408,9 @@ def test_generated_records_on_every_topic_stop_nothing_and_are_all_accounted_for
         h = client.begin_dialog(CLIENT, "//kbroker/test/Paused", JOBS)
         sent: list[int] = []
 
-        @settings(max_examples=20, derandomize=True, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=20, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        )
         @given(records=fuzz_records)
         def write_batch(records):
             sent.append(len(sent))

@@ -24,10 +24,31 @@ def test_a_small_run_reports_both_sides_and_their_ratio(kafka_bootstrap, tmp_pat
     env = {**os.environ, "KBROKER_BOOTSTRAP": kafka_bootstrap}
     started = time.monotonic()
     stdout, _ = run_bench_cli(
-        [KBROKER, "bench", "send", "backlog-rss", "ended-dialogs", "--repeat", "1", "--messages", "500",
-         "--conversations", "100", "--backlog", "2000", "--ended-dialogs", "500", "--json", "--out", str(out),
-         "--docs", str(docs)],
-        env, timeout=120)
+        [
+            KBROKER,
+            "bench",
+            "send",
+            "backlog-rss",
+            "ended-dialogs",
+            "--repeat",
+            "1",
+            "--messages",
+            "500",
+            "--conversations",
+            "100",
+            "--backlog",
+            "2000",
+            "--ended-dialogs",
+            "500",
+            "--json",
+            "--out",
+            str(out),
+            "--docs",
+            str(docs),
+        ],
+        env,
+        timeout=120,
+    )
     assert time.monotonic() - started < 60, "the small benchmark run should stay under a minute"
 
     doc = json.loads(stdout)
@@ -56,7 +77,7 @@ def test_a_small_run_reports_both_sides_and_their_ratio(kafka_bootstrap, tmp_pat
     # The results file holds what was printed; the docs table was rewritten between the markers.
     assert json.loads((out / "latest.json").read_text()) == doc
     text = docs.read_text()
-    section = text[text.index(RESULTS_START):text.index(RESULTS_END)]
+    section = text[text.index(RESULTS_START) : text.index(RESULTS_END)]
     assert "| send | msg/s |" in section and "| backlog-rss | MB |" in section
     assert doc["date"] in section
     assert text.startswith("# Benchmarks")  # the rest of the file is kept
@@ -65,9 +86,28 @@ def test_a_small_run_reports_both_sides_and_their_ratio(kafka_bootstrap, tmp_pat
 def test_the_quick_check_judges_each_row_against_its_floor_and_writes_only_quick_json(kafka_bootstrap, tmp_path):
     out = tmp_path / "results"
     env = {**os.environ, "KBROKER_BOOTSTRAP": kafka_bootstrap}
-    proc = subprocess.run([KBROKER, "bench", "--quick", "send", "--messages", "200", "--conversations", "20",
-                           "--json", "--quiet", "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [
+            KBROKER,
+            "bench",
+            "--quick",
+            "send",
+            "--messages",
+            "200",
+            "--conversations",
+            "20",
+            "--json",
+            "--quiet",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     rows = {r["scenario"]: r for r in doc["results"]}

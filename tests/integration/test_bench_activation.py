@@ -14,13 +14,40 @@ from tests.helpers import ROOT, run_bench_cli
 
 
 def test_the_activation_scenarios_report_latency_and_drain_time(kafka_bootstrap, tmp_path):
-    env = {**os.environ, "KBROKER_BOOTSTRAP": kafka_bootstrap,
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env = {
+        **os.environ,
+        "KBROKER_BOOTSTRAP": kafka_bootstrap,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
     stdout, _ = run_bench_cli(
-        [sys.executable, "-m", "kbroker", "bench", "activation-latency", "activation-drain", "--repeat", "1",
-         "--samples", "2", "--drain-messages", "300", "--conversations", "30", "--max-readers", "2",
-         "--ramp-up", "1", "--json", "--out", str(tmp_path / "results"), "--no-docs", "--quiet"],
-        env, timeout=150)
+        [
+            sys.executable,
+            "-m",
+            "kbroker",
+            "bench",
+            "activation-latency",
+            "activation-drain",
+            "--repeat",
+            "1",
+            "--samples",
+            "2",
+            "--drain-messages",
+            "300",
+            "--conversations",
+            "30",
+            "--max-readers",
+            "2",
+            "--ramp-up",
+            "1",
+            "--json",
+            "--out",
+            str(tmp_path / "results"),
+            "--no-docs",
+            "--quiet",
+        ],
+        env,
+        timeout=150,
+    )
 
     doc = json.loads(stdout)
     assert doc["params"]["samples"] == 2 and doc["params"]["drain_messages"] == 300
@@ -50,6 +77,9 @@ def test_the_activation_scenarios_report_latency_and_drain_time(kafka_bootstrap,
     assert run["kbroker_detail"]["readers_at_s"].get("1") is not None, run  # a reader was activated
 
     # Each scenario stopped the worker it started.
-    workers = [p for p in psutil.process_iter(["cmdline"])
-               if "worker" in (p.info["cmdline"] or []) and any("bench-act" in a for a in p.info["cmdline"] or [])]
+    workers = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "worker" in (p.info["cmdline"] or []) and any("bench-act" in a for a in p.info["cmdline"] or [])
+    ]
     assert not workers, [p.info["cmdline"] for p in workers]

@@ -12,8 +12,9 @@ from kbroker.core.cluster import Cluster
 
 
 def context(bootstrap: str) -> BenchContext:
-    return BenchContext(Cluster.of(bootstrap), Params(conversations=40), Reporter(quiet=True), samples_dir(),
-                        "session broker")
+    return BenchContext(
+        Cluster.of(bootstrap), Params(conversations=40), Reporter(quiet=True), samples_dir(), "session broker"
+    )
 
 
 def test_one_process_of_reader_threads_handles_every_message_and_says_what_it_used(kafka_bootstrap):

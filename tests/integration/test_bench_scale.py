@@ -19,12 +19,37 @@ from tests.helpers import ROOT, run_bench_cli
 @pytest.mark.bench_scale
 @pytest.mark.timeout(600)
 def test_the_scaling_curves_are_measured_at_small_sizes(kafka_bootstrap, tmp_path):
-    env = {**os.environ, "KBROKER_BOOTSTRAP": kafka_bootstrap,
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env = {
+        **os.environ,
+        "KBROKER_BOOTSTRAP": kafka_bootstrap,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
     stdout, _ = run_bench_cli(
-        [sys.executable, "-m", "kbroker", "bench", "scale", "--queues", "2,4", "--dialogs", "300",
-         "--workers", "1,2", "--drain-messages", "600", "--ramp-up", "1", "--json",
-         "--out", str(tmp_path / "results"), "--no-docs", "--quiet"], env, timeout=540)
+        [
+            sys.executable,
+            "-m",
+            "kbroker",
+            "bench",
+            "scale",
+            "--queues",
+            "2,4",
+            "--dialogs",
+            "300",
+            "--workers",
+            "1,2",
+            "--drain-messages",
+            "600",
+            "--ramp-up",
+            "1",
+            "--json",
+            "--out",
+            str(tmp_path / "results"),
+            "--no-docs",
+            "--quiet",
+        ],
+        env,
+        timeout=540,
+    )
 
     doc = json.loads(stdout)
     assert doc == json.loads((tmp_path / "results" / "scale.json").read_text())
@@ -52,8 +77,11 @@ def test_the_scaling_curves_are_measured_at_small_sizes(kafka_bootstrap, tmp_pat
     assert workers[0]["monitor_owners"] == 1 and all(p["msg_per_s"] > 0 for p in workers)
 
     # The workers the curves started were stopped.
-    left = [p for p in psutil.process_iter(["cmdline"])
-            if "worker" in (p.info["cmdline"] or []) and any("bench-scale" in a for a in p.info["cmdline"] or [])]
+    left = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "worker" in (p.info["cmdline"] or []) and any("bench-scale" in a for a in p.info["cmdline"] or [])
+    ]
     assert not left, [p.info["cmdline"] for p in left]
 
 
@@ -76,11 +104,19 @@ def test_the_tick_reader_skips_what_another_client_wrote_and_reads_on(kafka_boot
         return json.dumps({"event": "TICK", "number": 1, "requested_ms": asked, "time": done, **extra}).encode()
 
     since = 1_000_000
-    records = [tick(since - 10, since + 5),  # asked before the watch's start: not this run's
-               b"\xff\x00 not json", None, b"{" * 1_500_000, b"[1, 2]", b'{"event": "TICK"}',
-               tick("1000000", since + 50), tick(since, True), tick(since + 100, since + 90),  # ends before it began
-               tick(since + 1, since + 26),  # 25 ms
-               json.dumps({"event": "QUEUE_ACTIVATION", "queue": "Q", "time": since}).encode()]
+    records = [
+        tick(since - 10, since + 5),  # asked before the watch's start: not this run's
+        b"\xff\x00 not json",
+        None,
+        b"{" * 1_500_000,
+        b"[1, 2]",
+        b'{"event": "TICK"}',
+        tick("1000000", since + 50),
+        tick(since, True),
+        tick(since + 100, since + 90),  # ends before it began
+        tick(since + 1, since + 26),  # 25 ms
+        json.dumps({"event": "QUEUE_ACTIVATION", "queue": "Q", "time": since}).encode(),
+    ]
     for i, value in enumerate(records):
         producer.produce(topic, value=value, partition=i % 2, headers=[("kb.forged", b"\xff" * 100)])
     assert producer.flush(30) == 0

@@ -81,11 +81,15 @@ class ReaderLoop:
                     with self.broker.transaction() as tx:
                         msgs = tx.receive("RequestQueue", top=10, wait=1)
                         if msgs:
-                            body = {"pid": 0, "reader": 0, "leased": time.time(),
-                                    "conversation_id": msgs[0].conversation_id,
-                                    "group": msgs[0].conversation_group_id,
-                                    "seqs": [m.message_sequence_number for m in msgs],
-                                    "ids": [m.message_id for m in msgs]}
+                            body = {
+                                "pid": 0,
+                                "reader": 0,
+                                "leased": time.time(),
+                                "conversation_id": msgs[0].conversation_id,
+                                "group": msgs[0].conversation_group_id,
+                                "seqs": [m.message_sequence_number for m in msgs],
+                                "ids": [m.message_id for m in msgs],
+                            }
                             tx.send(msgs[0].conversation_handle, inv.REPLY, body)
                             time.sleep(0.02)  # some work, so the restart comes mid-run
                     if msgs:
@@ -115,15 +119,18 @@ def state_of(broker: Broker) -> str:
     for r in list(broker.runtime.receivers().values()):
         try:  # a queue's group is named as its topic
             g = admin.describe_consumer_groups([r.topic], request_timeout=10)[r.topic].result(15)
-            lines.append(f"group {r.topic}: state {g.state}, coordinator {g.coordinator}, members "
-                         f"{[(m.member_id, [tp.partition for tp in m.assignment.topic_partitions]) for m in g.members]}")
+            lines.append(
+                f"group {r.topic}: state {g.state}, coordinator {g.coordinator}, members "
+                f"{[(m.member_id, [tp.partition for tp in m.assignment.topic_partitions]) for m in g.members]}"
+            )
         except Exception as exc:  # noqa: BLE001 - a diagnosis, not the test
             lines.append(f"group {r.topic}: not described: {exc}")
     try:  # a transaction left open holds read_committed readers (endpoints, leases) at its start
         from kbroker.kafka.txn.open_transactions import open_transactions
 
-        lines += [f"open transaction: {t}" for t in open_transactions(broker.cluster, broker.namespace)] \
-            or ["no Kafka transaction open on the namespace's topics"]
+        lines += [f"open transaction: {t}" for t in open_transactions(broker.cluster, broker.namespace)] or [
+            "no Kafka transaction open on the namespace's topics"
+        ]
     except Exception as exc:  # noqa: BLE001 - a diagnosis, not the test
         lines.append(f"open transactions not listed: {exc}")
     names_by_id = {t.ident: t.name for t in threading.enumerate()}
@@ -159,14 +166,17 @@ def test_reader_loop_rides_through_a_broker_restart(own_broker: RestartableBroke
             time.sleep(0.2)
         after = sorted(c["committed"] for c in reader.commits if c["committed"] >= back_at)
         recovery = after[0] - back_at if after else None
-        print(f"\nrecovery {recovery and round(recovery, 2)} s after the broker answered again; "
-              f"{reader.received()} of {total} received; aborted transactions {len(reader.aborts)}: "
-              f"{sorted(set(a[:70] for a in reader.aborts))[:4]}")
+        print(
+            f"\nrecovery {recovery and round(recovery, 2)} s after the broker answered again; "
+            f"{reader.received()} of {total} received; aborted transactions {len(reader.aborts)}: "
+            f"{sorted(set(a[:70] for a in reader.aborts))[:4]}"
+        )
         if reader.received() < total:
             print(state_of(reader.broker))
         assert reader.received() >= total, (
             f"the reader hung: {reader.received()} of {total} received {RECOVERY_BUDGET:g} s after the "
-            f"broker came back (aborts: {reader.aborts[:3]})")
+            f"broker came back (aborts: {reader.aborts[:3]})"
+        )
         assert thread.is_alive() and reader.failure is None, "the reader loop is still running"
     finally:
         reader.stop.set()
@@ -176,8 +186,10 @@ def test_reader_loop_rides_through_a_broker_restart(own_broker: RestartableBroke
 
     replies = inv.read_replies(bootstrap, names.queue_topic(namespace, "ReplyQueue"))
     report = inv.check(sent, replies, reader.commits, PER_CONVERSATION)
-    summary = (f"sent={report.sent} lost={len(report.lost)} duplicated={len(report.duplicated)} "
-               f"order={len(report.order_violations)} lock={len(report.lock_violations)} "
-               f"unknown={len(report.unknown)}")
+    summary = (
+        f"sent={report.sent} lost={len(report.lost)} duplicated={len(report.duplicated)} "
+        f"order={len(report.order_violations)} lock={len(report.lock_violations)} "
+        f"unknown={len(report.unknown)}"
+    )
     print(summary)
     assert report.ok(), summary + f"\n{report.lost[:3]} {report.duplicated[:3]} {report.order_violations[:3]}"

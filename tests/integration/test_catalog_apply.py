@@ -22,11 +22,21 @@ KBROKER = Path(sys.executable).with_name("kbroker")
 SUBMISSION = "//Adventure-Works.com/Expenses/ExpenseSubmission"
 EXPENSES = "//Adventure-Works.com/Expenses"
 EMPLOYEES = "//Adventure-Works.com/Employees"
-SYSTEM = {"catalog": (1, "compact"), "endpoints": (4, "compact"), "events": (4, "delete"),
-          "deadletter": (4, "delete"), "transmission": (4, "delete"), "timers": (4, "compact"),
-          "readers": (1, "compact,delete"), "progress": (1, "delete"), "analytics": (1, "compact,delete"),
-          "control": (1, "delete"), "inbound": (4, "delete"), "acks": (4, "compact"),
-          "transport": (1, "compact,delete")}
+SYSTEM = {
+    "catalog": (1, "compact"),
+    "endpoints": (4, "compact"),
+    "events": (4, "delete"),
+    "deadletter": (4, "delete"),
+    "transmission": (4, "delete"),
+    "timers": (4, "compact"),
+    "readers": (1, "compact,delete"),
+    "progress": (1, "delete"),
+    "analytics": (1, "compact,delete"),
+    "control": (1, "delete"),
+    "inbound": (4, "delete"),
+    "acks": (4, "compact"),
+    "transport": (1, "compact,delete"),
+}
 
 
 def topics_of(bootstrap: str, namespace: str) -> dict[str, int]:
@@ -90,8 +100,9 @@ def test_read_catalog_without_topic_has_only_builtins(kafka_bootstrap, namespace
 
 def test_invalid_file_set_applies_nothing(kafka_bootstrap, namespace, tmp_path):
     write(tmp_path / "good.yaml", (SAMPLES / "expenses.yaml").read_text())
-    bad = write(tmp_path / "more" / "bad.yaml",
-                "contracts: [{name: C, messages: [{type: Missing, sent_by: INITIATOR}]}]\n")
+    bad = write(
+        tmp_path / "more" / "bad.yaml", "contracts: [{name: C, messages: [{type: Missing, sent_by: INITIATOR}]}]\n"
+    )
     with pytest.raises(DefinitionError) as info:
         apply_paths(kafka_bootstrap, namespace, [tmp_path])
     assert (info.value.file, info.value.obj) == (str(bad), "contract C")

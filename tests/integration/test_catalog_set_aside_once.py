@@ -27,8 +27,9 @@ def produce(bootstrap: str, topic: str, key: bytes, value: bytes) -> tuple[int, 
     """One record, as any client may write it: its (partition, offset) once acknowledged."""
     producer = Producer({"bootstrap.servers": bootstrap})  # a plain client: no kbroker rules
     delivered: list[tuple[object, int, int]] = []
-    producer.produce(topic, key=key, value=value,
-                     on_delivery=lambda err, msg: delivered.append((err, msg.partition(), msg.offset())))
+    producer.produce(
+        topic, key=key, value=value, on_delivery=lambda err, msg: delivered.append((err, msg.partition(), msg.offset()))
+    )
     assert producer.flush(15) == 0 and delivered and delivered[0][0] is None, delivered
     return delivered[0][1], delivered[0][2]
 
@@ -57,8 +58,9 @@ def test_a_catalog_record_set_aside_is_reported_once_not_by_every_reader(kafka_b
             assert "Bogus" not in catalog.services and "ExpenseQueue" in catalog.queues  # skipped
         read: list[Catalog] = []
         got = threading.Event()
-        watcher = CatalogWatcher(kafka_bootstrap, namespace, lambda c: (read.append(c), got.set()),
-                                 interval=0.1).start()  # an SDK process's
+        watcher = CatalogWatcher(
+            kafka_bootstrap, namespace, lambda c: (read.append(c), got.set()), interval=0.1
+        ).start()  # an SDK process's
         try:
             assert got.wait(30), "the catalog watcher's first read"
         finally:
@@ -70,7 +72,8 @@ def test_a_catalog_record_set_aside_is_reported_once_not_by_every_reader(kafka_b
         said = [line for level, line in lines if level >= logging.WARNING]
         assert len(said) == 1 and said[0].startswith("5th-tick scan:"), lines  # by the scan, once
         assert len(lines) >= 4, lines  # the readers still meet it (two reads, the watcher's): quietly
-    letters = [dict(m.headers() or []) for m in read_to_end(kafka_bootstrap, names.deadletter_topic(namespace), 15)
-               or []]
+    letters = [
+        dict(m.headers() or []) for m in read_to_end(kafka_bootstrap, names.deadletter_topic(namespace), 15) or []
+    ]
     recorded = sorted(int(h["kb.dlq.offset"]) for h in letters if h.get("kb.dlq.topic") == topic.encode())
     assert recorded == sorted(o for _, o in (lone, after_valid))  # and dead-lettered once, by the scan

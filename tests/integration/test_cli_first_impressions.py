@@ -33,24 +33,42 @@ def lines_with(text: str, *values: str) -> list[str]:
 
 
 def test_queue_alter_with_a_bad_procedure_is_one_line(kafka_bootstrap, namespace, broker):
-    out = run_cli("queue", "alter", "ExpenseQueue", "--procedure", "notaprocedure",
-                  bootstrap=kafka_bootstrap, namespace=namespace)
+    out = run_cli(
+        "queue", "alter", "ExpenseQueue", "--procedure", "notaprocedure", bootstrap=kafka_bootstrap, namespace=namespace
+    )
     assert out.returncode == 1
     assert out.stderr.splitlines() == [
-        "kbroker: error: activation.procedure: procedure must be 'module:function', not 'notaprocedure'"]
+        "kbroker: error: activation.procedure: procedure must be 'module:function', not 'notaprocedure'"
+    ]
 
 
 def test_queue_alter_with_a_procedure_from_no_module_fails_at_once(kafka_bootstrap, namespace, broker):
     """Before, this exited 0 and the catalog named a procedure no worker could import."""
     before = broker.refresh_catalog().queue("ExpenseQueue").activation
-    out = run_cli("queue", "alter", "ExpenseQueue", "--procedure", "no.such.module:fn",
-                  bootstrap=kafka_bootstrap, namespace=namespace)
+    out = run_cli(
+        "queue",
+        "alter",
+        "ExpenseQueue",
+        "--procedure",
+        "no.such.module:fn",
+        bootstrap=kafka_bootstrap,
+        namespace=namespace,
+    )
     assert out.returncode == 1
-    assert out.stderr.splitlines() == ["kbroker: error: procedure 'no.such.module:fn': module 'no.such.module' "
-                                       "cannot be imported here (the worker imports it from the same installation)"]
+    assert out.stderr.splitlines() == [
+        "kbroker: error: procedure 'no.such.module:fn': module 'no.such.module' "
+        "cannot be imported here (the worker imports it from the same installation)"
+    ]
     assert broker.refresh_catalog().queue("ExpenseQueue").activation == before
-    ok = run_cli("queue", "alter", "ExpenseQueue", "--procedure", "kbroker.samples.expenses:process_claims",
-                 bootstrap=kafka_bootstrap, namespace=namespace)
+    ok = run_cli(
+        "queue",
+        "alter",
+        "ExpenseQueue",
+        "--procedure",
+        "kbroker.samples.expenses:process_claims",
+        bootstrap=kafka_bootstrap,
+        namespace=namespace,
+    )
     assert ok.returncode == 0, ok.stderr
 
 
@@ -93,12 +111,39 @@ def test_a_refused_send_that_begins_a_dialog_writes_nothing(kafka_bootstrap, nam
     """`kbroker send --from --to` with a message type the contract does not have exits 1 with one
     line and leaves no endpoint on the endpoints topic (before, each refused send left one in
     state SO). The same send with the contract's type then works, on a new dialog."""
-    refused = run_cli("send", "--from", EMP, "--to", EXP, "--contract", CONTRACT, "--type", "NoSuchType",
-                      "--body", "{}", bootstrap=kafka_bootstrap, namespace=namespace)
+    refused = run_cli(
+        "send",
+        "--from",
+        EMP,
+        "--to",
+        EXP,
+        "--contract",
+        CONTRACT,
+        "--type",
+        "NoSuchType",
+        "--body",
+        "{}",
+        bootstrap=kafka_bootstrap,
+        namespace=namespace,
+    )
     assert refused.returncode == 1 and len(refused.stderr.splitlines()) == 1, refused.stderr
     assert read_to_end(kafka_bootstrap, names.endpoints_topic(namespace), 15) in (None, [])
-    sent = run_cli("send", "--from", EMP, "--to", EXP, "--contract", CONTRACT, "--type", CLAIM,
-                   "--body", "{}", "--json", bootstrap=kafka_bootstrap, namespace=namespace)
+    sent = run_cli(
+        "send",
+        "--from",
+        EMP,
+        "--to",
+        EXP,
+        "--contract",
+        CONTRACT,
+        "--type",
+        CLAIM,
+        "--body",
+        "{}",
+        "--json",
+        bootstrap=kafka_bootstrap,
+        namespace=namespace,
+    )
     assert sent.returncode == 0, sent.stderr
     handle = orjson.loads(sent.stdout)["conversation_handle"]
     written = {m.key().decode() for m in read_to_end(kafka_bootstrap, names.endpoints_topic(namespace), 15) or []}

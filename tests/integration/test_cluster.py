@@ -57,8 +57,7 @@ def free_port_run(count: int) -> int:
     """The first of `count` consecutive free ports (a cluster's brokers take port..port+count-1)."""
     for _ in range(100):
         base = jvm.free_port()  # below the ephemeral range, in this process's slice
-        if base + count <= jvm.port_range()[1] and all(
-                jvm.bind(base + k) is not None for k in range(count)):
+        if base + count <= jvm.port_range()[1] and all(jvm.bind(base + k) is not None for k in range(count)):
             return base
     raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
 
@@ -91,8 +90,9 @@ def partition_holding_messages(bootstrap: str, admin: AdminClient, topic: str) -
     probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "kb-probe"})
     try:
         partitions = metadata(admin).topics[topic].partitions
-        filled = [p for p in sorted(partitions)
-                  if probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] > 0]
+        filled = [
+            p for p in sorted(partitions) if probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] > 0
+        ]
     finally:
         probe.close()
     assert len(filled) == 1, f"messages of one conversation in partitions {filled}"
@@ -194,9 +194,11 @@ def test_a_node_killed_under_load_loses_and_repeats_nothing(cluster: EmbeddedClu
 
         first_commit = receive_in_transactions(broker, MESSAGES, got, killed_at + 90)
         assert first_commit is not None
-        print(f"killed node {victim} ({', '.join(roles)}) with SIGKILL; first RECEIVE committed "
-              f"{first_commit - killed_at:.1f} s later, all {MESSAGES} in "
-              f"{time.monotonic() - killed_at:.1f} s")
+        print(
+            f"killed node {victim} ({', '.join(roles)}) with SIGKILL; first RECEIVE committed "
+            f"{first_commit - killed_at:.1f} s later, all {MESSAGES} in "
+            f"{time.monotonic() - killed_at:.1f} s"
+        )
         # Anything still queued is a duplicate (or a stray): it counts against exactly once.
         got += [orjson.loads(m.body)["claim"] for m in broker.receive(QUEUE, top=100, wait=2)]
         faults = delivery_faults(list(range(MESSAGES)), got)
@@ -208,11 +210,18 @@ def test_a_node_killed_under_load_loses_and_repeats_nothing(cluster: EmbeddedClu
         cluster.start_node(victim, wait=120)
         assert cluster.status().nodes_running == NODES
         answered = time.monotonic()
-        wait_for(lambda: all(sorted(p.isrs) == [1, 2, 3]
-                             for name in ours for p in metadata(admin).topics[name].partitions.values()),
-                 60, f"node {victim} back in every in-sync replica set", interval=0.5)
-        print(f"node {victim} answered {answered - restarted:.1f} s after its restart, back in "
-              f"every in-sync replica set {time.monotonic() - answered:.1f} s later")
+        wait_for(
+            lambda: all(
+                sorted(p.isrs) == [1, 2, 3] for name in ours for p in metadata(admin).topics[name].partitions.values()
+            ),
+            60,
+            f"node {victim} back in every in-sync replica set",
+            interval=0.5,
+        )
+        print(
+            f"node {victim} answered {answered - restarted:.1f} s after its restart, back in "
+            f"every in-sync replica set {time.monotonic() - answered:.1f} s later"
+        )
         internal = metadata(admin).topics
         for name in ("__consumer_offsets", "__transaction_state"):
             assert all(len(p.replicas) == 3 for p in internal[name].partitions.values()), name
@@ -258,9 +267,11 @@ def test_the_transaction_coordinator_killed_during_commits(cluster: EmbeddedClus
         replies = wait_for_all_replies(bootstrap, namespace, sent, readers, 150)
         all_done_at = time.time()
         assert all(r.running() for r in readers), "a reader process exited"
-        print(f"\nkilled node {victim}, transaction coordinator of {served} of the readers' "
-              f"{sum(by_node.values())} transactional ids: first commit {recovered_at - killed_at:.1f} s later, "
-              f"every request answered {all_done_at - killed_at:.1f} s after the kill")
+        print(
+            f"\nkilled node {victim}, transaction coordinator of {served} of the readers' "
+            f"{sum(by_node.values())} transactional ids: first commit {recovered_at - killed_at:.1f} s later, "
+            f"every request answered {all_done_at - killed_at:.1f} s after the kill"
+        )
         cluster.start_node(victim, wait=120)
         assert cluster.status().nodes_running == NODES
     finally:
@@ -283,7 +294,8 @@ def leads_most(admin: AdminClient, prefixes: tuple[str, ...]) -> int:
 @pytest.mark.kafka_cluster
 @pytest.mark.timeout(600)
 def test_routing_the_workers_and_the_analytics_job_lose_nothing_when_a_node_is_killed(
-        cluster: EmbeddedCluster, tmp_path: Path) -> None:
+    cluster: EmbeddedCluster, tmp_path: Path
+) -> None:
     """Request and reply between two namespaces of the cluster, routed by a `kbroker worker` on
     each and answered by a replying process, while `kbroker analytics run` counts B's queue. The
     node leading most of their partitions is killed with SIGKILL mid-run and stays down: every
@@ -321,8 +333,12 @@ def test_routing_the_workers_and_the_analytics_job_lose_nothing_when_a_node_is_k
                 sent[conv].append(ba.send(h, REQUEST, {"i": i}))
 
         def replies_at_least(n: int, timeout: float, what: str) -> None:
-            wait_for(lambda: replies.take() >= n, timeout, f"{n} replies {what} (have {len(replies.records)}; logs: "
-                     f"{[str(w.log) for w in workers]}, {replier.log}, {job.log})")
+            wait_for(
+                lambda: replies.take() >= n,
+                timeout,
+                f"{n} replies {what} (have {len(replies.records)}; logs: "
+                f"{[str(w.log) for w in workers]}, {replier.log}, {job.log})",
+            )
 
         for i in range(3):
             send_round(i)
@@ -339,20 +355,29 @@ def test_routing_the_workers_and_the_analytics_job_lose_nothing_when_a_node_is_k
         time.sleep(3)  # anything more (a duplicate) would land now
         replies.take()
         counts = tally(sent, replies.records)
-        print(f"\nkilled node {victim} (leading most of the two namespaces' partitions) {killed_at - started:.0f} s "
-              f"into the run: every request answered "
-              f"{answered_in:.1f} s later; {len(replies.records)} replies to {rounds * dialogs} requests, "
-              f"lost {len(counts['lost'])}, duplicated {len(counts['duplicated'])}, "
-              f"out of order {len(counts['out_of_order'])}")
-        assert (counts["lost"], counts["duplicated"], counts["out_of_order"], counts["unknown"]) == ([], [], [], []), counts
+        print(
+            f"\nkilled node {victim} (leading most of the two namespaces' partitions) {killed_at - started:.0f} s "
+            f"into the run: every request answered "
+            f"{answered_in:.1f} s later; {len(replies.records)} replies to {rounds * dialogs} requests, "
+            f"lost {len(counts['lost'])}, duplicated {len(counts['duplicated'])}, "
+            f"out of order {len(counts['out_of_order'])}"
+        )
+        assert (counts["lost"], counts["duplicated"], counts["out_of_order"], counts["unknown"]) == ([], [], [], []), (
+            counts
+        )
         want = rounds * dialogs
-        seen = wait_for(lambda: (t := totals(bootstrap, b, "Q")) and t["arrivals"] == want and t["receives"] == want
-                        and t, 180, f"the job's counts of B's queue reaching {want} ({job.log})",
-                        seen=lambda: totals(bootstrap, b, "Q"))
+        seen = wait_for(
+            lambda: (t := totals(bootstrap, b, "Q")) and t["arrivals"] == want and t["receives"] == want and t,
+            180,
+            f"the job's counts of B's queue reaching {want} ({job.log})",
+            seen=lambda: totals(bootstrap, b, "Q"),
+        )
         print(f"the job's counts exact {time.monotonic() - started:.0f} s into the run")
         time.sleep(5)  # a later batch counting anything twice would show now
-        assert {k: totals(bootstrap, b, "Q")[k] for k in ("arrivals", "receives")} == {"arrivals": want,
-                                                                                        "receives": want}, seen
+        assert {k: totals(bootstrap, b, "Q")[k] for k in ("arrivals", "receives")} == {
+            "arrivals": want,
+            "receives": want,
+        }, seen
         for w in workers:
             assert w.proc.poll() is None, w.log.read_text()[-3000:]
         assert replier.proc.poll() is None and job.proc.poll() is None, (replier.log, job.log)

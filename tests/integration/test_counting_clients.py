@@ -36,9 +36,11 @@ def shared_counting(bootstrap: str, ns: str, names: list[str]) -> Iterator[tuple
     publisher = ProgressPublisher(bootstrap, ns, counting)
     try:
         with ThreadPoolExecutor(THREADS) as pool:
-            yield (counting,
-                   lambda: dict(zip(names, pool.map(lambda n: watchers[n].counts(timeout=10), names))),
-                   lambda: {s["queue"]: s for s in pool.map(lambda n: publisher.snapshot(n, timeout=10), names) if s})
+            yield (
+                counting,
+                lambda: dict(zip(names, pool.map(lambda n: watchers[n].counts(timeout=10), names))),
+                lambda: {s["queue"]: s for s in pool.map(lambda n: publisher.snapshot(n, timeout=10), names) if s},
+            )
     finally:
         publisher.close()
         for w in watchers.values():
@@ -69,8 +71,9 @@ def test_many_queues_are_counted_exactly_with_a_client_per_queue_and_one_per_thr
         assert all(c.exact for c in counts.values()) and again == counts
         # What the progress says was received: each partition's position, and what was completed
         # above it (a RECEIVE may take any ready dialog, not the partition's first record).
-        assert {q: sum((p["committed"] or 0) + len(p["completed"]) for p in s["partitions"])
-                for q, s in snapshots.items()} == received
+        assert {
+            q: sum((p["committed"] or 0) + len(p["completed"]) for p in s["partitions"]) for q, s in snapshots.items()
+        } == received
         # One offsets reader per queue group, shared by the watch and the progress, and no more
         # scanning consumers than threads that counted at once.
         assert QUEUES < counting.clients <= QUEUES + THREADS, counting.clients
@@ -110,15 +113,22 @@ def test_what_another_client_wrote_to_a_queue_or_its_group_is_counted_and_the_re
     assert producer.flush(30) == 0
     forged = clients.consumer(kafka_bootstrap, queue_group(ns, names[1]))
     try:
-        forged.commit(offsets=[TopicPartition(queue_topic(ns, names[1]), p, 0, "\xff garbage |by:" + "x" * 500)
-                               for p in range(2)], asynchronous=False)
+        forged.commit(
+            offsets=[
+                TopicPartition(queue_topic(ns, names[1]), p, 0, "\xff garbage |by:" + "x" * 500) for p in range(2)
+            ],
+            asynchronous=False,
+        )
     finally:
         forged.close()
 
     with shared_counting(kafka_bootstrap, ns, names) as (_counting, count_all, snapshot_all):
         counts, snapshots = count_all(), snapshot_all()
-        assert {n: c.backlog for n, c in counts.items()} == \
-            {names[0]: sent[names[0]] + len(foreign), names[1]: 1, names[2]: 2}
+        assert {n: c.backlog for n, c in counts.items()} == {
+            names[0]: sent[names[0]] + len(foreign),
+            names[1]: 1,
+            names[2]: 2,
+        }
         # Two dialogs and the foreign records' one (absent) key.
         assert counts[names[0]].ready_groups == 3 and counts[names[2]].ready_groups == 2
         assert [(p["committed"], p["completed"]) for p in snapshots[names[1]]["partitions"]] == [(0, []), (0, [])]

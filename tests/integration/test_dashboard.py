@@ -31,8 +31,15 @@ HELD, STALE = "//kbroker/test/dash/Held", "//kbroker/test/dash/Stale"
 QUEUES = {"DashClientQueue", "DashHeldQueue", "DashStaleQueue"}
 CHARTS = ("backlog", "throughput", "stale", "age")
 CHROMIUM = os.environ.get("KBROKER_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 # Where the stale test writes its screenshot of the page: its tmp dir, unless this names a file
 # (the README's docs/dashboard.png is one, taken so once and copied by hand).
 SCREENSHOT = os.environ.get("KBROKER_DASHBOARD_SCREENSHOT")
@@ -97,10 +104,16 @@ def wait_page(page: Any, expression: str, arg: Any, timeout: float, what: str) -
 
 def backlog_shown(page: Any, queue: str, n: int, timeout: float) -> None:
     """Wait until both the data and the queue's backlog chart show `n` as the newest backlog."""
-    wait_page(page, """([q, n]) => {
+    wait_page(
+        page,
+        """([q, n]) => {
         const d = window.kbrokerDashboard, last = d.last(q), plotted = d.plotted(q, "backlog");
         return last && last.backlog === n && plotted && plotted[1] === n;
-    }""", [queue, n], timeout, f"a backlog of {n} on {queue}")
+    }""",
+        [queue, n],
+        timeout,
+        f"a backlog of {n} on {queue}",
+    )
 
 
 def send_pings(broker: Broker, service: str, conversations: int, per_conversation: int) -> int:
@@ -119,8 +132,13 @@ def test_the_dashboard_charts_the_queues_as_messages_come_and_go(dash_worker, ka
     loaded = time.monotonic() - started
 
     # Every queue of the catalog has its card, with its four charts drawn (uPlot canvases).
-    wait_page(page, "(qs) => qs.every((q) => window.kbrokerDashboard.queues().includes(q))", sorted(QUEUES), 20,
-              "every queue of the catalog")
+    wait_page(
+        page,
+        "(qs) => qs.every((q) => window.kbrokerDashboard.queues().includes(q))",
+        sorted(QUEUES),
+        20,
+        "every queue of the catalog",
+    )
     for queue in QUEUES:
         card = page.locator(f'.queue-card[data-queue="{queue}"]')
         assert card.locator("h3").inner_text() == queue
@@ -130,8 +148,13 @@ def test_the_dashboard_charts_the_queues_as_messages_come_and_go(dash_worker, ka
     assert page.evaluate("() => window.kbrokerDashboard.connected") is True
 
     # The activated queue's monitor: its row in the table, and an empty backlog on its chart.
-    wait_page(page, "(q) => { const l = window.kbrokerDashboard.last(q); return l && l.monitor_state; }",
-              "DashHeldQueue", 60, "the monitor of DashHeldQueue")
+    wait_page(
+        page,
+        "(q) => { const l = window.kbrokerDashboard.last(q); return l && l.monitor_state; }",
+        "DashHeldQueue",
+        60,
+        "the monitor of DashHeldQueue",
+    )
     backlog_shown(page, "DashHeldQueue", 0, 30)
     assert page.locator('#monitors tr[data-queue="DashHeldQueue"]').count() == 1
 
@@ -168,14 +191,24 @@ def test_the_dashboard_charts_the_queues_as_messages_come_and_go(dash_worker, ka
     snap = httpx.get(w.url + "/dashboard/snapshot", timeout=10).json()
     assert snap["namespace"] == ns and set(snap["queues"]) >= QUEUES
     assert set(snap["queues"]["DashHeldQueue"]) >= {
-        "backlog", "arrivals_per_s", "receives_per_s", "stale_10s", "stale_60s", "stale_queue", "oldest_age_s",
-        "monitor_state", "readers"}
+        "backlog",
+        "arrivals_per_s",
+        "receives_per_s",
+        "stale_10s",
+        "stale_60s",
+        "stale_queue",
+        "oldest_age_s",
+        "monitor_state",
+        "readers",
+    }
     # Assets come from the package, and only its static files.
     assert httpx.get(w.url + "/dashboard/static/uPlot.iife.min.js", timeout=10).status_code == 200
     assert httpx.get(w.url + "/dashboard/static/..%2Fapp.py", timeout=10).status_code == 404
     page.close()
-    print(f"\ndashboard: loaded in {loaded:.1f} s; backlog {sent} shown {rise_s:.1f} s after the send, "
-          f"0 shown {fall_s:.1f} s after the last receive; screenshot {shot}")
+    print(
+        f"\ndashboard: loaded in {loaded:.1f} s; backlog {sent} shown {rise_s:.1f} s after the send, "
+        f"0 shown {fall_s:.1f} s after the last receive; screenshot {shot}"
+    )
 
 
 def test_the_stream_sends_a_snapshot_every_second(dash_worker):
@@ -186,7 +219,7 @@ def test_the_stream_sends_a_snapshot_every_second(dash_worker):
         assert resp.headers["content-type"].startswith("text/event-stream")
         for line in resp.iter_lines():
             if line.startswith("data: "):
-                snap = orjson.loads(line[len("data: "):])
+                snap = orjson.loads(line[len("data: ") :])
                 if not snaps and not set(snap["queues"]) >= QUEUES:
                     # A worker just started on a busy machine may not have read its catalog yet:
                     # what is measured is the cadence from the first full snapshot on.
@@ -206,8 +239,9 @@ def test_the_stream_sends_a_snapshot_every_second(dash_worker):
     assert all(set(s["queues"]) >= QUEUES for s in snaps)
 
 
-def test_stale_counts_rise_for_messages_left_past_stale_after(start_analytics, kafka_bootstrap, browser,
-                                                               tmp_path_factory):
+def test_stale_counts_rise_for_messages_left_past_stale_after(
+    start_analytics, kafka_bootstrap, browser, tmp_path_factory
+):
     """With the analytics job running (Spark, the conftest's `start_analytics`): the job's backlog
     and arrivals of a queue without activation appear on its charts; messages left unreceived on
     it (`stale_after: 3`) show on its stale chart once older than 3 s; received, they leave it."""
@@ -228,13 +262,24 @@ def test_stale_counts_rise_for_messages_left_past_stale_after(start_analytics, k
             sent = first + send_pings(client, STALE, conversations=2, per_conversation=3)
             t_sent = time.monotonic()
             wait_page(page, analytics_backlog, [queue, sent], 60, f"the analytics job's backlog of {sent}")
-            wait_page(page, "(q) => window.kbrokerDashboard.history[q].arrivals_per_s.some((v) => v > 0)",
-                      queue, 30, "arrivals per second above 0")
+            wait_page(
+                page,
+                "(q) => window.kbrokerDashboard.history[q].arrivals_per_s.some((v) => v > 0)",
+                queue,
+                30,
+                "arrivals per second above 0",
+            )
             # Past stale_after (3 s): all of them stale, on the chart too.
-            wait_page(page, """([q, n]) => {
+            wait_page(
+                page,
+                """([q, n]) => {
                 const l = window.kbrokerDashboard.last(q), p = window.kbrokerDashboard.plotted(q, "stale");
                 return l && l.stale_queue === n && p && p[3] === n && l.oldest_age_s >= 3;
-            }""", [queue, sent], 60, f"{sent} stale messages")
+            }""",
+                [queue, sent],
+                60,
+                f"{sent} stale messages",
+            )
             stale_s = time.monotonic() - t_sent
             assert stale_s >= 3, f"all {sent} stale {stale_s:.1f} s after the last send; stale_after is 3 s"
             # Received, half and then the rest (top=3: one conversation group each): the backlog
@@ -245,19 +290,31 @@ def test_stale_counts_rise_for_messages_left_past_stale_after(start_analytics, k
                     msgs = client.receive(queue, top=3, wait=10)
                     assert msgs, f"only {got} of {sent // 2} came back"
                     got += len(msgs)
-                wait_page(page, """([q, n]) => { const l = window.kbrokerDashboard.last(q);
-                    return l && l.backlog === n && l.stale_queue === n; }""", [queue, left], 60,
-                          f"a backlog of {left}, all stale")
+                wait_page(
+                    page,
+                    """([q, n]) => { const l = window.kbrokerDashboard.last(q);
+                    return l && l.backlog === n && l.stale_queue === n; }""",
+                    [queue, left],
+                    60,
+                    f"a backlog of {left}, all stale",
+                )
                 time.sleep(2)
-            wait_page(page, "(q) => window.kbrokerDashboard.history[q].receives_per_s.some((v) => v > 0)",
-                      queue, 30, "receives per second above 0")
+            wait_page(
+                page,
+                "(q) => window.kbrokerDashboard.history[q].receives_per_s.some((v) => v > 0)",
+                queue,
+                30,
+                "receives per second above 0",
+            )
         history = page.evaluate("(q) => window.kbrokerDashboard.history[q]", queue)
         assert max(v for v in history["stale_queue"] if v is not None) == sent
         assert errors == [], errors
         shot = Path(SCREENSHOT) if SCREENSHOT else tmp_path_factory.mktemp("shot") / "dashboard-stale.png"
         page.screenshot(path=str(shot), full_page=True)
         page.close()
-        print(f"\ndashboard: {sent} messages shown stale {stale_s:.1f} s after the last send (stale_after 3 s); "
-              f"screenshot {shot}")
+        print(
+            f"\ndashboard: {sent} messages shown stale {stale_s:.1f} s after the last send (stale_after 3 s); "
+            f"screenshot {shot}"
+        )
     finally:
         w.stop()

@@ -40,8 +40,11 @@ def test_every_topic_a_record_moves_to_takes_it(kafka_bootstrap, namespace, brok
     Kafka's default of about 1 MB while a queue topic took up to 10 MiB + 64 KiB."""
     install(kafka_bootstrap, namespace, install_plan("Sales", "m1", secondary=False, partitions=1))
     queue, tqueue = names.queue_topic(namespace, "ExpenseQueue"), transport_queue_topic(namespace, "Sales")
-    dead, transmission, inbound = (names.deadletter_topic(namespace), names.transmission_topic(namespace),
-                                   names.system_topic(namespace, "inbound"))
+    dead, transmission, inbound = (
+        names.deadletter_topic(namespace),
+        names.transmission_topic(namespace),
+        names.system_topic(namespace, "inbound"),
+    )
     limits = topic_limits(kafka_bootstrap, [queue, tqueue, dead, transmission, inbound])
     largest_source = MAX_QUEUE_MESSAGE_BYTES + 64 * 1024  # a queue of the largest max_message_bytes
     assert limits[transmission] >= largest_source and limits[inbound] >= limits[transmission], limits
@@ -59,9 +62,19 @@ def test_an_oversized_malformed_record_is_set_aside_and_its_partition_moves_on(k
     the other dead letters of that batch were lost, and the offset stayed at the record for good."""
     dead = names.deadletter_topic(namespace)
     admin = clients.admin(kafka_bootstrap)
-    for f in admin.incremental_alter_configs([ConfigResource(ResourceType.TOPIC, dead, incremental_configs=[
-            ConfigEntry("max.message.bytes", str(KAFKA_DEFAULT_LIMIT),
-                        incremental_operation=AlterConfigOpType.SET)])]).values():
+    for f in admin.incremental_alter_configs(
+        [
+            ConfigResource(
+                ResourceType.TOPIC,
+                dead,
+                incremental_configs=[
+                    ConfigEntry(
+                        "max.message.bytes", str(KAFKA_DEFAULT_LIMIT), incremental_operation=AlterConfigOpType.SET
+                    )
+                ],
+            )
+        ]
+    ).values():
         f.result()
     topic = names.queue_topic(namespace, "ExpenseQueue")
     handle = broker.begin_dialog(EMP, EXP, CONTRACT)
@@ -115,9 +128,13 @@ def test_an_oversized_malformed_record_is_set_aside_and_its_partition_moves_on(k
     set_aside = [e for e in events if e.get("event") == "RECORD_SET_ASIDE"]
     assert len(set_aside) == 1 and set_aside[0]["topic"] == topic and set_aside[0]["size"] == BIG, events
     assert set_aside[0]["offset"] == int(big_headers["kb.dlq.offset"])
-    kept = {k: REGISTRY.get_sample_value("kbroker_dead_letters_total", {
-        "namespace": namespace, "queue": "ExpenseQueue", "reason": "malformed", "kept": k})
-        for k in ("copy", "without_body", "event_only")}
+    kept = {
+        k: REGISTRY.get_sample_value(
+            "kbroker_dead_letters_total",
+            {"namespace": namespace, "queue": "ExpenseQueue", "reason": "malformed", "kept": k},
+        )
+        for k in ("copy", "without_body", "event_only")
+    }
     assert kept == {"copy": len(sizes) - 1, "without_body": 1, "event_only": None}, kept
     assert moved_to >= end, (moved_to, end)
     assert aborted == 0, "a RECEIVE aborted with the dead letters"

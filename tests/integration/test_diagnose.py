@@ -15,9 +15,28 @@ from tests.integration.test_routing import CLIENT, CONTRACT, SERVER, catalog_yam
 
 
 def diagnose(bootstrap: str, ns: str, *extra: str, timeout: float = 10.0) -> tuple[int, dict]:
-    done = subprocess.run([KBROKER, "diagnose", "configuration", CLIENT, SERVER, "--contract", CONTRACT,
-                           "--bootstrap", bootstrap, "--namespace", ns, "--json", "--timeout", str(timeout), *extra],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            KBROKER,
+            "diagnose",
+            "configuration",
+            CLIENT,
+            SERVER,
+            "--contract",
+            CONTRACT,
+            "--bootstrap",
+            bootstrap,
+            "--namespace",
+            ns,
+            "--json",
+            "--timeout",
+            str(timeout),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode in (0, 1) and done.stdout, (done.returncode, done.stderr)
     return done.returncode, orjson.loads(done.stdout)
 
@@ -48,8 +67,13 @@ def test_a_missing_route_a_refused_sender_and_a_disabled_queue_are_each_named(ka
     rc, report = diagnose(kafka_bootstrap, a, "--to-namespace", b)
     assert rc == 1
     assert codes(report) == {"route_missing": a, "sender_not_granted": b, "contract_differs": b}, report
-    subprocess.run([KBROKER, "queue", "disable", "Q", "--bootstrap", kafka_bootstrap, "--namespace", b],
-                   capture_output=True, text=True, timeout=60, check=True)
+    subprocess.run(
+        [KBROKER, "queue", "disable", "Q", "--bootstrap", kafka_bootstrap, "--namespace", b],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     rc, report = diagnose(kafka_bootstrap, a, "--to-namespace", b)
     assert rc == 1 and codes(report).get("queue_disabled") == b, report
 
@@ -57,8 +81,13 @@ def test_a_missing_route_a_refused_sender_and_a_disabled_queue_are_each_named(ka
 def route_to_nowhere(bootstrap: str, tmp_path, ns: str, address: str) -> None:
     """Namespace `ns` hosts CLIENT, with a route for SERVER to `address`, where nothing answers."""
     path = tmp_path / f"{ns}.yaml"
-    path.write_text(catalog_yaml(services=f"  - {{name: '{CLIENT}', queue: Q}}", with_odd=False,
-                                 routes=f"routes:\n  - {{name: ToB, service_name: '{SERVER}', address: '{address}'}}"))
+    path.write_text(
+        catalog_yaml(
+            services=f"  - {{name: '{CLIENT}', queue: Q}}",
+            with_odd=False,
+            routes=f"routes:\n  - {{name: ToB, service_name: '{SERVER}', address: '{address}'}}",
+        )
+    )
     apply_paths(bootstrap, ns, [path])
 
 
@@ -71,8 +100,12 @@ def test_a_route_to_a_cluster_that_does_not_answer_is_named(kafka_bootstrap, nam
 
 
 def runtime(bootstrap: str, ns: str, *extra: str) -> tuple[int, dict]:
-    done = subprocess.run([KBROKER, "diagnose", "runtime", "--bootstrap", bootstrap, "--namespace", ns, "--json",
-                           *extra], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [KBROKER, "diagnose", "runtime", "--bootstrap", bootstrap, "--namespace", ns, "--json", *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode in (0, 1) and done.stdout, (done.returncode, done.stderr)
     return done.returncode, orjson.loads(done.stdout)
 
@@ -88,8 +121,14 @@ def test_runtime_names_unread_and_disabled_queues(kafka_bootstrap, namespace, br
     from confluent_kafka import Producer
 
     junk = Producer({"bootstrap.servers": kafka_bootstrap})
-    for key, value in ((b"queue/x/1", b"not json"), (b"queue/x/2", b"[1, 2]"), (b"queue/x/3", b'{"as_of": "soon"}'),
-                       (b"queue/x/4", b'{"as_of": true}'), (b"queue/x/5", b'{"as_of": -5}'), (None, b"\xff" * 70_000)):
+    for key, value in (
+        (b"queue/x/1", b"not json"),
+        (b"queue/x/2", b"[1, 2]"),
+        (b"queue/x/3", b'{"as_of": "soon"}'),
+        (b"queue/x/4", b'{"as_of": true}'),
+        (b"queue/x/5", b'{"as_of": -5}'),
+        (None, b"\xff" * 70_000),
+    ):
         junk.produce(names.analytics_topic(namespace), key=key, value=value)
     assert junk.flush(10) == 0
     rc, report = runtime(kafka_bootstrap, namespace)
@@ -97,8 +136,13 @@ def test_runtime_names_unread_and_disabled_queues(kafka_bootstrap, namespace, br
     assert report["analytics_as_of"] is None and "analytics_behind" not in codes(report), report
     unread = [p for p in report["problems"] if p["code"] == "queue_unread"]
     assert len(unread) == 1 and "'ExpenseQueue': up to 3 message(s) ready; no reader" in unread[0]["text"], report
-    subprocess.run([KBROKER, "queue", "disable", "EmployeeQueue", "--bootstrap", kafka_bootstrap, "--namespace",
-                    namespace], capture_output=True, text=True, timeout=60, check=True)
+    subprocess.run(
+        [KBROKER, "queue", "disable", "EmployeeQueue", "--bootstrap", kafka_bootstrap, "--namespace", namespace],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     got = []
     while len(got) < 3:
         batch = broker.receive("ExpenseQueue", top=10, wait=5)
@@ -179,7 +223,8 @@ time.sleep(600)
 
 
 def test_a_hanging_transaction_is_named_and_ended_by_the_command_named_and_a_long_lock_is_named(
-        kafka_bootstrap, namespace, broker):
+    kafka_bootstrap, namespace, broker
+):
     import sys
     import time
 
@@ -188,13 +233,16 @@ def test_a_hanging_transaction_is_named_and_ended_by_the_command_named_and_a_lon
     from kbroker.kafka.txn.open_transactions import open_transactions
 
     def send(i: int) -> None:
-        broker.send(broker.begin_dialog(EMPLOYEES, EXPENSES, SUBMISSION), CLAIM, {"employee": "e", "amount": i, "item": "x"})
+        broker.send(
+            broker.begin_dialog(EMPLOYEES, EXPENSES, SUBMISSION), CLAIM, {"employee": "e", "amount": i, "item": "x"}
+        )
 
     send(0)  # the queue's topic exists
     topic = names.queue_topic(namespace, "ExpenseQueue")
     began = time.time()
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, kafka_bootstrap, f"holder-{namespace}", topic],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, kafka_bootstrap, f"holder-{namespace}", topic], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
     finally:
@@ -230,15 +278,37 @@ def test_a_hanging_transaction_is_named_and_ended_by_the_command_named_and_a_lon
     assert lock["severity"] == "warning" and lock["text"].startswith("queue 'ExpenseQueue': process "), lock
     problem = next(p for p in report["problems"] if p["code"] == "transaction_hanging")
     assert problem["text"].startswith(f"{topic} partition 0: a Kafka transaction open for "), problem
-    assert problem["command"] == (f"kbroker diagnose end-transaction --topic {topic} --partition 0 "
-                                  f"--start-offset {hang.start}"), problem
+    assert problem["command"] == (
+        f"kbroker diagnose end-transaction --topic {topic} --partition 0 --start-offset {hang.start}"
+    ), problem
     # Not a topic of the namespace: refused in one line, nothing run.
-    refused = subprocess.run([KBROKER, "diagnose", "end-transaction", "--topic", "elsewhere", "--partition", "0",
-                              "--start-offset", "0", "--bootstrap", kafka_bootstrap, "--namespace", namespace],
-                             capture_output=True, text=True, timeout=60)
+    refused = subprocess.run(
+        [
+            KBROKER,
+            "diagnose",
+            "end-transaction",
+            "--topic",
+            "elsewhere",
+            "--partition",
+            "0",
+            "--start-offset",
+            "0",
+            "--bootstrap",
+            kafka_bootstrap,
+            "--namespace",
+            namespace,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert refused.returncode != 0 and "is not a topic of namespace" in refused.stderr, refused
-    ended = subprocess.run([KBROKER, *problem["command"].split()[1:], "--bootstrap", kafka_bootstrap,
-                            "--namespace", namespace, "--json"], capture_output=True, text=True, timeout=300)
+    ended = subprocess.run(
+        [KBROKER, *problem["command"].split()[1:], "--bootstrap", kafka_bootstrap, "--namespace", namespace, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ended.returncode == 0 and orjson.loads(ended.stdout)["ended"] is True, ended
     # The queue's partition is free; the namespace's own transactions (an endpoint's write) may be in flight.
     assert [t for t in open_transactions(kafka_bootstrap, namespace) if (t.topic, t.partition) == (topic, 0)] == []
@@ -254,8 +324,11 @@ def test_a_hanging_transaction_is_named_and_ended_by_the_command_named_and_a_lon
         return report if "lock_held" not in codes(report) else None
 
     report = wait_for(released, 30, "the lock's release in the reader reports")
-    assert not [p for p in report["problems"] if p["code"].startswith("transaction_")
-                and p["text"].startswith(f"{topic} partition 0:")], report
+    assert not [
+        p
+        for p in report["problems"]
+        if p["code"].startswith("transaction_") and p["text"].startswith(f"{topic} partition 0:")
+    ], report
 
 
 def test_runtime_names_a_message_rolled_back_again_and_again_until_it_is_received(kafka_bootstrap, namespace, broker):
@@ -264,10 +337,15 @@ def test_runtime_names_a_message_rolled_back_again_and_again_until_it_is_receive
     from kbroker.cli.demo import CLAIM, EMPLOYEES, EXPENSES
     from kbroker.cli.demo import CONTRACT as SUBMISSION
 
-    broker.send(broker.begin_dialog(EMPLOYEES, EXPENSES, SUBMISSION), CLAIM, {"employee": "e", "amount": 1, "item": "x"})
+    broker.send(
+        broker.begin_dialog(EMPLOYEES, EXPENSES, SUBMISSION), CLAIM, {"employee": "e", "amount": 1, "item": "x"}
+    )
     junk = Producer({"bootstrap.servers": kafka_bootstrap})  # anyone may write the events topic
-    for value in (b'{"event": "RECEIVE_ROLLED_BACK", "queue": "ExpenseQueue", "messages": [[0, "x", true]]}',
-                  b'{"event": "RECEIVE_ROLLED_BACK"}', b"RECEIVE_ROLLED_BACK \xff"):
+    for value in (
+        b'{"event": "RECEIVE_ROLLED_BACK", "queue": "ExpenseQueue", "messages": [[0, "x", true]]}',
+        b'{"event": "RECEIVE_ROLLED_BACK"}',
+        b"RECEIVE_ROLLED_BACK \xff",
+    ):
         junk.produce(names.events_topic(namespace), key=b"ExpenseQueue", value=value)
     assert junk.flush(10) == 0
     for _ in range(2):
@@ -290,7 +368,8 @@ def test_runtime_names_a_message_rolled_back_again_and_again_until_it_is_receive
 
 
 def test_an_open_transaction_whose_first_record_is_forged_is_named_open_and_the_rest_goes_on(
-        kafka_bootstrap, namespace, broker):
+    kafka_bootstrap, namespace, broker
+):
     """The record that says when a transaction began is anyone's: one stamped 50 minutes ahead, with a
     large body of garbage and forged kbroker headers, makes the transaction `transaction_open`
     (its start unknown), not hanging; messages on other partitions are received meanwhile."""
@@ -302,14 +381,27 @@ def test_an_open_transaction_whose_first_record_is_forged_is_named_open_and_the_
     from kbroker.cli.demo import CONTRACT as SUBMISSION
 
     topic = names.queue_topic(namespace, "ExpenseQueue")
-    broker.send(broker.begin_dialog(EMPLOYEES, EXPENSES, SUBMISSION), CLAIM, {"employee": "e", "amount": 0, "item": "x"})
-    forger = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"forger-{namespace}",
-                       "transaction.timeout.ms": 600000, "message.max.bytes": 2_000_000})
+    broker.send(
+        broker.begin_dialog(EMPLOYEES, EXPENSES, SUBMISSION), CLAIM, {"employee": "e", "amount": 0, "item": "x"}
+    )
+    forger = Producer(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "transactional.id": f"forger-{namespace}",
+            "transaction.timeout.ms": 600000,
+            "message.max.bytes": 2_000_000,
+        }
+    )
     forger.init_transactions(30)
     forger.begin_transaction()
     ahead_ms = int((time.time() + 3000) * 1000)  # under the broker's message.timestamp.after.max.ms (1 h)
-    forger.produce(topic, value=b"\xff" * 900_000, partition=0, timestamp=ahead_ms,
-                   headers=[("kb.type", b"\x00" * 300), ("traceparent", b"00-zz")])
+    forger.produce(
+        topic,
+        value=b"\xff" * 900_000,
+        partition=0,
+        timestamp=ahead_ms,
+        headers=[("kb.type", b"\x00" * 300), ("traceparent", b"00-zz")],
+    )
     assert forger.flush(30) == 0
     try:
         rc, report = runtime(kafka_bootstrap, namespace, "--stuck-after", "0")
@@ -329,8 +421,13 @@ def test_an_open_transaction_whose_first_record_is_forged_is_named_open_and_the_
         last[:] = runtime(kafka_bootstrap, namespace)
         return tuple(last) if not last[1]["open_transactions"] else None
 
-    rc, report = wait_for(settled, 30, "no transaction open once the forger aborted", interval=1.0,
-                          seen=lambda: last[1]["open_transactions"])
+    rc, report = wait_for(
+        settled,
+        30,
+        "no transaction open once the forger aborted",
+        interval=1.0,
+        seen=lambda: last[1]["open_transactions"],
+    )
     assert rc == 0, report
     deadline = time.monotonic() + 20
     while not got and time.monotonic() < deadline:

@@ -24,8 +24,7 @@ from tests.helpers import KBROKER, free_port
 
 
 def kbroker(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(KBROKER), *args], capture_output=True, text=True, env=env,
-                          timeout=240)
+    return subprocess.run([str(KBROKER), *args], capture_output=True, text=True, env=env, timeout=240)
 
 
 def bare_path(tmp_path: Path, *tools: str) -> dict:
@@ -68,8 +67,9 @@ def test_data_survives_stop_and_start(tmp_path):
         admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
         delivered = []
         producer = Producer({"bootstrap.servers": st.bootstrap, "acks": "all"})
-        producer.produce(topic, key=b"k", value=b"survives a restart",
-                         on_delivery=lambda err, msg: delivered.append(err))
+        producer.produce(
+            topic, key=b"k", value=b"survives a restart", on_delivery=lambda err, msg: delivered.append(err)
+        )
         assert producer.flush(30) == 0 and delivered == [None]
         del producer, admin
 
@@ -84,8 +84,9 @@ def test_data_survives_stop_and_start(tmp_path):
         st2 = broker.start(port=port2)
         assert st2.running and st2.bootstrap == f"127.0.0.1:{port2}" and st2.pid != st.pid
         assert "formatting storage" not in said
-        consumer = Consumer({"bootstrap.servers": st2.bootstrap, "group.id": "kb-survive",
-                             "auto.offset.reset": "earliest"})
+        consumer = Consumer(
+            {"bootstrap.servers": st2.bootstrap, "group.id": "kb-survive", "auto.offset.reset": "earliest"}
+        )
         consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])  # no group join: faster
         msg = None
         for _ in range(60):
@@ -128,8 +129,7 @@ def test_port_in_use(tmp_path):
 
 def test_java_missing(tmp_path):
     env = bare_path(tmp_path)
-    out = kbroker("broker", "start", "--data-dir", str(tmp_path / "d"), "--port",
-                  str(free_port()), env=env)
+    out = kbroker("broker", "start", "--data-dir", str(tmp_path / "d"), "--port", str(free_port()), env=env)
     assert out.returncode != 0
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Java" in lines[0], out.stderr
@@ -138,8 +138,7 @@ def test_java_missing(tmp_path):
 def test_maven_missing(tmp_path):
     # An empty jar cache, so the jars must be fetched, and java but no mvn on PATH.
     env = {**bare_path(tmp_path, "java"), "KBROKER_CACHE_DIR": str(tmp_path / "cache")}
-    out = kbroker("broker", "start", "--data-dir", str(tmp_path / "d"), "--port",
-                  str(free_port()), env=env)
+    out = kbroker("broker", "start", "--data-dir", str(tmp_path / "d"), "--port", str(free_port()), env=env)
     assert out.returncode != 0
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Maven" in lines[0], out.stderr

@@ -55,8 +55,9 @@ def test_two_processes_per_side_ending_sending_disabling_and_killed(kafka_bootst
     stops = {name: tmp_path / f"stop-{name}" for name in ("sender", "a", "b")}
     a = start("reader", kafka_bootstrap, namespace, "4", str(stops["a"]), str(logs["a"]), "1")
     b = start("reader", kafka_bootstrap, namespace, "4", str(stops["b"]), str(logs["b"]), "2")
-    sender = start("sender", kafka_bootstrap, namespace, str(handles_file), str(stops["sender"]),
-                   str(logs["sender"]), "3")
+    sender = start(
+        "sender", kafka_bootstrap, namespace, str(handles_file), str(stops["sender"]), str(logs["sender"]), "3"
+    )
     # The ender starts once the sender is under way, so at least SENT_BEFORE_ENDS requests (and
     # those sent while the dialogs are ended) whatever the machine's pace: a busy CI machine's
     # sender managed 198 where an idle one sends about 700.
@@ -88,13 +89,19 @@ def test_two_processes_per_side_ending_sending_disabling_and_killed(kafka_bootst
         time.sleep(1.0)
     stops["a"].touch()
     assert a.wait(60) == 0, "reader A failed"
-    report = run.check(send_logs, run.read_audit(kafka_bootstrap, audit_topic),
-                       run.read_logs([logs["a"], logs["b"]]))
+    report = run.check(send_logs, run.read_audit(kafka_bootstrap, audit_topic), run.read_logs([logs["a"], logs["b"]]))
     print(f"\nendpoint run: {report.counts()}")
     assert report.sent >= SENT_BEFORE_ENDS + 40 and report.ended == 40, report.counts()
-    assert report.ok(), (report.counts(), report.lost[:3], report.duplicated[:3], report.unknown[:3],
-                         report.order_violations[:3], report.after_end[:3], report.ends_missing,
-                         report.lock_violations[:3])
+    assert report.ok(), (
+        report.counts(),
+        report.lost[:3],
+        report.duplicated[:3],
+        report.unknown[:3],
+        report.order_violations[:3],
+        report.after_end[:3],
+        report.ends_missing,
+        report.lock_violations[:3],
+    )
     dead = [m for m in (run.read_audit(kafka_bootstrap, names.deadletter_topic(namespace)) or [])]
     assert dead == [], f"{len(dead)} messages dead-lettered (a SEND after its dialog ended)"
 
@@ -107,8 +114,10 @@ def test_the_checker_counts_what_it_is_shown():
         {"conversation_id": "c", "leased": 2.0, "ids": ["e"], "seqs": [2], "types": [run.END_DIALOG]},
         {"conversation_id": "c", "leased": 3.0, "ids": ["m2", "x"], "seqs": [0, 3], "types": [run.REQUEST] * 2},
     ]
-    readers = [{"group": "g", "leased": 1.0, "committing": 2.1, "committed": 2.5, "pid": 1, "reader": 0},
-               {"group": "g", "leased": 2.0, "committed": 2.2, "pid": 2, "reader": 0}]
+    readers = [
+        {"group": "g", "leased": 1.0, "committing": 2.1, "committed": 2.5, "pid": 1, "reader": 0},
+        {"group": "g", "leased": 2.0, "committed": 2.2, "pid": 2, "reader": 0},
+    ]
     r = run.check(sent, audits, readers)
     assert (r.lost, r.duplicated, r.unknown) == (["m1", "m3"], ["m2"], ["x"])
     assert len(r.order_violations) == 1 and len(r.after_end) == 1 and len(r.lock_violations) == 1

@@ -36,12 +36,14 @@ def test_a_killed_readers_partitions_move_within_seconds_and_nothing_is_lost_or_
     # session expired because the machine stalled it past 2 s (once in a CI run, a move 5.4 s
     # after the kill). That is the short session's price (no message lost or doubled, checked
     # above); a move without an expulsion would be a revocation the group never asked for.
-    assert not [t for t in result["moves"] if t > 0] or result["expelled"], \
+    assert not [t for t in result["moves"] if t > 0] or result["expelled"], (
         f"a live reader lost partitions after the kill, not expelled: {result}"
+    )
 
 
 def test_queue_consumers_use_the_classic_protocol_with_the_short_session_the_broker_allows(
-        kafka_bootstrap, monkeypatch, caplog):
+    kafka_bootstrap, monkeypatch, caplog
+):
     """The embedded broker's group.min.session.timeout.ms is 1 s: queue consumers join with the
     classic protocol and a 2 s session. Where the brokers' minimum is above the time-out wanted
     (here a time-out under it), they keep 10 s, and a warning says which setting to change."""
@@ -61,7 +63,8 @@ def test_queue_consumers_use_the_classic_protocol_with_the_short_session_the_bro
 
 
 def test_a_group_whose_session_an_operator_set_uses_the_consumer_protocol_without_kbrokers_right_to_set_it(
-        kafka_bootstrap, monkeypatch):
+    kafka_bootstrap, monkeypatch
+):
     """A reader that may not alter its group's configs (kbroker's ACL roles give it none) still
     joins with the consumer protocol (opted in) when the group's consumer.session.timeout.ms is
     short already."""
@@ -91,8 +94,7 @@ def test_the_output_queues_reader_keeps_the_handlings_and_skips_what_another_cli
     foreign = [b"\xff\x00 not json", b'{"n": "x"}', b"[1, 2]", None, b"{" * 100_000]
     for i, record in enumerate(good):
         producer.produce(topic, value=json.dumps(record).encode(), partition=i % 3)
-        producer.produce(topic, value=foreign[i % len(foreign)], partition=i % 3,
-                         headers=[("kb.forged", b"\xff")])
+        producer.produce(topic, value=foreign[i % len(foreign)], partition=i % 3, headers=[("kb.forged", b"\xff")])
     assert producer.flush(30) == 0
     tail = _Tail(kafka_bootstrap, topic)
     try:

@@ -53,8 +53,9 @@ def test_related_dialogs_reply_into_one_group(broker):
         assert {m.conversation_group_id for m in got} == {g}
         # ... and the group lock covers them all: no other reader gets either conversation.
         other = []
-        t = threading.Thread(target=lambda: other.extend(
-            broker.receive("EmployeeQueue", top=10, wait=2, conversation_group=g)))
+        t = threading.Thread(
+            target=lambda: other.extend(broker.receive("EmployeeQueue", top=10, wait=2, conversation_group=g))
+        )
         t.start()
         t.join()
         assert other == []
@@ -207,8 +208,9 @@ def test_bad_move_is_typed_and_produces_nothing(kafka_bootstrap, namespace, brok
         # must_finish: on a loaded machine a 15 s read came back short of one partition's end.
         records = read_to_end(kafka_bootstrap, names.endpoints_topic(namespace), 60, must_finish=True) or []
         # Sorted: a read interleaves the topic's partitions in no fixed order.
-        return sorted(m.key() for m in records if not m.key().endswith(LEASE_SUFFIX.encode())), \
-            end_offsets(kafka_bootstrap, queue_topic)
+        return sorted(m.key() for m in records if not m.key().endswith(LEASE_SUFFIX.encode())), end_offsets(
+            kafka_bootstrap, queue_topic
+        )
 
     before = written()
     handle, group, error = {

@@ -33,7 +33,8 @@ def send_claims(broker: Broker, n: int) -> set[str]:
 
 
 def test_an_idle_receiver_closes_only_when_no_receive_waits_and_no_transaction_holds_its_lease(
-        kafka_bootstrap, namespace):
+    kafka_bootstrap, namespace
+):
     with Broker(kafka_bootstrap, namespace) as broker:
         sent = send_claims(broker, 3)
         tx = broker.transaction()

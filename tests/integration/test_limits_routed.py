@@ -55,8 +55,13 @@ def routed(bootstrap: str, tmp_path: Path, a: str, b: str) -> Iterator[tuple[Bro
     its dispatcher and transmitter running."""
     fa, fb = tmp_path / "a.yaml", tmp_path / "b.yaml"
     fa.write_text(catalog(CLIENT, "", f"{{name: ToB, service_name: '{SERVER}', address: 'kafka://{bootstrap}/{b}'}}"))
-    fb.write_text(catalog(SERVER, f", contracts: ['{CONTRACT}']",
-                          f"{{name: ToA, service_name: '{CLIENT}', address: 'kafka://{bootstrap}/{a}'}}"))
+    fb.write_text(
+        catalog(
+            SERVER,
+            f", contracts: ['{CONTRACT}']",
+            f"{{name: ToA, service_name: '{CLIENT}', address: 'kafka://{bootstrap}/{a}'}}",
+        )
+    )
     apply_paths(bootstrap, a, [fa])
     apply_paths(bootstrap, b, [fb])
     with ExitStack() as stack:

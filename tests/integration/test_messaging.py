@@ -149,10 +149,20 @@ def test_expired_message_is_not_delivered(broker):
 
 # A target service this namespace does not host is not bad input: as in Service Broker, the
 # dialog is remote and its messages wait in the transmission queue (test_routing.py).
-@pytest.mark.parametrize("case", [
-    "unknown_from", "unknown_contract", "wrong_side", "type_not_in_contract",
-    "invalid_json", "oversized", "closed", "unknown_handle", "system_type",
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "unknown_from",
+        "unknown_contract",
+        "wrong_side",
+        "type_not_in_contract",
+        "invalid_json",
+        "oversized",
+        "closed",
+        "unknown_handle",
+        "system_type",
+    ],
+)
 def test_bad_input_is_typed_and_produces_nothing(kafka_bootstrap, namespace, broker, case):
     h = broker.begin_dialog(EMP, EXP, CONTRACT)
     topic = names.queue_topic(namespace, "ExpenseQueue")
@@ -163,12 +173,12 @@ def test_bad_input_is_typed_and_produces_nothing(kafka_bootstrap, namespace, bro
         "wrong_side": (errors.ContractViolationError, lambda: broker.send(h, APPROVAL, {})),
         "type_not_in_contract": (errors.ContractViolationError, lambda: broker.send(h, "DEFAULT", b"x")),
         "invalid_json": (errors.MessageValidationError, lambda: broker.send(h, CLAIM, b"{not json")),
-        "oversized": (errors.MessageTooLargeError,
-                      lambda: broker.send(h, CLAIM, b'"' + b"x" * (1024 * 1024) + b'"')),
-        "closed": (errors.ConversationClosedError,
-                   lambda: (broker.end_conversation(h), broker.send(h, CLAIM, {}))),
-        "unknown_handle": (errors.ConversationNotFoundError,
-                           lambda: broker.send("00000000-0000-0000-0000-000000000000", CLAIM, {})),
+        "oversized": (errors.MessageTooLargeError, lambda: broker.send(h, CLAIM, b'"' + b"x" * (1024 * 1024) + b'"')),
+        "closed": (errors.ConversationClosedError, lambda: (broker.end_conversation(h), broker.send(h, CLAIM, {}))),
+        "unknown_handle": (
+            errors.ConversationNotFoundError,
+            lambda: broker.send("00000000-0000-0000-0000-000000000000", CLAIM, {}),
+        ),
         "system_type": (errors.ContractViolationError, lambda: broker.send(h, END_DIALOG, b"")),
     }[case]
     with pytest.raises(expected) as info:
@@ -210,7 +220,8 @@ def test_malformed_record_goes_to_dead_letter_and_reader_goes_on(kafka_bootstrap
 
 
 def test_records_with_bad_header_values_are_dead_lettered_and_the_messages_around_them_go_on(
-        kafka_bootstrap, namespace, broker):
+    kafka_bootstrap, namespace, broker
+):
     """The queue's reader decodes each header value once, as it comes. Another client copies a
     real message's headers (its key, partition and group) and breaks one thing in each copy: a
     value that is not UTF-8, a required header without a value, a header written twice (the last
@@ -219,21 +230,23 @@ def test_records_with_bad_header_values_are_dead_lettered_and_the_messages_aroun
     topic, dead = names.queue_topic(namespace, "ExpenseQueue"), names.deadletter_topic(namespace)
     h = broker.begin_dialog(EMP, EXP, CONTRACT)
     first = broker.send(h, CLAIM, {"n": 0})
-    original = next(r for r in read_to_end(kafka_bootstrap, topic) or []
-                    if dict(r.headers())["kb.message_id"] == first.encode())
+    original = next(
+        r for r in read_to_end(kafka_bootstrap, topic) or [] if dict(r.headers())["kb.message_id"] == first.encode()
+    )
 
     def copy(name: str, value: bytes | None, *, add: bool = False) -> list[tuple[str, bytes | None]]:
         hs = [(k, uuid.uuid4().hex.encode() if k == "kb.message_id" else v) for k, v in original.headers()]
         return hs + [(name, value)] if add else [(k, value if k == name else v) for k, v in hs]
 
-    copies = {"not UTF-8": copy("kb.message_type_name", b"\xff\xfe"),
-              "bad number": copy("kb.message_sequence_number", None),
-              "kb.to_side is 'SIDEWAYS'": copy("kb.to_side", b"SIDEWAYS", add=True),
-              "refused on arrival": copy("kb.message_type_name", b"T" * 200_000)}
+    copies = {
+        "not UTF-8": copy("kb.message_type_name", b"\xff\xfe"),
+        "bad number": copy("kb.message_sequence_number", None),
+        "kb.to_side is 'SIDEWAYS'": copy("kb.to_side", b"SIDEWAYS", add=True),
+        "refused on arrival": copy("kb.message_type_name", b"T" * 200_000),
+    }
     p = Producer({"bootstrap.servers": kafka_bootstrap})
     for headers in copies.values():
-        p.produce(topic, key=original.key(), value=original.value(), headers=headers,
-                  partition=original.partition())
+        p.produce(topic, key=original.key(), value=original.value(), headers=headers, partition=original.partition())
     assert p.flush(10) == 0
     second = broker.send(h, CLAIM, {"n": 1})
 
@@ -259,8 +272,13 @@ def test_record_is_readable_by_a_standard_client(kafka_bootstrap, namespace, bro
     broker.send(h, CLAIM, {"amount": 12.5}, correlation_id="corr-1")
 
     async def read_one():
-        c = AIOKafkaConsumer(names.queue_topic(namespace, "ExpenseQueue"), bootstrap_servers=kafka_bootstrap,
-                             auto_offset_reset="earliest", group_id=None, isolation_level="read_committed")
+        c = AIOKafkaConsumer(
+            names.queue_topic(namespace, "ExpenseQueue"),
+            bootstrap_servers=kafka_bootstrap,
+            auto_offset_reset="earliest",
+            group_id=None,
+            isolation_level="read_committed",
+        )
         await c.start()
         try:
             return await asyncio.wait_for(c.getone(), 30)
@@ -283,35 +301,67 @@ def run_cli(*args, bootstrap, namespace):
 
 def test_cli_send_receive_end(kafka_bootstrap, namespace, broker):
     kw = dict(bootstrap=kafka_bootstrap, namespace=namespace)
-    out = run_cli("send", "--from", EMP, "--to", EXP, "--contract", CONTRACT, "--type", CLAIM,
-                  "--body", '{"n": 1}', "--json", **kw)
+    out = run_cli(
+        "send",
+        "--from",
+        EMP,
+        "--to",
+        EXP,
+        "--contract",
+        CONTRACT,
+        "--type",
+        CLAIM,
+        "--body",
+        '{"n": 1}',
+        "--json",
+        **kw,
+    )
     assert out.returncode == 0, out.stderr
     sent = json.loads(out.stdout)
-    out = run_cli("send", "--conversation", sent["conversation_handle"], "--type", CLAIM,
-                  "--body", '{"n": 2}', "--json", **kw)
+    out = run_cli(
+        "send", "--conversation", sent["conversation_handle"], "--type", CLAIM, "--body", '{"n": 2}', "--json", **kw
+    )
     assert out.returncode == 0, out.stderr
     out = run_cli("receive", "ExpenseQueue", "--top", "5", "--wait", "15", "--json", **kw)
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert [json.loads(r["body"])["n"] for r in rows] == [1, 2]
     assert rows[0]["message_id"] == sent["message_id"]
-    for field in ("queue", "conversation_handle", "conversation_group_id", "message_sequence_number",
-                  "message_type_name", "service_name", "service_contract_name", "message_id", "body"):
+    for field in (
+        "queue",
+        "conversation_handle",
+        "conversation_group_id",
+        "message_sequence_number",
+        "message_type_name",
+        "service_name",
+        "service_contract_name",
+        "message_id",
+        "body",
+    ):
         assert field in rows[0]
     out = run_cli("end", sent["conversation_handle"], "--json", **kw)
     assert out.returncode == 0 and json.loads(out.stdout)["state"] == "DO", out.stderr
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["send", "--from", "//nope", "--to", EXP, "--contract", CONTRACT, "--type", CLAIM, "--body", "{}"],
-     "unknown service '//nope'"),
-    (["send", "--from", EMP, "--to", EXP, "--contract", CONTRACT, "--type", CLAIM, "--body", "{bad"],
-     "fails JSON validation"),
-    (["send", "--from", EMP, "--to", EXP, "--contract", CONTRACT, "--type", CLAIM, "--body", "@/no/such/file"],
-     "/no/such/file"),
-    (["receive", "NoSuchQueue"], "unknown queue 'NoSuchQueue'"),
-    (["end", "00000000-0000-0000-0000-000000000000"], "does not exist"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (
+            ["send", "--from", "//nope", "--to", EXP, "--contract", CONTRACT, "--type", CLAIM, "--body", "{}"],
+            "unknown service '//nope'",
+        ),
+        (
+            ["send", "--from", EMP, "--to", EXP, "--contract", CONTRACT, "--type", CLAIM, "--body", "{bad"],
+            "fails JSON validation",
+        ),
+        (
+            ["send", "--from", EMP, "--to", EXP, "--contract", CONTRACT, "--type", CLAIM, "--body", "@/no/such/file"],
+            "/no/such/file",
+        ),
+        (["receive", "NoSuchQueue"], "unknown queue 'NoSuchQueue'"),
+        (["end", "00000000-0000-0000-0000-000000000000"], "does not exist"),
+    ],
+)
 def test_cli_errors_are_one_line(kafka_bootstrap, namespace, broker, args, needle):
     out = run_cli(*args, bootstrap=kafka_bootstrap, namespace=namespace)
     assert out.returncode != 0
@@ -330,15 +380,18 @@ def test_records_another_client_wrote_are_checked_on_arrival(kafka_bootstrap, na
     from kbroker.core.dialogs.envelope import Envelope
     from kbroker.kafka.snapshot import read_to_end
 
-    forged = [("//Adventure-Works.com/Expenses/NoSuchType", b"{}"),
-              (APPROVAL, b"{}"),  # sent by the TARGET only, here sent to it
-              (CLAIM, b"not json")]
+    forged = [
+        ("//Adventure-Works.com/Expenses/NoSuchType", b"{}"),
+        (APPROVAL, b"{}"),  # sent by the TARGET only, here sent to it
+        (CLAIM, b"not json"),
+    ]
     producer = Producer({"bootstrap.servers": kafka_bootstrap})
     for kind, body in forged:
         conversation = str(uuid4())
         env = Envelope(str(uuid4()), conversation, conversation, 0, kind, CONTRACT, EMP, EXP, "TARGET")
-        producer.produce(names.queue_topic(namespace, "ExpenseQueue"), key=conversation.encode(), value=body,
-                         headers=env.headers())
+        producer.produce(
+            names.queue_topic(namespace, "ExpenseQueue"), key=conversation.encode(), value=body, headers=env.headers()
+        )
     assert producer.flush(30) == 0
     handle = broker.begin_dialog(EMP, EXP, CONTRACT)
     good = broker.send(handle, CLAIM, {"amount": 1})
@@ -349,6 +402,7 @@ def test_records_another_client_wrote_are_checked_on_arrival(kafka_bootstrap, na
         delivered = broker.receive("ExpenseQueue", top=10, wait=1)
     assert [m.message_id for m in delivered] == [good]
     assert broker.receive("ExpenseQueue", top=10, wait=2) == []
+
     # Committed is not yet readable: Kafka writes a commit's markers after EndTxn has answered,
     # so a read-committed reader may stop short of the last RECEIVE's dead letter for a moment
     # (a loaded run read two of the three). Read again until all three are there.
@@ -356,8 +410,9 @@ def test_records_another_client_wrote_are_checked_on_arrival(kafka_bootstrap, na
         letters = read_to_end(kafka_bootstrap, names.deadletter_topic(namespace), 15) or []
         return sorted(dict(m.headers())["kb.dlq.reason"].decode() for m in letters)
 
-    reasons = wait_for(lambda: (r := reasons_read()) and len(r) >= 3 and r, 30, "the three dead letters",
-                       seen=reasons_read)
+    reasons = wait_for(
+        lambda: (r := reasons_read()) and len(r) >= 3 and r, 30, "the three dead letters", seen=reasons_read
+    )
     assert len(reasons) == 3 and all(r.startswith("refused on arrival") for r in reasons), reasons
     assert any("NoSuchType" in r for r in reasons) and any("JSON" in r for r in reasons), reasons
 
@@ -422,6 +477,7 @@ def test_end_with_cleanup_discards_the_conversations_queued_messages(kafka_boots
         assert other.endpoints.get(target).state == "CD"
     # Discarded as asked, not set aside as a closed dialog's messages are (nothing dead-lettered).
     from kbroker.kafka.snapshot import read_to_end
+
     assert (read_to_end(kafka_bootstrap, names.deadletter_topic(namespace), 15) or []) == []
 
 
@@ -471,4 +527,3 @@ def test_a_send_on_a_dialog_another_process_of_its_side_ended_raises(kafka_boots
         with pytest.raises(errors.ConversationClosedError):
             with other.transaction() as tx:
                 tx.send(h, CLAIM, {"claim": "after the end, in a transaction"})
-

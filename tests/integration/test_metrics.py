@@ -31,17 +31,25 @@ class Prometheus:
     def __init__(self, tmp: Path, targets: dict[str, str]):
         exe = shutil.which("prometheus")
         assert exe, "Prometheus is not installed: scripts/prereqs.sh installs Debian's prometheus"
-        jobs = "".join(f"  - job_name: {job}\n    static_configs: [{{targets: ['{target}']}}]\n"
-                       for job, target in targets.items())
+        jobs = "".join(
+            f"  - job_name: {job}\n    static_configs: [{{targets: ['{target}']}}]\n" for job, target in targets.items()
+        )
         config = tmp / "prometheus.yml"
         config.write_text(f"global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nscrape_configs:\n{jobs}")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / "prometheus.log"
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([exe, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-                                          f"--web.listen-address=127.0.0.1:{self.port}"],
-                                         stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                [
+                    exe,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={tmp / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         wait_for(self._ready, 60, "Prometheus ready", seen=lambda: self.log.read_text()[-2000:])
 
     def _ready(self) -> bool:
@@ -60,7 +68,9 @@ class Prometheus:
 
     def targets_up(self) -> dict[str, str]:
         active = httpx.get(self.url + "/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
-        return {t["labels"]["job"]: t["health"] + (f" ({t['lastError']})" if t.get("lastError") else "") for t in active}
+        return {
+            t["labels"]["job"]: t["health"] + (f" ({t['lastError']})" if t.get("lastError") else "") for t in active
+        }
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -89,8 +99,9 @@ def test_prometheus_scrapes_what_was_sent_and_received_from_the_worker_and_an_sd
     bootstrap, ns, worker, exporter = metered
     prom = Prometheus(tmp_path, {"worker": f"127.0.0.1:{worker.port}", "sdk": f"127.0.0.1:{exporter.port}"})
     try:
-        wait_for(lambda: prom.targets_up() == {"worker": "up", "sdk": "up"}, 30, "both targets scraped",
-                 seen=prom.targets_up)
+        wait_for(
+            lambda: prom.targets_up() == {"worker": "up", "sdk": "up"}, 30, "both targets scraped", seen=prom.targets_up
+        )
         b = Broker(bootstrap, ns)
         try:
             for i in range(JOBS // 2):  # two jobs per dialog, each SEND in a transaction of its own
@@ -120,16 +131,21 @@ def test_prometheus_scrapes_what_was_sent_and_received_from_the_worker_and_an_sd
             f'sum(kbroker_messages_sent_total{{{sel},job="worker",queue="ClientQueue"}})': JOBS,  # the replies
             f'sum(kbroker_messages_received_total{{{sel},job="sdk",queue="ClientQueue"}})': JOBS,  # read here
         }
-        wait_for(lambda: all(q(e) == v for e, v in expected.items()), 30, "the counts in Prometheus",
-                 seen=lambda: {e: q(e) for e in expected})
+        wait_for(
+            lambda: all(q(e) == v for e, v in expected.items()),
+            30,
+            "the counts in Prometheus",
+            seen=lambda: {e: q(e) for e in expected},
+        )
         # The worker activated the queue; its readers committed; the gauges name its queues.
         assert (q(f'sum(kbroker_activations_total{{{sel},queue="SlowQueue",kind="internal"}})') or 0) >= 1
-        assert q(f'kbroker_reader_slots{{{sel}}}') == 8
+        assert q(f"kbroker_reader_slots{{{sel}}}") == 8
         assert (q(f'sum(kbroker_commit_seconds_count{{{sel},job="worker"}})') or 0) >= JOBS
         assert (q(f'sum(kbroker_transactions_total{{{sel},job="sdk",outcome="committed"}})') or 0) >= JOBS // 2
         assert q(f'sum(kbroker_queue_monitor_state{{{sel},queue="SlowQueue"}})') == 1.0  # one state at a time
-        assert q(f'sum(kbroker_kafka_transaction_seconds_count{{{sel}}})') == \
-            q(f'sum(kbroker_group_commit_transactions_count{{{sel}}})')
+        assert q(f"sum(kbroker_kafka_transaction_seconds_count{{{sel}}})") == q(
+            f"sum(kbroker_group_commit_transactions_count{{{sel}}})"
+        )
     finally:
         prom.stop()
     # The worker ran with --log-format json: every line it wrote is one JSON object naming the
@@ -138,4 +154,3 @@ def test_prometheus_scrapes_what_was_sent_and_received_from_the_worker_and_an_sd
     assert lines and all(line["namespace"] == ns and line["worker"] == worker.id for line in lines)
     launched = [line for line in lines if line["message"].startswith("launch reader")]
     assert launched and {line["queue"] for line in launched} == {"SlowQueue"}
-

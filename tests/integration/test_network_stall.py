@@ -40,11 +40,12 @@ def proxied_properties(port: int, internal_port: int, controller_port: int, prox
     text = _SERVER_PROPERTIES.format(port=port, cport=controller_port, log_dirs=log_dirs)
     replaced = {
         "listeners=": f"listeners=PLAINTEXT://127.0.0.1:{port},INTERNAL://127.0.0.1:{internal_port},"
-                      f"CONTROLLER://127.0.0.1:{controller_port}",
+        f"CONTROLLER://127.0.0.1:{controller_port}",
         "advertised.listeners=": f"advertised.listeners=PLAINTEXT://127.0.0.1:{proxy_port},"
-                                 f"INTERNAL://127.0.0.1:{internal_port}",
+        f"INTERNAL://127.0.0.1:{internal_port}",
         "listener.security.protocol.map=": (
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT"),
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT"
+        ),
         "inter.broker.listener.name=": "inter.broker.listener.name=INTERNAL",
     }
     lines = text.splitlines()
@@ -104,8 +105,10 @@ def test_readers_ride_through_a_network_stall(proxied_kafka: ProxiedKafka, tmp_p
         replies = wait_for_all_replies(bootstrap, namespace, sent, readers, 120)
         all_done_at = time.time()
         assert all(r.running() for r in readers), "a reader process exited"
-        print(f"\nnetwork stall of {STALL:g} s: first commit {recovered_at - released_at:.1f} s after the "
-              f"release, every request answered {all_done_at - released_at:.1f} s after it")
+        print(
+            f"\nnetwork stall of {STALL:g} s: first commit {recovered_at - released_at:.1f} s after the "
+            f"release, every request answered {all_done_at - released_at:.1f} s after it"
+        )
     finally:
         for r in readers:
             r.stop()

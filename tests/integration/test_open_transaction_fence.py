@@ -55,12 +55,14 @@ CHILD = textwrap.dedent("""
 
 
 def test_a_reader_killed_inside_its_commit_holds_the_partition_only_until_it_is_fenced(
-        kafka_bootstrap, namespace, broker, caplog):
+    kafka_bootstrap, namespace, broker, caplog
+):
     h = broker.begin_dialog(EMP, EXP, CONTRACT)
     for i in range(3):
         broker.send(h, CLAIM, {"i": i})
-    child = subprocess.run([sys.executable, "-c", CHILD, kafka_bootstrap, namespace],
-                           capture_output=True, text=True, timeout=120)
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, kafka_bootstrap, namespace], capture_output=True, text=True, timeout=120
+    )
     assert child.returncode == -9, child.stderr[-3000:]
     # It committed the first and was killed committing the second.
     assert [orjson.loads(line)["i"] for line in child.stdout.split()] == [0, 1], child.stdout
@@ -76,7 +78,8 @@ def test_a_reader_killed_inside_its_commit_holds_the_partition_only_until_it_is_
 
 
 def test_forged_commit_metadata_names_nothing_outside_the_namespace_and_the_queue_is_read_on(
-        kafka_bootstrap, namespace, broker):
+    kafka_bootstrap, namespace, broker
+):
     """The fence reads what any client with the group's READ may have committed. Garbage, an
     oversized holder, ids of another namespace: it fences at most MAX_IDS ids per partition, all
     under this namespace, raises nothing, and a reader then receives every message."""
@@ -85,14 +88,17 @@ def test_forged_commit_metadata_names_nothing_outside_the_namespace_and_the_queu
         broker.send(h, CLAIM, {"i": i})
     topic = names.queue_topic(namespace, "ExpenseQueue")
     real = uuid.uuid4()
-    forged = ["\xff not ours \u2603|by:../../x,kbroker.other.txn",
-              "kb1:!!!|by:" + ",".join(uuid.uuid4().hex for _ in range(80)),  # about 2,700 bytes
-              f"|by:{real.hex},{real.hex},kbroker.{namespace}.{uuid.uuid4()}",
-              "|by:"]
+    forged = [
+        "\xff not ours \u2603|by:../../x,kbroker.other.txn",
+        "kb1:!!!|by:" + ",".join(uuid.uuid4().hex for _ in range(80)),  # about 2,700 bytes
+        f"|by:{real.hex},{real.hex},kbroker.{namespace}.{uuid.uuid4()}",
+        "|by:",
+    ]
     foreign = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": topic, "enable.auto.commit": False})
     try:
-        foreign.commit(offsets=[TopicPartition(topic, p, 0, metadata=m) for p, m in enumerate(forged)],
-                       asynchronous=False)
+        foreign.commit(
+            offsets=[TopicPartition(topic, p, 0, metadata=m) for p, m in enumerate(forged)], asynchronous=False
+        )
     finally:
         foreign.close()
 

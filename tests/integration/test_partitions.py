@@ -32,8 +32,11 @@ def test_a_partition_change_under_load_is_refused_and_the_run_stays_clean(kafka_
     run = start_fault_run(kafka_bootstrap, tmp_path, "p", (41, 42))
     topic = names.queue_topic(run.namespace, "RequestQueue")
     grown = tmp_path / "grown.yaml"
-    grown.write_text(inv.YAML.read_text().replace("  - name: RequestQueue\n    partitions: 4\n",
-                                                  "  - name: RequestQueue\n    partitions: 8\n"))
+    grown.write_text(
+        inv.YAML.read_text().replace(
+            "  - name: RequestQueue\n    partitions: 4\n", "  - name: RequestQueue\n    partitions: 8\n"
+        )
+    )
     assert "partitions: 8" in grown.read_text()
     try:
         wait_for_commits(run.readers, 30, 90)

@@ -54,8 +54,14 @@ class User:
 
     def cli(self, *args: str, as_json: bool = True) -> str:
         """A `kbroker` command as the admin; its (--json) output."""
-        out = run_kbroker_module(*args, "--bootstrap", self.admin.bootstrap, "--command-config",
-                                 self.admin_properties, *(["--json"] if as_json else []))
+        out = run_kbroker_module(
+            *args,
+            "--bootstrap",
+            self.admin.bootstrap,
+            "--command-config",
+            self.admin_properties,
+            *(["--json"] if as_json else []),
+        )
         assert out.returncode == 0, out.stderr
         return out.stdout
 
@@ -84,6 +90,7 @@ def records(cluster: Cluster, *topics: str) -> int:
 def eventually(fn: Callable[[], object], what: str, refused: type[Exception] | None = None) -> object:
     """fn()'s result once the authorizer applies the change just listed: until it stops raising
     PermissionDeniedError, or (`refused`) until it raises that error, which is returned."""
+
     def attempt() -> object:
         try:
             result = fn()
@@ -172,15 +179,20 @@ def test_receive_alter_and_the_catalog_owner_each_need_their_grant(user, secure_
     with pytest.raises(PermissionDeniedError):  # ALTER is not the catalog's owner
         apply_paths(u.cluster, ns, [SAMPLES], timeout=10)
 
-    dry = u.cli("grant", "CONTROL", "ON", "CATALOG::current", "TO", u.principal, "--namespace", ns, "--dry-run",
-                as_json=False)
+    dry = u.cli(
+        "grant", "CONTROL", "ON", "CATALOG::current", "TO", u.principal, "--namespace", ns, "--dry-run", as_json=False
+    )
     assert dry.startswith(f"would have granted CONTROL ON CATALOG::{ns} to {u.principal}: "), dry
     with pytest.raises(PermissionDeniedError):  # the dry run changed nothing
         apply_paths(u.cluster, ns, [SAMPLES], timeout=10)
     u.cli("grant", "CONTROL", "ON", f"CATALOG::{ns}", "TO", u.principal, "--namespace", ns)
     eventually(lambda: apply_paths(u.cluster, ns, [SAMPLES], timeout=10), "apply served to the owner")
-    assert u.permissions(ns) == {f"GRANT SEND ON SERVICE::{EMP}", f"GRANT RECEIVE ON QUEUE::{QUEUE}",
-                                 f"GRANT ALTER ON QUEUE::{QUEUE}", f"GRANT CONTROL ON CATALOG::{ns}"}
+    assert u.permissions(ns) == {
+        f"GRANT SEND ON SERVICE::{EMP}",
+        f"GRANT RECEIVE ON QUEUE::{QUEUE}",
+        f"GRANT ALTER ON QUEUE::{QUEUE}",
+        f"GRANT CONTROL ON CATALOG::{ns}",
+    }
     table = u.cli("permissions", "--principal", u.principal, "--namespace", ns, as_json=False)
     assert "RECEIVE" in table and f"CATALOG::{ns}" in table
 
@@ -192,9 +204,17 @@ def test_a_namespace_principal_is_refused_everything_in_another_namespace(user, 
         apply_paths(secure_admin, ns, [SAMPLES])
         u = owners[ns] = user()
         objects = Objects.of(read_catalog(secure_admin, ns))
-        acls.grant(secure_admin, bindings_of(
-            [Permission(u.principal, "CONTROL", "CATALOG", ns), Permission(u.principal, "SEND", "SERVICE", EXP),
-             Permission(u.principal, "CONTROL", "QUEUE", QUEUE)], objects))
+        acls.grant(
+            secure_admin,
+            bindings_of(
+                [
+                    Permission(u.principal, "CONTROL", "CATALOG", ns),
+                    Permission(u.principal, "SEND", "SERVICE", EXP),
+                    Permission(u.principal, "CONTROL", "QUEUE", QUEUE),
+                ],
+                objects,
+            ),
+        )
     for own, other in ((a, b), (b, a)):
         u = owners[own]
         # Served in its own namespace: apply, SEND, RECEIVE, ALTER QUEUE.
@@ -204,8 +224,9 @@ def test_a_namespace_principal_is_refused_everything_in_another_namespace(user, 
             assert len(br.receive(QUEUE, top=10, wait=10)) == 1
         set_queue_status(u.cluster, own, QUEUE, "OFF", "test")
         # Refused in the other's, having written nothing there.
-        before = records(secure_admin, names.queue_topic(other, QUEUE), names.catalog_topic(other),
-                         names.endpoints_topic(other))
+        before = records(
+            secure_admin, names.queue_topic(other, QUEUE), names.catalog_topic(other), names.endpoints_topic(other)
+        )
         status = read_catalog(secure_admin, other).queue(QUEUE).status
         for attempt in (  # each called now, below
             lambda: send_claim(u.cluster, other),  # noqa: B023
@@ -217,8 +238,12 @@ def test_a_namespace_principal_is_refused_everything_in_another_namespace(user, 
                 attempt()
         with pytest.raises((PermissionDeniedError, CatalogError)):  # a raw write: the topic is hidden from it
             write_records(u.cluster, names.queue_topic(other, QUEUE), {"k": b"v"}, 10)
-        assert records(secure_admin, names.queue_topic(other, QUEUE), names.catalog_topic(other),
-                       names.endpoints_topic(other)) == before
+        assert (
+            records(
+                secure_admin, names.queue_topic(other, QUEUE), names.catalog_topic(other), names.endpoints_topic(other)
+            )
+            == before
+        )
         assert read_catalog(secure_admin, other).queue(QUEUE).status == status
 
 
@@ -237,12 +262,15 @@ def test_apply_refuses_names_that_collide_in_kafka_with_another_namespace(user, 
     admin.create_topics([NewTopic(hidden, 1, 1)])[hidden].result(10)
     u = user()
     apply_paths(secure_admin, ns, [SAMPLES])
-    acls.grant(secure_admin, bindings_of([Permission(u.principal, "CONTROL", "CATALOG", ns)],
-                                         Objects.of(read_catalog(secure_admin, ns))))
+    acls.grant(
+        secure_admin,
+        bindings_of([Permission(u.principal, "CONTROL", "CATALOG", ns)], Objects.of(read_catalog(secure_admin, ns))),
+    )
     (tmp_path / "q.yaml").write_text("queues:\n  - name: Claims\n")
     with pytest.raises(TopicCollisionError) as refused:
-        eventually(lambda: apply_paths(u.cluster, ns, [tmp_path / "q.yaml"], timeout=10), "the owner's apply",
-                   refused=None)
+        eventually(
+            lambda: apply_paths(u.cluster, ns, [tmp_path / "q.yaml"], timeout=10), "the owner's apply", refused=None
+        )
     assert names.queue_topic(ns, "Claims") in str(refused.value) and hidden in str(refused.value)
     assert "Claims" not in read_catalog(secure_admin, ns).queues
 
@@ -259,8 +287,11 @@ def test_a_reader_that_may_not_write_the_catalog_disables_a_poisoned_queue_by_an
     with Broker(u.cluster, ns) as b:
         for i in range(5):
             tx = b.transaction()
-            got = (eventually(lambda: tx.receive(QUEUE, top=1, wait=10), "RECEIVE served")  # noqa: B023 - called now
-                   if i == 0 else tx.receive(QUEUE, top=1, wait=10))
+            got = (
+                eventually(lambda: tx.receive(QUEUE, top=1, wait=10), "RECEIVE served")  # noqa: B023 - called now
+                if i == 0
+                else tx.receive(QUEUE, top=1, wait=10)
+            )
             assert got, f"rollback {i}: the message came back"
             tx.rollback()
         with pytest.raises(QueueDisabledError):
@@ -295,8 +326,12 @@ def test_diagnose_configuration_names_the_grants_a_dialog_needs_of_its_principal
         problems, _ = diagnose_configuration(u.cluster, ns, EMP, EXP, CONTRACT)
         return {p.code: p.text for p in problems if p.code.endswith("_permitted")}
 
-    missing = wait_for(lambda: len(named()) == 2 and named(), SETTLE, "both grants named",
-                       seen=lambda: diagnose_configuration(u.cluster, ns, EMP, EXP, CONTRACT))
+    missing = wait_for(
+        lambda: len(named()) == 2 and named(),
+        SETTLE,
+        "both grants named",
+        seen=lambda: diagnose_configuration(u.cluster, ns, EMP, EXP, CONTRACT),
+    )
     assert missing["send_not_permitted"].endswith(f"GRANT SEND ON SERVICE::{EXP} TO {u.principal}"), missing
     assert missing["receive_not_permitted"].endswith(f"GRANT RECEIVE ON QUEUE::EmployeeQueue TO {u.principal}")
     u.cli("grant", "SEND", "ON", f"SERVICE::{EXP}", "TO", u.principal, "--namespace", ns)

@@ -24,8 +24,10 @@ def test_a_waiting_receive_returns_once_the_message_is_there(broker, monkeypatch
     assert len(broker.receive("ExpenseQueue", top=10, wait=30)) == 1  # assigned, polling
     for i in range(1, 4):
         got: list[float] = []  # the thread's own list: one still running after join() cannot fill the next round's
-        t = threading.Thread(target=lambda into: into.extend(
-            time.monotonic() for _ in broker.receive("ExpenseQueue", top=10, wait=30)), args=(got,))
+        t = threading.Thread(
+            target=lambda into: into.extend(time.monotonic() for _ in broker.receive("ExpenseQueue", top=10, wait=30)),
+            args=(got,),
+        )
         t.start()
         time.sleep(1.0)  # the poll thread is inside a poll with nothing to read
         broker.send(h, CLAIM, {"claim": i})

@@ -24,8 +24,11 @@ from kbroker.kafka.receive.reclaim import reclaim_namespace
 from kbroker.sdk.broker import Broker
 from tests.helpers import SAMPLES, embedded_kafka, wait_for
 
-SHORT_RETENTION = {"log.retention.ms": "60000", "log.retention.check.interval.ms": "1000",
-                   "log.segment.delete.delay.ms": "1000"}
+SHORT_RETENTION = {
+    "log.retention.ms": "60000",
+    "log.retention.check.interval.ms": "1000",
+    "log.segment.delete.delay.ms": "1000",
+}
 EIGHT_DAYS_MS = 8 * 86_400_000  # older than Kafka's default retention (7 days) and its segment roll
 
 
@@ -48,7 +51,8 @@ def claim_record(seq: int) -> tuple[bytes, list]:
 
 
 def test_an_unreceived_message_outlives_the_brokers_retention_and_received_ones_are_reclaimed(
-        short_retention_bootstrap):
+    short_retention_bootstrap,
+):
     bootstrap, ns = short_retention_bootstrap, "r" + uuid.uuid4().hex[:10]
     apply_paths(bootstrap, ns, [SAMPLES])
     queue = names.queue_topic(ns, "ExpenseQueue")
@@ -63,8 +67,14 @@ def test_an_unreceived_message_outlives_the_brokers_retention_and_received_ones_
     old = int(time.time() * 1000) - EIGHT_DAYS_MS
     for stamp in (old, 0):
         key, headers = claim_record(0)
-        producer.produce(queue, key=key, value=b'{"amount": 1}', headers=headers, partition=0,
-                         **({"timestamp": stamp} if stamp else {}))
+        producer.produce(
+            queue,
+            key=key,
+            value=b'{"amount": 1}',
+            headers=headers,
+            partition=0,
+            **({"timestamp": stamp} if stamp else {}),
+        )
         producer.produce(control, value=b"x", partition=0, **({"timestamp": stamp} if stamp else {}))
         assert producer.flush(30) == 0  # one batch each: a batch is never split across segments
 
@@ -99,14 +109,20 @@ def test_apply_moves_an_older_namespace_to_keep_every_record(kafka_bootstrap, na
     apply_paths(kafka_bootstrap, namespace, [SAMPLES])
     topic = names.queue_topic(namespace, "ExpenseQueue")
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    old = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
-        ConfigEntry("retention.ms", "604800000", incremental_operation=AlterConfigOpType.SET)])
+    old = ConfigResource(
+        ResourceType.TOPIC,
+        topic,
+        incremental_configs=[ConfigEntry("retention.ms", "604800000", incremental_operation=AlterConfigOpType.SET)],
+    )
     admin.incremental_alter_configs([old])[old].result(timeout=30)
     res = ConfigResource(ResourceType.TOPIC, topic)
     # The controller answers once the change is in the metadata log; the broker that describes the
     # topic applies it a moment later, and an apply that read the old value had nothing to change.
-    wait_for(lambda: admin.describe_configs([res])[res].result(timeout=30)["retention.ms"].value == "604800000",
-             30, "the broker to describe the older retention")
+    wait_for(
+        lambda: admin.describe_configs([res])[res].result(timeout=30)["retention.ms"].value == "604800000",
+        30,
+        "the broker to describe the older retention",
+    )
 
     report = apply_paths(kafka_bootstrap, namespace, [SAMPLES])
     assert report.retention_changed == [f"{topic}: retention.ms 604800000 -> -1"]
@@ -130,8 +146,11 @@ def test_closed_endpoints_are_reclaimed_after_the_grace_period(kafka_bootstrap, 
     wait_for(lambda: broker.receive("EmployeeQueue", wait=1) or None, 30, "the EndDialog")
     broker.end_conversation(ended)
     # The target's acknowledgement: the initiator's EndDialog closes it (nothing is delivered).
-    wait_for(lambda: broker.receive("ExpenseQueue", wait=1) == [] and broker.endpoints.get(target).state == CLOSED,
-             30, "the target endpoint to close")
+    wait_for(
+        lambda: broker.receive("ExpenseQueue", wait=1) == [] and broker.endpoints.get(target).state == CLOSED,
+        30,
+        "the target endpoint to close",
+    )
     live = broker.begin_dialog(EMP, EXP, CONTRACT)
     broker.send(live, CLAIM, {"amount": 2})
 
@@ -176,12 +195,22 @@ def test_forged_analytics_positions_hold_nothing_back(kafka_bootstrap, namespace
     ahead = str(int((time.time() + 86_400) * 1000))
     forger = clients.consumer(kafka_bootstrap, names.analytics_group(namespace))
     try:
-        forger.commit(offsets=[TopicPartition(topic, 0, 0, metadata="not a time"),
-                               TopicPartition(topic, 1, 0, metadata=ahead),
-                               TopicPartition(topic, 2, 10**12, metadata="\xff" * 200)], asynchronous=False)
+        forger.commit(
+            offsets=[
+                TopicPartition(topic, 0, 0, metadata="not a time"),
+                TopicPartition(topic, 1, 0, metadata=ahead),
+                TopicPartition(topic, 2, 10**12, metadata="\xff" * 200),
+            ],
+            asynchronous=False,
+        )
     finally:
         forger.close()
-    busy = sorted(p for p, n in enumerate(queue_view(kafka_bootstrap, namespace, "ExpenseQueue")["partition_offsets"])
-                  if n["committed"])
-    done = {r.topic: r.deleted_below for r in reclaim_namespace(kafka_bootstrap, read_catalog(kafka_bootstrap, namespace))}
+    busy = sorted(
+        p
+        for p, n in enumerate(queue_view(kafka_bootstrap, namespace, "ExpenseQueue")["partition_offsets"])
+        if n["committed"]
+    )
+    done = {
+        r.topic: r.deleted_below for r in reclaim_namespace(kafka_bootstrap, read_catalog(kafka_bootstrap, namespace))
+    }
     assert sorted(done.get(topic, {})) == busy and busy, (done, busy)

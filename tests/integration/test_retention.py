@@ -78,8 +78,9 @@ def test_received_messages_stay_until_the_conversation_ends(rb):
     assert {r["conversation_handle"] for r in rows} == {target}
 
     # Received messages stay; the rest of the conversation is received; still all listed.
-    assert [m.message_sequence_number for m in rb.receive("Retained", top=5, wait=15,
-                                                          conversation_handle=target)] == [2]
+    assert [m.message_sequence_number for m in rb.receive("Retained", top=5, wait=15, conversation_handle=target)] == [
+        2
+    ]
     assert statuses(rb.queue_messages("Retained", conversation_handle=target)) == [(0, 0), (1, 0), (2, 0)]
 
     # END CONVERSATION on this side: its messages leave the view; the other conversation's stay.
@@ -130,16 +131,21 @@ def test_cli_queue_messages(kafka_bootstrap, namespace, rb):
     rb.send(h, "//t/Request", {"i": 1})
     rb.receive("Retained", top=1, wait=15)
     env = {**os.environ, "KBROKER_BOOTSTRAP": kafka_bootstrap, "KBROKER_NAMESPACE": namespace}
-    out = subprocess.run([KBROKER, "queue", "messages", "Retained", "--json"], env=env,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [KBROKER, "queue", "messages", "Retained", "--json"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     assert statuses(rows) == [(0, 0), (1, 1)]
-    text = subprocess.run([KBROKER, "queue", "messages", "Retained"], env={**env, "COLUMNS": "250"},
-                          capture_output=True, text=True, timeout=60)
+    text = subprocess.run(
+        [KBROKER, "queue", "messages", "Retained"],
+        env={**env, "COLUMNS": "250"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert text.returncode == 0 and "//t/Request" in text.stdout
-    bad = subprocess.run([KBROKER, "queue", "messages", "Nope"], env=env, capture_output=True,
-                         text=True, timeout=60)
+    bad = subprocess.run([KBROKER, "queue", "messages", "Nope"], env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1 and "Nope" in bad.stderr
 
 

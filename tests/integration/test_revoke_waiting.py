@@ -29,7 +29,8 @@ BOUND = 60.0
 
 
 def test_partitions_revoked_while_waiting_for_their_offsets_go_to_the_reader_that_joined(
-        kafka_bootstrap, namespace, broker, monkeypatch):
+    kafka_bootstrap, namespace, broker, monkeypatch
+):
     monkeypatch.setattr(partition_assignment, "ASSIGN_ASK", 0.001)  # the callback's ask always times out
     # The first reader's first ask off the poll thread waits until the second reader asks too,
     # which it does once it has been given partitions (at most FIRST_ASK_BOUND): so the group
@@ -85,10 +86,12 @@ def test_partitions_revoked_while_waiting_for_their_offsets_go_to_the_reader_tha
     received = got["first"] + got["second"]
     assert sorted(received) == list(range(DIALOGS)), (
         f"after {took:.0f} s the readers had {got}: the partitions revoked while they waited for "
-        f"their offsets went to nobody")
+        f"their offsets went to nobody"
+    )
     # Not asserted: that the second reader was given partitions. On a loaded machine the group
     # may rebalance late or hand everything back to the first (a fresh-clone run saw the first
     # receive all 12); what must hold is that no partition is left with nobody.
-    print(f"\nevery message received {took:.1f} s after the first reader started: {got}; the second "
-          f"was given partitions while the first waited: {second_assigned.is_set()}")
-
+    print(
+        f"\nevery message received {took:.1f} s after the first reader started: {got}; the second "
+        f"was given partitions while the first waited: {second_assigned.is_set()}"
+    )

@@ -65,48 +65,91 @@ services:
 """
 
 
-def setup_catalogs(bootstrap: ClusterLike, tmp_path: Path, a: str, b: str, *, b_bootstrap: ClusterLike | None = None,
-                   route_to_b: bool = True, profile: str | None = None, server_extra: str = "") -> None:
+def setup_catalogs(
+    bootstrap: ClusterLike,
+    tmp_path: Path,
+    a: str,
+    b: str,
+    *,
+    b_bootstrap: ClusterLike | None = None,
+    route_to_b: bool = True,
+    profile: str | None = None,
+    server_extra: str = "",
+) -> None:
     """Namespace `a` hosts CLIENT, `b` (on `b_bootstrap`) hosts SERVER; each has a route to the
     other's service (A's may be left out, or name the client `profile` it reaches B with);
     `server_extra`: more fields of SERVER's definition."""
     b_bootstrap = b_bootstrap or bootstrap
     fa, fb = tmp_path / f"{a}.yaml", tmp_path / f"{b}.yaml"
     named = f", profile: {profile}" if profile else ""
-    to_b = f"routes:\n  - {{name: ToB, service_name: '{SERVER}', address: 'kafka://{b_bootstrap}/{b}'{named}}}" \
-        if route_to_b else ""
+    to_b = (
+        f"routes:\n  - {{name: ToB, service_name: '{SERVER}', address: 'kafka://{b_bootstrap}/{b}'{named}}}"
+        if route_to_b
+        else ""
+    )
     fa.write_text(catalog_yaml(services=f"  - {{name: '{CLIENT}', queue: Q}}", routes=to_b, with_odd=True))
-    fb.write_text(catalog_yaml(services=f"  - {{name: '{SERVER}', queue: Q, contracts: ['{CONTRACT}']{server_extra}}}",
-                               routes=f"routes:\n  - {{name: ToA, service_name: '{CLIENT}', "
-                                      f"address: 'kafka://{bootstrap}/{a}'}}", with_odd=False))
+    fb.write_text(
+        catalog_yaml(
+            services=f"  - {{name: '{SERVER}', queue: Q, contracts: ['{CONTRACT}']{server_extra}}}",
+            routes=f"routes:\n  - {{name: ToA, service_name: '{CLIENT}', address: 'kafka://{bootstrap}/{a}'}}",
+            with_odd=False,
+        )
+    )
     apply_paths(bootstrap, a, [fa])
     apply_paths(b_bootstrap, b, [fb])
 
 
 @contextmanager
-def two_namespaces(bootstrap: ClusterLike, tmp_path: Path, a: str, b: str, *, b_bootstrap: ClusterLike | None = None,
-                   route_to_b: bool = True, stall_after: float = 60.0, profile: str | None = None,
-                   server_extra: str = "", dispatcher_kw: dict | None = None) -> Iterator[tuple[Broker, Broker, list]]:
+def two_namespaces(
+    bootstrap: ClusterLike,
+    tmp_path: Path,
+    a: str,
+    b: str,
+    *,
+    b_bootstrap: ClusterLike | None = None,
+    route_to_b: bool = True,
+    stall_after: float = 60.0,
+    profile: str | None = None,
+    server_extra: str = "",
+    dispatcher_kw: dict | None = None,
+) -> Iterator[tuple[Broker, Broker, list]]:
     """The catalogs of `setup_catalogs`, and a running dispatcher (with `dispatcher_kw`) and
     transmitter per namespace. Yields (broker of a, broker of b, [services])."""
     b_bootstrap = b_bootstrap or bootstrap
-    setup_catalogs(bootstrap, tmp_path, a, b, b_bootstrap=b_bootstrap, route_to_b=route_to_b, profile=profile,
-                   server_extra=server_extra)
+    setup_catalogs(
+        bootstrap,
+        tmp_path,
+        a,
+        b,
+        b_bootstrap=b_bootstrap,
+        route_to_b=route_to_b,
+        profile=profile,
+        server_extra=server_extra,
+    )
     with ExitStack() as stack:
         ba = stack.enter_context(Broker(bootstrap, a))
         bb = stack.enter_context(Broker(b_bootstrap, b))
         services = []
         for boot, ns, br in ((bootstrap, a, ba), (b_bootstrap, b, bb)):
-            services.append(stack.enter_context(Dispatcher(boot, ns, lambda br=br: br.refresh_catalog(), tick=1.0,
-                                                           **(dispatcher_kw or {}))))
-            services.append(stack.enter_context(Transmitter(boot, ns, lambda br=br: br.catalog, tick=1.0,
-                                                            stall_after=stall_after)))
+            services.append(
+                stack.enter_context(
+                    Dispatcher(boot, ns, lambda br=br: br.refresh_catalog(), tick=1.0, **(dispatcher_kw or {}))
+                )
+            )
+            services.append(
+                stack.enter_context(Transmitter(boot, ns, lambda br=br: br.catalog, tick=1.0, stall_after=stall_after))
+            )
         yield ba, bb, services
 
 
 def kbroker_json(verb: str, bootstrap: str, namespace: str) -> list[dict]:
-    done = subprocess.run([str(KBROKER), verb, "--bootstrap", bootstrap, "--namespace", namespace, "--json"],
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [str(KBROKER), verb, "--bootstrap", bootstrap, "--namespace", namespace, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     return orjson.loads(done.stdout)
 
@@ -168,14 +211,27 @@ def test_dialogs_cross_namespaces_exactly_once_in_order_and_end_cleanly(kafka_bo
             assert bb.receive("Q", top=100, wait=0.5) == []  # takes the acknowledgements, delivers none
             bb.endpoints.refresh()
             return all(bb.endpoints.cached(handle_for(c, "TARGET")).state == CLOSED for c in seen)
+
         wait_for(b_closed, 60, "B's endpoints to close after A's END CONVERSATION")
         assert all(ba.endpoints.current(h).state == CLOSED for h in handles)
-        conns = wait_for(lambda: [r for r in kbroker_json("connections", kafka_bootstrap, a)
-                                  if r["destination"].endswith("/" + b) and r["total_sends"] >= dialogs * (per + 1)]
-                         or None, 30, "kbroker connections to show A's link to B")
+        conns = wait_for(
+            lambda: (
+                [
+                    r
+                    for r in kbroker_json("connections", kafka_bootstrap, a)
+                    if r["destination"].endswith("/" + b) and r["total_sends"] >= dialogs * (per + 1)
+                ]
+                or None
+            ),
+            30,
+            "kbroker connections to show A's link to B",
+        )
         assert conns[0]["state"] == "CONNECTED" and conns[0]["total_acks"] > 0, conns
-        wait_for(lambda: all(len(s.queue) == 0 for s in services if isinstance(s, Transmitter)), 30,
-                 "the transmission queues to empty")
+        wait_for(
+            lambda: all(len(s.queue) == 0 for s in services if isinstance(s, Transmitter)),
+            30,
+            "the transmission queues to empty",
+        )
         dispatched = [s for s in services if isinstance(s, Dispatcher)]
         assert sum(s.saved for s in dispatched) == dialogs * per + dialogs * 2 + dialogs
         # The metrics say the same (kbroker/metrics.py; this process's registry): A's transmitter
@@ -185,13 +241,17 @@ def test_dialogs_cross_namespaces_exactly_once_in_order_and_end_cleanly(kafka_bo
         def sample(name: str, **labels: str) -> float:
             return REGISTRY.get_sample_value(name, labels) or 0.0
 
-        assert sample("kbroker_transmissions_total", namespace=a, destination=to_b, outcome="acknowledged") == \
-            dialogs * (per + 1)
-        assert sample("kbroker_transmissions_total", namespace=a, destination=to_b, outcome="sent") >= dialogs * (per + 1)
+        assert sample(
+            "kbroker_transmissions_total", namespace=a, destination=to_b, outcome="acknowledged"
+        ) == dialogs * (per + 1)
+        assert sample("kbroker_transmissions_total", namespace=a, destination=to_b, outcome="sent") >= dialogs * (
+            per + 1
+        )
         assert sample("kbroker_dispatched_total", namespace=b, outcome="saved") == dialogs * (per + 1)
         assert sample("kbroker_dispatched_total", namespace=a, outcome="saved") == dialogs * 2
-        assert sample("kbroker_dispatched_total", namespace=b, outcome="duplicates") == \
-            next(s.duplicates for s in dispatched if s.namespace == b)
+        assert sample("kbroker_dispatched_total", namespace=b, outcome="duplicates") == next(
+            s.duplicates for s in dispatched if s.namespace == b
+        )
 
         # The 5th tick's cleanup deletes what B acknowledged from A's transmission topic.
         topic = names.transmission_topic(a)
@@ -200,15 +260,18 @@ def test_dialogs_cross_namespaces_exactly_once_in_order_and_end_cleanly(kafka_bo
             reclaim_namespace(kafka_bootstrap, ba.refresh_catalog())
             c = clients.consumer(kafka_bootstrap, names.reader_group(a))
             try:
-                return all(lo == hi for lo, hi in (c.get_watermark_offsets(TopicPartition(topic, p), 10)
-                                                   for p in range(4)))
+                return all(
+                    lo == hi for lo, hi in (c.get_watermark_offsets(TopicPartition(topic, p), 10) for p in range(4))
+                )
             finally:
                 c.close()
+
         wait_for(cleaned, 30, "acknowledged messages deleted from the transmission topic")
         # Each transmitter said it started (a broker configuration notice on the events topic).
         events = [orjson.loads(m.value()) for m in read_to_end(kafka_bootstrap, names.events_topic(a)) or []]
-        assert any(e.get("event") == "BROKER_CONFIGURATION_NOTICE" and e["reason"] == "namespace started"
-                   for e in events), events
+        assert any(
+            e.get("event") == "BROKER_CONFIGURATION_NOTICE" and e["reason"] == "namespace started" for e in events
+        ), events
 
 
 def test_no_route_waits_with_a_status_and_goes_out_once_a_route_is_added(kafka_bootstrap, namespace, tmp_path):
@@ -222,19 +285,24 @@ def test_no_route_waits_with_a_status_and_goes_out_once_a_route_is_added(kafka_b
         def waiting_status() -> str:
             rows = transmitter.report()["messages"]
             return rows[0]["transmission_status"] if len(rows) == 3 else ""
+
         # With no route of its own, AutoCreatedLocal sends it to this namespace, which lacks the service.
         status = wait_for(waiting_status, 30, "a transmission status")
         assert SERVER in status and "could not be found" in status, status
         # `kbroker transmission` shows them, from the transmitter's report, with the status.
-        rows = wait_for(lambda: [r for r in kbroker_json("transmission", kafka_bootstrap, a)
-                                 if r["transmission_status"]] or None, 30, "kbroker transmission rows")
+        rows = wait_for(
+            lambda: [r for r in kbroker_json("transmission", kafka_bootstrap, a) if r["transmission_status"]] or None,
+            30,
+            "kbroker transmission rows",
+        )
         assert [r["message_sequence_number"] for r in rows] == [0, 1, 2], rows
         assert all(r["to_service_name"] == SERVER and r["transmission_status"] == status for r in rows)
         assert bb.receive("Q", top=10, wait=1) == []
 
         route = tmp_path / "route.yaml"
-        route.write_text(f"routes:\n  - {{name: ToB, service_name: '{SERVER}', "
-                         f"address: 'kafka://{kafka_bootstrap}/{b}'}}\n")
+        route.write_text(
+            f"routes:\n  - {{name: ToB, service_name: '{SERVER}', address: 'kafka://{kafka_bootstrap}/{b}'}}\n"
+        )
         apply_paths(kafka_bootstrap, a, [route])
         ba.refresh_catalog()
         got = receive_all(bb, 3, timeout=60)
@@ -252,8 +320,9 @@ def test_a_message_the_far_side_refuses_comes_back_as_an_error(kafka_bootstrap, 
         assert bb.receive("Q", top=10, wait=2) == []
 
 
-def test_a_forwarding_namespace_passes_messages_on_and_relays_their_acknowledgements(kafka_bootstrap, namespace,
-                                                                                     tmp_path):
+def test_a_forwarding_namespace_passes_messages_on_and_relays_their_acknowledgements(
+    kafka_bootstrap, namespace, tmp_path
+):
     """S sends to SERVER by way of F, which does not host it: F's broker endpoint forwards, by F's
     route, to D. D's replies go straight back to S. A message F cannot pass on waits in F's memory
     and shows in `kbroker forwarded`."""
@@ -261,20 +330,25 @@ def test_a_forwarding_namespace_passes_messages_on_and_relays_their_acknowledgem
     nowhere = "//X/Nowhere"
     setup_catalogs(kafka_bootstrap, tmp_path, s, d)  # S -> D and D -> S routes; S's is replaced below
     via_f = tmp_path / "via_f.yaml"
-    via_f.write_text(f"routes:\n  - {{name: ToB, service_name: '{SERVER}', address: 'kafka://{kafka_bootstrap}/{f}'}}\n"
-                     f"  - {{name: ToNowhere, service_name: '{nowhere}', address: 'kafka://{kafka_bootstrap}/{f}'}}\n")
+    via_f.write_text(
+        f"routes:\n  - {{name: ToB, service_name: '{SERVER}', address: 'kafka://{kafka_bootstrap}/{f}'}}\n"
+        f"  - {{name: ToNowhere, service_name: '{nowhere}', address: 'kafka://{kafka_bootstrap}/{f}'}}\n"
+    )
     apply_paths(kafka_bootstrap, s, [via_f])
     forwarding = tmp_path / "forwarder.yaml"
-    forwarding.write_text(f"broker_endpoints:\n  - {{name: Endpoint, message_forwarding: ENABLED, message_forward_size: 1}}\n"
-                          f"routes:\n  - {{name: ToD, service_name: '{SERVER}', address: 'kafka://{kafka_bootstrap}/{d}'}}\n"
-                          f"  - {{name: Dead, service_name: '{nowhere}', address: 'kafka://127.0.0.1:{free_port()}/gone'}}\n")
+    forwarding.write_text(
+        f"broker_endpoints:\n  - {{name: Endpoint, message_forwarding: ENABLED, message_forward_size: 1}}\n"
+        f"routes:\n  - {{name: ToD, service_name: '{SERVER}', address: 'kafka://{kafka_bootstrap}/{d}'}}\n"
+        f"  - {{name: Dead, service_name: '{nowhere}', address: 'kafka://127.0.0.1:{free_port()}/gone'}}\n"
+    )
     apply_paths(kafka_bootstrap, f, [forwarding])
     with ExitStack() as stack:
         bs, bf, bd = (stack.enter_context(Broker(kafka_bootstrap, ns)) for ns in (s, f, d))
         services = []
         for ns, br in ((s, bs), (f, bf), (d, bd)):
-            services.append(stack.enter_context(Dispatcher(kafka_bootstrap, ns, lambda br=br: br.refresh_catalog(),
-                                                           tick=1.0)))
+            services.append(
+                stack.enter_context(Dispatcher(kafka_bootstrap, ns, lambda br=br: br.refresh_catalog(), tick=1.0))
+            )
             services.append(stack.enter_context(Transmitter(kafka_bootstrap, ns, lambda br=br: br.catalog, tick=1.0)))
         handles = []
         for d_ in range(4):
@@ -302,15 +376,23 @@ def test_a_forwarding_namespace_passes_messages_on_and_relays_their_acknowledgem
         # A next hop that does not answer: the message waits in F's memory, shown by the view.
         h = bs.begin_dialog(CLIENT, nowhere, CONTRACT)
         bs.send(h, REQUEST, {"x": 1})
-        rows = wait_for(lambda: [r for r in kbroker_json("forwarded", kafka_bootstrap, f)
-                                 if r["to_service_name"] == nowhere] or None, 60, "kbroker forwarded to show it")
+        rows = wait_for(
+            lambda: (
+                [r for r in kbroker_json("forwarded", kafka_bootstrap, f) if r["to_service_name"] == nowhere] or None
+            ),
+            60,
+            "kbroker forwarded to show it",
+        )
         assert rows[0]["adjacent_broker_address"].endswith("/gone") and rows[0]["from_broker_instance"] == s
 
 
 def test_end_with_error_and_lifetime_expiry_across_namespaces(kafka_bootstrap, namespace, tmp_path):
     a, b = namespace + "a", namespace + "b"
-    with two_namespaces(kafka_bootstrap, tmp_path, a, b) as (ba, bb, _), \
-            TimerService(kafka_bootstrap, a, endpoints=ba.endpoints), TimerService(kafka_bootstrap, b, endpoints=bb.endpoints):
+    with (
+        two_namespaces(kafka_bootstrap, tmp_path, a, b) as (ba, bb, _),
+        TimerService(kafka_bootstrap, a, endpoints=ba.endpoints),
+        TimerService(kafka_bootstrap, b, endpoints=bb.endpoints),
+    ):
         # END CONVERSATION WITH ERROR on B's side: A gets the Error, and A's end closes B's side.
         h = ba.begin_dialog(CLIENT, SERVER, CONTRACT)
         ba.send(h, REQUEST, {"n": 1})
@@ -325,6 +407,7 @@ def test_end_with_error_and_lifetime_expiry_across_namespaces(kafka_bootstrap, n
         def b_side_closed() -> bool:
             assert bb.receive("Q", top=10, wait=0.5) == []  # the acknowledgement, never delivered
             return bb.endpoints.current(m.conversation_handle).state == CLOSED
+
         wait_for(b_side_closed, 60, "B's side to close on A's end-dialog acknowledgement")
 
         # LIFETIME: each namespace's timer service tells its own side, both with -8489.
@@ -349,13 +432,25 @@ def test_the_dispatcher_saves_in_order_drops_duplicates_and_sweeps_a_gap(kafka_b
 
         def put(*seqs: int) -> None:
             for seq in seqs:
-                env = Envelope(message_id=str(uuid.uuid4()), conversation_id=conv,
-                               conversation_group_id=default_group(conv, "TARGET"), message_sequence_number=seq,
-                               message_type_name=REQUEST, service_contract_name=CONTRACT, from_service_name=CLIENT,
-                               to_service_name=SERVER, to_side="TARGET", from_broker=a)
+                env = Envelope(
+                    message_id=str(uuid.uuid4()),
+                    conversation_id=conv,
+                    conversation_group_id=default_group(conv, "TARGET"),
+                    message_sequence_number=seq,
+                    message_type_name=REQUEST,
+                    service_contract_name=CONTRACT,
+                    from_service_name=CLIENT,
+                    to_service_name=SERVER,
+                    to_side="TARGET",
+                    from_broker=a,
+                )
                 key, value = f"{a}|{conv}|TARGET".encode(), b'{"s": %d}' % seq
-                p.produce(names.inbound_topic(b), key=key, value=value,  # as a's transmitter signs it
-                          headers=sign(Keys().private(a), key, value, env.headers(), time.time()))
+                p.produce(
+                    names.inbound_topic(b),
+                    key=key,
+                    value=value,  # as a's transmitter signs it
+                    headers=sign(Keys().private(a), key, value, env.headers(), time.time()),
+                )
             p.flush(10)
 
         put(1, 0)  # 1 waits for 0 (unless a sweep came between them: then only 0 is saved now)
@@ -370,10 +465,15 @@ def test_the_dispatcher_saves_in_order_drops_duplicates_and_sweeps_a_gap(kafka_b
             acks = read_to_end(kafka_bootstrap, names.acks_topic(b)) or []
             found = [orjson.loads(m.value()) for m in acks if m.key() == f"{a}|{conv}|TARGET".encode()]
             return found[-1].get("status") if found else None
+
         assert wait_for(gap_told, 30, "a status on the direction's acknowledgement").startswith(
-            "The far side expects message 2 of this dialog next; message 3 waits for it")
-        wait_for(lambda: dispatcher.duplicates >= 1 and dispatcher.dropped >= 1 and not dispatcher.inbox.buffered,
-                 30, "the copy dropped and the sweep to drop 3")
+            "The far side expects message 2 of this dialog next; message 3 waits for it"
+        )
+        wait_for(
+            lambda: dispatcher.duplicates >= 1 and dispatcher.dropped >= 1 and not dispatcher.inbox.buffered,
+            30,
+            "the copy dropped and the sweep to drop 3",
+        )
         assert bb.receive("Q", top=10, wait=1) == []
         put(2, 3)  # the gap filled: both saved, in order
         assert [m.message_sequence_number for m in receive_all(bb, 2)] == [2, 3]
@@ -383,8 +483,10 @@ def test_an_expired_route_is_no_longer_used(kafka_bootstrap, namespace, tmp_path
     a, b = namespace + "a", namespace + "b"
     with two_namespaces(kafka_bootstrap, tmp_path, a, b, route_to_b=False) as (ba, bb, services):
         route = tmp_path / "route.yaml"
-        route.write_text(f"routes:\n  - {{name: ToB, service_name: '{SERVER}', lifetime: 6, "
-                         f"address: 'kafka://{kafka_bootstrap}/{b}'}}\n")
+        route.write_text(
+            f"routes:\n  - {{name: ToB, service_name: '{SERVER}', lifetime: 6, "
+            f"address: 'kafka://{kafka_bootstrap}/{b}'}}\n"
+        )
         apply_paths(kafka_bootstrap, a, [route])
         ba.refresh_catalog()
         h = ba.begin_dialog(CLIENT, SERVER, CONTRACT)
@@ -393,20 +495,25 @@ def test_an_expired_route_is_no_longer_used(kafka_bootstrap, namespace, tmp_path
         time.sleep(max(0.0, ba.catalog.routes["ToB"].created_at + 6.5 - time.time()))
         ba.send(h, REQUEST, {"n": 1})  # the route expired: AutoCreatedLocal, where SERVER is not
         transmitter = next(s for s in services if isinstance(s, Transmitter) and s.namespace == a)
-        status = wait_for(lambda: (r := transmitter.report()["messages"]) and r[0]["transmission_status"], 30,
-                          "the message to wait")
+        status = wait_for(
+            lambda: (r := transmitter.report()["messages"]) and r[0]["transmission_status"], 30, "the message to wait"
+        )
         assert "could not be found" in status and bb.receive("Q", top=10, wait=1) == []
 
 
-def test_an_idle_connection_is_closed_on_a_5th_tick_and_opened_again_by_the_next_message(kafka_bootstrap, namespace,
-                                                                                          tmp_path):
+def test_an_idle_connection_is_closed_on_a_5th_tick_and_opened_again_by_the_next_message(
+    kafka_bootstrap, namespace, tmp_path
+):
     """The 90 s idle period shortened to 2 s (the option the worker leaves at 90): the link is
     closed on a 5th tick once nothing waits for it, and the next SEND opens it again at once."""
     a, b = namespace + "a", namespace + "b"
     setup_catalogs(kafka_bootstrap, tmp_path, a, b)
-    with Broker(kafka_bootstrap, a) as ba, Broker(kafka_bootstrap, b) as bb, \
-            Dispatcher(kafka_bootstrap, b, bb.refresh_catalog, tick=1.0), \
-            Transmitter(kafka_bootstrap, a, lambda: ba.catalog, tick=1.0, idle_close=2.0) as transmitter:
+    with (
+        Broker(kafka_bootstrap, a) as ba,
+        Broker(kafka_bootstrap, b) as bb,
+        Dispatcher(kafka_bootstrap, b, bb.refresh_catalog, tick=1.0),
+        Transmitter(kafka_bootstrap, a, lambda: ba.catalog, tick=1.0, idle_close=2.0) as transmitter,
+    ):
         h = ba.begin_dialog(CLIENT, SERVER, CONTRACT)
         ba.send(h, REQUEST, {"n": 0})
         assert len(receive_all(bb, 1)) == 1
@@ -439,9 +546,13 @@ def test_a_dialog_goes_on_after_its_sender_is_killed_holding_the_lease(kafka_boo
     that nothing unacknowledged comes between)."""
     a, b = namespace + "a", namespace + "b"
     with two_namespaces(kafka_bootstrap, tmp_path, a, b) as (ba, bb, services):
-        child = subprocess.Popen([sys.executable, "-c", SENDER, kafka_bootstrap, a, CLIENT, SERVER, CONTRACT, REQUEST],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                 env={**os.environ, "PYTHONPATH": os.getcwd()})
+        child = subprocess.Popen(
+            [sys.executable, "-c", SENDER, kafka_bootstrap, a, CLIENT, SERVER, CONTRACT, REQUEST],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.getcwd()},
+        )
         try:
             assert child.stdout is not None
             h = child.stdout.readline().strip()
@@ -475,13 +586,20 @@ def test_a_dialog_that_makes_no_progress_says_why_and_raises_an_event(kafka_boot
         def stalled() -> list[dict]:
             events = [orjson.loads(m.value()) for m in read_to_end(kafka_bootstrap, names.events_topic(a)) or []]
             return [e for e in events if e.get("event") == "TRANSMISSION_STALLED" and e["conversation_id"] == conv]
+
         [event] = wait_for(stalled, 60, "a TRANSMISSION_STALLED event")
         assert "disabled" in event["transmission_status"] and event["message_sequence_number"] == 0, event
         # The view is the transmitter's latest report: a retry in flight shows no status for a
         # moment, so the reason is waited for rather than read once.
-        rows = wait_for(lambda: [r for r in kbroker_json("transmission", kafka_bootstrap, a)
-                                 if r["conversation_id"] == conv and "disabled" in r["transmission_status"]],
-                        30, "the reason in kbroker transmission")
+        rows = wait_for(
+            lambda: [
+                r
+                for r in kbroker_json("transmission", kafka_bootstrap, a)
+                if r["conversation_id"] == conv and "disabled" in r["transmission_status"]
+            ],
+            30,
+            "the reason in kbroker transmission",
+        )
         assert rows[0]["message_sequence_number"] == 0, rows
         set_queue_status(kafka_bootstrap, b, "Q", "ON", "done")
         assert [m.message_sequence_number for m in receive_all(bb, 1)] == [0]

@@ -44,8 +44,19 @@ class Replier:
     def __init__(self, bootstrap: str, ns: str, tmp: Path, n: int):
         self.stop_file, self.log = tmp / f"replier-{n}.stop", tmp / f"replier-{n}.log"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.helpers.routing_runs", "replier", bootstrap, ns, str(self.stop_file),
-             str(self.log)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+            [
+                sys.executable,
+                "-m",
+                "tests.helpers.routing_runs",
+                "replier",
+                bootstrap,
+                ns,
+                str(self.stop_file),
+                str(self.log),
+            ],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
 
     def stop(self) -> None:
         self.stop_file.touch()
@@ -72,8 +83,14 @@ class Replies:
             if m.error():
                 continue
             hs = {k: v.decode() for k, v in m.headers() or []}
-            self.records.append({"type": hs.get(H_MESSAGE_TYPE), "conversation": hs.get(H_CONVERSATION_ID),
-                                 "sequence": int(hs.get(H_SEQUENCE, "-2")), "body": orjson.loads(m.value() or b"null")})
+            self.records.append(
+                {
+                    "type": hs.get(H_MESSAGE_TYPE),
+                    "conversation": hs.get(H_CONVERSATION_ID),
+                    "sequence": int(hs.get(H_SEQUENCE, "-2")),
+                    "body": orjson.loads(m.value() or b"null"),
+                }
+            )
         return len(self.records)
 
     def close(self) -> None:
@@ -98,12 +115,17 @@ def tally(sent: dict[str, list[str]], replies: list[dict]) -> dict[str, object]:
         requests = [r["body"]["request"] for r in rs]
         seqs = [r["sequence"] for r in rs]
         position = {i: n for n, i in enumerate(sent.get(conv, []))}
-        if [position.get(i, -1) for i in requests] != sorted(position.get(i, -1) for i in requests) \
-                or seqs != sorted(set(seqs)):
+        if [position.get(i, -1) for i in requests] != sorted(position.get(i, -1) for i in requests) or seqs != sorted(
+            set(seqs)
+        ):
             order.append((conv, requests, seqs))
-    return {"lost": sorted(all_sent - set(answered)), "duplicated": sorted(i for i, n in answered.items() if n > 1),
-            "out_of_order": order, "unknown": unknown,
-            "jumps": sum(1 for rs in by_conv.values() for x, y in zip(rs, rs[1:]) if y["sequence"] - x["sequence"] >= GAP)}
+    return {
+        "lost": sorted(all_sent - set(answered)),
+        "duplicated": sorted(i for i, n in answered.items() if n > 1),
+        "out_of_order": order,
+        "unknown": unknown,
+        "jumps": sum(1 for rs in by_conv.values() for x, y in zip(rs, rs[1:]) if y["sequence"] - x["sequence"] >= GAP),
+    }
 
 
 def link_history(bootstrap: str, namespace: str, far: str) -> list[tuple[float, str]]:
@@ -115,7 +137,8 @@ def link_history(bootstrap: str, namespace: str, far: str) -> list[tuple[float, 
 @pytest.mark.kafka_cluster  # about 3 minutes: `make test-clusters` (CI runs it), not `make test`
 @pytest.mark.timeout(720)  # the 60 s suppression after a failed attempt is waited out
 def test_request_reply_across_clusters_loses_nothing_through_kills_and_an_outage_longer_than_a_lease(
-        kafka_bootstrap, tmp_path):
+    kafka_bootstrap, tmp_path
+):
     remote = EmbeddedBroker(tmp_path / "remote-kafka")
     port, cport = free_port(), free_port()
     remote_bootstrap = remote.start(port=port, controller_port=cport).bootstrap
@@ -140,8 +163,12 @@ def test_request_reply_across_clusters_loses_nothing_through_kills_and_an_outage
                 sent[conv].append(ba.send(h, REQUEST, {"i": i}))
 
         def replies_at_least(n: int, timeout: float, what: str) -> None:
-            wait_for(lambda: replies.take() >= n, timeout, f"{n} replies {what} (have {len(replies.records)}; "
-                     f"logs: {[str(w.log) for w in workers]}, {[str(r.log) for r in repliers]})")
+            wait_for(
+                lambda: replies.take() >= n,
+                timeout,
+                f"{n} replies {what} (have {len(replies.records)}; "
+                f"logs: {[str(w.log) for w in workers]}, {[str(r.log) for r in repliers]})",
+            )
 
         send_round(0)
         send_round(1)
@@ -168,13 +195,19 @@ def test_request_reply_across_clusters_loses_nothing_through_kills_and_an_outage
         remote.stop()
         stopped = time.time()
         send_round(5)
-        rows = wait_for(lambda: [r for r in kbroker_json("transmission", kafka_bootstrap, a) if r["transmission_status"]]
-                        or None, 60, "statuses while B's broker is down")
+        rows = wait_for(
+            lambda: [r for r in kbroker_json("transmission", kafka_bootstrap, a) if r["transmission_status"]] or None,
+            60,
+            "statuses while B's broker is down",
+        )
         assert any(b in r["transmission_status"] for r in rows), rows
         # Down until a connection attempt has failed (the first one comes 15 s after the disconnect
         # and takes up to 5 s: a fixed outage raced it) and for longer than a lease.
-        wait_for(lambda: any(t >= stopped - 1 and e == "FAILED" for t, e in link_history(kafka_bootstrap, a, b)),
-                 90, "a failed connection attempt while B's broker is down")
+        wait_for(
+            lambda: any(t >= stopped - 1 and e == "FAILED" for t, e in link_history(kafka_bootstrap, a, b)),
+            90,
+            "a failed connection attempt while B's broker is down",
+        )
         time.sleep(max(0.0, stopped + LEASE_SECONDS + 5 - time.time()))
         remote.start(port=port, controller_port=cport)
         replies_at_least(ROUNDS * DIALOGS, 300, "after B's broker came back")
@@ -182,10 +215,14 @@ def test_request_reply_across_clusters_loses_nothing_through_kills_and_an_outage
         replies.take()
 
         counts = tally(sent, replies.records)
-        print(f"invariant run across clusters: {len(replies.records)} replies to {ROUNDS * DIALOGS} requests, "
-              f"lost {len(counts['lost'])}, duplicated {len(counts['duplicated'])}, "
-              f"out of order {len(counts['out_of_order'])}, sequence jumps past a dead lease {counts['jumps']}")
-        assert (counts["lost"], counts["duplicated"], counts["out_of_order"], counts["unknown"]) == ([], [], [], []), counts
+        print(
+            f"invariant run across clusters: {len(replies.records)} replies to {ROUNDS * DIALOGS} requests, "
+            f"lost {len(counts['lost'])}, duplicated {len(counts['duplicated'])}, "
+            f"out of order {len(counts['out_of_order'])}, sequence jumps past a dead lease {counts['jumps']}"
+        )
+        assert (counts["lost"], counts["duplicated"], counts["out_of_order"], counts["unknown"]) == ([], [], [], []), (
+            counts
+        )
         assert counts["jumps"] >= 1, "no dialog went on past a lease claimed after its holder died"
 
         events = [(t, e) for t, e in link_history(kafka_bootstrap, a, b) if t >= stopped - 1]

@@ -32,8 +32,10 @@ assert _END == END_DIALOG
 
 
 def kept_reasons(bootstrap: str, ns: str) -> list[str]:
-    return [dict(m.headers() or [])["kb.dlq.reason"].decode()
-            for m in read_to_end(bootstrap, names.deadletter_topic(ns)) or []]
+    return [
+        dict(m.headers() or [])["kb.dlq.reason"].decode()
+        for m in read_to_end(bootstrap, names.deadletter_topic(ns)) or []
+    ]
 
 
 def refused_events(bootstrap: str, ns: str) -> list[dict]:
@@ -50,16 +52,30 @@ def test_forged_and_replayed_inbound_records_are_kept_and_the_dialog_goes_on(kaf
             ba.send(h, REQUEST, {"i": i})
         assert [m.message_sequence_number for m in receive_all(bb, 2)] == [0, 1]
         conv = ba.endpoints.current(h).conversation_id
-        real = [m for m in read_to_end(kafka_bootstrap, names.inbound_topic(b)) or []
-                if m.key() == f"{a}|{conv}|TARGET".encode()]
+        real = [
+            m
+            for m in read_to_end(kafka_bootstrap, names.inbound_topic(b)) or []
+            if m.key() == f"{a}|{conv}|TARGET".encode()
+        ]
 
         def forged(seq: int, mtype: str = REQUEST, sender: str = a) -> tuple[bytes, bytes, list]:
-            env = Envelope(message_id=str(uuid.uuid4()), conversation_id=conv,
-                           conversation_group_id=default_group(conv, "TARGET"), message_sequence_number=seq,
-                           message_type_name=mtype, service_contract_name=CONTRACT, from_service_name=CLIENT,
-                           to_service_name=SERVER, to_side="TARGET", from_broker=sender)
-            return (f"{sender}|{conv}|TARGET".encode(), b"" if mtype == END_DIALOG else b'{"i": "forged"}',
-                    env.headers() + [(H_FOLLOWS, b"-1")])
+            env = Envelope(
+                message_id=str(uuid.uuid4()),
+                conversation_id=conv,
+                conversation_group_id=default_group(conv, "TARGET"),
+                message_sequence_number=seq,
+                message_type_name=mtype,
+                service_contract_name=CONTRACT,
+                from_service_name=CLIENT,
+                to_service_name=SERVER,
+                to_side="TARGET",
+                from_broker=sender,
+            )
+            return (
+                f"{sender}|{conv}|TARGET".encode(),
+                b"" if mtype == END_DIALOG else b'{"i": "forged"}',
+                env.headers() + [(H_FOLLOWS, b"-1")],
+            )
 
         p = clients.idempotent_producer(kafka_bootstrap)
         inbound = names.inbound_topic(b)
@@ -74,8 +90,12 @@ def test_forged_and_replayed_inbound_records_are_kept_and_the_dialog_goes_on(kaf
         for m in real:  # replayed as they were: copies of saved messages
             p.produce(inbound, key=m.key(), value=m.value(), headers=m.headers())
         m = real[1]  # replayed, re-declared to follow another message (to pass a gap)
-        p.produce(inbound, key=m.key(), value=m.value(),
-                  headers=[(n, (b"0" if v == b"-1" else b"-1") if n == H_FOLLOWS else v) for n, v in m.headers()])
+        p.produce(
+            inbound,
+            key=m.key(),
+            value=m.value(),
+            headers=[(n, (b"0" if v == b"-1" else b"-1") if n == H_FOLLOWS else v) for n, v in m.headers()],
+        )
         p.flush(10)
         for i in range(2, 4):
             ba.send(h, REQUEST, {"i": i})
@@ -134,8 +154,10 @@ def test_an_ended_dialogs_acknowledgements_are_tombstoned(kafka_bootstrap, names
         conv = got.conversation_id
 
         def last(ns: str, key: str) -> list:
-            return [m.value() for m in read_to_end(kafka_bootstrap, names.acks_topic(ns)) or []
-                    if m.key() == key.encode()]
+            return [
+                m.value() for m in read_to_end(kafka_bootstrap, names.acks_topic(ns)) or [] if m.key() == key.encode()
+            ]
+
         wait_for(lambda: last(b, f"{a}|{conv}|TARGET")[-1:] == [None], 30, "B's ack of A's direction tombstoned")
         wait_for(lambda: last(a, f"{b}|{conv}|INITIATOR")[-1:] == [None], 30, "A's ack of B's direction tombstoned")
         ended = orjson.loads(last(b, f"{a}|{conv}|TARGET")[-2])
@@ -144,8 +166,7 @@ def test_an_ended_dialogs_acknowledgements_are_tombstoned(kafka_bootstrap, names
         assert all(len(s.queue) == 0 for s in services if isinstance(s, Transmitter))
 
 
-def test_a_send_to_a_service_the_far_side_does_not_grant_comes_back_as_error_8494(kafka_bootstrap, namespace,
-                                                                                    tmp_path):
+def test_a_send_to_a_service_the_far_side_does_not_grant_comes_back_as_error_8494(kafka_bootstrap, namespace, tmp_path):
     a, b = namespace + "a", namespace + "b"
     with two_namespaces(kafka_bootstrap, tmp_path, a, b, server_extra=", remote_senders: [somebody]") as (ba, bb, _):
         h = ba.begin_dialog(CLIENT, SERVER, CONTRACT)

@@ -53,9 +53,16 @@ def status_of(broker: EmbeddedBroker) -> BrokerStatus:
 
 def sasl(broker: EmbeddedBroker, user: str, password: str, mechanism: str = "SCRAM-SHA-512") -> Cluster:
     """The broker's SASL_SSL listener as `user`."""
-    return Cluster.with_properties(status_of(broker).bootstrap or "", {
-        "security.protocol": "SASL_SSL", "sasl.mechanism": mechanism, "sasl.username": user,
-        "sasl.password": password, "ssl.ca.location": str(broker.secure_files.ca)})
+    return Cluster.with_properties(
+        status_of(broker).bootstrap or "",
+        {
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": mechanism,
+            "sasl.username": user,
+            "sasl.password": password,
+            "ssl.ca.location": str(broker.secure_files.ca),
+        },
+    )
 
 
 def login_of(properties: Path) -> tuple[str, str, str]:
@@ -133,8 +140,9 @@ def test_no_credentials_never_get_metadata(secure: EmbeddedBroker) -> None:
     st = status_of(secure)
     with pytest.raises(BrokerUnavailableError):
         clients.brokers_answering(f"127.0.0.1:{st.port}", timeout=3)  # PLAINTEXT to SASL_SSL
-    tls_only = Cluster.with_properties(f"127.0.0.1:{st.tls_port}", {
-        "security.protocol": "SSL", "ssl.ca.location": str(secure.secure_files.ca)})
+    tls_only = Cluster.with_properties(
+        f"127.0.0.1:{st.tls_port}", {"security.protocol": "SSL", "ssl.ca.location": str(secure.secure_files.ca)}
+    )
     with pytest.raises((BrokerUnavailableError, AuthenticationFailedError)):
         clients.brokers_answering(tls_only, timeout=3)  # TLS without a client certificate
 
@@ -154,8 +162,7 @@ def test_a_wrong_password_is_an_authentication_failure_not_an_absent_broker(secu
     assert time.monotonic() - started < 30  # not the whole wait
 
 
-def test_a_user_added_logs_in_with_scram_and_its_certificate_and_is_denied_without_acls(
-        secure: EmbeddedBroker) -> None:
+def test_a_user_added_logs_in_with_scram_and_its_certificate_and_is_denied_without_acls(secure: EmbeddedBroker) -> None:
     st = status_of(secure)
     added = cli("broker", "user", "add", "carol", "--data-dir", str(secure.data_dir))
     assert login_of(Path(added["scram"]))[:2] == ("Scram", "carol")
@@ -167,9 +174,15 @@ def test_a_user_added_logs_in_with_scram_and_its_certificate_and_is_denied_witho
     carol = sasl(secure, "carol", login_of(Path(added["scram"]))[2])
     assert clients.brokers_answering(carol, timeout=10) == 1
     topic = new_topic(sasl(secure, "admin", admin_password(secure)))
-    by_certificate = Cluster.with_properties(f"127.0.0.1:{st.tls_port}", {
-        "security.protocol": "SSL", "ssl.ca.location": str(secure.secure_files.ca),
-        "ssl.certificate.location": added["cert"], "ssl.key.location": added["cert"]})
+    by_certificate = Cluster.with_properties(
+        f"127.0.0.1:{st.tls_port}",
+        {
+            "security.protocol": "SSL",
+            "ssl.ca.location": str(secure.secure_files.ca),
+            "ssl.certificate.location": added["cert"],
+            "ssl.key.location": added["cert"],
+        },
+    )
     assert clients.brokers_answering(by_certificate, timeout=10) == 1
     err = produce_one(by_certificate, topic, **{"message.timeout.ms": 20000})
     assert err is not None and err.name() == "TOPIC_AUTHORIZATION_FAILED"
@@ -180,8 +193,10 @@ def test_a_removed_user_can_no_longer_log_in(secure: EmbeddedBroker) -> None:
     added = cli("broker", "user", "add", "dave", "--data-dir", str(secure.data_dir))
     dave = sasl(secure, "dave", login_of(Path(added["scram"]))[2])
     assert clients.brokers_answering(dave, timeout=10) == 1
-    assert cli("broker", "user", "remove", "dave", "--data-dir", str(secure.data_dir)) == \
-        {"user": "dave", "removed": True}
+    assert cli("broker", "user", "remove", "dave", "--data-dir", str(secure.data_dir)) == {
+        "user": "dave",
+        "removed": True,
+    }
     assert not any(Path(added[kind]).exists() for kind in ("scram", "plain", "mtls", "cert"))
     with pytest.raises(AuthenticationFailedError):
         clients.brokers_answering(dave, timeout=5)
@@ -203,8 +218,19 @@ def test_a_restart_without_secure_stays_secure_with_the_same_certificates(secure
     kept = {p: p.read_bytes() for p in (files.ca, files.keystore)}
     assert cli("broker", "stop", "--data-dir", str(secure.data_dir))["stopped"]
     port = free_port()
-    out = run_kbroker_module("broker", "start", "--data-dir", str(secure.data_dir), "--port", str(port),
-                             "--controller-port", str(free_port()), "--tls-port", str(free_port()), timeout=180)
+    out = run_kbroker_module(
+        "broker",
+        "start",
+        "--data-dir",
+        str(secure.data_dir),
+        "--port",
+        str(port),
+        "--controller-port",
+        str(free_port()),
+        "--tls-port",
+        str(free_port()),
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [f"127.0.0.1:{port}", str(files.admin_properties)]
     st = status_of(secure)
@@ -234,7 +260,8 @@ def test_a_secure_cluster_replicates_for_its_admin_and_shuts_out_plaintext(tmp_p
         assert produce_one(admin, topic, acks="all") is None
         with pytest.raises(BrokerUnavailableError):
             clients.brokers_answering(st.bootstrap or "", timeout=3)
-        assert resolve_cluster(data_dir=cluster.data_dir).properties == \
-            read_properties(cluster.secure_files.admin_properties)
+        assert resolve_cluster(data_dir=cluster.data_dir).properties == read_properties(
+            cluster.secure_files.admin_properties
+        )
     finally:
         cluster.stop()

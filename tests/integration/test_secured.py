@@ -53,8 +53,7 @@ def claims_round_trip(b: Broker, n: int = 5) -> list[int]:
     return got
 
 
-def test_send_and_receive_in_a_transaction_as_the_admin_with_scram_from_the_properties_file(secure_kafka,
-                                                                                            secure_admin):
+def test_send_and_receive_in_a_transaction_as_the_admin_with_scram_from_the_properties_file(secure_kafka, secure_admin):
     ns = fresh("s")
     apply_paths(secure_admin, ns, [SAMPLES])
     status = secure_kafka.status()
@@ -74,15 +73,22 @@ def grant_namespace(admin: Cluster, principal: str, ns: str) -> None:
 
 @pytest.mark.parametrize("login", ["scram", "mtls", "plain"])
 def test_a_user_of_its_own_namespace_sends_and_receives_with_scram_a_client_certificate_or_plain(
-        secure_kafka, secure_admin, login, tmp_path):
+    secure_kafka, secure_admin, login, tmp_path
+):
     ns = fresh("u")
     apply_paths(secure_admin, ns, [SAMPLES])
     if login == "plain":  # PLAIN users are the broker's configuration, read at its start: the admin's
         props = tmp_path / "admin-plain.properties"
         admin = read_properties(secure_kafka.status().client_properties.read_text())
         login_options = parse_jaas(admin["sasl.jaas.config"]).options
-        admin.update({"sasl.mechanism": "PLAIN", "sasl.jaas.config": Jaas(
-            "org.apache.kafka.common.security.plain.PlainLoginModule", "required", login_options).line()})
+        admin.update(
+            {
+                "sasl.mechanism": "PLAIN",
+                "sasl.jaas.config": Jaas(
+                    "org.apache.kafka.common.security.plain.PlainLoginModule", "required", login_options
+                ).line(),
+            }
+        )
         props.write_text("".join(f"{k}={v}\n" for k, v in admin.items()))
     else:
         user = "app-" + uuid.uuid4().hex[:6]
@@ -105,9 +111,14 @@ def test_no_credentials_or_a_wrong_password_gets_nothing(secure_kafka, secure_ad
     status = secure_kafka.status()
     with pytest.raises(BrokerUnavailableError):  # plaintext into a TLS listener: never an answer
         clients.brokers_answering(status.bootstrap, timeout=3)
-    wrong = Cluster.with_properties(status.bootstrap, {**secure_admin.properties, "sasl.jaas.config":
-                                    'org.apache.kafka.common.security.scram.ScramLoginModule required '
-                                    'username="admin" password="not-it";'})
+    wrong = Cluster.with_properties(
+        status.bootstrap,
+        {
+            **secure_admin.properties,
+            "sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            'username="admin" password="not-it";',
+        },
+    )
     with pytest.raises(AuthenticationFailedError):
         clients.brokers_answering(wrong, timeout=10)
     with pytest.raises(AuthenticationFailedError):
@@ -146,21 +157,27 @@ def test_the_analytics_job_counts_on_the_secured_cluster(secure_admin, spark, tm
 
     ns = fresh("a")
     apply_paths(secure_admin, ns, [SAMPLES])
-    job = AnalyticsJob(JobSettings(cluster=secure_admin, namespace=ns, checkpoint=tmp_path / "ckpt",
-                                   history=tmp_path / "history", trigger=1.0), spark).start()
+    job = AnalyticsJob(
+        JobSettings(
+            cluster=secure_admin, namespace=ns, checkpoint=tmp_path / "ckpt", history=tmp_path / "history", trigger=1.0
+        ),
+        spark,
+    ).start()
     try:
         with Broker(secure_admin, ns) as b:
             h = b.begin_dialog(EMP, EXP, CONTRACT)
             for i in range(7):
                 b.send(h, CLAIM, {"claim": i})
-        wait_for(lambda: totals(secure_admin, ns, "ExpenseQueue").get("arrivals") == 7, 120,
-                 "the job's count of 7 arrivals")
+        wait_for(
+            lambda: totals(secure_admin, ns, "ExpenseQueue").get("arrivals") == 7, 120, "the job's count of 7 arrivals"
+        )
     finally:
         job.stop()
 
 
-def test_a_dialog_routed_between_a_plain_cluster_and_the_secured_one(kafka_bootstrap, secure_admin, tmp_path,
-                                                                     monkeypatch):
+def test_a_dialog_routed_between_a_plain_cluster_and_the_secured_one(
+    kafka_bootstrap, secure_admin, tmp_path, monkeypatch
+):
     # A reaches the secured cluster through a client profile its route names; B answers to the
     # plain cluster, which needs none.
     profiles = tmp_path / "profiles"

@@ -132,9 +132,13 @@ def test_a_stopped_holder_is_fenced_and_its_late_commit_is_refused(kafka_bootstr
     commit fails (aborted, or in doubt when the fence met it at commit): the log holds its three
     earlier messages, then the new holder's, and nothing of the stale transaction. Without the
     lease the second process sent at once and the stale transaction landed after it."""
-    child = subprocess.Popen([sys.executable, "-c", CHILD, kafka_bootstrap, namespace, EMP, EXP, CONTRACT, CLAIM],
-                             stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, kafka_bootstrap, namespace, EMP, EXP, CONTRACT, CLAIM],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     try:
         assert child.stdout is not None and child.stdin is not None
         h = child.stdout.readline().strip()

@@ -23,8 +23,7 @@ def endpoint_records(bootstrap: str, namespace: str, handle: str) -> list[bytes 
     return [m.value() for m in records if m.key() == handle.encode()]
 
 
-def test_sends_write_one_endpoint_record_per_block_and_continue_exactly_after_close(kafka_bootstrap, namespace,
-                                                                                      broker):
+def test_sends_write_one_endpoint_record_per_block_and_continue_exactly_after_close(kafka_bootstrap, namespace, broker):
     h = broker.begin_dialog(EMP, EXP, CONTRACT)
     for i in range(20):
         broker.send(h, CLAIM, {"i": i})
@@ -56,8 +55,12 @@ def test_a_process_killed_within_a_block_never_has_its_sequences_reused(kafka_bo
     """kill -9 after 10 SENDs, 9 of which left no endpoint record: another process waits for the
     dead one's lease to run out and goes on past everything that lease let it use (a gap, as
     after a crash, never a number used twice)."""
-    child = subprocess.Popen([sys.executable, "-c", CHILD, kafka_bootstrap, namespace, EMP, EXP, CONTRACT, CLAIM],
-                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, kafka_bootstrap, namespace, EMP, EXP, CONTRACT, CLAIM],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     try:
         assert child.stdout is not None
         h = child.stdout.readline().strip()

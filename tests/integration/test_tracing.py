@@ -43,8 +43,10 @@ def test_a_request_and_its_reply_across_two_namespaces_are_one_trace(kafka_boots
         with bb.transaction() as tx:
             got = tx.receive("Q", top=1, wait=30)
             assert [m.message_type_name for m in got] == [REQUEST]
-            assert dict(got[0].extra["record"].headers())["traceparent"].decode().split("-")[1] == \
-                f"{root.get_span_context().trace_id:032x}"
+            assert (
+                dict(got[0].extra["record"].headers())["traceparent"].decode().split("-")[1]
+                == f"{root.get_span_context().trace_id:032x}"
+            )
             tx.send(got[0].conversation_handle, REPLY, {"ok": True})
         replies = receive_all(ba, 1)
         assert [m.message_type_name for m in replies] == [REPLY]
@@ -52,12 +54,20 @@ def test_a_request_and_its_reply_across_two_namespaces_are_one_trace(kafka_boots
     finished = spans.get_finished_spans()
     trace_id = root.get_span_context().trace_id
     ours = [s for s in finished if s.context.trace_id == trace_id]
-    names_seen = sorted((s.name, s.attributes.get("kbroker.namespace"), s.attributes.get("kbroker.message_type"))
-                        for s in ours)
-    assert names_seen == sorted([
-        ("route send", a, REQUEST), ("kbroker commit", a, None),  # the request, routed to B
-        ("Q receive", b, None), ("route send", b, REPLY), ("kbroker commit", b, None),  # B's handler
-        ("Q receive", a, None), ("kbroker commit", a, None)]), names_seen  # the reply, received
+    names_seen = sorted(
+        (s.name, s.attributes.get("kbroker.namespace"), s.attributes.get("kbroker.message_type")) for s in ours
+    )
+    assert names_seen == sorted(
+        [
+            ("route send", a, REQUEST),
+            ("kbroker commit", a, None),  # the request, routed to B
+            ("Q receive", b, None),
+            ("route send", b, REPLY),
+            ("kbroker commit", b, None),  # B's handler
+            ("Q receive", a, None),
+            ("kbroker commit", a, None),
+        ]
+    ), names_seen  # the reply, received
     sends = sorted((s for s in ours if s.kind == SpanKind.PRODUCER), key=lambda s: s.start_time)
     receives = sorted((s for s in ours if s.kind == SpanKind.CONSUMER), key=lambda s: s.start_time)
     request_send, reply_send = sends
@@ -149,8 +159,12 @@ def test_a_forged_trace_header_starts_a_trace_of_its_own_and_the_message_goes_th
     """`traceparent` is what any sender wrote: garbage there (and an oversize `tracestate`) is no
     context, so the receive starts a trace of its own, and the handler and its reply go on."""
     sales, billing = endpoints("Sales"), endpoints("Billing", machine="m2")
-    sales.send("Billing", b"invoice me", {"traceparent": "00-zz-not-a-trace", "tracestate": "k=" + "v" * 20_000},
-               reply_to_address="Sales")
+    sales.send(
+        "Billing",
+        b"invoice me",
+        {"traceparent": "00-zz-not-a-trace", "tracestate": "k=" + "v" * 20_000},
+        reply_to_address="Sales",
+    )
     assert billing.handle_one("Billing", lambda msg, tx: tx.reply(msg, b"invoiced"), wait=15)
     reply = sales.receive(wait=15)
     assert reply is not None and reply.body == b"invoiced"

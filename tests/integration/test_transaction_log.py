@@ -48,8 +48,7 @@ def test_the_last_transaction_before_an_init_reads_as_it_ended(kafka_bootstrap, 
     assert found.partitions == {(topic, 1)}
 
 
-def test_records_another_client_wrote_into_the_log_are_skipped_and_the_rest_is_read(kafka_bootstrap, namespace,
-                                                                                     caplog):
+def test_records_another_client_wrote_into_the_log_are_skipped_and_the_rest_is_read(kafka_bootstrap, namespace, caplog):
     """Kafka lets a client calling itself `__admin_client` write its internal topics: garbage, an
     oversize value, a forged key of the very id, forged headers. The history around them still
     reads, and says how the transaction ended."""
@@ -59,12 +58,16 @@ def test_records_another_client_wrote_into_the_log_are_skipped_and_the_rest_is_r
     first.produce(topic, b"v", partition=0)
     first.commit_transaction(30)
     log_partition = partition_of(tid, len(admin.list_topics(timeout=30).topics[TRANSACTION_LOG].partitions))
-    forger = Producer({"bootstrap.servers": kafka_bootstrap, "client.id": "__admin_client",
-                       "message.max.bytes": 2_000_000})
+    forger = Producer(
+        {"bootstrap.servers": kafka_bootstrap, "client.id": "__admin_client", "message.max.bytes": 2_000_000}
+    )
     own_key = struct.pack(">hh", 0, len(tid)) + tid.encode()
-    for key, value, headers in [(own_key, b"\x00\x01garbage", None), (b"\xff" * 7, b"\x00" * 3, None),
-                                (own_key, b"\x00\x00" + b"\x07" * 900_000, None),
-                                (own_key, b"", [("kbroker-forged", b"\xff\xfe")])]:
+    for key, value, headers in [
+        (own_key, b"\x00\x01garbage", None),
+        (b"\xff" * 7, b"\x00" * 3, None),
+        (own_key, b"\x00\x00" + b"\x07" * 900_000, None),
+        (own_key, b"", [("kbroker-forged", b"\xff\xfe")]),
+    ]:
         forger.produce(TRANSACTION_LOG, key=key, value=value, headers=headers, partition=log_partition)
     assert forger.flush(30) == 0, "the forged records were not written"
     Producer(conf).init_transactions(30)

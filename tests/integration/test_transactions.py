@@ -88,8 +88,11 @@ def roll_back_receives(b: Broker, times: int, wait: float = 15) -> None:
 
 
 def poison_events(bootstrap: str, namespace: str) -> list[dict]:
-    return [e for e in inv.read_replies(bootstrap, names.events_topic(namespace))
-            if e["event"] == "QUEUE_DISABLED" and e["queue"] == "PoisonQueue" and e["poison"]]
+    return [
+        e
+        for e in inv.read_replies(bootstrap, names.events_topic(namespace))
+        if e["event"] == "QUEUE_DISABLED" and e["queue"] == "PoisonQueue" and e["poison"]
+    ]
 
 
 def test_poison_messages_disable_the_queue_and_enable_resumes(kafka_bootstrap, namespace, ns_broker):
@@ -106,8 +109,6 @@ def test_poison_messages_disable_the_queue_and_enable_resumes(kafka_bootstrap, n
     assert [orjson.loads(m.body) for m in msgs] == [{"poison": True}]  # the message was kept
 
 
-
-
 def test_garbage_on_the_events_topic_stops_no_reader_and_disables_nothing(kafka_bootstrap, namespace, ns_broker):
     """The events topic, which every reading process follows for rollback counts and poison
     verdicts, may hold anything another client wrote: records that only look like a queue's
@@ -116,12 +117,13 @@ def test_garbage_on_the_events_topic_stops_no_reader_and_disables_nothing(kafka_
 
     b = ns_broker
     send_poison(b)
-    garbage = {"PoisonQueue": b'"QUEUE_DISABLED" not json \xff',
-               "x1": b'["QUEUE_DISABLED", "PoisonQueue"]',
-               "x2": orjson.dumps({"event": "QUEUE_DISABLED", "queue": ["PoisonQueue"], "poison": True,
-                                   "catalog": False}),
-               "x3": b'{"event": "RECEIVE_ROLLED_BACK", "messages": "all"}',
-               "x4": b'{"event": "RECEIVE_ROLLED_BACK", "topic": 1, "messages": [[0, 0, "five"]]}'}
+    garbage = {
+        "PoisonQueue": b'"QUEUE_DISABLED" not json \xff',
+        "x1": b'["QUEUE_DISABLED", "PoisonQueue"]',
+        "x2": orjson.dumps({"event": "QUEUE_DISABLED", "queue": ["PoisonQueue"], "poison": True, "catalog": False}),
+        "x3": b'{"event": "RECEIVE_ROLLED_BACK", "messages": "all"}',
+        "x4": b'{"event": "RECEIVE_ROLLED_BACK", "topic": 1, "messages": [[0, 0, "five"]]}',
+    }
     write_records(kafka_bootstrap, names.events_topic(namespace), garbage, 10.0)
     with b.transaction() as tx:  # the first RECEIVE starts the follower, which reads them first
         msgs = tx.receive("PoisonQueue", wait=15)
@@ -194,8 +196,21 @@ def start_reader(bootstrap, namespace, tmp: Path, name: str, readers: int, rate:
     stop = tmp / f"stop-{name}"
     log = tmp / f"log-{name}.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.helpers.invariants", "reader", bootstrap, namespace, str(readers),
-         str(stop), str(log), str(rate), str(seed)], cwd=ROOT)
+        [
+            sys.executable,
+            "-m",
+            "tests.helpers.invariants",
+            "reader",
+            bootstrap,
+            namespace,
+            str(readers),
+            str(stop),
+            str(log),
+            str(rate),
+            str(seed),
+        ],
+        cwd=ROOT,
+    )
     _STARTED.append(proc)
     return proc, stop, log
 
@@ -223,12 +238,16 @@ def stop_all(procs_stops):
 
 
 def assert_invariants(report: inv.Report):
-    summary = (f"sent={report.sent} committed_tx={report.committed} lost={len(report.lost)} "
-               f"duplicated={len(report.duplicated)} order={len(report.order_violations)} "
-               f"lock={len(report.lock_violations)} unknown={len(report.unknown)}")
+    summary = (
+        f"sent={report.sent} committed_tx={report.committed} lost={len(report.lost)} "
+        f"duplicated={len(report.duplicated)} order={len(report.order_violations)} "
+        f"lock={len(report.lock_violations)} unknown={len(report.unknown)}"
+    )
     print(summary)
-    assert report.ok(), summary + f"\n{report.lost[:3]} {report.duplicated[:3]} " \
-                                  f"{report.order_violations[:3]} {report.lock_violations[:3]}"
+    assert report.ok(), (
+        summary + f"\n{report.lost[:3]} {report.duplicated[:3]} "
+        f"{report.order_violations[:3]} {report.lock_violations[:3]}"
+    )
 
 
 def test_invariants_with_rebalances(kafka_bootstrap, namespace, ns_broker, tmp_path):
@@ -276,7 +295,8 @@ def test_kill_9_mid_transaction_loses_and_duplicates_nothing(kafka_bootstrap, na
 
 
 def test_invariants_while_the_queue_is_disabled_and_enabled_and_a_reader_is_killed(
-        kafka_bootstrap, namespace, ns_broker, tmp_path):
+    kafka_bootstrap, namespace, ns_broker, tmp_path
+):
     """Two reader processes; the test process turns RequestQueue OFF and ON again three times
     while they read, and kill -9s one of them. Nothing is lost, duplicated, out of order or held
     by two at once, and no transaction takes a message later than 3 s after the queue went OFF
@@ -306,10 +326,14 @@ def test_invariants_while_the_queue_is_disabled_and_enabled_and_a_reader_is_kill
     after_off = [e["leased"] - off_at for e in logs for off_at, on_at in off_windows if off_at < e["leased"] < on_at]
     for i, (off_at, on_at) in enumerate(off_windows):
         inside = [(e["pid"], round(e["leased"] - off_at, 2)) for e in logs if off_at < e["leased"] < on_at]
-        print(f"\nwindow {i}: {len(inside)} taken, last per pid "
-              f"{ {pid: max(d for p2, d in inside if p2 == pid) for pid, _ in inside} }")
-    print(f"\nlast message taken {max(after_off, default=0):.2f} s after a queue went OFF "
-          f"({len(after_off)} transactions took messages in the windows)")
+        print(
+            f"\nwindow {i}: {len(inside)} taken, last per pid "
+            f"{ {pid: max(d for p2, d in inside if p2 == pid) for pid, _ in inside} }"
+        )
+    print(
+        f"\nlast message taken {max(after_off, default=0):.2f} s after a queue went OFF "
+        f"({len(after_off)} transactions took messages in the windows)"
+    )
     # The target is 1 s (the catalog watcher looks every 0.5 s; 0.52-0.55 s measured on an idle
     # machine). Asserted: 3 s, which a CI machine at a load average of 20 on 2 cores still keeps.
     late = [d for d in after_off if d > 3.0]

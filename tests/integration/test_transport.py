@@ -27,8 +27,13 @@ from kbroker.errors import TransportQueueNotFoundError
 from kbroker.sdk.transport.endpoint import TransportEndpoint
 from tests.helpers import wait_for
 
-NSB_HEADERS = {ENCLOSED_MESSAGE_TYPES: "Sales.Messages.OrderPlaced, Sales.Messages", MESSAGE_ID: "m-1",
-               REPLY_TO_ADDRESS: "Sales", "NServiceBus.ContentType": "application/json", "Ünïcode": "✓"}
+NSB_HEADERS = {
+    ENCLOSED_MESSAGE_TYPES: "Sales.Messages.OrderPlaced, Sales.Messages",
+    MESSAGE_ID: "m-1",
+    REPLY_TO_ADDRESS: "Sales",
+    "NServiceBus.ContentType": "application/json",
+    "Ünïcode": "✓",
+}
 
 
 @pytest.fixture
@@ -37,8 +42,9 @@ def endpoints(kafka_bootstrap: str, namespace: str) -> Iterator[Callable[..., Tr
     made: list[TransportEndpoint] = []
 
     def make(name: str, machine: str = "m1", **kw: Any) -> TransportEndpoint:
-        ep = transport.endpoint(name, bootstrap=kafka_bootstrap, namespace=namespace, machine=machine,
-                                install=True, **kw)
+        ep = transport.endpoint(
+            name, bootstrap=kafka_bootstrap, namespace=namespace, machine=machine, install=True, **kw
+        )
         made.append(ep)
         return ep
 
@@ -50,8 +56,14 @@ def endpoints(kafka_bootstrap: str, namespace: str) -> Iterator[Callable[..., Tr
 @contextmanager
 def reader(bootstrap: str, topic: str) -> Iterator[Consumer]:
     """A plain read_committed consumer assigned every partition of `topic` from the beginning."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"plain-{uuid.uuid4().hex}",
-                  "isolation.level": "read_committed", "enable.auto.commit": False})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"plain-{uuid.uuid4().hex}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
     try:
         meta = c.list_topics(topic, timeout=10).topics[topic]
         assert meta.error is None, meta.error
@@ -91,9 +103,16 @@ def test_every_column_round_trips_through_send_and_receive(endpoints):
     a, b = endpoints("Sales"), endpoints("Billing", machine="m2")
     given_id = str(uuid.uuid4())
     before = int(time.time() * 1000)
-    mid = a.send("Billing", b"\x00\x01\xfe\xffbinary", NSB_HEADERS, message_id=given_id.upper(),
-                 correlation_id="corr-1", reply_to_address="Sales.elsewhere", recoverable=True,
-                 time_to_be_received=600)
+    mid = a.send(
+        "Billing",
+        b"\x00\x01\xfe\xffbinary",
+        NSB_HEADERS,
+        message_id=given_id.upper(),
+        correlation_id="corr-1",
+        reply_to_address="Sales.elsewhere",
+        recoverable=True,
+        time_to_be_received=600,
+    )
     assert mid == given_id  # canonical form
     express = a.send("Billing", None, {ENCLOSED_MESSAGE_TYPES: "Ping"}, recoverable=False)
     assert a._express is not None  # Recoverable = false took the express producer
@@ -138,8 +157,10 @@ def test_without_a_secondary_queue_replies_come_to_the_primary(endpoints, kafka_
     server = endpoints("Server", machine="s1")
     server.start(lambda msg, tx: tx.reply(msg, b"pong"))
     client = endpoints("Client", machine="c1", secondary=False)
-    assert transport_queue_topic(namespace, "Client.c1") not in AdminClient(
-        {"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10).topics
+    assert (
+        transport_queue_topic(namespace, "Client.c1")
+        not in AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10).topics
+    )
     handled: list[TransportMessage] = []
     client.start(lambda msg, tx: handled.append(msg))
     rid = str(uuid.uuid4())
@@ -228,8 +249,13 @@ def test_a_poison_message_goes_to_the_dead_letter_topic(endpoints, kafka_bootstr
     assert "failed 2 times" in reason and "cannot digest this" in reason
     assert h["kb.dlq.topic"] == transport_queue_topic(namespace, "Billing").encode()
     assert b.runtime.counters["dead_lettered"] == 1
-    assert REGISTRY.get_sample_value("kbroker_dead_letters_total", {
-        "namespace": namespace, "queue": "Billing", "reason": "poison", "kept": "copy"}) == 1
+    assert (
+        REGISTRY.get_sample_value(
+            "kbroker_dead_letters_total",
+            {"namespace": namespace, "queue": "Billing", "reason": "poison", "kept": "copy"},
+        )
+        == 1
+    )
     time.sleep(1.5)
     assert attempts[poison] == 2  # gone from the queue
 
@@ -316,8 +342,9 @@ def primary_stats(ep: TransportEndpoint) -> dict[str, Any]:
     return ep.stats()["readers"][0]
 
 
-def run_model(endpoints: Any, concurrency: str, max_concurrency: int, n: int,
-              delay: float) -> tuple[TransportEndpoint, InFlight, dict[str, Any]]:
+def run_model(
+    endpoints: Any, concurrency: str, max_concurrency: int, n: int, delay: float
+) -> tuple[TransportEndpoint, InFlight, dict[str, Any]]:
     """`n` messages through an endpoint of `concurrency`, a handler taking `delay` s; asserts
     each was handled once and returns the endpoint, the handler and the primary readers' stats."""
     sender = endpoints("Sales")
@@ -347,8 +374,14 @@ def test_async_monitor_model_never_exceeds_max_concurrency(kafka_bootstrap, name
     sent = push(sender, "Worker", 200)
 
     async def main() -> tuple[int, Counter[str], dict[str, Any], int]:
-        ep = await transport.async_endpoint("Worker", bootstrap=kafka_bootstrap, namespace=namespace,
-                                            machine="w1", concurrency="monitor", max_concurrency=4)
+        ep = await transport.async_endpoint(
+            "Worker",
+            bootstrap=kafka_bootstrap,
+            namespace=namespace,
+            machine="w1",
+            concurrency="monitor",
+            max_concurrency=4,
+        )
         now = most = 0
         ids: Counter[str] = Counter()
 
@@ -389,8 +422,15 @@ def run_async_poison(bootstrap: str, namespace: str, sender: TransportEndpoint) 
     poison = sender.send("Worker", b"poison")
 
     async def main() -> dict[str, Any]:
-        ep = await transport.async_endpoint("Worker", bootstrap=bootstrap, namespace=namespace, machine="w1",
-                                            concurrency="monitor", max_concurrency=4, max_deliveries=2)
+        ep = await transport.async_endpoint(
+            "Worker",
+            bootstrap=bootstrap,
+            namespace=namespace,
+            machine="w1",
+            concurrency="monitor",
+            max_concurrency=4,
+            max_deliveries=2,
+        )
         attempts: Counter[bytes | None] = Counter()
         dead_lettered_on: list[int] = []
         dead_letter = ep.sync.runtime.dead_letter_poison
@@ -411,11 +451,18 @@ def run_async_poison(bootstrap: str, namespace: str, sender: TransportEndpoint) 
             await ep.start(handle)
             good = await ep.send("Worker", b"good")
             deadline = time.monotonic() + 20
-            while (not attempts[b"good"] or not ep.sync.runtime.counters["dead_lettered"]) and time.monotonic() < deadline:
+            while (
+                not attempts[b"good"] or not ep.sync.runtime.counters["dead_lettered"]
+            ) and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             await asyncio.sleep(0.5)
-            return {"attempts": dict(attempts), "on": dead_lettered_on, "loop": threading.get_ident(),
-                    "counters": dict(ep.sync.runtime.counters), "ids": (poison, good)}
+            return {
+                "attempts": dict(attempts),
+                "on": dead_lettered_on,
+                "loop": threading.get_ident(),
+                "counters": dict(ep.sync.runtime.counters),
+                "ids": (poison, good),
+            }
         finally:
             await ep.close()
 
@@ -486,10 +533,20 @@ def test_a_plain_producers_record_is_a_transport_message(endpoints, kafka_bootst
     b = endpoints("Billing", machine="m2")
     mid = str(uuid.uuid4())
     p = plain_producer(kafka_bootstrap)
-    p.produce(transport_queue_topic(namespace, "Billing"), key=mid.encode(), value=b"from a plain producer",
-              headers=[("Id", mid.encode()), ("Recoverable", b"false"), ("Headers", orjson.dumps(NSB_HEADERS)),
-                       ("CorrelationId", b"corr-plain"), ("ReplyToAddress", b"Legacy"),
-                       ("Expires", b"2099-01-01T00:00:00.250Z"), ("traceparent", b"00-ab-cd-01")])
+    p.produce(
+        transport_queue_topic(namespace, "Billing"),
+        key=mid.encode(),
+        value=b"from a plain producer",
+        headers=[
+            ("Id", mid.encode()),
+            ("Recoverable", b"false"),
+            ("Headers", orjson.dumps(NSB_HEADERS)),
+            ("CorrelationId", b"corr-plain"),
+            ("ReplyToAddress", b"Legacy"),
+            ("Expires", b"2099-01-01T00:00:00.250Z"),
+            ("traceparent", b"00-ab-cd-01"),
+        ],
+    )
     assert p.flush(10) == 0
     m = b.receive(wait=15)
     assert m is not None
@@ -504,10 +561,14 @@ def test_a_malformed_record_is_dead_lettered_and_the_queue_goes_on(endpoints, ka
     good = str(uuid.uuid4())
     p = plain_producer(kafka_bootstrap)
     # Same partition: the good record comes after the malformed one.
-    p.produce(topic, partition=0, key=b"k", value=b"no id",
-              headers=[("Recoverable", b"true"), ("Headers", b"{}")])
-    p.produce(topic, partition=0, key=good.encode(), value=b"good",
-              headers=[("Id", good.encode()), ("Recoverable", b"true"), ("Headers", b"{}")])
+    p.produce(topic, partition=0, key=b"k", value=b"no id", headers=[("Recoverable", b"true"), ("Headers", b"{}")])
+    p.produce(
+        topic,
+        partition=0,
+        key=good.encode(),
+        value=b"good",
+        headers=[("Id", good.encode()), ("Recoverable", b"true"), ("Headers", b"{}")],
+    )
     assert p.flush(10) == 0
     with reader(kafka_bootstrap, names.deadletter_topic(namespace)) as dlq:
         m = b.receive(wait=15)
@@ -522,7 +583,8 @@ def test_a_malformed_record_is_dead_lettered_and_the_queue_goes_on(endpoints, ka
 
 
 def test_records_with_bad_column_values_are_dead_lettered_and_the_messages_around_them_go_on(
-        endpoints, kafka_bootstrap, namespace):
+    endpoints, kafka_bootstrap, namespace
+):
     """The transport queue's reader decodes each column's value once, as it comes. Between two
     good records on one partition, another client writes: an Id that is not UTF-8, Recoverable
     without a value, the Id column twice, a 200 KB Headers column that is not JSON. Each is
@@ -534,10 +596,12 @@ def test_records_with_bad_column_values_are_dead_lettered_and_the_messages_aroun
     def columns(mid: bytes | None, **over: bytes | None) -> list[tuple[str, bytes | None]]:
         return [("Id", mid), ("Recoverable", over.get("Recoverable", b"true")), ("Headers", over.get("Headers", b"{}"))]
 
-    bad = {"is not UTF-8": columns(b"\xff\xfe"),
-           "Recoverable is ''": columns(str(uuid.uuid4()).encode(), Recoverable=None),
-           "appears twice": columns(str(uuid.uuid4()).encode()) + [("Id", str(uuid.uuid4()).encode())],
-           "Headers is not JSON": columns(str(uuid.uuid4()).encode(), Headers=b"{" * 200_000)}
+    bad = {
+        "is not UTF-8": columns(b"\xff\xfe"),
+        "Recoverable is ''": columns(str(uuid.uuid4()).encode(), Recoverable=None),
+        "appears twice": columns(str(uuid.uuid4()).encode()) + [("Id", str(uuid.uuid4()).encode())],
+        "Headers is not JSON": columns(str(uuid.uuid4()).encode(), Headers=b"{" * 200_000),
+    }
     p = plain_producer(kafka_bootstrap)
     p.produce(topic, partition=0, key=good[0].encode(), value=b"first", headers=columns(good[0].encode()))
     for i, headers in enumerate(bad.values()):

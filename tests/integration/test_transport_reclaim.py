@@ -19,8 +19,9 @@ def log_starts(admin: AdminClient, topic: str, partitions: int) -> dict[int, int
 
 def test_reclaim_deletes_received_transport_messages_only(kafka_bootstrap, namespace):
     topic = transport_queue_topic(namespace, "Stock")
-    with TransportEndpoint("Stock", cluster=kafka_bootstrap, namespace=namespace, machine="m",
-                           secondary=False, install=True, partitions=1) as ep:
+    with TransportEndpoint(
+        "Stock", cluster=kafka_bootstrap, namespace=namespace, machine="m", secondary=False, install=True, partitions=1
+    ) as ep:
         ids = [ep.send("Stock", f"item {i}".encode()) for i in range(10)]
         got = [ep.receive(wait=20) for _ in range(6)]
         assert [m.id for m in got if m is not None] == ids[:6]  # oldest first on one partition
@@ -30,8 +31,7 @@ def test_reclaim_deletes_received_transport_messages_only(kafka_bootstrap, names
     assert [(r.topic, r.deleted_below) for r in done] == [(topic, {0: 6})]
     assert log_starts(admin, topic, 1) == {0: 6}
     # The four still waiting are there for the next reader, in order.
-    with TransportEndpoint("Stock", cluster=kafka_bootstrap, namespace=namespace, machine="m",
-                           secondary=False) as ep:
+    with TransportEndpoint("Stock", cluster=kafka_bootstrap, namespace=namespace, machine="m", secondary=False) as ep:
         rest = [ep.receive(wait=20) for _ in range(4)]
         assert [m.id for m in rest if m is not None] == ids[6:]
         assert [m.row_version for m in rest if m is not None] == [6, 7, 8, 9]

@@ -110,8 +110,9 @@ def test_conversation_view_lists_both_endpoints(kafka_bootstrap, namespace, brok
     h = send_three(broker)
     rows = conversation_view(kafka_bootstrap, namespace)
     # Written at the first SEND, with the block of sequence numbers it reserved.
-    assert [(r["conversation_handle"], r["state"], r["send_sequence"], r["sequence_reserved"]) for r in rows] == \
-        [(h, "CO", 1, 1 + SEQUENCE_BLOCK)]
+    assert [(r["conversation_handle"], r["state"], r["send_sequence"], r["sequence_reserved"]) for r in rows] == [
+        (h, "CO", 1, 1 + SEQUENCE_BLOCK)
+    ]
     target = broker.receive("ExpenseQueue", top=10, wait=15)[0].conversation_handle
     rows = conversation_view(kafka_bootstrap, namespace)
     assert [r["conversation_handle"] for r in rows] == [h, target]  # initiator first

@@ -40,10 +40,32 @@ class Worker:
         full_env = {**os.environ, "PYTHONPATH": str(ROOT), "KB_TEST_STUB_FILE": str(tmp / "stub.txt"), **env}
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                [KBROKER, "worker", "--bootstrap", bootstrap, "--namespace", namespace, "--web-port", str(self.port),
-                 "--tick", "1", "--ramp-up", "1", "--handlers", "8", "--allow-procedures", "tests.helpers",
-                 "--closed-grace", "3", *args],
-                cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+                [
+                    KBROKER,
+                    "worker",
+                    "--bootstrap",
+                    bootstrap,
+                    "--namespace",
+                    namespace,
+                    "--web-port",
+                    str(self.port),
+                    "--tick",
+                    "1",
+                    "--ramp-up",
+                    "1",
+                    "--handlers",
+                    "8",
+                    "--allow-procedures",
+                    "tests.helpers",
+                    "--closed-grace",
+                    "3",
+                    *args,
+                ],
+                cwd=ROOT,
+                env=full_env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         self.id: str | None = None
         token = env.get("KBROKER_WEB_TOKEN")  # the worker requires it of every request
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -125,11 +147,13 @@ def collect_done(broker: Broker, expected: int, timeout: float) -> list:
 
 def events(bootstrap: str, ns: str, kind: str) -> list[dict]:
     records = read_to_end(bootstrap, names.events_topic(ns), 15) or []
-    return sorted((e for e in map(orjson.loads, (m.value() for m in records)) if e.get("event") == kind),
-                  key=lambda e: e["time"])
+    return sorted(
+        (e for e in map(orjson.loads, (m.value() for m in records)) if e.get("event") == kind), key=lambda e: e["time"]
+    )
 
 
 # --- one worker for the activation scenarios -------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def worker_ns(kafka_bootstrap, tmp_path_factory):
@@ -139,8 +163,11 @@ def worker_ns(kafka_bootstrap, tmp_path_factory):
     w = Worker(kafka_bootstrap, ns, tmp)
     try:
         w.wait_ready()
-        wait_for(lambda: {r["queue"] for r in monitor_rows(kafka_bootstrap, ns)} >= {"SlowQueue", "StubQueue"},
-                 60, "the worker's first monitor rows")
+        wait_for(
+            lambda: {r["queue"] for r in monitor_rows(kafka_bootstrap, ns)} >= {"SlowQueue", "StubQueue"},
+            60,
+            "the worker's first monitor rows",
+        )
         yield kafka_bootstrap, ns, w, tmp
     finally:
         w.stop()
@@ -165,8 +192,11 @@ def test_a_backlog_ramps_readers_to_max_and_back_to_zero(worker_ns, client):
     # The pace: one more reader per ramp-up period (1 s here), not all at once.
     firsts = {n: next(t for t, c in sampler.samples if c["SlowQueue"] >= n) for n in (1, 3)}
     assert firsts[3] - firsts[1] >= 1.5, f"ramped from 1 to 3 readers in {firsts[3] - firsts[1]:.2f} s"
-    row = wait_for(lambda: (r := monitor(bootstrap, ns, "SlowQueue")) and r["readers"] == 0
-                   and r["state"] == "INACTIVE" and r, 30, "readers back to 0, monitor INACTIVE")
+    row = wait_for(
+        lambda: (r := monitor(bootstrap, ns, "SlowQueue")) and r["readers"] == 0 and r["state"] == "INACTIVE" and r,
+        30,
+        "readers back to 0, monitor INACTIVE",
+    )
     assert row["backlog"] == 0 and row["last_empty_rowset_time"], row
     assert not [t for t in w.tasks() if t["queue"] == "SlowQueue"]
 
@@ -177,14 +207,31 @@ def test_a_stub_that_never_receives_leaves_the_monitor_notified_until_altered(wo
     launches = lambda: stub_file.read_text().count("StubQueue") if stub_file.exists() else 0  # noqa: E731
     send_jobs(client, "//kbroker/test/Stub", conversations=3, per_conversation=1)
     wait_for(lambda: launches() == 1, 30, "the stub's first launch")
-    row = wait_for(lambda: (r := monitor(bootstrap, ns, "StubQueue")) and r["state"] == "NOTIFIED" and r, 10,
-                   "NOTIFIED")
+    row = wait_for(
+        lambda: (r := monitor(bootstrap, ns, "StubQueue")) and r["state"] == "NOTIFIED" and r, 10, "NOTIFIED"
+    )
     time.sleep(4)  # several ticks: still NOTIFIED, and never launched again
     assert launches() == 1
     assert monitor(bootstrap, ns, "StubQueue")["state"] == "NOTIFIED" and row["backlog"] == 3
     for status in ("off", "on"):
-        out = subprocess.run([KBROKER, "queue", "alter", "StubQueue", "--activation", status, "--bootstrap",
-                              bootstrap, "--namespace", ns, "--json"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [
+                KBROKER,
+                "queue",
+                "alter",
+                "StubQueue",
+                "--activation",
+                status,
+                "--bootstrap",
+                bootstrap,
+                "--namespace",
+                ns,
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
     wait_for(lambda: launches() == 2, 30, "a launch after ACTIVATION OFF then ON recycled the monitor")
     assert monitor(bootstrap, ns, "StubQueue")["generation"] >= 2
@@ -215,8 +262,11 @@ def test_every_5th_tick_reclaims_what_the_readers_received(worker_ns, client):
 
     wait_for(reclaimed_to_commit, 30, "the log start to reach the committed offset")
     # The event is written after the deletion it reports: it may land a moment after the log start moves.
-    got = wait_for(lambda: [e for e in events(bootstrap, ns, "RECORDS_RECLAIMED") if e["topic"] == topic], 30,
-                   "the RECORDS_RECLAIMED event")
+    got = wait_for(
+        lambda: [e for e in events(bootstrap, ns, "RECORDS_RECLAIMED") if e["topic"] == topic],
+        30,
+        "the RECORDS_RECLAIMED event",
+    )
     assert got and all(int(o) > 0 for e in got for o in e["deleted_below"].values()), got
 
 
@@ -232,15 +282,27 @@ def test_the_5th_tick_tombstones_endpoints_closed_longer_than_the_grace(worker_n
     client.send(ended, JOB, {"i": 0})
     live = client.begin_dialog(CLIENT, "//kbroker/test/Foreign", JOBS)
     client.send(live, JOB, {"i": 1})
-    got = wait_for(lambda: [m for m in client.receive("ForeignQueue", wait=1)
-                            if m.conversation_id == client.endpoints.get(ended).conversation_id] or None,
-                   30, "the ended dialog's job")
+    got = wait_for(
+        lambda: (
+            [
+                m
+                for m in client.receive("ForeignQueue", wait=1)
+                if m.conversation_id == client.endpoints.get(ended).conversation_id
+            ]
+            or None
+        ),
+        30,
+        "the ended dialog's job",
+    )
     client.end_conversation(got[0].conversation_handle)
     wait_for(lambda: client.receive("ClientQueue", wait=1) or None, 30, "the EndDialog")
     client.end_conversation(ended)
     target = got[0].conversation_handle
-    wait_for(lambda: client.receive("ForeignQueue", wait=1) == [] and client.endpoints.get(target).state == CLOSED,
-             30, "the target endpoint to close")
+    wait_for(
+        lambda: client.receive("ForeignQueue", wait=1) == [] and client.endpoints.get(target).state == CLOSED,
+        30,
+        "the target endpoint to close",
+    )
 
     def gone() -> bool:
         store = EndpointStore(bootstrap, ns, Producer({"bootstrap.servers": bootstrap}))
@@ -267,14 +329,19 @@ def test_kbroker_conversations_is_served_by_the_worker_and_matches_the_topic(wor
     assert served["namespace"] == ns and h in {r["conversation_handle"] for r in served["rows"]}
 
     def cli(namespace: str, via: str) -> list[dict]:
-        out = subprocess.run([KBROKER, "conversations", "--url", w.url, "--bootstrap", via,
-                              "--namespace", namespace, "--json"], capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [KBROKER, "conversations", "--url", w.url, "--bootstrap", via, "--namespace", namespace, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr
         return orjson.loads(out.stdout)
 
     mine = [r for r in cli(ns, "127.0.0.1:1") if r["conversation_id"] == client.endpoints.get(h).conversation_id]
-    assert mine == [r for r in conversation_view(bootstrap, ns)
-                    if r["conversation_id"] == client.endpoints.get(h).conversation_id]
+    assert mine == [
+        r for r in conversation_view(bootstrap, ns) if r["conversation_id"] == client.endpoints.get(h).conversation_id
+    ]
     assert [r["conversation_handle"] for r in mine] == [h]  # the target side exists once received
     other = "w" + uuid.uuid4().hex[:10]
     apply_paths(bootstrap, other, [DATA])
@@ -304,8 +371,11 @@ def test_a_procedure_outside_the_allowed_modules_is_never_run(worker_ns, client)
     Before, the worker imported and called whatever the catalog named."""
     bootstrap, ns, w, _ = worker_ns
     send_jobs(client, "//kbroker/test/Foreign", conversations=1, per_conversation=1)
-    refused = wait_for(lambda: [e for e in events(bootstrap, ns, "ACTIVATION_REFUSED") if e["queue"] == "ForeignQueue"],
-                       30, "an ACTIVATION_REFUSED event")
+    refused = wait_for(
+        lambda: [e for e in events(bootstrap, ns, "ACTIVATION_REFUSED") if e["queue"] == "ForeignQueue"],
+        30,
+        "an ACTIVATION_REFUSED event",
+    )
     assert refused[0]["procedure"] == "builtins:print" and "tests.helpers" in refused[0]["allowed"]
     time.sleep(3)  # several ticks
     assert not [t for t in w.tasks() if t["queue"] == "ForeignQueue"], "a refused procedure was launched"
@@ -324,30 +394,65 @@ def test_monitor_rows_count_a_paused_queue_and_list_only_their_own_queues_proced
     send_jobs(client, "//kbroker/test/Paused", conversations=4, per_conversation=5)
     send_jobs(client, "//kbroker/test/Failing", conversations=1, per_conversation=1)
     try:
-        row = wait_for(lambda: (r := monitor(bootstrap, ns, "PausedQueue")) and r["backlog"] == 20 and r, 20,
-                       "the paused queue's 20 waiting messages in its monitor row")
+        row = wait_for(
+            lambda: (r := monitor(bootstrap, ns, "PausedQueue")) and r["backlog"] == 20 and r,
+            20,
+            "the paused queue's 20 waiting messages in its monitor row",
+        )
         assert (row["activation"], row["state"], row["ready_groups"], row["readers"]) == ("OFF", "INACTIVE", 4, 0)
         assert row["age"] < 5, row
         dashboard = httpx.get(w.url + "/dashboard/snapshot", timeout=30).json()["queues"]["PausedQueue"]
         assert (dashboard["backlog"], dashboard["ready_groups"], dashboard["activation"]) == (20, 4, "OFF")
-        failing = wait_for(lambda: (r := monitor(bootstrap, ns, "FailingQueue")) and r["degraded"] and r, 30,
-                           "the failing procedure on its queue's row")
-        assert [r["component"] for r in failing["degraded_reasons"]] == \
-            ["procedure tests.helpers.procedures:failing on queue FailingQueue"], failing
+        failing = wait_for(
+            lambda: (r := monitor(bootstrap, ns, "FailingQueue")) and r["degraded"] and r,
+            30,
+            "the failing procedure on its queue's row",
+        )
+        assert [r["component"] for r in failing["degraded_reasons"]] == [
+            "procedure tests.helpers.procedures:failing on queue FailingQueue"
+        ], failing
         since = failing["degraded_reasons"][0]["since"]
         written_after = lambda r: datetime.fromisoformat(r["updated"]).timestamp() > since + 1  # noqa: E731
-        others = wait_for(lambda: (rs := [r for r in monitor_rows(bootstrap, ns) if r["queue"] != "FailingQueue"])
-                          and all(map(written_after, rs)) and rs, 30, "every other row written after the failure")
+        others = wait_for(
+            lambda: (
+                (rs := [r for r in monitor_rows(bootstrap, ns) if r["queue"] != "FailingQueue"])
+                and all(map(written_after, rs))
+                and rs
+            ),
+            30,
+            "every other row written after the failure",
+        )
         assert {r["queue"] for r in others} >= {"PausedQueue", "SlowQueue", "StubQueue"}
-        assert [(r["queue"], x["component"]) for r in others for x in r["degraded_reasons"]
-                if "FailingQueue" in x["component"]] == []
+        assert [
+            (r["queue"], x["component"])
+            for r in others
+            for x in r["degraded_reasons"]
+            if "FailingQueue" in x["component"]
+        ] == []
     finally:
-        out = subprocess.run([KBROKER, "queue", "alter", "FailingQueue", "--activation", "off", "--bootstrap",
-                              bootstrap, "--namespace", ns, "--json"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [
+                KBROKER,
+                "queue",
+                "alter",
+                "FailingQueue",
+                "--activation",
+                "off",
+                "--bootstrap",
+                bootstrap,
+                "--namespace",
+                ns,
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
 
 
 # --- two workers: the tick and a kill -9 ---------------------------------------------------------
+
 
 def test_a_queue_its_activated_readers_left_gives_the_workers_partitions_back(kafka_bootstrap, tmp_path):
     """The worker closes a queue's receiver once no activated reader has asked for --receiver-idle
@@ -363,8 +468,11 @@ def test_a_queue_its_activated_readers_left_gives_the_workers_partitions_back(ka
         first = send_jobs(client, "//kbroker/test/Slow", conversations=4, per_conversation=1)
         assert len(collect_done(client, len(first), timeout=90)) == len(first)
         alter_queue_activation(kafka_bootstrap, ns, "SlowQueue", status="OFF")
-        wait_for(lambda: "receiver closed after 2 s unread: ('SlowQueue', None)" in w.log.read_text(errors="replace"),
-                 60, "the worker closing SlowQueue's receiver")
+        wait_for(
+            lambda: "receiver closed after 2 s unread: ('SlowQueue', None)" in w.log.read_text(errors="replace"),
+            60,
+            "the worker closing SlowQueue's receiver",
+        )
         time.sleep(3)  # three ticks: every monitor has the queue's activation OFF
         sent = set(send_jobs(client, "//kbroker/test/Slow", conversations=12, per_conversation=1))
         got: Counter = Counter()
@@ -416,17 +524,23 @@ def test_kill_9_of_a_worker_moves_its_monitors_and_the_tick_runs_once_per_cluste
         for m in done:
             seqs_by_dialog.setdefault(m.conversation_handle, []).append(orjson.loads(m.body)["seq"])
         out_of_order = {h: s for h, s in seqs_by_dialog.items() if s != [0, 1]}
-        assert not out_of_order, f"{len(out_of_order)} conversations done out of order: {list(out_of_order.values())[:3]}"
+        assert not out_of_order, (
+            f"{len(out_of_order)} conversations done out of order: {list(out_of_order.values())[:3]}"
+        )
         assert survivor_first is not None and survivor.proc.poll() is None, "the survivor took over and runs"
-        print(f"\nkill -9 of the worker running the readers: the survivor's first job done "
-              f"{survivor_first - killed_at:.1f} s later, all {len(sent)} done {all_done_at - killed_at:.1f} s "
-              f"after the kill (lost 0, duplicated 0, out of order 0)")
-        row = wait_for(lambda: (r := monitor(kafka_bootstrap, ns, "SlowQueue")) and r["readers"] == 0 and r,
-                       30, "readers back to 0 on the survivor")
+        print(
+            f"\nkill -9 of the worker running the readers: the survivor's first job done "
+            f"{survivor_first - killed_at:.1f} s later, all {len(sent)} done {all_done_at - killed_at:.1f} s "
+            f"after the kill (lost 0, duplicated 0, out of order 0)"
+        )
+        row = wait_for(
+            lambda: (r := monitor(kafka_bootstrap, ns, "SlowQueue")) and r["readers"] == 0 and r,
+            30,
+            "readers back to 0 on the survivor",
+        )
         assert row["worker"] == survivor.id
         # At least ten ticks in all (waited for: a quick drain can end before the tenth), none twice.
-        ticks = wait_for(lambda: (t := events(kafka_bootstrap, ns, "TICK")) and len(t) >= 10 and t, 30,
-                         "ten ticks")
+        ticks = wait_for(lambda: (t := events(kafka_bootstrap, ns, "TICK")) and len(t) >= 10 and t, 30, "ten ticks")
         numbers = [t["number"] for t in ticks]
         assert len(numbers) == len(set(numbers)), "a tick ran twice"
         assert {t["worker"] for t in ticks} <= {victim.id, survivor.id}

@@ -33,8 +33,17 @@ OUTAGE_LINES = 200  # log lines a 10 s outage may cost, all told
 
 
 class Setup:
-    def __init__(self, embedded: EmbeddedBroker, port: int, cport: int, bootstrap: str, ns: str,
-                 proc: subprocess.Popen, log: Path, url: str):
+    def __init__(
+        self,
+        embedded: EmbeddedBroker,
+        port: int,
+        cport: int,
+        bootstrap: str,
+        ns: str,
+        proc: subprocess.Popen,
+        log: Path,
+        url: str,
+    ):
         self.embedded, self.port, self.cport = embedded, port, cport
         self.bootstrap, self.ns, self.proc, self.log, self.url = bootstrap, ns, proc, log, url
         self.stub_file = ""
@@ -66,13 +75,37 @@ def setup(tmp_path_factory) -> Iterator[Setup]:
         ns = "u" + uuid.uuid4().hex[:10]
         apply_paths(bootstrap, ns, [DATA])
         log = tmp / "worker.log"
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "KB_TEST_STUB_FILE": str(tmp / "stub.txt"),
-               "KB_TEST_DELAY": "0.005"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "KB_TEST_STUB_FILE": str(tmp / "stub.txt"),
+            "KB_TEST_DELAY": "0.005",
+        }
         with open(log, "wb") as out:
-            proc = subprocess.Popen([KBROKER, "worker", "--bootstrap", bootstrap, "--namespace", ns,
-                                     "--web-port", str(web), "--tick", str(TICK), "--ramp-up", "1",
-                                     "--handlers", "4", "--allow-procedures", "tests.helpers"],
-                                    cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                [
+                    KBROKER,
+                    "worker",
+                    "--bootstrap",
+                    bootstrap,
+                    "--namespace",
+                    ns,
+                    "--web-port",
+                    str(web),
+                    "--tick",
+                    str(TICK),
+                    "--ramp-up",
+                    "1",
+                    "--handlers",
+                    "4",
+                    "--allow-procedures",
+                    "tests.helpers",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         st = Setup(embedded, port, cport, bootstrap, ns, proc, log, f"http://127.0.0.1:{web}")
         st.stub_file = str(tmp / "stub.txt")
         wait_for(lambda: proc.poll() is None and st.health(), 90, "the worker's HTTP API")
@@ -171,8 +204,9 @@ def test_the_worker_rides_through_a_broker_outage(setup: Setup) -> None:
             wait_for(recovered, 60, "the worker's recovery")
         except AssertionError as exc:
             tail = "\n".join(setup.log.read_text(errors="replace").splitlines()[-30:])
-            raise AssertionError(f"{exc}; worker alive: {setup.proc.poll() is None}; last health: {last}; "
-                                 f"its log's end:\n{tail}") from None
+            raise AssertionError(
+                f"{exc}; worker alive: {setup.proc.poll() is None}; last health: {last}; its log's end:\n{tail}"
+            ) from None
         # A message sent after the restart gets its activated procedure run (the stub notes each
         # launch in a file; no RECEIVE, so this does not depend on the SDK's own recovery).
         stub_file = Path(setup.stub_file)
@@ -186,5 +220,6 @@ def test_the_worker_rides_through_a_broker_outage(setup: Setup) -> None:
     assert setup.proc.poll() is None, "the worker exited after the outage"
     added = setup.log_lines() - lines_before
     print(f"{added} worker log lines from the broker's stop to the jobs done after its restart")
-    assert added < OUTAGE_LINES, f"{added} log lines for a 10 s outage:\n" + \
-        "\n".join(setup.log.read_text(errors="replace").splitlines()[-60:])
+    assert added < OUTAGE_LINES, f"{added} log lines for a 10 s outage:\n" + "\n".join(
+        setup.log.read_text(errors="replace").splitlines()[-60:]
+    )

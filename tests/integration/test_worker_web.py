@@ -28,18 +28,32 @@ from tests.integration.test_worker import Worker
 
 TOKEN = "test-web-token-" + uuid.uuid4().hex
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
-PAGES = ("/tasks/", "/monitors/", "/conversations/", "/dialogs/", "/dashboard", "/dashboard/snapshot",
-         "/dashboard/static/dashboard.js")
-FAUST_PAGES = ("/", "/router/", "/table/", "/table/monitors/", "/graph/", "/stats/", "/assignment/",
-               "/performance/")
+PAGES = (
+    "/tasks/",
+    "/monitors/",
+    "/conversations/",
+    "/dialogs/",
+    "/dashboard",
+    "/dashboard/snapshot",
+    "/dashboard/static/dashboard.js",
+)
+FAUST_PAGES = ("/", "/router/", "/table/", "/table/monitors/", "/graph/", "/stats/", "/assignment/", "/performance/")
 
 
 @pytest.fixture(scope="module")
 def web_worker(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     ns = "web" + uuid.uuid4().hex[:10]
     apply_paths(kafka_bootstrap, ns, [CATALOG])  # the namespace's system topics and a few queues
-    w = Worker(kafka_bootstrap, ns, tmp_path_factory.mktemp("web"), "--web-host", "0.0.0.0",
-               "--no-routing", "--no-timers", KBROKER_WEB_TOKEN=TOKEN)
+    w = Worker(
+        kafka_bootstrap,
+        ns,
+        tmp_path_factory.mktemp("web"),
+        "--web-host",
+        "0.0.0.0",
+        "--no-routing",
+        "--no-timers",
+        KBROKER_WEB_TOKEN=TOKEN,
+    )
     try:
         w.wait_ready()
         yield w
@@ -116,8 +130,7 @@ def test_the_dashboard_works_in_a_browser_after_its_one_time_url(web_worker, bro
         page.goto(f"{web_worker.url}/dashboard?token={TOKEN}", wait_until="load")
         assert page.url == web_worker.url + "/dashboard"
         # Its script, style sheets and stream all pass with the cookie: snapshots arrive.
-        page.wait_for_function("() => window.kbrokerDashboard && window.kbrokerDashboard.snapshots > 1",
-                               timeout=30_000)
+        page.wait_for_function("() => window.kbrokerDashboard && window.kbrokerDashboard.snapshots > 1", timeout=30_000)
         assert errors == [], errors
     finally:
         page.close()
@@ -125,15 +138,35 @@ def test_the_dashboard_works_in_a_browser_after_its_one_time_url(web_worker, bro
 
 def test_off_loopback_without_a_token_the_worker_does_not_start(kafka_bootstrap, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("KBROKER_WEB_TOKEN")}
-    run = subprocess.run([KBROKER, "worker", "--bootstrap", kafka_bootstrap, "--namespace", "web" + uuid.uuid4().hex[:8],
-                          "--web-host", "0.0.0.0", "--web-port", str(free_port())],
-                         cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [
+            KBROKER,
+            "worker",
+            "--bootstrap",
+            kafka_bootstrap,
+            "--namespace",
+            "web" + uuid.uuid4().hex[:8],
+            "--web-host",
+            "0.0.0.0",
+            "--web-port",
+            str(free_port()),
+        ],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 1
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kbroker: error:") and "KBROKER_WEB_TOKEN" in lines[0], run.stderr
     # A token too short to be a secret is refused the same way.
-    run = subprocess.run([KBROKER, "worker", "--bootstrap", kafka_bootstrap, "--web-host", "0.0.0.0",
-                          "--web-port", str(free_port())], cwd=ROOT,
-                         env={**env, "PYTHONPATH": str(ROOT), "KBROKER_WEB_TOKEN": "short"},
-                         capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [KBROKER, "worker", "--bootstrap", kafka_bootstrap, "--web-host", "0.0.0.0", "--web-port", str(free_port())],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT), "KBROKER_WEB_TOKEN": "short"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 1 and "at least 16" in run.stderr, run.stderr

@@ -110,8 +110,14 @@ def test_limits_refuse_min_above_max():
 
 
 def test_parse_notifications_and_ignore_everything_else():
-    ok = {"event": "QUEUE_ACTIVATION", "queue": "ExpenseQueue", "namespace": "ns", "backlog": 7,
-          "ready_groups": 3, "time": 1_700_000_000_500}
+    ok = {
+        "event": "QUEUE_ACTIVATION",
+        "queue": "ExpenseQueue",
+        "namespace": "ns",
+        "backlog": 7,
+        "ready_groups": 3,
+        "time": 1_700_000_000_500,
+    }
     assert parse(b"ExpenseQueue", orjson.dumps(ok)) == Notification("ExpenseQueue", "ns", 7, 3, 1_700_000_000.5)
     assert parse(b"ExpenseQueue", orjson.dumps({"event": "QUEUE_DISABLED", "queue": "ExpenseQueue"})) is None
     assert parse(b"x", b"not json") is None
@@ -131,7 +137,9 @@ def write(tmp_path: Path, text: str, name: str = "activator.yaml") -> Path:
 
 
 def test_config_defaults_and_command_forms(tmp_path):
-    p = write(tmp_path, """
+    p = write(
+        tmp_path,
+        """
 namespace: sales
 applications:
   - queue: ExpenseQueue
@@ -144,7 +152,8 @@ applications:
     min_concurrency: 1
     max_concurrency: 4
     enabled: false
-""")
+""",
+    )
     cfg = load_config(p)
     a, b = cfg.applications
     assert a.command == ["python", "my reader.py", "--top", "10"]
@@ -156,25 +165,39 @@ applications:
     assert list(cfg.enabled()) == ["ExpenseQueue"]
 
 
-@pytest.mark.parametrize("body, expected", [
-    ("applications:\n  - queue: Q\n    command: [x]\n    max_concurrency: 0\n",
-     "application Q: max_concurrency: Input should be greater than or equal to 1"),
-    ("applications:\n  - queue: Q\n    name: reader\n    command: [x]\n    min_concurrency: 2\n",
-     "application reader: min_concurrency (2) exceeds max_concurrency (1)"),
-    ("applications:\n  - queue: Q\n    command: [x]\n    max_concurency: 3\n",
-     "application Q: unknown field 'max_concurency'"),
-    ("applications:\n  - queue: Q\n", "application Q: missing required field 'command'"),
-    ("applications:\n  - queue: Q\n    command: []\n", "application Q: command: command must name a program"),
-    ("applications:\n  - queue: 'bad queue'\n    command: [x]\n", "application bad queue: queue: queue name"),
-    ("applications:\n  - queue: Q\n    command: [x]\n    env: {DEBUG: yes}\n", "application Q: env.DEBUG: must be a string"),
-    ("applications:\n  - queue: Q\n    command: [x]\n  - queue: Q\n    name: two\n    command: [y]\n",
-     "application two: queue 'Q' already has application Q"),
-    ("applications:\n  - command: [x]\n", "application #1: missing required field 'queue'"),
-    ("applications: []\n", "'applications' must be a non-empty list"),
-    ("applications:\n  - queue: Q\n    command: [x]\nshutdown_grace: -1\n", "shutdown_grace"),
-    ("namespace: 'no spaces'\napplications:\n  - queue: Q\n    command: [x]\n", "namespace"),
-    ("applications:\n  - queue: Q\n    command: [x]\n    command: [y]\n", "invalid YAML at line 4"),
-])
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        (
+            "applications:\n  - queue: Q\n    command: [x]\n    max_concurrency: 0\n",
+            "application Q: max_concurrency: Input should be greater than or equal to 1",
+        ),
+        (
+            "applications:\n  - queue: Q\n    name: reader\n    command: [x]\n    min_concurrency: 2\n",
+            "application reader: min_concurrency (2) exceeds max_concurrency (1)",
+        ),
+        (
+            "applications:\n  - queue: Q\n    command: [x]\n    max_concurency: 3\n",
+            "application Q: unknown field 'max_concurency'",
+        ),
+        ("applications:\n  - queue: Q\n", "application Q: missing required field 'command'"),
+        ("applications:\n  - queue: Q\n    command: []\n", "application Q: command: command must name a program"),
+        ("applications:\n  - queue: 'bad queue'\n    command: [x]\n", "application bad queue: queue: queue name"),
+        (
+            "applications:\n  - queue: Q\n    command: [x]\n    env: {DEBUG: yes}\n",
+            "application Q: env.DEBUG: must be a string",
+        ),
+        (
+            "applications:\n  - queue: Q\n    command: [x]\n  - queue: Q\n    name: two\n    command: [y]\n",
+            "application two: queue 'Q' already has application Q",
+        ),
+        ("applications:\n  - command: [x]\n", "application #1: missing required field 'queue'"),
+        ("applications: []\n", "'applications' must be a non-empty list"),
+        ("applications:\n  - queue: Q\n    command: [x]\nshutdown_grace: -1\n", "shutdown_grace"),
+        ("namespace: 'no spaces'\napplications:\n  - queue: Q\n    command: [x]\n", "namespace"),
+        ("applications:\n  - queue: Q\n    command: [x]\n    command: [y]\n", "invalid YAML at line 4"),
+    ],
+)
 def test_config_errors_name_file_application_and_field(tmp_path, body, expected):
     p = write(tmp_path, body)
     with pytest.raises(DefinitionError) as err:
@@ -209,13 +232,25 @@ def test_cli_check_prints_applications_and_one_line_errors(tmp_path):
     res = runner.invoke(main, ["activator", "check", "--config", str(bad)])
     assert res.exit_code == 1 and res.stdout == ""
     assert res.stderr.strip().splitlines() == [
-        (f"kbroker: error: {bad}: application Q: max_concurrency: Input should be a valid integer, "
-         "unable to parse string as an integer (got 'many')")]
+        (
+            f"kbroker: error: {bad}: application Q: max_concurrency: Input should be a valid integer, "
+            "unable to parse string as an integer (got 'many')"
+        )
+    ]
 
 
 def test_text_log_lines_carry_the_same_fields():
     from kbroker.cli.activator import _text_line
 
-    line = _text_line({"time": "2026-01-01T00:00:00.000+00:00", "event": "exit", "namespace": "ns",
-                       "queue": "Q", "pid": 7, "returncode": -9, "signal": "SIGKILL"})
+    line = _text_line(
+        {
+            "time": "2026-01-01T00:00:00.000+00:00",
+            "event": "exit",
+            "namespace": "ns",
+            "queue": "Q",
+            "pid": 7,
+            "returncode": -9,
+            "signal": "SIGKILL",
+        }
+    )
     assert line == "2026-01-01T00:00:00.000+00:00 exit queue=Q pid=7 returncode=-9 signal=SIGKILL"

@@ -18,6 +18,7 @@ def failing(times: int, calls: list[int], error: Exception):
         if len(calls) <= times:
             raise error
         return ["row"]
+
     return step
 
 
@@ -33,16 +34,20 @@ def test_a_failed_step_is_tried_again_and_the_batch_goes_on():
     assert len(calls) == BATCH_STEP_ATTEMPTS
 
 
-@pytest.mark.parametrize("error, tries", [
-    (BrokerUnavailableError("no broker"), BATCH_STEP_ATTEMPTS),  # every try fails: the batch fails
-    # The authorizer's refusal stands until an operator grants the ACL: it fails the batch at once.
-    (PermissionDeniedError("denied"), 1),
-])
+@pytest.mark.parametrize(
+    "error, tries",
+    [
+        (BrokerUnavailableError("no broker"), BATCH_STEP_ATTEMPTS),  # every try fails: the batch fails
+        # The authorizer's refusal stands until an operator grants the ACL: it fails the batch at once.
+        (PermissionDeniedError("denied"), 1),
+    ],
+)
 def test_a_step_that_keeps_failing_fails_the_batch_after_its_tries(error, tries):
     calls: list[int] = []
     with pytest.raises(type(error)):
-        again_on_failure("writing", failing(100, calls, error), 7, threading.Event(),
-                         retriable=(BrokerUnavailableError,))
+        again_on_failure(
+            "writing", failing(100, calls, error), 7, threading.Event(), retriable=(BrokerUnavailableError,)
+        )
     assert len(calls) == tries
 
 
@@ -64,5 +69,6 @@ def test_a_checkpoint_or_history_given_as_a_url_is_refused_not_made_a_local_dire
 
     with pytest.raises(InvalidArgumentError, match="not a URL"):
         JobSettings(cluster="127.0.0.1:9092", namespace="n", **{k: Path(v) for k, v in where.items()})
-    JobSettings(cluster="127.0.0.1:9092", namespace="n", checkpoint=Path("/mnt/shared/ckpt"),
-                history=Path("relative/history"))  # paths are taken
+    JobSettings(
+        cluster="127.0.0.1:9092", namespace="n", checkpoint=Path("/mnt/shared/ckpt"), history=Path("relative/history")
+    )  # paths are taken

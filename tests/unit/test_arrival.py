@@ -42,44 +42,77 @@ from kbroker.core.dialogs.envelope import Envelope
 from kbroker.core.dialogs.validation import validate_body
 from kbroker.errors import MessageValidationError
 
-REQ, REPLY, ANYJ, PING, ORPHAN, GHOST = ("//app/Request", "//app/Reply", "//app/AnyJson", "//app/Ping",
-                                         "//app/Orphan", "//app/Ghost")
+REQ, REPLY, ANYJ, PING, ORPHAN, GHOST = (
+    "//app/Request",
+    "//app/Reply",
+    "//app/AnyJson",
+    "//app/Ping",
+    "//app/Orphan",
+    "//app/Ghost",
+)
 CONTRACT, OTHER, UNKNOWN = "//app/Contract", "//app/Other", "//app/NoSuchContract"
 TARGET, INIT, OFF, NOQ, ABSENT = "//svc/Target", "//svc/Initiator", "//svc/Off", "//svc/NoQueue", "//svc/Absent"
 LIMIT = 100  # TargetQ's max_message_bytes
 
 
 def build_catalog() -> Catalog:
-    types = [MessageType(name=REQ, validation="WELL_FORMED_XML"), MessageType(name=REPLY),
-             MessageType(name=ANYJ, validation="JSON"), MessageType(name=PING, validation="EMPTY"),
-             MessageType(name=ORPHAN)]
+    types = [
+        MessageType(name=REQ, validation="WELL_FORMED_XML"),
+        MessageType(name=REPLY),
+        MessageType(name=ANYJ, validation="JSON"),
+        MessageType(name=PING, validation="EMPTY"),
+        MessageType(name=ORPHAN),
+    ]
     contracts = [
-        Contract(name=CONTRACT, messages=[
-            ContractMessage(type=REQ, sent_by="INITIATOR"), ContractMessage(type=REPLY, sent_by="TARGET"),
-            ContractMessage(type=ANYJ, sent_by="ANY"), ContractMessage(type=PING, sent_by="INITIATOR"),
-            # Listed but never defined: the loader checks references, a catalog read back is trusted.
-            ContractMessage(type=GHOST, sent_by="ANY")]),
+        Contract(
+            name=CONTRACT,
+            messages=[
+                ContractMessage(type=REQ, sent_by="INITIATOR"),
+                ContractMessage(type=REPLY, sent_by="TARGET"),
+                ContractMessage(type=ANYJ, sent_by="ANY"),
+                ContractMessage(type=PING, sent_by="INITIATOR"),
+                # Listed but never defined: the loader checks references, a catalog read back is trusted.
+                ContractMessage(type=GHOST, sent_by="ANY"),
+            ],
+        ),
         Contract(name=OTHER, messages=[ContractMessage(type=REQ, sent_by="ANY")]),
     ]
     queues = [Queue(name="TargetQ", max_message_bytes=LIMIT), Queue(name="OffQ", status="OFF")]
-    services = [Service(name=TARGET, queue="TargetQ", contracts=[CONTRACT]),
-                Service(name=INIT, queue="TargetQ"),  # initiator only: accepts no contract
-                Service(name=OFF, queue="OffQ", contracts=[CONTRACT]),
-                Service(name=NOQ, queue="Missing", contracts=[CONTRACT])]
-    return Catalog(namespace="ns2", message_types={t.name: t for t in types},
-                   contracts={c.name: c for c in contracts}, queues={q.name: q for q in queues},
-                   services={s.name: s for s in services})
+    services = [
+        Service(name=TARGET, queue="TargetQ", contracts=[CONTRACT]),
+        Service(name=INIT, queue="TargetQ"),  # initiator only: accepts no contract
+        Service(name=OFF, queue="OffQ", contracts=[CONTRACT]),
+        Service(name=NOQ, queue="Missing", contracts=[CONTRACT]),
+    ]
+    return Catalog(
+        namespace="ns2",
+        message_types={t.name: t for t in types},
+        contracts={c.name: c for c in contracts},
+        queues={q.name: q for q in queues},
+        services={s.name: s for s in services},
+    )
 
 
 CATALOG = build_catalog()
 
 
-def env(mtype: str = REQ, *, contract: str = CONTRACT, to_service: str = TARGET, to_side: str = "TARGET",
-        seq: int = 0) -> Envelope:
+def env(
+    mtype: str = REQ, *, contract: str = CONTRACT, to_service: str = TARGET, to_side: str = "TARGET", seq: int = 0
+) -> Envelope:
     far = INIT if to_service == TARGET else TARGET
-    return Envelope(message_id="m1", conversation_id="conv", conversation_group_id="g", message_sequence_number=seq,
-                    message_type_name=mtype, service_contract_name=contract, from_service_name=far,
-                    to_service_name=to_service, to_side=to_side, from_broker="ns1", to_broker="ns2")
+    return Envelope(
+        message_id="m1",
+        conversation_id="conv",
+        conversation_group_id="g",
+        message_sequence_number=seq,
+        message_type_name=mtype,
+        service_contract_name=contract,
+        from_service_name=far,
+        to_service_name=to_service,
+        to_side=to_side,
+        from_broker="ns1",
+        to_broker="ns2",
+    )
 
 
 def verdict(body: bytes = b"", **kw) -> Verdict:
@@ -87,6 +120,7 @@ def verdict(body: bytes = b"", **kw) -> Verdict:
 
 
 # --- SAVE -----------------------------------------------------------------------------------------
+
 
 def test_a_valid_message_is_saved():
     assert verdict(b"<order id='1'/>") == Verdict(SAVE, 0, "")
@@ -122,13 +156,15 @@ def test_system_messages_are_saved_whatever_the_contract(system_type, contract, 
 
 
 def test_the_builtin_default_contract_and_type_are_known():
-    catalog = Catalog(namespace="n", queues={"Q": Queue(name="Q")},
-                      services={"S": Service(name="S", queue="Q", contracts=[DEFAULT])})
+    catalog = Catalog(
+        namespace="n", queues={"Q": Queue(name="Q")}, services={"S": Service(name="S", queue="Q", contracts=[DEFAULT])}
+    )
     e = Envelope("m", "c", "g", 0, DEFAULT, DEFAULT, "F", "S", "TARGET")
     assert check_arrival(catalog, e, b"anything").action == SAVE
 
 
 # --- WAIT -----------------------------------------------------------------------------------------
+
 
 def test_an_unknown_service_waits_at_the_sender_with_the_reason():
     v = verdict(to_service=ABSENT)
@@ -153,6 +189,7 @@ def test_an_unknown_service_waits_rather_than_being_refused_for_its_contract():
 
 
 # --- REFUSE, one code each ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("side", ["INITIATOR", "TARGET"])
 def test_contract_not_found(side):
@@ -219,6 +256,7 @@ def test_too_large_for_the_queue():
 
 # --- precedence ---------------------------------------------------------------------------------
 
+
 def test_the_first_failing_check_gives_the_code():
     big_bad_xml = b"<" * (LIMIT + 1)
     # Contract unknown beats everything after it.
@@ -237,8 +275,17 @@ SERVICES = [TARGET, INIT, OFF, NOQ, ABSENT]
 TYPES = [REQ, REPLY, ANYJ, PING, ORPHAN, GHOST, DEFAULT, END_DIALOG, ERROR, DIALOG_TIMER]
 CONTRACTS = [CONTRACT, OTHER, UNKNOWN, DEFAULT]
 BODIES = [b"", b"<a/>", b"<a>", b'{"k": 1}', b"{", b"plain", b"<b>" + b"y" * LIMIT + b"</b>"]
-CODES = {CONTRACT_NOT_FOUND, CONTRACT_NOT_SUPPORTED, MESSAGE_TYPE_NOT_FOUND, NOT_IN_CONTRACT,
-         SENT_BY_TARGET_ONLY, SENT_BY_INITIATOR_ONLY, VALIDATION_FAILED, XML_VALIDATION_FAILED, TOO_LARGE}
+CODES = {
+    CONTRACT_NOT_FOUND,
+    CONTRACT_NOT_SUPPORTED,
+    MESSAGE_TYPE_NOT_FOUND,
+    NOT_IN_CONTRACT,
+    SENT_BY_TARGET_ONLY,
+    SENT_BY_INITIATOR_ONLY,
+    VALIDATION_FAILED,
+    XML_VALIDATION_FAILED,
+    TOO_LARGE,
+}
 
 
 def body_is_valid(mtype: str, body: bytes) -> bool:
@@ -250,8 +297,13 @@ def body_is_valid(mtype: str, body: bytes) -> bool:
 
 
 @settings(max_examples=500)
-@given(st.sampled_from(SERVICES), st.sampled_from(TYPES), st.sampled_from(CONTRACTS),
-       st.sampled_from(["INITIATOR", "TARGET"]), st.sampled_from(BODIES))
+@given(
+    st.sampled_from(SERVICES),
+    st.sampled_from(TYPES),
+    st.sampled_from(CONTRACTS),
+    st.sampled_from(["INITIATOR", "TARGET"]),
+    st.sampled_from(BODIES),
+)
 def test_the_verdict_agrees_with_the_catalogs_own_rules(service, mtype, contract, side, body):
     v = verdict(body, mtype=mtype, contract=contract, to_service=service, to_side=side)
     assert v.action in (SAVE, WAIT, REFUSE)

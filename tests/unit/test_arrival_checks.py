@@ -37,15 +37,25 @@ from tests.unit.test_statements import (
 
 def message(conversation: str, seq: int, kind: str = CLAIM, body: bytes = b"{}", **env_kw) -> Message:
     env = Envelope("m", conversation, "g", seq, kind, CONTRACT, EMPLOYEES, EXPENSES, "TARGET", **env_kw)
-    return Message(queue="ExpenseQueue", conversation_handle=handle_for(conversation, "TARGET"),
-                   conversation_id=conversation, conversation_group_id="g", message_sequence_number=seq,
-                   message_type_name=kind, service_name=EXPENSES, service_contract_name=CONTRACT,
-                   message_id="m", body=body, extra={"envelope": env, "record": Consumed()})
+    return Message(
+        queue="ExpenseQueue",
+        conversation_handle=handle_for(conversation, "TARGET"),
+        conversation_id=conversation,
+        conversation_group_id="g",
+        message_sequence_number=seq,
+        message_type_name=kind,
+        service_name=EXPENSES,
+        service_contract_name=CONTRACT,
+        message_id="m",
+        body=body,
+        extra={"envelope": env, "record": Consumed()},
+    )
 
 
 # --- the sequence rule ---------------------------------------------------------------------------
 
 CLAIMS = st.lists(st.tuples(st.integers(0, 3000), st.booleans()), min_size=1, max_size=8)
+
 
 def sender_history(claims: list[tuple[int, bool]]) -> tuple[int | None, list[int]]:
     """Play a side's sends as kbroker's leases allow them: for each (sends, released), claim the
@@ -57,8 +67,7 @@ def sender_history(claims: list[tuple[int, bool]]) -> tuple[int | None, list[int
     nxt = 0
     for sends, released in claims:
         start = max(nxt, lease.ceiling if lease is not None else 0)
-        lease = (first_claim("h", "p", 0.0, (), start) if lease is None
-                 else lease.claimed("p", 0.0, (), start))
+        lease = first_claim("h", "p", 0.0, (), start) if lease is None else lease.claimed("p", 0.0, (), start)
         nxt = start
         for _ in range(sends):
             if nxt >= lease.ceiling:  # the holder renews before it goes past the ceiling
@@ -79,8 +88,7 @@ def test_every_number_a_sender_can_send_is_accepted_gaps_and_all(claims) -> None
     assert all(sequence_refusal(n, CLAIM, False, bound) is None for n in sent)
 
 
-@given(CLAIMS,
-       st.integers(0, MAX_SEQUENCE))
+@given(CLAIMS, st.integers(0, MAX_SEQUENCE))
 def test_a_number_past_the_senders_reach_is_refused(claims, past) -> None:
     """A number at or past the reach (no holder was ever allowed it) is refused, and so is any
     number outside Service Broker's bigint; -1 only on kbroker's own messages."""
@@ -106,6 +114,7 @@ def test_reach_takes_the_endpoints_reservation_and_needs_no_record_below_the_fir
 
 # --- through Statements: what RECEIVE refuses ---------------------------------------------------
 
+
 class Reaches:
     """A fake endpoints topic: each side's reach, and which sides were looked up."""
 
@@ -122,8 +131,9 @@ def test_a_huge_sequence_on_a_local_dialog_is_refused_with_its_dead_letter_and_e
     initiator = world.dialog()
     reaches = Reaches({initiator.conversation_handle: 1024})
     st_ = Statements(NS, world.lookup, world.in_group, clock=lambda: NOW, sender_reach=reaches)
-    target = new_target_endpoint(initiator.conversation_id, "g", initiator.conversation_group_id, EXPENSES,
-                                 EMPLOYEES, CONTRACT)
+    target = new_target_endpoint(
+        initiator.conversation_id, "g", initiator.conversation_group_id, EXPENSES, EMPLOYEES, CONTRACT
+    )
     assert st_.refused_record(message(initiator.conversation_id, 3), target) is None
     assert reaches.asked == []  # below any side's first lease: no look-up
     assert st_.refused_record(message(initiator.conversation_id, 1023), target) is None
@@ -133,8 +143,15 @@ def test_a_huge_sequence_on_a_local_dialog_is_refused_with_its_dead_letter_and_e
     assert dead[0] == names.deadletter_topic(NS) and "sequence number 1000000000000" in reason
     assert dict(dead[3])["kb.dlq.reason"].decode() == reason
     assert event[:2] == (names.events_topic(NS), "ExpenseQueue")
-    assert orjson.loads(event[2]) == {"event": DEAD_LETTERED, "queue": "ExpenseQueue", "topic": Consumed().topic(),
-                                      "partition": 2, "offset": 41, "reason": reason, "time": int(NOW * 1000)}
+    assert orjson.loads(event[2]) == {
+        "event": DEAD_LETTERED,
+        "queue": "ExpenseQueue",
+        "topic": Consumed().topic(),
+        "partition": 2,
+        "offset": 41,
+        "reason": reason,
+        "time": int(NOW * 1000),
+    }
     # An EndDialog is the broker's, but it carries the sender's number too.
     assert st_.refused_record(message(initiator.conversation_id, 10**12, END_DIALOG, b""), target) is not None
 
@@ -163,8 +180,9 @@ def test_a_body_over_the_queues_limit_is_refused_as_the_dispatcher_refuses_it(wo
 
 def test_a_message_for_a_closed_endpoint_is_set_aside_not_dropped(world: World) -> None:
     initiator = world.dialog()
-    target = new_target_endpoint(initiator.conversation_id, "g", initiator.conversation_group_id, EXPENSES,
-                                 EMPLOYEES, CONTRACT)
+    target = new_target_endpoint(
+        initiator.conversation_id, "g", initiator.conversation_group_id, EXPENSES, EMPLOYEES, CONTRACT
+    )
     closed = replace(target, state=CLOSED)
     msg = message(initiator.conversation_id, 4)
     assert world.statements.closed_records(msg, target) is None
@@ -193,7 +211,8 @@ def test_the_checks_use_the_catalog_a_receive_found_and_look_up_only_what_it_lac
     copy = world.catalog
     assert all(st_.refused_record(message("c", 0), None, copy) is None for _ in range(5))
     assert looked_up == []
-    without_claim = copy.model_copy(update={"message_types": {k: v for k, v in copy.message_types.items()
-                                                              if k != CLAIM}})
+    without_claim = copy.model_copy(
+        update={"message_types": {k: v for k, v in copy.message_types.items() if k != CLAIM}}
+    )
     assert st_.refused_record(message("c", 0), None, without_claim) is None  # found on the look-up
     assert looked_up == ["read"]

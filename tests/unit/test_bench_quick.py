@@ -33,10 +33,19 @@ def test_a_floor_bounds_the_ratio_kbroker_or_the_growth_in_its_direction():
 
 
 def test_a_summarised_row_says_whether_it_held_its_floor_and_gives_every_range():
-    row = Row("x", "msg/s", "ratio >= 0.8", check=lambda r: r["ratio"] >= 0.8, floor=Floor(0.4),
-              baseline_code="kbroker/bench/x.py:f")
-    runs = [{"kbroker": 10.0, "baseline": 40.0}, {"kbroker": 30.0, "baseline": 20.0},
-            {"kbroker": 20.0, "baseline": 30.0}]
+    row = Row(
+        "x",
+        "msg/s",
+        "ratio >= 0.8",
+        check=lambda r: r["ratio"] >= 0.8,
+        floor=Floor(0.4),
+        baseline_code="kbroker/bench/x.py:f",
+    )
+    runs = [
+        {"kbroker": 10.0, "baseline": 40.0},
+        {"kbroker": 30.0, "baseline": 20.0},
+        {"kbroker": 20.0, "baseline": 30.0},
+    ]
     out = summarise(row, runs)
     assert (out["ratio"], out["met"], out["floor_held"], out["floor"]) == (0.66667, False, True, "ratio >= 0.4")
     assert out["range"] == {"kbroker": [10.0, 30.0], "baseline": [20.0, 40.0]}
@@ -52,11 +61,19 @@ def test_a_summarised_row_says_whether_it_held_its_floor_and_gives_every_range()
 
 
 def test_the_verdict_fails_on_a_row_below_its_floor_or_an_error_and_not_on_a_skipped_row():
-    rows = [{"scenario": "send", "floor_held": True}, {"scenario": "send-pipelined", "floor_held": None},
-            {"scenario": "io-bound-serial", "floor_held": None}]
+    rows = [
+        {"scenario": "send", "floor_held": True},
+        {"scenario": "send-pipelined", "floor_held": None},
+        {"scenario": "io-bound-serial", "floor_held": None},
+    ]
     ok = verdict(rows, {"routing": "too long"})
-    assert ok == {"passed": True, "below_floor": [], "errors": [], "checked": ["send"],
-                  "left_out": {"routing": "too long"}}
+    assert ok == {
+        "passed": True,
+        "below_floor": [],
+        "errors": [],
+        "checked": ["send"],
+        "left_out": {"routing": "too long"},
+    }
     failed = verdict(rows + [{"scenario": "request-reply", "floor_held": False}], {})
     assert (failed["passed"], failed["below_floor"]) == (False, ["request-reply"])
     errored = verdict(rows + [{"scenario": "io-bound", "floor_held": None, "error": "RuntimeError: x"}], {})
@@ -87,7 +104,7 @@ def test_the_default_run_takes_medians_of_5():
 
 def test_every_row_with_a_target_has_a_floor_on_its_wrong_side_and_every_row_its_baseline_code():
     docs = (ROOT / "docs" / "benchmarks.md").read_text()
-    baselines = docs[docs.index("## Baselines"):docs.index("## Latest results")]
+    baselines = docs[docs.index("## Baselines") : docs.index("## Latest results")]
     for s in load_scenarios().values():
         for r in s.rows:
             assert (r.floor is None) == (r.target is None), r.name
@@ -100,16 +117,21 @@ def test_every_row_with_a_target_has_a_floor_on_its_wrong_side_and_every_row_its
                 assert part.split(" ")[0] in baselines, f"{r.name}: {part} is not in docs/benchmarks.md"
             line = next(x for x in baselines.splitlines() if x.startswith(f"| {r.name} |"))
             floor_cell = line.rstrip(" |").rsplit("|", 1)[1].replace("≥", ">=").replace("≤", "<=")
-            expected = "-" if r.floor is None else f"{r.floor.of} {'<=' if r.floor.at_most else '>='} {r.floor.limit:,g}"
+            expected = (
+                "-" if r.floor is None else f"{r.floor.of} {'<=' if r.floor.at_most else '>='} {r.floor.limit:,g}"
+            )
             assert floor_cell.strip().startswith(expected), f"{r.name}: docs say {floor_cell!r}, the row {expected!r}"
 
 
-@pytest.mark.parametrize("name, passing, failing", [
-    ("send", {"ratio": 0.8}, {"ratio": 0.3}),
-    ("activation-drain", {"ratio": 1.2}, {"ratio": 4.0}),
-    ("backlog-rss", {"kbroker": 300.0, "baseline": 45.0}, {"kbroker": 900.0, "baseline": 45.0}),
-    ("activation-latency", {"kbroker": 1000.0}, {"kbroker": 5000.0}),
-])
+@pytest.mark.parametrize(
+    "name, passing, failing",
+    [
+        ("send", {"ratio": 0.8}, {"ratio": 0.3}),
+        ("activation-drain", {"ratio": 1.2}, {"ratio": 4.0}),
+        ("backlog-rss", {"kbroker": 300.0, "baseline": 45.0}, {"kbroker": 900.0, "baseline": 45.0}),
+        ("activation-latency", {"kbroker": 1000.0}, {"kbroker": 5000.0}),
+    ],
+)
 def test_a_row_meeting_its_target_holds_its_floor_and_a_far_worse_one_does_not(name, passing, failing):
     row = next(r for s in load_scenarios().values() for r in s.rows if r.name == name)
     assert row.floor is not None
@@ -117,14 +139,38 @@ def test_a_row_meeting_its_target_holds_its_floor_and_a_far_worse_one_does_not(n
 
 
 def test_carried_rows_are_judged_by_todays_target_not_a_retired_one(tmp_path):
-    machine = {"cpu": "x", "cores": 2, "memory_gb": 1, "os": "y", "load_average": [0, 0, 0], "python": "p",
-               "kafka": "k", "confluent_kafka": "c", "kbroker": "v"}
-    retired = {"scenario": "request-reply", "unit": "msg/s", "kbroker": 2000.0, "baseline": 3000.0,
-               "ratio": 0.66667, "ratio_definition": "kbroker/baseline",
-               "target": ">= 20,000 msg/s and ratio >= 0.5", "met": False, "runs": [], "notes": "",
-               "range": {"kbroker": [1900.0, 2100.0], "baseline": [2800.0, 3100.0]}}
-    old = {"date": "2026-01-01T00:00:00+00:00", "command": "kbroker bench", "duration_s": 1,
-           "params": {"repeat": 3}, "machine": machine, "results": [retired]}
+    machine = {
+        "cpu": "x",
+        "cores": 2,
+        "memory_gb": 1,
+        "os": "y",
+        "load_average": [0, 0, 0],
+        "python": "p",
+        "kafka": "k",
+        "confluent_kafka": "c",
+        "kbroker": "v",
+    }
+    retired = {
+        "scenario": "request-reply",
+        "unit": "msg/s",
+        "kbroker": 2000.0,
+        "baseline": 3000.0,
+        "ratio": 0.66667,
+        "ratio_definition": "kbroker/baseline",
+        "target": ">= 20,000 msg/s and ratio >= 0.5",
+        "met": False,
+        "runs": [],
+        "notes": "",
+        "range": {"kbroker": [1900.0, 2100.0], "baseline": [2800.0, 3100.0]},
+    }
+    old = {
+        "date": "2026-01-01T00:00:00+00:00",
+        "command": "kbroker bench",
+        "duration_s": 1,
+        "params": {"repeat": 3},
+        "machine": machine,
+        "results": [retired],
+    }
     write_results(old, tmp_path)
     merged = merge_previous({**old, "results": []}, tmp_path / "latest.json")
     row = merged["results"][0]

@@ -29,15 +29,19 @@ def test_the_queue_curves_catalog_is_what_apply_accepts(tmp_path):
     loaded = load_definitions([tmp_path], "scale-test")
     activated = {q.name: q for q in loaded.queues.values() if q.activation is not None}
     assert sorted(activated) == [queue_name(i) for i in range(3)]
-    assert all(q.partitions == 2 and q.activation.max_queue_readers == 2 and q.activation.procedure == "m:f"
-               for q in activated.values())
+    assert all(
+        q.partitions == 2 and q.activation.max_queue_readers == 2 and q.activation.procedure == "m:f"
+        for q in activated.values()
+    )
     assert {s.queue for s in loaded.services.values()} == {"InitiatorQueue", *activated}
 
 
 def test_the_plot_skips_failed_points_and_writes_a_png(tmp_path):
-    points = [{"queues": 10, "worker_rss_mb": 100.0, "activation_ms": {"p99": 900.0}},
-              {"n": 100, "error": "RuntimeError: no rows"},
-              {"queues": 500, "worker_rss_mb": 180.0, "activation_ms": {"p99": None}}]
+    points = [
+        {"queues": 10, "worker_rss_mb": 100.0, "activation_ms": {"p99": 900.0}},
+        {"n": 100, "error": "RuntimeError: no rows"},
+        {"queues": 500, "worker_rss_mb": 180.0, "activation_ms": {"p99": None}},
+    ]
     assert _series(points, "queues", "worker_rss_mb") == ([10, 500], [100.0, 180.0])
     assert _series(points, "queues", "activation_ms", "p99") == ([10], [900.0])
     doc = {"curves": {"queues": {"points": points, "machine": {"cores": 2, "kafka": "Apache Kafka 4.4.0"}}}}
@@ -45,11 +49,19 @@ def test_the_plot_skips_failed_points_and_writes_a_png(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@given(st.one_of(st.none(), st.binary(max_size=200),
-                 st.dictionaries(st.sampled_from(["event", "requested_ms", "time"]),
-                                 st.one_of(st.just("TICK"), st.integers(), st.booleans(), st.text(max_size=5),
-                                           st.floats(allow_nan=True), st.none()), max_size=3)
-                 .map(lambda d: json.dumps(d).encode())))
+@given(
+    st.one_of(
+        st.none(),
+        st.binary(max_size=200),
+        st.dictionaries(
+            st.sampled_from(["event", "requested_ms", "time"]),
+            st.one_of(
+                st.just("TICK"), st.integers(), st.booleans(), st.text(max_size=5), st.floats(allow_nan=True), st.none()
+            ),
+            max_size=3,
+        ).map(lambda d: json.dumps(d).encode()),
+    )
+)
 def test_a_tick_latency_is_read_from_any_record_without_raising(value):
     ms = tick_latency(value, since_ms=0)
     assert ms is None or (isinstance(ms, float) and ms >= 0)

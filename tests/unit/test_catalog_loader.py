@@ -104,9 +104,16 @@ def test_system_yaml():
         assert topics[name].partitions == 4
         assert topics[name].config == {"cleanup.policy": "delete", "retention.ms": str(7 * 86_400_000)}
     # Messages waiting for transmission are kept however old (G3), as queue topics keep theirs.
-    assert topics["transmission"].config == {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1",
-                                             "segment.bytes": "52428800", "segment.ms": "600000"}
-    assert (ROOT / "topics" / "system.yaml").resolve() == (ROOT / "kbroker" / "core" / "catalog" / "system.yaml").resolve()
+    assert topics["transmission"].config == {
+        "cleanup.policy": "delete",
+        "retention.ms": "-1",
+        "retention.bytes": "-1",
+        "segment.bytes": "52428800",
+        "segment.ms": "600000",
+    }
+    assert (ROOT / "topics" / "system.yaml").resolve() == (
+        ROOT / "kbroker" / "core" / "catalog" / "system.yaml"
+    ).resolve()
 
 
 def test_builtins_always_present():
@@ -147,7 +154,10 @@ def test_json_round_trip_keeps_everything_but_loader_extras():
 
 
 def test_yaml_booleans_become_on_off(tmp_path):
-    f = write(tmp_path, "q.yaml", """
+    f = write(
+        tmp_path,
+        "q.yaml",
+        """
         queues:
           - name: A
             status: OFF
@@ -157,7 +167,8 @@ def test_yaml_booleans_become_on_off(tmp_path):
           - name: B
             status: yes
             activation: {status: "on", procedure: "pkg.mod:fn"}
-    """)
+    """,
+    )
     c = load_definitions([f], "ns")
     a, b = c.queue("A"), c.queue("B")
     assert (a.status, a.retention, a.poison_message_handling, a.activation.status) == ("OFF", "ON", "OFF", "OFF")
@@ -167,14 +178,18 @@ def test_yaml_booleans_become_on_off(tmp_path):
 def test_references_across_files_and_to_builtins(tmp_path):
     write(tmp_path, "a/types.yaml", "message_types: [{name: Ping}]\n")
     write(tmp_path, "b/contracts.yml", "contracts: [{name: C, messages: [{type: Ping, sent_by: ANY}]}]\n")
-    write(tmp_path, "c/svc.yaml", """
+    write(
+        tmp_path,
+        "c/svc.yaml",
+        """
         queues: [{name: Q}]
         services:
           - {name: S, queue: Q, contracts: [C, DEFAULT]}
         routes:
           - {name: R, service_name: S, address: "kafka://h1:9092,h2:9093/sales", lifetime: 60}
           - {name: Everything, address: local}
-    """)
+    """,
+    )
     write(tmp_path, "c/notes.txt", "not yaml: [")
     c = load_definitions([tmp_path], "ns")
     assert c.service_accepts("S", "DEFAULT") and c.routes["Everything"].address == "LOCAL"
@@ -193,51 +208,69 @@ def test_empty_file_is_allowed(tmp_path):
 # --- every way to be wrong --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, obj, reason", [
-    ("queues: [{name: Q\n", None, "invalid YAML at line"),
-    ("queues:\n  - name: Q\n  bad indent: [\n", None, "invalid YAML"),
-    ("- just a list\n", None, "must be a mapping"),
-    ("queue: [{name: Q}]\n", None, "unknown top-level key 'queue'"),
-    ("queues: {name: Q}\n", None, "queues must be a list"),
-    ("queues: [{name: Q, partition: 3}]\n", "queue Q", "unknown field 'partition'"),
-    ("queues: [{name: Q, partitions: 0}]\n", "queue Q", "partitions"),
-    ("queues: [{name: Q, partitions: 1001}]\n", "queue Q", "partitions"),
-    ("queues: [{name: Q, partitions: four}]\n", "queue Q", "partitions"),
-    ("queues: [{name: Q, topic_retention: 7d}]\n", "queue Q", "topic_retention is no longer a setting"),
-    ("queues: [{name: Q, max_message_bytes: 10485761}]\n", "queue Q", "max_message_bytes"),
-    ("queues: [{name: Q, status: maybe}]\n", "queue Q", "status"),
-    ("queues: [{name: Q, retention: 1}]\n", "queue Q", "retention"),
-    ("queues: [{name: 'My Queue'}]\n", "queue My Queue", "name"),
-    ("queues: [{partitions: 2}]\n", "queue #1", "missing required field 'name'"),
-    ("queues: [{name: Q}, {name: Q}]\n", "queue Q", "duplicate name"),
-    ("queues: [{name: Q, name: R}]\n", None, "appears twice"),
-    ("queues: [{name: Q, activation: {procedure: not-a-function}}]\n", "queue Q", "activation.procedure"),
-    ("queues: [{name: Q, activation: {procedure: 'mod:'}}]\n", "queue Q", "module:function"),
-    ("queues: [{name: Q, activation: {max_queue_readers: 2}}]\n", "queue Q", "procedure is required"),
-    ("queues: [{name: Q, activation: {procedure: 'm:f', max_queue_readers: 32768}}]\n", "queue Q",
-     "activation.max_queue_readers"),
-    ("queues: [{name: Q, activation: {procedure: 'm:f', kind: remote}}]\n", "queue Q", "activation.kind"),
-    ("message_types: [{name: M, validation: XML}]\n", "message type M", "validation"),
-    ("message_types: [{name: DEFAULT}]\n", "message type DEFAULT", "built-in"),
-    ("contracts: [{name: DEFAULT, messages: [{type: DEFAULT, sent_by: ANY}]}]\n", "contract DEFAULT", "built-in"),
-    ("contracts: [{name: C, messages: []}]\n", "contract C", "messages"),
-    ("contracts: [{name: C, messages: [{type: DEFAULT, sent_by: TARGET}]}]\n", "contract C", "INITIATOR or ANY"),
-    ("contracts: [{name: C, messages: [{type: DEFAULT, sent_by: BOTH}]}]\n", "contract C", "messages[0].sent_by"),
-    ("contracts: [{name: C, messages: [{type: Missing, sent_by: ANY}]}]\n", "contract C",
-     "message type 'Missing' is not defined"),
-    ("services: [{name: S, queue: Nowhere}]\n", "service S", "queue 'Nowhere' is not defined"),
-    ("queues: [{name: Q}]\nservices: [{name: S, queue: Q, contracts: [Nope]}]\n", "service S",
-     "contract 'Nope' is not defined"),
-    ("routes: [{name: R, service_name: Ghost, address: LOCAL}]\n", "route R", "service 'Ghost' is not defined"),
-    ("routes: [{name: R, address: 'tcp://h:1'}]\n", "route R", "address"),
-    ("routes: [{name: R, address: 'kafka://h:70000'}]\n", "route R", "address"),
-    ("routes: [{name: R, address: TRANSPORT, broker_instance: x}]\n", "route R", "TRANSPORT"),
-    ("routes: [{name: R, address: LOCAL, lifetime: 0}]\n", "route R", "lifetime"),
-    ("system_topics: [{name: catalog, partitions: 1, config: {cleanup.policy: delete-all}}]\n",
-     "system topic catalog", "cleanup.policy"),
-    ("system_topics: [{name: stuff, partitions: 1, config: {cleanup.policy: delete}}]\n",
-     "system topic stuff", "name"),
-])
+@pytest.mark.parametrize(
+    "text, obj, reason",
+    [
+        ("queues: [{name: Q\n", None, "invalid YAML at line"),
+        ("queues:\n  - name: Q\n  bad indent: [\n", None, "invalid YAML"),
+        ("- just a list\n", None, "must be a mapping"),
+        ("queue: [{name: Q}]\n", None, "unknown top-level key 'queue'"),
+        ("queues: {name: Q}\n", None, "queues must be a list"),
+        ("queues: [{name: Q, partition: 3}]\n", "queue Q", "unknown field 'partition'"),
+        ("queues: [{name: Q, partitions: 0}]\n", "queue Q", "partitions"),
+        ("queues: [{name: Q, partitions: 1001}]\n", "queue Q", "partitions"),
+        ("queues: [{name: Q, partitions: four}]\n", "queue Q", "partitions"),
+        ("queues: [{name: Q, topic_retention: 7d}]\n", "queue Q", "topic_retention is no longer a setting"),
+        ("queues: [{name: Q, max_message_bytes: 10485761}]\n", "queue Q", "max_message_bytes"),
+        ("queues: [{name: Q, status: maybe}]\n", "queue Q", "status"),
+        ("queues: [{name: Q, retention: 1}]\n", "queue Q", "retention"),
+        ("queues: [{name: 'My Queue'}]\n", "queue My Queue", "name"),
+        ("queues: [{partitions: 2}]\n", "queue #1", "missing required field 'name'"),
+        ("queues: [{name: Q}, {name: Q}]\n", "queue Q", "duplicate name"),
+        ("queues: [{name: Q, name: R}]\n", None, "appears twice"),
+        ("queues: [{name: Q, activation: {procedure: not-a-function}}]\n", "queue Q", "activation.procedure"),
+        ("queues: [{name: Q, activation: {procedure: 'mod:'}}]\n", "queue Q", "module:function"),
+        ("queues: [{name: Q, activation: {max_queue_readers: 2}}]\n", "queue Q", "procedure is required"),
+        (
+            "queues: [{name: Q, activation: {procedure: 'm:f', max_queue_readers: 32768}}]\n",
+            "queue Q",
+            "activation.max_queue_readers",
+        ),
+        ("queues: [{name: Q, activation: {procedure: 'm:f', kind: remote}}]\n", "queue Q", "activation.kind"),
+        ("message_types: [{name: M, validation: XML}]\n", "message type M", "validation"),
+        ("message_types: [{name: DEFAULT}]\n", "message type DEFAULT", "built-in"),
+        ("contracts: [{name: DEFAULT, messages: [{type: DEFAULT, sent_by: ANY}]}]\n", "contract DEFAULT", "built-in"),
+        ("contracts: [{name: C, messages: []}]\n", "contract C", "messages"),
+        ("contracts: [{name: C, messages: [{type: DEFAULT, sent_by: TARGET}]}]\n", "contract C", "INITIATOR or ANY"),
+        ("contracts: [{name: C, messages: [{type: DEFAULT, sent_by: BOTH}]}]\n", "contract C", "messages[0].sent_by"),
+        (
+            "contracts: [{name: C, messages: [{type: Missing, sent_by: ANY}]}]\n",
+            "contract C",
+            "message type 'Missing' is not defined",
+        ),
+        ("services: [{name: S, queue: Nowhere}]\n", "service S", "queue 'Nowhere' is not defined"),
+        (
+            "queues: [{name: Q}]\nservices: [{name: S, queue: Q, contracts: [Nope]}]\n",
+            "service S",
+            "contract 'Nope' is not defined",
+        ),
+        ("routes: [{name: R, service_name: Ghost, address: LOCAL}]\n", "route R", "service 'Ghost' is not defined"),
+        ("routes: [{name: R, address: 'tcp://h:1'}]\n", "route R", "address"),
+        ("routes: [{name: R, address: 'kafka://h:70000'}]\n", "route R", "address"),
+        ("routes: [{name: R, address: TRANSPORT, broker_instance: x}]\n", "route R", "TRANSPORT"),
+        ("routes: [{name: R, address: LOCAL, lifetime: 0}]\n", "route R", "lifetime"),
+        (
+            "system_topics: [{name: catalog, partitions: 1, config: {cleanup.policy: delete-all}}]\n",
+            "system topic catalog",
+            "cleanup.policy",
+        ),
+        (
+            "system_topics: [{name: stuff, partitions: 1, config: {cleanup.policy: delete}}]\n",
+            "system topic stuff",
+            "name",
+        ),
+    ],
+)
 def test_invalid_definitions(tmp_path, text, obj, reason):
     f = write(tmp_path, "bad.yaml", text)
     refused([f], f, obj, reason)

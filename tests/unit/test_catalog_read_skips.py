@@ -24,18 +24,30 @@ def read(messages: list[FakeMessage], last_bad: dict | None = None):
 
 
 def test_a_bad_record_leaves_its_key_with_its_last_valid_object():
-    catalog, rejects = read([FakeMessage(key_=b"queue/Q", value_=QUEUE), FakeMessage(key_=b"queue/Q", value_=b"{x"),
-                             FakeMessage(key_=b"service/S", value_=b'{"name": 5}'), FakeMessage(key_=b"\xff", value_=b"{}"),
-                             FakeMessage(key_=b"newkind/x", value_=b"anything")])
+    catalog, rejects = read(
+        [
+            FakeMessage(key_=b"queue/Q", value_=QUEUE),
+            FakeMessage(key_=b"queue/Q", value_=b"{x"),
+            FakeMessage(key_=b"service/S", value_=b'{"name": 5}'),
+            FakeMessage(key_=b"\xff", value_=b"{}"),
+            FakeMessage(key_=b"newkind/x", value_=b"anything"),
+        ]
+    )
     assert set(catalog.queues) == {"Q"} and "S" not in catalog.services
     assert rejects.rejected == 3  # the unknown kind is a newer kbroker's, not a bad record
 
 
 def test_for_the_writer_a_key_whose_last_record_is_bad_is_left_out_and_reported():
     last_bad: dict = {}
-    catalog, _ = read([FakeMessage(key_=b"queue/Q", value_=QUEUE), FakeMessage(key_=b"queue/Q", value_=b"{x"),
-                       FakeMessage(key_=b"service/S", value_=b"[]"), FakeMessage(key_=b"service/S", value_=None)],
-                      last_bad)
+    catalog, _ = read(
+        [
+            FakeMessage(key_=b"queue/Q", value_=QUEUE),
+            FakeMessage(key_=b"queue/Q", value_=b"{x"),
+            FakeMessage(key_=b"service/S", value_=b"[]"),
+            FakeMessage(key_=b"service/S", value_=None),
+        ],
+        last_bad,
+    )
     assert "Q" not in catalog.queues
     assert set(last_bad) == {b"queue/Q"}  # S's bad record was deleted after it: nothing to repair
     assert "not JSON" in last_bad[b"queue/Q"][1]

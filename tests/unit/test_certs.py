@@ -50,8 +50,9 @@ def test_a_client_certificate_names_the_user_only_and_is_for_clients(ca):
     leaf = cert_of(certs.issue(ca, "alice"))
     leaf.verify_directly_issued_by(cert_of(ca))
     assert leaf.subject.rfc4514_string() == "CN=alice"  # what the principal mapping rule turns into alice
-    assert list(leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == \
-        [ExtendedKeyUsageOID.CLIENT_AUTH]
+    assert list(leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [
+        ExtendedKeyUsageOID.CLIENT_AUTH
+    ]
     with pytest.raises(x509.ExtensionNotFound):
         leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName)
 
@@ -125,16 +126,24 @@ def test_client_properties_files_read_back_as_written(tmp_path):
     admin = read_properties(files.admin_properties)
     assert "bootstrap.servers" not in admin  # the Cluster's bootstrap, not a setting
     assert admin == {
-        "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.jaas.config": f'org.apache.kafka.common.security.scram.ScramLoginModule required '
-                            f'username="admin" password="{password}";',
-        "ssl.truststore.type": "PEM", "ssl.truststore.location": str(files.ca)}
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.jaas.config": f"org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="admin" password="{password}";',
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(files.ca),
+    }
     alice = files.user_files("alice")
-    assert read_properties(alice["plain"])["sasl.jaas.config"] == \
-        'org.apache.kafka.common.security.plain.PlainLoginModule required username="alice" password="s3cret";'
+    assert (
+        read_properties(alice["plain"])["sasl.jaas.config"]
+        == 'org.apache.kafka.common.security.plain.PlainLoginModule required username="alice" password="s3cret";'
+    )
     mtls = read_properties(alice["mtls"])
-    assert (mtls["security.protocol"], mtls["ssl.keystore.type"], mtls["ssl.keystore.location"]) == \
-        ("SSL", "PEM", str(alice["cert"]))
+    assert (mtls["security.protocol"], mtls["ssl.keystore.type"], mtls["ssl.keystore.location"]) == (
+        "SSL",
+        "PEM",
+        str(alice["cert"]),
+    )
     assert "bootstrap.servers=127.0.0.1:9194" in alice["mtls"].read_text()
     assert "bootstrap.servers=127.0.0.1:9192" in alice["scram"].read_text()
     assert {mode(p) for p in [files.users_file, files.admin_properties, *alice.values()]} == {0o600}

@@ -19,8 +19,9 @@ from kbroker.core.catalog.models import Queue
 @handle_errors
 def validate_queue(procedure: str) -> None:
     # What `kbroker queue alter` does with its options: validate them with the catalog's model.
-    Queue.model_validate({"name": "ExpenseQueue",
-                          "activation": {"status": "ON", "procedure": procedure, "max_queue_readers": 1}})
+    Queue.model_validate(
+        {"name": "ExpenseQueue", "activation": {"status": "ON", "procedure": procedure, "max_queue_readers": 1}}
+    )
 
 
 @click.command()
@@ -39,7 +40,8 @@ def test_a_pydantic_validation_error_is_one_line_naming_the_field():
     result = CliRunner().invoke(validate_queue, ["--procedure", "notaprocedure"])
     assert result.exit_code == 1
     assert result.output.splitlines() == [
-        "kbroker: error: activation.procedure: procedure must be 'module:function', not 'notaprocedure'"]
+        "kbroker: error: activation.procedure: procedure must be 'module:function', not 'notaprocedure'"
+    ]
 
 
 def test_a_missing_extra_is_one_line_naming_it():
@@ -47,7 +49,8 @@ def test_a_missing_extra_is_one_line_naming_it():
     assert result.exit_code == 1
     assert result.output.splitlines() == [
         "kbroker: error: faust is not installed: this command needs kbroker's worker extra "
-        "(pip install 'kbroker[worker]')"]
+        "(pip install 'kbroker[worker]')"
+    ]
 
 
 def test_a_missing_package_of_no_extra_is_not_hidden():
@@ -73,7 +76,8 @@ def test_kbroker_worker_without_faust_names_the_worker_extra():
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [
         "kbroker: error: faust is not installed: this command needs kbroker's worker extra "
-        "(pip install 'kbroker[worker]')"]
+        "(pip install 'kbroker[worker]')"
+    ]
 
 
 def test_kbroker_bench_activation_without_faust_names_the_bench_extra():
@@ -97,7 +101,9 @@ def test_dialogs_refuses_an_unknown_class_in_one_line_naming_the_classes():
     result = CliRunner().invoke(main, ["dialogs", "--bootstrap", "127.0.0.1:1", "--class", "busy"])
     assert result.exit_code == 1
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("kbroker: error: --class 'busy' is not a class; one of erroring, stale")
+    assert len(lines) == 1 and lines[0].startswith(
+        "kbroker: error: --class 'busy' is not a class; one of erroring, stale"
+    )
 
 
 @click.command()
@@ -112,15 +118,17 @@ def test_a_refusal_is_one_line_naming_principal_operation_and_resource():
     result = CliRunner().invoke(refused, [])
     assert result.exit_code == 1
     assert result.output.splitlines() == [
-        "kbroker: error: permission denied: this client's principal may not WRITE topic kbroker.s.catalog (publishing)"]
+        "kbroker: error: permission denied: this client's principal may not WRITE topic kbroker.s.catalog (publishing)"
+    ]
 
 
 def test_a_refusal_names_the_principal_of_the_commands_client_settings(tmp_path):
     from kbroker.cli.common import Target, _principal
 
     props = tmp_path / "alice.properties"
-    props.write_text("security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\nsasl.username=alice\n"
-                     "sasl.password=secret\n")
+    props.write_text(
+        "security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\nsasl.username=alice\nsasl.password=secret\n"
+    )
     assert _principal(Target("127.0.0.1:9092", "s", str(props))) == "User:alice"
     assert _principal(Target("127.0.0.1:9092", "s", None)) == "User:ANONYMOUS"
     assert _principal(None) is None

@@ -12,9 +12,15 @@ from kbroker.core.cluster import Cluster
 from kbroker.errors import UnsupportedSettingError
 from kbroker.kafka import clients
 
-SECURED = Cluster.with_properties("b1:9093,b2:9093", {"security.protocol": "SASL_SSL",
-                                                      "sasl.mechanism": "SCRAM-SHA-512",
-                                                      "sasl.username": "app", "sasl.password": "s3cret"})
+SECURED = Cluster.with_properties(
+    "b1:9093,b2:9093",
+    {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "app",
+        "sasl.password": "s3cret",
+    },
+)
 
 
 def test_a_string_is_a_cluster_without_settings_and_a_cluster_is_itself():
@@ -51,9 +57,13 @@ def test_every_client_gets_the_bootstrap_servers_and_the_settings():
 
 def test_spark_options_are_java_client_properties_prefixed_with_kafka():
     assert clients.spark_options(SECURED) == {
-        "kafka.bootstrap.servers": "b1:9093,b2:9093", "kafka.security.protocol": "SASL_SSL",
-        "kafka.sasl.mechanism": "SCRAM-SHA-512", "kafka.sasl.jaas.config": (
-            'org.apache.kafka.common.security.scram.ScramLoginModule required username="app" password="s3cret";')}
+        "kafka.bootstrap.servers": "b1:9093,b2:9093",
+        "kafka.security.protocol": "SASL_SSL",
+        "kafka.sasl.mechanism": "SCRAM-SHA-512",
+        "kafka.sasl.jaas.config": (
+            'org.apache.kafka.common.security.scram.ScramLoginModule required username="app" password="s3cret";'
+        ),
+    }
 
 
 def test_a_setting_no_client_takes_is_refused_when_a_client_is_built():
@@ -66,8 +76,13 @@ def test_the_faust_broker_url_lists_every_server():
     assert clients.faust_broker("localhost:9092") == "kafka://localhost:9092"
 
 
-@given(st.dictionaries(st.text("abcdefghij.", min_size=1, max_size=12).filter(lambda k: k != "bootstrap.servers"),
-                       st.text(max_size=8), max_size=6))
+@given(
+    st.dictionaries(
+        st.text("abcdefghij.", min_size=1, max_size=12).filter(lambda k: k != "bootstrap.servers"),
+        st.text(max_size=8),
+        max_size=6,
+    )
+)
 def test_settings_round_trip_whatever_their_order(props):
     c = Cluster.with_properties("b:1", props)
     assert c.properties == props

@@ -11,8 +11,10 @@ from kbroker.errors import InvalidArgumentError
 from kbroker.kafka.routing.profiles import ClusterProfiles
 
 LOCAL = Cluster.with_properties("local:9092", {"security.protocol": "SSL"})
-SCRAM = ("security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\n"
-         "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username=\"b\" password=\"p\";\n")
+SCRAM = (
+    "security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\n"
+    'sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="b" password="p";\n'
+)
 
 
 @pytest.fixture

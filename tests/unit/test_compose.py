@@ -308,8 +308,9 @@ def image_problems(doc: dict[str, Any], base_dir: Path) -> list[str]:
             if repo in ("python", "docker.io/library/python"):
                 version = re.match(r"(\d+\.\d+(?:\.\d+)?)", tag)
                 if version is None or not requires.contains(version.group(1)):
-                    problems.append(f"{df.path.name} of {name}: FROM {base}, but the project requires "
-                                    f"Python {requires}")
+                    problems.append(
+                        f"{df.path.name} of {name}: FROM {base}, but the project requires Python {requires}"
+                    )
     return problems
 
 
@@ -353,8 +354,10 @@ def apply_path_problems(doc: dict[str, Any], base_dir: Path) -> list[str]:
         for path in contexts[-1].params["paths"]:
             source = in_image(cmd.df, path) if cmd.df else None
             if source is None or not source.exists():
-                problems.append(f"{cmd.where}: `kbroker apply {path}`: {path} is not in the image "
-                                f"({'no COPY puts it there' if source is None else f'{source} does not exist'})")
+                problems.append(
+                    f"{cmd.where}: `kbroker apply {path}`: {path} is not in the image "
+                    f"({'no COPY puts it there' if source is None else f'{source} does not exist'})"
+                )
     return problems
 
 
@@ -395,8 +398,10 @@ def port_problems(doc: dict[str, Any], base_dir: Path) -> list[str]:
     host, port = advertised
     names = {kafka_name, kafka.get("hostname"), kafka.get("container_name")} - {None}
     if host not in names:
-        problems.append(f"service {kafka_name}: advertises PLAINTEXT://{host}:{port}, which the other "
-                        f"containers cannot reach by that name")
+        problems.append(
+            f"service {kafka_name}: advertises PLAINTEXT://{host}:{port}, which the other "
+            f"containers cannot reach by that name"
+        )
     listeners = environment(kafka).get("KAFKA_LISTENERS", "")
     if not re.search(rf"(^|,)\s*PLAINTEXT://[^:,]*:{port}\s*(,|$)", listeners):
         problems.append(f"service {kafka_name}: advertises port {port}, but KAFKA_LISTENERS is {listeners!r}")
@@ -411,23 +416,27 @@ def port_problems(doc: dict[str, Any], base_dir: Path) -> list[str]:
                 problems.append(f"service {cmd.service}: no KBROKER_BOOTSTRAP")
             bootstrap = leaf.params["bootstrap"]
             if bootstrap != f"{kafka_name}:{port}":
-                problems.append(f"{where} connects to {bootstrap!r}, not {kafka_name}:{port} (the service "
-                                f"{kafka_name} and its advertised PLAINTEXT port)")
+                problems.append(
+                    f"{where} connects to {bootstrap!r}, not {kafka_name}:{port} (the service "
+                    f"{kafka_name} and its advertised PLAINTEXT port)"
+                )
         if command_path(contexts) == "kbroker worker":
             service = services[cmd.service]
             web_port, web_host = leaf.params["web_port"], leaf.params["web_host"]
             published = container_ports(service)
             if web_port not in published:
-                problems.append(f"{where} serves on port {web_port}, but the service publishes "
-                                f"{sorted(published) or 'none'}")
+                problems.append(
+                    f"{where} serves on port {web_port}, but the service publishes {sorted(published) or 'none'}"
+                )
             if web_host not in ("0.0.0.0", "::"):
                 problems.append(f"{where} binds {web_host}: the published port reaches nothing")
             test = (service.get("healthcheck") or {}).get("test") or []
             text = test if isinstance(test, str) else " ".join(map(str, test))
             for url_port in re.findall(r"//(?:127\.0\.0\.1|localhost):(\d+)", text):
                 if int(url_port) != web_port:
-                    problems.append(f"service {cmd.service}: its healthcheck asks port {url_port}, "
-                                    f"the worker serves {web_port}")
+                    problems.append(
+                        f"service {cmd.service}: its healthcheck asks port {url_port}, the worker serves {web_port}"
+                    )
     return problems
 
 
@@ -441,7 +450,7 @@ def published_host_ip(port: Any) -> str | None:
         return port.get("host_ip")
     text = str(port)
     if text.startswith("["):  # [::1]:6066:6066
-        return text[:text.index("]") + 1]
+        return text[: text.index("]") + 1]
     parts = text.split(":")
     return parts[0] if len(parts) == 3 else None
 
@@ -455,8 +464,7 @@ def exposure_problems(doc: dict[str, Any], base_dir: Path) -> list[str]:
     for name, service in services.items():
         for port in service.get("ports") or []:
             if published_host_ip(port) not in LOOPBACK_HOST_IPS:
-                problems.append(f"service {name}: publishes {port!r} on every interface of the host, "
-                                f"not on 127.0.0.1")
+                problems.append(f"service {name}: publishes {port!r} on every interface of the host, not on 127.0.0.1")
     for cmd, contexts in parsed(doc, base_dir):
         if cmd.service is None or command_path(contexts) != "kbroker worker":
             continue
@@ -465,15 +473,19 @@ def exposure_problems(doc: dict[str, Any], base_dir: Path) -> list[str]:
             continue
         env = environment(service)
         token = env.get("KBROKER_WEB_TOKEN", "")
-        if not (re.fullmatch(r"\$\{KBROKER_WEB_TOKEN:\?[^}]+\}", token) or leaf.params.get("web_token_file")
-                or env.get("KBROKER_WEB_TOKEN_FILE")):
-            problems.append(f"{cmd.where}: binds {leaf.params['web_host']} with no required token "
-                            f"(KBROKER_WEB_TOKEN: ${{KBROKER_WEB_TOKEN:?...}}, or a token file)")
+        if not (
+            re.fullmatch(r"\$\{KBROKER_WEB_TOKEN:\?[^}]+\}", token)
+            or leaf.params.get("web_token_file")
+            or env.get("KBROKER_WEB_TOKEN_FILE")
+        ):
+            problems.append(
+                f"{cmd.where}: binds {leaf.params['web_host']} with no required token "
+                f"(KBROKER_WEB_TOKEN: ${{KBROKER_WEB_TOKEN:?...}}, or a token file)"
+            )
         test = (service.get("healthcheck") or {}).get("test") or []
         words = test.split() if isinstance(test, str) else [str(t) for t in test]
         if words and not ("kbroker" in words or any("Authorization" in w for w in words)):
-            problems.append(f"service {cmd.service}: its healthcheck does not send the web token "
-                            f"(use `kbroker tasks`)")
+            problems.append(f"service {cmd.service}: its healthcheck does not send the web token (use `kbroker tasks`)")
     return problems
 
 
@@ -517,8 +529,11 @@ def reference_problems(doc: dict[str, Any]) -> list[str]:
                 problems.append(f"service {name}: depends on {other!r}, no such service")
             elif other == name:
                 problems.append(f"service {name}: depends on itself")
-            elif isinstance(depends, dict) and (depends[other] or {}).get("condition") == "service_healthy" \
-                    and not services[other].get("healthcheck"):
+            elif (
+                isinstance(depends, dict)
+                and (depends[other] or {}).get("condition") == "service_healthy"
+                and not services[other].get("healthcheck")
+            ):
                 problems.append(f"service {name}: waits for {other} to be healthy, which has no healthcheck")
         for volume, _target in named_volumes(service):
             if volume not in declared:
@@ -570,8 +585,13 @@ def test_build_contexts_dockerfiles_and_copy_sources_exist(doc):
 def test_every_kbroker_command_line_parses(doc):
     assert command_problems(doc, BASE) == []
     paths = {command_path(contexts) for _cmd, contexts in parsed(doc, BASE)}
-    assert {"kbroker apply", "kbroker worker", "kbroker analytics run", "kbroker demo",
-            "kbroker analytics fetch"} <= paths
+    assert {
+        "kbroker apply",
+        "kbroker worker",
+        "kbroker analytics run",
+        "kbroker demo",
+        "kbroker analytics fetch",
+    } <= paths
 
 
 def test_paths_given_to_kbroker_apply_are_in_the_image(doc):
@@ -609,6 +629,7 @@ def _edit(fn: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], di
         broken = copy.deepcopy(doc)
         fn(broken)
         return broken
+
     return apply
 
 
@@ -626,72 +647,126 @@ def _dockerfile(tmp: Path, replace: tuple[str, str]) -> Callable[[dict[str, Any]
 
 
 BROKEN: dict[str, tuple[Callable[..., list[str]], Callable[[Path], Callable[[dict[str, Any]], None]]]] = {
-    "unknown service key": (lambda d: schema_problems(d),
-                            lambda t: lambda d: d["services"]["worker"].__setitem__("comand", "x")),
-    "bad depends_on condition": (lambda d: schema_problems(d),
-                                 lambda t: lambda d: d["services"]["demo"]["depends_on"]["kafka"]
-                                 .__setitem__("condition", "healthy")),
-    "kafka image version": (lambda d: image_problems(d, BASE),
-                            lambda t: lambda d: d["services"]["kafka"].__setitem__("image", "apache/kafka:3.9.0")),
-    "untagged image": (lambda d: image_problems(d, BASE),
-                       lambda t: lambda d: d["services"]["kafka"].__setitem__("image", "apache/kafka")),
-    "python too old": (lambda d: image_problems(d, BASE),
-                       lambda t: _dockerfile(t, ("FROM python:3.11", "FROM python:3.10"))),
-    "build context missing": (lambda d: build_problems(d, BASE),
-                              lambda t: lambda d: d["services"]["worker"]["build"].__setitem__("context", "../nope")),
-    "dockerfile missing": (lambda d: build_problems(d, BASE),
-                           lambda t: lambda d: d["services"]["worker"]["build"].__setitem__("dockerfile", "nope")),
-    "COPY source missing": (lambda d: build_problems(d, BASE),
-                            lambda t: _dockerfile(t, ("COPY topics ./topics", "COPY topicz ./topics"))),
-    "misspelled option": (lambda d: command_problems(d, BASE),
-                          lambda t: _set_command("worker", ["sh", "-c", "kbroker apply /app/topics && "
-                                                            "kbroker worker --web-prot 6066"])),
-    "misspelled command": (lambda d: command_problems(d, BASE),
-                           lambda t: _set_command("analytics", ["kbroker", "analytics", "runn"])),
-    "bad option value": (lambda d: command_problems(d, BASE),
-                         lambda t: _set_command("worker", "kbroker worker --web-port 0")),
-    "misspelled command in the Dockerfile": (lambda d: command_problems(d, BASE),
-                                             lambda t: _dockerfile(t, ("analytics fetch", "analytics fecth"))),
-    "apply path not in the image": (lambda d: apply_path_problems(d, BASE),
-                                    lambda t: _set_command("worker", ["sh", "-c", "kbroker apply /app/topic && "
-                                                                      "kbroker worker --web-host 0.0.0.0"])),
-    "web port not published": (lambda d: port_problems(d, BASE),
-                               lambda t: lambda d: d["services"]["worker"].__setitem__("ports", ["6066:6067"])),
-    "web host not public": (lambda d: port_problems(d, BASE),
-                            lambda t: _set_command("worker", "kbroker worker --web-port 6066")),
-    "port on every interface": (lambda d: exposure_problems(d, BASE),
-                                lambda t: lambda d: d["services"]["worker"].__setitem__("ports", ["6066-6069:6066"])),
-    "port on every interface, long syntax": (lambda d: exposure_problems(d, BASE),
-                                             lambda t: lambda d: d["services"]["worker"].__setitem__(
-                                                 "ports", [{"target": 6066, "published": "6066"}])),
-    "web token not required": (lambda d: exposure_problems(d, BASE),
-                               lambda t: lambda d: d["services"]["worker"]["environment"].pop("KBROKER_WEB_TOKEN")),
-    "web token written in the file": (lambda d: exposure_problems(d, BASE),
-                                      lambda t: lambda d: d["services"]["worker"]["environment"]
-                                      .__setitem__("KBROKER_WEB_TOKEN", "a-token-everyone-can-read")),
-    "healthcheck without the token": (lambda d: exposure_problems(d, BASE),
-                                      lambda t: lambda d: d["services"]["worker"]["healthcheck"].__setitem__(
-                                          "test", ["CMD", "curl", "-f", "http://127.0.0.1:6066/tasks/"])),
-    "image runs as root": (lambda d: user_problems(d, BASE),
-                           lambda t: _dockerfile(t, ("USER kbroker\n", ""))),
-    "service runs as root": (lambda d: user_problems(d, BASE),
-                             lambda t: lambda d: d["services"]["analytics"].__setitem__("user", "root")),
-    "bootstrap port": (lambda d: port_problems(d, BASE),
-                       lambda t: lambda d: d["services"]["demo"]["environment"]
-                       .__setitem__("KBROKER_BOOTSTRAP", "kafka:9093")),
-    "bootstrap missing": (lambda d: port_problems(d, BASE),
-                          lambda t: lambda d: d["services"]["analytics"].pop("environment")),
-    "advertised listener": (lambda d: port_problems(d, BASE),
-                            lambda t: lambda d: d["services"]["kafka"]["environment"]
-                            .__setitem__("KAFKA_ADVERTISED_LISTENERS", "PLAINTEXT://localhost:9092")),
-    "depends on a missing service": (lambda d: reference_problems(d),
-                                     lambda t: lambda d: d["services"]["demo"]["depends_on"]
-                                     .__setitem__("zookeeper", {"condition": "service_started"})),
-    "undeclared volume": (lambda d: reference_problems(d),
-                          lambda t: lambda d: d["volumes"].pop("analytics-data")),
-    "analytics state off the volume": (lambda d: state_problems(d, BASE),
-                                       lambda t: _set_command("analytics", ["kbroker", "analytics", "run",
-                                                                            "--checkpoint", "/tmp/cp"])),
+    "unknown service key": (
+        lambda d: schema_problems(d),
+        lambda t: lambda d: d["services"]["worker"].__setitem__("comand", "x"),
+    ),
+    "bad depends_on condition": (
+        lambda d: schema_problems(d),
+        lambda t: lambda d: d["services"]["demo"]["depends_on"]["kafka"].__setitem__("condition", "healthy"),
+    ),
+    "kafka image version": (
+        lambda d: image_problems(d, BASE),
+        lambda t: lambda d: d["services"]["kafka"].__setitem__("image", "apache/kafka:3.9.0"),
+    ),
+    "untagged image": (
+        lambda d: image_problems(d, BASE),
+        lambda t: lambda d: d["services"]["kafka"].__setitem__("image", "apache/kafka"),
+    ),
+    "python too old": (
+        lambda d: image_problems(d, BASE),
+        lambda t: _dockerfile(t, ("FROM python:3.11", "FROM python:3.10")),
+    ),
+    "build context missing": (
+        lambda d: build_problems(d, BASE),
+        lambda t: lambda d: d["services"]["worker"]["build"].__setitem__("context", "../nope"),
+    ),
+    "dockerfile missing": (
+        lambda d: build_problems(d, BASE),
+        lambda t: lambda d: d["services"]["worker"]["build"].__setitem__("dockerfile", "nope"),
+    ),
+    "COPY source missing": (
+        lambda d: build_problems(d, BASE),
+        lambda t: _dockerfile(t, ("COPY topics ./topics", "COPY topicz ./topics")),
+    ),
+    "misspelled option": (
+        lambda d: command_problems(d, BASE),
+        lambda t: _set_command("worker", ["sh", "-c", "kbroker apply /app/topics && kbroker worker --web-prot 6066"]),
+    ),
+    "misspelled command": (
+        lambda d: command_problems(d, BASE),
+        lambda t: _set_command("analytics", ["kbroker", "analytics", "runn"]),
+    ),
+    "bad option value": (
+        lambda d: command_problems(d, BASE),
+        lambda t: _set_command("worker", "kbroker worker --web-port 0"),
+    ),
+    "misspelled command in the Dockerfile": (
+        lambda d: command_problems(d, BASE),
+        lambda t: _dockerfile(t, ("analytics fetch", "analytics fecth")),
+    ),
+    "apply path not in the image": (
+        lambda d: apply_path_problems(d, BASE),
+        lambda t: _set_command("worker", ["sh", "-c", "kbroker apply /app/topic && kbroker worker --web-host 0.0.0.0"]),
+    ),
+    "web port not published": (
+        lambda d: port_problems(d, BASE),
+        lambda t: lambda d: d["services"]["worker"].__setitem__("ports", ["6066:6067"]),
+    ),
+    "web host not public": (
+        lambda d: port_problems(d, BASE),
+        lambda t: _set_command("worker", "kbroker worker --web-port 6066"),
+    ),
+    "port on every interface": (
+        lambda d: exposure_problems(d, BASE),
+        lambda t: lambda d: d["services"]["worker"].__setitem__("ports", ["6066-6069:6066"]),
+    ),
+    "port on every interface, long syntax": (
+        lambda d: exposure_problems(d, BASE),
+        lambda t: lambda d: d["services"]["worker"].__setitem__("ports", [{"target": 6066, "published": "6066"}]),
+    ),
+    "web token not required": (
+        lambda d: exposure_problems(d, BASE),
+        lambda t: lambda d: d["services"]["worker"]["environment"].pop("KBROKER_WEB_TOKEN"),
+    ),
+    "web token written in the file": (
+        lambda d: exposure_problems(d, BASE),
+        lambda t: (
+            lambda d: d["services"]["worker"]["environment"].__setitem__(
+                "KBROKER_WEB_TOKEN", "a-token-everyone-can-read"
+            )
+        ),
+    ),
+    "healthcheck without the token": (
+        lambda d: exposure_problems(d, BASE),
+        lambda t: (
+            lambda d: d["services"]["worker"]["healthcheck"].__setitem__(
+                "test", ["CMD", "curl", "-f", "http://127.0.0.1:6066/tasks/"]
+            )
+        ),
+    ),
+    "image runs as root": (lambda d: user_problems(d, BASE), lambda t: _dockerfile(t, ("USER kbroker\n", ""))),
+    "service runs as root": (
+        lambda d: user_problems(d, BASE),
+        lambda t: lambda d: d["services"]["analytics"].__setitem__("user", "root"),
+    ),
+    "bootstrap port": (
+        lambda d: port_problems(d, BASE),
+        lambda t: lambda d: d["services"]["demo"]["environment"].__setitem__("KBROKER_BOOTSTRAP", "kafka:9093"),
+    ),
+    "bootstrap missing": (
+        lambda d: port_problems(d, BASE),
+        lambda t: lambda d: d["services"]["analytics"].pop("environment"),
+    ),
+    "advertised listener": (
+        lambda d: port_problems(d, BASE),
+        lambda t: (
+            lambda d: d["services"]["kafka"]["environment"].__setitem__(
+                "KAFKA_ADVERTISED_LISTENERS", "PLAINTEXT://localhost:9092"
+            )
+        ),
+    ),
+    "depends on a missing service": (
+        lambda d: reference_problems(d),
+        lambda t: (
+            lambda d: d["services"]["demo"]["depends_on"].__setitem__("zookeeper", {"condition": "service_started"})
+        ),
+    ),
+    "undeclared volume": (lambda d: reference_problems(d), lambda t: lambda d: d["volumes"].pop("analytics-data")),
+    "analytics state off the volume": (
+        lambda d: state_problems(d, BASE),
+        lambda t: _set_command("analytics", ["kbroker", "analytics", "run", "--checkpoint", "/tmp/cp"]),
+    ),
 }
 
 

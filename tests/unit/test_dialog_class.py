@@ -34,14 +34,29 @@ def test_each_class_on_its_own():
 
 
 def test_first_match_wins():
-    everything = {"last_error_ms": NOW, "backlog": 50, "oldest_ms": NOW - 100_000, "last_arrival_ms": NOW,
-                  "last_receive_ms": NOW, "timers": 2}
+    everything = {
+        "last_error_ms": NOW,
+        "backlog": 50,
+        "oldest_ms": NOW - 100_000,
+        "last_arrival_ms": NOW,
+        "last_receive_ms": NOW,
+        "timers": 2,
+    }
     assert klass(**everything) == "erroring"
     assert klass(**everything | {"last_error_ms": None}) == "stale"
     assert klass(**everything | {"last_error_ms": None, "oldest_ms": NOW - 1_000}) == "backlogged"
     assert klass(**everything | {"last_error_ms": None, "oldest_ms": NOW - 1_000, "backlog": 9}) == "active"
-    assert klass(timers=2, backlog=9, oldest_ms=NOW - 29_999, last_arrival_ms=NOW - 60_001,
-                 last_receive_ms=NOW - 61_000, last_error_ms=NOW - 70_000) == "timer_pending"
+    assert (
+        klass(
+            timers=2,
+            backlog=9,
+            oldest_ms=NOW - 29_999,
+            last_arrival_ms=NOW - 60_001,
+            last_receive_ms=NOW - 61_000,
+            last_error_ms=NOW - 70_000,
+        )
+        == "timer_pending"
+    )
 
 
 def test_stale_exactly_at_the_threshold():
@@ -81,18 +96,28 @@ moments = st.one_of(st.none(), st.integers(NOW - 200_000, NOW))
 
 @given(st.integers(0, 30), moments, moments, moments, moments, st.integers(0, 2))
 def test_the_order_of_docs_analytics_md(backlog, oldest, arrived, received, errored, timers):
-    f = facts(backlog=backlog, oldest_ms=oldest if backlog else None, last_arrival_ms=arrived,
-              last_receive_ms=received, last_error_ms=errored, timers=timers)
+    f = facts(
+        backlog=backlog,
+        oldest_ms=oldest if backlog else None,
+        last_arrival_ms=arrived,
+        last_receive_ms=received,
+        last_error_ms=errored,
+        timers=timers,
+    )
 
     def recent(at: int | None) -> bool:
         return at is not None and NOW - at <= 60_000
 
-    expected = next(name for name, holds in [
-        ("erroring", recent(errored)),
-        ("stale", backlog > 0 and oldest is not None and NOW - oldest >= 30_000),
-        ("backlogged", backlog >= 10),
-        ("active", recent(arrived) or recent(received)),
-        ("timer_pending", timers > 0),
-        ("idle", True),
-    ] if holds)
+    expected = next(
+        name
+        for name, holds in [
+            ("erroring", recent(errored)),
+            ("stale", backlog > 0 and oldest is not None and NOW - oldest >= 30_000),
+            ("backlogged", backlog >= 10),
+            ("active", recent(arrived) or recent(received)),
+            ("timer_pending", timers > 0),
+            ("idle", True),
+        ]
+        if holds
+    )
     assert classify(f)[0] == expected

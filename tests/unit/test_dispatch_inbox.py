@@ -38,6 +38,7 @@ def offer(inbox: Inbox, key: str, seq: int, now: float = 0.0, copy: int = 0):
 
 # --- offers ------------------------------------------------------------------------------------
 
+
 def test_in_order_offers_are_returned_at_once():
     inbox = Inbox()
     for seq in range(4):
@@ -103,6 +104,7 @@ def test_a_full_buffer_refuses_what_is_ahead_but_still_takes_the_expected_one():
 
 # --- checkpoint and restore ----------------------------------------------------------------------
 
+
 def test_restore_undoes_the_offers_of_a_failed_batch():
     inbox = Inbox()
     offer(inbox, "k", 0)
@@ -134,6 +136,7 @@ def test_a_checkpoint_is_a_snapshot_and_can_be_restored_twice():
 
 # --- the sweep ---------------------------------------------------------------------------------
 
+
 def test_sweep_drops_everything_buffered_as_out_of_order():
     # The Inbox buffers only what is ahead of a gap (the expected message is returned, never
     # buffered), so the seed's sweep finds each buffered message past a gap, fresh or stale.
@@ -144,8 +147,11 @@ def test_sweep_drops_everything_buffered_as_out_of_order():
     before, expected = list(inbox.buffered), dict(inbox.expected)
     dropped = inbox.sweep(100.0)
     assert dropped == sweep(before, expected, 100.0).drop  # the seed's sweep, over the Inbox's state
-    assert sorted((b.conversation, b.sequence, why) for b, why in dropped) == [("j", 1, OOO), ("k", 2, OOO),
-                                                                             ("k", 3, OOO)]
+    assert sorted((b.conversation, b.sequence, why) for b, why in dropped) == [
+        ("j", 1, OOO),
+        ("k", 2, OOO),
+        ("k", 3, OOO),
+    ]
     assert [b.ref for b, _ in dropped if b.sequence == 3] == [ref("k", 3)]
     assert inbox.buffered == [] and inbox.expected == {}
 
@@ -207,11 +213,14 @@ def test_any_order_of_offers_saves_each_message_once_in_order(sizes, data):
     assert inbox.buffered == []
 
 
-ops = st.lists(st.one_of(
-    st.tuples(st.just("offer"), st.sampled_from(KEYS), st.integers(0, 7)),
-    st.tuples(st.just("sweep"), st.floats(0.0, 12.0)),
-    st.tuples(st.just("batch"), st.booleans()),  # end the current batch: committed or failed
-), max_size=60)
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("offer"), st.sampled_from(KEYS), st.integers(0, 7)),
+        st.tuples(st.just("sweep"), st.floats(0.0, 12.0)),
+        st.tuples(st.just("batch"), st.booleans()),  # end the current batch: committed or failed
+    ),
+    max_size=60,
+)
 
 
 @settings(max_examples=400)
@@ -270,6 +279,7 @@ def test_saved_is_always_a_gap_free_prefix_and_retransmission_completes_it(histo
 
 # --- declared jumps (a send lease claimed after its holder died starts past a gap) ---------------
 
+
 def test_a_jump_declared_after_acknowledged_messages_is_saved_at_once():
     """The dead holder's 0..2 were saved; the next holder's first message is 1024 and its
     transmitter held nothing before it (-1): nothing unsaved comes between."""
@@ -298,8 +308,15 @@ def test_an_undeclared_or_unreadable_jump_waits_and_the_sweep_drops_it():
 
 
 def test_the_sweep_keeps_what_a_declared_jump_puts_in_line():
-    kept = sweep([Buffered("k", 1024, 0.0, "a", follows=-1), Buffered("k", 1025, 0.0, "b", follows=1024),
-                  Buffered("k", 2000, 0.0, "c", follows=1500)], {"k": 3}, now=1.0)
+    kept = sweep(
+        [
+            Buffered("k", 1024, 0.0, "a", follows=-1),
+            Buffered("k", 1025, 0.0, "b", follows=1024),
+            Buffered("k", 2000, 0.0, "c", follows=1500),
+        ],
+        {"k": 3},
+        now=1.0,
+    )
     assert [b.ref for b in kept.keep] == ["a", "b"]
     assert [(b.ref, r) for b, r in kept.drop] == [("c", OOO)]
 
@@ -334,7 +351,7 @@ def test_a_chain_with_gaps_is_saved_once_in_order_whatever_the_offers(gaps, data
         follows = -1 if i == 0 or (acked and data.draw(st.booleans())) else chain[i - 1]
         returned, _ = inbox.offer("k", chain[i], 0.0, chain[i], follows=follows)
         saved.extend(returned)
-        assert saved == chain[:len(saved)]
+        assert saved == chain[: len(saved)]
         assert inbox.expected.get("k", 0) == (saved[-1] + 1 if saved else 0)
 
     for i in picks:

@@ -16,12 +16,19 @@ from kbroker.kafka.receive.receiver import QueueReceiver
 text = st.text(min_size=1, max_size=40)
 envelopes = st.builds(
     Envelope,
-    message_id=text, conversation_id=text, conversation_group_id=text,
-    message_sequence_number=st.integers(0, 2**40), message_type_name=text,
-    service_contract_name=text, from_service_name=text, to_service_name=text,
+    message_id=text,
+    conversation_id=text,
+    conversation_group_id=text,
+    message_sequence_number=st.integers(0, 2**40),
+    message_type_name=text,
+    service_contract_name=text,
+    from_service_name=text,
+    to_service_name=text,
     to_side=st.sampled_from(["INITIATOR", "TARGET"]),
-    correlation_id=st.none() | text, reply_to=st.none() | text,
-    expires=st.none() | st.integers(0, 2**45), priority=st.integers(1, 10),
+    correlation_id=st.none() | text,
+    reply_to=st.none() | text,
+    expires=st.none() | st.integers(0, 2**45),
+    priority=st.integers(1, 10),
 )
 
 
@@ -39,8 +46,9 @@ def test_headers_as_text_or_without_value_decode_as_their_bytes(env, data):
     assert Envelope.from_headers(mixed) == Envelope.from_headers(as_bytes) == env
 
 
-@given(st.lists(st.tuples(st.text(max_size=30), st.none() | st.binary(max_size=30) | st.text(max_size=30)),
-                max_size=15))
+@given(
+    st.lists(st.tuples(st.text(max_size=30), st.none() | st.binary(max_size=30) | st.text(max_size=30)), max_size=15)
+)
 def test_arbitrary_headers_never_crash(headers):
     try:
         Envelope.from_headers(headers)
@@ -55,13 +63,16 @@ def test_missing_header_is_named():
         Envelope.from_headers(hs)
 
 
-@pytest.mark.parametrize("header,value,named", [
-    ("kb.message_sequence_number", b"-2", "kb.message_sequence_number=-2"),  # -1: kbroker's own
-    ("kb.priority", b"0", "kb.priority=0"),
-    ("kb.priority", b"11", "kb.priority=11"),
-    ("kb.hop", b"-2", "kb.hop=-2"),
-    ("kb.v", b"2", "kb.v is '2'"),
-])
+@pytest.mark.parametrize(
+    "header,value,named",
+    [
+        ("kb.message_sequence_number", b"-2", "kb.message_sequence_number=-2"),  # -1: kbroker's own
+        ("kb.priority", b"0", "kb.priority=0"),
+        ("kb.priority", b"11", "kb.priority=11"),
+        ("kb.hop", b"-2", "kb.hop=-2"),
+        ("kb.v", b"2", "kb.v is '2'"),
+    ],
+)
 def test_well_formed_headers_out_of_range_are_malformed(header, value, named):
     """Headers another Kafka client wrote, well-formed but impossible for a SEND: refused (the
     receiver dead-letters the record) with the value named, never delivered."""
@@ -72,16 +83,19 @@ def test_well_formed_headers_out_of_range_are_malformed(header, value, named):
     assert named in str(raised.value)
 
 
-@pytest.mark.parametrize("validation,body,ok", [
-    ("NONE", b"\xff\x00anything", True),
-    ("EMPTY", b"", True),
-    ("EMPTY", b"x", False),
-    ("JSON", b'{"a": 1}', True),
-    ("JSON", b"{a: 1}", False),
-    ("WELL_FORMED_XML", b"<a><b/></a>", True),
-    ("WELL_FORMED_XML", b"<a><b></a>", False),
-    ("WELL_FORMED_XML", b'<!DOCTYPE x [<!ENTITY e "boom">]><a>&e;</a>', False),
-])
+@pytest.mark.parametrize(
+    "validation,body,ok",
+    [
+        ("NONE", b"\xff\x00anything", True),
+        ("EMPTY", b"", True),
+        ("EMPTY", b"x", False),
+        ("JSON", b'{"a": 1}', True),
+        ("JSON", b"{a: 1}", False),
+        ("WELL_FORMED_XML", b"<a><b/></a>", True),
+        ("WELL_FORMED_XML", b"<a><b></a>", False),
+        ("WELL_FORMED_XML", b'<!DOCTYPE x [<!ENTITY e "boom">]><a>&e;</a>', False),
+    ],
+)
 def test_body_validation(validation, body, ok):
     if ok:
         validate_body("T", validation, body)
@@ -121,4 +135,9 @@ def test_a_decoded_envelope_and_its_message_have_every_field(env):
     msg = receiver._to_message(Buffered(decoded, Record(), 0, 7, 1_700_000_000_000))  # type: ignore[arg-type]
     assert vars(msg).keys() == {f.name for f in fields(Message)}
     assert msg == Message(**{f.name: getattr(msg, f.name) for f in fields(Message)})
-    assert (msg.conversation_id, msg.message_id, msg.offset, msg.body) == (env.conversation_id, env.message_id, 7, b"{}")
+    assert (msg.conversation_id, msg.message_id, msg.offset, msg.body) == (
+        env.conversation_id,
+        env.message_id,
+        7,
+        b"{}",
+    )

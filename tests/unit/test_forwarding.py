@@ -50,8 +50,12 @@ def test_rows_are_sys_dm_broker_forwarded_messages():
     assert (row["time_consumed"], row["time_to_live"]) == (15.0, FORWARD_STALE_AFTER - 15.0)
 
 
-@given(st.lists(st.tuples(st.sampled_from(["add", "pass", "sweep"]), st.integers(0, 9), st.integers(1, 400),
-                          st.floats(0, 200)), max_size=60))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["add", "pass", "sweep"]), st.integers(0, 9), st.integers(1, 400), st.floats(0, 200)),
+        max_size=60,
+    )
+)
 def test_held_bytes_never_pass_the_cap_and_always_add_up(ops):
     q, now = ForwardQueue(1000), 0.0
     for op, i, size, dt in ops:

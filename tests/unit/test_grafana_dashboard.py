@@ -26,8 +26,16 @@ def exported() -> set[str]:
             for metric in describe():
                 out |= {metric.name + suffix for suffix in ("", "_total", "_bucket", "_sum", "_count", "_created")}
     registry = CollectorRegistry()
-    registry.register(WorkerCollector("ns", "w", lambda: [("Q", {"state": "INACTIVE"})],
-                                      lambda: [{"queue": "Q"}], 1, lambda: ({"d": (1, 1.0)}, {"d": "CONNECTED"})))
+    registry.register(
+        WorkerCollector(
+            "ns",
+            "w",
+            lambda: [("Q", {"state": "INACTIVE"})],
+            lambda: [{"queue": "Q"}],
+            1,
+            lambda: ({"d": (1, 1.0)}, {"d": "CONNECTED"}),
+        )
+    )
     out |= set(re.findall(r"^(kbroker_[a-z0-9_]+)", generate_latest(registry).decode(), re.M))
     return out
 

@@ -32,12 +32,31 @@ class FakeLease:
         self.taken: list[Buffered] = []
 
 
-def rec(group: str, *, priority: int = 5, at: int | None = None, partition: int = 0,
-        offset: int | None = None, message_type: str = "T", conversation: str | None = None,
-        expires: int | None = None) -> Buffered:
+def rec(
+    group: str,
+    *,
+    priority: int = 5,
+    at: int | None = None,
+    partition: int = 0,
+    offset: int | None = None,
+    message_type: str = "T",
+    conversation: str | None = None,
+    expires: int | None = None,
+) -> Buffered:
     off = next(_offsets) if offset is None else offset
-    env = Envelope(f"m{off}", conversation or group, group, 0, message_type, "C", "F", "S", "TARGET",
-                   priority=priority, expires=expires)
+    env = Envelope(
+        f"m{off}",
+        conversation or group,
+        group,
+        0,
+        message_type,
+        "C",
+        "F",
+        "S",
+        "TARGET",
+        priority=priority,
+        expires=expires,
+    )
     return Buffered(env, FakeRecord(), partition, off, off if at is None else at)
 
 
@@ -48,8 +67,15 @@ def buffer_of(*records: Buffered) -> GroupBuffer[FakeLease]:
     return buf
 
 
-def take(buf: GroupBuffer[FakeLease], owner: object, top: int = 10, full: dict[int, int] = NO_FULL,
-         lease: FakeLease | None = None, now_ms: int = NOW_MS, **filters: Any) -> tuple[FakeLease | None, list[Buffered]]:
+def take(
+    buf: GroupBuffer[FakeLease],
+    owner: object,
+    top: int = 10,
+    full: dict[int, int] = NO_FULL,
+    lease: FakeLease | None = None,
+    now_ms: int = NOW_MS,
+    **filters: Any,
+) -> tuple[FakeLease | None, list[Buffered]]:
     """What the receiver does for one RECEIVE: pick, then take into the group's lease."""
     group = buf.pick(owner, full, filters.get("group"), filters.get("conversation"))
     if group is None:
@@ -61,8 +87,12 @@ def take(buf: GroupBuffer[FakeLease], owner: object, top: int = 10, full: dict[i
 
 
 def test_priority_first_then_the_oldest_head():
-    buf = buffer_of(rec("old-low", priority=3, at=1), rec("new-high", priority=9, at=50),
-                    rec("old-high", priority=9, at=20), rec("mid", priority=5, at=5))
+    buf = buffer_of(
+        rec("old-low", priority=3, at=1),
+        rec("new-high", priority=9, at=50),
+        rec("old-high", priority=9, at=20),
+        rec("mid", priority=5, at=5),
+    )
     order = []
     while (group := buf.pick(object(), NO_FULL)) is not None:
         order.append(group)
@@ -78,9 +108,15 @@ def test_age_is_the_head_record_s_so_a_group_s_later_records_do_not_rank_it():
 
 
 def test_dialog_timer_then_error_come_first_within_a_group_the_rest_in_arrival_order():
-    records = [rec("g", message_type="A"), rec("g", message_type=ERROR), rec("g", message_type=END_DIALOG),
-               rec("g", message_type=DIALOG_TIMER), rec("g", message_type="B"),
-               rec("g", message_type=ERROR), rec("g", message_type=DIALOG_TIMER)]
+    records = [
+        rec("g", message_type="A"),
+        rec("g", message_type=ERROR),
+        rec("g", message_type=END_DIALOG),
+        rec("g", message_type=DIALOG_TIMER),
+        rec("g", message_type="B"),
+        rec("g", message_type=ERROR),
+        rec("g", message_type=DIALOG_TIMER),
+    ]
     buf = buffer_of(*records)
     _, taken = take(buf, object())
     kinds = [b.envelope.message_type_name for b in taken]
@@ -99,8 +135,13 @@ def test_a_locked_group_is_not_picked_by_another_owner_but_is_by_its_owner():
     assert buf.pick(me, NO_FULL) == "g"  # my own group gives more
     again, second = take(buf, me, top=1)
     assert again is lease and [b.enqueued_ms for b in second] == [2]
-    assert buf.stats() == {"buffered": 1, "ready_groups": 1, "locked_groups": 1, "in_flight": 2,
-                           "oldest_lock_at": NOW_MS}
+    assert buf.stats() == {
+        "buffered": 1,
+        "ready_groups": 1,
+        "locked_groups": 1,
+        "in_flight": 2,
+        "oldest_lock_at": NOW_MS,
+    }
 
 
 def test_a_lock_s_age_is_from_its_first_take_until_its_release():
@@ -157,8 +198,12 @@ def test_a_release_by_a_lease_not_holding_the_lock_keeps_it():
 
 
 def test_revoke_drops_a_partition_s_records():
-    buf = buffer_of(rec("a", partition=0, at=1), rec("b", partition=1, at=2), rec("a", partition=0, at=3),
-                    rec("c", partition=1, at=4))
+    buf = buffer_of(
+        rec("a", partition=0, at=1),
+        rec("b", partition=1, at=2),
+        rec("a", partition=0, at=3),
+        rec("c", partition=1, at=4),
+    )
     buf.drop_partitions({0})
     assert buf.buffered == 2 and buf.records("a") == []
     seen = []
@@ -170,9 +215,12 @@ def test_revoke_drops_a_partition_s_records():
 
 def test_the_full_partition_hands_out_only_its_low_water_record():
     # Partition 0 is full with low water 7; partition 1 has room.
-    buf = buffer_of(rec("urgent", priority=9, partition=0, offset=8, at=1),
-                    rec("low", partition=0, offset=7, at=2), rec("low", partition=0, offset=9, at=3),
-                    rec("other", priority=1, partition=1, offset=3, at=0))
+    buf = buffer_of(
+        rec("urgent", priority=9, partition=0, offset=8, at=1),
+        rec("low", partition=0, offset=7, at=2),
+        rec("low", partition=0, offset=9, at=3),
+        rec("other", priority=1, partition=1, offset=3, at=0),
+    )
     full = {0: 7}
     owner = object()
     assert buf.pick(owner, full) == "low"  # "urgent" outranks it but lacks the low water
@@ -183,8 +231,9 @@ def test_the_full_partition_hands_out_only_its_low_water_record():
 
 
 def test_expired_records_are_taken_but_not_counted_against_top():
-    buf = buffer_of(rec("g", at=1, expires=NOW_MS - 1), rec("g", at=2), rec("g", at=3, expires=NOW_MS + 1),
-                    rec("g", at=4))
+    buf = buffer_of(
+        rec("g", at=1, expires=NOW_MS - 1), rec("g", at=2), rec("g", at=3, expires=NOW_MS + 1), rec("g", at=4)
+    )
     _, taken = take(buf, object(), top=2)
     assert [b.enqueued_ms for b in taken] == [1, 2, 3]
     assert [b.live(NOW_MS) for b in taken] == [False, True, True]
@@ -200,16 +249,19 @@ def test_top_zero_locks_the_group_without_taking():
 
 
 def test_conversation_filter_takes_only_that_conversation_and_keeps_the_rest_in_order():
-    buf = buffer_of(rec("g", conversation="x", at=1), rec("g", conversation="y", at=2),
-                    rec("g", conversation="x", at=3), rec("h", at=0))
+    buf = buffer_of(
+        rec("g", conversation="x", at=1),
+        rec("g", conversation="y", at=2),
+        rec("g", conversation="x", at=3),
+        rec("h", at=0),
+    )
     _, taken = take(buf, object(), conversation="x")
     assert [b.enqueued_ms for b in taken] == [1, 3]
     assert [b.enqueued_ms for b in buf.records("g")] == [2]
     assert buf.pick(object(), NO_FULL, conversation="nowhere") is None
 
 
-def _reference_pick(buf: GroupBuffer[FakeLease], groups: list[str], owner: object,
-                    full: dict[int, int]) -> str | None:
+def _reference_pick(buf: GroupBuffer[FakeLease], groups: list[str], owner: object, full: dict[int, int]) -> str | None:
     """pick() by brute force: every group looked at, the owner's own winning ties."""
     best: tuple[tuple[int, int, int], int] | None = None
     name = None
@@ -230,17 +282,21 @@ def _reference_pick(buf: GroupBuffer[FakeLease], groups: list[str], owner: objec
 GROUPS = [f"g{i}" for i in range(6)]
 OWNERS = [object(), object(), object()]
 
-_accept = st.tuples(st.just("accept"), st.sampled_from(GROUPS), st.integers(1, 3),
-                    st.sampled_from(["T", "T", "T", DIALOG_TIMER, ERROR]))
-_receive = st.tuples(st.just("receive"), st.integers(0, 2), st.sampled_from([0, 1, 2, 5, 10]),
-                     st.dictionaries(st.integers(0, 2), st.integers(0, 20), max_size=2))
+_accept = st.tuples(
+    st.just("accept"), st.sampled_from(GROUPS), st.integers(1, 3), st.sampled_from(["T", "T", "T", DIALOG_TIMER, ERROR])
+)
+_receive = st.tuples(
+    st.just("receive"),
+    st.integers(0, 2),
+    st.sampled_from([0, 1, 2, 5, 10]),
+    st.dictionaries(st.integers(0, 2), st.integers(0, 20), max_size=2),
+)
 _release = st.tuples(st.just("release"), st.integers(0, 5), st.booleans())  # which lease
 _toggle = st.tuples(st.just("toggle"), st.integers(0, 2))
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(_accept, _accept, _accept, _receive, _release, _toggle),
-                min_size=20, max_size=100))
+@given(st.lists(st.one_of(_accept, _accept, _accept, _receive, _release, _toggle), min_size=20, max_size=100))
 def test_pick_matches_a_brute_force_look_and_no_record_is_lost(ops: list[tuple[Any, ...]]) -> None:
     """Any sequence of arrivals, RECEIVEs (some on full partitions), commits, rollbacks and
     revocations: pick() agrees with a look at every group, and every accepted record is
@@ -310,8 +366,7 @@ def test_pick_matches_a_brute_force_look_over_random_operations():
             partition = int(group[1:]) % 3
             if partition in live_partitions:
                 kind = rng.choice(["T"] * 8 + [DIALOG_TIMER, ERROR])
-                buf.accept(rec(group, priority=rng.randint(1, 3), partition=partition, message_type=kind,
-                               at=step // 7))
+                buf.accept(rec(group, priority=rng.randint(1, 3), partition=partition, message_type=kind, at=step // 7))
         elif op < 0.8:
             owner = rng.choice(owners)
             full = {p: rng.randint(0, step) for p in live_partitions if rng.random() < 0.1}
@@ -345,13 +400,32 @@ def test_receive_order_returns_each_conversation_together_in_sequence():
     """Service Broker's RECEIVE order (reference item 97): a group's conversations one after the
     other, each in ascending sequence; the higher-priority conversation first, then the one whose
     message came first; each side of a dialog is a conversation of its own."""
-    taken = [msg("a", 0), msg("b", 0), msg("a", 1), msg("c", 0, priority=9), msg("b", 1),
-             msg("a", 0, to_side="INITIATOR"), msg("c", 1, priority=2), msg("a", 2), msg("a", -1, kind=DIALOG_TIMER)]
-    got = [(b.envelope.conversation_id, b.envelope.to_side[0], b.envelope.message_sequence_number)
-           for b in receive_order(taken)]
-    assert got == [("c", "T", 0), ("c", "T", 1),
-                   ("a", "T", -1), ("a", "T", 0), ("a", "T", 1), ("a", "T", 2),
-                   ("b", "T", 0), ("b", "T", 1), ("a", "I", 0)]
+    taken = [
+        msg("a", 0),
+        msg("b", 0),
+        msg("a", 1),
+        msg("c", 0, priority=9),
+        msg("b", 1),
+        msg("a", 0, to_side="INITIATOR"),
+        msg("c", 1, priority=2),
+        msg("a", 2),
+        msg("a", -1, kind=DIALOG_TIMER),
+    ]
+    got = [
+        (b.envelope.conversation_id, b.envelope.to_side[0], b.envelope.message_sequence_number)
+        for b in receive_order(taken)
+    ]
+    assert got == [
+        ("c", "T", 0),
+        ("c", "T", 1),
+        ("a", "T", -1),
+        ("a", "T", 0),
+        ("a", "T", 1),
+        ("a", "T", 2),
+        ("b", "T", 0),
+        ("b", "T", 1),
+        ("a", "I", 0),
+    ]
 
 
 @given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(1, 10)), max_size=30))

@@ -75,6 +75,5 @@ def test_no_admin_client_reads_committed_offsets() -> None:
     import kbroker
 
     root = Path(kbroker.__file__).parent
-    callers = [str(p.relative_to(root)) for p in root.rglob("*.py")
-               if "list_consumer_group_offsets(" in p.read_text()]
+    callers = [str(p.relative_to(root)) for p in root.rglob("*.py") if "list_consumer_group_offsets(" in p.read_text()]
     assert callers == []

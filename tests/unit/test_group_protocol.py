@@ -49,8 +49,12 @@ def test_by_default_the_classic_protocol_with_a_2_s_session_where_the_brokers_al
     """The consumer protocol is opt-in: with librdkafka 2.16 it was seen to let two members
     commit the same partition (kafka/receive/group_protocol.py). The classic protocol's generation fences."""
     settings = chosen_by_default(monkeypatch, 1_000)
-    assert settings == {"group.protocol": "classic", "partition.assignment.strategy": "cooperative-sticky",
-                        "session.timeout.ms": 2_000, "heartbeat.interval.ms": 200}
+    assert settings == {
+        "group.protocol": "classic",
+        "partition.assignment.strategy": "cooperative-sticky",
+        "session.timeout.ms": 2_000,
+        "heartbeat.interval.ms": 200,
+    }
 
 
 def test_brokers_with_a_higher_minimum_get_10_s_and_one_warning_naming_the_setting(monkeypatch, caplog):

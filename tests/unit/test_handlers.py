@@ -68,16 +68,19 @@ def test_bad_procedure_names_are_one_clear_error(bad):
         resolve(bad)
 
 
-@pytest.mark.parametrize("procedure,ok", [
-    ("kbroker.samples.expenses:approve", True),  # kbroker's own
-    ("kbroker.bench.procedures:drain", False),  # the bench's worker allows it itself
-    ("tests.helpers.procedures:stub", True),  # added by configuration: a package allows its modules
-    ("tests.helpers:stub", True),
-    ("tests.helpersX.procedures:stub", False),  # a prefix of the name is not the package
-    ("builtins:print", False),
-    ("os:system", False),
-    ("kbroker.cli.main:main", False),  # kbroker, but not a procedure module
-])
+@pytest.mark.parametrize(
+    "procedure,ok",
+    [
+        ("kbroker.samples.expenses:approve", True),  # kbroker's own
+        ("kbroker.bench.procedures:drain", False),  # the bench's worker allows it itself
+        ("tests.helpers.procedures:stub", True),  # added by configuration: a package allows its modules
+        ("tests.helpers:stub", True),
+        ("tests.helpersX.procedures:stub", False),  # a prefix of the name is not the package
+        ("builtins:print", False),
+        ("os:system", False),
+        ("kbroker.cli.main:main", False),  # kbroker, but not a procedure module
+    ],
+)
 def test_only_allowed_modules_procedures_run(procedure, ok):
     assert allowed(procedure, OWN_PROCEDURE_MODULES + ("tests.helpers",)) is ok
 
@@ -88,8 +91,7 @@ def test_a_procedure_outside_the_allowed_modules_is_never_imported_nor_called():
     import sys
 
     exits = []
-    pool = TaskHandlers("B", lambda task, ok: exits.append((task.procedure, ok)), size=1,
-                        modules=("kbroker.samples",))
+    pool = TaskHandlers("B", lambda task, ok: exits.append((task.procedure, ok)), size=1, modules=("kbroker.samples",))
     try:
         RAN.clear()
         pool.launch("Q", f"{__name__}:record", 0)

@@ -29,8 +29,11 @@ def modules() -> list[Path]:
 
 
 def test_no_module_outside_bench_is_over_400_lines() -> None:
-    long = {str(p.relative_to(PACKAGE)): n for p in modules()
-            if p.relative_to(PACKAGE).parts[0] != "bench" and (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(PACKAGE)): n
+        for p in modules()
+        if p.relative_to(PACKAGE).parts[0] != "bench" and (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert long == {}
 
 
@@ -55,8 +58,12 @@ def test_every_feature_folder_says_what_it_holds() -> None:
 
 
 def test_the_code_cites_only_documents_in_the_repository() -> None:
-    cited = [f"{p.relative_to(PACKAGE)}:{i}: {line.strip()}"
-             for p in modules() for i, line in enumerate(p.read_text().splitlines(), 1) if OUTSIDE.search(line)]
+    cited = [
+        f"{p.relative_to(PACKAGE)}:{i}: {line.strip()}"
+        for p in modules()
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if OUTSIDE.search(line)
+    ]
     assert cited == []
 
 

@@ -23,7 +23,12 @@ def test_a_line_carries_the_process_fields_and_what_it_names():
     f = JsonFormatter(namespace="shop", worker="w1", unused=None)
     line = orjson.loads(f.format(record("launch reader queue=%s generation=%s procedure=%s", "Orders", 3, "app:run")))
     assert line["message"] == "launch reader queue=Orders generation=3 procedure=app:run"
-    assert (line["level"], line["logger"], line["namespace"], line["worker"]) == ("INFO", "kbroker.worker", "shop", "w1")
+    assert (line["level"], line["logger"], line["namespace"], line["worker"]) == (
+        "INFO",
+        "kbroker.worker",
+        "shop",
+        "w1",
+    )
     assert (line["queue"], line["generation"], line["procedure"]) == ("Orders", "3", "app:run")
     assert "unused" not in line and line["time"].endswith("+00:00")
 

@@ -19,8 +19,9 @@ CLIENTS = ["confluent_kafka", "pydantic", "faust", "aiokafka", "pyspark", "rich"
 
 
 def loaded_by(program: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", program + REPORT], check=True, capture_output=True, text=True,
-                         timeout=60).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", program + REPORT], check=True, capture_output=True, text=True, timeout=60
+    ).stdout
     return set(out.split())
 
 
@@ -36,5 +37,9 @@ def test_the_facade_and_the_core_load_no_client(statement):
 def test_kbroker_help_loads_no_client_no_worker_and_no_bench_harness():
     loaded = loaded_by(HELP)
     assert top_level(loaded) & {*CLIENTS, "psutil", "httpx", "yaml"} == set()
-    assert {"kbroker.bench.harness", "kbroker.worker.app", "kbroker.sdk.broker", "kbroker.embedded.broker"} \
-        & loaded == set()
+    assert {
+        "kbroker.bench.harness",
+        "kbroker.worker.app",
+        "kbroker.sdk.broker",
+        "kbroker.embedded.broker",
+    } & loaded == set()

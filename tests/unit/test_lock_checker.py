@@ -5,8 +5,7 @@ from tests.helpers.invariants import lock_violations
 
 
 def hold(pid: int, leased: float, committing: float, committed: float, group: str = "g") -> dict:
-    return {"group": group, "pid": pid, "reader": 0, "leased": leased, "committing": committing,
-            "committed": committed}
+    return {"group": group, "pid": pid, "reader": 0, "leased": leased, "committing": committing, "committed": committed}
 
 
 def test_another_process_leasing_before_the_commit_call_is_a_violation():

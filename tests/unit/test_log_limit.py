@@ -72,7 +72,10 @@ def test_filter_holds_back_repeats_that_differ_only_in_numbers():
         assert len(records) == 2
         clock.now += 31
         logger.info("Connect to 127.0.0.1:2 failed (after 2ms)")  # written, after its count
-        assert records[2:] == ["1 more like this in the last 30 s, before:", "Connect to 127.0.0.1:2 failed (after 2ms)"]
+        assert records[2:] == [
+            "1 more like this in the last 30 s, before:",
+            "Connect to 127.0.0.1:2 failed (after 2ms)",
+        ]
     finally:
         logger.removeHandler(handler)
 

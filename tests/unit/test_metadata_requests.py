@@ -20,8 +20,9 @@ TOPIC = "kbroker.ns.queue.Q"
 
 
 def metadata(*topics: str) -> SimpleNamespace:
-    return SimpleNamespace(topics={t: SimpleNamespace(error=None, partitions={0: None, 1: None}) for t in topics},
-                           brokers={1: None})
+    return SimpleNamespace(
+        topics={t: SimpleNamespace(error=None, partitions={0: None, 1: None}) for t in topics}, brokers={1: None}
+    )
 
 
 class Asked:
@@ -88,8 +89,10 @@ class StandInAdmin:
 
     def describe_topics(self, topics: Any, request_timeout: float) -> dict[str, concurrent.futures.Future]:
         answer = self.described.pop(0) if len(self.described) > 1 else self.described[0]
-        return {name: done(error=got) if isinstance(got, KafkaError) else done(SimpleNamespace(partitions=got))
-                for name, got in answer.items()}
+        return {
+            name: done(error=got) if isinstance(got, KafkaError) else done(SimpleNamespace(partitions=got))
+            for name, got in answer.items()
+        }
 
 
 def led(leader_id: int) -> SimpleNamespace:
@@ -126,8 +129,9 @@ class OffsetsAdmin:
     def list_offsets(self, wanted: dict, request_timeout: float) -> dict:
         self.calls += 1
         got = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
-        return {tp: done(error=got) if isinstance(got, KafkaError) else done(SimpleNamespace(offset=got))
-                for tp in wanted}
+        return {
+            tp: done(error=got) if isinstance(got, KafkaError) else done(SimpleNamespace(offset=got)) for tp in wanted
+        }
 
 
 def test_end_offsets_wait_while_a_new_topic_is_not_led_yet_and_refuse_anything_else() -> None:

@@ -16,8 +16,11 @@ spec.loader.exec_module(script)
 
 
 def request(api: str, topics: object = None, answered: int = 0) -> str:
-    body = {"requestHeader": {"requestApiKeyName": api}, "request": {"topics": topics},
-            "response": {"topics": [{"name": f"t{i}"} for i in range(answered)]}}
+    body = {
+        "requestHeader": {"requestApiKeyName": api},
+        "request": {"topics": topics},
+        "response": {"topics": [{"name": f"t{i}"} for i in range(answered)]},
+    }
     return script.PREFIX + json.dumps(body)
 
 
@@ -29,8 +32,10 @@ def test_forged_lines_are_skipped_and_the_requests_around_them_counted():
         script.PREFIX + "[1, 2, 3]",  # JSON, not an object
         script.PREFIX + json.dumps({"requestHeader": {"requestApiKeyName": 7}}),  # a name that is no string
         script.PREFIX + json.dumps({"requestHeader": "x"}),
-        script.PREFIX + json.dumps({"requestHeader": {"requestApiKeyName": "METADATA"},
-                                    "request": "x", "response": {"topics": 5}}),  # forged shapes inside
+        script.PREFIX
+        + json.dumps(
+            {"requestHeader": {"requestApiKeyName": "METADATA"}, "request": "x", "response": {"topics": 5}}
+        ),  # forged shapes inside
         script.PREFIX + "x" * 1_000_000,  # oversize
         request("METADATA", [{"name": "a"}], answered=1),
         request("METADATA", []),

@@ -13,9 +13,20 @@ from kbroker.cli.worker import degraded_cell
 
 def row(queue: str, **extra: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
-        "queue": queue, "state": "INACTIVE", "activation": "ON", "readers": 0, "max_queue_readers": 3, "tasks_waiting": 0,
-        "backlog": 0, "ready_groups": 0, "last_activated_time": None, "last_empty_rowset_time": None,
-        "worker": "w1", "degraded": False, "degraded_reasons": []}
+        "queue": queue,
+        "state": "INACTIVE",
+        "activation": "ON",
+        "readers": 0,
+        "max_queue_readers": 3,
+        "tasks_waiting": 0,
+        "backlog": 0,
+        "ready_groups": 0,
+        "last_activated_time": None,
+        "last_empty_rowset_time": None,
+        "worker": "w1",
+        "degraded": False,
+        "degraded_reasons": [],
+    }
     return {**base, **extra}
 
 
@@ -33,8 +44,11 @@ def test_degraded_cell_names_each_failing_component() -> None:
 def test_the_plain_monitors_table_has_a_degraded_column(monkeypatch: pytest.MonkeyPatch) -> None:
     from kbroker.worker.web import views
 
-    rows = [row("HealthyQueue"), row("SickQueue", degraded=True, degraded_reasons=[REASON]),
-            row("PausedQueue", activation="OFF", backlog=200, ready_groups=7)]
+    rows = [
+        row("HealthyQueue"),
+        row("SickQueue", degraded=True, degraded_reasons=[REASON]),
+        row("PausedQueue", activation="OFF", backlog=200, ready_groups=7),
+    ]
     monkeypatch.setattr(views, "monitor_rows", lambda bootstrap, namespace: rows)
     result = CliRunner().invoke(main, ["monitors", "--bootstrap", "127.0.0.1:1", "--namespace", "n"])
     assert result.exit_code == 0, result.output

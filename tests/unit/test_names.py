@@ -1,5 +1,3 @@
-
-
 def test_queue_label_names_a_catalog_queue_or_nothing():
     from kbroker.core.names import queue_label, queue_topic, secondary_queue_topic, transmission_topic
 

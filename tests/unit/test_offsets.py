@@ -88,9 +88,16 @@ MOST_COMPLETIONS = 12_000
 # Runs that fill the metadata come in every few examples (one "complete" step adds up to 600
 # completions); more or longer runs only slow the unit suite, whose runs are meant to take seconds.
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["complete", "reopen", "commit", "room"]),
-                          st.integers(0, 10**9), st.integers(1, 4000)), min_size=50, max_size=150),
-       st.integers(1, 60))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["complete", "reopen", "commit", "room"]), st.integers(0, 10**9), st.integers(1, 4000)
+        ),
+        min_size=50,
+        max_size=150,
+    ),
+    st.integers(1, 60),
+)
 def test_metadata_room_never_says_yes_past_the_limit(ops, batch):
     # metadata_room() measures the encoding only now and then; whenever it answers yes, the
     # commit metadata of that moment must still fit Kafka's limit.
@@ -148,8 +155,10 @@ def test_an_abort_after_a_later_commit_keeps_its_completed_offsets_in_the_metada
 
 
 @settings(max_examples=300)
-@given(st.lists(st.tuples(st.sets(st.integers(0, 39), min_size=1, max_size=6), st.booleans()), max_size=40),
-       st.randoms(use_true_random=False))
+@given(
+    st.lists(st.tuples(st.sets(st.integers(0, 39), min_size=1, max_size=6), st.booleans()), max_size=40),
+    st.randoms(use_true_random=False),
+)
 def test_handover_after_any_commits_and_aborts_redelivers_exactly_the_uncommitted(transactions, rng):
     """Transactions over one partition, each completing some offsets and computing its commit,
     then committing or aborting (with others' commits computed in between): at any hand-over

@@ -16,8 +16,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # The distribution that provides each import name kbroker uses.
-DISTRIBUTION_OF = {"confluent_kafka": "confluent-kafka", "yaml": "PyYAML", "faust": "faust-streaming",
-                   "prometheus_client": "prometheus-client", "opentelemetry": "opentelemetry-api"}
+DISTRIBUTION_OF = {
+    "confluent_kafka": "confluent-kafka",
+    "yaml": "PyYAML",
+    "faust": "faust-streaming",
+    "prometheus_client": "prometheus-client",
+    "opentelemetry": "opentelemetry-api",
+}
 
 
 def names(requirements: list[str]) -> set[str]:
@@ -41,19 +46,33 @@ def test_every_import_is_installed_by_the_base_or_by_its_extra():
     extras = {k: names(v) for k, v in PROJECT["project"]["optional-dependencies"].items()}  # analytics: pyspark
     for module in (ROOT / "kbroker").rglob("*.py"):
         parts = module.relative_to(ROOT).parts
-        allowed = base | (extras["worker"] if "worker" in parts else set()) | \
-            (extras["analytics"] if "analytics" in parts else set()) | \
-            (extras["tracing"] if parts[-1] == "tracing.py" else set()) | \
-            (extras["bench"] if "bench" in parts else set())  # the scaling plot: matplotlib
+        allowed = (
+            base
+            | (extras["worker"] if "worker" in parts else set())
+            | (extras["analytics"] if "analytics" in parts else set())
+            | (extras["tracing"] if parts[-1] == "tracing.py" else set())
+            | (extras["bench"] if "bench" in parts else set())
+        )  # the scaling plot: matplotlib
         for name in third_party_imports(module):
             assert DISTRIBUTION_OF.get(name, name).lower() in allowed, f"{module}: {name} is not installed by it"
 
 
 def test_the_base_install_has_no_worker_spark_or_unused_package():
     base = names(PROJECT["project"]["dependencies"])
-    assert base == {"confluent-kafka", "orjson", "pydantic", "pyyaml", "defusedxml", "psutil", "click", "rich",
-                    "jproperties", "scramp", "cryptography",  # these three: secured clusters
-                    "prometheus-client"}  # kbroker/metrics.py: every process counts what it does
+    assert base == {
+        "confluent-kafka",
+        "orjson",
+        "pydantic",
+        "pyyaml",
+        "defusedxml",
+        "psutil",
+        "click",
+        "rich",
+        "jproperties",
+        "scramp",
+        "cryptography",  # these three: secured clusters
+        "prometheus-client",
+    }  # kbroker/metrics.py: every process counts what it does
 
 
 def test_the_extras():
@@ -63,8 +82,16 @@ def test_the_extras():
     assert names(extras["analytics"]) == {"pyspark", "pyarrow"}
     assert "kbroker[worker,analytics,bench,tracing]" in extras["test"]
     assert names(extras["tracing"]) == {"opentelemetry-api"}
-    assert {"pytest", "pytest-timeout", "hypothesis", "testcontainers", "import-linter", "mypy",
-            "ruff", "pre-commit"} <= names(extras["test"])  # `make lint` and the pre-commit hooks
+    assert {
+        "pytest",
+        "pytest-timeout",
+        "hypothesis",
+        "testcontainers",
+        "import-linter",
+        "mypy",
+        "ruff",
+        "pre-commit",
+    } <= names(extras["test"])  # `make lint` and the pre-commit hooks
 
 
 def test_the_license_is_an_spdx_expression_for_a_setuptools_that_reads_it():
@@ -77,26 +104,38 @@ def make_dry_run(*args: str) -> list[str]:
     # Under `make test` the outer make's MAKEFLAGS/MAKELEVEL would make this one print
     # "Entering/Leaving directory" lines: run it as a fresh make.
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
-    out = subprocess.run(["make", "--no-print-directory", "--dry-run", "--always-make", *args], cwd=ROOT,
-                         check=True, capture_output=True, text=True, timeout=60, env=env).stdout
+    out = subprocess.run(
+        ["make", "--no-print-directory", "--dry-run", "--always-make", *args],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    ).stdout
     return out.splitlines()
 
 
 def test_make_demo_passes_port_and_data_dir_on():
     assert make_dry_run("demo")[-1] == ".venv/bin/kbroker demo --port 9092"
-    assert make_dry_run("demo", "PORT=19092", "DATA_DIR=/tmp/kbroker-demo")[-1] == \
-        ".venv/bin/kbroker demo --port 19092 --data-dir /tmp/kbroker-demo"
+    assert (
+        make_dry_run("demo", "PORT=19092", "DATA_DIR=/tmp/kbroker-demo")[-1]
+        == ".venv/bin/kbroker demo --port 19092 --data-dir /tmp/kbroker-demo"
+    )
 
 
 # `make lint`'s checks, in order: the lint rules, the layer contracts, the types.
-LINT = [".venv/bin/ruff check kbroker tests scripts examples",
-        ".venv/bin/lint-imports",
-        ".venv/bin/mypy kbroker"]
+LINT = [
+    ".venv/bin/ruff format --check kbroker tests scripts examples",
+    ".venv/bin/ruff check kbroker tests scripts examples",
+    ".venv/bin/lint-imports",
+    ".venv/bin/mypy kbroker",
+]
 
 
 def test_make_lint_runs_the_static_checks_on_the_virtualenv_alone():
     lines = make_dry_run("lint")
-    assert lines[-len(LINT):] == LINT
+    assert lines[-len(LINT) :] == LINT
     # Only the virtualenv before them (made on a fresh clone): no Java, no Maven, no broker.
     assert ".venv/bin/kbroker broker fetch" not in lines and "scripts/prereqs.sh" not in lines
     assert any(line.startswith(".venv/bin/pip install") for line in lines)
@@ -109,7 +148,7 @@ def test_make_test_runs_make_lint_before_the_set_up_and_the_tests():
     assert lines[-1] == ".venv/bin/pytest -n 3 --dist loadgroup --no-loadscope-reorder --max-worker-restart 0"
     assert make_dry_run("test", "PARALLEL=")[-1] == ".venv/bin/pytest"  # one process, as documented
     start = lines.index(LINT[0])
-    assert lines[start:start + len(LINT)] == LINT  # the static checks, as `make lint` runs them
+    assert lines[start : start + len(LINT)] == LINT  # the static checks, as `make lint` runs them
     assert start + len(LINT) < lines.index(".venv/bin/kbroker broker fetch") < len(lines) - 1  # before Maven
 
 

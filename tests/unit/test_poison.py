@@ -52,6 +52,7 @@ def test_only_watched_queues_count_per_queue_and_forget_all_unwatches() -> None:
 
 # --- per message, across processes -------------------------------------------------------------
 
+
 def test_a_messages_rollbacks_add_up_whoever_counted_them() -> None:
     ledger = RollbackLedger()
     m = ("topic", 0, 7)
@@ -93,9 +94,13 @@ def test_only_a_poison_verdict_the_catalog_could_not_take_counts():
     from kbroker.core.receive.poison import EventDisables
 
     d = EventDisables()
-    for event in ({"event": "QUEUE_DISABLED", "queue": "q", "poison": True},  # the catalog holds it
-                  {"event": "QUEUE_DISABLED", "queue": "q", "poison": False, "catalog": False},  # an operator's
-                  {"event": "QUEUE_DISABLED", "queue": 7, "poison": True, "catalog": False},
-                  ["QUEUE_DISABLED"], None, "QUEUE_DISABLED"):
+    for event in (
+        {"event": "QUEUE_DISABLED", "queue": "q", "poison": True},  # the catalog holds it
+        {"event": "QUEUE_DISABLED", "queue": "q", "poison": False, "catalog": False},  # an operator's
+        {"event": "QUEUE_DISABLED", "queue": 7, "poison": True, "catalog": False},
+        ["QUEUE_DISABLED"],
+        None,
+        "QUEUE_DISABLED",
+    ):
         d.seen(event)
     assert not d.disabled("q")

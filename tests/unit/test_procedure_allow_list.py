@@ -72,8 +72,10 @@ def test_the_sample_procedure_and_this_modules_own_are_allowed():
 
 
 def test_outside_the_list_the_reason_is_as_before_and_nothing_is_imported():
-    assert refusal("antigravity:fly", OWN_PROCEDURE_MODULES) == \
-        "procedure 'antigravity:fly' is not in a module this worker allows"
+    assert (
+        refusal("antigravity:fly", OWN_PROCEDURE_MODULES)
+        == "procedure 'antigravity:fly' is not in a module this worker allows"
+    )
     import sys
 
     assert "antigravity" not in sys.modules
@@ -84,15 +86,19 @@ def test_the_monitor_refuses_to_activate_a_queue_naming_one():
     queue is not activated and the refusal is reported (an ACTIVATION_REFUSED event)."""
     refused: list[tuple[str, str]] = []
     reasons: list[str] = []
-    monitors = SimpleNamespace(allowed_modules=OWN_PROCEDURE_MODULES,
-                               _refuse=lambda queue, name, why: (refused.append((queue, name)), reasons.append(why)))
+    monitors = SimpleNamespace(
+        allowed_modules=OWN_PROCEDURE_MODULES,
+        _refuse=lambda queue, name, why: (refused.append((queue, name)), reasons.append(why)),
+    )
     for name in ("kbroker.samples.expenses:__class__", "kbroker.samples.expenses:DIALOG_TIMER"):
         config = MonitorConfig(enabled=True, kind="internal", procedure=name, max_queue_readers=1)
         assert Monitors.checked(monitors, "ExpenseQueue", config).enabled is False  # type: ignore[arg-type]
     good = MonitorConfig(enabled=True, kind="internal", procedure="kbroker.samples.expenses:process_claims")
     assert Monitors.checked(monitors, "ExpenseQueue", good) is good  # type: ignore[arg-type]
-    assert refused == [("ExpenseQueue", "kbroker.samples.expenses:__class__"),
-                       ("ExpenseQueue", "kbroker.samples.expenses:DIALOG_TIMER")]
+    assert refused == [
+        ("ExpenseQueue", "kbroker.samples.expenses:__class__"),
+        ("ExpenseQueue", "kbroker.samples.expenses:DIALOG_TIMER"),
+    ]
     # The reason reported is the one that applies, not "not in a module this worker allows".
     assert all("not in a module this worker allows" not in why for why in reasons)
     assert "'kbroker.samples.expenses:__class__'" in reasons[0] and "DIALOG_TIMER" in reasons[1]

@@ -8,8 +8,11 @@ from pathlib import Path
 
 from tests.helpers import ROOT
 
-PUBLIC_MODULES = [*sorted((ROOT / "kbroker" / "sdk").glob("*.py")), ROOT / "kbroker" / "errors.py",
-                  ROOT / "kbroker" / "__init__.py"]
+PUBLIC_MODULES = [
+    *sorted((ROOT / "kbroker" / "sdk").glob("*.py")),
+    ROOT / "kbroker" / "errors.py",
+    ROOT / "kbroker" / "__init__.py",
+]
 
 
 def undocumented(path: Path, root: Path = ROOT) -> list[str]:
@@ -32,8 +35,9 @@ def undocumented(path: Path, root: Path = ROOT) -> list[str]:
 
 def test_the_checker_finds_a_missing_docstring(tmp_path: Path) -> None:
     sample = tmp_path / "probe.py"
-    sample.write_text('class Shown:\n    """Documented."""\n\n    def method(self):\n        pass\n\n'
-                      'def _private():\n    pass\n')
+    sample.write_text(
+        'class Shown:\n    """Documented."""\n\n    def method(self):\n        pass\n\ndef _private():\n    pass\n'
+    )
     assert undocumented(sample, tmp_path) == ["probe.py:4 Shown.method"]
 
 

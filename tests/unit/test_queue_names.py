@@ -25,14 +25,17 @@ queue_names = st.text(alphabet="ab._-", min_size=1, max_size=6)
 instance_names = st.text(alphabet="ab_-", min_size=1, max_size=3)
 
 
-@pytest.mark.parametrize(("a", "b"), [("X", "X.web1"), ("X", "X_web1"), ("X", "X.a.b"), ("a.b", "a_b"),
-                                      ("X.web1", "X"), ("Q_", "Q")])
+@pytest.mark.parametrize(
+    ("a", "b"), [("X", "X.web1"), ("X", "X_web1"), ("X", "X.a.b"), ("a.b", "a_b"), ("X.web1", "X"), ("Q_", "Q")]
+)
 def test_colliding_queue_names(a, b):
     assert names.queue_names_collide(a, b) is not None
 
 
-@pytest.mark.parametrize(("a", "b"), [("X", "X"), ("X", "XY"), ("X", "X-web1"), ("Orders", "OrdersArchive"),
-                                      ("X.a", "X.b"), ("X.web1", "Y.web1")])
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [("X", "X"), ("X", "XY"), ("X", "X-web1"), ("Orders", "OrdersArchive"), ("X.a", "X.b"), ("X.web1", "Y.web1")],
+)
 def test_queue_names_that_do_not_collide(a, b):
     assert names.queue_names_collide(a, b) is None
 
@@ -82,10 +85,14 @@ def test_an_instance_the_runtime_check_accepts_meets_no_other_queue(queues, data
 
 def test_the_issue_pair_is_refused_at_run_time():
     assert names.secondary_queue_collision(["EmployeeQueue", "EmployeeQueue.web1"], "EmployeeQueue", "web1") == (
-        "EmployeeQueue.web1", "it would be that queue's topic, or one Kafka refuses beside it ('.' and '_' are one)")
+        "EmployeeQueue.web1",
+        "it would be that queue's topic, or one Kafka refuses beside it ('.' and '_' are one)",
+    )
     assert names.secondary_queue_collision(["X", "X_web1"], "X", "web1")[0] == "X_web1"
     assert names.secondary_queue_collision(["X", "X.a"], "X", "a_b") == (  # X.a's instance b is X_a_b too
-        "X.a", "names X.a.<instance> belong to X.a's secondary queues")
+        "X.a",
+        "names X.a.<instance> belong to X.a's secondary queues",
+    )
     assert names.secondary_queue_collision(["X", "Y.web1"], "X", "web1") is None
 
 
@@ -94,8 +101,10 @@ def test_loader_refuses_a_queue_in_another_queues_secondary_space(tmp_path):
     f.write_text("queues: [{name: EmployeeQueue}, {name: EmployeeQueue.web1}]\n")
     with pytest.raises(DefinitionError) as info:
         load_definitions([f], NS)
-    assert str(info.value) == (f"{f}: queue EmployeeQueue.web1: collides with queue 'EmployeeQueue': names "
-                               "EmployeeQueue.<instance> (or EmployeeQueue_...) belong to EmployeeQueue's secondary queues")
+    assert str(info.value) == (
+        f"{f}: queue EmployeeQueue.web1: collides with queue 'EmployeeQueue': names "
+        "EmployeeQueue.<instance> (or EmployeeQueue_...) belong to EmployeeQueue's secondary queues"
+    )
 
 
 def test_check_holds_against_queues_applied_earlier():
@@ -109,33 +118,46 @@ def test_check_holds_against_queues_applied_earlier():
     check_queue_names(["Z"], {}, applied=["X", "X.web1"])  # an old collision is not this apply's
 
 
-@pytest.mark.parametrize(("installed", "endpoint", "machine", "refused"), [
-    ({"Sales.web1"}, "Sales", "web1", ("Sales", "Sales.web1")),       # an endpoint Sales.web1 came first
-    ({"Sales", "Sales.web1"}, "Sales.web1", "m2", ("Sales.web1", "Sales")),  # Sales's secondary came first
-    ({"Sales"}, "Sales_x", None, ("Sales_x", "Sales")),
-    ({"Sales_web1"}, "Sales", None, ("Sales", "Sales_web1")),
-    ({"a.b"}, "a_b", "m", ("a_b", "a.b")),
-    ({"Sales", "Sales_web1"}, "Sales", "web1", ("Sales.web1", "Sales_web1")),  # from before the check
-])
+@pytest.mark.parametrize(
+    ("installed", "endpoint", "machine", "refused"),
+    [
+        ({"Sales.web1"}, "Sales", "web1", ("Sales", "Sales.web1")),  # an endpoint Sales.web1 came first
+        ({"Sales", "Sales.web1"}, "Sales.web1", "m2", ("Sales.web1", "Sales")),  # Sales's secondary came first
+        ({"Sales"}, "Sales_x", None, ("Sales_x", "Sales")),
+        ({"Sales_web1"}, "Sales", None, ("Sales", "Sales_web1")),
+        ({"a.b"}, "a_b", "m", ("a_b", "a.b")),
+        ({"Sales", "Sales_web1"}, "Sales", "web1", ("Sales.web1", "Sales_web1")),  # from before the check
+    ],
+)
 def test_install_refuses_a_colliding_transport_queue(installed, endpoint, machine, refused):
     collision = install_collision(install_plan(endpoint, machine), installed)
     assert collision is not None and collision[:2] == refused
 
 
-@pytest.mark.parametrize(("installed", "endpoint", "machine"), [
-    (set(), "Sales", "web1"),
-    ({"Sales", "Sales.web1"}, "Sales", "web1"),  # installing again
-    ({"Sales", "Sales.web1"}, "Sales", "web2"),  # another instance
-    ({"Sales", "Sales.web1"}, "Billing", "web1"),
-    ({"Sales"}, "SalesArchive", "web1"),
-])
+@pytest.mark.parametrize(
+    ("installed", "endpoint", "machine"),
+    [
+        (set(), "Sales", "web1"),
+        ({"Sales", "Sales.web1"}, "Sales", "web1"),  # installing again
+        ({"Sales", "Sales.web1"}, "Sales", "web2"),  # another instance
+        ({"Sales", "Sales.web1"}, "Billing", "web1"),
+        ({"Sales"}, "SalesArchive", "web1"),
+    ],
+)
 def test_install_accepts_free_names(installed, endpoint, machine):
     assert install_collision(install_plan(endpoint, machine), installed) is None
 
 
 @settings(max_examples=300)
-@given(st.lists(st.tuples(st.text(alphabet="a._", min_size=1, max_size=4),
-                          st.one_of(st.none(), st.text(alphabet="a_", min_size=1, max_size=2))), max_size=8))
+@given(
+    st.lists(
+        st.tuples(
+            st.text(alphabet="a._", min_size=1, max_size=4),
+            st.one_of(st.none(), st.text(alphabet="a_", min_size=1, max_size=2)),
+        ),
+        max_size=8,
+    )
+)
 @example([("a.a", None), ("a", "a")])  # the issue's order: the endpoint named like a secondary queue first
 def test_installs_the_check_accepts_never_share_or_collide_with_a_topic(installs):
     owned: dict[str, object] = {}  # topic -> (endpoint, role)
@@ -146,18 +168,21 @@ def test_installs_the_check_accepts_never_share_or_collide_with_a_topic(installs
         roles = [("primary", endpoint)] + [("secondary", endpoint)] * (len(plan.queues) - 1)
         for (queue, _p), (role, owner) in zip(plan.queues, roles):
             topic = transport_queue_topic(NS, queue)
-            assert owned.setdefault(topic, (owner, role, queue)) == (owner, role, queue), \
+            assert owned.setdefault(topic, (owner, role, queue)) == (owner, role, queue), (
                 f"{(owner, role, queue)} and {owned[topic]} share {topic}"
+            )
     assert_one_owner_per_kafka_name(owned)
 
 
 def _queues(owned: dict[str, object]) -> set[str]:
     prefix = transport_queue_prefix(NS)
-    return {t[len(prefix):] for t in owned}
+    return {t[len(prefix) :] for t in owned}
 
 
 def test_a_satellite_installs_among_its_endpoints_names_but_not_on_a_kafka_collision():
     assert install_collision(install_plan("Sales.Retries", None, satellite=True), {"Sales", "Sales.web1"}) is None
     assert install_collision(install_plan("Sales.Retries", None), {"Sales"})[:2] == ("Sales.Retries", "Sales")
     assert install_collision(install_plan("Sales.Retries", None, satellite=True), {"Sales_Retries"})[:2] == (
-        "Sales.Retries", "Sales_Retries")
+        "Sales.Retries",
+        "Sales_Retries",
+    )

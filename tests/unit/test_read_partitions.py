@@ -23,8 +23,9 @@ def record(partition: int, offset: int) -> FakeMessage:
 
 def test_reads_each_partition_to_its_eof_and_reports_the_next_positions() -> None:
     # Partition 1's end (EOF at 4) is past its last record (2): a transaction marker took offset 3.
-    consumer = FakeConsumer({0: (0, 2), 1: (0, 4)},
-                            [[record(0, 0), record(1, 2)], [record(0, 1), eof(0, 2)], [eof(1, 4)]])
+    consumer = FakeConsumer(
+        {0: (0, 2), 1: (0, 4)}, [[record(0, 0), record(1, 2)], [record(0, 1), eof(0, 2)], [eof(1, 4)]]
+    )
     read = read_partitions(consumer, "t", {0: 0, 1: 2}, timeout=5)
     assert [m.value() for m in read.records] == [b"0/0", b"1/2", b"0/1"]
     assert read.positions == {0: 2, 1: 4}

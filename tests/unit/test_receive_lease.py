@@ -70,8 +70,9 @@ def test_a_rollback_returns_only_records_of_the_current_assignment():
     assert returned(taken, committed=False, doomed=False, offsets={0: offsets[0]}) == [taken[0], taken[2]]
     assert returned(taken, committed=True, doomed=False, offsets=offsets) == []
     assert returned(taken, committed=False, doomed=True, offsets=offsets) == []
-    assert returned(taken, committed=False, doomed=False, offsets={0: PartitionOffsets(0), 1: offsets[1]}) \
-        == [taken[1]], "partition 0 was assigned again: its old copies are read anew"
+    assert returned(taken, committed=False, doomed=False, offsets={0: PartitionOffsets(0), 1: offsets[1]}) == [
+        taken[1]
+    ], "partition 0 was assigned again: its old copies are read anew"
 
 
 def test_a_split_keeps_both_sides_in_order():

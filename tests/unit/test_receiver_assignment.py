@@ -81,8 +81,10 @@ class Consumer:
         return "meta"
 
     def committed(self, partitions: list[TopicPartition], timeout: float) -> list[Position]:
-        return [Position(TOPIC, tp.partition, error=UNSTABLE) if tp.partition == 1
-                else Position(TOPIC, tp.partition, 2, "") for tp in partitions]
+        return [
+            Position(TOPIC, tp.partition, error=UNSTABLE) if tp.partition == 1 else Position(TOPIC, tp.partition, 2, "")
+            for tp in partitions
+        ]
 
     def incremental_assign(self, partitions: list[TopicPartition]) -> None:
         with self._lock:
@@ -125,15 +127,18 @@ def receive_all(receiver: QueueReceiver, count: int, timeout: float) -> list[tup
 
 def test_an_unstable_partition_waits_alone_and_is_assigned_once_stable() -> None:
     consumer = Consumer({0: 5, 1: 4})
-    receiver = QueueReceiver("nowhere:1", "test", "Q", topic=TOPIC, dead_letter=lambda *a: None,
-                             new_consumer=lambda conf: consumer)  # type: ignore[arg-type,return-value]
+    receiver = QueueReceiver(
+        "nowhere:1", "test", "Q", topic=TOPIC, dead_letter=lambda *a: None, new_consumer=lambda conf: consumer
+    )  # type: ignore[arg-type,return-value]
     stable = threading.Event()
     asked: list[list[int]] = []
 
     def reader_read(partitions: list[TopicPartition]) -> list[Position]:
         asked.append([tp.partition for tp in partitions])
-        return [Position(TOPIC, tp.partition, 1, "") if stable.is_set() else
-                Position(TOPIC, tp.partition, error=UNSTABLE) for tp in partitions]
+        return [
+            Position(TOPIC, tp.partition, 1, "") if stable.is_set() else Position(TOPIC, tp.partition, error=UNSTABLE)
+            for tp in partitions
+        ]
 
     receiver._committed_by_reader = reader_read  # type: ignore[method-assign]  # no offsets reader here
     receiver.start()
@@ -159,8 +164,9 @@ def test_a_slow_answer_for_a_waiting_partition_does_not_stop_the_others() -> Non
     consumer's committed() waits out its timeout). The poll thread asks on a thread of its own,
     so records of the partitions it has still arrive meanwhile."""
     consumer = Consumer({0: 3, 1: 4})
-    receiver = QueueReceiver("nowhere:1", "test", "Q", topic=TOPIC, dead_letter=lambda *a: None,
-                             new_consumer=lambda conf: consumer)  # type: ignore[arg-type,return-value]
+    receiver = QueueReceiver(
+        "nowhere:1", "test", "Q", topic=TOPIC, dead_letter=lambda *a: None, new_consumer=lambda conf: consumer
+    )  # type: ignore[arg-type,return-value]
     asking = threading.Event()
 
     def slow_read(partitions: list[TopicPartition]) -> list[Position]:
@@ -189,8 +195,9 @@ def test_a_partition_left_waiting_is_handed_to_the_fence_after_a_second_and_read
     transaction its offsets are stable and it is read. Not before the second: a transaction
     about to commit is not the fence's business."""
     consumer = Consumer({0: 3, 1: 2})
-    receiver = QueueReceiver("nowhere:1", "test", "Q", topic=TOPIC, dead_letter=lambda *a: None,
-                             new_consumer=lambda conf: consumer)  # type: ignore[arg-type,return-value]
+    receiver = QueueReceiver(
+        "nowhere:1", "test", "Q", topic=TOPIC, dead_letter=lambda *a: None, new_consumer=lambda conf: consumer
+    )  # type: ignore[arg-type,return-value]
     fenced = threading.Event()
     calls: list[tuple[float, list[int]]] = []
 
@@ -200,8 +207,10 @@ def test_a_partition_left_waiting_is_handed_to_the_fence_after_a_second_and_read
         return ("kbroker.test.x",)
 
     def reader_read(partitions: list[TopicPartition]) -> list[Position]:
-        return [Position(TOPIC, tp.partition, 0, "") if fenced.is_set() else
-                Position(TOPIC, tp.partition, error=UNSTABLE) for tp in partitions]
+        return [
+            Position(TOPIC, tp.partition, 0, "") if fenced.is_set() else Position(TOPIC, tp.partition, error=UNSTABLE)
+            for tp in partitions
+        ]
 
     receiver._committed_by_reader = reader_read  # type: ignore[method-assign]  # no offsets reader here
     receiver._assignment._fence_hanging = fence  # what committer_ids would build, without a broker
@@ -263,10 +272,16 @@ def test_revoking_partitions_that_still_wait_for_their_offsets_finishes_the_revo
     unassigned only when something had been assigned."""
     cv = threading.Condition()
     settled: list[set[int]] = []
-    assignment = PartitionAssignment(Cluster.of("nowhere:1"), TOPIC, "Q", cv,
-                                     settle_revoked=lambda revoked, since, lost: settled.append(revoked),
-                                     forget_revoked=lambda revoked: None, commit_barrier=lambda: None,
-                                     on_assign=lambda: None)
+    assignment = PartitionAssignment(
+        Cluster.of("nowhere:1"),
+        TOPIC,
+        "Q",
+        cv,
+        settle_revoked=lambda revoked, since, lost: settled.append(revoked),
+        forget_revoked=lambda revoked: None,
+        commit_barrier=lambda: None,
+        on_assign=lambda: None,
+    )
     consumer = BindingConsumer()
     consumer.callback(assignment.on_assign, [TopicPartition(TOPIC, p) for p in range(4)], revoke=False)
     assert sorted(assignment.waiting) == [0, 1, 2, 3] and not consumer.assigned
@@ -284,10 +299,16 @@ def test_an_expulsion_after_a_refused_assignment_still_finishes_the_revocation()
     received nothing for the rest of a broker-restart test). Fails on the code that kept the
     offsets and unassigned every partition it had offsets for."""
     cv = threading.Condition()
-    assignment = PartitionAssignment(Cluster.of("nowhere:1"), TOPIC, "Q", cv,
-                                     settle_revoked=lambda revoked, since, lost: None,
-                                     forget_revoked=lambda revoked: None, commit_barrier=lambda: None,
-                                     on_assign=lambda: None)
+    assignment = PartitionAssignment(
+        Cluster.of("nowhere:1"),
+        TOPIC,
+        "Q",
+        cv,
+        settle_revoked=lambda revoked, since, lost: None,
+        forget_revoked=lambda revoked: None,
+        commit_barrier=lambda: None,
+        on_assign=lambda: None,
+    )
     consumer = BindingConsumer()
     everything = [TopicPartition(TOPIC, p) for p in range(4)]
     consumer.callback(assignment.on_assign, everything[:2], revoke=False)  # both wait (committed() timed out)

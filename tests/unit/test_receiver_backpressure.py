@@ -54,8 +54,7 @@ class FakeConsumer:
     """One partition fed from a list, `batch` records per consume(); nothing while paused, and
     an end-of-partition event once the list is drained (a real consumer's enable.partition.eof)."""
 
-    def __init__(self, conf: dict[str, Any], feed: list[FakeRecord], batch: int,
-                 committed: tuple[int, str]) -> None:
+    def __init__(self, conf: dict[str, Any], feed: list[FakeRecord], batch: int, committed: tuple[int, str]) -> None:
         self.conf, self._feed, self._batch, self._committed = conf, list(feed), batch, committed
         self._lock = threading.Lock()
         self._assigned: list[TopicPartition] = []
@@ -64,8 +63,13 @@ class FakeConsumer:
         self.pauses = self.resumes = 0
         self.closed = False
 
-    def subscribe(self, topics: list[str], on_assign: Callable[..., None], on_revoke: Callable[..., None],
-                  on_lost: Callable[..., None]) -> None:
+    def subscribe(
+        self,
+        topics: list[str],
+        on_assign: Callable[..., None],
+        on_revoke: Callable[..., None],
+        on_lost: Callable[..., None],
+    ) -> None:
         assert topics == [TOPIC]
         self._on_assign = on_assign
 
@@ -97,7 +101,7 @@ class FakeConsumer:
             if self.paused or not self._feed:
                 records: list[FakeRecord] = []
             else:
-                records, self._feed = self._feed[:self._batch], self._feed[self._batch:]
+                records, self._feed = self._feed[: self._batch], self._feed[self._batch :]
                 if not self._feed:
                     records.append(FakeRecord(records[-1].offset() + 1, None, eof=True))
         if not records:
@@ -113,8 +117,9 @@ def record(offset: int, group: str, priority: int = 5) -> FakeRecord:
     return FakeRecord(offset, env)
 
 
-def receiver_over(feed: list[FakeRecord], *, max_buffered: int = 20_000, batch: int = 500,
-                  committed: tuple[int, str] = (0, "")) -> tuple[QueueReceiver, list[FakeConsumer]]:
+def receiver_over(
+    feed: list[FakeRecord], *, max_buffered: int = 20_000, batch: int = 500, committed: tuple[int, str] = (0, "")
+) -> tuple[QueueReceiver, list[FakeConsumer]]:
     """A started QueueReceiver reading `feed` through a FakeConsumer (returned once start() made it)."""
     made: list[FakeConsumer] = []
 
@@ -123,9 +128,15 @@ def receiver_over(feed: list[FakeRecord], *, max_buffered: int = 20_000, batch: 
         return made[-1]
 
     dead_letters: list[str] = []
-    receiver = QueueReceiver("bootstrap:9092", "test", "Q", topic=TOPIC, max_buffered=max_buffered,
-                             dead_letter=lambda r, rec, why: dead_letters.append(why),
-                             new_consumer=new_consumer)  # type: ignore[arg-type]
+    receiver = QueueReceiver(
+        "bootstrap:9092",
+        "test",
+        "Q",
+        topic=TOPIC,
+        max_buffered=max_buffered,
+        dead_letter=lambda r, rec, why: dead_letters.append(why),
+        new_consumer=new_consumer,
+    )  # type: ignore[arg-type]
     assert made == [], "the constructor must not create the consumer"
     return receiver.start(), made
 
@@ -141,8 +152,7 @@ def test_the_constructor_does_no_io_and_close_without_start_is_fine():
     def no_consumer(conf: dict[str, Any]) -> FakeConsumer:
         raise AssertionError("the constructor or close() made a consumer")
 
-    receiver = QueueReceiver("nowhere:1", "test", "Q", dead_letter=lambda r, rec, why: None,
-                             new_consumer=no_consumer)  # type: ignore[arg-type]
+    receiver = QueueReceiver("nowhere:1", "test", "Q", dead_letter=lambda r, rec, why: None, new_consumer=no_consumer)  # type: ignore[arg-type]
     assert receiver.stats()["buffered"] == 0
     receiver.close()
 

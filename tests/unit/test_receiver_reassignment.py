@@ -41,10 +41,10 @@ class Consumer:
         pass
 
 
-def receiver_with_records(consumer: Consumer, count: int,
-                          barrier: Callable[[], None] = lambda: None) -> QueueReceiver:
-    receiver = QueueReceiver("nowhere:1", "test", "Q", topic=TOPIC, dead_letter=lambda *a: None,
-                             revoke_grace=0.0, commit_barrier=barrier)
+def receiver_with_records(consumer: Consumer, count: int, barrier: Callable[[], None] = lambda: None) -> QueueReceiver:
+    receiver = QueueReceiver(
+        "nowhere:1", "test", "Q", topic=TOPIC, dead_letter=lambda *a: None, revoke_grace=0.0, commit_barrier=barrier
+    )
     receiver._assignment.on_assign(consumer, [TopicPartition(TOPIC, 0)])  # type: ignore[arg-type]
     fetch(receiver, range(count))
     return receiver
@@ -134,7 +134,6 @@ def test_within_one_assignment_a_rollback_still_puts_records_back_in_order() -> 
     assert offsets_of(receiver) == [0, 1, 2]
 
 
-
 class SubscribingConsumer(Consumer):
     """Also what the poll loop calls: it keeps the rebalance callbacks subscribe() is given."""
 
@@ -159,8 +158,7 @@ def test_a_lost_partition_dooms_its_leases_at_once() -> None:
     transaction, since whatever commits now overlaps the next owner. Fails on the code that
     handled a loss as a revocation (the callback waited out the grace)."""
     consumer = SubscribingConsumer()
-    receiver = QueueReceiver("nowhere:1", "test", "Q", topic=TOPIC, dead_letter=lambda *a: None,
-                             revoke_grace=30.0)
+    receiver = QueueReceiver("nowhere:1", "test", "Q", topic=TOPIC, dead_letter=lambda *a: None, revoke_grace=30.0)
     receiver._poll.start(consumer)  # type: ignore[arg-type]
     lost: threading.Thread | None = None
     try:

@@ -67,8 +67,9 @@ class Consumer:
 def test_one_record_wakes_one_waiting_receive_not_all(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(receiver_module.threading, "Condition", CountingCondition)
     consumer = Consumer()
-    receiver = QueueReceiver("nowhere:1", "test", "Q", topic=TOPIC, dead_letter=lambda *a: None,
-                             new_consumer=lambda conf: consumer)  # type: ignore[arg-type,return-value]
+    receiver = QueueReceiver(
+        "nowhere:1", "test", "Q", topic=TOPIC, dead_letter=lambda *a: None, new_consumer=lambda conf: consumer
+    )  # type: ignore[arg-type,return-value]
     got: list[int] = []
 
     def read() -> None:

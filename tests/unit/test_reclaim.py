@@ -40,7 +40,9 @@ def test_a_retained_conversation_holds_the_prefix():
 offsets = st.integers(min_value=0, max_value=10**6)
 
 
-@given(st.dictionaries(st.integers(0, 8), st.tuples(offsets, st.one_of(st.none(), offsets), st.one_of(st.none(), offsets))))
+@given(
+    st.dictionaries(st.integers(0, 8), st.tuples(offsets, st.one_of(st.none(), offsets), st.one_of(st.none(), offsets)))
+)
 def test_never_past_the_commit_or_a_retained_record(parts):
     starts = {p: s for p, (s, _, _) in parts.items()}
     committed = {p: c for p, (_, c, _) in parts.items()}
@@ -77,8 +79,12 @@ def test_an_analytics_position_older_than_the_hold_holds_nothing_back():
 def test_while_the_job_runs_a_partition_it_has_no_position_for_keeps_everything():
     """A queue the job's Spark source has not found yet, or found in a first batch that knew no
     end offsets: reclaimed under the job, its records were never counted."""
-    topics = {("q.Fresh", 0): (-1001, None), ("q.Fresh", 1): (-1001, ""),
-              ("q.Stale", 0): (12, str(NOW_MS - 2_000)), ("q.Stale", 1): (7, str(NOW_MS - 7_200_000))}
+    topics = {
+        ("q.Fresh", 0): (-1001, None),
+        ("q.Fresh", 1): (-1001, ""),
+        ("q.Stale", 0): (12, str(NOW_MS - 2_000)),
+        ("q.Stale", 1): (7, str(NOW_MS - 7_200_000)),
+    }
     floor = analytics_floor(topics, NOW_MS)
     assert floor == {("q.Fresh", 0): 0, ("q.Fresh", 1): 0, ("q.Stale", 0): 12, ("q.Stale", 1): 0}
     fresh = {p: o for (t, p), o in floor.items() if t == "q.Fresh"}
@@ -90,8 +96,9 @@ def test_while_the_job_runs_a_partition_it_has_no_position_for_keeps_everything(
 def test_an_analytics_position_without_a_timestamp_holds_nothing_back():
     positions = {0: (30, None), 1: (30, ""), 2: (30, "not a time"), 3: (-1001, str(NOW_MS))}
     assert analytics_floor(positions, NOW_MS) == {}
-    assert reclaim_points({p: 0 for p in range(4)}, {p: 50 for p in range(4)},
-                          keep_from=analytics_floor(positions, NOW_MS)) == {0: 50, 1: 50, 2: 50, 3: 50}
+    assert reclaim_points(
+        {p: 0 for p in range(4)}, {p: 50 for p in range(4)}, keep_from=analytics_floor(positions, NOW_MS)
+    ) == {0: 50, 1: 50, 2: 50, 3: 50}
 
 
 def test_a_position_stamped_in_the_future_holds_nothing_back():
@@ -128,8 +135,9 @@ def response(correlation_id: int, dirs: list[tuple[int, str, dict[str, list[tupl
 sizes = st.lists(st.tuples(st.integers(0, 50), st.integers(0, 2**40), st.booleans()), max_size=6)
 
 
-@given(st.lists(st.tuples(st.sampled_from([0, 57]), st.dictionaries(st.sampled_from(["q", "other"]), sizes)),
-                max_size=3))
+@given(
+    st.lists(st.tuples(st.sampled_from([0, 57]), st.dictionaries(st.sampled_from(["q", "other"]), sizes)), max_size=3)
+)
 def test_log_dir_sizes_add_up_per_partition(dirs):
     payload = response(7, [(error, f"/d{i}", topics) for i, (error, topics) in enumerate(dirs)])
     expected: dict[int, int] = {}

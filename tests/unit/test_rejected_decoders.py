@@ -30,15 +30,17 @@ NS = "ns"
 QUEUE_TOPIC = f"kbroker.{NS}.queue.Q"
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.floats(allow_nan=False) | st.text(max_size=20),
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False) | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
-    max_leaves=12)
+    max_leaves=12,
+)
 
 
 def shaped(fields: list[str]) -> st.SearchStrategy[bytes]:
     """JSON objects with (some of) the decoder's own field names, values of any JSON type."""
-    return st.dictionaries(st.sampled_from(fields) | st.text(max_size=6), json_values, max_size=len(fields) + 1) \
-        .map(orjson.dumps)
+    return st.dictionaries(st.sampled_from(fields) | st.text(max_size=6), json_values, max_size=len(fields) + 1).map(
+        orjson.dumps
+    )
 
 
 any_value = st.none() | st.binary(max_size=200) | json_values.map(orjson.dumps)
@@ -54,10 +56,15 @@ def decodes_or_rejects(decoder: Any, *args: Any) -> Any:
 
 
 @settings(max_examples=300, deadline=None)
-@given(value=any_value | shaped(["event", "worker", "config", "backlog", "ready_groups", "empty", "generation",
-                                 "in_receive"]) | st.sampled_from(["MessagesReady", "QueueAltered", "Tick"]).flatmap(
-    lambda e: shaped(["backlog", "ready_groups", "empty", "generation", "in_receive", "config"]).map(
-        lambda raw: orjson.dumps({**orjson.loads(raw), "event": e}))))
+@given(
+    value=any_value
+    | shaped(["event", "worker", "config", "backlog", "ready_groups", "empty", "generation", "in_receive"])
+    | st.sampled_from(["MessagesReady", "QueueAltered", "Tick"]).flatmap(
+        lambda e: shaped(["backlog", "ready_groups", "empty", "generation", "in_receive", "config"]).map(
+            lambda raw: orjson.dumps({**orjson.loads(raw), "event": e})
+        )
+    )
+)
 def test_monitor_events_decode_to_an_event_that_steps_or_are_rejected(value):
     decoded = decodes_or_rejects(monitor_codec.decode, value)
     if decoded is not None:  # what passes must not make the monitor raise either
@@ -77,32 +84,76 @@ KINDS = ["queue", "service", "contract", "message_type", "route", "broker_endpoi
 
 
 @settings(max_examples=300, deadline=None)
-@given(key=any_key | st.tuples(st.sampled_from(KINDS), st.text(max_size=12)).map(lambda t: f"{t[0]}/{t[1]}".encode()),
-       value=any_value | shaped(["name", "partitions", "activation", "queue", "contracts", "messages", "validation",
-                                 "status", "address"]))
+@given(
+    key=any_key | st.tuples(st.sampled_from(KINDS), st.text(max_size=12)).map(lambda t: f"{t[0]}/{t[1]}".encode()),
+    value=any_value
+    | shaped(["name", "partitions", "activation", "queue", "contracts", "messages", "validation", "status", "address"]),
+)
 def test_catalog_records(key, value):
     decodes_or_rejects(catalog_record, key, value)
 
 
 @settings(max_examples=300, deadline=None)
-@given(key=any_key | st.sampled_from(["h", "h/groups", "h/lease", "h/want"]).map(str.encode),
-       value=any_value | shaped(["conversation_handle", "conversation_id", "side", "state", "send_sequence",
-                                 "lifetime", "group_chain", "handle", "epoch", "owner", "by", "until", "fence"]))
+@given(
+    key=any_key | st.sampled_from(["h", "h/groups", "h/lease", "h/want"]).map(str.encode),
+    value=any_value
+    | shaped(
+        [
+            "conversation_handle",
+            "conversation_id",
+            "side",
+            "state",
+            "send_sequence",
+            "lifetime",
+            "group_chain",
+            "handle",
+            "epoch",
+            "owner",
+            "by",
+            "until",
+            "fence",
+        ]
+    ),
+)
 def test_endpoint_records(key, value):
     decodes_or_rejects(endpoint_record, key, value)
 
 
-TIMER_FIELDS = ["kind", "due", "conversation_id", "side", "contract", "service", "far_service", "topic", "key",
-                "INITIATOR", "TARGET"]
+TIMER_FIELDS = [
+    "kind",
+    "due",
+    "conversation_id",
+    "side",
+    "contract",
+    "service",
+    "far_service",
+    "topic",
+    "key",
+    "INITIATOR",
+    "TARGET",
+]
 
 
 @settings(max_examples=300, deadline=None)
-@given(value=any_value | shaped(TIMER_FIELDS) | st.fixed_dictionaries({
-    "kind": st.sampled_from(["timer", "lifetime"]), "due": st.integers(0, 10), "conversation_id": st.text(max_size=5),
-    "side": st.sampled_from(["INITIATOR", "TARGET", "X"]), "contract": st.text(max_size=3),
-    "service": st.text(max_size=3), "far_service": st.text(max_size=3),
-    "topic": st.sampled_from([QUEUE_TOPIC, "elsewhere", None]), "key": st.text(max_size=3) | st.none(),
-    "INITIATOR": json_values, "TARGET": json_values}).map(orjson.dumps))
+@given(
+    value=any_value
+    | shaped(TIMER_FIELDS)
+    | st.fixed_dictionaries(
+        {
+            "kind": st.sampled_from(["timer", "lifetime"]),
+            "due": st.integers(0, 10),
+            "conversation_id": st.text(max_size=5),
+            "side": st.sampled_from(["INITIATOR", "TARGET", "X"]),
+            "contract": st.text(max_size=3),
+            "service": st.text(max_size=3),
+            "far_service": st.text(max_size=3),
+            "topic": st.sampled_from([QUEUE_TOPIC, "elsewhere", None]),
+            "key": st.text(max_size=3) | st.none(),
+            "INITIATOR": json_values,
+            "TARGET": json_values,
+        }
+    ).map(orjson.dumps)
+)
 def test_timers_never_fire_outside_the_namespaces_queues(value):
     decoded = decodes_or_rejects(timer_value, NS, value)
     if decoded is not None:  # what passes fires only onto the namespace's queues, without raising
@@ -115,17 +166,42 @@ def test_timers_never_fire_outside_the_namespaces_queues(value):
 
 
 @settings(max_examples=200, deadline=None)
-@given(value=any_value | shaped(["topic", "process", "at", "partitions", "buffered", "ready_groups",
-                                 "locked_groups", "in_flight", "paused", "oldest_lock_at"]))
+@given(
+    value=any_value
+    | shaped(
+        [
+            "topic",
+            "process",
+            "at",
+            "partitions",
+            "buffered",
+            "ready_groups",
+            "locked_groups",
+            "in_flight",
+            "paused",
+            "oldest_lock_at",
+        ]
+    )
+)
 def test_reader_reports(value):
     decodes_or_rejects(reader_report, value)
 
 
 @settings(max_examples=300, deadline=None)
-@given(value=any_value | shaped(["queue", "at", "partitions"]) | st.fixed_dictionaries({
-    "queue": st.text(max_size=3), "at": st.integers(0, 10),
-    "partitions": st.lists(st.dictionaries(st.sampled_from(["partition", "committed", "completed"]), json_values),
-                           max_size=3)}).map(orjson.dumps), as_text=st.booleans())
+@given(
+    value=any_value
+    | shaped(["queue", "at", "partitions"])
+    | st.fixed_dictionaries(
+        {
+            "queue": st.text(max_size=3),
+            "at": st.integers(0, 10),
+            "partitions": st.lists(
+                st.dictionaries(st.sampled_from(["partition", "committed", "completed"]), json_values), max_size=3
+            ),
+        }
+    ).map(orjson.dumps),
+    as_text=st.booleans(),
+)
 def test_progress_snapshots(value, as_text):
     decodes_or_rejects(progress_snapshot, value.decode(errors="replace") if as_text and value else value)
 
@@ -137,9 +213,11 @@ def test_control_commands(key, value):
 
 
 @settings(max_examples=200, deadline=None)
-@given(key=any_key | st.sampled_from([b"dialog/x", b"queue/Q/1"]),
-       value=any_value | shaped(["queue", "window_start", "conversation_id", "side", "oldest_unreceived",
-                                 "oldest_age_s", "as_of"]))
+@given(
+    key=any_key | st.sampled_from([b"dialog/x", b"queue/Q/1"]),
+    value=any_value
+    | shaped(["queue", "window_start", "conversation_id", "side", "oldest_unreceived", "oldest_age_s", "as_of"]),
+)
 def test_analytics_rows(key, value):
     decoded = decodes_or_rejects(analytics_row, key, value)
     if decoded is not None and decoded[0] == "dialog":
@@ -149,8 +227,9 @@ def test_analytics_rows(key, value):
 
 
 @settings(max_examples=200, deadline=None)
-@given(key=any_key, value=any_value, headers=st.lists(st.tuples(st.text(max_size=8), st.binary(max_size=20)),
-                                                     max_size=3))
+@given(
+    key=any_key, value=any_value, headers=st.lists(st.tuples(st.text(max_size=8), st.binary(max_size=20)), max_size=3)
+)
 def test_any_record_has_its_dead_letter_and_event(key, value, headers):
     record = Consumed("kbroker.ns.timers", 1, 7, key, value, headers)
     letter, event = rejection_records(NS, record, "why" * 500, "reader", 1)

@@ -27,18 +27,26 @@ def test_a_catalog_reader_notes_a_bad_record_at_debug_and_counts_it(caplog):
     records = [FakeMessage(0, 0, b"service/Bogus", b'{"name": 5}', topic_=TOPIC), eof(0, 1)]
     rejects = Rejects("127.0.0.1:1", "ns", "catalog reader", record=False, scanned=True)
     with caplog.at_level(logging.DEBUG, logger="kbroker.rejects"):
-        catalog = read_catalog_with(FakeConsumer({0: (0, 1)}, [records]), "ns", [0], 5.0,  # type: ignore[arg-type]
-                                    rejects)
+        catalog = read_catalog_with(
+            FakeConsumer({0: (0, 1)}, [records]),
+            "ns",
+            [0],
+            5.0,  # type: ignore[arg-type]
+            rejects,
+        )
     assert "Bogus" not in catalog.services and rejects.rejected == 1
     assert levels(caplog) == [logging.DEBUG]
 
 
-@pytest.mark.parametrize("made, level", [
-    ({"record": False}, logging.WARNING),  # a reader no scan covers (the monitors view) still says so
-    ({"record": False, "scanned": True}, logging.DEBUG),
-    ({"record": True}, logging.WARNING),  # the scan's own, which records it: says so
-    ({"record": True, "scanned": True}, logging.WARNING),
-])
+@pytest.mark.parametrize(
+    "made, level",
+    [
+        ({"record": False}, logging.WARNING),  # a reader no scan covers (the monitors view) still says so
+        ({"record": False, "scanned": True}, logging.DEBUG),
+        ({"record": True}, logging.WARNING),  # the scan's own, which records it: says so
+        ({"record": True, "scanned": True}, logging.WARNING),
+    ],
+)
 def test_who_says_so_at_warning(caplog, monkeypatch, made, level):
     rejects = Rejects("127.0.0.1:1", "ns", "a reader", **made)
     written: list[str] = []

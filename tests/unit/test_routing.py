@@ -32,61 +32,90 @@ NOW = 1_700_000_000.0
 # --- the address ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fields, bootstrap, namespace", [
-    ({"address": "LOCAL"}, None, None),
-    ({"address": "local"}, None, None),
-    ({"address": "transport"}, None, None),
-    ({"address": "kafka://h:9092/sales"}, "h:9092", "sales"),
-    ({"address": "kafka://h1:9092,h2.example.com:9093/Sales_2-b"}, "h1:9092,h2.example.com:9093", "Sales_2-b"),
-    ({"address": "kafka://h:9092/sales", "broker_instance": "other"}, "h:9092", "sales"),  # forwarded
-    ({"address": "kafka://h:9092", "broker_instance": "sales"}, "h:9092", "sales"),  # the old form
-    ({"address": "kafka://h:1/a", "service_name": "S", "broker_instance": "b",
-      "mirror_address": "kafka://m:2/b2"}, "h:1", "a"),
-    ({"address": "kafka://h:1/a", "service_name": "S", "broker_instance": "b",
-      "mirror_address": "kafka://m:2"}, "h:1", "a"),
-])
+@pytest.mark.parametrize(
+    "fields, bootstrap, namespace",
+    [
+        ({"address": "LOCAL"}, None, None),
+        ({"address": "local"}, None, None),
+        ({"address": "transport"}, None, None),
+        ({"address": "kafka://h:9092/sales"}, "h:9092", "sales"),
+        ({"address": "kafka://h1:9092,h2.example.com:9093/Sales_2-b"}, "h1:9092,h2.example.com:9093", "Sales_2-b"),
+        ({"address": "kafka://h:9092/sales", "broker_instance": "other"}, "h:9092", "sales"),  # forwarded
+        ({"address": "kafka://h:9092", "broker_instance": "sales"}, "h:9092", "sales"),  # the old form
+        (
+            {
+                "address": "kafka://h:1/a",
+                "service_name": "S",
+                "broker_instance": "b",
+                "mirror_address": "kafka://m:2/b2",
+            },
+            "h:1",
+            "a",
+        ),
+        (
+            {"address": "kafka://h:1/a", "service_name": "S", "broker_instance": "b", "mirror_address": "kafka://m:2"},
+            "h:1",
+            "a",
+        ),
+    ],
+)
 def test_valid_addresses(fields, bootstrap, namespace):
     r = Route(name="R", **fields)
     assert (r.bootstrap, r.namespace) == (bootstrap, namespace)
 
 
-@pytest.mark.parametrize("fields, reason", [
-    ({"address": "tcp://h:4022"}, "address must be"),
-    ({"address": "kafka://h:70000/ns"}, "address must be"),
-    ({"address": "kafka://h:0/ns"}, "address must be"),
-    ({"address": "kafka://h/ns"}, "address must be"),
-    ({"address": "kafka://h:1/"}, "address must be"),
-    ({"address": "kafka://h:1/ns/more"}, "address must be"),
-    ({"address": "kafka://h:1/bad.ns"}, "address must be"),
-    ({"address": "kafka://h:1/" + "n" * 41}, "address must be"),
-    ({"address": "kafka://h:1"}, "names no namespace"),
-    ({"address": 7}, "address must be"),
-    ({"address": "LOCAL", "broker_instance": "not a namespace"}, "broker_instance must be a namespace"),
-    ({"address": "TRANSPORT", "service_name": "S"}, "TRANSPORT"),
-    ({"address": "TRANSPORT", "broker_instance": "b"}, "TRANSPORT"),
-    ({"address": "LOCAL", "service_name": "S", "broker_instance": "b", "mirror_address": "kafka://m:1/x"},
-     "cannot be combined"),
-    ({"address": "TRANSPORT", "mirror_address": "kafka://m:1/x"}, "cannot be combined"),
-    ({"address": "kafka://h:1/a", "broker_instance": "b", "mirror_address": "kafka://m:1/x"},
-     "requires both"),
-    ({"address": "kafka://h:1/a", "service_name": "S", "mirror_address": "kafka://m:1/x"}, "requires both"),
-    ({"address": "kafka://h:1/a", "service_name": "S", "broker_instance": "b", "mirror_address": "LOCAL"},
-     "mirror_address must be"),
-    ({"address": "LOCAL", "service_name": "SQL/ServiceBroker/BrokerConfiguration", "broker_instance": "b"},
-     "BrokerConfiguration"),
-    ({"address": "LOCAL", "service_name": ""}, "service_name"),
-    ({"address": "LOCAL", "lifetime": 0}, "lifetime"),
-    ({"address": "LOCAL", "created_at": -1}, "created_at"),
-    ({"address": "LOCAL", "port": 1}, "port"),
-])
+@pytest.mark.parametrize(
+    "fields, reason",
+    [
+        ({"address": "tcp://h:4022"}, "address must be"),
+        ({"address": "kafka://h:70000/ns"}, "address must be"),
+        ({"address": "kafka://h:0/ns"}, "address must be"),
+        ({"address": "kafka://h/ns"}, "address must be"),
+        ({"address": "kafka://h:1/"}, "address must be"),
+        ({"address": "kafka://h:1/ns/more"}, "address must be"),
+        ({"address": "kafka://h:1/bad.ns"}, "address must be"),
+        ({"address": "kafka://h:1/" + "n" * 41}, "address must be"),
+        ({"address": "kafka://h:1"}, "names no namespace"),
+        ({"address": 7}, "address must be"),
+        ({"address": "LOCAL", "broker_instance": "not a namespace"}, "broker_instance must be a namespace"),
+        ({"address": "TRANSPORT", "service_name": "S"}, "TRANSPORT"),
+        ({"address": "TRANSPORT", "broker_instance": "b"}, "TRANSPORT"),
+        (
+            {"address": "LOCAL", "service_name": "S", "broker_instance": "b", "mirror_address": "kafka://m:1/x"},
+            "cannot be combined",
+        ),
+        ({"address": "TRANSPORT", "mirror_address": "kafka://m:1/x"}, "cannot be combined"),
+        ({"address": "kafka://h:1/a", "broker_instance": "b", "mirror_address": "kafka://m:1/x"}, "requires both"),
+        ({"address": "kafka://h:1/a", "service_name": "S", "mirror_address": "kafka://m:1/x"}, "requires both"),
+        (
+            {"address": "kafka://h:1/a", "service_name": "S", "broker_instance": "b", "mirror_address": "LOCAL"},
+            "mirror_address must be",
+        ),
+        (
+            {"address": "LOCAL", "service_name": "SQL/ServiceBroker/BrokerConfiguration", "broker_instance": "b"},
+            "BrokerConfiguration",
+        ),
+        ({"address": "LOCAL", "service_name": ""}, "service_name"),
+        ({"address": "LOCAL", "lifetime": 0}, "lifetime"),
+        ({"address": "LOCAL", "created_at": -1}, "created_at"),
+        ({"address": "LOCAL", "port": 1}, "port"),
+    ],
+)
 def test_invalid_routes_are_typed_validation_errors(fields, reason):
     with pytest.raises(ValidationError, match=reason):
         Route(name="R", **fields)
 
 
 def test_a_route_survives_the_catalog_json():
-    r = Route(name="R", service_name="S", address="kafka://h:1/a", broker_instance="b",
-              mirror_address="kafka://m:2/c", lifetime=60, created_at=NOW)
+    r = Route(
+        name="R",
+        service_name="S",
+        address="kafka://h:1/a",
+        broker_instance="b",
+        mirror_address="kafka://m:2/c",
+        lifetime=60,
+        created_at=NOW,
+    )
     back = Catalog.from_json(Catalog(namespace="ns", routes={"R": r}).to_json())
     assert back.routes["R"] == r
 
@@ -98,21 +127,27 @@ def write(tmp_path, text):
 
 
 def test_the_loader_takes_remote_routes_to_services_defined_elsewhere(tmp_path):
-    f = write(tmp_path, """
+    f = write(
+        tmp_path,
+        """
         routes:
           - {name: R, service_name: //Remote/Service, address: "kafka://h:9092/sales", lifetime: 60}
           - {name: M, service_name: //Remote/Service, broker_instance: sales, address: "kafka://h:9092",
              mirror_address: "kafka://m:9092/standby"}
-    """)
+    """,
+    )
     c = load_definitions([f], "ns")
     assert c.routes["R"].namespace == "sales" and c.routes["M"].created_at is None
 
 
-@pytest.mark.parametrize("text, reason", [
-    ("routes: [{name: R, address: LOCAL, created_at: 5}]\n", "created_at is set by 'kbroker apply'"),
-    ("routes: [{name: R, service_name: Ghost, address: LOCAL}]\n", "service 'Ghost' is not defined"),
-    ("routes: [{name: R, address: 'kafka://h:1'}]\n", "names no namespace"),
-])
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("routes: [{name: R, address: LOCAL, created_at: 5}]\n", "created_at is set by 'kbroker apply'"),
+        ("routes: [{name: R, service_name: Ghost, address: LOCAL}]\n", "service 'Ghost' is not defined"),
+        ("routes: [{name: R, address: 'kafka://h:1'}]\n", "names no namespace"),
+    ],
+)
 def test_the_loader_refuses(tmp_path, text, reason):
     with pytest.raises(DefinitionError, match=reason) as err:
         load_definitions([write(tmp_path, text)], "ns")
@@ -128,9 +163,14 @@ def test_expiry_counts_from_created_at():
     assert not is_expired(r, NOW + 59.9) and is_expired(r, NOW + 60)
 
 
-@pytest.mark.parametrize("route", [Route(name="R", address="LOCAL"),
-                                   Route(name="R", address="LOCAL", created_at=NOW),
-                                   Route(name="R", address="LOCAL", lifetime=1)])  # never applied: no start
+@pytest.mark.parametrize(
+    "route",
+    [
+        Route(name="R", address="LOCAL"),
+        Route(name="R", address="LOCAL", created_at=NOW),
+        Route(name="R", address="LOCAL", lifetime=1),
+    ],
+)  # never applied: no start
 def test_without_lifetime_or_created_at_a_route_never_expires(route):
     assert expires_at(route) is None and not is_expired(route, 10**12)
 
@@ -143,8 +183,9 @@ def local(name, service=None, instance=None, **kw):
 
 
 def remote(name, service=None, instance=None, **kw):
-    return Route(name=name, address=f"kafka://h:1/{instance or 'x'}", service_name=service,
-                 broker_instance=instance, **kw)
+    return Route(
+        name=name, address=f"kafka://h:1/{instance or 'x'}", service_name=service, broker_instance=instance, **kw
+    )
 
 
 TRANSPORT = Route(name="T", address="TRANSPORT")
@@ -158,8 +199,15 @@ def test_every_namespace_has_auto_created_local():
 
 
 def test_service_then_instance_then_transport():
-    routes = [TRANSPORT, local("any"), remote("any@b", instance="b"), remote("S", "S"),
-              remote("S@b", "S", "b"), remote("S@c", "S", "c"), remote("Other", "Other")]
+    routes = [
+        TRANSPORT,
+        local("any"),
+        remote("any@b", instance="b"),
+        remote("S", "S"),
+        remote("S@b", "S", "b"),
+        remote("S@c", "S", "c"),
+        remote("Other", "Other"),
+    ]
     assert match_route(routes, "S", "b", NOW).name == "S@b"
     assert match_route(routes, "S", None, NOW).name == "S"  # no instance named: the unnamed one first
     assert match_route(routes, "S", "z", NOW).name == "S"  # S@b, S@c name another instance
@@ -193,15 +241,18 @@ INSTANCES = [None, "b", "c"]
 @st.composite
 def route_lists(draw, min_size=0):
     """Routes of distinct names (as a catalog's are), of every kind, some expired at NOW."""
-    kinds = st.fixed_dictionaries({
-        "kind": st.sampled_from(["LOCAL", "REMOTE", "TRANSPORT"]),
-        "service": st.sampled_from([None, *SERVICES]),
-        "instance": st.sampled_from(INSTANCES),
-        "expired": st.booleans(),
-    })
+    kinds = st.fixed_dictionaries(
+        {
+            "kind": st.sampled_from(["LOCAL", "REMOTE", "TRANSPORT"]),
+            "service": st.sampled_from([None, *SERVICES]),
+            "instance": st.sampled_from(INSTANCES),
+            "expired": st.booleans(),
+        }
+    )
     specs = draw(st.lists(kinds, min_size=min_size, max_size=8))
-    names = draw(st.lists(st.text("abcdefgh", min_size=1, max_size=3), min_size=len(specs),
-                          max_size=len(specs), unique=True))
+    names = draw(
+        st.lists(st.text("abcdefgh", min_size=1, max_size=3), min_size=len(specs), max_size=len(specs), unique=True)
+    )
     return [make(name, **spec) for name, spec in zip(names, specs)]
 
 
@@ -225,8 +276,13 @@ def test_the_match_does_not_depend_on_the_order_of_the_routes(routes, dialog, rn
 
 
 @settings(max_examples=300)
-@given(route_lists(), dialogs, st.sampled_from(["LOCAL", "REMOTE", "TRANSPORT"]),
-       st.sampled_from([None, *SERVICES]), st.sampled_from(INSTANCES))
+@given(
+    route_lists(),
+    dialogs,
+    st.sampled_from(["LOCAL", "REMOTE", "TRANSPORT"]),
+    st.sampled_from([None, *SERVICES]),
+    st.sampled_from(INSTANCES),
+)
 def test_adding_an_expired_route_never_changes_the_match(routes, dialog, kind, service, instance):
     extra = make("zz-expired", kind, service, instance, expired=True)
     assert match_route([*routes, extra], *dialog, NOW) == match_route(routes, *dialog, NOW)
@@ -285,17 +341,20 @@ def test_destinations():
     assert destination(old_form, "S") == Destination("REMOTE", "h:1,g:2", "sales", "O")
 
 
-@pytest.mark.parametrize("service, expected", [
-    ("kafka://h:9092/sales/Orders", ("h:9092", "sales")),
-    ("kafka://h:9092,g:9093/sales//Adventure-Works.com/Expenses", ("h:9092,g:9093", "sales")),
-    ("kafka://h:9092/sales", None),  # no service after the namespace
-    ("kafka://h:9092/sales/", None),
-    ("kafka://h/sales/Orders", None),
-    ("kafka://h:99999/sales/Orders", None),
-    ("kafka://h:9092/bad.ns/Orders", None),
-    ("//Adventure-Works.com/Expenses", None),
-    ("tcp://h:4022/Orders", None),
-])
+@pytest.mark.parametrize(
+    "service, expected",
+    [
+        ("kafka://h:9092/sales/Orders", ("h:9092", "sales")),
+        ("kafka://h:9092,g:9093/sales//Adventure-Works.com/Expenses", ("h:9092,g:9093", "sales")),
+        ("kafka://h:9092/sales", None),  # no service after the namespace
+        ("kafka://h:9092/sales/", None),
+        ("kafka://h/sales/Orders", None),
+        ("kafka://h:99999/sales/Orders", None),
+        ("kafka://h:9092/bad.ns/Orders", None),
+        ("//Adventure-Works.com/Expenses", None),
+        ("tcp://h:4022/Orders", None),
+    ],
+)
 def test_transport_takes_the_address_from_the_service_name(service, expected):
     got = destination(TRANSPORT, service)
     if expected is None:
@@ -308,17 +367,28 @@ def test_transport_takes_the_address_from_the_service_name(service, expected):
 
 
 def test_apply_stamps_new_and_changed_routes_and_keeps_the_rest():
-    published = {"Same": local("Same", lifetime=60, created_at=NOW - 100),
-                 "Changed": local("Changed", lifetime=60, created_at=NOW - 100),
-                 "Legacy": local("Legacy", lifetime=60)}  # published before apply stamped routes
-    applied = Catalog(namespace="ns", routes={"Same": local("Same", lifetime=60),
-                                              "Changed": local("Changed", lifetime=120),
-                                              "Legacy": local("Legacy", lifetime=60),
-                                              "New": local("New")},
-                      origins={"route New": "x.yaml"})
+    published = {
+        "Same": local("Same", lifetime=60, created_at=NOW - 100),
+        "Changed": local("Changed", lifetime=60, created_at=NOW - 100),
+        "Legacy": local("Legacy", lifetime=60),
+    }  # published before apply stamped routes
+    applied = Catalog(
+        namespace="ns",
+        routes={
+            "Same": local("Same", lifetime=60),
+            "Changed": local("Changed", lifetime=120),
+            "Legacy": local("Legacy", lifetime=60),
+            "New": local("New"),
+        },
+        origins={"route New": "x.yaml"},
+    )
     got = stamp_routes(applied, published, NOW)
-    assert {n: r.created_at for n, r in got.routes.items()} == \
-        {"Same": NOW - 100, "Changed": NOW, "Legacy": NOW, "New": NOW}
+    assert {n: r.created_at for n, r in got.routes.items()} == {
+        "Same": NOW - 100,
+        "Changed": NOW,
+        "Legacy": NOW,
+        "New": NOW,
+    }
     assert got.origins == {"route New": "x.yaml"}  # what the loader kept for error messages
     assert got.routes["Changed"].lifetime == 120
 
@@ -338,12 +408,21 @@ def test_applying_the_same_routes_again_changes_no_record():
 def test_kbroker_routes_json(monkeypatch):
     import kbroker.kafka.catalog.catalog_store as store
 
-    catalog = Catalog(namespace="ns", routes={
-        "Orders": Route(name="Orders", service_name="//Orders", address="kafka://h:1/sales",
-                        broker_instance="sales", mirror_address="kafka://m:1/standby", lifetime=60,
-                        created_at=0.0),
-        "Live": Route(name="Live", address="LOCAL", lifetime=10**10, created_at=0.0),
-    })
+    catalog = Catalog(
+        namespace="ns",
+        routes={
+            "Orders": Route(
+                name="Orders",
+                service_name="//Orders",
+                address="kafka://h:1/sales",
+                broker_instance="sales",
+                mirror_address="kafka://m:1/standby",
+                lifetime=60,
+                created_at=0.0,
+            ),
+            "Live": Route(name="Live", address="LOCAL", lifetime=10**10, created_at=0.0),
+        },
+    )
     asked = []
     monkeypatch.setattr(store, "read_catalog", lambda bootstrap, ns: asked.append((bootstrap, ns)) or catalog)
     result = CliRunner().invoke(main, ["routes", "--json", "--bootstrap", "b:1", "--namespace", "ns"])
@@ -351,13 +430,30 @@ def test_kbroker_routes_json(monkeypatch):
     assert [(str(cluster), ns) for cluster, ns in asked] == [("b:1", "ns")]  # the CLI hands on a Cluster
     rows = orjson.loads(result.output)
     assert [r["name"] for r in rows] == ["AutoCreatedLocal", "Live", "Orders"]
-    assert rows[0] == {"name": "AutoCreatedLocal", "service": None, "broker_instance": None, "address": "LOCAL",
-                       "mirror_address": None, "profile": None, "lifetime": None, "created_at": None, "expires_at": None,
-                       "expired": False}
-    assert rows[2] == {"name": "Orders", "service": "//Orders", "broker_instance": "sales",
-                       "address": "kafka://h:1/sales", "mirror_address": "kafka://m:1/standby", "profile": None, "lifetime": 60,
-                       "created_at": "1970-01-01T00:00:00+00:00", "expires_at": "1970-01-01T00:01:00+00:00",
-                       "expired": True}
+    assert rows[0] == {
+        "name": "AutoCreatedLocal",
+        "service": None,
+        "broker_instance": None,
+        "address": "LOCAL",
+        "mirror_address": None,
+        "profile": None,
+        "lifetime": None,
+        "created_at": None,
+        "expires_at": None,
+        "expired": False,
+    }
+    assert rows[2] == {
+        "name": "Orders",
+        "service": "//Orders",
+        "broker_instance": "sales",
+        "address": "kafka://h:1/sales",
+        "mirror_address": "kafka://m:1/standby",
+        "profile": None,
+        "lifetime": 60,
+        "created_at": "1970-01-01T00:00:00+00:00",
+        "expires_at": "1970-01-01T00:01:00+00:00",
+        "expired": True,
+    }
     assert rows[1]["expired"] is False
 
 
@@ -373,6 +469,7 @@ def test_kbroker_routes_table_and_errors(monkeypatch):
 
     def down(bootstrap, ns):
         raise BrokerUnavailableError("no Kafka broker answers at b:1")
+
     monkeypatch.setattr(store, "read_catalog", down)
     result = CliRunner().invoke(main, ["routes", "--bootstrap", "b:1"])
     assert (result.exit_code, result.output) == (1, "kbroker: error: no Kafka broker answers at b:1\n")

@@ -30,6 +30,7 @@ def test_the_seed_timings():
 
 # --- opening -------------------------------------------------------------------------------
 
+
 def test_the_first_connection_is_allowed_at_once_without_waiting_for_a_2nd_tick():
     links = Links()
     assert links.may_connect(D, 0.0, second_tick=False)
@@ -70,8 +71,13 @@ def test_each_failure_in_a_row_is_counted_and_a_connection_resets_the_count():
     assert link.suppressed_until == 120.0 + SUPPRESS_AFTER_FAILURE  # from the last failure
     links.connecting(D, 200.0)
     links.connected(D, 201.0)
-    assert (link.failures, link.attempts, link.last_error, link.connect_time, link.last_activity) == \
-        (0, 4, "", 201.0, 201.0)
+    assert (link.failures, link.attempts, link.last_error, link.connect_time, link.last_activity) == (
+        0,
+        4,
+        "",
+        201.0,
+        201.0,
+    )
 
 
 def test_after_a_disconnect_15_s_and_then_only_on_a_2nd_tick():
@@ -89,6 +95,7 @@ def test_after_a_disconnect_15_s_and_then_only_on_a_2nd_tick():
 
 
 # --- idle close ----------------------------------------------------------------------------------
+
 
 def test_idle_closes_connected_links_after_90_s_without_activity():
     links = Links()
@@ -159,6 +166,7 @@ def test_closed_right_after_a_failure_still_reopens_at_once():
 
 # --- rows ----------------------------------------------------------------------------------------
 
+
 def test_rows_follow_sys_dm_broker_connections():
     links = Links()
     links.connecting("a", 0.0)
@@ -168,12 +176,26 @@ def test_rows_follow_sys_dm_broker_connections():
     links.failed("b", 10.0, "refused")
     links.link("c")
     rows = {r["destination"]: r for r in links.rows(20.0)}
-    expected = {"destination": "a", "state": CONNECTED, "connect_time": 5.0, "last_activity_time": 7.0,
-                "suppressed_for": 0.0, "failures": 0, "attempts": 1, "total_sends": 3, "total_acks": 2,
-                "total_bytes": 99, "last_error": None}
+    expected = {
+        "destination": "a",
+        "state": CONNECTED,
+        "connect_time": 5.0,
+        "last_activity_time": 7.0,
+        "suppressed_for": 0.0,
+        "failures": 0,
+        "attempts": 1,
+        "total_sends": 3,
+        "total_acks": 2,
+        "total_bytes": 99,
+        "last_error": None,
+    }
     assert {k: rows["a"].get(k) for k in expected} == expected  # (further columns: the history test)
-    assert (rows["b"]["state"], rows["b"]["suppressed_for"], rows["b"]["last_error"], rows["b"]["failures"]) == \
-        (CLOSED, 50.0, "refused", 1)
+    assert (rows["b"]["state"], rows["b"]["suppressed_for"], rows["b"]["last_error"], rows["b"]["failures"]) == (
+        CLOSED,
+        50.0,
+        "refused",
+        1,
+    )
     assert (rows["c"]["state"], rows["c"]["last_activity_time"], rows["c"]["connect_time"]) == (NEW, None, None)
     assert [r["destination"] for r in links.rows(1_000.0)] == ["a", "b", "c"]
     assert links.rows(1_000.0)[1]["suppressed_for"] == 0.0  # never negative
@@ -189,9 +211,16 @@ def test_history_keeps_the_latest_state_changes_in_order():
     links.connecting(D, 95.0)
     links.connected(D, 96.0)
     links.closed(D, 200.0)
-    assert links.link(D).history == [(1.0, "CONNECTING"), (2.0, "FAILED"), (70.0, "CONNECTING"),
-                                      (71.0, "CONNECTED"), (80.0, "DISCONNECTED"), (95.0, "CONNECTING"),
-                                      (96.0, "CONNECTED"), (200.0, "IDLE_CLOSED")]
+    assert links.link(D).history == [
+        (1.0, "CONNECTING"),
+        (2.0, "FAILED"),
+        (70.0, "CONNECTING"),
+        (71.0, "CONNECTED"),
+        (80.0, "DISCONNECTED"),
+        (95.0, "CONNECTING"),
+        (96.0, "CONNECTED"),
+        (200.0, "IDLE_CLOSED"),
+    ]
     assert links.rows(200.0)[0]["history"][-1] == [200.0, "IDLE_CLOSED"]
     # Without a time, an idle close is dated when the idle period ran out.
     links.connecting(D, 300.0)
@@ -210,8 +239,11 @@ def test_history_keeps_the_latest_state_changes_in_order():
 # --- the rules as a property -------------------------------------------------------------------
 
 events = st.lists(
-    st.tuples(st.sampled_from(["ask", "connect_ok", "connect_fail", "disconnect", "active", "idle_close"]),
-              st.floats(0.0, 40.0), st.booleans()),
+    st.tuples(
+        st.sampled_from(["ask", "connect_ok", "connect_fail", "disconnect", "active", "idle_close"]),
+        st.floats(0.0, 40.0),
+        st.booleans(),
+    ),
     max_size=40,
 )
 

@@ -29,9 +29,18 @@ PUBLIC = {"a": A_KEY.public_key(), "c": C_KEY.public_key()}
 
 
 def env(seq: int = 0, conv: str = "conv-1", **kw) -> Envelope:
-    fields = dict(message_id=f"m{seq}", conversation_id=conv, conversation_group_id="g", message_sequence_number=seq,
-                  message_type_name="//T", service_contract_name="//C", from_service_name="//A",
-                  to_service_name="//B", to_side="TARGET", from_broker="a")
+    fields = dict(
+        message_id=f"m{seq}",
+        conversation_id=conv,
+        conversation_group_id="g",
+        message_sequence_number=seq,
+        message_type_name="//T",
+        service_contract_name="//C",
+        from_service_name="//A",
+        to_service_name="//B",
+        to_side="TARGET",
+        from_broker="a",
+    )
     fields.update(kw)
     return Envelope(**fields)
 
@@ -47,20 +56,30 @@ def check(key, value, headers, now: float = NOW) -> Envelope:
 
 # --- signatures -------------------------------------------------------------------------------------
 
+
 def test_a_signed_record_of_its_namespace_is_taken():
     got = check(*signed(env(3)))
     assert got.message_sequence_number == 3 and got.from_broker == "a"
 
 
-@pytest.mark.parametrize("change, reason", [
-    (lambda k, v, h: (k, b"other body", h), "not that of namespace 'a'"),
-    (lambda k, v, h: (k, v, [(n, b"7" if n == "kb.message_sequence_number" else x) for n, x in h]), "not that of namespace"),
-    (lambda k, v, h: (k, v, [(n, b"1" if n == H_FOLLOWS else x) for n, x in h]), "not that of namespace"),  # reorder
-    (lambda k, v, h: (b"a|conv-2|TARGET", v, h), "key is not its dialog direction's"),
-    (lambda k, v, h: (k, v, [(n, x) for n, x in h if n != H_SIG]), "unsigned"),
-    (lambda k, v, h: (k, v, h + [(H_SIG, h[-1][1])]), "unsigned"),  # two signatures
-    (lambda k, v, h: (k, v, [(n, b"!!" if n == H_SIG else x) for n, x in h]), "unreadable"),
-])
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (lambda k, v, h: (k, b"other body", h), "not that of namespace 'a'"),
+        (
+            lambda k, v, h: (k, v, [(n, b"7" if n == "kb.message_sequence_number" else x) for n, x in h]),
+            "not that of namespace",
+        ),
+        (
+            lambda k, v, h: (k, v, [(n, b"1" if n == H_FOLLOWS else x) for n, x in h]),
+            "not that of namespace",
+        ),  # reorder
+        (lambda k, v, h: (b"a|conv-2|TARGET", v, h), "key is not its dialog direction's"),
+        (lambda k, v, h: (k, v, [(n, x) for n, x in h if n != H_SIG]), "unsigned"),
+        (lambda k, v, h: (k, v, h + [(H_SIG, h[-1][1])]), "unsigned"),  # two signatures
+        (lambda k, v, h: (k, v, [(n, b"!!" if n == H_SIG else x) for n, x in h]), "unreadable"),
+    ],
+)
 def test_a_changed_record_is_refused(change, reason):
     with pytest.raises(RecordRefused, match=reason) as info:
         check(*change(*signed(env(2))))
@@ -92,10 +111,27 @@ def test_a_retransmission_is_signed_afresh_and_replaces_the_old_signature():
     assert check(key, value, again, now=NOW + 3000).message_id == "m0"
 
 
-headers_st = st.lists(st.tuples(st.sampled_from(["kb.v", "kb.message_id", "kb.conversation_id", "kb.to_side",
-                                                 "kb.message_sequence_number", "kb.from_broker_instance", H_SIG,
-                                                 H_SIG_AT, H_FOLLOWS, "x"]) | st.text(max_size=8),
-                                st.none() | st.binary(max_size=40)), max_size=14)
+headers_st = st.lists(
+    st.tuples(
+        st.sampled_from(
+            [
+                "kb.v",
+                "kb.message_id",
+                "kb.conversation_id",
+                "kb.to_side",
+                "kb.message_sequence_number",
+                "kb.from_broker_instance",
+                H_SIG,
+                H_SIG_AT,
+                H_FOLLOWS,
+                "x",
+            ]
+        )
+        | st.text(max_size=8),
+        st.none() | st.binary(max_size=40),
+    ),
+    max_size=14,
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -118,7 +154,7 @@ def test_any_one_changed_byte_of_a_signed_record_is_refused(data):
     at = data.draw(st.integers(0, len(parts[which]) - 1)) if parts[which] else None
     if at is None:
         return
-    flipped = parts[which][:at] + bytes([parts[which][at] ^ 1]) + parts[which][at + 1:]
+    flipped = parts[which][:at] + bytes([parts[which][at] ^ 1]) + parts[which][at + 1 :]
     if which == 0:
         key = flipped
     elif which == 1:
@@ -133,12 +169,25 @@ def test_any_one_changed_byte_of_a_signed_record_is_refused(data):
 
 # --- acknowledgements -------------------------------------------------------------------------------
 
+
 @settings(max_examples=300, deadline=None)
-@given(st.none() | st.binary(max_size=60) | st.builds(orjson.dumps, st.recursive(
-    st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["next", "error", "status", "code",
-                                                                               "description"]), inner, max_size=4),
-    max_leaves=8)))
+@given(
+    st.none()
+    | st.binary(max_size=60)
+    | st.builds(
+        orjson.dumps,
+        st.recursive(
+            st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=5),
+            lambda inner: (
+                st.lists(inner, max_size=3)
+                | st.dictionaries(
+                    st.sampled_from(["next", "error", "status", "code", "description"]), inner, max_size=4
+                )
+            ),
+            max_leaves=8,
+        ),
+    )
+)
 def test_any_acknowledgement_bytes_are_read_or_a_typed_refusal(raw):
     try:
         ack = read_ack(raw)
@@ -146,17 +195,25 @@ def test_any_acknowledgement_bytes_are_read_or_a_typed_refusal(raw):
         return
     queue = TransmissionQueue("a")  # what the transmitter does with it never fails
     error = ack.get("error")
-    queue.acknowledge("a|c|TARGET", int(ack["next"]),
-                      None if not error else (int(error["code"]), str(error.get("description", ""))))
+    queue.acknowledge(
+        "a|c|TARGET", int(ack["next"]), None if not error else (int(error["code"]), str(error.get("description", "")))
+    )
 
 
 def test_acknowledgements_read_back_skip_what_is_not_one():
-    acks, skipped = read_acks({b"a|c1|TARGET": b'{"next": 3, "ended": 10.0}', b"garbage": b'{"next": 1}',
-                               b"a|c2|TARGET": b"[1]", b"a|c3|TARGET": b'{"next": -2}'})
+    acks, skipped = read_acks(
+        {
+            b"a|c1|TARGET": b'{"next": 3, "ended": 10.0}',
+            b"garbage": b'{"next": 1}',
+            b"a|c2|TARGET": b"[1]",
+            b"a|c3|TARGET": b'{"next": -2}',
+        }
+    )
     assert list(acks) == ["a|c1|TARGET"] and len(skipped) == 3
 
 
 # --- ownership and forgetting -------------------------------------------------------------------------
+
 
 def test_a_conversation_belongs_to_the_namespace_that_sent_on_it_first():
     d = Directions(forget_after=100)
@@ -182,11 +239,15 @@ def test_an_ended_direction_is_forgotten_after_its_time_and_frees_its_conversati
 
 # --- the grant (-8494) --------------------------------------------------------------------------------
 
+
 def test_a_service_that_lists_its_remote_senders_refuses_the_others_with_8494():
-    catalog = Catalog(namespace="b", message_types={"//T": MessageType(name="//T")},
-                      contracts={"//C": Contract(name="//C", messages=[ContractMessage(type="//T", sent_by="ANY")])},
-                      queues={"Q": Queue(name="Q")},
-                      services={"//B": Service(name="//B", queue="Q", contracts=["//C"], remote_senders=["x"])})
+    catalog = Catalog(
+        namespace="b",
+        message_types={"//T": MessageType(name="//T")},
+        contracts={"//C": Contract(name="//C", messages=[ContractMessage(type="//T", sent_by="ANY")])},
+        queues={"Q": Queue(name="Q")},
+        services={"//B": Service(name="//B", queue="Q", contracts=["//C"], remote_senders=["x"])},
+    )
     refused = check_arrival(catalog, env(), b"")
     assert refused.action == REFUSE and refused.code == NO_PERMISSION == -8494
     assert refused.reason == "You do not have permission to access the service '//B'."
@@ -196,13 +257,25 @@ def test_a_service_that_lists_its_remote_senders_refuses_the_others_with_8494():
 
 # --- kept records and keys ----------------------------------------------------------------------------
 
+
 class Consumed:
-    def topic(self): return "kbroker.b.inbound"
-    def partition(self): return 2
-    def offset(self): return 41
-    def key(self): return b"k"
-    def value(self): return b"v"
-    def headers(self): return [("x", b"1")]
+    def topic(self):
+        return "kbroker.b.inbound"
+
+    def partition(self):
+        return 2
+
+    def offset(self):
+        return 41
+
+    def key(self):
+        return b"k"
+
+    def value(self):
+        return b"v"
+
+    def headers(self):
+        return [("x", b"1")]
 
 
 def test_a_refused_record_is_kept_with_its_reason_and_an_event():
@@ -211,9 +284,17 @@ def test_a_refused_record_is_kept_with_its_reason_and_an_event():
     assert dict(letter[3])["kb.dlq.reason"] == b"dispatcher refused a routing record: unsigned"
     assert dict(letter[3])["kb.dlq.offset"] == b"41"
     assert event[0] == names.events_topic("b")
-    assert orjson.loads(event[2]) == {"event": ROUTING_RECORD_REFUSED, "namespace": "b", "reader": "dispatcher",
-                                      "topic": "kbroker.b.inbound", "partition": 2, "offset": 41,
-                                      "claimed_sender": "a", "reason": "unsigned", "time": 5}
+    assert orjson.loads(event[2]) == {
+        "event": ROUTING_RECORD_REFUSED,
+        "namespace": "b",
+        "reader": "dispatcher",
+        "topic": "kbroker.b.inbound",
+        "partition": 2,
+        "offset": 41,
+        "claimed_sender": "a",
+        "reason": "unsigned",
+        "time": 5,
+    }
 
 
 def test_a_master_key_is_made_once_and_its_public_key_read(tmp_path):
@@ -229,12 +310,28 @@ def test_a_master_key_is_made_once_and_its_public_key_read(tmp_path):
 
 # --- transport reports ----------------------------------------------------------------------------
 
+
 @settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=40) | st.builds(orjson.dumps, st.recursive(
-    st.none() | st.integers(-2**63, 2**63 - 1) | st.floats(allow_nan=False) | st.text(max_size=4),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-        st.sampled_from(["at", "messages", "connections", "forwarded", "read_to", "partition", "offset", "0", "²"]),
-        inner, max_size=4), max_leaves=10)))
+@given(
+    st.binary(max_size=40)
+    | st.builds(
+        orjson.dumps,
+        st.recursive(
+            st.none() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False) | st.text(max_size=4),
+            lambda inner: (
+                st.lists(inner, max_size=3)
+                | st.dictionaries(
+                    st.sampled_from(
+                        ["at", "messages", "connections", "forwarded", "read_to", "partition", "offset", "0", "²"]
+                    ),
+                    inner,
+                    max_size=4,
+                )
+            ),
+            max_leaves=10,
+        ),
+    )
+)
 def test_any_transport_report_bytes_are_a_report_the_views_can_read_or_none(raw):
     from kbroker.kafka.routing.views import _report
 

@@ -54,9 +54,14 @@ def test_a_yes_is_kept():
     assert admin.asked == 1
 
 
-@pytest.mark.parametrize("failure", [KafkaException(KafkaError(KafkaError._TIMED_OUT)),
-                                     KafkaException(KafkaError(KafkaError._DESTROY)),
-                                     RuntimeError("the client is closing")])
+@pytest.mark.parametrize(
+    "failure",
+    [
+        KafkaException(KafkaError(KafkaError._TIMED_OUT)),
+        KafkaException(KafkaError(KafkaError._DESTROY)),
+        RuntimeError("the client is closing"),
+    ],
+)
 def test_no_answer_lets_the_send_go_on_and_is_kept_like_a_yes(failure):
     c, admin = checks(failure)
     c.check("//svc", "kbroker.ns.queue.q")

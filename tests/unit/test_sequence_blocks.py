@@ -37,12 +37,24 @@ def test_a_send_persists_the_endpoint_only_when_its_reserved_block_runs_out():
 
 _texts = st.text(min_size=1, max_size=8)
 _endpoints = st.builds(
-    Endpoint, conversation_handle=_texts, conversation_id=_texts, side=st.sampled_from(["INITIATOR", "TARGET"]),
-    conversation_group_id=_texts, far_conversation_group_id=_texts, service_name=_texts,
-    far_service_name=_texts, service_contract_name=_texts, state=st.sampled_from(sorted(STATE_DESC)),
-    send_sequence=st.integers(0, 10_000), sequence_reserved=st.integers(0, 10_000),
-    lifetime=st.none() | st.integers(0, 2**31), group_chain=st.lists(_texts, max_size=3).map(tuple),
-    instance=st.none() | _texts, remote=st.booleans(), cleaned_up=st.booleans())
+    Endpoint,
+    conversation_handle=_texts,
+    conversation_id=_texts,
+    side=st.sampled_from(["INITIATOR", "TARGET"]),
+    conversation_group_id=_texts,
+    far_conversation_group_id=_texts,
+    service_name=_texts,
+    far_service_name=_texts,
+    service_contract_name=_texts,
+    state=st.sampled_from(sorted(STATE_DESC)),
+    send_sequence=st.integers(0, 10_000),
+    sequence_reserved=st.integers(0, 10_000),
+    lifetime=st.none() | st.integers(0, 2**31),
+    group_chain=st.lists(_texts, max_size=3).map(tuple),
+    instance=st.none() | _texts,
+    remote=st.booleans(),
+    cleaned_up=st.booleans(),
+)
 
 
 @given(_endpoints)

@@ -30,8 +30,13 @@ def test_the_newest_state_strictly_before_the_batch(tmp_path):
 
 
 def test_the_state_comes_back_as_saved(tmp_path):
-    state = {"now": 1764000000123, "parts": [["Q", 0, -1, [3, 5], 7, [[4, 1764000000000, "g", "c/TARGET"]]]],
-             "timers": {"t": "c/TARGET"}, "gauge": 0.125, "none": None}
+    state = {
+        "now": 1764000000123,
+        "parts": [["Q", 0, -1, [3, 5], 7, [[4, 1764000000000, "g", "c/TARGET"]]]],
+        "timers": {"t": "c/TARGET"},
+        "gauge": 0.125,
+        "none": None,
+    }
     StateFiles(tmp_path).save(9, state)
     assert StateFiles(tmp_path).load_before(10) == (9, state)  # another instance: read from disk
 

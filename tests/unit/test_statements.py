@@ -115,14 +115,25 @@ def test_each_side_has_its_own_default_group(world: World) -> None:
     record, message_id, _ = world.statements.message_record(ep, CLAIM, {"amount": 1})
     env = Envelope.from_headers(record[3])
     assert record[1] == env.conversation_group_id == default_group(cid, "TARGET")
-    msg = Message(queue="ExpenseQueue", conversation_handle=handle_for(cid, "TARGET"), conversation_id=cid,
-                  conversation_group_id=env.conversation_group_id, message_sequence_number=0,
-                  message_type_name=CLAIM, service_name=EXPENSES, service_contract_name=CONTRACT,
-                  message_id=message_id, body=record[2], extra={"envelope": env})
+    msg = Message(
+        queue="ExpenseQueue",
+        conversation_handle=handle_for(cid, "TARGET"),
+        conversation_id=cid,
+        conversation_group_id=env.conversation_group_id,
+        message_sequence_number=0,
+        message_type_name=CLAIM,
+        service_name=EXPENSES,
+        service_contract_name=CONTRACT,
+        message_id=message_id,
+        body=record[2],
+        extra={"envelope": env},
+    )
     keep, target = world.statements.after_receive(msg, None)
     assert keep and target is not None
-    assert (target.conversation_group_id, target.far_conversation_group_id) == \
-        (default_group(cid, "TARGET"), default_group(cid, "INITIATOR"))
+    assert (target.conversation_group_id, target.far_conversation_group_id) == (
+        default_group(cid, "TARGET"),
+        default_group(cid, "INITIATOR"),
+    )
 
 
 def test_send_outside_the_contract_is_a_contract_violation(world: World) -> None:
@@ -186,19 +197,33 @@ def test_lifetime_adds_the_lifetime_timer(world: World) -> None:
     assert (topic, key) == (names.timers_topic(NS), timers.lifetime_key(ep.conversation_id))
 
 
-@pytest.mark.parametrize("call", [
-    lambda w: w.dialog(lifetime=0),
-    lambda w: w.dialog(related_conversation=w.dialog().conversation_handle,
-                       related_conversation_group=str(uuid.uuid4())),
-    lambda w: w.dialog(related_conversation_group="group-1"),
-    lambda w: w.statements.message_record(w.dialog(), CLAIM, {}, priority=11),
-    lambda w: w.statements.end_records(w.statements.message_record(w.dialog(), CLAIM, {})[2],
-                                       error=-5, description=None, cleanup=False),
-    lambda w: w.statements.timer_records(w.dialog(), 0),
-    lambda w: w.statements.timer_records(w.dialog(), True),
-    lambda w: w.statements.move_records(w.dialog(), "not a guid"),
-], ids=["lifetime", "both related clauses", "group not a guid", "priority", "error code", "timeout",
-        "timeout bool", "move not a guid"])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda w: w.dialog(lifetime=0),
+        lambda w: w.dialog(
+            related_conversation=w.dialog().conversation_handle, related_conversation_group=str(uuid.uuid4())
+        ),
+        lambda w: w.dialog(related_conversation_group="group-1"),
+        lambda w: w.statements.message_record(w.dialog(), CLAIM, {}, priority=11),
+        lambda w: w.statements.end_records(
+            w.statements.message_record(w.dialog(), CLAIM, {})[2], error=-5, description=None, cleanup=False
+        ),
+        lambda w: w.statements.timer_records(w.dialog(), 0),
+        lambda w: w.statements.timer_records(w.dialog(), True),
+        lambda w: w.statements.move_records(w.dialog(), "not a guid"),
+    ],
+    ids=[
+        "lifetime",
+        "both related clauses",
+        "group not a guid",
+        "priority",
+        "error code",
+        "timeout",
+        "timeout bool",
+        "move not a guid",
+    ],
+)
 def test_bad_arguments_are_invalid_argument_errors(world: World, call: Callable[[World], Any]) -> None:
     with pytest.raises(InvalidArgumentError) as caught:
         call(world)
@@ -229,8 +254,9 @@ def test_lookup_is_the_callers_so_a_refreshed_catalog_is_seen() -> None:
 
 def test_related_group_of_another_queue_is_refused(world: World) -> None:
     employee_side = world.dialog()  # its group belongs to EmployeeQueue
-    target = new_target_endpoint(employee_side.conversation_id + "x", str(uuid.uuid4()), "g", EXPENSES,
-                                 EMPLOYEES, CONTRACT)
+    target = new_target_endpoint(
+        employee_side.conversation_id + "x", str(uuid.uuid4()), "g", EXPENSES, EMPLOYEES, CONTRACT
+    )
     world.endpoints[target.conversation_handle] = target  # a group used on ExpenseQueue only
     with pytest.raises(ConversationGroupError, match="ExpenseQueue"):
         world.dialog(related_conversation_group=target.conversation_group_id)
@@ -254,14 +280,30 @@ def test_move_after_sending_writes_a_marker_to_the_old_group(world: World) -> No
 
 
 def received(ep: Endpoint, message_type: str, to_side: str = "TARGET") -> Message:
-    env = Envelope(message_id="m", conversation_id=ep.conversation_id, conversation_group_id="g",
-                   message_sequence_number=0, message_type_name=message_type,
-                   service_contract_name=CONTRACT, from_service_name=EMPLOYEES, to_service_name=EXPENSES,
-                   to_side=to_side)
-    return Message(queue="ExpenseQueue", conversation_handle="h", conversation_id=ep.conversation_id,
-                   conversation_group_id="g", message_sequence_number=0, message_type_name=message_type,
-                   service_name=EXPENSES, service_contract_name=CONTRACT, message_id="m", body=b"{}",
-                   extra={"envelope": env})
+    env = Envelope(
+        message_id="m",
+        conversation_id=ep.conversation_id,
+        conversation_group_id="g",
+        message_sequence_number=0,
+        message_type_name=message_type,
+        service_contract_name=CONTRACT,
+        from_service_name=EMPLOYEES,
+        to_service_name=EXPENSES,
+        to_side=to_side,
+    )
+    return Message(
+        queue="ExpenseQueue",
+        conversation_handle="h",
+        conversation_id=ep.conversation_id,
+        conversation_group_id="g",
+        message_sequence_number=0,
+        message_type_name=message_type,
+        service_name=EXPENSES,
+        service_contract_name=CONTRACT,
+        message_id="m",
+        body=b"{}",
+        extra={"envelope": env},
+    )
 
 
 def test_first_message_creates_the_target_endpoint(world: World) -> None:
@@ -306,9 +348,13 @@ class Consumed:
 def test_dead_letter_keeps_the_record_and_says_why_and_where_from() -> None:
     topic, key, value, hdrs = dead_letter_record(NS, Consumed(), "record key does not match")
     assert (topic, key, value) == (names.deadletter_topic(NS), b"not-the-group", b"body")
-    assert hdrs == [("kb.message_id", b"m1"), ("kb.dlq.reason", b"record key does not match"),
-                    ("kb.dlq.topic", b"kb.unit.q.ExpenseQueue"), ("kb.dlq.partition", b"2"),
-                    ("kb.dlq.offset", b"41")]
+    assert hdrs == [
+        ("kb.message_id", b"m1"),
+        ("kb.dlq.reason", b"record key does not match"),
+        ("kb.dlq.topic", b"kb.unit.q.ExpenseQueue"),
+        ("kb.dlq.partition", b"2"),
+        ("kb.dlq.offset", b"41"),
+    ]
 
 
 def test_a_dialog_without_lifetime_never_expires(world: World) -> None:
@@ -324,6 +370,7 @@ def test_a_dialog_without_lifetime_never_expires(world: World) -> None:
 
 
 # --- several processes on one side -------------------------------------------------------------
+
 
 def test_a_stale_endpoint_record_never_moves_the_state_back(world: World) -> None:
     """A process that still holds a CO copy writes it after another process's DI: refused. Two
@@ -344,8 +391,9 @@ def test_a_message_sent_after_its_side_ended_is_refused_with_an_error_back(world
     initiator = world.dialog()
     msg = received(initiator, CLAIM)
     msg.extra["record"] = Consumed()
-    target = new_target_endpoint(initiator.conversation_id, "g", initiator.conversation_group_id, EXPENSES,
-                                 EMPLOYEES, CONTRACT)
+    target = new_target_endpoint(
+        initiator.conversation_id, "g", initiator.conversation_group_id, EXPENSES, EMPLOYEES, CONTRACT
+    )
     assert world.statements.late_records(msg, target) is None  # still conversing: delivered
     assert world.statements.late_records(received(initiator, END_DIALOG), target.after_peer_end()) is None
     records, after, reason = world.statements.late_records(msg, target.after_peer_end())

@@ -15,10 +15,15 @@ def test_a_file_without_shared_sessions_is_its_own_group():
 
 
 def test_a_file_using_two_sessions_joins_every_file_of_either():
-    groups = groups_of_files({"analytics.py": {"spark"}, "acls.py": {"secure"}, "secured.py": {"secure", "spark"},
-                              "plain.py": set()})
-    assert groups == {"analytics.py": "secure+spark", "acls.py": "secure+spark", "secured.py": "secure+spark",
-                      "plain.py": "plain.py"}
+    groups = groups_of_files(
+        {"analytics.py": {"spark"}, "acls.py": {"secure"}, "secured.py": {"secure", "spark"}, "plain.py": set()}
+    )
+    assert groups == {
+        "analytics.py": "secure+spark",
+        "acls.py": "secure+spark",
+        "secured.py": "secure+spark",
+        "plain.py": "plain.py",
+    }
 
 
 def test_sessions_never_used_together_stay_apart():
@@ -30,8 +35,11 @@ def test_a_chain_of_files_joins_all_its_sessions_whatever_the_order():
     assert set(groups_of_files(files).values()) == {"a+b+c+d"}
 
 
-@given(st.dictionaries(st.sampled_from([f"f{i}.py" for i in range(8)]),
-                       st.sets(st.sampled_from("abcde"), max_size=3), max_size=8))
+@given(
+    st.dictionaries(
+        st.sampled_from([f"f{i}.py" for i in range(8)]), st.sets(st.sampled_from("abcde"), max_size=3), max_size=8
+    )
+)
 def test_files_sharing_a_session_share_a_group(shared_of_file):
     groups = groups_of_files(shared_of_file)
     assert groups.keys() == shared_of_file.keys()

@@ -22,6 +22,7 @@ from kbroker.core.dialogs.timers import firing_records
 
 # --- the schedule (pure) -----------------------------------------------------------------------
 
+
 def entry(key: str, due: float, partition: int = 0) -> Entry:
     return Entry(key, due, partition, 0, {"k": key})
 
@@ -46,8 +47,10 @@ def test_removed_and_revoked_entries_never_fire():
     assert s.next_due() is None
 
 
-@given(st.lists(st.tuples(st.sampled_from("abcdefgh"), st.integers(0, 100), st.booleans()), max_size=200),
-       st.integers(0, 100))
+@given(
+    st.lists(st.tuples(st.sampled_from("abcdefgh"), st.integers(0, 100), st.booleans()), max_size=200),
+    st.integers(0, 100),
+)
 def test_pop_due_returns_exactly_the_live_due_entries_in_order(ops, now):
     s, live = TimerSchedule(), {}
     for key, due, is_remove in ops:
@@ -67,9 +70,14 @@ def test_pop_due_returns_exactly_the_live_due_entries_in_order(ops, now):
 # --- who gets what when a timer fires (pure) -------------------------------------------------
 
 CONV = "5d3c5f4e-0000-4000-8000-000000000001"
-LIFETIME = {"kind": "lifetime", "due": 0, "conversation_id": CONV, "contract": CONTRACT,
-            "INITIATOR": {"service": EMP, "topic": "qi", "key": "gi"},
-            "TARGET": {"service": EXP, "topic": "qt", "key": "gt"}}
+LIFETIME = {
+    "kind": "lifetime",
+    "due": 0,
+    "conversation_id": CONV,
+    "contract": CONTRACT,
+    "INITIATOR": {"service": EMP, "topic": "qi", "key": "gi"},
+    "TARGET": {"service": EXP, "topic": "qt", "key": "gt"},
+}
 
 
 def ep(side: str, state: str) -> Endpoint:

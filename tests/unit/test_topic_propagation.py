@@ -1,5 +1,6 @@
 """A topic created a moment ago may look missing on the broker a client asks first: the
 existence check asks again for a bounded grace before it calls the topic missing."""
+
 from __future__ import annotations
 
 import time

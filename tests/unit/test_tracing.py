@@ -89,6 +89,11 @@ def test_the_global_provider_counts_set_in_code_or_by_the_setting(setting, befor
     env = {k: v for k, v in os.environ.items() if k != "OTEL_PYTHON_TRACER_PROVIDER"}
     if setting is not None:
         env["OTEL_PYTHON_TRACER_PROVIDER"] = setting
-    run = subprocess.run([sys.executable, "-c", GLOBAL_PROVIDER.format(before=before)], env=env,
-                         capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-c", GLOBAL_PROVIDER.format(before=before)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 0, run.stderr

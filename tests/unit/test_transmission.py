@@ -30,11 +30,32 @@ ERR = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
 REFUSED = (-8425, "The service contract '//app/C' is not found.")
 
 
-def out(partition: int, offset: int, seq: int = 0, *, conv: str = "c1", side: str = "TARGET", size: int = 10,
-        mtype: str = REQ) -> Outgoing:
+def out(
+    partition: int,
+    offset: int,
+    seq: int = 0,
+    *,
+    conv: str = "c1",
+    side: str = "TARGET",
+    size: int = 10,
+    mtype: str = REQ,
+) -> Outgoing:
     """One record of the transmission topic as the transmitter reads it."""
-    return Outgoing(partition, offset, conv, side, seq, "//svc/Target", "far", "//svc/Init", mtype, "//app/C",
-                    f"h-{conv}-{side}", 1_000.0, size)
+    return Outgoing(
+        partition,
+        offset,
+        conv,
+        side,
+        seq,
+        "//svc/Target",
+        "far",
+        "//svc/Init",
+        mtype,
+        "//app/C",
+        f"h-{conv}-{side}",
+        1_000.0,
+        size,
+    )
 
 
 def key(conv: str = "c1", side: str = "TARGET") -> str:
@@ -46,6 +67,7 @@ def positions(ms) -> list[tuple[int, int]]:
 
 
 # --- the retransmission schedule -----------------------------------------------------------
+
 
 def test_retry_delay_is_service_brokers_schedule():
     # Reference item 54: again after 4, 8, 16 and 32 s, then every 64 s for good.
@@ -63,6 +85,7 @@ def test_retry_delay_never_shrinks_and_never_exceeds_64_s(n):
 
 
 # --- acks topic keys -----------------------------------------------------------------------
+
 
 def test_ack_key_layout():
     assert ack_key("ns", "conv", "TARGET") == "ns|conv|TARGET"
@@ -83,6 +106,7 @@ def test_ack_key_round_trips(namespace, conversation, side):
 
 
 # --- reading ---------------------------------------------------------------------------------
+
 
 def test_an_added_message_is_held_counted_and_due_at_once():
     q = TransmissionQueue(NS)
@@ -127,6 +151,7 @@ def test_commit_offsets_stops_at_the_oldest_unacknowledged_of_any_direction():
 
 # --- sending ---------------------------------------------------------------------------------
 
+
 def test_sent_follows_the_retransmission_schedule_and_due_respects_next_try():
     q = TransmissionQueue(NS)
     m = out(0, 0)
@@ -146,8 +171,7 @@ def test_sent_clears_a_waiting_status_and_waiting_sets_one():
     m = out(0, 0)
     q.add(m)
     q.waiting(m, 50.0, "The route to target service '//svc/Target' was not found.", 5.0)
-    assert (m.status, m.next_try, m.attempts) == ("The route to target service '//svc/Target' was not found.",
-                                                  55.0, 0)
+    assert (m.status, m.next_try, m.attempts) == ("The route to target service '//svc/Target' was not found.", 55.0, 0)
     assert q.due(54.9) == [] and q.due(55.0) == [m]
     assert q.rows()[0]["transmission_status"].startswith("The route")
     q.sent(m, 55.0, "d")
@@ -172,17 +196,31 @@ def test_rows_are_sys_transmission_queue_rows():
     rows = q.rows()
     assert [(r["partition"], r["offset"]) for r in rows] == [(0, 2), (1, 5), (1, 6)]
     first = rows[1]
-    assert first == {"conversation_handle": "h-cv-TARGET", "conversation_id": "cv", "to_service_name": "//svc/Target",
-                     "to_broker_instance": "far", "from_service_name": "//svc/Init",
-                     "service_contract_name": "//app/C", "enqueue_time": 1_000.0, "message_sequence_number": 3,
-                     "message_type_name": REQ, "is_end_of_dialog": False, "is_conversation_error": False,
-                     "transmission_status": "", "destination": None, "attempts": 0, "partition": 1, "offset": 5}
+    assert first == {
+        "conversation_handle": "h-cv-TARGET",
+        "conversation_id": "cv",
+        "to_service_name": "//svc/Target",
+        "to_broker_instance": "far",
+        "from_service_name": "//svc/Init",
+        "service_contract_name": "//app/C",
+        "enqueue_time": 1_000.0,
+        "message_sequence_number": 3,
+        "message_type_name": REQ,
+        "is_end_of_dialog": False,
+        "is_conversation_error": False,
+        "transmission_status": "",
+        "destination": None,
+        "attempts": 0,
+        "partition": 1,
+        "offset": 5,
+    }
     assert rows[2]["is_end_of_dialog"] and not rows[2]["is_conversation_error"]
     assert rows[0]["is_conversation_error"] and not rows[0]["is_end_of_dialog"]
     assert [(r["partition"], r["offset"]) for r in q.rows(limit=2)] == [(0, 2), (1, 5)]
 
 
 # --- acknowledgements ------------------------------------------------------------------------
+
 
 def test_backlog_counts_and_ages_the_held_messages_per_destination():
     q = TransmissionQueue(NS)
@@ -275,6 +313,7 @@ def test_a_refusal_is_not_undone_by_forget():
 
 
 # --- forgetting and rebalances --------------------------------------------------------------
+
 
 def test_forget_keeps_acknowledgements_a_message_still_waits_for():
     q = TransmissionQueue(NS)
@@ -485,6 +524,7 @@ TestTransmissionQueueModel.settings = settings(max_examples=300, stateful_step_c
 
 # --- properties on plain sequences ---------------------------------------------------------------
 
+
 @settings(max_examples=300)
 @given(st.lists(st.integers(0, 9), min_size=1, max_size=30, unique=True), st.integers(0, 12))
 def test_after_acknowledging_n_nothing_below_n_is_due_or_held(seqs, n):
@@ -503,8 +543,7 @@ def test_after_acknowledging_n_nothing_below_n_is_due_or_held(seqs, n):
 
 
 @settings(max_examples=300)
-@given(st.lists(st.tuples(st.integers(0, 3), st.floats(0, 200), st.integers(0, 5)), max_size=25),
-       st.floats(0, 200))
+@given(st.lists(st.tuples(st.integers(0, 3), st.floats(0, 200), st.integers(0, 5)), max_size=25), st.floats(0, 200))
 def test_due_is_sorted_and_respects_next_try(specs, now):
     q = TransmissionQueue(NS)
     for i, (p, next_try, seq) in enumerate(specs):
@@ -517,6 +556,7 @@ def test_due_is_sorted_and_respects_next_try(specs, now):
 
 
 # --- what a message follows, and a dialog that makes no progress --------------------------------
+
 
 def test_follows_is_the_highest_held_predecessor_or_minus_one_when_all_were_acknowledged():
     q = TransmissionQueue(NS)

@@ -35,7 +35,13 @@ NS = "sales"
 def test_defaults():
     s = TransportSettings("Sales", "m1")
     assert (s.model, s.max_concurrency, s.secondary_readers, s.max_deliveries, s.secondary, s.satellite) == (
-        MONITOR, 8, 1, MAX_DELIVERIES, True, False)
+        MONITOR,
+        8,
+        1,
+        MAX_DELIVERIES,
+        True,
+        False,
+    )
 
 
 def test_queue_names_with_a_secondary():
@@ -100,11 +106,21 @@ def test_transport_queue_topic():
 # --- concurrency models -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spelling,model", [
-    ("fixed", FIXED), ("pre-2.0", FIXED), ("PRE-2.0", FIXED), (" Fixed ", FIXED),
-    ("ramp", RAMP), ("2.1", RAMP), ("Ramp", RAMP),
-    ("monitor", MONITOR), ("3.0", MONITOR), ("MONITOR", MONITOR),
-])
+@pytest.mark.parametrize(
+    "spelling,model",
+    [
+        ("fixed", FIXED),
+        ("pre-2.0", FIXED),
+        ("PRE-2.0", FIXED),
+        (" Fixed ", FIXED),
+        ("ramp", RAMP),
+        ("2.1", RAMP),
+        ("Ramp", RAMP),
+        ("monitor", MONITOR),
+        ("3.0", MONITOR),
+        ("MONITOR", MONITOR),
+    ],
+)
 def test_model_name_aliases(spelling, model):
     assert model_name(spelling) == model
     assert TransportSettings("Sales", "m1", model=spelling).model == model
@@ -122,8 +138,9 @@ def test_an_unknown_model_is_refused(spelling):
 
 
 def test_install_plan_of_an_instance():
-    assert install_plan("Sales", "m1") == InstallPlan((("Sales", PRIMARY_PARTITIONS),
-                                                       ("Sales.m1", SECONDARY_PARTITIONS)))
+    assert install_plan("Sales", "m1") == InstallPlan(
+        (("Sales", PRIMARY_PARTITIONS), ("Sales.m1", SECONDARY_PARTITIONS))
+    )
     assert SECONDARY_PARTITIONS == 1
 
 
@@ -146,9 +163,18 @@ def test_install_plan_validates_names():
 # --- 3.0 receive tasks -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("waiting,running,mx,start", [
-    (0, 0, 4, 0), (3, 0, 4, 3), (10, 0, 4, 4), (10, 3, 4, 1), (10, 4, 4, 0), (1, 4, 4, 0), (5, 6, 4, 0),
-])
+@pytest.mark.parametrize(
+    "waiting,running,mx,start",
+    [
+        (0, 0, 4, 0),
+        (3, 0, 4, 3),
+        (10, 0, 4, 4),
+        (10, 3, 4, 1),
+        (10, 4, 4, 0),
+        (1, 4, 4, 0),
+        (5, 6, 4, 0),
+    ],
+)
 def test_receive_tasks_to_start(waiting, running, mx, start):
     assert receive_tasks_to_start(waiting, running, mx) == start
 

@@ -56,18 +56,24 @@ def roundtrip(msg: TransportMessage, value: bytes | None = None) -> TransportMes
 
 
 def test_every_column_round_trips():
-    msg = TransportMessage(GUID, b"\x00\xffbinary", {MESSAGE_ID: GUID, ENCLOSED_MESSAGE_TYPES: "Ns.Order, Asm",
-                                                     REPLY_TO_ADDRESS: "Sales.m1"},
-                           correlation_id="corr-1", reply_to_address="Sales.m1", recoverable=True,
-                           expires=EXPIRES_MS)
+    msg = TransportMessage(
+        GUID,
+        b"\x00\xffbinary",
+        {MESSAGE_ID: GUID, ENCLOSED_MESSAGE_TYPES: "Ns.Order, Asm", REPLY_TO_ADDRESS: "Sales.m1"},
+        correlation_id="corr-1",
+        reply_to_address="Sales.m1",
+        recoverable=True,
+        expires=EXPIRES_MS,
+    )
     hs = to_headers(msg)
     assert [k for k, _ in hs] == [H_ID, H_RECOVERABLE, H_HEADERS, H_CORRELATION_ID, H_REPLY_TO, H_EXPIRES]
     assert dict(hs)[H_EXPIRES] == b"2026-11-25T08:00:00.123Z"
     assert dict(hs)[H_ID] == GUID.encode()
     assert orjson.loads(dict(hs)[H_HEADERS]) == dict(msg.headers)
     back = from_record(hs, msg.body, queue="Billing", partition=2, offset=41, timestamp_ms=7)
-    assert back == TransportMessage(GUID, msg.body, dict(msg.headers), "corr-1", "Sales.m1", True, EXPIRES_MS,
-                                    "Billing", 2, 41, 7)
+    assert back == TransportMessage(
+        GUID, msg.body, dict(msg.headers), "corr-1", "Sales.m1", True, EXPIRES_MS, "Billing", 2, 41, 7
+    )
 
 
 def test_null_columns_are_left_out_and_come_back_null():
@@ -76,7 +82,12 @@ def test_null_columns_are_left_out_and_come_back_null():
     assert {k for k, _ in hs} == {H_ID, H_RECOVERABLE, H_HEADERS}
     back = from_record(hs, None)
     assert (back.correlation_id, back.reply_to_address, back.expires, back.body, back.headers) == (
-        None, None, None, None, {})
+        None,
+        None,
+        None,
+        None,
+        {},
+    )
 
 
 def test_none_body_and_empty_body_stay_distinct():
@@ -90,8 +101,9 @@ def test_recoverable_false_round_trips():
     assert roundtrip(msg).recoverable is False
 
 
-@pytest.mark.parametrize("text,value", [("true", True), ("false", False), ("1", True), ("0", False),
-                                        ("TRUE", True), (" False ", False)])
+@pytest.mark.parametrize(
+    "text,value", [("true", True), ("false", False), ("1", True), ("0", False), ("TRUE", True), (" False ", False)]
+)
 def test_recoverable_spellings_a_plain_producer_may_write(text, value):
     assert from_record(good_headers(**{H_RECOVERABLE: text.encode()}), None).recoverable is value
 
@@ -102,20 +114,27 @@ def test_expires_keeps_millisecond_precision(ms):
     assert roundtrip(TransportMessage(GUID, expires=ms)).expires == ms
 
 
-@pytest.mark.parametrize("text,ms", [
-    ("2026-11-25T08:00:00.123Z", EXPIRES_MS),
-    ("2026-11-25T08:00:00.123+00:00", EXPIRES_MS),
-    ("2026-11-25T09:00:00.123+01:00", EXPIRES_MS),
-    ("2026-11-25T08:00:00.123", EXPIRES_MS),  # no offset: UTC, as the table's datetime
-    ("2026-11-25T08:00:00.123z", EXPIRES_MS),
-])
+@pytest.mark.parametrize(
+    "text,ms",
+    [
+        ("2026-11-25T08:00:00.123Z", EXPIRES_MS),
+        ("2026-11-25T08:00:00.123+00:00", EXPIRES_MS),
+        ("2026-11-25T09:00:00.123+01:00", EXPIRES_MS),
+        ("2026-11-25T08:00:00.123", EXPIRES_MS),  # no offset: UTC, as the table's datetime
+        ("2026-11-25T08:00:00.123z", EXPIRES_MS),
+    ],
+)
 def test_expires_spellings(text, ms):
     assert from_record(good_headers(**{H_EXPIRES: text.encode()}), None).expires == ms
 
 
 def test_unicode_headers_and_addresses_round_trip():
-    headers = {"NServiceBus.EnclosedMessageTypes": "Ünïcødé.Évènement, Åssembly", "emoji 🚀": "✓ ok",
-               "中文键": "值", "empty": ""}
+    headers = {
+        "NServiceBus.EnclosedMessageTypes": "Ünïcødé.Évènement, Åssembly",
+        "emoji 🚀": "✓ ok",
+        "中文键": "值",
+        "empty": "",
+    }
     msg = TransportMessage(GUID, "bødy".encode(), headers, correlation_id="κορρ-🚀", reply_to_address="Sales.m1")
     back = roundtrip(msg)
     assert back.headers == headers
@@ -146,8 +165,12 @@ def test_the_envelope_makes_each_message_a_group_of_its_own():
     assert (env.correlation_id, env.reply_to, env.expires, env.to_service_name) == ("c", "r", EXPIRES_MS, "Billing")
 
 
-@given(st.uuids(), st.booleans(), st.sampled_from(["{}", "urn:uuid:{}", "{{{}}}", " {} "]),
-       st.sampled_from([str, lambda u: u.replace("-", "")]))
+@given(
+    st.uuids(),
+    st.booleans(),
+    st.sampled_from(["{}", "urn:uuid:{}", "{{{}}}", " {} "]),
+    st.sampled_from([str, lambda u: u.replace("-", "")]),
+)
 def test_an_id_in_any_accepted_spelling_comes_back_as_uuid_writes_it(u, upper, wrap, hyphens):
     """canonical_id returns a canonical Id as it is (every Id kbroker writes) and rewrites any
     other spelling it accepts: either way the text uuid writes."""
@@ -160,10 +183,21 @@ def test_the_envelope_is_the_one_its_constructor_makes_with_every_field():
     msg = TransportMessage(GUID, b"x", correlation_id="c", reply_to_address="r", expires=EXPIRES_MS)
     env = as_envelope(msg, "Billing")
     assert vars(env).keys() == {f.name for f in fields(TransportEnvelope)}
-    made = TransportEnvelope(message=msg, message_id=GUID, conversation_id=GUID, conversation_group_id=GUID,
-                             message_sequence_number=0, message_type_name=TRANSPORT_MESSAGE_TYPE,
-                             service_contract_name="", from_service_name="", to_service_name="Billing",
-                             to_side="TARGET", correlation_id="c", reply_to="r", expires=EXPIRES_MS)
+    made = TransportEnvelope(
+        message=msg,
+        message_id=GUID,
+        conversation_id=GUID,
+        conversation_group_id=GUID,
+        message_sequence_number=0,
+        message_type_name=TRANSPORT_MESSAGE_TYPE,
+        service_contract_name="",
+        from_service_name="",
+        to_service_name="Billing",
+        to_side="TARGET",
+        correlation_id="c",
+        reply_to="r",
+        expires=EXPIRES_MS,
+    )
     assert env == made and vars(env) == vars(made) and type(env) is TransportEnvelope
 
 
@@ -181,31 +215,35 @@ def test_with_position_and_as_dict():
 # --- malformed records -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("headers,problem", [
-    ([(H_RECOVERABLE, b"true"), (H_HEADERS, b"{}")], "missing column header(s) Id"),
-    ([(H_ID, GUID.encode()), (H_HEADERS, b"{}")], "missing column header(s) Recoverable"),
-    ([(H_ID, GUID.encode()), (H_RECOVERABLE, b"true")], "missing column header(s) Headers"),
-    ([], "missing column header(s) Id, Recoverable, Headers"),
-    (good_headers(**{H_ID: b"not-a-guid"}), "Id 'not-a-guid' is not a GUID"),
-    (good_headers(**{H_ID: b""}), "is not a GUID"),
-    (good_headers(**{H_ID: GUID.encode() + b"0"}), "is not a GUID"),
-    (good_headers(**{H_RECOVERABLE: b"yes"}), "Recoverable is 'yes', not true or false"),
-    (good_headers(**{H_RECOVERABLE: b""}), "Recoverable is '', not true or false"),
-    (good_headers(**{H_HEADERS: b"{not json"}), "Headers is not JSON"),
-    (good_headers(**{H_HEADERS: b""}), "Headers is not JSON"),
-    (good_headers(**{H_HEADERS: b'["a", "b"]'}), "Headers is not a JSON object of strings"),
-    (good_headers(**{H_HEADERS: b'{"a": 1}'}), "Headers is not a JSON object of strings"),
-    (good_headers(**{H_HEADERS: b'{"a": null}'}), "Headers is not a JSON object of strings"),
-    (good_headers(**{H_HEADERS: b"null"}), "Headers is not a JSON object of strings"),
-    (good_headers(**{H_EXPIRES: b"tomorrow"}), "Expires 'tomorrow' is not an ISO 8601 time"),
-    (good_headers(**{H_EXPIRES: b"2026-13-01T00:00:00Z"}), "is not an ISO 8601 time"),
-    (good_headers(**{H_EXPIRES: b""}), "is not an ISO 8601 time"),
-    (good_headers() + [(H_ID, GUID.encode())], "column header 'Id' appears twice"),
-    (good_headers(**{H_CORRELATION_ID: b"c"}) + [(H_CORRELATION_ID, b"c")], "'CorrelationId' appears twice"),
-    (good_headers(**{H_CORRELATION_ID: b"c" * (MAX_ADDRESS + 1)}), "CorrelationId is longer than 255 characters"),
-    (good_headers(**{H_REPLY_TO: b"r" * (MAX_ADDRESS + 1)}), "ReplyToAddress is longer than 255 characters"),
-    (good_headers(**{H_HEADERS: b'{"a": "\xff"}'}), "column header 'Headers' is not UTF-8"),
-], ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize(
+    "headers,problem",
+    [
+        ([(H_RECOVERABLE, b"true"), (H_HEADERS, b"{}")], "missing column header(s) Id"),
+        ([(H_ID, GUID.encode()), (H_HEADERS, b"{}")], "missing column header(s) Recoverable"),
+        ([(H_ID, GUID.encode()), (H_RECOVERABLE, b"true")], "missing column header(s) Headers"),
+        ([], "missing column header(s) Id, Recoverable, Headers"),
+        (good_headers(**{H_ID: b"not-a-guid"}), "Id 'not-a-guid' is not a GUID"),
+        (good_headers(**{H_ID: b""}), "is not a GUID"),
+        (good_headers(**{H_ID: GUID.encode() + b"0"}), "is not a GUID"),
+        (good_headers(**{H_RECOVERABLE: b"yes"}), "Recoverable is 'yes', not true or false"),
+        (good_headers(**{H_RECOVERABLE: b""}), "Recoverable is '', not true or false"),
+        (good_headers(**{H_HEADERS: b"{not json"}), "Headers is not JSON"),
+        (good_headers(**{H_HEADERS: b""}), "Headers is not JSON"),
+        (good_headers(**{H_HEADERS: b'["a", "b"]'}), "Headers is not a JSON object of strings"),
+        (good_headers(**{H_HEADERS: b'{"a": 1}'}), "Headers is not a JSON object of strings"),
+        (good_headers(**{H_HEADERS: b'{"a": null}'}), "Headers is not a JSON object of strings"),
+        (good_headers(**{H_HEADERS: b"null"}), "Headers is not a JSON object of strings"),
+        (good_headers(**{H_EXPIRES: b"tomorrow"}), "Expires 'tomorrow' is not an ISO 8601 time"),
+        (good_headers(**{H_EXPIRES: b"2026-13-01T00:00:00Z"}), "is not an ISO 8601 time"),
+        (good_headers(**{H_EXPIRES: b""}), "is not an ISO 8601 time"),
+        (good_headers() + [(H_ID, GUID.encode())], "column header 'Id' appears twice"),
+        (good_headers(**{H_CORRELATION_ID: b"c"}) + [(H_CORRELATION_ID, b"c")], "'CorrelationId' appears twice"),
+        (good_headers(**{H_CORRELATION_ID: b"c" * (MAX_ADDRESS + 1)}), "CorrelationId is longer than 255 characters"),
+        (good_headers(**{H_REPLY_TO: b"r" * (MAX_ADDRESS + 1)}), "ReplyToAddress is longer than 255 characters"),
+        (good_headers(**{H_HEADERS: b'{"a": "\xff"}'}), "column header 'Headers' is not UTF-8"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
 def test_a_malformed_record_names_its_problem(headers, problem):
     with pytest.raises(MalformedRecord) as info:
         from_record(headers, b"body")
@@ -233,11 +271,27 @@ def test_an_id_that_is_no_guid_text_is_malformed(bad_id):
 # --- properties --------------------------------------------------------------------------------------
 
 column_names = st.sampled_from(COLUMNS) | st.text(max_size=12)
-column_values = (st.none() | st.binary(max_size=40)
-                 | st.sampled_from([GUID.encode(), b"true", b"false", b"1", b"{}", b'{"a":"b"}', b"[]",
-                                    b"2026-11-25T08:00:00.123Z", b"9999-12-31T23:59:59-23:59",
-                                    b"0001-01-01T00:00:00+01:00", b"x" * 300])
-                 | st.text(max_size=40).map(str.encode) | st.text(max_size=40))
+column_values = (
+    st.none()
+    | st.binary(max_size=40)
+    | st.sampled_from(
+        [
+            GUID.encode(),
+            b"true",
+            b"false",
+            b"1",
+            b"{}",
+            b'{"a":"b"}',
+            b"[]",
+            b"2026-11-25T08:00:00.123Z",
+            b"9999-12-31T23:59:59-23:59",
+            b"0001-01-01T00:00:00+01:00",
+            b"x" * 300,
+        ]
+    )
+    | st.text(max_size=40).map(str.encode)
+    | st.text(max_size=40)
+)
 
 
 @settings(max_examples=500)
@@ -251,8 +305,9 @@ def test_from_record_raises_only_malformed_record(headers, value):
 
 
 @settings(max_examples=300)
-@given(st.lists(st.sampled_from(COLUMNS), max_size=8),
-       st.dictionaries(st.sampled_from(COLUMNS), column_values, max_size=6))
+@given(
+    st.lists(st.sampled_from(COLUMNS), max_size=8), st.dictionaries(st.sampled_from(COLUMNS), column_values, max_size=6)
+)
 def test_from_record_on_column_headers_raises_only_malformed_record(order, values):
     headers = [(k, values.get(k, b"")) for k in order] + good_headers()
     try:
@@ -293,32 +348,48 @@ def test_column_values_as_text_decode_as_their_bytes(msg, data):
 
 
 def test_new_message_sets_expires_and_generates_ids():
-    m = new_message(b"b", {"h": "v"}, now_ms=1000, time_to_be_received=1.5, correlation_id="c",
-                    reply_to_address="R", recoverable=False)
+    m = new_message(
+        b"b",
+        {"h": "v"},
+        now_ms=1000,
+        time_to_be_received=1.5,
+        correlation_id="c",
+        reply_to_address="R",
+        recoverable=False,
+    )
     assert (m.expires, m.correlation_id, m.reply_to_address, m.recoverable, m.headers) == (
-        2500, "c", "R", False, {"h": "v"})
+        2500,
+        "c",
+        "R",
+        False,
+        {"h": "v"},
+    )
     assert str(uuid.UUID(m.id)) == m.id
     assert new_message(None, now_ms=0).id != new_message(None, now_ms=0).id
     assert new_message(None, now_ms=0).expires is None
     assert new_message(None, now_ms=0, message_id=GUID.upper()).id == GUID
 
 
-@pytest.mark.parametrize("kwargs,problem", [
-    ({"message_id": "nope"}, "is not a GUID"),
-    ({"correlation_id": "c" * (MAX_ADDRESS + 1)}, "CorrelationId"),
-    ({"correlation_id": 5}, "CorrelationId"),
-    ({"reply_to_address": "r" * (MAX_ADDRESS + 1)}, "ReplyToAddress"),
-    ({"recoverable": 1}, "Recoverable"),
-    ({"recoverable": None}, "Recoverable"),
-    ({"headers": {"a": 1}}, "Headers"),
-    ({"headers": {1: "a"}}, "Headers"),
-    ({"time_to_be_received": 0}, "time_to_be_received"),
-    ({"time_to_be_received": -1}, "time_to_be_received"),
-    ({"time_to_be_received": True}, "time_to_be_received"),
-    ({"time_to_be_received": float("nan")}, "time_to_be_received"),
-    ({"body": "text"}, "Body"),
-    ({"body": bytearray(b"x")}, "Body"),
-], ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize(
+    "kwargs,problem",
+    [
+        ({"message_id": "nope"}, "is not a GUID"),
+        ({"correlation_id": "c" * (MAX_ADDRESS + 1)}, "CorrelationId"),
+        ({"correlation_id": 5}, "CorrelationId"),
+        ({"reply_to_address": "r" * (MAX_ADDRESS + 1)}, "ReplyToAddress"),
+        ({"recoverable": 1}, "Recoverable"),
+        ({"recoverable": None}, "Recoverable"),
+        ({"headers": {"a": 1}}, "Headers"),
+        ({"headers": {1: "a"}}, "Headers"),
+        ({"time_to_be_received": 0}, "time_to_be_received"),
+        ({"time_to_be_received": -1}, "time_to_be_received"),
+        ({"time_to_be_received": True}, "time_to_be_received"),
+        ({"time_to_be_received": float("nan")}, "time_to_be_received"),
+        ({"body": "text"}, "Body"),
+        ({"body": bytearray(b"x")}, "Body"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
 def test_new_message_refuses_bad_arguments(kwargs, problem):
     args = {"body": b"x", "now_ms": 0, **kwargs}
     body = args.pop("body")

@@ -40,8 +40,9 @@ def key(txn_id: str) -> bytes:
     return struct.pack(">hh", 0, len(raw)) + raw
 
 
-def value(version: int, pid: int, epoch: int, state: TxnState,
-          parts: dict[str, list[int]] | None, tagged: bytes = b"") -> bytes:
+def value(
+    version: int, pid: int, epoch: int, state: TxnState, parts: dict[str, list[int]] | None, tagged: bytes = b""
+) -> bytes:
     out = struct.pack(">hqhib", version, pid, epoch, 10_000, int(state))
     if version == 0:
         out += struct.pack(">i", -1 if parts is None else len(parts))
@@ -66,8 +67,7 @@ def test_keys_name_their_transactional_id_and_other_kinds_are_not_ours():
 def test_both_value_versions_parse_to_the_same_entry(version):
     parts = {"q": [0, 3], OFFSETS_TOPIC: [17]}
     entry = parse_value(value(version, 4001, 7, TxnState.PREPARE_COMMIT, parts))
-    assert entry == TxnLogEntry(4001, 7, TxnState.PREPARE_COMMIT,
-                                frozenset({("q", 0), ("q", 3), (OFFSETS_TOPIC, 17)}))
+    assert entry == TxnLogEntry(4001, 7, TxnState.PREPARE_COMMIT, frozenset({("q", 0), ("q", 3), (OFFSETS_TOPIC, 17)}))
     assert parse_value(value(version, 4001, 8, TxnState.EMPTY, None)).partitions == frozenset()
 
 
@@ -117,15 +117,30 @@ OFF = (OFFSETS_TOPIC, 3)
 
 
 def test_a_commit_before_the_init_is_read_with_its_data_partitions():
-    history = [e(S.EMPTY), e(S.ONGOING, 1, ("q", 0)), e(S.PREPARE_COMMIT, 1, ("q", 0)), e(S.COMPLETE_COMMIT),
-               e(S.ONGOING, 1, ("r", 1)), e(S.ONGOING, 1, ("r", 1), OFF),
-               e(S.PREPARE_COMMIT, 1, ("r", 1), OFF), e(S.COMPLETE_COMMIT), e(S.EMPTY, 2)]
+    history = [
+        e(S.EMPTY),
+        e(S.ONGOING, 1, ("q", 0)),
+        e(S.PREPARE_COMMIT, 1, ("q", 0)),
+        e(S.COMPLETE_COMMIT),
+        e(S.ONGOING, 1, ("r", 1)),
+        e(S.ONGOING, 1, ("r", 1), OFF),
+        e(S.PREPARE_COMMIT, 1, ("r", 1), OFF),
+        e(S.COMPLETE_COMMIT),
+        e(S.EMPTY, 2),
+    ]
     assert outcome_before_init(history) == Outcome(True, frozenset({("r", 1)}))
 
 
 def test_an_open_transaction_fenced_by_the_init_is_aborted():
-    history = [e(S.EMPTY), e(S.ONGOING, 1, ("q", 2), OFF), e(S.PREPARE_EPOCH_FENCE, 2, ("q", 2), OFF),
-               e(S.PREPARE_ABORT, 2, ("q", 2), OFF), e(S.COMPLETE_ABORT, 2), e(S.EMPTY, 3), e(S.EMPTY, 4)]
+    history = [
+        e(S.EMPTY),
+        e(S.ONGOING, 1, ("q", 2), OFF),
+        e(S.PREPARE_EPOCH_FENCE, 2, ("q", 2), OFF),
+        e(S.PREPARE_ABORT, 2, ("q", 2), OFF),
+        e(S.COMPLETE_ABORT, 2),
+        e(S.EMPTY, 3),
+        e(S.EMPTY, 4),
+    ]
     assert outcome_before_init(history) == Outcome(False, frozenset({("q", 2)}))
 
 

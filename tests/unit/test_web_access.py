@@ -11,10 +11,21 @@ from kbroker.core.security.web_access import Access, bind_refusal, host_name, is
 TOKEN = "s3cret-token-of-32-characters-xx"
 
 
-@pytest.mark.parametrize("host,loopback", [("127.0.0.1", True), ("127.0.0.2", True), ("::1", True),
-                                           ("[::1]", True), ("localhost", True), ("0.0.0.0", False),
-                                           ("::", False), ("", False), ("10.0.0.5", False),
-                                           ("worker.example.com", False)])
+@pytest.mark.parametrize(
+    "host,loopback",
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.2", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("", False),
+        ("10.0.0.5", False),
+        ("worker.example.com", False),
+    ],
+)
 def test_loopback(host, loopback):
     assert is_loopback(host) is loopback
     assert (bind_refusal(host, None) is None) is loopback
@@ -26,17 +37,32 @@ def test_the_refusal_to_bind_is_one_line_naming_the_remedy():
     assert why is not None and "\n" not in why and "KBROKER_WEB_TOKEN" in why and "0.0.0.0" in why
 
 
-@pytest.mark.parametrize("header,name", [("127.0.0.1:6066", "127.0.0.1"), ("LocalHost:80", "localhost"),
-                                         ("[::1]:6066", "::1"), ("evil.example:6066", "evil.example"),
-                                         ("worker.", "worker"), ("", None), (None, None)])
+@pytest.mark.parametrize(
+    "header,name",
+    [
+        ("127.0.0.1:6066", "127.0.0.1"),
+        ("LocalHost:80", "localhost"),
+        ("[::1]:6066", "::1"),
+        ("evil.example:6066", "evil.example"),
+        ("worker.", "worker"),
+        ("", None),
+        (None, None),
+    ],
+)
 def test_host_name(header, name):
     assert host_name(header) == name
 
 
 def test_host_check_answers_for_the_bound_address_the_loopback_names_and_the_listed_ones():
     access = Access.of("10.1.2.3", ["dash.example.com", ".internal"])
-    for host in ("127.0.0.1:6066", "localhost:6066", "[::1]:6066", "10.1.2.3:6066", "dash.example.com",
-                 "w1.internal:6066"):
+    for host in (
+        "127.0.0.1:6066",
+        "localhost:6066",
+        "[::1]:6066",
+        "10.1.2.3:6066",
+        "dash.example.com",
+        "w1.internal:6066",
+    ):
         assert access.refusal("GET", host, None, None, None, None) is None, host
     for host in ("evil.example:6066", "10.1.2.4:6066", "dash.example.com.evil", "internal", None, ""):
         refused = access.refusal("GET", host, None, None, None, None)
@@ -48,8 +74,13 @@ def test_host_check_answers_for_the_bound_address_the_loopback_names_and_the_lis
 def test_state_changing_requests_from_a_foreign_page_are_refused():
     access = Access.of("127.0.0.1")
     assert access.refusal("GET", "localhost", "http://evil.example", "cross-site", None, None) is None
-    for origin, site in (("http://evil.example", None), ("null", None), (None, "cross-site"),
-                         (None, "same-site"), ("file://x", None)):
+    for origin, site in (
+        ("http://evil.example", None),
+        ("null", None),
+        (None, "cross-site"),
+        (None, "same-site"),
+        ("file://x", None),
+    ):
         refused = access.refusal("POST", "localhost:6066", origin, site, None, None)
         assert refused is not None and refused[0] == 403, (origin, site)
     for origin, site in ((None, None), ("http://localhost:6066", "same-origin"), ("http://127.0.0.1:6066", None)):

@@ -15,8 +15,12 @@ from kbroker.core.cluster import Cluster
 from kbroker.errors import AuthenticationFailedError
 from kbroker.kafka import wire
 
-SCRAM = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
-         "sasl.username": "app", "sasl.password": "pw"}
+SCRAM = {
+    "security.protocol": "SASL_PLAINTEXT",
+    "sasl.mechanism": "SCRAM-SHA-512",
+    "sasl.username": "app",
+    "sasl.password": "pw",
+}
 
 
 def frame(body: bytes) -> bytes:
@@ -49,14 +53,17 @@ def serve(answers: list[bytes]) -> tuple[int, threading.Thread]:
     return port, t
 
 
-@pytest.mark.parametrize("answers, error", [
-    ([frame(b"\x00\x00\x00\x01")], ConnectionError),  # a handshake answer cut short
-    ([frame(b"\xff" * 3)], ConnectionError),  # garbage
-    ([HANDSHAKE_OK, authenticate_reply(0, None, b"not a scram message")], AuthenticationFailedError),
-    ([HANDSHAKE_OK, authenticate_reply(58, b"Authentication failed", b"")], AuthenticationFailedError),
-    ([HANDSHAKE_OK, frame(struct.pack(">ih", 2, 0) + struct.pack(">h", 400) + b"x")], ConnectionError),
-    ([b""], ConnectionError),  # the other side closes at once
-])
+@pytest.mark.parametrize(
+    "answers, error",
+    [
+        ([frame(b"\x00\x00\x00\x01")], ConnectionError),  # a handshake answer cut short
+        ([frame(b"\xff" * 3)], ConnectionError),  # garbage
+        ([HANDSHAKE_OK, authenticate_reply(0, None, b"not a scram message")], AuthenticationFailedError),
+        ([HANDSHAKE_OK, authenticate_reply(58, b"Authentication failed", b"")], AuthenticationFailedError),
+        ([HANDSHAKE_OK, frame(struct.pack(">ih", 2, 0) + struct.pack(">h", 400) + b"x")], ConnectionError),
+        ([b""], ConnectionError),  # the other side closes at once
+    ],
+)
 def test_what_answers_sasl_is_read_as_untrusted(answers, error):
     port, server = serve(answers)
     with pytest.raises(error):

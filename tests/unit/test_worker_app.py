@@ -30,8 +30,16 @@ def test_the_web_server_binds_loopback_and_serves_none_of_faust_own_pages(tmp_pa
     s = WorkerSettings("127.0.0.1:1", "ns")
     app = new_app(s, str(tmp_path))
     assert app.conf.web_bind == "127.0.0.1" and app.conf.web_port == 6066
-    assert not any(getattr(app.conf, f) for f in ("web_router_enabled", "web_tables_enabled", "web_graph_enabled",
-                                                   "web_stats_enabled", "web_metrics_enabled"))
+    assert not any(
+        getattr(app.conf, f)
+        for f in (
+            "web_router_enabled",
+            "web_tables_enabled",
+            "web_graph_enabled",
+            "web_stats_enabled",
+            "web_metrics_enabled",
+        )
+    )
     assert any(isinstance(bp, str) and bp.startswith(FAUST_PAGES) for _, bp in app.web.blueprints._enabled)
     web_pages_off(app)  # Faust's "/" index has no setting of its own
     assert app.web.blueprints._enabled == []
@@ -43,7 +51,10 @@ def test_off_loopback_needs_a_token_of_16_characters_or_more():
         access_of(WorkerSettings("127.0.0.1:1", "ns", web_host="0.0.0.0"))
     with pytest.raises(InvalidArgumentError, match="at least 16"):
         access_of(WorkerSettings("127.0.0.1:1", "ns", web_host="0.0.0.0", web_token="short"))
-    access = access_of(WorkerSettings("127.0.0.1:1", "ns", web_host="0.0.0.0", web_token=TOKEN,
-                                      web_allowed_hosts=("dash.example.com",)))
+    access = access_of(
+        WorkerSettings(
+            "127.0.0.1:1", "ns", web_host="0.0.0.0", web_token=TOKEN, web_allowed_hosts=("dash.example.com",)
+        )
+    )
     assert access.token == TOKEN and "dash.example.com" in access.hosts and "0.0.0.0" not in access.hosts
     assert access_of(WorkerSettings("127.0.0.1:1", "ns")).token is None

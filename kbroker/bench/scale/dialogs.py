@@ -18,7 +18,8 @@ from kbroker.bench.scenarios.rss import PEAK_RSS, run_rss_child
 BATCH = 1_000  # SENDs per transaction, and RECEIVE's TOP
 READERS = 8  # the receiving child's reader threads
 
-CHILD = r"""
+CHILD = (
+    r"""
 import json, resource, sys, time
 mode, cluster, namespace, n = sys.argv[1:5]
 n = int(n)
@@ -54,11 +55,14 @@ else:
     for t in threads:
         t.join()
 seconds = time.monotonic() - t0
-""".replace("BATCH", str(BATCH)).replace("READERS", str(READERS)) + PEAK_RSS + r"""
+""".replace("BATCH", str(BATCH)).replace("READERS", str(READERS))
+    + PEAK_RSS
+    + r"""
 rss_kb = peak_rss_kb()
 broker.close()
 print(json.dumps({"peak_rss_kb": rss_kb, "done": done, "seconds": seconds}))
 """
+)
 
 
 def measure(ctx: BenchContext, n: int) -> dict[str, Any]:
@@ -71,6 +75,9 @@ def measure(ctx: BenchContext, n: int) -> dict[str, Any]:
         done, seconds = m["detail"]["done"], m["detail"]["seconds"]
         if done < n:
             raise RuntimeError(f"the {mode} child did {done:,} of {n:,} dialogs")
-        out[mode] = {"msg_per_s": round(n / seconds, 1), "seconds": round(seconds, 1),
-                     "peak_rss_mb": round(m["value"], 1)}
+        out[mode] = {
+            "msg_per_s": round(n / seconds, 1),
+            "seconds": round(seconds, 1),
+            "peak_rss_mb": round(m["value"], 1),
+        }
     return out

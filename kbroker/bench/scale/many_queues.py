@@ -47,12 +47,18 @@ def catalog(n: int, partitions: int, procedure: str = PROCEDURE, max_readers: in
     """Definitions of N activated queues (each with its service) and the initiator's queue."""
     activation = {"status": "ON", "kind": "internal", "procedure": procedure, "max_queue_readers": max_readers}
     queues = [{"name": "InitiatorQueue", "partitions": 1}] + [
-        {"name": queue_name(i), "partitions": partitions, "activation": activation} for i in range(n)]
+        {"name": queue_name(i), "partitions": partitions, "activation": activation} for i in range(n)
+    ]
     services = [{"name": INITIATOR, "queue": "InitiatorQueue"}] + [
-        {"name": f"//scale/{queue_name(i)}", "queue": queue_name(i), "contracts": [CONTRACT]} for i in range(n)]
-    return {"message_types": [{"name": MESSAGE, "validation": "NONE"}],
-            "contracts": [{"name": CONTRACT, "messages": [{"type": MESSAGE, "sent_by": "INITIATOR"}]}],
-            "queues": queues, "services": services, "routes": []}
+        {"name": f"//scale/{queue_name(i)}", "queue": queue_name(i), "contracts": [CONTRACT]} for i in range(n)
+    ]
+    return {
+        "message_types": [{"name": MESSAGE, "validation": "NONE"}],
+        "contracts": [{"name": CONTRACT, "messages": [{"type": MESSAGE, "sent_by": "INITIATOR"}]}],
+        "queues": queues,
+        "services": services,
+        "routes": [],
+    }
 
 
 def apply_queues(ctx: BenchContext, n: int, partitions: int, tag: str = "q", **activation: Any) -> tuple[str, float]:
@@ -141,8 +147,9 @@ class ActivationMissed(RuntimeError):
     """No activated reader returned a sample's message within SAMPLE_TIMEOUT."""
 
 
-def activation_latency(worker: WorkerProcess, sender: Any, log: Path, queue: str, seen: int,
-                       timeout: float = SAMPLE_TIMEOUT) -> tuple[float, int]:
+def activation_latency(
+    worker: WorkerProcess, sender: Any, log: Path, queue: str, seen: int, timeout: float = SAMPLE_TIMEOUT
+) -> tuple[float, int]:
     """One sample on `queue` (idle): ms from the SEND's enqueue to the activated RECEIVE
     returning it; and the activation log's lines read so far."""
     wait_monitor(worker, queue, idle, 60, "idle monitor")
@@ -207,14 +214,24 @@ def measure(ctx: BenchContext, n: int, *, partitions: int = 4, samples: int = 20
         ages = [r["age"] for q, r in rows.items() if q.startswith("Q") and r.get("age") is not None]
         rss = psutil.Process(worker.proc.pid).memory_info().rss / 2**20
         latencies.sort()
-        return {"queues": n, "partitions_per_queue": partitions, "apply_s": round(apply_s, 2),
-                "namespace_partitions": ns_partitions, "cluster_partitions": cluster_partitions,
-                "worker_start_s": round(start_s, 2), "worker_rss_mb": round(rss, 1),
-                "tick_ms": {"p50": percentile(ticks, 50), "max": ticks[-1] if ticks else None,
-                            "ticks": len(ticks)},
-                "view_age_s": {"max": max(ages) if ages else None, "p50": percentile(sorted(ages), 50)},
-                "activation_ms": {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99),
-                                  "samples": len(latencies), "missed": missed, "timeout_s": SAMPLE_TIMEOUT}}
+        return {
+            "queues": n,
+            "partitions_per_queue": partitions,
+            "apply_s": round(apply_s, 2),
+            "namespace_partitions": ns_partitions,
+            "cluster_partitions": cluster_partitions,
+            "worker_start_s": round(start_s, 2),
+            "worker_rss_mb": round(rss, 1),
+            "tick_ms": {"p50": percentile(ticks, 50), "max": ticks[-1] if ticks else None, "ticks": len(ticks)},
+            "view_age_s": {"max": max(ages) if ages else None, "p50": percentile(sorted(ages), 50)},
+            "activation_ms": {
+                "p50": percentile(latencies, 50),
+                "p99": percentile(latencies, 99),
+                "samples": len(latencies),
+                "missed": missed,
+                "timeout_s": SAMPLE_TIMEOUT,
+            },
+        }
     finally:
         if sender is not None:
             sender.close()

@@ -43,14 +43,22 @@ def _measure(curve: str, drain_messages: int) -> Callable[[BenchContext, int], d
     )
 
     measures: dict[str, Callable[[BenchContext, int], dict[str, Any]]] = {
-        "queues": scale_queues.measure, "dialogs": scale_dialogs.measure,
-        "workers": lambda ctx, w: scale_workers.measure(ctx, w, messages=drain_messages)}
+        "queues": scale_queues.measure,
+        "dialogs": scale_dialogs.measure,
+        "workers": lambda ctx, w: scale_workers.measure(ctx, w, messages=drain_messages),
+    }
     return measures[curve]
 
 
-def run_scale(points: dict[str, tuple[int, ...]], *, cluster: ClusterLike | None, reporter: Reporter,
-              out_dir: Path, ramp_up: float = Params.ramp_up,
-              drain_messages: int = WORKER_BACKLOG) -> dict[str, Any]:
+def run_scale(
+    points: dict[str, tuple[int, ...]],
+    *,
+    cluster: ClusterLike | None,
+    reporter: Reporter,
+    out_dir: Path,
+    ramp_up: float = Params.ramp_up,
+    drain_messages: int = WORKER_BACKLOG,
+) -> dict[str, Any]:
     """Measure each curve's points in turn; returns the results document, written to
     OUT/scale.json with the previous run's curves that were not measured now. A point that
     fails is recorded with its error and the run goes on."""
@@ -60,8 +68,9 @@ def run_scale(points: dict[str, tuple[int, ...]], *, cluster: ClusterLike | None
     doc.setdefault("curves", {})
     with bench_broker(cluster, reporter) as (run_cluster, kafka_version, embedded):
         machine = describe_machine(kafka_version)
-        ctx = BenchContext(run_cluster, Params(repeat=1, ramp_up=ramp_up), reporter, samples_dir(),
-                           kafka_version, embedded)
+        ctx = BenchContext(
+            run_cluster, Params(repeat=1, ramp_up=ramp_up), reporter, samples_dir(), kafka_version, embedded
+        )
         for curve, ns in points.items():
             measured = []
             for n in ns:
@@ -72,14 +81,18 @@ def run_scale(points: dict[str, tuple[int, ...]], *, cluster: ClusterLike | None
                     measured.append({"n": n, "error": f"{type(exc).__name__}: {exc}"})
                 finally:
                     ctx.cleanup()
-            doc["curves"][curve] = {"date": started.isoformat(timespec="seconds"), "command": command_line(),
-                                    "machine": machine, "points": measured}
+            doc["curves"][curve] = {
+                "date": started.isoformat(timespec="seconds"),
+                "command": command_line(),
+                "machine": machine,
+                "points": measured,
+            }
     write_results(doc, out_dir, RESULTS_FILE)
     return doc
 
 
 def parse_points(text: str) -> tuple[int, ...]:
-    """"10,100,500" -> (10, 100, 500); a ValueError names what is wrong."""
+    """ "10,100,500" -> (10, 100, 500); a ValueError names what is wrong."""
     try:
         values = tuple(int(x.replace("_", "")) for x in text.split(",") if x.strip())
     except ValueError:

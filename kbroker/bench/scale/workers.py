@@ -64,8 +64,9 @@ def backlog(ctx: BenchContext, ns: str, messages: int) -> None:
 
     broker = Broker(ctx.cluster, ns)
     try:
-        handles = [broker.begin_dialog(INITIATOR, f"//scale/{queue_name(i % QUEUES)}", CONTRACT)
-                   for i in range(50 * QUEUES)]
+        handles = [
+            broker.begin_dialog(INITIATOR, f"//scale/{queue_name(i % QUEUES)}", CONTRACT) for i in range(50 * QUEUES)
+        ]
         with ctx.reporter.bar(f"workers: a backlog of {messages:,}", messages) as advance:
             for start in range(0, messages, 1000):
                 with broker.transaction() as tx:
@@ -120,10 +121,16 @@ def measure(ctx: BenchContext, w: int, *, messages: int = 10_000) -> dict[str, A
             advance(done - last)
         seconds = time.perf_counter() - t0
         rss = [psutil.Process(x.proc.pid).memory_info().rss / 2**20 for x in workers]
-        return {"workers": w, "queues": QUEUES, "messages": messages, "seconds": round(seconds, 2),
-                "msg_per_s": round(messages / seconds, 1), "monitor_owners": len(set(owners.values())),
-                "worker_rss_mb": round(sum(rss) / len(rss), 1),
-                "cpu_s_per_1000_msg": round((cpu_seconds(workers) - cpu0) * 1000 / messages, 3)}
+        return {
+            "workers": w,
+            "queues": QUEUES,
+            "messages": messages,
+            "seconds": round(seconds, 2),
+            "msg_per_s": round(messages / seconds, 1),
+            "monitor_owners": len(set(owners.values())),
+            "worker_rss_mb": round(sum(rss) / len(rss), 1),
+            "cpu_s_per_1000_msg": round((cpu_seconds(workers) - cpu0) * 1000 / messages, 3),
+        }
     finally:
         for watch in watches:
             watch.close()

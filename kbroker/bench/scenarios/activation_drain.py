@@ -52,8 +52,9 @@ def setup_drain(ctx: BenchContext) -> DrainState:
     p = ctx.params
     kb_ns, bl_ns = ctx.fresh_namespace("actdrain-k"), ctx.fresh_namespace("actdrain-b")
     # ON on the empty queue so the worker watches it from the start, then OFF until each measurement.
-    alter_queue_activation(ctx.cluster, kb_ns, QUEUE, status="ON", procedure=DRAIN_PROCEDURE,
-                           max_queue_readers=p.max_readers)
+    alter_queue_activation(
+        ctx.cluster, kb_ns, QUEUE, status="ON", procedure=DRAIN_PROCEDURE, max_queue_readers=p.max_readers
+    )
     ctx.say(f"starting a worker on {kb_ns} (ramp-up {p.ramp_up:g} s)")
     worker = WorkerProcess(ctx, kb_ns, ramp_up=p.ramp_up, handlers=handlers_for(p.max_readers))
     try:
@@ -94,8 +95,15 @@ def measure_drain(ctx: BenchContext, state: DrainState, side: str) -> dict:
     p = ctx.params
     m, k = p.drain_messages, p.max_readers
     ns = state.kb_ns if side == "kbroker" else state.bl_ns
-    produce_dialogs(ctx, names.queue_topic(ns, QUEUE), state.conversations, 0, claim_body(p.body_bytes),
-                    f"{side}: backlog of {m:,} messages on {len(state.conversations):,} dialogs", total=m)
+    produce_dialogs(
+        ctx,
+        names.queue_topic(ns, QUEUE),
+        state.conversations,
+        0,
+        claim_body(p.body_bytes),
+        f"{side}: backlog of {m:,} messages on {len(state.conversations):,} dialogs",
+        total=m,
+    )
     watch = CommitWatch(ctx, ns)
     try:
         ends = watch.ends()
@@ -109,13 +117,17 @@ def measure_drain(ctx: BenchContext, state: DrainState, side: str) -> dict:
             # The standing backlog has reached the monitor's counts (the leader's 0.5 s watch).
             wait_monitor(state.worker, QUEUE, lambda r: r["backlog"] > 0, 30, "backlog count")
         gc.collect()
-        with ctx.reporter.bar(f"{side}: draining with " + (f"activation (max_queue_readers {k})" if side == "kbroker"
-                                                         else f"{k} readers"), m) as advance:
+        with ctx.reporter.bar(
+            f"{side}: draining with "
+            + (f"activation (max_queue_readers {k})" if side == "kbroker" else f"{k} readers"),
+            m,
+        ) as advance:
             t0 = time.perf_counter()
             if side == "kbroker":
                 alter_queue_activation(ctx.cluster, ns, QUEUE, status="ON")
                 alter_s = time.perf_counter() - t0
             else:
+
                 def work() -> None:
                     try:
                         procedures.drain(state.baseline, QUEUE)
@@ -165,7 +177,10 @@ def measure_drain(ctx: BenchContext, state: DrainState, side: str) -> dict:
 def run_drain(ctx: BenchContext, state: DrainState, rep: int) -> dict[str, dict]:
     row = side_by_side(rep, lambda side: measure_drain(ctx, state, side))
     row["messages"], row["max_queue_readers"], row["ramp_up_s"] = (
-        ctx.params.drain_messages, ctx.params.max_readers, ctx.params.ramp_up)
+        ctx.params.drain_messages,
+        ctx.params.max_readers,
+        ctx.params.ramp_up,
+    )
     return {"activation-drain": row}
 
 
@@ -182,29 +197,39 @@ def _drain_summary(out: dict) -> None:
         return
     r0 = runs[0]
     k, b = out.get("kbroker_detail") or {}, out.get("baseline_detail") or {}
-    out["summary"] = (f"{r0.get('messages'):,} messages, max_queue_readers {r0.get('max_queue_readers')}, "
-                      f"worker ramp-up {r0.get('ramp_up_s'):g} s; msg/s: activation {k.get('msg_per_s')}, "
-                      f"fixed pool {b.get('msg_per_s')}")
+    out["summary"] = (
+        f"{r0.get('messages'):,} messages, max_queue_readers {r0.get('max_queue_readers')}, "
+        f"worker ramp-up {r0.get('ramp_up_s'):g} s; msg/s: activation {k.get('msg_per_s')}, "
+        f"fixed pool {b.get('msg_per_s')}"
+    )
 
 
-scenario(Scenario(
-    name="activation-drain",
-    description="drain a standing backlog: activation (ramping up to max_queue_readers) vs a fixed pool",
-    rows=(Row("activation-drain", "s", f"ratio <= {DRAIN_RATIO_TARGET}",
-              check=lambda r: r["ratio"] <= DRAIN_RATIO_TARGET,
-              floor=Floor(2.5 * DRAIN_RATIO_TARGET, at_most=True),
-              baseline_code="kbroker/bench/scenarios/activation_drain.py:measure_drain (a fixed pool of threads); "
-                            "kbroker/bench/procedures.py:drain",
-              notes="a backlog of --drain-messages (default 100,000) ExpenseClaims over --conversations "
-                    "dialogs; kbroker: a running `kbroker worker` (--ramp-up, default 5 s as in SSB), "
-                    "timed from ALTER QUEUE ... ACTIVATION ON (max_queue_readers = --max-readers, "
-                    "default 4) until the queue group's committed offsets reach the end; baseline: "
-                    "--max-readers threads sharing one Broker, all started at once, running the same "
-                    "procedure (kbroker.bench.procedures:drain: RECEIVE TOP (100) in a transaction of "
-                    "its own until a RECEIVE waits 1 s for nothing). Ratio kbroker/baseline (lower is "
-                    "better)",
-              finish=_drain_summary),),
-    run=run_drain,
-    setup=setup_drain,
-    teardown=teardown_drain,
-))
+scenario(
+    Scenario(
+        name="activation-drain",
+        description="drain a standing backlog: activation (ramping up to max_queue_readers) vs a fixed pool",
+        rows=(
+            Row(
+                "activation-drain",
+                "s",
+                f"ratio <= {DRAIN_RATIO_TARGET}",
+                check=lambda r: r["ratio"] <= DRAIN_RATIO_TARGET,
+                floor=Floor(2.5 * DRAIN_RATIO_TARGET, at_most=True),
+                baseline_code="kbroker/bench/scenarios/activation_drain.py:measure_drain (a fixed pool of threads); "
+                "kbroker/bench/procedures.py:drain",
+                notes="a backlog of --drain-messages (default 100,000) ExpenseClaims over --conversations "
+                "dialogs; kbroker: a running `kbroker worker` (--ramp-up, default 5 s as in SSB), "
+                "timed from ALTER QUEUE ... ACTIVATION ON (max_queue_readers = --max-readers, "
+                "default 4) until the queue group's committed offsets reach the end; baseline: "
+                "--max-readers threads sharing one Broker, all started at once, running the same "
+                "procedure (kbroker.bench.procedures:drain: RECEIVE TOP (100) in a transaction of "
+                "its own until a RECEIVE waits 1 s for nothing). Ratio kbroker/baseline (lower is "
+                "better)",
+                finish=_drain_summary,
+            ),
+        ),
+        run=run_drain,
+        setup=setup_drain,
+        teardown=teardown_drain,
+    )
+)

@@ -57,8 +57,9 @@ class StandingConsumer:
     when each record came back (epoch ms) with its timestamp."""
 
     def __init__(self, cluster: ClusterLike, topic: str):
-        self.consumer = clients.consumer(cluster, f"baseline.{topic}", **{
-            "auto.offset.reset": "latest", "enable.auto.commit": True})
+        self.consumer = clients.consumer(
+            cluster, f"baseline.{topic}", **{"auto.offset.reset": "latest", "enable.auto.commit": True}
+        )
         self.consumer.subscribe([topic], on_assign=lambda c, ps: self.assigned.set())
         self.assigned = threading.Event()
         self.got: dict[str, tuple[float, int]] = {}
@@ -107,16 +108,14 @@ class StandingConsumer:
 def send_one(producer: Any, topic: str) -> str:
     """One ExpenseClaim on a new dialog, acknowledged; returns its conversation id."""
     conv, delivery = str(uuid.uuid4()), Delivery()
-    producer.produce(topic, key=conv, value=claim_body(100), headers=claim_headers(conv, 0),
-                     on_delivery=delivery)
+    producer.produce(topic, key=conv, value=claim_body(100), headers=claim_headers(conv, 0), on_delivery=delivery)
     delivery.check(producer.flush(30))
     return conv
 
 
 def setup_latency(ctx: BenchContext) -> LatencyState:
     kb_ns, bl_ns = ctx.fresh_namespace("actlat-k"), ctx.fresh_namespace("actlat-b")
-    alter_queue_activation(ctx.cluster, kb_ns, QUEUE, status="ON", procedure=LATENCY_PROCEDURE,
-                           max_queue_readers=1)
+    alter_queue_activation(ctx.cluster, kb_ns, QUEUE, status="ON", procedure=LATENCY_PROCEDURE, max_queue_readers=1)
     log = Path(tempfile.mkdtemp(prefix="kbroker-bench-activation-")) / "receives.jsonl"
     log.touch()
     ctx.say(f"starting a worker on {kb_ns}")
@@ -142,7 +141,7 @@ def setup_latency(ctx: BenchContext) -> LatencyState:
 
 def read_receives(state: LatencyState) -> list[dict]:
     lines = state.log.read_bytes().splitlines()
-    new = [orjson.loads(x) for x in lines[state.seen:] if x.strip()]
+    new = [orjson.loads(x) for x in lines[state.seen :] if x.strip()]
     state.seen = len(lines)
     return new
 
@@ -158,8 +157,10 @@ def kbroker_latency(ctx: BenchContext, state: LatencyState, timeout: float = 30.
             for c, enqueued in line["messages"]:
                 if c == conv:
                     if not line["first"]:
-                        raise RuntimeError("the sample's message was returned by an activation's second "
-                                           "RECEIVE: the reader was not idle")
+                        raise RuntimeError(
+                            "the sample's message was returned by an activation's second "
+                            "RECEIVE: the reader was not idle"
+                        )
                     return {"ms": line["returned_ms"] - enqueued, "activation": line["activation"]}
         state.worker.check()
         time.sleep(0.005)
@@ -183,8 +184,13 @@ def run_latency(ctx: BenchContext, state: LatencyState, rep: int) -> dict[str, d
         lat.sort()
         p99 = percentile(lat, 99)
         out[side] = p99
-        out[f"{side}_detail"] = {"p50_ms": percentile(lat, 50), "p99_ms": p99, "min_ms": lat[0],
-                                 "max_ms": lat[-1], "samples": len(lat)}
+        out[f"{side}_detail"] = {
+            "p50_ms": percentile(lat, 50),
+            "p99_ms": p99,
+            "min_ms": lat[0],
+            "max_ms": lat[-1],
+            "samples": len(lat),
+        }
     out["ramp_up_s"] = ctx.params.ramp_up
     return {"activation-latency": out}
 
@@ -198,31 +204,43 @@ def teardown_latency(_ctx: BenchContext, state: LatencyState) -> None:
 
 def _latency_summary(out: dict) -> None:
     k, b = out.get("kbroker_detail") or {}, out.get("baseline_detail") or {}
-    out["latency_ms"] = {"kbroker": {"p50": k.get("p50_ms"), "p99": k.get("p99_ms")},
-                         "baseline": {"p50": b.get("p50_ms"), "p99": b.get("p99_ms")}}
-    out["summary"] = (f"p50/p99 ms: activation {k.get('p50_ms')}/{k.get('p99_ms')}, standing consumer "
-                      f"{b.get('p50_ms')}/{b.get('p99_ms')}; {int(k.get('samples') or 0)} samples per repetition, "
-                      f"worker ramp-up {out['runs'][0].get('ramp_up_s', '?')} s")
+    out["latency_ms"] = {
+        "kbroker": {"p50": k.get("p50_ms"), "p99": k.get("p99_ms")},
+        "baseline": {"p50": b.get("p50_ms"), "p99": b.get("p99_ms")},
+    }
+    out["summary"] = (
+        f"p50/p99 ms: activation {k.get('p50_ms')}/{k.get('p99_ms')}, standing consumer "
+        f"{b.get('p50_ms')}/{b.get('p99_ms')}; {int(k.get('samples') or 0)} samples per repetition, "
+        f"worker ramp-up {out['runs'][0].get('ramp_up_s', '?')} s"
+    )
 
 
-scenario(Scenario(
-    name="activation-latency",
-    description="first message on an idle activated queue -> first RECEIVE of the activated reader",
-    rows=(Row("activation-latency", "ms (p99)", f"p99 <= {LATENCY_TARGET_MS:,.0f} ms",
-              check=lambda r: r["kbroker"] <= LATENCY_TARGET_MS,
-              floor=Floor(3 * LATENCY_TARGET_MS, "kbroker", at_most=True),
-              baseline_code="kbroker/bench/scenarios/activation_latency.py:StandingConsumer",
-              notes="kbroker: a `kbroker worker` (started once, default 5 s tick, 0.5 s queue watch) on a "
-                    "namespace whose ExpenseQueue has ACTIVATION ON (max_queue_readers 1, "
-                    "kbroker.bench.procedures:first_receive). Per sample: wait until the monitor is "
-                    "INACTIVE with 0 readers, send one ExpenseClaim on a new dialog, latency = the "
-                    "activated reader's first RECEIVE returning it (time.time() in the worker) - the "
-                    "record's timestamp. Baseline: a plain confluent-kafka consumer already subscribed "
-                    "and polling another namespace's ExpenseQueue (no activation, no RECEIVE): what "
-                    "Kafka delivery alone costs, so the ratio is not only activation's cost but also "
-                    "kbroker's RECEIVE path. Value = p99 of --samples sends (default 20) per repetition",
-              finish=_latency_summary),),
-    run=run_latency,
-    setup=setup_latency,
-    teardown=teardown_latency,
-))
+scenario(
+    Scenario(
+        name="activation-latency",
+        description="first message on an idle activated queue -> first RECEIVE of the activated reader",
+        rows=(
+            Row(
+                "activation-latency",
+                "ms (p99)",
+                f"p99 <= {LATENCY_TARGET_MS:,.0f} ms",
+                check=lambda r: r["kbroker"] <= LATENCY_TARGET_MS,
+                floor=Floor(3 * LATENCY_TARGET_MS, "kbroker", at_most=True),
+                baseline_code="kbroker/bench/scenarios/activation_latency.py:StandingConsumer",
+                notes="kbroker: a `kbroker worker` (started once, default 5 s tick, 0.5 s queue watch) on a "
+                "namespace whose ExpenseQueue has ACTIVATION ON (max_queue_readers 1, "
+                "kbroker.bench.procedures:first_receive). Per sample: wait until the monitor is "
+                "INACTIVE with 0 readers, send one ExpenseClaim on a new dialog, latency = the "
+                "activated reader's first RECEIVE returning it (time.time() in the worker) - the "
+                "record's timestamp. Baseline: a plain confluent-kafka consumer already subscribed "
+                "and polling another namespace's ExpenseQueue (no activation, no RECEIVE): what "
+                "Kafka delivery alone costs, so the ratio is not only activation's cost but also "
+                "kbroker's RECEIVE path. Value = p99 of --samples sends (default 20) per repetition",
+                finish=_latency_summary,
+            ),
+        ),
+        run=run_latency,
+        setup=setup_latency,
+        teardown=teardown_latency,
+    )
+)

@@ -38,8 +38,13 @@ def start_job(ctx: BenchContext, spark: Any, ns: str, **settings: Any) -> Any:
     from kbroker.analytics.job import AnalyticsJob, JobSettings
 
     home = Path(tempfile.mkdtemp(prefix="kbroker-bench-analytics-"))
-    s = JobSettings(cluster=ctx.cluster, namespace=ns, checkpoint=home / "checkpoint", history=home / "history",
-                    **{"trigger": TRIGGER, "stale_after": STALE_AFTER, **settings})
+    s = JobSettings(
+        cluster=ctx.cluster,
+        namespace=ns,
+        checkpoint=home / "checkpoint",
+        history=home / "history",
+        **{"trigger": TRIGGER, "stale_after": STALE_AFTER, **settings},
+    )
     return AnalyticsJob(s, spark).start()
 
 
@@ -76,11 +81,20 @@ def keep_up(ctx: BenchContext, spark: Any, batch: int = BATCH) -> dict[str, Any]
     finally:
         job.stop()
     detail = {"batches": len(batches), "rows": rows, "seconds": seconds, "busy_rate": rows / busy if busy else None}
-    return {"analytics-throughput": {"kbroker": rows / seconds, "baseline": sent["value"], "kbroker_detail": detail,
-                                     "baseline_detail": {"messages": batch, **sent["detail"]}},
-            "analytics-throughput-pipelined": {"kbroker": rows / seconds, "baseline": pipelined["value"],
-                                               "kbroker_detail": detail,
-                                               "baseline_detail": {"messages": n - batch, **pipelined["detail"]}}}
+    return {
+        "analytics-throughput": {
+            "kbroker": rows / seconds,
+            "baseline": sent["value"],
+            "kbroker_detail": detail,
+            "baseline_detail": {"messages": batch, **sent["detail"]},
+        },
+        "analytics-throughput-pipelined": {
+            "kbroker": rows / seconds,
+            "baseline": pipelined["value"],
+            "kbroker_detail": detail,
+            "baseline_detail": {"messages": n - batch, **pipelined["detail"]},
+        },
+    }
 
 
 def stale_delay(ctx: BenchContext, spark: Any) -> dict[str, Any]:
@@ -125,9 +139,12 @@ def stale_delay(ctx: BenchContext, spark: Any) -> dict[str, Any]:
         follower.close()
         broker.close()
         worker.stop()
-    return {"kbroker": percentile(delays, 99), "baseline": TRIGGER,
-            "kbroker_detail": {"p50": percentile(delays, 50), "max": max(delays)},
-            "baseline_detail": {"trigger_s": TRIGGER}}
+    return {
+        "kbroker": percentile(delays, 99),
+        "baseline": TRIGGER,
+        "kbroker_detail": {"p50": percentile(delays, 50), "max": max(delays)},
+        "baseline_detail": {"trigger_s": TRIGGER},
+    }
 
 
 def wait_http(worker: WorkerProcess, timeout: float) -> None:
@@ -146,33 +163,50 @@ def run_analytics(ctx: BenchContext, spark: Any, rep: int) -> dict[str, dict]:
     return {**keep_up(ctx, spark), "analytics-stale-delay": stale_delay(ctx, spark)}
 
 
-scenario(Scenario(
-    name="analytics",
-    description="the Spark analytics job: events/s it keeps up with, and its stale-report delay",
-    rows=(
-        Row("analytics-throughput", "events/s", "kbroker >= baseline (never behind SEND)",
-            check=lambda r: r["kbroker"] >= r["baseline"], floor=Floor(0.5),
-            baseline_code="kbroker/bench/scenarios/send.py:KBrokerSender.run (one SEND at a time)",
-            notes="kbroker: queue records per second the job (local[2], 0.5 s trigger, 20,000 records a batch) "
-                  "reads, projects, counts and writes from a backlog of 100,000 SENDs, after its first batch "
-                  "(warm-up); baseline: the rate of the first 20,000 of those SENDs, one Broker.send at a "
-                  "time (each acknowledged: the SDK's SEND), in the same repetition"),
-        Row("analytics-throughput-pipelined", "events/s", "kbroker >= baseline",
-            check=lambda r: r["kbroker"] >= r["baseline"], floor=Floor(0.4),
-            baseline_code="kbroker/bench/scenarios/send.py:KBrokerSender.run (pipelined, one transaction)",
-            notes="the same job figure against the other 80,000 SENDs' rate, made in one transaction (the "
-                  "fastest one process can SEND)"),
-        Row("analytics-stale-delay", "s", f"p99 <= {2 * TRIGGER:g} s (2 triggers)",
-            check=lambda r: r["kbroker"] <= 2 * TRIGGER, ratio=BASELINE_OVER_KBROKER,
-            floor=Floor(4 * TRIGGER, "kbroker", at_most=True),
-            baseline_code="kbroker/bench/scenarios/analytics.py:TRIGGER (the trigger interval, not measured)",
-            notes=f"kbroker: p99 over {STALE_SAMPLES} messages of (when the analytics topic first counts the "
-                  f"message stale - when it crossed its {STALE_AFTER:g} s threshold), trigger {TRIGGER:g} s, a worker "
-                  "publishing progress; baseline: the trigger interval itself"),
-    ),
-    run=run_analytics,
-    setup=setup_spark,
-    teardown=teardown_spark,
-    not_quick="a local Spark session takes most of a minute to start on 2 cores, and the job's throughput is "
-              "measured over a fixed 100,000 SENDs (five of its 20,000-record batches)",
-))
+scenario(
+    Scenario(
+        name="analytics",
+        description="the Spark analytics job: events/s it keeps up with, and its stale-report delay",
+        rows=(
+            Row(
+                "analytics-throughput",
+                "events/s",
+                "kbroker >= baseline (never behind SEND)",
+                check=lambda r: r["kbroker"] >= r["baseline"],
+                floor=Floor(0.5),
+                baseline_code="kbroker/bench/scenarios/send.py:KBrokerSender.run (one SEND at a time)",
+                notes="kbroker: queue records per second the job (local[2], 0.5 s trigger, 20,000 records a batch) "
+                "reads, projects, counts and writes from a backlog of 100,000 SENDs, after its first batch "
+                "(warm-up); baseline: the rate of the first 20,000 of those SENDs, one Broker.send at a "
+                "time (each acknowledged: the SDK's SEND), in the same repetition",
+            ),
+            Row(
+                "analytics-throughput-pipelined",
+                "events/s",
+                "kbroker >= baseline",
+                check=lambda r: r["kbroker"] >= r["baseline"],
+                floor=Floor(0.4),
+                baseline_code="kbroker/bench/scenarios/send.py:KBrokerSender.run (pipelined, one transaction)",
+                notes="the same job figure against the other 80,000 SENDs' rate, made in one transaction (the "
+                "fastest one process can SEND)",
+            ),
+            Row(
+                "analytics-stale-delay",
+                "s",
+                f"p99 <= {2 * TRIGGER:g} s (2 triggers)",
+                check=lambda r: r["kbroker"] <= 2 * TRIGGER,
+                ratio=BASELINE_OVER_KBROKER,
+                floor=Floor(4 * TRIGGER, "kbroker", at_most=True),
+                baseline_code="kbroker/bench/scenarios/analytics.py:TRIGGER (the trigger interval, not measured)",
+                notes=f"kbroker: p99 over {STALE_SAMPLES} messages of (when the analytics topic first counts the "
+                f"message stale - when it crossed its {STALE_AFTER:g} s threshold), trigger {TRIGGER:g} s, a worker "
+                "publishing progress; baseline: the trigger interval itself",
+            ),
+        ),
+        run=run_analytics,
+        setup=setup_spark,
+        teardown=teardown_spark,
+        not_quick="a local Spark session takes most of a minute to start on 2 cores, and the job's throughput is "
+        "measured over a fixed 100,000 SENDs (five of its 20,000-record batches)",
+    )
+)

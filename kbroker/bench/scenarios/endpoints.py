@@ -33,7 +33,8 @@ from kbroker.kafka.baseline import Delivery, fast_producer, read_topic_to_end
 VIEW_TARGET_S = 2.0
 AGO_S = 3600  # the ended dialogs' records were written an hour ago: past the 30-minute grace
 
-CHILD = r"""
+CHILD = (
+    r"""
 import json, resource, sys, time
 mode, cluster, namespace, live, CLAIM = sys.argv[1:6]
 import kbroker
@@ -43,11 +44,14 @@ kept = 0
 if mode == "kbroker":
     kept = len(broker.endpoints.all())
     broker.send(live, CLAIM, {"amount": 1})
-""" + PEAK_RSS + r"""
+"""
+    + PEAK_RSS
+    + r"""
 rss_kb = peak_rss_kb()
 broker.close()
 print(json.dumps({"peak_rss_kb": rss_kb, "endpoints_kept": kept, "seconds": time.monotonic() - t0}))
 """
+)
 
 
 NO_RECLAIM_S = 30 * 24 * 3600  # the bench worker's --closed-grace: longer than the dialogs have been ended
@@ -62,13 +66,31 @@ class Ended:
 
 
 def _ended_pair(conversation_id: str, at: float) -> list[Endpoint]:
-    ini = Endpoint(handle_for(conversation_id, "INITIATOR"), conversation_id, "INITIATOR",
-                   default_group(conversation_id, "INITIATOR"), default_group(conversation_id, "TARGET"),
-                   EMP, EXP, CONTRACT, CLOSED, send_sequence=3, sequence_reserved=3, updated=at)
-    tgt = replace(ini, conversation_handle=handle_for(conversation_id, "TARGET"), side="TARGET",
-                  conversation_group_id=ini.far_conversation_group_id,
-                  far_conversation_group_id=ini.conversation_group_id,
-                  service_name=EXP, far_service_name=EMP, send_sequence=2, sequence_reserved=2)
+    ini = Endpoint(
+        handle_for(conversation_id, "INITIATOR"),
+        conversation_id,
+        "INITIATOR",
+        default_group(conversation_id, "INITIATOR"),
+        default_group(conversation_id, "TARGET"),
+        EMP,
+        EXP,
+        CONTRACT,
+        CLOSED,
+        send_sequence=3,
+        sequence_reserved=3,
+        updated=at,
+    )
+    tgt = replace(
+        ini,
+        conversation_handle=handle_for(conversation_id, "TARGET"),
+        side="TARGET",
+        conversation_group_id=ini.far_conversation_group_id,
+        far_conversation_group_id=ini.conversation_group_id,
+        service_name=EXP,
+        far_service_name=EMP,
+        send_sequence=2,
+        sequence_reserved=2,
+    )
     return [ini, tgt]
 
 
@@ -82,8 +104,13 @@ def setup_ended(ctx: BenchContext) -> Ended:
     with ctx.reporter.bar(f"endpoints of {n:,} ended dialogs", n) as advance:
         for i in range(n):
             for ep in _ended_pair(str(uuid.uuid4()), at):
-                producer.produce(topic, key=ep.conversation_handle.encode(), value=ep.to_json(),
-                                 timestamp=stamp, on_delivery=delivery)
+                producer.produce(
+                    topic,
+                    key=ep.conversation_handle.encode(),
+                    value=ep.to_json(),
+                    timestamp=stamp,
+                    on_delivery=delivery,
+                )
             if i % 10_000 == 9_999:
                 producer.poll(0)
                 advance(10_000)
@@ -102,8 +129,12 @@ def run_ended(ctx: BenchContext, ended: Ended, rep: int) -> dict[str, dict]:
     from kbroker.kafka.queue_views import conversation_view
     from kbroker.worker.web.views import worker_conversations
 
-    rss = side_by_side(rep, lambda side: run_rss_child(
-        CHILD, [ctx.cluster.bootstrap, ended.namespace, ended.live, CLAIM], side, timeout=900))
+    rss = side_by_side(
+        rep,
+        lambda side: run_rss_child(
+            CHILD, [ctx.cluster.bootstrap, ended.namespace, ended.live, CLAIM], side, timeout=900
+        ),
+    )
     rss["ended_dialogs"] = ended.dialogs
 
     def read_view(side: str) -> dict[str, Any]:
@@ -122,8 +153,9 @@ def run_ended(ctx: BenchContext, ended: Ended, rep: int) -> dict[str, dict]:
         # The namespace is one whose ended dialogs the worker has not reclaimed yet: with its
         # 30-minute grace, the worker's 5th-tick cleanup would tombstone all of them during the
         # run (2,000,000 more records), and every later repetition would read another topic.
-        worker = ended.worker = WorkerProcess(ctx, ended.namespace, ramp_up=1.0, handlers=1,
-                                              extra=("--closed-grace", str(NO_RECLAIM_S)))
+        worker = ended.worker = WorkerProcess(
+            ctx, ended.namespace, ramp_up=1.0, handlers=1, extra=("--closed-grace", str(NO_RECLAIM_S))
+        )
     url = f"http://127.0.0.1:{worker.port}"
     deadline = time.monotonic() + 900
     ctx.say("waiting for the worker's first read of the endpoints topic")
@@ -146,22 +178,35 @@ def teardown_ended(ctx: BenchContext, ended: Ended) -> None:
         ended.worker.stop()
 
 
-scenario(Scenario(
-    name="ended-dialogs",
-    description="a process reading the endpoints of many ended dialogs, and `kbroker conversations`",
-    rows=(Row("ended-dialogs-rss", "MB", f"bounded: <= baseline + {RSS_BOUND_MB} MB",
-              check=lambda r: r["kbroker"] - r["baseline"] <= RSS_BOUND_MB,
-              floor=Floor(2 * RSS_BOUND_MB, "growth", at_most=True),
-              baseline_code="kbroker/bench/scenarios/endpoints.py:CHILD (mode \"baseline\": connect only)",
-              notes="child process: connect, read every endpoint, SEND on the live dialog; peak RSS (VmHWM) "
-                    "vs a child that only connects; the ended dialogs' records are past the grace period"),
-          Row("conversations-view", "s", f"<= {VIEW_TARGET_S:g} s",
-              check=lambda r: r["kbroker"] <= VIEW_TARGET_S, floor=Floor(5 * VIEW_TARGET_S, "kbroker", at_most=True),
-              baseline_code="kbroker/kafka/baseline.py:read_topic_to_end",
-              notes="kbroker conversations with the namespace's worker running (it keeps the view in memory) "
-                    "vs a plain consumer reading the endpoints topic to its end; without a worker the CLI "
-                    "reads the topic itself (detail: without_worker_s)")),
-    run=run_ended,
-    setup=setup_ended,
-    teardown=teardown_ended,
-))
+scenario(
+    Scenario(
+        name="ended-dialogs",
+        description="a process reading the endpoints of many ended dialogs, and `kbroker conversations`",
+        rows=(
+            Row(
+                "ended-dialogs-rss",
+                "MB",
+                f"bounded: <= baseline + {RSS_BOUND_MB} MB",
+                check=lambda r: r["kbroker"] - r["baseline"] <= RSS_BOUND_MB,
+                floor=Floor(2 * RSS_BOUND_MB, "growth", at_most=True),
+                baseline_code='kbroker/bench/scenarios/endpoints.py:CHILD (mode "baseline": connect only)',
+                notes="child process: connect, read every endpoint, SEND on the live dialog; peak RSS (VmHWM) "
+                "vs a child that only connects; the ended dialogs' records are past the grace period",
+            ),
+            Row(
+                "conversations-view",
+                "s",
+                f"<= {VIEW_TARGET_S:g} s",
+                check=lambda r: r["kbroker"] <= VIEW_TARGET_S,
+                floor=Floor(5 * VIEW_TARGET_S, "kbroker", at_most=True),
+                baseline_code="kbroker/kafka/baseline.py:read_topic_to_end",
+                notes="kbroker conversations with the namespace's worker running (it keeps the view in memory) "
+                "vs a plain consumer reading the endpoints topic to its end; without a worker the CLI "
+                "reads the topic itself (detail: without_worker_s)",
+            ),
+        ),
+        run=run_ended,
+        setup=setup_ended,
+        teardown=teardown_ended,
+    )
+)

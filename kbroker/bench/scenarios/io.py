@@ -52,6 +52,7 @@ IO_PROCESSES = (2, 4)
 @dataclass
 class _Handled:
     """Messages handled so far, and when the first was received and the last handled."""
+
     done: int = 0
     first: float | None = None
     last: float | None = None
@@ -66,8 +67,14 @@ def _measure_io_bound(ctx: BenchContext, side: str) -> dict:
     c = ctx.params.conversations
     total = 2 * c
     ns = ctx.fresh_namespace(f"io-{side[0]}")
-    produce_dialogs(ctx, names.queue_topic(ns, QUEUE), new_conversations(c), 2,
-                    claim_body(ctx.params.body_bytes), f"{side}: {total:,} messages on {c:,} dialogs")
+    produce_dialogs(
+        ctx,
+        names.queue_topic(ns, QUEUE),
+        new_conversations(c),
+        2,
+        claim_body(ctx.params.body_bytes),
+        f"{side}: {total:,} messages on {c:,} dialogs",
+    )
     lock = threading.Lock()
     state = _Handled()
     deadline = time.monotonic() + 60 + total * IO_DELAY * 1.5
@@ -120,8 +127,9 @@ def _measure_io_bound(ctx: BenchContext, side: str) -> dict:
         baseline_partition_workers(ctx, names.queue_topic(ns, QUEUE), total, clock, deadline)
         return {"value": clock.rate(total), "detail": clock.detail(total, t_start)}
     else:  # serial: one consumer handling every record in turn
-        consumer = clients.consumer(ctx.cluster, f"baseline.{names.queue_topic(ns, QUEUE)}",
-                                    **{"auto.offset.reset": "earliest"})
+        consumer = clients.consumer(
+            ctx.cluster, f"baseline.{names.queue_topic(ns, QUEUE)}", **{"auto.offset.reset": "earliest"}
+        )
         try:
             consumer.subscribe([names.queue_topic(ns, QUEUE)])
             with ctx.reporter.bar("serial baseline, one consumer in partition order", total) as advance:
@@ -140,8 +148,7 @@ def _measure_io_bound(ctx: BenchContext, side: str) -> dict:
         raise RuntimeError(f"{side}: only {state.done:,} of {total:,} messages handled in time")
     assert state.first is not None and state.last is not None  # something was handled
     elapsed = state.last - state.first
-    return {"value": total / elapsed, "detail": {
-        "seconds": elapsed, "wall_seconds": state.last - t_start}}
+    return {"value": total / elapsed, "detail": {"seconds": elapsed, "wall_seconds": state.last - t_start}}
 
 
 def measure_processes(ctx: BenchContext, n: int) -> dict:
@@ -149,50 +156,91 @@ def measure_processes(ctx: BenchContext, n: int) -> dict:
     c = ctx.params.conversations
     ns = ctx.fresh_namespace(f"io-p{n}")
     return io_processes.measure_processes(
-        ctx.cluster, ns, n, IO_READERS // n, 2 * c,
-        lambda: produce_dialogs(ctx, names.queue_topic(ns, QUEUE), new_conversations(c), 2,
-                                claim_body(ctx.params.body_bytes), f"{n} processes: {2 * c:,} messages on {c:,} dialogs"),
-        time.monotonic() + 120 + 2 * c * IO_DELAY * 1.5)
+        ctx.cluster,
+        ns,
+        n,
+        IO_READERS // n,
+        2 * c,
+        lambda: produce_dialogs(
+            ctx,
+            names.queue_topic(ns, QUEUE),
+            new_conversations(c),
+            2,
+            claim_body(ctx.params.body_bytes),
+            f"{n} processes: {2 * c:,} messages on {c:,} dialogs",
+        ),
+        time.monotonic() + 120 + 2 * c * IO_DELAY * 1.5,
+    )
 
 
 def run_io_bound(ctx: BenchContext, _state: Any, rep: int) -> dict[str, dict]:
     row = side_by_side(rep, lambda side: measure_io_bound(ctx, side))
     serial = measure_io_bound(ctx, "serial")
-    out = {"io-bound": row,
-           "io-bound-serial": {"kbroker": row["kbroker"], "baseline": serial["value"],
-                               "baseline_detail": serial["detail"]}}
+    out = {
+        "io-bound": row,
+        "io-bound-serial": {
+            "kbroker": row["kbroker"],
+            "baseline": serial["value"],
+            "baseline_detail": serial["detail"],
+        },
+    }
     for n in IO_PROCESSES:  # against the partition-parallel baseline of the same repetition
         m = measure_processes(ctx, n)
         ctx.say(f"io-bound, {n} processes: {m['value']:,.0f} msg/s, {m['detail']}")
-        out[f"io-bound-{n}-processes"] = {"kbroker": m["value"], "kbroker_detail": m["detail"],
-                                          "baseline": row["baseline"], "baseline_detail": row["baseline_detail"]}
+        out[f"io-bound-{n}-processes"] = {
+            "kbroker": m["value"],
+            "kbroker_detail": m["detail"],
+            "baseline": row["baseline"],
+            "baseline_detail": row["baseline_detail"],
+        }
     return out
 
 
-scenario(Scenario(
-    name="io-bound",
-    description=f"handler awaiting {IO_DELAY * 1000:.0f} ms per message, C dialogs x 2 messages",
-    rows=(Row("io-bound", "msg/s", "ratio >= 10", check=lambda r: r["ratio"] >= 10, floor=Floor(1.0),
-              baseline_code="kbroker/bench/partition_workers.py:baseline_partition_workers",
-              notes=f"C dialogs x 2 messages preloaded on ExpenseQueue (4 partitions), a handler taking "
-                    f"{IO_DELAY * 1000:.0f} ms per message; kbroker: {IO_READERS} threads, each `with "
-                    "broker.transaction() as tx: tx.receive(top=10, wait=1)`; baseline: one consumer, a "
-                    "worker thread per partition handling its records in order, offsets committed every "
-                    "100 ms (bench/partition_workers.py). Timed from the first message handed out to the "
-                    "last one handled (consumer start-up excluded on both sides); each side's detail has its CPU "
-                    "seconds and peak RSS (start-up included, bench/usage.py)"),
-          *(Row(f"io-bound-{n}-processes", "msg/s", None,
-                baseline_code="kbroker/bench/partition_workers.py:baseline_partition_workers (io-bound's)",
-                notes=f"informational: kbroker = the io-bound reader as {n} processes of {IO_READERS // n} "
-                      "threads on one machine (bench/io_processes.py), the messages written once every "
-                      "process owns a partition, timed from the first message handled to the last "
-                      "committed; detail: the processes' CPU seconds and peak RSS each; baseline = "
-                      "io-bound's partition-parallel baseline of the same repetition") for n in IO_PROCESSES),
-          Row("io-bound-serial", "msg/s", None,
-              baseline_code="kbroker/bench/scenarios/io.py:measure_io_bound (side \"serial\")",
-              notes="informational: kbroker = io-bound's kbroker figure of the same repetition; baseline "
-                    "= one consumer handling every record in turn, committing after each batch (what the "
-                    "io-bound row compared with before it had the partition-parallel baseline)")),
-    run=run_io_bound,
-    setup=need_transactions,
-))
+scenario(
+    Scenario(
+        name="io-bound",
+        description=f"handler awaiting {IO_DELAY * 1000:.0f} ms per message, C dialogs x 2 messages",
+        rows=(
+            Row(
+                "io-bound",
+                "msg/s",
+                "ratio >= 10",
+                check=lambda r: r["ratio"] >= 10,
+                floor=Floor(1.0),
+                baseline_code="kbroker/bench/partition_workers.py:baseline_partition_workers",
+                notes=f"C dialogs x 2 messages preloaded on ExpenseQueue (4 partitions), a handler taking "
+                f"{IO_DELAY * 1000:.0f} ms per message; kbroker: {IO_READERS} threads, each `with "
+                "broker.transaction() as tx: tx.receive(top=10, wait=1)`; baseline: one consumer, a "
+                "worker thread per partition handling its records in order, offsets committed every "
+                "100 ms (bench/partition_workers.py). Timed from the first message handed out to the "
+                "last one handled (consumer start-up excluded on both sides); each side's detail has its CPU "
+                "seconds and peak RSS (start-up included, bench/usage.py)",
+            ),
+            *(
+                Row(
+                    f"io-bound-{n}-processes",
+                    "msg/s",
+                    None,
+                    baseline_code="kbroker/bench/partition_workers.py:baseline_partition_workers (io-bound's)",
+                    notes=f"informational: kbroker = the io-bound reader as {n} processes of {IO_READERS // n} "
+                    "threads on one machine (bench/io_processes.py), the messages written once every "
+                    "process owns a partition, timed from the first message handled to the last "
+                    "committed; detail: the processes' CPU seconds and peak RSS each; baseline = "
+                    "io-bound's partition-parallel baseline of the same repetition",
+                )
+                for n in IO_PROCESSES
+            ),
+            Row(
+                "io-bound-serial",
+                "msg/s",
+                None,
+                baseline_code='kbroker/bench/scenarios/io.py:measure_io_bound (side "serial")',
+                notes="informational: kbroker = io-bound's kbroker figure of the same repetition; baseline "
+                "= one consumer handling every record in turn, committing after each batch (what the "
+                "io-bound row compared with before it had the partition-parallel baseline)",
+            ),
+        ),
+        run=run_io_bound,
+        setup=need_transactions,
+    )
+)

@@ -119,16 +119,18 @@ class Requester:
                     return
                 seq = self.seq[conv]
                 self.seq[conv] = seq + 1
-                self.producer.produce(self.topic, key=conv, value=self.body,
-                                      headers=claim_headers(conv, seq), on_delivery=self.delivery)
+                self.producer.produce(
+                    self.topic, key=conv, value=self.body, headers=claim_headers(conv, seq), on_delivery=self.delivery
+                )
                 self.producer.poll(0)
                 self.delivery.check()
         except BaseException as exc:  # noqa: BLE001 - reported by the scenario
             self.error = exc
 
 
-def kbroker_responders(ctx: BenchContext, namespace: str, tally: Tally, reply: bytes,
-                       stop: threading.Event, errors: list[BaseException]) -> Responders:
+def kbroker_responders(
+    ctx: BenchContext, namespace: str, tally: Tally, reply: bytes, stop: threading.Event, errors: list[BaseException]
+) -> Responders:
     broker = Broker(ctx.cluster, namespace)
 
     def work() -> None:
@@ -144,13 +146,15 @@ def kbroker_responders(ctx: BenchContext, namespace: str, tally: Tally, reply: b
             errors.append(exc)
             stop.set()
 
-    threads = [threading.Thread(target=work, name=f"kbroker-responder-{i}", daemon=True)
-               for i in range(ctx.params.readers)]
+    threads = [
+        threading.Thread(target=work, name=f"kbroker-responder-{i}", daemon=True) for i in range(ctx.params.readers)
+    ]
     return threads, broker.close
 
 
-def baseline_responder(ctx: BenchContext, namespace: str, tally: Tally, reply: bytes,
-                       stop: threading.Event, errors: list[BaseException]) -> Responders:
+def baseline_responder(
+    ctx: BenchContext, namespace: str, tally: Tally, reply: bytes, stop: threading.Event, errors: list[BaseException]
+) -> Responders:
     """A hand-written consume-transform-produce loop: transactional producer, offsets sent to
     the transaction, one commit per 100 records or 100 ms."""
     topic = names.queue_topic(namespace, QUEUE)
@@ -186,8 +190,7 @@ def measure_request_reply(ctx: BenchContext, side: str) -> dict:
     n, c = p.messages, max(1, min(p.conversations, p.messages))
     ns = ctx.fresh_namespace(f"rr-{side[0]}")
     warm, measured = new_conversations(min(100, c)), new_conversations(c)
-    requester = Requester(ctx.cluster, names.queue_topic(ns, QUEUE), warm + measured, n,
-                          claim_body(p.body_bytes))
+    requester = Requester(ctx.cluster, names.queue_topic(ns, QUEUE), warm + measured, n, claim_body(p.body_bytes))
     sent = [0]
 
     def next_request(conv: str) -> None:  # under the tally's lock
@@ -207,8 +210,9 @@ def measure_request_reply(ctx: BenchContext, side: str) -> dict:
         for conv in warm:
             requester.request(conv)
         if not _wait(tally.warmed, errors, requester, 120):
-            raise RuntimeError(f"{side}: warm-up replies did not arrive within 120 s "
-                               f"({tally.warm_replies}/{len(warm)})")
+            raise RuntimeError(
+                f"{side}: warm-up replies did not arrive within 120 s ({tally.warm_replies}/{len(warm)})"
+            )
         gc.collect()
         with ctx.reporter.bar(f"{side} request-reply", n) as advance:
             t0, cpu0 = time.perf_counter(), time.process_time()
@@ -221,8 +225,7 @@ def measure_request_reply(ctx: BenchContext, side: str) -> dict:
             while not tally.done.is_set():
                 if not _wait(tally.done, errors, requester, 0.25):
                     if time.perf_counter() - t0 > deadline:
-                        raise RuntimeError(f"{side}: only {tally.replies:,} of {n:,} replies after "
-                                           f"{deadline:.0f} s")
+                        raise RuntimeError(f"{side}: only {tally.replies:,} of {n:,} replies after {deadline:.0f} s")
                 advance(tally.replies - last)
                 last = tally.replies
             elapsed, cpu = tally.t_last - t0, time.process_time() - cpu0
@@ -234,11 +237,17 @@ def measure_request_reply(ctx: BenchContext, side: str) -> dict:
         else:  # a statement that never returns: closing under it could hang the run too
             ctx.say(f"[yellow]{side}: responder threads did not stop; the connection is left open[/yellow]")
     lat = sorted(tally.latencies)
-    return {"value": n / elapsed, "detail": {
-        "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99), "seconds": elapsed,
-        # The process's CPU (every thread, librdkafka's, the requester's and the harness's
-        # included, the same for both sides) per reply.
-        "cpu_ms_per_msg": round(cpu * 1000 / n, 4)}}
+    return {
+        "value": n / elapsed,
+        "detail": {
+            "p50_ms": percentile(lat, 50),
+            "p99_ms": percentile(lat, 99),
+            "seconds": elapsed,
+            # The process's CPU (every thread, librdkafka's, the requester's and the harness's
+            # included, the same for both sides) per reply.
+            "cpu_ms_per_msg": round(cpu * 1000 / n, 4),
+        },
+    }
 
 
 def _wait(event: threading.Event, errors: list[BaseException], requester: Requester, timeout: float) -> bool:
@@ -266,29 +275,46 @@ def _latency_summary(out: dict) -> None:
     out["latency_ms"] = {
         "kbroker": {"p50": k.get("p50_ms"), "p99": k.get("p99_ms")},
         "baseline": {"p50": b.get("p50_ms"), "p99": b.get("p99_ms")},
-        "ratio_p50": ratio("p50_ms"), "ratio_p99": ratio("p99_ms"),
+        "ratio_p50": ratio("p50_ms"),
+        "ratio_p99": ratio("p99_ms"),
         "ratio_definition": f"{BASELINE_OVER_KBROKER} (above 1: kbroker answers faster)",
     }
     if k or b:
-        out["summary"] = "; ".join(filter(None, [
-            f"latency p50/p99 ms: kbroker {k.get('p50_ms')}/{k.get('p99_ms')}, "
-            f"baseline {b.get('p50_ms')}/{b.get('p99_ms')}", cpu_summary(out)]))
+        out["summary"] = "; ".join(
+            filter(
+                None,
+                [
+                    f"latency p50/p99 ms: kbroker {k.get('p50_ms')}/{k.get('p99_ms')}, "
+                    f"baseline {b.get('p50_ms')}/{b.get('p99_ms')}",
+                    cpu_summary(out),
+                ],
+            )
+        )
 
 
-scenario(Scenario(
-    name="request-reply",
-    description="transactional request/reply over C dialogs: throughput and latency",
-    rows=(Row("request-reply", "msg/s", "ratio >= 0.5",
-              check=lambda r: r["ratio"] >= 0.5, floor=Floor(0.1),
-              baseline_code="kbroker/bench/scenarios/reply.py:baseline_responder; "
-                            "kbroker/kafka/baseline.py:transform_batches",
-              notes="closed loop, --in-flight claims (default 1) in flight per dialog; kbroker: --readers "
-                    f"(default {RR_READERS}) threads, each "
-                    "`with broker.transaction() as tx: tx.receive(top=100)` + tx.send per message; "
-                    "baseline: consume-transform-produce, transactional producer, "
-                    "send_offsets_to_transaction, commit every 100 records or 100 ms. Latency = reply "
-                    "commit - request enqueued; its ratio is baseline/kbroker",
-              finish=_latency_summary),),
-    run=run_request_reply,
-    setup=need_transactions,
-))
+scenario(
+    Scenario(
+        name="request-reply",
+        description="transactional request/reply over C dialogs: throughput and latency",
+        rows=(
+            Row(
+                "request-reply",
+                "msg/s",
+                "ratio >= 0.5",
+                check=lambda r: r["ratio"] >= 0.5,
+                floor=Floor(0.1),
+                baseline_code="kbroker/bench/scenarios/reply.py:baseline_responder; "
+                "kbroker/kafka/baseline.py:transform_batches",
+                notes="closed loop, --in-flight claims (default 1) in flight per dialog; kbroker: --readers "
+                f"(default {RR_READERS}) threads, each "
+                "`with broker.transaction() as tx: tx.receive(top=100)` + tx.send per message; "
+                "baseline: consume-transform-produce, transactional producer, "
+                "send_offsets_to_transaction, commit every 100 records or 100 ms. Latency = reply "
+                "commit - request enqueued; its ratio is baseline/kbroker",
+                finish=_latency_summary,
+            ),
+        ),
+        run=run_request_reply,
+        setup=need_transactions,
+    )
+)

@@ -64,9 +64,12 @@ LOCAL, NAMESPACES, CLUSTERS = "local", "namespaces", "clusters"
 def catalog_yaml(services: list[str], routes: list[tuple[str, str, str]]) -> str:
     """A namespace's definitions: the contract, CQ and SQ, `services` (CLIENT and/or SERVER) and
     `routes` (name, service, address)."""
-    svc = {CLIENT: f"  - {{name: '{CLIENT}', queue: {CLIENT_QUEUE}}}",
-           SERVER: f"  - {{name: '{SERVER}', queue: {SERVER_QUEUE}, contracts: ['{CONTRACT}']}}"}
-    text = f"""message_types:
+    svc = {
+        CLIENT: f"  - {{name: '{CLIENT}', queue: {CLIENT_QUEUE}}}",
+        SERVER: f"  - {{name: '{SERVER}', queue: {SERVER_QUEUE}, contracts: ['{CONTRACT}']}}",
+    }
+    text = (
+        f"""message_types:
   - {{name: '{REQUEST}', validation: JSON}}
   - {{name: '{REPLY}', validation: JSON}}
 contracts:
@@ -78,10 +81,12 @@ queues:
   - {{name: {CLIENT_QUEUE}, partitions: 4}}
   - {{name: {SERVER_QUEUE}, partitions: 4}}
 services:
-""" + "\n".join(svc[s] for s in services) + "\n"
+"""
+        + "\n".join(svc[s] for s in services)
+        + "\n"
+    )
     if routes:
-        text += "routes:\n" + "".join(f"  - {{name: {n}, service_name: '{s}', address: '{a}'}}\n"
-                                      for n, s, a in routes)
+        text += "routes:\n" + "".join(f"  - {{name: {n}, service_name: '{s}', address: '{a}'}}\n" for n, s, a in routes)
     return text
 
 
@@ -98,8 +103,11 @@ class RoutingState:
 def setup_routing(ctx: BenchContext) -> RoutingState:
     need_transactions(ctx)
     with ExitStack() as stack:
-        yaml_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kbroker-bench-routing-",
-                                                                        ignore_cleanup_errors=True)))
+        yaml_dir = Path(
+            stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="kbroker-bench-routing-", ignore_cleanup_errors=True)
+            )
+        )
         remote_cluster, _, _ = stack.enter_context(bench_broker(None, ctx.reporter, "second cluster"))
         return RoutingState(stack.pop_all(), remote_cluster, yaml_dir)
 
@@ -156,8 +164,10 @@ class Topology:
         for t in self.transmitters.values():
             r = t.report()
             statuses = sorted({m.get("transmission_status") or "" for m in r["messages"]} - {""})
-            rows.append(f"{t.namespace}: {r['waiting']} waiting, sent {r['sent']}, acked {r['acked']}"
-                        + (f", statuses {statuses}" if statuses else ""))
+            rows.append(
+                f"{t.namespace}: {r['waiting']} waiting, sent {r['sent']}, acked {r['acked']}"
+                + (f", statuses {statuses}" if statuses else "")
+            )
         return "; ".join(rows) or "no transmitter (local)"
 
 
@@ -186,10 +196,20 @@ def topology(ctx: BenchContext, state: RoutingState, kind: str, tag: str) -> Ite
         a, b = f"bench-{tag}-a-{suffix}", f"bench-{tag}-b-{suffix}"
         a_cluster = ctx.cluster
         b_cluster = ctx.cluster if kind == NAMESPACES else state.remote_cluster
-        _apply(ctx, state, a_cluster, a,
-               catalog_yaml([CLIENT], [("ToServer", SERVER, f"kafka://{b_cluster.bootstrap}/{b}")]))
-        _apply(ctx, state, b_cluster, b,
-               catalog_yaml([SERVER], [("ToClient", CLIENT, f"kafka://{a_cluster.bootstrap}/{a}")]))
+        _apply(
+            ctx,
+            state,
+            a_cluster,
+            a,
+            catalog_yaml([CLIENT], [("ToServer", SERVER, f"kafka://{b_cluster.bootstrap}/{b}")]),
+        )
+        _apply(
+            ctx,
+            state,
+            b_cluster,
+            b,
+            catalog_yaml([SERVER], [("ToClient", CLIENT, f"kafka://{a_cluster.bootstrap}/{a}")]),
+        )
         req = stack.enter_context(Broker(a_cluster, a))
         resp = stack.enter_context(Broker(b_cluster, b))
         topo = Topology(kind, req, resp)
@@ -219,8 +239,9 @@ def _raise_first(errors: list[BaseException]) -> None:
         raise errors[0]
 
 
-def _wait_until(topo: Topology, errors: list[BaseException], timeout: float, interval: float,
-                shortfall: Callable[[], str | None]) -> None:
+def _wait_until(
+    topo: Topology, errors: list[BaseException], timeout: float, interval: float, shortfall: Callable[[], str | None]
+) -> None:
     """Poll every `interval` s until shortfall() is None; raises the threads' first error, a
     refusal (topo.check()), or, after `timeout` s, "<kind>: <shortfall> after <timeout> s (what the
     transmitters hold)"."""
@@ -330,9 +351,17 @@ def round_trips(ctx: BenchContext, topo: Topology) -> dict[str, Any]:
             ctx.say(f"[yellow]{topo.kind}: requester/responder threads did not stop[/yellow]")
     if c1 == c0:
         raise RuntimeError(f"{topo.kind}: no reply in {MEASURE_SECONDS:.0f} s of measuring ({topo.waiting()})")
-    return {"value": (c1 - c0) / (t1 - t0), "detail": {
-        "round_trips": c1 - c0, "seconds": t1 - t0, "rtt_p50_ms": percentile(rtts, 50),
-        "rtt_p99_ms": percentile(rtts, 99), "first_replies_s": first_replies, **counters}}
+    return {
+        "value": (c1 - c0) / (t1 - t0),
+        "detail": {
+            "round_trips": c1 - c0,
+            "seconds": t1 - t0,
+            "rtt_p50_ms": percentile(rtts, 50),
+            "rtt_p99_ms": percentile(rtts, 99),
+            "first_replies_s": first_replies,
+            **counters,
+        },
+    }
 
 
 # --- transmission latency -----------------------------------------------------------------------
@@ -404,8 +433,15 @@ def transmission_latency(ctx: BenchContext, topo: Topology) -> dict[str, Any]:
         if not join_all([receiver], 30):
             ctx.say(f"[yellow]{topo.kind}: the receiver thread did not stop[/yellow]")
     lat = sorted((received[n] - committed[n]) * 1000 for n in range(total))
-    return {"p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99), "max_ms": lat[-1],
-            "min_ms": lat[0], "messages": total, "send_rate": total / sending, **counters}
+    return {
+        "p50_ms": percentile(lat, 50),
+        "p99_ms": percentile(lat, 99),
+        "max_ms": lat[-1],
+        "min_ms": lat[0],
+        "messages": total,
+        "send_rate": total / sending,
+        **counters,
+    }
 
 
 # --- the scenario -------------------------------------------------------------------------------
@@ -429,26 +465,37 @@ def run_routing(ctx: BenchContext, state: RoutingState, rep: int) -> dict[str, d
     local = rr[LOCAL]
 
     def pair(kind: str) -> dict[str, Any]:
-        return {"kbroker": rr[kind]["value"], "baseline": local["value"],
-                "kbroker_detail": rr[kind]["detail"], "baseline_detail": local["detail"]}
+        return {
+            "kbroker": rr[kind]["value"],
+            "baseline": local["value"],
+            "kbroker_detail": rr[kind]["detail"],
+            "baseline_detail": local["detail"],
+        }
 
     clusters = lat[CLUSTERS]
     return {
         "routing-request-reply-namespaces": pair(NAMESPACES),
         "routing-request-reply-clusters": pair(CLUSTERS),
         "routing-transmission-latency": {
-            "kbroker": lat[NAMESPACES]["p99_ms"], "baseline": lat[LOCAL]["p99_ms"],
-            "kbroker_detail": {**lat[NAMESPACES], "clusters_p50_ms": clusters["p50_ms"],
-                               "clusters_p99_ms": clusters["p99_ms"]},
-            "baseline_detail": lat[LOCAL]},
+            "kbroker": lat[NAMESPACES]["p99_ms"],
+            "baseline": lat[LOCAL]["p99_ms"],
+            "kbroker_detail": {
+                **lat[NAMESPACES],
+                "clusters_p50_ms": clusters["p50_ms"],
+                "clusters_p99_ms": clusters["p99_ms"],
+            },
+            "baseline_detail": lat[LOCAL],
+        },
     }
 
 
 def _rr_summary(out: dict) -> None:
     k, b = out.get("kbroker_detail") or {}, out.get("baseline_detail") or {}
     if k or b:
-        out["summary"] = (f"round trip p50/p99 ms: routed {k.get('rtt_p50_ms')}/{k.get('rtt_p99_ms')}, "
-                          f"local {b.get('rtt_p50_ms')}/{b.get('rtt_p99_ms')}")
+        out["summary"] = (
+            f"round trip p50/p99 ms: routed {k.get('rtt_p50_ms')}/{k.get('rtt_p99_ms')}, "
+            f"local {b.get('rtt_p50_ms')}/{b.get('rtt_p99_ms')}"
+        )
 
 
 def _latency_summary(out: dict) -> None:
@@ -459,43 +506,65 @@ def _latency_summary(out: dict) -> None:
         "clusters": {"p50": k.get("clusters_p50_ms"), "p99": k.get("clusters_p99_ms")},
     }
     if k or b:
-        out["summary"] = (f"p50/p99 ms: across namespaces {k.get('p50_ms')}/{k.get('p99_ms')}, "
-                          f"within one {b.get('p50_ms')}/{b.get('p99_ms')}, across clusters "
-                          f"{k.get('clusters_p50_ms')}/{k.get('clusters_p99_ms')}")
+        out["summary"] = (
+            f"p50/p99 ms: across namespaces {k.get('p50_ms')}/{k.get('p99_ms')}, "
+            f"within one {b.get('p50_ms')}/{b.get('p99_ms')}, across clusters "
+            f"{k.get('clusters_p50_ms')}/{k.get('clusters_p99_ms')}"
+        )
 
 
-_RR_NOTES = (f"closed loop over {DIALOGS} dialogs, one request in flight on each; {THREADS} requester threads "
-             f"(RECEIVE the reply + SEND the next request in one broker.transaction(), wait 0.5 s) and {THREADS} "
-             f"responder threads (RECEIVE + SEND the reply in one transaction), {MEASURE_SECONDS:.0f} s measured "
-             "after every dialog's first reply and 2 s more. kbroker: requester in namespace A, responder in B, a "
-             f"Dispatcher and a Transmitter per namespace ({TICK:g} s tick, as kbroker worker). Baseline: the same "
-             "code with both services in ONE namespace (the local path), measured once per repetition for both "
-             "routing rows")
+_RR_NOTES = (
+    f"closed loop over {DIALOGS} dialogs, one request in flight on each; {THREADS} requester threads "
+    f"(RECEIVE the reply + SEND the next request in one broker.transaction(), wait 0.5 s) and {THREADS} "
+    f"responder threads (RECEIVE + SEND the reply in one transaction), {MEASURE_SECONDS:.0f} s measured "
+    "after every dialog's first reply and 2 s more. kbroker: requester in namespace A, responder in B, a "
+    f"Dispatcher and a Transmitter per namespace ({TICK:g} s tick, as kbroker worker). Baseline: the same "
+    "code with both services in ONE namespace (the local path), measured once per repetition for both "
+    "routing rows"
+)
 
-_RR_BASELINE = "kbroker/bench/scenarios/routing.py:round_trips (topology \"local\")"
+_RR_BASELINE = 'kbroker/bench/scenarios/routing.py:round_trips (topology "local")'
 
-scenario(Scenario(
-    name="routing",
-    description="dialogs between namespaces and clusters (transmitter/dispatcher) against one namespace",
-    rows=(
-        Row("routing-request-reply-namespaces", "round trips/s", None, baseline_code=_RR_BASELINE,
-            notes=_RR_NOTES + "; A and B on the same cluster; informational, no target", finish=_rr_summary),
-        Row("routing-request-reply-clusters", "round trips/s", "ratio >= 0.5",
-            check=lambda r: r["ratio"] >= 0.5, floor=Floor(0.25), baseline_code=_RR_BASELINE,
-            notes=_RR_NOTES + "; B on a second Kafka cluster (an embedded broker started for the scenario)",
-            finish=_rr_summary),
-        Row("routing-transmission-latency", "ms (p99)", None,
-            baseline_code="kbroker/bench/scenarios/routing.py:transmission_latency (topology \"local\")",
-            notes=f"SEND's transaction commit returned in A -> a RECEIVE (wait 0.5 s) in B returned the message, "
-                  f"{LATENCY_RATE:g} SENDs/s (one per transaction) over {LATENCY_DIALOGS} dialogs for "
-                  f"{LATENCY_SECONDS:g} s; kbroker: A and B on one cluster (p50 and the cross-cluster p50/p99 in "
-                  "the details); baseline: the same within one namespace; ratio kbroker/baseline (above 1: "
-                  "routing adds latency); no target",
-            finish=_latency_summary),
-    ),
-    run=run_routing,
-    setup=setup_routing,
-    teardown=teardown_routing,
-    not_quick="it starts a second embedded broker and measures three topologies over fixed windows "
-              f"({MEASURE_SECONDS:g} s of round trips and {LATENCY_SECONDS:g} s of SENDs each): about 2 minutes alone",
-))
+scenario(
+    Scenario(
+        name="routing",
+        description="dialogs between namespaces and clusters (transmitter/dispatcher) against one namespace",
+        rows=(
+            Row(
+                "routing-request-reply-namespaces",
+                "round trips/s",
+                None,
+                baseline_code=_RR_BASELINE,
+                notes=_RR_NOTES + "; A and B on the same cluster; informational, no target",
+                finish=_rr_summary,
+            ),
+            Row(
+                "routing-request-reply-clusters",
+                "round trips/s",
+                "ratio >= 0.5",
+                check=lambda r: r["ratio"] >= 0.5,
+                floor=Floor(0.25),
+                baseline_code=_RR_BASELINE,
+                notes=_RR_NOTES + "; B on a second Kafka cluster (an embedded broker started for the scenario)",
+                finish=_rr_summary,
+            ),
+            Row(
+                "routing-transmission-latency",
+                "ms (p99)",
+                None,
+                baseline_code='kbroker/bench/scenarios/routing.py:transmission_latency (topology "local")',
+                notes=f"SEND's transaction commit returned in A -> a RECEIVE (wait 0.5 s) in B returned the message, "
+                f"{LATENCY_RATE:g} SENDs/s (one per transaction) over {LATENCY_DIALOGS} dialogs for "
+                f"{LATENCY_SECONDS:g} s; kbroker: A and B on one cluster (p50 and the cross-cluster p50/p99 in "
+                "the details); baseline: the same within one namespace; ratio kbroker/baseline (above 1: "
+                "routing adds latency); no target",
+                finish=_latency_summary,
+            ),
+        ),
+        run=run_routing,
+        setup=setup_routing,
+        teardown=teardown_routing,
+        not_quick="it starts a second embedded broker and measures three topologies over fixed windows "
+        f"({MEASURE_SECONDS:g} s of round trips and {LATENCY_SECONDS:g} s of SENDs each): about 2 minutes alone",
+    )
+)

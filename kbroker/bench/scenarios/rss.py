@@ -87,8 +87,9 @@ def run_rss_child(script: str, args: list[str], mode: str, timeout: float = 300)
     """Run a child script that prints one JSON line with its `peak_rss_kb` (PEAK_RSS), sampling
     its RSS with psutil as a cross-check of that high-water mark. Returns {"value": peak MB,
     "detail": the rest of the line and the sampled peak}, the shape side_by_side takes."""
-    proc = subprocess.Popen([sys.executable, "-c", script, mode, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, mode, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     sampled = 0
     try:
         ps = psutil.Process(proc.pid)
@@ -133,9 +134,15 @@ def setup_backlog(ctx: BenchContext) -> Backlog:
     p = ctx.params
     ns = ctx.fresh_namespace("rss")
     c = max(1, min(p.conversations, p.backlog))
-    size = produce_dialogs(ctx, names.queue_topic(ns, QUEUE), new_conversations(c), 0,
-                           claim_body(p.body_bytes), f"backlog of {p.backlog:,} messages",
-                           total=p.backlog)
+    size = produce_dialogs(
+        ctx,
+        names.queue_topic(ns, QUEUE),
+        new_conversations(c),
+        0,
+        claim_body(p.body_bytes),
+        f"backlog of {p.backlog:,} messages",
+        total=p.backlog,
+    )
     return Backlog(ns, p.backlog, size)
 
 
@@ -160,22 +167,32 @@ def _rss_summary(out: dict) -> None:
     k, b = out.get("kbroker"), out.get("baseline")
     if k is not None and b is not None:
         out["growth_mb"] = round(k - b, 1)
-        out["summary"] = (f"{'bounded' if out['met'] else 'NOT bounded'}: receiving child "
-                          f"{k:,.0f} MB peak, +{k - b:,.0f} MB over connect-only, with a backlog of "
-                          f"{backlog:,} messages (~{mb:,.0f} MB of records)")
+        out["summary"] = (
+            f"{'bounded' if out['met'] else 'NOT bounded'}: receiving child "
+            f"{k:,.0f} MB peak, +{k - b:,.0f} MB over connect-only, with a backlog of "
+            f"{backlog:,} messages (~{mb:,.0f} MB of records)"
+        )
 
 
-scenario(Scenario(
-    name="backlog-rss",
-    description="peak RSS of a process receiving from a queue with a large backlog",
-    rows=(Row("backlog-rss", "MB", f"bounded: <= baseline + {RSS_BOUND_MB} MB",
-              check=lambda r: r["kbroker"] - r["baseline"] <= RSS_BOUND_MB,
-              floor=Floor(2 * RSS_BOUND_MB, "growth", at_most=True),
-              baseline_code="kbroker/bench/scenarios/rss.py:CHILD (mode \"baseline\": connect only)",
-              notes=f"child process: connect, RECEIVE {RSS_RECEIVE:,} messages (top=100) from a queue "
-                    "holding the backlog, peak RSS (VmHWM) vs a child that only imports kbroker and "
-                    "connects; ratio is kbroker/baseline (lower is better)",
-              finish=_rss_summary),),
-    run=run_backlog_rss,
-    setup=setup_backlog,
-))
+scenario(
+    Scenario(
+        name="backlog-rss",
+        description="peak RSS of a process receiving from a queue with a large backlog",
+        rows=(
+            Row(
+                "backlog-rss",
+                "MB",
+                f"bounded: <= baseline + {RSS_BOUND_MB} MB",
+                check=lambda r: r["kbroker"] - r["baseline"] <= RSS_BOUND_MB,
+                floor=Floor(2 * RSS_BOUND_MB, "growth", at_most=True),
+                baseline_code='kbroker/bench/scenarios/rss.py:CHILD (mode "baseline": connect only)',
+                notes=f"child process: connect, RECEIVE {RSS_RECEIVE:,} messages (top=100) from a queue "
+                "holding the backlog, peak RSS (VmHWM) vs a child that only imports kbroker and "
+                "connects; ratio is kbroker/baseline (lower is better)",
+                finish=_rss_summary,
+            ),
+        ),
+        run=run_backlog_rss,
+        setup=setup_backlog,
+    )
+)

@@ -157,24 +157,38 @@ def _cpu(out: dict) -> None:
         out["summary"] = summary
 
 
-scenario(Scenario(
-    name="send",
-    description="SEND throughput, acknowledged per message (and pipelined)",
-    rows=(
-        Row("send", "msg/s", "ratio >= 0.8", check=lambda r: r["ratio"] >= 0.8, floor=Floor(0.4),
-            baseline_code="kbroker/bench/scenarios/send.py:BaselineSender.send (flush_each); "
-                          "kbroker/kafka/baseline.py:sdk_like_producer",
-            notes="Broker.send, N messages over C dialogs, each acknowledged on return (the SDK also "
-                  "writes the endpoint on a dialog's first SEND and once per 64 after) vs a "
-                  "confluent-kafka Producer writing the same records with the same settings and "
-                  "flushing after each; CPU ms/msg: the process's CPU time (all threads) per message",
-            finish=_cpu),
-        Row("send-pipelined", "msg/s", "ratio >= 0.5", check=lambda r: r["ratio"] >= 0.5, floor=Floor(0.1),
-            baseline_code="kbroker/bench/scenarios/send.py:BaselineSender.send (one flush); "
-                          "kbroker/kafka/baseline.py:sdk_like_producer",
-            notes="N SENDs in one kbroker transaction (committed at the end) vs a producer loop "
-                  "flushing once at the end",
-            finish=_cpu),
-    ),
-    run=run_send,
-))
+scenario(
+    Scenario(
+        name="send",
+        description="SEND throughput, acknowledged per message (and pipelined)",
+        rows=(
+            Row(
+                "send",
+                "msg/s",
+                "ratio >= 0.8",
+                check=lambda r: r["ratio"] >= 0.8,
+                floor=Floor(0.4),
+                baseline_code="kbroker/bench/scenarios/send.py:BaselineSender.send (flush_each); "
+                "kbroker/kafka/baseline.py:sdk_like_producer",
+                notes="Broker.send, N messages over C dialogs, each acknowledged on return (the SDK also "
+                "writes the endpoint on a dialog's first SEND and once per 64 after) vs a "
+                "confluent-kafka Producer writing the same records with the same settings and "
+                "flushing after each; CPU ms/msg: the process's CPU time (all threads) per message",
+                finish=_cpu,
+            ),
+            Row(
+                "send-pipelined",
+                "msg/s",
+                "ratio >= 0.5",
+                check=lambda r: r["ratio"] >= 0.5,
+                floor=Floor(0.1),
+                baseline_code="kbroker/bench/scenarios/send.py:BaselineSender.send (one flush); "
+                "kbroker/kafka/baseline.py:sdk_like_producer",
+                notes="N SENDs in one kbroker transaction (committed at the end) vs a producer loop "
+                "flushing once at the end",
+                finish=_cpu,
+            ),
+        ),
+        run=run_send,
+    )
+)

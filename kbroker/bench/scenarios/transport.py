@@ -94,8 +94,7 @@ def preload(ctx: BenchContext, topic: str, n: int, body: bytes, label: str) -> N
     write_backlog(ctx, topic, n, label, lambda _i: transport_record(body, HEADERS, SENDER))
 
 
-def wait_committed(ctx: BenchContext, ep: TransportEndpoint, n: int, clock: Clock, label: str,
-                   deadline: float) -> None:
+def wait_committed(ctx: BenchContext, ep: TransportEndpoint, n: int, clock: Clock, label: str, deadline: float) -> None:
     """Wait (polling every 5 ms) until the endpoint committed `n` messages; sets clock.last."""
     with ctx.reporter.bar(label, n) as advance:
         last = 0
@@ -106,8 +105,7 @@ def wait_committed(ctx: BenchContext, ep: TransportEndpoint, n: int, clock: Cloc
                 advance(done - last)
                 return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{label}: only {done:,} of {n:,} messages committed in time "
-                                   f"(stats: {ep.stats()})")
+                raise RuntimeError(f"{label}: only {done:,} of {n:,} messages committed in time (stats: {ep.stats()})")
             if done - last >= 1000:
                 advance(done - last)
                 last = done
@@ -164,19 +162,31 @@ def run_send(ctx: BenchContext, rep: int) -> dict[str, Any]:
 # --- transport-receive ---------------------------------------------------------------------------
 
 
-def _run_endpoint(ctx: BenchContext, ns: str, handler: Callable[[TransportMessage, TransportTransaction], None],
-                  model: str, concurrency: int, n: int, clock: Clock, label: str,
-                  deadline: float) -> tuple[dict[str, Any], dict[str, Any]]:
+def _run_endpoint(
+    ctx: BenchContext,
+    ns: str,
+    handler: Callable[[TransportMessage, TransportTransaction], None],
+    model: str,
+    concurrency: int,
+    n: int,
+    clock: Clock,
+    label: str,
+    deadline: float,
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """kbroker's side: an endpoint of Orders in `ns` started with `handler`, until it committed
     `n` messages. Returns its stats and the detail both rows give (peak tasks, Kafka
     transactions)."""
-    ep = TransportEndpoint(ORDERS, cluster=ctx.cluster, namespace=ns, secondary=False,
-                           concurrency=model, max_concurrency=concurrency)
+    ep = TransportEndpoint(
+        ORDERS, cluster=ctx.cluster, namespace=ns, secondary=False, concurrency=model, max_concurrency=concurrency
+    )
     try:
         ep.start(handler)
         wait_committed(ctx, ep, n, clock, label, deadline)
         stats = ep.stats()
-        return stats, {"peak_tasks": stats["readers"][0].get("peak"), "kafka_transactions": ep.runtime.committer.batches}
+        return stats, {
+            "peak_tasks": stats["readers"][0].get("peak"),
+            "kafka_transactions": ep.runtime.committer.batches,
+        }
     finally:
         ep.close()
 
@@ -191,12 +201,22 @@ def measure_receive(ctx: BenchContext, side: str, n: int) -> dict:
     gc.collect()
     t_start = time.perf_counter()
     if side == "kbroker":
+
         def handler(msg: TransportMessage, tx: TransportTransaction) -> None:
             clock.started()
             tx.send(PROCESSED, msg.body)
 
-        stats, detail = _run_endpoint(ctx, ns, handler, RECEIVE_MODEL, RECEIVE_CONCURRENCY, n, clock,
-                                      f"kbroker: {RECEIVE_MODEL}, max_concurrency {RECEIVE_CONCURRENCY}", deadline)
+        stats, detail = _run_endpoint(
+            ctx,
+            ns,
+            handler,
+            RECEIVE_MODEL,
+            RECEIVE_CONCURRENCY,
+            n,
+            clock,
+            f"kbroker: {RECEIVE_MODEL}, max_concurrency {RECEIVE_CONCURRENCY}",
+            deadline,
+        )
         detail.update(failed=stats["counters"].get("failed", 0), rolled_back=stats["counters"].get("rolled_back", 0))
     else:
         baseline_transform(ctx, in_topic, out_topic, n, clock, deadline)
@@ -207,15 +227,15 @@ def measure_receive(ctx: BenchContext, side: str, n: int) -> dict:
     return {"value": clock.rate(n), "detail": {**clock.detail(n, t_start), **detail}}
 
 
-def baseline_transform(ctx: BenchContext, in_topic: str, out_topic: str, n: int, clock: Clock,
-                       deadline: float) -> None:
+def baseline_transform(ctx: BenchContext, in_topic: str, out_topic: str, n: int, clock: Clock, deadline: float) -> None:
     """A hand-written consume-transform-produce loop: a read_committed consumer, a transactional
     producer with the settings of kbroker's group committer, send_offsets_to_transaction, one
     commit every 100 records or 100 ms. Each record is decoded as a transport message and its
     body sent to Processed as a new one."""
     consumer = clients.consumer(ctx.cluster, f"baseline.{in_topic}", **{"auto.offset.reset": "earliest"})
-    producer = clients.transactional_producer(ctx.cluster, f"baseline.{in_topic}",
-                                              **{"retry.backoff.ms": 1, "retry.backoff.max.ms": 5})
+    producer = clients.transactional_producer(
+        ctx.cluster, f"baseline.{in_topic}", **{"retry.backoff.ms": 1, "retry.backoff.max.ms": 5}
+    )
     done = 0
 
     def transform(rec: Any) -> None:  # a consumed record
@@ -235,6 +255,7 @@ def baseline_transform(ctx: BenchContext, in_topic: str, out_topic: str, n: int,
         producer.init_transactions(30)
         consumer.subscribe([in_topic])
         with ctx.reporter.bar("baseline: consume-transform-produce", n) as advance:
+
             def committed(batch: list[None]) -> None:
                 nonlocal done
                 done += len(batch)
@@ -264,12 +285,22 @@ def _measure_io_bound(ctx: BenchContext, side: str, n: int) -> dict:
     t_start = time.perf_counter()
     detail: dict[str, Any] = {}
     if side == "kbroker":
+
         def handler(_msg: TransportMessage, _tx: TransportTransaction) -> None:
             clock.started()
             time.sleep(IO_DELAY)
 
-        _, detail = _run_endpoint(ctx, ns, handler, IO_MODEL, IO_CONCURRENCY, n, clock,
-                                  f"kbroker: threads, {IO_MODEL}, max_concurrency {IO_CONCURRENCY}", deadline)
+        _, detail = _run_endpoint(
+            ctx,
+            ns,
+            handler,
+            IO_MODEL,
+            IO_CONCURRENCY,
+            n,
+            clock,
+            f"kbroker: threads, {IO_MODEL}, max_concurrency {IO_CONCURRENCY}",
+            deadline,
+        )
     else:
         baseline_partition_workers(ctx, topic, n, clock, deadline)
     return {"value": clock.rate(n), "detail": {**clock.detail(n, t_start), **detail}}
@@ -298,8 +329,10 @@ def measure_share_group(ctx: BenchContext, n: int) -> dict:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"only {done:,} of {n:,} messages acknowledged in time")
                 if clock.first is None and time.monotonic() > first_deadline:
-                    raise RuntimeError(f"no record delivered within {SHARE_FIRST_WITHIN:.0f} s of subscribing "
-                                       "(share groups not enabled on this broker?)")
+                    raise RuntimeError(
+                        f"no record delivered within {SHARE_FIRST_WITHIN:.0f} s of subscribing "
+                        "(share groups not enabled on this broker?)"
+                    )
                 got = 0
                 for rec in consumer.poll(0.1):
                     if rec.error():
@@ -348,47 +381,73 @@ def run_transport(ctx: BenchContext, _state: Any, rep: int) -> dict[str, dict]:
 def _io_summary(out: dict) -> None:
     k, b = out.get("kbroker"), out.get("baseline")
     if k is not None and b is not None:
-        out["summary"] = (f"achieved {k:,.0f} msg/s against {b:,.0f} msg/s (the baseline's ceiling is "
-                          f"{PRIMARY_PARTITIONS / IO_DELAY:,.0f}): ratio {k / b:.2f}")
+        out["summary"] = (
+            f"achieved {k:,.0f} msg/s against {b:,.0f} msg/s (the baseline's ceiling is "
+            f"{PRIMARY_PARTITIONS / IO_DELAY:,.0f}): ratio {k / b:.2f}"
+        )
 
 
-scenario(Scenario(
-    name="transport",
-    description="the transport face (NServiceBus's SQL Server transport on Kafka): send, transactional "
-                "receive, I/O-bound handlers",
-    rows=(
-        Row("transport-send", "msg/s", "ratio >= 0.8", check=lambda r: r["ratio"] >= 0.8, floor=Floor(0.4),
-            baseline_code="kbroker/bench/scenarios/transport.py:run_send (baseline_sends); "
-                          "kbroker/kafka/clients.py:idempotent_producer",
-            notes="TransportEndpoint.send of N recoverable messages (each acknowledged by every in-sync "
-                  "replica before it returns) to an installed queue vs an idempotent acks=all Producer "
-                  "writing the same records (topic, key = Id, value, column headers) and flushing after each"),
-        Row("transport-receive", "msg/s", "ratio >= 0.5", check=lambda r: r["ratio"] >= 0.5, floor=Floor(0.25),
-            baseline_code="kbroker/bench/scenarios/transport.py:baseline_transform; "
-                          "kbroker/kafka/baseline.py:transform_batches",
-            notes=f"N messages preloaded on Orders (4 partitions); kbroker: an endpoint started with "
-                  f"concurrency={RECEIVE_MODEL}, max_concurrency={RECEIVE_CONCURRENCY}, its handler "
-                  "tx.send('Processed', body) per message (one transaction per message, group-committed); "
-                  "baseline: consume-transform-produce, read_committed consumer, transactional producer, "
-                  "send_offsets_to_transaction, commit every 100 records or 100 ms. Timed from the first "
-                  "message handed out to the last committed; Processed is checked to hold exactly N"),
-        Row("transport-io-bound", "msg/s", "ratio >= 10", check=lambda r: r["ratio"] >= 10, floor=Floor(2),
-            baseline_code="kbroker/bench/partition_workers.py:baseline_partition_workers",
-            notes=f"N/{IO_SHARE} messages on a 4-partition queue, a handler taking {IO_DELAY * 1000:.0f} ms; "
-                  "kbroker: TransportEndpoint, time.sleep, "
-                  f"concurrency={IO_MODEL}, max_concurrency={IO_CONCURRENCY}, one transaction per message; "
-                  "baseline: one consumer, a worker thread per partition handling its records in order, "
-                  "offsets committed every 100 ms. Timed from the first message handed out to the last "
-                  "committed; each side's detail has its CPU seconds and peak RSS (bench/usage.py)",
-            finish=_io_summary),
-        Row("transport-share-group", "msg/s", None,
-            baseline_code="kbroker/bench/scenarios/transport.py:measure_share_group; "
-                          "kbroker/kafka/baseline.py:share_consumer",
-            notes="informational: kbroker = transport-receive's kbroker figure of the same repetition; "
-                  "baseline = a KIP-932 ShareConsumer (explicit acknowledgement) receiving the same N "
-                  "preloaded messages, sending each body to Processed with an idempotent producer, "
-                  "flushing and then commit_sync() of the acknowledgements per poll: at least once, since "
-                  "share-group acknowledgements cannot join a Kafka transaction"),
-    ),
-    run=run_transport,
-))
+scenario(
+    Scenario(
+        name="transport",
+        description="the transport face (NServiceBus's SQL Server transport on Kafka): send, transactional "
+        "receive, I/O-bound handlers",
+        rows=(
+            Row(
+                "transport-send",
+                "msg/s",
+                "ratio >= 0.8",
+                check=lambda r: r["ratio"] >= 0.8,
+                floor=Floor(0.4),
+                baseline_code="kbroker/bench/scenarios/transport.py:run_send (baseline_sends); "
+                "kbroker/kafka/clients.py:idempotent_producer",
+                notes="TransportEndpoint.send of N recoverable messages (each acknowledged by every in-sync "
+                "replica before it returns) to an installed queue vs an idempotent acks=all Producer "
+                "writing the same records (topic, key = Id, value, column headers) and flushing after each",
+            ),
+            Row(
+                "transport-receive",
+                "msg/s",
+                "ratio >= 0.5",
+                check=lambda r: r["ratio"] >= 0.5,
+                floor=Floor(0.25),
+                baseline_code="kbroker/bench/scenarios/transport.py:baseline_transform; "
+                "kbroker/kafka/baseline.py:transform_batches",
+                notes=f"N messages preloaded on Orders (4 partitions); kbroker: an endpoint started with "
+                f"concurrency={RECEIVE_MODEL}, max_concurrency={RECEIVE_CONCURRENCY}, its handler "
+                "tx.send('Processed', body) per message (one transaction per message, group-committed); "
+                "baseline: consume-transform-produce, read_committed consumer, transactional producer, "
+                "send_offsets_to_transaction, commit every 100 records or 100 ms. Timed from the first "
+                "message handed out to the last committed; Processed is checked to hold exactly N",
+            ),
+            Row(
+                "transport-io-bound",
+                "msg/s",
+                "ratio >= 10",
+                check=lambda r: r["ratio"] >= 10,
+                floor=Floor(2),
+                baseline_code="kbroker/bench/partition_workers.py:baseline_partition_workers",
+                notes=f"N/{IO_SHARE} messages on a 4-partition queue, a handler taking {IO_DELAY * 1000:.0f} ms; "
+                "kbroker: TransportEndpoint, time.sleep, "
+                f"concurrency={IO_MODEL}, max_concurrency={IO_CONCURRENCY}, one transaction per message; "
+                "baseline: one consumer, a worker thread per partition handling its records in order, "
+                "offsets committed every 100 ms. Timed from the first message handed out to the last "
+                "committed; each side's detail has its CPU seconds and peak RSS (bench/usage.py)",
+                finish=_io_summary,
+            ),
+            Row(
+                "transport-share-group",
+                "msg/s",
+                None,
+                baseline_code="kbroker/bench/scenarios/transport.py:measure_share_group; "
+                "kbroker/kafka/baseline.py:share_consumer",
+                notes="informational: kbroker = transport-receive's kbroker figure of the same repetition; "
+                "baseline = a KIP-932 ShareConsumer (explicit acknowledgement) receiving the same N "
+                "preloaded messages, sending each body to Processed with an idempotent producer, "
+                "flushing and then commit_sync() of the acknowledgements per poll: at least once, since "
+                "share-group acknowledgements cannot join a Kafka transaction",
+            ),
+        ),
+        run=run_transport,
+    )
+)

@@ -35,9 +35,27 @@ from kbroker.core.activation.monitor_state import (
 )
 
 __all__ = [
-    "DMV_STATE", "NOTIFY_TIMEOUT_SECONDS", "RAMP_UP_SECONDS", "Action", "Event", "LaunchReader", "MessagesReady",
-    "MonitorConfig", "MonitorState", "MonitorStatus", "NotifyExternal", "QueueAltered", "ReaderExited",
-    "ReceiveIssued", "ReceiveReturned", "Recycled", "Rollback", "Tick", "new_monitor", "recycle", "step",
+    "DMV_STATE",
+    "NOTIFY_TIMEOUT_SECONDS",
+    "RAMP_UP_SECONDS",
+    "Action",
+    "Event",
+    "LaunchReader",
+    "MessagesReady",
+    "MonitorConfig",
+    "MonitorState",
+    "MonitorStatus",
+    "NotifyExternal",
+    "QueueAltered",
+    "ReaderExited",
+    "ReceiveIssued",
+    "ReceiveReturned",
+    "Recycled",
+    "Rollback",
+    "Tick",
+    "new_monitor",
+    "recycle",
+    "step",
 ]
 
 
@@ -112,11 +130,7 @@ def _decide(s: MonitorState, now: float) -> tuple[MonitorState, list[Action]]:
 
     if s.state is MonitorStatus.NOTIFIED:
         c = s.config
-        if (
-            not c.internal
-            and s.last_notified_time is not None
-            and now - s.last_notified_time >= c.notify_timeout
-        ):
+        if not c.internal and s.last_notified_time is not None and now - s.last_notified_time >= c.notify_timeout:
             return _activate(s, now)  # rule 10: the external app had its time-out
         return s, []
 

@@ -21,8 +21,10 @@ from kbroker.core.activation.events import (
 from kbroker.core.activation.monitor_state import MonitorConfig
 from kbroker.core.rejected import Rejected, json_object
 
-_KINDS = {cls.__name__: cls for cls in (MessagesReady, ReceiveIssued, ReceiveReturned, Rollback, ReaderExited,
-                                        QueueAltered, Tick)}
+_KINDS = {
+    cls.__name__: cls
+    for cls in (MessagesReady, ReceiveIssued, ReceiveReturned, Rollback, ReaderExited, QueueAltered, Tick)
+}
 
 
 class BadEvent(Rejected):
@@ -32,10 +34,21 @@ class BadEvent(Rejected):
 # Each event field's JSON type: a record anyone may have written must not carry a string where
 # the monitor counts (the step would raise on it, every time the event is replayed).
 _INT, _OPT_INT, _BOOL = (int,), (int, type(None)), (bool,)
-_FIELD_TYPES = {"backlog": _OPT_INT, "ready_groups": _OPT_INT, "generation": _OPT_INT, "empty": _BOOL,
-                "in_receive": _BOOL}
-_CONFIG_TYPES = {"enabled": _BOOL, "kind": (str,), "procedure": (str, type(None)), "max_queue_readers": _INT,
-                 "ramp_up": (int, float), "notify_timeout": (int, float)}
+_FIELD_TYPES = {
+    "backlog": _OPT_INT,
+    "ready_groups": _OPT_INT,
+    "generation": _OPT_INT,
+    "empty": _BOOL,
+    "in_receive": _BOOL,
+}
+_CONFIG_TYPES = {
+    "enabled": _BOOL,
+    "kind": (str,),
+    "procedure": (str, type(None)),
+    "max_queue_readers": _INT,
+    "ramp_up": (int, float),
+    "notify_timeout": (int, float),
+}
 
 
 def _typed(body: dict[str, Any], types: dict[str, tuple[type, ...]]) -> dict[str, Any]:

@@ -6,7 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ERRORING, STALE, BACKLOGGED, ACTIVE, TIMER_PENDING, IDLE = (
-    "erroring", "stale", "backlogged", "active", "timer_pending", "idle")
+    "erroring",
+    "stale",
+    "backlogged",
+    "active",
+    "timer_pending",
+    "idle",
+)
 # Reserved for the transmission path (routing between brokers): not produced yet.
 ROUTE_EXPIRED, RESOURCE_STARVED = "route_expired", "resource_starved"
 CLASSES = (ERRORING, STALE, BACKLOGGED, ACTIVE, TIMER_PENDING, IDLE, ROUTE_EXPIRED, RESOURCE_STARVED)

@@ -91,8 +91,7 @@ class Catalog(StrictModel):
         if side not in ("INITIATOR", "TARGET"):
             raise ValueError(f"side must be INITIATOR or TARGET, not {side!r}")
         return any(
-            m.type == message_type_name and m.sent_by in (side, "ANY")
-            for m in self.contract(contract_name).messages
+            m.type == message_type_name and m.sent_by in (side, "ANY") for m in self.contract(contract_name).messages
         )
 
     def service_accepts(self, service_name: str, contract_name: str) -> bool:

@@ -12,8 +12,13 @@ from kbroker.core.rejected import Rejected, json_object, text_key
 
 # record kind -> (Catalog field, model)
 KINDS: dict[str, tuple[str, type[BaseModel]]] = {
-    "message_type": ("message_types", MessageType), "contract": ("contracts", Contract), "queue": ("queues", Queue),
-    "service": ("services", Service), "route": ("routes", Route), "broker_endpoint": ("broker_endpoints", BrokerEndpoint)}
+    "message_type": ("message_types", MessageType),
+    "contract": ("contracts", Contract),
+    "queue": ("queues", Queue),
+    "service": ("services", Service),
+    "route": ("routes", Route),
+    "broker_endpoint": ("broker_endpoints", BrokerEndpoint),
+}
 
 
 def catalog_record(key: bytes | None, value: bytes | None) -> tuple[str, str, BaseModel | None] | None:

@@ -136,7 +136,9 @@ def _check_top_level(file: Path, data: Any) -> dict[str, list[Any]]:
         raise DefinitionError(str(file), None, "the file must be a mapping of lists (message_types:, queues:, ...)")
     for key, items in data.items():
         if key not in SECTIONS:
-            raise DefinitionError(str(file), None, f"unknown top-level key {key!r} (expected one of {', '.join(SECTIONS)})")
+            raise DefinitionError(
+                str(file), None, f"unknown top-level key {key!r} (expected one of {', '.join(SECTIONS)})"
+            )
         if items is not None and not isinstance(items, list):
             raise DefinitionError(str(file), None, f"{key} must be a list")
     return {k: v or [] for k, v in data.items()}
@@ -149,9 +151,13 @@ def _parse(file: Path, key: str, index: int, item: Any) -> tuple[str, Definition
     if not isinstance(item, dict):
         raise DefinitionError(str(file), obj, f"must be a mapping of fields, not {type(item).__name__}")
     if key == "queues" and TOPIC_RETENTION in item:
-        raise DefinitionError(str(file), obj, f"{TOPIC_RETENTION} is no longer a setting: a queue topic keeps "
-                              "every record until its readers have received it, and the worker reclaims "
-                              "the rest (remove the line)")
+        raise DefinitionError(
+            str(file),
+            obj,
+            f"{TOPIC_RETENTION} is no longer a setting: a queue topic keeps "
+            "every record until its readers have received it, and the worker reclaims "
+            "the rest (remove the line)",
+        )
     if key == "routes" and "created_at" in item:
         # Expiry counts from when apply published the route: a file cannot backdate it.
         raise DefinitionError(str(file), obj, "created_at is set by 'kbroker apply', not in a definition file")
@@ -164,7 +170,9 @@ def _parse(file: Path, key: str, index: int, item: Any) -> tuple[str, Definition
 def load_definitions(paths: Iterable[str | Path], namespace: str) -> Catalog:
     """Load and validate every definition under `paths`; raises DefinitionError on the first problem."""
     if not NAMESPACE_RE.match(namespace or ""):
-        raise DefinitionError(None, None, f"namespace {namespace!r} must be 1-40 characters of letters, digits, '_' or '-'")
+        raise DefinitionError(
+            None, None, f"namespace {namespace!r} must be 1-40 characters of letters, digits, '_' or '-'"
+        )
     objects: dict[str, dict[str, Any]] = {key: {} for key in SECTIONS}
     origins: dict[str, str] = {}  # "queue X" -> file that defines it
     builtins: dict[str, dict[str, Any]] = {"message_types": BUILTIN_MESSAGE_TYPES, "contracts": BUILTIN_CONTRACTS}
@@ -212,8 +220,11 @@ def _check_references(objects: dict[str, dict[str, Any]], origins: dict[str, str
                 raise missing(f"service {s.name}", "contract", name)
     if len(objects["broker_endpoints"]) > 1:
         names = sorted(objects["broker_endpoints"])
-        raise DefinitionError(origins[f"broker endpoint {names[1]}"], f"broker endpoint {names[1]}",
-                              f"a namespace has one broker endpoint; {names[0]!r} is already defined")
+        raise DefinitionError(
+            origins[f"broker endpoint {names[1]}"],
+            f"broker endpoint {names[1]}",
+            f"a namespace has one broker endpoint; {names[0]!r} is already defined",
+        )
     for r in objects["routes"].values():
         # Only a LOCAL route's service must be defined here: a remote route names a service of
         # another namespace (Service Broker checks neither).
@@ -232,8 +243,9 @@ def check_queue_names(queues: Iterable[str], origins: dict[str, str], applied: I
             reason = names.queue_names_collide(q, other)
             if reason is not None:
                 when = " (applied earlier)" if other not in new else ""
-                raise DefinitionError(origins.get(f"queue {q}"), f"queue {q}",
-                                      f"collides with queue {other!r}{when}: {reason}")
+                raise DefinitionError(
+                    origins.get(f"queue {q}"), f"queue {q}", f"collides with queue {other!r}{when}: {reason}"
+                )
         earlier.append(q)
 
 

@@ -158,8 +158,7 @@ class Route(StrictModel):
             return value.upper()
         if isinstance(value, str) and parse_kafka_address(value) is not None:
             return value
-        raise ValueError("address must be LOCAL, TRANSPORT or kafka://host:port[,host:port]/namespace, "
-                         f"not {value!r}")
+        raise ValueError(f"address must be LOCAL, TRANSPORT or kafka://host:port[,host:port]/namespace, not {value!r}")
 
     @field_validator("mirror_address")
     @classmethod
@@ -173,8 +172,10 @@ class Route(StrictModel):
     def _instance(cls, value: str | None) -> str | None:
         # A broker instance is a namespace name: any other string could never match a dialog.
         if value is not None and not NAMESPACE_RE.fullmatch(value):
-            raise ValueError("broker_instance must be a namespace name: 1-40 characters of letters, "
-                             f"digits, '_' or '-', not {value!r}")
+            raise ValueError(
+                "broker_instance must be a namespace name: 1-40 characters of letters, "
+                f"digits, '_' or '-', not {value!r}"
+            )
         return value
 
     @model_validator(mode="after")

@@ -43,8 +43,9 @@ EnabledDisabled = Annotated[Literal["ENABLED", "DISABLED"], BeforeValidator(_ena
 PROCEDURE_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", re.ASCII)
 # kafka://host:port[,host:port][/namespace]: the hosts, then the namespace of kbroker.config.
 _NAMESPACE = NAMESPACE_RE.pattern.strip("^$")
-_KAFKA_ADDRESS_RE = re.compile(rf"kafka://([^\s,/:]+:[0-9]{{1,5}}(?:,[^\s,/:]+:[0-9]{{1,5}})*)(?:/({_NAMESPACE}))?",
-                               re.ASCII)
+_KAFKA_ADDRESS_RE = re.compile(
+    rf"kafka://([^\s,/:]+:[0-9]{{1,5}}(?:,[^\s,/:]+:[0-9]{{1,5}})*)(?:/({_NAMESPACE}))?", re.ASCII
+)
 # docs/sources.md, item 44: the Broker Configuration Notice service's route names no broker instance.
 BROKER_CONFIGURATION = "SQL/ServiceBroker/BrokerConfiguration"
 MAX_SERVICE_NAME = 256  # characters in a service name (Service Broker's nvarchar(256))

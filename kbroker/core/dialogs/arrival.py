@@ -51,8 +51,11 @@ def check_arrival(catalog: Catalog, env: Envelope, body: bytes) -> Verdict:
     """The verdict on a message for `env.to_service_name` in the namespace of `catalog`."""
     service = catalog.services.get(env.to_service_name)
     if service is None:
-        return Verdict(WAIT, reason=f"The target service name '{env.to_service_name}' could not be found "
-                                    f"in namespace {catalog.namespace}.")
+        return Verdict(
+            WAIT,
+            reason=f"The target service name '{env.to_service_name}' could not be found "
+            f"in namespace {catalog.namespace}.",
+        )
     queue = catalog.queues.get(service.queue)
     if queue is None:
         return Verdict(WAIT, reason=f"The queue of service '{env.to_service_name}' is not defined.")
@@ -62,26 +65,35 @@ def check_arrival(catalog: Catalog, env: Envelope, body: bytes) -> Verdict:
     if kind in SYSTEM_TYPES:  # ends the dialog: taken from whoever holds it, even after a revoke
         return Verdict(SAVE)
     if service.remote_senders is not None and env.from_broker not in service.remote_senders:
-        return Verdict(REFUSE, NO_PERMISSION, f"You do not have permission to access the service "
-                                              f"'{env.to_service_name}'.")
+        return Verdict(
+            REFUSE, NO_PERMISSION, f"You do not have permission to access the service '{env.to_service_name}'."
+        )
     contract = catalog.contracts.get(contract_name)
     if contract is None:
         return Verdict(REFUSE, CONTRACT_NOT_FOUND, f"The service contract '{contract_name}' is not found.")
     if env.to_side == "TARGET" and contract_name not in service.contracts:
-        return Verdict(REFUSE, CONTRACT_NOT_SUPPORTED,
-                       f"Target service '{env.to_service_name}' does not support contract '{contract_name}'.")
+        return Verdict(
+            REFUSE,
+            CONTRACT_NOT_SUPPORTED,
+            f"Target service '{env.to_service_name}' does not support contract '{contract_name}'.",
+        )
     mt = catalog.message_types.get(kind)
     if mt is None:
         return Verdict(REFUSE, MESSAGE_TYPE_NOT_FOUND, f"The message type '{kind}' is not found.")
     listed = [m for m in contract.messages if m.type == kind]
     if not listed:
-        return Verdict(REFUSE, NOT_IN_CONTRACT, f"The message type '{kind}' is not part of the service "
-                                                f"contract '{contract_name}'.")
+        return Verdict(
+            REFUSE, NOT_IN_CONTRACT, f"The message type '{kind}' is not part of the service contract '{contract_name}'."
+        )
     sender = "INITIATOR" if env.to_side == "TARGET" else "TARGET"
     if listed[0].sent_by not in (sender, "ANY"):
         code = SENT_BY_TARGET_ONLY if sender == "INITIATOR" else SENT_BY_INITIATOR_ONLY
-        return Verdict(REFUSE, code, f"The message type '{kind}' was sent by the {sender.lower()}, but the "
-                                     f"contract '{contract_name}' says SENT BY {listed[0].sent_by}.")
+        return Verdict(
+            REFUSE,
+            code,
+            f"The message type '{kind}' was sent by the {sender.lower()}, but the "
+            f"contract '{contract_name}' says SENT BY {listed[0].sent_by}.",
+        )
     if len(body) > queue.max_message_bytes:
         return Verdict(REFUSE, TOO_LARGE, too_large_description(len(body), queue.name, queue.max_message_bytes))
     try:

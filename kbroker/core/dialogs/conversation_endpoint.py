@@ -22,8 +22,13 @@ from kbroker.core.frozen import built
 STARTED_OUTBOUND, CONVERSING, DISCONNECTED_INBOUND = "SO", "CO", "DI"
 DISCONNECTED_OUTBOUND, ERROR, CLOSED = "DO", "ER", "CD"
 STATE_DESC = {
-    "SO": "STARTED_OUTBOUND", "SI": "STARTED_INBOUND", "CO": "CONVERSING",
-    "DI": "DISCONNECTED_INBOUND", "DO": "DISCONNECTED_OUTBOUND", "ER": "ERROR", "CD": "CLOSED",
+    "SO": "STARTED_OUTBOUND",
+    "SI": "STARTED_INBOUND",
+    "CO": "CONVERSING",
+    "DI": "DISCONNECTED_INBOUND",
+    "DO": "DISCONNECTED_OUTBOUND",
+    "ER": "ERROR",
+    "CD": "CLOSED",
 }
 SENDABLE = {STARTED_OUTBOUND, CONVERSING}
 MAX_LIFETIME = 2**31 - 1  # seconds: the longest LIFETIME or timer timeout Service Broker takes
@@ -121,8 +126,11 @@ class Endpoint:
     # --- pure transitions ---------------------------------------------------------------
 
     def after_send(self) -> "Endpoint":
-        return _changed(self, send_sequence=self.send_sequence + 1,
-                        state=CONVERSING if self.state == STARTED_OUTBOUND else self.state)
+        return _changed(
+            self,
+            send_sequence=self.send_sequence + 1,
+            state=CONVERSING if self.state == STARTED_OUTBOUND else self.state,
+        )
 
     def after_local_end(self) -> "Endpoint":
         # Ending after the peer did completes the dialog; otherwise wait for the peer.
@@ -136,8 +144,7 @@ class Endpoint:
 
 
 # An endpoint's state only moves forward: SO, then CO, then one of DI / DO / ER, then CD.
-_STAGE = {STARTED_OUTBOUND: 0, CONVERSING: 1, DISCONNECTED_INBOUND: 2, DISCONNECTED_OUTBOUND: 2, ERROR: 2,
-          CLOSED: 3}
+_STAGE = {STARTED_OUTBOUND: 0, CONVERSING: 1, DISCONNECTED_INBOUND: 2, DISCONNECTED_OUTBOUND: 2, ERROR: 2, CLOSED: 3}
 
 
 def merged_state(current: Endpoint | None, new: Endpoint) -> Endpoint | None:
@@ -189,15 +196,35 @@ def must_persist(before: Endpoint, after: Endpoint) -> bool:
     return after.state != before.state or after.sequence_reserved != before.sequence_reserved
 
 
-def new_target_endpoint(conversation_id: str, group_id: str, far_group_id: str, service: str,
-                        far_service: str, contract: str, far_instance: str | None = None,
-                        lifetime: int | None = None, far_broker: str | None = None) -> Endpoint:
+def new_target_endpoint(
+    conversation_id: str,
+    group_id: str,
+    far_group_id: str,
+    service: str,
+    far_service: str,
+    contract: str,
+    far_instance: str | None = None,
+    lifetime: int | None = None,
+    far_broker: str | None = None,
+) -> Endpoint:
     """The target endpoint, created when the dialog's first message arrives (as SSB does).
     `far_broker`: the initiator's namespace when the message came from another one."""
-    return Endpoint(handle_for(conversation_id, "TARGET"), conversation_id, "TARGET", group_id,
-                    far_group_id, service, far_service, contract, CONVERSING, updated=time.time(),
-                    far_instance=far_instance, lifetime=lifetime, remote=far_broker is not None,
-                    far_broker=far_broker)
+    return Endpoint(
+        handle_for(conversation_id, "TARGET"),
+        conversation_id,
+        "TARGET",
+        group_id,
+        far_group_id,
+        service,
+        far_service,
+        contract,
+        CONVERSING,
+        updated=time.time(),
+        far_instance=far_instance,
+        lifetime=lifetime,
+        remote=far_broker is not None,
+        far_broker=far_broker,
+    )
 
 
 CHAIN_SUFFIX = "/groups"  # key of a moved endpoint's group chain, beside the endpoint's own key

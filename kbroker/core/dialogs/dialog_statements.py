@@ -39,11 +39,20 @@ class DialogStatements(SendRecords):
 
     # --- BEGIN DIALOG and conversation groups -------------------------------------------------
 
-    def new_dialog(self, from_service: str, to_service: str, contract: str = "DEFAULT", *,
-                   endpoint_of: Callable[[str], Endpoint], lifetime: int | None = None,
-                   related_conversation_group: str | None = None, related_conversation: str | None = None,
-                   encryption: bool = False, instance: str | None = None,
-                   broker_instance: str | None = None) -> Endpoint:
+    def new_dialog(
+        self,
+        from_service: str,
+        to_service: str,
+        contract: str = "DEFAULT",
+        *,
+        endpoint_of: Callable[[str], Endpoint],
+        lifetime: int | None = None,
+        related_conversation_group: str | None = None,
+        related_conversation: str | None = None,
+        encryption: bool = False,
+        instance: str | None = None,
+        broker_instance: str | None = None,
+    ) -> Endpoint:
         """The initiator endpoint of a new dialog. RELATED_CONVERSATION (a handle, looked up with
         `endpoint_of`) or RELATED_CONVERSATION_GROUP (a GUID, new or existing) choose its group;
         `instance` sends the replies to that instance's secondary queue (which the caller makes
@@ -83,11 +92,22 @@ class DialogStatements(SendRecords):
         # Rounded up to whole seconds (the topic's record keeps seconds): never shorter than asked.
         # Truncating `now` took up to a second off, and a 1 s lifetime could end before the first SEND.
         expires = None if lifetime is None else math.ceil(now + int(lifetime))  # None: never expires
-        return Endpoint(handle_for(conversation_id, "INITIATOR"), conversation_id, "INITIATOR", group,
-                        default_group(conversation_id, "TARGET"), from_service, to_service, contract,
-                        STARTED_OUTBOUND,
-                        lifetime=expires, updated=now, instance=instance, remote=remote,
-                        far_broker=None if local else broker_instance)
+        return Endpoint(
+            handle_for(conversation_id, "INITIATOR"),
+            conversation_id,
+            "INITIATOR",
+            group,
+            default_group(conversation_id, "TARGET"),
+            from_service,
+            to_service,
+            contract,
+            STARTED_OUTBOUND,
+            lifetime=expires,
+            updated=now,
+            instance=instance,
+            remote=remote,
+            far_broker=None if local else broker_instance,
+        )
 
     def check_group_queue(self, group: str, queue: str, *, ignore: str | None = None) -> None:
         """Groups are local to a queue: refuse a group that only conversations of another queue
@@ -122,19 +142,29 @@ class DialogStatements(SendRecords):
         if not needs_marker:
             return new, []
         old = ep.conversation_group_id
-        env = Envelope(message_id=new_id(), conversation_id=ep.conversation_id,
-                       conversation_group_id=old, message_sequence_number=SYSTEM_SEQUENCE,
-                       message_type_name=MOVE_MARKER, service_contract_name=ep.service_contract_name,
-                       from_service_name=ep.service_name, to_service_name=ep.service_name, to_side=ep.side,
-                       hop=len(ep.chain) - 1)
+        env = Envelope(
+            message_id=new_id(),
+            conversation_id=ep.conversation_id,
+            conversation_group_id=old,
+            message_sequence_number=SYSTEM_SEQUENCE,
+            message_type_name=MOVE_MARKER,
+            service_contract_name=ep.service_contract_name,
+            from_service_name=ep.service_name,
+            to_service_name=ep.service_name,
+            to_side=ep.side,
+            hop=len(ep.chain) - 1,
+        )
         chain = orjson.dumps(list(new.chain))
-        return new, [(self.own_topic(ep), old, chain, env.headers()),
-                     (self.endpoints_topic, chain_key(ep.conversation_handle), chain, None)]
+        return new, [
+            (self.own_topic(ep), old, chain, env.headers()),
+            (self.endpoints_topic, chain_key(ep.conversation_handle), chain, None),
+        ]
 
     # --- END CONVERSATION, BEGIN CONVERSATION TIMER ---------------------------------------------
 
-    def end_records(self, ep: Endpoint, *, error: int | None, description: str | None,
-                    cleanup: bool) -> tuple[list[Record], Endpoint | None]:
+    def end_records(
+        self, ep: Endpoint, *, error: int | None, description: str | None, cleanup: bool
+    ) -> tuple[list[Record], Endpoint | None]:
         """END CONVERSATION's records and the endpoint after it."""
         if cleanup:
             # WITH CLEANUP ends this side silently and removes its queued messages. Kafka cannot
@@ -146,8 +176,7 @@ class DialogStatements(SendRecords):
         if ep.state in (DISCONNECTED_OUTBOUND, CLOSED):
             raise ConversationClosedError(ep.conversation_handle, ep.state_desc)
         if error is not None and (not isinstance(error, int) or error <= 0):
-            raise InvalidArgumentError(
-                "error code must be a positive integer (negative codes are Service Broker's)")
+            raise InvalidArgumentError("error code must be a positive integer (negative codes are Service Broker's)")
         if ep.state == STARTED_OUTBOUND:  # never sent anything: no peer endpoint to tell
             return [], replace(ep, state=CLOSED, cleaned_up=True)
         # After the peer ended (DI) or failed (ER), the EndDialog sent here is the acknowledgement
@@ -168,4 +197,3 @@ class DialogStatements(SendRecords):
         records = [r for r in [timers.disarm_record(self.namespace, ep)] if r is not None]
         records.append(timers.arm_record(self.namespace, ep, arm_id, due, self.own_topic(ep)))
         return records, replace(ep, dialog_timer=due, dialog_timer_id=arm_id)
-

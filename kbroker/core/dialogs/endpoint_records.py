@@ -21,7 +21,7 @@ def endpoint_record(key: bytes | None, value: bytes | None) -> tuple[Kind, str, 
     text = key.decode(errors="replace") if value is None and key is not None else text_key(key)
     for suffix, kind in ((CHAIN_SUFFIX, "chain"), (LEASE_SUFFIX, "lease"), (WANT_SUFFIX, "want")):
         if text.endswith(suffix):
-            handle = text[:-len(suffix)]
+            handle = text[: -len(suffix)]
             return kind, handle, None if value is None else _decoders[kind](value)  # type: ignore[return-value]
     return "endpoint", text, None if value is None else endpoint(value)
 

@@ -48,8 +48,17 @@ H_TO_BROKER = "kb.to_broker_instance"
 # of the message before this one on its direction, or -1 when every earlier one was acknowledged.
 H_FOLLOWS = "kb.follows"
 
-_REQUIRED = (H_MESSAGE_ID, H_CONVERSATION_ID, H_GROUP_ID, H_SEQUENCE, H_MESSAGE_TYPE,
-             H_CONTRACT, H_FROM_SERVICE, H_TO_SERVICE, H_TO_SIDE)
+_REQUIRED = (
+    H_MESSAGE_ID,
+    H_CONVERSATION_ID,
+    H_GROUP_ID,
+    H_SEQUENCE,
+    H_MESSAGE_TYPE,
+    H_CONTRACT,
+    H_FROM_SERVICE,
+    H_TO_SERVICE,
+    H_TO_SIDE,
+)
 _REQUIRED_SET = frozenset(_REQUIRED)
 
 SIDES = ("INITIATOR", "TARGET")
@@ -157,29 +166,33 @@ class Envelope:
         except ValueError as exc:
             raise MalformedRecord(f"bad number in headers: {exc}") from None
         if seq < SYSTEM_SEQUENCE or hop < 0 or not 1 <= priority <= 10:
-            raise MalformedRecord(f"out of range in headers: {H_SEQUENCE}={seq}, {H_HOP}={hop}, "
-                                  f"{H_PRIORITY}={priority} (1-10)")
-        return built(cls, {
-            "message_id": hs[H_MESSAGE_ID],
-            "conversation_id": hs[H_CONVERSATION_ID],
-            "conversation_group_id": hs[H_GROUP_ID],
-            "message_sequence_number": seq,
-            "message_type_name": hs[H_MESSAGE_TYPE],
-            "service_contract_name": hs[H_CONTRACT],
-            "from_service_name": hs[H_FROM_SERVICE],
-            "to_service_name": hs[H_TO_SERVICE],
-            "to_side": hs[H_TO_SIDE],
-            "correlation_id": hs.get(H_CORRELATION_ID),
-            "reply_to": hs.get(H_REPLY_TO),
-            "expires": expires,
-            "priority": priority,
-            "lifetime": lifetime,
-            "reply_group": hs.get(H_REPLY_GROUP),
-            "reply_instance": hs.get(H_REPLY_INSTANCE),
-            "hop": hop,
-            "from_broker": hs.get(H_FROM_BROKER),
-            "to_broker": hs.get(H_TO_BROKER),
-        })
+            raise MalformedRecord(
+                f"out of range in headers: {H_SEQUENCE}={seq}, {H_HOP}={hop}, {H_PRIORITY}={priority} (1-10)"
+            )
+        return built(
+            cls,
+            {
+                "message_id": hs[H_MESSAGE_ID],
+                "conversation_id": hs[H_CONVERSATION_ID],
+                "conversation_group_id": hs[H_GROUP_ID],
+                "message_sequence_number": seq,
+                "message_type_name": hs[H_MESSAGE_TYPE],
+                "service_contract_name": hs[H_CONTRACT],
+                "from_service_name": hs[H_FROM_SERVICE],
+                "to_service_name": hs[H_TO_SERVICE],
+                "to_side": hs[H_TO_SIDE],
+                "correlation_id": hs.get(H_CORRELATION_ID),
+                "reply_to": hs.get(H_REPLY_TO),
+                "expires": expires,
+                "priority": priority,
+                "lifetime": lifetime,
+                "reply_group": hs.get(H_REPLY_GROUP),
+                "reply_instance": hs.get(H_REPLY_INSTANCE),
+                "hop": hop,
+                "from_broker": hs.get(H_FROM_BROKER),
+                "to_broker": hs.get(H_TO_BROKER),
+            },
+        )
 
 
 @dataclass(frozen=True)
@@ -224,5 +237,7 @@ class Message:
 
 def error_body(code: int, description: str) -> bytes:
     """The body of Service Broker's Error message, so ported code parsing it keeps working."""
-    return (f'<Error xmlns="http://schemas.microsoft.com/SQL/ServiceBroker/Error"><Code>{code}</Code>'
-            f"<Description>{escape(description)}</Description></Error>").encode()
+    return (
+        f'<Error xmlns="http://schemas.microsoft.com/SQL/ServiceBroker/Error"><Code>{code}</Code>'
+        f"<Description>{escape(description)}</Description></Error>"
+    ).encode()

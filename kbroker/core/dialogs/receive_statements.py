@@ -47,11 +47,17 @@ class ReceiveStatements(SendRecords):
             # replies carry the key the initiator asked for (its related group, if any).
             # (No kb.reply_conversation_group_id: a dialog begun when the dialog id was the
             # initiator's default group, which every dialog since names in the header.)
-            ep = created = new_target_endpoint(env.conversation_id, env.conversation_group_id,
-                                               env.reply_group or env.conversation_id, env.to_service_name,
-                                               env.from_service_name, env.service_contract_name,
-                                               far_instance=env.reply_instance, lifetime=env.lifetime,
-                                               far_broker=env.from_broker)
+            ep = created = new_target_endpoint(
+                env.conversation_id,
+                env.conversation_group_id,
+                env.reply_group or env.conversation_id,
+                env.to_service_name,
+                env.from_service_name,
+                env.service_contract_name,
+                far_instance=env.reply_instance,
+                lifetime=env.lifetime,
+                far_broker=env.from_broker,
+            )
         if ep.state in (DISCONNECTED_OUTBOUND, CLOSED):
             # This side already ended: the peer's EndDialog or Error only closes the endpoint
             # (Service Broker's end-of-dialog acknowledgement); anything else is discarded.
@@ -64,8 +70,9 @@ class ReceiveStatements(SendRecords):
             return True, ep.after_peer_error()
         return True, created
 
-    def refused_record(self, msg: Message, ep: Endpoint | None = None,
-                       catalog: Catalog | None = None) -> tuple[list[Record], str] | None:
+    def refused_record(
+        self, msg: Message, ep: Endpoint | None = None, catalog: Catalog | None = None
+    ) -> tuple[list[Record], str] | None:
         """(dead letter and its event, reason) for a received message this side must not deliver,
         or None. `ep`: this side's endpoint as found. SEND checks a message where it is sent, but
         a record written by another Kafka client with well-formed headers never passed SEND;
@@ -103,15 +110,17 @@ class ReceiveStatements(SendRecords):
         seq = env.message_sequence_number
         if not needs_look_up(seq) or seq > MAX_SEQUENCE:
             return None
-        if (ep.remote if ep is not None else env.from_broker is not None):
+        if ep.remote if ep is not None else env.from_broker is not None:
             return None  # another namespace's side: its dispatcher saves its numbers in order
         return self._sender_reach(handle_for(env.conversation_id, other(env.to_side)), seq)
 
     def _set_aside(self, msg: Message, reason: str) -> list[Record]:
         """A received message's dead letter and the event that says so (G8)."""
         record = msg.extra["record"]
-        return [dead_letter_record(self.namespace, record, reason),
-                dead_letter_event(self.namespace, msg.queue, record, reason, self._clock())]
+        return [
+            dead_letter_record(self.namespace, record, reason),
+            dead_letter_event(self.namespace, msg.queue, record, reason, self._clock()),
+        ]
 
     def closed_records(self, msg: Message, ep: Endpoint | None) -> tuple[list[Record], str] | None:
         """A message of the peer's for an endpoint CLOSED here (both sides ended): never delivered,
@@ -123,8 +132,10 @@ class ReceiveStatements(SendRecords):
         env = msg.extra["envelope"]
         if ep is None or ep.state != CLOSED or ep.cleaned_up or env.message_type_name in SYSTEM_TYPES:
             return None
-        reason = (f"{env.message_type_name!r} arrived for conversation {ep.conversation_handle}, which is "
-                  f"{ep.state_desc} on the {ep.side.lower()} side (sequence {env.message_sequence_number})")
+        reason = (
+            f"{env.message_type_name!r} arrived for conversation {ep.conversation_handle}, which is "
+            f"{ep.state_desc} on the {ep.side.lower()} side (sequence {env.message_sequence_number})"
+        )
         return self._set_aside(msg, reason), reason
 
     def late_records(self, msg: Message, ep: Endpoint | None) -> tuple[list[Record], Endpoint, str] | None:
@@ -135,8 +146,10 @@ class ReceiveStatements(SendRecords):
         env = msg.extra["envelope"]
         if ep is None or ep.state not in (DISCONNECTED_INBOUND, ERROR) or env.message_type_name in SYSTEM_TYPES:
             return None
-        reason = (f"{env.message_type_name!r} arrived after the {other(ep.side).lower()} side ended the "
-                  f"conversation (sequence {env.message_sequence_number})")
+        reason = (
+            f"{env.message_type_name!r} arrived after the {other(ep.side).lower()} side ended the "
+            f"conversation (sequence {env.message_sequence_number})"
+        )
         error, _ = self._record(ep, ERROR_TYPE, error_body(MESSAGE_AFTER_END, reason))
         return [*self._set_aside(msg, reason), error], ep.after_send(), reason
 
@@ -147,4 +160,3 @@ class ReceiveStatements(SendRecords):
         origin = f"{msg.partition}:{msg.offset}"
         headers = rekeyed_headers(msg.extra["record"].headers() or [], group, env.hop + 1, origin)
         return (topic, group, msg.body, headers)
-

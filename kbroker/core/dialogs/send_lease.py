@@ -107,12 +107,20 @@ class SendLease:
 
     def claimed(self, process: str, now: float, fence: tuple[str, ...], start: int) -> "SendLease":
         """Taken by `process`, whose SENDs start at `start` (at least this record's ceiling)."""
-        return SendLease(self.handle, self.epoch + 1, process, process, now + LEASE_SECONDS,
-                         start + SEQUENCE_SPAN, fence)
+        return SendLease(
+            self.handle, self.epoch + 1, process, process, now + LEASE_SECONDS, start + SEQUENCE_SPAN, fence
+        )
 
     def renewed(self, now: float, next_sequence: int, fence: tuple[str, ...]) -> "SendLease":
-        return SendLease(self.handle, self.epoch, self.owner, self.by, now + LEASE_SECONDS,
-                         max(self.ceiling, next_sequence + SEQUENCE_SPAN), fence)
+        return SendLease(
+            self.handle,
+            self.epoch,
+            self.owner,
+            self.by,
+            now + LEASE_SECONDS,
+            max(self.ceiling, next_sequence + SEQUENCE_SPAN),
+            fence,
+        )
 
     def released(self, now: float, next_sequence: int, state: str | None) -> "SendLease":
         return SendLease(self.handle, self.epoch, None, self.by, now, next_sequence, (), state)

@@ -23,9 +23,17 @@ class SendRecords(StatementBase):
 
     # --- SEND -----------------------------------------------------------------------------------
 
-    def message_record(self, ep: Endpoint, message_type: str, body: Any = None, *,
-                       correlation_id: str | None = None, reply_to: str | None = None,
-                       time_to_be_received: float | None = None, priority: int = 5) -> tuple[Record, str, Endpoint]:
+    def message_record(
+        self,
+        ep: Endpoint,
+        message_type: str,
+        body: Any = None,
+        *,
+        correlation_id: str | None = None,
+        reply_to: str | None = None,
+        time_to_be_received: float | None = None,
+        priority: int = 5,
+    ) -> tuple[Record, str, Endpoint]:
         """Validate a SEND and build its record: (record, message id, endpoint after the send)."""
         data = to_bytes(body)
         if ep.state not in SENDABLE:
@@ -34,20 +42,31 @@ class SendRecords(StatementBase):
             raise ConversationClosedError(ep.conversation_handle, "lifetime expired")
         mt = self._lookup(lambda c: c.message_type(message_type))
         if message_type in SYSTEM_TYPES or not self._lookup(
-                lambda c: c.may_send(ep.service_contract_name, message_type, ep.side)):
+            lambda c: c.may_send(ep.service_contract_name, message_type, ep.side)
+        ):
             raise ContractViolationError(message_type, ep.service_contract_name, ep.side)
         validate_body(message_type, mt.validation, data)
         if not 1 <= priority <= 10:
             raise InvalidArgumentError("priority must be 1-10")
         expires = None if time_to_be_received is None else int((self._clock() + time_to_be_received) * 1000)
-        record, message_id = self._record(ep, message_type, data, correlation_id=correlation_id,
-                                          reply_to=reply_to, expires=expires, priority=priority)
+        record, message_id = self._record(
+            ep, message_type, data, correlation_id=correlation_id, reply_to=reply_to, expires=expires, priority=priority
+        )
         return record, message_id, after_send(ep)
 
     # --- the message record ---------------------------------------------------------------------
 
-    def _record(self, ep: Endpoint, message_type: str, data: bytes, *, correlation_id: str | None = None,
-                reply_to: str | None = None, expires: int | None = None, priority: int = 5) -> tuple[Record, str]:
+    def _record(
+        self,
+        ep: Endpoint,
+        message_type: str,
+        data: bytes,
+        *,
+        correlation_id: str | None = None,
+        reply_to: str | None = None,
+        expires: int | None = None,
+        priority: int = 5,
+    ) -> tuple[Record, str]:
         """A message from this side to the far side's queue, keyed by the far side's group, with
         this side's next sequence number: (record, message id)."""
         if not ep.remote:
@@ -59,19 +78,32 @@ class SendRecords(StatementBase):
             raise MessageTooLargeError(len(data), MAX_QUEUE_MESSAGE_BYTES, "the transmission topic")
         reply_group = ep.chain[0]  # the key the far side's records must carry (see groups.py)
         env = Envelope(
-            message_id=new_id(), conversation_id=ep.conversation_id,
+            message_id=new_id(),
+            conversation_id=ep.conversation_id,
             conversation_group_id=ep.far_conversation_group_id,
-            message_sequence_number=ep.send_sequence, message_type_name=message_type,
-            service_contract_name=ep.service_contract_name, from_service_name=ep.service_name,
-            to_service_name=ep.far_service_name, to_side=other(ep.side),
-            correlation_id=correlation_id, reply_to=reply_to, expires=expires, priority=priority,
+            message_sequence_number=ep.send_sequence,
+            message_type_name=message_type,
+            service_contract_name=ep.service_contract_name,
+            from_service_name=ep.service_name,
+            to_service_name=ep.far_service_name,
+            to_side=other(ep.side),
+            correlation_id=correlation_id,
+            reply_to=reply_to,
+            expires=expires,
+            priority=priority,
             lifetime=ep.lifetime if ep.is_initiator else None,
             reply_group=None if reply_group == ep.conversation_id else reply_group,
             reply_instance=ep.instance,
-            from_broker=self.namespace if ep.remote else None, to_broker=ep.far_broker)
+            from_broker=self.namespace if ep.remote else None,
+            to_broker=ep.far_broker,
+        )
         if ep.remote:  # one dialog side's messages keep their order in one partition
-            return (names.transmission_topic(self.namespace), ep.conversation_handle, data,
-                    env.headers()), env.message_id
+            return (
+                names.transmission_topic(self.namespace),
+                ep.conversation_handle,
+                data,
+                env.headers(),
+            ), env.message_id
         if ep.far_instance is not None:  # replies to an instance go to its secondary queue
             topic = names.secondary_queue_topic(self.namespace, far_queue.name, ep.far_instance)
         else:

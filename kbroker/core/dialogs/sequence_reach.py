@@ -36,8 +36,12 @@ def reach(lease: SendLease | None, ep: Endpoint | None) -> int | None:
     topic) cannot have sent yet, or None when there is neither record."""
     if lease is None and ep is None:
         return None
-    return max(ANY_SIDE_REACH, lease.ceiling if lease is not None else 0,
-               ep.sequence_reserved if ep is not None else 0, ep.send_sequence if ep is not None else 0)
+    return max(
+        ANY_SIDE_REACH,
+        lease.ceiling if lease is not None else 0,
+        ep.sequence_reserved if ep is not None else 0,
+        ep.send_sequence if ep is not None else 0,
+    )
 
 
 def needs_look_up(sequence: int) -> bool:
@@ -50,10 +54,14 @@ def sequence_refusal(sequence: int, message_type: str, system: bool, sender_reac
     is one of kbroker's own (EndDialog, Error, DialogTimer); `sender_reach`: reach() of its
     sending side, None when unknown here."""
     if sequence == SYSTEM_SEQUENCE:
-        return None if system else f"sequence number {SYSTEM_SEQUENCE} is for kbroker's own messages, not {message_type!r}"
+        return (
+            None if system else f"sequence number {SYSTEM_SEQUENCE} is for kbroker's own messages, not {message_type!r}"
+        )
     if not 0 <= sequence <= MAX_SEQUENCE:
         return f"sequence number {sequence} is outside 0-{MAX_SEQUENCE}"
     if sender_reach is not None and sequence >= sender_reach:
-        return (f"sequence number {sequence} is past any its sender can have sent (below {sender_reach}, "
-                f"its lease's ceiling)")
+        return (
+            f"sequence number {sequence} is past any its sender can have sent (below {sender_reach}, "
+            f"its lease's ceiling)"
+        )
     return None

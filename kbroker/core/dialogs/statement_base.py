@@ -33,8 +33,15 @@ def dead_letter_event(namespace: str, queue: str, record: ConsumedRecord, reason
     """The event that says a message of `queue` was dead-lettered on RECEIVE, and why, on the
     namespace's events topic (keyed by the queue, as its other events are): written in the
     transaction of the dead letter, so each such dead letter has exactly one."""
-    event = {"event": DEAD_LETTERED, "queue": queue, "topic": record.topic(), "partition": record.partition(),
-             "offset": record.offset(), "reason": reason, "time": int(now * 1000)}
+    event = {
+        "event": DEAD_LETTERED,
+        "queue": queue,
+        "topic": record.topic(),
+        "partition": record.partition(),
+        "offset": record.offset(),
+        "reason": reason,
+        "time": int(now * 1000),
+    }
     return (names.events_topic(namespace), queue, orjson.dumps(event), None)
 
 
@@ -68,9 +75,15 @@ def group_id(value: object) -> str:
 class StatementBase:
     """A namespace's statement builders' common part (see Statements for the arguments)."""
 
-    def __init__(self, namespace: str, lookup: Lookup, in_group: Callable[[str], Iterable[Endpoint]], *,
-                 clock: Callable[[], float] = time.time,
-                 sender_reach: Callable[[str, int], int | None] = lambda handle, sequence: None):
+    def __init__(
+        self,
+        namespace: str,
+        lookup: Lookup,
+        in_group: Callable[[str], Iterable[Endpoint]],
+        *,
+        clock: Callable[[], float] = time.time,
+        sender_reach: Callable[[str, int], int | None] = lambda handle, sequence: None,
+    ):
         self.namespace = namespace
         self._lookup = lookup
         self._in_group = in_group
@@ -104,4 +117,3 @@ class StatementBase:
     def endpoint_record(self, handle: str, ep: Endpoint | None) -> Record:
         """The endpoints-topic record of `handle` (None: its tombstone)."""
         return (self.endpoints_topic, handle, None if ep is None else ep.to_json(), None)
-

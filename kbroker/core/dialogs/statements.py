@@ -28,8 +28,17 @@ from kbroker.core.dialogs.statement_base import (
 #   dialog_statements.py   new_dialog, check_group_queue, lifetime_records, move_records, end_records,
 #                          timer_records
 #   receive_statements.py  after_receive, refused_record, closed_records, late_records, rekey_record
-__all__ = ["CURRENT_DATABASE", "DEAD_LETTERED", "MESSAGE_AFTER_END", "ConsumedRecord", "Lookup", "Statements",
-           "dead_letter_event", "dead_letter_record", "group_id"]
+__all__ = [
+    "CURRENT_DATABASE",
+    "DEAD_LETTERED",
+    "MESSAGE_AFTER_END",
+    "ConsumedRecord",
+    "Lookup",
+    "Statements",
+    "dead_letter_event",
+    "dead_letter_record",
+    "group_id",
+]
 
 
 class Statements(DialogStatements, ReceiveStatements):

@@ -45,9 +45,17 @@ def lifetime_key(conversation_id: str) -> str:
 
 def arm_record(namespace: str, ep: Endpoint, arm_id: str, due: float, queue_topic: str) -> Record:
     """The record arming a DialogTimer for endpoint `ep`, delivered to its own queue."""
-    value = {"kind": "timer", "due": due, "conversation_id": ep.conversation_id, "side": ep.side,
-             "contract": ep.service_contract_name, "service": ep.service_name,
-             "far_service": ep.far_service_name, "topic": queue_topic, "key": ep.conversation_group_id}
+    value = {
+        "kind": "timer",
+        "due": due,
+        "conversation_id": ep.conversation_id,
+        "side": ep.side,
+        "contract": ep.service_contract_name,
+        "service": ep.service_name,
+        "far_service": ep.far_service_name,
+        "topic": queue_topic,
+        "key": ep.conversation_group_id,
+    }
     return (names.timers_topic(namespace), timer_key(ep.conversation_handle, arm_id), orjson.dumps(value), None)
 
 
@@ -60,28 +68,62 @@ def disarm_record(namespace: str, ep: Endpoint) -> Record | None:
 def lifetime_record(namespace: str, ep: Endpoint, initiator_topic: str | None, target_topic: str | None) -> Record:
     """Written with BEGIN DIALOG ... LIFETIME: the Error -8489 for both sides when it runs out.
     A side whose topic is None lives in another namespace, whose own timer tells it."""
-    return _lifetime(namespace, ep.conversation_id, ep.lifetime, ep.service_contract_name,
-                     (ep.service_name, initiator_topic, ep.conversation_group_id),
-                     (ep.far_service_name, target_topic, ep.far_conversation_group_id))
+    return _lifetime(
+        namespace,
+        ep.conversation_id,
+        ep.lifetime,
+        ep.service_contract_name,
+        (ep.service_name, initiator_topic, ep.conversation_group_id),
+        (ep.far_service_name, target_topic, ep.far_conversation_group_id),
+    )
 
 
-def _lifetime(namespace: str, conversation_id: str, due: int | None, contract: str,
-              initiator: tuple[str, str | None, str], target: tuple[str, str | None, str]) -> Record:
+def _lifetime(
+    namespace: str,
+    conversation_id: str,
+    due: int | None,
+    contract: str,
+    initiator: tuple[str, str | None, str],
+    target: tuple[str, str | None, str],
+) -> Record:
     """The lifetime's timer record; each side is (service, topic or None, key)."""
-    value = {"kind": "lifetime", "due": due, "conversation_id": conversation_id, "contract": contract,
-             **{side: {"service": service, "topic": topic, "key": key}
-                for side, (service, topic, key) in (("INITIATOR", initiator), ("TARGET", target))}}
+    value = {
+        "kind": "lifetime",
+        "due": due,
+        "conversation_id": conversation_id,
+        "contract": contract,
+        **{
+            side: {"service": service, "topic": topic, "key": key}
+            for side, (service, topic, key) in (("INITIATOR", initiator), ("TARGET", target))
+        },
+    }
     return (names.timers_topic(namespace), lifetime_key(conversation_id), orjson.dumps(value), None)
 
 
-def system_message(conversation_id: str, side: str, contract: str, to_service: str, from_service: str,
-                   topic: str, key: str, message_type: str, body: bytes) -> Record:
+def system_message(
+    conversation_id: str,
+    side: str,
+    contract: str,
+    to_service: str,
+    from_service: str,
+    topic: str,
+    key: str,
+    message_type: str,
+    body: bytes,
+) -> Record:
     """A message kbroker itself delivers to one side (`side`, of `to_service`) of a dialog: a
     DialogTimer or an Error, keyed `key` (that side's group) on its queue's `topic`."""
-    env = Envelope(message_id=new_id(), conversation_id=conversation_id, conversation_group_id=key,
-                   message_sequence_number=SYSTEM_SEQUENCE, message_type_name=message_type,
-                   service_contract_name=contract, from_service_name=from_service,
-                   to_service_name=to_service, to_side=side)
+    env = Envelope(
+        message_id=new_id(),
+        conversation_id=conversation_id,
+        conversation_group_id=key,
+        message_sequence_number=SYSTEM_SEQUENCE,
+        message_type_name=message_type,
+        service_contract_name=contract,
+        from_service_name=from_service,
+        to_service_name=to_service,
+        to_side=side,
+    )
     return (topic, key, body, env.headers())
 
 
@@ -93,8 +135,19 @@ def firing_records(value: dict[str, Any], endpoint: Any) -> list[Record]:
         ep = endpoint(handle_for(conv, value["side"]))
         if ep is None or ep.state == CLOSED:
             return []
-        return [system_message(conv, value["side"], value["contract"], value["service"], value["far_service"],
-                               value["topic"], value["key"], DIALOG_TIMER, b"")]
+        return [
+            system_message(
+                conv,
+                value["side"],
+                value["contract"],
+                value["service"],
+                value["far_service"],
+                value["topic"],
+                value["key"],
+                DIALOG_TIMER,
+                b"",
+            )
+        ]
     initiator = endpoint(handle_for(conv, "INITIATOR"))
     target = endpoint(handle_for(conv, "TARGET"))
     body = error_body(LIFETIME_EXPIRED, "The conversation lifetime has expired.")
@@ -103,21 +156,41 @@ def firing_records(value: dict[str, Any], endpoint: Any) -> list[Record]:
         open_here = ep is not None and ep.state != CLOSED
         # A target without an endpoint yet still gets the Error if the initiator sent it anything:
         # it arrives after those messages and closes the dialog there too.
-        unseen_target = side == "TARGET" and ep is None and initiator is not None and \
-            initiator.state not in (STARTED_OUTBOUND, CLOSED)
+        unseen_target = (
+            side == "TARGET"
+            and ep is None
+            and initiator is not None
+            and initiator.state not in (STARTED_OUTBOUND, CLOSED)
+        )
         if (open_here or unseen_target) and value[side]["topic"] is not None:
             me, peer = value[side], value[other(side)]
-            out.append(system_message(conv, side, value["contract"], me["service"], peer["service"],
-                                      me["topic"], me["key"], ERROR_TYPE, body))
+            out.append(
+                system_message(
+                    conv,
+                    side,
+                    value["contract"],
+                    me["service"],
+                    peer["service"],
+                    me["topic"],
+                    me["key"],
+                    ERROR_TYPE,
+                    body,
+                )
+            )
     return out
 
 
 def target_lifetime_record(namespace: str, env: Envelope, target_topic: str) -> Record:
     """The lifetime of a dialog begun in another namespace, armed where its first message is saved:
     the Error -8489 for the target side here (the initiator's namespace tells its own side)."""
-    return _lifetime(namespace, env.conversation_id, env.lifetime, env.service_contract_name,
-                     (env.from_service_name, None, env.reply_group or env.conversation_id),
-                     (env.to_service_name, target_topic, env.conversation_group_id))
+    return _lifetime(
+        namespace,
+        env.conversation_id,
+        env.lifetime,
+        env.service_contract_name,
+        (env.from_service_name, None, env.reply_group or env.conversation_id),
+        (env.to_service_name, target_topic, env.conversation_group_id),
+    )
 
 
 def timer_key_of(key: bytes | None, value: bytes | None) -> str:
@@ -140,12 +213,14 @@ def timer_fields(namespace: str, value: dict[str, Any]) -> dict[str, Any]:
     if value.get("kind") == "timer":
         sides: list[Any] = [value]
         if value.get("side") not in ("INITIATOR", "TARGET") or not all(
-                isinstance(value.get(k), str) for k in ("contract", "service", "far_service")):
+            isinstance(value.get(k), str) for k in ("contract", "service", "far_service")
+        ):
             raise Rejected("a dialog timer needs 'side', 'contract', 'service' and 'far_service'")
     elif value.get("kind") == "lifetime":
         sides = [value.get("INITIATOR"), value.get("TARGET")]
         if not isinstance(value.get("contract"), str) or not all(
-                isinstance(s, dict) and isinstance(s.get("service"), str) for s in sides):
+            isinstance(s, dict) and isinstance(s.get("service"), str) for s in sides
+        ):
             raise Rejected("a lifetime needs 'contract' and each side's 'service'")
     else:
         raise Rejected("'kind' is neither timer nor lifetime")
@@ -153,7 +228,10 @@ def timer_fields(namespace: str, value: dict[str, Any]) -> dict[str, Any]:
         topic = side.get("topic")
         if topic is None and value["kind"] == "lifetime":
             continue  # a side in another namespace
-        if not isinstance(topic, str) or names.queue_of_topic(namespace, topic) is None or \
-                not isinstance(side.get("key"), str):
+        if (
+            not isinstance(topic, str)
+            or names.queue_of_topic(namespace, topic) is None
+            or not isinstance(side.get("key"), str)
+        ):
             raise Rejected(f"topic {topic!r} is not a queue of namespace {namespace}")
     return value

@@ -174,11 +174,13 @@ class GroupBuffer(Generic[H]):
     def stats(self) -> dict[str, int | None]:
         """Counts for the queue view: buffered records, ready and locked groups, records taken,
         and when the oldest lock still held was taken (epoch ms, None: no lock)."""
-        return {"buffered": self._buffered,
-                "ready_groups": sum(1 for g in self._groups if g not in self._locked),
-                "locked_groups": len(self._locked),
-                "in_flight": sum(len(h.taken) for h in self._locked.values()),
-                "oldest_lock_at": min(self._locked_since.values(), default=None)}
+        return {
+            "buffered": self._buffered,
+            "ready_groups": sum(1 for g in self._groups if g not in self._locked),
+            "locked_groups": len(self._locked),
+            "in_flight": sum(len(h.taken) for h in self._locked.values()),
+            "oldest_lock_at": min(self._locked_since.values(), default=None),
+        }
 
     def accept(self, b: Buffered) -> None:
         """Buffer a consumed record in its group."""
@@ -196,12 +198,16 @@ class GroupBuffer(Generic[H]):
         head = q[0]
         heapq.heappush(self._ready, (head.order, next(self._ready_seq), group, head.position))
         if len(self._ready) > 4 * len(self._groups) + 1024:  # mostly stale: rebuild
-            self._ready = [(g[0].order, next(self._ready_seq), name, g[0].position)
-                           for name, g in self._groups.items() if name not in self._locked]
+            self._ready = [
+                (g[0].order, next(self._ready_seq), name, g[0].position)
+                for name, g in self._groups.items()
+                if name not in self._locked
+            ]
             heapq.heapify(self._ready)
 
-    def pick(self, owner: Any, full: Mapping[int, int], group: str | None = None,
-             conversation: str | None = None) -> str | None:
+    def pick(
+        self, owner: Any, full: Mapping[int, int], group: str | None = None, conversation: str | None = None
+    ) -> str | None:
         """The group a RECEIVE by `owner` takes: highest priority, then oldest head record, among
         the unlocked groups and those `owner` already locks (which win a tie). `full` is
         full_partitions(): there only a group holding the low-water record can be taken."""
@@ -232,13 +238,13 @@ class GroupBuffer(Generic[H]):
             heapq.heappush(self._ready, entry)
         return best
 
-    def _scan(self, owner: Any, full: Mapping[int, int], group: str | None,
-              conversation: str | None) -> str | None:
+    def _scan(self, owner: Any, full: Mapping[int, int], group: str | None, conversation: str | None) -> str | None:
         """RECEIVE ... WHERE conversation_group_id / conversation_handle = ...: a linear look."""
         best: str | None = None
         best_key: Order | None = None
-        candidates = self._groups.items() if group is None else (
-            [(group, self._groups[group])] if group in self._groups else [])
+        candidates = (
+            self._groups.items() if group is None else ([(group, self._groups[group])] if group in self._groups else [])
+        )
         for name, q in candidates:
             lease = self._locked.get(name)
             if lease is not None and lease.owner is not owner:
@@ -252,8 +258,9 @@ class GroupBuffer(Generic[H]):
                 best, best_key = name, key
         return best
 
-    def take(self, holder: H, group: str, top: int, full: Mapping[int, int], now_ms: int,
-             conversation: str | None = None) -> list[Buffered]:
+    def take(
+        self, holder: H, group: str, top: int, full: Mapping[int, int], now_ms: int, conversation: str | None = None
+    ) -> list[Buffered]:
         """Lock `group` for `holder` (unless it holds it already) and take, from the head, records
         until `top` live ones (expired ones are taken too, not counted), only those of
         `conversation` if given; on a full partition (see pick) at most one. `group` is what

@@ -60,7 +60,7 @@ def decode_completed(base: int, metadata: str | None) -> set[int]:
     if not metadata or not metadata.startswith(_PREFIX):
         return set()
     try:
-        raw = zlib.decompress(base64.b64decode(metadata[len(_PREFIX):]))
+        raw = zlib.decompress(base64.b64decode(metadata[len(_PREFIX) :]))
     except (ValueError, zlib.error):
         return set()
     out, prev, n, shift = set(), base, 0, 0

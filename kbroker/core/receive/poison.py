@@ -111,8 +111,9 @@ class RollbackLedger:
         for p in positions:
             self._counts.pop(p, None)
 
-    def verdict(self, queue: str, counts: dict[Position, int], poison_message_handling: bool,
-                threshold: int = POISON_THRESHOLD) -> DisableQueue | None:
+    def verdict(
+        self, queue: str, counts: dict[Position, int], poison_message_handling: bool, threshold: int = POISON_THRESHOLD
+    ) -> DisableQueue | None:
         """Disable `queue` when one of the messages just rolled back reached the threshold."""
         if not poison_message_handling or not counts:
             return None

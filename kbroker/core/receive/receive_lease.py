@@ -27,8 +27,9 @@ def current(offsets: Mapping[int, PartitionOffsets], partition: int, assignment:
     return tracker is not None and tracker is assignment
 
 
-def lost_partition(positions: Iterable[Position], assignments: Mapping[int, Any],
-                   offsets: Mapping[int, PartitionOffsets]) -> bool:
+def lost_partition(
+    positions: Iterable[Position], assignments: Mapping[int, Any], offsets: Mapping[int, PartitionOffsets]
+) -> bool:
     """Whether a lease over `positions` (fetched under `assignments`) completes an offset of a
     partition this process no longer owns, or owns again under a new assignment: its commit
     would overlap the next owner's or deliver twice, so the lease is doomed."""
@@ -49,30 +50,34 @@ def completed(offsets: Mapping[int, PartitionOffsets], positions: Iterable[Posit
     return out
 
 
-def _owned(offsets: Mapping[int, PartitionOffsets], positions: Iterable[Position],
-           assignments: Mapping[int, Any]) -> Iterator[tuple[PartitionOffsets, int]]:
+def _owned(
+    offsets: Mapping[int, PartitionOffsets], positions: Iterable[Position], assignments: Mapping[int, Any]
+) -> Iterator[tuple[PartitionOffsets, int]]:
     """(tracker, offset) for `positions` whose partition is still owned under the assignment
     they were fetched under."""
     return ((offsets[p], off) for p, off in positions if current(offsets, p, assignments.get(p)))
 
 
-def settled(offsets: Mapping[int, PartitionOffsets], positions: Iterable[Position],
-            assignments: Mapping[int, Any]) -> None:
+def settled(
+    offsets: Mapping[int, PartitionOffsets], positions: Iterable[Position], assignments: Mapping[int, Any]
+) -> None:
     """The Kafka transaction that completed `positions` committed: no abort reopens them now."""
     for tracker, off in _owned(offsets, positions, assignments):
         tracker.settled(off)
 
 
-def reopened(offsets: Mapping[int, PartitionOffsets], positions: Iterable[Position],
-             assignments: Mapping[int, Any]) -> None:
+def reopened(
+    offsets: Mapping[int, PartitionOffsets], positions: Iterable[Position], assignments: Mapping[int, Any]
+) -> None:
     """Undo completed() for `positions` whose partition is still owned under the assignment
     they were fetched under: the Kafka transaction that carried them aborted."""
     for tracker, off in _owned(offsets, positions, assignments):
         tracker.reopen(off)
 
 
-def returned(taken: Sequence[Buffered], committed: bool, doomed: bool,
-             offsets: Mapping[int, PartitionOffsets]) -> list[Buffered]:
+def returned(
+    taken: Sequence[Buffered], committed: bool, doomed: bool, offsets: Mapping[int, PartitionOffsets]
+) -> list[Buffered]:
     """The records a lease puts back at the head of its group when it ends: none once committed
     or doomed, else those fetched under their partition's current assignment (the next owner,
     or the next assignment here, reads the others)."""
@@ -81,8 +86,9 @@ def returned(taken: Sequence[Buffered], committed: bool, doomed: bool,
     return [b for b in taken if current(offsets, b.partition, b.assignment)]
 
 
-def split_off(taken: Sequence[Buffered], offsets: Sequence[Position], moved: Collection[Position]
-              ) -> tuple[tuple[list[Buffered], list[Position]], tuple[list[Buffered], list[Position]]]:
+def split_off(
+    taken: Sequence[Buffered], offsets: Sequence[Position], moved: Collection[Position]
+) -> tuple[tuple[list[Buffered], list[Position]], tuple[list[Buffered], list[Position]]]:
     """A lease's records and offsets split into those it keeps and those at `moved` (which then
     commit on their own: the re-keying of a moved conversation), each in its order."""
     kept = ([b for b in taken if b.position not in moved], [o for o in offsets if o not in moved])

@@ -31,8 +31,9 @@ CLOCK_SKEW_SECONDS = 300.0
 K = TypeVar("K", bound=Hashable)
 
 
-def analytics_floor(positions: Mapping[K, tuple[int, str | None]], now_ms: int,
-                    hold_s: float = ANALYTICS_HOLD_SECONDS) -> dict[K, int]:
+def analytics_floor(
+    positions: Mapping[K, tuple[int, str | None]], now_ms: int, hold_s: float = ANALYTICS_HOLD_SECONDS
+) -> dict[K, int]:
     """Per partition asked (any key: a partition, or a topic and partition), the offset the
     analytics job reads next, from its group's committed offsets (offset, metadata = the epoch
     ms it committed at; offset -1 when it has none). Only recent positions hold records back.
@@ -47,8 +48,9 @@ def analytics_floor(positions: Mapping[K, tuple[int, str | None]], now_ms: int,
     return {key: recent.get(key, 0) for key in positions}
 
 
-def recent_positions(positions: Mapping[K, tuple[int, str | None]], now_ms: int,
-                     hold_s: float = ANALYTICS_HOLD_SECONDS) -> dict[K, int]:
+def recent_positions(
+    positions: Mapping[K, tuple[int, str | None]], now_ms: int, hold_s: float = ANALYTICS_HOLD_SECONDS
+) -> dict[K, int]:
     """The positions (offset, metadata = the epoch ms it committed at) committed within `hold_s`
     (and not stamped in the future past the clocks' skew)."""
     recent = {}
@@ -71,8 +73,9 @@ def lowest(*floors: Mapping[int, int] | None) -> dict[int, int]:
     return out
 
 
-def reclaim_points(starts: Mapping[int, int], committed: Mapping[int, int | None],
-                   keep_from: Mapping[int, int] | None = None) -> dict[int, int]:
+def reclaim_points(
+    starts: Mapping[int, int], committed: Mapping[int, int | None], keep_from: Mapping[int, int] | None = None
+) -> dict[int, int]:
     """Per partition, the offset to delete records below, for the partitions where it is above
     the log start: the committed offset, lowered to `keep_from` (the first record a retained
     conversation still needs). A partition without a commit keeps everything."""
@@ -86,4 +89,3 @@ def reclaim_points(starts: Mapping[int, int], committed: Mapping[int, int | None
         if upto > start:
             points[partition] = upto
     return points
-

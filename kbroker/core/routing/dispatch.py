@@ -110,8 +110,9 @@ class Inbox:
         self.buffered: list[Buffered] = []
         self.max_buffered = max_buffered
 
-    def offer(self, key: str, sequence: int, now: float, ref: Any,
-              follows: int | None = None) -> tuple[list[Any], DropReason | None]:
+    def offer(
+        self, key: str, sequence: int, now: float, ref: Any, follows: int | None = None
+    ) -> tuple[list[Any], DropReason | None]:
         """(refs to save now in order, why `ref` was dropped or None). `follows`: the sender's
         declared predecessor (None when it declared none: only the expected number is in line)."""
         nxt = self.expected.get(key, 0)
@@ -126,8 +127,10 @@ class Inbox:
         nxt = sequence + 1
         while True:
             mine = [b for b in self.buffered if b.conversation == key]
-            ahead = sorted((b for b in mine if b.sequence >= nxt and next_in_line(b.sequence, b.follows, nxt)),
-                           key=lambda b: b.sequence)
+            ahead = sorted(
+                (b for b in mine if b.sequence >= nxt and next_in_line(b.sequence, b.follows, nxt)),
+                key=lambda b: b.sequence,
+            )
             if not ahead:
                 break
             taken = ahead[0]
@@ -169,8 +172,10 @@ def declared_follows(headers: Iterable[tuple[str, bytes]]) -> int | None:
 
 def gap_status(expected: int, sequence: int) -> str:
     """What the sender of a message that waits for an earlier one is told (its transmission_status)."""
-    return (f"The far side expects message {expected} of this dialog next; message {sequence} waits for it "
-            f"(sent again until the earlier one arrives).")
+    return (
+        f"The far side expects message {expected} of this dialog next; message {sequence} waits for it "
+        f"(sent again until the earlier one arrives)."
+    )
 
 
 def describe_drops(dropped: Iterable[tuple[Buffered, DropReason]], expected: Mapping[str, int]) -> dict[str, str]:

@@ -34,12 +34,19 @@ class Forwarded:
     record: Any = field(default=None, repr=False, compare=False)
 
     def row(self, now: float) -> dict[str, Any]:
-        return {"conversation_id": self.conversation_id, "is_initiator": self.is_initiator,
-                "to_service_name": self.to_service, "from_service_name": self.from_service,
-                "from_broker_instance": self.from_broker, "adjacent_broker_address": self.destination,
-                "message_sequence_number": self.sequence, "message_id": self.message_id,
-                "size": self.size, "time_consumed": round(now - self.arrived, 3),
-                "time_to_live": round(max(0.0, self.arrived + FORWARD_STALE_AFTER - now), 3)}
+        return {
+            "conversation_id": self.conversation_id,
+            "is_initiator": self.is_initiator,
+            "to_service_name": self.to_service,
+            "from_service_name": self.from_service,
+            "from_broker_instance": self.from_broker,
+            "adjacent_broker_address": self.destination,
+            "message_sequence_number": self.sequence,
+            "message_id": self.message_id,
+            "size": self.size,
+            "time_consumed": round(now - self.arrived, 3),
+            "time_to_live": round(max(0.0, self.arrived + FORWARD_STALE_AFTER - now), 3),
+        }
 
 
 class ForwardQueue:

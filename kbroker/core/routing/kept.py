@@ -20,12 +20,29 @@ from kbroker.core.records import Record
 ROUTING_RECORD_REFUSED = "ROUTING_RECORD_REFUSED"
 
 
-def kept(namespace: str, record: ConsumedRecord, reason: str, reader: str, *, sender: str | None = None,
-         now_ms: int | None = None) -> list[Record]:
+def kept(
+    namespace: str,
+    record: ConsumedRecord,
+    reason: str,
+    reader: str,
+    *,
+    sender: str | None = None,
+    now_ms: int | None = None,
+) -> list[Record]:
     """(the record's dead letter, the event naming it) in `namespace`; `reader` is who refused
     it (dispatcher, transmitter, ...), `sender` the namespace it claimed to come from."""
-    event = {"event": ROUTING_RECORD_REFUSED, "namespace": namespace, "reader": reader, "topic": record.topic(),
-             "partition": record.partition(), "offset": record.offset(), "claimed_sender": sender,
-             "reason": reason, "time": now_ms if now_ms is not None else int(time.time() * 1000)}
-    return [dead_letter_record(namespace, record, f"{reader} refused a routing record: {reason}"),
-            (names.events_topic(namespace), str(record.topic()).encode(), orjson.dumps(event), None)]
+    event = {
+        "event": ROUTING_RECORD_REFUSED,
+        "namespace": namespace,
+        "reader": reader,
+        "topic": record.topic(),
+        "partition": record.partition(),
+        "offset": record.offset(),
+        "claimed_sender": sender,
+        "reason": reason,
+        "time": now_ms if now_ms is not None else int(time.time() * 1000),
+    }
+    return [
+        dead_letter_record(namespace, record, f"{reader} refused a routing record: {reason}"),
+        (names.events_topic(namespace), str(record.topic()).encode(), orjson.dumps(event), None),
+    ]

@@ -46,11 +46,20 @@ class Link:
         del self.history[:-HISTORY]
 
     def row(self, now: float) -> dict[str, Any]:
-        return {"destination": self.destination, "state": self.state, "connect_time": self.connect_time,
-                "last_activity_time": self.last_activity or None, "suppressed_for": max(0.0, self.suppressed_until - now),
-                "failures": self.failures, "attempts": self.attempts, "total_sends": self.sends,
-                "total_acks": self.acks, "total_bytes": self.bytes_sent, "last_error": self.last_error or None,
-                "history": [[t, e] for t, e in self.history]}
+        return {
+            "destination": self.destination,
+            "state": self.state,
+            "connect_time": self.connect_time,
+            "last_activity_time": self.last_activity or None,
+            "suppressed_for": max(0.0, self.suppressed_until - now),
+            "failures": self.failures,
+            "attempts": self.attempts,
+            "total_sends": self.sends,
+            "total_acks": self.acks,
+            "total_bytes": self.bytes_sent,
+            "last_error": self.last_error or None,
+            "history": [[t, e] for t, e in self.history],
+        }
 
 
 class Links:
@@ -109,8 +118,11 @@ class Links:
 
     def idle(self, now: float, busy: set[str]) -> list[str]:
         """Connected destinations with nothing waiting and no activity for 90 s: to close."""
-        return [d for d, link in self.links.items()
-                if link.state == CONNECTED and d not in busy and now - link.last_activity >= self.idle_close]
+        return [
+            d
+            for d, link in self.links.items()
+            if link.state == CONNECTED and d not in busy and now - link.last_activity >= self.idle_close
+        ]
 
     def closed(self, destination: str, now: float | None = None) -> None:
         """Closed for being idle: the next message opens it again, with no suppression."""

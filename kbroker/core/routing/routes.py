@@ -65,8 +65,7 @@ def is_expired(route: Route, now: float) -> bool:
     return at is not None and now >= at
 
 
-def match_route(routes: Iterable[Route], service: str, broker_instance: str | None,
-                now: float) -> Route | None:
+def match_route(routes: Iterable[Route], service: str, broker_instance: str | None, now: float) -> Route | None:
     """The route a dialog to `service` takes (see the module for the rules); None when no route
     matches, as when every route has expired."""
     best: tuple[tuple[int, int, int, str], Route] | None = None
@@ -77,8 +76,7 @@ def match_route(routes: Iterable[Route], service: str, broker_instance: str | No
     return best[1] if best else None
 
 
-def _rank(route: Route, service: str, broker_instance: str | None,
-          now: float) -> tuple[int, int, int, str] | None:
+def _rank(route: Route, service: str, broker_instance: str | None, now: float) -> tuple[int, int, int, str] | None:
     # Smaller is better; None: the route does not match at all.
     if is_expired(route, now):
         return None
@@ -90,8 +88,9 @@ def _rank(route: Route, service: str, broker_instance: str | None,
     unnamed_service = int(route.service_name is None)
     # Dialog names an instance: a route naming it (the only instance left) ranks first. Dialog
     # names none: a route naming none ranks first.
-    instance = int(route.broker_instance is None) if broker_instance is not None \
-        else int(route.broker_instance is not None)
+    instance = (
+        int(route.broker_instance is None) if broker_instance is not None else int(route.broker_instance is not None)
+    )
     return transport, unnamed_service, instance, route.name
 
 
@@ -142,8 +141,9 @@ def stamp_routes(catalog: Catalog, published: Mapping[str, Route], now: float) -
     routes: dict[str, Route] = {}
     for name, route in catalog.routes.items():
         old = published.get(name)
-        same = old is not None and old.model_copy(update={"created_at": None}) \
-            == route.model_copy(update={"created_at": None})
+        same = old is not None and old.model_copy(update={"created_at": None}) == route.model_copy(
+            update={"created_at": None}
+        )
         # A route published before apply stamped routes has no created_at: stamp it once now,
         # or its lifetime would never start.
         created = old.created_at if same and old is not None and old.created_at is not None else now

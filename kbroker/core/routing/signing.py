@@ -59,8 +59,9 @@ def payload(key: bytes | None, value: bytes | None, headers: RawHeaders) -> byte
     return b"".join(parts)
 
 
-def sign(private_key: Ed25519PrivateKey, key: bytes, value: bytes | None, headers: list[tuple[str, bytes]],
-         now: float) -> list[tuple[str, bytes]]:
+def sign(
+    private_key: Ed25519PrivateKey, key: bytes, value: bytes | None, headers: list[tuple[str, bytes]], now: float
+) -> list[tuple[str, bytes]]:
     """`headers` with the signing time and the signature added (any earlier ones replaced)."""
     hs = [(n, v) for n, v in headers if n not in (H_SIG, H_SIG_AT)] + [(H_SIG_AT, str(int(now * 1000)).encode())]
     sig = private_key.sign(payload(key, value, hs))
@@ -74,9 +75,15 @@ def _header(headers: RawHeaders, name: str) -> bytes:
     return found[0] or b""
 
 
-def verified(key: bytes | None, value: bytes | None, headers: RawHeaders | None, *,
-             public_key: Callable[[str], Ed25519PublicKey | None], now: float,
-             max_age: float = MAX_AGE) -> Envelope:
+def verified(
+    key: bytes | None,
+    value: bytes | None,
+    headers: RawHeaders | None,
+    *,
+    public_key: Callable[[str], Ed25519PublicKey | None],
+    now: float,
+    max_age: float = MAX_AGE,
+) -> Envelope:
     """The envelope of an inbound record whose sender is proven, or RecordRefused saying why:
     not a kbroker message, no sending namespace, keyed for another direction, unsigned, signed
     too long ago, by an unknown namespace or by a key that is not the one of the namespace it

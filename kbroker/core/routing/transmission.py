@@ -65,8 +65,9 @@ def read_ack(value: bytes | None) -> dict[str, Any]:
         raise MalformedRecord(f"an acknowledgement's next sequence number is {nxt!r}")
     if status is not None and not isinstance(status, str):
         raise MalformedRecord("an acknowledgement's status is not text")
-    if error is not None and not (isinstance(error, dict) and type(error.get("code")) is int
-                                  and isinstance(error.get("description", ""), str)):
+    if error is not None and not (
+        isinstance(error, dict) and type(error.get("code")) is int and isinstance(error.get("description", ""), str)
+    ):
         raise MalformedRecord("an acknowledgement's error is not {code, description}")
     return ack
 
@@ -99,14 +100,24 @@ class Outgoing:
 
     def row(self) -> dict[str, Any]:
         """The sys.transmission_queue row of this message."""
-        return {"conversation_handle": self.handle, "conversation_id": self.conversation_id,
-                "to_service_name": self.to_service, "to_broker_instance": self.to_broker,
-                "from_service_name": self.from_service, "service_contract_name": self.contract,
-                "enqueue_time": self.enqueued, "message_sequence_number": self.sequence,
-                "message_type_name": self.message_type, "is_end_of_dialog": self.message_type.endswith("/EndDialog"),
-                "is_conversation_error": self.message_type.endswith("/Error"),
-                "transmission_status": self.status, "destination": self.destination,
-                "attempts": self.attempts, "partition": self.partition, "offset": self.offset}
+        return {
+            "conversation_handle": self.handle,
+            "conversation_id": self.conversation_id,
+            "to_service_name": self.to_service,
+            "to_broker_instance": self.to_broker,
+            "from_service_name": self.from_service,
+            "service_contract_name": self.contract,
+            "enqueue_time": self.enqueued,
+            "message_sequence_number": self.sequence,
+            "message_type_name": self.message_type,
+            "is_end_of_dialog": self.message_type.endswith("/EndDialog"),
+            "is_conversation_error": self.message_type.endswith("/Error"),
+            "transmission_status": self.status,
+            "destination": self.destination,
+            "attempts": self.attempts,
+            "partition": self.partition,
+            "offset": self.offset,
+        }
 
 
 @dataclass(frozen=True)
@@ -260,7 +271,8 @@ class TransmissionQueue:
             m.stall_noted = True
             if not m.lasting_status:
                 m.status = m.lasting_status = (
-                    f"No acknowledgement from {m.destination} after {m.attempts} send(s) in {now - m.first_sent:.0f} s.")
+                    f"No acknowledgement from {m.destination} after {m.attempts} send(s) in {now - m.first_sent:.0f} s."
+                )
             out.append(m)
         return out
 

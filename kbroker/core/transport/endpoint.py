@@ -47,7 +47,9 @@ def model_name(value: str) -> str:
     try:
         return _MODEL_NAMES[str(value).strip().lower()]
     except KeyError:
-        raise ValueError(f"concurrency model {value!r} is not one of fixed (pre-2.0), ramp (2.1), monitor (3.0)") from None
+        raise ValueError(
+            f"concurrency model {value!r} is not one of fixed (pre-2.0), ramp (2.1), monitor (3.0)"
+        ) from None
 
 
 def default_machine() -> str:
@@ -106,12 +108,19 @@ class InstallPlan:
     satellite: bool = False
 
 
-def install_plan(name: str, machine: str | None, *, secondary: bool = True,
-                 partitions: int = PRIMARY_PARTITIONS, satellite: bool = False) -> InstallPlan:
+def install_plan(
+    name: str,
+    machine: str | None,
+    *,
+    secondary: bool = True,
+    partitions: int = PRIMARY_PARTITIONS,
+    satellite: bool = False,
+) -> InstallPlan:
     """The primary queue and, for a machine, its secondary queue (as NServiceBus installers
     create the tables when an instance first starts)."""
-    settings = TransportSettings(name, machine or "installer", secondary=secondary and machine is not None,
-                                satellite=satellite)
+    settings = TransportSettings(
+        name, machine or "installer", secondary=secondary and machine is not None, satellite=satellite
+    )
     queues = [(settings.primary_queue, partitions)]
     if settings.secondary_queue is not None:
         queues.append((settings.secondary_queue, SECONDARY_PARTITIONS))

@@ -36,7 +36,7 @@ def holder_of(transactional_ids: tuple[str, ...], namespace: str) -> str:
     keys = []
     for tid in transactional_ids[:MAX_IDS]:
         try:
-            keys.append(uuid.UUID(tid[len(prefix):]).hex if tid.startswith(prefix) else None)
+            keys.append(uuid.UUID(tid[len(prefix) :]).hex if tid.startswith(prefix) else None)
         except ValueError:
             continue
     return ",".join(k for k in keys if k)

@@ -74,7 +74,7 @@ class _Reader:
     def take(self, n: int) -> bytes:
         if n < 0 or self.at + n > len(self.data):
             raise TxnLogFormatError(f"record ends early (wanted {n} bytes at {self.at} of {len(self.data)})")
-        out = self.data[self.at:self.at + n]
+        out = self.data[self.at : self.at + n]
         self.at += n
         return out
 

@@ -35,16 +35,24 @@ class EventsReader:
     are positioned, so an event written after it is never skipped. Kafka errors that do not stop
     the reading are reported to `on_error` as text."""
 
-    def __init__(self, cluster: ClusterLike, namespace: str, group: str, *,
-                 on_ready: Callable[[], None] = lambda: None,
-                 on_error: Callable[[str], None] = lambda _text: None):
+    def __init__(
+        self,
+        cluster: ClusterLike,
+        namespace: str,
+        group: str,
+        *,
+        on_ready: Callable[[], None] = lambda: None,
+        on_error: Callable[[str], None] = lambda _text: None,
+    ):
         """Raises BrokerUnavailableError when no broker answers, CatalogError when the topic
         does not exist."""
         self.topic = names.events_topic(namespace)
         self._on_ready, self._on_error = on_ready, on_error
-        self._consumer = clients.consumer(cluster, group, **{
-            "auto.offset.reset": "latest", "session.timeout.ms": 10_000,
-            "partition.assignment.strategy": "range"})
+        self._consumer = clients.consumer(
+            cluster,
+            group,
+            **{"auto.offset.reset": "latest", "session.timeout.ms": 10_000, "partition.assignment.strategy": "range"},
+        )
         try:
             meta = self._consumer.list_topics(self.topic, timeout=10)
         except KafkaException as exc:
@@ -53,8 +61,9 @@ class EventsReader:
         t = meta.topics.get(self.topic)
         if t is None or t.error is not None:
             self._consumer.close()
-            raise CatalogError(f"topic {self.topic} does not exist: run 'kbroker apply' for namespace "
-                               f"{namespace!r} first")
+            raise CatalogError(
+                f"topic {self.topic} does not exist: run 'kbroker apply' for namespace {namespace!r} first"
+            )
 
     def subscribe(self) -> None:
         """Join the group; partitions arrive (and `on_ready` is called) during `read`."""

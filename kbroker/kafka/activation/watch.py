@@ -38,8 +38,16 @@ class QueueWatcher:
     """One queue's counts. `clients`: the process's shared counting clients (the worker's); a
     watcher given none makes its own and closes them with itself."""
 
-    def __init__(self, cluster: ClusterLike, namespace: str, queue: str, *, scan_cap: int = 2000,
-                 deep_rescan: float = 5.0, clients: CountingClients | None = None):
+    def __init__(
+        self,
+        cluster: ClusterLike,
+        namespace: str,
+        queue: str,
+        *,
+        scan_cap: int = 2000,
+        deep_rescan: float = 5.0,
+        clients: CountingClients | None = None,
+    ):
         self.queue = queue
         self._deep_rescan, self._scanned_at = deep_rescan, 0.0
         self.topic = names.queue_topic(namespace, queue)
@@ -84,8 +92,11 @@ class QueueWatcher:
         todo = {p for p, (b, h) in bases.items() if h > b}
         backlog, keys, exact = 0, set(), True
         upper = sum(h - b for b, h in bases.values())
-        if upper > 2 * self._scan_cap and self._last is not None and \
-                time.monotonic() - self._scanned_at < self._deep_rescan:
+        if (
+            upper > 2 * self._scan_cap
+            and self._last is not None
+            and time.monotonic() - self._scanned_at < self._deep_rescan
+        ):
             # A deep backlog moving: its groups were counted less than `deep_rescan` ago; between
             # counts, report the offsets' bound and spare a reader's share of the CPU.
             result = QueueCounts(upper, self._last.ready_groups, received, False)

@@ -57,8 +57,14 @@ class ResultsWriter:
         if self._producer is None or self._producer.abandoned:
             tid = names.analytics_transactional_id(self.namespace)
             try:
-                self._producer = started_for(self.cluster, clients.idempotent_producer(
-                    self.cluster, **{"transactional.id": tid, "transaction.timeout.ms": 60000}), tid, self.timeout)
+                self._producer = started_for(
+                    self.cluster,
+                    clients.idempotent_producer(
+                        self.cluster, **{"transactional.id": tid, "transaction.timeout.ms": 60000}
+                    ),
+                    tid,
+                    self.timeout,
+                )
             except (KafkaException, CallDeadlineExceeded) as exc:
                 raise BrokerUnavailableError(f"the analytics job's producer could not start: {reason(exc)}") from None
         return self._producer
@@ -75,13 +81,19 @@ class ResultsWriter:
             topics = admin.list_topics(timeout=self.timeout).topics
         except KafkaException as exc:
             raise BrokerUnavailableError(f"cannot list the queue topics: {exc.args[0]}") from None
-        tps = [TopicPartition(t, p) for t, meta in sorted(topics.items()) if t.startswith(head)
-               for p in sorted(meta.partitions)]
+        tps = [
+            TopicPartition(t, p)
+            for t, meta in sorted(topics.items())
+            if t.startswith(head)
+            for p in sorted(meta.partitions)
+        ]
         if not tps:
             return 0
         read = committed_offsets(self.cluster, names.analytics_group(self.namespace), tps, self.timeout, stable=False)
-        recent = recent_positions({(tp.topic, tp.partition): (tp.offset, tp.metadata) for tp in read
-                                   if tp.error is None}, int(time.time() * 1000))
+        recent = recent_positions(
+            {(tp.topic, tp.partition): (tp.offset, tp.metadata) for tp in read if tp.error is None},
+            int(time.time() * 1000),
+        )
         positions: dict[tuple[str, int], int] = {}
         for topic in sorted({tp.topic for tp in tps}):
             unheld = [tp for tp in tps if tp.topic == topic and (topic, tp.partition) not in recent]
@@ -91,21 +103,33 @@ class ResultsWriter:
         self.write([], [], positions)
         return len(positions)
 
-    def write(self, analytics: list[tuple[str, dict[str, Any]]], commands: list[tuple[str, dict[str, Any]]],
-              positions: dict[tuple[str, int], int] | None = None) -> None:
+    def write(
+        self,
+        analytics: list[tuple[str, dict[str, Any]]],
+        commands: list[tuple[str, dict[str, Any]]],
+        positions: dict[tuple[str, int], int] | None = None,
+    ) -> None:
         """One batch's records, and `positions` ((topic, partition) -> the next offset the job
         reads) as the analytics group's committed offsets, in one transaction."""
         if not analytics and not commands and not positions:
             return
-        records: list[Record] = [(topic, key.encode(), orjson.dumps(value), None)
-                                 for topic, batch in ((names.analytics_topic(self.namespace), analytics),
-                                                      (names.control_topic(self.namespace), commands))
-                                 for key, value in batch]
+        records: list[Record] = [
+            (topic, key.encode(), orjson.dumps(value), None)
+            for topic, batch in (
+                (names.analytics_topic(self.namespace), analytics),
+                (names.control_topic(self.namespace), commands),
+            )
+            for key, value in batch
+        ]
         offsets = []
         if positions:
             at = str(int(time.time() * 1000))
-            offsets = [([TopicPartition(t, part, o, metadata=at) for (t, part), o in sorted(positions.items())],
-                        self._group.consumer_group_metadata())]
+            offsets = [
+                (
+                    [TopicPartition(t, part, o, metadata=at) for (t, part), o in sorted(positions.items())],
+                    self._group.consumer_group_metadata(),
+                )
+            ]
         producer = self._ready()
         try:
             transact(producer, records, offsets, Deadline(self.timeout), self.timeout)
@@ -114,12 +138,17 @@ class ResultsWriter:
             # same id) fences this one and ends its transaction, committed or not.
             producer.abandon()
             if failed.error is not None and denied_code(failed.error):  # it would fail again: not retriable
-                raise clients.denied(self.cluster, failed.error, "writing the analytics results",
-                                     topic=("WRITE", f"{names.analytics_topic(self.namespace)} or "
-                                                     f"{names.control_topic(self.namespace)}"),
-                                     group=("READ", names.analytics_group(self.namespace)),
-                                     transactional_id=("WRITE", names.analytics_transactional_id(self.namespace))
-                                     ) from None
+                raise clients.denied(
+                    self.cluster,
+                    failed.error,
+                    "writing the analytics results",
+                    topic=(
+                        "WRITE",
+                        f"{names.analytics_topic(self.namespace)} or {names.control_topic(self.namespace)}",
+                    ),
+                    group=("READ", names.analytics_group(self.namespace)),
+                    transactional_id=("WRITE", names.analytics_transactional_id(self.namespace)),
+                ) from None
             raise BrokerUnavailableError(f"writing the analytics results failed: {failed.reason}") from None
 
     def close(self) -> None:
@@ -153,16 +182,26 @@ class ProgressPublisher:
         rows = []
         for c in sorted(committed, key=lambda tp: tp.partition):
             pos = c.offset if c.error is None and c.offset >= 0 else None
-            rows.append({"partition": c.partition, "committed": pos,
-                         "completed": sorted(decode_completed(pos, c.metadata)) if pos is not None else []})
+            rows.append(
+                {
+                    "partition": c.partition,
+                    "committed": pos,
+                    "completed": sorted(decode_completed(pos, c.metadata)) if pos is not None else [],
+                }
+            )
         return {"queue": queue, "at": int(time.time() * 1000), "partitions": rows}
 
     def publish(self, snapshots: list[dict[str, Any]], timeout: float) -> None:
         topic = names.progress_topic(self.namespace)
         until = time.monotonic() + timeout
         for snap in snapshots:
-            clients.produce(self._producer, topic, key=snap["queue"].encode(), value=orjson.dumps(snap),
-                            until=lambda: time.monotonic() >= until)
+            clients.produce(
+                self._producer,
+                topic,
+                key=snap["queue"].encode(),
+                value=orjson.dumps(snap),
+                until=lambda: time.monotonic() >= until,
+            )
         left = self._producer.flush(max(0.1, until - time.monotonic()))
         if left:
             raise kafka_error("publishing receive progress", KafkaError(KafkaError._TIMED_OUT))

@@ -21,13 +21,16 @@ from kbroker.kafka.snapshot import latest_records, reading_consumer, topic_parti
 WINDOWS_KEPT = 60  # per queue, the newest windows the follower keeps (an hour at the default 60 s)
 
 
-def dialog_rows(cluster: ClusterLike, namespace: str, klass: str | None = None,
-                timeout: float = 10.0) -> list[dict[str, Any]]:
+def dialog_rows(
+    cluster: ClusterLike, namespace: str, klass: str | None = None, timeout: float = 10.0
+) -> list[dict[str, Any]]:
     """Every dialog's latest classification (of class `klass` when given), sorted by queue and
     dialog; empty when no analytics job has written any. `oldest_age_s` is the age now."""
     rows = []
     now_ms = int(time.time() * 1000)
-    rejects = Rejects(cluster, namespace, "dialogs view", record=False, scanned=True)  # the worker's 5th-tick scan records them
+    rejects = Rejects(
+        cluster, namespace, "dialogs view", record=False, scanned=True
+    )  # the worker's 5th-tick scan records them
     topic = names.analytics_topic(namespace)
     for msg in (latest_records(cluster, topic, timeout) or {}).values():
         try:
@@ -114,6 +117,3 @@ class AnalyticsFollower:
 
     def close(self) -> None:
         self._consumer.close()
-
-
-

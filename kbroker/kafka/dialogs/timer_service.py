@@ -42,8 +42,15 @@ class TimerService:
     """Fires due timers of the namespace. Run one or more per cluster (the worker runs one);
     they share the timers topic's partitions."""
 
-    def __init__(self, cluster: ClusterLike, namespace: str, *, poll_interval: float = 0.25,
-                 endpoints: EndpointStore | None = None, guard: FailureSink | None = None):
+    def __init__(
+        self,
+        cluster: ClusterLike,
+        namespace: str,
+        *,
+        poll_interval: float = 0.25,
+        endpoints: EndpointStore | None = None,
+        guard: FailureSink | None = None,
+    ):
         """`endpoints`: a store to share (the worker's Broker has one); else the service reads
         the endpoints topic with a store of its own."""
         self.namespace = namespace
@@ -58,11 +65,13 @@ class TimerService:
         self._thread: threading.Thread | None = None
         self.denied: BaseException | None = None  # the authorizer's refusal that stopped it
         group = names.timers_group(namespace)
-        self._consumer = clients.consumer(cluster, group, **{
-            "session.timeout.ms": 10_000, "partition.assignment.strategy": "range"})
+        self._consumer = clients.consumer(
+            cluster, group, **{"session.timeout.ms": 10_000, "partition.assignment.strategy": "range"}
+        )
         self._cluster = Cluster.of(cluster)
-        self._reading_refused = clients.reading_refused(self._cluster, "the timer service reading the timers topic",
-                                                        self.topic, group)
+        self._reading_refused = clients.reading_refused(
+            self._cluster, "the timer service reading the timers topic", self.topic, group
+        )
         # One transactional id for the service's life: a producer made after a fatal error
         # fences the old one (and aborts its open transaction) instead of waiting it out.
         self._transactional_id = f"{group}.{uuid.uuid4()}"
@@ -74,15 +83,22 @@ class TimerService:
     def _new_producer(self) -> GuardedProducer:
         """A producer under the service's transactional id (fencing any earlier one, whose open
         transaction the coordinator then aborts), initialised within kbroker's deadline."""
-        return started_for(self._cluster, clients.idempotent_producer(self._cluster, **{
-            "transactional.id": self._transactional_id, "transaction.timeout.ms": 10_000,
-            "retry.backoff.ms": 5}), self._transactional_id, 30)
+        return started_for(
+            self._cluster,
+            clients.idempotent_producer(
+                self._cluster,
+                **{"transactional.id": self._transactional_id, "transaction.timeout.ms": 10_000, "retry.backoff.ms": 5},
+            ),
+            self._transactional_id,
+            30,
+        )
 
     # --- the loop ------------------------------------------------------------------------------
 
     def start(self) -> "TimerService":
-        self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                 on_lost=self._on_revoke)
+        self._consumer.subscribe(
+            [self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
+        )
         self._thread = threading.Thread(target=self._run, name="kbroker-timers", daemon=True)
         self._thread.start()
         return self
@@ -102,8 +118,9 @@ class TimerService:
         wait = self._poll_interval if nxt is None else min(self._poll_interval, max(nxt - time.time(), 0.0))
         # At once when a record comes: a timer armed for sooner than `wait` fires on time.
         batch = clients.consume_soon(self._consumer, 500, wait)
-        for msg in messages.records(batch, lambda err: log.warning("timers topic: %s", err),
-                                    refused=self._reading_refused):
+        for msg in messages.records(
+            batch, lambda err: log.warning("timers topic: %s", err), refused=self._reading_refused
+        ):
             try:  # anyone who may write the topic may write anything: set aside, never fired
                 key = timer_key_of(msg.key(), msg.value())
                 value = None if msg.value() is None else timer_value(self.namespace, msg.value())
@@ -151,17 +168,21 @@ class TimerService:
             if aborted(self._producer, FIRE_SECONDS):
                 return False
             action = Action.REPLACE
-        self._producer = replace_producer(self._producer, self._new_producer, self._stop,
-                                          lambda exc: report(self._guard, COMPONENT, exc, log))
+        self._producer = replace_producer(
+            self._producer, self._new_producer, self._stop, lambda exc: report(self._guard, COMPONENT, exc, log)
+        )
         if action is Action.REPLACE or not positions or self._stop.is_set():
             return False
         try:
-            found = self._consumer.committed([TopicPartition(tp.topic, tp.partition) for tp in positions],
-                                             timeout=FIRE_SECONDS)
+            found = self._consumer.committed(
+                [TopicPartition(tp.topic, tp.partition) for tp in positions], timeout=FIRE_SECONDS
+            )
         except KafkaException:
             return False
-        return committed_by_offsets([(tp.topic, tp.partition, tp.offset, tp.metadata) for tp in positions],
-                                    [(tp.topic, tp.partition, tp.offset, tp.metadata) for tp in found])
+        return committed_by_offsets(
+            [(tp.topic, tp.partition, tp.offset, tp.metadata) for tp in positions],
+            [(tp.topic, tp.partition, tp.offset, tp.metadata) for tp in found],
+        )
 
     def close(self) -> None:
         self._stop.set()

@@ -54,8 +54,12 @@ _lock = threading.Lock()
 
 def classic_settings(session_ms: int = CLASSIC_SESSION_TIMEOUT_MS) -> dict[str, Any]:
     session = int(os.environ.get("KBROKER_QUEUE_SESSION_TIMEOUT_MS", session_ms))
-    return {"group.protocol": "classic", "partition.assignment.strategy": "cooperative-sticky",
-            "session.timeout.ms": session, "heartbeat.interval.ms": max(100, session // 10)}
+    return {
+        "group.protocol": "classic",
+        "partition.assignment.strategy": "cooperative-sticky",
+        "session.timeout.ms": session,
+        "heartbeat.interval.ms": max(100, session // 10),
+    }
 
 
 def _config_values(cluster: Cluster, resources: list[ConfigResource], name: str) -> list[int] | None:
@@ -76,8 +80,9 @@ def brokers_min_session_ms(cluster: Cluster) -> int | None:
         brokers = clients.broker_nodes(clients.admin(cluster), DEADLINE)
     except Exception:  # noqa: BLE001 - no broker answers: not known
         return None
-    values = _config_values(cluster, [ConfigResource(ResourceType.BROKER, str(b.id)) for b in brokers],
-                            "group.min.session.timeout.ms")
+    values = _config_values(
+        cluster, [ConfigResource(ResourceType.BROKER, str(b.id)) for b in brokers], "group.min.session.timeout.ms"
+    )
     return max(values) if values else None
 
 
@@ -92,11 +97,15 @@ def classic_session_ms(cluster: Cluster) -> int:
         chosen = FAST_CLASSIC_SESSION_MS
     else:
         chosen = CLASSIC_SESSION_TIMEOUT_MS
-        log.warning("queue groups keep a %d s session time-out: a killed reader's partitions wait that long for "
-                    "a new owner, not %d s. The brokers' group.min.session.timeout.ms is %s; set it to %d or less "
-                    "(or KBROKER_QUEUE_SESSION_TIMEOUT_MS within it)", chosen // 1000, FAST_CLASSIC_SESSION_MS // 1000,
-                    "unreadable here (no DESCRIBE_CONFIGS on the cluster?)" if least is None else f"{least} ms",
-                    FAST_CLASSIC_SESSION_MS)
+        log.warning(
+            "queue groups keep a %d s session time-out: a killed reader's partitions wait that long for "
+            "a new owner, not %d s. The brokers' group.min.session.timeout.ms is %s; set it to %d or less "
+            "(or KBROKER_QUEUE_SESSION_TIMEOUT_MS within it)",
+            chosen // 1000,
+            FAST_CLASSIC_SESSION_MS // 1000,
+            "unreadable here (no DESCRIBE_CONFIGS on the cluster?)" if least is None else f"{least} ms",
+            FAST_CLASSIC_SESSION_MS,
+        )
     with _lock:
         _classic_session[cluster.bootstrap] = chosen
     return chosen
@@ -104,10 +113,14 @@ def classic_session_ms(cluster: Cluster) -> int:
 
 def group_config() -> list[ConfigEntry]:
     """The queue group's configs for a fast failover under the consumer protocol."""
-    return [ConfigEntry("consumer.session.timeout.ms", str(SESSION_TIMEOUT_MS),
-                        incremental_operation=AlterConfigOpType.SET),
-            ConfigEntry("consumer.heartbeat.interval.ms", str(HEARTBEAT_INTERVAL_MS),
-                        incremental_operation=AlterConfigOpType.SET)]
+    return [
+        ConfigEntry(
+            "consumer.session.timeout.ms", str(SESSION_TIMEOUT_MS), incremental_operation=AlterConfigOpType.SET
+        ),
+        ConfigEntry(
+            "consumer.heartbeat.interval.ms", str(HEARTBEAT_INTERVAL_MS), incremental_operation=AlterConfigOpType.SET
+        ),
+    ]
 
 
 def set_group_config(cluster: Cluster, group: str) -> str | None:
@@ -117,8 +130,11 @@ def set_group_config(cluster: Cluster, group: str) -> str | None:
     admin = clients.admin(cluster)
     why = _alter(admin, group, group_config())
     if why is None:
-        _alter(admin, group, [ConfigEntry("consumer.assignment.interval.ms", "0",
-                                          incremental_operation=AlterConfigOpType.SET)])
+        _alter(
+            admin,
+            group,
+            [ConfigEntry("consumer.assignment.interval.ms", "0", incremental_operation=AlterConfigOpType.SET)],
+        )
     return why
 
 
@@ -158,10 +174,14 @@ def group_settings(cluster: Cluster, group: str) -> dict[str, Any]:
         chosen: dict[str, Any] = {"group.protocol": "consumer"}
     else:
         chosen = classic_settings(classic_session_ms(cluster))
-        log.warning("queue group %s keeps the classic group protocol: setting its consumer.session.timeout.ms "
-                    "failed (%s); on a Kafka 4 cluster whose group.consumer.min.session.timeout.ms is <= %d, "
-                    "grant ALTER_CONFIGS on the group or set it there with kafka-configs.sh",
-                    group, why, SESSION_TIMEOUT_MS)
+        log.warning(
+            "queue group %s keeps the classic group protocol: setting its consumer.session.timeout.ms "
+            "failed (%s); on a Kafka 4 cluster whose group.consumer.min.session.timeout.ms is <= %d, "
+            "grant ALTER_CONFIGS on the group or set it there with kafka-configs.sh",
+            group,
+            why,
+            SESSION_TIMEOUT_MS,
+        )
     with _lock:
         _chosen[key] = chosen
     return chosen

@@ -51,17 +51,25 @@ class OpenTransactionFence:
         try:
             committed = group_offsets(self._reader, waiting, FENCE_TIMEOUT)
         except KafkaException as exc:
-            log.warning("committed offsets of %s not read to find an open transaction's holder (%s)",
-                        self._group, reason(exc))
+            log.warning(
+                "committed offsets of %s not read to find an open transaction's holder (%s)", self._group, reason(exc)
+            )
             return ()
         now = time.monotonic()
         ids = [tid for tp in committed if tp.error is None for tid in holder_ids(tp.metadata, self._namespace)]
-        due = tuple(tid for tid in dict.fromkeys(ids)
-                    if tid not in self._own and now - self._fenced.get(tid, float("-inf")) >= REFENCE_AFTER)
+        due = tuple(
+            tid
+            for tid in dict.fromkeys(ids)
+            if tid not in self._own and now - self._fenced.get(tid, float("-inf")) >= REFENCE_AFTER
+        )
         if due:
-            log.warning("partitions %s of %s wait for an open Kafka transaction; fencing %s, the "
-                        "transactional ids their last committed offsets name",
-                        sorted(tp.partition for tp in waiting), self._group, ", ".join(due))
+            log.warning(
+                "partitions %s of %s wait for an open Kafka transaction; fencing %s, the "
+                "transactional ids their last committed offsets name",
+                sorted(tp.partition for tp in waiting),
+                self._group,
+                ", ".join(due),
+            )
             fence(self._cluster, due, FENCE_TIMEOUT)
             self._fenced.update((tid, now) for tid in due)
         return due

@@ -48,11 +48,20 @@ class PartitionAssignment:
     `forget_revoked(revoked)` under `cv` once they are gone, and `read_committed` asks the group
     coordinator for committed offsets (committed_by_reader when None)."""
 
-    def __init__(self, cluster: Cluster, topic: str, queue: str, cv: threading.Condition, *,
-                 settle_revoked: Callable[[set[int], float, bool], None], forget_revoked: Callable[[set[int]], None],
-                 commit_barrier: Callable[[], None],
-                 on_assign: Callable[[], None], read_committed: ReadCommitted | None = None,
-                 fence_hanging: Callable[[list[TopicPartition]], object] | None = None):
+    def __init__(
+        self,
+        cluster: Cluster,
+        topic: str,
+        queue: str,
+        cv: threading.Condition,
+        *,
+        settle_revoked: Callable[[set[int], float, bool], None],
+        forget_revoked: Callable[[set[int]], None],
+        commit_barrier: Callable[[], None],
+        on_assign: Callable[[], None],
+        read_committed: ReadCommitted | None = None,
+        fence_hanging: Callable[[list[TopicPartition]], object] | None = None,
+    ):
         self.topic, self._queue, self._cluster, self._cv = topic, queue, cluster, cv
         self._settle_revoked, self._forget_revoked = settle_revoked, forget_revoked
         self._commit_barrier = commit_barrier
@@ -144,8 +153,9 @@ class PartitionAssignment:
         # partitions unfetched for good (librdkafka issue #5586), a reader idle for ever. Called
         # even with none: in the rebalance callback, assigning nothing keeps the binding from
         # assigning every partition itself at the offsets the consumer would fetch.
-        start = [TopicPartition(self.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
-                 for tp in ready]
+        start = [
+            TopicPartition(self.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING) for tp in ready
+        ]
         try:
             consumer.incremental_assign(start)
         except KafkaException:
@@ -161,8 +171,11 @@ class PartitionAssignment:
         if self.paused:
             consumer.pause(start)
         if self._waiting_noted:
-            log.warning("partitions %s of %s assigned after waiting for their committed offsets",
-                        [tp.partition for tp in ready], self.topic)
+            log.warning(
+                "partitions %s of %s assigned after waiting for their committed offsets",
+                [tp.partition for tp in ready],
+                self.topic,
+            )
         if not self.waiting:
             self._waiting_noted = self._hanging_noted = False
 
@@ -175,10 +188,15 @@ class PartitionAssignment:
         longest = time.monotonic() - min(self.waiting.values(), default=time.monotonic())
         if longest >= HANGING_AFTER and not self._hanging_noted:
             self._hanging_noted = True
-            log.error("committed offsets of %s partitions %s unreadable for %.0f s (%s): a Kafka transaction "
-                      "holding them is still open. The next commit of its producer closes it; if that "
-                      "process is gone, find it with `kafka-transactions.sh find-hanging` and abort it",
-                      self.topic, sorted(self.waiting), longest, why)
+            log.error(
+                "committed offsets of %s partitions %s unreadable for %.0f s (%s): a Kafka transaction "
+                "holding them is still open. The next commit of its producer closes it; if that "
+                "process is gone, find it with `kafka-transactions.sh find-hanging` and abort it",
+                self.topic,
+                sorted(self.waiting),
+                longest,
+                why,
+            )
 
     def asking(self) -> bool:
         """Whether partitions wait for their committed offsets, or a question about them is out."""
@@ -206,7 +224,8 @@ class PartitionAssignment:
             self._waiting_asked = time.monotonic()
             if self._asker is None:
                 self._asker = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix=f"kbroker-offsets-{self._queue}")
+                    1, thread_name_prefix=f"kbroker-offsets-{self._queue}"
+                )
             with self._cv:
                 waiting = [TopicPartition(self.topic, p) for p in sorted(self.waiting)]
             self._waiting_read = self._asker.submit(self._read_committed, waiting)
@@ -219,8 +238,9 @@ class PartitionAssignment:
             return
         now = time.monotonic()
         with self._cv:
-            due = [TopicPartition(self.topic, p) for p, since in sorted(self.waiting.items())
-                   if now - since >= FENCE_AFTER]
+            due = [
+                TopicPartition(self.topic, p) for p, since in sorted(self.waiting.items()) if now - since >= FENCE_AFTER
+            ]
         if not due:
             return
         if self._fencer is None:
@@ -231,8 +251,9 @@ class PartitionAssignment:
         try:
             fence(due)
         except Exception:  # logged with its traceback: Kafka's own timeout still ends the transaction
-            log.warning("fencing the holder of %s partitions %s failed", self.topic,
-                        [tp.partition for tp in due], exc_info=True)
+            log.warning(
+                "fencing the holder of %s partitions %s failed", self.topic, [tp.partition for tp in due], exc_info=True
+            )
 
     def committed_by_reader(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         """Committed offsets asked of the group coordinator by a consumer that never joins the
@@ -249,9 +270,12 @@ class PartitionAssignment:
         """The group expelled this process (its session expired, say under a stall) and gave
         its partitions to others already: nothing taken from them may commit now, so no lease
         on them gets the grace a revocation gives."""
-        log.warning("partitions %s of %s lost: the group expelled this process and gave them to "
-                    "another reader; the transactions holding their messages will fail",
-                    sorted(tp.partition for tp in partitions), self.topic)
+        log.warning(
+            "partitions %s of %s lost: the group expelled this process and gave them to "
+            "another reader; the transactions holding their messages will fail",
+            sorted(tp.partition for tp in partitions),
+            self.topic,
+        )
         self.expelled += 1
         self._give_up(consumer, partitions, lost=True)
 

@@ -44,17 +44,22 @@ def consumer_settings(cluster: Cluster, topic: str) -> dict[str, Any]:
     """The settings of a queue's consumer: in the queue's group, offsets committed only with the
     transactions that complete them, committed records only, and the group protocol that moves a
     killed process's partitions soonest (kafka/receive/group_protocol.py)."""
-    return clients.base(cluster, **{
-        "group.id": topic,  # names.queue_group: a queue's group is named as its topic
-        "enable.auto.commit": False, "enable.auto.offset.store": False,
-        "auto.offset.reset": "earliest", "isolation.level": "read_committed",
-        "enable.partition.eof": True,
-        **group_settings(cluster, topic),
-        # librdkafka's read-ahead beyond what this process buffered (default 64 MiB): 16 MiB
-        # keeps fetches ahead of any reader here and leaves the memory to the buffer, where
-        # it makes RECEIVEs return more of each group.
-        "queued.max.messages.kbytes": QUEUED_MAX_KBYTES,
-    })
+    return clients.base(
+        cluster,
+        **{
+            "group.id": topic,  # names.queue_group: a queue's group is named as its topic
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            **group_settings(cluster, topic),
+            # librdkafka's read-ahead beyond what this process buffered (default 64 MiB): 16 MiB
+            # keeps fetches ahead of any reader here and leaves the memory to the buffer, where
+            # it makes RECEIVEs return more of each group.
+            "queued.max.messages.kbytes": QUEUED_MAX_KBYTES,
+        },
+    )
 
 
 class PollLoop:
@@ -62,11 +67,23 @@ class PollLoop:
     says so. `dead_letter(record, why)` takes a record `decode` refused; `report(stats())` is
     called every `report_interval` seconds when given."""
 
-    def __init__(self, queue: str, cv: threading.Condition, buffer: GroupBuffer[Any],
-                 assignment: PartitionAssignment, *, decode: Callable[[KafkaRecord], Envelope],
-                 dead_letter: Callable[[KafkaRecord, str], None], max_buffered: int, closed: Callable[[], bool],
-                 stats: Callable[[], dict[str, Any]], report: Callable[[dict[str, Any]], None] | None,
-                 report_interval: float, cluster: Cluster, wake: Callable[[int], None] | None = None):
+    def __init__(
+        self,
+        queue: str,
+        cv: threading.Condition,
+        buffer: GroupBuffer[Any],
+        assignment: PartitionAssignment,
+        *,
+        decode: Callable[[KafkaRecord], Envelope],
+        dead_letter: Callable[[KafkaRecord, str], None],
+        max_buffered: int,
+        closed: Callable[[], bool],
+        stats: Callable[[], dict[str, Any]],
+        report: Callable[[dict[str, Any]], None] | None,
+        report_interval: float,
+        cluster: Cluster,
+        wake: Callable[[int], None] | None = None,
+    ):
         self._queue, self._cv, self._buffer, self._assignment = queue, cv, buffer, assignment
         self._cluster = cluster  # a refusal names its principal
         self._decode, self._dead_letter, self._max_buffered = decode, dead_letter, max_buffered
@@ -87,10 +104,15 @@ class PollLoop:
         and start polling it."""
         assignment = self._assignment
         self.group_meta = consumer.consumer_group_metadata()
-        consumer.subscribe([assignment.topic], on_assign=assignment.on_assign, on_revoke=assignment.on_revoke,
-                           on_lost=assignment.on_lost)
-        self._thread = threading.Thread(target=self._run, args=(consumer,),
-                                        name=f"kbroker-poll-{self._queue}", daemon=True)
+        consumer.subscribe(
+            [assignment.topic],
+            on_assign=assignment.on_assign,
+            on_revoke=assignment.on_revoke,
+            on_lost=assignment.on_lost,
+        )
+        self._thread = threading.Thread(
+            target=self._run, args=(consumer,), name=f"kbroker-poll-{self._queue}", daemon=True
+        )
         self._thread.start()
 
     def join(self, timeout: float) -> None:
@@ -159,8 +181,11 @@ class PollLoop:
                 self._assignment.reached_end(p)
             elif denied_code(err):
                 topic = self._assignment.topic  # a queue's group is named as its topic
-                self._refuse(clients.denied(self._cluster, err, f"reading queue {self._queue}",
-                                            topic=("READ", topic), group=("READ", topic)))
+                self._refuse(
+                    clients.denied(
+                        self._cluster, err, f"reading queue {self._queue}", topic=("READ", topic), group=("READ", topic)
+                    )
+                )
             else:
                 log.warning("consumer error on %s: %s", self._assignment.topic, err)
             return

@@ -75,9 +75,17 @@ class LeaseBook:
     partitions its assignment owns, all guarded by `cv`. `closed` says the receiver is closing:
     a RECEIVE waiting here then returns empty."""
 
-    def __init__(self, receiver: "LeaseHolder", buffer: GroupBuffer[Lease], assignment: PartitionAssignment,
-                 cv: threading.Condition, *, revoke_grace: float, closed: Callable[[], bool],
-                 refused: Callable[[], Exception | None] = lambda: None):
+    def __init__(
+        self,
+        receiver: "LeaseHolder",
+        buffer: GroupBuffer[Lease],
+        assignment: PartitionAssignment,
+        cv: threading.Condition,
+        *,
+        revoke_grace: float,
+        closed: Callable[[], bool],
+        refused: Callable[[], Exception | None] = lambda: None,
+    ):
         self._receiver, self._buffer, self._assignment, self._cv = receiver, buffer, assignment, cv
         self._revoke_grace, self._closed = revoke_grace, closed
         self._refused = refused  # the authorizer's refusal the poll thread met, if it stands
@@ -133,9 +141,16 @@ class LeaseBook:
         (called under cv)."""
         return not self._buffer.holders() and not any(o.pending for o in self._assignment.offsets.values())
 
-    def take(self, owner: Any, top: int, wait: float | None, *, conversation_group: str | None = None,
-             conversation_id: str | None = None,
-             give_up: Callable[[], bool] = lambda: False) -> tuple[Lease | None, list[Buffered], int]:
+    def take(
+        self,
+        owner: Any,
+        top: int,
+        wait: float | None,
+        *,
+        conversation_group: str | None = None,
+        conversation_id: str | None = None,
+        give_up: Callable[[], bool] = lambda: False,
+    ) -> tuple[Lease | None, list[Buffered], int]:
         """QueueReceiver.take: the lease, the live records taken in RECEIVE order, and how many
         expired ones were taken with them."""
         start = time.monotonic()
@@ -153,16 +168,22 @@ class LeaseBook:
                 if group is not None:
                     return self._take(owner, group, top, full, conversation_id)
                 now = time.monotonic()
-                if deadline is not None and now >= deadline and (self._assignment.caught_up()
-                                                                 or now >= catch_up_deadline):
+                if (
+                    deadline is not None
+                    and now >= deadline
+                    and (self._assignment.caught_up() or now >= catch_up_deadline)
+                ):
                     return None, [], 0
                 if give_up():
                     return None, [], 0
-                self._wait(0.5 if deadline is None else max(min(deadline - now, 0.5), 0.01),
-                           taker=conversation_group is None and conversation_id is None)
+                self._wait(
+                    0.5 if deadline is None else max(min(deadline - now, 0.5), 0.01),
+                    taker=conversation_group is None and conversation_id is None,
+                )
 
-    def _take(self, owner: Any, group: str, top: int, full: dict[int, int],
-              conversation_id: str | None) -> tuple[Lease, list[Buffered], int]:
+    def _take(
+        self, owner: Any, group: str, top: int, full: dict[int, int], conversation_id: str | None
+    ) -> tuple[Lease, list[Buffered], int]:
         lease = self._buffer.holder(group) or Lease(self._receiver, group, owner)
         now_ms = int(time.time() * 1000)
         taken = self._buffer.take(lease, group, top, full, now_ms, conversation_id)
@@ -178,14 +199,14 @@ class LeaseBook:
         with self._cv:
             side = Lease(self._receiver, lease.group, None, assignments=dict(lease.assignments))
             (lease.taken, lease.offsets), (side.taken, side.offsets) = split_off(
-                lease.taken, lease.offsets, set(offsets))
+                lease.taken, lease.offsets, set(offsets)
+            )
             return side
 
     def dead_letter_lease(self, rec: KafkaRecord) -> Lease:
         """A lease over one malformed record, completed when its dead letter commits."""
         p, off = messages.position(rec)
-        return Lease(self._receiver, None, None, offsets=[(p, off)],
-                     assignments={p: self._assignment.offsets.get(p)})
+        return Lease(self._receiver, None, None, offsets=[(p, off)], assignments={p: self._assignment.offsets.get(p)})
 
     def include(self, leases: list[Lease]) -> list[TopicPartition] | None:
         """QueueReceiver.include: the positions to commit, or None when a lease was doomed."""

@@ -46,15 +46,24 @@ class QueueReceiver:
     start() creates the consumer (with `new_consumer`, given the consumer settings) and its poll
     thread."""
 
-    def __init__(self, cluster: ClusterLike, namespace: str, queue: str, *,
-                 dead_letter: Callable[["QueueReceiver", KafkaRecord, str], None],
-                 max_buffered: int = 20_000, revoke_grace: float = 5.0,
-                 commit_barrier: Callable[[], None] = lambda: None, topic: str | None = None,
-                 on_assign: Callable[[], None] = lambda: None,
-                 report: Callable[[dict[str, Any]], None] | None = None, report_interval: float = 2.0,
-                 new_consumer: Callable[[dict[str, Any]], Consumer] = Consumer,
-                 decode: Callable[[KafkaRecord], Envelope] | None = None,
-                 committer_ids: tuple[str, ...] | None = None):
+    def __init__(
+        self,
+        cluster: ClusterLike,
+        namespace: str,
+        queue: str,
+        *,
+        dead_letter: Callable[["QueueReceiver", KafkaRecord, str], None],
+        max_buffered: int = 20_000,
+        revoke_grace: float = 5.0,
+        commit_barrier: Callable[[], None] = lambda: None,
+        topic: str | None = None,
+        on_assign: Callable[[], None] = lambda: None,
+        report: Callable[[dict[str, Any]], None] | None = None,
+        report_interval: float = 2.0,
+        new_consumer: Callable[[dict[str, Any]], Consumer] = Consumer,
+        decode: Callable[[KafkaRecord], Envelope] | None = None,
+        committer_ids: tuple[str, ...] | None = None,
+    ):
         self.queue = queue
         self.topic = topic or names.queue_topic(namespace, queue)  # or a secondary queue's topic
         self._cluster, self._new_consumer = Cluster.of(cluster), new_consumer
@@ -66,26 +75,48 @@ class QueueReceiver:
         self._buffer: GroupBuffer[Lease] = GroupBuffer()
         # committer_ids: this process's group committer's transactional ids. Given, a partition
         # held by a dead process's open transaction gets it fenced (a queue's group is its topic).
-        self._fence = None if committer_ids is None else \
-            OpenTransactionFence(self._cluster, namespace, self.topic, committer_ids)
+        self._fence = (
+            None if committer_ids is None else OpenTransactionFence(self._cluster, namespace, self.topic, committer_ids)
+        )
         self._assignment = PartitionAssignment(
-            self._cluster, self.topic, queue, self._cv,
+            self._cluster,
+            self.topic,
+            queue,
+            self._cv,
             settle_revoked=lambda revoked, since, lost: self._leases.settle_revoked(revoked, since, lost=lost),
             forget_revoked=lambda revoked: self._leases.forget_revoked(revoked),
-            commit_barrier=commit_barrier, on_assign=on_assign,
+            commit_barrier=commit_barrier,
+            on_assign=on_assign,
             # Looked up on every question, so a test can stand in for the offsets reader.
             read_committed=lambda partitions: self._committed_by_reader(partitions),
-            fence_hanging=self._fence)
-        self._leases = LeaseBook(self, self._buffer, self._assignment, self._cv, revoke_grace=revoke_grace,
-                                 closed=lambda: self._closed, refused=lambda: self._poll.refused)
+            fence_hanging=self._fence,
+        )
+        self._leases = LeaseBook(
+            self,
+            self._buffer,
+            self._assignment,
+            self._cv,
+            revoke_grace=revoke_grace,
+            closed=lambda: self._closed,
+            refused=lambda: self._poll.refused,
+        )
         self._poll = PollLoop(
-            queue, self._cv, self._buffer, self._assignment,
+            queue,
+            self._cv,
+            self._buffer,
+            self._assignment,
             # How a record becomes what the buffer orders and groups (MalformedRecord: dead-letter
             # it): a Service Broker message by default, a transport message for transport queues.
             decode=decode or decode_envelope,
-            dead_letter=lambda rec, why: dead_letter(self, rec, why), max_buffered=max_buffered,
-            closed=lambda: self._closed, stats=self.stats, report=report, report_interval=report_interval,
-            cluster=self._cluster, wake=lambda records: self._leases.wake(records))
+            dead_letter=lambda rec, why: dead_letter(self, rec, why),
+            max_buffered=max_buffered,
+            closed=lambda: self._closed,
+            stats=self.stats,
+            report=report,
+            report_interval=report_interval,
+            cluster=self._cluster,
+            wake=lambda records: self._leases.wake(records),
+        )
 
     def start(self) -> "QueueReceiver":
         """Create the consumer, subscribe to the topic and start the poll thread; returns self."""
@@ -102,10 +133,14 @@ class QueueReceiver:
     def stats(self) -> dict[str, Any]:
         """What this process holds of the queue right now: the in-process half of the queue view."""
         with self._cv:
-            return {"topic": self.topic, "partitions": sorted(self._assignment.offsets),
-                    "waiting": sorted(self._assignment.waiting),
-                    **self._buffer.stats(),
-                    "paused": self._assignment.paused, "expelled": self._assignment.expelled}
+            return {
+                "topic": self.topic,
+                "partitions": sorted(self._assignment.offsets),
+                "waiting": sorted(self._assignment.waiting),
+                **self._buffer.stats(),
+                "paused": self._assignment.paused,
+                "expelled": self._assignment.expelled,
+            }
 
     def _committed_by_reader(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         """Committed offsets of waiting partitions, asked off the poll thread
@@ -122,27 +157,48 @@ class QueueReceiver:
         """Wait up to `timeout` s for a buffered record not taken yet; returns how many there are."""
         return self._leases.wait_for_waiting(timeout)
 
-    def receive(self, owner: Any, top: int, wait: float | None, *, conversation_group: str | None = None,
-                conversation_id: str | None = None,
-                give_up: Callable[[], bool] = lambda: False) -> tuple[Lease | None, list[Message]]:
+    def receive(
+        self,
+        owner: Any,
+        top: int,
+        wait: float | None,
+        *,
+        conversation_group: str | None = None,
+        conversation_id: str | None = None,
+        give_up: Callable[[], bool] = lambda: False,
+    ) -> tuple[Lease | None, list[Message]]:
         """Lease a group for `owner` and take up to `top` of its messages (expired ones are
         consumed but not returned). wait=0: what is there now; None: wait without time-out.
         `give_up` is asked while waiting (every 0.5 s at most): True ends the wait empty."""
-        lease, live, _expired = self.take(owner, top, wait, conversation_group=conversation_group,
-                                          conversation_id=conversation_id, give_up=give_up)
+        lease, live, _expired = self.take(
+            owner, top, wait, conversation_group=conversation_group, conversation_id=conversation_id, give_up=give_up
+        )
         return lease, [self._to_message(b) for b in live]
 
-    def take(self, owner: Any, top: int, wait: float | None, *, conversation_group: str | None = None,
-             conversation_id: str | None = None,
-             give_up: Callable[[], bool] = lambda: False) -> tuple[Lease | None, list[Buffered], int]:
+    def take(
+        self,
+        owner: Any,
+        top: int,
+        wait: float | None,
+        *,
+        conversation_group: str | None = None,
+        conversation_id: str | None = None,
+        give_up: Callable[[], bool] = lambda: False,
+    ) -> tuple[Lease | None, list[Buffered], int]:
         """receive() as the buffered records: the lease, the live records taken in RECEIVE order
         (each with the envelope the receiver's decode made), and how many expired ones were taken
         with them."""
         with self._cv:
             self._taking += 1
         try:
-            return self._leases.take(owner, top, wait, conversation_group=conversation_group,
-                                     conversation_id=conversation_id, give_up=give_up)
+            return self._leases.take(
+                owner,
+                top,
+                wait,
+                conversation_group=conversation_group,
+                conversation_id=conversation_id,
+                give_up=give_up,
+            )
         finally:
             with self._cv:
                 self._taking -= 1
@@ -150,16 +206,29 @@ class QueueReceiver:
 
     def _to_message(self, b: Buffered) -> Message:
         env, rec = b.envelope, b.record
-        return built(Message, {
-            "queue": self.queue, "conversation_handle": handle_for(env.conversation_id, env.to_side),
-            "conversation_id": env.conversation_id, "conversation_group_id": env.conversation_group_id,
-            "message_sequence_number": env.message_sequence_number, "message_type_name": env.message_type_name,
-            "service_name": env.to_service_name, "service_contract_name": env.service_contract_name,
-            "message_id": env.message_id, "body": rec.value() or b"", "priority": env.priority,
-            "correlation_id": env.correlation_id, "reply_to": env.reply_to, "expires": env.expires,
-            "enqueued_time": b.enqueued_ms, "partition": b.partition, "offset": b.offset,
-            "extra": {"envelope": env, "record": rec},  # the record: re-keying copies its headers
-        })
+        return built(
+            Message,
+            {
+                "queue": self.queue,
+                "conversation_handle": handle_for(env.conversation_id, env.to_side),
+                "conversation_id": env.conversation_id,
+                "conversation_group_id": env.conversation_group_id,
+                "message_sequence_number": env.message_sequence_number,
+                "message_type_name": env.message_type_name,
+                "service_name": env.to_service_name,
+                "service_contract_name": env.service_contract_name,
+                "message_id": env.message_id,
+                "body": rec.value() or b"",
+                "priority": env.priority,
+                "correlation_id": env.correlation_id,
+                "reply_to": env.reply_to,
+                "expires": env.expires,
+                "enqueued_time": b.enqueued_ms,
+                "partition": b.partition,
+                "offset": b.offset,
+                "extra": {"envelope": env, "record": rec},  # the record: re-keying copies its headers
+            },
+        )
 
     def split(self, lease: Lease, offsets: list[tuple[int, int]]) -> Lease:
         """Move the records at `offsets` out of `lease` into a lease of their own (same group,
@@ -178,8 +247,7 @@ class QueueReceiver:
         comes after returns empty. Its consumer leaves the group, so the queue's partitions go to
         readers that read."""
         with self._cv:
-            if self._closed or self._taking or time.monotonic() - self._used_at < idle_for \
-                    or not self._leases.quiet():
+            if self._closed or self._taking or time.monotonic() - self._used_at < idle_for or not self._leases.quiet():
                 return False
             self._closed = True
             self._cv.notify_all()

@@ -70,15 +70,25 @@ def reclaim_namespace(cluster: ClusterLike, catalog: Catalog, timeout: float = 3
             states = {ep.conversation_handle: ep.state for ep in read_endpoints(cluster, catalog.namespace)}
         return states
 
-    queue_topics = [(queue, sorted(t for t in existing if t == topic or t.startswith(topic + ".")))
-                    for queue in catalog.queues.values()
-                    for topic in [names.queue_topic(catalog.namespace, queue.name)]]
+    queue_topics = [
+        (queue, sorted(t for t in existing if t == topic or t.startswith(topic + ".")))
+        for queue in catalog.queues.values()
+        for topic in [names.queue_topic(catalog.namespace, queue.name)]
+    ]
     partitions = {name: sorted(existing[name].partitions) for _, topics in queue_topics for name in topics}
     unread = analytics_holds(cluster, catalog.namespace, partitions, timeout)
     for queue, topics in queue_topics:
         for name in topics:
-            deleted = reclaim_topic(cluster, admin, queue, name, partitions[name], endpoint_states, timeout,
-                                    {p: o for (t, p), o in unread.items() if t == name})
+            deleted = reclaim_topic(
+                cluster,
+                admin,
+                queue,
+                name,
+                partitions[name],
+                endpoint_states,
+                timeout,
+                {p: o for (t, p), o in unread.items() if t == name},
+            )
             if deleted:
                 done.append(Reclaimed(name, deleted))
     tqueues = transport_queue_prefix(catalog.namespace)  # transport queues: read by the group of their name
@@ -88,43 +98,56 @@ def reclaim_namespace(cluster: ClusterLike, catalog: Catalog, timeout: float = 3
             done.append(Reclaimed(name, deleted))
     transmission = names.transmission_topic(catalog.namespace)
     if transmission in existing:  # the 5th tick (docs/sources.md#periodic-tasks): clean acknowledged messages up
-        deleted = _reclaim_by_group(cluster, admin, transmission, sorted(existing[transmission].partitions),
-                                    names.transmitter_group(catalog.namespace), timeout)
+        deleted = _reclaim_by_group(
+            cluster,
+            admin,
+            transmission,
+            sorted(existing[transmission].partitions),
+            names.transmitter_group(catalog.namespace),
+            timeout,
+        )
         if deleted:
             done.append(Reclaimed(transmission, deleted))
     return done
 
 
-def _reclaim_by_group(cluster: ClusterLike, admin: AdminClient, topic: str, partitions: list[int], group: str,
-                      timeout: float) -> dict[int, int]:
+def _reclaim_by_group(
+    cluster: ClusterLike, admin: AdminClient, topic: str, partitions: list[int], group: str, timeout: float
+) -> dict[int, int]:
     """Delete a topic's records below the committed offsets of the one group that reads it (the
     transmitters commit each partition up to its oldest unacknowledged message)."""
     tps = [TopicPartition(topic, p) for p in partitions]
     offsets = committed_offsets(cluster, group, tps, timeout)
-    points = reclaim_points(log_starts(admin, topic, tps, timeout),
-                            {tp.partition: tp.offset for tp in offsets if tp.error is None})
+    points = reclaim_points(
+        log_starts(admin, topic, tps, timeout), {tp.partition: tp.offset for tp in offsets if tp.error is None}
+    )
     return _delete_below(admin, topic, points, timeout)
 
 
 def log_starts(admin: AdminClient, topic: str, tps: list[TopicPartition], timeout: float) -> dict[int, int]:
     """Partition -> its log start offset."""
-    return {tp.partition: clients.result_of(f, f"cannot list the offsets of {topic}").offset
-            for tp, f in admin.list_offsets({tp: OffsetSpec.earliest() for tp in tps},
-                                            request_timeout=timeout).items()}
+    return {
+        tp.partition: clients.result_of(f, f"cannot list the offsets of {topic}").offset
+        for tp, f in admin.list_offsets({tp: OffsetSpec.earliest() for tp in tps}, request_timeout=timeout).items()
+    }
 
 
 def _delete_below(admin: AdminClient, topic: str, points: dict[int, int], timeout: float) -> dict[int, int]:
     """Delete each partition's records below its point; partition -> its new log start."""
     if not points:
         return {}
-    futures = admin.delete_records([TopicPartition(topic, p, o) for p, o in points.items()],
-                                   request_timeout=timeout, operation_timeout=timeout)
-    return {tp.partition: clients.result_of(f, f"cannot delete records of {topic}").low_watermark
-            for tp, f in futures.items()}
+    futures = admin.delete_records(
+        [TopicPartition(topic, p, o) for p, o in points.items()], request_timeout=timeout, operation_timeout=timeout
+    )
+    return {
+        tp.partition: clients.result_of(f, f"cannot delete records of {topic}").low_watermark
+        for tp, f in futures.items()
+    }
 
 
-def analytics_holds(cluster: ClusterLike, namespace: str, topics: dict[str, list[int]],
-                    timeout: float) -> dict[tuple[str, int], int]:
+def analytics_holds(
+    cluster: ClusterLike, namespace: str, topics: dict[str, list[int]], timeout: float
+) -> dict[tuple[str, int], int]:
     """(queue topic, partition) -> the offset the analytics job still needs records from, for
     every partition of `topics` (core/receive/reclaim.py analytics_floor); empty when no job runs. One
     read of the job's group for the whole namespace: whether the job runs is a question about
@@ -133,13 +156,22 @@ def analytics_holds(cluster: ClusterLike, namespace: str, topics: dict[str, list
     if not tps:
         return {}
     read = committed_offsets(cluster, names.analytics_group(namespace), tps, timeout, stable=False)
-    return analytics_floor({(tp.topic, tp.partition): (tp.offset, tp.metadata) if tp.error is None else (-1, None)
-                            for tp in read}, int(time.time() * 1000))
+    return analytics_floor(
+        {(tp.topic, tp.partition): (tp.offset, tp.metadata) if tp.error is None else (-1, None) for tp in read},
+        int(time.time() * 1000),
+    )
 
 
-def reclaim_topic(cluster: ClusterLike, admin: AdminClient, queue: Queue, topic: str, partitions: list[int],
-                  endpoint_states: Callable[[], dict[str, str]], timeout: float,
-                  unread: dict[int, int] | None = None) -> dict[int, int]:
+def reclaim_topic(
+    cluster: ClusterLike,
+    admin: AdminClient,
+    queue: Queue,
+    topic: str,
+    partitions: list[int],
+    endpoint_states: Callable[[], dict[str, str]],
+    timeout: float,
+    unread: dict[int, int] | None = None,
+) -> dict[int, int]:
     """Delete one queue topic's records below what its readers need; returns partition -> new start.
     `endpoint_states` (handle -> state) is asked only for a RETENTION = ON queue; `unread`
     (partition -> offset) is what the analytics job has not read yet (analytics_holds)."""
@@ -160,8 +192,14 @@ def queue_namespace(topic: str) -> str:
     return names.namespace_of(topic) or topic.split(".", 2)[1]
 
 
-def _retained_floor(cluster: ClusterLike, topic: str, starts: dict[int, int], committed: dict[int, int],
-                    endpoints: dict[str, str], timeout: float) -> dict[int, int]:
+def _retained_floor(
+    cluster: ClusterLike,
+    topic: str,
+    starts: dict[int, int],
+    committed: dict[int, int],
+    endpoints: dict[str, str],
+    timeout: float,
+) -> dict[int, int]:
     """RETENTION = ON: per partition, the offset of the first received record whose
     conversation this side has not ended (the scan stops there: memory stays one batch)."""
 
@@ -202,8 +240,13 @@ def _retained_floor(cluster: ClusterLike, topic: str, starts: dict[int, int], co
     return floor
 
 
-def reclaim_endpoints(cluster: ClusterLike, namespace: str, grace: float = CLOSED_GRACE_SECONDS,
-                      now: float | None = None, timeout: float = 120.0) -> int:
+def reclaim_endpoints(
+    cluster: ClusterLike,
+    namespace: str,
+    grace: float = CLOSED_GRACE_SECONDS,
+    now: float | None = None,
+    timeout: float = 120.0,
+) -> int:
     """Tombstone every endpoint whose last record is CLOSED and older than `grace` seconds (and
     its group chain, lease and want, whose keys may live on other partitions, so they are tombstoned
     whether they exist or not). One partition at a time, keeping only the closed ones seen: memory is a

@@ -46,9 +46,13 @@ class QueuedRecord:
     body: bytes
 
 
-def message_rows(records: list[QueuedRecord], done: Callable[[int, int], bool],
-                 endpoints: dict[str, Endpoint], retention: bool,
-                 conversation_handle: str | None = None) -> list[dict[str, Any]]:
+def message_rows(
+    records: list[QueuedRecord],
+    done: Callable[[int, int], bool],
+    endpoints: dict[str, Endpoint],
+    retention: bool,
+    conversation_handle: str | None = None,
+) -> list[dict[str, Any]]:
     """The queue view's rows (pure): see the module's docstring for the rules."""
     # A moved conversation's record exists once per hop (see groups.py); the last copy is the
     # message, the earlier ones were consumed by the re-keying.
@@ -75,20 +79,31 @@ def message_rows(records: list[QueuedRecord], done: Callable[[int, int], bool],
             body, body_hex = r.body.decode("utf-8"), None
         except UnicodeDecodeError:
             body, body_hex = None, r.body.hex()
-        rows.append({
-            "status": RECEIVED if received else READY, "priority": env.priority,
-            "queuing_order": len(rows), "conversation_group_id": env.conversation_group_id,
-            "conversation_handle": handle, "message_sequence_number": env.message_sequence_number,
-            "service_name": env.to_service_name, "service_contract_name": env.service_contract_name,
-            "message_type_name": env.message_type_name, "message_id": env.message_id,
-            "message_body": body, **({"message_body_hex": body_hex} if body_hex is not None else {}),
-            "enqueued_time": r.timestamp, "partition": r.partition, "offset": r.offset,
-        })
+        rows.append(
+            {
+                "status": RECEIVED if received else READY,
+                "priority": env.priority,
+                "queuing_order": len(rows),
+                "conversation_group_id": env.conversation_group_id,
+                "conversation_handle": handle,
+                "message_sequence_number": env.message_sequence_number,
+                "service_name": env.to_service_name,
+                "service_contract_name": env.service_contract_name,
+                "message_type_name": env.message_type_name,
+                "message_id": env.message_id,
+                "message_body": body,
+                **({"message_body_hex": body_hex} if body_hex is not None else {}),
+                "enqueued_time": r.timestamp,
+                "partition": r.partition,
+                "offset": r.offset,
+            }
+        )
     return rows
 
 
-def queue_messages(cluster: ClusterLike, namespace: str, queue: str, conversation_handle: str | None = None,
-                   timeout: float = 10.0) -> list[dict[str, Any]]:
+def queue_messages(
+    cluster: ClusterLike, namespace: str, queue: str, conversation_handle: str | None = None, timeout: float = 10.0
+) -> list[dict[str, Any]]:
     """The messages of `queue` (optionally of one conversation handle) with their status."""
     q = read_catalog(cluster, namespace, timeout).queue(queue)  # UnknownQueueError
     topic, group = names.queue_topic(namespace, queue), names.queue_group(namespace, queue)
@@ -115,14 +130,13 @@ def _read_topic(cluster: ClusterLike, topic: str, timeout: float) -> tuple[list[
     return out, sorted({messages.partition(m) for m in records})
 
 
-def _completed(cluster: ClusterLike, topic: str, group: str, partitions: list[int],
-               timeout: float) -> Callable[[int, int], bool]:
+def _completed(
+    cluster: ClusterLike, topic: str, group: str, partitions: list[int], timeout: float
+) -> Callable[[int, int], bool]:
     """Whether the queue's readers completed an offset: below the committed offset, or among the
     completed offsets above it that the commit metadata lists."""
-    tps = committed_offsets(cluster, group, [TopicPartition(topic, p) for p in partitions], timeout,
-                            stable=False)
-    committed = {tp.partition: (max(tp.offset, 0), set(decode_completed(max(tp.offset, 0), tp.metadata)))
-                 for tp in tps}
+    tps = committed_offsets(cluster, group, [TopicPartition(topic, p) for p in partitions], timeout, stable=False)
+    committed = {tp.partition: (max(tp.offset, 0), set(decode_completed(max(tp.offset, 0), tp.metadata))) for tp in tps}
 
     def done(partition: int, offset: int) -> bool:
         base, above = committed.get(partition, (0, set()))

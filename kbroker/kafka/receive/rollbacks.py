@@ -42,8 +42,11 @@ def rollback_event(value: bytes | None) -> tuple[str, str, list[tuple[int, int, 
         return None  # other events: passed without parsing
     try:
         event = orjson.loads(value)
-        return (str(event["queue"]), str(event["topic"]),
-                [(int(p), int(o), int(count)) for p, o, count in event["messages"]])
+        return (
+            str(event["queue"]),
+            str(event["topic"]),
+            [(int(p), int(o), int(count)) for p, o, count in event["messages"]],
+        )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
         return None
 
@@ -85,9 +88,14 @@ class RollbackLog(Background):
         self._caught_up.wait(1.0)
         with self._lock:
             counts = self.ledger.rolled_back(positions)
-        event = {"event": ROLLED_BACK, "queue": queue, "topic": topic, "process": self._process,
-                 "messages": [[p, o, counts[(topic, p, o)]] for _, p, o in positions],
-                 "time": int(time.time() * 1000)}
+        event = {
+            "event": ROLLED_BACK,
+            "queue": queue,
+            "topic": topic,
+            "process": self._process,
+            "messages": [[p, o, counts[(topic, p, o)]] for _, p, o in positions],
+            "time": int(time.time() * 1000),
+        }
         try:
             self._producer.produce(names.events_topic(self._namespace), key=queue.encode(), value=orjson.dumps(event))
             self._producer.poll(0)
@@ -98,8 +106,15 @@ class RollbackLog(Background):
     def publish_disabled(self, queue: str, reason: str) -> None:
         """A poison verdict this process cannot write to the catalog: every reader's, from the
         events topic (core/receive/poison.EventDisables); this process's at once."""
-        event = {"event": "QUEUE_DISABLED", "queue": queue, "reason": reason, "poison": True, "catalog": False,
-                 "process": self._process, "time": int(time.time() * 1000)}
+        event = {
+            "event": "QUEUE_DISABLED",
+            "queue": queue,
+            "reason": reason,
+            "poison": True,
+            "catalog": False,
+            "process": self._process,
+            "time": int(time.time() * 1000),
+        }
         with self._lock:
             self._disables.seen(event)
         try:
@@ -124,8 +139,9 @@ class RollbackLog(Background):
 
     def _run(self) -> None:
         topic = names.events_topic(self._namespace)
-        consumer = reading_consumer(self._cluster, names.reader_group(self._namespace),
-                                    **{"allow.auto.create.topics": False})
+        consumer = reading_consumer(
+            self._cluster, names.reader_group(self._namespace), **{"allow.auto.create.topics": False}
+        )
         failing = False
         try:
             while not self._stop.is_set():
@@ -184,8 +200,9 @@ class RollbackLog(Background):
                         self.ledger.seen((topic, p, o), count)
 
 
-def recent_rollbacks(cluster: ClusterLike, namespace: str, timeout: float = 10.0,
-                     since_s: float = LOOKBACK_SECONDS) -> dict[str, dict[tuple[int, int], int]]:
+def recent_rollbacks(
+    cluster: ClusterLike, namespace: str, timeout: float = 10.0, since_s: float = LOOKBACK_SECONDS
+) -> dict[str, dict[tuple[int, int], int]]:
     """queue -> (partition, offset) -> the highest rollback count the events topic says of each
     message rolled back in the last `since_s` seconds (for `kbroker diagnose runtime`)."""
     topic = names.events_topic(namespace)

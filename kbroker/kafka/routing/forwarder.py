@@ -49,8 +49,12 @@ class Forwarder:
             while len(self._relayed) > RELAYED_KEPT:
                 del self._relayed[next(iter(self._relayed))]
         else:
-            log.warning("forwarder full (%d of %d bytes): message %s dropped; its sender sends it again",
-                        self.queue.bytes, self.queue.limit, m.message_id)
+            log.warning(
+                "forwarder full (%d of %d bytes): message %s dropped; its sender sends it again",
+                self.queue.bytes,
+                self.queue.limit,
+                m.message_id,
+            )
 
     def pump(self, now: float, second_tick: bool) -> None:
         """Pass on what is held over each next hop's connection, and relay acknowledgements."""
@@ -79,8 +83,12 @@ class Forwarder:
         if nxt <= relayed and not ack.get("error") and not ack.get("status"):
             return
         self._relayed[key] = max(nxt, relayed)
-        clients.produce(self._producer, names.acks_topic(self.namespace), key=key,
-                        value=orjson.dumps({**ack, "relayed_by": self.namespace}))
+        clients.produce(
+            self._producer,
+            names.acks_topic(self.namespace),
+            key=key,
+            value=orjson.dumps({**ack, "relayed_by": self.namespace}),
+        )
         self._producer.poll(0)
         self.relayed += 1
 
@@ -91,10 +99,17 @@ class Forwarder:
             log.info("forwarder deleted %d message(s) not sent on within 60 s", len(stale))
 
     def report(self, now: float) -> dict[str, Any]:
-        return {"at": now, "forwarded": self.queue.rows(now), "held_bytes": self.queue.bytes,
-                "limit_bytes": self.queue.limit, "sent": self.queue.sent, "dropped_full": self.queue.dropped_full,
-                "dropped_stale": self.queue.dropped_stale, "relayed_acks": self.relayed,
-                "connections": self.pool.links.rows(now)}
+        return {
+            "at": now,
+            "forwarded": self.queue.rows(now),
+            "held_bytes": self.queue.bytes,
+            "limit_bytes": self.queue.limit,
+            "sent": self.queue.sent,
+            "dropped_full": self.queue.dropped_full,
+            "dropped_stale": self.queue.dropped_stale,
+            "relayed_acks": self.relayed,
+            "connections": self.pool.links.rows(now),
+        }
 
     def close(self) -> None:
         self.pool.close()

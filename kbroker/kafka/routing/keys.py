@@ -36,13 +36,16 @@ class Keys:
             try:
                 self._create(namespace, path)
             except OSError as exc:
-                raise InvalidArgumentError(f"namespace {namespace!r} has no master key and none can be made in "
-                                           f"{self.directory} (KBROKER_KEYS_DIR): {exc.strerror or exc}") from None
+                raise InvalidArgumentError(
+                    f"namespace {namespace!r} has no master key and none can be made in "
+                    f"{self.directory} (KBROKER_KEYS_DIR): {exc.strerror or exc}"
+                ) from None
         try:
             key = serialization.load_pem_private_key(path.read_bytes(), password=None)
         except (OSError, ValueError) as exc:
-            raise InvalidArgumentError(f"cannot read the master key of namespace {namespace!r} ({path}): {exc}") \
-                from None
+            raise InvalidArgumentError(
+                f"cannot read the master key of namespace {namespace!r} ({path}): {exc}"
+            ) from None
         if not isinstance(key, Ed25519PrivateKey):
             raise InvalidArgumentError(f"{path} is not an Ed25519 private key")
         return key
@@ -52,8 +55,11 @@ class Keys:
         self.directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".new-")  # mode 0600
         with os.fdopen(fd, "wb") as f:
-            f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                      serialization.NoEncryption()))
+            f.write(
+                key.private_bytes(
+                    serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+                )
+            )
         try:
             os.link(tmp, path)  # another process made one first: keep theirs
         except FileExistsError:

@@ -20,9 +20,17 @@ CONNECT_SECONDS = 5.0  # kbroker's deadline on one connection attempt
 
 
 class LinkPool:
-    def __init__(self, from_broker: str, local: Cluster, *, every_ack: bool = False,
-                 idle_close: float = IDLE_CLOSE, profiles_dir: Path | None = None, signer: Signer | None = None,
-                 on_invalid: Invalid | None = None):
+    def __init__(
+        self,
+        from_broker: str,
+        local: Cluster,
+        *,
+        every_ack: bool = False,
+        idle_close: float = IDLE_CLOSE,
+        profiles_dir: Path | None = None,
+        signer: Signer | None = None,
+        on_invalid: Invalid | None = None,
+    ):
         """`signer` and `on_invalid`: each connection's (RoutingLink)."""
         self.from_broker, self._every_ack = from_broker, every_ack
         self._signer, self._on_invalid = signer, on_invalid
@@ -39,14 +47,22 @@ class LinkPool:
             return link
         if not self.links.may_connect(dest, now, second_tick):
             state = self.links.link(dest)
-            return (f"Connection to {dest} is suppressed for {max(0.0, state.suppressed_until - now):.0f} s "
-                    f"after: {state.last_error or 'a failure'}")
+            return (
+                f"Connection to {dest} is suppressed for {max(0.0, state.suppressed_until - now):.0f} s "
+                f"after: {state.last_error or 'a failure'}"
+            )
         bootstrap, namespace = parse_address(dest)
         self.links.connecting(dest, now)
         try:
             cluster = self.profiles.cluster_for(bootstrap, self.profile_of.get(dest))
-            link = RoutingLink(cluster, namespace, self.from_broker, every_ack=self._every_ack, signer=self._signer,
-                               on_invalid=self._on_invalid)
+            link = RoutingLink(
+                cluster,
+                namespace,
+                self.from_broker,
+                every_ack=self._every_ack,
+                signer=self._signer,
+                on_invalid=self._on_invalid,
+            )
         except KBrokerError as exc:  # a missing profile, settings no client can take
             self.links.failed(dest, time.time(), str(exc))
             log.warning("link to %s failed: %s", dest, exc)

@@ -81,9 +81,22 @@ def outgoing(msg: Message, skipped: Callable[[str], object] | None = None) -> Ou
             skipped(str(exc) if isinstance(exc, MalformedRecord) else "its key is not UTF-8")
         return None
     value = messages.value(msg)
-    return Outgoing(p, o, env.conversation_id, env.to_side, env.message_sequence_number, env.to_service_name,
-                    env.to_broker, env.from_service_name, env.message_type_name, env.service_contract_name,
-                    key, msg.timestamp()[1] / 1000.0, len(value), record=(value, messages.headers(msg)))
+    return Outgoing(
+        p,
+        o,
+        env.conversation_id,
+        env.to_side,
+        env.message_sequence_number,
+        env.to_service_name,
+        env.to_broker,
+        env.from_service_name,
+        env.message_type_name,
+        env.service_contract_name,
+        key,
+        msg.timestamp()[1] / 1000.0,
+        len(value),
+        record=(value, messages.headers(msg)),
+    )
 
 
 def reports(cluster: ClusterLike, namespace: str, kind: str, timeout: float = 10.0) -> list[dict[str, Any]]:
@@ -114,8 +127,9 @@ def _report(value: bytes | None) -> dict[str, Any] | None:
         return None
     if not all(type(x.get("partition")) is int and type(x.get("offset")) is int for x in rows[0]):
         return None
-    if not isinstance(read_to, dict) or not all(type(v) is int and k.isascii() and k.isdigit()
-                                                for k, v in read_to.items()):
+    if not isinstance(read_to, dict) or not all(
+        type(v) is int and k.isascii() and k.isdigit() for k, v in read_to.items()
+    ):
         return None
     return report
 
@@ -127,17 +141,25 @@ def transmitter_reports(cluster: ClusterLike, namespace: str, timeout: float = 1
 
 def forwarded_rows(cluster: ClusterLike, namespace: str, timeout: float = 10.0) -> list[dict[str, Any]]:
     """sys.dm_broker_forwarded_messages: what the live forwarders hold (at most 200 each)."""
-    return [{**row, "forwarder": r["forwarder"]} for r in reports(cluster, namespace, "forwarder", timeout)
-            for row in r.get("forwarded", [])]
+    return [
+        {**row, "forwarder": r["forwarder"]}
+        for r in reports(cluster, namespace, "forwarder", timeout)
+        for row in r.get("forwarded", [])
+    ]
 
 
 def connection_rows(cluster: ClusterLike, namespace: str, timeout: float = 10.0) -> list[dict[str, Any]]:
     """sys.dm_broker_connections: one row per connection of each live transmitter."""
-    return [{**row, "transmitter": r["transmitter"]} for r in transmitter_reports(cluster, namespace, timeout)
-            for row in r.get("connections", [])]
+    return [
+        {**row, "transmitter": r["transmitter"]}
+        for r in transmitter_reports(cluster, namespace, timeout)
+        for row in r.get("connections", [])
+    ]
 
 
-def transmission_rows(cluster: ClusterLike, namespace: str, limit: int = 1000, timeout: float = 10.0) -> list[dict[str, Any]]:
+def transmission_rows(
+    cluster: ClusterLike, namespace: str, limit: int = 1000, timeout: float = 10.0
+) -> list[dict[str, Any]]:
     """sys.transmission_queue: every message not yet acknowledged (at most `limit`), with its
     transmission_status."""
     held: dict[tuple[int, int], dict[str, Any]] = {}
@@ -151,8 +173,9 @@ def transmission_rows(cluster: ClusterLike, namespace: str, limit: int = 1000, t
     consumer = reading_consumer(cluster, names.reader_group(namespace))
     try:
         partitions = topic_partitions(consumer, topic, timeout) or []
-        heads = committed_offsets(cluster, names.transmitter_group(namespace),
-                                  [TopicPartition(topic, p) for p in partitions], timeout)
+        heads = committed_offsets(
+            cluster, names.transmitter_group(namespace), [TopicPartition(topic, p) for p in partitions], timeout
+        )
         starts = {tp.partition: max(tp.offset, 0) for tp in heads}
         read = read_partitions(consumer, topic, starts, timeout)
     finally:

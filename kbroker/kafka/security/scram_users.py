@@ -35,4 +35,3 @@ def delete(cluster: ClusterLike, user: str) -> bool:
         return False  # already gone
     clients.result_of(futures[user], f"deleting the SCRAM-SHA-512 credential of user {user}")
     return True
-

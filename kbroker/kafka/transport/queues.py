@@ -35,22 +35,40 @@ MAX_BODY_BYTES = LARGEST_BODY  # the largest body a transport queue takes (10 Mi
 
 
 def queue_config() -> dict[str, str]:
-    return {"cleanup.policy": "delete", **KEEP_EVERY_RECORD, **QUEUE_SEGMENTS,
-            "max.message.bytes": str(MESSAGE_TOPIC_LIMIT)}
+    return {
+        "cleanup.policy": "delete",
+        **KEEP_EVERY_RECORD,
+        **QUEUE_SEGMENTS,
+        "max.message.bytes": str(MESSAGE_TOPIC_LIMIT),
+    }
 
 
-def install(cluster: ClusterLike, namespace: str, plan: InstallPlan, *, timeout: float = 30.0,
-            replication_factor: int | None = None) -> list[str]:
+def install(
+    cluster: ClusterLike,
+    namespace: str,
+    plan: InstallPlan,
+    *,
+    timeout: float = 30.0,
+    replication_factor: int | None = None,
+) -> list[str]:
     """Create the plan's queue topics and the namespace's dead-letter topic where missing (the
     installer's CREATE TABLE); returns the topics created. Installing again changes nothing."""
     refuse_collisions(cluster, namespace, plan, timeout)
     dead = load_system_topics()["deadletter"]
-    specs = [TopicSpec(names.deadletter_topic(namespace), dead.partitions, system_topic_config(dead),
-                       "system topic deadletter", False)]
-    specs += [TopicSpec(transport_queue_topic(namespace, q), partitions, queue_config(), f"transport queue {q}", True)
-              for q, partitions in plan.queues]
-    created, _updated, _retention = sync_topics(cluster, specs, timeout=timeout,
-                                                replication_factor=replication_factor)
+    specs = [
+        TopicSpec(
+            names.deadletter_topic(namespace),
+            dead.partitions,
+            system_topic_config(dead),
+            "system topic deadletter",
+            False,
+        )
+    ]
+    specs += [
+        TopicSpec(transport_queue_topic(namespace, q), partitions, queue_config(), f"transport queue {q}", True)
+        for q, partitions in plan.queues
+    ]
+    created, _updated, _retention = sync_topics(cluster, specs, timeout=timeout, replication_factor=replication_factor)
     return created
 
 
@@ -62,7 +80,7 @@ def refuse_collisions(cluster: ClusterLike, namespace: str, plan: InstallPlan, t
         topics = clients.admin(cluster).list_topics(timeout=timeout).topics
     except KafkaException as exc:
         raise kafka_error(f"no Kafka broker answers at {cluster}", exc.args[0]) from None
-    collision = install_collision(plan, [t[len(prefix):] for t in topics if t.startswith(prefix)])
+    collision = install_collision(plan, [t[len(prefix) :] for t in topics if t.startswith(prefix)])
     if collision is not None:
         queue, other, reason = collision
         raise QueueNameCollisionError(f"transport queue {queue!r}", f"installed transport queue {other!r}", reason)
@@ -101,15 +119,32 @@ def decoder(queue: str) -> Callable[[KafkaRecord], TransportEnvelope]:
     return decode
 
 
-def transport_receiver(cluster: ClusterLike, namespace: str, queue: str, topic: str, *,
-                       dead_letter: Callable[[QueueReceiver, KafkaRecord, str], None],
-                       commit_barrier: Callable[[], None], max_buffered: int = 20_000,
-                       revoke_grace: float = 5.0, committer_ids: tuple[str, ...] | None = None) -> QueueReceiver:
+def transport_receiver(
+    cluster: ClusterLike,
+    namespace: str,
+    queue: str,
+    topic: str,
+    *,
+    dead_letter: Callable[[QueueReceiver, KafkaRecord, str], None],
+    commit_barrier: Callable[[], None],
+    max_buffered: int = 20_000,
+    revoke_grace: float = 5.0,
+    committer_ids: tuple[str, ...] | None = None,
+) -> QueueReceiver:
     """A started receiver of a transport queue (one consumer, in the queue's consumer group);
     `committer_ids`: the process's group committer's transactional ids (QueueReceiver)."""
-    return QueueReceiver(cluster, namespace, queue, dead_letter=dead_letter, max_buffered=max_buffered,
-                         revoke_grace=revoke_grace, commit_barrier=commit_barrier,
-                         topic=topic, decode=decoder(queue), committer_ids=committer_ids).start()
+    return QueueReceiver(
+        cluster,
+        namespace,
+        queue,
+        dead_letter=dead_letter,
+        max_buffered=max_buffered,
+        revoke_grace=revoke_grace,
+        commit_barrier=commit_barrier,
+        topic=topic,
+        decode=decoder(queue),
+        committer_ids=committer_ids,
+    ).start()
 
 
 def durable_producer(cluster: ClusterLike) -> Producer:
@@ -120,5 +155,7 @@ def durable_producer(cluster: ClusterLike) -> Producer:
 def express_producer(cluster: ClusterLike) -> Producer:
     """Recoverable = false outside a transaction: the leader's acknowledgement only, not waited
     for by the sender (NServiceBus's express messages); a broker failure may lose them."""
-    return clients.producer(cluster, **{"acks": 1, "enable.idempotence": False, "linger.ms": 5,
-                                          "message.max.bytes": clients.MAX_MESSAGE_BYTES})
+    return clients.producer(
+        cluster,
+        **{"acks": 1, "enable.idempotence": False, "linger.ms": 5, "message.max.bytes": clients.MAX_MESSAGE_BYTES},
+    )

@@ -51,8 +51,9 @@ class OpenTransaction:
         return replace(self, partitions=self.partitions | partitions)
 
 
-def close_open_aborted(producer: GuardedProducer, open_txn: OpenTransaction, group_metadata: GroupMetadata,
-                       deadline: Deadline, cap: float) -> None:
+def close_open_aborted(
+    producer: GuardedProducer, open_txn: OpenTransaction, group_metadata: GroupMetadata, deadline: Deadline, cap: float
+) -> None:
     """Close `open_txn` as aborted on `producer` (just initialised, same transactional id):
     an empty record to each of its partitions, its offsets, abort. TransactionFailed when it
     did not end so; the producer must then be abandoned."""
@@ -66,12 +67,20 @@ def close_open_aborted(producer: GuardedProducer, open_txn: OpenTransaction, gro
             if found is not None and found.error is None:
                 parts.update((topic, p) for p in found.partitions)
     placed = sorted(parts)
-    transact(producer, [(topic, CLOSING_KEY, b"", None) for topic, _ in placed], _offsets(open_txn, group_metadata),
-             deadline, cap, partitions=[p for _, p in placed], abort=True)
+    transact(
+        producer,
+        [(topic, CLOSING_KEY, b"", None) for topic, _ in placed],
+        _offsets(open_txn, group_metadata),
+        deadline,
+        cap,
+        partitions=[p for _, p in placed],
+        abort=True,
+    )
 
 
-def close_open_committed(producer: GuardedProducer, open_txn: OpenTransaction, group_metadata: GroupMetadata,
-                         deadline: Deadline, cap: float) -> None:
+def close_open_committed(
+    producer: GuardedProducer, open_txn: OpenTransaction, group_metadata: GroupMetadata, deadline: Deadline, cap: float
+) -> None:
     """Close `open_txn`'s offsets as committed: the same offsets, committed again by the same
     transactional id. TransactionFailed when it did not commit."""
     transact(producer, [], _offsets(open_txn, group_metadata), deadline, cap)

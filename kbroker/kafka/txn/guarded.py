@@ -54,8 +54,9 @@ class GuardedProducer:
     def __init__(self, producer: Producer, name: str):
         self.name = name
         self._producer: Producer | None = producer
-        self._calls: queue.Queue[tuple[Callable[[Producer], Any], concurrent.futures.Future[Any]] | None] = \
+        self._calls: queue.Queue[tuple[Callable[[Producer], Any], concurrent.futures.Future[Any]] | None] = (
             queue.Queue()
+        )
         self.abandoned = False
         self._thread = threading.Thread(target=self._serve, name=f"kbroker-txn-{name}", daemon=True)
         self._thread.start()
@@ -86,8 +87,12 @@ class GuardedProducer:
         try:
             return future.result(timeout=seconds + GRACE)
         except concurrent.futures.TimeoutError:
-            log.error("%s on transactional producer %s did not return within %.1f s: abandoning it",
-                      what, self.name, seconds + GRACE)
+            log.error(
+                "%s on transactional producer %s did not return within %.1f s: abandoning it",
+                what,
+                self.name,
+                seconds + GRACE,
+            )
             self.abandon()
             raise CallDeadlineExceeded(what, seconds + GRACE) from None
 
@@ -120,8 +125,9 @@ def started_for(cluster: ClusterLike, producer: Producer, transactional_id: str,
         return started(producer, transactional_id, seconds)
     except KafkaException as exc:
         if denied_code(exc.args[0]):
-            raise clients.denied(cluster, exc.args[0], "starting a transactional producer",
-                                 transactional_id=("WRITE", transactional_id)) from None
+            raise clients.denied(
+                cluster, exc.args[0], "starting a transactional producer", transactional_id=("WRITE", transactional_id)
+            ) from None
         raise
 
 
@@ -135,8 +141,12 @@ def aborted(producer: GuardedProducer, seconds: float) -> bool:
         return False
 
 
-def replace_producer(old: GuardedProducer, new: Callable[[], GuardedProducer], stop: threading.Event,
-                     failed: Callable[[BaseException], None]) -> GuardedProducer:
+def replace_producer(
+    old: GuardedProducer,
+    new: Callable[[], GuardedProducer],
+    stop: threading.Event,
+    failed: Callable[[BaseException], None],
+) -> GuardedProducer:
     """Abandon `old` and start its replacement, `new()` (whose init fences `old` and ends the
     open transaction it left), trying again every second (each failure to `failed`) until one
     starts or `stop` is set; then `old`, abandoned (its every call fails)."""
@@ -166,8 +176,11 @@ class TransactionFailed(Exception):
         """librdkafka's error (or kbroker's deadline) at `stage`."""
         if isinstance(exc, KafkaException) and isinstance(exc.args[0], KafkaError):
             err = exc.args[0]
-            return cls(Failure(stage, fatal=err.fatal(), retriable=err.retriable(),
-                               requires_abort=err.txn_requires_abort()), reason(exc), err)
+            return cls(
+                Failure(stage, fatal=err.fatal(), retriable=err.retriable(), requires_abort=err.txn_requires_abort()),
+                reason(exc),
+                err,
+            )
         return cls(Failure(stage, timed_out=isinstance(exc, CallDeadlineExceeded)), reason(exc))
 
 
@@ -178,8 +191,16 @@ def reason(exc: BaseException) -> str:
     return str(exc)
 
 
-def transact(producer: GuardedProducer, records: list[Record], offsets: list[tuple[list[TopicPartition], Any]],
-             deadline: Deadline, cap: float, *, partitions: list[int] | None = None, abort: bool = False) -> None:
+def transact(
+    producer: GuardedProducer,
+    records: list[Record],
+    offsets: list[tuple[list[TopicPartition], Any]],
+    deadline: Deadline,
+    cap: float,
+    *,
+    partitions: list[int] | None = None,
+    abort: bool = False,
+) -> None:
     """One Kafka transaction: begin, produce `records`, send each (positions, consumer group
     metadata) of `offsets`, commit (asked again while faults.decide says so). Every call gets
     what is left of `deadline`, at most `cap` seconds; TransactionFailed says where it stopped.
@@ -190,13 +211,17 @@ def transact(producer: GuardedProducer, records: list[Record], offsets: list[tup
     try:
         producer.call("begin_transaction", lambda p: p.begin_transaction(), deadline.call_timeout(cap))
         stage = Stage.PRODUCE
-        producer.call("produce", lambda p: _produce_all(p, records, deadline, refused, partitions),
-                      deadline.call_timeout(cap))
+        producer.call(
+            "produce", lambda p: _produce_all(p, records, deadline, refused, partitions), deadline.call_timeout(cap)
+        )
         stage = Stage.OFFSETS
         for positions, group in offsets:
             t = deadline.call_timeout(cap)
-            producer.call("send_offsets_to_transaction",
-                          lambda p: p.send_offsets_to_transaction(positions, group, t), t)  # noqa: B023 - called now
+            producer.call(
+                "send_offsets_to_transaction",
+                lambda p: p.send_offsets_to_transaction(positions, group, t),  # noqa: B023 - called now
+                t,
+            )
         if abort:
             stage = Stage.ABORT
             t = deadline.call_timeout(cap)
@@ -239,8 +264,14 @@ def _serve_reports(producer: GuardedProducer, refused: dict[int, str], exc: Kafk
 
 # Kafka's answers that refuse one record for what it is, not for the state of the transaction,
 # the producer or the cluster: the same record is refused every time.
-RECORD_REFUSALS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE,
-                             KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_RECORD})
+RECORD_REFUSALS = frozenset(
+    {
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.INVALID_MSG_SIZE,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.INVALID_RECORD,
+    }
+)
 
 
 class _Refusals:
@@ -254,15 +285,22 @@ class _Refusals:
             self.refused[index] = str(err.str())
 
 
-def _produce_all(producer: Producer, records: list[Record], deadline: Deadline, refused: dict[int, str],
-                 partitions: list[int] | None) -> None:
+def _produce_all(
+    producer: Producer, records: list[Record], deadline: Deadline, refused: dict[int, str], partitions: list[int] | None
+) -> None:
     reports = _Refusals(refused)
     for index, (topic, key, value, headers) in enumerate(records):
         try:
-            clients.produce(producer, topic, until=deadline.expired, key=key, value=value,
-                            headers=messages.wire_headers(headers),
-                            on_delivery=functools.partial(reports.delivered, index),
-                            **({} if partitions is None else {"partition": partitions[index]}))
+            clients.produce(
+                producer,
+                topic,
+                until=deadline.expired,
+                key=key,
+                value=value,
+                headers=messages.wire_headers(headers),
+                on_delivery=functools.partial(reports.delivered, index),
+                **({} if partitions is None else {"partition": partitions[index]}),
+            )
         except KafkaException as exc:  # refused before it was sent: over the producer's own limit
             if isinstance(exc.args[0], KafkaError):
                 reports.delivered(index, exc.args[0], None)

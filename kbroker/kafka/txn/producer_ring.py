@@ -51,28 +51,45 @@ class ProducerRing:
     without I/O: a slot's producer is created (with `new_producer`, given its settings) and
     initialised at its first use, ready()."""
 
-    def __init__(self, cluster: ClusterLike, namespace: str, *, producers: int, transactional_ids: tuple[str, ...],
-                 new_producer: Callable[[dict[str, Any]], Producer], timeout: float, transaction_deadline: float,
-                 group_metadata: GroupMetadata, closed: Callable[[], bool]):
+    def __init__(
+        self,
+        cluster: ClusterLike,
+        namespace: str,
+        *,
+        producers: int,
+        transactional_ids: tuple[str, ...],
+        new_producer: Callable[[dict[str, Any]], Producer],
+        timeout: float,
+        transaction_deadline: float,
+        group_metadata: GroupMetadata,
+        closed: Callable[[], bool],
+    ):
         self._make_producer, self._timeout = new_producer, timeout
         self._transaction_deadline = transaction_deadline
         self._group_metadata = group_metadata  # what a closing transaction sends its offsets with
         self._closed = closed  # whether the committer is closing: no producer is created then
-        self._conf: dict[str, Any] = clients.base(cluster, **{
-            "enable.idempotence": True, "acks": "all", "linger.ms": 1,
-            "message.max.bytes": clients.MAX_MESSAGE_BYTES,
-            # Right after a commit the coordinator is still writing markers and answers the next
-            # transaction's first request with CONCURRENT_TRANSACTIONS; the retry back-off then
-            # dominates every commit. Measured on the embedded broker, a transaction of one
-            # offset commit takes 114 ms at the default 100 ms, 9.4 ms at 5/50 ms and 4.6 ms at 1/5 ms.
-            "retry.backoff.ms": 1, "retry.backoff.max.ms": 5,
-            # A process killed mid-commit leaves its Kafka transaction open; readers of those
-            # partitions wait at the last stable offset until Kafka aborts it after this long.
-            "transaction.timeout.ms": 10_000,
-        })
+        self._conf: dict[str, Any] = clients.base(
+            cluster,
+            **{
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 1,
+                "message.max.bytes": clients.MAX_MESSAGE_BYTES,
+                # Right after a commit the coordinator is still writing markers and answers the next
+                # transaction's first request with CONCURRENT_TRANSACTIONS; the retry back-off then
+                # dominates every commit. Measured on the embedded broker, a transaction of one
+                # offset commit takes 114 ms at the default 100 ms, 9.4 ms at 5/50 ms and 4.6 ms at 1/5 ms.
+                "retry.backoff.ms": 1,
+                "retry.backoff.max.ms": 5,
+                # A process killed mid-commit leaves its Kafka transaction open; readers of those
+                # partitions wait at the last stable offset until Kafka aborts it after this long.
+                "transaction.timeout.ms": 10_000,
+            },
+        )
         # transactional_ids: the ring's ids chosen by the caller (who names them before the start).
-        self.slots = [Slot(tid) for tid in transactional_ids] or \
-            [Slot(transactional_id(namespace, uuid.uuid4())) for _ in range(max(1, producers))]
+        self.slots = [Slot(tid) for tid in transactional_ids] or [
+            Slot(transactional_id(namespace, uuid.uuid4())) for _ in range(max(1, producers))
+        ]
         self._turn = 0  # the ring's producer for the next Kafka transaction
         # Producers created so far. A transaction that took a conversation lease commits only on
         # producers at least as old as its lease check: if the lease ran out and another process
@@ -104,8 +121,13 @@ class ProducerRing:
         producer = self._start(slot, seconds)
         if slot.open_transaction is not None:
             try:
-                close_open_aborted(producer, slot.open_transaction, self._group_metadata, deadline,
-                                   deadline.call_timeout(self._timeout, floor=1.0))
+                close_open_aborted(
+                    producer,
+                    slot.open_transaction,
+                    self._group_metadata,
+                    deadline,
+                    deadline.call_timeout(self._timeout, floor=1.0),
+                )
             except TransactionFailed as failed:  # its callers expect the call's own error
                 assert isinstance(failed.__cause__, (KafkaException, CallDeadlineExceeded))
                 raise failed.__cause__ from None
@@ -118,8 +140,11 @@ class ProducerRing:
         return producer
 
     def _start(self, slot: Slot, seconds: float) -> GuardedProducer:
-        return started(self._make_producer({**self._conf, "transactional.id": slot.transactional_id}),
-                       slot.transactional_id, seconds)
+        return started(
+            self._make_producer({**self._conf, "transactional.id": slot.transactional_id}),
+            slot.transactional_id,
+            seconds,
+        )
 
     def restock(self) -> None:
         """While idle, give every slot whose producer was abandoned a new one. Its init fences

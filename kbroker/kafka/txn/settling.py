@@ -41,9 +41,18 @@ LOG_MARGIN = 60.0
 
 # What send_offsets_to_transaction meets when the queue's group moved on to a new generation
 # since the offsets' group metadata was taken (a reader joined or left): a fence, not a fault.
-GROUP_FENCES = frozenset(getattr(KafkaError, name) for name in (
-    "ILLEGAL_GENERATION", "UNKNOWN_MEMBER_ID", "REBALANCE_IN_PROGRESS", "FENCED_INSTANCE_ID",
-    "FENCED_MEMBER_EPOCH", "STALE_MEMBER_EPOCH") if hasattr(KafkaError, name))
+GROUP_FENCES = frozenset(
+    getattr(KafkaError, name)
+    for name in (
+        "ILLEGAL_GENERATION",
+        "UNKNOWN_MEMBER_ID",
+        "REBALANCE_IN_PROGRESS",
+        "FENCED_INSTANCE_ID",
+        "FENCED_MEMBER_EPOCH",
+        "STALE_MEMBER_EPOCH",
+    )
+    if hasattr(KafkaError, name)
+)
 
 Positions = dict[Any, list[TopicPartition]]  # a transaction's offsets per queue receiver
 
@@ -52,9 +61,18 @@ class Settler:
     """Settles the committer's failed Kafka transactions on the ring's producers. Reads the
     queue groups' committed offsets with consumers of its own that never join the groups."""
 
-    def __init__(self, cluster: Cluster, namespace: str, ring: ProducerRing, *, timeout: float,
-                 transaction_deadline: float, resolve_timeout: float, open_transaction_after: float,
-                 closed: Callable[[], bool]):
+    def __init__(
+        self,
+        cluster: Cluster,
+        namespace: str,
+        ring: ProducerRing,
+        *,
+        timeout: float,
+        transaction_deadline: float,
+        resolve_timeout: float,
+        open_transaction_after: float,
+        closed: Callable[[], bool],
+    ):
         self._cluster, self._namespace, self._ring = cluster, namespace, ring
         self._timeout, self._transaction_deadline = timeout, transaction_deadline
         self._resolve_timeout = resolve_timeout  # how long an in-doubt commit may take to settle
@@ -64,8 +82,9 @@ class Settler:
         # Per queue group: a consumer that reads its committed offsets, to settle an in-doubt commit.
         self._offsets_readers: dict[str, Consumer] = {}
 
-    def settle(self, slot: Slot, failed: TransactionFailed, deadline: Deadline, positions: Positions,
-               open_txn: OpenTransaction) -> bool | None:
+    def settle(
+        self, slot: Slot, failed: TransactionFailed, deadline: Deadline, positions: Positions, open_txn: OpenTransaction
+    ) -> bool | None:
         """Leave the failed transaction's producer ready or abandoned; whether the transaction
         committed (None: in doubt and not settled). See kbroker.core.txn.faults for why this is
         safe. One that did not commit is closed by the slot's next producer (close_open.py),
@@ -75,8 +94,7 @@ class Settler:
         closable = not failed.refused and not (failed.error is not None and failed.error.code() in GROUP_FENCES)
         if closable and action is not Action.RESOLVE:  # it did not commit
             slot.open_transaction = open_txn
-        log.warning("Kafka transaction failed at %s (%s): %s", failed.failure.stage.value, failed.reason,
-                    action.value)
+        log.warning("Kafka transaction failed at %s (%s): %s", failed.failure.stage.value, failed.reason, action.value)
         if not failed.refused:  # a refused record says nothing of the producers' health
             self._ring.recycle_idle(slot)
         if action is Action.ABORT:
@@ -140,8 +158,11 @@ class Settler:
                 return committed
             except UNREADABLE as exc:
                 if not waited:
-                    log.warning("cannot settle an in-doubt Kafka transaction yet (%s); retrying for up to %.0f s",
-                                reason(exc), until.left())
+                    log.warning(
+                        "cannot settle an in-doubt Kafka transaction yet (%s); retrying for up to %.0f s",
+                        reason(exc),
+                        until.left(),
+                    )
                 waited = True
                 time.sleep(min(1.0, until.left()))
         log.error("an in-doubt Kafka transaction could not be settled in %.0f s", self._resolve_timeout)
@@ -156,9 +177,10 @@ class Settler:
         try:
             for receiver, tps in positions.items():
                 sent += [(tp.topic, tp.partition, tp.offset, tp.metadata) for tp in tps]
-                found += [(tp.topic, tp.partition, tp.offset, tp.metadata)
-                          for tp in self.group_offsets(receiver.topic, tps,
-                                                       until.call_timeout(self._timeout, floor=1.0))]
+                found += [
+                    (tp.topic, tp.partition, tp.offset, tp.metadata)
+                    for tp in self.group_offsets(receiver.topic, tps, until.call_timeout(self._timeout, floor=1.0))
+                ]
         except UNREADABLE:
             for receiver in positions:
                 stale = self._offsets_readers.pop(receiver.topic, None)
@@ -167,16 +189,21 @@ class Settler:
             raise
         return sent, found
 
-    def _close_open(self, slot: Slot, open_txn: OpenTransaction, check: OpenTransactionCheck,
-                    until: Deadline) -> bool | None:
+    def _close_open(
+        self, slot: Slot, open_txn: OpenTransaction, check: OpenTransactionCheck, until: Deadline
+    ) -> bool | None:
         """How the in-doubt transaction ended, by Kafka's transaction log, once a transaction of
         the same producer id closed it so (close_open.py); None when the log cannot tell or the
         closing failed (the caller asks again)."""
         if check.outcome is None:
             try:
-                history = transaction_history(self._cluster, names.reader_group(self._namespace),
-                                              slot.transactional_id, open_txn.began - LOG_MARGIN,
-                                              until.call_timeout(self._timeout, floor=1.0))
+                history = transaction_history(
+                    self._cluster,
+                    names.reader_group(self._namespace),
+                    slot.transactional_id,
+                    open_txn.began - LOG_MARGIN,
+                    until.call_timeout(self._timeout, floor=1.0),
+                )
             except KBrokerError as exc:  # refused, or no broker: the offsets alone may still tell
                 if check.first_failure():
                     log.warning("cannot read Kafka's transaction log to settle an in-doubt transaction (%s)", exc)
@@ -184,14 +211,21 @@ class Settler:
             check.outcome = outcome_before_init(history) if history is not None else None
             if check.outcome is None:
                 if check.first_failure():
-                    log.warning("Kafka's transaction log %s; the in-doubt transaction stays unsettled",
-                                "does not say how it ended" if history is not None else "could not be read to its end")
+                    log.warning(
+                        "Kafka's transaction log %s; the in-doubt transaction stays unsettled",
+                        "does not say how it ended" if history is not None else "could not be read to its end",
+                    )
                 return None
         outcome = check.outcome
         try:
             if outcome.committed:
-                close_open_committed(self._ring.ready(slot, until.call_timeout(self._timeout, floor=1.0)), open_txn,
-                                     self.group_metadata, Deadline(self._transaction_deadline), self._timeout)
+                close_open_committed(
+                    self._ring.ready(slot, until.call_timeout(self._timeout, floor=1.0)),
+                    open_txn,
+                    self.group_metadata,
+                    Deadline(self._transaction_deadline),
+                    self._timeout,
+                )
             else:  # the slot's next producer closes it, aborted
                 slot.open_transaction = open_txn.with_partitions(outcome.partitions)
                 self._ring.abandon(slot)
@@ -200,9 +234,11 @@ class Settler:
             log.warning("closing an open Kafka transaction failed (%s); trying again", reason(exc))
             self._ring.abandon(slot)
             return None
-        log.warning("in-doubt Kafka transaction settled by Kafka's transaction log: %s, an open transaction "
-                    "without its markers (as the broker restarted); closed so",
-                    "committed" if outcome.committed else "aborted")
+        log.warning(
+            "in-doubt Kafka transaction settled by Kafka's transaction log: %s, an open transaction "
+            "without its markers (as the broker restarted); closed so",
+            "committed" if outcome.committed else "aborted",
+        )
         return outcome.committed
 
     def group_metadata(self, group: str) -> Any:

@@ -25,8 +25,9 @@ from kbroker.kafka.snapshot import read_partitions, reading_consumer, topic_part
 log = logging.getLogger("kbroker.committer")
 
 
-def transaction_history(cluster: ClusterLike, group: str, transactional_id: str, since: float,
-                        timeout: float) -> list[TxnLogEntry] | None:
+def transaction_history(
+    cluster: ClusterLike, group: str, transactional_id: str, since: float, timeout: float
+) -> list[TxnLogEntry] | None:
     """`transactional_id`'s log entries written since `since` (epoch seconds), in order; None
     when the log cannot be read to its end within `timeout`. A consumer of `group` (never
     joined) reads it; PermissionDeniedError when the cluster refuses."""
@@ -38,11 +39,15 @@ def transaction_history(cluster: ClusterLike, group: str, transactional_id: str,
             return None
         p = partition_of(transactional_id, len(partitions))
         try:
-            [start] = consumer.offsets_for_times([TopicPartition(TRANSACTION_LOG, p, int(since * 1000))],
-                                                 timeout=max(0.1, deadline - time.monotonic()))
+            [start] = consumer.offsets_for_times(
+                [TopicPartition(TRANSACTION_LOG, p, int(since * 1000))], timeout=max(0.1, deadline - time.monotonic())
+            )
         except KafkaException as exc:
-            raise kafka_error("cannot find where to read the transaction log", exc.args[0],
-                              on={"topic": ("DESCRIBE", TRANSACTION_LOG)}) from None
+            raise kafka_error(
+                "cannot find where to read the transaction log",
+                exc.args[0],
+                on={"topic": ("DESCRIBE", TRANSACTION_LOG)},
+            ) from None
         if start.offset < 0:  # nothing written since: the log's end
             return []
         entries: list[TxnLogEntry] = []
@@ -53,11 +58,17 @@ def transaction_history(cluster: ClusterLike, group: str, transactional_id: str,
                 if parse_key(msg.key()) == transactional_id and value is not None:
                     entries.append(parse_value(value))
             except TxnLogFormatError as exc:
-                log.warning("transaction log record at %s[%s]@%s not understood (%s); skipped",
-                            TRANSACTION_LOG, p, msg.offset(), exc)
+                log.warning(
+                    "transaction log record at %s[%s]@%s not understood (%s); skipped",
+                    TRANSACTION_LOG,
+                    p,
+                    msg.offset(),
+                    exc,
+                )
 
-        read = read_partitions(consumer, TRANSACTION_LOG, {p: start.offset},
-                               max(0.1, deadline - time.monotonic()), on_record=keep)
+        read = read_partitions(
+            consumer, TRANSACTION_LOG, {p: start.offset}, max(0.1, deadline - time.monotonic()), on_record=keep
+        )
         return None if read.unfinished else entries
     finally:
         consumer.close()

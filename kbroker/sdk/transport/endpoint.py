@@ -50,9 +50,16 @@ def endpoint(name: str, *, bootstrap: ClusterLike | None = None, **kwargs: Any) 
     return TransportEndpoint(name, cluster=bootstrap, **kwargs)  # which resolves it
 
 
-def send_message(cluster: ClusterLike, namespace: str, queue: str, body: bytes | None,
-                 headers: Mapping[str, str] | None = None, *, reply_to_address: str | None = None,
-                 **kw: Any) -> str:
+def send_message(
+    cluster: ClusterLike,
+    namespace: str,
+    queue: str,
+    body: bytes | None,
+    headers: Mapping[str, str] | None = None,
+    *,
+    reply_to_address: str | None = None,
+    **kw: Any,
+) -> str:
     """One send from outside any endpoint (the CLI's): no ReplyToAddress unless given."""
     with TransportEndpoint("kbroker-cli", cluster=cluster, namespace=namespace, secondary=False) as ep:
         return ep.send(queue, body, headers, reply_to_address=reply_to_address or "", **kw)
@@ -68,21 +75,49 @@ class TransportEndpoint:
     install=True creates the queues first, as an installer would. `cluster`: where Kafka is (an
     address or a Cluster; None: the broker rule, embedded.resolve_cluster)."""
 
-    def __init__(self, name: str, *, cluster: ClusterLike | None = None, namespace: str | None = None,
-                 machine: str | None = None, secondary: bool = True, concurrency: str = MONITOR,
-                 max_concurrency: int = 8, secondary_readers: int = 1, max_deliveries: int = 5,
-                 satellite: bool = False, install: bool = False, partitions: int | None = None,
-                 commit_interval: float = 0.005, max_buffered: int = 20_000, ack_timeout: float = 30.0):
+    def __init__(
+        self,
+        name: str,
+        *,
+        cluster: ClusterLike | None = None,
+        namespace: str | None = None,
+        machine: str | None = None,
+        secondary: bool = True,
+        concurrency: str = MONITOR,
+        max_concurrency: int = 8,
+        secondary_readers: int = 1,
+        max_deliveries: int = 5,
+        satellite: bool = False,
+        install: bool = False,
+        partitions: int | None = None,
+        commit_interval: float = 0.005,
+        max_buffered: int = 20_000,
+        ack_timeout: float = 30.0,
+    ):
         try:
-            settings = TransportSettings(name, machine or default_machine(), secondary, concurrency,
-                                        max_concurrency, secondary_readers, max_deliveries, satellite)
+            settings = TransportSettings(
+                name,
+                machine or default_machine(),
+                secondary,
+                concurrency,
+                max_concurrency,
+                secondary_readers,
+                max_deliveries,
+                satellite,
+            )
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
         self.settings = settings
         self.cluster = resolve_cluster(cluster)
         self.namespace = config.namespace(namespace)
-        self.runtime = TransportRuntime(self.cluster, self.namespace, settings, ack_timeout=ack_timeout,
-                                        commit_interval=commit_interval, max_buffered=max_buffered)
+        self.runtime = TransportRuntime(
+            self.cluster,
+            self.namespace,
+            settings,
+            ack_timeout=ack_timeout,
+            commit_interval=commit_interval,
+            max_buffered=max_buffered,
+        )
         if install:
             self.install(partitions)
         self._express: Any = None
@@ -100,8 +135,13 @@ class TransportEndpoint:
     def install(self, partitions: int | None = None) -> list[str]:
         """Create this instance's queues (and the dead-letter topic) where missing."""
         s = self.settings
-        plan = install_plan(s.name, s.machine, secondary=s.secondary_queue is not None,
-                            partitions=partitions or PRIMARY_PARTITIONS, satellite=s.satellite)
+        plan = install_plan(
+            s.name,
+            s.machine,
+            secondary=s.secondary_queue is not None,
+            partitions=partitions or PRIMARY_PARTITIONS,
+            satellite=s.satellite,
+        )
         return install(self.cluster, self.namespace, plan)
 
     # --- statements ------------------------------------------------------------------------
@@ -110,16 +150,32 @@ class TransportEndpoint:
         """Begin a transaction: receive, send and reply, then commit or roll back."""
         return TransportTransaction(self.runtime)
 
-    def send(self, destination: str, body: bytes | None, headers: Mapping[str, str] | None = None, *,
-             correlation_id: str | None = None, reply_to_address: str | None = None, recoverable: bool = True,
-             time_to_be_received: float | None = None, message_id: str | None = None) -> str:
+    def send(
+        self,
+        destination: str,
+        body: bytes | None,
+        headers: Mapping[str, str] | None = None,
+        *,
+        correlation_id: str | None = None,
+        reply_to_address: str | None = None,
+        recoverable: bool = True,
+        time_to_be_received: float | None = None,
+        message_id: str | None = None,
+    ) -> str:
         """Send outside a transaction; returns the Id. Recoverable: returns once every in-sync
         replica has it (idempotent producer). Recoverable = False: the express path, handed to
         the client and acknowledged by the leader only, not waited for."""
         headers = tracing.with_trace_headers(headers, self.runtime.namespace, destination)
         record = self.runtime.record(
-            destination, body, headers, correlation_id=correlation_id, reply_to_address=reply_to_address,
-            recoverable=recoverable, time_to_be_received=time_to_be_received, message_id=message_id)
+            destination,
+            body,
+            headers,
+            correlation_id=correlation_id,
+            reply_to_address=reply_to_address,
+            recoverable=recoverable,
+            time_to_be_received=time_to_be_received,
+            message_id=message_id,
+        )
         key: bytes  # a transport record's key is its message's Id
         topic, key, value, headers_ = record
         if not recoverable:
@@ -133,8 +189,9 @@ class TransportEndpoint:
             produce(record)
         return key.decode()
 
-    def request(self, destination: str, body: bytes | None, headers: Mapping[str, str] | None = None,
-                **kw: Any) -> concurrent.futures.Future[TransportMessage]:
+    def request(
+        self, destination: str, body: bytes | None, headers: Mapping[str, str] | None = None, **kw: Any
+    ) -> concurrent.futures.Future[TransportMessage]:
         """Send and register a callback: the future completes with the reply (a message whose
         CorrelationId is this one's Id) when it reaches this instance's reply queue."""
         future: concurrent.futures.Future[TransportMessage] = concurrent.futures.Future()
@@ -171,8 +228,14 @@ class TransportEndpoint:
 
     # --- handling ---------------------------------------------------------------------------
 
-    def handle_one(self, queue: str, handler: Handler, wait: float | None, give_up_fast: bool = False,
-                   on_received: Callable[[], None] = lambda: None) -> bool:
+    def handle_one(
+        self,
+        queue: str,
+        handler: Handler,
+        wait: float | None,
+        give_up_fast: bool = False,
+        on_received: Callable[[], None] = lambda: None,
+    ) -> bool:
         """One transaction: receive from `queue`, hand the message to its callback or `handler`,
         commit (a failure rolls back). Returns whether a message was there. `on_received` is
         called once the receive returned (or failed), message or not."""
@@ -225,10 +288,14 @@ class TransportEndpoint:
     def stats(self) -> dict[str, Any]:
         """The endpoint's counters, its reader sets and what each queue's receiver holds."""
         with self._lock:
-            return {"endpoint": self.settings.name, "machine": self.settings.machine,
-                    "model": self.settings.model, "counters": dict(self.runtime.counters),
-                    "readers": [r.stats() for r in self._readers],
-                    "queues": {q: r.stats() for q, r in self.runtime.receivers().items()}}
+            return {
+                "endpoint": self.settings.name,
+                "machine": self.settings.machine,
+                "model": self.settings.model,
+                "counters": dict(self.runtime.counters),
+                "readers": [r.stats() for r in self._readers],
+                "queues": {q: r.stats() for q, r in self.runtime.receivers().items()},
+            }
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the readers after their current transactions."""

@@ -57,8 +57,9 @@ class TransportTransaction:
 
     # --- statements ---------------------------------------------------------------------------
 
-    def receive(self, wait: float | None = 0.0, *, queue: str | None = None,
-                buffered_only: bool = False) -> TransportMessage | None:
+    def receive(
+        self, wait: float | None = 0.0, *, queue: str | None = None, buffered_only: bool = False
+    ) -> TransportMessage | None:
         """The oldest message of `queue` (default: the endpoint's primary queue) that no other
         transaction holds, waiting up to `wait` s (None: without time-out); None if none came.
         wait=0 waits once for the queue's first fetch, as RECEIVE does; buffered_only returns at
@@ -70,8 +71,9 @@ class TransportTransaction:
         deadline = None if wait is None else time.monotonic() + wait
         while True:
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            lease, live, expired = receiver.take(self, 1, remaining,
-                                                 give_up=(lambda: True) if buffered_only else rt.closing)
+            lease, live, expired = receiver.take(
+                self, 1, remaining, give_up=(lambda: True) if buffered_only else rt.closing
+            )
             if lease is None:
                 return None
             if expired:  # removed with this transaction, never handed out
@@ -84,8 +86,9 @@ class TransportTransaction:
             position = (receiver.topic, b.partition, b.offset)
             failures = rt.failures.count(position)
             if failures >= rt.settings.max_deliveries:
-                rt.dead_letter_poison(lease, b.record,
-                                      f"handler failed {failures} times: {rt.failures.reason(position)}")
+                rt.dead_letter_poison(
+                    lease, b.record, f"handler failed {failures} times: {rt.failures.reason(position)}"
+                )
                 continue
             if lease not in self._leases:
                 self._leases.append(lease)
@@ -93,27 +96,47 @@ class TransportTransaction:
             assert isinstance(envelope, TransportEnvelope)  # a transport queue's receiver decodes these
             msg = with_position(envelope.message, q, b.partition, b.offset, b.enqueued_ms)
             if tracing.enabled():
-                self.trace_context = tracing.receive_span(rt.namespace, q,
-                                                          [tracing.context_of(list(msg.headers.items()))], None)
+                self.trace_context = tracing.receive_span(
+                    rt.namespace, q, [tracing.context_of(list(msg.headers.items()))], None
+                )
             self.received.append(msg)
             rt.count("received")
             return msg
 
-    def send(self, destination: str, body: bytes | None, headers: Mapping[str, str] | None = None, *,
-             correlation_id: str | None = None, reply_to_address: str | None = None, recoverable: bool = True,
-             time_to_be_received: float | None = None, message_id: str | None = None) -> str:
+    def send(
+        self,
+        destination: str,
+        body: bytes | None,
+        headers: Mapping[str, str] | None = None,
+        *,
+        correlation_id: str | None = None,
+        reply_to_address: str | None = None,
+        recoverable: bool = True,
+        time_to_be_received: float | None = None,
+        message_id: str | None = None,
+    ) -> str:
         """INSERT a message into `destination`'s queue when this transaction commits; returns its
         Id. ReplyToAddress defaults to this instance's reply address."""
         self._check_open()
         headers = tracing.with_trace_headers(headers, self._rt.namespace, destination, self.trace_context)
-        self._records.append(self._rt.record(destination, body, headers, correlation_id=correlation_id,
-                                             reply_to_address=reply_to_address, recoverable=recoverable,
-                                             time_to_be_received=time_to_be_received, message_id=message_id))
+        self._records.append(
+            self._rt.record(
+                destination,
+                body,
+                headers,
+                correlation_id=correlation_id,
+                reply_to_address=reply_to_address,
+                recoverable=recoverable,
+                time_to_be_received=time_to_be_received,
+                message_id=message_id,
+            )
+        )
         key: bytes = self._records[-1][1]  # the message's Id
         return key.decode()
 
-    def reply(self, message: TransportMessage, body: bytes | None, headers: Mapping[str, str] | None = None,
-              **kw: Any) -> str:
+    def reply(
+        self, message: TransportMessage, body: bytes | None, headers: Mapping[str, str] | None = None, **kw: Any
+    ) -> str:
         """Send to the message's ReplyToAddress, with its Id as the CorrelationId (what a
         callback waiting on the request matches)."""
         if not message.reply_to_address:
@@ -133,8 +156,9 @@ class TransportTransaction:
                     self._rt.committer.commit(CommitRequest(self._records, self._leases))
         except (TransactionAbortedError, TransactionInDoubtError) as exc:
             self._end(committed=False)
-            self._move(TransactionState.ABORTED if isinstance(exc, TransactionAbortedError)
-                       else TransactionState.IN_DOUBT)
+            self._move(
+                TransactionState.ABORTED if isinstance(exc, TransactionAbortedError) else TransactionState.IN_DOUBT
+            )
             raise
         self._end(committed=True)
         self._move(TransactionState.COMMITTED)

@@ -107,17 +107,30 @@ class Task:
     handler: str | None = None
 
     def row(self, worker: str) -> dict[str, Any]:
-        return {"task_id": self.task_id, "worker": worker, "queue": self.queue, "procedure": self.procedure,
-                "generation": self.generation, "handler": self.handler, "started_at": self.started_at}
+        return {
+            "task_id": self.task_id,
+            "worker": worker,
+            "queue": self.queue,
+            "procedure": self.procedure,
+            "generation": self.generation,
+            "handler": self.handler,
+            "started_at": self.started_at,
+        }
 
 
 class TaskHandlers:
     """`modules`: the procedures' modules this worker allows (`allowed`), checked again right
     before a procedure is imported, whatever path chose it."""
 
-    def __init__(self, broker: Any, on_exit: Callable[[Task, bool], None], size: int | None = None,
-                 worker_id: str = "", guard: Guard | None = None,
-                 modules: tuple[str, ...] = OWN_PROCEDURE_MODULES):
+    def __init__(
+        self,
+        broker: Any,
+        on_exit: Callable[[Task, bool], None],
+        size: int | None = None,
+        worker_id: str = "",
+        guard: Guard | None = None,
+        modules: tuple[str, ...] = OWN_PROCEDURE_MODULES,
+    ):
         self.size = size or 2 * (os.cpu_count() or 1)
         self.modules = modules
         self.worker_id = worker_id

@@ -86,8 +86,9 @@ class Monitors:
         self.allowed_modules = OWN_PROCEDURE_MODULES + tuple(s.allow_procedures)
         self._refused: set[tuple[str, str]] = set()  # (queue, procedure) already reported
         broker.hooks.append(MonitorHooks(self.post))
-        self.handlers = TaskHandlers(broker, self._on_exit, size=s.handlers, worker_id=s.worker_id, guard=guard,
-                                     modules=self.allowed_modules)
+        self.handlers = TaskHandlers(
+            broker, self._on_exit, size=s.handlers, worker_id=s.worker_id, guard=guard, modules=self.allowed_modules
+        )
 
     def start(self) -> Self:
         self.loop = asyncio.get_running_loop()
@@ -134,10 +135,21 @@ class Monitors:
             return
         self._refused.add((queue, procedure))
         modules = list(self.allowed_modules)
-        log.error("activation of queue %s refused: %s (allowed modules %s; kbroker worker --allow-procedures "
-                  "MODULE)", queue, why, modules)
-        event = {"event": "ACTIVATION_REFUSED", "queue": queue, "namespace": self.s.namespace,
-                 "procedure": procedure, "allowed": modules, "time": now_ms(), "reason": why}
+        log.error(
+            "activation of queue %s refused: %s (allowed modules %s; kbroker worker --allow-procedures MODULE)",
+            queue,
+            why,
+            modules,
+        )
+        event = {
+            "event": "ACTIVATION_REFUSED",
+            "queue": queue,
+            "namespace": self.s.namespace,
+            "procedure": procedure,
+            "allowed": modules,
+            "time": now_ms(),
+            "reason": why,
+        }
         asyncio.get_running_loop().create_task(self.channels.send_event(queue, event))
 
     async def _perform(self, actions: list[Any]) -> None:
@@ -148,8 +160,14 @@ class Monitors:
                 log.info("launch reader queue=%s generation=%s procedure=%s", a.queue, a.generation, a.procedure)
             elif isinstance(a, NotifyExternal):
                 metrics.of(metrics.ACTIVATIONS, self.s.namespace, a.queue, "external").inc()
-                event = {"event": "QUEUE_ACTIVATION", "queue": a.queue, "namespace": self.s.namespace,
-                         "backlog": a.backlog, "ready_groups": a.ready_groups, "time": now_ms()}
+                event = {
+                    "event": "QUEUE_ACTIVATION",
+                    "queue": a.queue,
+                    "namespace": self.s.namespace,
+                    "backlog": a.backlog,
+                    "ready_groups": a.ready_groups,
+                    "time": now_ms(),
+                }
                 await self.channels.send_event(a.queue, event)
 
     async def on_event(self, queue: str, event: Any, source: str | None) -> None:
@@ -174,6 +192,11 @@ class Monitors:
         log.debug("monitor queue=%s event=%s state=%s readers=%s", queue, event, state.state.value, state.readers)
         # `counted`: when the counts (backlog, ready groups) were last measured; the view's as_of.
         counted = now if isinstance(event, MessagesReady) else (stored or {}).get("counted", now)
-        table[queue] = {**state.to_dict(), "owner": s.worker_id, "updated": now, "counted": counted,
-                        "health": self.guard.health.snapshot(queue)}  # the worker's reasons and this queue's
+        table[queue] = {
+            **state.to_dict(),
+            "owner": s.worker_id,
+            "updated": now,
+            "counted": counted,
+            "health": self.guard.health.snapshot(queue),
+        }  # the worker's reasons and this queue's
         await self._perform(actions)

@@ -70,8 +70,13 @@ class Reclaimer:
         ENDPOINT_RECLAIM_SECONDS, or every closed_grace when shorter)."""
         s = self.s
         try:
-            await asyncio.to_thread(self.scan, names.catalog_topic(s.namespace), names.readers_topic(s.namespace),
-                                    names.analytics_topic(s.namespace), names.control_topic(s.namespace))
+            await asyncio.to_thread(
+                self.scan,
+                names.catalog_topic(s.namespace),
+                names.readers_topic(s.namespace),
+                names.analytics_topic(s.namespace),
+                names.control_topic(s.namespace),
+            )
             done = await asyncio.to_thread(lambda: reclaim_namespace(s.cluster, self.broker.catalog))
             every = min(ENDPOINT_RECLAIM_SECONDS, s.closed_grace)  # a short grace is reclaimed as often
             last = -every if self._endpoints_reclaimed is None else self._endpoints_reclaimed
@@ -85,10 +90,13 @@ class Reclaimer:
             self.running = None
         for r in done:
             log.info("reclaimed topic=%s deleted_below=%s", r.topic, r.deleted_below)
-            event = {"event": "RECORDS_RECLAIMED", "topic": r.topic, "time": now_ms(),
-                     "deleted_below": {str(p): o for p, o in r.deleted_below.items()}}  # JSON keys
+            event = {
+                "event": "RECORDS_RECLAIMED",
+                "topic": r.topic,
+                "time": now_ms(),
+                "deleted_below": {str(p): o for p, o in r.deleted_below.items()},
+            }  # JSON keys
             await self.channels.send_event(r.topic, event)
-
 
     def scan(self, *topics: str) -> None:
         """Set aside the bad records of topics every process reads whole (kafka/rejects.py): the
@@ -96,8 +104,12 @@ class Reclaimer:
         for topic in topics:
             name = topic.rpartition(".")[2]
             before = self.rejects.rejected
-            ends = scan(self.rejects, topic, _DECODERS[name],
-                        starts=None if name in ("catalog", "endpoints") else self._scanned.get(topic, {}))
+            ends = scan(
+                self.rejects,
+                topic,
+                _DECODERS[name],
+                starts=None if name in ("catalog", "endpoints") else self._scanned.get(topic, {}),
+            )
             self._scanned[topic] = ends
             if self.rejects.rejected > before:
                 log.warning("set aside records=%d topic=%s", self.rejects.rejected - before, topic)
@@ -122,8 +134,9 @@ class ClusterTick:
         self.schedule = TickSchedule(interval=s.tick_interval)
 
     async def request(self) -> None:
-        await self.channels.send(self.channels.ticks, b"tick", orjson.dumps({"worker": self.s.worker_id,
-                                                                               "now": time.time()}))
+        await self.channels.send(
+            self.channels.ticks, b"tick", orjson.dumps({"worker": self.s.worker_id, "now": time.time()})
+        )
 
     async def on_request(self, worker: str, now: float) -> None:
         """A worker asked for a tick (core/activation/monitor_codec.decode_tick_request): run it if this
@@ -134,13 +147,21 @@ class ClusterTick:
         if run is None:
             return
         queues = await asyncio.to_thread(
-            lambda: [q.name for q in self.broker.catalog.queues.values() if q.activation is not None])
+            lambda: [q.name for q in self.broker.catalog.queues.values() if q.activation is not None]
+        )
         for queue in queues:
             await self.channels.send(self.channels.monitor_events, queue.encode(), codec.encode(Tick()))
         # requested_ms: when the worker asked; `time` - requested_ms is how long the tick took to
         # reach every monitor (kbroker bench scale measures it against the number of queues).
-        event = {"event": "TICK", "number": run.number, "due": sorted(run.due), "missed": run.missed,
-                 "worker": worker, "requested_ms": int(now * 1000), "time": now_ms()}
+        event = {
+            "event": "TICK",
+            "number": run.number,
+            "due": sorted(run.due),
+            "missed": run.missed,
+            "worker": worker,
+            "requested_ms": int(now * 1000),
+            "time": now_ms(),
+        }
         await self.channels.send_event("tick", event)
         if EVERY_5TH in run.due:
             self.reclaimer.trigger()

@@ -47,8 +47,15 @@ class QueueWatch:
     """On the leader: the monitor events that the queues' configs and counts call for. close()
     closes each queue's watcher."""
 
-    def __init__(self, s: WorkerSettings, channels: Channels, broker: Broker, guard: Guard,
-                 pool: ThreadPoolExecutor, counting: CountingClients):
+    def __init__(
+        self,
+        s: WorkerSettings,
+        channels: Channels,
+        broker: Broker,
+        guard: Guard,
+        pool: ThreadPoolExecutor,
+        counting: CountingClients,
+    ):
         self.s, self.channels, self.broker, self.guard, self.pool = s, channels, broker, guard, pool
         self.counting = counting
         self.watchers: dict[str, QueueWatcher] = {}
@@ -69,8 +76,9 @@ class QueueWatch:
         try:
             watcher = self.watchers.get(name)
             if watcher is None:
-                watcher = self.watchers[name] = QueueWatcher(self.s.cluster, self.s.namespace, name,
-                                                             clients=self.counting)
+                watcher = self.watchers[name] = QueueWatcher(
+                    self.s.cluster, self.s.namespace, name, clients=self.counting
+                )
             # Bounded by half a tick: a coordinator slow to answer (busy with the readers'
             # commits) held the counts, and the view, for the whole 5 s it used to wait.
             return watcher.counts(timeout=min(5.0, max(0.5, self.s.tick_interval / 2)))
@@ -112,8 +120,11 @@ class QueueWatch:
             # that did not reach the monitor (a send lost in a rebalance or an outage) is put
             # right within half a tick instead of standing until the queue changes again, and
             # the view's rows stay well inside two ticks old on a loaded machine.
-            if last is None or (counts.backlog, counts.ready_groups) != (last.backlog, last.ready_groups) \
-                    or now - self._counted_at.get(name, 0.0) >= self.s.tick_interval / 2:
+            if (
+                last is None
+                or (counts.backlog, counts.ready_groups) != (last.backlog, last.ready_groups)
+                or now - self._counted_at.get(name, 0.0) >= self.s.tick_interval / 2
+            ):
                 pending.append((name, MessagesReady(counts.backlog, counts.ready_groups)))
                 self._counted_at[name] = now
             if last is not None and counts.received > last.received:

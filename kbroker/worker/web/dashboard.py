@@ -75,8 +75,9 @@ def add_dashboard(app: Any, feed: DashboardFeed) -> None:
         if found is None:
             return web.text(f"no such file: {file}\n", status=404)
         path, ctype = found
-        return web.bytes(await asyncio.to_thread(path.read_bytes), content_type=ctype,
-                         headers={"Cache-Control": "max-age=300"})
+        return web.bytes(
+            await asyncio.to_thread(path.read_bytes), content_type=ctype, headers={"Cache-Control": "max-age=300"}
+        )
 
     app.page("/dashboard/static/{file}", name="dashboard_static")(static)
 
@@ -87,8 +88,9 @@ def add_dashboard(app: Any, feed: DashboardFeed) -> None:
 
     async def stream(web: Any, request: Any) -> Any:
         feed.watch()
-        resp = aioweb.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                              "X-Accel-Buffering": "no"})
+        resp = aioweb.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
         await resp.prepare(request)
         sent: dict[str, Any] | None = None
         quiet_since = time.monotonic()

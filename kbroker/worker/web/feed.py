@@ -104,8 +104,13 @@ def _round(x: float | None, digits: int = 3) -> float | None:
     return None if x is None else round(x, digits)
 
 
-def merge(catalog_queues: list[str], latest: dict[str, dict[str, Any]], rates: Rates,
-          monitors: list[dict[str, Any]] | None, tasks: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def merge(
+    catalog_queues: list[str],
+    latest: dict[str, dict[str, Any]],
+    rates: Rates,
+    monitors: list[dict[str, Any]] | None,
+    tasks: list[dict[str, Any]],
+) -> dict[str, dict[str, Any]]:
     """queue -> its dashboard entry, for every queue of the catalog, the analytics windows and
     the monitor rows. `latest` is each queue's newest window; None where a source says nothing:
 
@@ -126,21 +131,41 @@ def merge(catalog_queues: list[str], latest: dict[str, dict[str, Any]], rates: R
     for queue in sorted(set(catalog_queues) | set(latest) | set(rows)):
         w, row = latest.get(queue), rows.get(queue)
         entry: dict[str, Any] = {
-            "backlog": None, "backlog_source": None, "arrivals_per_s": None, "receives_per_s": None,
-            "stale_10s": None, "stale_60s": None, "stale_queue": None, "stale_after_s": None,
-            "oldest_age_s": None, "analytics_as_of": None, "window_start": None,
-            "monitor_state": None, "readers": None, "max_readers": None, "activation": None,
-            "ready_groups": None, "monitor_as_of": None, "degraded": None, "tasks": running.get(queue, 0),
+            "backlog": None,
+            "backlog_source": None,
+            "arrivals_per_s": None,
+            "receives_per_s": None,
+            "stale_10s": None,
+            "stale_60s": None,
+            "stale_queue": None,
+            "stale_after_s": None,
+            "oldest_age_s": None,
+            "analytics_as_of": None,
+            "window_start": None,
+            "monitor_state": None,
+            "readers": None,
+            "max_readers": None,
+            "activation": None,
+            "ready_groups": None,
+            "monitor_as_of": None,
+            "degraded": None,
+            "tasks": running.get(queue, 0),
         }
         backlog_at = None
         if w is not None:
             stale = w.get("stale") or {}
             as_of = w.get("as_of")
             entry.update(
-                backlog=w.get("backlog"), backlog_source="analytics", stale_10s=stale.get("dispatcher_10s"),
-                stale_60s=stale.get("forwarder_60s"), stale_queue=stale.get("queue"),
-                stale_after_s=w.get("stale_after_s"), oldest_age_s=w.get("oldest_unreceived_age_s"),
-                analytics_as_of=as_of, window_start=w.get("window_start"))
+                backlog=w.get("backlog"),
+                backlog_source="analytics",
+                stale_10s=stale.get("dispatcher_10s"),
+                stale_60s=stale.get("forwarder_60s"),
+                stale_queue=stale.get("queue"),
+                stale_after_s=w.get("stale_after_s"),
+                oldest_age_s=w.get("oldest_unreceived_age_s"),
+                analytics_as_of=as_of,
+                window_start=w.get("window_start"),
+            )
             backlog_at = None if as_of is None else as_of / 1000
             got = rates.rates(queue)
             if got is None and as_of is not None and w.get("window_start") is not None:
@@ -150,12 +175,16 @@ def merge(catalog_queues: list[str], latest: dict[str, dict[str, Any]], rates: R
                 entry["arrivals_per_s"], entry["receives_per_s"] = _round(got[0]), _round(got[1])
         if row is not None:
             counted = _epoch(row.get("as_of"))
-            entry.update(monitor_state=row.get("state"), readers=row.get("readers"),
-                         max_readers=row.get("max_queue_readers"), activation=row.get("activation"),
-                         ready_groups=row.get("ready_groups"), monitor_as_of=counted,
-                         degraded=row.get("degraded"))
-            if row.get("backlog") is not None and counted is not None and \
-                    (backlog_at is None or counted > backlog_at):
+            entry.update(
+                monitor_state=row.get("state"),
+                readers=row.get("readers"),
+                max_readers=row.get("max_queue_readers"),
+                activation=row.get("activation"),
+                ready_groups=row.get("ready_groups"),
+                monitor_as_of=counted,
+                degraded=row.get("degraded"),
+            )
+            if row.get("backlog") is not None and counted is not None and (backlog_at is None or counted > backlog_at):
                 entry.update(backlog=row["backlog"], backlog_source="monitor")
         out[queue] = entry
     return out
@@ -164,9 +193,17 @@ def merge(catalog_queues: list[str], latest: dict[str, dict[str, Any]], rates: R
 class DashboardFeed:
     """The worker's snapshots, built every `interval` seconds on a thread of their own."""
 
-    def __init__(self, cluster: ClusterLike, namespace: str, worker_id: str, broker: Any, handlers: Any,
-                 interval: float = INTERVAL_S, follower: Callable[[Cluster, str], Any] = AnalyticsFollower,
-                 monitors: Callable[..., list[dict[str, Any]]] | None = None):
+    def __init__(
+        self,
+        cluster: ClusterLike,
+        namespace: str,
+        worker_id: str,
+        broker: Any,
+        handlers: Any,
+        interval: float = INTERVAL_S,
+        follower: Callable[[Cluster, str], Any] = AnalyticsFollower,
+        monitors: Callable[..., list[dict[str, Any]]] | None = None,
+    ):
         self.cluster, self.namespace, self.worker_id = Cluster.of(cluster), namespace, worker_id
         self._broker, self._handlers, self._interval = broker, handlers, interval
         self._new_follower, self._monitor_rows = follower, monitors  # monitors: views.monitor_rows
@@ -184,9 +221,15 @@ class DashboardFeed:
         self._thread: threading.Thread | None = None
 
     def _empty(self) -> dict[str, Any]:
-        return {"at": time.time(), "namespace": self.namespace, "worker": self.worker_id, "queues": {},
-                "tasks": [], "analytics": {"as_of": None, "error": None},
-                "monitors": {"as_of": None, "error": None}}
+        return {
+            "at": time.time(),
+            "namespace": self.namespace,
+            "worker": self.worker_id,
+            "queues": {},
+            "tasks": [],
+            "analytics": {"as_of": None, "error": None},
+            "monitors": {"as_of": None, "error": None},
+        }
 
     def start(self) -> DashboardFeed:
         if self._thread is None:
@@ -241,13 +284,17 @@ class DashboardFeed:
         now = time.time()
         clock = self._rates.clock
         snap = {
-            "at": round(at, 3), "namespace": self.namespace, "worker": self.worker_id,
-            "queues": merge(catalog, latest, self._rates, self._monitors, tasks), "tasks": tasks,
-            "analytics": {"as_of": None if clock is None else int(clock * 1000),
-                          "age_s": None if clock is None else _round(max(0.0, now - clock), 1),
-                          "error": self._failing.get("analytics")},
-            "monitors": {"as_of": self._monitors_at, "error": self._failing.get("monitors"),
-                         "read": self.watched()},
+            "at": round(at, 3),
+            "namespace": self.namespace,
+            "worker": self.worker_id,
+            "queues": merge(catalog, latest, self._rates, self._monitors, tasks),
+            "tasks": tasks,
+            "analytics": {
+                "as_of": None if clock is None else int(clock * 1000),
+                "age_s": None if clock is None else _round(max(0.0, now - clock), 1),
+                "error": self._failing.get("analytics"),
+            },
+            "monitors": {"as_of": self._monitors_at, "error": self._failing.get("monitors"), "read": self.watched()},
         }
         with self._built:
             self._snapshot, self._built_at = snap, started
@@ -287,8 +334,12 @@ class DashboardFeed:
 
     def _failed(self, source: str, exc: Exception) -> None:
         if source not in self._failing:
-            log.warning("dashboard: reading %s failed (%s: %s); trying again every second, the last data kept",
-                        source, type(exc).__name__, exc)
+            log.warning(
+                "dashboard: reading %s failed (%s: %s); trying again every second, the last data kept",
+                source,
+                type(exc).__name__,
+                exc,
+            )
         self._failing[source] = f"{type(exc).__name__}: {exc}"
 
     def _ok(self, source: str) -> None:

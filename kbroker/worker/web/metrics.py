@@ -29,42 +29,64 @@ class WorkerCollector(Collector):
     (queue, stored monitor dict) pairs), `readers` (the task handlers' rows) and `routing` (this
     worker's transmitter's backlog per destination and link states, None while it has none)."""
 
-    def __init__(self, namespace: str, worker_id: str, monitors: Callable[[], Iterable[tuple[str, dict[str, Any]]]],
-                 readers: Callable[[], list[dict[str, Any]]], slots: int,
-                 routing: Callable[[], tuple[Backlog, dict[str, str]] | None] = lambda: None):
-        self.namespace, self.worker_id, self._monitors, self._readers, self._slots, self._routing = \
-            namespace, worker_id, monitors, readers, slots, routing
+    def __init__(
+        self,
+        namespace: str,
+        worker_id: str,
+        monitors: Callable[[], Iterable[tuple[str, dict[str, Any]]]],
+        readers: Callable[[], list[dict[str, Any]]],
+        slots: int,
+        routing: Callable[[], tuple[Backlog, dict[str, str]] | None] = lambda: None,
+    ):
+        self.namespace, self.worker_id, self._monitors, self._readers, self._slots, self._routing = (
+            namespace,
+            worker_id,
+            monitors,
+            readers,
+            slots,
+            routing,
+        )
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         ns = self.namespace
         labels = ["namespace", "queue"]
-        backlog = GaugeMetricFamily("kbroker_queue_backlog_messages",
-                                    "Ready messages of an activated queue, as its monitor last counted them.",
-                                    labels=labels)
-        groups = GaugeMetricFamily("kbroker_queue_ready_groups",
-                                   "Conversation groups holding ready messages, as the queue's monitor last counted "
-                                   "them.", labels=labels)
-        waiting = GaugeMetricFamily("kbroker_queue_tasks_waiting",
-                                    "Sessions inside a RECEIVE on the queue (sys.dm_broker_queue_monitors).",
-                                    labels=labels)
-        state = GaugeMetricFamily("kbroker_queue_monitor_state",
-                                  "The queue monitor's state: 1 for the state it is in, 0 for the others.",
-                                  labels=["namespace", "queue", "state"])
+        backlog = GaugeMetricFamily(
+            "kbroker_queue_backlog_messages",
+            "Ready messages of an activated queue, as its monitor last counted them.",
+            labels=labels,
+        )
+        groups = GaugeMetricFamily(
+            "kbroker_queue_ready_groups",
+            "Conversation groups holding ready messages, as the queue's monitor last counted them.",
+            labels=labels,
+        )
+        waiting = GaugeMetricFamily(
+            "kbroker_queue_tasks_waiting",
+            "Sessions inside a RECEIVE on the queue (sys.dm_broker_queue_monitors).",
+            labels=labels,
+        )
+        state = GaugeMetricFamily(
+            "kbroker_queue_monitor_state",
+            "The queue monitor's state: 1 for the state it is in, 0 for the others.",
+            labels=["namespace", "queue", "state"],
+        )
         for queue, stored in sorted((q, m) for q, m in self._monitors() if isinstance(q, str)):
             backlog.add_metric([ns, queue], count(stored.get("backlog")))
             groups.add_metric([ns, queue], count(stored.get("ready_groups")))
             waiting.add_metric([ns, queue], count(stored.get("tasks_waiting")))
             for status in MonitorStatus:
                 state.add_metric([ns, queue, status.value], 1.0 if stored.get("state") == status.value else 0.0)
-        running = GaugeMetricFamily("kbroker_readers_running",
-                                    "Activated readers this worker runs, per queue.", labels=labels)
+        running = GaugeMetricFamily(
+            "kbroker_readers_running", "Activated readers this worker runs, per queue.", labels=labels
+        )
         per_queue: dict[str, int] = {}
         for row in self._readers():
             per_queue[row["queue"]] = per_queue.get(row["queue"], 0) + 1
         for queue, n in sorted(per_queue.items()):
             running.add_metric([ns, queue], float(n))
-        slots = GaugeMetricFamily("kbroker_reader_slots", "Task handlers this worker has for activated readers.",
-                                  labels=["namespace"])
+        slots = GaugeMetricFamily(
+            "kbroker_reader_slots", "Task handlers this worker has for activated readers.", labels=["namespace"]
+        )
         slots.add_metric([ns], float(self._slots))
         yield from (backlog, groups, waiting, state, running, slots)
         yield from self._transmission()
@@ -75,17 +97,25 @@ class WorkerCollector(Collector):
             return
         held, links = routing
         ns, labels = self.namespace, ["namespace", "destination"]
-        count = GaugeMetricFamily("kbroker_transmission_backlog_messages",
-                                  "Routed messages this worker's transmitter holds unacknowledged, per destination "
-                                  "(\"\" while they have none: no route yet).", labels=labels)
-        age = GaugeMetricFamily("kbroker_transmission_oldest_age_seconds",
-                                "Age of the oldest unacknowledged routed message, per destination.", labels=labels)
+        count = GaugeMetricFamily(
+            "kbroker_transmission_backlog_messages",
+            "Routed messages this worker's transmitter holds unacknowledged, per destination "
+            '("" while they have none: no route yet).',
+            labels=labels,
+        )
+        age = GaugeMetricFamily(
+            "kbroker_transmission_oldest_age_seconds",
+            "Age of the oldest unacknowledged routed message, per destination.",
+            labels=labels,
+        )
         for dest, (n, oldest) in sorted(held.items()):
             count.add_metric([ns, dest], float(n))
             age.add_metric([ns, dest], oldest)
-        link = GaugeMetricFamily("kbroker_link_state",
-                                 "The connection to a destination: 1 for the state it is in, 0 for the others.",
-                                 labels=["namespace", "destination", "state"])
+        link = GaugeMetricFamily(
+            "kbroker_link_state",
+            "The connection to a destination: 1 for the state it is in, 0 for the others.",
+            labels=["namespace", "destination", "state"],
+        )
         for dest, current in sorted(links.items()):
             for name in dict.fromkeys((*LINK_STATES, current)):
                 link.add_metric([ns, dest, name], 1.0 if name == current else 0.0)

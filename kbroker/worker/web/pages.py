@@ -1,10 +1,10 @@
 """The worker's JSON pages on its HTTP API (the dashboard's are in dashboard.py):
 
-    GET /monitors/        the queue monitors' rows (views.py), read from the monitor table's changelog
-    GET /conversations/   sys.conversation_endpoints, kept in memory by an EndpointStore
-    GET /dialogs/         the dialogs the analytics job reclassified, the most recently told first
-    GET /tasks/           this worker's task handlers, activated readers and degraded reasons
-    GET /metrics          Prometheus's text format (metrics.py)
+GET /monitors/        the queue monitors' rows (views.py), read from the monitor table's changelog
+GET /conversations/   sys.conversation_endpoints, kept in memory by an EndpointStore
+GET /dialogs/         the dialogs the analytics job reclassified, the most recently told first
+GET /tasks/           this worker's task handlers, activated readers and degraded reasons
+GET /metrics          Prometheus's text format (metrics.py)
 """
 
 from __future__ import annotations
@@ -31,9 +31,15 @@ class Pages:
     """The pages and the endpoint store behind /conversations/: start() reads it a first time
     (on a thread, before anyone asks for the view), close() closes it."""
 
-    def __init__(self, s: WorkerSettings, handlers: TaskHandlers, guard: Guard,
-                 reclassified: dict[str, dict[str, Any]], monitors: Callable[[], Iterable[tuple[str, Any]]],
-                 routing: Callable[[], Any] = lambda: None):
+    def __init__(
+        self,
+        s: WorkerSettings,
+        handlers: TaskHandlers,
+        guard: Guard,
+        reclassified: dict[str, dict[str, Any]],
+        monitors: Callable[[], Iterable[tuple[str, Any]]],
+        routing: Callable[[], Any] = lambda: None,
+    ):
         self.s, self.handlers, self.guard, self.reclassified = s, handlers, guard, reclassified
 
         def owned() -> list[tuple[str, dict[str, Any]]]:
@@ -43,8 +49,9 @@ class Pages:
             transmitter = routing()
             return None if transmitter is None else (transmitter.backlog, transmitter.link_states)
 
-        self._unregister = register(WorkerCollector(s.namespace, s.worker_id, owned, handlers.rows, handlers.size,
-                                                    transmission))
+        self._unregister = register(
+            WorkerCollector(s.namespace, s.worker_id, owned, handlers.rows, handlers.size, transmission)
+        )
         # sys.conversation_endpoints kept in memory (read-only, sequences as written): after the
         # first read, /conversations/ reads only what changed since, whatever the topic holds.
         self.conversations = EndpointStore(s.cluster, s.namespace, None, continue_sequences=False)
@@ -66,8 +73,13 @@ class Pages:
 
     def register(self, app: faust.App) -> None:
         """The pages, on the app's web server."""
-        s, handlers, guard, conversations, reclassified = \
-            self.s, self.handlers, self.guard, self.conversations, self.reclassified
+        s, handlers, guard, conversations, reclassified = (
+            self.s,
+            self.handlers,
+            self.guard,
+            self.conversations,
+            self.reclassified,
+        )
 
         @app.page("/monitors/")
         async def monitors_page(web: Any, request: Any) -> Any:
@@ -82,8 +94,7 @@ class Pages:
 
         @app.page("/dialogs/")
         async def dialogs_page(web: Any, request: Any) -> Any:
-            rows = sorted(reclassified.values(),
-                          key=lambda r: (r.get("queue") or "", r["conversation_id"], r["side"]))
+            rows = sorted(reclassified.values(), key=lambda r: (r.get("queue") or "", r["conversation_id"], r["side"]))
             return web.json({"namespace": s.namespace, "worker": s.worker_id, "rows": rows, "as_of": time.time()})
 
         @app.page("/metrics")
@@ -93,5 +104,13 @@ class Pages:
 
         @app.page("/tasks/")
         async def tasks_page(web: Any, request: Any) -> Any:
-            return web.json({"worker": s.worker_id, "handlers": handlers.size, "waiting": handlers.waiting(),
-                             "tasks": handlers.rows(), **guard.health.snapshot(), "as_of": time.time()})
+            return web.json(
+                {
+                    "worker": s.worker_id,
+                    "handlers": handlers.size,
+                    "waiting": handlers.waiting(),
+                    "tasks": handlers.rows(),
+                    **guard.health.snapshot(),
+                    "as_of": time.time(),
+                }
+            )

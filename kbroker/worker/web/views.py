@@ -48,21 +48,32 @@ def monitor_rows(cluster: ClusterLike, namespace: str, timeout: float = 10.0) ->
         dmv = st.dmv_row()
         as_of = d.get("counted", d.get("updated"))
         health = d.get("health") or {}
-        rows.append({
-            **dmv, "last_empty_rowset_time": iso_utc(dmv["last_empty_rowset_time"]),
-            "last_activated_time": iso_utc(dmv["last_activated_time"]),
-            "readers": st.readers, "max_queue_readers": st.config.max_queue_readers,
-            "activation": "ON" if st.config.enabled else "OFF", "kind": st.config.kind,
-            "backlog": st.backlog, "ready_groups": st.ready_groups, "generation": st.generation,
-            "worker": d.get("owner"), "updated": iso_utc(d.get("updated")),
-            "as_of": iso_utc(as_of), "age": None if as_of is None else round(max(0.0, read_at - as_of), 3),
-            "degraded": bool(health.get("degraded")), "degraded_reasons": health.get("reasons", []),
-        })
+        rows.append(
+            {
+                **dmv,
+                "last_empty_rowset_time": iso_utc(dmv["last_empty_rowset_time"]),
+                "last_activated_time": iso_utc(dmv["last_activated_time"]),
+                "readers": st.readers,
+                "max_queue_readers": st.config.max_queue_readers,
+                "activation": "ON" if st.config.enabled else "OFF",
+                "kind": st.config.kind,
+                "backlog": st.backlog,
+                "ready_groups": st.ready_groups,
+                "generation": st.generation,
+                "worker": d.get("owner"),
+                "updated": iso_utc(d.get("updated")),
+                "as_of": iso_utc(as_of),
+                "age": None if as_of is None else round(max(0.0, read_at - as_of), 3),
+                "degraded": bool(health.get("degraded")),
+                "degraded_reasons": health.get("reasons", []),
+            }
+        )
     return rows
 
 
-def worker_conversations(url: str, namespace: str, timeout: float = 3.0,
-                         token_file: str | None = None) -> list[dict[str, Any]] | None:
+def worker_conversations(
+    url: str, namespace: str, timeout: float = 3.0, token_file: str | None = None
+) -> list[dict[str, Any]] | None:
     """sys.conversation_endpoints from a running worker of `namespace` at `url` (its
     /conversations/ page), or None: none answers, it serves another namespace, or it is still
     reading the endpoints topic for the first time."""

@@ -21,8 +21,13 @@ from kbroker.worker.settings import WorkerSettings
 log = logging.getLogger("kbroker.worker.web")
 
 # Faust's settings that turn its own pages off (the "/" index has none: web_pages_off drops it).
-FAUST_PAGES_OFF = {"web_router_enabled": False, "web_tables_enabled": False, "web_graph_enabled": False,
-                   "web_stats_enabled": False, "web_metrics_enabled": False}
+FAUST_PAGES_OFF = {
+    "web_router_enabled": False,
+    "web_tables_enabled": False,
+    "web_graph_enabled": False,
+    "web_stats_enabled": False,
+    "web_metrics_enabled": False,
+}
 FAUST_PAGES = "faust.web.apps."
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -44,15 +49,22 @@ def gate(access: Access) -> Any:
     @web.middleware
     async def web_gate(request: web.Request, handler: Handler) -> web.StreamResponse:
         h = request.headers
-        refused = access.refusal(request.method, h.get("Host"), h.get("Origin"), h.get("Sec-Fetch-Site"),
-                                 h.get("Authorization"), request.cookies.get(COOKIE))
+        refused = access.refusal(
+            request.method,
+            h.get("Host"),
+            h.get("Origin"),
+            h.get("Sec-Fetch-Site"),
+            h.get("Authorization"),
+            request.cookies.get(COOKIE),
+        )
         if refused is not None and refused[0] == 401 and access.login_ok(request.query.get(TOKEN_PARAM)):
             return login(request, access)
         if refused is not None:
             status, reason = refused
             log.info("HTTP %s %s refused (%d): %s", request.method, request.path, status, reason)
-            return web.json_response({"error": reason}, status=status,
-                                     headers={"WWW-Authenticate": "Bearer"} if status == 401 else None)
+            return web.json_response(
+                {"error": reason}, status=status, headers={"WWW-Authenticate": "Bearer"} if status == 401 else None
+            )
         return await handler(request)
 
     return web_gate
@@ -73,12 +85,18 @@ def login(request: web.Request, access: Access) -> web.StreamResponse:
 def web_options(s: WorkerSettings) -> dict[str, Any]:
     """The Faust app's settings for its web server: bound where `s` says, behind the gate, and
     none of Faust's own pages."""
-    return {"web_port": s.web_port, "web_bind": s.web_host, "web_host": s.web_host,
-            "web_application_options": {"middlewares": [gate(access_of(s))]}, **FAUST_PAGES_OFF}
+    return {
+        "web_port": s.web_port,
+        "web_bind": s.web_host,
+        "web_host": s.web_host,
+        "web_application_options": {"middlewares": [gate(access_of(s))]},
+        **FAUST_PAGES_OFF,
+    }
 
 
 def web_pages_off(app: Any) -> None:
     """Drop what Faust would still serve of its own (its "/" index has no setting)."""
     blueprints = app.web.blueprints
-    blueprints._enabled[:] = [(prefix, bp) for prefix, bp in blueprints._enabled
-                              if not (isinstance(bp, str) and bp.startswith(FAUST_PAGES))]
+    blueprints._enabled[:] = [
+        (prefix, bp) for prefix, bp in blueprints._enabled if not (isinstance(bp, str) and bp.startswith(FAUST_PAGES))
+    ]
