@@ -21,3 +21,5 @@ class Params:
     max_readers: int = 4  # activation-drain: max_queue_readers, and the fixed pool's size
     ramp_up: float = 5.0  # activation-*: the worker's --ramp-up (SSB's 5 s)
     ended_dialogs: int = 1_000_000  # ended-dialogs: dialogs whose endpoints the namespace holds
+    delayed_messages: int = 100_000  # transport-delayed: delayed messages per side and repetition
+    delayed_seconds: float = 600.0  # transport-delayed: the window their due times are spread over

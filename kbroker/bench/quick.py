@@ -27,6 +27,8 @@ QUICK: dict[str, Any] = {
     "drain_messages": 5_000,  # activation-drain
     "ramp_up": 1.0,  # activation-*: the worker's ramp-up; 5 s would be most of a small drain
     "ended_dialogs": 2_000,  # ended-dialogs
+    "delayed_messages": 2_000,  # transport-delayed: 100 due a second over its 20 s
+    "delayed_seconds": 20.0,  # transport-delayed: most of its time (one window, both sides at once)
 }
 QUICK_FILE = "quick.json"  # where --quick writes its results, beside (never over) latest.json
 

@@ -25,6 +25,7 @@ SCENARIO_MODULES = (
     "analytics",
     "routing",
     "transport",
+    "transport_delayed",
 )
 
 

@@ -21,6 +21,8 @@ from kbroker.cli import (  # noqa: F401
     routes,
     routing,
     transport_endpoint,
+    transport_errors,
+    transport_pubsub,
     views,
     worker,
 )

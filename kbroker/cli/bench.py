@@ -104,6 +104,20 @@ from kbroker.cli.output import make_console, new_table, print_table
     help="ended-dialogs: dialogs whose ended endpoints the namespace holds.",
 )
 @click.option(
+    "--delayed-messages",
+    default=Params.delayed_messages,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="transport-delayed: delayed messages per side and repetition.",
+)
+@click.option(
+    "--delayed-seconds",
+    default=Params.delayed_seconds,
+    show_default=True,
+    type=click.FloatRange(min=1.0),
+    help="transport-delayed: the window (s) their due times are spread over; a repetition takes about this long.",
+)
+@click.option(
     "--out",
     "out_dir",
     default="bench-results",
@@ -164,6 +178,8 @@ def bench(
     max_readers,
     ramp_up,
     ended_dialogs,
+    delayed_messages,
+    delayed_seconds,
     out_dir,
     docs_path,
     no_docs,
@@ -178,11 +194,11 @@ def bench(
     """Benchmark kbroker against a plain confluent-kafka baseline on the same broker.
 
     SCENARIOS: send (with send-pipelined), request-reply, io-bound, backlog-rss, ended-dialogs,
-    activation-latency, activation-drain, analytics, routing, transport; all by default.
-    Uses --bootstrap / KBROKER_BOOTSTRAP when given, else starts an embedded broker on free ports
-    in a temporary data dir for the run. Progress goes to stderr; results to OUT/latest.json and
-    the results table of the docs; --json prints them on stdout. --quick: see docs/benchmarks.md,
-    "Before merging: the quick check".
+    activation-latency, activation-drain, analytics, routing, transport, transport-delayed; all by
+    default. Uses --bootstrap / KBROKER_BOOTSTRAP when given, else starts an embedded broker on
+    free ports in a temporary data dir for the run. Progress goes to stderr; results to
+    OUT/latest.json and the results table of the docs; --json prints them on stdout. --quick: see
+    docs/benchmarks.md, "Before merging: the quick check".
 
     `kbroker bench scale` measures how cost grows instead (queues, open dialogs, workers; only
     the curves given with --queues/--dialogs/--workers, or all three at their defaults): results
@@ -239,6 +255,8 @@ def bench(
         max_readers=max_readers,
         ramp_up=ramp_up,
         ended_dialogs=ended_dialogs,
+        delayed_messages=delayed_messages,
+        delayed_seconds=delayed_seconds,
     )
     reporter = Reporter(quiet=quiet)
     if quick:

@@ -36,6 +36,7 @@ SCENARIO_NAMES = (
     "transport-receive",
     "transport-io-bound",
     "transport-share-group",
+    "transport-delayed",
     "scale",
 )
 

@@ -2,6 +2,7 @@
 
 kbroker endpoint install Sales --machine web-01       # queues Sales and Sales.web-01
 kbroker endpoint send Sales --body '{"order": 1}' --header NServiceBus.EnclosedMessageTypes=OrderPlaced
+kbroker endpoint send Billing --body later --delay 30  # moved to Billing in 30 s by its instances
 kbroker endpoint receive Sales --wait 5 --json        # one message, removed when printed
 kbroker endpoint acls Sales --installer User:deploy --runner User:sales
 """
@@ -68,7 +69,7 @@ def install_cmd(endpoint, machine, no_secondary, partitions, target, as_json):
         )
 
 
-def _headers(pairs: tuple[str, ...]) -> dict[str, str]:
+def header_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
     out = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
@@ -87,12 +88,39 @@ def _headers(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--reply-to", "reply_to", help="ReplyToAddress (default: none).")
 @click.option("--not-recoverable", is_flag=True, help="Recoverable = false: the express, not durable path.")
 @click.option("--ttbr", type=click.FloatRange(min=0, min_open=True), help="Time to be received, seconds (Expires).")
+@click.option("--delay", type=click.FloatRange(min=0), help="Deliver after this many seconds (delayed delivery).")
+@click.option("--not-before", "not_before", help="Deliver at this ISO 8601 time (UTC unless it has an offset).")
+@click.option("--store", help="The endpoint whose delayed store holds a delayed send (default: the one QUEUE names).")
 @cluster_options
 @json_option
 @handle_errors
-def send_cmd(queue, body, header, message_id, correlation_id, reply_to, not_recoverable, ttbr, target, as_json):
-    """Send a transport message to QUEUE; prints its Id."""
+def send_cmd(
+    queue,
+    body,
+    header,
+    message_id,
+    correlation_id,
+    reply_to,
+    not_recoverable,
+    ttbr,
+    delay,
+    not_before,
+    store,
+    target,
+    as_json,
+):
+    """Send a transport message to QUEUE; prints its Id. With --delay or --not-before it waits in
+    a delayed store (QUEUE's endpoint's, or --store's) until then, and that endpoint's running
+    instances move it to QUEUE."""
     from kbroker.sdk.transport.endpoint import send_message
+
+    if delay is not None and not_before is not None:
+        fail("give --delay or --not-before, not both")
+    delayed = {"delay": delay, "not_before": not_before} if delay is not None or not_before is not None else {}
+    if store is not None:
+        if not delayed:
+            fail("--store is for a delayed send (--delay or --not-before)")
+        delayed["delayed_store"] = store
 
     data = sys.stdin.buffer.read() if body == "-" else (None if body is None else body.encode())
     mid = send_message(
@@ -100,15 +128,16 @@ def send_cmd(queue, body, header, message_id, correlation_id, reply_to, not_reco
         target.namespace,
         queue,
         data,
-        _headers(header),
+        header_pairs(header),
         message_id=message_id,
         correlation_id=correlation_id,
         reply_to_address=reply_to,
         recoverable=not not_recoverable,
         time_to_be_received=ttbr,
+        **delayed,
     )
     if as_json:
-        emit_json({"queue": queue, "Id": mid})
+        emit_json({"queue": queue, "Id": mid, **({"delay": delay, "not_before": not_before} if delayed else {})})
     else:
         click.echo(mid)
 

@@ -108,7 +108,7 @@ INSTANCE_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # no '.': the topic name mus
 def secondary_queue_topic(ns: str, queue: str, instance: str) -> str:
     """The per-instance secondary queue of `queue` (NServiceBus callbacks): `<queue topic>.<instance>`,
     read by the consumer group of the same name."""
-    if not isinstance(instance, str) or not INSTANCE_RE.match(instance):
+    if not isinstance(instance, str) or not INSTANCE_RE.fullmatch(instance):
         raise ValueError(f"instance name {instance!r} must be 1-64 characters of A-Z a-z 0-9 _ -")
     return f"{queue_topic(ns, queue)}.{instance}"
 

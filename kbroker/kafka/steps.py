@@ -22,6 +22,28 @@ class FailureSink(Protocol):
     def succeeded(self, component: str) -> None: ...
 
 
+class LoggedOnce:
+    """A FailureSink for a service that runs without the worker's guard (an endpoint's delayed
+    store mover): the first failure of a run is logged at WARNING, the rest at DEBUG, and the
+    recovery once, with how many steps failed (an outage is one line, not one a second)."""
+
+    def __init__(self, log: logging.Logger):
+        self._log = log
+        self._failing: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def failed(self, component: str, exc: BaseException) -> None:
+        with self._lock:
+            n = self._failing[component] = self._failing.get(component, 0) + 1
+        self._log.log(logging.WARNING if n == 1 else logging.DEBUG, "%s step failed: %s", component, exc)
+
+    def succeeded(self, component: str) -> None:
+        with self._lock:
+            n = self._failing.pop(component, 0)
+        if n:
+            self._log.info("%s recovered after %d failed steps", component, n)
+
+
 def report(guard: FailureSink | None, component: str, exc: BaseException, log: logging.Logger) -> None:
     """A failure of `component`: to the guard, or logged when it runs without one."""
     if guard is None:

@@ -271,6 +271,19 @@ def transport_runner(r: Run) -> None:
             msg = tx.receive(wait=20)
             assert msg is not None and msg.body == b"hello"
             tx.send("Sales.m1", b"reply")
+        ep.send("Sales", b"later", delay=0.2)  # into the endpoint's delayed store
+        seen: list[bytes | None] = []
+        ep.start(lambda msg, tx: seen.append(msg.body))  # its mover moves it: READ and WRITE on the store
+
+        def moved() -> bool:
+            if ep.mover is not None and ep.mover.denied is not None:
+                raise ep.mover.denied
+            return b"later" in seen
+
+        wait_for(moved, 30, "the delayed message moved and handled")
+        ep.subscribe("OrderPlaced")  # the subscription table: WRITE, then READ at the publish
+        ep.publish("OrderPlaced", b"event")
+        wait_for(lambda: b"event" in seen, 30, "the published event handled")
 
 
 def deployer(r: Run) -> None:

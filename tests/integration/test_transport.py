@@ -221,7 +221,7 @@ def test_a_failed_handler_rolls_back_its_receive_and_its_sends(endpoints, kafka_
 
 
 def test_a_poison_message_goes_to_the_dead_letter_topic(endpoints, kafka_bootstrap, namespace):
-    a, b = endpoints("Sales"), endpoints("Billing", machine="m2", max_deliveries=2)
+    a, b = endpoints("Sales"), endpoints("Billing", machine="m2", max_deliveries=2, recoverability=None)
     attempts: Counter[str] = Counter()
     handled: list[bytes | None] = []
     lock = threading.Lock()
@@ -263,7 +263,7 @@ def test_a_poison_message_goes_to_the_dead_letter_topic(endpoints, kafka_bootstr
 def test_a_message_whose_transaction_never_commits_is_dead_lettered(endpoints, kafka_bootstrap, namespace):
     # A send over the queue's limit (transport_queues.MAX_BODY_BYTES) is refused by tx.send, so the
     # handler fails, rolls back and counts, instead of a commit that aborts every time.
-    a, b = endpoints("Sales"), endpoints("Billing", machine="m2", max_deliveries=2)
+    a, b = endpoints("Sales"), endpoints("Billing", machine="m2", max_deliveries=2, recoverability=None)
     endpoints("Shipping", machine="m3")
     calls: Counter[str] = Counter()
 
@@ -417,7 +417,7 @@ def test_async_monitor_model_never_exceeds_max_concurrency(kafka_bootstrap, name
 
 
 def run_async_poison(bootstrap: str, namespace: str, sender: TransportEndpoint) -> dict[str, Any]:
-    """An asyncio 3.0 endpoint `Worker` (max_deliveries=2) handling a poison message then a good
+    """An asyncio 3.0 endpoint `Worker` (max_deliveries=2, recoverability=None) handling a poison message then a good
     one; what it handled, and on which threads the poison message was dead-lettered."""
     poison = sender.send("Worker", b"poison")
 
@@ -430,6 +430,7 @@ def run_async_poison(bootstrap: str, namespace: str, sender: TransportEndpoint) 
             concurrency="monitor",
             max_concurrency=4,
             max_deliveries=2,
+            recoverability=None,
         )
         attempts: Counter[bytes | None] = Counter()
         dead_lettered_on: list[int] = []

@@ -30,6 +30,7 @@ from confluent_kafka.admin import AdminClient
 from kbroker.core.transport.endpoint import install_plan, transport_queue_topic
 from kbroker.core.transport.message import new_message, to_headers
 from kbroker.kafka.transport.queues import install
+from kbroker.sdk.transport.endpoint import TransportEndpoint
 from tests.helpers import ROOT
 
 N = 3000  # messages sent to Orders
@@ -41,6 +42,9 @@ SLEEP_MS = 2.0  # in each handler's transaction, so the run lasts a while
 MAX_CONCURRENCY = 2  # per instance (monitor model: receive tasks at most)
 KILL_AT = N // 4  # committed handlings (all instances) before the victim is killed
 VICTIM_AT_LEAST = 30  # ... of which the victim's, so its death matters
+DELAY_EVERY = 10  # every 10th message goes through the delayed store (tests/helpers/transport_instance.py)
+PUBLISH_EVERY = 7  # ... and every 7th, once done, publishes an event Processed subscribes to
+RETRY_EVERY = 11  # ... and every 11th fails its first delivery, retried through the delayed store
 
 
 class Tail:
@@ -131,6 +135,39 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
         c.close()
 
 
+def nothing_after(bootstrap: str, topic: str, committed: dict[int, int], ends: dict[int, int]) -> bool:
+    """Whether every partition is committed and no record waits after its committed offset: the
+    offset is the end offset, or only control records (transaction markers) lie between."""
+    if set(committed) != set(ends) or not ends:
+        return False
+    behind = {p: off for p, off in committed.items() if off < ends[p]}
+    if not behind:
+        return True
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"test-after-{uuid.uuid4().hex[:8]}",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        c.assign([TopicPartition(topic, p, off) for p, off in behind.items()])
+        eof: set[int] = set()
+        deadline = time.monotonic() + 10
+        while eof != set(behind) and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is None:
+                continue
+            if m.error() is None:
+                return False  # a record waits
+            if m.error().code() == KafkaError._PARTITION_EOF:
+                eof.add(m.partition())
+        return eof == set(behind)
+    finally:
+        c.close()
+
+
 def committed_offsets(admin: AdminClient, group: str, topic: str, partitions: int) -> dict[int, int]:
     """The group's committed offsets (stable ones: a pending transactional commit is waited out)."""
     req = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in range(partitions)])
@@ -158,16 +195,27 @@ def test_kill_9_of_one_of_three_competing_instances_loses_and_duplicates_nothing
     kafka_bootstrap, namespace, tmp_path: Path
 ):
     """3000 messages in Orders (6 partitions), three instances competing for them, each
-    forwarding every input's number to Processed in the transaction that removes the input.
+    forwarding every input's number to Processed in the transaction that removes the input;
+    every 10th is first deferred through the endpoint's delayed store (sent to Orders again
+    with a delay of 0.3-1.5 s), so rows wait in the store, in the victim's partitions too; and
+    every 7th, once done, publishes an event Processed is subscribed to, in the same transaction;
+    every 11th fails its first delivery and comes back by a delayed retry; and every message
+    handled is audited.
     Once a quarter is done, one instance is killed with SIGKILL (transactions open); the other
     two take over its partitions after the group's session time-out and Kafka's abort of its
-    open transactions, and finish. Processed (read_committed) then holds every number exactly
-    once, and the Orders group's committed offsets are the queue's end offsets."""
+    open transactions, and finish. Processed (read_committed) then holds every number done
+    exactly once, every deferred number deferred exactly once and every event published exactly
+    once, Audited holds each handled message exactly once, and the Orders group's
+    committed offsets are the queue's end offsets."""
     started_at = time.monotonic()
     orders_topic = transport_queue_topic(namespace, "Orders")
     processed_topic = transport_queue_topic(namespace, "Processed")
     install(kafka_bootstrap, namespace, install_plan("Orders", None, partitions=ORDERS_PARTITIONS))
     install(kafka_bootstrap, namespace, install_plan("Processed", None, partitions=PROCESSED_PARTITIONS))
+    install(kafka_bootstrap, namespace, install_plan("Audited", None, partitions=PROCESSED_PARTITIONS))
+    audited_topic = transport_queue_topic(namespace, "Audited")
+    with TransportEndpoint("Processed", cluster=kafka_bootstrap, namespace=namespace, secondary=False) as processed:
+        processed.subscribe("OrderAccepted")
     produce_orders(kafka_bootstrap, orders_topic, N)
     ends = end_offsets(kafka_bootstrap, orders_topic, ORDERS_PARTITIONS)
     assert sum(ends.values()) == N and all(ends.values()), f"Orders partitions' end offsets: {ends}"
@@ -194,6 +242,9 @@ def test_kill_9_of_one_of_three_competing_instances_loses_and_duplicates_nothing
                         str(SLEEP_MS),
                         str(MAX_CONCURRENCY),
                         str(stats_files[k]),
+                        str(DELAY_EVERY),
+                        str(PUBLISH_EVERY),
+                        str(RETRY_EVERY),
                     ],
                     cwd=ROOT,
                     env=env,
@@ -224,18 +275,27 @@ def test_kill_9_of_one_of_three_competing_instances_loses_and_duplicates_nothing
         )
 
         # The survivors take over (session time-out 10 s, open transactions aborted after 10 s
-        # plus the broker's check interval) and remove everything: committed offsets = end offsets.
-        deadline = time.monotonic() + 90
+        # plus the broker's check interval) and remove everything, the deferred messages
+        # included (the victim's share of the delayed store moved by a survivor's mover): every
+        # number done, and the committed offsets at the queue's end offsets (which grew by the
+        # delayed messages moved in, each move's commit marker last: nothing left after them).
+        deadline = time.monotonic() + 120
         committed: dict[int, int] = {}
-        while committed != ends:
+        ends: dict[int, int] = {}
+        while (
+            len({r["n"] for r in tail.records if r["kind"] == "done"}) < N
+            or len({r["n"] for r in tail.records if r["kind"] == "published"}) < len(range(0, N, PUBLISH_EVERY))
+            or not nothing_after(kafka_bootstrap, orders_topic, committed, ends)
+        ):
             assert time.monotonic() < deadline, (
-                f"the Orders group did not commit to the end within 90 s of the kill: committed {committed}, "
+                f"the Orders group did not commit to the end within 120 s of the kill: committed {committed}, "
                 f"end offsets {ends}, {len(tail.records)} handled"
             )
             for k, p in procs.items():
                 if k != VICTIM:
                     assert p.poll() is None, f"survivor {k} ended ({p.returncode}): {logs[k].read_text()[-3000:]}"
             tail.poll(1.0)
+            ends = end_offsets(kafka_bootstrap, orders_topic, ORDERS_PARTITIONS)
             committed = committed_offsets(admin, orders_topic, orders_topic, ORDERS_PARTITIONS)
         done_at = time.monotonic()
         print(f"Orders group committed to the end {done_at - killed_at:.1f} s after the kill")
@@ -247,6 +307,11 @@ def test_kill_9_of_one_of_three_competing_instances_loses_and_duplicates_nothing
                     f"survivor {k} exited {procs[k].returncode}: {logs[k].read_text()[-3000:]}"
                 )
         records = tail.read_to_end(60)
+        audit_tail = Tail(kafka_bootstrap, audited_topic, PROCESSED_PARTITIONS)
+        try:
+            audits = audit_tail.read_to_end(60)
+        finally:
+            audit_tail.close()
         # What the victim forwarded but never committed (its transactions open at the kill,
         # aborted by Kafka): read_uncommitted sees those records too. Reported, not asserted.
         everything = Tail(kafka_bootstrap, processed_topic, PROCESSED_PARTITIONS, "read_uncommitted")
@@ -259,10 +324,13 @@ def test_kill_9_of_one_of_three_competing_instances_loses_and_duplicates_nothing
             stop_process(p, 10)
         tail.close()
 
-    counts = Counter(r["n"] for r in records)
+    counts = Counter(r["n"] for r in records if r["kind"] == "done")
+    deferred = Counter(r["n"] for r in records if r["kind"] == "deferred")
+    published = Counter(r["n"] for r in records if r["kind"] == "published")
     lost = [n for n in range(N) if counts[n] == 0]
     duplicated = sorted(n for n, c in counts.items() if c > 1)
     unknown = sorted(n for n in counts if not 0 <= n < N)
+    expected_deferred = {n for n in range(N) if n % DELAY_EVERY == 0}
     by = Counter(r["by"] for r in records)
     survivors = {k: by[k] for k in INSTANCES if k != VICTIM}
     stats = {k: json.loads(stats_files[k].read_text()) for k in INSTANCES if k != VICTIM}
@@ -276,12 +344,26 @@ def test_kill_9_of_one_of_three_competing_instances_loses_and_duplicates_nothing
     assert len(duplicated) == 0, (
         f"{len(duplicated)} duplicated, e.g. {[[r for r in records if r['n'] == n] for n in duplicated[:3]]}"
     )
-    assert unknown == [] and len(records) == N
+    assert unknown == [] and sum(counts.values()) == N
+    # Each deferred message was deferred once and delivered once (above), through the store.
+    assert set(deferred) == expected_deferred and all(c == 1 for c in deferred.values()), deferred
+    # Each event published once, in the transaction that made its number done.
+    assert set(published) == set(range(0, N, PUBLISH_EVERY)) and max(published.values()) == 1, published
+    assert len(records) == N + len(expected_deferred) + len(published)
+    # Every message handled (inputs, and the deferred ones when they came back) audited exactly
+    # once, in its handler's transaction; those that failed first came back through a delayed
+    # retry (none reached the error queue: each was done above).
+    audited = Counter((a["n"], bool(a.get("delayed"))) for a in audits)
+    expected_audits = {(n, False) for n in range(N)} | {(n, True) for n in expected_deferred}
+    assert set(audited) == expected_audits and max(audited.values()) == 1, (
+        f"audited {len(audits)}: missing {len(expected_audits - set(audited))}, "
+        f"twice {[k for k, c in audited.items() if c > 1][:5]}"
+    )
     assert set(by) <= set(INSTANCES)
     # The test means something: the victim had committed some before dying, and the survivors
     # handled the rest, including messages of partitions the victim had been handling.
     assert by[VICTIM] >= VICTIM_AT_LEAST, dict(by)
-    assert by[VICTIM] < N and sum(survivors.values()) == N - by[VICTIM], dict(by)
+    assert by[VICTIM] < N and sum(survivors.values()) == len(records) - by[VICTIM], dict(by)
     assert all(c > 0 for c in survivors.values()), dict(by)
     victim_last: dict[int, int] = {}  # Orders partition -> the last offset the victim committed
     for r in records:
@@ -291,6 +373,12 @@ def test_kill_9_of_one_of_three_competing_instances_loses_and_duplicates_nothing
         r["p"] for r in records if r["by"] != VICTIM and r["p"] in victim_last and r["o"] > victim_last[r["p"]]
     }
     assert taken_over, f"no partition the victim handled was finished by a survivor: {victim_last}"
-    # Each survivor's committed transactions are exactly what it forwarded.
+    # Each survivor's committed transactions are what it forwarded (its events beside them), and
+    # its delayed retries: the first deliveries that failed, which commit their move.
+    handled = Counter(r["by"] for r in records if r["kind"] != "published")
     for k, s in stats.items():
-        assert s["counters"].get("committed", 0) == survivors[k], (k, s["counters"], survivors[k])
+        c = s["counters"]
+        assert c.get("committed", 0) == handled[k], (k, c, handled[k])
+        assert c.get("errors", 0) == 0, (k, c)
+    retried = sum(s["counters"].get("delayed_retries", 0) for s in stats.values())
+    assert retried >= len(range(0, N, RETRY_EVERY)) // 2, stats  # most of them, the victim's aside

@@ -139,14 +139,21 @@ def test_an_unknown_model_is_refused(spelling):
 
 def test_install_plan_of_an_instance():
     assert install_plan("Sales", "m1") == InstallPlan(
-        (("Sales", PRIMARY_PARTITIONS), ("Sales.m1", SECONDARY_PARTITIONS))
+        (("Sales", PRIMARY_PARTITIONS), ("Sales.m1", SECONDARY_PARTITIONS)), delayed="Sales", error="error"
     )
     assert SECONDARY_PARTITIONS == 1
 
 
 def test_install_plan_without_a_machine_or_secondary_is_the_primary_only():
-    assert install_plan("Sales", None) == InstallPlan((("Sales", PRIMARY_PARTITIONS),))
-    assert install_plan("Sales", "m1", secondary=False) == InstallPlan((("Sales", PRIMARY_PARTITIONS),))
+    assert install_plan("Sales", None) == InstallPlan((("Sales", PRIMARY_PARTITIONS),), delayed="Sales", error="error")
+    assert install_plan("Sales", "m1", secondary=False) == InstallPlan(
+        (("Sales", PRIMARY_PARTITIONS),), delayed="Sales", error="error"
+    )
+    assert install_plan("Sales", None, error_queue=None).error is None
+
+
+def test_a_satellite_has_no_delayed_store():
+    assert install_plan("Sales.Retries", None, satellite=True).delayed is None
 
 
 def test_install_plan_partitions():

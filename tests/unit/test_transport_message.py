@@ -404,3 +404,10 @@ def test_new_message_refuses_a_time_to_be_received_expires_cannot_hold(ttbr):
     with pytest.raises(ValueError, match="time_to_be_received"):
         msg = new_message(b"x", now_ms=0, time_to_be_received=ttbr)
         to_headers(msg)
+
+
+@pytest.mark.parametrize("expires", ["0001-01-01T00:00:00+01:00", "0000-12-31T23:00:00Z"])
+def test_an_expires_it_could_not_write_again_is_malformed(expires: str) -> None:
+    hs = to_headers(new_message(b"x", now_ms=0))
+    with pytest.raises(MalformedRecord, match="years 1-9999"):
+        from_record([*hs, ("Expires", expires.encode())], b"x")

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kbroker.core.security import rule_sets
+from kbroker.core.security import rule_sets, transport_rules
 from kbroker.core.security.acl_bindings import AclBinding, Rule, check_principal
 
 
@@ -88,12 +88,12 @@ ROLES: dict[str, Role] = {
         Role(
             "transport-installer",
             "`kbroker endpoint install`: creates a transport endpoint's queues",
-            lambda ns, o: rule_sets.transport_installer(ns, o.endpoint),
+            lambda ns, o: transport_rules.transport_installer(ns, o.endpoint),
         ),
         Role(
             "transport-runner",
             "a running transport endpoint: receives from its queues, sends to any",
-            lambda ns, o: rule_sets.transport_runner(ns, o.endpoint),
+            lambda ns, o: transport_rules.transport_runner(ns, o.endpoint),
         ),
         Role(
             "deployer",

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 
 from kbroker.core import names
 from kbroker.core.security.acl_bindings import Rule
-from kbroker.core.transport.endpoint import transport_queue_prefix, transport_queue_topic
 
 
 def _catalog_reader(ns: str) -> list[Rule]:
@@ -276,65 +275,6 @@ def links(routes_to: Sequence[str]) -> list[Rule]:
             ),
         )
     ]
-
-
-def _endpoint_queues(ns: str, endpoint: str | None) -> list[tuple[str, str]]:
-    """(pattern, name) of an endpoint's queue topics (its primary queue and every
-    `Endpoint.<machine>`), or of every transport queue of the namespace."""
-    if endpoint is None:
-        return [("PREFIXED", transport_queue_prefix(ns))]
-    primary = transport_queue_topic(ns, endpoint)
-    return [("LITERAL", primary), ("PREFIXED", primary + ".")]  # a bare prefix would match `EndpointX`
-
-
-def transport_installer(ns: str, endpoint: str | None) -> list[Rule]:
-    own = _endpoint_queues(ns, endpoint)
-    return [
-        Rule(
-            "TOPIC",
-            pattern,
-            name,
-            ("CREATE", "DESCRIBE", "DESCRIBE_CONFIGS"),
-            "the endpoint's queues (CREATE TABLE, VIEW DEFINITION)",
-        )
-        for pattern, name in own
-    ] + [
-        Rule(
-            "TOPIC",
-            "LITERAL",
-            names.deadletter_topic(ns),
-            ("CREATE", "DESCRIBE", "DESCRIBE_CONFIGS"),
-            "the dead-letter topic poison messages go to",
-        ),
-    ]
-
-
-def transport_runner(ns: str, endpoint: str | None) -> list[Rule]:
-    own = _endpoint_queues(ns, endpoint)
-    return (
-        [Rule("TOPIC", pattern, name, ("READ",), "receive from the endpoint's queues") for pattern, name in own]
-        + [
-            Rule("GROUP", pattern, name, ("READ",), "a queue's consumer group (named as its topic)")
-            for pattern, name in own
-        ]
-        + [
-            Rule(
-                "TOPIC",
-                "PREFIXED",
-                transport_queue_prefix(ns),
-                ("WRITE",),
-                "send to any transport queue of the namespace",
-            ),
-            Rule("TOPIC", "LITERAL", names.deadletter_topic(ns), ("WRITE",), "poison messages"),
-            Rule(
-                "TRANSACTIONAL_ID",
-                "PREFIXED",
-                names.prefix(ns),
-                ("WRITE",),
-                "the group committer's transactions (a receive's removal and its handler's sends)",
-            ),
-        ]
-    )
 
 
 def deployer(ns: str) -> list[Rule]:

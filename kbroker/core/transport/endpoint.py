@@ -15,6 +15,7 @@ import socket
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from kbroker.core import names
 
@@ -27,7 +28,8 @@ _MODEL_NAMES = {"fixed": FIXED, "pre-2.0": FIXED, "ramp": RAMP, "2.1": RAMP, "mo
 
 PRIMARY_PARTITIONS = 4  # competing instances share a primary queue by its partitions
 SECONDARY_PARTITIONS = 1  # one instance reads its secondary queue
-MAX_DELIVERIES = 5  # a message whose handler failed this often goes to the dead-letter topic
+MAX_DELIVERIES = 5  # without recoverability: a message failed this often goes to the dead-letter topic
+ERROR_QUEUE = "error"  # where failed messages go (NServiceBus's default), shared by the endpoints
 
 
 def transport_queue_prefix(ns: str) -> str:
@@ -37,7 +39,7 @@ def transport_queue_prefix(ns: str) -> str:
 
 def transport_queue_topic(ns: str, queue: str) -> str:
     """The topic of a transport queue (primary or secondary): `kbroker.<ns>.tqueue.<queue>`."""
-    if not isinstance(queue, str) or not QUEUE_RE.match(queue):
+    if not isinstance(queue, str) or not QUEUE_RE.fullmatch(queue):
         raise ValueError(f"transport queue name {queue!r} must be 1-150 characters of A-Z a-z 0-9 _ . -")
     return f"{transport_queue_prefix(ns)}{queue}"
 
@@ -62,7 +64,8 @@ def default_machine() -> str:
 class TransportSettings:
     """How an endpoint instance receives. `max_concurrency` is MaximumConcurrencyLevel (the
     primary queue's readers or receive tasks at most); `secondary_readers` the secondary
-    queue's (1 by default, as in 2.0); a satellite receiver has no secondary queue."""
+    queue's (1 by default, as in 2.0); a satellite receiver has no secondary queue. A send-only
+    endpoint receives nothing: no secondary queue, no delayed store of its own."""
 
     name: str
     machine: str
@@ -72,11 +75,12 @@ class TransportSettings:
     secondary_readers: int = 1
     max_deliveries: int = MAX_DELIVERIES
     satellite: bool = False
+    send_only: bool = False
 
     def __post_init__(self) -> None:
-        if not QUEUE_RE.match(self.name or ""):
+        if not QUEUE_RE.fullmatch(self.name or ""):
             raise ValueError(f"endpoint name {self.name!r} must be 1-150 characters of A-Z a-z 0-9 _ . -")
-        if not MACHINE_RE.match(self.machine or ""):
+        if not MACHINE_RE.fullmatch(self.machine or ""):
             raise ValueError(f"machine name {self.machine!r} must be 1-64 characters of A-Z a-z 0-9 _ -")
         object.__setattr__(self, "model", model_name(self.model))
         for field_name in ("max_concurrency", "secondary_readers", "max_deliveries"):
@@ -91,7 +95,7 @@ class TransportSettings:
     @property
     def secondary_queue(self) -> str | None:
         """`Endpoint.Machine`, or None when secondaries are disabled or this is a satellite."""
-        return None if not self.secondary or self.satellite else f"{self.name}.{self.machine}"
+        return None if not self.secondary or self.satellite or self.send_only else f"{self.name}.{self.machine}"
 
     @property
     def reply_address(self) -> str:
@@ -101,11 +105,15 @@ class TransportSettings:
 
 @dataclass(frozen=True)
 class InstallPlan:
-    """The topics an installer creates for one endpoint instance: (queue, partitions). A
-    satellite's queue (`Sales.Retries`) lies, by its name, among its endpoint's queue names."""
+    """The topics an installer creates for one endpoint instance: (queue, partitions), and the
+    endpoint's delayed store (with the primary queue's partitions). A satellite's queue
+    (`Sales.Retries`) lies, by its name, among its endpoint's queue names; it has no store."""
 
     queues: tuple[tuple[str, int], ...]
     satellite: bool = False
+    delayed: str | None = None  # the endpoint whose delayed store is created (core/transport/delayed.py)
+    error: str | None = None  # the error queue, shared by the endpoints (core/transport/recoverability.py)
+    audit: str | None = None  # the audit queue, shared too (core/transport/audit.py)
 
 
 def install_plan(
@@ -115,6 +123,8 @@ def install_plan(
     secondary: bool = True,
     partitions: int = PRIMARY_PARTITIONS,
     satellite: bool = False,
+    error_queue: str | None = ERROR_QUEUE,
+    audit_queue: str | None = None,
 ) -> InstallPlan:
     """The primary queue and, for a machine, its secondary queue (as NServiceBus installers
     create the tables when an instance first starts)."""
@@ -124,7 +134,10 @@ def install_plan(
     queues = [(settings.primary_queue, partitions)]
     if settings.secondary_queue is not None:
         queues.append((settings.secondary_queue, SECONDARY_PARTITIONS))
-    return InstallPlan(tuple(queues), satellite)
+    for what, q in (("error", error_queue), ("audit", audit_queue)):
+        if q is not None and not QUEUE_RE.fullmatch(q):
+            raise ValueError(f"{what} queue {q!r} must be 1-150 characters of A-Z a-z 0-9 _ . -")
+    return InstallPlan(tuple(queues), satellite, None if satellite else name, error_queue, audit_queue)
 
 
 def install_collision(plan: InstallPlan, installed: Iterable[str]) -> tuple[str, str, str] | None:
@@ -165,21 +178,26 @@ class FailedDeliveries:
 
     def __init__(self, cap: int = 10_000):
         self._cap = cap
-        self._counts: OrderedDict[tuple[str, int, int], tuple[int, str]] = OrderedDict()
+        self._counts: OrderedDict[tuple[str, int, int], tuple[int, str, Any]] = OrderedDict()
 
-    def failed(self, position: tuple[str, int, int], reason: str = "") -> int:
-        """One more failure of the message at (topic, partition, offset); returns its count."""
-        n = self._counts.pop(position, (0, ""))[0] + 1
-        self._counts[position] = (n, reason)
+    def failed(self, position: tuple[str, int, int], reason: str = "", failure: Any = None) -> int:
+        """One more failure of the message at (topic, partition, offset), why (and what was
+        raised, for the error queue's headers); returns its count."""
+        n = self._counts.pop(position, (0, "", None))[0] + 1
+        self._counts[position] = (n, reason, failure)
         while len(self._counts) > self._cap:
             self._counts.popitem(last=False)
         return n
 
     def count(self, position: tuple[str, int, int]) -> int:
-        return self._counts.get(position, (0, ""))[0]
+        return self._counts.get(position, (0, "", None))[0]
 
     def reason(self, position: tuple[str, int, int]) -> str:
-        return self._counts.get(position, (0, ""))[1]
+        return self._counts.get(position, (0, "", None))[1]
+
+    def failure(self, position: tuple[str, int, int]) -> Any:
+        """What the last failure raised, as recorded (core/transport/recoverability.Failure), or None."""
+        return self._counts.get(position, (0, "", None))[2]
 
     def forget(self, position: tuple[str, int, int]) -> None:
         self._counts.pop(position, None)

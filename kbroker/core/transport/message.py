@@ -220,8 +220,9 @@ def from_record(
     if H_EXPIRES in cols:
         try:
             expires = parse_expires(cols[H_EXPIRES])
-        except ValueError:
-            raise MalformedRecord(f"Expires {cols[H_EXPIRES]!r} is not an ISO 8601 time") from None
+            format_expires(expires)  # a time it cannot write again (before the year 1 in UTC) is refused now
+        except (ValueError, OverflowError, OSError):
+            raise MalformedRecord(f"Expires {cols[H_EXPIRES]!r} is not an ISO 8601 time of the years 1-9999") from None
     return TransportMessage(
         mid,
         value,

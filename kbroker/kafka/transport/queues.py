@@ -17,19 +17,24 @@ from kbroker.core import names
 from kbroker.core.catalog.loader import load_system_topics
 from kbroker.core.cluster import ClusterLike
 from kbroker.core.topic_limits import LARGEST_BODY, MESSAGE_TOPIC_LIMIT
+from kbroker.core.transport.delayed import delayed_topic
 from kbroker.core.transport.endpoint import (
+    PRIMARY_PARTITIONS,
     InstallPlan,
     install_collision,
     transport_queue_prefix,
     transport_queue_topic,
 )
 from kbroker.core.transport.message import TransportEnvelope, as_envelope, from_record
+from kbroker.core.transport.subscriptions import subscriptions_topic
 from kbroker.errors import InvalidArgumentError, QueueNameCollisionError, TransportQueueNotFoundError, kafka_error
 from kbroker.kafka import clients, messages
 from kbroker.kafka.catalog.apply import sync_topics
 from kbroker.kafka.catalog.topic_specs import KEEP_EVERY_RECORD, QUEUE_SEGMENTS, TopicSpec, system_topic_config
 from kbroker.kafka.receive.receiver import QueueReceiver
 from kbroker.kafka.snapshot import topic_partitions
+from kbroker.kafka.transport.delayed_store import store_spec
+from kbroker.kafka.transport.subscription_store import table_spec
 
 MAX_BODY_BYTES = LARGEST_BODY  # the largest body a transport queue takes (10 MiB)
 
@@ -51,8 +56,9 @@ def install(
     timeout: float = 30.0,
     replication_factor: int | None = None,
 ) -> list[str]:
-    """Create the plan's queue topics and the namespace's dead-letter topic where missing (the
-    installer's CREATE TABLE); returns the topics created. Installing again changes nothing."""
+    """Create the plan's queue topics, its delayed store, and the namespace's subscription table
+    and dead-letter topic where missing (the installer's CREATE TABLE); returns the topics created. Installing again
+    changes nothing."""
     refuse_collisions(cluster, namespace, plan, timeout)
     dead = load_system_topics()["deadletter"]
     specs = [
@@ -64,12 +70,21 @@ def install(
             False,
         )
     ]
-    specs += [
-        TopicSpec(transport_queue_topic(namespace, q), partitions, queue_config(), f"transport queue {q}", True)
-        for q, partitions in plan.queues
-    ]
+    specs += [_queue_spec(namespace, q, partitions) for q, partitions in plan.queues]
+    for shared in (plan.error, plan.audit):  # shared by the endpoints: created by the first installer
+        if shared is not None:
+            specs.append(_queue_spec(namespace, shared, PRIMARY_PARTITIONS))
+    specs.append(table_spec(namespace))  # the namespace's subscription table, as the dead-letter topic
+    if plan.delayed is not None:  # as many partitions as the primary queue: as many instances share it
+        specs.append(store_spec(delayed_topic(namespace, plan.delayed), plan.queues[0][1], MESSAGE_TOPIC_LIMIT))
     created, _updated, _retention = sync_topics(cluster, specs, timeout=timeout, replication_factor=replication_factor)
     return created
+
+
+def _queue_spec(namespace: str, queue: str, partitions: int) -> TopicSpec:
+    return TopicSpec(
+        transport_queue_topic(namespace, queue), partitions, queue_config(), f"transport queue {queue}", True
+    )
 
 
 def refuse_collisions(cluster: ClusterLike, namespace: str, plan: InstallPlan, timeout: float = 30.0) -> None:
@@ -102,6 +117,35 @@ class QueueDirectory:
             topic = transport_queue_topic(self._namespace, queue)
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
+        return self._checked(queue, topic)
+
+    def exists(self, queue: str, fresh: bool = False) -> bool:
+        """Whether the queue is installed (asked of the cluster while it is not; `fresh`: asked
+        again even if it was, as after a write to it failed: it may have been removed)."""
+        if fresh:
+            with self._lock:
+                self._known.discard(transport_queue_topic(self._namespace, queue))
+        try:
+            self.topic(queue)
+        except TransportQueueNotFoundError:
+            return False
+        return True
+
+    def delayed_store(self, endpoint: str) -> str:
+        """The topic of `endpoint`'s delayed store; TransportQueueNotFoundError when no installer
+        created it (the endpoint is not installed, or was installed before delayed delivery)."""
+        try:
+            topic = delayed_topic(self._namespace, endpoint)
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+        return self._checked(f"{endpoint} (its delayed store)", topic)
+
+    def subscription_table(self) -> str:
+        """The topic of the namespace's subscription table; TransportQueueNotFoundError when no
+        installer created it (no endpoint installed since publish/subscribe existed)."""
+        return self._checked("the subscription table", subscriptions_topic(self._namespace))
+
+    def _checked(self, queue: str, topic: str) -> str:
         with self._lock:
             if topic not in self._known:
                 if topic_partitions(self._client, topic, self._timeout) is None:

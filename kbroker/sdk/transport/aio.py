@@ -20,13 +20,15 @@ import concurrent.futures
 import contextvars
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime, timezone
 from typing import Any, Mapping, Protocol, Self, TypeVar
 
 from kbroker import tracing
 from kbroker.core.activation.ramp import RampUp
 from kbroker.core.transport.endpoint import FIXED, MONITOR, receive_tasks_to_start
 from kbroker.core.transport.message import TransportMessage
+from kbroker.core.transport.subscriptions import Subscription
 from kbroker.sdk.transport.endpoint import TransportEndpoint
 from kbroker.sdk.transport.endpoint import endpoint as sync_endpoint
 from kbroker.sdk.transport.transaction import TransportTransaction
@@ -76,13 +78,23 @@ class AsyncTransportTransaction:
         """See TransportTransaction.reply."""
         return await self._run(self.sync.reply, message, body, headers, **kw)
 
+    async def publish(
+        self,
+        event_type: str | Sequence[str] | None,
+        body: bytes | None,
+        headers: Mapping[str, str] | None = None,
+        **kw: Any,
+    ) -> str:
+        """See TransportTransaction.publish."""
+        return await self._run(self.sync.publish, event_type, body, headers, **kw)
+
     async def commit(self) -> None:
         """See TransportTransaction.commit."""
         await self._run(self.sync.commit)
 
-    async def rollback(self, reason: str = "rolled back") -> None:
+    async def rollback(self, reason: str = "rolled back", exc: BaseException | None = None) -> None:
         """See TransportTransaction.rollback."""
-        self.sync.rollback(reason)  # releases in-process leases only: never blocks
+        self.sync.rollback(reason, exc)  # releases in-process leases only: never blocks
 
     async def __aenter__(self) -> Self:
         return self
@@ -93,7 +105,7 @@ class AsyncTransportTransaction:
         if exc_type is None:
             await self.commit()
         else:
-            await self.rollback(f"{exc_type.__name__}: {exc}")
+            await self.rollback(f"{exc_type.__name__}: {exc}", exc)
 
 
 class AsyncTransportEndpoint:
@@ -141,6 +153,28 @@ class AsyncTransportEndpoint:
         future = await self._run(self.sync.request, destination, body, headers, **kw)
         return await asyncio.wrap_future(future)
 
+    async def publish(
+        self,
+        event_type: str | Sequence[str] | None,
+        body: bytes | None,
+        headers: Mapping[str, str] | None = None,
+        **kw: Any,
+    ) -> str:
+        """See PubSub.publish (sdk/transport/pubsub.py)."""
+        return await self._run(self.sync.publish, event_type, body, headers, **kw)
+
+    async def subscribe(self, event_type: str, **kw: Any) -> Subscription:
+        """See PubSub.subscribe."""
+        return await self._run(self.sync.subscribe, event_type, **kw)
+
+    async def unsubscribe(self, event_type: str) -> None:
+        """See PubSub.unsubscribe."""
+        await self._run(self.sync.unsubscribe, event_type)
+
+    async def subscriptions(self) -> list[Subscription]:
+        """See PubSub.subscriptions."""
+        return await self._run(self.sync.subscriptions)
+
     async def receive(self, wait: float | None = 0.0, *, queue: str | None = None) -> TransportMessage | None:
         """See TransportEndpoint.receive."""
         return await self._run(self.sync.receive, wait, queue=queue)
@@ -164,8 +198,10 @@ class AsyncTransportEndpoint:
                 return False
             callback = self.sync.take_callback(msg)
             if callback is None:
+                started = datetime.now(timezone.utc)
                 with tracing.handling(queue, tx.trace_context, self.sync.runtime.namespace):
                     await handler(msg, atx)
+                await self._run(tx.audit, msg, started)  # off the loop: the audit queue's first look-up
             await atx.commit()
             if callback is not None:
                 callback.set_result(msg)
@@ -177,6 +213,7 @@ class AsyncTransportEndpoint:
         """Start the readers of the primary queue (its model, MaximumConcurrencyLevel) and of the
         secondary queue (same model, `secondary_readers`)."""
         s = self.sync.settings
+        await self._run(self.sync.start_mover)  # the delayed store's due rows, on its own thread
         queues = [(s.primary_queue, s.max_concurrency)]
         if s.secondary_queue is not None:
             queues.append((s.secondary_queue, s.secondary_readers))

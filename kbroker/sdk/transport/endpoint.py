@@ -20,11 +20,12 @@ import concurrent.futures
 import logging
 import threading
 import uuid
-from collections.abc import Callable
+from datetime import datetime
 from typing import Any, Mapping, Self
 
 from kbroker import config, tracing
 from kbroker.core.cluster import ClusterLike
+from kbroker.core.transport.delayed import DelayedDelivery
 from kbroker.core.transport.endpoint import (
     MONITOR,
     PRIMARY_PARTITIONS,
@@ -33,15 +34,21 @@ from kbroker.core.transport.endpoint import (
     install_plan,
 )
 from kbroker.core.transport.message import TransportMessage, canonical_id
+from kbroker.core.transport.recoverability import Recoverability
+from kbroker.core.transport.subscriptions import STALENESS
 from kbroker.embedded import resolve_cluster
-from kbroker.errors import InvalidArgumentError
+from kbroker.errors import InvalidArgumentError, TransportQueueNotFoundError
 from kbroker.kafka.clients import produce_within
+from kbroker.kafka.transport.delayed_store import DelayedMover
 from kbroker.kafka.transport.queues import express_producer, install
 from kbroker.sdk.fenced_retry import receive_fenced_again
+from kbroker.sdk.transport.handling import Handling
+from kbroker.sdk.transport.pubsub import PubSub
 from kbroker.sdk.transport.runtime import TransportRuntime
 from kbroker.sdk.transport.transaction import Handler, TransportTransaction
 
 log = logging.getLogger("kbroker.transport")
+RECOVERABILITY = Recoverability()  # NServiceBus's defaults: 5 immediate, 3 delayed (10 s more each), `error`
 
 
 def endpoint(name: str, *, bootstrap: ClusterLike | None = None, **kwargs: Any) -> TransportEndpoint:
@@ -60,14 +67,26 @@ def send_message(
     reply_to_address: str | None = None,
     **kw: Any,
 ) -> str:
-    """One send from outside any endpoint (the CLI's): no ReplyToAddress unless given."""
-    with TransportEndpoint("kbroker-cli", cluster=cluster, namespace=namespace, secondary=False) as ep:
+    """One send from outside any endpoint (the CLI's, a send-only one): no ReplyToAddress unless
+    given. A delayed send (`delay=` or `not_before=`) waits in the delayed store of the endpoint
+    `queue` names unless `delayed_store=` names another: its instances move it when due."""
+    if kw.get("delay") is not None or kw.get("not_before") is not None:
+        kw.setdefault("delayed_store", queue)
+    with TransportEndpoint("kbroker-cli", cluster=cluster, namespace=namespace, send_only=True) as ep:
         return ep.send(queue, body, headers, reply_to_address=reply_to_address or "", **kw)
 
 
-class TransportEndpoint:
+class TransportEndpoint(PubSub, Handling):
     """One instance of endpoint `name`: sends, transactions, and (with start) readers of its
     primary queue under its concurrency model and of its secondary queue `name.machine`.
+
+    send_only=True: an endpoint that only sends (no secondary queue, no delayed store of its
+    own, no start). delayed_delivery: how the started instance moves its delayed store's due
+    rows (core/transport/delayed.py, DelayedDelivery). subscription_staleness: how old this
+    instance's copy of the subscription table may be when it publishes (5 s). recoverability:
+    immediate retries, delayed retries, the error queue (core/transport/recoverability.py;
+    None: the dead-letter topic after `max_deliveries` failures in this process). audit_queue:
+    where a copy of each message a handler processed goes, in its transaction (None: no audit).
 
     concurrency: `monitor` (3.0, default), `ramp` (2.1) or `fixed` (pre-2.0); max_concurrency is
     MaximumConcurrencyLevel. secondary=False disables the secondary queue (replies then come to
@@ -93,6 +112,11 @@ class TransportEndpoint:
         commit_interval: float = 0.005,
         max_buffered: int = 20_000,
         ack_timeout: float = 30.0,
+        send_only: bool = False,
+        delayed_delivery: DelayedDelivery | None = None,
+        subscription_staleness: float = STALENESS,
+        recoverability: Recoverability | None = RECOVERABILITY,
+        audit_queue: str | None = None,
     ):
         try:
             settings = TransportSettings(
@@ -104,10 +128,13 @@ class TransportEndpoint:
                 secondary_readers,
                 max_deliveries,
                 satellite,
+                send_only,
             )
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
         self.settings = settings
+        if isinstance(subscription_staleness, bool) or not 0 <= subscription_staleness <= 3600:
+            raise InvalidArgumentError(f"subscription_staleness must be 0-3600 seconds, not {subscription_staleness!r}")
         self.cluster = resolve_cluster(cluster)
         self.namespace = config.namespace(namespace)
         self.runtime = TransportRuntime(
@@ -118,12 +145,17 @@ class TransportEndpoint:
             commit_interval=commit_interval,
             max_buffered=max_buffered,
         )
+        self.runtime.subscription_staleness = subscription_staleness
+        self.runtime.recoverability = recoverability
+        self.runtime.audit_queue = audit_queue
         if install:
             self.install(partitions)
         self._express: Any = None
         self._lock = threading.Lock()  # the express producer and the callbacks
         self._callbacks: dict[str, concurrent.futures.Future[TransportMessage]] = {}
         self._readers: list[Any] = []
+        self._delayed = delayed_delivery or DelayedDelivery()
+        self._mover: DelayedMover | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -133,7 +165,8 @@ class TransportEndpoint:
     # --- installer -------------------------------------------------------------------------
 
     def install(self, partitions: int | None = None) -> list[str]:
-        """Create this instance's queues (and the dead-letter topic) where missing."""
+        """Create this instance's queues, its delayed store, the error queue, the subscription
+        table and the dead-letter topic where missing."""
         s = self.settings
         plan = install_plan(
             s.name,
@@ -141,6 +174,8 @@ class TransportEndpoint:
             secondary=s.secondary_queue is not None,
             partitions=partitions or PRIMARY_PARTITIONS,
             satellite=s.satellite,
+            error_queue=None if self.runtime.recoverability is None else self.runtime.recoverability.error_queue,
+            audit_queue=self.runtime.audit_queue,
         )
         return install(self.cluster, self.namespace, plan)
 
@@ -161,12 +196,21 @@ class TransportEndpoint:
         recoverable: bool = True,
         time_to_be_received: float | None = None,
         message_id: str | None = None,
+        delay: float | None = None,
+        not_before: datetime | float | str | None = None,
+        delayed_store: str | None = None,
     ) -> str:
         """Send outside a transaction; returns the Id. Recoverable: returns once every in-sync
         replica has it (idempotent producer). Recoverable = False: the express path, handed to
-        the client and acknowledged by the leader only, not waited for."""
+        the client and acknowledged by the leader only, not waited for.
+
+        `delay` (seconds) or `not_before` (a datetime, ISO 8601 text or epoch seconds): delayed
+        delivery. The message waits in a delayed store until then (this endpoint's, or
+        `delayed_store`'s: a send-only endpoint has none) and is moved to `destination` by
+        the store's endpoint's running instances, exactly once; a delayed send is always
+        recoverable."""
         headers = tracing.with_trace_headers(headers, self.runtime.namespace, destination)
-        record = self.runtime.record(
+        record, mid = self.runtime.record(
             destination,
             body,
             headers,
@@ -175,19 +219,21 @@ class TransportEndpoint:
             recoverable=recoverable,
             time_to_be_received=time_to_be_received,
             message_id=message_id,
+            delay=delay,
+            not_before=not_before,
+            delayed_store=delayed_store,
         )
-        key: bytes  # a transport record's key is its message's Id
         topic, key, value, headers_ = record
-        if not recoverable:
+        if not recoverable and delay is None and not_before is None:
             with self._lock:
                 if self._express is None:
                     self._express = express_producer(self.cluster)
             produce_within(self._express, topic, self.runtime.ack_timeout, key=key, value=value, headers=headers_)
             self._express.poll(0)
-            return key.decode()
+            return mid
         with self.runtime.acknowledged() as produce:
             produce(record)
-        return key.decode()
+        return mid
 
     def request(
         self, destination: str, body: bytes | None, headers: Mapping[str, str] | None = None, **kw: Any
@@ -228,57 +274,48 @@ class TransportEndpoint:
 
     # --- handling ---------------------------------------------------------------------------
 
-    def handle_one(
-        self,
-        queue: str,
-        handler: Handler,
-        wait: float | None,
-        give_up_fast: bool = False,
-        on_received: Callable[[], None] = lambda: None,
-    ) -> bool:
-        """One transaction: receive from `queue`, hand the message to its callback or `handler`,
-        commit (a failure rolls back). Returns whether a message was there. `on_received` is
-        called once the receive returned (or failed), message or not."""
-        tx = self.transaction()
-        try:
-            try:
-                msg = tx.receive(wait, queue=queue, buffered_only=give_up_fast)
-            finally:
-                on_received()
-            if msg is None:
-                tx.commit()  # expired messages it removed, if any
-                return False
-            callback = self.take_callback(msg)
-            if callback is None:
-                with tracing.handling(queue, tx.trace_context, self.runtime.namespace):
-                    handler(msg, tx)
-            tx.commit()
-            if callback is not None:
-                callback.set_result(msg)
-        except Exception as exc:  # noqa: BLE001 - whatever the application's handler raises: rolled back
-            self.handling_failed(tx, queue, exc)
-        return True
-
-    def handling_failed(self, tx: TransportTransaction, queue: str, exc: Exception) -> None:
-        """A handler raised (its transaction rolls back and counts a failed delivery), or its
-        commit failed (the transaction is over: the message comes back by itself)."""
-        if tx.state == "open":
-            tx.rollback(f"{type(exc).__name__}: {exc}")
-            self.runtime.count("failed")
-            log.warning("handler on %s failed; its transaction rolled back: %s", queue, exc)
-        else:
-            log.warning("commit on %s failed: %s", queue, exc)
-
     def start(self, handler: Handler) -> Self:
         """Start the readers: the primary queue's under the endpoint's concurrency model, the
         secondary queue's (`secondary_readers`, 1 by default) under the same model."""
         from kbroker.sdk.transport.pump import pump_for
 
         s = self.settings
+        if s.send_only:
+            raise InvalidArgumentError(f"{s.name} is a send-only endpoint: it does not receive")
+        self.start_mover()
         self._readers.append(pump_for(self, s.primary_queue, handler, s.max_concurrency).start())
         if s.secondary_queue is not None:
             self._readers.append(pump_for(self, s.secondary_queue, handler, s.secondary_readers).start())
         return self
+
+    def start_mover(self) -> DelayedMover | None:
+        """Start the mover of this endpoint's delayed store (start() does) unless it runs or this
+        is a satellite or send-only; None (said once) when the store was never installed (an
+        endpoint installed before delayed delivery existed)."""
+        s = self.settings
+        if self._mover is not None or s.satellite or s.send_only:
+            return self._mover
+        try:
+            topic = self.runtime.queues.delayed_store(self.settings.name)
+        except TransportQueueNotFoundError as exc:
+            log.warning("%s: delayed delivery is off: %s", self.settings.name, exc)
+            return None
+        d = self._delayed
+        self._mover = DelayedMover(
+            self.cluster,
+            self.namespace,
+            topic,
+            exists=self.runtime.queues.exists,
+            batch_size=d.batch_size,
+            interval=d.interval,
+            budget=d.budget,
+        ).start()
+        return self._mover
+
+    @property
+    def mover(self) -> DelayedMover | None:
+        """The running mover of this endpoint's delayed store (after start), if any."""
+        return self._mover
 
     @property
     def readers(self) -> list[Any]:
@@ -295,13 +332,17 @@ class TransportEndpoint:
                 "counters": dict(self.runtime.counters),
                 "readers": [r.stats() for r in self._readers],
                 "queues": {q: r.stats() for q, r in self.runtime.receivers().items()},
+                "delayed": None if self._mover is None else self._mover.stats(),
             }
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop the readers after their current transactions."""
+        """Stop the readers after their current transactions, and the delayed store's mover."""
         readers, self._readers = self._readers, []
         for r in readers:
             r.stop(timeout)
+        mover, self._mover = self._mover, None
+        if mover is not None:
+            mover.close()
 
     def close(self) -> None:
         """Stop reading, commit what is pending and flush the sends."""

@@ -11,15 +11,27 @@ import logging
 import threading
 import time
 from collections import Counter
+from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from kbroker.core.cluster import Cluster
 from kbroker.core.records import Record
+from kbroker.core.transport.delayed import delayed_record, due_time
 from kbroker.core.transport.endpoint import FailedDeliveries, TransportSettings
-from kbroker.core.transport.message import new_message, to_headers
-from kbroker.errors import InvalidArgumentError
+from kbroker.core.transport.message import TransportMessage, new_message, to_headers
+from kbroker.core.transport.recoverability import (
+    Action,
+    Recoverability,
+    delayed_retry_headers,
+    failed_headers,
+    rounds_of,
+)
+from kbroker.core.transport.subscriptions import STALENESS
+from kbroker.errors import InvalidArgumentError, TransportQueueNotFoundError
 from kbroker.kafka.receive.receiver import Lease, QueueReceiver
 from kbroker.kafka.transport.queues import MAX_BODY_BYTES, QueueDirectory, transport_receiver
+from kbroker.kafka.transport.subscription_store import SubscriptionCache
+from kbroker.kafka.txn.commit_requests import CommitRequest
 from kbroker.sdk.process import ProcessRuntime
 
 log = logging.getLogger("kbroker.transport")
@@ -46,6 +58,10 @@ class TransportRuntime(ProcessRuntime):
         self.counters: Counter[str] = Counter()
         self._counting = threading.Lock()
         self._closing = False
+        self.subscription_staleness = STALENESS
+        self.recoverability: Recoverability | None = Recoverability()
+        self.audit_queue: str | None = None  # where processed messages are copied (core/transport/audit.py)
+        self._subscriptions: SubscriptionCache | None = None
 
     def receiver(self, queue: str) -> QueueReceiver:
         """The process's receiver of a transport queue (one consumer per queue)."""
@@ -64,6 +80,15 @@ class TransportRuntime(ProcessRuntime):
             )
 
         return self.receiver_for(queue, build)
+
+    def subscriptions(self) -> SubscriptionCache:
+        """The instance's copy of the namespace's subscription table (made on first use)."""
+        with self._counting:
+            if self._subscriptions is None:
+                self._subscriptions = SubscriptionCache(
+                    self.cluster, self.namespace, staleness=self.subscription_staleness
+                )
+            return self._subscriptions
 
     def closing(self) -> bool:
         """Whether the endpoint is closing: a waiting receive gives up."""
@@ -85,10 +110,28 @@ class TransportRuntime(ProcessRuntime):
         recoverable: bool,
         time_to_be_received: float | None,
         message_id: str | None,
-    ) -> Record:
-        """The record of a send to `destination` (its queue must exist). `reply_to_address`:
-        None for this instance's reply queue, "" for none."""
+        delay: float | None = None,
+        not_before: datetime | float | str | None = None,
+        delayed_store: str | None = None,
+    ) -> tuple[Record, str]:
+        """The record of a send to `destination` (its queue must exist), and the message's Id. `reply_to_address`:
+        None for this instance's reply queue, "" for none. With `delay` (seconds) or
+        `not_before` the record is a row of a delayed store instead: `delayed_store`'s (an
+        endpoint's name), by default this endpoint's own, which a send-only endpoint lacks."""
         topic = self.queues.topic(destination)
+        now_ms = int(time.time() * 1000)
+        try:
+            due_ms = due_time(now_ms, delay, not_before)
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+        store = None
+        if due_ms is not None:
+            if delayed_store is None and self.settings.send_only:
+                raise InvalidArgumentError(
+                    f"{self.settings.name} is a send-only endpoint: it has no delayed store "
+                    "(name a receiving endpoint's with delayed_store=)"
+                )
+            store = self.queues.delayed_store(delayed_store or self.settings.name)
         if body is not None and len(body) > MAX_BODY_BYTES:  # refused now: at commit it would fail every time
             raise InvalidArgumentError(
                 f"the body is {len(body):,} bytes; a transport queue takes at most {MAX_BODY_BYTES:,}"
@@ -98,7 +141,7 @@ class TransportRuntime(ProcessRuntime):
             msg = new_message(
                 body,
                 headers,
-                now_ms=int(time.time() * 1000),
+                now_ms=now_ms,
                 message_id=message_id,
                 correlation_id=correlation_id,
                 reply_to_address=reply_to,
@@ -107,13 +150,82 @@ class TransportRuntime(ProcessRuntime):
             )
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
-        return (topic, msg.id.encode(), msg.body, to_headers(msg))
+        if store is not None and due_ms is not None:
+            return delayed_record(store, msg, destination, due_ms), msg.id
+        return (topic, msg.id.encode(), msg.body, to_headers(msg)), msg.id
 
     def _dead_letter_malformed(self, receiver: QueueReceiver, record: Any, reason: str) -> None:
         """On the poll thread: a record that is not a transport message goes to the dead-letter
         topic with its reason, its offset committed with it; the queue goes on."""
         self.count("dead_lettered")
         self.dead_letter(receiver, record, reason)
+
+    def recovered(self, lease: Lease, taken: Any, msg: TransportMessage) -> bool:
+        """Whether `msg`, which failed here before, was moved on instead of handed out again:
+        to the delayed store for a delayed retry or to the error queue, as the recoverability
+        policy says (without one: to the dead-letter topic after `max_deliveries` failures).
+        The move commits with the message's removal before this returns."""
+        position = (lease.receiver.topic, taken.partition, taken.offset)
+        failures = self.failures.count(position)
+        if not failures:
+            return False
+        policy = self.recoverability
+        if policy is None:
+            if failures < self.settings.max_deliveries:
+                return False
+            reason = f"handler failed {failures} times: {self.failures.reason(position)}"
+            self.dead_letter_poison(lease, taken.record, reason)
+            return True
+        failure = self.failures.failure(position)
+        rounds = rounds_of(msg.headers)
+        action = policy.decide(failures, rounds, failure, delayed=self._can_delay())
+        if action is Action.IMMEDIATE:
+            return False
+        now = datetime.now(timezone.utc)
+        try:
+            if action is Action.DELAYED:
+                hs = delayed_retry_headers(msg.headers, rounds, now)
+                record, _ = self._copy(msg, msg.queue or "", hs, delay=policy.delay(rounds))
+            else:
+                s = self.settings
+                hs = failed_headers(msg.headers, msg.queue or "", failure, endpoint=s.name, machine=s.machine, now=now)
+                record, _ = self._copy(msg, policy.error_queue, hs)
+        except TransportQueueNotFoundError as exc:  # no error queue installed: the dead-letter topic, not a loop
+            self.dead_letter_poison(lease, taken.record, f"{failures} failures, then {exc}")
+            return True
+        try:
+            self.committer.commit(CommitRequest([record], [lease]))
+        except Exception:
+            lease.receiver.release(lease, False)
+            raise
+        lease.receiver.release(lease, True)
+        self.failures.forget(position)
+        self.count("delayed_retries" if action is Action.DELAYED else "errors")
+        log.warning("message %s of %s, failed %d times: %s", msg.id, msg.queue, failures, action.value)
+        return True
+
+    def _copy(self, msg: TransportMessage, queue: str, headers: dict[str, str], **kw: Any) -> tuple[Record, str]:
+        return self.record(
+            queue,
+            msg.body,
+            headers,
+            correlation_id=msg.correlation_id,
+            reply_to_address=msg.reply_to_address or "",
+            recoverable=msg.recoverable,
+            time_to_be_received=None,
+            message_id=msg.id,
+            **kw,
+        )
+
+    def _can_delay(self) -> bool:
+        """Whether this endpoint can retry later: not a satellite, and its delayed store exists."""
+        if self.settings.satellite or self.settings.send_only:
+            return False
+        try:
+            self.queues.delayed_store(self.settings.name)
+        except TransportQueueNotFoundError:
+            return False
+        return True
 
     def dead_letter_poison(self, lease: Lease, record: Any, reason: str) -> None:
         """A poison message: moved to the dead-letter topic (set aside if Kafka refuses the
@@ -135,3 +247,5 @@ class TransportRuntime(ProcessRuntime):
         """Give up waiting receives, stop reading, commit what is pending and flush."""
         self._closing = True
         super().close()
+        if self._subscriptions is not None:
+            self._subscriptions.close()

@@ -9,23 +9,30 @@ handling it, and commit both, or roll both back.
 The sends are held until commit and written in one Kafka transaction with the received
 message's offset (the process's group committer), so a committed handler's sends and the removal
 of its message happen exactly once together; a rollback drops the sends and puts the message
-back for the next receive, here or in any instance. A message whose handler failed
-`max_deliveries` times in this process goes to the dead-letter topic instead of being handed out
-again; an expired one (Expires passed) is removed and counted, never handed out.
+back for the next receive, here or in any instance. A message that failed before is handed out
+again, retried later or moved to the error queue as the endpoint's recoverability says
+(core/transport/recoverability.py; without one, after `max_deliveries` failures in this process
+it goes to the dead-letter topic); an expired one (Expires passed) is removed and counted, never
+handed out.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Self
 
 from kbroker import tracing
 from kbroker.core.records import Record
+from kbroker.core.transport.audit import audit_headers
 from kbroker.core.transport.message import TransportEnvelope, TransportMessage, with_position
+from kbroker.core.transport.recoverability import Failure
 from kbroker.core.txn.state import TransactionState
 from kbroker.errors import InvalidArgumentError, TransactionAbortedError, TransactionInDoubtError, TransactionStateError
 from kbroker.kafka.receive.receiver import Lease
 from kbroker.kafka.txn.commit_requests import CommitRequest
+from kbroker.sdk.transport.publishing import publish_records
 from kbroker.sdk.transport.runtime import TransportRuntime
 
 
@@ -83,18 +90,13 @@ class TransportTransaction:
                     self._leases.append(lease)
                 continue
             b = live[0]
-            position = (receiver.topic, b.partition, b.offset)
-            failures = rt.failures.count(position)
-            if failures >= rt.settings.max_deliveries:
-                rt.dead_letter_poison(
-                    lease, b.record, f"handler failed {failures} times: {rt.failures.reason(position)}"
-                )
-                continue
-            if lease not in self._leases:
-                self._leases.append(lease)
             envelope = b.envelope
             assert isinstance(envelope, TransportEnvelope)  # a transport queue's receiver decodes these
             msg = with_position(envelope.message, q, b.partition, b.offset, b.enqueued_ms)
+            if rt.recovered(lease, b, msg):  # it failed before: retried later or in the error queue
+                continue
+            if lease not in self._leases:
+                self._leases.append(lease)
             if tracing.enabled():
                 self.trace_context = tracing.receive_span(
                     rt.namespace, q, [tracing.context_of(list(msg.headers.items()))], None
@@ -114,25 +116,85 @@ class TransportTransaction:
         recoverable: bool = True,
         time_to_be_received: float | None = None,
         message_id: str | None = None,
+        delay: float | None = None,
+        not_before: datetime | float | str | None = None,
+        delayed_store: str | None = None,
     ) -> str:
         """INSERT a message into `destination`'s queue when this transaction commits; returns its
-        Id. ReplyToAddress defaults to this instance's reply address."""
+        Id. ReplyToAddress defaults to this instance's reply address. With `delay` or
+        `not_before` the message is stored in the delayed store in this transaction and moved
+        to `destination` when due (TransportEndpoint.send)."""
         self._check_open()
         headers = tracing.with_trace_headers(headers, self._rt.namespace, destination, self.trace_context)
-        self._records.append(
-            self._rt.record(
-                destination,
-                body,
-                headers,
-                correlation_id=correlation_id,
-                reply_to_address=reply_to_address,
-                recoverable=recoverable,
-                time_to_be_received=time_to_be_received,
-                message_id=message_id,
-            )
+        record, mid = self._rt.record(
+            destination,
+            body,
+            headers,
+            correlation_id=correlation_id,
+            reply_to_address=reply_to_address,
+            recoverable=recoverable,
+            time_to_be_received=time_to_be_received,
+            message_id=message_id,
+            delay=delay,
+            not_before=not_before,
+            delayed_store=delayed_store,
         )
-        key: bytes = self._records[-1][1]  # the message's Id
-        return key.decode()
+        self._records.append(record)
+        return mid
+
+    def publish(
+        self,
+        event_type: str | Sequence[str] | None,
+        body: bytes | None,
+        headers: Mapping[str, str] | None = None,
+        *,
+        correlation_id: str | None = None,
+        recoverable: bool = True,
+        time_to_be_received: float | None = None,
+        message_id: str | None = None,
+    ) -> str:
+        """Publish an event when this transaction commits: one copy (one Id) to each endpoint
+        subscribed to `event_type` or, for a list, to any of its types (the event's type, then
+        its base types and interfaces); None: the types its EnclosedMessageTypes header names.
+        Subscriptions are those this instance's copy of the table holds (at most its staleness,
+        5 s, old). Returns the Id."""
+        self._check_open()
+        headers = tracing.with_trace_headers(headers, self._rt.namespace, "publish", self.trace_context)
+        records, mid, _queues = publish_records(
+            self._rt,
+            event_type,
+            body,
+            headers,
+            message_id=message_id,
+            correlation_id=correlation_id,
+            reply_to_address=None,
+            recoverable=recoverable,
+            time_to_be_received=time_to_be_received,
+        )
+        self._records.extend(records)
+        return mid
+
+    def audit(self, msg: TransportMessage, started: datetime) -> None:
+        """Copy the processed `msg` to the endpoint's audit queue with this transaction (nothing
+        when the endpoint audits nothing): its headers and when and where it was processed."""
+        queue = self._rt.audit_queue
+        if queue is None:
+            return
+        s = self._rt.settings
+        hs = audit_headers(
+            msg.headers, endpoint=s.name, machine=s.machine, started=started, ended=datetime.now(timezone.utc)
+        )
+        record, _ = self._rt.record(
+            queue,
+            msg.body,
+            hs,
+            correlation_id=msg.correlation_id,
+            reply_to_address=msg.reply_to_address or "",
+            recoverable=msg.recoverable,
+            time_to_be_received=None,
+            message_id=msg.id,
+        )
+        self._records.append(record)
 
     def reply(
         self, message: TransportMessage, body: bytes | None, headers: Mapping[str, str] | None = None, **kw: Any
@@ -163,13 +225,15 @@ class TransportTransaction:
         self._end(committed=True)
         self._move(TransactionState.COMMITTED)
 
-    def rollback(self, reason: str = "rolled back") -> None:
-        """Drop the sends and give the received message back; counts a failed delivery of it."""
+    def rollback(self, reason: str = "rolled back", exc: BaseException | None = None) -> None:
+        """Drop the sends and give the received message back; counts a failed delivery of it
+        (`exc`: what the handler raised, for the error queue's headers if it comes to that)."""
         if self.state is not TransactionState.OPEN:
             return
+        failure = None if exc is None else Failure.of(exc)
         for lease in self._leases:
             for b in lease.taken:
-                self._rt.failures.failed((lease.receiver.topic, b.partition, b.offset), reason)
+                self._rt.failures.failed((lease.receiver.topic, b.partition, b.offset), reason, failure)
         self._end(committed=False)
         self._move(TransactionState.ROLLED_BACK)
 
@@ -192,7 +256,7 @@ class TransportTransaction:
         if exc_type is None:
             self.commit()
         else:
-            self.rollback(f"{exc_type.__name__}: {exc}")
+            self.rollback(f"{exc_type.__name__}: {exc}", exc)
 
 
 # What an endpoint's readers hand each message to, with the transaction it is received in.

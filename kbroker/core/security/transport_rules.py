@@ -1,0 +1,121 @@
+"""The rule sets of the transport face's two roles: the installer creates an endpoint's topics,
+the running endpoint only reads and writes them (acl_roles.py names the roles)."""
+
+from __future__ import annotations
+
+from kbroker.core import names
+from kbroker.core.security.acl_bindings import Rule
+from kbroker.core.transport.audit import AUDIT_QUEUE
+from kbroker.core.transport.delayed import delayed_prefix, delayed_topic
+from kbroker.core.transport.endpoint import ERROR_QUEUE, transport_queue_prefix, transport_queue_topic
+from kbroker.core.transport.subscriptions import subscriptions_topic
+
+
+def _endpoint_queues(ns: str, endpoint: str | None) -> list[tuple[str, str]]:
+    """(pattern, name) of an endpoint's queue topics (its primary queue and every
+    `Endpoint.<machine>`), or of every transport queue of the namespace."""
+    if endpoint is None:
+        return [("PREFIXED", transport_queue_prefix(ns))]
+    primary = transport_queue_topic(ns, endpoint)
+    return [("LITERAL", primary), ("PREFIXED", primary + ".")]  # a bare prefix would match `EndpointX`
+
+
+def _endpoint_store(ns: str, endpoint: str | None) -> tuple[str, str]:
+    """(pattern, name) of an endpoint's delayed store, or of every delayed store of the namespace."""
+    return ("PREFIXED", delayed_prefix(ns)) if endpoint is None else ("LITERAL", delayed_topic(ns, endpoint))
+
+
+def transport_installer(ns: str, endpoint: str | None) -> list[Rule]:
+    own = _endpoint_queues(ns, endpoint)
+    store_pattern, store = _endpoint_store(ns, endpoint)
+    return [
+        Rule(
+            "TOPIC",
+            pattern,
+            name,
+            ("CREATE", "DESCRIBE", "DESCRIBE_CONFIGS"),
+            "the endpoint's queues (CREATE TABLE, VIEW DEFINITION)",
+        )
+        for pattern, name in own
+    ] + [
+        Rule(
+            "TOPIC",
+            "LITERAL",
+            names.deadletter_topic(ns),
+            ("CREATE", "DESCRIBE", "DESCRIBE_CONFIGS"),
+            "the dead-letter topic poison messages go to",
+        ),
+        Rule(
+            "TOPIC",
+            store_pattern,
+            store,
+            ("CREATE", "DESCRIBE", "DESCRIBE_CONFIGS"),
+            "the endpoint's delayed store (its Delayed table)",
+        ),
+        Rule(
+            "TOPIC",
+            "LITERAL",
+            subscriptions_topic(ns),
+            ("CREATE", "DESCRIBE", "DESCRIBE_CONFIGS"),
+            "the namespace's subscription table",
+        ),
+        Rule(
+            "TOPIC",
+            "LITERAL",
+            transport_queue_topic(ns, ERROR_QUEUE),
+            ("CREATE", "DESCRIBE", "DESCRIBE_CONFIGS"),
+            "the error queue failed messages go to (shared by the endpoints)",
+        ),
+        Rule(
+            "TOPIC",
+            "LITERAL",
+            transport_queue_topic(ns, AUDIT_QUEUE),
+            ("CREATE", "DESCRIBE", "DESCRIBE_CONFIGS"),
+            "the audit queue processed messages are copied to (when the endpoint audits)",
+        ),
+    ]
+
+
+def transport_runner(ns: str, endpoint: str | None) -> list[Rule]:
+    own = _endpoint_queues(ns, endpoint)
+    store_pattern, store = _endpoint_store(ns, endpoint)
+    return (
+        [Rule("TOPIC", pattern, name, ("READ",), "receive from the endpoint's queues") for pattern, name in own]
+        + [
+            Rule("GROUP", pattern, name, ("READ",), "a queue's consumer group (named as its topic)")
+            for pattern, name in own
+        ]
+        + [
+            Rule(
+                "TOPIC",
+                "PREFIXED",
+                transport_queue_prefix(ns),
+                ("WRITE",),
+                "send to any transport queue of the namespace",
+            ),
+            Rule("TOPIC", "LITERAL", names.deadletter_topic(ns), ("WRITE",), "poison messages"),
+            Rule(
+                "TOPIC",
+                store_pattern,
+                store,
+                ("READ", "WRITE"),
+                "delayed sends stored, due ones moved (their tombstones)",
+            ),
+            Rule("GROUP", store_pattern, store, ("READ",), "the delayed store's movers (named as its topic)"),
+            Rule(
+                "TOPIC",
+                "LITERAL",
+                subscriptions_topic(ns),
+                ("READ", "WRITE"),
+                "the subscription table: who receives a publish; subscribe and unsubscribe",
+            ),
+            Rule("GROUP", "LITERAL", names.reader_group(ns), ("DESCRIBE",), "kbroker's readers (the table's)"),
+            Rule(
+                "TRANSACTIONAL_ID",
+                "PREFIXED",
+                names.prefix(ns),
+                ("WRITE",),
+                "the group committer's transactions (a receive's removal and its handler's sends)",
+            ),
+        ]
+    )
