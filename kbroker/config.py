@@ -57,7 +57,7 @@ def keys_dir() -> Path:
 
 def namespace(explicit: str | None = None) -> str:
     ns = explicit or os.environ.get("KBROKER_NAMESPACE") or DEFAULT_NAMESPACE
-    if not NAMESPACE_RE.match(ns):
+    if not NAMESPACE_RE.fullmatch(ns):
         raise ValueError(f"namespace {ns!r} must be 1-40 characters of letters, digits, '_' or '-'")
     return ns
 

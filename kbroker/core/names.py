@@ -62,7 +62,7 @@ SYSTEM_TOPICS = (
 
 
 def _ns(ns: str) -> str:
-    if not isinstance(ns, str) or not NAMESPACE_RE.match(ns):
+    if not isinstance(ns, str) or not NAMESPACE_RE.fullmatch(ns):
         raise ValueError(f"namespace {ns!r} must be 1-40 characters of letters, digits, '_' or '-'")
     return ns
 

@@ -202,3 +202,30 @@ def test_an_auditing_endpoint_copies_each_processed_message_in_its_transaction(
     assert started <= ended and started[:10] == time.strftime("%Y-%m-%d", time.gmtime(before))
     assert len(errors_of(auditor, 1, 20)) == 1  # the failed one: in the error queue, never audited
     assert auditor.receive(1.0, queue="audit") is None
+
+
+def test_receiving_that_keeps_failing_raises_the_critical_error_once(
+    endpoints: Callable[..., TransportEndpoint],
+) -> None:
+    """An instance started on a queue nobody installed: every receive fails. After the breaker's
+    time the critical-error callback is called, once; installing the queue lets receiving work,
+    which arms the breaker again."""
+    critical: list[BaseException] = []
+    ep = endpoints(
+        "Orphan",
+        install=False,
+        secondary=False,
+        on_critical_error=critical.append,
+        time_to_wait_before_critical_error=1.5,
+        concurrency="fixed",
+        max_concurrency=1,
+    )
+    started = time.monotonic()
+    ep.start(lambda msg, tx: None)
+    wait_for(lambda: critical, 15, "the critical error")
+    assert time.monotonic() - started >= 1.5
+    assert "Orphan" in str(critical[0])
+    time.sleep(2.0)
+    assert len(critical) == 1  # once, while it goes on failing
+    ep.install()
+    wait_for(lambda: ep.breaker.failures == 0, 30, "receiving working again", seen=lambda: ep.breaker.failures)

@@ -52,7 +52,8 @@ def test_every_import_is_installed_by_the_base_or_by_its_extra():
             | (extras["analytics"] if "analytics" in parts else set())
             | (extras["tracing"] if parts[-1] == "tracing.py" else set())
             | (extras["bench"] if "bench" in parts else set())
-        )  # the scaling plot: matplotlib
+            | (extras["outbox"] if parts[-1] == "outbox.py" else set())
+        )  # the scaling plot: matplotlib; the outbox: SQLAlchemy
         for name in third_party_imports(module):
             assert DISTRIBUTION_OF.get(name, name).lower() in allowed, f"{module}: {name} is not installed by it"
 
@@ -80,7 +81,8 @@ def test_the_extras():
     assert names(extras["worker"]) == {"faust-streaming", "aiokafka", "aiohttp"}
     assert extras["analytics"][0] == "pyspark==4.2.0"  # the release whose Kafka source Maven Central serves
     assert names(extras["analytics"]) == {"pyspark", "pyarrow"}
-    assert "kbroker[worker,analytics,bench,tracing]" in extras["test"]
+    assert "kbroker[worker,analytics,bench,tracing,outbox]" in extras["test"]
+    assert names(extras["outbox"]) == {"sqlalchemy"}
     assert names(extras["tracing"]) == {"opentelemetry-api"}
     assert {
         "pytest",

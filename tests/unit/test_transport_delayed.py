@@ -257,10 +257,12 @@ def test_a_tombstone_and_header_forms():
         (lambda k, v, h: (k, v, changed(h, drop=delayed.H_DUE)), "missing header Due"),
         (lambda k, v, h: (k, v, changed(h, drop=delayed.H_DESTINATION)), "missing header Destination"),
         (lambda k, v, h: (k, v, changed(h, Due=b"soon")), "ISO 8601"),
-        (lambda k, v, h: (k, v, changed(h, Destination=b"no spaces")), "queue name"),
-        (lambda k, v, h: (k, v, changed(h, Destination=b"")), "queue name"),
-        (lambda k, v, h: (k, v, changed(h, Destination=b"q" * 151)), "queue name"),
-        (lambda k, v, h: (k, v, changed(h, Destination=b"Dest\n")), "queue name"),  # not before a newline
+        (lambda k, v, h: (k, v, changed(h, Destination=b"no spaces")), "transport address"),
+        (lambda k, v, h: (k, v, changed(h, Destination=b"")), "transport address"),
+        (lambda k, v, h: (k, v, changed(h, Destination=b"q" * 151)), "transport address"),
+        (lambda k, v, h: (k, v, changed(h, Destination=b"Dest\n")), "transport address"),  # not before a newline
+        (lambda k, v, h: (k, v, changed(h, Destination=b"Dest@no spaces")), "transport address"),
+        (lambda k, v, h: (k, v, changed(h, Destination=b"Dest@")), "transport address"),
         (lambda k, v, h: (k, v, changed(h, BodyNull=b"maybe")), "BodyNull"),
         (lambda k, v, h: (k, b"x", changed(h, BodyNull=b"true")), "has a body"),
         (lambda k, v, h: (k, v, h + [(delayed.H_DUE, format_expires(T0).encode())]), "twice"),

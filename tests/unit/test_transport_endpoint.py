@@ -19,9 +19,11 @@ from kbroker.core.transport.endpoint import (
     FailedDeliveries,
     InstallPlan,
     TransportSettings,
+    address_topic,
     default_machine,
     install_plan,
     model_name,
+    parse_address,
     receive_tasks_to_start,
     transport_queue_topic,
 )
@@ -228,3 +230,20 @@ def test_failed_deliveries_cap_drops_the_oldest():
     for off in range(10, 20):
         f.failed(("t", 0, off))
     assert sum(f.count(("t", 0, off)) > 0 for off in range(20)) == 3
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [("Billing", ("Billing", "sales")), ("Billing@finance", ("Billing", "finance")), ("B.m1@x-1", ("B.m1", "x-1"))],
+)
+def test_a_transport_address_is_a_queue_perhaps_of_another_namespace(address, expected):
+    assert parse_address(address, "sales") == expected
+    assert address_topic(address, "sales") == f"kbroker.{expected[1]}.tqueue.{expected[0]}"
+
+
+@pytest.mark.parametrize(
+    "address", ["", "@ns", "Billing@", "Billing@bad ns", "Billing@ns@more", "Bil ling", "Billing@ns\n"]
+)
+def test_a_bad_transport_address_is_refused(address):
+    with pytest.raises(ValueError):
+        parse_address(address, "sales")

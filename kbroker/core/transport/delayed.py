@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from kbroker.core import names
 from kbroker.core.dialogs.envelope import MalformedRecord, header_text
 from kbroker.core.records import Record
-from kbroker.core.transport.endpoint import QUEUE_RE
+from kbroker.core.transport.endpoint import QUEUE_RE, parse_address
 from kbroker.core.transport.message import (
     MAX_EXPIRES_MS,
     TransportMessage,
@@ -180,8 +180,10 @@ def from_delayed(
         format_expires(due)  # a time it cannot write again (before the year 1 in UTC) is refused now
     except (ValueError, OverflowError, OSError):
         raise MalformedRecord(f"Due {extra[H_DUE]!r} is not an ISO 8601 time of the years 1-9999") from None
-    if not QUEUE_RE.fullmatch(extra[H_DESTINATION]):
-        raise MalformedRecord(f"Destination {extra[H_DESTINATION]!r} is not a queue name")
+    try:
+        parse_address(extra[H_DESTINATION], "x")
+    except ValueError:
+        raise MalformedRecord(f"Destination {extra[H_DESTINATION]!r} is not a transport address") from None
     body_null = extra.get(H_BODY_NULL, "false").strip().lower()
     if body_null not in ("true", "false"):
         raise MalformedRecord(f"BodyNull is {extra[H_BODY_NULL]!r}, not true or false")

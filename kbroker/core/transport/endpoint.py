@@ -44,6 +44,27 @@ def transport_queue_topic(ns: str, queue: str) -> str:
     return f"{transport_queue_prefix(ns)}{queue}"
 
 
+def parse_address(address: str, namespace: str) -> tuple[str, str]:
+    """(queue, namespace) of a transport address: `queue`, in `namespace`, or `queue@namespace`
+    for a queue of another namespace on the cluster (the SQL transport's `queue@schema`).
+    ValueError naming what is wrong."""
+    if not isinstance(address, str):
+        raise ValueError(f"transport address {address!r} must be text")
+    queue, at, ns = address.partition("@")
+    if not QUEUE_RE.fullmatch(queue):
+        raise ValueError(f"transport queue name {queue!r} must be 1-150 characters of A-Z a-z 0-9 _ . -")
+    if at:
+        names.prefix(ns)  # ValueError for a namespace that cannot be one
+        return queue, ns
+    return queue, namespace
+
+
+def address_topic(address: str, namespace: str) -> str:
+    """The topic of a transport address (parse_address) seen from `namespace`."""
+    queue, ns = parse_address(address, namespace)
+    return transport_queue_topic(ns, queue)
+
+
 def model_name(value: str) -> str:
     """`fixed` (pre-2.0), `ramp` (2.1) or `monitor` (3.0), from any of those spellings."""
     try:

@@ -39,7 +39,7 @@ from kbroker.core.transport.delayed import (
     delayed_record,
     from_delayed,
 )
-from kbroker.core.transport.endpoint import transport_queue_topic
+from kbroker.core.transport.endpoint import address_topic
 from kbroker.core.transport.message import to_headers
 from kbroker.core.txn.faults import Action, Deadline, decide
 from kbroker.kafka import clients, messages
@@ -232,7 +232,7 @@ class DelayedMover:
         out: list[Record] = []
         dead = 0
         for row in rows:
-            destination = transport_queue_topic(self.namespace, row.destination)
+            destination = address_topic(row.destination, self.namespace)
             msg = row.message
             tries, why = self._tries.get(row.key, (0, ""))
             if tries >= MOVE_TRIES:

@@ -21,6 +21,7 @@ from kbroker.core.transport.delayed import delayed_topic
 from kbroker.core.transport.endpoint import (
     PRIMARY_PARTITIONS,
     InstallPlan,
+    address_topic,
     install_collision,
     transport_queue_prefix,
     transport_queue_topic,
@@ -112,9 +113,10 @@ class QueueDirectory:
         self._lock = threading.Lock()
 
     def topic(self, queue: str) -> str:
-        """The queue's topic; TransportQueueNotFoundError when it does not exist."""
+        """The topic of `queue` (a queue of the namespace, or `queue@namespace`: one of another
+        namespace on the cluster); TransportQueueNotFoundError when it does not exist."""
         try:
-            topic = transport_queue_topic(self._namespace, queue)
+            topic = address_topic(queue, self._namespace)  # `queue` or `queue@namespace`
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
         return self._checked(queue, topic)
@@ -124,7 +126,10 @@ class QueueDirectory:
         again even if it was, as after a write to it failed: it may have been removed)."""
         if fresh:
             with self._lock:
-                self._known.discard(transport_queue_topic(self._namespace, queue))
+                try:
+                    self._known.discard(address_topic(queue, self._namespace))
+                except ValueError:
+                    return False
         try:
             self.topic(queue)
         except TransportQueueNotFoundError:

@@ -29,6 +29,8 @@ from kbroker.core.activation.ramp import RampUp
 from kbroker.core.transport.endpoint import FIXED, MONITOR, receive_tasks_to_start
 from kbroker.core.transport.message import TransportMessage
 from kbroker.core.transport.subscriptions import Subscription
+from kbroker.core.transport.transaction_modes import TransactionMode
+from kbroker.errors import InvalidArgumentError
 from kbroker.sdk.transport.endpoint import TransportEndpoint
 from kbroker.sdk.transport.endpoint import endpoint as sync_endpoint
 from kbroker.sdk.transport.transaction import TransportTransaction
@@ -187,6 +189,7 @@ class AsyncTransportEndpoint:
         dead-lettered on the way, a Kafka transaction."""
         tx = self.sync.transaction()
         atx = AsyncTransportTransaction(tx, self._run)
+        handling = False
         try:
             try:
                 msg = await self._run(tx.receive, 0.0 if task else wait, queue=queue, buffered_only=task)
@@ -195,24 +198,36 @@ class AsyncTransportEndpoint:
                     self._unclaimed[queue] -= 1
             if msg is None:
                 await atx.commit()
+                self.sync.receiving_worked()
                 return False
             callback = self.sync.take_callback(msg)
             if callback is None:
                 started = datetime.now(timezone.utc)
+                handling = True
                 with tracing.handling(queue, tx.trace_context, self.sync.runtime.namespace):
                     await handler(msg, atx)
+                handling = False
                 await self._run(tx.audit, msg, started)  # off the loop: the audit queue's first look-up
             await atx.commit()
+            self.sync.receiving_worked()
             if callback is not None:
                 callback.set_result(msg)
         except Exception as exc:  # noqa: BLE001 - whatever the application's handler raises: rolled back
-            self.sync.handling_failed(tx, queue, exc)
+            self.sync.handling_failed(tx, queue, exc, receiving=not handling)
+            if not handling:
+                await asyncio.sleep(self.sync.receive_backoff())
         return True
 
     async def start(self, handler: AsyncHandler) -> Self:
         """Start the readers of the primary queue (its model, MaximumConcurrencyLevel) and of the
         secondary queue (same model, `secondary_readers`)."""
         s = self.sync.settings
+        rt = self.sync.runtime
+        if rt.outbox is not None or rt.transaction_mode is not TransactionMode.SENDS_ATOMIC_WITH_RECEIVE:
+            raise InvalidArgumentError(
+                "the asyncio endpoint handles in SendsAtomicWithReceive without an outbox; "
+                "use the thread endpoint (transport.endpoint) for the others"
+            )
         await self._run(self.sync.start_mover)  # the delayed store's due rows, on its own thread
         queues = [(s.primary_queue, s.max_concurrency)]
         if s.secondary_queue is not None:

@@ -20,11 +20,13 @@ import concurrent.futures
 import logging
 import threading
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Mapping, Self
 
 from kbroker import config, tracing
 from kbroker.core.cluster import ClusterLike
+from kbroker.core.transport.circuit_breaker import TIME_TO_WAIT, ReceiveCircuitBreaker
 from kbroker.core.transport.delayed import DelayedDelivery
 from kbroker.core.transport.endpoint import (
     MONITOR,
@@ -36,6 +38,7 @@ from kbroker.core.transport.endpoint import (
 from kbroker.core.transport.message import TransportMessage, canonical_id
 from kbroker.core.transport.recoverability import Recoverability
 from kbroker.core.transport.subscriptions import STALENESS
+from kbroker.core.transport.transaction_modes import TransactionMode
 from kbroker.embedded import resolve_cluster
 from kbroker.errors import InvalidArgumentError, TransportQueueNotFoundError
 from kbroker.kafka.clients import produce_within
@@ -87,6 +90,11 @@ class TransportEndpoint(PubSub, Handling):
     immediate retries, delayed retries, the error queue (core/transport/recoverability.py;
     None: the dead-letter topic after `max_deliveries` failures in this process). audit_queue:
     where a copy of each message a handler processed goes, in its transaction (None: no audit).
+    on_critical_error: called (once, until receiving works again) when receiving has failed for
+    time_to_wait_before_critical_error seconds (120), as NServiceBus's receive circuit breaker.
+    transaction_mode: SendsAtomicWithReceive (default), ReceiveOnly or None
+    (core/transport/transaction_modes.py). outbox: an Outbox (sdk/transport/outbox.py): handlers
+    write to the application's database through `tx.db` and send exactly once with it.
 
     concurrency: `monitor` (3.0, default), `ramp` (2.1) or `fixed` (pre-2.0); max_concurrency is
     MaximumConcurrencyLevel. secondary=False disables the secondary queue (replies then come to
@@ -117,6 +125,10 @@ class TransportEndpoint(PubSub, Handling):
         subscription_staleness: float = STALENESS,
         recoverability: Recoverability | None = RECOVERABILITY,
         audit_queue: str | None = None,
+        on_critical_error: Callable[[BaseException], None] | None = None,
+        time_to_wait_before_critical_error: float = TIME_TO_WAIT,
+        transaction_mode: TransactionMode | str = TransactionMode.SENDS_ATOMIC_WITH_RECEIVE,
+        outbox: Any = None,
     ):
         try:
             settings = TransportSettings(
@@ -148,6 +160,16 @@ class TransportEndpoint(PubSub, Handling):
         self.runtime.subscription_staleness = subscription_staleness
         self.runtime.recoverability = recoverability
         self.runtime.audit_queue = audit_queue
+        try:
+            self.runtime.transaction_mode = TransactionMode.of(transaction_mode)
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+        self.runtime.outbox = outbox
+        try:
+            self.breaker = ReceiveCircuitBreaker(time_to_wait_before_critical_error)
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+        self.on_critical_error = on_critical_error or (lambda exc: None)  # (logged by the breaker in any case)
         if install:
             self.install(partitions)
         self._express: Any = None

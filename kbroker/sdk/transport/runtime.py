@@ -27,6 +27,7 @@ from kbroker.core.transport.recoverability import (
     rounds_of,
 )
 from kbroker.core.transport.subscriptions import STALENESS
+from kbroker.core.transport.transaction_modes import TransactionMode
 from kbroker.errors import InvalidArgumentError, TransportQueueNotFoundError
 from kbroker.kafka.receive.receiver import Lease, QueueReceiver
 from kbroker.kafka.transport.queues import MAX_BODY_BYTES, QueueDirectory, transport_receiver
@@ -61,6 +62,8 @@ class TransportRuntime(ProcessRuntime):
         self.subscription_staleness = STALENESS
         self.recoverability: Recoverability | None = Recoverability()
         self.audit_queue: str | None = None  # where processed messages are copied (core/transport/audit.py)
+        self.transaction_mode = TransactionMode.SENDS_ATOMIC_WITH_RECEIVE
+        self.outbox: Any = None  # sdk/transport/outbox.Outbox (SQLAlchemy: imported only by who makes one)
         self._subscriptions: SubscriptionCache | None = None
 
     def receiver(self, queue: str) -> QueueReceiver:
@@ -137,6 +140,8 @@ class TransportRuntime(ProcessRuntime):
                 f"the body is {len(body):,} bytes; a transport queue takes at most {MAX_BODY_BYTES:,}"
             )
         reply_to = self.settings.reply_address if reply_to_address is None else reply_to_address or None
+        if reply_to_address is None and "@" in destination and reply_to is not None:
+            reply_to = f"{reply_to}@{self.namespace}"  # a reply from another namespace finds its way back
         try:
             msg = new_message(
                 body,

@@ -46,6 +46,7 @@ class TransportTransaction:
         self._leases: list[Lease] = []
         self.received: list[TransportMessage] = []
         self.state = TransactionState.OPEN  # moved only by _move
+        self.db: Any = None  # with an outbox: the application's database connection, in its transaction
         runtime.active_transactions.opened()
         self._counted = True
 
@@ -173,6 +174,16 @@ class TransportTransaction:
         )
         self._records.extend(records)
         return mid
+
+    def take_records(self) -> list[Record]:
+        """The sends held so far, taken out (the outbox stores them; ReceiveOnly dispatches them)."""
+        records, self._records = self._records, []
+        return records
+
+    def put_records(self, records: list[Record]) -> None:
+        """Sends to commit with this transaction (an outbox row's, dispatched with the removal)."""
+        self._check_open()
+        self._records.extend(records)
 
     def audit(self, msg: TransportMessage, started: datetime) -> None:
         """Copy the processed `msg` to the endpoint's audit queue with this transaction (nothing
