@@ -50,12 +50,12 @@ test-spark-cluster: setup
 # The long runs, minutes each, so not in `make test` (CI runs this after it): the Spark cluster
 # above; on the three-node Kafka cluster a node killed under load, its transaction coordinator
 # killed during commits, and the worker, routing and the analytics job with a node killed;
-# routing between two clusters through kills and an outage longer than a lease; and `kbroker
-# bench scale` at small sizes. About 8 minutes.
+# routing between two clusters through kills and an outage longer than a lease; the delayed
+# store's mover through a broker restart; and `kbroker bench scale` at small sizes. About 9 minutes.
 test-long: setup
 	$(BIN)/pytest -m "spark_cluster or kafka_cluster or bench_scale" tests/integration/test_analytics_cluster.py \
 		tests/integration/test_cluster.py tests/integration/test_routing_clusters.py \
-		tests/integration/test_bench_scale.py
+		tests/integration/test_bench_scale.py tests/integration/test_transport_delayed.py
 
 bench: setup
 	$(BIN)/kbroker bench

@@ -248,6 +248,7 @@ def test_the_cli_sends_a_delayed_message_and_refuses_bad_options(
     assert store.returncode == 1 and "--store is for a delayed send" in store.stderr
 
 
+@pytest.mark.kafka_cluster  # a broker stopped and started: a long run (`make test-long`)
 @pytest.mark.timeout(300)
 def test_rows_are_moved_once_through_a_broker_restart(own_broker: RestartableBroker, namespace: str) -> None:
     """200 rows due over 8 s; the broker stops for 5 s in the middle and starts again on the same

@@ -223,11 +223,14 @@ class AsyncTransportEndpoint:
         secondary queue (same model, `secondary_readers`)."""
         s = self.sync.settings
         rt = self.sync.runtime
+        if s.send_only:
+            raise InvalidArgumentError(f"{s.name} is a send-only endpoint: it does not receive")
         if rt.outbox is not None or rt.transaction_mode is not TransactionMode.SENDS_ATOMIC_WITH_RECEIVE:
             raise InvalidArgumentError(
                 "the asyncio endpoint handles in SendsAtomicWithReceive without an outbox; "
                 "use the thread endpoint (transport.endpoint) for the others"
             )
+        self._stopping.clear()  # started again after a stop
         await self._run(self.sync.start_mover)  # the delayed store's due rows, on its own thread
         queues = [(s.primary_queue, s.max_concurrency)]
         if s.secondary_queue is not None:
