@@ -10,7 +10,7 @@ from dataclasses import dataclass
 @dataclass
 class Params:
     repeat: int = 5  # medians of 5, with the run-to-run range beside them (issue 26)
-    messages: int = 20_000  # send and request-reply
+    messages: int = 20_000  # send, request-reply, transport; transport-publish: events
     conversations: int = 1_000
     backlog: int = 1_000_000
     readers: int = 64  # request-reply: kbroker responder threads
@@ -23,3 +23,4 @@ class Params:
     ended_dialogs: int = 1_000_000  # ended-dialogs: dialogs whose endpoints the namespace holds
     delayed_messages: int = 100_000  # transport-delayed: delayed messages per side and repetition
     delayed_seconds: float = 600.0  # transport-delayed: the window their due times are spread over
+    outbox_messages: int = 5_000  # transport-outbox: messages per side and repetition

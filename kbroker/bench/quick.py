@@ -18,7 +18,7 @@ from kbroker.bench.params import Params
 # The quick sizes; an option given on the command line wins over them.
 QUICK: dict[str, Any] = {
     "repeat": 1,
-    "messages": 1_000,  # send, request-reply, transport (transport-io-bound: a quarter of it)
+    "messages": 1_000,  # send, request-reply, transport (transport-io-bound: a quarter of it), transport-publish
     # io-bound: 500 messages (at 200 they were mostly the readers' start-up); SEND's first message
     # on each dialog claims its lease, so more would slow the send rows' small runs
     "conversations": 250,
@@ -29,6 +29,7 @@ QUICK: dict[str, Any] = {
     "ended_dialogs": 2_000,  # ended-dialogs
     "delayed_messages": 2_000,  # transport-delayed: 100 due a second over its 20 s
     "delayed_seconds": 20.0,  # transport-delayed: most of its time (one window, both sides at once)
+    "outbox_messages": 500,  # transport-outbox: one at a time (max_concurrency 1), a few seconds a side
 }
 QUICK_FILE = "quick.json"  # where --quick writes its results, beside (never over) latest.json
 

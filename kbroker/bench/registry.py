@@ -26,6 +26,8 @@ SCENARIO_MODULES = (
     "routing",
     "transport",
     "transport_delayed",
+    "transport_fanout",
+    "transport_outbox",
 )
 
 

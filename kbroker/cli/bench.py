@@ -37,7 +37,7 @@ from kbroker.cli.output import make_console, new_table, print_table
     default=Params.messages,
     show_default=True,
     type=click.IntRange(min=1),
-    help="Messages per repetition of send and request-reply.",
+    help="Messages per repetition of send, request-reply and transport (transport-publish: events).",
 )
 @click.option(
     "--conversations",
@@ -118,6 +118,13 @@ from kbroker.cli.output import make_console, new_table, print_table
     help="transport-delayed: the window (s) their due times are spread over; a repetition takes about this long.",
 )
 @click.option(
+    "--outbox-messages",
+    default=Params.outbox_messages,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="transport-outbox: messages each side handles per repetition, one at a time.",
+)
+@click.option(
     "--out",
     "out_dir",
     default="bench-results",
@@ -167,19 +174,6 @@ from kbroker.cli.output import make_console, new_table, print_table
 def bench(
     scenarios,
     quick,
-    repeat,
-    messages,
-    conversations,
-    backlog,
-    readers,
-    in_flight,
-    samples,
-    drain_messages,
-    max_readers,
-    ramp_up,
-    ended_dialogs,
-    delayed_messages,
-    delayed_seconds,
     out_dir,
     docs_path,
     no_docs,
@@ -190,22 +184,23 @@ def bench(
     scale_workers,
     target,
     as_json,
+    **sizes,  # the options named after Params' fields (--repeat, --messages, ...)
 ):
     """Benchmark kbroker against a plain confluent-kafka baseline on the same broker.
 
     SCENARIOS: send (with send-pipelined), request-reply, io-bound, backlog-rss, ended-dialogs,
-    activation-latency, activation-drain, analytics, routing, transport, transport-delayed; all by
-    default. Uses --bootstrap / KBROKER_BOOTSTRAP when given, else starts an embedded broker on
-    free ports in a temporary data dir for the run. Progress goes to stderr; results to
-    OUT/latest.json and the results table of the docs; --json prints them on stdout. --quick: see
-    docs/benchmarks.md, "Before merging: the quick check".
+    activation-latency, activation-drain, analytics, routing, transport, transport-delayed,
+    transport-publish, transport-outbox; all by default. Uses --bootstrap / KBROKER_BOOTSTRAP
+    when given, else starts an embedded broker on free ports in a temporary data dir for the run.
+    Progress goes to stderr; results to OUT/latest.json and the results table of the docs; --json
+    prints them on stdout. --quick: see docs/benchmarks.md, "Before merging: the quick check".
 
     `kbroker bench scale` measures how cost grows instead (queues, open dialogs, workers; only
     the curves given with --queues/--dialogs/--workers, or all three at their defaults): results
     to OUT/scale.json, the plot to docs/scale.png; see docs/benchmarks.md, "Scaling"."""
     if "scale" in scenarios:
         source = click.get_current_context().get_parameter_source("drain_messages")
-        drain = drain_messages if source == click.core.ParameterSource.COMMANDLINE else None
+        drain = sizes["drain_messages"] if source == click.core.ParameterSource.COMMANDLINE else None
         _scale(
             scenarios,
             quick,
@@ -213,7 +208,7 @@ def bench(
             scale_queues,
             scale_dialogs,
             scale_workers,
-            ramp_up,
+            sizes["ramp_up"],
             drain,
             out_dir,
             no_docs,
@@ -243,21 +238,7 @@ def bench(
 
     # A terminated run still stops its embedded broker and child processes (finally blocks).
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
-    params = Params(
-        repeat=repeat,
-        messages=messages,
-        conversations=conversations,
-        backlog=backlog,
-        readers=readers,
-        in_flight=in_flight,
-        samples=samples,
-        drain_messages=drain_messages,
-        max_readers=max_readers,
-        ramp_up=ramp_up,
-        ended_dialogs=ended_dialogs,
-        delayed_messages=delayed_messages,
-        delayed_seconds=delayed_seconds,
-    )
+    params = Params(**sizes)
     reporter = Reporter(quiet=quiet)
     if quick:
         source = click.get_current_context().get_parameter_source

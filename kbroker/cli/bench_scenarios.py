@@ -37,6 +37,8 @@ SCENARIO_NAMES = (
     "transport-io-bound",
     "transport-share-group",
     "transport-delayed",
+    "transport-publish",
+    "transport-outbox",
     "scale",
 )
 
