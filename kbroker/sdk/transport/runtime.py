@@ -190,11 +190,11 @@ class TransportRuntime(ProcessRuntime):
         try:
             if action is Action.DELAYED:
                 hs = delayed_retry_headers(msg.headers, rounds, now)
-                record, _ = self._copy(msg, msg.queue or "", hs, delay=policy.delay(rounds))
+                record, _ = self.copy(msg, msg.queue or "", hs, delay=policy.delay(rounds))
             else:
                 s = self.settings
                 hs = failed_headers(msg.headers, msg.queue or "", failure, endpoint=s.name, machine=s.machine, now=now)
-                record, _ = self._copy(msg, policy.error_queue, hs)
+                record, _ = self.copy(msg, policy.error_queue, hs)
         except TransportQueueNotFoundError as exc:  # no error queue installed: the dead-letter topic, not a loop
             self.dead_letter_poison(lease, taken.record, f"{failures} failures, then {exc}")
             return True
@@ -209,7 +209,9 @@ class TransportRuntime(ProcessRuntime):
         log.warning("message %s of %s, failed %d times: %s", msg.id, msg.queue, failures, action.value)
         return True
 
-    def _copy(self, msg: TransportMessage, queue: str, headers: dict[str, str], **kw: Any) -> tuple[Record, str]:
+    def copy(self, msg: TransportMessage, queue: str, headers: Mapping[str, str], **kw: Any) -> tuple[Record, str]:
+        """The record of `msg` (its Id, body and columns, `headers` instead of its own) sent to
+        `queue`: its delayed retry, its error-queue or audit copy, a retry sending it back."""
         return self.record(
             queue,
             msg.body,

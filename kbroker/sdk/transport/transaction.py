@@ -195,16 +195,7 @@ class TransportTransaction:
         hs = audit_headers(
             msg.headers, endpoint=s.name, machine=s.machine, started=started, ended=datetime.now(timezone.utc)
         )
-        record, _ = self._rt.record(
-            queue,
-            msg.body,
-            hs,
-            correlation_id=msg.correlation_id,
-            reply_to_address=msg.reply_to_address or "",
-            recoverable=msg.recoverable,
-            time_to_be_received=None,
-            message_id=msg.id,
-        )
+        record, _ = self._rt.copy(msg, queue, hs)
         self._records.append(record)
 
     def reply(
