@@ -229,3 +229,44 @@ def test_receiving_that_keeps_failing_raises_the_critical_error_once(
     assert len(critical) == 1  # once, while it goes on failing
     ep.install()
     wait_for(lambda: ep.breaker.failures == 0, 30, "receiving working again", seen=lambda: ep.breaker.failures)
+
+
+def test_garbage_in_the_error_queue_is_skipped_and_the_failed_messages_around_it_go_on(
+    endpoints: Callable[..., TransportEndpoint], kafka_bootstrap: str, namespace: str
+) -> None:
+    """Another client may write anything to the error queue: `errors` lists the failed messages
+    around such records, and `retry` sends those back and moves the garbage to the dead-letter
+    topic; a message whose FailedQ names no installed queue is kept."""
+    from confluent_kafka import Producer
+
+    from kbroker.core.transport.endpoint import transport_queue_topic
+    from kbroker.core.transport.message import new_message, to_headers
+    from kbroker.kafka.transport.error_queue import waiting
+
+    fixed = threading.Event()
+    handled: list[str] = []
+
+    def handle(msg: TransportMessage, tx: Any) -> None:
+        if not fixed.is_set():
+            raise Refused("down")
+        handled.append(msg.id)
+
+    billing = endpoints("Billing", recoverability=Recoverability(immediate_retries=0, delayed_retries=0))
+    billing.start(handle)
+    good = billing.send("Billing", b"ok")
+    wait_for(lambda: waiting(kafka_bootstrap, namespace, "error")[1] == 1, 30, "the failed message")
+    error_topic = transport_queue_topic(namespace, "error")
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    p.produce(error_topic, key=b"g1", value=b"no columns at all")
+    p.produce(error_topic, key=b"g2", value=b"x" * 100_000, headers=[("Id", b"not a guid"), ("Headers", b"{")])
+    forged = new_message(b"f", {FAILED_Q: "NoSuchQueue"}, now_ms=int(time.time() * 1000))
+    p.produce(error_topic, key=forged.id.encode(), value=forged.body, headers=to_headers(forged))
+    assert p.flush(10) == 0
+    listed, total = waiting(kafka_bootstrap, namespace, "error")
+    assert total == 4 and sorted(m.id for m in listed) == sorted([good, forged.id])  # the garbage: counted, not listed
+    fixed.set()
+    out = retry_failed(kafka_bootstrap, namespace, chooser(every=True))
+    assert out.sent_back == [good] and out.unretriable == [forged.id] and out.kept == 1
+    wait_for(lambda: handled == [good], 20, "the good message handled again")
+    left, total = waiting(kafka_bootstrap, namespace, "error")
+    assert [m.id for m in left] == [forged.id] and total == 1  # the garbage went to the dead-letter topic

@@ -60,6 +60,7 @@ def retry_failed(
     `chosen` accepts, keep the others (see the module docstring). `progress(done, total)`."""
     _found, total = waiting(cluster, namespace, queue, limit=0)
     out = Retried()
+    seen: set[str] = set()  # Ids looked at in this pass (at most the queue's count)
     with TransportEndpoint(
         "kbroker-retry", cluster=cluster, namespace=namespace, send_only=True, recoverability=None
     ) as ep:
@@ -68,23 +69,18 @@ def retry_failed(
                 msg = tx.receive(wait, queue=queue)
                 if msg is None:
                     break
+                if msg.id in seen:  # a copy this pass kept, come round again: it stays, counted once
+                    tx.put_records([ep.runtime.copy(msg, queue, msg.headers)[0]])
+                    continue
+                seen.add(msg.id)
                 back = msg.headers.get(FAILED_Q, "")
                 if chosen(msg) and QUEUE_RE.fullmatch(back) and ep.runtime.queues.exists(back):
-                    tx.send(back, msg.body, retried_headers(msg.headers), **_columns(msg))
+                    tx.put_records([ep.runtime.copy(msg, back, retried_headers(msg.headers))[0]])
                     out.sent_back.append(msg.id)
                 else:
                     if chosen(msg):
                         out.unretriable.append(msg.id)
-                    tx.send(queue, msg.body, dict(msg.headers), **_columns(msg))
+                    tx.put_records([ep.runtime.copy(msg, queue, msg.headers)[0]])
                     out.kept += 1
             progress(done + 1, total)
     return out
-
-
-def _columns(msg: TransportMessage) -> dict[str, Any]:
-    return {
-        "message_id": msg.id,
-        "correlation_id": msg.correlation_id,
-        "reply_to_address": msg.reply_to_address or "",
-        "recoverable": msg.recoverable,
-    }
