@@ -5,6 +5,7 @@ kbroker endpoint send Sales --body '{"order": 1}' --header NServiceBus.EnclosedM
 kbroker endpoint send Billing --body later --delay 30  # moved to Billing in 30 s by its instances
 kbroker endpoint receive Sales --wait 5 --json        # one message, removed when printed
 kbroker endpoint acls Sales --installer User:deploy --runner User:sales
+kbroker endpoint acls Sales --runner User:sales --sends-to Billing@finance   # and a queue of another namespace
 """
 
 from __future__ import annotations
@@ -184,16 +185,25 @@ def receive_cmd(queue, wait, target, as_json):
     is_flag=True,
     help="Create the ACLs (as a principal that may alter the cluster's ACLs) instead of printing kafka-acls.sh lines.",
 )
+@click.option(
+    "--sends-to",
+    "sends_to",
+    multiple=True,
+    metavar="QUEUE@NS",
+    help="A queue of another namespace the endpoint sends (or delays, or replies) to: the runner may "
+    "write it and its QUEUE.<machine> queues (repeatable).",
+)
 @cluster_options
 @json_option
 @handle_errors
-def acls_cmd(endpoint, installer, runner, apply_, target, as_json):
+def acls_cmd(endpoint, installer, runner, apply_, sends_to, target, as_json):
     """The Kafka ACLs that split ENDPOINT's permissions: the installer creates its topics, the
     running endpoint only reads and writes (roles transport-installer and transport-runner of
-    `kbroker acls roles`). Printed as kafka-acls.sh lines unless --apply."""
+    `kbroker acls roles`), and writes the queues of other namespaces --sends-to names. Printed
+    as kafka-acls.sh lines unless --apply."""
     from kbroker.core.security.acl_roles import transport_split
 
-    bindings = transport_split(target.namespace, endpoint, installer, runner)
+    bindings = transport_split(target.namespace, endpoint, installer, runner, sends_to=sends_to)
     if apply_:
         from kbroker.kafka.security.acls import grant
 

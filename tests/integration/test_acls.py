@@ -3,7 +3,8 @@ access). For each role of core/security/acl_roles.py a user of its own holds exa
 acls apply` gives the role, and runs the role's essential path: it works. Then, with one
 essential ACL of those removed, the same path fails with a PermissionDeniedError naming the
 principal, the operation and the resource, within a deadline, having written nothing, and
-leaving no thread or process behind.
+leaving no thread or process behind. And a transport runner's sends to another namespace: with
+exactly what `kbroker endpoint acls --sends-to` grants, and refused without it.
 
 The session's secure broker (conftest.secure_kafka); each test has a namespace and a user of its
 own, with the sample catalog applied by the admin (the deployer's test applies it itself)."""
@@ -36,7 +37,7 @@ from kbroker.core.security.acl_bindings import AclBinding
 from kbroker.core.transport.endpoint import install_plan, transport_queue_topic
 from kbroker.embedded import resolve_cluster
 from kbroker.embedded.broker import EmbeddedBroker
-from kbroker.errors import PermissionDeniedError
+from kbroker.errors import PermissionDeniedError, TransportQueueNotFoundError
 from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.kafka.security import acls
 from kbroker.kafka.snapshot import read_to_end
@@ -480,3 +481,101 @@ def test_a_dispatcher_refused_writing_its_queue_stops_with_the_refusal_and_the_s
     assert names.queue_topic(b, "Q") in line, line
     assert records(run.admin, names.queue_topic(b, "Q"), names.acks_topic(b)) == 0
     assert len(transmitter.queue) == 1 and transmitter.acked == 0
+
+
+def _endpoint_acls_applied(
+    r: Run, endpoint: str, ns: str, installer: str, runner: str, sends_to: str
+) -> set[AclBinding]:
+    """`kbroker endpoint acls ENDPOINT --sends-to ADDRESS --apply --json` as the admin: the runner's
+    ACLs it printed, checked to be exactly what the cluster now lists for the runner."""
+    out = run_kbroker_module(
+        "endpoint",
+        "acls",
+        endpoint,
+        "--namespace",
+        ns,
+        "--installer",
+        installer,
+        "--runner",
+        runner,
+        "--sends-to",
+        sends_to,
+        "--apply",
+        "--json",
+        "--bootstrap",
+        r.admin.bootstrap,
+        "--command-config",
+        str(r.secure.secure_files.admin_properties),
+    )
+    assert out.returncode == 0, out.stderr
+    printed = {AclBinding(**b) for b in json.loads(out.stdout) if b["principal"] == runner}
+    assert set(acls.listed(r.admin, runner)) == printed
+    return printed
+
+
+@pytest.mark.parametrize("role", ["transport-runner"])
+def test_sends_to_grants_a_runner_the_queue_of_another_namespace_and_without_it_the_send_is_refused(
+    run: Run, role: str
+) -> None:
+    """Sales (namespace A) and Billing (namespace B) each run as a principal holding exactly what
+    `kbroker endpoint acls ... --sends-to` printed for it (Sales: `Billing@B`, Billing: `Sales@A`):
+    a request and its reply to Sales's machine queue, and a delayed send that Sales's own mover
+    moves to B, all arrive. The same runner with the plain split (no --sends-to) is refused the
+    send and the delayed send to B, within the deadline, having written nothing there."""
+    far = run.ns + "b"
+    install(run.admin, run.ns, install_plan("Sales", "m1"))
+    install(run.admin, far, install_plan("Billing", "m1"))
+    installer = f"User:installer-{uuid.uuid4().hex[:6]}"
+    billing_user = f"billing-{uuid.uuid4().hex[:6]}"
+    billing_cluster = resolve_cluster(
+        run.secure.status().bootstrap, command_config=run.secure.add_user(billing_user)["scram"]
+    )
+    for principal in (installer, f"User:{billing_user}"):
+        run.later(lambda p=principal: acls.revoke_all(run.admin, p, wait=False))
+    sales_acls = _endpoint_acls_applied(run, "Sales", run.ns, installer, run.principal, f"Billing@{far}")
+    plain = set(acl_roles.bindings("transport-runner", run.principal, run.ns, endpoint="Sales"))
+    assert {(b.operation, b.pattern, b.name) for b in sales_acls - plain} == {
+        ("WRITE", "LITERAL", transport_queue_topic(far, "Billing")),
+        ("WRITE", "PREFIXED", transport_queue_topic(far, "Billing") + "."),
+    }
+    _endpoint_acls_applied(run, "Billing", far, installer, f"User:{billing_user}", f"Sales@{run.ns}")
+
+    got: list[bytes | None] = []
+
+    def bill(msg: Any, tx: Any) -> None:
+        got.append(msg.body)
+        tx.reply(msg, b"billed " + (msg.body or b""))  # to Sales.m1@A: Billing's runner writes A's queue
+
+    with (
+        TransportEndpoint("Billing", cluster=billing_cluster, namespace=far, machine="m1") as billing,
+        TransportEndpoint("Sales", cluster=run.cluster, namespace=run.ns, machine="m1") as sales,
+    ):
+        billing.start(bill)
+        sales.start(lambda msg, tx: None)  # its secondary queue's reader (the callback) and its mover
+        reply = sales.request(f"Billing@{far}", b"order 1").result(30)
+        assert reply.body == b"billed order 1" and reply.queue == "Sales.m1"
+        sales.send(f"Billing@{far}", b"later", delay=0.5)  # stored in Sales's store, moved by Sales's mover
+
+        def moved() -> bool:
+            for ep in (sales, billing):
+                if ep.mover is not None and ep.mover.denied is not None:
+                    raise ep.mover.denied
+            return b"later" in got
+
+        wait_for(moved, 30, "the delayed send moved to the other namespace and handled")
+    assert got == [b"order 1", b"later"]
+
+    # The plain split, without --sends-to: the same runner is refused the send to B.
+    acls.revoke(run.admin, sales_acls - plain)
+    assert set(acls.listed(run.admin, run.principal)) == plain
+    before = records(run.admin, transport_queue_topic(far, "Billing"))
+    with TransportEndpoint("Sales", cluster=run.cluster, namespace=run.ns, machine="m1") as sales:
+        for delayed in ({}, {"delay": 0.5}):
+            started = time.monotonic()
+            # Refused at the send's queue look-up, before anything is written: the authorizer leaves a
+            # topic the principal may not DESCRIBE out of the cluster's topic list, so the look-up
+            # (kafka/transport/queues.py) cannot tell it from a queue nobody installed.
+            with pytest.raises(TransportQueueNotFoundError, match=transport_queue_topic(far, "Billing")):
+                sales.send(f"Billing@{far}", b"refused", **delayed)
+            assert time.monotonic() - started < DEADLINE
+    assert records(run.admin, transport_queue_topic(far, "Billing")) == before

@@ -1,6 +1,7 @@
 """The roles' ACL plans (core/security/acl_roles.py): each role is allowed what its code paths touch in
-its namespace and nothing of another namespace; the transport's installer/runner split; the
-kafka-acls.sh lines; and the Kafka side's conversion (kafka/security/acls.py)."""
+its namespace and nothing of another namespace; the transport's installer/runner split, and the
+runner's sends to queues of other namespaces (`--sends-to`); the kafka-acls.sh lines; and the Kafka
+side's conversion (kafka/security/acls.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from kbroker.core import names
 from kbroker.core.security.acl_bindings import AclBinding, allowed, check_principal
 from kbroker.core.security.acl_roles import ROLES, bindings, rules, transport_split
+from kbroker.core.transport.delayed import delayed_topic
 from kbroker.core.transport.endpoint import transport_queue_topic
 
 NS = "sales"
@@ -129,6 +131,55 @@ def test_without_an_endpoint_the_transport_roles_cover_every_transport_queue():
     assert not allowed(acls, "User:r", "READ", "TOPIC", names.queue_topic(NS, "Orders"))
 
 
+def test_sends_to_lets_the_runner_write_only_the_named_queues_of_other_namespaces():
+    acls = transport_split(NS, "Sales", "User:installer", "User:sales", sends_to=["Billing@finance", "error@ops"])
+    plain = transport_split(NS, "Sales", "User:installer", "User:sales")
+    extra = set(acls) - set(plain)
+    assert set(plain) <= set(acls) and len(acls) == len(set(acls))
+    assert {(a.principal, a.operation, a.resource_type) for a in extra} == {("User:sales", "WRITE", "TOPIC")}
+    assert {(a.pattern, a.name) for a in extra} == {
+        ("LITERAL", "kbroker.finance.tqueue.Billing"),
+        ("PREFIXED", "kbroker.finance.tqueue.Billing."),
+        ("LITERAL", "kbroker.ops.tqueue.error"),
+        ("PREFIXED", "kbroker.ops.tqueue.error."),
+    }
+    fin = lambda queue: transport_queue_topic("finance", queue)  # noqa: E731
+    # the queue, and its endpoint's machine queues (where replies to its instances come back); WRITE implies
+    # the DESCRIBE of the send's queue look-up
+    for topic in (fin("Billing"), fin("Billing.m1"), transport_queue_topic("ops", "error")):
+        assert allowed(acls, "User:sales", "WRITE", "TOPIC", topic), topic
+        assert allowed(acls, "User:sales", "DESCRIBE", "TOPIC", topic), topic
+    for topic in (fin("BillingReport"), fin("Shipping"), transport_queue_topic("financex", "Billing")):
+        assert not allowed(acls, "User:sales", "WRITE", "TOPIC", topic), topic
+    for op, kind, name in (
+        ("READ", "TOPIC", fin("Billing")),
+        ("READ", "GROUP", fin("Billing")),
+        ("WRITE", "TOPIC", names.deadletter_topic("finance")),
+        ("WRITE", "TRANSACTIONAL_ID", names.prefix("finance") + "committer-1"),
+    ):
+        assert not allowed(acls, "User:sales", op, kind, name), (op, kind, name)
+    # the send's (and the mover's) transactional ids stay the sender's: no cluster right, no new id
+    assert {a.resource_type for a in extra} == {"TOPIC"} and not any(a.resource_type == "CLUSTER" for a in acls)
+    assert allowed(plain, "User:sales", "WRITE", "TRANSACTIONAL_ID", delayed_topic(NS, "Sales") + ".a-mover-uuid")
+    assert not any(a.principal == "User:installer" and "finance" in a.name for a in acls)
+
+
+def test_sends_to_in_the_own_namespace_or_twice_adds_nothing():
+    plain = set(transport_split(NS, "Sales", "User:i", "User:s"))
+    assert set(transport_split(NS, "Sales", "User:i", "User:s", sends_to=["Billing", f"Billing@{NS}"])) == plain
+    twice = transport_split(NS, "Sales", "User:i", "User:s", sends_to=["Billing@finance", "Billing@finance"])
+    assert len(twice) == len(set(twice)) == len(plain) + 2
+    wide = set(bindings("transport-runner", "User:s", NS, sends_to=["Billing@finance"]))  # every endpoint's runner
+    assert wide - set(bindings("transport-runner", "User:s", NS)) == set(twice) - plain
+
+
+@pytest.mark.parametrize("address", ["", "@finance", "Billing@", "Billing@bad ns", "Billing@a@b", "Bil ling@finance"])
+def test_sends_to_refuses_a_bad_address_naming_it(address):
+    with pytest.raises(ValueError, match="transport address") as refused:
+        transport_split(NS, "Sales", "User:i", "User:s", sends_to=["Billing@finance", address])
+    assert repr(address) in str(refused.value) and "\n" not in str(refused.value)
+
+
 def test_the_installer_does_not_read_or_write():
     acls = transport_split(NS, "Sales", "User:installer", "User:sales")
     assert {a.operation for a in acls if a.principal == "User:installer"} <= {"CREATE", "DESCRIBE", "DESCRIBE_CONFIGS"}
@@ -156,7 +207,7 @@ def test_acl_command_text():
 def test_every_binding_has_a_command_and_converts_to_kafka_and_back(role):
     from kbroker.kafka.security.acls import from_kafka, to_kafka
 
-    for a in bindings(role, "User:r", NS, routes_to=["billing"]):
+    for a in bindings(role, "User:r", NS, routes_to=["billing"], sends_to=["Billing@finance"]):
         assert a.command("b:1").startswith("kafka-acls.sh --bootstrap-server b:1 --add")
         assert from_kafka(to_kafka(a)) == a
 
@@ -208,6 +259,35 @@ def test_acls_roles_prints_each_roles_rules_and_apply_dry_run_prints_the_plan():
     text = CliRunner().invoke(main, ["endpoint", "acls", "Sales", "--namespace", NS])
     assert text.exit_code == 0 and "IDEMPOTENT_WRITE" not in text.output
     assert all(line.startswith("kafka-acls.sh --bootstrap-server BOOTSTRAP --add") for line in text.output.splitlines())
+
+
+def test_endpoint_acls_sends_to_prints_applies_and_refuses_a_bad_address():
+    import json
+
+    from click.testing import CliRunner
+
+    from kbroker.cli import main
+
+    args = ["endpoint", "acls", "Sales", "--namespace", NS, "--runner", "User:sales", "--sends-to", "Billing@finance"]
+    text = CliRunner().invoke(main, args)
+    assert text.exit_code == 0, text.output
+    assert text.output.splitlines() == [
+        b.command("BOOTSTRAP")
+        for b in transport_split(NS, "Sales", "User:installer", "User:sales", sends_to=["Billing@finance"])
+    ]
+    assert (
+        "kafka-acls.sh --bootstrap-server BOOTSTRAP --add --allow-principal 'User:sales' --operation WRITE "
+        "--resource-pattern-type literal --topic 'kbroker.finance.tqueue.Billing'"
+    ) in text.output.splitlines()
+    data = CliRunner().invoke(main, [*args, "--sends-to", "Shipping@finance", "--json"])
+    assert data.exit_code == 0, data.output
+    assert [AclBinding(**b) for b in json.loads(data.output)] == transport_split(
+        NS, "Sales", "User:installer", "User:sales", sends_to=["Billing@finance", "Shipping@finance"]
+    )
+    for bad in ("Billing@bad ns", "Billing@"):  # refused before anything is printed or applied
+        out = CliRunner().invoke(main, [*args, "--sends-to", bad, "--apply", "--bootstrap", "127.0.0.1:1"])
+        assert out.exit_code == 1 and out.output.count("\n") == 1, out.output
+        assert out.output.startswith(f"kbroker: error: transport address {bad!r} is not queue or queue@namespace")
 
 
 def test_the_control_topics_are_written_only_by_the_roles_that_write_them():

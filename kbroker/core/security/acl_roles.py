@@ -17,7 +17,8 @@ The roles, by the process that runs with them:
     analytics            `kbroker analytics run` (Spark reads the namespace, writes results)
     router               the transmitter and dispatcher (`--route-to NS`: a route to that namespace)
     transport-installer  `kbroker endpoint install` (creates an endpoint's queue topics)
-    transport-runner     a running transport endpoint (reads its queues, sends to any)
+    transport-runner     a running transport endpoint (reads its queues, sends to any; with
+                         `sends_to`, to queues of other namespaces too)
     deployer             `kbroker apply` (creates and configures topics, publishes the catalog)
 
 Operations a rule grants imply DESCRIBE (Kafka: READ, WRITE, DELETE, ALTER imply it), so rules
@@ -37,10 +38,12 @@ from kbroker.core.security.acl_bindings import AclBinding, Rule, check_principal
 @dataclass(frozen=True)
 class RoleOptions:
     """What narrows or widens a role: a transport endpoint (its queues only, else every
-    transport queue of the namespace), and the namespaces on this cluster the router delivers to."""
+    transport queue of the namespace), the namespaces on this cluster the router delivers to,
+    and the transport addresses of other namespaces (`queue@namespace`) a transport runner sends to."""
 
     endpoint: str | None = None
     routes_to: tuple[str, ...] = ()
+    sends_to: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,7 @@ ROLES: dict[str, Role] = {
         Role(
             "transport-runner",
             "a running transport endpoint: receives from its queues, sends to any",
-            lambda ns, o: transport_rules.transport_runner(ns, o.endpoint),
+            lambda ns, o: transport_rules.transport_runner(ns, o.endpoint) + transport_rules.sends_to(ns, o.sends_to),
         ),
         Role(
             "deployer",
@@ -112,11 +115,19 @@ def role(name: str) -> Role:
         raise ValueError(f"unknown role {name!r} (one of {', '.join(ROLES)})") from None
 
 
-def rules(role_name: str, namespace: str, *, endpoint: str | None = None, routes_to: Sequence[str] = ()) -> list[Rule]:
-    """What `role_name` needs in `namespace` (see RoleOptions for `endpoint` and `routes_to`),
-    one rule per resource pattern: a pattern two rule sets name gets the union of their operations."""
+def rules(
+    role_name: str,
+    namespace: str,
+    *,
+    endpoint: str | None = None,
+    routes_to: Sequence[str] = (),
+    sends_to: Sequence[str] = (),
+) -> list[Rule]:
+    """What `role_name` needs in `namespace` (see RoleOptions for `endpoint`, `routes_to` and
+    `sends_to`), one rule per resource pattern: a pattern two rule sets name gets the union of
+    their operations."""
     merged: dict[tuple[str, str, str], Rule] = {}
-    for r in role(role_name).rules_for(namespace, RoleOptions(endpoint, tuple(routes_to))):
+    for r in role(role_name).rules_for(namespace, RoleOptions(endpoint, tuple(routes_to), tuple(sends_to))):
         key = (r.resource_type, r.pattern, r.name)
         old = merged.get(key)
         if old is None:
@@ -128,22 +139,31 @@ def rules(role_name: str, namespace: str, *, endpoint: str | None = None, routes
 
 
 def bindings(
-    role_name: str, principal: str, namespace: str, *, endpoint: str | None = None, routes_to: Sequence[str] = ()
+    role_name: str,
+    principal: str,
+    namespace: str,
+    *,
+    endpoint: str | None = None,
+    routes_to: Sequence[str] = (),
+    sends_to: Sequence[str] = (),
 ) -> list[AclBinding]:
     """The ACLs that give `principal` what `role_name` needs in `namespace`: one per rule and
     operation, none twice."""
     check_principal(principal)
     return [
         AclBinding(principal, op, r.resource_type, r.pattern, r.name)
-        for r in rules(role_name, namespace, endpoint=endpoint, routes_to=routes_to)
+        for r in rules(role_name, namespace, endpoint=endpoint, routes_to=routes_to, sends_to=sends_to)
         for op in r.operations
     ]
 
 
-def transport_split(ns: str, endpoint: str, installer: str, runner: str) -> list[AclBinding]:
+def transport_split(
+    ns: str, endpoint: str, installer: str, runner: str, *, sends_to: Sequence[str] = ()
+) -> list[AclBinding]:
     """The transport's split of an endpoint's permissions between two principals: the installer
     may create the endpoint's queue topics (CREATE TABLE, VIEW DEFINITION); the running endpoint
-    only reads and writes (db_datareader, db_datawriter)."""
+    only reads and writes (db_datareader, db_datawriter), and writes the queues of other
+    namespaces that `sends_to` names (`queue@namespace`: transport_rules.sends_to)."""
     return bindings("transport-installer", installer, ns, endpoint=endpoint) + bindings(
-        "transport-runner", runner, ns, endpoint=endpoint
+        "transport-runner", runner, ns, endpoint=endpoint, sends_to=sends_to
     )

@@ -1,13 +1,21 @@
 """The rule sets of the transport face's two roles: the installer creates an endpoint's topics,
-the running endpoint only reads and writes them (acl_roles.py names the roles)."""
+the running endpoint only reads and writes them (acl_roles.py names the roles); and what a runner
+needs to send to queues of other namespaces on the cluster (`queue@namespace`)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from kbroker.core import names
 from kbroker.core.security.acl_bindings import Rule
 from kbroker.core.transport.audit import AUDIT_QUEUE
 from kbroker.core.transport.delayed import delayed_prefix, delayed_topic
-from kbroker.core.transport.endpoint import ERROR_QUEUE, transport_queue_prefix, transport_queue_topic
+from kbroker.core.transport.endpoint import (
+    ERROR_QUEUE,
+    parse_address,
+    transport_queue_prefix,
+    transport_queue_topic,
+)
 from kbroker.core.transport.subscriptions import subscriptions_topic
 
 
@@ -119,3 +127,33 @@ def transport_runner(ns: str, endpoint: str | None) -> list[Rule]:
             ),
         ]
     )
+
+
+def sends_to(ns: str, addresses: Iterable[str]) -> list[Rule]:
+    """What a runner of namespace `ns` needs to send to the queues `addresses` name in other
+    namespaces of the cluster (`queue@namespace`, parse_address): WRITE on the queue's topic
+    and on its `queue.<machine>` queues, where replies to that endpoint's instances come back.
+    WRITE implies the DESCRIBE the send's queue look-up asks for. The same principal writes
+    the topic later for a delayed send, since the sender's own instances move the row from its
+    delayed store; the transactional ids of both stay under `ns`'s prefix, which
+    transport_runner grants. An address of `ns` itself adds nothing: transport_runner writes
+    every transport queue of `ns` already. ValueError naming an address that is not one."""
+    out: list[Rule] = []
+    for address in addresses:
+        try:
+            queue, other = parse_address(address, ns)
+        except ValueError as exc:
+            raise ValueError(f"transport address {address!r} is not queue or queue@namespace: {exc}") from None
+        if other == ns:
+            continue
+        out += [
+            Rule(
+                "TOPIC",
+                pattern,
+                name,
+                ("WRITE",),
+                f"send to {queue}@{other} (another namespace), its delayed sends moved there, replies to it",
+            )
+            for pattern, name in _endpoint_queues(other, queue)
+        ]
+    return out
