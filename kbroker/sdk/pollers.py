@@ -40,6 +40,7 @@ class RampedPollers:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: set[threading.Thread] = set()
+        self._retire = 0  # readers to stop after their current poll (the maximum was lowered)
         self.peak = 0
 
     @property
@@ -66,6 +67,9 @@ class RampedPollers:
             while not self._stop.is_set():
                 got = self._poll_once()
                 with self._lock:
+                    if self._retire > 0:
+                        self._retire -= 1
+                        return
                     self._ramp, delta = self._ramp.observe(got)
                 if delta > 0:
                     self._spawn()
@@ -74,6 +78,12 @@ class RampedPollers:
         finally:
             with self._lock:
                 self._threads.discard(me)
+
+    def resize(self, max_readers: int) -> None:
+        """A new maximum (MaximumConcurrencyLevel): readers above it stop after their current poll."""
+        with self._lock:
+            self._ramp, delta = self._ramp.with_max(max_readers)
+            self._retire += max(0, -delta)
 
     def stats(self) -> dict[str, int | str]:
         """The model, the queue, the readers now and the most at once."""

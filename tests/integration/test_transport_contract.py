@@ -3,104 +3,30 @@
 thread one (sdk/transport/endpoint.py) and the asyncio one (sdk/transport/aio.py): a message
 available, several available, the handler throwing and its message retried, failing after an
 immediate and after a delayed retry, a failure after a send, stopping and starting again,
-stopping with a message in flight, Unicode in headers, and a send-only endpoint."""
+stopping with a message in flight, Unicode in headers, a send-only endpoint, and the transaction
+modes ReceiveOnly and None (the on-error behaviours: test_transport_contract_errors.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 
 from kbroker.core.transport.message import TransportMessage
-from kbroker.core.transport.recoverability import EXCEPTION_MESSAGE, FAILED_Q, RETRIES, Recoverability
+from kbroker.core.transport.recoverability import EXCEPTION_MESSAGE, FAILED_Q, RETRIES, ErrorResult, Recoverability
 from kbroker.errors import InvalidArgumentError
-from kbroker.sdk.transport.endpoint import TransportEndpoint
+from kbroker.sdk.transport.on_error import ErrorContext
 from tests.helpers import wait_for
-
-QUICK = Recoverability(immediate_retries=2, delayed_retries=1, time_increase=0.3)
-Send = Callable[..., None]
-Logic = Callable[[TransportMessage, Send], None]  # what a test's handler does, on either endpoint
-
-
-class Face:
-    """One endpoint under test, the thread or the asyncio one, behind one API: start(logic),
-    stop(), send(); `logic(msg, send)` is plain code either way."""
-
-    def __init__(self, kind: str, name: str, bootstrap: str, namespace: str, **kw: Any):
-        self.kind = kind
-        kw.setdefault("recoverability", QUICK)
-        self.sync = TransportEndpoint(name, cluster=bootstrap, namespace=namespace, machine="c1", install=True, **kw)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.aio: Any = None
-        if kind == "asyncio":
-            from kbroker.sdk.transport.aio import AsyncTransportEndpoint
-
-            self._loop = asyncio.new_event_loop()
-            threading.Thread(target=self._loop.run_forever, daemon=True).start()
-            self.aio = AsyncTransportEndpoint(self.sync)
-
-    def _await(self, coro: Any, timeout: float = 60.0) -> Any:
-        assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
-
-    def start(self, logic: Logic) -> Face:
-        if self.aio is None:
-            self.sync.start(lambda msg, tx: logic(msg, tx.send))
-            return self
-
-        async def handle(msg: TransportMessage, tx: Any) -> None:
-            sends: list[tuple[Any, ...]] = []
-            logic(msg, lambda *a, **kw: sends.append((a, kw)))
-            for a, kw in sends:
-                await tx.send(*a, **kw)
-
-        self._await(self.aio.start(handle))
-        return self
-
-    def stop(self) -> None:
-        if self.aio is None:
-            self.sync.stop()
-        else:
-            self._await(self.aio.stop())
-
-    def send(self, *a: Any, **kw: Any) -> str:
-        return self.sync.send(*a, **kw)
-
-    def close(self) -> None:
-        if self.aio is None:
-            self.sync.close()
-        else:
-            self._await(self.aio.close())
-            assert self._loop is not None
-            self._loop.call_soon_threadsafe(self._loop.stop)
+from tests.helpers.transport_faces import Face, Send, make_faces, received
 
 
 @pytest.fixture(params=["threads", "asyncio"])
 def faces(request: pytest.FixtureRequest, kafka_bootstrap: str, namespace: str) -> Iterator[Callable[..., Face]]:
-    made: list[Face] = []
-
-    def make(name: str, **kw: Any) -> Face:
-        face = Face(request.param, name, kafka_bootstrap, namespace, **kw)
-        made.append(face)
-        return face
-
+    make, close = make_faces(request.param, kafka_bootstrap, namespace)
     yield make
-    for f in reversed(made):
-        f.close()
-
-
-def received(face: Face, n: int, seconds: float = 20.0, queue: str | None = None) -> list[TransportMessage]:
-    got: list[TransportMessage] = []
-    deadline = time.monotonic() + seconds
-    while len(got) < n and time.monotonic() < deadline:
-        msg = face.sync.receive(0.3, queue=queue)
-        if msg is not None:
-            got.append(msg)
-    return got
+    close()
 
 
 def test_a_message_available(faces: Callable[..., Face]) -> None:
@@ -213,3 +139,43 @@ def test_a_send_only_endpoint_sends_and_does_not_receive(faces: Callable[..., Fa
     wait_for(lambda: seen == [b"from a send-only endpoint"], 20, "its message")
     with pytest.raises(InvalidArgumentError, match="send-only"):
         sender.start(lambda msg, send: None)
+
+
+def test_receive_only_sends_only_for_a_handler_that_returns(faces: Callable[..., Face]) -> None:
+    calls: list[bytes | None] = []
+
+    def logic(msg: TransportMessage, send: Send) -> None:
+        calls.append(msg.body)
+        send("Output", msg.body)
+        if len(calls) == 1:
+            raise RuntimeError("first time")
+
+    out = faces("Output")
+    ep = faces("Input", transaction_mode="ReceiveOnly").start(logic)
+    ep.send("Input", b"fails once")
+    assert [m.body for m in received(out, 2, 8.0)] == [b"fails once"]
+    assert calls == [b"fails once", b"fails once"]
+
+
+def test_transaction_mode_none_removes_first_and_sends_from_on_error(faces: Callable[..., Face]) -> None:
+    calls: list[bytes | None] = []
+
+    def logic(msg: TransportMessage, send: Send) -> None:
+        calls.append(msg.body)
+        send("Output", b"dropped")
+        if msg.body == b"fails":
+            raise RuntimeError("in mode None")
+        send("Output", msg.body)
+
+    def on_error(ctx: ErrorContext, send: Send) -> ErrorResult:
+        send("Output", b"from on_error")
+        return ErrorResult.RETRY  # not possible in mode None: the message is already gone
+
+    out = faces("Output")
+    ep = faces("Input", transaction_mode="None", on_error=on_error).start(logic)
+    ep.send("Input", b"fails")
+    ep.send("Input", b"fine")
+    got = sorted(m.body or b"" for m in received(out, 4, 8.0))
+    assert got == [b"dropped", b"fine"]  # on_error's send goes with HANDLED only; RETRY cannot be
+    assert sorted(c or b"" for c in calls) == [b"fails", b"fine"]
+    assert ep.sync.stats()["counters"]["lost"] == 1

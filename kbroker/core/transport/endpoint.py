@@ -200,6 +200,7 @@ class FailedDeliveries:
     def __init__(self, cap: int = 10_000):
         self._cap = cap
         self._counts: OrderedDict[tuple[str, int, int], tuple[int, str, Any]] = OrderedDict()
+        self._retries: OrderedDict[tuple[str, int, int], None] = OrderedDict()  # on_error said RETRY
 
     def failed(self, position: tuple[str, int, int], reason: str = "", failure: Any = None) -> int:
         """One more failure of the message at (topic, partition, offset), why (and what was
@@ -222,3 +223,15 @@ class FailedDeliveries:
 
     def forget(self, position: tuple[str, int, int]) -> None:
         self._counts.pop(position, None)
+        self._retries.pop(position, None)
+
+    def request_retry(self, position: tuple[str, int, int]) -> None:
+        """The next delivery of this message is an immediate retry, whatever the policy says."""
+        self._retries.pop(position, 0)  # a newer request: the newest, the last to go past the cap
+        self._retries[position] = None
+        while len(self._retries) > self._cap:
+            self._retries.popitem(last=False)
+
+    def take_retry(self, position: tuple[str, int, int]) -> bool:
+        """Whether a retry was requested for this message (and no longer is)."""
+        return self._retries.pop(position, 0) is None

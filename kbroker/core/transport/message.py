@@ -281,4 +281,7 @@ def as_envelope(msg: TransportMessage, queue: str) -> TransportEnvelope:
 def with_position(
     msg: TransportMessage, queue: str, partition: int, offset: int, timestamp_ms: int | None
 ) -> TransportMessage:
-    return replace(msg, queue=queue, partition=partition, row_version=offset, enqueued_ms=timestamp_ms)
+    # Headers of its own: what a handler changes is not seen by a retry or by on_error.
+    return replace(
+        msg, headers=dict(msg.headers), queue=queue, partition=partition, row_version=offset, enqueued_ms=timestamp_ms
+    )

@@ -41,6 +41,14 @@ RETRIES_TIMESTAMP = "NServiceBus.Retries.Timestamp"
 MAX_STACK_TRACE = 16 * 1024  # characters of a stack trace kept in its header
 
 
+class ErrorResult(enum.Enum):
+    """What an endpoint's `on_error` callback decided for a message whose handler raised
+    (NServiceBus's ErrorHandleResult); returning None leaves it to the recoverability policy."""
+
+    HANDLED = "handled"  # removed, with the sends on_error made, in one transaction
+    RETRY = "retry required"  # rolled back and handed out again at once, whatever the policy says
+
+
 class Action(enum.Enum):
     """What becomes of a message that failed again."""
 

@@ -21,23 +21,22 @@ import contextvars
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime, timezone
-from typing import Any, Mapping, Protocol, Self, TypeVar
+from typing import Any, Mapping, Self, TypeVar
 
-from kbroker import tracing
 from kbroker.core.activation.ramp import RampUp
 from kbroker.core.transport.endpoint import FIXED, MONITOR, receive_tasks_to_start
 from kbroker.core.transport.message import TransportMessage
 from kbroker.core.transport.subscriptions import Subscription
-from kbroker.core.transport.transaction_modes import TransactionMode
 from kbroker.errors import InvalidArgumentError
+from kbroker.sdk.transport.aio_handling import AsyncHandler, AsyncHandling
+from kbroker.sdk.transport.aio_transaction import AsyncTransportTransaction
 from kbroker.sdk.transport.endpoint import TransportEndpoint
 from kbroker.sdk.transport.endpoint import endpoint as sync_endpoint
-from kbroker.sdk.transport.transaction import TransportTransaction
+
+__all__ = ["AsyncHandler", "AsyncTransportEndpoint", "AsyncTransportTransaction", "endpoint"]
 
 log = logging.getLogger("kbroker.transport")
 T = TypeVar("T")
-AsyncHandler = Callable[[TransportMessage, "AsyncTransportTransaction"], Awaitable[None]]
 WAIT = 1.0
 
 
@@ -47,85 +46,25 @@ async def endpoint(name: str, **kwargs: Any) -> AsyncTransportEndpoint:
     return AsyncTransportEndpoint(await asyncio.to_thread(sync_endpoint, name, **kwargs))
 
 
-class Runner(Protocol):
-    """How a transaction's statements are run off the event loop: fn(*args, **kw), awaited."""
-
-    def __call__(self, fn: Callable[..., T], /, *args: Any, **kw: Any) -> Awaitable[T]: ...
-
-
-class AsyncTransportTransaction:
-    """A TransportTransaction whose blocking statements are awaited; `sync` is underneath."""
-
-    def __init__(self, tx: TransportTransaction, run: Runner):
-        self.sync, self._run = tx, run
-
-    @property
-    def state(self) -> str:
-        """open, committed, rolled back, aborted or in doubt."""
-        return self.sync.state
-
-    async def receive(self, wait: float | None = 0.0, *, queue: str | None = None) -> TransportMessage | None:
-        """See TransportTransaction.receive."""
-        return await self._run(self.sync.receive, wait, queue=queue)
-
-    async def send(
-        self, destination: str, body: bytes | None, headers: Mapping[str, str] | None = None, **kw: Any
-    ) -> str:
-        """See TransportTransaction.send."""
-        return await self._run(self.sync.send, destination, body, headers, **kw)
-
-    async def reply(
-        self, message: TransportMessage, body: bytes | None, headers: Mapping[str, str] | None = None, **kw: Any
-    ) -> str:
-        """See TransportTransaction.reply."""
-        return await self._run(self.sync.reply, message, body, headers, **kw)
-
-    async def publish(
-        self,
-        event_type: str | Sequence[str] | None,
-        body: bytes | None,
-        headers: Mapping[str, str] | None = None,
-        **kw: Any,
-    ) -> str:
-        """See TransportTransaction.publish."""
-        return await self._run(self.sync.publish, event_type, body, headers, **kw)
-
-    async def commit(self) -> None:
-        """See TransportTransaction.commit."""
-        await self._run(self.sync.commit)
-
-    async def rollback(self, reason: str = "rolled back", exc: BaseException | None = None) -> None:
-        """See TransportTransaction.rollback."""
-        self.sync.rollback(reason, exc)  # releases in-process leases only: never blocks
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, _tb: object) -> None:
-        if self.state != "open":
-            return
-        if exc_type is None:
-            await self.commit()
-        else:
-            await self.rollback(f"{exc_type.__name__}: {exc}", exc)
-
-
-class AsyncTransportEndpoint:
+class AsyncTransportEndpoint(AsyncHandling):
     """An endpoint instance for asyncio code; `sync` is the TransportEndpoint underneath.
     After start(), `running` and `peak` give the primary queue's receive tasks now and at most."""
 
     def __init__(self, ep: TransportEndpoint):
         self.sync = ep
         s = ep.settings
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            s.max_concurrency + s.secondary_readers + 4, thread_name_prefix=f"kbroker-aio-{s.name}"
-        )
+        self._pool_size = s.max_concurrency + s.secondary_readers + 4
+        self._pool = concurrent.futures.ThreadPoolExecutor(self._pool_size, thread_name_prefix=f"kbroker-aio-{s.name}")
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = asyncio.Event()
         self.running: dict[str, int] = {}
         self.peak: dict[str, int] = {}
         self._unclaimed: dict[str, int] = {}
         self._slot_freed: dict[str, asyncio.Event] = {}  # per queue: one of its readers or tasks ended
+        self._max: dict[str, int] = {}  # per queue: its MaximumConcurrencyLevel now (change_concurrency)
+        self._retire: dict[str, int] = {}  # per queue: readers to stop after their current message
+        self._ramps: dict[str, dict[str, RampUp]] = {}
+        self._handler: AsyncHandler | None = None
 
     @property
     def settings(self) -> Any:
@@ -181,43 +120,6 @@ class AsyncTransportEndpoint:
         """See TransportEndpoint.receive."""
         return await self._run(self.sync.receive, wait, queue=queue)
 
-    # --- handling ---------------------------------------------------------------------------
-
-    async def _handle_one(self, queue: str, handler: AsyncHandler, wait: float | None, task: bool = False) -> bool:
-        """TransportEndpoint.handle_one with an awaited handler. A 3.0 task (`task`) takes the
-        message it was started for, from the buffer, still off the loop: a poison one is
-        dead-lettered on the way, a Kafka transaction."""
-        tx = self.sync.transaction()
-        atx = AsyncTransportTransaction(tx, self._run)
-        handling = False
-        try:
-            try:
-                msg = await self._run(tx.receive, 0.0 if task else wait, queue=queue, buffered_only=task)
-            finally:
-                if task:
-                    self._unclaimed[queue] -= 1
-            if msg is None:
-                await atx.commit()
-                self.sync.receiving_worked()
-                return False
-            callback = self.sync.take_callback(msg)
-            if callback is None:
-                started = datetime.now(timezone.utc)
-                handling = True
-                with tracing.handling(queue, tx.trace_context, self.sync.runtime.namespace):
-                    await handler(msg, atx)
-                handling = False
-                await self._run(tx.audit, msg, started)  # off the loop: the audit queue's first look-up
-            await atx.commit()
-            self.sync.receiving_worked()
-            if callback is not None:
-                callback.set_result(msg)
-        except Exception as exc:  # noqa: BLE001 - whatever the application's handler raises: rolled back
-            self.sync.handling_failed(tx, queue, exc, receiving=not handling)
-            if not handling:
-                await asyncio.sleep(self.sync.receive_backoff())
-        return True
-
     async def start(self, handler: AsyncHandler) -> Self:
         """Start the readers of the primary queue (its model, MaximumConcurrencyLevel) and of the
         secondary queue (same model, `secondary_readers`)."""
@@ -225,29 +127,58 @@ class AsyncTransportEndpoint:
         rt = self.sync.runtime
         if s.send_only:
             raise InvalidArgumentError(f"{s.name} is a send-only endpoint: it does not receive")
-        if rt.outbox is not None or rt.transaction_mode is not TransactionMode.SENDS_ATOMIC_WITH_RECEIVE:
+        if rt.outbox is not None:
             raise InvalidArgumentError(
-                "the asyncio endpoint handles in SendsAtomicWithReceive without an outbox; "
-                "use the thread endpoint (transport.endpoint) for the others"
+                "the asyncio endpoint has no outbox (its database calls would block the event loop); "
+                "use the thread endpoint (transport.endpoint) for a handler with an outbox"
             )
         self._stopping.clear()  # started again after a stop
         await self._run(self.sync.start_mover)  # the delayed store's due rows, on its own thread
         queues = [(s.primary_queue, s.max_concurrency)]
         if s.secondary_queue is not None:
             queues.append((s.secondary_queue, s.secondary_readers))
+        self._handler = handler
         for queue, n in queues:
             await self._run(self.sync.runtime.receiver, queue)  # joins the group now
-            self.running[queue] = self.peak[queue] = self._unclaimed[queue] = 0
+            self.running[queue] = self.peak[queue] = self._unclaimed[queue] = self._retire[queue] = 0
+            self._max[queue] = n
             self._slot_freed[queue] = asyncio.Event()
             if s.model == MONITOR:
-                self._spawn(self._monitor(queue, handler, n))
+                self._spawn(self._monitor(queue, handler))
             elif s.model == FIXED:
                 for _ in range(n):
                     self._spawn(self._reader(queue, handler, None))
             else:
-                ramp = {"state": RampUp(max_readers=n)}
-                self._spawn(self._reader(queue, handler, ramp))
+                self._ramps[queue] = {"state": RampUp(max_readers=n)}
+                self._spawn(self._reader(queue, handler, self._ramps[queue]))
         return self
+
+    async def change_concurrency(self, max_concurrency: int) -> None:
+        """TransportEndpoint.change_concurrency: the primary queue's MaximumConcurrencyLevel, now."""
+        self.sync.change_concurrency(max_concurrency)  # validates it; kept for the next start
+        s = self.sync.settings
+        if s.max_concurrency + s.secondary_readers + 4 > self._pool_size:
+            self._pool_size = s.max_concurrency + s.secondary_readers + 4
+            old, self._pool = (
+                self._pool,
+                concurrent.futures.ThreadPoolExecutor(self._pool_size, thread_name_prefix=f"kbroker-aio-{s.name}"),
+            )
+            old.shutdown(wait=False)  # its running calls finish; new ones go to the bigger pool
+        queue = s.primary_queue
+        if queue not in self._max or self._stopping.is_set() or self._handler is None:
+            return
+        before, self._max[queue] = self._max[queue], max_concurrency
+        if s.model == FIXED:
+            readers = self.running[queue] - self._retire[queue]
+            for _ in range(max_concurrency - readers):
+                self._spawn(self._reader(queue, self._handler, None))
+            self._retire[queue] += max(0, readers - max_concurrency)
+        elif s.model != MONITOR:
+            ramp = self._ramps[queue]
+            ramp["state"], delta = ramp["state"].with_max(max_concurrency)
+            self._retire[queue] += max(0, -delta)
+        if max_concurrency != before:
+            self._slot_freed[queue].set()
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         t = asyncio.ensure_future(coro)
@@ -269,6 +200,9 @@ class AsyncTransportEndpoint:
         try:
             while not self._stopping.is_set():
                 got = await self._handle_one(queue, handler, WAIT)
+                if self._retire[queue] > 0:  # the maximum was lowered
+                    self._retire[queue] -= 1
+                    return
                 if ramp is None:
                     continue
                 ramp["state"], delta = ramp["state"].observe(got)
@@ -279,15 +213,15 @@ class AsyncTransportEndpoint:
         finally:
             self._leave(queue)
 
-    async def _monitor(self, queue: str, handler: AsyncHandler, max_concurrency: int) -> None:
+    async def _monitor(self, queue: str, handler: AsyncHandler) -> None:
         """3.0: count the waiting messages and start a receive task for each, never more than
-        `max_concurrency` at once."""
+        the queue's maximum (`_max`) at once."""
         receiver = self.sync.runtime.receiver(queue)
         while not self._stopping.is_set():
             waiting = receiver.waiting()
             if not waiting:
                 waiting = await self._run(receiver.wait_for_waiting, WAIT)
-            start = receive_tasks_to_start(waiting - self._unclaimed[queue], self.running[queue], max_concurrency)
+            start = receive_tasks_to_start(waiting - self._unclaimed[queue], self.running[queue], self._max[queue])
             if start <= 0:
                 self._slot_freed[queue].clear()
                 if waiting:

@@ -21,6 +21,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Mapping, Self
 
@@ -36,7 +37,7 @@ from kbroker.core.transport.endpoint import (
     install_plan,
 )
 from kbroker.core.transport.message import TransportMessage, canonical_id
-from kbroker.core.transport.recoverability import Recoverability
+from kbroker.core.transport.recoverability import ErrorResult, Recoverability
 from kbroker.core.transport.subscriptions import STALENESS
 from kbroker.core.transport.transaction_modes import TransactionMode
 from kbroker.embedded import resolve_cluster
@@ -46,6 +47,7 @@ from kbroker.kafka.transport.delayed_store import DelayedMover
 from kbroker.kafka.transport.queues import express_producer, install
 from kbroker.sdk.fenced_retry import receive_fenced_again
 from kbroker.sdk.transport.handling import Handling
+from kbroker.sdk.transport.on_error import ErrorContext
 from kbroker.sdk.transport.pubsub import PubSub
 from kbroker.sdk.transport.runtime import TransportRuntime
 from kbroker.sdk.transport.transaction import Handler, TransportTransaction
@@ -95,6 +97,8 @@ class TransportEndpoint(PubSub, Handling):
     transaction_mode: SendsAtomicWithReceive (default), ReceiveOnly or None
     (core/transport/transaction_modes.py). outbox: an Outbox (sdk/transport/outbox.py): handlers
     write to the application's database through `tx.db` and send exactly once with it.
+    on_error: called when a handler raised, in the message's transaction, before the
+    recoverability policy (sdk/transport/on_error.py: ErrorContext in, ErrorResult or None out).
 
     concurrency: `monitor` (3.0, default), `ramp` (2.1) or `fixed` (pre-2.0); max_concurrency is
     MaximumConcurrencyLevel. secondary=False disables the secondary queue (replies then come to
@@ -129,6 +133,7 @@ class TransportEndpoint(PubSub, Handling):
         time_to_wait_before_critical_error: float = TIME_TO_WAIT,
         transaction_mode: TransactionMode | str = TransactionMode.SENDS_ATOMIC_WITH_RECEIVE,
         outbox: Any = None,
+        on_error: Callable[[ErrorContext], ErrorResult | None] | None = None,
     ):
         try:
             settings = TransportSettings(
@@ -165,6 +170,7 @@ class TransportEndpoint(PubSub, Handling):
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
         self.runtime.outbox = outbox
+        self.runtime.on_error = on_error
         try:
             self.breaker = ReceiveCircuitBreaker(time_to_wait_before_critical_error)
         except ValueError as exc:
@@ -309,6 +315,16 @@ class TransportEndpoint(PubSub, Handling):
         if s.secondary_queue is not None:
             self._readers.append(pump_for(self, s.secondary_queue, handler, s.secondary_readers).start())
         return self
+
+    def change_concurrency(self, max_concurrency: int) -> None:
+        """Change the primary queue's MaximumConcurrencyLevel while the readers run (NServiceBus's
+        ChangeConcurrency): above the new level no new message is taken; the handlers running
+        finish first. Kept for the next start()."""
+        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
+            raise InvalidArgumentError(f"max_concurrency must be a whole number of at least 1, not {max_concurrency!r}")
+        self.settings = self.runtime.settings = replace(self.settings, max_concurrency=max_concurrency)
+        if self._readers:
+            self._readers[0].resize(max_concurrency)
 
     def start_mover(self) -> DelayedMover | None:
         """Start the mover of this endpoint's delayed store (start() does) unless it runs or this

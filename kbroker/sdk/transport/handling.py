@@ -7,6 +7,7 @@ import concurrent.futures
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timezone
 
 from kbroker import tracing
@@ -15,6 +16,7 @@ from kbroker.core.transport.circuit_breaker import ReceiveCircuitBreaker
 from kbroker.core.transport.message import TransportMessage
 from kbroker.core.transport.transaction_modes import TransactionMode
 from kbroker.core.txn.state import TransactionState
+from kbroker.sdk.transport.on_error import error_context, settle
 from kbroker.sdk.transport.runtime import TransportRuntime
 from kbroker.sdk.transport.transaction import Handler, TransportTransaction
 
@@ -59,6 +61,7 @@ class Handling:
             callback = self.take_callback(msg)
             if callback is None:
                 handling = True
+                original = msg if self.runtime.on_error is None else replace(msg, headers=dict(msg.headers))
                 self.run_handler(tx, queue, msg, handler)
                 handling = False
             if tx.state is TransactionState.OPEN:  # (None mode: committed before the handler ran)
@@ -67,10 +70,28 @@ class Handling:
             if callback is not None:
                 callback.set_result(msg)
         except Exception as exc:  # noqa: BLE001 - whatever the application's handler raises: rolled back
-            self.handling_failed(tx, queue, exc, receiving=not handling)
+            if handling and self.runtime.on_error is not None and tx.state is TransactionState.OPEN:
+                self.call_on_error(tx, queue, original, exc)
+            else:
+                self.handling_failed(tx, queue, exc, receiving=not handling)
             if not handling:
                 time.sleep(self.receive_backoff())
         return True
+
+    def call_on_error(self, tx: TransportTransaction, queue: str, original: TransportMessage, exc: Exception) -> None:
+        """The application's `on_error` for a handler that raised, and what it decided
+        (sdk/transport/on_error.py); a commit that then fails brings the message back."""
+        ctx = error_context(self.runtime, tx, queue, original, exc, tx)
+        result: object = None
+        raised: BaseException | None = None
+        try:
+            result = self.runtime.on_error(ctx)
+        except Exception as hook_exc:  # noqa: BLE001 - the application's callback: rolled back, critical error
+            raised = hook_exc
+        try:
+            settle(self.runtime, tx, ctx, result, raised, self.on_critical_error)
+        except Exception as commit_exc:  # noqa: BLE001 - the commit failed: the message comes back by itself
+            self.handling_failed(tx, queue, commit_exc, receiving=True)
 
     def receive_backoff(self) -> float:
         """Seconds to wait after a failed receive before the next: 0.1 s doubling to 5 s, so a
@@ -85,6 +106,7 @@ class Handling:
             self._outboxed(tx, queue, msg, handler, started)
             return
         if rt.transaction_mode is TransactionMode.NONE:
+            original = msg if rt.on_error is None else replace(msg, headers=dict(msg.headers))
             tx.commit()  # removed before it is handled: at most once
             tx = self.transaction()  # the sends, dispatched when the handler returns
             try:
@@ -93,19 +115,26 @@ class Handling:
                 tx.audit(msg, started)
                 tx.commit()
             except Exception as exc:  # noqa: BLE001 - None mode: the message is gone, the failure logged
-                tx.rollback(str(exc))
                 rt.count("lost")
                 log.warning("handler on %s failed in transaction mode None: message %s lost: %s", queue, msg.id, exc)
+                if rt.on_error is not None and tx.state is TransactionState.OPEN:
+                    self.call_on_error(tx, queue, original, exc)  # its sends go out with HANDLED; no retry is possible
+                else:
+                    tx.rollback(str(exc))
             return
         with tracing.handling(queue, tx.trace_context, rt.namespace):
             handler(msg, tx)
         tx.audit(msg, started)
         if rt.transaction_mode is TransactionMode.RECEIVE_ONLY:
-            records = tx.take_records()
-            if records:  # on their own, acknowledged, before the removal commits
-                with rt.acknowledged() as produce:
-                    for record in records:
-                        produce(record)
+            self.dispatch_now(tx)
+
+    def dispatch_now(self, tx: TransportTransaction) -> None:
+        """ReceiveOnly: the handler's sends on their own, acknowledged, before the removal commits."""
+        records = tx.take_records()
+        if records:
+            with self.runtime.acknowledged() as produce:
+                for record in records:
+                    produce(record)
 
     def _outboxed(
         self, tx: TransportTransaction, queue: str, msg: TransportMessage, handler: Handler, started: datetime

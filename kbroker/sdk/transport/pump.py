@@ -49,29 +49,47 @@ class FixedPump:
     def __init__(self, ep: HandlingEndpoint, queue: str, handler: Handler, n: int):
         self._ep, self.queue, self._handler, self._n = ep, queue, handler, n
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._threads: list[tuple[threading.Thread, threading.Event]] = []  # a reader and its own stop
+        self.peak = 0
 
     def start(self) -> Self:
         """Start the readers; returns self."""
-        for i in range(self._n):
-            t = threading.Thread(target=self._loop, name=f"kbroker-fixed-{self.queue}-{i}", daemon=True)
-            self._threads.append(t)
-            t.start()
+        self.resize(self._n)
         return self
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
+    def resize(self, n: int) -> None:
+        """`n` readers from now on: more are started, or the extra ones stop after their current
+        message."""
+        with self._lock:
+            self._n = n
+            live = [(t, e) for t, e in self._threads if t.is_alive() and not e.is_set()]
+            for _t, e in live[n:]:
+                e.set()
+            for i in range(len(live), n):
+                e = threading.Event()
+                t = threading.Thread(target=self._loop, args=(e,), name=f"kbroker-fixed-{self.queue}-{i}", daemon=True)
+                self._threads.append((t, e))
+                t.start()
+            self._threads = [(t, e) for t, e in self._threads if t.is_alive()]
+            self.peak = max(self.peak, min(len(self._threads), n))
+
+    def _loop(self, retired: threading.Event) -> None:
+        while not self._stop.is_set() and not retired.is_set():
             self._ep.handle_one(self.queue, self._handler, WAIT)
 
     def stats(self) -> dict[str, Any]:
-        """The model, the queue, the readers alive and how many were started."""
-        alive = sum(t.is_alive() for t in self._threads)
-        return {"model": FIXED, "queue": self.queue, "readers": alive, "peak": len(self._threads)}
+        """The model, the queue, the readers alive and the most at once."""
+        with self._lock:
+            alive = sum(t.is_alive() and not e.is_set() for t, e in self._threads)
+        return {"model": FIXED, "queue": self.queue, "readers": alive, "peak": self.peak}
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop after the current transactions; wait up to `timeout` s for each reader."""
         self._stop.set()
-        for t in self._threads:
+        with self._lock:
+            threads = list(self._threads)
+        for t, _e in threads:
             t.join(timeout)
 
 
@@ -88,6 +106,8 @@ class MonitorLoop:
         self.tasks_started = 0
         self._unclaimed = 0  # tasks started that have not received yet
         self._pool = concurrent.futures.ThreadPoolExecutor(max_concurrency, thread_name_prefix=f"kbroker-task-{queue}")
+        self._pool_size = max_concurrency
+        self._old_pools: list[concurrent.futures.ThreadPoolExecutor] = []  # outgrown by resize, shut at stop
         self._thread = threading.Thread(target=self._loop, name=f"kbroker-monitor-{queue}", daemon=True)
 
     def start(self) -> Self:
@@ -113,8 +133,19 @@ class MonitorLoop:
                 self._unclaimed += start
                 self.peak = max(self.peak, self.running)
                 self.tasks_started += start
+                pool = self._pool
             for _ in range(start):
-                self._pool.submit(self._task)
+                pool.submit(self._task)
+
+    def resize(self, n: int) -> None:
+        """At most `n` receive tasks from now on; running ones above it finish first."""
+        with self._cv:
+            self._max = n
+            if n > self._pool_size:  # a pool's size is fixed: a bigger one for what comes
+                self._old_pools.append(self._pool)
+                self._pool_size = n
+                self._pool = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix=f"kbroker-task-{self.queue}")
+            self._cv.notify_all()
 
     def _task(self) -> None:
         def received() -> None:
@@ -144,7 +175,8 @@ class MonitorLoop:
         """Stop the loop, then wait for the running tasks."""
         self._stop.set()
         self._thread.join(timeout)
-        self._pool.shutdown(wait=True)
+        for pool in [*self._old_pools, self._pool]:
+            pool.shutdown(wait=True)
 
 
 def pump_for(ep: HandlingEndpoint, queue: str, handler: Handler, n: int) -> Any:

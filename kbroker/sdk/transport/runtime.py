@@ -64,6 +64,7 @@ class TransportRuntime(ProcessRuntime):
         self.audit_queue: str | None = None  # where processed messages are copied (core/transport/audit.py)
         self.transaction_mode = TransactionMode.SENDS_ATOMIC_WITH_RECEIVE
         self.outbox: Any = None  # sdk/transport/outbox.Outbox (SQLAlchemy: imported only by who makes one)
+        self.on_error: Any = None  # the application's (sdk/transport/on_error.py), called when a handler raised
         self._subscriptions: SubscriptionCache | None = None
 
     def receiver(self, queue: str) -> QueueReceiver:
@@ -172,7 +173,7 @@ class TransportRuntime(ProcessRuntime):
         The move commits with the message's removal before this returns."""
         position = (lease.receiver.topic, taken.partition, taken.offset)
         failures = self.failures.count(position)
-        if not failures:
+        if not failures or self.failures.take_retry(position):
             return False
         policy = self.recoverability
         if policy is None:
