@@ -292,6 +292,24 @@ class GroupBuffer(Generic[H]):
             self._mark(group, kept)
         return taken
 
+    def unlocked_heads(self) -> dict[str, Buffered]:
+        """The head record of every group no transaction locks (a linear look: the start-up
+        purge's, core/receive/expired_heads.py)."""
+        return {name: q[0] for name, q in self._groups.items() if q and name not in self._locked}
+
+    def take_head(self, holder: H, group: str, now_ms: int) -> Buffered:
+        """Lock `group` (one unlocked_heads() names) for `holder` and take its head record alone,
+        expired or not; the rest of the group stays buffered, locked with it."""
+        self._locked[group] = holder
+        self._locked_since.setdefault(group, now_ms)
+        self._owned.setdefault(id(holder.owner), {})[group] = None
+        q = self._groups[group]
+        b = q.popleft()
+        self._buffered -= 1
+        if not q:
+            del self._groups[group]
+        return b
+
     def release(self, holder: H, group: str, back: Sequence[Buffered] = ()) -> None:
         """End `holder`'s lock on `group` (if it is the one holding it) and put `back` (records
         it took, in the order taken) at the head of the group: a rollback."""

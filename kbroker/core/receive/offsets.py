@@ -131,6 +131,10 @@ class PartitionOffsets:
             self._incomplete.add(offset)
             heapq.heappush(self._heap, offset)
 
+    def lowest_incomplete(self, n: int) -> list[int]:
+        """The `n` lowest offsets fetched and not completed, ascending (core/receive/expired_heads.py)."""
+        return heapq.nsmallest(n, self._incomplete)
+
     def low_water(self) -> int:
         while self._heap and self._heap[0] not in self._incomplete:
             heapq.heappop(self._heap)

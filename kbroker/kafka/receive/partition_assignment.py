@@ -75,6 +75,10 @@ class PartitionAssignment:
         self.offsets: dict[int, PartitionOffsets] = {}  # the partitions owned, guarded by cv
         self._eof: set[int] = set()
         self.paused = False
+        # Whether the group has assigned this process its share yet, even an empty one (the
+        # cooperative protocol calls on_assign at the end of every rebalance): the start-up purge
+        # of expired messages waits for it.
+        self.assigned_once = False
         self.expelled = 0  # times the group expelled this process (on_lost), for its stats
         self._offsets_reader: Consumer | None = None  # reads committed offsets when the consumer does not
         # Partitions the group gave this process that wait for readable committed offsets
@@ -104,6 +108,10 @@ class PartitionAssignment:
         tracker.fetched(offset)
         return None if done else tracker
 
+    def at_end(self, partition: int) -> bool:
+        """Whether the consumer has read `partition` to its end, with nothing fetched since."""
+        return partition in self._eof
+
     def caught_up(self) -> bool:
         """Every partition owned was read to its end (and one is owned)."""
         return caught_up(self.offsets, self._eof)
@@ -123,6 +131,7 @@ class PartitionAssignment:
         with self._cv:
             for tp in partitions:
                 self.waiting.setdefault(tp.partition, time.monotonic())
+            self.assigned_once = True  # what it gave waits (unsettled) until assigned below
         self._assign_waiting(consumer, lambda tps: consumer.committed(tps, timeout=ASSIGN_ASK))
 
     def _assign_waiting(self, consumer: Consumer, read: ReadCommitted) -> None:

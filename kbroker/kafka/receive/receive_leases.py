@@ -20,6 +20,7 @@ from typing import Any, Callable, Protocol
 from confluent_kafka import Message as KafkaRecord
 from confluent_kafka import TopicPartition
 
+from kbroker.core.receive.expired_heads import expired_head, head_settled
 from kbroker.core.receive.group_buffer import Buffered, GroupBuffer, full_partitions, receive_order
 from kbroker.core.receive.receive_lease import (
     completed,
@@ -193,6 +194,50 @@ class LeaseBook:
             lease.assignments.setdefault(b.partition, b.assignment)
         live = [b for b in receive_order(taken) if b.live(now_ms)]
         return lease, live, len(taken) - len(live)
+
+    def take_expired_heads(
+        self, owner: Any, now_ms: int, limit: int, wait: float
+    ) -> tuple[list[Lease], list[int] | None]:
+        """QueueReceiver.take_expired_heads: one lease per record taken, and the partitions not
+        settled yet (None before the group first assigned this process anything)."""
+        with self._cv:
+            leases, unsettled = self._expired_heads(owner, now_ms, limit)
+            if not leases and unsettled != [] and wait > 0:
+                self._wait(wait, taker=False)  # woken by the poll thread's next records
+                leases, unsettled = self._expired_heads(owner, now_ms, limit)
+            return leases, unsettled
+
+    def _expired_heads(self, owner: Any, now_ms: int, limit: int) -> tuple[list[Lease], list[int] | None]:
+        """Take, under cv, each owned partition's expired head (core/receive/expired_heads.py)
+        over the records of its current assignment that head an unlocked group."""
+        if self._closed():
+            return [], []
+        refused = self._refused()
+        if refused is not None:
+            raise refused
+        assignment = self._assignment
+        if not assignment.assigned_once:
+            return [], None
+        owned = assignment.offsets
+        available: dict[int, dict[int, tuple[str, Buffered]]] = {p: {} for p in owned}
+        for group, b in self._buffer.unlocked_heads().items():
+            if b.partition in owned and b.assignment is owned[b.partition]:
+                available[b.partition][b.offset] = (group, b)
+        leases: list[Lease] = []
+        unsettled = list(assignment.waiting)  # assigned, their committed offsets not read yet
+        for p, tracker in sorted(owned.items()):
+            room = limit - len(leases)
+            records = {off: b for off, (_group, b) in available[p].items()}
+            taken, head = expired_head(tracker.lowest_incomplete(room + 1), records, now_ms, room)
+            for b in taken:
+                group = available[p][b.offset][0]
+                lease = Lease(self._receiver, group, owner, assignments={p: tracker})
+                lease.taken.append(self._buffer.take_head(lease, group, now_ms))
+                lease.offsets.append(b.position)
+                leases.append(lease)
+            if not head_settled(head, len(taken), assignment.at_end(p)):
+                unsettled.append(p)
+        return leases, sorted(unsettled)
 
     def split(self, lease: Lease, offsets: list[tuple[int, int]]) -> Lease:
         """QueueReceiver.split: the records at `offsets` moved into a lease of their own."""

@@ -204,6 +204,24 @@ class QueueReceiver:
                 self._taking -= 1
                 self._used_at = time.monotonic()
 
+    def take_expired_heads(
+        self, owner: Any, now_ms: int, *, limit: int = 1000, wait: float = 0.0
+    ) -> tuple[list[Lease], list[int] | None]:
+        """The start-up purge's take: each owned partition's run of records expired at `now_ms`
+        from its lowest incomplete offset up to its first live record (core/receive/expired_heads.py),
+        at most `limit` in all, one lease per record (commit them, then release them). Also the
+        partitions not settled yet (their head not known live, nor the partition read to its end
+        with nothing left to take), None while the group has not assigned this process its
+        share. Nothing to take and something unsettled: waits up to `wait` s for records first."""
+        with self._cv:
+            self._taking += 1
+        try:
+            return self._leases.take_expired_heads(owner, now_ms, limit, wait)
+        finally:
+            with self._cv:
+                self._taking -= 1
+                self._used_at = time.monotonic()
+
     def _to_message(self, b: Buffered) -> Message:
         env, rec = b.envelope, b.record
         return built(
