@@ -22,9 +22,9 @@ from kbroker.errors import CatalogError, KBrokerError
 from kbroker.kafka.catalog.catalog_store import read_catalog
 from kbroker.kafka.clients import brokers_answering, principal
 from kbroker.kafka.dialogs.conversation_endpoints import read_endpoints
+from kbroker.kafka.profiles import ClusterProfiles
 from kbroker.kafka.queue_views import queue_view_of
 from kbroker.kafka.receive.rollbacks import recent_rollbacks
-from kbroker.kafka.routing.profiles import ClusterProfiles
 from kbroker.kafka.routing.views import transmission_rows
 from kbroker.kafka.security.permissions import authorized
 from kbroker.kafka.snapshot import latest_values

@@ -48,6 +48,13 @@ class ClusterProfiles:
                 return found
         return Cluster(bootstrap)
 
+    def named(self, profile: str) -> Cluster:
+        """The cluster of the client profile `profile`; InvalidArgumentError when it is missing."""
+        found = self._read(self.directory / f"{profile}.properties")
+        if found is None:
+            raise InvalidArgumentError(f"client profile {profile!r} not found in {self.directory}")
+        return found
+
     @staticmethod
     def _read(path: Path) -> Cluster | None:
         try:

@@ -1,4 +1,4 @@
-"""Which client settings a route's destination is reached with (kafka/routing/profiles.py)."""
+"""Which client settings a route's destination is reached with (kafka/profiles.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from kbroker.core.catalog.models import Route
 from kbroker.core.cluster import Cluster
 from kbroker.errors import InvalidArgumentError
-from kbroker.kafka.routing.profiles import ClusterProfiles
+from kbroker.kafka.profiles import ClusterProfiles
 
 LOCAL = Cluster.with_properties("local:9092", {"security.protocol": "SSL"})
 SCRAM = (

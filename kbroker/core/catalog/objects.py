@@ -147,7 +147,7 @@ class Route(StrictModel):
     lifetime: int | None = Field(default=None, gt=0)  # seconds; None = never expires
     mirror_address: str | None = None  # kafka://... of the mirrored (standby) namespace
     # The client settings to reach the address's cluster: the name of a client profile each
-    # process resolves locally (kafka/routing/profiles.py), so no credential is in the catalog.
+    # process resolves locally (kafka/profiles.py), so no credential is in the catalog.
     profile: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,64}$")
     created_at: float | None = Field(default=None, ge=0)  # epoch seconds, set by `kbroker apply`
 

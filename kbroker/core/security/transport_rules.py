@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from kbroker.core import names
 from kbroker.core.security.acl_bindings import Rule
 from kbroker.core.transport.audit import AUDIT_QUEUE
+from kbroker.core.transport.bridge import bridge_prefix
 from kbroker.core.transport.delayed import delayed_prefix, delayed_topic
 from kbroker.core.transport.endpoint import (
     ERROR_QUEUE,
@@ -81,6 +82,13 @@ def transport_installer(ns: str, endpoint: str | None) -> list[Rule]:
             ("CREATE", "DESCRIBE", "DESCRIBE_CONFIGS"),
             "the audit queue processed messages are copied to (when the endpoint audits)",
         ),
+        Rule(
+            "TOPIC",
+            "PREFIXED",
+            bridge_prefix(ns),
+            ("CREATE", "DESCRIBE", "DESCRIBE_CONFIGS"),
+            "the bridge topics to other clusters (when the endpoint bridges)",
+        ),
     ]
 
 
@@ -118,6 +126,14 @@ def transport_runner(ns: str, endpoint: str | None) -> list[Rule]:
                 "the subscription table: who receives a publish; subscribe and unsubscribe",
             ),
             Rule("GROUP", "LITERAL", names.reader_group(ns), ("DESCRIBE",), "kbroker's readers (the table's)"),
+            Rule(
+                "TOPIC",
+                "PREFIXED",
+                bridge_prefix(ns),
+                ("READ", "WRITE"),
+                "sends to queues on other clusters, written here and pushed on",
+            ),
+            Rule("GROUP", "PREFIXED", bridge_prefix(ns), ("READ",), "the bridges' pushers (named as their topic)"),
             Rule(
                 "TRANSACTIONAL_ID",
                 "PREFIXED",

@@ -30,7 +30,8 @@ from datetime import datetime, timezone
 from kbroker.core import names
 from kbroker.core.dialogs.envelope import MalformedRecord, header_text
 from kbroker.core.records import Record
-from kbroker.core.transport.endpoint import QUEUE_RE, parse_address
+from kbroker.core.transport.bridge import address_of
+from kbroker.core.transport.endpoint import QUEUE_RE
 from kbroker.core.transport.message import (
     MAX_EXPIRES_MS,
     TransportMessage,
@@ -181,7 +182,7 @@ def from_delayed(
     except (ValueError, OverflowError, OSError):
         raise MalformedRecord(f"Due {extra[H_DUE]!r} is not an ISO 8601 time of the years 1-9999") from None
     try:
-        parse_address(extra[H_DESTINATION], "x")
+        address_of(extra[H_DESTINATION], "x")
     except ValueError:
         raise MalformedRecord(f"Destination {extra[H_DESTINATION]!r} is not a transport address") from None
     body_null = extra.get(H_BODY_NULL, "false").strip().lower()

@@ -135,6 +135,7 @@ class InstallPlan:
     delayed: str | None = None  # the endpoint whose delayed store is created (core/transport/delayed.py)
     error: str | None = None  # the error queue, shared by the endpoints (core/transport/recoverability.py)
     audit: str | None = None  # the audit queue, shared too (core/transport/audit.py)
+    bridges: tuple[str, ...] = ()  # the clusters the namespace's bridge topics lead to (core/transport/bridge.py)
 
 
 def install_plan(
@@ -146,6 +147,7 @@ def install_plan(
     satellite: bool = False,
     error_queue: str | None = ERROR_QUEUE,
     audit_queue: str | None = None,
+    bridges: tuple[str, ...] = (),
 ) -> InstallPlan:
     """The primary queue and, for a machine, its secondary queue (as NServiceBus installers
     create the tables when an instance first starts)."""
@@ -158,7 +160,7 @@ def install_plan(
     for what, q in (("error", error_queue), ("audit", audit_queue)):
         if q is not None and not QUEUE_RE.fullmatch(q):
             raise ValueError(f"{what} queue {q!r} must be 1-150 characters of A-Z a-z 0-9 _ . -")
-    return InstallPlan(tuple(queues), satellite, None if satellite else name, error_queue, audit_queue)
+    return InstallPlan(tuple(queues), satellite, None if satellite else name, error_queue, audit_queue, bridges)
 
 
 def install_collision(plan: InstallPlan, installed: Iterable[str]) -> tuple[str, str, str] | None:

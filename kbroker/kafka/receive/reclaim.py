@@ -34,6 +34,7 @@ from kbroker.core.dialogs.conversation_endpoint import (
 from kbroker.core.dialogs.envelope import Envelope, MalformedRecord
 from kbroker.core.dialogs.send_lease import LEASE_SUFFIX, WANT_SUFFIX
 from kbroker.core.receive.reclaim import analytics_floor, lowest, reclaim_points
+from kbroker.core.transport.bridge import bridge_prefix
 from kbroker.core.transport.endpoint import transport_queue_prefix
 from kbroker.errors import BrokerUnavailableError, kafka_error
 from kbroker.kafka import clients, messages
@@ -93,6 +94,11 @@ def reclaim_namespace(cluster: ClusterLike, catalog: Catalog, timeout: float = 3
                 done.append(Reclaimed(name, deleted))
     tqueues = transport_queue_prefix(catalog.namespace)  # transport queues: read by the group of their name
     for name in sorted(t for t in existing if t.startswith(tqueues)):
+        deleted = _reclaim_by_group(cluster, admin, name, sorted(existing[name].partitions), name, timeout)
+        if deleted:
+            done.append(Reclaimed(name, deleted))
+    bridges = bridge_prefix(catalog.namespace)  # bridge topics: pushed below their pushers' commits
+    for name in sorted(t for t in existing if t.startswith(bridges)):
         deleted = _reclaim_by_group(cluster, admin, name, sorted(existing[name].partitions), name, timeout)
         if deleted:
             done.append(Reclaimed(name, deleted))

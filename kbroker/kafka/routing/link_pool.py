@@ -12,8 +12,8 @@ from kbroker.core.cluster import Cluster
 from kbroker.core.routing.links import IDLE_CLOSE, Links
 from kbroker.core.routing.routes import parse_address
 from kbroker.errors import KBrokerError
+from kbroker.kafka.profiles import ClusterProfiles
 from kbroker.kafka.routing.link import Invalid, LinkBroken, RoutingLink, Signer
-from kbroker.kafka.routing.profiles import ClusterProfiles
 
 log = logging.getLogger("kbroker.routing.links")
 CONNECT_SECONDS = 5.0  # kbroker's deadline on one connection attempt

@@ -31,6 +31,7 @@ from kbroker.core.dead_letter import dead_letter_record
 from kbroker.core.dialogs.envelope import MalformedRecord
 from kbroker.core.records import Record
 from kbroker.core.rejected import Consumed
+from kbroker.core.transport.bridge import message_record
 from kbroker.core.transport.delayed import (
     BATCH_SIZE,
     MEMORY_BUDGET,
@@ -39,8 +40,6 @@ from kbroker.core.transport.delayed import (
     delayed_record,
     from_delayed,
 )
-from kbroker.core.transport.endpoint import address_topic
-from kbroker.core.transport.message import to_headers
 from kbroker.core.txn.faults import Action, Deadline, decide
 from kbroker.kafka import clients, messages
 from kbroker.kafka.catalog.topic_specs import KEEP_EVERY_RECORD, TopicSpec
@@ -232,7 +231,6 @@ class DelayedMover:
         out: list[Record] = []
         dead = 0
         for row in rows:
-            destination = address_topic(row.destination, self.namespace)
             msg = row.message
             tries, why = self._tries.get(row.key, (0, ""))
             if tries >= MOVE_TRIES:
@@ -240,7 +238,7 @@ class DelayedMover:
             elif not self._exists(row.destination, self._fresh):
                 reason = f"destination queue {row.destination!r} is not installed"
             else:
-                out.append((destination, msg.id.encode(), msg.body, to_headers(msg)))
+                out.append(message_record(row.destination, self.namespace, msg))
                 out.append((self.topic, row.key, None, None))
                 continue
             _t, key, value, headers = delayed_record(self.topic, msg, row.destination, row.due_ms)

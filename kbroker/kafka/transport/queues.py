@@ -17,11 +17,11 @@ from kbroker.core import names
 from kbroker.core.catalog.loader import load_system_topics
 from kbroker.core.cluster import ClusterLike
 from kbroker.core.topic_limits import LARGEST_BODY, MESSAGE_TOPIC_LIMIT
+from kbroker.core.transport.bridge import bridge_topic, destination_topic
 from kbroker.core.transport.delayed import delayed_topic
 from kbroker.core.transport.endpoint import (
     PRIMARY_PARTITIONS,
     InstallPlan,
-    address_topic,
     install_collision,
     transport_queue_prefix,
     transport_queue_topic,
@@ -78,6 +78,10 @@ def install(
     specs.append(table_spec(namespace))  # the namespace's subscription table, as the dead-letter topic
     if plan.delayed is not None:  # as many partitions as the primary queue: as many instances share it
         specs.append(store_spec(delayed_topic(namespace, plan.delayed), plan.queues[0][1], MESSAGE_TOPIC_LIMIT))
+    for cluster_name in plan.bridges:  # one partition: one pusher, in the order they were sent
+        specs.append(
+            TopicSpec(bridge_topic(namespace, cluster_name), 1, queue_config(), f"bridge to {cluster_name}", True)
+        )
     created, _updated, _retention = sync_topics(cluster, specs, timeout=timeout, replication_factor=replication_factor)
     return created
 
@@ -116,7 +120,7 @@ class QueueDirectory:
         """The topic of `queue` (a queue of the namespace, or `queue@namespace`: one of another
         namespace on the cluster); TransportQueueNotFoundError when it does not exist."""
         try:
-            topic = address_topic(queue, self._namespace)  # `queue` or `queue@namespace`
+            topic = destination_topic(queue, self._namespace)  # `queue`, `queue@namespace` or on another cluster
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
         return self._checked(queue, topic)
@@ -127,7 +131,7 @@ class QueueDirectory:
         if fresh:
             with self._lock:
                 try:
-                    self._known.discard(address_topic(queue, self._namespace))
+                    self._known.discard(destination_topic(queue, self._namespace))
                 except ValueError:
                     return False
         try:

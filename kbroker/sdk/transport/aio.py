@@ -134,6 +134,8 @@ class AsyncTransportEndpoint(AsyncHandling):
             )
         self._stopping.clear()  # started again after a stop
         await self._run(self.sync.start_mover)  # the delayed store's due rows, on its own thread
+        await self._run(self.sync.start_bridges)
+        await self._run(self.sync.startup_purge.run, self.sync)  # before the readers, if enabled
         queues = [(s.primary_queue, s.max_concurrency)]
         if s.secondary_queue is not None:
             queues.append((s.secondary_queue, s.secondary_readers))

@@ -27,6 +27,7 @@ from typing import Any, Mapping, Self
 
 from kbroker import config, tracing
 from kbroker.core.cluster import ClusterLike
+from kbroker.core.transport.bridge import CLUSTER_RE
 from kbroker.core.transport.circuit_breaker import TIME_TO_WAIT, ReceiveCircuitBreaker
 from kbroker.core.transport.delayed import DelayedDelivery
 from kbroker.core.transport.endpoint import (
@@ -41,14 +42,17 @@ from kbroker.core.transport.recoverability import ErrorResult, Recoverability
 from kbroker.core.transport.subscriptions import STALENESS
 from kbroker.core.transport.transaction_modes import TransactionMode
 from kbroker.embedded import resolve_cluster
-from kbroker.errors import InvalidArgumentError, TransportQueueNotFoundError
+from kbroker.errors import InvalidArgumentError
 from kbroker.kafka.clients import produce_within
+from kbroker.kafka.transport.bridge import BridgePusher, install_positions
 from kbroker.kafka.transport.delayed_store import DelayedMover
 from kbroker.kafka.transport.queues import express_producer, install
 from kbroker.sdk.fenced_retry import receive_fenced_again
+from kbroker.sdk.transport.background import Background
 from kbroker.sdk.transport.handling import Handling
 from kbroker.sdk.transport.on_error import ErrorContext
 from kbroker.sdk.transport.pubsub import PubSub
+from kbroker.sdk.transport.purge import PURGE_TIMEOUT, StartupPurge
 from kbroker.sdk.transport.runtime import TransportRuntime
 from kbroker.sdk.transport.transaction import Handler, TransportTransaction
 
@@ -81,7 +85,7 @@ def send_message(
         return ep.send(queue, body, headers, reply_to_address=reply_to_address or "", **kw)
 
 
-class TransportEndpoint(PubSub, Handling):
+class TransportEndpoint(PubSub, Handling, Background):
     """One instance of endpoint `name`: sends, transactions, and (with start) readers of its
     primary queue under its concurrency model and of its secondary queue `name.machine`.
 
@@ -99,11 +103,16 @@ class TransportEndpoint(PubSub, Handling):
     write to the application's database through `tx.db` and send exactly once with it.
     on_error: called when a handler raised, in the message's transaction, before the
     recoverability policy (sdk/transport/on_error.py: ErrorContext in, ErrorResult or None out).
+    purge_expired_on_startup: start() first removes the expired messages at the head of each
+    input queue's partitions it is assigned, within purge_timeout s (30; sdk/transport/purge.py).
+    bridges: the other clusters this endpoint sends to, `queue@namespace@cluster`, by name: the
+    cluster's address or Cluster (None: the client profile of that name); cluster_name: this
+    cluster's name in the far sides' bridges, so replies come back (sdk/transport/background.py).
 
     concurrency: `monitor` (3.0, default), `ramp` (2.1) or `fixed` (pre-2.0); max_concurrency is
     MaximumConcurrencyLevel. secondary=False disables the secondary queue (replies then come to
     the primary queue); satellite=True is a satellite receiver (no secondary queue).
-    install=True creates the queues first, as an installer would. `cluster`: where Kafka is (an
+    install=True creates the queues first (and the bridges' topics), as an installer would. `cluster`: where Kafka is (an
     address or a Cluster; None: the broker rule, embedded.resolve_cluster)."""
 
     def __init__(
@@ -134,6 +143,10 @@ class TransportEndpoint(PubSub, Handling):
         transaction_mode: TransactionMode | str = TransactionMode.SENDS_ATOMIC_WITH_RECEIVE,
         outbox: Any = None,
         on_error: Callable[[ErrorContext], ErrorResult | None] | None = None,
+        purge_expired_on_startup: bool = False,
+        purge_timeout: float = PURGE_TIMEOUT,
+        bridges: Mapping[str, ClusterLike | None] | None = None,
+        cluster_name: str | None = None,
     ):
         try:
             settings = TransportSettings(
@@ -176,6 +189,11 @@ class TransportEndpoint(PubSub, Handling):
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
         self.on_critical_error = on_critical_error or (lambda exc: None)  # (logged by the breaker in any case)
+        self.startup_purge = StartupPurge(purge_expired_on_startup, purge_timeout)
+        if cluster_name is not None and not CLUSTER_RE.fullmatch(str(cluster_name)):
+            raise InvalidArgumentError(f"cluster name {cluster_name!r} must be 1-64 characters of A-Z a-z 0-9 _ -")
+        self.runtime.cluster_name = cluster_name
+        self._bridges = self.bridges_of(bridges)
         if install:
             self.install(partitions)
         self._express: Any = None
@@ -184,6 +202,7 @@ class TransportEndpoint(PubSub, Handling):
         self._readers: list[Any] = []
         self._delayed = delayed_delivery or DelayedDelivery()
         self._mover: DelayedMover | None = None
+        self._pushers: dict[str, BridgePusher] = {}
 
     @property
     def bootstrap(self) -> str:
@@ -204,8 +223,12 @@ class TransportEndpoint(PubSub, Handling):
             satellite=s.satellite,
             error_queue=None if self.runtime.recoverability is None else self.runtime.recoverability.error_queue,
             audit_queue=self.runtime.audit_queue,
+            bridges=tuple(self._bridges),
         )
-        return install(self.cluster, self.namespace, plan)
+        created = install(self.cluster, self.namespace, plan)
+        for far in self._bridges.values():  # where the pushers keep how far they went, on the far side
+            created += install_positions(far, self.namespace)
+        return created
 
     # --- statements ------------------------------------------------------------------------
 
@@ -311,6 +334,8 @@ class TransportEndpoint(PubSub, Handling):
         if s.send_only:
             raise InvalidArgumentError(f"{s.name} is a send-only endpoint: it does not receive")
         self.start_mover()
+        self.start_bridges()
+        self.startup_purge.run(self)  # before the readers: the expired head of each partition
         self._readers.append(pump_for(self, s.primary_queue, handler, s.max_concurrency).start())
         if s.secondary_queue is not None:
             self._readers.append(pump_for(self, s.secondary_queue, handler, s.secondary_readers).start())
@@ -325,35 +350,6 @@ class TransportEndpoint(PubSub, Handling):
         self.settings = self.runtime.settings = replace(self.settings, max_concurrency=max_concurrency)
         if self._readers:
             self._readers[0].resize(max_concurrency)
-
-    def start_mover(self) -> DelayedMover | None:
-        """Start the mover of this endpoint's delayed store (start() does) unless it runs or this
-        is a satellite or send-only; None (said once) when the store was never installed (an
-        endpoint installed before delayed delivery existed)."""
-        s = self.settings
-        if self._mover is not None or s.satellite or s.send_only:
-            return self._mover
-        try:
-            topic = self.runtime.queues.delayed_store(self.settings.name)
-        except TransportQueueNotFoundError as exc:
-            log.warning("%s: delayed delivery is off: %s", self.settings.name, exc)
-            return None
-        d = self._delayed
-        self._mover = DelayedMover(
-            self.cluster,
-            self.namespace,
-            topic,
-            exists=self.runtime.queues.exists,
-            batch_size=d.batch_size,
-            interval=d.interval,
-            budget=d.budget,
-        ).start()
-        return self._mover
-
-    @property
-    def mover(self) -> DelayedMover | None:
-        """The running mover of this endpoint's delayed store (after start), if any."""
-        return self._mover
 
     @property
     def readers(self) -> list[Any]:
@@ -371,6 +367,7 @@ class TransportEndpoint(PubSub, Handling):
                 "readers": [r.stats() for r in self._readers],
                 "queues": {q: r.stats() for q, r in self.runtime.receivers().items()},
                 "delayed": None if self._mover is None else self._mover.stats(),
+                "bridges": {c: b.stats() for c, b in self._pushers.items()},
             }
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -378,9 +375,7 @@ class TransportEndpoint(PubSub, Handling):
         readers, self._readers = self._readers, []
         for r in readers:
             r.stop(timeout)
-        mover, self._mover = self._mover, None
-        if mover is not None:
-            mover.close()
+        self.stop_background()
 
     def close(self) -> None:
         """Stop reading, commit what is pending and flush the sends."""

@@ -16,9 +16,10 @@ from typing import Any, Mapping
 
 from kbroker.core.cluster import Cluster
 from kbroker.core.records import Record
+from kbroker.core.transport.bridge import message_record
 from kbroker.core.transport.delayed import delayed_record, due_time
 from kbroker.core.transport.endpoint import FailedDeliveries, TransportSettings
-from kbroker.core.transport.message import TransportMessage, new_message, to_headers
+from kbroker.core.transport.message import TransportMessage, new_message
 from kbroker.core.transport.recoverability import (
     Action,
     Recoverability,
@@ -66,6 +67,7 @@ class TransportRuntime(ProcessRuntime):
         self.outbox: Any = None  # sdk/transport/outbox.Outbox (SQLAlchemy: imported only by who makes one)
         self.on_error: Any = None  # the application's (sdk/transport/on_error.py), called when a handler raised
         self._subscriptions: SubscriptionCache | None = None
+        self.cluster_name: str | None = None  # this cluster as the far sides' bridges name it
 
     def receiver(self, queue: str) -> QueueReceiver:
         """The process's receiver of a transport queue (one consumer per queue)."""
@@ -122,7 +124,7 @@ class TransportRuntime(ProcessRuntime):
         None for this instance's reply queue, "" for none. With `delay` (seconds) or
         `not_before` the record is a row of a delayed store instead: `delayed_store`'s (an
         endpoint's name), by default this endpoint's own, which a send-only endpoint lacks."""
-        topic = self.queues.topic(destination)
+        self.queues.topic(destination)  # TransportQueueNotFoundError now, not at commit
         now_ms = int(time.time() * 1000)
         try:
             due_ms = due_time(now_ms, delay, not_before)
@@ -143,6 +145,8 @@ class TransportRuntime(ProcessRuntime):
         reply_to = self.settings.reply_address if reply_to_address is None else reply_to_address or None
         if reply_to_address is None and "@" in destination and reply_to is not None:
             reply_to = f"{reply_to}@{self.namespace}"  # a reply from another namespace finds its way back
+            if destination.count("@") == 2 and self.cluster_name:
+                reply_to = f"{reply_to}@{self.cluster_name}"  # and from another cluster
         try:
             msg = new_message(
                 body,
@@ -158,7 +162,7 @@ class TransportRuntime(ProcessRuntime):
             raise InvalidArgumentError(str(exc)) from None
         if store is not None and due_ms is not None:
             return delayed_record(store, msg, destination, due_ms), msg.id
-        return (topic, msg.id.encode(), msg.body, to_headers(msg)), msg.id
+        return message_record(destination, self.namespace, msg), msg.id
 
     def _dead_letter_malformed(self, receiver: QueueReceiver, record: Any, reason: str) -> None:
         """On the poll thread: a record that is not a transport message goes to the dead-letter
