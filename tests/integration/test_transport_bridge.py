@@ -1,6 +1,7 @@
 """Queues on another cluster (`queue@namespace@cluster`, kbroker/core/transport/bridge.py), against
 two real brokers, the session's and one of this module's own: a request and its reply and a
-delayed send across the clusters; a send to a far queue nobody installed set aside here; and the
+delayed send across the clusters; a send to a far queue nobody installed, and garbage another
+client wrote to the bridge topic, set aside here while the bridge goes on; and the
 invariant run: 3,000 messages pushed through kill -9 of the pushing instance and a second one
 competing for the bridge, counted on the far queue by a plain read_committed consumer, 0 lost and
 0 duplicated."""
@@ -19,6 +20,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from kbroker.core import names
+from kbroker.core.transport.bridge import bridge_topic
 from kbroker.core.transport.endpoint import transport_queue_topic
 from kbroker.core.transport.message import TransportMessage
 from kbroker.embedded.broker import EmbeddedBroker
@@ -40,7 +42,7 @@ def far(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def read_all(bootstrap: str, topic: str, seconds: float = 5.0) -> list[bytes]:
-    """Every committed record's key on `topic` (partitions 0-3), read for `seconds`."""
+    """Every committed record's key (b"" for none) on `topic` (partitions 0-3), read for `seconds`."""
     c = clients.consumer(bootstrap, names.reader_group("count"))
     keys: list[bytes] = []
     try:
@@ -48,8 +50,8 @@ def read_all(bootstrap: str, topic: str, seconds: float = 5.0) -> list[bytes]:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             for m in c.consume(500, 0.3):
-                if m.error() is None and m.key() is not None:
-                    keys.append(m.key())
+                if m.error() is None:
+                    keys.append(m.key() or b"")
     finally:
         c.close()
     return keys
@@ -87,8 +89,14 @@ def test_a_request_its_reply_and_a_delayed_send_cross_clusters(kafka_bootstrap: 
         assert got[0].body == b"paid:later" and time.monotonic() - sent >= 1.5
         sales.send(f"Nobody@{far_ns}@eu", b"lost?")  # no such far queue: set aside here
         wait_for(lambda: sales.pushers["eu"].stats()["set_aside"] == 1, 30, "the send set aside")
+        garbage = clients.producer(kafka_bootstrap)  # another client writes what it likes
+        garbage.produce(bridge_topic(namespace, "eu"), key=b"k", value=b"\x00 not a message")
+        garbage.produce(bridge_topic(namespace, "eu"), value=b"x", headers=[("Destination", b"Billing")])
+        garbage.flush(10)
+        assert sales.request(f"Billing@{far_ns}@eu", b"order-2").result(60).body == b"paid:order-2"
+        wait_for(lambda: sales.pushers["eu"].stats()["set_aside"] == 3, 30, "the garbage set aside")
         letters = read_all(kafka_bootstrap, names.deadletter_topic(namespace), 3.0)
-        assert len(letters) == 1
+        assert len(letters) == 3
         with pytest.raises(TransportQueueNotFoundError):
             sales.send(f"Billing@{far_ns}@nowhere", b"no bridge there")
     finally:
