@@ -194,8 +194,9 @@ class TransportQueueNotFoundError(InvalidArgumentError):
 
     def __init__(self, queue: str, topic: str):
         super().__init__(
-            f"transport queue {queue!r} does not exist (topic {topic}); "
-            f"install its endpoint first (kbroker endpoint install)"
+            f"transport queue {queue!r} does not exist (topic {topic}), or this principal may not "
+            f"DESCRIBE it: install its endpoint first (kbroker endpoint install), or grant it "
+            f"(kbroker endpoint acls --sends-to)"
         )
         self.queue, self.topic = queue, topic
 
