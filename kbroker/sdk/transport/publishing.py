@@ -54,8 +54,15 @@ def publish_records(
         raise InvalidArgumentError(str(exc)) from None
     records: list[Record] = []
     queues: list[str] = []
+    made: dict[int, Record] = {}  # one message per ReplyToAddress shape: the copies differ by topic only
     for sub in rt.subscriptions().subscribers(types):
-        record, mid = rt.record(sub.queue, body, hs, message_id=mid, **kw)
-        records.append(record)
+        shape = sub.queue.count("@")
+        if shape in made and shape < 2:  # (a copy for another cluster has its Destination header)
+            _t, key, value, wire = made[shape]
+            records.append((rt.queues.topic(sub.queue), key, value, wire))
+        else:
+            record, mid = rt.record(sub.queue, body, hs, message_id=mid, **kw)
+            made[shape] = record
+            records.append(record)
         queues.append(sub.queue)
     return records, mid or str(uuid.uuid4()), queues  # nobody subscribed: an Id all the same
