@@ -2,8 +2,8 @@
 each against the real broker on both endpoints: requesting an immediate retry, sending from
 on_error, the failure count kept between on_error calls, headers changed before on_error,
 before a retry and in on_error (none survives), on_error throwing (the message comes back, the
-critical error is raised), headers cleared by the sender after the send, and the concurrency
-raised and lowered while the pump runs."""
+critical error is raised), headers cleared by the sender after the send, the concurrency
+raised and lowered while the pump runs, and a stop while on_error is in flight."""
 
 from __future__ import annotations
 
@@ -234,3 +234,28 @@ def test_concurrency_raised_while_running(faces: Callable[..., Face], model: str
     wait_for(lambda: gate.done == 8, 30, "every message", seen=lambda: gate.done)
     with pytest.raises(InvalidArgumentError, match="max_concurrency"):
         ep.change_concurrency(0)
+
+
+def test_stop_while_on_error_is_in_flight_finishes_it(faces: Callable[..., Face]) -> None:
+    entered = threading.Event()
+    attempts: list[str] = []
+
+    def logic(msg: TransportMessage, send: Send) -> None:
+        attempts.append(msg.id)
+        raise RuntimeError("to on_error")
+
+    def on_error(ctx: ErrorContext, send: Send) -> ErrorResult:
+        entered.set()
+        time.sleep(1.0)
+        send("Output", b"from on_error")
+        return ErrorResult.HANDLED
+
+    out = faces("Output")
+    ep = faces("Input", concurrency="fixed", max_concurrency=1, on_error=on_error).start(logic)
+    ep.send("Input", b"x")
+    assert entered.wait(20)
+    ep.stop()  # waits for on_error and its commit
+    assert [m.body for m in received(out, 1, 10)] == [b"from on_error"]
+    ep.start(logic)
+    time.sleep(2.0)
+    assert len(attempts) == 1  # handled by on_error: not handed out again after the restart
