@@ -51,11 +51,13 @@ test-spark-cluster: setup
 # above; on the three-node Kafka cluster a node killed under load, its transaction coordinator
 # killed during commits, and the worker, routing and the analytics job with a node killed;
 # routing between two clusters through kills and an outage longer than a lease; the delayed
-# store's mover through a broker restart; and `kbroker bench scale` at small sizes. About 9 minutes.
+# store's mover and the transport bridge through a broker restart; and `kbroker bench scale` at
+# small sizes. About 10 minutes.
 test-long: setup
 	$(BIN)/pytest -m "spark_cluster or kafka_cluster or bench_scale" tests/integration/test_analytics_cluster.py \
 		tests/integration/test_cluster.py tests/integration/test_routing_clusters.py \
-		tests/integration/test_bench_scale.py tests/integration/test_transport_delayed.py
+		tests/integration/test_bench_scale.py tests/integration/test_transport_delayed.py \
+		tests/integration/test_transport_bridge.py
 
 bench: setup
 	$(BIN)/kbroker bench

@@ -144,3 +144,45 @@ def test_pushed_exactly_once_through_kill_9_and_a_competing_pusher(
     lost = total - len(counts)
     print(f"bridge invariant run: {len(counts)} distinct of {total}, {lost} lost, {dupes} duplicated")
     assert (lost, dupes) == (0, 0)
+
+
+@pytest.mark.kafka_cluster  # about a minute: `make test-long`
+def test_pushed_exactly_once_through_a_far_broker_restart(kafka_bootstrap: str, namespace: str, tmp_path: Path) -> None:
+    node = EmbeddedBroker(tmp_path / "far-kafka")
+    port, cport = free_port(), free_port()
+    far_bootstrap = node.start(port=port, controller_port=cport).bootstrap
+    assert far_bootstrap is not None
+    far_ns = "b" + uuid.uuid4().hex[:10]
+    try:
+        TransportEndpoint(
+            "Billing", cluster=far_bootstrap, namespace=far_ns, machine="m2", install=True, secondary=False
+        ).close()
+        sales = TransportEndpoint(
+            "Sales",
+            cluster=kafka_bootstrap,
+            namespace=namespace,
+            install=True,
+            bridges={"eu": far_bootstrap},
+            secondary=False,
+        )
+        far_topic = transport_queue_topic(far_ns, "Billing")
+        total = 600
+        try:
+            sales.start(lambda msg, tx: None)
+            for i in range(total):
+                with sales.transaction() as tx:
+                    tx.send(f"Billing@{far_ns}@eu", str(i).encode(), message_id=str(uuid.UUID(int=i + 1)))
+                if i == 200:
+                    node.stop()  # the far cluster goes away while pushes are under way
+                if i == 400:
+                    node.start(port=port, controller_port=cport)
+            wait_for(lambda: len(read_all(far_bootstrap, far_topic, 1.0)) >= total, 180, "every message pushed")
+            keys = read_all(far_bootstrap, far_topic, 4.0)
+        finally:
+            sales.close()
+    finally:
+        node.stop(timeout=20)
+    counts = Counter(keys)
+    lost, dupes = total - len(counts), sum(n - 1 for n in counts.values() if n > 1)
+    print(f"bridge through a far restart: {len(counts)} distinct of {total}, {lost} lost, {dupes} duplicated")
+    assert (lost, dupes) == (0, 0)
