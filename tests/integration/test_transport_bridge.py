@@ -154,9 +154,10 @@ def test_pushed_exactly_once_through_a_far_broker_restart(kafka_bootstrap: str, 
     assert far_bootstrap is not None
     far_ns = "b" + uuid.uuid4().hex[:10]
     try:
-        TransportEndpoint(
-            "Billing", cluster=far_bootstrap, namespace=far_ns, machine="m2", install=True, secondary=False
-        ).close()
+        for name in ("Billing", "Shipping"):  # Shipping's first message is pushed during the outage
+            TransportEndpoint(
+                name, cluster=far_bootstrap, namespace=far_ns, machine="m2", install=True, secondary=False
+            ).close()
         sales = TransportEndpoint(
             "Sales",
             cluster=kafka_bootstrap,
@@ -165,19 +166,24 @@ def test_pushed_exactly_once_through_a_far_broker_restart(kafka_bootstrap: str, 
             bridges={"eu": far_bootstrap},
             secondary=False,
         )
-        far_topic = transport_queue_topic(far_ns, "Billing")
+        far_topics = [transport_queue_topic(far_ns, q) for q in ("Billing", "Shipping")]
         total = 600
+
+        def pushed(seconds: float) -> list[bytes]:
+            return [k for t in far_topics for k in read_all(far_bootstrap, t, seconds)]
+
         try:
             sales.start(lambda msg, tx: None)
             for i in range(total):
                 with sales.transaction() as tx:
-                    tx.send(f"Billing@{far_ns}@eu", str(i).encode(), message_id=str(uuid.UUID(int=i + 1)))
+                    queue = "Shipping" if i >= 300 and i % 2 else "Billing"
+                    tx.send(f"{queue}@{far_ns}@eu", str(i).encode(), message_id=str(uuid.UUID(int=i + 1)))
                 if i == 200:
                     node.stop()  # the far cluster goes away while pushes are under way
                 if i == 400:
                     node.start(port=port, controller_port=cport)
-            wait_for(lambda: len(read_all(far_bootstrap, far_topic, 1.0)) >= total, 180, "every message pushed")
-            keys = read_all(far_bootstrap, far_topic, 4.0)
+            wait_for(lambda: len(pushed(0.5)) >= total, 180, "every message pushed")
+            keys = pushed(3.0)
         finally:
             sales.close()
     finally:
@@ -186,3 +192,37 @@ def test_pushed_exactly_once_through_a_far_broker_restart(kafka_bootstrap: str, 
     lost, dupes = total - len(counts), sum(n - 1 for n in counts.values() if n > 1)
     print(f"bridge through a far restart: {len(counts)} distinct of {total}, {lost} lost, {dupes} duplicated")
     assert (lost, dupes) == (0, 0)
+
+
+def test_a_push_that_fails_before_its_transaction_reads_again_from_the_far_position(
+    kafka_bootstrap: str, namespace: str, far: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    import kbroker.kafka.transport.bridge as bridge
+
+    real, failures = bridge.topic_partitions, []
+
+    def flaky(*a: object, **kw: object) -> object:  # the far look-up fails once, after records were read
+        if not failures:
+            failures.append(1)
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "injected: the far cluster went away"))
+        return real(*a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bridge, "topic_partitions", flaky)
+    far_ns = "b" + uuid.uuid4().hex[:10]
+    TransportEndpoint("Billing", cluster=far, namespace=far_ns, machine="m2", install=True, secondary=False).close()
+    sales = TransportEndpoint(
+        "Sales", cluster=kafka_bootstrap, namespace=namespace, install=True, bridges={"eu": far}, secondary=False
+    )
+    try:
+        with sales.transaction() as tx:
+            for i in range(50):
+                tx.send(f"Billing@{far_ns}@eu", str(i).encode(), message_id=str(uuid.UUID(int=i + 1)))
+        sales.start(lambda msg, tx: None)
+        far_topic = transport_queue_topic(far_ns, "Billing")
+        wait_for(lambda: len(read_all(far, far_topic, 0.5)) >= 50, 60, "every message pushed")
+        keys = read_all(far, far_topic, 2.0)
+    finally:
+        sales.close()
+    assert failures == [1] and sorted(Counter(keys).values()) == [1] * 50

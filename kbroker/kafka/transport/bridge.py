@@ -139,7 +139,13 @@ class BridgePusher:
             by_partition[msg.partition() or 0].append(msg)
         for partition, msgs in sorted(by_partition.items()):
             if partition in self._producers and partition not in self._pending and partition not in waiting:
-                self._push(partition, msgs)
+                try:
+                    self._push(partition, msgs)
+                except Exception:
+                    # Read past here but not pushed: from the far position again, whatever failed.
+                    self._consumer.pause([TopicPartition(self.topic, partition)])
+                    self._pending.add(partition)
+                    raise
 
     def _producer(self, partition: int) -> GuardedProducer:
         tid = f"{self.topic}.{self._source}.{partition}"  # the partition's: a new holder fences the last
@@ -230,8 +236,6 @@ class BridgePusher:
             producer = self._producers.pop(partition, None)
             if producer is not None:
                 producer.abandon()
-            self._consumer.pause([TopicPartition(self.topic, partition)])
-            self._pending.add(partition)
             raise
         self._next[partition] = nxt
         self.pushed += len(records) - 1
