@@ -16,6 +16,7 @@ from kbroker.cli import (  # noqa: F401
     broker,
     catalog,
     diagnose,
+    import_sql,
     messaging,
     permissions,
     routes,

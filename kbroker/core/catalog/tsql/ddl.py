@@ -1,0 +1,128 @@
+"""The statements of a T-SQL script as the parser reads them (parse.py), before any mapping, and
+the problems the importer reports: each names a file and a line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+Severity = Literal["error", "note"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something the importer could not map: an error (the import fails) or a note (something left
+    out, or a placeholder to fill in), as `file:line: message`."""
+
+    file: str
+    line: int
+    severity: Severity
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.message}"
+
+    def as_dict(self) -> dict[str, object]:
+        return {"file": self.file, "line": self.line, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Qualified:
+    """A [database.][schema.]name as written, its parts unquoted ('' for an omitted schema)."""
+
+    parts: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.parts[-1]
+
+    @property
+    def qualifiers(self) -> tuple[str, ...]:
+        return self.parts[:-1]
+
+    @property
+    def bare(self) -> bool:
+        """Written as one name: a `[pkg.mod:function]` procedure name says which handler runs."""
+        return len(self.parts) == 1
+
+
+@dataclass(frozen=True)
+class Option:
+    """One `KEY = value` of a WITH, ACTIVATION or SET list. `key` is lower case
+    (status, procedure_name, execute_as, ...); ON/OFF, SELF/OWNER and DEFAULT are upper case, a
+    string is unquoted, an ACTIVATION's value is its own options."""
+
+    key: str
+    value: Value
+    line: int
+
+
+Value = Union[str, int, Qualified, tuple[Option, ...], None]
+
+
+@dataclass(frozen=True)
+class Statement:
+    """A statement: its kind (`CREATE QUEUE`, ...), the object it names and where it starts."""
+
+    kind: str
+    name: str
+    line: int
+
+
+@dataclass(frozen=True)
+class Use(Statement):
+    pass
+
+
+@dataclass(frozen=True)
+class CreateMessageType(Statement):
+    owner: str | None = None
+    validation: str | None = None  # NONE | EMPTY | WELL_FORMED_XML | VALID_XML
+    schema_collection: str | None = None
+    alter: bool = False  # ALTER MESSAGE TYPE
+
+
+@dataclass(frozen=True)
+class ContractMessage:
+    type: str
+    sent_by: str
+    line: int
+
+
+@dataclass(frozen=True)
+class CreateContract(Statement):
+    owner: str | None = None
+    messages: tuple[ContractMessage, ...] = ()
+
+
+@dataclass(frozen=True)
+class CreateQueue(Statement):
+    queue: Qualified = Qualified(("",))
+    options: tuple[Option, ...] = ()
+    filegroup: str | None = None
+    alter: bool = False  # ALTER QUEUE ... WITH
+    maintenance: str | None = None  # ALTER QUEUE ... REBUILD / REORGANIZE / MOVE TO
+
+
+@dataclass(frozen=True)
+class CreateService(Statement):
+    owner: str | None = None
+    queue: Qualified = Qualified(("",))
+    contracts: tuple[tuple[str, int], ...] = ()  # (contract, line)
+
+
+@dataclass(frozen=True)
+class CreateRoute(Statement):
+    owner: str | None = None
+    options: tuple[Option, ...] = ()
+
+
+@dataclass(frozen=True)
+class Unmapped(Statement):
+    """A statement with no place in the catalog (yet): a broker priority, an XML schema collection,
+    a procedure, DROP, SET, ... `text` is its start as written, for the note; `options` what a
+    broker priority sets."""
+
+    text: str = ""
+    options: tuple[Option, ...] = field(default=())
+    refused: bool = False  # ALTER SERVICE / ALTER ROUTE: it changes what the import defines

@@ -1,0 +1,307 @@
+"""Service Broker's DDL (parse.py's statements) mapped onto catalog definitions, the lists a
+definition file holds (catalog/loader.py), with a note or an error naming the file and line of
+everything that has no place in the catalog. Pure: scripts' text in, definitions and problems out.
+
+What maps to what is docs/catalog.md's "Importing T-SQL". In short: a message type, contract,
+queue, service and route become the catalog object of the same name, ALTER QUEUE and ALTER
+MESSAGE TYPE change the object created before them, and a name the catalog refuses is an error
+(never renamed). Objects are checked with the catalog's own models and, as `kbroker apply` checks
+them, their references to one another."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from kbroker.core import names
+from kbroker.core.catalog.loader import SECTIONS, pydantic_reason
+from kbroker.core.catalog.models import BUILTIN_CONTRACTS, BUILTIN_MESSAGE_TYPES, Catalog
+from kbroker.core.catalog.tsql.ddl import (
+    CreateContract,
+    CreateMessageType,
+    CreateQueue,
+    CreateRoute,
+    CreateService,
+    Option,
+    Problem,
+    Qualified,
+    Statement,
+    Unmapped,
+    Use,
+)
+from kbroker.core.catalog.tsql.options import activation_of, queue_name_rule, route_fields, unmapped_note
+from kbroker.core.catalog.tsql.parse import parse_script
+
+LABELS = {key: label for key, (label, _) in SECTIONS.items()}
+_IMPORTED = ("message_types", "contracts", "queues", "services", "routes")
+
+
+@dataclass
+class Imported:
+    """What an import made: the definitions (section -> objects, in the order the scripts created
+    them), the file that created each object, every statement read, and the notes and errors."""
+
+    definitions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    origins: dict[str, str] = field(default_factory=dict)  # "queue X" -> the script that created it
+    statements: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[Problem] = field(default_factory=list)
+    errors: list[Problem] = field(default_factory=list)
+
+    def by_file(self) -> dict[str, dict[str, list[dict[str, Any]]]]:
+        """The definitions split by the script that created each object, scripts in order."""
+        out: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        for section, objects in self.definitions.items():
+            for obj in objects:
+                out.setdefault(self.origins[f"{LABELS[section]} {obj['name']}"], {}).setdefault(section, []).append(obj)
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        """The --json document."""
+        return {
+            "statements": self.statements,
+            "notes": [p.as_dict() for p in self.notes],
+            "errors": [p.as_dict() for p in self.errors],
+            "catalog": self.definitions,
+        }
+
+
+def import_scripts(scripts: Iterable[tuple[str, str]]) -> Imported:
+    """Map the Service Broker DDL of (file name, text) scripts, read in order, onto one catalog."""
+    mapper = _Mapper()
+    for file, text in scripts:
+        mapper.order.setdefault(file, len(mapper.order))
+        statements, problems = parse_script(text, file)
+        for p in problems:
+            mapper.problem(p)
+        for st in statements:
+            mapper.map(file, st)
+    mapper.check()
+    return mapper.result()
+
+
+def render_yaml(definitions: dict[str, list[dict[str, Any]]], sources: Iterable[str]) -> str:
+    """A definition file of the objects, with a header naming the scripts they came from."""
+    header = (
+        f"# Imported by `kbroker import-sql` from {', '.join(sources)}.\n"
+        "# Check its notes: an activation procedure is a placeholder to fill in.\n"
+    )
+    body: str = yaml.safe_dump(definitions, sort_keys=False, allow_unicode=True, width=120)
+    return header + body
+
+
+def catalog_of(imported: Imported, namespace: str) -> Catalog:
+    """The definitions as the Catalog `kbroker apply` would publish (models checked, no files)."""
+    data: dict[str, Any] = {"namespace": namespace}
+    for section, objects in imported.definitions.items():
+        model = SECTIONS[section][1]
+        data[section] = {o["name"]: model.model_validate(o) for o in objects}
+    return Catalog.model_validate(data)
+
+
+class _Mapper:
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, dict[str, Any]]] = {s: {} for s in _IMPORTED}
+        self.where: dict[tuple[str, str], tuple[str, int]] = {}  # (section, name) -> (file, line)
+        self.refused: set[tuple[str, str]] = set()  # names refused: no second error for their use
+        self.order: dict[str, int] = {}  # file -> its place among the scripts
+        self.out = Imported()
+
+    # --- problems -------------------------------------------------------------------------
+
+    def problem(self, p: Problem) -> None:
+        (self.out.errors if p.severity == "error" else self.out.notes).append(p)
+
+    def note(self, file: str, line: int, message: str) -> None:
+        self.problem(Problem(file, line, "note", message))
+
+    def error(self, file: str, line: int, message: str) -> None:
+        self.problem(Problem(file, line, "error", message))
+
+    # --- statements ------------------------------------------------------------------------
+
+    def map(self, file: str, st: Statement) -> None:
+        maps_to: str | None = None
+        if isinstance(st, Use):
+            self.note(file, st.line, f"USE {st.name}: ignored: the namespace is chosen when applying (--namespace)")
+        elif isinstance(st, Unmapped):
+            severity, message = unmapped_note(st)
+            self.problem(Problem(file, st.line, severity, message))
+        else:
+            maps_to = self._object(file, st)
+        self.out.statements.append(
+            {"file": file, "line": st.line, "statement": st.kind, "name": st.name, "maps_to": maps_to}
+        )
+
+    def _object(self, file: str, st: Statement) -> str | None:
+        owner = getattr(st, "owner", None)
+        if owner is not None:
+            self.note(file, st.line, f"AUTHORIZATION {owner}: the catalog has no owners (permissions: kbroker grant)")
+        if isinstance(st, CreateMessageType):
+            return self._message_type(file, st)
+        if isinstance(st, CreateContract):
+            messages = [{"type": m.type, "sent_by": m.sent_by} for m in st.messages]
+            return self._create(file, st, "contracts", {"name": st.name, "messages": messages})
+        if isinstance(st, CreateQueue):
+            return self._queue(file, st)
+        if isinstance(st, CreateService):
+            queue = self._queue_ref(file, st.line, st.queue)
+            contracts = [c for c, _ in st.contracts]
+            return self._create(file, st, "services", {"name": st.name, "queue": queue, "contracts": contracts})
+        assert isinstance(st, CreateRoute)
+        if self._once(file, st.options):
+            fields = route_fields(st.options, lambda line, why: self.error(file, line, why), self._note_at(file))
+            if fields is not None:
+                return self._create(file, st, "routes", {"name": st.name, **fields})
+        return None
+
+    def _message_type(self, file: str, st: CreateMessageType) -> str | None:
+        validation = st.validation
+        if validation == "VALID_XML":
+            self.note(
+                file,
+                st.line,
+                f"VALID_XML WITH SCHEMA COLLECTION {st.schema_collection}: XML schema collections are not "
+                "yet in the catalog: imported as WELL_FORMED_XML (well-formedness is checked, the schema not)",
+            )
+            validation = "WELL_FORMED_XML"
+        if not st.alter:
+            return self._create(file, st, "message_types", {"name": st.name, "validation": validation or "NONE"})
+        found = self.objects["message_types"].get(st.name)
+        if found is None:
+            self.error(file, st.line, f"ALTER MESSAGE TYPE {st.name}: the message type is not created before it")
+            return None
+        found["validation"] = validation
+        return f"message type {st.name}"
+
+    def _queue(self, file: str, st: CreateQueue) -> str | None:
+        if st.maintenance is not None:
+            self.note(file, st.line, f"ALTER QUEUE {st.name} {st.maintenance}: skipped: a queue's storage is its topic")
+            return None
+        if st.filegroup is not None and st.filegroup.upper() != "DEFAULT":
+            self.note(file, st.line, f"ON {st.filegroup}: ignored: a queue is a Kafka topic, in no filegroup")
+        if not self._once(file, st.options):
+            return None
+        if st.alter:
+            name = self._queue_ref(file, st.line, st.queue, altered=True)
+            if name is None:
+                return None
+            queue = self.objects["queues"][name]
+        else:
+            self._qualifiers(file, st.line, st.queue)
+            rule = queue_name_rule(st.name)
+            if rule is not None:
+                self.refused.add(("queues", st.name))
+                self.error(file, st.line, rule)
+                return None
+            queue = {"name": st.name, "status": "ON", "retention": "OFF", "poison_message_handling": "ON"}
+        for o in st.options:
+            if isinstance(o.value, tuple):  # ACTIVATION (...)
+                activation = activation_of(queue.get("activation"), o.value, self._note_at(file))
+                queue.pop("activation", None)
+                if activation is not None:
+                    queue["activation"] = activation
+            elif o.value is not None:
+                queue[o.key] = o.value
+        if st.alter:
+            return f"queue {queue['name']}"
+        for other in self.objects["queues"]:
+            reason = names.queue_names_collide(st.name, other)
+            if reason is not None:
+                self.error(file, st.line, f"queue {st.name} collides with queue {other!r}: {reason}")
+                return None
+        return self._create(file, st, "queues", queue)
+
+    def _create(self, file: str, st: Statement, section: str, obj: dict[str, Any]) -> str | None:
+        label = f"{LABELS[section]} {st.name}"
+        builtins: dict[str, dict[str, Any]] = {"message_types": BUILTIN_MESSAGE_TYPES, "contracts": BUILTIN_CONTRACTS}
+        if st.name in builtins.get(section, {}):
+            self.refused.add((section, st.name))
+            self.error(file, st.line, f"{label}: is a built-in object and cannot be redefined")
+            return None
+        earlier = self.objects[section].get(st.name)
+        if earlier is not None:
+            at = ":".join(map(str, self.where[(section, st.name)]))
+            if earlier != obj:
+                self.error(file, st.line, f"{label}: created again, differently (first at {at})")
+                return None
+            self.note(file, st.line, f"{label}: created again as at {at}: imported once")
+            return label
+        self.objects[section][st.name] = obj
+        self.where[(section, st.name)] = (file, st.line)
+        self.out.origins[label] = file
+        return label
+
+    def _queue_ref(self, file: str, line: int, ref: Qualified, altered: bool = False) -> str | None:
+        """The queue a service or ALTER QUEUE names: as created, else the one created with that
+        name in other letter case (a queue is a database object, found case-insensitively)."""
+        self._qualifiers(file, line, ref)
+        queues = self.objects["queues"]
+        if ref.name in queues:
+            return ref.name
+        folded = [q for q in queues if q.casefold() == ref.name.casefold()]
+        if len(folded) == 1:
+            self.note(file, line, f"queue {ref.name}: the queue created as {folded[0]}")
+            return folded[0]
+        if ("queues", ref.name) not in self.refused:
+            what = f"ALTER QUEUE {ref.name}: the queue" if altered else f"queue {ref.name!r}"
+            self.error(file, line, f"{what} is not created in the scripts imported")
+        return None if altered else ref.name
+
+    def _qualifiers(self, file: str, line: int, ref: Qualified) -> None:
+        if any(p and p.casefold() != "dbo" for p in ref.qualifiers):
+            shown = ".".join(ref.parts)
+            self.note(file, line, f"{shown}: the queue {ref.name}: the catalog has no databases or schemas")
+
+    def _once(self, file: str, options: tuple[Option, ...]) -> bool:
+        seen: set[str] = set()
+        for o in options:
+            if o.key in seen:
+                self.error(file, o.line, f"{o.key.upper()} is given twice")
+                return False
+            seen.add(o.key)
+            if isinstance(o.value, tuple) and not self._once(file, o.value):
+                return False
+        return True
+
+    def _note_at(self, file: str) -> Any:
+        return lambda line, why: self.note(file, line, why)
+
+    # --- the whole -------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Each object against its catalog model, and the references `kbroker apply` checks."""
+        message_types = {**BUILTIN_MESSAGE_TYPES, **self.objects["message_types"]}
+        contracts = {**BUILTIN_CONTRACTS, **self.objects["contracts"]}
+        for section, objects in self.objects.items():
+            for name, obj in list(objects.items()):
+                file, line = self.where[(section, name)]
+                try:
+                    SECTIONS[section][1].model_validate(obj)
+                except ValidationError as exc:
+                    self.error(file, line, f"{LABELS[section]} {name}: {pydantic_reason(exc)}")
+                    continue
+                for kind, ref, known in self._references(section, obj, message_types, contracts):
+                    if ref not in known and (kind, ref) not in self.refused:
+                        missing = f"{LABELS[kind]} {ref!r} is not created in the scripts imported"
+                        self.error(file, line, f"{LABELS[section]} {name}: {missing}")
+
+    def _references(
+        self, section: str, obj: dict[str, Any], message_types: dict[str, Any], contracts: dict[str, Any]
+    ) -> list[tuple[str, str, dict[str, Any]]]:
+        if section == "contracts":
+            return [("message_types", m["type"], message_types) for m in obj["messages"]]
+        if section == "services":
+            return [("contracts", c, contracts) for c in obj["contracts"]]
+        if section == "routes" and obj["address"] == "LOCAL" and "service_name" in obj:
+            return [("services", obj["service_name"], self.objects["services"])]
+        return []
+
+    def result(self) -> Imported:
+        for problems in (self.out.notes, self.out.errors):
+            problems.sort(key=lambda p: (self.order[p.file], p.line))
+        self.out.definitions = {s: list(objs.values()) for s, objs in self.objects.items() if objs}
+        return self.out
