@@ -93,7 +93,9 @@ def _tables(c: Catalog) -> list[Table]:
     """One table per kind of catalog object (long names wrap on a terminal, never truncate)."""
     mt = new_table("message types", "name", "validation")
     for m in c.message_types.values():
-        mt.add_row(m.name, m.validation)
+        mt.add_row(
+            m.name, m.validation + (f" WITH SCHEMA COLLECTION {m.schema_collection}" if m.schema_collection else "")
+        )
     ct = new_table("contracts", "name", "messages")
     for k in c.contracts.values():
         ct.add_row(k.name, "\n".join(f"{m.type} ({m.sent_by})" for m in k.messages))

@@ -1,2 +1,2 @@
-"""The catalog: message types, contracts, services, queues, routes and their rules, read from YAML
-and validated as a whole; the catalog topic's records decoded (pure)."""
+"""The catalog: message types, XML schema collections, contracts, services, queues, routes and their
+rules, read from YAML and validated as a whole; the catalog topic's records decoded (pure)."""

@@ -10,9 +10,19 @@ import orjson
 from pydantic import Field, model_validator
 
 from kbroker.core.catalog.built_ins import BUILTIN_CONTRACTS, BUILTIN_MESSAGE_TYPES
-from kbroker.core.catalog.objects import BrokerEndpoint, Contract, MessageType, Queue, Route, Service, SystemTopic
+from kbroker.core.catalog.objects import (
+    BrokerEndpoint,
+    Contract,
+    MessageType,
+    Queue,
+    Route,
+    Service,
+    SystemTopic,
+    XmlSchemaCollection,
+)
 from kbroker.core.catalog.values import StrictModel
 from kbroker.errors import (
+    CatalogError,
     UnknownContractError,
     UnknownMessageTypeError,
     UnknownQueueError,
@@ -30,6 +40,7 @@ class Catalog(StrictModel):
     services: dict[str, Service] = {}
     routes: dict[str, Route] = {}
     broker_endpoints: dict[str, BrokerEndpoint] = {}
+    xml_schema_collections: dict[str, XmlSchemaCollection] = {}
     # Filled by the loader only, never published: system topic overrides of the applied files,
     # and where each object was defined ("queue X" -> file) for error messages.
     system_topics: dict[str, SystemTopic] = Field(default={}, exclude=True)
@@ -46,7 +57,15 @@ class Catalog(StrictModel):
 
     @model_validator(mode="after")
     def _keys_are_names(self) -> "Catalog":
-        for kind in ("message_types", "contracts", "queues", "services", "routes", "broker_endpoints"):
+        for kind in (
+            "message_types",
+            "contracts",
+            "queues",
+            "services",
+            "routes",
+            "broker_endpoints",
+            "xml_schema_collections",
+        ):
             for key, obj in getattr(self, kind).items():
                 if key != obj.name:
                     raise ValueError(f"{kind} key {key!r} differs from the object's name {obj.name!r}")
@@ -76,6 +95,16 @@ class Catalog(StrictModel):
             return self.message_types[name]
         except KeyError:
             raise UnknownMessageTypeError(name) from None
+
+    def schema_collection_of(self, mt: MessageType) -> XmlSchemaCollection | None:
+        """The XML schema collection a VALID_XML message type names (None for another validation);
+        CatalogError when it is not in the catalog."""
+        if mt.schema_collection is None:
+            return None
+        try:
+            return self.xml_schema_collections[mt.schema_collection]
+        except KeyError:
+            raise CatalogError(f"unknown XML schema collection {mt.schema_collection!r}") from None
 
     def queue(self, name: str) -> Queue:
         try:

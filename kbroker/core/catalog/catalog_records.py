@@ -7,7 +7,15 @@ from __future__ import annotations
 from pydantic import BaseModel, ValidationError
 
 from kbroker.core.catalog.loader import pydantic_reason
-from kbroker.core.catalog.models import BrokerEndpoint, Contract, MessageType, Queue, Route, Service
+from kbroker.core.catalog.models import (
+    BrokerEndpoint,
+    Contract,
+    MessageType,
+    Queue,
+    Route,
+    Service,
+    XmlSchemaCollection,
+)
 from kbroker.core.rejected import Rejected, json_object, text_key
 
 # record kind -> (Catalog field, model)
@@ -18,6 +26,7 @@ KINDS: dict[str, tuple[str, type[BaseModel]]] = {
     "service": ("services", Service),
     "route": ("routes", Route),
     "broker_endpoint": ("broker_endpoints", BrokerEndpoint),
+    "xml_schema_collection": ("xml_schema_collections", XmlSchemaCollection),
 }
 
 

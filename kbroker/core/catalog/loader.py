@@ -2,7 +2,8 @@
 
 A definition file is a mapping of lists:
 
-    message_types: [{name, validation}]
+    message_types: [{name, validation, schema_collection}]
+    xml_schema_collections: [{name, schemas: [XSD text], files: [XSD files beside the YAML]}]
     contracts:     [{name, messages: [{type, sent_by}]}]
     queues:        [{name, partitions, retention, status, ..., activation}]
     services:      [{name, queue, contracts}]
@@ -37,16 +38,19 @@ from kbroker.core.catalog.models import (
     Route,
     Service,
     SystemTopic,
+    XmlSchemaCollection,
 )
+from kbroker.core.catalog.xml_schemas import SchemaCompileError, compiled
 from kbroker.errors import DefinitionError
 
 SYSTEM_YAML = Path(__file__).with_name("system.yaml")
 
-Definition = MessageType | Contract | Queue | Service | Route | BrokerEndpoint | SystemTopic
+Definition = MessageType | XmlSchemaCollection | Contract | Queue | Service | Route | BrokerEndpoint | SystemTopic
 
 # top-level key -> (label used in errors, model)
 SECTIONS: dict[str, tuple[str, type[Definition]]] = {
     "message_types": ("message type", MessageType),
+    "xml_schema_collections": ("XML schema collection", XmlSchemaCollection),
     "contracts": ("contract", Contract),
     "queues": ("queue", Queue),
     "services": ("service", Service),
@@ -161,10 +165,59 @@ def _parse(file: Path, key: str, index: int, item: Any) -> tuple[str, Definition
     if key == "routes" and "created_at" in item:
         # Expiry counts from when apply published the route: a file cannot backdate it.
         raise DefinitionError(str(file), obj, "created_at is set by 'kbroker apply', not in a definition file")
+    labels: list[str] = []
+    if key == "xml_schema_collections":
+        item, labels = _schema_files(file, obj, item)
     try:
-        return obj, model.model_validate(item)
+        parsed = model.model_validate(item)
     except ValidationError as exc:
         raise DefinitionError(str(file), obj, pydantic_reason(exc)) from None
+    if isinstance(parsed, XmlSchemaCollection):
+        try:
+            compiled(parsed.schemas)
+        except SchemaCompileError as exc:
+            where = f"line {exc.line}: " if exc.line is not None else ""
+            raise DefinitionError(
+                str(file), obj, f"{labels[exc.index]} does not compile: {where}{exc.reason}"
+            ) from None
+    return obj, parsed
+
+
+def _schema_files(file: Path, obj: str, item: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """An XML schema collection's definition with its `files:` read into `schemas` (after the
+    inline ones), and each schema's label for errors ("schema 1", "orders.xsd"). A file is named
+    relative to the YAML file and must be inside its directory."""
+    inline, files = item.get("schemas", []), item.get("files", [])
+    if not isinstance(inline, list) or not isinstance(files, list):
+        raise DefinitionError(str(file), obj, "schemas and files must be lists")
+    labels = [f"schema {i + 1}" for i in range(len(inline))]
+    texts = list(inline)
+    home = file.parent.resolve()
+    for name in files:
+        if not isinstance(name, str) or not name:
+            raise DefinitionError(str(file), obj, f"files: {name!r} is no file name")
+        path = (home / name).resolve()  # a symbolic link counts where it leads
+        if Path(name).is_absolute() or not path.is_relative_to(home):
+            what = "is an absolute path" if Path(name).is_absolute() else f"leads outside {home}"
+            raise DefinitionError(
+                str(file),
+                obj,
+                f"files: {name!r} {what}: a collection's XSD files are named relative to its YAML "
+                "file and must be in its directory or below, so that a catalog reads only its own files",
+            )
+        try:
+            texts.append(path.read_bytes().decode("utf-8-sig"))
+        except FileNotFoundError:
+            raise DefinitionError(str(file), obj, f"files: {name!r}: no such file ({path})") from None
+        except UnicodeDecodeError:
+            raise DefinitionError(str(file), obj, f"files: {name!r} is not UTF-8 text") from None
+        except OSError as exc:
+            raise DefinitionError(str(file), obj, f"files: cannot read {name!r}: {exc.strerror}") from None
+        labels.append(name)
+    if not texts:
+        raise DefinitionError(str(file), obj, "holds no schema: give schemas or files")
+    item = {k: v for k, v in item.items() if k != "files"} | {"schemas": texts}
+    return item, labels
 
 
 def load_definitions(paths: Iterable[str | Path], namespace: str) -> Catalog:
@@ -191,6 +244,7 @@ def load_definitions(paths: Iterable[str | Path], namespace: str) -> Catalog:
     return Catalog(
         namespace=namespace,
         message_types=objects["message_types"],
+        xml_schema_collections=objects["xml_schema_collections"],
         contracts=objects["contracts"],
         queues=objects["queues"],
         services=objects["services"],
@@ -208,6 +262,9 @@ def _check_references(objects: dict[str, dict[str, Any]], origins: dict[str, str
     def missing(obj: str, what: str, name: str) -> DefinitionError:
         return DefinitionError(origins[obj], obj, f"{what} {name!r} is not defined")
 
+    for mt in objects["message_types"].values():
+        if mt.schema_collection is not None and mt.schema_collection not in objects["xml_schema_collections"]:
+            raise missing(f"message type {mt.name}", "XML schema collection", mt.schema_collection)
     for c in objects["contracts"].values():
         for m in c.messages:
             if m.type not in message_types:

@@ -1,5 +1,6 @@
-"""The catalog objects of Service Broker (message types, contracts, queues, services, routes) as
-pydantic models. Unknown fields are errors, so a typo in a definition never passes silently.
+"""The catalog objects of Service Broker (message types, XML schema collections, contracts, queues,
+services, routes) as pydantic models. Unknown fields are errors, so a typo in a definition never
+passes silently.
 Cross-object references are checked by the loader, not here: a Catalog read back from Kafka is
 trusted as published.
 
@@ -31,6 +32,7 @@ from kbroker.core.catalog.objects import (
     Route,
     Service,
     SystemTopic,
+    XmlSchemaCollection,
 )
 from kbroker.core.catalog.values import (
     BROKER_CONFIGURATION,
@@ -68,5 +70,6 @@ __all__ = [
     "Side",
     "SystemTopic",
     "Validation",
+    "XmlSchemaCollection",
     "parse_kafka_address",
 ]

@@ -1,12 +1,12 @@
-"""The catalog's objects as pydantic models: message types, contracts, queues (and their
-activation), services, routes, the broker endpoint and the system topics. Each is checked on its
+"""The catalog's objects as pydantic models: message types, XML schema collections, contracts,
+queues (and their activation), services, routes, the broker endpoint and the system topics. Each is checked on its
 own here; references between objects are the loader's to check."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
 from kbroker.config import NAMESPACE_RE
 from kbroker.core.catalog.values import (
@@ -28,6 +28,33 @@ from kbroker.core.topic_limits import MAX_QUEUE_MESSAGE_BYTES
 class MessageType(StrictModel):
     name: str = Field(min_length=1, max_length=256)
     validation: Validation = "NONE"
+    # VALID_XML WITH SCHEMA COLLECTION <name>: the xml_schema_collections entry, with VALID_XML only.
+    schema_collection: str | None = Field(default=None, min_length=1, max_length=128)
+
+    @model_validator(mode="after")
+    def _collection_with_valid_xml(self) -> "MessageType":
+        if self.validation == "VALID_XML" and self.schema_collection is None:
+            raise ValueError("validation VALID_XML names its schema_collection")
+        if self.validation != "VALID_XML" and self.schema_collection is not None:
+            raise ValueError(f"schema_collection is for validation VALID_XML, not {self.validation}")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Written only when set: a catalog record without it reads back in a kbroker before it.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("schema_collection") is None:
+            data.pop("schema_collection", None)
+        return data
+
+
+class XmlSchemaCollection(StrictModel):
+    """CREATE XML SCHEMA COLLECTION: the text of its schemas (XSD 1.0, each its own target
+    namespace or none), published whole so every process validates against the same text; the
+    loader reads a definition's `files:` into `schemas` (core/catalog/xml_schemas.py compiles)."""
+
+    name: str = Field(min_length=1, max_length=128)
+    schemas: list[str] = Field(min_length=1)
 
 
 class ContractMessage(StrictModel):

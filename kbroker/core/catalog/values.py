@@ -36,7 +36,7 @@ def _enabled(value: Any) -> Any:
 
 OnOff = Annotated[Literal["ON", "OFF"], BeforeValidator(_on_off)]
 Side = Annotated[Literal["INITIATOR", "TARGET", "ANY"], BeforeValidator(_upper)]
-Validation = Annotated[Literal["NONE", "EMPTY", "JSON", "WELL_FORMED_XML"], BeforeValidator(_upper)]
+Validation = Annotated[Literal["NONE", "EMPTY", "JSON", "WELL_FORMED_XML", "VALID_XML"], BeforeValidator(_upper)]
 ActivationKind = Annotated[Literal["internal", "external"], BeforeValidator(_lower)]
 EnabledDisabled = Annotated[Literal["ENABLED", "DISABLED"], BeforeValidator(_enabled)]
 

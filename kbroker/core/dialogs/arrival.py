@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from kbroker.core.catalog.models import SYSTEM_TYPES, Catalog
 from kbroker.core.dialogs.envelope import Envelope
 from kbroker.core.dialogs.validation import validate_body
-from kbroker.errors import MessageValidationError
+from kbroker.errors import CatalogError, MessageValidationError
 
 SAVE, WAIT, REFUSE = "save", "wait", "refuse"
 SENT_BY_TARGET_ONLY = -8457  # sent by the initiator, but the contract says SENT BY TARGET
@@ -25,6 +25,7 @@ CONTRACT_NOT_FOUND = -8425
 MESSAGE_TYPE_NOT_FOUND = -8428
 VALIDATION_FAILED = -8430
 XML_VALIDATION_FAILED = -9616
+SCHEMA_VALIDATION_FAILED = -9615  # VALID_XML WITH SCHEMA COLLECTION: "failed XML validation on the target service"
 TOO_LARGE = -9602  # kbroker's own (Service Broker queues have no size limit)
 NO_PERMISSION = -8494  # the sending namespace was not granted SEND on the service (docs/sources.md, item 148)
 
@@ -97,8 +98,17 @@ def check_arrival(catalog: Catalog, env: Envelope, body: bytes) -> Verdict:
     if len(body) > queue.max_message_bytes:
         return Verdict(REFUSE, TOO_LARGE, too_large_description(len(body), queue.name, queue.max_message_bytes))
     try:
-        validate_body(kind, mt.validation, body)
+        validate_body(kind, mt.validation, body, catalog.schema_collection_of(mt))
+    except CatalogError as exc:  # a collection no record holds (the loader refuses such a file)
+        return Verdict(REFUSE, SCHEMA_VALIDATION_FAILED, _schema_failure(kind, str(exc)))
     except MessageValidationError as exc:
+        if mt.validation == "VALID_XML":
+            return Verdict(REFUSE, SCHEMA_VALIDATION_FAILED, _schema_failure(kind, exc.reason))
         code = XML_VALIDATION_FAILED if mt.validation == "WELL_FORMED_XML" else VALIDATION_FAILED
         return Verdict(REFUSE, code, str(exc))
     return Verdict(SAVE)
+
+
+def _schema_failure(kind: str, reason: str) -> str:
+    """The Error description of SCHEMA_VALIDATION_FAILED, in Service Broker's words."""
+    return f"A message of type '{kind}' failed XML validation on the target service. {reason}"

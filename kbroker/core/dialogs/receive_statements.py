@@ -96,7 +96,7 @@ class ReceiveStatements(SendRecords):
                 mt = lookup(lambda c: c.message_type(kind))
                 if not lookup(lambda c: c.may_send(env.service_contract_name, kind, sender)):
                     raise ContractViolationError(kind, env.service_contract_name, sender)
-                validate_body(kind, mt.validation, msg.body)
+                validate_body(kind, mt.validation, msg.body, lookup(lambda c: c.schema_collection_of(mt)))
         except (CatalogError, ContractViolationError, MessageValidationError) as exc:
             why = str(exc)
         if why is None:

@@ -45,7 +45,7 @@ class SendRecords(StatementBase):
             lambda c: c.may_send(ep.service_contract_name, message_type, ep.side)
         ):
             raise ContractViolationError(message_type, ep.service_contract_name, ep.side)
-        validate_body(message_type, mt.validation, data)
+        validate_body(message_type, mt.validation, data, self._lookup(lambda c: c.schema_collection_of(mt)))
         if not 1 <= priority <= 10:
             raise InvalidArgumentError("priority must be 1-10")
         expires = None if time_to_be_received is None else int((self._clock() + time_to_be_received) * 1000)
