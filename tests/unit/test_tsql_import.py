@@ -181,14 +181,66 @@ def test_the_between_instances_tutorial_route_to_a_tcp_address_is_an_error_namin
     assert (27, "AUTHORIZATION TargetUser: the catalog has no owners (permissions: kbroker grant)") in notes(result)
 
 
+EXPENSE_XSD = """<?xml version="1.0" encoding="UTF-16" ?>
+  <xsd:schema xmlns:xsd="http://www.w3.org/2001/XMLSchema"
+     targetNamespace="http://Adventure-Works.com/Expenses"
+     xmlns:expense="http://Adventure-Works.com/Expenses"
+     elementFormDefault="qualified">
+    <xsd:element name="ExpenseReport" />
+  </xsd:schema>"""
+
+
+def xsd(namespace: str, element: str = "order") -> str:
+    return (
+        f'<xsd:schema xmlns:xsd="http://www.w3.org/2001/XMLSchema" targetNamespace="{namespace}">'
+        f'<xsd:element name="{element}" type="xsd:string"/></xsd:schema>'
+    )
+
+
+def test_xml_schema_collections_created_altered_and_named_by_message_types():
+    text = (
+        f"CREATE XML SCHEMA COLLECTION dbo.Orders AS N'{xsd('urn:a')}';\n"
+        f"ALTER XML SCHEMA COLLECTION dbo.Orders ADD N'{xsd('urn:b')}';\nGO\n"
+        "CREATE MESSAGE TYPE [//x/Order] VALIDATION = VALID_XML WITH SCHEMA COLLECTION dbo.Orders;\n"
+        "CREATE MESSAGE TYPE [//x/Other] VALIDATION = VALID_XML WITH SCHEMA COLLECTION Missing;\n"
+        "DECLARE @x xml = N'<a/>';\nCREATE XML SCHEMA COLLECTION Var AS @x;\n"
+        'CREATE XML SCHEMA COLLECTION Broken AS N\'<xsd:schema xmlns:xsd="http://www.w3.org/2001/XMLSchema">'
+        '<xsd:element name="e" type="xsd:nosuch"/></xsd:schema>\';\n'
+        "ALTER XML SCHEMA COLLECTION Nobody ADD N'<a/>';\n"
+    )
+    result = import_scripts([("s.sql", text)])
+    assert result.definitions["xml_schema_collections"][0] == {
+        "name": "Orders",
+        "schemas": [xsd("urn:a"), xsd("urn:b")],
+    }
+    assert result.definitions["message_types"][0] == {
+        "name": "//x/Order",
+        "validation": "VALID_XML",
+        "schema_collection": "Orders",
+    }
+    errors = {e.line: e.message for e in result.errors}
+    assert errors[5] == "message type //x/Other: XML schema collection 'Missing' is not created in the scripts imported"
+    assert (
+        errors[7] == "CREATE XML SCHEMA COLLECTION Var AS @x: only a literal N'...' schema is imported, not a variable"
+    )
+    assert errors[8].startswith("XML schema collection Broken: ") and "nosuch" in errors[8]
+    assert errors[9] == "ALTER XML SCHEMA COLLECTION Nobody: the collection is not created before it"
+    assert sorted(errors) == [5, 7, 8, 9]
+
+
 def test_the_expenses_reference_examples_map_every_option():
     result = imported("expenses.sql")
     assert result.definitions == {
         "message_types": [
-            {"name": "//Adventure-Works.com/Expenses/SubmitExpense", "validation": XML},
+            {
+                "name": "//Adventure-Works.com/Expenses/SubmitExpense",
+                "validation": "VALID_XML",
+                "schema_collection": "ExpenseReport",
+            },
             {"name": "//Adventure-Works.com/Expenses/ExpenseApproved", "validation": "EMPTY"},
             {"name": "//Adventure-Works.com/Expenses/Note", "validation": XML},  # ALTER MESSAGE TYPE
         ],
+        "xml_schema_collections": [{"name": "ExpenseReport", "schemas": [EXPENSE_XSD]}],
         "contracts": [
             {
                 "name": "//Adventure-Works.com/Expenses/ExpenseSubmission",
@@ -238,20 +290,14 @@ def test_the_expenses_reference_examples_map_every_option():
     }
     assert result.errors == []
     by_line = dict(notes(result))
-    assert (
-        by_line[4]
-        == "CREATE XML SCHEMA COLLECTION ExpenseReport: XML schema collections are not yet in the catalog: skipped"
-    )
     assert by_line[57] == (
         "CREATE BROKER PRIORITY ExpensePriority: broker priorities are not yet in the catalog: skipped "
         "(CONTRACT_NAME = //Adventure-Works.com/Expenses/ExpenseSubmission, LOCAL_SERVICE_NAME = ANY, "
         "REMOTE_SERVICE_NAME = //Adventure-Works.com/Expenses, PRIORITY_LEVEL = 7)"
     )
-    assert sorted(by_line) == [4, 14, 28, 32, 34, 40, 57]
+    assert sorted(by_line) == [14, 28, 32, 34, 40, 57]
     assert [m for line, m in notes(result) if line == 14] == [
         "AUTHORIZATION dbo: the catalog has no owners (permissions: kbroker grant)",
-        "VALID_XML WITH SCHEMA COLLECTION ExpenseReport: XML schema collections are not yet in the catalog: "
-        "imported as WELL_FORMED_XML (well-formedness is checked, the schema not)",
     ]
     assert by_line[28] == "ON PRIMARY: ignored: a queue is a Kafka topic, in no filegroup"
     assert by_line[34] == "EXECUTE AS 'ExpenseUser': not imported: an activated reader runs as its worker's principal"
@@ -634,10 +680,18 @@ ADDRESSES = st.one_of(
 @st.composite
 def catalogs(draw: st.DrawFn) -> Catalog:
     """A catalog of the subset T-SQL says: what to_tsql writes without a note."""
-    message_types = {
-        n: {"name": n, "validation": draw(st.sampled_from(["NONE", "EMPTY", "WELL_FORMED_XML"]))}
-        for n in draw(st.lists(NAMES, max_size=4, unique=True))
+    collections = {
+        n: {"name": n, "schemas": [xsd(f"urn:{n}:{i}") for i in range(draw(st.integers(1, 3)))]}
+        for n in draw(st.lists(QUEUE_NAMES, max_size=2, unique=True))
     }
+    message_types: dict[str, dict] = {}
+    for n in draw(st.lists(NAMES, max_size=4, unique=True)):
+        validation = draw(
+            st.sampled_from(["NONE", "EMPTY", "WELL_FORMED_XML", *(["VALID_XML"] if collections else [])])
+        )
+        message_types[n] = {"name": n, "validation": validation}
+        if validation == "VALID_XML":
+            message_types[n]["schema_collection"] = draw(st.sampled_from(sorted(collections)))
     contracts = {}
     for name in draw(st.lists(NAMES, max_size=3, unique=True)):
         types = draw(st.lists(st.sampled_from([DEFAULT, *message_types]), min_size=1, max_size=4, unique=True))
@@ -680,6 +734,7 @@ def catalogs(draw: st.DrawFn) -> Catalog:
         {
             "namespace": "rt",
             "message_types": message_types,
+            "xml_schema_collections": collections,
             "contracts": contracts,
             "queues": queues,
             "services": services,

@@ -118,6 +118,16 @@ class CreateRoute(Statement):
 
 
 @dataclass(frozen=True)
+class CreateXmlSchemaCollection(Statement):
+    """CREATE XML SCHEMA COLLECTION name AS N'<xsd:schema ...>': `schema` is the literal's text,
+    None when AS is followed by anything else (a variable, an expression)."""
+
+    schema: str | None = None
+    text: str = ""
+    alter: bool = False  # ALTER XML SCHEMA COLLECTION ... ADD: one more schema in the collection
+
+
+@dataclass(frozen=True)
 class Unmapped(Statement):
     """A statement with no place in the catalog (yet): a broker priority, an XML schema collection,
     a procedure, DROP, SET, ... `text` is its start as written, for the note; `options` what a

@@ -33,7 +33,7 @@ _PROC_KINDS = ("PROCEDURE", "PROC", "FUNCTION", "TRIGGER", "VIEW")
 # A permission may name CREATE or ALTER (GRANT CREATE QUEUE, ALTER ON SERVICE::s TO u).
 _PERMITS = {"GRANT", "DENY", "REVOKE"}
 # After ALTER: the kinds mapped (QUEUE, MESSAGE TYPE); SERVICE and ROUTE are refused by name.
-_ALTERED = {"QUEUE", "MESSAGE", "SERVICE", "ROUTE"}
+_ALTERED = {"QUEUE", "MESSAGE", "SERVICE", "ROUTE", "XML"}
 
 
 def _alternatives(words: Iterable[str]) -> str:
@@ -72,7 +72,7 @@ BATCH = (
 batch: proc_batch | (_statement | ";")*
 
 _statement: use | create_message_type | alter_message_type | create_contract | create_queue
-    | alter_queue | create_service | create_route | create_priority | create_xml_schema
+    | alter_queue | create_service | create_route | create_priority | create_xml_schema | alter_xml_schema
     | other_create | other_alter | refused_alter | permission | other
 
 proc_batch: (CREATE (OR ALTER)? | ALTER) _proc_kind _tok*
@@ -120,6 +120,7 @@ priority_option: (CONTRACT_NAME | LOCAL_SERVICE_NAME) "=" (name | ANY)
     | PRIORITY_LEVEL "=" (NUMBER | DEFAULT)
 
 create_xml_schema: CREATE XML SCHEMA COLLECTION qualified AS _any+
+alter_xml_schema: ALTER XML SCHEMA COLLECTION qualified _any+
 
 other_create: CREATE (_other_created | XML NAME) _any*
 other_alter: ALTER _other_altered _any*

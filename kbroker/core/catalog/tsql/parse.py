@@ -19,6 +19,7 @@ from kbroker.core.catalog.tsql.ddl import (
     CreateQueue,
     CreateRoute,
     CreateService,
+    CreateXmlSchemaCollection,
     Option,
     Problem,
     Qualified,
@@ -145,10 +146,23 @@ def _statement(tree: Tree[Any], text: str) -> Statement:
             Option(_words(o)[0].lower(), _value(o.children[1]), o.meta.line) for o in _trees(tree, "priority_option")
         )
         return Unmapped("CREATE BROKER PRIORITY", _name(_tree(tree, "name")), line, _excerpt(tree, text), options)
-    if kind == "create_xml_schema":
-        name = _qualified(_tree(tree, "qualified", "qualified_dbo")).name
-        return Unmapped("CREATE XML SCHEMA COLLECTION", name, line, _excerpt(tree, text))
+    if kind in ("create_xml_schema", "alter_xml_schema"):
+        return _xml_schema(tree, kind, line, text)
     return _unmapped(tree, kind, line, text)
+
+
+def _xml_schema(tree: Tree[Any], kind: str, line: int, text: str) -> CreateXmlSchemaCollection:
+    """CREATE ... AS N'<schema>' or ALTER ... ADD N'<schema>': the literal, or None for anything else."""
+    name = _qualified(_tree(tree, "qualified", "qualified_dbo")).name
+    tokens = [t for t in tree.children if isinstance(t, Token)]
+    alter = kind == "alter_xml_schema"
+    # Past ALTER XML SCHEMA COLLECTION (its four words), or past AS.
+    after = tokens[4:] if alter else tokens[[t.type for t in tokens].index("AS") + 1 :]
+    if alter:
+        after = after[1:] if after and str(after[0]).upper() == "ADD" else []
+    schema = _unquote(str(after[0])) if len(after) == 1 and after[0].type == "STRING" else None
+    head = "ALTER XML SCHEMA COLLECTION" if alter else "CREATE XML SCHEMA COLLECTION"
+    return CreateXmlSchemaCollection(head, name, line, schema, _excerpt(tree, text), alter)
 
 
 def _message_type(tree: Tree[Any], line: int) -> CreateMessageType:

@@ -26,6 +26,7 @@ from kbroker.core.catalog.tsql.ddl import (
     CreateQueue,
     CreateRoute,
     CreateService,
+    CreateXmlSchemaCollection,
     Option,
     Problem,
     Qualified,
@@ -35,9 +36,10 @@ from kbroker.core.catalog.tsql.ddl import (
 )
 from kbroker.core.catalog.tsql.options import activation_of, queue_name_rule, route_fields, unmapped_note
 from kbroker.core.catalog.tsql.parse import parse_script
+from kbroker.core.catalog.xml_schemas import SchemaCompileError, compiled
 
 LABELS = {key: label for key, (label, _) in SECTIONS.items()}
-_IMPORTED = ("message_types", "contracts", "queues", "services", "routes")
+_IMPORTED = ("message_types", "xml_schema_collections", "contracts", "queues", "services", "routes")
 
 
 @dataclass
@@ -142,6 +144,18 @@ class _Mapper:
             self.note(file, st.line, f"AUTHORIZATION {owner}: the catalog has no owners (permissions: kbroker grant)")
         if isinstance(st, CreateMessageType):
             return self._message_type(file, st)
+        if isinstance(st, CreateXmlSchemaCollection):
+            if st.schema is None:
+                self.error(file, st.line, f"{st.text}: only a literal N'...' schema is imported, not a variable")
+                return None
+            if not st.alter:
+                return self._create(file, st, "xml_schema_collections", {"name": st.name, "schemas": [st.schema]})
+            found = self.objects["xml_schema_collections"].get(st.name)
+            if found is None:
+                self.error(file, st.line, f"{st.kind} {st.name}: the collection is not created before it")
+                return None
+            found["schemas"].append(st.schema)
+            return f"XML schema collection {st.name}"
         if isinstance(st, CreateContract):
             messages = [{"type": m.type, "sent_by": m.sent_by} for m in st.messages]
             return self._create(file, st, "contracts", {"name": st.name, "messages": messages})
@@ -160,21 +174,18 @@ class _Mapper:
 
     def _message_type(self, file: str, st: CreateMessageType) -> str | None:
         validation = st.validation
+        fields: dict[str, Any] = {"validation": validation or "NONE"}
         if validation == "VALID_XML":
-            self.note(
-                file,
-                st.line,
-                f"VALID_XML WITH SCHEMA COLLECTION {st.schema_collection}: XML schema collections are not "
-                "yet in the catalog: imported as WELL_FORMED_XML (well-formedness is checked, the schema not)",
-            )
-            validation = "WELL_FORMED_XML"
+            collection = (st.schema_collection or "").rsplit(".", 1)[-1]  # the catalog has no schemas
+            fields["schema_collection"] = collection
         if not st.alter:
-            return self._create(file, st, "message_types", {"name": st.name, "validation": validation or "NONE"})
+            return self._create(file, st, "message_types", {"name": st.name, **fields})
         found = self.objects["message_types"].get(st.name)
         if found is None:
             self.error(file, st.line, f"ALTER MESSAGE TYPE {st.name}: the message type is not created before it")
             return None
-        found["validation"] = validation
+        found.pop("schema_collection", None)
+        found.update(fields)
         return f"message type {st.name}"
 
     def _queue(self, file: str, st: CreateQueue) -> str | None:
@@ -284,6 +295,11 @@ class _Mapper:
                 except ValidationError as exc:
                     self.error(file, line, f"{LABELS[section]} {name}: {pydantic_reason(exc)}")
                     continue
+                if section == "xml_schema_collections":
+                    try:
+                        compiled(obj["schemas"])  # as apply compiles it: the XSD's own error, with its line
+                    except SchemaCompileError as exc:
+                        self.error(file, line, f"{LABELS[section]} {name}: {exc}")
                 for kind, ref, known in self._references(section, obj, message_types, contracts):
                     if ref not in known and (kind, ref) not in self.refused:
                         missing = f"{LABELS[kind]} {ref!r} is not created in the scripts imported"
@@ -294,6 +310,8 @@ class _Mapper:
     ) -> list[tuple[str, str, dict[str, Any]]]:
         if section == "contracts":
             return [("message_types", m["type"], message_types) for m in obj["messages"]]
+        if section == "message_types" and "schema_collection" in obj:
+            return [("xml_schema_collections", obj["schema_collection"], self.objects["xml_schema_collections"])]
         if section == "services":
             return [("contracts", c, contracts) for c in obj["contracts"]]
         if section == "routes" and obj["address"] == "LOCAL" and "service_name" in obj:

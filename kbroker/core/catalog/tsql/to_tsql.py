@@ -34,12 +34,20 @@ def to_tsql(catalog: Catalog) -> tuple[str, list[str]]:
         batch.append(text + ";")
 
     batch: list[str] = []
+    for x in catalog.xml_schema_collections.values():  # before the message types that name them
+        name = quote_name(x.name)
+        statement(batch, f"CREATE XML SCHEMA COLLECTION {name} AS {quote_string(x.schemas[0])}", [], x.name)
+        for more in x.schemas[1:]:  # one schema a statement, so each reads back as itself
+            statement(batch, f"ALTER XML SCHEMA COLLECTION {name} ADD {quote_string(more)}", [], x.name)
     for m in catalog.message_types.values():
         if m.name in BUILTIN_MESSAGE_TYPES:
             continue
-        validation, unsaid = m.validation, []
+        validation: str = m.validation
+        unsaid: list[str] = []
         if validation == "JSON":
             validation, unsaid = "NONE", ["validation JSON has no T-SQL form (written as NONE)"]
+        elif validation == "VALID_XML":
+            validation = f"VALID_XML WITH SCHEMA COLLECTION {quote_name(m.schema_collection or '')}"
         statement(
             batch,
             f"CREATE MESSAGE TYPE {quote_name(m.name)} VALIDATION = {validation}",
