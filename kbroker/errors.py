@@ -289,7 +289,9 @@ class MessageValidationError(KBrokerError):
 
     def __init__(self, message_type: str, validation: str, reason: str):
         self.message_type, self.validation, self.reason = message_type, validation, reason
-        super().__init__(f"body of {message_type!r} fails {validation} validation: {reason}")
+        self.number = -9615 if validation == "VALID_XML" else None  # Service Broker's, for a schema's
+        number = f"error {self.number}: " if self.number else ""
+        super().__init__(f"body of {message_type!r} fails {validation} validation: {number}{reason}")
 
 
 class MessageTooLargeError(KBrokerError):
@@ -379,6 +381,16 @@ class TransactionInDoubtError(KBrokerError):
 
 class TransactionStateError(KBrokerError):
     """The transaction was already committed or rolled back."""
+
+
+class SavepointNotFoundError(KBrokerError):
+    """ROLLBACK TRANSACTION to a savepoint the transaction does not have (SQL Server's 6401)."""
+
+    code = 6401
+
+    def __init__(self, name: str):
+        self.name = name
+        super().__init__(f"cannot roll back {name}: no transaction or savepoint of that name was found (6401)")
 
 
 class SendFailedError(KBrokerError):

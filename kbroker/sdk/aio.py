@@ -28,7 +28,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, overload
 
 from kbroker.core.catalog.models import Catalog
 from kbroker.core.cluster import Cluster, ClusterLike
@@ -36,6 +36,7 @@ from kbroker.core.dialogs.conversation_endpoint import Endpoint
 from kbroker.core.dialogs.envelope import Message
 from kbroker.errors import InvalidArgumentError
 from kbroker.sdk import broker as client
+from kbroker.sdk.partial import Handles
 from kbroker.sdk.transaction import Transaction
 
 T = TypeVar("T")
@@ -131,9 +132,29 @@ class AsyncTransaction:
         """BEGIN DIALOG within the transaction: returns the initiator's conversation handle."""
         return await self._run(self.sync.begin_dialog, from_service, to_service, contract, **kw)
 
-    async def send(self, handle: str, message_type: str = "DEFAULT", body: Any = None, **kw: Any) -> str:
-        """SEND ON CONVERSATION: held until commit; waits for the conversation lock first."""
+    @overload
+    async def send(self, handle: str, message_type: str = ..., body: Any = ..., **kw: Any) -> str:
+        """SEND ON CONVERSATION handle: its message id."""
+
+    @overload
+    async def send(self, handle: Handles, message_type: str = ..., body: Any = ..., **kw: Any) -> list[str]:
+        """SEND ON CONVERSATION (h1, h2, ...): their message ids, in order."""
+
+    async def send(
+        self, handle: str | Handles, message_type: str = "DEFAULT", body: Any = None, **kw: Any
+    ) -> str | list[str]:
+        """SEND ON CONVERSATION: held until commit; waits for the conversation lock first. A list
+        of handles sends on each, all or none (Transaction.send)."""
         return await self._run(self.sync.send, handle, message_type, body, **kw)
+
+    async def savepoint(self, name: str) -> None:
+        """SAVE TRANSACTION name (Transaction.savepoint)."""
+        await self._run(self.sync.savepoint, name)
+
+    async def rollback_to(self, name: str) -> None:
+        """ROLLBACK TRANSACTION name: undo what came after the savepoint, keeping every lock
+        (Transaction.rollback_to); SavepointNotFoundError for a name the transaction lacks."""
+        await self._run(self.sync.rollback_to, name)
 
     async def begin_conversation_timer(self, handle: str, timeout: float) -> None:
         """BEGIN CONVERSATION TIMER: armed when the transaction commits; arming again replaces it."""
@@ -216,8 +237,19 @@ class AsyncBroker:
         """BEGIN DIALOG: creates the initiator endpoint and returns its conversation handle."""
         return await self.run(self.sync.begin_dialog, from_service, to_service, contract, **kw)
 
-    async def send(self, handle: str, message_type: str = "DEFAULT", body: Any = None, **kw: Any) -> str:
-        """SEND ON CONVERSATION: returns the message id once Kafka acknowledged the message."""
+    @overload
+    async def send(self, handle: str, message_type: str = ..., body: Any = ..., **kw: Any) -> str:
+        """SEND ON CONVERSATION handle: its message id."""
+
+    @overload
+    async def send(self, handle: Handles, message_type: str = ..., body: Any = ..., **kw: Any) -> list[str]:
+        """SEND ON CONVERSATION (h1, h2, ...): their message ids, in order."""
+
+    async def send(
+        self, handle: str | Handles, message_type: str = "DEFAULT", body: Any = None, **kw: Any
+    ) -> str | list[str]:
+        """SEND ON CONVERSATION: returns the message id once Kafka acknowledged the message (a list
+        of handles: their ids, once the one transaction that sends on each committed)."""
         return await self.run(self.sync.send, handle, message_type, body, **kw)
 
     async def receive(self, queue: str, top: int | None = None, wait: float | None = 0.0, **kw: Any) -> list[Message]:

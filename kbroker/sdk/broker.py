@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, overload
 
 from kbroker import config, metrics
 from kbroker.core import names
@@ -32,6 +32,7 @@ from kbroker.embedded import resolve_cluster
 from kbroker.kafka.dialogs.conversation_endpoints import EndpointStore
 from kbroker.sdk.fenced_retry import receive_fenced_again
 from kbroker.sdk.hooks import ReceiveHooks
+from kbroker.sdk.partial import Handles
 from kbroker.sdk.runtime import BrokerRuntime
 from kbroker.sdk.transaction import Transaction, traced_record
 
@@ -137,8 +138,23 @@ class Broker:
         rt.send_leases.holding(lease)
         return ep.conversation_handle
 
-    def send(self, handle: str, message_type: str = "DEFAULT", body: Any = None, **kw: Any) -> str:
-        """SEND ON CONVERSATION: returns the message id once Kafka acknowledged the message."""
+    @overload
+    def send(self, handle: str, message_type: str = ..., body: Any = ..., **kw: Any) -> str:
+        """SEND ON CONVERSATION handle: its message id."""
+
+    @overload
+    def send(self, handle: Handles, message_type: str = ..., body: Any = ..., **kw: Any) -> list[str]:
+        """SEND ON CONVERSATION (h1, h2, ...): their message ids, in order."""
+
+    def send(
+        self, handle: str | Handles, message_type: str = "DEFAULT", body: Any = None, **kw: Any
+    ) -> str | list[str]:
+        """SEND ON CONVERSATION: returns the message id once Kafka acknowledged the message. A list
+        of handles, SEND ON CONVERSATION (h1, h2, ...), is one transaction: a message on each or
+        none (Transaction.send); returns their ids once it committed."""
+        if isinstance(handle, (list, tuple)):
+            with self.transaction() as tx:
+                return tx.send(handle, message_type, body, **kw)
         rt = self.runtime
         rt.check_send(rt.endpoints.current(str(handle)))  # before the conversation's lease is taken
         with self._conversation(str(handle)) as produce:

@@ -8,6 +8,7 @@ and outcome are sdk/transaction.py's.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import orjson
 
@@ -23,6 +24,16 @@ from kbroker.sdk.runtime import BrokerRuntime
 log = logging.getLogger("kbroker.transaction")
 
 
+@dataclass(frozen=True, eq=False)
+class HeldMark:
+    """What a Held holds at a savepoint: how many records, and copies of the rest."""
+
+    records: int
+    endpoints: dict[str, Endpoint | None]
+    unwritten: frozenset[str]
+    created: frozenset[str]
+
+
 class Held:
     """One transaction's held records and endpoint changes."""
 
@@ -32,6 +43,20 @@ class Held:
         self.endpoints: dict[str, Endpoint | None] = {}  # this transaction's view; None = removed
         self.unwritten: set[str] = set()  # staged only by SENDs within their reserved sequence block
         self.created: set[str] = set()  # endpoints this transaction creates: their first lease goes with them
+
+    def mark(self) -> HeldMark:
+        """SAVE TRANSACTION: what is held now (records are only ever appended, so their count)."""
+        return HeldMark(len(self.records), dict(self.endpoints), frozenset(self.unwritten), frozenset(self.created))
+
+    def restore(self, mark: HeldMark) -> None:
+        """ROLLBACK TRANSACTION to `mark`: the records staged since go, and the endpoints are as
+        the transaction saw them then, send sequences included, so the SENDs that follow number
+        on from there and the numbers of the SENDs undone are used again (none was written):
+        the dialog's numbers keep no gap."""
+        del self.records[mark.records :]
+        self.endpoints = dict(mark.endpoints)
+        self.unwritten = set(mark.unwritten)
+        self.created = set(mark.created)
 
     def endpoint(self, handle: str) -> Endpoint:
         """The endpoint of `handle` as the transaction sees it (its own changes included);

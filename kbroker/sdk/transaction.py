@@ -8,7 +8,8 @@ roll back together.
 SENDs and endpoint changes are held until commit; the commit goes through the process's group
 committer, so it is one Kafka transaction with the consumed offsets. commit() returns when that
 transaction committed. rollback() drops what was held and gives the received messages back, in
-order, to the next RECEIVE. Leaving the block by an exception rolls back.
+order, to the next RECEIVE. Leaving the block by an exception rolls back. savepoint(name) and
+rollback_to(name) undo part of it (sdk/partial.py), keeping every lock it holds.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Any, Self
+from typing import Any, Self, overload
 
 from kbroker import metrics, tracing
 from kbroker.core import names
 from kbroker.core.dialogs.conversation_endpoint import Endpoint
 from kbroker.core.dialogs.envelope import Message
+from kbroker.core.dialogs.validation import to_bytes
 from kbroker.core.records import Record
+from kbroker.core.txn.savepoints import Savepoints
 from kbroker.core.txn.state import TransactionState
 from kbroker.errors import (
     InvalidArgumentError,
@@ -34,6 +37,7 @@ from kbroker.errors import (
 from kbroker.kafka import messages
 from kbroker.kafka.receive.receiver import Lease, QueueReceiver
 from kbroker.kafka.txn.commit_requests import CommitRequest
+from kbroker.sdk import partial
 from kbroker.sdk.held import Held
 from kbroker.sdk.runtime import BrokerRuntime
 
@@ -69,6 +73,7 @@ class Transaction:
         self._sent: dict[str, int] = {}
         self._received: dict[str, int] = {}
         self._trace: Any = None  # the last RECEIVE's trace context: this transaction's SENDs continue it
+        self._savepoints: Savepoints[partial.Mark] = Savepoints()
         self.state = TransactionState.OPEN  # moved only by _move
         self.committed_at: float | None = None
         runtime.active_transactions.opened()
@@ -217,9 +222,32 @@ class Transaction:
         self._held.created.add(ep.conversation_handle)
         return ep.conversation_handle
 
-    def send(self, handle: str, message_type: str = "DEFAULT", body: Any = None, **kw: Any) -> str:
+    @overload
+    def send(self, handle: str, message_type: str = ..., body: Any = ..., **kw: Any) -> str:
+        """SEND ON CONVERSATION handle: its message id."""
+
+    @overload
+    def send(self, handle: partial.Handles, message_type: str = ..., body: Any = ..., **kw: Any) -> list[str]:
+        """SEND ON CONVERSATION (h1, h2, ...): their message ids, in order."""
+
+    def send(
+        self, handle: str | partial.Handles, message_type: str = "DEFAULT", body: Any = None, **kw: Any
+    ) -> str | list[str]:
         """SEND ON CONVERSATION, held until commit: returns the message id. Keywords as
-        Broker.send's (correlation_id, reply_to, time_to_be_received, priority)."""
+        Broker.send's (correlation_id, reply_to, time_to_be_received, priority).
+
+        A list of handles is SEND ON CONVERSATION (h1, h2, ...): a message on each, all or none
+        (one refused: the error it met, naming the handle, and none of them is held); returns
+        their message ids in order. The body is made bytes once and every record carries it."""
+        if not isinstance(handle, (list, tuple)):
+            return self._send(str(handle), message_type, body, kw)
+        self._check_open()
+        handles, data, before = partial.conversations(handle), to_bytes(body), self._mark()
+        return partial.all_or_none(
+            handles, lambda h: self._send(h, message_type, data, kw), lambda: self._restore(before)
+        )
+
+    def _send(self, handle: str, message_type: str, body: Any, kw: dict[str, Any]) -> str:
         self._check_open()
         if str(handle) not in self._locked_conversations:  # the record's own check follows either way
             self._runtime.check_send(self.endpoint(handle))  # before its lock and lease: nothing written if refused
@@ -257,6 +285,32 @@ class Transaction:
             self._held.remove(ep.conversation_handle)
         else:
             self._held.stage(ended)
+
+    # --- savepoints --------------------------------------------------------------------------
+
+    def savepoint(self, name: str) -> None:
+        """SAVE TRANSACTION name: a mark that rollback_to(name) returns to. A name may be saved
+        again; the rollback goes to the latest."""
+        self._check_open()
+        self._savepoints.save(name, self._mark())
+
+    def rollback_to(self, name: str) -> None:
+        """ROLLBACK TRANSACTION name: undo what the transaction did since the latest savepoint
+        `name` (its SENDs, BEGIN DIALOGs, END CONVERSATIONs, timers, MOVEs, what its RECEIVEs
+        staged) and give the messages it RECEIVEd since back to their groups, in order, for its
+        next RECEIVE. Every lock stays until the transaction ends; the savepoints after `name`
+        are gone, `name` stays. SavepointNotFoundError (6401) for a name it does not have."""
+        self._check_open()
+        self._restore(self._savepoints.rollback_to(name))
+
+    def _mark(self) -> partial.Mark:
+        return partial.mark(self._held, self._leases, self._queues, self._sent, self._received)
+
+    def _restore(self, saved: partial.Mark) -> None:
+        partial.give_back(self._leases, saved)
+        self._held.restore(saved.held)
+        self._queues = set(saved.queues)
+        self._sent, self._received = dict(saved.sent), dict(saved.received)
 
     # --- outcome -----------------------------------------------------------------------------
 
@@ -332,6 +386,7 @@ class Transaction:
             for q in self._queues:
                 self._runtime.note_commit(q, taken.get(q, {}))
         self._leases, self._held = [], Held(self._runtime)
+        self._savepoints.discard_all()
 
     def __enter__(self) -> Self:
         return self

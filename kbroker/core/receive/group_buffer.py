@@ -321,15 +321,21 @@ class GroupBuffer(Generic[H]):
                 owned.pop(group, None)
                 if not owned:
                     del self._owned[id(holder.owner)]
+        self.put_back(group, back)
+        ready = self._groups.get(group)
+        if ready and group not in self._locked:
+            self._mark(group, ready)  # unlocked: ready again
+
+    def put_back(self, group: str, back: Sequence[Buffered]) -> None:
+        """Put `back` (records taken from `group`, in the order taken) at the head of the group,
+        its lock left as it is: a rollback to a savepoint keeps the group locked, and the next
+        RECEIVE of the group (its holder's, until it ends) takes them again, in order."""
         if back:
             q = self._groups.pop(group, deque())
             q.extendleft(reversed(back))
             self._groups[group] = q
             self._groups.move_to_end(group, last=False)
             self._buffered += len(back)
-        ready = self._groups.get(group)
-        if ready and group not in self._locked:
-            self._mark(group, ready)  # unlocked: ready again
 
     def drop_partitions(self, partitions: Collection[int]) -> None:
         """Forget the buffered records of revoked partitions: their next owner reads them."""

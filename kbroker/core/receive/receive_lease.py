@@ -94,3 +94,15 @@ def split_off(
     kept = ([b for b in taken if b.position not in moved], [o for o in offsets if o not in moved])
     split = ([b for b in taken if b.position in moved], [o for o in offsets if o in moved])
     return kept, split
+
+
+def rolled_back_to(
+    taken: Sequence[Buffered], offsets: Sequence[Position], keep: int
+) -> tuple[tuple[list[Buffered], list[Position]], list[Buffered]]:
+    """A lease's records and offsets once its transaction rolls back to a savepoint taken when
+    the lease held its first `keep` records (records are only ever added after those, or split
+    off from what came after): ((the records and offsets it keeps), the records it gives back,
+    in the order taken)."""
+    back = list(taken[keep:])
+    gone = {b.position for b in back}
+    return (list(taken[:keep]), [o for o in offsets if o not in gone]), back

@@ -27,6 +27,7 @@ from kbroker.core.receive.receive_lease import (
     lost_partition,
     reopened,
     returned,
+    rolled_back_to,
     settled,
     split_off,
 )
@@ -46,6 +47,8 @@ class LeaseHolder(Protocol):
     def exclude(self, leases: list["Lease"]) -> None: ...
 
     def release(self, lease: "Lease", committed: bool) -> None: ...
+
+    def give_back(self, lease: "Lease", keep: int) -> None: ...
 
     def group_metadata(self) -> Any: ...
 
@@ -284,6 +287,14 @@ class LeaseBook:
                 back = returned(lease.taken, committed, lease.doomed, self._assignment.offsets)
                 self._buffer.release(lease, lease.group, back)
             self.wake(1)  # the group it unlocks, if records wait in it
+
+    def give_back(self, lease: Lease, keep: int) -> None:
+        """QueueReceiver.give_back: the lease's records after its first `keep` back at the head of
+        their group, which stays locked by the lease."""
+        with self._cv:
+            (lease.taken, lease.offsets), back = rolled_back_to(lease.taken, lease.offsets, keep)
+            if lease.group is not None:
+                self._buffer.put_back(lease.group, returned(back, False, lease.doomed, self._assignment.offsets))
 
     def settle_revoked(self, revoked: set[int], since: float, *, lost: bool = False) -> None:
         """Partitions are revoked (called under cv, `since` the revocation began, monotonic): drop

@@ -292,6 +292,12 @@ class QueueReceiver:
         (unless its partition was revoked: then the next owner reads them)."""
         self._leases.release(lease, committed)
 
+    def give_back(self, lease: Lease, keep: int) -> None:
+        """A rollback to a savepoint: the records `lease` took after its first `keep` go back to
+        the head of their group, in order, and the group stays locked by the lease (its
+        transaction's next RECEIVE of the group takes them again; nobody else until it ends)."""
+        self._leases.give_back(lease, keep)
+
     def close(self) -> None:
         """Stop the poll thread and close the consumer (if start() made them)."""
         self._closed = True
