@@ -1,4 +1,5 @@
-"""`kbroker apply PATH...` and `kbroker catalog show`: the catalog from YAML to Kafka and back."""
+"""`kbroker apply PATH...`, `kbroker drop KIND NAME` and `kbroker catalog show`: the catalog from
+YAML to Kafka and back."""
 
 from __future__ import annotations
 
@@ -38,17 +39,26 @@ def apply_cmd(paths, target, replication_factor, as_json):
     create or update the topics, then publish the catalog. An invalid definition applies nothing."""
     from kbroker.core.catalog.loader import load_definitions
     from kbroker.kafka.catalog.apply import apply_catalog
+    from kbroker.sdk.catalog_drop import drop
 
     ns = target.namespace
     # Validate before looking for a broker: a bad file is reported even when none runs.
     catalog = load_definitions(paths, ns)
     err = make_console(stderr=True)
     progress = None if as_json else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
-    report = apply_catalog(target.cluster, catalog, progress, replication_factor=replication_factor)
+    report = apply_catalog(
+        target.cluster,
+        catalog,
+        progress,
+        replication_factor=replication_factor,
+        dropper=lambda kind, name: drop(target.cluster, ns, kind, name),  # DROP SERVICE ends its dialogs
+    )
     if as_json:
         emit_json(report.as_dict())
         return
-    if not (report.topics_created or report.topics_updated or report.objects_published):
+    for line in report.dropped:
+        click.echo(f"dropped {line}")
+    if not (report.topics_created or report.topics_updated or report.objects_published or report.dropped):
         click.echo(f"namespace {ns}: nothing to change")
         return
     table = new_table(f"namespace {ns}", "topic", "change")
@@ -64,6 +74,40 @@ def apply_cmd(paths, target, replication_factor, as_json):
     if table.row_count:
         print_table(table, console)
     console.print(f"published {report.objects_published} catalog records")
+
+
+@main.command("drop")
+@click.argument(
+    "kind",
+    type=click.Choice(["message-type", "contract", "queue", "service", "route", "xml-schema-collection"]),
+)
+@click.argument("name")
+@click.option(
+    "--delete-topics",
+    is_flag=True,
+    help="DROP QUEUE: delete the queue's topics too (cannot be undone; by default they are kept).",
+)
+@cluster_options
+@json_option
+@handle_errors
+def drop_cmd(kind, name, delete_topics, target, as_json):
+    """DROP KIND NAME: remove one object from the namespace's catalog. Refused while another
+    object uses it (a contract its message type, a service its contract or queue, a message type
+    its XML schema collection) and for the built-ins. DROP SERVICE ends the service's open
+    dialogs with Error -8470 to the far side and closes their endpoints here."""
+    from kbroker.sdk.catalog_drop import drop
+
+    report = drop(target.cluster, target.namespace, kind, name, delete_topics=delete_topics)
+    if as_json:
+        emit_json(report.as_dict())
+        return
+    click.echo(f"namespace {report.namespace}: dropped {kind} {name}")
+    if report.dialogs_ended:
+        click.echo(f"ended {len(report.dialogs_ended)} open dialogs with error -8470")
+    for topic in report.topics_deleted:
+        click.echo(f"deleted topic {topic}")
+    for topic in report.topics_kept:
+        click.echo(f"kept topic {topic} (--delete-topics deletes it)")
 
 
 @main.group("catalog")

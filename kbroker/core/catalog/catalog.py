@@ -45,6 +45,7 @@ class Catalog(StrictModel):
     # and where each object was defined ("queue X" -> file) for error messages.
     system_topics: dict[str, SystemTopic] = Field(default={}, exclude=True)
     origins: dict[str, str] = Field(default={}, exclude=True)
+    drops: list[tuple[str, str]] = Field(default=[], exclude=True)  # the files' drop: list (kind, name)
 
     @model_validator(mode="before")
     @classmethod

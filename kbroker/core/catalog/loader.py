@@ -10,6 +10,7 @@ A definition file is a mapping of lists:
     routes:        [{name, service_name, address, broker_instance, lifetime, mirror_address}]
     broker_endpoints: [{name, message_forwarding, message_forward_size}]   (at most one)
     system_topics: [{name, partitions, config}]     (kbroker/core/catalog/system.yaml)
+    drop:          [{kind, name}]   DROP statements, applied after the definitions (drops.py)
 
 Every problem raises DefinitionError(file, "<kind> <name>", one-line reason). References may
 cross files of the same load and may name the built-in objects.
@@ -26,6 +27,7 @@ from pydantic import ValidationError
 
 from kbroker.config import NAMESPACE_RE
 from kbroker.core import names
+from kbroker.core.catalog.drops import DROP_KINDS
 from kbroker.core.catalog.models import (
     BUILTIN_CONTRACTS,
     BUILTIN_MESSAGE_TYPES,
@@ -139,9 +141,9 @@ def _check_top_level(file: Path, data: Any) -> dict[str, list[Any]]:
     if not isinstance(data, dict):
         raise DefinitionError(str(file), None, "the file must be a mapping of lists (message_types:, queues:, ...)")
     for key, items in data.items():
-        if key not in SECTIONS:
+        if key not in SECTIONS and key != "drop":
             raise DefinitionError(
-                str(file), None, f"unknown top-level key {key!r} (expected one of {', '.join(SECTIONS)})"
+                str(file), None, f"unknown top-level key {key!r} (expected one of {', '.join([*SECTIONS, 'drop'])})"
             )
         if items is not None and not isinstance(items, list):
             raise DefinitionError(str(file), None, f"{key} must be a list")
@@ -229,8 +231,12 @@ def load_definitions(paths: Iterable[str | Path], namespace: str) -> Catalog:
     objects: dict[str, dict[str, Any]] = {key: {} for key in SECTIONS}
     origins: dict[str, str] = {}  # "queue X" -> file that defines it
     builtins: dict[str, dict[str, Any]] = {"message_types": BUILTIN_MESSAGE_TYPES, "contracts": BUILTIN_CONTRACTS}
+    drops: list[tuple[str, str]] = []
     for file in definition_files(paths):
         for key, items in _read(file).items():
+            if key == "drop":
+                drops += _drops(file, items, origins)
+                continue
             for index, item in enumerate(items):
                 obj, parsed = _parse(file, key, index, item)
                 if parsed.name in builtins.get(key, {}):
@@ -241,6 +247,10 @@ def load_definitions(paths: Iterable[str | Path], namespace: str) -> Catalog:
                 origins[obj] = str(file)
     _check_references(objects, origins)
     check_queue_names(objects["queues"], origins)
+    for kind, name in drops:
+        field, label = DROP_KINDS[kind]
+        if name in objects[field]:
+            raise DefinitionError(origins[f"drop {kind} {name}"], f"{label} {name}", "is both defined and dropped")
     return Catalog(
         namespace=namespace,
         message_types=objects["message_types"],
@@ -252,7 +262,24 @@ def load_definitions(paths: Iterable[str | Path], namespace: str) -> Catalog:
         broker_endpoints=objects["broker_endpoints"],
         system_topics=objects["system_topics"],
         origins=origins,
+        drops=drops,
     )
+
+
+def _drops(file: Path, items: list[Any], origins: dict[str, str]) -> list[tuple[str, str]]:
+    """A file's `drop:` list as (kind, name), each {kind: <a DROP_KINDS kind>, name: ...}."""
+    found: list[tuple[str, str]] = []
+    for index, item in enumerate(items):
+        kind, name = (item.get("kind"), item.get("name")) if isinstance(item, dict) else (None, None)
+        if not isinstance(item, dict) or set(item) != {"kind", "name"} or not isinstance(name, str) or not name:
+            raise DefinitionError(str(file), f"drop #{index + 1}", "must be a mapping {kind: ..., name: ...}")
+        if kind not in DROP_KINDS:
+            raise DefinitionError(
+                str(file), f"drop #{index + 1}", f"kind {kind!r} is not one of {', '.join(DROP_KINDS)}"
+            )
+        origins.setdefault(f"drop {kind} {name}", str(file))
+        found.append((kind, name))
+    return found
 
 
 def _check_references(objects: dict[str, dict[str, Any]], origins: dict[str, str]) -> None:

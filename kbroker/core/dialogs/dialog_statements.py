@@ -182,6 +182,8 @@ class DialogStatements(SendRecords):
         # After the peer ended (DI) or failed (ER), the EndDialog sent here is the acknowledgement
         # that moves the peer's DISCONNECTED_OUTBOUND endpoint to CLOSED; its app never sees it.
         peer_done = ep.state in (DISCONNECTED_INBOUND, ERROR)
+        if peer_done and not ep.remote and not self._lookup(lambda c: ep.far_service_name in c.services):
+            return [], replace(ep, state=CLOSED)  # its far service was dropped (DROP SERVICE): none to acknowledge
         body = error_body(error, description or "") if error is not None and not peer_done else b""
         rec, _ = self._record(ep, ERROR_TYPE if body else END_DIALOG, body)
         return [rec], ep.after_send().after_local_end()

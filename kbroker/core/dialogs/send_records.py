@@ -4,18 +4,31 @@ back for a message that came after its sender's end)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from kbroker.core import names
-from kbroker.core.catalog.models import SYSTEM_TYPES
-from kbroker.core.dialogs.conversation_endpoint import SENDABLE, Endpoint, after_send, other
-from kbroker.core.dialogs.envelope import Envelope
+from kbroker.core.catalog.models import END_DIALOG, ERROR, SYSTEM_TYPES
+from kbroker.core.dialogs.conversation_endpoint import (
+    CLOSED,
+    DISCONNECTED_INBOUND,
+    DISCONNECTED_OUTBOUND,
+    SENDABLE,
+    STARTED_OUTBOUND,
+    Endpoint,
+    after_send,
+    other,
+)
+from kbroker.core.dialogs.conversation_endpoint import ERROR as ERROR_STATE
+from kbroker.core.dialogs.envelope import Envelope, error_body
 from kbroker.core.dialogs.statement_base import StatementBase
 from kbroker.core.dialogs.validation import to_bytes, validate_body
 from kbroker.core.ids import new_id
 from kbroker.core.records import Record
 from kbroker.core.topic_limits import MAX_QUEUE_MESSAGE_BYTES
 from kbroker.errors import ContractViolationError, ConversationClosedError, InvalidArgumentError, MessageTooLargeError
+
+SERVICE_DROPPED = -8470  # Service Broker's Error code for a dialog whose far service was dropped
 
 
 class SendRecords(StatementBase):
@@ -53,6 +66,22 @@ class SendRecords(StatementBase):
             ep, message_type, data, correlation_id=correlation_id, reply_to=reply_to, expires=expires, priority=priority
         )
         return record, message_id, after_send(ep)
+
+    # --- DROP SERVICE -----------------------------------------------------------------------------
+
+    def service_dropped_records(self, ep: Endpoint) -> tuple[list[Record], Endpoint]:
+        """DROP SERVICE on one of the service's endpoints: the far side gets Service Broker's
+        Error -8470 "Remote service has been dropped." (or, when it already ended or failed, the
+        EndDialog that acknowledges it), and this side's endpoint is CLOSED and cleaned up, as
+        END CONVERSATION WITH ERROR and then WITH CLEANUP would leave it."""
+        closed = replace(ep, state=CLOSED, cleaned_up=True)
+        if ep.state in (STARTED_OUTBOUND, DISCONNECTED_OUTBOUND, CLOSED):  # nothing the far side awaits
+            return [], closed
+        if ep.state in (DISCONNECTED_INBOUND, ERROR_STATE):
+            record, _ = self._record(ep, END_DIALOG, b"")
+        else:
+            record, _ = self._record(ep, ERROR, error_body(SERVICE_DROPPED, "Remote service has been dropped."))
+        return [record], replace(closed, send_sequence=ep.send_sequence + 1)
 
     # --- the message record ---------------------------------------------------------------------
 

@@ -6,7 +6,8 @@ an invalid apply changes nothing. Then topics are created,
 reconfigured and grown, and only then are the objects published: a process that sees a queue in
 the catalog can rely on its topic existing.
 
-Apply is additive: objects missing from the files are left in the catalog (there is no DROP yet).
+Apply is additive: objects missing from the files are left in the catalog; `kbroker drop` removes
+one (drop.py). A published contract's messages are fixed (core/catalog/drops.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from confluent_kafka.admin import (
 )
 
 from kbroker.core import names
+from kbroker.core.catalog.drops import check_contracts_fixed, merged, plan_drops
 from kbroker.core.catalog.loader import check_queue_names, load_definitions
 from kbroker.core.catalog.models import Catalog
 from kbroker.core.cluster import ClusterLike
@@ -39,11 +41,15 @@ from kbroker.core.topic_limits import HEADER_HEADROOM as HEADER_HEADROOM  # re-e
 from kbroker.errors import DefinitionError, InvalidArgumentError, TopicCollisionError, kafka_error
 from kbroker.kafka import clients
 from kbroker.kafka.catalog.catalog_store import publish, read_catalog, records
+from kbroker.kafka.catalog.drop import DropReport, drop_object
 from kbroker.kafka.catalog.topic_specs import RETENTION_KEYS, TopicSpec, topic_specs
 from kbroker.kafka.rejects import Rejects
 from kbroker.kafka.topic_propagation import await_topics
 
 Progress = Callable[[str], None] | None
+# Runs one drop of a drop: list, (kind, name) -> its report; sdk/catalog_drop.py's also ends a
+# dropped service's dialogs.
+Dropper = Callable[[str, str], DropReport]
 
 
 @dataclass
@@ -53,6 +59,7 @@ class ApplyReport:
     retention_changed: list[str] = field(default_factory=list)  # "topic: retention.ms 604800000 -> -1"
     objects_published: int = 0
     namespace: str = ""
+    dropped: list[str] = field(default_factory=list)  # the files' drop: list as run ("service S")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -307,12 +314,13 @@ def apply_paths(
     progress: Progress = None,
     timeout: float = 30.0,
     replication_factor: int | None = None,
+    dropper: Dropper | None = None,
 ) -> ApplyReport:
     """Validate the definitions under `paths`, create/update their topics, publish the catalog."""
     catalog = load_definitions(paths, namespace)
     if progress:
         progress(f"validated {len(catalog.queues)} queues and {len(catalog.services)} services")
-    return apply_catalog(cluster, catalog, progress, timeout, replication_factor)
+    return apply_catalog(cluster, catalog, progress, timeout, replication_factor, dropper)
 
 
 def record_repaired(
@@ -336,15 +344,20 @@ def apply_catalog(
     progress: Progress = None,
     timeout: float = 30.0,
     replication_factor: int | None = None,
+    dropper: Dropper | None = None,
 ) -> ApplyReport:
     """Apply an already validated catalog (from load_definitions); new topics get
-    `replication_factor` replicas (default: see choose_replication)."""
+    `replication_factor` replicas (default: see choose_replication). Its drop: list is checked
+    with the rest, before anything changes, and run after the objects are published, by
+    `dropper` (default: the catalog record alone, kafka/catalog/drop.py)."""
     refuse_shadowing(catalog.namespace)
     clients.brokers_answering(cluster, timeout)  # "no Kafka broker answers at ...", not a metadata error
     bad: dict[bytes | None, tuple[Any, str]] = {}  # keys whose last record is not a catalog object
     previous = read_catalog(cluster, catalog.namespace, timeout=timeout, last_bad=bad)
     # Before any topic changes: the queues applied earlier are part of the namespace's names.
     check_queue_names(catalog.queues, catalog.origins, applied=previous.queues)
+    check_contracts_fixed(previous, catalog)  # no ALTER CONTRACT: refused before any topic changes
+    drops = plan_drops(merged(previous, catalog), catalog.drops)  # DropRefusedError: nothing changed
     created, updated, retention = sync_topics(
         cluster, topic_specs(catalog), catalog.origins, progress, timeout, replication_factor
     )
@@ -354,4 +367,11 @@ def apply_catalog(
     record_repaired(cluster, catalog, bad, timeout)
     if progress:
         progress(f"published {published} catalog records")
-    return ApplyReport(created, updated, retention, published, catalog.namespace)
+    run = dropper or (lambda kind, name: drop_object(cluster, catalog.namespace, kind, name, timeout=timeout))
+    done: list[str] = []
+    for kind, name in drops:
+        run(kind, name)
+        done.append(f"{kind} {name}")
+        if progress:
+            progress(f"dropped {kind} {name}")
+    return ApplyReport(created, updated, retention, published, catalog.namespace, done)

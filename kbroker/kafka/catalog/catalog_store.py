@@ -5,7 +5,7 @@ from the beginning to the end offsets it saw when it started reading."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -85,8 +85,9 @@ def _collect_errors(errors: list[KafkaError]) -> Callable[[KafkaError | None, ob
     return on_delivery
 
 
-def write_records(cluster: ClusterLike, topic: str, todo: dict[str, bytes], timeout: float) -> None:
-    """Produce key -> value records to an existing kbroker topic; returns once all are acknowledged."""
+def write_records(cluster: ClusterLike, topic: str, todo: Mapping[str, bytes | None], timeout: float) -> None:
+    """Produce key -> value records (None: a tombstone, DROP) to an existing kbroker topic;
+    returns once all are acknowledged."""
     producer = clients.producer(
         cluster,
         **{
