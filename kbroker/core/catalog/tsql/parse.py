@@ -171,7 +171,7 @@ def _message_type(tree: Tree[Any], line: int) -> CreateMessageType:
     for v in _trees(tree, "validation"):
         validation = _words(v)[1]
         if validation == "VALID_XML":
-            schema = ".".join(p for p in _qualified(_tree(v, "qualified", "qualified_dbo")).parts if p)
+            schema = _qualified(_tree(v, "qualified", "qualified_dbo")).name  # the catalog has no schemas
     kind = "ALTER MESSAGE TYPE" if alter else "CREATE MESSAGE TYPE"
     return CreateMessageType(kind, _name(_tree(tree, "name")), line, _owner(tree), validation, schema, alter)
 

@@ -176,8 +176,7 @@ class _Mapper:
         validation = st.validation
         fields: dict[str, Any] = {"validation": validation or "NONE"}
         if validation == "VALID_XML":
-            collection = (st.schema_collection or "").rsplit(".", 1)[-1]  # the catalog has no schemas
-            fields["schema_collection"] = collection
+            fields["schema_collection"] = st.schema_collection
         if not st.alter:
             return self._create(file, st, "message_types", {"name": st.name, **fields})
         found = self.objects["message_types"].get(st.name)
