@@ -31,10 +31,12 @@ from kbroker.core.dialogs.envelope import Message
 from kbroker.embedded import resolve_cluster
 from kbroker.kafka.dialogs.conversation_endpoints import EndpointStore
 from kbroker.sdk.fenced_retry import receive_fenced_again
+from kbroker.sdk.group_locks import GroupLocks
 from kbroker.sdk.hooks import ReceiveHooks
 from kbroker.sdk.partial import Handles
 from kbroker.sdk.runtime import BrokerRuntime
-from kbroker.sdk.transaction import Transaction, traced_record
+from kbroker.sdk.send_trace import traced_record
+from kbroker.sdk.transaction import Transaction
 
 __all__ = ["END_DIALOG", "ERROR_TYPE", "Broker", "connect"]  # the message types, for callers' checks
 
@@ -117,10 +119,16 @@ class Broker:
         threads, then across processes (its lease); then it produces its records and waits for
         Kafka's acknowledgement (what this yields produces one)."""
         rt = self.runtime
-        with rt.conversation_locks.held(handle):
-            rt.send_leases.hold(handle, rt.conversation_locks.timeout)
-            with rt.acknowledged() as produce:
-                yield produce
+        groups = GroupLocks(rt, object())  # its conversation group first, as a transaction's (group_locks.py)
+        try:
+            if (ep := rt.endpoints.find(handle)) is not None:
+                groups.lock(ep)
+            with rt.conversation_locks.held(handle):
+                rt.send_leases.hold(handle, rt.conversation_locks.timeout)
+                with rt.acknowledged() as produce:
+                    yield produce
+        finally:
+            groups.release([])
 
     def begin_dialog(self, from_service: str, to_service: str, contract: str = "DEFAULT", **kw: Any) -> str:
         """BEGIN DIALOG: creates the initiator endpoint and returns its conversation handle."""

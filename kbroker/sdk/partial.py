@@ -51,6 +51,15 @@ def give_back(leases: Iterable[Lease], saved: Mark) -> None:
             lease.receiver.give_back(lease, keep)
 
 
+def taken(leases: Iterable[Lease]) -> dict[str, dict[str, list[tuple[int, int]]]]:
+    """queue -> topic -> (partition, offset) of each message the leases' transaction received."""
+    out: dict[str, dict[str, list[tuple[int, int]]]] = {}
+    for lease in leases:
+        r = lease.receiver
+        out.setdefault(r.queue, {}).setdefault(r.topic, []).extend((b.partition, b.offset) for b in lease.taken)
+    return out
+
+
 def conversations(handles: Handles) -> list[str]:
     """SEND ON CONVERSATION (h1, h2, ...)'s handles as text: InvalidArgumentError for none, or
     for one named twice (a second message on it is a second SEND)."""

@@ -24,7 +24,6 @@ from kbroker.core import names
 from kbroker.core.dialogs.conversation_endpoint import Endpoint
 from kbroker.core.dialogs.envelope import Message
 from kbroker.core.dialogs.validation import to_bytes
-from kbroker.core.records import Record
 from kbroker.core.txn.savepoints import Savepoints
 from kbroker.core.txn.state import TransactionState
 from kbroker.errors import (
@@ -38,23 +37,14 @@ from kbroker.kafka import messages
 from kbroker.kafka.receive.receiver import Lease, QueueReceiver
 from kbroker.kafka.txn.commit_requests import CommitRequest
 from kbroker.sdk import partial
+from kbroker.sdk.group_locks import GroupLocks
 from kbroker.sdk.held import Held
 from kbroker.sdk.runtime import BrokerRuntime
+from kbroker.sdk.send_trace import traced_record
 
 log = logging.getLogger("kbroker.transaction")
 
 ALL = sys.maxsize  # RECEIVE without TOP: the whole group
-
-
-def traced_record(
-    record: Record, namespace: str, queue: str, conversation_id: str, message_type: str, parent: Any
-) -> Record:
-    """A SEND's record with its trace context in its headers (tracing.py), as it is without tracing."""
-    if not tracing.enabled():
-        return record
-    extra = tracing.send_headers(namespace, queue, conversation_id, message_type, parent)
-    topic, key, value, headers = record
-    return (topic, key, value, [*(headers or []), *extra]) if extra else record
 
 
 class Transaction:
@@ -68,6 +58,7 @@ class Transaction:
         self._leases: list[Lease] = []
         self._queues: set[str] = set()
         self._locked_conversations: set[str] = set()  # SEND's conversation locks held
+        self._groups = GroupLocks(runtime, self)  # the statements' conversation group locks
         self._generation: int | None = None  # the committer's, when this transaction first took a lease
         # Messages SENT and RECEIVEd per queue: the metrics count them once committed.
         self._sent: dict[str, int] = {}
@@ -101,14 +92,22 @@ class Transaction:
         """SEND, END CONVERSATION, BEGIN CONVERSATION TIMER and MOVE lock the conversation until
         this transaction ends (see locks.py), before reading its endpoint."""
         handle = str(handle)
+        self._lock_group(handle)  # its group first, so a group's holder is never waited for here
         if handle not in self._locked_conversations:
             rt = self._runtime
             rt.conversation_locks.lock(handle, self)
             self._locked_conversations.add(handle)
+            self._lock_group(handle)  # moved meanwhile: the group it is in now
             if handle not in self._held.created:  # across processes too (send_lease.py)
                 if self._generation is None:  # producers as old as the lease check: see committer
                     self._generation = rt.committer.generation
                 rt.send_leases.hold(handle, rt.conversation_locks.timeout)
+
+    def _lock_group(self, handle: str) -> None:
+        """The conversation group lock of `handle`'s endpoint (group_locks.py), if it has one."""
+        held = self._held.endpoints
+        if (ep := held[handle] if handle in held else self._runtime.endpoints.find(handle)) is not None:
+            self._groups.lock(ep)
 
     # --- statements --------------------------------------------------------------------------
 
@@ -195,6 +194,7 @@ class Transaction:
         """MOVE CONVERSATION handle TO group (a GUID, existing or new, of the same queue)."""
         self._check_open()
         self._lock(handle)
+        self._groups.lock(self.endpoint(handle), group)  # and the group it moves to
         ep, records = self._runtime.statements.move_records(self.endpoint(handle), group)
         self._held.records.extend(records)
         self._held.stage(ep)
@@ -217,6 +217,7 @@ class Transaction:
         rt.check_send(ep)  # SEND permission on the target service: refused before anything is staged
         if ep.instance is not None:
             rt.secondary_queue(rt.statements.queue_of(ep.service_name), ep.instance)  # replies land there
+        self._groups.lock(ep)  # its group: RELATED_CONVERSATION(_GROUP)'s, or a new one
         self._held.records.extend(rt.statements.lifetime_records(ep))
         self._held.stage(ep)
         self._held.created.add(ep.conversation_handle)
@@ -358,7 +359,7 @@ class Transaction:
         """ROLLBACK: drop what was held and give the received messages back, in order."""
         if self.state is not TransactionState.OPEN:
             return
-        taken = self._taken()
+        taken = partial.taken(self._leases)
         self._end(committed=False)
         self._move(TransactionState.ROLLED_BACK)
         metrics.of(metrics.TRANSACTIONS, self._runtime.namespace, "rolled_back").inc()
@@ -366,20 +367,13 @@ class Transaction:
             self._runtime.note_rollback(q, taken.get(q, {}))
             self._runtime.receive_hooks.after_rollback(q)
 
-    def _taken(self) -> dict[str, dict[str, list[tuple[int, int]]]]:
-        """queue -> topic -> (partition, offset) of each message this transaction received."""
-        taken: dict[str, dict[str, list[tuple[int, int]]]] = {}
-        for lease in self._leases:
-            r = lease.receiver
-            taken.setdefault(r.queue, {}).setdefault(r.topic, []).extend((b.partition, b.offset) for b in lease.taken)
-        return taken
-
     def _end(self, committed: bool) -> None:
         self._uncount()
-        taken = self._taken() if committed else {}
+        taken = partial.taken(self._leases) if committed else {}
         if self._locked_conversations:  # after commit() noted the endpoints: the next holder reads them
             self._runtime.conversation_locks.release(self._locked_conversations, self)
             self._locked_conversations = set()
+        self._groups.release(self._leases)
         for lease in self._leases:
             lease.receiver.release(lease, committed)
         if committed:

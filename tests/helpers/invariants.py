@@ -163,6 +163,25 @@ def lock_violations(commit_logs: list[dict]) -> list[str]:
     return violations
 
 
+def hold_overlaps(holds: list[dict]) -> list[str]:
+    """Two transactions holding one group at once: each hold is {"group", "start", "end", "who"},
+    from when its locking statement returned to just before its commit or rollback was called
+    (inside the true hold, so an overlap of these is an overlap of the holds). Every pair of
+    holds of a group that overlap, once."""
+    overlaps = []
+    by_group: dict[str, list[dict]] = defaultdict(list)
+    for h in holds:
+        by_group[h["group"]].append(h)
+    for group, hs in by_group.items():
+        hs.sort(key=lambda h: h["start"])
+        for i, a in enumerate(hs):
+            for b in hs[i + 1 :]:
+                if b["start"] >= a["end"]:
+                    break
+                overlaps.append(f"{group}: {a['who']} and {b['who']}")
+    return overlaps
+
+
 def read_logs(paths: list[Path]) -> list[dict]:
     out = []
     for p in paths:

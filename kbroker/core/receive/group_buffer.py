@@ -297,6 +297,14 @@ class GroupBuffer(Generic[H]):
         purge's, core/receive/expired_heads.py)."""
         return {name: q[0] for name, q in self._groups.items() if q and name not in self._locked}
 
+    def lock(self, holder: H, group: str, now_ms: int) -> None:
+        """Lock `group` (nobody locks it) for `holder` without taking a record: the group lock a
+        statement on one of its conversations takes (core/dialogs/group_lock.py). Its records,
+        buffered or to come, wait for release(); a RECEIVE by the same owner takes them."""
+        self._locked[group] = holder
+        self._locked_since.setdefault(group, now_ms)
+        self._owned.setdefault(id(holder.owner), {})[group] = None
+
     def take_head(self, holder: H, group: str, now_ms: int) -> Buffered:
         """Lock `group` (one unlocked_heads() names) for `holder` and take its head record alone,
         expired or not; the rest of the group stays buffered, locked with it."""

@@ -242,6 +242,25 @@ class LeaseBook:
                 unsettled.append(p)
         return leases, sorted(unsettled)
 
+    def lock_group(self, owner: Any, group: str, timeout: float) -> Lease | None:
+        """QueueReceiver.lock_group: the lease locking `group` for `owner` (the one it holds
+        already, or a new one that takes no record), waiting up to `timeout` s for another
+        owner's to end; None when it did not."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while True:
+                holder = self._buffer.holder(group)
+                if holder is None:
+                    lease = Lease(self._receiver, group, owner)
+                    self._buffer.lock(lease, group, int(time.time() * 1000))
+                    return lease
+                if holder.owner is owner:
+                    return holder
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed():
+                    return None
+                self._wait(min(left, 0.5), taker=False)  # release() wakes every such waiter
+
     def split(self, lease: Lease, offsets: list[tuple[int, int]]) -> Lease:
         """QueueReceiver.split: the records at `offsets` moved into a lease of their own."""
         with self._cv:

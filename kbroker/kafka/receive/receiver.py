@@ -248,6 +248,12 @@ class QueueReceiver:
             },
         )
 
+    def lock_group(self, owner: Any, group: str, timeout: float) -> Lease | None:
+        """Lock `group` for `owner` without receiving (core/dialogs/group_lock.py): the lease that
+        holds it (owner's own, or a new one taking no record, ended by release()), waiting up to
+        `timeout` s for another transaction's; None if that one did not end in time."""
+        return self._leases.lock_group(owner, group, timeout)
+
     def split(self, lease: Lease, offsets: list[tuple[int, int]]) -> Lease:
         """Move the records at `offsets` out of `lease` into a lease of their own (same group,
         no lock), so they can commit on their own: the re-keying of a moved conversation."""
