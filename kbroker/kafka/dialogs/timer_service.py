@@ -27,7 +27,7 @@ from kbroker.kafka.txn.guarded import (
     TransactionFailed,
     aborted,
     replace_producer,
-    started_for,
+    service_producer,
     transact,
 )
 
@@ -83,15 +83,7 @@ class TimerService:
     def _new_producer(self) -> GuardedProducer:
         """A producer under the service's transactional id (fencing any earlier one, whose open
         transaction the coordinator then aborts), initialised within kbroker's deadline."""
-        return started_for(
-            self._cluster,
-            clients.idempotent_producer(
-                self._cluster,
-                **{"transactional.id": self._transactional_id, "transaction.timeout.ms": 10_000, "retry.backoff.ms": 5},
-            ),
-            self._transactional_id,
-            30,
-        )
+        return service_producer(self._cluster, self._transactional_id)
 
     # --- the loop ------------------------------------------------------------------------------
 

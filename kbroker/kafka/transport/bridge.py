@@ -44,7 +44,7 @@ from kbroker.kafka.catalog.topic_specs import TopicSpec
 from kbroker.kafka.rejects import Rejects
 from kbroker.kafka.snapshot import topic_partitions
 from kbroker.kafka.steps import FailureSink, LoggedOnce, run_steps
-from kbroker.kafka.txn.guarded import GuardedProducer, TransactionFailed, started_for, transact
+from kbroker.kafka.txn.guarded import GuardedProducer, TransactionFailed, service_producer, transact
 
 log = logging.getLogger("kbroker.transport.bridge")
 COMPONENT = "transport bridge"
@@ -149,14 +149,7 @@ class BridgePusher:
 
     def _producer(self, partition: int) -> GuardedProducer:
         tid = f"{self.topic}.{self._source}.{partition}"  # the partition's: a new holder fences the last
-        return started_for(
-            self._far,
-            clients.idempotent_producer(
-                self._far, **{"transactional.id": tid, "transaction.timeout.ms": 10_000, "retry.backoff.ms": 5}
-            ),
-            tid,
-            PUSH_SECONDS,
-        )
+        return service_producer(self._far, tid, PUSH_SECONDS)
 
     def _resume(self) -> None:
         """For each pending partition: fence the last holder, read its far position, read the

@@ -51,7 +51,7 @@ from kbroker.kafka.txn.guarded import (
     TransactionFailed,
     aborted,
     replace_producer,
-    started_for,
+    service_producer,
     transact,
 )
 
@@ -128,15 +128,7 @@ class DelayedMover:
         self.rejects = Rejects(cluster, namespace, COMPONENT)
 
     def _new_producer(self) -> GuardedProducer:
-        return started_for(
-            self._cluster,
-            clients.idempotent_producer(
-                self._cluster,
-                **{"transactional.id": self._transactional_id, "transaction.timeout.ms": 10_000, "retry.backoff.ms": 5},
-            ),
-            self._transactional_id,
-            30,
-        )
+        return service_producer(self._cluster, self._transactional_id)
 
     def start(self) -> DelayedMover:
         self._consumer.subscribe(

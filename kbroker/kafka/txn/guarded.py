@@ -131,6 +131,14 @@ def started_for(cluster: ClusterLike, producer: Producer, transactional_id: str,
         raise
 
 
+def service_producer(cluster: ClusterLike, transactional_id: str, seconds: float = 30.0) -> GuardedProducer:
+    """started_for() of an idempotent producer with `transactional_id`, a 10 s transaction time-out
+    and a 5 ms retry back-off: what a service that moves records in transactions of its own starts
+    (the timer service, the delayed store's mover, a bridge's pusher), and starts again to fence its past."""
+    settings = {"transactional.id": transactional_id, "transaction.timeout.ms": 10_000, "retry.backoff.ms": 5}
+    return started_for(cluster, clients.idempotent_producer(cluster, **settings), transactional_id, seconds)
+
+
 def aborted(producer: GuardedProducer, seconds: float) -> bool:
     """Abort `producer`'s open transaction within `seconds`; False when that failed (the producer
     must be replaced)."""
