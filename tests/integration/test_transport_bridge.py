@@ -1,7 +1,8 @@
 """Queues on another cluster (`queue@namespace@cluster`, kbroker/core/transport/bridge.py), against
 two real brokers, the session's and one of this module's own: a request and its reply and a
 delayed send across the clusters; a send to a far queue nobody installed, and garbage another
-client wrote to the bridge topic, set aside here while the bridge goes on; and the
+client wrote to the bridge topic, set aside here while the bridge goes on; garbage on the far
+positions topic, which leaves the last good position standing; and the
 invariant run: 3,000 messages pushed through kill -9 of the pushing instance and a second one
 competing for the bridge, counted on the far queue by a plain read_committed consumer, 0 lost and
 0 duplicated."""
@@ -226,3 +227,52 @@ def test_a_push_that_fails_before_its_transaction_reads_again_from_the_far_posit
     finally:
         sales.close()
     assert failures == [1] and sorted(Counter(keys).values()) == [1] * 50
+
+
+def test_garbage_on_the_far_positions_topic_leaves_the_positions_and_the_pushes_as_they_were(
+    kafka_bootstrap: str, namespace: str, far: str
+) -> None:
+    from kbroker.core.transport.bridge import position_key, positions_topic
+
+    far_ns = "b" + uuid.uuid4().hex[:10]
+    TransportEndpoint("Billing", cluster=far, namespace=far_ns, machine="m2", install=True, secondary=False).close()
+    far_topic = transport_queue_topic(far_ns, "Billing")
+
+    def sales() -> TransportEndpoint:
+        return TransportEndpoint(
+            "Sales", cluster=kafka_bootstrap, namespace=namespace, install=True, bridges={"eu": far}, secondary=False
+        )
+
+    def send(ep: TransportEndpoint, first: int, n: int) -> None:
+        with ep.transaction() as tx:
+            for i in range(first, first + n):
+                tx.send(f"Billing@{far_ns}@eu", str(i).encode(), message_id=str(uuid.UUID(int=i + 1)))
+
+    ep = sales().start(lambda msg, tx: None)
+    try:
+        send(ep, 0, 20)
+        wait_for(lambda: len(read_all(far, far_topic, 0.5)) >= 20, 60, "the first pushes")
+        source = ep.pushers["eu"]._source
+    finally:
+        ep.close()
+    junk = clients.producer(far)  # another client writes what it likes to the far positions topic
+    ours = position_key(source, bridge_topic(namespace, "eu"), 0)
+    for key, value in [
+        (b"k", b"\x00 not json"),
+        (None, b"{}"),
+        (ours, b"not json"),
+        (ours, b'{"next": -5}'),
+        (ours, b'{"next": "20"}'),
+        (ours, b"x" * 100_000),
+    ]:
+        junk.produce(positions_topic(namespace), key=key, value=value)
+    junk.flush(10)
+    ep = sales()
+    try:
+        send(ep, 20, 20)
+        ep.start(lambda msg, tx: None)
+        wait_for(lambda: len(read_all(far, far_topic, 0.5)) >= 40, 60, "the pushes after the garbage")
+        keys = read_all(far, far_topic, 2.0)
+    finally:
+        ep.close()
+    assert sorted(Counter(keys).values()) == [1] * 40  # the last good position held: none pushed again

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from kbroker.core.catalog import xml_schemas
 from kbroker.core.catalog.catalog_records import catalog_record
+from kbroker.core.rejected import Rejected
 from kbroker.core.catalog.loader import load_definitions
 from kbroker.core.catalog.models import Catalog, MessageType, XmlSchemaCollection
 from kbroker.core.dialogs.arrival import REFUSE, SAVE, SCHEMA_VALIDATION_FAILED, check_arrival
@@ -178,6 +179,22 @@ def test_the_collections_text_travels_in_the_catalogs_records(tmp_path: Path) ->
     assert back.message_types[ORDER] == catalog.message_types[ORDER]
     # A message type of another validation is written as before (a kbroker before this one reads it).
     assert MessageType(name="M").model_dump() == {"name": "M", "validation": "NONE"}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"\x00 not json",
+        orjson.dumps({"name": "Orders"}),  # no schemas
+        orjson.dumps({"name": "Orders", "schemas": []}),
+        orjson.dumps({"name": "Other", "schemas": [ORDERS]}),  # named unlike its key
+        orjson.dumps({"name": "Orders", "schemas": [ORDERS], "forged": True}),
+        orjson.dumps({"name": "Orders", "schemas": ["x" * 100_000, 7]}),
+    ],
+)
+def test_a_collection_record_another_client_wrote_badly_is_rejected(value: bytes) -> None:
+    with pytest.raises(Rejected):
+        catalog_record(b"xml_schema_collection/Orders", value)
 
 
 # --- validation -------------------------------------------------------------------------------------
