@@ -20,12 +20,12 @@ from hypothesis import strategies as st
 
 from kbroker.core.catalog import xml_schemas
 from kbroker.core.catalog.catalog_records import catalog_record
-from kbroker.core.rejected import Rejected
 from kbroker.core.catalog.loader import load_definitions
 from kbroker.core.catalog.models import Catalog, MessageType, XmlSchemaCollection
 from kbroker.core.dialogs.arrival import REFUSE, SAVE, SCHEMA_VALIDATION_FAILED, check_arrival
 from kbroker.core.dialogs.envelope import Envelope
 from kbroker.core.dialogs.validation import validate_body
+from kbroker.core.rejected import Rejected
 from kbroker.errors import CatalogError, DefinitionError, MessageValidationError
 from tests.unit.test_arrival_checks import message
 from tests.unit.test_statements import CLAIM, World
