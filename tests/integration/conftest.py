@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,3 +145,22 @@ def start_analytics(spark, kafka_bootstrap: str, tmp_path: Path):
     yield start
     for job in jobs:
         job.stop()
+
+
+@pytest.fixture
+def endpoints(kafka_bootstrap: str, namespace: str) -> Iterator[Callable[..., Any]]:
+    """endpoints(name, machine=..., **settings): a transport endpoint instance, installed unless
+    install=False, closed after the test (the transport tests' maker)."""
+    from kbroker import transport
+
+    made: list[Any] = []
+
+    def make(name: str, machine: str = "m1", **kw: Any) -> Any:
+        kw.setdefault("install", True)
+        ep = transport.endpoint(name, bootstrap=kafka_bootstrap, namespace=namespace, machine=machine, **kw)
+        made.append(ep)
+        return ep
+
+    yield make
+    for ep in reversed(made):
+        ep.close()

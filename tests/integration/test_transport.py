@@ -10,7 +10,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -34,23 +34,6 @@ NSB_HEADERS = {
     "NServiceBus.ContentType": "application/json",
     "Ünïcode": "✓",
 }
-
-
-@pytest.fixture
-def endpoints(kafka_bootstrap: str, namespace: str) -> Iterator[Callable[..., TransportEndpoint]]:
-    """endpoints(name, machine=..., **settings): an installed endpoint instance, closed after the test."""
-    made: list[TransportEndpoint] = []
-
-    def make(name: str, machine: str = "m1", **kw: Any) -> TransportEndpoint:
-        ep = transport.endpoint(
-            name, bootstrap=kafka_bootstrap, namespace=namespace, machine=machine, install=True, **kw
-        )
-        made.append(ep)
-        return ep
-
-    yield make
-    for ep in reversed(made):
-        ep.close()
 
 
 @contextmanager

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -19,7 +19,6 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from kbroker import transport
 from kbroker.core import names
 from kbroker.core.transport.delayed import DelayedDelivery, delayed_topic
 from kbroker.core.transport.endpoint import transport_queue_topic
@@ -29,22 +28,6 @@ from kbroker.sdk.transport.endpoint import TransportEndpoint, send_message
 from tests.helpers import wait_for
 from tests.integration.test_broker_restart import RestartableBroker, own_broker  # noqa: F401 - a fixture
 from tests.integration.test_catalog_apply import run_cli
-
-
-@pytest.fixture
-def endpoints(kafka_bootstrap: str, namespace: str) -> Iterator[Callable[..., TransportEndpoint]]:
-    """endpoints(name, machine=..., **settings): an installed endpoint instance, closed after the test."""
-    made: list[TransportEndpoint] = []
-
-    def make(name: str, machine: str = "m1", **kw: Any) -> TransportEndpoint:
-        kw.setdefault("install", True)
-        ep = transport.endpoint(name, bootstrap=kafka_bootstrap, namespace=namespace, machine=machine, **kw)
-        made.append(ep)
-        return ep
-
-    yield make
-    for ep in reversed(made):
-        ep.close()
 
 
 def drain(ep: TransportEndpoint, seconds: float, *, expect: int | None = None) -> list[tuple[TransportMessage, float]]:

@@ -12,14 +12,13 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from kbroker import transport
 from kbroker.core.transport.message import TransportMessage
 from kbroker.core.transport.recoverability import Recoverability
 from kbroker.errors import InvalidArgumentError
@@ -28,21 +27,6 @@ from kbroker.sdk.transport.outbox import Outbox
 from tests.helpers import ROOT
 
 NO_DELAYED = Recoverability(immediate_retries=1, delayed_retries=0)
-
-
-@pytest.fixture
-def endpoints(kafka_bootstrap: str, namespace: str) -> Iterator[Callable[..., TransportEndpoint]]:
-    made: list[TransportEndpoint] = []
-
-    def make(name: str, machine: str = "m1", **kw: Any) -> TransportEndpoint:
-        kw.setdefault("install", True)
-        ep = transport.endpoint(name, bootstrap=kafka_bootstrap, namespace=namespace, machine=machine, **kw)
-        made.append(ep)
-        return ep
-
-    yield make
-    for ep in reversed(made):
-        ep.close()
 
 
 def drain(ep: TransportEndpoint, seconds: float) -> list[TransportMessage]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
@@ -21,21 +19,6 @@ from kbroker.sdk.transport.purge import purge_expired
 from tests.helpers import wait_for
 
 TTBR = 2.0  # seconds the expiring messages live
-
-
-@pytest.fixture
-def endpoints(kafka_bootstrap: str, namespace: str) -> Iterator[Callable[..., TransportEndpoint]]:
-    """endpoints(name, machine=..., **settings): an installed instance, closed after the test."""
-    made: list[TransportEndpoint] = []
-
-    def make(name: str, machine: str = "m1", **kw: Any) -> TransportEndpoint:
-        ep = TransportEndpoint(name, cluster=kafka_bootstrap, namespace=namespace, machine=machine, install=True, **kw)
-        made.append(ep)
-        return ep
-
-    yield make
-    for ep in reversed(made):
-        ep.close()
 
 
 def send_batches(ep: TransportEndpoint, queue: str, expired: int, live: int, behind: int) -> tuple[set[str], list[str]]:

@@ -10,13 +10,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import orjson
-import pytest
 
-from kbroker import transport
 from kbroker.core.transport.audit import PROCESSING_ENDED, PROCESSING_STARTED
 from kbroker.core.transport.message import TransportMessage
 from kbroker.core.transport.recoverability import (
@@ -40,21 +38,6 @@ FAST = Recoverability(immediate_retries=2, delayed_retries=2, time_increase=0.5)
 
 class Refused(Exception):
     """What the handlers of these tests raise."""
-
-
-@pytest.fixture
-def endpoints(kafka_bootstrap: str, namespace: str) -> Iterator[Callable[..., TransportEndpoint]]:
-    made: list[TransportEndpoint] = []
-
-    def make(name: str, machine: str = "m1", **kw: Any) -> TransportEndpoint:
-        kw.setdefault("install", True)
-        ep = transport.endpoint(name, bootstrap=kafka_bootstrap, namespace=namespace, machine=machine, **kw)
-        made.append(ep)
-        return ep
-
-    yield make
-    for ep in reversed(made):
-        ep.close()
 
 
 def errors_of(ep: TransportEndpoint, n: int, seconds: float = 30.0) -> list[TransportMessage]:
