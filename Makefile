@@ -28,6 +28,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check kbroker tests scripts examples
 	$(BIN)/lint-imports
 	$(BIN)/mypy kbroker
+	@# Every test module imports (seconds, no broker): a broken import fails here, not 20 minutes in.
+	@out=$$($(BIN)/python -m pytest --collect-only -q 2>&1) || { echo "$$out" | tail -40; exit 1; }; echo "$$out" | grep -E "tests? collected"
 
 # The static checks first (`make lint`, seconds), then the tests against a real broker
 # (minutes); Toxiproxy is built once (about a minute) for the network-stall test.

@@ -15,7 +15,6 @@ from opentelemetry.trace import SpanKind
 
 from kbroker import tracing
 from tests.integration.test_routing import CLIENT, CONTRACT, REPLY, REQUEST, SERVER, receive_all, two_namespaces
-from tests.integration.test_transport import endpoints  # noqa: F401 - the fixture
 
 
 @pytest.fixture
