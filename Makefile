@@ -23,12 +23,12 @@ demo-analytics: setup
 # The static checks, in seconds once the virtualenv exists (no Java, no Maven, no broker): the
 # format and the lint rules ([tool.ruff] in pyproject.toml), the layer contracts, the types.
 # .pre-commit-config.yaml runs the same on a commit's files.
+# The last step collects the tests (seconds, no broker): a broken import fails here, not 20 minutes in.
 lint: $(STAMP)
 	$(BIN)/ruff format --check kbroker tests scripts examples
 	$(BIN)/ruff check kbroker tests scripts examples
 	$(BIN)/lint-imports
 	$(BIN)/mypy kbroker
-	@# Every test module imports (seconds, no broker): a broken import fails here, not 20 minutes in.
 	@out=$$($(BIN)/python -m pytest --collect-only -q 2>&1) || { echo "$$out" | tail -40; exit 1; }; echo "$$out" | grep -E "tests? collected"
 
 # The static checks first (`make lint`, seconds), then the tests against a real broker

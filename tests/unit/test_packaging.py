@@ -134,6 +134,8 @@ LINT = [
     ".venv/bin/ruff check kbroker tests scripts examples",
     ".venv/bin/lint-imports",
     ".venv/bin/mypy kbroker",
+    'out=$(.venv/bin/python -m pytest --collect-only -q 2>&1) || { echo "$out" | tail -40; exit 1; }; '
+    'echo "$out" | grep -E "tests? collected"',
 ]
 
 
