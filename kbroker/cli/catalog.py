@@ -16,6 +16,9 @@ from kbroker.cli.common import (
 )
 from kbroker.cli.output import make_console, new_table, print_table
 
+# core/catalog/drops.DROP_KINDS, spelt out: `kbroker --help` loads no pydantic (test_catalog_drop checks)
+DROP_CHOICES = ["message-type", "contract", "queue", "service", "route", "xml-schema-collection", "broker-priority"]
+
 if TYPE_CHECKING:
     from rich.table import Table
 
@@ -79,7 +82,7 @@ def apply_cmd(paths, target, replication_factor, as_json):
 @main.command("drop")
 @click.argument(
     "kind",
-    type=click.Choice(["message-type", "contract", "queue", "service", "route", "xml-schema-collection"]),
+    type=click.Choice(DROP_CHOICES),
 )
 @click.argument("name")
 @click.option(

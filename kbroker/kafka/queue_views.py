@@ -265,6 +265,7 @@ def conversation_rows(endpoints: list[Endpoint]) -> list[dict[str, Any]]:
                 "service_contract_name": ep.service_contract_name,
                 "state": ep.state,
                 "state_desc": ep.state_desc,
+                "priority": ep.priority,
                 # As last written: SENDs write the endpoint once per reserved block of sequence
                 # numbers (and exactly on a clean close), so a live sender may be up to the bound.
                 "send_sequence": ep.send_sequence,

@@ -41,6 +41,7 @@ SAMPLE = dict(
     queues=[{"name": "Q"}, {"name": "Empty"}],
     services=[{"name": "S", "queue": "Q", "contracts": ["C"]}],
     routes=[{"name": "R", "service_name": "S", "address": "LOCAL"}],
+    broker_priorities=[{"name": "P", "contract": "C", "local_service": "S", "priority": 8}],
 )
 
 
@@ -48,10 +49,10 @@ SAMPLE = dict(
     ("kind", "name", "users"),
     [
         ("message-type", "M", ("contract C",)),
-        ("contract", "C", ("service S",)),
+        ("contract", "C", ("broker priority P", "service S")),
         ("queue", "Q", ("service S",)),
         ("xml-schema-collection", "X", ("message type M",)),
-        ("service", "S", ("route R",)),
+        ("service", "S", ("broker priority P", "route R")),
     ],
 )
 def test_a_used_object_is_refused_naming_its_users(kind: str, name: str, users: tuple[str, ...]) -> None:
@@ -69,6 +70,7 @@ def test_a_used_object_is_refused_naming_its_users(kind: str, name: str, users: 
         ("message-type", "N", "message_types"),
         ("queue", "Empty", "queues"),
         ("route", "R", "routes"),
+        ("broker-priority", "P", "broker_priorities"),
     ],
 )
 def test_an_unused_object_goes(kind: str, name: str, field: str) -> None:
@@ -80,6 +82,7 @@ def test_an_unused_object_goes(kind: str, name: str, field: str) -> None:
 def test_dropping_in_order_empties_the_catalog() -> None:
     c = catalog(**SAMPLE)
     for kind, name in [
+        ("broker-priority", "P"),
         ("route", "R"),
         ("service", "S"),
         ("queue", "Q"),
@@ -165,7 +168,13 @@ def catalogs(draw: st.DrawFn) -> Catalog:
         local = svc != "elsewhere" and draw(st.booleans())
         address = "LOCAL" if local else "kafka://h:9092/other"
         routes.append({"name": f"R{i}", "service_name": svc, "address": address})
+    priorities = []
+    for i in range(draw(st.integers(0, 2))):
+        contract = draw(st.sampled_from(["ANY", DEFAULT] + [c["name"] for c in contracts]))
+        local = draw(st.sampled_from(["ANY"] + [s["name"] for s in services]))
+        priorities.append({"name": f"P{i}", "contract": contract, "local_service": local, "remote_service": f"r{i}"})
     return catalog(
+        broker_priorities=priorities,
         xml_schema_collections=[{"name": x, "schemas": [XSD]} for x in xs],
         message_types=mts,
         contracts=contracts,
@@ -184,6 +193,7 @@ def references_hold(c: Catalog) -> bool:
         "services": dict(c.services),
         "routes": dict(c.routes),
         "broker_endpoints": {},
+        "broker_priorities": dict(c.broker_priorities),
     }
     try:
         _check_references(objects, defaultdict(str))
@@ -237,8 +247,9 @@ def test_a_drop_list_is_read_and_checked(tmp_path: Path) -> None:
 
 def test_plan_drops_orders_users_first_and_skips_what_is_gone() -> None:
     drops = [("xml-schema-collection", "X"), ("queue", "Q"), ("message-type", "M"), ("contract", "C")]
-    drops += [("service", "S"), ("route", "R"), ("queue", "Gone")]
+    drops += [("service", "S"), ("route", "R"), ("queue", "Gone"), ("broker-priority", "P")]
     assert plan_drops(catalog(**SAMPLE), drops) == [
+        ("broker-priority", "P"),
         ("route", "R"),
         ("service", "S"),
         ("queue", "Q"),
@@ -252,3 +263,9 @@ def test_plan_drops_orders_users_first_and_skips_what_is_gone() -> None:
     after = merged(catalog(**SAMPLE), files)  # the files move S to Q2: Q may go in the same apply
     assert after.services["S"].queue == "Q2"
     assert plan_drops(after, [("queue", "Q")]) == [("queue", "Q")]
+
+
+def test_the_command_line_offers_every_kind() -> None:
+    from kbroker.cli.catalog import DROP_CHOICES
+
+    assert DROP_CHOICES == list(DROP_KINDS)

@@ -208,6 +208,7 @@ def test_rows_are_sys_transmission_queue_rows():
         "message_type_name": REQ,
         "is_end_of_dialog": False,
         "is_conversation_error": False,
+        "priority": 5,
         "transmission_status": "",
         "destination": None,
         "attempts": 0,

@@ -20,6 +20,7 @@ from kbroker.core.catalog.objects import (
     SystemTopic,
     XmlSchemaCollection,
 )
+from kbroker.core.catalog.priorities import BrokerPriority, DatabaseOption, conversation_priority, honors_priority
 from kbroker.core.catalog.values import StrictModel
 from kbroker.errors import (
     CatalogError,
@@ -41,6 +42,8 @@ class Catalog(StrictModel):
     routes: dict[str, Route] = {}
     broker_endpoints: dict[str, BrokerEndpoint] = {}
     xml_schema_collections: dict[str, XmlSchemaCollection] = {}
+    broker_priorities: dict[str, BrokerPriority] = {}
+    database_options: dict[str, DatabaseOption] = {}
     # Filled by the loader only, never published: system topic overrides of the applied files,
     # and where each object was defined ("queue X" -> file) for error messages.
     system_topics: dict[str, SystemTopic] = Field(default={}, exclude=True)
@@ -66,6 +69,8 @@ class Catalog(StrictModel):
             "routes",
             "broker_endpoints",
             "xml_schema_collections",
+            "broker_priorities",
+            "database_options",
         ):
             for key, obj in getattr(self, kind).items():
                 if key != obj.name:
@@ -127,6 +132,17 @@ class Catalog(StrictModel):
     def service_accepts(self, service_name: str, contract_name: str) -> bool:
         """Whether a service accepts conversations on this contract as their target."""
         return contract_name in self.service(service_name).contracts
+
+    def endpoint_priority(self, contract: str, local: str, remote: str) -> int | None:
+        """The priority a new endpoint of `contract` between its `local` and `remote` services
+        gets from the broker priorities (priorities.py); None when none matches."""
+        if not self.broker_priorities:
+            return None
+        return conversation_priority(self.broker_priorities.values(), contract, local, remote)
+
+    @property
+    def honor_broker_priority(self) -> bool:
+        return honors_priority(self.database_options)
 
     def services_on_queue(self, queue_name: str) -> list[Service]:
         return [s for s in self.services.values() if s.queue == queue_name]

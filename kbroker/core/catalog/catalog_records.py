@@ -16,6 +16,7 @@ from kbroker.core.catalog.models import (
     Service,
     XmlSchemaCollection,
 )
+from kbroker.core.catalog.priorities import BrokerPriority, DatabaseOption
 from kbroker.core.rejected import Rejected, json_object, text_key
 
 # record kind -> (Catalog field, model)
@@ -27,6 +28,8 @@ KINDS: dict[str, tuple[str, type[BaseModel]]] = {
     "route": ("routes", Route),
     "broker_endpoint": ("broker_endpoints", BrokerEndpoint),
     "xml_schema_collection": ("xml_schema_collections", XmlSchemaCollection),
+    "broker_priority": ("broker_priorities", BrokerPriority),
+    "database_option": ("database_options", DatabaseOption),
 }
 
 

@@ -1,4 +1,4 @@
-"""DROP MESSAGE TYPE, CONTRACT, QUEUE, SERVICE, ROUTE and XML SCHEMA COLLECTION as pure rules:
+"""DROP MESSAGE TYPE, CONTRACT, QUEUE, SERVICE, ROUTE, XML SCHEMA COLLECTION and BROKER PRIORITY as pure rules:
 what refuses a drop (an object still used by another, a built-in) and the catalog after it; and
 the rule that a contract's messages are fixed once it is published (no ALTER CONTRACT).
 
@@ -18,15 +18,16 @@ DROP_KINDS: dict[str, tuple[str, str]] = {
     "service": ("services", "service"),
     "route": ("routes", "route"),
     "xml-schema-collection": ("xml_schema_collections", "XML schema collection"),
+    "broker-priority": ("broker_priorities", "broker priority"),
 }
 
 # kbroker's wording of Service Broker's refusals, by the Catalog field dropped from
 REASONS = {
     "message_types": "it is used by {users}: drop or recreate the contracts first",
-    "contracts": "it is used by {users}: drop the services or apply them without it first",
+    "contracts": "it is used by {users}: drop the services or apply them without it, and the priorities, first",
     "queues": "it is used by {users}: drop the services first",
     "xml_schema_collections": "it is used by {users}: drop the message types or change their validation first",
-    "services": "it is named by {users}: drop the routes first",
+    "services": "it is named by {users}: drop the routes and priorities first",
 }
 
 
@@ -37,12 +38,14 @@ def users_of(catalog: Catalog, field: str, name: str) -> tuple[str, ...]:
         found = [f"contract {c.name}" for c in catalog.contracts.values() if any(m.type == name for m in c.messages)]
     elif field == "contracts":
         found = [f"service {s.name}" for s in catalog.services.values() if name in s.contracts]
+        found += [f"broker priority {p.name}" for p in catalog.broker_priorities.values() if p.contract == name]
     elif field == "queues":
         found = [f"service {s.name}" for s in catalog.services.values() if s.queue == name]
     elif field == "xml_schema_collections":
         found = [f"message type {m.name}" for m in catalog.message_types.values() if m.schema_collection == name]
     elif field == "services":
         found = [f"route {r.name}" for r in catalog.routes.values() if r.address == "LOCAL" and r.service_name == name]
+        found += [f"broker priority {p.name}" for p in catalog.broker_priorities.values() if p.local_service == name]
     return tuple(sorted(found))
 
 
@@ -71,8 +74,17 @@ def dropped(catalog: Catalog, kind: str, name: str) -> Catalog:
 
 # A drop: list runs in this order, users before what they use, so one apply can drop a service
 # with its queue and contracts, whatever order the files list them in.
-DROP_ORDER = ("route", "service", "queue", "contract", "message-type", "xml-schema-collection")
-FIELDS = ("message_types", "contracts", "queues", "services", "routes", "xml_schema_collections")
+DROP_ORDER = ("broker-priority", "route", "service", "queue", "contract", "message-type", "xml-schema-collection")
+FIELDS = (
+    "message_types",
+    "contracts",
+    "queues",
+    "services",
+    "routes",
+    "xml_schema_collections",
+    "broker_priorities",
+    "database_options",
+)
 
 
 def merged(previous: Catalog, files: Catalog) -> Catalog:

@@ -9,6 +9,8 @@ A definition file is a mapping of lists:
     services:      [{name, queue, contracts}]
     routes:        [{name, service_name, address, broker_instance, lifetime, mirror_address}]
     broker_endpoints: [{name, message_forwarding, message_forward_size}]   (at most one)
+    broker_priorities: [{name, contract, local_service, remote_service, priority}]  (priorities.py)
+    database_options: [{name: honor_broker_priority, value: ON|OFF}]
     system_topics: [{name, partitions, config}]     (kbroker/core/catalog/system.yaml)
     drop:          [{kind, name}]   DROP statements, applied after the definitions (drops.py)
 
@@ -42,12 +44,24 @@ from kbroker.core.catalog.models import (
     SystemTopic,
     XmlSchemaCollection,
 )
+from kbroker.core.catalog.priorities import ANY, BrokerPriority, DatabaseOption
 from kbroker.core.catalog.xml_schemas import SchemaCompileError, compiled
 from kbroker.errors import DefinitionError
 
 SYSTEM_YAML = Path(__file__).with_name("system.yaml")
 
-Definition = MessageType | XmlSchemaCollection | Contract | Queue | Service | Route | BrokerEndpoint | SystemTopic
+Definition = (
+    MessageType
+    | XmlSchemaCollection
+    | Contract
+    | Queue
+    | Service
+    | Route
+    | BrokerEndpoint
+    | SystemTopic
+    | BrokerPriority
+    | DatabaseOption
+)
 
 # top-level key -> (label used in errors, model)
 SECTIONS: dict[str, tuple[str, type[Definition]]] = {
@@ -59,6 +73,8 @@ SECTIONS: dict[str, tuple[str, type[Definition]]] = {
     "routes": ("route", Route),
     "broker_endpoints": ("broker endpoint", BrokerEndpoint),
     "system_topics": ("system topic", SystemTopic),
+    "broker_priorities": ("broker priority", BrokerPriority),
+    "database_options": ("database option", DatabaseOption),
 }
 
 
@@ -260,6 +276,8 @@ def load_definitions(paths: Iterable[str | Path], namespace: str) -> Catalog:
         services=objects["services"],
         routes=objects["routes"],
         broker_endpoints=objects["broker_endpoints"],
+        broker_priorities=objects["broker_priorities"],
+        database_options=objects["database_options"],
         system_topics=objects["system_topics"],
         origins=origins,
         drops=drops,
@@ -309,11 +327,31 @@ def _check_references(objects: dict[str, dict[str, Any]], origins: dict[str, str
             f"broker endpoint {names[1]}",
             f"a namespace has one broker endpoint; {names[0]!r} is already defined",
         )
+    _check_priorities(objects, contracts, missing)
     for r in objects["routes"].values():
         # Only a LOCAL route's service must be defined here: a remote route names a service of
         # another namespace (Service Broker checks neither).
         if r.address == "LOCAL" and r.service_name is not None and r.service_name not in objects["services"]:
             raise missing(f"route {r.name}", "service", r.service_name)
+
+
+def _check_priorities(objects: dict[str, dict[str, Any]], contracts: dict[str, Any], missing: Any) -> None:
+    """A priority's contract and local service are this namespace's (or ANY); its remote service
+    may be any name. Two priorities with the same three criteria are refused, as Service Broker
+    refuses them: which one applied would be a guess."""
+    seen: dict[tuple[str, str, str], str] = {}
+    for p in objects.get("broker_priorities", {}).values():
+        obj = f"broker priority {p.name}"
+        if p.contract != ANY and p.contract not in contracts:
+            raise missing(obj, "contract", p.contract)
+        if p.local_service != ANY and p.local_service not in objects["services"]:
+            raise missing(obj, "service", p.local_service)
+        criteria = (p.contract, p.local_service, p.remote_service)
+        if criteria in seen:
+            raise DefinitionError(
+                None, obj, f"has the contract and services of broker priority {seen[criteria]!r}: one would be ignored"
+            )
+        seen[criteria] = p.name
 
 
 def check_queue_names(queues: Iterable[str], origins: dict[str, str], applied: Iterable[str] = ()) -> None:

@@ -92,6 +92,17 @@ class Endpoint:
     # Ended here WITH CLEANUP: the messages still queued for it are discarded on RECEIVE, as
     # Service Broker deletes them, instead of set aside as messages for a closed dialog are.
     cleaned_up: bool = False
+    # sys.conversation_endpoints.priority: this side's, from the broker priorities when it was
+    # created, kept to the end (core/catalog/priorities.py). `far_priority`: the far side's, which
+    # this side's records carry within one namespace, so RECEIVE there orders them by it.
+    priority: int = 5
+    far_priority: int = 5
+
+    @property
+    def send_priority(self) -> int:
+        """The priority this side's records carry: the receiving side's within one namespace; a
+        remote dialog's its own, for its transmitter (the far dispatcher puts the far side's)."""
+        return self.priority if self.remote else self.far_priority
 
     @property
     def is_initiator(self) -> bool:
@@ -206,9 +217,11 @@ def new_target_endpoint(
     far_instance: str | None = None,
     lifetime: int | None = None,
     far_broker: str | None = None,
+    priorities: tuple[int, int] = (5, 5),
 ) -> Endpoint:
     """The target endpoint, created when the dialog's first message arrives (as SSB does).
-    `far_broker`: the initiator's namespace when the message came from another one."""
+    `far_broker`: the initiator's namespace when the message came from another one; `priorities`:
+    (its priority, the initiator's)."""
     return Endpoint(
         handle_for(conversation_id, "TARGET"),
         conversation_id,
@@ -224,6 +237,8 @@ def new_target_endpoint(
         lifetime=lifetime,
         remote=far_broker is not None,
         far_broker=far_broker,
+        priority=priorities[0],
+        far_priority=priorities[1],
     )
 
 

@@ -107,6 +107,8 @@ class DialogStatements(SendRecords):
             instance=instance,
             remote=remote,
             far_broker=None if local else broker_instance,
+            priority=self.endpoint_priority(contract, from_service, to_service),
+            far_priority=5 if remote else self.endpoint_priority(contract, to_service, from_service),
         )
 
     def check_group_queue(self, group: str, queue: str, *, ignore: str | None = None) -> None:

@@ -57,6 +57,10 @@ class ReceiveStatements(SendRecords):
                 far_instance=env.reply_instance,
                 lifetime=env.lifetime,
                 far_broker=env.from_broker,
+                priorities=(
+                    self.endpoint_priority(env.service_contract_name, env.to_service_name, env.from_service_name),
+                    self.endpoint_priority(env.service_contract_name, env.from_service_name, env.to_service_name),
+                ),
             )
         if ep.state in (DISCONNECTED_OUTBOUND, CLOSED):
             # This side already ended: the peer's EndDialog or Error only closes the endpoint

@@ -45,7 +45,7 @@ class SendRecords(StatementBase):
         correlation_id: str | None = None,
         reply_to: str | None = None,
         time_to_be_received: float | None = None,
-        priority: int = 5,
+        priority: int | None = None,
     ) -> tuple[Record, str, Endpoint]:
         """Validate a SEND and build its record: (record, message id, endpoint after the send)."""
         data = to_bytes(body)
@@ -59,7 +59,7 @@ class SendRecords(StatementBase):
         ):
             raise ContractViolationError(message_type, ep.service_contract_name, ep.side)
         validate_body(message_type, mt.validation, data, self._lookup(lambda c: c.schema_collection_of(mt)))
-        if not 1 <= priority <= 10:
+        if priority is not None and (not isinstance(priority, int) or not 1 <= priority <= 10):
             raise InvalidArgumentError("priority must be 1-10")
         expires = None if time_to_be_received is None else int((self._clock() + time_to_be_received) * 1000)
         record, message_id = self._record(
@@ -94,10 +94,11 @@ class SendRecords(StatementBase):
         correlation_id: str | None = None,
         reply_to: str | None = None,
         expires: int | None = None,
-        priority: int = 5,
+        priority: int | None = None,
     ) -> tuple[Record, str]:
         """A message from this side to the far side's queue, keyed by the far side's group, with
-        this side's next sequence number: (record, message id)."""
+        this side's next sequence number: (record, message id). `priority`: SEND's, else the
+        conversation's (Endpoint.send_priority)."""
         if not ep.remote:
             far_service = self._lookup(lambda c: c.service(ep.far_service_name))
             far_queue = self._lookup(lambda c: c.queue(far_service.queue))
@@ -119,7 +120,7 @@ class SendRecords(StatementBase):
             correlation_id=correlation_id,
             reply_to=reply_to,
             expires=expires,
-            priority=priority,
+            priority=ep.send_priority if priority is None else priority,
             lifetime=ep.lifetime if ep.is_initiator else None,
             reply_group=None if reply_group == ep.conversation_id else reply_group,
             reply_instance=ep.instance,

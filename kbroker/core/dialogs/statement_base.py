@@ -97,6 +97,11 @@ class StatementBase:
         """The topic this side of a conversation receives from."""
         return self.queue_topic_of(ep.service_name, ep.instance)
 
+    def endpoint_priority(self, contract: str, local: str, remote: str) -> int:
+        """The priority a new endpoint gets from the broker priorities (5 when none matches)."""
+        found = self._lookup(lambda c: c.endpoint_priority(contract, local, remote))
+        return 5 if found is None else int(found)
+
     def queue_of(self, service: str) -> str:
         """The queue of `service`."""
         return self._lookup(lambda c: c.service(service)).queue

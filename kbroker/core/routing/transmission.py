@@ -97,6 +97,7 @@ class Outgoing:
     first_sent: float | None = None
     lasting_status: str = ""  # why it waits that a resend does not change (the far side said, or it stalled)
     stall_noted: bool = False
+    priority: int = 5  # the sending endpoint's (kb.priority): HONOR_BROKER_PRIORITY sends higher first
 
     def row(self) -> dict[str, Any]:
         """The sys.transmission_queue row of this message."""
@@ -112,6 +113,7 @@ class Outgoing:
             "message_type_name": self.message_type,
             "is_end_of_dialog": self.message_type.endswith("/EndDialog"),
             "is_conversation_error": self.message_type.endswith("/Error"),
+            "priority": self.priority,
             "transmission_status": self.status,
             "destination": self.destination,
             "attempts": self.attempts,
@@ -128,6 +130,18 @@ class Refusal:
     dropped: tuple[Outgoing, ...]
     code: int
     description: str
+
+
+def by_priority(due: list[Outgoing]) -> list[Outgoing]:
+    """`due` (in offset order) with the dialogs of higher priority first, each dialog's messages
+    still in their order, whatever priority each SEND gave: a dialog ranks by its highest, then by
+    its first message's place."""
+    rank: dict[str, tuple[int, int]] = {}
+    for i, m in enumerate(due):
+        top, first = rank.get(m.handle, (0, i))
+        rank[m.handle] = (max(top, m.priority), first)
+    order = {h: i for i, h in enumerate(sorted(rank, key=lambda h: (-rank[h][0], rank[h][1])))}
+    return sorted(due, key=lambda m: order[m.handle])  # stable: a dialog's own order stays
 
 
 class TransmissionQueue:
@@ -225,9 +239,11 @@ class TransmissionQueue:
         """Every message held, in (partition, offset) order."""
         return [m for p in sorted(self._by_partition) for _, m in sorted(self._by_partition[p].items())]
 
-    def due(self, now: float) -> list[Outgoing]:
-        """Messages to send now, in offset order (so each dialog's in sequence order)."""
-        return [m for m in self.held() if m.next_try <= now]
+    def due(self, now: float, honor_priority: bool = False) -> list[Outgoing]:
+        """Messages to send now, in offset order (so each dialog's in sequence order); with
+        `honor_priority` (HONOR_BROKER_PRIORITY), dialogs of higher priority first (priorities.py)."""
+        due = [m for m in self.held() if m.next_try <= now]
+        return by_priority(due) if honor_priority else due
 
     def wake(self, now: float, which: Callable[[Outgoing], bool]) -> int:
         """Make the held messages `which` accepts due now (a route changed, a connection opened);

@@ -190,10 +190,11 @@ class Transmitter:
         return nxt, True
 
     def _send(self, now: float) -> None:
-        due = self.queue.due(now)
+        catalog = self._catalog()
+        due = self.queue.due(now, catalog.honor_broker_priority)
         if not due:
             return
-        routes = routes_of(self._catalog())
+        routes = routes_of(catalog)
         hops: dict[tuple[str, str | None], tuple[str, bool]] = {}  # one route look-up per service a pass
         for m in due:
             where = hops.get((m.to_service, m.to_broker))

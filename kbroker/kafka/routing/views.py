@@ -96,6 +96,7 @@ def outgoing(msg: Message, skipped: Callable[[str], object] | None = None) -> Ou
         msg.timestamp()[1] / 1000.0,
         len(value),
         record=(value, messages.headers(msg)),
+        priority=env.priority,
     )
 
 
