@@ -8,7 +8,7 @@ and outcome are sdk/transaction.py's.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 
@@ -20,6 +20,8 @@ from kbroker.core.dialogs.send_lease import SendLease
 from kbroker.core.records import Record
 from kbroker.errors import ConversationNotFoundError
 from kbroker.sdk.runtime import BrokerRuntime
+
+VALIDATION_CODES = {"EMPTY": "E", "NONE": "N", "WELL_FORMED_XML": "X", "VALID_XML": "X", "JSON": "J"}
 
 log = logging.getLogger("kbroker.transaction")
 
@@ -129,7 +131,8 @@ class Held:
                 if not existed:  # a target's first message: nobody else has this side yet
                     self.created.add(ep.conversation_handle)
             if keep:
-                delivered.append(m)
+                mt = catalog.message_types.get(m.message_type_name)
+                delivered.append(m if mt is None else replace(m, validation=VALIDATION_CODES[mt.validation]))
         return delivered, moving
 
     def _receiving_endpoint(self, msg: Message, staged: Endpoint | None) -> Endpoint | None:

@@ -216,7 +216,20 @@ class Message:
     enqueued_time: int | None = None  # the record's timestamp, epoch ms
     partition: int = -1
     offset: int = -1  # Kafka's counterpart of the message row's RowVersion
+    # RECEIVE's `validation` column: E (EMPTY), N (NONE), X (WELL_FORMED_XML or VALID_XML), and
+    # J for kbroker's JSON; "" where the message type is not in the catalog.
+    validation: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    # RECEIVE's `status` column: 0, a received message (the queue view's retention.py statuses).
+    status = 0
+
+    @property
+    def queuing_order(self) -> int:
+        """RECEIVE's `queuing_order`: unique in the queue and rising with each partition's
+        order (offset, then partition); a conversation group's messages are in one partition, so
+        its messages are in queuing order. Not an order across partitions."""
+        return (self.offset << 16) | (self.partition & 0xFFFF)
 
     @property
     def text(self) -> str:
@@ -227,6 +240,7 @@ class Message:
         """The columns as a JSON-ready dict: the body as text, or as body_hex when not UTF-8."""
         d = asdict(self)
         d.pop("extra")
+        d["status"], d["queuing_order"] = self.status, self.queuing_order
         try:
             d["body"] = self.body.decode("utf-8")
         except UnicodeDecodeError:

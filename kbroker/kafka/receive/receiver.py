@@ -244,6 +244,7 @@ class QueueReceiver:
                 "enqueued_time": b.enqueued_ms,
                 "partition": b.partition,
                 "offset": b.offset,
+                "validation": "",  # the transaction's RECEIVE fills it in from the catalog
                 "extra": {"envelope": env, "record": rec},  # the record: re-keying copies its headers
             },
         )
