@@ -42,13 +42,17 @@ def rec(
     message_type: str = "T",
     conversation: str | None = None,
     expires: int | None = None,
+    sequence: int | None = None,
 ) -> Buffered:
+    """A buffered record; a DialogTimer or an Error is kbroker's own (sequence -1) unless given one."""
     off = next(_offsets) if offset is None else offset
+    if sequence is None:
+        sequence = -1 if message_type in (DIALOG_TIMER, ERROR) else 0
     env = Envelope(
         f"m{off}",
         conversation or group,
         group,
-        0,
+        sequence,
         message_type,
         "C",
         "F",
@@ -123,6 +127,20 @@ def test_dialog_timer_then_error_come_first_within_a_group_the_rest_in_arrival_o
     assert kinds == [DIALOG_TIMER, DIALOG_TIMER, ERROR, ERROR, "A", END_DIALOG, "B"]
     timers = [b.offset for b in taken if b.envelope.message_type_name == DIALOG_TIMER]
     assert timers == sorted(timers)  # arrival order among equals
+
+
+def test_the_far_sides_error_stays_behind_what_that_side_sent_before_it():
+    """END CONVERSATION WITH ERROR's Error carries the next sequence number of its side: it is
+    the last of that side's messages. Ahead of them it would end the dialog before they are
+    received, and they would be set aside as sent after the end."""
+    records = [
+        rec("g", message_type="A", sequence=0),
+        rec("g", message_type="B", sequence=1),
+        rec("g", message_type=ERROR, sequence=2),
+        rec("g", message_type=DIALOG_TIMER),
+    ]
+    _, taken = take(buffer_of(*records), object())
+    assert [b.envelope.message_type_name for b in taken] == [DIALOG_TIMER, "A", "B", ERROR]
 
 
 def test_a_locked_group_is_not_picked_by_another_owner_but_is_by_its_owner():

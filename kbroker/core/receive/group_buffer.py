@@ -2,8 +2,8 @@
 (pure: no Kafka client, no threads, no clock; the receiver calls it under its own lock).
 
 Each conversation group keeps its buffered records in a deque, in arrival order, except that a
-DialogTimer comes before the group's other messages and an Error next, as Service Broker hands
-them out; receive_order() then returns what one RECEIVE took conversation by conversation.
+DialogTimer comes before the group's other messages and kbroker's own Error (a lifetime's) next,
+as Service Broker hands them out; receive_order() then returns what one RECEIVE took conversation by conversation.
 A RECEIVE picks one ready group (highest priority of its head record first, then the oldest head)
 that no other transaction has locked, locks it and takes up to TOP(n) of its records; a rollback
 puts them back at the head, in order.
@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any, Collection, Generic, Mapping, Protocol, Sequence, TypeVar
 
 from kbroker.core.catalog.models import DIALOG_TIMER, ERROR
-from kbroker.core.dialogs.envelope import Envelope
+from kbroker.core.dialogs.envelope import SYSTEM_SEQUENCE, Envelope
 from kbroker.core.receive.offsets import PartitionOffsets
 
-# Service Broker hands a dialog's DialogTimer out before its other messages, then Error, whenever
-# they arrived; EndDialog and the rest keep arrival order.
+# Service Broker hands a dialog's DialogTimer out before its other messages, then the broker's own
+# Error (a lifetime's), whenever they arrived. The far side's Error (END CONVERSATION WITH ERROR)
+# is the last of what that side sent: ahead of its earlier messages it would end the dialog here
+# before them, and they would be set aside as sent after the end. It and the rest keep arrival order.
 _FIRST = {DIALOG_TIMER: 0, ERROR: 1}
 _IN_ARRIVAL_ORDER = 2
 
@@ -57,12 +59,13 @@ class Buffered:
     assignment: Any = None
     order: Order = field(init=False)
     position: Position = field(init=False)
-    rank: int = field(init=False)  # DialogTimer 0, Error 1, the rest in arrival order
+    rank: int = field(init=False)  # DialogTimer 0, kbroker's own Error 1, the rest in arrival order
 
     def __post_init__(self) -> None:
         self.order = (-self.envelope.priority, self.enqueued_ms, self.offset)
         self.position = (self.partition, self.offset)
-        self.rank = _FIRST.get(self.envelope.message_type_name, _IN_ARRIVAL_ORDER)
+        system = self.envelope.message_sequence_number == SYSTEM_SEQUENCE
+        self.rank = _FIRST.get(self.envelope.message_type_name, _IN_ARRIVAL_ORDER) if system else _IN_ARRIVAL_ORDER
 
     def live(self, now_ms: int) -> bool:
         """Not expired: an expired message is consumed by RECEIVE but not returned."""
