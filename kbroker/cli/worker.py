@@ -223,19 +223,53 @@ def tasks_cmd(urls, web_token_file, as_json):
 @click.argument("queue")
 @click.option(
     "--activation",
-    type=click.Choice(["on", "off"], case_sensitive=False),
+    type=click.Choice(["on", "off", "drop"], case_sensitive=False),
     default=None,
-    help="ACTIVATION STATUS; off then on recycles the queue's monitor.",
+    help="ACTIVATION STATUS (off then on recycles the queue's monitor), or ACTIVATION (DROP).",
 )
 @click.option("--max-readers", type=click.IntRange(0, 32767), default=None, help="MAX_QUEUE_READERS.")
 @click.option("--procedure", default=None, help="PROCEDURE_NAME, as module:function.")
+@click.option("--retention", type=click.Choice(["on", "off"], case_sensitive=False), default=None, help="RETENTION.")
+@click.option(
+    "--poison-message-handling",
+    type=click.Choice(["on", "off"], case_sensitive=False),
+    default=None,
+    help="POISON_MESSAGE_HANDLING (STATUS).",
+)
 @cluster_options
 @json_option
 @handle_errors
-def alter_cmd(queue, activation, max_readers, procedure, target, as_json):
-    """ALTER QUEUE ... WITH ACTIVATION (STATUS, MAX_QUEUE_READERS, PROCEDURE_NAME)."""
-    if activation is None and max_readers is None and procedure is None:
-        fail("nothing to alter: give --activation, --max-readers or --procedure")
+def alter_cmd(queue, activation, max_readers, procedure, retention, poison_message_handling, target, as_json):
+    """ALTER QUEUE ... WITH ACTIVATION (STATUS, MAX_QUEUE_READERS, PROCEDURE_NAME | DROP),
+    RETENTION, POISON_MESSAGE_HANDLING."""
+    options = (retention, poison_message_handling)
+    if activation is None and max_readers is None and procedure is None and options == (None, None):
+        fail(
+            "nothing to alter: give --activation, --max-readers, --procedure, --retention or --poison-message-handling"
+        )
+    dropping = activation is not None and activation.lower() == "drop"
+    if dropping and (max_readers is not None or procedure is not None):
+        fail("--activation drop removes the activation: it takes no --max-readers or --procedure")
+    if dropping or options != (None, None):
+        from kbroker.kafka.queue_views import alter_queue
+
+        q = alter_queue(
+            target.cluster,
+            target.namespace,
+            queue,
+            retention=retention.upper() if retention else None,
+            poison_message_handling=poison_message_handling.upper() if poison_message_handling else None,
+            drop_activation=dropping,
+        )
+        if dropping or (activation is None and max_readers is None and procedure is None):
+            if as_json:
+                emit_json({"queue": queue, **{k: q[k] for k in ("retention", "poison_message_handling", "activation")}})
+            else:
+                click.echo(
+                    f"queue {queue}: retention {q['retention']}, poison_message_handling "
+                    f"{q['poison_message_handling']}, activation {'none' if q['activation'] is None else 'kept'}"
+                )
+            return
     if procedure is not None and ":" in procedure and not _importable(procedure):  # the syntax: the model's
         fail(
             f"procedure {procedure!r}: module {procedure.partition(':')[0]!r} cannot be imported here "

@@ -90,6 +90,38 @@ def alter_queue_activation(
         if value is not None:
             activation[key] = value
     new = type(q).model_validate({**q.model_dump(), "activation": activation})  # validates the values
+    _publish_altered(cluster, namespace, new, timeout)
+    assert new.activation is not None  # validated from a dict that holds one
+    return new.activation.model_dump()
+
+
+def alter_queue(
+    cluster: ClusterLike,
+    namespace: str,
+    queue: str,
+    *,
+    retention: str | None = None,
+    poison_message_handling: str | None = None,
+    drop_activation: bool = False,
+    timeout: float = 30.0,
+) -> dict[str, Any]:
+    """ALTER QUEUE queue WITH RETENTION = ON | OFF, POISON_MESSAGE_HANDLING (STATUS = ON | OFF),
+    ACTIVATION (DROP): the queue as published. Every reader and monitor sees it on its next
+    read of the catalog; dropping the activation retires the queue's monitor."""
+    q = read_catalog(cluster, namespace, timeout).queue(queue)  # UnknownQueueError
+    data = q.model_dump()
+    for key, value in (("retention", retention), ("poison_message_handling", poison_message_handling)):
+        if value is not None:
+            data[key] = value
+    if drop_activation:
+        data["activation"] = None
+    new = type(q).model_validate(data)
+    _publish_altered(cluster, namespace, new, timeout)
+    return new.model_dump(mode="json")
+
+
+def _publish_altered(cluster: ClusterLike, namespace: str, new: Any, timeout: float) -> None:
+    queue = new.name
     publish_object(cluster, namespace, "queue", new, timeout)
     # Tell the monitor at once too: OFF then ON in quick succession must still recycle it.
     from kbroker.core.activation.monitor import MonitorConfig, QueueAltered
@@ -104,8 +136,6 @@ def alter_queue_activation(
         )
     except CatalogError:
         pass  # no worker has run in this namespace: the first one reads the catalog
-    assert new.activation is not None  # validated from a dict that holds one
-    return new.activation.model_dump()
 
 
 def queue_view(cluster: ClusterLike, namespace: str, queue: str, timeout: float = 10.0) -> dict[str, Any]:

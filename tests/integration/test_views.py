@@ -164,3 +164,27 @@ def test_cli_unknown_queue_is_one_line(kafka_bootstrap, namespace, broker, args)
     assert out.returncode == 1
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "unknown queue 'NoSuchQueue'" in lines[0], out.stderr
+
+
+def test_alter_queue_changes_retention_poison_handling_and_drops_the_activation(kafka_bootstrap, namespace, broker):
+    """ALTER QUEUE ... WITH RETENTION, POISON_MESSAGE_HANDLING and ACTIVATION (DROP) without a
+    definition file: the published queue changes and every process reads it."""
+    kw = dict(bootstrap=kafka_bootstrap, namespace=namespace)
+    before = broker.refresh_catalog().queue("ExpenseQueue")
+    assert (before.retention, before.poison_message_handling, before.activation is not None) == ("OFF", "ON", True)
+    out = run_cli(
+        "queue", "alter", "ExpenseQueue", "--retention", "on", "--poison-message-handling", "off", "--json", **kw
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["retention"] == "ON"
+    after = broker.refresh_catalog().queue("ExpenseQueue")
+    assert (after.retention, after.poison_message_handling) == ("ON", "OFF")
+    assert after.activation == before.activation and after.partitions == before.partitions  # the rest stays
+    out = run_cli("queue", "alter", "ExpenseQueue", "--activation", "drop", "--json", **kw)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["activation"] is None
+    assert broker.refresh_catalog().queue("ExpenseQueue").activation is None
+    out = run_cli("queue", "alter", "ExpenseQueue", "--activation", "drop", "--max-readers", "2", **kw)
+    assert out.returncode != 0 and "takes no --max-readers" in out.stderr
+    out = run_cli("queue", "alter", "NoSuchQueue", "--retention", "on", **kw)
+    assert out.returncode != 0 and "NoSuchQueue" in out.stderr and "Traceback" not in out.stderr
