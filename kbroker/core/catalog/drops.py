@@ -8,6 +8,7 @@ check would fail on the catalog without the object (docs/catalog.md, Dropping ob
 from __future__ import annotations
 
 from kbroker.core.catalog.models import BUILTIN_CONTRACTS, BUILTIN_MESSAGE_TYPES, Catalog, Contract
+from kbroker.core.catalog.objects import EarlierValidation
 from kbroker.errors_catalog import ContractFixedError, DropNotFoundError, DropRefusedError
 
 # the command line's KIND -> (Catalog field, label in messages)
@@ -120,3 +121,21 @@ def check_contracts_fixed(previous: Catalog, catalog: Catalog) -> None:
             continue
         if sorted((m.type, m.sent_by) for m in old.messages) != sorted((m.type, m.sent_by) for m in contract.messages):
             raise ContractFixedError(catalog.origins.get(f"contract {name}"), name, _messages(old), _messages(contract))
+
+
+def stamp_validations(catalog: Catalog, previous: Catalog, now: float) -> Catalog:
+    """The catalog `kbroker apply` publishes: a message type whose validation changes keeps the
+    one it replaces, in force until `now` (epoch seconds), newest first and at most four, so
+    messages queued before an ALTER MESSAGE TYPE are checked on RECEIVE as they were on arrival.
+    Unchanged, it keeps what it had: re-applying the same files publishes nothing new."""
+    types = dict(catalog.message_types)
+    for name, mt in catalog.message_types.items():
+        old = previous.message_types.get(name)
+        if old is None or name in BUILTIN_MESSAGE_TYPES:
+            continue
+        earlier = list(old.earlier)
+        if (old.validation, old.schema_collection) != (mt.validation, mt.schema_collection):
+            replaced = EarlierValidation(until=now, validation=old.validation, schema_collection=old.schema_collection)
+            earlier = [replaced, *earlier][: EarlierValidation.MAX]
+        types[name] = mt.model_copy(update={"earlier": earlier})
+    return catalog.model_copy(update={"message_types": types})

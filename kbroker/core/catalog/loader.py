@@ -180,6 +180,8 @@ def _parse(file: Path, key: str, index: int, item: Any) -> tuple[str, Definition
             "every record until its readers have received it, and the worker reclaims "
             "the rest (remove the line)",
         )
+    if key == "message_types" and "earlier" in item:
+        raise DefinitionError(str(file), obj, "earlier is kept by 'kbroker apply', not in a definition file")
     if key == "routes" and "created_at" in item:
         # Expiry counts from when apply published the route: a file cannot backdate it.
         raise DefinitionError(str(file), obj, "created_at is set by 'kbroker apply', not in a definition file")

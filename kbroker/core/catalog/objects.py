@@ -4,7 +4,7 @@ own here; references between objects are the loader's to check."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
@@ -25,11 +25,35 @@ from kbroker.core.names import QUEUE_NAME_RE, SYSTEM_TOPICS
 from kbroker.core.topic_limits import MAX_QUEUE_MESSAGE_BYTES
 
 
+class EarlierValidation(StrictModel):
+    """A message type's validation before an ALTER MESSAGE TYPE: in force `until` (epoch seconds)."""
+
+    MAX: ClassVar[int] = 4  # kept per message type
+
+    until: float = Field(ge=0)
+    validation: Validation = "NONE"
+    schema_collection: str | None = Field(default=None, min_length=1, max_length=128)
+
+
 class MessageType(StrictModel):
     name: str = Field(min_length=1, max_length=256)
     validation: Validation = "NONE"
     # VALID_XML WITH SCHEMA COLLECTION <name>: the xml_schema_collections entry, with VALID_XML only.
     schema_collection: str | None = Field(default=None, min_length=1, max_length=128)
+    # The validations this one replaced, newest first (set by `kbroker apply`, at most
+    # EarlierValidation.MAX): a message queued before a change is checked on RECEIVE as it was on arrival.
+    earlier: list[EarlierValidation] = Field(default=[], max_length=4)
+
+    def validation_at(self, enqueued_ms: int | None) -> tuple[str, str | None]:
+        """(validation, schema collection) in force when a message was queued at `enqueued_ms`
+        (None: now): ALTER MESSAGE TYPE does not affect messages already in a queue."""
+        found = (self.validation, self.schema_collection)
+        if enqueued_ms is None:
+            return found
+        for e in self.earlier:  # newest first: the last one still in force then wins
+            if enqueued_ms < e.until * 1000:
+                found = (e.validation, e.schema_collection)
+        return found
 
     @model_validator(mode="after")
     def _collection_with_valid_xml(self) -> "MessageType":
@@ -45,6 +69,8 @@ class MessageType(StrictModel):
         data = handler(self)
         if isinstance(data, dict) and data.get("schema_collection") is None:
             data.pop("schema_collection", None)
+        if isinstance(data, dict) and not data.get("earlier"):
+            data.pop("earlier", None)
         return data
 
 

@@ -100,7 +100,14 @@ class ReceiveStatements(SendRecords):
                 mt = lookup(lambda c: c.message_type(kind))
                 if not lookup(lambda c: c.may_send(env.service_contract_name, kind, sender)):
                     raise ContractViolationError(kind, env.service_contract_name, sender)
-                validate_body(kind, mt.validation, msg.body, lookup(lambda c: c.schema_collection_of(mt)))
+                # As it was checked when it was queued: ALTER MESSAGE TYPE leaves queued messages be.
+                validation, collection = mt.validation_at(msg.enqueued_time)
+                then = (
+                    mt
+                    if collection == mt.schema_collection
+                    else mt.model_copy(update={"schema_collection": collection})
+                )
+                validate_body(kind, validation, msg.body, lookup(lambda c: c.schema_collection_of(then)))
         except (CatalogError, ContractViolationError, MessageValidationError) as exc:
             why = str(exc)
         if why is None:

@@ -32,7 +32,7 @@ from confluent_kafka.admin import (
 )
 
 from kbroker.core import names
-from kbroker.core.catalog.drops import check_contracts_fixed, merged, plan_drops
+from kbroker.core.catalog.drops import check_contracts_fixed, merged, plan_drops, stamp_validations
 from kbroker.core.catalog.loader import check_queue_names, load_definitions
 from kbroker.core.catalog.models import Catalog
 from kbroker.core.cluster import ClusterLike
@@ -363,6 +363,7 @@ def apply_catalog(
     )
     # A route's LIFETIME counts from when it was first published as it is now (routing.py).
     catalog = stamp_routes(catalog, previous.routes, time.time())
+    catalog = stamp_validations(catalog, previous, time.time())  # ALTER MESSAGE TYPE spares queued ones
     published = publish(cluster, catalog, previous=previous, timeout=timeout)
     record_repaired(cluster, catalog, bad, timeout)
     if progress:
