@@ -42,8 +42,9 @@ def read_script(path: str) -> str:
 @json_option
 @handle_errors
 def import_sql_cmd(files: tuple[str, ...], out_dir: str | None, as_json: bool) -> None:
-    """Turn the Service Broker DDL of FILES (CREATE MESSAGE TYPE, CONTRACT, QUEUE, SERVICE, ROUTE;
-    ALTER QUEUE and ALTER MESSAGE TYPE) into catalog YAML for `kbroker apply`. What has no place in
+    """Turn the Service Broker DDL of FILES (CREATE MESSAGE TYPE, CONTRACT, QUEUE, SERVICE, ROUTE,
+    BROKER PRIORITY; ALTER QUEUE, MESSAGE TYPE, BROKER PRIORITY; ALTER DATABASE ... SET
+    HONOR_BROKER_PRIORITY; DROP as `drop:` entries) into catalog YAML for `kbroker apply`. What has no place in
     the catalog is a note naming its file and line; an error (a name the catalog refuses, a route
     address with no Kafka form, a statement that does not parse) writes nothing and exits 1."""
     from kbroker.core.catalog.tsql.to_catalog import LABELS, import_scripts, render_yaml

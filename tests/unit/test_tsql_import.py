@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from kbroker.cli import main
 from kbroker.core import names
+from kbroker.core.catalog.drops import DROP_KINDS
 from kbroker.core.catalog.loader import load_definitions
 from kbroker.core.catalog.models import BUILTIN_MESSAGE_TYPES, DEFAULT, Catalog, Route
 from kbroker.core.catalog.tsql.to_catalog import Imported, catalog_of, import_scripts, render_yaml
@@ -287,15 +288,18 @@ def test_the_expenses_reference_examples_map_every_option():
             },
             {"name": "Local Expenses", "service_name": "//Adventure-Works.com/Employees", "address": "LOCAL"},
         ],
+        "broker_priorities": [  # LOCAL_SERVICE_NAME = ANY, the default: not written
+            {
+                "name": "ExpensePriority",
+                "contract": "//Adventure-Works.com/Expenses/ExpenseSubmission",
+                "remote_service": "//Adventure-Works.com/Expenses",
+                "priority": 7,
+            }
+        ],
     }
     assert result.errors == []
     by_line = dict(notes(result))
-    assert by_line[57] == (
-        "CREATE BROKER PRIORITY ExpensePriority: broker priorities are not yet in the catalog: skipped "
-        "(CONTRACT_NAME = //Adventure-Works.com/Expenses/ExpenseSubmission, LOCAL_SERVICE_NAME = ANY, "
-        "REMOTE_SERVICE_NAME = //Adventure-Works.com/Expenses, PRIORITY_LEVEL = 7)"
-    )
-    assert sorted(by_line) == [14, 28, 32, 34, 40, 57]
+    assert sorted(by_line) == [14, 28, 32, 34, 40]
     assert [m for line, m in notes(result) if line == 14] == [
         "AUTHORIZATION dbo: the catalog has no owners (permissions: kbroker grant)",
     ]
@@ -468,7 +472,7 @@ def test_statements_the_catalog_has_no_place_for_are_notes_and_the_rest_still_ma
     result = script(
         "SET NOCOUNT ON;\n"
         "IF NOT EXISTS (SELECT * FROM sys.service_queues WHERE name = N'q') CREATE QUEUE q\n"
-        "DROP SERVICE [old]\n"
+        "DROP ENDPOINT [old]\n"
         "CREATE EVENT NOTIFICATION n ON QUEUE q FOR QUEUE_ACTIVATION TO SERVICE 'ext', 'current database'\n"
         "ALTER QUEUE q REBUILD WITH (MAXDOP = 2)\n"
         "ALTER QUEUE q WITH ACTIVATION (STATUS = ON, PROCEDURE_NAME = [usp-handle q], MAX_QUEUE_READERS = 1)\n"
@@ -482,7 +486,7 @@ def test_statements_the_catalog_has_no_place_for_are_notes_and_the_rest_still_ma
             2,
             "IF NOT EXISTS (SELECT * FROM sys.service_queues WHERE nam...: skipped: not a statement the catalog has a place for",
         ),
-        (3, "DROP SERVICE [old]: skipped: the import keeps what the scripts create (kbroker apply never deletes)"),
+        (3, "DROP ENDPOINT [old]: skipped: not an object the catalog holds (its drop: list names those)"),
         (
             4,
             "CREATE EVENT NOTIFICATION n ON QUEUE q FOR QUEUE_ACTIVATI...: skipped: external activation is a "
@@ -574,8 +578,8 @@ def test_queues_whose_topics_would_collide_in_kafka_are_an_error():
             "CREATE SERVICE s ON QUEUE q\nALTER SERVICE s (ADD CONTRACT c)",
             (
                 2,
-                "ALTER SERVICE s (ADD CONTRACT c): not imported: of the ALTER statements only ALTER QUEUE and "
-                "ALTER MESSAGE TYPE are; write the change into the CREATE SERVICE",
+                "ALTER SERVICE s (ADD CONTRACT c): not imported: of the ALTER statements only ALTER QUEUE, "
+                "ALTER MESSAGE TYPE and ALTER BROKER PRIORITY are; write the change into the CREATE SERVICE",
             ),
         ),
     ],
@@ -662,6 +666,241 @@ def test_to_tsql_notes_the_settings_that_have_no_t_sql_form():
     ]
 
 
+# --- broker priorities, HONOR_BROKER_PRIORITY and DROP ----------------------------------------
+
+PRIORITY_SCRIPT = """CREATE MESSAGE TYPE m
+CREATE CONTRACT premier (m SENT BY INITIATOR)
+CREATE QUEUE q
+CREATE SERVICE sender ON QUEUE q (premier)
+CREATE BROKER PRIORITY PremierCustomer FOR CONVERSATION
+  SET (CONTRACT_NAME = premier, LOCAL_SERVICE_NAME = sender,
+       REMOTE_SERVICE_NAME = N'receiver', PRIORITY_LEVEL = 7);
+CREATE BROKER PRIORITY Everyone FOR CONVERSATION;
+CREATE BROKER PRIORITY [Far away] FOR CONVERSATION
+  SET (CONTRACT_NAME = ANY, REMOTE_SERVICE_NAME = 'far' PRIORITY_LEVEL = DEFAULT)
+ALTER BROKER PRIORITY PremierCustomer FOR CONVERSATION SET (LOCAL_SERVICE_NAME = ANY, PRIORITY_LEVEL = 9)
+"""
+
+
+def test_broker_priorities_map_with_their_defaults_left_out_and_alter_changes_what_it_names(tmp_path: Path):
+    result = script(PRIORITY_SCRIPT)
+    assert result.errors == [] and result.notes == []
+    assert result.definitions["broker_priorities"] == [
+        # ALTER: LOCAL_SERVICE_NAME back to ANY (left out), PRIORITY_LEVEL 9; the rest as created
+        {"name": "PremierCustomer", "contract": "premier", "remote_service": "receiver", "priority": 9},
+        {"name": "Everyone"},
+        {"name": "Far away", "remote_service": "far"},  # ANY and DEFAULT (5) are the defaults
+    ]
+    statements = [(s["line"], s["statement"], s["maps_to"]) for s in result.statements[4:]]
+    assert statements == [
+        (5, "CREATE BROKER PRIORITY", "broker priority PremierCustomer"),
+        (8, "CREATE BROKER PRIORITY", "broker priority Everyone"),
+        (9, "CREATE BROKER PRIORITY", "broker priority Far away"),
+        (11, "ALTER BROKER PRIORITY", "broker priority PremierCustomer"),
+    ]
+    out = tmp_path / "p.yaml"
+    out.write_text(render_yaml(result.definitions, ["s.sql"]))
+    loaded = load_definitions([out], "p")
+    assert loaded.model_dump() == catalog_of(result, "p").model_dump()
+    assert {
+        n: (p.contract, p.local_service, p.remote_service, p.priority) for n, p in loaded.broker_priorities.items()
+    } == {
+        "PremierCustomer": ("premier", "ANY", "receiver", 9),
+        "Everyone": ("ANY", "ANY", "ANY", 5),
+        "Far away": ("ANY", "ANY", "far", 5),
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "CREATE BROKER PRIORITY p FOR CONVERSATION\n  SET (PRIORITY_LEVEL = 11)",
+            [(1, "broker priority p: PRIORITY_LEVEL = 11: must be 1 to 10, or DEFAULT (5)")],
+        ),
+        (
+            "\nCREATE BROKER PRIORITY p FOR CONVERSATION SET (PRIORITY_LEVEL = 0)",
+            [(2, "broker priority p: PRIORITY_LEVEL = 0: must be 1 to 10, or DEFAULT (5)")],
+        ),
+        (
+            "CREATE BROKER PRIORITY p FOR CONVERSATION\nALTER BROKER PRIORITY p FOR CONVERSATION\n SET (PRIORITY_LEVEL = 42)",
+            [(2, "broker priority p: PRIORITY_LEVEL = 42: must be 1 to 10, or DEFAULT (5)")],
+        ),
+        (
+            "ALTER BROKER PRIORITY p FOR CONVERSATION SET (PRIORITY_LEVEL = 3)",
+            [(1, "ALTER BROKER PRIORITY p: the broker priority is not created before it")],
+        ),
+        (
+            "CREATE BROKER PRIORITY p FOR CONVERSATION SET (CONTRACT_NAME = c)",
+            [(1, "broker priority p: contract 'c' is not created in the scripts imported")],
+        ),
+        (
+            "CREATE BROKER PRIORITY p FOR CONVERSATION SET (LOCAL_SERVICE_NAME = s)",
+            [(1, "broker priority p: service 's' is not created in the scripts imported")],
+        ),
+        (
+            "CREATE BROKER PRIORITY p FOR CONVERSATION SET (PRIORITY_LEVEL = 2,\n PRIORITY_LEVEL = 3)",
+            [(2, "PRIORITY_LEVEL is given twice")],
+        ),
+        (
+            "CREATE BROKER PRIORITY a FOR CONVERSATION SET (REMOTE_SERVICE_NAME = 'r')\n"
+            "CREATE BROKER PRIORITY b FOR CONVERSATION SET (REMOTE_SERVICE_NAME = 'r', PRIORITY_LEVEL = 1)",
+            [(2, "broker priority b: has the contract and services of 'a'")],
+        ),
+        (
+            "CREATE BROKER PRIORITY a FOR CONVERSATION SET (PRIORITY_LEVEL = 2)\n"
+            "CREATE BROKER PRIORITY a FOR CONVERSATION SET (PRIORITY_LEVEL = 3)",
+            [(2, "broker priority a: created again, differently (first at s.sql:1)")],
+        ),
+        (
+            "DROP CONTRACT [DEFAULT]",
+            [(1, "DROP CONTRACT DEFAULT: cannot drop contract DEFAULT: it is a built-in object")],
+        ),
+        (
+            "CREATE QUEUE q\nCREATE SERVICE s ON QUEUE q\nDROP QUEUE q",
+            [(3, "DROP QUEUE q: cannot drop queue q: it is used by service s: drop it first")],
+        ),
+    ],
+)
+def test_priority_and_drop_errors_name_the_statement_line(text: str, expected: list[tuple[int, str]]):
+    result = script(text)
+    assert errors(result) == expected
+
+
+def test_alter_database_set_honor_broker_priority_is_a_database_option_and_the_other_options_are_notes():
+    result = script(
+        "ALTER DATABASE CURRENT SET HONOR_BROKER_PRIORITY ON\n"
+        "ALTER DATABASE orders SET ENABLE_BROKER;\n"
+        "ALTER DATABASE [orders] SET TRUSTWORTHY ON\n"
+        "ALTER DATABASE orders SET NEW_BROKER, HONOR_BROKER_PRIORITY OFF\n"
+        "ALTER DATABASE orders MODIFY FILE (NAME = f, SIZE = 10MB)\n"
+    )
+    assert result.errors == []
+    assert result.definitions == {"database_options": [{"name": "honor_broker_priority", "value": "OFF"}]}
+    assert notes(result) == [
+        (2, "ALTER DATABASE orders SET ENABLE_BROKER: skipped: not a statement the catalog has a place for"),
+        (3, "ALTER DATABASE [orders] SET TRUSTWORTHY ON: skipped: not a statement the catalog has a place for"),
+        (
+            4,
+            "ALTER DATABASE orders SET NEW_BROKER, HONOR_BROKER_PRIORI...: only HONOR_BROKER_PRIORITY is "
+            "imported, the rest is skipped",
+        ),
+        (
+            5,
+            "ALTER DATABASE orders MODIFY FILE (NAME = f, SIZE = 10MB): skipped: not a statement the catalog "
+            "has a place for",
+        ),
+    ]
+    assert [s["maps_to"] for s in result.statements] == [
+        "database option honor_broker_priority",
+        None,
+        None,
+        "database option honor_broker_priority",
+        None,
+    ]
+    on = script("ALTER DATABASE CURRENT SET HONOR_BROKER_PRIORITY ON;")
+    assert (on.definitions, on.notes) == ({"database_options": [{"name": "honor_broker_priority", "value": "ON"}]}, [])
+    assert catalog_of(on, "n").database_options["honor_broker_priority"].value == "ON"
+
+
+def test_drops_of_objects_not_created_are_drop_entries_the_loader_takes(tmp_path: Path):
+    result = script(
+        "DROP MESSAGE TYPE [//orders/m]\n"
+        "DROP CONTRACT c\n"
+        "DROP QUEUE dbo.q DROP SERVICE s;\n"
+        "DROP ROUTE [r 1]\n"
+        "DROP BROKER PRIORITY p\n"
+        "DROP XML SCHEMA COLLECTION sales.x\n"
+        "DROP QUEUE IF EXISTS q2; DROP SERVICE IF EXISTS s\n"
+        "IF EXISTS (SELECT * FROM sys.services WHERE name = N'old') DROP SERVICE old;\n"
+        "DROP ENDPOINT e\n"
+    )
+    assert result.errors == []
+    assert result.definitions == {
+        "drop": [
+            {"kind": "message-type", "name": "//orders/m"},
+            {"kind": "contract", "name": "c"},
+            {"kind": "queue", "name": "q"},
+            {"kind": "service", "name": "s"},  # dropped twice: one entry
+            {"kind": "route", "name": "r 1"},
+            {"kind": "broker-priority", "name": "p"},
+            {"kind": "xml-schema-collection", "name": "x"},
+            {"kind": "queue", "name": "q2"},
+        ]
+    }
+    assert {d["kind"] for d in result.definitions["drop"]} == set(DROP_KINDS)
+    assert [line for line, _ in notes(result)] == [8, 9]  # IF EXISTS (SELECT ...) DROP, DROP ENDPOINT: skipped
+    assert result.statements[2]["maps_to"] == "drop queue q"
+    out = tmp_path / "drops.yaml"
+    out.write_text(render_yaml(result.definitions, ["s.sql"]))
+    assert load_definitions([out], "d").drops == [(d["kind"], d["name"]) for d in result.definitions["drop"]]
+    assert catalog_of(result, "d").drops == load_definitions([out], "d").drops
+
+
+def test_a_drop_of_an_object_the_scripts_create_leaves_it_out_and_a_create_after_a_drop_keeps_it(tmp_path: Path):
+    first = (
+        "CREATE MESSAGE TYPE m\nCREATE CONTRACT c (m SENT BY ANY)\nCREATE QUEUE Orders\n"
+        "CREATE SERVICE s ON QUEUE Orders (c)\nCREATE BROKER PRIORITY p FOR CONVERSATION SET (CONTRACT_NAME = c)\n"
+        "DROP QUEUE gone\n"
+    )
+    second = (
+        "DROP BROKER PRIORITY p\nDROP SERVICE s\nDROP QUEUE dbo.orders\n"  # the queue in other letter case
+        "CREATE QUEUE gone WITH STATUS = OFF\n"
+    )
+    result = import_scripts([("a.sql", first), ("b.sql", second)])
+    assert result.errors == []
+    assert result.definitions == {
+        "message_types": [{"name": "m", "validation": "NONE"}],
+        "contracts": [{"name": "c", "messages": [{"type": "m", "sent_by": "ANY"}]}],
+        "queues": [queue("gone", status="OFF")],
+    }
+    assert [(p.file, p.line, p.message) for p in result.notes] == [
+        ("b.sql", 1, "DROP BROKER PRIORITY p: drops the broker priority p created at a.sql:5: neither is imported"),
+        ("b.sql", 2, "DROP SERVICE s: drops the service s created at a.sql:4: neither is imported"),
+        ("b.sql", 3, "DROP QUEUE orders: drops the queue Orders created at a.sql:3: neither is imported"),
+        ("b.sql", 4, "queue gone: dropped at a.sql:6 and created again: imported as created"),
+    ]
+    assert result.by_file() == {
+        "a.sql": {k: v for k, v in result.definitions.items() if k != "queues"},
+        "b.sql": {"queues": [queue("gone", status="OFF")]},
+    }
+    (tmp_path / "a.sql").write_text(first)
+    (tmp_path / "b.sql").write_text(second + "DROP ROUTE old\n")
+    out = tmp_path / "out"
+    run = CliRunner().invoke(main, ["import-sql", str(tmp_path / "a.sql"), str(tmp_path / "b.sql"), "-o", str(out)])
+    assert run.exit_code == 0, run.output
+    assert run.stdout.splitlines() == [
+        f"wrote {out / 'a.yaml'}: 1 message type, 1 contract",
+        f"wrote {out / 'b.yaml'}: 1 queue, 1 drop",
+    ]
+    assert (out / "b.yaml").read_text().endswith("drop:\n- kind: route\n  name: old\n")
+    assert load_definitions([out], "n").drops == [("route", "old")]
+
+
+@settings(max_examples=100)
+@given(st.lists(st.tuples(st.sampled_from(["CREATE", "DROP"]), st.sampled_from(["a", "b", "c"])), max_size=12))
+def test_creates_and_drops_in_any_order_import_as_their_net_effect(ops: list[tuple[str, str]]):
+    created: set[str] = set()
+    dropped: set[str] = set()
+    for op, name in ops:  # the scripts' net effect on a database that may hold a, b and c already
+        if op == "CREATE":
+            created.add(name)
+            dropped.discard(name)
+        elif name in created:
+            created.discard(name)
+        else:
+            dropped.add(name)
+    result = script("\n".join(f"{op} QUEUE {name}" for op, name in ops))
+    assert result.errors == []
+    assert {q["name"] for q in result.definitions.get("queues", [])} == created
+    assert {d["name"] for d in result.definitions.get("drop", [])} == dropped
+    with tempfile.TemporaryDirectory() as tmp:  # never both defined and dropped: the loader takes it
+        written = Path(tmp) / "ops.yaml"
+        written.write_text(render_yaml(result.definitions, ["s.sql"]), encoding="utf-8")
+        loaded = load_definitions([written], "ops")
+        assert (set(loaded.queues), {n for _, n in loaded.drops}) == (created, dropped)
+
+
 NAME_CHARS = st.characters(blacklist_categories=("Cs", "Cc"))  # anything a [bracketed] name holds
 NAMES = st.text(NAME_CHARS, min_size=1, max_size=12).filter(lambda n: n not in BUILTIN_MESSAGE_TYPES)
 QUEUE_NAMES = st.from_regex(r"[A-Za-z0-9_.-]{1,12}", fullmatch=True)
@@ -730,9 +969,29 @@ def catalogs(draw: st.DrawFn) -> Catalog:
             routes[name] = Route.model_validate(route)
         except ValidationError:
             continue  # a combination the catalog refuses (e.g. a route to BrokerConfiguration naming an instance)
+    priorities: dict[str, dict] = {}
+    for name in draw(st.lists(NAMES, max_size=3, unique=True)):
+        p = {
+            "name": name,
+            "contract": draw(st.sampled_from(["ANY", DEFAULT, *contracts])),
+            "local_service": draw(st.sampled_from(["ANY", *services])),
+            "remote_service": draw(st.just("ANY") | NAMES),
+            "priority": draw(st.integers(1, 10)),
+        }
+        if all(
+            (p["contract"], p["local_service"], p["remote_service"])
+            != (o["contract"], o["local_service"], o["remote_service"])
+            for o in priorities.values()
+        ):
+            priorities[name] = p  # Service Broker refuses two priorities with the same criteria
+    honor = draw(st.none() | ON_OFF)
     return Catalog.model_validate(
         {
             "namespace": "rt",
+            "broker_priorities": priorities,
+            "database_options": {}
+            if honor is None
+            else {"honor_broker_priority": {"name": "honor_broker_priority", "value": honor}},
             "message_types": message_types,
             "xml_schema_collections": collections,
             "contracts": contracts,

@@ -3,7 +3,7 @@ the problems the importer reports: each names a file and a line."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Union
 
 Severity = Literal["error", "note"]
@@ -128,11 +128,36 @@ class CreateXmlSchemaCollection(Statement):
 
 
 @dataclass(frozen=True)
+class CreatePriority(Statement):
+    """CREATE (or ALTER) BROKER PRIORITY name FOR CONVERSATION SET (...): the options as written
+    (contract_name, local_service_name, remote_service_name, priority_level)."""
+
+    options: tuple[Option, ...] = ()
+    alter: bool = False
+
+
+@dataclass(frozen=True)
+class AlterDatabase(Statement):
+    """ALTER DATABASE name SET HONOR_BROKER_PRIORITY ON|OFF; `rest` is the statement's text when
+    it sets more than that (the other options are not imported)."""
+
+    value: str = "OFF"
+    rest: str = ""
+
+
+@dataclass(frozen=True)
+class Drop(Statement):
+    """DROP <kind> [IF EXISTS] name: `drop_kind` is a DROP_KINDS key (drops.py), `target` the
+    name as written (a queue's or XML schema collection's may be qualified)."""
+
+    drop_kind: str = ""
+    target: Qualified = Qualified(("",))
+
+
+@dataclass(frozen=True)
 class Unmapped(Statement):
-    """A statement with no place in the catalog (yet): a broker priority, an XML schema collection,
-    a procedure, DROP, SET, ... `text` is its start as written, for the note; `options` what a
-    broker priority sets."""
+    """A statement with no place in the catalog: a procedure, SET, GRANT, another DROP, ...
+    `text` is its start as written, for the note."""
 
     text: str = ""
-    options: tuple[Option, ...] = field(default=())
     refused: bool = False  # ALTER SERVICE / ALTER ROUTE: it changes what the import defines

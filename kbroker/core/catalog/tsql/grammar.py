@@ -18,7 +18,8 @@ from collections.abc import Iterable
 # plain NAME where the parser expects a name (`CREATE QUEUE Target` is a queue named Target).
 KEYWORDS = (
     "ACTIVATION ADDRESS ALTER ANY AS AUTHORIZATION BROKER BROKER_INSTANCE BY COLLECTION CONTRACT "
-    "CONTRACT_NAME CONVERSATION CREATE DEFAULT DENY DROP EMPTY EXECUTE FOR FUNCTION GRANT INITIATOR LIFETIME "
+    "CONTRACT_NAME CONVERSATION CREATE DATABASE DEFAULT DENY DROP EMPTY EXECUTE EXISTS FOR FUNCTION GRANT IF INITIATOR "
+    "LIFETIME "
     "LOCAL_SERVICE_NAME MAX_QUEUE_READERS MESSAGE MIRROR_ADDRESS NONE OFF ON OR OWNER "
     "POISON_MESSAGE_HANDLING PRIORITY PRIORITY_LEVEL PROC PROCEDURE PROCEDURE_NAME QUEUE "
     "REMOTE_SERVICE_NAME RETENTION REVOKE ROUTE SCHEMA SELF SENT SERVICE SERVICE_NAME SET STATUS TARGET "
@@ -32,8 +33,10 @@ _CREATED = {"MESSAGE", "CONTRACT", "QUEUE", "SERVICE", "ROUTE", "BROKER", "XML"}
 _PROC_KINDS = ("PROCEDURE", "PROC", "FUNCTION", "TRIGGER", "VIEW")
 # A permission may name CREATE or ALTER (GRANT CREATE QUEUE, ALTER ON SERVICE::s TO u).
 _PERMITS = {"GRANT", "DENY", "REVOKE"}
-# After ALTER: the kinds mapped (QUEUE, MESSAGE TYPE); SERVICE and ROUTE are refused by name.
-_ALTERED = {"QUEUE", "MESSAGE", "SERVICE", "ROUTE", "XML"}
+# After ALTER: the kinds mapped (QUEUE, MESSAGE TYPE, ...); SERVICE and ROUTE are refused by name.
+_ALTERED = {"QUEUE", "MESSAGE", "SERVICE", "ROUTE", "XML", "BROKER", "DATABASE"}
+# After DROP: the kinds mapped onto a `drop:` entry (the others are `other_drop`).
+_DROPPED = {"MESSAGE", "CONTRACT", "QUEUE", "SERVICE", "ROUTE", "BROKER", "XML"}
 
 
 def _alternatives(words: Iterable[str]) -> str:
@@ -72,8 +75,8 @@ BATCH = (
 batch: proc_batch | (_statement | ";")*
 
 _statement: use | create_message_type | alter_message_type | create_contract | create_queue
-    | alter_queue | create_service | create_route | create_priority | create_xml_schema | alter_xml_schema
-    | other_create | other_alter | refused_alter | permission | other
+    | alter_queue | create_service | create_route | create_priority | alter_priority | create_xml_schema
+    | alter_xml_schema | alter_database | drop | other_drop | other_create | other_alter | refused_alter | permission | other
 
 proc_batch: (CREATE (OR ALTER)? | ALTER) _proc_kind _tok*
 _proc_kind: """
@@ -115,12 +118,21 @@ route_option: SERVICE_NAME "=" STRING                                 -> service
     | MIRROR_ADDRESS "=" STRING                                       -> mirror_address
 
 create_priority: CREATE BROKER PRIORITY name FOR CONVERSATION (SET "(" priority_option (","? priority_option)* ")")?
+alter_priority: ALTER BROKER PRIORITY name FOR CONVERSATION SET "(" priority_option (","? priority_option)* ")"
 priority_option: (CONTRACT_NAME | LOCAL_SERVICE_NAME) "=" (name | ANY)
     | REMOTE_SERVICE_NAME "=" (STRING | ANY)
     | PRIORITY_LEVEL "=" (NUMBER | DEFAULT)
 
 create_xml_schema: CREATE XML SCHEMA COLLECTION qualified AS _any+
 alter_xml_schema: ALTER XML SCHEMA COLLECTION qualified _any+
+
+alter_database: ALTER DATABASE _any*
+
+// Fixed length, so a DROP needs no `;` before the next statement; IF EXISTS is SQL Server 2016's.
+drop: DROP (MESSAGE TYPE | CONTRACT | SERVICE | ROUTE | BROKER PRIORITY) _if_exists? name
+    | DROP (QUEUE | XML SCHEMA COLLECTION) _if_exists? qualified
+_if_exists: IF EXISTS
+other_drop: DROP _other_dropped _any*
 
 other_create: CREATE (_other_created | XML NAME) _any*
 other_alter: ALTER _other_altered _any*
@@ -138,10 +150,13 @@ _any: """
     + _ANY
     + r""" | "(" | ")" | "," | "=" | "."
 _other_head: """
-    + _alternatives({*KEYWORDS} - _STARTS - _PERMITS | {"NAME"})
+    + _alternatives({*KEYWORDS} - _STARTS - _PERMITS - {"DROP"} | {"NAME"})
     + r"""
 _other_created: """
     + _alternatives({*KEYWORDS} - _STARTS - _PERMITS - _CREATED - set(_PROC_KINDS) - {"OR"} | {"NAME"})
+    + r"""
+_other_dropped: """
+    + _alternatives({*KEYWORDS} - _STARTS - _PERMITS - _DROPPED | {"NAME"})
     + r"""
 _other_altered: """
     + _alternatives({*KEYWORDS} - _STARTS - _PERMITS - _ALTERED - set(_PROC_KINDS) | {"NAME"})

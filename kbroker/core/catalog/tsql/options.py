@@ -115,20 +115,17 @@ def unmapped_note(st: Unmapped) -> tuple[Severity, str]:
     """The note (or error) for a statement the catalog has no place for."""
     head = f"{st.kind} {st.name}" if st.name else st.text
     kind = st.kind
-    if kind == "CREATE BROKER PRIORITY":
-        sets = ", ".join(f"{o.key.upper()} = {o.value}" for o in st.options)
-        return "note", f"{head}: broker priorities are not yet in the catalog: skipped" + (f" ({sets})" if sets else "")
     if kind == "CREATE XML SCHEMA COLLECTION":
         return "note", f"{head}: XML schema collections are not yet in the catalog: skipped"
     if st.refused:
         return "error", (
-            f"{st.text}: not imported: of the ALTER statements only ALTER QUEUE and ALTER MESSAGE TYPE "
-            f"are; write the change into the {kind.replace('ALTER', 'CREATE')}"
+            f"{st.text}: not imported: of the ALTER statements only ALTER QUEUE, ALTER MESSAGE TYPE "
+            f"and ALTER BROKER PRIORITY are; write the change into the {kind.replace('ALTER', 'CREATE')}"
         )
     if kind.endswith(("PROCEDURE", "PROC", "FUNCTION", "TRIGGER", "VIEW")):
         return "note", f"{st.text}: skipped: activation runs a Python module:function (the queue's procedure)"
     if kind.startswith("DROP"):
-        return "note", f"{st.text}: skipped: the import keeps what the scripts create (kbroker apply never deletes)"
+        return "note", f"{st.text}: skipped: not an object the catalog holds (its drop: list names those)"
     if kind in ("GRANT", "DENY", "REVOKE"):
         return "note", f"{st.text}: skipped: permissions are kbroker grant, deny and revoke (Kafka ACLs)"
     if kind == "CREATE EVENT":

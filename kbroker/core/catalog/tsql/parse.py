@@ -13,13 +13,16 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from kbroker.core.catalog.tsql import grammar
 from kbroker.core.catalog.tsql.ddl import (
+    AlterDatabase,
     ContractMessage,
     CreateContract,
     CreateMessageType,
+    CreatePriority,
     CreateQueue,
     CreateRoute,
     CreateService,
     CreateXmlSchemaCollection,
+    Drop,
     Option,
     Problem,
     Qualified,
@@ -141,14 +144,44 @@ def _statement(tree: Tree[Any], text: str) -> Statement:
             _option(o) for o in tree.children if isinstance(o, Tree) and o.data not in ("name", "authorization")
         )
         return CreateRoute("CREATE ROUTE", _name(_tree(tree, "name")), line, _owner(tree), options)
-    if kind == "create_priority":
+    if kind in ("create_priority", "alter_priority"):
         options = tuple(
             Option(_words(o)[0].lower(), _value(o.children[1]), o.meta.line) for o in _trees(tree, "priority_option")
         )
-        return Unmapped("CREATE BROKER PRIORITY", _name(_tree(tree, "name")), line, _excerpt(tree, text), options)
+        head = "ALTER BROKER PRIORITY" if kind == "alter_priority" else "CREATE BROKER PRIORITY"
+        return CreatePriority(head, _name(_tree(tree, "name")), line, options, kind == "alter_priority")
+    if kind == "drop":
+        return _drop(tree, line)
+    if kind == "alter_database":
+        return _database(tree, line, text)
     if kind in ("create_xml_schema", "alter_xml_schema"):
         return _xml_schema(tree, kind, line, text)
     return _unmapped(tree, kind, line, text)
+
+
+def _drop(tree: Tree[Any], line: int) -> Drop:
+    """DROP MESSAGE TYPE m, DROP QUEUE [schema.]q, ...: the kind's words name its DROP_KINDS key."""
+    words = [w for w in _words(tree)[1:] if w not in ("IF", "EXISTS")]
+    target = (
+        _qualified(_tree(tree, "qualified", "qualified_dbo")) if _trees(tree, "qualified", "qualified_dbo") else None
+    )
+    if target is None:
+        target = Qualified((_name(_tree(tree, "name")),))
+    return Drop("DROP " + " ".join(words), target.name, line, "-".join(words).lower(), target)
+
+
+def _database(tree: Tree[Any], line: int, text: str) -> Statement:
+    """ALTER DATABASE d SET ... HONOR_BROKER_PRIORITY ON|OFF ...; any other ALTER DATABASE is unmapped."""
+    tokens = [str(t) for t in tree.children if isinstance(t, Token)]
+    upper = [t.upper() for t in tokens]
+    if "SET" in upper and "HONOR_BROKER_PRIORITY" in upper[upper.index("SET") :]:
+        at = upper.index("HONOR_BROKER_PRIORITY", upper.index("SET"))
+        if at + 1 < len(upper) and upper[at + 1] in ("ON", "OFF"):
+            name = _name(tree.children[2]) if len(tokens) > 2 else ""
+            # Anything but `ALTER DATABASE d SET HONOR_BROKER_PRIORITY v` sets more: noted.
+            rest = _excerpt(tree, text) if len(tokens) != 6 or upper.index("SET") != 3 else ""
+            return AlterDatabase("ALTER DATABASE", name, line, upper[at + 1], rest)
+    return _unmapped(tree, "other_alter", line, text)
 
 
 def _xml_schema(tree: Tree[Any], kind: str, line: int, text: str) -> CreateXmlSchemaCollection:
@@ -228,7 +261,7 @@ def _unmapped(tree: Tree[Any], kind: str, line: int, text: str) -> Unmapped:
         return Unmapped(" ".join(made), "", line, _excerpt(tree, text))
     two = words[0] in ("CREATE", "ALTER", "DROP") and len(words) > 1
     head = " ".join(w.upper() for w in words[: 2 if two else 1])  # CREATE ENDPOINT, DROP QUEUE, SET, IF
-    return Unmapped(head, "", line, _excerpt(tree, text), (), kind == "refused_alter")
+    return Unmapped(head, "", line, _excerpt(tree, text), kind == "refused_alter")
 
 
 def _excerpt(tree: Tree[Any], text: str) -> str:

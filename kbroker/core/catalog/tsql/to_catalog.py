@@ -3,9 +3,10 @@ definition file holds (catalog/loader.py), with a note or an error naming the fi
 everything that has no place in the catalog. Pure: scripts' text in, definitions and problems out.
 
 What maps to what is docs/catalog.md's "Importing T-SQL". In short: a message type, contract,
-queue, service and route become the catalog object of the same name, ALTER QUEUE and ALTER
-MESSAGE TYPE change the object created before them, and a name the catalog refuses is an error
-(never renamed). Objects are checked with the catalog's own models and, as `kbroker apply` checks
+queue, service, route and broker priority become the catalog object of the same name, ALTER QUEUE,
+ALTER MESSAGE TYPE and ALTER BROKER PRIORITY change the object created before them, a DROP is a
+`drop:` entry (a DROP of an object the scripts create leaves it out), and a name the catalog
+refuses is an error (never renamed). Objects are checked with the catalog's own models and, as `kbroker apply` checks
 them, their references to one another."""
 
 from __future__ import annotations
@@ -20,13 +21,17 @@ from pydantic import ValidationError
 from kbroker.core import names
 from kbroker.core.catalog.loader import SECTIONS, pydantic_reason
 from kbroker.core.catalog.models import BUILTIN_CONTRACTS, BUILTIN_MESSAGE_TYPES, Catalog
+from kbroker.core.catalog.tsql import priority_drops as pd
 from kbroker.core.catalog.tsql.ddl import (
+    AlterDatabase,
     CreateContract,
     CreateMessageType,
+    CreatePriority,
     CreateQueue,
     CreateRoute,
     CreateService,
     CreateXmlSchemaCollection,
+    Drop,
     Option,
     Problem,
     Qualified,
@@ -38,8 +43,10 @@ from kbroker.core.catalog.tsql.options import activation_of, queue_name_rule, ro
 from kbroker.core.catalog.tsql.parse import parse_script
 from kbroker.core.catalog.xml_schemas import SchemaCompileError, compiled
 
-LABELS = {key: label for key, (label, _) in SECTIONS.items()}
-_IMPORTED = ("message_types", "xml_schema_collections", "contracts", "queues", "services", "routes")
+LABELS = {key: label for key, (label, _) in SECTIONS.items()} | {"drop": "drop"}
+# the sections an import writes, in SECTIONS' order (no broker endpoints or system topics in T-SQL)
+_IMPORTED = tuple(s for s in SECTIONS if s not in ("broker_endpoints", "system_topics"))
+_BUILTINS: dict[str, dict[str, Any]] = {"message_types": BUILTIN_MESSAGE_TYPES, "contracts": BUILTIN_CONTRACTS}
 
 
 @dataclass
@@ -58,7 +65,8 @@ class Imported:
         out: dict[str, dict[str, list[dict[str, Any]]]] = {}
         for section, objects in self.definitions.items():
             for obj in objects:
-                out.setdefault(self.origins[f"{LABELS[section]} {obj['name']}"], {}).setdefault(section, []).append(obj)
+                key = f"drop {obj['kind']}" if section == "drop" else LABELS[section]  # "queue X", "drop queue X"
+                out.setdefault(self.origins[f"{key} {obj['name']}"], {}).setdefault(section, []).append(obj)
         return out
 
     def as_dict(self) -> dict[str, Any]:
@@ -98,7 +106,10 @@ def render_yaml(definitions: dict[str, list[dict[str, Any]]], sources: Iterable[
 def catalog_of(imported: Imported, namespace: str) -> Catalog:
     """The definitions as the Catalog `kbroker apply` would publish (models checked, no files)."""
     data: dict[str, Any] = {"namespace": namespace}
+    data["drops"] = [(d["kind"], d["name"]) for d in imported.definitions.get("drop", [])]
     for section, objects in imported.definitions.items():
+        if section == "drop":
+            continue
         model = SECTIONS[section][1]
         data[section] = {o["name"]: model.model_validate(o) for o in objects}
     return Catalog.model_validate(data)
@@ -108,6 +119,7 @@ class _Mapper:
     def __init__(self) -> None:
         self.objects: dict[str, dict[str, dict[str, Any]]] = {s: {} for s in _IMPORTED}
         self.where: dict[tuple[str, str], tuple[str, int]] = {}  # (section, name) -> (file, line)
+        self.drops: dict[tuple[str, str], tuple[str, int]] = {}  # (kind, name) -> (file, line)
         self.refused: set[tuple[str, str]] = set()  # names refused: no second error for their use
         self.order: dict[str, int] = {}  # file -> its place among the scripts
         self.out = Imported()
@@ -161,6 +173,12 @@ class _Mapper:
             return self._create(file, st, "contracts", {"name": st.name, "messages": messages})
         if isinstance(st, CreateQueue):
             return self._queue(file, st)
+        if isinstance(st, CreatePriority):
+            return self._priority(file, st)
+        if isinstance(st, AlterDatabase):
+            return self._database(file, st)
+        if isinstance(st, Drop):
+            return self._drop(file, st)
         if isinstance(st, CreateService):
             queue = self._queue_ref(file, st.line, st.queue)
             contracts = [c for c, _ in st.contracts]
@@ -225,10 +243,52 @@ class _Mapper:
                 return None
         return self._create(file, st, "queues", queue)
 
+    def _priority(self, file: str, st: CreatePriority) -> str | None:
+        if not self._once(file, st.options):
+            return None
+        current = self.objects["broker_priorities"].get(st.name) if st.alter else {"name": st.name}
+        if current is None:
+            self.error(file, st.line, f"ALTER BROKER PRIORITY {st.name}: the broker priority is not created before it")
+            return None
+        priority = pd.priority_of(current, st.options, st.line, lambda line, why: self.error(file, line, why))
+        if priority is not None and st.alter:
+            self.objects["broker_priorities"][st.name] = priority
+            return f"broker priority {st.name}"
+        return None if priority is None else self._create(file, st, "broker_priorities", priority)
+
+    def _database(self, file: str, st: AlterDatabase) -> str:
+        if st.rest:
+            self.note(file, st.line, f"{st.rest}: only HONOR_BROKER_PRIORITY is imported, the rest is skipped")
+        name = "honor_broker_priority"  # set again: the later value wins, as in the database
+        self.objects["database_options"][name] = {"name": name, "value": st.value}
+        self.where[("database_options", name)] = (file, st.line)
+        self.out.origins[f"database option {name}"] = file
+        return f"database option {name}"
+
+    def _drop(self, file: str, st: Drop) -> str | None:
+        """A drop: entry, or, of an object created before it, the object left out: the loader
+        refuses a name both defined and dropped, and the scripts' net effect is no object."""
+        section = pd.DROP_SECTIONS[st.drop_kind]
+        if section == "queues":
+            self._qualifiers(file, st.line, st.target)
+        name = pd.created_name(st.name, self.objects[section]) if section == "queues" else st.name
+        label = f"{LABELS[section]} {name}"
+        refused = pd.refusal(self.objects, LABELS, section, name)
+        if refused:
+            self.error(file, st.line, f"{st.kind} {st.name}: cannot drop {label}: it {refused}")
+            return None
+        if name in self.objects[section]:
+            del self.objects[section][name], self.out.origins[label]
+            at = ":".join(map(str, self.where.pop((section, name))))
+            self.note(file, st.line, f"{st.kind} {st.name}: drops the {label} created at {at}: neither is imported")
+            return None
+        self.drops.setdefault((st.drop_kind, name), (file, st.line))
+        self.out.origins.setdefault(f"drop {st.drop_kind} {name}", file)
+        return f"drop {st.drop_kind} {name}"
+
     def _create(self, file: str, st: Statement, section: str, obj: dict[str, Any]) -> str | None:
         label = f"{LABELS[section]} {st.name}"
-        builtins: dict[str, dict[str, Any]] = {"message_types": BUILTIN_MESSAGE_TYPES, "contracts": BUILTIN_CONTRACTS}
-        if st.name in builtins.get(section, {}):
+        if st.name in _BUILTINS.get(section, {}):
             self.refused.add((section, st.name))
             self.error(file, st.line, f"{label}: is a built-in object and cannot be redefined")
             return None
@@ -240,6 +300,11 @@ class _Mapper:
                 return None
             self.note(file, st.line, f"{label}: created again as at {at}: imported once")
             return label
+        dropped = self.drops.pop((pd.DROP_KIND_OF[section], st.name), None)
+        if dropped is not None:  # DROP then CREATE: the object as created (apply replaces it)
+            del self.out.origins[f"drop {pd.DROP_KIND_OF[section]} {st.name}"]
+            at = ":".join(map(str, dropped))
+            self.note(file, st.line, f"{label}: dropped at {at} and created again: imported as created")
         self.objects[section][st.name] = obj
         self.where[(section, st.name)] = (file, st.line)
         self.out.origins[label] = file
@@ -303,6 +368,9 @@ class _Mapper:
                     if ref not in known and (kind, ref) not in self.refused:
                         missing = f"{LABELS[kind]} {ref!r} is not created in the scripts imported"
                         self.error(file, line, f"{LABELS[section]} {name}: {missing}")
+        for name, other in pd.alike(self.objects["broker_priorities"]):
+            file, line = self.where[("broker_priorities", name)]
+            self.error(file, line, f"broker priority {name}: has the contract and services of {other!r}")
 
     def _references(
         self, section: str, obj: dict[str, Any], message_types: dict[str, Any], contracts: dict[str, Any]
@@ -315,10 +383,18 @@ class _Mapper:
             return [("contracts", c, contracts) for c in obj["contracts"]]
         if section == "routes" and obj["address"] == "LOCAL" and "service_name" in obj:
             return [("services", obj["service_name"], self.objects["services"])]
+        if section == "broker_priorities":  # the remote service is another namespace's: not checked
+            refs = [
+                ("contracts", obj.get("contract"), contracts),
+                ("services", obj.get("local_service"), self.objects["services"]),
+            ]
+            return [(k, r, known) for k, r, known in refs if r is not None]
         return []
 
     def result(self) -> Imported:
         for problems in (self.out.notes, self.out.errors):
             problems.sort(key=lambda p: (self.order[p.file], p.line))
         self.out.definitions = {s: list(objs.values()) for s, objs in self.objects.items() if objs}
+        if self.drops:
+            self.out.definitions["drop"] = [{"kind": k, "name": n} for k, n in self.drops]
         return self.out

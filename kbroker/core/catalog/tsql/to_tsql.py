@@ -1,5 +1,6 @@
-"""A catalog written back as Service Broker DDL: CREATE MESSAGE TYPE, CONTRACT, QUEUE, SERVICE
-and ROUTE, each in the form to_catalog.py reads back into the same objects. What T-SQL cannot say
+"""A catalog written back as Service Broker DDL: CREATE MESSAGE TYPE, CONTRACT, QUEUE, SERVICE,
+ROUTE and BROKER PRIORITY, and ALTER DATABASE ... SET HONOR_BROKER_PRIORITY, each in the form
+to_catalog.py reads back into the same objects. What T-SQL cannot say
 (JSON validation, partitions, external activation, ...) is a `-- kbroker:` comment above the
 statement and one of the notes returned. Pure: a Catalog in, the script's text out."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 from kbroker.core.catalog.models import BUILTIN_CONTRACTS, BUILTIN_MESSAGE_TYPES, Catalog, Queue, Route, Service
 from kbroker.core.catalog.objects import Activation
+from kbroker.core.catalog.priorities import ANY, BrokerPriority
 
 _QUEUE_DEFAULTS = Queue(name="q")
 _ACTIVATION_DEFAULTS = Activation(status="OFF")
@@ -79,6 +81,10 @@ def to_tsql(catalog: Catalog) -> tuple[str, list[str]]:
         statement(batch, _route(r), unsaid, f"route {r.name}")
     batches.append(batch)
 
+    batch = [f"ALTER DATABASE CURRENT SET HONOR_BROKER_PRIORITY {o.value};" for o in catalog.database_options.values()]
+    batch += [_priority(p) + ";" for p in catalog.broker_priorities.values()]
+    batches.append(batch)
+
     notes += [f"broker endpoint {e}: has no T-SQL form here (CREATE ENDPOINT)" for e in catalog.broker_endpoints]
     text = "\nGO\n\n".join("\n".join(b) for b in batches if b)
     return (text + "\nGO\n" if text else ""), notes
@@ -127,3 +133,16 @@ def _route(r: Route) -> str:
     if r.mirror_address is not None:
         options.append(f"MIRROR_ADDRESS = {quote_string(r.mirror_address)}")
     return f"CREATE ROUTE {quote_name(r.name)} WITH\n    " + ",\n    ".join(options)
+
+
+def _priority(p: BrokerPriority) -> str:
+    contract = "ANY" if p.contract == ANY else quote_name(p.contract)
+    local = "ANY" if p.local_service == ANY else quote_name(p.local_service)
+    remote = "ANY" if p.remote_service == ANY else quote_string(p.remote_service)
+    options = [
+        f"CONTRACT_NAME = {contract}",
+        f"LOCAL_SERVICE_NAME = {local}",
+        f"REMOTE_SERVICE_NAME = {remote}",
+        f"PRIORITY_LEVEL = {p.priority}",
+    ]
+    return f"CREATE BROKER PRIORITY {quote_name(p.name)} FOR CONVERSATION SET (\n    " + ",\n    ".join(options) + "\n)"
