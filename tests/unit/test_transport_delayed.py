@@ -168,6 +168,13 @@ NOON_2030 = 1893499200000  # 2030-01-01T12:00:00Z
         ({"not_before": "2030-01-01T12:00:00"}, NOON_2030),
         ({"not_before": "2030-01-01T13:00:00.250+01:00"}, NOON_2030 + 250),
         ({"not_before": 1893499200.25}, NOON_2030 + 250),
+        # Rounded up: never moved before the time named, by any fraction of a millisecond.
+        ({"not_before": datetime(2030, 1, 1, 12, 0, 0, 250451, tzinfo=timezone.utc)}, NOON_2030 + 251),
+        ({"not_before": datetime(2030, 1, 1, 12, 0, 0, 250001)}, NOON_2030 + 251),
+        ({"not_before": "2030-01-01T12:00:00.250999Z"}, NOON_2030 + 251),
+        ({"not_before": 1893499200.2501}, NOON_2030 + 251),
+        ({"delay": 0.0015}, T0 + 2),
+        ({"delay": 0.001}, T0 + 1),
         ({"not_before": datetime(2000, 1, 1, tzinfo=timezone.utc)}, 946684800000),  # passed: as is
         ({"not_before": format_expires(MAX_EXPIRES_MS)}, MAX_EXPIRES_MS),
         ({}, None),
@@ -175,6 +182,11 @@ NOON_2030 = 1893499200000  # 2030-01-01T12:00:00Z
 )
 def test_due_time(kwargs, due):
     assert due_time(T0, **kwargs) == due
+
+
+def test_a_delay_counts_from_the_fraction_of_a_millisecond_it_was_sent_in():
+    assert due_time(T0 + 0.4, delay=1) == T0 + 1001
+    assert due_time(T0 + 0.0, delay=1) == T0 + 1000
 
 
 @pytest.mark.parametrize(

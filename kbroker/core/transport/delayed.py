@@ -25,7 +25,7 @@ import math
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from kbroker.core import names
 from kbroker.core.dialogs.envelope import MalformedRecord, header_text
@@ -38,6 +38,7 @@ from kbroker.core.transport.message import (
     format_expires,
     from_record,
     parse_expires,
+    parse_iso,
     to_headers,
 )
 
@@ -86,8 +87,8 @@ def delayed_topic(ns: str, endpoint: str) -> str:
     return f"{delayed_prefix(ns)}{endpoint}"
 
 
-def due_time(now_ms: int, delay: float | None = None, not_before: datetime | float | str | None = None) -> int | None:
-    """The delivery time (epoch ms) of a send, from `delay` (seconds from now) or `not_before`
+def due_time(now_ms: float, delay: float | None = None, not_before: datetime | float | str | None = None) -> int | None:
+    """The delivery time (epoch ms, rounded up) of a send, from `delay` (seconds from `now_ms`) or `not_before`
     (a datetime, epoch seconds, or ISO 8601 text; without an offset it is UTC); None for a send
     without one. ValueError naming the problem: both given, a negative or non-finite delay, a
     time past the year 9999. A time already passed is due at once, as in the SQL transport."""
@@ -96,7 +97,7 @@ def due_time(now_ms: int, delay: float | None = None, not_before: datetime | flo
     if delay is not None:
         if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay < math.inf:
             raise ValueError(f"delay must be a number of seconds of at least 0, not {delay!r}")
-        due = now_ms + int(delay * 1000)
+        due = _ceil_ms(round(now_ms * 1000 + delay * 1_000_000))
     elif not_before is not None:
         due = _epoch_ms(not_before)
     else:
@@ -107,17 +108,25 @@ def due_time(now_ms: int, delay: float | None = None, not_before: datetime | flo
 
 
 def _epoch_ms(when: datetime | float | str) -> int:
-    if isinstance(when, datetime):
-        dt = when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
-        return int(round(dt.timestamp() * 1000))
+    # Rounded up to the millisecond: a message is never moved before the time it names.
     if isinstance(when, str):
         try:
-            return parse_expires(when)
+            when = parse_iso(when)
         except ValueError:
             raise ValueError(f"not_before {when!r} is not an ISO 8601 time") from None
+    if isinstance(when, datetime):
+        dt = when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+        return _ceil_ms((dt - _EPOCH) // timedelta(microseconds=1))
     if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when) or when < 0:
         raise ValueError(f"not_before must be a datetime, ISO 8601 text or epoch seconds, not {when!r}")
-    return int(round(when * 1000))
+    return _ceil_ms(round(when * 1_000_000))
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _ceil_ms(us: int) -> int:
+    return -(-us // 1000)
 
 
 @dataclass(frozen=True)

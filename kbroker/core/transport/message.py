@@ -152,12 +152,15 @@ def format_expires(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
-def parse_expires(text: str) -> int:
-    """ISO 8601 to epoch ms; a time without an offset is UTC, as the table's datetime is."""
+def parse_iso(text: str) -> datetime:
+    """ISO 8601 to an aware datetime; a time without an offset is UTC, as the table's datetime is."""
     dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return int(round(dt.timestamp() * 1000))
+    return dt if dt.tzinfo is not None else dt.replace(tzinfo=timezone.utc)
+
+
+def parse_expires(text: str) -> int:
+    """ISO 8601 to epoch ms (see parse_iso)."""
+    return int(round(parse_iso(text).timestamp() * 1000))
 
 
 def to_headers(msg: TransportMessage) -> list[tuple[str, bytes]]:

@@ -125,9 +125,10 @@ class TransportRuntime(ProcessRuntime):
         `not_before` the record is a row of a delayed store instead: `delayed_store`'s (an
         endpoint's name), by default this endpoint's own, which a send-only endpoint lacks."""
         self.queues.topic(destination)  # TransportQueueNotFoundError now, not at commit
-        now_ms = int(time.time() * 1000)
+        now = time.time() * 1000
+        now_ms = int(now)
         try:
-            due_ms = due_time(now_ms, delay, not_before)
+            due_ms = due_time(now, delay, not_before)
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
         store = None
