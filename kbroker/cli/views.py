@@ -95,8 +95,8 @@ def _maybe(value: int | None) -> str:
 @json_option
 @handle_errors
 def messages_cmd(queue, handle, target, as_json):
-    """The queue's messages, like SELECT * FROM queue: status 1 = ready, 0 = received (kept only
-    with RETENTION = ON, until the conversation ends)."""
+    """The queue's messages, like SELECT * FROM queue: status 1 = ready; with RETENTION = ON, until
+    the conversation ends, also 0 = received and 3 = sent by this queue's services."""
     from kbroker.kafka.receive.retention import queue_messages
 
     rows = queue_messages(target.cluster, target.namespace, queue, handle)

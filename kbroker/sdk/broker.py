@@ -160,10 +160,12 @@ class Broker:
         """SEND ON CONVERSATION: returns the message id once Kafka acknowledged the message. A list
         of handles, SEND ON CONVERSATION (h1, h2, ...), is one transaction: a message on each or
         none (Transaction.send); returns their ids once it committed."""
-        if isinstance(handle, (list, tuple)):
+        rt = self.runtime
+        # Several records that must land together: SEND ON (h1, h2, ...), or a RETENTION = ON
+        # sender's queue, which keeps a copy of the message (status 3).
+        if isinstance(handle, (list, tuple)) or rt.statements.retains_sent(rt.endpoints.current(str(handle))):
             with self.transaction() as tx:
                 return tx.send(handle, message_type, body, **kw)
-        rt = self.runtime
         rt.check_send(rt.endpoints.current(str(handle)))  # before the conversation's lease is taken
         with self._conversation(str(handle)) as produce:
             before = rt.endpoints.current(str(handle))

@@ -16,6 +16,7 @@ from kbroker.core.catalog.models import Catalog
 from kbroker.core.dialogs.conversation_endpoint import Endpoint, must_persist
 from kbroker.core.dialogs.envelope import Message
 from kbroker.core.dialogs.groups import MOVE_MARKER, next_hop
+from kbroker.core.dialogs.retained import RETAINED_MARKER
 from kbroker.core.dialogs.send_lease import SendLease
 from kbroker.core.records import Record
 from kbroker.errors import ConversationNotFoundError
@@ -102,6 +103,9 @@ class Held:
                 ep = self._note_move(m)
                 if staged is not None and ep is not None:
                     self.stage(staged.with_chain(ep.chain))
+                moving.append((m, None))
+                continue
+            if env.message_type_name == RETAINED_MARKER:  # a sent message's copy: only consumed
                 moving.append((m, None))
                 continue
             ep = self._receiving_endpoint(m, staged)

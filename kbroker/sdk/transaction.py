@@ -260,6 +260,7 @@ class Transaction:
         record = traced_record(record, rt.namespace, queue, ep.conversation_id, message_type, self._trace)
         rt.check_send(ep, [record])  # its trace headers included
         self._held.records.append(record)
+        self._held.records.extend(rt.statements.retained_records(ep, record))  # RETENTION = ON: status 3
         self._sent[queue] = self._sent.get(queue, 0) + 1
         self._held.stage_send(before, ep)
         return message_id

@@ -6,14 +6,19 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 
+import orjson
 import pytest
+from confluent_kafka import Producer
 
 from kbroker import errors
 from kbroker.core import names
+from kbroker.core.dialogs.retained import H_RETAINED_TYPE, RETAINED_MARKER
 from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.kafka.queue_views import queue_view
 from kbroker.kafka.receive.reclaim import reclaim_namespace
+from kbroker.kafka.snapshot import read_to_end
 from kbroker.sdk.broker import Broker
 from tests.helpers import KBROKER
 
@@ -112,6 +117,72 @@ def test_reclaim_keeps_a_retained_conversation_until_this_side_ends_it(kafka_boo
     done = reclaim_namespace(kafka_bootstrap, rb.catalog)
     assert [r.topic for r in done] == [names.queue_topic(namespace, "Retained")]
     assert log_start() > got[-1].offset  # past the conversation's last record
+
+
+def test_sent_messages_stay_in_the_senders_queue_as_status_3_until_it_ends(kafka_bootstrap, namespace, rb):
+    """A RETENTION = ON queue keeps what its services send (status 3), in and outside a
+    transaction, never what a rollback undid; RECEIVE never returns the copies; the reclaim
+    keeps them until the sending side ends the conversation."""
+    h = rb.begin_dialog("//t/Client", "//t/Server", "//t/RequestReply")
+    rb.send(h, "//t/Request", {"i": 0})
+    with rb.transaction() as tx:
+        target = tx.receive("Retained", top=1, wait=15)[0].conversation_handle
+        tx.send(target, "//t/Reply", {"r": 0})
+        tx.savepoint("before")
+        tx.send(target, "//t/Reply", {"undone": True})
+        tx.rollback_to("before")
+    with pytest.raises(RuntimeError):
+        with rb.transaction() as tx:
+            tx.send(target, "//t/Reply", {"rolled back": True})
+            raise RuntimeError("the handler failed")
+    rb.send(target, "//t/Reply", {"r": 1})  # outside a transaction: its copy lands with it
+
+    def rows() -> list[tuple[int, str, str, str]]:
+        return [
+            (r["status"], r["message_type_name"], r["service_name"], r["message_body"])
+            for r in rb.queue_messages("Retained", conversation_handle=target)
+        ]
+
+    kept = [
+        (0, "//t/Request", "//t/Server", '{"i":0}'),
+        (3, "//t/Reply", "//t/Server", '{"r":0}'),
+        (3, "//t/Reply", "//t/Server", '{"r":1}'),
+    ]
+    assert rows() == kept
+    assert rb.queue_messages("Plain") and all(r["status"] == 1 for r in rb.queue_messages("Plain"))
+
+    # The client gets exactly the two replies, once; the server's queue hands out no copy.
+    replies = rb.receive("Plain", wait=15)
+    assert [orjson.loads(m.body) for m in replies] == [{"r": 0}, {"r": 1}]
+    assert rb.receive("Plain", wait=1) == []
+    assert rb.receive("Retained", wait=3) == []  # it consumed both copies, unread
+    assert rows() == kept  # consumed, still kept
+
+    topic = names.queue_topic(namespace, "Retained")
+    assert topic not in [r.topic for r in reclaim_namespace(kafka_bootstrap, rb.catalog)]
+    rb.end_conversation(target)
+    assert rows() == []
+    assert topic in [r.topic for r in reclaim_namespace(kafka_bootstrap, rb.catalog)]
+
+
+def test_a_foreign_record_typed_as_a_copy_never_reaches_a_reader(kafka_bootstrap, namespace, rb):
+    """Another client's record with the copies' message type is consumed unread, as a copy is."""
+    topic = names.queue_topic(namespace, "Retained")
+    h = rb.begin_dialog("//t/Client", "//t/Server", "//t/RequestReply")
+    rb.send(h, "//t/Request", {"i": 0})
+    [original] = read_to_end(kafka_bootstrap, topic, 10)
+    forged = [(k, RETAINED_MARKER.encode() if k == "kb.message_type_name" else v) for k, v in original.headers()]
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for headers in (forged, [*forged, (H_RETAINED_TYPE, b"//t/Request")]):
+        p.produce(topic, key=original.key(), value=b'{"forged":1}', headers=headers, partition=original.partition())
+    assert p.flush(10) == 0
+    rb.send(h, "//t/Request", {"i": 1})
+    got: list[dict] = []
+    deadline = time.monotonic() + 30
+    while len(got) < 2 and time.monotonic() < deadline:
+        got += [orjson.loads(m.body) for m in rb.receive("Retained", wait=5)]
+    assert got == [{"i": 0}, {"i": 1}]
+    assert rb.receive("Retained", wait=2) == []
 
 
 def test_without_retention_received_messages_leave_the_view(rb):

@@ -21,12 +21,19 @@ from kbroker.core.dialogs.conversation_endpoint import (
 )
 from kbroker.core.dialogs.conversation_endpoint import ERROR as ERROR_STATE
 from kbroker.core.dialogs.envelope import Envelope, error_body
+from kbroker.core.dialogs.retained import retained_copy
 from kbroker.core.dialogs.statement_base import StatementBase
 from kbroker.core.dialogs.validation import to_bytes, validate_body
 from kbroker.core.ids import new_id
 from kbroker.core.records import Record
 from kbroker.core.topic_limits import MAX_QUEUE_MESSAGE_BYTES
-from kbroker.errors import ContractViolationError, ConversationClosedError, InvalidArgumentError, MessageTooLargeError
+from kbroker.errors import (
+    CatalogError,
+    ContractViolationError,
+    ConversationClosedError,
+    InvalidArgumentError,
+    MessageTooLargeError,
+)
 
 SERVICE_DROPPED = -8470  # Service Broker's Error code for a dialog whose far service was dropped
 
@@ -66,6 +73,18 @@ class SendRecords(StatementBase):
             ep, message_type, data, correlation_id=correlation_id, reply_to=reply_to, expires=expires, priority=priority
         )
         return record, message_id, after_send(ep)
+
+    def retains_sent(self, ep: Endpoint) -> bool:
+        """Whether side `ep`'s queue is RETENTION = ON: it keeps a copy of what the side sends."""
+        try:
+            return self._lookup(lambda c: c.queue(c.service(ep.service_name).queue)).retention == "ON"
+        except CatalogError:  # its service or queue dropped: SEND refuses it with its own error
+            return False
+
+    def retained_records(self, ep: Endpoint, sent: Record) -> list[Record]:
+        """The copy of a SEND's record that side `ep`'s RETENTION = ON queue keeps (status 3,
+        retained.py); none on a RETENTION = OFF queue."""
+        return [retained_copy(sent, ep, self.own_topic(ep))] if self.retains_sent(ep) else []
 
     # --- DROP SERVICE -----------------------------------------------------------------------------
 

@@ -5,9 +5,11 @@ when asked, from what Kafka already keeps: the queue topic's records (read commi
 consumer group's committed offsets with the completed offsets above them (commit metadata), and
 the endpoints topic. A message is `received` (status 0) when its offset is completed, else
 `ready` (status 1). RETENTION = OFF lists only ready messages (received ones are gone, as in
-Service Broker); RETENTION = ON also lists received ones. A conversation this side ended (END
-CONVERSATION: endpoint DISCONNECTED_OUTBOUND or CLOSED, or removed WITH CLEANUP) has no messages
-in the view any more, ready or received, as Service Broker deletes them.
+Service Broker); RETENTION = ON also lists received ones, and the messages this queue's
+services sent (status 3: the copies SEND keeps in the sender's queue, core/dialogs/retained.py).
+A conversation this side ended (END CONVERSATION: endpoint DISCONNECTED_OUTBOUND or CLOSED, or
+removed WITH CLEANUP) has no messages in the view any more, ready, received or sent, as Service
+Broker deletes them.
 
 Bounded by the topic: the view reads the queue topic from its log start, so it costs one pass
 over what the topic holds. Kafka never deletes a queue record by age or size; the worker reclaims
@@ -27,6 +29,7 @@ from kbroker.core.cluster import ClusterLike
 from kbroker.core.dialogs.conversation_endpoint import CLOSED, DISCONNECTED_OUTBOUND, Endpoint, handle_for
 from kbroker.core.dialogs.envelope import Envelope, MalformedRecord
 from kbroker.core.dialogs.groups import MOVE_MARKER
+from kbroker.core.dialogs.retained import RETAINED_MARKER, retained_type
 from kbroker.core.receive.offsets import decode_completed
 from kbroker.errors import CatalogError
 from kbroker.kafka import messages
@@ -34,7 +37,7 @@ from kbroker.kafka.catalog.catalog_store import read_catalog
 from kbroker.kafka.dialogs.conversation_endpoints import read_endpoints
 from kbroker.kafka.snapshot import committed_offsets, read_to_end
 
-RECEIVED, READY = 0, 1  # Service Broker's status column
+RECEIVED, READY, SENT = 0, 1, 3  # Service Broker's status column (3: a retained sent message)
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class QueuedRecord:
     timestamp: int
     envelope: Envelope
     body: bytes
+    retained_type: str | None = None  # a retained copy's sent message type (retained.py)
 
 
 def message_rows(
@@ -56,13 +60,16 @@ def message_rows(
     """The queue view's rows (pure): see the module's docstring for the rules."""
     # A moved conversation's record exists once per hop (see groups.py); the last copy is the
     # message, the earlier ones were consumed by the re-keying.
-    latest: dict[str, QueuedRecord] = {}
+    latest: dict[tuple[str, bool], QueuedRecord] = {}
     for r in records:
         if r.envelope.message_type_name == MOVE_MARKER:
             continue
-        seen = latest.get(r.envelope.message_id)
+        # A sent message and its retained copy share an id (and a topic, when both services
+        # use this queue): each is its own row.
+        key = (r.envelope.message_id, r.envelope.message_type_name == RETAINED_MARKER)
+        seen = latest.get(key)
         if seen is None or r.envelope.hop > seen.envelope.hop:
-            latest[r.envelope.message_id] = r
+            latest[key] = r
     rows: list[dict[str, Any]] = []
     for r in sorted(latest.values(), key=lambda r: (r.timestamp, r.partition, r.offset)):
         env = r.envelope
@@ -73,6 +80,9 @@ def message_rows(
         ep = endpoints.get(handle)
         if (ep is None and received) or (ep is not None and ep.state in (DISCONNECTED_OUTBOUND, CLOSED)):
             continue  # this side ended the conversation (a target endpoint appears on first receive)
+        sent = env.message_type_name == RETAINED_MARKER
+        if sent and (not retention or r.retained_type is None):
+            continue  # kept while the queue is RETENTION = ON; without its type, not one of ours
         if received and not retention:
             continue
         try:
@@ -81,15 +91,16 @@ def message_rows(
             body, body_hex = None, r.body.hex()
         rows.append(
             {
-                "status": RECEIVED if received else READY,
+                "status": SENT if sent else RECEIVED if received else READY,
                 "priority": env.priority,
                 "queuing_order": len(rows),
-                "conversation_group_id": env.conversation_group_id,
+                # A copy is never re-keyed by MOVE CONVERSATION: its side's group is the endpoint's.
+                "conversation_group_id": ep.conversation_group_id if sent and ep else env.conversation_group_id,
                 "conversation_handle": handle,
                 "message_sequence_number": env.message_sequence_number,
-                "service_name": env.to_service_name,
+                "service_name": env.from_service_name if sent else env.to_service_name,  # this side's
                 "service_contract_name": env.service_contract_name,
-                "message_type_name": env.message_type_name,
+                "message_type_name": r.retained_type if sent else env.message_type_name,
                 "message_id": env.message_id,
                 "message_body": body,
                 **({"message_body_hex": body_hex} if body_hex is not None else {}),
@@ -126,7 +137,8 @@ def _read_topic(cluster: ClusterLike, topic: str, timeout: float) -> tuple[list[
             env = Envelope.from_headers(messages.headers(msg))
         except MalformedRecord:
             continue  # not a message: the receivers dead-letter it
-        out.append(QueuedRecord(*messages.position(msg), msg.timestamp()[1], env, messages.value(msg)))
+        kept = retained_type(messages.headers(msg)) if env.message_type_name == RETAINED_MARKER else None
+        out.append(QueuedRecord(*messages.position(msg), msg.timestamp()[1], env, messages.value(msg), kept))
     return out, sorted({messages.partition(m) for m in records})
 
 
