@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import orjson
@@ -16,6 +17,7 @@ import pytest
 from kbroker import errors
 from kbroker.core import names
 from kbroker.kafka.catalog.apply import apply_paths
+from kbroker.kafka.snapshot import read_to_end
 from kbroker.sdk.broker import Broker
 from tests.helpers import ROOT, receive_at_least, wait_for
 from tests.helpers import invariants as inv
@@ -274,7 +276,18 @@ def test_invariants_with_rebalances(kafka_bootstrap, namespace, ns_broker, tmp_p
 def test_kill_9_mid_transaction_loses_and_duplicates_nothing(kafka_bootstrap, namespace, ns_broker, tmp_path):
     """kill -9 a receiving process mid-run: every committed message was received once, every
     uncommitted one is received again (by the survivor), and nothing an aborted transaction
-    sent is visible."""
+    sent is visible. The server's queue is RETENTION = ON (ALTER QUEUE before the run) and a
+    broker priority covers every dialog: each committed reply has exactly one retained copy in
+    the server's queue (status 3), none of an aborted one, and no copy is ever received."""
+    kept = tmp_path / "retained.yaml"
+    kept.write_text(
+        inv.YAML.read_text().replace(
+            "    poison_message_handling: OFF\n", "    poison_message_handling: OFF\n    retention: ON\n"
+        )
+        + "broker_priorities:\n  - {name: Everyone, priority: 7}\n"
+    )
+    assert "retention: ON" in kept.read_text()
+    apply_paths(kafka_bootstrap, namespace, [kept])
     per_conv = 3
     sent = inv.send_requests(ns_broker, 600, per_conv)
     a = start_reader(kafka_bootstrap, namespace, tmp_path, "a", 4, 0.05, 11)
@@ -292,6 +305,15 @@ def test_kill_9_mid_transaction_loses_and_duplicates_nothing(kafka_bootstrap, na
     logs = inv.read_logs([a[2], b[2]])
     assert {e["pid"] for e in logs} == {a[0].pid, b[0].pid}, "both processes committed work"
     assert_invariants(inv.check(sent, replies, logs, per_conv))
+    reply_records = read_to_end(kafka_bootstrap, names.queue_topic(namespace, "ReplyQueue"), 30) or []
+    assert {dict(r.headers())["kb.priority"] for r in reply_records} == {b"7"}
+    rows = ns_broker.queue_messages("RequestQueue")
+    copies = Counter(r["message_id"] for r in rows if r["status"] == 3)
+    reply_ids = Counter(dict(r.headers())["kb.message_id"].decode() for r in reply_records)
+    received = Counter(r["message_id"] for r in rows if r["status"] == 0)
+    print(f"retained: {sum(copies.values())} sent copies for {len(reply_records)} replies, {len(received)} received")
+    assert copies == reply_ids and set(received) == sent and set(received.values()) == {1}
+    assert {r["priority"] for r in rows} == {7}
 
 
 def test_invariants_while_the_queue_is_disabled_and_enabled_and_a_reader_is_killed(
@@ -300,14 +322,28 @@ def test_invariants_while_the_queue_is_disabled_and_enabled_and_a_reader_is_kill
     """Two reader processes; the test process turns RequestQueue OFF and ON again three times
     while they read, and kill -9s one of them. Nothing is lost, duplicated, out of order or held
     by two at once, and no transaction takes a message later than 3 s after the queue went OFF
-    (it used to go on for many seconds: the status was seen on the next catalog error)."""
+    (it used to go on for many seconds: the status was seen on the next catalog error). Before
+    the first OFF window the requests' message type is altered from JSON to WELL_FORMED_XML: the
+    JSON requests queued before are spared (none refused on arrival, so none lost)."""
     from kbroker.kafka.queue_views import set_queue_status
 
+    altered = tmp_path / "altered.yaml"
+    altered.write_text(
+        inv.YAML.read_text().replace(
+            f"  - name: {inv.REQUEST}\n    validation: JSON\n",
+            f"  - name: {inv.REQUEST}\n    validation: WELL_FORMED_XML\n",
+        )
+    )
+    assert "WELL_FORMED_XML" in altered.read_text()
     per_conv = 3
     sent = inv.send_requests(ns_broker, 600, per_conv)
     a = start_reader(kafka_bootstrap, namespace, tmp_path, "a", 4, 0.05, 21)
     b = start_reader(kafka_bootstrap, namespace, tmp_path, "b", 4, 0.05, 22)
     wait_for(lambda: len(inv.read_logs([a[2], b[2]])) >= 20, 90, "the readers to get going")
+    apply_paths(kafka_bootstrap, namespace, [altered])  # ALTER MESSAGE TYPE mid-run
+    ns_broker.refresh_catalog()
+    with pytest.raises(errors.MessageValidationError):  # in force: a JSON request is refused now
+        ns_broker.send(ns_broker.begin_dialog(inv.CLIENT, inv.SERVER, inv.CONTRACT), inv.REQUEST, {"late": True})
     off_windows = []
     for cycle in range(3):
         set_queue_status(kafka_bootstrap, namespace, "RequestQueue", "OFF", f"test cycle {cycle}")
@@ -339,6 +375,8 @@ def test_invariants_while_the_queue_is_disabled_and_enabled_and_a_reader_is_kill
     late = [d for d in after_off if d > 3.0]
     assert late == [], f"{len(late)} transactions received while the queue was OFF, up to {max(late):.1f} s after"
     assert_invariants(inv.check(sent, replies, logs, per_conv))
+    dead = read_to_end(kafka_bootstrap, names.deadletter_topic(namespace), 30) or []
+    assert dead == [], f"{len(dead)} messages dead-lettered, the first: {dict(dead[0].headers())}"
 
 
 def test_asyncio_api_many_readers_on_one_event_loop(kafka_bootstrap, namespace, ns_broker):
