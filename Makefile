@@ -10,15 +10,24 @@ PARALLEL = -n 3 --dist loadgroup --no-loadscope-reorder --max-worker-restart 0
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The demo's: the package alone (its dependencies, no extras); the tests' STAMP includes it.
+DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: demo demo-analytics lint test test-spark-cluster test-long bench bench-quick prereqs setup clean
+.PHONY: demo demo-analytics demo-setup lint test test-spark-cluster test-long bench bench-quick prereqs setup clean
 
-demo: setup
+# Only what the demo needs: Java and Maven, the package without extras, Kafka's jars.
+demo: demo-setup
 	$(BIN)/kbroker demo --port $(PORT)$(if $(DATA_DIR), --data-dir $(DATA_DIR))
 
-# The demo, then a sample workload under the Spark analytics job and a worker (docs/analytics.md).
-demo-analytics: setup
+# The demo, then a sample workload under the Spark analytics job and a worker (docs/analytics.md):
+# the worker and analytics extras on top of the demo's set-up.
+demo-analytics: demo-setup
+	$(BIN)/pip install --quiet -e '.[worker,analytics]'
 	$(BIN)/kbroker demo --analytics --port $(PORT)$(if $(DATA_DIR), --data-dir $(DATA_DIR))
+
+demo-setup: $(DEMO_STAMP)
+	@scripts/prereqs.sh demo
+	$(BIN)/kbroker broker fetch
 
 # The static checks, in seconds once the virtualenv exists (no Java, no Maven, no broker): the
 # format and the lint rules ([tool.ruff] in pyproject.toml), the layer contracts, the types.
@@ -53,13 +62,13 @@ test-spark-cluster: setup
 # above; on the three-node Kafka cluster a node killed under load, its transaction coordinator
 # killed during commits, and the worker, routing and the analytics job with a node killed;
 # routing between two clusters through kills and an outage longer than a lease; the delayed
-# store's mover and the transport bridge through a broker restart; and `kbroker bench scale` at
-# small sizes. About 10 minutes.
+# store's mover and the transport bridge through a broker restart; `kbroker bench scale` at
+# small sizes; and the wheel a user installs, alone in a new virtualenv. About 13 minutes.
 test-long: setup
-	$(BIN)/pytest -m "spark_cluster or kafka_cluster or bench_scale" tests/integration/test_analytics_cluster.py \
+	$(BIN)/pytest -m "spark_cluster or kafka_cluster or bench_scale or wheel" tests/integration/test_analytics_cluster.py \
 		tests/integration/test_cluster.py tests/integration/test_routing_clusters.py \
 		tests/integration/test_bench_scale.py tests/integration/test_transport_delayed.py \
-		tests/integration/test_transport_bridge.py
+		tests/integration/test_transport_bridge.py tests/integration/test_wheel.py
 
 bench: setup
 	$(BIN)/kbroker bench
@@ -81,7 +90,14 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
+
+# The tests' set-up already holds the demo's (a newer STAMP): nothing to install then.
+$(DEMO_STAMP): pyproject.toml
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "kbroker needs Python 3.11+"'
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then touch $(DEMO_STAMP); else \
+		$(PYTHON) -m venv $(VENV) && $(BIN)/pip install --quiet --upgrade pip && \
+		$(BIN)/pip install --quiet -e . && touch $(DEMO_STAMP); fi
 
 clean:
 	rm -rf $(VENV) build *.egg-info

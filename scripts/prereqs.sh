@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
-# Java 17+ and Maven for the embedded Kafka broker; Go to build the network-stall test's
-# Toxiproxy (scripts/toxiproxy.sh); Chromium for the dashboard's browser test (Playwright drives
-# it); Prometheus for the metrics test (it scrapes a worker). Installs Debian's packages when
+# Java 17+ and Maven for the embedded Kafka broker; for the tests also Go to build the
+# network-stall test's Toxiproxy (scripts/toxiproxy.sh), Chromium for the dashboard's browser
+# test (Playwright drives it) and Prometheus for the metrics test (it scrapes a worker).
+# `prereqs.sh demo`: Java and Maven only, what `make demo` needs. Installs Debian's packages when
 # missing and this user may (root); otherwise says what to install.
 set -euo pipefail
+demo=false
+[ "${1:-}" = demo ] && demo=true
 need=()
 if ! command -v java >/dev/null 2>&1 || \
    ! java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])'; then
   need+=(openjdk-17-jre-headless)
 fi
 command -v mvn >/dev/null 2>&1 || need+=(maven)
-{ command -v go || [ -x /usr/local/go/bin/go ]; } >/dev/null 2>&1 || need+=(golang-go)
-command -v chromium >/dev/null 2>&1 || need+=(chromium)  # the dashboard's browser test (Playwright)
-# The server alone: its recommended node exporter and friends are not needed (nor started).
 lean=()
-command -v prometheus >/dev/null 2>&1 || lean+=(prometheus)  # the metrics test's scraper
+if ! $demo; then
+  { command -v go || [ -x /usr/local/go/bin/go ]; } >/dev/null 2>&1 || need+=(golang-go)
+  command -v chromium >/dev/null 2>&1 || need+=(chromium)  # the dashboard's browser test (Playwright)
+  # The server alone: its recommended node exporter and friends are not needed (nor started).
+  command -v prometheus >/dev/null 2>&1 || lean+=(prometheus)  # the metrics test's scraper
+fi
 [ ${#need[@]} -eq 0 ] && [ ${#lean[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing ${need[*]} ${lean[*]} with apt-get" >&2

@@ -83,9 +83,10 @@ __all__ = [
 
 
 def samples_dir() -> Path:
-    """topics/samples of this checkout (else of the working directory): what namespaces apply."""
-    here = Path(__file__).resolve().parents[2] / "topics" / "samples"
-    return here if here.is_dir() else Path.cwd() / "topics" / "samples"
+    """The expenses sample shipped with kbroker (topics/samples of a checkout): what namespaces apply."""
+    from kbroker.core.catalog.loader import SAMPLES
+
+    return SAMPLES
 
 
 def run_scenario(ctx: BenchContext, s: Scenario) -> list[dict]:

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 
 @main.command("apply")
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.argument("paths", nargs=-1, type=click.Path())
+@click.option("--samples", is_flag=True, help="Apply the expenses sample that ships with kbroker (beside any PATHS).")
 @cluster_options
 @click.option(
     "--replication-factor",
@@ -37,13 +38,17 @@ if TYPE_CHECKING:
 )
 @json_option
 @handle_errors
-def apply_cmd(paths, target, replication_factor, as_json):
+def apply_cmd(paths, samples, target, replication_factor, as_json):
     """Validate the definitions in PATHS (files or directories of *.yaml) and apply them:
-    create or update the topics, then publish the catalog. An invalid definition applies nothing."""
-    from kbroker.core.catalog.loader import load_definitions
+    create or update the topics, then publish the catalog. An invalid definition applies nothing.
+    --samples applies the expenses sample shipped with kbroker."""
+    from kbroker.core.catalog.loader import SAMPLES, load_definitions
     from kbroker.kafka.catalog.apply import apply_catalog
     from kbroker.sdk.catalog_drop import drop
 
+    if not paths and not samples:
+        raise click.UsageError("name the definitions to apply (PATHS), or --samples")
+    paths = [*paths, SAMPLES] if samples else list(paths)
     ns = target.namespace
     # Validate before looking for a broker: a bad file is reported even when none runs.
     catalog = load_definitions(paths, ns)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Callable
 
 from kbroker import config
 from kbroker.cli.output import make_console, new_table, print_table
+from kbroker.core.catalog.loader import SAMPLES
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.embedded import resolve_cluster
 from kbroker.embedded.broker import EmbeddedBroker
@@ -23,12 +24,6 @@ EXPENSES = "//Adventure-Works.com/Expenses"
 CONTRACT = "//Adventure-Works.com/Expenses/ExpenseSubmission"
 CLAIM = "//Adventure-Works.com/Expenses/ExpenseClaim"
 APPROVAL = "//Adventure-Works.com/Expenses/ExpenseApproval"
-
-
-def topics_dir() -> Path:
-    """The repository's topics/ (system topics and samples)."""
-    here = Path(__file__).resolve().parents[2] / "topics"
-    return here if here.is_dir() else Path.cwd() / "topics"
 
 
 def run_demo(
@@ -57,9 +52,9 @@ def run_demo(
         cluster = Cluster(status.bootstrap)
     say(f"[bold]Kafka[/] at {cluster}, namespace [bold]{namespace}[/]")
     try:
-        report = apply_paths(cluster, namespace, [topics_dir() / "samples"])
+        report = apply_paths(cluster, namespace, [SAMPLES])
         say(
-            f"applied topics/samples: {len(report.topics_created)} topic(s) created, "
+            f"applied the expenses sample: {len(report.topics_created)} topic(s) created, "
             f"{report.objects_published} catalog object(s) published"
         )
         steps = _conversation(Broker(cluster, namespace), say, lambda table: print_table(table, console))

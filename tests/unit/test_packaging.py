@@ -128,6 +128,17 @@ def test_make_demo_passes_port_and_data_dir_on():
     )
 
 
+def test_make_demo_installs_only_what_the_demo_needs():
+    lines = make_dry_run("demo")
+    text = "\n".join(lines)
+    assert "pip install --quiet -e . " in text and "[test]" not in text and "[worker" not in text
+    assert "scripts/prereqs.sh demo" in lines and "scripts/toxiproxy.sh" not in text
+    assert make_dry_run("demo-analytics")[-2] == ".venv/bin/pip install --quiet -e '.[worker,analytics]'"
+    prereqs = (ROOT / "scripts" / "prereqs.sh").read_text()
+    demo_part = prereqs[prereqs.index("set -euo pipefail") : prereqs.index("if ! $demo; then")]
+    assert "maven" in demo_part and not any(tool in demo_part for tool in ("golang-go", "chromium", "prometheus"))
+
+
 # `make lint`'s checks, in order: the lint rules, the layer contracts, the types.
 LINT = [
     ".venv/bin/ruff format --check kbroker tests scripts examples",

@@ -49,6 +49,7 @@ from kbroker.core.catalog.xml_schemas import SchemaCompileError, compiled
 from kbroker.errors import DefinitionError
 
 SYSTEM_YAML = Path(__file__).with_name("system.yaml")
+SAMPLES = Path(__file__).with_name("samples")  # the expenses sample, shipped in the wheel (`kbroker apply --samples`)
 
 Definition = (
     MessageType
