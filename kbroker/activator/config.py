@@ -37,7 +37,7 @@ from pydantic import (
 
 from kbroker.config import NAMESPACE_RE
 from kbroker.core.catalog.loader import pydantic_reason, read_yaml
-from kbroker.core.names import QUEUE_NAME_RE
+from kbroker.core.topic_keys import queue_name_problem
 from kbroker.errors import DefinitionError
 
 
@@ -79,8 +79,9 @@ class Application(_Model):
     @field_validator("queue")
     @classmethod
     def _queue_name(cls, value: str) -> str:
-        if not QUEUE_NAME_RE.match(value):
-            raise ValueError(f"queue name {value!r} must be 1-100 characters of A-Z a-z 0-9 _ . -")
+        problem = queue_name_problem(value)
+        if problem is not None:
+            raise ValueError(f"queue name {value!r} {problem}")
         return value
 
     @field_validator("command")

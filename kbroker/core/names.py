@@ -25,24 +25,33 @@ transactional ids (`kbroker.<ns>.<uuid>`, `kbroker.<ns>.timers.<uuid>`, ...): a 
 PREFIXED ACLs cover everything its processes touch (core/security/acl_roles.py).
 
 Two names must never be one topic, nor two topics Kafka refuses side by side: Kafka treats '.'
-and '_' as one character when it compares topic names (kafka_form). Instance names hold no '.',
-so a secondary queue `<queue>.<instance>` can only meet another queue's name in the space that
-name claims (queue_names_collide): a queue owns its name and every name made of it, '.' or '_',
-and anything, in Kafka's form, so no two queues of a namespace may own overlapping spaces.
-Checked at apply (catalog/loader.py, against the queues applied earlier too), when a secondary
-queue is named (secondary_queue_collision) and, for the transport face, at install
-(core/transport/endpoint.py). Topic names keep their layout: replies waiting in secondary topics
-survive an upgrade.
+and '_' as one character when it compares topic names (kafka_form). A queue may have any name
+Service Broker allows (a sysname: 1-128 characters, any but control characters), so its topic
+holds the queue's *key* (queue_key), an injective encoding into what Kafka allows: a name of
+1-100 letters, digits and '-' is its own key; any other is '_' and the name with every other
+character written `-<hex code>-`, or, past 120 characters, '__', the start of that and a hash
+(encoded_key). Keys hold no '.' and no '_' but the leading ones, so no two keys meet in Kafka's
+form, nor a key and a secondary queue `<key>.<instance>` (instance names hold no '.').
+
+Queues published before keys existed keep the topic they have: their key is their name (a name
+of letters, digits, '_', '.' and '-' was its topic then), which the catalog says (Queue.topic_key)
+and remember_keys records for this process. Such an old key can meet another key in Kafka's form
+or claim its space, so apply still compares keys (queue_names_collide); between keys encoded here
+it never finds one. For the transport face, the same check runs on its queue names at install
+(core/transport/endpoint.py). A secondary queue is refused when it would meet another queue's
+topic (secondary_queue_collision).
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Container, Iterable
+from collections.abc import Container, Iterable, Mapping
 
 from kbroker.config import NAMESPACE_RE
+from kbroker.core.topic_keys import decoded_key, encoded_key, queue_name_problem
 
+# The queue names releases before keys took, each its own topic's: their topics keep that layout.
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 SYSTEM_TOPICS = (
     "catalog",
@@ -95,11 +104,44 @@ def reader_group_of(topic: str) -> str | None:
     return reader_group(ns) if ns else None
 
 
+# Keys the catalog gave that differ from encoded_key (queues published before keys existed), and
+# back from those and from hashed keys to their queues. Bounded by the catalogs read.
+_KEPT: dict[tuple[str, str], str] = {}
+_KEPT_BY_KEY: dict[tuple[str, str], str] = {}
+
+
+def remember_keys(ns: str, keys: Mapping[str, str]) -> None:
+    """Record the keys a namespace's catalog gives its queues (queue -> key), for queue_topic
+    and queue_of_topic in this process: the catalog's reader and apply call it."""
+    changed = False
+    for queue, key in keys.items():
+        kept = key if key != encoded_key(queue) else None  # None: a queue made again gets its key
+        if _KEPT.get((ns, queue)) != kept:
+            if kept is None:
+                _KEPT.pop((ns, queue), None)
+            else:
+                _KEPT[(ns, queue)] = kept
+            changed = True
+        if (kept is not None or decoded_key(key) is None) and _KEPT_BY_KEY.get((ns, key)) != queue:
+            _KEPT_BY_KEY[(ns, key)] = queue  # a hashed key's topic says no name
+            changed = True
+    if changed:
+        queue_topic.cache_clear()
+        queue_of_topic.cache_clear()
+
+
+def queue_key(ns: str, queue: str) -> str:
+    """The key in `queue`'s topic name: the catalog's, else encoded_key. ValueError for a name
+    Service Broker would refuse."""
+    problem = queue_name_problem(queue)
+    if problem is not None:
+        raise ValueError(f"queue name {queue!r} {problem}")
+    return _KEPT.get((ns, queue)) or encoded_key(queue)
+
+
 @functools.lru_cache(maxsize=4096)
 def queue_topic(ns: str, queue: str) -> str:
-    if not isinstance(queue, str) or not QUEUE_NAME_RE.match(queue):
-        raise ValueError(f"queue name {queue!r} must be 1-100 characters of A-Z a-z 0-9 _ . -")
-    return f"{prefix(ns)}queue.{queue}"
+    return f"{prefix(ns)}queue.{queue_key(ns, queue)}"
 
 
 INSTANCE_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # no '.': the topic name must stay unambiguous
@@ -156,15 +198,16 @@ def queue_names_collide(a: str, b: str) -> str | None:
     return None
 
 
-def secondary_queue_collision(queues: Iterable[str], queue: str, instance: str) -> tuple[str, str] | None:
+def secondary_queue_collision(ns: str, queues: Iterable[str], queue: str, instance: str) -> tuple[str, str] | None:
     """(other queue, reason) when `queue`'s secondary queue for `instance` would be, or collide in
     Kafka with, another queue's topic or secondary queue; None when it is free. The instance
-    must match INSTANCE_RE (secondary_queue_topic checks)."""
-    secondary = kafka_form(f"{queue}.{instance}")
+    must match INSTANCE_RE (secondary_queue_topic checks). Only a key kept from before keys
+    existed can be met (see the module's docstring)."""
+    secondary = kafka_form(f"{queue_key(ns, queue)}.{instance}")
     for other in queues:
         if other == queue:
             continue
-        form = kafka_form(other)
+        form = kafka_form(queue_key(ns, other))
         if secondary == form:
             return other, "it would be that queue's topic, or one Kafka refuses beside it ('.' and '_' are one)"
         if secondary.startswith(form + "_"):
@@ -179,9 +222,22 @@ def queue_group(ns: str, queue: str) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def queue_of_topic(ns: str, topic: str) -> str | None:
-    """The queue name of a queue topic of this namespace, else None."""
+    """The queue name of a queue topic of this namespace (`<queue>.<instance>` for a secondary
+    queue's), else None. A key neither remembered nor decodable (a hashed one this process's
+    catalog has not named) stands for itself."""
     head = f"{prefix(ns)}queue."
-    return topic[len(head) :] if topic.startswith(head) and len(topic) > len(head) else None
+    if not topic.startswith(head) or len(topic) == len(head):
+        return None
+    key = topic[len(head) :]
+    known = _KEPT_BY_KEY.get((ns, key)) or decoded_key(key)
+    if known is not None:
+        return known
+    base, dot, instance = key.rpartition(".")
+    if dot and INSTANCE_RE.fullmatch(instance):
+        queue = _KEPT_BY_KEY.get((ns, base)) or decoded_key(base)
+        if queue is not None:
+            return f"{queue}.{instance}"
+    return key  # a key kept from before keys existed, or hashed
 
 
 def queue_label(ns: str, topic: str, queues: Container[str]) -> str:

@@ -182,7 +182,7 @@ class BrokerRuntime(ProcessRuntime):
             if topic not in self._secondary:
                 q = self.catalog.queue(queue)
                 # A catalog applied before apply refused colliding names may still hold them.
-                clash = names.secondary_queue_collision(self.catalog.current.queues, q.name, instance)
+                clash = names.secondary_queue_collision(self.namespace, self.catalog.current.queues, q.name, instance)
                 if clash is not None:
                     raise QueueNameCollisionError(
                         f"the secondary queue of {queue} for instance {instance!r}", f"queue {clash[0]!r}", clash[1]

@@ -182,7 +182,7 @@ applications:
         ),
         ("applications:\n  - queue: Q\n", "application Q: missing required field 'command'"),
         ("applications:\n  - queue: Q\n    command: []\n", "application Q: command: command must name a program"),
-        ("applications:\n  - queue: 'bad queue'\n    command: [x]\n", "application bad queue: queue: queue name"),
+        ('applications:\n  - queue: "bad\\tqueue"\n    command: [x]\n', "application bad\tqueue: queue: queue name"),
         (
             "applications:\n  - queue: Q\n    command: [x]\n    env: {DEBUG: yes}\n",
             "application Q: env.DEBUG: must be a string",

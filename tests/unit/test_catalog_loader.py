@@ -224,7 +224,9 @@ def test_empty_file_is_allowed(tmp_path):
         ("queues: [{name: Q, max_message_bytes: 10485761}]\n", "queue Q", "max_message_bytes"),
         ("queues: [{name: Q, status: maybe}]\n", "queue Q", "status"),
         ("queues: [{name: Q, retention: 1}]\n", "queue Q", "retention"),
-        ("queues: [{name: 'My Queue'}]\n", "queue My Queue", "name"),
+        ('queues: [{name: "My\\tQueue"}]\n', "queue My\tQueue", "U+0009"),
+        (f"queues: [{{name: {'Q' * 129}}}]\n", f"queue {'Q' * 129}", "1-128 characters"),
+        ("queues: [{name: Q, topic_key: Q}]\n", "queue Q", "topic_key is set by 'kbroker apply'"),
         ("queues: [{partitions: 2}]\n", "queue #1", "missing required field 'name'"),
         ("queues: [{name: Q}, {name: Q}]\n", "queue Q", "duplicate name"),
         ("queues: [{name: Q, name: R}]\n", None, "appears twice"),
@@ -317,18 +319,20 @@ def test_bad_namespace(tmp_path):
 
 
 def test_names():
-    assert names.queue_topic("ns", "Q.1") == "kbroker.ns.queue.Q.1" == names.queue_group("ns", "Q.1")
+    assert names.queue_topic("ns", "Q-1") == "kbroker.ns.queue.Q-1" == names.queue_group("ns", "Q-1")
+    assert names.queue_topic("ns", "Q.1") == "kbroker.ns.queue._Q-2e-1"  # its key (core/topic_keys.py)
     assert names.catalog_topic("ns") == "kbroker.ns.catalog"
     assert names.endpoints_topic("ns") == "kbroker.ns.endpoints"
     assert names.events_topic("ns") == "kbroker.ns.events"
     assert names.deadletter_topic("ns") == "kbroker.ns.deadletter"
     assert names.transmission_topic("ns") == "kbroker.ns.transmission"
-    assert names.queue_of_topic("ns", "kbroker.ns.queue.Q.1") == "Q.1"
+    assert names.queue_of_topic("ns", "kbroker.ns.queue._Q-2e-1") == "Q.1"
+    assert names.queue_of_topic("ns", "kbroker.ns.queue.Q-1.web1") == "Q-1.web1"  # a secondary queue's
     assert names.queue_of_topic("ns", "kbroker.other.queue.Q") is None
     with pytest.raises(ValueError):
         names.queue_topic("bad.ns", "Q")
-    with pytest.raises(ValueError):
-        names.queue_topic("ns", "bad queue")
+    with pytest.raises(ValueError, match="U"):
+        names.queue_topic("ns", "bad\x00queue")
 
 
 # --- catalog records of older versions --------------------------------------------------------

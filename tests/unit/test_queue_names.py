@@ -1,7 +1,7 @@
-"""Queue names that cannot collide in Kafka (issue 22, case 4), without a broker: a queue claims
-the names of its secondary queues, names Kafka compares as equal ('.' and '_') are refused, and,
-for any names the rule accepts, no two queues or secondary queues ever map to one topic or to
-topics Kafka refuses side by side."""
+"""Queue names and the topics they get, without a broker: any name Service Broker takes gets a
+key of its own (core/topic_keys.py), so no two queues or secondary queues ever map to one topic
+or to topics Kafka refuses side by side; a queue published before keys keeps its topic, and only
+such a kept key can still be met. Transport queues keep their names as topics, and their rule."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kbroker.core import names
-from kbroker.core.catalog.loader import check_queue_names, load_definitions
+from kbroker.core.catalog.catalog import Catalog
+from kbroker.core.catalog.loader import load_definitions
+from kbroker.core.catalog.objects import Queue, published_key
+from kbroker.core.catalog.queue_keys import check_queue_keys, stamp_keys
 from kbroker.core.transport.endpoint import (
     install_collision,
     install_plan,
@@ -40,15 +43,6 @@ def test_queue_names_that_do_not_collide(a, b):
     assert names.queue_names_collide(a, b) is None
 
 
-def accepted(queues: list[str]) -> list[str]:
-    """The queues an apply of `queues` in this order keeps: each one that collides with none before it."""
-    kept: list[str] = []
-    for q in queues:
-        if all(names.queue_names_collide(q, k) is None for k in kept):
-            kept.append(q)
-    return kept
-
-
 def assert_one_owner_per_kafka_name(owned: dict[str, object]) -> None:
     """`owned`: topic -> who uses it. No two owners on one topic is given by the dict; no two
     topics Kafka would refuse side by side is checked here."""
@@ -58,64 +52,104 @@ def assert_one_owner_per_kafka_name(owned: dict[str, object]) -> None:
         assert other == topic, f"{topic} ({owned[topic]}) collides in Kafka with {other} ({owned[other]})"
 
 
-@settings(max_examples=300)
-@given(st.lists(queue_names, max_size=8), st.lists(instance_names, max_size=4))
-@example(["X.web1", "X"], ["web1"])
-def test_accepted_queue_names_never_share_or_collide_with_a_topic(queues, instances):
+# Any name Service Broker takes: few letters and many separators, so old rules' collisions are
+# common, and the rest of Unicode (no control characters, no lone surrogates).
+any_names = st.text(alphabet="ab._-", min_size=1, max_size=6) | st.text(
+    st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=128
+)
+
+
+@settings(max_examples=400)
+@given(st.lists(any_names, max_size=8, unique=True), st.lists(instance_names, max_size=4))
+@example(["Orders", "Orders_Archive", "Orders.Retries", "Orders_Retries", "EmployeeQueue.web1"], ["web1", "Archive"])
+@example(["X.web1", "X", "X_web1"], ["web1"])
+def test_any_queue_names_never_share_or_collide_with_a_topic(queues, instances):
+    """Keys are injective and free of '.' and '_': every name of a namespace, with every
+    instance's secondary queue, gets a topic of its own that Kafka takes beside the others."""
     owned: dict[str, object] = {}
-    for q in accepted(queues):
+    names.remember_keys(NS, {q: names.encoded_key(q) for q in queues})  # as the catalog's reader does
+    for q in queues:
         topics = [(names.queue_topic(NS, q), ("queue", q))]
         topics += [(names.secondary_queue_topic(NS, q, i), ("secondary", q, i)) for i in instances]
         for topic, owner in topics:
+            assert len(topic) <= 249, topic
             assert owned.setdefault(topic, owner) == owner, f"{owner} and {owned[topic]} share {topic}"
+            assert names.queue_of_topic(NS, topic) == (q if owner[0] == "queue" else f"{q}.{owner[2]}")
     assert_one_owner_per_kafka_name(owned)
-    for q in accepted(queues):
+    for q in queues:
         for i in instances:
-            assert names.secondary_queue_collision(accepted(queues), q, i) is None
+            assert names.secondary_queue_collision(NS, queues, q, i) is None
+        assert names.queue_names_collide(names.encoded_key(q), names.encoded_key(queues[0])) is None
 
 
-@given(st.lists(queue_names, min_size=1, max_size=8), st.data())
-def test_an_instance_the_runtime_check_accepts_meets_no_other_queue(queues, data):
-    # Any catalog, even one applied before apply refused collisions.
-    queue, instance = data.draw(st.sampled_from(queues)), data.draw(instance_names)
-    if names.secondary_queue_collision(queues, queue, instance) is None:
-        secondary = names.kafka_form(names.secondary_queue_topic(NS, queue, instance))
-        assert all(names.kafka_form(names.queue_topic(NS, p)) != secondary for p in queues)
+@given(st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=128))
+def test_a_key_is_what_kafka_takes_and_says_its_name(name):
+    key = names.encoded_key(name)
+    assert len(key) <= 120 and all(c.isascii() and (c.isalnum() or c in "-_") for c in key)
+    assert "_" not in key.lstrip("_") and len(key) - len(key.lstrip("_")) <= 2 and "." not in key
+    assert names.decoded_key(key) in (name, None) and (names.decoded_key(key) is None) == key.startswith("__")
 
 
-def test_the_issue_pair_is_refused_at_run_time():
-    assert names.secondary_queue_collision(["EmployeeQueue", "EmployeeQueue.web1"], "EmployeeQueue", "web1") == (
+def test_keys_of_the_issue_names():
+    assert [names.encoded_key(q) for q in ("Orders", "Orders_Archive", "Orders.Retries", "Orders-EU")] == [
+        "Orders",
+        "_Orders-5f-Archive",
+        "_Orders-2e-Retries",
+        "Orders-EU",  # 1-100 letters, digits and '-': the name itself, as before keys
+    ]
+    long = "Ω" * 128
+    assert names.encoded_key(long).startswith("__") and names.encoded_key(long) != names.encoded_key(long[:-1])
+    assert names.decoded_key("_a-zz-b") is None and names.decoded_key("_ab") is None  # not what encoding writes
+
+
+def test_a_queue_published_before_keys_keeps_its_topic_and_can_still_collide():
+    ns = "kept"
+    names.remember_keys(ns, {"EmployeeQueue.web1": "EmployeeQueue.web1", "a_b": "a_b"})
+    assert names.queue_topic(ns, "EmployeeQueue.web1") == "kbroker.kept.queue.EmployeeQueue.web1"
+    assert names.queue_of_topic(ns, "kbroker.kept.queue.a_b") == "a_b"
+    assert names.queue_topic(ns, "a.b") == "kbroker.kept.queue._a-2e-b"  # a new one: its key
+    # The kept key is in EmployeeQueue's secondary space: that instance is refused, others are not.
+    assert names.secondary_queue_collision(ns, ["EmployeeQueue", "EmployeeQueue.web1"], "EmployeeQueue", "web1") == (
         "EmployeeQueue.web1",
         "it would be that queue's topic, or one Kafka refuses beside it ('.' and '_' are one)",
     )
-    assert names.secondary_queue_collision(["X", "X_web1"], "X", "web1")[0] == "X_web1"
-    assert names.secondary_queue_collision(["X", "X.a"], "X", "a_b") == (  # X.a's instance b is X_a_b too
-        "X.a",
-        "names X.a.<instance> belong to X.a's secondary queues",
-    )
-    assert names.secondary_queue_collision(["X", "Y.web1"], "X", "web1") is None
+    assert names.secondary_queue_collision(ns, ["EmployeeQueue", "EmployeeQueue.web1"], "EmployeeQueue", "web2") is None
+    names.remember_keys(ns, {"a_b": names.encoded_key("a_b")})  # dropped and made again: a key of its own
+    assert names.queue_topic(ns, "a_b") == "kbroker.kept.queue._a-5f-b"
 
 
-def test_loader_refuses_a_queue_in_another_queues_secondary_space(tmp_path):
+def published(ns: str, **queues: str | None) -> Catalog:
+    """A catalog as read back: queue name -> its record's key (None: published before keys)."""
+    return Catalog(namespace=ns, queues={n: published_key(Queue(name=n, topic_key=k)) for n, k in queues.items()})
+
+
+def test_apply_keeps_a_published_key_and_encodes_a_new_one():
+    previous = published("stamp", **{"Old_Queue": None, "Kept.Too": "_Kept-2e-Too"})
+    catalog = Catalog(namespace="stamp", queues={n: Queue(name=n) for n in ("Old_Queue", "Kept.Too", "New_Queue")})
+    stamped = stamp_keys(catalog, previous)
+    assert {n: q.topic_key for n, q in stamped.queues.items()} == {
+        "Old_Queue": "Old_Queue",  # its topic from before keys
+        "Kept.Too": "_Kept-2e-Too",
+        "New_Queue": "_New-5f-Queue",
+    }
+    assert names.queue_topic("stamp", "Old_Queue") == "kbroker.stamp.queue.Old_Queue"
+    check_queue_keys(stamped, previous)
+
+
+def test_apply_refuses_a_new_queue_only_where_a_kept_key_claims_its_topic():
+    previous = published("clash", **{"X.web1": None, "Y": None})
+    with pytest.raises(DefinitionError) as info:
+        check_queue_keys(stamp_keys(Catalog(namespace="clash", queues={"X": Queue(name="X")}), previous), previous)
+    assert info.value.obj == "queue X" and "collides with queue 'X.web1'" in info.value.reason
+    assert "(applied earlier)" in info.value.reason
+    fine = Catalog(namespace="clash", queues={n: Queue(name=n) for n in ("X_web1", "X.web2", "Z")})
+    check_queue_keys(stamp_keys(fine, previous), previous)  # new names get keys of their own
+
+
+def test_loader_takes_names_that_once_collided(tmp_path):
     f = tmp_path / "q.yaml"
-    f.write_text("queues: [{name: EmployeeQueue}, {name: EmployeeQueue.web1}]\n")
-    with pytest.raises(DefinitionError) as info:
-        load_definitions([f], NS)
-    assert str(info.value) == (
-        f"{f}: queue EmployeeQueue.web1: collides with queue 'EmployeeQueue': names "
-        "EmployeeQueue.<instance> (or EmployeeQueue_...) belong to EmployeeQueue's secondary queues"
-    )
-
-
-def test_check_holds_against_queues_applied_earlier():
-    with pytest.raises(DefinitionError) as info:
-        check_queue_names(["X"], {"queue X": "b.yaml"}, applied=["X.web1", "Y"])
-    assert (info.value.file, info.value.obj) == ("b.yaml", "queue X")
-    assert "collides with queue 'X.web1' (applied earlier)" in info.value.reason
-    with pytest.raises(DefinitionError, match="'a.b' .applied earlier.: Kafka treats"):
-        check_queue_names(["a_b"], {}, applied=["a.b"])
-    check_queue_names(["X", "Y"], {}, applied=["X", "Z"])  # applying X again is no collision
-    check_queue_names(["Z"], {}, applied=["X", "X.web1"])  # an old collision is not this apply's
+    f.write_text("queues: [{name: Orders}, {name: Orders_Archive}, {name: Orders.Retries}, {name: 'Заказы [EU]'}]\n")
+    assert sorted(load_definitions([f], NS).queues) == ["Orders", "Orders.Retries", "Orders_Archive", "Заказы [EU]"]
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from pydantic import Field, model_validator
 
+from kbroker.core import names
 from kbroker.core.catalog.built_ins import BUILTIN_CONTRACTS, BUILTIN_MESSAGE_TYPES
 from kbroker.core.catalog.objects import (
     BrokerEndpoint,
@@ -49,6 +50,12 @@ class Catalog(StrictModel):
     system_topics: dict[str, SystemTopic] = Field(default={}, exclude=True)
     origins: dict[str, str] = Field(default={}, exclude=True)
     drops: list[tuple[str, str]] = Field(default=[], exclude=True)  # the files' drop: list (kind, name)
+
+    @model_validator(mode="after")
+    def _remember_keys(self) -> "Catalog":
+        # Every process that reads the catalog names its queues' topics by it (names.queue_topic).
+        names.remember_keys(self.namespace, {q.name: q.topic_key for q in self.queues.values() if q.topic_key})
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -28,7 +28,6 @@ import yaml
 from pydantic import ValidationError
 
 from kbroker.config import NAMESPACE_RE
-from kbroker.core import names
 from kbroker.core.catalog.drops import DROP_KINDS
 from kbroker.core.catalog.models import (
     BUILTIN_CONTRACTS,
@@ -181,6 +180,8 @@ def _parse(file: Path, key: str, index: int, item: Any) -> tuple[str, Definition
             "every record until its readers have received it, and the worker reclaims "
             "the rest (remove the line)",
         )
+    if key == "queues" and "topic_key" in item:
+        raise DefinitionError(str(file), obj, "topic_key is set by 'kbroker apply', not in a definition file")
     if key == "message_types" and "earlier" in item:
         raise DefinitionError(str(file), obj, "earlier is kept by 'kbroker apply', not in a definition file")
     if key == "routes" and "created_at" in item:
@@ -265,7 +266,6 @@ def load_definitions(paths: Iterable[str | Path], namespace: str) -> Catalog:
                 objects[key][parsed.name] = parsed
                 origins[obj] = str(file)
     _check_references(objects, origins)
-    check_queue_names(objects["queues"], origins)
     for kind, name in drops:
         field, label = DROP_KINDS[kind]
         if name in objects[field]:
@@ -355,23 +355,6 @@ def _check_priorities(objects: dict[str, dict[str, Any]], contracts: dict[str, A
                 None, obj, f"has the contract and services of broker priority {seen[criteria]!r}: one would be ignored"
             )
         seen[criteria] = p.name
-
-
-def check_queue_names(queues: Iterable[str], origins: dict[str, str], applied: Iterable[str] = ()) -> None:
-    """DefinitionError when a queue of `queues` collides (names.queue_names_collide) with another
-    of them or with a queue `applied` earlier: their topics would be one, or refused by Kafka.
-    Collisions among applied queues alone (from before this check) are not this apply's to report."""
-    new = list(queues)
-    earlier = [q for q in applied if q not in new]
-    for q in new:
-        for other in earlier:
-            reason = names.queue_names_collide(q, other)
-            if reason is not None:
-                when = " (applied earlier)" if other not in new else ""
-                raise DefinitionError(
-                    origins.get(f"queue {q}"), f"queue {q}", f"collides with queue {other!r}{when}: {reason}"
-                )
-        earlier.append(q)
 
 
 def load_system_topics(path: str | Path = SYSTEM_YAML) -> dict[str, SystemTopic]:

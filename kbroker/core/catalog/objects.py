@@ -22,6 +22,7 @@ from kbroker.core.catalog.values import (
     parse_kafka_address,
 )
 from kbroker.core.names import QUEUE_NAME_RE, SYSTEM_TOPICS
+from kbroker.core.topic_keys import encoded_key, queue_name_problem
 from kbroker.core.topic_limits import MAX_QUEUE_MESSAGE_BYTES
 
 
@@ -141,12 +142,17 @@ class Queue(StrictModel):
     # Seconds after which an unreceived message counts as stale for this queue (the analytics
     # job's per-queue threshold, beside the seeds' 10 s and 60 s); None: the job's default.
     stale_after: float | None = Field(default=None, gt=0, le=7 * 86400)
+    # The key in the queue's topic name (core/names.py), set by apply when the queue is first
+    # applied and kept after. None only in a definition file (apply sets it) and in a record
+    # published before keys existed (read back as the name: published_key).
+    topic_key: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,120}$")
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not QUEUE_NAME_RE.match(value):
-            raise ValueError("must be 1-100 characters of A-Z a-z 0-9 _ . -")
+        problem = queue_name_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
     @model_validator(mode="before")
@@ -158,6 +164,15 @@ class Queue(StrictModel):
         if isinstance(value, dict) and TOPIC_RETENTION in value:
             return {k: v for k, v in value.items() if k != TOPIC_RETENTION}
         return value
+
+
+def published_key(queue: Queue) -> Queue:
+    """A queue as read back from the catalog topic: a record published before keys existed has
+    none, and its topic is named by the queue's name (all such names were valid keys)."""
+    if queue.topic_key is not None:
+        return queue
+    key = queue.name if QUEUE_NAME_RE.match(queue.name) else encoded_key(queue.name)
+    return queue.model_copy(update={"topic_key": key})
 
 
 class Service(StrictModel):

@@ -33,8 +33,9 @@ from confluent_kafka.admin import (
 
 from kbroker.core import names
 from kbroker.core.catalog.drops import check_contracts_fixed, merged, plan_drops, stamp_validations
-from kbroker.core.catalog.loader import check_queue_names, load_definitions
+from kbroker.core.catalog.loader import load_definitions
 from kbroker.core.catalog.models import Catalog
+from kbroker.core.catalog.queue_keys import check_queue_keys, stamp_keys
 from kbroker.core.cluster import ClusterLike
 from kbroker.core.routing.routes import stamp_routes
 from kbroker.core.topic_limits import HEADER_HEADROOM as HEADER_HEADROOM  # re-exported: tests read it here
@@ -354,8 +355,10 @@ def apply_catalog(
     clients.brokers_answering(cluster, timeout)  # "no Kafka broker answers at ...", not a metadata error
     bad: dict[bytes | None, tuple[Any, str]] = {}  # keys whose last record is not a catalog object
     previous = read_catalog(cluster, catalog.namespace, timeout=timeout, last_bad=bad)
-    # Before any topic changes: the queues applied earlier are part of the namespace's names.
-    check_queue_names(catalog.queues, catalog.origins, applied=previous.queues)
+    # Before any topic changes: each queue's topic key (kept, or new), checked against the
+    # queues applied earlier, which are part of the namespace's names.
+    catalog = stamp_keys(catalog, previous)
+    check_queue_keys(catalog, previous)
     check_contracts_fixed(previous, catalog)  # no ALTER CONTRACT: refused before any topic changes
     drops = plan_drops(merged(previous, catalog), catalog.drops)  # DropRefusedError: nothing changed
     created, updated, retention = sync_topics(

@@ -20,6 +20,7 @@ from kbroker.core.catalog.models import (
     BUILTIN_MESSAGE_TYPES,
     Catalog,
 )
+from kbroker.core.catalog.objects import published_key
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.rejected import Rejected
 from kbroker.errors import BrokerUnavailableError, CatalogError, InvalidArgumentError, KBrokerError, kafka_error
@@ -185,6 +186,7 @@ def read_catalog_with(
         for key in bad:
             kind, _, name = (key or b"").decode(errors="replace").partition("/")
             fields.get(FIELDS.get(kind, ""), {}).pop(name, None)
+    fields["queues"] = {name: published_key(q) for name, q in fields["queues"].items()}
     try:
         return Catalog.model_validate({"namespace": namespace, **fields})
     except ValidationError as exc:  # each object was valid on its own: not expected

@@ -10,7 +10,7 @@ from typing import Any
 from kbroker.core.catalog.models import parse_kafka_address
 from kbroker.core.catalog.tsql.ddl import Option, Qualified, Severity, Unmapped
 from kbroker.core.catalog.values import PROCEDURE_RE
-from kbroker.core.names import QUEUE_NAME_RE
+from kbroker.core.topic_keys import queue_name_problem
 
 Report = Callable[[int, str], None]  # (line, why)
 PLACEHOLDER_MODULE = "procedures"  # activation.procedure = "procedures:<the procedure's name>", to fill in
@@ -18,13 +18,9 @@ _ROUTE_FIELDS = ("service_name", "broker_instance", "address", "mirror_address",
 
 
 def queue_name_rule(name: str) -> str | None:
-    """Why the catalog refuses a queue name Service Broker allows, or None."""
-    if QUEUE_NAME_RE.match(name):
-        return None
-    return (
-        f"queue name {name!r} is refused by the catalog: a queue name must be 1-100 characters of "
-        "A-Z a-z 0-9 _ . - (it names the queue's Kafka topic); rename it in the script"
-    )
+    """Why the catalog refuses a queue name, or None: only what Service Broker refuses too."""
+    problem = queue_name_problem(name)
+    return None if problem is None else f"queue name {name!r} {problem}"
 
 
 def handler(procedure: Qualified) -> tuple[str, bool]:

@@ -18,7 +18,6 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from kbroker.core import names
 from kbroker.core.catalog.loader import SECTIONS, pydantic_reason
 from kbroker.core.catalog.models import BUILTIN_CONTRACTS, BUILTIN_MESSAGE_TYPES, Catalog
 from kbroker.core.catalog.tsql import priority_drops as pd
@@ -236,12 +235,7 @@ class _Mapper:
                 queue[o.key] = o.value
         if st.alter:
             return f"queue {queue['name']}"
-        for other in self.objects["queues"]:
-            reason = names.queue_names_collide(st.name, other)
-            if reason is not None:
-                self.error(file, st.line, f"queue {st.name} collides with queue {other!r}: {reason}")
-                return None
-        return self._create(file, st, "queues", queue)
+        return self._create(file, st, "queues", queue)  # any two names have their own topics (names.py)
 
     def _priority(self, file: str, st: CreatePriority) -> str | None:
         if not self._once(file, st.options):
