@@ -1,7 +1,9 @@
-"""Two queues on one topic (issue 22, case 4), against the real broker: a queue named like another
-queue's secondary queue (`EmployeeQueue.web1` beside EmployeeQueue, whose instance web1 replies
-go to topic `...queue.EmployeeQueue.web1`) is refused at apply, at a later apply, when an instance
-names its secondary queue, and for the transport face at install, with a one-line error."""
+"""Two queues on one topic, against the real broker. A queue named like another queue's secondary
+queue (`EmployeeQueue.web1` beside EmployeeQueue, whose instance web1's replies go to its
+secondary queue) gets a topic of its own (its key, core/topic_keys.py). Only a queue kept from
+before keys (its topic its name) can still claim another's topic: a new queue there is refused at
+apply and an instance at run time, and, for the transport face (names are topics), an endpoint at
+install, each with a one-line error."""
 
 from __future__ import annotations
 
@@ -21,33 +23,49 @@ from kbroker.kafka.transport.queues import install
 from tests.helpers import SAMPLES
 from tests.integration.test_catalog_apply import run_cli, topics_of, write
 
-SECONDARY_SPACE = "names EmployeeQueue.<instance> (or EmployeeQueue_...) belong to EmployeeQueue's secondary queues"
 
-
-def test_apply_refuses_a_queue_named_like_a_secondary_queue_and_changes_nothing(kafka_bootstrap, namespace, tmp_path):
+def test_a_queue_named_like_a_secondary_queue_gets_a_topic_of_its_own(kafka_bootstrap, namespace, tmp_path, broker):
     other = write(tmp_path / "other.yaml", "queues: [{name: EmployeeQueue.web1, partitions: 1}]\n")
-    with pytest.raises(DefinitionError) as info:
-        apply_paths(kafka_bootstrap, namespace, [SAMPLES, other])
-    assert (info.value.file, info.value.obj) == (str(other), "queue EmployeeQueue.web1")
-    assert info.value.reason == f"collides with queue 'EmployeeQueue': {SECONDARY_SPACE}"
-    assert topics_of(kafka_bootstrap, namespace) == {}
+    apply_paths(kafka_bootstrap, namespace, [SAMPLES, other])
+    broker.refresh_catalog()
+    assert broker.begin_dialog(EMP, EXP, CONTRACT, instance="web1")  # EmployeeQueue's instance web1
+    topics = topics_of(kafka_bootstrap, namespace)
+    secondary, queue = (
+        names.secondary_queue_topic(namespace, "EmployeeQueue", "web1"),
+        names.queue_topic(namespace, "EmployeeQueue.web1"),
+    )
+    assert {secondary: 1, queue: 1}.items() <= topics.items() and names.kafka_form(secondary) != names.kafka_form(queue)
 
 
-def test_a_later_apply_is_checked_against_the_queues_applied_earlier(kafka_bootstrap, namespace, tmp_path):
+def kept_queue(bootstrap: str, namespace: str, name: str) -> None:
+    """A queue as a kbroker before keys published it: its record without a key, its topic its name."""
+    old = Queue(name=name, partitions=1)
+    topic = f"kbroker.{namespace}.queue.{name}"
+    sync_topics(bootstrap, [TopicSpec(topic, 1, queue_topic_config(old), f"queue {name}", True)])
+    publish_object(bootstrap, namespace, "queue", old)
+
+
+def test_a_later_apply_is_checked_against_the_keys_kept_from_before(kafka_bootstrap, namespace, tmp_path):
     apply_paths(kafka_bootstrap, namespace, [SAMPLES])
+    for name in ("EmployeeQueue.web1", "EmployeeQueue_web1"):  # once refused: each gets a key of its own now
+        apply_paths(kafka_bootstrap, namespace, [write(tmp_path / f"{name}.yaml", f"queues: [{{name: {name}}}]\n")])
+    kept_queue(kafka_bootstrap, namespace, "X.web1")  # its topic is X's secondary space
     before = topics_of(kafka_bootstrap, namespace)
-    for name in ("EmployeeQueue.web1", "EmployeeQueue_web1"):  # the same topic; one Kafka refuses beside it
-        f = write(tmp_path / f"{name}.yaml", f"queues: [{{name: {name}, partitions: 1}}]\n")
-        with pytest.raises(DefinitionError) as info:
-            apply_paths(kafka_bootstrap, namespace, [f])
-        assert info.value.reason == f"collides with queue 'EmployeeQueue' (applied earlier): {SECONDARY_SPACE}"
-    # The other order: the queue first, then the queue whose secondary queues it would be.
-    write(tmp_path / "x1.yaml", "queues: [{name: X.web1}]\n")
-    apply_paths(kafka_bootstrap, namespace, [tmp_path / "x1.yaml"])
-    with pytest.raises(DefinitionError, match="queue X: collides with queue 'X.web1' .applied earlier."):
-        apply_paths(kafka_bootstrap, namespace, [write(tmp_path / "x2.yaml", "queues: [{name: X}]\n")])
-    assert topics_of(kafka_bootstrap, namespace) == {**before, names.queue_topic(namespace, "X.web1"): 4}
-    assert set(read_catalog(kafka_bootstrap, namespace).queues) == {"ExpenseQueue", "EmployeeQueue", "X.web1"}
+    with pytest.raises(DefinitionError) as info:
+        apply_paths(kafka_bootstrap, namespace, [write(tmp_path / "x.yaml", "queues: [{name: X}]\n")])
+    assert info.value.obj == "queue X"
+    assert info.value.reason == (
+        "its topic key 'X' collides with queue 'X.web1''s 'X.web1' (applied earlier): "
+        "names X.<instance> (or X_...) belong to X's secondary queues"
+    )
+    assert topics_of(kafka_bootstrap, namespace) == before
+    assert set(read_catalog(kafka_bootstrap, namespace).queues) == {
+        "ExpenseQueue",
+        "EmployeeQueue",
+        "EmployeeQueue.web1",
+        "EmployeeQueue_web1",
+        "X.web1",
+    }
 
 
 def test_an_instance_whose_secondary_queue_is_another_queue_is_refused(kafka_bootstrap, namespace, broker):
@@ -79,13 +97,18 @@ def test_an_instance_whose_secondary_queue_is_another_queue_is_refused(kafka_boo
 
 
 def test_cli_apply_refuses_with_one_line(kafka_bootstrap, namespace, tmp_path):
-    other = write(tmp_path / "other.yaml", "queues: [{name: EmployeeQueue.web1}]\n")
-    proc = run_cli(kafka_bootstrap, "apply", str(SAMPLES), str(other), "--namespace", namespace)
+    apply_paths(kafka_bootstrap, namespace, [SAMPLES])
+    kept_queue(kafka_bootstrap, namespace, "Employee_web1")
+    before = topics_of(kafka_bootstrap, namespace)
+    other = write(tmp_path / "other.yaml", "queues: [{name: Employee}]\n")
+    proc = run_cli(kafka_bootstrap, "apply", str(other), "--namespace", namespace)
     assert (proc.returncode, proc.stdout) == (1, "")
     assert proc.stderr.splitlines() == [
-        f"kbroker: error: {other}: queue EmployeeQueue.web1: collides with queue 'EmployeeQueue': {SECONDARY_SPACE}"
+        f"kbroker: error: {other}: queue Employee: its topic key 'Employee' collides with queue "
+        "'Employee_web1''s 'Employee_web1' (applied earlier): names Employee.<instance> (or "
+        "Employee_...) belong to Employee's secondary queues"
     ]
-    assert topics_of(kafka_bootstrap, namespace) == {}
+    assert topics_of(kafka_bootstrap, namespace) == before
 
 
 def test_install_refuses_an_endpoint_named_like_another_endpoints_secondary_queue(kafka_bootstrap, namespace):
