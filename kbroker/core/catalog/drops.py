@@ -139,3 +139,15 @@ def stamp_validations(catalog: Catalog, previous: Catalog, now: float) -> Catalo
             earlier = [replaced, *earlier][: EarlierValidation.MAX]
         types[name] = mt.model_copy(update={"earlier": earlier})
     return catalog.model_copy(update={"message_types": types})
+
+
+def keep_statuses(catalog: Catalog, previous: Catalog) -> Catalog:
+    """The catalog `kbroker apply` publishes: a queue whose definition does not name `status`
+    keeps the one published (set by `kbroker queue disable | enable` or poison message handling),
+    as ALTER QUEUE changes only what it names; a queue new to the namespace takes its default, ON."""
+    queues = dict(catalog.queues)
+    for name, q in catalog.queues.items():
+        old = previous.queues.get(name)
+        if old is not None and "status" not in q.model_fields_set and old.status != q.status:
+            queues[name] = q.model_copy(update={"status": old.status})
+    return catalog.model_copy(update={"queues": queues})

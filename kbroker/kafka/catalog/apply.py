@@ -32,7 +32,7 @@ from confluent_kafka.admin import (
 )
 
 from kbroker.core import names
-from kbroker.core.catalog.drops import check_contracts_fixed, merged, plan_drops, stamp_validations
+from kbroker.core.catalog.drops import check_contracts_fixed, keep_statuses, merged, plan_drops, stamp_validations
 from kbroker.core.catalog.loader import load_definitions
 from kbroker.core.catalog.models import Catalog
 from kbroker.core.catalog.queue_keys import check_queue_keys, stamp_keys
@@ -367,6 +367,7 @@ def apply_catalog(
     # A route's LIFETIME counts from when it was first published as it is now (routing.py).
     catalog = stamp_routes(catalog, previous.routes, time.time())
     catalog = stamp_validations(catalog, previous, time.time())  # ALTER MESSAGE TYPE spares queued ones
+    catalog = keep_statuses(catalog, previous)  # a disabled queue stays so unless a file names its status
     published = publish(cluster, catalog, previous=previous, timeout=timeout)
     record_repaired(cluster, catalog, bad, timeout)
     if progress:
