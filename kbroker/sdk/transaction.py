@@ -171,11 +171,13 @@ class Transaction:
             # arrival, for a closed endpoint): receive again, within what is left of the wait.
 
     def _rekey(self, receiver: QueueReceiver, lease: Lease, moving: list[tuple[Message, str | None]]) -> None:
-        """Re-key a moved conversation's records one hop (and consume move markers) in a Kafka
-        transaction of their own, committed before anything else is delivered: the records are
-        never this transaction's to deliver, and a rollback of it must not undo their journey.
-        The group lock stays with this transaction's lease until it ends, or is dropped now if
-        the lease holds nothing else."""
+        """Re-key a moved conversation's records one hop (and consume move markers and retained
+        copies) in a Kafka transaction of their own, committed before anything else is delivered:
+        the records are never this transaction's to deliver, and a rollback of it must not undo
+        their journey. The group lock stays with this transaction's lease until it ends, or is
+        dropped now if the lease holds nothing else. When that Kafka transaction aborts (a
+        rebalance fenced it), this transaction ends aborted: TransactionAbortedError, nothing
+        held, every message it took back in its group."""
         rt = self._runtime
         records = [rt.statements.rekey_record(receiver.topic, m, group) for m, group in moving if group is not None]
         side = receiver.split(lease, [(m.partition, m.offset) for m, _ in moving])
@@ -183,11 +185,15 @@ class Transaction:
             rt.committer.commit(CommitRequest(records, [side]))
         except TransactionAbortedError:
             receiver.release(side, committed=False)  # back to the head of the group, in order
+            # This transaction is over, as an aborted COMMIT leaves it: its caller drops it, so a
+            # lease it kept (messages of the group it took with these) would lock the group for ever.
+            metrics.of(metrics.TRANSACTIONS, rt.namespace, "aborted").inc()
+            self._end(committed=False)
+            self._move(TransactionState.ABORTED)
             raise
-        finally:
-            if not lease.taken and not lease.offsets:
-                receiver.release(lease, committed=True)  # nothing of this group was delivered
-                self._leases.remove(lease)
+        if not lease.taken and not lease.offsets:
+            receiver.release(lease, committed=True)  # nothing of this group was delivered
+            self._leases.remove(lease)
         receiver.release(side, committed=True)
 
     def move_conversation(self, handle: str, group: str) -> None:

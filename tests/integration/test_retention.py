@@ -165,6 +165,37 @@ def test_sent_messages_stay_in_the_senders_queue_as_status_3_until_it_ends(kafka
     assert topic in [r.topic for r in reclaim_namespace(kafka_bootstrap, rb.catalog)]
 
 
+def test_a_receive_whose_copy_commit_aborts_ends_its_transaction_and_locks_nothing(rb, monkeypatch):
+    """RECEIVE consumes a copy in a Kafka transaction of its own; when a rebalance aborts it, the
+    RECEIVE raises TransactionAbortedError and its transaction is over, holding nothing: the
+    group's messages are received again. (Before, the transaction kept the group's lease, and a
+    caller that dropped it, as a reader loop does, left the group locked for ever: the kill -9
+    invariant run lost the last message of two conversations so.)"""
+    h = rb.begin_dialog("//t/Client", "//t/Server", "//t/RequestReply")
+    rb.send(h, "//t/Request", {"i": 0})
+    with rb.transaction() as tx:
+        target = tx.receive("Retained", top=1, wait=15)[0].conversation_handle
+        tx.send(target, "//t/Reply", {"r": 0})  # its copy: in Retained, in the target's group
+    rb.send(h, "//t/Request", {"i": 1})  # behind the copy, in the same group
+    committer = rb.runtime.committer
+    real, failed = committer.commit, []
+
+    def commit(req):
+        if not failed:
+            failed.append(req)
+            raise errors.TransactionAbortedError("fenced: the group rebalanced")
+        return real(req)
+
+    monkeypatch.setattr(committer, "commit", commit)
+    tx = rb.transaction()
+    with pytest.raises(errors.TransactionAbortedError):
+        tx.receive("Retained", wait=15)
+    assert failed and tx.state.value == "aborted"
+    with pytest.raises(errors.TransactionStateError):
+        tx.receive("Retained", wait=0)
+    assert [orjson.loads(m.body) for m in rb.receive("Retained", wait=15)] == [{"i": 1}]  # not locked
+
+
 def test_a_foreign_record_typed_as_a_copy_never_reaches_a_reader(kafka_bootstrap, namespace, rb):
     """Another client's record with the copies' message type is consumed unread, as a copy is."""
     topic = names.queue_topic(namespace, "Retained")
