@@ -175,9 +175,8 @@ class Transaction:
         copies) in a Kafka transaction of their own, committed before anything else is delivered:
         the records are never this transaction's to deliver, and a rollback of it must not undo
         their journey. The group lock stays with this transaction's lease until it ends, or is
-        dropped now if the lease holds nothing else. When that Kafka transaction aborts (a
-        rebalance fenced it), this transaction ends aborted: TransactionAbortedError, nothing
-        held, every message it took back in its group."""
+        dropped now if the lease holds nothing else. When that Kafka transaction aborts, this
+        one ends aborted (TransactionAbortedError), every message it took back in its group."""
         rt = self._runtime
         records = [rt.statements.rekey_record(receiver.topic, m, group) for m, group in moving if group is not None]
         side = receiver.split(lease, [(m.partition, m.offset) for m, _ in moving])
@@ -185,8 +184,7 @@ class Transaction:
             rt.committer.commit(CommitRequest(records, [side]))
         except TransactionAbortedError:
             receiver.release(side, committed=False)  # back to the head of the group, in order
-            # This transaction is over, as an aborted COMMIT leaves it: its caller drops it, so a
-            # lease it kept (messages of the group it took with these) would lock the group for ever.
+            # Over, as an aborted COMMIT leaves it: its caller drops it, and a lease kept would lock the group.
             metrics.of(metrics.TRANSACTIONS, rt.namespace, "aborted").inc()
             self._end(committed=False)
             self._move(TransactionState.ABORTED)
