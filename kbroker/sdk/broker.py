@@ -163,10 +163,11 @@ class Broker:
         rt = self.runtime
         # Several records that must land together: SEND ON (h1, h2, ...), or a RETENTION = ON
         # sender's queue, which keeps a copy of the message (status 3).
-        if isinstance(handle, (list, tuple)) or rt.statements.retains_sent(rt.endpoints.current(str(handle))):
+        found = None if isinstance(handle, (list, tuple)) else rt.endpoints.current(str(handle))
+        if found is None or rt.statements.retains_sent(found):
             with self.transaction() as tx:
                 return tx.send(handle, message_type, body, **kw)
-        rt.check_send(rt.endpoints.current(str(handle)))  # before the conversation's lease is taken
+        rt.check_send(found)  # before the conversation's lease is taken
         with self._conversation(str(handle)) as produce:
             before = rt.endpoints.current(str(handle))
             record, message_id, ep = rt.statements.message_record(before, message_type, body, **kw)

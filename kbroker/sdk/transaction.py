@@ -182,12 +182,9 @@ class Transaction:
         side = receiver.split(lease, [(m.partition, m.offset) for m, _ in moving])
         try:
             rt.committer.commit(CommitRequest(records, [side]))
-        except TransactionAbortedError:
+        except TransactionAbortedError as exc:
             receiver.release(side, committed=False)  # back to the head of the group, in order
-            # Over, as an aborted COMMIT leaves it: its caller drops it, and a lease kept would lock the group.
-            metrics.of(metrics.TRANSACTIONS, rt.namespace, "aborted").inc()
-            self._end(committed=False)
-            self._move(TransactionState.ABORTED)
+            self._over(exc)  # as an aborted COMMIT: its caller drops it, and a kept lease would lock the group
             raise
         if not lease.taken and not lease.offsets:
             receiver.release(lease, committed=True)  # nothing of this group was delivered
@@ -337,19 +334,7 @@ class Transaction:
                 self.committed_at = req.committed_at
                 metrics.of(metrics.COMMIT_SECONDS, rt.namespace).observe(time.monotonic() - started)
         except (TransactionAbortedError, TransactionInDoubtError) as exc:
-            metrics.of(
-                metrics.TRANSACTIONS,
-                rt.namespace,
-                "aborted" if isinstance(exc, TransactionAbortedError) else "in_doubt",
-            ).inc()
-            # Either way this transaction is over: its locks and leases go, or the next
-            # statement on its conversations would wait on them for ever.
-            if isinstance(exc, TransactionInDoubtError):
-                self._held.in_doubt()
-            self._end(committed=False)
-            self._move(
-                TransactionState.ABORTED if isinstance(exc, TransactionAbortedError) else TransactionState.IN_DOUBT
-            )
+            self._over(exc)
             raise
         self._held.committed(leases)
         metrics.of(metrics.TRANSACTIONS, rt.namespace, "committed").inc()
@@ -371,6 +356,16 @@ class Transaction:
         for q in self._queues:
             self._runtime.note_rollback(q, taken.get(q, {}))
             self._runtime.receive_hooks.after_rollback(q)
+
+    def _over(self, exc: TransactionAbortedError | TransactionInDoubtError) -> None:
+        """A Kafka transaction of this one aborted or ended in doubt: this one is over. Its locks
+        and leases go, or the next statement on its conversations would wait on them for ever."""
+        aborted = isinstance(exc, TransactionAbortedError)
+        metrics.of(metrics.TRANSACTIONS, self._runtime.namespace, "aborted" if aborted else "in_doubt").inc()
+        if not aborted:
+            self._held.in_doubt()
+        self._end(committed=False)
+        self._move(TransactionState.ABORTED if aborted else TransactionState.IN_DOUBT)
 
     def _end(self, committed: bool) -> None:
         self._uncount()

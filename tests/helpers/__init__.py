@@ -41,6 +41,18 @@ def wait_for(
         time.sleep(interval)
 
 
+def stop_process(proc: subprocess.Popen | None, timeout: float = 30) -> None:
+    """SIGTERM a process still running (a worker, say), then kill it if it outlives `timeout`."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now, outside the kernel's range for
     outgoing connections (a broker restarted on it must find it free: embedded.jvm.free_port)."""

@@ -19,7 +19,7 @@ import pytest
 from kbroker.cli.demo import CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
-from tests.helpers import ROOT, free_port, wait_for
+from tests.helpers import ROOT, free_port, stop_process, wait_for
 
 pytestmark = pytest.mark.wheel
 
@@ -88,12 +88,6 @@ def test_the_wheel_alone_runs_the_samples_a_send_and_receive_the_demo_and_the_wo
 
         wait_for(answers, 120, "the installed worker's HTTP API")
     finally:
-        if worker is not None and worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait()
+        stop_process(worker)
         subprocess.run([kbroker, "broker", "stop", "--data-dir", str(data)], cwd=outside, env=env, timeout=120)
     assert worker.returncode in (0, -signal.SIGTERM), (tmp_path / "worker.log").read_text()[-2000:]

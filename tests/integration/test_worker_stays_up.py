@@ -5,7 +5,6 @@ worker subprocess, the activated queues of tests/data/worker.yaml."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 import uuid
@@ -23,7 +22,7 @@ from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.sdk.broker import Broker
 from kbroker.worker.web.views import monitor_rows
 from tests.helpers import DATA as HELPER_DATA
-from tests.helpers import KBROKER, ROOT, free_port, wait_for
+from tests.helpers import KBROKER, ROOT, free_port, stop_process, wait_for
 
 DATA = HELPER_DATA / "worker.yaml"
 CLIENT, JOBS, JOB = "//kbroker/test/JobClient", "//kbroker/test/Jobs", "//kbroker/test/Job"
@@ -112,13 +111,7 @@ def setup(tmp_path_factory) -> Iterator[Setup]:
         wait_for(lambda: st.row("SlowQueue"), 60, "the first monitor row")
         yield st
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
         embedded.stop()
 
 

@@ -28,8 +28,9 @@ def check_queue_keys(catalog: Catalog, previous: Catalog) -> None:
     (names.queue_names_collide on the keys). Encoded keys never meet: only a key kept from
     before keys existed can. Collisions among the queues applied earlier alone are not this
     apply's to report."""
-    new = {name: q.topic_key or encoded_key(name) for name, q in catalog.queues.items()}
-    earlier = [(name, q.topic_key or name) for name, q in previous.queues.items() if name not in new]
+    # Every key is set: stamp_keys stamped `catalog`'s, and the reader (published_key) `previous`'s.
+    new = {name: str(q.topic_key) for name, q in catalog.queues.items()}
+    earlier = [(name, str(q.topic_key)) for name, q in previous.queues.items() if name not in new]
     for name, key in new.items():
         for other, other_key in earlier:
             reason = names.queue_names_collide(key, other_key)
