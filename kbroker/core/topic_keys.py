@@ -36,7 +36,9 @@ def encoded_key(queue: str) -> str:
 
 
 def decoded_key(key: str) -> str | None:
-    """The queue name an encoded key stands for, when the key says it (a hashed one does not)."""
+    """The queue name an encoded key stands for, when the key says it (a hashed one does not).
+    A topic name is anyone's to choose: a key for a name no queue may have (a control character,
+    a lone surrogate that no encoder takes) says none."""
     if _PLAIN_KEY.fullmatch(key):
         return key
     if key.startswith("__") or not key.startswith("_"):
@@ -52,4 +54,4 @@ def decoded_key(key: str) -> str | None:
             return None
         out.append(chr(int(code, 16)))
     name = "".join(out)
-    return name if encoded_key(name) == key else None
+    return name if queue_name_problem(name) is None and encoded_key(name) == key else None

@@ -204,8 +204,9 @@ def test_a_foreign_record_typed_as_a_copy_never_reaches_a_reader(kafka_bootstrap
     [original] = read_to_end(kafka_bootstrap, topic, 10)
     forged = [(k, RETAINED_MARKER.encode() if k == "kb.message_type_name" else v) for k, v in original.headers()]
     p = Producer({"bootstrap.servers": kafka_bootstrap})
-    for headers in (forged, [*forged, (H_RETAINED_TYPE, b"//t/Request")]):
+    for headers in (forged, [*forged, (H_RETAINED_TYPE, b"//t/Request")], [*forged, (H_RETAINED_TYPE, b"\xff\xfe")]):
         p.produce(topic, key=original.key(), value=b'{"forged":1}', headers=headers, partition=original.partition())
+    p.produce(topic, key=original.key(), value=b"x" * 100_000, partition=original.partition())  # no headers at all
     assert p.flush(10) == 0
     rb.send(h, "//t/Request", {"i": 1})
     got: list[dict] = []
@@ -214,6 +215,11 @@ def test_a_foreign_record_typed_as_a_copy_never_reaches_a_reader(kafka_bootstrap
         got += [orjson.loads(m.body) for m in rb.receive("Retained", wait=5)]
     assert got == [{"i": 0}, {"i": 1}]
     assert rb.receive("Retained", wait=2) == []
+    # The queue view reads them too and lists the two requests, received. The forgeries carry
+    # the first request's id, so they are one copy's row at most, and the first of them, which
+    # says no sent type, is none.
+    rows = rb.queue_messages("Retained")
+    assert sorted((r["status"], r["message_body"]) for r in rows) == [(0, '{"i":0}'), (0, '{"i":1}')]
 
 
 def test_without_retention_received_messages_leave_the_view(rb):

@@ -56,3 +56,22 @@ def test_for_the_writer_a_key_whose_last_record_is_bad_is_left_out_and_reported(
 def test_a_tombstone_of_a_key_that_is_no_objects_is_not_a_bad_record():
     _, rejects = read([FakeMessage(key_=b"\xff/x", value_=None), FakeMessage(key_=b"no-kind", value_=None)])
     assert rejects.rejected == 0
+
+
+def test_a_queue_record_with_a_forged_topic_key_is_skipped_and_an_old_one_reads_as_its_name():
+    """topic_key names the queue's topic, so a record whose key Kafka could not take (or that
+    would climb out of the queue space) is refused and the queue keeps its last valid record; a
+    record without one, as a kbroker before keys wrote it, reads back with its name as key."""
+    catalog, rejects = read(
+        [
+            FakeMessage(key_=b"queue/Q", value_=QUEUE),
+            FakeMessage(key_=b"queue/Q", value_=orjson.dumps({"name": "Q", "partitions": 1, "topic_key": "../x"})),
+            FakeMessage(key_=b"queue/Q", value_=orjson.dumps({"name": "Q", "partitions": 1, "topic_key": "k" * 121})),
+            FakeMessage(key_=b"queue/Old_Q", value_=orjson.dumps({"name": "Old_Q", "partitions": 1})),
+            FakeMessage(
+                key_=b"queue/R.1", value_=orjson.dumps({"name": "R.1", "partitions": 1, "topic_key": "_R-2e-1"})
+            ),
+        ]
+    )
+    assert rejects.rejected == 2
+    assert {n: q.topic_key for n, q in catalog.queues.items()} == {"Q": "Q", "Old_Q": "Old_Q", "R.1": "_R-2e-1"}

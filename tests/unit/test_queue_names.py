@@ -102,6 +102,17 @@ def test_keys_of_the_issue_names():
     assert names.decoded_key("_a-zz-b") is None and names.decoded_key("_ab") is None  # not what encoding writes
 
 
+@pytest.mark.parametrize(
+    "key", ["_-d800-", "_a-0-", "_-7f-", "_-110000-", "_-", "_--", "_a-2e", "__x", "a.b", "_" + "-41-" * 200]
+)
+def test_a_topic_anyone_named_gives_no_name_a_queue_may_not_have(key):
+    """Topic names are untrusted: a key that no encoding writes, or that stands for a name with a
+    control character or a lone surrogate (orjson and Kafka's headers refuse those), names no
+    queue, and the topic stands for itself."""
+    assert names.decoded_key(key) is None
+    assert names.queue_of_topic(NS, f"kbroker.{NS}.queue.{key}") == key
+
+
 def test_a_queue_published_before_keys_keeps_its_topic_and_can_still_collide():
     ns = "kept"
     names.remember_keys(ns, {"EmployeeQueue.web1": "EmployeeQueue.web1", "a_b": "a_b"})
