@@ -2,7 +2,9 @@
 sdk/transport/handling.py, sdk/transport/outbox.py) against the real broker and a real SQLite
 database: ReceiveOnly and None as NServiceBus has them; with an outbox, the handler's database
 write and its sends happen exactly once, duplicates of the message are dropped, and a kill -9
-between the database commit and the dispatch loses and duplicates nothing."""
+between the database commit and the dispatch loses and duplicates nothing, for the thread
+endpoint's Outbox and the asyncio endpoint's AsyncOutbox alike (test_transport_aio_outbox.py:
+the asyncio one's handling)."""
 
 from __future__ import annotations
 
@@ -101,8 +103,9 @@ def test_an_outbox_handler_writes_and_sends_once_and_drops_duplicates(
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("kind", ["threads", "asyncio"])
 def test_kill_9_between_the_database_commit_and_the_dispatch_loses_and_duplicates_nothing(
-    endpoints: Callable[..., TransportEndpoint], kafka_bootstrap: str, namespace: str, tmp_path: Path
+    endpoints: Callable[..., TransportEndpoint], kafka_bootstrap: str, namespace: str, tmp_path: Path, kind: str
 ) -> None:
     out = endpoints("Processed")
     sender = endpoints("Orders")
@@ -125,6 +128,7 @@ def test_kill_9_between_the_database_commit_and_the_dispatch_loses_and_duplicate
                     "Processed",
                     str(db),
                     str(crash_at),
+                    kind,
                 ],
                 cwd=ROOT,
                 env=env,

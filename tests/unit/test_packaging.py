@@ -52,8 +52,8 @@ def test_every_import_is_installed_by_the_base_or_by_its_extra():
             | (extras["analytics"] if "analytics" in parts else set())
             | (extras["tracing"] if parts[-1] == "tracing.py" else set())
             | (extras["bench"] if "bench" in parts else set())
-            | (extras["outbox"] if parts[-1] == "outbox.py" else set())
-        )  # the scaling plot: matplotlib; the outbox: SQLAlchemy
+            | (extras["outbox"] if parts[-1].endswith("outbox.py") else set())
+        )  # the scaling plot: matplotlib; the outboxes: SQLAlchemy
         for name in third_party_imports(module):
             assert DISTRIBUTION_OF.get(name, name).lower() in allowed, f"{module}: {name} is not installed by it"
 

@@ -128,10 +128,12 @@ class AsyncTransportEndpoint(AsyncHandling):
         if s.send_only:
             raise InvalidArgumentError(f"{s.name} is a send-only endpoint: it does not receive")
         if rt.outbox is not None:
-            raise InvalidArgumentError(
-                "the asyncio endpoint has no outbox (its database calls would block the event loop); "
-                "use the thread endpoint (transport.endpoint) for a handler with an outbox"
-            )
+            if not getattr(rt.outbox, "asynchronous", False):
+                raise InvalidArgumentError(
+                    "the asyncio endpoint takes an AsyncOutbox (sdk/transport/aio_outbox.py) over an AsyncEngine:"
+                    " an Outbox's database calls would block the event loop"
+                )
+            await rt.outbox.setup()
         self._stopping.clear()  # started again after a stop
         await self._run(self.sync.start_mover)  # the delayed store's due rows, on its own thread
         await self._run(self.sync.start_bridges)

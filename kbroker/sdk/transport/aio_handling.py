@@ -13,7 +13,9 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from kbroker import tracing
+from kbroker.core.records import Record
 from kbroker.core.transport.message import TransportMessage
+from kbroker.core.transport.outbox_rows import source_of, to_dispatch
 from kbroker.core.transport.transaction_modes import TransactionMode
 from kbroker.core.txn.state import TransactionState
 from kbroker.sdk.transport.aio_transaction import AsyncTransportTransaction
@@ -80,10 +82,13 @@ class AsyncHandling:
         msg: TransportMessage,
         handler: AsyncHandler,
     ) -> None:
-        """The handler, in the endpoint's transaction mode, and the audit copy (as
-        Handling.run_handler; the outbox is the thread endpoint's)."""
+        """The handler, in the endpoint's transaction mode (or with its AsyncOutbox), and the
+        audit copy (as Handling.run_handler)."""
         rt = self.sync.runtime
         started = datetime.now(timezone.utc)
+        if rt.outbox is not None:
+            await self._outboxed(tx, atx, queue, msg, handler, started)
+            return
         if rt.transaction_mode is TransactionMode.NONE:
             original = msg if rt.on_error is None else replace(msg, headers=dict(msg.headers))
             await atx.commit()  # removed before it is handled: at most once
@@ -107,6 +112,42 @@ class AsyncHandling:
         await self._run(tx.audit, msg, started)  # off the loop: the audit queue's first look-up
         if rt.transaction_mode is TransactionMode.RECEIVE_ONLY:
             await self._run(self.sync.dispatch_now, tx)
+
+    async def _outboxed(
+        self,
+        tx: TransportTransaction,
+        atx: AsyncTransportTransaction,
+        queue: str,
+        msg: TransportMessage,
+        handler: AsyncHandler,
+        started: datetime,
+    ) -> None:
+        """Handling._outboxed awaited: the handler in a transaction of the application's
+        database (`tx.db`, an AsyncConnection), its sends stored in the outbox there, then
+        dispatched with the message's removal (sdk/transport/aio_outbox.py)."""
+        rt = self.sync.runtime
+        outbox, name = rt.outbox, rt.settings.name
+        source = source_of(msg.queue, msg.partition, msg.row_version)
+        fresh: list[Record] = []
+        async with outbox.begin() as conn:
+            stored = await outbox.get(conn, name, msg.id)
+            if stored is None:
+                tx.db = conn
+                try:
+                    with tracing.handling(queue, tx.trace_context, rt.namespace):
+                        await handler(msg, atx)
+                    await self._run(tx.audit, msg, started)
+                finally:
+                    tx.db = None
+                fresh = tx.take_records()
+                await outbox.store(conn, name, msg.id, fresh, source)
+        if stored is None:
+            outbox.on_stored(msg.id)
+        records, mark = to_dispatch(stored, fresh, source, rt.count)
+        tx.put_records(records)
+        await atx.commit()
+        if mark:
+            await outbox.dispatched(name, msg.id)
 
     async def _on_error(
         self,

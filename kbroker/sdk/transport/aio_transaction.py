@@ -25,6 +25,12 @@ class AsyncTransportTransaction:
         self.sync, self._run = tx, run
 
     @property
+    def db(self) -> Any:
+        """With an AsyncOutbox: the application's database connection (an AsyncConnection), in
+        the transaction that stores this handling's sends."""
+        return self.sync.db
+
+    @property
     def state(self) -> str:
         """open, committed, rolled back, aborted or in doubt."""
         return self.sync.state

@@ -99,8 +99,8 @@ class TransportEndpoint(PubSub, Handling, Background):
     on_critical_error: called (once, until receiving works again) when receiving has failed for
     time_to_wait_before_critical_error seconds (120), as NServiceBus's receive circuit breaker.
     transaction_mode: SendsAtomicWithReceive (default), ReceiveOnly or None
-    (core/transport/transaction_modes.py). outbox: an Outbox (sdk/transport/outbox.py): handlers
-    write to the application's database through `tx.db` and send exactly once with it.
+    (core/transport/transaction_modes.py). outbox: an Outbox (sdk/transport/outbox.py; the asyncio
+    endpoint's: an AsyncOutbox): handlers write to the database through `tx.db`, send once with it.
     on_error: called when a handler raised, in the message's transaction, before the
     recoverability policy (sdk/transport/on_error.py: ErrorContext in, ErrorResult or None out).
     purge_expired_on_startup: start() first removes the expired messages at the head of each
@@ -333,6 +333,8 @@ class TransportEndpoint(PubSub, Handling, Background):
         s = self.settings
         if s.send_only:
             raise InvalidArgumentError(f"{s.name} is a send-only endpoint: it does not receive")
+        if getattr(self.runtime.outbox, "asynchronous", False):
+            raise InvalidArgumentError("an AsyncOutbox is the asyncio endpoint's: give this endpoint an Outbox")
         self.start_mover()
         self.start_bridges()
         self.startup_purge.run(self)  # before the readers: the expired head of each partition

@@ -12,8 +12,10 @@ from datetime import datetime, timezone
 
 from kbroker import tracing
 from kbroker.core.health import backoff
+from kbroker.core.records import Record
 from kbroker.core.transport.circuit_breaker import ReceiveCircuitBreaker
 from kbroker.core.transport.message import TransportMessage
+from kbroker.core.transport.outbox_rows import source_of, to_dispatch
 from kbroker.core.transport.transaction_modes import TransactionMode
 from kbroker.core.txn.state import TransactionState
 from kbroker.sdk.transport.on_error import error_context, settle
@@ -143,7 +145,8 @@ class Handling:
         outbox there; then dispatched with the message's removal (sdk/transport/outbox.py)."""
         rt = self.runtime
         outbox, name = rt.outbox, rt.settings.name
-        source = f"{msg.queue}:{msg.partition}:{msg.row_version}"
+        source = source_of(msg.queue, msg.partition, msg.row_version)
+        fresh: list[Record] = []
         with outbox.begin() as conn:
             stored = outbox.get(conn, name, msg.id)
             if stored is None:
@@ -154,19 +157,14 @@ class Handling:
                     tx.audit(msg, started)
                 finally:
                     tx.db = None
-                records = tx.take_records()
-                outbox.store(conn, name, msg.id, records, source)
+                fresh = tx.take_records()
+                outbox.store(conn, name, msg.id, fresh, source)
         if stored is None:
             outbox.on_stored(msg.id)
-        elif stored.dispatched or stored.source != source:
-            records = []  # a duplicate: another copy was handled (and is dispatched, or will be)
-            rt.count("duplicates_dropped")
-        else:
-            records = stored.records  # this record's, stored before a crash: dispatched now, once
-            rt.count("outbox_recovered")
+        records, mark = to_dispatch(stored, fresh, source, rt.count)
         tx.put_records(records)
         tx.commit()
-        if stored is None or (not stored.dispatched and stored.source == source):
+        if mark:
             outbox.dispatched(name, msg.id)
 
     def receiving_worked(self) -> None:

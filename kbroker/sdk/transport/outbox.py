@@ -22,51 +22,73 @@ incoming message, and the row is marked dispatched.
 
     outbox = Outbox(sqlalchemy.create_engine("postgresql+psycopg://..."))
     ep = transport.endpoint("Billing", outbox=outbox).start(handle)   # handle(msg, tx): tx.db, tx.send
+
+The asyncio endpoint takes an AsyncOutbox (sdk/transport/aio_outbox.py) over an AsyncEngine.
 """
 
 from __future__ import annotations
 
-import base64
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import sqlalchemy as sa
 
 from kbroker.core.records import Record
+from kbroker.core.transport.outbox_rows import KEEP, Stored, decode, encode
 
-KEEP = 7 * 24 * 3600.0  # seconds a dispatched row is kept to drop duplicates (NServiceBus's persisters)
 TABLE = "kbroker_outbox"
 
 
-def _encode(records: list[Record]) -> bytes:
-    def b64(v: bytes | None) -> str | None:
-        return None if v is None else base64.b64encode(v).decode()
+class OutboxTable:
+    """The table `kbroker_outbox` and its statements, built once (building them per message cost
+    about 5 ms of SQLAlchemy's Python in the outbox bench), for Outbox and AsyncOutbox alike."""
 
-    return orjson.dumps([[t, b64(k), b64(v), [[n, b64(hv)] for n, hv in (h or [])]] for t, k, v, h in records])
+    def __init__(self) -> None:
+        self.meta = sa.MetaData()
+        t = self.table = sa.Table(
+            TABLE,
+            self.meta,
+            sa.Column("endpoint", sa.String(150), primary_key=True),
+            sa.Column("message_id", sa.String(36), primary_key=True),
+            sa.Column("stored_at", sa.Float, nullable=False),
+            sa.Column("dispatched_at", sa.Float, nullable=True, index=True),
+            sa.Column("operations", sa.LargeBinary, nullable=False),
+            sa.Column("source", sa.String(400), nullable=False),  # the record it was stored for
+        )
+        row = (t.c.endpoint == sa.bindparam("ep")) & (t.c.message_id == sa.bindparam("mid"))
+        self.select = sa.select(t.c.operations, t.c.dispatched_at, t.c.source).where(row)
+        self.insert = t.insert()
+        self.mark = t.update().where(row).values(dispatched_at=sa.bindparam("at"))
+        self.older = t.delete().where(t.c.dispatched_at < sa.bindparam("cut"))
+        self.listing = sa.select(t.c.endpoint, t.c.message_id, t.c.stored_at, t.c.dispatched_at)
 
+    @staticmethod
+    def key(endpoint: str, message_id: str) -> dict[str, Any]:
+        return {"ep": endpoint, "mid": message_id}
 
-def _decode(data: bytes) -> list[Record]:
-    def raw(v: str | None) -> bytes | None:
-        return None if v is None else base64.b64decode(v)
+    @staticmethod
+    def stored(row: Any) -> Stored | None:
+        return None if row is None else Stored(decode(row.operations), row.dispatched_at is not None, row.source)
 
-    return [(t, raw(k), raw(v), [(n, raw(hv) or b"") for n, hv in h]) for t, k, v, h in orjson.loads(data)]
+    @staticmethod
+    def values(endpoint: str, message_id: str, records: list[Record], source: str) -> dict[str, Any]:
+        return {
+            "endpoint": endpoint,
+            "message_id": message_id,
+            "stored_at": time.time(),
+            "operations": encode(records),
+            "source": source,
+        }
 
-
-@dataclass(frozen=True)
-class Stored:
-    """An incoming message's outbox row: the messages its handling sends, and whether they went."""
-
-    records: list[Record]
-    dispatched: bool
-    source: str
+    def cut(self, keep: float, now: float | None) -> dict[str, float]:
+        return {"cut": (time.time() if now is None else now) - keep}
 
 
 class Outbox:
-    """The outbox table in the application's database (created if missing).
+    """The outbox table in the application's database (created if missing), for the thread
+    endpoint; the asyncio endpoint's is AsyncOutbox (sdk/transport/aio_outbox.py).
 
     Parameters
     ----------
@@ -75,22 +97,15 @@ class Outbox:
     on_stored: called with a message's Id after the database commit, before the dispatch (for
         metrics; the kill -9 test stops the process there)."""
 
+    asynchronous = False
+
     def __init__(self, engine: sa.Engine, *, keep: float = KEEP, on_stored: Callable[[str], None] | None = None):
         self.engine = engine
         self.keep = keep
         self.on_stored = on_stored or (lambda mid: None)
-        meta = sa.MetaData()
-        self.table = sa.Table(
-            TABLE,
-            meta,
-            sa.Column("endpoint", sa.String(150), primary_key=True),
-            sa.Column("message_id", sa.String(36), primary_key=True),
-            sa.Column("stored_at", sa.Float, nullable=False),
-            sa.Column("dispatched_at", sa.Float, nullable=True, index=True),
-            sa.Column("operations", sa.LargeBinary, nullable=False),
-            sa.Column("source", sa.String(400), nullable=False),  # the record it was stored for
-        )
-        meta.create_all(engine)
+        self.sql = OutboxTable()
+        self.table = self.sql.table
+        self.sql.meta.create_all(engine)
 
     @contextmanager
     def begin(self) -> Iterator[sa.Connection]:
@@ -99,47 +114,24 @@ class Outbox:
             yield conn
 
     def get(self, conn: sa.Connection, endpoint: str, message_id: str) -> Stored | None:
-        t = self.table
-        row = conn.execute(
-            sa.select(t.c.operations, t.c.dispatched_at, t.c.source).where(
-                t.c.endpoint == endpoint, t.c.message_id == message_id
-            )
-        ).first()
-        return None if row is None else Stored(_decode(row.operations), row.dispatched_at is not None, row.source)
+        return self.sql.stored(conn.execute(self.sql.select, self.sql.key(endpoint, message_id)).first())
 
     def store(self, conn: sa.Connection, endpoint: str, message_id: str, records: list[Record], source: str) -> None:
         """The handling's outgoing messages, in the handler's database transaction; `source`:
-        the incoming record's place (queue, partition, offset)."""
-        conn.execute(
-            self.table.insert().values(
-                endpoint=endpoint,
-                message_id=message_id,
-                stored_at=time.time(),
-                operations=_encode(records),
-                source=source,
-            )
-        )
+        the incoming record's place (source_of)."""
+        conn.execute(self.sql.insert, self.sql.values(endpoint, message_id, records, source))
 
     def dispatched(self, endpoint: str, message_id: str) -> None:
         """Mark the row dispatched: its messages went with the incoming message's removal."""
-        t = self.table
         with self.engine.begin() as conn:
-            conn.execute(
-                t.update()
-                .where(t.c.endpoint == endpoint, t.c.message_id == message_id)
-                .values(dispatched_at=time.time())
-            )
+            conn.execute(self.sql.mark, {**self.sql.key(endpoint, message_id), "at": time.time()})
 
     def clean(self, now: float | None = None) -> int:
         """Delete the rows dispatched more than `keep` seconds ago; how many."""
-        t = self.table
-        cut = (time.time() if now is None else now) - self.keep
         with self.engine.begin() as conn:
-            return int(conn.execute(t.delete().where(t.c.dispatched_at < cut)).rowcount or 0)
+            return int(conn.execute(self.sql.older, self.sql.cut(self.keep, now)).rowcount or 0)
 
     def rows(self) -> list[dict[str, Any]]:
         """Every row, for the tests and the curious: endpoint, message_id, stored_at, dispatched_at."""
-        t = self.table
         with self.engine.connect() as conn:
-            found = conn.execute(sa.select(t.c.endpoint, t.c.message_id, t.c.stored_at, t.c.dispatched_at)).all()
-        return [dict(r._mapping) for r in found]
+            return [dict(r._mapping) for r in conn.execute(self.sql.listing).all()]
