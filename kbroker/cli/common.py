@@ -51,6 +51,24 @@ web_token_file_option = click.option(
     "env KBROKER_WEB_TOKEN_FILE.",
 )
 
+# The worker's HTTP port, one option and one variable for the worker that serves it and the
+# commands that ask it (`tasks`, `conversations`), so a worker on another port is found by both.
+WEB_PORT = 6066
+web_port_option = click.option(
+    "--web-port",
+    type=click.IntRange(1, 65535),
+    envvar="KBROKER_WEB_PORT",
+    default=WEB_PORT,
+    show_default=True,
+    help="Port of the worker's HTTP API (/monitors/, /tasks/); env KBROKER_WEB_PORT.",
+)
+
+
+def web_urls(urls: tuple[str, ...] | str | None, web_port: int) -> list[str]:
+    """The workers' HTTP APIs to ask: those named by --url, else this host's at --web-port."""
+    named = [urls] if isinstance(urls, str) else list(urls or ())
+    return named or [f"http://127.0.0.1:{web_port}"]
+
 
 # Long-running processes other than the worker (whose /metrics is on its web server) serve their
 # Prometheus metrics only when asked: an application may run its own exporter.

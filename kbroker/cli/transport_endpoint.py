@@ -31,7 +31,10 @@ def endpoint_group() -> None:
 
 @endpoint_group.command("install")
 @click.argument("endpoint")
-@click.option("--machine", help="Also create this instance's secondary queue ENDPOINT.MACHINE.")
+@click.option(
+    "--machine",
+    help="The instance whose secondary queue ENDPOINT.MACHINE is created (default: this host's name, as the SDK's).",
+)
 @click.option("--no-secondary", is_flag=True, help="Only the primary queue (secondaries disabled).")
 @click.option(
     "--partitions",
@@ -45,10 +48,11 @@ def endpoint_group() -> None:
 def install_cmd(endpoint, machine, no_secondary, partitions, target, as_json):
     """Create ENDPOINT's queues (and the dead-letter topic), as an installer creates the tables.
     Needs topic-create rights; the running endpoint needs only read and write (see `acls`)."""
-    from kbroker.core.transport.endpoint import PRIMARY_PARTITIONS, install_plan, transport_queue_topic
+    from kbroker.core.transport.endpoint import PRIMARY_PARTITIONS, default_machine, install_plan, transport_queue_topic
     from kbroker.kafka.transport.queues import install
 
     ns = target.namespace
+    machine = machine or default_machine()  # the endpoint's own default: its secondary queue is the one it reads
     plan = install_plan(endpoint, machine, secondary=not no_secondary, partitions=partitions or PRIMARY_PARTITIONS)
     created = install(target.cluster, ns, plan)
     rows = [

@@ -12,7 +12,9 @@ from kbroker.cli.common import (
     handle_errors,
     json_option,
     main,
+    web_port_option,
     web_token_file_option,
+    web_urls,
 )
 from kbroker.cli.output import make_console, new_table, print_table
 
@@ -28,7 +30,8 @@ def queue_group():
 @json_option
 @handle_errors
 def show_cmd(queue, target, as_json):
-    """Status, messages ready per partition (an upper bound) and the reading consumer group."""
+    """Status, messages ready per partition (counted, or an upper bound past 10,000 records) and
+    the reading consumer group."""
     from kbroker.kafka.queue_views import queue_view
 
     view = queue_view(target.cluster, target.namespace, queue)
@@ -42,7 +45,10 @@ def show_cmd(queue, target, as_json):
         f"{view['poison_message_handling']}, {g['members']} readers (group {g['state'].lower()})",
         highlight=False,
     )
-    t = new_table(view["topic"], "partition", "log start", "end", "committed", "completed above", "ready", "bytes")
+    # Counted when the queue is small enough to read (queue_view's EXACT_READY), else an upper
+    # bound, and the column says which.
+    ready = "ready" if view["totals"]["ready_exact"] else "ready (at most)"
+    t = new_table(view["topic"], "partition", "log start", "end", "committed", "completed above", ready, "bytes")
     for p in view["partition_offsets"]:
         committed = "-" if p["committed"] is None else str(p["committed"])
         t.add_row(
@@ -154,22 +160,22 @@ def disable_cmd(queue, reason, target, as_json):
 @click.option("--state", help="Only endpoints in this state (SO, CO, DI, DO, ER, CD).")
 @click.option(
     "--url",
-    default="http://127.0.0.1:6066",
-    show_default=True,
-    help="A worker's HTTP API, whose view is kept in memory; without a worker of this namespace "
-    "answering there, the endpoints topic is read.",
+    default=None,
+    help="A worker's HTTP API, whose view is kept in memory (default: this host's, at --web-port); "
+    "without a worker of this namespace answering there, the endpoints topic is read.",
 )
+@web_port_option
 @web_token_file_option
 @cluster_options
 @json_option
 @handle_errors
-def conversations_cmd(state, url, web_token_file, target, as_json):
+def conversations_cmd(state, url, web_port, web_token_file, target, as_json):
     """The conversation endpoints of the namespace (sys.conversation_endpoints)."""
     from kbroker.kafka.queue_views import conversation_view
     from kbroker.worker.web.views import worker_conversations
 
     ns = target.namespace
-    rows = worker_conversations(url, ns, token_file=web_token_file)
+    rows = worker_conversations(web_urls(url, web_port)[0], ns, token_file=web_token_file)
     if rows is None:
         rows = conversation_view(target.cluster, ns)
     if state:

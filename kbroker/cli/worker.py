@@ -15,7 +15,9 @@ from kbroker.cli.common import (
     main,
     require_extra,
     setup_logging,
+    web_port_option,
     web_token_file_option,
+    web_urls,
 )
 from kbroker.cli.output import new_table, print_table
 from kbroker.cli.views import queue_group
@@ -32,13 +34,7 @@ from kbroker.core.dialogs.conversation_endpoint import CLOSED_GRACE_SECONDS
     help="Address the worker's HTTP API binds to (0.0.0.0: every interface, as in a container; "
     "any address but loopback needs a token); env KBROKER_WEB_HOST.",
 )
-@click.option(
-    "--web-port",
-    type=click.IntRange(1, 65535),
-    default=6066,
-    show_default=True,
-    help="Port of the worker's HTTP API (/monitors/, /tasks/).",
-)
+@web_port_option
 @web_token_file_option
 @click.option(
     "--web-allowed-host",
@@ -190,21 +186,20 @@ def degraded_cell(row: dict) -> str:
     "--url",
     "urls",
     multiple=True,
-    default=["http://127.0.0.1:6066"],
-    show_default=True,
-    help="A worker's HTTP API; repeat for several workers.",
+    help="A worker's HTTP API; repeat for several workers (default: this host's, at --web-port).",
 )
+@web_port_option
 @web_token_file_option
 @json_option
 @handle_errors
-def tasks_cmd(urls, web_token_file, as_json):
+def tasks_cmd(urls, web_port, web_token_file, as_json):
     """Activated readers running now, like sys.dm_broker_activated_tasks (asks the workers)."""
     from kbroker.config import web_token
     from kbroker.worker.web.web_client import get_json
 
     token = web_token(web_token_file)
     rows = []
-    for url in urls:
+    for url in web_urls(urls, web_port):
         try:
             rows.extend(get_json(url, "/tasks/", token=token)["tasks"])
         except OSError as exc:  # refused, timed out, or an HTTP error status (URLError is an OSError)

@@ -16,6 +16,7 @@ import orjson
 from confluent_kafka import (
     IsolationLevel,
     KafkaException,
+    Message,
     TopicPartition,
 )
 from confluent_kafka.admin import OffsetSpec
@@ -24,15 +25,18 @@ from kbroker.core import names
 from kbroker.core.catalog.models import Queue
 from kbroker.core.cluster import ClusterLike
 from kbroker.core.dialogs.conversation_endpoint import Endpoint
+from kbroker.core.dialogs.envelope import Envelope, MalformedRecord
+from kbroker.core.dialogs.groups import MOVE_MARKER
+from kbroker.core.dialogs.retained import RETAINED_MARKER
 from kbroker.core.reader_reports import reader_report
 from kbroker.core.receive.offsets import decode_completed
 from kbroker.core.rejected import Rejected
 from kbroker.errors import CatalogError, InvalidArgumentError, kafka_error
-from kbroker.kafka import clients, wire
+from kbroker.kafka import clients, messages, wire
 from kbroker.kafka.catalog.catalog_store import publish_object, read_catalog, write_records
 from kbroker.kafka.dialogs.conversation_endpoints import read_endpoints
 from kbroker.kafka.rejects import Rejects
-from kbroker.kafka.snapshot import committed_offsets, latest_records
+from kbroker.kafka.snapshot import committed_offsets, latest_records, read_partitions, reading_consumer
 
 # Named after Service Broker's BROKER_QUEUE_DISABLED event, which poison handling raises.
 QUEUE_DISABLED, QUEUE_ENABLED = "QUEUE_DISABLED", "QUEUE_ENABLED"
@@ -144,13 +148,54 @@ def queue_view(cluster: ClusterLike, namespace: str, queue: str, timeout: float 
     Per partition: `end` is the last stable offset (records of open transactions are not ready
     yet), `committed` the queue group's committed offset (None before the first commit: readers
     then start at the log start), `completed_above` the offsets above it that readers already
-    completed (from the commit metadata), and `ready = end - max(committed, start) -
-    completed_above`. `ready` is an upper bound, not an exact count: transaction markers, aborted
-    records and compaction gaps take offsets without being messages, and counting them exactly
-    would mean reading the partition. `start` is the log start: records below it were reclaimed
+    completed (from the commit metadata), and `ready` the messages a RECEIVE may still take: read
+    and counted (`ready_exact` true) while the queue holds at most EXACT_READY records above its
+    readers' positions, else the upper bound `end - max(committed, start) - completed_above`
+    (transaction markers, aborted records, move markers and retained copies take offsets without
+    being ready messages). `start` is the log start: records below it were reclaimed
     by the worker once every reader had received them (reclaim.py); `bytes` is what the
     partition's log holds on its leader (None when a broker does not answer DescribeLogDirs)."""
     return queue_view_of(cluster, namespace, read_catalog(cluster, namespace, timeout).queue(queue), timeout)
+
+
+EXACT_READY = 10_000  # records above the readers' positions a view reads to count what is ready
+
+
+def ready_counted(
+    cluster: ClusterLike, topic: str, spans: dict[int, tuple[int, int, set[int]]], timeout: float
+) -> dict[int, int] | None:
+    """The ready messages of each partition, counted by reading [base, end) read_committed
+    (`spans`: partition -> base, end, offsets completed above base): records that are messages,
+    neither completed nor a move marker or retained copy. None when more than EXACT_READY records
+    would be read, or the read did not finish in `timeout` (the caller keeps its upper bound)."""
+    todo = {p: span for p, span in spans.items() if span[1] > span[0]}
+    if sum(end - base - len(done) for base, end, done in todo.values()) > EXACT_READY:
+        return None
+    counts = dict.fromkeys(spans, 0)
+    if not todo:
+        return counts
+    group = names.reader_group_of(topic)
+    if group is None:
+        return None
+
+    def count(msg: Message) -> None:
+        p, o = messages.position(msg)
+        base, end, done = todo[p]
+        if o >= end or o in done:
+            return
+        try:
+            env = Envelope.from_headers(messages.raw_headers(msg))
+        except MalformedRecord:
+            return  # not a message: its reader dead-letters it
+        if env.message_type_name not in (MOVE_MARKER, RETAINED_MARKER):
+            counts[p] += 1
+
+    consumer = reading_consumer(cluster, group)
+    try:
+        read = read_partitions(consumer, topic, {p: span[0] for p, span in todo.items()}, timeout, count)
+    finally:
+        consumer.close()
+    return None if read.unfinished else counts
 
 
 def queue_view_of(cluster: ClusterLike, namespace: str, q: Queue, timeout: float = 10.0) -> dict[str, Any]:
@@ -186,12 +231,15 @@ def queue_view_of(cluster: ClusterLike, namespace: str, q: Queue, timeout: float
 
     sizes = _bytes_held(cluster, metadata, topic, timeout)
     partitions = []
+    spans: dict[int, tuple[int, int, set[int]]] = {}
     for tp in tps:
         p, start, end = tp.partition, starts[tp.partition], ends[tp.partition]
         c = committed.get(p)
         pos = c.offset if c is not None and c.offset >= 0 else None
         base = max(pos if pos is not None else start, start)  # retention may have passed the commit
-        above = sum(1 for o in decode_completed(base, c.metadata if c else None) if o < end)
+        done_above = {o for o in decode_completed(base, c.metadata if c else None) if o < end}
+        above = len(done_above)
+        spans[p] = (base, end, done_above)
         partitions.append(
             {
                 "partition": p,
@@ -200,9 +248,14 @@ def queue_view_of(cluster: ClusterLike, namespace: str, q: Queue, timeout: float
                 "committed": pos,
                 "completed_above": above,
                 "ready": max(0, end - base - above),
+                "ready_exact": False,
                 "bytes": sizes.get(p) if sizes is not None else None,
             }
         )
+    exact = ready_counted(cluster, topic, spans, timeout)
+    for tp, row in zip(tps, partitions):
+        if exact is not None:
+            row["ready"], row["ready_exact"] = exact[tp.partition], True
     readers = reader_rows(cluster, namespace, topic, timeout)
     return {
         "queue": q.name,
@@ -213,6 +266,7 @@ def queue_view_of(cluster: ClusterLike, namespace: str, q: Queue, timeout: float
         "partition_offsets": partitions,
         "totals": {
             **{k: sum(row[k] for row in partitions) for k in ("end", "completed_above", "ready")},
+            "ready_exact": exact is not None,
             "bytes": sum(sizes.values()) if sizes is not None else None,
         },
         "group": {"name": group, "state": desc.state.name, "members": len(desc.members)},

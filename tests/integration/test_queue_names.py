@@ -7,6 +7,8 @@ install, each with a one-line error."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kbroker.cli.demo import CONTRACT
@@ -137,3 +139,19 @@ def test_cli_install_refuses_with_one_line_in_the_other_order(kafka_bootstrap, n
         "names Billing.<instance> (or Billing_...) belong to Billing's secondary queues"
     ]
     assert topics_of(kafka_bootstrap, namespace) == before
+
+
+def test_cli_install_without_machine_makes_this_hosts_secondary_queue(kafka_bootstrap, namespace):
+    """The doc says install makes the machine's secondary queue; without --machine the CLI made
+    none, where the SDK's endpoint names this host's (default_machine)."""
+    from kbroker.core.transport.endpoint import default_machine
+
+    proc = run_cli(kafka_bootstrap, "endpoint", "install", "Sales", "--namespace", namespace, "--json")
+    assert proc.returncode == 0, proc.stderr
+    queues = {r["queue"] for r in json.loads(proc.stdout)["queues"]}
+    assert queues == {"Sales", f"Sales.{default_machine()}"}
+    assert transport_queue_topic(namespace, f"Sales.{default_machine()}") in topics_of(kafka_bootstrap, namespace)
+    proc = run_cli(
+        kafka_bootstrap, "endpoint", "install", "Sales", "--no-secondary", "--namespace", namespace, "--json"
+    )
+    assert {r["queue"] for r in json.loads(proc.stdout)["queues"]} == {"Sales"}

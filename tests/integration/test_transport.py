@@ -6,6 +6,7 @@ send to a queue nobody installed."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import threading
 import time
 import uuid
@@ -537,6 +538,41 @@ def test_a_plain_producers_record_is_a_transport_message(endpoints, kafka_bootst
     assert (m.id, m.body, dict(m.headers)) == (mid, b"from a plain producer", NSB_HEADERS)
     assert (m.correlation_id, m.reply_to_address, m.recoverable) == ("corr-plain", "Legacy", False)
     assert m.expires == 4_070_908_800_250
+
+
+def test_kafkas_console_producer_writes_a_transport_message_as_the_docs_show(endpoints, kafka_bootstrap, namespace):
+    """docs/transport.md's console-producer line, run through Kafka's own ConsoleProducer: the
+    headers' JSON holds `,` and `:`, so the separator is `;;` and only the first `:` of a header
+    splits its name from its value."""
+    from kbroker.embedded.jvm import find_java
+    from kbroker.embedded.kafka_tools import tool_jars
+
+    b = endpoints("Billing", machine="m2")
+    mid = str(uuid.uuid4())
+    headers = '{"NServiceBus.EnclosedMessageTypes":"Shop.OrderPlaced, Shop"}'
+    line = f'Id:{mid};;Recoverable:true;;Headers:{headers}\t{mid}\t{{"order":1}}\n'
+    cmd = [
+        find_java(),
+        "-cp",
+        str(tool_jars(lambda _m: None) / "*"),
+        "org.apache.kafka.tools.ConsoleProducer",
+        "--bootstrap-server",
+        kafka_bootstrap,
+        "--topic",
+        transport_queue_topic(namespace, "Billing"),
+        "--reader-property",
+        "parse.headers=true",
+        "--reader-property",
+        "headers.separator=;;",
+        "--reader-property",
+        "parse.key=true",
+    ]
+    done = subprocess.run(cmd, input=line, text=True, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    m = b.receive(wait=20)
+    assert m is not None
+    assert (m.id, m.body, m.recoverable) == (mid, b'{"order":1}', True)
+    assert dict(m.headers) == {"NServiceBus.EnclosedMessageTypes": "Shop.OrderPlaced, Shop"}
 
 
 def test_a_malformed_record_is_dead_lettered_and_the_queue_goes_on(endpoints, kafka_bootstrap, namespace):

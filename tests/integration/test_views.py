@@ -16,7 +16,9 @@ from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
 from kbroker.core.dialogs.conversation_endpoint import SEQUENCE_BLOCK
+from kbroker.kafka import queue_views
 from kbroker.kafka.queue_views import conversation_view, queue_view, set_queue_status
+from kbroker.kafka.receive.retention import queue_messages
 from kbroker.kafka.snapshot import read_to_end
 from kbroker.sdk.broker import Broker
 from tests.helpers import KBROKER
@@ -51,6 +53,35 @@ def test_queue_view_counts_ready_messages(kafka_bootstrap, namespace, broker):
     busy = [p for p in view["partition_offsets"] if p["end"]]
     assert len(busy) == 1 and busy[0]["committed"] == 3  # one conversation group, one partition
     assert view["group"]["members"] == 1  # the Broker's reader stays in the group until close
+
+
+def test_queue_show_counts_ready_messages_not_transaction_markers(kafka_bootstrap, namespace, broker, monkeypatch):
+    """Each committed transaction leaves a marker taking an offset; a new user saw `ready 14`
+    where `queue messages` listed 11. Up to EXACT_READY records the view counts; past it the
+    column says its figure is an upper bound."""
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    for i in range(4):
+        with broker.transaction() as tx:
+            tx.send(h, CLAIM, {"claim": i})
+    tx = broker.transaction()
+    tx.send(h, CLAIM, {"claim": "rolled back"})
+    tx.rollback()
+    view = queue_view(kafka_bootstrap, namespace, "ExpenseQueue")
+    assert view["totals"]["end"] >= 8  # four messages and four commit markers at least
+    assert (view["totals"]["ready"], view["totals"]["ready_exact"]) == (4, True)
+    assert sum(p["ready"] for p in view["partition_offsets"]) == 4
+    listed = [r for r in queue_messages(kafka_bootstrap, namespace, "ExpenseQueue") if r["status"] == 1]
+    assert len(listed) == 4
+    kw = dict(bootstrap=kafka_bootstrap, namespace=namespace)
+    out = run_cli("queue", "show", "ExpenseQueue", **kw)
+    assert out.returncode == 0 and "ready" in out.stdout and "at most" not in out.stdout, out.stderr
+
+    assert len(broker.receive("ExpenseQueue", top=1, wait=15)) == 1
+    assert queue_view(kafka_bootstrap, namespace, "ExpenseQueue")["totals"]["ready"] == 3
+
+    monkeypatch.setattr(queue_views, "EXACT_READY", 2)  # too many to read: the bound, labelled
+    view = queue_view(kafka_bootstrap, namespace, "ExpenseQueue")
+    assert view["totals"]["ready_exact"] is False and view["totals"]["ready"] > 3
 
 
 def test_queue_view_shows_locked_groups_and_messages_in_flight_across_processes(kafka_bootstrap, namespace, broker):

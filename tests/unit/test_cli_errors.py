@@ -132,3 +132,27 @@ def test_a_refusal_names_the_principal_of_the_commands_client_settings(tmp_path)
     assert _principal(Target("127.0.0.1:9092", "s", str(props))) == "User:alice"
     assert _principal(Target("127.0.0.1:9092", "s", None)) == "User:ANONYMOUS"
     assert _principal(None) is None
+
+
+def test_tasks_asks_the_worker_at_the_port_the_worker_takes_too(monkeypatch):
+    """`kbroker tasks` asked port 6066 whatever --web-port the worker had; the option and
+    KBROKER_WEB_PORT are now the worker's own (nothing listens on the port chosen here)."""
+    import socket
+
+    from kbroker.cli import main
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]  # closed again before the CLI asks: refused at once
+    monkeypatch.delenv("KBROKER_WEB_TOKEN", raising=False)
+    monkeypatch.delenv("KBROKER_WEB_TOKEN_FILE", raising=False)
+    monkeypatch.setenv("KBROKER_WEB_PORT", str(free))
+    result = CliRunner().invoke(main, ["tasks", "--json"])
+    assert result.exit_code == 1
+    assert f"worker at http://127.0.0.1:{free} does not answer" in result.output
+    result = CliRunner().invoke(main, ["tasks", "--url", "http://127.0.0.1:1", "--json"])
+    assert "worker at http://127.0.0.1:1 does not answer" in result.output  # --url wins
+    worker = main.get_command(click.Context(main), "worker")
+    assert worker is not None
+    (port,) = [p for p in worker.params if p.name == "web_port"]
+    assert port.envvar == "KBROKER_WEB_PORT" and port.default == 6066
