@@ -63,12 +63,16 @@ test-spark-cluster: setup
 # killed during commits, and the worker, routing and the analytics job with a node killed;
 # routing between two clusters through kills and an outage longer than a lease; the delayed
 # store's mover and the transport bridge through a broker restart; `kbroker bench scale` at
-# small sizes; and the wheel a user installs, alone in a new virtualenv. About 13 minutes.
+# small sizes; the wheel a user installs, alone in a new virtualenv; and the compose stack under
+# podman, its images built from Debian's packages (scripts/prereqs.sh long installs podman).
+# About 14 minutes; the compose run takes 2 of them, 3 when it builds its images.
 test-long: setup
-	$(BIN)/pytest -m "spark_cluster or kafka_cluster or bench_scale or wheel" tests/integration/test_analytics_cluster.py \
+	@scripts/prereqs.sh long
+	$(BIN)/pytest -m "spark_cluster or kafka_cluster or bench_scale or wheel or compose" tests/integration/test_analytics_cluster.py \
 		tests/integration/test_cluster.py tests/integration/test_routing_clusters.py \
 		tests/integration/test_bench_scale.py tests/integration/test_transport_delayed.py \
-		tests/integration/test_transport_bridge.py tests/integration/test_wheel.py
+		tests/integration/test_transport_bridge.py tests/integration/test_wheel.py \
+		tests/integration/test_compose_stack.py
 
 bench: setup
 	$(BIN)/kbroker bench
