@@ -26,8 +26,7 @@ from kbroker.core.catalog.models import Queue
 from kbroker.core.cluster import ClusterLike
 from kbroker.core.dialogs.conversation_endpoint import Endpoint
 from kbroker.core.dialogs.envelope import Envelope, MalformedRecord
-from kbroker.core.dialogs.groups import MOVE_MARKER
-from kbroker.core.dialogs.retained import RETAINED_MARKER
+from kbroker.core.dialogs.retained import NEVER_DELIVERED
 from kbroker.core.reader_reports import reader_report
 from kbroker.core.receive.offsets import decode_completed
 from kbroker.core.rejected import Rejected
@@ -187,7 +186,7 @@ def ready_counted(
             env = Envelope.from_headers(messages.raw_headers(msg))
         except MalformedRecord:
             return  # not a message: its reader dead-letters it
-        if env.message_type_name not in (MOVE_MARKER, RETAINED_MARKER):
+        if env.message_type_name not in NEVER_DELIVERED:
             counts[p] += 1
 
     consumer = reading_consumer(cluster, group)

@@ -21,8 +21,7 @@ from typing import Any
 
 from kbroker.core.analytics.analytics_model import Arrival, Dialog, Output, Partition, Progress, Window
 from kbroker.core.analytics.dialog_class import STALE, DialogFacts, classify
-from kbroker.core.dialogs.groups import MOVE_MARKER
-from kbroker.core.dialogs.retained import RETAINED_MARKER
+from kbroker.core.dialogs.retained import NEVER_DELIVERED
 
 STALE_THRESHOLDS = (("dispatcher_10s", 10.0), ("forwarder_60s", 60.0))  # docs/sources.md#periodic-tasks
 ERROR_TYPE = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
@@ -54,7 +53,7 @@ class Analytics:
         if a.offset <= part.top or a.offset in part.fresh:
             return  # seen already
         part.fresh.add(a.offset)
-        if a.message_type in (MOVE_MARKER, RETAINED_MARKER):  # neither is a message that arrived
+        if a.message_type in NEVER_DELIVERED:  # not a message that arrived
             return
         dialog_key = f"{a.conversation_id}/{a.side}"
         ts, counted, old = a.ts, True, None

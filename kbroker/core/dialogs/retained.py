@@ -19,10 +19,14 @@ from dataclasses import replace
 
 from kbroker.core.dialogs.conversation_endpoint import Endpoint
 from kbroker.core.dialogs.envelope import Envelope, header_text
+from kbroker.core.dialogs.groups import MOVE_MARKER
 from kbroker.core.records import Record
 
 RETAINED_MARKER = "urn:kbroker:RetainedSent"  # message type of a retained copy; never delivered
 H_RETAINED_TYPE = "kb.retained_message_type"  # the sent message's own type
+# The message types of a queue's records that no RECEIVE hands out: a MOVE CONVERSATION's marker
+# (groups.py) and a retained copy. Counting a queue's messages leaves them out.
+NEVER_DELIVERED = frozenset({MOVE_MARKER, RETAINED_MARKER})
 
 
 def retained_copy(sent: Record, ep: Endpoint, own_topic: str) -> Record:

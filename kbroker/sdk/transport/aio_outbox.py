@@ -43,7 +43,6 @@ class AsyncOutbox:
         self.keep = keep
         self.on_stored = on_stored or (lambda mid: None)
         self.sql = OutboxTable()
-        self.table = self.sql.table
         self._ready = False
 
     async def setup(self) -> None:
