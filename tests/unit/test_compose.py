@@ -12,14 +12,12 @@ from __future__ import annotations
 import copy
 import glob
 import json
-import os
 import re
 import shlex
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
-from unittest import mock
 
 import click
 import jsonschema
@@ -27,8 +25,8 @@ import pytest
 import yaml
 from packaging.specifiers import SpecifierSet
 
-from kbroker.cli import main
 from kbroker.embedded.broker import KAFKA_VERSION
+from tests.helpers.cli_lines import command_path, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose" / "docker-compose.yml"
@@ -236,33 +234,6 @@ def kbroker_commands(doc: dict[str, Any], base_dir: Path) -> list[KbrokerCommand
                     if PurePosixPath(line[0]).name == "kbroker":
                         found.append(KbrokerCommand(shown(df.path), None, line, df.env, df))
     return found
-
-
-def parse(argv: list[str], env: dict[str, str]) -> list[click.Context]:
-    """Parse `kbroker ARGS` with the real click command, group by group, in the given environment
-    alone (the service's, not this process's): a misspelled command or option, a bad value or a
-    missing argument raises click's error. The contexts from `kbroker` down to the command."""
-    contexts: list[click.Context] = []
-    command: click.Command = main
-    name, args, parent = "kbroker", list(argv[1:]), None
-    with mock.patch.dict(os.environ, env, clear=True):
-        while True:
-            ctx = command.make_context(name, args, parent=parent, resilient_parsing=False)
-            contexts.append(ctx)
-            if not isinstance(command, click.Group):
-                return contexts
-            protected = getattr(ctx, "_protected_args", None)  # click 8.2+; protected_args before
-            rest = [*(ctx.protected_args if protected is None else protected), *ctx.args]
-            if not rest:
-                raise click.UsageError("a command is missing", ctx)
-            name, found, args = command.resolve_command(ctx, rest)
-            if found is None:
-                raise click.UsageError(f"no such command {name!r}", ctx)
-            command, parent = found, ctx
-
-
-def command_path(contexts: list[click.Context]) -> str:
-    return " ".join(c.info_name or "" for c in contexts)
 
 
 def parsed(doc: dict[str, Any], base_dir: Path) -> list[tuple[KbrokerCommand, list[click.Context]]]:

@@ -16,10 +16,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kbroker.cli import main
 from kbroker.core import names
 from kbroker.core.catalog.loader import SAMPLES, load_definitions
 from tests.helpers import ROOT
+from tests.helpers.cli_lines import parse
 
 HERE = ROOT / "deploy" / "kubernetes"
 KUBERNETES = "1.33"  # a release every managed Kubernetes still offers; the schemas ship with the package
@@ -68,31 +68,25 @@ def test_the_kustomization_lists_every_file_and_names_the_image_the_containers_u
     assert {c["image"] for c in containers()} == {i["name"] for i in KUSTOMIZATION["images"]}
 
 
-def parsed(argv: list[str]) -> click.Context:
-    """The kbroker command line `argv` parsed by the CLI itself (a typo or a missing option fails)."""
+def parsed(argv: list[str], env: dict[str, Any] | None = None) -> click.Context:
+    """The kbroker command line `argv`, parsed by the CLI itself in the container's environment
+    (`env`: its plain values); the command's context."""
     assert argv[0] == "kbroker"
-    cmd: click.Command = main
-    ctx = click.Context(main, info_name="kbroker")
-    args = list(argv[1:])
-    while isinstance(cmd, click.Group):  # kbroker analytics run: a group, then its command
-        name, args = args[0], args[1:]
-        sub = cmd.get_command(ctx, name)
-        assert sub is not None, f"kbroker has no command {name!r}"
-        ctx, cmd = click.Context(sub, info_name=name, parent=ctx), sub
-    return cmd.make_context(ctx.info_name, args, parent=ctx.parent)
+    plain = {k: v for k, v in (env or {}).items() if isinstance(v, str)}
+    return parse(argv, plain)[-1]
 
 
 def test_every_kbroker_command_line_parses_with_the_cli_it_runs() -> None:
     lines = []
     for c in containers():
-        lines.append(c["command"])
+        lines.append((c["command"], env_of(c)))
         for probe in ("readinessProbe", "livenessProbe"):
             if "exec" in c.get(probe, {}):
-                lines.append(c[probe]["exec"]["command"])
-    kbroker_lines = [argv for argv in lines if argv[0] == "kbroker"]
+                lines.append((c[probe]["exec"]["command"], env_of(c)))
+    kbroker_lines = [(argv, env) for argv, env in lines if argv[0] == "kbroker"]
     assert len(kbroker_lines) >= 4  # the worker, its two probes, the analytics job
-    for argv in kbroker_lines:
-        parsed(argv)
+    for argv, env in kbroker_lines:
+        parsed(argv, env)
     with pytest.raises(click.UsageError):
         parsed(["kbroker", "worker", "--web-prot", "6066"])
 
@@ -119,7 +113,7 @@ def test_each_container_reaches_its_namespace_and_the_worker_its_token_and_port(
     (stored,) = [s for s in objects("Secret") if s["metadata"]["name"] == secret]
     assert token_file.name in stored["stringData"]
     assert len(stored["stringData"][token_file.name]) >= 16  # the worker refuses a shorter token
-    port = parsed(c["command"]).params["web_port"]
+    port = parsed(c["command"], env).params["web_port"]
     assert int(env["KBROKER_WEB_PORT"]) == port == c["ports"][0]["containerPort"]  # the probes ask that port
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(port)
     assert "$(POD_IP)" in env["KBROKER_WEB_ALLOWED_HOSTS"]  # Prometheus scrapes the pod's address
@@ -133,7 +127,7 @@ def test_the_analytics_job_keeps_its_checkpoint_on_its_claim_and_serves_its_metr
     assert job["spec"]["replicas"] == 1 and job["spec"]["strategy"]["type"] == "Recreate"  # one checkpoint writer
     pod = job["spec"]["template"]
     (c,) = pod["spec"]["containers"]
-    params = parsed(c["command"]).params
+    params = parsed(c["command"], env_of(c)).params
     (mount,) = c["volumeMounts"]
     data = Path(mount["mountPath"])
     assert data in Path(params["checkpoint"]).parents and data in Path(params["history"]).parents
