@@ -9,6 +9,7 @@ import time
 
 import orjson
 import pytest
+from confluent_kafka import Producer
 
 from kbroker import errors
 from kbroker.cli.demo import CLAIM, CONTRACT
@@ -82,6 +83,42 @@ def test_queue_show_counts_ready_messages_not_transaction_markers(kafka_bootstra
     monkeypatch.setattr(queue_views, "EXACT_READY", 2)  # too many to read: the bound, labelled
     view = queue_view(kafka_bootstrap, namespace, "ExpenseQueue")
     assert view["totals"]["ready_exact"] is False and view["totals"]["ready"] > 3
+
+
+def test_queue_show_counts_only_messages_among_records_another_client_wrote(kafka_bootstrap, namespace, broker):
+    """The count reads the queue's records (ready_counted): garbage, a record without headers,
+    bad header values, a 200 KB body and records forged with the never-delivered types are not
+    ready messages; the real ones around them are counted and received once, in order."""
+    topic = names.queue_topic(namespace, "ExpenseQueue")
+    h = broker.begin_dialog(EMP, EXP, CONTRACT)
+    broker.send(h, CLAIM, {"claim": 0})
+    [original] = read_to_end(kafka_bootstrap, topic, 10)
+    headers = original.headers()
+
+    def typed(name: bytes) -> list:
+        return [(k, name if k == "kb.message_type_name" else v) for k, v in headers]
+
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for value, hs in (
+        (b"\xff\x00 not a message", None),
+        (b"x" * 200_000, None),
+        (b"{}", [(k, b"\xff\xfe" if k == "kb.message_type_name" else v) for k, v in headers]),
+        (b"{}", [(k, v) for k, v in headers if k != "kb.conversation_group_id"]),
+        (b"{}", typed(b"urn:kbroker:MoveConversation")),
+        (b"{}", typed(b"urn:kbroker:RetainedSent")),
+    ):
+        p.produce(topic, key=original.key(), value=value, headers=hs, partition=original.partition())
+    assert p.flush(10) == 0
+    broker.send(h, CLAIM, {"claim": 1})
+    view = queue_view(kafka_bootstrap, namespace, "ExpenseQueue")
+    assert (view["totals"]["ready"], view["totals"]["ready_exact"]) == (2, True)
+    assert view["totals"]["end"] >= 8
+    got: list[dict] = []
+    deadline = time.monotonic() + 30
+    while len(got) < 2 and time.monotonic() < deadline:
+        got += [orjson.loads(m.body) for m in broker.receive("ExpenseQueue", wait=5)]
+    assert got == [{"claim": 0}, {"claim": 1}]
+    assert queue_view(kafka_bootstrap, namespace, "ExpenseQueue")["totals"]["ready"] == 0
 
 
 def test_queue_view_shows_locked_groups_and_messages_in_flight_across_processes(kafka_bootstrap, namespace, broker):
