@@ -148,8 +148,8 @@ def queue_view(cluster: ClusterLike, namespace: str, queue: str, timeout: float 
     yet), `committed` the queue group's committed offset (None before the first commit: readers
     then start at the log start), `completed_above` the offsets above it that readers already
     completed (from the commit metadata), and `ready` the messages a RECEIVE may still take: read
-    and counted (`ready_exact` true) while the queue holds at most EXACT_READY records above its
-    readers' positions, else the upper bound `end - max(committed, start) - completed_above`
+    and counted (the totals' `ready_exact` true) while the queue holds at most EXACT_READY
+    records above its readers' positions, else the upper bound `end - max(committed, start) - completed_above`
     (transaction markers, aborted records, move markers and retained copies take offsets without
     being ready messages). `start` is the log start: records below it were reclaimed
     by the worker once every reader had received them (reclaim.py); `bytes` is what the
@@ -247,14 +247,13 @@ def queue_view_of(cluster: ClusterLike, namespace: str, q: Queue, timeout: float
                 "committed": pos,
                 "completed_above": above,
                 "ready": max(0, end - base - above),
-                "ready_exact": False,
                 "bytes": sizes.get(p) if sizes is not None else None,
             }
         )
     exact = ready_counted(cluster, topic, spans, timeout)
-    for tp, row in zip(tps, partitions):
-        if exact is not None:
-            row["ready"], row["ready_exact"] = exact[tp.partition], True
+    if exact is not None:  # the totals say which (ready_exact)
+        for tp, row in zip(tps, partitions):
+            row["ready"] = exact[tp.partition]
     readers = reader_rows(cluster, namespace, topic, timeout)
     return {
         "queue": q.name,
