@@ -36,6 +36,7 @@ from kbroker.core.dialogs.conversation_endpoint import Endpoint
 from kbroker.core.dialogs.envelope import Message
 from kbroker.errors import InvalidArgumentError
 from kbroker.sdk import broker as client
+from kbroker.sdk import group_batches
 from kbroker.sdk.partial import Handles
 from kbroker.sdk.transaction import Transaction
 
@@ -123,6 +124,16 @@ class AsyncTransaction:
             )
             if got or (deadline is not None and time.monotonic() >= deadline):
                 return got
+
+    async def receive_groups(
+        self, queue: str, groups: int, top: int | None = None, wait: float | None = 0.0, *, within: float = 0.0
+    ) -> list[list[Message]]:
+        """Transaction.receive_groups awaited: the first group's wait in slices, as receive()'s;
+        the others in one thread call, which holds its thread up to `within` s."""
+        group_batches.check(groups, within)
+        batches: dict[str, list[Message]] = {}
+        group_batches.add(batches, await self.receive(queue, top, wait))
+        return await self._run(group_batches.more, self.sync, queue, batches, groups, top, within)
 
     async def get_conversation_group(self, queue: str, wait: float | None = 0.0) -> str | None:
         """GET CONVERSATION GROUP: lock the next ready group without receiving from it."""

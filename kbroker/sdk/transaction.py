@@ -36,7 +36,7 @@ from kbroker.errors import (
 from kbroker.kafka import messages
 from kbroker.kafka.receive.receiver import Lease, QueueReceiver
 from kbroker.kafka.txn.commit_requests import CommitRequest
-from kbroker.sdk import partial
+from kbroker.sdk import group_batches, partial
 from kbroker.sdk.group_locks import GroupLocks
 from kbroker.sdk.held import Held
 from kbroker.sdk.runtime import BrokerRuntime
@@ -169,6 +169,12 @@ class Transaction:
                 return delivered
             # Everything taken went on its way (moved conversations) or was set aside (refused on
             # arrival, for a closed endpoint): receive again, within what is left of the wait.
+
+    def receive_groups(
+        self, queue: str, groups: int, top: int | None = None, wait: float | None = 0.0, *, within: float = 0.0
+    ) -> list[list[Message]]:
+        """RECEIVE repeated for up to `groups` groups, each locked until it ends (group_batches.py)."""
+        return group_batches.receive_groups(self, queue, groups, top, wait, within)
 
     def _rekey(self, receiver: QueueReceiver, lease: Lease, moving: list[tuple[Message, str | None]]) -> None:
         """Re-key a moved conversation's records one hop (and consume move markers and retained
