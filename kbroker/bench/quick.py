@@ -72,9 +72,13 @@ def describe(v: dict, results: list[dict]) -> list[str]:
     lines = []
     for name in v["below_floor"]:
         r = by_name[name]
+        k = r.get("kbroker_detail") or {}
+        cpu = "".join(
+            f", CPU {k[key]} ms/{key.rsplit('_', 1)[1]}" for key in ("cpu_ms_per_msg", "cpu_ms_per_copy") if key in k
+        )
         lines.append(
             f"{name}: BELOW FLOOR ({r.get('floor')}; ratio {r.get('ratio')}, kbroker "
-            f"{r.get('kbroker')}, baseline {r.get('baseline')} {r.get('unit')})"
+            f"{r.get('kbroker')}, baseline {r.get('baseline')} {r.get('unit')}{cpu})"
         )
     for name in v["errors"]:
         lines.append(f"{name}: error: {by_name[name].get('error')}")

@@ -38,11 +38,18 @@ class Floor:
     of a small run passes and a regression does not. `of` is what it bounds: "ratio" (the row's
     ratio, as its ratio_definition states it), "kbroker" (kbroker's own median, for rows with an
     absolute target) or "growth" (kbroker - baseline, for the bounded-memory rows). `at_most`:
-    lower is better (seconds, milliseconds, MB), so the figure must stay at or under `limit`."""
+    lower is better (seconds, milliseconds, MB), so the figure must stay at or under `limit`.
+
+    `cpu`: also the most CPU time, in ms a message, kbroker's side may spend (its detail's
+    `cpu_key`, the process's CPU over the measured part). A ratio moves with the baseline's speed
+    on a busy machine; kbroker's own CPU per message does much less, so it catches a regression
+    the ratio's wide floor lets through. Set at about twice what quick runs measure."""
 
     limit: float
     of: str = "ratio"
     at_most: bool = False
+    cpu: float | None = None
+    cpu_key: str = "cpu_ms_per_msg"
 
     def figure(self, row: dict) -> float | None:
         """The figure of a summarised row this floor bounds; None when the row was not measured."""
@@ -56,14 +63,26 @@ class Floor:
         raise ValueError(f"a floor bounds the ratio, kbroker or growth, not {self.of!r}")
 
     def holds(self, row: dict) -> bool | None:
-        """Whether a summarised row is on the right side of the floor; None when not measured."""
+        """Whether a summarised row is on the right side of the floor; None when not measured.
+        A row measured without the CPU figure its floor bounds does not hold it: the figure
+        going missing would otherwise turn the CPU floor off unseen."""
         v = self.figure(row)
         if v is None:
             return None
-        return v <= self.limit if self.at_most else v >= self.limit
+        held = v <= self.limit if self.at_most else v >= self.limit
+        if self.cpu is None:
+            return held
+        cpu = self.cpu_figure(row)
+        return held and cpu is not None and cpu <= self.cpu
+
+    def cpu_figure(self, row: dict) -> float | None:
+        """kbroker's CPU ms a message in a summarised row (its detail's median)."""
+        v = (row.get("kbroker_detail") or {}).get(self.cpu_key)
+        return float(v) if isinstance(v, (int, float)) else None
 
     def __str__(self) -> str:
-        return f"{self.of} {'<=' if self.at_most else '>='} {self.limit:,g}"
+        text = f"{self.of} {'<=' if self.at_most else '>='} {self.limit:,g}"
+        return text if self.cpu is None else f"{text} and CPU <= {self.cpu:,g} ms/{self.cpu_key.rsplit('_', 1)[1]}"
 
 
 class Skip(Exception):

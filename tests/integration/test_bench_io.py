@@ -29,3 +29,8 @@ def test_two_processes_share_the_queue_and_report_each_ones_cpu_and_rss(kafka_bo
     assert out["value"] > 0 and d["processes"] == 2
     assert len(d["peak_rss_mb_per_process"]) == 2 and min(d["peak_rss_mb_per_process"]) > 10
     assert d["cpu_seconds"] > 0
+
+
+def test_batched_readers_take_several_groups_a_transaction_and_handle_every_message(kafka_bootstrap):
+    out = scenarios_io.measure_io_bound(context(kafka_bootstrap), "batched")  # raises unless all 80 are handled
+    assert out["value"] > 0 and out["detail"]["cpu_seconds"] > 0

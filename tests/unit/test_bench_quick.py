@@ -32,6 +32,25 @@ def test_a_floor_bounds_the_ratio_kbroker_or_the_growth_in_its_direction():
         Floor(1, "p99").holds(row)
 
 
+def test_a_cpu_floor_bounds_kbrokers_own_cpu_per_message_beside_the_ratio():
+    floor = Floor(0.4, cpu=0.8)
+    fast = {"ratio": 0.9, "kbroker_detail": {"cpu_ms_per_msg": 0.5}}
+    assert floor.holds(fast) is True
+    assert floor.holds({**fast, "kbroker_detail": {"cpu_ms_per_msg": 0.8}}) is True  # at the floor
+    # The baseline's luck lifts the ratio; kbroker's own CPU still says it regressed.
+    assert floor.holds({"ratio": 2.0, "kbroker_detail": {"cpu_ms_per_msg": 1.2}}) is False
+    assert floor.holds({"ratio": 0.3, "kbroker_detail": {"cpu_ms_per_msg": 0.1}}) is False
+    # Measured but without its CPU figure: not held, so a renamed detail cannot switch it off.
+    assert floor.holds({"ratio": 0.9, "kbroker_detail": {}}) is False
+    assert floor.holds({"ratio": None}) is None  # not measured
+    per_copy = Floor(0.25, cpu=0.05, cpu_key="cpu_ms_per_copy")
+    assert per_copy.holds({"ratio": 0.7, "kbroker_detail": {"cpu_ms_per_copy": 0.02}}) is True
+    assert (str(floor), str(per_copy)) == (
+        "ratio >= 0.4 and CPU <= 0.8 ms/msg",
+        "ratio >= 0.25 and CPU <= 0.05 ms/copy",
+    )
+
+
 def test_a_summarised_row_says_whether_it_held_its_floor_and_gives_every_range():
     row = Row(
         "x",
@@ -126,7 +145,12 @@ def test_every_row_with_a_target_has_a_floor_on_its_wrong_side_and_every_row_its
 @pytest.mark.parametrize(
     "name, passing, failing",
     [
-        ("send", {"ratio": 0.8}, {"ratio": 0.3}),
+        ("send", {"ratio": 0.8, "kbroker_detail": {"cpu_ms_per_msg": 0.4}}, {"ratio": 0.3}),
+        (
+            "request-reply-batched",
+            {"ratio": 0.5, "kbroker_detail": {"cpu_ms_per_msg": 0.25}},
+            {"ratio": 0.6, "kbroker_detail": {"cpu_ms_per_msg": 5.0}},
+        ),
         ("activation-drain", {"ratio": 1.2}, {"ratio": 4.0}),
         ("backlog-rss", {"kbroker": 300.0, "baseline": 45.0}, {"kbroker": 900.0, "baseline": 45.0}),
         ("activation-latency", {"kbroker": 1000.0}, {"kbroker": 5000.0}),
@@ -162,6 +186,7 @@ def test_carried_rows_are_judged_by_todays_target_not_a_retired_one(tmp_path):
         "runs": [],
         "notes": "",
         "range": {"kbroker": [1900.0, 2100.0], "baseline": [2800.0, 3100.0]},
+        "kbroker_detail": {"cpu_ms_per_msg": 0.5},
     }
     old = {
         "date": "2026-01-01T00:00:00+00:00",
@@ -174,7 +199,12 @@ def test_carried_rows_are_judged_by_todays_target_not_a_retired_one(tmp_path):
     write_results(old, tmp_path)
     merged = merge_previous({**old, "results": []}, tmp_path / "latest.json")
     row = merged["results"][0]
-    assert (row["target"], row["met"], row["floor"], row["floor_held"]) == ("ratio >= 0.5", True, "ratio >= 0.1", True)
+    assert (row["target"], row["met"], row["floor"], row["floor_held"]) == (
+        "ratio >= 0.5",
+        True,
+        "ratio >= 0.1 and CPU <= 1.5 ms/msg",
+        True,
+    )
     assert row["baseline_code"].startswith("kbroker/bench/scenarios/reply.py:baseline_responder")
     table = results_markdown(merged)
     assert "20,000" not in table and "runs: kbroker 1,900-2,100, baseline 2,800-3,100" in table

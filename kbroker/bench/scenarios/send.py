@@ -167,7 +167,7 @@ scenario(
                 "msg/s",
                 "ratio >= 0.8",
                 check=lambda r: r["ratio"] >= 0.8,
-                floor=Floor(0.4),
+                floor=Floor(0.4, cpu=0.8),
                 baseline_code="kbroker/bench/scenarios/send.py:BaselineSender.send (flush_each); "
                 "kbroker/kafka/baseline.py:sdk_like_producer",
                 notes="Broker.send, N messages over C dialogs, each acknowledged on return (the SDK also "
@@ -181,7 +181,7 @@ scenario(
                 "msg/s",
                 "ratio >= 0.5",
                 check=lambda r: r["ratio"] >= 0.5,
-                floor=Floor(0.1),
+                floor=Floor(0.1, cpu=0.15),
                 baseline_code="kbroker/bench/scenarios/send.py:BaselineSender.send (one flush); "
                 "kbroker/kafka/baseline.py:sdk_like_producer",
                 notes="N SENDs in one kbroker transaction (committed at the end) vs a producer loop "

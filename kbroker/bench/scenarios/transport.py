@@ -410,7 +410,7 @@ scenario(
                 "msg/s",
                 "ratio >= 0.5",
                 check=lambda r: r["ratio"] >= 0.5,
-                floor=Floor(0.25),
+                floor=Floor(0.25, cpu=0.5),
                 baseline_code="kbroker/bench/scenarios/transport.py:baseline_transform; "
                 "kbroker/kafka/baseline.py:transform_batches",
                 notes=f"N messages preloaded on Orders (4 partitions); kbroker: an endpoint started with "
@@ -425,7 +425,7 @@ scenario(
                 "msg/s",
                 "ratio >= 10",
                 check=lambda r: r["ratio"] >= 10,
-                floor=Floor(2),
+                floor=Floor(2, cpu=0.5),
                 baseline_code="kbroker/bench/partition_workers.py:baseline_partition_workers",
                 notes=f"N/{IO_SHARE} messages on a 4-partition queue, a handler taking {IO_DELAY * 1000:.0f} ms; "
                 "kbroker: TransportEndpoint, time.sleep, "

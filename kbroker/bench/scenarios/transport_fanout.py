@@ -209,7 +209,7 @@ scenario(
                 "copies/s",
                 f"ratio >= {TARGET}",
                 check=lambda r: r["ratio"] >= TARGET,
-                floor=Floor(FLOOR),
+                floor=Floor(FLOOR, cpu=0.06, cpu_key="cpu_ms_per_copy"),
                 baseline_code="kbroker/bench/scenarios/transport_fanout.py:baseline_publish; "
                 "kbroker/kafka/clients.py:transactional_producer",
                 notes=f"N events (--messages) of type {EVENT} to {len(SUBSCRIBERS)} endpoints; kbroker: Sub0..Sub4 "

@@ -178,7 +178,7 @@ scenario(
                 "msg/s",
                 f"ratio >= {TARGET}",
                 check=lambda r: r["ratio"] >= TARGET,
-                floor=Floor(FLOOR),
+                floor=Floor(FLOOR, cpu=6.0),
                 baseline_code="kbroker/bench/scenarios/transport_outbox.py:plain_handler; "
                 "kbroker/bench/scenarios/transport_outbox.py:measure_outbox",
                 notes="N messages (--outbox-messages) preloaded on Billing; an endpoint of Billing started with "
