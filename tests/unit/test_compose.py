@@ -584,6 +584,23 @@ def test_the_image_runs_as_an_unprivileged_user(doc):
     assert df is not None and df.users == ["kbroker"]
 
 
+def test_the_kafka_service_allows_the_session_and_abort_times_the_embedded_broker_does(doc):
+    # The queue readers ask for a 2 s session time-out; a broker whose minimum is Kafka's 6 s
+    # makes them fall back to 10 s, so a killed reader's partitions wait five times as long.
+    from kbroker.embedded.broker import _SERVER_PROPERTIES
+
+    embedded = dict(
+        line.split("=", 1)
+        for line in _SERVER_PROPERTIES.splitlines()
+        if line.startswith(("group.min.", "group.consumer.min.", "transaction.abort."))
+    )
+    assert len(embedded) == 4, embedded
+    kafka = next(s for s in doc["services"].values() if str(s.get("image", "")).startswith(KAFKA_IMAGE + ":"))
+    env = environment(kafka)
+    for key, value in embedded.items():
+        assert str(env.get("KAFKA_" + key.upper().replace(".", "_"))) == value, key
+
+
 def test_depends_on_and_volumes_name_what_exists(doc):
     assert reference_problems(doc) == []
 
