@@ -24,7 +24,9 @@ from kbroker.errors import InvalidArgumentError
 class Receives(Protocol):
     """What a batch needs of a transaction (sdk/transaction.py's, which imports this module)."""
 
-    def receive(self, queue: str, top: int | None = None, wait: float | None = 0.0) -> list[Message]: ...
+    def receive(self, queue: str, top: int | None = None, wait: float | None = 0.0) -> list[Message]:
+        """RECEIVE: one group's messages, locked until the transaction ends."""
+        ...
 
 
 def check(groups: object, within: object) -> None:
