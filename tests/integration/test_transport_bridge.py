@@ -271,7 +271,12 @@ def test_garbage_on_the_far_positions_topic_leaves_the_positions_and_the_pushes_
     try:
         send(ep, 20, 20)
         ep.start(lambda msg, tx: None)
-        wait_for(lambda: len(read_all(far, far_topic, 0.5)) >= 40, 60, "the pushes after the garbage")
+        wait_for(
+            lambda: len(read_all(far, far_topic, 0.5)) >= 40,
+            60,
+            "the pushes after the garbage",
+            seen=lambda: (len(read_all(far, far_topic, 2.0)), ep.pushers["eu"].stats(), ep.pushers["eu"].denied),
+        )
         keys = read_all(far, far_topic, 2.0)
     finally:
         ep.close()
