@@ -28,6 +28,10 @@ class Receives(Protocol):
         """RECEIVE: one group's messages, locked until the transaction ends."""
         ...
 
+    def receive_ready(self, queue: str, top: int | None, wait: float) -> list[Message]:
+        """A further RECEIVE: what the process holds now or within `wait` (Transaction's)."""
+        ...
+
 
 def check(groups: object, within: object) -> None:
     """The arguments' checks, shared by the threaded and asyncio forms.
@@ -83,7 +87,7 @@ def more(
     deadline = time.monotonic() + within
     while len(batches) < groups:
         held = len(batches)
-        add(batches, tx.receive(queue, top, max(deadline - time.monotonic(), 0.0)))
+        add(batches, tx.receive_ready(queue, top, max(deadline - time.monotonic(), 0.0)))
         if len(batches) == held and time.monotonic() >= deadline:
             break  # nothing new within the window (or only more of a group already held)
     return list(batches.values())

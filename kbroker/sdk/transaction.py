@@ -33,14 +33,14 @@ from kbroker.errors import (
     TransactionInDoubtError,
     TransactionStateError,
 )
-from kbroker.kafka import messages
-from kbroker.kafka.receive.receiver import Lease, QueueReceiver
+from kbroker.kafka.receive.receiver import Lease
 from kbroker.kafka.txn.commit_requests import CommitRequest
 from kbroker.sdk import group_batches, partial
 from kbroker.sdk.group_locks import GroupLocks
 from kbroker.sdk.held import Held
+from kbroker.sdk.rekeying import rekey
 from kbroker.sdk.runtime import BrokerRuntime
-from kbroker.sdk.send_trace import traced_record
+from kbroker.sdk.send_trace import receive_trace, traced_record
 
 log = logging.getLogger("kbroker.transaction")
 
@@ -126,6 +126,25 @@ class Transaction:
         transaction ends. top=None: every ready message of that group, as RECEIVE without TOP
         (what this process holds of it: at most the receiver's buffer). `instance` receives from
         that instance's secondary queue instead."""
+        return self._receive(queue, top, wait, conversation_group, conversation_handle, instance)
+
+    def receive_ready(self, queue: str, top: int | None, wait: float) -> list[Message]:
+        """receive_groups' further RECEIVEs: what this process holds now or within `wait`. A first
+        RECEIVE that finds nothing waits until its partitions were read to their end after the
+        last record fetched (Kafka says so at the next empty fetch, up to 500 ms on); these need
+        them read to their end once since the process was given them."""
+        return self._receive(queue, top, wait, settled=False)
+
+    def _receive(
+        self,
+        queue: str,
+        top: int | None,
+        wait: float | None,
+        conversation_group: str | None = None,
+        conversation_handle: str | None = None,
+        instance: str | None = None,
+        settled: bool = True,
+    ) -> list[Message]:
         self._check_open()
         if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
             raise InvalidArgumentError(f"top must be a whole number of at least 1, or None for all, not {top!r}")
@@ -146,6 +165,7 @@ class Transaction:
                 give_up=lambda: not rt.queue_open(queue),
                 conversation_group=conversation_group,
                 conversation_id=conversation_id,
+                settled=settled,
             )
             rt.receive_hooks.after_receive(queue, len(msgs))
             if lease is None and not rt.queue_open(queue):
@@ -154,18 +174,12 @@ class Transaction:
                 self._leases.append(lease)
             delivered, moving = self._held.sort(msgs, catalog)
             if moving and lease is not None:  # messages come with the lease of their group
-                self._rekey(receiver, lease, moving)
+                rekey(rt, receiver, lease, moving, self._leases, self._over)
             if delivered or not msgs:
                 if delivered:
                     self._queues.add(queue)  # poison counting looks at transactions that received
                     self._received[queue] = self._received.get(queue, 0) + len(delivered)
-                    if tracing.enabled():
-                        self._trace = tracing.receive_span(
-                            rt.namespace,
-                            queue,
-                            [tracing.context_of(messages.headers(m.extra["record"])) for m in delivered],
-                            delivered[0].conversation_id,
-                        )
+                    self._trace = receive_trace(rt.namespace, queue, delivered, self._trace)
                 return delivered
             # Everything taken went on its way (moved conversations) or was set aside (refused on
             # arrival, for a closed endpoint): receive again, within what is left of the wait.
@@ -175,27 +189,6 @@ class Transaction:
     ) -> list[list[Message]]:
         """RECEIVE repeated for up to `groups` groups, each locked until it ends (group_batches.py)."""
         return group_batches.receive_groups(self, queue, groups, top, wait, within)
-
-    def _rekey(self, receiver: QueueReceiver, lease: Lease, moving: list[tuple[Message, str | None]]) -> None:
-        """Re-key a moved conversation's records one hop (and consume move markers and retained
-        copies) in a Kafka transaction of their own, committed before anything else is delivered:
-        the records are never this transaction's to deliver, and a rollback of it must not undo
-        their journey. The group lock stays with this transaction's lease until it ends, or is
-        dropped now if the lease holds nothing else. When that Kafka transaction aborts, this
-        one ends aborted (TransactionAbortedError), every message it took back in its group."""
-        rt = self._runtime
-        records = [rt.statements.rekey_record(receiver.topic, m, group) for m, group in moving if group is not None]
-        side = receiver.split(lease, [(m.partition, m.offset) for m, _ in moving])
-        try:
-            rt.committer.commit(CommitRequest(records, [side]))
-        except TransactionAbortedError as exc:
-            receiver.release(side, committed=False)  # back to the head of the group, in order
-            self._over(exc)  # as an aborted COMMIT: its caller drops it, and a kept lease would lock the group
-            raise
-        if not lease.taken and not lease.offsets:
-            receiver.release(lease, committed=True)  # nothing of this group was delivered
-            self._leases.remove(lease)
-        receiver.release(side, committed=True)
 
     def move_conversation(self, handle: str, group: str) -> None:
         """MOVE CONVERSATION handle TO group (a GUID, existing or new, of the same queue)."""

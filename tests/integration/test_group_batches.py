@@ -37,6 +37,27 @@ def dialogs(b: Broker, n: int, each: int = 1) -> list[str]:
     return handles
 
 
+def test_one_group_ready_comes_back_at_once_while_more_records_arrive(ns_broker):
+    """With one group ready and within=0, receive_groups returns it at once: its further RECEIVEs
+    take what the process holds and do not wait, as a first RECEIVE does, for the partitions to be
+    read to their end, which Kafka reports only at the next empty fetch (up to 500 ms later; every
+    call here took 500 ms so before). Each request is sent just before its RECEIVE, so the
+    partition was never read to its end when the group came."""
+    b = ns_broker
+    (h,) = dialogs(b, 1)
+    with b.transaction() as tx:  # the first: the receiver's start and assignment
+        assert len(tx.receive_groups(QUEUE, groups=10, wait=30)) == 1
+    took = []
+    for i in range(5):
+        b.send(h, inv.REQUEST, {"i": i})
+        with b.transaction() as tx:
+            started = time.monotonic()
+            got = tx.receive_groups(QUEUE, groups=10, wait=10)
+            took.append(time.monotonic() - started)
+        assert [len(batch) for batch in got] == [1]
+    assert sorted(took)[2] < 0.3, f"receive_groups took {[round(t, 3) for t in took]} s"
+
+
 def test_groups_are_locked_until_commit_and_a_rollback_gives_them_all_back(ns_broker):
     """Three groups of five taken in one transaction: another transaction gets only the other
     two; after a rollback the three come back whole and in order; a COMMIT consumes them."""

@@ -74,6 +74,7 @@ class PartitionAssignment:
         self._fencer: concurrent.futures.ThreadPoolExecutor | None = None
         self.offsets: dict[int, PartitionOffsets] = {}  # the partitions owned, guarded by cv
         self._eof: set[int] = set()
+        self._read_once: set[int] = set()  # read to their end at least once since given to this process
         self.paused = False
         # Whether the group has assigned this process its share yet, even an empty one (the
         # cooperative protocol calls on_assign at the end of every rebalance): the start-up purge
@@ -95,6 +96,7 @@ class PartitionAssignment:
     def reached_end(self, partition: int) -> None:
         """The consumer read to the end of `partition` (its end-of-partition event)."""
         self._eof.add(partition)
+        self._read_once.add(partition)
 
     def fetched(self, partition: int, offset: int) -> PartitionOffsets | None:
         """Note a fetched record; the partition's tracker if the record is to be buffered (the
@@ -115,6 +117,11 @@ class PartitionAssignment:
     def caught_up(self) -> bool:
         """Every partition owned was read to its end (and one is owned)."""
         return caught_up(self.offsets, self._eof)
+
+    def read_once(self) -> bool:
+        """Every partition owned was read to its end at least once since this process was given
+        it: what it held then is buffered, whatever came since."""
+        return caught_up(self.offsets, self._read_once)
 
     def set_paused(self, consumer: Consumer, paused: bool) -> None:
         """Pause (True) or resume (False) every partition the consumer is assigned."""
@@ -156,6 +163,7 @@ class PartitionAssignment:
             for tp in ready:
                 self.offsets[tp.partition] = PartitionOffsets(max(tp.offset, 0), tp.metadata)
                 self._eof.discard(tp.partition)
+                self._read_once.discard(tp.partition)
                 self.waiting.pop(tp.partition, None)
         # At the offsets just read, so the consumer does not fetch them again itself: after a
         # broker restart its own fetch was seen to meet a stale coordinator and leave the
@@ -302,6 +310,7 @@ class PartitionAssignment:
                 for p in revoked:
                     self.offsets.pop(p, None)
                     self._eof.discard(p)
+                    self._read_once.discard(p)
                 self._forget_revoked(revoked)
                 self._cv.notify_all()
         finally:

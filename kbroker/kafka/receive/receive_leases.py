@@ -154,6 +154,7 @@ class LeaseBook:
         conversation_group: str | None = None,
         conversation_id: str | None = None,
         give_up: Callable[[], bool] = lambda: False,
+        settled: bool = True,
     ) -> tuple[Lease | None, list[Buffered], int]:
         """QueueReceiver.take: the lease, the live records taken in RECEIVE order, and how many
         expired ones were taken with them."""
@@ -172,11 +173,7 @@ class LeaseBook:
                 if group is not None:
                     return self._take(owner, group, top, full, conversation_id)
                 now = time.monotonic()
-                if (
-                    deadline is not None
-                    and now >= deadline
-                    and (self._assignment.caught_up() or now >= catch_up_deadline)
-                ):
+                if deadline is not None and now >= deadline and (self._settled(settled) or now >= catch_up_deadline):
                     return None, [], 0
                 if give_up():
                     return None, [], 0
@@ -184,6 +181,11 @@ class LeaseBook:
                     0.5 if deadline is None else max(min(deadline - now, 0.5), 0.01),
                     taker=conversation_group is None and conversation_id is None,
                 )
+
+    def _settled(self, now: bool) -> bool:
+        """Whether an empty take may return: every partition owned read to its end (`now`: with
+        nothing fetched since; else at least once since it was given to this process)."""
+        return self._assignment.caught_up() if now else self._assignment.read_once()
 
     def _take(
         self, owner: Any, group: str, top: int, full: dict[int, int], conversation_id: str | None

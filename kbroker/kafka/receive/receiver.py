@@ -166,12 +166,24 @@ class QueueReceiver:
         conversation_group: str | None = None,
         conversation_id: str | None = None,
         give_up: Callable[[], bool] = lambda: False,
+        settled: bool = True,
     ) -> tuple[Lease | None, list[Message]]:
         """Lease a group for `owner` and take up to `top` of its messages (expired ones are
         consumed but not returned). wait=0: what is there now; None: wait without time-out.
-        `give_up` is asked while waiting (every 0.5 s at most): True ends the wait empty."""
+        `give_up` is asked while waiting (every 0.5 s at most): True ends the wait empty.
+        `settled`: an empty answer also waits (up to 30 s) until every partition held was read
+        to its end, so a backlog not yet fetched is not taken for an empty queue; False for a
+        transaction's further groups: read to its end once since it was given to this process
+        is enough (the end of a partition is known only at the next empty fetch, up to 500 ms
+        after each record)."""
         lease, live, _expired = self.take(
-            owner, top, wait, conversation_group=conversation_group, conversation_id=conversation_id, give_up=give_up
+            owner,
+            top,
+            wait,
+            conversation_group=conversation_group,
+            conversation_id=conversation_id,
+            give_up=give_up,
+            settled=settled,
         )
         return lease, [self._to_message(b) for b in live]
 
@@ -184,6 +196,7 @@ class QueueReceiver:
         conversation_group: str | None = None,
         conversation_id: str | None = None,
         give_up: Callable[[], bool] = lambda: False,
+        settled: bool = True,
     ) -> tuple[Lease | None, list[Buffered], int]:
         """receive() as the buffered records: the lease, the live records taken in RECEIVE order
         (each with the envelope the receiver's decode made), and how many expired ones were taken
@@ -198,6 +211,7 @@ class QueueReceiver:
                 conversation_group=conversation_group,
                 conversation_id=conversation_id,
                 give_up=give_up,
+                settled=settled,
             )
         finally:
             with self._cv:
