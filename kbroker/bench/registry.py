@@ -17,6 +17,7 @@ BASELINE_OVER_KBROKER = "baseline/kbroker"
 SCENARIO_MODULES = (
     "send",
     "reply",
+    "round_trip",
     "io",
     "rss",
     "endpoints",

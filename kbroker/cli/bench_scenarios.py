@@ -14,6 +14,8 @@ SCENARIO_NAMES = (
     "send-pipelined",
     "request-reply",
     "request-reply-batched",
+    "round-trip",
+    "round-trip-10-dialogs",
     "io-bound",
     "io-bound-batched",
     "io-bound-2-processes",

@@ -26,3 +26,17 @@ def test_each_responder_form_answers_every_request(kafka_bootstrap, side):
     d = out["detail"]
     assert out["value"] > 0 and d["cpu_ms_per_msg"] > 0
     assert 0 < d["p50_ms"] <= d["p99_ms"]
+
+
+@pytest.mark.parametrize("side", ["kbroker", "baseline"])
+@pytest.mark.parametrize("dialogs", [1, 10])
+def test_each_round_trip_side_times_every_round_trip(kafka_bootstrap, monkeypatch, side, dialogs):
+    """The round-trip rows, 40 round trips a side: every one timed, none past the run's time-out."""
+    from kbroker.bench.scenarios import round_trip
+
+    monkeypatch.setattr(round_trip, "ROUND_TRIPS", 40)
+    ctx = BenchContext(Cluster.of(kafka_bootstrap), Params(), Reporter(quiet=True), samples_dir(), "session broker")
+    out = round_trip.measure(ctx, side, dialogs)  # raises unless every reply came back in time
+    d = out["detail"]
+    assert d["round_trips"] == 40
+    assert 0 < out["value"] == d["p50_ms"] <= d["p99_ms"]
