@@ -279,7 +279,7 @@ def test_revoking_partitions_that_still_wait_for_their_offsets_finishes_the_revo
         cv,
         settle_revoked=lambda revoked, since, lost: settled.append(revoked),
         forget_revoked=lambda revoked: None,
-        commit_barrier=lambda: None,
+        commit_barrier=lambda serve: None,
         on_assign=lambda: None,
     )
     consumer = BindingConsumer()
@@ -306,7 +306,7 @@ def test_an_expulsion_after_a_refused_assignment_still_finishes_the_revocation()
         cv,
         settle_revoked=lambda revoked, since, lost: None,
         forget_revoked=lambda revoked: None,
-        commit_barrier=lambda: None,
+        commit_barrier=lambda serve: None,
         on_assign=lambda: None,
     )
     consumer = BindingConsumer()

@@ -41,7 +41,9 @@ class Consumer:
         pass
 
 
-def receiver_with_records(consumer: Consumer, count: int, barrier: Callable[[], None] = lambda: None) -> QueueReceiver:
+def receiver_with_records(
+    consumer: Consumer, count: int, barrier: Callable[[Callable[[], None]], None] = lambda serve: None
+) -> QueueReceiver:
     receiver = QueueReceiver(
         "nowhere:1", "test", "Q", topic=TOPIC, dead_letter=lambda *a: None, revoke_grace=0.0, commit_barrier=barrier
     )
@@ -90,7 +92,7 @@ def test_a_rollback_while_the_revocation_waits_for_the_transaction_puts_nothing_
     consumer = Consumer()
     taken: list[Any] = []
 
-    def transaction_fails() -> None:
+    def transaction_fails(serve: Callable[[], None]) -> None:
         for lease in taken:
             receiver.exclude([lease])
             receiver.release(lease, committed=False)

@@ -57,14 +57,17 @@ class PartitionAssignment:
         *,
         settle_revoked: Callable[[set[int], float, bool], None],
         forget_revoked: Callable[[set[int]], None],
-        commit_barrier: Callable[[], None],
+        commit_barrier: Callable[[Callable[[], None]], None],
+        serve_commits: Callable[[Consumer], None] = lambda consumer: None,
         on_assign: Callable[[], None],
         read_committed: ReadCommitted | None = None,
         fence_hanging: Callable[[list[TopicPartition]], object] | None = None,
     ):
         self.topic, self._queue, self._cluster, self._cv = topic, queue, cluster, cv
         self._settle_revoked, self._forget_revoked = settle_revoked, forget_revoked
-        self._commit_barrier = commit_barrier
+        # The barrier runs `serve` while it waits: the offset commits the committer handed this
+        # poll thread, which is here, inside its rebalance callback (kafka/receive/poll_commits.py).
+        self._commit_barrier, self._serve_commits = commit_barrier, serve_commits
         self._on_assign_hook = on_assign
         self._read_committed = read_committed or self.committed_by_reader
         # Given the partitions that have waited FENCE_AFTER seconds, ends the Kafka transaction a
@@ -305,7 +308,7 @@ class PartitionAssignment:
                     self.waiting.pop(p, None)  # never handed to the consumer
                 self._settle_revoked(revoked, since, lost)
             # A Kafka transaction already carrying offsets of these partitions finishes first.
-            self._commit_barrier()
+            self._commit_barrier(lambda: self._serve_commits(consumer))
             with self._cv:
                 for p in revoked:
                     self.offsets.pop(p, None)

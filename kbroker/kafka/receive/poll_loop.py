@@ -24,11 +24,13 @@ from kbroker.errors import PermissionDeniedError, denied_code
 from kbroker.kafka import clients, messages
 from kbroker.kafka.receive.group_protocol import group_settings
 from kbroker.kafka.receive.partition_assignment import PartitionAssignment
+from kbroker.kafka.receive.poll_commits import PollCommits
 
 log = logging.getLogger("kbroker.receiver")
 
 QUEUED_MAX_KBYTES = 16 * 1024  # librdkafka read-ahead per consumer (see consumer_settings)
 POLL_RECORDS, POLL_WAIT = 500, 0.1  # records per poll at most; seconds a poll waits for the first
+COMMIT_WAIT = 0.002  # the wait instead while a transaction holds messages (poll_commits.py)
 
 
 def decode_envelope(rec: KafkaRecord) -> Envelope:
@@ -83,6 +85,7 @@ class PollLoop:
         report_interval: float,
         cluster: Cluster,
         wake: Callable[[int], None] | None = None,
+        busy: Callable[[], bool] = lambda: False,
     ):
         self._queue, self._cv, self._buffer, self._assignment = queue, cv, buffer, assignment
         self._cluster = cluster  # a refusal names its principal
@@ -98,6 +101,9 @@ class PollLoop:
         self.refused: Exception | None = None
         self._thread: threading.Thread | None = None
         self._failed_duty = ""  # the last failed duty logged (_duty_failed)
+        # The committer's offset commits, made here between polls (kafka/receive/poll_commits.py);
+        # `busy` (asked under cv): a transaction holds messages, so one may come at any moment.
+        self.commits, self._busy = PollCommits(), busy
 
     def start(self, consumer: Consumer) -> None:
         """Subscribe `consumer` to the queue topic (with the assignment's rebalance callbacks)
@@ -121,12 +127,22 @@ class PollLoop:
             self._thread.join(timeout=timeout)
 
     def _run(self, consumer: Consumer) -> None:
+        try:
+            self._loop(consumer)
+        finally:
+            self.commits.close()
+
+    def _loop(self, consumer: Consumer) -> None:
         while not self._closed():
             try:
+                self.commits.serve(consumer, self._cv)
+                with self._cv:
+                    soon = self._busy() or self.commits.waiting()
                 # Back as soon as one record is there (consume(500, 0.1) waits out the 100 ms
                 # unless 500 come: every delivery waited), with what else is fetched already;
-                # the wait bounds how long the rebalance, pause and report duties below wait.
-                records = clients.consume_soon(consumer, POLL_RECORDS, POLL_WAIT)
+                # the wait bounds how long the rebalance, pause and report duties below wait,
+                # and a commit handed over while a transaction holds messages (COMMIT_WAIT).
+                records = clients.consume_soon(consumer, POLL_RECORDS, COMMIT_WAIT if soon else POLL_WAIT)
                 self.group_meta = consumer.consumer_group_metadata()
             except BaseException as exc:  # closed under us, a fatal consumer error, or a callback's
                 # error re-raised by librdkafka's binding (not always an Exception subclass)

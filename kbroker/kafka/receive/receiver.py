@@ -20,6 +20,7 @@ kbroker.core.receive.group_buffer.
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 from typing import Any, Callable
@@ -33,6 +34,7 @@ from kbroker.core.dialogs.conversation_endpoint import handle_for
 from kbroker.core.dialogs.envelope import Envelope, Message
 from kbroker.core.frozen import built
 from kbroker.core.receive.group_buffer import Buffered, GroupBuffer
+from kbroker.core.receive.receive_lease import lost_partition
 from kbroker.kafka.receive.open_transaction_fence import OpenTransactionFence
 from kbroker.kafka.receive.partition_assignment import HANGING_AFTER, PartitionAssignment
 from kbroker.kafka.receive.poll_loop import QUEUED_MAX_KBYTES, PollLoop, consumer_settings, decode_envelope
@@ -55,7 +57,7 @@ class QueueReceiver:
         dead_letter: Callable[["QueueReceiver", KafkaRecord, str], None],
         max_buffered: int = 20_000,
         revoke_grace: float = 5.0,
-        commit_barrier: Callable[[], None] = lambda: None,
+        commit_barrier: Callable[[Callable[[], None]], None] = lambda serve: None,
         topic: str | None = None,
         on_assign: Callable[[], None] = lambda: None,
         report: Callable[[dict[str, Any]], None] | None = None,
@@ -86,6 +88,7 @@ class QueueReceiver:
             settle_revoked=lambda revoked, since, lost: self._leases.settle_revoked(revoked, since, lost=lost),
             forget_revoked=lambda revoked: self._leases.forget_revoked(revoked),
             commit_barrier=commit_barrier,
+            serve_commits=lambda consumer: self._poll.commits.serve(consumer, self._cv),
             on_assign=on_assign,
             # Looked up on every question, so a test can stand in for the offsets reader.
             read_committed=lambda partitions: self._committed_by_reader(partitions),
@@ -116,6 +119,8 @@ class QueueReceiver:
             report_interval=report_interval,
             cluster=self._cluster,
             wake=lambda records: self._leases.wake(records),
+            # A commit may come soon: records buffered (a RECEIVE is about to take them) or leased.
+            busy=lambda: self._buffer.buffered > 0 or not self._leases.quiet(),
         )
 
     def start(self) -> "QueueReceiver":
@@ -307,6 +312,20 @@ class QueueReceiver:
     def exclude(self, leases: list[Lease]) -> None:
         """The Kafka transaction aborted: the offsets are incomplete again."""
         self._leases.exclude(leases)
+
+    def commit_offsets(
+        self, offsets: list[TopicPartition], leases: list[Lease]
+    ) -> concurrent.futures.Future[list[TopicPartition]]:
+        """Commit `offsets` (what include(`leases`) gave) with the consumer's own offset commit,
+        no Kafka transaction: the poll thread makes it (kafka/receive/poll_commits.py), unless a
+        lease's partition was revoked meanwhile. The future holds Consumer.commit's answer or
+        its exception."""
+        return self._poll.commits.submit(
+            offsets,
+            lambda: (
+                not any(lost_partition(lease.offsets, lease.assignments, self._assignment.offsets) for lease in leases)
+            ),
+        )
 
     def release(self, lease: Lease, committed: bool) -> None:
         """End a lease. Not committed: its records go back to the head of their group, in order

@@ -179,7 +179,7 @@ def transport_receiver(
     topic: str,
     *,
     dead_letter: Callable[[QueueReceiver, KafkaRecord, str], None],
-    commit_barrier: Callable[[], None],
+    commit_barrier: Callable[[Callable[[], None]], None],
     max_buffered: int = 20_000,
     revoke_grace: float = 5.0,
     committer_ids: tuple[str, ...] | None = None,

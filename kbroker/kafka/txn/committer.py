@@ -49,6 +49,7 @@ from kbroker.kafka import clients
 from kbroker.kafka.txn.close_open import OpenTransaction
 from kbroker.kafka.txn.commit_requests import CommitRequest, Lease, refused_requests
 from kbroker.kafka.txn.guarded import CallDeadlineExceeded, TransactionFailed, transact
+from kbroker.kafka.txn.offset_commit import OffsetCommits
 from kbroker.kafka.txn.producer_ring import ProducerRing, Slot
 from kbroker.kafka.txn.settling import GROUP_FENCES, Positions, Settler
 
@@ -125,6 +126,12 @@ class GroupCommitter:
             open_transaction_after=open_transaction_after,
             closed=lambda: self._closed,
         )
+        self._offsets = OffsetCommits(
+            transaction_deadline,
+            lambda err, offsets: clients.denied(
+                self._cluster, err, "committing a queue's offsets", group=("READ", offsets[0].topic)
+            ),
+        )
         self.holder = holder_of(self.transactional_ids, namespace)  # what its offsets' metadata names
         self._queue: queue.Queue[CommitRequest | None] = queue.Queue()
         self._busy = threading.Lock()  # held while a Kafka transaction is under way
@@ -141,6 +148,11 @@ class GroupCommitter:
     def transactional_ids(self) -> tuple[str, ...]:
         """The ring's transactional ids: fencing them stops this committer's open transactions."""
         return self._ring.transactional_ids
+
+    @property
+    def direct_commits(self) -> int:
+        """Batches that wrote nothing, committed with a queue consumer's offset commit."""
+        return self._offsets.commits
 
     @property
     def generation(self) -> int:
@@ -186,10 +198,13 @@ class GroupCommitter:
         if request.error is not None:
             raise request.error
 
-    def barrier(self) -> None:
-        """Return once no Kafka transaction is under way (used when partitions are revoked)."""
-        with self._busy:
-            pass
+    def barrier(self, serve: Callable[[], None] = lambda: None) -> None:
+        """Return once no Kafka transaction is under way (used when partitions are revoked),
+        running `serve` every 5 ms meanwhile: the offset commits handed to the waiting poll
+        thread (kafka/receive/poll_commits.py), which the batch under way may wait for."""
+        while not self._busy.acquire(timeout=0.005):
+            serve()
+        self._busy.release()
 
     def _run(self) -> None:
         while True:
@@ -246,6 +261,11 @@ class GroupCommitter:
         for req in batch:
             for lease in req.leases:
                 by_receiver.setdefault(lease.receiver, []).append(lease)
+        held_up = self._offsets.settled(list(by_receiver))  # a direct commit still in doubt
+        if held_up is not None:
+            for req in batch:
+                req.finish(held_up)
+            return
         positions: Positions = {}
         for receiver, leases in by_receiver.items():
             tps = receiver.include(leases)
@@ -260,9 +280,12 @@ class GroupCommitter:
                 TopicPartition(tp.topic, tp.partition, tp.offset, metadata=with_holder(tp.metadata or "", self.holder))
                 for tp in tps
             ]
+        metrics.of(metrics.GROUP_COMMIT_SIZE, self._namespace).observe(len(batch))
+        if self._offsets.took(batch, by_receiver, positions):  # wrote nothing: no Kafka transaction
+            self.batches += 1
+            return
         slot = self._ring.take_turn()
         deadline, began = Deadline(self._transaction_deadline), time.time()
-        metrics.of(metrics.GROUP_COMMIT_SIZE, self._namespace).observe(len(batch))
         try:
             self._transact(slot, batch, positions, deadline)
         except TransactionFailed as failed:
