@@ -65,6 +65,12 @@ KAFKA_TRANSACTION_SECONDS = Histogram(
     ["namespace"],
     buckets=LATENCY_BUCKETS,
 )
+OFFSET_COMMIT_SECONDS = Histogram(
+    "kbroker_offset_commit_seconds",
+    "One group commit that wrote nothing: the queue consumer's offset commit, no Kafka transaction.",
+    ["namespace"],
+    buckets=LATENCY_BUCKETS,
+)
 GROUP_COMMIT_SIZE = Histogram(
     "kbroker_group_commit_transactions",
     "kbroker transactions committed together in one Kafka transaction.",

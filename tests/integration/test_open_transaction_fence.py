@@ -50,6 +50,8 @@ CHILD = textwrap.dedent("""
     for _ in range(2):
         with broker.transaction() as tx:
             got = tx.receive("ExpenseQueue", top=1, wait=60)
+            # A reply, so the commit is a Kafka transaction (one that wrote nothing is not).
+            tx.send(got[0].conversation_handle, "//Adventure-Works.com/Expenses/ExpenseApproval", {})
             print(got[0].body.decode(), flush=True)
 """)
 

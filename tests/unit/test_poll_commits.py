@@ -118,3 +118,16 @@ def test_an_unanswered_commit_is_in_doubt_and_holds_back_its_receivers_next_comm
     assert isinstance(held, errors.TransactionAbortedError)
     stuck.commits.serve(Consumer(), threading.RLock())  # it is answered at last
     assert direct.settled([stuck]) is None and direct.settled([stuck]) is None
+
+
+def test_nothing_completed_is_committed_at_once_without_a_request():
+    """GET CONVERSATION GROUP, or a rollback to a savepoint before every RECEIVE: no offsets (or
+    none librdkafka finds to commit, _NO_OFFSET): committed, nothing sent."""
+    quiet, direct = Receiver(Consumer()), OffsetCommits(1.0, denied)
+    reqs = batch()
+    assert direct.took(reqs, {quiet: []}, {quiet: []}) and reqs[0].error is None
+    assert quiet.consumer.commits == []
+    none_valid = Receiver(Consumer(KafkaError(KafkaError._NO_OFFSET)))
+    reqs = batch()
+    assert direct.took(reqs, {none_valid: []}, {none_valid: tps(-1001)}) and reqs[0].error is None
+    assert direct.commits == 2

@@ -281,7 +281,9 @@ class GroupCommitter:
                 for tp in tps
             ]
         metrics.of(metrics.GROUP_COMMIT_SIZE, self._namespace).observe(len(batch))
+        started = time.monotonic()
         if self._offsets.took(batch, by_receiver, positions):  # wrote nothing: no Kafka transaction
+            metrics.of(metrics.OFFSET_COMMIT_SECONDS, self._namespace).observe(time.monotonic() - started)
             self.batches += 1
             return
         slot = self._ring.take_turn()

@@ -77,6 +77,9 @@ class OffsetCommits:
         return True
 
     def _commit(self, receiver: Any, offsets: list[TopicPartition], leases: list[Lease]) -> Exception | None:
+        if not offsets:  # nothing completed (GET CONVERSATION GROUP, a rollback to a savepoint)
+            self.commits += 1
+            return None
         future = receiver.commit_offsets(offsets, leases)
         try:
             done = future.result(timeout=self._deadline)
@@ -93,7 +96,10 @@ class OffsetCommits:
         self.commits += 1
         return None
 
-    def _failure(self, err: KafkaError, offsets: list[TopicPartition]) -> Exception:
+    def _failure(self, err: KafkaError, offsets: list[TopicPartition]) -> Exception | None:
+        if err.code() == KafkaError._NO_OFFSET:  # none of them moved: nothing to commit
+            self.commits += 1
+            return None
         if denied_code(err):
             return self._denied(err, offsets)  # refused again if retried: not retriable
         if err.code() in GROUP_FENCES:
