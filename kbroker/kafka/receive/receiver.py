@@ -119,8 +119,8 @@ class QueueReceiver:
             report_interval=report_interval,
             cluster=self._cluster,
             wake=lambda records: self._leases.wake(records),
-            # A commit may come soon: records buffered (a RECEIVE is about to take them) or leased.
-            busy=lambda: self._buffer.buffered > 0 or not self._leases.quiet(),
+            # A commit may come soon: records leased, or buffered while a RECEIVE waits for them.
+            busy=lambda: not self._leases.quiet() or (self._taking > 0 and self._buffer.buffered > 0),
         )
 
     def start(self) -> "QueueReceiver":
