@@ -78,3 +78,22 @@ def web_token(file: str | os.PathLike[str] | None = None) -> str | None:
             raise ValueError(f"the web token file {os.fspath(path)} is empty")
         return token
     return os.environ.get("KBROKER_WEB_TOKEN", "").strip() or None
+
+
+HOT_ENDPOINTS = 20_000  # endpoints (and each per-endpoint map) a process keeps in memory
+
+
+def hot_endpoints() -> int:
+    """How many endpoints a process's endpoint cache keeps in memory before it moves the least
+    recently used to its private database (kafka/dialogs/spill.py): KBROKER_HOT_ENDPOINTS, else
+    20,000 (about 60 MB). A positive integer; anything else is refused with its name."""
+    raw = os.environ.get("KBROKER_HOT_ENDPOINTS", "").strip()
+    if not raw:
+        return HOT_ENDPOINTS
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"KBROKER_HOT_ENDPOINTS must be a positive integer, not {raw!r}")
+    return n

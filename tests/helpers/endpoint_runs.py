@@ -35,6 +35,11 @@ REQUESTS, AUDIT_CONTRACT = "//kbroker/test/Requests", "//kbroker/test/Audit"
 YAML = Path(__file__).resolve().parent.parent / "data" / "endpoint_run.yaml"
 
 
+def _spill_report(broker, log_file: str) -> None:
+    """What the process's endpoint cache moved to disk and read back (the run's HOT setting)."""
+    Path(log_file + ".spill").write_text(json.dumps(broker.runtime.endpoints.spill_counts()))
+
+
 def _log(path: str):
     return open(path, "a", buffering=1)
 
@@ -76,6 +81,7 @@ def sender(bootstrap: str, namespace: str, handles_file: str, stop_file: str, lo
                 except ConversationClosedError:
                     ended.add(h)  # the ender got there first: nothing was sent
             time.sleep(0.05)
+        _spill_report(broker, log_file)
 
 
 def ender(bootstrap: str, namespace: str, handles_file: str, log_file: str, seed: int, spread: float) -> None:
@@ -92,6 +98,7 @@ def ender(bootstrap: str, namespace: str, handles_file: str, log_file: str, seed
                 mid = tx.send(h, REQUEST, {"from": "ender"})
                 tx.end_conversation(h)
             log.write(json.dumps({"id": mid, "handle": h, "ended": True}) + "\n")
+        _spill_report(broker, log_file)
 
 
 def reader(bootstrap: str, namespace: str, readers: int, stop_file: str, log_file: str, seed: int) -> None:
@@ -144,6 +151,7 @@ def reader(bootstrap: str, namespace: str, readers: int, stop_file: str, log_fil
         t.start()
     for t in threads:
         t.join()
+    _spill_report(broker, log_file)
     broker.close()
 
 

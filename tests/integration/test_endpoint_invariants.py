@@ -3,6 +3,7 @@ conversation endpoint). See tests/helpers/endpoint_runs.py for what each process
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -20,6 +21,10 @@ from tests.helpers import endpoint_runs as run
 
 _STARTED: list[subprocess.Popen] = []
 SENT_BEFORE_ENDS = 160  # requests on the 40 dialogs before the first is ended
+# Every process keeps 4 endpoints in memory and the rest in its cache's database
+# (kafka/dialogs/spill.py), so the run's statements read their endpoints, leases and sequence
+# reservations back from disk all the time: what a process past its memory tier does.
+HOT = "4"
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +38,8 @@ def _no_process_outlives_its_test():
 
 
 def start(*args: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.endpoint_runs", *args], cwd=ROOT)
+    env = {**os.environ, "KBROKER_HOT_ENDPOINTS": HOT}
+    proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.endpoint_runs", *args], cwd=ROOT, env=env)
     _STARTED.append(proc)
     return proc
 
@@ -43,7 +49,8 @@ def test_two_processes_per_side_ending_sending_disabling_and_killed(kafka_bootst
     sent 160 requests another starts sending once and ending each, spread over 15 s. Target
     side: two reader processes (four threads each, random rollbacks); the test turns the queue
     OFF and ON twice and kill -9s one reader mid-run. Lost, duplicated, out of order, delivered
-    after EndDialog, EndDialogs missing, group lock overlaps: all 0. Before the conversation
+    after EndDialog, EndDialogs missing, group lock overlaps: all 0, with every process's endpoint
+    cache past its memory tier (HOT). Before the conversation
     lease, the two initiator processes numbered one dialog's messages from blocks of their own
     (order broken) and reused numbers."""
     apply_paths(kafka_bootstrap, namespace, [run.YAML])
@@ -102,6 +109,9 @@ def test_two_processes_per_side_ending_sending_disabling_and_killed(kafka_bootst
         report.ends_missing,
         report.lock_violations[:3],
     )
+    for name in ("sender", "ender", "a"):  # the processes that ended cleanly: each used its disk tier
+        spill = json.loads((tmp_path / f"{name}.jsonl.spill").read_text())
+        assert spill["on_disk"] > 0 and spill["read_back"] > 0, (name, spill)
     dead = [m for m in (run.read_audit(kafka_bootstrap, names.deadletter_topic(namespace)) or [])]
     assert dead == [], f"{len(dead)} messages dead-lettered (a SEND after its dialog ended)"
 

@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from confluent_kafka import Message, Producer
 
+from kbroker import config
 from kbroker.core import names
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.dialogs.conversation_endpoint import (
@@ -37,6 +38,7 @@ from kbroker.core.dialogs.send_sequence import (
 from kbroker.core.rejected import Rejected
 from kbroker.errors import BrokerUnavailableError, ConversationNotFoundError
 from kbroker.kafka.dialogs.forward_reader import ForwardReader
+from kbroker.kafka.dialogs.spill import SpillMap, SpillStore
 from kbroker.kafka.rejects import Rejects
 
 log = logging.getLogger("kbroker.endpoints")
@@ -60,26 +62,37 @@ class EndpointStore:
     """
 
     def __init__(
-        self, cluster: ClusterLike, namespace: str, producer: Producer | None, *, continue_sequences: bool = True
+        self,
+        cluster: ClusterLike,
+        namespace: str,
+        producer: Producer | None,
+        *,
+        continue_sequences: bool = True,
+        hot_endpoints: int | None = None,
     ):
         # producer None: a store that only reads (views, the reclaim): see read_endpoints.
         # continue_sequences=False: show records as written (views), not where SENDs would go on.
         self._continue_sequences = continue_sequences
         self.topic = names.endpoints_topic(namespace)
         self._producer = producer
-        self._cache: dict[str, Endpoint] = {}
-        self._by_group: dict[str, set[str]] = {}  # conversation group -> handles in the cache
-        self._closed_at: dict[str, float] = {}  # CLOSED endpoints in the cache: when they closed
+        # Every map keyed by handle (or group) keeps its last `hot` entries in memory and the rest
+        # in the store's private database (spill.py): memory bounded whatever the dialogs.
+        self._spill = SpillStore()
+        spill, hot = self._spill, hot_endpoints or config.hot_endpoints()
+        self._cache: SpillMap[Endpoint] = SpillMap(spill, "endpoints", hot)
+        self._by_group: SpillMap[tuple[str, ...]] = SpillMap(spill, "groups", hot)  # group -> handles
+        # CLOSED endpoints in the cache: when they closed (epoch seconds)
+        self._closed_at: SpillMap[float] = SpillMap(spill, "closed_at", hot, ordered=True)
         self.grace = CLOSED_GRACE_SECONDS
         self._pruned = time.monotonic()
         # The exact state of endpoints whose next sequence the topic does not say (a block
         # reserved and not used up): written at a clean close, so the next process goes on exactly.
-        self._unwritten: dict[str, Endpoint] = {}
-        self._mine: dict[str, int] = {}  # the highest sequence reservation this process made
-        self._chains: dict[str, tuple[str, ...]] = {}
-        self._leases: dict[str, SendLease] = {}  # each side's conversation lock, as the topic decides it
-        self._wants: dict[str, Want] = {}  # the last process that said it waits for each lease
-        self._floor: dict[str, int] = {}  # where a lease this process took says its SENDs start
+        self._unwritten: SpillMap[Endpoint] = SpillMap(spill, "unwritten", hot)
+        self._mine: SpillMap[int] = SpillMap(spill, "mine", hot)  # the highest sequence reservation made here
+        self._chains: SpillMap[tuple[str, ...]] = SpillMap(spill, "chains", hot)
+        self._leases: SpillMap[SendLease] = SpillMap(spill, "leases", hot)  # each side's conversation lock
+        self._wants: SpillMap[Want] = SpillMap(spill, "wants", hot)  # the last process waiting for each lease
+        self._floor: SpillMap[int] = SpillMap(spill, "floor", hot)  # where a lease taken here says SENDs start
         self._reader = ForwardReader(Cluster.of(cluster), namespace, self.topic, self._apply, self._prune)
         self.fresh_for = FRESH_FOR
         # A record that is not an endpoint's is skipped and logged here; the worker's 5th-tick
@@ -170,7 +183,10 @@ class EndpointStore:
         if old is not None and old.conversation_group_id != ep.conversation_group_id:
             self._unindex(handle, old.conversation_group_id)
         self._cache[handle] = ep
-        self._by_group.setdefault(ep.conversation_group_id, set()).add(handle)
+        group = ep.conversation_group_id
+        handles = self._by_group.get(group, ())
+        if handle not in handles:
+            self._by_group[group] = (*handles, handle)
         if ep.state == CLOSED:
             self._closed_at.setdefault(handle, written_at)
         else:
@@ -187,17 +203,19 @@ class EndpointStore:
 
     def _unindex(self, handle: str, group: str) -> None:
         handles = self._by_group.get(group)
-        if handles is not None:
-            handles.discard(handle)
-            if not handles:
-                del self._by_group[group]
+        if handles is not None and handle in handles:
+            left = tuple(h for h in handles if h != handle)
+            if left:
+                self._by_group[group] = left
+            else:
+                self._by_group.pop(group)
 
     def _prune(self, now: float) -> None:
         """Drop endpoints CLOSED for longer than the grace period (at most once a minute)."""
         if time.monotonic() - self._pruned < 60.0:
             return
         self._pruned = time.monotonic()
-        for handle in [h for h, at in self._closed_at.items() if now - at >= self.grace]:
+        for handle in self._closed_at.below(now - self.grace + 1e-9):
             self._forget(handle)
 
     def in_group(self, group: str) -> list[Endpoint]:
@@ -345,9 +363,22 @@ class EndpointStore:
         if ep is not None:
             self.put(block_released(ep))
 
+    def spill_counts(self) -> dict[str, int]:
+        """What the cache keeps (entries in memory and on disk, over all its maps) and how often
+        it moved an entry to disk and read one back (a miss of the memory tier)."""
+        maps = [m for m in vars(self).values() if isinstance(m, SpillMap)]
+        on_disk = sum(len(m) for m in maps) - sum(m.in_memory for m in maps)
+        return {
+            "in_memory": sum(m.in_memory for m in maps),
+            "on_disk": on_disk,
+            "spilled": sum(m.spilled for m in maps),
+            "read_back": sum(m.read_back for m in maps),
+        }
+
     def close(self) -> None:
-        """Close the reading consumer (the shared producer is its owner's)."""
+        """Close the reading consumer and the cache's database (the shared producer is its owner's)."""
         self._reader.close()
+        self._spill.close()
 
 
 def read_endpoints(cluster: ClusterLike, namespace: str, *, as_written: bool = False) -> list[Endpoint]:
