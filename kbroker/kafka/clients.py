@@ -48,6 +48,9 @@ MAX_MESSAGE_BYTES = CLIENT_LIMIT  # the largest record any kbroker topic takes, 
 _RECONNECTING = (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN)
 
 
+READ_AHEAD_KBYTES = 4_096  # per consumer; a queue reader's own is larger (receive/poll_loop.py)
+
+
 def is_transient(err: KafkaError) -> bool:
     """Whether a consumer's error event is one librdkafka recovers from by itself (a lost
     connection, brokers down for a moment): a reader keeps polling rather than failing. An
@@ -148,7 +151,15 @@ def consumer(cluster: ClusterLike, group_id: str, **overrides: Any) -> Consumer:
     return Consumer(
         base(
             cluster,
-            **{"group.id": group_id, "enable.auto.commit": False, "isolation.level": "read_committed", **overrides},
+            **{
+                "group.id": group_id,
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                # librdkafka reads ahead up to 64 MiB a consumer by default, outside Python's heap:
+                # with a process's dozen consumers, most of its memory (docs/endpoints.md).
+                "queued.max.messages.kbytes": READ_AHEAD_KBYTES,
+                **overrides,
+            },
         )
     )
 
