@@ -67,6 +67,7 @@ SYSTEM_TOPICS = (
     "inbound",
     "acks",
     "transport",
+    "holds",
 )
 
 
@@ -265,6 +266,11 @@ def catalog_topic(ns: str) -> str:
 
 def endpoints_topic(ns: str) -> str:
     return system_topic(ns, "endpoints")
+
+
+def holds_topic(ns: str) -> str:
+    """Conversation group holds across processes (core/dialogs/group_hold.py)."""
+    return system_topic(ns, "holds")
 
 
 def events_topic(ns: str) -> str:

@@ -144,6 +144,9 @@ class Broker:
             rt.endpoints.put(ep)
             produce(rt.statements.lease_record(lease))
         rt.send_leases.holding(lease)
+        related = kw.get("related_conversation") is not None or kw.get("related_conversation_group") is not None
+        if not related:
+            rt.fresh_groups.add(ep.conversation_group_id)  # its first transaction takes no hold (group_locks.py)
         return ep.conversation_handle
 
     @overload

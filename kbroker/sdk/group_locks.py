@@ -1,12 +1,16 @@
 """The conversation group locks one transaction holds for its statements (core/dialogs/group_lock.py
-says which): each is taken in the process's receiver of the group's queue, the very lock RECEIVE
-and GET CONVERSATION GROUP take, and ends with the transaction.
+says which), until it ends.
 
-Where this process runs no receiver of the queue, nothing here RECEIVEs from it, and the lock is
-the group's name among the process's conversation locks (core/dialogs/locks.py): it keeps two
-transactions of the process that only send from holding the group at once. Across processes the
-group lock is the partition's: only the process that owns the group's partition receives from
-it, so a statement in another process is not excluded from a RECEIVE there (docs/sdk.md, Locks).
+Where this process's receiver of the group's queue serves the group's partition, the lock is the
+one RECEIVE and GET CONVERSATION GROUP take there. Anywhere else, the group's name among the
+process's conversation locks (core/dialogs/locks.py) keeps this process's other transactions
+off it, and a hold on the holds topic (kafka/dialogs/group_holds.py) keeps every other process
+off it: the partition's reader grants it once no transaction there holds the group, and keeps
+RECEIVE and GET CONVERSATION GROUP off the group until the hold ends. A group BEGIN DIALOG makes
+takes no hold: no other process can know it before the transaction commits. Nor does the first
+transaction after BEGIN DIALOG made one outside a transaction (`FreshGroups`): until a message
+on it goes out, nothing can arrive in the group for another process to RECEIVE, and no other
+process knows its handle unless the application gave it away at once.
 """
 
 from __future__ import annotations
@@ -27,17 +31,24 @@ class GroupLocks:
         self._runtime, self._owner = runtime, owner
         self._leases: dict[GroupKey, Lease] = {}  # taken in a receiver of this process
         self._named: set[GroupKey] = set()  # taken among the conversation locks (no receiver here)
+        self._held: set[GroupKey] = set()  # of those, the ones held on the holds topic too
 
-    def lock(self, ep: Endpoint, group: str | None = None) -> None:
+    def lock(self, ep: Endpoint, group: str | None = None, *, new: bool = False) -> None:
         """Lock the group of `ep` (or `group`, of its queue) until release(), waiting up to the
-        lock time-out: ConversationGroupLockTimeoutError when another transaction holds it."""
+        lock time-out: ConversationGroupLockTimeoutError when another transaction holds it.
+        `new`: a group BEGIN DIALOG just made (no other process can hold it)."""
         rt = self._runtime
         key = group_key(ep, rt.statements.queue_of(ep.service_name), group)
         if key in self._leases or key in self._named:
             return
         timeout = rt.conversation_locks.timeout
         receiver = rt.receivers().get(key.receiver)
-        if receiver is not None and not receiver.closed:
+        topic = rt.queue_topic_of(key.queue, key.instance)
+        holds = None if new or rt.fresh_groups.take(key.group) else rt.group_holds
+        serves = receiver is not None and not receiver.closed
+        if serves and receiver is not None and holds is not None:
+            serves = receiver.owns(holds.partition_for(topic, key.group, timeout))
+        if serves and receiver is not None:
             lease = receiver.lock_group(self._owner, key.group, timeout)
             if lease is None:
                 raise ConversationGroupLockTimeoutError(key.group, timeout, ep.conversation_handle)
@@ -48,6 +59,14 @@ class GroupLocks:
         except ConversationLockTimeoutError:
             raise ConversationGroupLockTimeoutError(key.group, timeout, ep.conversation_handle) from None
         self._named.add(key)
+        if holds is not None:
+            try:
+                holds.hold((key.queue, key.instance, key.group), topic, timeout, ep.conversation_handle)
+            except BaseException:
+                self._named.discard(key)
+                rt.conversation_locks.release([key.fallback], self._owner)
+                raise
+            self._held.add(key)
 
     def release(self, received: list[Lease]) -> None:
         """The transaction ended: its group locks go, but for those a RECEIVE of it went on to
@@ -55,6 +74,8 @@ class GroupLocks:
         for lease in self._leases.values():
             if lease not in received:
                 lease.receiver.release(lease, committed=False)  # it took nothing: nothing goes back
+        for key in self._held:
+            self._runtime.group_holds.done((key.queue, key.instance, key.group))
         if self._named:
             self._runtime.conversation_locks.release([k.fallback for k in self._named], self._owner)
-        self._leases, self._named = {}, set()
+        self._leases, self._named, self._held = {}, set(), set()

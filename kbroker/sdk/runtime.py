@@ -30,12 +30,14 @@ from kbroker.core.records import Record
 from kbroker.core.txn.commit_holder import transactional_id
 from kbroker.errors import PermissionDeniedError, QueueDisabledError, QueueNameCollisionError
 from kbroker.kafka.dialogs.conversation_endpoints import EndpointStore
+from kbroker.kafka.dialogs.group_holds import GroupHolds
 from kbroker.kafka.dialogs.send_leases import SendLeases
 from kbroker.kafka.queue_views import set_queue_status
 from kbroker.kafka.receive.receiver import QueueReceiver
 from kbroker.kafka.receive.rollbacks import RollbackLog
 from kbroker.kafka.security.permissions import SendChecks
 from kbroker.kafka.transport.secondary import ensure_secondary_queue
+from kbroker.sdk.fresh_groups import FreshGroups
 from kbroker.sdk.hooks import HookFanOut, ReceiveHooks
 from kbroker.sdk.process import ProcessRuntime
 
@@ -86,6 +88,9 @@ class BrokerRuntime(ProcessRuntime):
             lambda: self._transactional_ids,
             ack_timeout=ack_timeout,
         ).start()
+        # The group lock across processes (sdk/group_locks.py); its thread starts on first use.
+        self.group_holds = GroupHolds(cluster, namespace, self.process)
+        self.fresh_groups = FreshGroups()
 
     # --- SEND's permission ----------------------------------------------------------------------
 
@@ -136,6 +141,12 @@ class BrokerRuntime(ProcessRuntime):
         """STATUS of `queue` as known now, without reading Kafka (checked while a RECEIVE waits)."""
         return self.catalog.is_open(queue)
 
+    def queue_topic_of(self, queue: str, instance: str | None) -> str:
+        """The topic `queue`'s messages for `instance` (None: any) are read from."""
+        if instance is None:
+            return names.queue_topic(self.namespace, self.catalog.queue(queue).name)
+        return names.secondary_queue_topic(self.namespace, self.catalog.queue(queue).name, instance)
+
     def receiver(self, queue: str, instance: str | None = None) -> QueueReceiver:
         """The receiver of `queue`, or of its secondary queue for `instance`."""
         return self.receiver_for((queue, instance), functools.partial(self._new_receiver, queue, instance))
@@ -156,8 +167,12 @@ class BrokerRuntime(ProcessRuntime):
             # A partition that arrives may hold records of conversations moved by another
             # process since this one cached their endpoints: catch up first.
             on_assign=self.endpoints.refresh,
+            # The holds of other processes on groups of its partitions (sdk/group_locks.py).
+            on_owned=lambda partitions: self.group_holds.owned(q.name, instance, r, partitions),
+            on_disowned=lambda partitions: self.group_holds.disowned(q.name, instance, partitions),
             report=functools.partial(self._report_reader, queue),
-        ).start()
+        )
+        r.start()
         if instance is None:
             self._poison.watch(queue)  # poison counting covers the queues read here
         self._follow_rollbacks()
@@ -279,5 +294,6 @@ class BrokerRuntime(ProcessRuntime):
             self._poison.forget_all()
             self.endpoints.write_unwritten()  # exact sequences, so a restart leaves no gap
             self.send_leases.close()  # other processes need not wait for the leases to run out
+            self.group_holds.close()
             self.endpoints.close()
             self.producer.flush(self.ack_timeout)

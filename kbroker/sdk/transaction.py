@@ -217,7 +217,8 @@ class Transaction:
         rt.check_send(ep)  # SEND permission on the target service: refused before anything is staged
         if ep.instance is not None:
             rt.secondary_queue(rt.statements.queue_of(ep.service_name), ep.instance)  # replies land there
-        self._groups.lock(ep)  # its group: RELATED_CONVERSATION(_GROUP)'s, or a new one
+        related = kw.get("related_conversation") is not None or kw.get("related_conversation_group") is not None
+        self._groups.lock(ep, new=not related)  # its group: RELATED_CONVERSATION(_GROUP)'s, or a new one
         self._held.records.extend(rt.statements.lifetime_records(ep))
         self._held.stage(ep)
         self._held.created.add(ep.conversation_handle)

@@ -36,6 +36,7 @@ SYSTEM = {
     "inbound": (4, "delete"),
     "acks": (4, "compact"),
     "transport": (1, "compact,delete"),
+    "holds": (1, "delete"),
 }
 
 

@@ -1,8 +1,8 @@
 """The conversation group lock of the statements that touch a conversation (core/dialogs/group_lock.py):
 SEND, END CONVERSATION, BEGIN CONVERSATION TIMER, MOVE and BEGIN DIALOG in a related group lock
 the group of this side's endpoint until the transaction ends, the lock RECEIVE and GET
-CONVERSATION GROUP take, against the real broker. Threads of one process: across processes the
-group lock is the partition owner's (docs/sdk.md, Locks)."""
+CONVERSATION GROUP take, against the real broker. Threads of one process here; across processes
+test_group_holds.py runs the same race (docs/sdk.md, Locks)."""
 
 from __future__ import annotations
 
@@ -207,7 +207,7 @@ def test_send_only_transactions_never_overlap_a_get_conversation_group_holder(ns
 
 def test_the_race_counts_overlaps_without_the_statements_group_lock(ns_broker, monkeypatch):
     """The same run with the statements' group lock removed on purpose: the checker sees overlaps."""
-    monkeypatch.setattr(GroupLocks, "lock", lambda self, ep, group=None: None)
+    monkeypatch.setattr(GroupLocks, "lock", lambda self, ep, group=None, new=False: None)
     counts, overlaps, failures = race(ns_broker, 8)
     print(f"group race without the lock: {counts}, {len(overlaps)} overlaps")
     assert failures == []

@@ -172,20 +172,30 @@ def test_two_readers_never_hold_a_moved_conversation_at_once(kafka_bootstrap, na
     tx_a = broker.transaction()
     held = tx_a.receive("ExpenseQueue", top=1, wait=15)  # reader A holds the old group
     assert [m.message_sequence_number for m in held] == [1]
-    # Moved by another process: in this one MOVE would wait for A's group lock (group_lock.py);
-    # across processes the group lock is the partition owner's, so the move goes through now.
+    # Moved by another process: MOVE waits for A's group lock there too (a hold the reader
+    # grants once A ends, kafka/dialogs/group_holds.py).
+    moved = threading.Event()
     with Broker(kafka_bootstrap, namespace) as mover:
-        mover.move_conversation(target, g)
-    for i in range(4, 6):
-        broker.send(h, CLAIM, {"i": i})
-    # Reader B, meanwhile: the old group is locked by A, and nothing of the conversation can be
-    # in the new group before it passed through the old one.
-    seen_by_b: list = []
-    t = threading.Thread(target=lambda: seen_by_b.extend(broker.receive("ExpenseQueue", top=10, wait=3)))
-    t.start()
-    t.join()
-    assert seen_by_b == []
-    tx_a.commit()
+
+        def move() -> None:
+            mover.move_conversation(target, g)
+            moved.set()
+
+        t_move = threading.Thread(target=move)
+        t_move.start()
+        for i in range(4, 6):
+            broker.send(h, CLAIM, {"i": i})
+        # Reader B, meanwhile: the old group is locked by A, and nothing of the conversation can
+        # be in the new group before it passed through the old one.
+        seen_by_b: list = []
+        t = threading.Thread(target=lambda: seen_by_b.extend(broker.receive("ExpenseQueue", top=10, wait=3)))
+        t.start()
+        t.join()
+        assert seen_by_b == []
+        assert not moved.is_set(), "MOVE in another process went through while A held the group"
+        tx_a.commit()
+        t_move.join(30)
+        assert moved.is_set(), "MOVE did not get the group once A committed"
     # A rollback after the re-keying leaks no lock: the messages come back to the next reader.
     with pytest.raises(RuntimeError):
         with broker.transaction() as tx:

@@ -5,7 +5,9 @@ group moved to) lock the conversation group of this side's endpoint until the tr
 as RECEIVE and GET CONVERSATION GROUP do.
 
 The lock is the receive side's own: the group's entry in the queue receiver's group buffer
-(core/receive/group_buffer.py), held by a lease that takes no record. A statement waits for a
+(core/receive/group_buffer.py), held by a lease that takes no record. A process that does not
+read the group's partition holds it through the partition's reader (core/dialogs/group_hold.py),
+which keeps its receiver's entry for the holder. A statement waits for a
 group another transaction holds, up to the lock time-out, then fails with
 ConversationGroupLockTimeoutError: two transactions locking two groups in opposite order (a
 deadlock, SQL Server's error 1205) end, one statement or both failing, rather than hang.

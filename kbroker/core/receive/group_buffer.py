@@ -155,6 +155,9 @@ class GroupBuffer(Generic[H]):
         # The groups each owner locks, by id(owner) (an owner with a lock is alive: its lease
         # holds it): pick() looks at the picking owner's own groups without walking every lock.
         self._owned: dict[int, dict[str, None]] = {}  # insertion-ordered, as the locks are
+        # group -> the holder that locks it as soon as its current holder releases it: another
+        # process's hold (kafka/dialogs/group_holds.py), which would rarely find a busy group free.
+        self._reserved: dict[str, H] = {}
         self._buffered = 0
 
     @property
@@ -169,6 +172,9 @@ class GroupBuffer(Generic[H]):
     def holders(self) -> list[H]:
         """Every lease that locks a group."""
         return list(self._locked.values())
+
+    def has(self, group: str) -> bool:
+        return bool(self._groups.get(group))
 
     def records(self, group: str) -> list[Buffered]:
         """The group's buffered records in RECEIVE order (a copy)."""
@@ -308,6 +314,20 @@ class GroupBuffer(Generic[H]):
         self._locked_since.setdefault(group, now_ms)
         self._owned.setdefault(id(holder.owner), {})[group] = None
 
+    def reserve(self, holder: H, group: str, now_ms: int) -> bool:
+        """Lock `group` for `holder` now if nobody locks it (True), else as soon as its holder
+        releases it, before any other RECEIVE or statement can (False)."""
+        if group not in self._locked:
+            self._reserved.pop(group, None)
+            self.lock(holder, group, now_ms)
+            return True
+        self._reserved[group] = holder
+        return False
+
+    def unreserve(self, holder: H, group: str) -> None:
+        if self._reserved.get(group) is holder:
+            del self._reserved[group]
+
     def take_head(self, holder: H, group: str, now_ms: int) -> Buffered:
         """Lock `group` (one unlocked_heads() names) for `holder` and take its head record alone,
         expired or not; the rest of the group stays buffered, locked with it."""
@@ -326,12 +346,15 @@ class GroupBuffer(Generic[H]):
         it took, in the order taken) at the head of the group: a rollback."""
         if self._locked.get(group) is holder:
             del self._locked[group]
-            self._locked_since.pop(group, None)
+            since = self._locked_since.pop(group, None)
             owned = self._owned.get(id(holder.owner))
             if owned is not None:
                 owned.pop(group, None)
                 if not owned:
                     del self._owned[id(holder.owner)]
+            reserved = self._reserved.pop(group, None)
+            if reserved is not None:
+                self.lock(reserved, group, since or 0)
         self.put_back(group, back)
         ready = self._groups.get(group)
         if ready and group not in self._locked:

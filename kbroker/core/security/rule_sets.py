@@ -42,6 +42,13 @@ def sender_base(ns: str) -> list[Rule]:
             ("READ", "WRITE"),
             "conversation endpoints and the send leases that carry SEND's conversation locks",
         ),
+        Rule(
+            "TOPIC",
+            "LITERAL",
+            names.holds_topic(ns),
+            ("READ", "WRITE"),
+            "the conversation group lock across processes: a statement's hold on a group another process reads",
+        ),
         Rule("TOPIC", "LITERAL", names.timers_topic(ns), ("WRITE",), "BEGIN DIALOG ... LIFETIME: the dialog lifetime"),
         Rule(
             "TOPIC",
@@ -92,6 +99,13 @@ def receiver_base(ns: str) -> list[Rule]:
         Rule(
             "TOPIC",
             "LITERAL",
+            names.holds_topic(ns),
+            ("READ", "WRITE"),
+            "the group lock across processes: grants to other processes' holds on this reader's groups",
+        ),
+        Rule(
+            "TOPIC",
+            "LITERAL",
             names.events_topic(ns),
             ("READ", "WRITE"),
             "rollback counts of every process (poison-message handling), dead-letter events",
@@ -130,6 +144,7 @@ def reader(ns: str) -> list[Rule]:
 # the analytics results or the control topic (the analytics job's).
 _WORKER_WRITES = (
     names.endpoints_topic,
+    names.holds_topic,
     names.events_topic,
     names.deadletter_topic,
     names.timers_topic,

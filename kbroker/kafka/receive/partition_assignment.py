@@ -60,6 +60,8 @@ class PartitionAssignment:
         commit_barrier: Callable[[Callable[[], None]], None],
         serve_commits: Callable[[Consumer], None] = lambda consumer: None,
         on_assign: Callable[[], None],
+        on_owned: Callable[[list[int]], None] = lambda partitions: None,
+        on_disowned: Callable[[list[int]], None] = lambda partitions: None,
         read_committed: ReadCommitted | None = None,
         fence_hanging: Callable[[list[TopicPartition]], object] | None = None,
     ):
@@ -69,6 +71,9 @@ class PartitionAssignment:
         # poll thread, which is here, inside its rebalance callback (kafka/receive/poll_commits.py).
         self._commit_barrier, self._serve_commits = commit_barrier, serve_commits
         self._on_assign_hook = on_assign
+        # The group holds (kafka/dialogs/group_holds.py): told before a partition is served and
+        # once it is given up, so holds of other processes on its groups are kept.
+        self._on_owned, self._on_disowned = on_owned, on_disowned
         self._read_committed = read_committed or self.committed_by_reader
         # Given the partitions that have waited FENCE_AFTER seconds, ends the Kafka transaction a
         # dead process left open on them (kafka/receive/open_transaction_fence.py), on a thread of its own.
@@ -138,6 +143,11 @@ class PartitionAssignment:
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._on_assign_hook()
+        if partitions:
+            try:
+                self._on_owned(sorted(tp.partition for tp in partitions))
+            except Exception as exc:  # noqa: BLE001 - served anyway; the holds' own log says more
+                log.warning("group holds of %s %s not read before serving them: %s", self.topic, partitions, exc)
         with self._cv:
             for tp in partitions:
                 self.waiting.setdefault(tp.partition, time.monotonic())
@@ -316,6 +326,7 @@ class PartitionAssignment:
                     self._read_once.discard(p)
                 self._forget_revoked(revoked)
                 self._cv.notify_all()
+            self._on_disowned(sorted(revoked))
         finally:
             # Always, and only what the consumer holds. A callback that neither assigns nor
             # unassigns leaves it to the binding, and an unassign naming a partition the consumer

@@ -258,10 +258,29 @@ class LeaseBook:
                     return lease
                 if holder.owner is owner:
                     return holder
+                contended = getattr(holder.owner, "contended", None)
+                if contended is not None:
+                    contended()  # another process's hold (kafka/dialogs/group_holds.py): asked back
                 left = deadline - time.monotonic()
                 if left <= 0 or self._closed():
                     return None
                 self._wait(min(left, 0.5), taker=False)  # release() wakes every such waiter
+
+    def reserve_group(self, owner: Any, group: str) -> tuple[Lease, bool]:
+        """QueueReceiver.reserve_group: a lease locking `group` for `owner` now (True) or as soon
+        as its holder releases it (False)."""
+        with self._cv:
+            lease = Lease(self._receiver, group, owner)
+            return lease, self._buffer.reserve(lease, group, int(time.time() * 1000))
+
+    def holds(self, lease: Lease) -> bool:
+        with self._cv:
+            return lease.group is not None and self._buffer.holder(lease.group) is lease
+
+    def unreserve(self, lease: Lease) -> None:
+        with self._cv:
+            if lease.group is not None:
+                self._buffer.unreserve(lease, lease.group)
 
     def split(self, lease: Lease, offsets: list[tuple[int, int]]) -> Lease:
         """QueueReceiver.split: the records at `offsets` moved into a lease of their own."""

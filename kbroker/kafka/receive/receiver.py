@@ -60,6 +60,8 @@ class QueueReceiver:
         commit_barrier: Callable[[Callable[[], None]], None] = lambda serve: None,
         topic: str | None = None,
         on_assign: Callable[[], None] = lambda: None,
+        on_owned: Callable[[list[int]], None] = lambda partitions: None,
+        on_disowned: Callable[[list[int]], None] = lambda partitions: None,
         report: Callable[[dict[str, Any]], None] | None = None,
         report_interval: float = 2.0,
         new_consumer: Callable[[dict[str, Any]], Consumer] = Consumer,
@@ -90,6 +92,8 @@ class QueueReceiver:
             commit_barrier=commit_barrier,
             serve_commits=lambda consumer: self._poll.commits.serve(consumer, self._cv),
             on_assign=on_assign,
+            on_owned=on_owned,
+            on_disowned=on_disowned,
             # Looked up on every question, so a test can stand in for the offsets reader.
             read_committed=lambda partitions: self._committed_by_reader(partitions),
             fence_hanging=self._fence,
@@ -273,6 +277,28 @@ class QueueReceiver:
         holds it (owner's own, or a new one taking no record, ended by release()), waiting up to
         `timeout` s for another transaction's; None if that one did not end in time."""
         return self._leases.lock_group(owner, group, timeout)
+
+    def reserve_group(self, owner: Any, group: str) -> tuple[Lease, bool]:
+        """Lock `group` for `owner` (another process's hold) now, or as soon as the transaction
+        holding it ends, before anyone else here: the lease, and whether it locks the group yet
+        (holds() tells later). unreserve() withdraws it; release() ends it."""
+        return self._leases.reserve_group(owner, group)
+
+    def holds(self, lease: Lease) -> bool:
+        return self._leases.holds(lease)
+
+    def unreserve(self, lease: Lease) -> None:
+        self._leases.unreserve(lease)
+
+    def has_buffered(self, group: str) -> bool:
+        """Whether records of `group` wait here (a group another process holds: it is asked back)."""
+        with self._cv:
+            return self._buffer.has(group)
+
+    def owns(self, partition: int) -> bool:
+        """Whether this receiver serves `partition` of its topic now."""
+        with self._cv:
+            return partition in self._assignment.offsets or partition in self._assignment.waiting
 
     def split(self, lease: Lease, offsets: list[tuple[int, int]]) -> Lease:
         """Move the records at `offsets` out of `lease` into a lease of their own (same group,

@@ -1,0 +1,221 @@
+"""The conversation group lock across processes (core/dialogs/group_hold.py,
+kafka/dialogs/group_holds.py), against the real broker: a process that SENDs on conversations of
+a group another process RECEIVEs from holds the group through the holds topic, so its send-only
+transactions never overlap the reader's GET CONVERSATION GROUP + RECEIVE holders."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+
+from kbroker.kafka.catalog.apply import apply_paths
+from kbroker.sdk.broker import Broker
+from tests.helpers import invariants as inv
+from tests.integration.test_group_locks import dialogs_in_one_group, reply_to_every_request
+
+
+def remote_senders(bootstrap: str, namespace: str, tmp: Path, groups, seconds: float, n: int) -> list[dict]:
+    """`n` processes of send-only transactions on the conversations of `groups`: their outputs."""
+    children = []
+    for i in range(n):
+        out = tmp / f"remote-{i}.json"
+        argv = [sys.executable, "-m", "tests.helpers.group_race_child", bootstrap, namespace, str(seconds)]
+        argv += [orjson.dumps([[g, hs] for g, hs in groups]).decode(), str(out)]
+        children.append((subprocess.Popen(argv, env=CHILD_ENV, stderr=subprocess.PIPE, text=True), out))
+    results = []
+    for child, out in children:
+        _, err = child.communicate(timeout=seconds + 120)
+        assert child.returncode == 0, err[-3000:]
+        results.append(orjson.loads(out.read_bytes()))
+    return results
+
+
+CHILD_ENV = {**os.environ, "PYTHONPATH": os.getcwd()}
+
+
+def cross_process_race(bootstrap: str, namespace: str, tmp: Path, seconds: float, *, unlocked: bool = False):
+    """This process: 2 GET CONVERSATION GROUP + RECEIVE + SEND holders of ReplyQueue (its only
+    reader) and the replier; another process: 2 send-only transactions on the conversations of
+    the same 2 groups. Returns the counts, the overlapping holds and both sides' errors."""
+    apply_paths(bootstrap, namespace, [inv.YAML])
+    b = Broker(bootstrap, namespace, lock_timeout=20.0)
+    try:
+        groups = [dialogs_in_one_group(b, 3) for _ in range(2)]
+        for _, handles in groups:
+            for h in handles:
+                b.send(h, inv.REQUEST, {"seed": True})
+        stop = threading.Event()
+        holds: list[dict] = []
+        failures: list[str] = []
+        lock = threading.Lock()
+
+        def holder(idx: int) -> None:
+            rng = random.Random(idx)
+            try:
+                while not stop.is_set():
+                    with b.transaction() as tx:
+                        g = tx.get_conversation_group("ReplyQueue", wait=0.5)
+                        start = time.monotonic()
+                        if g is None:
+                            continue
+                        msgs = tx.receive("ReplyQueue", top=5, conversation_group=g)
+                        time.sleep(rng.uniform(0, 0.03))
+                        if msgs:
+                            tx.send(msgs[0].conversation_handle, inv.REQUEST, {"from": "holder"})
+                        with lock:
+                            holds.append({"group": g, "start": start, "end": time.monotonic(), "who": f"holder-{idx}"})
+            except BaseException as exc:  # noqa: BLE001 - reported by the test
+                failures.append(f"{type(exc).__name__}: {exc}")
+                stop.set()
+
+        # The reader owns ReplyQueue's partitions (and the replies are there) before the other
+        # process starts.
+        replier = reply_to_every_request(b, stop)
+        first = b.transaction()
+        assert first.get_conversation_group("ReplyQueue", wait=15) is not None
+        first.rollback()
+        threads = [threading.Thread(target=holder, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        out = tmp / "remote.json"
+        child = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tests.helpers.group_race_child",
+                bootstrap,
+                namespace,
+                str(seconds),
+                orjson.dumps([[g, hs] for g, hs in groups]).decode(),
+                str(out),
+                *(["unlocked"] if unlocked else []),
+            ],
+            env=CHILD_ENV,
+            capture_output=True,
+            text=True,
+            timeout=seconds + 120,
+        )
+        stop.set()
+        for t in [*threads, replier]:
+            t.join(60)
+        assert child.returncode == 0, child.stderr[-3000:]
+        remote = orjson.loads(out.read_bytes())
+        everything = holds + remote["holds"]
+        counts = {
+            "holder": sum(1 for h in everything if h["who"].startswith("holder")),
+            "remote": sum(1 for h in everything if h["who"].startswith("remote")),
+        }
+        return counts, inv.hold_overlaps(everything), failures + remote["errors"]
+    finally:
+        b.close()
+
+
+def test_send_only_transactions_of_another_process_never_overlap_a_reader_holding_the_group(
+    kafka_bootstrap, namespace, tmp_path
+):
+    """The invariant run across processes, 20 s: overlapping holds 0."""
+    counts, overlaps, failures = cross_process_race(kafka_bootstrap, namespace, tmp_path, 20)
+    print(f"cross-process group race: {counts}, {len(overlaps)} overlaps, failures {failures}")
+    assert failures == []
+    assert counts["holder"] > 20 and counts["remote"] > 20
+    assert overlaps == []
+
+
+def test_the_cross_process_race_counts_overlaps_without_the_group_lock(kafka_bootstrap, namespace, tmp_path):
+    """The same run with the other process's group lock removed on purpose: the checker sees overlaps."""
+    counts, overlaps, failures = cross_process_race(kafka_bootstrap, namespace, tmp_path, 8, unlocked=True)
+    print(f"cross-process group race without the lock: {counts}, {len(overlaps)} overlaps")
+    assert failures == []
+    assert overlaps
+
+
+def test_where_no_process_reads_the_queue_senders_in_two_processes_take_turns(kafka_bootstrap, namespace, tmp_path):
+    """No reader of ReplyQueue anywhere: each process takes the hold itself (`take`), the other
+    asks for it (`want`) and waits: overlapping holds of the two processes 0."""
+    apply_paths(kafka_bootstrap, namespace, [inv.YAML])
+    b = Broker(kafka_bootstrap, namespace, lock_timeout=20.0)
+    try:
+        groups = [dialogs_in_one_group(b, 3) for _ in range(2)]
+    finally:
+        b.close()
+    results = remote_senders(kafka_bootstrap, namespace, tmp_path, groups, 15, 2)
+    holds = []
+    for i, r in enumerate(results):
+        assert r["errors"] == []
+        holds += [{**h, "who": f"p{i}-{h['who']}"} for h in r["holds"]]
+    overlaps = inv.hold_overlaps(holds)
+    counts = [len(r["holds"]) for r in results]
+    print(f"ownerless group race: {counts} transactions, {len(overlaps)} overlaps")
+    assert min(counts) > 10
+    assert overlaps == []
+
+
+def test_a_killed_holder_keeps_the_group_only_until_its_hold_runs_out(kafka_bootstrap, namespace):
+    """kill -9 of a process holding a group the reader owns: RECEIVE leaves the group alone while
+    the hold lives and takes its messages once it ran out (10 s, and the 2 s margin)."""
+    apply_paths(kafka_bootstrap, namespace, [inv.YAML])
+    b = Broker(kafka_bootstrap, namespace, lock_timeout=20.0)
+    stop = threading.Event()
+    replier = None
+    try:
+        g, handles = dialogs_in_one_group(b, 2)
+        for h in handles:
+            b.send(h, inv.REQUEST, {"seed": True})
+        replier = reply_to_every_request(b, stop)
+        first = b.transaction()
+        assert first.get_conversation_group("ReplyQueue", wait=15) == g
+        first.rollback()  # this process reads ReplyQueue: it owns the group's partition
+        argv = [sys.executable, "-m", "tests.helpers.group_race_child", kafka_bootstrap, namespace, "hold", handles[0]]
+        child = subprocess.Popen(argv, env=CHILD_ENV, stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "held"
+            with b.transaction() as tx:
+                assert tx.get_conversation_group("ReplyQueue", wait=2) is None  # held by the child
+        finally:
+            child.kill()
+            child.wait(10)
+        killed = time.monotonic()
+        with b.transaction() as tx:
+            assert tx.get_conversation_group("ReplyQueue", wait=30) == g
+            waited = time.monotonic() - killed
+            assert tx.receive("ReplyQueue", conversation_group=g)
+        print(f"group free {waited:.1f} s after the holder's kill -9")
+        assert waited < 16
+    finally:
+        stop.set()
+        if replier is not None:
+            replier.join(30)
+        b.close()
+
+
+def test_the_partition_a_hold_names_is_the_one_kbrokers_producer_chooses(kafka_bootstrap, namespace):
+    """A hold names its group's partition (kafka/dialogs/hold_topic.partition_of): librdkafka's
+    default partitioner, CRC-32 of the key, as the producer that SENDs uses it."""
+    from kbroker.kafka.clients import idempotent_producer
+    from kbroker.kafka.dialogs.hold_topic import partition_of
+    from kbroker.kafka.topics import create_missing_topics
+
+    topic = f"{namespace}.partitioner"
+    create_missing_topics(kafka_bootstrap, {topic: 7}, {})
+    producer = idempotent_producer(kafka_bootstrap)
+    seen: dict[str, int] = {}
+    keys = [str(uuid.uuid4()) for _ in range(200)]
+    for k in keys:
+        producer.produce(
+            topic,
+            b"x",
+            key=k.encode(),
+            on_delivery=lambda err, msg: seen.__setitem__(msg.key().decode(), msg.partition()),
+        )
+    producer.flush(30)
+    assert len(seen) == len(keys)
+    assert all(seen[k] == partition_of(k, 7) for k in keys)
+    assert len(set(seen.values())) == 7
