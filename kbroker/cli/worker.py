@@ -21,6 +21,7 @@ from kbroker.cli.common import (
 )
 from kbroker.cli.output import new_table, print_table
 from kbroker.cli.views import queue_group
+from kbroker.core import names
 from kbroker.core.dialogs.conversation_endpoint import CLOSED_GRACE_SECONDS
 
 
@@ -88,6 +89,16 @@ from kbroker.core.dialogs.conversation_endpoint import CLOSED_GRACE_SECONDS
     show_default=True,
     help="Seconds a CLOSED conversation endpoint is kept before the worker tombstones it.",
 )
+@click.option(
+    "--monitor-partitions",
+    type=click.IntRange(1, 1024),
+    default=names.MONITOR_PARTITIONS,
+    show_default=True,
+    envvar="KBROKER_MONITOR_PARTITIONS",
+    help="Partitions of the namespace's monitor-events topic when this worker creates it (the "
+    "first worker of a namespace): up to this many workers share the namespace's queue monitors "
+    "and activated readers. An existing topic keeps its count; env KBROKER_MONITOR_PARTITIONS.",
+)
 @click.option("--loglevel", default="info", show_default=True)
 @log_format_option
 @handle_errors
@@ -105,6 +116,7 @@ def worker_cmd(
     no_routing,
     allow_procedures,
     closed_grace,
+    monitor_partitions,
     loglevel,
     log_format,
 ):
@@ -131,6 +143,7 @@ def worker_cmd(
         closed_grace=closed_grace,
         allow_procedures=_names(allow_procedures),
         log_format=log_format,
+        monitor_partitions=monitor_partitions,
     )
     setup_logging(loglevel, log_format, namespace=settings.namespace, worker=settings.worker_id)
     run_worker(settings, loglevel=loglevel)

@@ -330,8 +330,14 @@ def analytics_transactional_id(ns: str) -> str:
     return f"{prefix(ns)}analytics-job"
 
 
+# A new namespace's monitor-events topic: a queue's monitor, and so its activated readers, runs on
+# the worker holding the queue's partition, so this many workers at most share a namespace's
+# monitors. A topic that exists keeps its count (the monitor table's changelog matches it).
+MONITOR_PARTITIONS = 16
+
+
 def monitor_events_topic(ns: str) -> str:
-    """The worker's queue monitor events (key: queue name)."""
+    """The worker's queue monitor events (key: queue name; MONITOR_PARTITIONS partitions when new)."""
     return f"{prefix(ns)}monitor-events"
 
 

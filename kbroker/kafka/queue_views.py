@@ -136,6 +136,9 @@ def _publish_altered(cluster: ClusterLike, namespace: str, new: Any, timeout: fl
             names.monitor_events_topic(namespace),
             {queue: encode(QueueAltered(MonitorConfig.from_queue(new)))},
             timeout,
+            # The partition the worker's own events for the queue take (aiokafka's murmur2): on
+            # another, the event made a second monitor of the queue, owned by another worker.
+            partitioner="murmur2_random",
         )
     except CatalogError:
         pass  # no worker has run in this namespace: the first one reads the catalog

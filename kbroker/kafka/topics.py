@@ -48,6 +48,15 @@ def create_missing_topics(
     return created
 
 
+def partition_counts(cluster: ClusterLike, topics: Iterable[str], timeout: float = 10.0) -> dict[str, int]:
+    """The partition count of each of the topics that exists; those that do not are left out."""
+    try:
+        meta = clients.admin(cluster).list_topics(timeout=timeout).topics
+    except KafkaException as exc:
+        raise kafka_error(f"no Kafka broker answers at {cluster}", exc.args[0]) from None
+    return {t: len(meta[t].partitions) for t in topics if t in meta and meta[t].error is None}
+
+
 def delete_topics_with_prefixes(cluster: ClusterLike, prefixes: Iterable[str], timeout: float = 30.0) -> list[str]:
     """Delete every topic whose name starts with one of `prefixes`, best effort: a topic that
     cannot be deleted is left. Returns the names asked to be deleted."""

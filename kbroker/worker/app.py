@@ -52,7 +52,7 @@ from kbroker.worker.activation.watch import PROGRESS_INTERVAL, QueueWatch, Recei
 from kbroker.worker.control import Reclassifier, Routing
 from kbroker.worker.guard import Guard, refusal_of
 from kbroker.worker.logs import install_log_limit, json_logging_config, write_log_summaries
-from kbroker.worker.settings import MONITOR_PARTITIONS, Channels, WorkerSettings, ensure_topics
+from kbroker.worker.settings import Channels, WorkerSettings, ensure_topics
 from kbroker.worker.tables import WorkerTable
 from kbroker.worker.web.dashboard import add_dashboard
 from kbroker.worker.web.feed import DashboardFeed
@@ -201,7 +201,7 @@ def broker_credentials(s: WorkerSettings) -> faust.types.auth.CredentialsT | Non
     return None
 
 
-def new_app(s: WorkerSettings, datadir: str) -> faust.App:
+def new_app(s: WorkerSettings, datadir: str, monitor_partitions: int) -> faust.App:
     return faust.App(
         names.worker_app_id(s.namespace),
         broker=faust_broker(s.cluster),
@@ -209,7 +209,7 @@ def new_app(s: WorkerSettings, datadir: str) -> faust.App:
         broker_credentials=broker_credentials(s),
         **web_options(s),
         datadir=datadir,
-        topic_partitions=MONITOR_PARTITIONS,
+        topic_partitions=monitor_partitions,
         topic_replication_factor=1,
         table_standby_replicas=0,
         broker_session_timeout=10,
@@ -234,11 +234,11 @@ def build_app(s: WorkerSettings) -> tuple[faust.App, Worker]:
     # Settings one of the worker's clients cannot take stop it here, named, before any connects.
     security(s.cluster).check(LIBRDKAFKA, AIOKAFKA)
     access_of(s)  # so does a web server bound off loopback without a token
-    ensure_topics(s)
+    monitor_partitions = ensure_topics(s)
     datadir = tempfile.TemporaryDirectory(prefix="kbroker-worker-")
-    app = new_app(s, datadir.name)
+    app = new_app(s, datadir.name, monitor_partitions)
     web_pages_off(app)
-    channels = Channels.declare(app, s)
+    channels = Channels.declare(app, s, monitor_partitions)
     guard = Guard(log)
     broker = Broker(s.cluster, s.namespace)
     monitors = Monitors(s, channels, broker, guard)

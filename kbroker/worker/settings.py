@@ -4,6 +4,7 @@ importing the app that wires the services."""
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -12,16 +13,17 @@ from typing import Any
 
 import faust
 import orjson
+from aiokafka.partitioner import murmur2
 
 from kbroker.core import names
 from kbroker.core.cluster import Cluster
 from kbroker.core.dialogs.conversation_endpoint import CLOSED_GRACE_SECONDS
 from kbroker.errors import is_refusal
 from kbroker.kafka.snapshot import check_group
-from kbroker.kafka.topics import create_missing_topics
+from kbroker.kafka.topics import create_missing_topics, partition_counts
 from kbroker.worker.guard import refusal_of
 
-MONITOR_PARTITIONS = 4
+log = logging.getLogger("kbroker.worker")
 
 
 @dataclass
@@ -47,18 +49,44 @@ class WorkerSettings:
     closed_grace: float = CLOSED_GRACE_SECONDS  # how long a CLOSED endpoint stays before its tombstone
     log_format: str = "text"  # or "json": one JSON object a line (core/json_logs.py)
     worker_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    monitor_partitions: int = names.MONITOR_PARTITIONS  # when this worker creates the monitor-events topic
 
     def __post_init__(self) -> None:
         self.cluster = Cluster.of(self.cluster)
 
 
-def ensure_topics(s: WorkerSettings) -> None:
+def ensure_topics(s: WorkerSettings) -> int:
     """The worker's own topics (Faust declares its internal ones: changelogs, leader), and a
     look at its Faust group: aiokafka would wait for ever, silently, on a group the principal
-    may not use, where this raises PermissionDeniedError naming the group."""
-    want = {names.monitor_events_topic(s.namespace): MONITOR_PARTITIONS, names.ticks_topic(s.namespace): 1}
-    create_missing_topics(s.cluster, want, {"retention.ms": str(24 * 3600 * 1000)}, replication_factor=1)
+    may not use, where this raises PermissionDeniedError naming the group.
+
+    Returns
+    -------
+    The monitor-events topic's partition count: `s.monitor_partitions` when this worker created
+    it, else the existing topic's (a warning when that differs from the setting)."""
+    monitor_topic = names.monitor_events_topic(s.namespace)
+    want = {monitor_topic: s.monitor_partitions, names.ticks_topic(s.namespace): 1}
+    created = create_missing_topics(s.cluster, want, {"retention.ms": str(24 * 3600 * 1000)}, replication_factor=1)
     check_group(s.cluster, names.worker_app_id(s.namespace), names.ticks_topic(s.namespace))
+    if monitor_topic in created:
+        return s.monitor_partitions
+    have = partition_counts(s.cluster, [monitor_topic]).get(monitor_topic, s.monitor_partitions)
+    if have != s.monitor_partitions:
+        log.warning(
+            "%s keeps its %d partitions (--monitor-partitions %d applies to a new namespace only): "
+            "up to %d workers share this namespace's monitors",
+            monitor_topic,
+            have,
+            s.monitor_partitions,
+            have,
+        )
+    return have
+
+
+def monitor_partition(queue: str, partitions: int) -> int:
+    """The monitor-events partition of a queue's monitor: where the worker's producer (aiokafka's
+    default partitioner, Java's murmur2) puts the queue's events, so where its monitor lives."""
+    return int(murmur2(queue.encode()) & 0x7FFFFFFF) % partitions
 
 
 def now_ms() -> int:
@@ -69,7 +97,7 @@ def now_ms() -> int:
 class Channels:
     """The worker's Faust topics and tables, declared on the app at build time."""
 
-    monitor_events: Any  # faust topic: monitor events, key = queue (MONITOR_PARTITIONS partitions)
+    monitor_events: Any  # faust topic: monitor events, key = queue (ensure_topics's count of partitions)
     ticks: Any  # faust topic: tick requests of every worker (1 partition)
     events: Any  # faust topic: the namespace's events (QUEUE_ACTIVATION, TICK, ...)
     monitors: Any  # faust table: queue -> its monitor row
@@ -78,15 +106,15 @@ class Channels:
     on_refused: Callable[[BaseException], None] | None = None
 
     @classmethod
-    def declare(cls, app: faust.App, s: WorkerSettings) -> Channels:
+    def declare(cls, app: faust.App, s: WorkerSettings, monitor_partitions: int) -> Channels:
         def raw_topic(name: str, partitions: int | None = None) -> Any:
             return app.topic(name, key_serializer="raw", value_serializer="raw", partitions=partitions)
 
         return cls(
-            monitor_events=raw_topic(names.monitor_events_topic(s.namespace), MONITOR_PARTITIONS),
+            monitor_events=raw_topic(names.monitor_events_topic(s.namespace), monitor_partitions),
             ticks=raw_topic(names.ticks_topic(s.namespace), 1),
             events=raw_topic(names.events_topic(s.namespace)),
-            monitors=app.Table("monitors", default=None, partitions=MONITOR_PARTITIONS),
+            monitors=app.Table("monitors", default=None, partitions=monitor_partitions),
             tick_owner=app.Table("tick-owner", default=None, partitions=1),
         )
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import yaml
+from aiokafka.partitioner import DefaultPartitioner
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -14,6 +15,7 @@ from kbroker.bench.scale.many_queues import catalog, queue_name, tick_latency
 from kbroker.bench.scale.plot import _series, plot
 from kbroker.bench.scale.run import parse_points
 from kbroker.core.catalog.loader import load_definitions
+from kbroker.worker.settings import monitor_partition
 
 
 def test_points_are_whole_numbers_of_at_least_one():
@@ -76,3 +78,18 @@ def test_a_tick_latency_is_its_events_time_less_when_it_was_asked_for():
     assert tick_latency(tick(1_030, 1_025), since_ms=0) is None  # ends before it began
     assert tick_latency(tick(True, 1_025), since_ms=0) is None
     assert tick_latency(b'{"event": "TICK_NOT"}', since_ms=0) is None
+
+
+def test_the_worker_curves_queues_each_have_a_monitor_partition_of_their_own():
+    from kbroker.bench.scale import workers
+
+    parts = [monitor_partition(q, workers.MONITOR_PARTITIONS) for q in workers.NAMES]
+    assert len(workers.NAMES) == workers.QUEUES and sorted(parts) == list(range(workers.MONITOR_PARTITIONS))
+    defined = catalog(workers.QUEUES, 4, numbers=workers.NUMBERS)
+    assert [q["name"] for q in defined["queues"][1:]] == workers.NAMES
+
+
+@given(st.text(min_size=1, max_size=40), st.integers(1, 64))
+def test_a_monitor_partition_is_where_the_workers_producer_puts_the_queues_events(queue, partitions):
+    chosen = DefaultPartitioner()(queue.encode(), list(range(partitions)), list(range(partitions)))
+    assert monitor_partition(queue, partitions) == chosen

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from kbroker.core import names
 from kbroker.core.topic_limits import CLIENT_LIMIT, DEAD_LETTER_LIMIT, RECORD_OVERHEAD
 from kbroker.errors import InvalidArgumentError
 from kbroker.kafka import clients
@@ -20,7 +21,7 @@ def test_every_client_takes_the_largest_record_of_any_topic(tmp_path):
     batch = 61  # a record batch's own header
     assert CLIENT_LIMIT >= DEAD_LETTER_LIMIT + RECORD_OVERHEAD + batch
     assert clients.MAX_MESSAGE_BYTES == CLIENT_LIMIT
-    conf = new_app(WorkerSettings("127.0.0.1:1", "ns"), str(tmp_path)).conf
+    conf = new_app(WorkerSettings("127.0.0.1:1", "ns"), str(tmp_path), names.MONITOR_PARTITIONS).conf
     assert conf.producer_max_request_size == CLIENT_LIMIT and conf.consumer_max_fetch_size == CLIENT_LIMIT
     # Kafka's default max.message.bytes (1 MiB + 12), which the worker's own topics keep, fits.
     assert conf.consumer_max_fetch_size >= 1_048_588
@@ -28,7 +29,7 @@ def test_every_client_takes_the_largest_record_of_any_topic(tmp_path):
 
 def test_the_web_server_binds_loopback_and_serves_none_of_faust_own_pages(tmp_path):
     s = WorkerSettings("127.0.0.1:1", "ns")
-    app = new_app(s, str(tmp_path))
+    app = new_app(s, str(tmp_path), names.MONITOR_PARTITIONS)
     assert app.conf.web_bind == "127.0.0.1" and app.conf.web_port == 6066
     assert not any(
         getattr(app.conf, f)

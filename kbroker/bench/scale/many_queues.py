@@ -43,14 +43,18 @@ def queue_name(i: int) -> str:
     return f"Q{i:04d}"
 
 
-def catalog(n: int, partitions: int, procedure: str = PROCEDURE, max_readers: int = 1) -> dict[str, Any]:
-    """Definitions of N activated queues (each with its service) and the initiator's queue."""
+def catalog(
+    n: int, partitions: int, procedure: str = PROCEDURE, max_readers: int = 1, numbers: list[int] | None = None
+) -> dict[str, Any]:
+    """Definitions of N activated queues (each with its service) and the initiator's queue; the
+    queues are queue_name(i) for i in `numbers` (default: 0 to N-1)."""
     activation = {"status": "ON", "kind": "internal", "procedure": procedure, "max_queue_readers": max_readers}
+    chosen = [queue_name(i) for i in (numbers if numbers is not None else range(n))]
     queues = [{"name": "InitiatorQueue", "partitions": 1}] + [
-        {"name": queue_name(i), "partitions": partitions, "activation": activation} for i in range(n)
+        {"name": q, "partitions": partitions, "activation": activation} for q in chosen
     ]
     services = [{"name": INITIATOR, "queue": "InitiatorQueue"}] + [
-        {"name": f"//scale/{queue_name(i)}", "queue": queue_name(i), "contracts": [CONTRACT]} for i in range(n)
+        {"name": f"//scale/{q}", "queue": q, "contracts": [CONTRACT]} for q in chosen
     ]
     return {
         "message_types": [{"name": MESSAGE, "validation": "NONE"}],

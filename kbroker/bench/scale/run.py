@@ -26,7 +26,7 @@ from kbroker.bench.results import write_results
 from kbroker.core.cluster import ClusterLike
 
 CURVES = ("queues", "dialogs", "workers")
-DEFAULTS = {"queues": (10, 100, 500), "dialogs": (10_000, 100_000, 1_000_000), "workers": (1, 2, 4)}
+DEFAULTS = {"queues": (10, 100, 500), "dialogs": (10_000, 100_000, 1_000_000), "workers": (1, 2, 4, 8)}
 RESULTS_FILE = "scale.json"
 WORKER_BACKLOG = 10_000  # the worker curve's backlog, unless --drain-messages says otherwise
 

@@ -2,11 +2,14 @@
 8 activated queues, each queue's readers running an I/O-bound procedure (5 ms per message,
 procedures.drain_io; max_queue_readers 2).
 
-A queue's monitor, and so its activated readers, lives on the worker that owns the queue's
-monitor partition (4 of them: worker/settings.py), so more workers run more readers at once, up
-to 4 workers. Per W: the backlog's drain rate, from ALTER QUEUE ... ACTIVATION ON on every queue
-until every queue group's committed offsets reach the end; how many workers owned monitors; the
-workers' RSS and CPU seconds over the drain.
+A queue's monitor, and so its activated readers, lives on the worker that holds the queue's
+partition of the monitor-events topic. The namespace's first worker makes that topic with 8
+partitions (`--monitor-partitions`), and the queues are named so that each has a partition of its
+own (names hash to partitions, and the first 8 numbers would share 6), so that W workers of 1 to
+8 own 8 / W monitors each and the curve measures the workers rather than the names' hashes. Per
+W: the backlog's drain rate, from ALTER QUEUE ... ACTIVATION ON on every queue until every queue
+group's committed offsets reach the end; how many workers owned monitors; the workers' RSS and
+CPU seconds over the drain.
 """
 
 from __future__ import annotations
@@ -21,11 +24,27 @@ from kbroker.bench.context import BenchContext
 from kbroker.bench.scale.many_queues import CONTRACT, INITIATOR, MESSAGE, apply_queues, queue_name
 from kbroker.bench.scenarios.activation_drain import CommitWatch
 from kbroker.kafka.queue_views import alter_queue_activation
+from kbroker.worker.settings import monitor_partition
 
 QUEUES = 8
+MONITOR_PARTITIONS = QUEUES  # one queue's monitor per partition (NUMBERS)
 MAX_READERS = 2
 PROCEDURE = "kbroker.bench.procedures:drain_io"
 HANDLERS = 4  # task handler threads per worker: 2 x CPUs, the default, on a 2-core machine
+
+
+def one_per_partition(queues: int, partitions: int) -> list[int]:
+    """The first numbers i whose queue_name(i) falls on a monitor partition none before took."""
+    taken: dict[int, int] = {}
+    i = 0
+    while len(taken) < min(queues, partitions):
+        taken.setdefault(monitor_partition(queue_name(i), partitions), i)
+        i += 1
+    return sorted(taken.values())
+
+
+NUMBERS = one_per_partition(QUEUES, MONITOR_PARTITIONS)
+NAMES = [queue_name(i) for i in NUMBERS]
 
 
 def settle(workers: list[WorkerProcess], quiet: float = 5.0, timeout: float = 180.0) -> dict[str, str]:
@@ -47,8 +66,8 @@ def settle(workers: list[WorkerProcess], quiet: float = 5.0, timeout: float = 18
 
 
 def activation_all(ctx: BenchContext, ns: str, workers: list[WorkerProcess], status: str) -> None:
-    for i in range(QUEUES):
-        alter_queue_activation(ctx.cluster, ns, queue_name(i), status=status)
+    for queue in NAMES:
+        alter_queue_activation(ctx.cluster, ns, queue, status=status)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         rows = monitor_rows_of(workers[0])
@@ -64,9 +83,7 @@ def backlog(ctx: BenchContext, ns: str, messages: int) -> None:
 
     broker = Broker(ctx.cluster, ns)
     try:
-        handles = [
-            broker.begin_dialog(INITIATOR, f"//scale/{queue_name(i % QUEUES)}", CONTRACT) for i in range(50 * QUEUES)
-        ]
+        handles = [broker.begin_dialog(INITIATOR, f"//scale/{NAMES[i % QUEUES]}", CONTRACT) for i in range(50 * QUEUES)]
         with ctx.reporter.bar(f"workers: a backlog of {messages:,}", messages) as advance:
             for start in range(0, messages, 1000):
                 with broker.transaction() as tx:
@@ -94,16 +111,19 @@ def cpu_seconds(workers: list[WorkerProcess]) -> float:
 
 def measure(ctx: BenchContext, w: int, *, messages: int = 10_000) -> dict[str, Any]:
     """One point of the worker curve (see the module docstring)."""
-    ns, _ = apply_queues(ctx, QUEUES, 4, tag="w", procedure=PROCEDURE, max_readers=MAX_READERS)
+    ns, _ = apply_queues(ctx, QUEUES, 4, tag="w", procedure=PROCEDURE, max_readers=MAX_READERS, numbers=NUMBERS)
     ctx.say(f"workers: starting {w} worker(s) on {QUEUES} queues")
     workers: list[WorkerProcess] = []
     watches: list[CommitWatch] = []
     try:
-        workers = [WorkerProcess(ctx, ns, ramp_up=ctx.params.ramp_up, handlers=HANDLERS) for _ in range(w)]
+        spread = ("--monitor-partitions", str(MONITOR_PARTITIONS))
+        workers = [
+            WorkerProcess(ctx, ns, ramp_up=ctx.params.ramp_up, handlers=HANDLERS, extra=spread) for _ in range(w)
+        ]
         owners = settle(workers)
         activation_all(ctx, ns, workers, "OFF")
         backlog(ctx, ns, messages)
-        watches = [CommitWatch(ctx, ns, queue_name(i)) for i in range(QUEUES)]
+        watches = [CommitWatch(ctx, ns, queue) for queue in NAMES]
         target, start = drained_target(watches), sum(x.done() for x in watches)
         cpu0, t0 = cpu_seconds(workers), time.perf_counter()
         activation_all(ctx, ns, workers, "ON")

@@ -86,11 +86,15 @@ def _collect_errors(errors: list[KafkaError]) -> Callable[[KafkaError | None, ob
     return on_delivery
 
 
-def write_records(cluster: ClusterLike, topic: str, todo: Mapping[str, bytes | None], timeout: float) -> None:
+def write_records(
+    cluster: ClusterLike, topic: str, todo: Mapping[str, bytes | None], timeout: float, partitioner: str | None = None
+) -> None:
     """Produce key -> value records (None: a tombstone, DROP) to an existing kbroker topic;
-    returns once all are acknowledged."""
+    returns once all are acknowledged. `partitioner`: librdkafka's, where the topic's readers
+    expect another client's choice of partition (murmur2_random: the Java and aiokafka one)."""
     producer = clients.producer(
         cluster,
+        **({"partitioner": partitioner} if partitioner else {}),
         **{
             "enable.idempotence": True,  # retries never duplicate or reorder catalog records
             "allow.auto.create.topics": False,  # an auto-created topic would not be compacted
