@@ -19,7 +19,7 @@ import orjson
 from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.sdk.broker import Broker
 from tests.helpers import invariants as inv
-from tests.integration.test_group_locks import dialogs_in_one_group, reply_to_every_request
+from tests.integration.test_group_locks import dialogs_in_one_group, reply_to_every_request, seeded_groups
 
 
 def remote_senders(bootstrap: str, namespace: str, tmp: Path, groups, seconds: float, n: int) -> list[dict]:
@@ -41,17 +41,38 @@ def remote_senders(bootstrap: str, namespace: str, tmp: Path, groups, seconds: f
 CHILD_ENV = {**os.environ, "PYTHONPATH": os.getcwd()}
 
 
-def cross_process_race(bootstrap: str, namespace: str, tmp: Path, seconds: float, *, unlocked: bool = False):
+def write_foreign_holds(bootstrap: str, namespace: str) -> None:
+    """Records another client may write on the holds topic: garbage, a large one, JSON of the
+    wrong shape, a forged claim with wrong types, and no key at all."""
+    from confluent_kafka import Producer
+
+    from kbroker.core import names
+
+    topic, p = names.holds_topic(namespace), Producer({"bootstrap.servers": bootstrap})
+    forged = {"kind": "claim", "group": 7, "partition": "x", "holder": None, "epoch": -1}
+    for key, value in [
+        (b"g", b"\xff\x00 not json"),
+        (b"g", b"[" * 50_000),
+        (b"g", b'{"a": 1}'),
+        (str(uuid.uuid4()).encode(), orjson.dumps(forged)),
+        (None, b"{}"),
+    ]:
+        p.produce(topic, value, key=key)
+    assert p.flush(30) == 0
+
+
+def cross_process_race(
+    bootstrap: str, namespace: str, tmp: Path, seconds: float, *, unlocked: bool = False, foreign: bool = False
+):
     """This process: 2 GET CONVERSATION GROUP + RECEIVE + SEND holders of ReplyQueue (its only
     reader) and the replier; another process: 2 send-only transactions on the conversations of
     the same 2 groups. Returns the counts, the overlapping holds and both sides' errors."""
     apply_paths(bootstrap, namespace, [inv.YAML])
+    if foreign:
+        write_foreign_holds(bootstrap, namespace)
     b = Broker(bootstrap, namespace, lock_timeout=20.0)
     try:
-        groups = [dialogs_in_one_group(b, 3) for _ in range(2)]
-        for _, handles in groups:
-            for h in handles:
-                b.send(h, inv.REQUEST, {"seed": True})
+        groups = seeded_groups(b, 2, 3)
         stop = threading.Event()
         holds: list[dict] = []
         failures: list[str] = []
@@ -126,6 +147,16 @@ def test_send_only_transactions_of_another_process_never_overlap_a_reader_holdin
     print(f"cross-process group race: {counts}, {len(overlaps)} overlaps, failures {failures}")
     assert failures == []
     assert counts["holder"] > 20 and counts["remote"] > 20
+    assert overlaps == []
+
+
+def test_foreign_records_on_the_holds_topic_leave_the_race_going_and_locked(kafka_bootstrap, namespace, tmp_path):
+    """The same run, 10 s, after garbage, oversize, misshapen, forged and keyless records on the
+    holds topic: both sides go on (transactions on each), overlapping holds 0."""
+    counts, overlaps, failures = cross_process_race(kafka_bootstrap, namespace, tmp_path, 10, foreign=True)
+    print(f"cross-process group race after foreign holds records: {counts}, {len(overlaps)} overlaps")
+    assert failures == []
+    assert counts["holder"] > 10 and counts["remote"] > 10
     assert overlaps == []
 
 

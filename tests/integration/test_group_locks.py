@@ -36,6 +36,16 @@ def dialogs_in_one_group(b: Broker, n: int) -> tuple[str, list[str]]:
     return g, [b.begin_dialog(inv.CLIENT, inv.SERVER, inv.CONTRACT, related_conversation_group=g) for _ in range(n)]
 
 
+def seeded_groups(b: Broker, groups: int, per_group: int) -> list[tuple[str, list[str]]]:
+    """`groups` conversation groups of `per_group` dialogs each, every dialog sent one request
+    (so the replier gives each group something to RECEIVE)."""
+    made = [dialogs_in_one_group(b, per_group) for _ in range(groups)]
+    for _, handles in made:
+        for h in handles:
+            b.send(h, inv.REQUEST, {"seed": True})
+    return made
+
+
 def reply_to_every_request(b: Broker, stop: threading.Event) -> threading.Thread:
     """The target side: each request gets a reply, so the initiator's group has messages to RECEIVE."""
 
@@ -125,10 +135,7 @@ def race(b: Broker, seconds: float) -> tuple[dict[str, int], list[str], list[Bas
     """2 holders (GET CONVERSATION GROUP, RECEIVE, SEND, COMMIT; or the lock alone, rolled back)
     and 2 send-only transactions on the conversations of 2 groups, threads of one process, for
     `seconds`: how many transactions of each, the overlapping holds, the threads' errors."""
-    groups = [dialogs_in_one_group(b, 3) for _ in range(2)]
-    for _, handles in groups:
-        for h in handles:
-            b.send(h, inv.REQUEST, {"seed": True})
+    groups = seeded_groups(b, 2, 3)
     stop = threading.Event()
     holds: list[dict] = []
     lock = threading.Lock()
