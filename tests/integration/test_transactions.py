@@ -459,3 +459,21 @@ def test_a_conversation_locked_too_long_raises_a_retriable_error(kafka_bootstrap
         assert [orjson.loads(m.body)["i"] for m in got] == [2]
     finally:
         b.close()
+
+
+def test_a_lock_time_out_shorter_than_a_round_trip_to_kafka_waits_only_for_other_transactions(
+    kafka_bootstrap, namespace
+):
+    # The time-out bounds waiting for another transaction's lock, not Kafka: a group no one
+    # holds is taken on the holds topic however long that takes (here longer than 1 ms).
+    apply_paths(kafka_bootstrap, namespace, [inv.YAML])
+    b = Broker(kafka_bootstrap, namespace, lock_timeout=0.001)
+    try:
+        handles = [b.begin_dialog(inv.CLIENT, inv.SERVER, inv.CONTRACT) for _ in range(3)]
+        for i, h in enumerate(handles):
+            b.send(h, inv.REQUEST, {"i": i})  # the first on each is a fresh group's: no hold
+            b.send(h, inv.REQUEST, {"i": 10 + i})  # a hold on the holds topic
+        got = receive_at_least(b, "RequestQueue", 6)
+        assert sorted(orjson.loads(m.body)["i"] for m in got) == [0, 1, 2, 10, 11, 12]
+    finally:
+        b.close()

@@ -11,8 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from kbroker.core.cluster import Cluster, ClusterLike
 from kbroker.core.dialogs.group_hold import (
@@ -27,68 +26,16 @@ from kbroker.core.dialogs.group_hold import (
     PartitionKey,
 )
 from kbroker.core.dialogs.group_lock import ConversationGroupLockTimeoutError
+from kbroker.errors import BrokerUnavailableError
 from kbroker.kafka.background import Background
+from kbroker.kafka.dialogs.hold_state import GroupReader, Mine, Owned, RemoteHolder
 from kbroker.kafka.dialogs.hold_topic import HoldTopic
 
 log = logging.getLogger("kbroker.holds")
 
+IO_SECONDS = 10.0  # the bound on reading and writing the holds topic for one hold
 KEEP_EVERY = 0.25  # seconds between the keeper's passes
 OWN_RENEW = 2.5  # seconds between an owner record's renewals
-
-
-class GroupReader(Protocol):
-    """What a queue receiver offers the holds: the group lock RECEIVE takes, without waiting."""
-
-    def reserve_group(self, owner: Any, group: str) -> tuple[Any, bool]: ...
-
-    def holds(self, lease: Any) -> bool: ...
-
-    def unreserve(self, lease: Any) -> None: ...
-
-    def release(self, lease: Any, committed: bool) -> None: ...
-
-    def has_buffered(self, group: str) -> bool: ...
-
-
-@dataclass(eq=False)
-class RemoteHolder:
-    """The owner of the receiver lease that keeps a group for another process's hold. A
-    transaction here that waits for the group calls contended(): the follower then asks for it."""
-
-    process: str
-    epoch: int
-    partition: int
-    lease: Any = None
-    locked: bool = False  # the lease locks the group (else it is reserved)
-    granted: bool = False  # this process wrote the grant
-    wanted: bool = False
-    asked: bool = False
-
-    def contended(self) -> None:
-        self.wanted = True  # no lock: called under the receiver's, read by the follower
-
-
-@dataclass
-class _Mine:
-    """A hold this process has: `in_use` transactions hold it now."""
-
-    key: GroupKey
-    partition: int
-    epoch: int
-    until: float
-    in_use: int = 0
-    used: float = field(default_factory=time.monotonic)
-    wanted: bool = False
-
-
-@dataclass
-class _Owned:
-    reader: GroupReader
-    partitions: dict[int, int] = field(default_factory=dict)  # partition -> its owner record's epoch
-    renewed: float = 0.0
-    holders: dict[str, RemoteHolder] = field(default_factory=dict)  # group -> its remote holder
-    pending: bool = False  # a holder's lease waits for a transaction here to end
-    lock: threading.RLock = field(default_factory=threading.RLock)  # holders: follower and poll threads
 
 
 class GroupHolds(Background):
@@ -101,8 +48,8 @@ class GroupHolds(Background):
         self._cv = threading.Condition()  # guards the book, _mine, _owned and the topic's position
         self._topic = HoldTopic(self._cluster, namespace, self._cv)
         self.topic = self._topic.topic
-        self._mine: dict[GroupKey, _Mine] = {}
-        self._owned: dict[tuple[str, str | None], _Owned] = {}
+        self._mine: dict[GroupKey, Mine] = {}
+        self._owned: dict[tuple[str, str | None], Owned] = {}
         self._started = threading.Lock()
         self._running = False
         self._noted = False
@@ -189,7 +136,7 @@ class GroupHolds(Background):
                 out.extend(self._reconcile(qk, o, now))
         self._write(out)
 
-    def _reconcile(self, qk: tuple[str, str | None], o: _Owned, now: float) -> list[HoldRecord]:
+    def _reconcile(self, qk: tuple[str, str | None], o: Owned, now: float) -> list[HoldRecord]:
         """For one receiver: lock the groups others hold (reserved, where a transaction here holds
         one, until it ends), grant the claims once their group is locked, ask for held groups
         back, and let go of the holds that ended. The receiver is called without this object's
@@ -271,9 +218,13 @@ class GroupHolds(Background):
                 m.used = time.monotonic()
                 return
         queue, instance, group = key
-        partition = self.partition_for(topic, group, timeout)
+        # The lock time-out counts waiting for another transaction, not for Kafka: reading and
+        # writing the holds topic have their own, longer bound (a loaded machine can take longer
+        # than a short LOCK_TIMEOUT for one round trip when no one holds the group).
+        io_deadline = max(deadline, time.monotonic() + IO_SECONDS)
+        partition = self.partition_for(topic, group, max(timeout, IO_SECONDS))
         pk: PartitionKey = (queue, instance, partition)
-        fresh = self._topic.catch_up(deadline)
+        fresh = self._topic.catch_up(io_deadline)
         asked = -1
         while True:
             now = time.time()
@@ -281,10 +232,12 @@ class GroupHolds(Background):
             with self._cv:
                 h, o = self._book.hold(key), self._book.owner(pk)
                 owner_free = o is None or o.owner == self.process or o.until + MARGIN < now
+                contended = not owner_free  # a claim waits for the owner's grant
                 if h is not None and h.usable_by(self.process, now):
-                    self._mine[key] = _Mine(key, partition, h.epoch, h.until, in_use=1)
+                    self._mine[key] = Mine(key, partition, h.epoch, h.until, in_use=1)
                     return
                 if h is not None and h.holder != self.process and h.live(now):
+                    contended = True
                     if asked != h.epoch:
                         asked = h.epoch
                         out = self._record("want", key, partition, now, epoch=h.epoch)
@@ -297,17 +250,20 @@ class GroupHolds(Background):
                         out = self._taking(key, partition, now, epoch, o.epoch if o else -1)
                     elif fresh:
                         out = self._record("claim", key, partition, now, epoch=epoch, until=now + HOLD_SECONDS)
-            if time.monotonic() >= deadline:
+            mono = time.monotonic()
+            if (mono >= deadline and contended) or mono >= io_deadline:
                 self._give_up(key, partition)
-                raise ConversationGroupLockTimeoutError(group, timeout, handle)
+                if contended:
+                    raise ConversationGroupLockTimeoutError(group, timeout, handle)
+                raise BrokerUnavailableError(f"cannot hold conversation group {group}: {self.topic} does not answer")
             if out is not None:
                 offset = self._write([out])
-                self._topic.folded_past(offset, deadline)
+                self._topic.folded_past(offset, io_deadline)
             else:
                 with self._cv:
-                    self._cv.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+                    self._cv.wait(min(0.05, max(0.0, io_deadline - time.monotonic())))
             if not fresh:
-                fresh = self._topic.catch_up(deadline)
+                fresh = self._topic.catch_up(io_deadline)
 
     def _taking(self, key: GroupKey, partition: int, now: float, epoch: int, over: int) -> HoldRecord:
         return self._record("take", key, partition, now, epoch=epoch, until=now + HOLD_SECONDS, over=over)
@@ -345,7 +301,7 @@ class GroupHolds(Background):
         now = time.time()
         self._topic.catch_up(deadline)
         with self._cv:
-            o = self._owned.setdefault((queue, instance), _Owned(reader))
+            o = self._owned.setdefault((queue, instance), Owned(reader))
             o.reader = reader
             out = []
             for p in partitions:

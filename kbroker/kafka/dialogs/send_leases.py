@@ -130,7 +130,8 @@ class SendLeases(Background):
                 else cur.claimed(self.process, now, self._fence_ids(), start)
             )
             self._write(claim)
-            won = self._answer(claim, deadline, timeout)
+            # Reading the claim back is Kafka's time, not another transaction's: its own bound.
+            won = self._answer(claim, max(deadline, time.monotonic() + self._ack_timeout))
             if not won:
                 continue
             if cur is not None and cur.owner not in (None, self.process):
@@ -146,7 +147,7 @@ class SendLeases(Background):
                 self._used[handle] = time.monotonic()
             return
 
-    def _answer(self, claim: SendLease, deadline: float, timeout: float) -> bool:
+    def _answer(self, claim: SendLease, deadline: float) -> bool:
         """Read until the topic has decided on `claim`'s epoch: whether it was this claim."""
         while True:
             self._store.refresh()
@@ -154,7 +155,7 @@ class SendLeases(Background):
             if cur is not None and cur.epoch >= claim.epoch:
                 return cur == claim
             if time.monotonic() >= deadline:
-                raise ConversationLockTimeoutError(claim.handle, timeout)
+                raise BrokerUnavailableError(f"the claim on conversation {claim.handle} was not read back")
             time.sleep(POLL)
 
     def _renew(self, mine: SendLease, next_sequence: int) -> bool:
