@@ -17,7 +17,16 @@ from kbroker.cli.common import (
 from kbroker.cli.output import make_console, new_table, print_table
 
 # core/catalog/drops.DROP_KINDS, spelt out: `kbroker --help` loads no pydantic (test_catalog_drop checks)
-DROP_CHOICES = ["message-type", "contract", "queue", "service", "route", "xml-schema-collection", "broker-priority"]
+DROP_CHOICES = [
+    "message-type",
+    "contract",
+    "queue",
+    "service",
+    "route",
+    "xml-schema-collection",
+    "broker-priority",
+    "remote-service-binding",
+]
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -156,10 +165,13 @@ def _tables(c: Catalog) -> list[Table]:
         a = q.activation
         act = f"{a.status} {a.kind} {a.procedure or ''} x{a.max_queue_readers}".replace("  ", " ") if a else "-"
         qt.add_row(q.name, str(q.partitions), q.status, q.retention, act)
-    st = new_table("services", "name", "queue", "contracts")
+    st = new_table("services", "name", "queue", "contracts", "owner")
     for s in c.services.values():
-        st.add_row(s.name, s.queue, "\n".join(s.contracts) or "-")
+        st.add_row(s.name, s.queue, "\n".join(s.contracts) or "-", s.owner)
     rt = new_table("routes", "name", "service", "address", "lifetime")
     for r in c.routes.values():
         rt.add_row(r.name, r.service_name or "*", r.address, str(r.lifetime or "-"))
-    return [mt, ct, qt, st, rt]
+    bt = new_table("remote service bindings", "name", "to service", "user", "anonymous")
+    for b in c.remote_service_bindings.values():
+        bt.add_row(b.name, b.to_service, b.user, "ON" if b.anonymous else "OFF")
+    return [mt, ct, qt, st, rt, bt]

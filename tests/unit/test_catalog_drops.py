@@ -42,6 +42,7 @@ SAMPLE = dict(
     services=[{"name": "S", "queue": "Q", "contracts": ["C"]}],
     routes=[{"name": "R", "service_name": "S", "address": "LOCAL"}],
     broker_priorities=[{"name": "P", "contract": "C", "local_service": "S", "priority": 8}],
+    remote_service_bindings=[{"name": "B", "to_service": "S", "user": "u"}],  # a far S: S's drop is not refused
 )
 
 
@@ -71,6 +72,7 @@ def test_a_used_object_is_refused_naming_its_users(kind: str, name: str, users: 
         ("queue", "Empty", "queues"),
         ("route", "R", "routes"),
         ("broker-priority", "P", "broker_priorities"),
+        ("remote-service-binding", "B", "remote_service_bindings"),
     ],
 )
 def test_an_unused_object_goes(kind: str, name: str, field: str) -> None:
@@ -82,6 +84,7 @@ def test_an_unused_object_goes(kind: str, name: str, field: str) -> None:
 def test_dropping_in_order_empties_the_catalog() -> None:
     c = catalog(**SAMPLE)
     for kind, name in [
+        ("remote-service-binding", "B"),
         ("broker-priority", "P"),
         ("route", "R"),
         ("service", "S"),
@@ -91,7 +94,7 @@ def test_dropping_in_order_empties_the_catalog() -> None:
         ("xml-schema-collection", "X"),
     ]:
         c = dropped(c, kind, name)
-    assert not c.services and not c.xml_schema_collections and "C" not in c.contracts
+    assert not c.services and not c.xml_schema_collections and not c.remote_service_bindings and "C" not in c.contracts
     assert set(c.message_types) == set(BUILTIN_MESSAGE_TYPES) | {"N"}
 
 
@@ -173,7 +176,9 @@ def catalogs(draw: st.DrawFn) -> Catalog:
         contract = draw(st.sampled_from(["ANY", DEFAULT] + [c["name"] for c in contracts]))
         local = draw(st.sampled_from(["ANY"] + [s["name"] for s in services]))
         priorities.append({"name": f"P{i}", "contract": contract, "local_service": local, "remote_service": f"r{i}"})
+    bindings = [{"name": f"B{i}", "to_service": f"r{i}", "user": "u"} for i in range(draw(st.integers(0, 2)))]
     return catalog(
+        remote_service_bindings=bindings,
         broker_priorities=priorities,
         xml_schema_collections=[{"name": x, "schemas": [XSD]} for x in xs],
         message_types=mts,
@@ -194,6 +199,7 @@ def references_hold(c: Catalog) -> bool:
         "routes": dict(c.routes),
         "broker_endpoints": {},
         "broker_priorities": dict(c.broker_priorities),
+        "remote_service_bindings": dict(c.remote_service_bindings),
     }
     try:
         _check_references(objects, defaultdict(str))
@@ -248,7 +254,9 @@ def test_a_drop_list_is_read_and_checked(tmp_path: Path) -> None:
 def test_plan_drops_orders_users_first_and_skips_what_is_gone() -> None:
     drops = [("xml-schema-collection", "X"), ("queue", "Q"), ("message-type", "M"), ("contract", "C")]
     drops += [("service", "S"), ("route", "R"), ("queue", "Gone"), ("broker-priority", "P")]
+    drops += [("remote-service-binding", "B")]
     assert plan_drops(catalog(**SAMPLE), drops) == [
+        ("remote-service-binding", "B"),
         ("broker-priority", "P"),
         ("route", "R"),
         ("service", "S"),

@@ -10,6 +10,7 @@ import orjson
 from pydantic import Field, model_validator
 
 from kbroker.core import names
+from kbroker.core.catalog.bindings import RemoteServiceBinding, binding_for
 from kbroker.core.catalog.built_ins import BUILTIN_CONTRACTS, BUILTIN_MESSAGE_TYPES
 from kbroker.core.catalog.objects import (
     BrokerEndpoint,
@@ -45,6 +46,7 @@ class Catalog(StrictModel):
     xml_schema_collections: dict[str, XmlSchemaCollection] = {}
     broker_priorities: dict[str, BrokerPriority] = {}
     database_options: dict[str, DatabaseOption] = {}
+    remote_service_bindings: dict[str, RemoteServiceBinding] = {}
     # Filled by the loader only, never published: system topic overrides of the applied files,
     # and where each object was defined ("queue X" -> file) for error messages.
     system_topics: dict[str, SystemTopic] = Field(default={}, exclude=True)
@@ -78,6 +80,7 @@ class Catalog(StrictModel):
             "xml_schema_collections",
             "broker_priorities",
             "database_options",
+            "remote_service_bindings",
         ):
             for key, obj in getattr(self, kind).items():
                 if key != obj.name:
@@ -150,6 +153,10 @@ class Catalog(StrictModel):
     @property
     def honor_broker_priority(self) -> bool:
         return honors_priority(self.database_options)
+
+    def binding_for(self, service: str) -> RemoteServiceBinding | None:
+        """The remote service binding for the far service `service` (bindings.py), or None."""
+        return binding_for(self.remote_service_bindings.values(), service)
 
     def services_on_queue(self, queue_name: str) -> list[Service]:
         return [s for s in self.services.values() if s.queue == queue_name]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ValidationError
 
+from kbroker.core.catalog.bindings import RemoteServiceBinding
 from kbroker.core.catalog.loader import pydantic_reason
 from kbroker.core.catalog.models import (
     BrokerEndpoint,
@@ -30,6 +31,7 @@ KINDS: dict[str, tuple[str, type[BaseModel]]] = {
     "xml_schema_collection": ("xml_schema_collections", XmlSchemaCollection),
     "broker_priority": ("broker_priorities", BrokerPriority),
     "database_option": ("database_options", DatabaseOption),
+    "remote_service_binding": ("remote_service_bindings", RemoteServiceBinding),
 }
 
 

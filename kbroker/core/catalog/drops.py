@@ -1,6 +1,7 @@
-"""DROP MESSAGE TYPE, CONTRACT, QUEUE, SERVICE, ROUTE, XML SCHEMA COLLECTION and BROKER PRIORITY as pure rules:
-what refuses a drop (an object still used by another, a built-in) and the catalog after it; and
-the rule that a contract's messages are fixed once it is published (no ALTER CONTRACT).
+"""DROP MESSAGE TYPE, CONTRACT, QUEUE, SERVICE, ROUTE, XML SCHEMA COLLECTION, BROKER PRIORITY and
+REMOTE SERVICE BINDING as pure rules: what refuses a drop (an object still used by another, a
+built-in) and the catalog after it; and the rule that a contract's messages are fixed once it is
+published (no ALTER CONTRACT).
 
 A drop never leaves a dangling reference: it is refused exactly when the loader's reference
 check would fail on the catalog without the object (docs/catalog.md, Dropping objects)."""
@@ -20,6 +21,7 @@ DROP_KINDS: dict[str, tuple[str, str]] = {
     "route": ("routes", "route"),
     "xml-schema-collection": ("xml_schema_collections", "XML schema collection"),
     "broker-priority": ("broker_priorities", "broker priority"),
+    "remote-service-binding": ("remote_service_bindings", "remote service binding"),  # no object names one
 }
 
 # kbroker's wording of Service Broker's refusals, by the Catalog field dropped from
@@ -75,7 +77,16 @@ def dropped(catalog: Catalog, kind: str, name: str) -> Catalog:
 
 # A drop: list runs in this order, users before what they use, so one apply can drop a service
 # with its queue and contracts, whatever order the files list them in.
-DROP_ORDER = ("broker-priority", "route", "service", "queue", "contract", "message-type", "xml-schema-collection")
+DROP_ORDER = (
+    "remote-service-binding",
+    "broker-priority",
+    "route",
+    "service",
+    "queue",
+    "contract",
+    "message-type",
+    "xml-schema-collection",
+)
 FIELDS = (
     "message_types",
     "contracts",
@@ -85,6 +96,7 @@ FIELDS = (
     "xml_schema_collections",
     "broker_priorities",
     "database_options",
+    "remote_service_bindings",
 )
 
 

@@ -6,11 +6,12 @@ A definition file is a mapping of lists:
     xml_schema_collections: [{name, schemas: [XSD text], files: [XSD files beside the YAML]}]
     contracts:     [{name, messages: [{type, sent_by}]}]
     queues:        [{name, partitions, retention, status, ..., activation}]
-    services:      [{name, queue, contracts}]
+    services:      [{name, queue, contracts, owner}]
     routes:        [{name, service_name, address, broker_instance, lifetime, mirror_address}]
     broker_endpoints: [{name, message_forwarding, message_forward_size}]   (at most one)
     broker_priorities: [{name, contract, local_service, remote_service, priority}]  (priorities.py)
     database_options: [{name: honor_broker_priority, value: ON|OFF}]
+    remote_service_bindings: [{name, to_service, user, anonymous}]   (one a far service; bindings.py)
     system_topics: [{name, partitions, config}]     (kbroker/core/catalog/system.yaml)
     drop:          [{kind, name}]   DROP statements, applied after the definitions (drops.py)
 
@@ -28,6 +29,7 @@ import yaml
 from pydantic import ValidationError
 
 from kbroker.config import NAMESPACE_RE
+from kbroker.core.catalog.bindings import RemoteServiceBinding, rebound
 from kbroker.core.catalog.drops import DROP_KINDS
 from kbroker.core.catalog.models import (
     BUILTIN_CONTRACTS,
@@ -61,6 +63,7 @@ Definition = (
     | SystemTopic
     | BrokerPriority
     | DatabaseOption
+    | RemoteServiceBinding
 )
 
 # top-level key -> (label used in errors, model)
@@ -75,6 +78,7 @@ SECTIONS: dict[str, tuple[str, type[Definition]]] = {
     "system_topics": ("system topic", SystemTopic),
     "broker_priorities": ("broker priority", BrokerPriority),
     "database_options": ("database option", DatabaseOption),
+    "remote_service_bindings": ("remote service binding", RemoteServiceBinding),
 }
 
 
@@ -281,6 +285,7 @@ def load_definitions(paths: Iterable[str | Path], namespace: str) -> Catalog:
         broker_endpoints=objects["broker_endpoints"],
         broker_priorities=objects["broker_priorities"],
         database_options=objects["database_options"],
+        remote_service_bindings=objects["remote_service_bindings"],
         system_topics=objects["system_topics"],
         origins=origins,
         drops=drops,
@@ -331,6 +336,13 @@ def _check_references(objects: dict[str, dict[str, Any]], origins: dict[str, str
             f"a namespace has one broker endpoint; {names[0]!r} is already defined",
         )
     _check_priorities(objects, contracts, missing)
+    # The far service is another namespace's (not checked); a second binding of it would be ignored.
+    twice = rebound((b.name, b.to_service) for b in objects.get("remote_service_bindings", {}).values())
+    if twice:
+        name, other, service = twice[0]
+        obj = f"remote service binding {name}"
+        why = f"binds service {service!r}, as remote service binding {other!r} does: a service has one binding"
+        raise DefinitionError(origins[obj], obj, why)
     for r in objects["routes"].values():
         # Only a LOCAL route's service must be defined here: a remote route names a service of
         # another namespace (Service Broker checks neither).

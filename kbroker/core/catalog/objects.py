@@ -1,6 +1,7 @@
 """The catalog's objects as pydantic models: message types, XML schema collections, contracts,
-queues (and their activation), services, routes, the broker endpoint and the system topics. Each is checked on its
-own here; references between objects are the loader's to check."""
+queues (and their activation), services (and their owners), routes, the broker endpoint and the
+system topics. Each is checked on its own here; references between objects are the loader's to
+check."""
 
 from __future__ import annotations
 
@@ -179,6 +180,9 @@ class Service(StrictModel):
     name: str = Field(min_length=1, max_length=MAX_SERVICE_NAME)
     queue: str
     contracts: list[str] = []  # contracts it accepts as a target; none = initiator only
+    # CREATE SERVICE ... AUTHORIZATION: the database principal whose certificate proves the
+    # service to a far one (dialog security, bindings.py).
+    owner: str = Field(default="dbo", min_length=1, max_length=128)
     # GRANT SEND ON SERVICE to other namespaces: those whose routed messages it takes (their
     # senders proven by signature, core/routing/signing.py); None: every namespace whose public
     # key this namespace holds. A namespace not listed gets Service Broker's Error -8494.
@@ -198,6 +202,15 @@ class Service(StrictModel):
         if bad:
             raise ValueError(f"remote_senders lists {bad[0]!r}, which is no namespace name")
         return value
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Written only when not dbo: a published service reads the same, and reads back in a
+        # kbroker before owners.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("owner") == "dbo":
+            data.pop("owner", None)
+        return data
 
 
 class Route(StrictModel):

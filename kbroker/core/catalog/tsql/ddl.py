@@ -137,6 +137,17 @@ class CreatePriority(Statement):
 
 
 @dataclass(frozen=True)
+class CreateBinding(Statement):
+    """CREATE REMOTE SERVICE BINDING name TO SERVICE 'svc' WITH ... (or ALTER, which names no
+    service): the options as written (user, anonymous)."""
+
+    owner: str | None = None
+    to_service: str | None = None
+    options: tuple[Option, ...] = ()
+    alter: bool = False
+
+
+@dataclass(frozen=True)
 class AlterDatabase(Statement):
     """ALTER DATABASE name SET HONOR_BROKER_PRIORITY ON|OFF; `rest` is the statement's text when
     it sets more than that (the other options are not imported)."""

@@ -17,26 +17,26 @@ from collections.abc import Iterable
 # Every keyword BATCH names, matched whatever its case. The contextual lexer reads a keyword as a
 # plain NAME where the parser expects a name (`CREATE QUEUE Target` is a queue named Target).
 KEYWORDS = (
-    "ACTIVATION ADDRESS ALTER ANY AS AUTHORIZATION BROKER BROKER_INSTANCE BY COLLECTION CONTRACT "
+    "ACTIVATION ADDRESS ALTER ANONYMOUS ANY AS AUTHORIZATION BINDING BROKER BROKER_INSTANCE BY COLLECTION CONTRACT "
     "CONTRACT_NAME CONVERSATION CREATE DATABASE DEFAULT DENY DROP EMPTY EXECUTE EXISTS FOR FUNCTION GRANT IF INITIATOR "
     "LIFETIME "
     "LOCAL_SERVICE_NAME MAX_QUEUE_READERS MESSAGE MIRROR_ADDRESS NONE OFF ON OR OWNER "
-    "POISON_MESSAGE_HANDLING PRIORITY PRIORITY_LEVEL PROC PROCEDURE PROCEDURE_NAME QUEUE "
+    "POISON_MESSAGE_HANDLING PRIORITY PRIORITY_LEVEL PROC PROCEDURE PROCEDURE_NAME QUEUE REMOTE "
     "REMOTE_SERVICE_NAME RETENTION REVOKE ROUTE SCHEMA SELF SENT SERVICE SERVICE_NAME SET STATUS TARGET "
-    "TRIGGER TYPE USE VALID_XML VALIDATION VIEW WELL_FORMED_XML WITH XML"
+    "TO TRIGGER TYPE USE USER VALID_XML VALIDATION VIEW WELL_FORMED_XML WITH XML"
 ).split()
 # What an `other` statement may not hold: the words that start a statement the importer maps
 # (and GRANT, DENY, REVOKE below: each starts a statement of its own).
 _STARTS = {"CREATE", "ALTER", "USE"}
 # After CREATE: the kinds the importer maps, and those that take their whole batch.
-_CREATED = {"MESSAGE", "CONTRACT", "QUEUE", "SERVICE", "ROUTE", "BROKER", "XML"}
+_CREATED = {"MESSAGE", "CONTRACT", "QUEUE", "SERVICE", "ROUTE", "BROKER", "XML", "REMOTE"}
 _PROC_KINDS = ("PROCEDURE", "PROC", "FUNCTION", "TRIGGER", "VIEW")
 # A permission may name CREATE or ALTER (GRANT CREATE QUEUE, ALTER ON SERVICE::s TO u).
 _PERMITS = {"GRANT", "DENY", "REVOKE"}
 # After ALTER: the kinds mapped (QUEUE, MESSAGE TYPE, ...); SERVICE and ROUTE are refused by name.
-_ALTERED = {"QUEUE", "MESSAGE", "SERVICE", "ROUTE", "XML", "BROKER", "DATABASE"}
+_ALTERED = {"QUEUE", "MESSAGE", "SERVICE", "ROUTE", "XML", "BROKER", "DATABASE", "REMOTE"}
 # After DROP: the kinds mapped onto a `drop:` entry (the others are `other_drop`).
-_DROPPED = {"MESSAGE", "CONTRACT", "QUEUE", "SERVICE", "ROUTE", "BROKER", "XML"}
+_DROPPED = {"MESSAGE", "CONTRACT", "QUEUE", "SERVICE", "ROUTE", "BROKER", "XML", "REMOTE"}
 
 
 def _alternatives(words: Iterable[str]) -> str:
@@ -75,7 +75,8 @@ BATCH = (
 batch: proc_batch | (_statement | ";")*
 
 _statement: use | create_message_type | alter_message_type | create_contract | create_queue
-    | alter_queue | create_service | create_route | create_priority | alter_priority | create_xml_schema
+    | alter_queue | create_service | create_route | create_priority | alter_priority | create_binding
+    | alter_binding | create_xml_schema
     | alter_xml_schema | alter_database | drop | other_drop | other_create | other_alter | refused_alter | permission | other
 
 proc_batch: (CREATE (OR ALTER)? | ALTER) _proc_kind _tok*
@@ -123,13 +124,19 @@ priority_option: (CONTRACT_NAME | LOCAL_SERVICE_NAME) "=" (name | ANY)
     | REMOTE_SERVICE_NAME "=" (STRING | ANY)
     | PRIORITY_LEVEL "=" (NUMBER | DEFAULT)
 
+// USER is required in a CREATE: the mapper says so (as ADDRESS in a route).
+create_binding: CREATE REMOTE SERVICE BINDING name authorization? TO SERVICE STRING WITH binding_option ("," binding_option)*
+alter_binding: ALTER REMOTE SERVICE BINDING name WITH binding_option ("," binding_option)*
+binding_option: USER "=" name                                         -> user
+    | ANONYMOUS "=" on_off                                            -> anonymous
+
 create_xml_schema: CREATE XML SCHEMA COLLECTION qualified AS _any+
 alter_xml_schema: ALTER XML SCHEMA COLLECTION qualified _any+
 
 alter_database: ALTER DATABASE _any*
 
 // Fixed length, so a DROP needs no `;` before the next statement; IF EXISTS is SQL Server 2016's.
-drop: DROP (MESSAGE TYPE | CONTRACT | SERVICE | ROUTE | BROKER PRIORITY) _if_exists? name
+drop: DROP (MESSAGE TYPE | CONTRACT | SERVICE | ROUTE | BROKER PRIORITY | REMOTE SERVICE BINDING) _if_exists? name
     | DROP (QUEUE | XML SCHEMA COLLECTION) _if_exists? qualified
 _if_exists: IF EXISTS
 other_drop: DROP _other_dropped _any*

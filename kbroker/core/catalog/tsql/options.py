@@ -115,8 +115,9 @@ def unmapped_note(st: Unmapped) -> tuple[Severity, str]:
         return "note", f"{head}: XML schema collections are not yet in the catalog: skipped"
     if st.refused:
         return "error", (
-            f"{st.text}: not imported: of the ALTER statements only ALTER QUEUE, ALTER MESSAGE TYPE "
-            f"and ALTER BROKER PRIORITY are; write the change into the {kind.replace('ALTER', 'CREATE')}"
+            f"{st.text}: not imported: of the ALTER statements only ALTER QUEUE, ALTER MESSAGE TYPE, "
+            "ALTER BROKER PRIORITY and ALTER REMOTE SERVICE BINDING are; write the change into the "
+            f"{kind.replace('ALTER', 'CREATE')}"
         )
     if kind.endswith(("PROCEDURE", "PROC", "FUNCTION", "TRIGGER", "VIEW")):
         return "note", f"{st.text}: skipped: activation runs a Python module:function (the queue's procedure)"

@@ -15,6 +15,7 @@ from kbroker.core.catalog.tsql import grammar
 from kbroker.core.catalog.tsql.ddl import (
     AlterDatabase,
     ContractMessage,
+    CreateBinding,
     CreateContract,
     CreateMessageType,
     CreatePriority,
@@ -150,6 +151,8 @@ def _statement(tree: Tree[Any], text: str) -> Statement:
         )
         head = "ALTER BROKER PRIORITY" if kind == "alter_priority" else "CREATE BROKER PRIORITY"
         return CreatePriority(head, _name(_tree(tree, "name")), line, options, kind == "alter_priority")
+    if kind in ("create_binding", "alter_binding"):
+        return _binding(tree, kind, line)
     if kind == "drop":
         return _drop(tree, line)
     if kind == "alter_database":
@@ -157,6 +160,15 @@ def _statement(tree: Tree[Any], text: str) -> Statement:
     if kind in ("create_xml_schema", "alter_xml_schema"):
         return _xml_schema(tree, kind, line, text)
     return _unmapped(tree, kind, line, text)
+
+
+def _binding(tree: Tree[Any], kind: str, line: int) -> CreateBinding:
+    """CREATE REMOTE SERVICE BINDING b [AUTHORIZATION o] TO SERVICE 's' WITH ..., or ALTER ... WITH ..."""
+    alter = kind == "alter_binding"
+    service = next((_unquote(str(t)) for t in tree.children if isinstance(t, Token) and t.type == "STRING"), None)
+    options = tuple(_option(o) for o in tree.children if isinstance(o, Tree) and o.data in ("user", "anonymous"))
+    head = "ALTER REMOTE SERVICE BINDING" if alter else "CREATE REMOTE SERVICE BINDING"
+    return CreateBinding(head, _name(_tree(tree, "name")), line, _owner(tree), service, options, alter)
 
 
 def _drop(tree: Tree[Any], line: int) -> Drop:

@@ -1,6 +1,7 @@
 """The parts of the mapping for CREATE and ALTER BROKER PRIORITY and for DROP: a priority's
 fields (a default left out, as the other objects' defaults are), the priorities Service Broker
-would refuse as alike, and the import's section a DROP names."""
+would refuse as alike, the import's section a DROP names, and the references between the
+objects imported (those `kbroker apply` checks, and those that refuse a DROP)."""
 
 from __future__ import annotations
 
@@ -89,3 +90,29 @@ def refusal(objects: dict[str, dict[str, dict[str, Any]]], labels: dict[str, str
         f"{labels[s]} {n}" for s, objs in objects.items() for n, o in objs.items() if (section, name) in _named(s, o)
     ]
     return f"is used by {', '.join(users)}: drop {'it' if len(users) == 1 else 'them'} first" if users else ""
+
+
+def references(
+    objects: dict[str, dict[str, dict[str, Any]]],
+    section: str,
+    obj: dict[str, Any],
+    message_types: dict[str, Any],
+    contracts: dict[str, Any],
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """(section, name, the objects it must be among) of each reference `obj` of `section` makes
+    that `kbroker apply` checks; a binding's far service is another namespace's: not checked."""
+    if section == "contracts":
+        return [("message_types", m["type"], message_types) for m in obj["messages"]]
+    if section == "message_types" and "schema_collection" in obj:
+        return [("xml_schema_collections", obj["schema_collection"], objects["xml_schema_collections"])]
+    if section == "services":
+        return [("contracts", c, contracts) for c in obj["contracts"]]
+    if section == "routes" and obj["address"] == "LOCAL" and "service_name" in obj:
+        return [("services", obj["service_name"], objects["services"])]
+    if section == "broker_priorities":  # the remote service is another namespace's: not checked
+        refs = [
+            ("contracts", obj.get("contract"), contracts),
+            ("services", obj.get("local_service"), objects["services"]),
+        ]
+        return [(k, r, known) for k, r, known in refs if r is not None]
+    return []

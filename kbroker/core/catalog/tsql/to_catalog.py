@@ -3,11 +3,12 @@ definition file holds (catalog/loader.py), with a note or an error naming the fi
 everything that has no place in the catalog. Pure: scripts' text in, definitions and problems out.
 
 What maps to what is docs/catalog.md's "Importing T-SQL". In short: a message type, contract,
-queue, service, route and broker priority become the catalog object of the same name, ALTER QUEUE,
-ALTER MESSAGE TYPE and ALTER BROKER PRIORITY change the object created before them, a DROP is a
-`drop:` entry (a DROP of an object the scripts create leaves it out), and a name the catalog
-refuses is an error (never renamed). Objects are checked with the catalog's own models and, as `kbroker apply` checks
-them, their references to one another."""
+queue, service, route, broker priority and remote service binding become the catalog object of the
+same name, ALTER QUEUE, ALTER MESSAGE TYPE, ALTER BROKER PRIORITY and ALTER REMOTE SERVICE BINDING
+change the object created before them, a DROP is a `drop:` entry (a DROP of an object the scripts
+create leaves it out), and a name the catalog refuses is an error (never renamed). Objects are
+checked with the catalog's own models and, as `kbroker apply` checks them, their references to
+one another."""
 
 from __future__ import annotations
 
@@ -18,11 +19,14 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from kbroker.core.catalog.bindings import rebound
 from kbroker.core.catalog.loader import SECTIONS, pydantic_reason
 from kbroker.core.catalog.models import BUILTIN_CONTRACTS, BUILTIN_MESSAGE_TYPES, Catalog
 from kbroker.core.catalog.tsql import priority_drops as pd
+from kbroker.core.catalog.tsql import remote_bindings as rb
 from kbroker.core.catalog.tsql.ddl import (
     AlterDatabase,
+    CreateBinding,
     CreateContract,
     CreateMessageType,
     CreatePriority,
@@ -151,8 +155,8 @@ class _Mapper:
 
     def _object(self, file: str, st: Statement) -> str | None:
         owner = getattr(st, "owner", None)
-        if owner is not None:
-            self.note(file, st.line, f"AUTHORIZATION {owner}: the catalog has no owners (permissions: kbroker grant)")
+        if owner is not None and not isinstance(st, CreateService):  # a service's owner is its `owner`
+            self.note(file, st.line, f"AUTHORIZATION {owner}: only a service has an owner (permissions: kbroker grant)")
         if isinstance(st, CreateMessageType):
             return self._message_type(file, st)
         if isinstance(st, CreateXmlSchemaCollection):
@@ -173,15 +177,18 @@ class _Mapper:
         if isinstance(st, CreateQueue):
             return self._queue(file, st)
         if isinstance(st, CreatePriority):
-            return self._priority(file, st)
+            return self._changed(file, st, "broker_priorities", lambda o, e: pd.priority_of(o, st.options, st.line, e))
+        if isinstance(st, CreateBinding):
+            return self._changed(file, st, "remote_service_bindings", lambda o, e: rb.binding_of(o, st, e))
         if isinstance(st, AlterDatabase):
             return self._database(file, st)
         if isinstance(st, Drop):
             return self._drop(file, st)
         if isinstance(st, CreateService):
             queue = self._queue_ref(file, st.line, st.queue)
-            contracts = [c for c, _ in st.contracts]
-            return self._create(file, st, "services", {"name": st.name, "queue": queue, "contracts": contracts})
+            service = {"name": st.name, "queue": queue, "contracts": [c for c, _ in st.contracts]}
+            owned = {} if st.owner in (None, "dbo") else {"owner": st.owner}  # dbo: the default, left out
+            return self._create(file, st, "services", service | owned)
         assert isinstance(st, CreateRoute)
         if self._once(file, st.options):
             fields = route_fields(st.options, lambda line, why: self.error(file, line, why), self._note_at(file))
@@ -237,18 +244,20 @@ class _Mapper:
             return f"queue {queue['name']}"
         return self._create(file, st, "queues", queue)  # any two names have their own topics (names.py)
 
-    def _priority(self, file: str, st: CreatePriority) -> str | None:
+    def _changed(self, file: str, st: CreatePriority | CreateBinding, section: str, build: Any) -> str | None:
+        """A priority or binding as created, or as the ALTER changes the one created before it:
+        build(current, error) gives its fields, or None after an error."""
         if not self._once(file, st.options):
             return None
-        current = self.objects["broker_priorities"].get(st.name) if st.alter else {"name": st.name}
+        current = self.objects[section].get(st.name) if st.alter else {"name": st.name}
         if current is None:
-            self.error(file, st.line, f"ALTER BROKER PRIORITY {st.name}: the broker priority is not created before it")
+            self.error(file, st.line, f"{st.kind} {st.name}: the {LABELS[section]} is not created before it")
             return None
-        priority = pd.priority_of(current, st.options, st.line, lambda line, why: self.error(file, line, why))
-        if priority is not None and st.alter:
-            self.objects["broker_priorities"][st.name] = priority
-            return f"broker priority {st.name}"
-        return None if priority is None else self._create(file, st, "broker_priorities", priority)
+        obj = build(current, lambda line, why: self.error(file, line, why))
+        if obj is not None and st.alter:
+            self.objects[section][st.name] = obj
+            return f"{LABELS[section]} {st.name}"
+        return None if obj is None else self._create(file, st, section, obj)
 
     def _database(self, file: str, st: AlterDatabase) -> str:
         if st.rest:
@@ -358,32 +367,17 @@ class _Mapper:
                         compiled(obj["schemas"])  # as apply compiles it: the XSD's own error, with its line
                     except SchemaCompileError as exc:
                         self.error(file, line, f"{LABELS[section]} {name}: {exc}")
-                for kind, ref, known in self._references(section, obj, message_types, contracts):
+                for kind, ref, known in pd.references(self.objects, section, obj, message_types, contracts):
                     if ref not in known and (kind, ref) not in self.refused:
                         missing = f"{LABELS[kind]} {ref!r} is not created in the scripts imported"
                         self.error(file, line, f"{LABELS[section]} {name}: {missing}")
         for name, other in pd.alike(self.objects["broker_priorities"]):
             file, line = self.where[("broker_priorities", name)]
             self.error(file, line, f"broker priority {name}: has the contract and services of {other!r}")
-
-    def _references(
-        self, section: str, obj: dict[str, Any], message_types: dict[str, Any], contracts: dict[str, Any]
-    ) -> list[tuple[str, str, dict[str, Any]]]:
-        if section == "contracts":
-            return [("message_types", m["type"], message_types) for m in obj["messages"]]
-        if section == "message_types" and "schema_collection" in obj:
-            return [("xml_schema_collections", obj["schema_collection"], self.objects["xml_schema_collections"])]
-        if section == "services":
-            return [("contracts", c, contracts) for c in obj["contracts"]]
-        if section == "routes" and obj["address"] == "LOCAL" and "service_name" in obj:
-            return [("services", obj["service_name"], self.objects["services"])]
-        if section == "broker_priorities":  # the remote service is another namespace's: not checked
-            refs = [
-                ("contracts", obj.get("contract"), contracts),
-                ("services", obj.get("local_service"), self.objects["services"]),
-            ]
-            return [(k, r, known) for k, r, known in refs if r is not None]
-        return []
+        bindings = self.objects["remote_service_bindings"]
+        for name, other, service in rebound((n, b["to_service"]) for n, b in bindings.items()):
+            file, line = self.where[("remote_service_bindings", name)]
+            self.error(file, line, f"remote service binding {name}: binds service {service!r}, as {other!r} does")
 
     def result(self) -> Imported:
         for problems in (self.out.notes, self.out.errors):

@@ -1,11 +1,12 @@
 """A catalog written back as Service Broker DDL: CREATE MESSAGE TYPE, CONTRACT, QUEUE, SERVICE,
-ROUTE and BROKER PRIORITY, and ALTER DATABASE ... SET HONOR_BROKER_PRIORITY, each in the form
-to_catalog.py reads back into the same objects. What T-SQL cannot say
-(JSON validation, partitions, external activation, ...) is a `-- kbroker:` comment above the
-statement and one of the notes returned. Pure: a Catalog in, the script's text out."""
+ROUTE, REMOTE SERVICE BINDING and BROKER PRIORITY, and ALTER DATABASE ... SET
+HONOR_BROKER_PRIORITY, each in the form to_catalog.py reads back into the same objects. What T-SQL
+cannot say (JSON validation, partitions, external activation, ...) is a `-- kbroker:` comment
+above the statement and one of the notes returned. Pure: a Catalog in, the script's text out."""
 
 from __future__ import annotations
 
+from kbroker.core.catalog.bindings import RemoteServiceBinding
 from kbroker.core.catalog.models import BUILTIN_CONTRACTS, BUILTIN_MESSAGE_TYPES, Catalog, Queue, Route, Service
 from kbroker.core.catalog.objects import Activation
 from kbroker.core.catalog.priorities import ANY, BrokerPriority
@@ -71,7 +72,8 @@ def to_tsql(catalog: Catalog) -> tuple[str, list[str]]:
     for s in catalog.services.values():
         contracts = f" ({', '.join(quote_name(c) for c in s.contracts)})" if s.contracts else ""
         unsaid = _service_unsaid(s)
-        text = f"CREATE SERVICE {quote_name(s.name)} ON QUEUE {quote_name(s.queue)}{contracts}"
+        owner = "" if s.owner == "dbo" else f" AUTHORIZATION {quote_name(s.owner)}"  # dbo: the default
+        text = f"CREATE SERVICE {quote_name(s.name)}{owner} ON QUEUE {quote_name(s.queue)}{contracts}"
         statement(batch, text, unsaid, f"service {s.name}")
     batches.append(batch)
 
@@ -79,6 +81,7 @@ def to_tsql(catalog: Catalog) -> tuple[str, list[str]]:
     for r in catalog.routes.values():
         unsaid = [] if r.profile is None else [f"profile {r.profile} has no T-SQL form"]
         statement(batch, _route(r), unsaid, f"route {r.name}")
+    batch += [_binding(b) + ";" for b in catalog.remote_service_bindings.values()]
     batches.append(batch)
 
     batch = [f"ALTER DATABASE CURRENT SET HONOR_BROKER_PRIORITY {o.value};" for o in catalog.database_options.values()]
@@ -133,6 +136,14 @@ def _route(r: Route) -> str:
     if r.mirror_address is not None:
         options.append(f"MIRROR_ADDRESS = {quote_string(r.mirror_address)}")
     return f"CREATE ROUTE {quote_name(r.name)} WITH\n    " + ",\n    ".join(options)
+
+
+def _binding(b: RemoteServiceBinding) -> str:
+    anonymous = "ON" if b.anonymous else "OFF"
+    return (
+        f"CREATE REMOTE SERVICE BINDING {quote_name(b.name)} TO SERVICE {quote_string(b.to_service)}\n"
+        f"    WITH USER = {quote_name(b.user)}, ANONYMOUS = {anonymous}"
+    )
 
 
 def _priority(p: BrokerPriority) -> str:
