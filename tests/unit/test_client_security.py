@@ -338,3 +338,30 @@ def test_any_settings_read_or_raise_a_typed_error(props):
         ClientSecurity.of(props, read_from({}))
     except InvalidArgumentError:  # UnsupportedSettingError is one
         pass
+
+
+def test_a_client_certificate_is_named_as_the_secured_broker_maps_it():
+    """kbroker's secured broker maps a CN-only subject to the CN (its principal mapping rule):
+    a refusal names `User:clerk2`, the principal ACLs must be granted to, not `User:CN=clerk2`."""
+    from kbroker.embedded import certs
+
+    ca = certs.new_ca()
+    cn_only = certs.issue(ca, "clerk2")
+    assert ClientSecurity(protocol="SSL", cert_pem=cn_only.cert.decode()).principal == "User:clerk2"
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name(
+        [x509.NameAttribute(NameOID.COMMON_NAME, "clerk2"), x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Acme")]
+    )
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    pem = cert.public_bytes(serialization.Encoding.PEM).decode()
+    assert ClientSecurity(protocol="SSL", cert_pem=pem).principal == "User:O=Acme,CN=clerk2"  # DEFAULT: the DN

@@ -14,6 +14,7 @@ Keys are read into unencrypted PKCS#8 PEM held in memory, the form every client 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -40,6 +41,9 @@ _MODULES = {
 _OAUTH_HANDLER = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler"
 
 ReadFile = Callable[[str], bytes]
+
+
+_CN_ONLY = re.compile(r"CN=([A-Za-z0-9._-]+)")
 
 
 @dataclass(frozen=True, repr=False)
@@ -91,9 +95,13 @@ class ClientSecurity:
             return f"User:{self.username}"
         if self.cert_pem:
             try:
-                return f"User:{x509.load_pem_x509_certificate(self.cert_pem.encode()).subject.rfc4514_string()}"
+                subject = x509.load_pem_x509_certificate(self.cert_pem.encode()).subject.rfc4514_string()
             except ValueError:
                 return "the principal of this client's certificate"
+            # The broker's mapping, as kbroker's secured broker writes it (embedded/secure.py): a
+            # subject that is only a CN is named by the CN; any other by its whole DN (DEFAULT).
+            cn = _CN_ONLY.fullmatch(subject)
+            return f"User:{cn.group(1) if cn else subject}"
         return "User:ANONYMOUS"
 
     @classmethod

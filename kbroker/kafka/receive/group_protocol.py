@@ -95,6 +95,9 @@ def classic_session_ms(cluster: Cluster) -> int:
     least = brokers_min_session_ms(cluster)
     if least is not None and least <= FAST_CLASSIC_SESSION_MS:
         chosen = FAST_CLASSIC_SESSION_MS
+    elif least is None:  # no DESCRIBE_CONFIGS on the cluster, as most readers have: not theirs to fix
+        chosen = CLASSIC_SESSION_TIMEOUT_MS
+        log.debug("queue groups keep a %d s session time-out: the brokers' minimum is unreadable here", chosen // 1000)
     else:
         chosen = CLASSIC_SESSION_TIMEOUT_MS
         log.warning(
@@ -103,7 +106,7 @@ def classic_session_ms(cluster: Cluster) -> int:
             "(or KBROKER_QUEUE_SESSION_TIMEOUT_MS within it)",
             chosen // 1000,
             FAST_CLASSIC_SESSION_MS // 1000,
-            "unreadable here (no DESCRIBE_CONFIGS on the cluster?)" if least is None else f"{least} ms",
+            f"{least} ms",
             FAST_CLASSIC_SESSION_MS,
         )
     with _lock:
