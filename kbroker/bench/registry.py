@@ -25,6 +25,7 @@ SCENARIO_MODULES = (
     "activation_drain",
     "analytics",
     "routing",
+    "routing_secured",
     "transport",
     "transport_delayed",
     "transport_fanout",

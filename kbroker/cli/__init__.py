@@ -15,6 +15,7 @@ from kbroker.cli import (  # noqa: F401
     bench,
     broker,
     catalog,
+    certificates,
     diagnose,
     import_sql,
     messaging,

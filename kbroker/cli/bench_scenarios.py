@@ -35,6 +35,8 @@ SCENARIO_NAMES = (
     "routing-request-reply-namespaces",
     "routing-request-reply-clusters",
     "routing-transmission-latency",
+    "routing-secured",
+    "routing-secured-round-trips",
     "transport",
     "transport-send",
     "transport-receive",

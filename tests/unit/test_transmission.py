@@ -209,6 +209,7 @@ def test_rows_are_sys_transmission_queue_rows():
         "is_end_of_dialog": False,
         "is_conversation_error": False,
         "priority": 5,
+        "security": "",
         "transmission_status": "",
         "destination": None,
         "attempts": 0,

@@ -97,6 +97,11 @@ class Endpoint:
     # this side's records carry within one namespace, so RECEIVE there orders them by it.
     priority: int = 5
     far_priority: int = 5
+    # Dialog security of a remote dialog: BEGIN DIALOG's ENCRYPTION (the initiator's), and on the
+    # target the session key the dialog's first message brought, sealed for this service's
+    # certificate, which its replies are sealed with (core/security/dialog_security.py).
+    encryption: bool = False
+    session: str | None = None
 
     @property
     def send_priority(self) -> int:
@@ -218,6 +223,7 @@ def new_target_endpoint(
     lifetime: int | None = None,
     far_broker: str | None = None,
     priorities: tuple[int, int] = (5, 5),
+    session: str | None = None,
 ) -> Endpoint:
     """The target endpoint, created when the dialog's first message arrives (as SSB does).
     `far_broker`: the initiator's namespace when the message came from another one; `priorities`:
@@ -239,6 +245,7 @@ def new_target_endpoint(
         far_broker=far_broker,
         priority=priorities[0],
         far_priority=priorities[1],
+        session=session if far_broker is not None else None,
     )
 
 

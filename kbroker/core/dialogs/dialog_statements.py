@@ -56,7 +56,9 @@ class DialogStatements(SendRecords):
         """The initiator endpoint of a new dialog. RELATED_CONVERSATION (a handle, looked up with
         `endpoint_of`) or RELATED_CONVERSATION_GROUP (a GUID, new or existing) choose its group;
         `instance` sends the replies to that instance's secondary queue (which the caller makes
-        sure exists). ENCRYPTION is accepted and has no effect.
+        sure exists). ENCRYPTION = ON holds a remote dialog's messages in the transmission topic until
+        its dialog security is in place (a remote service binding for the target service); a
+        binding secures the dialog whatever ENCRYPTION says (docs/security.md#dialog-security).
 
         TO SERVICE 'to_service', 'broker_instance': a service this namespace does not host, or
         one named with another namespace's broker instance, is remote: the dialog's messages go
@@ -109,6 +111,7 @@ class DialogStatements(SendRecords):
             far_broker=None if local else broker_instance,
             priority=self.endpoint_priority(contract, from_service, to_service),
             far_priority=5 if remote else self.endpoint_priority(contract, to_service, from_service),
+            encryption=remote and bool(encryption),
         )
 
     def check_group_queue(self, group: str, queue: str, *, ignore: str | None = None) -> None:

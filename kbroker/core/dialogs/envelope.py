@@ -47,6 +47,11 @@ H_TO_BROKER = "kb.to_broker_instance"
 # Added by the sending transmitter on the way out (core/dispatch.next_in_line): the sequence number
 # of the message before this one on its direction, or -1 when every earlier one was acknowledged.
 H_FOLLOWS = "kb.follows"
+# Dialog security (core/security/dialog_security.py), within the namespace only (the transmitter
+# strips them): "1" on a remote dialog's records begun WITH ENCRYPTION = ON; and the session key
+# a secured dialog's first message brought to the target, which its replies are sealed with.
+H_ENCRYPTION = "kb.encryption"
+H_SESSION = "kb.sec.session"
 
 _REQUIRED = (
     H_MESSAGE_ID,
@@ -102,6 +107,8 @@ class Envelope:
     hop: int = 0
     from_broker: str | None = None
     to_broker: str | None = None
+    encryption: bool = False
+    session: str | None = None
 
     def headers(self) -> list[tuple[str, bytes]]:
         # Encoded as built (every SEND builds one): a second pass over the pairs cost as much.
@@ -136,6 +143,10 @@ class Envelope:
             hs.append((H_FROM_BROKER, self.from_broker.encode()))
         if self.to_broker is not None:
             hs.append((H_TO_BROKER, self.to_broker.encode()))
+        if self.encryption:
+            hs.append((H_ENCRYPTION, b"1"))
+        if self.session is not None:
+            hs.append((H_SESSION, self.session.encode()))
         return hs
 
     @classmethod
@@ -191,6 +202,8 @@ class Envelope:
                 "hop": hop,
                 "from_broker": hs.get(H_FROM_BROKER),
                 "to_broker": hs.get(H_TO_BROKER),
+                "encryption": hs.get(H_ENCRYPTION) == "1",
+                "session": hs.get(H_SESSION),
             },
         )
 

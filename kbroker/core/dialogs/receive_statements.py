@@ -57,6 +57,7 @@ class ReceiveStatements(SendRecords):
                 far_instance=env.reply_instance,
                 lifetime=env.lifetime,
                 far_broker=env.from_broker,
+                session=env.session,
                 priorities=(
                     self.endpoint_priority(env.service_contract_name, env.to_service_name, env.from_service_name),
                     self.endpoint_priority(env.service_contract_name, env.from_service_name, env.to_service_name),

@@ -145,6 +145,8 @@ class SendRecords(StatementBase):
             reply_instance=ep.instance,
             from_broker=self.namespace if ep.remote else None,
             to_broker=ep.far_broker,
+            encryption=ep.remote and ep.encryption,
+            session=ep.session if ep.remote else None,
         )
         if ep.remote:  # one dialog side's messages keep their order in one partition
             return (

@@ -98,6 +98,7 @@ class Outgoing:
     lasting_status: str = ""  # why it waits that a resend does not change (the far side said, or it stalled)
     stall_noted: bool = False
     priority: int = 5  # the sending endpoint's (kb.priority): HONOR_BROKER_PRIORITY sends higher first
+    security: str = ""  # its dialog security once sent: none, anonymous or full
 
     def row(self) -> dict[str, Any]:
         """The sys.transmission_queue row of this message."""
@@ -114,6 +115,7 @@ class Outgoing:
             "is_end_of_dialog": self.message_type.endswith("/EndDialog"),
             "is_conversation_error": self.message_type.endswith("/Error"),
             "priority": self.priority,
+            "security": self.security,
             "transmission_status": self.status,
             "destination": self.destination,
             "attempts": self.attempts,

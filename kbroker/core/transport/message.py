@@ -277,6 +277,8 @@ def as_envelope(msg: TransportMessage, queue: str) -> TransportEnvelope:
             "hop": 0,
             "from_broker": None,
             "to_broker": None,
+            "encryption": False,
+            "session": None,
         },
     )
 

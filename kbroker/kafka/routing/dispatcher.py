@@ -37,12 +37,15 @@ from kbroker.core.routing.kept import kept
 from kbroker.core.routing.routes import address
 from kbroker.core.routing.signing import MAX_AGE, RecordRefused, verified
 from kbroker.core.routing.transmission import ack_key
+from kbroker.core.security.dialog_security import SealRefused
 from kbroker.core.txn.faults import Deadline
 from kbroker.errors import BrokerUnavailableError, denied_code
 from kbroker.kafka import clients, messages
 from kbroker.kafka.routing.forwarder import Forwarder
 from kbroker.kafka.routing.inbound import forwarded, next_hop, queue_records
 from kbroker.kafka.routing.keys import Keys
+from kbroker.kafka.routing.sealing import Opener
+from kbroker.kafka.security.certificates import CertificateStore
 from kbroker.kafka.snapshot import latest_values
 from kbroker.kafka.steps import FailureSink, report, run_steps
 from kbroker.kafka.txn.guarded import (
@@ -76,12 +79,17 @@ class Dispatcher:
         keys: Keys | None = None,
         max_age: float = MAX_AGE,
         forget_after: float = FORGET_AFTER,
+        certificates: CertificateStore | None = None,
     ):
         """`keys`: the public keys of the namespaces whose messages are accepted (config.keys_dir()
-        by default); `max_age`: how old a signature may be; `forget_after`: how long after a
+        by default); `certificates`: the services' certificates that open sealed dialogs (there
+        too); `max_age`: how old a signature may be; `forget_after`: how long after a
         direction ended its acknowledgement is tombstoned (core/routing/directions.py)."""
         self.cluster, self.namespace = Cluster.of(cluster), namespace
         self._keys, self._max_age = keys or Keys(), max_age
+        # The master secret only when a reply comes sealed: a namespace that never begins a
+        # secured dialog needs no master key to receive.
+        self.opener = Opener(namespace, lambda: self._keys.secret(namespace), certificates or CertificateStore())
         self.directions = Directions(forget_after)
         self.kept = self.forgotten = 0  # records refused and kept; acknowledgements tombstoned
         self.here = address(self.cluster.bootstrap, namespace)  # where LOCAL routes lead
@@ -239,6 +247,7 @@ class Dispatcher:
     ) -> list[Record]:
         """The records one inbound message adds to the batch's transaction."""
         record: Any = msg  # a consumed record: what kept() reads of it
+        sender: str | None = None
         try:
             env = verified(
                 msg.key(),
@@ -252,12 +261,24 @@ class Dispatcher:
             mine = self.directions.refusal(env.from_broker, env.conversation_id)
             if mine is not None:
                 raise RecordRefused(mine, env.from_broker)
+            sender = env.from_broker
+            # A service hosted here: opened before its checks (a forwarder passes it on sealed).
+            opened = (
+                self.opener.open(env, messages.value(msg), messages.headers(msg))
+                if env.to_service_name in catalog.services
+                else None
+            )
+        except SealRefused as exc:
+            reason = f"dialog security: {exc.reason}"
+            log.warning("inbound record %s/%s refused: %s", msg.partition(), msg.offset(), reason)
+            counts["kept"] += 1
+            return kept(self.namespace, record, reason, COMPONENT, sender=sender, now_ms=int(now * 1000))
         except RecordRefused as exc:
             log.warning("inbound record %s/%s refused: %s", msg.partition(), msg.offset(), exc.reason)
             counts["kept"] += 1
             return kept(self.namespace, record, exc.reason, COMPONENT, sender=exc.sender, now_ms=int(now * 1000))
         key = ack_key(env.from_broker, env.conversation_id, env.to_side)
-        body = messages.value(msg)
+        body = messages.value(msg) if opened is None else opened[0]
         if key in self._refused:
             counts["refused"] += 1
             return []
@@ -289,7 +310,7 @@ class Dispatcher:
             )
             return []
         assert verdict.action == SAVE
-        ready, dropped = self.inbox.offer(key, env.message_sequence_number, now, (env, msg), follows)
+        ready, dropped = self.inbox.offer(key, env.message_sequence_number, now, (env, msg, opened), follows)
         if dropped is not None:
             counts["duplicates"] += 1
         elif not ready:  # it waits for an earlier message: the sender's view says why
@@ -298,8 +319,8 @@ class Dispatcher:
                 "status": gap_status(self.inbox.waiting_for(key), env.message_sequence_number),
             }
         out: list[Record] = []
-        for e, m in ready:
-            out.extend(queue_records(self.namespace, e, m, catalog))
+        for e, m, o in ready:
+            out.extend(queue_records(self.namespace, e, m, catalog, o))
             counts["saved"] += 1
             if e.message_type_name in (END_DIALOG, ERROR):  # its sender sends no more on it
                 self.directions.end(key, now)

@@ -11,23 +11,27 @@ from kbroker.core import names
 from kbroker.core.catalog.models import Catalog
 from kbroker.core.dialogs.envelope import H_FOLLOWS, H_PRIORITY, Envelope
 from kbroker.core.dialogs.timers import target_lifetime_record
-from kbroker.core.records import Record
+from kbroker.core.records import Header, Record
 from kbroker.core.routing.forwarding import Forwarded
 from kbroker.core.routing.routes import hop, match_route, routes_of
 from kbroker.kafka import messages
 
 
-def queue_records(namespace: str, env: Envelope, msg: Message, catalog: Catalog) -> list[Record]:
-    """The records that save `msg` to its service's queue (and a target's lifetime timer)."""
+def queue_records(
+    namespace: str, env: Envelope, msg: Message, catalog: Catalog, opened: tuple[bytes, list[Header]] | None = None
+) -> list[Record]:
+    """The records that save `msg` to its service's queue (and a target's lifetime timer);
+    `opened`: its clear value and headers when it came sealed (kafka/routing/sealing.py)."""
     queue = catalog.services[env.to_service_name].queue
     topic = names.queue_topic(namespace, queue)
-    hs = [(n, v) for n, v in messages.headers(msg) if n != H_FOLLOWS]  # the hop's own declaration
+    value, headers = opened if opened is not None else (messages.value(msg), messages.headers(msg))
+    hs = [(n, v) for n, v in headers if n != H_FOLLOWS]  # the hop's own declaration
     # RECEIVE here orders by the receiving endpoint's priority, from this namespace's priorities;
     # with none matching, the sender's (its SEND's, or its side's) stays.
     mine = catalog.endpoint_priority(env.service_contract_name, env.to_service_name, env.from_service_name)
     if mine is not None:
         hs = [(n, str(mine).encode() if n == H_PRIORITY else v) for n, v in hs]
-    out: list[Record] = [(topic, env.conversation_group_id, messages.value(msg), hs)]
+    out: list[Record] = [(topic, env.conversation_group_id, value, hs)]
     if env.to_side == "TARGET" and env.message_sequence_number == 0 and env.lifetime is not None:
         out.append(target_lifetime_record(namespace, env, topic))
     return out

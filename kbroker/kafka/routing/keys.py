@@ -50,6 +50,13 @@ class Keys:
             raise InvalidArgumentError(f"{path} is not an Ed25519 private key")
         return key
 
+    def secret(self, namespace: str) -> bytes:
+        """Namespace's master secret: its master key's raw bytes, which the session keys of the
+        dialogs it begins are derived from (core/security/dialog_security.root_key)."""
+        return self.private(namespace).private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        )
+
     def _create(self, namespace: str, path: Path) -> None:
         key = Ed25519PrivateKey.generate()
         self.directory.mkdir(parents=True, exist_ok=True)

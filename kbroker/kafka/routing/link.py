@@ -100,10 +100,11 @@ class RoutingLink:
         parts = md.topics[self.acks_topic].partitions
         self._acks.assign([TopicPartition(self.acks_topic, p, OFFSET_BEGINNING) for p in parts])
 
-    def send(self, m: Outgoing, follows: int) -> None:
+    def send(self, m: Outgoing, follows: int, record: tuple[bytes | None, list[Header]] | None = None) -> None:
         """Queue `m` for the destination (never blocks: a full local queue is a broken link),
-        declaring the message it follows (TransmissionQueue.follows)."""
-        value, headers = m.record
+        declaring the message it follows (TransmissionQueue.follows); `record`: the (value,
+        headers) to send instead of `m`'s own (sealed, kafka/routing/sealing.py)."""
+        value, headers = record if record is not None else m.record
         declared = [(n, v) for n, v in headers or [] if n != H_FOLLOWS] + [(H_FOLLOWS, str(follows).encode())]
         key = ack_key(self.from_broker, m.conversation_id, m.to_side)
         if self._signer is not None:

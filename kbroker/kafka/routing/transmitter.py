@@ -24,6 +24,7 @@ from kbroker.core import names
 from kbroker.core.activation.tick import EVERY_2ND, EVERY_5TH, TickCounter, TickSchedule, advance
 from kbroker.core.catalog.models import Catalog, Route
 from kbroker.core.cluster import Cluster, ClusterLike
+from kbroker.core.records import Header
 from kbroker.core.routing.links import IDLE_CLOSE
 from kbroker.core.routing.routes import address, hop, is_expired, match_route, routes_of
 from kbroker.core.routing.signing import sign
@@ -33,7 +34,9 @@ from kbroker.kafka.routing.keys import Keys
 from kbroker.kafka.routing.link import LinkBroken
 from kbroker.kafka.routing.link_pool import LinkPool
 from kbroker.kafka.routing.notices import Notices
+from kbroker.kafka.routing.sealing import Sealer
 from kbroker.kafka.routing.views import ReportWriter, outgoing
+from kbroker.kafka.security.certificates import CertificateError, CertificateStore
 from kbroker.kafka.steps import FailureSink, run_steps
 
 log = logging.getLogger("kbroker.transmitter")
@@ -59,11 +62,15 @@ class Transmitter:
         idle_close: float = IDLE_CLOSE,
         stall_after: float = STALL_AFTER,
         keys: Keys | None = None,
+        certificates: CertificateStore | None = None,
     ):
         """`keys`: where the namespace's master key is (config.keys_dir() by default; made there
-        when there is none); an unreadable one stops the transmitter from starting."""
+        when there is none); an unreadable one stops the transmitter from starting.
+        `certificates`: the services' certificates (dialog security; config.keys_dir() too)."""
         self.cluster, self.namespace = Cluster.of(cluster), namespace
-        master = (keys or Keys()).private(namespace)
+        keys = keys or Keys()
+        master = keys.private(namespace)
+        self.sealer = Sealer(namespace, keys.secret(namespace), certificates or CertificateStore())
         self._catalog = catalog
         self._guard = guard
         self._poll = poll_interval
@@ -109,6 +116,7 @@ class Transmitter:
         self.link_states: dict[str, str] = {}
         self._reclassify_asked: str | None = None
         self._wanted: set[str] = set()  # destinations messages wait to connect to
+        self._security_logged: set[str] = set()  # certificate problems, each logged once
 
     def request_reclassify(self, why: str) -> None:
         """From another thread (the worker's control reader): reclassify at the next pass."""
@@ -209,8 +217,12 @@ class Transmitter:
                 self._wanted.add(dest)
                 self.queue.waiting(m, now, link, WAIT_RETRY, destination=dest)
                 continue
+            sealed = self._seal(m, catalog)
+            if isinstance(sealed, str):
+                self.queue.waiting(m, now, sealed, WAIT_RETRY, destination=dest)
+                continue
             try:
-                link.send(m, self.queue.follows(m))
+                link.send(m, self.queue.follows(m), sealed)
             except LinkBroken as exc:
                 self.pool.broken(link, now, str(exc))
                 self._wanted.add(dest)
@@ -220,6 +232,21 @@ class Transmitter:
             self.links.active(dest, now, sends=1, size=m.size)
             self.sent += 1
             metrics.of(metrics.TRANSMISSIONS, self.namespace, dest, "sent").inc()
+
+    def _seal(self, m: Outgoing, catalog: Catalog) -> tuple[bytes | None, list[Header]] | str:
+        """`m`'s record as its dialog's security sends it, or why it waits (its status)."""
+        value, headers = m.record
+        try:
+            sealed = self.sealer.seal(value, list(headers or ()), catalog)
+        except CertificateError as exc:  # a private key unreadable or readable by others
+            if str(exc) not in self._security_logged:
+                self._security_logged.add(str(exc))
+                log.warning("transmitter: %s", exc)
+            return f"Dialog security is unavailable for this conversation: {exc}"
+        if isinstance(sealed, str):
+            return sealed
+        m.security = sealed[2].value
+        return sealed[0], sealed[1]
 
     def _connect_pass(self, now: float) -> None:
         """Every 2nd tick: connect to the destinations messages wait for, unless suppressed; the
