@@ -18,6 +18,7 @@ from kbroker.cli import (  # noqa: F401
     certificates,
     diagnose,
     import_sql,
+    keys,
     messaging,
     permissions,
     routes,

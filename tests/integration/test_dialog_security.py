@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from kbroker.core import names
 from kbroker.core.dialogs.conversation_endpoint import handle_for
+from kbroker.core.dialogs.envelope import Envelope
 from kbroker.core.routing.signing import sign
 from kbroker.core.security import dialog_security as ds
 from kbroker.core.security.dialog_security import H_SEALED, Seal, Session
@@ -214,3 +215,36 @@ def test_encryption_on_waits_for_a_binding_then_goes_out_sealed(kafka_bootstrap,
         m for m in sealed_records(kafka_bootstrap, names.inbound_topic(b)) if dict(m.headers()).get(H_SEALED)
     ]
     assert len(secured_records) == 1 and MARK.encode() not in secured_records[0].value()
+
+
+def test_a_dialog_in_flight_goes_on_across_a_master_key_rotation(kafka_bootstrap, namespace, tmp_path):
+    """A's master key rotated between a dialog's messages (its keys directory is B's too, so B
+    has A's new public keys at once): the requests after it arrive, signed by the new key and
+    sealed under a session key derived from it, and B's replies under the old session still open
+    at A with the retired key. Nothing is refused."""
+    a, b = namespace + "a", namespace + "b"
+    with secured(kafka_bootstrap, tmp_path, a, b, binding=binding_yaml()) as (ba, bb, dispatcher_b, _):
+        conv = round_trip(ba, bb, 2)
+        _, old, _ = Keys().rotate(a, grace=3600)
+        h = handle_for(conv, "INITIATOR")
+        with ba.transaction() as tx:
+            for i in range(2, 4):
+                tx.send(h, REQUEST, {"i": i, "mark": MARK})
+        got = receive_all(bb, 2)
+        assert [m.message_sequence_number for m in got] == [2, 3]
+        with bb.transaction() as tx:  # B's endpoint keeps the session of the dialog's first message
+            tx.send(handle_for(conv, "TARGET"), REPLY, {"reply": 9, "mark": MARK})
+        assert [orjson.loads(m.body)["reply"] for m in receive_all(ba, 1)] == [9]
+        assert dispatcher_b.kept == 0
+    masters: dict[int, list[str | None]] = {}  # sequence number -> the master key of each copy sent
+    for m in sealed_records(kafka_bootstrap, names.inbound_topic(b)):
+        seal = Seal.from_header(dict(m.headers())[H_SEALED])
+        seq = Envelope.from_headers(m.headers()).message_sequence_number
+        masters.setdefault(seq, []).append(seal.session.master if seal.session else None)
+    assert masters[0][0] == masters[1][0] == old  # sent before the rotation
+    assert {k for s in (2, 3) for k in masters[s]} - {old} and old not in masters[2] + masters[3]
+    replies = [
+        Seal.from_header(dict(m.headers())[H_SEALED]) for m in sealed_records(kafka_bootstrap, names.inbound_topic(a))
+    ]
+    assert len(replies) >= 3 and {s.master for s in replies} == {old}
+    assert kept_reasons(kafka_bootstrap, a) == [] and kept_reasons(kafka_bootstrap, b) == []

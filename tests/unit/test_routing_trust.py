@@ -51,7 +51,9 @@ def signed(e: Envelope, value: bytes = b"body", by: Ed25519PrivateKey = A_KEY, a
 
 
 def check(key, value, headers, now: float = NOW) -> Envelope:
-    return verified(key, value, headers, public_key=PUBLIC.get, now=now, max_age=3600)
+    return verified(
+        key, value, headers, public_keys=lambda ns: [k for k in [PUBLIC.get(ns)] if k], now=now, max_age=3600
+    )
 
 
 # --- signatures -------------------------------------------------------------------------------------
@@ -299,13 +301,13 @@ def test_a_refused_record_is_kept_with_its_reason_and_an_event():
 
 def test_a_master_key_is_made_once_and_its_public_key_read(tmp_path):
     keys = Keys(tmp_path)
-    assert keys.public("a") is None
+    assert keys.public("a") == []
     first = keys.private("a")
     assert oct(os.stat(tmp_path / "a.key").st_mode & 0o777) == "0o600"
-    assert Keys(tmp_path).private("a").public_key() == first.public_key() == keys.public("a")
-    assert keys.public("../a") is None
+    assert [Keys(tmp_path).private("a").public_key()] == [first.public_key()] == keys.public("a")
+    assert keys.public("../a") == []
     (tmp_path / "c.pub").write_text("not a key")
-    assert keys.public("c") is None
+    assert keys.public("c") == []
 
 
 # --- transport reports ----------------------------------------------------------------------------

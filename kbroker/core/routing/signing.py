@@ -80,14 +80,15 @@ def verified(
     value: bytes | None,
     headers: RawHeaders | None,
     *,
-    public_key: Callable[[str], Ed25519PublicKey | None],
+    public_keys: Callable[[str], Sequence[Ed25519PublicKey]],
     now: float,
     max_age: float = MAX_AGE,
 ) -> Envelope:
     """The envelope of an inbound record whose sender is proven, or RecordRefused saying why:
     not a kbroker message, no sending namespace, keyed for another direction, unsigned, signed
-    too long ago, by an unknown namespace or by a key that is not the one of the namespace it
-    names. (A message addressed to another namespace is the dispatcher's to forward or wait.)"""
+    too long ago, by an unknown namespace or by a key that is not one the namespace it names has
+    here (`public_keys`: those accepted now). (A message addressed to another namespace is the
+    dispatcher's to forward or wait.)"""
     hs = list(headers or ())
     try:
         env = Envelope.from_headers(hs)
@@ -109,11 +110,14 @@ def verified(
         raise RecordRefused("unreadable signature headers", sender) from None
     if abs(now - at) > max_age:
         raise RecordRefused(f"signed {now - at:.0f} s from now, beyond {max_age:.0f} s (a replay?)", sender)
-    pub = public_key(sender)
-    if pub is None:
+    pubs = public_keys(sender)
+    if not pubs:
         raise RecordRefused(f"no public key of namespace {sender!r} here: its messages are not accepted", sender)
-    try:
-        pub.verify(sig, payload(key, value, hs))
-    except InvalidSignature:
-        raise RecordRefused(f"the signature is not that of namespace {sender!r}", sender) from None
-    return env
+    signed = payload(key, value, hs)
+    for pub in pubs:  # the current key first; a rotated-out one during its grace period
+        try:
+            pub.verify(sig, signed)
+            return env
+        except InvalidSignature:
+            continue
+    raise RecordRefused(f"the signature is not that of namespace {sender!r}", sender)

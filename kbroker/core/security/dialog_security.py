@@ -178,17 +178,22 @@ def check_key_signature(public_key: rsa.RSAPublicKey, signature: bytes, statemen
 @dataclass(frozen=True)
 class Session:
     """A dialog's session key as the initiator sends it: wrapped for the target's certificate
-    (`target`, its thumbprint) and, under full security, signed by `initiator`'s certificate."""
+    (`target`, its thumbprint) and, under full security, signed by `initiator`'s certificate;
+    `master` names the initiating namespace's master key it was derived from (the target's
+    replies name it back, so the initiator opens them after a key rotation too)."""
 
     wrapped: bytes
     target: str
     initiator: str | None = None
     signature: bytes | None = None
+    master: str | None = None
 
     def to_text(self) -> str:
         d: dict[str, str] = {"w": base64.b64encode(self.wrapped).decode(), "k": self.target}
         if self.initiator is not None and self.signature is not None:
             d |= {"f": self.initiator, "s": base64.b64encode(self.signature).decode()}
+        if self.master is not None:
+            d["m"] = self.master
         return orjson.dumps(d).decode()
 
     @classmethod
@@ -205,6 +210,7 @@ class Session:
                 d["k"],
                 d["f"] if signed else None,
                 base64.b64decode(d["s"], validate=True) if signed else None,
+                _master_id(d.get("m")),
             )
         except (orjson.JSONDecodeError, binascii.Error, ValueError) as exc:
             if isinstance(exc, SealRefused):
@@ -215,15 +221,19 @@ class Session:
 @dataclass(frozen=True)
 class Seal:
     """The `kb.sec` header of a sealed record: its key epoch, and the session key on the
-    initiator's messages (a target's replies use the one its endpoint keeps)."""
+    initiator's messages (a target's replies use the one its endpoint keeps, and name its
+    `master` key back)."""
 
     epoch: str
     session: Session | None = None
+    master: str | None = None
 
     def to_header(self) -> bytes:
         d: dict[str, object] = {"v": 1, "e": self.epoch}
         if self.session is not None:
             d["key"] = self.session.to_text()
+        if self.master is not None:
+            d["m"] = self.master
         return orjson.dumps(d)
 
     @classmethod
@@ -237,4 +247,13 @@ class Seal:
         key = d.get("key")
         if key is not None and not isinstance(key, str):
             raise SealRefused(f"a {H_SEALED} header of an unknown form")
-        return cls(d["e"], None if key is None else Session.from_text(key))
+        return cls(d["e"], None if key is None else Session.from_text(key), _master_id(d.get("m")))
+
+
+def _master_id(value: object) -> str | None:
+    # A key id is hex (keys.key_id); anything else never names a key file.
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 1 <= len(value) <= 64 or not all(c in "0123456789abcdef" for c in value):
+        raise SealRefused("a master key id that is not one")
+    return value

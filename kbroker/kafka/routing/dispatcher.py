@@ -89,7 +89,7 @@ class Dispatcher:
         self._keys, self._max_age = keys or Keys(), max_age
         # The master secret only when a reply comes sealed: a namespace that never begins a
         # secured dialog needs no master key to receive.
-        self.opener = Opener(namespace, lambda: self._keys.secret(namespace), certificates or CertificateStore())
+        self.opener = Opener(namespace, lambda m: self._keys.secret(namespace, m), certificates or CertificateStore())
         self.directions = Directions(forget_after)
         self.kept = self.forgotten = 0  # records refused and kept; acknowledgements tombstoned
         self.here = address(self.cluster.bootstrap, namespace)  # where LOCAL routes lead
@@ -253,7 +253,7 @@ class Dispatcher:
                 msg.key(),
                 msg.value(),
                 messages.headers(msg),
-                public_key=self._keys.public,
+                public_keys=self._keys.public,
                 now=now,
                 max_age=self._max_age,
             )

@@ -50,9 +50,10 @@ def _header(headers: Sequence[Header], name: str) -> str | None:
 class Sealer:
     """Seals the records the transmitter sends, per the dialog's security."""
 
-    def __init__(self, namespace: str, master: bytes, store: CertificateStore):
+    def __init__(self, namespace: str, master: Callable[[], tuple[str, bytes]], store: CertificateStore):
+        """`master`: the id and secret of the namespace's current master key (keys.py)."""
         self.namespace, self._master, self.store = namespace, master, store
-        self._sessions: _Lru[tuple[str, str, str | None], Session] = _Lru()
+        self._sessions: _Lru[tuple[str, str, str | None, str], Session] = _Lru()
         self._roots: _Lru[bytes, bytes] = _Lru()
 
     def seal(
@@ -67,19 +68,22 @@ class Sealer:
                 return session
             if session is None:
                 return value, [(n, v) for n, v in headers if n not in LOCAL_ONLY], Security.NONE
+            master = None
         else:
             text = _header(headers, H_SESSION)
             if text is None:  # the dialog's first message came in clear: so do its replies
                 return value, [(n, v) for n, v in headers if n not in LOCAL_ONLY], Security.NONE
             try:
-                root = self._open_session(Session.from_text(text))
+                received = Session.from_text(text)
+                root = self._open_session(received)
             except (SealRefused, CertificateError) as exc:
                 return f"Dialog security is unavailable for this conversation: {exc}"
-            session = None
+            session, master = None, received.master
         epoch = ds.epoch_of(env.message_sequence_number, now.timestamp())
         # An empty body is sealed too, so a far side can tell a removed body from an empty one.
         body = ds.seal_body(ds.direction_key(root, env.to_side, epoch), value or b"", ds.associated_data(env, epoch))
-        hs = [(n, v) for n, v in headers if n not in LOCAL_ONLY] + [(H_SEALED, Seal(epoch, session).to_header())]
+        seal = Seal(epoch, session, master)
+        hs = [(n, v) for n, v in headers if n not in LOCAL_ONLY] + [(H_SEALED, seal.to_header())]
         kind = Security.FULL if session is None or session.initiator is not None else Security.ANONYMOUS
         return body, hs, kind
 
@@ -106,17 +110,22 @@ class Sealer:
                 f"(remote service binding '{binding.name}') owns no valid certificate for service "
                 f"'{env.to_service_name}'. Import the far service's certificate for that user."
             ), b""
-        root = ds.root_key(self._master, self.namespace, env.conversation_id)
+        master, secret = self._master()
+        root = ds.root_key(secret, self.namespace, env.conversation_id)
         signer = mine if decided is Security.FULL else None
-        key = (env.conversation_id, far.thumbprint, None if signer is None else signer.thumbprint)
-        return self._sessions.get(key, lambda: self._new_session(root, env, far, signer)), root
+        # Per master key too: after a rotation the dialog's next messages bring a key derived
+        # from the new one (its target's replies name which, Seal.master).
+        key = (env.conversation_id, far.thumbprint, None if signer is None else signer.thumbprint, master)
+        return self._sessions.get(key, lambda: self._new_session(root, master, env, far, signer)), root
 
-    def _new_session(self, root: bytes, env: Envelope, far: Certificate, signer: Certificate | None) -> Session:
+    def _new_session(
+        self, root: bytes, master: str, env: Envelope, far: Certificate, signer: Certificate | None
+    ) -> Session:
         wrapped = ds.wrap(root, far.public_key)
         if signer is None:
-            return Session(wrapped, far.thumbprint)
+            return Session(wrapped, far.thumbprint, master=master)
         signature = ds.sign_key(self.store.private_key(signer), ds.key_statement(wrapped, env, far.thumbprint))
-        return Session(wrapped, far.thumbprint, signer.thumbprint, signature)
+        return Session(wrapped, far.thumbprint, signer.thumbprint, signature, master)
 
     def _open_session(self, session: Session) -> bytes:
         return self._roots.get(session.wrapped, lambda: _unwrap(self.store, session))
@@ -132,7 +141,9 @@ def _unwrap(store: CertificateStore, session: Session) -> bytes:
 class Opener:
     """Opens the sealed records the dispatcher saves; refuses (SealRefused) what it cannot open."""
 
-    def __init__(self, namespace: str, master: Callable[[], bytes], store: CertificateStore):
+    def __init__(self, namespace: str, master: Callable[[str | None], bytes | None], store: CertificateStore):
+        """`master`: the secret of the namespace's master key with that id (the current one for
+        None), None when it is not here (keys.Keys.secret)."""
         self.namespace, self._master, self.store = namespace, master, store
         self._roots: _Lru[tuple[bytes, str | None, bytes | None], bytes] = _Lru()
 
@@ -153,7 +164,10 @@ class Opener:
         else:
             if seal.session is not None:
                 raise SealRefused("a reply that carries a session key")
-            root = ds.root_key(self._master(), self.namespace, env.conversation_id)
+            secret = self._master(seal.master)
+            if secret is None:
+                raise SealRefused(f"sealed under master key {seal.master} of this namespace, which is not here")
+            root = ds.root_key(secret, self.namespace, env.conversation_id)
         aad = ds.associated_data(env, seal.epoch)
         return ds.open_body(ds.direction_key(root, env.to_side, seal.epoch), value, aad), kept
 

@@ -30,7 +30,7 @@ from kbroker.core.routing.routes import address, hop, is_expired, match_route, r
 from kbroker.core.routing.signing import sign
 from kbroker.core.routing.transmission import STALL_AFTER, Outgoing, Refusal, TransmissionQueue
 from kbroker.kafka import clients, messages
-from kbroker.kafka.routing.keys import Keys
+from kbroker.kafka.routing.keys import Keys, key_id
 from kbroker.kafka.routing.link import LinkBroken
 from kbroker.kafka.routing.link_pool import LinkPool
 from kbroker.kafka.routing.notices import Notices
@@ -69,8 +69,9 @@ class Transmitter:
         `certificates`: the services' certificates (dialog security; config.keys_dir() too)."""
         self.cluster, self.namespace = Cluster.of(cluster), namespace
         keys = keys or Keys()
-        master = keys.private(namespace)
-        self.sealer = Sealer(namespace, keys.secret(namespace), certificates or CertificateStore())
+        keys.private(namespace)  # read (or made) now: an unreadable key stops the start
+        # Read again per record (cached per file version): a rotated key signs from the next one.
+        self.sealer = Sealer(namespace, lambda: _current(keys, namespace), certificates or CertificateStore())
         self._catalog = catalog
         self._guard = guard
         self._poll = poll_interval
@@ -82,7 +83,7 @@ class Transmitter:
             namespace,
             self.cluster,
             idle_close=idle_close,
-            signer=lambda key, value, headers: sign(master, key, value, headers, time.time()),
+            signer=lambda key, value, headers: sign(keys.private(namespace), key, value, headers, time.time()),
             on_invalid=lambda msg, why: self._notices.keep(msg, f"invalid acknowledgement: {why}"),
         )
         self.links = self.pool.links
@@ -358,3 +359,10 @@ class Transmitter:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _current(keys: Keys, namespace: str) -> tuple[str, bytes]:
+    """The id and secret of the namespace's current master key."""
+    secret = keys.secret(namespace)
+    assert secret is not None  # the current key is always here (made when missing)
+    return key_id(keys.private(namespace).public_key()), secret
