@@ -16,6 +16,7 @@ import orjson
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from kbroker.core import names
+from kbroker.core.catalog.models import ERROR
 from kbroker.core.dialogs.conversation_endpoint import handle_for
 from kbroker.core.dialogs.envelope import Envelope
 from kbroker.core.routing.signing import sign
@@ -37,15 +38,15 @@ from tests.integration.test_routing_trust import kept_reasons
 MARK = "plaintext-marker-7f3a"
 
 
-def write_catalogs(bootstrap: str, tmp_path: Path, a: str, b: str, binding: str) -> None:
-    """A hosts CLIENT with `binding` (YAML of its remote_service_bindings, or ""), B hosts SERVER;
-    a route each way."""
+def write_catalogs(bootstrap: str, tmp_path: Path, a: str, b: str, binding: str, security: str = "none") -> None:
+    """A hosts CLIENT with `binding` (YAML of its remote_service_bindings, or ""), B hosts SERVER
+    taking dialogs with `security` at least; a route each way."""
     fa, fb = tmp_path / f"{a}.yaml", tmp_path / f"{b}.yaml"
     to_b = f"routes:\n  - {{name: ToB, service_name: '{SERVER}', address: 'kafka://{bootstrap}/{b}'}}\n{binding}"
     fa.write_text(catalog_yaml(services=f"  - {{name: '{CLIENT}', queue: Q}}", routes=to_b, with_odd=True))
     fb.write_text(
         catalog_yaml(
-            services=f"  - {{name: '{SERVER}', queue: Q, contracts: ['{CONTRACT}']}}",
+            services=f"  - {{name: '{SERVER}', queue: Q, contracts: ['{CONTRACT}'], remote_security: {security}}}",
             routes=f"routes:\n  - {{name: ToA, service_name: '{CLIENT}', address: 'kafka://{bootstrap}/{a}'}}",
             with_odd=False,
         )
@@ -75,9 +76,9 @@ def certificates(tmp_path: Path, *, client_cert: bool = True) -> tuple[Certifica
 
 @contextmanager
 def secured(
-    bootstrap: str, tmp_path: Path, a: str, b: str, *, binding: str, client_cert: bool = True
+    bootstrap: str, tmp_path: Path, a: str, b: str, *, binding: str, client_cert: bool = True, security: str = "none"
 ) -> Iterator[tuple[Broker, Broker, Dispatcher, CertificateStore]]:
-    write_catalogs(bootstrap, tmp_path, a, b, binding)
+    write_catalogs(bootstrap, tmp_path, a, b, binding, security)
     sa, sb = certificates(tmp_path, client_cert=client_cert)
     with ExitStack() as stack:
         ba = stack.enter_context(Broker(bootstrap, a))
@@ -127,7 +128,7 @@ def assert_only_ciphertext(bootstrap: str, topic: str, at_least: int) -> None:
 
 def test_full_security_seals_both_directions_end_to_end(kafka_bootstrap, namespace, tmp_path):
     a, b = namespace + "a", namespace + "b"
-    with secured(kafka_bootstrap, tmp_path, a, b, binding=binding_yaml()) as (ba, bb, _, _):
+    with secured(kafka_bootstrap, tmp_path, a, b, binding=binding_yaml(), security="full") as (ba, bb, _, _):
         round_trip(ba, bb, 5)
     assert_only_ciphertext(kafka_bootstrap, names.inbound_topic(b), 5)
     assert_only_ciphertext(kafka_bootstrap, names.inbound_topic(a), 5)
@@ -248,3 +249,27 @@ def test_a_dialog_in_flight_goes_on_across_a_master_key_rotation(kafka_bootstrap
     ]
     assert len(replies) >= 3 and {s.master for s in replies} == {old}
     assert kept_reasons(kafka_bootstrap, a) == [] and kept_reasons(kafka_bootstrap, b) == []
+
+
+def test_a_service_that_takes_full_security_refuses_anonymous_and_clear_dialogs(kafka_bootstrap, namespace, tmp_path):
+    """B's service takes full security only: an anonymous dialog (A's binding says ANONYMOUS =
+    ON) comes back as Error -8494, and nothing reaches B's queue; so does one in clear once the
+    binding is gone."""
+    a, b = namespace + "a", namespace + "b"
+    with secured(
+        kafka_bootstrap, tmp_path, a, b, binding=binding_yaml(anonymous=True), client_cert=False, security="full"
+    ) as (ba, bb, _, _):
+        h = ba.begin_dialog(CLIENT, SERVER, CONTRACT)
+        ba.send(h, REQUEST, {"i": 0, "mark": MARK})
+        [m] = receive_all(ba, 1)
+        assert m.message_type_name == ERROR and m.conversation_handle == h
+        assert b"<Code>-8494</Code>" in m.body and b"full dialog security, and this one has anonymous" in m.body
+        dropped = tmp_path / "drop.yaml"
+        dropped.write_text("drop:\n  - {kind: remote-service-binding, name: ToServer}\n")
+        apply_paths(kafka_bootstrap, a, [dropped])
+        time.sleep(1.5)  # every process's catalog watcher sees the binding gone within about 0.5 s
+        clear = ba.begin_dialog(CLIENT, SERVER, CONTRACT)
+        ba.send(clear, REQUEST, {"i": 0, "clear": True})
+        [m] = receive_all(ba, 1)
+        assert m.conversation_handle == clear and b"and this one has none" in m.body
+        assert bb.receive("Q", top=10, wait=2) == []

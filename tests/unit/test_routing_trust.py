@@ -257,6 +257,28 @@ def test_a_service_that_lists_its_remote_senders_refuses_the_others_with_8494():
     assert check_arrival(catalog, env(message_type_name=END_DIALOG), b"").action == SAVE  # it may still end
 
 
+@pytest.mark.parametrize("needed", ["none", "anonymous", "full"])
+@pytest.mark.parametrize("came", ["none", "anonymous", "full"])
+def test_a_service_refuses_dialogs_with_less_security_than_it_takes_with_8494(needed, came):
+    catalog = Catalog(
+        namespace="b",
+        message_types={"//T": MessageType(name="//T")},
+        contracts={"//C": Contract(name="//C", messages=[ContractMessage(type="//T", sent_by="ANY")])},
+        queues={"Q": Queue(name="Q")},
+        services={"//B": Service(name="//B", queue="Q", contracts=["//C"], remote_security=needed)},
+    )
+    verdict = check_arrival(catalog, env(), b"", came)
+    order = ["none", "anonymous", "full"]
+    if order.index(came) >= order.index(needed):
+        assert verdict.action == SAVE
+    else:
+        assert (verdict.action, verdict.code) == (REFUSE, NO_PERMISSION)
+        assert f"takes dialogs with {needed} dialog security, and this one has {came}" in verdict.reason
+    # A reply to the initiator and the end of a dialog are never refused for it.
+    assert check_arrival(catalog, env(to_side="INITIATOR"), b"", came).action == SAVE
+    assert check_arrival(catalog, env(message_type_name=END_DIALOG), b"", came).action == SAVE
+
+
 # --- kept records and keys ----------------------------------------------------------------------------
 
 

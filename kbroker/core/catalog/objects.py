@@ -176,6 +176,9 @@ def published_key(queue: Queue) -> Queue:
     return queue.model_copy(update={"topic_key": key})
 
 
+SECURITY_LEVELS = ("none", "anonymous", "full")  # a routed dialog's security, least first
+
+
 class Service(StrictModel):
     name: str = Field(min_length=1, max_length=MAX_SERVICE_NAME)
     queue: str
@@ -187,6 +190,10 @@ class Service(StrictModel):
     # senders proven by signature, core/routing/signing.py); None: every namespace whose public
     # key this namespace holds. A namespace not listed gets Service Broker's Error -8494.
     remote_senders: list[str] | None = None
+    # The least dialog security a routed dialog to this service must have (SECURITY_LEVELS): its
+    # messages in clear, or without the initiator's signature, get Error -8494. "none" is
+    # Service Broker's SEND granted to public (unsecured dialogs are taken).
+    remote_security: Literal["none", "anonymous", "full"] = "none"
 
     @field_validator("contracts")
     @classmethod
@@ -210,6 +217,8 @@ class Service(StrictModel):
         data = handler(self)
         if isinstance(data, dict) and data.get("owner") == "dbo":
             data.pop("owner", None)
+        if isinstance(data, dict) and data.get("remote_security") == "none":
+            data.pop("remote_security", None)
         return data
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kbroker.core.catalog.models import SYSTEM_TYPES, Catalog
+from kbroker.core.catalog.objects import SECURITY_LEVELS
 from kbroker.core.dialogs.envelope import Envelope
 from kbroker.core.dialogs.validation import validate_body
 from kbroker.errors import CatalogError, MessageValidationError
@@ -48,8 +49,9 @@ class Verdict:
     reason: str = ""  # WAIT: the transmission status; REFUSE: the Error's description
 
 
-def check_arrival(catalog: Catalog, env: Envelope, body: bytes) -> Verdict:
-    """The verdict on a message for `env.to_service_name` in the namespace of `catalog`."""
+def check_arrival(catalog: Catalog, env: Envelope, body: bytes, security: str = "none") -> Verdict:
+    """The verdict on a message for `env.to_service_name` in the namespace of `catalog`;
+    `security`: the dialog security it came with (SECURITY_LEVELS)."""
     service = catalog.services.get(env.to_service_name)
     if service is None:
         return Verdict(
@@ -68,6 +70,13 @@ def check_arrival(catalog: Catalog, env: Envelope, body: bytes) -> Verdict:
     if service.remote_senders is not None and env.from_broker not in service.remote_senders:
         return Verdict(
             REFUSE, NO_PERMISSION, f"You do not have permission to access the service '{env.to_service_name}'."
+        )
+    if env.to_side == "TARGET" and SECURITY_LEVELS.index(security) < SECURITY_LEVELS.index(service.remote_security):
+        return Verdict(
+            REFUSE,
+            NO_PERMISSION,
+            f"You do not have permission to access the service '{env.to_service_name}': it takes dialogs "
+            f"with {service.remote_security} dialog security, and this one has {security}.",
         )
     contract = catalog.contracts.get(contract_name)
     if contract is None:

@@ -257,3 +257,13 @@ def _master_id(value: object) -> str | None:
     if not isinstance(value, str) or not 1 <= len(value) <= 64 or not all(c in "0123456789abcdef" for c in value):
         raise SealRefused("a master key id that is not one")
     return value
+
+
+def received_security(headers: list[tuple[str, bytes]]) -> Security:
+    """The dialog security a routed record that opened came with: full when its session key is
+    signed, anonymous when not, none when it came in clear (a reply names no session: FULL)."""
+    raw = [v for n, v in headers if n == H_SEALED]
+    if not raw:
+        return Security.NONE
+    session = Seal.from_header(raw[0]).session
+    return Security.ANONYMOUS if session is not None and session.initiator is None else Security.FULL

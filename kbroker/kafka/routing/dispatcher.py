@@ -37,7 +37,7 @@ from kbroker.core.routing.kept import kept
 from kbroker.core.routing.routes import address
 from kbroker.core.routing.signing import MAX_AGE, RecordRefused, verified
 from kbroker.core.routing.transmission import ack_key
-from kbroker.core.security.dialog_security import SealRefused
+from kbroker.core.security.dialog_security import SealRefused, Security, received_security
 from kbroker.core.txn.faults import Deadline
 from kbroker.errors import BrokerUnavailableError, denied_code
 from kbroker.kafka import clients, messages
@@ -282,7 +282,8 @@ class Dispatcher:
         if key in self._refused:
             counts["refused"] += 1
             return []
-        verdict = check_arrival(catalog, env, body)
+        security = received_security(messages.headers(msg)) if opened is not None else Security.NONE
+        verdict = check_arrival(catalog, env, body, security.value)
         if verdict.action == WAIT and env.to_service_name not in catalog.services and catalog.forwarding:
             hop = next_hop(catalog, env, self.here, now)
             if hop is not None:

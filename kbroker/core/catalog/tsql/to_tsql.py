@@ -119,9 +119,13 @@ def _queue(q: Queue, notes: list[str]) -> list[str]:
 
 
 def _service_unsaid(s: Service) -> list[str]:
-    if s.remote_senders is None:
-        return []
-    return [f"remote_senders {', '.join(s.remote_senders) or '(none)'} has no T-SQL form (GRANT SEND ON SERVICE)"]
+    unsaid = []
+    if s.remote_senders is not None:
+        senders = ", ".join(s.remote_senders) or "(none)"
+        unsaid.append(f"remote_senders {senders} has no T-SQL form (GRANT SEND ON SERVICE)")
+    if s.remote_security != "none":
+        unsaid.append(f"remote_security {s.remote_security} has no T-SQL form (GRANT SEND ON SERVICE, not to public)")
+    return unsaid
 
 
 def _route(r: Route) -> str:
