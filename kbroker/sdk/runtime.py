@@ -35,6 +35,8 @@ from kbroker.kafka.dialogs.send_leases import SendLeases
 from kbroker.kafka.queue_views import set_queue_status
 from kbroker.kafka.receive.receiver import QueueReceiver
 from kbroker.kafka.receive.rollbacks import RollbackLog
+from kbroker.kafka.routing.keys import Keys
+from kbroker.kafka.routing.sealing import TransmissionSeal
 from kbroker.kafka.security.permissions import SendChecks
 from kbroker.kafka.transport.secondary import ensure_secondary_queue
 from kbroker.sdk.fresh_groups import FreshGroups
@@ -72,6 +74,9 @@ class BrokerRuntime(ProcessRuntime):
         self.statements = Statements(
             namespace, self.catalog.lookup, self.endpoints.in_group, sender_reach=self._sender_reach
         )
+        # Routed dialogs' records sealed in the transmission topic when this machine holds the
+        # namespace's master key (docs/security.md, "The transmission topic").
+        self.statements.transmission_seal = TransmissionSeal(namespace, Keys()).seal
         self._unknown_reach_read = float("-inf")  # when _sender_reach last read for a side unknown here
         self._secondary: set[str] = set()  # secondary queue topics known to exist
         self._rollbacks: RollbackLog | None = None  # every process's rollbacks; with the first receiver

@@ -21,7 +21,7 @@ from kbroker.core.dialogs.conversation_endpoint import handle_for
 from kbroker.core.dialogs.envelope import Envelope
 from kbroker.core.routing.signing import sign
 from kbroker.core.security import dialog_security as ds
-from kbroker.core.security.dialog_security import H_SEALED, Seal, Session
+from kbroker.core.security.dialog_security import H_LOCAL, H_SEALED, Seal, Session
 from kbroker.kafka import clients
 from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.kafka.routing.dispatcher import Dispatcher
@@ -132,6 +132,11 @@ def test_full_security_seals_both_directions_end_to_end(kafka_bootstrap, namespa
         round_trip(ba, bb, 5)
     assert_only_ciphertext(kafka_bootstrap, names.inbound_topic(b), 5)
     assert_only_ciphertext(kafka_bootstrap, names.inbound_topic(a), 5)
+    for ns in (a, b):  # sealed at SEND too: the SDK holds the namespaces' master keys here
+        records = sealed_records(kafka_bootstrap, names.transmission_topic(ns))
+        assert len(records) >= 5
+        for m in records:
+            assert MARK.encode() not in (m.value() or b"") and H_LOCAL in dict(m.headers())
     for m in sealed_records(kafka_bootstrap, names.inbound_topic(b)):
         seal = Seal.from_header(dict(m.headers())[H_SEALED])
         assert seal.session is not None and seal.session.initiator is not None  # signed: full security

@@ -20,7 +20,7 @@ from kbroker.core.routing.signing import RecordRefused, sign, verified
 from kbroker.core.security.dialog_security import H_SEALED, Seal, SealRefused
 from kbroker.errors import InvalidArgumentError
 from kbroker.kafka.routing.keys import Keys, key_id
-from kbroker.kafka.routing.sealing import Opener, Sealer
+from kbroker.kafka.routing.sealing import Opener, Sealer, TransmissionSeal
 from kbroker.kafka.security.certificates import CertificateStore
 
 REQUEST = Envelope(
@@ -184,3 +184,32 @@ def test_a_certificate_replaced_by_a_newer_one_keeps_the_dialog(tmp_path: Path):
     sb.drop("ServerCert")  # dropped before the old session's message came: refused by name
     with pytest.raises(SealRefused, match="no certificate with a private key here"):
         Opener("b", lambda m: None, sb).open(Envelope.from_headers(first[1]), first[0], first[1])
+
+
+def test_a_transmission_record_is_sealed_at_send_only_where_the_master_key_is_held(tmp_path: Path):
+    sdk_keys = Keys(tmp_path / "sdk")
+    seal = TransmissionSeal("a", sdk_keys)
+    assert seal.seal(REQUEST, b"order 42") is None  # no key here: written in clear, none made
+    assert not (tmp_path / "sdk" / "a.key").exists()
+    worker_keys = Keys(tmp_path / "worker")
+    worker_keys.private("a")
+    (tmp_path / "sdk").mkdir()
+    (tmp_path / "sdk" / "a.key").write_bytes((tmp_path / "worker" / "a.key").read_bytes())
+    os.chmod(tmp_path / "sdk" / "a.key", 0o600)
+    sealed = seal.seal(REQUEST, b"order 42")
+    assert sealed is not None and b"order 42" not in sealed[0]
+    headers = [*REQUEST.headers(), sealed[1]]
+    transmitter = TransmissionSeal("a", worker_keys)
+    assert transmitter.open(sealed[0], headers) == (b"order 42", REQUEST.headers())
+    assert transmitter.open(b"clear", REQUEST.headers()) == (b"clear", REQUEST.headers())
+    changed = bytearray(sealed[0])
+    changed[-1] ^= 1
+    with pytest.raises(SealRefused, match="changed"):
+        transmitter.open(bytes(changed), headers)
+    moved = dataclasses.replace(REQUEST, message_sequence_number=7)
+    with pytest.raises(SealRefused):  # bound to its message: not another's body
+        transmitter.open(sealed[0], [*moved.headers(), sealed[1]])
+    with pytest.raises(SealRefused, match="which is not here"):  # another machine's key
+        TransmissionSeal("a", Keys(tmp_path / "elsewhere")).open(sealed[0], headers)
+    worker_keys.rotate("a")  # sealed before a rotation: opened with the retired key
+    assert transmitter.open(sealed[0], headers)[0] == b"order 42"

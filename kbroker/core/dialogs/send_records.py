@@ -149,12 +149,12 @@ class SendRecords(StatementBase):
             session=ep.session if ep.remote else None,
         )
         if ep.remote:  # one dialog side's messages keep their order in one partition
-            return (
-                names.transmission_topic(self.namespace),
-                ep.conversation_handle,
-                data,
-                env.headers(),
-            ), env.message_id
+            headers = env.headers()
+            sealed = None if self.transmission_seal is None else self.transmission_seal(env, data)
+            if sealed is not None:
+                data = sealed[0]
+                headers.append(sealed[1])
+            return (names.transmission_topic(self.namespace), ep.conversation_handle, data, headers), env.message_id
         if ep.far_instance is not None:  # replies to an instance go to its secondary queue
             topic = names.secondary_queue_topic(self.namespace, far_queue.name, ep.far_instance)
         else:

@@ -14,6 +14,7 @@ from kbroker.core import names
 from kbroker.core.catalog.models import Catalog
 from kbroker.core.dead_letter import ConsumedRecord
 from kbroker.core.dialogs.conversation_endpoint import Endpoint
+from kbroker.core.dialogs.envelope import Envelope
 from kbroker.core.dialogs.groups import parse_group
 from kbroker.core.dialogs.send_lease import SendLease, lease_key
 from kbroker.core.records import Record
@@ -90,6 +91,9 @@ class StatementBase:
         self._clock = clock
         self._sender_reach = sender_reach
         self.endpoints_topic = names.endpoints_topic(namespace)
+        # A routed dialog's record -> its body sealed for the transmission topic and the header
+        # saying so, or None (kept in clear): set by the SDK (kafka/routing/sealing.py).
+        self.transmission_seal: Callable[[Envelope, bytes], tuple[bytes, tuple[str, bytes]] | None] | None = None
 
     # --- topics ---------------------------------------------------------------------------------
 

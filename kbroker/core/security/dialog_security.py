@@ -31,6 +31,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from kbroker.core.dialogs.envelope import Envelope, MalformedRecord
 
 H_SEALED = "kb.sec"  # on a sealed routed record: how to open it (Seal.to_header)
+# On a transmission record sealed at SEND: the id of the namespace master key it was sealed under.
+H_LOCAL = "kb.sec.local"
 EPOCH_MESSAGES = 1 << 20  # a direction's key changes every this many sequence numbers
 EPOCH_SECONDS = 86400  # and every day
 _ROOT_INFO = b"kbroker-dialog-root-1"
@@ -267,3 +269,16 @@ def received_security(headers: list[tuple[str, bytes]]) -> Security:
         return Security.NONE
     session = Seal.from_header(raw[0]).session
     return Security.ANONYMOUS if session is not None and session.initiator is None else Security.FULL
+
+
+def transmission_key(secret: bytes, namespace: str, conversation_id: str) -> bytes:
+    """The key a dialog's records are sealed with in their own namespace's transmission topic:
+    from the namespace's master secret, so only its SDK processes and transmitters that hold it
+    read them."""
+    info = b"kbroker-transmission-1\0" + namespace.encode() + b"\0" + conversation_id.encode()
+    return HKDF(hashes.SHA256(), 32, salt=None, info=info).derive(secret)
+
+
+def open_transmission(key: bytes, env: Envelope, sealed: bytes) -> bytes:
+    """A transmission record's body, sealed at SEND (seal_body with transmission_key)."""
+    return open_body(key, sealed, associated_data(env, "transmission"))

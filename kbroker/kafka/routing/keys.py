@@ -96,6 +96,18 @@ class Keys:
         self._private[path] = (mtime, key)
         return key
 
+    def held(self, namespace: str) -> tuple[str, bytes] | None:
+        """The id and secret of `namespace`'s current master key if this machine holds one (never
+        made here: an SDK process seals with it only when it shares the transmitters' key)."""
+        prefix(namespace)
+        if not (self.directory / f"{namespace}.key").exists():
+            return None
+        key = self.private(namespace)
+        secret = key.private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        )
+        return key_id(key.public_key()), secret
+
     def secret(self, namespace: str, master: str | None = None) -> bytes | None:
         """A master secret of `namespace` (its key's raw bytes, which the session keys of the
         dialogs it begins are derived from, core/security/dialog_security.root_key): the current

@@ -17,13 +17,14 @@ from kbroker.core.catalog.models import Catalog
 from kbroker.core.dialogs.envelope import H_ENCRYPTION, H_SESSION, Envelope, header_text
 from kbroker.core.records import Header
 from kbroker.core.security import dialog_security as ds
-from kbroker.core.security.dialog_security import H_SEALED, Seal, SealRefused, Security, Session
+from kbroker.core.security.dialog_security import H_LOCAL, H_SEALED, Seal, SealRefused, Security, Session
+from kbroker.kafka.routing.keys import Keys
 from kbroker.kafka.security.certificates import Certificate, CertificateError, CertificateStore, utcnow
 
 K = TypeVar("K")
 V = TypeVar("V")
 CACHED = 10_000  # session keys a process keeps (memory stays bounded whatever the dialogs)
-LOCAL_ONLY = (H_SESSION, H_ENCRYPTION, H_SEALED)  # never sent: the far side learns them sealed
+LOCAL_ONLY = (H_SESSION, H_ENCRYPTION, H_SEALED, H_LOCAL)  # never sent: the far side learns them sealed
 
 
 class _Lru(Generic[K, V]):
@@ -191,3 +192,39 @@ class Opener:
         # The signature covers the dialog, so a key is remembered per dialog and signer.
         key = (session.wrapped + env.conversation_id.encode(), session.initiator, session.signature)
         return self._roots.get(key, make)
+
+
+class TransmissionSeal:
+    """Seals a routed dialog's records at SEND for its namespace's transmission topic, and opens
+    them in the transmitter: with a key from the namespace's master key, when the sending process
+    holds that key (Keys.held); else they are written in clear."""
+
+    def __init__(self, namespace: str, keys: Keys):
+        self.namespace, self._keys = namespace, keys
+        self._derived: _Lru[tuple[str, str], bytes] = _Lru()
+
+    def _key(self, master: str, secret: bytes, conversation_id: str) -> bytes:
+        return self._derived.get(
+            (master, conversation_id), lambda: ds.transmission_key(secret, self.namespace, conversation_id)
+        )
+
+    def seal(self, env: Envelope, body: bytes) -> tuple[bytes, Header] | None:
+        """(sealed body, its header) of one transmission record, None when no key is held here."""
+        held = self._keys.held(self.namespace)
+        if held is None:
+            return None
+        master, secret = held
+        key = self._key(master, secret, env.conversation_id)
+        return ds.seal_body(key, body, ds.associated_data(env, "transmission")), (H_LOCAL, master.encode())
+
+    def open(self, value: bytes | None, headers: list[Header]) -> tuple[bytes | None, list[Header]]:
+        """A transmission record's clear body and headers; SealRefused when it cannot be opened."""
+        master = _header(headers, H_LOCAL)
+        if master is None:
+            return value, headers
+        secret = self._keys.secret(self.namespace, master)
+        if secret is None:
+            raise SealRefused(f"sealed at SEND under master key {master} of this namespace, which is not here")
+        env = Envelope.from_headers(headers)
+        clear = ds.open_transmission(self._key(master, secret, env.conversation_id), env, value or b"")
+        return clear, [(n, v) for n, v in headers if n != H_LOCAL]

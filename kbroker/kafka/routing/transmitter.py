@@ -29,12 +29,13 @@ from kbroker.core.routing.links import IDLE_CLOSE
 from kbroker.core.routing.routes import address, hop, is_expired, match_route, routes_of
 from kbroker.core.routing.signing import sign
 from kbroker.core.routing.transmission import STALL_AFTER, Outgoing, Refusal, TransmissionQueue
+from kbroker.core.security.dialog_security import SealRefused
 from kbroker.kafka import clients, messages
 from kbroker.kafka.routing.keys import Keys, key_id
 from kbroker.kafka.routing.link import LinkBroken
 from kbroker.kafka.routing.link_pool import LinkPool
 from kbroker.kafka.routing.notices import Notices
-from kbroker.kafka.routing.sealing import Sealer
+from kbroker.kafka.routing.sealing import Sealer, TransmissionSeal
 from kbroker.kafka.routing.views import ReportWriter, outgoing
 from kbroker.kafka.security.certificates import CertificateError, CertificateStore
 from kbroker.kafka.steps import FailureSink, run_steps
@@ -72,6 +73,7 @@ class Transmitter:
         keys.private(namespace)  # read (or made) now: an unreadable key stops the start
         # Read again per record (cached per file version): a rotated key signs from the next one.
         self.sealer = Sealer(namespace, lambda: _current(keys, namespace), certificates or CertificateStore())
+        self.transmission_seal = TransmissionSeal(namespace, keys)  # what SEND sealed, opened here
         self._catalog = catalog
         self._guard = guard
         self._poll = poll_interval
@@ -236,7 +238,10 @@ class Transmitter:
 
     def _seal(self, m: Outgoing, catalog: Catalog) -> tuple[bytes | None, list[Header]] | str:
         """`m`'s record as its dialog's security sends it, or why it waits (its status)."""
-        value, headers = m.record
+        try:
+            value, headers = self.transmission_seal.open(m.record[0], list(m.record[1] or ()))
+        except SealRefused as exc:
+            return f"Dialog security is unavailable for this conversation: {exc.reason}"
         try:
             sealed = self.sealer.seal(value, list(headers or ()), catalog)
         except CertificateError as exc:  # a private key unreadable or readable by others
