@@ -79,6 +79,7 @@ class BrokerRuntime(ProcessRuntime):
         self.statements.transmission_seal = TransmissionSeal(namespace, Keys()).seal
         self._unknown_reach_read = float("-inf")  # when _sender_reach last read for a side unknown here
         self._secondary: set[str] = set()  # secondary queue topics known to exist
+        self._reported: set[str] = set()  # topics this process has an entry for in the readers topic
         self._rollbacks: RollbackLog | None = None  # every process's rollbacks; with the first receiver
         self._first_receive = threading.Lock()  # starts _rollbacks once
         self._poison = PoisonCounter()  # counts the queues this process reads itself
@@ -219,7 +220,14 @@ class BrokerRuntime(ProcessRuntime):
         )
 
     def _publish_reader(self, topic: str, value: bytes | None) -> None:
-        """This process's entry for `topic` in the readers topic (None: it no longer reads it)."""
+        """This process's entry for `topic` in the readers topic (None: it no longer reads it;
+        written only over an entry this process wrote, so a refused reader writes nothing)."""
+        if value is None:
+            if topic not in self._reported:
+                return
+            self._reported.discard(topic)
+        else:
+            self._reported.add(topic)
         try:
             self.producer.produce(names.readers_topic(self.namespace), key=f"{self.process}/{topic}", value=value)
         except Exception:  # BufferError (local queue full) or KafkaException: a view, not data, so skip it

@@ -165,6 +165,12 @@ def test_receive_alter_and_the_catalog_owner_each_need_their_grant(user, secure_
 
     with pytest.raises(PermissionDeniedError):
         receive()
+    # A reader of another queue (so holding the readers' base ACLs) refused RECEIVE on this one
+    # writes nothing: no reader report, no tombstone of one.
+    u.cli("grant", "RECEIVE", "ON", "QUEUE::EmployeeQueue", "TO", u.principal, "--namespace", ns)
+    with pytest.raises(PermissionDeniedError):
+        receive()
+    assert not (read_to_end(secure_admin, names.readers_topic(ns)) or [])
     with pytest.raises(PermissionDeniedError):  # ALTER QUEUE ... STATUS = OFF
         set_queue_status(u.cluster, ns, QUEUE, "OFF", "test")
     with pytest.raises(PermissionDeniedError):  # a sender never writes the catalog, even directly
@@ -190,6 +196,7 @@ def test_receive_alter_and_the_catalog_owner_each_need_their_grant(user, secure_
     assert u.permissions(ns) == {
         f"GRANT SEND ON SERVICE::{EMP}",
         f"GRANT RECEIVE ON QUEUE::{QUEUE}",
+        "GRANT RECEIVE ON QUEUE::EmployeeQueue",
         f"GRANT ALTER ON QUEUE::{QUEUE}",
         f"GRANT CONTROL ON CATALOG::{ns}",
     }

@@ -171,7 +171,9 @@ class PollLoop:
                     self._assignment.ask_waiting(consumer)
             except Exception as exc:  # noqa: BLE001 - the poll thread outlives any one duty
                 self._duty_failed("assigning partitions that waited for their committed offsets", exc)
-            if self._report is not None and time.monotonic() - self._reported_at >= self._report_interval:
+            # Only a reader that reads: a refused one (or one never given a partition) writes nothing.
+            reads = self.refused is None and self._assignment.assigned_once
+            if self._report is not None and reads and time.monotonic() - self._reported_at >= self._report_interval:
                 self._reported_at = time.monotonic()
                 self._report(self._stats())
 
