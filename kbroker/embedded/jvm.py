@@ -5,6 +5,7 @@ whether it still runs. Nothing happens at import time."""
 from __future__ import annotations
 
 import base64
+import collections
 import os
 import random
 import re
@@ -87,12 +88,23 @@ def free_port(tries: int = 200) -> int:
     if end > start:
         for _ in range(tries):
             port = bind(random.randrange(start, end))
-            if port is not None:
-                return port
+            if port is not None and port not in _handed_out:
+                return _hand_out(port)
     while True:  # no free port there: any the kernel gives
         port = bind(0)
-        if port is not None:
-            return port
+        if port is not None and port not in _handed_out:
+            return _hand_out(port)
+
+
+# Ports free_port returned lately: a caller asking for several before binding any (a broker's
+# client, controller and TLS ports) must get different ones, which a random pick in a small
+# range did not always give.
+_handed_out: collections.deque[int] = collections.deque(maxlen=64)
+
+
+def _hand_out(port: int) -> int:
+    _handed_out.append(port)
+    return port
 
 
 def claim_port(wanted: int, taken: set[int]) -> int:

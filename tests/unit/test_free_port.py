@@ -40,3 +40,16 @@ def test_a_port_range_in_the_environment_confines_the_ports(monkeypatch):
     for unusable in ("", "24000", "x-y", "24100-24000", "80-90", "24000-70000"):
         monkeypatch.setenv("KBROKER_PORT_RANGE", unusable)
         assert jvm.port_range() == (20000, 32768), unusable
+
+
+def test_ports_asked_for_together_differ_even_when_the_random_pick_repeats(monkeypatch):
+    """A broker's client, controller and TLS ports are asked for before any is bound: a random
+    pick that repeats (it did, once in a suite: "the controller port must differ") is skipped."""
+    real = random.Random(11)
+    first = real.randrange(40000, 41000)
+    picks = itertools.chain([first, first, first], iter(lambda: real.randrange(40000, 41000), None))
+    monkeypatch.setattr(jvm.random, "randrange", lambda *_: next(picks))
+    monkeypatch.setattr(jvm, "_handed_out", jvm.collections.deque(maxlen=64))
+    monkeypatch.setenv("KBROKER_PORT_RANGE", "40000-41000")
+    ports = [jvm.free_port() for _ in range(3)]
+    assert len(set(ports)) == 3 and ports[0] == first
