@@ -29,7 +29,7 @@ from pathlib import Path
 from confluent_kafka import IsolationLevel, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from kbroker.embedded import jvm
+from kbroker.embedded import ports
 from kbroker.embedded.broker import EmbeddedBroker
 
 TOPIC, PARTITIONS, WRITERS = "restart-transactions", 4, 3
@@ -68,7 +68,7 @@ def open_partitions(admin: AdminClient) -> dict[int, tuple[int, int]]:
 
 
 def one_round(data_dir: Path, controlled_shutdown: bool) -> dict[str, object]:
-    broker, port, cport = EmbeddedBroker(data_dir), jvm.free_port(), jvm.free_port()
+    broker, port, cport = EmbeddedBroker(data_dir), ports.free_port(), ports.free_port()
     settings = {"controlled.shutdown.enable": str(controlled_shutdown).lower()}
     bootstrap = broker.start(port=port, controller_port=cport, settings=settings).bootstrap
     assert bootstrap is not None

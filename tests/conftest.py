@@ -63,12 +63,12 @@ def pytest_testnodedown(node: Any, error: object | None) -> None:
 
 def _own_ports() -> None:
     """Under pytest-xdist (`make test` runs three processes) each process picks ports from a
-    slice of its own (embedded.jvm.port_range), brokers and workers it starts included: a node
+    slice of its own (embedded.ports.port_range), brokers and workers it starts included: a node
     stopped and restarted on its port never finds it taken by the other process's broker."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
     if not worker.startswith("gw") or not count.isdigit() or "KBROKER_PORT_RANGE" in os.environ:
         return
-    from kbroker.embedded.jvm import port_range
+    from kbroker.embedded.ports import port_range
 
     low, high = port_range()
     width = (high - low) // int(count)

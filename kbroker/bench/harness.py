@@ -188,8 +188,8 @@ def secured_rows(plain: list[dict], secured: list[dict]) -> list[dict]:
 
 
 def free_port() -> int:
-    """A TCP port free on this host now (embedded.jvm.free_port: not one a client may take)."""
-    from kbroker.embedded.jvm import free_port as free
+    """A TCP port free on this host now (embedded.ports.free_port: not one a client may take)."""
+    from kbroker.embedded.ports import free_port as free
 
     return free()
 

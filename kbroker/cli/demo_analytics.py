@@ -27,7 +27,7 @@ STALE_AFTER = 5.0  # the job's threshold here, so the demo shows stale claims wi
 
 
 def _free_port() -> int:
-    from kbroker.embedded.jvm import free_port
+    from kbroker.embedded.ports import free_port
 
     return free_port()
 

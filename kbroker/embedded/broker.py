@@ -24,7 +24,7 @@ from typing import Any, Callable
 import psutil
 
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.embedded import jvm
+from kbroker.embedded import jvm, ports
 from kbroker.embedded.certs import write_private
 from kbroker.embedded.jvm import KAFKA_VERSION, MIN_JAVA, find_java
 from kbroker.embedded.secure import ADMIN, SecureFiles
@@ -139,14 +139,14 @@ class EmbeddedBroker:
         java = find_java()
         tls_port = tls_port if secure else None  # a plain node has no such listener
         for p in (port, controller_port, tls_port):
-            if p is not None and jvm.bind(p) is None:
+            if p is not None and ports.bind(p) is None:
                 raise PortInUseError(f"port {p} on 127.0.0.1 is already in use; choose another with --port")
         if controller_port is None:
-            controller_port = jvm.claim_port(port + 1, {port})
+            controller_port = ports.claim_port(port + 1, {port})
         if controller_port == port:
             raise PortInUseError(f"the controller port must differ from the broker port {port}")
         if secure and tls_port is None:
-            tls_port = jvm.claim_port(port + 2, {port, controller_port})
+            tls_port = ports.claim_port(port + 2, {port, controller_port})
         if tls_port in (port, controller_port):
             raise PortInUseError(f"the TLS port {tls_port} must differ from the broker and controller ports")
         libs = self.fetch()
@@ -281,7 +281,7 @@ def wait_ready(nodes: list[tuple[subprocess.Popen, ClusterLike, Path]], brokers:
                 )
             # Wait for the listener before creating a client: librdkafka would print every
             # refused connection to stderr.
-            if i not in admins and jvm.accepts(_port_of(cluster)):
+            if i not in admins and ports.accepts(_port_of(cluster)):
                 failures = clients.AuthFailures()
                 admins[i] = (clients.admin(cluster, error_cb=failures), failures)
             if i in admins:

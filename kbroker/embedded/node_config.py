@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kbroker.embedded import jvm
+from kbroker.embedded import ports
 from kbroker.errors import PortInUseError
 
 Ports = tuple[int, int, int | None]  # a node's (broker, controller, TLS) ports; TLS for a secure one
@@ -59,15 +59,15 @@ def new_ports(port: int, node_ids: list[int], secure: bool) -> dict[int, Ports]:
         raise PortInUseError(f"ports {port} to {port + n - 1} do not all exist; choose a lower --port")
     brokers = [port + k for k in range(n)]
     for p in brokers:
-        if jvm.bind(p) is None:
+        if ports.bind(p) is None:
             raise PortInUseError(
                 f"port {p} on 127.0.0.1 is already in use (a {n}-node cluster needs ports "
                 f"{port} to {port + n - 1}); choose another with --port"
             )
     taken = set(brokers)
-    controllers = [jvm.claim_port(p, taken) for p in range(port + n, port + 2 * n)]
+    controllers = [ports.claim_port(p, taken) for p in range(port + n, port + 2 * n)]
     tls: list[int | None] = (
-        [jvm.claim_port(p, taken) for p in range(port + 2 * n, port + 3 * n)] if secure else [None] * n
+        [ports.claim_port(p, taken) for p in range(port + 2 * n, port + 3 * n)] if secure else [None] * n
     )
     return {i: (brokers[k], controllers[k], tls[k]) for k, i in enumerate(node_ids)}
 

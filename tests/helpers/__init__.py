@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from kbroker.embedded import jvm
+from kbroker.embedded import ports
 
 ROOT = Path(__file__).resolve().parent.parent.parent  # the checkout under test
 SAMPLES = ROOT / "topics" / "samples"
@@ -55,8 +55,8 @@ def stop_process(proc: subprocess.Popen | None, timeout: float = 30) -> None:
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now, outside the kernel's range for
-    outgoing connections (a broker restarted on it must find it free: embedded.jvm.free_port)."""
-    return jvm.free_port()
+    outgoing connections (a broker restarted on it must find it free: embedded.ports.free_port)."""
+    return ports.free_port()
 
 
 @contextmanager

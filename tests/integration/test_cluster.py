@@ -30,7 +30,7 @@ from kbroker.cli.demo import CLAIM, CONTRACT
 from kbroker.cli.demo import EMPLOYEES as EMP
 from kbroker.cli.demo import EXPENSES as EXP
 from kbroker.core import names
-from kbroker.embedded import jvm
+from kbroker.embedded import ports
 from kbroker.embedded.cluster import EmbeddedCluster
 from kbroker.errors import TransactionAbortedError
 from kbroker.kafka.catalog.apply import apply_paths, choose_replication
@@ -56,8 +56,8 @@ QUEUE = "ExpenseQueue"
 def free_port_run(count: int) -> int:
     """The first of `count` consecutive free ports (a cluster's brokers take port..port+count-1)."""
     for _ in range(100):
-        base = jvm.free_port()  # below the ephemeral range, in this process's slice
-        if base + count <= jvm.port_range()[1] and all(jvm.bind(base + k) is not None for k in range(count)):
+        base = ports.free_port()  # below the ephemeral range, in this process's slice
+        if base + count <= ports.port_range()[1] and all(ports.bind(base + k) is not None for k in range(count)):
             return base
     raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
 

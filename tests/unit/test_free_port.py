@@ -5,13 +5,13 @@ import itertools
 import random
 import socket
 
-from kbroker.embedded import jvm
+from kbroker.embedded import ports
 
 
 def test_a_free_port_is_below_the_ephemeral_range_and_can_be_listened_on():
-    low = jvm._ephemeral_low()
+    low = ports._ephemeral_low()
     for _ in range(20):
-        port = jvm.free_port()
+        port = ports.free_port()
         assert 0 < port < 65536
         if low > 20000:
             assert 20000 <= port < low
@@ -27,19 +27,19 @@ def test_a_taken_port_is_never_given(monkeypatch):
         taken.listen()
         real = random.Random(7)
         picks = itertools.chain([busy, busy], iter(lambda: real.randrange(20000, 65536), None))
-        monkeypatch.setattr(jvm.random, "randrange", lambda *_: next(picks))
-        monkeypatch.setattr(jvm, "_ephemeral_low", lambda: 65536)
-        assert jvm.free_port() != busy
+        monkeypatch.setattr(ports.random, "randrange", lambda *_: next(picks))
+        monkeypatch.setattr(ports, "_ephemeral_low", lambda: 65536)
+        assert ports.free_port() != busy
 
 
 def test_a_port_range_in_the_environment_confines_the_ports(monkeypatch):
-    monkeypatch.setattr(jvm, "_ephemeral_low", lambda: 32768)
+    monkeypatch.setattr(ports, "_ephemeral_low", lambda: 32768)
     monkeypatch.setenv("KBROKER_PORT_RANGE", "24000-24100")
-    assert jvm.port_range() == (24000, 24100)
-    assert all(24000 <= jvm.free_port() < 24100 for _ in range(20))
+    assert ports.port_range() == (24000, 24100)
+    assert all(24000 <= ports.free_port() < 24100 for _ in range(20))
     for unusable in ("", "24000", "x-y", "24100-24000", "80-90", "24000-70000"):
         monkeypatch.setenv("KBROKER_PORT_RANGE", unusable)
-        assert jvm.port_range() == (20000, 32768), unusable
+        assert ports.port_range() == (20000, 32768), unusable
 
 
 def test_ports_asked_for_together_differ_even_when_the_random_pick_repeats(monkeypatch):
@@ -48,8 +48,8 @@ def test_ports_asked_for_together_differ_even_when_the_random_pick_repeats(monke
     real = random.Random(11)
     first = real.randrange(40000, 41000)
     picks = itertools.chain([first, first, first], iter(lambda: real.randrange(40000, 41000), None))
-    monkeypatch.setattr(jvm.random, "randrange", lambda *_: next(picks))
-    monkeypatch.setattr(jvm, "_handed_out", jvm.collections.deque(maxlen=64))
+    monkeypatch.setattr(ports.random, "randrange", lambda *_: next(picks))
+    monkeypatch.setattr(ports, "_handed_out", ports.collections.deque(maxlen=64))
     monkeypatch.setenv("KBROKER_PORT_RANGE", "40000-41000")
-    ports = [jvm.free_port() for _ in range(3)]
-    assert len(set(ports)) == 3 and ports[0] == first
+    given = [ports.free_port() for _ in range(3)]
+    assert len(set(given)) == 3 and given[0] == first
