@@ -17,7 +17,7 @@ import orjson
 
 from kbroker import config
 from kbroker.core.cluster import Cluster, ClusterLike
-from kbroker.errors import KBrokerError, PermissionDeniedError
+from kbroker.errors import BrokerUnavailableError, KBrokerError, PermissionDeniedError
 
 _bootstrap_option = click.option(
     "--bootstrap",
@@ -168,6 +168,8 @@ def handle_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except PermissionDeniedError as exc:
             fail(exc.naming(_principal(kwargs.get("target"))).line())
+        except BrokerUnavailableError as exc:
+            fail(str(_explained(exc, kwargs.get("target"))))
         except KBrokerError as exc:
             fail(str(exc))
         except ValueError as exc:  # pydantic's ValidationError included
@@ -181,6 +183,20 @@ def handle_errors(fn: F) -> F:
             fail(missing_extra(package))
 
     return cast(F, wrapper)
+
+
+def _explained(exc: BrokerUnavailableError, target: Any) -> KBrokerError:
+    """A broker that cannot be reached, or the reason a listening one would not serve the command
+    (a wrong password, a TLS listener met in plaintext): librdkafka reports both as a transport
+    failure or a time-out."""
+    if not isinstance(target, Target):
+        return exc
+    from kbroker.kafka.clients import refusal
+
+    try:
+        return refusal(target.cluster) or exc
+    except KBrokerError:
+        return exc
 
 
 def _principal(target: Any) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import importlib.metadata
+import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -288,16 +289,27 @@ def end_offsets(admin: AdminClient, topic: str, partitions: list[int], deadline:
 
 
 class AuthFailures:
-    """An `error_cb` that keeps the last authentication or TLS failure a client reported. A
-    refused password or certificate looks like a broker that is away: librdkafka keeps
-    reconnecting, its requests time out, and only the error callback says why."""
+    """An `error_cb` (and a `logger`) that keeps the last authentication or TLS failure a client
+    reported. A refused password or certificate looks like a broker that is away: librdkafka
+    keeps reconnecting, its requests time out, and only the error callback says why. A broker
+    whose listener wants TLS closes a plaintext client's connection at its first request, which
+    only librdkafka's log says ("... in state APIVERSION_QUERY")."""
 
     def __init__(self) -> None:
         self.last: KafkaError | None = None
+        self.refusals = 0
+        self.closed_at_first_request = 0
 
     def __call__(self, err: KafkaError) -> None:
         if err.code() in AUTHENTICATION_CODES:
-            self.last = err
+            self.last, self.refusals = err, self.refusals + 1
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        """librdkafka's log line, counted, then passed on to kbroker's Kafka logger."""
+        line = fmt % args if args else fmt
+        if "state APIVERSION_QUERY" in line and "Disconnected" in line:
+            self.closed_at_first_request += 1
+        KAFKA_LOG.log(level, "%s", line)
 
 
 def broker_nodes(client: AdminClient, timeout: float) -> list[Any]:
@@ -308,25 +320,68 @@ def broker_nodes(client: AdminClient, timeout: float) -> list[Any]:
     return list(client.describe_cluster(request_timeout=timeout).result(timeout + 5).nodes)
 
 
+_TOLD = 2  # refusals, or plaintext connections closed at their first request, before saying so
+
+
 def brokers_answering(
     cluster: ClusterLike, timeout: float = 10.0, client: AdminClient | None = None, failures: AuthFailures | None = None
 ) -> int:
     """How many brokers `cluster` lists in a metadata answer within `timeout`.
     AuthenticationFailedError when none answers and `failures` (the error_cb given to `client`;
-    its own when no client is given) saw the cluster refuse the credentials or the TLS handshake,
-    else BrokerUnavailableError."""
+    its own when no client is given, then at the first refusal) saw the cluster refuse the
+    credentials or the TLS handshake; BrokerUnavailableError naming the protocol when the
+    brokers close a plaintext client's connections (a TLS listener), else BrokerUnavailableError."""
+    own = client is None
     if client is None:
         failures = failures or AuthFailures()
-        client = admin(cluster, error_cb=failures)
+        client = admin(cluster, error_cb=failures, logger=failures)
+    future = client.describe_cluster(request_timeout=timeout)
+    deadline = time.monotonic() + timeout + 5
+    while True:
+        try:
+            return len(future.result(timeout=0.25 if own else max(0.0, deadline - time.monotonic())).nodes)
+        except KafkaException as exc:
+            raise _not_answering(cluster, client, failures, exc.args[0].str()) from None
+        except concurrent.futures.TimeoutError:
+            client.poll(0)  # error_cb and the logger run from poll()
+            # Told twice (a handshake cut by a restarting broker is told once), the answer stands.
+            told = 0 if failures is None else max(failures.refusals, failures.closed_at_first_request)
+            early = own and told >= _TOLD
+            if early or time.monotonic() >= deadline:
+                raise _not_answering(cluster, client, failures, f"no answer in {timeout:g} s") from None
+
+
+def _not_answering(cluster: ClusterLike, client: AdminClient, failures: AuthFailures | None, why: str) -> KBrokerError:
+    if failures is not None:
+        client.poll(0)
+        if failures.last is not None:
+            return kafka_error(f"Kafka at {cluster} refused kbroker", failures.last)
+        protocol = str(librdkafka_settings(cluster).get("security.protocol", "plaintext")).upper()
+        if failures.closed_at_first_request and protocol in ("PLAINTEXT", "SASL_PLAINTEXT"):
+            return BrokerUnavailableError(
+                f"Kafka at {cluster} answers but closes {protocol} connections at their first request: "
+                "its listener wants TLS (security.protocol SSL or SASL_SSL); give kbroker the "
+                "cluster's client properties (--command-config FILE)"
+            )
+    return BrokerUnavailableError(f"no Kafka broker answers at {cluster}: {why}")
+
+
+def refusal(cluster: ClusterLike, timeout: float = 5.0) -> KBrokerError | None:
+    """Why `cluster` fails kbroker's clients though a broker listens at its first bootstrap
+    address: the credentials or the TLS handshake refused, or a TLS listener closing plaintext
+    connections. None when nothing listens there or nothing of the kind was seen. A client that
+    met only a transport failure ("Broker transport failure") is explained by it."""
+    host, _, port = Cluster.of(cluster).bootstrap.split(",")[0].strip().rpartition(":")
     try:
-        return len(broker_nodes(client, timeout))
-    except (KafkaException, concurrent.futures.TimeoutError) as exc:
-        if failures is not None:
-            client.poll(0)  # error_cb runs from poll()
-            if failures.last is not None:
-                raise kafka_error(f"Kafka at {cluster} refused kbroker", failures.last) from None
-        why = exc.args[0].str() if isinstance(exc, KafkaException) else f"no answer in {timeout:g} s"
-        raise BrokerUnavailableError(f"no Kafka broker answers at {cluster}: {why}") from None
+        socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
+    except (OSError, ValueError):
+        return None
+    failures = AuthFailures()
+    try:
+        brokers_answering(cluster, timeout, failures=failures)
+    except KBrokerError as exc:
+        return exc if failures.last is not None or failures.closed_at_first_request else None
+    return None
 
 
 def library_versions() -> tuple[str, str]:

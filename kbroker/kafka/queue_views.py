@@ -35,7 +35,13 @@ from kbroker.kafka import clients, messages, wire
 from kbroker.kafka.catalog.catalog_store import publish_object, read_catalog, write_records
 from kbroker.kafka.dialogs.conversation_endpoints import read_endpoints
 from kbroker.kafka.rejects import Rejects
-from kbroker.kafka.snapshot import committed_offsets, latest_records, read_partitions, reading_consumer
+from kbroker.kafka.snapshot import (
+    committed_offsets,
+    latest_records,
+    read_partitions,
+    reading_consumer,
+    topic_partitions,
+)
 
 # Named after Service Broker's BROKER_QUEUE_DISABLED event, which poison handling raises.
 QUEUE_DISABLED, QUEUE_ENABLED = "QUEUE_DISABLED", "QUEUE_ENABLED"
@@ -211,6 +217,12 @@ def queue_view_of(cluster: ClusterLike, namespace: str, q: Queue, timeout: float
     except KafkaException as exc:
         raise kafka_error(f"no Kafka broker answers at {cluster}", exc.args[0]) from None
     meta = metadata.topics.get(topic)
+    if meta is None:  # a listing of all leaves out a topic this principal may not DESCRIBE
+        consumer = reading_consumer(cluster, group)
+        try:
+            topic_partitions(consumer, topic, timeout)  # PermissionDeniedError naming the grant
+        finally:
+            consumer.close()
     if meta is None or meta.error is not None:
         raise CatalogError(f"queue {queue!r} has no topic {topic}: run 'kbroker apply'")
     tps = [TopicPartition(topic, p) for p in sorted(meta.partitions)]

@@ -7,6 +7,7 @@ cannot touch each other's; and apply refusing names that would collide in Kafka.
 from __future__ import annotations
 
 import json
+import subprocess
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -49,8 +50,13 @@ class User:
 
     def __init__(self, secure: EmbeddedBroker, admin: Cluster, name: str):
         self.name, self.principal, self.admin = name, f"User:{name}", admin
-        self.cluster = resolve_cluster(secure.status().bootstrap, command_config=secure.add_user(name)["scram"])
+        self.properties = str(secure.add_user(name)["scram"])
+        self.cluster = resolve_cluster(secure.status().bootstrap, command_config=self.properties)
         self.admin_properties = str(secure.secure_files.admin_properties)
+
+    def run(self, *args: str) -> subprocess.CompletedProcess:
+        """A `kbroker` command as this user."""
+        return run_kbroker_module(*args, "--bootstrap", self.admin.bootstrap, "--command-config", self.properties)
 
     def cli(self, *args: str, as_json: bool = True) -> str:
         """A `kbroker` command as the admin; its (--json) output."""
@@ -171,6 +177,26 @@ def test_receive_alter_and_the_catalog_owner_each_need_their_grant(user, secure_
     with pytest.raises(PermissionDeniedError):
         receive()
     assert not (read_to_end(secure_admin, names.readers_topic(ns)) or [])
+    # The CLI says a refusal once: no log line repeating the error.
+    refused = u.run("receive", QUEUE, "--wait", "3", "--namespace", ns)
+    assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [
+        f"kbroker: error: permission denied: {u.principal} may not READ group {names.queue_group(ns, QUEUE)} "
+        f"(reading queue {QUEUE})"
+    ], refused.stderr
+    # RECEIVE's grant holds what the queue's view needs; a queue not granted is named as refused.
+    shown = wait_for(
+        lambda: (lambda out: out if out.returncode == 0 else None)(
+            u.run("queue", "show", "EmployeeQueue", "--namespace", ns)
+        ),
+        SETTLE,
+        "queue show served to a RECEIVE grantee",
+    )
+    assert "queue EmployeeQueue: status ON" in shown.stdout, shown.stdout
+    hidden = u.run("queue", "show", QUEUE, "--namespace", ns)
+    assert hidden.returncode == 1 and hidden.stderr.strip().splitlines() == [
+        f"kbroker: error: permission denied: {u.principal} may not DESCRIBE topic {names.queue_topic(ns, QUEUE)} "
+        f"(cannot see topic {names.queue_topic(ns, QUEUE)})"
+    ], hidden.stderr
     with pytest.raises(PermissionDeniedError):  # ALTER QUEUE ... STATUS = OFF
         set_queue_status(u.cluster, ns, QUEUE, "OFF", "test")
     with pytest.raises(PermissionDeniedError):  # a sender never writes the catalog, even directly

@@ -136,10 +136,17 @@ def test_the_admin_logs_in_with_plain_too(secure: EmbeddedBroker) -> None:
     assert read_one(admin, topic).value() == b"v"
 
 
-def test_no_credentials_never_get_metadata(secure: EmbeddedBroker) -> None:
+def test_no_credentials_never_get_metadata_and_are_told_tls_is_wanted(secure: EmbeddedBroker) -> None:
     st = status_of(secure)
-    with pytest.raises(BrokerUnavailableError):
-        clients.brokers_answering(f"127.0.0.1:{st.port}", timeout=3)  # PLAINTEXT to SASL_SSL
+    sasl_plaintext = Cluster.with_properties(
+        f"127.0.0.1:{st.port}",
+        {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "a", "sasl.password": "b"},
+    )
+    for plaintext, protocol in ((f"127.0.0.1:{st.port}", "PLAINTEXT"), (sasl_plaintext, "SASL_PLAINTEXT")):
+        started = time.monotonic()
+        with pytest.raises(BrokerUnavailableError, match=f"answers but closes {protocol} connections.*wants TLS"):
+            clients.brokers_answering(plaintext, timeout=10)
+        assert time.monotonic() - started < 8  # told at the first closed connections, not after the wait
     tls_only = Cluster.with_properties(
         f"127.0.0.1:{st.tls_port}", {"security.protocol": "SSL", "ssl.ca.location": str(secure.secure_files.ca)}
     )
@@ -160,6 +167,27 @@ def test_a_wrong_password_is_an_authentication_failure_not_an_absent_broker(secu
     with pytest.raises(AuthenticationFailedError):
         wait_ready([(Running(), wrong, secure.log_file)], 1, 60)  # type: ignore[list-item]
     assert time.monotonic() - started < 30  # not the whole wait
+
+
+def test_the_cli_says_a_wrong_password_or_a_plaintext_client_in_one_line(
+    secure: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """`kbroker queue show` meets a transport failure reading metadata: the one-line error names
+    the refused login, or the TLS the listener wants, not "Broker transport failure"."""
+    st = status_of(secure)
+    good = secure.secure_files.admin_properties.read_text()
+    wrong = tmp_path / "wrong.properties"
+    wrong.write_text(re.sub(r'password="[^"]*"', 'password="not-the-password"', good))
+    plain = tmp_path / "plain.properties"
+    plain.write_text(f"bootstrap.servers={st.bootstrap}\n")
+    expected = {wrong: "refused kbroker: .*SASL authentication", plain: "closes PLAINTEXT connections.*wants TLS"}
+    for properties, says in expected.items():
+        out = run_kbroker_module(
+            "queue", "show", "Anything", "--bootstrap", st.bootstrap or "", "--command-config", str(properties)
+        )
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 1 and len(lines) == 1, out.stderr
+        assert re.search(says, lines[0]) and "transport failure" not in lines[0], lines[0]
 
 
 def test_a_user_added_logs_in_with_scram_and_its_certificate_and_is_denied_without_acls(secure: EmbeddedBroker) -> None:

@@ -115,8 +115,8 @@ def receiver_base(ns: str) -> list[Rule]:
             "TOPIC",
             "LITERAL",
             names.readers_topic(ns),
-            ("WRITE",),
-            "this process's locks and in-flight counts (`kbroker queue show`)",
+            ("READ", "WRITE"),
+            "this process's locks and in-flight counts, and every reader's for `kbroker queue show`",
         ),
     ]  # no catalog WRITE: only its owner changes it (a poison message: see sdk/runtime.note_rollback)
 

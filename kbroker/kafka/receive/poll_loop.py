@@ -185,9 +185,10 @@ class PollLoop:
             log.error("%s", said)
 
     def _refuse(self, exc: Exception) -> None:
-        """Record a refusal (logged once while it stands) and wake the waiting RECEIVEs."""
+        """Record a refusal and wake the waiting RECEIVEs, which raise it: the caller's error is
+        the one report (a CLI printed it twice), the log has it at info once while it stands."""
         if self.refused is None or str(self.refused) != str(exc):
-            log.error("%s", exc)
+            log.info("%s", exc)
         with self._cv:  # re-entrant: _accept holds it already
             self.refused = exc
             self._cv.notify_all()
