@@ -26,6 +26,7 @@ from kbroker.core.dialogs.group_hold import (
     PartitionKey,
 )
 from kbroker.core.dialogs.group_lock import ConversationGroupLockTimeoutError
+from kbroker.core.dialogs.send_lease import YIELD_BACKOFF
 from kbroker.errors import BrokerUnavailableError
 from kbroker.kafka.background import Background
 from kbroker.kafka.dialogs.hold_state import GroupReader, Mine, Owned, RemoteHolder
@@ -49,6 +50,9 @@ class GroupHolds(Background):
         self._topic = HoldTopic(self._cluster, namespace, self._cv)
         self.topic = self._topic.topic
         self._mine: dict[GroupKey, Mine] = {}
+        # Holds let go to a waiting process lately (monotonic time): taken back here only after
+        # YIELD_BACKOFF, or the releasing process, first to read its own release, won every turn.
+        self._yielded: dict[GroupKey, float] = {}
         self._owned: dict[tuple[str, str | None], Owned] = {}
         self._started = threading.Lock()
         self._running = False
@@ -117,10 +121,14 @@ class GroupHolds(Background):
                     continue
                 if m.in_use == 0 and (m.wanted or mono - m.used >= IDLE_RELEASE):
                     del self._mine[key]
+                    if m.wanted:
+                        self._yielded[key] = mono
                     out.append(self._record("release", key, m.partition, now, epoch=m.epoch))
                 elif m.until - now < RENEW_WITHIN:
                     m.until = now + HOLD_SECONDS
                     out.append(self._record("renew", key, m.partition, now, epoch=m.epoch, until=m.until))
+            for key in [k for k, at in self._yielded.items() if mono - at >= YIELD_BACKOFF]:
+                del self._yielded[key]
             owned = list(self._owned.items())
             for (queue, instance), o in owned:
                 if mono - o.renewed >= OWN_RENEW:
@@ -217,6 +225,9 @@ class GroupHolds(Background):
                 m.in_use += 1
                 m.used = time.monotonic()
                 return
+            yielded = self._yielded.pop(key, None)
+        if yielded is not None:  # the process it went to gets the first chance to take it
+            time.sleep(max(0.0, min(yielded + YIELD_BACKOFF - time.monotonic(), deadline - time.monotonic())))
         queue, instance, group = key
         # The lock time-out counts waiting for another transaction, not for Kafka: reading and
         # writing the holds topic have their own, longer bound (a loaded machine can take longer
@@ -287,6 +298,7 @@ class GroupHolds(Background):
             m.used = time.monotonic()
             if m.in_use == 0 and m.wanted:
                 del self._mine[key]
+                self._yielded[key] = time.monotonic()
                 release = self._record("release", key, m.partition, time.time(), epoch=m.epoch)
         if release is not None:
             self._write_or_note([release], "release a group hold", timeout=10.0)
