@@ -62,17 +62,20 @@ test-spark-cluster: setup
 # above; on the three-node Kafka cluster a node killed under load, its transaction coordinator
 # killed during commits, and the worker, routing and the analytics job with a node killed;
 # routing between two clusters through kills and an outage longer than a lease; the delayed
-# store's mover and the transport bridge through a broker restart; `kbroker bench scale` at
+# store's mover and the transport bridge through a broker restart; the analytics job killed and
+# restarted through a broker restart, and the activation bench at tiny sizes (2 minutes and 35 s,
+# kept out of `make test` for its 20-minute budget); `kbroker bench scale` at
 # small sizes; the wheel a user installs, alone in a new virtualenv; and the compose stack under
 # podman, its images built from Debian's packages (scripts/prereqs.sh long installs podman).
 # About 14 minutes; the compose run takes 2 of them, 3 when it builds its images.
 test-long: setup
 	@scripts/prereqs.sh long
-	$(BIN)/pytest -m "spark_cluster or kafka_cluster or bench_scale or wheel or compose" tests/integration/test_analytics_cluster.py \
+	$(BIN)/pytest -m "spark_cluster or kafka_cluster or bench_scale or wheel or compose or long" tests/integration/test_analytics_cluster.py \
 		tests/integration/test_cluster.py tests/integration/test_routing_clusters.py \
 		tests/integration/test_bench_scale.py tests/integration/test_transport_delayed.py \
 		tests/integration/test_transport_bridge.py tests/integration/test_wheel.py \
-		tests/integration/test_compose_stack.py
+		tests/integration/test_compose_stack.py tests/integration/test_analytics.py \
+		tests/integration/test_bench_activation.py
 
 bench: setup
 	$(BIN)/kbroker bench

@@ -149,7 +149,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 # Tests too slow for the default run, each with a command of its own (the Makefile's): collected,
 # but deselected unless the `-m` expression names their marker (`pytest -m spark_cluster`).
-OPT_IN = ("spark_cluster", "kafka_cluster", "bench_scale", "wheel", "compose")
+OPT_IN = ("spark_cluster", "kafka_cluster", "bench_scale", "wheel", "compose", "long")
 
 
 def _deselect_opt_in(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -442,6 +442,7 @@ def private_ns(tmp_path):
         embedded.stop()
 
 
+@pytest.mark.long  # about 2 minutes: `make test-long`
 @pytest.mark.timeout(600)  # its waits, bounded one by one, add up past the default 300 s; a CI run under load took 298
 def test_a_job_killed_and_restarted_counts_nothing_twice_and_rides_through_a_broker_restart(private_ns, tmp_path):
     embedded, port, cport, bootstrap, ns, b = private_ns

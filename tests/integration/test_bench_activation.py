@@ -13,6 +13,7 @@ import pytest
 from tests.helpers import ROOT, run_bench_cli
 
 
+@pytest.mark.long  # 35 s, a worker started per scenario: `make test-long`
 def test_the_activation_scenarios_report_latency_and_drain_time(kafka_bootstrap, tmp_path):
     env = {
         **os.environ,
