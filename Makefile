@@ -43,7 +43,7 @@ lint: $(STAMP)
 # The static checks first (`make lint`, seconds), then the tests against a real broker
 # (minutes); Toxiproxy is built once (about a minute) for the network-stall test.
 # Three pytest processes, each with its own broker (tests/conftest.py groups and orders the files):
-# about 16 minutes on 2 cores, 19 with two processes (their tests wait on Kafka's and Spark's
+# about 18 minutes on 2 cores, 19 with two processes (their tests wait on Kafka's and Spark's
 # timers a third of the time), 33 in one (`make test PARALLEL=`). A process that crashes
 # (a test past its time-out) is not replaced: pytest-xdist 3.8's loadgroup scheduling can hand
 # the replacement work that never completes and wait for it forever (pytest-xdist #1378; a CI
@@ -62,9 +62,12 @@ test-spark-cluster: setup
 # above; on the three-node Kafka cluster a node killed under load, its transaction coordinator
 # killed during commits, and the worker, routing and the analytics job with a node killed;
 # routing between two clusters through kills and an outage longer than a lease; the delayed
-# store's mover and the transport bridge through a broker restart; the analytics job killed and
-# restarted through a broker restart, and the activation bench at tiny sizes (2 minutes and 35 s,
-# kept out of `make test` for its 20-minute budget); `kbroker bench scale` at
+# store's mover and the transport bridge through a broker restart; the runs marked `long` on
+# the embedded broker (the analytics job killed and restarted through a broker restart, the
+# activation bench, a reader loop through a broker restart, the dashboard's stale counts, the
+# endpoint invariants over four processes, a message outliving the broker's retention, six
+# workers sharing monitors: 30 s to 2 minutes each, kept out of `make test` for its 20-minute
+# budget); `kbroker bench scale` at
 # small sizes; the wheel a user installs, alone in a new virtualenv; and the compose stack under
 # podman, its images built from Debian's packages (scripts/prereqs.sh long installs podman).
 # About 14 minutes; the compose run takes 2 of them, 3 when it builds its images.
@@ -75,7 +78,9 @@ test-long: setup
 		tests/integration/test_bench_scale.py tests/integration/test_transport_delayed.py \
 		tests/integration/test_transport_bridge.py tests/integration/test_wheel.py \
 		tests/integration/test_compose_stack.py tests/integration/test_analytics.py \
-		tests/integration/test_bench_activation.py
+		tests/integration/test_bench_activation.py tests/integration/test_broker_restart.py \
+		tests/integration/test_dashboard.py tests/integration/test_endpoint_invariants.py \
+		tests/integration/test_reclaim.py tests/integration/test_worker_spread.py
 
 bench: setup
 	$(BIN)/kbroker bench

@@ -140,6 +140,7 @@ def state_of(broker: Broker) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.long  # 45 s: `make test-long`
 @pytest.mark.timeout(480)  # the start, the restart and the recovery budget
 def test_reader_loop_rides_through_a_broker_restart(own_broker: RestartableBroker, namespace: str) -> None:
     bootstrap = own_broker.bootstrap

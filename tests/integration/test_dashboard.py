@@ -239,6 +239,7 @@ def test_the_stream_sends_a_snapshot_every_second(dash_worker):
     assert all(set(s["queues"]) >= QUEUES for s in snaps)
 
 
+@pytest.mark.long  # 30 s of Spark triggers: `make test-long`
 def test_stale_counts_rise_for_messages_left_past_stale_after(
     start_analytics, kafka_bootstrap, browser, tmp_path_factory
 ):

@@ -44,6 +44,7 @@ def start(*args: str) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.long  # 50 s, four processes: `make test-long`
 def test_two_processes_per_side_ending_sending_disabling_and_killed(kafka_bootstrap, namespace, tmp_path):
     """40 dialogs. Initiator side: one process sends on all of them round after round; once it
     sent 160 requests another starts sending once and ending each, spread over 15 s. Target

@@ -50,6 +50,7 @@ def claim_record(seq: int) -> tuple[bytes, list]:
     return conversation.encode(), env.headers()
 
 
+@pytest.mark.long  # 35 s of the broker's retention: `make test-long`
 def test_an_unreceived_message_outlives_the_brokers_retention_and_received_ones_are_reclaimed(
     short_retention_bootstrap,
 ):

@@ -13,6 +13,7 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import yaml
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
@@ -91,6 +92,7 @@ def owners(bootstrap: str, ns: str, queues: list[str]) -> dict[str, str]:
     return {r["queue"]: r["worker"] for r in monitor_rows(bootstrap, ns) if r["queue"] in queues}
 
 
+@pytest.mark.long  # 40 s, six workers: `make test-long`
 def test_six_workers_share_six_queues_monitors_and_alter_reaches_the_monitor(kafka_bootstrap, tmp_path):
     ns = "spread" + uuid.uuid4().hex[:8]
     queues = queue_per_partition(PARTITIONS)
