@@ -66,8 +66,10 @@ test-spark-cluster: setup
 # the embedded broker (the analytics job killed and restarted through a broker restart, the
 # activation bench, a reader loop through a broker restart, the dashboard's stale counts, the
 # endpoint invariants over four processes, a message outliving the broker's retention, six
-# workers sharing monitors: 30 s to 2 minutes each, kept out of `make test` for its 20-minute
-# budget); `kbroker bench scale` at
+# workers sharing monitors, the readers through a network stall, kill -9 of a worker and of a
+# competing transport instance, a worker through a broker outage, the embedded broker's stop and
+# start: 30 s to 2 minutes each, kept out of `make test` for its 20-minute budget);
+# `kbroker bench scale` at
 # small sizes; the wheel a user installs, alone in a new virtualenv; and the compose stack under
 # podman, its images built from Debian's packages (scripts/prereqs.sh long installs podman).
 # About 14 minutes; the compose run takes 2 of them, 3 when it builds its images.
@@ -80,7 +82,10 @@ test-long: setup
 		tests/integration/test_compose_stack.py tests/integration/test_analytics.py \
 		tests/integration/test_bench_activation.py tests/integration/test_broker_restart.py \
 		tests/integration/test_dashboard.py tests/integration/test_endpoint_invariants.py \
-		tests/integration/test_reclaim.py tests/integration/test_worker_spread.py
+		tests/integration/test_reclaim.py tests/integration/test_worker_spread.py \
+		tests/integration/test_network_stall.py tests/integration/test_worker.py \
+		tests/integration/test_transport_competing.py tests/integration/test_worker_stays_up.py \
+		tests/integration/test_embedded_broker.py
 
 bench: setup
 	$(BIN)/kbroker bench

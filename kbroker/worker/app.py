@@ -49,6 +49,7 @@ from kbroker.worker.activation.handlers import TaskHandlers
 from kbroker.worker.activation.monitors import Monitors
 from kbroker.worker.activation.tick import ClusterTick, Reclaimer
 from kbroker.worker.activation.watch import PROGRESS_INTERVAL, QueueWatch, ReceiveProgress, counting_pool
+from kbroker.worker.bounded_app import WorkerApp
 from kbroker.worker.control import Reclassifier, Routing
 from kbroker.worker.guard import Guard, refusal_of
 from kbroker.worker.logs import install_log_limit, json_logging_config, write_log_summaries
@@ -202,7 +203,7 @@ def broker_credentials(s: WorkerSettings) -> faust.types.auth.CredentialsT | Non
 
 
 def new_app(s: WorkerSettings, datadir: str, monitor_partitions: int) -> faust.App:
-    return faust.App(
+    return WorkerApp(
         names.worker_app_id(s.namespace),
         broker=faust_broker(s.cluster),
         store="memory://",

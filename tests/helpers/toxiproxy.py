@@ -91,6 +91,13 @@ class Toxiproxy:
             except httpx.TimeoutException:
                 raise AssertionError(f"Toxiproxy did not remove {path} in {RELEASE_S} s") from None
 
+    def cut(self, name: str) -> None:
+        """Close every connection through proxy `name` and refuse new ones, until `restore`."""
+        self.http.post(f"/proxies/{name}", json={"enabled": False}).raise_for_status()
+
+    def restore(self, name: str) -> None:
+        self.http.post(f"/proxies/{name}", json={"enabled": True}).raise_for_status()
+
     def stop(self) -> None:
         self.http.close()
         if self.proc.poll() is None:

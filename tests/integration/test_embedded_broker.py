@@ -46,6 +46,7 @@ def broker_jvms() -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.long  # 30 s, two broker starts: `make test-long`
 def test_data_survives_stop_and_start(tmp_path):
     data_dir = tmp_path / "kafka"
     said: list[str] = []

@@ -7,8 +7,11 @@ invariant count 0; the test prints how long after the release the first commit c
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +21,9 @@ import pytest
 
 from kbroker.embedded import jvm
 from kbroker.embedded.broker import _SERVER_PROPERTIES, wait_ready
+from kbroker.worker.app import new_app
+from kbroker.worker.bounded_app import FLUSH_TIMEOUT_S
+from kbroker.worker.settings import WorkerSettings
 from tests.helpers import free_port
 from tests.helpers import invariants as inv
 from tests.helpers.reader_runs import (
@@ -84,6 +90,7 @@ def proxied_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxiedK
         toxiproxy.stop()
 
 
+@pytest.mark.long  # 35 s, a 10 s stall: `make test-long`
 def test_readers_ride_through_a_network_stall(proxied_kafka: ProxiedKafka, tmp_path: Path) -> None:
     bootstrap, toxiproxy = proxied_kafka.bootstrap, proxied_kafka.toxiproxy
     run = start_fault_run(bootstrap, tmp_path, "s", (21, 22))
@@ -113,3 +120,46 @@ def test_readers_ride_through_a_network_stall(proxied_kafka: ProxiedKafka, tmp_p
         for r in readers:
             r.stop()
     assert_no_violations(inv.check(sent, replies, commits(readers), per_conversation))
+
+
+def test_the_worker_app_flush_gives_up_when_the_broker_is_cut_off(
+    proxied_kafka: ProxiedKafka, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rebalance flushes the worker's Faust producer; with the broker unreachable aiokafka's
+    flush waits for the producer's 20-minute request time-out. The worker's app gives up after
+    FLUSH_TIMEOUT_S, says so once, and the record buffered meanwhile is delivered after all."""
+    toxiproxy = proxied_kafka.toxiproxy
+    app = new_app(WorkerSettings(proxied_kafka.bootstrap, "flush"), str(tmp_path), 1)
+    topic = f"flush-{uuid.uuid4().hex[:8]}"
+
+    async def run() -> tuple[float, float, int]:
+        producer = await app.maybe_start_producer()
+        try:
+            await producer.create_topic(topic, 1, 1, ensure_created=True)
+            await (await producer.send(topic, b"k", b"before", None, None, None))  # metadata known
+            toxiproxy.cut(PROXY)
+            try:
+                delivered = await producer.send(topic, b"k", b"during", None, None, None)
+                began = time.monotonic()
+                await app._producer_flush(logging.getLogger("test"))
+                gave_up = time.monotonic() - began
+                await app._producer_flush(logging.getLogger("test"))  # still cut off: no second line
+            finally:
+                toxiproxy.restore(PROXY)
+            began = time.monotonic()
+            await app._producer_flush(logging.getLogger("test"))
+            resumed = time.monotonic() - began
+            offset = (await asyncio.wait_for(delivered, 60)).offset
+        finally:
+            await producer.stop()
+        return gave_up, resumed, offset
+
+    with caplog.at_level(logging.INFO, logger="kbroker.worker"):
+        gave_up, resumed, offset = asyncio.run(run())
+    print(f"\nflush with the broker cut off gave up after {gave_up:.1f} s; after restore {resumed:.1f} s")
+    assert FLUSH_TIMEOUT_S - 0.5 <= gave_up < FLUSH_TIMEOUT_S + 5
+    assert resumed < FLUSH_TIMEOUT_S, "the flush after the broker came back did not complete"
+    assert offset == 1, "the record buffered while the broker was cut off was not the second one written"
+    lines = [r.getMessage() for r in caplog.records if r.name == "kbroker.worker"]
+    assert sum("producer flush gave up" in m for m in lines) == 1, lines
+    assert sum("producer flush completes again" in m for m in lines) == 1, lines

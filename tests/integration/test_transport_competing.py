@@ -190,6 +190,7 @@ def stop_process(proc: subprocess.Popen, timeout: float = 30.0) -> None:
         proc.wait(10)
 
 
+@pytest.mark.long  # 30 s, three instances: `make test-long`
 @pytest.mark.timeout(300)
 def test_kill_9_of_one_of_three_competing_instances_loses_and_duplicates_nothing(
     kafka_bootstrap, namespace, tmp_path: Path

@@ -488,6 +488,7 @@ def test_a_queue_its_activated_readers_left_gives_the_workers_partitions_back(ka
         w.stop()
 
 
+@pytest.mark.long  # 30 s, two workers: `make test-long`
 def test_kill_9_of_a_worker_moves_its_monitors_and_the_tick_runs_once_per_cluster(kafka_bootstrap, tmp_path):
     ns = "w" + uuid.uuid4().hex[:10]
     apply_paths(kafka_bootstrap, ns, [DATA])

@@ -174,6 +174,7 @@ def test_the_monitors_view_is_at_most_two_ticks_stale_after_a_drain(setup: Setup
         client.close()
 
 
+@pytest.mark.long  # 30 s, a broker outage: `make test-long`
 def test_the_worker_rides_through_a_broker_outage(setup: Setup) -> None:
     lines_before = setup.log_lines()
     assert setup.embedded.stop()
