@@ -95,7 +95,7 @@ class BrokerRuntime(ProcessRuntime):
             ack_timeout=ack_timeout,
         ).start()
         # The group lock across processes (sdk/group_locks.py); its thread starts on first use.
-        self.group_holds = GroupHolds(cluster, namespace, self.process)
+        self.group_holds = GroupHolds(cluster, namespace, self.process, catch_up=self.endpoints.caught_up)
         self.fresh_groups = FreshGroups()
 
     # --- SEND's permission ----------------------------------------------------------------------

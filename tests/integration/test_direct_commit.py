@@ -27,11 +27,11 @@ def ns(kafka_bootstrap, namespace):
     return namespace
 
 
-def requests(b: Broker, n: int, each: int = 1) -> None:
-    """n messages numbered from 0, `each` on every dialog (a dialog's first RECEIVE writes its
-    target endpoint, so its transaction is a Kafka transaction; the later ones wrote nothing)."""
-    for i in range(n):
-        if i % each == 0:
+def requests(b: Broker, n: int, each: int = 1, start: int = 0) -> None:
+    """n messages numbered from `start`, `each` on every dialog (a dialog's first RECEIVE writes
+    its target endpoint, so its transaction is a Kafka transaction; the later ones wrote nothing)."""
+    for i in range(start, start + n):
+        if (i - start) % each == 0:
             h = b.begin_dialog(inv.CLIENT, inv.SERVER, inv.CONTRACT)
         b.send(h, inv.REQUEST, {"i": i})
 
@@ -72,9 +72,10 @@ def test_a_reader_joining_while_receive_only_transactions_hold_groups_takes_each
     messages on 60 dialogs, one a transaction (receive-only but for a dialog's first, whose
     target endpoint is written: both kinds of commit interleave), the second joining mid-run (a
     rebalance moves partitions while transactions hold their groups): every message is received
-    by exactly one committed transaction."""
+    by exactly one committed transaction. The second half is sent once the second reader owns
+    partitions, so both readers commit both ways whatever the first took before it joined."""
     sender = Broker(kafka_bootstrap, ns)
-    requests(sender, 300, each=5)
+    requests(sender, 150, each=5)
     committed: Counter[int] = Counter()
     lock, stop, failures = threading.Lock(), threading.Event(), []
 
@@ -108,6 +109,11 @@ def test_a_reader_joining_while_receive_only_transactions_hold_groups_takes_each
         for t in more:
             t.start()
         threads += more
+        deadline = time.monotonic() + 60
+        while not second.runtime.receiver(QUEUE).stats()["partitions"]:
+            assert time.monotonic() < deadline, "the second reader was given no partition"
+            time.sleep(0.05)
+        requests(sender, 150, each=5, start=150)
         deadline = time.monotonic() + 120
         while len(committed) < 300 and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -119,12 +119,15 @@ def test_move_rekeys_queued_messages_in_order_exactly_once(broker):
     assert [m.message_type_name for m in broker.receive("EmployeeQueue", top=5, wait=15)] == [APPROVAL]
 
 
-def test_move_by_another_process_reaches_the_reader_through_the_marker(kafka_bootstrap, namespace, broker):
+def test_move_by_another_process_reaches_the_reader_through_the_marker(kafka_bootstrap, namespace, broker, monkeypatch):
     """The reader cached the endpoint before another process moved the conversation: it learns
     of the move from the marker in the old group's stream. The reader only receives, so it holds
     no conversation lease and nothing else reads the endpoints topic for it meanwhile (a process
     that holds one reads the topic every 0.25 s and could learn of the move first: a fresh-clone
-    run once did, when the reader was also the sender)."""
+    run once did, when the reader was also the sender). The reader also reads the topic when the
+    mover's group hold ends (test_two_readers_never_hold_a_moved_conversation_at_once): switched
+    off here, so the marker alone must tell it."""
+    monkeypatch.setattr(broker.runtime.group_holds, "_catch_up", None)
     with Broker(kafka_bootstrap, namespace) as sender:
         h = sender.begin_dialog(EMP, EXP, CONTRACT)
         for i in range(3):
@@ -163,7 +166,7 @@ def test_move_by_another_process_reaches_the_reader_through_the_marker(kafka_boo
         assert [m.message_type_name for m in sender.receive("EmployeeQueue", top=5, wait=15)] == [APPROVAL]
 
 
-def test_two_readers_never_hold_a_moved_conversation_at_once(kafka_bootstrap, namespace, broker):
+def test_two_readers_never_hold_a_moved_conversation_at_once(kafka_bootstrap, namespace, broker, monkeypatch):
     h = broker.begin_dialog(EMP, EXP, CONTRACT)
     for i in range(4):
         broker.send(h, CLAIM, {"i": i})
@@ -196,13 +199,44 @@ def test_two_readers_never_hold_a_moved_conversation_at_once(kafka_bootstrap, na
         tx_a.commit()
         t_move.join(30)
         assert moved.is_set(), "MOVE did not get the group once A committed"
-    # A rollback after the re-keying leaks no lock: the messages come back to the next reader.
-    with pytest.raises(RuntimeError):
-        with broker.transaction() as tx:
-            got = tx.receive("ExpenseQueue", top=10, wait=15)
-            assert got and {m.conversation_group_id for m in got} == {g}
-            raise RuntimeError("handler failed")
-    got = [m for batch in drain(broker, "ExpenseQueue") for m in batch]
+    with monkeypatch.context() as mp:
+        # The reader's other reads of the endpoints topic (its lease keeper's, every few
+        # seconds) stop here: what hands the old group's records out in the new one is the
+        # read of what the mover wrote, made when the mover's hold ends.
+        mp.setattr(broker.runtime.endpoints, "refresh", lambda: None)
+        # Before any RECEIVE meets the move's marker: the reader's holds thread read the moved
+        # endpoint when the mover's hold ended, before the group's records went out again.
+        wait_for(lambda: g in broker.endpoints.cached(target).chain, 10, "the moved endpoint")
+        print("DEBUG cached after move", broker.endpoints.cached(target).group_chain, g)
+        import traceback
+
+        orig = broker.runtime.endpoints._read_forward
+
+        def rf(*a, **k):
+            print("DEBUG read_forward from", "".join(traceback.format_stack(limit=6)))
+            return orig(*a, **k)
+
+        mp.setattr(broker.runtime.endpoints, "_read_forward", rf)
+        # A rollback after the re-keying leaks no lock: the messages come back to the next reader.
+        with pytest.raises(RuntimeError):
+            with broker.transaction() as tx:
+                got = tx.receive("ExpenseQueue", top=10, wait=15)
+                print(
+                    "DEBUG got",
+                    [
+                        (
+                            m.message_sequence_number,
+                            m.conversation_group_id,
+                            m.extra["envelope"].hop,
+                            m.extra["record"].offset(),
+                        )
+                        for m in got
+                    ],
+                    broker.endpoints.cached(target).group_chain,
+                )
+                assert got and {m.conversation_group_id for m in got} == {g}
+                raise RuntimeError("handler failed")
+        got = [m for batch in drain(broker, "ExpenseQueue") for m in batch]
     assert [m.message_sequence_number for m in got] == [2, 3, 4, 5]
     assert {m.conversation_group_id for m in got} == {g}
     assert broker.runtime.receiver("ExpenseQueue").stats()["locked_groups"] == 0  # every group lock was released

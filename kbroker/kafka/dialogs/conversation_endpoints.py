@@ -267,6 +267,14 @@ class EndpointStore:
         service before it decides which sides a due timer reaches, and for a lease claim's answer."""
         self._read_forward()
 
+    def caught_up(self, timeout: float) -> None:
+        """Read the topic to its end within `timeout` seconds, or BrokerUnavailableError: before
+        the records of a group another process held are handed out again (its transaction may
+        have moved or ended their conversation)."""
+        self._read_forward(timeout)
+        if self._reader.behind:
+            raise BrokerUnavailableError(f"{self.topic} was not read to its end in {timeout:g} s")
+
     def _read_forward(self, timeout: float = READ_TIMEOUT) -> None:
         """Read the topic forward (ForwardReader.read: callers queued behind one read share the next)."""
         self._reader.read(timeout)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kbroker.core.cluster import Cluster, ClusterLike
@@ -42,8 +43,15 @@ OWN_RENEW = 2.5  # seconds between an owner record's renewals
 class GroupHolds(Background):
     thread_name = "kbroker-holds"
 
-    def __init__(self, cluster: ClusterLike, namespace: str, process: str):
+    def __init__(
+        self, cluster: ClusterLike, namespace: str, process: str, catch_up: Callable[[float], None] | None = None
+    ):
+        """`catch_up(timeout)`: reads what other processes' transactions wrote (the endpoints
+        topic), raising where it cannot; run before a group another process held is handed
+        out again here, since that process's transaction may have moved or ended the group's
+        conversations and the records must be sorted by what it wrote."""
         super().__init__()
+        self._catch_up = catch_up
         self._cluster, self.namespace, self.process = Cluster.of(cluster), namespace, process
         self._book = HoldBook()
         self._cv = threading.Condition()  # guards the book, _mine, _owned and the topic's position
@@ -157,12 +165,22 @@ class GroupHolds(Background):
                         live[group] = h
         out: list[HoldRecord] = []
         queue, instance = qk
-        for group, holder in list(o.holders.items()):
-            still = live.get(group)
-            if still is None or still.epoch != holder.epoch or still.holder != holder.process:
-                del o.holders[group]
-                o.reader.unreserve(holder.lease)
-                o.reader.release(holder.lease, False)
+        ended = [
+            (group, holder)
+            for group, holder in o.holders.items()
+            if (still := live.get(group)) is None or still.epoch != holder.epoch or still.holder != holder.process
+        ]
+        retry = False
+        if ended and self._catch_up is not None:
+            try:
+                self._catch_up(IO_SECONDS)
+            except Exception as exc:  # noqa: BLE001 - an outage: the groups stay locked, tried again
+                self._note(f"cannot read what the holders of released groups wrote: {exc}")
+                ended, retry = [], True
+        for group, holder in ended:
+            del o.holders[group]
+            o.reader.unreserve(holder.lease)
+            o.reader.release(holder.lease, False)
         pending = False
         for group, h in live.items():
             known = o.holders.get(group)
@@ -190,7 +208,7 @@ class GroupHolds(Background):
                 out.append(
                     HoldRecord("want", queue, instance, h.partition, self.process, now, group=group, epoch=h.epoch)
                 )
-        o.pending = pending
+        o.pending = pending or retry
         return out
 
     def _record(self, kind: str, key: GroupKey, partition: int, now: float, **kw: Any) -> HoldRecord:
