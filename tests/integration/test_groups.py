@@ -207,33 +207,10 @@ def test_two_readers_never_hold_a_moved_conversation_at_once(kafka_bootstrap, na
         # Before any RECEIVE meets the move's marker: the reader's holds thread read the moved
         # endpoint when the mover's hold ended, before the group's records went out again.
         wait_for(lambda: g in broker.endpoints.cached(target).chain, 10, "the moved endpoint")
-        print("DEBUG cached after move", broker.endpoints.cached(target).group_chain, g)
-        import traceback
-
-        orig = broker.runtime.endpoints._read_forward
-
-        def rf(*a, **k):
-            print("DEBUG read_forward from", "".join(traceback.format_stack(limit=6)))
-            return orig(*a, **k)
-
-        mp.setattr(broker.runtime.endpoints, "_read_forward", rf)
         # A rollback after the re-keying leaks no lock: the messages come back to the next reader.
         with pytest.raises(RuntimeError):
             with broker.transaction() as tx:
                 got = tx.receive("ExpenseQueue", top=10, wait=15)
-                print(
-                    "DEBUG got",
-                    [
-                        (
-                            m.message_sequence_number,
-                            m.conversation_group_id,
-                            m.extra["envelope"].hop,
-                            m.extra["record"].offset(),
-                        )
-                        for m in got
-                    ],
-                    broker.endpoints.cached(target).group_chain,
-                )
                 assert got and {m.conversation_group_id for m in got} == {g}
                 raise RuntimeError("handler failed")
         got = [m for batch in drain(broker, "ExpenseQueue") for m in batch]

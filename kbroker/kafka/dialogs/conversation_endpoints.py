@@ -272,18 +272,18 @@ class EndpointStore:
         the records of a group another process held are handed out again (its transaction may
         have moved or ended their conversation)."""
         self._read_forward(timeout)
-        if self._reader.behind:
-            raise BrokerUnavailableError(f"{self.topic} was not read to its end in {timeout:g} s")
+        self._caught_up(timeout)
 
     def _read_forward(self, timeout: float = READ_TIMEOUT) -> None:
         """Read the topic forward (ForwardReader.read: callers queued behind one read share the next)."""
         self._reader.read(timeout)
 
-    def _caught_up(self) -> None:
-        """After a read: a handle not found, or a list of all, is only an answer if the read
-        reached the end (a huge topic or a slow broker may stop it at the deadline)."""
+    def _caught_up(self, timeout: float = READ_TIMEOUT) -> None:
+        """After a read (of `timeout` seconds at most): a handle not found, or a list of all, is
+        only an answer if the read reached the end (a huge topic or a slow broker may stop it at
+        the deadline)."""
         if self._reader.behind:
-            raise BrokerUnavailableError(f"{self.topic} was not read to its end in {READ_TIMEOUT:g} s; try again")
+            raise BrokerUnavailableError(f"{self.topic} was not read to its end in {timeout:g} s; try again")
 
     def _apply(self, msg: Message, now: float) -> None:
         key, value = msg.key(), msg.value()
