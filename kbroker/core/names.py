@@ -355,6 +355,10 @@ def monitors_changelog_topic(ns: str) -> str:
     return f"{worker_app_id(ns)}-monitors-changelog"
 
 
+def tick_owner_changelog_topic(ns: str) -> str:
+    return f"{worker_app_id(ns)}-tick-owner-changelog"
+
+
 def inbound_topic(ns: str) -> str:
     """Messages sent to this namespace from other namespaces, before the dispatcher saves them."""
     return system_topic(ns, "inbound")

@@ -56,9 +56,12 @@ class WorkerSettings:
 
 
 def ensure_topics(s: WorkerSettings) -> int:
-    """The worker's own topics (Faust declares its internal ones: changelogs, leader), and a
-    look at its Faust group: aiokafka would wait for ever, silently, on a group the principal
-    may not use, where this raises PermissionDeniedError naming the group.
+    """The worker's own topics and its tables' changelogs (Faust declares the leader topic), and
+    a look at its Faust group: aiokafka would wait for ever, silently, on a group the principal
+    may not use, where this raises PermissionDeniedError naming the group. The changelogs are
+    made here, before Faust subscribes: a changelog Faust creates itself can be missing from
+    the metadata its consumer subscribes with, and its table's recovery then waits for ever
+    (seen once under `make test`: "Ignoring missing topic", then no event for minutes).
 
     Returns
     -------
@@ -69,8 +72,11 @@ def ensure_topics(s: WorkerSettings) -> int:
     created = create_missing_topics(s.cluster, want, {"retention.ms": str(24 * 3600 * 1000)}, replication_factor=1)
     check_group(s.cluster, names.worker_app_id(s.namespace), names.ticks_topic(s.namespace))
     if monitor_topic in created:
-        return s.monitor_partitions
-    have = partition_counts(s.cluster, [monitor_topic]).get(monitor_topic, s.monitor_partitions)
+        have = s.monitor_partitions
+    else:
+        have = partition_counts(s.cluster, [monitor_topic]).get(monitor_topic, s.monitor_partitions)
+    changelogs = {names.monitors_changelog_topic(s.namespace): have, names.tick_owner_changelog_topic(s.namespace): 1}
+    create_missing_topics(s.cluster, changelogs, {"cleanup.policy": "compact"}, replication_factor=1)
     if have != s.monitor_partitions:
         log.warning(
             "%s keeps its %d partitions (--monitor-partitions %d applies to a new namespace only): "

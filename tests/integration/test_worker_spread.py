@@ -22,9 +22,10 @@ from kbroker.core.activation import monitor_codec
 from kbroker.core.activation.monitor import QueueAltered
 from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.kafka.queue_views import alter_queue_activation
-from kbroker.worker.settings import monitor_partition
+from kbroker.worker.settings import WorkerSettings, ensure_topics, monitor_partition
 from kbroker.worker.web.views import monitor_rows
 from tests.helpers import wait_for
+from tests.integration.test_catalog_apply import topic_config
 from tests.integration.test_worker import Worker
 
 PARTITIONS = 6  # of the monitor-events topic, chosen by the first worker
@@ -90,6 +91,19 @@ def partitions_holding(
 
 def owners(bootstrap: str, ns: str, queues: list[str]) -> dict[str, str]:
     return {r["queue"]: r["worker"] for r in monitor_rows(bootstrap, ns) if r["queue"] in queues}
+
+
+def test_the_tables_changelogs_exist_before_faust_subscribes(kafka_bootstrap):
+    """ensure_topics makes both tables' changelogs, compacted and partitioned as their tables,
+    before the worker's Faust app starts: a changelog Faust makes itself can be missing from the
+    metadata it subscribes with, and its recovery then waits for ever."""
+    ns = "changelogs" + uuid.uuid4().hex[:8]
+    partitions = ensure_topics(WorkerSettings(kafka_bootstrap, ns, monitor_partitions=3))
+    monitors, tick_owner = names.monitors_changelog_topic(ns), names.tick_owner_changelog_topic(ns)
+    assert partitions == 3
+    assert partition_counts(kafka_bootstrap, monitors, tick_owner) == {monitors: 3, tick_owner: 1}
+    assert {topic_config(kafka_bootstrap, t)["cleanup.policy"] for t in (monitors, tick_owner)} == {"compact"}
+    assert ensure_topics(WorkerSettings(kafka_bootstrap, ns, monitor_partitions=5)) == 3  # kept as made
 
 
 @pytest.mark.long  # 40 s, six workers: `make test-long`
