@@ -35,17 +35,28 @@ CHILD = textwrap.dedent("""
 
     bootstrap, namespace = sys.argv[1:]
     commits = 0
-    call = guarded.GuardedProducer.call
+    init = guarded.GuardedProducer.__init__
 
-    def dying_call(self, what, fn, seconds):
-        global commits
-        if what == "commit_transaction":
+    class Dying:
+        # The producer, killing the process at its second commit_transaction.
+
+        def __init__(self, producer):
+            self._producer = producer
+
+        def __getattr__(self, name):
+            return getattr(self._producer, name)
+
+        def commit_transaction(self, *args):
+            global commits
             commits += 1
             if commits == 2:  # the offsets are in the open transaction; the commit never comes
                 os.kill(os.getpid(), signal.SIGKILL)
-        return call(self, what, fn, seconds)
+            return self._producer.commit_transaction(*args)
 
-    guarded.GuardedProducer.call = dying_call
+    def dying_init(self, producer, name):
+        init(self, Dying(producer), name)
+
+    guarded.GuardedProducer.__init__ = dying_init
     broker = Broker(bootstrap, namespace)
     for _ in range(2):
         with broker.transaction() as tx:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -47,6 +48,39 @@ def test_the_poll_thread_makes_them_in_order_and_skips_a_revoked_one():
     with pytest.raises(KafkaException) as raised:
         moved.result(0)
     assert raised.value.args[0].code() == KafkaError.ILLEGAL_GENERATION  # never sent
+
+
+def test_a_commit_handed_over_wakes_the_waiting_poll_thread_at_once():
+    """The poll thread waits in wait() while a transaction holds messages; a commit handed over
+    ends that wait then, not at its end. Before, the thread waited inside consume() for its 2 ms
+    and a RECEIVE outside a transaction paid most of them."""
+    commits, consumer = PollCommits(), Consumer()
+    woke: list[float] = []
+
+    def poll_thread() -> None:
+        started = time.monotonic()
+        commits.wait(30)
+        woke.append(time.monotonic() - started)
+        commits.serve(consumer, threading.RLock())
+
+    thread = threading.Thread(target=poll_thread)
+    thread.start()
+    time.sleep(0.05)
+    assert not woke  # nothing handed over: it waits
+    done = commits.submit(tps(4), lambda: True)
+    assert done.result(5)[0].offset == 4
+    thread.join(5)
+    assert woke and woke[0] < 5
+    # Handed over before the wait: the wait returns at once; served, the next one waits again.
+    commits.submit(tps(5), lambda: True)
+    started = time.monotonic()
+    commits.wait(30)
+    assert time.monotonic() - started < 1
+    commits.serve(consumer, threading.RLock())
+    started = time.monotonic()
+    commits.wait(0.05)
+    assert time.monotonic() - started >= 0.04
+    assert [c[0].offset for c in consumer.commits] == [4, 5]
 
 
 def test_what_waits_at_close_fails_and_nothing_is_taken_after():

@@ -28,6 +28,7 @@ class PollCommits:
         self._lock = threading.Lock()
         self._pending: collections.deque[Pending] = collections.deque()
         self._closed = False
+        self._handed = threading.Event()  # set by submit(), cleared by serve()
 
     def submit(
         self, offsets: list[TopicPartition], still_ours: Callable[[], bool]
@@ -41,14 +42,21 @@ class PollCommits:
                 future.set_exception(RuntimeError("the queue's consumer is closed"))
             else:
                 self._pending.append((offsets, still_ours, future))
+        self._handed.set()
         return future
 
     def waiting(self) -> bool:
         """Whether a commit waits for the poll thread."""
         return bool(self._pending)
 
+    def wait(self, seconds: float) -> None:
+        """Wait up to `seconds` for a commit to be handed over (at once if one waits)."""
+        if not self._pending:
+            self._handed.wait(seconds)
+
     def serve(self, consumer: Consumer, cv: Any) -> None:
         """Make the waiting commits, on the poll thread (the consumer's one caller)."""
+        self._handed.clear()  # before taking them: one handed over after this sets it again
         while True:
             with self._lock:
                 if not self._pending:
@@ -70,5 +78,6 @@ class PollCommits:
         with self._lock:
             self._closed = True
             pending, self._pending = list(self._pending), collections.deque()
+        self._handed.set()
         for _offsets, _ours, future in pending:
             future.set_exception(RuntimeError("the queue's consumer is closed"))

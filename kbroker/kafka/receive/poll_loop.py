@@ -30,7 +30,9 @@ log = logging.getLogger("kbroker.receiver")
 
 QUEUED_MAX_KBYTES = 16 * 1024  # librdkafka read-ahead per consumer (see consumer_settings)
 POLL_RECORDS, POLL_WAIT = 500, 0.1  # records per poll at most; seconds a poll waits for the first
-COMMIT_WAIT = 0.002  # the wait instead while a transaction holds messages (poll_commits.py)
+# While a transaction holds messages: the wait for a commit to be handed over (poll_commits.py),
+# and so the most a record fetched meanwhile waits to be buffered.
+COMMIT_WAIT = 0.001
 
 
 def decode_envelope(rec: KafkaRecord) -> Envelope:
@@ -138,11 +140,15 @@ class PollLoop:
                 self.commits.serve(consumer, self._cv)
                 with self._cv:
                     soon = self._busy() or self.commits.waiting()
-                # Back as soon as one record is there (consume(500, 0.1) waits out the 100 ms
-                # unless 500 come: every delivery waited), with what else is fetched already;
-                # the wait bounds how long the rebalance, pause and report duties below wait,
-                # and a commit handed over while a transaction holds messages (COMMIT_WAIT).
-                records = clients.consume_soon(consumer, POLL_RECORDS, COMMIT_WAIT if soon else POLL_WAIT)
+                if soon:  # a commit may be handed over at any moment: wait where it wakes us
+                    records = consumer.consume(POLL_RECORDS, 0)
+                    if not records:
+                        self.commits.wait(COMMIT_WAIT)
+                else:
+                    # Back as soon as one record is there (consume(500, 0.1) waits out the 100 ms
+                    # unless 500 come: every delivery waited), with what else is fetched already;
+                    # the wait bounds how long the rebalance, pause and report duties below wait.
+                    records = clients.consume_soon(consumer, POLL_RECORDS, POLL_WAIT)
                 self.group_meta = consumer.consumer_group_metadata()
             except BaseException as exc:  # closed under us, a fatal consumer error, or a callback's
                 # error re-raised by librdkafka's binding (not always an Exception subclass)
