@@ -16,13 +16,14 @@ import time
 import zlib
 from typing import Any
 
-from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, Message, Producer, TopicPartition
 
 from kbroker.core import names
 from kbroker.core.cluster import Cluster
 from kbroker.core.dialogs.group_hold import READ_BACK, HoldRecord, MalformedHoldRecord
+from kbroker.errors import KBrokerError
 from kbroker.kafka.clients import consume_soon, idempotent_producer
-from kbroker.kafka.snapshot import reading_consumer, topic_partitions
+from kbroker.kafka.snapshot import reading_consumer, topic_partitions, watermarks
 from kbroker.kafka.topics import create_missing_topics
 
 POLL = 0.02  # seconds the follower waits for a record
@@ -127,8 +128,8 @@ class HoldTopic:
         if ends is None or not self.open:
             return False
         try:
-            _low, end = ends.get_watermark_offsets(self._tp, timeout=min(max(deadline - time.monotonic(), 0.1), 5.0))
-        except KafkaException:
+            _low, end = watermarks(ends, self.topic, 0, min(deadline, time.monotonic() + 5.0))
+        except KBrokerError:
             return False
         return self.folded_past(end - 1, deadline)
 

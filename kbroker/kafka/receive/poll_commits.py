@@ -4,8 +4,8 @@ A transaction that wrote nothing commits its offsets with the queue consumer's o
 (kafka/txn/offset_commit.py). confluent-kafka lets one thread at a time into a consumer: a call
 from another thread waits while the poll thread is inside consume(), and the poll loop, back in
 consume() at once, kept the committer out for more than 10 s. So the committer hands the commit
-here and the poll thread makes it between two polls (see below), or while a revocation waits for the committer (inside the
-rebalance callback, where the partitions are still this process's).
+here and the poll thread makes it between two polls (see below), or while a revocation waits
+for the committer (inside the rebalance callback, where the partitions are still this process's).
 """
 
 from __future__ import annotations
