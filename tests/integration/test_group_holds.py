@@ -280,3 +280,38 @@ def test_a_send_that_takes_a_new_hold_waits_on_kafka_not_on_the_follower(kafka_b
         assert took[len(took) // 2] < 0.015
     finally:
         b.close()
+
+
+def test_closing_the_holds_topic_while_statements_ask_its_end_fails_none_of_them(kafka_bootstrap, namespace):
+    """Statements (and a poll thread's owned()) ask the holds topic's end of a consumer of their
+    own threads (HoldTopic.catch_up); close() waits for those asking. The binding refuses a call on
+    a closed consumer: without that wait a RuntimeError came out of catch_up in every run of
+    this test, where a caller expects True or False."""
+    import concurrent.futures
+
+    from kbroker.kafka.dialogs.hold_topic import HoldTopic
+
+    rounds, outcomes = 12, []
+    for _ in range(rounds):
+        topic = HoldTopic(kafka_bootstrap, f"{namespace}-{uuid.uuid4().hex[:6]}", threading.Condition())
+        topic.start(30)
+        stop = threading.Event()
+
+        def ask(topic: HoldTopic = topic, stop: threading.Event = stop) -> list[object]:
+            got: list[object] = []
+            while not stop.is_set():
+                try:
+                    got.append(topic.catch_up(time.monotonic() + 5))
+                except Exception as exc:  # noqa: BLE001 - what the test counts
+                    got.append(exc)
+            return got
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            asking = [pool.submit(ask) for _ in range(4)]
+            time.sleep(0.2)
+            topic.close()
+            stop.set()
+            outcomes += [o for f in asking for o in f.result(timeout=30)]
+    failed = [o for o in outcomes if not isinstance(o, bool)]
+    assert not failed, failed[:3]
+    assert outcomes.count(True) > rounds, "the threads never asked"

@@ -27,6 +27,7 @@ from kbroker.kafka.snapshot import reading_consumer, topic_partitions, watermark
 from kbroker.kafka.topics import create_missing_topics
 
 POLL = 0.02  # seconds the follower waits for a record
+ASK_SECONDS = 5.0  # the most catch_up() waits for the topic's end
 TOPIC_CONFIG = {"cleanup.policy": "delete", "retention.ms": str(3600 * 1000), "segment.ms": str(600 * 1000)}
 
 
@@ -46,6 +47,7 @@ class HoldTopic:
         self.position = -1  # the next offset the follower folds (guarded by cv)
         self._consumer: Consumer | None = None
         self._ends: Consumer | None = None  # asked for the topic's end only (catch_up)
+        self._asking = 0  # threads inside a call on _ends (guarded by cv): close() waits for them
         self._producer: Producer | None = None
         self._partition_counts: dict[str, int] = {}
         self.open = False
@@ -124,13 +126,19 @@ class HoldTopic:
     def catch_up(self, deadline: float) -> bool:
         """Wait until the follower folded every record written before this call (False when the
         topic's end cannot be learnt, or is not reached, by `deadline`)."""
-        ends = self._ends
-        if ends is None or not self.open:
-            return False
+        with self._cv:
+            ends = self._ends
+            if ends is None or not self.open:
+                return False
+            self._asking += 1
         try:
-            _low, end = watermarks(ends, self.topic, 0, min(deadline, time.monotonic() + 5.0))
+            _low, end = watermarks(ends, self.topic, 0, min(deadline, time.monotonic() + ASK_SECONDS))
         except KBrokerError:
             return False
+        finally:
+            with self._cv:
+                self._asking -= 1
+                self._cv.notify_all()
         return self.folded_past(end - 1, deadline)
 
     def partition_for(self, topic: str, group: str, timeout: float) -> int:
@@ -145,9 +153,16 @@ class HoldTopic:
         return partition_of(group, n)
 
     def close(self) -> None:
+        """Close the clients. librdkafka frees a consumer's handle at close, under any thread
+        still inside a call on it: _ends is closed once no statement (nor a poll thread's
+        owned()) asks it, and left to the collector where one still does after ASK_SECONDS."""
         with self._cv:
             self.open = False
-        for consumer in (self._consumer, self._ends):
+            deadline = time.monotonic() + ASK_SECONDS + 1.0
+            while self._asking and time.monotonic() < deadline:
+                self._cv.wait(0.1)
+            ends, self._ends = (self._ends, None) if not self._asking else (None, None)
+        for consumer in (self._consumer, ends):
             if consumer is not None:
                 consumer.close()
         if self._producer is not None:
