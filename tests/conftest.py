@@ -161,6 +161,34 @@ def _deselect_opt_in(config: pytest.Config, items: list[pytest.Item]) -> None:
         items[:] = [i for i in items if i not in dropped]
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    """A report's captured output made UTF-8 encodable: pytest-xdist sends it as UTF-8, and one
+    lone surrogate in it (a log line carrying undecodable bytes) fails that send, which ends the
+    process's session as an internal error with its test never reported."""
+    report: pytest.TestReport = yield
+    report.sections = [(title, _encodable(text)) for title, text in report.sections]
+    return report
+
+
+def _encodable(text: str) -> str:
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+# The last lines of each internal error (a pytest-xdist process's, passed on to this one): printed
+# again at the very end of the run, where a CI log's tail shows them, above the summary's lines.
+_INTERNAL_ERRORS: list[str] = []
+
+
+def pytest_internalerror(excrepr: Any, excinfo: Any) -> None:
+    said = [line[1:].strip() for line in str(excrepr).splitlines() if line.startswith("E ")]
+    _INTERNAL_ERRORS.append(" | ".join(said[-3:]) or str(excinfo.value)[-300:])
+
+
 _EXIT_STATUS: dict[str, int] = {}
 
 
@@ -187,6 +215,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         sys.stderr.write(f"kafka clients still open at the end of the session: {live}\n")
     except ImportError:
         pass
+    for said in _INTERNAL_ERRORS:
+        sys.stderr.write(f"internal error of the run: {said[-600:]}\n")
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(_EXIT_STATUS["status"])
