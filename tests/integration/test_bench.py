@@ -115,8 +115,8 @@ def test_the_quick_check_judges_each_row_against_its_floor_and_writes_only_quick
     assert doc["params"]["repeat"] == 1 and doc["params"]["messages"] == 200  # quick, the option kept
     send = rows["send"]
     cpu = send["kbroker_detail"]["cpu_ms_per_msg"]  # the floor bounds kbroker's own CPU a message too
-    assert send["floor"] == "ratio >= 0.4 and CPU <= 0.8 ms/msg"
-    assert send["floor_held"] == (send["ratio"] >= 0.4 and cpu <= 0.8)
+    assert send["floor"] == "ratio >= 0.25 and CPU <= 0.8 ms/msg"
+    assert send["floor_held"] == (send["ratio"] >= 0.25 and cpu <= 0.8)
     assert send["range"]["kbroker"] == [send["kbroker"], send["kbroker"]]  # one repetition: its own range
     assert send["baseline_code"].startswith("kbroker/bench/scenarios/send.py:BaselineSender.send")
     verdict = doc["quick"]

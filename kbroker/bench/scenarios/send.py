@@ -167,7 +167,9 @@ scenario(
                 "msg/s",
                 "ratio >= 0.8",
                 check=lambda r: r["ratio"] >= 0.8,
-                floor=Floor(0.4, cpu=0.8),
+                # Below half the target: --quick's 4 SENDs a dialog make every 4th take its
+                # group's hold (docs/benchmarks.md, the quick check).
+                floor=Floor(0.25, cpu=0.8),
                 baseline_code="kbroker/bench/scenarios/send.py:BaselineSender.send (flush_each); "
                 "kbroker/kafka/baseline.py:sdk_like_producer",
                 notes="Broker.send, N messages over C dialogs, each acknowledged on return (the SDK also "
