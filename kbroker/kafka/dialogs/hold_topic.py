@@ -138,7 +138,8 @@ class HoldTopic:
         finally:
             with self._cv:
                 self._asking -= 1
-                self._cv.notify_all()
+                if not self.open:  # only close() waits on it: no wake-up for the statements
+                    self._cv.notify_all()
         return self.folded_past(end - 1, deadline)
 
     def partition_for(self, topic: str, group: str, timeout: float) -> int:
@@ -161,7 +162,9 @@ class HoldTopic:
             deadline = time.monotonic() + ASK_SECONDS + 1.0
             while self._asking and time.monotonic() < deadline:
                 self._cv.wait(0.1)
-            ends, self._ends = (self._ends, None) if not self._asking else (None, None)
+            ends, self._ends = self._ends, None
+            if self._asking:
+                ends = None  # still asked: the collector frees it once the last call returns
         for consumer in (self._consumer, ends):
             if consumer is not None:
                 consumer.close()
