@@ -172,11 +172,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def _encodable(text: str) -> str:
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 # The last lines of each internal error (a pytest-xdist process's, passed on to this one): printed
@@ -186,7 +182,7 @@ _INTERNAL_ERRORS: list[str] = []
 
 def pytest_internalerror(excrepr: Any, excinfo: Any) -> None:
     said = [line[1:].strip() for line in str(excrepr).splitlines() if line.startswith("E ")]
-    _INTERNAL_ERRORS.append(" | ".join(said[-3:]) or str(excinfo.value)[-300:])
+    _INTERNAL_ERRORS.append((" | ".join(said[-3:]) or str(excinfo.value))[-600:])
 
 
 _EXIT_STATUS: dict[str, int] = {}
@@ -216,7 +212,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     except ImportError:
         pass
     for said in _INTERNAL_ERRORS:
-        sys.stderr.write(f"internal error of the run: {said[-600:]}\n")
+        sys.stderr.write(f"internal error of the run: {said}\n")
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(_EXIT_STATUS["status"])
