@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from confluent_kafka import (
     OFFSET_END,
@@ -33,6 +34,9 @@ CONSUME_WAIT = 0.05
 
 
 ASK_ONE = 2.0  # seconds for one committed-offsets request (the unstable case is asked per partition)
+ASK_ATTEMPT = 1.0  # seconds one request of a partition's leader may take before it is looked up again
+
+T = TypeVar("T")
 
 
 class Unread(TopicPartition):
@@ -222,22 +226,62 @@ def topic_partitions(
 
 def watermarks(consumer: Consumer, topic: str, partition: int, deadline: float) -> tuple[int, int]:
     """(log start, high watermark) of a partition, asked of its leader."""
-
-    # A topic created a moment ago may have no leader yet ("not leader for partition", which
-    # librdkafka does not flag retriable here): asked again until the deadline, as any error
-    # but a fatal one, then reported.
-    def ask() -> tuple[int, int]:
-        return consumer.get_watermark_offsets(
-            TopicPartition(topic, partition), timeout=max(0.1, deadline - time.monotonic())
-        )
-
-    return clients.asked_until(
+    tp = TopicPartition(topic, partition)
+    return of_leader(
+        consumer,
+        topic,
         deadline,
-        ask,
-        lambda err: not err.fatal(),
+        lambda timeout: consumer.get_watermark_offsets(tp, timeout=timeout),
         f"cannot read the end offsets of {topic}",
-        on={"topic": ("DESCRIBE", topic)},
     )
+
+
+def offset_at(consumer: Consumer, topic: str, partition: int, when_ms: int, deadline: float) -> int:
+    """The first offset of a partition whose record is stamped `when_ms` or later (negative when
+    there is none), asked of its leader."""
+
+    def ask(timeout: float) -> int:
+        [found] = consumer.offsets_for_times([TopicPartition(topic, partition, when_ms)], timeout)
+        if found.error is not None:  # the partition's own answer: asked again as a failed call
+            raise KafkaException(found.error)
+        return int(found.offset)
+
+    return of_leader(consumer, topic, deadline, ask, f"cannot find the records of {topic} since {when_ms}")
+
+
+def of_leader(client: Consumer, topic: str, deadline: float, ask: Callable[[float], T], what: str) -> T:
+    """ask(timeout)'s answer, a question for the leader of one of `topic`'s partitions.
+
+    A topic created a moment ago may have no leader yet ("not leader for partition", which
+    librdkafka does not flag retriable here): asked again until the deadline, as any error but a
+    fatal one, then reported as a typed error saying `what`. A client that does not fetch the
+    partition keeps asking the leader it learnt first: once that node is gone every request
+    times out, for the 5 minutes until librdkafka's next metadata refresh. So an attempt is
+    bounded and a failed one looks the topic up again (answered 9 s after a leader's SIGKILL,
+    6 s of them its session time-out)."""
+
+    def attempt() -> T:
+        try:
+            return ask(_attempt(deadline))
+        except KafkaException as exc:
+            if not exc.args[0].fatal():
+                look_up(client, topic, deadline)
+            raise
+
+    return clients.asked_until(deadline, attempt, lambda err: not err.fatal(), what, on={"topic": ("DESCRIBE", topic)})
+
+
+def look_up(client: Consumer, topic: str, deadline: float) -> None:
+    """Ask for `topic`'s metadata now, which moves the client's requests to its partitions'
+    current leaders; a failure is left to the request that follows."""
+    try:
+        client.list_topics(topic, timeout=_attempt(deadline))
+    except KafkaException:
+        pass
+
+
+def _attempt(deadline: float) -> float:
+    return max(0.1, min(ASK_ATTEMPT, deadline - time.monotonic()))
 
 
 def read_partitions(

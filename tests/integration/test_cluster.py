@@ -34,6 +34,7 @@ from kbroker.embedded import ports
 from kbroker.embedded.cluster import EmbeddedCluster
 from kbroker.errors import TransactionAbortedError
 from kbroker.kafka.catalog.apply import apply_paths, choose_replication
+from kbroker.kafka.snapshot import reading_consumer, watermarks
 from kbroker.sdk.broker import Broker
 from tests.helpers import SAMPLES, wait_for
 from tests.helpers import invariants as inv
@@ -289,6 +290,57 @@ def leads_most(admin: AdminClient, prefixes: tuple[str, ...]) -> int:
         if name.startswith(prefixes):
             led.update(p.leader for p in t.partitions.values())
     return led.most_common(1)[0][0]
+
+
+@pytest.mark.kafka_cluster
+@pytest.mark.timeout(300)
+def test_group_holds_and_a_partitions_end_answer_once_the_holds_topics_leader_is_killed(
+    cluster: EmbeddedCluster, tmp_path: Path
+) -> None:
+    """The node leading a namespace's holds topic is killed with SIGKILL. A consumer that only
+    asks that partition's end (as a statement's hold does) learns the new leader, and SENDs that
+    take their groups' holds carry on, each within 20 s (their bound is 30 s); then the node is
+    brought back."""
+    from tests.integration.test_routing import CLIENT as FROM
+    from tests.integration.test_routing import CONTRACT as DIALOG
+    from tests.integration.test_routing import REQUEST, setup_catalogs
+    from tests.integration.test_routing import SERVER as TO
+
+    status = cluster.status()
+    assert status.nodes_running == NODES and status.bootstrap is not None
+    bootstrap = status.bootstrap
+    a, b = "ha" + uuid.uuid4().hex[:8], "hb" + uuid.uuid4().hex[:8]
+    setup_catalogs(bootstrap, tmp_path, a, b)
+    topic = names.holds_topic(a)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    ends = reading_consumer(bootstrap, "kb-probe-ends")
+    ba = Broker(bootstrap, a)
+    victim = None
+    try:
+        handles = [ba.begin_dialog(FROM, TO, DIALOG) for _ in range(4)]
+        ids = [ba.send(h, REQUEST, {"i": i}) for i in range(2) for h in handles]  # the second takes the hold
+        assert watermarks(ends, topic, 0, time.monotonic() + 10)[1] > 0, "no hold was written"
+        victim = metadata(admin).topics[topic].partitions[0].leader
+        assert cluster.kill_node(victim)
+        killed = time.monotonic()
+        low, high = watermarks(ends, topic, 0, killed + 30)
+        asked = time.monotonic() - killed
+        took = []
+        for i in range(2, 4):
+            for h in handles:
+                started = time.monotonic()
+                ids.append(ba.send(h, REQUEST, {"i": i}))
+                took.append(time.monotonic() - started)
+        print(f"\nkilled node {victim}: the end answered {asked:.1f} s later, SENDs took {max(took):.1f} s at most")
+        assert high > low and asked < 20, f"the holds topic's end answered {asked:.1f} s after the kill"
+        assert max(took) < 20 and len(set(ids)) == len(ids) == 16, took
+        cluster.start_node(victim, wait=120)
+        assert cluster.status().nodes_running == NODES
+    finally:
+        ba.close()
+        ends.close()
+        if victim is not None and cluster.status().nodes_running < NODES:
+            cluster.start_node(victim, wait=120)  # the next test of the module gets three nodes
 
 
 @pytest.mark.kafka_cluster

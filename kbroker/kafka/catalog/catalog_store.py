@@ -5,11 +5,12 @@ from the beginning to the end offsets it saw when it started reading."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException
 from pydantic import BaseModel, ValidationError
 
 from kbroker.core import names
@@ -27,7 +28,7 @@ from kbroker.errors import BrokerUnavailableError, CatalogError, InvalidArgument
 from kbroker.kafka import clients, producer_failures
 from kbroker.kafka.background import Background
 from kbroker.kafka.rejects import Rejects
-from kbroker.kafka.snapshot import read_partitions, reading_consumer, topic_partitions
+from kbroker.kafka.snapshot import read_partitions, reading_consumer, topic_partitions, watermarks
 from kbroker.kafka.topic_propagation import partitions_after_propagation
 
 __all__ = [
@@ -230,10 +231,9 @@ class CatalogWatcher(Background):
                 try:
                     if partitions is None:
                         partitions = topic_partitions(consumer, topic, 5.0)
-                    end = tuple(
-                        consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5.0, cached=False)[1]
-                        for p in partitions or ()
-                    )
+                    # watermarks() follows a leader that moved: this consumer fetches only to read.
+                    asked = time.monotonic() + 5.0
+                    end = tuple(watermarks(consumer, topic, p, asked)[1] for p in partitions or ())
                     # The first look reads the catalog too: it may have changed between the
                     # process's own read and this watcher's start (a queue disabled then was
                     # missed until the next change).

@@ -23,7 +23,7 @@ from kbroker.core.cluster import Cluster
 from kbroker.core.dialogs.group_hold import READ_BACK, HoldRecord, MalformedHoldRecord
 from kbroker.errors import KBrokerError
 from kbroker.kafka.clients import consume_soon, idempotent_producer
-from kbroker.kafka.snapshot import reading_consumer, topic_partitions, watermarks
+from kbroker.kafka.snapshot import offset_at, reading_consumer, topic_partitions, watermarks
 from kbroker.kafka.topics import create_missing_topics
 
 POLL = 0.02  # seconds the follower waits for a record
@@ -53,17 +53,23 @@ class HoldTopic:
         self.open = False
 
     def start(self, timeout: float) -> None:
-        """Create the topic where an older namespace lacks it; read from READ_BACK s ago."""
+        """Create the topic where an older namespace lacks it; read from READ_BACK s ago.
+        BrokerUnavailableError (or another typed error) when Kafka does not answer in `timeout`."""
         create_missing_topics(self._cluster, {self.topic: 1}, TOPIC_CONFIG)
+        deadline = time.monotonic() + timeout
         consumer = reading_consumer(self._cluster, names.reader_group(self._namespace), **{"fetch.wait.max.ms": 20})
-        found = consumer.offsets_for_times(
-            [TopicPartition(self.topic, 0, int((time.time() - READ_BACK) * 1000))], timeout
-        )
-        first = found[0].offset if found[0].error is None and found[0].offset >= 0 else OFFSET_END
-        consumer.assign([TopicPartition(self.topic, 0, first)])
-        low, high = consumer.get_watermark_offsets(self._tp, timeout=timeout)
-        self._ends = reading_consumer(self._cluster, names.reader_group(self._namespace))
-        self._consumer, self._producer = consumer, idempotent_producer(self._cluster)
+        ends = reading_consumer(self._cluster, names.reader_group(self._namespace))
+        try:
+            since = offset_at(consumer, self.topic, 0, int((time.time() - READ_BACK) * 1000), deadline)
+            first = since if since >= 0 else OFFSET_END
+            consumer.assign([TopicPartition(self.topic, 0, first)])
+            low, high = watermarks(consumer, self.topic, 0, deadline)
+            producer = idempotent_producer(self._cluster)
+        except BaseException:
+            consumer.close()
+            ends.close()
+            raise
+        self._consumer, self._ends, self._producer = consumer, ends, producer
         with self._cv:
             self.position = high if first == OFFSET_END else max(first, low)
             self.open = True
