@@ -14,10 +14,14 @@ from kbroker.kafka.activation.watch import QueueWatcher
 
 
 class StandInConsumer:
-    """Answers each partition's watermarks with the errors given first, then (0, 0)."""
+    """Answers each partition's watermarks with the errors given first, then (0, 0); counts the
+    topic's lookups (a refused ask is followed by one, to learn a new leader)."""
 
     def __init__(self, *errors: int) -> None:
-        self.errors, self.asked = list(errors), 0
+        self.errors, self.asked, self.looked_up = list(errors), 0, 0
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> None:
+        self.looked_up += 1
 
     def get_watermark_offsets(self, tp: TopicPartition, timeout: float = -1, cached: bool = False) -> tuple[int, int]:
         self.asked += 1
@@ -52,6 +56,7 @@ def test_a_queue_not_led_yet_is_asked_again_until_it_is() -> None:
     counts = watcher(consumer).counts(timeout=10)
     assert (counts.backlog, counts.ready_groups, counts.exact) == (0, 0, True)
     assert consumer.asked == 4  # two refusals, then each partition once
+    assert consumer.looked_up == 2  # after each refusal
 
 
 def test_a_queue_that_stays_unled_is_a_typed_error_at_the_deadline() -> None:
