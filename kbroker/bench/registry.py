@@ -18,6 +18,7 @@ SCENARIO_MODULES = (
     "send",
     "reply",
     "round_trip",
+    "limits",
     "io",
     "rss",
     "endpoints",

@@ -188,7 +188,7 @@ def bench(
 ):
     """Benchmark kbroker against a plain confluent-kafka baseline on the same broker.
 
-    SCENARIOS: send (with send-pipelined), request-reply, round-trip, io-bound, backlog-rss, ended-dialogs,
+    SCENARIOS: send (with send-pipelined), request-reply, round-trip, limits, io-bound, backlog-rss, ended-dialogs,
     activation-latency, activation-drain, analytics, routing, transport, transport-delayed,
     transport-publish, transport-outbox; all by default. Uses --bootstrap / KBROKER_BOOTSTRAP
     when given, else starts an embedded broker on free ports in a temporary data dir for the run.

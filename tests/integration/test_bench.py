@@ -83,6 +83,30 @@ def test_a_small_run_reports_both_sides_and_their_ratio(kafka_bootstrap, tmp_pat
     assert text.startswith("# Benchmarks")  # the rest of the file is kept
 
 
+def test_the_limit_rows_run_kafkas_own_tools_beside_kbroker_on_the_same_broker(kafka_bootstrap, tmp_path):
+    out, docs = tmp_path / "results", tmp_path / "benchmarks.md"
+    shutil.copyfile(ROOT / "docs" / "benchmarks.md", docs)
+    env = {**os.environ, "KBROKER_BOOTSTRAP": kafka_bootstrap}
+    stdout, _ = run_bench_cli(
+        [KBROKER, "bench", "limits", "--repeat", "1", "--messages", "2000", "--conversations", "100",
+         "--json", "--out", str(out), "--docs", str(docs)],
+        env,
+        timeout=240,
+    )  # fmt: skip
+    rows = {r["scenario"]: r for r in json.loads(stdout)["results"]}
+    assert set(rows) == {"limit-produce", "limit-latency"}
+    for r in rows.values():
+        assert "error" not in r and "skipped_reason" not in r, r
+        assert r["kbroker"] > 0 and r["baseline"] >= 0 and r["target"] is None, r
+    produced = rows["limit-produce"]["runs"][0]
+    assert rows["limit-produce"]["baseline"] > 0
+    assert produced["baseline_detail"]["records"] == 2000  # what ProducerPerformance said it sent
+    for side in ("kbroker", "baseline"):
+        hops = rows["limit-latency"]["runs"][0][f"{side}_detail"]
+        # Kafka's tool prints its percentiles in whole ms: a sub-millisecond p50 is 0, its mean is not.
+        assert hops["records"] >= 500 and hops["p99_ms"] >= hops["p50_ms"] >= 0 and hops["mean_ms"] > 0, hops
+
+
 def test_the_quick_check_judges_each_row_against_its_floor_and_writes_only_quick_json(kafka_bootstrap, tmp_path):
     out = tmp_path / "results"
     env = {**os.environ, "KBROKER_BOOTSTRAP": kafka_bootstrap}

@@ -113,7 +113,7 @@ def test_quick_sizes_shrink_the_defaults_but_not_what_the_command_line_gave():
 def test_left_out_scenarios_run_when_named():
     scenarios = load_scenarios()
     out = left_out(scenarios, [])
-    assert set(out) == {"analytics", "routing", "routing-secured"} and all(out.values())
+    assert set(out) == {"limits", "analytics", "routing", "routing-secured"} and all(out.values())
     assert left_out(scenarios, ["routing"]) == {} == left_out(scenarios, ["send"])
 
 
