@@ -43,7 +43,6 @@ class HoldTopic:
     def __init__(self, cluster: Cluster, namespace: str, cv: threading.Condition):
         self._cluster, self._namespace, self._cv = cluster, namespace, cv
         self.topic = names.holds_topic(namespace)
-        self._tp = TopicPartition(self.topic, 0)
         self.position = -1  # the next offset the follower folds (guarded by cv)
         self._consumer: Consumer | None = None
         self._ends: Consumer | None = None  # asked for the topic's end only (catch_up)
