@@ -167,10 +167,15 @@ def side_by_side(rep: int, measure: Callable[[str], dict[str, Any]]) -> dict[str
     return row
 
 
+def details(out: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A summarised row's kbroker and baseline details ({} for a side without one)."""
+    return out.get("kbroker_detail") or {}, out.get("baseline_detail") or {}
+
+
 def cpu_summary(out: dict[str, Any]) -> str:
     """The CPU time per message of both sides (their details' median cpu_ms_per_msg), for a
     row's summary; empty when neither measured it."""
-    k, b = (out.get(f"{side}_detail") or {} for side in ("kbroker", "baseline"))
+    k, b = details(out)
     kc, bc = k.get("cpu_ms_per_msg"), b.get("cpu_ms_per_msg")
     if kc is None and bc is None:
         return ""

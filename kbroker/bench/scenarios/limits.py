@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any
 
-from kbroker.bench.common import CLAIM, CONTRACT, EMP, EXP, QUEUE, claim_body, percentile, side_by_side
+from kbroker.bench.common import CLAIM, CONTRACT, EMP, EXP, QUEUE, claim_body, details, percentile, side_by_side
 from kbroker.bench.harness import BenchContext, Row, Scenario, Skip, scenario
 from kbroker.bench.scenarios.send import KBrokerSender
 from kbroker.core import names
@@ -128,7 +128,7 @@ def run_limits(ctx: BenchContext, _state: Any, rep: int) -> dict[str, dict]:
 
 
 def _latency_summary(out: dict) -> None:
-    k, b = (out.get(f"{s}_detail") or {} for s in ("kbroker", "baseline"))
+    k, b = details(out)
     if k or b:
         out["summary"] = (
             f"one hop p50/p99/mean ms: kbroker {k.get('p50_ms')}/{k.get('p99_ms')}/{_ms(k.get('mean_ms'))}, "

@@ -20,6 +20,7 @@ from kbroker.bench.common import (
     REPLY_QUEUE,
     approval_body,
     claim_body,
+    details,
     join_all,
     need_transactions,
     percentile,
@@ -216,12 +217,12 @@ def row(dialogs: int) -> str:
 
 
 def _p99_no_worse(r: dict) -> bool:
-    k, b = (r.get(f"{s}_detail") or {} for s in ("kbroker", "baseline"))
+    k, b = details(r)
     return k.get("p99_ms") is not None and b.get("p99_ms") is not None and k["p99_ms"] <= b["p99_ms"]
 
 
 def _summary(out: dict) -> None:
-    k, b = (out.get(f"{s}_detail") or {} for s in ("kbroker", "baseline"))
+    k, b = details(out)
     if k or b:
         out["summary"] = (
             f"round trip p50/p99 ms: kbroker {k.get('p50_ms')}/{k.get('p99_ms')}, "
