@@ -50,6 +50,7 @@ _RECONNECTING = (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_B
 
 
 READ_AHEAD_KBYTES = 4_096  # per consumer; a queue reader's own is larger (receive/poll_loop.py)
+FETCH_QUEUE_BACKOFF_MS = 10  # the wait for room in that read-ahead before the next fetch
 
 
 def is_transient(err: KafkaError) -> bool:
@@ -159,6 +160,9 @@ def consumer(cluster: ClusterLike, group_id: str, **overrides: Any) -> Consumer:
                 # librdkafka reads ahead up to 64 MiB a consumer by default, outside Python's heap:
                 # with a process's dozen consumers, most of its memory (docs/endpoints.md).
                 "queued.max.messages.kbytes": READ_AHEAD_KBYTES,
+                # Once that read-ahead is full, librdkafka waits this long before fetching again
+                # (1,000 ms by default): a catch-up read of a large topic then ran at about 4 MB/s.
+                "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
                 **overrides,
             },
         )

@@ -243,3 +243,45 @@ def test_a_renewal_holds_no_conversation_lock(broker, monkeypatch):
         keeper.join(15)
     assert leases._held[h].until > time.time() + RENEW_WITHIN  # renewed all the same
     broker.send(h, CLAIM, {"n": 2})
+
+
+ENDED = 40_000  # dialogs ended an hour ago on the endpoints topic: 80,000 records, ~20x the read-ahead
+
+
+def test_a_send_beside_many_ended_dialogs_reads_the_endpoints_topic_at_fetch_speed(
+    kafka_bootstrap, namespace, broker, caplog
+):
+    """A process's first lease claim reads the whole endpoints topic. Its consumer reads ahead
+    4 MiB; librdkafka waited 1 s after each time that filled before fetching again, so the read
+    ran at a few MB/s: a SEND beside 40,000 ended dialogs took about 9 s (1,000,000 of them
+    failed the SEND: "the claim ... was not read back"), and its lease renewal, short of its own
+    record, logged the lease as taken over."""
+    from kbroker.bench.scenarios.endpoints import AGO_S, _ended_pair
+    from kbroker.kafka.baseline import Delivery, fast_producer
+
+    topic, producer, delivery = names.endpoints_topic(namespace), fast_producer(kafka_bootstrap), Delivery()
+    at = time.time() - AGO_S
+    for i in range(ENDED):
+        for ep in _ended_pair(f"ended-{i}-{namespace}", at):
+            producer.produce(
+                topic,
+                key=ep.conversation_handle.encode(),
+                value=ep.to_json(),
+                timestamp=int(at * 1000),
+                on_delivery=delivery,
+            )
+        if i % 5_000 == 4_999:
+            producer.poll(0)
+    delivery.check(producer.flush(120))
+    fresh = Broker(kafka_bootstrap, namespace)  # a process that has read none of it
+    try:
+        h = fresh.begin_dialog(EMP, EXP, CONTRACT)
+        started = time.monotonic()
+        fresh.send(h, CLAIM, {"n": 1})
+        took = time.monotonic() - started
+        assert fresh.runtime.endpoints.get(h) is not None
+    finally:
+        fresh.close()
+    print(f"SEND beside {ENDED:,} ended dialogs: {took:.2f} s")
+    assert took < 4.0, f"the SEND took {took:.1f} s"
+    assert "taken over" not in caplog.text
