@@ -256,23 +256,9 @@ def test_a_send_beside_many_ended_dialogs_reads_the_endpoints_topic_at_fetch_spe
     ran at a few MB/s: a SEND beside 40,000 ended dialogs took about 9 s (1,000,000 of them
     failed the SEND: "the claim ... was not read back"), and its lease renewal, short of its own
     record, logged the lease as taken over."""
-    from kbroker.bench.scenarios.endpoints import AGO_S, _ended_pair
-    from kbroker.kafka.baseline import Delivery, fast_producer
+    from kbroker.bench.scenarios.endpoints import write_ended
 
-    topic, producer, delivery = names.endpoints_topic(namespace), fast_producer(kafka_bootstrap), Delivery()
-    at = time.time() - AGO_S
-    for i in range(ENDED):
-        for ep in _ended_pair(f"ended-{i}-{namespace}", at):
-            producer.produce(
-                topic,
-                key=ep.conversation_handle.encode(),
-                value=ep.to_json(),
-                timestamp=int(at * 1000),
-                on_delivery=delivery,
-            )
-        if i % 5_000 == 4_999:
-            producer.poll(0)
-    delivery.check(producer.flush(120))
+    write_ended(kafka_bootstrap, namespace, ENDED)
     fresh = Broker(kafka_bootstrap, namespace)  # a process that has read none of it
     try:
         h = fresh.begin_dialog(EMP, EXP, CONTRACT)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,6 +28,7 @@ from kbroker.bench.common import CLAIM, CONTRACT, EMP, EXP, side_by_side
 from kbroker.bench.harness import BenchContext, Floor, Row, Scenario, scenario
 from kbroker.bench.scenarios.rss import PEAK_RSS, RSS_BOUND_MB, run_rss_child
 from kbroker.core import names
+from kbroker.core.cluster import ClusterLike
 from kbroker.core.dialogs.conversation_endpoint import CLOSED, CONVERSING, Endpoint, default_group, handle_for
 from kbroker.kafka.baseline import Delivery, fast_producer, read_topic_to_end
 
@@ -94,28 +96,34 @@ def _ended_pair(conversation_id: str, at: float) -> list[Endpoint]:
     return [ini, tgt]
 
 
+def write_ended(cluster: ClusterLike, namespace: str, n: int, advance: Callable[[int], None] = lambda _: None) -> None:
+    """Write the endpoint records of `n` dialogs ended AGO_S ago (both sides CLOSED) to the
+    namespace's endpoints topic; `advance(k)` after each k written."""
+    topic = names.endpoints_topic(namespace)
+    producer, delivery = fast_producer(cluster), Delivery()
+    at = time.time() - AGO_S
+    stamp = int(at * 1000)
+    for i in range(n):
+        for ep in _ended_pair(str(uuid.uuid4()), at):
+            producer.produce(
+                topic,
+                key=ep.conversation_handle.encode(),
+                value=ep.to_json(),
+                timestamp=stamp,
+                on_delivery=delivery,
+            )
+        if i % 10_000 == 9_999:
+            producer.poll(0)
+            advance(10_000)
+    advance(n % 10_000)
+    delivery.check(producer.flush(600))
+
+
 def setup_ended(ctx: BenchContext) -> Ended:
     n = ctx.params.ended_dialogs
     ns = ctx.fresh_namespace("ended")
-    topic = names.endpoints_topic(ns)
-    producer, delivery = fast_producer(ctx.cluster), Delivery()
-    at = time.time() - AGO_S
-    stamp = int(at * 1000)
     with ctx.reporter.bar(f"endpoints of {n:,} ended dialogs", n) as advance:
-        for i in range(n):
-            for ep in _ended_pair(str(uuid.uuid4()), at):
-                producer.produce(
-                    topic,
-                    key=ep.conversation_handle.encode(),
-                    value=ep.to_json(),
-                    timestamp=stamp,
-                    on_delivery=delivery,
-                )
-            if i % 10_000 == 9_999:
-                producer.poll(0)
-                advance(10_000)
-        advance(n % 10_000)
-        delivery.check(producer.flush(600))
+        write_ended(ctx.cluster, ns, n, advance)
     import kbroker
 
     with kbroker.connect(ctx.cluster, ns) as b:
