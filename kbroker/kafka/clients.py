@@ -53,13 +53,6 @@ READ_AHEAD_KBYTES = 4_096  # per consumer; a queue reader's own is larger (recei
 FETCH_QUEUE_BACKOFF_MS = 10  # the wait for room in that read-ahead before the next fetch
 
 
-def read_ahead(kbytes: int) -> dict[str, int]:
-    """A consumer's settings for reading ahead at most `kbytes`. Once that is full, librdkafka
-    waits fetch.queue.backoff.ms before fetching again (1,000 ms by default): a catch-up read of
-    a large topic then ran at about 4 MB/s."""
-    return {"queued.max.messages.kbytes": kbytes, "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS}
-
-
 def is_transient(err: KafkaError) -> bool:
     """Whether a consumer's error event is one librdkafka recovers from by itself (a lost
     connection, brokers down for a moment): a reader keeps polling rather than failing. An
@@ -166,7 +159,10 @@ def consumer(cluster: ClusterLike, group_id: str, **overrides: Any) -> Consumer:
                 "isolation.level": "read_committed",
                 # librdkafka reads ahead up to 64 MiB a consumer by default, outside Python's heap:
                 # with a process's dozen consumers, most of its memory (docs/endpoints.md).
-                **read_ahead(READ_AHEAD_KBYTES),
+                "queued.max.messages.kbytes": READ_AHEAD_KBYTES,
+                # Once that read-ahead is full, librdkafka waits this long before fetching again
+                # (1,000 ms by default): a catch-up read of a large topic then ran at about 4 MB/s.
+                "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
                 **overrides,
             },
         )

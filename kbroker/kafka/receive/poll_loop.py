@@ -61,7 +61,7 @@ def consumer_settings(cluster: Cluster, topic: str) -> dict[str, Any]:
             # librdkafka's read-ahead beyond what this process buffered (default 64 MiB): 16 MiB
             # keeps fetches ahead of any reader here and leaves the memory to the buffer, where
             # it makes RECEIVEs return more of each group.
-            **clients.read_ahead(QUEUED_MAX_KBYTES),
+            "queued.max.messages.kbytes": QUEUED_MAX_KBYTES,
         },
     )
 
