@@ -6,7 +6,8 @@ one RECEIVE and GET CONVERSATION GROUP take there. Anywhere else, the group's na
 process's conversation locks (core/dialogs/locks.py) keeps this process's other transactions
 off it, and a hold on the holds topic (kafka/dialogs/group_holds.py) keeps every other process
 off it: the partition's reader grants it once no transaction there holds the group, and keeps
-RECEIVE and GET CONVERSATION GROUP off the group until the hold ends. A group BEGIN DIALOG makes
+RECEIVE and GET CONVERSATION GROUP off the group until the hold ends; this process's own
+receiver of the queue keeps it too (local_holds.py), should it serve the partition meanwhile. A group BEGIN DIALOG makes
 takes no hold: no other process can know it before the transaction commits. Nor does the first
 transaction after BEGIN DIALOG made one outside a transaction (`FreshGroups`): until a message
 on it goes out, nothing can arrive in the group for another process to RECEIVE, and no other
@@ -20,7 +21,9 @@ from typing import Any
 from kbroker.core.dialogs.conversation_endpoint import Endpoint
 from kbroker.core.dialogs.group_lock import ConversationGroupLockTimeoutError, GroupKey, group_key
 from kbroker.errors import ConversationLockTimeoutError
+from kbroker.kafka.dialogs.group_holds import IO_SECONDS
 from kbroker.kafka.receive.receiver import Lease
+from kbroker.sdk.local_holds import NamedLock
 from kbroker.sdk.runtime import BrokerRuntime
 
 
@@ -32,6 +35,7 @@ class GroupLocks:
         self._leases: dict[GroupKey, Lease] = {}  # taken in a receiver of this process
         self._named: set[GroupKey] = set()  # taken among the conversation locks (no receiver here)
         self._held: set[GroupKey] = set()  # of those, the ones held on the holds topic too
+        self._kept: list[NamedLock] = []  # and kept in this process's receivers (local_holds.py)
 
     def lock(self, ep: Endpoint, group: str | None = None, *, new: bool = False) -> None:
         """Lock the group of `ep` (or `group`, of its queue) until release(), waiting up to the
@@ -46,10 +50,12 @@ class GroupLocks:
         topic = rt.queue_topic_of(key.queue, key.instance)
         holds = None if new or rt.fresh_groups.take(key.group) else rt.group_holds
         serves = receiver is not None and not receiver.closed
-        if serves and receiver is not None and holds is not None:
-            serves = receiver.owns(holds.partition_for(topic, key.group, timeout))
+        # Kafka's bound, not the lock time-out's: that one counts waiting for other transactions.
+        partition = None if holds is None else holds.partition_for(topic, key.group, max(timeout, IO_SECONDS))
+        if serves and receiver is not None and partition is not None:
+            serves = receiver.owns(partition)
         if serves and receiver is not None:
-            lease = receiver.lock_group(self._owner, key.group, timeout)
+            lease = receiver.lock_group(self._owner, key.group, timeout, partition)
             if lease is None:
                 raise ConversationGroupLockTimeoutError(key.group, timeout, ep.conversation_handle)
             self._leases[key] = lease
@@ -59,14 +65,27 @@ class GroupLocks:
         except ConversationLockTimeoutError:
             raise ConversationGroupLockTimeoutError(key.group, timeout, ep.conversation_handle) from None
         self._named.add(key)
-        if holds is not None:
-            try:
-                holds.hold((key.queue, key.instance, key.group), topic, timeout, ep.conversation_handle)
-            except BaseException:
-                self._named.discard(key)
-                rt.conversation_locks.release([key.fallback], self._owner)
-                raise
+        if holds is None or partition is None:
+            return
+        try:
+            holds.hold((key.queue, key.instance, key.group), topic, timeout, ep.conversation_handle)
             self._held.add(key)
+            kept = rt.local_holds.enter(key, partition, self._owner, timeout)  # this process's receivers
+            if kept is None:
+                raise ConversationGroupLockTimeoutError(key.group, timeout, ep.conversation_handle)
+            self._kept.append(kept)
+        except BaseException:
+            if key in self._held:
+                self._held.discard(key)
+                holds.done((key.queue, key.instance, key.group))
+            self._named.discard(key)
+            rt.conversation_locks.release([key.fallback], self._owner)
+            raise
+
+    def leases(self, besides: list[Lease]) -> list[Lease]:
+        """The receiver leases of these locks but `besides`: a commit carries them, so a
+        revocation of their partition dooms it rather than let the next owner serve the group."""
+        return [lease for lease in self._leases.values() if lease not in besides]
 
     def release(self, received: list[Lease]) -> None:
         """The transaction ended: its group locks go, but for those a RECEIVE of it went on to
@@ -74,8 +93,10 @@ class GroupLocks:
         for lease in self._leases.values():
             if lease not in received:
                 lease.receiver.release(lease, committed=False)  # it took nothing: nothing goes back
+        for kept in self._kept:
+            self._runtime.local_holds.leave(kept, received)
         for key in self._held:
             self._runtime.group_holds.done((key.queue, key.instance, key.group))
         if self._named:
             self._runtime.conversation_locks.release([k.fallback for k in self._named], self._owner)
-        self._leases, self._named, self._held = {}, set(), set()
+        self._leases, self._named, self._held, self._kept = {}, set(), set(), []

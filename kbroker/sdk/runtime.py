@@ -41,6 +41,7 @@ from kbroker.kafka.security.permissions import SendChecks
 from kbroker.kafka.transport.secondary import ensure_secondary_queue
 from kbroker.sdk.fresh_groups import FreshGroups
 from kbroker.sdk.hooks import HookFanOut, ReceiveHooks
+from kbroker.sdk.local_holds import LocalHolds
 from kbroker.sdk.process import ProcessRuntime
 
 log = logging.getLogger("kbroker.client")
@@ -97,6 +98,7 @@ class BrokerRuntime(ProcessRuntime):
         # The group lock across processes (sdk/group_locks.py); its thread starts on first use.
         self.group_holds = GroupHolds(cluster, namespace, self.process, catch_up=self.endpoints.caught_up)
         self.fresh_groups = FreshGroups()
+        self.local_holds = LocalHolds()  # the groups locked by name here, kept in the receivers too
 
     # --- SEND's permission ----------------------------------------------------------------------
 
@@ -174,7 +176,7 @@ class BrokerRuntime(ProcessRuntime):
             # process since this one cached their endpoints: catch up first.
             on_assign=self.endpoints.refresh,
             # The holds of other processes on groups of its partitions (sdk/group_locks.py).
-            on_owned=lambda partitions: self.group_holds.owned(q.name, instance, r, partitions),
+            on_owned=lambda partitions: self._owned(q.name, instance, r, partitions),
             on_disowned=lambda partitions: self.group_holds.disowned(q.name, instance, partitions),
             report=functools.partial(self._report_reader, queue),
         )
@@ -183,6 +185,12 @@ class BrokerRuntime(ProcessRuntime):
             self._poison.watch(queue)  # poison counting covers the queues read here
         self._follow_rollbacks()
         return r
+
+    def _owned(self, queue: str, instance: str | None, r: QueueReceiver, partitions: list[int]) -> None:
+        """A receiver was given `partitions`: this process's own named locks first, then the
+        holds of other processes on groups there (sdk/group_locks.py), before it serves them."""
+        self.local_holds.owned(queue, instance, r, partitions)
+        self.group_holds.owned(queue, instance, r, partitions)
 
     def _follow_rollbacks(self) -> RollbackLog:
         """The events a reading process follows: other processes' rollbacks and the poison verdicts

@@ -93,6 +93,37 @@ def test_a_send_waits_for_the_group_a_get_conversation_group_holds(ns_broker):
         assert tx.get_conversation_group("ReplyQueue", wait=15) == g
 
 
+@pytest.mark.parametrize("same", [False, True], ids=["another transaction", "the same transaction"])
+def test_a_group_locked_before_this_process_reads_its_queue_stays_locked_once_it_does(kafka_bootstrap, namespace, same):
+    """A SEND locks its group by name while no receiver of the group's queue runs here; a GET
+    CONVERSATION GROUP then starts one. The group waits for the SEND's transaction (another
+    transaction gets it only after that one ends), and is that transaction's own to receive."""
+    apply_paths(kafka_bootstrap, namespace, [inv.YAML])
+    with Broker(kafka_bootstrap, namespace) as seeder:  # a reply waiting in the group, from elsewhere
+        g, (h1, h2) = dialogs_in_one_group(seeder, 2)
+        seeder.send(h1, inv.REQUEST, {"i": 0})
+        with seeder.transaction() as tx:
+            m = tx.receive("RequestQueue", wait=15)[0]
+            tx.send(m.conversation_handle, inv.REPLY, {})
+    b = Broker(kafka_bootstrap, namespace, lock_timeout=20.0)
+    try:
+        sender = b.transaction()
+        sender.send(h2, inv.REQUEST, {"i": 1})
+        assert ("ReplyQueue", None) not in b.runtime.receivers()  # locked by name
+        if same:
+            assert sender.get_conversation_group("ReplyQueue", wait=15) == g
+            assert [m.conversation_handle for m in sender.receive("ReplyQueue", conversation_group=g)] == [h1]
+            sender.commit()
+            return
+        with b.transaction() as other:
+            assert other.get_conversation_group("ReplyQueue", wait=4) is None  # it starts the receiver
+        sender.commit()
+        with b.transaction() as other:
+            assert other.get_conversation_group("ReplyQueue", wait=15) == g
+    finally:
+        b.close()
+
+
 @pytest.mark.parametrize("receiving", [False, True], ids=["no receiver here", "receiver here"])
 def test_opposite_order_ends_in_a_typed_error_not_a_hang(kafka_bootstrap, namespace, receiving):
     apply_paths(kafka_bootstrap, namespace, [inv.YAML])
@@ -190,10 +221,14 @@ def race(b: Broker, seconds: float) -> tuple[dict[str, int], list[str], list[Bas
                 note(g, start, f"sender-{idx}")
 
     replier = reply_to_every_request(b, stop)
-    threads = [threading.Thread(target=guarded(holder), args=(i,)) for i in range(2)]
-    threads += [threading.Thread(target=guarded(sender), args=(i,)) for i in range(2)]
-    for t in threads:
+    # The senders first: they lock by name until the holders' first GET CONVERSATION GROUP starts
+    # this process's receiver of ReplyQueue, which must then keep their locks (local_holds.py).
+    threads = [threading.Thread(target=guarded(sender), args=(i,)) for i in range(2)]
+    threads += [threading.Thread(target=guarded(holder), args=(i,)) for i in range(2)]
+    for i, t in enumerate(threads):
         t.start()
+        if i == 1:
+            time.sleep(1.0)
     stop.wait(seconds)
     stop.set()
     for t in [*threads, replier]:
