@@ -85,7 +85,7 @@ test-long: setup
 		tests/integration/test_reclaim.py tests/integration/test_worker_spread.py \
 		tests/integration/test_network_stall.py tests/integration/test_worker.py \
 		tests/integration/test_transport_competing.py tests/integration/test_worker_stays_up.py \
-		tests/integration/test_embedded_broker.py
+		tests/integration/test_embedded_broker.py tests/integration/test_group_holds.py
 
 bench: setup
 	$(BIN)/kbroker bench

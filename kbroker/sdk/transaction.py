@@ -328,7 +328,7 @@ class Transaction:
         started = time.monotonic()
         try:
             if records or self._leases:
-                req = CommitRequest(records, self._leases, self._generation)
+                req = CommitRequest(records, [*self._leases, *self._groups.leases(self._leases)], self._generation)
                 with tracing.traced("kbroker commit", self._trace, rt.namespace):
                     rt.committer.commit(req)
                 self.committed_at = req.committed_at

@@ -15,7 +15,9 @@ import uuid
 from pathlib import Path
 
 import orjson
+import pytest
 
+from kbroker import errors
 from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.sdk.broker import Broker
 from tests.helpers import invariants as inv
@@ -315,3 +317,158 @@ def test_closing_the_holds_topic_while_statements_ask_its_end_fails_none_of_them
     failed = [o for o in outcomes if not isinstance(o, bool)]
     assert not failed, failed[:3]
     assert outcomes.count(True) > rounds, "the threads never asked"
+
+
+def groups_with_a_reply(b: Broker, n: int) -> list[tuple[str, list[str]]]:
+    """`n` groups of ReplyQueue, two dialogs each, a reply waiting in each."""
+    made = [dialogs_in_one_group(b, 2) for _ in range(n)]
+    for _, (h1, _h2) in made:
+        b.send(h1, inv.REQUEST, {"seed": True})
+    for _ in made:
+        with b.transaction() as tx:
+            m = tx.receive("RequestQueue", wait=15)[0]
+            tx.send(m.conversation_handle, inv.REPLY, {})
+    return made
+
+
+def test_a_send_only_transaction_open_across_a_rebalance_is_aborted_before_the_next_owner_serves(
+    kafka_bootstrap, namespace
+):
+    """The queue's reader SENDs on a conversation of each of 8 groups in one transaction (locks
+    that take no record) and keeps it open while a second reader joins and is given some of the
+    partitions. The revocation waits `revoke_grace` for it, then dooms it: when the new reader's
+    GET CONVERSATION GROUP takes one of those groups, that transaction's COMMIT fails
+    (RebalanceAbortedError, retriable) and nothing it sent is delivered."""
+    apply_paths(kafka_bootstrap, namespace, [inv.YAML])
+    a = Broker(kafka_bootstrap, namespace, lock_timeout=20.0, revoke_grace=1.0)
+    b = None
+    try:
+        made = groups_with_a_reply(a, 8)
+        with a.transaction() as tx:  # a's receiver owns every partition of ReplyQueue
+            assert tx.get_conversation_group("ReplyQueue", wait=15) is not None
+            tx.rollback()
+        held = a.transaction()
+        for _, (_h1, h2) in made:
+            held.send(h2, inv.REQUEST, {"held": True})
+        b = Broker(kafka_bootstrap, namespace, lock_timeout=20.0, revoke_grace=1.0)
+        got = None
+        deadline = time.monotonic() + 30
+        while got is None and time.monotonic() < deadline:
+            with b.transaction() as other:
+                got = other.get_conversation_group("ReplyQueue", wait=2)
+                other.rollback()
+        assert got in {g for g, _ in made}, "the joining reader was given no partition with a group"
+        with pytest.raises(errors.RebalanceAbortedError):
+            held.commit()
+        with a.transaction() as tx:
+            sent = tx.receive("RequestQueue", top=100, wait=3)
+        assert [orjson.loads(m.body) for m in sent if orjson.loads(m.body).get("held")] == []
+    finally:
+        if b is not None:
+            b.close()
+        a.close()
+
+
+def rebalancing_race(bootstrap: str, namespace: str, seconds: float) -> tuple[int, int, list[str], list[str]]:
+    """Two readers of ReplyQueue (Broker instances, each its own process to the broker), each with
+    2 GET CONVERSATION GROUP + RECEIVE + SEND holders and 2 send-only transactions on the
+    conversations of 4 groups, while a third reader joins and leaves every 5 s (a rebalance each
+    time). A hold counts once its transaction committed. Returns the committed and aborted
+    transactions, the overlapping committed holds, the threads' errors."""
+    apply_paths(bootstrap, namespace, [inv.YAML])
+    brokers = [Broker(bootstrap, namespace, lock_timeout=20.0, revoke_grace=1.0) for _ in range(2)]
+    groups = seeded_groups(brokers[0], 4, 2)
+    stop = threading.Event()
+    holds: list[dict] = []
+    lock = threading.Lock()
+    failures: list[str] = []
+    aborted = [0]
+
+    def guarded(run):
+        def go(*args) -> None:
+            try:
+                run(*args)
+            except BaseException as exc:  # noqa: BLE001 - reported by the test
+                failures.append(f"{type(exc).__name__}: {exc}")
+                stop.set()
+
+        return go
+
+    def commit(tx, hold: dict) -> None:
+        try:
+            tx.commit()
+        except (errors.TransactionAbortedError, errors.ConversationLockTimeoutError):
+            aborted[0] += 1  # a rebalance doomed it: it held nothing that counts
+            return
+        with lock:
+            holds.append(hold)
+
+    def holder(b: Broker, idx: int) -> None:
+        rng = random.Random(idx)
+        while not stop.is_set():
+            tx = b.transaction()
+            try:
+                g = tx.get_conversation_group("ReplyQueue", wait=0.5)
+                start = time.monotonic()
+                if g is None:
+                    continue
+                msgs = tx.receive("ReplyQueue", top=5, conversation_group=g)
+                time.sleep(rng.uniform(0, 0.03))
+                if msgs:
+                    tx.send(msgs[0].conversation_handle, inv.REQUEST, {"from": "holder"})
+                commit(tx, {"group": g, "start": start, "end": time.monotonic(), "who": f"holder-{idx}"})
+            finally:
+                tx.rollback()
+
+    def sender(b: Broker, idx: int) -> None:
+        rng = random.Random(100 + idx)
+        while not stop.is_set():
+            g, handles = rng.choice(groups)
+            tx = b.transaction()
+            try:
+                tx.send(rng.choice(handles), inv.REQUEST, {"from": "sender"})
+                start = time.monotonic()
+                time.sleep(rng.uniform(0, 0.03))
+                commit(tx, {"group": g, "start": start, "end": time.monotonic(), "who": f"sender-{idx}"})
+            except errors.ConversationLockTimeoutError:
+                aborted[0] += 1
+            finally:
+                tx.rollback()
+
+    def churn() -> None:
+        while not stop.is_set():
+            c = Broker(bootstrap, namespace, lock_timeout=20.0, revoke_grace=1.0)
+            try:
+                with c.transaction() as tx:
+                    tx.get_conversation_group("ReplyQueue", wait=3)
+                stop.wait(3)
+            finally:
+                c.close()
+            stop.wait(2)
+
+    replier = reply_to_every_request(brokers[0], stop)
+    threads = [threading.Thread(target=guarded(churn))]
+    for i, b in enumerate(brokers):
+        threads += [threading.Thread(target=guarded(holder), args=(b, 10 * i + k)) for k in range(2)]
+        threads += [threading.Thread(target=guarded(sender), args=(b, 10 * i + k)) for k in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        stop.wait(seconds)
+    finally:
+        stop.set()
+        for t in [*threads, replier]:
+            t.join(60)
+        for b in brokers:
+            b.close()
+    return len(holds), aborted[0], inv.hold_overlaps(holds), failures
+
+
+@pytest.mark.long
+def test_committed_holds_never_overlap_while_readers_join_and_leave(kafka_bootstrap, namespace):
+    """The invariant run through rebalances, 60 s: overlapping committed holds 0."""
+    committed, aborted, overlaps, failures = rebalancing_race(kafka_bootstrap, namespace, 60)
+    print(f"rebalancing group race: {committed} committed, {aborted} aborted, {len(overlaps)} overlaps")
+    assert failures == []
+    assert committed > 200
+    assert overlaps == []

@@ -176,6 +176,11 @@ class GroupBuffer(Generic[H]):
     def has(self, group: str) -> bool:
         return bool(self._groups.get(group))
 
+    def partition(self, group: str) -> int | None:
+        """The partition `group`'s buffered records come from (None: none buffered)."""
+        q = self._groups.get(group)
+        return q[0].partition if q else None
+
     def records(self, group: str) -> list[Buffered]:
         """The group's buffered records in RECEIVE order (a copy)."""
         return list(self._groups.get(group, ()))

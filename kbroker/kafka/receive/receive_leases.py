@@ -67,6 +67,10 @@ class Lease:
     # Each partition's tracker when the records were fetched (core/receive/receive_lease.py: a lease
     # outliving its partition's assignment completes, reopens and puts back nothing).
     assignments: dict[int, Any] = field(default_factory=dict)
+    # The group's partition: a revocation of it settles the lease even before it takes a record
+    # (GET CONVERSATION GROUP, a statement's group lock), so the next owner never serves the
+    # group while this lease's transaction may still commit.
+    partition: int | None = None
 
     @property
     def partitions(self) -> set[int]:
@@ -191,6 +195,8 @@ class LeaseBook:
         self, owner: Any, group: str, top: int, full: dict[int, int], conversation_id: str | None
     ) -> tuple[Lease, list[Buffered], int]:
         lease = self._buffer.holder(group) or Lease(self._receiver, group, owner)
+        if lease.partition is None:
+            lease.partition = self._buffer.partition(group)
         now_ms = int(time.time() * 1000)
         taken = self._buffer.take(lease, group, top, full, now_ms, conversation_id)
         lease.taken.extend(taken)
@@ -244,19 +250,21 @@ class LeaseBook:
                 unsettled.append(p)
         return leases, sorted(unsettled)
 
-    def lock_group(self, owner: Any, group: str, timeout: float) -> Lease | None:
-        """QueueReceiver.lock_group: the lease locking `group` for `owner` (the one it holds
-        already, or a new one that takes no record), waiting up to `timeout` s for another
-        owner's to end; None when it did not."""
+    def lock_group(self, owner: Any, group: str, timeout: float, partition: int | None = None) -> Lease | None:
+        """QueueReceiver.lock_group: the lease locking `group` (of `partition`, where known) for
+        `owner` (the one it holds already, or a new one that takes no record), waiting up to
+        `timeout` s for another owner's to end; None when it did not."""
         deadline = time.monotonic() + timeout
         with self._cv:
             while True:
                 holder = self._buffer.holder(group)
                 if holder is None:
-                    lease = Lease(self._receiver, group, owner)
+                    lease = Lease(self._receiver, group, owner, partition=partition)
                     self._buffer.lock(lease, group, int(time.time() * 1000))
                     return lease
                 if holder.owner is owner:
+                    if holder.partition is None:
+                        holder.partition = partition
                     return holder
                 contended = getattr(holder.owner, "contended", None)
                 if contended is not None:
@@ -344,7 +352,11 @@ class LeaseBook:
         deadline = since if lost else since + self._revoke_grace
         self._buffer.drop_partitions(revoked)
         while True:
-            at_risk = [lease for lease in self._buffer.holders() if lease.partitions & revoked and not lease.included]
+            at_risk = [
+                lease
+                for lease in self._buffer.holders()
+                if (lease.partitions & revoked or lease.partition in revoked) and not lease.included
+            ]
             if not at_risk or time.monotonic() >= deadline:
                 break
             self._wait(deadline - time.monotonic(), taker=False)

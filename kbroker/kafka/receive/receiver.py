@@ -272,11 +272,12 @@ class QueueReceiver:
             },
         )
 
-    def lock_group(self, owner: Any, group: str, timeout: float) -> Lease | None:
-        """Lock `group` for `owner` without receiving (core/dialogs/group_lock.py): the lease that
-        holds it (owner's own, or a new one taking no record, ended by release()), waiting up to
-        `timeout` s for another transaction's; None if that one did not end in time."""
-        return self._leases.lock_group(owner, group, timeout)
+    def lock_group(self, owner: Any, group: str, timeout: float, partition: int | None = None) -> Lease | None:
+        """Lock `group` (of `partition`, where known) for `owner` without receiving
+        (core/dialogs/group_lock.py): the lease that holds it (owner's own, or a new one taking no
+        record, ended by release()), waiting up to `timeout` s for another transaction's; None if
+        that one did not end in time."""
+        return self._leases.lock_group(owner, group, timeout, partition)
 
     def reserve_group(self, owner: Any, group: str) -> tuple[Lease, bool]:
         """Lock `group` for `owner` (another process's hold) now, or as soon as the transaction

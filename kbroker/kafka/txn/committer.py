@@ -352,7 +352,7 @@ class GroupCommitter:
             transact(
                 producer,
                 [rec for req in batch for rec in req.records],
-                [(tps, receiver.group_metadata()) for receiver, tps in positions.items()],
+                [(tps, receiver.group_metadata()) for receiver, tps in positions.items() if tps],
                 deadline,
                 self._timeout,
             )
