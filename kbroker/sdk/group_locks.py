@@ -7,11 +7,12 @@ process's conversation locks (core/dialogs/locks.py) keeps this process's other 
 off it, and a hold on the holds topic (kafka/dialogs/group_holds.py) keeps every other process
 off it: the partition's reader grants it once no transaction there holds the group, and keeps
 RECEIVE and GET CONVERSATION GROUP off the group until the hold ends; this process's own
-receiver of the queue keeps it too (local_holds.py), should it serve the partition meanwhile. A group BEGIN DIALOG makes
-takes no hold: no other process can know it before the transaction commits. Nor does the first
-transaction after BEGIN DIALOG made one outside a transaction (`FreshGroups`): until a message
-on it goes out, nothing can arrive in the group for another process to RECEIVE, and no other
-process knows its handle unless the application gave it away at once.
+receiver of the queue keeps it too (local_holds.py), should it serve the partition meanwhile. A
+group BEGIN DIALOG makes takes no hold: no other process can know it before the transaction
+commits. Nor does the first transaction after BEGIN DIALOG made one outside a transaction
+(`FreshGroups`): until a message on it goes out, nothing can arrive in the group for another
+process to RECEIVE, and no other process knows its handle unless the application gave it away
+at once.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ class GroupLocks:
     def leases(self, besides: list[Lease]) -> list[Lease]:
         """The receiver leases of these locks but `besides`: a commit carries them, so a
         revocation of their partition dooms it rather than let the next owner serve the group."""
-        return [lease for lease in self._leases.values() if lease not in besides]
+        others = {id(lease) for lease in besides}  # a batch's RECEIVEs hold tens of groups
+        return [lease for lease in self._leases.values() if id(lease) not in others]
 
     def release(self, received: list[Lease]) -> None:
         """The transaction ended: its group locks go, but for those a RECEIVE of it went on to

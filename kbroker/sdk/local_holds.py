@@ -15,25 +15,10 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from kbroker.core.dialogs.group_lock import GroupKey
-
-
-class LeaseReader(Protocol):
-    """What a queue receiver (kafka/receive/receiver.py) offers for the locks kept here."""
-
-    def lock_group(self, owner: Any, group: str, timeout: float) -> Any:
-        """The lease locking `group` for `owner`, waiting up to `timeout` s; None if not."""
-
-    def reserve_group(self, owner: Any, group: str) -> tuple[Any, bool]:
-        """A lease locking `group` for `owner` now (True) or once its holder ends (False)."""
-
-    def unreserve(self, lease: Any) -> None:
-        """Withdraw a reservation reserve_group made."""
-
-    def release(self, lease: Any, committed: bool) -> None:
-        """End a lease."""
+from kbroker.kafka.receive.receiver import Lease, QueueReceiver
 
 
 @dataclass(eq=False)
@@ -43,8 +28,7 @@ class NamedLock:
     key: GroupKey
     partition: int
     owner: Any
-    leases: list[tuple[LeaseReader, Any]] = field(default_factory=list)
-    ended: bool = False
+    leases: list[tuple[QueueReceiver, Lease]] = field(default_factory=list)
 
 
 class LocalHolds:
@@ -53,7 +37,7 @@ class LocalHolds:
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._locks: dict[tuple[GroupKey, int], NamedLock] = {}  # (key, id(owner))
-        self._readers: dict[tuple[str, str | None], LeaseReader] = {}  # the last given partitions
+        self._readers: dict[tuple[str, str | None], QueueReceiver] = {}  # the last given partitions
 
     def enter(self, key: GroupKey, partition: int, owner: Any, timeout: float) -> NamedLock | None:
         """`owner` holds `key` by name (the group's `partition` of its queue's topic): keep it in
@@ -73,7 +57,7 @@ class LocalHolds:
             lock.leases.append((reader, lease))
         return lock
 
-    def owned(self, queue: str, instance: str | None, reader: LeaseReader, partitions: list[int]) -> None:
+    def owned(self, queue: str, instance: str | None, reader: QueueReceiver, partitions: list[int]) -> None:
         """`reader` was given `partitions` and serves them once this returns: the groups there
         that transactions here lock by name are reserved in it for them first."""
         given = set(partitions)
@@ -89,17 +73,16 @@ class LocalHolds:
         for lock in due:
             lease, _locked = reader.reserve_group(lock.owner, lock.key.group)
             with self._mutex:
-                if not lock.ended:
+                if self._locks.get((lock.key, id(lock.owner))) is lock:  # not left meanwhile
                     lock.leases.append((reader, lease))
                     continue
             reader.unreserve(lease)  # it ended meanwhile
             reader.release(lease, committed=False)
 
-    def leave(self, lock: NamedLock, received: list[Any]) -> None:
+    def leave(self, lock: NamedLock, received: list[Lease]) -> None:
         """The transaction's lock ended: its leases go, but for those a RECEIVE of it went on to
         take records with (`received`), which the transaction's end releases."""
         with self._mutex:
-            lock.ended = True
             self._locks.pop((lock.key, id(lock.owner)), None)
             leases, lock.leases = lock.leases, []
         for reader, lease in leases:
