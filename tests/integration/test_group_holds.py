@@ -21,7 +21,12 @@ from kbroker import errors
 from kbroker.kafka.catalog.apply import apply_paths
 from kbroker.sdk.broker import Broker
 from tests.helpers import invariants as inv
-from tests.integration.test_group_locks import dialogs_in_one_group, reply_to_every_request, seeded_groups
+from tests.integration.test_group_locks import (
+    dialogs_in_one_group,
+    hold_and_reply,
+    reply_to_every_request,
+    seeded_groups,
+)
 
 
 def remote_senders(bootstrap: str, namespace: str, tmp: Path, groups, seconds: float, n: int) -> list[dict]:
@@ -85,14 +90,10 @@ def cross_process_race(
             try:
                 while not stop.is_set():
                     with b.transaction() as tx:
-                        g = tx.get_conversation_group("ReplyQueue", wait=0.5)
-                        start = time.monotonic()
-                        if g is None:
+                        held = hold_and_reply(tx, rng)
+                        if held is None:
                             continue
-                        msgs = tx.receive("ReplyQueue", top=5, conversation_group=g)
-                        time.sleep(rng.uniform(0, 0.03))
-                        if msgs:
-                            tx.send(msgs[0].conversation_handle, inv.REQUEST, {"from": "holder"})
+                        g, start, _ = held
                         with lock:
                             holds.append({"group": g, "start": start, "end": time.monotonic(), "who": f"holder-{idx}"})
             except BaseException as exc:  # noqa: BLE001 - reported by the test
@@ -408,14 +409,10 @@ def rebalancing_race(bootstrap: str, namespace: str, seconds: float) -> tuple[in
         while not stop.is_set():
             tx = b.transaction()
             try:
-                g = tx.get_conversation_group("ReplyQueue", wait=0.5)
-                start = time.monotonic()
-                if g is None:
+                held = hold_and_reply(tx, rng)
+                if held is None:
                     continue
-                msgs = tx.receive("ReplyQueue", top=5, conversation_group=g)
-                time.sleep(rng.uniform(0, 0.03))
-                if msgs:
-                    tx.send(msgs[0].conversation_handle, inv.REQUEST, {"from": "holder"})
+                g, start, _ = held
                 commit(tx, {"group": g, "start": start, "end": time.monotonic(), "who": f"holder-{idx}"})
             finally:
                 tx.rollback()

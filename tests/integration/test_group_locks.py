@@ -60,6 +60,25 @@ def reply_to_every_request(b: Broker, stop: threading.Event) -> threading.Thread
     return t
 
 
+def hold_and_reply(tx, rng: random.Random, alone: float = 0.0) -> tuple[str, float, bool] | None:
+    """A holder's statements in `tx`: GET CONVERSATION GROUP on ReplyQueue, then (but for the
+    share `alone` of the time: the lock alone) RECEIVE from the group and SEND a request on its
+    first message's conversation, with a little work in between. The group, when its lock was
+    taken, and whether the statements past the lock ran; None when no group was ready."""
+    g = tx.get_conversation_group("ReplyQueue", wait=0.5)
+    start = time.monotonic()
+    if g is None:
+        return None
+    if alone and rng.random() < alone:  # no RECEIVE: no poison count when it is rolled back
+        time.sleep(rng.uniform(0, 0.03))
+        return g, start, False
+    msgs = tx.receive("ReplyQueue", top=5, conversation_group=g)
+    time.sleep(rng.uniform(0, 0.03))
+    if msgs:
+        tx.send(msgs[0].conversation_handle, inv.REQUEST, {"from": "holder"})
+    return g, start, True
+
+
 def test_a_send_waits_for_the_group_a_get_conversation_group_holds(ns_broker):
     b = ns_broker
     g, (h1, h2) = dialogs_in_one_group(b, 2)
@@ -193,20 +212,13 @@ def race(b: Broker, seconds: float) -> tuple[dict[str, int], list[str], list[Bas
         while not stop.is_set():
             tx = b.transaction()
             try:
-                g = tx.get_conversation_group("ReplyQueue", wait=0.5)
-                start = time.monotonic()
-                if g is None:
+                held = hold_and_reply(tx, rng, alone=0.2)
+                if held is None:
                     continue
-                if rng.random() < 0.2:  # the lock alone, rolled back (no RECEIVE: no poison count)
-                    time.sleep(rng.uniform(0, 0.03))
-                    note(g, start, f"holder-{idx}")
-                    continue
-                msgs = tx.receive("ReplyQueue", top=5, conversation_group=g)
-                time.sleep(rng.uniform(0, 0.03))
-                if msgs:
-                    tx.send(msgs[0].conversation_handle, inv.REQUEST, {"from": "holder"})
+                g, start, went_on = held
                 note(g, start, f"holder-{idx}")
-                tx.commit()
+                if went_on:
+                    tx.commit()  # the lock alone is rolled back
             finally:
                 tx.rollback()  # a no-op once committed
 
